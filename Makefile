@@ -1,0 +1,56 @@
+# spaced — the entry points. Every target installs what is missing first
+# (scripts/setup.sh), then builds with Meson + Ninja.
+#
+#   make            build (build/, optimized, with debug info)
+#   make demo       build and run the tour on the embedded default
+#   make check      build with ASan/UBSan and -Werror, run every test suite
+#   make bench-*    benchmarks (build/, optimized)
+#   make fuzz       run every libFuzzer target for FUZZ_SECONDS each
+
+BUILD      ?= build
+SANBUILD   ?= build-san
+FUZZBUILD  ?= build-fuzz
+FUZZ_SECONDS ?= 30
+MESON      ?= meson
+NINJA      ?= ninja
+
+.PHONY: all setup build check demo bench-token fuzz fuzz-build clean
+
+all: build
+
+setup:
+	@sh scripts/setup.sh
+
+$(BUILD)/build.ninja:
+	$(MESON) setup $(BUILD) --buildtype=debugoptimized >/dev/null
+
+build: setup $(BUILD)/build.ninja
+	@$(NINJA) -C $(BUILD) >/dev/null
+
+$(SANBUILD)/build.ninja:
+	$(MESON) setup $(SANBUILD) --buildtype=debug -Dwerror=true \
+		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+
+$(FUZZBUILD)/build.ninja:
+	CC=clang $(MESON) setup $(FUZZBUILD) --buildtype=debugoptimized -Dfuzz=true \
+		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+
+check: setup $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
+	@$(NINJA) -C $(SANBUILD) >/dev/null
+	@$(NINJA) -C $(FUZZBUILD) >/dev/null
+	@sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
+
+demo: build
+	@sh scripts/demo.sh $(BUILD)
+
+bench-token: build
+	@$(BUILD)/bench/bench-token
+
+fuzz-build: setup $(FUZZBUILD)/build.ninja
+	@$(NINJA) -C $(FUZZBUILD) >/dev/null
+
+fuzz: fuzz-build
+	@sh scripts/fuzz.sh $(FUZZBUILD) $(FUZZ_SECONDS)
+
+clean:
+	rm -rf $(BUILD) $(SANBUILD) $(FUZZBUILD)

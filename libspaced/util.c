@@ -1,0 +1,237 @@
+/* util.c — bounded buffers, constant-time helpers, base64url and time. */
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "error.h"
+
+void spaced_buf_init(struct spaced_buf *b, size_t max)
+{
+	b->data = NULL;
+	b->len = 0;
+	b->cap = 0;
+	b->max = max;
+}
+
+int spaced_buf_reserve(struct spaced_buf *b, size_t extra)
+{
+	if (extra > b->max || b->len > b->max - extra)
+		return SPACED_ETOOBIG;
+	size_t need = b->len + extra + 1;
+	if (need <= b->cap)
+		return SPACED_OK;
+	size_t ncap = b->cap ? b->cap : 64;
+	while (ncap < need)
+		ncap *= 2;
+	if (ncap > b->max + 1)
+		ncap = b->max + 1;
+	uint8_t *n = malloc(ncap);
+	if (n == NULL)
+		return SPACED_ENOMEM;
+	if (b->data != NULL) {
+		memcpy(n, b->data, b->len + 1);
+		spaced_wipe(b->data, b->cap);
+		free(b->data);
+	}
+	b->data = n;
+	b->cap = ncap;
+	return SPACED_OK;
+}
+
+int spaced_buf_append(struct spaced_buf *b, const void *p, size_t n)
+{
+	int r = spaced_buf_reserve(b, n);
+	if (r < 0)
+		return r;
+	if (n > 0)
+		memcpy(b->data + b->len, p, n);
+	b->len += n;
+	b->data[b->len] = 0;
+	return SPACED_OK;
+}
+
+int spaced_buf_puts(struct spaced_buf *b, const char *s)
+{
+	return spaced_buf_append(b, s, strlen(s));
+}
+
+int spaced_buf_put_le64(struct spaced_buf *b, uint64_t v)
+{
+	uint8_t le[8];
+	for (int i = 0; i < 8; i++)
+		le[i] = (uint8_t)(v >> (8 * i));
+	return spaced_buf_append(b, le, sizeof le);
+}
+
+void spaced_buf_free(struct spaced_buf *b)
+{
+	if (b->data != NULL) {
+		spaced_wipe(b->data, b->cap);
+		free(b->data);
+	}
+	b->data = NULL;
+	b->len = b->cap = 0;
+}
+
+uint8_t *spaced_buf_take(struct spaced_buf *b, size_t *len)
+{
+	uint8_t *d = b->data;
+	if (d == NULL) {
+		d = calloc(1, 1);
+		if (d == NULL)
+			return NULL;
+	}
+	if (len != NULL)
+		*len = b->len;
+	b->data = NULL;
+	b->len = b->cap = 0;
+	return d;
+}
+
+bool spaced_ct_eq(const void *a, const void *b, size_t n)
+{
+	if (n == 0)
+		return true;
+	return sodium_memcmp(a, b, n) == 0;
+}
+
+bool spaced_ct_eq_len(const void *a, size_t alen, const void *b, size_t blen)
+{
+	if (alen != blen)
+		return false;
+	return spaced_ct_eq(a, b, alen);
+}
+
+void spaced_wipe(void *p, size_t n)
+{
+	if (p != NULL && n > 0)
+		sodium_memzero(p, n);
+}
+
+size_t spaced_b64url_encoded_len(size_t n)
+{
+	return (n / 3) * 4 + ((n % 3) ? (n % 3) + 1 : 0);
+}
+
+size_t spaced_b64url_decoded_max(size_t n)
+{
+	return (n / 4) * 3 + 3;
+}
+
+void spaced_b64url_encode(char *out, const uint8_t *in, size_t n)
+{
+	sodium_bin2base64(out, spaced_b64url_encoded_len(n) + 1, in, n,
+	                  sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+}
+
+int spaced_b64url_decode(uint8_t *out, size_t *outlen, const char *in, size_t n)
+{
+	size_t got = 0;
+	/* With b64_end == NULL libsodium fails unless every character is consumed,
+	 * and it rejects non-zero leftover bits and impossible lengths. */
+	if (sodium_base642bin(out, spaced_b64url_decoded_max(n), in, n, NULL, &got, NULL,
+	                      sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0)
+		return SPACED_EBASE64;
+	*outlen = got;
+	return SPACED_OK;
+}
+
+/* Days since 1970-01-01 of a proleptic Gregorian date. */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
+{
+	y -= m <= 2;
+	const int64_t era = (y >= 0 ? y : y - 399) / 400;
+	const unsigned yoe = (unsigned)(y - era * 400);
+	const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+	const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+	return era * 146097 + (int64_t)doe - 719468;
+}
+
+static int digits(const char *s, size_t n, size_t at, size_t count, unsigned *out)
+{
+	unsigned v = 0;
+	if (at + count > n)
+		return -1;
+	for (size_t i = at; i < at + count; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return -1;
+		v = v * 10 + (unsigned)(s[i] - '0');
+	}
+	*out = v;
+	return 0;
+}
+
+static unsigned days_in_month(unsigned y, unsigned m)
+{
+	static const unsigned dm[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+	bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+	return (m == 2 && leap) ? 29 : dm[m - 1];
+}
+
+int spaced_time_parse(const char *s, size_t n, int64_t *out)
+{
+	unsigned Y, M, D, h, mi, sec, oh = 0, om = 0;
+	if (digits(s, n, 0, 4, &Y) || n < 20 || s[4] != '-' || digits(s, n, 5, 2, &M) ||
+	    s[7] != '-' || digits(s, n, 8, 2, &D) || (s[10] != 'T' && s[10] != 't') ||
+	    digits(s, n, 11, 2, &h) || s[13] != ':' || digits(s, n, 14, 2, &mi) ||
+	    s[16] != ':' || digits(s, n, 17, 2, &sec))
+		return SPACED_EFORMAT;
+	if (M < 1 || M > 12 || D < 1 || D > days_in_month(Y, M) || h > 23 || mi > 59 || sec > 60)
+		return SPACED_EFORMAT;
+	size_t i = 19;
+	if (i < n && s[i] == '.') {
+		size_t start = ++i;
+		while (i < n && s[i] >= '0' && s[i] <= '9' && i - start < 9)
+			i++;
+		if (i == start)
+			return SPACED_EFORMAT;
+	}
+	int sign = 0;
+	if (i < n && (s[i] == 'Z' || s[i] == 'z')) {
+		i++;
+	} else if (i < n && (s[i] == '+' || s[i] == '-')) {
+		sign = s[i] == '+' ? 1 : -1;
+		if (digits(s, n, i + 1, 2, &oh) || i + 3 >= n || s[i + 3] != ':' ||
+		    digits(s, n, i + 4, 2, &om) || oh > 23 || om > 59)
+			return SPACED_EFORMAT;
+		i += 6;
+	} else {
+		return SPACED_EFORMAT;
+	}
+	if (i != n)
+		return SPACED_EFORMAT;
+	if (sec == 60)
+		sec = 59; /* a leap second is read as the second before it */
+	int64_t t = days_from_civil(Y, M, D) * 86400 + (int64_t)h * 3600 + mi * 60 + sec;
+	t -= sign * ((int64_t)oh * 3600 + (int64_t)om * 60);
+	*out = t;
+	return SPACED_OK;
+}
+
+int spaced_time_format(int64_t t, char out[21])
+{
+	struct tm tm;
+	time_t tt = (time_t)t;
+	if (gmtime_r(&tt, &tm) == NULL || tm.tm_year + 1900 < 0 || tm.tm_year + 1900 > 9999)
+		return SPACED_EINVAL;
+	strftime(out, 21, "%Y-%m-%dT%H:%M:%SZ", &tm);
+	return SPACED_OK;
+}
+
+int64_t spaced_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec;
+}
+
+uint64_t spaced_mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}

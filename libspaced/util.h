@@ -1,0 +1,84 @@
+/*
+ * util.h — small helpers shared by every spaced module: bounded buffers,
+ * constant-time comparison, wiping of secrets, strict base64url, RFC 3339 time.
+ */
+#ifndef SPACED_UTIL_H
+#define SPACED_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A growable byte buffer that never grows past `max` bytes. The contents stay
+ * NUL-terminated (one byte beyond len) so text can be handed to C strings. */
+struct spaced_buf {
+	uint8_t *data;
+	size_t len;
+	size_t cap;
+	size_t max;
+};
+
+/* Starts an empty buffer limited to `max` bytes of content. Allocates nothing. */
+void spaced_buf_init(struct spaced_buf *b, size_t max);
+
+/* Makes room for `extra` more bytes. Returns 0, SPACED_ETOOBIG when len+extra
+ * would pass the limit, or SPACED_ENOMEM. */
+int spaced_buf_reserve(struct spaced_buf *b, size_t extra);
+
+/* Appends `n` bytes (same errors as spaced_buf_reserve; nothing is appended on error). */
+int spaced_buf_append(struct spaced_buf *b, const void *p, size_t n);
+
+/* Appends a C string without its NUL. */
+int spaced_buf_puts(struct spaced_buf *b, const char *s);
+
+/* Appends an unsigned 64-bit integer in little-endian byte order. */
+int spaced_buf_put_le64(struct spaced_buf *b, uint64_t v);
+
+/* Wipes and releases the contents; the buffer may be reused after spaced_buf_init. */
+void spaced_buf_free(struct spaced_buf *b);
+
+/* Hands the contents to the caller (NUL-terminated, to be free()d) and resets b. */
+uint8_t *spaced_buf_take(struct spaced_buf *b, size_t *len);
+
+/* Constant-time equality of two byte strings of the same length n. */
+bool spaced_ct_eq(const void *a, const void *b, size_t n);
+
+/* Constant-time equality of two byte strings whose lengths may differ: the
+ * lengths are compared in the open (they are not secret), the bytes in constant time. */
+bool spaced_ct_eq_len(const void *a, size_t alen, const void *b, size_t blen);
+
+/* Overwrites n bytes at p with zeros in a way the compiler cannot elide. */
+void spaced_wipe(void *p, size_t n);
+
+/* Length of the unpadded base64url encoding of n bytes. */
+size_t spaced_b64url_encoded_len(size_t n);
+
+/* Upper bound of the decoded length of an encoding of n characters. */
+size_t spaced_b64url_decoded_max(size_t n);
+
+/* Encodes n bytes as unpadded base64url into out (room for
+ * spaced_b64url_encoded_len(n)+1 bytes, NUL-terminated). */
+void spaced_b64url_encode(char *out, const uint8_t *in, size_t n);
+
+/* Strict unpadded base64url decoding: the whole input must be consumed; padding,
+ * other alphabets, whitespace, a length of 1 mod 4 and non-zero trailing bits are
+ * all rejected with SPACED_EBASE64. out must hold spaced_b64url_decoded_max(n)
+ * bytes; *outlen receives the decoded length on success. */
+int spaced_b64url_decode(uint8_t *out, size_t *outlen, const char *in, size_t n);
+
+/* Parses an RFC 3339 date-time ("2026-11-30T14:00:00Z", "…+01:00", optional
+ * fraction of a second, which is truncated) into Unix seconds. Anything else,
+ * including out-of-range fields, is SPACED_EFORMAT. */
+int spaced_time_parse(const char *s, size_t n, int64_t *out);
+
+/* Formats Unix seconds as "YYYY-MM-DDTHH:MM:SSZ" into out (at least 21 bytes).
+ * Returns 0, or SPACED_EINVAL for years outside 0000–9999. */
+int spaced_time_format(int64_t t, char out[21]);
+
+/* The current wall-clock time in Unix seconds. */
+int64_t spaced_now(void);
+
+/* A monotonic clock reading in nanoseconds (for measurements, never for validity). */
+uint64_t spaced_mono_ns(void);
+
+#endif

@@ -1,0 +1,70 @@
+#!/bin/sh
+# Runs every test suite and closes with one line the CI counts: "N passed, N failed".
+#   run-tests.sh SANBUILD [FUZZBUILD]
+# - Criterion suites: SANBUILD/tests/test-* (each test forked; crashes count as failures);
+# - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD;
+# - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 5), one test each.
+set -u
+build=$1
+fuzzbuild=${2:-}
+top=$(cd "$(dirname "$0")/.." && pwd)
+passed=0
+failed=0
+log_dir="$build/test-logs"
+mkdir -p "$log_dir"
+
+for t in "$build"/tests/test-*; do
+	[ -x "$t" ] || continue
+	case "$t" in *.p|*.sh) continue ;; esac
+	name=$(basename "$t")
+	log="$log_dir/$name.log"
+	"$t" --jobs 2 >"$log" 2>&1
+	rc=$?
+	line=$(grep 'Synthesis:' "$log" | tail -n 1)
+	tested=$(echo "$line" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')
+	pass=$(echo "$line" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
+	if [ -z "$tested" ]; then
+		echo "FAIL $name: no Criterion summary (exit $rc)"; tail -n 20 "$log"
+		failed=$((failed + 1)); continue
+	fi
+	bad=$((tested - pass))
+	passed=$((passed + pass)); failed=$((failed + bad))
+	if [ "$bad" -ne 0 ] || [ "$rc" -ne 0 ]; then
+		[ "$bad" -eq 0 ] && failed=$((failed + 1))
+		echo "FAIL $name: $line (exit $rc)"
+		grep -E '^\[----\]|\[FAIL\]|CRASH|ERROR' "$log" | head -n 40
+	else
+		echo "ok   $name: $pass tests"
+	fi
+done
+
+for s in "$top"/tests/*.t.sh; do
+	[ -f "$s" ] || continue
+	name=$(basename "$s" .t.sh)
+	log="$log_dir/$name.log"
+	if SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$s" >"$log" 2>&1; then
+		passed=$((passed + 1)); echo "ok   $name"
+	else
+		rc=$?
+		if [ "$rc" -eq 77 ]; then
+			echo "skip $name: $(tail -n 1 "$log")"
+		else
+			failed=$((failed + 1)); echo "FAIL $name (exit $rc)"; tail -n 30 "$log"
+		fi
+	fi
+done
+
+if [ -n "$fuzzbuild" ]; then
+	for t in "$fuzzbuild"/fuzz/fuzz-*; do
+		[ -x "$t" ] || continue
+		case "$t" in *.log|*-crash-*|*-leak-*|*-timeout-*|*-oom-*) continue ;; esac
+		if sh "$top/scripts/fuzz.sh" "$fuzzbuild" "${FUZZ_SMOKE_SECONDS:-5}" "$(basename "$t")" >"$log_dir/$(basename "$t").log" 2>&1; then
+			passed=$((passed + 1)); echo "ok   $(basename "$t") (fuzz smoke)"
+		else
+			failed=$((failed + 1)); echo "FAIL $(basename "$t") (fuzz smoke)"; tail -n 20 "$log_dir/$(basename "$t").log"
+		fi
+	done
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

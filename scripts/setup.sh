@@ -1,0 +1,26 @@
+#!/bin/sh
+# Installs the Debian packages spaced needs to build, test and run, when any is missing.
+# Idempotent and quiet when everything is present. Needs root (or sudo) only when it installs.
+set -eu
+
+PKGS="build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
+libsodium-dev libjansson-dev libcriterion-dev libuv1-dev libwebsockets-dev
+libseccomp-dev libsqlite3-dev sqlite3 libpq-dev postgresql bubblewrap
+iproute2 util-linux procps python3"
+
+missing=""
+for p in $PKGS; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+		missing="$missing $p"
+	fi
+done
+[ -z "$missing" ] && exit 0
+
+echo "setup: installing:$missing"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+echo "setup: done"
