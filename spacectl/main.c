@@ -1,0 +1,92 @@
+/* spacectl — the command line of spaced. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "cli.h"
+
+static const char usage[] =
+	"usage: spacectl <command> [args]\n"
+	"\n"
+	"tokens and capabilities:\n"
+	"  token keygen [--json]                          a new Ed25519 key pair (k4.secret, k4.public, k4.pid)\n"
+	"  token sign --key k4.secret.… [--footer F] [--implicit I] PAYLOAD|-\n"
+	"  token verify --key k4.public.… [--footer F] [--implicit I] TOKEN|-\n"
+	"  cap issue --key k4.secret.… --sandbox S --generation N --worker W [--substrate T]\n"
+	"            [--activation A] [--pod-uid U] --purpose P... [--port N --protocol X] [--ttl S]\n"
+	"  cap inspect [--key k4.public.… | --bundle FILE] [--json] TOKEN|-\n"
+	"  cap check (--key k4.public.… | --bundle FILE) --installed IDENTITY [--tombstone]\n"
+	"            --purpose P [--port N --protocol X] TOKEN|-\n"
+	"\n"
+	"purposes: fs.read fs.write exec term watch serviceport lifecycle\n";
+
+int cli_fail(const char *what, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "spacectl: %s: ", what);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return 1;
+}
+
+int cli_usage(const char *u)
+{
+	fputs(u, stderr);
+	return 2;
+}
+
+char *cli_read_stdin(size_t max, size_t *len)
+{
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap + 1);
+	while (buf != NULL) {
+		if (n == cap) {
+			if (cap >= max) {
+				free(buf);
+				return NULL;
+			}
+			cap = cap * 2 > max ? max : cap * 2;
+			char *nb = realloc(buf, cap + 1);
+			if (nb == NULL)
+				break;
+			buf = nb;
+		}
+		ssize_t got = read(STDIN_FILENO, buf + n, cap - n);
+		if (got < 0) {
+			break;
+		}
+		if (got == 0) {
+			buf[n] = 0;
+			*len = n;
+			return buf;
+		}
+		n += (size_t)got;
+	}
+	free(buf);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	if (sodium_init() < 0) {
+		fprintf(stderr, "spacectl: libsodium failed to initialise\n");
+		return 1;
+	}
+	if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+	    strcmp(argv[1], "help") == 0) {
+		fputs(usage, argc < 2 ? stderr : stdout);
+		return argc < 2 ? 2 : 0;
+	}
+	if (strcmp(argv[1], "token") == 0)
+		return cmd_token(argc - 1, argv + 1);
+	if (strcmp(argv[1], "cap") == 0)
+		return cmd_cap(argc - 1, argv + 1);
+	fprintf(stderr, "spacectl: unknown command '%s'\n%s", argv[1], usage);
+	return 2;
+}
