@@ -313,6 +313,18 @@ static int json_depth(const uint8_t *s, size_t n)
 
 int spaced_cap_footer_kid(const uint8_t *footer, size_t len, char kid[SPACED_PASERK_PID_LEN + 1])
 {
+	static const char pre[] = "{\"kid\":\"", post[] = "\"}";
+	const size_t canonical = sizeof pre - 1 + SPACED_PASERK_PID_LEN + sizeof post - 1;
+	if (len == canonical && memcmp(footer, pre, sizeof pre - 1) == 0 &&
+	    memcmp(footer + len - (sizeof post - 1), post, sizeof post - 1) == 0) {
+		/* The exact form spaced issues: no JSON parser needed to read it. */
+		const char *pid = (const char *)footer + sizeof pre - 1;
+		if (!spaced_paserk_pid_valid(pid, SPACED_PASERK_PID_LEN))
+			return SPACED_EKEY;
+		memcpy(kid, pid, SPACED_PASERK_PID_LEN);
+		kid[SPACED_PASERK_PID_LEN] = 0;
+		return SPACED_OK;
+	}
 	if (len == 0)
 		return SPACED_EFORMAT;
 	if (len > SPACED_CAP_FOOTER_MAX)

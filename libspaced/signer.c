@@ -63,7 +63,7 @@ int spaced_secret_key_from_paserk(struct spaced_secret_key **out, const char *s,
 		return (n >= 3 && s[0] == 'k' && s[1] >= '1' && s[1] <= '9' && s[2] == '.') ? SPACED_EKEYTYPE
 		                                                                          : SPACED_EKEY;
 	if (n != SPACED_PASERK_SECRET_LEN ||
-	    spaced_b64url_decode(raw, &rl, s + sizeof prefix - 1, n - (sizeof prefix - 1)) < 0 ||
+	    spaced_b64url_decode_secret(raw, &rl, s + sizeof prefix - 1, n - (sizeof prefix - 1)) < 0 ||
 	    rl != crypto_sign_SECRETKEYBYTES) {
 		spaced_wipe(raw, sizeof raw);
 		return SPACED_EKEY;

@@ -60,11 +60,14 @@ size_t spaced_b64url_decoded_max(size_t n);
  * spaced_b64url_encoded_len(n)+1 bytes, NUL-terminated). */
 void spaced_b64url_encode(char *out, const uint8_t *in, size_t n);
 
-/* Strict unpadded base64url decoding: the whole input must be consumed; padding,
+/* Strict unpadded base64url decoding of public data (not constant-time): the whole input must be consumed; padding,
  * other alphabets, whitespace, a length of 1 mod 4 and non-zero trailing bits are
  * all rejected with SPACED_EBASE64. out must hold spaced_b64url_decoded_max(n)
  * bytes; *outlen receives the decoded length on success. */
 int spaced_b64url_decode(uint8_t *out, size_t *outlen, const char *in, size_t n);
+
+/* The same strict decoding in constant time, for secrets (k4.secret). */
+int spaced_b64url_decode_secret(uint8_t *out, size_t *outlen, const char *in, size_t n);
 
 /* Parses an RFC 3339 date-time ("2026-11-30T14:00:00Z", "…+01:00", optional
  * fraction of a second, which is truncated) into Unix seconds. Anything else,
