@@ -1,0 +1,53 @@
+/*
+ * host.h — spaced-host, the per-sandbox host bridge (B1–B3).
+ *
+ * spaced-host listens on its own Unix socket. For every new connection it
+ *   1. verifies its caller is the expected sandbox manager (SO_PEERCRED uid,
+ *      SO_PEERPIDFD, pid and start time when configured);
+ *   2. verifies the guest-transport listener belongs to the expected launcher
+ *      or VMM process (socket file owner, unix_diag VFS inode of the listener
+ *      against stat() of the path, the process holding it, its start time and
+ *      executable), connects, and checks the connection's peer is that process;
+ *   3. speaks the vsock handshake (CONNECT <port> / OK <n>);
+ *   4. asks the guest who it is (HELLO) and compares the answer with the
+ *      expected execution identity;
+ * and only then relays the guest protocol both ways. When either side drops,
+ * both are closed: a guest connection is never re-established behind the
+ * caller's back. A refused connection receives one RESULT frame with id 0, a
+ * negative status and the reason, then is closed.
+ */
+#ifndef SPACED_HOST_H
+#define SPACED_HOST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "identity.h"
+#include "pidref.h"
+
+struct host_config {
+	const char *listen_path;                    /* the bridge's own socket */
+	const char *guest_path;                     /* the guest-transport socket */
+	uint32_t guest_port;                        /* vsock port of the guest agent */
+	struct spaced_expected_listener launcher;   /* who must own guest_path */
+	struct spaced_expected_caller manager;      /* who may call the bridge */
+	struct spaced_identity identity;            /* the execution it must reach */
+	char identity_text[SPACED_IDENTITY_TEXT_MAX];
+	int timeout_ms;                             /* for the handshake and HELLO */
+};
+
+/* Runs the checks of steps 2–4 above and returns a connected, verified guest
+ * stream (after the handshake and HELLO) in *fd_out. On failure returns
+ * SPACED_EPEER, SPACED_EIDENTITY, SPACED_EPROTO, SPACED_ETIMEDOUT … with a
+ * one-line reason in why. */
+int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_t whysz);
+
+/* Relays bytes between a and b until either side closes or fails, then
+ * returns (the caller closes both). */
+void host_relay(int a, int b);
+
+/* Sends the refusal frame (RESULT, id 0, status err, message why) on fd, best effort. */
+void host_refuse(int fd, int err, const char *why, const char *identity_text);
+
+#endif

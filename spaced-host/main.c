@@ -1,0 +1,208 @@
+/* spaced-host — the per-sandbox host bridge. See host.h for what it checks. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "error.h"
+#include "host.h"
+
+static struct host_config cfg;
+
+/* One structured log line on stderr. */
+static void logline(const char *level, const char *event, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void logline(const char *level, const char *event, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "spaced-host level=%s event=%s sandbox=%s generation=%llu %s\n", level, event,
+	        cfg.identity.sandbox, (unsigned long long)cfg.identity.generation, msg);
+}
+
+static void *serve(void *arg)
+{
+	int cfd = (int)(intptr_t)arg, gfd = -1;
+	char why[512] = "";
+	struct spaced_pidref caller = SPACED_PIDREF_NULL;
+	int r = spaced_peer_verify_caller(cfd, &cfg.manager, &caller, why, sizeof why);
+	if (r < 0) {
+		logline("warn", "caller-refused", "reason=\"%s\"", why);
+		host_refuse(cfd, SPACED_EPEER, "caller is not the sandbox manager", "");
+		goto out;
+	}
+	r = host_open_guest(&cfg, &gfd, why, sizeof why);
+	if (r < 0) {
+		logline("warn", "guest-refused", "code=%s reason=\"%s\"", spaced_errname(r), why);
+		host_refuse(cfd, r, why, "");
+		goto out;
+	}
+	/* Still the same caller after the work above (SPIRE's peertracker habit). */
+	if (spaced_pidref_check(&caller) < 0) {
+		logline("warn", "caller-gone", "reason=\"caller exited during verification\"");
+		goto out;
+	}
+	host_relay(cfd, gfd);
+out:
+	spaced_pidref_done(&caller);
+	if (gfd >= 0)
+		close(gfd);
+	close(cfd);
+	return NULL;
+}
+
+static int listen_on(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof sa.sun_path)
+		return -1;
+	strcpy(sa.sun_path, path);
+	struct stat st;
+	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+		unlink(path); /* a stale socket of an earlier run of this bridge */
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	mode_t old = umask(0077);
+	int r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+	umask(old);
+	if (r < 0 || listen(fd, 128) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static const char usage[] =
+	"usage: spaced-host --listen PATH --guest PATH --identity TEXT --launcher-pid PID\n"
+	"       [--launcher-start TICKS] [--launcher-exe PATH] [--guest-owner UID] [--guest-port N]\n"
+	"       [--manager-uid UID] [--manager-pid PID [--manager-start TICKS]] [--timeout-ms MS]\n";
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (*s == 0 || *s == '-' || *end != 0 || errno != 0)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"listen", required_argument, NULL, 'l'},
+		{"guest", required_argument, NULL, 'g'},
+		{"guest-port", required_argument, NULL, 'p'},
+		{"identity", required_argument, NULL, 'i'},
+		{"launcher-pid", required_argument, NULL, 'L'},
+		{"launcher-start", required_argument, NULL, 'S'},
+		{"launcher-exe", required_argument, NULL, 'E'},
+		{"guest-owner", required_argument, NULL, 'O'},
+		{"manager-uid", required_argument, NULL, 'U'},
+		{"manager-pid", required_argument, NULL, 'M'},
+		{"manager-start", required_argument, NULL, 'T'},
+		{"timeout-ms", required_argument, NULL, 't'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *identity = NULL, *launcher_exe = NULL;
+	uint64_t v, launcher_pid = 0, launcher_start = 0, owner = 0, mgr_uid = 0, mgr_pid = 0, mgr_start = 0;
+	bool have_owner = false, have_launcher_start = false;
+	int c;
+	cfg.guest_port = 1024;
+	cfg.timeout_ms = 2000;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		const char *bad = NULL;
+		switch (c) {
+		case 'l': cfg.listen_path = optarg; break;
+		case 'g': cfg.guest_path = optarg; break;
+		case 'i': identity = optarg; break;
+		case 'E': launcher_exe = optarg; break;
+		case 'p': if (parse_u64(optarg, &v) < 0 || v > UINT32_MAX) bad = "--guest-port"; else cfg.guest_port = (uint32_t)v; break;
+		case 'L': if (parse_u64(optarg, &launcher_pid) < 0 || launcher_pid == 0) bad = "--launcher-pid"; break;
+		case 'S': if (parse_u64(optarg, &launcher_start) < 0) bad = "--launcher-start"; else have_launcher_start = true; break;
+		case 'O': if (parse_u64(optarg, &owner) < 0) bad = "--guest-owner"; else have_owner = true; break;
+		case 'U': if (parse_u64(optarg, &mgr_uid) < 0) bad = "--manager-uid"; break;
+		case 'M': if (parse_u64(optarg, &mgr_pid) < 0) bad = "--manager-pid"; break;
+		case 'T': if (parse_u64(optarg, &mgr_start) < 0) bad = "--manager-start"; break;
+		case 't': if (parse_u64(optarg, &v) < 0 || v == 0 || v > 60000) bad = "--timeout-ms"; else cfg.timeout_ms = (int)v; break;
+		default: fputs(usage, stderr); return 2;
+		}
+		if (bad != NULL) {
+			fprintf(stderr, "spaced-host: invalid %s\n", bad);
+			return 2;
+		}
+	}
+	if (cfg.listen_path == NULL || cfg.guest_path == NULL || identity == NULL || launcher_pid == 0 ||
+	    optind != argc) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	if (sodium_init() < 0)
+		return 1;
+	if (spaced_identity_decode(&cfg.identity, identity, strlen(identity)) < 0) {
+		fprintf(stderr, "spaced-host: --identity is not a canonical execution identity\n");
+		return 2;
+	}
+	spaced_identity_encode(&cfg.identity, cfg.identity_text, sizeof cfg.identity_text);
+
+	/* What the launcher must be: pinned now unless the manager passed its start time. */
+	cfg.launcher.pid = (pid_t)launcher_pid;
+	if (!have_launcher_start && spaced_proc_start_time((pid_t)launcher_pid, &launcher_start) < 0) {
+		fprintf(stderr, "spaced-host: launcher process %llu does not exist\n",
+		        (unsigned long long)launcher_pid);
+		return 1;
+	}
+	cfg.launcher.start_time = launcher_start;
+	cfg.launcher.owner_uid = have_owner ? (uid_t)owner : geteuid();
+	if (launcher_exe != NULL) {
+		cfg.launcher.check_exe = true;
+		if (spaced_exe_id_of_path(launcher_exe, false, &cfg.launcher.exe) < 0) {
+			fprintf(stderr, "spaced-host: cannot stat --launcher-exe %s\n", launcher_exe);
+			return 1;
+		}
+	}
+	cfg.manager.uid = (uid_t)mgr_uid;
+	cfg.manager.pid = (pid_t)mgr_pid;
+	cfg.manager.start_time = mgr_start;
+
+	signal(SIGPIPE, SIG_IGN);
+	int lfd = listen_on(cfg.listen_path);
+	if (lfd < 0) {
+		fprintf(stderr, "spaced-host: cannot listen on %s: %s\n", cfg.listen_path, strerror(errno));
+		return 1;
+	}
+	logline("info", "listening", "path=%s guest=%s", cfg.listen_path, cfg.guest_path);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 128 * 1024);
+	for (;;) {
+		int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (cfd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE)
+				continue;
+			logline("error", "accept-failed", "errno=%d", errno);
+			return 1;
+		}
+		pthread_t t;
+		if (pthread_create(&t, &attr, serve, (void *)(intptr_t)cfd) != 0) {
+			logline("warn", "thread-failed", "reason=\"cannot serve a connection\"");
+			close(cfd);
+		}
+	}
+}
