@@ -16,7 +16,11 @@ struct spaced_secret_key {
 
 static struct spaced_secret_key *key_alloc(void)
 {
-	/* sodium_malloc guards the page and locks it against swapping. */
+	/* sodium_malloc guards the page and locks it against swapping; it needs
+	 * libsodium initialised (idempotent and thread-safe), which callers of this
+	 * module are not required to have done. */
+	if (sodium_init() < 0)
+		return NULL;
 	return sodium_malloc(sizeof(struct spaced_secret_key));
 }
 
