@@ -267,6 +267,10 @@ int spaced_cap_claims_decode(struct spaced_cap *out, const uint8_t *json, size_t
 	}
 	if (r == 0 && (seen & C_REQUIRED) != C_REQUIRED)
 		r = SPACED_ECLAIM;
+	/* A control capability carries no port or protocol claim at all (an empty
+	 * "protocol" would otherwise pass the consistency check). */
+	if (r == 0 && c.cls == SPACED_CLASS_CONTROL && (seen & (C_PORT | C_PROTO)) != 0)
+		r = SPACED_ECLAIM;
 	if (r == 0)
 		r = spaced_cap_validate(&c);
 	json_decref(o);
