@@ -1,0 +1,223 @@
+/*
+ * sub_fs.c — tree copy for snapshots and restores of the writable layer, and
+ * recursive removal of state directories.
+ *
+ * The copy keeps what an overlay upper directory holds: directories, regular
+ * files (contents through copy_file_range), symlinks, whiteouts (0/0 character
+ * devices) and other device nodes, FIFOs, owners, modes, times and extended
+ * attributes (trusted.overlay.* marks opaque directories and redirects).
+ * Hard links are copied as separate files; sockets are skipped.
+ */
+#define _FILE_OFFSET_BITS 64
+#include "substrate.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "error.h"
+
+static void setwhy(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void setwhy(char *why, size_t whysz, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (why == NULL || whysz == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(why, whysz, fmt, ap);
+	va_end(ap);
+}
+
+static int copy_xattrs(const char *src, const char *dst)
+{
+	char names[8192], *name;
+	char val[65536];
+	ssize_t n = llistxattr(src, names, sizeof(names));
+
+	if (n < 0)
+		return errno == ENOTSUP ? 0 : SPACED_ESYS;
+	for (name = names; name < names + n; name += strlen(name) + 1) {
+		ssize_t vl = lgetxattr(src, name, val, sizeof(val));
+
+		if (vl < 0)
+			return SPACED_ESYS;
+		if (lsetxattr(dst, name, val, (size_t)vl, 0) < 0 && errno != ENOTSUP)
+			return SPACED_ESYS;
+	}
+	return 0;
+}
+
+static int copy_data(const char *src, const char *dst, const struct stat *st)
+{
+	int in = -1, out = -1, r = SPACED_ESYS;
+	off_t left = st->st_size;
+
+	in = open(src, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (in < 0)
+		goto out;
+	out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (out < 0)
+		goto out;
+	while (left > 0) {
+		ssize_t n = copy_file_range(in, NULL, out, NULL, (size_t)left, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL)) {
+			char buf[65536];
+
+			n = read(in, buf, sizeof(buf));
+			if (n > 0 && write(out, buf, (size_t)n) != n)
+				goto out;
+		}
+		if (n < 0)
+			goto out;
+		if (n == 0)
+			break; /* the file shrank */
+		left -= n;
+	}
+	r = 0;
+out:
+	if (in >= 0)
+		close(in);
+	if (out >= 0)
+		close(out);
+	return r;
+}
+
+/* Owner, mode, xattrs, times of one copied entry. */
+static int finish(const char *src, const char *dst, const struct stat *st)
+{
+	struct timespec ts[2] = { st->st_atim, st->st_mtim };
+
+	if (fchownat(AT_FDCWD, dst, st->st_uid, st->st_gid, AT_SYMLINK_NOFOLLOW) < 0 &&
+	    errno != EPERM)
+		return SPACED_ESYS;
+	if (!S_ISLNK(st->st_mode) && chmod(dst, st->st_mode & 07777) < 0)
+		return SPACED_ESYS;
+	if (copy_xattrs(src, dst) < 0)
+		return SPACED_ESYS;
+	if (utimensat(AT_FDCWD, dst, ts, AT_SYMLINK_NOFOLLOW) < 0)
+		return SPACED_ESYS;
+	return 0;
+}
+
+static int copy_rec(char *src, size_t sl, char *dst, size_t dl, char *why, size_t whysz)
+{
+	struct stat st;
+	int r = 0;
+
+	if (lstat(src, &st) < 0) {
+		setwhy(why, whysz, "lstat %s: %s", src, strerror(errno));
+		return SPACED_ESYS;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		struct dirent *de;
+		DIR *d;
+
+		if (mkdir(dst, 0700) < 0) {
+			setwhy(why, whysz, "mkdir %s: %s", dst, strerror(errno));
+			return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
+		}
+		d = opendir(src);
+		if (d == NULL) {
+			setwhy(why, whysz, "opendir %s: %s", src, strerror(errno));
+			return SPACED_ESYS;
+		}
+		while (r == 0 && (de = readdir(d)) != NULL) {
+			size_t nl = strlen(de->d_name);
+
+			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+				continue;
+			if (sl + 1 + nl >= PATH_MAX || dl + 1 + nl >= PATH_MAX) {
+				setwhy(why, whysz, "path too long below %s", src);
+				r = SPACED_ETOOBIG;
+				break;
+			}
+			src[sl] = '/';
+			memcpy(src + sl + 1, de->d_name, nl + 1);
+			dst[dl] = '/';
+			memcpy(dst + dl + 1, de->d_name, nl + 1);
+			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, why, whysz);
+			src[sl] = '\0';
+			dst[dl] = '\0';
+		}
+		closedir(d);
+		if (r < 0)
+			return r;
+	} else if (S_ISREG(st.st_mode)) {
+		if (copy_data(src, dst, &st) < 0) {
+			setwhy(why, whysz, "copy %s: %s", src, strerror(errno));
+			return SPACED_ESYS;
+		}
+	} else if (S_ISLNK(st.st_mode)) {
+		char target[PATH_MAX];
+		ssize_t n = readlink(src, target, sizeof(target) - 1);
+
+		if (n < 0) {
+			setwhy(why, whysz, "readlink %s: %s", src, strerror(errno));
+			return SPACED_ESYS;
+		}
+		target[n] = '\0';
+		if (symlink(target, dst) < 0) {
+			setwhy(why, whysz, "symlink %s: %s", dst, strerror(errno));
+			return SPACED_ESYS;
+		}
+	} else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISFIFO(st.st_mode)) {
+		if (mknod(dst, st.st_mode, st.st_rdev) < 0) {
+			setwhy(why, whysz, "mknod %s: %s", dst, strerror(errno));
+			return SPACED_ESYS;
+		}
+	} else {
+		return 0; /* sockets are not state */
+	}
+	if (finish(src, dst, &st) < 0) {
+		setwhy(why, whysz, "attributes of %s: %s", dst, strerror(errno));
+		return SPACED_ESYS;
+	}
+	return 0;
+}
+
+int spaced_sub_copy_tree(const char *src, const char *dst, char *why, size_t whysz)
+{
+	char s[PATH_MAX], d[PATH_MAX];
+	size_t sl = strlen(src), dl = strlen(dst);
+
+	if (sl >= PATH_MAX || dl >= PATH_MAX)
+		return SPACED_ETOOBIG;
+	memcpy(s, src, sl + 1);
+	memcpy(d, dst, dl + 1);
+	return copy_rec(s, sl, d, dl, why, whysz);
+}
+
+static int rm_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if (type == FTW_DP)
+		return rmdir(path) < 0 && errno != ENOENT ? -1 : 0;
+	return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+int spaced_sub_rm_rf(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0)
+		return errno == ENOENT ? 0 : SPACED_ESYS;
+	if (!S_ISDIR(st.st_mode))
+		return unlink(path) < 0 ? SPACED_ESYS : 0;
+	return nftw(path, rm_one, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) == 0 ? 0 : SPACED_ESYS;
+}

@@ -1,0 +1,1011 @@
+/*
+ * substrate.c — building, running, pausing and tearing down one execution of
+ * the process substrate (see substrate.h and docs/substrate.md).
+ *
+ * Setup order. The supervisor prepares the state directory and the cgroups,
+ * then clone3()s the child into new pid, mount, network, uts and ipc
+ * namespaces. The child, still root of the host's user namespace but already
+ * alone in its mount namespace, mounts the overlay root, the guest binary,
+ * /dev and /proc, sets the hostname, brings lo up and pivots into the new
+ * root. Only then does it enter a new user namespace (so every namespace it
+ * lives in belongs to the host's user namespace and its root user has no
+ * power over them: no mounts, no network or hostname changes) and a new
+ * cgroup namespace, waits for the supervisor to write its uid/gid maps and to
+ * put it into the cgroups, becomes root of its user namespace (host uid
+ * uid_base), applies no_new_privs, Landlock and seccomp, and execs the guest.
+ */
+#include "substrate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <linux/sched.h>
+
+#include "error.h"
+#include "sub_internal.h"
+#include "util.h"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+#define HOST_LAYERS_MAX 8
+
+struct layer {
+	char name[16];
+	char lower[PATH_MAX];
+	const char *mnt; /* mount point relative to the root: "" for the root */
+};
+
+struct spaced_sub {
+	char state[PATH_MAX];
+	char base[PATH_MAX]; /* "" when on the host's directories */
+	struct spaced_pidref init;
+	struct sub_cgroup cg;
+	int ctl; /* supervisor end of the control socketpair */
+	bool ready;
+	bool paused;
+	bool has_identity;
+	bool reaped;
+	int exit_status;
+	struct spaced_identity identity;
+};
+
+static void setwhy(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void setwhy(char *why, size_t whysz, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (why == NULL || whysz == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(why, whysz, fmt, ap);
+	va_end(ap);
+}
+
+static int pathf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int pathf(char *out, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(out, PATH_MAX, fmt, ap);
+	va_end(ap);
+	return n < 0 || n >= PATH_MAX ? SPACED_ETOOBIG : 0;
+}
+
+static int mkdir_p_one(const char *path, mode_t mode)
+{
+	if (mkdir(path, mode) < 0 && errno != EEXIST)
+		return SPACED_ESYS;
+	return 0;
+}
+
+/* ---- the layers ---------------------------------------------------------- */
+
+/* The directories of the host that make up the root when no base is given:
+ * each is an overlay of its own with an upper directory in upper/<name>. The
+ * merged-/usr links (bin -> usr/bin …) are copied as links into skel/. */
+static const char *const host_dirs[] = { "usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32" };
+
+static int plan_layers(const char *state, const char *base, struct layer *layers, size_t *nlayers,
+                       char *why, size_t whysz)
+{
+	char skel[PATH_MAX], p[PATH_MAX];
+	size_t n = 0;
+
+	if (base != NULL && base[0] != '\0') {
+		snprintf(layers[0].name, sizeof(layers[0].name), "root");
+		if (pathf(layers[0].lower, "%s", base) < 0)
+			return SPACED_ETOOBIG;
+		layers[0].mnt = "";
+		*nlayers = 1;
+		return 0;
+	}
+	if (pathf(skel, "%s/skel", state) < 0)
+		return SPACED_ETOOBIG;
+	if (mkdir_p_one(skel, 0755) < 0) {
+		setwhy(why, whysz, "mkdir %s: %s", skel, strerror(errno));
+		return SPACED_ESYS;
+	}
+	snprintf(layers[0].name, sizeof(layers[0].name), "root");
+	memcpy(layers[0].lower, skel, strlen(skel) + 1);
+	layers[0].mnt = "";
+	n = 1;
+	for (size_t i = 0; i < sizeof(host_dirs) / sizeof(host_dirs[0]); i++) {
+		char host[PATH_MAX], target[PATH_MAX];
+		struct stat st;
+		ssize_t tl;
+
+		pathf(host, "/%s", host_dirs[i]);
+		pathf(p, "%s/%s", skel, host_dirs[i]);
+		if (lstat(host, &st) < 0)
+			continue;
+		if (S_ISLNK(st.st_mode)) {
+			tl = readlink(host, target, sizeof(target) - 1);
+			if (tl < 0)
+				continue;
+			target[tl] = '\0';
+			if (symlink(target, p) < 0 && errno != EEXIST) {
+				setwhy(why, whysz, "symlink %s: %s", p, strerror(errno));
+				return SPACED_ESYS;
+			}
+			continue;
+		}
+		if (!S_ISDIR(st.st_mode) || n >= HOST_LAYERS_MAX)
+			continue;
+		if (mkdir_p_one(p, 0755) < 0) {
+			setwhy(why, whysz, "mkdir %s: %s", p, strerror(errno));
+			return SPACED_ESYS;
+		}
+		snprintf(layers[n].name, sizeof(layers[n].name), "%s", host_dirs[i]);
+		memcpy(layers[n].lower, host, strlen(host) + 1);
+		layers[n].mnt = host_dirs[i];
+		n++;
+	}
+	*nlayers = n;
+	return 0;
+}
+
+/* upper/<layer> and work/<layer>; in the root layer, the mount points and the
+ * directories the execution's root user may write to. Existing entries (a
+ * restored snapshot) are kept as they are. */
+static int prepare_dirs(const char *state, const struct layer *layers, size_t nlayers,
+                        uint32_t uid_base, char *why, size_t whysz)
+{
+	static const struct {
+		const char *path;
+		mode_t mode;
+		bool owned; /* by the execution's root */
+	} root_dirs[] = {
+		{ "dev", 0755, false }, { "proc", 0555, false }, { "tmp", 01777, false },
+		{ "root", 0700, true }, { "home", 0755, true }, { "workspace", 0755, true },
+		{ ".spaced", 0755, false }, { "var", 0755, false }, { "var/tmp", 01777, false },
+		{ "run", 0755, false },
+	};
+	char p[PATH_MAX];
+	int fd;
+
+	pathf(p, "%s/upper", state);
+	if (mkdir_p_one(p, 0755) < 0)
+		goto fail;
+	pathf(p, "%s/work", state);
+	if (mkdir_p_one(p, 0755) < 0)
+		goto fail;
+	pathf(p, "%s/rootfs", state);
+	if (mkdir_p_one(p, 0755) < 0)
+		goto fail;
+	for (size_t i = 0; i < nlayers; i++) {
+		pathf(p, "%s/upper/%s", state, layers[i].name);
+		if (mkdir_p_one(p, 0755) < 0)
+			goto fail;
+		pathf(p, "%s/work/%s", state, layers[i].name);
+		if (mkdir_p_one(p, 0755) < 0)
+			goto fail;
+	}
+	for (size_t i = 0; i < sizeof(root_dirs) / sizeof(root_dirs[0]); i++) {
+		struct stat st;
+
+		pathf(p, "%s/upper/root/%s", state, root_dirs[i].path);
+		if (lstat(p, &st) == 0)
+			continue;
+		if (mkdir(p, root_dirs[i].mode) < 0 || chmod(p, root_dirs[i].mode) < 0)
+			goto fail;
+		if (root_dirs[i].owned && chown(p, uid_base, uid_base) < 0)
+			goto fail;
+	}
+	/* the bind mount point of the guest binary */
+	pathf(p, "%s/upper/root%s", state, SPACED_SUB_GUEST_PATH);
+	fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0555);
+	if (fd < 0)
+		goto fail;
+	close(fd);
+	return 0;
+fail:
+	setwhy(why, whysz, "prepare %s: %s", p, strerror(errno));
+	return SPACED_ESYS;
+}
+
+/* ---- inside the child ------------------------------------------------------ */
+
+struct child_args {
+	const char *state;
+	const struct layer *layers;
+	size_t nlayers;
+	const char *guest_path;
+	const char *hostname;
+	const char *identity_text; /* NULL: sent later */
+	int ctl;                   /* child end of the control socket */
+	int sync;                  /* child end of the setup socket */
+	int log_fd;
+};
+
+static __attribute__((noreturn)) void child_fail(int sync, const char *what)
+{
+	char msg[512];
+	int n = snprintf(msg, sizeof(msg), "E%s: %s", what, strerror(errno));
+
+	if (n > 0)
+		(void)!send(sync, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1, MSG_NOSIGNAL);
+	_exit(127);
+}
+
+static void bring_lo_up(int sync)
+{
+	struct ifreq ifr;
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		child_fail(sync, "socket for lo");
+	memset(&ifr, 0, sizeof(ifr));
+	memcpy(ifr.ifr_name, "lo", 3);
+	if (ioctl(fd, SIOCGIFFLAGS, &ifr) < 0)
+		child_fail(sync, "SIOCGIFFLAGS lo");
+	ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+	if (ioctl(fd, SIOCSIFFLAGS, &ifr) < 0)
+		child_fail(sync, "SIOCSIFFLAGS lo");
+	close(fd);
+}
+
+static void bind_node(int sync, const char *root, const char *name)
+{
+	char src[64], dst[PATH_MAX];
+	int fd;
+
+	snprintf(src, sizeof(src), "/dev/%s", name);
+	if (pathf(dst, "%s/dev/%s", root, name) < 0)
+		child_fail(sync, "dev path");
+	fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+	if (fd < 0)
+		child_fail(sync, dst);
+	close(fd);
+	if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+		child_fail(sync, dst);
+}
+
+static __attribute__((noreturn)) void child_main(const struct child_args *a)
+{
+	static const char *const nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
+	char root[PATH_MAX], p[PATH_MAX], opts[3 * PATH_MAX + 64], msg[8];
+	static char e_path[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+	static char e_home[] = "HOME=/root", e_lang[] = "LANG=C.UTF-8", e_term[] = "TERM=xterm-256color";
+	static char a_name[] = "spaced-guest", a_root[] = "--root", a_slash[] = "/";
+	static char a_cfd[] = "--control-fd", a_3[] = "3", a_id[] = "--identity";
+	static char guest[] = SPACED_SUB_GUEST_PATH;
+	char idtext[SPACED_IDENTITY_TEXT_MAX];
+	char *argv[8];
+	char *envp[] = { e_path, e_home, e_lang, e_term, NULL };
+	int sync = a->sync, argc = 0;
+
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+		child_fail(sync, "PR_SET_PDEATHSIG");
+	/* nothing done here may propagate back to the host */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		child_fail(sync, "make / private");
+	if (pathf(root, "%s/rootfs", a->state) < 0)
+		child_fail(sync, "rootfs path");
+	for (size_t i = 0; i < a->nlayers; i++) {
+		const struct layer *l = &a->layers[i];
+
+		if (snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s/upper/%s,workdir=%s/work/%s",
+		             l->lower, a->state, l->name, a->state, l->name) >= (int)sizeof(opts))
+			child_fail(sync, "overlay options");
+		if (pathf(p, "%s%s%s", root, l->mnt[0] ? "/" : "", l->mnt) < 0)
+			child_fail(sync, "layer path");
+		if (mount("overlay", p, "overlay", MS_NOSUID | MS_NODEV, opts) < 0)
+			child_fail(sync, "mount overlay");
+	}
+	/* the guest binary, read-only */
+	pathf(p, "%s%s", root, SPACED_SUB_GUEST_PATH);
+	if (mount(a->guest_path, p, NULL, MS_BIND, NULL) < 0)
+		child_fail(sync, "bind guest binary");
+	if (mount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+		child_fail(sync, "read-only guest binary");
+	/* /dev: a small tmpfs with the harmless nodes and a private devpts */
+	pathf(p, "%s/dev", root);
+	if (mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536k,nr_inodes=4096") < 0)
+		child_fail(sync, "mount /dev");
+	for (size_t i = 0; i < sizeof(nodes) / sizeof(nodes[0]); i++)
+		bind_node(sync, root, nodes[i]);
+	pathf(p, "%s/dev/pts", root);
+	if (mkdir(p, 0755) < 0)
+		child_fail(sync, "mkdir /dev/pts");
+	if (mount("devpts", p, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+		child_fail(sync, "mount devpts");
+	pathf(p, "%s/dev/shm", root);
+	if (mkdir(p, 01777) < 0 || chmod(p, 01777) < 0)
+		child_fail(sync, "mkdir /dev/shm");
+	pathf(p, "%s/dev/ptmx", root);
+	if (symlink("pts/ptmx", p) < 0)
+		child_fail(sync, "/dev/ptmx");
+	pathf(p, "%s/dev/fd", root);
+	if (symlink("/proc/self/fd", p) < 0)
+		child_fail(sync, "/dev/fd");
+	pathf(p, "%s/dev/stdin", root);
+	(void)!symlink("/proc/self/fd/0", p);
+	pathf(p, "%s/dev/stdout", root);
+	(void)!symlink("/proc/self/fd/1", p);
+	pathf(p, "%s/dev/stderr", root);
+	(void)!symlink("/proc/self/fd/2", p);
+	/* /proc of the new pid namespace; the kernel knobs read-only */
+	pathf(p, "%s/proc", root);
+	if (mount("proc", p, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		child_fail(sync, "mount /proc");
+	pathf(p, "%s/proc/sys", root);
+	if (mount(p, p, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+	    mount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		child_fail(sync, "read-only /proc/sys");
+	pathf(p, "%s/proc/sysrq-trigger", root);
+	if (mount("/dev/null", p, NULL, MS_BIND, NULL) < 0 && errno != ENOENT)
+		child_fail(sync, "mask /proc/sysrq-trigger");
+	if (sethostname(a->hostname, strlen(a->hostname)) < 0)
+		child_fail(sync, "sethostname");
+	bring_lo_up(sync);
+	/* into the new root; the old one is detached, not reachable any more */
+	if (chdir(root) < 0)
+		child_fail(sync, "chdir rootfs");
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		child_fail(sync, "pivot_root");
+	if (umount2(".", MNT_DETACH) < 0)
+		child_fail(sync, "detach old root");
+	if (chdir("/") < 0)
+		child_fail(sync, "chdir /");
+	/* the user namespace last: it owns none of the namespaces above */
+	if (unshare(CLONE_NEWUSER) < 0)
+		child_fail(sync, "unshare user namespace");
+	if (send(sync, "U", 1, MSG_NOSIGNAL) != 1)
+		_exit(127);
+	if (recv(sync, msg, sizeof(msg), 0) != 1 || msg[0] != 'M')
+		_exit(127);
+	/* a cgroup namespace rooted at the execution's own cgroup */
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		child_fail(sync, "unshare cgroup namespace");
+	if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		child_fail(sync, "become root of the user namespace");
+	/* fds: 0 /dev/null, 1-2 log, 3 control, nothing else */
+	{
+		int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+		int ctl = fcntl(a->ctl, F_DUPFD_CLOEXEC, 10);
+		int log = a->log_fd >= 0 ? fcntl(a->log_fd, F_DUPFD_CLOEXEC, 10) : nul;
+
+		if (nul < 0 || ctl < 0 || log < 0 || dup2(nul, 0) < 0 || dup2(log, 1) < 0 ||
+		    dup2(log, 2) < 0 || dup2(ctl, 3) < 0)
+			child_fail(sync, "set up fds");
+		/* whatever else was inherited closes at exec (sync too) */
+		if (syscall(SYS_close_range, 4U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */) < 0)
+			child_fail(sync, "close_range");
+	}
+	if (sub_confine() < 0)
+		child_fail(sync, "seccomp");
+	argv[argc++] = a_name;
+	argv[argc++] = a_root;
+	argv[argc++] = a_slash;
+	argv[argc++] = a_cfd;
+	argv[argc++] = a_3;
+	if (a->identity_text != NULL) {
+		snprintf(idtext, sizeof(idtext), "%s", a->identity_text);
+		argv[argc++] = a_id;
+		argv[argc++] = idtext;
+	}
+	argv[argc] = NULL;
+	/* sync is close-on-exec: the supervisor reads EOF once the exec happened */
+	execve(guest, argv, envp);
+	child_fail(sync, "exec " SPACED_SUB_GUEST_PATH);
+}
+
+/* ---- the supervisor's side --------------------------------------------------- */
+
+static int check_opt_path(const char *p)
+{
+	/* overlay mount options are comma and colon separated */
+	return strpbrk(p, ",:\\") == NULL ? 0 : SPACED_EINVAL;
+}
+
+static int read_meta(const char *snap, char *idtext, size_t idsz, char *base, size_t basesz)
+{
+	char path[PATH_MAX], buf[4096], *line, *save = NULL;
+	bool have_id = false, have_base = false;
+	ssize_t n;
+	int fd;
+
+	if (pathf(path, "%s/meta", snap) < 0)
+		return SPACED_ETOOBIG;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return SPACED_ENOENT;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return SPACED_EFORMAT;
+	buf[n] = '\0';
+	for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		if (strncmp(line, "identity=", 9) == 0 && strlen(line + 9) < idsz) {
+			strcpy(idtext, line + 9);
+			have_id = true;
+		} else if (strncmp(line, "base=", 5) == 0 && strlen(line + 5) < basesz) {
+			strcpy(base, line + 5);
+			have_base = true;
+		}
+	}
+	return have_id && have_base ? 0 : SPACED_EFORMAT;
+}
+
+/* The restore rules of I2: a snapshot becomes a new execution of the same
+ * sandbox with a strictly greater generation, on the same base. */
+static int check_restore(const char *snap, const struct spaced_identity *id, const char *base,
+                         char *why, size_t whysz)
+{
+	char idtext[SPACED_IDENTITY_TEXT_MAX], sbase[PATH_MAX];
+	struct spaced_identity old;
+	int r;
+
+	if (id == NULL) {
+		setwhy(why, whysz, "a restore needs the new execution's identity");
+		return SPACED_EINVAL;
+	}
+	r = read_meta(snap, idtext, sizeof(idtext), sbase, sizeof(sbase));
+	if (r < 0) {
+		setwhy(why, whysz, "%s: not a complete snapshot (meta)", snap);
+		return r;
+	}
+	if (spaced_identity_decode(&old, idtext, strlen(idtext)) < 0) {
+		setwhy(why, whysz, "%s: snapshot identity unreadable", snap);
+		return SPACED_EFORMAT;
+	}
+	if (strcmp(old.sandbox, id->sandbox) != 0) {
+		setwhy(why, whysz, "snapshot of sandbox %s cannot start sandbox %s", old.sandbox, id->sandbox);
+		return SPACED_EIDENTITY;
+	}
+	if (id->generation <= old.generation) {
+		setwhy(why, whysz, "restore needs a generation above the snapshot's %" PRIu64 " (got %" PRIu64 ")",
+		       old.generation, id->generation);
+		return SPACED_EIDENTITY;
+	}
+	if (strcmp(sbase, base[0] ? base : "host") != 0) {
+		setwhy(why, whysz, "snapshot was taken on base %s, not %s", sbase, base[0] ? base : "host");
+		return SPACED_EINVAL;
+	}
+	return 0;
+}
+
+static int write_map(pid_t pid, const char *file, uint32_t base)
+{
+	char path[64], text[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+	snprintf(text, sizeof(text), "0 %u %u\n", (unsigned)base, (unsigned)SPACED_SUB_UID_RANGE);
+	return sub_write_file(path, text);
+}
+
+/* Reads the child's setup report: 1 for "U", 0 for EOF (exec'ed), or an error
+ * with the child's message in why. */
+static int read_sync(int fd, char *why, size_t whysz)
+{
+	char msg[512];
+	ssize_t n;
+
+	do
+		n = recv(fd, msg, sizeof(msg) - 1, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return SPACED_ESYS;
+	if (n == 0)
+		return 0;
+	msg[n] = '\0';
+	if (n == 1 && msg[0] == 'U')
+		return 1;
+	setwhy(why, whysz, "execution setup failed: %s", msg[0] == 'E' ? msg + 1 : "unknown report");
+	return SPACED_ESYS;
+}
+
+static unsigned int cgroup_seq;
+
+int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **out, char *why,
+                      size_t whysz)
+{
+	struct layer layers[HOST_LAYERS_MAX];
+	struct spaced_sub *s = NULL;
+	struct child_args ca;
+	char idtext[SPACED_IDENTITY_TEXT_MAX], cgname[128], p[PATH_MAX], p2[PATH_MAX];
+	const char *hostname;
+	int ctl[2] = { -1, -1 }, sync[2] = { -1, -1 }, pidfd = -1, r;
+	size_t nlayers = 0;
+	struct stat st;
+	pid_t pid = -1;
+
+	if (cfg == NULL || out == NULL || cfg->state_dir == NULL || cfg->guest_path == NULL)
+		return SPACED_EINVAL;
+	if (stat(cfg->guest_path, &st) < 0 || !S_ISREG(st.st_mode)) {
+		setwhy(why, whysz, "guest binary %s not found", cfg->guest_path);
+		return SPACED_ENOENT;
+	}
+	s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return SPACED_ENOMEM;
+	s->ctl = -1;
+	s->init = SPACED_PIDREF_NULL;
+	if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
+		setwhy(why, whysz, "mkdir %s: %s", cfg->state_dir, strerror(errno));
+		r = SPACED_ESYS;
+		goto fail;
+	}
+	if (realpath(cfg->state_dir, s->state) == NULL) {
+		r = SPACED_ESYS;
+		goto fail;
+	}
+	if (cfg->base_dir != NULL && realpath(cfg->base_dir, s->base) == NULL) {
+		setwhy(why, whysz, "base %s: %s", cfg->base_dir, strerror(errno));
+		r = SPACED_ENOENT;
+		goto fail;
+	}
+	if (check_opt_path(s->state) < 0 || check_opt_path(s->base) < 0) {
+		setwhy(why, whysz, "state and base paths may not contain ',', ':' or '\\'");
+		r = SPACED_EINVAL;
+		goto fail;
+	}
+	if (cfg->identity != NULL) {
+		s->identity = *cfg->identity;
+		s->has_identity = true;
+		if (spaced_identity_encode(&s->identity, idtext, sizeof(idtext)) < 0) {
+			r = SPACED_EINVAL;
+			goto fail;
+		}
+	}
+	if (cfg->restore_from != NULL) {
+		r = check_restore(cfg->restore_from, cfg->identity, s->base, why, whysz);
+		if (r < 0)
+			goto fail;
+		pathf(p, "%s/upper", cfg->restore_from);
+		pathf(p2, "%s/upper", s->state);
+		r = spaced_sub_copy_tree(p, p2, why, whysz);
+		if (r < 0)
+			goto fail;
+	}
+	r = plan_layers(s->state, s->base[0] ? s->base : NULL, layers, &nlayers, why, whysz);
+	if (r < 0)
+		goto fail;
+	r = prepare_dirs(s->state, layers, nlayers, cfg->uid_base, why, whysz);
+	if (r < 0)
+		goto fail;
+	if (cfg->cgroup_name != NULL)
+		snprintf(cgname, sizeof(cgname), "%s", cfg->cgroup_name);
+	else
+		snprintf(cgname, sizeof(cgname), "spaced-%d-%u", (int)getpid(), cgroup_seq++);
+	r = sub_cgroup_create(&s->cg, cgname, cfg->memory_bytes, cfg->pids_max, why, whysz);
+	if (r < 0)
+		goto fail;
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0) {
+		r = SPACED_ESYS;
+		goto fail;
+	}
+	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
+	memset(&ca, 0, sizeof(ca));
+	ca.state = s->state;
+	ca.layers = layers;
+	ca.nlayers = nlayers;
+	ca.guest_path = cfg->guest_path;
+	ca.hostname = hostname;
+	ca.identity_text = s->has_identity ? idtext : NULL;
+	ca.ctl = ctl[1];
+	ca.sync = sync[1];
+	ca.log_fd = cfg->log_fd;
+
+	{
+		struct clone_args args;
+
+		memset(&args, 0, sizeof(args));
+		args.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC |
+		             CLONE_PIDFD;
+		args.pidfd = (uint64_t)(uintptr_t)&pidfd;
+		args.exit_signal = SIGCHLD;
+		pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
+	}
+	if (pid < 0) {
+		setwhy(why, whysz, "clone3: %s", strerror(errno));
+		r = SPACED_ESYS;
+		goto fail;
+	}
+	if (pid == 0) {
+		close(ctl[0]);
+		close(sync[0]);
+		child_main(&ca);
+	}
+	close(ctl[1]);
+	close(sync[1]);
+	ctl[1] = sync[1] = -1;
+	s->init.pid = pid;
+	s->init.pidfd = pidfd;
+	pidfd = -1;
+
+	r = sub_cgroup_add(&s->cg, pid, why, whysz);
+	if (r < 0)
+		goto fail;
+	r = read_sync(sync[0], why, whysz);
+	if (r != 1) {
+		if (r == 0) {
+			setwhy(why, whysz, "execution setup ended early");
+			r = SPACED_ESYS;
+		}
+		goto fail;
+	}
+	if (write_map(pid, "uid_map", cfg->uid_base) < 0 || write_map(pid, "gid_map", cfg->uid_base) < 0) {
+		setwhy(why, whysz, "writing the user namespace maps: %s", strerror(errno));
+		r = SPACED_ESYS;
+		goto fail;
+	}
+	if (send(sync[0], "M", 1, MSG_NOSIGNAL) != 1) {
+		r = SPACED_ESYS;
+		goto fail;
+	}
+	r = read_sync(sync[0], why, whysz);
+	if (r != 0) {
+		if (r == 1)
+			r = SPACED_EPROTO;
+		goto fail;
+	}
+	/* exec'ed: the start time from now on is the guest's for good */
+	r = spaced_proc_start_time(pid, &s->init.start_time);
+	if (r < 0)
+		goto fail;
+	close(sync[0]);
+	s->ctl = ctl[0];
+	*out = s;
+	return 0;
+fail:
+	if (ctl[0] >= 0)
+		close(ctl[0]);
+	if (ctl[1] >= 0)
+		close(ctl[1]);
+	if (sync[0] >= 0)
+		close(sync[0]);
+	if (sync[1] >= 0)
+		close(sync[1]);
+	if (pidfd >= 0)
+		close(pidfd);
+	spaced_sub_destroy(s, false, NULL);
+	return r;
+}
+
+int spaced_sub_control_fd(const struct spaced_sub *s)
+{
+	return s->ctl;
+}
+
+const struct spaced_pidref *spaced_sub_init(const struct spaced_sub *s)
+{
+	return &s->init;
+}
+
+bool spaced_sub_ready(const struct spaced_sub *s)
+{
+	return s->ready;
+}
+
+bool spaced_sub_paused(const struct spaced_sub *s)
+{
+	return s->paused;
+}
+
+const struct spaced_identity *spaced_sub_identity(const struct spaced_sub *s)
+{
+	return s->has_identity ? &s->identity : NULL;
+}
+
+int spaced_sub_handle_control(struct spaced_sub *s)
+{
+	char buf[SPACED_SUB_MSG_MAX + 1];
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * 4)];
+	} cbuf;
+	struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) - 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.b,
+	                     .msg_controllen = sizeof(cbuf.b) };
+	struct cmsghdr *c;
+	ssize_t n;
+
+	do
+		n = recvmsg(s->ctl, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EAGAIN ? 0 : SPACED_ECLOSED;
+	/* the guest has no business sending descriptors */
+	for (c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+			for (size_t i = 0; i < k; i++) {
+				int fd;
+
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+				close(fd);
+			}
+		}
+	}
+	if (n == 0)
+		return SPACED_ECLOSED;
+	if ((mh.msg_flags & MSG_TRUNC) != 0)
+		return SPACED_EPROTO;
+	buf[n] = '\0';
+	if ((size_t)n == 5 && memcmp(buf, "READY", 5) == 0) {
+		s->ready = true;
+		return 1;
+	}
+	return SPACED_EPROTO;
+}
+
+int spaced_sub_wait_ready(struct spaced_sub *s, int timeout_ms)
+{
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
+
+	while (!s->ready) {
+		struct pollfd pfd = { .fd = s->ctl, .events = POLLIN };
+		uint64_t now = spaced_mono_ns();
+		int r;
+
+		if (now >= deadline)
+			return SPACED_ETIMEDOUT;
+		r = poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1);
+		if (r < 0 && errno != EINTR)
+			return SPACED_ESYS;
+		if (r <= 0)
+			continue;
+		r = spaced_sub_handle_control(s);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id)
+{
+	char msg[SPACED_IDENTITY_TEXT_MAX + 16];
+	int n;
+
+	if (s->has_identity)
+		return SPACED_EEXIST;
+	memcpy(msg, "IDENTITY ", 9);
+	n = spaced_identity_encode(id, msg + 9, sizeof(msg) - 9);
+	if (n < 0)
+		return n;
+	if (send(s->ctl, msg, (size_t)n + 9, MSG_NOSIGNAL) != n + 9)
+		return SPACED_ECLOSED;
+	s->identity = *id;
+	s->has_identity = true;
+	return 0;
+}
+
+int spaced_sub_send_conn(struct spaced_sub *s, uint32_t port, int fd)
+{
+	char msg[32];
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cbuf;
+	struct iovec iov = { .iov_base = msg };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.b,
+	                     .msg_controllen = sizeof(cbuf.b) };
+	struct cmsghdr *c;
+	ssize_t w;
+
+	iov.iov_len = (size_t)snprintf(msg, sizeof(msg), "CONN %u", (unsigned)port);
+	memset(&cbuf, 0, sizeof(cbuf));
+	c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	do
+		w = sendmsg(s->ctl, &mh, MSG_NOSIGNAL);
+	while (w < 0 && errno == EINTR);
+	if (w < 0)
+		return errno == EPIPE || errno == ECONNRESET ? SPACED_ECLOSED : SPACED_ESYS;
+	return 0;
+}
+
+int spaced_sub_pause(struct spaced_sub *s)
+{
+	int r;
+
+	if (s->paused)
+		return 0;
+	r = sub_cgroup_freeze(&s->cg, true);
+	if (r == 0)
+		s->paused = true;
+	return r;
+}
+
+int spaced_sub_thaw(struct spaced_sub *s)
+{
+	int r;
+
+	if (!s->paused)
+		return 0;
+	r = sub_cgroup_freeze(&s->cg, false);
+	if (r == 0)
+		s->paused = false;
+	return r;
+}
+
+int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t whysz)
+{
+	char src[PATH_MAX], dst[PATH_MAX], tmp[PATH_MAX], meta[PATH_MAX + 640];
+	char idtext[SPACED_IDENTITY_TEXT_MAX] = "";
+	int fd, n, r;
+
+	if (!s->paused) {
+		setwhy(why, whysz, "the execution must be paused for a snapshot");
+		return SPACED_EBUSY;
+	}
+	if (mkdir(dir, 0700) < 0) {
+		setwhy(why, whysz, "mkdir %s: %s", dir, strerror(errno));
+		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
+	}
+	if (pathf(src, "%s/upper", s->state) < 0 || pathf(dst, "%s/upper", dir) < 0 ||
+	    pathf(tmp, "%s/meta.tmp", dir) < 0)
+		return SPACED_ETOOBIG;
+	r = spaced_sub_copy_tree(src, dst, why, whysz);
+	if (r < 0)
+		return r;
+	if (s->has_identity)
+		spaced_identity_encode(&s->identity, idtext, sizeof(idtext));
+	n = snprintf(meta, sizeof(meta), "identity=%s\nbase=%s\n", idtext, s->base[0] ? s->base : "host");
+	/* meta last, renamed into place: its presence marks a complete snapshot */
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0 || write(fd, meta, (size_t)n) != n || fsync(fd) < 0) {
+		if (fd >= 0)
+			close(fd);
+		setwhy(why, whysz, "write %s: %s", tmp, strerror(errno));
+		return SPACED_ESYS;
+	}
+	close(fd);
+	pathf(dst, "%s/meta", dir);
+	if (rename(tmp, dst) < 0)
+		return SPACED_ESYS;
+	return 0;
+}
+
+void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
+{
+	static const char *const parts[] = { "upper", "work", "skel", "rootfs" };
+	char p[PATH_MAX];
+
+	if (s == NULL)
+		return;
+	if (s->init.pidfd >= 0 && !s->reaped) {
+		siginfo_t si;
+
+		(void)syscall(SYS_pidfd_send_signal, s->init.pidfd, SIGKILL, NULL, 0);
+		/* frozen tasks die only once thawed */
+		if (s->paused)
+			(void)sub_cgroup_freeze(&s->cg, false);
+		memset(&si, 0, sizeof(si));
+		while (waitid((idtype_t)P_PIDFD, (id_t)s->init.pidfd, &si, WEXITED) < 0 && errno == EINTR)
+			;
+		s->exit_status = si.si_code == CLD_EXITED ? (si.si_status & 0xff) << 8 : si.si_status & 0x7f;
+		s->reaped = true;
+	}
+	if (status != NULL)
+		*status = s->exit_status;
+	sub_cgroup_remove(&s->cg);
+	if (!keep_state && s->state[0] != '\0') {
+		for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+			if (pathf(p, "%s/%s", s->state, parts[i]) == 0)
+				(void)spaced_sub_rm_rf(p);
+	}
+	if (s->ctl >= 0)
+		close(s->ctl);
+	spaced_pidref_done(&s->init);
+	free(s);
+}
+
+/* ---- entering a running execution ---------------------------------------- */
+
+static __attribute__((noreturn)) void enter_child(int init_pidfd, pid_t init_pid, const char *cwd,
+                                                  char *const argv[])
+{
+	pid_t pid;
+	int st;
+
+	if (sub_cgroup_join_of(init_pid) < 0)
+		_exit(125);
+	/* the namespaces owned by the host's user namespace first, as host root;
+	 * then the execution's user and cgroup namespaces */
+	if (setns(init_pidfd, CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC) < 0)
+		_exit(125);
+	if (setns(init_pidfd, CLONE_NEWUSER | CLONE_NEWCGROUP) < 0)
+		_exit(125);
+	if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		_exit(125);
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+		_exit(125);
+	/* a fork to become a member of the pid namespace */
+	pid = fork();
+	if (pid < 0)
+		_exit(125);
+	if (pid == 0) {
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+			_exit(125);
+		if (chdir(cwd ? cwd : "/") < 0)
+			_exit(126);
+		if (sub_confine() < 0)
+			_exit(125);
+		execvp(argv[0], argv);
+		_exit(127);
+	}
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			_exit(125);
+	if (WIFSIGNALED(st))
+		_exit(128 + WTERMSIG(st));
+	_exit(WEXITSTATUS(st));
+}
+
+int spaced_sub_enter(int init_pidfd, const char *cwd, char *const argv[], int *status)
+{
+	struct spaced_pidref init = SPACED_PIDREF_NULL;
+	int dupfd, st, r;
+	pid_t pid;
+
+	if (argv == NULL || argv[0] == NULL)
+		return SPACED_EINVAL;
+	dupfd = fcntl(init_pidfd, F_DUPFD_CLOEXEC, 3);
+	if (dupfd < 0)
+		return SPACED_ESYS;
+	r = spaced_pidref_from_pidfd_take(&init, dupfd);
+	if (r < 0) {
+		close(dupfd);
+		return r;
+	}
+	pid = fork();
+	if (pid < 0) {
+		r = SPACED_ESYS;
+		goto out;
+	}
+	if (pid == 0)
+		enter_child(init.pidfd, init.pid, cwd, argv);
+	while (waitpid(pid, &st, 0) < 0) {
+		if (errno != EINTR) {
+			r = SPACED_ESYS;
+			goto out;
+		}
+	}
+	/* 125: the execution could not be entered */
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 125) {
+		r = spaced_pidref_check(&init) < 0 ? SPACED_ESTALE : SPACED_ESYS;
+		goto out;
+	}
+	/* the middle process reports the command's end as an exit status */
+	if (WIFEXITED(st) && WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 128 + 65)
+		st = WEXITSTATUS(st) - 128; /* as "killed by that signal" */
+	*status = st;
+	r = 0;
+out:
+	spaced_pidref_done(&init);
+	return r;
+}

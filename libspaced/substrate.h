@@ -1,0 +1,133 @@
+/*
+ * substrate.h — the `process` substrate: one execution on this machine.
+ *
+ * An execution is a tree of processes in fresh pid, mount, network, uts, ipc,
+ * cgroup and user namespaces, with an overlayfs root (read-only base plus a
+ * private writable layer under the execution's state directory), a minimal
+ * /dev, its own /proc, cgroup memory and pids limits, the cgroup freezer for
+ * pause, no_new_privs, Landlock scoping and a seccomp deny-list.
+ * spaced-guest runs as its PID 1 from /.spaced/spaced-guest (a read-only bind
+ * of the host binary) and speaks the control protocol below over fd 3, an
+ * AF_UNIX SOCK_SEQPACKET socket whose other end the supervisor holds:
+ *
+ *   supervisor -> guest  "IDENTITY <canonical identity text>"  (once, when the
+ *                        identity was not given on the command line)
+ *                        "CONN <port>" + one fd in SCM_RIGHTS (a connected
+ *                        stream socket to serve as guest port <port>)
+ *   guest -> supervisor  "READY"
+ *
+ * State directory layout (docs/substrate.md):
+ *   upper/<layer>/ work/<layer>/  overlay upper and work dirs per layer
+ *   skel/                         lower of the root layer when no base is given
+ *   rootfs/                       mount point of the root (inside the execution's
+ *                                 mount namespace only: nothing is mounted on the host)
+ *
+ * The functions fork the execution with clone3(2); call them from a process
+ * that does not run other threads at that moment. All of them return 0 or a
+ * negative SPACED_E* code; a reason for failures of the system (a mount that
+ * failed, a cgroup write) is written to the `why` buffer of the call when given.
+ */
+#ifndef SPACED_SUBSTRATE_H
+#define SPACED_SUBSTRATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "identity.h"
+#include "pidref.h"
+
+/* Root inside is mapped to host uids uid_base … uid_base+65535. */
+#define SPACED_SUB_UID_BASE_DEFAULT 100000u
+#define SPACED_SUB_UID_RANGE 65536u
+/* Where the guest binary appears inside. */
+#define SPACED_SUB_GUEST_PATH "/.spaced/spaced-guest"
+/* Largest control message (either direction). */
+#define SPACED_SUB_MSG_MAX 1024
+
+struct spaced_sub_config {
+	const char *state_dir;     /* required; created when missing */
+	const char *base_dir;      /* template root; NULL: the host's /usr and /etc */
+	const char *guest_path;    /* host path of the guest binary (required) */
+	const char *restore_from;  /* snapshot directory to start from, or NULL */
+	const struct spaced_identity *identity; /* NULL: given later (warm pool) */
+	const char *hostname;      /* NULL: the sandbox id, or "spaced" */
+	uint64_t memory_bytes;     /* 0: no memory limit */
+	uint64_t pids_max;         /* 0: no pids limit */
+	uint32_t uid_base;         /* host uid of root inside; 0 maps root to root */
+	int log_fd;                /* the guest's stdout and stderr; -1: /dev/null */
+	const char *cgroup_name;   /* NULL: "spaced-<launcher pid>-<n>" */
+};
+
+struct spaced_sub;
+
+/* Builds and starts an execution: prepares the state directory (restoring the
+ * writable layer from cfg->restore_from when set: its sandbox must equal
+ * cfg->identity's and its generation must be smaller, I2), creates the cgroups,
+ * clones the namespaces, sets up the root and execs the guest. Returns once the
+ * guest binary has been exec'ed (not yet READY). On success *out owns the
+ * execution; release it with spaced_sub_destroy. */
+int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **out,
+                      char *why, size_t whysz);
+
+/* The supervisor's end of the control socket (for poll). */
+int spaced_sub_control_fd(const struct spaced_sub *s);
+
+/* The execution's PID 1, pinned (pidfd pollable: readable once it exits). */
+const struct spaced_pidref *spaced_sub_init(const struct spaced_sub *s);
+
+/* Reads one control message from the guest. Returns 1 for READY (and records
+ * it), 0 for a message that was ignored, SPACED_ECLOSED when the guest closed
+ * its end, SPACED_EPROTO for an unknown message. */
+int spaced_sub_handle_control(struct spaced_sub *s);
+
+/* Waits up to timeout_ms for READY. Returns 0, SPACED_ETIMEDOUT, SPACED_ECLOSED. */
+int spaced_sub_wait_ready(struct spaced_sub *s, int timeout_ms);
+
+/* True once the guest has said READY. */
+bool spaced_sub_ready(const struct spaced_sub *s);
+
+/* The identity of the execution, or NULL while it has none. */
+const struct spaced_identity *spaced_sub_identity(const struct spaced_sub *s);
+
+/* Gives an execution started without identity its identity (IDENTITY message).
+ * Returns 0, SPACED_EEXIST when it already has one, SPACED_ECLOSED. */
+int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id);
+
+/* Hands connected stream socket fd to the guest as port `port` (CONN message).
+ * The caller keeps its own fd and closes it. Returns 0 or SPACED_ECLOSED / SPACED_ESYS. */
+int spaced_sub_send_conn(struct spaced_sub *s, uint32_t port, int fd);
+
+/* Freezes (pause) or thaws every process of the execution through the cgroup
+ * freezer; returns once the freezer reports the new state. */
+int spaced_sub_pause(struct spaced_sub *s);
+int spaced_sub_thaw(struct spaced_sub *s);
+bool spaced_sub_paused(const struct spaced_sub *s);
+
+/* Copies the writable layer of a paused execution into dir (created; it must
+ * not exist): dir/upper/<layer>/… with modes, owners, symlinks, times,
+ * whiteouts and xattrs, then dir/meta naming the identity and base. Returns 0,
+ * SPACED_EBUSY when the execution is not paused, SPACED_EEXIST, SPACED_ESYS. */
+int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t whysz);
+
+/* Kills the execution (its PID 1, which takes the pid namespace down), waits
+ * for it, removes its cgroups and, unless keep_state, its state directory's
+ * layers. Accepts NULL. The status of PID 1 (waitid) is returned in *status
+ * when status is not NULL. */
+void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status);
+
+/* Runs argv inside the execution whose PID 1 is init_pidfd (joining its
+ * cgroups and namespaces, as its root user, under the same seccomp filter),
+ * with stdin/stdout/stderr inherited, in directory cwd (NULL: "/"). Waits for
+ * it; *status receives the wait status of the command (as from waitpid).
+ * Returns 0 or a negative code when the execution could not be entered. */
+int spaced_sub_enter(int init_pidfd, const char *cwd, char *const argv[], int *status);
+
+/* Recursively removes path (not crossing mount points). 0 or SPACED_ESYS. */
+int spaced_sub_rm_rf(const char *path);
+
+/* Copies a directory tree as the snapshot does (dst must not exist). */
+int spaced_sub_copy_tree(const char *src, const char *dst, char *why, size_t whysz);
+
+#endif

@@ -1,0 +1,678 @@
+/*
+ * launch.c — spaced-launch: creates one execution of the process substrate
+ * and supervises it in the foreground (the "VMM" role): it owns the guest
+ * transport socket STATE/guest.sock (Firecracker's host-side vsock handshake)
+ * and a control socket STATE/control.sock. See docs/substrate.md.
+ *
+ *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]
+ *                 [--memory BYTES] [--pids N] [--uid-base N] [--hostname NAME]
+ *                 [--restore SNAPDIR] [--keep-state]
+ *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|STOP|SNAPSHOT DIR|IDENTITY TEXT
+ *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "identity.h"
+#include "pidref.h"
+#include "substrate.h"
+#include "util.h"
+#include "vsock_hs.h"
+
+#define MAX_HS 64          /* handshakes in progress */
+#define MAX_CTL 8          /* control connections */
+#define HS_TIMEOUT_MS 5000 /* a client has this long to send its CONNECT line */
+#define LOCAL_PORT_FIRST (1u << 30)
+
+struct hs {
+	int fd;
+	uint64_t deadline;
+};
+
+struct launcher {
+	char state[PATH_MAX];
+	char guest_sock[PATH_MAX];
+	char ctl_sock[PATH_MAX];
+	struct spaced_sub *sub;
+	int guest_lfd, ctl_lfd, sigfd;
+	struct hs hs[MAX_HS];
+	int nhs;
+	int ctl[MAX_CTL];
+	int nctl;
+	uint32_t next_local_port;
+	bool stop;
+};
+
+static void usage(void)
+{
+	fprintf(stderr,
+	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]\n"
+	        "                     [--memory BYTES] [--pids N] [--uid-base N] [--hostname NAME]\n"
+	        "                     [--restore SNAPDIR] [--keep-state]\n"
+	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
+	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n");
+	exit(2);
+}
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* One structured line per event on stderr. */
+static void logf_(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "spaced-launch[%d]: ", (int)getpid());
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static int listen_unix(const char *path, int type, mode_t mode)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return SPACED_ETOOBIG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return SPACED_ESYS;
+	(void)unlink(path);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, mode) < 0 ||
+	    listen(fd, 64) < 0) {
+		close(fd);
+		return SPACED_ESYS;
+	}
+	return fd;
+}
+
+static int connect_unix(const char *path, int type)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -1;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+	char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
+	size_t n = strlen(text);
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	if (write(fd, text, n) != (ssize_t)n) {
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	return rename(tmp, path);
+}
+
+/* ---- guest transport ------------------------------------------------------ */
+
+static void hs_drop(struct launcher *L, int i)
+{
+	close(L->hs[i].fd);
+	L->hs[i] = L->hs[--L->nhs];
+}
+
+/* One step of a CONNECT handshake; returns true when the entry is finished
+ * (handed over or refused) and must leave the table. */
+static bool hs_step(struct launcher *L, struct hs *h)
+{
+	uint8_t buf[SPACED_VSOCK_HS_MAX];
+	char ok[SPACED_VSOCK_HS_MAX];
+	uint32_t port;
+	ssize_t n;
+	int len, flags;
+
+	n = recv(h->fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return false;
+	if (n <= 0)
+		return true;
+	len = spaced_vsock_hs_line_len(buf, (size_t)n);
+	if (len == 0)
+		return false; /* more to come */
+	if (len < 0) {
+		logf_("guest.sock: handshake refused (%s)", spaced_strerror(len));
+		return true;
+	}
+	/* consume exactly the line: what follows belongs to the guest's stream */
+	if (recv(h->fd, buf, (size_t)len, MSG_DONTWAIT) != len)
+		return true;
+	if (spaced_vsock_hs_parse_connect(buf, (size_t)len, &port) < 0) {
+		logf_("guest.sock: handshake refused (malformed CONNECT line)");
+		return true;
+	}
+	len = spaced_vsock_hs_format_ok(ok, sizeof(ok), L->next_local_port++);
+	if (len < 0 || send(h->fd, ok, (size_t)len, MSG_NOSIGNAL) != len)
+		return true;
+	flags = fcntl(h->fd, F_GETFL);
+	if (flags >= 0)
+		(void)fcntl(h->fd, F_SETFL, flags & ~O_NONBLOCK);
+	if (spaced_sub_send_conn(L->sub, port, h->fd) < 0)
+		logf_("guest.sock: handing port %u to the guest failed", (unsigned)port);
+	return true;
+}
+
+static void guest_accept(struct launcher *L)
+{
+	for (;;) {
+		int fd = accept4(L->guest_lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+		if (fd < 0)
+			return;
+		if (L->nhs >= MAX_HS) {
+			close(fd);
+			continue;
+		}
+		L->hs[L->nhs].fd = fd;
+		L->hs[L->nhs].deadline = spaced_mono_ns() + (uint64_t)HS_TIMEOUT_MS * 1000000u;
+		L->nhs++;
+	}
+}
+
+/* ---- control socket -------------------------------------------------------- */
+
+static void ctl_reply(int fd, const char *text, int pass_fd)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cb;
+	struct iovec iov = { .iov_base = (void *)(uintptr_t)text, .iov_len = strlen(text) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (pass_fd >= 0) {
+		struct cmsghdr *c;
+
+		memset(&cb, 0, sizeof(cb));
+		mh.msg_control = cb.b;
+		mh.msg_controllen = sizeof(cb.b);
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+	}
+	(void)sendmsg(fd, &mh, MSG_NOSIGNAL);
+}
+
+static void ctl_command(struct launcher *L, int fd, char *cmd)
+{
+	char reply[SPACED_SUB_MSG_MAX], why[512] = "";
+	const struct spaced_pidref *init = spaced_sub_init(L->sub);
+	int r;
+
+	if (strcmp(cmd, "PAUSE") == 0) {
+		r = spaced_sub_pause(L->sub);
+		snprintf(reply, sizeof(reply), r == 0 ? "OK" : "ERR pause: %s", spaced_strerror(r));
+		if (r == 0)
+			logf_("paused");
+	} else if (strcmp(cmd, "THAW") == 0) {
+		r = spaced_sub_thaw(L->sub);
+		snprintf(reply, sizeof(reply), r == 0 ? "OK" : "ERR thaw: %s", spaced_strerror(r));
+		if (r == 0)
+			logf_("thawed");
+	} else if (strncmp(cmd, "SNAPSHOT ", 9) == 0) {
+		r = spaced_sub_snapshot(L->sub, cmd + 9, why, sizeof(why));
+		if (r == 0)
+			snprintf(reply, sizeof(reply), "OK");
+		else
+			snprintf(reply, sizeof(reply), "ERR snapshot: %s", why[0] ? why : spaced_strerror(r));
+		logf_("snapshot %s: %s", cmd + 9, r == 0 ? "ok" : reply);
+	} else if (strncmp(cmd, "IDENTITY ", 9) == 0) {
+		struct spaced_identity id;
+
+		r = spaced_identity_decode(&id, cmd + 9, strlen(cmd + 9));
+		if (r == 0)
+			r = spaced_sub_set_identity(L->sub, &id);
+		if (r == 0) {
+			snprintf(reply, sizeof(reply), "OK");
+			(void)write_file(L->state, "identity", cmd + 9);
+			logf_("identity %s", cmd + 9);
+		} else {
+			snprintf(reply, sizeof(reply), "ERR identity: %s", spaced_strerror(r));
+		}
+	} else if (strcmp(cmd, "STATUS") == 0) {
+		char idtext[SPACED_IDENTITY_TEXT_MAX] = "-";
+		const struct spaced_identity *id = spaced_sub_identity(L->sub);
+
+		if (id != NULL)
+			spaced_identity_encode(id, idtext, sizeof(idtext));
+		snprintf(reply, sizeof(reply), "OK ready=%d paused=%d init=%d start=%" PRIu64 " identity=%s",
+		         spaced_sub_ready(L->sub), spaced_sub_paused(L->sub), (int)init->pid,
+		         init->start_time, idtext);
+	} else if (strcmp(cmd, "PIDFD") == 0) {
+		ctl_reply(fd, "OK", init->pidfd);
+		return;
+	} else if (strcmp(cmd, "STOP") == 0) {
+		snprintf(reply, sizeof(reply), "OK");
+		L->stop = true;
+	} else {
+		snprintf(reply, sizeof(reply), "ERR unknown command");
+	}
+	ctl_reply(fd, reply, -1);
+}
+
+static void ctl_accept(struct launcher *L)
+{
+	for (;;) {
+		struct ucred cr;
+		socklen_t len = sizeof(cr);
+		int fd = accept4(L->ctl_lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+		if (fd < 0)
+			return;
+		/* only the launcher's own user (or root) drives it */
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
+		    (cr.uid != 0 && cr.uid != geteuid()) || L->nctl >= MAX_CTL) {
+			close(fd);
+			continue;
+		}
+		L->ctl[L->nctl++] = fd;
+	}
+}
+
+static bool ctl_step(struct launcher *L, int fd)
+{
+	char buf[SPACED_SUB_MSG_MAX + 1];
+	ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return false;
+	if (n <= 0)
+		return true;
+	if ((size_t)n > sizeof(buf) - 1 || memchr(buf, '\0', (size_t)n) != NULL) {
+		ctl_reply(fd, "ERR malformed command", -1);
+		return true;
+	}
+	buf[n] = '\0';
+	ctl_command(L, fd, buf);
+	return false;
+}
+
+/* ---- supervisor loop -------------------------------------------------------- */
+
+static int supervise(struct launcher *L)
+{
+	const struct spaced_pidref *init = spaced_sub_init(L->sub);
+	struct pollfd pfd[5 + MAX_CTL + MAX_HS];
+	bool init_gone = false;
+
+	while (!L->stop && !init_gone) {
+		uint64_t now = spaced_mono_ns();
+		int n = 0, base, r, ctl0, hs0;
+
+		pfd[n++] = (struct pollfd){ .fd = L->sigfd, .events = POLLIN };
+		pfd[n++] = (struct pollfd){ .fd = spaced_sub_control_fd(L->sub), .events = POLLIN };
+		pfd[n++] = (struct pollfd){ .fd = init->pidfd, .events = POLLIN };
+		pfd[n++] = (struct pollfd){ .fd = L->ctl_lfd, .events = POLLIN };
+		/* connections are accepted once the guest is ready to serve them */
+		pfd[n++] = (struct pollfd){ .fd = spaced_sub_ready(L->sub) ? L->guest_lfd : -1, .events = POLLIN };
+		base = n;
+		ctl0 = n;
+		for (int i = 0; i < L->nctl; i++)
+			pfd[n++] = (struct pollfd){ .fd = L->ctl[i], .events = POLLIN };
+		hs0 = n;
+		for (int i = 0; i < L->nhs; i++)
+			pfd[n++] = (struct pollfd){ .fd = L->hs[i].fd, .events = POLLIN };
+		(void)base;
+		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : 1000);
+		if (r < 0 && errno != EINTR)
+			return SPACED_ESYS;
+		if (pfd[0].revents) {
+			struct signalfd_siginfo si;
+
+			if (read(L->sigfd, &si, sizeof(si)) == sizeof(si)) {
+				logf_("signal %u: stopping", si.ssi_signo);
+				L->stop = true;
+			}
+		}
+		if (pfd[1].revents) {
+			r = spaced_sub_handle_control(L->sub);
+			if (r == 1) {
+				logf_("guest ready");
+				(void)write_file(L->state, "ready", "ready\n");
+				printf("READY\n");
+				fflush(stdout);
+			} else if (r == SPACED_ECLOSED) {
+				logf_("guest closed its control socket");
+				init_gone = true;
+			} else if (r < 0) {
+				logf_("guest control: %s (ignored)", spaced_strerror(r));
+			}
+		}
+		if (pfd[2].revents) {
+			logf_("execution init exited");
+			init_gone = true;
+		}
+		/* handshakes and control connections, highest index first (removal swaps) */
+		for (int i = L->nhs - 1; i >= 0; i--) {
+			bool done = false;
+
+			if (hs0 + i < n && pfd[hs0 + i].revents)
+				done = hs_step(L, &L->hs[i]);
+			if (!done && now > L->hs[i].deadline) {
+				logf_("guest.sock: handshake timed out");
+				done = true;
+			}
+			if (done)
+				hs_drop(L, i);
+		}
+		for (int i = L->nctl - 1; i >= 0; i--) {
+			if (ctl0 + i < hs0 && pfd[ctl0 + i].revents && ctl_step(L, L->ctl[i])) {
+				close(L->ctl[i]);
+				L->ctl[i] = L->ctl[--L->nctl];
+			}
+		}
+		if (pfd[3].revents)
+			ctl_accept(L);
+		if (pfd[4].revents)
+			guest_accept(L);
+	}
+	return 0;
+}
+
+static int run(int argc, char **argv)
+{
+	struct spaced_sub_config cfg;
+	struct spaced_identity id;
+	struct launcher L;
+	char why[512] = "", path[PATH_MAX + 64], line[256];
+	const char *state = NULL;
+	bool keep = false;
+	uint64_t t0, t1;
+	sigset_t ss;
+	int r, status = 0, logfd;
+
+	memset(&cfg, 0, sizeof(cfg));
+	memset(&L, 0, sizeof(L));
+	cfg.uid_base = SPACED_SUB_UID_BASE_DEFAULT;
+	cfg.log_fd = -1;
+	for (int i = 1; i < argc; i++) {
+		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (strcmp(o, "--keep-state") == 0) {
+			keep = true;
+			continue;
+		}
+		if (v == NULL)
+			usage();
+		i++;
+		if (strcmp(o, "--state") == 0)
+			state = v;
+		else if (strcmp(o, "--guest") == 0)
+			cfg.guest_path = v;
+		else if (strcmp(o, "--base") == 0)
+			cfg.base_dir = v;
+		else if (strcmp(o, "--restore") == 0)
+			cfg.restore_from = v;
+		else if (strcmp(o, "--hostname") == 0)
+			cfg.hostname = v;
+		else if (strcmp(o, "--memory") == 0)
+			cfg.memory_bytes = strtoull(v, NULL, 10);
+		else if (strcmp(o, "--pids") == 0)
+			cfg.pids_max = strtoull(v, NULL, 10);
+		else if (strcmp(o, "--uid-base") == 0)
+			cfg.uid_base = (uint32_t)strtoul(v, NULL, 10);
+		else if (strcmp(o, "--identity") == 0) {
+			if (spaced_identity_decode(&id, v, strlen(v)) < 0) {
+				fprintf(stderr, "spaced-launch: --identity: not a canonical identity\n");
+				return 2;
+			}
+			cfg.identity = &id;
+		} else
+			usage();
+	}
+	if (state == NULL || cfg.guest_path == NULL)
+		usage();
+	if (mkdir(state, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "spaced-launch: mkdir %s: %s\n", state, strerror(errno));
+		return 1;
+	}
+	if (realpath(state, L.state) == NULL)
+		return 1;
+	cfg.state_dir = L.state;
+	snprintf(L.guest_sock, sizeof(L.guest_sock), "%.*s/guest.sock", PATH_MAX - 16, L.state);
+	snprintf(L.ctl_sock, sizeof(L.ctl_sock), "%.*s/control.sock", PATH_MAX - 16, L.state);
+	snprintf(path, sizeof(path), "%s/guest.log", L.state);
+	logfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	cfg.log_fd = logfd;
+	L.next_local_port = LOCAL_PORT_FIRST;
+	L.guest_lfd = L.ctl_lfd = L.sigfd = -1;
+
+	sigemptyset(&ss);
+	sigaddset(&ss, SIGTERM);
+	sigaddset(&ss, SIGINT);
+	sigaddset(&ss, SIGHUP);
+	sigprocmask(SIG_BLOCK, &ss, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	L.sigfd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
+	L.ctl_lfd = listen_unix(L.ctl_sock, SOCK_SEQPACKET, 0600);
+	L.guest_lfd = listen_unix(L.guest_sock, SOCK_STREAM, 0600);
+	if (L.sigfd < 0 || L.ctl_lfd < 0 || L.guest_lfd < 0) {
+		fprintf(stderr, "spaced-launch: sockets in %s: %s\n", L.state, strerror(errno));
+		return 1;
+	}
+	snprintf(path, sizeof(path), "%s/ready", L.state);
+	(void)unlink(path);
+
+	t0 = spaced_mono_ns();
+	r = spaced_sub_create(&cfg, &L.sub, why, sizeof(why));
+	if (r < 0) {
+		fprintf(stderr, "spaced-launch: create: %s: %s\n", spaced_strerror(r), why);
+		status = 1;
+		goto out;
+	}
+	{
+		const struct spaced_pidref *init = spaced_sub_init(L.sub);
+		uint64_t self_start = 0;
+
+		(void)spaced_proc_start_time(getpid(), &self_start);
+		snprintf(line, sizeof(line), "pid=%d start=%" PRIu64 " init=%d init_start=%" PRIu64 "\n",
+		         (int)getpid(), self_start, (int)init->pid, init->start_time);
+		(void)write_file(L.state, "launcher", line);
+	}
+	if (cfg.identity != NULL) {
+		char idtext[SPACED_IDENTITY_TEXT_MAX];
+
+		spaced_identity_encode(cfg.identity, idtext, sizeof(idtext));
+		(void)write_file(L.state, "identity", idtext);
+	}
+	r = spaced_sub_wait_ready(L.sub, 30000);
+	if (r < 0) {
+		fprintf(stderr, "spaced-launch: guest not ready: %s\n", spaced_strerror(r));
+		status = 1;
+		goto out;
+	}
+	t1 = spaced_mono_ns();
+	logf_("guest ready in %.2f ms", (double)(t1 - t0) / 1e6);
+	(void)write_file(L.state, "ready", "ready\n");
+	printf("READY %.3f\n", (double)(t1 - t0) / 1e6);
+	fflush(stdout);
+	r = supervise(&L);
+	if (r < 0)
+		status = 1;
+out:
+	if (L.sub != NULL) {
+		int st = 0;
+
+		spaced_sub_destroy(L.sub, keep, &st);
+		logf_("execution ended (status 0x%x)", (unsigned)st);
+	}
+	for (int i = 0; i < L.nhs; i++)
+		close(L.hs[i].fd);
+	for (int i = 0; i < L.nctl; i++)
+		close(L.ctl[i]);
+	if (L.guest_lfd >= 0) {
+		close(L.guest_lfd);
+		unlink(L.guest_sock);
+	}
+	if (L.ctl_lfd >= 0) {
+		close(L.ctl_lfd);
+		unlink(L.ctl_sock);
+	}
+	snprintf(path, sizeof(path), "%s/ready", L.state);
+	(void)unlink(path);
+	snprintf(path, sizeof(path), "%s/launcher", L.state);
+	(void)unlink(path);
+	if (logfd >= 0)
+		close(logfd);
+	return status;
+}
+
+/* Sends one command, prints the answer; returns the fd passed along (or -1). */
+static int ctl_call(const char *state, const char *cmd, char *reply, size_t replysz, int *fd_out)
+{
+	char path[PATH_MAX + 32];
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cb;
+	struct iovec iov = { .iov_base = reply, .iov_len = replysz - 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
+	                     .msg_controllen = sizeof(cb.b) };
+	struct cmsghdr *c;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/control.sock", state);
+	fd = connect_unix(path, SOCK_SEQPACKET);
+	if (fd < 0) {
+		snprintf(reply, replysz, "ERR connect %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (send(fd, cmd, strlen(cmd), MSG_NOSIGNAL) < 0) {
+		close(fd);
+		snprintf(reply, replysz, "ERR send: %s", strerror(errno));
+		return -1;
+	}
+	n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	close(fd);
+	if (n <= 0) {
+		snprintf(reply, replysz, "ERR no answer");
+		return -1;
+	}
+	reply[n] = '\0';
+	if (fd_out != NULL) {
+		*fd_out = -1;
+		c = CMSG_FIRSTHDR(&mh);
+		if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+			memcpy(fd_out, CMSG_DATA(c), sizeof(int));
+	}
+	return 0;
+}
+
+static int ctl_main(int argc, char **argv)
+{
+	char cmd[SPACED_SUB_MSG_MAX], reply[SPACED_SUB_MSG_MAX + 1];
+	const char *state = NULL;
+	size_t len = 0;
+	int i = 1;
+
+	if (argc > 3 && strcmp(argv[1], "--state") == 0) {
+		state = argv[2];
+		i = 3;
+	}
+	if (state == NULL || i >= argc)
+		usage();
+	cmd[0] = '\0';
+	for (; i < argc; i++) {
+		int w = snprintf(cmd + len, sizeof(cmd) - len, "%s%s", len ? " " : "", argv[i]);
+
+		if (w < 0 || (size_t)w >= sizeof(cmd) - len) {
+			fprintf(stderr, "spaced-launch: command too long\n");
+			return 2;
+		}
+		len += (size_t)w;
+	}
+	if (ctl_call(state, cmd, reply, sizeof(reply), NULL) < 0 || strncmp(reply, "OK", 2) != 0) {
+		fprintf(stderr, "%s\n", reply);
+		return 1;
+	}
+	printf("%s\n", reply);
+	return 0;
+}
+
+static int exec_main(int argc, char **argv)
+{
+	char reply[SPACED_SUB_MSG_MAX + 1];
+	const char *state = NULL, *cwd = NULL;
+	int i, pidfd = -1, st = 0, r;
+
+	for (i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--") == 0) {
+			i++;
+			break;
+		}
+		if (i + 1 >= argc)
+			usage();
+		if (strcmp(argv[i], "--state") == 0)
+			state = argv[++i];
+		else if (strcmp(argv[i], "--cwd") == 0)
+			cwd = argv[++i];
+		else
+			usage();
+	}
+	if (state == NULL || i >= argc)
+		usage();
+	if (ctl_call(state, "PIDFD", reply, sizeof(reply), &pidfd) < 0 || pidfd < 0) {
+		fprintf(stderr, "spaced-launch exec: %s\n", reply);
+		return 125;
+	}
+	r = spaced_sub_enter(pidfd, cwd, argv + i, &st);
+	close(pidfd);
+	if (r < 0) {
+		fprintf(stderr, "spaced-launch exec: cannot enter the execution: %s\n", spaced_strerror(r));
+		return 125;
+	}
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return WEXITSTATUS(st);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 2 && strcmp(argv[1], "ctl") == 0)
+		return ctl_main(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "exec") == 0)
+		return exec_main(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "run") == 0)
+		return run(argc - 1, argv + 1);
+	return run(argc, argv);
+}
