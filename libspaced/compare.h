@@ -82,8 +82,9 @@ enum spaced_compare_mode {
 
 /* Compares. rec may be NULL when this receiver has never seen the sandbox
  * (DENY unknown-sandbox). Order: purpose, port and protocol (DENY); sandbox
- * (DENY other-sandbox); tombstone (REFRESH_ROUTE); generation, worker,
- * substrate, activation, pod (REFRESH_ROUTE). */
+ * (DENY other-sandbox); generation (REFRESH_ROUTE older/newer-generation);
+ * tombstone of the same generation (REFRESH_ROUTE deactivated); worker,
+ * substrate, pod, activation (REFRESH_ROUTE). */
 struct spaced_decision spaced_compare(const struct spaced_cap *cap, const struct spaced_request *req,
                                       const struct spaced_record *rec, enum spaced_compare_mode mode);
 
