@@ -376,6 +376,10 @@ int spaced_cap_verify(const struct spaced_keyring *kr, struct spaced_vcache *cac
 	if (cache != NULL) {
 		spaced_vcache_digest(cls, token, len, digest);
 		if (spaced_vcache_get(cache, spaced_keyring_epoch(kr), digest, now, &c) == 0) {
+			/* A hit skips the signature check only: the signing key must
+			 * still be inside its validity window now, as without the cache. */
+			if ((r = spaced_keyring_lookup(kr, c.kid, now, &pk, NULL)) < 0)
+				return r;
 			if ((r = spaced_cap_check_time(&c, now)) < 0)
 				return r;
 			*out = c;

@@ -106,7 +106,8 @@ struct spaced_vcache;
  * claims decoded, class compared (SPACED_EPURPOSE), signature checked with the
  * class's implicit assertion (SPACED_ESIG), times checked. With a cache (may be
  * NULL), a token verified before is taken from it: the signature check is
- * skipped, the time checks are not; a newly verified one is remembered.
+ * skipped, the time checks and the key's validity window are not; a newly
+ * verified one is remembered.
  * On success *out holds the claims and kid. The identity comparison is the
  * caller's next step (compare.h): it is never skipped. */
 int spaced_cap_verify(const struct spaced_keyring *kr, struct spaced_vcache *cache, const char *token,
