@@ -1,0 +1,310 @@
+/*
+ * api.c — the HTTP/JSON API (docs/cp-api.yaml): routing, authentication and
+ * the answer of each endpoint. Runs on a request thread with its own store.
+ * A tenant only ever sees its own sandboxes: another tenant's sandbox and a
+ * missing one get the same 404 body.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cp.h"
+#include "error.h"
+#include "identity.h"
+
+json_t *cp_sandbox_list(struct cp_store *st, const char *tenant);
+
+static void answer(struct cp_req *rq, int status, json_t *body)
+{
+	rq->status = status;
+	rq->resp = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	if (rq->resp == NULL)
+		rq->resp = strdup("{}");
+	json_decref(body);
+}
+
+static void bad_request(struct cp_req *rq, const char *why)
+{
+	answer(rq, 400, cp_error("bad-request", why));
+}
+
+/* Splits "/v1/a/b/c" into up to n segments; returns the count or -1 (empty
+ * segments and paths not starting with '/' included). */
+static int split_path(char *path, char **seg, int n)
+{
+	int k = 0;
+	char *q = strchr(path, '?');
+	if (q != NULL)
+		*q = 0;
+	if (path[0] != '/')
+		return -1;
+	for (char *p = path + 1; *p;) {
+		if (k == n)
+			return -1;
+		seg[k++] = p;
+		char *e = strchr(p, '/');
+		if (e == NULL)
+			break;
+		*e = 0;
+		p = e + 1;
+	}
+	for (int i = 0; i < k; i++)
+		if (seg[i][0] == 0)
+			return -1;
+	return k;
+}
+
+static const char *bearer(const struct cp_req *rq)
+{
+	if (strncmp(rq->auth, "Bearer ", 7) != 0)
+		return NULL;
+	return rq->auth + 7;
+}
+
+static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char tenant[SPACED_NAME_MAX],
+                char key_id[SPACED_NAME_MAX])
+{
+	const char *k = bearer(rq);
+	int r = k ? cp_key_check(st, k, role, tenant, key_id) : SPACED_EPERM;
+	if (r == SPACED_EPERM) {
+		answer(rq, 401, cp_error("unauthorized", "a valid API key is required (Authorization: Bearer …)"));
+		return -1;
+	}
+	if (r < 0) {
+		answer(rq, 503, cp_error("store", spaced_strerror(r)));
+		return -1;
+	}
+	return 0;
+}
+
+static void workers_list(struct cp_store *st, struct cp_req *rq)
+{
+	struct cp_rows *rows = NULL;
+	char since[24];
+	json_t *arr = json_array();
+	int64_t live = spaced_now() - CP_LIVE_WINDOW;
+	if (arr == NULL ||
+	    CP_Q(st, &rows, NULL,
+	         "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, (SELECT COUNT(*) FROM "
+	         "sandboxes s WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')) "
+	         "FROM workers w WHERE w.last_seen > $1 - 1000000000 ORDER BY w.id",
+	         cp_i64(since, 0)) < 0) {
+		json_decref(arr);
+		answer(rq, 503, cp_error("store", "store unavailable"));
+		return;
+	}
+	for (int i = 0; i < rows->nrows; i++) {
+		json_t *subs = json_array();
+		char buf[CP_SUBSTRATES_MAX * SPACED_NAME_MAX], seen[21] = "";
+		snprintf(buf, sizeof buf, "%s", cp_rows_get(rows, i, 3) ? cp_rows_get(rows, i, 3) : "");
+		for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+			json_array_append_new(subs, json_string(t));
+		spaced_time_format(cp_rows_i64(rows, i, 4, 0), seen);
+		json_array_append_new(
+		    arr, json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:s,s:I,s:I}", "id", cp_rows_get(rows, i, 0), "url",
+		                   cp_rows_get(rows, i, 1), "state", cp_rows_i64(rows, i, 4, 0) >= live ? "live" : "down",
+		                   "capacity", (json_int_t)cp_rows_i64(rows, i, 2, 0), "sandboxes",
+		                   (json_int_t)cp_rows_i64(rows, i, 7, 0), "substrates", subs, "last_seen", seen,
+		                   "last_seq", (json_int_t)cp_rows_i64(rows, i, 5, 0), "acked_seq",
+		                   (json_int_t)cp_rows_i64(rows, i, 6, 0)));
+	}
+	cp_rows_free(rows);
+	answer(rq, 200, json_pack("{s:o}", "workers", arr));
+}
+
+static void worker_register(struct cp *cp, struct cp_store *st, struct cp_req *rq, const char *key_id)
+{
+	struct cp_worker_reg w;
+	struct cp_rows *ex = NULL;
+	char err[160], cap[24], now[24];
+	long ch = 0;
+	int r;
+	if (cp_parse_worker((const char *)rq->body.data, rq->body.len, &w, err, sizeof err) < 0) {
+		bad_request(rq, err);
+		return;
+	}
+	if ((r = cp_store_begin(st)) < 0)
+		goto fail;
+	if ((r = CP_Q(st, &ex, NULL, "SELECT enroll_key FROM workers WHERE id = $1", w.id)) < 0)
+		goto fail;
+	if (ex->nrows == 1 && strcmp(cp_rows_get(ex, 0, 0), key_id) != 0) {
+		cp_store_rollback(st);
+		cp_rows_free(ex);
+		answer(rq, 403, cp_error("forbidden", "this worker ID is enrolled with another key"));
+		return;
+	}
+	if (ex->nrows == 0) {
+		r = CP_Q(st, NULL, &ch,
+		         "INSERT INTO workers (id, url, capacity, substrates, enroll_key, next_seq, last_seen, created) "
+		         "VALUES ($1, $2, $3, $4, $5, 0, $6, $6)",
+		         w.id, w.url, cp_i64(cap, w.capacity), w.substrates, key_id, cp_i64(now, spaced_now()));
+		/* a new worker's first message is the verification-key bundle */
+		if (r == 0)
+			r = cp_push_bundle(st, w.id);
+	} else {
+		r = CP_Q(st, NULL, &ch,
+		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = $5 WHERE id = $1", w.id,
+		         w.url, cp_i64(cap, w.capacity), w.substrates, cp_i64(now, spaced_now()));
+	}
+	if (r < 0 || (r = cp_store_commit(st)) < 0)
+		goto fail;
+	cp_rows_free(ex);
+	cp_wake(cp);
+	char chan[128];
+	snprintf(chan, sizeof chan, "/v1/workers/%s/channel", w.id);
+	answer(rq, 200, json_pack("{s:s,s:s}", "id", w.id, "channel", chan));
+	return;
+fail:
+	cp_store_rollback(st);
+	cp_rows_free(ex);
+	answer(rq, 503, cp_error("store", spaced_strerror(r)));
+}
+
+static void worker_heartbeat(struct cp_store *st, struct cp_req *rq, const char *id, const char *key_id)
+{
+	char now[24];
+	long ch = 0;
+	int r = CP_Q(st, NULL, &ch, "UPDATE workers SET last_seen = $3 WHERE id = $1 AND enroll_key = $2", id, key_id,
+	             cp_i64(now, spaced_now()));
+	if (r < 0)
+		answer(rq, 503, cp_error("store", spaced_strerror(r)));
+	else if (ch == 0)
+		answer(rq, 404, cp_error("not-found", "no such worker"));
+	else
+		answer(rq, 200, json_pack("{s:s}", "id", id));
+}
+
+void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
+{
+	char path[sizeof rq->path], tenant[SPACED_NAME_MAX], key_id[SPACED_NAME_MAX], err[160];
+	char *seg[6];
+	snprintf(path, sizeof path, "%s", rq->path);
+	int n = split_path(path, seg, 6);
+	int get = strcmp(rq->method, "GET") == 0, post = strcmp(rq->method, "POST") == 0,
+	    del = strcmp(rq->method, "DELETE") == 0;
+	const char *body = (const char *)rq->body.data;
+	size_t blen = rq->body.len;
+	json_t *out = NULL;
+
+	if (n < 2 || strcmp(seg[0], "v1") != 0) {
+		answer(rq, 404, cp_error("not-found", "no such endpoint"));
+		return;
+	}
+	if (n == 2 && strcmp(seg[1], "keys") == 0 && get) {
+		json_t *b = cp_bundle(st);
+		answer(rq, b ? 200 : 503, b ? b : cp_error("store", "store unavailable"));
+		return;
+	}
+	if (n == 2 && strcmp(seg[1], "healthz") == 0 && get) {
+		answer(rq, 200, json_pack("{s:s,s:s}", "status", "ok", "store", cp_store_kind(st)));
+		return;
+	}
+	if (strcmp(seg[1], "workers") == 0) {
+		if (n == 2 && get) {
+			if (auth(st, rq, CP_ROLE_TENANT, tenant, NULL) < 0)
+				return;
+			workers_list(st, rq);
+			return;
+		}
+		if (n == 2 && post) {
+			if (auth(st, rq, CP_ROLE_ENROLL, NULL, key_id) < 0)
+				return;
+			worker_register(cp, st, rq, key_id);
+			return;
+		}
+		if (n == 4 && post && strcmp(seg[3], "heartbeat") == 0) {
+			if (auth(st, rq, CP_ROLE_ENROLL, NULL, key_id) < 0)
+				return;
+			worker_heartbeat(st, rq, seg[2], key_id);
+			return;
+		}
+		answer(rq, n > 4 || n < 2 ? 404 : 405, cp_error(n > 4 ? "not-found" : "method-not-allowed", "no such endpoint"));
+		return;
+	}
+	if (n == 3 && strcmp(seg[1], "admin") == 0 && strcmp(seg[2], "rotate-keys") == 0 && post) {
+		if (auth(st, rq, CP_ROLE_ADMIN, NULL, NULL) < 0)
+			return;
+		int r = cp_keys_rotate(cp, st, &out);
+		if (r == 0)
+			answer(rq, 200, out);
+		else if (out != NULL)
+			answer(rq, 504, out);
+		else
+			answer(rq, 500, cp_error("rotation", spaced_strerror(r)));
+		return;
+	}
+	if (strcmp(seg[1], "sandboxes") != 0 || n > 4) {
+		answer(rq, 404, cp_error("not-found", "no such endpoint"));
+		return;
+	}
+	if (auth(st, rq, CP_ROLE_TENANT, tenant, NULL) < 0)
+		return;
+	if (n == 2 && post) {
+		struct cp_create_req c;
+		if (cp_parse_create(body, blen, &c, err, sizeof err) < 0) {
+			bad_request(rq, err);
+			return;
+		}
+		int status = cp_op_create(cp, st, tenant, &c, &out);
+		answer(rq, status, out);
+		return;
+	}
+	if (n == 2 && get) {
+		json_t *l = cp_sandbox_list(st, tenant);
+		answer(rq, l ? 200 : 503, l ? json_pack("{s:o}", "sandboxes", l) : cp_error("store", "store unavailable"));
+		return;
+	}
+	if (n == 2) {
+		answer(rq, 405, cp_error("method-not-allowed", "use GET or POST"));
+		return;
+	}
+	const char *id = seg[2];
+	if (!spaced_name_valid(id, strlen(id))) {
+		answer(rq, 404, cp_error("not-found", "no such sandbox"));
+		return;
+	}
+	if (n == 3 && get) {
+		json_t *s = cp_sandbox_json(st, tenant, id);
+		answer(rq, s ? 200 : 404, s ? s : cp_error("not-found", "no such sandbox"));
+		return;
+	}
+	if (n == 3 && del) {
+		int status = cp_op_simple(cp, st, tenant, id, "delete", NULL, &out);
+		answer(rq, status, out);
+		return;
+	}
+	if (n == 4 && post) {
+		const char *op = seg[3];
+		char worker[SPACED_NAME_MAX] = "";
+		if (strcmp(op, "route") == 0) {
+			struct cp_route_req rt;
+			if (cp_parse_route(body, blen, &rt, err, sizeof err) < 0) {
+				bad_request(rq, err);
+				return;
+			}
+			int status = cp_op_route(cp, st, tenant, id, &rt, &out);
+			answer(rq, status, out);
+			return;
+		}
+		if (strcmp(op, "pause") == 0 || strcmp(op, "snapshot") == 0) {
+			if (cp_parse_target(body, blen, "_", worker, err, sizeof err) < 0) {
+				bad_request(rq, err);
+				return;
+			}
+		} else if (strcmp(op, "resume") == 0 || strcmp(op, "move") == 0) {
+			if (cp_parse_target(body, blen, strcmp(op, "move") == 0 ? "to" : "worker", worker, err, sizeof err) < 0) {
+				bad_request(rq, err);
+				return;
+			}
+		} else {
+			answer(rq, 404, cp_error("not-found", "no such endpoint"));
+			return;
+		}
+		int status = cp_op_simple(cp, st, tenant, id, op, worker, &out);
+		answer(rq, status, out);
+		return;
+	}
+	answer(rq, 405, cp_error("method-not-allowed", "method not allowed here"));
+}

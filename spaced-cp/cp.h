@@ -1,0 +1,132 @@
+/*
+ * cp.h — private header of spaced-cp, the control plane.
+ *
+ * Processes: spaced-cp (HTTP API + control channels + lifecycle) and
+ * spaced-cp-signer (holds the secret keys, answers over a socketpair; see
+ * signer_main.c). Threads inside spaced-cp:
+ *   - the libwebsockets service thread: parses HTTP requests, runs the worker
+ *     control channels (hello, replay, push, acks), writes responses;
+ *   - a pool of request threads: authentication, store transactions, signer
+ *     questions, pushes and waits for acks (each with its own store handle);
+ *   - the reaper thread: idle and absolute timeouts.
+ * The outbox table is the push queue: a message is committed with its seq in
+ * the same transaction as the state change it carries, the service thread
+ * sends it, the worker's ack is written back to the row, and a waiting request
+ * thread sees it. Control-plane replicas sharing PostgreSQL see each other's
+ * outbox rows and acks the same way.
+ */
+#ifndef SPACED_CP_H
+#define SPACED_CP_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "reqparse.h"
+#include "store.h"
+#include "util.h"
+
+#define CP_OP_LEASE 120   /* seconds a lifecycle operation holds its sandbox */
+#define CP_LIVE_WINDOW 30 /* a worker is live when seen this recently */
+#define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
+
+struct cp_req;
+
+struct cp {
+	const char *state_dir;
+	const char *db_url;
+	char listen_host[64];
+	int port;
+	int ack_timeout_ms;
+	int64_t idle_timeout, max_lifetime; /* defaults for new sandboxes (0 = none) */
+	int nthreads;
+
+	/* signer */
+	int signer_fd;
+	pid_t signer_pid;
+	pthread_mutex_t signer_mu;
+
+	struct lws_context *ctx;
+	struct cp_store *lws_st; /* the service thread's store handle */
+
+	pthread_mutex_t mu;       /* guards the job queue, request wsi pointers and ack_gen */
+	pthread_cond_t jobs_cv;   /* a job is queued */
+	pthread_cond_t ack_cv;    /* an ack was recorded */
+	struct cp_req *jobs_head, *jobs_tail;
+	struct cp_req *inflight;  /* every request not yet answered (service thread list) */
+	volatile int stopping;
+};
+
+struct cp_req {
+	struct cp_req *next_job;
+	struct cp_req *next_inflight;
+	struct lws *wsi; /* NULL once the connection went away (under cp->mu) */
+	int refs;        /* connection + job */
+	int done, notified;
+	char method[8];
+	char path[256];
+	char auth[512];
+	struct spaced_buf body;
+	int status;
+	char *resp; /* JSON body of the answer */
+	char *extra_header; /* e.g. "location" value, or NULL */
+};
+
+/* server.c */
+int cp_server_run(struct cp *cp);
+void cp_wake(struct cp *cp);
+void cp_req_release(struct cp *cp, struct cp_req *rq);
+
+/* api.c: answers one request (rq->status, rq->resp) with the thread's store. */
+void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq);
+
+/* ops.c — domain operations on the store */
+enum cp_role { CP_ROLE_TENANT, CP_ROLE_ADMIN, CP_ROLE_ENROLL };
+/* A new random key "spk_<id>_<secret>" for role (tenant for tenant keys), its
+ * BLAKE2b-256 hash stored; *key receives the only copy (free() it). */
+int cp_key_create(struct cp_store *st, enum cp_role role, const char *tenant, char **key);
+/* Checks a bearer key; on success *tenant (may be NULL) receives its tenant. */
+int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char tenant[SPACED_NAME_MAX],
+                 char key_id[SPACED_NAME_MAX]);
+int cp_tenant_create(struct cp_store *st, const char *name, char id[SPACED_NAME_MAX]);
+/* Random name "<prefix><16 hex>". */
+void cp_random_name(char out[SPACED_NAME_MAX], const char *prefix);
+/* Appends one message to worker's outbox inside the caller's transaction;
+ * msg gets its "seq". *seq receives it. */
+int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t *seq);
+/* Waits until worker acked seq or timeout_ms passed. On an ack *ok, *result
+ * (JSON text or NULL; free()) and code/error fill in. SPACED_ETIMEDOUT otherwise. */
+int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, int timeout_ms,
+                int *ok, char **result);
+/* Records an ack from the channel (service thread). */
+int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m);
+/* Current verification bundle from the store (keys whose window is still open). */
+json_t *cp_bundle(struct cp_store *st);
+/* Makes the store's key table match the signer's keys and queues a keys message
+ * for every worker when anything changed. */
+int cp_keys_sync(struct cp *cp, struct cp_store *st);
+/* Rotation: pending key → pushed to every worker → acked by the live ones → active. */
+int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer);
+/* Queues the current bundle to one worker (inside the caller's transaction). */
+int cp_push_bundle(struct cp_store *st, const char *worker);
+
+/* signer_client.c */
+int cp_signer_start(struct cp *cp);
+void cp_signer_stop(struct cp *cp);
+/* One question to the signer: type byte and payload; *answer a new NUL-terminated string. */
+int cp_signer_ask(struct cp *cp, char type, const char *payload, char **answer);
+
+/* lifecycle (ops.c) — each returns an HTTP status and sets *body. */
+int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
+                 json_t **body);
+int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
+                 const char *worker, json_t **body);
+int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
+                const struct cp_route_req *rt, json_t **body);
+json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id);
+void cp_reap(struct cp *cp, struct cp_store *st);
+json_t *cp_error(const char *code, const char *msg);
+
+#endif

@@ -1,0 +1,197 @@
+/*
+ * spaced-cp — the control plane.
+ *
+ *   spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]
+ *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N]
+ *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
+ *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
+ *   spaced-cp admin --state DIR [--db URL] create-enrollment-key
+ *   spaced-cp admin --state DIR [--db URL] create-admin-key
+ *
+ * Admin commands print the new key once on standard output; only its hash is stored.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "cp.h"
+#include "error.h"
+
+static const char usage[] =
+	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
+	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N]\n"
+	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
+	"                 create-enrollment-key | create-admin-key\n";
+
+static void *reaper_thread(void *arg)
+{
+	struct cp *cp = arg;
+	struct cp_store *st = NULL;
+	if (cp_store_open(cp->db_url, &st) < 0)
+		return NULL;
+	while (!cp->stopping) {
+		for (int i = 0; i < 10 && !cp->stopping; i++)
+			usleep(100000);
+		if (!cp->stopping)
+			cp_reap(cp, st);
+	}
+	cp_store_close(st);
+	return NULL;
+}
+
+static int admin(const char *db, int argc, char **argv)
+{
+	struct cp_store *st = NULL;
+	char *key = NULL, tid[SPACED_NAME_MAX];
+	int r;
+	if (argc < 1) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	if ((r = cp_store_open(db, &st)) < 0) {
+		fprintf(stderr, "spaced-cp: cannot open store %s: %s\n", db, spaced_strerror(r));
+		return 1;
+	}
+	if (strcmp(argv[0], "create-tenant") == 0 && argc == 2) {
+		if (!spaced_name_valid(argv[1], strlen(argv[1]))) {
+			fprintf(stderr, "spaced-cp: a tenant name is 1-63 characters of [A-Za-z0-9._-]\n");
+			r = SPACED_EINVAL;
+			goto out;
+		}
+		if ((r = cp_store_begin(st)) < 0 || (r = cp_tenant_create(st, argv[1], tid)) < 0 ||
+		    (r = cp_key_create(st, CP_ROLE_TENANT, tid, &key)) < 0 || (r = cp_store_commit(st)) < 0)
+			goto out;
+		fprintf(stderr, "tenant %s (%s) created; its API key (shown once):\n", argv[1], tid);
+	} else if (strcmp(argv[0], "create-api-key") == 0 && argc == 2) {
+		struct cp_rows *rows = NULL;
+		if ((r = CP_Q(st, &rows, NULL, "SELECT id FROM tenants WHERE name = $1", argv[1])) < 0)
+			goto out;
+		if (rows->nrows != 1) {
+			cp_rows_free(rows);
+			r = SPACED_ENOENT;
+			goto out;
+		}
+		r = cp_key_create(st, CP_ROLE_TENANT, cp_rows_get(rows, 0, 0), &key);
+		cp_rows_free(rows);
+		if (r < 0)
+			goto out;
+	} else if (strcmp(argv[0], "create-enrollment-key") == 0 && argc == 1) {
+		if ((r = cp_key_create(st, CP_ROLE_ENROLL, NULL, &key)) < 0)
+			goto out;
+	} else if (strcmp(argv[0], "create-admin-key") == 0 && argc == 1) {
+		if ((r = cp_key_create(st, CP_ROLE_ADMIN, NULL, &key)) < 0)
+			goto out;
+	} else {
+		fputs(usage, stderr);
+		cp_store_close(st);
+		return 2;
+	}
+	printf("%s\n", key);
+	r = 0;
+out:
+	if (r < 0) {
+		cp_store_rollback(st);
+		fprintf(stderr, "spaced-cp: admin %s: %s\n", argv[0], spaced_strerror(r));
+	}
+	if (key != NULL) {
+		sodium_memzero(key, strlen(key));
+		free(key);
+	}
+	cp_store_close(st);
+	return r < 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{"state", required_argument, NULL, 's'},    {"listen", required_argument, NULL, 'l'},
+		{"db", required_argument, NULL, 'd'},       {"ack-timeout", required_argument, NULL, 'a'},
+		{"idle-timeout", required_argument, NULL, 'i'}, {"max-lifetime", required_argument, NULL, 'm'},
+		{"threads", required_argument, NULL, 't'},  {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0}};
+	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1};
+	const char *listen = NULL;
+	char dbbuf[1200];
+	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
+	if (sodium_init() < 0)
+		return 1;
+	if (is_admin) {
+		argc--;
+		argv++;
+	}
+	while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 's': cp.state_dir = optarg; break;
+		case 'l': listen = optarg; break;
+		case 'd': cp.db_url = optarg; break;
+		case 'a': cp.ack_timeout_ms = atoi(optarg); break;
+		case 'i': cp.idle_timeout = atoll(optarg); break;
+		case 'm': cp.max_lifetime = atoll(optarg); break;
+		case 't': cp.nthreads = atoi(optarg); break;
+		case 'h': fputs(usage, stdout); return 0;
+		default: fputs(usage, stderr); return 2;
+		}
+	}
+	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.nthreads < 1 || cp.nthreads > 64 ||
+	    cp.idle_timeout < 0 || cp.max_lifetime < 0) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	if (mkdir(cp.state_dir, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "spaced-cp: cannot create %s: %s\n", cp.state_dir, strerror(errno));
+		return 1;
+	}
+	if (cp.db_url == NULL) {
+		snprintf(dbbuf, sizeof dbbuf, "sqlite:%s/cp.db", cp.state_dir);
+		cp.db_url = dbbuf;
+	}
+	if (is_admin)
+		return admin(cp.db_url, argc - optind, argv + optind);
+	if (listen == NULL || optind != argc) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	const char *colon = strrchr(listen, ':');
+	if (colon == NULL || (size_t)(colon - listen) >= sizeof cp.listen_host || colon == listen) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	memcpy(cp.listen_host, listen, (size_t)(colon - listen));
+	cp.port = atoi(colon + 1);
+	if (cp.port < 0 || cp.port > 65535) {
+		fputs(usage, stderr);
+		return 2;
+	}
+	char snaps[1100];
+	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);
+	mkdir(snaps, 0700);
+	pthread_mutex_init(&cp.mu, NULL);
+	pthread_mutex_init(&cp.signer_mu, NULL);
+	pthread_cond_init(&cp.jobs_cv, NULL);
+	pthread_cond_init(&cp.ack_cv, NULL);
+	if ((r = cp_store_open(cp.db_url, &cp.lws_st)) < 0) {
+		fprintf(stderr, "spaced-cp: cannot open store %s: %s\n", cp.db_url, spaced_strerror(r));
+		return 1;
+	}
+	if ((r = cp_signer_start(&cp)) < 0 || (r = cp_keys_sync(&cp, cp.lws_st)) < 0) {
+		fprintf(stderr, "spaced-cp: signer: %s\n", spaced_strerror(r));
+		cp_signer_stop(&cp);
+		cp_store_close(cp.lws_st);
+		return 1;
+	}
+	pthread_t reaper;
+	int have_reaper = pthread_create(&reaper, NULL, reaper_thread, &cp) == 0;
+	r = cp_server_run(&cp);
+	cp.stopping = 1;
+	if (have_reaper)
+		pthread_join(reaper, NULL);
+	cp_signer_stop(&cp);
+	cp_store_close(cp.lws_st);
+	return r < 0 ? 1 : 0;
+}

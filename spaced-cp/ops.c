@@ -1,0 +1,1115 @@
+/*
+ * ops.c — the control plane's domain operations on the store: API keys and
+ * tenants, the outbox and acks, the key bundle and rotation, and the sandbox
+ * lifecycle (create, pause, resume, snapshot, move, delete, route, timeouts).
+ *
+ * Lifecycle calls on one sandbox are serialized by a lease on its row
+ * (op, op_until), taken with one conditional UPDATE: a second call while one is
+ * running gets 409 "busy", on one replica or several. Every generation bump and
+ * placement change is one transaction that also queues the install message.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "cap.h"
+#include "cp.h"
+#include "error.h"
+#include "identity.h"
+#include "util.h"
+
+json_t *cp_error(const char *code, const char *msg)
+{
+	return json_pack("{s:s,s:s}", "error", code, "message", msg);
+}
+
+void cp_random_name(char out[SPACED_NAME_MAX], const char *prefix)
+{
+	uint8_t rnd[8];
+	randombytes_buf(rnd, sizeof rnd);
+	int n = snprintf(out, SPACED_NAME_MAX, "%s", prefix);
+	for (size_t i = 0; i < sizeof rnd && n + 2 < SPACED_NAME_MAX; i++)
+		n += snprintf(out + n, (size_t)(SPACED_NAME_MAX - n), "%02x", rnd[i]);
+}
+
+/* ---- API keys and tenants ---- */
+
+static const char *role_name(enum cp_role role)
+{
+	return role == CP_ROLE_ADMIN ? "admin" : role == CP_ROLE_ENROLL ? "enroll" : "tenant";
+}
+
+static void key_hash(const char *key, char hex[65])
+{
+	uint8_t h[32];
+	crypto_generichash(h, sizeof h, (const uint8_t *)key, strlen(key), NULL, 0);
+	sodium_bin2hex(hex, 65, h, sizeof h);
+}
+
+int cp_key_create(struct cp_store *st, enum cp_role role, const char *tenant, char **key)
+{
+	uint8_t secret[32], idb[8];
+	char id[17], sec[44], hash[65], now[24];
+	randombytes_buf(idb, sizeof idb);
+	randombytes_buf(secret, sizeof secret);
+	sodium_bin2hex(id, sizeof id, idb, sizeof idb);
+	spaced_b64url_encode(sec, secret, sizeof secret);
+	size_t n = 4 + 16 + 1 + 43 + 1;
+	char *k = malloc(n);
+	if (k == NULL)
+		return SPACED_ENOMEM;
+	snprintf(k, n, "spk_%s_%s", id, sec);
+	key_hash(k, hash);
+	sodium_memzero(secret, sizeof secret);
+	sodium_memzero(sec, sizeof sec);
+	int r = CP_Q(st, NULL, NULL,
+	             "INSERT INTO api_keys (key_id, hash, role, tenant, created) VALUES ($1, $2, $3, $4, $5)", id,
+	             hash, role_name(role), tenant, cp_i64(now, spaced_now()));
+	if (r < 0) {
+		sodium_memzero(k, n);
+		free(k);
+		return r;
+	}
+	*key = k;
+	return 0;
+}
+
+int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char tenant[SPACED_NAME_MAX],
+                 char key_id[SPACED_NAME_MAX])
+{
+	char id[17], hash[65];
+	struct cp_rows *rows = NULL;
+	int r = SPACED_EPERM;
+	if (key == NULL || strlen(key) != 4 + 16 + 1 + 43 || strncmp(key, "spk_", 4) != 0 || key[20] != '_')
+		return SPACED_EPERM;
+	memcpy(id, key + 4, 16);
+	id[16] = 0;
+	for (int i = 0; i < 16; i++)
+		if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')))
+			return SPACED_EPERM;
+	if ((r = CP_Q(st, &rows, NULL, "SELECT hash, role, tenant FROM api_keys WHERE key_id = $1", id)) < 0)
+		return r;
+	r = SPACED_EPERM;
+	key_hash(key, hash);
+	const char *h = cp_rows_get(rows, 0, 0), *ro = cp_rows_get(rows, 0, 1), *t = cp_rows_get(rows, 0, 2);
+	if (h == NULL || ro == NULL || strlen(h) != 64 || !spaced_ct_eq(h, hash, 64) ||
+	    strcmp(ro, role_name(role)) != 0)
+		goto out;
+	if (tenant != NULL) {
+		if (t == NULL || strlen(t) >= SPACED_NAME_MAX)
+			goto out;
+		strcpy(tenant, t);
+	}
+	if (key_id != NULL)
+		strcpy(key_id, id);
+	r = 0;
+out:
+	cp_rows_free(rows);
+	return r;
+}
+
+int cp_tenant_create(struct cp_store *st, const char *name, char id[SPACED_NAME_MAX])
+{
+	char tid[SPACED_NAME_MAX], now[24];
+	cp_random_name(tid, "ten-");
+	int r = CP_Q(st, NULL, NULL, "INSERT INTO tenants (id, name, created) VALUES ($1, $2, $3)", tid, name,
+	             cp_i64(now, spaced_now()));
+	if (r == 0)
+		strcpy(id, tid);
+	return r;
+}
+
+/* ---- outbox and acks ---- */
+
+int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t *seq)
+{
+	struct cp_rows *rows = NULL;
+	char sb[24], now[24];
+	char *text = NULL;
+	int r = CP_Q(st, &rows, NULL, "UPDATE workers SET next_seq = next_seq + 1 WHERE id = $1 RETURNING next_seq",
+	             worker);
+	if (r < 0)
+		goto out;
+	int64_t s = cp_rows_i64(rows, 0, 0, -1);
+	if (s < 1) {
+		r = SPACED_ENOENT;
+		goto out;
+	}
+	/* {"seq": N, "type": …, …}: seq first, as docs/control-messages.md shows it */
+	json_t *full = json_pack("{s:I}", "seq", (json_int_t)s);
+	if (full == NULL || json_object_update(full, msg) < 0 ||
+	    (text = json_dumps(full, JSON_COMPACT | JSON_PRESERVE_ORDER)) == NULL) {
+		json_decref(full);
+		r = SPACED_ENOMEM;
+		goto out;
+	}
+	json_decref(full);
+	r = CP_Q(st, NULL, NULL,
+	         "INSERT INTO outbox (worker, seq, type, body, created) VALUES ($1, $2, $3, $4, $5)", worker,
+	         cp_i64(sb, s), json_string_value(json_object_get(msg, "type")), text, cp_i64(now, spaced_now()));
+	if (r == 0)
+		*seq = s;
+out:
+	free(text);
+	cp_rows_free(rows);
+	return r;
+}
+
+int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, int timeout_ms,
+                int *ok, char **result)
+{
+	char sb[24];
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
+	cp_i64(sb, seq);
+	for (;;) {
+		struct cp_rows *rows = NULL;
+		int r = CP_Q(st, &rows, NULL, "SELECT acked, ok, result FROM outbox WHERE worker = $1 AND seq = $2",
+		             worker, sb);
+		if (r < 0)
+			return r;
+		if (cp_rows_i64(rows, 0, 0, 0) > 0) {
+			const char *res = cp_rows_get(rows, 0, 2);
+			char *copy = res ? strdup(res) : NULL;
+			*ok = cp_rows_i64(rows, 0, 1, 0) == 1;
+			*result = copy;
+			cp_rows_free(rows);
+			return 0;
+		}
+		cp_rows_free(rows);
+		uint64_t now = spaced_mono_ns();
+		if (now >= deadline || cp->stopping)
+			return SPACED_ETIMEDOUT;
+		uint64_t wait = deadline - now;
+		if (wait > 50000000u)
+			wait = 50000000u;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)wait;
+		while (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_mutex_lock(&cp->mu);
+		pthread_cond_timedwait(&cp->ack_cv, &cp->mu, &ts);
+		pthread_mutex_unlock(&cp->mu);
+	}
+}
+
+int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m)
+{
+	char sb[24], now[24];
+	char *res = NULL;
+	const char *store_res = m->result;
+	if (!m->ok) {
+		json_t *e = json_pack("{s:s,s:s}", "code", m->code[0] ? m->code : "failed", "error", m->error);
+		res = e ? json_dumps(e, JSON_COMPACT) : NULL;
+		json_decref(e);
+		store_res = res;
+	}
+	int r = CP_Q(st, NULL, NULL,
+	             "UPDATE outbox SET acked = $3, ok = $4, result = $5 WHERE worker = $1 AND seq = $2 AND acked = 0",
+	             worker, cp_i64(sb, m->seq), cp_i64(now, spaced_now()), m->ok ? "1" : "0", store_res);
+	if (r == 0)
+		r = CP_Q(st, NULL, NULL,
+		         "UPDATE workers SET acked_seq = $2, last_seen = $3 WHERE id = $1 AND acked_seq < $2", worker, sb,
+		         now);
+	free(res);
+	pthread_mutex_lock(&cp->mu);
+	pthread_cond_broadcast(&cp->ack_cv);
+	pthread_mutex_unlock(&cp->mu);
+	return r;
+}
+
+/* ---- keys ---- */
+
+static int bundle_bump(struct cp_store *st, int64_t *version)
+{
+	struct cp_rows *rows = NULL;
+	int r = CP_Q0(st, NULL, NULL, "INSERT INTO meta (k, v) VALUES ('bundle_version', '0') ON CONFLICT (k) DO NOTHING");
+	if (r == 0)
+		r = CP_Q0(st, &rows, NULL,
+		          "UPDATE meta SET v = CAST(CAST(v AS BIGINT) + 1 AS TEXT) WHERE k = 'bundle_version' RETURNING v");
+	if (r == 0 && version != NULL)
+		*version = cp_rows_i64(rows, 0, 0, 0);
+	cp_rows_free(rows);
+	return r;
+}
+
+json_t *cp_bundle(struct cp_store *st)
+{
+	struct cp_rows *rows = NULL, *ver = NULL;
+	char now[24];
+	json_t *keys = json_array(), *b = NULL;
+	if (keys == NULL)
+		return NULL;
+	if (CP_Q(st, &rows, NULL,
+	         "SELECT pub, kid, not_before, not_after FROM signing_keys WHERE not_after >= $1 ORDER BY created, kid",
+	         cp_i64(now, spaced_now())) < 0 ||
+	    CP_Q0(st, &ver, NULL, "SELECT v FROM meta WHERE k = 'bundle_version'") < 0)
+		goto out;
+	for (int i = 0; i < rows->nrows; i++) {
+		char nb[21], na[21];
+		if (spaced_time_format(cp_rows_i64(rows, i, 2, 0), nb) < 0 ||
+		    spaced_time_format(cp_rows_i64(rows, i, 3, 0), na) < 0)
+			goto out;
+		json_array_append_new(keys, json_pack("{s:s,s:s,s:s,s:s}", "key", cp_rows_get(rows, i, 0), "kid",
+		                                      cp_rows_get(rows, i, 1), "not_before", nb, "not_after", na));
+	}
+	b = json_pack("{s:I,s:O}", "version", (json_int_t)cp_rows_i64(ver, 0, 0, 0), "keys", keys);
+out:
+	json_decref(keys);
+	cp_rows_free(rows);
+	cp_rows_free(ver);
+	return b;
+}
+
+int cp_push_bundle(struct cp_store *st, const char *worker)
+{
+	int64_t seq;
+	json_t *b = cp_bundle(st);
+	json_t *msg = b ? json_pack("{s:s,s:o}", "type", "keys", "bundle", b) : NULL;
+	int r = msg ? cp_outbox_push(st, worker, msg, &seq) : SPACED_ENOMEM;
+	json_decref(msg);
+	return r;
+}
+
+/* Queues the bundle to every worker; the seq of each push goes to seqs (may be NULL). */
+static int push_bundle_all(struct cp_store *st, json_t *seqs)
+{
+	struct cp_rows *w = NULL;
+	int r = CP_Q0(st, &w, NULL, "SELECT id FROM workers ORDER BY id");
+	for (int i = 0; r == 0 && i < w->nrows; i++) {
+		int64_t seq;
+		json_t *b = cp_bundle(st);
+		json_t *msg = b ? json_pack("{s:s,s:o}", "type", "keys", "bundle", b) : NULL;
+		r = msg ? cp_outbox_push(st, cp_rows_get(w, i, 0), msg, &seq) : SPACED_ENOMEM;
+		json_decref(msg);
+		if (r == 0 && seqs != NULL)
+			json_object_set_new(seqs, cp_rows_get(w, i, 0), json_integer(seq));
+	}
+	cp_rows_free(w);
+	return r;
+}
+
+static int signer_keys(struct cp *cp, json_t **keys)
+{
+	char *ans = NULL;
+	json_error_t jerr;
+	int r = cp_signer_ask(cp, 'K', NULL, &ans);
+	if (r < 0)
+		return r;
+	json_t *o = json_loads(ans, JSON_REJECT_DUPLICATES, &jerr);
+	free(ans);
+	if (o == NULL || !json_is_array(json_object_get(o, "keys"))) {
+		json_decref(o);
+		return SPACED_EPROTO;
+	}
+	*keys = o;
+	return 0;
+}
+
+/* Inserts the signer's keys missing from the store; *changed counts them. */
+static int keys_insert(struct cp_store *st, json_t *keys, int *changed)
+{
+	json_t *v;
+	size_t i;
+	char nb[24], na[24], now[24], af[24];
+	int64_t t = spaced_now();
+	json_array_foreach(json_object_get(keys, "keys"), i, v) {
+		long ch = 0;
+		const char *state = json_string_value(json_object_get(v, "state"));
+		int active = state != NULL && strcmp(state, "active") == 0;
+		int r = CP_Q(st, NULL, &ch,
+		             "INSERT INTO signing_keys (kid, pub, not_before, not_after, active_from, created) "
+		             "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (kid) DO NOTHING",
+		             json_string_value(json_object_get(v, "kid")), json_string_value(json_object_get(v, "key")),
+		             cp_i64(nb, t - 60), cp_i64(na, t + CP_KEY_FAR), cp_i64(af, active ? t : 0), cp_i64(now, t));
+		if (r < 0)
+			return r;
+		*changed += (int)ch;
+	}
+	return 0;
+}
+
+int cp_keys_sync(struct cp *cp, struct cp_store *st)
+{
+	json_t *keys = NULL;
+	int changed = 0;
+	int r = signer_keys(cp, &keys);
+	if (r < 0)
+		return r;
+	if ((r = cp_store_begin(st)) < 0)
+		goto out;
+	if ((r = keys_insert(st, keys, &changed)) < 0)
+		goto out;
+	if (changed > 0 && ((r = bundle_bump(st, NULL)) < 0 || (r = push_bundle_all(st, NULL)) < 0))
+		goto out;
+	r = cp_store_commit(st);
+out:
+	if (r < 0)
+		cp_store_rollback(st);
+	json_decref(keys);
+	return r;
+}
+
+static const char *key_in_state(json_t *keys, const char *state)
+{
+	json_t *v;
+	size_t i;
+	json_array_foreach(json_object_get(keys, "keys"), i, v) {
+		const char *s = json_string_value(json_object_get(v, "state"));
+		if (s != NULL && strcmp(s, state) == 0)
+			return json_string_value(json_object_get(v, "kid"));
+	}
+	return NULL;
+}
+
+int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer)
+{
+	json_t *before = NULL, *after = NULL, *seqs = json_object(), *late = json_array();
+	char *ans = NULL, old[SPACED_PASERK_PID_LEN + 1] = "", pending[SPACED_PASERK_PID_LEN + 1];
+	char now[24], until[24];
+	int changed = 0, r;
+	int64_t version = 0;
+	if (seqs == NULL || late == NULL) {
+		r = SPACED_ENOMEM;
+		goto out;
+	}
+	if ((r = signer_keys(cp, &before)) < 0)
+		goto out;
+	if (key_in_state(before, "active") != NULL)
+		snprintf(old, sizeof old, "%s", key_in_state(before, "active"));
+	if ((r = cp_signer_ask(cp, 'R', NULL, &ans)) < 0 || (r = signer_keys(cp, &after)) < 0)
+		goto out;
+	if (key_in_state(after, "pending") == NULL) {
+		r = SPACED_EPROTO;
+		goto out;
+	}
+	snprintf(pending, sizeof pending, "%s", key_in_state(after, "pending"));
+	/* 1. the new key joins the bundle and goes to every worker */
+	if ((r = cp_store_begin(st)) < 0)
+		goto out;
+	if ((r = keys_insert(st, after, &changed)) < 0 || (r = bundle_bump(st, NULL)) < 0 ||
+	    (r = push_bundle_all(st, seqs)) < 0 || (r = cp_store_commit(st)) < 0) {
+		cp_store_rollback(st);
+		goto out;
+	}
+	cp_wake(cp);
+	/* 2. every live worker acknowledges it before the signer may use it */
+	struct cp_rows *live = NULL;
+	if ((r = CP_Q(st, &live, NULL, "SELECT id FROM workers WHERE last_seen >= $1",
+	              cp_i64(now, spaced_now() - CP_LIVE_WINDOW))) < 0)
+		goto out;
+	for (int i = 0; i < live->nrows; i++) {
+		const char *w = cp_rows_get(live, i, 0);
+		int ok = 0;
+		char *res = NULL;
+		json_t *s = json_object_get(seqs, w);
+		if (s == NULL || cp_wait_ack(cp, st, w, json_integer_value(s), cp->ack_timeout_ms, &ok, &res) < 0 || !ok)
+			json_array_append_new(late, json_string(w));
+		free(res);
+	}
+	cp_rows_free(live);
+	if (json_array_size(late) > 0) {
+		*answer = json_pack("{s:s,s:s,s:s,s:O}", "error", "keys-not-acked", "message",
+		                    "the new key did not reach every live worker; it stays unused", "pending", pending,
+		                    "workers", late);
+		r = SPACED_ETIMEDOUT;
+		goto out;
+	}
+	/* 3. activate; the old key stays in the bundle until its last token expired */
+	free(ans);
+	ans = NULL;
+	if ((r = cp_signer_ask(cp, 'A', pending, &ans)) < 0)
+		goto out;
+	int64_t t = spaced_now();
+	if ((r = cp_store_begin(st)) < 0)
+		goto out;
+	if ((r = CP_Q(st, NULL, NULL, "UPDATE signing_keys SET active_from = $2 WHERE kid = $1", pending,
+	              cp_i64(now, t))) < 0 ||
+	    (old[0] && (r = CP_Q(st, NULL, NULL, "UPDATE signing_keys SET not_after = $2 WHERE kid = $1", old,
+	                         cp_i64(until, t + SPACED_CAP_LIFETIME + SPACED_CAP_SKEW))) < 0) ||
+	    (r = bundle_bump(st, &version)) < 0 || (r = push_bundle_all(st, NULL)) < 0 ||
+	    (r = cp_store_commit(st)) < 0) {
+		cp_store_rollback(st);
+		goto out;
+	}
+	cp_wake(cp);
+	char vu[21];
+	spaced_time_format(t + SPACED_CAP_LIFETIME + SPACED_CAP_SKEW, vu);
+	*answer = json_pack("{s:s,s:s?,s:s,s:I}", "active", pending, "retired", old[0] ? old : NULL,
+	                    "retired_valid_until", vu, "bundle_version", (json_int_t)version);
+	r = 0;
+out:
+	free(ans);
+	json_decref(before);
+	json_decref(after);
+	json_decref(seqs);
+	json_decref(late);
+	return r;
+}
+
+/* ---- sandboxes ---- */
+
+#define SBX_COLS                                                                                          \
+	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
+	"created, last_active, idle_timeout, max_lifetime"
+enum { C_ID, C_TENANT, C_STATE, C_GEN, C_WORKER, C_SUBSTRATE, C_ACT, C_SPEC, C_SNAP, C_OP, C_OPUNTIL,
+       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE };
+
+struct sbx {
+	struct cp_rows *rows;
+	int r;
+};
+
+static const char *col(const struct sbx *s, int c)
+{
+	return cp_rows_get(s->rows, s->r, c);
+}
+
+static int identity_of(const struct sbx *s, struct spaced_identity *id)
+{
+	if (col(s, C_WORKER) == NULL)
+		return SPACED_ENOENT;
+	return spaced_identity_set(id, col(s, C_ID), (uint64_t)cp_rows_i64(s->rows, s->r, C_GEN, 0),
+	                           col(s, C_WORKER), col(s, C_SUBSTRATE), col(s, C_ACT), NULL);
+}
+
+static json_t *sbx_json(const struct sbx *s)
+{
+	struct spaced_identity id;
+	json_error_t jerr;
+	json_t *route = identity_of(s, &id) == 0 ? spaced_identity_to_json(&id) : json_null();
+	json_t *spec = json_loads(col(s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr);
+	char created[21] = "", active[21] = "";
+	spaced_time_format(cp_rows_i64(s->rows, s->r, C_CREATED, 0), created);
+	spaced_time_format(cp_rows_i64(s->rows, s->r, C_ACTIVE, 0), active);
+	const char *op = col(s, C_OP);
+	char opname[32] = "";
+	if (op != NULL && cp_rows_i64(s->rows, s->r, C_OPUNTIL, 0) >= spaced_now())
+		snprintf(opname, sizeof opname, "%.*s", (int)strcspn(op, "."), op);
+	return json_pack("{s:s,s:s,s:I,s:o,s:s?,s:s,s:o,s:s?,s:s?,s:s?,s:s,s:s,s:I,s:I}", "id", col(s, C_ID),
+	                 "state", col(s, C_STATE), "generation", (json_int_t)cp_rows_i64(s->rows, s->r, C_GEN, 0),
+	                 "route", route ? route : json_null(), "worker", col(s, C_WORKER), "substrate",
+	                 col(s, C_SUBSTRATE), "spec", spec ? spec : json_object(), "snapshot", col(s, C_SNAP),
+	                 "operation", opname[0] ? opname : NULL, "last_error", col(s, C_LASTERR), "created", created,
+	                 "last_active", active, "idle_timeout", (json_int_t)cp_rows_i64(s->rows, s->r, C_IDLE, 0),
+	                 "max_lifetime", (json_int_t)cp_rows_i64(s->rows, s->r, C_MAXLIFE, 0));
+}
+
+/* Loads one sandbox of tenant; ENOENT for a missing one and for another tenant's alike. */
+static int sbx_load(struct cp_store *st, const char *tenant, const char *id, struct sbx *out)
+{
+	struct cp_rows *rows = NULL;
+	int r = CP_Q(st, &rows, NULL,
+	             "SELECT " SBX_COLS " FROM sandboxes WHERE id = $1 AND tenant = $2 AND deleted = 0", id, tenant);
+	if (r < 0)
+		return r;
+	if (rows->nrows != 1) {
+		cp_rows_free(rows);
+		return SPACED_ENOENT;
+	}
+	out->rows = rows;
+	out->r = 0;
+	return 0;
+}
+
+json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id)
+{
+	struct sbx s;
+	if (sbx_load(st, tenant, id, &s) < 0)
+		return NULL;
+	json_t *j = sbx_json(&s);
+	cp_rows_free(s.rows);
+	return j;
+}
+
+json_t *cp_sandbox_list(struct cp_store *st, const char *tenant);
+json_t *cp_sandbox_list(struct cp_store *st, const char *tenant)
+{
+	struct cp_rows *rows = NULL;
+	json_t *arr = json_array();
+	if (arr == NULL ||
+	    CP_Q(st, &rows, NULL, "SELECT " SBX_COLS " FROM sandboxes WHERE tenant = $1 AND deleted = 0 ORDER BY created, id",
+	         tenant) < 0) {
+		json_decref(arr);
+		return NULL;
+	}
+	for (int i = 0; i < rows->nrows; i++) {
+		struct sbx s = {rows, i};
+		json_array_append_new(arr, sbx_json(&s));
+	}
+	cp_rows_free(rows);
+	return arr;
+}
+
+static int set_state(struct cp_store *st, const char *id, const char *state, const char *err)
+{
+	char now[24];
+	return CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = $2, last_error = $3, last_active = $4 WHERE id = $1",
+	            id, state, err, cp_i64(now, spaced_now()));
+}
+
+/* Takes the sandbox's operation lease. 0, SPACED_ENOENT or SPACED_EBUSY. */
+static int lease_take(struct cp_store *st, const char *tenant, const char *id, const char *op)
+{
+	char until[24], now[24];
+	long ch = 0;
+	int64_t t = spaced_now();
+	int r = CP_Q(st, NULL, &ch,
+	             "UPDATE sandboxes SET op = $3, op_until = $4 WHERE id = $1 AND tenant = $2 AND deleted = 0 "
+	             "AND (op IS NULL OR op_until < $5)",
+	             id, tenant, op, cp_i64(until, t + CP_OP_LEASE), cp_i64(now, t));
+	if (r < 0)
+		return r;
+	if (ch == 1)
+		return 0;
+	struct sbx s;
+	if ((r = sbx_load(st, tenant, id, &s)) < 0)
+		return r;
+	cp_rows_free(s.rows);
+	return SPACED_EBUSY;
+}
+
+static void lease_drop(struct cp_store *st, const char *id, const char *op)
+{
+	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET op = NULL, op_until = 0 WHERE id = $1 AND op = $2", id, op);
+}
+
+struct placement {
+	char worker[SPACED_NAME_MAX];
+	char url[CP_URL_MAX];
+};
+
+/* Chooses a live worker with room for substrate (want: a named worker or "").
+ * Returns 0, or an HTTP status with *err set. Runs inside the caller's transaction. */
+static int place(struct cp_store *st, const char *substrate, const char *want, const char *exclude,
+                 struct placement *out, json_t **err)
+{
+	struct cp_rows *rows = NULL;
+	char since[24];
+	int best = -1, status = 503;
+	int64_t best_free = 0;
+	if (CP_Q(st, &rows, NULL,
+	         "SELECT w.id, w.url, w.substrates, w.capacity, w.last_seen, (SELECT COUNT(*) FROM sandboxes s "
+	         "WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')) "
+	         "FROM workers w ORDER BY w.id",
+	         cp_i64(since, spaced_now() - CP_LIVE_WINDOW)) < 0) {
+		*err = cp_error("store", "store unavailable");
+		return 500;
+	}
+	int64_t live_since = spaced_now() - CP_LIVE_WINDOW;
+	for (int i = 0; i < rows->nrows; i++) {
+		const char *id = cp_rows_get(rows, i, 0);
+		if (want[0] && strcmp(id, want) != 0)
+			continue;
+		if (exclude != NULL && strcmp(id, exclude) == 0)
+			continue;
+		int64_t room = cp_rows_i64(rows, i, 3, 0) - cp_rows_i64(rows, i, 5, 0);
+		if (cp_rows_i64(rows, i, 4, 0) < live_since) {
+			if (want[0]) {
+				*err = cp_error("worker-unavailable", "the worker has not been seen recently");
+				goto out;
+			}
+			continue;
+		}
+		if (!cp_list_has(cp_rows_get(rows, i, 2), substrate)) {
+			if (want[0]) {
+				status = 422;
+				*err = cp_error("substrate-unsupported", "the worker does not offer this substrate");
+				goto out;
+			}
+			continue;
+		}
+		if (room <= 0) {
+			if (want[0]) {
+				*err = cp_error("worker-full", "the worker has no room");
+				goto out;
+			}
+			continue;
+		}
+		if (best < 0 || room > best_free) {
+			best = i;
+			best_free = room;
+		}
+	}
+	if (best < 0) {
+		if (want[0]) {
+			status = 404;
+			*err = cp_error("unknown-worker", "no such worker");
+		} else {
+			*err = cp_error("no-worker", "no live worker with room offers this substrate");
+		}
+		goto out;
+	}
+	snprintf(out->worker, sizeof out->worker, "%s", cp_rows_get(rows, best, 0));
+	snprintf(out->url, sizeof out->url, "%s", cp_rows_get(rows, best, 1));
+	status = 0;
+out:
+	cp_rows_free(rows);
+	return status;
+}
+
+static json_t *identity_json_of(const char *sbx, int64_t gen, const char *worker, const char *substrate,
+                                const char *act)
+{
+	struct spaced_identity id;
+	if (spaced_identity_set(&id, sbx, (uint64_t)gen, worker, substrate, act, NULL) < 0)
+		return NULL;
+	return spaced_identity_to_json(&id);
+}
+
+/* Sends msg to worker in its own transaction and waits for the ack.
+ * Returns 0 (ok), SPACED_EPERM (refused; *why set), SPACED_ETIMEDOUT or a store error. */
+static int push_wait(struct cp *cp, struct cp_store *st, const char *worker, json_t *msg, char **result,
+                     char **why)
+{
+	int64_t seq;
+	int ok = 0, r;
+	char *res = NULL;
+	if ((r = cp_store_begin(st)) < 0)
+		return r;
+	if ((r = cp_outbox_push(st, worker, msg, &seq)) < 0 || (r = cp_store_commit(st)) < 0) {
+		cp_store_rollback(st);
+		return r;
+	}
+	cp_wake(cp);
+	if ((r = cp_wait_ack(cp, st, worker, seq, cp->ack_timeout_ms, &ok, &res)) < 0)
+		return r;
+	if (!ok) {
+		*why = res;
+		return SPACED_EPERM;
+	}
+	if (result != NULL)
+		*result = res;
+	else
+		free(res);
+	return 0;
+}
+
+static int ack_status(int r, const char *what, char *why, json_t **body, char *errtext, size_t errsz)
+{
+	if (r == SPACED_ETIMEDOUT) {
+		snprintf(errtext, errsz, "%s: the worker did not acknowledge in time", what);
+		*body = cp_error("worker-timeout", errtext);
+		return 504;
+	}
+	if (r == SPACED_EPERM) {
+		snprintf(errtext, errsz, "%s: the worker refused: %s", what, why ? why : "");
+		*body = cp_error("worker-refused", errtext);
+		return 502;
+	}
+	snprintf(errtext, errsz, "%s: %s", what, spaced_strerror(r));
+	*body = cp_error("internal", errtext);
+	return 500;
+}
+
+/* Installs a new generation (or a new activation of the current one when
+ * same_gen) of sandbox s on worker p and waits for the ack. */
+static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
+                           const char *snapshot, int same_gen, json_t **body)
+{
+	char act[SPACED_NAME_MAX], gb[24], now[24], errtext[512];
+	const char *id = col(s, C_ID);
+	int64_t gen = cp_rows_i64(s->rows, s->r, C_GEN, 0);
+	int64_t seq = 0;
+	int r, ok = 0;
+	char *res = NULL;
+	json_error_t jerr;
+	cp_random_name(act, "act-");
+	json_t *spec = json_loads(col(s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr), *msg = NULL;
+	if (spec == NULL) {
+		*body = cp_error("internal", "stored spec unreadable");
+		return 500;
+	}
+	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
+	if ((r = cp_store_begin(st)) < 0)
+		goto fail;
+	if (!same_gen) {
+		/* the one transaction that makes a new, strictly greater generation */
+		struct cp_rows *g = NULL;
+		r = CP_Q(st, &g, NULL, "UPDATE sandboxes SET generation = generation + 1 WHERE id = $1 RETURNING generation", id);
+		gen = cp_rows_i64(g, 0, 0, -1);
+		cp_rows_free(g);
+		if (r < 0)
+			goto fail;
+		r = CP_Q(st, NULL, NULL,
+		         "INSERT INTO generations (sandbox, generation, worker, activation, created) VALUES ($1, $2, $3, $4, $5)",
+		         id, cp_i64(gb, gen), p->worker, act, cp_i64(now, spaced_now()));
+		if (r < 0)
+			goto fail;
+	}
+	r = CP_Q(st, NULL, NULL,
+	         "UPDATE sandboxes SET worker = $2, activation = $3, state = 'starting', snapshot = $4, last_error = NULL "
+	         "WHERE id = $1",
+	         id, p->worker, act, snapshot);
+	if (r < 0)
+		goto fail;
+	msg = json_pack("{s:s,s:o,s:b,s:O}", "type", "install", "identity",
+	                identity_json_of(id, gen, p->worker, col(s, C_SUBSTRATE), act), "handoff", 0, "spec", spec);
+	if (msg == NULL) {
+		r = SPACED_ENOMEM;
+		goto fail;
+	}
+	if ((r = cp_outbox_push(st, p->worker, msg, &seq)) < 0 || (r = cp_store_commit(st)) < 0)
+		goto fail;
+	cp_wake(cp);
+	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
+	if (r == 0 && ok) {
+		set_state(st, id, "running", NULL);
+		json_decref(spec);
+		json_decref(msg);
+		free(res);
+		return 0;
+	}
+	int status = ack_status(r == 0 ? SPACED_EPERM : r, "install", res, body, errtext, sizeof errtext);
+	set_state(st, id, "error", errtext);
+	json_decref(spec);
+	json_decref(msg);
+	free(res);
+	return status;
+fail:
+	cp_store_rollback(st);
+	json_decref(spec);
+	json_decref(msg);
+	*body = cp_error("internal", spaced_strerror(r));
+	return r == SPACED_EBUSY ? 503 : 500;
+}
+
+int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
+                 json_t **body)
+{
+	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX], now[24], until[24], idle[24], maxl[24];
+	struct placement p;
+	int status, r;
+	json_t *spec = json_pack("{s:s?,s:I,s:I,s:n}", "template", c->template_name[0] ? c->template_name : NULL,
+	                         "memory_bytes", (json_int_t)c->memory_bytes, "pids", (json_int_t)c->pids, "snapshot");
+	char *spec_text = spec ? json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(spec);
+	if (spec_text == NULL) {
+		*body = cp_error("internal", "out of memory");
+		return 500;
+	}
+	cp_random_name(id, "sbx-");
+	cp_random_name(op, "create.");
+	int64_t t = spaced_now();
+	if ((r = cp_store_begin(st)) < 0) {
+		status = 503;
+		*body = cp_error("store-busy", spaced_strerror(r));
+		goto out;
+	}
+	if ((status = place(st, c->substrate, c->worker, NULL, &p, body)) != 0) {
+		cp_store_rollback(st);
+		goto out;
+	}
+	/* The new sandbox enters with generation 0 and the lease held;
+	 * start_execution moves it to generation 1 in its own transaction. */
+	r = CP_Q(st, NULL, NULL,
+	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
+	         "created, last_active, idle_timeout, max_lifetime) VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, "
+	         "$6, $7, $8, $8, $9, $10)",
+	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + CP_OP_LEASE), cp_i64(now, t),
+	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
+	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime));
+	if (r < 0 || (r = cp_store_commit(st)) < 0) {
+		cp_store_rollback(st);
+		status = 500;
+		*body = cp_error("internal", spaced_strerror(r));
+		goto out;
+	}
+	struct sbx s;
+	if ((r = sbx_load(st, tenant, id, &s)) < 0) {
+		status = 500;
+		*body = cp_error("internal", spaced_strerror(r));
+		goto out;
+	}
+	status = start_execution(cp, st, &s, &p, NULL, 0, body);
+	cp_rows_free(s.rows);
+	lease_drop(st, id, op);
+	if (status == 0) {
+		*body = cp_sandbox_json(st, tenant, id);
+		status = 201;
+	} else if (*body != NULL) {
+		json_object_set_new(*body, "sandbox", cp_sandbox_json(st, tenant, id));
+	}
+out:
+	free(spec_text);
+	return status;
+}
+
+static const char *snapshot_dir(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
+{
+	snprintf(buf, n, "%s/snapshots/%s-%" PRId64, cp->state_dir, id, gen);
+	return buf;
+}
+
+/* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
+static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const struct sbx *s, const char *op,
+                  const char *worker, json_t **body)
+{
+	struct spaced_identity idn;
+	char errtext[512], path[1024], *why = NULL, *res = NULL;
+	const char *id = col(s, C_ID), *state = col(s, C_STATE), *cur = col(s, C_WORKER);
+	int64_t gen = cp_rows_i64(s->rows, s->r, C_GEN, 0);
+	int has_identity = identity_of(s, &idn) == 0;
+	int r, status = 0;
+	json_t *msg = NULL;
+
+	if (strcmp(op, "delete") == 0) {
+		int pending = 0;
+		if (cur != NULL) {
+			msg = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
+			r = push_wait(cp, st, cur, msg, NULL, &why);
+			pending = r == SPACED_ETIMEDOUT; /* stays queued: replayed when the worker returns */
+		}
+		char now[24];
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1", id,
+		     cp_i64(now, spaced_now()));
+		*body = json_pack("{s:s,s:s,s:b}", "id", id, "state", "deleted", "pending", pending);
+		status = pending ? 202 : 200;
+		goto out;
+	}
+	if (strcmp(op, "pause") == 0) {
+		if (strcmp(state, "paused") == 0)
+			goto done; /* already paused: nothing to do */
+		if (strcmp(state, "running") != 0 || !has_identity)
+			goto wrong_state;
+		msg = json_pack("{s:s,s:o}", "type", "pause", "identity", spaced_identity_to_json(&idn));
+		if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
+			goto ack_fail;
+		set_state(st, id, "paused", NULL);
+		goto done;
+	}
+	if (strcmp(op, "snapshot") == 0) {
+		if (strcmp(state, "paused") != 0 || !has_identity)
+			goto wrong_state;
+		msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn), "path",
+		                snapshot_dir(cp, path, sizeof path, id, gen));
+		if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
+			goto ack_fail;
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2 WHERE id = $1", id, path);
+		goto done;
+	}
+	int is_move = strcmp(op, "move") == 0;
+	if (strcmp(op, "resume") == 0 || is_move) {
+		struct placement p;
+		if (is_move && worker[0] == 0) {
+			*body = cp_error("bad-request", "move needs a target worker ('to')");
+			status = 400;
+			goto out;
+		}
+		if (strcmp(op, "resume") == 0 && strcmp(state, "running") == 0 &&
+		    (worker[0] == 0 || (cur && strcmp(worker, cur) == 0)))
+			goto done; /* already running there */
+		if (strcmp(op, "resume") == 0 && strcmp(state, "paused") == 0 && has_identity &&
+		    (worker[0] == 0 || strcmp(worker, cur) == 0)) {
+			/* thaw in place: the same execution, so the same generation */
+			msg = json_pack("{s:s,s:o}", "type", "thaw", "identity", spaced_identity_to_json(&idn));
+			if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
+				goto ack_fail;
+			set_state(st, id, "running", NULL);
+			goto done;
+		}
+		if ((strcmp(state, "running") == 0 || strcmp(state, "paused") == 0) && has_identity) {
+			/* move: deactivate (kept frozen), snapshot, install a new generation elsewhere */
+			if (worker[0] == 0 || strcmp(worker, cur) == 0) {
+				*body = cp_error("same-worker", "the sandbox already runs on this worker");
+				status = 409;
+				goto out;
+			}
+			if ((r = cp_store_begin(st)) < 0)
+				goto ack_fail;
+			status = place(st, col(s, C_SUBSTRATE), worker, cur, &p, body);
+			cp_store_rollback(st);
+			if (status != 0)
+				goto out;
+			set_state(st, id, "moving", NULL);
+			msg = json_pack("{s:s,s:o,s:b}", "type", "deactivate", "identity", spaced_identity_to_json(&idn),
+			                "keep_paused", 1);
+			if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
+				goto ack_fail_error;
+			json_decref(msg);
+			msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn),
+			                "path", snapshot_dir(cp, path, sizeof path, id, gen));
+			if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
+				goto ack_fail_error;
+			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2, state = 'stopped' WHERE id = $1", id, path);
+			status = start_execution(cp, st, s, &p, path, 0, body);
+			if (status != 0)
+				goto out;
+			json_decref(msg);
+			msg = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
+			int64_t seq;
+			if (cp_store_begin(st) == 0) {
+				if (cp_outbox_push(st, cur, msg, &seq) < 0 || cp_store_commit(st) < 0)
+					cp_store_rollback(st);
+				cp_wake(cp);
+			}
+			goto done;
+		}
+		if (strcmp(state, "stopped") == 0 || strcmp(state, "error") == 0) {
+			/* a start from the last snapshot (new generation) or, without one, a
+			 * new activation of the same generation on the same worker */
+			const char *snap = col(s, C_SNAP);
+			int same = snap == NULL;
+			if (same && cur == NULL)
+				goto wrong_state;
+			if ((r = cp_store_begin(st)) < 0)
+				goto ack_fail;
+			status = place(st, col(s, C_SUBSTRATE), worker[0] ? worker : (same ? cur : ""), NULL, &p, body);
+			cp_store_rollback(st);
+			if (status != 0)
+				goto out;
+			if (same && strcmp(p.worker, cur) != 0)
+				goto wrong_state;
+			status = start_execution(cp, st, s, &p, snap, same, body);
+			if (status != 0)
+				goto out;
+			goto done;
+		}
+		goto wrong_state;
+	}
+	*body = cp_error("not-found", "no such operation");
+	status = 404;
+	goto out;
+
+done:
+	*body = cp_sandbox_json(st, tenant, id);
+	status = 200;
+	goto out;
+wrong_state:
+	snprintf(errtext, sizeof errtext, "cannot %s a sandbox in state %s", op, state);
+	*body = cp_error("wrong-state", errtext);
+	status = 409;
+	goto out;
+ack_fail_error:
+	status = ack_status(r, op, why, body, errtext, sizeof errtext);
+	set_state(st, id, "error", errtext);
+	goto out;
+ack_fail:
+	status = ack_status(r, op, why, body, errtext, sizeof errtext);
+out:
+	free(why);
+	free(res);
+	json_decref(msg);
+	return status;
+}
+
+int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
+                 const char *worker, json_t **body)
+{
+	char lease[SPACED_NAME_MAX], prefix[24], now[24];
+	struct sbx s;
+	snprintf(prefix, sizeof prefix, "%s.", op);
+	cp_random_name(lease, prefix);
+	int r = lease_take(st, tenant, id, lease);
+	if (r == SPACED_ENOENT) {
+		*body = cp_error("not-found", "no such sandbox");
+		return 404;
+	}
+	if (r == SPACED_EBUSY) {
+		*body = cp_error("busy", "another lifecycle operation on this sandbox is in progress");
+		return 409;
+	}
+	if (r < 0 || (r = sbx_load(st, tenant, id, &s)) < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		return 500;
+	}
+	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET last_active = $2 WHERE id = $1", id, cp_i64(now, spaced_now()));
+	int status = run_op(cp, st, tenant, &s, op, worker ? worker : "", body);
+	cp_rows_free(s.rows);
+	lease_drop(st, id, lease);
+	if (status == 200 && strcmp(op, "delete") != 0) {
+		json_decref(*body);
+		*body = cp_sandbox_json(st, tenant, id);
+	}
+	return status;
+}
+
+int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
+                const struct cp_route_req *rt, json_t **body)
+{
+	struct sbx s;
+	struct spaced_cap cap;
+	struct cp_rows *w = NULL;
+	char *claims = NULL, *token = NULL, now[24], exp[21];
+	size_t clen;
+	int status = 500, r = sbx_load(st, tenant, id, &s);
+	if (r == SPACED_ENOENT) {
+		*body = cp_error("not-found", "no such sandbox");
+		return 404;
+	}
+	if (r < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		return 500;
+	}
+	if (strcmp(col(&s, C_STATE), "running") != 0 || identity_of(&s, &cap.id) < 0) {
+		char m[128];
+		snprintf(m, sizeof m, "the sandbox is %s: no execution serves it", col(&s, C_STATE));
+		*body = json_pack("{s:s,s:s,s:s}", "error", "not-running", "message", m, "state", col(&s, C_STATE));
+		status = 409;
+		goto out;
+	}
+	memset(&cap, 0, sizeof cap);
+	identity_of(&s, &cap.id);
+	int64_t t = spaced_now();
+	cap.purposes = rt->purposes;
+	cap.cls = rt->serviceport ? SPACED_CLASS_SERVICEPORT : SPACED_CLASS_CONTROL;
+	cap.port = rt->port;
+	snprintf(cap.protocol, sizeof cap.protocol, "%s", rt->serviceport ? rt->protocol : "");
+	cap.iat = cap.nbf = t;
+	cap.exp = t + SPACED_CAP_LIFETIME;
+	cp_random_name(cap.jti, "cap-");
+	if ((r = spaced_cap_claims_encode(&cap, &claims, &clen)) < 0 || (r = cp_signer_ask(cp, 'S', claims, &token)) < 0) {
+		*body = cp_error("signer", spaced_strerror(r));
+		goto out;
+	}
+	if ((r = CP_Q(st, &w, NULL, "SELECT url FROM workers WHERE id = $1", cap.id.worker)) < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		goto out;
+	}
+	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET last_active = $2 WHERE id = $1", id, cp_i64(now, t));
+	spaced_time_format(cap.exp, exp);
+	*body = json_pack("{s:o,s:s?,s:s,s:s,s:s}", "identity", spaced_identity_to_json(&cap.id), "worker_url",
+	                  cp_rows_get(w, 0, 0), "capability", token, "expires_at", exp, "class",
+	                  spaced_cap_class_name(cap.cls));
+	if (rt->serviceport) {
+		json_object_set_new(*body, "port", json_integer(rt->port));
+		json_object_set_new(*body, "protocol", json_string(rt->protocol));
+	}
+	status = 200;
+out:
+	free(claims);
+	free(token);
+	cp_rows_free(w);
+	cp_rows_free(s.rows);
+	return status;
+}
+
+void cp_reap(struct cp *cp, struct cp_store *st)
+{
+	struct cp_rows *rows = NULL;
+	char now[24];
+	int64_t t = spaced_now();
+	/* absolute timeout: kill; idle timeout: pause */
+	if (CP_Q(st, &rows, NULL,
+	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 AND created + max_lifetime < $1 "
+	         "UNION ALL SELECT id, tenant, 'pause' FROM sandboxes WHERE deleted = 0 AND state = 'running' "
+	         "AND idle_timeout > 0 AND last_active + idle_timeout < $1",
+	         cp_i64(now, t)) < 0)
+		return;
+	for (int i = 0; i < rows->nrows && !cp->stopping; i++) {
+		json_t *body = NULL;
+		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
+		                          cp_rows_get(rows, i, 2), NULL, &body);
+		fprintf(stderr, "spaced-cp: timeout: %s %s -> %d\n", cp_rows_get(rows, i, 2), cp_rows_get(rows, i, 0),
+		        status);
+		json_decref(body);
+	}
+	cp_rows_free(rows);
+}

@@ -1,0 +1,341 @@
+/* reqparse.c — strict JSON parsers for API bodies and control-channel messages. */
+#include "reqparse.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cap.h"
+#include "error.h"
+
+static int fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errsz, const char *fmt, ...)
+{
+	va_list ap;
+	if (err != NULL && errsz > 0) {
+		va_start(ap, fmt);
+		vsnprintf(err, errsz, fmt, ap);
+		va_end(ap);
+	}
+	return SPACED_EINVAL;
+}
+
+/* Parses an object body; an empty body counts as {}. */
+static json_t *load_object(const char *body, size_t len, char *err, size_t errsz)
+{
+	json_error_t jerr;
+	if (len > CP_BODY_MAX) {
+		fail(err, errsz, "body larger than %d bytes", CP_BODY_MAX);
+		return NULL;
+	}
+	size_t i = 0;
+	while (i < len && (body[i] == ' ' || body[i] == '\n' || body[i] == '\r' || body[i] == '\t'))
+		i++;
+	if (i == len)
+		return json_object();
+	json_t *v = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (v == NULL) {
+		fail(err, errsz, "malformed JSON: %s", jerr.text);
+		return NULL;
+	}
+	if (!json_is_object(v)) {
+		json_decref(v);
+		fail(err, errsz, "body must be a JSON object");
+		return NULL;
+	}
+	return v;
+}
+
+static int only_members(json_t *obj, const char *const *allowed, char *err, size_t errsz)
+{
+	const char *k;
+	json_t *v;
+	json_object_foreach(obj, k, v) {
+		int ok = 0;
+		for (size_t i = 0; allowed[i] != NULL; i++)
+			if (strcmp(k, allowed[i]) == 0)
+				ok = 1;
+		if (!ok)
+			return fail(err, errsz, "unknown member '%.40s'", k);
+	}
+	return 0;
+}
+
+static int get_name(json_t *obj, const char *m, char out[SPACED_NAME_MAX], int nullable, char *err,
+                    size_t errsz)
+{
+	json_t *v = json_object_get(obj, m);
+	if (v == NULL || (nullable && json_is_null(v)))
+		return 0;
+	if (!json_is_string(v) || !spaced_name_valid(json_string_value(v), json_string_length(v)))
+		return fail(err, errsz, "'%s' must be a name of 1-63 characters [A-Za-z0-9._-]", m);
+	memcpy(out, json_string_value(v), json_string_length(v) + 1);
+	return 0;
+}
+
+static int get_int(json_t *obj, const char *m, int64_t lo, int64_t hi, int64_t *out, char *err,
+                   size_t errsz)
+{
+	json_t *v = json_object_get(obj, m);
+	if (v == NULL)
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+		return fail(err, errsz, "'%s' must be an integer in %lld..%lld", m, (long long)lo, (long long)hi);
+	*out = json_integer_value(v);
+	return 0;
+}
+
+int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz)
+{
+	static const char *const allowed[] = {"template", "memory_bytes", "pids", "substrate", "worker",
+	                                      "idle_timeout", "max_lifetime", NULL};
+	struct cp_create_req c = {.memory_bytes = 256 << 20, .pids = 256, .substrate = "process",
+	                          .idle_timeout = -1, .max_lifetime = -1};
+	int r = SPACED_EINVAL;
+	json_t *o = load_object(body, len, err, errsz);
+	if (o == NULL)
+		return SPACED_EINVAL;
+	if (only_members(o, allowed, err, errsz) < 0 ||
+	    get_name(o, "template", c.template_name, 1, err, errsz) < 0 ||
+	    get_int(o, "memory_bytes", 16 << 20, INT64_C(64) << 30, &c.memory_bytes, err, errsz) < 0 ||
+	    get_int(o, "pids", 8, 65536, &c.pids, err, errsz) < 0 ||
+	    get_name(o, "substrate", c.substrate, 0, err, errsz) < 0 ||
+	    get_name(o, "worker", c.worker, 1, err, errsz) < 0 ||
+	    get_int(o, "idle_timeout", 0, 30 * 86400, &c.idle_timeout, err, errsz) < 0 ||
+	    get_int(o, "max_lifetime", 0, 365 * 86400, &c.max_lifetime, err, errsz) < 0)
+		goto out;
+	*out = c;
+	r = 0;
+out:
+	json_decref(o);
+	return r;
+}
+
+int cp_parse_route(const char *body, size_t len, struct cp_route_req *out, char *err, size_t errsz)
+{
+	static const char *const allowed[] = {"purposes", "port", "protocol", NULL};
+	static const char *const protocols[] = {"tcp", "udp", "http", "https", "ws", "grpc", NULL};
+	struct cp_route_req rt = {0};
+	int r = SPACED_EINVAL;
+	int64_t port = 0;
+	json_t *o = load_object(body, len, err, errsz), *p, *v;
+	size_t i;
+	if (o == NULL)
+		return SPACED_EINVAL;
+	if (only_members(o, allowed, err, errsz) < 0)
+		goto out;
+	p = json_object_get(o, "purposes");
+	if (p == NULL) {
+		rt.purposes = SPACED_PURPOSE_FS_READ | SPACED_PURPOSE_FS_WRITE | SPACED_PURPOSE_EXEC |
+		              SPACED_PURPOSE_TERM | SPACED_PURPOSE_WATCH;
+	} else {
+		if (!json_is_array(p) || json_array_size(p) == 0 || json_array_size(p) > 16) {
+			fail(err, errsz, "'purposes' must be a non-empty array of purpose names");
+			goto out;
+		}
+		json_array_foreach(p, i, v) {
+			uint32_t bit = json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)
+			                   ? spaced_purpose_parse(json_string_value(v))
+			                   : 0;
+			if (bit == 0) {
+				fail(err, errsz, "unknown purpose in 'purposes'");
+				goto out;
+			}
+			rt.purposes |= bit;
+		}
+	}
+	rt.serviceport = (rt.purposes & SPACED_PURPOSE_SERVICEPORT) != 0;
+	if (rt.serviceport && rt.purposes != SPACED_PURPOSE_SERVICEPORT) {
+		fail(err, errsz, "'serviceport' cannot be combined with other purposes");
+		goto out;
+	}
+	v = json_object_get(o, "protocol");
+	if (!rt.serviceport && (json_object_get(o, "port") != NULL || v != NULL)) {
+		fail(err, errsz, "'port' and 'protocol' need the serviceport purpose");
+		goto out;
+	}
+	if (rt.serviceport) {
+		if (json_object_get(o, "port") == NULL) {
+			fail(err, errsz, "a serviceport route needs 'port'");
+			goto out;
+		}
+		if (get_int(o, "port", 1, 65535, &port, err, errsz) < 0)
+			goto out;
+		rt.port = (uint16_t)port;
+		strcpy(rt.protocol, "tcp");
+		if (v != NULL) {
+			int known = 0;
+			for (i = 0; json_is_string(v) && protocols[i] != NULL; i++)
+				if (strcmp(json_string_value(v), protocols[i]) == 0 &&
+				    json_string_length(v) == strlen(protocols[i]))
+					known = 1;
+			if (!known) {
+				fail(err, errsz, "'protocol' must be one of tcp udp http https ws grpc");
+				goto out;
+			}
+			strcpy(rt.protocol, json_string_value(v));
+		}
+	}
+	*out = rt;
+	r = 0;
+out:
+	json_decref(o);
+	return r;
+}
+
+static int get_substrates(json_t *o, char *out, size_t outsz, char *err, size_t errsz)
+{
+	json_t *a = json_object_get(o, "substrates"), *v;
+	size_t i, n = 0;
+	if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > CP_SUBSTRATES_MAX)
+		return fail(err, errsz, "'substrates' must be an array of 1-%d names", CP_SUBSTRATES_MAX);
+	out[0] = 0;
+	json_array_foreach(a, i, v) {
+		if (!json_is_string(v) || !spaced_name_valid(json_string_value(v), json_string_length(v)))
+			return fail(err, errsz, "'substrates' must hold names");
+		size_t l = json_string_length(v);
+		if (n + l + 2 > outsz)
+			return fail(err, errsz, "'substrates' too long");
+		if (n > 0)
+			out[n++] = ',';
+		memcpy(out + n, json_string_value(v), l + 1);
+		n += l;
+	}
+	return 0;
+}
+
+int cp_parse_worker(const char *body, size_t len, struct cp_worker_reg *out, char *err, size_t errsz)
+{
+	static const char *const allowed[] = {"id", "url", "capacity", "substrates", NULL};
+	struct cp_worker_reg w = {.capacity = 16};
+	int r = SPACED_EINVAL;
+	json_t *o = load_object(body, len, err, errsz), *u;
+	if (o == NULL)
+		return SPACED_EINVAL;
+	if (only_members(o, allowed, err, errsz) < 0 || get_name(o, "id", w.id, 0, err, errsz) < 0 ||
+	    get_int(o, "capacity", 1, 100000, &w.capacity, err, errsz) < 0 ||
+	    get_substrates(o, w.substrates, sizeof w.substrates, err, errsz) < 0)
+		goto out;
+	if (w.id[0] == 0) {
+		fail(err, errsz, "'id' is required");
+		goto out;
+	}
+	u = json_object_get(o, "url");
+	if (!json_is_string(u) || json_string_length(u) == 0 || json_string_length(u) >= CP_URL_MAX ||
+	    strlen(json_string_value(u)) != json_string_length(u) ||
+	    (strncmp(json_string_value(u), "http://", 7) != 0 && strncmp(json_string_value(u), "https://", 8) != 0)) {
+		fail(err, errsz, "'url' must be an http:// or https:// URL shorter than %d bytes", CP_URL_MAX);
+		goto out;
+	}
+	for (const char *s = json_string_value(u); *s; s++)
+		if ((unsigned char)*s <= ' ' || *s == '"' || *s == '\\' || (unsigned char)*s >= 0x7f) {
+			fail(err, errsz, "'url' has a forbidden character");
+			goto out;
+		}
+	memcpy(w.url, json_string_value(u), json_string_length(u) + 1);
+	*out = w;
+	r = 0;
+out:
+	json_decref(o);
+	return r;
+}
+
+int cp_parse_target(const char *body, size_t len, const char *member, char out[SPACED_NAME_MAX],
+                    char *err, size_t errsz)
+{
+	const char *const allowed[] = {member, NULL};
+	char w[SPACED_NAME_MAX] = "";
+	int r = SPACED_EINVAL;
+	json_t *o = load_object(body, len, err, errsz);
+	if (o == NULL)
+		return SPACED_EINVAL;
+	if (only_members(o, allowed, err, errsz) < 0 || get_name(o, member, w, 1, err, errsz) < 0)
+		goto out;
+	memcpy(out, w, sizeof w);
+	r = 0;
+out:
+	json_decref(o);
+	return r;
+}
+
+int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
+{
+	struct cp_chan_msg m = {0};
+	char err[8];
+	int r = SPACED_EPROTO;
+	json_t *o = load_object(msg, len, err, sizeof err), *h, *v;
+	if (o == NULL)
+		return SPACED_EPROTO;
+	if ((h = json_object_get(o, "hello")) != NULL) {
+		static const char *const top[] = {"hello", NULL};
+		static const char *const hm[] = {"worker", "last_seq", "substrates", "capacity", NULL};
+		if (only_members(o, top, err, sizeof err) < 0 || !json_is_object(h) ||
+		    only_members(h, hm, err, sizeof err) < 0 || get_name(h, "worker", m.worker, 0, err, sizeof err) < 0 ||
+		    m.worker[0] == 0)
+			goto out;
+		v = json_object_get(h, "last_seq");
+		if (!json_is_integer(v) || json_integer_value(v) < 0)
+			goto out;
+		m.last_seq = json_integer_value(v);
+		if (json_object_get(h, "substrates") != NULL) {
+			if (get_substrates(h, m.substrates, sizeof m.substrates, err, sizeof err) < 0)
+				goto out;
+			m.has_substrates = 1;
+		}
+		if (json_object_get(h, "capacity") != NULL) {
+			if (get_int(h, "capacity", 1, 100000, &m.capacity, err, sizeof err) < 0)
+				goto out;
+			m.has_capacity = 1;
+		}
+		m.kind = CP_CHAN_HELLO;
+	} else {
+		static const char *const am[] = {"ack", "ok", "result", "error", "code", NULL};
+		if (only_members(o, am, err, sizeof err) < 0)
+			goto out;
+		v = json_object_get(o, "ack");
+		if (!json_is_integer(v) || json_integer_value(v) < 1)
+			goto out;
+		m.seq = json_integer_value(v);
+		v = json_object_get(o, "ok");
+		if (!json_is_boolean(v))
+			goto out;
+		m.ok = json_is_true(v);
+		if ((v = json_object_get(o, "code")) != NULL) {
+			if (!json_is_string(v) || json_string_length(v) >= sizeof m.code ||
+			    strlen(json_string_value(v)) != json_string_length(v))
+				goto out;
+			strcpy(m.code, json_string_value(v));
+		}
+		if ((v = json_object_get(o, "error")) != NULL) {
+			if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+				goto out;
+			snprintf(m.error, sizeof m.error, "%s", json_string_value(v));
+		}
+		if ((v = json_object_get(o, "result")) != NULL && !json_is_null(v)) {
+			if (!json_is_object(v) || (m.result = json_dumps(v, JSON_COMPACT)) == NULL)
+				goto out;
+		}
+		m.kind = CP_CHAN_ACK;
+	}
+	*out = m;
+	r = 0;
+out:
+	json_decref(o);
+	return r;
+}
+
+int cp_list_has(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = list; p != NULL && *p;) {
+		const char *c = strchr(p, ',');
+		size_t l = c ? (size_t)(c - p) : strlen(p);
+		if (l == n && memcmp(p, name, n) == 0)
+			return 1;
+		p = c ? c + 1 : NULL;
+	}
+	return 0;
+}

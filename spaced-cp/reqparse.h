@@ -1,0 +1,83 @@
+/*
+ * reqparse.h — strict parsing of everything the control plane reads from a
+ * peer as JSON: API request bodies and the worker's control-channel messages.
+ * Each parser takes raw bytes (not NUL-terminated), refuses duplicate keys,
+ * unknown members, wrong types and out-of-range values, and writes *out only
+ * on success. On failure err receives a short reason for the 400 body.
+ */
+#ifndef SPACED_CP_REQPARSE_H
+#define SPACED_CP_REQPARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "identity.h"
+
+#define CP_BODY_MAX (64 * 1024)
+#define CP_URL_MAX 256
+#define CP_SUBSTRATES_MAX 8
+
+struct cp_create_req {
+	char template_name[SPACED_NAME_MAX]; /* "" when none */
+	int64_t memory_bytes, pids;
+	char substrate[SPACED_NAME_MAX];
+	char worker[SPACED_NAME_MAX];         /* "" to let placement choose */
+	int64_t idle_timeout, max_lifetime;   /* seconds, -1 = control-plane default, 0 = none */
+};
+
+struct cp_route_req {
+	uint32_t purposes; /* enum spaced_purpose bits */
+	int serviceport;   /* 1 when purposes is exactly serviceport */
+	uint16_t port;
+	char protocol[8];
+};
+
+struct cp_worker_reg {
+	char id[SPACED_NAME_MAX];
+	char url[CP_URL_MAX];
+	int64_t capacity;
+	char substrates[CP_SUBSTRATES_MAX * SPACED_NAME_MAX]; /* comma-separated names */
+};
+
+enum cp_chan_kind { CP_CHAN_HELLO = 1, CP_CHAN_ACK = 2 };
+
+struct cp_chan_msg {
+	enum cp_chan_kind kind;
+	/* hello */
+	char worker[SPACED_NAME_MAX];
+	int64_t last_seq, capacity;
+	char substrates[CP_SUBSTRATES_MAX * SPACED_NAME_MAX];
+	int has_capacity, has_substrates;
+	/* ack */
+	int64_t seq;
+	int ok;
+	char code[SPACED_NAME_MAX];
+	char error[256];
+	char *result; /* compact JSON of "result" or NULL; the caller frees it */
+};
+
+/* POST /v1/sandboxes: {"template","memory_bytes","pids","substrate","worker",
+ * "idle_timeout","max_lifetime"}, every member optional. An empty body is {}. */
+int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz);
+
+/* POST /v1/sandboxes/{id}/route: {"purposes":[…], "port":N, "protocol":"tcp"}.
+ * purposes defaults to ["fs.read","fs.write","exec","term","watch"]; "serviceport"
+ * must be alone and needs port (protocol defaults to "tcp"); port and protocol
+ * are refused without it. */
+int cp_parse_route(const char *body, size_t len, struct cp_route_req *out, char *err, size_t errsz);
+
+/* POST /v1/workers: {"id","url","capacity","substrates":[…]}. */
+int cp_parse_worker(const char *body, size_t len, struct cp_worker_reg *out, char *err, size_t errsz);
+
+/* Optional {"worker": W} (resume) or {"to": W} (move): member names the one
+ * accepted member; out receives "" when the body is empty or the member absent. */
+int cp_parse_target(const char *body, size_t len, const char *member, char out[SPACED_NAME_MAX],
+                    char *err, size_t errsz);
+
+/* A control-channel message from a worker: {"hello":{…}} or {"ack":N,"ok":B,…}. */
+int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out);
+
+/* True when the comma-separated list has name. */
+int cp_list_has(const char *list, const char *name);
+
+#endif

@@ -1,0 +1,160 @@
+/* store.c — backend dispatch, the schema, and result helpers of the control plane's store. */
+#include "store.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+struct cp_store {
+	void *h;
+	const struct cp_store_ops *ops;
+};
+
+/* One schema for both backends: TEXT and BIGINT only, times in Unix seconds. */
+static const char schema[] =
+	"CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);"
+	"CREATE TABLE IF NOT EXISTS tenants (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, created BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS api_keys (key_id TEXT PRIMARY KEY, hash TEXT NOT NULL, role TEXT NOT NULL,"
+	" tenant TEXT, created BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, url TEXT NOT NULL, capacity BIGINT NOT NULL,"
+	" substrates TEXT NOT NULL, enroll_key TEXT NOT NULL, next_seq BIGINT NOT NULL, last_seen BIGINT NOT NULL,"
+	" acked_seq BIGINT NOT NULL DEFAULT 0, created BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS sandboxes (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL,"
+	" generation BIGINT NOT NULL, worker TEXT, substrate TEXT NOT NULL, activation TEXT NOT NULL,"
+	" spec TEXT NOT NULL, snapshot TEXT, op TEXT, op_until BIGINT NOT NULL DEFAULT 0, last_error TEXT,"
+	" created BIGINT NOT NULL, last_active BIGINT NOT NULL, idle_timeout BIGINT NOT NULL,"
+	" max_lifetime BIGINT NOT NULL, deleted BIGINT NOT NULL DEFAULT 0);"
+	"CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant, deleted);"
+	"CREATE INDEX IF NOT EXISTS sandboxes_worker ON sandboxes (worker, deleted);"
+	"CREATE TABLE IF NOT EXISTS outbox (worker TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL,"
+	" body TEXT NOT NULL, created BIGINT NOT NULL, acked BIGINT NOT NULL DEFAULT 0, ok BIGINT,"
+	" result TEXT, PRIMARY KEY (worker, seq));"
+	"CREATE TABLE IF NOT EXISTS signing_keys (kid TEXT PRIMARY KEY, pub TEXT NOT NULL, not_before BIGINT NOT NULL,"
+	" not_after BIGINT NOT NULL, active_from BIGINT NOT NULL DEFAULT 0, created BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS generations (sandbox TEXT NOT NULL, generation BIGINT NOT NULL,"
+	" worker TEXT NOT NULL, activation TEXT NOT NULL, created BIGINT NOT NULL, PRIMARY KEY (sandbox, generation));";
+
+int cp_store_open(const char *url, struct cp_store **out)
+{
+	int r;
+	struct cp_store *st = calloc(1, sizeof *st);
+	if (st == NULL)
+		return SPACED_ENOMEM;
+	if (strncmp(url, "sqlite:", 7) == 0)
+		r = cp_store_sqlite_open(url + 7, &st->h, &st->ops);
+	else if (strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0)
+		r = cp_store_pg_open(url, &st->h, &st->ops);
+	else
+		r = SPACED_EINVAL;
+	if (r < 0)
+		goto out;
+	/* Two replicas creating the schema at once may collide on PostgreSQL's
+	 * catalog: the loser tries again and then finds every table. */
+	for (int i = 0; i < 3; i++) {
+		r = st->ops->script(st->h, schema);
+		if (r == 0)
+			break;
+	}
+	if (r < 0)
+		goto out;
+	*out = st;
+	st = NULL;
+out:
+	if (st != NULL) {
+		if (st->ops != NULL)
+			st->ops->close(st->h);
+		free(st);
+	}
+	return r;
+}
+
+void cp_store_close(struct cp_store *st)
+{
+	if (st == NULL)
+		return;
+	st->ops->close(st->h);
+	free(st);
+}
+
+const char *cp_store_kind(const struct cp_store *st)
+{
+	return st->ops->kind;
+}
+
+int cp_store_begin(struct cp_store *st)
+{
+	return st->ops->begin(st->h);
+}
+
+int cp_store_commit(struct cp_store *st)
+{
+	int r = st->ops->commit(st->h);
+	if (r < 0)
+		st->ops->rollback(st->h);
+	return r;
+}
+
+void cp_store_rollback(struct cp_store *st)
+{
+	st->ops->rollback(st->h);
+}
+
+int cp_store_exec(struct cp_store *st, const char *sql, int n, const char *const *params,
+                  struct cp_rows **out, long *changes)
+{
+	return st->ops->exec(st->h, sql, n, params, out, changes);
+}
+
+struct cp_rows *cp_rows_new(int nrows, int ncols)
+{
+	struct cp_rows *r = calloc(1, sizeof *r);
+	if (r == NULL)
+		return NULL;
+	r->nrows = nrows;
+	r->ncols = ncols;
+	if (nrows > 0 && ncols > 0) {
+		r->v = calloc((size_t)nrows * (size_t)ncols, sizeof(char *));
+		if (r->v == NULL) {
+			free(r);
+			return NULL;
+		}
+	}
+	return r;
+}
+
+void cp_rows_free(struct cp_rows *r)
+{
+	if (r == NULL)
+		return;
+	if (r->v != NULL)
+		for (long i = 0; i < (long)r->nrows * r->ncols; i++)
+			free(r->v[i]);
+	free(r->v);
+	free(r);
+}
+
+const char *cp_rows_get(const struct cp_rows *rows, int r, int c)
+{
+	if (rows == NULL || r < 0 || c < 0 || r >= rows->nrows || c >= rows->ncols)
+		return NULL;
+	return rows->v[r * rows->ncols + c];
+}
+
+int64_t cp_rows_i64(const struct cp_rows *rows, int r, int c, int64_t def)
+{
+	const char *s = cp_rows_get(rows, r, c);
+	if (s == NULL)
+		return def;
+	char *end;
+	long long v = strtoll(s, &end, 10);
+	return (*s == 0 || *end != 0) ? def : (int64_t)v;
+}
+
+const char *cp_i64(char buf[24], int64_t v)
+{
+	snprintf(buf, 24, "%" PRId64, v);
+	return buf;
+}

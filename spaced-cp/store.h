@@ -1,0 +1,88 @@
+/*
+ * store.h — the control plane's storage interface: one small SQL surface over
+ * two backends, SQLite (embedded default, WAL, synchronous=FULL) and
+ * PostgreSQL (libpq, shared by several control-plane replicas). Callers write
+ * one SQL text for both: parameters are $1…$N, passed as text (NULL for SQL
+ * NULL), results come back as text. Integers travel in decimal.
+ *
+ * A handle is used by one thread at a time; every thread opens its own.
+ */
+#ifndef SPACED_CP_STORE_H
+#define SPACED_CP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct cp_store;
+
+/* Result rows of a statement: v[r * ncols + c] is the text of one cell, NULL for SQL NULL. */
+struct cp_rows {
+	int nrows, ncols;
+	char **v;
+};
+
+/* Opens the store named by url: "sqlite:PATH" (created when missing) or
+ * "postgresql://…" / "postgres://…". Creates the schema when missing.
+ * Returns 0, SPACED_EINVAL (unknown form) or SPACED_EIO. */
+int cp_store_open(const char *url, struct cp_store **out);
+
+/* Closes; accepts NULL. */
+void cp_store_close(struct cp_store *st);
+
+/* "sqlite" or "postgresql". */
+const char *cp_store_kind(const struct cp_store *st);
+
+/* Starts a write transaction that serializes against other writers: BEGIN
+ * IMMEDIATE on SQLite (waits for the write lock), BEGIN on PostgreSQL (row
+ * locks are then taken by UPDATE … statements). Returns 0, SPACED_EBUSY or SPACED_EIO. */
+int cp_store_begin(struct cp_store *st);
+
+/* Commits (0 or SPACED_EIO/SPACED_EBUSY; on error the transaction is rolled back). */
+int cp_store_commit(struct cp_store *st);
+
+/* Rolls back; harmless outside a transaction. */
+void cp_store_rollback(struct cp_store *st);
+
+/* Runs one statement with n text parameters. When out is not NULL it receives
+ * the result rows (free with cp_rows_free), also for INSERT/UPDATE … RETURNING.
+ * When changes is not NULL it receives the number of rows written.
+ * Returns 0, SPACED_EEXIST (unique constraint), SPACED_EBUSY (lock timeout) or SPACED_EIO. */
+int cp_store_exec(struct cp_store *st, const char *sql, int n, const char *const *params,
+                  struct cp_rows **out, long *changes);
+
+/* Frees rows; accepts NULL. */
+void cp_rows_free(struct cp_rows *r);
+
+/* The cell at (r, c), or NULL when out of range or SQL NULL. */
+const char *cp_rows_get(const struct cp_rows *rows, int r, int c);
+
+/* The cell at (r, c) as an integer, def when absent. */
+int64_t cp_rows_i64(const struct cp_rows *rows, int r, int c, int64_t def);
+
+/* Formats v in decimal into buf (room for 24 bytes) and returns buf. */
+const char *cp_i64(char buf[24], int64_t v);
+
+/* Convenience: cp_store_exec with a literal parameter list. */
+#define CP_Q(st, out, changes, sql, ...)                                                     \
+	cp_store_exec((st), (sql), (int)(sizeof((const char *const[]){__VA_ARGS__}) / sizeof(char *)), \
+	              (const char *const[]){__VA_ARGS__}, (out), (changes))
+#define CP_Q0(st, out, changes, sql) cp_store_exec((st), (sql), 0, NULL, (out), (changes))
+
+/* Backend entry points (store_sqlite.c, store_pg.c). */
+struct cp_store_ops {
+	const char *kind;
+	int (*begin)(void *h);
+	int (*commit)(void *h);
+	void (*rollback)(void *h);
+	int (*exec)(void *h, const char *sql, int n, const char *const *params, struct cp_rows **out,
+	            long *changes);
+	int (*script)(void *h, const char *sql);
+	void (*close)(void *h);
+};
+int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops **ops);
+int cp_store_pg_open(const char *conninfo, void **h, const struct cp_store_ops **ops);
+
+/* Rows helper for backends: a new result with nrows x ncols NULL cells. */
+struct cp_rows *cp_rows_new(int nrows, int ncols);
+
+#endif
