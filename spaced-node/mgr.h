@@ -1,0 +1,102 @@
+/*
+ * mgr.h — private header of sbx-manager (see node.h for the process layout).
+ */
+#ifndef SPACED_MGR_H
+#define SPACED_MGR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "compare.h"
+#include "identity.h"
+
+/* Execution states kept in the record. */
+#define MGR_ST_RUNNING "running"
+#define MGR_ST_PAUSED "paused"
+#define MGR_ST_KEPT "kept"       /* deactivated, kept frozen for a snapshot */
+#define MGR_ST_STOPPED "stopped"
+#define MGR_ST_DESTROYED "destroyed"
+
+/* One runtime record: the comparator's record plus what the manager needs to
+ * find the execution again after a restart. */
+struct mgr_rec {
+	struct spaced_record r;
+	char state[16];
+	int64_t pid;         /* the execution's main process, 0 when none */
+	uint64_t pid_start;  /* its start time (clock ticks since boot), pins the pid */
+};
+
+/* ---- mgr_store.c: SQLite runtime records (WAL, synchronous=FULL) ---- */
+struct mgr_store;
+
+/* Opens (creating) DIR/records.db. Returns 0, SPACED_EIO. */
+int mgr_store_open(const char *dir, struct mgr_store **out);
+void mgr_store_close(struct mgr_store *st);
+
+/* Runs one control message's effect as one transaction: writes rec (may be
+ * NULL), the acknowledgement line for seq (seq 0: none), and last_seq. Returns
+ * 0 or SPACED_EIO (nothing written), SPACED_ESTALE when the store refuses a
+ * generation going backwards. */
+int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
+                     const char *ack_line);
+
+/* The next identity epoch (persistent, strictly increasing). Not committed until
+ * the next mgr_store_commit: the counter is written with it. */
+uint64_t mgr_store_peek_epoch(struct mgr_store *st);
+void mgr_store_use_epoch(struct mgr_store *st, uint64_t epoch);
+
+/* The acknowledgement stored for seq (*line is a new string) or SPACED_ENOENT. */
+int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
+
+uint64_t mgr_store_last_seq(struct mgr_store *st);
+
+/* Every record, for loading into memory at start. cb returns non-zero to stop. */
+int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mgr_rec *rec),
+                      void *arg);
+
+/* A small key/value table (keys version, …). */
+int mgr_store_meta_get(struct mgr_store *st, const char *key, int64_t *out);
+int mgr_store_meta_set(struct mgr_store *st, const char *key, int64_t v);
+
+/* ---- mgr_exec.c: the development launcher ---- */
+/* Starts spaced-guest --root ROOT --identity TEXT --listen SOCK for rec,
+ * restoring ROOT from snapshot first when given; waits until it listens.
+ * Fills rec->pid / pid_start. */
+int mgr_exec_start(const char *state_dir, const char *guest_bin, struct mgr_rec *rec,
+                   const char *snapshot);
+/* Sends sig to the execution's process only if it is still the one recorded. */
+int mgr_exec_signal(const struct mgr_rec *rec, int sig);
+/* Stops it (SIGKILL + reap when it is our child). */
+void mgr_exec_stop(struct mgr_rec *rec);
+/* True when the recorded process still runs. */
+bool mgr_exec_alive(const struct mgr_rec *rec);
+/* Copies the execution's root to path; *bytes its size. */
+int mgr_exec_snapshot(const char *state_dir, const struct mgr_rec *rec, const char *path,
+                      uint64_t *bytes);
+/* Removes the execution's files. */
+void mgr_exec_remove(const char *state_dir, const char *sandbox);
+/* The bridge socket serving rec (the one place that decides where requests go). */
+int mgr_exec_target(const char *state_dir, const struct mgr_rec *rec, char *out, size_t outsz);
+
+/* ---- mgr_main.c services used by mgr_admin.c ---- */
+struct mgr;
+const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox);
+/* Writes rec durably (with the ack of seq) and then updates memory and cancels
+ * streams bound to older epochs as S1/S3/S4 say. */
+int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq,
+                    const char *ack_line);
+const char *mgr_worker_id(const struct mgr *m);
+const char *mgr_state_dir(const struct mgr *m);
+const char *mgr_guest_bin(const struct mgr *m);
+struct mgr_store *mgr_store_of(struct mgr *m);
+int mgr_keys_install(struct mgr *m, const char *bundle_json, size_t len, uint64_t *version);
+json_t *mgr_status_json(struct mgr *m);
+
+/* ---- mgr_admin.c: control messages (docs/control-messages.md) ---- */
+/* Handles one message line; *reply is a new ack line (no newline). */
+int mgr_admin_handle(struct mgr *m, const char *line, size_t len, char **reply);
+
+#endif

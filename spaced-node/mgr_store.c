@@ -1,0 +1,260 @@
+/*
+ * mgr_store.c — the worker's runtime records in SQLite: WAL journal,
+ * synchronous=FULL, so a committed transaction survives kill -9 of any spaced
+ * process (and power loss). A trigger refuses any update that moves a
+ * sandbox's generation or epoch backwards.
+ */
+#include "mgr.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sqlite3.h>
+
+#include "error.h"
+
+struct mgr_store {
+	sqlite3 *db;
+	uint64_t next_epoch;
+	uint64_t last_seq;
+};
+
+static const char schema[] =
+	"PRAGMA journal_mode=WAL;"
+	"PRAGMA synchronous=FULL;"
+	"CREATE TABLE IF NOT EXISTS records ("
+	" sandbox TEXT PRIMARY KEY, generation INTEGER NOT NULL, worker TEXT NOT NULL,"
+	" substrate TEXT NOT NULL, activation TEXT NOT NULL, pod_uid TEXT NOT NULL,"
+	" epoch INTEGER NOT NULL, active INTEGER NOT NULL, state TEXT NOT NULL,"
+	" pid INTEGER NOT NULL, pid_start INTEGER NOT NULL);"
+	"CREATE TRIGGER IF NOT EXISTS records_forward BEFORE UPDATE ON records"
+	" WHEN NEW.generation < OLD.generation OR NEW.epoch < OLD.epoch"
+	" BEGIN SELECT RAISE(ABORT, 'identity going backwards'); END;"
+	"CREATE TABLE IF NOT EXISTS acks (seq INTEGER PRIMARY KEY, line TEXT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);";
+
+static int meta_get(sqlite3 *db, const char *k, int64_t *out)
+{
+	sqlite3_stmt *s = NULL;
+	int e = SPACED_ENOENT;
+	if (sqlite3_prepare_v2(db, "SELECT v FROM meta WHERE k=?1", -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_text(s, 1, k, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW) {
+		*out = sqlite3_column_int64(s, 0);
+		e = 0;
+	} else if (rc != SQLITE_DONE) {
+		e = SPACED_EIO;
+	}
+	sqlite3_finalize(s);
+	return e;
+}
+
+static int meta_set(sqlite3 *db, const char *k, int64_t v)
+{
+	sqlite3_stmt *s = NULL;
+	int e = 0;
+	if (sqlite3_prepare_v2(db, "INSERT INTO meta(k,v) VALUES(?1,?2) ON CONFLICT(k) DO UPDATE SET v=?2",
+	                       -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_text(s, 1, k, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, v);
+	if (sqlite3_step(s) != SQLITE_DONE)
+		e = SPACED_EIO;
+	sqlite3_finalize(s);
+	return e;
+}
+
+int mgr_store_open(const char *dir, struct mgr_store **out)
+{
+	char path[4096];
+	struct mgr_store *st = NULL;
+	int e = SPACED_EIO;
+	int64_t v;
+
+	if (snprintf(path, sizeof path, "%s/records.db", dir) >= (int)sizeof path)
+		return SPACED_EINVAL;
+	st = calloc(1, sizeof *st);
+	if (!st)
+		return SPACED_ENOMEM;
+	if (sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+	                    NULL) != SQLITE_OK)
+		goto out;
+	sqlite3_busy_timeout(st->db, 5000);
+	if (sqlite3_exec(st->db, schema, NULL, NULL, NULL) != SQLITE_OK)
+		goto out;
+	st->next_epoch = 1;
+	if (meta_get(st->db, "next_epoch", &v) == 0 && v > 0)
+		st->next_epoch = (uint64_t)v;
+	if (meta_get(st->db, "last_seq", &v) == 0 && v > 0)
+		st->last_seq = (uint64_t)v;
+	e = 0;
+out:
+	if (e < 0) {
+		mgr_store_close(st);
+		return e;
+	}
+	*out = st;
+	return 0;
+}
+
+void mgr_store_close(struct mgr_store *st)
+{
+	if (!st)
+		return;
+	sqlite3_close(st->db);
+	free(st);
+}
+
+uint64_t mgr_store_peek_epoch(struct mgr_store *st)
+{
+	return st->next_epoch;
+}
+
+void mgr_store_use_epoch(struct mgr_store *st, uint64_t epoch)
+{
+	if (epoch >= st->next_epoch)
+		st->next_epoch = epoch + 1;
+}
+
+uint64_t mgr_store_last_seq(struct mgr_store *st)
+{
+	return st->last_seq;
+}
+
+static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
+{
+	static const char sql[] =
+		"INSERT INTO records(sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
+		"state,pid,pid_start) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11) "
+		"ON CONFLICT(sandbox) DO UPDATE SET generation=?2,worker=?3,substrate=?4,activation=?5,"
+		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11";
+	sqlite3_stmt *s = NULL;
+	const struct spaced_identity *id = &rec->r.id;
+	int e = 0;
+	if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_text(s, 1, id->sandbox, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, (sqlite3_int64)id->generation);
+	sqlite3_bind_text(s, 3, id->worker, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 4, id->substrate, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 5, id->activation, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 6, id->pod_uid, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 7, (sqlite3_int64)rec->r.epoch);
+	sqlite3_bind_int(s, 8, rec->r.active ? 1 : 0);
+	sqlite3_bind_text(s, 9, rec->state, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 10, rec->pid);
+	sqlite3_bind_int64(s, 11, (sqlite3_int64)rec->pid_start);
+	int rc = sqlite3_step(s);
+	if (rc == SQLITE_CONSTRAINT)
+		e = SPACED_ESTALE;
+	else if (rc != SQLITE_DONE)
+		e = SPACED_EIO;
+	sqlite3_finalize(s);
+	return e;
+}
+
+int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
+                     const char *ack_line)
+{
+	int e = 0;
+	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	if (rec)
+		e = put_rec(st->db, rec);
+	if (e == 0)
+		e = meta_set(st->db, "next_epoch", (int64_t)st->next_epoch);
+	if (e == 0 && seq > 0) {
+		sqlite3_stmt *s = NULL;
+		if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
+		                       NULL) != SQLITE_OK) {
+			e = SPACED_EIO;
+		} else {
+			sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
+			sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
+			if (sqlite3_step(s) != SQLITE_DONE)
+				e = SPACED_EIO;
+			sqlite3_finalize(s);
+		}
+		if (e == 0 && seq > st->last_seq)
+			e = meta_set(st->db, "last_seq", (int64_t)seq);
+	}
+	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+		e = SPACED_EIO;
+	if (e < 0) {
+		sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+		return e;
+	}
+	if (seq > st->last_seq)
+		st->last_seq = seq;
+	return 0;
+}
+
+int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line)
+{
+	sqlite3_stmt *s = NULL;
+	int e = SPACED_ENOENT;
+	if (sqlite3_prepare_v2(st->db, "SELECT line FROM acks WHERE seq=?1", -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
+	if (sqlite3_step(s) == SQLITE_ROW) {
+		const char *t = (const char *)sqlite3_column_text(s, 0);
+		char *d = strdup(t ? t : "");
+		e = d ? 0 : SPACED_ENOMEM;
+		if (d)
+			*line = d;
+	}
+	sqlite3_finalize(s);
+	return e;
+}
+
+static void col_text(sqlite3_stmt *s, int i, char *out, size_t outsz)
+{
+	const char *t = (const char *)sqlite3_column_text(s, i);
+	snprintf(out, outsz, "%s", t ? t : "");
+}
+
+int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mgr_rec *rec),
+                      void *arg)
+{
+	sqlite3_stmt *s = NULL;
+	int e = 0, rc;
+	if (sqlite3_prepare_v2(st->db,
+	                       "SELECT sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
+	                       "state,pid,pid_start FROM records ORDER BY sandbox",
+	                       -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		struct mgr_rec r;
+		memset(&r, 0, sizeof r);
+		col_text(s, 0, r.r.id.sandbox, sizeof r.r.id.sandbox);
+		r.r.id.generation = (uint64_t)sqlite3_column_int64(s, 1);
+		col_text(s, 2, r.r.id.worker, sizeof r.r.id.worker);
+		col_text(s, 3, r.r.id.substrate, sizeof r.r.id.substrate);
+		col_text(s, 4, r.r.id.activation, sizeof r.r.id.activation);
+		col_text(s, 5, r.r.id.pod_uid, sizeof r.r.id.pod_uid);
+		r.r.epoch = (uint64_t)sqlite3_column_int64(s, 6);
+		r.r.active = sqlite3_column_int(s, 7) != 0;
+		col_text(s, 8, r.state, sizeof r.state);
+		r.pid = sqlite3_column_int64(s, 9);
+		r.pid_start = (uint64_t)sqlite3_column_int64(s, 10);
+		if (cb(arg, &r))
+			break;
+	}
+	if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+		e = SPACED_EIO;
+	sqlite3_finalize(s);
+	return e;
+}
+
+int mgr_store_meta_get(struct mgr_store *st, const char *key, int64_t *out)
+{
+	return meta_get(st->db, key, out);
+}
+
+int mgr_store_meta_set(struct mgr_store *st, const char *key, int64_t v)
+{
+	return meta_set(st->db, key, v);
+}

@@ -1,0 +1,140 @@
+/*
+ * node_main.c — spaced-node: starts sbx-manager and node-api (node.h).
+ *
+ *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
+ *               [--guest-bin PATH] [--no-drop]
+ *
+ * The process started stays sbx-manager (privileged); it forks node-api,
+ * which binds the listener, writes the bound port to DIR/api.port, then gives
+ * up its privileges and enters its seccomp allow-list before serving.
+ */
+#include "node.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
+	                "                   [--guest-bin PATH] [--no-drop]\n");
+}
+
+static char *default_guest(void)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n <= 0)
+		return NULL;
+	self[n] = '\0';
+	char *dir = dirname(self);
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof path, "%s/../spaced-guest/spaced-guest", dir) >= (int)sizeof path)
+		return NULL;
+	if (access(path, X_OK) != 0)
+		return NULL;
+	return realpath(path, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	const char *state = NULL, *worker = NULL, *listen_s = NULL, *keys = NULL;
+	char *guest = NULL;
+	bool drop = true;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--no-drop") == 0) {
+			drop = false;
+			continue;
+		}
+		if (!v) {
+			usage();
+			return 2;
+		}
+		if (strcmp(a, "--state") == 0)
+			state = v;
+		else if (strcmp(a, "--worker-id") == 0)
+			worker = v;
+		else if (strcmp(a, "--listen") == 0)
+			listen_s = v;
+		else if (strcmp(a, "--keys") == 0)
+			keys = v;
+		else if (strcmp(a, "--guest-bin") == 0)
+			guest = realpath(v, NULL);
+		else {
+			usage();
+			return 2;
+		}
+		i++;
+	}
+	if (!state || !worker || !listen_s || !spaced_name_valid(worker, strlen(worker))) {
+		usage();
+		return 2;
+	}
+	if (!guest)
+		guest = default_guest();
+	char host[256];
+	const char *colon = strrchr(listen_s, ':');
+	char *end = NULL;
+	long port = colon ? strtol(colon + 1, &end, 10) : -1;
+	if (!colon || (size_t)(colon - listen_s) >= sizeof host || !end || *end || port < 0 || port > 65535) {
+		fprintf(stderr, "spaced-node: --listen wants HOST:PORT\n");
+		return 2;
+	}
+	memcpy(host, listen_s, (size_t)(colon - listen_s));
+	host[colon - listen_s] = '\0';
+	if (mkdir(state, 0700) < 0 && errno != EEXIST) {
+		fprintf(stderr, "spaced-node: cannot create %s: %s\n", state, strerror(errno));
+		return 1;
+	}
+	char *state_abs = realpath(state, NULL);
+	if (!state_abs) {
+		fprintf(stderr, "spaced-node: %s: %s\n", state, strerror(errno));
+		return 1;
+	}
+	char port_file[PATH_MAX];
+	snprintf(port_file, sizeof port_file, "%s/api.port", state_abs);
+	unlink(port_file);
+
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+		perror("spaced-node: socketpair");
+		return 1;
+	}
+	pid_t api = fork();
+	if (api < 0) {
+		perror("spaced-node: fork");
+		return 1;
+	}
+	if (api == 0) {
+		close(sv[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() == 1)
+			_exit(1);
+		struct node_api_config ac = {.listen_host = host, .listen_port = (int)port, .mgr_fd = sv[1],
+		                             .port_file = port_file, .drop_privileges = drop};
+		_exit(node_api_run(&ac));
+	}
+	close(sv[1]);
+	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
+	                        .guest_bin = guest, .api_fd = sv[0], .api_pid = api};
+	int rc = mgr_run(&mc);
+	kill(api, SIGTERM);
+	waitpid(api, NULL, 0);
+	free(state_abs);
+	free(guest);
+	return rc;
+}
