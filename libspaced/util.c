@@ -1,6 +1,7 @@
 /* util.c — bounded buffers, constant-time helpers, base64url and time. */
 #include "util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -269,7 +270,12 @@ int spaced_time_format(int64_t t, char out[21])
 	time_t tt = (time_t)t;
 	if (gmtime_r(&tt, &tm) == NULL || tm.tm_year + 1900 < 0 || tm.tm_year + 1900 > 9999)
 		return SPACED_EINVAL;
-	strftime(out, 21, "%Y-%m-%dT%H:%M:%SZ", &tm);
+	/* %04d, not strftime's %Y: years before 1000 keep their four digits.
+	 * Every field is in range here, so the text is exactly 20 characters. */
+	char buf[64];
+	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+	         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+	memcpy(out, buf, 21);
 	return SPACED_OK;
 }
 

@@ -9,7 +9,7 @@ only=${3:-}
 top=$(cd "$(dirname "$0")/.." && pwd)
 rc=0
 for t in "$build"/fuzz/fuzz-*; do
-	[ -x "$t" ] || continue
+	[ -f "$t" ] && [ -x "$t" ] || continue # not the .p object directories
 	name=$(basename "$t")
 	case "$name" in *.log|*-crash-*|*-leak-*|*-timeout-*|*-oom-*) continue ;; esac
 	[ -n "$only" ] && [ "$name" != "$only" ] && continue

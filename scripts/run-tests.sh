@@ -56,7 +56,7 @@ done
 
 if [ -n "$fuzzbuild" ]; then
 	for t in "$fuzzbuild"/fuzz/fuzz-*; do
-		[ -x "$t" ] || continue
+		[ -f "$t" ] && [ -x "$t" ] || continue
 		case "$t" in *.log|*-crash-*|*-leak-*|*-timeout-*|*-oom-*) continue ;; esac
 		if sh "$top/scripts/fuzz.sh" "$fuzzbuild" "${FUZZ_SMOKE_SECONDS:-5}" "$(basename "$t")" >"$log_dir/$(basename "$t").log" 2>&1; then
 			passed=$((passed + 1)); echo "ok   $(basename "$t") (fuzz smoke)"

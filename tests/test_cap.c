@@ -844,3 +844,46 @@ Test(cap, purpose_and_class_names)
 	cr_assert_str_eq(spaced_cap_class_name(SPACED_CLASS_CONTROL), "control");
 	cr_assert_str_eq(spaced_cap_class_name(SPACED_CLASS_SERVICEPORT), "serviceport");
 }
+
+/* ---- RFC 3339 times, as the exp / iat / nbf claims carry them ---- */
+
+Test(cap_time, format_parse_round_trip)
+{
+	static const struct {
+		const char *text, *canonical;
+	} ok[] = {
+		{"2026-11-30T14:00:00Z", "2026-11-30T14:00:00Z"},
+		{"2026-11-30t14:00:00z", "2026-11-30T14:00:00Z"},
+		{"2026-11-30T15:00:00+01:00", "2026-11-30T14:00:00Z"},
+		{"2026-11-30T04:30:00-09:30", "2026-11-30T14:00:00Z"},
+		{"2026-11-30T14:00:00.999999999Z", "2026-11-30T14:00:00Z"},
+		{"2028-02-29T00:00:00Z", "2028-02-29T00:00:00Z"},
+		{"2026-06-30T23:59:60Z", "2026-06-30T23:59:59Z"},
+		{"1970-01-01T00:00:00Z", "1970-01-01T00:00:00Z"},
+		/* years below 1000 keep four digits (strftime's %Y would print "226") */
+		{"0226-02-28T23:59:60.5-09:30", "0226-03-01T09:29:59Z"},
+		{"0001-01-01T00:00:00Z", "0001-01-01T00:00:00Z"},
+		{"9999-12-31T23:59:59Z", "9999-12-31T23:59:59Z"},
+	};
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		int64_t t, back;
+		char out[21];
+		cr_assert_eq(spaced_time_parse(ok[i].text, strlen(ok[i].text), &t), 0, "%s", ok[i].text);
+		cr_assert_eq(spaced_time_format(t, out), 0);
+		cr_assert_str_eq(out, ok[i].canonical, "%s", ok[i].text);
+		cr_assert_eq(spaced_time_parse(out, strlen(out), &back), 0, "%s", out);
+		cr_assert_eq(back, t);
+	}
+	char out[21];
+	cr_assert_eq(spaced_time_format(INT64_C(253402300800), out), SPACED_EINVAL, "year 10000");
+	int64_t t;
+	static const char *const bad[] = {
+		"2026-11-30T14:00:00", "2026-11-30 14:00:00Z", "2026-11-30T24:00:00Z", "2026-11-31T00:00:00Z",
+		"2027-02-29T00:00:00Z", "2026-00-10T00:00:00Z", "2026-11-30T14:60:00Z", "2026-11-30T14:00:61Z",
+		"2026-11-30T14:00:00.Z", "2026-11-30T14:00:00.1234567890Z", "2026-11-30T14:00:00+1:00",
+		"2026-11-30T14:00:00+01:60", "2026-11-30T14:00:00+0100", "2026-11-30T14:00:00ZZ", "+2026-11-30T14:00:00Z",
+		"26-11-30T14:00:00Z", "2026-11-30T14:00:00Z ", "", "2026-11-30T14:00:00+01:00:00",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		cr_assert_eq(spaced_time_parse(bad[i], strlen(bad[i]), &t), SPACED_EFORMAT, "accepted: '%s'", bad[i]);
+}
