@@ -1,0 +1,585 @@
+/* conn.c — connections of spaced-guest: frame input, the dispatch table,
+ * queued output, streams and RESULT frames. A malformed frame from a peer
+ * drops that connection only. */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "guest.h"
+
+#define OUTQ_HARD_MAX (64u << 20) /* a peer that never reads is dropped */
+
+int conn_new(int fd)
+{
+	if (G.nconns >= GUEST_MAX_CONNS) {
+		close(fd);
+		return SPACED_EBUSY;
+	}
+	struct conn *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		close(fd);
+		return SPACED_ENOMEM;
+	}
+	c->fd = fd;
+	c->next = G.conns;
+	G.conns = c;
+	G.nconns++;
+	guest_log("conn open fd=%d", fd);
+	return SPACED_OK;
+}
+
+void conn_kill(struct conn *c, const char *why)
+{
+	if (c->dead)
+		return;
+	guest_log("conn drop fd=%d reason=\"%s\"", c->fd, why);
+	c->dead = true;
+	for (struct stream *s = c->streams; s != NULL; s = s->next)
+		if (!s->dead)
+			stream_cleanup(s, true);
+}
+
+int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
+                     const void *p, size_t n)
+{
+	if (c->dead)
+		return SPACED_ECLOSED;
+	if (n > SPACED_FRAME_MAX)
+		return SPACED_ETOOBIG;
+	if (c->oq_bytes > OUTQ_HARD_MAX) {
+		conn_kill(c, "peer does not read its answers");
+		return SPACED_ECLOSED;
+	}
+	struct outbuf *o = malloc(sizeof *o + SPACED_FRAME_HDR_LEN + n);
+	if (o == NULL) {
+		conn_kill(c, "out of memory");
+		return SPACED_ENOMEM;
+	}
+	struct spaced_frame_hdr h = {.len = (uint32_t)n, .type = type, .flags = flags, .id = id};
+	spaced_frame_hdr_encode(o->data, &h);
+	if (n > 0)
+		memcpy(o->data + SPACED_FRAME_HDR_LEN, p, n);
+	o->len = SPACED_FRAME_HDR_LEN + n;
+	o->off = 0;
+	o->next = NULL;
+	if (c->oq_tail)
+		c->oq_tail->next = o;
+	else
+		c->oq_head = o;
+	c->oq_tail = o;
+	c->oq_bytes += o->len;
+	return SPACED_OK;
+}
+
+void conn_on_writable(struct conn *c)
+{
+	while (c->oq_head != NULL && !c->dead) {
+		struct iovec iov[16];
+		int n = 0;
+		for (struct outbuf *o = c->oq_head; o != NULL && n < 16; o = o->next, n++) {
+			iov[n].iov_base = o->data + o->off;
+			iov[n].iov_len = o->len - o->off;
+		}
+		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+		ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			conn_kill(c, "write failed");
+			return;
+		}
+		size_t adv = (size_t)k;
+		c->oq_bytes -= adv;
+		while (adv > 0) {
+			struct outbuf *o = c->oq_head;
+			size_t left = o->len - o->off;
+			if (adv < left) {
+				o->off += adv;
+				break;
+			}
+			adv -= left;
+			c->oq_head = o->next;
+			if (c->oq_head == NULL)
+				c->oq_tail = NULL;
+			free(o);
+		}
+	}
+}
+
+struct stream *stream_new(struct conn *c, uint32_t id, enum stream_kind kind)
+{
+	struct stream *s = calloc(1, sizeof *s);
+	if (s == NULL)
+		return NULL;
+	s->conn = c;
+	s->id = id;
+	s->kind = kind;
+	s->fd = -1;
+	s->dirfd = -1;
+	s->next = c->streams;
+	c->streams = s;
+	c->nstreams++;
+	return s;
+}
+
+static struct stream *stream_find(struct conn *c, uint32_t id)
+{
+	for (struct stream *s = c->streams; s != NULL; s = s->next)
+		if (s->id == id && !s->dead)
+			return s;
+	return NULL;
+}
+
+void stream_cleanup(struct stream *s, bool conn_gone)
+{
+	if (s->dead)
+		return;
+	s->dead = true;
+	switch (s->kind) {
+	case ST_READ:
+		break;
+	case ST_WRITE:
+		fs_write_abort(s);
+		break;
+	case ST_EXEC:
+	case ST_ATTACH:
+	case ST_TERM:
+		proc_detach_stream(s, conn_gone);
+		break;
+	case ST_WATCH:
+		watch_free(s->watch);
+		s->watch = NULL;
+		break;
+	}
+	if (s->fd >= 0)
+		close(s->fd);
+	s->fd = -1;
+}
+
+static int build_result(struct spaced_buf *b, int status, const char *msg,
+                        const struct spaced_buf *extras)
+{
+	int e = spaced_field_put_i64(b, status);
+	if (e == 0)
+		e = spaced_field_put_str(b, msg ? msg : (status ? spaced_strerror(status) : ""));
+	if (e == 0)
+		e = spaced_field_put_str(b, G.have_identity ? G.identity : "");
+	if (e == 0 && extras != NULL && extras->len > 0)
+		e = spaced_buf_append(b, extras->data, extras->len);
+	return e;
+}
+
+void reply_result(struct conn *c, uint32_t id, int status, const char *msg,
+                  const struct spaced_buf *extras)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, SPACED_FRAME_MAX);
+	if (build_result(&b, status, msg, extras) < 0) {
+		spaced_buf_free(&b);
+		conn_kill(c, "cannot build result");
+		return;
+	}
+	(void)conn_queue_frame(c, SPACED_GUEST_OUT_RESULT, SPACED_FRAME_F_END, id, b.data, b.len);
+	spaced_buf_free(&b);
+}
+
+void stream_finish(struct stream *s, int status, const char *msg, const struct spaced_buf *extras)
+{
+	if (s->dead)
+		return;
+	stream_cleanup(s, false);
+	reply_result(s->conn, s->id, status, msg, extras);
+}
+
+int errno_to_spaced(int e)
+{
+	switch (e) {
+	case ENOENT:
+		return SPACED_ENOENT;
+	case EEXIST:
+	case ENOTEMPTY:
+		return SPACED_EEXIST;
+	case EACCES:
+	case EPERM:
+	case EXDEV:
+	case ELOOP:
+	case EROFS:
+		return SPACED_EPERM;
+	case ENOMEM:
+		return SPACED_ENOMEM;
+	case ENAMETOOLONG:
+	case EFBIG:
+		return SPACED_ETOOBIG;
+	case EINVAL:
+	case ENOTDIR:
+	case EISDIR:
+		return SPACED_EINVAL;
+	case EAGAIN:
+	case EBUSY:
+		return SPACED_EBUSY;
+	default:
+		return SPACED_EIO;
+	}
+}
+
+/* ---- the dispatch table ---- */
+
+/* Common checks for a request that opens a stream id. Returns 1 to go on, 0
+ * when already answered, or SPACED_EPROTO. */
+static int request_open(struct conn *c, const struct spaced_frame_hdr *h)
+{
+	if (h->id == 0 || stream_find(c, h->id) != NULL)
+		return SPACED_EPROTO;
+	if (h->flags != 0)
+		return SPACED_EPROTO;
+	if (!G.have_identity) {
+		reply_result(c, h->id, SPACED_EIDENTITY, "guest has no execution identity yet", NULL);
+		return 0;
+	}
+	if (c->nstreams >= GUEST_MAX_STREAMS) {
+		reply_result(c, h->id, SPACED_EBUSY, "too many open streams", NULL);
+		return 0;
+	}
+	return 1;
+}
+
+#define OPEN_OR_RETURN(c, h)                     \
+	do {                                     \
+		int ro_ = request_open((c), (h)); \
+		if (ro_ <= 0)                    \
+			return ro_;              \
+	} while (0)
+
+static int h_hello(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct conn *c = ctx;
+	if (n != 0)
+		return SPACED_EPROTO;
+	OPEN_OR_RETURN(c, h);
+	reply_result(c, h->id, 0, "", NULL);
+	return 0;
+}
+
+typedef int (*fs_fn)(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+
+static int fs_call(fs_fn fn, void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
+                   size_t n)
+{
+	struct conn *c = ctx;
+	int e = spaced_field_validate(p, n);
+	if (e < 0)
+		return SPACED_EPROTO;
+	OPEN_OR_RETURN(c, h);
+	struct spaced_field_reader r;
+	spaced_field_reader_init(&r, p, n);
+	return fn(c, h->id, &r);
+}
+
+static int h_read(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_read_start, ctx, h, p, n);
+}
+
+static int h_write(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_write_start, ctx, h, p, n);
+}
+
+static int h_list(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_list, ctx, h, p, n);
+}
+
+static int h_stat(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_stat, ctx, h, p, n);
+}
+
+static int h_mkdir(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_mkdir, ctx, h, p, n);
+}
+
+static int h_move(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_move, ctx, h, p, n);
+}
+
+static int h_remove(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(fs_remove, ctx, h, p, n);
+}
+
+static int h_watch(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(watch_start, ctx, h, p, n);
+}
+
+static int exec_call(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	return proc_exec(c, id, r, false);
+}
+
+static int term_call(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	return proc_exec(c, id, r, true);
+}
+
+static int h_exec(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(exec_call, ctx, h, p, n);
+}
+
+static int h_term(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	return fs_call(term_call, ctx, h, p, n);
+}
+
+static int h_proc_list(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct conn *c = ctx;
+	if (n != 0)
+		return SPACED_EPROTO;
+	OPEN_OR_RETURN(c, h);
+	proc_list(c, h->id);
+	return 0;
+}
+
+static int proc_body(const uint8_t *p, size_t n, uint64_t *procid, int64_t *sig)
+{
+	struct spaced_field_reader r;
+	spaced_field_reader_init(&r, p, n);
+	(void)spaced_field_get_u64(&r, procid);
+	if (sig != NULL)
+		(void)spaced_field_get_i64(&r, sig);
+	return spaced_field_end(&r) < 0 ? SPACED_EPROTO : 0;
+}
+
+static int h_proc_attach(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct conn *c = ctx;
+	uint64_t procid = 0;
+	if (proc_body(p, n, &procid, NULL) < 0)
+		return SPACED_EPROTO;
+	OPEN_OR_RETURN(c, h);
+	proc_attach(c, h->id, procid);
+	return 0;
+}
+
+static int h_proc_signal(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct conn *c = ctx;
+	uint64_t procid = 0;
+	int64_t sig = 0;
+	if (proc_body(p, n, &procid, &sig) < 0)
+		return SPACED_EPROTO;
+	OPEN_OR_RETURN(c, h);
+	proc_signal(c, h->id, procid, sig);
+	return 0;
+}
+
+static int h_proc_kill(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct conn *c = ctx;
+	uint64_t procid = 0;
+	if (proc_body(p, n, &procid, NULL) < 0)
+		return SPACED_EPROTO;
+	OPEN_OR_RETURN(c, h);
+	proc_kill(c, h->id, procid);
+	return 0;
+}
+
+/* Stream input: an id that is no longer open is ignored (the stream may have
+ * ended while the input was in flight); input of the wrong kind is an error. */
+static int h_in_data(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct stream *s = stream_find(ctx, h->id);
+	if (s == NULL)
+		return 0;
+	if (s->kind != ST_WRITE)
+		return SPACED_EPROTO;
+	fs_write_data(s, p, n, (h->flags & SPACED_FRAME_F_END) != 0);
+	return 0;
+}
+
+static int h_in_stdin(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct stream *s = stream_find(ctx, h->id);
+	if (s == NULL)
+		return 0;
+	if (s->kind != ST_EXEC && s->kind != ST_TERM)
+		return SPACED_EPROTO;
+	proc_stdin(s, p, n, (h->flags & SPACED_FRAME_F_END) != 0);
+	return 0;
+}
+
+static int h_in_resize(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader r;
+	uint64_t rows = 0, cols = 0;
+	spaced_field_reader_init(&r, p, n);
+	(void)spaced_field_get_u64(&r, &rows);
+	(void)spaced_field_get_u64(&r, &cols);
+	if (spaced_field_end(&r) < 0 || rows == 0 || cols == 0 || rows > 65535 || cols > 65535)
+		return SPACED_EPROTO;
+	struct stream *s = stream_find(ctx, h->id);
+	if (s == NULL)
+		return 0;
+	if (s->kind != ST_TERM)
+		return SPACED_EPROTO;
+	proc_resize(s, rows, cols);
+	return 0;
+}
+
+static int h_in_cancel(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	if (n != 0)
+		return SPACED_EPROTO;
+	struct stream *s = stream_find(ctx, h->id);
+	if (s == NULL)
+		return 0;
+	switch (s->kind) {
+	case ST_READ:
+	case ST_WRITE:
+		stream_finish(s, SPACED_ECLOSED, "cancelled", NULL);
+		break;
+	case ST_WATCH:
+	case ST_ATTACH:
+		stream_finish(s, 0, "cancelled", NULL);
+		break;
+	case ST_EXEC:
+	case ST_TERM:
+		if (s->proc != NULL && !s->proc->exited)
+			kill(-s->proc->pid, SIGKILL);
+		break;
+	}
+	return 0;
+}
+
+static const struct spaced_frame_handler dispatch[] = {
+	{SPACED_GUEST_HELLO, h_hello},
+	{SPACED_GUEST_FS_READ, h_read},
+	{SPACED_GUEST_FS_WRITE, h_write},
+	{SPACED_GUEST_FS_LIST, h_list},
+	{SPACED_GUEST_FS_STAT, h_stat},
+	{SPACED_GUEST_FS_MKDIR, h_mkdir},
+	{SPACED_GUEST_FS_MOVE, h_move},
+	{SPACED_GUEST_FS_REMOVE, h_remove},
+	{SPACED_GUEST_EXEC, h_exec},
+	{SPACED_GUEST_PROC_LIST, h_proc_list},
+	{SPACED_GUEST_PROC_ATTACH, h_proc_attach},
+	{SPACED_GUEST_PROC_SIGNAL, h_proc_signal},
+	{SPACED_GUEST_PROC_KILL, h_proc_kill},
+	{SPACED_GUEST_TERM_OPEN, h_term},
+	{SPACED_GUEST_WATCH, h_watch},
+	{SPACED_GUEST_IN_DATA, h_in_data},
+	{SPACED_GUEST_IN_STDIN, h_in_stdin},
+	{SPACED_GUEST_IN_RESIZE, h_in_resize},
+	{SPACED_GUEST_IN_CANCEL, h_in_cancel},
+};
+
+void conn_on_readable(struct conn *c)
+{
+	/* A bounded number of frames per wakeup keeps one busy peer from
+	 * starving the others. */
+	for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
+		ssize_t k;
+		if (!c->in_payload) {
+			k = recv(c->fd, c->hdrbuf + c->hdr_got, sizeof c->hdrbuf - c->hdr_got,
+			         MSG_DONTWAIT);
+		} else {
+			k = recv(c->fd, c->payload + c->pay_got, c->hdr.len - c->pay_got, MSG_DONTWAIT);
+		}
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				conn_kill(c, "read failed");
+			return;
+		}
+		if (k == 0) {
+			conn_kill(c, c->hdr_got || c->in_payload ? "truncated frame" : "peer closed");
+			return;
+		}
+		if (!c->in_payload) {
+			c->hdr_got += (size_t)k;
+			if (c->hdr_got < sizeof c->hdrbuf)
+				continue;
+			/* The length is checked before anything is allocated. */
+			int e = spaced_frame_hdr_decode(&c->hdr, c->hdrbuf, SPACED_FRAME_MAX);
+			if (e < 0) {
+				conn_kill(c, e == SPACED_ETOOBIG ? "frame too large" : "bad frame header");
+				return;
+			}
+			c->in_payload = true;
+			c->pay_got = 0;
+			if (c->hdr.len > 0) {
+				c->payload = malloc(c->hdr.len);
+				if (c->payload == NULL) {
+					conn_kill(c, "out of memory");
+					return;
+				}
+				continue;
+			}
+		} else {
+			c->pay_got += (size_t)k;
+			if (c->pay_got < c->hdr.len)
+				continue;
+		}
+		/* A whole frame. */
+		struct spaced_frame_hdr h = c->hdr;
+		uint8_t *p = c->payload;
+		c->payload = NULL;
+		c->in_payload = false;
+		c->hdr_got = 0;
+		int e = spaced_frame_dispatch(dispatch, sizeof dispatch / sizeof dispatch[0], c, &h, p,
+		                              h.len);
+		free(p);
+		if (e < 0) {
+			conn_kill(c, "protocol error");
+			return;
+		}
+	}
+}
+
+void guest_reap_dead(void)
+{
+	struct conn **cp = &G.conns;
+	while (*cp != NULL) {
+		struct conn *c = *cp;
+		struct stream **sp = &c->streams;
+		while (*sp != NULL) {
+			struct stream *s = *sp;
+			if (s->dead) {
+				*sp = s->next;
+				free(s->name);
+				free(s);
+				c->nstreams--;
+			} else {
+				sp = &s->next;
+			}
+		}
+		if (c->dead) {
+			*cp = c->next;
+			close(c->fd);
+			free(c->payload);
+			while (c->oq_head) {
+				struct outbuf *o = c->oq_head;
+				c->oq_head = o->next;
+				free(o);
+			}
+			free(c);
+			G.nconns--;
+		} else {
+			cp = &c->next;
+		}
+	}
+	proc_reap_done();
+}

@@ -1,0 +1,583 @@
+/* fs.c — file operations of spaced-guest.
+ *
+ * Every path is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+ * from the root directory fd: "..", absolute symlinks and symlinks pointing
+ * outside stay inside the root (as if the root were "/"), and magic links such
+ * as /proc/self/root are refused. Operations on a final name (mkdir, rename,
+ * unlink, stat) resolve the parent that way and act on the name with *at()
+ * calls that never follow it. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "error.h"
+#include "guest.h"
+
+#define RESOLVE_FLAGS (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+
+int fs_resolve(const char *path, int flags, mode_t mode, int *out)
+{
+	struct open_how how = {
+		.flags = (uint64_t)(flags | O_CLOEXEC),
+		.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0,
+		.resolve = RESOLVE_FLAGS,
+	};
+	const char *p = path[0] ? path : ".";
+	for (;;) {
+		long fd = syscall(SYS_openat2, G.rootfd, p, &how, sizeof how);
+		if (fd >= 0) {
+			*out = (int)fd;
+			return 0;
+		}
+		if (errno != EINTR && errno != EAGAIN)
+			return -errno;
+	}
+}
+
+static void reply_errno(struct conn *c, uint32_t id, const char *what, int err)
+{
+	char msg[160];
+	snprintf(msg, sizeof msg, "%s: %s", what, strerror(err));
+	reply_result(c, id, errno_to_spaced(err), msg, NULL);
+}
+
+/* Splits path into a resolved parent directory fd and the final name. The
+ * name must be a real component (not "", "." or ".."). Returns 0, -EINVAL or
+ * another -errno. */
+static int split_parent(const char *path, int oflags, int *pfd, char name[NAME_MAX + 1])
+{
+	char buf[SPACED_GUEST_PATH_MAX];
+	size_t n = strlen(path);
+	if (n >= sizeof buf)
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	while (n > 0 && buf[n - 1] == '/')
+		buf[--n] = 0;
+	char *slash = strrchr(buf, '/');
+	const char *last = slash ? slash + 1 : buf;
+	if (last[0] == 0 || strcmp(last, ".") == 0 || strcmp(last, "..") == 0)
+		return -EINVAL;
+	if (strlen(last) > NAME_MAX)
+		return -ENAMETOOLONG;
+	memcpy(name, last, strlen(last) + 1);
+	if (slash == NULL)
+		buf[0] = 0;
+	else if (slash == buf)
+		buf[1] = 0;
+	else
+		*slash = 0;
+	return fs_resolve(buf, oflags | O_DIRECTORY, 0, pfd);
+}
+
+static bool is_root_path(const char *p)
+{
+	for (; *p; p++)
+		if (*p != '/' && *p != '.')
+			return false;
+	return true;
+}
+
+static uint32_t ftype(mode_t m)
+{
+	if (S_ISREG(m))
+		return SPACED_GUEST_FT_FILE;
+	if (S_ISDIR(m))
+		return SPACED_GUEST_FT_DIR;
+	if (S_ISLNK(m))
+		return SPACED_GUEST_FT_SYMLINK;
+	return SPACED_GUEST_FT_OTHER;
+}
+
+static int put_stat(struct spaced_buf *b, const struct stat *st)
+{
+	int e = spaced_field_put_u64(b, ftype(st->st_mode));
+	if (e == 0)
+		e = spaced_field_put_u64(b, (uint64_t)st->st_size);
+	if (e == 0)
+		e = spaced_field_put_u64(b, st->st_mode & 07777);
+	if (e == 0)
+		e = spaced_field_put_i64(b, (int64_t)st->st_mtim.tv_sec);
+	return e;
+}
+
+/* ---- read ---- */
+
+int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char path[SPACED_GUEST_PATH_MAX];
+	uint64_t off = 0, len = 0;
+	(void)spaced_field_get_strbuf(r, path, sizeof path);
+	(void)spaced_field_get_u64(r, &off);
+	(void)spaced_field_get_u64(r, &len);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	int fd;
+	int e = fs_resolve(path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, &fd);
+	if (e < 0) {
+		reply_errno(c, id, "open", -e);
+		return 0;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		reply_result(c, id, SPACED_EINVAL, "not a regular file", NULL);
+		return 0;
+	}
+	struct stream *s = stream_new(c, id, ST_READ);
+	if (s == NULL) {
+		close(fd);
+		reply_result(c, id, SPACED_ENOMEM, NULL, NULL);
+		return 0;
+	}
+	s->fd = fd;
+	s->offset = off;
+	s->fsize = (uint64_t)st.st_size;
+	s->remaining = len;
+	return 0;
+}
+
+/* Sends the next chunk of an open read stream, or its RESULT. */
+void fs_read_pump(struct stream *s)
+{
+	uint8_t *buf = NULL;
+	size_t want = SPACED_FRAME_CHUNK;
+	if (s->remaining < want)
+		want = (size_t)s->remaining;
+	ssize_t k = 0;
+	if (want > 0) {
+		buf = malloc(want);
+		if (buf == NULL) {
+			stream_finish(s, SPACED_ENOMEM, NULL, NULL);
+			return;
+		}
+		do
+			k = pread(s->fd, buf, want, (off_t)s->offset);
+		while (k < 0 && errno == EINTR);
+	}
+	if (k < 0) {
+		free(buf);
+		stream_finish(s, SPACED_EIO, "read failed", NULL);
+		return;
+	}
+	if (k > 0) {
+		(void)conn_queue_frame(s->conn, SPACED_GUEST_OUT_DATA, 0, s->id, buf, (size_t)k);
+		free(buf);
+		s->offset += (uint64_t)k;
+		s->sent += (uint64_t)k;
+		s->remaining -= (uint64_t)k;
+		return;
+	}
+	free(buf);
+	struct spaced_buf x;
+	spaced_buf_init(&x, 64);
+	(void)spaced_field_put_u64(&x, s->sent);
+	(void)spaced_field_put_u64(&x, s->fsize);
+	stream_finish(s, 0, "", &x);
+	spaced_buf_free(&x);
+}
+
+/* ---- write: temp file beside the target, fsync, rename, fsync dir ---- */
+
+static int mkdirs(const char *path, mode_t mode);
+
+int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char path[SPACED_GUEST_PATH_MAX];
+	char name[NAME_MAX + 1];
+	uint64_t mode = 0, flags = 0;
+	(void)spaced_field_get_strbuf(r, path, sizeof path);
+	(void)spaced_field_get_u64(r, &mode);
+	(void)spaced_field_get_u64(r, &flags);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	if (mode > 07777 || (flags & ~(uint64_t)SPACED_GUEST_WRITE_MKDIRS)) {
+		reply_result(c, id, SPACED_EINVAL, "bad mode or flags", NULL);
+		return 0;
+	}
+	if (mode == 0)
+		mode = 0644;
+	int pfd = -1, fd = -1;
+	int e = split_parent(path, O_RDONLY, &pfd, name);
+	if (e == -ENOENT && (flags & SPACED_GUEST_WRITE_MKDIRS)) {
+		char parent[SPACED_GUEST_PATH_MAX];
+		snprintf(parent, sizeof parent, "%s", path);
+		char *sl = strrchr(parent, '/');
+		if (sl != NULL) {
+			*sl = 0;
+			e = mkdirs(parent, 0755);
+			if (e == 0)
+				e = split_parent(path, O_RDONLY, &pfd, name);
+		}
+	}
+	if (e < 0) {
+		reply_errno(c, id, "parent", -e);
+		return 0;
+	}
+	struct stream *s = stream_new(c, id, ST_WRITE);
+	if (s == NULL) {
+		close(pfd);
+		reply_result(c, id, SPACED_ENOMEM, NULL, NULL);
+		return 0;
+	}
+	s->dirfd = pfd;
+	s->name = strdup(name);
+	for (int tries = 0; tries < 8 && fd < 0; tries++) {
+		uint8_t rnd[8];
+		randombytes_buf(rnd, sizeof rnd);
+		snprintf(s->tmpname, sizeof s->tmpname, ".spaced-tmp-%02x%02x%02x%02x%02x%02x%02x%02x",
+		         rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+		fd = openat(pfd, s->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		            (mode_t)mode);
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
+	if (fd < 0 || s->name == NULL) {
+		int err = fd < 0 ? errno : ENOMEM;
+		s->tmpname[0] = 0;
+		char msg[160];
+		snprintf(msg, sizeof msg, "create: %s", strerror(err));
+		stream_finish(s, errno_to_spaced(err), msg, NULL);
+		return 0;
+	}
+	if (fchmod(fd, (mode_t)mode) < 0) {
+		close(fd);
+		stream_finish(s, SPACED_EIO, "chmod failed", NULL);
+		return 0;
+	}
+	s->fd = fd;
+	return 0;
+}
+
+void fs_write_data(struct stream *s, const uint8_t *p, size_t n, bool end)
+{
+	if (n > 0 && spaced_io_write_full(s->fd, p, n) < 0) {
+		stream_finish(s, SPACED_EIO, "write failed", NULL);
+		return;
+	}
+	s->written += n;
+	if (!end)
+		return;
+	if (fsync(s->fd) < 0) {
+		stream_finish(s, SPACED_EIO, "fsync failed", NULL);
+		return;
+	}
+	if (renameat(s->dirfd, s->tmpname, s->dirfd, s->name) < 0) {
+		char msg[160];
+		snprintf(msg, sizeof msg, "rename: %s", strerror(errno));
+		stream_finish(s, errno_to_spaced(errno), msg, NULL);
+		return;
+	}
+	s->tmpname[0] = 0; /* committed: nothing to remove */
+	(void)fsync(s->dirfd);
+	struct spaced_buf x;
+	spaced_buf_init(&x, 64);
+	(void)spaced_field_put_u64(&x, s->written);
+	stream_finish(s, 0, "", &x);
+	spaced_buf_free(&x);
+}
+
+void fs_write_abort(struct stream *s)
+{
+	if (s->dirfd >= 0 && s->tmpname[0])
+		(void)unlinkat(s->dirfd, s->tmpname, 0);
+	s->tmpname[0] = 0;
+	if (s->dirfd >= 0)
+		close(s->dirfd);
+	s->dirfd = -1;
+}
+
+/* ---- list ---- */
+
+struct lister {
+	struct conn *c;
+	uint32_t id;
+	struct spaced_buf batch;
+	int err;
+};
+
+static void list_flush(struct lister *l)
+{
+	if (l->batch.len > 0)
+		(void)conn_queue_frame(l->c, SPACED_GUEST_OUT_ENTRIES, 0, l->id, l->batch.data,
+		                       l->batch.len);
+	l->batch.len = 0;
+}
+
+static void list_dir(struct lister *l, int dfd, const char *prefix, uint32_t depth)
+{
+	DIR *d = fdopendir(dfd);
+	if (d == NULL) {
+		close(dfd);
+		l->err = errno;
+		return;
+	}
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL && !l->c->dead) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue;
+		char rel[SPACED_GUEST_PATH_MAX];
+		int rl = snprintf(rel, sizeof rel, "%s%s%s", prefix, prefix[0] ? "/" : "", de->d_name);
+		if (rl < 0 || (size_t)rl >= sizeof rel)
+			continue;
+		if (spaced_field_put_str(&l->batch, rel) < 0 || put_stat(&l->batch, &st) < 0) {
+			l->err = ENOMEM;
+			break;
+		}
+		if (l->batch.len > SPACED_FRAME_CHUNK)
+			list_flush(l);
+		if (S_ISDIR(st.st_mode) && depth > 1) {
+			int sub = openat(dirfd(d), de->d_name,
+			                 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub >= 0)
+				list_dir(l, sub, rel, depth - 1);
+		}
+	}
+	closedir(d);
+}
+
+int fs_list(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char path[SPACED_GUEST_PATH_MAX];
+	uint64_t depth = 0;
+	(void)spaced_field_get_strbuf(r, path, sizeof path);
+	(void)spaced_field_get_u64(r, &depth);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	if (depth == 0)
+		depth = 1;
+	if (depth > GUEST_LIST_DEPTH_MAX)
+		depth = GUEST_LIST_DEPTH_MAX;
+	int dfd;
+	int e = fs_resolve(path, O_RDONLY | O_DIRECTORY, 0, &dfd);
+	if (e < 0) {
+		reply_errno(c, id, "open", -e);
+		return 0;
+	}
+	struct lister l = {.c = c, .id = id};
+	spaced_buf_init(&l.batch, SPACED_FRAME_MAX);
+	list_dir(&l, dfd, "", (uint32_t)depth);
+	list_flush(&l);
+	spaced_buf_free(&l.batch);
+	if (l.err)
+		reply_errno(c, id, "list", l.err);
+	else
+		reply_result(c, id, 0, "", NULL);
+	return 0;
+}
+
+/* ---- stat ---- */
+
+int fs_stat(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char path[SPACED_GUEST_PATH_MAX];
+	char name[NAME_MAX + 1];
+	(void)spaced_field_get_strbuf(r, path, sizeof path);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	struct stat st;
+	if (is_root_path(path)) {
+		if (fstat(G.rootfd, &st) < 0) {
+			reply_errno(c, id, "stat", errno);
+			return 0;
+		}
+	} else {
+		int pfd;
+		int e = split_parent(path, O_PATH, &pfd, name);
+		if (e < 0) {
+			reply_errno(c, id, "stat", -e);
+			return 0;
+		}
+		e = fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ? errno : 0;
+		close(pfd);
+		if (e) {
+			reply_errno(c, id, "stat", e);
+			return 0;
+		}
+	}
+	struct spaced_buf x;
+	spaced_buf_init(&x, 128);
+	(void)put_stat(&x, &st);
+	reply_result(c, id, 0, "", &x);
+	spaced_buf_free(&x);
+	return 0;
+}
+
+/* ---- mkdir -p ---- */
+
+static int mkdirs(const char *path, mode_t mode)
+{
+	char buf[SPACED_GUEST_PATH_MAX];
+	char name[NAME_MAX + 1];
+	size_t n = strlen(path);
+	if (n >= sizeof buf)
+		return -ENAMETOOLONG;
+	if (is_root_path(path))
+		return 0;
+	memcpy(buf, path, n + 1);
+	/* Walk prefixes ending at each component boundary. */
+	for (size_t i = 1; i <= n; i++) {
+		if (i < n && buf[i] != '/')
+			continue;
+		if (buf[i - 1] == '/')
+			continue;
+		char save = buf[i];
+		buf[i] = 0;
+		const char *comp = strrchr(buf, '/');
+		comp = comp ? comp + 1 : buf;
+		if (strcmp(comp, "..") == 0) {
+			buf[i] = save;
+			return -EINVAL;
+		}
+		if (strcmp(comp, ".") != 0) {
+			int pfd;
+			int e = split_parent(buf, O_PATH, &pfd, name);
+			if (e < 0) {
+				buf[i] = save;
+				return e;
+			}
+			e = mkdirat(pfd, name, mode) < 0 ? errno : 0;
+			close(pfd);
+			if (e == EEXIST) {
+				int dfd;
+				e = -fs_resolve(buf, O_PATH | O_DIRECTORY, 0, &dfd);
+				if (e == 0)
+					close(dfd);
+			}
+			if (e) {
+				buf[i] = save;
+				return -e;
+			}
+		}
+		buf[i] = save;
+	}
+	return 0;
+}
+
+int fs_mkdir(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char path[SPACED_GUEST_PATH_MAX];
+	uint64_t mode = 0;
+	(void)spaced_field_get_strbuf(r, path, sizeof path);
+	(void)spaced_field_get_u64(r, &mode);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	if (mode > 07777) {
+		reply_result(c, id, SPACED_EINVAL, "bad mode", NULL);
+		return 0;
+	}
+	int e = mkdirs(path, mode ? (mode_t)mode : 0755);
+	if (e < 0)
+		reply_errno(c, id, "mkdir", -e);
+	else
+		reply_result(c, id, 0, "", NULL);
+	return 0;
+}
+
+/* ---- move ---- */
+
+int fs_move(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char from[SPACED_GUEST_PATH_MAX], to[SPACED_GUEST_PATH_MAX];
+	char n1[NAME_MAX + 1], n2[NAME_MAX + 1];
+	(void)spaced_field_get_strbuf(r, from, sizeof from);
+	(void)spaced_field_get_strbuf(r, to, sizeof to);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	int p1 = -1, p2 = -1;
+	int e = split_parent(from, O_PATH, &p1, n1);
+	if (e == 0)
+		e = split_parent(to, O_PATH, &p2, n2);
+	if (e == 0 && renameat(p1, n1, p2, n2) < 0)
+		e = -errno;
+	if (p1 >= 0)
+		close(p1);
+	if (p2 >= 0)
+		close(p2);
+	if (e < 0)
+		reply_errno(c, id, "move", -e);
+	else
+		reply_result(c, id, 0, "", NULL);
+	return 0;
+}
+
+/* ---- remove ---- */
+
+static int rm_tree(int dfd, const char *name, int level)
+{
+	if (level > 256)
+		return -ELOOP;
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	DIR *d = fdopendir(fd);
+	if (d == NULL) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	struct dirent *de;
+	int e = 0;
+	while (e == 0 && (de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			e = -errno;
+			break;
+		}
+		if (S_ISDIR(st.st_mode))
+			e = rm_tree(dirfd(d), de->d_name, level + 1);
+		else if (unlinkat(dirfd(d), de->d_name, 0) < 0)
+			e = -errno;
+	}
+	closedir(d);
+	if (e == 0 && unlinkat(dfd, name, AT_REMOVEDIR) < 0)
+		e = -errno;
+	return e;
+}
+
+int fs_remove(struct conn *c, uint32_t id, struct spaced_field_reader *r)
+{
+	char path[SPACED_GUEST_PATH_MAX];
+	char name[NAME_MAX + 1];
+	uint64_t recursive = 0;
+	(void)spaced_field_get_strbuf(r, path, sizeof path);
+	(void)spaced_field_get_u64(r, &recursive);
+	if (spaced_field_end(r) < 0)
+		return SPACED_EPROTO;
+	if (is_root_path(path)) {
+		reply_result(c, id, SPACED_EPERM, "the root cannot be removed", NULL);
+		return 0;
+	}
+	int pfd;
+	int e = split_parent(path, O_PATH, &pfd, name);
+	if (e == 0) {
+		struct stat st;
+		if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			e = -errno;
+		else if (!S_ISDIR(st.st_mode))
+			e = unlinkat(pfd, name, 0) < 0 ? -errno : 0;
+		else if (recursive)
+			e = rm_tree(pfd, name, 0);
+		else
+			e = unlinkat(pfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+		close(pfd);
+	}
+	if (e < 0)
+		reply_errno(c, id, "remove", -e);
+	else
+		reply_result(c, id, 0, "", NULL);
+	return 0;
+}

@@ -1,0 +1,173 @@
+/*
+ * guest.h — private header of spaced-guest, the agent inside an execution.
+ *
+ * One thread, one poll() loop (main.c). Connections (conn.c) carry frames;
+ * each request opens a stream on its connection; file operations (fs.c),
+ * processes and terminals (proc.c) and watches (watch.c) hang off streams.
+ * Objects that die during an iteration are only marked and reclaimed at its end.
+ */
+#ifndef SPACED_GUEST_H
+#define SPACED_GUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "frame.h"
+#include "guest_proto.h"
+#include "identity.h"
+#include "util.h"
+
+#define GUEST_MAX_CONNS 128
+#define GUEST_MAX_STREAMS 256     /* per connection */
+#define GUEST_MAX_BG 64           /* background processes kept */
+#define GUEST_OUT_HIGH (1u << 20) /* stop producing for a connection above this */
+#define GUEST_STDIN_HIGH (256u * 1024)
+#define GUEST_LIST_DEPTH_MAX 64
+#define GUEST_WATCH_MAX 8192 /* directories per watch */
+
+struct outbuf {
+	struct outbuf *next;
+	size_t len, off;
+	uint8_t data[];
+};
+
+struct ring {
+	uint8_t *buf; /* SPACED_GUEST_RING bytes, allocated on first use */
+	size_t start, len;
+};
+
+enum stream_kind { ST_READ, ST_WRITE, ST_EXEC, ST_ATTACH, ST_TERM, ST_WATCH };
+
+struct conn;
+struct proc;
+struct watch;
+
+struct stream {
+	struct stream *next;
+	struct conn *conn;
+	uint32_t id;
+	enum stream_kind kind;
+	bool dead;
+	/* ST_READ */
+	int fd;
+	uint64_t remaining, sent, offset, fsize;
+	/* ST_WRITE */
+	int dirfd;
+	char *name;
+	char tmpname[48];
+	uint64_t written;
+	/* ST_EXEC, ST_ATTACH, ST_TERM */
+	struct proc *proc;
+	/* ST_WATCH */
+	struct watch *watch;
+};
+
+struct conn {
+	struct conn *next;
+	int fd;
+	bool dead;
+	uint8_t hdrbuf[SPACED_FRAME_HDR_LEN];
+	size_t hdr_got;
+	struct spaced_frame_hdr hdr;
+	uint8_t *payload;
+	size_t pay_got;
+	bool in_payload;
+	struct outbuf *oq_head, *oq_tail;
+	size_t oq_bytes;
+	struct stream *streams;
+	unsigned nstreams;
+};
+
+struct proc {
+	struct proc *next;
+	uint64_t id;
+	pid_t pid;
+	bool background, pty, exited, timed_out, forget, done;
+	int status; /* waitpid status once exited */
+	int in_fd, out_fd, err_fd;
+	uint8_t *inq;
+	size_t inq_len, inq_off;
+	bool in_close; /* close stdin once inq drains */
+	struct ring ring_out, ring_err;
+	struct stream *attached;
+	uint64_t deadline_ns; /* 0: none */
+	char argv0[64];
+};
+
+struct guest {
+	int rootfd;
+	char root[4096];
+	bool have_identity;
+	char identity[SPACED_IDENTITY_TEXT_MAX];
+	int listen_fd, control_fd, sig_fd;
+	bool pid1;
+	struct conn *conns;
+	unsigned nconns;
+	struct proc *procs;
+	uint64_t next_proc;
+	bool quit;
+	int exit_code;
+};
+
+extern struct guest G;
+
+/* log.c-style helper in main.c: structured line on stderr when verbose. */
+void guest_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* conn.c */
+int conn_new(int fd);
+void conn_on_readable(struct conn *c);
+void conn_on_writable(struct conn *c);
+void conn_kill(struct conn *c, const char *why);
+int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
+                     const void *p, size_t n);
+struct stream *stream_new(struct conn *c, uint32_t id, enum stream_kind kind);
+/* Sends RESULT (status, message, identity, extras) and ends the stream. */
+void stream_finish(struct stream *s, int status, const char *msg, const struct spaced_buf *extras);
+/* Releases what the stream holds (files, process attachment, watch) once. */
+void stream_cleanup(struct stream *s, bool conn_gone);
+void guest_reap_dead(void);
+int errno_to_spaced(int e);
+/* Sends a RESULT for a request that opened no stream. */
+void reply_result(struct conn *c, uint32_t id, int status, const char *msg,
+                  const struct spaced_buf *extras);
+
+/* fs.c */
+int fs_resolve(const char *path, int flags, mode_t mode, int *out);
+int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+void fs_read_pump(struct stream *s);
+int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+void fs_write_data(struct stream *s, const uint8_t *p, size_t n, bool end);
+void fs_write_abort(struct stream *s);
+int fs_list(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+int fs_stat(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+int fs_mkdir(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+int fs_move(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+int fs_remove(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+
+/* proc.c */
+int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool term);
+void proc_list(struct conn *c, uint32_t id);
+void proc_attach(struct conn *c, uint32_t id, uint64_t procid);
+void proc_signal(struct conn *c, uint32_t id, uint64_t procid, int64_t sig);
+void proc_kill(struct conn *c, uint32_t id, uint64_t procid);
+void proc_stdin(struct stream *s, const uint8_t *p, size_t n, bool end);
+void proc_resize(struct stream *s, uint64_t rows, uint64_t cols);
+void proc_detach_stream(struct stream *s, bool kill_fg);
+void proc_on_sigchld(void);
+void proc_on_output(struct proc *p, int fd);
+void proc_on_stdin_writable(struct proc *p);
+void proc_check_timeouts(uint64_t now);
+uint64_t proc_next_deadline(void);
+void proc_reap_done(void);
+bool proc_output_allowed(const struct proc *p);
+
+/* watch.c */
+int watch_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+void watch_on_readable(struct watch *w);
+void watch_free(struct watch *w);
+int watch_fd(const struct watch *w);
+
+#endif

@@ -1,0 +1,705 @@
+/* proc.c — processes and terminals of spaced-guest.
+ *
+ * Every process runs in its own session (setsid), so a timeout or a kill
+ * reaches its whole process group. Foreground processes belong to the stream
+ * that started them and are killed when its connection goes away; background
+ * processes outlive connections, keep the last SPACED_GUEST_RING bytes of
+ * stdout and stderr, and can be re-attached by id. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "guest.h"
+
+extern char **environ;
+
+#define DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+static struct proc *proc_find(uint64_t id)
+{
+	for (struct proc *p = G.procs; p != NULL; p = p->next)
+		if (p->id == id && !(p->forget && p->done))
+			return p;
+	return NULL;
+}
+
+static void ring_append(struct ring *r, const uint8_t *p, size_t n)
+{
+	const size_t cap = SPACED_GUEST_RING;
+	if (r->buf == NULL) {
+		r->buf = malloc(cap);
+		if (r->buf == NULL)
+			return;
+	}
+	if (n >= cap) {
+		p += n - cap;
+		n = cap;
+	}
+	for (size_t i = 0; i < n;) {
+		size_t pos = (r->start + r->len) % cap;
+		size_t chunk = cap - pos < n - i ? cap - pos : n - i;
+		memcpy(r->buf + pos, p + i, chunk);
+		i += chunk;
+		r->len += chunk;
+		if (r->len > cap) {
+			r->start = (r->start + (r->len - cap)) % cap;
+			r->len = cap;
+		}
+	}
+}
+
+static void ring_replay(struct ring *r, struct conn *c, uint16_t type, uint32_t id)
+{
+	const size_t cap = SPACED_GUEST_RING;
+	if (r->buf == NULL || r->len == 0)
+		return;
+	size_t first = cap - r->start < r->len ? cap - r->start : r->len;
+	(void)conn_queue_frame(c, type, 0, id, r->buf + r->start, first);
+	if (first < r->len)
+		(void)conn_queue_frame(c, type, 0, id, r->buf, r->len - first);
+}
+
+static void proc_free(struct proc *p)
+{
+	if (p->in_fd >= 0)
+		close(p->in_fd);
+	if (p->out_fd >= 0)
+		close(p->out_fd);
+	if (p->err_fd >= 0)
+		close(p->err_fd);
+	free(p->inq);
+	free(p->ring_out.buf);
+	free(p->ring_err.buf);
+	free(p);
+}
+
+static int put_exit(struct spaced_buf *x, const struct proc *p)
+{
+	int64_t code = -1, sig = 0;
+	if (WIFEXITED(p->status))
+		code = WEXITSTATUS(p->status);
+	else if (WIFSIGNALED(p->status))
+		sig = WTERMSIG(p->status);
+	int e = spaced_field_put_i64(x, code);
+	if (e == 0)
+		e = spaced_field_put_i64(x, sig);
+	if (e == 0)
+		e = spaced_field_put_u64(x, p->timed_out ? 1 : 0);
+	return e;
+}
+
+/* Ends the process's attached stream once it has exited and its output is
+ * drained. */
+static void proc_maybe_done(struct proc *p)
+{
+	if (p->done || !p->exited || p->out_fd >= 0 || p->err_fd >= 0)
+		return;
+	p->done = true;
+	if (p->in_fd >= 0)
+		close(p->in_fd);
+	p->in_fd = -1;
+	if (p->attached != NULL) {
+		struct stream *s = p->attached;
+		struct spaced_buf x;
+		spaced_buf_init(&x, 64);
+		(void)put_exit(&x, p);
+		stream_finish(s, 0, "", &x);
+		spaced_buf_free(&x);
+	}
+	if (!p->background)
+		p->forget = true;
+}
+
+void proc_reap_done(void)
+{
+	struct proc **pp = &G.procs;
+	while (*pp != NULL) {
+		struct proc *p = *pp;
+		if (p->forget && p->done && p->attached == NULL) {
+			*pp = p->next;
+			proc_free(p);
+		} else {
+			pp = &p->next;
+		}
+	}
+}
+
+bool proc_output_allowed(const struct proc *p)
+{
+	if (p->attached != NULL && !p->attached->dead)
+		return p->attached->conn->oq_bytes < GUEST_OUT_HIGH;
+	return true;
+}
+
+/* Reads one chunk from fd (the process's stdout, stderr or pty master).
+ * Returns 1 after data, 0 when nothing is available now, -1 when the fd
+ * reached its end and was closed. */
+static int read_output(struct proc *p, int *fdp, uint16_t type)
+{
+	uint8_t *buf = malloc(SPACED_FRAME_CHUNK);
+	if (buf == NULL)
+		return 0;
+	ssize_t k;
+	do
+		k = read(*fdp, buf, SPACED_FRAME_CHUNK);
+	while (k < 0 && errno == EINTR);
+	if (k > 0) {
+		if (p->background)
+			ring_append(type == SPACED_GUEST_OUT_STDOUT ? &p->ring_out : &p->ring_err, buf,
+			            (size_t)k);
+		if (p->attached != NULL && !p->attached->dead)
+			(void)conn_queue_frame(p->attached->conn, type, 0, p->attached->id, buf,
+			                       (size_t)k);
+		free(buf);
+		return 1;
+	}
+	free(buf);
+	if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return 0;
+	/* End of file, or EIO from a pty master whose slave side is gone. */
+	close(*fdp);
+	*fdp = -1;
+	return -1;
+}
+
+void proc_on_output(struct proc *p, int fd)
+{
+	if (fd == p->out_fd)
+		(void)read_output(p, &p->out_fd, SPACED_GUEST_OUT_STDOUT);
+	else if (fd == p->err_fd)
+		(void)read_output(p, &p->err_fd, SPACED_GUEST_OUT_STDERR);
+	proc_maybe_done(p);
+}
+
+/* After the process exited: take what is left in its pipes, then close them
+ * (a grandchild holding them open must not keep the request alive). */
+static void drain_and_close(struct proc *p)
+{
+	int *fds[2] = {&p->out_fd, &p->err_fd};
+	uint16_t types[2] = {SPACED_GUEST_OUT_STDOUT, SPACED_GUEST_OUT_STDERR};
+	for (int i = 0; i < 2; i++) {
+		if (*fds[i] < 0)
+			continue;
+		int fl = fcntl(*fds[i], F_GETFL);
+		(void)fcntl(*fds[i], F_SETFL, fl | O_NONBLOCK);
+		for (int round = 0; round < 64; round++)
+			if (read_output(p, fds[i], types[i]) <= 0)
+				break;
+		if (*fds[i] >= 0) {
+			close(*fds[i]);
+			*fds[i] = -1;
+		}
+	}
+}
+
+void proc_on_sigchld(void)
+{
+	for (;;) {
+		int st;
+		pid_t pid = waitpid(-1, &st, WNOHANG);
+		if (pid <= 0)
+			break;
+		struct proc *p;
+		for (p = G.procs; p != NULL; p = p->next)
+			if (p->pid == pid && !p->exited)
+				break;
+		if (p == NULL) {
+			guest_log("reaped orphan pid=%d", (int)pid);
+			continue;
+		}
+		p->exited = true;
+		p->status = st;
+		p->deadline_ns = 0;
+		drain_and_close(p);
+		proc_maybe_done(p);
+	}
+}
+
+void proc_on_stdin_writable(struct proc *p)
+{
+	while (p->in_fd >= 0 && p->inq_off < p->inq_len) {
+		ssize_t k = write(p->in_fd, p->inq + p->inq_off, p->inq_len - p->inq_off);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			/* The reader is gone: drop what is queued. */
+			p->inq_off = p->inq_len;
+			if (!p->pty) {
+				close(p->in_fd);
+				p->in_fd = -1;
+			}
+			break;
+		}
+		p->inq_off += (size_t)k;
+	}
+	if (p->inq_off == p->inq_len) {
+		free(p->inq);
+		p->inq = NULL;
+		p->inq_len = p->inq_off = 0;
+		if (p->in_close && !p->pty && p->in_fd >= 0) {
+			close(p->in_fd);
+			p->in_fd = -1;
+		}
+	}
+}
+
+void proc_stdin(struct stream *s, const uint8_t *d, size_t n, bool end)
+{
+	struct proc *p = s->proc;
+	if (p == NULL || p->in_fd < 0)
+		return;
+	if (n > 0) {
+		size_t keep = p->inq_len - p->inq_off;
+		uint8_t *q = malloc(keep + n);
+		if (q == NULL) {
+			conn_kill(s->conn, "out of memory");
+			return;
+		}
+		if (keep)
+			memcpy(q, p->inq + p->inq_off, keep);
+		memcpy(q + keep, d, n);
+		free(p->inq);
+		p->inq = q;
+		p->inq_len = keep + n;
+		p->inq_off = 0;
+	}
+	if (end)
+		p->in_close = true;
+	proc_on_stdin_writable(p);
+}
+
+void proc_resize(struct stream *s, uint64_t rows, uint64_t cols)
+{
+	struct proc *p = s->proc;
+	if (p == NULL || !p->pty || p->in_fd < 0)
+		return;
+	struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+	(void)ioctl(p->in_fd, TIOCSWINSZ, &ws);
+}
+
+static void kill_group(struct proc *p)
+{
+	if (p->exited)
+		return;
+	(void)kill(-p->pid, SIGKILL);
+	(void)kill(p->pid, SIGKILL);
+}
+
+void proc_detach_stream(struct stream *s, bool kill_fg)
+{
+	struct proc *p = s->proc;
+	if (p == NULL)
+		return;
+	if (p->attached == s)
+		p->attached = NULL;
+	if (!p->background) {
+		if (kill_fg)
+			kill_group(p);
+		p->forget = true;
+	}
+	s->proc = NULL;
+}
+
+void proc_check_timeouts(uint64_t now)
+{
+	for (struct proc *p = G.procs; p != NULL; p = p->next) {
+		if (p->deadline_ns != 0 && !p->exited && now >= p->deadline_ns) {
+			p->timed_out = true;
+			p->deadline_ns = 0;
+			kill_group(p);
+		}
+	}
+}
+
+uint64_t proc_next_deadline(void)
+{
+	uint64_t best = 0;
+	for (struct proc *p = G.procs; p != NULL; p = p->next)
+		if (p->deadline_ns != 0 && !p->exited && (best == 0 || p->deadline_ns < best))
+			best = p->deadline_ns;
+	return best;
+}
+
+/* ---- starting processes ---- */
+
+static void free_strv(char **v)
+{
+	if (v == NULL)
+		return;
+	for (size_t i = 0; v[i] != NULL; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* Reads "u count, s × count" into a NULL-terminated vector. */
+static int get_strv(struct spaced_field_reader *r, size_t min, char ***out)
+{
+	uint64_t n = 0;
+	if (spaced_field_get_u64(r, &n) < 0 || n < min || n > SPACED_GUEST_MAX_ARGS)
+		return SPACED_EPROTO;
+	char **v = calloc((size_t)n + 1, sizeof *v);
+	if (v == NULL)
+		return SPACED_ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		if (spaced_field_get_strdup(r, SPACED_FIELD_STR_MAX, &v[i]) < 0) {
+			free_strv(v);
+			return SPACED_EPROTO;
+		}
+	}
+	*out = v;
+	return 0;
+}
+
+static bool env_has(char **env, const char *key)
+{
+	size_t kl = strlen(key);
+	for (size_t i = 0; env != NULL && env[i] != NULL; i++)
+		if (strncmp(env[i], key, kl) == 0 && env[i][kl] == '=')
+			return true;
+	return false;
+}
+
+/* The child's environment: the request's entries plus PATH, HOME and (for a
+ * terminal) TERM when the request does not set them. */
+static char **build_env(char **req, bool term)
+{
+	size_t n = 0;
+	while (req != NULL && req[n] != NULL)
+		n++;
+	char **e = calloc(n + 4, sizeof *e);
+	if (e == NULL)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		e[k++] = req[i];
+	if (!env_has(req, "PATH"))
+		e[k++] = (char *)(uintptr_t)DEFAULT_PATH;
+	if (!env_has(req, "HOME"))
+		e[k++] = (char *)(uintptr_t)"HOME=/root";
+	if (term && !env_has(req, "TERM"))
+		e[k++] = (char *)(uintptr_t)"TERM=xterm-256color";
+	return e;
+}
+
+static void child_exec(char **argv, char **envp, int cwdfd, int in, int out, int err, int errpipe,
+                       bool term)
+{
+	sigset_t all;
+	sigemptyset(&all);
+	sigprocmask(SIG_SETMASK, &all, NULL);
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			(void)signal(sig, SIG_DFL);
+	(void)setsid();
+	if (term)
+		(void)ioctl(in, TIOCSCTTY, 0);
+	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
+		goto fail;
+	if (fchdir(cwdfd) < 0)
+		goto fail;
+	environ = envp;
+	execvp(argv[0], argv);
+fail:;
+	int e = errno;
+	(void)!write(errpipe, &e, sizeof e);
+	_exit(127);
+}
+
+static void reply_errno(struct conn *c, uint32_t id, const char *what, int err)
+{
+	char msg[160];
+	snprintf(msg, sizeof msg, "%s: %s", what, strerror(err));
+	reply_result(c, id, errno_to_spaced(err), msg, NULL);
+}
+
+static int count_bg(void)
+{
+	int n = 0;
+	for (struct proc *p = G.procs; p != NULL; p = p->next)
+		if (p->background && !p->forget)
+			n++;
+	return n;
+}
+
+/* Makes room for one more background process by forgetting the oldest
+ * finished one. Returns false when all are still running. */
+static bool bg_make_room(void)
+{
+	if (count_bg() < GUEST_MAX_BG)
+		return true;
+	struct proc *old = NULL;
+	for (struct proc *p = G.procs; p != NULL; p = p->next)
+		if (p->background && !p->forget && p->done && p->attached == NULL &&
+		    (old == NULL || p->id < old->id))
+			old = p;
+	if (old == NULL)
+		return false;
+	old->forget = true;
+	return true;
+}
+
+int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool term)
+{
+	char **argv = NULL, **env = NULL, **envp = NULL;
+	char cwd[SPACED_GUEST_PATH_MAX];
+	uint64_t a = 0, b = 0;
+	int ret = 0;
+	int cwdfd = -1, errp[2] = {-1, -1};
+	int pin[2] = {-1, -1}, pout[2] = {-1, -1}, perr[2] = {-1, -1};
+	int master = -1, slave = -1;
+
+	int e = get_strv(r, 1, &argv);
+	if (e == 0)
+		e = get_strv(r, 0, &env);
+	if (e == 0 && (spaced_field_get_strbuf(r, cwd, sizeof cwd) < 0 ||
+	               spaced_field_get_u64(r, &a) < 0 || spaced_field_get_u64(r, &b) < 0 ||
+	               spaced_field_end(r) < 0))
+		e = SPACED_EPROTO;
+	if (e < 0) {
+		ret = e == SPACED_ENOMEM ? 0 : SPACED_EPROTO;
+		if (e == SPACED_ENOMEM)
+			reply_result(c, id, e, NULL, NULL);
+		goto out;
+	}
+	for (size_t i = 0; env[i] != NULL; i++) {
+		if (strchr(env[i], '=') == NULL || env[i][0] == '=') {
+			reply_result(c, id, SPACED_EINVAL, "environment entries are KEY=VALUE", NULL);
+			goto out;
+		}
+	}
+	uint64_t timeout_ms = term ? 0 : a, flags = term ? 0 : b;
+	uint64_t rows = term ? a : 0, cols = term ? b : 0;
+	if (flags & ~(uint64_t)(SPACED_GUEST_EXEC_BACKGROUND | SPACED_GUEST_EXEC_STDIN) ||
+	    ((flags & SPACED_GUEST_EXEC_BACKGROUND) && (flags & SPACED_GUEST_EXEC_STDIN)) ||
+	    (term && (rows == 0 || cols == 0 || rows > 65535 || cols > 65535)) ||
+	    timeout_ms > UINT64_C(1) << 40) {
+		reply_result(c, id, SPACED_EINVAL, "bad flags, timeout or window size", NULL);
+		goto out;
+	}
+	bool background = (flags & SPACED_GUEST_EXEC_BACKGROUND) != 0;
+	if (background && !bg_make_room()) {
+		reply_result(c, id, SPACED_EBUSY, "too many background processes", NULL);
+		goto out;
+	}
+	e = fs_resolve(cwd, O_PATH | O_DIRECTORY, 0, &cwdfd);
+	if (e < 0) {
+		reply_errno(c, id, "cwd", -e);
+		goto out;
+	}
+	envp = build_env(env, term);
+	struct proc *p = calloc(1, sizeof *p);
+	if (envp == NULL || p == NULL) {
+		free(p);
+		reply_result(c, id, SPACED_ENOMEM, NULL, NULL);
+		goto out;
+	}
+	p->in_fd = p->out_fd = p->err_fd = -1;
+	if (pipe2(errp, O_CLOEXEC) < 0)
+		goto sysfail;
+	if (term) {
+		char name[64];
+		struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+		master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0 ||
+		    ptsname_r(master, name, sizeof name) != 0)
+			goto sysfail;
+		slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (slave < 0 || ioctl(slave, TIOCSWINSZ, &ws) < 0)
+			goto sysfail;
+	} else {
+		if (pipe2(pin, O_CLOEXEC) < 0 || pipe2(pout, O_CLOEXEC) < 0 ||
+		    pipe2(perr, O_CLOEXEC) < 0)
+			goto sysfail;
+	}
+	pid_t pid = fork();
+	if (pid < 0)
+		goto sysfail;
+	if (pid == 0) {
+		if (term)
+			child_exec(argv, envp, cwdfd, slave, slave, slave, errp[1], true);
+		child_exec(argv, envp, cwdfd, pin[0], pout[1], perr[1], errp[1], false);
+	}
+	close(errp[1]);
+	errp[1] = -1;
+	int cerr = 0;
+	ssize_t k;
+	do
+		k = read(errp[0], &cerr, sizeof cerr);
+	while (k < 0 && errno == EINTR);
+	p->pid = pid;
+	p->id = ++G.next_proc;
+	p->background = background;
+	p->pty = term;
+	snprintf(p->argv0, sizeof p->argv0, "%s", argv[0]);
+	if (term) {
+		p->out_fd = master;
+		p->in_fd = dup(master);
+		(void)fcntl(p->in_fd, F_SETFD, FD_CLOEXEC);
+		master = -1;
+	} else {
+		p->out_fd = pout[0];
+		p->err_fd = perr[0];
+		pout[0] = perr[0] = -1;
+		if (flags & SPACED_GUEST_EXEC_STDIN) {
+			p->in_fd = pin[1];
+			pin[1] = -1;
+		}
+	}
+	int fds[3] = {p->in_fd, p->out_fd, p->err_fd};
+	for (int i = 0; i < 3; i++)
+		if (fds[i] >= 0)
+			(void)fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
+	p->next = G.procs;
+	G.procs = p;
+	if (k == (ssize_t)sizeof cerr) {
+		/* exec failed: the child exits 127; report it as the request's error. */
+		p->forget = true;
+		reply_errno(c, id, "exec", cerr);
+		goto out;
+	}
+	if (timeout_ms > 0)
+		p->deadline_ns = spaced_mono_ns() + timeout_ms * 1000000u;
+	guest_log("proc start id=%llu pid=%d argv0=\"%s\" bg=%d pty=%d", (unsigned long long)p->id,
+	          (int)pid, p->argv0, background, term);
+	struct spaced_buf x;
+	spaced_buf_init(&x, 64);
+	(void)spaced_field_put_u64(&x, p->id);
+	(void)spaced_field_put_u64(&x, (uint64_t)pid);
+	if (background) {
+		reply_result(c, id, 0, "", &x);
+	} else {
+		struct stream *s = stream_new(c, id, term ? ST_TERM : ST_EXEC);
+		if (s == NULL) {
+			kill_group(p);
+			p->forget = true;
+			reply_result(c, id, SPACED_ENOMEM, NULL, NULL);
+		} else {
+			s->proc = p;
+			p->attached = s;
+			(void)conn_queue_frame(c, SPACED_GUEST_OUT_STARTED, 0, id, x.data, x.len);
+		}
+	}
+	spaced_buf_free(&x);
+	goto out;
+sysfail:
+	reply_errno(c, id, "start", errno);
+	free(p);
+out:
+	if (cwdfd >= 0)
+		close(cwdfd);
+	int all[] = {errp[0], errp[1], pin[0], pin[1], pout[0], pout[1], perr[0], perr[1], master, slave};
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		if (all[i] >= 0)
+			close(all[i]);
+	free(envp);
+	free_strv(argv);
+	free_strv(env);
+	return ret;
+}
+
+/* ---- background process management ---- */
+
+void proc_list(struct conn *c, uint32_t id)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, SPACED_FRAME_MAX);
+	int e = 0;
+	for (struct proc *p = G.procs; p != NULL && e == 0; p = p->next) {
+		if (!p->background || p->forget)
+			continue;
+		int64_t code = -1, sig = 0;
+		if (p->exited && WIFEXITED(p->status))
+			code = WEXITSTATUS(p->status);
+		if (p->exited && WIFSIGNALED(p->status))
+			sig = WTERMSIG(p->status);
+		e = spaced_field_put_u64(&b, p->id);
+		if (e == 0)
+			e = spaced_field_put_u64(&b, (uint64_t)p->pid);
+		if (e == 0)
+			e = spaced_field_put_u64(&b, p->exited ? 0 : 1);
+		if (e == 0)
+			e = spaced_field_put_i64(&b, code);
+		if (e == 0)
+			e = spaced_field_put_i64(&b, sig);
+		if (e == 0)
+			e = spaced_field_put_str(&b, p->argv0);
+	}
+	if (e == 0 && b.len > 0)
+		(void)conn_queue_frame(c, SPACED_GUEST_OUT_PROCS, 0, id, b.data, b.len);
+	spaced_buf_free(&b);
+	reply_result(c, id, e, NULL, NULL);
+}
+
+void proc_attach(struct conn *c, uint32_t id, uint64_t procid)
+{
+	struct proc *p = proc_find(procid);
+	if (p == NULL || !p->background || p->forget) {
+		reply_result(c, id, SPACED_ENOENT, "no such background process", NULL);
+		return;
+	}
+	if (p->attached != NULL) {
+		struct stream *old = p->attached;
+		p->attached = NULL;
+		stream_finish(old, SPACED_EBUSY, "attached elsewhere", NULL);
+	}
+	struct stream *s = stream_new(c, id, ST_ATTACH);
+	if (s == NULL) {
+		reply_result(c, id, SPACED_ENOMEM, NULL, NULL);
+		return;
+	}
+	ring_replay(&p->ring_out, c, SPACED_GUEST_OUT_STDOUT, id);
+	ring_replay(&p->ring_err, c, SPACED_GUEST_OUT_STDERR, id);
+	if (p->done) {
+		struct spaced_buf x;
+		spaced_buf_init(&x, 64);
+		(void)put_exit(&x, p);
+		stream_finish(s, 0, "", &x);
+		spaced_buf_free(&x);
+		return;
+	}
+	s->proc = p;
+	p->attached = s;
+}
+
+void proc_signal(struct conn *c, uint32_t id, uint64_t procid, int64_t sig)
+{
+	struct proc *p = proc_find(procid);
+	if (sig < 1 || sig >= NSIG) {
+		reply_result(c, id, SPACED_EINVAL, "bad signal number", NULL);
+		return;
+	}
+	if (p == NULL || p->exited) {
+		reply_result(c, id, SPACED_ENOENT, "no such running process", NULL);
+		return;
+	}
+	if (kill(p->pid, (int)sig) < 0) {
+		reply_errno(c, id, "kill", errno);
+		return;
+	}
+	reply_result(c, id, 0, "", NULL);
+}
+
+void proc_kill(struct conn *c, uint32_t id, uint64_t procid)
+{
+	struct proc *p = proc_find(procid);
+	if (p == NULL) {
+		reply_result(c, id, SPACED_ENOENT, "no such process", NULL);
+		return;
+	}
+	kill_group(p);
+	if (p->background)
+		p->forget = true;
+	reply_result(c, id, 0, "", NULL);
+}

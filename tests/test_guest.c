@@ -1,0 +1,1076 @@
+/*
+ * test_guest.c — the real spaced-guest binary on a temporary root, driven
+ * through libspaced's guest client over real Unix sockets: files (streamed,
+ * ranges, atomic replace), containment inside the root, exec, background
+ * processes, PTY, watches, the identity on every answer (I2: each answer names
+ * the execution that served it), malformed frames, and the launcher's
+ * control-fd mode.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <ftw.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "error.h"
+#include "frame.h"
+#include "guest_client.h"
+#include "identity.h"
+
+#define IDENT "sandbox=sbx-1;generation=8;worker=w1;substrate=process;activation=act-1;pod_uid="
+#define IDENT2 "sandbox=sbx-2;generation=3;worker=w2;substrate=process;activation=a2;pod_uid="
+
+static char dir[64], root[128], sock[128], outside[128];
+static pid_t guest_pid = -1;
+
+static void mkdir_p(const char *path)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s'", path);
+	cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+static void put_file(const char *path, const char *content)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f, "%s", path);
+	fputs(content, f);
+	fclose(f);
+}
+
+static char *slurp(const char *path)
+{
+	static char buf[4096];
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return NULL;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+}
+
+static void make_dirs(void)
+{
+	snprintf(dir, sizeof dir, "/tmp/spaced-guest-test-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(root, sizeof root, "%s/root", dir);
+	snprintf(sock, sizeof sock, "%s/g.sock", dir);
+	snprintf(outside, sizeof outside, "%s/outside", dir);
+	cr_assert_eq(mkdir(root, 0755), 0);
+	cr_assert_eq(mkdir(outside, 0755), 0);
+	char p[256];
+	snprintf(p, sizeof p, "%s/secret", outside);
+	put_file(p, "outside-content\n");
+}
+
+/* Starts spaced-guest --listen and waits for its READY line. */
+static void start_guest(void)
+{
+	make_dirs();
+	int pfd[2];
+	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);
+	guest_pid = fork();
+	cr_assert_geq(guest_pid, 0);
+	if (guest_pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(pfd[1], 1);
+		close(pfd[0]);
+		execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--identity", IDENT, "--listen",
+		      sock, (char *)NULL);
+		_exit(127);
+	}
+	close(pfd[1]);
+	char line[256];
+	ssize_t n = read(pfd[0], line, sizeof line - 1);
+	close(pfd[0]);
+	cr_assert_gt(n, 0, "guest did not start");
+	line[n] = 0;
+	cr_assert(strncmp(line, "READY ", 6) == 0, "got %s", line);
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if (flag == FTW_DP)
+		rmdir(p);
+	else
+		unlink(p);
+	return 0;
+}
+
+static void stop_guest(void)
+{
+	if (guest_pid > 0) {
+		kill(guest_pid, SIGKILL);
+		waitpid(guest_pid, NULL, 0);
+		guest_pid = -1;
+	}
+	if (dir[0]) {
+		(void)nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+		dir[0] = 0;
+	}
+}
+
+static struct spaced_guest_client *connect_guest(void)
+{
+	struct spaced_guest_client *c = NULL;
+	cr_assert_eq(spaced_guest_client_connect(sock, &c), 0);
+	return c;
+}
+
+static void assert_ident(struct spaced_guest_client *c)
+{
+	cr_assert_str_eq(spaced_guest_client_identity(c), IDENT);
+}
+
+TestSuite(guest, .init = start_guest, .fini = stop_guest, .timeout = 60);
+
+/* I2: HELLO names the execution; every RESULT carries it. */
+Test(guest, hello_returns_identity)
+{
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_identity id, want;
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	cr_assert_eq(spaced_identity_decode(&want, IDENT, strlen(IDENT)), 0);
+	cr_assert(spaced_identity_equal(&id, &want));
+	cr_assert_eq(id.generation, 8);
+	struct spaced_guest_stat st;
+	cr_assert_eq(spaced_guest_fs_stat(c, "nope", &st), SPACED_ENOENT);
+	assert_ident(c); /* errors carry it too */
+	spaced_guest_client_free(c);
+}
+
+static int count_entries(void *arg, const struct spaced_guest_entry *e)
+{
+	struct spaced_buf *b = arg;
+	spaced_buf_puts(b, e->path);
+	spaced_buf_puts(b, e->st.type == SPACED_GUEST_FT_DIR ? "/ " : " ");
+	return 0;
+}
+
+Test(guest, file_operations)
+{
+	struct spaced_guest_client *c = connect_guest();
+	cr_assert_eq(spaced_guest_fs_mkdir(c, "a/b/c", 0750), 0);
+	assert_ident(c);
+	cr_assert_eq(spaced_guest_fs_mkdir(c, "a/b/c", 0750), 0, "mkdir -p is idempotent");
+	cr_assert_eq(spaced_guest_fs_write(c, "a/b/c/f.txt", "hello\n", 6, 0600, 0), 0);
+	assert_ident(c);
+	char p[256];
+	snprintf(p, sizeof p, "%s/a/b/c/f.txt", root);
+	cr_assert_str_eq(slurp(p), "hello\n");
+	struct stat hst;
+	cr_assert_eq(stat(p, &hst), 0);
+	cr_assert_eq(hst.st_mode & 0777, 0600);
+
+	/* atomic replace: the new content, no temp files left behind */
+	cr_assert_eq(spaced_guest_fs_write(c, "a/b/c/f.txt", "second", 6, 0644, 0), 0);
+	cr_assert_str_eq(slurp(p), "second");
+
+	struct spaced_guest_stat st;
+	cr_assert_eq(spaced_guest_fs_stat(c, "a/b/c/f.txt", &st), 0);
+	cr_assert_eq(st.type, SPACED_GUEST_FT_FILE);
+	cr_assert_eq(st.size, 6);
+	cr_assert_eq(st.mode, 0644);
+	cr_assert_eq(spaced_guest_fs_stat(c, "a/b", &st), 0);
+	cr_assert_eq(st.type, SPACED_GUEST_FT_DIR);
+	cr_assert_eq(spaced_guest_fs_stat(c, "", &st), 0);
+	cr_assert_eq(st.type, SPACED_GUEST_FT_DIR);
+
+	/* write with MKDIRS creates missing parents; without it they are an error */
+	cr_assert_eq(spaced_guest_fs_write(c, "x/y/z.txt", "z", 1, 0, 0), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_write(c, "x/y/z.txt", "z", 1, 0, SPACED_GUEST_WRITE_MKDIRS), 0);
+
+	struct spaced_buf l;
+	spaced_buf_init(&l, 4096);
+	cr_assert_eq(spaced_guest_fs_list(c, "a", 1, count_entries, &l), 0);
+	cr_assert_str_eq((char *)l.data, "b/ ");
+	l.len = 0;
+	cr_assert_eq(spaced_guest_fs_list(c, "a", 3, count_entries, &l), 0);
+	cr_assert(strstr((char *)l.data, "b/c/f.txt ") != NULL, "%s", l.data);
+	cr_assert(strstr((char *)l.data, ".spaced-tmp") == NULL, "temp file left: %s", l.data);
+	spaced_buf_free(&l);
+
+	cr_assert_eq(spaced_guest_fs_move(c, "a/b/c/f.txt", "moved.txt"), 0);
+	snprintf(p, sizeof p, "%s/moved.txt", root);
+	cr_assert_str_eq(slurp(p), "second");
+	cr_assert_eq(spaced_guest_fs_stat(c, "a/b/c/f.txt", &st), SPACED_ENOENT);
+
+	cr_assert_eq(spaced_guest_fs_remove(c, "a", 0), SPACED_EEXIST, "non-empty without recursive");
+	cr_assert_eq(spaced_guest_fs_remove(c, "a", 1), 0);
+	cr_assert_eq(spaced_guest_fs_stat(c, "a", &st), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_remove(c, "moved.txt", 0), 0);
+	cr_assert_eq(spaced_guest_fs_remove(c, "", 1), SPACED_EPERM, "the root stays");
+	spaced_guest_client_free(c);
+}
+
+Test(guest, large_file_both_ways)
+{
+	const size_t n = 8u << 20;
+	uint8_t *data = malloc(n);
+	cr_assert_not_null(data);
+	randombytes_buf(data, n);
+	struct spaced_guest_client *c = connect_guest();
+	cr_assert_eq(spaced_guest_fs_write(c, "big.bin", data, n, 0644, 0), 0);
+	char p[256];
+	snprintf(p, sizeof p, "%s/big.bin", root);
+	struct stat hst;
+	cr_assert_eq(stat(p, &hst), 0);
+	cr_assert_eq((size_t)hst.st_size, n);
+	struct spaced_buf b;
+	spaced_buf_init(&b, n + 1);
+	cr_assert_eq(spaced_guest_fs_read(c, "big.bin", 0, UINT64_MAX, &b), 0);
+	assert_ident(c);
+	cr_assert_eq(b.len, n);
+	cr_assert(memcmp(b.data, data, n) == 0, "content differs");
+	spaced_buf_free(&b);
+	free(data);
+	spaced_guest_client_free(c);
+}
+
+Test(guest, byte_ranges)
+{
+	char p[256];
+	snprintf(p, sizeof p, "%s/r.txt", root);
+	put_file(p, "0123456789abcdef");
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1024);
+	cr_assert_eq(spaced_guest_fs_read(c, "r.txt", 4, 6, &b), 0);
+	cr_assert_str_eq((char *)b.data, "456789");
+	b.len = 0;
+	cr_assert_eq(spaced_guest_fs_read(c, "r.txt", 10, UINT64_MAX, &b), 0);
+	cr_assert_str_eq((char *)b.data, "abcdef");
+	b.len = 0;
+	cr_assert_eq(spaced_guest_fs_read(c, "r.txt", 14, 100, &b), 0);
+	cr_assert_str_eq((char *)b.data, "ef");
+	b.len = 0;
+	cr_assert_eq(spaced_guest_fs_read(c, "r.txt", 100, 5, &b), 0);
+	cr_assert_eq(b.len, 0);
+	cr_assert_eq(spaced_guest_fs_read(c, "", 0, 5, &b), SPACED_EINVAL, "a directory");
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
+/* Paths never leave the root: "..", absolute symlinks, symlinks to outside,
+ * loops; and nothing outside is read, written or removed. */
+Test(guest, escapes_are_contained)
+{
+	char p[256], t[256];
+	snprintf(p, sizeof p, "%s/etc_link", root);
+	cr_assert_eq(symlink("/etc", p), 0);
+	snprintf(p, sizeof p, "%s/abs", root);
+	snprintf(t, sizeof t, "%s/secret", outside);
+	cr_assert_eq(symlink(t, p), 0);
+	snprintf(p, sizeof p, "%s/rel", root);
+	cr_assert_eq(symlink("../outside/secret", p), 0);
+	snprintf(p, sizeof p, "%s/reldir", root);
+	cr_assert_eq(symlink("../outside", p), 0);
+	snprintf(p, sizeof p, "%s/loop1", root);
+	cr_assert_eq(symlink("loop2", p), 0);
+	snprintf(p, sizeof p, "%s/loop2", root);
+	cr_assert_eq(symlink("loop1", p), 0);
+
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1 << 20);
+	const char *reads[] = {"../outside/secret", "/../outside/secret", "abs", "rel",
+	                       "reldir/secret", "etc_link/passwd", "/etc/passwd",
+	                       "a/../../outside/secret"};
+	for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++) {
+		int e = spaced_guest_fs_read(c, reads[i], 0, UINT64_MAX, &b);
+		cr_assert_eq(e, SPACED_ENOENT, "%s: %s", reads[i], spaced_strerror(e));
+		cr_assert_eq(b.len, 0);
+	}
+	cr_assert_eq(spaced_guest_fs_read(c, "loop1", 0, UINT64_MAX, &b), SPACED_EPERM, "loop");
+	assert_ident(c);
+
+	/* writes through the same paths land inside the root or fail */
+	cr_assert_eq(spaced_guest_fs_write(c, "reldir/secret", "X", 1, 0, 0), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_write(c, "../outside/secret", "X", 1, 0, 0), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_write(c, "etc_link/evil", "X", 1, 0, 0), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_write(c, "../../escaped", "X", 1, 0, 0), 0);
+	snprintf(p, sizeof p, "%s/escaped", root);
+	cr_assert_str_eq(slurp(p), "X", "'..' at the root stays at the root");
+	cr_assert_eq(spaced_guest_fs_mkdir(c, "../up", 0755), SPACED_EINVAL);
+	cr_assert_eq(spaced_guest_fs_remove(c, "reldir/secret", 0), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_remove(c, "../outside", 1), SPACED_ENOENT);
+	cr_assert_eq(spaced_guest_fs_move(c, "../outside/secret", "stolen"), SPACED_ENOENT);
+	/* removing a symlink removes the link, never its target */
+	cr_assert_eq(spaced_guest_fs_remove(c, "abs", 0), 0);
+
+	snprintf(p, sizeof p, "%s/secret", outside);
+	cr_assert_str_eq(slurp(p), "outside-content\n", "outside file touched");
+	snprintf(p, sizeof p, "%s/evil", "/etc");
+	cr_assert_eq(access(p, F_OK), -1);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
+/* /proc/self/root inside the root is a magic link: refused. The test binds
+ * the real /proc into the root in a private mount namespace. */
+Test(guest, proc_self_root_refused)
+{
+	stop_guest();
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		cr_skip_test("no mount namespace: %s", strerror(errno));
+	start_guest();
+	char p[256];
+	snprintf(p, sizeof p, "%s/proc", root);
+	cr_assert_eq(mkdir(p, 0755), 0);
+	cr_assert_eq(mount("/proc", p, NULL, MS_BIND | MS_REC, NULL), 0, "%s", strerror(errno));
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1 << 20);
+	int e = spaced_guest_fs_read(c, "proc/self/root/etc/passwd", 0, UINT64_MAX, &b);
+	cr_assert_eq(e, SPACED_EPERM, "%s", spaced_strerror(e));
+	e = spaced_guest_fs_read(c, "/proc/1/root/etc/hostname", 0, UINT64_MAX, &b);
+	cr_assert_eq(e, SPACED_EPERM, "%s", spaced_strerror(e));
+	e = spaced_guest_fs_write(c, "proc/self/root/tmp/spaced-escape", "X", 1, 0, 0);
+	cr_assert_eq(e, SPACED_EPERM, "%s", spaced_strerror(e));
+	cr_assert_eq(access("/tmp/spaced-escape", F_OK), -1);
+	cr_assert_eq(b.len, 0);
+	/* an ordinary file under the same mount is still readable */
+	cr_assert_eq(spaced_guest_fs_read(c, "proc/self/status", 0, UINT64_MAX, &b), 0);
+	cr_assert(b.len > 0);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+	umount2(p, MNT_DETACH);
+}
+
+static struct spaced_guest_exit run(struct spaced_guest_client *c, const char *const *argv,
+                                    const char *const *env, const char *cwd, uint64_t timeout,
+                                    const char *in, struct spaced_buf *out, struct spaced_buf *err)
+{
+	struct spaced_guest_exec_req req = {argv, env, cwd, timeout, in ? SPACED_GUEST_EXEC_STDIN : 0};
+	struct spaced_guest_exit x;
+	int e = spaced_guest_exec(c, &req, in, in ? strlen(in) : 0, out, err, &x);
+	cr_assert_eq(e, 0, "exec %s: %s (%s)", argv[0], spaced_strerror(e),
+	             spaced_guest_client_errmsg(c));
+	return x;
+}
+
+Test(guest, exec_output_status_env_cwd_stdin)
+{
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf out, err;
+	spaced_buf_init(&out, 1 << 20);
+	spaced_buf_init(&err, 1 << 20);
+	const char *a1[] = {"sh", "-c", "echo out; echo err >&2; exit 7", NULL};
+	struct spaced_guest_exit x = run(c, a1, NULL, NULL, 0, NULL, &out, &err);
+	cr_assert_eq(x.code, 7);
+	cr_assert_eq(x.signal, 0);
+	cr_assert_str_eq((char *)out.data, "out\n");
+	cr_assert_str_eq((char *)err.data, "err\n");
+	assert_ident(c);
+
+	cr_assert_eq(spaced_guest_fs_mkdir(c, "work", 0755), 0);
+	out.len = 0;
+	const char *a2[] = {"sh", "-c", "echo \"$FOO\"; pwd", NULL};
+	const char *env[] = {"FOO=bar baz", NULL};
+	x = run(c, a2, env, "work", 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	char want[4200];
+	char real[4096];
+	cr_assert_not_null(realpath(root, real));
+	snprintf(want, sizeof want, "bar baz\n%s/work\n", real);
+	cr_assert_str_eq((char *)out.data, want);
+
+	out.len = 0;
+	const char *a3[] = {"tr", "a-z", "A-Z", NULL};
+	x = run(c, a3, NULL, NULL, 0, "streamed stdin\n", &out, NULL);
+	cr_assert_eq(x.code, 0);
+	cr_assert_str_eq((char *)out.data, "STREAMED STDIN\n");
+
+	/* a missing program is the request's error, not an exit status */
+	const char *a4[] = {"/no/such/program", NULL};
+	struct spaced_guest_exec_req req = {a4, NULL, NULL, 0, 0};
+	cr_assert_eq(spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &x), SPACED_ENOENT);
+	req.cwd = "no-such-dir";
+	req.argv = a1;
+	cr_assert_eq(spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &x), SPACED_ENOENT);
+	spaced_buf_free(&out);
+	spaced_buf_free(&err);
+	spaced_guest_client_free(c);
+}
+
+Test(guest, exec_timeout_kills_group)
+{
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf out;
+	spaced_buf_init(&out, 1 << 20);
+	const char *a[] = {"sh", "-c", "echo before; sleep 30; echo after", NULL};
+	struct spaced_guest_exit x = run(c, a, NULL, NULL, 300, NULL, &out, NULL);
+	cr_assert_eq(x.timed_out, 1);
+	cr_assert_eq(x.signal, SIGKILL);
+	cr_assert_str_eq((char *)out.data, "before\n");
+	spaced_buf_free(&out);
+	spaced_guest_client_free(c);
+}
+
+/* Two streams on one connection: an exec and a signal request for it. */
+Test(guest, signal_running_process)
+{
+	struct spaced_guest_client *c = connect_guest();
+	const char *a[] = {"sleep", "30", NULL};
+	struct spaced_guest_exec_req req = {a, NULL, NULL, 0, 0};
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	cr_assert_eq(spaced_guest_encode_exec(&b, &req), 0);
+	uint32_t eid = spaced_guest_client_next_id(c);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_EXEC, 0, eid, b.data, b.len), 0);
+	struct spaced_guest_msg m = {0};
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STARTED);
+	struct spaced_field_reader r;
+	uint64_t proc, pid;
+	spaced_field_reader_init(&r, m.payload, m.hdr.len);
+	cr_assert_eq(spaced_field_get_u64(&r, &proc), 0);
+	cr_assert_eq(spaced_field_get_u64(&r, &pid), 0);
+	spaced_guest_msg_clear(&m);
+
+	b.len = 0;
+	spaced_field_put_u64(&b, proc);
+	spaced_field_put_i64(&b, SIGTERM);
+	uint32_t sid = spaced_guest_client_next_id(c);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_PROC_SIGNAL, 0, sid, b.data, b.len), 0);
+	bool got_sig = false, got_exec = false;
+	while (!got_sig || !got_exec) {
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_RESULT);
+		cr_assert_eq(spaced_guest_result_head(c, &m, &r), 0);
+		assert_ident(c);
+		if (m.hdr.id == sid) {
+			got_sig = true;
+		} else {
+			cr_assert_eq(m.hdr.id, eid);
+			struct spaced_guest_exit x;
+			cr_assert_eq(spaced_guest_exit_parse(&r, &x), 0);
+			cr_assert_eq(x.signal, SIGTERM);
+			cr_assert_eq(x.code, -1);
+			got_exec = true;
+		}
+		spaced_guest_msg_clear(&m);
+	}
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
+struct find_proc {
+	uint64_t id;
+	int found, running;
+};
+
+static int find_cb(void *arg, const struct spaced_guest_proc *p)
+{
+	struct find_proc *f = arg;
+	if (p->proc == f->id) {
+		f->found = 1;
+		f->running = p->running;
+	}
+	return 0;
+}
+
+Test(guest, background_reattach_and_kill)
+{
+	struct spaced_guest_client *c = connect_guest();
+	const char *a[] = {"sh", "-c", "echo one; echo two >&2; read x; echo got-$x", NULL};
+	/* The process waits on a FIFO-less stdin: background processes get an empty
+	 * stdin, so `read` sees EOF at once and the script goes on. */
+	struct spaced_guest_exec_req req = {a, NULL, NULL, 0, SPACED_GUEST_EXEC_BACKGROUND};
+	struct spaced_guest_exit x = {0};
+	cr_assert_eq(spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &x), 0);
+	cr_assert_gt(x.proc, 0);
+	assert_ident(c);
+	uint64_t first = x.proc;
+	spaced_guest_client_free(c); /* it outlives its connection */
+
+	c = connect_guest();
+	struct find_proc f = {first, 0, 0};
+	cr_assert_eq(spaced_guest_proc_list(c, find_cb, &f), 0);
+	cr_assert(f.found);
+	struct spaced_buf out, err;
+	spaced_buf_init(&out, 1 << 20);
+	spaced_buf_init(&err, 1 << 20);
+	cr_assert_eq(spaced_guest_proc_attach(c, first, &out, &err, &x), 0);
+	cr_assert_str_eq((char *)out.data, "one\ngot-\n");
+	cr_assert_str_eq((char *)err.data, "two\n");
+	cr_assert_eq(x.code, 0);
+	/* attach again after the end: the same kept output */
+	out.len = err.len = 0;
+	cr_assert_eq(spaced_guest_proc_attach(c, first, &out, &err, &x), 0);
+	cr_assert_str_eq((char *)out.data, "one\ngot-\n");
+
+	/* a long-running one: attached on a second connection, killed from the first */
+	const char *b[] = {"sh", "-c", "echo running; exec sleep 100", NULL};
+	req.argv = b;
+	cr_assert_eq(spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &x), 0);
+	uint64_t second = x.proc;
+	struct spaced_guest_client *c2 = connect_guest();
+	struct spaced_buf body;
+	spaced_buf_init(&body, 64);
+	spaced_field_put_u64(&body, second);
+	uint32_t aid = spaced_guest_client_next_id(c2);
+	cr_assert_eq(spaced_guest_send(c2, SPACED_GUEST_PROC_ATTACH, 0, aid, body.data, body.len), 0);
+	struct spaced_guest_msg m = {0};
+	cr_assert_eq(spaced_guest_recv(c2, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STDOUT);
+	cr_assert_eq(m.hdr.len, 8);
+	cr_assert(memcmp(m.payload, "running\n", 8) == 0);
+	spaced_guest_msg_clear(&m);
+	cr_assert_eq(spaced_guest_proc_kill(c, second), 0);
+	cr_assert_eq(spaced_guest_recv(c2, &m), 0);
+	struct spaced_field_reader r;
+	cr_assert_eq(spaced_guest_result_head(c2, &m, &r), 0);
+	cr_assert_eq(spaced_guest_exit_parse(&r, &x), 0);
+	cr_assert_eq(x.signal, SIGKILL);
+	spaced_guest_msg_clear(&m);
+	f = (struct find_proc){second, 0, 0};
+	cr_assert_eq(spaced_guest_proc_list(c, find_cb, &f), 0);
+	cr_assert_eq(f.found, 0, "killed process is forgotten");
+	cr_assert_eq(spaced_guest_proc_attach(c, second, &out, &err, &x), SPACED_ENOENT);
+	spaced_buf_free(&body);
+	spaced_buf_free(&out);
+	spaced_buf_free(&err);
+	spaced_guest_client_free(c2);
+	spaced_guest_client_free(c);
+}
+
+/* Reads STDOUT frames of stream id into acc until it contains needle. */
+static void read_until(struct spaced_guest_client *c, uint32_t id, struct spaced_buf *acc,
+                       const char *needle)
+{
+	while (acc->data == NULL || strstr((char *)acc->data, needle) == NULL) {
+		struct spaced_guest_msg m = {0};
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.id, id);
+		if (m.hdr.type == SPACED_GUEST_OUT_STDOUT)
+			cr_assert_eq(spaced_buf_append(acc, m.payload, m.hdr.len), 0);
+		else
+			cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STARTED, "type %x", m.hdr.type);
+		spaced_guest_msg_clear(&m);
+	}
+}
+
+Test(guest, terminal_resize_and_exit)
+{
+	struct spaced_guest_client *c = connect_guest();
+	const char *a[] = {"sh", NULL};
+	const char *env[] = {"PS1=$ ", NULL};
+	struct spaced_guest_exec_req req = {a, env, NULL, 0, 0};
+	struct spaced_buf b, acc;
+	spaced_buf_init(&b, 4096);
+	spaced_buf_init(&acc, 1 << 20);
+	cr_assert_eq(spaced_guest_encode_term(&b, &req, 24, 80), 0);
+	uint32_t id = spaced_guest_client_next_id(c);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_TERM_OPEN, 0, id, b.data, b.len), 0);
+	const char *cmd = "stty size; tty\n";
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_STDIN, 0, id, cmd, strlen(cmd)), 0);
+	read_until(c, id, &acc, "/dev/pts/");
+	cr_assert(strstr((char *)acc.data, "24 80") != NULL, "%s", acc.data);
+	b.len = 0;
+	spaced_field_put_u64(&b, 33);
+	spaced_field_put_u64(&b, 111);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_RESIZE, 0, id, b.data, b.len), 0);
+	cmd = "stty size\n";
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_STDIN, 0, id, cmd, strlen(cmd)), 0);
+	read_until(c, id, &acc, "33 111");
+	cmd = "exit 5\n";
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_STDIN, 0, id, cmd, strlen(cmd)), 0);
+	for (;;) {
+		struct spaced_guest_msg m = {0};
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		if (m.hdr.type == SPACED_GUEST_OUT_RESULT) {
+			struct spaced_field_reader r;
+			struct spaced_guest_exit x;
+			cr_assert_eq(spaced_guest_result_head(c, &m, &r), 0);
+			cr_assert_eq(spaced_guest_exit_parse(&r, &x), 0);
+			cr_assert_eq(x.code, 5);
+			assert_ident(c);
+			spaced_guest_msg_clear(&m);
+			break;
+		}
+		cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STDOUT);
+		spaced_guest_msg_clear(&m);
+	}
+	spaced_buf_free(&b);
+	spaced_buf_free(&acc);
+	spaced_guest_client_free(c);
+}
+
+struct want_ev {
+	uint64_t kind;
+	const char *path, *path2;
+	int seen;
+};
+
+static void expect_events(struct spaced_guest_client *c, uint32_t id, struct want_ev *w, size_t n)
+{
+	size_t left = n;
+	for (size_t i = 0; i < n; i++)
+		left -= w[i].seen ? 1 : 0;
+	while (left > 0) {
+		struct spaced_guest_msg m = {0};
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.id, id);
+		cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_EVENT, "type %x", m.hdr.type);
+		struct spaced_field_reader r;
+		uint64_t kind;
+		char p1[512], p2[512];
+		spaced_field_reader_init(&r, m.payload, m.hdr.len);
+		cr_assert_eq(spaced_field_get_u64(&r, &kind), 0);
+		cr_assert_eq(spaced_field_get_strbuf(&r, p1, sizeof p1), 0);
+		cr_assert_eq(spaced_field_get_strbuf(&r, p2, sizeof p2), 0);
+		cr_assert_eq(spaced_field_end(&r), 0);
+		for (size_t i = 0; i < n; i++) {
+			if (!w[i].seen && w[i].kind == kind && strcmp(w[i].path, p1) == 0 &&
+			    strcmp(w[i].path2, p2) == 0) {
+				w[i].seen = 1;
+				left--;
+			}
+		}
+		spaced_guest_msg_clear(&m);
+	}
+}
+
+Test(guest, watch_recursive_events)
+{
+	char p[256], q[256];
+	snprintf(p, sizeof p, "%s/w", root);
+	cr_assert_eq(mkdir(p, 0755), 0);
+	snprintf(p, sizeof p, "%s/w/old", root);
+	cr_assert_eq(mkdir(p, 0755), 0);
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	spaced_field_put_str(&b, "w");
+	uint32_t id = spaced_guest_client_next_id(c);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_WATCH, 0, id, b.data, b.len), 0);
+	struct spaced_guest_msg m = {0};
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STARTED);
+	spaced_guest_msg_clear(&m);
+
+	snprintf(p, sizeof p, "%s/w/a.txt", root);
+	put_file(p, "x");
+	struct want_ev w1[] = {
+		{SPACED_GUEST_EV_CREATE, "a.txt", "", 0},
+		{SPACED_GUEST_EV_MODIFY, "a.txt", "", 0},
+	};
+	expect_events(c, id, w1, 2);
+
+	/* a file in a new subdirectory, and in a directory that existed before */
+	snprintf(p, sizeof p, "%s/w/sub", root);
+	cr_assert_eq(mkdir(p, 0755), 0);
+	snprintf(p, sizeof p, "%s/w/sub/b.txt", root);
+	put_file(p, "y");
+	snprintf(p, sizeof p, "%s/w/old/c.txt", root);
+	put_file(p, "z");
+	struct want_ev w2[] = {
+		{SPACED_GUEST_EV_CREATE, "sub", "", 0},
+		{SPACED_GUEST_EV_CREATE, "sub/b.txt", "", 0},
+		{SPACED_GUEST_EV_CREATE, "old/c.txt", "", 0},
+	};
+	expect_events(c, id, w2, 3);
+
+	/* a file in a directory created after the previous round */
+	snprintf(p, sizeof p, "%s/w/sub/deeper/x", root);
+	mkdir_p(p);
+	struct want_ev w3a[] = {{SPACED_GUEST_EV_CREATE, "sub/deeper/x", "", 0}};
+	expect_events(c, id, w3a, 1);
+	snprintf(p, sizeof p, "%s/w/sub/deeper/x/f", root);
+	put_file(p, "1");
+	put_file(p, "12");
+	struct want_ev w3[] = {
+		{SPACED_GUEST_EV_CREATE, "sub/deeper/x/f", "", 0},
+		{SPACED_GUEST_EV_MODIFY, "sub/deeper/x/f", "", 0},
+	};
+	expect_events(c, id, w3, 2);
+
+	snprintf(p, sizeof p, "%s/w/a.txt", root);
+	snprintf(q, sizeof q, "%s/w/sub/moved.txt", root);
+	cr_assert_eq(rename(p, q), 0);
+	snprintf(p, sizeof p, "%s/w/sub", root);
+	snprintf(q, sizeof q, "%s/w/renamed", root);
+	cr_assert_eq(rename(p, q), 0);
+	snprintf(p, sizeof p, "%s/w/renamed/b.txt", root);
+	cr_assert_eq(unlink(p), 0);
+	struct want_ev w4[] = {
+		{SPACED_GUEST_EV_MOVE, "a.txt", "sub/moved.txt", 0},
+		{SPACED_GUEST_EV_MOVE, "sub", "renamed", 0},
+		{SPACED_GUEST_EV_DELETE, "renamed/b.txt", "", 0},
+	};
+	expect_events(c, id, w4, 3);
+
+	/* moves into and out of the watched tree */
+	snprintf(p, sizeof p, "%s/w/renamed/moved.txt", root);
+	snprintf(q, sizeof q, "%s/gone.txt", root);
+	cr_assert_eq(rename(p, q), 0);
+	struct want_ev w5[] = {{SPACED_GUEST_EV_MOVE, "renamed/moved.txt", "", 0}};
+	expect_events(c, id, w5, 1);
+
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_CANCEL, 0, id, NULL, 0), 0);
+	for (;;) {
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		if (m.hdr.type == SPACED_GUEST_OUT_RESULT)
+			break;
+		spaced_guest_msg_clear(&m);
+	}
+	struct spaced_field_reader r;
+	cr_assert_eq(spaced_guest_result_head(c, &m, &r), 0);
+	assert_ident(c);
+	spaced_guest_msg_clear(&m);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
+/* A raw socket for malformed input. */
+static int raw_conn(void)
+{
+	struct spaced_guest_client *c = connect_guest();
+	int fd = dup(spaced_guest_client_fd(c));
+	spaced_guest_client_free(c);
+	return fd;
+}
+
+/* The guest closes the connection: read sees EOF (no answer at all). */
+static void assert_dropped(int fd)
+{
+	char buf[256];
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof buf)) > 0)
+		;
+	cr_assert_eq(n, 0, "connection not closed");
+	close(fd);
+}
+
+static void raw_header(int fd, uint32_t len, uint16_t type, uint16_t flags, uint32_t id)
+{
+	uint8_t h[SPACED_FRAME_HDR_LEN];
+	struct spaced_frame_hdr hd = {len, type, flags, id};
+	spaced_frame_hdr_encode(h, &hd);
+	cr_assert_eq(write(fd, h, sizeof h), (ssize_t)sizeof h);
+}
+
+Test(guest, malformed_frames_drop_only_that_connection)
+{
+	struct spaced_guest_client *good = connect_guest();
+
+	int fd = raw_conn(); /* oversized length: dropped before any allocation */
+	raw_header(fd, SPACED_FRAME_MAX + 1, SPACED_GUEST_HELLO, 0, 1);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* unknown type */
+	raw_header(fd, 0, 0x7777, 0, 1);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* unknown flag bit */
+	raw_header(fd, 0, SPACED_GUEST_HELLO, 0x8000, 1);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* truncated payload, then end of stream */
+	raw_header(fd, 100, SPACED_GUEST_FS_STAT, 0, 1);
+	cr_assert_eq(write(fd, "s\x05\0\0\0ab", 7), 7);
+	shutdown(fd, SHUT_WR);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* trailing bytes after the fields of a request */
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1024);
+	spaced_field_put_str(&b, "x");
+	spaced_field_put_u64(&b, 5);
+	raw_header(fd, (uint32_t)b.len, SPACED_GUEST_FS_STAT, 0, 1);
+	cr_assert_eq(write(fd, b.data, b.len), (ssize_t)b.len);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* a field of the wrong kind */
+	b.len = 0;
+	spaced_field_put_u64(&b, 5);
+	raw_header(fd, (uint32_t)b.len, SPACED_GUEST_FS_STAT, 0, 1);
+	cr_assert_eq(write(fd, b.data, b.len), (ssize_t)b.len);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* a string length pointing past the payload */
+	raw_header(fd, 6, SPACED_GUEST_FS_STAT, 0, 1);
+	cr_assert_eq(write(fd, "s\xff\xff\0\0a", 6), 6);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* an id that is still open */
+	b.len = 0;
+	spaced_field_put_str(&b, "");
+	raw_header(fd, (uint32_t)b.len, SPACED_GUEST_WATCH, 0, 5);
+	cr_assert_eq(write(fd, b.data, b.len), (ssize_t)b.len);
+	raw_header(fd, 0, SPACED_GUEST_HELLO, 0, 5);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* HELLO with a payload */
+	raw_header(fd, 1, SPACED_GUEST_HELLO, 0, 1);
+	cr_assert_eq(write(fd, "x", 1), 1);
+	assert_dropped(fd);
+
+	fd = raw_conn(); /* id 0 */
+	raw_header(fd, 0, SPACED_GUEST_HELLO, 0, 0);
+	assert_dropped(fd);
+
+	/* the guest and the other connection are unaffected */
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(good, &id), 0);
+	assert_ident(good);
+	struct spaced_guest_client *fresh = connect_guest();
+	cr_assert_eq(spaced_guest_hello(fresh, &id), 0);
+	cr_assert_eq(waitpid(guest_pid, NULL, WNOHANG), 0, "guest died");
+	spaced_buf_free(&b);
+	spaced_guest_client_free(fresh);
+	spaced_guest_client_free(good);
+}
+
+/* ---- control-fd mode (the launcher's interface) ---- */
+
+struct child_args {
+	int fd;
+	const char *identity;
+};
+
+static int control_child(void *arg)
+{
+	struct child_args *ca = arg;
+	int fd = ca->fd;
+	const char *identity = ca->identity;
+	{
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(fd, 3);
+		if (identity)
+			execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--control-fd", "3",
+			      "--identity", identity, (char *)NULL);
+		else
+			execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--control-fd", "3",
+			      (char *)NULL);
+		_exit(127);
+	}
+}
+
+/* Starts the guest as PID 1 of a new PID namespace (clone, so the test
+ * process itself stays in its own namespace). */
+static pid_t start_control_pid1(int *ctl, const char *identity)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+	static char stack[256 * 1024] __attribute__((aligned(16)));
+	struct child_args ca = {sv[1], identity};
+	pid_t pid = clone(control_child, stack + sizeof stack, CLONE_NEWPID | SIGCHLD, &ca);
+	if (pid < 0)
+		return -1;
+	close(sv[1]);
+	*ctl = sv[0];
+	return pid;
+}
+
+static pid_t start_control(int *ctl, const char *identity)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(sv[1], 3);
+		if (identity)
+			execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--control-fd", "3",
+			      "--identity", identity, (char *)NULL);
+		else
+			execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--control-fd", "3",
+			      (char *)NULL);
+		_exit(127);
+	}
+	close(sv[1]);
+	*ctl = sv[0];
+	return pid;
+}
+
+static void ctl_send(int ctl, const char *msg, int fd)
+{
+	struct iovec iov = {(void *)(uintptr_t)msg, strlen(msg)};
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr a;
+	} cm;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (fd >= 0) {
+		mh.msg_control = cm.b;
+		mh.msg_controllen = sizeof cm.b;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	}
+	cr_assert_eq(sendmsg(ctl, &mh, 0), (ssize_t)strlen(msg));
+}
+
+static struct spaced_guest_client *ctl_conn(int ctl)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	ctl_send(ctl, "CONN 1024", sv[1]);
+	close(sv[1]);
+	struct spaced_guest_client *c = NULL;
+	cr_assert_eq(spaced_guest_client_adopt(sv[0], &c), 0);
+	return c;
+}
+
+static void ctl_expect(int ctl, const char *want)
+{
+	char buf[64];
+	ssize_t n = recv(ctl, buf, sizeof buf - 1, 0);
+	cr_assert_gt(n, 0);
+	buf[n] = 0;
+	cr_assert_str_eq(buf, want);
+}
+
+Test(guest, control_fd_identity_then_conn)
+{
+	int ctl;
+	pid_t pid = start_control(&ctl, NULL);
+	/* a connection handed over before the identity is refused (not served) */
+	struct spaced_guest_client *early = ctl_conn(ctl);
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(early, &id), SPACED_EIDENTITY);
+	cr_assert_str_eq(spaced_guest_client_identity(early), "");
+
+	ctl_send(ctl, "IDENTITY " IDENT2, -1);
+	ctl_expect(ctl, "READY");
+	struct spaced_guest_client *c = ctl_conn(ctl);
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	cr_assert_str_eq(id.sandbox, "sbx-2");
+	cr_assert_eq(id.generation, 3);
+	cr_assert_eq(spaced_guest_hello(early, &id), 0, "served once the identity is known");
+	cr_assert_eq(spaced_guest_fs_write(c, "via-ctl", "ok", 2, 0, 0), 0);
+	cr_assert_str_eq(spaced_guest_client_identity(c), IDENT2);
+
+	/* closing the control socket ends the guest */
+	close(ctl);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %x", st);
+	spaced_guest_client_free(c);
+	spaced_guest_client_free(early);
+}
+
+Test(guest, control_fd_second_identity_is_fatal)
+{
+	int ctl;
+	pid_t pid = start_control(&ctl, NULL);
+	ctl_send(ctl, "IDENTITY " IDENT, -1);
+	ctl_expect(ctl, "READY");
+	ctl_send(ctl, "IDENTITY " IDENT2, -1);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status %x", st);
+	close(ctl);
+}
+
+Test(guest, control_fd_identity_flag_means_ready_and_no_identity_message)
+{
+	int ctl;
+	pid_t pid = start_control(&ctl, IDENT);
+	ctl_expect(ctl, "READY");
+	struct spaced_guest_client *c = ctl_conn(ctl);
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	assert_ident(c);
+	ctl_send(ctl, "IDENTITY " IDENT2, -1); /* already has one: fatal */
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	spaced_guest_client_free(c);
+	close(ctl);
+}
+
+/* Children of host pid `parent` that are zombies, read from /proc. */
+static int zombies_of(pid_t parent)
+{
+	int n = 0;
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		char p[300], buf[512];
+		snprintf(p, sizeof p, "/proc/%s/stat", de->d_name);
+		FILE *f = fopen(p, "r");
+		if (f == NULL)
+			continue;
+		size_t k = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[k] = 0;
+		char *rp = strrchr(buf, ')');
+		char state;
+		int ppid;
+		if (rp != NULL && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == parent &&
+		    state == 'Z')
+			n++;
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* As PID 1 of a new PID namespace the guest ignores SIGTERM and reaps
+ * orphans that get re-parented to it. */
+Test(guest, pid1_reaps_and_survives_sigterm)
+{
+	int ctl;
+	pid_t pid = start_control_pid1(&ctl, IDENT);
+	if (pid < 0)
+		cr_skip_test("no pid namespace: %s", strerror(errno));
+	ctl_expect(ctl, "READY");
+	struct spaced_guest_client *c = ctl_conn(ctl);
+	struct spaced_buf out;
+	spaced_buf_init(&out, 4096);
+	const char *b[] = {"sh", "-c", "echo $PPID", NULL};
+	struct spaced_guest_exit x = run(c, b, NULL, NULL, 0, NULL, &out, NULL);
+	cr_assert_str_eq((char *)out.data, "1\n", "guest is PID 1");
+
+	/* an orphan: cat outlives its shell, is re-parented to PID 1, and exits
+	 * when the test closes the FIFO it reads */
+	char fifo[256];
+	snprintf(fifo, sizeof fifo, "%s/fifo", root);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	const char *a[] = {"sh", "-c", "cat fifo >/dev/null & echo started", NULL};
+	out.len = 0;
+	x = run(c, a, NULL, NULL, 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	int wfd = open(fifo, O_WRONLY); /* returns once cat has opened it */
+	cr_assert_geq(wfd, 0);
+	close(wfd);
+
+	cr_assert_eq(kill(pid, SIGTERM), 0);
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(c, &id), 0, "survived SIGTERM");
+	/* the orphan's exit is reaped: no zombie child of the guest remains */
+	int z = -1;
+	for (int i = 0; i < 200 && z != 0; i++) {
+		z = zombies_of(pid);
+		if (z != 0)
+			usleep(50 * 1000);
+	}
+	cr_assert_eq(z, 0, "zombies left under PID 1");
+	cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0);
+	spaced_buf_free(&out);
+	spaced_guest_client_free(c);
+	close(ctl);
+	waitpid(pid, NULL, 0);
+}
