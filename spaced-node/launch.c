@@ -56,6 +56,7 @@ struct launcher {
 	int ctl[MAX_CTL];
 	int nctl;
 	uint32_t next_local_port;
+	uint64_t t0; /* start of the creation, for create-to-ready */
 	bool stop;
 };
 
@@ -366,9 +367,11 @@ static int supervise(struct launcher *L)
 		if (pfd[1].revents) {
 			r = spaced_sub_handle_control(L->sub);
 			if (r == 1) {
-				logf_("guest ready");
+				double ms = (double)(spaced_mono_ns() - L->t0) / 1e6;
+
+				logf_("guest ready %.2f ms after the start of creation", ms);
 				(void)write_file(L->state, "ready", "ready\n");
-				printf("READY\n");
+				printf("READY %.3f\n", ms);
 				fflush(stdout);
 			} else if (r == SPACED_ECLOSED) {
 				logf_("guest closed its control socket");
@@ -416,7 +419,7 @@ static int run(int argc, char **argv)
 	char why[512] = "", path[PATH_MAX + 64], line[256];
 	const char *state = NULL;
 	bool keep = false;
-	uint64_t t0, t1;
+	uint64_t t0;
 	sigset_t ss;
 	int r, status = 0, logfd;
 
@@ -514,17 +517,7 @@ static int run(int argc, char **argv)
 		spaced_identity_encode(cfg.identity, idtext, sizeof(idtext));
 		(void)write_file(L.state, "identity", idtext);
 	}
-	r = spaced_sub_wait_ready(L.sub, 30000);
-	if (r < 0) {
-		fprintf(stderr, "spaced-launch: guest not ready: %s\n", spaced_strerror(r));
-		status = 1;
-		goto out;
-	}
-	t1 = spaced_mono_ns();
-	logf_("guest ready in %.2f ms", (double)(t1 - t0) / 1e6);
-	(void)write_file(L.state, "ready", "ready\n");
-	printf("READY %.3f\n", (double)(t1 - t0) / 1e6);
-	fflush(stdout);
+	L.t0 = t0;
 	r = supervise(&L);
 	if (r < 0)
 		status = 1;

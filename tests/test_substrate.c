@@ -1,0 +1,757 @@
+/*
+ * test_substrate.c — the process substrate end to end, with real processes:
+ * spaced-launch creates executions (namespaces, overlay root, cgroups,
+ * seccomp) around the guest, and the tests look at them from inside (through
+ * `spaced-launch exec`) and from the host (state directory, cgroup files,
+ * /proc). The guest is BUILD/spaced-guest/spaced-guest when it is built, the
+ * stand-in tests/stub_guest.c otherwise.
+ *
+ * Rules: I2 (a restore is a new execution with a greater generation), B2 (the
+ * guest transport listener is bound to the launcher process), and the
+ * isolation the substrate promises (docs/substrate.md).
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "guest_client.h"
+#include "identity.h"
+#include "pidref.h"
+#include "util.h"
+#include "vsock_hs.h"
+
+static char dir[64];
+/* launchers started by the running test, stopped by teardown even when an
+ * assertion ended the test early */
+static pid_t started[8];
+static int nstarted;
+
+static bool real_guest(void)
+{
+	return access(SPACED_GUEST_BIN, X_OK) == 0;
+}
+
+static const char *guest_bin(void)
+{
+	return real_guest() ? SPACED_GUEST_BIN : STUB_GUEST;
+}
+
+static void idtext(char *out, size_t sz, const char *sandbox, int gen)
+{
+	snprintf(out, sz, "sandbox=%s;generation=%d;worker=w1;substrate=process;activation=a1;pod_uid=",
+	         sandbox, gen);
+}
+
+static void setup(void)
+{
+	strcpy(dir, "/tmp/spaced-sub-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+
+	for (int i = 0; i < nstarted; i++) {
+		if (waitpid(started[i], NULL, WNOHANG) != 0)
+			continue;
+		kill(started[i], SIGTERM); /* the launcher tears its execution down */
+		waitpid(started[i], NULL, 0);
+	}
+	nstarted = 0;
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	(void)system(cmd);
+}
+
+/* Skips unless this machine can build executions. */
+static void need_sandbox(void)
+{
+	pid_t pid;
+	int st;
+
+	if (getuid() != 0)
+		cr_skip_test("needs root (namespaces, overlayfs, cgroups)");
+	pid = fork();
+	if (pid == 0)
+		_exit(unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET) == 0 ? 0 : 1);
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		cr_skip_test("namespaces unavailable on this machine");
+	if (access("/sys/fs/cgroup/freezer", F_OK) != 0 && access("/sys/fs/cgroup/cgroup.controllers", F_OK) != 0)
+		cr_skip_test("no cgroup freezer");
+}
+
+struct launcher {
+	pid_t pid;
+	int out; /* its stdout */
+	char state[80];
+};
+
+/* Reads one line from fd (blocking, up to timeout_ms); "" on EOF/timeout. */
+static void read_line(int fd, char *buf, size_t sz, int timeout_ms)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	while (n + 1 < sz) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		char c;
+
+		if (poll(&p, 1, timeout_ms) <= 0 || read(fd, &c, 1) != 1)
+			break;
+		if (c == '\n')
+			break;
+		buf[n++] = c;
+	}
+	buf[n] = '\0';
+}
+
+/* Starts spaced-launch with the given extra arguments (NULL-terminated). */
+static void start(struct launcher *l, const char *name, const char *const *extra, bool wait_ready)
+{
+	const char *argv[32];
+	int pfd[2], n = 0;
+	char line[128];
+
+	snprintf(l->state, sizeof(l->state), "%.40s/%.30s", dir, name);
+	argv[n++] = SPACED_LAUNCH;
+	argv[n++] = "--state";
+	argv[n++] = l->state;
+	argv[n++] = "--guest";
+	argv[n++] = guest_bin();
+	for (; extra != NULL && *extra != NULL && n < 30; extra++)
+		argv[n++] = *extra;
+	argv[n] = NULL;
+	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);
+	l->pid = fork();
+	cr_assert_geq(l->pid, 0);
+	if (l->pid == 0) {
+		dup2(pfd[1], 1);
+		execv(SPACED_LAUNCH, (char *const *)(uintptr_t)argv);
+		_exit(127);
+	}
+	close(pfd[1]);
+	l->out = pfd[0];
+	if (nstarted < 8)
+		started[nstarted++] = l->pid;
+	if (wait_ready) {
+		read_line(l->out, line, sizeof(line), 20000);
+		cr_assert(strncmp(line, "READY", 5) == 0, "launcher did not become ready (got \"%s\")", line);
+		cr_log_info("%s: %s ms (create to READY)", name, line + 6);
+	}
+}
+
+/* One control command; returns the answer. */
+static void ctl(const struct launcher *l, const char *cmd, char *reply, size_t sz)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	ssize_t n;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/control.sock", l->state);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "control.sock: %s", strerror(errno));
+	cr_assert_eq(send(fd, cmd, strlen(cmd), 0), (ssize_t)strlen(cmd));
+	n = recv(fd, reply, sz - 1, 0);
+	cr_assert_gt(n, 0);
+	reply[n] = '\0';
+	close(fd);
+}
+
+static void ctl_ok(const struct launcher *l, const char *cmd)
+{
+	char reply[1024];
+
+	ctl(l, cmd, reply, sizeof(reply));
+	cr_assert(strncmp(reply, "OK", 2) == 0, "%s: %s", cmd, reply);
+}
+
+static int stop(struct launcher *l)
+{
+	int st;
+
+	ctl_ok(l, "STOP");
+	cr_assert_eq(waitpid(l->pid, &st, 0), l->pid);
+	close(l->out);
+	return st;
+}
+
+/* Runs `sh -c script` inside; its stdout+stderr land in out. Returns the exit
+ * code (128+signal when killed). */
+static int run_in(const struct launcher *l, const char *script, char *out, size_t sz)
+{
+	int pfd[2], st;
+	size_t n = 0;
+	pid_t pid;
+
+	cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);
+	pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		dup2(pfd[1], 1);
+		dup2(pfd[1], 2);
+		execl(SPACED_LAUNCH, SPACED_LAUNCH, "exec", "--state", l->state, "--", "/bin/sh", "-c",
+		      script, (char *)NULL);
+		_exit(127);
+	}
+	close(pfd[1]);
+	for (;;) {
+		ssize_t r = read(pfd[0], out + n, sz - 1 - n);
+
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+		if (n == sz - 1)
+			break;
+	}
+	out[n] = '\0';
+	close(pfd[0]);
+	waitpid(pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static pid_t init_pid(const struct launcher *l)
+{
+	char reply[1024], *p;
+
+	ctl(l, "STATUS", reply, sizeof(reply));
+	p = strstr(reply, "init=");
+	cr_assert_not_null(p, "%s", reply);
+	return (pid_t)atoi(p + 5);
+}
+
+/* The guest transport: CONNECT handshake, then the identity the guest
+ * reports on that connection. */
+static int guest_identity(const struct launcher *l, uint32_t port, char *out, size_t sz)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char line[64], req[32];
+	uint32_t local;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/guest.sock", l->state);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return SPACED_ESYS;
+	snprintf(req, sizeof(req), "CONNECT %u\n", (unsigned)port);
+	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	read_line(fd, line, sizeof(line), 10000);
+	strcat(line, "\n");
+	if (spaced_vsock_hs_parse_ok((const uint8_t *)line, strlen(line), &local) < 0) {
+		close(fd);
+		return SPACED_EPROTO;
+	}
+	if (real_guest()) {
+		struct spaced_guest_client *c = NULL;
+		struct spaced_identity id;
+		int r;
+
+		cr_assert_eq(spaced_guest_client_adopt(fd, &c), 0);
+		r = spaced_guest_hello(c, &id);
+		if (r == 0)
+			r = spaced_identity_encode(&id, out, sz) < 0 ? SPACED_EINVAL : 0;
+		spaced_guest_client_free(c);
+		return r;
+	}
+	/* stand-in: "stub-guest port=P identity=TEXT" */
+	{
+		char big[700], *p;
+
+		read_line(fd, big, sizeof(big), 10000);
+		close(fd);
+		p = strstr(big, "identity=");
+		if (p == NULL)
+			return SPACED_EPROTO;
+		snprintf(out, sz, "%s", p + 9);
+	}
+	return 0;
+}
+
+TestSuite(substrate, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(substrate, namespaces_and_identity)
+{
+	char id[256], out[8192], path[128], a[128], b[128], got[512];
+	const char *extra[] = { "--identity", id, NULL };
+	struct launcher l;
+	pid_t init;
+	ssize_t n;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-ns", 1);
+	start(&l, "x", extra, true);
+	/* inside: PID 1 is the guest, the hostname is the sandbox, only lo exists */
+	cr_assert_eq(run_in(&l, "tr '\\0' ' ' </proc/1/cmdline; echo; hostname; "
+	                        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; id -u; "
+	                        "ls /proc | grep -c '^[0-9]'", out, sizeof(out)), 0, "%s", out);
+	cr_log_info("inside:\n%s", out);
+	cr_assert(strstr(out, "spaced-guest --root / --control-fd 3") != NULL, "%s", out);
+	cr_assert(strstr(out, "\nsbx-ns\nlo\n0\n") != NULL, "%s", out);
+	/* from the host: other namespaces than ours, root inside is uid 100000 */
+	init = init_pid(&l);
+	for (const char *const *ns = (const char *const[]){ "pid", "mnt", "net", "uts", "ipc", "user", "cgroup", NULL }; *ns; ns++) {
+		snprintf(path, sizeof(path), "/proc/self/ns/%s", *ns);
+		n = readlink(path, a, sizeof(a) - 1);
+		cr_assert_gt(n, 0);
+		a[n] = '\0';
+		snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)init, *ns);
+		n = readlink(path, b, sizeof(b) - 1);
+		cr_assert_gt(n, 0);
+		b[n] = '\0';
+		cr_assert_str_neq(a, b, "namespace %s shared with the host", *ns);
+	}
+	{
+		struct spaced_pidref ref;
+		uid_t uid;
+
+		cr_assert_eq(spaced_pidref_from_pid(&ref, init), 0);
+		cr_assert_eq(spaced_pidref_uid(&ref, &uid), 0);
+		cr_assert_eq(uid, 100000);
+		spaced_pidref_done(&ref);
+	}
+	/* the guest reports the identity it was started with */
+	cr_assert_eq(guest_identity(&l, 5, got, sizeof(got)), 0);
+	cr_assert_str_eq(got, id);
+	stop(&l);
+	/* stopped: the layers are gone, the cgroups too */
+	snprintf(path, sizeof(path), "%s/upper", l.state);
+	cr_assert_neq(access(path, F_OK), 0);
+}
+
+Test(substrate, guest_transport_handshake) /* B2, strict CONNECT parsing */
+{
+	static const char *const bad[] = {
+		"CONNECT -1\n", "CONNECT 4294967296\n", "connect 1\n", "CONNECT  1\n",
+		"CONNECT 1 \n", "CONNECT 01\n", "CONNECT 1\r\n", "CONNECT 123456789012345678901234567\n",
+	};
+	char id[256], buf[64], why[256] = "";
+	const char *extra[] = { "--identity", id, NULL };
+	struct spaced_expected_listener exp;
+	struct spaced_pidref lref;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct launcher l;
+	int fd;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-hs", 1);
+	start(&l, "x", extra, true);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/guest.sock", l.state);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ssize_t n;
+
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		cr_assert_eq(write(fd, bad[i], strlen(bad[i])), (ssize_t)strlen(bad[i]));
+		n = read(fd, buf, sizeof(buf)); /* refused: closed without an answer */
+		cr_assert_leq(n, 0, "\"%s\" was answered", bad[i]);
+		close(fd);
+	}
+	/* no newline at all, NUL bytes: refused too (the NUL at once, the other at 32 bytes) */
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(write(fd, "CONNECT 1\0\n", 11), 11);
+	/* closed with our bytes unread: EOF or ECONNRESET, never an answer */
+	cr_assert_leq(read(fd, buf, sizeof(buf)), 0);
+	close(fd);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	memset(buf, '7', 40);
+	cr_assert_eq(write(fd, buf, 40), 40);
+	cr_assert_leq(read(fd, buf, sizeof(buf)), 0);
+	close(fd);
+	/* the launcher survived all of it and still serves */
+	{
+		char got[512];
+
+		cr_assert_eq(guest_identity(&l, 1024, got, sizeof(got)), 0);
+		cr_assert_str_eq(got, id);
+	}
+	/* B2: guest.sock is owned by root and held by the launcher process */
+	cr_assert_eq(spaced_pidref_from_pid(&lref, l.pid), 0);
+	memset(&exp, 0, sizeof(exp));
+	exp.owner_uid = 0;
+	exp.pid = l.pid;
+	exp.start_time = lref.start_time;
+	exp.check_exe = true;
+	cr_assert_eq(spaced_exe_id_of_path(SPACED_LAUNCH, true, &exp.exe), 0);
+	cr_assert_eq(spaced_peer_verify_listener(sa.sun_path, &exp, why, sizeof(why)), 0, "%s", why);
+	fd = -1;
+	cr_assert_eq(spaced_peer_connect_listener(sa.sun_path, &exp, &fd, why, sizeof(why)), 0, "%s", why);
+	close(fd);
+	/* the guest binary is not the VMM: expecting it is refused */
+	cr_assert_eq(spaced_exe_id_of_path(guest_bin(), false, &exp.exe), 0);
+	cr_assert_eq(spaced_peer_verify_listener(sa.sun_path, &exp, why, sizeof(why)), SPACED_EPEER);
+	spaced_pidref_done(&lref);
+	stop(&l);
+}
+
+Test(substrate, overlay_writes_stay_in_upper)
+{
+	char id[256], out[4096], p[256];
+	const char *extra[] = { "--identity", id, "--uid-base", "0", NULL };
+	struct launcher l;
+	struct stat st;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-ov", 1);
+	/* root mapped to root (uid base 0): the base's own files are writable
+	 * through the overlay, which shows where the writes go */
+	start(&l, "x", extra, true);
+	cr_assert_eq(run_in(&l, "echo new > /usr/spaced-overlay-probe && echo mod >> /etc/hostname && "
+	                        "echo t > /tmp/t && rm /etc/debian_version && cat /etc/hostname",
+	                    out, sizeof(out)), 0, "%s", out);
+	cr_assert(strstr(out, "mod") != NULL);
+	/* the writes are in the upper dirs … */
+	snprintf(p, sizeof(p), "%s/upper/usr/spaced-overlay-probe", l.state);
+	cr_assert_eq(stat(p, &st), 0);
+	snprintf(p, sizeof(p), "%s/upper/etc/hostname", l.state);
+	cr_assert_eq(stat(p, &st), 0);
+	snprintf(p, sizeof(p), "%s/upper/etc/debian_version", l.state);
+	cr_assert_eq(lstat(p, &st), 0);
+	cr_assert(S_ISCHR(st.st_mode) && st.st_rdev == 0, "whiteout expected");
+	snprintf(p, sizeof(p), "%s/upper/root/tmp/t", l.state);
+	cr_assert_eq(stat(p, &st), 0);
+	/* … and the base is unchanged */
+	cr_assert_neq(access("/usr/spaced-overlay-probe", F_OK), 0);
+	cr_assert_eq(access("/etc/debian_version", F_OK), 0);
+	{
+		FILE *f = fopen("/etc/hostname", "r");
+		char line[256] = "";
+
+		cr_assert_not_null(f);
+		while (fgets(line, sizeof(line), f) != NULL)
+			cr_assert(strstr(line, "mod") == NULL, "host /etc/hostname changed");
+		fclose(f);
+	}
+	stop(&l);
+}
+
+Test(substrate, escape_attempts_fail)
+{
+	char id[256], out[8192];
+	const char *extra[] = { "--identity", id, NULL };
+	struct launcher l;
+	pid_t sleeper;
+	int st;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-esc", 1);
+	sleeper = fork();
+	if (sleeper == 0) {
+		pause();
+		_exit(0);
+	}
+	start(&l, "x", extra, true);
+	/* each line prints "ok" when the attempt was refused */
+	cr_assert_eq(run_in(&l,
+	                    "mount -t tmpfs none /tmp 2>/dev/null && echo MOUNTED || echo ok-mount;"
+	                    "unshare -U true 2>/dev/null && echo UNSHARED || echo ok-unshare;"
+	                    "unshare -n true 2>/dev/null && echo UNSHARED-NET || echo ok-unshare-net;"
+	                    "chroot / true 2>/dev/null && echo CHROOT || echo ok-chroot;"
+	                    "ls /work >/dev/null 2>&1 && echo HOST-FS || echo ok-hostfs;"
+	                    "ls /sys/class/net >/dev/null 2>&1 && echo SYSFS || echo ok-sysfs;"
+	                    "test -e /dev/vda && echo DISK || echo ok-disk;"
+	                    "cat /etc/shadow >/dev/null 2>&1 && echo SHADOW || echo ok-shadow;"
+	                    "echo x > /proc/sys/kernel/hostname 2>/dev/null && echo SYSCTL || echo ok-sysctl;"
+	                    "hostname evil 2>/dev/null && echo HOSTNAME || echo ok-hostname;"
+	                    "ip link set lo down 2>/dev/null && echo NETADMIN || echo ok-netadmin;"
+	                    "kill -9 -1 2>/dev/null; echo ok-kill;"
+	                    "touch /usr/bin/evil 2>/dev/null && echo BASE-WRITE || echo ok-base;"
+	                    /* syscalls of the deny-list through ctypes: EPERM (1) from seccomp,
+	                     * including calls that succeed anywhere else: unshare(0), keyctl */
+	                    "python3 -c '\n"
+	                    "import ctypes, os\n"
+	                    "libc = ctypes.CDLL(None, use_errno=True)\n"
+	                    "calls = {\"unshare0\": (272, 0), \"keyctl\": (250, 0, -3, 0),\n"
+	                    " \"bpf\": (321, 0, 0, 0), \"perf_event_open\": (298, 0, 0, -1, -1, 0),\n"
+	                    " \"open_by_handle_at\": (304, 3, 0, 0), \"kexec_load\": (246, 0, 0, 0, 0),\n"
+	                    " \"init_module\": (175, 0, 0, 0), \"setns\": (308, 0, 0), \"userfaultfd\": (323, 0),\n"
+	                    " \"mount_setattr\": (442, -1, 0, 0, 0, 0), \"fsopen\": (430, 0, 0)}\n"
+	                    "for name, args in calls.items():\n"
+	                    "    r = libc.syscall(*[ctypes.c_long(a) for a in args])\n"
+	                    "    e = ctypes.get_errno()\n"
+	                    "    print(name, \"ok-seccomp\" if r == -1 and e == 1 else \"ALLOWED r=%d errno=%d\" % (r, e))\n"
+	                    "'",
+	                    out, sizeof(out)), 0, "%s", out);
+	cr_log_info("escape attempts:\n%s", out);
+	cr_assert(strstr(out, "MOUNTED") == NULL && strstr(out, "UNSHARED") == NULL &&
+	          strstr(out, "CHROOT") == NULL && strstr(out, "HOST-FS") == NULL &&
+	          strstr(out, "SYSFS") == NULL && strstr(out, "DISK") == NULL &&
+	          strstr(out, "SHADOW") == NULL && strstr(out, "SYSCTL") == NULL &&
+	          strstr(out, "HOSTNAME") == NULL && strstr(out, "NETADMIN") == NULL &&
+	          strstr(out, "BASE-WRITE") == NULL && strstr(out, "ALLOWED") == NULL,
+	          "%s", out);
+	cr_assert_eq(strstr(out, "ok-seccomp") != NULL, true, "%s", out);
+	/* kill -9 -1 inside reached nothing outside */
+	cr_assert_eq(waitpid(sleeper, &st, WNOHANG), 0, "a host process was killed from inside");
+	kill(sleeper, SIGKILL);
+	waitpid(sleeper, &st, 0);
+	/* the execution itself survives its own kill -9 -1 (PID 1 ignores it) */
+	cr_assert_eq(run_in(&l, "echo alive", out, sizeof(out)), 0, "%s", out);
+	stop(&l);
+}
+
+/* The cgroup v1 directory of `ctrl` holding pid (from the host's view). */
+static void cgroup_dir(pid_t pid, const char *ctrl, char *out, size_t sz)
+{
+	char path[64], line[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+	f = fopen(path, "r");
+	cr_assert_not_null(f);
+	out[0] = '\0';
+	while (fgets(line, sizeof(line), f) != NULL) {
+		char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+
+		if (c2 == NULL)
+			continue;
+		*c2 = '\0';
+		line[strcspn(c2 + 1, "\n") + (size_t)(c2 + 1 - line)] = '\0';
+		if (strcmp(c1 + 1, ctrl) == 0)
+			snprintf(out, sz, "/sys/fs/cgroup/%s%s", ctrl, c2 + 1);
+	}
+	fclose(f);
+	cr_assert_neq(out[0], '\0', "no %s cgroup", ctrl);
+}
+
+static long read_key(const char *file, const char *key)
+{
+	char line[256];
+	long v = -1;
+	FILE *f = fopen(file, "r");
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, key, strlen(key)) == 0 && line[strlen(key)] == ' ')
+			v = atol(line + strlen(key) + 1);
+	fclose(f);
+	return v;
+}
+
+Test(substrate, memory_limit_kills_a_hog)
+{
+	char id[256], out[4096], cg[512], p[600];
+	const char *extra[] = { "--identity", id, "--memory", "67108864", NULL };
+	struct launcher l;
+	int rc;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/memory", F_OK) != 0)
+		cr_skip_test("cgroup v1 memory hierarchy not mounted (this test reads its files)");
+	idtext(id, sizeof(id), "sbx-mem", 1);
+	start(&l, "x", extra, true);
+	/* 256 MiB of touched memory against a 64 MiB limit */
+	rc = run_in(&l, "python3 -c 'b = bytearray(b\"x\") * (256 << 20); print(\"SURVIVED\", len(b))'",
+	            out, sizeof(out));
+	cr_log_info("hog exit %d: %s", rc, out);
+	cr_assert(strstr(out, "SURVIVED") == NULL, "%s", out);
+	cr_assert_eq(rc, 128 + SIGKILL, "hog exit %d: %s", rc, out);
+	cgroup_dir(init_pid(&l), "memory", cg, sizeof(cg));
+	snprintf(p, sizeof(p), "%s/memory.oom_control", cg);
+	cr_assert_geq(read_key(p, "oom_kill"), 1, "no OOM kill recorded in %s", p);
+	/* the guest itself was not the victim */
+	cr_assert_eq(run_in(&l, "echo alive", out, sizeof(out)), 0);
+	stop(&l);
+}
+
+Test(substrate, pids_limit_stops_a_fork_bomb)
+{
+	char id[256], out[8192], cg[512], p[600];
+	const char *extra[] = { "--identity", id, "--pids", "24", NULL };
+	struct launcher l;
+	long cur, ev;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/pids", F_OK) != 0)
+		cr_skip_test("cgroup v1 pids hierarchy not mounted (this test reads its files)");
+	idtext(id, sizeof(id), "sbx-pids", 1);
+	start(&l, "x", extra, true);
+	/* a bounded bomb: 100 sleepers asked for, the limit lets ~20 through */
+	(void)run_in(&l, "i=0; while [ $i -lt 100 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); done; echo done", out,
+	             sizeof(out));
+	cgroup_dir(init_pid(&l), "pids", cg, sizeof(cg));
+	snprintf(p, sizeof(p), "%s/pids.events", cg);
+	ev = read_key(p, "max");
+	snprintf(p, sizeof(p), "%s/pids.current", cg);
+	{
+		FILE *f = fopen(p, "r");
+
+		cr_assert_not_null(f);
+		cr_assert_eq(fscanf(f, "%ld", &cur), 1);
+		fclose(f);
+	}
+	cr_log_info("pids.current %ld, pids.events max %ld", cur, ev);
+	cr_assert_geq(ev, 1, "the pids limit was never hit");
+	cr_assert_leq(cur, 24);
+	stop(&l);
+}
+
+static long read_counter(const char *path)
+{
+	long v = -1;
+	FILE *f = fopen(path, "r");
+
+	if (f != NULL) {
+		if (fscanf(f, "%ld", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
+
+static void nap_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Waits (up to ~20 s) for the counter file to show a value other than `old`. */
+static long wait_change(const char *path, long old)
+{
+	for (int i = 0; i < 2000; i++) {
+		long v = read_counter(path);
+
+		if (v >= 0 && v != old)
+			return v;
+		nap_ms(10);
+	}
+	return old;
+}
+
+Test(substrate, freeze_stops_a_counter)
+{
+	char id[256], out[1024], counter[256], reply[1024];
+	const char *extra[] = { "--identity", id, NULL };
+	struct launcher l;
+	long a, b, c;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-frz", 1);
+	start(&l, "x", extra, true);
+	cr_assert_eq(run_in(&l, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; "
+	                        "sleep 0.01; done) >/dev/null 2>&1 </dev/null & echo started",
+	                    out, sizeof(out)), 0, "%s", out);
+	snprintf(counter, sizeof(counter), "%s/upper/root/tmp/c", l.state);
+	a = wait_change(counter, -1);
+	cr_assert_geq(a, 0, "the counter never started");
+	a = wait_change(counter, a);
+	ctl_ok(&l, "PAUSE");
+	ctl(&l, "STATUS", reply, sizeof(reply));
+	cr_assert(strstr(reply, "paused=1") != NULL, "%s", reply);
+	b = read_counter(counter);
+	nap_ms(500); /* a running counter moves ~50 times in this time */
+	c = read_counter(counter);
+	cr_assert_eq(b, c, "the counter moved while frozen (%ld -> %ld)", b, c);
+	ctl_ok(&l, "THAW");
+	c = wait_change(counter, b);
+	cr_assert_neq(c, b, "the counter did not resume after thaw");
+	stop(&l);
+}
+
+Test(substrate, snapshot_restore_new_execution) /* I2 */
+{
+	char id1[256], id2[256], idbad[256], out[4096], snap[128], got[512], reply[1024];
+	/* root mapped to root so the test can also delete a base file (a whiteout) */
+	const char *extra1[] = { "--identity", id1, "--uid-base", "0", NULL };
+	const char *extra2[] = { "--identity", id2, "--restore", snap, "--uid-base", "0", NULL };
+	struct launcher l1, l2;
+
+	need_sandbox();
+	idtext(id1, sizeof(id1), "sbx-snap", 7);
+	idtext(id2, sizeof(id2), "sbx-snap", 8);
+	start(&l1, "one", extra1, true);
+	cr_assert_eq(run_in(&l1, "mkdir -p /root/proj && echo hello-snapshot > /root/proj/data.txt && "
+	                         "chmod 0640 /root/proj/data.txt && ln -s proj/data.txt /root/link && "
+	                         "echo scratch > /tmp/scratch && rm -f /etc/motd",
+	                     out, sizeof(out)), 0, "%s", out);
+	snprintf(snap, sizeof(snap), "%s/snap", dir);
+	/* a snapshot needs a paused execution */
+	ctl(&l1, "SNAPSHOT /nonexistent-unused", reply, sizeof(reply));
+	cr_assert(strncmp(reply, "ERR", 3) == 0, "%s", reply);
+	ctl_ok(&l1, "PAUSE");
+	{
+		char cmd[200];
+
+		snprintf(cmd, sizeof(cmd), "SNAPSHOT %s", snap);
+		ctl_ok(&l1, cmd);
+	}
+	ctl_ok(&l1, "THAW");
+	stop(&l1);
+
+	/* restore: same sandbox, older or equal generation refused, other sandbox refused */
+	for (int k = 0; k < 2; k++) {
+		struct launcher lb;
+		const char *extrab[] = { "--identity", idbad, "--restore", snap, "--uid-base", "0", NULL };
+		int st;
+
+		if (k == 0)
+			idtext(idbad, sizeof(idbad), "sbx-snap", 7);
+		else
+			idtext(idbad, sizeof(idbad), "sbx-other", 9);
+		start(&lb, k == 0 ? "bad0" : "bad1", extrab, false);
+		cr_assert_eq(waitpid(lb.pid, &st, 0), lb.pid);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "restore %d was accepted", k);
+		close(lb.out);
+	}
+
+	start(&l2, "two", extra2, true);
+	cr_assert_eq(run_in(&l2, "cat /root/proj/data.txt; stat -c %a /root/proj/data.txt; "
+	                         "readlink /root/link; cat /tmp/scratch; test -e /etc/motd && echo MOTD || echo no-motd",
+	                     out, sizeof(out)), 0, "%s", out);
+	cr_assert_str_eq(out, "hello-snapshot\n640\nproj/data.txt\nscratch\nno-motd\n");
+	/* a new execution: the guest reports the new generation */
+	cr_assert_eq(guest_identity(&l2, 2, got, sizeof(got)), 0);
+	cr_assert_str_eq(got, id2);
+	cr_assert_str_neq(got, id1);
+	stop(&l2);
+}
+
+Test(substrate, identity_after_start) /* warm pool: IDENTITY message */
+{
+	char id[256], got[512], cmd[300], reply[1024], line[128];
+	struct launcher l;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-warm", 3);
+	start(&l, "x", NULL, false);
+	/* the real guest says READY only once it has an identity; the stand-in at once */
+	if (!real_guest()) {
+		read_line(l.out, line, sizeof(line), 20000);
+		cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
+	} else {
+		char p[200];
+
+		snprintf(p, sizeof(p), "%s/control.sock", l.state);
+		for (int i = 0; i < 2000 && access(p, F_OK) != 0; i++)
+			nap_ms(10);
+	}
+	ctl(&l, "STATUS", reply, sizeof(reply));
+	cr_assert(strstr(reply, "identity=-") != NULL, "%s", reply);
+	snprintf(cmd, sizeof(cmd), "IDENTITY %s", id);
+	ctl_ok(&l, cmd);
+	ctl(&l, cmd, reply, sizeof(reply)); /* only once */
+	cr_assert(strncmp(reply, "ERR", 3) == 0, "%s", reply);
+	if (real_guest()) {
+		read_line(l.out, line, sizeof(line), 20000);
+		cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
+	}
+	cr_assert_eq(guest_identity(&l, 3, got, sizeof(got)), 0);
+	cr_assert_str_eq(got, id);
+	stop(&l);
+}
