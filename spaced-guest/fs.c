@@ -120,7 +120,7 @@ int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 	(void)spaced_field_get_u64(r, &len);
 	if (spaced_field_end(r) < 0)
 		return SPACED_EPROTO;
-	int fd;
+	int fd = -1;
 	int e = fs_resolve(path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, &fd);
 	if (e < 0) {
 		reply_errno(c, id, "open", -e);
@@ -359,7 +359,7 @@ int fs_list(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 		depth = 1;
 	if (depth > GUEST_LIST_DEPTH_MAX)
 		depth = GUEST_LIST_DEPTH_MAX;
-	int dfd;
+	int dfd = -1;
 	int e = fs_resolve(path, O_RDONLY | O_DIRECTORY, 0, &dfd);
 	if (e < 0) {
 		reply_errno(c, id, "open", -e);
@@ -393,7 +393,7 @@ int fs_stat(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 			return 0;
 		}
 	} else {
-		int pfd;
+		int pfd = -1;
 		int e = split_parent(path, O_PATH, &pfd, name);
 		if (e < 0) {
 			reply_errno(c, id, "stat", -e);
@@ -441,7 +441,7 @@ static int mkdirs(const char *path, mode_t mode)
 			return -EINVAL;
 		}
 		if (strcmp(comp, ".") != 0) {
-			int pfd;
+			int pfd = -1;
 			int e = split_parent(buf, O_PATH, &pfd, name);
 			if (e < 0) {
 				buf[i] = save;
@@ -450,7 +450,7 @@ static int mkdirs(const char *path, mode_t mode)
 			e = mkdirat(pfd, name, mode) < 0 ? errno : 0;
 			close(pfd);
 			if (e == EEXIST) {
-				int dfd;
+				int dfd = -1;
 				e = -fs_resolve(buf, O_PATH | O_DIRECTORY, 0, &dfd);
 				if (e == 0)
 					close(dfd);
@@ -561,7 +561,7 @@ int fs_remove(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 		reply_result(c, id, SPACED_EPERM, "the root cannot be removed", NULL);
 		return 0;
 	}
-	int pfd;
+	int pfd = -1;
 	int e = split_parent(path, O_PATH, &pfd, name);
 	if (e == 0) {
 		struct stat st;

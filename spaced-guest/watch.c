@@ -73,7 +73,9 @@ static struct wdent *find_wd(struct watch *w, int wd)
 
 static void join(char *out, size_t outsz, const char *a, const char *b)
 {
-	snprintf(out, outsz, "%s%s%s", a, a[0] && b[0] ? "/" : "", b);
+	int n = snprintf(out, outsz, "%s%s%s", a, a[0] && b[0] ? "/" : "", b);
+	if (n < 0 || (size_t)n >= outsz)
+		out[0] = 0; /* too long: reported as the watch root rather than cut */
 }
 
 /* Adds a watch for base/rel (opened through the root, never following a
@@ -85,7 +87,7 @@ static int add_tree(struct watch *w, const char *rel, bool report, int level)
 	join(full, sizeof full, w->base, rel);
 	if (level > GUEST_LIST_DEPTH_MAX || w->n >= GUEST_WATCH_MAX)
 		return -ENOSPC;
-	int dfd;
+	int dfd = -1;
 	int e = fs_resolve(full, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0, &dfd);
 	if (e < 0)
 		return e;
