@@ -40,6 +40,12 @@ check: setup $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
 	@$(NINJA) -C $(FUZZBUILD) >/dev/null
 	@sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
 
+# spaced-cp on a throwaway PostgreSQL server (also part of `make check`)
+check-pg: setup $(SANBUILD)/build.ninja
+	@$(NINJA) -C $(SANBUILD) >/dev/null
+	@SPACED_BUILD=$$(cd $(SANBUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/cp_pg.t.sh; rc=$$?; \
+		if [ $$rc -eq 77 ]; then echo "check-pg: SKIPPED (PostgreSQL could not start here)"; exit 0; fi; exit $$rc
+
 demo: build
 	@sh scripts/demo.sh $(BUILD)
 

@@ -82,15 +82,13 @@ static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char 
 static void workers_list(struct cp_store *st, struct cp_req *rq)
 {
 	struct cp_rows *rows = NULL;
-	char since[24];
 	json_t *arr = json_array();
 	int64_t live = spaced_now() - CP_LIVE_WINDOW;
 	if (arr == NULL ||
-	    CP_Q(st, &rows, NULL,
-	         "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, (SELECT COUNT(*) FROM "
+	    CP_Q0(st, &rows, NULL,
+	         "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, w.channel_until, (SELECT COUNT(*) FROM "
 	         "sandboxes s WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')) "
-	         "FROM workers w WHERE w.last_seen > $1 - 1000000000 ORDER BY w.id",
-	         cp_i64(since, 0)) < 0) {
+	         "FROM workers w ORDER BY w.id") < 0) {
 		json_decref(arr);
 		answer(rq, 503, cp_error("store", "store unavailable"));
 		return;
@@ -106,9 +104,11 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		    arr, json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:s,s:I,s:I}", "id", cp_rows_get(rows, i, 0), "url",
 		                   cp_rows_get(rows, i, 1), "state", cp_rows_i64(rows, i, 4, 0) >= live ? "live" : "down",
 		                   "capacity", (json_int_t)cp_rows_i64(rows, i, 2, 0), "sandboxes",
-		                   (json_int_t)cp_rows_i64(rows, i, 7, 0), "substrates", subs, "last_seen", seen,
+		                   (json_int_t)cp_rows_i64(rows, i, 8, 0), "substrates", subs, "last_seen", seen,
 		                   "last_seq", (json_int_t)cp_rows_i64(rows, i, 5, 0), "acked_seq",
 		                   (json_int_t)cp_rows_i64(rows, i, 6, 0)));
+		json_object_set_new(json_array_get(arr, json_array_size(arr) - 1), "connected",
+		                    json_boolean(cp_rows_i64(rows, i, 7, 0) >= spaced_now()));
 	}
 	cp_rows_free(rows);
 	answer(rq, 200, json_pack("{s:o}", "workers", arr));

@@ -65,6 +65,7 @@ struct cp_req {
 	struct lws *wsi; /* NULL once the connection went away (under cp->mu) */
 	int refs;        /* connection + job */
 	int done, notified;
+	int dispatched; /* handed to a request thread (service thread only) */
 	char method[8];
 	char path[256];
 	char auth[512];

@@ -400,10 +400,13 @@ int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer)
 		goto out;
 	}
 	cp_wake(cp);
-	/* 2. every live worker acknowledges it before the signer may use it */
+	/* 2. every connected worker acknowledges it before the signer may use it */
 	struct cp_rows *live = NULL;
-	if ((r = CP_Q(st, &live, NULL, "SELECT id FROM workers WHERE last_seen >= $1",
-	              cp_i64(now, spaced_now() - CP_LIVE_WINDOW))) < 0)
+	/* the connected ones: a worker without a channel receives the bundle first
+	 * thing on reconnection (replay in seq order) and until then refuses the
+	 * new key's tokens as unknown (fail closed) */
+	if ((r = CP_Q(st, &live, NULL, "SELECT id FROM workers WHERE channel_until >= $1",
+	              cp_i64(now, spaced_now()))) < 0)
 		goto out;
 	for (int i = 0; i < live->nrows; i++) {
 		const char *w = cp_rows_get(live, i, 0);
@@ -592,14 +595,12 @@ static int place(struct cp_store *st, const char *substrate, const char *want, c
                  struct placement *out, json_t **err)
 {
 	struct cp_rows *rows = NULL;
-	char since[24];
 	int best = -1, status = 503;
 	int64_t best_free = 0;
-	if (CP_Q(st, &rows, NULL,
+	if (CP_Q0(st, &rows, NULL,
 	         "SELECT w.id, w.url, w.substrates, w.capacity, w.last_seen, (SELECT COUNT(*) FROM sandboxes s "
 	         "WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')) "
-	         "FROM workers w ORDER BY w.id",
-	         cp_i64(since, spaced_now() - CP_LIVE_WINDOW)) < 0) {
+	         "FROM workers w ORDER BY w.id") < 0) {
 		*err = cp_error("store", "store unavailable");
 		return 500;
 	}

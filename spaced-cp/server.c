@@ -66,6 +66,9 @@ static void inflight_remove(struct cp *cp, struct cp_req *rq)
 /* Queues rq for a request thread. */
 static void dispatch(struct cp *cp, struct cp_req *rq)
 {
+	if (rq->dispatched)
+		return; /* once: a body after a GET/DELETE is ignored */
+	rq->dispatched = 1;
 	pthread_mutex_lock(&cp->mu);
 	rq->refs++;
 	rq->next_job = NULL;
@@ -181,10 +184,20 @@ static int chan_authorized(struct cp *cp, struct lws *wsi, const char *worker)
 	return ok;
 }
 
+/* An open channel is a heartbeat; channel_until tells every replica which
+ * workers are connected right now (key rotation waits for those). */
+static void chan_seen(struct cp *cp, const struct chan *ch)
+{
+	char now[24], until[24];
+	int64_t t = spaced_now();
+	CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET last_seen = $2, channel_until = $3 WHERE id = $1", ch->worker,
+	     cp_i64(now, t), cp_i64(until, t + 10));
+}
+
 static int chan_hello(struct cp *cp, struct chan *ch, const struct cp_chan_msg *m)
 {
 	struct cp_rows *rows = NULL;
-	char now[24], cap[24];
+	char cap[24];
 	if (strcmp(m->worker, ch->worker) != 0)
 		return -1;
 	/* Replay from the first message after last_seq, and re-send anything not yet
@@ -198,8 +211,7 @@ static int chan_hello(struct cp *cp, struct chan *ch, const struct cp_chan_msg *
 	cp_rows_free(rows);
 	ch->sent_seq = from;
 	ch->hello = 1;
-	cp_i64(now, spaced_now());
-	CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET last_seen = $2 WHERE id = $1", ch->worker, now);
+	chan_seen(cp, ch);
 	if (m->has_capacity)
 		CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", ch->worker,
 		     cp_i64(cap, m->capacity));
@@ -245,16 +257,13 @@ static int chan_send_next(struct cp *cp, struct chan *ch)
 static void tick(lws_sorted_usec_list_t *sul)
 {
 	struct cp *cp = the_cp;
-	char now[24];
 	ticks++;
-	cp_i64(now, spaced_now());
 	for (struct chan *ch = chans; ch; ch = ch->next) {
 		if (!ch->hello)
 			continue;
 		lws_callback_on_writable(ch->wsi);
-		/* an open channel is a heartbeat */
 		if (ticks % 20 == 0)
-			CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET last_seen = $2 WHERE id = $1", ch->worker, now);
+			chan_seen(cp, ch);
 	}
 	lws_sul_schedule(cp->ctx, 0, sul, tick, 100 * LWS_US_PER_MS);
 }
@@ -313,14 +322,14 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 	}
 	case LWS_CALLBACK_HTTP_BODY:
 		rq = pss->req;
-		if (rq == NULL || rq->done)
+		if (rq == NULL || rq->dispatched || rq->notified)
 			return 0;
 		if (spaced_buf_append(&rq->body, in, len) < 0)
 			answer_now(cp, rq, 413, "too-large", "request body too large");
 		return 0;
 	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
 		rq = pss->req;
-		if (rq != NULL && !rq->done)
+		if (rq != NULL && !rq->notified)
 			dispatch(cp, rq);
 		return 0;
 	case LWS_CALLBACK_HTTP_WRITEABLE: {
@@ -438,6 +447,11 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 				*p = ch->next;
 				break;
 			}
+		int others = 0;
+		for (struct chan *o = chans; o; o = o->next)
+			others += strcmp(o->worker, ch->worker) == 0;
+		if (!others)
+			CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE id = $1", ch->worker);
 		spaced_buf_free(&ch->rx);
 		free(ch);
 		return 0;

@@ -26,53 +26,57 @@ int main(int argc, char **argv)
 	struct spaced_keyring *kr = NULL;
 	struct spaced_cap cap;
 	struct spaced_identity want;
+	json_t *route = NULL;
+	int rc = 1;
 	if (argc < 3) {
 		fprintf(stderr, "usage: cp-capcheck BUNDLE_FILE ROUTE_FILE [NOW]\n");
 		return 2;
 	}
 	int64_t now = argc > 3 ? atoll(argv[3]) : spaced_now();
-	json_t *route = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &jerr);
+	route = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &jerr);
 	if (route == NULL) {
 		fprintf(stderr, "capcheck: route: %s\n", jerr.text);
-		return 1;
+		goto out;
 	}
 	int r = spaced_keyring_new(&kr);
 	if (r == 0)
 		r = spaced_keyring_load_file(kr, argv[1]);
 	if (r < 0) {
 		fprintf(stderr, "capcheck: bundle: %s\n", spaced_strerror(r));
-		return 1;
+		goto out;
 	}
 	const char *tok = json_string_value(json_object_get(route, "capability"));
 	const char *cls = json_string_value(json_object_get(route, "class"));
 	if (tok == NULL || cls == NULL) {
 		fprintf(stderr, "capcheck: route has no capability/class\n");
-		return 1;
+		goto out;
 	}
 	enum spaced_cap_class c = strcmp(cls, "serviceport") == 0 ? SPACED_CLASS_SERVICEPORT : SPACED_CLASS_CONTROL;
 	r = spaced_cap_verify(kr, NULL, tok, strlen(tok), c, now, &cap);
 	if (r < 0) {
 		fprintf(stderr, "capcheck: verify: %s (%s)\n", spaced_strerror(r), spaced_errname(r));
-		return 1;
+		goto out;
 	}
 	if (spaced_identity_from_json(&want, json_object_get(route, "identity")) < 0 ||
 	    !spaced_identity_equal(&want, &cap.id)) {
 		fprintf(stderr, "capcheck: the capability names another identity than the answer\n");
-		return 1;
+		goto out;
 	}
 	json_t *purposes = json_array();
 	for (uint32_t b = 1; b <= SPACED_PURPOSE_ALL; b <<= 1)
 		if (cap.purposes & b)
 			json_array_append_new(purposes, json_string(spaced_purpose_name(b)));
-	json_t *out = json_pack("{s:s,s:o,s:o,s:s,s:i,s:s,s:I,s:I}", "kid", cap.kid, "identity",
-	                        spaced_identity_to_json(&cap.id), "purposes", purposes, "class",
-	                        spaced_cap_class_name(cap.cls), "port", (int)cap.port, "protocol", cap.protocol, "exp",
-	                        (json_int_t)cap.exp, "iat", (json_int_t)cap.iat);
-	char *s = json_dumps(out, JSON_COMPACT);
+	json_t *o = json_pack("{s:s,s:o,s:o,s:s,s:i,s:s,s:I,s:I}", "kid", cap.kid, "identity",
+	                      spaced_identity_to_json(&cap.id), "purposes", purposes, "class",
+	                      spaced_cap_class_name(cap.cls), "port", (int)cap.port, "protocol", cap.protocol, "exp",
+	                      (json_int_t)cap.exp, "iat", (json_int_t)cap.iat);
+	char *s = json_dumps(o, JSON_COMPACT);
 	printf("%s\n", s);
 	free(s);
-	json_decref(out);
+	json_decref(o);
+	rc = 0;
+out:
 	json_decref(route);
 	spaced_keyring_free(kr);
-	return 0;
+	return rc;
 }

@@ -1,0 +1,112 @@
+# cp_lib.sh — helpers for the spaced-cp integration tests (sourced, not run).
+# Real processes and sockets: spaced-cp (+ its signer), cp-fake-worker peers
+# speaking the control channel over WebSocket, curl as the HTTP client.
+: "${SPACED_BUILD:?}" "${SPACED_TOP:?}"
+CP=$SPACED_BUILD/spaced-cp/spaced-cp
+FW=$SPACED_BUILD/tests/cp-fake-worker
+CAPCHECK=$SPACED_BUILD/tests/cp-capcheck
+PIDS=""
+FAILS=0
+
+for tool in curl jq; do
+	command -v $tool >/dev/null 2>&1 || { echo "$tool is not installed (scripts/setup.sh installs it)"; exit 77; }
+done
+
+cleanup() {
+	for p in $PIDS; do kill "$p" 2>/dev/null || true; done
+	for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+}
+
+fail() {
+	echo "FAIL: $*"
+	FAILS=$((FAILS + 1))
+}
+
+ok() {
+	echo "ok: $*"
+}
+
+# expect WHAT ACTUAL EXPECTED
+expect() {
+	if [ "$2" = "$3" ]; then ok "$1"; else fail "$1: got '$2', expected '$3'"; fi
+}
+
+# start_cp NAME [extra args...] — starts a control plane with state $W/NAME; sets CP_PID, CP_URL
+start_cp() {
+	name=$1; shift
+	rm -f "$W/$name/cp.port"
+	"$CP" --state "$W/$name" --listen 127.0.0.1:0 ${CP_DB:+--db "$CP_DB"} --ack-timeout 3000 "$@" \
+		>>"$W/$name.log" 2>&1 &
+	CP_PID=$!
+	PIDS="$PIDS $CP_PID"
+	i=0
+	while [ ! -s "$W/$name/cp.port" ]; do
+		i=$((i + 1)); [ $i -lt 300 ] || { echo "spaced-cp did not start"; cat "$W/$name.log"; exit 1; }
+		kill -0 "$CP_PID" 2>/dev/null || { echo "spaced-cp exited"; cat "$W/$name.log"; exit 1; }
+		sleep 0.05
+	done
+	CP_URL="http://127.0.0.1:$(cat "$W/$name/cp.port")"
+	i=0
+	until curl -s -o /dev/null "$CP_URL/v1/healthz"; do
+		i=$((i + 1)); [ $i -lt 100 ] || { echo "spaced-cp does not answer"; exit 1; }
+		sleep 0.05
+	done
+}
+
+admin() {
+	"$CP" admin --state "$W/cp" ${CP_DB:+--db "$CP_DB"} "$@" 2>/dev/null
+}
+
+# api KEY METHOD PATH [BODY] — prints the HTTP status; the body goes to ${OUT:-$W/body}
+api() {
+	key=$1 method=$2 path=$3
+	if [ $# -ge 4 ]; then
+		curl -s -o "${OUT:-$W/body}" -w '%{http_code}' -H "Authorization: Bearer $key" -X "$method" \
+			-H 'content-type: application/json' --data-binary "$4" "${API_URL:-$CP_URL}$path"
+	else
+		curl -s -o "${OUT:-$W/body}" -w '%{http_code}' -H "Authorization: Bearer $key" -X "$method" "${API_URL:-$CP_URL}$path"
+	fi
+}
+
+body() {
+	jq -r "$1" "$W/body"
+}
+
+# register WORKER — registration over HTTP with the enrollment key $EK
+register() {
+	st=$(api "$EK" POST /v1/workers "{\"id\":\"$1\",\"url\":\"http://127.0.0.1:1/$1\",\"capacity\":${2:-8},\"substrates\":[\"process\"]}")
+	expect "register $1" "$st" 200
+}
+
+# start_worker WORKER [fake-worker options] — sets FW_PID_<worker>
+start_worker() {
+	w=$1; shift
+	"$FW" --url "ws://${CP_URL#http://}" --worker "$w" --key "$EK" --state "$W/$w.state" --log "$W/$w.log" "$@" \
+		2>>"$W/$w.err" &
+	eval "FW_PID_$w=$!"
+	PIDS="$PIDS $!"
+	# connected once the channel delivered anything (the key bundle comes first)
+	i=0
+	while [ ! -s "$W/$w.log" ]; do
+		i=$((i + 1)); [ $i -lt 200 ] || { echo "worker $w got nothing"; cat "$W/$w.err"; break; }
+		sleep 0.05
+	done
+}
+
+stop_worker() {
+	eval "p=\$FW_PID_$1"
+	kill "$p" 2>/dev/null || true
+	wait "$p" 2>/dev/null || true
+}
+
+# wait_for DESCRIPTION COMMAND... — polls a condition (at most ~15 s)
+wait_for() {
+	what=$1; shift
+	i=0
+	until "$@"; do
+		i=$((i + 1))
+		if [ $i -ge 300 ]; then fail "$what never happened"; return 1; fi
+		sleep 0.05
+	done
+	ok "$what"
+}

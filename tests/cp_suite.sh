@@ -1,0 +1,265 @@
+# cp_suite.sh — the spaced-cp suite, run on SQLite (cp_sqlite.t.sh) and on a
+# real PostgreSQL server (cp_pg.t.sh) with CP_DB set. Sourced after cp_lib.sh
+# with $W a fresh directory.
+
+mkdir -p "$W/cp"
+TA=$(admin create-tenant alpha)
+TB=$(admin create-tenant beta)
+EK=$(admin create-enrollment-key)
+AK=$(admin create-admin-key)
+[ -n "$TA" ] && [ -n "$TB" ] && [ -n "$EK" ] && [ -n "$AK" ] || { echo "admin commands failed"; exit 1; }
+start_cp cp
+
+# ---- malformed input: clean 4xx, the daemon keeps serving ----
+expect "no key -> 401" "$(curl -s -o /dev/null -w '%{http_code}' "$CP_URL/v1/sandboxes")" 401
+expect "wrong key -> 401" "$(api spk_0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA GET /v1/sandboxes)" 401
+expect "enrollment key is no tenant key -> 401" "$(api "$EK" GET /v1/sandboxes)" 401
+expect "malformed JSON -> 400" "$(api "$TA" POST /v1/sandboxes '{"pids":')" 400
+expect "duplicate keys -> 400" "$(api "$TA" POST /v1/sandboxes '{"pids":10,"pids":11}')" 400
+expect "unknown member -> 400" "$(api "$TA" POST /v1/sandboxes '{"evil":1}')" 400
+expect "wrong type -> 400" "$(api "$TA" POST /v1/sandboxes '{"pids":"many"}')" 400
+expect "not an object -> 400" "$(api "$TA" POST /v1/sandboxes '[1,2]')" 400
+expect "NUL in JSON -> 400" "$(api "$TA" POST /v1/sandboxes '{"template":"a\u0000b"}')" 400
+head -c 70000 /dev/zero | tr '\0' 'x' >"$W/big"
+expect "oversized body -> 413" "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $TA" --data-binary @"$W/big" "$CP_URL/v1/sandboxes")" 413
+expect "unknown endpoint -> 404" "$(api "$TA" GET /v1/nothing)" 404
+expect "PUT -> 405" "$(api "$TA" PUT /v1/sandboxes)" 405
+# raw garbage, a truncated request and a bogus WebSocket frame on raw sockets
+timeout 10 python3 - "${CP_URL##*:}" <<'PY' || true
+import socket, sys
+for data in [b"GARBAGE\r\n\r\n", b"POST /v1/sandboxes HTTP/1.1\r\nContent-Length: 50\r\n\r\n{", b"\x00\xff" * 300,
+             b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * 9000 + b"\r\n\r\n"]:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.settimeout(2)
+    s.sendall(data)
+    try:
+        s.recv(4096)
+    except Exception:
+        pass
+    s.close()
+PY
+expect "healthz after garbage" "$(curl -s -o /dev/null -w '%{http_code}' "$CP_URL/v1/healthz")" 200
+expect "no worker yet -> 503" "$(api "$TA" POST /v1/sandboxes '{}')" 503
+
+# ---- workers: registration, channel, listing ----
+register wa
+register wb
+start_worker wa
+start_worker wb
+expect "first message to a worker is the key bundle (C2, T1)" "$(head -n 1 "$W/wa.log" | jq -r '.seq, .type' | tr '\n' ' ')" "1 keys "
+expect "workers listed" "$(api "$TA" GET /v1/workers; body '[.workers[] | .id + ":" + .state] | join(",")')" "200wa:live,wb:live"
+ek2=$(admin create-enrollment-key)
+expect "a worker ID stays with its enrollment key" "$(api "$ek2" POST /v1/workers '{"id":"wa","url":"http://x","substrates":["process"]}')" 403
+expect "channel refused without the enrollment key" \
+	"$(curl -s -o /dev/null -w '%{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' "$CP_URL/v1/workers/wa/channel" || true)" "$(curl -s -o /dev/null -w '%{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' -H "Authorization: Bearer $TA" "$CP_URL/v1/workers/wa/channel" || true)"
+
+# ---- create / get / list (I1, I2) ----
+expect "create on wa" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","memory_bytes":134217728,"pids":64}')" 201
+S1=$(body .id)
+expect "new sandbox runs generation 1 on wa" "$(body '.state + " " + (.generation|tostring) + " " + .route.worker + " " + .route.sandbox')" "running 1 wa $S1"
+grep -q "\"type\":\"install\".*\"sandbox\":\"$S1\",\"generation\":1" "$W/wa.log" && ok "wa received the install" || fail "wa got no install for $S1"
+expect "inspect" "$(api "$TA" GET "/v1/sandboxes/$S1"; body '.id + " " + .route.activation')" "200$S1 $(jq -r .route.activation "$W/body")"
+expect "list" "$(api "$TA" GET /v1/sandboxes; body '[.sandboxes[].id] | join(",")')" "200$S1"
+expect "create with a substrate no worker has -> 503" "$(api "$TA" POST /v1/sandboxes '{"substrate":"qemu"}')" 503
+expect "create on an unknown worker -> 404" "$(api "$TA" POST /v1/sandboxes '{"worker":"nope"}')" 404
+
+# ---- tenancy: another tenant's sandbox is indistinguishable from none ----
+api "$TB" GET /v1/sandboxes/sbx-doesnotexist0000 >/dev/null; cp "$W/body" "$W/none.json"
+for req in "GET /v1/sandboxes/ID" "DELETE /v1/sandboxes/ID" "POST /v1/sandboxes/ID/route" "POST /v1/sandboxes/ID/pause" \
+	"POST /v1/sandboxes/ID/resume" "POST /v1/sandboxes/ID/move" "POST /v1/sandboxes/ID/snapshot"; do
+	m=${req% *}; p=$(echo "${req#* }" | sed "s/ID/$S1/")
+	pn=$(echo "${req#* }" | sed "s/ID/sbx-doesnotexist0000/")
+	st=$(api "$TB" "$m" "$p" '{}'); cp "$W/body" "$W/other.json"
+	stn=$(api "$TB" "$m" "$pn" '{}'); cp "$W/body" "$W/none.json"
+	if [ "$st" = 404 ] && [ "$stn" = 404 ] && cmp -s "$W/other.json" "$W/none.json"; then
+		ok "tenant beta: $m on alpha's sandbox = nonexistent (404, same body)"
+	else
+		fail "tenant beta: $m on alpha's sandbox: $st $(cat "$W/other.json") vs $stn $(cat "$W/none.json")"
+	fi
+done
+expect "beta lists nothing" "$(api "$TB" GET /v1/sandboxes; body '.sandboxes | length')" 2000
+expect "alpha's sandbox untouched" "$(api "$TA" GET "/v1/sandboxes/$S1"; body .state)" 200running
+
+# ---- route + capability (C1, C2, C3) ----
+curl -s "$CP_URL/v1/keys" >"$W/bundle1.json"
+expect "route" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["exec","fs.read"]}')" 200
+cp "$W/body" "$W/route1.json"
+if "$CAPCHECK" "$W/bundle1.json" "$W/route1.json" >"$W/claims1.json"; then ok "capability verifies with the bundle and names the route's identity"; else fail "capability does not verify"; fi
+api "$TA" GET "/v1/sandboxes/$S1" >/dev/null
+expect "route identity = current execution" "$(jq -c .identity "$W/route1.json")" "$(jq -c .route "$W/body")"
+expect "purposes granted" "$(jq -c .purposes "$W/claims1.json")" '["fs.read","exec"]'
+expect "lifetime 120 s (C3)" "$(jq '.exp - .iat' "$W/claims1.json")" 120
+expect "worker_url from registration" "$(jq -r .worker_url "$W/route1.json")" "http://127.0.0.1:1/wa"
+expect "serviceport route" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["serviceport"],"port":8080,"protocol":"http"}')" 200
+cp "$W/body" "$W/route-sp.json"
+expect "serviceport capability names port and protocol (C1)" "$("$CAPCHECK" "$W/bundle1.json" "$W/route-sp.json" | jq -r '.class + " " + (.port|tostring) + " " + .protocol')" "serviceport 8080 http"
+expect "serviceport without port -> 400" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["serviceport"]}')" 400
+expect "serviceport mixed with exec -> 400" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["serviceport","exec"],"port":1}')" 400
+expect "port without serviceport -> 400" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["exec"],"port":80}')" 400
+expect "unknown purpose -> 400" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["root"]}')" 400
+expect "port out of range -> 400" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["serviceport"],"port":70000}')" 400
+
+# ---- generations over pause / resume / move cycles (I2) ----
+gens="1"
+step() { # OP BODY EXPECTED_STATE
+	st=$(api "$TA" POST "/v1/sandboxes/$S1/$1" "$2")
+	if [ "$st" != 200 ] || [ "$(body .state)" != "$3" ]; then fail "$1 $2: $st $(cat "$W/body")"; return; fi
+	g=$(body .generation); gens="$gens $g"
+	echo "  $1 $2 -> $(body '.state + " gen=" + (.generation|tostring) + " on " + .worker + " " + .route.activation')"
+}
+step pause '' paused
+expect "pause keeps the generation" "$(body .generation)" 1
+expect "no route while paused -> 409" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{}'; body .error)" "409not-running"
+step resume '' running
+expect "resume in place (thaw) keeps the generation" "$(body .generation)" 1
+step pause '' paused
+step snapshot '' paused
+expect "snapshot path recorded" "$(body '.snapshot | test("snapshots/'"$S1"'-1$")')" true
+step resume '' running
+step move '{"to":"wb"}' running
+expect "move: new generation on wb" "$(body '(.generation|tostring) + " " + .route.worker')" "2 wb"
+A2=$(body .route.activation)
+step move '{"to":"wa"}' running
+step pause '' paused
+step resume '{"worker":"wb"}' running
+expect "resume elsewhere = move: new generation" "$(body '(.generation|tostring) + " " + .route.worker')" "4 wb"
+expect "activation changed with the generation" "$([ "$(body .route.activation)" != "$A2" ] && echo yes)" yes
+prev=0; mono=yes
+for g in $gens; do [ "$g" -ge "$prev" ] || mono=no; prev=$g; done
+expect "generations never go backwards over the cycle ($gens)" "$mono" yes
+expect "every start made a strictly greater generation" "$(echo "$gens" | tr ' ' '\n' | uniq | tr '\n' ' ')" "1 2 3 4 "
+expect "move to the worker it is on -> 409" "$(api "$TA" POST "/v1/sandboxes/$S1/move" '{"to":"wb"}')" 409
+# the old worker saw deactivate (kept paused) then snapshot then destroy; the new one install from the snapshot
+expect "wa: deactivate, snapshot, destroy in order for generation 3" \
+	"$(jq -r 'select(.identity.generation == 3 or .type == "destroy") | .type' "$W/wa.log" | grep -v install | tail -n 3 | tr '\n' ' ')" "deactivate snapshot destroy "
+expect "wb: install of generation 4 from the snapshot of 3" "$(jq -r 'select(.type == "install" and .identity.generation == 4) | .spec.snapshot | test("-3$")' "$W/wb.log")" true
+expect "keep_paused on deactivate" "$(jq -r 'select(.type == "deactivate") | .keep_paused' "$W/wa.log" | sort -u)" true
+for w in wa wb; do
+	gaps=$(jq -s '[.[] | select(.dup != true) | .seq] | . as $s | [range(1; length)] | map(select($s[.] != $s[. - 1] + 1)) | length' "$W/$w.log")
+	expect "$w: seq increases by one per message" "$gaps" 0
+done
+
+# ---- concurrent lifecycle calls on one sandbox: serialized or 409, never interleaved ----
+register wc
+start_worker wc --delay-ms 400
+expect "create on the slow worker" "$(api "$TA" POST /v1/sandboxes '{"worker":"wc"}')" 201
+S2=$(body .id)
+for i in 1 2 3; do
+	( st=$(OUT="$W/race$i.body" api "$TA" POST "/v1/sandboxes/$S2/move" '{"to":"wa"}'); echo "$st" >"$W/race$i.status" ) &
+done
+wait_for "three concurrent moves all answered" sh -c "[ -s '$W/race1.status' ] && [ -s '$W/race2.status' ] && [ -s '$W/race3.status' ]"
+wins=$(cat "$W"/race?.status | grep -c '^200$' || true)
+busy=$(cat "$W"/race?.status | grep -c '^409$' || true)
+expect "three concurrent moves: one wins, two get 409" "$wins $busy" "1 2"
+expect "the losers were told busy" "$(cat "$W"/race?.body | jq -r 'select(.error) | .error' | sort -u | tr '\n' ' ')" "busy "
+expect "exactly one new generation" "$(api "$TA" GET "/v1/sandboxes/$S2"; body '(.generation|tostring) + " " + .worker')" "2002 wa"
+( st=$(OUT="$W/p1.body" api "$TA" POST "/v1/sandboxes/$S2/pause"); echo "pause $st" >"$W/p1" ) &
+( st=$(OUT="$W/p2.body" api "$TA" DELETE "/v1/sandboxes/$S2"); echo "delete $st" >"$W/p2" ) &
+wait_for "pause and delete at once both answer" sh -c "[ -s '$W/p1' ] && [ -s '$W/p2' ]"
+outcome="$(cat "$W/p1") $(cat "$W/p2")"
+case "$outcome" in
+"pause 200 delete 200" | "pause 409 delete 200" | "pause 404 delete 200" | "pause 200 delete 409")
+	ok "pause vs delete serialized or refused ($outcome)" ;;
+*) fail "pause vs delete: $outcome" ;;
+esac
+final=$(api "$TA" GET "/v1/sandboxes/$S2"; body '.state // .error')
+case "$outcome:$final" in
+*"delete 200":404not-found | *"delete 409":200paused) ok "one consistent end state ($final)" ;;
+*) fail "end state after pause vs delete: $final" ;;
+esac
+
+# ---- acks: refusal and timeout give clear errors ----
+register wd
+start_worker wd --refuse install
+expect "worker refuses install -> 502" "$(api "$TA" POST /v1/sandboxes '{"worker":"wd"}'; body .error)" "502worker-refused"
+stop_worker wd
+start_worker wd --silent pause
+expect "create on wd" "$(api "$TA" POST /v1/sandboxes '{"worker":"wd"}')" 201
+S3=$(body .id)
+expect "worker never acks pause -> 504" "$(api "$TA" POST "/v1/sandboxes/$S3/pause"; body .error)" "504worker-timeout"
+stop_worker wd
+
+# ---- replay: a reconnecting worker receives what it missed (T1) ----
+register we
+start_worker we --exit-after 2
+expect "install to a worker that drops before acking -> 504" "$(api "$TA" POST /v1/sandboxes '{"worker":"we"}')" 504
+S4=$(body .sandbox.id)
+expect "the worker applied nothing past seq 1" "$(cat "$W/we.state" | cut -d' ' -f1)" 1
+stop_worker we
+: >"$W/we.log"
+start_worker we
+wait_for "replayed install reaches the worker" grep -q "\"sandbox\":\"$S4\"" "$W/we.log"
+expect "replay starts right after last_seq" "$(head -n 1 "$W/we.log" | jq .seq)" 2
+wait_for "the replayed install is acknowledged" sh -c "[ \"\$(cut -d' ' -f1 '$W/we.state')\" = 2 ]"
+expect "resume after the failed start: same generation, new activation" "$(api "$TA" POST "/v1/sandboxes/$S4/resume"; body '.state + " " + (.generation|tostring)')" "200running 1"
+
+# ---- rotation: the new key reaches every worker before it signs; the old one stays until expiry ----
+OLD_KID=$(jq -r .kid "$W/claims1.json")
+expect "rotation needs the admin key" "$(api "$TA" POST /v1/admin/rotate-keys)" 401
+for w in wa wb wc we; do wc -l <"$W/$w.log" >"$W/$w.before"; done
+expect "rotate" "$(api "$AK" POST /v1/admin/rotate-keys)" 200
+NEW_KID=$(body .active)
+expect "rotation retires the old key" "$(body .retired)" "$OLD_KID"
+for w in wa wb wc we; do
+	if tail -n +"$(($(cat "$W/$w.before") + 1))" "$W/$w.log" | jq -s -e --arg k "$NEW_KID" '[.[] | select(.type == "keys") | .bundle.keys[] | select(.kid == $k)] | length > 0' >/dev/null; then
+		ok "$w had the new key before the first token signed with it"
+	else
+		fail "$w never got $NEW_KID"
+	fi
+done
+curl -s "$CP_URL/v1/keys" >"$W/bundle2.json"
+expect "route after rotation" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{"purposes":["term"]}')" 200
+cp "$W/body" "$W/route2.json"
+expect "new tokens carry the new key" "$("$CAPCHECK" "$W/bundle2.json" "$W/route2.json" | jq -r .kid)" "$NEW_KID"
+if "$CAPCHECK" "$W/bundle2.json" "$W/route1.json" >/dev/null; then ok "a token of the old key still verifies with the new bundle"; else fail "old token rejected right after rotation"; fi
+na=$(jq -r --arg k "$OLD_KID" '.keys[] | select(.kid == $k) | .not_after' "$W/bundle2.json")
+exp1=$(jq -r .expires_at "$W/route1.json")
+expect "old key kept at least until its last token expired (+15 s)" "$([ "$(date -d "$na" +%s)" -ge $(($(date -d "$exp1" +%s) + 15)) ] && echo yes)" yes
+expect "old key leaves within 120+15 s of rotation" "$([ "$(date -d "$na" +%s)" -le $(($(date +%s) + 135)) ] && echo yes)" yes
+if "$CAPCHECK" "$W/bundle2.json" "$W/route1.json" "$(($(date -d "$na" +%s) + 1))" 2>/dev/null; then fail "old key accepted after its window"; else ok "old key refused after its window"; fi
+
+# ---- the signer is the only process with a secret key (C2) ----
+if nm "$CP" | grep -Eq 'spaced_secret_key|spaced_cap_issue|spaced_paseto_sign|crypto_sign_detached|crypto_sign_keypair'; then
+	fail "spaced-cp links signing code"
+else
+	ok "spaced-cp links no signing code (nm)"
+fi
+nm "$SPACED_BUILD/spaced-cp/spaced-cp-signer" | grep -q spaced_cap_issue && ok "spaced-cp-signer does" || fail "signer has no signing code"
+expect "key file private" "$(stat -c %a "$W/cp/signer.keys")" 600
+SIGNER=$(pgrep -P "$CP_PID" || true)
+[ -n "$SIGNER" ] && ok "signer runs as a child process ($SIGNER)" || fail "no signer child"
+if ls -l /proc/"$CP_PID"/fd 2>/dev/null | grep -q signer.keys; then fail "spaced-cp has the key file open"; else ok "spaced-cp never holds the key file"; fi
+if [ -n "$SIGNER" ]; then
+	expect "signer is not dumpable (no ptrace / mem reads)" "$(stat -c %U /proc/"$SIGNER"/mem 2>/dev/null || echo root)" root
+	if grep -q "$(sed -n 's/^active [0-9]* //p' "$W/cp/signer.keys" | cut -c1-30)" /proc/"$CP_PID"/environ /proc/"$CP_PID"/cmdline 2>/dev/null; then
+		fail "secret in spaced-cp's environment or arguments"
+	else
+		ok "secret not in spaced-cp's arguments or environment"
+	fi
+fi
+
+# ---- timeouts: idle pauses, absolute kills ----
+expect "create with idle timeout 1 s" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","idle_timeout":1}')" 201
+S5=$(body .id)
+expect "create with absolute timeout 2 s" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","max_lifetime":2}')" 201
+S6=$(body .id)
+wait_for "idle sandbox paused" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S5 | jq -e '.state == \"paused\"' >/dev/null"
+wait_for "expired sandbox killed" sh -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S6)\" = 404 ]"
+grep -q "\"type\":\"destroy\",\"sandbox\":\"$S6\"" "$W/wa.log" && ok "the worker got destroy for the expired sandbox" || fail "no destroy for $S6"
+
+# ---- restart keeps state (kill -9, then start again) ----
+api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
+kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true
+start_cp cp
+api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/after.json"
+cmp -s "$W/before.json" "$W/after.json" && ok "sandboxes, generations and routes survive kill -9" || fail "state changed across restart"
+# the fake workers reconnect to the new port only if it is the same: re-point them
+for w in wa wb; do stop_worker $w; start_worker $w; done
+expect "the signing key survives the restart" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{}'; "$CAPCHECK" "$W/bundle2.json" "$W/body" | jq -r .kid)" "200$NEW_KID"
+expect "lifecycle works after restart" "$(api "$TA" POST "/v1/sandboxes/$S1/move" '{"to":"wa"}'; body '(.generation|tostring) + " " + .worker')" "2005 wa"
+
+# ---- delete ----
+expect "delete" "$(api "$TA" DELETE "/v1/sandboxes/$S1"; body .state)" "200deleted"
+expect "deleted is gone" "$(api "$TA" GET "/v1/sandboxes/$S1")" 404
+grep -q "\"type\":\"destroy\",\"sandbox\":\"$S1\"" "$W/wa.log" && ok "destroy pushed" || fail "no destroy for $S1"
+expect "daemon still serving" "$(curl -s -o /dev/null -w '%{http_code}' "$CP_URL/v1/healthz")" 200
