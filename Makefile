@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 30
 MESON      ?= meson
 NINJA      ?= ninja
 
-.PHONY: all setup build check demo bench-token fuzz fuzz-build clean
+.PHONY: all setup build check demo bench-token bench-launch fuzz fuzz-build clean
 
 all: build
 
@@ -51,6 +51,9 @@ demo: build
 
 bench-token: build
 	@$(BUILD)/bench/bench-token
+
+bench-launch: build
+	@$(BUILD)/bench/bench-launch $(ROUNDS)
 
 fuzz-build: setup $(FUZZBUILD)/build.ninja
 	@$(NINJA) -C $(FUZZBUILD) >/dev/null

@@ -249,9 +249,9 @@ int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t why
 	return knob(cg->freezer, "cgroup.procs", val, why, whysz);
 }
 
-static void nap_ms(long ms)
+static void nap_us(long us)
 {
-	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
+	struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
 
 	nanosleep(&ts, NULL);
 }
@@ -270,7 +270,7 @@ int sub_cgroup_freeze(const struct sub_cgroup *cg, bool freeze)
 				return SPACED_ESYS;
 			if (strstr(buf, freeze ? "frozen 1" : "frozen 0") != NULL)
 				return 0;
-			nap_ms(1);
+			nap_us(i < 10 ? 50 : 1000);
 		}
 		return SPACED_ETIMEDOUT;
 	}
@@ -285,7 +285,7 @@ int sub_cgroup_freeze(const struct sub_cgroup *cg, bool freeze)
 		/* FREEZING: a task is between states; writing again retries it */
 		if (freeze && i % 16 == 15)
 			(void)knob(cg->freezer, "freezer.state", "FROZEN", NULL, 0);
-		nap_ms(1);
+		nap_us(i < 10 ? 50 : 1000);
 	}
 	return SPACED_ETIMEDOUT;
 }
@@ -301,7 +301,7 @@ static void remove_dir(char *dir)
 			break;
 		if (errno != EBUSY)
 			break;
-		nap_ms(1); /* the last tasks of the pid namespace are still exiting */
+		nap_us(i < 20 ? 100 : 1000); /* the last tasks of the pid namespace are still exiting */
 	}
 	dir[0] = '\0';
 }

@@ -518,6 +518,7 @@ static int run(int argc, char **argv)
 		(void)write_file(L.state, "identity", idtext);
 	}
 	L.t0 = t0;
+	logf_("execution created in %.2f ms (guest exec'ed)", (double)(spaced_mono_ns() - t0) / 1e6);
 	r = supervise(&L);
 	if (r < 0)
 		status = 1;
