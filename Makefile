@@ -52,6 +52,9 @@ demo: build
 bench-token: build
 	@$(BUILD)/bench/bench-token
 
+bench-guest: build
+	@$(BUILD)/bench/bench-guest
+
 bench-launch: build
 	@$(BUILD)/bench/bench-launch $(ROUNDS)
 

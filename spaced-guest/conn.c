@@ -44,26 +44,33 @@ void conn_kill(struct conn *c, const char *why)
 			stream_cleanup(s, true);
 }
 
-int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
-                     const void *p, size_t n)
+struct outbuf *conn_frame_alloc(size_t n)
 {
-	if (c->dead)
-		return SPACED_ECLOSED;
 	if (n > SPACED_FRAME_MAX)
-		return SPACED_ETOOBIG;
+		return NULL;
+	struct outbuf *o = malloc(sizeof *o + SPACED_FRAME_HDR_LEN + n);
+	if (o != NULL) {
+		o->len = SPACED_FRAME_HDR_LEN + n;
+		o->off = 0;
+		o->next = NULL;
+	}
+	return o;
+}
+
+int conn_frame_commit(struct conn *c, struct outbuf *o, uint16_t type, uint16_t flags, uint32_t id,
+                      size_t n)
+{
+	if (c->dead) {
+		free(o);
+		return SPACED_ECLOSED;
+	}
 	if (c->oq_bytes > OUTQ_HARD_MAX) {
+		free(o);
 		conn_kill(c, "peer does not read its answers");
 		return SPACED_ECLOSED;
 	}
-	struct outbuf *o = malloc(sizeof *o + SPACED_FRAME_HDR_LEN + n);
-	if (o == NULL) {
-		conn_kill(c, "out of memory");
-		return SPACED_ENOMEM;
-	}
 	struct spaced_frame_hdr h = {.len = (uint32_t)n, .type = type, .flags = flags, .id = id};
 	spaced_frame_hdr_encode(o->data, &h);
-	if (n > 0)
-		memcpy(o->data + SPACED_FRAME_HDR_LEN, p, n);
 	o->len = SPACED_FRAME_HDR_LEN + n;
 	o->off = 0;
 	o->next = NULL;
@@ -74,6 +81,21 @@ int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
 	c->oq_tail = o;
 	c->oq_bytes += o->len;
 	return SPACED_OK;
+}
+
+int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
+                     const void *p, size_t n)
+{
+	if (c->dead)
+		return SPACED_ECLOSED;
+	struct outbuf *o = conn_frame_alloc(n);
+	if (o == NULL) {
+		conn_kill(c, n > SPACED_FRAME_MAX ? "answer too large" : "out of memory");
+		return SPACED_ENOMEM;
+	}
+	if (n > 0)
+		memcpy(o->data + SPACED_FRAME_HDR_LEN, p, n);
+	return conn_frame_commit(c, o, type, flags, id, n);
 }
 
 void conn_on_writable(struct conn *c)

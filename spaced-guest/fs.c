@@ -148,35 +148,33 @@ int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 /* Sends the next chunk of an open read stream, or its RESULT. */
 void fs_read_pump(struct stream *s)
 {
-	uint8_t *buf = NULL;
 	size_t want = SPACED_FRAME_CHUNK;
 	if (s->remaining < want)
 		want = (size_t)s->remaining;
-	ssize_t k = 0;
 	if (want > 0) {
-		buf = malloc(want);
-		if (buf == NULL) {
+		struct outbuf *o = conn_frame_alloc(want);
+		if (o == NULL) {
 			stream_finish(s, SPACED_ENOMEM, NULL, NULL);
 			return;
 		}
+		ssize_t k;
 		do
-			k = pread(s->fd, buf, want, (off_t)s->offset);
+			k = pread(s->fd, o->data + SPACED_FRAME_HDR_LEN, want, (off_t)s->offset);
 		while (k < 0 && errno == EINTR);
+		if (k < 0) {
+			free(o);
+			stream_finish(s, SPACED_EIO, "read failed", NULL);
+			return;
+		}
+		if (k > 0) {
+			(void)conn_frame_commit(s->conn, o, SPACED_GUEST_OUT_DATA, 0, s->id, (size_t)k);
+			s->offset += (uint64_t)k;
+			s->sent += (uint64_t)k;
+			s->remaining -= (uint64_t)k;
+			return;
+		}
+		free(o);
 	}
-	if (k < 0) {
-		free(buf);
-		stream_finish(s, SPACED_EIO, "read failed", NULL);
-		return;
-	}
-	if (k > 0) {
-		(void)conn_queue_frame(s->conn, SPACED_GUEST_OUT_DATA, 0, s->id, buf, (size_t)k);
-		free(buf);
-		s->offset += (uint64_t)k;
-		s->sent += (uint64_t)k;
-		s->remaining -= (uint64_t)k;
-		return;
-	}
-	free(buf);
 	struct spaced_buf x;
 	spaced_buf_init(&x, 64);
 	(void)spaced_field_put_u64(&x, s->sent);

@@ -123,6 +123,12 @@ void conn_on_writable(struct conn *c);
 void conn_kill(struct conn *c, const char *why);
 int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
                      const void *p, size_t n);
+/* An output frame with room for n payload bytes at data + SPACED_FRAME_HDR_LEN
+ * (NULL when n is too large or memory is short); commit queues it with its
+ * final length (<= n) or frees it when the connection is gone. */
+struct outbuf *conn_frame_alloc(size_t n);
+int conn_frame_commit(struct conn *c, struct outbuf *o, uint16_t type, uint16_t flags, uint32_t id,
+                      size_t n);
 struct stream *stream_new(struct conn *c, uint32_t id, enum stream_kind kind);
 /* Sends RESULT (status, message, identity, extras) and ends the stream. */
 void stream_finish(struct stream *s, int status, const char *msg, const struct spaced_buf *extras);
