@@ -10,6 +10,7 @@
 
 int cmd_token(int argc, char **argv);
 int cmd_cap(int argc, char **argv);
+int cmd_cp(int argc, char **argv); /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
 
 /* Prints "spacectl: <what>: <message>" on stderr and returns 1. */
 int cli_fail(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

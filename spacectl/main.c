@@ -22,6 +22,14 @@ static const char usage[] =
 	"  cap check (--key k4.public.… | --bundle FILE) --installed IDENTITY [--tombstone]\n"
 	"            --purpose P [--port N --protocol X] TOKEN|-\n"
 	"\n"
+	"\n"
+	"control plane (SPACED_CP_URL, SPACED_API_KEY):\n"
+	"  workers [--json]                               registered workers\n"
+	"  create [--worker W] [--substrate S] [--json]   a new sandbox (prints its ID)\n"
+	"  ls [--json] | rm ID | inspect ID [--json]\n"
+	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
+	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
+	"\n"
 	"purposes: fs.read fs.write exec term watch serviceport lifecycle\n";
 
 int cli_fail(const char *what, const char *fmt, ...)
@@ -87,6 +95,11 @@ int main(int argc, char **argv)
 		return cmd_token(argc - 1, argv + 1);
 	if (strcmp(argv[1], "cap") == 0)
 		return cmd_cap(argc - 1, argv + 1);
+	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
+	                                      "pause", "snapshot", "resume", "move", NULL};
+	for (size_t i = 0; cp_cmds[i] != NULL; i++)
+		if (strcmp(argv[1], cp_cmds[i]) == 0)
+			return cmd_cp(argc - 1, argv + 1);
 	fprintf(stderr, "spacectl: unknown command '%s'\n%s", argv[1], usage);
 	return 2;
 }

@@ -1,0 +1,213 @@
+/*
+ * spacectl — control-plane commands (docs/cp-api.yaml), with SPACED_CP_URL and
+ * SPACED_API_KEY from the environment:
+ *   workers [--json]
+ *   create [--worker W] [--substrate S] [--template T] [--memory BYTES] [--pids N]
+ *          [--idle-timeout S] [--max-lifetime S] [--json]
+ *   ls [--json] | rm ID | inspect ID [--json]
+ *   route ID [--purpose P]... [--port N] [--protocol X] [--json]
+ *   pause ID | snapshot ID | resume ID [--worker W] | move ID --to W   (each [--json])
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "http_client.h"
+
+struct cp_call {
+	int status;
+	json_t *answer;
+};
+
+/* One API call; prints the error and returns 1 unless the status is 2xx. */
+static int call(const char *what, const char *method, const char *path, json_t *req, struct cp_call *out)
+{
+	const char *url = getenv("SPACED_CP_URL"), *key = getenv("SPACED_API_KEY");
+	char err[256], *body = NULL, *text = NULL;
+	json_error_t jerr;
+	int status = 0;
+	if (url == NULL || *url == 0)
+		return cli_fail(what, "SPACED_CP_URL is not set (spacectl dev up writes it to DIR/env)");
+	if (key == NULL || *key == 0)
+		return cli_fail(what, "SPACED_API_KEY is not set");
+	if (req != NULL && (text = json_dumps(req, JSON_COMPACT)) == NULL)
+		return cli_fail(what, "out of memory");
+	int r = http_request(url, method, path, key, text, &status, &body, err, sizeof err);
+	free(text);
+	if (r < 0)
+		return cli_fail(what, "%s", err);
+	json_t *ans = body[0] ? json_loads(body, JSON_REJECT_DUPLICATES, &jerr) : json_object();
+	if (ans == NULL) {
+		cli_fail(what, "HTTP %d with a malformed answer", status);
+		free(body);
+		return 1;
+	}
+	free(body);
+	if (status < 200 || status > 299) {
+		const char *code = json_string_value(json_object_get(ans, "error"));
+		const char *msg = json_string_value(json_object_get(ans, "message"));
+		cli_fail(what, "HTTP %d %s%s%s", status, code ? code : "error", msg ? ": " : "", msg ? msg : "");
+		json_decref(ans);
+		return 1;
+	}
+	out->status = status;
+	out->answer = ans;
+	return 0;
+}
+
+static void print_json(json_t *v)
+{
+	char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	if (s != NULL)
+		puts(s);
+	free(s);
+}
+
+static const char *str(json_t *o, const char *k)
+{
+	const char *s = json_string_value(json_object_get(o, k));
+	return s ? s : "-";
+}
+
+static void print_sandbox_line(json_t *s)
+{
+	printf("%-22s %-9s %5lld  %-16s %s\n", str(s, "id"), str(s, "state"),
+	       (long long)json_integer_value(json_object_get(s, "generation")), str(s, "worker"),
+	       str(json_object_get(s, "route"), "activation"));
+}
+
+enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
+       O_PROTOCOL, O_TO };
+
+static const struct option cp_longopts[] = {
+	{"json", no_argument, NULL, O_JSON},
+	{"worker", required_argument, NULL, O_WORKER},
+	{"substrate", required_argument, NULL, O_SUBSTRATE},
+	{"template", required_argument, NULL, O_TEMPLATE},
+	{"memory", required_argument, NULL, O_MEMORY},
+	{"pids", required_argument, NULL, O_PIDS},
+	{"idle-timeout", required_argument, NULL, O_IDLE},
+	{"max-lifetime", required_argument, NULL, O_MAXLIFE},
+	{"purpose", required_argument, NULL, O_PURPOSE},
+	{"port", required_argument, NULL, O_PORT},
+	{"protocol", required_argument, NULL, O_PROTOCOL},
+	{"to", required_argument, NULL, O_TO},
+	{NULL, 0, NULL, 0},
+};
+
+static const char cp_usage[] =
+	"usage: spacectl workers [--json]\n"
+	"       spacectl create [--worker W] [--substrate S] [--template T] [--memory BYTES] [--pids N]\n"
+	"                       [--idle-timeout S] [--max-lifetime S] [--json]\n"
+	"       spacectl ls [--json] | rm ID | inspect ID [--json]\n"
+	"       spacectl route ID [--purpose P]... [--port N] [--protocol X] [--json]\n"
+	"       spacectl pause ID | snapshot ID | resume ID [--worker W] | move ID --to W   [--json]\n";
+
+int cmd_cp(int argc, char **argv)
+{
+	const char *cmd = argv[0];
+	int json = 0, c, rc = 1;
+	json_t *req = json_object(), *purposes = json_array();
+	struct cp_call res = {0};
+	char path[512];
+	const char *target = NULL;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "+", cp_longopts, NULL)) != -1) {
+		switch (c) {
+		case O_JSON: json = 1; break;
+		case O_WORKER: json_object_set_new(req, "worker", json_string(optarg)); target = optarg; break;
+		case O_SUBSTRATE: json_object_set_new(req, "substrate", json_string(optarg)); break;
+		case O_TEMPLATE: json_object_set_new(req, "template", json_string(optarg)); break;
+		case O_MEMORY: json_object_set_new(req, "memory_bytes", json_integer(atoll(optarg))); break;
+		case O_PIDS: json_object_set_new(req, "pids", json_integer(atoll(optarg))); break;
+		case O_IDLE: json_object_set_new(req, "idle_timeout", json_integer(atoll(optarg))); break;
+		case O_MAXLIFE: json_object_set_new(req, "max_lifetime", json_integer(atoll(optarg))); break;
+		case O_PURPOSE: json_array_append_new(purposes, json_string(optarg)); break;
+		case O_PORT: json_object_set_new(req, "port", json_integer(atoll(optarg))); break;
+		case O_PROTOCOL: json_object_set_new(req, "protocol", json_string(optarg)); break;
+		case O_TO: json_object_set_new(req, "to", json_string(optarg)); target = optarg; break;
+		default: rc = cli_usage(cp_usage); goto out;
+		}
+	}
+	int nargs = argc - optind;
+	const char *id = nargs > 0 ? argv[optind] : NULL;
+	if (id != NULL && (strlen(id) > 63 || strpbrk(id, "/?#% ") != NULL)) {
+		rc = cli_fail(cmd, "'%s' is not a sandbox ID", id);
+		goto out;
+	}
+	if (strcmp(cmd, "workers") == 0 && nargs == 0) {
+		if ((rc = call(cmd, "GET", "/v1/workers", NULL, &res)) != 0)
+			goto out;
+		json_t *ws = json_object_get(res.answer, "workers"), *w;
+		size_t i;
+		if (json)
+			print_json(ws);
+		else
+			json_array_foreach(ws, i, w)
+				printf("%-16s %-5s %3lld/%-3lld %s\n", str(w, "id"), str(w, "state"),
+				       (long long)json_integer_value(json_object_get(w, "sandboxes")),
+				       (long long)json_integer_value(json_object_get(w, "capacity")), str(w, "url"));
+	} else if (strcmp(cmd, "create") == 0 && nargs == 0) {
+		if ((rc = call(cmd, "POST", "/v1/sandboxes", req, &res)) != 0)
+			goto out;
+		if (json)
+			print_json(res.answer);
+		else
+			puts(str(res.answer, "id"));
+	} else if (strcmp(cmd, "ls") == 0 && nargs == 0) {
+		if ((rc = call(cmd, "GET", "/v1/sandboxes", NULL, &res)) != 0)
+			goto out;
+		json_t *l = json_object_get(res.answer, "sandboxes"), *s;
+		size_t i;
+		if (json)
+			print_json(l);
+		else
+			json_array_foreach(l, i, s)
+				print_sandbox_line(s);
+	} else if ((strcmp(cmd, "inspect") == 0 || strcmp(cmd, "rm") == 0) && nargs == 1) {
+		snprintf(path, sizeof path, "/v1/sandboxes/%s", id);
+		if ((rc = call(cmd, cmd[0] == 'i' ? "GET" : "DELETE", path, NULL, &res)) != 0)
+			goto out;
+		if (json || cmd[0] == 'i')
+			print_json(res.answer);
+		else
+			printf("%s %s\n", id, str(res.answer, "state"));
+	} else if (strcmp(cmd, "route") == 0 && nargs == 1) {
+		if (json_array_size(purposes) > 0)
+			json_object_set(req, "purposes", purposes);
+		snprintf(path, sizeof path, "/v1/sandboxes/%s/route", id);
+		if ((rc = call(cmd, "POST", path, req, &res)) != 0)
+			goto out;
+		print_json(res.answer);
+	} else if ((strcmp(cmd, "pause") == 0 || strcmp(cmd, "snapshot") == 0 || strcmp(cmd, "resume") == 0 ||
+	            strcmp(cmd, "move") == 0) && nargs == 1) {
+		if (strcmp(cmd, "move") == 0 && target == NULL) {
+			rc = cli_fail(cmd, "move needs --to WORKER");
+			goto out;
+		}
+		if ((strcmp(cmd, "pause") == 0 || strcmp(cmd, "snapshot") == 0) && json_object_size(req) > 0) {
+			rc = cli_usage(cp_usage);
+			goto out;
+		}
+		snprintf(path, sizeof path, "/v1/sandboxes/%s/%s", id, cmd);
+		if ((rc = call(cmd, "POST", path, req, &res)) != 0)
+			goto out;
+		if (json)
+			print_json(res.answer);
+		else
+			print_sandbox_line(res.answer);
+	} else {
+		rc = cli_usage(cp_usage);
+		goto out;
+	}
+	rc = 0;
+out:
+	json_decref(res.answer);
+	json_decref(req);
+	json_decref(purposes);
+	return rc;
+}
