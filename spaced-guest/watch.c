@@ -244,6 +244,9 @@ void watch_on_readable(struct watch *w)
 				stream_finish(w->s, 0, "watched directory is gone", NULL);
 				return;
 			}
+			/* the kernel dropped this watch: forget its entry */
+			free(we->rel);
+			*we = w->ents[--w->n];
 			continue;
 		}
 		if (ev->mask & IN_DELETE_SELF)

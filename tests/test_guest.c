@@ -739,6 +739,95 @@ Test(guest, watch_recursive_events)
 	spaced_guest_client_free(c);
 }
 
+/* Several streams at once on one connection: a watch, two execs (one
+ * cancelled), a stat and a read; their frames interleave and each ends with
+ * its own RESULT carrying the identity. */
+Test(guest, concurrent_streams_on_one_connection)
+{
+	char p[256];
+	snprintf(p, sizeof p, "%s/cw", root);
+	cr_assert_eq(mkdir(p, 0755), 0);
+	snprintf(p, sizeof p, "%s/cw/r.txt", root);
+	put_file(p, "read me");
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	const uint32_t W = 101, E = 102, S = 103, R = 104, K = 105;
+
+	spaced_field_put_str(&b, "cw");
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_WATCH, 0, W, b.data, b.len), 0);
+	struct spaced_guest_msg m = {0};
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STARTED);
+	spaced_guest_msg_clear(&m);
+
+	const char *ka[] = {"sleep", "30", NULL};
+	struct spaced_guest_exec_req kr = {ka, NULL, NULL, 0, 0};
+	b.len = 0;
+	cr_assert_eq(spaced_guest_encode_exec(&b, &kr), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_EXEC, 0, K, b.data, b.len), 0);
+	const char *ea[] = {"sh", "-c", "echo hi > cw/new.txt; echo done", NULL};
+	struct spaced_guest_exec_req er = {ea, NULL, NULL, 0, 0};
+	b.len = 0;
+	cr_assert_eq(spaced_guest_encode_exec(&b, &er), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_EXEC, 0, E, b.data, b.len), 0);
+	b.len = 0;
+	spaced_field_put_str(&b, "cw/r.txt");
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_FS_STAT, 0, S, b.data, b.len), 0);
+	spaced_field_put_u64(&b, 5);
+	spaced_field_put_u64(&b, 2);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_FS_READ, 0, R, b.data, b.len), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_CANCEL, 0, K, NULL, 0), 0);
+
+	int results = 0, created = 0, done_out = 0, read_ok = 0;
+	while (results < 4 || !created) {
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		struct spaced_field_reader r;
+		if (m.hdr.type == SPACED_GUEST_OUT_RESULT) {
+			cr_assert_eq(spaced_guest_result_head(c, &m, &r), 0, "id %u", m.hdr.id);
+			assert_ident(c);
+			cr_assert(m.hdr.id == E || m.hdr.id == S || m.hdr.id == R || m.hdr.id == K);
+			if (m.hdr.id == K) {
+				struct spaced_guest_exit x;
+				cr_assert_eq(spaced_guest_exit_parse(&r, &x), 0);
+				cr_assert_eq(x.signal, SIGKILL, "cancel kills");
+			}
+			results++;
+		} else if (m.hdr.type == SPACED_GUEST_OUT_EVENT) {
+			cr_assert_eq(m.hdr.id, W);
+			uint64_t kind;
+			char path[256];
+			spaced_field_reader_init(&r, m.payload, m.hdr.len);
+			cr_assert_eq(spaced_field_get_u64(&r, &kind), 0);
+			cr_assert_eq(spaced_field_get_strbuf(&r, path, sizeof path), 0);
+			if (kind == SPACED_GUEST_EV_CREATE && strcmp(path, "new.txt") == 0)
+				created = 1;
+		} else if (m.hdr.type == SPACED_GUEST_OUT_STDOUT) {
+			cr_assert_eq(m.hdr.id, E);
+			done_out = m.hdr.len == 5 && memcmp(m.payload, "done\n", 5) == 0;
+		} else if (m.hdr.type == SPACED_GUEST_OUT_DATA) {
+			cr_assert_eq(m.hdr.id, R);
+			read_ok = m.hdr.len == 2 && memcmp(m.payload, "me", 2) == 0;
+		} else {
+			cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STARTED);
+		}
+		spaced_guest_msg_clear(&m);
+	}
+	cr_assert(done_out && read_ok);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_CANCEL, 0, W, NULL, 0), 0);
+	for (;;) {
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		int end = m.hdr.type == SPACED_GUEST_OUT_RESULT;
+		if (end)
+			cr_assert_eq(m.hdr.id, W);
+		spaced_guest_msg_clear(&m);
+		if (end)
+			break;
+	}
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
 /* A raw socket for malformed input. */
 static int raw_conn(void)
 {
