@@ -828,6 +828,74 @@ Test(guest, concurrent_streams_on_one_connection)
 	spaced_guest_client_free(c);
 }
 
+/* A peer that asks for a large file and never reads does not hold up the
+ * guest: other connections are served while its answer is held back. */
+Test(guest, stalled_reader_does_not_block_others)
+{
+	char p[256];
+	snprintf(p, sizeof p, "%s/big", root);
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	static char chunk[65536];
+	memset(chunk, 'x', sizeof chunk);
+	for (int i = 0; i < 128; i++)
+		fwrite(chunk, 1, sizeof chunk, f);
+	fclose(f);
+	struct spaced_guest_client *stalled = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	spaced_field_put_str(&b, "big");
+	spaced_field_put_u64(&b, 0);
+	spaced_field_put_u64(&b, UINT64_MAX);
+	cr_assert_eq(spaced_guest_send(stalled, SPACED_GUEST_FS_READ, 0, 1, b.data, b.len), 0);
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_identity id;
+	for (int i = 0; i < 50; i++)
+		cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	struct spaced_buf out;
+	spaced_buf_init(&out, 1 << 20);
+	const char *a[] = {"echo", "alive", NULL};
+	struct spaced_guest_exit x = run(c, a, NULL, NULL, 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	cr_assert_str_eq((char *)out.data, "alive\n");
+	spaced_buf_free(&out);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+	spaced_guest_client_free(stalled);
+}
+
+/* A write that is cancelled (or whose connection drops) leaves the old
+ * content and no temp file. */
+Test(guest, cancelled_write_leaves_old_content)
+{
+	char p[256];
+	snprintf(p, sizeof p, "%s/keep.txt", root);
+	put_file(p, "old");
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	spaced_field_put_str(&b, "keep.txt");
+	spaced_field_put_u64(&b, 0644);
+	spaced_field_put_u64(&b, 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_FS_WRITE, 0, 9, b.data, b.len), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_DATA, 0, 9, "new content", 11), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_CANCEL, 0, 9, NULL, 0), 0);
+	struct spaced_guest_msg m = {0};
+	struct spaced_field_reader r;
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.id, 9);
+	cr_assert_eq(spaced_guest_result_head(c, &m, &r), SPACED_ECLOSED);
+	spaced_guest_msg_clear(&m);
+	cr_assert_str_eq(slurp(p), "old");
+	struct spaced_buf l;
+	spaced_buf_init(&l, 4096);
+	cr_assert_eq(spaced_guest_fs_list(c, "", 1, count_entries, &l), 0);
+	cr_assert(strstr((char *)l.data, ".spaced-tmp") == NULL, "temp file left: %s", l.data);
+	spaced_buf_free(&l);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
 /* A raw socket for malformed input. */
 static int raw_conn(void)
 {
