@@ -7,13 +7,18 @@
 #include <errno.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <seccomp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 #include "error.h"
 
@@ -57,10 +62,17 @@ static const uint64_t ns_flags[] = {
 	CLONE_NEWNET, CLONE_NEWCGROUP, CLONE_NEWTIME,
 };
 
-static int load_seccomp(void)
+/* The filter as BPF, built once per process by libseccomp (which takes a
+ * millisecond or more) and loaded as is by every execution's processes. */
+static struct sock_filter *filter_prog;
+static unsigned short filter_len;
+
+static int build_filter(struct sock_filter **prog_out, unsigned short *len_out)
 {
 	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-	int r = SPACED_ESYS;
+	struct sock_filter *prog = NULL;
+	struct stat st;
+	int r = SPACED_ESYS, mfd = -1;
 
 	if (ctx == NULL)
 		return SPACED_ENOMEM;
@@ -83,12 +95,50 @@ static int load_seccomp(void)
 		goto out;
 	/* other architectures (i386 through int 0x80, x32) are killed by the
 	 * default bad-architecture action */
-	if (seccomp_load(ctx) < 0)
+	mfd = memfd_create("spaced-seccomp", MFD_CLOEXEC);
+	if (mfd < 0 || seccomp_export_bpf(ctx, mfd) < 0 || fstat(mfd, &st) < 0)
 		goto out;
+	if (st.st_size <= 0 || st.st_size % (off_t)sizeof(struct sock_filter) != 0 ||
+	    st.st_size / (off_t)sizeof(struct sock_filter) > BPF_MAXINSNS)
+		goto out;
+	prog = malloc((size_t)st.st_size);
+	if (prog == NULL) {
+		r = SPACED_ENOMEM;
+		goto out;
+	}
+	if (pread(mfd, prog, (size_t)st.st_size, 0) != (ssize_t)st.st_size)
+		goto out;
+	*prog_out = prog;
+	*len_out = (unsigned short)(st.st_size / (off_t)sizeof(struct sock_filter));
+	prog = NULL;
 	r = 0;
 out:
+	free(prog);
+	if (mfd >= 0)
+		close(mfd);
 	seccomp_release(ctx);
 	return r;
+}
+
+int sub_confine_prepare(void)
+{
+	if (filter_prog != NULL)
+		return 0;
+	return build_filter(&filter_prog, &filter_len);
+}
+
+static int load_seccomp(void)
+{
+	struct sock_fprog fprog;
+	int r = sub_confine_prepare();
+
+	if (r < 0)
+		return r;
+	fprog.len = filter_len;
+	fprog.filter = filter_prog;
+	if (syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) < 0)
+		return SPACED_ESYS;
+	return 0;
 }
 
 /* Landlock scoping (ABI 6+): no abstract Unix sockets or signals across the

@@ -40,6 +40,10 @@ void sub_cgroup_remove(struct sub_cgroup *cg);
  * pids and freezer; or its cgroup2 directory). */
 int sub_cgroup_join_of(pid_t pid);
 
+/* Builds the seccomp program once in this process (call before forking, so
+ * children only load it). Returns 0 or SPACED_ENOMEM / SPACED_ESYS. */
+int sub_confine_prepare(void);
+
 /* no_new_privs, Landlock scoping (where the kernel has it) and the seccomp
  * deny-list, for the calling process and what it execs. */
 int sub_confine(void);

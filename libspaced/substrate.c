@@ -595,6 +595,11 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		snprintf(cgname, sizeof(cgname), "%s", cfg->cgroup_name);
 	else
 		snprintf(cgname, sizeof(cgname), "spaced-%d-%u", (int)getpid(), cgroup_seq++);
+	r = sub_confine_prepare();
+	if (r < 0) {
+		setwhy(why, whysz, "building the seccomp filter failed");
+		goto fail;
+	}
 	r = sub_cgroup_create(&s->cg, cgname, cfg->memory_bytes, cfg->pids_max, why, whysz);
 	if (r < 0)
 		goto fail;
@@ -974,6 +979,9 @@ int spaced_sub_enter(int init_pidfd, const char *cwd, char *const argv[], int *s
 
 	if (argv == NULL || argv[0] == NULL)
 		return SPACED_EINVAL;
+	r = sub_confine_prepare();
+	if (r < 0)
+		return r;
 	dupfd = fcntl(init_pidfd, F_DUPFD_CLOEXEC, 3);
 	if (dupfd < 0)
 		return SPACED_ESYS;
