@@ -115,8 +115,8 @@ int cmd_cp(int argc, char **argv)
 	struct cp_call res = {0};
 	char path[512];
 	const char *target = NULL;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "+", cp_longopts, NULL)) != -1) {
+	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
+	while ((c = getopt_long(argc, argv, "", cp_longopts, NULL)) != -1) {
 		switch (c) {
 		case O_JSON: json = 1; break;
 		case O_WORKER: json_object_set_new(req, "worker", json_string(optarg)); target = optarg; break;

@@ -258,6 +258,30 @@ for w in wa wb; do stop_worker $w; start_worker $w; done
 expect "the signing key survives the restart" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{}'; "$CAPCHECK" "$W/bundle2.json" "$W/body" | jq -r .kid)" "200$NEW_KID"
 expect "lifecycle works after restart" "$(api "$TA" POST "/v1/sandboxes/$S1/move" '{"to":"wa"}'; body '(.generation|tostring) + " " + .worker')" "2005 wa"
 
+# ---- spacectl, the client side (DESIGN.md section 5 forms) ----
+SC=$SPACED_BUILD/spacectl/spacectl
+if SPACED_CP_URL= SPACED_API_KEY= "$SC" ls 2>"$W/sc.err"; then fail "spacectl without SPACED_CP_URL"; else ok "spacectl says what is missing: $(cat "$W/sc.err")"; fi
+export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
+expect "spacectl workers --json" "$("$SC" workers --json | jq -r '[.[] | select(.id == "wa" or .id == "wb") | .id + ":" + .state] | join(",")')" "wa:live,wb:live"
+X=$("$SC" create --worker wa)
+expect "spacectl create prints the ID" "$(echo "$X" | grep -c '^sbx-')" 1
+expect "spacectl inspect --json" "$("$SC" inspect "$X" --json | jq -r '.state + " " + .route.sandbox + " " + (.route.generation|tostring) + " " + .route.worker')" "running $X 1 wa"
+"$SC" route "$X" --purpose exec --purpose fs.write --json >"$W/route-sc.json"
+expect "spacectl route --json verifies" "$("$CAPCHECK" "$W/bundle2.json" "$W/route-sc.json" | jq -c .purposes)" '["fs.write","exec"]'
+"$SC" route "$X" --purpose serviceport --port 5432 --protocol tcp --json >"$W/route-sc2.json"
+expect "spacectl serviceport route" "$("$CAPCHECK" "$W/bundle2.json" "$W/route-sc2.json" | jq -r '(.port|tostring) + "/" + .protocol')" "5432/tcp"
+"$SC" move "$X" --to wb >/dev/null
+expect "spacectl move: visible in inspect" "$("$SC" inspect "$X" --json | jq -r '(.route.generation|tostring) + " " + .route.worker')" "2 wb"
+"$SC" pause "$X" >/dev/null
+expect "spacectl pause" "$("$SC" inspect "$X" --json | jq -r '.state + " " + (.generation|tostring)')" "paused 2"
+"$SC" resume "$X" --worker wa >/dev/null
+expect "spacectl resume --worker: new generation there" "$("$SC" inspect "$X" --json | jq -r '.state + " " + (.generation|tostring) + " " + .worker')" "running 3 wa"
+expect "spacectl ls" "$("$SC" ls | grep -c "^$X ")" 1
+"$SC" rm "$X" >/dev/null
+if "$SC" inspect "$X" --json 2>"$W/sc.err"; then fail "inspect after rm"; else expect "spacectl inspect after rm" "$(grep -c 'HTTP 404 not-found' "$W/sc.err")" 1; fi
+SPACED_API_KEY=$TB "$SC" inspect "$S1" --json 2>"$W/sc.err" >/dev/null
+expect "spacectl as tenant beta sees 404 for alpha's sandbox" "$(grep -c 'HTTP 404 not-found' "$W/sc.err")" 1
+
 # ---- delete ----
 expect "delete" "$(api "$TA" DELETE "/v1/sandboxes/$S1"; body .state)" "200deleted"
 expect "deleted is gone" "$(api "$TA" GET "/v1/sandboxes/$S1")" 404
