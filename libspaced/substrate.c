@@ -826,8 +826,10 @@ int spaced_sub_send_conn(struct spaced_sub *s, uint32_t port, int fd)
 	c->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(c), &fd, sizeof(int));
 	do
-		w = sendmsg(s->ctl, &mh, MSG_NOSIGNAL);
+		w = sendmsg(s->ctl, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (w < 0 && errno == EINTR);
+	if (w < 0 && errno == EAGAIN)
+		return SPACED_EBUSY; /* the guest is not draining its control socket */
 	if (w < 0)
 		return errno == EPIPE || errno == ECONNRESET ? SPACED_ECLOSED : SPACED_ESYS;
 	return 0;

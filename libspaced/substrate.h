@@ -96,7 +96,9 @@ const struct spaced_identity *spaced_sub_identity(const struct spaced_sub *s);
 int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id);
 
 /* Hands connected stream socket fd to the guest as port `port` (CONN message).
- * The caller keeps its own fd and closes it. Returns 0 or SPACED_ECLOSED / SPACED_ESYS. */
+ * The caller keeps its own fd and closes it. Never blocks: returns 0,
+ * SPACED_EBUSY when the guest's control socket is full (a frozen or stuck
+ * guest), SPACED_ECLOSED or SPACED_ESYS. */
 int spaced_sub_send_conn(struct spaced_sub *s, uint32_t port, int fd);
 
 /* Freezes (pause) or thaws every process of the execution through the cgroup

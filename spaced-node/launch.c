@@ -343,8 +343,13 @@ static int supervise(struct launcher *L)
 		pfd[n++] = (struct pollfd){ .fd = spaced_sub_control_fd(L->sub), .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = init->pidfd, .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = L->ctl_lfd, .events = POLLIN };
-		/* connections are accepted once the guest is ready to serve them */
-		pfd[n++] = (struct pollfd){ .fd = spaced_sub_ready(L->sub) ? L->guest_lfd : -1, .events = POLLIN };
+		/* connections are accepted while the guest can serve them: once it is
+		 * ready and not while it is frozen (clients wait in the backlog; a
+		 * frozen guest could not drain its control socket) */
+		pfd[n++] = (struct pollfd){
+			.fd = spaced_sub_ready(L->sub) && !spaced_sub_paused(L->sub) ? L->guest_lfd : -1,
+			.events = POLLIN,
+		};
 		base = n;
 		ctl0 = n;
 		for (int i = 0; i < L->nctl; i++)

@@ -234,20 +234,30 @@ static pid_t init_pid(const struct launcher *l)
 	return (pid_t)atoi(p + 5);
 }
 
-/* The guest transport: CONNECT handshake, then the identity the guest
- * reports on that connection. */
-static int guest_identity(const struct launcher *l, uint32_t port, char *out, size_t sz)
+/* Connects to guest.sock and sends the CONNECT line; returns the socket. */
+static int transport_connect(const struct launcher *l, uint32_t port)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char line[64], req[32];
-	uint32_t local;
+	char req[32];
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/guest.sock", l->state);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return SPACED_ESYS;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -1;
+	}
 	snprintf(req, sizeof(req), "CONNECT %u\n", (unsigned)port);
 	cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	return fd;
+}
+
+/* Reads the "OK <n>" answer, then asks the guest on that connection which
+ * identity it serves. Consumes fd. */
+static int transport_identity(int fd, char *out, size_t sz)
+{
+	char line[64];
+	uint32_t local;
+
 	read_line(fd, line, sizeof(line), 10000);
 	strcat(line, "\n");
 	if (spaced_vsock_hs_parse_ok((const uint8_t *)line, strlen(line), &local) < 0) {
@@ -278,6 +288,17 @@ static int guest_identity(const struct launcher *l, uint32_t port, char *out, si
 		snprintf(out, sz, "%s", p + 9);
 	}
 	return 0;
+}
+
+/* The guest transport: CONNECT handshake, then the identity the guest
+ * reports on that connection. */
+static int guest_identity(const struct launcher *l, uint32_t port, char *out, size_t sz)
+{
+	int fd = transport_connect(l, port);
+
+	if (fd < 0)
+		return SPACED_ESYS;
+	return transport_identity(fd, out, sz);
 }
 
 TestSuite(substrate, .init = setup, .fini = teardown, .timeout = 120);
@@ -752,6 +773,31 @@ Test(substrate, identity_after_start) /* warm pool: IDENTITY message */
 		cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
 	}
 	cr_assert_eq(guest_identity(&l, 3, got, sizeof(got)), 0);
+	cr_assert_str_eq(got, id);
+	stop(&l);
+}
+
+Test(substrate, transport_waits_while_paused)
+{
+	char id[256], got[512];
+	const char *extra[] = { "--identity", id, NULL };
+	struct launcher l;
+	struct pollfd p;
+	int fd;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-pz", 1);
+	start(&l, "x", extra, true);
+	ctl_ok(&l, "PAUSE");
+	fd = transport_connect(&l, 7);
+	cr_assert_geq(fd, 0);
+	/* frozen guest: the handshake is not answered (the client waits) … */
+	p = (struct pollfd){ .fd = fd, .events = POLLIN };
+	cr_assert_eq(poll(&p, 1, 300), 0, "answered while paused");
+	/* … and the supervisor still obeys its control socket */
+	ctl_ok(&l, "STATUS");
+	ctl_ok(&l, "THAW");
+	cr_assert_eq(transport_identity(fd, got, sizeof(got)), 0);
 	cr_assert_str_eq(got, id);
 	stop(&l);
 }
