@@ -97,8 +97,13 @@ for dir in spaced-node spaced-host spaced-netgtw; do
 		[ -f "$bin" ] && [ -x "$bin" ] || continue
 		case "$bin" in *.p|*.so|*.a) continue ;; esac
 		checked=$((checked + 1))
-		syms=$(nm "$bin" 2>/dev/null | grep -E ' (spaced_paseto_sign|spaced_cap_issue|spaced_secret_key_[a-z_]*)$' || true)
-		if [ -n "$syms" ]; then
+		nm "$bin" >"$tmp/nm" 2>/dev/null || true
+		syms=$(grep -E ' (spaced_paseto_sign|spaced_cap_issue|spaced_secret_key_[a-z_]*)$' "$tmp/nm" || true)
+		if ! grep -q ' spaced_' "$tmp/nm"; then
+			# without a symbol table the absence of signing code cannot be shown
+			echo "FAIL: $bin has no spaced_ symbols to inspect (stripped?)"
+			fail=1
+		elif [ -n "$syms" ]; then
 			echo "FAIL: $bin contains signing symbols:"
 			echo "$syms"
 			fail=1
