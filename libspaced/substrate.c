@@ -200,8 +200,16 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 	if (mkdir_p_one(p, 0755) < 0)
 		goto fail;
 	for (size_t i = 0; i < nlayers; i++) {
+		struct stat lst;
+
 		pathf(p, "%s/upper/%s", state, layers[i].name);
 		if (mkdir_p_one(p, 0755) < 0)
+			goto fail;
+		/* the merged directory takes the upper directory's owner and mode:
+		 * give it the lower one's (a template owned by the execution's root
+		 * stays writable at its top) */
+		if (stat(layers[i].lower, &lst) < 0 || chown(p, lst.st_uid, lst.st_gid) < 0 ||
+		    chmod(p, lst.st_mode & 07777) < 0)
 			goto fail;
 		pathf(p, "%s/work/%s", state, layers[i].name);
 		if (mkdir_p_one(p, 0755) < 0)
@@ -210,6 +218,10 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 	for (size_t i = 0; i < sizeof(root_dirs) / sizeof(root_dirs[0]); i++) {
 		struct stat st;
 
+		/* what the base has stays as the base has it (owner, mode) */
+		pathf(p, "%s/%s", layers[0].lower, root_dirs[i].path);
+		if (lstat(p, &st) == 0)
+			continue;
 		pathf(p, "%s/upper/root/%s", state, root_dirs[i].path);
 		if (lstat(p, &st) == 0)
 			continue;
@@ -219,6 +231,12 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 			goto fail;
 	}
 	/* the bind mount point of the guest binary */
+	pathf(p, "%s%s", layers[0].lower, SPACED_SUB_GUEST_PATH);
+	if (access(p, F_OK) == 0)
+		return 0;
+	pathf(p, "%s/upper/root/.spaced", state);
+	if (mkdir_p_one(p, 0755) < 0)
+		goto fail;
 	pathf(p, "%s/upper/root%s", state, SPACED_SUB_GUEST_PATH);
 	fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0555);
 	if (fd < 0)

@@ -801,3 +801,46 @@ Test(substrate, transport_waits_while_paused)
 	cr_assert_str_eq(got, id);
 	stop(&l);
 }
+
+Test(substrate, template_base)
+{
+	char id[256], out[4096], base[128], cmd[2048], p[256];
+	const char *extra[] = { "--identity", id, "--base", base, NULL };
+	struct launcher l;
+	FILE *f;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-base", 1);
+	/* a minimal template: a shell, cat, the libraries the guest and they need,
+	 * owned by the execution's root user (host uid 100000) as a template should be */
+	snprintf(base, sizeof(base), "%s/base", dir);
+	snprintf(cmd, sizeof(cmd),
+	         "set -e; B=%s; mkdir -p $B/usr/bin $B/usr/lib $B/usr/lib64 $B/etc; "
+	         "ln -s usr/bin $B/bin; ln -s usr/lib $B/lib; ln -s usr/lib64 $B/lib64; "
+	         "for f in /usr/bin/dash /usr/bin/cat /usr/bin/ls %s; do "
+	         "  for l in $(ldd $f | grep -o '/[^ ]*'); do mkdir -p $B$(dirname $l); cp -L $l $B$l; done; "
+	         "done; cp /usr/bin/dash $B/usr/bin/sh; cp /usr/bin/cat /usr/bin/ls $B/usr/bin/; "
+	         "echo base > $B/etc/marker; chown -R 100000:100000 $B",
+	         base, guest_bin());
+	cr_assert_eq(system(cmd), 0, "building the template failed");
+	start(&l, "x", extra, true);
+	cr_assert_eq(run_in(&l, "cat /etc/marker && echo changed > /etc/marker && echo n > /newfile && ls /",
+	                    out, sizeof(out)), 0, "%s", out);
+	cr_assert(strncmp(out, "base\n", 5) == 0, "%s", out);
+	/* the template is untouched, the changes are in the upper layer */
+	snprintf(p, sizeof(p), "%s/etc/marker", base);
+	f = fopen(p, "r");
+	cr_assert_not_null(f);
+	cr_assert_not_null(fgets(out, sizeof(out), f));
+	fclose(f);
+	cr_assert_str_eq(out, "base\n");
+	snprintf(p, sizeof(p), "%s/newfile", base);
+	cr_assert_neq(access(p, F_OK), 0);
+	snprintf(p, sizeof(p), "%s/upper/root/newfile", l.state);
+	cr_assert_eq(access(p, F_OK), 0);
+	snprintf(p, sizeof(p), "%s/upper/root/etc/marker", l.state);
+	cr_assert_eq(access(p, F_OK), 0);
+	/* nothing of the host outside the template is visible */
+	cr_assert_neq(run_in(&l, "test -e /usr/bin/python3", out, sizeof(out)), 0);
+	stop(&l);
+}
