@@ -72,6 +72,9 @@ enum spaced_guest_event {
 	SPACED_GUEST_EV_OVERFLOW = 5,
 };
 
+/* The transport port that carries this protocol (CONNECT 1024 / CONN 1024). */
+#define SPACED_GUEST_API_PORT 1024
+
 /* Limits. */
 #define SPACED_GUEST_MAX_ARGS 1024
 #define SPACED_GUEST_PATH_MAX 4096

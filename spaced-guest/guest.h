@@ -109,6 +109,7 @@ struct guest {
 	uint64_t next_proc;
 	bool quit;
 	int exit_code;
+	bool service_ports; /* CONN for other ports than the API port: forward */
 };
 
 extern struct guest G;
@@ -175,5 +176,11 @@ int watch_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
 void watch_on_readable(struct watch *w);
 void watch_free(struct watch *w);
 int watch_fd(const struct watch *w);
+
+/* fwd.c (opt-in ServicePort forwarding) */
+int fwd_start(int fd, uint32_t port);
+void fwd_poll_add(void (*add)(int fd, short ev, void *ptr));
+void fwd_on_event(void *ptr, int fd, short revents);
+void fwd_reap(void);
 
 #endif

@@ -9,7 +9,8 @@
  * launcher carrying "IDENTITY <canonical text>" (once, when --identity was not
  * given) and "CONN <port>" with one connected stream socket (SCM_RIGHTS) per
  * message; the guest answers "READY" once it has an identity. When the control
- * socket closes the guest exits. As PID 1 it reaps every zombie and ignores
+ * socket closes the guest exits. With --service-ports, a CONN for any port
+ * other than SPACED_GUEST_API_PORT is joined to 127.0.0.1:<port> (ServicePort). As PID 1 it reaps every zombie and ignores
  * the signals init ignores.
  */
 #include <errno.h>
@@ -134,7 +135,10 @@ static bool control_readable(void)
 		if (take >= 0) {
 			(void)fcntl(take, F_SETFL, fcntl(take, F_GETFL) | O_NONBLOCK);
 			guest_log("control: connection for port %lu", port);
-			(void)conn_new(take);
+			if (G.service_ports && port != SPACED_GUEST_API_PORT)
+				(void)fwd_start(take, (uint32_t)port);
+			else
+				(void)conn_new(take);
 		}
 	} else {
 		guest_log("control: unknown message ignored");
@@ -174,7 +178,7 @@ static bool signal_readable(void)
 	return go_on;
 }
 
-enum tag_kind { T_LISTEN, T_CONTROL, T_SIGNAL, T_CONN, T_WATCH, T_PROC_OUT, T_PROC_IN };
+enum tag_kind { T_LISTEN, T_CONTROL, T_SIGNAL, T_CONN, T_WATCH, T_PROC_OUT, T_PROC_IN, T_FWD };
 
 struct tag {
 	enum tag_kind kind;
@@ -202,6 +206,13 @@ static void add_pfd(size_t *n, int fd, short events, enum tag_kind kind, void *p
 	pfds[*n] = (struct pollfd){.fd = fd, .events = events};
 	tags[*n] = (struct tag){kind, ptr};
 	(*n)++;
+}
+
+static size_t *fwd_n;
+
+static void add_fwd_pfd(int fd, short ev, void *ptr)
+{
+	add_pfd(fwd_n, fd, ev, T_FWD, ptr);
 }
 
 static bool conn_input_paused(const struct conn *c)
@@ -249,6 +260,8 @@ static void loop(void)
 			if (p->in_fd >= 0 && p->inq_off < p->inq_len)
 				add_pfd(&n, p->in_fd, POLLOUT, T_PROC_IN, p);
 		}
+		fwd_n = &n;
+		fwd_poll_add(add_fwd_pfd);
 		int timeout = -1;
 		uint64_t dl = proc_next_deadline();
 		if (pump) {
@@ -298,6 +311,9 @@ static void loop(void)
 					proc_on_output(p, pfds[i].fd);
 				break;
 			}
+			case T_FWD:
+				fwd_on_event(t.ptr, pfds[i].fd, re);
+				break;
 			case T_PROC_IN: {
 				struct proc *p = t.ptr;
 				if (pfds[i].fd == p->in_fd)
@@ -317,6 +333,7 @@ static void loop(void)
 		}
 		proc_check_timeouts(spaced_mono_ns());
 		guest_reap_dead();
+		fwd_reap();
 	}
 }
 
@@ -368,7 +385,7 @@ static void open_listener(const char *path)
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-guest [--root DIR] [--identity TEXT] "
-	                "(--listen PATH | --control-fd N) [--verbose]\n");
+	                "(--listen PATH | --control-fd N) [--service-ports] [--verbose]\n");
 	exit(64);
 }
 
@@ -382,10 +399,11 @@ int main(int argc, char **argv)
 		{"listen", required_argument, NULL, 'l'},
 		{"control-fd", required_argument, NULL, 'c'},
 		{"verbose", no_argument, NULL, 'v'},
+		{"service-ports", no_argument, NULL, 'p'},
 		{NULL, 0, NULL, 0},
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "r:i:l:c:v", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "r:i:l:c:vp", opts, NULL)) != -1) {
 		char *end;
 		switch (o) {
 		case 'r':
@@ -405,6 +423,9 @@ int main(int argc, char **argv)
 			break;
 		case 'v':
 			verbose = true;
+			break;
+		case 'p':
+			G.service_ports = true;
 			break;
 		default:
 			usage();

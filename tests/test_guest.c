@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -1021,6 +1022,8 @@ static int control_child(void *arg)
 	}
 }
 
+static bool ctl_service_ports;
+
 /* Starts the guest as PID 1 of a new PID namespace (clone, so the test
  * process itself stays in its own namespace). */
 static pid_t start_control_pid1(int *ctl, const char *identity)
@@ -1046,6 +1049,9 @@ static pid_t start_control(int *ctl, const char *identity)
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		dup2(sv[1], 3);
+		if (identity && ctl_service_ports)
+			execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--control-fd", "3",
+			      "--identity", identity, "--service-ports", (char *)NULL);
 		if (identity)
 			execl(SPACED_GUEST_BIN, "spaced-guest", "--root", root, "--control-fd", "3",
 			      "--identity", identity, (char *)NULL);
@@ -1077,6 +1083,18 @@ static void ctl_send(int ctl, const char *msg, int fd)
 		memcpy(CMSG_DATA(c), &fd, sizeof fd);
 	}
 	cr_assert_eq(sendmsg(ctl, &mh, 0), (ssize_t)strlen(msg));
+}
+
+/* Hands the guest a new connection for port; returns our end. */
+static int ctl_conn_port(int ctl, unsigned port)
+{
+	int sv[2];
+	char msg[32];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	snprintf(msg, sizeof msg, "CONN %u", port);
+	ctl_send(ctl, msg, sv[1]);
+	close(sv[1]);
+	return sv[0];
 }
 
 static struct spaced_guest_client *ctl_conn(int ctl)
@@ -1156,6 +1174,56 @@ Test(guest, control_fd_identity_flag_means_ready_and_no_identity_message)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
 	spaced_guest_client_free(c);
 	close(ctl);
+}
+
+/* With --service-ports, a connection for another port than the API port is
+ * joined to 127.0.0.1:<port> (R5's last hop); port 1024 stays the guest API,
+ * and without a service behind the port the connection is closed. */
+Test(guest, control_fd_service_port_forwarding)
+{
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	socklen_t sl = sizeof sa;
+	cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+	cr_assert_eq(listen(lfd, 4), 0);
+	cr_assert_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	unsigned port = ntohs(sa.sin_port);
+
+	int ctl;
+	ctl_service_ports = true;
+	pid_t pid = start_control(&ctl, IDENT);
+	ctl_expect(ctl, "READY");
+	int fd = ctl_conn_port(ctl, port);
+	int app = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	cr_assert_geq(app, 0);
+	cr_assert_eq(write(fd, "ping", 4), 4);
+	shutdown(fd, SHUT_WR);
+	char buf[16];
+	size_t got = 0;
+	ssize_t k;
+	while ((k = read(app, buf + got, sizeof buf - got)) > 0)
+		got += (size_t)k;
+	cr_assert(got == 4 && memcmp(buf, "ping", 4) == 0, "the service got the bytes");
+	cr_assert_eq(write(app, "pong", 4), 4);
+	close(app);
+	got = 0;
+	while ((k = read(fd, buf + got, sizeof buf - got)) > 0)
+		got += (size_t)k;
+	cr_assert(got == 4 && memcmp(buf, "pong", 4) == 0, "the caller got the answer and EOF");
+	close(fd);
+
+	struct spaced_guest_client *c = ctl_conn(ctl); /* port 1024: the API */
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	close(lfd);
+	fd = ctl_conn_port(ctl, port); /* nobody listens any more */
+	cr_assert_eq(read(fd, buf, sizeof buf), 0, "closed");
+	close(fd);
+	cr_assert_eq(spaced_guest_hello(c, &id), 0, "the guest serves on");
+	spaced_guest_client_free(c);
+	close(ctl);
+	waitpid(pid, NULL, 0);
 }
 
 /* Children of host pid `parent` that are zombies, read from /proc. */
