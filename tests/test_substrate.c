@@ -23,6 +23,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <stddef.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -466,7 +469,8 @@ Test(substrate, escape_attempts_fail)
 	const char *extra[] = { "--identity", id, NULL };
 	struct launcher l;
 	pid_t sleeper;
-	int st;
+	int st, tcp_fd, abs_fd;
+	char netprobe[1024];
 
 	need_sandbox();
 	idtext(id, sizeof(id), "sbx-esc", 1);
@@ -476,6 +480,40 @@ Test(substrate, escape_attempts_fail)
 		_exit(0);
 	}
 	start(&l, "x", extra, true);
+	/* host listeners the execution must not reach: TCP on the host's loopback
+	 * and an abstract Unix socket */
+	{
+		struct sockaddr_in in = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		struct sockaddr_un un = { .sun_family = AF_UNIX };
+		socklen_t len = sizeof(in);
+		int n;
+
+		tcp_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		cr_assert_eq(bind(tcp_fd, (struct sockaddr *)&in, sizeof(in)), 0);
+		cr_assert_eq(listen(tcp_fd, 4), 0);
+		cr_assert_eq(getsockname(tcp_fd, (struct sockaddr *)&in, &len), 0);
+		abs_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		n = snprintf(un.sun_path + 1, sizeof(un.sun_path) - 1, "spaced-test-%d", (int)getpid());
+		cr_assert_eq(bind(abs_fd, (struct sockaddr *)&un, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)), 0);
+		cr_assert_eq(listen(abs_fd, 4), 0);
+		snprintf(netprobe, sizeof(netprobe),
+		         "python3 -c '\n"
+		         "import socket\n"
+		         "for fam, addr, name in ((socket.AF_INET, (\"127.0.0.1\", %d), \"tcp\"), (socket.AF_UNIX, \"\\0spaced-test-%d\", \"abstract\")):\n"
+		         "    s = socket.socket(fam, socket.SOCK_STREAM)\n"
+		         "    try:\n"
+		         "        s.connect(addr); print(\"REACHED-\" + name)\n"
+		         "    except OSError:\n"
+		         "        print(\"ok-\" + name)\n"
+		         "'",
+		         (int)ntohs(in.sin_port), (int)getpid());
+	}
+	cr_assert_eq(run_in(&l, netprobe, out, sizeof(out)), 0, "%s", out);
+	cr_log_info("network probes:\n%s", out);
+	cr_assert(strstr(out, "ok-tcp") != NULL && strstr(out, "ok-abstract") != NULL &&
+	          strstr(out, "REACHED") == NULL, "%s", out);
+	close(tcp_fd);
+	close(abs_fd);
 	/* each line prints "ok" when the attempt was refused */
 	cr_assert_eq(run_in(&l,
 	                    "mount -t tmpfs none /tmp 2>/dev/null && echo MOUNTED || echo ok-mount;"
