@@ -52,6 +52,10 @@ demo: build
 bench-token: build
 	@$(BUILD)/bench/bench-token
 
+# control plane: route issuance, move latency, R4 window (SQLite; CP_DB=postgresql://… for PostgreSQL)
+bench-cp: build
+	@sh bench/cp_bench.sh $(BUILD) $(ROUTES) $(MOVES)
+
 bench-guest: build
 	@$(BUILD)/bench/bench-guest
 

@@ -28,7 +28,7 @@
 #include "store.h"
 #include "util.h"
 
-#define CP_OP_LEASE 120   /* seconds a lifecycle operation holds its sandbox */
+#define CP_OP_LEASE 120   /* default seconds a lifecycle operation holds its sandbox */
 #define CP_LIVE_WINDOW 30 /* a worker is live when seen this recently */
 #define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
 
@@ -40,6 +40,8 @@ struct cp {
 	char listen_host[64];
 	int port;
 	int ack_timeout_ms;
+	int64_t op_lease; /* seconds a lifecycle operation holds its sandbox */
+	char replica_id[24]; /* "r" + 16 hex, kept in STATE/replica.id */
 	int64_t idle_timeout, max_lifetime; /* defaults for new sandboxes (0 = none) */
 	int nthreads;
 

@@ -2,7 +2,7 @@
  * spaced-cp — the control plane.
  *
  *   spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]
- *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N]
+ *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-enrollment-key
@@ -25,7 +25,7 @@
 
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
-	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N]\n"
+	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-enrollment-key | create-admin-key\n";
 
@@ -43,6 +43,33 @@ static void *reaper_thread(void *arg)
 	}
 	cp_store_close(st);
 	return NULL;
+}
+
+/* The replica's stable name, created once in STATE/replica.id. */
+static int replica_id(struct cp *cp)
+{
+	char path[1100], buf[32] = "";
+	snprintf(path, sizeof path, "%s/replica.id", cp->state_dir);
+	FILE *f = fopen(path, "r");
+	if (f != NULL) {
+		if (fgets(buf, sizeof buf, f) == NULL)
+			buf[0] = 0;
+		fclose(f);
+		buf[strcspn(buf, "\n")] = 0;
+	}
+	if (strlen(buf) != 17 || buf[0] != 'r') {
+		char name[SPACED_NAME_MAX];
+		cp_random_name(name, "r");
+		memcpy(buf, name, 18); /* "r" + 16 hex + NUL */
+		f = fopen(path, "w");
+		if (f == NULL)
+			return -1;
+		fprintf(f, "%s\n", buf);
+		if (fclose(f) != 0)
+			return -1;
+	}
+	memcpy(cp->replica_id, buf, 18);
+	return 0;
 }
 
 static int admin(const char *db, int argc, char **argv)
@@ -113,9 +140,10 @@ int main(int argc, char **argv)
 		{"state", required_argument, NULL, 's'},    {"listen", required_argument, NULL, 'l'},
 		{"db", required_argument, NULL, 'd'},       {"ack-timeout", required_argument, NULL, 'a'},
 		{"idle-timeout", required_argument, NULL, 'i'}, {"max-lifetime", required_argument, NULL, 'm'},
-		{"threads", required_argument, NULL, 't'},  {"help", no_argument, NULL, 'h'},
+		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
+		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
-	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1};
+	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE};
 	const char *listen = NULL;
 	char dbbuf[1200];
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
@@ -134,12 +162,13 @@ int main(int argc, char **argv)
 		case 'i': cp.idle_timeout = atoll(optarg); break;
 		case 'm': cp.max_lifetime = atoll(optarg); break;
 		case 't': cp.nthreads = atoi(optarg); break;
+		case 'o': cp.op_lease = atoll(optarg); break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
 	}
 	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.nthreads < 1 || cp.nthreads > 64 ||
-	    cp.idle_timeout < 0 || cp.max_lifetime < 0) {
+	    cp.idle_timeout < 0 || cp.max_lifetime < 0 || cp.op_lease < 1) {
 		fputs(usage, stderr);
 		return 2;
 	}
@@ -171,6 +200,10 @@ int main(int argc, char **argv)
 	char snaps[1100];
 	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);
 	mkdir(snaps, 0700);
+	if (replica_id(&cp) < 0) {
+		fprintf(stderr, "spaced-cp: cannot read or create %s/replica.id\n", cp.state_dir);
+		return 1;
+	}
 	pthread_mutex_init(&cp.mu, NULL);
 	pthread_mutex_init(&cp.signer_mu, NULL);
 	pthread_cond_init(&cp.jobs_cv, NULL);
@@ -185,6 +218,11 @@ int main(int argc, char **argv)
 		cp_store_close(cp.lws_st);
 		return 1;
 	}
+	/* Leases this replica held before a crash are dead: release them so the
+	 * reaper finishes those operations (other replicas' leases stay). */
+	char like[40];
+	snprintf(like, sizeof like, "%%@%s", cp.replica_id);
+	CP_Q(cp.lws_st, NULL, NULL, "UPDATE sandboxes SET op_until = 0 WHERE op LIKE $1", like);
 	pthread_t reaper;
 	int have_reaper = pthread_create(&reaper, NULL, reaper_thread, &cp) == 0;
 	r = cp_server_run(&cp);

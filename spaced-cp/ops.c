@@ -461,9 +461,9 @@ out:
 
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
-	"created, last_active, idle_timeout, max_lifetime"
+	"created, last_active, idle_timeout, max_lifetime, install_seq"
 enum { C_ID, C_TENANT, C_STATE, C_GEN, C_WORKER, C_SUBSTRATE, C_ACT, C_SPEC, C_SNAP, C_OP, C_OPUNTIL,
-       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE };
+       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ };
 
 struct sbx {
 	struct cp_rows *rows;
@@ -559,7 +559,7 @@ static int set_state(struct cp_store *st, const char *id, const char *state, con
 }
 
 /* Takes the sandbox's operation lease. 0, SPACED_ENOENT or SPACED_EBUSY. */
-static int lease_take(struct cp_store *st, const char *tenant, const char *id, const char *op)
+static int lease_take(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op)
 {
 	char until[24], now[24];
 	long ch = 0;
@@ -567,7 +567,7 @@ static int lease_take(struct cp_store *st, const char *tenant, const char *id, c
 	int r = CP_Q(st, NULL, &ch,
 	             "UPDATE sandboxes SET op = $3, op_until = $4 WHERE id = $1 AND tenant = $2 AND deleted = 0 "
 	             "AND (op IS NULL OR op_until < $5)",
-	             id, tenant, op, cp_i64(until, t + CP_OP_LEASE), cp_i64(now, t));
+	             id, tenant, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t));
 	if (r < 0)
 		return r;
 	if (ch == 1)
@@ -757,7 +757,10 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 		r = SPACED_ENOMEM;
 		goto fail;
 	}
-	if ((r = cp_outbox_push(st, p->worker, msg, &seq)) < 0 || (r = cp_store_commit(st)) < 0)
+	char sq[24];
+	if ((r = cp_outbox_push(st, p->worker, msg, &seq)) < 0 ||
+	    (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET install_seq = $2 WHERE id = $1", id, cp_i64(sq, seq))) < 0 ||
+	    (r = cp_store_commit(st)) < 0)
 		goto fail;
 	cp_wake(cp);
 	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
@@ -796,8 +799,10 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 		*body = cp_error("internal", "out of memory");
 		return 500;
 	}
+	char rnd[SPACED_NAME_MAX];
 	cp_random_name(id, "sbx-");
-	cp_random_name(op, "create.");
+	cp_random_name(rnd, "");
+	snprintf(op, sizeof op, "create.%.16s@%s", rnd, cp->replica_id);
 	int64_t t = spaced_now();
 	if ((r = cp_store_begin(st)) < 0) {
 		status = 503;
@@ -814,7 +819,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
 	         "created, last_active, idle_timeout, max_lifetime) VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, "
 	         "$6, $7, $8, $8, $9, $10)",
-	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + CP_OP_LEASE), cp_i64(now, t),
+	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
 	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
 	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime));
 	if (r < 0 || (r = cp_store_commit(st)) < 0) {
@@ -903,6 +908,41 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			*body = cp_error("bad-request", "move needs a target worker ('to')");
 			status = 400;
 			goto out;
+		}
+		if (strcmp(op, "resume") == 0 && strcmp(state, "starting") == 0 && has_identity &&
+		    (worker[0] == 0 || strcmp(worker, cur) == 0)) {
+			/* an interrupted start (e.g. the control plane died waiting): its install
+			 * is queued or delivered; finish it by waiting for the ack */
+			int ok = 0;
+			int64_t seq = cp_rows_i64(s->rows, s->r, C_INSTSEQ, 0);
+			if (seq < 1)
+				goto wrong_state;
+			cp_wake(cp);
+			if ((r = cp_wait_ack(cp, st, cur, seq, cp->ack_timeout_ms, &ok, &res)) < 0)
+				goto ack_fail;
+			if (!ok) {
+				why = res;
+				res = NULL;
+				r = SPACED_EPERM;
+				goto ack_fail_error;
+			}
+			set_state(st, id, "running", NULL);
+			goto done;
+		}
+		if (strcmp(op, "resume") == 0 && strcmp(state, "moving") == 0 && has_identity &&
+		    (worker[0] == 0 || strcmp(worker, cur) == 0)) {
+			/* a move interrupted before its new generation: the old worker may hold a
+			 * deactivated, frozen execution; activate the same generation again there */
+			if ((r = cp_store_begin(st)) < 0)
+				goto ack_fail;
+			status = place(st, col(s, C_SUBSTRATE), cur, NULL, &p, body);
+			cp_store_rollback(st);
+			if (status != 0)
+				goto out;
+			status = start_execution(cp, st, s, &p, NULL, 1, body);
+			if (status != 0)
+				goto out;
+			goto done;
 		}
 		if (strcmp(op, "resume") == 0 && strcmp(state, "running") == 0 &&
 		    (worker[0] == 0 || (cur && strcmp(worker, cur) == 0)))
@@ -1004,11 +1044,13 @@ out:
 int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
                  const char *worker, json_t **body)
 {
-	char lease[SPACED_NAME_MAX], prefix[24], now[24];
+	char lease[SPACED_NAME_MAX], now[24];
 	struct sbx s;
-	snprintf(prefix, sizeof prefix, "%s.", op);
-	cp_random_name(lease, prefix);
-	int r = lease_take(st, tenant, id, lease);
+	char rnd[SPACED_NAME_MAX];
+	cp_random_name(rnd, "");
+	/* "<op>.<random>@<replica>": a restarted replica releases its own dead leases */
+	snprintf(lease, sizeof lease, "%.10s.%.16s@%s", op, rnd, cp->replica_id);
+	int r = lease_take(cp, st, tenant, id, lease);
 	if (r == SPACED_ENOENT) {
 		*body = cp_error("not-found", "no such sandbox");
 		return 404;
@@ -1097,11 +1139,14 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	struct cp_rows *rows = NULL;
 	char now[24];
 	int64_t t = spaced_now();
-	/* absolute timeout: kill; idle timeout: pause */
+	/* absolute timeout: kill; idle timeout: pause; an operation whose holder
+	 * died (its lease expired mid-way): finish it with a resume */
 	if (CP_Q(st, &rows, NULL,
 	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 AND created + max_lifetime < $1 "
 	         "UNION ALL SELECT id, tenant, 'pause' FROM sandboxes WHERE deleted = 0 AND state = 'running' "
-	         "AND idle_timeout > 0 AND last_active + idle_timeout < $1",
+	         "AND idle_timeout > 0 AND last_active + idle_timeout < $1 "
+	         "UNION ALL SELECT id, tenant, 'resume' FROM sandboxes WHERE deleted = 0 AND op IS NOT NULL "
+	         "AND op_until < $1 AND state IN ('starting', 'moving', 'stopped')",
 	         cp_i64(now, t)) < 0)
 		return;
 	for (int i = 0; i < rows->nrows && !cp->stopping; i++) {

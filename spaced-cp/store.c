@@ -26,7 +26,7 @@ static const char schema[] =
 	" generation BIGINT NOT NULL, worker TEXT, substrate TEXT NOT NULL, activation TEXT NOT NULL,"
 	" spec TEXT NOT NULL, snapshot TEXT, op TEXT, op_until BIGINT NOT NULL DEFAULT 0, last_error TEXT,"
 	" created BIGINT NOT NULL, last_active BIGINT NOT NULL, idle_timeout BIGINT NOT NULL,"
-	" max_lifetime BIGINT NOT NULL, deleted BIGINT NOT NULL DEFAULT 0);"
+	" max_lifetime BIGINT NOT NULL, deleted BIGINT NOT NULL DEFAULT 0, install_seq BIGINT NOT NULL DEFAULT 0);"
 	"CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant, deleted);"
 	"CREATE INDEX IF NOT EXISTS sandboxes_worker ON sandboxes (worker, deleted);"
 	"CREATE TABLE IF NOT EXISTS outbox (worker TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL,"

@@ -4,8 +4,8 @@
  * real socket. It sends hello with its durable last_seq, applies messages in
  * seq order at most once (the applied seq is fsync'd to --state before the ack),
  * acks again without effect anything it already applied, and writes every
- * message it received to --log (one JSON line each, with "dup": true for
- * re-sent ones). spaced-node's channel client replaces it in production.
+ * message it received to --log (one JSON line each, its members preceded by
+ * "t_ns", the wall-clock receive time in ns; re-sent ones as {"dup":true,"t_ns":…,"msg":…}). spaced-node's channel client replaces it in production.
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key ENROLLMENT_KEY --state FILE --log FILE
  *                  [--delay-ms N] [--refuse TYPE] [--silent TYPE] [--exit-after N]
@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -76,8 +77,13 @@ static void log_line(const char *text, int dup)
 	FILE *f = fopen(o_log, "a");
 	if (f == NULL)
 		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	unsigned long long ns = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
 	if (dup)
-		fprintf(f, "{\"dup\":true,\"msg\":%s}\n", text);
+		fprintf(f, "{\"dup\":true,\"t_ns\":%llu,\"msg\":%s}\n", ns, text);
+	else if (text[0] == '{' && text[1] != '}')
+		fprintf(f, "{\"t_ns\":%llu,%s\n", ns, text + 1); /* receive time first, then the message's members */
 	else
 		fprintf(f, "%s\n", text);
 	fflush(f);

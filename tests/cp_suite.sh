@@ -287,3 +287,28 @@ expect "delete" "$(api "$TA" DELETE "/v1/sandboxes/$S1"; body .state)" "200delet
 expect "deleted is gone" "$(api "$TA" GET "/v1/sandboxes/$S1")" 404
 grep -q "\"type\":\"destroy\",\"sandbox\":\"$S1\"" "$W/wa.log" && ok "destroy pushed" || fail "no destroy for $S1"
 expect "daemon still serving" "$(curl -s -o /dev/null -w '%{http_code}' "$CP_URL/v1/healthz")" 200
+
+# ---- delete during a move: refused cleanly, never interleaved ----
+register wf
+start_worker wf --delay-ms 1500
+expect "create on wa for the move tests" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+S7=$(body .id)
+( st=$(OUT="$W/mv.body" api "$TA" POST "/v1/sandboxes/$S7/move" '{"to":"wf"}'); echo "$st" >"$W/mv.status" ) &
+wait_for "the move is under way" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S7 | jq -e '.operation == \"move\"' >/dev/null"
+expect "delete during the move -> 409 busy" "$(api "$TA" DELETE "/v1/sandboxes/$S7"; body .error)" "409busy"
+wait_for "the move finished" test -s "$W/mv.status"
+expect "the move completed untouched" "$(cat "$W/mv.status") $(jq -r '(.generation|tostring) + " " + .worker' "$W/mv.body")" "200 2 wf"
+
+# ---- kill -9 of the control plane in the middle of a move, then restart ----
+expect "create on wa for the crash test" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+S8=$(body .id)
+( OUT="$W/mv2.body" api "$TA" POST "/v1/sandboxes/$S8/move" '{"to":"wf"}' >/dev/null ) &
+wait_for "the new generation's install reached wf" grep -q "\"sandbox\":\"$S8\",\"generation\":2" "$W/wf.log"
+kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true
+api_state() { API_URL=$CP_URL api "$TA" GET "/v1/sandboxes/$S8" >/dev/null; body '.state + " " + (.generation|tostring) + " " + .worker'; }
+start_cp cp
+expect "after the crash: one consistent state, the committed generation" "$(api_state)" "starting 2 wf"
+for w in wa wf; do stop_worker $w; start_worker $w; done
+wait_for "the interrupted move is finished by the restarted control plane" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S8 | jq -e '.state == \"running\" and .generation == 2 and .worker == \"wf\"' >/dev/null"
+expect "wf applied generation 2 exactly once (the replay was acked again)" "$(jq -s --arg s "$S8" '[.[] | select(.type == "install" and .identity.sandbox == $s)] | length' "$W/wf.log")" 1
+expect "the next move makes generation 3 (none reused)" "$(api "$TA" POST "/v1/sandboxes/$S8/move" '{"to":"wa"}'; body '(.generation|tostring) + " " + .worker')" "2003 wa"

@@ -1,0 +1,141 @@
+/*
+ * bench-cp — control-plane figures, measured against a running spaced-cp whose
+ * workers are cp-fake-worker test peers (they apply and ack at once, so these
+ * are control-plane, store and channel costs, not substrate costs):
+ *   - route: POST /v1/sandboxes/{id}/route latency (auth, store read, signer round trip);
+ *   - move: POST …/move latency (deactivate + snapshot acks, generation transaction, install ack);
+ *   - R4 window: from the move request to the old worker receiving its deactivation
+ *     (from then on it refuses the old execution's capabilities: REFRESH_ROUTE),
+ *     taken from the worker's receive timestamps.
+ *
+ *   bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES]
+ * The last line is JSON.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "http_client.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(uint64_t *v, int n, double p)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_u64);
+	int i = (int)(p * (n - 1) + 0.5);
+	return (double)v[i] / 1e3; /* µs */
+}
+
+/* Receive time of the deactivate of (sandbox, generation) in a worker log, or 0. */
+static uint64_t deactivate_time(const char *log, const char *sbx, long long gen)
+{
+	char line[65536];
+	uint64_t t = 0;
+	FILE *f = fopen(log, "r");
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof line, f) != NULL) {
+		json_error_t jerr;
+		json_t *m = json_loads(line, 0, &jerr);
+		const char *type = json_string_value(json_object_get(m, "type"));
+		json_t *id = json_object_get(m, "identity");
+		const char *s = json_string_value(json_object_get(id, "sandbox"));
+		if (type && strcmp(type, "deactivate") == 0 && s != NULL && strcmp(s, sbx) == 0 &&
+		    json_integer_value(json_object_get(id, "generation")) == gen)
+			t = (uint64_t)json_integer_value(json_object_get(m, "t_ns"));
+		json_decref(m);
+	}
+	fclose(f);
+	return t;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 8) {
+		fprintf(stderr, "usage: bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES]\n");
+		return 2;
+	}
+	const char *url = argv[1], *key = argv[2], *sbx = argv[3];
+	const char *wk[2] = {argv[4], argv[5]}, *logs[2] = {argv[6], argv[7]};
+	int routes = argc > 8 ? atoi(argv[8]) : 500, moves = argc > 9 ? atoi(argv[9]) : 20;
+	char path[256], err[256], body[128];
+	uint64_t *rt = calloc((size_t)routes, sizeof *rt), *mv = calloc((size_t)moves, sizeof *mv),
+	         *win = calloc((size_t)moves, sizeof *win);
+	int nwin = 0;
+	if (rt == NULL || mv == NULL || win == NULL || routes < 1 || moves < 1)
+		return 1;
+	snprintf(path, sizeof path, "/v1/sandboxes/%s/route", sbx);
+	uint64_t t_all = now_ns();
+	for (int i = 0; i < routes; i++) {
+		int status;
+		char *ans = NULL;
+		uint64_t t0 = now_ns();
+		if (http_request(url, "POST", path, key, "{\"purposes\":[\"exec\"]}", &status, &ans, err, sizeof err) < 0 ||
+		    status != 200) {
+			fprintf(stderr, "bench-cp: route: %s %d\n", err, status);
+			return 1;
+		}
+		rt[i] = now_ns() - t0;
+		free(ans);
+	}
+	double route_rate = routes / ((double)(now_ns() - t_all) / 1e9);
+	snprintf(path, sizeof path, "/v1/sandboxes/%s/move", sbx);
+	for (int i = 0; i < moves; i++) {
+		int status;
+		char *ans = NULL;
+		json_error_t jerr;
+		/* where it is now: the worker that will get the deactivation */
+		char gpath[256];
+		snprintf(gpath, sizeof gpath, "/v1/sandboxes/%s", sbx);
+		if (http_request(url, "GET", gpath, key, NULL, &status, &ans, err, sizeof err) < 0 || status != 200)
+			return 1;
+		json_t *s = json_loads(ans, 0, &jerr);
+		free(ans);
+		const char *cur = json_string_value(json_object_get(s, "worker"));
+		long long gen = json_integer_value(json_object_get(s, "generation"));
+		int from = cur && strcmp(cur, wk[0]) == 0 ? 0 : 1;
+		json_decref(s);
+		snprintf(body, sizeof body, "{\"to\":\"%s\"}", wk[1 - from]);
+		uint64_t t0 = now_ns();
+		if (http_request(url, "POST", path, key, body, &status, &ans, err, sizeof err) < 0 || status != 200) {
+			fprintf(stderr, "bench-cp: move: %s %d %s\n", err, status, ans ? ans : "");
+			return 1;
+		}
+		mv[i] = now_ns() - t0;
+		free(ans);
+		uint64_t td = deactivate_time(logs[from], sbx, gen);
+		if (td > t0)
+			win[nwin++] = td - t0;
+	}
+	double r50 = pct(rt, routes, 0.5), r99 = pct(rt, routes, 0.99);
+	double m50 = pct(mv, moves, 0.5), m99 = pct(mv, moves, 0.99);
+	double w50 = nwin ? pct(win, nwin, 0.5) : -1, wmax = nwin ? pct(win, nwin, 1.0) : -1;
+	printf("route issuance:  %d requests, median %.0f µs, p99 %.0f µs, %.0f routes/s (one client, new connection each)\n",
+	       routes, r50, r99, route_rate);
+	printf("move:            %d moves, median %.1f ms, p99 %.1f ms (deactivate + snapshot + generation commit + install)\n",
+	       moves, m50 / 1e3, m99 / 1e3);
+	printf("R4 window:       move request -> old worker holds the deactivation: median %.0f µs, max %.0f µs (%d samples)\n",
+	       w50, wmax, nwin);
+	printf("{\"route_median_us\":%.0f,\"route_p99_us\":%.0f,\"routes_per_s\":%.0f,\"move_median_ms\":%.1f,"
+	       "\"move_p99_ms\":%.1f,\"r4_window_median_us\":%.0f,\"r4_window_max_us\":%.0f}\n",
+	       r50, r99, route_rate, m50 / 1e3, m99 / 1e3, w50, wmax);
+	free(rt);
+	free(mv);
+	free(win);
+	return 0;
+}
