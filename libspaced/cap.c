@@ -73,7 +73,10 @@ int spaced_cap_validate(const struct spaced_cap *c)
 	} else {
 		return SPACED_ECLAIM;
 	}
-	if (c->iat > c->nbf || c->nbf >= c->exp || c->exp - c->iat > SPACED_CAP_LIFETIME)
+	/* exp > iat here, so the difference fits in uint64_t even at the ends of
+	 * the int64 range (a signed difference could overflow). */
+	if (c->iat > c->nbf || c->nbf >= c->exp ||
+	    (uint64_t)c->exp - (uint64_t)c->iat > SPACED_CAP_LIFETIME)
 		return SPACED_ECLAIM;
 	if (!spaced_name_valid(c->jti, strlen(c->jti)))
 		return SPACED_ECLAIM;
@@ -355,9 +358,12 @@ int spaced_cap_footer_kid(const uint8_t *footer, size_t len, char kid[SPACED_PAS
 
 int spaced_cap_check_time(const struct spaced_cap *c, int64_t now)
 {
-	if (now > c->exp + SPACED_CAP_SKEW)
+	/* Each difference is taken only when positive, in uint64_t: no overflow
+	 * whatever the values. */
+	if (now > c->exp && (uint64_t)now - (uint64_t)c->exp > SPACED_CAP_SKEW)
 		return SPACED_EEXPIRED;
-	if (c->nbf > now + SPACED_CAP_SKEW || c->iat > now + SPACED_CAP_SKEW)
+	if ((c->nbf > now && (uint64_t)c->nbf - (uint64_t)now > SPACED_CAP_SKEW) ||
+	    (c->iat > now && (uint64_t)c->iat - (uint64_t)now > SPACED_CAP_SKEW))
 		return SPACED_ENOTYET;
 	return SPACED_OK;
 }

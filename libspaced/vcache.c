@@ -148,7 +148,7 @@ void spaced_vcache_put(struct spaced_vcache *c, uint64_t keyring_epoch,
 		c->st.evictions++;
 	victim->used = true;
 	memcpy(victim->digest, digest, SPACED_VCACHE_DIGEST);
-	victim->deadline = cap->exp + SPACED_CAP_SKEW;
+	victim->deadline = cap->exp > INT64_MAX - SPACED_CAP_SKEW ? INT64_MAX : cap->exp + SPACED_CAP_SKEW;
 	victim->cap = *cap;
 	c->st.inserts++;
 out:

@@ -887,3 +887,33 @@ Test(cap_time, format_parse_round_trip)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		cr_assert_eq(spaced_time_parse(bad[i], strlen(bad[i]), &t), SPACED_EFORMAT, "accepted: '%s'", bad[i]);
 }
+
+/* Times at the ends of the int64 range: the lifetime and skew arithmetic must
+ * not overflow (a wrapped difference would accept an unbounded lifetime, C3). */
+Test(cap_time, extreme_times)
+{
+	struct spaced_cap c = control_cap();
+	c.iat = c.nbf = INT64_MIN;
+	c.exp = INT64_MAX;
+	cr_assert_eq(spaced_cap_validate(&c), SPACED_ECLAIM, "unbounded lifetime accepted");
+	c.iat = c.nbf = INT64_MIN;
+	c.exp = INT64_MIN + SPACED_CAP_LIFETIME;
+	cr_assert_eq(spaced_cap_validate(&c), 0);
+	c.exp = INT64_MIN + SPACED_CAP_LIFETIME + 1;
+	cr_assert_eq(spaced_cap_validate(&c), SPACED_ECLAIM);
+
+	c.iat = c.nbf = INT64_MAX - SPACED_CAP_LIFETIME;
+	c.exp = INT64_MAX;
+	cr_assert_eq(spaced_cap_validate(&c), 0);
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MAX), 0, "not expired at exp");
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MAX - SPACED_CAP_LIFETIME - SPACED_CAP_SKEW), 0);
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MAX - SPACED_CAP_LIFETIME - SPACED_CAP_SKEW - 1), SPACED_ENOTYET);
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MIN), SPACED_ENOTYET);
+
+	c.iat = c.nbf = INT64_MIN;
+	c.exp = INT64_MIN + 1;
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MAX), SPACED_EEXPIRED);
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MIN + 1 + SPACED_CAP_SKEW), 0);
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MIN + 2 + SPACED_CAP_SKEW), SPACED_EEXPIRED);
+	cr_assert_eq(spaced_cap_check_time(&c, INT64_MIN), 0);
+}
