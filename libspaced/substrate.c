@@ -32,6 +32,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -986,8 +987,18 @@ static __attribute__((noreturn)) void enter_child(int init_pidfd, pid_t init_pid
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			_exit(125);
-	if (WIFSIGNALED(st))
+	if (WIFSIGNALED(st)) {
+		/* die of the same signal, so the caller's waitpid sees what happened */
+		struct rlimit nocore = { 0, 0 };
+		sigset_t all;
+
+		(void)setrlimit(RLIMIT_CORE, &nocore);
+		(void)signal(WTERMSIG(st), SIG_DFL);
+		sigfillset(&all);
+		(void)sigprocmask(SIG_UNBLOCK, &all, NULL);
+		(void)raise(WTERMSIG(st));
 		_exit(128 + WTERMSIG(st));
+	}
 	_exit(WEXITSTATUS(st));
 }
 
@@ -1028,9 +1039,6 @@ int spaced_sub_enter(int init_pidfd, const char *cwd, char *const argv[], int *s
 		r = spaced_pidref_check(&init) < 0 ? SPACED_ESTALE : SPACED_ESYS;
 		goto out;
 	}
-	/* the middle process reports the command's end as an exit status */
-	if (WIFEXITED(st) && WEXITSTATUS(st) > 128 && WEXITSTATUS(st) < 128 + 65)
-		st = WEXITSTATUS(st) - 128; /* as "killed by that signal" */
 	*status = st;
 	r = 0;
 out:

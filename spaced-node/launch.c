@@ -337,7 +337,7 @@ static int supervise(struct launcher *L)
 
 	while (!L->stop && !init_gone) {
 		uint64_t now = spaced_mono_ns();
-		int n = 0, base, r, ctl0, hs0;
+		int n = 0, r, ctl0, hs0;
 
 		pfd[n++] = (struct pollfd){ .fd = L->sigfd, .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = spaced_sub_control_fd(L->sub), .events = POLLIN };
@@ -350,14 +350,12 @@ static int supervise(struct launcher *L)
 			.fd = spaced_sub_ready(L->sub) && !spaced_sub_paused(L->sub) ? L->guest_lfd : -1,
 			.events = POLLIN,
 		};
-		base = n;
 		ctl0 = n;
 		for (int i = 0; i < L->nctl; i++)
 			pfd[n++] = (struct pollfd){ .fd = L->ctl[i], .events = POLLIN };
 		hs0 = n;
 		for (int i = 0; i < L->nhs; i++)
 			pfd[n++] = (struct pollfd){ .fd = L->hs[i].fd, .events = POLLIN };
-		(void)base;
 		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : 1000);
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
