@@ -96,7 +96,8 @@ static int cgroup_path_of(pid_t pid, const char *ctrl, char *out, size_t outsz)
 		if (nl != NULL)
 			*nl = '\0';
 		if (ctrl[0] == '\0') {
-			if (strcmp(line, "0") != 0 || c1[1] != '\0')
+			/* the unified hierarchy's line is "0::<path>" */
+			if (c1 != line + 1 || line[0] != '0' || c1[1] != '\0')
 				continue;
 		} else {
 			/* the controller list is comma separated: "cpu,cpuacct" */
@@ -172,8 +173,10 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 
 		cg->v2 = true;
 		r = cgroup_path_of(0, "", own, sizeof(own));
-		if (r < 0)
+		if (r < 0) {
+			setwhy(why, whysz, "no cgroup2 line in /proc/self/cgroup");
 			return r;
+		}
 		if (strcmp(own, "/") == 0)
 			own[0] = '\0';
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", own);
