@@ -725,6 +725,25 @@ Test(guest, watch_recursive_events)
 	struct want_ev w5[] = {{SPACED_GUEST_EV_MOVE, "renamed/moved.txt", "", 0}};
 	expect_events(c, id, w5, 1);
 
+	/* an atomic write through the guest shows as its temp file moved into place */
+	struct spaced_guest_client *c2 = connect_guest();
+	cr_assert_eq(spaced_guest_fs_write(c2, "w/written.txt", "w", 1, 0, 0), 0);
+	spaced_guest_client_free(c2);
+	for (bool moved = false; !moved;) {
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_EVENT);
+		struct spaced_field_reader er;
+		uint64_t kind;
+		char p1[512], p2[512];
+		spaced_field_reader_init(&er, m.payload, m.hdr.len);
+		cr_assert_eq(spaced_field_get_u64(&er, &kind), 0);
+		cr_assert_eq(spaced_field_get_strbuf(&er, p1, sizeof p1), 0);
+		cr_assert_eq(spaced_field_get_strbuf(&er, p2, sizeof p2), 0);
+		moved = kind == SPACED_GUEST_EV_MOVE && strcmp(p2, "written.txt") == 0 &&
+		        strncmp(p1, ".spaced-tmp-", 12) == 0;
+		spaced_guest_msg_clear(&m);
+	}
+
 	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_CANCEL, 0, id, NULL, 0), 0);
 	for (;;) {
 		cr_assert_eq(spaced_guest_recv(c, &m), 0);
