@@ -53,7 +53,7 @@ struct areq {
 	char ident[SPACED_IDENTITY_TEXT_MAX];
 	/* HTTP answer */
 	int status;
-	bool headers_sent, final_ready, abort;
+	bool headers_sent, final_ready, abort, chunked;
 	const char *ctype;
 	struct spaced_buf out; /* body bytes not yet written */
 	size_t out_off;
@@ -772,8 +772,8 @@ static int mgr_writable(void)
 	}
 	if (A.mgr_out.len - A.mgr_out_off < MGR_OUT_LOW)
 		resume_uploads();
-	if (A.mgr_out_off < A.mgr_out.len)
-		lws_callback_on_writable(A.mgr_wsi);
+	/* what is left is asked for again by the service loop: a request made
+	 * inside a raw descriptor's own writeable callback may be dropped */
 	return 0;
 }
 
@@ -907,22 +907,28 @@ static void exec_body_done(struct areq *r)
 
 static int http_writable(struct areq *r, struct lws *wsi)
 {
-	uint8_t buf[LWS_PRE + WRITE_CHUNK + 16];
+	uint8_t buf[LWS_PRE + WRITE_CHUNK + 32];
 	if (r->abort)
 		return -1;
 	if (!r->headers_sent) {
 		if (!r->final_ready && r->out.len == 0)
 			return 0;
 		uint8_t *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
-		lws_filepos_t clen = r->final_ready && r->req.answer != NODE_ANS_STREAM
-		                             ? (lws_filepos_t)r->out.len
-		                             : (r->final_ready && r->status != 200 ? (lws_filepos_t)r->out.len
-		                                                                   : LWS_ILLEGAL_HTTP_CONTENT_LEN);
-		if (r->req.answer == NODE_ANS_STREAM && r->final_ready && r->status == 200)
-			clen = (lws_filepos_t)r->out.len; /* the whole file arrived before we wrote: exact length */
-		if (lws_add_http_common_headers(wsi, (unsigned int)r->status, r->ctype ? r->ctype : "application/json",
-		                                clen, &p, end))
+		/* the length is known once the whole answer is here; a file still
+		 * arriving goes out chunked, so a cut-off stream is visible as such */
+		r->chunked = !r->final_ready;
+		const char *ct = r->ctype ? r->ctype : "application/json";
+		if (lws_add_http_header_status(wsi, (unsigned int)r->status, &p, end) ||
+		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, (const unsigned char *)ct,
+		                                 (int)strlen(ct), &p, end))
 			return -1;
+		if (r->chunked) {
+			if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING,
+			                                 (const unsigned char *)"chunked", 7, &p, end))
+				return -1;
+		} else if (lws_add_http_header_content_length(wsi, (lws_filepos_t)r->out.len, &p, end)) {
+			return -1;
+		}
 		if (r->ident[0] && r->status != 401 && r->status != 403 && r->status != 409 &&
 		    lws_add_http_header_by_name(wsi, (const unsigned char *)"x-spaced-identity:",
 		                                (const unsigned char *)r->ident, (int)strlen(r->ident), &p, end))
@@ -941,9 +947,23 @@ static int http_writable(struct areq *r, struct lws *wsi)
 	bool last = r->final_ready && k == left;
 	if (k == 0 && !last)
 		return 0;
+	uint8_t *w = buf + LWS_PRE;
+	size_t n = 0;
+	if (r->chunked && k) {
+		n = (size_t)snprintf((char *)w, 16, "%zx\r\n", k);
+	}
 	if (k)
-		memcpy(buf + LWS_PRE, r->out.data + r->out_off, k);
-	if (lws_write(wsi, buf + LWS_PRE, k, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) != (int)k)
+		memcpy(w + n, r->out.data + r->out_off, k);
+	n += k;
+	if (r->chunked && k) {
+		memcpy(w + n, "\r\n", 2);
+		n += 2;
+	}
+	if (r->chunked && last) {
+		memcpy(w + n, "0\r\n\r\n", 5);
+		n += 5;
+	}
+	if (lws_write(wsi, w, n, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) != (int)n)
 		return -1;
 	r->out_off += k;
 	if (r->out_off == r->out.len) {
@@ -1095,7 +1115,7 @@ static int cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, voi
 	case LWS_CALLBACK_HTTP_BODY:
 		if (!r)
 			return -1;
-		if (r->final_ready || r->ended)
+		if (len == 0 || r->final_ready || r->ended)
 			return 0; /* refused or failed already: the rest of the body is dropped */
 		if (r->req.body == NODE_BODY_EXEC) {
 			if (spaced_buf_append(&r->body, in, len) < 0) {
@@ -1243,9 +1263,12 @@ int node_api_run(const struct node_api_config *cfg)
 		fprintf(stderr, "node-api: cannot confine itself: %s\n", spaced_strerror(e));
 		goto out;
 	}
-	while (!A.quit)
+	while (!A.quit) {
+		if (A.mgr_wsi && A.mgr_out_off < A.mgr_out.len)
+			lws_callback_on_writable(A.mgr_wsi);
 		if (lws_service(A.ctx, 0) < 0)
 			break;
+	}
 	rc = 0;
 out:
 	lws_context_destroy(A.ctx);

@@ -108,6 +108,9 @@ int main(int argc, char **argv)
 	char port_file[PATH_MAX];
 	snprintf(port_file, sizeof port_file, "%s/api.port", state_abs);
 	unlink(port_file);
+	char admin[PATH_MAX];
+	snprintf(admin, sizeof admin, "%s/admin.sock", state_abs);
+	unlink(admin); /* waiters see the socket only once this manager listens */
 
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
