@@ -6,7 +6,8 @@
  * files (contents through copy_file_range), symlinks, whiteouts (0/0 character
  * devices) and other device nodes, FIFOs, owners, modes, times and extended
  * attributes (trusted.overlay.* marks opaque directories and redirects).
- * Hard links are copied as separate files; sockets are skipped.
+ * Files with several links inside the tree stay linked in the copy; sockets
+ * are skipped.
  */
 #define _FILE_OFFSET_BITS 64
 #include "substrate.h"
@@ -114,7 +115,53 @@ static int finish(const char *src, const char *dst, const struct stat *st)
 	return 0;
 }
 
-static int copy_rec(char *src, size_t sl, char *dst, size_t dl, char *why, size_t whysz)
+/* Regular files with more than one link seen so far: (dev, ino) -> first copy. */
+struct links {
+	struct link_ent {
+		dev_t dev;
+		ino_t ino;
+		char *dst;
+	} *v;
+	size_t n, cap;
+};
+
+static const char *links_find(const struct links *lk, const struct stat *st)
+{
+	for (size_t i = 0; i < lk->n; i++)
+		if (lk->v[i].dev == st->st_dev && lk->v[i].ino == st->st_ino)
+			return lk->v[i].dst;
+	return NULL;
+}
+
+static int links_add(struct links *lk, const struct stat *st, const char *dst)
+{
+	if (lk->n == lk->cap) {
+		size_t cap = lk->cap ? lk->cap * 2 : 16;
+		struct link_ent *v = realloc(lk->v, cap * sizeof(*v));
+
+		if (v == NULL)
+			return SPACED_ENOMEM;
+		lk->v = v;
+		lk->cap = cap;
+	}
+	lk->v[lk->n].dst = strdup(dst);
+	if (lk->v[lk->n].dst == NULL)
+		return SPACED_ENOMEM;
+	lk->v[lk->n].dev = st->st_dev;
+	lk->v[lk->n].ino = st->st_ino;
+	lk->n++;
+	return 0;
+}
+
+static void links_free(struct links *lk)
+{
+	for (size_t i = 0; i < lk->n; i++)
+		free(lk->v[i].dst);
+	free(lk->v);
+}
+
+static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk, char *why,
+                    size_t whysz)
 {
 	struct stat st;
 	int r = 0;
@@ -150,7 +197,7 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, char *why, size_
 			memcpy(src + sl + 1, de->d_name, nl + 1);
 			dst[dl] = '/';
 			memcpy(dst + dl + 1, de->d_name, nl + 1);
-			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, why, whysz);
+			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, lk, why, whysz);
 			src[sl] = '\0';
 			dst[dl] = '\0';
 		}
@@ -158,10 +205,22 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, char *why, size_
 		if (r < 0)
 			return r;
 	} else if (S_ISREG(st.st_mode)) {
+		const char *first = st.st_nlink > 1 ? links_find(lk, &st) : NULL;
+
+		if (first != NULL) {
+			/* another name of a file already copied: link, attributes are shared */
+			if (link(first, dst) < 0) {
+				setwhy(why, whysz, "link %s: %s", dst, strerror(errno));
+				return SPACED_ESYS;
+			}
+			return 0;
+		}
 		if (copy_data(src, dst, &st) < 0) {
 			setwhy(why, whysz, "copy %s: %s", src, strerror(errno));
 			return SPACED_ESYS;
 		}
+		if (st.st_nlink > 1 && links_add(lk, &st, dst) < 0)
+			return SPACED_ENOMEM;
 	} else if (S_ISLNK(st.st_mode)) {
 		char target[PATH_MAX];
 		ssize_t n = readlink(src, target, sizeof(target) - 1);
@@ -194,12 +253,16 @@ int spaced_sub_copy_tree(const char *src, const char *dst, char *why, size_t why
 {
 	char s[PATH_MAX], d[PATH_MAX];
 	size_t sl = strlen(src), dl = strlen(dst);
+	struct links lk = { NULL, 0, 0 };
+	int r;
 
 	if (sl >= PATH_MAX || dl >= PATH_MAX)
 		return SPACED_ETOOBIG;
 	memcpy(s, src, sl + 1);
 	memcpy(d, dst, dl + 1);
-	return copy_rec(s, sl, d, dl, why, whysz);
+	r = copy_rec(s, sl, d, dl, &lk, why, whysz);
+	links_free(&lk);
+	return r;
 }
 
 static int rm_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
