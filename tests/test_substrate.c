@@ -738,6 +738,8 @@ Test(substrate, snapshot_restore_new_execution) /* I2 */
 	cr_assert_eq(run_in(&l1, "mkdir -p /root/proj && echo hello-snapshot > /root/proj/data.txt && "
 	                         "chmod 0640 /root/proj/data.txt && ln -s proj/data.txt /root/link && "
 	                         "ln /root/proj/data.txt /root/hard && mkfifo /root/fifo && "
+	                         /* an opaque directory: the base's /etc/apt replaced by a new one */
+	                         "rm -rf /etc/apt && mkdir /etc/apt && echo n > /etc/apt/only && "
 	                         "echo scratch > /tmp/scratch && rm -f /etc/motd",
 	                     out, sizeof(out)), 0, "%s", out);
 	snprintf(snap, sizeof(snap), "%s/snap", dir);
@@ -773,9 +775,10 @@ Test(substrate, snapshot_restore_new_execution) /* I2 */
 	start(&l2, "two", extra2, true);
 	cr_assert_eq(run_in(&l2, "cat /root/proj/data.txt; stat -c %a /root/proj/data.txt; "
 	                         "readlink /root/link; cat /tmp/scratch; test -e /etc/motd && echo MOTD || echo no-motd; "
-	                         "test /root/hard -ef /root/proj/data.txt && echo linked; test -p /root/fifo && echo fifo",
+	                         "test /root/hard -ef /root/proj/data.txt && echo linked; test -p /root/fifo && echo fifo; "
+	                         "ls /etc/apt",
 	                     out, sizeof(out)), 0, "%s", out);
-	cr_assert_str_eq(out, "hello-snapshot\n640\nproj/data.txt\nscratch\nno-motd\nlinked\nfifo\n");
+	cr_assert_str_eq(out, "hello-snapshot\n640\nproj/data.txt\nscratch\nno-motd\nlinked\nfifo\nonly\n");
 	/* a new execution: the guest reports the new generation */
 	cr_assert_eq(guest_identity(&l2, 2, got, sizeof(got)), 0);
 	cr_assert_str_eq(got, id2);
