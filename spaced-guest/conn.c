@@ -3,6 +3,7 @@
  * drops that connection only. */
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -37,7 +38,10 @@ void conn_kill(struct conn *c, const char *why)
 {
 	if (c->dead)
 		return;
-	guest_log("conn drop fd=%d reason=\"%s\"", c->fd, why);
+	if (strcmp(why, "peer closed") == 0)
+		guest_log("conn close fd=%d", c->fd);
+	else
+		guest_warn("conn drop fd=%d reason=\"%s\"", c->fd, why);
 	c->dead = true;
 	for (struct stream *s = c->streams; s != NULL; s = s->next)
 		if (!s->dead)
@@ -565,7 +569,10 @@ void conn_on_readable(struct conn *c)
 		                              h.len);
 		free(p);
 		if (e < 0) {
-			conn_kill(c, "protocol error");
+			char why[96];
+			snprintf(why, sizeof why, "protocol error in frame type=0x%04x id=%u len=%u",
+			         h.type, h.id, h.len);
+			conn_kill(c, why);
 			return;
 		}
 	}

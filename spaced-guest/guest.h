@@ -114,8 +114,10 @@ struct guest {
 
 extern struct guest G;
 
-/* log.c-style helper in main.c: structured line on stderr when verbose. */
+/* main.c: one structured line on stderr; guest_log only with --verbose,
+ * guest_warn always (a peer broke the protocol and was dropped). */
 void guest_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void guest_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* conn.c */
 int conn_new(int fd);

@@ -49,6 +49,16 @@ void guest_log(const char *fmt, ...)
 	va_end(ap);
 }
 
+void guest_warn(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "spaced-guest: warning: ");
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
 static void die(const char *what)
 {
 	fprintf(stderr, "spaced-guest: %s: %s\n", what, strerror(errno));
@@ -106,7 +116,7 @@ static bool control_readable(void)
 	bool ok = true;
 	int take = -1;
 	if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || memchr(buf, 0, (size_t)n) != NULL) {
-		guest_log("control: malformed message ignored");
+		guest_warn("control: malformed message ignored");
 	} else if (strncmp(buf, "IDENTITY ", 9) == 0) {
 		if (G.have_identity) {
 			fprintf(stderr, "spaced-guest: second identity from the launcher\n");
@@ -127,9 +137,9 @@ static bool control_readable(void)
 		int type = 0;
 		socklen_t tl = sizeof type;
 		if (errno || *end || end == buf + 5 || port > UINT32_MAX || nfds != 1)
-			guest_log("control: bad CONN message ignored");
+			guest_warn("control: bad CONN message ignored");
 		else if (getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM)
-			guest_log("control: CONN fd is not a stream socket");
+			guest_warn("control: CONN fd is not a stream socket");
 		else
 			take = fds[0];
 		if (take >= 0) {
@@ -141,7 +151,7 @@ static bool control_readable(void)
 				(void)conn_new(take);
 		}
 	} else {
-		guest_log("control: unknown message ignored");
+		guest_warn("control: unknown message ignored");
 	}
 	for (size_t i = 0; i < nfds; i++)
 		if (fds[i] != take)
