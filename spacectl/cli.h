@@ -10,6 +10,7 @@
 
 int cmd_token(int argc, char **argv);
 int cmd_cap(int argc, char **argv);
+int cmd_node(int argc, char **argv); /* a worker's admin socket: status, install, deactivate, … */
 int cmd_cp(int argc, char **argv); /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
 
 /* Prints "spacectl: <what>: <message>" on stderr and returns 1. */

@@ -30,6 +30,9 @@ static const char usage[] =
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
 	"\n"
+	"worker admin socket (root):\n"
+	"  node status|install|deactivate|pause|thaw|snapshot|destroy|keys --admin PATH …\n"
+	"\n"
 	"purposes: fs.read fs.write exec term watch serviceport lifecycle\n";
 
 int cli_fail(const char *what, const char *fmt, ...)
@@ -95,6 +98,8 @@ int main(int argc, char **argv)
 		return cmd_token(argc - 1, argv + 1);
 	if (strcmp(argv[1], "cap") == 0)
 		return cmd_cap(argc - 1, argv + 1);
+	if (strcmp(argv[1], "node") == 0)
+		return cmd_node(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
 	                                      "pause", "snapshot", "resume", "move", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)
