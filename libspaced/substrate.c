@@ -594,6 +594,19 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 			goto fail;
 		}
 	}
+	/* a writable layer left by an earlier execution is never taken over: an
+	 * execution starts empty or from a snapshot (I2) */
+	pathf(p, "%s/upper", s->state);
+	if (access(p, F_OK) == 0) {
+		setwhy(why, whysz, "%s holds the writable layer of an earlier execution", s->state);
+		s->state[0] = '\0'; /* not ours to remove */
+		r = SPACED_EEXIST;
+		goto fail;
+	}
+	pathf(p, "%s/work", s->state);
+	(void)spaced_sub_rm_rf(p);
+	pathf(p, "%s/skel", s->state);
+	(void)spaced_sub_rm_rf(p);
 	if (cfg->restore_from != NULL) {
 		r = check_restore(cfg->restore_from, cfg->identity, s->base, why, whysz);
 		if (r < 0)

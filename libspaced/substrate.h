@@ -64,7 +64,9 @@ struct spaced_sub;
 
 /* Builds and starts an execution: prepares the state directory (restoring the
  * writable layer from cfg->restore_from when set: its sandbox must equal
- * cfg->identity's and its generation must be smaller, I2), creates the cgroups,
+ * cfg->identity's and its generation must be smaller, I2; a state directory
+ * that still holds an earlier execution's upper/ is refused with SPACED_EEXIST),
+ * creates the cgroups,
  * clones the namespaces, sets up the root and execs the guest. Returns once the
  * guest binary has been exec'ed (not yet READY). On success *out owns the
  * execution; release it with spaced_sub_destroy. */

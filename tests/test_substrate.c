@@ -887,3 +887,26 @@ Test(substrate, template_base)
 	cr_assert_neq(run_in(&l, "test -e /usr/bin/python3", out, sizeof(out)), 0);
 	stop(&l);
 }
+
+Test(substrate, earlier_layer_not_taken_over) /* I2: start empty or from a snapshot */
+{
+	char id[256], out[1024], p[256];
+	const char *extra1[] = { "--identity", id, "--keep-state", NULL };
+	const char *extra2[] = { "--identity", id, NULL };
+	struct launcher l, l2;
+	int st;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-keep", 1);
+	start(&l, "x", extra1, true);
+	cr_assert_eq(run_in(&l, "echo kept > /root/f", out, sizeof(out)), 0, "%s", out);
+	stop(&l);
+	snprintf(p, sizeof(p), "%s/upper/root/root/f", l.state);
+	cr_assert_eq(access(p, F_OK), 0, "--keep-state removed the layer");
+	/* a new execution in the same state directory would inherit the layer */
+	start(&l2, "x", extra2, false);
+	cr_assert_eq(waitpid(l2.pid, &st, 0), l2.pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "the earlier layer was taken over");
+	close(l2.out);
+	cr_assert_eq(access(p, F_OK), 0, "the refused start removed the earlier layer");
+}
