@@ -172,6 +172,8 @@ void proc_check_timeouts(uint64_t now);
 uint64_t proc_next_deadline(void);
 void proc_reap_done(void);
 bool proc_output_allowed(const struct proc *p);
+/* On exit: kills the process group of every process still running. */
+void proc_kill_all(void);
 
 /* watch.c */
 int watch_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);

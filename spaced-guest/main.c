@@ -482,6 +482,7 @@ int main(int argc, char **argv)
 		fflush(stdout);
 	}
 	loop();
+	proc_kill_all();
 	if (listen_path[0])
 		(void)unlink(listen_path);
 	return G.exit_code;

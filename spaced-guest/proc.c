@@ -297,6 +297,12 @@ static void kill_group(struct proc *p)
 	(void)kill(p->pid, SIGKILL);
 }
 
+void proc_kill_all(void)
+{
+	for (struct proc *p = G.procs; p != NULL; p = p->next)
+		kill_group(p);
+}
+
 void proc_detach_stream(struct stream *s, bool kill_fg)
 {
 	struct proc *p = s->proc;

@@ -227,6 +227,7 @@ void watch_on_readable(struct watch *w)
 	if (k <= 0)
 		return;
 	char pend[SPACED_GUEST_PATH_MAX] = "";
+	char last_modify[SPACED_GUEST_PATH_MAX] = "";
 	uint32_t pend_cookie = 0;
 	bool pend_dir = false, have_pend = false;
 	for (char *p = buf; p < buf + k;) {
@@ -254,6 +255,8 @@ void watch_on_readable(struct watch *w)
 		char path[SPACED_GUEST_PATH_MAX];
 		join(path, sizeof path, we->rel, ev->len ? ev->name : "");
 		bool isdir = (ev->mask & IN_ISDIR) != 0;
+		if (!(ev->mask & IN_MODIFY))
+			last_modify[0] = 0;
 		if (have_pend && !((ev->mask & IN_MOVED_TO) && ev->cookie == pend_cookie)) {
 			emit(w, SPACED_GUEST_EV_MOVE, pend, "");
 			if (pend_dir)
@@ -265,7 +268,12 @@ void watch_on_readable(struct watch *w)
 			if (isdir)
 				(void)add_tree(w, path, true, 1);
 		} else if (ev->mask & IN_MODIFY) {
-			emit(w, SPACED_GUEST_EV_MODIFY, path, "");
+			/* a burst of writes to one file is one event per read */
+			if (strcmp(last_modify, path) != 0) {
+				emit(w, SPACED_GUEST_EV_MODIFY, path, "");
+				snprintf(last_modify, sizeof last_modify, "%s", path);
+			}
+			continue;
 		} else if (ev->mask & IN_DELETE) {
 			emit(w, SPACED_GUEST_EV_DELETE, path, "");
 			if (isdir)
