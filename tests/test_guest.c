@@ -410,6 +410,29 @@ Test(guest, exec_output_status_env_cwd_stdin)
 	spaced_guest_client_free(c);
 }
 
+/* Stdin larger than the pipe and than the guest's stdin queue: the guest
+ * feeds it as the process reads and holds the connection back meanwhile. */
+Test(guest, exec_large_stdin)
+{
+	struct spaced_guest_client *c = connect_guest();
+	const size_t n = 3u << 20;
+	char *in = malloc(n + 1);
+	cr_assert_not_null(in);
+	memset(in, 'a', n);
+	in[n] = 0;
+	struct spaced_buf out;
+	spaced_buf_init(&out, 4096);
+	const char *a[] = {"sh", "-c", "sleep 0.2; wc -c", NULL};
+	struct spaced_guest_exit x = run(c, a, NULL, NULL, 0, in, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	cr_assert_eq(strtoul((char *)out.data, NULL, 10), n, "%s", out.data);
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	spaced_buf_free(&out);
+	free(in);
+	spaced_guest_client_free(c);
+}
+
 Test(guest, exec_timeout_kills_group)
 {
 	struct spaced_guest_client *c = connect_guest();
