@@ -324,6 +324,10 @@ Test(substrate, namespaces_and_identity)
 	cr_log_info("inside:\n%s", out);
 	cr_assert(strstr(out, "spaced-guest --root / --control-fd 3") != NULL, "%s", out);
 	cr_assert(strstr(out, "\nsbx-ns\nlo\n0\n") != NULL, "%s", out);
+	/* a terminal from the execution's own devpts instance */
+	cr_assert_eq(run_in(&l, "python3 -c 'import pty, os; m, s = pty.openpty(); print(os.ttyname(s))'",
+	                    out, sizeof(out)), 0, "%s", out);
+	cr_assert_str_eq(out, "/dev/pts/0\n");
 	/* from the host: other namespaces than ours, root inside is uid 100000 */
 	init = init_pid(&l);
 	for (const char *const *ns = (const char *const[]){ "pid", "mnt", "net", "uts", "ipc", "user", "cgroup", NULL }; *ns; ns++) {
