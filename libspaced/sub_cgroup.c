@@ -121,6 +121,18 @@ static int cgroup_path_of(pid_t pid, const char *ctrl, char *out, size_t outsz)
 	return r;
 }
 
+/* mkdir of a cgroup directory; an empty one left by a launcher that died
+ * with the same name (a reused PID) is removed first. A populated one stays
+ * and the call fails (EBUSY). */
+static int mkdir_fresh(const char *dir)
+{
+	if (mkdir(dir, 0755) == 0)
+		return 0;
+	if (errno != EEXIST || rmdir(dir) < 0)
+		return -1;
+	return mkdir(dir, 0755);
+}
+
 static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, char *why,
                    size_t whysz)
 {
@@ -142,9 +154,9 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 	}
 	if ((size_t)snprintf(out, outsz, "%s/%s", dir, name) >= outsz)
 		return SPACED_ETOOBIG;
-	if (mkdir(out, 0755) < 0) {
+	if (mkdir_fresh(out) < 0) {
 		setwhy(why, whysz, "mkdir %s: %s", out, strerror(errno));
-		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
+		return errno == EEXIST || errno == EBUSY ? SPACED_EEXIST : SPACED_ESYS;
 	}
 	return 0;
 }
@@ -192,7 +204,7 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 		if ((size_t)snprintf(cg->unified, sizeof(cg->unified), "%s/%s", path, name) >=
 		    sizeof(cg->unified))
 			return SPACED_ETOOBIG;
-		if (mkdir(cg->unified, 0755) < 0) {
+		if (mkdir_fresh(cg->unified) < 0) {
 			setwhy(why, whysz, "mkdir %s: %s", cg->unified, strerror(errno));
 			return SPACED_ESYS;
 		}
