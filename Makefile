@@ -14,6 +14,7 @@ FUZZ_SECONDS ?= 30
 MESON      ?= meson
 NINJA      ?= ninja
 
+.PHONY: bench-node
 .PHONY: all setup build check demo bench-token bench-launch fuzz fuzz-build clean
 
 all: build
@@ -51,6 +52,9 @@ demo: build
 
 bench-token: build
 	@$(BUILD)/bench/bench-token
+
+bench-node: build
+	@$(BUILD)/bench/bench-node
 
 # control plane: route issuance, move latency, R4 window (SQLite; CP_DB=postgresql://… for PostgreSQL)
 bench-cp: build

@@ -1,0 +1,468 @@
+/*
+ * bench_node.c — spaced-node figures, measured against a real spaced-node
+ * and spaced-guest started here:
+ *   read4k_node_us_p50   GET of a 4 KiB file through node-api (keep-alive,
+ *                        capability verified from the warm cache and compared)
+ *   read4k_host_us_p50   the same read straight on the execution's socket
+ *                        (an established guest-protocol connection)
+ *   verify_compare_share sbx-manager's verify + compare time per request over
+ *                        the node p50
+ *   rps_2cores           4 KiB reads per second with 64 keep-alive connections
+ * and, before the JSON, the S1 cancellation latency: from sending an install
+ * that replaces a terminal's epoch to the terminal's close frame.
+ * The last line is JSON.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cap.h"
+#include "error.h"
+#include "guest_client.h"
+#include "signer.h"
+#include "util.h"
+
+#define NCONN 64
+#define LAT_N 3000
+#define RPS_SECONDS 3
+
+static char dir[64], admin[256], token[2048];
+static int port;
+static pid_t node_pid;
+
+static void die(const char *what)
+{
+	fprintf(stderr, "bench-node: %s\n", what);
+	if (node_pid > 0)
+		kill(node_pid, SIGTERM);
+	exit(1);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static json_t *admin_send(const char *line)
+{
+	struct sockaddr_un sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	memcpy(sa.sun_path, admin, strlen(admin));
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+		die("admin socket");
+	if (write(fd, line, strlen(line)) < 0 || write(fd, "\n", 1) != 1)
+		die("admin write");
+	char buf[65536];
+	size_t got = 0;
+	while (!memchr(buf, '\n', got) && got < sizeof buf - 1) {
+		ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+		if (r <= 0)
+			die("admin read");
+		got += (size_t)r;
+	}
+	close(fd);
+	return json_loadb(buf, (size_t)((char *)memchr(buf, '\n', got) - buf), 0, NULL);
+}
+
+static int tcp_connect(void)
+{
+	struct sockaddr_in sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons((uint16_t)port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+		die("connect to node-api");
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	return fd;
+}
+
+/* A response parser good for content-length and chunked bodies. */
+struct conn {
+	int fd;
+	char buf[65536];
+	size_t len;
+	uint64_t t0;
+	bool busy;
+};
+
+/* Returns the bytes of one complete response at the start of buf, 0 when incomplete, -1 on error. */
+static long response_size(const char *b, size_t n, int *status)
+{
+	const char *end = memmem(b, n, "\r\n\r\n", 4);
+	if (!end)
+		return 0;
+	size_t hl = (size_t)(end - b) + 4;
+	if (sscanf(b, "HTTP/1.1 %d", status) != 1)
+		return -1;
+	const char *cl = memmem(b, hl, "content-length:", 15);
+	if (cl) {
+		long len = strtol(cl + 15, NULL, 10);
+		return n >= hl + (size_t)len ? (long)hl + len : 0;
+	}
+	size_t pos = hl;
+	for (;;) {
+		const char *crlf = memmem(b + pos, n - pos, "\r\n", 2);
+		if (!crlf)
+			return 0;
+		unsigned long sz = strtoul(b + pos, NULL, 16);
+		size_t start = (size_t)(crlf - b) + 2;
+		if (n < start + sz + 2)
+			return 0;
+		pos = start + sz + 2;
+		if (sz == 0)
+			return (long)pos;
+	}
+}
+
+static char req[4096];
+static size_t req_len;
+
+static void send_req(struct conn *c)
+{
+	c->t0 = spaced_mono_ns();
+	if (write(c->fd, req, req_len) != (ssize_t)req_len)
+		die("request write");
+	c->busy = true;
+}
+
+/* Blocks until the response on c is complete. */
+static int wait_response(struct conn *c)
+{
+	int status = 0;
+	for (;;) {
+		long sz = response_size(c->buf, c->len, &status);
+		if (sz < 0)
+			die("bad response");
+		if (sz > 0) {
+			memmove(c->buf, c->buf + sz, c->len - (size_t)sz);
+			c->len -= (size_t)sz;
+			c->busy = false;
+			return status;
+		}
+		ssize_t r = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
+		if (r <= 0)
+			die("response read");
+		c->len += (size_t)r;
+	}
+}
+
+static json_t *status_json(void)
+{
+	json_t *s = admin_send("{\"type\":\"status\"}");
+	if (!s)
+		die("status");
+	json_t *r = json_incref(json_object_get(s, "result"));
+	json_decref(s);
+	return r;
+}
+
+static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *gen_act)
+{
+	/* a capability for the activation installed now */
+	struct spaced_cap cap;
+	char act[32], *tok;
+	memset(&cap, 0, sizeof cap);
+	snprintf(act, sizeof act, "act-%llu", (unsigned long long)*gen_act);
+	spaced_identity_set(&cap.id, "S", 1, "w-bench", "process", act, NULL);
+	cap.cls = SPACED_CLASS_CONTROL;
+	cap.purposes = SPACED_PURPOSE_TERM;
+	cap.iat = cap.nbf = spaced_now();
+	cap.exp = cap.iat + SPACED_CAP_LIFETIME;
+	snprintf(cap.jti, sizeof cap.jti, "bench-term-%llu", (unsigned long long)*gen_act);
+	if (spaced_cap_issue(sk, &cap, &tok) < 0)
+		die("issue");
+	/* a terminal through node-api, then an activation change for the same generation */
+	int fd = tcp_connect();
+	char h[4096];
+	int n = snprintf(h, sizeof h,
+	                 "GET /v1/sandboxes/S/term?argv=/bin/cat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+	                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+	                 "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n",
+	                 tok);
+	free(tok);
+	if (write(fd, h, (size_t)n) != n)
+		die("ws write");
+	char buf[65536];
+	size_t got = 0;
+	/* the upgrade and the ALLOW message */
+	while (!(memmem(buf, got, "\r\n\r\n", 4) && memmem(buf, got, "ALLOW", 5))) {
+		ssize_t r = read(fd, buf + got, sizeof buf - got);
+		if (r <= 0) {
+			fprintf(stderr, "%.*s\n", (int)got, buf);
+			die("ws open");
+		}
+		got += (size_t)r;
+	}
+	char line[1024];
+	(*gen_act)++;
+	snprintf(line, sizeof line,
+	         "{\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":1,\"worker\":\"w-bench\","
+	         "\"substrate\":\"process\",\"activation\":\"act-%llu\",\"pod_uid\":null}}",
+	         (unsigned long long)*gen_act);
+	uint64_t t0 = spaced_mono_ns();
+	json_t *a = admin_send(line);
+	json_decref(a);
+	/* wait for the close frame (opcode 8) */
+	for (;;) {
+		uint8_t b2[2];
+		if (read(fd, b2, 2) != 2)
+			die("ws close read");
+		size_t plen = b2[1] & 0x7f;
+		if (plen == 126) {
+			uint8_t e[2];
+			if (read(fd, e, 2) != 2)
+				die("ws read");
+			plen = (size_t)e[0] << 8 | e[1];
+		}
+		char p[65536];
+		size_t left = plen;
+		while (left) {
+			ssize_t r = read(fd, p, left > sizeof p ? sizeof p : left);
+			if (r <= 0)
+				die("ws read");
+			left -= (size_t)r;
+		}
+		if ((b2[0] & 0x0f) == 8)
+			break;
+	}
+	uint64_t t1 = spaced_mono_ns();
+	close(fd);
+	return (double)(t1 - t0) / 1e6;
+}
+
+int main(int argc, char **argv)
+{
+	const char *node_bin = argc > 1 ? argv[1] : SPACED_NODE_BIN;
+	const char *guest_bin = argc > 2 ? argv[2] : SPACED_GUEST_BIN;
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(dir, sizeof dir, "/tmp/bench-node-XXXXXX");
+	if (!mkdtemp(dir))
+		die("mkdtemp");
+
+	/* keys: the signer stays here, the node gets the public half */
+	struct spaced_secret_key *sk;
+	struct spaced_public_key pk;
+	char pub[SPACED_PASERK_PUBLIC_LEN + 1], bundle[128], state[128];
+	if (spaced_secret_key_generate(&sk) < 0)
+		die("keygen");
+	spaced_secret_key_public(sk, &pk);
+	spaced_paserk_public_encode(&pk, pub);
+	snprintf(bundle, sizeof bundle, "%s/bundle.json", dir);
+	FILE *f = fopen(bundle, "w");
+	if (!f)
+		die("bundle");
+	fprintf(f, "{\"version\":1,\"keys\":[{\"key\":\"%s\",\"not_before\":\"2020-01-01T00:00:00Z\","
+	           "\"not_after\":\"2099-01-01T00:00:00Z\"}]}",
+	        pub);
+	fclose(f);
+	snprintf(state, sizeof state, "%s/w", dir);
+	snprintf(admin, sizeof admin, "%s/admin.sock", state);
+
+	node_pid = fork();
+	if (node_pid == 0) {
+		int nul = open("/dev/null", O_WRONLY);
+		dup2(nul, 2);
+		execl(node_bin, "spaced-node", "--state", state, "--worker-id", "w-bench", "--listen", "127.0.0.1:0",
+		      "--keys", bundle, "--guest-bin", guest_bin, (char *)NULL);
+		_exit(127);
+	}
+	char pf[192];
+	snprintf(pf, sizeof pf, "%s/api.port", state);
+	for (int i = 0; i < 500 && port == 0; i++) {
+		struct stat st;
+		FILE *p = fopen(pf, "r");
+		if (p) {
+			if (fscanf(p, "%d", &port) != 1)
+				port = 0;
+			fclose(p);
+		}
+		if (port && stat(admin, &st) != 0)
+			port = 0;
+		if (!port)
+			usleep(10000);
+	}
+	if (!port)
+		die("spaced-node did not start");
+	json_t *a = admin_send("{\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":1,\"worker\":"
+	                       "\"w-bench\",\"substrate\":\"process\",\"activation\":\"act-0\",\"pod_uid\":null}}");
+	if (!a || !json_is_true(json_object_get(a, "ok")))
+		die("install");
+	json_decref(a);
+
+	/* a 4 KiB file, written straight on the execution's socket */
+	char sock[256];
+	snprintf(sock, sizeof sock, "%s/run/S.1.sock", state);
+	struct spaced_guest_client *gc;
+	if (spaced_guest_client_connect(sock, &gc) < 0)
+		die("guest connect");
+	uint8_t data[4096];
+	for (size_t i = 0; i < sizeof data; i++)
+		data[i] = (uint8_t)i;
+	if (spaced_guest_fs_write(gc, "/f4k", data, sizeof data, 0644, 0) < 0)
+		die("guest write");
+
+	/* read4k_host_us_p50 */
+	uint64_t *lat = calloc(LAT_N, sizeof *lat);
+	for (int i = 0; i < LAT_N; i++) {
+		struct spaced_buf out;
+		spaced_buf_init(&out, 8192);
+		uint64_t t0 = spaced_mono_ns();
+		if (spaced_guest_fs_read(gc, "/f4k", 0, UINT64_MAX, &out) < 0 || out.len != 4096)
+			die("guest read");
+		lat[i] = spaced_mono_ns() - t0;
+		spaced_buf_free(&out);
+	}
+	qsort(lat, LAT_N, sizeof *lat, cmp_u64);
+	double host_p50 = (double)lat[LAT_N / 2] / 1000.0;
+	spaced_guest_client_free(gc);
+
+	/* one capability, reused: the verification cache is warm after the first request */
+	struct spaced_cap cap;
+	memset(&cap, 0, sizeof cap);
+	spaced_identity_set(&cap.id, "S", 1, "w-bench", "process", "act-0", NULL);
+	cap.cls = SPACED_CLASS_CONTROL;
+	cap.purposes = SPACED_PURPOSE_FS_READ | SPACED_PURPOSE_TERM;
+	cap.iat = cap.nbf = spaced_now();
+	cap.exp = cap.iat + SPACED_CAP_LIFETIME;
+	snprintf(cap.jti, sizeof cap.jti, "bench-%d", (int)getpid());
+	char *tok;
+	if (spaced_cap_issue(sk, &cap, &tok) < 0)
+		die("issue");
+	snprintf(token, sizeof token, "%s", tok);
+	free(tok);
+	req_len = (size_t)snprintf(req, sizeof req,
+	                           "GET /v1/sandboxes/S/files?path=/f4k HTTP/1.1\r\nHost: x\r\n"
+	                           "Authorization: Bearer %s\r\n\r\n",
+	                           token);
+
+	/* read4k_node_us_p50 and the verify + compare share */
+	struct conn *c = calloc(1, sizeof *c);
+	c->fd = tcp_connect();
+	send_req(c);
+	if (wait_response(c) != 200)
+		die("first read through node-api refused");
+	json_t *s0 = status_json();
+	for (int i = 0; i < LAT_N; i++) {
+		send_req(c);
+		if (wait_response(c) != 200)
+			die("read through node-api failed");
+		lat[i] = spaced_mono_ns() - c->t0;
+	}
+	json_t *s1 = status_json();
+	close(c->fd);
+	qsort(lat, LAT_N, sizeof *lat, cmp_u64);
+	double node_p50 = (double)lat[LAT_N / 2] / 1000.0;
+	double vc_ns = (double)(json_integer_value(json_object_get(s1, "verify_compare_ns")) -
+	                        json_integer_value(json_object_get(s0, "verify_compare_ns")));
+	double nreq = (double)(json_integer_value(json_object_get(s1, "requests")) -
+	                       json_integer_value(json_object_get(s0, "requests")));
+	double hits = (double)(json_integer_value(json_object_get(s1, "vcache_hits")) -
+	                       json_integer_value(json_object_get(s0, "vcache_hits")));
+	double vc_us = nreq > 0 ? vc_ns / nreq / 1000.0 : 0;
+	double share = node_p50 > 0 ? vc_us / node_p50 : 0;
+	json_decref(s0);
+	json_decref(s1);
+
+	/* rps with 64 connections */
+	struct conn *cs = calloc(NCONN, sizeof *cs);
+	struct pollfd pfd[NCONN];
+	for (int i = 0; i < NCONN; i++) {
+		cs[i].fd = tcp_connect();
+		pfd[i].fd = cs[i].fd;
+		pfd[i].events = POLLIN;
+		send_req(&cs[i]);
+	}
+	uint64_t done = 0, bad = 0, start = spaced_mono_ns(), until = start + RPS_SECONDS * 1000000000ull;
+	while (spaced_mono_ns() < until) {
+		if (poll(pfd, NCONN, 1000) <= 0)
+			continue;
+		for (int i = 0; i < NCONN; i++) {
+			if (!(pfd[i].revents & POLLIN))
+				continue;
+			struct conn *k = &cs[i];
+			ssize_t r = read(k->fd, k->buf + k->len, sizeof k->buf - k->len);
+			if (r <= 0)
+				die("rps read");
+			k->len += (size_t)r;
+			int st;
+			long sz;
+			while ((sz = response_size(k->buf, k->len, &st)) > 0) {
+				memmove(k->buf, k->buf + sz, k->len - (size_t)sz);
+				k->len -= (size_t)sz;
+				done++;
+				bad += st != 200;
+				send_req(k);
+			}
+			if (sz < 0)
+				die("rps parse");
+		}
+	}
+	double secs = (double)(spaced_mono_ns() - start) / 1e9;
+	double rps = (double)done / secs;
+	for (int i = 0; i < NCONN; i++)
+		close(cs[i].fd);
+
+	/* S1 cancellation latency */
+	double cl[15];
+	uint64_t act = 0;
+	for (int i = 0; i < 15; i++)
+		cl[i] = cancel_latency_ms(sk, &act);
+	for (int i = 0; i < 15; i++)
+		for (int j = i + 1; j < 15; j++)
+			if (cl[j] < cl[i]) {
+				double t = cl[i];
+				cl[i] = cl[j];
+				cl[j] = t;
+			}
+
+	printf("read4k through node-api: p50 %.1f us, p99 %.1f us (%d reads, keep-alive)\n", node_p50,
+	       (double)lat[LAT_N * 99 / 100] / 1000.0, LAT_N);
+	printf("read4k straight on the execution socket: p50 %.1f us\n", host_p50);
+	printf("verify + compare in sbx-manager: %.2f us per request (%.0f of %.0f from the cache)\n", vc_us, hits, nreq);
+	printf("64 connections: %.0f requests/s over %.1f s (%llu non-200)\n", rps, secs, (unsigned long long)bad);
+	printf("S1 stream cancel after install: p50 %.2f ms, max %.2f ms (15 runs)\n", cl[7], cl[14]);
+	printf("{\"read4k_node_us_p50\":%.1f,\"read4k_host_us_p50\":%.1f,\"verify_compare_share\":%.4f,"
+	       "\"rps_2cores\":%.0f}\n",
+	       node_p50, host_p50, share, rps);
+
+	/* stop the execution and the node */
+	json_t *st = status_json();
+	json_t *r0 = json_array_get(json_object_get(st, "records"), 0);
+	json_int_t gpid = json_integer_value(json_object_get(r0, "pid"));
+	if (gpid > 1)
+		kill(-(pid_t)gpid, SIGKILL);
+	json_decref(st);
+	kill(node_pid, SIGTERM);
+	waitpid(node_pid, NULL, 0);
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "bench-node: could not remove %s\n", dir);
+	spaced_secret_key_free(sk);
+	free(lat);
+	free(c);
+	free(cs);
+	return 0;
+}
