@@ -511,17 +511,92 @@ static const struct spaced_frame_handler dispatch[] = {
 	{SPACED_GUEST_IN_CANCEL, h_in_cancel},
 };
 
+static bool dispatch_frame(struct conn *c, const struct spaced_frame_hdr *h, const uint8_t *p)
+{
+	int e = spaced_frame_dispatch(dispatch, sizeof dispatch / sizeof dispatch[0], c, h, p,
+	                              h->len);
+	if (e < 0) {
+		char why[96];
+		snprintf(why, sizeof why, "protocol error in frame type=0x%04x id=%u len=%u", h->type,
+		         h->id, h->len);
+		conn_kill(c, why);
+		return false;
+	}
+	return !c->dead;
+}
+
+bool conn_has_input(const struct conn *c)
+{
+	if (c->dead || c->in_payload || c->ib_len - c->ib_off < SPACED_FRAME_HDR_LEN)
+		return false;
+	struct spaced_frame_hdr h;
+	if (spaced_frame_hdr_decode(&h, c->ib + c->ib_off, SPACED_FRAME_MAX) < 0)
+		return true; /* an error to report */
+	return c->ib_len - c->ib_off - SPACED_FRAME_HDR_LEN >= h.len ||
+	       c->ib_len - c->ib_off == GUEST_INBUF;
+}
+
+void conn_parse(struct conn *c)
+{
+	/* A bounded number of frames per call keeps one busy peer from
+	 * starving the others; the loop calls again while input is buffered. */
+	for (int rounds = 0; rounds < 64 && !c->dead && !c->in_payload; rounds++) {
+		size_t avail = c->ib_len - c->ib_off;
+		if (avail < SPACED_FRAME_HDR_LEN)
+			break;
+		struct spaced_frame_hdr h;
+		/* The length is checked before anything is allocated. */
+		int e = spaced_frame_hdr_decode(&h, c->ib + c->ib_off, SPACED_FRAME_MAX);
+		if (e < 0) {
+			conn_kill(c, e == SPACED_ETOOBIG ? "frame too large" : "bad frame header");
+			return;
+		}
+		if (avail - SPACED_FRAME_HDR_LEN >= h.len) {
+			const uint8_t *p = c->ib + c->ib_off + SPACED_FRAME_HDR_LEN;
+			c->ib_off += SPACED_FRAME_HDR_LEN + h.len;
+			if (!dispatch_frame(c, &h, p))
+				return;
+			continue;
+		}
+		/* A payload larger than what is buffered: read the rest straight
+		 * into its own buffer. */
+		c->payload = malloc(h.len);
+		if (c->payload == NULL) {
+			conn_kill(c, "out of memory");
+			return;
+		}
+		c->hdr = h;
+		c->pay_got = avail - SPACED_FRAME_HDR_LEN;
+		memcpy(c->payload, c->ib + c->ib_off + SPACED_FRAME_HDR_LEN, c->pay_got);
+		c->ib_off = c->ib_len = 0;
+		c->in_payload = true;
+	}
+	if (c->ib_off == c->ib_len)
+		c->ib_off = c->ib_len = 0;
+}
+
 void conn_on_readable(struct conn *c)
 {
-	/* A bounded number of frames per wakeup keeps one busy peer from
-	 * starving the others. */
 	for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
 		ssize_t k;
-		if (!c->in_payload) {
-			k = recv(c->fd, c->hdrbuf + c->hdr_got, sizeof c->hdrbuf - c->hdr_got,
-			         MSG_DONTWAIT);
+		size_t want;
+		if (c->in_payload) {
+			want = c->hdr.len - c->pay_got;
+			k = recv(c->fd, c->payload + c->pay_got, want, MSG_DONTWAIT);
 		} else {
-			k = recv(c->fd, c->payload + c->pay_got, c->hdr.len - c->pay_got, MSG_DONTWAIT);
+			if (c->ib == NULL && (c->ib = malloc(GUEST_INBUF)) == NULL) {
+				conn_kill(c, "out of memory");
+				return;
+			}
+			if (c->ib_off > 0) {
+				memmove(c->ib, c->ib + c->ib_off, c->ib_len - c->ib_off);
+				c->ib_len -= c->ib_off;
+				c->ib_off = 0;
+			}
+			want = GUEST_INBUF - c->ib_len;
+			if (want == 0)
+				return; /* full of unparsed frames: the loop parses first */
+			k = recv(c->fd, c->ib + c->ib_len, want, MSG_DONTWAIT);
 		}
 		if (k < 0) {
 			if (errno == EINTR)
@@ -531,50 +606,32 @@ void conn_on_readable(struct conn *c)
 			return;
 		}
 		if (k == 0) {
-			conn_kill(c, c->hdr_got || c->in_payload ? "truncated frame" : "peer closed");
+			/* whole frames that arrived before the end are still handled */
+			while (!c->dead && !c->in_payload && conn_has_input(c))
+				conn_parse(c);
+			if (!c->dead)
+				conn_kill(c, c->ib_len > c->ib_off || c->in_payload ? "truncated frame"
+				                                                     : "peer closed");
 			return;
 		}
-		if (!c->in_payload) {
-			c->hdr_got += (size_t)k;
-			if (c->hdr_got < sizeof c->hdrbuf)
-				continue;
-			/* The length is checked before anything is allocated. */
-			int e = spaced_frame_hdr_decode(&c->hdr, c->hdrbuf, SPACED_FRAME_MAX);
-			if (e < 0) {
-				conn_kill(c, e == SPACED_ETOOBIG ? "frame too large" : "bad frame header");
-				return;
-			}
-			c->in_payload = true;
-			c->pay_got = 0;
-			if (c->hdr.len > 0) {
-				c->payload = malloc(c->hdr.len);
-				if (c->payload == NULL) {
-					conn_kill(c, "out of memory");
-					return;
-				}
-				continue;
-			}
-		} else {
+		if (c->in_payload) {
 			c->pay_got += (size_t)k;
 			if (c->pay_got < c->hdr.len)
 				continue;
+			struct spaced_frame_hdr h = c->hdr;
+			uint8_t *p = c->payload;
+			c->payload = NULL;
+			c->in_payload = false;
+			bool ok = dispatch_frame(c, &h, p);
+			free(p);
+			if (!ok)
+				return;
+			continue;
 		}
-		/* A whole frame. */
-		struct spaced_frame_hdr h = c->hdr;
-		uint8_t *p = c->payload;
-		c->payload = NULL;
-		c->in_payload = false;
-		c->hdr_got = 0;
-		int e = spaced_frame_dispatch(dispatch, sizeof dispatch / sizeof dispatch[0], c, &h, p,
-		                              h.len);
-		free(p);
-		if (e < 0) {
-			char why[96];
-			snprintf(why, sizeof why, "protocol error in frame type=0x%04x id=%u len=%u",
-			         h.type, h.id, h.len);
-			conn_kill(c, why);
-			return;
-		}
+		c->ib_len += (size_t)k;
+		conn_parse(c);
+		if ((size_t)k < want && !c->in_payload)
+			return; /* the socket is drained; poll tells when more comes */
 	}
 }
 
@@ -599,6 +656,7 @@ void guest_reap_dead(void)
 			*cp = c->next;
 			close(c->fd);
 			free(c->payload);
+			free(c->ib);
 			while (c->oq_head) {
 				struct outbuf *o = c->oq_head;
 				c->oq_head = o->next;

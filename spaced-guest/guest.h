@@ -26,6 +26,7 @@
 #define GUEST_STDIN_HIGH (256u * 1024)
 #define GUEST_LIST_DEPTH_MAX 64
 #define GUEST_WATCH_MAX 8192 /* directories per watch */
+#define GUEST_INBUF 4096      /* per-connection input buffer */
 
 struct outbuf {
 	struct outbuf *next;
@@ -68,9 +69,9 @@ struct conn {
 	struct conn *next;
 	int fd;
 	bool dead;
-	uint8_t hdrbuf[SPACED_FRAME_HDR_LEN];
-	size_t hdr_got;
-	struct spaced_frame_hdr hdr;
+	uint8_t *ib; /* GUEST_INBUF bytes of input, allocated on first read */
+	size_t ib_off, ib_len;
+	struct spaced_frame_hdr hdr; /* of the large frame being read into payload */
 	uint8_t *payload;
 	size_t pay_got;
 	bool in_payload;
@@ -122,6 +123,10 @@ void guest_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* conn.c */
 int conn_new(int fd);
 void conn_on_readable(struct conn *c);
+/* True when buffered input holds a whole frame (or a bad header) to handle. */
+bool conn_has_input(const struct conn *c);
+/* Handles buffered whole frames (at most 64 per call). */
+void conn_parse(struct conn *c);
 void conn_on_writable(struct conn *c);
 void conn_kill(struct conn *c, const char *why);
 int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,

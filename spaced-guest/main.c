@@ -246,7 +246,10 @@ static void loop(void)
 		for (struct conn *c = G.conns; c != NULL; c = c->next) {
 			if (c->dead)
 				continue;
-			short ev = conn_input_paused(c) ? 0 : POLLIN;
+			bool paused = conn_input_paused(c);
+			short ev = paused ? 0 : POLLIN;
+			if (!paused && conn_has_input(c))
+				pump = true;
 			if (c->oq_head != NULL)
 				ev |= POLLOUT;
 			add_pfd(&n, c->fd, ev, T_CONN, c);
@@ -333,6 +336,8 @@ static void loop(void)
 			}
 		}
 		for (struct conn *c = G.conns; c != NULL; c = c->next) {
+			if (!c->dead && conn_has_input(c) && !conn_input_paused(c))
+				conn_parse(c);
 			for (struct stream *s = c->streams; s != NULL; s = s->next)
 				for (int k = 0; k < 16 && !s->dead && s->kind == ST_READ &&
 				                c->oq_bytes < GUEST_OUT_HIGH;

@@ -939,6 +939,39 @@ Test(guest, cancelled_write_leaves_old_content)
 	spaced_guest_client_free(c);
 }
 
+/* Many requests in one write (more than the guest handles per wakeup, and
+ * frames split across its input buffer): every one is answered, in order. */
+Test(guest, pipelined_requests)
+{
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf b, body;
+	spaced_buf_init(&b, 1 << 20);
+	spaced_buf_init(&body, 4096);
+	for (uint32_t i = 1; i <= 300; i++) {
+		if (i % 3 == 0) {
+			body.len = 0;
+			spaced_field_put_str(&body, "nope/x");
+			cr_assert_eq(spaced_frame_append(&b, SPACED_GUEST_FS_STAT, 0, i, body.data, body.len), 0);
+		} else {
+			cr_assert_eq(spaced_frame_append(&b, SPACED_GUEST_HELLO, 0, i, NULL, 0), 0);
+		}
+	}
+	cr_assert_eq(write(spaced_guest_client_fd(c), b.data, b.len), (ssize_t)b.len);
+	for (uint32_t i = 1; i <= 300; i++) {
+		struct spaced_guest_msg m = {0};
+		struct spaced_field_reader r;
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.id, i);
+		int st = spaced_guest_result_head(c, &m, &r);
+		cr_assert_eq(st, i % 3 == 0 ? SPACED_ENOENT : 0, "id %u", i);
+		assert_ident(c);
+		spaced_guest_msg_clear(&m);
+	}
+	spaced_buf_free(&body);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
 /* A raw socket for malformed input. */
 static int raw_conn(void)
 {
