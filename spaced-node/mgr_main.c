@@ -726,22 +726,26 @@ json_t *mgr_status_json(struct mgr *m)
 static int admin_listen(const char *state_dir)
 {
 	struct sockaddr_un sa;
-	char path[4096];
+	char path[4096], tmp[4096];
+	/* bound and listening under a temporary name, then renamed into place:
+	 * whoever sees admin.sock can connect */
 	snprintf(path, sizeof path, "%s/admin.sock", state_dir);
+	snprintf(tmp, sizeof tmp, "%s/admin.sock.new", state_dir);
 	memset(&sa, 0, sizeof sa);
 	sa.sun_family = AF_UNIX;
-	if (strlen(path) >= sizeof sa.sun_path)
+	if (strlen(tmp) >= sizeof sa.sun_path)
 		return SPACED_EINVAL;
-	memcpy(sa.sun_path, path, strlen(path));
-	unlink(path);
+	memcpy(sa.sun_path, tmp, strlen(tmp));
+	unlink(tmp);
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return SPACED_ESYS;
 	mode_t old = umask(077);
 	int r = bind(fd, (struct sockaddr *)&sa, sizeof sa);
 	umask(old);
-	if (r < 0 || chmod(path, 0600) < 0 || listen(fd, 16) < 0) {
+	if (r < 0 || chmod(tmp, 0600) < 0 || listen(fd, 16) < 0 || rename(tmp, path) < 0) {
 		close(fd);
+		unlink(tmp);
 		return SPACED_ESYS;
 	}
 	return fd;
