@@ -50,7 +50,14 @@ struct mstream {
 	struct spaced_request req;
 	char protocol[SPACED_PROTOCOL_MAX];
 	char ident[SPACED_IDENTITY_TEXT_MAX];
+	struct spaced_buf wq;   /* bytes for the execution not yet written */
+	size_t wq_off;
+	bool shut_pending;      /* ServicePort: half-close once wq drained */
 };
+
+/* An execution that does not read (a paused one) holds at most this much per
+ * stream; past it the stream fails instead of stalling the manager. */
+#define MGR_STREAM_WQ_MAX (8u << 20)
 
 struct admin_client {
 	int fd;
@@ -213,6 +220,7 @@ static void streams_reap(struct mgr *m)
 		if (s->dead) {
 			*pp = s->next;
 			spaced_buf_free(&s->rbuf);
+			spaced_buf_free(&s->wq);
 			free(s);
 			m->nstreams--;
 		} else {
@@ -309,6 +317,42 @@ static int connect_port(uint16_t port)
 	return fd;
 }
 
+/* Writes what the socket takes now and queues the rest (never blocks). */
+static int stream_flush(struct mstream *s)
+{
+	while (s->wq_off < s->wq.len) {
+		ssize_t w = send(s->gfd, s->wq.data + s->wq_off, s->wq.len - s->wq_off, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			break;
+		if (w <= 0)
+			return SPACED_EIO;
+		s->wq_off += (size_t)w;
+	}
+	if (s->wq_off == s->wq.len) {
+		s->wq.len = 0;
+		s->wq_off = 0;
+		if (s->shut_pending) {
+			shutdown(s->gfd, SHUT_WR);
+			s->shut_pending = false;
+		}
+	} else if (s->wq_off >= (1u << 20)) {
+		memmove(s->wq.data, s->wq.data + s->wq_off, s->wq.len - s->wq_off);
+		s->wq.len -= s->wq_off;
+		s->wq_off = 0;
+	}
+	return 0;
+}
+
+static int stream_write(struct mstream *s, const void *p, size_t n)
+{
+	int e = spaced_buf_append(&s->wq, p, n);
+	if (e < 0)
+		return e;
+	return stream_flush(s);
+}
+
 /* One REQ: verify, compare, forward. */
 static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
 {
@@ -375,11 +419,6 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 		send_fail(m, h->id, SPACED_ECLOSED, "execution unreachable");
 		return 0;
 	}
-	if (!raw && spaced_frame_send(fd, (uint16_t)gtype, 0, 1, payload, plen) < 0) {
-		close(fd);
-		send_fail(m, h->id, SPACED_ECLOSED, "execution unreachable");
-		return 0;
-	}
 	struct mstream *s = calloc(1, sizeof *s);
 	if (!s) {
 		close(fd);
@@ -397,7 +436,21 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	s->req.protocol = raw ? s->protocol : NULL;
 	spaced_identity_encode(&rec->r.id, s->ident, sizeof s->ident);
 	spaced_buf_init(&s->rbuf, SPACED_FRAME_MAX + SPACED_FRAME_HDR_LEN);
+	spaced_buf_init(&s->wq, MGR_STREAM_WQ_MAX);
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	if (!raw) {
+		uint8_t fh[SPACED_FRAME_HDR_LEN];
+		struct spaced_frame_hdr hh = {.len = (uint32_t)plen, .type = (uint16_t)gtype, .flags = 0, .id = 1};
+		spaced_frame_hdr_encode(fh, &hh);
+		if (stream_write(s, fh, sizeof fh) < 0 || (plen && stream_write(s, payload, plen) < 0)) {
+			close(fd);
+			spaced_buf_free(&s->rbuf);
+			spaced_buf_free(&s->wq);
+			free(s);
+			send_fail(m, h->id, SPACED_ECLOSED, "execution unreachable");
+			return 0;
+		}
+	}
 	s->next = m->streams;
 	m->streams = s;
 	m->nstreams++;
@@ -407,29 +460,6 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	if (spaced_field_put_str(&b, s->ident) == 0 && spaced_field_put_u64(&b, s->epoch) == 0)
 		api_send(m, NODE_MSG_ACCEPT, 0, h->id, &b);
 	spaced_buf_free(&b);
-	return 0;
-}
-
-/* Blocking write of all bytes to a non-blocking socket. */
-static int write_all_nb(int fd, const void *p, size_t n)
-{
-	const uint8_t *q = p;
-	while (n > 0) {
-		ssize_t w = send(fd, q, n, MSG_NOSIGNAL);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN) {
-				struct pollfd pf = {.fd = fd, .events = POLLOUT};
-				if (poll(&pf, 1, 5000) <= 0)
-					return SPACED_ETIMEDOUT;
-				continue;
-			}
-			return SPACED_EIO;
-		}
-		q += w;
-		n -= (size_t)w;
-	}
 	return 0;
 }
 
@@ -452,20 +482,23 @@ static int on_in(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, 
 		return SPACED_EPROTO;
 	int e;
 	if (s->raw) {
-		e = dlen ? write_all_nb(s->gfd, data, dlen) : 0;
-		if (e == 0 && (h->flags & SPACED_FRAME_F_END))
-			shutdown(s->gfd, SHUT_WR);
+		e = dlen ? stream_write(s, data, dlen) : 0;
+		if (e == 0 && (h->flags & SPACED_FRAME_F_END)) {
+			s->shut_pending = true;
+			e = stream_flush(s);
+		}
 	} else {
 		uint8_t hdr[SPACED_FRAME_HDR_LEN];
 		struct spaced_frame_hdr fh = {.len = (uint32_t)dlen, .type = (uint16_t)in,
 		                              .flags = h->flags & SPACED_FRAME_F_END, .id = 1};
 		spaced_frame_hdr_encode(hdr, &fh);
-		e = write_all_nb(s->gfd, hdr, sizeof hdr);
+		e = stream_write(s, hdr, sizeof hdr);
 		if (e == 0 && dlen)
-			e = write_all_nb(s->gfd, data, dlen);
+			e = stream_write(s, data, dlen);
 	}
 	if (e < 0) {
-		send_fail(m, s->id, SPACED_ECLOSED, "execution connection lost");
+		send_fail(m, s->id, e == SPACED_ETOOBIG ? SPACED_EBUSY : SPACED_ECLOSED,
+		          e == SPACED_ETOOBIG ? "the execution does not take input" : "execution connection lost");
 		stream_kill(s);
 	}
 	return 0;
@@ -908,7 +941,8 @@ int mgr_run(const struct mgr_config *cfg)
 			if (s->dead)
 				continue;
 			ps[n] = s;
-			pfd[n++] = (struct pollfd){.fd = s->gfd, .events = POLLIN};
+			pfd[n++] = (struct pollfd){.fd = s->gfd,
+			                           .events = (short)(POLLIN | (s->wq_off < s->wq.len ? POLLOUT : 0))};
 		}
 		int r = poll(pfd, n, 1000);
 		if (r < 0 && errno != EINTR)
@@ -924,9 +958,15 @@ int mgr_run(const struct mgr_config *cfg)
 		for (int i = 0; i < MGR_MAX_ADMIN; i++)
 			if (m.admin[i].fd >= 0 && pfd[2 + i].fd == m.admin[i].fd && pfd[2 + i].revents)
 				admin_readable(&m, &m.admin[i]);
-		for (nfds_t i = first_stream; i < n; i++)
-			if (pfd[i].revents && !ps[i]->dead && m.api_fd >= 0)
-				guest_readable(&m, ps[i]);
+		for (nfds_t i = first_stream; i < n; i++) {
+			struct mstream *s = ps[i];
+			if ((pfd[i].revents & POLLOUT) && !s->dead && stream_flush(s) < 0) {
+				send_fail(&m, s->id, SPACED_ECLOSED, "execution connection lost");
+				stream_kill(s);
+			}
+			if ((pfd[i].revents & ~POLLOUT) && !s->dead && m.api_fd >= 0)
+				guest_readable(&m, s);
+		}
 		streams_reap(&m);
 	}
 	free(pfd);

@@ -768,3 +768,111 @@ Test(node, key_bundles)
 	json_decref(st);
 	free(cap);
 }
+
+/* Control messages on the admin socket: at most once per seq, unknown types,
+ * another worker's identity, malformed lines — each answered, none applied. */
+Test(node, admin_messages)
+{
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	json_t *a = tn_admin(&A, "{\"seq\":5,\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":2,"
+	                         "\"worker\":\"worker-a\",\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}");
+	cr_assert(tn_ok(a));
+	cr_expect_eq(json_integer_value(json_object_get(a, "ack")), 5);
+	json_int_t epoch = json_integer_value(json_object_get(json_object_get(a, "result"), "epoch"));
+	json_decref(a);
+	/* the same seq with another body: the stored outcome, no effect */
+	a = tn_admin(&A, "{\"seq\":5,\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":9,"
+	                 "\"worker\":\"worker-a\",\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}");
+	cr_expect(tn_ok(a));
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(a, "result"), "epoch")), epoch);
+	json_decref(a);
+	json_t *st = status_of(&A);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(json_array_get(json_object_get(st, "records"), 0),
+	                                                                "identity"), "generation")), 2);
+	cr_expect_eq(json_integer_value(json_object_get(st, "last_seq")), 5);
+	json_decref(st);
+
+	static const struct {
+		const char *line, *code;
+	} bad[] = {
+		{"{\"seq\":6,\"type\":\"reboot\"}", "unknown-type"},
+		{"{\"seq\":6,\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":3,\"worker\":\"worker-b\","
+		 "\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}", "wrong-worker"},
+		{"{\"seq\":7,\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":1,\"worker\":\"worker-a\","
+		 "\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}", "backwards"},
+		{"{\"seq\":8,\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":3,\"worker\":\"worker-a\","
+		 "\"substrate\":\"qemu\",\"activation\":\"a\",\"pod_uid\":null}}", "unsupported-substrate"},
+		{"{\"seq\":9,\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":3}}", "bad-message"},
+		{"{\"seq\":10,\"type\":\"install\",\"seq\":11}", "bad-message"},
+		{"not json", "bad-message"},
+		{"{\"seq\":11,\"type\":\"pause\",\"identity\":{\"sandbox\":\"S\",\"generation\":1,\"worker\":\"worker-a\","
+		 "\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}", "identity-mismatch"},
+		{"{\"seq\":12,\"type\":\"keys\",\"bundle\":{\"version\":9,\"keys\":[{\"key\":\"k4.public.AAAA\","
+		 "\"not_before\":\"2020-01-01T00:00:00Z\",\"not_after\":\"2099-01-01T00:00:00Z\"}]}}", "bad-bundle"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		a = tn_admin(&A, "%s", bad[i].line);
+		cr_expect(a && !tn_ok(a), "accepted: %s", bad[i].line);
+		cr_expect_str_eq(json_string_value(json_object_get(a, "code")), bad[i].code, "%s", bad[i].line);
+		json_decref(a);
+	}
+	st = status_of(&A);
+	json_t *rec = json_array_get(json_object_get(st, "records"), 0);
+	cr_expect_eq(json_integer_value(json_object_get(json_object_get(rec, "identity"), "generation")), 2);
+	cr_expect_eq(json_integer_value(json_object_get(rec, "epoch")), epoch);
+	cr_expect_eq(json_integer_value(json_object_get(st, "keys_version")), 1);
+	json_decref(st);
+	/* pause and thaw the serving execution: requests wait, then go on */
+	a = tn_admin(&A, "{\"type\":\"pause\",\"identity\":{\"sandbox\":\"S\",\"generation\":2,\"worker\":\"worker-a\","
+	                 "\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}");
+	cr_expect(tn_ok(a));
+	json_decref(a);
+	a = tn_admin(&A, "{\"type\":\"thaw\",\"identity\":{\"sandbox\":\"S\",\"generation\":2,\"worker\":\"worker-a\","
+	                 "\"substrate\":\"process\",\"activation\":\"a\",\"pod_uid\":null}}");
+	cr_expect(tn_ok(a));
+	json_decref(a);
+	expect(A.port, "GET", "/v1/sandboxes/S/stat?path=/",
+	       CAP(.sandbox = "S", .generation = 2, .worker = "worker-a", .activation = "a"), 200, NULL, NULL);
+	/* destroy keeps a tombstone */
+	a = tn_admin(&A, "{\"type\":\"destroy\",\"sandbox\":\"S\"}");
+	cr_expect(tn_ok(a));
+	json_decref(a);
+	expect(A.port, "GET", "/v1/sandboxes/S/stat?path=/",
+	       CAP(.sandbox = "S", .generation = 2, .worker = "worker-a", .activation = "a"), 409, "REFRESH_ROUTE",
+	       "deactivated");
+}
+
+/* A paused execution that stops reading does not stall the worker: other
+ * sandboxes are served while an upload to it waits. */
+Test(node, paused_execution_does_not_stall_others)
+{
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "P", 1, "act-1", false);
+	must_install(&A, "Q", 1, "act-1", false);
+	char *capp = strdup(CAP(.sandbox = "P", .generation = 1, .worker = "worker-a"));
+	char *capq = strdup(CAP(.sandbox = "Q", .generation = 1, .worker = "worker-a"));
+	json_t *a = tn_admin(&A, "{\"type\":\"pause\",\"identity\":{\"sandbox\":\"P\",\"generation\":1,\"worker\":"
+	                         "\"worker-a\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null}}");
+	cr_assert(tn_ok(a));
+	json_decref(a);
+	pid_t up = fork();
+	if (up == 0) {
+		size_t big = 32u << 20;
+		char *body = calloc(1, big);
+		struct tn_resp r;
+		int e = tn_http(A.port, "PUT", "/v1/sandboxes/P/files?path=/big", capp, body, big, &r);
+		_exit(e == 0 && (r.status == 503 || r.status == 200) ? 0 : 1);
+	}
+	for (int i = 0; i < 20; i++)
+		expect(A.port, "GET", "/v1/sandboxes/Q/stat?path=/", capq, 200, NULL, NULL);
+	a = tn_admin(&A, "{\"type\":\"thaw\",\"identity\":{\"sandbox\":\"P\",\"generation\":1,\"worker\":"
+	                 "\"worker-a\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null}}");
+	cr_assert(tn_ok(a));
+	json_decref(a);
+	int status;
+	waitpid(up, &status, 0);
+	cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the upload to the paused execution got no clean answer");
+	expect(A.port, "GET", "/v1/sandboxes/P/stat?path=/", capp, 200, NULL, NULL);
+	free(capp);
+	free(capq);
+}
