@@ -38,7 +38,7 @@ void conn_kill(struct conn *c, const char *why)
 {
 	if (c->dead)
 		return;
-	if (strcmp(why, "peer closed") == 0)
+	if (strcmp(why, "peer closed") == 0 || strcmp(why, "peer gone") == 0)
 		guest_log("conn close fd=%d", c->fd);
 	else
 		guest_warn("conn drop fd=%d reason=\"%s\"", c->fd, why);
@@ -575,8 +575,53 @@ void conn_parse(struct conn *c)
 		c->ib_off = c->ib_len = 0;
 }
 
+/* The peer ended its input (a half-close): requests that finish by
+ * themselves go on and are answered; streams that wait for input end now.
+ * The connection closes once nothing is left to send. */
+void conn_end_input(struct conn *c)
+{
+	c->rd_eof = true;
+	for (struct stream *s = c->streams; s != NULL && !c->dead; s = s->next) {
+		if (s->dead)
+			continue;
+		switch (s->kind) {
+		case ST_READ:
+			break;
+		case ST_WRITE:
+			stream_finish(s, SPACED_ECLOSED, "input ended before the end of the data", NULL);
+			break;
+		case ST_WATCH:
+		case ST_ATTACH:
+			stream_finish(s, 0, "input ended", NULL);
+			break;
+		case ST_EXEC:
+			proc_stdin(s, NULL, 0, true);
+			break;
+		case ST_TERM:
+			if (s->proc != NULL && !s->proc->exited)
+				kill(-s->proc->pid, SIGKILL);
+			break;
+		}
+	}
+}
+
+bool conn_done(const struct conn *c)
+{
+	if (c->dead || !c->rd_eof || c->oq_head != NULL)
+		return false;
+	for (const struct stream *s = c->streams; s != NULL; s = s->next)
+		if (!s->dead)
+			return false;
+	return true;
+}
+
 void conn_on_readable(struct conn *c)
 {
+	if (c->rd_eof) {
+		/* only reached on POLLHUP / POLLERR: the peer is gone altogether */
+		conn_kill(c, "peer gone");
+		return;
+	}
 	for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
 		ssize_t k;
 		size_t want;
@@ -609,9 +654,12 @@ void conn_on_readable(struct conn *c)
 			/* whole frames that arrived before the end are still handled */
 			while (!c->dead && !c->in_payload && conn_has_input(c))
 				conn_parse(c);
-			if (!c->dead)
-				conn_kill(c, c->ib_len > c->ib_off || c->in_payload ? "truncated frame"
-				                                                     : "peer closed");
+			if (c->dead)
+				return;
+			if (c->ib_len > c->ib_off || c->in_payload)
+				conn_kill(c, "truncated frame");
+			else
+				conn_end_input(c);
 			return;
 		}
 		if (c->in_payload) {

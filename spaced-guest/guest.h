@@ -79,6 +79,7 @@ struct conn {
 	size_t oq_bytes;
 	struct stream *streams;
 	unsigned nstreams;
+	bool rd_eof; /* the peer half-closed: answer what is in flight, then close */
 };
 
 struct proc {
@@ -128,6 +129,10 @@ bool conn_has_input(const struct conn *c);
 /* Handles buffered whole frames (at most 64 per call). */
 void conn_parse(struct conn *c);
 void conn_on_writable(struct conn *c);
+/* After a clean end of input: ends the streams that wait for input. */
+void conn_end_input(struct conn *c);
+/* True once a half-closed connection has nothing left to answer. */
+bool conn_done(const struct conn *c);
 void conn_kill(struct conn *c, const char *why);
 int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
                      const void *p, size_t n);

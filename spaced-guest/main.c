@@ -246,7 +246,7 @@ static void loop(void)
 		for (struct conn *c = G.conns; c != NULL; c = c->next) {
 			if (c->dead)
 				continue;
-			bool paused = conn_input_paused(c);
+			bool paused = conn_input_paused(c) || c->rd_eof;
 			short ev = paused ? 0 : POLLIN;
 			if (!paused && conn_has_input(c))
 				pump = true;
@@ -345,6 +345,8 @@ static void loop(void)
 					fs_read_pump(s);
 			if (!c->dead && c->oq_head != NULL)
 				conn_on_writable(c);
+			if (conn_done(c))
+				conn_kill(c, "peer closed");
 		}
 		proc_check_timeouts(spaced_mono_ns());
 		guest_reap_dead();

@@ -972,6 +972,60 @@ Test(guest, pipelined_requests)
 	spaced_guest_client_free(c);
 }
 
+/* A peer that half-closes after its requests still gets every answer:
+ * running requests finish, streams that wait for input end, then the guest
+ * closes. */
+Test(guest, half_close_gets_answers)
+{
+	struct spaced_guest_client *c = connect_guest();
+	const char *a[] = {"sh", "-c", "read x; echo \"late-$x\"", NULL};
+	struct spaced_guest_exec_req req = {a, NULL, NULL, 0, SPACED_GUEST_EXEC_STDIN};
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	cr_assert_eq(spaced_guest_encode_exec(&b, &req), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_EXEC, 0, 1, b.data, b.len), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_STDIN, 0, 1, "v\n", 2), 0);
+	b.len = 0;
+	spaced_field_put_str(&b, "half.txt");
+	spaced_field_put_u64(&b, 0);
+	spaced_field_put_u64(&b, 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_FS_WRITE, 0, 2, b.data, b.len), 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_DATA, 0, 2, "partial", 7), 0);
+	cr_assert_eq(shutdown(spaced_guest_client_fd(c), SHUT_WR), 0);
+	int got_exec = 0, got_write = 0, out_ok = 0;
+	for (;;) {
+		struct spaced_guest_msg m = {0};
+		int e = spaced_guest_recv(c, &m);
+		if (e == SPACED_ECLOSED)
+			break;
+		cr_assert_eq(e, 0);
+		if (m.hdr.type == SPACED_GUEST_OUT_STDOUT)
+			out_ok = m.hdr.len == 7 && memcmp(m.payload, "late-v\n", 7) == 0;
+		if (m.hdr.type == SPACED_GUEST_OUT_RESULT) {
+			struct spaced_field_reader r;
+			int st = spaced_guest_result_head(c, &m, &r);
+			if (m.hdr.id == 1) {
+				struct spaced_guest_exit x;
+				cr_assert_eq(st, 0);
+				cr_assert_eq(spaced_guest_exit_parse(&r, &x), 0);
+				cr_assert_eq(x.code, 0);
+				got_exec = 1;
+			} else {
+				cr_assert_eq(m.hdr.id, 2);
+				cr_assert_eq(st, SPACED_ECLOSED, "an unfinished write is not committed");
+				got_write = 1;
+			}
+		}
+		spaced_guest_msg_clear(&m);
+	}
+	cr_assert(got_exec && got_write && out_ok);
+	char p[256];
+	snprintf(p, sizeof p, "%s/half.txt", root);
+	cr_assert_eq(access(p, F_OK), -1);
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+}
+
 /* A raw socket for malformed input. */
 static int raw_conn(void)
 {
