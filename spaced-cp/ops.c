@@ -160,6 +160,31 @@ out:
 	return r;
 }
 
+/* The lease held by this request thread, renewed while it waits for acks so a
+ * long operation never outlives its lease. */
+static _Thread_local struct {
+	char id[SPACED_NAME_MAX];
+	char op[SPACED_NAME_MAX];
+	uint64_t renewed;
+} held;
+
+static void lease_renew(struct cp *cp, struct cp_store *st)
+{
+	char until[24];
+	if (held.id[0] == 0 || spaced_mono_ns() - held.renewed < 1000000000u)
+		return;
+	held.renewed = spaced_mono_ns();
+	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET op_until = $3 WHERE id = $1 AND op = $2", held.id, held.op,
+	     cp_i64(until, spaced_now() + cp->op_lease));
+}
+
+static void lease_hold(const char *id, const char *op)
+{
+	snprintf(held.id, sizeof held.id, "%s", id ? id : "");
+	snprintf(held.op, sizeof held.op, "%s", op ? op : "");
+	held.renewed = spaced_mono_ns();
+}
+
 int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, int timeout_ms,
                 int *ok, char **result)
 {
@@ -181,6 +206,7 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 			return 0;
 		}
 		cp_rows_free(rows);
+		lease_renew(cp, st);
 		uint64_t now = spaced_mono_ns();
 		if (now >= deadline || cp->stopping)
 			return SPACED_ETIMEDOUT;
@@ -834,7 +860,9 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 		*body = cp_error("internal", spaced_strerror(r));
 		goto out;
 	}
+	lease_hold(id, op);
 	status = start_execution(cp, st, &s, &p, NULL, 0, body);
+	lease_hold(NULL, NULL);
 	cp_rows_free(s.rows);
 	lease_drop(st, id, op);
 	if (status == 0) {
@@ -1064,7 +1092,9 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 		return 500;
 	}
 	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET last_active = $2 WHERE id = $1", id, cp_i64(now, spaced_now()));
+	lease_hold(id, lease);
 	int status = run_op(cp, st, tenant, &s, op, worker ? worker : "", body);
+	lease_hold(NULL, NULL);
 	cp_rows_free(s.rows);
 	lease_drop(st, id, lease);
 	if (status == 200 && strcmp(op, "delete") != 0) {
@@ -1137,17 +1167,18 @@ out:
 void cp_reap(struct cp *cp, struct cp_store *st)
 {
 	struct cp_rows *rows = NULL;
-	char now[24];
+	char now[24], retry[24];
 	int64_t t = spaced_now();
 	/* absolute timeout: kill; idle timeout: pause; an operation whose holder
-	 * died (its lease expired mid-way): finish it with a resume */
+	 * died (its lease expired mid-way) or whose recovery failed: finish it with
+	 * a resume, tried again every 5 s */
 	if (CP_Q(st, &rows, NULL,
 	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 AND created + max_lifetime < $1 "
 	         "UNION ALL SELECT id, tenant, 'pause' FROM sandboxes WHERE deleted = 0 AND state = 'running' "
 	         "AND idle_timeout > 0 AND last_active + idle_timeout < $1 "
-	         "UNION ALL SELECT id, tenant, 'resume' FROM sandboxes WHERE deleted = 0 AND op IS NOT NULL "
-	         "AND op_until < $1 AND state IN ('starting', 'moving', 'stopped')",
-	         cp_i64(now, t)) < 0)
+	         "UNION ALL SELECT id, tenant, 'resume' FROM sandboxes WHERE deleted = 0 "
+	         "AND (op IS NULL OR op_until < $1) AND state IN ('starting', 'moving', 'stopped') AND last_active < $2",
+	         cp_i64(now, t), cp_i64(retry, t - 5)) < 0)
 		return;
 	for (int i = 0; i < rows->nrows && !cp->stopping; i++) {
 		json_t *body = NULL;

@@ -1,6 +1,7 @@
 /* signer_client.c — starts spaced-cp-signer and asks it questions (one at a
- * time, under signer_mu). This file never sees a secret key: the signer
- * answers with tokens and public keys only. */
+ * time, under signer_mu; a signer that died is started again and asked once
+ * more). This file never sees a secret key: the signer answers with tokens and
+ * public keys only. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -80,13 +81,25 @@ int cp_signer_ask(struct cp *cp, char type, const char *payload, char **answer)
 	if (n > 0)
 		memcpy(buf + 1, payload, n);
 	pthread_mutex_lock(&cp->signer_mu);
-	ssize_t got = send(cp->signer_fd, buf, n + 1, MSG_NOSIGNAL);
-	if (got == (ssize_t)(n + 1)) {
-		do
-			got = recv(cp->signer_fd, buf, SIGNER_MSG_MAX, 0);
-		while (got < 0 && errno == EINTR);
-	} else {
-		got = -1;
+	ssize_t got = -1;
+	for (int attempt = 0; attempt < 2 && got <= 0; attempt++) {
+		if (attempt > 0) {
+			/* the signer died: start it again (it reloads its keys) and ask once more */
+			cp_signer_stop(cp);
+			if (cp_signer_start(cp) < 0)
+				break;
+			buf[0] = type;
+			if (n > 0)
+				memcpy(buf + 1, payload, n);
+		}
+		got = send(cp->signer_fd, buf, n + 1, MSG_NOSIGNAL);
+		if (got == (ssize_t)(n + 1)) {
+			do
+				got = recv(cp->signer_fd, buf, SIGNER_MSG_MAX, 0);
+			while (got < 0 && errno == EINTR);
+		} else {
+			got = -1;
+		}
 	}
 	pthread_mutex_unlock(&cp->signer_mu);
 	if (got <= 0) {

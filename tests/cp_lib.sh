@@ -99,13 +99,12 @@ stop_worker() {
 	wait "$p" 2>/dev/null || true
 }
 
-# wait_for DESCRIPTION COMMAND... — polls a condition (at most ~15 s)
+# wait_for DESCRIPTION COMMAND... — polls a condition (at most WAIT_SECONDS, default 30)
 wait_for() {
 	what=$1; shift
-	i=0
+	deadline=$(($(date +%s) + ${WAIT_SECONDS:-30}))
 	until "$@"; do
-		i=$((i + 1))
-		if [ $i -ge 300 ]; then fail "$what never happened"; return 1; fi
+		if [ "$(date +%s)" -ge $deadline ]; then fail "$what never happened"; return 1; fi
 		sleep 0.05
 	done
 	ok "$what"

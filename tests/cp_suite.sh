@@ -53,6 +53,40 @@ expect "a worker ID stays with its enrollment key" "$(api "$ek2" POST /v1/worker
 expect "channel refused without the enrollment key" \
 	"$(curl -s -o /dev/null -w '%{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' "$CP_URL/v1/workers/wa/channel" || true)" "$(curl -s -o /dev/null -w '%{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' -H "Authorization: Bearer $TA" "$CP_URL/v1/workers/wa/channel" || true)"
 
+expect "heartbeat" "$(api "$EK" POST /v1/workers/wa/heartbeat)" 200
+expect "heartbeat with another enrollment key -> 404" "$(api "$ek2" POST /v1/workers/wa/heartbeat)" 404
+expect "heartbeat with a tenant key -> 401" "$(api "$TA" POST /v1/workers/wa/heartbeat)" 401
+# a worker peer sending garbage on its channel loses that connection, nothing else
+register wz
+res=$(timeout 20 python3 - "${CP_URL##*:}" "$EK" <<'PY'
+import base64, os, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(5)
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall(("GET /v1/workers/wz/channel HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n" % (key, sys.argv[2])).encode())
+head = s.recv(4096)
+if b" 101 " not in head.split(b"\r\n")[0]:
+    print("no-upgrade"); sys.exit(0)
+payload = b'{"ack":"x","ok":"maybe"}'
+mask = os.urandom(4)
+frame = bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+s.sendall(frame)
+try:
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        if d[0] & 0x0f == 8:
+            break
+    print("closed")
+except socket.timeout:
+    print("still-open")
+PY
+)
+expect "garbage on a channel drops that channel" "$res" closed
+expect "daemon still serving after a bad channel peer" "$(curl -s -o /dev/null -w '%{http_code}' "$CP_URL/v1/healthz")" 200
+
 # ---- create / get / list (I1, I2) ----
 expect "create on wa" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","memory_bytes":134217728,"pids":64}')" 201
 S1=$(body .id)
@@ -238,6 +272,14 @@ if [ -n "$SIGNER" ]; then
 	fi
 fi
 
+# ---- a signer that dies is started again with its keys ----
+if [ -n "$SIGNER" ]; then
+	kill -9 "$SIGNER"
+	expect "route after the signer was killed" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{}'; "$CAPCHECK" "$W/bundle2.json" "$W/body" | jq -r .kid)" "200$NEW_KID"
+	SIGNER2=$(pgrep -P "$CP_PID" || true)
+	expect "a new signer process" "$([ -n "$SIGNER2" ] && [ "$SIGNER2" != "$SIGNER" ] && echo yes)" yes
+fi
+
 # ---- timeouts: idle pauses, absolute kills ----
 expect "create with idle timeout 1 s" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","idle_timeout":1}')" 201
 S5=$(body .id)
@@ -308,7 +350,7 @@ kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true
 api_state() { API_URL=$CP_URL api "$TA" GET "/v1/sandboxes/$S8" >/dev/null; body '.state + " " + (.generation|tostring) + " " + .worker'; }
 start_cp cp
 expect "after the crash: one consistent state, the committed generation" "$(api_state)" "starting 2 wf"
-for w in wa wf; do stop_worker $w; start_worker $w; done
+for w in wa wb wf; do stop_worker $w; start_worker $w; done
 wait_for "the interrupted move is finished by the restarted control plane" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S8 | jq -e '.state == \"running\" and .generation == 2 and .worker == \"wf\"' >/dev/null"
 expect "wf applied generation 2 exactly once (the replay was acked again)" "$(jq -s --arg s "$S8" '[.[] | select(.type == "install" and .identity.sandbox == $s)] | length' "$W/wf.log")" 1
 expect "the next move makes generation 3 (none reused)" "$(api "$TA" POST "/v1/sandboxes/$S8/move" '{"to":"wa"}'; body '(.generation|tostring) + " " + .worker')" "2003 wa"

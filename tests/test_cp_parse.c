@@ -1,0 +1,121 @@
+/*
+ * test-cp-parse — the control plane's strict parsers of peer JSON
+ * (spaced-cp/reqparse.c): API bodies and control-channel messages. Duplicate
+ * keys, unknown members, wrong types, embedded NULs and out-of-range values are
+ * refused; defaults are filled; outputs are untouched on failure.
+ */
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "cap.h"
+#include "reqparse.h"
+
+#define S(x) x, strlen(x)
+
+static char err[160];
+
+Test(cp_parse, create_defaults_and_limits)
+{
+	struct cp_create_req c;
+	cr_assert_eq(cp_parse_create(S(""), &c, err, sizeof err), 0);
+	cr_assert_str_eq(c.substrate, "process");
+	cr_assert_eq(c.memory_bytes, 256 << 20);
+	cr_assert_eq(c.idle_timeout, -1);
+	cr_assert_eq(cp_parse_create(S("{\"worker\":\"wa\",\"pids\":64,\"template\":null}"), &c, err, sizeof err), 0);
+	cr_assert_str_eq(c.worker, "wa");
+	cr_assert_eq(c.pids, 64);
+	cr_assert_eq(c.template_name[0], 0);
+	cr_assert_lt(cp_parse_create(S("{\"pids\":7}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"memory_bytes\":1}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"worker\":\"a/b\"}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"template\":\"a\\u0000b\"}"), &c, err, sizeof err), 0);
+}
+
+Test(cp_parse, create_refuses_duplicates_unknown_and_garbage)
+{
+	struct cp_create_req c;
+	memset(&c, 0x5a, sizeof c);
+	cr_assert_lt(cp_parse_create(S("{\"pids\":10,\"pids\":11}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"evil\":1}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"pids\":10} trailing"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("[]"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"pids\":\"10\"}"), &c, err, sizeof err), 0);
+	cr_assert_eq(((unsigned char *)&c)[0], 0x5a, "output written on failure");
+}
+
+Test(cp_parse, route_purposes_and_serviceport_profile)
+{
+	struct cp_route_req r;
+	cr_assert_eq(cp_parse_route(S("{}"), &r, err, sizeof err), 0);
+	cr_assert(r.purposes & SPACED_PURPOSE_EXEC);
+	cr_assert_eq(r.purposes & SPACED_PURPOSE_SERVICEPORT, 0u);
+	cr_assert_eq(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":443,\"protocol\":\"https\"}"), &r, err,
+	                            sizeof err), 0);
+	cr_assert(r.serviceport);
+	cr_assert_eq(r.port, 443);
+	cr_assert_str_eq(r.protocol, "https");
+	cr_assert_eq(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":22}"), &r, err, sizeof err), 0);
+	cr_assert_str_eq(r.protocol, "tcp");
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\"]}"), &r, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\",\"exec\"],\"port\":1}"), &r, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"exec\"],\"port\":1}"), &r, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":0}"), &r, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":1,\"protocol\":\"ftp\"}"), &r, err,
+	                            sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[]}"), &r, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"root\"]}"), &r, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"exec\\u0000x\"]}"), &r, err, sizeof err), 0);
+}
+
+Test(cp_parse, worker_registration)
+{
+	struct cp_worker_reg w;
+	cr_assert_eq(cp_parse_worker(S("{\"id\":\"wa\",\"url\":\"http://10.0.0.1:7000\",\"substrates\":[\"process\",\"qemu\"]}"),
+	                             &w, err, sizeof err), 0);
+	cr_assert_str_eq(w.substrates, "process,qemu");
+	cr_assert(cp_list_has(w.substrates, "qemu"));
+	cr_assert_not(cp_list_has(w.substrates, "qem"));
+	cr_assert_eq(w.capacity, 16);
+	cr_assert_lt(cp_parse_worker(S("{\"id\":\"wa\",\"url\":\"ftp://x\",\"substrates\":[\"process\"]}"), &w, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_worker(S("{\"id\":\"wa\",\"url\":\"http://x y\",\"substrates\":[\"process\"]}"), &w, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_worker(S("{\"id\":\"wa\",\"url\":\"http://x\",\"substrates\":[]}"), &w, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_worker(S("{\"url\":\"http://x\",\"substrates\":[\"process\"]}"), &w, err, sizeof err), 0);
+}
+
+Test(cp_parse, channel_hello_and_ack)
+{
+	struct cp_chan_msg m;
+	cr_assert_eq(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":41,\"substrates\":[\"process\"],\"capacity\":16}}"), &m), 0);
+	cr_assert_eq(m.kind, CP_CHAN_HELLO);
+	cr_assert_eq(m.last_seq, 41);
+	cr_assert(m.has_capacity && m.has_substrates);
+	cr_assert_eq(cp_parse_chan(S("{\"ack\":42,\"ok\":true,\"result\":{\"epoch\":3}}"), &m), 0);
+	cr_assert_eq(m.kind, CP_CHAN_ACK);
+	cr_assert_eq(m.seq, 42);
+	cr_assert(m.ok);
+	cr_assert_str_eq(m.result, "{\"epoch\":3}");
+	free(m.result);
+	cr_assert_eq(cp_parse_chan(S("{\"ack\":9,\"ok\":false,\"error\":\"no\",\"code\":\"stale\"}"), &m), 0);
+	cr_assert_str_eq(m.code, "stale");
+	cr_assert_lt(cp_parse_chan(S("{\"ack\":0,\"ok\":true}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ack\":1}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ack\":1,\"ok\":true,\"extra\":1}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\"}}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":-1}}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ack\":1,\"ok\":true,\"ack\":2}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("not json"), &m), 0);
+}
+
+Test(cp_parse, body_size_limit)
+{
+	struct cp_create_req c;
+	size_t n = CP_BODY_MAX + 1;
+	char *big = malloc(n);
+	cr_assert_not_null(big);
+	memset(big, ' ', n);
+	big[0] = '{';
+	big[n - 1] = '}';
+	cr_assert_lt(cp_parse_create(big, n, &c, err, sizeof err), 0);
+	free(big);
+}
