@@ -85,20 +85,23 @@ static void logf_(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
+/* A listening socket at path that appears there only once it listens, with
+ * its final mode: bound under a temporary name, then renamed into place. */
 static int listen_unix(const char *path, int type, mode_t mode)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd;
+	int fd, n;
 
-	if (strlen(path) >= sizeof(sa.sun_path))
+	n = snprintf(sa.sun_path, sizeof(sa.sun_path), "%s.tmp", path);
+	if (n < 0 || (size_t)n >= sizeof(sa.sun_path))
 		return SPACED_ETOOBIG;
-	memcpy(sa.sun_path, path, strlen(path) + 1);
 	fd = socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return SPACED_ESYS;
-	(void)unlink(path);
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, mode) < 0 ||
-	    listen(fd, 64) < 0) {
+	(void)unlink(sa.sun_path);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(sa.sun_path, mode) < 0 ||
+	    listen(fd, 64) < 0 || rename(sa.sun_path, path) < 0) {
+		(void)unlink(sa.sun_path);
 		close(fd);
 		return SPACED_ESYS;
 	}

@@ -805,7 +805,8 @@ Test(substrate, identity_after_start) /* warm pool: IDENTITY message */
 	} else {
 		char p[200];
 
-		snprintf(p, sizeof(p), "%s/control.sock", l.state);
+		/* the launcher writes this file once the execution exists */
+		snprintf(p, sizeof(p), "%s/launcher", l.state);
 		for (int i = 0; i < 2000 && access(p, F_OK) != 0; i++)
 			nap_ms(10);
 	}
