@@ -417,6 +417,22 @@ static int supervise(struct launcher *L)
 	return 0;
 }
 
+/* A decimal number for an option, or exit with a usage error. */
+static uint64_t num_arg(const char *opt, const char *v, uint64_t max)
+{
+	unsigned long long x;
+	char *end;
+
+	errno = 0;
+	x = strtoull(v, &end, 10);
+	if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x > max) {
+		fprintf(stderr, "spaced-launch: %s: not a number up to %llu: %s\n", opt,
+		        (unsigned long long)max, v);
+		exit(2);
+	}
+	return (uint64_t)x;
+}
+
 static int run(int argc, char **argv)
 {
 	struct spaced_sub_config cfg;
@@ -454,11 +470,11 @@ static int run(int argc, char **argv)
 		else if (strcmp(o, "--hostname") == 0)
 			cfg.hostname = v;
 		else if (strcmp(o, "--memory") == 0)
-			cfg.memory_bytes = strtoull(v, NULL, 10);
+			cfg.memory_bytes = num_arg(o, v, UINT64_MAX / 2);
 		else if (strcmp(o, "--pids") == 0)
-			cfg.pids_max = strtoull(v, NULL, 10);
+			cfg.pids_max = num_arg(o, v, 4194304);
 		else if (strcmp(o, "--uid-base") == 0)
-			cfg.uid_base = (uint32_t)strtoul(v, NULL, 10);
+			cfg.uid_base = (uint32_t)num_arg(o, v, UINT32_MAX - SPACED_SUB_UID_RANGE);
 		else if (strcmp(o, "--identity") == 0) {
 			if (spaced_identity_decode(&id, v, strlen(v)) < 0) {
 				fprintf(stderr, "spaced-launch: --identity: not a canonical identity\n");
