@@ -68,7 +68,7 @@ static int check_identity(const struct host_config *cfg, int fd, uint64_t deadli
 {
 	struct spaced_frame_hdr hdr;
 	uint8_t *payload = NULL;
-	int r = spaced_frame_send(fd, SPACED_GUEST_HELLO, SPACED_FRAME_F_END, 1, NULL, 0);
+	int r = spaced_frame_send(fd, SPACED_GUEST_HELLO, 0, 1, NULL, 0);
 	if (r < 0) {
 		snprintf(why, whysz, "cannot send HELLO to the guest (%s)", spaced_strerror(r));
 		return r;

@@ -1,0 +1,382 @@
+/*
+ * test_host.c — spaced-host, the verified bridge, against real launchers,
+ * real guests and real impostors (B1, B2, B3, I3).
+ *
+ * Each test starts spaced-launch (the process substrate's supervisor, which
+ * owns STATE/guest.sock), then spaced-host configured with what it must find,
+ * and talks to the bridge with libspaced's guest client.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "frame.h"
+#include "guest_client.h"
+#include "guest_proto.h"
+#include "pidref.h"
+#include "util.h"
+
+extern char **environ;
+
+#define ID7 "sandbox=sbx-host;generation=7;worker=w-a;substrate=process;activation=a1;pod_uid="
+#define ID8 "sandbox=sbx-host;generation=8;worker=w-a;substrate=process;activation=a1;pod_uid="
+
+static char dir[256];
+
+static void setup(void)
+{
+	if (geteuid() != 0)
+		cr_skip_test("the process substrate needs root (namespaces, cgroups)");
+	snprintf(dir, sizeof dir, "/tmp/spaced-test-host-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[400];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	if (dir[0])
+		(void)system(cmd);
+}
+
+TestSuite(host, .init = setup, .fini = teardown, .timeout = 60);
+
+struct proc {
+	pid_t pid;
+	int out; /* its stdout, or -1 */
+};
+
+static struct proc spawn(const char *const argv[], bool capture)
+{
+	posix_spawn_file_actions_t fa;
+	int p[2] = {-1, -1};
+	posix_spawn_file_actions_init(&fa);
+	if (capture) {
+		cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+		posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+	}
+	struct proc pr = {0, -1};
+	cr_assert_eq(posix_spawn(&pr.pid, argv[0], &fa, NULL, (char *const *)(uintptr_t)argv, environ), 0, "spawn %s", argv[0]);
+	posix_spawn_file_actions_destroy(&fa);
+	if (capture) {
+		close(p[1]);
+		pr.out = p[0];
+	}
+	return pr;
+}
+
+/* Reads the child's stdout until a line starting with want (5 s at most). */
+static void wait_line(struct proc *pr, const char *want)
+{
+	char buf[512];
+	size_t n = 0;
+	uint64_t deadline = spaced_mono_ns() + 5000000000ull;
+	while (spaced_mono_ns() < deadline && n < sizeof buf - 1) {
+		struct pollfd pf = {.fd = pr->out, .events = POLLIN};
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		ssize_t got = read(pr->out, buf + n, 1);
+		if (got <= 0)
+			break;
+		if (buf[n] == '\n') {
+			buf[n] = 0;
+			if (strncmp(buf, want, strlen(want)) == 0)
+				return;
+			n = 0;
+			continue;
+		}
+		n++;
+	}
+	cr_assert_fail("no '%s' line from pid %d", want, (int)pr->pid);
+}
+
+static void stop(struct proc *pr)
+{
+	if (pr->pid > 0) {
+		kill(pr->pid, SIGKILL);
+		waitpid(pr->pid, NULL, 0);
+	}
+	if (pr->out >= 0)
+		close(pr->out);
+	pr->pid = 0;
+	pr->out = -1;
+}
+
+static struct proc start_launcher(const char *launch_bin, const char *state, const char *identity)
+{
+	const char *argv[] = {launch_bin, "--state", state, "--guest", SPACED_GUEST_BIN,
+	                      "--identity", identity, NULL};
+	struct proc pr = spawn(argv, true);
+	wait_line(&pr, "READY");
+	return pr;
+}
+
+static void wait_socket(const char *path)
+{
+	struct stat st;
+	for (int i = 0; i < 500; i++) {
+		if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+			return;
+		usleep(10000);
+	}
+	cr_assert_fail("no socket at %s", path);
+}
+
+/* Starts spaced-host with extra arguments (NULL-terminated) after the usual ones. */
+static struct proc start_host(const char *host_sock, const char *guest_sock, pid_t launcher,
+                              const char *identity, const char *const *extra)
+{
+	char pidbuf[32];
+	snprintf(pidbuf, sizeof pidbuf, "%d", (int)launcher);
+	const char *argv[32] = {SPACED_HOST_BIN, "--listen", host_sock, "--guest", guest_sock,
+	                        "--launcher-pid", pidbuf, "--identity", identity};
+	int n = 9;
+	for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	unlink(host_sock);
+	struct proc pr = spawn(argv, false);
+	wait_socket(host_sock);
+	return pr;
+}
+
+/* Connects to the bridge and asks HELLO. Returns the status; the client's
+ * error message (the bridge's reason on a refusal) is copied to why. */
+static int hello_via(const char *host_sock, struct spaced_identity *id, char *why, size_t whysz)
+{
+	struct spaced_guest_client *c;
+	cr_assert_eq(spaced_guest_client_connect(host_sock, &c), 0);
+	int r = spaced_guest_hello(c, id);
+	if (r < 0 && why != NULL)
+		snprintf(why, whysz, "%s", spaced_guest_client_errmsg(c));
+	spaced_guest_client_free(c);
+	return r;
+}
+
+/* Reads the refusal frame a bridge sends on a connection it does not serve.
+ * No Criterion assertions here: forked children call it too. Returns the
+ * refusal's status, or a positive code for an answer that is not a refusal. */
+static int read_refusal(const char *host_sock, char *why, size_t whysz)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", host_sock);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		snprintf(why, whysz, "cannot connect to %s: %s", host_sock, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return 1;
+	}
+	struct spaced_frame_hdr h;
+	uint8_t *p = NULL;
+	int r = spaced_frame_recv(fd, SPACED_FRAME_MAX, &h, &p);
+	close(fd);
+	if (r < 0)
+		return r;
+	struct spaced_field_reader rd;
+	int64_t status = 0;
+	spaced_field_reader_init(&rd, p, h.len);
+	if (h.type != SPACED_GUEST_OUT_RESULT || h.id != 0 || spaced_field_get_i64(&rd, &status) != 0 ||
+	    spaced_field_get_strbuf(&rd, why, whysz) != 0)
+		status = 2; /* a refusal is a RESULT under id 0 */
+	free(p);
+	return (int)status;
+}
+
+static int refusal_via(const char *host_sock, char *why, size_t whysz)
+{
+	int r = read_refusal(host_sock, why, whysz);
+	cr_assert(r <= 0, "expected a refusal frame from the bridge (got %d: %s)", r, why);
+	return r;
+}
+
+static void paths(char *state, char *guest_sock, char *host_sock, size_t n, const char *name)
+{
+	snprintf(state, n, "%s/%s", dir, name);
+	snprintf(guest_sock, n, "%s/%s/guest.sock", dir, name);
+	snprintf(host_sock, n, "%s/%s-host.sock", dir, name);
+}
+
+Test(host, forwards_to_the_expected_execution_only_after_checks)
+{
+	char state[300], gs[300], hs[300];
+	paths(state, gs, hs, sizeof state, "ok");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	const char *extra[] = {"--launcher-exe", SPACED_LAUNCH_BIN, "--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+
+	struct spaced_guest_client *c;
+	struct spaced_identity id, want;
+	cr_assert_eq(spaced_identity_decode(&want, ID7, strlen(ID7)), 0);
+	cr_assert_eq(spaced_guest_client_connect(hs, &c), 0);
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	cr_assert(spaced_identity_equal(&id, &want));
+	cr_assert_eq(spaced_guest_fs_write(c, "workspace/via-bridge.txt", "bridged", 7, 0644, 0), 0);
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1 << 20);
+	cr_assert_eq(spaced_guest_fs_read(c, "workspace/via-bridge.txt", 0, UINT64_MAX, &b), 0);
+	cr_assert_eq(b.len, 7u);
+	cr_assert_eq(memcmp(b.data, "bridged", 7), 0);
+	cr_assert_str_eq(spaced_guest_client_identity(c), ID7, "every answer names the serving execution");
+	spaced_buf_free(&b);
+	spaced_guest_client_free(c);
+	stop(&h);
+	stop(&l);
+}
+
+Test(host, refuses_a_process_that_took_over_the_socket_path_after_the_launcher_died)
+{
+	char state[300], gs[300], hs[300], why[512] = "";
+	paths(state, gs, hs, sizeof state, "takeover");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	pid_t real = l.pid;
+	const char *extra[] = {"--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, real, ID7, extra);
+	struct spaced_identity id;
+	cr_assert_eq(hello_via(hs, &id, NULL, 0), 0);
+
+	stop(&l); /* the real launcher dies … */
+	const char *imp_argv[] = {IMPOSTOR_VMM_BIN, gs, ID7, NULL};
+	struct proc imp = spawn(imp_argv, true); /* … and an impostor claims the same identity at the same path */
+	wait_line(&imp, "ready");
+	int r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EPEER, "refused as a peer failure, got %d (%s)", r, why);
+	cr_assert(strstr(why, "listener") != NULL || strstr(why, "process") != NULL, "reason: %s", why);
+	stop(&imp);
+	stop(&h);
+}
+
+Test(host, refuses_a_launcher_whose_executable_was_replaced)
+{
+	char state[300], gs[300], hs[300], why[512] = "", exe[300], repl[300], cmd[1400];
+	paths(state, gs, hs, sizeof state, "exe");
+	snprintf(exe, sizeof exe, "%s/spaced-launch", dir);
+	snprintf(repl, sizeof repl, "%s/spaced-launch.new", dir);
+	snprintf(cmd, sizeof cmd, "cp '%s' '%s' && cp '%s' '%s'", SPACED_LAUNCH_BIN, exe, SPACED_LAUNCH_BIN, repl);
+	cr_assert_eq(system(cmd), 0);
+	struct proc l = start_launcher(exe, state, ID7);
+	/* The file the launcher was started from is replaced on disk (same bytes, new inode). */
+	cr_assert_eq(rename(repl, exe), 0);
+	const char *extra[] = {"--launcher-exe", exe, "--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	int r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EPEER, "got %d (%s)", r, why);
+	cr_assert(strstr(why, "xecutable") != NULL, "reason names the executable: %s", why);
+	stop(&h);
+	stop(&l);
+}
+
+Test(host, refuses_a_guest_socket_owned_by_another_uid)
+{
+	char state[300], gs[300], hs[300], why[512] = "";
+	paths(state, gs, hs, sizeof state, "owner");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	cr_assert_eq(chown(gs, 65534, 65534), 0);
+	const char *extra[] = {"--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	int r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EPEER, "got %d (%s)", r, why);
+	cr_assert(strstr(why, "own") != NULL, "reason names the owner: %s", why);
+	stop(&h);
+	stop(&l);
+}
+
+Test(host, refuses_a_caller_that_is_not_the_manager)
+{
+	char state[300], gs[300], hs[300];
+	paths(state, gs, hs, sizeof state, "caller");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	const char *extra[] = {"--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	/* Even with the socket's permissions opened up, another uid is refused. */
+	cr_assert_eq(chmod(dir, 0711), 0);
+	cr_assert_eq(chmod(hs, 0666), 0);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t child = fork();
+	if (child == 0) {
+		close(p[0]);
+		if (setgid(65534) != 0 || setuid(65534) != 0)
+			_exit(3);
+		char why[512] = "";
+		int r = read_refusal(hs, why, sizeof why);
+		dprintf(p[1], "%d %s\n", r, why);
+		_exit(0);
+	}
+	close(p[1]);
+	char buf[600] = "";
+	ssize_t n = read(p[0], buf, sizeof buf - 1);
+	close(p[0]);
+	int st;
+	waitpid(child, &st, 0);
+	cr_assert(n > 0, "the child reported nothing");
+	cr_assert_eq(atoi(buf), SPACED_EPEER, "unprivileged caller: %s", buf);
+	cr_assert(strstr(buf, "manager") != NULL, "reason: %s", buf);
+
+	/* A caller with the right uid but another process than the pinned manager. */
+	stop(&h);
+	const char *extra2[] = {"--manager-uid", "0", "--manager-pid", "1", NULL};
+	h = start_host(hs, gs, l.pid, ID7, extra2);
+	char why[512] = "";
+	cr_assert_eq(refusal_via(hs, why, sizeof why), SPACED_EPEER, "%s", why);
+	stop(&h);
+	stop(&l);
+}
+
+Test(host, never_reconnects_behind_the_callers_back_after_the_guest_restarted)
+{
+	char state[300], gs[300], hs[300], why[512] = "";
+	paths(state, gs, hs, sizeof state, "restart");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	const char *extra[] = {"--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	struct spaced_guest_client *c;
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_client_connect(hs, &c), 0);
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+
+	stop(&l); /* the execution goes away under an open connection */
+	struct spaced_guest_msg m;
+	int r = spaced_guest_recv(c, &m);
+	cr_assert(r == SPACED_ECLOSED || r == SPACED_EIO || r == SPACED_EPROTO,
+	          "the open connection ends instead of being re-established (got %d)", r);
+	spaced_guest_client_free(c);
+
+	/* The same state directory and path, a new launcher with the same identity:
+	 * still a different process than the bridge was told to trust. */
+	char cmd[400];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", state);
+	(void)system(cmd);
+	struct proc l2 = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EPEER, "got %d (%s)", r, why);
+	stop(&h);
+	stop(&l2);
+}
+
+Test(host, refuses_a_guest_that_reports_another_identity)
+{
+	char state[300], gs[300], hs[300], why[512] = "";
+	paths(state, gs, hs, sizeof state, "ident");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID8);
+	const char *extra[] = {"--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	int r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EIDENTITY, "got %d (%s)", r, why);
+	cr_assert(strstr(why, "generation=8") != NULL, "the reason names what the guest reported: %s", why);
+	stop(&h);
+	stop(&l);
+}
