@@ -5,6 +5,7 @@
 #define SPACED_MGR_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -25,8 +26,10 @@
 struct mgr_rec {
 	struct spaced_record r;
 	char state[16];
-	int64_t pid;         /* the execution's main process, 0 when none */
+	int64_t pid;         /* the execution's main process (guest or launcher), 0 when none */
 	uint64_t pid_start;  /* its start time (clock ticks since boot), pins the pid */
+	int64_t host_pid;    /* its spaced-host bridge (launcher mode), 0 when none */
+	uint64_t host_start;
 };
 
 /* ---- mgr_store.c: SQLite runtime records (WAL, synchronous=FULL) ---- */
@@ -61,25 +64,30 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 int mgr_store_meta_get(struct mgr_store *st, const char *key, int64_t *out);
 int mgr_store_meta_set(struct mgr_store *st, const char *key, int64_t v);
 
-/* ---- mgr_exec.c: the development launcher ---- */
-/* Starts spaced-guest --root ROOT --identity TEXT --listen SOCK for rec,
- * restoring ROOT from snapshot first when given; waits until it listens.
- * Fills rec->pid / pid_start. */
-int mgr_exec_start(const char *state_dir, const char *guest_bin, struct mgr_rec *rec,
-                   const char *snapshot);
-/* Sends sig to the execution's process only if it is still the one recorded. */
-int mgr_exec_signal(const struct mgr_rec *rec, int sig);
-/* Stops it (SIGKILL + reap when it is our child). */
-void mgr_exec_stop(struct mgr_rec *rec);
+/* ---- mgr_exec.c: starting and stopping executions ----
+ * Two modes, chosen by the configuration: with --launcher and --host every
+ * execution is a `process` substrate execution supervised by spaced-launch,
+ * reached only through its own spaced-host bridge (B1–B3); without them a
+ * development spaced-guest --listen is started directly. */
+struct mgr_config;
+/* Starts the execution of rec (restoring snapshot when given) and waits until
+ * its socket answers. Fills rec->pid / pid_start (and host_pid / host_start). */
+int mgr_exec_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot);
+/* Freezes or thaws it. */
+int mgr_exec_pause(const struct mgr_config *cfg, const struct mgr_rec *rec, bool pause);
+/* Stops it and its bridge; clears the pids. */
+void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec);
 /* True when the recorded process still runs. */
 bool mgr_exec_alive(const struct mgr_rec *rec);
-/* Copies the execution's root to path; *bytes its size. */
-int mgr_exec_snapshot(const char *state_dir, const struct mgr_rec *rec, const char *path,
+/* After a manager restart: a new bridge that knows the new manager (launcher mode). */
+int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec);
+/* Copies a paused execution's files to path; *bytes its size. */
+int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
                       uint64_t *bytes);
 /* Removes the execution's files. */
-void mgr_exec_remove(const char *state_dir, const char *sandbox);
-/* The bridge socket serving rec (the one place that decides where requests go). */
-int mgr_exec_target(const char *state_dir, const struct mgr_rec *rec, char *out, size_t outsz);
+void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox);
+/* The socket serving rec: the one place that decides where requests go. */
+int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
 
 /* ---- mgr_main.c services used by mgr_admin.c ---- */
 struct mgr;
@@ -90,7 +98,7 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
                     const char *ack_line);
 const char *mgr_worker_id(const struct mgr *m);
 const char *mgr_state_dir(const struct mgr *m);
-const char *mgr_guest_bin(const struct mgr *m);
+const struct mgr_config *mgr_cfg(const struct mgr *m);
 struct mgr_store *mgr_store_of(struct mgr *m);
 int mgr_keys_install(struct mgr *m, const char *bundle_json, size_t len, uint64_t *version);
 json_t *mgr_status_json(struct mgr *m);

@@ -155,6 +155,8 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 		/* activation (or placement) change of the running execution: it keeps running */
 		rec.pid = cur->pid;
 		rec.pid_start = cur->pid_start;
+		rec.host_pid = cur->host_pid;
+		rec.host_start = cur->host_start;
 		snprintf(rec.state, sizeof rec.state, "%s", cur->state);
 		o->result = json_pack("{s:I}", "epoch", (json_int_t)rec.r.epoch);
 		return commit(m, &rec, false, seq, o, line);
@@ -167,9 +169,9 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 		if (e < 0)
 			return fail(o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s",
 			            spaced_strerror(e));
-		mgr_exec_stop(&old);
+		mgr_exec_stop(mgr_cfg(m), &old);
 	}
-	int e = mgr_exec_start(mgr_state_dir(m), mgr_guest_bin(m), &rec, snapshot);
+	int e = mgr_exec_start(mgr_cfg(m), &rec, snapshot);
 	if (e < 0) {
 		snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_STOPPED);
 		rec.pid = 0;
@@ -213,7 +215,7 @@ static int do_deactivate(struct mgr *m, json_t *msg, uint64_t seq, struct outcom
 	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
 	bool same_exec = cur && cur->r.id.generation == id.generation && cur->pid > 0;
 	if (same_exec && keep) {
-		mgr_exec_signal(&rec, SIGSTOP);
+		mgr_exec_pause(mgr_cfg(m), &rec, true);
 		snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_KEPT);
 	} else {
 		snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_STOPPED);
@@ -223,6 +225,8 @@ static int do_deactivate(struct mgr *m, json_t *msg, uint64_t seq, struct outcom
 		if (!same_exec) {
 			rec.pid = 0;
 			rec.pid_start = 0;
+			rec.host_pid = 0;
+			rec.host_start = 0;
 		}
 		return commit(m, &rec, false, seq, o, line);
 	}
@@ -230,8 +234,10 @@ static int do_deactivate(struct mgr *m, json_t *msg, uint64_t seq, struct outcom
 	struct mgr_rec running = rec;
 	rec.pid = 0;
 	rec.pid_start = 0;
+	rec.host_pid = 0;
+	rec.host_start = 0;
 	int e = commit(m, &rec, false, seq, o, line);
-	mgr_exec_stop(&running);
+	mgr_exec_stop(mgr_cfg(m), &running);
 	return e;
 }
 
@@ -250,7 +256,7 @@ static int do_pause_thaw(struct mgr *m, json_t *msg, uint64_t seq, bool pause, s
 	if (!cur->r.active || !spaced_identity_equal(&cur->r.id, &id))
 		return fail(o, "identity-mismatch", "not the serving execution");
 	struct mgr_rec rec = *cur;
-	if (mgr_exec_signal(&rec, pause ? SIGSTOP : SIGCONT) < 0)
+	if (mgr_exec_pause(mgr_cfg(m), &rec, pause) < 0)
 		return fail(o, "bad-state", "the execution is not running");
 	snprintf(rec.state, sizeof rec.state, "%s", pause ? MGR_ST_PAUSED : MGR_ST_RUNNING);
 	o->result = json_pack("{s:s}", "state", rec.state);
@@ -274,7 +280,7 @@ static int do_snapshot(struct mgr *m, json_t *msg, uint64_t seq, struct outcome 
 	if (strcmp(cur->state, MGR_ST_PAUSED) != 0 && strcmp(cur->state, MGR_ST_KEPT) != 0)
 		return fail(o, "bad-state", "the execution is %s, not paused", cur->state);
 	uint64_t bytes = 0;
-	int e = mgr_exec_snapshot(mgr_state_dir(m), cur, json_string_value(jp), &bytes);
+	int e = mgr_exec_snapshot(mgr_cfg(m), cur, json_string_value(jp), &bytes);
 	if (e < 0)
 		return fail(o, "io", "snapshot failed: %s", spaced_strerror(e));
 	o->result = json_pack("{s:s,s:I}", "path", json_string_value(jp), "bytes", (json_int_t)bytes);
@@ -300,12 +306,14 @@ static int do_destroy(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
 	rec.pid = 0;
 	rec.pid_start = 0;
+	rec.host_pid = 0;
+	rec.host_start = 0;
 	snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_DESTROYED);
 	o->result = json_pack("{s:I}", "epoch", (json_int_t)rec.r.epoch);
 	int e = commit(m, &rec, false, seq, o, line);
 	if (e == 0) {
-		mgr_exec_stop(&running);
-		mgr_exec_remove(mgr_state_dir(m), rec.r.id.sandbox);
+		mgr_exec_stop(mgr_cfg(m), &running);
+		mgr_exec_remove(mgr_cfg(m), rec.r.id.sandbox);
 	}
 	return e;
 }

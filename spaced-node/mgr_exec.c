@@ -1,12 +1,22 @@
 /*
- * mgr_exec.c — the development launcher of executions: one spaced-guest per
- * execution, started with --root/--identity/--listen in its own session (no
- * namespaces; the `process` substrate and spaced-host replace it). Its files
- * live in STATE/sbx/<sandbox>/root and survive a new generation; a snapshot is
- * a copy of that directory. Processes are pinned by {pid, start time} and
- * signalled through a pidfd only after the start time matched.
+ * mgr_exec.c — starting, pausing, snapshotting and stopping executions.
+ *
+ * Substrate mode (--launcher and --host): each execution is a `process`
+ * substrate execution supervised by spaced-launch in STATE/exec/<sandbox>.<gen>
+ * (docs/substrate.md), and requests reach it only through its own spaced-host
+ * bridge listening on STATE/run/<sandbox>.<gen>.sock, which verifies the
+ * launcher, the guest transport and this manager (B1–B3) for every connection.
+ * Pause, thaw and snapshot are the launcher's control commands.
+ *
+ * Development mode: one spaced-guest --listen per execution in its own session
+ * (no namespaces); its files live in STATE/sbx/<sandbox>/root and survive a
+ * new generation; pause is SIGSTOP of its process group, a snapshot a copy.
+ *
+ * Processes are pinned by {pid, start time} and signalled through a pidfd only
+ * after the start time matched.
  */
 #include "mgr.h"
+#include "node.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,8 +61,21 @@ static int root_dir(const char *state_dir, const char *sandbox, char *out, size_
 	return (n < 0 || (size_t)n >= outsz) ? SPACED_EINVAL : 0;
 }
 
-int mgr_exec_target(const char *state_dir, const struct mgr_rec *rec, char *out, size_t outsz)
+static bool substrate_mode(const struct mgr_config *cfg)
 {
+	return cfg->launch_bin && cfg->host_bin;
+}
+
+static int exec_dir(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz)
+{
+	int n = snprintf(out, outsz, "%s/exec/%s.%llu", cfg->state_dir, rec->r.id.sandbox,
+	                 (unsigned long long)rec->r.id.generation);
+	return (n < 0 || (size_t)n >= outsz) ? SPACED_EINVAL : 0;
+}
+
+int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz)
+{
+	const char *state_dir = cfg->state_dir;
 	size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
 	int n = snprintf(out, outsz, "%s/run/%s.%llu.sock", state_dir, rec->r.id.sandbox,
 	                 (unsigned long long)rec->r.id.generation);
@@ -88,19 +111,59 @@ static int run_wait(const char *const argv[])
 	return (WIFEXITED(status) && WEXITSTATUS(status) == 0) ? 0 : SPACED_EIO;
 }
 
-static int pidfd_of(const struct mgr_rec *rec)
+static int pidfd_pinned(int64_t pid, uint64_t start)
 {
 	uint64_t st;
-	if (rec->pid <= 0)
+	if (pid <= 0)
 		return SPACED_ENOENT;
-	int fd = (int)syscall(SYS_pidfd_open, (pid_t)rec->pid, 0);
+	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
 	if (fd < 0)
 		return SPACED_ENOENT;
-	if (spaced_proc_start_time((pid_t)rec->pid, &st) < 0 || st != rec->pid_start) {
+	if (spaced_proc_start_time((pid_t)pid, &st) < 0 || st != start) {
 		close(fd);
 		return SPACED_ENOENT;
 	}
 	return fd;
+}
+
+static int pidfd_of(const struct mgr_rec *rec)
+{
+	return pidfd_pinned(rec->pid, rec->pid_start);
+}
+
+/* Waits up to ms for the pinned process to exit (reaping it when it is ours). */
+static bool wait_exit(int fd, int ms)
+{
+	for (int i = 0; i < ms / 5; i++) {
+		siginfo_t si;
+		memset(&si, 0, sizeof si);
+		if (waitid(P_PIDFD, (id_t)fd, &si, WEXITED | WNOHANG) == 0 && si.si_pid != 0)
+			return true;
+		if (waitid(P_PIDFD, (id_t)fd, &si, WEXITED | WNOHANG | WNOWAIT) < 0 && errno == ECHILD) {
+			/* not our child: ask whether it still exists */
+			if (syscall(SYS_pidfd_send_signal, fd, 0, NULL, 0) < 0)
+				return true;
+		}
+		struct timespec ts = {0, 5 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	return false;
+}
+
+/* Stops a pinned process: SIGTERM, then SIGKILL. */
+static void stop_pinned(int64_t pid, uint64_t start, bool group)
+{
+	int fd = pidfd_pinned(pid, start);
+	if (fd < 0)
+		return;
+	syscall(SYS_pidfd_send_signal, fd, SIGTERM, NULL, 0);
+	if (!wait_exit(fd, 2000)) {
+		if (group)
+			kill(-(pid_t)pid, SIGKILL);
+		syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0);
+		wait_exit(fd, 2000);
+	}
+	close(fd);
 }
 
 bool mgr_exec_alive(const struct mgr_rec *rec)
@@ -118,7 +181,7 @@ bool mgr_exec_alive(const struct mgr_rec *rec)
 	return alive;
 }
 
-int mgr_exec_signal(const struct mgr_rec *rec, int sig)
+static int dev_signal(const struct mgr_rec *rec, int sig)
 {
 	int fd = pidfd_of(rec);
 	if (fd < 0)
@@ -133,7 +196,7 @@ int mgr_exec_signal(const struct mgr_rec *rec, int sig)
 	return e;
 }
 
-void mgr_exec_stop(struct mgr_rec *rec)
+static void dev_stop(struct mgr_rec *rec)
 {
 	int fd = pidfd_of(rec);
 	if (fd >= 0) {
@@ -154,17 +217,18 @@ void mgr_exec_stop(struct mgr_rec *rec)
 	rec->pid_start = 0;
 }
 
-int mgr_exec_start(const char *state_dir, const char *guest_bin, struct mgr_rec *rec,
-                   const char *snapshot)
+static int dev_start(const char *state_dir, const char *guest_bin, struct mgr_rec *rec,
+                     const char *snapshot)
 {
 	char root[4096], sock[256], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
 	int e;
 
 	if (!guest_bin)
 		return SPACED_EINVAL;
+	struct mgr_config tc = {.state_dir = state_dir};
 	e = root_dir(state_dir, rec->r.id.sandbox, root, sizeof root);
 	if (e == 0)
-		e = mgr_exec_target(state_dir, rec, sock, sizeof sock);
+		e = mgr_exec_target(&tc, rec, sock, sizeof sock);
 	if (e < 0)
 		return e;
 	if (spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
@@ -260,8 +324,8 @@ static int sum_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
 	return 0;
 }
 
-int mgr_exec_snapshot(const char *state_dir, const struct mgr_rec *rec, const char *path,
-                      uint64_t *bytes)
+static int dev_snapshot(const char *state_dir, const struct mgr_rec *rec, const char *path,
+                        uint64_t *bytes)
 {
 	char root[4096];
 	int e = root_dir(state_dir, rec->r.id.sandbox, root, sizeof root);
@@ -282,11 +346,254 @@ int mgr_exec_snapshot(const char *state_dir, const struct mgr_rec *rec, const ch
 	return 0;
 }
 
-void mgr_exec_remove(const char *state_dir, const char *sandbox)
+void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox)
 {
+	const char *state_dir = cfg->state_dir;
 	char dir[4096];
 	if (snprintf(dir, sizeof dir, "%s/sbx/%s", state_dir, sandbox) >= (int)sizeof dir)
 		return;
 	const char *rm[] = {"rm", "-rf", "--", dir, NULL};
 	run_wait(rm);
+}
+
+/* ---- substrate mode: spaced-launch + spaced-host ---- */
+
+/* Starts argv in its own session, stdout to /dev/null, stderr appended to logp. */
+static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid, uint64_t *start)
+{
+	pid_t p = fork();
+	if (p < 0)
+		return SPACED_ESYS;
+	if (p == 0) {
+		setsid();
+		int nul = open("/dev/null", O_RDWR);
+		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
+		if (nul >= 0) {
+			dup2(nul, 0);
+			dup2(nul, 1);
+		}
+		if (log >= 0)
+			dup2(log, 2);
+		syscall(SYS_close_range, 3, ~0u, 0);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		signal(SIGPIPE, SIG_DFL);
+		char *args[32];
+		size_t i = 0;
+		for (; argv[i] && i < 31; i++)
+			args[i] = strdup(argv[i]);
+		args[i] = NULL;
+		execv(args[0], args);
+		_exit(127);
+	}
+	uint64_t st = 0;
+	if (spaced_proc_start_time(p, &st) < 0) {
+		kill(p, SIGKILL);
+		waitpid(p, NULL, 0);
+		return SPACED_ESYS;
+	}
+	*pid = p;
+	*start = st;
+	return 0;
+}
+
+static bool connectable(const char *path)
+{
+	struct sockaddr_un sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	if (strlen(path) >= sizeof sa.sun_path)
+		return false;
+	memcpy(sa.sun_path, path, strlen(path));
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return false;
+	bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+	close(fd);
+	return ok;
+}
+
+/* Waits until path exists (want_sock: accepts connections) while the pinned process lives. */
+static int wait_for(const char *path, bool want_sock, int64_t pid, uint64_t start, int ms)
+{
+	for (int i = 0; i < ms / 5; i++) {
+		struct stat sb;
+		if (want_sock ? connectable(path) : stat(path, &sb) == 0)
+			return 0;
+		int fd = pidfd_pinned(pid, start);
+		if (fd < 0)
+			return SPACED_EIO;
+		siginfo_t si;
+		memset(&si, 0, sizeof si);
+		bool gone = waitid(P_PIDFD, (id_t)fd, &si, WEXITED | WNOHANG) == 0 && si.si_pid != 0;
+		close(fd);
+		if (gone)
+			return SPACED_EIO;
+		struct timespec ts = {0, 5 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	return SPACED_ETIMEDOUT;
+}
+
+static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
+{
+	char e_dir[4096], gsock[4200], sock[256], logp[4096], text[SPACED_IDENTITY_TEXT_MAX];
+	char lpid[32], lstart[32], muid[32], mpid[32], mstart[32];
+	uint64_t me = 0;
+	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
+	if (e == 0)
+		e = mgr_exec_target(cfg, rec, sock, sizeof sock);
+	if (e < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+		return SPACED_EINVAL;
+	if (spaced_proc_start_time(getpid(), &me) < 0)
+		return SPACED_ESYS;
+	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
+	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
+	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
+	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
+	snprintf(muid, sizeof muid, "%u", (unsigned)geteuid());
+	snprintf(mpid, sizeof mpid, "%d", (int)getpid());
+	snprintf(mstart, sizeof mstart, "%llu", (unsigned long long)me);
+	unlink(sock);
+	const char *argv[] = {cfg->host_bin, "--listen", sock, "--guest", gsock, "--identity", text,
+	                      "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
+	                      cfg->launch_bin, "--manager-uid", muid, "--manager-pid", mpid,
+	                      "--manager-start", mstart, NULL};
+	int64_t hp;
+	uint64_t hs;
+	e = spawn_logged(argv, logp, &hp, &hs);
+	if (e < 0)
+		return e;
+	e = wait_for(sock, true, hp, hs, 10000);
+	if (e < 0) {
+		stop_pinned(hp, hs, false);
+		return e;
+	}
+	rec->host_pid = hp;
+	rec->host_start = hs;
+	return 0;
+}
+
+static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
+{
+	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
+	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
+	if (e < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0 || !cfg->guest_bin)
+		return SPACED_EINVAL;
+	snprintf(dir, sizeof dir, "%s/exec", cfg->state_dir);
+	if ((e = mkdirs(dir)) < 0)
+		return e;
+	snprintf(dir, sizeof dir, "%s/run", cfg->state_dir);
+	if ((e = mkdirs(dir)) < 0)
+		return e;
+	snprintf(dir, sizeof dir, "%s/log", cfg->state_dir);
+	if ((e = mkdirs(dir)) < 0)
+		return e;
+	/* a generation starts from nothing but its snapshot */
+	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
+	run_wait(rm);
+	snprintf(ready, sizeof ready, "%s/ready", e_dir);
+	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
+	const char *argv[] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
+	                      snapshot ? "--restore" : NULL, snapshot, NULL};
+	int64_t lp;
+	uint64_t ls;
+	e = spawn_logged(argv, logp, &lp, &ls);
+	if (e < 0)
+		return e;
+	e = wait_for(ready, false, lp, ls, 30000);
+	if (e < 0) {
+		stop_pinned(lp, ls, true);
+		return e;
+	}
+	struct mgr_rec r = *rec;
+	r.pid = lp;
+	r.pid_start = ls;
+	e = start_bridge(cfg, &r);
+	if (e < 0) {
+		stop_pinned(lp, ls, true);
+		return e;
+	}
+	*rec = r;
+	return 0;
+}
+
+static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *what, const char *arg)
+{
+	char e_dir[4096];
+	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
+	if (e < 0)
+		return e;
+	const char *argv[] = {cfg->launch_bin, "ctl", "--state", e_dir, what, arg, NULL};
+	return run_wait(argv);
+}
+
+/* ---- the interface ---- */
+
+int mgr_exec_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
+{
+	if (substrate_mode(cfg))
+		return sub_start(cfg, rec, snapshot);
+	return dev_start(cfg->state_dir, cfg->guest_bin, rec, snapshot);
+}
+
+int mgr_exec_pause(const struct mgr_config *cfg, const struct mgr_rec *rec, bool pause)
+{
+	if (!mgr_exec_alive(rec))
+		return SPACED_ENOENT;
+	if (substrate_mode(cfg))
+		return sub_ctl(cfg, rec, pause ? "PAUSE" : "THAW", NULL);
+	return dev_signal(rec, pause ? SIGSTOP : SIGCONT);
+}
+
+void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec)
+{
+	if (substrate_mode(cfg)) {
+		char e_dir[4096];
+		if (mgr_exec_alive(rec))
+			sub_ctl(cfg, rec, "THAW", NULL);
+		stop_pinned(rec->pid, rec->pid_start, true);
+		stop_pinned(rec->host_pid, rec->host_start, false);
+		if (exec_dir(cfg, rec, e_dir, sizeof e_dir) == 0) {
+			const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
+			run_wait(rm);
+		}
+		rec->pid = rec->pid_start = 0;
+		rec->host_pid = 0;
+		rec->host_start = 0;
+		return;
+	}
+	dev_stop(rec);
+}
+
+int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec)
+{
+	if (!substrate_mode(cfg))
+		return 0;
+	stop_pinned(rec->host_pid, rec->host_start, false);
+	struct mgr_rec r = *rec;
+	int e = start_bridge(cfg, &r);
+	if (e == 0)
+		*rec = r;
+	return e;
+}
+
+int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
+                      uint64_t *bytes)
+{
+	if (!substrate_mode(cfg))
+		return dev_snapshot(cfg->state_dir, rec, path, bytes);
+	struct stat sb;
+	if (!path || path[0] != '/')
+		return SPACED_EINVAL;
+	if (lstat(path, &sb) == 0)
+		return SPACED_EEXIST;
+	if (sub_ctl(cfg, rec, "SNAPSHOT", path) < 0)
+		return SPACED_EIO;
+	snap_bytes = 0;
+	if (nftw(path, sum_cb, 16, FTW_PHYS) < 0)
+		return SPACED_EIO;
+	*bytes = snap_bytes;
+	return 0;
 }

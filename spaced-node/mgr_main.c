@@ -146,9 +146,9 @@ const char *mgr_state_dir(const struct mgr *m)
 {
 	return m->cfg->state_dir;
 }
-const char *mgr_guest_bin(const struct mgr *m)
+const struct mgr_config *mgr_cfg(const struct mgr *m)
 {
-	return m->cfg->guest_bin;
+	return m->cfg;
 }
 struct mgr_store *mgr_store_of(struct mgr *m)
 {
@@ -412,7 +412,7 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	if (raw) {
 		fd = connect_port((uint16_t)port);
 	} else {
-		e = mgr_exec_target(m->cfg->state_dir, rec, target, sizeof target);
+		e = mgr_exec_target(m->cfg, rec, target, sizeof target);
 		fd = e < 0 ? e : connect_unix(target);
 	}
 	if (fd < 0) {
@@ -731,12 +731,14 @@ json_t *mgr_status_json(struct mgr *m)
 		json_object_set_new(ro, "active", json_boolean(r->r.active));
 		json_object_set_new(ro, "state", json_string(r->state));
 		json_object_set_new(ro, "pid", json_integer(r->pid));
+		json_object_set_new(ro, "host_pid", json_integer(r->host_pid));
 		json_array_append_new(recs, ro);
 	}
 	size_t open_streams = 0;
 	for (struct mstream *s = m->streams; s; s = s->next)
 		open_streams += !s->dead;
 	json_object_set_new(o, "worker", json_string(m->cfg->worker_id));
+	json_object_set_new(o, "mode", json_string(m->cfg->launch_bin && m->cfg->host_bin ? "substrate" : "development"));
 	json_object_set_new(o, "last_seq", json_integer((json_int_t)mgr_store_last_seq(m->store)));
 	json_object_set_new(o, "keys_version", json_integer((json_int_t)spaced_keyring_version(m->kr)));
 	json_object_set_new(o, "keys", json_integer((json_int_t)spaced_keyring_count(m->kr)));
@@ -853,15 +855,21 @@ static void recover_executions(struct mgr *m)
 {
 	for (size_t i = 0; i < m->nrecs; i++) {
 		struct mgr_rec r = m->recs[i];
-		if (!r.r.active || strcmp(r.state, MGR_ST_RUNNING) != 0 || mgr_exec_alive(&r))
+		bool live = strcmp(r.state, MGR_ST_RUNNING) == 0 || strcmp(r.state, MGR_ST_PAUSED) == 0 ||
+		            strcmp(r.state, MGR_ST_KEPT) == 0;
+		if (!live || r.pid == 0)
 			continue;
-		if (!m->cfg->guest_bin)
+		int e;
+		if (mgr_exec_alive(&r))
+			e = mgr_exec_rebridge(m->cfg, &r); /* the bridge must know this manager */
+		else if (r.r.active && strcmp(r.state, MGR_ST_RUNNING) == 0 && m->cfg->guest_bin)
+			e = mgr_exec_start(m->cfg, &r, NULL);
+		else
 			continue;
-		if (mgr_exec_start(m->cfg->state_dir, m->cfg->guest_bin, &r, NULL) == 0 &&
-		    mgr_store_commit(m->store, &r, 0, NULL) == 0)
+		if (e == 0 && mgr_store_commit(m->store, &r, 0, NULL) == 0)
 			m->recs[i] = r;
 		else
-			mlog("could not restart the execution of %s", r.r.id.sandbox);
+			mlog("could not recover the execution of %s", r.r.id.sandbox);
 	}
 }
 

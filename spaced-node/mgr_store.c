@@ -27,7 +27,8 @@ static const char schema[] =
 	" sandbox TEXT PRIMARY KEY, generation INTEGER NOT NULL, worker TEXT NOT NULL,"
 	" substrate TEXT NOT NULL, activation TEXT NOT NULL, pod_uid TEXT NOT NULL,"
 	" epoch INTEGER NOT NULL, active INTEGER NOT NULL, state TEXT NOT NULL,"
-	" pid INTEGER NOT NULL, pid_start INTEGER NOT NULL);"
+	" pid INTEGER NOT NULL, pid_start INTEGER NOT NULL,"
+	" host_pid INTEGER NOT NULL DEFAULT 0, host_start INTEGER NOT NULL DEFAULT 0);"
 	"CREATE TRIGGER IF NOT EXISTS records_forward BEFORE UPDATE ON records"
 	" WHEN NEW.generation < OLD.generation OR NEW.epoch < OLD.epoch"
 	" BEGIN SELECT RAISE(ABORT, 'identity going backwards'); END;"
@@ -128,9 +129,9 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 {
 	static const char sql[] =
 		"INSERT INTO records(sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
-		"state,pid,pid_start) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11) "
+		"state,pid,pid_start,host_pid,host_start) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
 		"ON CONFLICT(sandbox) DO UPDATE SET generation=?2,worker=?3,substrate=?4,activation=?5,"
-		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11";
+		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11,host_pid=?12,host_start=?13";
 	sqlite3_stmt *s = NULL;
 	const struct spaced_identity *id = &rec->r.id;
 	int e = 0;
@@ -147,6 +148,8 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 	sqlite3_bind_text(s, 9, rec->state, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(s, 10, rec->pid);
 	sqlite3_bind_int64(s, 11, (sqlite3_int64)rec->pid_start);
+	sqlite3_bind_int64(s, 12, rec->host_pid);
+	sqlite3_bind_int64(s, 13, (sqlite3_int64)rec->host_start);
 	int rc = sqlite3_step(s);
 	if (rc == SQLITE_CONSTRAINT)
 		e = SPACED_ESTALE;
@@ -223,7 +226,7 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 	int e = 0, rc;
 	if (sqlite3_prepare_v2(st->db,
 	                       "SELECT sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
-	                       "state,pid,pid_start FROM records ORDER BY sandbox",
+	                       "state,pid,pid_start,host_pid,host_start FROM records ORDER BY sandbox",
 	                       -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -240,6 +243,8 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 		col_text(s, 8, r.state, sizeof r.state);
 		r.pid = sqlite3_column_int64(s, 9);
 		r.pid_start = (uint64_t)sqlite3_column_int64(s, 10);
+		r.host_pid = sqlite3_column_int64(s, 11);
+		r.host_start = (uint64_t)sqlite3_column_int64(s, 12);
 		if (cb(arg, &r))
 			break;
 	}

@@ -149,7 +149,9 @@ struct mgr_config {
 	const char *state_dir;
 	const char *worker_id;
 	const char *keys_path; /* may be NULL */
-	const char *guest_bin; /* spaced-guest used by the development launcher */
+	const char *guest_bin;  /* spaced-guest */
+	const char *launch_bin; /* spaced-launch: with host_bin, the process substrate */
+	const char *host_bin;   /* spaced-host: the per-execution bridge */
 	int api_fd;
 	pid_t api_pid;
 };

@@ -2,7 +2,7 @@
  * node_main.c — spaced-node: starts sbx-manager and node-api (node.h).
  *
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
- *               [--guest-bin PATH] [--no-drop]
+ *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *
  * The process started stays sbx-manager (privileged); it forks node-api,
  * which binds the listener, writes the bound port to DIR/api.port, then gives
@@ -28,7 +28,7 @@
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
-	                "                   [--guest-bin PATH] [--no-drop]\n");
+	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n");
 }
 
 static char *default_guest(void)
@@ -50,7 +50,7 @@ static char *default_guest(void)
 int main(int argc, char **argv)
 {
 	const char *state = NULL, *worker = NULL, *listen_s = NULL, *keys = NULL;
-	char *guest = NULL;
+	char *guest = NULL, *launch = NULL, *host_bin = NULL;
 	bool drop = true;
 
 	for (int i = 1; i < argc; i++) {
@@ -74,6 +74,10 @@ int main(int argc, char **argv)
 			keys = v;
 		else if (strcmp(a, "--guest-bin") == 0)
 			guest = realpath(v, NULL);
+		else if (strcmp(a, "--launcher") == 0)
+			launch = realpath(v, NULL);
+		else if (strcmp(a, "--host") == 0)
+			host_bin = realpath(v, NULL);
 		else {
 			usage();
 			return 2;
@@ -86,6 +90,10 @@ int main(int argc, char **argv)
 	}
 	if (!guest)
 		guest = default_guest();
+	if ((launch == NULL) != (host_bin == NULL)) {
+		fprintf(stderr, "spaced-node: --launcher and --host go together\n");
+		return 2;
+	}
 	char host[256];
 	const char *colon = strrchr(listen_s, ':');
 	char *end = NULL;
@@ -133,11 +141,14 @@ int main(int argc, char **argv)
 	}
 	close(sv[1]);
 	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
-	                        .guest_bin = guest, .api_fd = sv[0], .api_pid = api};
+	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
+	                        .api_fd = sv[0], .api_pid = api};
 	int rc = mgr_run(&mc);
 	kill(api, SIGTERM);
 	waitpid(api, NULL, 0);
 	free(state_abs);
 	free(guest);
+	free(launch);
+	free(host_bin);
 	return rc;
 }

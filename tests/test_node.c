@@ -20,10 +20,15 @@ static void kill_executions(struct tn_node *n)
 	size_t i;
 	json_t *r;
 	json_array_foreach(recs, i, r) {
-		json_int_t pid = json_integer_value(json_object_get(r, "pid"));
-		if (pid > 1) {
-			kill(-(pid_t)pid, SIGKILL);
-			kill((pid_t)pid, SIGKILL);
+		const char *sbx = json_string_value(json_object_get(json_object_get(r, "identity"), "sandbox"));
+		json_decref(tn_admin(n, "{\"type\":\"destroy\",\"sandbox\":\"%s\"}", sbx ? sbx : ""));
+		json_int_t pids[2] = {json_integer_value(json_object_get(r, "pid")),
+		                      json_integer_value(json_object_get(r, "host_pid"))};
+		for (int k = 0; k < 2; k++) {
+			if (pids[k] > 1) {
+				kill(-(pid_t)pids[k], SIGKILL);
+				kill((pid_t)pids[k], SIGKILL);
+			}
 		}
 	}
 	json_decref(st);
@@ -875,4 +880,68 @@ Test(node, paused_execution_does_not_stall_others)
 	expect(A.port, "GET", "/v1/sandboxes/P/stat?path=/", capp, 200, NULL, NULL);
 	free(capp);
 	free(capq);
+}
+
+/* The same R2/R3 story on the process substrate: each execution runs in its
+ * own namespaces under spaced-launch and is reached only through its
+ * spaced-host bridge (B1–B3); a restarted manager gets new bridges. */
+Test(node, substrate_r2_r3_resume_and_restart)
+{
+	A.substrate = B.substrate = true;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	tn_node_start(&B, dir, "worker-b", keys.bundle_path);
+	json_t *st0 = status_of(&A);
+	cr_assert_str_eq(json_string_value(json_object_get(st0, "mode")), "substrate");
+	json_decref(st0);
+	must_install(&A, "S", 7, "act-1", false);
+	char *cap7 = strdup(CAP(.sandbox = "S", .generation = 7, .worker = "worker-a"));
+	char *cap8 = strdup(CAP(.sandbox = "S", .generation = 8, .worker = "worker-b"));
+	struct tn_resp r;
+	cr_assert_eq(tn_http(A.port, "PUT", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap7, "seven", 5, &r), 0);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	tn_resp_free(&r);
+	const char *ex = "{\"argv\":[\"hostname\"]}";
+	cr_assert_eq(tn_http(A.port, "POST", "/v1/sandboxes/S/exec", cap7, ex, strlen(ex), &r), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(r.json, "stdout")), "S\n", "%s", r.body);
+	tn_resp_free(&r);
+
+	expect(A.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap8, 409, "REFRESH_ROUTE", "newer-generation");
+	json_t *d = tn_deactivate(&A, "S", 7, "act-1", true);
+	cr_assert(tn_ok(d), "%s", d ? json_dumps(d, 0) : "none");
+	json_decref(d);
+	expect(A.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap7, 409, "REFRESH_ROUTE", "deactivated");
+	char snap[128];
+	snprintf(snap, sizeof snap, "%s/snap-S-7", dir);
+	json_t *s = tn_admin(&A,
+	                     "{\"type\":\"snapshot\",\"identity\":{\"sandbox\":\"S\",\"generation\":7,\"worker\":"
+	                     "\"worker-a\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null},"
+	                     "\"path\":\"%s\"}",
+	                     snap);
+	cr_assert(tn_ok(s), "snapshot: %s", s ? json_dumps(s, 0) : "none");
+	json_decref(s);
+	json_t *i = tn_admin(&B,
+	                     "{\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":8,\"worker\":"
+	                     "\"worker-b\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null},"
+	                     "\"spec\":{\"snapshot\":\"%s\"}}",
+	                     snap);
+	cr_assert(tn_ok(i), "install on B: %s", i ? json_dumps(i, 0) : "none");
+	json_decref(i);
+	cr_assert_eq(tn_http(B.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap8, NULL, 0, &r), 0);
+	cr_expect_eq(r.status, 200, "%s", r.body);
+	cr_expect(r.body_len == 5 && memcmp(r.body, "seven", 5) == 0, "resumed state: %s", r.body);
+	cr_expect_str_eq(r.identity, "sandbox=S;generation=8;worker=worker-b;substrate=process;activation=act-1;pod_uid=");
+	tn_resp_free(&r);
+	expect(B.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap7, 409, "REFRESH_ROUTE", "older-generation");
+
+	/* kill -9 of B's manager: the execution keeps running, a new bridge serves the new manager */
+	kill(B.pid, SIGKILL);
+	waitpid(B.pid, NULL, 0);
+	tn_node_start(&B, dir, "worker-b", keys.bundle_path);
+	cr_assert_eq(tn_http(B.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap8, NULL, 0, &r), 0);
+	cr_expect_eq(r.status, 200, "after restart: %s", r.body);
+	cr_expect(r.body_len == 5 && memcmp(r.body, "seven", 5) == 0);
+	tn_resp_free(&r);
+	expect(B.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap7, 409, "REFRESH_ROUTE", "older-generation");
+	free(cap7);
+	free(cap8);
 }

@@ -118,6 +118,7 @@ static char *tn_cap(const struct tn_keys *k, struct tn_capspec s)
 /* ---- spaced-node processes ---- */
 
 struct tn_node {
+	bool substrate; /* set before start: executions through spaced-launch + spaced-host */
 	pid_t pid; /* sbx-manager (the process started) */
 	int port;
 	char state[256];
@@ -144,8 +145,13 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
-		execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
-		      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, (char *)NULL);
+		if (n->substrate)
+			execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
+			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--launcher",
+			      SPACED_LAUNCH_BIN, "--host", SPACED_HOST_BIN, (char *)NULL);
+		else
+			execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
+			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, (char *)NULL);
 		_exit(127);
 	}
 	n->pid = pid;
