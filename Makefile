@@ -14,8 +14,8 @@ FUZZ_SECONDS ?= 30
 MESON      ?= meson
 NINJA      ?= ninja
 
-.PHONY: bench-node
-.PHONY: all setup build check demo bench-token bench-launch fuzz fuzz-build clean
+.PHONY: all setup build check demo fuzz fuzz-build clean
+.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch
 
 all: build
 
@@ -52,6 +52,11 @@ demo: build
 
 bench-token: build
 	@$(BUILD)/bench/bench-token
+
+# process substrate + bridge: create-to-ready (cold and warm pool), bwrap baseline,
+# idle memory, 4 KiB reads direct and through spaced-host (needs root)
+bench-substrate: build
+	@$(BUILD)/bench/bench-substrate $(SEQ) $(CONC)
 
 bench-node: build
 	@$(BUILD)/bench/bench-node

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,33 +134,44 @@ fail:
 	return r;
 }
 
-void host_relay(int a, int b)
+struct pump {
+	int from, to;
+};
+
+/* Copies from -> to until either side ends, then shuts both down so the pump
+ * of the other direction ends too. Blocking reads: one wake-up per message. */
+static void *pump_run(void *arg)
 {
+	struct pump *p = arg;
 	enum { BUF = 64 * 1024 };
 	uint8_t *buf = malloc(BUF);
-	if (buf == NULL)
-		return;
-	struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
-	for (;;) {
-		int n = poll(p, 2, -1);
-		if (n < 0 && errno == EINTR)
+	while (buf != NULL) {
+		ssize_t got = read(p->from, buf, BUF);
+		if (got < 0 && errno == EINTR)
 			continue;
-		if (n < 0)
-			break;
-		bool done = false;
-		for (int i = 0; i < 2 && !done; i++) {
-			if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
-				continue;
-			ssize_t got = read(p[i].fd, buf, BUF);
-			if (got < 0 && (errno == EINTR || errno == EAGAIN))
-				continue;
-			if (got <= 0 || spaced_io_write_full(p[1 - i].fd, buf, (size_t)got) < 0)
-				done = true;
-		}
-		if (done)
+		if (got <= 0 || spaced_io_write_full(p->to, buf, (size_t)got) < 0)
 			break;
 	}
 	free(buf);
+	shutdown(p->from, SHUT_RDWR);
+	shutdown(p->to, SHUT_RDWR);
+	return NULL;
+}
+
+void host_relay(int a, int b)
+{
+	struct pump up = {a, b}, down = {b, a};
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 64 * 1024);
+	if (pthread_create(&t, &attr, pump_run, &down) != 0) {
+		pthread_attr_destroy(&attr);
+		return;
+	}
+	pthread_attr_destroy(&attr);
+	pump_run(&up);
+	pthread_join(t, NULL);
 }
 
 void host_refuse(int fd, int err, const char *why, const char *identity_text)

@@ -1,0 +1,504 @@
+/*
+ * bench-substrate — what it costs to create an execution of the process
+ * substrate and to reach it through the verified bridge (issue 3 targets).
+ *
+ * All in one run, on this machine:
+ *   cold create   spaced-launch with the identity → READY, then spaced-host,
+ *                 then HELLO answered through the bridge (create-to-ready);
+ *   pooled create an execution pre-started without identity (warm pool) is
+ *                 claimed: IDENTITY over its control socket → READY, then
+ *                 spaced-host and HELLO through it. A pooled execution takes its
+ *                 identity once and only once (a second IDENTITY ends it), so it
+ *                 can never carry a previous identity. The pool's own cost (pre-
+ *                 start time, resident memory per waiting execution) is printed;
+ *   bwrap         `bwrap --unshare-all --die-with-parent --ro-bind / / true`,
+ *                 the baseline of a bare namespace sandbox;
+ *   50 concurrent cold creates and 50 concurrent claims;
+ *   CPU per cold create (launcher, guest and bridge, teardown included);
+ *   idle resident memory of one spaced-host plus one spaced-guest;
+ *   a 4 KiB file read straight to the guest transport and through spaced-host.
+ * Needs root (namespaces, cgroups). Last line: JSON.
+ *
+ *   bench-substrate [N_SEQUENTIAL=50] [N_CONCURRENT=50]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "guest_client.h"
+#include "identity.h"
+#include "util.h"
+#include "vsock_hs.h"
+
+extern char **environ;
+
+static char top[256];
+
+struct execution {
+	char state[300], gsock[320], hsock[320], ctl[320];
+	char identity[SPACED_IDENTITY_TEXT_MAX];
+	pid_t launcher, host;
+	int out; /* launcher stdout */
+};
+
+static double ms_since(uint64_t t0)
+{
+	return (double)(spaced_mono_ns() - t0) / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double pct(double *v, int n, double p)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	int i = (int)(p * (n - 1) + 0.5);
+	return v[i];
+}
+
+static pid_t spawn(const char *const argv[], int *out)
+{
+	posix_spawn_file_actions_t fa;
+	int p[2] = {-1, -1};
+	pid_t pid;
+	posix_spawn_file_actions_init(&fa);
+	if (out != NULL) {
+		if (pipe2(p, O_CLOEXEC) < 0)
+			return -1;
+		posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+	}
+	posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+	int r = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)(uintptr_t)argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (out != NULL) {
+		close(p[1]);
+		*out = r == 0 ? p[0] : (close(p[0]), -1);
+	}
+	return r == 0 ? pid : -1;
+}
+
+/* Reads the launcher's stdout until its READY line. */
+static int wait_ready(int fd, int timeout_ms)
+{
+	char buf[128];
+	size_t n = 0;
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
+	while (spaced_mono_ns() < deadline) {
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		if (poll(&pf, 1, 50) <= 0)
+			continue;
+		if (read(fd, buf + n, 1) != 1)
+			return SPACED_ECLOSED;
+		if (buf[n] == '\n') {
+			if (n >= 5 && memcmp(buf, "READY", 5) == 0)
+				return 0;
+			n = 0;
+		} else if (++n == sizeof buf) {
+			n = 0;
+		}
+	}
+	return SPACED_ETIMEDOUT;
+}
+
+static void exec_paths(struct execution *e, const char *root, const char *name, uint64_t gen)
+{
+	snprintf(e->state, sizeof e->state, "%s/%s", root, name);
+	snprintf(e->gsock, sizeof e->gsock, "%s/guest.sock", e->state);
+	snprintf(e->hsock, sizeof e->hsock, "%s/host.sock", e->state);
+	snprintf(e->ctl, sizeof e->ctl, "%s/control.sock", e->state);
+	snprintf(e->identity, sizeof e->identity,
+	         "sandbox=sbx-%s;generation=%llu;worker=bench;substrate=process;activation=a1;pod_uid=", name,
+	         (unsigned long long)gen);
+	e->launcher = e->host = 0;
+	e->out = -1;
+}
+
+static int start_launcher(struct execution *e, bool with_identity)
+{
+	char guest[300], launch[300];
+	snprintf(guest, sizeof guest, "%s/spaced-guest/spaced-guest", top);
+	snprintf(launch, sizeof launch, "%s/spaced-node/spaced-launch", top);
+	const char *argv[] = {launch, "--state", e->state, "--guest", guest, "--pids", "256",
+	                      with_identity ? "--identity" : NULL, e->identity, NULL};
+	e->launcher = spawn(argv, &e->out);
+	return e->launcher > 0 ? 0 : SPACED_ESYS;
+}
+
+/* Starts spaced-host for e and waits until HELLO through it names e's identity. */
+static int bridge_and_hello(struct execution *e)
+{
+	char host[300], pid[32];
+	snprintf(host, sizeof host, "%s/spaced-host/spaced-host", top);
+	snprintf(pid, sizeof pid, "%d", (int)e->launcher);
+	const char *argv[] = {host, "--listen", e->hsock, "--guest", e->gsock, "--launcher-pid", pid,
+	                      "--identity", e->identity, "--manager-uid", "0", NULL};
+	e->host = spawn(argv, NULL);
+	if (e->host <= 0)
+		return SPACED_ESYS;
+	uint64_t deadline = spaced_mono_ns() + 10000000000ull;
+	while (spaced_mono_ns() < deadline) {
+		struct spaced_guest_client *c;
+		if (spaced_guest_client_connect(e->hsock, &c) < 0) {
+			usleep(200);
+			continue;
+		}
+		struct spaced_identity id;
+		int r = spaced_guest_hello(c, &id);
+		bool ok = r == 0 && strcmp(spaced_guest_client_identity(c), e->identity) == 0;
+		spaced_guest_client_free(c);
+		return ok ? 0 : SPACED_EIDENTITY;
+	}
+	return SPACED_ETIMEDOUT;
+}
+
+/* Connects a socket of the given type to path; -1 on failure. */
+static int connect_path(const char *path, int type)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t n = strlen(path);
+	if (n >= sizeof sa.sun_path)
+		return -1;
+	memcpy(sa.sun_path, path, n + 1);
+	int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+static int ctl_identity(struct execution *e)
+{
+	char cmd[SPACED_IDENTITY_TEXT_MAX + 16], reply[256];
+	int fd = connect_path(e->ctl, SOCK_SEQPACKET);
+	if (fd < 0)
+		return SPACED_ESYS;
+	int n = snprintf(cmd, sizeof cmd, "IDENTITY %s", e->identity);
+	ssize_t got = -1;
+	if (send(fd, cmd, (size_t)n, 0) == n)
+		got = recv(fd, reply, sizeof reply - 1, 0);
+	close(fd);
+	return (got >= 2 && memcmp(reply, "OK", 2) == 0) ? 0 : SPACED_EPROTO;
+}
+
+static void teardown(struct execution *e)
+{
+	if (e->host > 0) {
+		kill(e->host, SIGKILL);
+		waitpid(e->host, NULL, 0);
+	}
+	if (e->launcher > 0) {
+		kill(e->launcher, SIGTERM); /* the launcher destroys its execution */
+		waitpid(e->launcher, NULL, 0);
+	}
+	if (e->out >= 0)
+		close(e->out);
+	e->host = e->launcher = 0;
+	e->out = -1;
+	char cmd[400];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->state);
+	(void)system(cmd);
+}
+
+static double cold_create(struct execution *e)
+{
+	uint64_t t0 = spaced_mono_ns();
+	if (start_launcher(e, true) < 0 || wait_ready(e->out, 20000) < 0 || bridge_and_hello(e) < 0)
+		return -1;
+	return ms_since(t0);
+}
+
+/* Pre-starts a pooled execution: everything but the identity. */
+static int prestart(struct execution *e)
+{
+	if (start_launcher(e, false) < 0)
+		return SPACED_ESYS;
+	struct stat st;
+	for (int i = 0; i < 20000; i++) {
+		if (stat(e->ctl, &st) == 0 && stat(e->gsock, &st) == 0)
+			return 0;
+		usleep(500);
+	}
+	return SPACED_ETIMEDOUT;
+}
+
+static double claim(struct execution *e)
+{
+	uint64_t t0 = spaced_mono_ns();
+	if (ctl_identity(e) < 0 || wait_ready(e->out, 20000) < 0 || bridge_and_hello(e) < 0)
+		return -1;
+	return ms_since(t0);
+}
+
+struct job {
+	struct execution e;
+	bool pooled;
+	double ms;
+	pthread_barrier_t *go;
+};
+
+static void *concurrent_one(void *arg)
+{
+	struct job *j = arg;
+	pthread_barrier_wait(j->go);
+	j->ms = j->pooled ? claim(&j->e) : cold_create(&j->e);
+	return NULL;
+}
+
+static int concurrent(const char *root, int n, bool pooled, double *out_ms)
+{
+	struct job *jobs = calloc((size_t)n, sizeof *jobs);
+	pthread_t *t = calloc((size_t)n, sizeof *t);
+	pthread_barrier_t go;
+	int r = 0;
+	pthread_barrier_init(&go, NULL, (unsigned)n);
+	for (int i = 0; i < n; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "%s%d", pooled ? "p" : "c", i);
+		exec_paths(&jobs[i].e, root, name, 1);
+		jobs[i].pooled = pooled;
+		jobs[i].go = &go;
+		if (pooled && prestart(&jobs[i].e) < 0)
+			r = -1;
+	}
+	for (int i = 0; i < n; i++)
+		pthread_create(&t[i], NULL, concurrent_one, &jobs[i]);
+	for (int i = 0; i < n; i++) {
+		pthread_join(t[i], NULL);
+		out_ms[i] = jobs[i].ms;
+		if (jobs[i].ms < 0)
+			r = -1;
+	}
+	for (int i = 0; i < n; i++)
+		teardown(&jobs[i].e);
+	pthread_barrier_destroy(&go);
+	free(jobs);
+	free(t);
+	return r;
+}
+
+static double rss_mb(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	double kb = -1;
+	while (f != NULL && fgets(line, sizeof line, f) != NULL)
+		if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
+			break;
+	if (f != NULL)
+		fclose(f);
+	return kb / 1024.0;
+}
+
+/* The host-side pid of the execution's PID 1 (the guest), from the launcher. */
+static pid_t guest_pid(struct execution *e)
+{
+	char path[64], buf[64];
+	snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)e->launcher, (int)e->launcher);
+	FILE *f = fopen(path, "r");
+	int pid = -1;
+	if (f != NULL && fgets(buf, sizeof buf, f) != NULL)
+		pid = atoi(buf);
+	if (f != NULL)
+		fclose(f);
+	return pid;
+}
+
+/* A guest-protocol client straight on the guest transport: CONNECT, OK, then adopt. */
+static int direct_client(struct execution *e, struct spaced_guest_client **out)
+{
+	int fd = connect_path(e->gsock, SOCK_STREAM);
+	if (fd < 0)
+		return SPACED_ESYS;
+	if (spaced_io_write_full(fd, "CONNECT 1024\n", 13) < 0)
+		return SPACED_EIO;
+	uint8_t line[SPACED_VSOCK_HS_MAX];
+	size_t n = 0;
+	uint32_t v;
+	while (n < sizeof line && read(fd, line + n, 1) == 1)
+		if (line[n++] == '\n')
+			break;
+	if (spaced_vsock_hs_parse_ok(line, n, &v) < 0)
+		return SPACED_EPROTO;
+	return spaced_guest_client_adopt(fd, out);
+}
+
+static int read4k(struct spaced_guest_client *c, double *us)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 8192);
+	uint64_t t0 = spaced_mono_ns();
+	int r = spaced_guest_fs_read(c, "workspace/4k.bin", 0, UINT64_MAX, &b);
+	*us = (double)(spaced_mono_ns() - t0) / 1e3;
+	if (r == 0 && b.len != 4096)
+		r = SPACED_EPROTO;
+	spaced_buf_free(&b);
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	int nseq = argc > 1 ? atoi(argv[1]) : 50, nconc = argc > 2 ? atoi(argv[2]) : 50;
+	if (geteuid() != 0) {
+		fprintf(stderr, "bench-substrate: needs root (namespaces, cgroups)\n");
+		return 77;
+	}
+	if (nseq < 2 || nconc < 2)
+		return 2;
+	/* The build directory is where this program lives: BUILD/bench/bench-substrate. */
+	char self[256];
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (sl <= 0)
+		return 1;
+	self[sl] = 0;
+	*strrchr(self, '/') = 0;
+	*strrchr(self, '/') = 0;
+	snprintf(top, sizeof top, "%s", self);
+	char root[] = "/tmp/spaced-bench-substrate-XXXXXX";
+	if (mkdtemp(root) == NULL)
+		return 1;
+	signal(SIGPIPE, SIG_IGN);
+
+	double *cold = calloc((size_t)nseq, sizeof(double)), *pooled = calloc((size_t)nseq, sizeof(double));
+	double *pre = calloc((size_t)nseq, sizeof(double)), *bw = calloc((size_t)nseq, sizeof(double));
+	double *cc = calloc((size_t)nconc, sizeof(double)), *cp = calloc((size_t)nconc, sizeof(double));
+	int failures = 0;
+
+	/* Sequential: cold create, bwrap and pooled claims interleaved, so each sees the same machine. */
+	struct rusage ru0, ru1;
+	double cold_cpu_ms = 0;
+	double pool_rss = 0;
+	for (int i = 0; i < nseq; i++) {
+		struct execution e;
+		char name[32];
+		snprintf(name, sizeof name, "s%d", i);
+		exec_paths(&e, root, name, (uint64_t)i + 1);
+		getrusage(RUSAGE_CHILDREN, &ru0);
+		cold[i] = cold_create(&e);
+		teardown(&e);
+		getrusage(RUSAGE_CHILDREN, &ru1);
+		cold_cpu_ms += (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec -
+		                        ru0.ru_stime.tv_sec) * 1e3 +
+		               (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec -
+		                        ru0.ru_stime.tv_usec) / 1e3;
+		if (cold[i] < 0)
+			failures++;
+
+		const char *bargv[] = {"/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/",
+		                       "/", "true", NULL};
+		uint64_t t0 = spaced_mono_ns();
+		pid_t b = spawn(bargv, NULL);
+		int st = 0;
+		if (b > 0)
+			waitpid(b, &st, 0);
+		bw[i] = ms_since(t0);
+		if (b <= 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			failures++;
+
+		snprintf(name, sizeof name, "w%d", i);
+		exec_paths(&e, root, name, (uint64_t)i + 1);
+		t0 = spaced_mono_ns();
+		if (prestart(&e) < 0)
+			failures++;
+		pre[i] = ms_since(t0);
+		usleep(20000); /* the pooled execution settles, as it would waiting in a pool */
+		if (i == 0) {
+			pid_t g = guest_pid(&e);
+			pool_rss = rss_mb(e.launcher) + (g > 0 ? rss_mb(g) : 0);
+		}
+		pooled[i] = claim(&e);
+		if (pooled[i] < 0)
+			failures++;
+		teardown(&e);
+	}
+	cold_cpu_ms /= nseq;
+
+	/* Concurrent: nconc cold creates at once, then nconc claims from a full pool. */
+	if (concurrent(root, nconc, false, cc) < 0)
+		failures++;
+	if (concurrent(root, nconc, true, cp) < 0)
+		failures++;
+
+	/* Idle memory and the cost of the bridge on one execution. */
+	struct execution e;
+	exec_paths(&e, root, "rd", 1);
+	double idle_rss = -1, direct_p50 = -1, bridge_p50 = -1;
+	if (cold_create(&e) >= 0) {
+		usleep(300000);
+		pid_t g = guest_pid(&e);
+		idle_rss = rss_mb(e.host) + (g > 0 ? rss_mb(g) : 0);
+		struct spaced_guest_client *bc = NULL, *dc = NULL;
+		static uint8_t data[4096];
+		memset(data, 'x', sizeof data);
+		if (spaced_guest_client_connect(e.hsock, &bc) == 0 && direct_client(&e, &dc) == 0 &&
+		    spaced_guest_fs_write(bc, "workspace/4k.bin", data, sizeof data, 0644, 0) == 0) {
+			enum { ROUNDS = 20, PER = 100 };
+			double *d = calloc(ROUNDS * PER, sizeof(double)), *br = calloc(ROUNDS * PER, sizeof(double));
+			int nd = 0, nb = 0;
+			for (int r = 0; r < ROUNDS; r++) {
+				for (int i = 0; i < PER; i++)
+					if (read4k(dc, &d[nd]) == 0)
+						nd++;
+				for (int i = 0; i < PER; i++)
+					if (read4k(bc, &br[nb]) == 0)
+						nb++;
+			}
+			if (nd > 0 && nb > 0) {
+				direct_p50 = pct(d, nd, 0.5);
+				bridge_p50 = pct(br, nb, 0.5);
+			}
+			free(d);
+			free(br);
+		}
+		spaced_guest_client_free(bc);
+		spaced_guest_client_free(dc);
+	} else {
+		failures++;
+	}
+	teardown(&e);
+	rmdir(root);
+
+	double cold50 = pct(cold, nseq, 0.5), pool50 = pct(pooled, nseq, 0.5), bw50 = pct(bw, nseq, 0.5);
+	double pre50 = pct(pre, nseq, 0.5), cc99 = pct(cc, nconc, 0.99), cp99 = pct(cp, nconc, 0.99);
+	double cc50 = pct(cc, nconc, 0.5), cp50 = pct(cp, nconc, 0.5);
+	printf("machine: %ld cores; %d sequential, %d concurrent; failures: %d\n",
+	       sysconf(_SC_NPROCESSORS_ONLN), nseq, nconc, failures);
+	printf("bwrap --unshare-all true            p50 %7.2f ms\n", bw50);
+	printf("cold create-to-ready (via bridge)   p50 %7.2f ms  p99 %7.2f ms\n", cold50, pct(cold, nseq, 0.99));
+	printf("pooled claim-to-ready (via bridge)  p50 %7.2f ms  p99 %7.2f ms  (target p50 <= 30 ms and <= 2x bwrap)\n",
+	       pool50, pct(pooled, nseq, 0.99));
+	printf("  pool cost: pre-start p50 %.2f ms per execution, %.2f MB resident per waiting execution\n",
+	       pre50, pool_rss);
+	printf("%d concurrent cold creates          p50 %7.2f ms  p99 %7.2f ms\n", nconc, cc50, cc99);
+	printf("%d concurrent pooled claims         p50 %7.2f ms  p99 %7.2f ms  (target p99 <= 60 ms)\n", nconc,
+	       cp50, cp99);
+	printf("CPU per cold create (all processes, teardown included): %.2f ms\n", cold_cpu_ms);
+	printf("idle RSS spaced-host + spaced-guest: %.2f MB (target <= 3)\n", idle_rss);
+	printf("4 KiB read: direct %.1f us, through spaced-host %.1f us, bridge adds %.1f us (target <= 15)\n",
+	       direct_p50, bridge_p50, bridge_p50 - direct_p50);
+	printf("{\"create_p50_ms\":%.2f, \"create_p99_ms_50concurrent\":%.2f, \"bwrap_p50_ms\":%.2f, "
+	       "\"create_cpu_ms\":%.2f, \"idle_rss_mb\":%.2f, \"read4k_direct_us_p50\":%.1f, "
+	       "\"read4k_bridge_us_p50\":%.1f, \"cold_create_p50_ms\":%.2f, "
+	       "\"cold_create_p99_ms_50concurrent\":%.2f, \"pool_prestart_p50_ms\":%.2f, "
+	       "\"pool_rss_mb_per_execution\":%.2f, \"failures\":%d}\n",
+	       pool50, cp99, bw50, cold_cpu_ms, idle_rss, direct_p50, bridge_p50, cold50, cc99, pre50, pool_rss,
+	       failures);
+	return failures ? 1 : 0;
+}
