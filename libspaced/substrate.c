@@ -249,6 +249,54 @@ fail:
 	return SPACED_ESYS;
 }
 
+/* /etc/hostname and /etc/hosts naming the execution's hostname, written into
+ * the upper directory that carries /etc (kept when a snapshot brought them). */
+static int write_etc(const char *state, const struct layer *layers, size_t nlayers,
+                     const char *hostname, char *why, size_t whysz)
+{
+	char dir[PATH_MAX], p[PATH_MAX], text[256];
+	const char *names[2] = { "hostname", "hosts" };
+	struct stat st;
+	bool etc_layer = false;
+
+	for (size_t i = 0; i < nlayers; i++)
+		if (strcmp(layers[i].name, "etc") == 0)
+			etc_layer = true;
+	if (etc_layer) {
+		pathf(dir, "%s/upper/etc", state);
+	} else {
+		pathf(p, "%s/etc", layers[0].lower);
+		if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
+			return 0; /* a base without /etc */
+		pathf(dir, "%s/upper/root/etc", state);
+		if (mkdir(dir, 0755) == 0 &&
+		    (chown(dir, st.st_uid, st.st_gid) < 0 || chmod(dir, st.st_mode & 07777) < 0))
+			goto fail;
+	}
+	for (int i = 0; i < 2; i++) {
+		int fd, n;
+
+		pathf(p, "%s/%s", dir, names[i]);
+		if (lstat(p, &st) == 0)
+			continue;
+		n = i == 0 ? snprintf(text, sizeof(text), "%s\n", hostname)
+		           : snprintf(text, sizeof(text), "127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n",
+		                      hostname);
+		fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		if (fd < 0)
+			goto fail;
+		if (n < 0 || write(fd, text, (size_t)n) != n) {
+			close(fd);
+			goto fail;
+		}
+		close(fd);
+	}
+	return 0;
+fail:
+	setwhy(why, whysz, "writing %s: %s", p, strerror(errno));
+	return SPACED_ESYS;
+}
+
 /* ---- inside the child ------------------------------------------------------ */
 
 struct child_args {
@@ -623,6 +671,10 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	r = prepare_dirs(s->state, layers, nlayers, cfg->uid_base, why, whysz);
 	if (r < 0)
 		goto fail;
+	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
+	r = write_etc(s->state, layers, nlayers, hostname, why, whysz);
+	if (r < 0)
+		goto fail;
 	if (cfg->cgroup_name != NULL)
 		snprintf(cgname, sizeof(cgname), "%s", cfg->cgroup_name);
 	else
@@ -640,7 +692,6 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		r = SPACED_ESYS;
 		goto fail;
 	}
-	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
 	memset(&ca, 0, sizeof(ca));
 	ca.state = s->state;
 	ca.layers = layers;

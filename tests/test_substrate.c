@@ -320,10 +320,12 @@ Test(substrate, namespaces_and_identity)
 	/* inside: PID 1 is the guest, the hostname is the sandbox, only lo exists */
 	cr_assert_eq(run_in(&l, "tr '\\0' ' ' </proc/1/cmdline; echo; hostname; "
 	                        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; id -u; "
-	                        "ls /proc | grep -c '^[0-9]'", out, sizeof(out)), 0, "%s", out);
+	                        "ls /proc | grep -c '^[0-9]'; cat /etc/hostname; grep -c 'localhost sbx-ns' /etc/hosts",
+	                    out, sizeof(out)), 0, "%s", out);
 	cr_log_info("inside:\n%s", out);
 	cr_assert(strstr(out, "spaced-guest --root / --control-fd 3") != NULL, "%s", out);
 	cr_assert(strstr(out, "\nsbx-ns\nlo\n0\n") != NULL, "%s", out);
+	cr_assert(strstr(out, "\nsbx-ns\n1\n") != NULL, "/etc/hostname, /etc/hosts: %s", out);
 	/* a terminal from the execution's own devpts instance */
 	cr_assert_eq(run_in(&l, "python3 -c 'import pty, os; m, s = pty.openpty(); print(os.ttyname(s))'",
 	                    out, sizeof(out)), 0, "%s", out);
