@@ -34,7 +34,17 @@ int spaced_keyring_new(struct spaced_keyring **out)
 	struct spaced_keyring *kr = calloc(1, sizeof *kr);
 	if (kr == NULL)
 		return SPACED_ENOMEM;
-	if (pthread_rwlock_init(&kr->lock, NULL) != 0) {
+	/* Writers first: with glibc's default (readers first) a steady stream of
+	 * lookups can hold off a bundle install, and with it a key removal (T1),
+	 * indefinitely. No function here takes the read lock recursively. */
+	pthread_rwlockattr_t attr;
+	int rc = pthread_rwlockattr_init(&attr);
+	if (rc == 0) {
+		pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+		rc = pthread_rwlock_init(&kr->lock, &attr);
+		pthread_rwlockattr_destroy(&attr);
+	}
+	if (rc != 0) {
 		free(kr);
 		return SPACED_ENOMEM;
 	}

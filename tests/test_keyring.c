@@ -759,3 +759,99 @@ Test(vcache, concurrent_use, .timeout = 120)
 		free(cr.tokens[i]);
 	cache_fx_fini(&f);
 }
+
+struct reload_verify {
+	struct spaced_keyring *kr;
+	struct spaced_vcache *vc;
+	char *bundles[2];
+	char *common_token, *x_token;
+	atomic_bool done;
+	atomic_ulong common_bad, x_bad, x_ok, x_unknown;
+};
+
+static void *rv_reloader(void *arg)
+{
+	struct reload_verify *rv = arg;
+	for (int i = 0; i < 300; i++) {
+		/* versions only grow; the last bundle installed is set Y (no X key) */
+		char *b = rv->bundles[i % 2];
+		json_error_t e;
+		json_t *o = json_loads(b, 0, &e);
+		json_object_set_new(o, "version", json_integer(10 + i));
+		char *s = json_dumps(o, JSON_COMPACT);
+		if (install(rv->kr, s) != 0)
+			atomic_fetch_add(&rv->common_bad, 1000);
+		free(s);
+		json_decref(o);
+	}
+	atomic_store(&rv->done, true);
+	return NULL;
+}
+
+static void *rv_verifier(void *arg)
+{
+	struct reload_verify *rv = arg;
+	do {
+		struct spaced_cap c;
+		if (spaced_cap_verify(rv->kr, rv->vc, rv->common_token, strlen(rv->common_token),
+		                      SPACED_CLASS_CONTROL, NOW, &c) != 0)
+			atomic_fetch_add(&rv->common_bad, 1);
+		int r = spaced_cap_verify(rv->kr, rv->vc, rv->x_token, strlen(rv->x_token), SPACED_CLASS_CONTROL, NOW, &c);
+		if (r == 0)
+			atomic_fetch_add(&rv->x_ok, 1);
+		else if (r == SPACED_EUNKNOWNKEY)
+			atomic_fetch_add(&rv->x_unknown, 1);
+		else
+			atomic_fetch_add(&rv->x_bad, 1);
+	} while (!atomic_load(&rv->done));
+	return NULL;
+}
+
+/* T1: verifications through the cache while bundles are replaced: a key in
+ * every bundle always verifies; a key in every other bundle verifies or is
+ * unknown, never anything else; once the last bundle (without it) is in, its
+ * token is refused even though it was cached before. */
+Test(vcache, verification_during_reloads, .timeout = 120)
+{
+	static struct reload_verify rv;
+	struct test_key common, x, y;
+	key_make(&common, 500);
+	key_make(&x, 501);
+	key_make(&y, 502);
+	const struct test_key *sx[] = {&common, &x}, *sy[] = {&common, &y};
+	rv.bundles[0] = bundle(1, sx, 2);
+	rv.bundles[1] = bundle(1, sy, 2);
+	cr_assert_eq(spaced_keyring_new(&rv.kr), 0);
+	cr_assert_eq(spaced_vcache_new(&rv.vc, 16), 0);
+	cr_assert_eq(install(rv.kr, rv.bundles[0]), 0);
+	struct spaced_cap c1 = make_cap(7, "common", NOW), c2 = make_cap(7, "x", NOW);
+	rv.common_token = issue_with(&common, &c1);
+	rv.x_token = issue_with(&x, &c2);
+	struct spaced_cap out;
+	cr_assert_eq(spaced_cap_verify(rv.kr, rv.vc, rv.x_token, strlen(rv.x_token), SPACED_CLASS_CONTROL, NOW, &out), 0);
+	pthread_t w, v[2];
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(pthread_create(&v[i], NULL, rv_verifier, &rv), 0);
+	cr_assert_eq(pthread_create(&w, NULL, rv_reloader, &rv), 0);
+	pthread_join(w, NULL);
+	for (int i = 0; i < 2; i++)
+		pthread_join(v[i], NULL);
+	cr_log_info("x token: %lu verified, %lu unknown-key", (unsigned long)atomic_load(&rv.x_ok),
+	            (unsigned long)atomic_load(&rv.x_unknown));
+	cr_assert_eq(atomic_load(&rv.common_bad), 0, "the key present in every bundle failed");
+	cr_assert_eq(atomic_load(&rv.x_bad), 0, "a verification failed other than unknown-key");
+	cr_assert_eq(spaced_cap_verify(rv.kr, rv.vc, rv.x_token, strlen(rv.x_token), SPACED_CLASS_CONTROL, NOW, &out),
+	             SPACED_EUNKNOWNKEY, "the cache kept a token of a key that left");
+	cr_assert_eq(spaced_cap_verify(rv.kr, rv.vc, rv.common_token, strlen(rv.common_token), SPACED_CLASS_CONTROL,
+	                               NOW, &out),
+	             0);
+	free(rv.common_token);
+	free(rv.x_token);
+	free(rv.bundles[0]);
+	free(rv.bundles[1]);
+	spaced_vcache_free(rv.vc);
+	spaced_keyring_free(rv.kr);
+	key_drop(&common);
+	key_drop(&x);
+	key_drop(&y);
+}
