@@ -57,8 +57,16 @@ struct launcher {
 	int nctl;
 	uint32_t next_local_port;
 	uint64_t t0; /* start of the creation, for create-to-ready */
+	int log_rd;     /* read end of the guest's stdout/stderr pipe */
+	int log_fd;     /* STATE/guest.log */
+	uint64_t log_written;
+	bool log_capped;
 	bool stop;
 };
+
+/* The guest's output goes through a pipe the supervisor drains, so nothing
+ * inside can fill the host's disk through it: past this size it is dropped. */
+#define GUEST_LOG_MAX (8u << 20)
 
 static void usage(void)
 {
@@ -330,12 +338,39 @@ static bool ctl_step(struct launcher *L, int fd)
 	return false;
 }
 
+/* ---- guest output ------------------------------------------------------------ */
+
+static void log_drain(struct launcher *L)
+{
+	char buf[65536];
+
+	for (;;) {
+		ssize_t n = read(L->log_rd, buf, sizeof(buf));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return;
+		if (L->log_written + (uint64_t)n <= GUEST_LOG_MAX) {
+			if (L->log_fd >= 0 && write(L->log_fd, buf, (size_t)n) == n)
+				L->log_written += (uint64_t)n;
+		} else if (!L->log_capped) {
+			static const char note[] = "\n[spaced-launch: guest output past 8 MiB dropped]\n";
+
+			if (L->log_fd >= 0)
+				(void)!write(L->log_fd, note, sizeof(note) - 1);
+			L->log_capped = true;
+			logf_("guest output reached %u bytes: dropping the rest", GUEST_LOG_MAX);
+		}
+	}
+}
+
 /* ---- supervisor loop -------------------------------------------------------- */
 
 static int supervise(struct launcher *L)
 {
 	const struct spaced_pidref *init = spaced_sub_init(L->sub);
-	struct pollfd pfd[5 + MAX_CTL + MAX_HS];
+	struct pollfd pfd[6 + MAX_CTL + MAX_HS];
 	bool init_gone = false;
 
 	while (!L->stop && !init_gone) {
@@ -353,6 +388,7 @@ static int supervise(struct launcher *L)
 			.fd = spaced_sub_ready(L->sub) && !spaced_sub_paused(L->sub) ? L->guest_lfd : -1,
 			.events = POLLIN,
 		};
+		pfd[n++] = (struct pollfd){ .fd = L->log_rd, .events = POLLIN };
 		ctl0 = n;
 		for (int i = 0; i < L->nctl; i++)
 			pfd[n++] = (struct pollfd){ .fd = L->ctl[i], .events = POLLIN };
@@ -413,6 +449,12 @@ static int supervise(struct launcher *L)
 			ctl_accept(L);
 		if (pfd[4].revents)
 			guest_accept(L);
+		if (pfd[5].revents & POLLIN) {
+			log_drain(L);
+		} else if (pfd[5].revents) {
+			close(L->log_rd); /* every writer is gone */
+			L->log_rd = -1;
+		}
 	}
 	return 0;
 }
@@ -447,6 +489,7 @@ static int run(int argc, char **argv)
 
 	memset(&cfg, 0, sizeof(cfg));
 	memset(&L, 0, sizeof(L));
+	L.log_rd = L.log_fd = -1;
 	cfg.uid_base = SPACED_SUB_UID_BASE_DEFAULT;
 	cfg.log_fd = -1;
 	for (int i = 1; i < argc; i++) {
@@ -497,7 +540,18 @@ static int run(int argc, char **argv)
 	snprintf(L.ctl_sock, sizeof(L.ctl_sock), "%.*s/control.sock", PATH_MAX - 16, L.state);
 	snprintf(path, sizeof(path), "%s/guest.log", L.state);
 	logfd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-	cfg.log_fd = logfd;
+	L.log_fd = logfd;
+	{
+		int lp[2];
+
+		if (pipe2(lp, O_CLOEXEC) < 0) {
+			fprintf(stderr, "spaced-launch: pipe: %s\n", strerror(errno));
+			return 1;
+		}
+		(void)fcntl(lp[0], F_SETFL, O_NONBLOCK);
+		L.log_rd = lp[0];
+		cfg.log_fd = lp[1]; /* closed once the execution holds it */
+	}
 	L.next_local_port = LOCAL_PORT_FIRST;
 	L.guest_lfd = L.ctl_lfd = L.sigfd = -1;
 
@@ -519,6 +573,8 @@ static int run(int argc, char **argv)
 
 	t0 = spaced_mono_ns();
 	r = spaced_sub_create(&cfg, &L.sub, why, sizeof(why));
+	close(cfg.log_fd);
+	cfg.log_fd = -1;
 	if (r < 0) {
 		fprintf(stderr, "spaced-launch: create: %s: %s\n", spaced_strerror(r), why);
 		status = 1;
@@ -567,6 +623,10 @@ out:
 	(void)unlink(path);
 	snprintf(path, sizeof(path), "%s/launcher", L.state);
 	(void)unlink(path);
+	if (L.log_rd >= 0) {
+		log_drain(&L);
+		close(L.log_rd);
+	}
 	if (logfd >= 0)
 		close(logfd);
 	return status;

@@ -124,8 +124,9 @@ static void read_line(int fd, char *buf, size_t sz, int timeout_ms)
 	buf[n] = '\0';
 }
 
-/* Starts spaced-launch with the given extra arguments (NULL-terminated). */
-static void start(struct launcher *l, const char *name, const char *const *extra, bool wait_ready)
+/* Starts spaced-launch with the given guest and extra arguments (NULL-terminated). */
+static void start_with(struct launcher *l, const char *name, const char *guest,
+                       const char *const *extra, bool wait_ready)
 {
 	const char *argv[32];
 	int pfd[2], n = 0;
@@ -136,7 +137,7 @@ static void start(struct launcher *l, const char *name, const char *const *extra
 	argv[n++] = "--state";
 	argv[n++] = l->state;
 	argv[n++] = "--guest";
-	argv[n++] = guest_bin();
+	argv[n++] = guest;
 	for (; extra != NULL && *extra != NULL && n < 30; extra++)
 		argv[n++] = *extra;
 	argv[n] = NULL;
@@ -157,6 +158,11 @@ static void start(struct launcher *l, const char *name, const char *const *extra
 		cr_assert(strncmp(line, "READY", 5) == 0, "launcher did not become ready (got \"%s\")", line);
 		cr_log_info("%s: %s ms (create to READY)", name, line + 6);
 	}
+}
+
+static void start(struct launcher *l, const char *name, const char *const *extra, bool wait_ready)
+{
+	start_with(l, name, guest_bin(), extra, wait_ready);
 }
 
 /* One control command; returns the answer. */
@@ -916,4 +922,23 @@ Test(substrate, earlier_layer_not_taken_over) /* I2: start empty or from a snaps
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "the earlier layer was taken over");
 	close(l2.out);
 	cr_assert_eq(access(p, F_OK), 0, "the refused start removed the earlier layer");
+}
+
+Test(substrate, guest_output_is_capped) /* the host's disk is not the guest's to fill */
+{
+	char id[256], p[256];
+	const char *extra[] = { "--identity", id, NULL };
+	struct launcher l;
+	struct stat st;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-log", 1);
+	/* a guest that writes 24 MiB to its stdout before READY */
+	start_with(&l, "x", NOISY_GUEST, extra, true);
+	stop(&l);
+	snprintf(p, sizeof(p), "%s/guest.log", l.state);
+	cr_assert_eq(stat(p, &st), 0);
+	cr_log_info("guest.log: %lld bytes", (long long)st.st_size);
+	cr_assert_leq(st.st_size, (8 << 20) + 4096, "guest.log grew to %lld bytes", (long long)st.st_size);
+	cr_assert_geq(st.st_size, 8 << 20);
 }
