@@ -61,6 +61,8 @@ struct layer {
 
 struct spaced_sub {
 	char state[PATH_MAX];
+	char ldir[PATH_MAX]; /* holds upper/ and work/: the state dir, or its fs/ tmpfs */
+	bool fs_mounted;     /* a size-limited tmpfs on STATE/fs */
 	char base[PATH_MAX]; /* "" when on the host's directories */
 	struct spaced_pidref init;
 	struct sub_cgroup cg;
@@ -175,7 +177,7 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
 /* upper/<layer> and work/<layer>; in the root layer, the mount points and the
  * directories the execution's root user may write to. Existing entries (a
  * restored snapshot) are kept as they are. */
-static int prepare_dirs(const char *state, const struct layer *layers, size_t nlayers,
+static int prepare_dirs(const char *state, const char *ldir, const struct layer *layers, size_t nlayers,
                         uint32_t uid_base, char *why, size_t whysz)
 {
 	static const struct {
@@ -191,10 +193,10 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 	char p[PATH_MAX];
 	int fd;
 
-	pathf(p, "%s/upper", state);
+	pathf(p, "%s/upper", ldir);
 	if (mkdir_p_one(p, 0755) < 0)
 		goto fail;
-	pathf(p, "%s/work", state);
+	pathf(p, "%s/work", ldir);
 	if (mkdir_p_one(p, 0755) < 0)
 		goto fail;
 	pathf(p, "%s/rootfs", state);
@@ -203,7 +205,7 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 	for (size_t i = 0; i < nlayers; i++) {
 		struct stat lst;
 
-		pathf(p, "%s/upper/%s", state, layers[i].name);
+		pathf(p, "%s/upper/%s", ldir, layers[i].name);
 		if (mkdir_p_one(p, 0755) < 0)
 			goto fail;
 		/* the merged directory takes the upper directory's owner and mode:
@@ -212,7 +214,7 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 		if (stat(layers[i].lower, &lst) < 0 || chown(p, lst.st_uid, lst.st_gid) < 0 ||
 		    chmod(p, lst.st_mode & 07777) < 0)
 			goto fail;
-		pathf(p, "%s/work/%s", state, layers[i].name);
+		pathf(p, "%s/work/%s", ldir, layers[i].name);
 		if (mkdir_p_one(p, 0755) < 0)
 			goto fail;
 	}
@@ -223,7 +225,7 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 		pathf(p, "%s/%s", layers[0].lower, root_dirs[i].path);
 		if (lstat(p, &st) == 0)
 			continue;
-		pathf(p, "%s/upper/root/%s", state, root_dirs[i].path);
+		pathf(p, "%s/upper/root/%s", ldir, root_dirs[i].path);
 		if (lstat(p, &st) == 0)
 			continue;
 		if (mkdir(p, root_dirs[i].mode) < 0 || chmod(p, root_dirs[i].mode) < 0)
@@ -235,10 +237,10 @@ static int prepare_dirs(const char *state, const struct layer *layers, size_t nl
 	pathf(p, "%s%s", layers[0].lower, SPACED_SUB_GUEST_PATH);
 	if (access(p, F_OK) == 0)
 		return 0;
-	pathf(p, "%s/upper/root/.spaced", state);
+	pathf(p, "%s/upper/root/.spaced", ldir);
 	if (mkdir_p_one(p, 0755) < 0)
 		goto fail;
-	pathf(p, "%s/upper/root%s", state, SPACED_SUB_GUEST_PATH);
+	pathf(p, "%s/upper/root%s", ldir, SPACED_SUB_GUEST_PATH);
 	fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0555);
 	if (fd < 0)
 		goto fail;
@@ -301,6 +303,7 @@ fail:
 
 struct child_args {
 	const char *state;
+	const char *ldir; /* holds upper/ and work/ */
 	const struct layer *layers;
 	size_t nlayers;
 	const char *guest_path;
@@ -379,7 +382,7 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		const struct layer *l = &a->layers[i];
 
 		if (snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s/upper/%s,workdir=%s/work/%s",
-		             l->lower, a->state, l->name, a->state, l->name) >= (int)sizeof(opts))
+		             l->lower, a->ldir, l->name, a->ldir, l->name) >= (int)sizeof(opts))
 			child_fail(sync, "overlay options");
 		if (pathf(p, "%s%s%s", root, l->mnt[0] ? "/" : "", l->mnt) < 0)
 			child_fail(sync, "layer path");
@@ -645,7 +648,8 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	/* a writable layer left by an earlier execution is never taken over: an
 	 * execution starts empty or from a snapshot (I2) */
 	pathf(p, "%s/upper", s->state);
-	if (access(p, F_OK) == 0) {
+	pathf(p2, "%s/fs/upper", s->state);
+	if (access(p, F_OK) == 0 || access(p2, F_OK) == 0) {
 		setwhy(why, whysz, "%s holds the writable layer of an earlier execution", s->state);
 		s->state[0] = '\0'; /* not ours to remove */
 		r = SPACED_EEXIST;
@@ -653,6 +657,22 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	}
 	pathf(p, "%s/work", s->state);
 	(void)spaced_sub_rm_rf(p);
+	memcpy(s->ldir, s->state, sizeof(s->ldir));
+	if (cfg->disk_bytes > 0) {
+		char opts[64];
+
+		/* the writable layer on its own tmpfs: bounded in size, and its pages
+		 * are charged to the memory cgroup of the processes that write them */
+		pathf(s->ldir, "%s/fs", s->state);
+		snprintf(opts, sizeof(opts), "size=%" PRIu64 ",mode=0755", cfg->disk_bytes);
+		if (mkdir_p_one(s->ldir, 0755) < 0 ||
+		    mount("tmpfs", s->ldir, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
+			setwhy(why, whysz, "tmpfs for the writable layer on %s: %s", s->ldir, strerror(errno));
+			r = SPACED_ESYS;
+			goto fail;
+		}
+		s->fs_mounted = true;
+	}
 	pathf(p, "%s/skel", s->state);
 	(void)spaced_sub_rm_rf(p);
 	if (cfg->restore_from != NULL) {
@@ -660,7 +680,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		if (r < 0)
 			goto fail;
 		pathf(p, "%s/upper", cfg->restore_from);
-		pathf(p2, "%s/upper", s->state);
+		pathf(p2, "%s/upper", s->ldir);
 		r = spaced_sub_copy_tree(p, p2, why, whysz);
 		if (r < 0)
 			goto fail;
@@ -668,11 +688,11 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	r = plan_layers(s->state, s->base[0] ? s->base : NULL, layers, &nlayers, why, whysz);
 	if (r < 0)
 		goto fail;
-	r = prepare_dirs(s->state, layers, nlayers, cfg->uid_base, why, whysz);
+	r = prepare_dirs(s->state, s->ldir, layers, nlayers, cfg->uid_base, why, whysz);
 	if (r < 0)
 		goto fail;
 	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
-	r = write_etc(s->state, layers, nlayers, hostname, why, whysz);
+	r = write_etc(s->ldir, layers, nlayers, hostname, why, whysz);
 	if (r < 0)
 		goto fail;
 	if (cfg->cgroup_name != NULL)
@@ -694,6 +714,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	}
 	memset(&ca, 0, sizeof(ca));
 	ca.state = s->state;
+	ca.ldir = s->ldir;
 	ca.layers = layers;
 	ca.nlayers = nlayers;
 	ca.guest_path = cfg->guest_path;
@@ -956,7 +977,7 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 		setwhy(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
 	}
-	if (pathf(src, "%s/upper", s->state) < 0 || pathf(dst, "%s/upper", dir) < 0 ||
+	if (pathf(src, "%s/upper", s->ldir) < 0 || pathf(dst, "%s/upper", dir) < 0 ||
 	    pathf(tmp, "%s/meta.tmp", dir) < 0)
 		return SPACED_ETOOBIG;
 	r = spaced_sub_copy_tree(src, dst, why, whysz);
@@ -1007,6 +1028,8 @@ void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
 		for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
 			if (pathf(p, "%s/%s", s->state, parts[i]) == 0)
 				(void)spaced_sub_rm_rf(p);
+		if (s->fs_mounted && umount2(s->ldir, MNT_DETACH) == 0)
+			(void)rmdir(s->ldir);
 	}
 	if (s->ctl >= 0)
 		close(s->ctl);

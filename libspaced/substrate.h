@@ -17,7 +17,8 @@
  *   guest -> supervisor  "READY"
  *
  * State directory layout (docs/substrate.md):
- *   upper/<layer>/ work/<layer>/  overlay upper and work dirs per layer
+ *   upper/<layer>/ work/<layer>/  overlay upper and work dirs per layer (under
+ *                                 fs/, a size-limited tmpfs, when disk_bytes > 0)
  *   skel/                         lower of the root layer when no base is given
  *   rootfs/                       mount point of the root (inside the execution's
  *                                 mount namespace only: nothing is mounted on the host)
@@ -55,6 +56,10 @@ struct spaced_sub_config {
 	const char *hostname;      /* NULL: the sandbox id, or "spaced" */
 	uint64_t memory_bytes;     /* 0: no memory limit */
 	uint64_t pids_max;         /* 0: no pids limit */
+	uint64_t disk_bytes;       /* > 0: the writable layer lives on a tmpfs of this
+	                            * size on STATE/fs (its pages count against the
+	                            * memory limit too); 0: on the state directory's
+	                            * filesystem, unbounded */
 	uint32_t uid_base;         /* host uid of root inside; 0 maps root to root */
 	int log_fd;                /* the guest's stdout and stderr; -1: /dev/null */
 	const char *cgroup_name;   /* NULL: "spaced-<launcher pid>-<n>" */

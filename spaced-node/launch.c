@@ -5,8 +5,8 @@
  * and a control socket STATE/control.sock. See docs/substrate.md.
  *
  *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]
- *                 [--memory BYTES] [--pids N] [--uid-base N] [--hostname NAME]
- *                 [--restore SNAPDIR] [--keep-state]
+ *                 [--memory BYTES] [--pids N] [--disk BYTES] [--uid-base N]
+ *                 [--hostname NAME] [--restore SNAPDIR] [--keep-state]
  *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|STOP|SNAPSHOT DIR|IDENTITY TEXT
  *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
  */
@@ -72,8 +72,8 @@ static void usage(void)
 {
 	fprintf(stderr,
 	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]\n"
-	        "                     [--memory BYTES] [--pids N] [--uid-base N] [--hostname NAME]\n"
-	        "                     [--restore SNAPDIR] [--keep-state]\n"
+	        "                     [--memory BYTES] [--pids N] [--disk BYTES] [--uid-base N]\n"
+	        "                     [--hostname NAME] [--restore SNAPDIR] [--keep-state]\n"
 	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
 	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n");
 	exit(2);
@@ -514,6 +514,8 @@ static int run(int argc, char **argv)
 			cfg.hostname = v;
 		else if (strcmp(o, "--memory") == 0)
 			cfg.memory_bytes = num_arg(o, v, UINT64_MAX / 2);
+		else if (strcmp(o, "--disk") == 0)
+			cfg.disk_bytes = num_arg(o, v, UINT64_MAX / 2);
 		else if (strcmp(o, "--pids") == 0)
 			cfg.pids_max = num_arg(o, v, 4194304);
 		else if (strcmp(o, "--uid-base") == 0)

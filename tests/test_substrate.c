@@ -942,3 +942,42 @@ Test(substrate, guest_output_is_capped) /* the host's disk is not the guest's to
 	cr_assert_leq(st.st_size, (8 << 20) + 4096, "guest.log grew to %lld bytes", (long long)st.st_size);
 	cr_assert_geq(st.st_size, 8 << 20);
 }
+
+Test(substrate, disk_limit_bounds_the_writable_layer)
+{
+	char id[256], out[4096], p[256], snapcmd[256];
+	const char *extra[] = { "--identity", id, "--disk", "16777216", NULL };
+	struct launcher l;
+	struct stat st, fs;
+	long size;
+	char *q;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-disk", 1);
+	start(&l, "x", extra, true);
+	/* the layer is on its own filesystem, not in the state directory's */
+	snprintf(p, sizeof(p), "%s/fs", l.state);
+	cr_assert_eq(stat(l.state, &st), 0);
+	cr_assert_eq(stat(p, &fs), 0);
+	cr_assert_neq(st.st_dev, fs.st_dev, "STATE/fs is not a separate filesystem");
+	/* 32 MiB into a 16 MiB layer: the write stops at the limit */
+	(void)run_in(&l, "head -c 33554432 /dev/zero > /root/big; echo; stat -c size=%s /root/big", out, sizeof(out));
+	cr_log_info("%s", out);
+	cr_assert(strstr(out, "No space left") != NULL, "%s", out);
+	q = strstr(out, "size=");
+	cr_assert_not_null(q, "%s", out);
+	size = atol(q + 5);
+	cr_assert_leq(size, 16777216L, "wrote %ld bytes", size);
+	/* snapshots read the layer from there */
+	cr_assert_eq(run_in(&l, "rm /root/big && echo small > /root/small", out, sizeof(out)), 0, "%s", out);
+	ctl_ok(&l, "PAUSE");
+	snprintf(snapcmd, sizeof(snapcmd), "SNAPSHOT %s/snap", dir);
+	ctl_ok(&l, snapcmd);
+	ctl_ok(&l, "THAW");
+	stop(&l);
+	snprintf(p, sizeof(p), "%s/snap/upper/root/root/small", dir);
+	cr_assert_eq(access(p, F_OK), 0);
+	/* stopped: the tmpfs is gone */
+	snprintf(p, sizeof(p), "%s/fs", l.state);
+	cr_assert_neq(access(p, F_OK), 0, "STATE/fs left behind");
+}
