@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,6 +177,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "spaced-cp: cannot create %s: %s\n", cp.state_dir, strerror(errno));
 		return 1;
 	}
+	/* absolute: snapshot paths handed to workers must be absolute */
+	static char abs_state[PATH_MAX];
+	if (realpath(cp.state_dir, abs_state) == NULL) {
+		fprintf(stderr, "spaced-cp: %s: %s\n", cp.state_dir, strerror(errno));
+		return 1;
+	}
+	cp.state_dir = abs_state;
 	if (cp.db_url == NULL) {
 		snprintf(dbbuf, sizeof dbbuf, "sqlite:%s/cp.db", cp.state_dir);
 		cp.db_url = dbbuf;

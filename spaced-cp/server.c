@@ -203,6 +203,17 @@ static int chan_hello(struct cp *cp, struct chan *ch, const struct cp_chan_msg *
 	/* Replay from the first message after last_seq, and re-send anything not yet
 	 * acknowledged at or below it: the worker acks those again without effect. */
 	int64_t from = m->last_seq;
+	/* A worker that has applied more than this store ever sent knows a history
+	 * the store lost: it would take new messages for old ones. Fail closed. */
+	if (CP_Q(cp->lws_st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0 ||
+	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
+		lwsl_user("channel %s: hello last_seq=%lld is ahead of the control plane (%lld): refused\n", ch->worker,
+		          (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 0, 0));
+		cp_rows_free(rows);
+		return -1;
+	}
+	cp_rows_free(rows);
+	rows = NULL;
 	if (CP_Q(cp->lws_st, &rows, NULL, "SELECT MIN(seq) FROM outbox WHERE worker = $1 AND acked = 0", ch->worker) == 0) {
 		int64_t unacked = cp_rows_i64(rows, 0, 0, -1);
 		if (unacked > 0 && unacked - 1 < from)

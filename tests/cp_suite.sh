@@ -252,6 +252,23 @@ expect "old key kept at least until its last token expired (+15 s)" "$([ "$(date
 expect "old key leaves within 120+15 s of rotation" "$([ "$(date -d "$na" +%s)" -le $(($(date +%s) + 135)) ] && echo yes)" yes
 if "$CAPCHECK" "$W/bundle2.json" "$W/route1.json" "$(($(date -d "$na" +%s) + 1))" 2>/dev/null; then fail "old key accepted after its window"; else ok "old key refused after its window"; fi
 
+# a connected worker that never acknowledges the new key: the rotation stops, the key stays unused
+register wg
+start_worker wg --silent keys
+expect "rotation with a connected worker not acking -> 504" "$(api "$AK" POST /v1/admin/rotate-keys; body '.error + " " + (.workers | join(","))')" "504keys-not-acked wg"
+PENDING=$(body .pending)
+stop_worker wg
+expect "tokens still come from the active key, not the unacknowledged one" "$(api "$TA" POST "/v1/sandboxes/$S1/route" '{}'; "$CAPCHECK" "$W/bundle2.json" "$W/body" | jq -r .kid)" "200$NEW_KID"
+[ "$PENDING" != "$NEW_KID" ] && ok "the pending key ($PENDING) is another key" || fail "pending key equals the active one"
+# a worker claiming more applied messages than the store ever sent is refused (state loss: fail closed)
+echo "999 0" >"$W/wh.state"
+register wh
+"$FW" --url "ws://${CP_URL#http://}" --worker wh --key "$EK" --state "$W/wh.state" --log "$W/wh.log" 2>/dev/null &
+WHPID=$!; PIDS="$PIDS $WHPID"
+wait_for "the control plane refuses the channel of a worker ahead of it" grep -q "channel wh: hello last_seq=999 is ahead" "$W/cp.log"
+kill $WHPID 2>/dev/null || true
+expect "a worker ahead of the store gets nothing" "$(cat "$W/wh.log" 2>/dev/null | wc -l)" 0
+
 # ---- the signer is the only process with a secret key (C2) ----
 if nm "$CP" | grep -Eq 'spaced_secret_key|spaced_cap_issue|spaced_paseto_sign|crypto_sign_detached|crypto_sign_keypair'; then
 	fail "spaced-cp links signing code"
