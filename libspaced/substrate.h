@@ -21,7 +21,7 @@
  *                                 fs/, a size-limited tmpfs, when disk_bytes > 0)
  *   skel/                         lower of the root layer when no base is given
  *   rootfs/                       mount point of the root (inside the execution's
- *                                 mount namespace only: nothing is mounted on the host)
+ *                                 mount namespace only; the one host mount is fs/)
  *
  * The functions fork the execution with clone3(2); call them from a process
  * that does not run other threads at that moment. All of them return 0 or a
