@@ -39,13 +39,14 @@ done
 cg=$(ls -d /sys/fs/cgroup/spaced/spaced-* 2>/dev/null | head -n 1)
 [ -n "$cg" ] && [ -f "$cg/cgroup.freeze" ] || fail "no cgroup2 directory for the execution"
 inside=$("$launch" exec --state "$tmp/s" -- sh -c \
-	'(i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.01; done) >/dev/null 2>&1 & grep "^0::" /proc/self/cgroup')
+	'(i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.01; done) >/dev/null 2>&1 & grep "^0::" /proc/self/cgroup')
 [ "$inside" = "0::/" ] || fail "entered process sees cgroup '$inside' (cgroup namespace expected)"
 c=$tmp/s/upper/root/tmp/c
 i=0; while [ ! -s "$c" ]; do i=$((i + 1)); [ $i -gt 200 ] && fail "counter did not start"; sleep 0.05; done
 "$launch" ctl --state "$tmp/s" PAUSE >/dev/null || fail "pause"
 grep -q '^frozen 1' "$cg/cgroup.events" || fail "cgroup.events not frozen"
 a=$(cat "$c"); sleep 0.5; b=$(cat "$c")
+[ -n "$a" ] || fail "no counter value while frozen"
 [ "$a" = "$b" ] || fail "counter moved while frozen ($a -> $b)"
 "$launch" ctl --state "$tmp/s" THAW >/dev/null || fail "thaw"
 i=0; while [ "$(cat "$c")" = "$b" ]; do i=$((i + 1)); [ $i -gt 400 ] && fail "counter did not resume"; sleep 0.05; done
