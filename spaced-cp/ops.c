@@ -1146,7 +1146,8 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 		*body = cp_error("internal", spaced_strerror(r));
 		goto out;
 	}
-	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET last_active = $2 WHERE id = $1", id, cp_i64(now, t));
+	/* activity for the idle timeout; at most one write per second per sandbox */
+	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET last_active = $2 WHERE id = $1 AND last_active < $2", id, cp_i64(now, t));
 	spaced_time_format(cap.exp, exp);
 	*body = json_pack("{s:o,s:s?,s:s,s:s,s:s}", "identity", spaced_identity_to_json(&cap.id), "worker_url",
 	                  cp_rows_get(w, 0, 0), "capability", token, "expires_at", exp, "class",
