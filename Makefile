@@ -71,6 +71,9 @@ bench-guest: build
 bench-launch: build
 	@$(BUILD)/bench/bench-launch $(ROUNDS)
 
+bench-pidref: build
+	@$(BUILD)/bench/bench-pidref
+
 fuzz-build: setup $(FUZZBUILD)/build.ninja
 	@$(NINJA) -C $(FUZZBUILD) >/dev/null
 
