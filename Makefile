@@ -15,7 +15,7 @@ MESON      ?= meson
 NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean
-.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch
+.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref
 
 all: build
 
