@@ -21,10 +21,14 @@ struct chan {
 	struct chan *next;
 	struct lws *wsi;
 	char worker[SPACED_NAME_MAX];
-	int hello, closing;
+	int hello, closing, ping_due;
 	int64_t sent_seq;
+	uint64_t last_rx, last_ping; /* monotonic ns */
 	struct spaced_buf rx;
 };
+
+#define CHAN_PING_NS (20ull * 1000000000ull) /* ping a channel quiet for 20 s */
+#define CHAN_DEAD_NS (60ull * 1000000000ull) /* drop it after a minute without a word or pong */
 
 struct pss {
 	struct cp_req *req; /* HTTP: the request being answered */
@@ -269,8 +273,18 @@ static void tick(lws_sorted_usec_list_t *sul)
 {
 	struct cp *cp = the_cp;
 	ticks++;
+	uint64_t mono = spaced_mono_ns();
 	for (struct chan *ch = chans; ch; ch = ch->next) {
-		if (!ch->hello)
+		if (mono - ch->last_rx > CHAN_DEAD_NS) {
+			lwsl_user("channel %s: silent for a minute, closing\n", ch->worker);
+			ch->closing = 1;
+			ch->hello = 0;
+			lws_callback_on_writable(ch->wsi);
+			continue;
+		}
+		if (mono - ch->last_rx > CHAN_PING_NS && mono - ch->last_ping > CHAN_PING_NS)
+			ch->ping_due = 1;
+		if (!ch->hello && !ch->ping_due)
 			continue;
 		lws_callback_on_writable(ch->wsi);
 		if (ticks % 20 == 0)
@@ -404,6 +418,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 			return -1;
 		}
 		ch->wsi = wsi;
+		ch->last_rx = ch->last_ping = spaced_mono_ns();
 		spaced_buf_init(&ch->rx, CP_BODY_MAX);
 		/* one channel per worker: a new one replaces the old */
 		for (struct chan *o = chans; o; o = o->next)
@@ -420,6 +435,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		ch = pss->ch;
 		if (ch == NULL || ch->closing)
 			return -1;
+		ch->last_rx = spaced_mono_ns();
 		if (spaced_buf_append(&ch->rx, in, len) < 0)
 			return -1; /* oversized message: drop this connection */
 		if (!lws_is_final_fragment(wsi))
@@ -441,10 +457,24 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		free(m.result);
 		return r < 0 ? -1 : 0;
 	}
+	case LWS_CALLBACK_RECEIVE_PONG:
+		if (pss->ch != NULL)
+			pss->ch->last_rx = spaced_mono_ns();
+		return 0;
 	case LWS_CALLBACK_SERVER_WRITEABLE:
 		ch = pss->ch;
 		if (ch == NULL || ch->closing)
 			return -1;
+		if (ch->ping_due) {
+			uint8_t ping[LWS_PRE + 4] = {0};
+			memcpy(ping + LWS_PRE, "spcd", 4); /* a payload: some peers ignore empty pings */
+			ch->ping_due = 0;
+			ch->last_ping = spaced_mono_ns();
+			if (lws_write(wsi, ping + LWS_PRE, 4, LWS_WRITE_PING) < 0)
+				return -1;
+			lws_callback_on_writable(wsi);
+			return 0;
+		}
 		if (!ch->hello)
 			return 0;
 		return chan_send_next(cp, ch);
