@@ -369,7 +369,10 @@ static bool found(struct race *rc, const struct test_key *k)
 static void *looker(void *arg)
 {
 	struct race *rc = arg;
+	bool last;
 	do {
+		/* the sample after the reloader finished is always a consistent one */
+		last = atomic_load(&rc->done);
 		uint64_t e1 = spaced_keyring_epoch(rc->kr);
 		size_t nx = 0, ny = 0;
 		if (!found(rc, &rc->common))
@@ -384,7 +387,7 @@ static void *looker(void *arg)
 		atomic_fetch_add(&rc->samples, 1);
 		if (!((nx == SET_SIZE - 1 && ny == 0) || (nx == 0 && ny == SET_SIZE - 1)))
 			atomic_fetch_add(&rc->torn, 1);
-	} while (!atomic_load(&rc->done));
+	} while (!last);
 	return NULL;
 }
 
