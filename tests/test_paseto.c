@@ -668,18 +668,14 @@ Test(paseto_tamper, truncated_every_length)
 	for (size_t v = 0; v < 3; v++) {
 		const char *good = S_VECTORS[v].token;
 		size_t len = strlen(good);
-		char *t = malloc(len + 1);
 		for (size_t n = 0; n < len; n++) {
-			/* a real copy of the prefix, so reads past n would be caught by ASan */
-			memcpy(t, good, n);
-			t[n] = 0;
+			/* an exact-size copy of the prefix: ASan catches any read past n */
 			char *exact = malloc(n ? n : 1);
 			memcpy(exact, good, n);
 			int r = verify_str(exact, n, NULL, S_VECTORS[v].implicit);
 			cr_assert_neq(r, 0, "%s truncated to %zu accepted", S_VECTORS[v].name, n);
 			free(exact);
 		}
-		free(t);
 	}
 }
 
