@@ -5,7 +5,9 @@
  */
 #include "sub_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -133,6 +135,34 @@ static int mkdir_fresh(const char *dir)
 	return mkdir(dir, 0755);
 }
 
+/* One sweep per process and hierarchy is enough. */
+static bool swept_v1[3], swept_v2;
+
+/* Removes the empty cgroups "spaced-<pid>-<n>" in dir whose launcher <pid> is
+ * gone (a launcher killed with SIGKILL cannot clean up). Populated cgroups and
+ * those of live launchers are left alone; rmdir never removes a populated one. */
+static void sweep_dead(const char *dir)
+{
+	struct dirent *de;
+	DIR *d = opendir(dir);
+
+	if (d == NULL)
+		return;
+	while ((de = readdir(d)) != NULL) {
+		char path[PATH_MAX + 300];
+		unsigned int n;
+		int pid;
+
+		if (sscanf(de->d_name, "spaced-%d-%u", &pid, &n) != 2 || pid <= 0)
+			continue;
+		if (kill(pid, 0) == 0 || errno != ESRCH)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+		(void)rmdir(path);
+	}
+	closedir(d);
+}
+
 static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, char *why,
                    size_t whysz)
 {
@@ -151,6 +181,14 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 	if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
 		setwhy(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return SPACED_ESYS;
+	}
+	{
+		int k = strcmp(ctrl, "memory") == 0 ? 0 : strcmp(ctrl, "pids") == 0 ? 1 : 2;
+
+		if (!swept_v1[k]) {
+			sweep_dead(dir);
+			swept_v1[k] = true;
+		}
 	}
 	if ((size_t)snprintf(out, outsz, "%s/%s", dir, name) >= outsz)
 		return SPACED_ETOOBIG;
@@ -201,6 +239,10 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 			return SPACED_ESYS;
 		}
 		(void)knob(path, "cgroup.subtree_control", "+memory +pids", NULL, 0);
+		if (!swept_v2) {
+			sweep_dead(path);
+			swept_v2 = true;
+		}
 		if ((size_t)snprintf(cg->unified, sizeof(cg->unified), "%s/%s", path, name) >=
 		    sizeof(cg->unified))
 			return SPACED_ETOOBIG;
