@@ -182,7 +182,7 @@ Test(keyring, invalid_bundles_leave_previous_set)
 	struct spaced_secret_key *sk = a.sk;
 	char secret[SPACED_PASERK_SECRET_LEN + 1];
 	spaced_secret_key_to_paserk(sk, secret);
-	char local[80];
+	char local[128];
 	snprintf(local, sizeof local, "k4.local.%s", b.pub + 10);
 
 	struct {
