@@ -4,8 +4,9 @@
  * Processes: spaced-cp (HTTP API + control channels + lifecycle) and
  * spaced-cp-signer (holds the secret keys, answers over a socketpair; see
  * signer_main.c). Threads inside spaced-cp:
- *   - the libwebsockets service thread: parses HTTP requests, runs the worker
- *     control channels (hello, replay, push, acks), writes responses;
+ *   - the libwebsockets service thread: parses HTTP requests, answers reads
+ *     (GET) itself, runs the worker control channels (hello, replay, push,
+ *     acks), writes responses;
  *   - a pool of request threads: authentication, store transactions, signer
  *     questions, pushes and waits for acks (each with its own store handle);
  *   - the reaper thread: idle and absolute timeouts.

@@ -73,6 +73,17 @@ static void dispatch(struct cp *cp, struct cp_req *rq)
 	if (rq->dispatched)
 		return; /* once: a body after a GET/DELETE is ignored */
 	rq->dispatched = 1;
+	if (strcmp(rq->method, "GET") == 0) {
+		/* reads never wait for a worker: answered here at once, never queued
+		 * behind lifecycle calls that wait for acks */
+		cp_api_handle(cp, cp->lws_st, rq);
+		pthread_mutex_lock(&cp->mu);
+		rq->done = 1;
+		rq->notified = 1;
+		pthread_mutex_unlock(&cp->mu);
+		lws_callback_on_writable(rq->wsi);
+		return;
+	}
 	pthread_mutex_lock(&cp->mu);
 	rq->refs++;
 	rq->next_job = NULL;
