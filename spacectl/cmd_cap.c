@@ -246,10 +246,13 @@ static int cap_inspect(int argc, char **argv)
 		json_t *out = json_pack("{s:s, s:s?, s:O, s:s#}", "status", status, "reason", why, "claims",
 		                        claims, "footer", (const char *)t.footer, (int)t.footer_len);
 		char *s = out ? json_dumps(out, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-		if (s != NULL)
-			printf("%s\n", s);
-		free(s);
 		json_decref(out);
+		if (s == NULL) {
+			cli_fail("cap inspect", "the footer is not valid UTF-8 text");
+			goto out;
+		}
+		printf("%s\n", s);
+		free(s);
 	} else {
 		char *s = json_dumps(claims, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 		printf("status: %s%s%s\nfooter: %.*s\nclaims: %s\n", status, why ? ": " : "", why ? why : "",
