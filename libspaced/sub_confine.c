@@ -39,7 +39,7 @@ struct sub_landlock_attr {
 /* Syscalls an execution never needs: kernel images and modules, mounts after
  * setup, new namespaces, BPF, perf, the kernel keyring, handle-based opens
  * (which can leave a bind mount), swap, clock and reboot control, raw I/O
- * ports, userfaultfd (a race amplifier). Numbers come from the kernel headers
+ * ports, userfaultfd (a race amplifier), io_uring. Numbers come from the kernel headers
  * so syscalls newer than libseccomp are still covered. */
 static const int denied[] = {
 	__NR_kexec_load, __NR_kexec_file_load, __NR_init_module, __NR_finit_module,
@@ -54,6 +54,10 @@ static const int denied[] = {
 	__NR_iopl, __NR_ioperm, __NR_userfaultfd, __NR_quotactl, __NR_lookup_dcookie,
 	__NR_vhangup, __NR_nfsservctl, __NR_uselib, __NR__sysctl, __NR_fanotify_init,
 	__NR_quotactl_fd,
+	/* io_uring: a large kernel surface most sandboxes keep out */
+	__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register,
+	/* refused by the kernel already (the uts namespace is not the execution's) */
+	__NR_sethostname, __NR_setdomainname,
 };
 
 /* Namespace flags refused in clone(2) flags. */
