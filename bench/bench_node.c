@@ -3,13 +3,16 @@
  * and spaced-guest started here:
  *   read4k_node_us_p50   GET of a 4 KiB file through node-api (keep-alive,
  *                        capability verified from the warm cache and compared)
- *   read4k_host_us_p50   the same read straight on the execution's socket
- *                        (an established guest-protocol connection)
+ *   read4k_host_us_p50   the same read straight on a spaced-host bridge of the
+ *                        same execution (an established guest-protocol
+ *                        connection; a second bridge that admits this program)
  *   verify_compare_share sbx-manager's verify + compare time per request over
  *                        the node p50
  *   rps_2cores           4 KiB reads per second with 64 keep-alive connections
  * and, before the JSON, the S1 cancellation latency: from sending an install
  * that replaces a terminal's epoch to the terminal's close frame.
+ * Executions run on the process substrate (spaced-launch + spaced-host); with
+ * --dev, as bare spaced-guest processes (then "host" is the guest's socket).
  * The last line is JSON.
  */
 #include <arpa/inet.h>
@@ -20,6 +23,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +50,19 @@ static char dir[64], admin[256], token[2048];
 static int port;
 static pid_t node_pid;
 
+static pid_t bench_host;
+static json_t *admin_send(const char *line);
+
 static void die(const char *what)
 {
+	static bool dying;
 	fprintf(stderr, "bench-node: %s\n", what);
+	if (!dying && node_pid > 0) {
+		dying = true;
+		json_decref(admin_send("{\"type\":\"destroy\",\"sandbox\":\"S\"}"));
+	}
+	if (bench_host > 0)
+		kill(bench_host, SIGKILL);
 	if (node_pid > 0)
 		kill(node_pid, SIGTERM);
 	exit(1);
@@ -252,10 +266,25 @@ static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *ge
 	return (double)(t1 - t0) / 1e6;
 }
 
+static pid_t spawn(const char *const argv[])
+{
+	pid_t p = fork();
+	if (p == 0) {
+		int nul = open("/dev/null", O_WRONLY);
+		dup2(nul, 1);
+		if (!getenv("BENCH_NODE_VERBOSE"))
+			dup2(nul, 2);
+		execv(argv[0], (char *const *)(uintptr_t)argv);
+		_exit(127);
+	}
+	return p;
+}
+
 int main(int argc, char **argv)
 {
-	const char *node_bin = argc > 1 ? argv[1] : SPACED_NODE_BIN;
-	const char *guest_bin = argc > 2 ? argv[2] : SPACED_GUEST_BIN;
+	bool dev = argc > 1 && strcmp(argv[1], "--dev") == 0;
+	const char *node_bin = SPACED_NODE_BIN;
+	const char *guest_bin = SPACED_GUEST_BIN;
 	signal(SIGPIPE, SIG_IGN);
 	snprintf(dir, sizeof dir, "/tmp/bench-node-XXXXXX");
 	if (!mkdtemp(dir))
@@ -284,8 +313,13 @@ int main(int argc, char **argv)
 	if (node_pid == 0) {
 		int nul = open("/dev/null", O_WRONLY);
 		dup2(nul, 2);
-		execl(node_bin, "spaced-node", "--state", state, "--worker-id", "w-bench", "--listen", "127.0.0.1:0",
-		      "--keys", bundle, "--guest-bin", guest_bin, (char *)NULL);
+		if (dev)
+			execl(node_bin, "spaced-node", "--state", state, "--worker-id", "w-bench", "--listen",
+			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", guest_bin, (char *)NULL);
+		else
+			execl(node_bin, "spaced-node", "--state", state, "--worker-id", "w-bench", "--listen",
+			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", guest_bin, "--launcher", SPACED_LAUNCH_BIN,
+			      "--host", SPACED_HOST_BIN, (char *)NULL);
 		_exit(127);
 	}
 	char pf[192];
@@ -311,17 +345,39 @@ int main(int argc, char **argv)
 		die("install");
 	json_decref(a);
 
-	/* a 4 KiB file, written straight on the execution's socket */
+	/* a 4 KiB file, written straight on the execution's socket: in substrate
+	 * mode a second bridge of the same execution that admits this program */
 	char sock[256];
 	snprintf(sock, sizeof sock, "%s/run/S.1.sock", state);
+	if (!dev) {
+		json_t *st = status_json();
+		json_t *r0 = json_array_get(json_object_get(st, "records"), 0);
+		char lpid[32], me[32], gsock[256];
+		snprintf(lpid, sizeof lpid, "%lld", (long long)json_integer_value(json_object_get(r0, "pid")));
+		snprintf(me, sizeof me, "%d", (int)getpid());
+		json_decref(st);
+		snprintf(gsock, sizeof gsock, "%s/exec/S.1/guest.sock", state);
+		snprintf(sock, sizeof sock, "%s/bench-host.sock", dir);
+		const char *hargv[] = {SPACED_HOST_BIN, "--listen", sock, "--guest", gsock, "--identity",
+		                       "sandbox=S;generation=1;worker=w-bench;substrate=process;activation=act-0;pod_uid=",
+		                       "--launcher-pid", lpid, "--launcher-exe", SPACED_LAUNCH_BIN, "--manager-uid", "0",
+		                       "--manager-pid", me, NULL};
+		bench_host = spawn(hargv);
+		struct stat sb;
+		for (int i = 0; i < 500 && stat(sock, &sb) != 0; i++)
+			usleep(10000);
+	}
 	struct spaced_guest_client *gc;
 	if (spaced_guest_client_connect(sock, &gc) < 0)
 		die("guest connect");
 	uint8_t data[4096];
 	for (size_t i = 0; i < sizeof data; i++)
 		data[i] = (uint8_t)i;
-	if (spaced_guest_fs_write(gc, "/f4k", data, sizeof data, 0644, 0) < 0)
+	int we = spaced_guest_fs_write(gc, "/tmp/f4k", data, sizeof data, 0644, 0);
+	if (we < 0) {
+		fprintf(stderr, "bench-node: %s: %s\n", spaced_strerror(we), spaced_guest_client_errmsg(gc));
 		die("guest write");
+	}
 
 	/* read4k_host_us_p50 */
 	uint64_t *lat = calloc(LAT_N, sizeof *lat);
@@ -329,7 +385,7 @@ int main(int argc, char **argv)
 		struct spaced_buf out;
 		spaced_buf_init(&out, 8192);
 		uint64_t t0 = spaced_mono_ns();
-		if (spaced_guest_fs_read(gc, "/f4k", 0, UINT64_MAX, &out) < 0 || out.len != 4096)
+		if (spaced_guest_fs_read(gc, "/tmp/f4k", 0, UINT64_MAX, &out) < 0 || out.len != 4096)
 			die("guest read");
 		lat[i] = spaced_mono_ns() - t0;
 		spaced_buf_free(&out);
@@ -353,7 +409,7 @@ int main(int argc, char **argv)
 	snprintf(token, sizeof token, "%s", tok);
 	free(tok);
 	req_len = (size_t)snprintf(req, sizeof req,
-	                           "GET /v1/sandboxes/S/files?path=/f4k HTTP/1.1\r\nHost: x\r\n"
+	                           "GET /v1/sandboxes/S/files?path=/tmp/f4k HTTP/1.1\r\nHost: x\r\n"
 	                           "Authorization: Bearer %s\r\n\r\n",
 	                           token);
 
@@ -439,7 +495,8 @@ int main(int argc, char **argv)
 
 	printf("read4k through node-api: p50 %.1f us, p99 %.1f us (%d reads, keep-alive)\n", node_p50,
 	       (double)lat[LAT_N * 99 / 100] / 1000.0, LAT_N);
-	printf("read4k straight on the execution socket: p50 %.1f us\n", host_p50);
+	printf("read4k straight on %s: p50 %.1f us\n", dev ? "the guest socket (--dev)" : "a spaced-host bridge",
+	       host_p50);
 	printf("verify + compare in sbx-manager: %.2f us per request (%.0f of %.0f from the cache)\n", vc_us, hits, nreq);
 	printf("64 connections: %.0f requests/s over %.1f s (%llu non-200)\n", rps, secs, (unsigned long long)bad);
 	printf("S1 stream cancel after install: p50 %.2f ms, max %.2f ms (15 runs)\n", cl[7], cl[14]);
@@ -448,12 +505,11 @@ int main(int argc, char **argv)
 	       node_p50, host_p50, share, rps);
 
 	/* stop the execution and the node */
-	json_t *st = status_json();
-	json_t *r0 = json_array_get(json_object_get(st, "records"), 0);
-	json_int_t gpid = json_integer_value(json_object_get(r0, "pid"));
-	if (gpid > 1)
-		kill(-(pid_t)gpid, SIGKILL);
-	json_decref(st);
+	json_decref(admin_send("{\"type\":\"destroy\",\"sandbox\":\"S\"}"));
+	if (bench_host > 0) {
+		kill(bench_host, SIGTERM);
+		waitpid(bench_host, NULL, 0);
+	}
 	kill(node_pid, SIGTERM);
 	waitpid(node_pid, NULL, 0);
 	char cmd[128];

@@ -53,11 +53,24 @@ struct mstream {
 	struct spaced_buf wq;   /* bytes for the execution not yet written */
 	size_t wq_off;
 	bool shut_pending;      /* ServicePort: half-close once wq drained */
+	bool cancelled;         /* the client sent CANCEL: the connection is not reused */
 };
 
 /* An execution that does not read (a paused one) holds at most this much per
  * stream; past it the stream fails instead of stalling the manager. */
 #define MGR_STREAM_WQ_MAX (8u << 20)
+
+/* A connection to an execution kept for the next request: it passed the
+ * bridge's checks when it was opened (B3: a new connection is checked again)
+ * and is bound to the epoch it was opened under. */
+struct idle_conn {
+	struct idle_conn *next;
+	int fd;
+	char sandbox[SPACED_NAME_MAX];
+	uint64_t epoch;
+};
+#define MGR_IDLE_PER_SANDBOX 32
+#define MGR_POLL_MAX (2 * MGR_MAX_STREAMS + MGR_MAX_ADMIN + 2)
 
 struct admin_client {
 	int fd;
@@ -75,6 +88,8 @@ struct mgr {
 	struct spaced_buf api_rbuf;
 	struct mstream *streams;
 	size_t nstreams;
+	struct idle_conn *idle;
+	size_t nidle;
 	int admin_fd;
 	struct admin_client admin[MGR_MAX_ADMIN];
 	bool quit;
@@ -209,6 +224,75 @@ static void stream_kill(struct mstream *s)
 		shutdown(s->gfd, SHUT_RDWR);
 		close(s->gfd);
 		s->gfd = -1;
+	}
+}
+
+static int pool_take(struct mgr *m, const char *sandbox, uint64_t epoch)
+{
+	for (struct idle_conn **pp = &m->idle; *pp; pp = &(*pp)->next) {
+		struct idle_conn *c = *pp;
+		if (c->epoch == epoch && strcmp(c->sandbox, sandbox) == 0) {
+			int fd = c->fd;
+			*pp = c->next;
+			free(c);
+			m->nidle--;
+			return fd;
+		}
+	}
+	return -1;
+}
+
+static void pool_put(struct mgr *m, int fd, const char *sandbox, uint64_t epoch)
+{
+	size_t same = 0;
+	for (struct idle_conn *c = m->idle; c; c = c->next)
+		same += strcmp(c->sandbox, sandbox) == 0;
+	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
+	bool current = rec && rec->r.active && rec->r.epoch == epoch;
+	struct idle_conn *c = current && same < MGR_IDLE_PER_SANDBOX && m->nidle < MGR_MAX_STREAMS
+	                              ? calloc(1, sizeof *c)
+	                              : NULL;
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->fd = fd;
+	snprintf(c->sandbox, sizeof c->sandbox, "%s", sandbox);
+	c->epoch = epoch;
+	c->next = m->idle;
+	m->idle = c;
+	m->nidle++;
+}
+
+/* Closes idle connections of sandbox (all of them when sandbox is NULL) older than epoch. */
+static void pool_flush(struct mgr *m, const char *sandbox, uint64_t epoch)
+{
+	struct idle_conn **pp = &m->idle;
+	while (*pp) {
+		struct idle_conn *c = *pp;
+		if (!sandbox || (strcmp(c->sandbox, sandbox) == 0 && c->epoch < epoch)) {
+			*pp = c->next;
+			close(c->fd);
+			free(c);
+			m->nidle--;
+		} else {
+			pp = &c->next;
+		}
+	}
+}
+
+/* An idle connection that became readable was closed or misbehaves: drop it. */
+static void pool_drop_fd(struct mgr *m, int fd)
+{
+	for (struct idle_conn **pp = &m->idle; *pp; pp = &(*pp)->next) {
+		if ((*pp)->fd == fd) {
+			struct idle_conn *c = *pp;
+			*pp = c->next;
+			close(c->fd);
+			free(c);
+			m->nidle--;
+			return;
+		}
 	}
 }
 
@@ -412,8 +496,11 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	if (raw) {
 		fd = connect_port((uint16_t)port);
 	} else {
-		e = mgr_exec_target(m->cfg, rec, target, sizeof target);
-		fd = e < 0 ? e : connect_unix(target);
+		fd = pool_take(m, sandbox, rec->r.epoch);
+		if (fd < 0) {
+			e = mgr_exec_target(m->cfg, rec, target, sizeof target);
+			fd = e < 0 ? e : connect_unix(target);
+		}
 	}
 	if (fd < 0) {
 		send_fail(m, h->id, SPACED_ECLOSED, "execution unreachable");
@@ -480,6 +567,8 @@ static int on_in(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, 
 		return 0; /* already ended or cancelled: input stops here */
 	if (!input_allowed(s, (uint16_t)in))
 		return SPACED_EPROTO;
+	if (in == SPACED_GUEST_IN_CANCEL)
+		s->cancelled = true;
 	int e;
 	if (s->raw) {
 		e = dlen ? stream_write(s, data, dlen) : 0;
@@ -632,6 +721,11 @@ static void guest_readable(struct mgr *m, struct mstream *s)
 				send_fail(m, s->id, SPACED_EIDENTITY, "the execution answered with another identity");
 			} else {
 				stream_out(m, s, h.type, SPACED_FRAME_F_END, pl, h.len);
+				/* a cleanly ended request leaves a reusable connection */
+				if (off == s->rbuf.len && s->wq_off == s->wq.len && !s->cancelled) {
+					pool_put(m, s->gfd, s->cap.id.sandbox, s->epoch);
+					s->gfd = -1;
+				}
 			}
 			stream_kill(s);
 			break;
@@ -658,6 +752,7 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 		return e;
 	if (handoff)
 		return 0; /* S3: streams and unexpired capabilities stay */
+	pool_flush(m, rec->r.id.sandbox, rec->r.epoch);
 	for (struct mstream *s = m->streams; s; s = s->next) {
 		if (s->dead || strcmp(s->cap.id.sandbox, rec->r.id.sandbox) != 0 || s->epoch >= rec->r.epoch)
 			continue;
@@ -931,8 +1026,8 @@ int mgr_run(const struct mgr_config *cfg)
 	mlog("serving worker %s (%zu records, last seq %llu)", cfg->worker_id, m.nrecs,
 	     (unsigned long long)mgr_store_last_seq(m.store));
 
-	struct pollfd *pfd = calloc(MGR_MAX_STREAMS + MGR_MAX_ADMIN + 2, sizeof *pfd);
-	struct mstream **ps = calloc(MGR_MAX_STREAMS + MGR_MAX_ADMIN + 2, sizeof *ps);
+	struct pollfd *pfd = calloc(MGR_POLL_MAX, sizeof *pfd);
+	struct mstream **ps = calloc(MGR_POLL_MAX, sizeof *ps);
 	if (!pfd || !ps) {
 		free(pfd);
 		free(ps);
@@ -944,8 +1039,11 @@ int mgr_run(const struct mgr_config *cfg)
 		pfd[n++] = (struct pollfd){.fd = m.admin_fd, .events = POLLIN};
 		for (int i = 0; i < MGR_MAX_ADMIN; i++)
 			pfd[n++] = (struct pollfd){.fd = m.admin[i].fd, .events = POLLIN};
+		nfds_t first_idle = n;
+		for (struct idle_conn *c = m.idle; c && n < MGR_POLL_MAX; c = c->next)
+			pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
 		nfds_t first_stream = n;
-		for (struct mstream *s = m.streams; s && n < MGR_MAX_STREAMS + MGR_MAX_ADMIN + 2; s = s->next) {
+		for (struct mstream *s = m.streams; s && n < MGR_POLL_MAX; s = s->next) {
 			if (s->dead)
 				continue;
 			ps[n] = s;
@@ -966,6 +1064,9 @@ int mgr_run(const struct mgr_config *cfg)
 		for (int i = 0; i < MGR_MAX_ADMIN; i++)
 			if (m.admin[i].fd >= 0 && pfd[2 + i].fd == m.admin[i].fd && pfd[2 + i].revents)
 				admin_readable(&m, &m.admin[i]);
+		for (nfds_t i = first_idle; i < first_stream; i++)
+			if (pfd[i].revents)
+				pool_drop_fd(&m, pfd[i].fd);
 		for (nfds_t i = first_stream; i < n; i++) {
 			struct mstream *s = ps[i];
 			if ((pfd[i].revents & POLLOUT) && !s->dead && stream_flush(s) < 0) {
@@ -984,6 +1085,7 @@ out:
 	for (struct mstream *s = m.streams; s; s = s->next)
 		stream_kill(s);
 	streams_reap(&m);
+	pool_flush(&m, NULL, 0);
 	for (int i = 0; i < MGR_MAX_ADMIN; i++)
 		if (m.admin[i].fd >= 0)
 			admin_drop(&m.admin[i]);
