@@ -124,15 +124,21 @@ static struct proc start_launcher(const char *launch_bin, const char *state, con
 	return pr;
 }
 
+/* Waits until something accepts connections at path: bind() creates the file
+ * a moment before listen() makes it connectable. */
 static void wait_socket(const char *path)
 {
-	struct stat st;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
 	for (int i = 0; i < 500; i++) {
-		if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		int r = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+		close(fd);
+		if (r == 0)
 			return;
 		usleep(10000);
 	}
-	cr_assert_fail("no socket at %s", path);
+	cr_assert_fail("nothing listening at %s", path);
 }
 
 /* Starts spaced-host with extra arguments (NULL-terminated) after the usual ones. */
