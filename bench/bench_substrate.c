@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "frame.h"
 #include "guest_client.h"
 #include "identity.h"
 #include "util.h"
@@ -51,7 +52,8 @@ struct execution {
 	char state[300], gsock[320], hsock[320], ctl[320];
 	char identity[SPACED_IDENTITY_TEXT_MAX];
 	pid_t launcher, host;
-	int out; /* launcher stdout */
+	int out;      /* launcher stdout */
+	int host_in;  /* a pre-started bridge's stdin (warm pool), or -1 */
 };
 
 static double ms_since(uint64_t t0)
@@ -72,12 +74,17 @@ static double pct(double *v, int n, double p)
 	return v[i];
 }
 
-static pid_t spawn(const char *const argv[], int *out)
+static pid_t spawn_io(const char *const argv[], int *out, int *in)
 {
 	posix_spawn_file_actions_t fa;
-	int p[2] = {-1, -1};
+	int p[2] = {-1, -1}, q[2] = {-1, -1};
 	pid_t pid;
 	posix_spawn_file_actions_init(&fa);
+	if (in != NULL) {
+		if (pipe2(q, O_CLOEXEC) < 0)
+			return -1;
+		posix_spawn_file_actions_adddup2(&fa, q[0], 0);
+	}
 	if (out != NULL) {
 		if (pipe2(p, O_CLOEXEC) < 0)
 			return -1;
@@ -90,7 +97,16 @@ static pid_t spawn(const char *const argv[], int *out)
 		close(p[1]);
 		*out = r == 0 ? p[0] : (close(p[0]), -1);
 	}
+	if (in != NULL) {
+		close(q[0]);
+		*in = r == 0 ? q[1] : (close(q[1]), -1);
+	}
 	return r == 0 ? pid : -1;
+}
+
+static pid_t spawn(const char *const argv[], int *out)
+{
+	return spawn_io(argv, out, NULL);
 }
 
 /* Reads the launcher's stdout until its READY line. */
@@ -126,7 +142,7 @@ static void exec_paths(struct execution *e, const char *root, const char *name, 
 	         "sandbox=sbx-%s;generation=%llu;worker=bench;substrate=process;activation=a1;pod_uid=", name,
 	         (unsigned long long)gen);
 	e->launcher = e->host = 0;
-	e->out = -1;
+	e->out = e->host_in = -1;
 }
 
 static int start_launcher(struct execution *e, bool with_identity)
@@ -140,22 +156,26 @@ static int start_launcher(struct execution *e, bool with_identity)
 	return e->launcher > 0 ? 0 : SPACED_ESYS;
 }
 
-/* Starts spaced-host for e and waits until HELLO through it names e's identity. */
-static int bridge_and_hello(struct execution *e)
+/* Starts spaced-host for e; with pooled, it waits for the identity on stdin. */
+static int start_bridge(struct execution *e, bool pooled)
 {
 	char host[300], pid[32];
 	snprintf(host, sizeof host, "%s/spaced-host/spaced-host", top);
 	snprintf(pid, sizeof pid, "%d", (int)e->launcher);
 	const char *argv[] = {host, "--listen", e->hsock, "--guest", e->gsock, "--launcher-pid", pid,
-	                      "--identity", e->identity, "--manager-uid", "0", NULL};
-	e->host = spawn(argv, NULL);
-	if (e->host <= 0)
-		return SPACED_ESYS;
+	                      "--identity", pooled ? "-" : e->identity, "--manager-uid", "0", NULL};
+	e->host = spawn_io(argv, NULL, pooled ? &e->host_in : NULL);
+	return e->host > 0 ? 0 : SPACED_ESYS;
+}
+
+/* Waits until HELLO through the bridge names e's identity. */
+static int hello_via_bridge(struct execution *e)
+{
 	uint64_t deadline = spaced_mono_ns() + 10000000000ull;
 	while (spaced_mono_ns() < deadline) {
 		struct spaced_guest_client *c;
 		if (spaced_guest_client_connect(e->hsock, &c) < 0) {
-			usleep(200);
+			usleep(100);
 			continue;
 		}
 		struct spaced_identity id;
@@ -165,6 +185,12 @@ static int bridge_and_hello(struct execution *e)
 		return ok ? 0 : SPACED_EIDENTITY;
 	}
 	return SPACED_ETIMEDOUT;
+}
+
+static int bridge_and_hello(struct execution *e)
+{
+	int r = start_bridge(e, false);
+	return r < 0 ? r : hello_via_bridge(e);
 }
 
 /* Connects a socket of the given type to path; -1 on failure. */
@@ -209,8 +235,10 @@ static void teardown(struct execution *e)
 	}
 	if (e->out >= 0)
 		close(e->out);
+	if (e->host_in >= 0)
+		close(e->host_in);
 	e->host = e->launcher = 0;
-	e->out = -1;
+	e->out = e->host_in = -1;
 	char cmd[400];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->state);
 	(void)system(cmd);
@@ -224,7 +252,8 @@ static double cold_create(struct execution *e)
 	return ms_since(t0);
 }
 
-/* Pre-starts a pooled execution: everything but the identity. */
+/* Pre-starts a pooled execution: everything but the identity, its bridge
+ * included (waiting for the identity on its stdin). */
 static int prestart(struct execution *e)
 {
 	if (start_launcher(e, false) < 0)
@@ -232,16 +261,21 @@ static int prestart(struct execution *e)
 	struct stat st;
 	for (int i = 0; i < 20000; i++) {
 		if (stat(e->ctl, &st) == 0 && stat(e->gsock, &st) == 0)
-			return 0;
+			return start_bridge(e, true);
 		usleep(500);
 	}
 	return SPACED_ETIMEDOUT;
 }
 
+/* Claims a pooled execution: the identity goes to the execution (once: a
+ * second IDENTITY ends it) and to its bridge, then HELLO through the bridge. */
 static double claim(struct execution *e)
 {
+	char line[SPACED_IDENTITY_TEXT_MAX + 2];
+	int n = snprintf(line, sizeof line, "%s\n", e->identity);
 	uint64_t t0 = spaced_mono_ns();
-	if (ctl_identity(e) < 0 || wait_ready(e->out, 20000) < 0 || bridge_and_hello(e) < 0)
+	if (ctl_identity(e) < 0 || spaced_io_write_full(e->host_in, line, (size_t)n) < 0 ||
+	    wait_ready(e->out, 20000) < 0 || hello_via_bridge(e) < 0)
 		return -1;
 	return ms_since(t0);
 }

@@ -15,6 +15,10 @@
  * both are closed: a guest connection is never re-established behind the
  * caller's back. A refused connection receives one RESULT frame with id 0, a
  * negative status and the reason, then is closed.
+ *
+ * With `--identity -` the bridge reads the identity it must reach as one line
+ * on standard input and only then listens: a bridge pre-started for a warm
+ * pool learns it when its execution is claimed.
  */
 #ifndef SPACED_HOST_H
 #define SPACED_HOST_H

@@ -87,7 +87,7 @@ static int listen_on(const char *path)
 }
 
 static const char usage[] =
-	"usage: spaced-host --listen PATH --guest PATH --identity TEXT --launcher-pid PID\n"
+	"usage: spaced-host --listen PATH --guest PATH --identity TEXT|- --launcher-pid PID\n"
 	"       [--launcher-start TICKS] [--launcher-exe PATH] [--guest-owner UID] [--guest-port N]\n"
 	"       [--manager-uid UID] [--manager-pid PID [--manager-start TICKS]] [--timeout-ms MS]\n";
 
@@ -154,6 +154,18 @@ int main(int argc, char **argv)
 	}
 	if (sodium_init() < 0)
 		return 1;
+	char line[SPACED_IDENTITY_TEXT_MAX + 2];
+	if (strcmp(identity, "-") == 0) {
+		/* A bridge pre-started for a warm pool learns the identity it must
+		 * reach when the execution is claimed: one line on standard input.
+		 * It listens only after that. */
+		if (fgets(line, sizeof line, stdin) == NULL || strchr(line, '\n') == NULL) {
+			fprintf(stderr, "spaced-host: no identity line on standard input\n");
+			return 2;
+		}
+		*strchr(line, '\n') = 0;
+		identity = line;
+	}
 	if (spaced_identity_decode(&cfg.identity, identity, strlen(identity)) < 0) {
 		fprintf(stderr, "spaced-host: --identity is not a canonical execution identity\n");
 		return 2;
