@@ -65,6 +65,10 @@ bench-node: build
 bench-cp: build
 	@sh bench/cp_bench.sh $(BUILD) $(ROUTES) $(MOVES)
 
+# the same with two real spaced-node workers: R4 window = move request -> old worker's first refusal
+bench-cp-node: build
+	@sh bench/cp_node_bench.sh $(BUILD) $(ROUTES) $(MOVES)
+
 bench-guest: build
 	@$(BUILD)/bench/bench-guest
 

@@ -8,7 +8,11 @@
  *     (from then on it refuses the old execution's capabilities: REFRESH_ROUTE),
  *     taken from the worker's receive timestamps.
  *
- *   bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES]
+ *   bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES] [poll]
+ * With "poll" (real workers, bench/cp_node_bench.sh; the logs are then "-"), the R4
+ * window is measured at the old worker itself: a second thread presents the old
+ * execution's fs.read capability to the old worker (GET …/stat?path=/) from the
+ * moment the move is requested until the first refusal.
  * The last line is JSON.
  */
 #include <stdint.h>
@@ -16,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <pthread.h>
 
 #include <jansson.h>
 
@@ -64,6 +70,60 @@ static uint64_t deactivate_time(const char *log, const char *sbx, long long gen)
 	return t;
 }
 
+struct poller {
+	char *url;
+	char path[256];
+	char *cap;
+	volatile int stop;
+	uint64_t refused_at;
+	int last_status;
+};
+
+static void *poll_old(void *arg)
+{
+	struct poller *p = arg;
+	char err[256];
+	while (!p->stop) {
+		int status = 0;
+		char *ans = NULL;
+		if (http_request(p->url, "GET", p->path, p->cap, NULL, &status, &ans, err, sizeof err) == 0) {
+			free(ans);
+			p->last_status = status;
+			if (status != 200) {
+				p->refused_at = now_ns();
+				break;
+			}
+		}
+	}
+	return NULL;
+}
+
+/* The worker URL and a fresh fs.read capability of the current execution. */
+static int route_fs_read(const char *url, const char *key, const char *sbx, char **wurl, char **cap)
+{
+	char path[256], err[256], *ans = NULL;
+	int status = 0;
+	json_error_t jerr;
+	snprintf(path, sizeof path, "/v1/sandboxes/%s/route", sbx);
+	if (http_request(url, "POST", path, key, "{\"purposes\":[\"fs.read\"]}", &status, &ans, err, sizeof err) < 0 ||
+	    status != 200) {
+		free(ans);
+		return -1;
+	}
+	json_t *r = json_loads(ans, 0, &jerr);
+	free(ans);
+	const char *u = json_string_value(json_object_get(r, "worker_url"));
+	const char *c = json_string_value(json_object_get(r, "capability"));
+	if (u == NULL || c == NULL) {
+		json_decref(r);
+		return -1;
+	}
+	*wurl = strdup(u);
+	*cap = strdup(c);
+	json_decref(r);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 8) {
@@ -73,6 +133,7 @@ int main(int argc, char **argv)
 	const char *url = argv[1], *key = argv[2], *sbx = argv[3];
 	const char *wk[2] = {argv[4], argv[5]}, *logs[2] = {argv[6], argv[7]};
 	int routes = argc > 8 ? atoi(argv[8]) : 500, moves = argc > 9 ? atoi(argv[9]) : 20;
+	int poll = argc > 10 && strcmp(argv[10], "poll") == 0;
 	char path[256], err[256], body[128];
 	uint64_t *rt = calloc((size_t)routes, sizeof *rt), *mv = calloc((size_t)moves, sizeof *mv),
 	         *win = calloc((size_t)moves, sizeof *win);
@@ -111,16 +172,42 @@ int main(int argc, char **argv)
 		int from = cur && strcmp(cur, wk[0]) == 0 ? 0 : 1;
 		json_decref(s);
 		snprintf(body, sizeof body, "{\"to\":\"%s\"}", wk[1 - from]);
+		struct poller pl = {0};
+		pthread_t th;
+		int polling = 0;
+		if (poll) {
+			char *wurl = NULL;
+			if (route_fs_read(url, key, sbx, &wurl, &pl.cap) < 0) {
+				fprintf(stderr, "bench-cp: no fs.read route\n");
+				return 1;
+			}
+			pl.url = wurl;
+			snprintf(pl.path, sizeof pl.path, "/v1/sandboxes/%s/stat?path=/", sbx);
+		}
 		uint64_t t0 = now_ns();
+		if (poll)
+			polling = pthread_create(&th, NULL, poll_old, &pl) == 0;
 		if (http_request(url, "POST", path, key, body, &status, &ans, err, sizeof err) < 0 || status != 200) {
 			fprintf(stderr, "bench-cp: move: %s %d %s\n", err, status, ans ? ans : "");
 			return 1;
 		}
 		mv[i] = now_ns() - t0;
 		free(ans);
-		uint64_t td = deactivate_time(logs[from], sbx, gen);
-		if (td > t0)
-			win[nwin++] = td - t0;
+		if (polling) {
+			/* the old worker must refuse by now; give the poller a moment to see it */
+			for (int k = 0; k < 200 && pl.refused_at == 0; k++)
+				usleep(5000);
+			pl.stop = 1;
+			pthread_join(th, NULL);
+			if (pl.refused_at > t0)
+				win[nwin++] = pl.refused_at - t0;
+			free(pl.url);
+			free(pl.cap);
+		} else {
+			uint64_t td = deactivate_time(logs[from], sbx, gen);
+			if (td > t0)
+				win[nwin++] = td - t0;
+		}
 	}
 	double r50 = pct(rt, routes, 0.5), r99 = pct(rt, routes, 0.99);
 	double m50 = pct(mv, moves, 0.5), m99 = pct(mv, moves, 0.99);
@@ -129,7 +216,8 @@ int main(int argc, char **argv)
 	       routes, r50, r99, route_rate);
 	printf("move:            %d moves, median %.1f ms, p99 %.1f ms (deactivate + snapshot + generation commit + install)\n",
 	       moves, m50 / 1e3, m99 / 1e3);
-	printf("R4 window:       move request -> old worker holds the deactivation: median %.0f µs, max %.0f µs (%d samples)\n",
+	printf("R4 window:       move request -> %s: median %.0f µs, max %.0f µs (%d samples)\n",
+	       poll ? "first refusal of the old capability at the old worker" : "old worker holds the deactivation",
 	       w50, wmax, nwin);
 	printf("{\"route_median_us\":%.0f,\"route_p99_us\":%.0f,\"routes_per_s\":%.0f,\"move_median_ms\":%.1f,"
 	       "\"move_p99_ms\":%.1f,\"r4_window_median_us\":%.0f,\"r4_window_max_us\":%.0f}\n",
