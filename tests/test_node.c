@@ -945,3 +945,36 @@ Test(node, substrate_r2_r3_resume_and_restart)
 	free(cap7);
 	free(cap8);
 }
+
+/* node-api runs unprivileged (nobody when started as root), with no new
+ * privileges and a seccomp filter; sbx-manager keeps the privileges. */
+Test(node, node_api_is_confined)
+{
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	json_t *st = status_of(&A);
+	json_int_t api = json_integer_value(json_object_get(st, "api_pid"));
+	json_decref(st);
+	cr_assert(api > 1);
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%lld/status", (long long)api);
+	FILE *f = fopen(path, "r");
+	cr_assert(f != NULL);
+	unsigned uid = 0, nnp = 0, seccomp = 0;
+	bool have_uid = false;
+	while (fgets(line, sizeof line, f)) {
+		unsigned r, e, s, fs;
+		if (sscanf(line, "Uid: %u %u %u %u", &r, &e, &s, &fs) == 4) {
+			uid = r | e | s;
+			have_uid = true;
+			cr_expect(r == e && e == s, "uids differ: %s", line);
+		}
+		sscanf(line, "NoNewPrivs: %u", &nnp);
+		sscanf(line, "Seccomp: %u", &seccomp);
+	}
+	fclose(f);
+	cr_assert(have_uid);
+	if (geteuid() == 0)
+		cr_expect_neq(uid, 0u, "node-api kept root");
+	cr_expect_eq(nnp, 1u);
+	cr_expect_eq(seccomp, 2u, "no seccomp filter on node-api");
+}
