@@ -40,6 +40,7 @@
 #include "error.h"
 #include "frame.h"
 #include "guest_client.h"
+#include "host_client.h"
 #include "identity.h"
 #include "util.h"
 #include "vsock_hs.h"
@@ -473,19 +474,34 @@ int main(int argc, char **argv)
 	/* Idle memory and the cost of the bridge on one execution. */
 	struct execution e;
 	exec_paths(&e, root, "rd", 1);
-	double idle_rss = -1, direct_p50 = -1, bridge_p50 = -1;
+	double idle_rss = -1, direct_p50 = -1, bridge_p50 = -1, handoff_p50 = -1;
 	if (cold_create(&e) >= 0) {
 		usleep(300000);
 		pid_t g = guest_pid(&e);
 		idle_rss = rss_mb(e.host) + (g > 0 ? rss_mb(g) : 0);
-		struct spaced_guest_client *bc = NULL, *dc = NULL;
+		/* A second bridge on the same execution that hands verified connections off. */
+		char hsock2[340], host[300], lp[32], why[256] = "";
+		snprintf(hsock2, sizeof hsock2, "%s/host-handoff.sock", e.state);
+		snprintf(host, sizeof host, "%s/spaced-host/spaced-host", top);
+		snprintf(lp, sizeof lp, "%d", (int)e.launcher);
+		const char *hargv[] = {host, "--listen", hsock2, "--guest", e.gsock, "--launcher-pid", lp,
+		                       "--identity", e.identity, "--manager-uid", "0", "--handoff", NULL};
+		pid_t h2 = spawn(hargv, NULL);
+		int hfd = -1;
+		for (int i = 0; i < 2000 && hfd < 0; i++)
+			if (spaced_host_connect(hsock2, true, 2000, &hfd, why, sizeof why) < 0)
+				usleep(1000);
+		struct spaced_guest_client *bc = NULL, *dc = NULL, *hc = NULL;
+		if (hfd >= 0)
+			spaced_guest_client_adopt(hfd, &hc);
 		static uint8_t data[4096];
 		memset(data, 'x', sizeof data);
-		if (spaced_guest_client_connect(e.hsock, &bc) == 0 && direct_client(&e, &dc) == 0 &&
+		if (hc != NULL && spaced_guest_client_connect(e.hsock, &bc) == 0 && direct_client(&e, &dc) == 0 &&
 		    spaced_guest_fs_write(bc, "workspace/4k.bin", data, sizeof data, 0644, 0) == 0) {
 			enum { ROUNDS = 20, PER = 100 };
 			double *d = calloc(ROUNDS * PER, sizeof(double)), *br = calloc(ROUNDS * PER, sizeof(double));
-			int nd = 0, nb = 0;
+			double *ho = calloc(ROUNDS * PER, sizeof(double));
+			int nd = 0, nb = 0, nh = 0;
 			for (int r = 0; r < ROUNDS; r++) {
 				for (int i = 0; i < PER; i++)
 					if (read4k(dc, &d[nd]) == 0)
@@ -493,16 +509,28 @@ int main(int argc, char **argv)
 				for (int i = 0; i < PER; i++)
 					if (read4k(bc, &br[nb]) == 0)
 						nb++;
+				for (int i = 0; i < PER; i++)
+					if (read4k(hc, &ho[nh]) == 0)
+						nh++;
 			}
-			if (nd > 0 && nb > 0) {
+			if (nd > 0 && nb > 0 && nh > 0) {
 				direct_p50 = pct(d, nd, 0.5);
 				bridge_p50 = pct(br, nb, 0.5);
+				handoff_p50 = pct(ho, nh, 0.5);
 			}
 			free(d);
 			free(br);
+			free(ho);
+		} else {
+			failures++;
 		}
 		spaced_guest_client_free(bc);
 		spaced_guest_client_free(dc);
+		spaced_guest_client_free(hc);
+		if (h2 > 0) {
+			kill(h2, SIGKILL);
+			waitpid(h2, NULL, 0);
+		}
 	} else {
 		failures++;
 	}
@@ -527,12 +555,14 @@ int main(int argc, char **argv)
 	printf("idle RSS spaced-host + spaced-guest: %.2f MB (target <= 3)\n", idle_rss);
 	printf("4 KiB read: direct %.1f us, through spaced-host %.1f us, bridge adds %.1f us (target <= 15)\n",
 	       direct_p50, bridge_p50, bridge_p50 - direct_p50);
+	printf("4 KiB read on a connection handed off by spaced-host --handoff: %.1f us (adds %.1f us)\n",
+	       handoff_p50, handoff_p50 - direct_p50);
 	printf("{\"create_p50_ms\":%.2f, \"create_p99_ms_50concurrent\":%.2f, \"bwrap_p50_ms\":%.2f, "
 	       "\"create_cpu_ms\":%.2f, \"idle_rss_mb\":%.2f, \"read4k_direct_us_p50\":%.1f, "
 	       "\"read4k_bridge_us_p50\":%.1f, \"cold_create_p50_ms\":%.2f, "
 	       "\"cold_create_p99_ms_50concurrent\":%.2f, \"pool_prestart_p50_ms\":%.2f, "
-	       "\"pool_rss_mb_per_execution\":%.2f, \"failures\":%d}\n",
+	       "\"pool_rss_mb_per_execution\":%.2f, \"read4k_handoff_us_p50\":%.1f, \"failures\":%d}\n",
 	       pool50, cp99, bw50, cold_cpu_ms, idle_rss, direct_p50, bridge_p50, cold50, cc99, pre50, pool_rss,
-	       failures);
+	       handoff_p50, failures);
 	return failures ? 1 : 0;
 }

@@ -13,6 +13,7 @@
 #include "error.h"
 #include "frame.h"
 #include "guest_proto.h"
+#include "host_client.h"
 #include "util.h"
 #include "vsock_hs.h"
 
@@ -172,6 +173,32 @@ void host_relay(int a, int b)
 	pthread_attr_destroy(&attr);
 	pump_run(&up);
 	pthread_join(t, NULL);
+}
+
+int host_handoff(int fd, int guest_fd, const char *identity_text)
+{
+	uint8_t hdr[SPACED_FRAME_HDR_LEN];
+	size_t n = strlen(identity_text);
+	struct spaced_frame_hdr h = {.len = (uint32_t)n, .type = SPACED_HOST_HANDOFF, .flags = 0, .id = 0};
+	spaced_frame_hdr_encode(hdr, &h);
+	union {
+		struct cmsghdr align;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cb;
+	memset(&cb, 0, sizeof cb);
+	struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)(uintptr_t)identity_text, n}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = cb.b,
+	                    .msg_controllen = sizeof cb.b};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &guest_fd, sizeof(int));
+	ssize_t w;
+	do
+		w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+	while (w < 0 && errno == EINTR);
+	return w == (ssize_t)(sizeof hdr + n) ? SPACED_OK : SPACED_EIO;
 }
 
 void host_refuse(int fd, int err, const char *why, const char *identity_text)

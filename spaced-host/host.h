@@ -16,6 +16,9 @@
  * caller's back. A refused connection receives one RESULT frame with id 0, a
  * negative status and the reason, then is closed.
  *
+ * With --handoff, step 5 is not a relay: the verified guest connection is
+ * passed to the caller (host_client.h), which then has no hop in between.
+ *
  * With `--identity -` the bridge reads the identity it must reach as one line
  * on standard input and only then listens: a bridge pre-started for a warm
  * pool learns it when its execution is claimed.
@@ -39,6 +42,7 @@ struct host_config {
 	struct spaced_identity identity;            /* the execution it must reach */
 	char identity_text[SPACED_IDENTITY_TEXT_MAX];
 	int timeout_ms;                             /* for the handshake and HELLO */
+	bool handoff;                               /* pass the verified guest connection on */
 };
 
 /* Runs the checks of steps 2–4 above and returns a connected, verified guest
@@ -50,6 +54,11 @@ int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_
 /* Relays bytes between a and b until either side closes or fails, then
  * returns (the caller closes both). */
 void host_relay(int a, int b);
+
+/* Hands the verified guest connection guest_fd to the caller on fd: one
+ * HANDOFF frame (host_client.h) with the identity text and the descriptor.
+ * Returns 0 or SPACED_EIO. */
+int host_handoff(int fd, int guest_fd, const char *identity_text);
 
 /* Sends the refusal frame (RESULT, id 0, status err, message why) on fd, best effort. */
 void host_refuse(int fd, int err, const char *why, const char *identity_text);

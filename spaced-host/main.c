@@ -55,7 +55,12 @@ static void *serve(void *arg)
 		logline("warn", "caller-gone", "reason=\"caller exited during verification\"");
 		goto out;
 	}
-	host_relay(cfd, gfd);
+	if (cfg.handoff) {
+		if (host_handoff(cfd, gfd, cfg.identity_text) < 0)
+			logline("warn", "handoff-failed", "reason=\"caller went away\"");
+	} else {
+		host_relay(cfd, gfd);
+	}
 out:
 	spaced_pidref_done(&caller);
 	if (gfd >= 0)
@@ -89,7 +94,8 @@ static int listen_on(const char *path)
 static const char usage[] =
 	"usage: spaced-host --listen PATH --guest PATH --identity TEXT|- --launcher-pid PID\n"
 	"       [--launcher-start TICKS] [--launcher-exe PATH] [--guest-owner UID] [--guest-port N]\n"
-	"       [--manager-uid UID] [--manager-pid PID [--manager-start TICKS]] [--timeout-ms MS]\n";
+	"       [--manager-uid UID] [--manager-pid PID [--manager-start TICKS]] [--timeout-ms MS]\n"
+	"       [--handoff]\n";
 
 static int parse_u64(const char *s, uint64_t *out)
 {
@@ -117,6 +123,7 @@ int main(int argc, char **argv)
 		{"manager-pid", required_argument, NULL, 'M'},
 		{"manager-start", required_argument, NULL, 'T'},
 		{"timeout-ms", required_argument, NULL, 't'},
+		{"handoff", no_argument, NULL, 'H'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *identity = NULL, *launcher_exe = NULL;
@@ -132,6 +139,7 @@ int main(int argc, char **argv)
 		case 'g': cfg.guest_path = optarg; break;
 		case 'i': identity = optarg; break;
 		case 'E': launcher_exe = optarg; break;
+		case 'H': cfg.handoff = true; break;
 		case 'p': if (parse_u64(optarg, &v) < 0 || v > UINT32_MAX) bad = "--guest-port"; else cfg.guest_port = (uint32_t)v; break;
 		case 'L': if (parse_u64(optarg, &launcher_pid) < 0 || launcher_pid == 0) bad = "--launcher-pid"; break;
 		case 'S': if (parse_u64(optarg, &launcher_start) < 0) bad = "--launcher-start"; else have_launcher_start = true; break;

@@ -26,6 +26,7 @@
 #include "frame.h"
 #include "guest_client.h"
 #include "guest_proto.h"
+#include "host_client.h"
 #include "pidref.h"
 #include "util.h"
 
@@ -383,6 +384,40 @@ Test(host, refuses_a_guest_that_reports_another_identity)
 	int r = refusal_via(hs, why, sizeof why);
 	cr_assert_eq(r, SPACED_EIDENTITY, "got %d (%s)", r, why);
 	cr_assert(strstr(why, "generation=8") != NULL, "the reason names what the guest reported: %s", why);
+	stop(&h);
+	stop(&l);
+}
+
+Test(host, handoff_passes_only_a_verified_connection)
+{
+	char state[300], gs[300], hs[300], why[512] = "";
+	paths(state, gs, hs, sizeof state, "handoff");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	const char *extra[] = {"--manager-uid", "0", "--handoff", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	int fd = -1;
+	cr_assert_eq(spaced_host_connect(hs, true, 5000, &fd, why, sizeof why), 0, "%s", why);
+	struct spaced_guest_client *c;
+	struct spaced_identity id, want;
+	cr_assert_eq(spaced_guest_client_adopt(fd, &c), 0);
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	cr_assert_eq(spaced_identity_decode(&want, ID7, strlen(ID7)), 0);
+	cr_assert(spaced_identity_equal(&id, &want));
+	/* The handed-off descriptor is the guest transport itself: its peer is the launcher (B2). */
+	struct ucred cred;
+	socklen_t len = sizeof cred;
+	cr_assert_eq(getsockopt(spaced_guest_client_fd(c), SOL_SOCKET, SO_PEERCRED, &cred, &len), 0);
+	cr_assert_eq(cred.pid, l.pid);
+	spaced_guest_client_free(c);
+	stop(&h);
+
+	/* A bridge that must refuse says why, in handoff mode too, and hands nothing. */
+	const char *extra8[] = {"--manager-uid", "0", "--handoff", NULL};
+	h = start_host(hs, gs, l.pid, ID8, extra8);
+	fd = -1;
+	int r = spaced_host_connect(hs, true, 5000, &fd, why, sizeof why);
+	cr_assert_eq(r, SPACED_EIDENTITY, "got %d (%s)", r, why);
+	cr_assert_eq(fd, -1);
 	stop(&h);
 	stop(&l);
 }
