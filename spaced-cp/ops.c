@@ -1172,13 +1172,14 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	int64_t t = spaced_now();
 	/* absolute timeout: kill; idle timeout: pause; an operation whose holder
 	 * died (its lease expired mid-way) or whose recovery failed: finish it with
-	 * a resume, tried again every 5 s */
+	 * a resume, tried again every 5 s while its worker is connected */
 	if (CP_Q(st, &rows, NULL,
 	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 AND created + max_lifetime < $1 "
 	         "UNION ALL SELECT id, tenant, 'pause' FROM sandboxes WHERE deleted = 0 AND state = 'running' "
 	         "AND idle_timeout > 0 AND last_active + idle_timeout < $1 "
 	         "UNION ALL SELECT id, tenant, 'resume' FROM sandboxes WHERE deleted = 0 "
-	         "AND (op IS NULL OR op_until < $1) AND state IN ('starting', 'moving', 'stopped') AND last_active < $2",
+	         "AND (op IS NULL OR op_until < $1) AND state IN ('starting', 'moving', 'stopped') AND last_active < $2 "
+	         "AND (state = 'stopped' OR worker IN (SELECT id FROM workers WHERE channel_until >= $1))",
 	         cp_i64(now, t), cp_i64(retry, t - 5)) < 0)
 		return;
 	for (int i = 0; i < rows->nrows && !cp->stopping; i++) {
