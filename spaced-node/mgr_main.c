@@ -493,6 +493,12 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	char target[256];
 	int fd;
 	bool raw = gtype == NODE_PORT_OPEN;
+	if (raw && m->cfg->launch_bin && m->cfg->host_bin) {
+		/* an execution in its own network namespace: its ports are reached
+		 * through spaced-netgtw, never through this host's loopback */
+		send_fail(m, h->id, SPACED_EPERM, "ServicePort is served by the sandbox's gateway");
+		return 0;
+	}
 	if (raw) {
 		fd = connect_port((uint16_t)port);
 	} else {

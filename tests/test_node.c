@@ -942,6 +942,16 @@ Test(node, substrate_r2_r3_resume_and_restart)
 	cr_expect(r.body_len == 5 && memcmp(r.body, "seven", 5) == 0);
 	tn_resp_free(&r);
 	expect(B.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap7, 409, "REFRESH_ROUTE", "older-generation");
+
+	/* an execution's ports are never reached through the worker's loopback (R5) */
+	struct tn_ws w;
+	char reason[128];
+	cr_assert_eq(tn_ws_open(&w, B.port, "/v1/sandboxes/S/ports/8080?protocol=tcp",
+	                        CAP(.sandbox = "S", .generation = 8, .worker = "worker-b", .serviceport = true,
+	                            .port = 8080, .protocol = "tcp")), 0);
+	cr_expect_eq(tn_ws_wait_close(&w, reason, sizeof reason, 10000), 1011);
+	cr_expect_str_eq(reason, "error:SPACED_EPERM");
+	tn_ws_close(&w);
 	free(cap7);
 	free(cap8);
 }
