@@ -34,6 +34,8 @@
 #include "vcache.h"
 
 #define MGR_MAX_STREAMS 1024
+#define MGR_API_HIGH (8u << 20)  /* stop reading executions above this backlog to node-api */
+#define MGR_API_MAX (64u << 20)  /* node-api that leaves this much unread is dropped */
 #define MGR_MAX_ADMIN 16
 #define MGR_ADMIN_LINE_MAX (256 * 1024)
 
@@ -86,6 +88,8 @@ struct mgr {
 	size_t nrecs, caprecs;
 	int api_fd;
 	struct spaced_buf api_rbuf;
+	struct spaced_buf api_out; /* frames for node-api not yet written */
+	size_t api_out_off;
 	struct mstream *streams;
 	size_t nstreams;
 	struct idle_conn *idle;
@@ -172,17 +176,53 @@ struct mgr_store *mgr_store_of(struct mgr *m)
 
 /* ---- frames to node-api (blocking writes; node-api never blocks on us) ---- */
 
+static void api_drop(struct mgr *m, const char *why)
+{
+	if (m->api_fd < 0)
+		return;
+	mlog("dropping node-api: %s", why);
+	close(m->api_fd);
+	m->api_fd = -1;
+}
+
+/* Writes queued frames without blocking: node-api can never stall the
+ * manager (installs and deactivations go on whatever it does). */
+static void api_flush(struct mgr *m)
+{
+	while (m->api_fd >= 0 && m->api_out_off < m->api_out.len) {
+		ssize_t w = send(m->api_fd, m->api_out.data + m->api_out_off, m->api_out.len - m->api_out_off,
+		                 MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			return;
+		if (w <= 0) {
+			api_drop(m, "write failed");
+			return;
+		}
+		m->api_out_off += (size_t)w;
+	}
+	if (m->api_out_off == m->api_out.len) {
+		m->api_out.len = 0;
+		m->api_out_off = 0;
+	} else if (m->api_out_off >= (1u << 20)) {
+		memmove(m->api_out.data, m->api_out.data + m->api_out_off, m->api_out.len - m->api_out_off);
+		m->api_out.len -= m->api_out_off;
+		m->api_out_off = 0;
+	}
+}
+
 static int api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
 {
 	if (m->api_fd < 0)
 		return SPACED_ECLOSED;
-	int e = spaced_frame_send(m->api_fd, type, flags, id, b ? b->data : NULL, b ? b->len : 0);
+	int e = spaced_frame_append(&m->api_out, type, flags, id, b ? b->data : NULL, b ? b->len : 0);
 	if (e < 0) {
-		mlog("node-api connection lost: %s", spaced_strerror(e));
-		close(m->api_fd);
-		m->api_fd = -1;
+		api_drop(m, "it does not read its answers");
+		return e;
 	}
-	return e;
+	api_flush(m);
+	return 0;
 }
 
 static void send_refuse(struct mgr *m, uint16_t type, uint32_t id, struct spaced_decision d,
@@ -987,6 +1027,7 @@ int mgr_run(const struct mgr_config *cfg)
 	for (int i = 0; i < MGR_MAX_ADMIN; i++)
 		m.admin[i].fd = -1;
 	spaced_buf_init(&m.api_rbuf, 2 * NODE_MSG_MAX + 2 * SPACED_FRAME_HDR_LEN + 65536);
+	spaced_buf_init(&m.api_out, MGR_API_MAX);
 
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -1028,6 +1069,7 @@ int mgr_run(const struct mgr_config *cfg)
 	{
 		int sz = 4 << 20;
 		setsockopt(m.api_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+		fcntl(m.api_fd, F_SETFL, fcntl(m.api_fd, F_GETFL) | O_NONBLOCK);
 	}
 	mlog("serving worker %s (%zu records, last seq %llu)", cfg->worker_id, m.nrecs,
 	     (unsigned long long)mgr_store_last_seq(m.store));
@@ -1041,7 +1083,9 @@ int mgr_run(const struct mgr_config *cfg)
 	}
 	while (!got_term && m.api_fd >= 0) {
 		nfds_t n = 0;
-		pfd[n++] = (struct pollfd){.fd = m.api_fd, .events = POLLIN};
+		bool api_backlog = m.api_out.len - m.api_out_off > MGR_API_HIGH;
+		pfd[n++] = (struct pollfd){.fd = m.api_fd,
+		                           .events = (short)(POLLIN | (m.api_out_off < m.api_out.len ? POLLOUT : 0))};
 		pfd[n++] = (struct pollfd){.fd = m.admin_fd, .events = POLLIN};
 		for (int i = 0; i < MGR_MAX_ADMIN; i++)
 			pfd[n++] = (struct pollfd){.fd = m.admin[i].fd, .events = POLLIN};
@@ -1053,8 +1097,10 @@ int mgr_run(const struct mgr_config *cfg)
 			if (s->dead)
 				continue;
 			ps[n] = s;
+			/* while node-api is behind, executions are not read (their output waits in their sockets) */
 			pfd[n++] = (struct pollfd){.fd = s->gfd,
-			                           .events = (short)(POLLIN | (s->wq_off < s->wq.len ? POLLOUT : 0))};
+			                           .events = (short)((api_backlog ? 0 : POLLIN) |
+			                                             (s->wq_off < s->wq.len ? POLLOUT : 0))};
 		}
 		int r = poll(pfd, n, 1000);
 		if (r < 0 && errno != EINTR)
@@ -1063,7 +1109,9 @@ int mgr_run(const struct mgr_config *cfg)
 			;
 		if (r <= 0)
 			continue;
-		if (pfd[0].revents)
+		if (pfd[0].revents & POLLOUT)
+			api_flush(&m);
+		if ((pfd[0].revents & ~POLLOUT) && m.api_fd >= 0)
 			api_readable(&m);
 		if (pfd[1].revents & POLLIN)
 			admin_accept(&m);
@@ -1079,7 +1127,7 @@ int mgr_run(const struct mgr_config *cfg)
 				send_fail(&m, s->id, SPACED_ECLOSED, "execution connection lost");
 				stream_kill(s);
 			}
-			if ((pfd[i].revents & ~POLLOUT) && !s->dead && m.api_fd >= 0)
+			if ((pfd[i].revents & ~POLLOUT) && !s->dead && m.api_fd >= 0 && !api_backlog)
 				guest_readable(&m, s);
 		}
 		streams_reap(&m);
@@ -1100,6 +1148,7 @@ out:
 	if (m.api_fd >= 0)
 		close(m.api_fd);
 	spaced_buf_free(&m.api_rbuf);
+	spaced_buf_free(&m.api_out);
 	free(m.recs);
 	spaced_vcache_free(m.vc);
 	spaced_keyring_free(m.kr);
