@@ -988,3 +988,32 @@ Test(node, node_api_is_confined)
 	cr_expect_eq(nnp, 1u);
 	cr_expect_eq(seccomp, 2u, "no seccomp filter on node-api");
 }
+
+/* R3 does not depend on node-api: with node-api stopped while a terminal
+ * floods output, a deactivation is still installed and acknowledged, and the
+ * stream ends with refresh-route once node-api runs again. */
+Test(node, stalled_node_api_does_not_delay_installs)
+{
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "S", 1, "act-1", false);
+	char *cap = strdup(CAP(.sandbox = "S", .generation = 1, .worker = "worker-a"));
+	struct tn_ws w;
+	cr_assert_eq(tn_ws_open(&w, A.port, "/v1/sandboxes/S/term?argv=/usr/bin/yes&argv=flood", cap), 0);
+	ws_expect_allow(&w);
+	json_t *st = status_of(&A);
+	pid_t api = (pid_t)json_integer_value(json_object_get(st, "api_pid"));
+	json_decref(st);
+	cr_assert(api > 1);
+	cr_assert_eq(kill(api, SIGSTOP), 0);
+	tn_sleep_ms(300); /* let output pile up towards node-api */
+	json_t *d = tn_deactivate(&A, "S", 1, "act-1", false);
+	cr_expect(tn_ok(d), "deactivation not acknowledged while node-api was stopped");
+	json_decref(d);
+	cr_assert_eq(kill(api, SIGCONT), 0);
+	char reason[128];
+	int code = tn_ws_wait_close(&w, reason, sizeof reason, 20000);
+	cr_expect_eq(code, 4409, "close %d %s", code, reason);
+	tn_ws_close(&w);
+	expect(A.port, "GET", "/v1/sandboxes/S/stat?path=/", cap, 409, "REFRESH_ROUTE", "deactivated");
+	free(cap);
+}
