@@ -8,6 +8,7 @@
 #include <sodium.h>
 
 #include "cli.h"
+#include "cmd_ops.h"
 
 static const char usage[] =
 	"usage: spacectl <command> [args]\n"
@@ -29,6 +30,15 @@ static const char usage[] =
 	"  ls [--json] | rm ID | inspect ID [--json]\n"
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
+	"\n"
+	"sandbox operations (through the worker that serves the sandbox; route cached, V1–V4):\n"
+	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--timeout S] -- CMD [ARG...]\n"
+	"  [-v] fs read|write|ls|stat|mkdir|mv|rm ID PATH...      (write: content on stdin)\n"
+	"  [-v] watch ID PATH                                   file events until interrupted\n"
+	"       each also [--route FILE] [--no-retry]\n"
+	"\n"
+	"development cluster on this machine:\n"
+	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] | dev down [--dir DIR] | dev status\n"
 	"\n"
 	"worker admin socket (root):\n"
 	"  node status|install|deactivate|pause|thaw|snapshot|destroy|keys --admin PATH …\n"
@@ -94,6 +104,19 @@ int main(int argc, char **argv)
 		fputs(usage, argc < 2 ? stderr : stdout);
 		return argc < 2 ? 2 : 0;
 	}
+	if (strcmp(argv[1], "-v") == 0 && argc > 2) {
+		ops_verbose = 1;
+		argc--;
+		argv++;
+	}
+	if (strcmp(argv[1], "exec") == 0)
+		return cmd_exec(argc - 1, argv + 1);
+	if (strcmp(argv[1], "fs") == 0)
+		return cmd_fs(argc - 1, argv + 1);
+	if (strcmp(argv[1], "watch") == 0)
+		return cmd_watch(argc - 1, argv + 1);
+	if (strcmp(argv[1], "dev") == 0)
+		return cmd_dev(argc - 1, argv + 1);
 	if (strcmp(argv[1], "token") == 0)
 		return cmd_token(argc - 1, argv + 1);
 	if (strcmp(argv[1], "cap") == 0)

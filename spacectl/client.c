@@ -1,0 +1,694 @@
+/* client.c — route cache on disk and route recovery for one operation (see client.h). */
+#include "client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "http_client.h"
+#include "util.h"
+
+void client_route_clear(struct client_route *r)
+{
+	if (r == NULL)
+		return;
+	if (r->capability != NULL) {
+		spaced_wipe(r->capability, strlen(r->capability));
+		free(r->capability);
+	}
+	memset(r, 0, sizeof *r);
+}
+
+void client_answer_clear(struct client_answer *a)
+{
+	if (a == NULL)
+		return;
+	free(a->body);
+	memset(a, 0, sizeof *a);
+}
+
+int client_query_escape(const char *s, char *out, size_t outsz)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t n = 0;
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		int plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+		            c == '_' || c == '.' || c == '~' || c == '/';
+		if (n + (plain ? 1 : 3) >= outsz)
+			return -1;
+		if (plain) {
+			out[n++] = (char)c;
+		} else {
+			out[n++] = '%';
+			out[n++] = hex[c >> 4];
+			out[n++] = hex[c & 15];
+		}
+	}
+	if (n >= outsz)
+		return -1;
+	out[n] = 0;
+	return 0;
+}
+
+int client_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz)
+{
+	if (strncmp(url, "http://", 7) != 0)
+		return -1;
+	const char *h = url + 7, *slash = strchr(h, '/'), *end = slash ? slash : h + strlen(h);
+	const char *colon = memchr(h, ':', (size_t)(end - h));
+	const char *hend = colon ? colon : end;
+	if (hend == h || (size_t)(hend - h) >= hostsz)
+		return -1;
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = 0;
+	int p = 80;
+	if (colon) {
+		char *e = NULL;
+		long v = strtol(colon + 1, &e, 10);
+		if (e != end || v < 1 || v > 65535)
+			return -1;
+		p = (int)v;
+	}
+	if (snprintf(prefix, prefixsz, "%s", slash ? slash : "") >= (int)prefixsz)
+		return -1;
+	size_t n = strlen(prefix);
+	if (n > 0 && prefix[n - 1] == '/')
+		prefix[n - 1] = 0;
+	*port = p;
+	return 0;
+}
+
+/* ---- routes as JSON ---- */
+
+/* Reads a route answer object into *out. Returns 0 or -1. */
+static int route_from_json(json_t *o, struct client_route *out, char *err, size_t errsz)
+{
+	struct spaced_identity id;
+	const char *cap = json_string_value(json_object_get(o, "capability"));
+	const char *url = json_string_value(json_object_get(o, "worker_url"));
+	const char *exp = json_string_value(json_object_get(o, "expires_at"));
+	int64_t t;
+	if (cap == NULL || url == NULL || exp == NULL || spaced_identity_from_json(&id, json_object_get(o, "identity")) < 0 ||
+	    spaced_time_parse(exp, strlen(exp), &t) < 0 || strlen(url) >= sizeof out->worker_url) {
+		snprintf(err, errsz, "not a route (identity, worker_url, capability, expires_at)");
+		return -1;
+	}
+	struct client_route r;
+	memset(&r, 0, sizeof r);
+	if (spaced_identity_encode(&id, r.identity, sizeof r.identity) < 0 || (r.capability = strdup(cap)) == NULL) {
+		snprintf(err, errsz, "route too large");
+		return -1;
+	}
+	snprintf(r.worker_url, sizeof r.worker_url, "%s", url);
+	r.cap_expires_at = t;
+	*out = r;
+	return 0;
+}
+
+/* ---- the cache directory ---- */
+
+static int cache_dir(const struct client_opts *o, char *out, size_t outsz)
+{
+	const char *d = o->cache_dir ? o->cache_dir : getenv("SPACED_ROUTE_CACHE");
+	int n;
+	if (d != NULL && d[0])
+		n = snprintf(out, outsz, "%s", d);
+	else if (getenv("XDG_RUNTIME_DIR") != NULL && getenv("XDG_RUNTIME_DIR")[0])
+		n = snprintf(out, outsz, "%s/spaced/routes", getenv("XDG_RUNTIME_DIR"));
+	else if (getenv("HOME") != NULL && getenv("HOME")[0])
+		n = snprintf(out, outsz, "%s/.cache/spaced/routes", getenv("HOME"));
+	else
+		return -1;
+	return n > 0 && (size_t)n < outsz ? 0 : -1;
+}
+
+/* mkdir -p with mode 0700 for the directories created. */
+static int mkdirs(const char *path)
+{
+	char buf[4096];
+	if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+		return -1;
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	return mkdir(buf, 0700) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+int client_cache_path(const struct client_opts *o, const char *sandbox, char *out, size_t outsz)
+{
+	char d[4096];
+	if (!spaced_name_valid(sandbox, strlen(sandbox)) || cache_dir(o, d, sizeof d) < 0)
+		return -1;
+	int n = snprintf(out, outsz, "%s/%s.json", d, sandbox);
+	return n > 0 && (size_t)n < outsz ? 0 : -1;
+}
+
+/* Opens and locks <sandbox>.lock (exclusive). Returns the fd or -1. */
+static int cache_lock(const struct client_opts *o, const char *sandbox)
+{
+	char d[4096], p[4200];
+	if (!spaced_name_valid(sandbox, strlen(sandbox)) || cache_dir(o, d, sizeof d) < 0 || mkdirs(d) < 0)
+		return -1;
+	snprintf(p, sizeof p, "%s/%s.lock", d, sandbox);
+	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	while (flock(fd, LOCK_EX) < 0) {
+		if (errno != EINTR) {
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
+}
+
+static void cache_unlock(int fd)
+{
+	if (fd >= 0)
+		close(fd); /* releases the flock */
+}
+
+/* Reads the entry of sandbox (lock held). Returns 0 or -1 (none, other control
+ * plane, unreadable). */
+static int cache_read(const struct client_opts *o, const char *sandbox, struct client_route *out)
+{
+	char p[4200], err[128];
+	if (client_cache_path(o, sandbox, p, sizeof p) < 0)
+		return -1;
+	json_error_t jerr;
+	json_t *e = json_load_file(p, JSON_REJECT_DUPLICATES, &jerr);
+	if (e == NULL)
+		return -1;
+	int r = -1;
+	const char *cp = json_string_value(json_object_get(e, "cp_url"));
+	json_t *exp = json_object_get(e, "entry_expires_at");
+	struct client_route rt;
+	if (cp == NULL || strcmp(cp, o->cp_url) != 0 || !json_is_integer(exp) ||
+	    route_from_json(json_object_get(e, "route"), &rt, err, sizeof err) < 0)
+		goto out;
+	rt.entry_expires_at = json_integer_value(exp);
+	*out = rt;
+	r = 0;
+out:
+	json_decref(e);
+	return r;
+}
+
+/* Writes the entry of sandbox (lock held): route answer `route` with the
+ * entry's expiry. Atomic (write, fsync, rename). */
+static int cache_write(const struct client_opts *o, const char *sandbox, json_t *route, int64_t entry_expires_at)
+{
+	char p[4200], tmp[4300];
+	if (client_cache_path(o, sandbox, p, sizeof p) < 0)
+		return -1;
+	snprintf(tmp, sizeof tmp, "%s.%ld.tmp", p, (long)getpid());
+	json_t *e = json_pack("{s:s,s:I,s:O}", "cp_url", o->cp_url, "entry_expires_at", (json_int_t)entry_expires_at,
+	                      "route", route);
+	if (e == NULL)
+		return -1;
+	char *text = json_dumps(e, JSON_COMPACT);
+	json_decref(e);
+	if (text == NULL)
+		return -1;
+	int r = -1, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		size_t n = strlen(text), off = 0;
+		while (off < n) {
+			ssize_t w = write(fd, text + off, n - off);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				break;
+			off += (size_t)w;
+		}
+		if (off == n && fsync(fd) == 0)
+			r = 0;
+		close(fd);
+		if (r == 0 && rename(tmp, p) < 0)
+			r = -1;
+		if (r < 0)
+			unlink(tmp);
+	}
+	spaced_wipe(text, strlen(text));
+	free(text);
+	return r;
+}
+
+static void cache_remove(const struct client_opts *o, const char *sandbox)
+{
+	char p[4200];
+	if (client_cache_path(o, sandbox, p, sizeof p) == 0)
+		unlink(p);
+}
+
+/* ---- the control plane ---- */
+
+/* POST /v1/sandboxes/{id}/route: the current route as JSON (*json, a new
+ * reference) and parsed (*out). */
+static int resolve(const struct client_opts *o, const char *sandbox, json_t **json, struct client_route *out,
+                   char *err, size_t errsz)
+{
+	char path[256], *body = NULL, herr[256];
+	int status = 0, r = -1;
+	json_t *ans = NULL;
+	if (o->cp_url == NULL || o->api_key == NULL) {
+		snprintf(err, errsz, "SPACED_CP_URL and SPACED_API_KEY must be set (spacectl dev up writes them)");
+		return -1;
+	}
+	snprintf(path, sizeof path, "/v1/sandboxes/%s/route", sandbox);
+	json_error_t jerr;
+	/* a sandbox between two executions (moving, starting) has no route for a
+	 * moment: wait for the new one, at most CLIENT_RESOLVE_WAIT seconds */
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)CLIENT_RESOLVE_WAIT * 1000000000u;
+	for (;;) {
+		if (http_request(o->cp_url, "POST", path, o->api_key, "{}", &status, &body, herr, sizeof herr) < 0) {
+			snprintf(err, errsz, "control plane: %s", herr);
+			return -1;
+		}
+		ans = json_loads(body, JSON_REJECT_DUPLICATES, &jerr);
+		const char *state = json_string_value(json_object_get(ans, "state"));
+		if (status != 409 || state == NULL || (strcmp(state, "moving") != 0 && strcmp(state, "starting") != 0) ||
+		    spaced_mono_ns() > deadline)
+			break;
+		json_decref(ans);
+		ans = NULL;
+		free(body);
+		body = NULL;
+		usleep(100000);
+	}
+	if (status != 200) {
+		const char *code = json_string_value(json_object_get(ans, "error"));
+		const char *msg = json_string_value(json_object_get(ans, "message"));
+		snprintf(err, errsz, "control plane: route: %d %s%s%s", status, code ? code : "", msg ? ": " : "",
+		         msg ? msg : "");
+		goto out;
+	}
+	if (ans == NULL || route_from_json(ans, out, err, errsz) < 0)
+		goto out;
+	*json = ans;
+	ans = NULL;
+	r = 0;
+out:
+	json_decref(ans);
+	free(body);
+	return r;
+}
+
+static int same_route(const struct client_route *a, const struct client_route *b)
+{
+	return a->capability && b->capability && strcmp(a->capability, b->capability) == 0;
+}
+
+int client_route_get(const struct client_opts *o, const char *sandbox, struct client_route *out, char *err,
+                     size_t errsz)
+{
+	if (!spaced_name_valid(sandbox, strlen(sandbox))) {
+		snprintf(err, errsz, "'%s' is not a sandbox ID", sandbox);
+		return -1;
+	}
+	if (o->route_file != NULL) {
+		json_error_t jerr;
+		json_t *f = json_load_file(o->route_file, JSON_REJECT_DUPLICATES, &jerr);
+		if (f == NULL) {
+			snprintf(err, errsz, "%s: %s", o->route_file, jerr.text);
+			return -1;
+		}
+		json_t *rt = json_object_get(f, "route") ? json_object_get(f, "route") : f;
+		int r = route_from_json(rt, out, err, errsz);
+		json_decref(f);
+		return r;
+	}
+	int64_t now = spaced_now();
+	int lk = cache_lock(o, sandbox); /* no cache (no directory): resolve every time */
+	struct client_route c;
+	memset(&c, 0, sizeof c);
+	if (lk >= 0 && cache_read(o, sandbox, &c) == 0) {
+		if (c.entry_expires_at > now && c.cap_expires_at > now + CLIENT_CAP_MARGIN) {
+			cache_unlock(lk);
+			*out = c;
+			return 0;
+		}
+	}
+	/* a miss, or the capability nears expiry: the entry's expiry is kept
+	 * while it lasts (V4); an expired entry starts a new session */
+	int64_t entry_exp = c.capability != NULL && c.entry_expires_at > now ? c.entry_expires_at : now + CLIENT_SESSION_TTL;
+	client_route_clear(&c);
+	json_t *j = NULL;
+	struct client_route f;
+	if (resolve(o, sandbox, &j, &f, err, errsz) < 0) {
+		cache_unlock(lk);
+		return -1;
+	}
+	if (lk >= 0)
+		(void)cache_write(o, sandbox, j, entry_exp);
+	cache_unlock(lk);
+	json_decref(j);
+	f.entry_expires_at = entry_exp;
+	*out = f;
+	return 0;
+}
+
+int client_route_repair(const struct client_opts *o, const char *sandbox, const struct client_route *refused,
+                        struct client_route *fresh, int *replaced, char *err, size_t errsz)
+{
+	json_t *j = NULL;
+	struct client_route f;
+	int did = 0;
+	if (resolve(o, sandbox, &j, &f, err, errsz) < 0)
+		return -1;
+	int lk = cache_lock(o, sandbox);
+	struct client_route c;
+	memset(&c, 0, sizeof c);
+	/* V3: only the entry that still holds the refused route is replaced;
+	 * V4: with the entry's own expiry */
+	if (lk >= 0 && cache_read(o, sandbox, &c) == 0 && same_route(&c, refused)) {
+		if (cache_write(o, sandbox, j, c.entry_expires_at) == 0) {
+			did = 1;
+			f.entry_expires_at = c.entry_expires_at;
+		}
+	}
+	cache_unlock(lk);
+	client_route_clear(&c);
+	json_decref(j);
+	*fresh = f;
+	*replaced = did;
+	return 0;
+}
+
+void client_route_forget(const struct client_opts *o, const char *sandbox, const struct client_route *refused)
+{
+	int lk = cache_lock(o, sandbox);
+	struct client_route c;
+	memset(&c, 0, sizeof c);
+	if (lk >= 0 && cache_read(o, sandbox, &c) == 0 && same_route(&c, refused))
+		cache_remove(o, sandbox);
+	cache_unlock(lk);
+	client_route_clear(&c);
+}
+
+/* ---- one HTTP exchange with a worker ---- */
+
+static int send_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static const char *header_value(const char *head, const char *hend, const char *name, size_t *vlen)
+{
+	size_t nl = strlen(name);
+	for (const char *h = strstr(head, "\r\n"); h != NULL && h < hend; h = strstr(h + 2, "\r\n")) {
+		const char *line = h + 2;
+		if (strncasecmp(line, name, nl) == 0 && line[nl] == ':') {
+			const char *v = line + nl + 1;
+			while (*v == ' ' || *v == '\t')
+				v++;
+			const char *e = strstr(v, "\r\n");
+			if (e == NULL || e > hend)
+				e = hend;
+			*vlen = (size_t)(e - v);
+			return v;
+		}
+	}
+	return NULL;
+}
+
+/* Decodes a chunked body in place. Returns the decoded length or -1 when the
+ * body is malformed or cut short (no final chunk). */
+static long dechunk(unsigned char *b, size_t n)
+{
+	size_t in = 0, outl = 0;
+	for (;;) {
+		char *e = NULL;
+		if (in >= n)
+			return -1;
+		unsigned long sz = strtoul((char *)b + in, &e, 16);
+		if (e == (char *)b + in)
+			return -1;
+		const char *crlf = strstr(e, "\r\n");
+		if (crlf == NULL)
+			return -1;
+		in = (size_t)((const unsigned char *)crlf - b) + 2;
+		if (sz == 0)
+			return (long)outl;
+		if (sz > n - in || n - in - sz < 2)
+			return -1;
+		memmove(b + outl, b + in, sz);
+		outl += sz;
+		in += sz + 2;
+	}
+}
+
+/* Sends one request over a new connection and reads the whole answer.
+ * Returns 0 with status/identity/body set, or -1 with the transport error in
+ * reason (the request may or may not have reached the worker). */
+static int exchange(const struct client_route *rt, const char *sandbox, const struct client_request *req,
+                    int timeout_s, struct client_answer *a)
+{
+	char host[256], prefix[256], portstr[16];
+	int port, fd = -1, r = -1;
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+	char *head = NULL;
+	unsigned char *buf = NULL;
+	size_t len = 0, cap = 0;
+	if (client_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
+		return -1;
+	}
+	snprintf(portstr, sizeof portstr, "%d", port);
+	if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
+		snprintf(a->reason, sizeof a->reason, "cannot resolve %s", host);
+		return -1;
+	}
+	int cerr = 0;
+	for (struct addrinfo *p = ai; p != NULL; p = p->ai_next) {
+		fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
+		if (fd < 0)
+			continue;
+		struct timeval tv = {.tv_sec = timeout_s};
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
+			break;
+		cerr = errno;
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0) {
+		snprintf(a->reason, sizeof a->reason, "cannot connect to %s: %s", rt->worker_url, strerror(cerr));
+		goto out;
+	}
+	size_t need = strlen(req->method) + strlen(prefix) + strlen(sandbox) + strlen(req->op) + strlen(host) +
+	              strlen(rt->capability) + 256;
+	if ((head = malloc(need)) == NULL)
+		goto out;
+	int n = snprintf(head, need,
+	                 "%s %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n"
+	                 "Authorization: Bearer %s\r\n%s%s%sContent-Length: %zu\r\n\r\n",
+	                 req->method, prefix, sandbox, req->op, host, port, rt->capability,
+	                 req->content_type ? "Content-Type: " : "", req->content_type ? req->content_type : "",
+	                 req->content_type ? "\r\n" : "", req->body_len);
+	if (n < 0 || (size_t)n >= need || send_all(fd, head, (size_t)n) < 0 ||
+	    (req->body_len > 0 && send_all(fd, req->body, req->body_len) < 0)) {
+		snprintf(a->reason, sizeof a->reason, "cannot send the request: %s", strerror(errno));
+		goto out;
+	}
+	for (;;) {
+		if (len + 65536 + 1 > cap) {
+			if (cap >= CLIENT_ANSWER_MAX) {
+				snprintf(a->reason, sizeof a->reason, "answer larger than %u bytes", CLIENT_ANSWER_MAX);
+				goto out;
+			}
+			size_t ncap = cap ? cap * 2 : 131072;
+			unsigned char *nb = realloc(buf, ncap);
+			if (nb == NULL)
+				goto out;
+			buf = nb;
+			cap = ncap;
+		}
+		ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
+		if (got < 0) {
+			if (errno == EINTR)
+				continue;
+			snprintf(a->reason, sizeof a->reason, "no answer: %s", strerror(errno));
+			goto out;
+		}
+		if (got == 0)
+			break;
+		len += (size_t)got;
+	}
+	if (len == 0) {
+		snprintf(a->reason, sizeof a->reason, "connection closed without an answer");
+		goto out;
+	}
+	buf[len] = 0;
+	char *hend = strstr((char *)buf, "\r\n\r\n");
+	int st = 0;
+	if (hend == NULL || sscanf((char *)buf, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599) {
+		snprintf(a->reason, sizeof a->reason, "malformed answer");
+		goto out;
+	}
+	size_t vl = 0;
+	const char *v = header_value((char *)buf, hend, "X-Spaced-Identity", &vl);
+	if (v != NULL && vl < sizeof a->identity) {
+		memcpy(a->identity, v, vl);
+		a->identity[vl] = 0;
+	}
+	unsigned char *content = (unsigned char *)hend + 4;
+	size_t clen = len - (size_t)(content - buf);
+	const char *te = header_value((char *)buf, hend, "Transfer-Encoding", &vl);
+	if (te != NULL && vl >= 7 && strncasecmp(te, "chunked", 7) == 0) {
+		long d = dechunk(content, clen);
+		if (d < 0) {
+			snprintf(a->reason, sizeof a->reason, "answer cut short");
+			goto out;
+		}
+		clen = (size_t)d;
+	} else if ((v = header_value((char *)buf, hend, "Content-Length", &vl)) != NULL) {
+		unsigned long cl = strtoul(v, NULL, 10);
+		if (cl > clen) {
+			snprintf(a->reason, sizeof a->reason, "answer cut short");
+			goto out;
+		}
+		clen = cl;
+	}
+	if ((a->body = malloc(clen + 1)) == NULL)
+		goto out;
+	memcpy(a->body, content, clen);
+	a->body[clen] = 0;
+	a->body_len = clen;
+	a->status = st;
+	r = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	if (ai != NULL)
+		freeaddrinfo(ai);
+	free(head);
+	free(buf);
+	return r;
+}
+
+/* Classifies an answer: ALLOW, or a refusal with its reason. */
+static void classify(struct client_answer *a)
+{
+	a->outcome = CLIENT_ALLOW;
+	if (a->status != 401 && a->status != 403 && a->status != 409)
+		return;
+	json_error_t jerr;
+	json_t *b = json_loadb((const char *)a->body, a->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	const char *oc = json_string_value(json_object_get(b, "outcome"));
+	const char *rs = json_string_value(json_object_get(b, "reason"));
+	snprintf(a->reason, sizeof a->reason, "%s", rs ? rs : "unknown");
+	if (oc != NULL && strcmp(oc, "REFRESH_ROUTE") == 0 && a->status == 409)
+		a->outcome = CLIENT_REFRESH_ROUTE;
+	else
+		a->outcome = CLIENT_DENY; /* 401/403, or a 409 that is not a recognized refresh signal (V1) */
+	json_decref(b);
+}
+
+static const char *outcome_name(enum client_outcome o)
+{
+	switch (o) {
+	case CLIENT_ALLOW: return "ALLOW";
+	case CLIENT_REFRESH_ROUTE: return "REFRESH_ROUTE";
+	case CLIENT_DENY: return "DENY";
+	default: return "TRANSPORT";
+	}
+}
+
+static void tell(const struct client_opts *o, const struct client_route *rt, const struct client_answer *a)
+{
+	if (!o->verbose)
+		return;
+	if (a->outcome == CLIENT_ALLOW)
+		fprintf(stderr, "spacectl: %d from %s (identity %s)\n", a->status, rt->worker_url,
+		        a->identity[0] ? a->identity : "none");
+	else
+		fprintf(stderr, "spacectl: %s %s from %s (route %s)\n", outcome_name(a->outcome), a->reason,
+		        rt->worker_url, rt->identity);
+}
+
+int client_call(const struct client_opts *o, const char *sandbox, const struct client_request *req,
+                struct client_answer *out, char *err, size_t errsz)
+{
+	struct client_route rt;
+	struct client_answer a;
+	int transport_retry = 0, refreshed = 0, attempts = 0;
+	memset(&a, 0, sizeof a);
+	if (client_route_get(o, sandbox, &rt, err, errsz) < 0)
+		return -1;
+	int timeout = req->timeout_s > 0 ? req->timeout_s : 300;
+	for (;;) {
+		client_answer_clear(&a);
+		attempts++;
+		if (exchange(&rt, sandbox, req, timeout, &a) < 0) {
+			a.outcome = CLIENT_TRANSPORT;
+			a.status = 0;
+			if (o->verbose)
+				fprintf(stderr, "spacectl: transport failure at %s: %s\n", rt.worker_url, a.reason);
+			/* an idempotent read may go once more on a fresh connection;
+			 * a write or an exec may have happened: never sent again */
+			if (req->idempotent && !o->no_retry && !transport_retry) {
+				transport_retry = 1;
+				continue;
+			}
+			break;
+		}
+		classify(&a);
+		tell(o, &rt, &a);
+		if (a.outcome == CLIENT_DENY) {
+			if (o->route_file == NULL)
+				client_route_forget(o, sandbox, &rt);
+			break; /* V1, C5: never retried */
+		}
+		if (a.outcome != CLIENT_REFRESH_ROUTE || o->no_retry || refreshed)
+			break;
+		/* V2: resolve the current execution, one rebuilt retry */
+		struct client_route fresh;
+		int replaced = 0;
+		if (client_route_repair(o, sandbox, &rt, &fresh, &replaced, err, errsz) < 0) {
+			client_route_clear(&rt);
+			client_answer_clear(&a);
+			return -1;
+		}
+		if (o->verbose)
+			fprintf(stderr, "spacectl: route repaired: %s at %s (cache entry %s)\n", fresh.identity,
+			        fresh.worker_url, replaced ? "replaced, expiry kept" : "left alone: it holds another route");
+		client_route_clear(&rt);
+		rt = fresh;
+		refreshed = 1;
+	}
+	client_route_clear(&rt);
+	a.attempts = attempts;
+	a.refreshed = refreshed;
+	*out = a;
+	return 0;
+}

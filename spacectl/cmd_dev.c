@@ -1,0 +1,570 @@
+/*
+ * cmd_dev.c — a development cluster on this machine:
+ *   dev up [--workers N] [--dir DIR] [--substrate process|dev]
+ *   dev down [--dir DIR]
+ *   dev status [--dir DIR]
+ * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
+ * DIR/worker-K, each with its spaced-cp-link) on loopback ports, creates a
+ * tenant and its API key and writes DIR/env. Every process started is recorded
+ * in DIR/pids as "NAME PID STARTTIME" (the start time pins the process: a
+ * reused PID is never signalled). Binaries are looked up next to spacectl
+ * (BUILD/spacectl/../spaced-cp/…) or under $SPACED_BUILD.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "cmd_ops.h"
+#include "http_client.h"
+
+#define DEV_MAX_WORKERS 16
+
+static const char usage_dev[] =
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev]\n"
+	"       spacectl dev down [--dir DIR]\n"
+	"       spacectl dev status [--dir DIR]\n"
+	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
+
+static char build_dir[PATH_MAX];
+
+static int find_build(void)
+{
+	const char *b = getenv("SPACED_BUILD");
+	if (b != NULL && b[0]) {
+		snprintf(build_dir, sizeof build_dir, "%s", b);
+		return 0;
+	}
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (n <= 0)
+		return -1;
+	self[n] = 0;
+	char *s = strrchr(self, '/'); /* BUILD/spacectl/spacectl */
+	if (s == NULL)
+		return -1;
+	*s = 0;
+	s = strrchr(self, '/');
+	if (s == NULL)
+		return -1;
+	*s = 0;
+	snprintf(build_dir, sizeof build_dir, "%s", self);
+	return 0;
+}
+
+static int bin(char *out, size_t outsz, const char *rel)
+{
+	snprintf(out, outsz, "%s/%s", build_dir, rel);
+	return access(out, X_OK);
+}
+
+static unsigned long long start_time(pid_t pid)
+{
+	char p[64], buf[2048];
+	snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(p, "r");
+	if (f == NULL)
+		return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	char *e = strrchr(buf, ')');
+	if (e == NULL)
+		return 0;
+	char state = 0;
+	unsigned long long st = 0;
+	/* fields after the name: state(3) … starttime(22) */
+	if (sscanf(e + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state,
+	           &st) != 2)
+		return 0;
+	if (state == 'Z' || state == 'X')
+		return 0; /* ended */
+	return st;
+}
+
+/* A writable copy of argv for execv (in the child, before exec). */
+static char **argv_copy(const char *const argv[])
+{
+	size_t n = 0;
+	while (argv[n] != NULL)
+		n++;
+	char **v = calloc(n + 1, sizeof *v);
+	for (size_t i = 0; v != NULL && i < n; i++)
+		if ((v[i] = strdup(argv[i])) == NULL)
+			return NULL;
+	return v;
+}
+
+/* Starts argv in the background in its own session, output to log. */
+static pid_t spawn(const char *const argv[], const char *log)
+{
+	pid_t pid = fork();
+	if (pid != 0)
+		return pid;
+	char **av = argv_copy(argv);
+	if (av == NULL)
+		_exit(127);
+	setsid();
+	int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	if (in >= 0)
+		dup2(in, 0);
+	if (out >= 0) {
+		dup2(out, 1);
+		dup2(out, 2);
+	}
+	execv(av[0], av);
+	_exit(127);
+}
+
+/* Runs argv and returns its first output line (a new string), or NULL. */
+static char *run_line(const char *const argv[])
+{
+	int p[2];
+	if (pipe(p) < 0)
+		return NULL;
+	pid_t pid = fork();
+	if (pid == 0) {
+		dup2(p[1], 1);
+		close(p[0]);
+		close(p[1]);
+		int dn = open("/dev/null", O_WRONLY);
+		if (dn >= 0)
+			dup2(dn, 2);
+		char **av = argv_copy(argv);
+		if (av != NULL)
+			execv(av[0], av);
+		_exit(127);
+	}
+	close(p[1]);
+	char buf[1024];
+	size_t n = 0;
+	ssize_t r;
+	while (n < sizeof buf - 1 && (r = read(p[0], buf + n, sizeof buf - 1 - n)) > 0)
+		n += (size_t)r;
+	close(p[0]);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	buf[n] = 0;
+	char *nl = strchr(buf, '\n');
+	if (nl)
+		*nl = 0;
+	if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || buf[0] == 0)
+		return NULL;
+	return strdup(buf);
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static char *read_small(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return NULL;
+	char buf[512];
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+		buf[--n] = 0;
+	return n ? strdup(buf) : NULL;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	remove(p);
+	return 0;
+}
+
+static void record(FILE *pids, const char *name, pid_t pid)
+{
+	fprintf(pids, "%s %d %llu\n", name, (int)pid, start_time(pid));
+	fflush(pids);
+}
+
+struct proc_rec {
+	char name[128];
+	pid_t pid;
+	unsigned long long st;
+};
+
+static int load_pids(const char *dir, struct proc_rec *r, int max)
+{
+	char p[PATH_MAX + 16];
+	snprintf(p, sizeof p, "%s/pids", dir);
+	FILE *f = fopen(p, "r");
+	if (f == NULL)
+		return -1;
+	int n = 0, pid;
+	unsigned long long st;
+	char name[128];
+	while (n < max && fscanf(f, "%127s %d %llu", name, &pid, &st) == 3) {
+		snprintf(r[n].name, sizeof r[n].name, "%s", name);
+		r[n].pid = pid;
+		r[n].st = st;
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+static int alive(const struct proc_rec *r)
+{
+	return r->pid > 0 && r->st != 0 && start_time(r->pid) == r->st;
+}
+
+/* Kills every process whose command line names the cluster's directory (the
+ * executions that the workers started: guests, launchers, bridges). */
+static void kill_executions(const char *absdir)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	size_t dl = strlen(absdir);
+	if (d == NULL)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		pid_t pid = (pid_t)atoi(e->d_name);
+		if (pid <= 1 || pid == getpid())
+			continue;
+		char p[64], buf[8192];
+		snprintf(p, sizeof p, "/proc/%d/cmdline", (int)pid);
+		int fd = open(p, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, buf, sizeof buf - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		for (ssize_t i = 0; i < n; i++)
+			if (buf[i] == 0)
+				buf[i] = ' ';
+		buf[n] = 0;
+		char pat[PATH_MAX + 2];
+		snprintf(pat, sizeof pat, "%s/", absdir);
+		if (dl > 1 && strstr(buf, pat) != NULL)
+			kill(pid, SIGKILL);
+	}
+	closedir(d);
+}
+
+static int dev_down(const char *dir, int quiet, int remove_dir)
+{
+	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
+	char absdir[PATH_MAX];
+	int n = load_pids(dir, r, (int)(sizeof r / sizeof r[0]));
+	if (n < 0) {
+		if (!quiet)
+			fprintf(stderr, "spacectl: dev down: nothing recorded in %s/pids\n", dir);
+		return quiet ? 0 : 1;
+	}
+	/* links first, then workers, the control plane last */
+	for (int i = n - 1; i >= 0; i--)
+		if (alive(&r[i]))
+			kill(r[i].pid, SIGTERM);
+	for (int t = 0; t < 100; t++) {
+		int any = 0;
+		for (int i = 0; i < n; i++)
+			any |= alive(&r[i]);
+		if (!any)
+			break;
+		sleep_ms(50);
+	}
+	for (int i = 0; i < n; i++)
+		if (alive(&r[i]))
+			kill(r[i].pid, SIGKILL);
+	if (realpath(dir, absdir) != NULL)
+		kill_executions(absdir);
+	if (!quiet)
+		printf("stopped %d processes; removed %s\n", n, dir);
+	if (remove_dir)
+		nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	else {
+		char p[PATH_MAX + 16];
+		snprintf(p, sizeof p, "%s/pids", dir);
+		unlink(p);
+	}
+	return 0;
+}
+
+static int wait_file(const char *path, pid_t pid, int ms)
+{
+	for (int t = 0; t < ms / 50; t++) {
+		struct stat sb;
+		if (stat(path, &sb) == 0 && sb.st_size > 0)
+			return 0;
+		if (stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode))
+			return 0;
+		if (kill(pid, 0) < 0 || start_time(pid) == 0)
+			return -1;
+		sleep_ms(50);
+	}
+	return -1;
+}
+
+static int dev_up(const char *dir, int nworkers, const char *substrate)
+{
+	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], link[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
+	char p[PATH_MAX + 64], p2[PATH_MAX + 64], absdir[PATH_MAX], err[256];
+	char *tkey = NULL, *ekey = NULL, *port = NULL, *body = NULL;
+	FILE *pids = NULL;
+	int rc = 1, real = 0;
+	if (find_build() < 0 || bin(cp, sizeof cp, "spaced-cp/spaced-cp") < 0 ||
+	    bin(node, sizeof node, "spaced-node/spaced-node") < 0 || bin(guest, sizeof guest, "spaced-guest/spaced-guest") < 0 ||
+	    bin(link, sizeof link, "spaced-cp/spaced-cp-link") < 0)
+		return cli_fail("dev up", "spaced-cp, spaced-node, spaced-guest and spaced-cp-link must be built (%s; set SPACED_BUILD)",
+		                build_dir);
+	if (strcmp(substrate, "process") == 0) {
+		real = geteuid() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 &&
+		       bin(host, sizeof host, "spaced-host/spaced-host") == 0;
+		if (!real)
+			fprintf(stderr, "spacectl: dev up: the process substrate needs root, spaced-launch and spaced-host; "
+			                "using development executions (plain spaced-guest processes)\n");
+	} else if (strcmp(substrate, "dev") != 0) {
+		return cli_fail("dev up", "substrate '%s' is not available here (process, dev)", substrate);
+	}
+	struct proc_rec old[2 * DEV_MAX_WORKERS + 4];
+	int nold = load_pids(dir, old, (int)(sizeof old / sizeof old[0]));
+	for (int i = 0; i < nold; i++)
+		if (alive(&old[i]))
+			return cli_fail("dev up", "a cluster is already up in %s (spacectl dev down --dir %s)", dir, dir);
+	dev_down(dir, 1, 1); /* leftovers of a cluster that died */
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return cli_fail("dev up", "cannot create %s: %s", dir, strerror(errno));
+	if (realpath(dir, absdir) == NULL)
+		return cli_fail("dev up", "%s: %s", dir, strerror(errno));
+	snprintf(p, sizeof p, "%s/pids", absdir);
+	if ((pids = fopen(p, "w")) == NULL)
+		return cli_fail("dev up", "cannot write %s", p);
+	snprintf(p, sizeof p, "%s/cp", absdir);
+	mkdir(p, 0700);
+	{
+		const char *a1[] = {cp, "admin", "--state", p, "create-tenant", "dev", NULL};
+		const char *a2[] = {cp, "admin", "--state", p, "create-enrollment-key", NULL};
+		if ((tkey = run_line(a1)) == NULL || (ekey = run_line(a2)) == NULL) {
+			rc = cli_fail("dev up", "spaced-cp admin failed (state %s)", p);
+			goto out;
+		}
+	}
+	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
+	{
+		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", NULL};
+		pid_t pid = spawn(a, p2);
+		if (pid < 0) {
+			rc = cli_fail("dev up", "fork: %s", strerror(errno));
+			goto out;
+		}
+		record(pids, "spaced-cp", pid);
+		snprintf(p, sizeof p, "%s/cp/cp.port", absdir);
+		if (wait_file(p, pid, 15000) < 0 || (port = read_small(p)) == NULL) {
+			rc = cli_fail("dev up", "the control plane did not start (see %s)", p2);
+			goto out;
+		}
+	}
+	char cpurl[64];
+	snprintf(cpurl, sizeof cpurl, "http://127.0.0.1:%s", port);
+	for (int t = 0;; t++) {
+		int st = 0;
+		if (http_request(cpurl, "GET", "/v1/healthz", NULL, NULL, &st, &body, err, sizeof err) == 0) {
+			free(body);
+			body = NULL;
+			break;
+		}
+		if (t > 200) {
+			rc = cli_fail("dev up", "the control plane does not answer: %s", err);
+			goto out;
+		}
+		sleep_ms(50);
+	}
+	for (int k = 1; k <= nworkers; k++) {
+		char wid[32], wdir[PATH_MAX + 32], log[PATH_MAX + 64], wport[64], url[128], reg[1024];
+		snprintf(wid, sizeof wid, "worker-%d", k);
+		snprintf(wdir, sizeof wdir, "%s/%s", absdir, wid);
+		snprintf(log, sizeof log, "%s/%s.log", absdir, wid);
+		mkdir(wdir, 0755);
+		const char *a[16] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest, NULL};
+		if (real) {
+			a[9] = "--launcher";
+			a[10] = launch;
+			a[11] = "--host";
+			a[12] = host;
+			a[13] = NULL;
+		}
+		pid_t pid = spawn(a, log);
+		record(pids, wid, pid);
+		snprintf(p, sizeof p, "%s/api.port", wdir);
+		snprintf(p2, sizeof p2, "%s/admin.sock", wdir);
+		char *wp = NULL;
+		if (wait_file(p, pid, 15000) < 0 || wait_file(p2, pid, 15000) < 0 || (wp = read_small(p)) == NULL) {
+			rc = cli_fail("dev up", "%s did not start (see %s)", wid, log);
+			goto out;
+		}
+		snprintf(wport, sizeof wport, "%s", wp);
+		free(wp);
+		snprintf(url, sizeof url, "http://127.0.0.1:%s", wport);
+		snprintf(reg, sizeof reg, "{\"id\":\"%s\",\"url\":\"%s\",\"capacity\":64,\"substrates\":[\"process\"]}", wid,
+		         url);
+		int st = 0;
+		if (http_request(cpurl, "POST", "/v1/workers", ekey, reg, &st, &body, err, sizeof err) < 0 || st != 200) {
+			rc = cli_fail("dev up", "registering %s: %s", wid, st ? body : err);
+			goto out;
+		}
+		free(body);
+		body = NULL;
+		char wsurl[64];
+		snprintf(wsurl, sizeof wsurl, "ws://127.0.0.1:%s", port);
+		snprintf(log, sizeof log, "%s/link-%s.log", absdir, wid);
+		const char *la[] = {link, "--cp", wsurl, "--worker", wid, "--key", ekey, "--admin", p2, NULL};
+		pid = spawn(la, log);
+		char lname[128];
+		snprintf(lname, sizeof lname, "link-%s", wid);
+		record(pids, lname, pid);
+	}
+	/* every worker's control channel is open */
+	for (int t = 0;; t++) {
+		int st = 0, connected = 0;
+		if (http_request(cpurl, "GET", "/v1/workers", tkey, NULL, &st, &body, err, sizeof err) == 0 && st == 200) {
+			json_error_t jerr;
+			json_t *j = json_loads(body, 0, &jerr), *w;
+			size_t i;
+			json_array_foreach(json_object_get(j, "workers"), i, w)
+				connected += json_is_true(json_object_get(w, "connected"));
+			json_decref(j);
+		}
+		free(body);
+		body = NULL;
+		if (connected == nworkers)
+			break;
+		if (t > 600) {
+			rc = cli_fail("dev up", "%d of %d workers connected to the control plane after 30 s", connected, nworkers);
+			goto out;
+		}
+		sleep_ms(50);
+	}
+	snprintf(p, sizeof p, "%s/env", absdir);
+	FILE *f = fopen(p, "w");
+	if (f == NULL) {
+		rc = cli_fail("dev up", "cannot write %s", p);
+		goto out;
+	}
+	fchmod(fileno(f), 0600);
+	fprintf(f, "SPACED_CP_URL=%s\nSPACED_API_KEY=%s\nexport SPACED_CP_URL SPACED_API_KEY\n", cpurl, tkey);
+	fclose(f);
+	printf("SPACED_CP_URL=%s\nSPACED_API_KEY=%s\n", cpurl, tkey);
+	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions); "
+	                "`. %s/env` to use it, `spacectl dev down --dir %s` to stop it\n",
+	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s", real ? "process substrate" : "development", absdir,
+	        dir);
+	rc = 0;
+out:
+	if (pids != NULL)
+		fclose(pids);
+	if (rc != 0)
+		dev_down(dir, 1, 0); /* the logs stay for a look */
+	free(tkey);
+	free(ekey);
+	free(port);
+	free(body);
+	return rc;
+}
+
+static int dev_status(const char *dir)
+{
+	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
+	int n = load_pids(dir, r, (int)(sizeof r / sizeof r[0])), up = 0;
+	if (n < 0) {
+		printf("no dev cluster in %s\n", dir);
+		return 1;
+	}
+	for (int i = 0; i < n; i++) {
+		int a = alive(&r[i]);
+		up += a;
+		printf("%-20s pid %-8d %s\n", r[i].name, (int)r[i].pid, a ? "running" : "gone");
+	}
+	char p[PATH_MAX + 16];
+	snprintf(p, sizeof p, "%s/env", dir);
+	FILE *f = fopen(p, "r");
+	if (f != NULL) {
+		char line[512], url[256] = "", key[256] = "";
+		while (fgets(line, sizeof line, f)) {
+			line[strcspn(line, "\n")] = 0;
+			if (strncmp(line, "SPACED_CP_URL=", 14) == 0)
+				snprintf(url, sizeof url, "%s", line + 14);
+			if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
+				snprintf(key, sizeof key, "%s", line + 15);
+		}
+		fclose(f);
+		char *body = NULL, err[256];
+		int st = 0;
+		if (url[0] && http_request(url, "GET", "/v1/workers", key, NULL, &st, &body, err, sizeof err) == 0 && st == 200) {
+			json_error_t jerr;
+			json_t *j = json_loads(body, 0, &jerr), *w;
+			size_t i;
+			printf("control plane %s:\n", url);
+			json_array_foreach(json_object_get(j, "workers"), i, w)
+				printf("  %-12s %-5s %-13s %lld sandboxes  %s\n", json_string_value(json_object_get(w, "id")),
+				       json_string_value(json_object_get(w, "state")),
+				       json_is_true(json_object_get(w, "connected")) ? "connected" : "not connected",
+				       (long long)json_integer_value(json_object_get(w, "sandboxes")),
+				       json_string_value(json_object_get(w, "url")));
+			json_decref(j);
+		} else if (url[0]) {
+			printf("control plane %s: not answering\n", url);
+		}
+		free(body);
+	}
+	return up == n ? 0 : 1;
+}
+
+int cmd_dev(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"workers", required_argument, NULL, 'w'},
+		{"dir", required_argument, NULL, 'd'},
+		{"substrate", required_argument, NULL, 's'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process";
+	int workers = 2, c;
+	if (dir == NULL || !dir[0])
+		dir = ".spaced-dev";
+	if (argc < 2)
+		return cli_usage(usage_dev);
+	const char *sub = argv[1];
+	optind = 1;
+	while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'w': workers = atoi(optarg); break;
+		case 'd': dir = optarg; break;
+		case 's': substrate = optarg; break;
+		default: return cli_usage(usage_dev);
+		}
+	}
+	if (optind != argc - 1 || workers < 1 || workers > DEV_MAX_WORKERS)
+		return cli_usage(usage_dev);
+	if (strcmp(sub, "up") == 0)
+		return dev_up(dir, workers, substrate);
+	if (strcmp(sub, "down") == 0)
+		return dev_down(dir, 0, 1);
+	if (strcmp(sub, "status") == 0)
+		return dev_status(dir);
+	return cli_usage(usage_dev);
+}
