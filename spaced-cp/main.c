@@ -231,6 +231,8 @@ int main(int argc, char **argv)
 	char like[40];
 	snprintf(like, sizeof like, "%%@%s", cp.replica_id);
 	CP_Q(cp.lws_st, NULL, NULL, "UPDATE sandboxes SET op_until = 0 WHERE op LIKE $1", like);
+	/* and so are the channels it held */
+	CP_Q(cp.lws_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE channel_replica = $1", cp.replica_id);
 	pthread_t reaper;
 	int have_reaper = pthread_create(&reaper, NULL, reaper_thread, &cp) == 0;
 	r = cp_server_run(&cp);

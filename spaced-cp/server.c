@@ -84,6 +84,9 @@ static void dispatch(struct cp *cp, struct cp_req *rq)
 		lws_callback_on_writable(rq->wsi);
 		return;
 	}
+	/* a lifecycle call may wait for several worker acks: no libwebsockets
+	 * pending timeout on this connection until the answer is written */
+	lws_set_timeout(rq->wsi, NO_PENDING_TIMEOUT, 0);
 	pthread_mutex_lock(&cp->mu);
 	rq->refs++;
 	rq->next_job = NULL;
@@ -205,8 +208,9 @@ static void chan_seen(struct cp *cp, const struct chan *ch)
 {
 	char now[24], until[24];
 	int64_t t = spaced_now();
-	CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET last_seen = $2, channel_until = $3 WHERE id = $1", ch->worker,
-	     cp_i64(now, t), cp_i64(until, t + 10));
+	CP_Q(cp->lws_st, NULL, NULL,
+	     "UPDATE workers SET last_seen = $2, channel_until = $3, channel_replica = $4 WHERE id = $1", ch->worker,
+	     cp_i64(now, t), cp_i64(until, t + 10), cp->replica_id);
 }
 
 static int chan_hello(struct cp *cp, struct chan *ch, const struct cp_chan_msg *m)

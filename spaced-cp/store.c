@@ -21,7 +21,7 @@ static const char schema[] =
 	" tenant TEXT, created BIGINT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, url TEXT NOT NULL, capacity BIGINT NOT NULL,"
 	" substrates TEXT NOT NULL, enroll_key TEXT NOT NULL, next_seq BIGINT NOT NULL, last_seen BIGINT NOT NULL,"
-	" acked_seq BIGINT NOT NULL DEFAULT 0, channel_until BIGINT NOT NULL DEFAULT 0, created BIGINT NOT NULL);"
+	" acked_seq BIGINT NOT NULL DEFAULT 0, channel_until BIGINT NOT NULL DEFAULT 0, channel_replica TEXT, created BIGINT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS sandboxes (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, state TEXT NOT NULL,"
 	" generation BIGINT NOT NULL, worker TEXT, substrate TEXT NOT NULL, activation TEXT NOT NULL,"
 	" spec TEXT NOT NULL, snapshot TEXT, op TEXT, op_until BIGINT NOT NULL DEFAULT 0, last_error TEXT,"

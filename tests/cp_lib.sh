@@ -35,7 +35,7 @@ expect() {
 start_cp() {
 	name=$1; shift
 	rm -f "$W/$name/cp.port"
-	"$CP" --state "$W/$name" --listen 127.0.0.1:0 ${CP_DB:+--db "$CP_DB"} --ack-timeout 3000 "$@" \
+	"$CP" --state "$W/$name" --listen 127.0.0.1:0 ${CP_DB:+--db "$CP_DB"} --ack-timeout 5000 "$@" \
 		>>"$W/$name.log" 2>&1 &
 	CP_PID=$!
 	PIDS="$PIDS $CP_PID"
