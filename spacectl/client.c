@@ -370,7 +370,7 @@ int client_route_repair(const struct client_opts *o, const char *sandbox, const 
 {
 	json_t *j = NULL;
 	struct client_route f;
-	int did = 0;
+	int did = CLIENT_CACHE_NONE;
 	if (resolve(o, sandbox, &j, &f, err, errsz) < 0)
 		return -1;
 	int lk = cache_lock(o, sandbox);
@@ -378,9 +378,10 @@ int client_route_repair(const struct client_opts *o, const char *sandbox, const 
 	memset(&c, 0, sizeof c);
 	/* V3: only the entry that still holds the refused route is replaced;
 	 * V4: with the entry's own expiry */
-	if (lk >= 0 && cache_read(o, sandbox, &c) == 0 && same_route(&c, refused)) {
-		if (cache_write(o, sandbox, j, c.entry_expires_at) == 0) {
-			did = 1;
+	if (lk >= 0 && cache_read(o, sandbox, &c) == 0) {
+		did = CLIENT_CACHE_OTHER;
+		if (same_route(&c, refused) && cache_write(o, sandbox, j, c.entry_expires_at) == 0) {
+			did = CLIENT_CACHE_REPLACED;
 			f.entry_expires_at = c.entry_expires_at;
 		}
 	}
@@ -636,6 +637,15 @@ static void tell(const struct client_opts *o, const struct client_route *rt, con
 		        rt->worker_url, rt->identity);
 }
 
+const char *client_cache_verdict(int replaced)
+{
+	switch (replaced) {
+	case CLIENT_CACHE_REPLACED: return "cache entry replaced, its expiry kept";
+	case CLIENT_CACHE_OTHER: return "cache entry left alone: it holds another route";
+	default: return "no cache entry";
+	}
+}
+
 int client_call(const struct client_opts *o, const char *sandbox, const struct client_request *req,
                 struct client_answer *out, char *err, size_t errsz)
 {
@@ -680,8 +690,8 @@ int client_call(const struct client_opts *o, const char *sandbox, const struct c
 			return -1;
 		}
 		if (o->verbose)
-			fprintf(stderr, "spacectl: route repaired: %s at %s (cache entry %s)\n", fresh.identity,
-			        fresh.worker_url, replaced ? "replaced, expiry kept" : "left alone: it holds another route");
+			fprintf(stderr, "spacectl: route resolved again: %s at %s (%s); one retry\n", fresh.identity,
+			        fresh.worker_url, client_cache_verdict(replaced));
 		client_route_clear(&rt);
 		rt = fresh;
 		refreshed = 1;

@@ -71,14 +71,20 @@ void client_route_clear(struct client_route *r);
 int client_route_get(const struct client_opts *o, const char *sandbox, struct client_route *out, char *err,
                      size_t errsz);
 
+enum { CLIENT_CACHE_NONE = 0, CLIENT_CACHE_REPLACED = 1, CLIENT_CACHE_OTHER = 2 };
+
 /* After a REFRESH_ROUTE answer to `refused`: resolves the route at the control
  * plane into *fresh and replaces the cache entry only when it still holds
- * `refused` (V3), keeping the entry's expiry (V4). *replaced says whether the
- * entry changed. Returns 0 or -1 with a reason in err. */
+ * `refused` (V3), keeping the entry's expiry (V4). *replaced is
+ * CLIENT_CACHE_REPLACED, CLIENT_CACHE_OTHER (the entry holds another route:
+ * left alone) or CLIENT_CACHE_NONE. Returns 0 or -1 with a reason in err. */
 int client_route_repair(const struct client_opts *o, const char *sandbox, const struct client_route *refused,
                         struct client_route *fresh, int *replaced, char *err, size_t errsz);
 
 /* After a DENY answer to `refused`: drops the cache entry when it still holds it. */
+/* A human phrase for a *replaced value of client_route_repair. */
+const char *client_cache_verdict(int replaced);
+
 void client_route_forget(const struct client_opts *o, const char *sandbox, const struct client_route *refused);
 
 /* The cache entry file of sandbox (for tools and tests), or -1. */

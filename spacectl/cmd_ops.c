@@ -603,8 +603,9 @@ int cmd_watch(int argc, char **argv)
 				cli_fail("watch", "%s", err);
 				break;
 			}
-			fprintf(stderr, "spacectl: watch %s (%s): reopening at %s (identity %s)\n",
-			        w->allowed ? "cut" : "refused", w->close_reason, fresh.worker_url, fresh.identity);
+			fprintf(stderr, "spacectl: watch %s (%s): reopening at %s (identity %s; %s)\n",
+			        w->allowed ? "cut" : "refused", w->close_reason, fresh.worker_url, fresh.identity,
+			        client_cache_verdict(replaced));
 			client_route_clear(&rt);
 			rt = fresh;
 			continue;
