@@ -165,10 +165,13 @@ int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t s
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
 		return SPACED_EIO;
+	uint64_t next = st->next_epoch;
+	if (rec && rec->r.epoch >= next)
+		next = rec->r.epoch + 1; /* an epoch handed out is never handed out again */
 	if (rec)
 		e = put_rec(st->db, rec);
 	if (e == 0)
-		e = meta_set(st->db, "next_epoch", (int64_t)st->next_epoch);
+		e = meta_set(st->db, "next_epoch", (int64_t)next);
 	if (e == 0 && seq > 0) {
 		sqlite3_stmt *s = NULL;
 		if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
@@ -192,6 +195,7 @@ int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t s
 	}
 	if (seq > st->last_seq)
 		st->last_seq = seq;
+	st->next_epoch = next;
 	return 0;
 }
 
