@@ -59,6 +59,7 @@ step "3. A sandbox on worker-1"
 printf '$ spacectl create --worker worker-1\n'
 X=$("$S" create --worker worker-1)
 echo "$X"
+"$S" fs mkdir "$X" /workspace >/dev/null 2>&1 || true # there already on the process substrate
 run "$S" ls
 
 step "4. Write a file and read it back; -v shows the execution that served each answer"
@@ -111,6 +112,10 @@ say "now $(date -u +%Y-%m-%dT%H:%M:%SZ), the capability expires at $(jq -r .expi
 run "$S" fs read --no-retry --route "$D/old-route.json" "$X" /workspace/hello.txt || say "(exit status $?: not ALLOW)"
 
 step "11. Meanwhile the watch was cut when worker-1 installed the deactivation and reopened through admission at worker-2 (S1, V5)"
+i=0
+until [ "$(grep -c '^spacectl: watching' "$D/watch.out" 2>/dev/null)" -ge 2 ]; do
+	i=$((i + 1)); [ $i -lt 400 ] || break; sleep 0.05
+done
 printf '$ echo more | spacectl fs write %s /workspace/more.txt\n' "$X"
 echo more | "$S" fs write "$X" /workspace/more.txt
 i=0
