@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,9 @@
 #define WATCH_MASK                                                                          \
 	(IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | \
 	 IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK)
+
+/* How long a MOVED_FROM at the end of a read waits for its MOVED_TO. */
+#define MOVE_PAIR_WAIT_MS 20
 
 struct wdent {
 	int wd;
@@ -223,13 +227,14 @@ int watch_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 void watch_on_readable(struct watch *w)
 {
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-	ssize_t k = read(w->ifd, buf, sizeof buf);
-	if (k <= 0)
-		return;
 	char pend[SPACED_GUEST_PATH_MAX] = "";
 	char last_modify[SPACED_GUEST_PATH_MAX] = "";
 	uint32_t pend_cookie = 0;
 	bool pend_dir = false, have_pend = false;
+	ssize_t k = read(w->ifd, buf, sizeof buf);
+	if (k <= 0)
+		return;
+next_batch:
 	for (char *p = buf; p < buf + k;) {
 		struct inotify_event *ev = (struct inotify_event *)(void *)p;
 		p += sizeof *ev + ev->len;
@@ -297,6 +302,13 @@ void watch_on_readable(struct watch *w)
 		}
 	}
 	if (have_pend) {
+		/* The two halves of a rename can arrive in different reads: give the
+		 * MOVED_TO a moment before calling this a move out of the tree. */
+		struct pollfd pf = {.fd = w->ifd, .events = POLLIN};
+		if (poll(&pf, 1, MOVE_PAIR_WAIT_MS) > 0 && (k = read(w->ifd, buf, sizeof buf)) > 0) {
+			last_modify[0] = 0;
+			goto next_batch;
+		}
 		emit(w, SPACED_GUEST_EV_MOVE, pend, "");
 		if (pend_dir)
 			drop_tree(w, pend);
