@@ -35,18 +35,6 @@
 #define TCP_LISTEN 10
 #endif
 
-static void setwhy(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void setwhy(char *why, size_t whysz, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why == NULL || whysz == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(why, whysz, fmt, ap);
-	va_end(ap);
-}
 
 static int sys_pidfd_open(pid_t pid)
 {
@@ -548,19 +536,19 @@ static int check_exe(const struct spaced_pidref *p, const struct spaced_exe_id *
 	int r = spaced_pidref_exe(p, want->has_hash, &got);
 
 	if (r < 0) {
-		setwhy(why, whysz, "%s process %d: executable unreadable (%s)", who, (int)p->pid,
+		spaced_why(why, whysz, "%s process %d: executable unreadable (%s)", who, (int)p->pid,
 		       spaced_strerror(r));
 		return SPACED_EPEER;
 	}
 	if (got.dev != want->dev || got.ino != want->ino) {
-		setwhy(why, whysz,
+		spaced_why(why, whysz,
 		       "%s process %d: executable dev/ino %" PRIu64 "/%" PRIu64
 		       " differs from the expected %" PRIu64 "/%" PRIu64 " (replaced executable?)",
 		       who, (int)p->pid, got.dev, got.ino, want->dev, want->ino);
 		return SPACED_EPEER;
 	}
 	if (want->has_hash && !spaced_ct_eq(got.hash, want->hash, SPACED_EXE_HASH_LEN)) {
-		setwhy(why, whysz, "%s process %d: executable hash differs from the expected one",
+		spaced_why(why, whysz, "%s process %d: executable hash differs from the expected one",
 		       who, (int)p->pid);
 		return SPACED_EPEER;
 	}
@@ -578,36 +566,36 @@ int spaced_peer_verify_listener(const char *path, const struct spaced_expected_l
 	if (path == NULL || exp == NULL || exp->pid <= 0)
 		return SPACED_EINVAL;
 	if (lstat(path, &st) < 0) {
-		setwhy(why, whysz, "%s: %s", path, strerror(errno));
+		spaced_why(why, whysz, "%s: %s", path, strerror(errno));
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (!S_ISSOCK(st.st_mode)) {
-		setwhy(why, whysz, "%s is not a socket", path);
+		spaced_why(why, whysz, "%s is not a socket", path);
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (st.st_uid != exp->owner_uid) {
-		setwhy(why, whysz, "%s is owned by uid %u, expected %u", path, (unsigned)st.st_uid,
+		spaced_why(why, whysz, "%s is owned by uid %u, expected %u", path, (unsigned)st.st_uid,
 		       (unsigned)exp->owner_uid);
 		r = SPACED_EPEER;
 		goto out;
 	}
 	r = spaced_unix_diag_listener_of((uint64_t)st.st_dev, (uint64_t)st.st_ino, &sock_ino);
 	if (r < 0) {
-		setwhy(why, whysz, "%s: no listening socket is bound to this inode (%s)", path,
+		spaced_why(why, whysz, "%s: no listening socket is bound to this inode (%s)", path,
 		       spaced_strerror(r));
 		r = SPACED_EPEER;
 		goto out;
 	}
 	r = spaced_pidref_from_pid(&ref, exp->pid);
 	if (r < 0) {
-		setwhy(why, whysz, "expected listener process %d is gone", (int)exp->pid);
+		spaced_why(why, whysz, "expected listener process %d is gone", (int)exp->pid);
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (ref.start_time != exp->start_time) {
-		setwhy(why, whysz,
+		spaced_why(why, whysz,
 		       "listener process %d start time %" PRIu64 " differs from the expected %" PRIu64
 		       " (PID reused?)",
 		       (int)exp->pid, ref.start_time, exp->start_time);
@@ -621,7 +609,7 @@ int spaced_peer_verify_listener(const char *path, const struct spaced_expected_l
 	}
 	r = spaced_pidref_holds_socket(&ref, sock_ino);
 	if (r < 0) {
-		setwhy(why, whysz, "listening socket %" PRIu64 " of %s is not held by process %d (%s)",
+		spaced_why(why, whysz, "listening socket %" PRIu64 " of %s is not held by process %d (%s)",
 		       sock_ino, path, (int)exp->pid, spaced_strerror(r));
 		r = SPACED_EPEER;
 		goto out;
@@ -650,18 +638,18 @@ int spaced_peer_connect_listener(const char *path, const struct spaced_expected_
 	if (fd < 0)
 		return SPACED_ESYS;
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		setwhy(why, whysz, "connect %s: %s", path, strerror(errno));
+		spaced_why(why, whysz, "connect %s: %s", path, strerror(errno));
 		r = SPACED_EPEER;
 		goto out;
 	}
 	r = spaced_pidref_from_peer(&peer, fd, &uid, NULL);
 	if (r < 0) {
-		setwhy(why, whysz, "%s: peer credentials unavailable (%s)", path, spaced_strerror(r));
+		spaced_why(why, whysz, "%s: peer credentials unavailable (%s)", path, spaced_strerror(r));
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (peer.pid != exp->pid || peer.start_time != exp->start_time) {
-		setwhy(why, whysz,
+		spaced_why(why, whysz,
 		       "%s: the connection's listener is process %d (start %" PRIu64
 		       "), expected %d (start %" PRIu64 ")",
 		       path, (int)peer.pid, peer.start_time, (int)exp->pid, exp->start_time);
@@ -690,29 +678,29 @@ int spaced_peer_verify_caller(int fd, const struct spaced_expected_caller *exp,
 		return SPACED_EINVAL;
 	r = spaced_pidref_from_peer(&ref, fd, &uid, &gid);
 	if (r < 0) {
-		setwhy(why, whysz, "peer process could not be pinned (%s)", spaced_strerror(r));
+		spaced_why(why, whysz, "peer process could not be pinned (%s)", spaced_strerror(r));
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (uid != exp->uid) {
-		setwhy(why, whysz, "peer process %d runs as uid %u, expected %u", (int)ref.pid,
+		spaced_why(why, whysz, "peer process %d runs as uid %u, expected %u", (int)ref.pid,
 		       (unsigned)uid, (unsigned)exp->uid);
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (exp->check_gid && gid != exp->gid) {
-		setwhy(why, whysz, "peer process %d runs as gid %u, expected %u", (int)ref.pid,
+		spaced_why(why, whysz, "peer process %d runs as gid %u, expected %u", (int)ref.pid,
 		       (unsigned)gid, (unsigned)exp->gid);
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (exp->pid > 0 && ref.pid != exp->pid) {
-		setwhy(why, whysz, "peer is process %d, expected %d", (int)ref.pid, (int)exp->pid);
+		spaced_why(why, whysz, "peer is process %d, expected %d", (int)ref.pid, (int)exp->pid);
 		r = SPACED_EPEER;
 		goto out;
 	}
 	if (exp->pid > 0 && exp->start_time != 0 && ref.start_time != exp->start_time) {
-		setwhy(why, whysz,
+		spaced_why(why, whysz,
 		       "peer process %d start time %" PRIu64 " differs from the expected %" PRIu64
 		       " (PID reused?)",
 		       (int)ref.pid, ref.start_time, exp->start_time);
@@ -725,7 +713,7 @@ int spaced_peer_verify_caller(int fd, const struct spaced_expected_caller *exp,
 			goto out;
 	}
 	if (spaced_pidref_check(&ref) < 0) {
-		setwhy(why, whysz, "peer process %d changed during verification", (int)ref.pid);
+		spaced_why(why, whysz, "peer process %d changed during verification", (int)ref.pid);
 		r = SPACED_EPEER;
 		goto out;
 	}

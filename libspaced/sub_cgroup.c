@@ -20,23 +20,12 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "util.h"
 
 #ifndef CGROUP2_SUPER_MAGIC
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-static void setwhy(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void setwhy(char *why, size_t whysz, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why == NULL || whysz == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(why, whysz, fmt, ap);
-	va_end(ap);
-}
 
 int sub_write_file(const char *path, const char *text)
 {
@@ -171,7 +160,7 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 
 	r = cgroup_path_of(0, ctrl, own, sizeof(own));
 	if (r < 0) {
-		setwhy(why, whysz, "cgroup v1 %s hierarchy not found in /proc/self/cgroup", ctrl);
+		spaced_why(why, whysz, "cgroup v1 %s hierarchy not found in /proc/self/cgroup", ctrl);
 		return r;
 	}
 	if (strcmp(own, "/") == 0)
@@ -179,7 +168,7 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 	if ((size_t)snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s/spaced", ctrl, own) >= sizeof(dir))
 		return SPACED_ETOOBIG;
 	if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-		setwhy(why, whysz, "mkdir %s: %s", dir, strerror(errno));
+		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return SPACED_ESYS;
 	}
 	{
@@ -193,7 +182,7 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 	if ((size_t)snprintf(out, outsz, "%s/%s", dir, name) >= outsz)
 		return SPACED_ETOOBIG;
 	if (mkdir_fresh(out) < 0) {
-		setwhy(why, whysz, "mkdir %s: %s", out, strerror(errno));
+		spaced_why(why, whysz, "mkdir %s: %s", out, strerror(errno));
 		return errno == EEXIST || errno == EBUSY ? SPACED_EEXIST : SPACED_ESYS;
 	}
 	return 0;
@@ -205,7 +194,7 @@ static int knob(const char *dir, const char *file, const char *val, char *why, s
 
 	snprintf(path, sizeof(path), "%s/%s", dir, file);
 	if (sub_write_file(path, val) < 0) {
-		setwhy(why, whysz, "write %s=%s: %s", path, val, strerror(errno));
+		spaced_why(why, whysz, "write %s=%s: %s", path, val, strerror(errno));
 		return SPACED_ESYS;
 	}
 	return 0;
@@ -224,7 +213,7 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 		cg->v2 = true;
 		r = cgroup_path_of(0, "", own, sizeof(own));
 		if (r < 0) {
-			setwhy(why, whysz, "no cgroup2 line in /proc/self/cgroup");
+			spaced_why(why, whysz, "no cgroup2 line in /proc/self/cgroup");
 			return r;
 		}
 		if (strcmp(own, "/") == 0)
@@ -235,7 +224,7 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 		if ((size_t)snprintf(path, sizeof(path), "%s/spaced", dir) >= sizeof(path))
 			return SPACED_ETOOBIG;
 		if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-			setwhy(why, whysz, "mkdir %s: %s", path, strerror(errno));
+			spaced_why(why, whysz, "mkdir %s: %s", path, strerror(errno));
 			return SPACED_ESYS;
 		}
 		(void)knob(path, "cgroup.subtree_control", "+memory +pids", NULL, 0);
@@ -247,7 +236,7 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 		    sizeof(cg->unified))
 			return SPACED_ETOOBIG;
 		if (mkdir_fresh(cg->unified) < 0) {
-			setwhy(why, whysz, "mkdir %s: %s", cg->unified, strerror(errno));
+			spaced_why(why, whysz, "mkdir %s: %s", cg->unified, strerror(errno));
 			return SPACED_ESYS;
 		}
 		cg->made = true;

@@ -27,19 +27,8 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "util.h"
 
-static void setwhy(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void setwhy(char *why, size_t whysz, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why == NULL || whysz == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(why, whysz, fmt, ap);
-	va_end(ap);
-}
 
 static int copy_xattrs(const char *src, const char *dst)
 {
@@ -167,7 +156,7 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 	int r = 0;
 
 	if (lstat(src, &st) < 0) {
-		setwhy(why, whysz, "lstat %s: %s", src, strerror(errno));
+		spaced_why(why, whysz, "lstat %s: %s", src, strerror(errno));
 		return SPACED_ESYS;
 	}
 	if (S_ISDIR(st.st_mode)) {
@@ -175,12 +164,12 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 		DIR *d;
 
 		if (mkdir(dst, 0700) < 0) {
-			setwhy(why, whysz, "mkdir %s: %s", dst, strerror(errno));
+			spaced_why(why, whysz, "mkdir %s: %s", dst, strerror(errno));
 			return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
 		}
 		d = opendir(src);
 		if (d == NULL) {
-			setwhy(why, whysz, "opendir %s: %s", src, strerror(errno));
+			spaced_why(why, whysz, "opendir %s: %s", src, strerror(errno));
 			return SPACED_ESYS;
 		}
 		while (r == 0 && (de = readdir(d)) != NULL) {
@@ -189,7 +178,7 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 				continue;
 			if (sl + 1 + nl >= PATH_MAX || dl + 1 + nl >= PATH_MAX) {
-				setwhy(why, whysz, "path too long below %s", src);
+				spaced_why(why, whysz, "path too long below %s", src);
 				r = SPACED_ETOOBIG;
 				break;
 			}
@@ -210,13 +199,13 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 		if (first != NULL) {
 			/* another name of a file already copied: link, attributes are shared */
 			if (link(first, dst) < 0) {
-				setwhy(why, whysz, "link %s: %s", dst, strerror(errno));
+				spaced_why(why, whysz, "link %s: %s", dst, strerror(errno));
 				return SPACED_ESYS;
 			}
 			return 0;
 		}
 		if (copy_data(src, dst, &st) < 0) {
-			setwhy(why, whysz, "copy %s: %s", src, strerror(errno));
+			spaced_why(why, whysz, "copy %s: %s", src, strerror(errno));
 			return SPACED_ESYS;
 		}
 		if (st.st_nlink > 1 && links_add(lk, &st, dst) < 0)
@@ -226,24 +215,24 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 		ssize_t n = readlink(src, target, sizeof(target) - 1);
 
 		if (n < 0) {
-			setwhy(why, whysz, "readlink %s: %s", src, strerror(errno));
+			spaced_why(why, whysz, "readlink %s: %s", src, strerror(errno));
 			return SPACED_ESYS;
 		}
 		target[n] = '\0';
 		if (symlink(target, dst) < 0) {
-			setwhy(why, whysz, "symlink %s: %s", dst, strerror(errno));
+			spaced_why(why, whysz, "symlink %s: %s", dst, strerror(errno));
 			return SPACED_ESYS;
 		}
 	} else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISFIFO(st.st_mode)) {
 		if (mknod(dst, st.st_mode, st.st_rdev) < 0) {
-			setwhy(why, whysz, "mknod %s: %s", dst, strerror(errno));
+			spaced_why(why, whysz, "mknod %s: %s", dst, strerror(errno));
 			return SPACED_ESYS;
 		}
 	} else {
 		return 0; /* sockets are not state */
 	}
 	if (finish(src, dst, &st) < 0) {
-		setwhy(why, whysz, "attributes of %s: %s", dst, strerror(errno));
+		spaced_why(why, whysz, "attributes of %s: %s", dst, strerror(errno));
 		return SPACED_ESYS;
 	}
 	return 0;

@@ -75,18 +75,6 @@ struct spaced_sub {
 	struct spaced_identity identity;
 };
 
-static void setwhy(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void setwhy(char *why, size_t whysz, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why == NULL || whysz == 0)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(why, whysz, fmt, ap);
-	va_end(ap);
-}
 
 static int pathf(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -132,7 +120,7 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
 	if (pathf(skel, "%s/skel", state) < 0)
 		return SPACED_ETOOBIG;
 	if (mkdir_p_one(skel, 0755) < 0) {
-		setwhy(why, whysz, "mkdir %s: %s", skel, strerror(errno));
+		spaced_why(why, whysz, "mkdir %s: %s", skel, strerror(errno));
 		return SPACED_ESYS;
 	}
 	snprintf(layers[0].name, sizeof(layers[0].name), "root");
@@ -154,7 +142,7 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
 				continue;
 			target[tl] = '\0';
 			if (symlink(target, p) < 0 && errno != EEXIST) {
-				setwhy(why, whysz, "symlink %s: %s", p, strerror(errno));
+				spaced_why(why, whysz, "symlink %s: %s", p, strerror(errno));
 				return SPACED_ESYS;
 			}
 			continue;
@@ -162,7 +150,7 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
 		if (!S_ISDIR(st.st_mode) || n >= HOST_LAYERS_MAX)
 			continue;
 		if (mkdir_p_one(p, 0755) < 0) {
-			setwhy(why, whysz, "mkdir %s: %s", p, strerror(errno));
+			spaced_why(why, whysz, "mkdir %s: %s", p, strerror(errno));
 			return SPACED_ESYS;
 		}
 		snprintf(layers[n].name, sizeof(layers[n].name), "%s", host_dirs[i]);
@@ -247,7 +235,7 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 	close(fd);
 	return 0;
 fail:
-	setwhy(why, whysz, "prepare %s: %s", p, strerror(errno));
+	spaced_why(why, whysz, "prepare %s: %s", p, strerror(errno));
 	return SPACED_ESYS;
 }
 
@@ -295,7 +283,7 @@ static int write_etc(const char *state, const struct layer *layers, size_t nlaye
 	}
 	return 0;
 fail:
-	setwhy(why, whysz, "writing %s: %s", p, strerror(errno));
+	spaced_why(why, whysz, "writing %s: %s", p, strerror(errno));
 	return SPACED_ESYS;
 }
 
@@ -534,29 +522,29 @@ static int check_restore(const char *snap, const struct spaced_identity *id, con
 	int r;
 
 	if (id == NULL) {
-		setwhy(why, whysz, "a restore needs the new execution's identity");
+		spaced_why(why, whysz, "a restore needs the new execution's identity");
 		return SPACED_EINVAL;
 	}
 	r = read_meta(snap, idtext, sizeof(idtext), sbase, sizeof(sbase));
 	if (r < 0) {
-		setwhy(why, whysz, "%s: not a complete snapshot (meta)", snap);
+		spaced_why(why, whysz, "%s: not a complete snapshot (meta)", snap);
 		return r;
 	}
 	if (spaced_identity_decode(&old, idtext, strlen(idtext)) < 0) {
-		setwhy(why, whysz, "%s: snapshot identity unreadable", snap);
+		spaced_why(why, whysz, "%s: snapshot identity unreadable", snap);
 		return SPACED_EFORMAT;
 	}
 	if (strcmp(old.sandbox, id->sandbox) != 0) {
-		setwhy(why, whysz, "snapshot of sandbox %s cannot start sandbox %s", old.sandbox, id->sandbox);
+		spaced_why(why, whysz, "snapshot of sandbox %s cannot start sandbox %s", old.sandbox, id->sandbox);
 		return SPACED_EIDENTITY;
 	}
 	if (id->generation <= old.generation) {
-		setwhy(why, whysz, "restore needs a generation above the snapshot's %" PRIu64 " (got %" PRIu64 ")",
+		spaced_why(why, whysz, "restore needs a generation above the snapshot's %" PRIu64 " (got %" PRIu64 ")",
 		       old.generation, id->generation);
 		return SPACED_EIDENTITY;
 	}
 	if (strcmp(sbase, base[0] ? base : "host") != 0) {
-		setwhy(why, whysz, "snapshot was taken on base %s, not %s", sbase, base[0] ? base : "host");
+		spaced_why(why, whysz, "snapshot was taken on base %s, not %s", sbase, base[0] ? base : "host");
 		return SPACED_EINVAL;
 	}
 	return 0;
@@ -588,7 +576,7 @@ static int read_sync(int fd, char *why, size_t whysz)
 	msg[n] = '\0';
 	if (n == 1 && msg[0] == 'U')
 		return 1;
-	setwhy(why, whysz, "execution setup failed: %s", msg[0] == 'E' ? msg + 1 : "unknown report");
+	spaced_why(why, whysz, "execution setup failed: %s", msg[0] == 'E' ? msg + 1 : "unknown report");
 	return SPACED_ESYS;
 }
 
@@ -610,7 +598,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	if (cfg == NULL || out == NULL || cfg->state_dir == NULL || cfg->guest_path == NULL)
 		return SPACED_EINVAL;
 	if (stat(cfg->guest_path, &st) < 0 || !S_ISREG(st.st_mode)) {
-		setwhy(why, whysz, "guest binary %s not found", cfg->guest_path);
+		spaced_why(why, whysz, "guest binary %s not found", cfg->guest_path);
 		return SPACED_ENOENT;
 	}
 	s = calloc(1, sizeof(*s));
@@ -619,7 +607,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	s->ctl = -1;
 	s->init = SPACED_PIDREF_NULL;
 	if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
-		setwhy(why, whysz, "mkdir %s: %s", cfg->state_dir, strerror(errno));
+		spaced_why(why, whysz, "mkdir %s: %s", cfg->state_dir, strerror(errno));
 		r = SPACED_ESYS;
 		goto fail;
 	}
@@ -628,12 +616,12 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		goto fail;
 	}
 	if (cfg->base_dir != NULL && realpath(cfg->base_dir, s->base) == NULL) {
-		setwhy(why, whysz, "base %s: %s", cfg->base_dir, strerror(errno));
+		spaced_why(why, whysz, "base %s: %s", cfg->base_dir, strerror(errno));
 		r = SPACED_ENOENT;
 		goto fail;
 	}
 	if (check_opt_path(s->state) < 0 || check_opt_path(s->base) < 0) {
-		setwhy(why, whysz, "state and base paths may not contain ',', ':' or '\\'");
+		spaced_why(why, whysz, "state and base paths may not contain ',', ':' or '\\'");
 		r = SPACED_EINVAL;
 		goto fail;
 	}
@@ -650,7 +638,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	pathf(p, "%s/upper", s->state);
 	pathf(p2, "%s/fs/upper", s->state);
 	if (access(p, F_OK) == 0 || access(p2, F_OK) == 0) {
-		setwhy(why, whysz, "%s holds the writable layer of an earlier execution", s->state);
+		spaced_why(why, whysz, "%s holds the writable layer of an earlier execution", s->state);
 		s->state[0] = '\0'; /* not ours to remove */
 		r = SPACED_EEXIST;
 		goto fail;
@@ -667,7 +655,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		snprintf(opts, sizeof(opts), "size=%" PRIu64 ",mode=0755", cfg->disk_bytes);
 		if (mkdir_p_one(s->ldir, 0755) < 0 ||
 		    mount("tmpfs", s->ldir, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
-			setwhy(why, whysz, "tmpfs for the writable layer on %s: %s", s->ldir, strerror(errno));
+			spaced_why(why, whysz, "tmpfs for the writable layer on %s: %s", s->ldir, strerror(errno));
 			r = SPACED_ESYS;
 			goto fail;
 		}
@@ -701,7 +689,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		snprintf(cgname, sizeof(cgname), "spaced-%d-%u", (int)getpid(), cgroup_seq++);
 	r = sub_confine_prepare();
 	if (r < 0) {
-		setwhy(why, whysz, "building the seccomp filter failed");
+		spaced_why(why, whysz, "building the seccomp filter failed");
 		goto fail;
 	}
 	r = sub_cgroup_create(&s->cg, cgname, cfg->memory_bytes, cfg->pids_max, why, whysz);
@@ -735,7 +723,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		pid = (pid_t)syscall(SYS_clone3, &args, sizeof(args));
 	}
 	if (pid < 0) {
-		setwhy(why, whysz, "clone3: %s", strerror(errno));
+		spaced_why(why, whysz, "clone3: %s", strerror(errno));
 		r = SPACED_ESYS;
 		goto fail;
 	}
@@ -757,13 +745,13 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	r = read_sync(sync[0], why, whysz);
 	if (r != 1) {
 		if (r == 0) {
-			setwhy(why, whysz, "execution setup ended early");
+			spaced_why(why, whysz, "execution setup ended early");
 			r = SPACED_ESYS;
 		}
 		goto fail;
 	}
 	if (write_map(pid, "uid_map", cfg->uid_base) < 0 || write_map(pid, "gid_map", cfg->uid_base) < 0) {
-		setwhy(why, whysz, "writing the user namespace maps: %s", strerror(errno));
+		spaced_why(why, whysz, "writing the user namespace maps: %s", strerror(errno));
 		r = SPACED_ESYS;
 		goto fail;
 	}
@@ -970,11 +958,11 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	int fd, n, r;
 
 	if (!s->paused) {
-		setwhy(why, whysz, "the execution must be paused for a snapshot");
+		spaced_why(why, whysz, "the execution must be paused for a snapshot");
 		return SPACED_EBUSY;
 	}
 	if (mkdir(dir, 0700) < 0) {
-		setwhy(why, whysz, "mkdir %s: %s", dir, strerror(errno));
+		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
 	}
 	if (pathf(src, "%s/upper", s->ldir) < 0 || pathf(dst, "%s/upper", dir) < 0 ||
@@ -991,7 +979,7 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	if (fd < 0 || write(fd, meta, (size_t)n) != n || fsync(fd) < 0) {
 		if (fd >= 0)
 			close(fd);
-		setwhy(why, whysz, "write %s: %s", tmp, strerror(errno));
+		spaced_why(why, whysz, "write %s: %s", tmp, strerror(errno));
 		return SPACED_ESYS;
 	}
 	close(fd);

@@ -1,6 +1,7 @@
 /* util.c — bounded buffers, constant-time helpers, base64url and time. */
 #include "util.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,6 +278,16 @@ int spaced_time_format(int64_t t, char out[21])
 	         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
 	memcpy(out, buf, 21);
 	return SPACED_OK;
+}
+
+void spaced_why(char *why, size_t whysz, const char *fmt, ...)
+{
+	va_list ap;
+	if (why == NULL || whysz == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(why, whysz, fmt, ap);
+	va_end(ap);
 }
 
 int64_t spaced_now(void)

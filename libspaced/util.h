@@ -78,6 +78,10 @@ int spaced_time_parse(const char *s, size_t n, int64_t *out);
  * Returns 0, or SPACED_EINVAL for years outside 0000–9999. */
 int spaced_time_format(int64_t t, char out[21]);
 
+/* Writes a formatted one-line reason into why (whysz bytes, truncated) when
+ * why is not NULL: the "why" buffers that fallible system-facing calls fill. */
+void spaced_why(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* The current wall-clock time in Unix seconds. */
 int64_t spaced_now(void);
 

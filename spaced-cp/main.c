@@ -185,7 +185,12 @@ int main(int argc, char **argv)
 	}
 	cp.state_dir = abs_state;
 	if (cp.db_url == NULL) {
-		snprintf(dbbuf, sizeof dbbuf, "sqlite:%s/cp.db", cp.state_dir);
+		if (strlen(cp.state_dir) + sizeof "sqlite:/cp.db" > sizeof dbbuf) {
+			fprintf(stderr, "spaced-cp: state directory path too long\n");
+			return 1;
+		}
+		snprintf(dbbuf, sizeof dbbuf, "sqlite:%.*s/cp.db", (int)(sizeof dbbuf - sizeof "sqlite:/cp.db"),
+		         cp.state_dir);
 		cp.db_url = dbbuf;
 	}
 	if (is_admin)
