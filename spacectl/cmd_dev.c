@@ -67,7 +67,9 @@ static int find_build(void)
 
 static int bin(char *out, size_t outsz, const char *rel)
 {
-	snprintf(out, outsz, "%s/%s", build_dir, rel);
+	int n = snprintf(out, outsz, "%s/%s", build_dir, rel);
+	if (n < 0 || (size_t)n >= outsz)
+		return -1;
 	return access(out, X_OK);
 }
 
@@ -503,7 +505,7 @@ static int dev_status(const char *dir)
 	snprintf(p, sizeof p, "%s/env", dir);
 	FILE *f = fopen(p, "r");
 	if (f != NULL) {
-		char line[512], url[256] = "", key[256] = "";
+		char line[512], url[512] = "", key[512] = "";
 		while (fgets(line, sizeof line, f)) {
 			line[strcspn(line, "\n")] = 0;
 			if (strncmp(line, "SPACED_CP_URL=", 14) == 0)

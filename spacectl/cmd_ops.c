@@ -3,14 +3,18 @@
  *   exec ID [--env K=V]... [--cwd DIR] [--timeout S] -- CMD [ARG...]
  *   fs read|write|ls|stat|mkdir|mv|rm ID PATH...
  *   watch ID PATH
+ *   term ID [--env K=V]... [--cwd DIR] [-- CMD [ARG...]]
  * Every one takes [--route FILE] [--no-retry] [-v]; the route and its recovery
  * are client.h's.
  */
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -630,4 +634,390 @@ int cmd_watch(int argc, char **argv)
 	client_route_clear(&rt);
 	free(w);
 	return rc;
+}
+
+/* ---- term: an interactive terminal over a WebSocket ---- */
+
+struct outmsg {
+	struct outmsg *next;
+	size_t len;
+	unsigned char data[]; /* LWS_PRE + payload */
+};
+
+struct term {
+	const struct client_route *rt;
+	char host[256];
+	int port;
+	struct lws *wsi;
+	struct spaced_buf rx;
+	struct outmsg *qh, *qt;
+	lws_sorted_usec_list_t sul;
+	int allowed, done, close_code, exited, exit_code, exit_signal, stdin_eof, sent_eof;
+	char close_reason[128];
+	char conn_error[512];
+};
+
+static volatile sig_atomic_t term_winch;
+static struct lws_context *term_ctx;
+
+static void term_on_winch(int sig)
+{
+	(void)sig;
+	term_winch = 1;
+}
+
+static int term_queue(struct term *t, char kind, const void *p, size_t n)
+{
+	struct outmsg *m = malloc(sizeof *m + LWS_PRE + 1 + n);
+	if (m == NULL)
+		return -1;
+	m->next = NULL;
+	m->len = 1 + n;
+	m->data[LWS_PRE] = (unsigned char)kind;
+	if (n)
+		memcpy(m->data + LWS_PRE + 1, p, n);
+	if (t->qt)
+		t->qt->next = m;
+	else
+		t->qh = m;
+	t->qt = m;
+	if (t->wsi)
+		lws_callback_on_writable(t->wsi);
+	return 0;
+}
+
+static void term_queue_clear(struct term *t)
+{
+	while (t->qh) {
+		struct outmsg *m = t->qh;
+		t->qh = m->next;
+		free(m);
+	}
+	t->qt = NULL;
+}
+
+static void term_size(int *rows, int *cols)
+{
+	struct winsize ws;
+	*rows = 24;
+	*cols = 80;
+	if (ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0 && ws.ws_col > 0) {
+		*rows = ws.ws_row;
+		*cols = ws.ws_col;
+	}
+}
+
+/* Every 10 ms: what the person typed, and window size changes. */
+static void term_tick(lws_sorted_usec_list_t *s)
+{
+	struct term *t = lws_container_of(s, struct term, sul);
+	if (t->allowed && !t->done) {
+		if (term_winch) {
+			term_winch = 0;
+			int r, c;
+			char sz[32];
+			term_size(&r, &c);
+			int n = snprintf(sz, sizeof sz, "%d %d", r, c);
+			term_queue(t, 'r', sz, (size_t)n);
+		}
+		struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+		while (!t->stdin_eof && poll(&pfd, 1, 0) > 0) {
+			unsigned char buf[16384];
+			ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+			if (n <= 0) {
+				t->stdin_eof = 1;
+				break;
+			}
+			term_queue(t, 'i', buf, (size_t)n);
+			if (n < (ssize_t)sizeof buf)
+				break;
+		}
+		if (t->stdin_eof && !t->sent_eof) {
+			t->sent_eof = 1;
+			term_queue(t, 'd', NULL, 0);
+		}
+	}
+	lws_sul_schedule(term_ctx, 0, &t->sul, term_tick, 10 * LWS_US_PER_MS);
+}
+
+static int term_cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len)
+{
+	(void)user;
+	struct term *t = lws_context_user(lws_get_context(wsi));
+	switch (reason) {
+	case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
+		unsigned char **p = in, *end = *p + len;
+		size_t cl = strlen(t->rt->capability);
+		char *auth = malloc(cl + 8);
+		if (auth == NULL)
+			return -1;
+		int n = snprintf(auth, cl + 8, "Bearer %s", t->rt->capability);
+		int r = lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (unsigned char *)auth, n, p, end);
+		spaced_wipe(auth, cl + 8);
+		free(auth);
+		return r ? -1 : 0;
+	}
+	case LWS_CALLBACK_CLIENT_RECEIVE: {
+		int text = lws_frame_is_binary(wsi) == 0;
+		if (spaced_buf_append(&t->rx, in, len) < 0)
+			return -1;
+		if (!lws_is_final_fragment(wsi))
+			return 0;
+		const unsigned char *d = t->rx.data;
+		size_t n = t->rx.len;
+		int r = 0;
+		if (!t->allowed || (text && n > 0 && d[0] == '{')) {
+			json_error_t jerr;
+			json_t *m = json_loadb((const char *)d, n, JSON_REJECT_DUPLICATES, &jerr);
+			json_t *ex = json_object_get(m, "exit");
+			if (!t->allowed) {
+				const char *oc = json_string_value(json_object_get(m, "outcome"));
+				const char *id = json_string_value(json_object_get(m, "identity"));
+				if (oc == NULL || strcmp(oc, "ALLOW") != 0) {
+					r = -1;
+				} else {
+					t->allowed = 1;
+					if (ops_verbose)
+						fprintf(stderr, "spacectl: terminal open (identity %s)\r\n", id ? id : "?");
+				}
+			} else if (ex != NULL) {
+				t->exited = 1;
+				t->exit_code = (int)json_integer_value(json_object_get(ex, "code"));
+				t->exit_signal = (int)json_integer_value(json_object_get(ex, "signal"));
+			}
+			json_decref(m);
+		} else if (n > 0 && (d[0] == 'o' || d[0] == 'e')) {
+			int fd = d[0] == 'o' ? STDOUT_FILENO : STDERR_FILENO;
+			if (write_all(fd, d + 1, n - 1) < 0)
+				r = -1;
+		}
+		spaced_buf_free(&t->rx);
+		spaced_buf_init(&t->rx, 1 << 20);
+		return r;
+	}
+	case LWS_CALLBACK_CLIENT_WRITEABLE: {
+		struct outmsg *m = t->qh;
+		if (m == NULL)
+			return 0;
+		t->qh = m->next;
+		if (t->qh == NULL)
+			t->qt = NULL;
+		int w = lws_write(wsi, m->data + LWS_PRE, m->len, LWS_WRITE_BINARY);
+		size_t want = m->len;
+		free(m);
+		if (w < (int)want)
+			return -1;
+		if (t->qh)
+			lws_callback_on_writable(wsi);
+		return 0;
+	}
+	case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
+		if (len >= 2) {
+			const unsigned char *b = in;
+			t->close_code = (b[0] << 8) | b[1];
+			size_t rl = len - 2 < sizeof t->close_reason - 1 ? len - 2 : sizeof t->close_reason - 1;
+			memcpy(t->close_reason, b + 2, rl);
+			t->close_reason[rl] = 0;
+		}
+		return 0;
+	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+		snprintf(t->conn_error, sizeof t->conn_error, "%s", in ? (const char *)in : "connection failed");
+		t->done = 1;
+		t->wsi = NULL;
+		return 0;
+	case LWS_CALLBACK_CLIENT_CLOSED:
+		t->done = 1;
+		t->wsi = NULL;
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+static const struct lws_protocols term_protocols[] = {
+	{"spaced", term_cb, 0, 65536, 0, NULL, 0},
+	{NULL, NULL, 0, 0, 0, NULL, 0},
+};
+
+static void term_once(struct term *t, const char *sandbox, const char *query)
+{
+	char prefix[256], full[9000];
+	t->allowed = t->done = t->close_code = t->exited = 0;
+	t->sent_eof = 0;
+	t->close_reason[0] = t->conn_error[0] = 0;
+	if (client_parse_url(t->rt->worker_url, t->host, sizeof t->host, &t->port, prefix, sizeof prefix) < 0) {
+		snprintf(t->conn_error, sizeof t->conn_error, "bad worker URL");
+		return;
+	}
+	snprintf(full, sizeof full, "%s/v1/sandboxes/%s/term?%s", prefix, sandbox, query);
+	spaced_buf_init(&t->rx, 1 << 20);
+	struct lws_context_creation_info info;
+	memset(&info, 0, sizeof info);
+	info.port = CONTEXT_PORT_NO_LISTEN;
+	info.protocols = term_protocols;
+	info.user = t;
+	info.gid = (gid_t)-1;
+	info.uid = (uid_t)-1;
+	term_ctx = lws_create_context(&info);
+	if (term_ctx == NULL) {
+		snprintf(t->conn_error, sizeof t->conn_error, "cannot create a WebSocket context");
+		return;
+	}
+	struct lws_client_connect_info ci;
+	memset(&ci, 0, sizeof ci);
+	ci.context = term_ctx;
+	ci.address = t->host;
+	ci.port = t->port;
+	ci.path = full;
+	ci.host = t->host;
+	ci.origin = t->host;
+	ci.pwsi = &t->wsi;
+	if (lws_client_connect_via_info(&ci) == NULL && !t->done) {
+		snprintf(t->conn_error, sizeof t->conn_error, "cannot connect");
+		t->done = 1;
+	}
+	lws_sul_schedule(term_ctx, 0, &t->sul, term_tick, 10 * LWS_US_PER_MS);
+	while (!t->done && !watch_stop)
+		if (lws_service(term_ctx, 0) < 0)
+			break;
+	lws_sul_cancel(&t->sul);
+	lws_context_destroy(term_ctx);
+	term_ctx = NULL;
+	term_queue_clear(t);
+	spaced_buf_free(&t->rx);
+}
+
+int cmd_term(int argc, char **argv)
+{
+	struct opargs oa;
+	char *ops[256], err[512], q[8192], e[4096];
+	int first = parse(argc, argv, &oa), rc = 1;
+	int n = first < 0 ? -1 : parse_rest(argc, argv, &oa, first, ops, 256);
+	if (n < 1) {
+		json_decref(oa.env);
+		return cli_usage("usage: spacectl term ID [--env K=V]... [--cwd DIR] [--route FILE] [--no-retry] [-- CMD [ARG...]]\n");
+	}
+	const char *sbx = ops[0];
+	/* the query: argv, env, cwd, size */
+	size_t ql = 0;
+	int rows, cols;
+	term_size(&rows, &cols);
+	q[0] = 0;
+	for (int i = 1; i < n || i == 1; i++) {
+		const char *a = i < n ? ops[i] : "/bin/sh";
+		if (client_query_escape(a, e, sizeof e) < 0 || ql + strlen(e) + 8 >= sizeof q)
+			goto usage;
+		ql += (size_t)snprintf(q + ql, sizeof q - ql, "%sargv=%s", ql ? "&" : "", e);
+		if (i >= n)
+			break;
+	}
+	const char *key;
+	json_t *val;
+	json_object_foreach(oa.env, key, val)
+	{
+		char kv[4096];
+		snprintf(kv, sizeof kv, "%s=%s", key, json_string_value(val));
+		if (client_query_escape(kv, e, sizeof e) < 0 || ql + strlen(e) + 8 >= sizeof q)
+			goto usage;
+		ql += (size_t)snprintf(q + ql, sizeof q - ql, "&env=%s", e);
+	}
+	if (json_object_get(oa.env, "TERM") == NULL && getenv("TERM") != NULL) {
+		char kv[512];
+		snprintf(kv, sizeof kv, "TERM=%s", getenv("TERM"));
+		if (client_query_escape(kv, e, sizeof e) == 0 && ql + strlen(e) + 8 < sizeof q)
+			ql += (size_t)snprintf(q + ql, sizeof q - ql, "&env=%s", e);
+	}
+	if (oa.cwd != NULL) {
+		if (client_query_escape(oa.cwd, e, sizeof e) < 0 || ql + strlen(e) + 8 >= sizeof q)
+			goto usage;
+		ql += (size_t)snprintf(q + ql, sizeof q - ql, "&cwd=%s", e);
+	}
+	if (ql + 40 >= sizeof q)
+		goto usage;
+	snprintf(q + ql, sizeof q - ql, "&rows=%d&cols=%d", rows, cols);
+	struct client_route rt;
+	if (client_route_get(&oa.o, sbx, &rt, err, sizeof err) < 0) {
+		json_decref(oa.env);
+		return cli_fail("term", "%s", err);
+	}
+	struct term *t = calloc(1, sizeof *t);
+	if (t == NULL) {
+		client_route_clear(&rt);
+		json_decref(oa.env);
+		return cli_fail("term", "out of memory");
+	}
+	struct termios saved;
+	int raw = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
+	if (raw) {
+		struct termios r = saved;
+		cfmakeraw(&r);
+		tcsetattr(STDIN_FILENO, TCSANOW, &r);
+	}
+	signal(SIGINT, raw ? SIG_IGN : watch_on_signal); /* raw mode: ^C goes to the sandbox */
+	signal(SIGTERM, watch_on_signal);
+	signal(SIGWINCH, term_on_winch);
+	signal(SIGPIPE, SIG_IGN);
+	lws_set_log_level(LLL_ERR, NULL);
+	int refused_once = 0;
+	const char *nl = raw ? "\r\n" : "\n";
+	for (;;) {
+		t->rt = &rt;
+		term_once(t, sbx, q);
+		if (t->exited) {
+			rc = t->exit_signal > 0 ? 128 + (t->exit_signal & 127) : t->exit_code & 255;
+			break;
+		}
+		if (watch_stop) {
+			rc = 130;
+			break;
+		}
+		const char *rs = strchr(t->close_reason, ':');
+		rs = rs ? rs + 1 : t->close_reason;
+		if (t->close_code == 4409) {
+			if (oa.o.no_retry) {
+				fprintf(stderr, "outcome: REFRESH_ROUTE (%s)%s", rs, nl);
+				break;
+			}
+			if (!t->allowed && refused_once) {
+				fprintf(stderr, "spacectl: term: REFRESH_ROUTE (%s) after one retry%s", rs, nl);
+				break;
+			}
+			refused_once = !t->allowed;
+			struct client_route fresh;
+			int replaced = 0;
+			if (client_route_repair(&oa.o, sbx, &rt, &fresh, &replaced, err, sizeof err) < 0) {
+				fprintf(stderr, "spacectl: term: %s%s", err, nl);
+				break;
+			}
+			/* V5: the person's terminal stays; a new one opens through admission */
+			fprintf(stderr, "%s[spacectl: the terminal's execution was replaced (%s); a new terminal at %s]%s", nl,
+			        t->close_reason, fresh.identity, nl);
+			client_route_clear(&rt);
+			rt = fresh;
+			continue;
+		}
+		if (t->close_code == 4401 || t->close_code == 4403) {
+			if (oa.o.no_retry)
+				fprintf(stderr, "outcome: DENY (%s)%s", rs, nl);
+			else
+				fprintf(stderr, "spacectl: term: DENY (%s): not retried%s", rs, nl);
+			if (oa.o.route_file == NULL)
+				client_route_forget(&oa.o, sbx, &rt);
+			break;
+		}
+		if (t->conn_error[0])
+			fprintf(stderr, "spacectl: term: %s%s", t->conn_error, nl);
+		else
+			fprintf(stderr, "spacectl: term: the terminal ended (%d %s)%s", t->close_code, t->close_reason, nl);
+		break;
+	}
+	if (raw)
+		tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+	client_route_clear(&rt);
+	free(t);
+	json_decref(oa.env);
+	return rc;
+usage:
+	json_decref(oa.env);
+	return cli_usage("usage: spacectl term ID [--env K=V]... [--cwd DIR] [-- CMD [ARG...]]\n");
 }

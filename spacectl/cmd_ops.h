@@ -12,6 +12,8 @@ int cmd_exec(int argc, char **argv);
 int cmd_fs(int argc, char **argv);
 /* watch ID PATH */
 int cmd_watch(int argc, char **argv);
+/* term ID [--env K=V]... [--cwd DIR] [-- CMD [ARG...]] (default /bin/sh) */
+int cmd_term(int argc, char **argv);
 /* dev up|down|status */
 int cmd_dev(int argc, char **argv);
 

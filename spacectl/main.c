@@ -35,6 +35,7 @@ static const char usage[] =
 	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--timeout S] -- CMD [ARG...]\n"
 	"  [-v] fs read|write|ls|stat|mkdir|mv|rm ID PATH...      (write: content on stdin)\n"
 	"  [-v] watch ID PATH                                   file events until interrupted\n"
+	"  [-v] term ID [--env K=V]... [--cwd DIR] [-- CMD...]  an interactive terminal (/bin/sh)\n"
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
@@ -115,6 +116,8 @@ int main(int argc, char **argv)
 		return cmd_fs(argc - 1, argv + 1);
 	if (strcmp(argv[1], "watch") == 0)
 		return cmd_watch(argc - 1, argv + 1);
+	if (strcmp(argv[1], "term") == 0)
+		return cmd_term(argc - 1, argv + 1);
 	if (strcmp(argv[1], "dev") == 0)
 		return cmd_dev(argc - 1, argv + 1);
 	if (strcmp(argv[1], "token") == 0)

@@ -7,8 +7,9 @@
 # refused route (V3) and keeps its expiry (V4); DENY is never retried (V1, C5)
 # and drops the cache entry that was refused; a write or an exec is never sent
 # twice after a transport failure while an idempotent read gets one retry on a
-# fresh connection; --no-retry prints the raw outcome; a watch cut by the move
-# reopens through admission at the new worker (S1, V5); dev down stops it all.
+# fresh connection; --no-retry prints the raw outcome; a watch and a terminal cut
+# by the move reopen through admission at the new worker (S1, V5) while the
+# person's side stays open; dev down stops it all.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -22,7 +23,8 @@ D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
 WATCH=""
 SINK=""
-trap '[ -n "$WATCH" ] && kill $WATCH 2>/dev/null; [ -n "$SINK" ] && kill $SINK 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+TERM_PID=""
+trap '[ -n "$TERM_PID" ] && kill $TERM_PID 2>/dev/null; [ -n "$WATCH" ] && kill $WATCH 2>/dev/null; [ -n "$SINK" ] && kill $SINK 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 
 # dev up: a control plane and two workers, their address and key in DIR/env
 if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
@@ -64,6 +66,16 @@ WATCH=$!
 wait_for "the watch is admitted at worker-1" grep -q "^spacectl: watching $dir (identity sandbox=$X;generation=1;worker=worker-1" "$W/watch.out"
 echo x | "$SC" fs write "$X" $dir/seen-before.txt
 wait_for "the watch reports the file written" grep -q 'seen-before.txt' "$W/watch.out"
+
+# ---- a terminal that will be cut by the move: the person's side stays open (V5) ----
+mkfifo "$W/term.in"
+exec 3<>"$W/term.in"
+SPACED_ROUTE_CACHE="$W/term-routes" "$SC" -v term "$X" <"$W/term.in" >"$W/term.out" 2>&1 &
+TERM_PID=$!
+echo 'echo before-$((40+2))' >&3
+wait_for "the terminal runs a command at worker-1" grep -q 'before-42' "$W/term.out"
+expect "the terminal was admitted by generation 1 on worker-1" \
+	"$(grep -c "terminal open (identity sandbox=$X;generation=1;worker=worker-1;" "$W/term.out")" 1
 
 # ---- V2: one retry after a move; V4: the entry keeps its expiry ----
 C=$(ls "$SPACED_ROUTE_CACHE"/"$X".json)
@@ -183,6 +195,17 @@ wait_for "the reopened watch reports a file written at worker-2" grep -q 'seen-a
 expect "the cut was a refresh-route close" "$(grep -c 'watch cut (refresh-route:deactivated)' "$W/watch.out")" 1
 kill "$WATCH"; wait "$WATCH" 2>/dev/null; WATCH=""
 
+# ---- the terminal: a new one at the new execution, same person-side session ----
+wait_for "the terminal was cut (refresh-route) and a new one opened at worker-2" \
+	grep -q "terminal open (identity sandbox=$X;generation=2;worker=worker-2;" "$W/term.out"
+echo 'echo after-$((40+3)); exit 5' >&3
+wait "$TERM_PID"
+expect "term: the command's exit status passes through" "$?" 5
+TERM_PID=""
+exec 3>&-
+expect "term: the new terminal ran the command" "$(grep -c 'after-43' "$W/term.out")" 1
+expect "term: one replacement notice" "$(grep -c "the terminal's execution was replaced (refresh-route:deactivated)" "$W/term.out")" 1
+
 # ---- dev down ----
 pids=$(awk '{print $2}' "$D/pids")
 "$SC" dev down --dir "$D" >/dev/null
@@ -194,5 +217,9 @@ done
 expect "dev down: every process stopped, the directory removed" "$alive:$(test -e "$D" && echo there || echo gone)" "0:gone"
 expect "dev down: no execution left running" "$(grep -l "$D/[w]orker-" /proc/[0-9]*/cmdline 2>/dev/null | wc -l)" 0
 
+if [ "$FAILS" -ne 0 ]; then
+	for f in watch.out term.out; do echo "--- $f"; cat "$W/$f" 2>/dev/null; done
+	for f in "$D"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 15 "$f"; }; done
+fi
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
