@@ -459,7 +459,7 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	const char *argv[] = {cfg->host_bin, "--listen", sock, "--guest", gsock, "--identity", text,
 	                      "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
 	                      cfg->launch_bin, "--manager-uid", muid, "--manager-pid", mpid,
-	                      "--manager-start", mstart, NULL};
+	                      "--manager-start", mstart, "--handoff", NULL};
 	int64_t hp;
 	uint64_t hs;
 	e = spawn_logged(argv, logp, &hp, &hs);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "host_client.h"
 #include "keyring.h"
 #include "vcache.h"
 
@@ -545,7 +546,21 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 		fd = pool_take(m, sandbox, rec->r.epoch);
 		if (fd < 0) {
 			e = mgr_exec_target(m->cfg, rec, target, sizeof target);
-			fd = e < 0 ? e : connect_unix(target);
+			if (e < 0) {
+				fd = e;
+			} else if (m->cfg->launch_bin && m->cfg->host_bin) {
+				/* The bridge checks this manager, the launcher, the guest
+				 * transport and the guest's identity (B1–B3), then hands the
+				 * verified guest connection over: no hop per request. */
+				char why[256] = "";
+				e = spaced_host_connect(target, true, 5000, &fd, why, sizeof why);
+				if (e < 0) {
+					mlog("level=warn event=bridge-refused sandbox=%s reason=\"%s\"", sandbox, why);
+					fd = e;
+				}
+			} else {
+				fd = connect_unix(target);
+			}
 		}
 	}
 	if (fd < 0) {
