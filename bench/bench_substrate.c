@@ -261,8 +261,16 @@ static int prestart(struct execution *e)
 		return SPACED_ESYS;
 	struct stat st;
 	for (int i = 0; i < 20000; i++) {
-		if (stat(e->ctl, &st) == 0 && stat(e->gsock, &st) == 0)
-			return start_bridge(e, true);
+		if (stat(e->ctl, &st) == 0 && stat(e->gsock, &st) == 0) {
+			if (start_bridge(e, true) < 0)
+				return SPACED_ESYS;
+			for (int j = 0; j < 20000; j++) { /* the pooled bridge listens before its claim */
+				if (stat(e->hsock, &st) == 0 && S_ISSOCK(st.st_mode))
+					return 0;
+				usleep(500);
+			}
+			return SPACED_ETIMEDOUT;
+		}
 		usleep(500);
 	}
 	return SPACED_ETIMEDOUT;
@@ -275,8 +283,10 @@ static double claim(struct execution *e)
 	char line[SPACED_IDENTITY_TEXT_MAX + 2];
 	int n = snprintf(line, sizeof line, "%s\n", e->identity);
 	uint64_t t0 = spaced_mono_ns();
+	/* No waiting for the launcher's READY line: the pooled bridge already
+	 * listens, and answers HELLO once it and the guest have the identity. */
 	if (ctl_identity(e) < 0 || spaced_io_write_full(e->host_in, line, (size_t)n) < 0 ||
-	    wait_ready(e->out, 20000) < 0 || hello_via_bridge(e) < 0)
+	    hello_via_bridge(e) < 0)
 		return -1;
 	return ms_since(t0);
 }

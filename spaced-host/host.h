@@ -19,9 +19,9 @@
  * With --handoff, step 5 is not a relay: the verified guest connection is
  * passed to the caller (host_client.h), which then has no hop in between.
  *
- * With `--identity -` the bridge reads the identity it must reach as one line
- * on standard input and only then listens: a bridge pre-started for a warm
- * pool learns it when its execution is claimed.
+ * With `--identity -` the bridge listens at once but serves nothing until it
+ * has read the identity it must reach as one line on standard input: a bridge
+ * pre-started for a warm pool learns it when its execution is claimed.
  */
 #ifndef SPACED_HOST_H
 #define SPACED_HOST_H

@@ -162,24 +162,10 @@ int main(int argc, char **argv)
 	}
 	if (sodium_init() < 0)
 		return 1;
-	char line[SPACED_IDENTITY_TEXT_MAX + 2];
-	if (strcmp(identity, "-") == 0) {
-		/* A bridge pre-started for a warm pool learns the identity it must
-		 * reach when the execution is claimed: one line on standard input.
-		 * It listens only after that. */
-		if (fgets(line, sizeof line, stdin) == NULL || strchr(line, '\n') == NULL) {
-			fprintf(stderr, "spaced-host: no identity line on standard input\n");
-			return 2;
-		}
-		*strchr(line, '\n') = 0;
-		identity = line;
-	}
-	if (spaced_identity_decode(&cfg.identity, identity, strlen(identity)) < 0) {
+	if (strcmp(identity, "-") != 0 && spaced_identity_decode(&cfg.identity, identity, strlen(identity)) < 0) {
 		fprintf(stderr, "spaced-host: --identity is not a canonical execution identity\n");
 		return 2;
 	}
-	spaced_identity_encode(&cfg.identity, cfg.identity_text, sizeof cfg.identity_text);
-
 	/* What the launcher must be: pinned now unless the manager passed its start time. */
 	cfg.launcher.pid = (pid_t)launcher_pid;
 	if (!have_launcher_start && spaced_proc_start_time((pid_t)launcher_pid, &launcher_start) < 0) {
@@ -206,6 +192,23 @@ int main(int argc, char **argv)
 		fprintf(stderr, "spaced-host: cannot listen on %s: %s\n", cfg.listen_path, strerror(errno));
 		return 1;
 	}
+	/* A bridge pre-started for a warm pool listens at once (connections wait
+	 * in the backlog) and learns the identity it must reach when the execution
+	 * is claimed: one line on standard input. It serves nothing before. */
+	char line[SPACED_IDENTITY_TEXT_MAX + 2];
+	if (strcmp(identity, "-") == 0) {
+		if (fgets(line, sizeof line, stdin) == NULL || strchr(line, '\n') == NULL) {
+			fprintf(stderr, "spaced-host: no identity line on standard input\n");
+			return 2;
+		}
+		*strchr(line, '\n') = 0;
+		identity = line;
+	}
+	if (spaced_identity_decode(&cfg.identity, identity, strlen(identity)) < 0) {
+		fprintf(stderr, "spaced-host: --identity is not a canonical execution identity\n");
+		return 2;
+	}
+	spaced_identity_encode(&cfg.identity, cfg.identity_text, sizeof cfg.identity_text);
 	logline("info", "listening", "path=%s guest=%s", cfg.listen_path, cfg.guest_path);
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
