@@ -200,7 +200,7 @@ static int cache_read(const struct client_opts *o, const char *sandbox, struct c
 	const char *cp = json_string_value(json_object_get(e, "cp_url"));
 	json_t *exp = json_object_get(e, "entry_expires_at");
 	struct client_route rt;
-	if (cp == NULL || strcmp(cp, o->cp_url) != 0 || !json_is_integer(exp) ||
+	if (cp == NULL || o->cp_url == NULL || strcmp(cp, o->cp_url) != 0 || !json_is_integer(exp) ||
 	    route_from_json(json_object_get(e, "route"), &rt, err, sizeof err) < 0)
 		goto out;
 	rt.entry_expires_at = json_integer_value(exp);
@@ -260,6 +260,28 @@ static void cache_remove(const struct client_opts *o, const char *sandbox)
 
 /* ---- the control plane ---- */
 
+/* True when a sandbox in `state` is between two executions of a lifecycle
+ * operation (moving, starting, or stopped while an operation holds it, as a
+ * move does between the snapshot and the new generation). */
+static int between_executions(const struct client_opts *o, const char *sandbox, const char *state)
+{
+	if (strcmp(state, "moving") == 0 || strcmp(state, "starting") == 0)
+		return 1;
+	if (strcmp(state, "stopped") != 0)
+		return 0;
+	char path[256], *body = NULL, herr[256];
+	int status = 0, busy = 0;
+	snprintf(path, sizeof path, "/v1/sandboxes/%s", sandbox);
+	if (http_request(o->cp_url, "GET", path, o->api_key, NULL, &status, &body, herr, sizeof herr) == 0 && status == 200) {
+		json_error_t jerr;
+		json_t *s = json_loads(body, 0, &jerr);
+		busy = json_is_string(json_object_get(s, "operation"));
+		json_decref(s);
+	}
+	free(body);
+	return busy;
+}
+
 /* POST /v1/sandboxes/{id}/route: the current route as JSON (*json, a new
  * reference) and parsed (*out). */
 static int resolve(const struct client_opts *o, const char *sandbox, json_t **json, struct client_route *out,
@@ -284,8 +306,7 @@ static int resolve(const struct client_opts *o, const char *sandbox, json_t **js
 		}
 		ans = json_loads(body, JSON_REJECT_DUPLICATES, &jerr);
 		const char *state = json_string_value(json_object_get(ans, "state"));
-		if (status != 409 || state == NULL || (strcmp(state, "moving") != 0 && strcmp(state, "starting") != 0) ||
-		    spaced_mono_ns() > deadline)
+		if (status != 409 || state == NULL || spaced_mono_ns() > deadline || !between_executions(o, sandbox, state))
 			break;
 		json_decref(ans);
 		ans = NULL;
@@ -334,6 +355,10 @@ int client_route_get(const struct client_opts *o, const char *sandbox, struct cl
 		int r = route_from_json(rt, out, err, errsz);
 		json_decref(f);
 		return r;
+	}
+	if (o->cp_url == NULL || o->api_key == NULL) {
+		snprintf(err, errsz, "SPACED_CP_URL and SPACED_API_KEY must be set (spacectl dev up writes them)");
+		return -1;
 	}
 	int64_t now = spaced_now();
 	int lk = cache_lock(o, sandbox); /* no cache (no directory): resolve every time */
