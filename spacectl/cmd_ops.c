@@ -71,7 +71,7 @@ static int parse(int argc, char **argv, struct opargs *a)
 	a->o.verbose = ops_verbose;
 	a->env = json_object();
 	int c;
-	optind = 1;
+	optind = 0; /* glibc: a full reset (the previous parse may have stopped inside a cluster) */
 	while ((c = getopt_long(argc, argv, "+vr", common_opts, NULL)) != -1) {
 		switch (c) {
 		case O_ROUTE: a->o.route_file = optarg; break;
@@ -121,7 +121,7 @@ static int parse_rest(int argc, char **argv, struct opargs *a, int first, char *
 			int subc = sub[2] ? 3 : 2;
 			struct opargs keep = *a;
 			json_t *env = a->env;
-			optind = 1;
+			optind = 0;
 			int c = getopt_long(subc, sub, "+vr", common_opts, NULL);
 			switch (c) {
 			case O_ROUTE: keep.o.route_file = optarg; break;
@@ -308,9 +308,13 @@ int cmd_fs(int argc, char **argv)
 	struct opargs oa;
 	char *ops[1024], q[8192], e1[4000], e2[4000];
 	const char *what = "fs";
-	int rc = 2, first = argc >= 2 ? parse(argc - 1, argv + 1, &oa) : -1;
-	if (first < 0)
+	if (argc < 2)
 		return cli_usage(usage_ops);
+	int rc = 2, first = parse(argc - 1, argv + 1, &oa);
+	if (first < 0) {
+		json_decref(oa.env);
+		return cli_usage(usage_ops);
+	}
 	const char *sub = argv[1];
 	int n = parse_rest(argc - 1, argv + 1, &oa, first, ops, 1024);
 	if (n < 2)
