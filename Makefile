@@ -15,7 +15,7 @@ MESON      ?= meson
 NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean
-.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref
+.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client
 
 all: build
 
@@ -68,6 +68,10 @@ bench-cp: build
 # the same with two real spaced-node workers: R4 window = move request -> old worker's first refusal
 bench-cp-node: build
 	@sh bench/cp_node_bench.sh $(BUILD) $(ROUTES) $(MOVES)
+
+# spacectl on a dev cluster: dev up, cached-route reads and execs, a stale route repaired after a move
+bench-client: build
+	@sh bench/client_bench.sh $(BUILD) $(READS) $(MOVES)
 
 bench-guest: build
 	@$(BUILD)/bench/bench-guest
