@@ -492,6 +492,83 @@ static long dechunk(unsigned char *b, size_t n)
 	}
 }
 
+/* Classifies an answer: ALLOW, or a refusal with its reason. */
+static void classify(struct client_answer *a)
+{
+	a->outcome = CLIENT_ALLOW;
+	if (a->status != 401 && a->status != 403 && a->status != 409)
+		return;
+	json_error_t jerr;
+	json_t *b = json_loadb((const char *)a->body, a->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	const char *oc = json_string_value(json_object_get(b, "outcome"));
+	const char *rs = json_string_value(json_object_get(b, "reason"));
+	snprintf(a->reason, sizeof a->reason, "%s", rs ? rs : "unknown");
+	if (oc != NULL && strcmp(oc, "REFRESH_ROUTE") == 0 && a->status == 409)
+		a->outcome = CLIENT_REFRESH_ROUTE;
+	else
+		a->outcome = CLIENT_DENY; /* 401/403, or a 409 that is not a recognized refresh signal (V1) */
+	json_decref(b);
+}
+
+int client_parse_answer(const unsigned char *in, size_t len, struct client_answer *a)
+{
+	unsigned char *buf = NULL;
+	int r = -1;
+	if (len == 0) {
+		snprintf(a->reason, sizeof a->reason, "connection closed without an answer");
+		return -1;
+	}
+	/* a NUL-terminated copy: no search runs past the end (a NUL in the
+	 * head hides the blank line: malformed) */
+	if ((buf = malloc(len + 1)) == NULL)
+		return -1;
+	memcpy(buf, in, len);
+	buf[len] = 0;
+	char *hend = strstr((char *)buf, "\r\n\r\n");
+	int st = 0;
+	if (hend == NULL || sscanf((char *)buf, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599) {
+		snprintf(a->reason, sizeof a->reason, "malformed answer");
+		goto out;
+	}
+	size_t vl = 0;
+	const char *v = header_value((char *)buf, hend, "X-Spaced-Identity", &vl);
+	a->identity[0] = 0;
+	if (v != NULL && vl < sizeof a->identity) {
+		memcpy(a->identity, v, vl);
+		a->identity[vl] = 0;
+	}
+	unsigned char *content = (unsigned char *)hend + 4;
+	size_t clen = len - (size_t)(content - buf);
+	const char *te = header_value((char *)buf, hend, "Transfer-Encoding", &vl);
+	if (te != NULL && vl >= 7 && strncasecmp(te, "chunked", 7) == 0) {
+		long d = dechunk(content, clen);
+		if (d < 0) {
+			snprintf(a->reason, sizeof a->reason, "answer cut short");
+			goto out;
+		}
+		clen = (size_t)d;
+	} else if ((v = header_value((char *)buf, hend, "Content-Length", &vl)) != NULL) {
+		unsigned long cl = strtoul(v, NULL, 10);
+		if (cl > clen) {
+			snprintf(a->reason, sizeof a->reason, "answer cut short");
+			goto out;
+		}
+		clen = cl;
+	}
+	free(a->body);
+	if ((a->body = malloc(clen + 1)) == NULL)
+		goto out;
+	memcpy(a->body, content, clen);
+	a->body[clen] = 0;
+	a->body_len = clen;
+	a->status = st;
+	classify(a);
+	r = 0;
+out:
+	free(buf);
+	return r;
+}
+
 /* Sends one request over a new connection and reads the whole answer.
  * Returns 0 with status/identity/body set, or -1 with the transport error in
  * reason (the request may or may not have reached the worker). */
@@ -570,47 +647,8 @@ static int exchange(const struct client_route *rt, const char *sandbox, const st
 			break;
 		len += (size_t)got;
 	}
-	if (len == 0) {
-		snprintf(a->reason, sizeof a->reason, "connection closed without an answer");
+	if (client_parse_answer(buf, len, a) < 0)
 		goto out;
-	}
-	buf[len] = 0;
-	char *hend = strstr((char *)buf, "\r\n\r\n");
-	int st = 0;
-	if (hend == NULL || sscanf((char *)buf, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599) {
-		snprintf(a->reason, sizeof a->reason, "malformed answer");
-		goto out;
-	}
-	size_t vl = 0;
-	const char *v = header_value((char *)buf, hend, "X-Spaced-Identity", &vl);
-	if (v != NULL && vl < sizeof a->identity) {
-		memcpy(a->identity, v, vl);
-		a->identity[vl] = 0;
-	}
-	unsigned char *content = (unsigned char *)hend + 4;
-	size_t clen = len - (size_t)(content - buf);
-	const char *te = header_value((char *)buf, hend, "Transfer-Encoding", &vl);
-	if (te != NULL && vl >= 7 && strncasecmp(te, "chunked", 7) == 0) {
-		long d = dechunk(content, clen);
-		if (d < 0) {
-			snprintf(a->reason, sizeof a->reason, "answer cut short");
-			goto out;
-		}
-		clen = (size_t)d;
-	} else if ((v = header_value((char *)buf, hend, "Content-Length", &vl)) != NULL) {
-		unsigned long cl = strtoul(v, NULL, 10);
-		if (cl > clen) {
-			snprintf(a->reason, sizeof a->reason, "answer cut short");
-			goto out;
-		}
-		clen = cl;
-	}
-	if ((a->body = malloc(clen + 1)) == NULL)
-		goto out;
-	memcpy(a->body, content, clen);
-	a->body[clen] = 0;
-	a->body_len = clen;
-	a->status = st;
 	r = 0;
 out:
 	if (fd >= 0)
@@ -620,24 +658,6 @@ out:
 	free(head);
 	free(buf);
 	return r;
-}
-
-/* Classifies an answer: ALLOW, or a refusal with its reason. */
-static void classify(struct client_answer *a)
-{
-	a->outcome = CLIENT_ALLOW;
-	if (a->status != 401 && a->status != 403 && a->status != 409)
-		return;
-	json_error_t jerr;
-	json_t *b = json_loadb((const char *)a->body, a->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	const char *oc = json_string_value(json_object_get(b, "outcome"));
-	const char *rs = json_string_value(json_object_get(b, "reason"));
-	snprintf(a->reason, sizeof a->reason, "%s", rs ? rs : "unknown");
-	if (oc != NULL && strcmp(oc, "REFRESH_ROUTE") == 0 && a->status == 409)
-		a->outcome = CLIENT_REFRESH_ROUTE;
-	else
-		a->outcome = CLIENT_DENY; /* 401/403, or a 409 that is not a recognized refresh signal (V1) */
-	json_decref(b);
 }
 
 static const char *outcome_name(enum client_outcome o)
@@ -697,7 +717,6 @@ int client_call(const struct client_opts *o, const char *sandbox, const struct c
 			}
 			break;
 		}
-		classify(&a);
 		tell(o, &rt, &a);
 		if (a.outcome == CLIENT_DENY) {
 			if (o->route_file == NULL)

@@ -126,6 +126,14 @@ void client_answer_clear(struct client_answer *a);
 int client_call(const struct client_opts *o, const char *sandbox, const struct client_request *req,
                 struct client_answer *out, char *err, size_t errsz);
 
+/* Parses one whole HTTP/1.1 answer of a worker (len bytes, as read until the
+ * connection closed): status, X-Spaced-Identity, the body (Content-Length or
+ * chunked; a chunked body without its final chunk is "cut short") and the
+ * outcome (ALLOW, or DENY / REFRESH_ROUTE with its reason from the body).
+ * Fills a->status, identity, body (replacing any), outcome and reason.
+ * Returns 0, or -1 with the reason in a->reason. */
+int client_parse_answer(const unsigned char *in, size_t len, struct client_answer *a);
+
 /* Percent-encodes s for a query value into out. Returns 0 or -1 when too long. */
 int client_query_escape(const char *s, char *out, size_t outsz);
 
