@@ -125,6 +125,18 @@ expect "DENY through the cache: not retried" "$?:$(grep -c 'DENY bad-signature' 
 expect "DENY through the cache: the refused entry is dropped" "$(ls "$SPACED_ROUTE_CACHE"/"$X".json 2>/dev/null | wc -l)" 0
 expect "the next operation resolves a new route" "$("$SC" exec "$X" -- echo again)" "again"
 
+# ---- the cache entry's own expiry (the caller's session) vs the capability's ----
+E0=$(jq .entry_expires_at "$C")
+soon=$(date -u -d "@$(($(date +%s) + 2))" +%Y-%m-%dT%H:%M:%SZ)
+jq --arg t "$soon" '.route.expires_at = $t' "$C" >"$C.new" && mv "$C.new" "$C"
+cap0=$(jq -r .route.capability "$C")
+"$SC" fs read "$X" $dir/seen-before.txt >/dev/null
+expect "a capability in its last seconds is not used: a new one, the entry's expiry kept (V4)" \
+	"$([ "$(jq -r .route.capability "$C")" != "$cap0" ] && echo new):$(jq .entry_expires_at "$C")" "new:$E0"
+jq '.entry_expires_at = 1' "$C" >"$C.new" && mv "$C.new" "$C"
+"$SC" fs read "$X" $dir/seen-before.txt >/dev/null
+expect "an expired entry starts a new session (its expiry set anew)" "$(($(jq .entry_expires_at "$C") > $(date +%s) + 3000))" 1
+
 # ---- transport failures: reads retry once on a fresh connection, writes and exec never ----
 python3 - "$W/sink.port" "$W/sink.count" <<'PY' &
 import socket, sys
