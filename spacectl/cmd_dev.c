@@ -197,6 +197,27 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
 	return 0;
 }
 
+/* Removes what dev up creates in dir (never anything else: DIR may be a
+ * directory of the user's), then dir itself when that left it empty. */
+static void remove_cluster(const char *dir)
+{
+	static const char *const names[] = {"cp", "env", "pids", "cp.log", NULL};
+	char p[PATH_MAX + 64];
+	for (size_t i = 0; names[i] != NULL; i++) {
+		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+		nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	}
+	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
+		snprintf(p, sizeof p, "%s/worker-%d", dir, k);
+		nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+		snprintf(p, sizeof p, "%s/worker-%d.log", dir, k);
+		unlink(p);
+		snprintf(p, sizeof p, "%s/link-worker-%d.log", dir, k);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
 static void record(FILE *pids, const char *name, pid_t pid)
 {
 	fprintf(pids, "%s %d %llu\n", name, (int)pid, start_time(pid));
@@ -296,9 +317,9 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	if (realpath(dir, absdir) != NULL)
 		kill_executions(absdir);
 	if (!quiet)
-		printf("stopped %d processes; removed %s\n", n, dir);
+		printf("stopped %d processes; removed the cluster's files from %s\n", n, dir);
 	if (remove_dir)
-		nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+		remove_cluster(dir);
 	else {
 		char p[PATH_MAX + 16];
 		snprintf(p, sizeof p, "%s/pids", dir);
@@ -349,6 +370,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 		if (alive(&old[i]))
 			return cli_fail("dev up", "a cluster is already up in %s (spacectl dev down --dir %s)", dir, dir);
 	dev_down(dir, 1, 1); /* leftovers of a cluster that died */
+	remove_cluster(dir);  /* and of one that failed to start (its logs were kept) */
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return cli_fail("dev up", "cannot create %s: %s", dir, strerror(errno));
 	if (realpath(dir, absdir) == NULL)
