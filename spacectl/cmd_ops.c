@@ -583,7 +583,7 @@ int cmd_watch(int argc, char **argv)
 	signal(SIGTERM, watch_on_signal);
 	signal(SIGPIPE, SIG_IGN);
 	lws_set_log_level(LLL_ERR, NULL);
-	int refused_once = 0;
+	int refused_once = 0, transport_retry = 0;
 	for (;;) {
 		w->rt = &rt;
 		watch_once(w, sbx, qpath);
@@ -629,8 +629,16 @@ int cmd_watch(int argc, char **argv)
 				client_route_forget(&oa.o, sbx, &rt);
 			break;
 		}
+		if (w->conn_error[0] && !w->allowed && !transport_retry) {
+			/* a stream open is an idempotent read: once more on a fresh connection */
+			transport_retry = 1;
+			if (oa.o.verbose)
+				fprintf(stderr, "spacectl: watch: %s; once more on a fresh connection\n", w->conn_error);
+			continue;
+		}
 		if (w->conn_error[0])
-			cli_fail("watch", "%s", w->conn_error);
+			cli_fail("watch", "transport failure: %s%s", w->conn_error,
+			         transport_retry && !w->allowed ? " (after one retry on a fresh connection)" : "");
 		else
 			cli_fail("watch", "the stream ended (%d %s)", w->close_code, w->close_reason);
 		break;

@@ -166,6 +166,8 @@ expect "an exec cut in transport fails, sent once" "$?:$(count):$(grep -c 'not r
 expect "a read cut in transport is sent once more on a fresh connection" "$?:$(count):$(grep -c 'after one retry' "$W/e")" "1:4:1"
 "$SC" fs read --no-retry --route "$W/cut.json" "$X" $dir/seen-before.txt >/dev/null 2>"$W/e"
 expect "--no-retry: a read is not sent again either" "$?:$(count)" "1:5"
+"$SC" watch --route "$W/cut.json" "$X" $dir >/dev/null 2>"$W/e"
+expect "a watch open cut in transport is tried once more on a fresh connection" "$?:$(count):$(grep -c 'after one retry' "$W/e")" "1:7:1"
 
 # ---- V2: exactly one retry, even when the repaired route is refused again ----
 # a control plane that keeps answering the stale route r1
