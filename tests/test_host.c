@@ -421,3 +421,64 @@ Test(host, handoff_passes_only_a_verified_connection)
 	stop(&h);
 	stop(&l);
 }
+
+/* A bridge pre-started for a warm pool: it listens at once, serves nothing
+ * before it has the identity on stdin, then checks against that identity. */
+static pid_t start_pooled_host(const char *hs, const char *gs, pid_t launcher, int *in)
+{
+	char pidbuf[32];
+	snprintf(pidbuf, sizeof pidbuf, "%d", (int)launcher);
+	const char *argv[] = {SPACED_HOST_BIN, "--listen", hs, "--guest", gs, "--launcher-pid", pidbuf,
+	                      "--identity", "-", "--manager-uid", "0", NULL};
+	int q[2];
+	cr_assert_eq(pipe2(q, O_CLOEXEC), 0);
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, q[0], 0);
+	pid_t pid;
+	unlink(hs);
+	cr_assert_eq(posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)(uintptr_t)argv, environ), 0);
+	posix_spawn_file_actions_destroy(&fa);
+	close(q[0]);
+	*in = q[1];
+	struct stat st;
+	for (int i = 0; i < 500 && !(stat(hs, &st) == 0 && S_ISSOCK(st.st_mode)); i++)
+		usleep(10000);
+	return pid;
+}
+
+Test(host, pooled_bridge_serves_only_after_it_learns_the_identity)
+{
+	char state[300], gs[300], hs[300], why[512] = "";
+	paths(state, gs, hs, sizeof state, "pool");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	int in;
+	struct proc h = {start_pooled_host(hs, gs, l.pid, &in), -1};
+
+	struct spaced_guest_client *c;
+	cr_assert_eq(spaced_guest_client_connect(hs, &c), 0, "the pooled bridge listens before its claim");
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_HELLO, 0, 1, NULL, 0), 0);
+	struct pollfd pf = {.fd = spaced_guest_client_fd(c), .events = POLLIN};
+	cr_assert_eq(poll(&pf, 1, 300), 0, "nothing is served before the identity is known");
+	cr_assert_eq(write(in, ID7 "\n", strlen(ID7) + 1), (ssize_t)strlen(ID7) + 1);
+	close(in);
+	struct spaced_guest_msg m;
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_RESULT);
+	cr_assert_eq(m.hdr.id, 1u);
+	struct spaced_field_reader rd;
+	cr_assert_eq(spaced_guest_result_head(c, &m, &rd), 0);
+	spaced_guest_msg_clear(&m);
+	cr_assert_str_eq(spaced_guest_client_identity(c), ID7);
+	spaced_guest_client_free(c);
+	stop(&h);
+
+	/* Claimed for another execution than the one running: refused. */
+	h.pid = start_pooled_host(hs, gs, l.pid, &in);
+	cr_assert_eq(write(in, ID8 "\n", strlen(ID8) + 1), (ssize_t)strlen(ID8) + 1);
+	close(in);
+	wait_socket(hs);
+	cr_assert_eq(refusal_via(hs, why, sizeof why), SPACED_EIDENTITY, "%s", why);
+	stop(&h);
+	stop(&l);
+}
