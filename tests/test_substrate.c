@@ -3,8 +3,7 @@
  * spaced-launch creates executions (namespaces, overlay root, cgroups,
  * seccomp) around the guest, and the tests look at them from inside (through
  * `spaced-launch exec`) and from the host (state directory, cgroup files,
- * /proc). The guest is BUILD/spaced-guest/spaced-guest when it is built, the
- * stand-in tests/stub_guest.c otherwise.
+ * /proc). The guest is the real BUILD/spaced-guest/spaced-guest.
  *
  * Rules: I2 (a restore is a new execution with a greater generation), B2 (the
  * guest transport listener is bound to the launcher process), and the
@@ -43,14 +42,9 @@ static char dir[64];
 static pid_t started[8];
 static int nstarted;
 
-static bool real_guest(void)
-{
-	return access(SPACED_GUEST_BIN, X_OK) == 0;
-}
-
 static const char *guest_bin(void)
 {
-	return real_guest() ? SPACED_GUEST_BIN : STUB_GUEST;
+	return SPACED_GUEST_BIN;
 }
 
 static void idtext(char *out, size_t sz, const char *sandbox, int gen)
@@ -273,30 +267,16 @@ static int transport_identity(int fd, char *out, size_t sz)
 		close(fd);
 		return SPACED_EPROTO;
 	}
-	if (real_guest()) {
-		struct spaced_guest_client *c = NULL;
-		struct spaced_identity id;
-		int r;
+	struct spaced_guest_client *c = NULL;
+	struct spaced_identity id;
+	int r;
 
-		cr_assert_eq(spaced_guest_client_adopt(fd, &c), 0);
-		r = spaced_guest_hello(c, &id);
-		if (r == 0)
-			r = spaced_identity_encode(&id, out, sz) < 0 ? SPACED_EINVAL : 0;
-		spaced_guest_client_free(c);
-		return r;
-	}
-	/* stand-in: "stub-guest port=P identity=TEXT" */
-	{
-		char big[700], *p;
-
-		read_line(fd, big, sizeof(big), 10000);
-		close(fd);
-		p = strstr(big, "identity=");
-		if (p == NULL)
-			return SPACED_EPROTO;
-		snprintf(out, sz, "%s", p + 9);
-	}
-	return 0;
+	cr_assert_eq(spaced_guest_client_adopt(fd, &c), 0);
+	r = spaced_guest_hello(c, &id);
+	if (r == 0)
+		r = spaced_identity_encode(&id, out, sz) < 0 ? SPACED_EINVAL : 0;
+	spaced_guest_client_free(c);
+	return r;
 }
 
 /* The guest transport: CONNECT handshake, then the identity the guest
@@ -808,11 +788,8 @@ Test(substrate, identity_after_start) /* warm pool: IDENTITY message */
 	need_sandbox();
 	idtext(id, sizeof(id), "sbx-warm", 3);
 	start(&l, "x", NULL, false);
-	/* the real guest says READY only once it has an identity; the stand-in at once */
-	if (!real_guest()) {
-		read_line(l.out, line, sizeof(line), 20000);
-		cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
-	} else {
+	/* the guest says READY only once it has an identity */
+	{
 		char p[200];
 
 		/* the launcher writes this file once the execution exists */
@@ -826,10 +803,8 @@ Test(substrate, identity_after_start) /* warm pool: IDENTITY message */
 	ctl_ok(&l, cmd);
 	ctl(&l, cmd, reply, sizeof(reply)); /* only once */
 	cr_assert(strncmp(reply, "ERR", 3) == 0, "%s", reply);
-	if (real_guest()) {
-		read_line(l.out, line, sizeof(line), 20000);
-		cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
-	}
+	read_line(l.out, line, sizeof(line), 20000);
+	cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
 	cr_assert_eq(guest_identity(&l, 3, got, sizeof(got)), 0);
 	cr_assert_str_eq(got, id);
 	stop(&l);
