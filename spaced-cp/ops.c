@@ -487,9 +487,9 @@ out:
 
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
-	"created, last_active, idle_timeout, max_lifetime, install_seq"
+	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes"
 enum { C_ID, C_TENANT, C_STATE, C_GEN, C_WORKER, C_SUBSTRATE, C_ACT, C_SPEC, C_SNAP, C_OP, C_OPUNTIL,
-       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ };
+       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ, C_SNAPHASH, C_SNAPBYTES };
 
 struct sbx {
 	struct cp_rows *rows;
@@ -522,13 +522,19 @@ static json_t *sbx_json(const struct sbx *s)
 	char opname[32] = "";
 	if (op != NULL && cp_rows_i64(s->rows, s->r, C_OPUNTIL, 0) >= spaced_now())
 		snprintf(opname, sizeof opname, "%.*s", (int)strcspn(op, "."), op);
-	return json_pack("{s:s,s:s,s:I,s:o,s:s?,s:s,s:o,s:s?,s:s?,s:s?,s:s,s:s,s:I,s:I}", "id", col(s, C_ID),
+	json_t *j = json_pack("{s:s,s:s,s:I,s:o,s:s?,s:s,s:o,s:s?,s:s?,s:s?,s:s,s:s,s:I,s:I}", "id", col(s, C_ID),
 	                 "state", col(s, C_STATE), "generation", (json_int_t)cp_rows_i64(s->rows, s->r, C_GEN, 0),
 	                 "route", route ? route : json_null(), "worker", col(s, C_WORKER), "substrate",
 	                 col(s, C_SUBSTRATE), "spec", spec ? spec : json_object(), "snapshot", col(s, C_SNAP),
 	                 "operation", opname[0] ? opname : NULL, "last_error", col(s, C_LASTERR), "created", created,
 	                 "last_active", active, "idle_timeout", (json_int_t)cp_rows_i64(s->rows, s->r, C_IDLE, 0),
 	                 "max_lifetime", (json_int_t)cp_rows_i64(s->rows, s->r, C_MAXLIFE, 0));
+	if (j != NULL && col(s, C_SNAP) != NULL) {
+		const char *h = col(s, C_SNAPHASH);
+		json_object_set_new(j, "snapshot_hash", h ? json_string(h) : json_null());
+		json_object_set_new(j, "snapshot_bytes", json_integer(cp_rows_i64(s->rows, s->r, C_SNAPBYTES, 0)));
+	}
+	return j;
 }
 
 /* Loads one sandbox of tenant; ENOENT for a missing one and for another tenant's alike. */
@@ -727,8 +733,19 @@ static int ack_status(int r, const char *what, char *why, json_t **body, char *e
 		return 504;
 	}
 	if (r == SPACED_EPERM) {
-		snprintf(errtext, errsz, "%s: the worker refused: %s", what, why ? why : "");
+		/* why is the worker's {"code","error"}: its code is passed on as worker_code */
+		json_error_t jerr;
+		json_t *w = why ? json_loads(why, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+		const char *wc = json_string_value(json_object_get(w, "code"));
+		const char *we = json_string_value(json_object_get(w, "error"));
+		if (wc != NULL)
+			snprintf(errtext, errsz, "%s: the worker refused (%s): %s", what, wc, we ? we : "");
+		else
+			snprintf(errtext, errsz, "%s: the worker refused: %s", what, why ? why : "");
 		*body = cp_error("worker-refused", errtext);
+		if (*body != NULL && wc != NULL)
+			json_object_set_new(*body, "worker_code", json_string(wc));
+		json_decref(w);
 		return 502;
 	}
 	snprintf(errtext, errsz, "%s: %s", what, spaced_strerror(r));
@@ -739,7 +756,7 @@ static int ack_status(int r, const char *what, char *why, json_t **body, char *e
 /* Installs a new generation (or a new activation of the current one when
  * same_gen) of sandbox s on worker p and waits for the ack. */
 static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
-                           const char *snapshot, int same_gen, json_t **body)
+                           const char *snapshot, const char *snapshot_hash, int same_gen, json_t **body)
 {
 	char act[SPACED_NAME_MAX], gb[24], now[24], errtext[512];
 	const char *id = col(s, C_ID);
@@ -755,6 +772,8 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 		return 500;
 	}
 	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
+	/* the destination checks the snapshot against it and refuses without it */
+	json_object_set_new(spec, "snapshot_hash", snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
 	if ((r = cp_store_begin(st)) < 0)
 		goto fail;
 	if (!same_gen) {
@@ -861,7 +880,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 		goto out;
 	}
 	lease_hold(id, op);
-	status = start_execution(cp, st, &s, &p, NULL, 0, body);
+	status = start_execution(cp, st, &s, &p, NULL, NULL, 0, body);
 	lease_hold(NULL, NULL);
 	cp_rows_free(s.rows);
 	lease_drop(st, id, op);
@@ -874,6 +893,22 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 out:
 	free(spec_text);
 	return status;
+}
+
+/* The hash and size a worker reported in its snapshot ack (result JSON text);
+ * hex stays empty when it is missing or malformed: an install from that
+ * snapshot is then refused by its destination. */
+static void snapshot_result(const char *res, char hex[65], char bytes[24])
+{
+	json_error_t jerr;
+	json_t *j = res ? json_loads(res, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	json_t *h = json_object_get(j, "hash"), *b = json_object_get(j, "bytes");
+	hex[0] = 0;
+	cp_i64(bytes, json_is_integer(b) && json_integer_value(b) >= 0 ? json_integer_value(b) : 0);
+	if (json_is_string(h) && json_string_length(h) == 64 &&
+	    strspn(json_string_value(h), "0123456789abcdef") == 64)
+		memcpy(hex, json_string_value(h), 65);
+	json_decref(j);
 }
 
 static const char *snapshot_dir(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
@@ -926,7 +961,10 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 		                snapshot_dir(cp, path, sizeof path, id, gen));
 		if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
 			goto ack_fail;
-		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2 WHERE id = $1", id, path);
+		char hex[65], nb[24];
+		snapshot_result(res, hex, nb);
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2, snapshot_hash = $3, snapshot_bytes = $4 WHERE id = $1",
+		     id, path, hex[0] ? hex : NULL, nb);
 		goto done;
 	}
 	int is_move = strcmp(op, "move") == 0;
@@ -967,7 +1005,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			cp_store_rollback(st);
 			if (status != 0)
 				goto out;
-			status = start_execution(cp, st, s, &p, NULL, 1, body);
+			status = start_execution(cp, st, s, &p, NULL, NULL, 1, body);
 			if (status != 0)
 				goto out;
 			goto done;
@@ -1007,8 +1045,13 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			                "path", snapshot_dir(cp, path, sizeof path, id, gen));
 			if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
 				goto ack_fail_error;
-			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2, state = 'stopped' WHERE id = $1", id, path);
-			status = start_execution(cp, st, s, &p, path, 0, body);
+			char hex[65], nb[24];
+			snapshot_result(res, hex, nb);
+			CP_Q(st, NULL, NULL,
+			     "UPDATE sandboxes SET snapshot = $2, snapshot_hash = $3, snapshot_bytes = $4, state = 'stopped' "
+			     "WHERE id = $1",
+			     id, path, hex[0] ? hex : NULL, nb);
+			status = start_execution(cp, st, s, &p, path, hex[0] ? hex : NULL, 0, body);
 			if (status != 0)
 				goto out;
 			json_decref(msg);
@@ -1036,7 +1079,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto out;
 			if (same && strcmp(p.worker, cur) != 0)
 				goto wrong_state;
-			status = start_execution(cp, st, s, &p, snap, same, body);
+			status = start_execution(cp, st, s, &p, snap, col(s, C_SNAPHASH), same, body);
 			if (status != 0)
 				goto out;
 			goto done;

@@ -26,7 +26,8 @@ static const char schema[] =
 	" generation BIGINT NOT NULL, worker TEXT, substrate TEXT NOT NULL, activation TEXT NOT NULL,"
 	" spec TEXT NOT NULL, snapshot TEXT, op TEXT, op_until BIGINT NOT NULL DEFAULT 0, last_error TEXT,"
 	" created BIGINT NOT NULL, last_active BIGINT NOT NULL, idle_timeout BIGINT NOT NULL,"
-	" max_lifetime BIGINT NOT NULL, deleted BIGINT NOT NULL DEFAULT 0, install_seq BIGINT NOT NULL DEFAULT 0);"
+	" max_lifetime BIGINT NOT NULL, deleted BIGINT NOT NULL DEFAULT 0, install_seq BIGINT NOT NULL DEFAULT 0,"
+	" snapshot_hash TEXT, snapshot_bytes BIGINT NOT NULL DEFAULT 0);"
 	"CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes (tenant, deleted);"
 	"CREATE INDEX IF NOT EXISTS sandboxes_worker ON sandboxes (worker, deleted);"
 	"CREATE TABLE IF NOT EXISTS outbox (worker TEXT NOT NULL, seq BIGINT NOT NULL, type TEXT NOT NULL,"
@@ -60,6 +61,13 @@ int cp_store_open(const char *url, struct cp_store **out)
 	}
 	if (r < 0)
 		goto out;
+	/* a store created before snapshots carried their hash gains the columns */
+	if (st->ops->script(st->h, "SELECT snapshot_hash, snapshot_bytes FROM sandboxes LIMIT 0") < 0) {
+		st->ops->script(st->h, "ALTER TABLE sandboxes ADD COLUMN snapshot_hash TEXT");
+		st->ops->script(st->h, "ALTER TABLE sandboxes ADD COLUMN snapshot_bytes BIGINT NOT NULL DEFAULT 0");
+		if ((r = st->ops->script(st->h, "SELECT snapshot_hash, snapshot_bytes FROM sandboxes LIMIT 0")) < 0)
+			goto out;
+	}
 	*out = st;
 	st = NULL;
 out:

@@ -84,10 +84,28 @@ int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec);
 /* Copies a paused execution's files to path; *bytes its size. */
 int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
                       uint64_t *bytes);
+/* Copies the snapshot at src (a store the control plane names) into this
+ * worker's private staging directory, recomputes its hash there and compares it
+ * with want (64 lowercase hex digits). On success *staged (a buffer of stagedsz)
+ * names the verified private copy, to restore from and then pass to
+ * mgr_exec_unstage. Returns 0, SPACED_EIDENTITY when the hash differs or want is
+ * missing/malformed (nothing is kept), SPACED_ENOENT, SPACED_EIO. */
+int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, const char *src,
+                            const char *want, char *staged, size_t stagedsz);
+void mgr_exec_unstage(const char *staged);
 /* Removes the execution's files. */
 void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox);
 /* The socket serving rec: the one place that decides where requests go. */
 int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
+
+/* ---- mgr_hash.c: the content hash of a snapshot tree ---- */
+#define MGR_HASH_HEX 65 /* 64 hex digits and a NUL */
+/* BLAKE2b-256 over the canonical walk of the directory tree at dir (absolute),
+ * as mgr_hash.c and docs/control-messages.md define it: hex is written in
+ * lowercase, *bytes (may be NULL) the total size of its regular files. Returns
+ * 0, SPACED_ENOENT, SPACED_EINVAL (not a directory, an unknown file type),
+ * SPACED_ETOOBIG (too deep, a path too long), SPACED_EIO, SPACED_ENOMEM. */
+int mgr_snapshot_hash(const char *dir, char hex[MGR_HASH_HEX], uint64_t *bytes);
 
 /* ---- mgr_main.c services used by mgr_admin.c ---- */
 struct mgr;

@@ -99,7 +99,7 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 	struct spaced_identity id;
 	json_t *jh = json_object_get(msg, "handoff");
 	json_t *spec = json_object_get(msg, "spec");
-	const char *snapshot = NULL;
+	const char *snapshot = NULL, *snapshot_hash = NULL;
 
 	if (only_members(msg, allowed) < 0)
 		return fail(o, "bad-message", "unknown member");
@@ -116,6 +116,12 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 			if (!json_is_string(snap) || json_string_value(snap)[0] != '/')
 				return fail(o, "bad-message", "spec.snapshot must be an absolute path");
 			snapshot = json_string_value(snap);
+		}
+		json_t *sh = json_object_get(spec, "snapshot_hash");
+		if (sh && !json_is_null(sh)) {
+			if (!json_is_string(sh))
+				return fail(o, "bad-message", "spec.snapshot_hash must be a string");
+			snapshot_hash = json_string_value(sh);
 		}
 	}
 	if (strcmp(id.worker, mgr_worker_id(m)) != 0)
@@ -161,17 +167,34 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 		o->result = json_pack("{s:I}", "epoch", (json_int_t)rec.r.epoch);
 		return commit(m, &rec, false, seq, o, line);
 	}
+	/* A snapshot is copied out of the store it names into a private copy and
+	 * checked against the hash the source worker reported: nothing starts from
+	 * an unverified snapshot, and nothing here has changed yet when it fails. */
+	char staged[4096] = "";
+	if (snapshot) {
+		int e = mgr_exec_stage_snapshot(mgr_cfg(m), id.sandbox, snapshot, snapshot_hash, staged,
+		                                sizeof staged);
+		if (e == SPACED_EIDENTITY)
+			return fail(o, "snapshot-mismatch", "the snapshot at %s %s", snapshot,
+			            snapshot_hash ? "does not match its hash" : "comes without a hash");
+		if (e < 0)
+			return fail(o, e == SPACED_ENOENT ? "snapshot-missing" : "io", "cannot fetch the snapshot: %s",
+			            spaced_strerror(e));
+	}
 	/* A new generation: R3 holds from this commit on, before the start. */
 	if (cur) {
 		struct mgr_rec old = *cur;
 		snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_STOPPED);
 		int e = mgr_rec_install(m, &rec, false, 0, NULL);
-		if (e < 0)
+		if (e < 0) {
+			mgr_exec_unstage(staged);
 			return fail(o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s",
 			            spaced_strerror(e));
+		}
 		mgr_exec_stop(mgr_cfg(m), &old);
 	}
-	int e = mgr_exec_start(mgr_cfg(m), &rec, snapshot);
+	int e = mgr_exec_start(mgr_cfg(m), &rec, staged[0] ? staged : NULL);
+	mgr_exec_unstage(staged);
 	if (e < 0) {
 		snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_STOPPED);
 		rec.pid = 0;
@@ -283,7 +306,11 @@ static int do_snapshot(struct mgr *m, json_t *msg, uint64_t seq, struct outcome 
 	int e = mgr_exec_snapshot(mgr_cfg(m), cur, json_string_value(jp), &bytes);
 	if (e < 0)
 		return fail(o, "io", "snapshot failed: %s", spaced_strerror(e));
-	o->result = json_pack("{s:s,s:I}", "path", json_string_value(jp), "bytes", (json_int_t)bytes);
+	char hex[MGR_HASH_HEX];
+	if ((e = mgr_snapshot_hash(json_string_value(jp), hex, &bytes)) < 0)
+		return fail(o, "io", "cannot hash the snapshot: %s", spaced_strerror(e));
+	o->result = json_pack("{s:s,s:I,s:s}", "path", json_string_value(jp), "bytes", (json_int_t)bytes, "hash",
+	                      hex);
 	struct mgr_rec same = *cur;
 	return commit(m, &same, true, seq, o, line);
 }

@@ -597,3 +597,60 @@ int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, c
 	*bytes = snap_bytes;
 	return 0;
 }
+
+/* ---- snapshots arriving from a store the control plane names ---- */
+
+static bool hash_hex_valid(const char *h)
+{
+	if (!h || strlen(h) != MGR_HASH_HEX - 1)
+		return false;
+	for (const char *p = h; *p; p++)
+		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+			return false;
+	return true;
+}
+
+int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, const char *src,
+                            const char *want, char *staged, size_t stagedsz)
+{
+	char dir[4096], got[MGR_HASH_HEX];
+	struct stat sb;
+	int e;
+	if (!src || src[0] != '/' || !spaced_name_valid(sandbox, strlen(sandbox)))
+		return SPACED_EINVAL;
+	if (!hash_hex_valid(want))
+		return SPACED_EIDENTITY; /* nothing starts from an unverified snapshot */
+	if (lstat(src, &sb) < 0 || !S_ISDIR(sb.st_mode))
+		return SPACED_ENOENT;
+	snprintf(dir, sizeof dir, "%s/stage", cfg->state_dir);
+	if ((e = mkdirs(dir)) < 0)
+		return e;
+	if (snprintf(dir, sizeof dir, "%s/stage/%s", cfg->state_dir, sandbox) >= (int)sizeof dir ||
+	    strlen(dir) >= stagedsz)
+		return SPACED_ETOOBIG;
+	/* the private copy is the one verified and the one restored: what is
+	 * checked cannot change in the shared store afterwards */
+	const char *rm[] = {"rm", "-rf", "--", dir, NULL};
+	const char *cp[] = {"cp", "-a", "--", src, dir, NULL};
+	if (run_wait(rm) < 0 || run_wait(cp) < 0) {
+		run_wait(rm);
+		return SPACED_EIO;
+	}
+	e = mgr_snapshot_hash(dir, got, NULL);
+	if (e == 0 && !spaced_ct_eq(got, want, MGR_HASH_HEX - 1))
+		e = SPACED_EIDENTITY;
+	if (e < 0) {
+		run_wait(rm);
+		return e;
+	}
+	memcpy(staged, dir, strlen(dir) + 1);
+	return 0;
+}
+
+void mgr_exec_unstage(const char *staged)
+{
+	if (!staged || !*staged)
+		return;
+	const char *rm[] = {"rm", "-rf", "--", staged, NULL};
+	run_wait(rm);
+}
