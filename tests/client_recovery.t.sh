@@ -220,6 +220,25 @@ exec 3>&-
 expect "term: the new terminal ran the command" "$(grep -c 'after-43' "$W/term.out")" 1
 expect "term: one replacement notice" "$(grep -c "the terminal's execution was replaced (refresh-route:deactivated)" "$W/term.out")" 1
 
+# ---- V3 under concurrency: four clients repair the same stale entry; one replaces it ----
+"$SC" fs read "$X" $dir/seen-before.txt >/dev/null
+E1=$(jq .entry_expires_at "$C")
+"$SC" move "$X" --to worker-1 >/dev/null
+expect "move back: generation 3 on worker-1" "$("$SC" inspect "$X" --json | jq -r '.worker + " " + (.generation|tostring)')" "worker-1 3"
+cpids=""
+for k in 1 2 3 4; do
+	"$SC" -v fs read "$X" $dir/seen-before.txt >"$W/c$k.out" 2>"$W/c$k.err" &
+	cpids="$cpids $!"
+done
+okc=0
+for p in $cpids; do wait "$p" && okc=$((okc + 1)); done
+refused=$(cat "$W"/c?.err | grep -c 'REFRESH_ROUTE deactivated')
+expect "V3: all four reads answered with the content" "$okc:$(cat "$W"/c?.out | grep -c '^x$')" "4:4"
+expect "V3: exactly one client replaced the entry it was refused with, every other refused one left it alone" \
+	"$(cat "$W"/c?.err | grep -c 'cache entry replaced'):$(cat "$W"/c?.err | grep -c 'left alone')" "1:$((refused - 1))"
+expect "V3: the entry holds generation 3 on worker-1, its expiry unchanged" \
+	"$(jq -r '.route.identity | "\(.generation) \(.worker)"' "$C") $(jq .entry_expires_at "$C")" "3 worker-1 $E1"
+
 # ---- dev down ----
 pids=$(awk '{print $2}' "$D/pids")
 "$SC" dev down --dir "$D" >/dev/null
