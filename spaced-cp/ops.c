@@ -913,7 +913,11 @@ static void snapshot_result(const char *res, char hex[65], char bytes[24])
 
 static const char *snapshot_dir(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
 {
-	snprintf(buf, n, "%s/snapshots/%s-%" PRId64, cp->state_dir, id, gen);
+	/* one new name per snapshot: a snapshot never overwrites an earlier one of
+	 * the same generation (a `snapshot` and then a `move`) */
+	char rnd[SPACED_NAME_MAX];
+	cp_random_name(rnd, "");
+	snprintf(buf, n, "%s/snapshots/%s-%" PRId64 "-%.16s", cp->state_dir, id, gen, rnd);
 	return buf;
 }
 
@@ -936,6 +940,30 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			r = push_wait(cp, st, cur, msg, NULL, &why);
 			pending = r == SPACED_ETIMEDOUT; /* stays queued: replayed when the worker returns */
 		}
+		/* a move whose install was refused leaves the previous execution
+		 * deactivated and kept on an earlier worker: it goes too */
+		struct cp_rows *ws = NULL;
+		if (CP_Q(st, &ws, NULL, "SELECT DISTINCT worker FROM generations WHERE sandbox = $1", id) == 0 &&
+		    cp_store_begin(st) == 0) {
+			int pushed = 0, bad = 0;
+			const char *w;
+			for (int i = 0; !bad && (w = cp_rows_get(ws, i, 0)) != NULL; i++) {
+				int64_t seq;
+				json_t *d = (!cur || strcmp(w, cur) != 0)
+				                    ? json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id)
+				                    : NULL;
+				if (d != NULL) {
+					bad = cp_outbox_push(st, w, d, &seq) < 0;
+					pushed += !bad;
+				}
+				json_decref(d);
+			}
+			if (bad || cp_store_commit(st) < 0)
+				cp_store_rollback(st);
+			else if (pushed)
+				cp_wake(cp);
+		}
+		cp_rows_free(ws);
 		char now[24];
 		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1", id,
 		     cp_i64(now, spaced_now()));
