@@ -148,7 +148,7 @@ step resume '' running
 expect "resume in place (thaw) keeps the generation" "$(body .generation)" 1
 step pause '' paused
 step snapshot '' paused
-expect "snapshot path recorded" "$(body '.snapshot | test("snapshots/'"$S1"'-1$")')" true
+expect "snapshot path recorded" "$(body '.snapshot | test("snapshots/'"$S1"'-1-[0-9a-f]+$")')" true
 step resume '' running
 step move '{"to":"wb"}' running
 expect "move: new generation on wb" "$(body '(.generation|tostring) + " " + .route.worker')" "2 wb"
@@ -166,7 +166,7 @@ expect "move to the worker it is on -> 409" "$(api "$TA" POST "/v1/sandboxes/$S1
 # the old worker saw deactivate (kept paused) then snapshot then destroy; the new one install from the snapshot
 expect "wa: deactivate, snapshot, destroy in order for generation 3" \
 	"$(jq -r 'select(.identity.generation == 3 or .type == "destroy") | .type' "$W/wa.log" | grep -v install | tail -n 3 | tr '\n' ' ')" "deactivate snapshot destroy "
-expect "wb: install of generation 4 from the snapshot of 3" "$(jq -r 'select(.type == "install" and .identity.generation == 4) | .spec.snapshot | test("-3$")' "$W/wb.log")" true
+expect "wb: install of generation 4 from the snapshot of 3" "$(jq -r 'select(.type == "install" and .identity.generation == 4) | .spec.snapshot | test("-3-[0-9a-f]+$")' "$W/wb.log")" true
 expect "keep_paused on deactivate" "$(jq -r 'select(.type == "deactivate") | .keep_paused' "$W/wa.log" | sort -u)" true
 for w in wa wb; do
 	gaps=$(jq -s '[.[] | select(.dup != true) | .seq] | . as $s | [range(1; length)] | map(select($s[.] != $s[. - 1] + 1)) | length' "$W/$w.log")
