@@ -103,6 +103,44 @@ static void expect(int port, const char *method, const char *target, const char 
 	tn_resp_free(&r);
 }
 
+/* The hash a snapshot ack reports (issue 5 item 7): 64 lowercase hex digits. */
+static void snap_hash_of(json_t *ack, char out[65])
+{
+	const char *h = json_string_value(json_object_get(json_object_get(ack, "result"), "hash"));
+	cr_assert(h && strlen(h) == 64 && strspn(h, "0123456789abcdef") == 64, "snapshot ack without a hash: %s",
+	          json_dumps(ack, 0));
+	cr_assert(json_integer_value(json_object_get(json_object_get(ack, "result"), "bytes")) > 0);
+	memcpy(out, h, 65);
+}
+
+/* An install of S generation 8 from snap with hash (NULL: none) is refused with
+ * snapshot-mismatch and leaves n without a record of S. */
+static void expect_snapshot_refused(struct tn_node *n, const char *snap, const char *hash)
+{
+	char hf[96] = "";
+	if (hash)
+		snprintf(hf, sizeof hf, ",\"snapshot_hash\":\"%s\"", hash);
+	json_t *i = tn_admin(n,
+	                     "{\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":8,\"worker\":"
+	                     "\"%s\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null},"
+	                     "\"spec\":{\"snapshot\":\"%s\"%s}}",
+	                     n->worker, snap, hf);
+	cr_assert(i != NULL);
+	cr_expect(!tn_ok(i), "an install from an unverified snapshot was accepted");
+	cr_expect_str_eq(json_string_value(json_object_get(i, "code")), "snapshot-mismatch", "%s", json_dumps(i, 0));
+	json_decref(i);
+	json_t *st = tn_admin(n, "{\"type\":\"status\"}");
+	json_t *recs = json_object_get(json_object_get(st, "result"), "records");
+	size_t k;
+	json_t *rec;
+	json_array_foreach(recs, k, rec)
+	{
+		cr_expect_str_neq(json_string_value(json_object_get(json_object_get(rec, "identity"), "sandbox")), "S",
+		                  "a refused install left a record");
+	}
+	json_decref(st);
+}
+
 #define CAP(...) tn_cap(&keys, (struct tn_capspec){__VA_ARGS__})
 
 /* R6, C5, R1: every comparator outcome over HTTP, and refusals never reach the execution. */
@@ -228,14 +266,20 @@ Test(node, r2_r3_two_workers)
 	                     "\"path\":\"%s\"}",
 	                     snap);
 	cr_assert(tn_ok(s), "snapshot: %s", s ? json_dumps(s, 0) : "none");
+	char hash[65];
+	snap_hash_of(s, hash);
 	json_decref(s);
 
-	/* B resumes S as execution 8 from the snapshot */
+	/* a snapshot without its hash, or with another, starts nothing (issue 5 item 7) */
+	expect_snapshot_refused(&B, snap, NULL);
+	expect_snapshot_refused(&B, snap, "0000000000000000000000000000000000000000000000000000000000000000");
+
+	/* B resumes S as execution 8 from the snapshot, checked by its hash */
 	json_t *i = tn_admin(&B,
 	                     "{\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":8,\"worker\":"
 	                     "\"worker-b\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null},"
-	                     "\"handoff\":false,\"spec\":{\"snapshot\":\"%s\"}}",
-	                     snap);
+	                     "\"handoff\":false,\"spec\":{\"snapshot\":\"%s\",\"snapshot_hash\":\"%s\"}}",
+	                     snap, hash);
 	cr_assert(tn_ok(i), "install on B: %s", i ? json_dumps(i, 0) : "none");
 	json_decref(i);
 	cr_assert_eq(tn_http(B.port, "GET", "/v1/sandboxes/S/files?path=/state.txt", cap8, NULL, 0, &r), 0);
@@ -918,12 +962,15 @@ Test(node, substrate_r2_r3_resume_and_restart)
 	                     "\"path\":\"%s\"}",
 	                     snap);
 	cr_assert(tn_ok(s), "snapshot: %s", s ? json_dumps(s, 0) : "none");
+	char hash[65];
+	snap_hash_of(s, hash);
 	json_decref(s);
+	expect_snapshot_refused(&B, snap, NULL);
 	json_t *i = tn_admin(&B,
 	                     "{\"type\":\"install\",\"identity\":{\"sandbox\":\"S\",\"generation\":8,\"worker\":"
 	                     "\"worker-b\",\"substrate\":\"process\",\"activation\":\"act-1\",\"pod_uid\":null},"
-	                     "\"spec\":{\"snapshot\":\"%s\"}}",
-	                     snap);
+	                     "\"spec\":{\"snapshot\":\"%s\",\"snapshot_hash\":\"%s\"}}",
+	                     snap, hash);
 	cr_assert(tn_ok(i), "install on B: %s", i ? json_dumps(i, 0) : "none");
 	json_decref(i);
 	cr_assert_eq(tn_http(B.port, "GET", "/v1/sandboxes/S/files?path=/tmp/state.txt", cap8, NULL, 0, &r), 0);
