@@ -18,6 +18,7 @@
 #include "mgr.h"
 #include "node.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -181,6 +182,89 @@ bool mgr_exec_alive(const struct mgr_rec *rec)
 	return alive;
 }
 
+/* The processes descending from root (not root itself), from one scan of
+ * /proc: the guest runs each command in a session of its own, so its process
+ * group alone does not reach them. *out is a new array of *n pids. */
+static int descendants(pid_t root, pid_t **out, size_t *n)
+{
+	struct pp {
+		pid_t pid, ppid;
+	} *all = NULL;
+	size_t na = 0, cap = 0;
+	DIR *d = opendir("/proc");
+	if (!d)
+		return SPACED_ESYS;
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL) {
+		char path[64], buf[512];
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		if (*end || pid <= 0)
+			continue;
+		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t len = read(fd, buf, sizeof buf - 1);
+		close(fd);
+		if (len <= 0)
+			continue;
+		buf[len] = 0;
+		char *rp = strrchr(buf, ')'); /* after the command name, which may hold ')' */
+		long ppid;
+		char st;
+		if (!rp || sscanf(rp + 1, " %c %ld", &st, &ppid) != 2)
+			continue;
+		if (na == cap) {
+			size_t nc = cap ? cap * 2 : 256;
+			struct pp *nn = realloc(all, nc * sizeof *nn);
+			if (!nn) {
+				free(all);
+				closedir(d);
+				return SPACED_ENOMEM;
+			}
+			all = nn;
+			cap = nc;
+		}
+		all[na].pid = (pid_t)pid;
+		all[na].ppid = (pid_t)ppid;
+		na++;
+	}
+	closedir(d);
+	pid_t *res = malloc((na ? na : 1) * sizeof *res);
+	if (!res) {
+		free(all);
+		return SPACED_ENOMEM;
+	}
+	size_t nr = 0;
+	/* breadth first: res[k] are found in order, each parent before its children */
+	for (size_t k = 0;; k++) {
+		pid_t parent = k == 0 ? root : (k - 1 < nr ? res[k - 1] : 0);
+		if (parent == 0)
+			break;
+		for (size_t i = 0; i < na; i++)
+			if (all[i].ppid == parent && all[i].pid != root)
+				res[nr++] = all[i].pid;
+	}
+	free(all);
+	*out = res;
+	*n = nr;
+	return 0;
+}
+
+/* Signals the guest's process group and then every process descending from it. */
+static void dev_signal_tree(pid_t leader, int sig)
+{
+	pid_t *ds = NULL;
+	size_t n = 0;
+	kill(-leader, sig);
+	if (descendants(leader, &ds, &n) < 0)
+		return;
+	for (size_t i = 0; i < n; i++)
+		kill(ds[i], sig);
+	free(ds);
+}
+
 static int dev_signal(const struct mgr_rec *rec, int sig)
 {
 	int fd = pidfd_of(rec);
@@ -192,6 +276,8 @@ static int dev_signal(const struct mgr_rec *rec, int sig)
 	if (kill(-(pid_t)rec->pid, sig) < 0 &&
 	    syscall(SYS_pidfd_send_signal, fd, sig, NULL, 0) < 0)
 		e = SPACED_ESYS;
+	else
+		dev_signal_tree((pid_t)rec->pid, sig); /* the commands it runs in their own sessions */
 	close(fd);
 	return e;
 }
@@ -200,6 +286,10 @@ static void dev_stop(struct mgr_rec *rec)
 {
 	int fd = pidfd_of(rec);
 	if (fd >= 0) {
+		/* freeze the tree, then kill it while it is still a tree: once the
+		 * guest is gone its commands would be orphans nobody finds */
+		dev_signal_tree((pid_t)rec->pid, SIGSTOP);
+		dev_signal_tree((pid_t)rec->pid, SIGKILL);
 		kill(-(pid_t)rec->pid, SIGKILL);
 		syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0);
 		kill(-(pid_t)rec->pid, SIGCONT);
