@@ -84,6 +84,8 @@ for to in nb na nb; do
 	"$SC" inspect "$X" --json | jq .route >"$W/id.json"
 	expect "move $from -> $to: inspect shows generation $gen on $to" "$(jq -r '(.generation|tostring) + " " + .worker' "$W/id.json")" "$gen $to"
 	expect "$to's own record matches" "$(node_status $to)" "$gen $(jq -r .activation "$W/id.json") running"
+	expect "the snapshot it came from is recorded with its hash (issue 5 item 7)" \
+		"$("$SC" inspect "$X" --json | jq -r '.snapshot_hash | test("^[0-9a-f]{64}$")')" true
 	expect "the old capability at $from: REFRESH_ROUTE (R3)" "$(exec_at "$W/old.json" | cut -d' ' -f1,3)" "409 REFRESH_ROUTE"
 	"$SC" route "$X" --purpose exec --json >"$W/new.json"
 	expect "the new route reaches generation $gen on $to" "$(exec_at "$W/new.json")" "200 $(canon "$W/id.json") hello"
