@@ -16,6 +16,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client
+.PHONY: chaos chaos-quick
 
 all: build
 
@@ -72,6 +73,15 @@ bench-cp-node: build
 # spacectl on a dev cluster: dev up, cached-route reads and execs, a stale route repaired after a move
 bench-client: build
 	@sh bench/client_bench.sh $(BUILD) $(READS) $(MOVES)
+
+# route chaos (docs/client.md "Route chaos"): a 3-worker dev cluster, 20 sandboxes paused, resumed
+# and moved while client threads write, read and exec through cached routes and watches stay open.
+# OPS=N operations (chaos: 1000000, chaos-quick: 20000); CHAOS_DIR=DIR uses a running cluster.
+chaos: build
+	@$(BUILD)/bench/bench-chaos $(or $(OPS),1000000)
+
+chaos-quick: build
+	@$(BUILD)/bench/bench-chaos $(or $(OPS),20000)
 
 bench-guest: build
 	@$(BUILD)/bench/bench-guest

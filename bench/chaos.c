@@ -1,0 +1,685 @@
+/*
+ * chaos.c — the route-chaos soak: client threads write, read and exec through
+ * cached routes (spacectl/client.h) while a chaos thread keeps pausing,
+ * resuming and moving the sandboxes between workers, and long-lived watches
+ * stay open throughout.
+ *
+ *   bench-chaos [OPS]
+ *
+ * Environment: CHAOS_DIR (a cluster from `spacectl dev up --workers 3 --dir
+ * DIR` to use; otherwise one is started in a fresh directory and torn down at
+ * the end), CHAOS_SANDBOXES (20), CHAOS_THREADS (4), CHAOS_WORKERS (3, for a
+ * cluster started here), CHAOS_MAX_SECONDS (3600: the run stops at this
+ * bound even short of OPS), CHAOS_OP_TIMEOUT (10 s per request).
+ *
+ * Checks (DESIGN.md I2, V2–V5, S1–S2):
+ *  - every answer's X-Spaced-Identity names the requested sandbox, one of the
+ *    identities the control plane selected for it (as answered to the chaos
+ *    thread's pause / resume / move), of a generation no older than the one
+ *    selected when the operation started; otherwise it is `misdelivered`;
+ *  - every read returns the last acknowledged write of that sandbox (content
+ *    unique per sandbox and per write), every exec the unique token it echoed;
+ *    otherwise `misdelivered`;
+ *  - a watch closed with 4409 refresh-route is reopened through a repaired
+ *    route (`streams_cut_on_replacement`); any other end of an admitted
+ *    stream is `streams_dropped_wrongly` (it is reopened too).
+ * Operations that fail while their sandbox is being paused or is paused
+ * (`paused_failures`) are expected; error_rate = failed_after_retry / ops,
+ * where failed_after_retry counts the operations that failed (after the
+ * client's one retry) with their sandbox running throughout.
+ * Last line JSON.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "client.h"
+#include "http_client.h"
+#include "identity.h"
+#include "util.h"
+
+#define MAX_SBX 256
+#define HIST 16
+#define TOKEN_MAX 160
+
+struct sbx {
+	char id[64];
+	pthread_mutex_t op_lock;    /* one client operation at a time: reads check the last write */
+	pthread_mutex_t chaos_lock; /* held by the chaos thread around a lifecycle request */
+	pthread_mutex_t id_lock;    /* hist, gen, worker */
+	char hist[HIST][512];       /* identities the control plane selected, newest last */
+	int nhist;
+	uint64_t gen;               /* generation currently selected */
+	char worker[64];
+	atomic_int pause_epoch;     /* odd while a pause..resume is in progress */
+	char acked[TOKEN_MAX];      /* last acknowledged write ("" before the first) */
+	char pending[TOKEN_MAX];    /* a write whose outcome is unknown ("" when none) */
+	unsigned long seq;
+};
+
+static struct sbx sbxs[MAX_SBX];
+static int nsbx = 20, nworkers = 3, op_timeout = 10;
+static char cp_url[512], api_key[512], cache_dir[4096];
+static long target_ops = 20000, max_seconds = 3600;
+static atomic_long ops, misdelivered, failed_after_retry, paused_failures, refreshes, moves, pauses,
+	chaos_errors, cut_on_replacement, dropped_wrongly, watch_opens, watch_events, claimed;
+static atomic_int stop;
+static char first_misdelivery[1024];
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* what: a phrase; a and b: what answered and what was expected */
+static void note_misdelivery(const char *what, const char *a, const char *b)
+{
+	atomic_fetch_add(&misdelivered, 1);
+	pthread_mutex_lock(&report_lock);
+	if (first_misdelivery[0] == 0)
+		snprintf(first_misdelivery, sizeof first_misdelivery, "%s: %s (expected %s)", what, a, b);
+	pthread_mutex_unlock(&report_lock);
+}
+
+/* ---- the control plane ---- */
+
+static int cp_call(const char *method, const char *path, const char *body, int *status, json_t **ans)
+{
+	char err[512], *text = NULL;
+	if (http_request(cp_url, method, path, api_key, body, status, &text, err, sizeof err) < 0)
+		return -1;
+	json_error_t jerr;
+	*ans = text[0] ? json_loads(text, 0, &jerr) : NULL;
+	free(text);
+	return 0;
+}
+
+/* Records the identity of a Sandbox answer as selected by the control plane. */
+static void record_selected(struct sbx *s, json_t *sandbox)
+{
+	struct spaced_identity id;
+	char text[512];
+	json_t *route = json_object_get(sandbox, "route");
+	if (!json_is_object(route) || spaced_identity_from_json(&id, route) < 0 ||
+	    spaced_identity_encode(&id, text, sizeof text) < 0)
+		return;
+	pthread_mutex_lock(&s->id_lock);
+	if (s->nhist == 0 || strcmp(s->hist[(s->nhist - 1) % HIST], text) != 0) {
+		snprintf(s->hist[s->nhist % HIST], sizeof s->hist[0], "%s", text);
+		s->nhist++;
+	}
+	s->gen = id.generation;
+	snprintf(s->worker, sizeof s->worker, "%s", id.worker);
+	pthread_mutex_unlock(&s->id_lock);
+}
+
+static int identity_known(struct sbx *s, const char *ident, uint64_t min_gen)
+{
+	struct spaced_identity id;
+	int ok = 0;
+	if (spaced_identity_decode(&id, ident, strlen(ident)) < 0 || strcmp(id.sandbox, s->id) != 0)
+		return 0;
+	if (id.generation < min_gen)
+		return 0;
+	pthread_mutex_lock(&s->id_lock);
+	int n = s->nhist < HIST ? s->nhist : HIST;
+	for (int i = 0; i < n && !ok; i++)
+		ok = strcmp(s->hist[(s->nhist - 1 - i) % HIST], ident) == 0;
+	pthread_mutex_unlock(&s->id_lock);
+	return ok;
+}
+
+/* I2: the serving identity is one the control plane selected for this
+ * sandbox, not older than the one selected when the operation started. A
+ * lifecycle request in flight may not be recorded yet: wait for it once. */
+static int identity_ok(struct sbx *s, const char *ident, uint64_t min_gen)
+{
+	if (identity_known(s, ident, min_gen))
+		return 1;
+	pthread_mutex_lock(&s->chaos_lock);
+	pthread_mutex_unlock(&s->chaos_lock);
+	if (identity_known(s, ident, min_gen))
+		return 1;
+	/* a transition the chaos thread has not seen answered (e.g. its request
+	 * timed out but the control plane completed it): ask the control plane */
+	char path[128];
+	int st = 0;
+	json_t *a = NULL;
+	snprintf(path, sizeof path, "/v1/sandboxes/%s", s->id);
+	if (cp_call("GET", path, NULL, &st, &a) == 0 && st == 200)
+		record_selected(s, a);
+	json_decref(a);
+	return identity_known(s, ident, min_gen);
+}
+
+/* ---- client operations ---- */
+
+static uint64_t current_gen(struct sbx *s)
+{
+	pthread_mutex_lock(&s->id_lock);
+	uint64_t g = s->gen;
+	pthread_mutex_unlock(&s->id_lock);
+	return g;
+}
+
+static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsigned *rnd)
+{
+	char op[512], body[512], err[512], token[TOKEN_MAX];
+	struct client_request req = {0};
+	struct client_answer a;
+	int kind = (int)(rand_r(rnd) % 3); /* 0 write, 1 read, 2 exec */
+	pthread_mutex_lock(&s->op_lock);
+	unsigned long seq = ++s->seq;
+	snprintf(token, sizeof token, "%s-t%u-n%lu", s->id, tid, seq);
+	if (kind == 1 && s->acked[0] == 0 && s->pending[0] == 0)
+		kind = 0;
+	req.timeout_s = op_timeout;
+	if (kind == 0) {
+		snprintf(op, sizeof op, "files?path=%%2Fworkspace%%2Fchaos.txt&mkdirs=1");
+		req.method = "PUT";
+		req.body = token;
+		req.body_len = strlen(token);
+		req.content_type = "application/octet-stream";
+	} else if (kind == 1) {
+		snprintf(op, sizeof op, "files?path=%%2Fworkspace%%2Fchaos.txt");
+		req.method = "GET";
+		req.idempotent = 1;
+	} else {
+		snprintf(op, sizeof op, "exec");
+		snprintf(body, sizeof body, "{\"argv\":[\"echo\",\"%s\"]}", token);
+		req.method = "POST";
+		req.body = body;
+		req.body_len = strlen(body);
+		req.content_type = "application/json";
+	}
+	req.op = op;
+	int pe0 = atomic_load(&s->pause_epoch);
+	uint64_t gen0 = current_gen(s);
+	int rc = client_call(o, s->id, &req, &a, err, sizeof err);
+	int pe1 = atomic_load(&s->pause_epoch);
+	int paused = (pe0 & 1) || pe0 != pe1;
+	int ok = 0;
+	atomic_fetch_add(&ops, 1);
+	if (rc == 0) {
+		if (a.refreshed)
+			atomic_fetch_add(&refreshes, 1);
+		if (a.outcome == CLIENT_ALLOW && a.identity[0] && !identity_ok(s, a.identity, gen0))
+			note_misdelivery("serving identity", a.identity, s->id);
+		if (a.outcome == CLIENT_ALLOW && a.status == 200) {
+			ok = 1;
+			if (kind == 0) {
+				snprintf(s->acked, sizeof s->acked, "%s", token);
+				s->pending[0] = 0;
+			} else if (kind == 1) {
+				const char *got = (const char *)a.body;
+				if (strcmp(got, s->acked) == 0 || (s->pending[0] && strcmp(got, s->pending) == 0)) {
+					/* a write of unknown outcome that did happen is acknowledged now */
+					snprintf(s->acked, sizeof s->acked, "%s", got);
+					s->pending[0] = 0;
+				} else {
+					note_misdelivery("read", got, s->acked);
+				}
+			} else {
+				json_error_t jerr;
+				json_t *j = json_loadb((const char *)a.body, a.body_len, 0, &jerr);
+				const char *out = json_string_value(json_object_get(j, "stdout"));
+				char want[TOKEN_MAX + 2];
+				snprintf(want, sizeof want, "%s\n", token);
+				if (out == NULL || strcmp(out, want) != 0)
+					note_misdelivery("exec output", out ? out : "(none)", token);
+				json_decref(j);
+			}
+		}
+		client_answer_clear(&a);
+	}
+	if (!ok) {
+		if (kind == 0)
+			snprintf(s->pending, sizeof s->pending, "%s", token);
+		if (paused)
+			atomic_fetch_add(&paused_failures, 1);
+		else
+			atomic_fetch_add(&failed_after_retry, 1);
+	}
+	pthread_mutex_unlock(&s->op_lock);
+}
+
+struct worker_arg {
+	unsigned tid;
+};
+
+static void *client_thread(void *p)
+{
+	struct worker_arg *wa = p;
+	unsigned rnd = 0x9e3779b9u * (wa->tid + 1);
+	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = cache_dir};
+	while (!atomic_load(&stop)) {
+		if (atomic_fetch_add(&claimed, 1) >= target_ops)
+			break;
+		client_op(&o, &sbxs[rand_r(&rnd) % (unsigned)nsbx], wa->tid, &rnd);
+	}
+	return NULL;
+}
+
+/* ---- the chaos thread ---- */
+
+static void chaos_request(struct sbx *s, const char *verb, const char *body)
+{
+	char path[128];
+	int st = 0;
+	json_t *a = NULL;
+	snprintf(path, sizeof path, "/v1/sandboxes/%s/%s", s->id, verb);
+	if (cp_call("POST", path, body, &st, &a) == 0 && st == 200)
+		record_selected(s, a);
+	else
+		atomic_fetch_add(&chaos_errors, 1);
+	json_decref(a);
+}
+
+static void *chaos_thread(void *p)
+{
+	(void)p;
+	unsigned rnd = 12345;
+	while (!atomic_load(&stop)) {
+		struct sbx *s = &sbxs[rand_r(&rnd) % (unsigned)nsbx];
+		pthread_mutex_lock(&s->chaos_lock);
+		if (rand_r(&rnd) % 3 == 0) {
+			atomic_fetch_add(&s->pause_epoch, 1);
+			chaos_request(s, "pause", "{}");
+			struct timespec ts = {0, 20 * 1000 * 1000};
+			nanosleep(&ts, NULL);
+			chaos_request(s, "resume", "{}");
+			atomic_fetch_add(&s->pause_epoch, 1);
+			atomic_fetch_add(&pauses, 1);
+		} else {
+			char to[64], body[128];
+			pthread_mutex_lock(&s->id_lock);
+			int cur = atoi(s->worker + strlen("worker-"));
+			pthread_mutex_unlock(&s->id_lock);
+			int k = 1 + (int)(rand_r(&rnd) % (unsigned)(nworkers - 1));
+			snprintf(to, sizeof to, "worker-%d", (cur - 1 + k) % nworkers + 1);
+			snprintf(body, sizeof body, "{\"to\":\"%s\"}", to);
+			chaos_request(s, "move", body);
+			atomic_fetch_add(&moves, 1);
+		}
+		pthread_mutex_unlock(&s->chaos_lock);
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	return NULL;
+}
+
+/* ---- watches: a minimal WebSocket client (RFC 6455), one thread per watch ---- */
+
+static int read_full(int fd, void *buf, size_t n)
+{
+	unsigned char *p = buf;
+	while (n > 0) {
+		ssize_t r = read(fd, p, n);
+		if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
+			if (atomic_load(&stop))
+				return -1;
+			continue;
+		}
+		if (r <= 0)
+			return -1;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+	const unsigned char *p = buf;
+	while (n > 0) {
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+		if (w <= 0)
+			return -1;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+enum { WS_REFRESH = 1, WS_DROPPED, WS_STOPPED, WS_REFUSED };
+
+/* One watch stream through rt: returns WS_REFRESH (4409 after admission),
+ * WS_REFUSED (closed before admission), WS_DROPPED or WS_STOPPED. */
+static int watch_once(struct sbx *s, const struct client_route *rt, int *admitted)
+{
+	char host[256], prefix[256], port[16], *req = NULL;
+	int iport, fd = -1, res = WS_DROPPED;
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	unsigned char *payload = NULL;
+	*admitted = 0;
+	if (client_parse_url(rt->worker_url, host, sizeof host, &iport, prefix, sizeof prefix) < 0)
+		goto out;
+	snprintf(port, sizeof port, "%d", iport);
+	if (getaddrinfo(host, port, &hints, &ai) != 0)
+		goto out;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+		goto out;
+	struct timeval tv = {0, 200 * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (asprintf(&req,
+	             "GET %s/v1/sandboxes/%s/watch?path=%%2Fworkspace HTTP/1.1\r\nHost: %s:%d\r\n"
+	             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: c3BhY2VkLWNoYW9zLWtleQ==\r\n"
+	             "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n",
+	             prefix, s->id, host, iport, rt->capability) < 0) {
+		req = NULL;
+		goto out;
+	}
+	if (write_full(fd, req, strlen(req)) < 0)
+		goto out;
+	/* the upgrade answer, byte by byte up to its blank line */
+	char hdr[4096];
+	size_t hl = 0;
+	while (hl < sizeof hdr - 1) {
+		if (read_full(fd, hdr + hl, 1) < 0)
+			goto out;
+		hl++;
+		if (hl >= 4 && memcmp(hdr + hl - 4, "\r\n\r\n", 4) == 0)
+			break;
+	}
+	hdr[hl] = 0;
+	if (strncmp(hdr, "HTTP/1.1 101", 12) != 0) {
+		res = WS_REFUSED;
+		goto out;
+	}
+	payload = malloc(1 << 20);
+	if (payload == NULL)
+		goto out;
+	for (;;) {
+		unsigned char h[2], ext[8];
+		if (read_full(fd, h, 2) < 0) {
+			res = atomic_load(&stop) ? WS_STOPPED : (*admitted ? WS_DROPPED : WS_REFUSED);
+			goto out;
+		}
+		uint64_t len = h[1] & 0x7f;
+		if (len == 126) {
+			if (read_full(fd, ext, 2) < 0)
+				goto out;
+			len = ((uint64_t)ext[0] << 8) | ext[1];
+		} else if (len == 127) {
+			if (read_full(fd, ext, 8) < 0)
+				goto out;
+			len = 0;
+			for (int i = 0; i < 8; i++)
+				len = (len << 8) | ext[i];
+		}
+		if ((h[1] & 0x80) || len >= (1 << 20)) /* a server never masks; bounded */
+			goto out;
+		if (read_full(fd, payload, (size_t)len) < 0)
+			goto out;
+		payload[len] = 0;
+		int opcode = h[0] & 0x0f;
+		if (opcode == 8) {
+			int code = len >= 2 ? (payload[0] << 8) | payload[1] : 0;
+			if (code == 4409)
+				res = *admitted ? WS_REFRESH : WS_REFUSED;
+			else
+				res = *admitted ? WS_DROPPED : WS_REFUSED;
+			goto out;
+		}
+		if (opcode == 9) { /* ping: a masked pong with a zero mask */
+			unsigned char pong[6 + 125] = {0x8a, (unsigned char)(0x80 | (len & 0x7f)), 0, 0, 0, 0};
+			if (len <= 125) {
+				memcpy(pong + 6, payload, (size_t)len);
+				write_full(fd, pong, 6 + (size_t)len);
+			}
+			continue;
+		}
+		if (opcode != 1)
+			continue;
+		json_error_t jerr;
+		json_t *m = json_loads((const char *)payload, 0, &jerr);
+		if (!*admitted) {
+			const char *oc = json_string_value(json_object_get(m, "outcome"));
+			const char *id = json_string_value(json_object_get(m, "identity"));
+			if (oc == NULL || strcmp(oc, "ALLOW") != 0) {
+				json_decref(m);
+				res = WS_REFUSED;
+				goto out;
+			}
+			if (id == NULL || !identity_ok(s, id, 0))
+				note_misdelivery("watch admitted by", id ? id : "(none)", s->id);
+			*admitted = 1;
+			atomic_fetch_add(&watch_opens, 1);
+		} else {
+			atomic_fetch_add(&watch_events, 1);
+		}
+		json_decref(m);
+		if (atomic_load(&stop)) {
+			res = WS_STOPPED;
+			goto out;
+		}
+	}
+out:
+	if (atomic_load(&stop))
+		res = WS_STOPPED;
+	free(payload);
+	free(req);
+	if (ai)
+		freeaddrinfo(ai);
+	if (fd >= 0)
+		close(fd);
+	return res;
+}
+
+static void *watch_thread(void *p)
+{
+	struct sbx *s = p;
+	/* its own route cache entry: a watch is another client */
+	char dir[4200];
+	snprintf(dir, sizeof dir, "%s-watch-%s", cache_dir, s->id);
+	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = dir};
+	struct client_route rt = {0};
+	char err[512];
+	int have = 0;
+	while (!atomic_load(&stop)) {
+		if (!have) {
+			if (client_route_get(&o, s->id, &rt, err, sizeof err) < 0) {
+				usleep(50 * 1000);
+				continue;
+			}
+			have = 1;
+		}
+		int admitted = 0;
+		int r = watch_once(s, &rt, &admitted);
+		if (r == WS_STOPPED)
+			break;
+		if (r == WS_REFRESH)
+			atomic_fetch_add(&cut_on_replacement, 1);
+		else if (r == WS_DROPPED && admitted)
+			atomic_fetch_add(&dropped_wrongly, 1);
+		/* reopen through a repaired route (V5) */
+		struct client_route fresh = {0};
+		int replaced = 0;
+		if (client_route_repair(&o, s->id, &rt, &fresh, &replaced, err, sizeof err) == 0) {
+			client_route_clear(&rt);
+			rt = fresh;
+		} else {
+			usleep(50 * 1000);
+		}
+	}
+	if (have)
+		client_route_clear(&rt);
+	return NULL;
+}
+
+/* ---- the cluster ---- */
+
+static int load_env(const char *dir)
+{
+	char p[4200], line[1024];
+	snprintf(p, sizeof p, "%s/env", dir);
+	FILE *f = fopen(p, "r");
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = 0;
+		if (strncmp(line, "SPACED_CP_URL=", 14) == 0)
+			snprintf(cp_url, sizeof cp_url, "%s", line + 14);
+		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
+			snprintf(api_key, sizeof api_key, "%s", line + 15);
+	}
+	fclose(f);
+	return cp_url[0] && api_key[0] ? 0 : -1;
+}
+
+static double now_s(void)
+{
+	return (double)spaced_mono_ns() / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	char dir[4096], cmd[8500];
+	const char *e;
+	int own = 0, rc = 1, nthreads = 4;
+	signal(SIGPIPE, SIG_IGN);
+	if (argc > 1)
+		target_ops = atol(argv[1]);
+	if ((e = getenv("CHAOS_SANDBOXES")))
+		nsbx = atoi(e);
+	if ((e = getenv("CHAOS_THREADS")))
+		nthreads = atoi(e);
+	if ((e = getenv("CHAOS_WORKERS")))
+		nworkers = atoi(e);
+	if ((e = getenv("CHAOS_MAX_SECONDS")))
+		max_seconds = atol(e);
+	if ((e = getenv("CHAOS_OP_TIMEOUT")))
+		op_timeout = atoi(e);
+	if (nsbx < 1 || nsbx > MAX_SBX || nthreads < 1 || nthreads > 64 || target_ops < 1 || max_seconds < 1) {
+		fprintf(stderr, "bench-chaos: bad parameters\n");
+		return 2;
+	}
+	char tmpl[] = "/tmp/spaced-chaos.XXXXXX";
+	if (mkdtemp(tmpl) == NULL) {
+		perror("mkdtemp");
+		return 1;
+	}
+	snprintf(cache_dir, sizeof cache_dir, "%s/routes", tmpl);
+	if ((e = getenv("CHAOS_DIR")) && *e) {
+		snprintf(dir, sizeof dir, "%s", e);
+	} else {
+		own = 1;
+		snprintf(dir, sizeof dir, "%s/cluster", tmpl);
+		snprintf(cmd, sizeof cmd, "'%s' dev up --workers %d --dir '%s' >/dev/null", SPACECTL_BIN, nworkers,
+		         dir);
+		double t0 = now_s();
+		if (system(cmd) != 0) {
+			fprintf(stderr, "bench-chaos: spacectl dev up failed\n");
+			goto out;
+		}
+		printf("cluster: %d workers up in %.2f s (%s)\n", nworkers, now_s() - t0, dir);
+	}
+	if (load_env(dir) < 0) {
+		fprintf(stderr, "bench-chaos: no usable %s/env\n", dir);
+		goto out;
+	}
+	if (!own) {
+		int st = 0;
+		json_t *a = NULL;
+		if (cp_call("GET", "/v1/workers", NULL, &st, &a) == 0 && st == 200)
+			nworkers = (int)json_array_size(json_object_get(a, "workers"));
+		json_decref(a);
+	}
+	if (nworkers < 2) {
+		fprintf(stderr, "bench-chaos: at least two workers are needed to move sandboxes\n");
+		goto out;
+	}
+	for (int i = 0; i < nsbx; i++) {
+		struct sbx *s = &sbxs[i];
+		char body[128];
+		int st = 0;
+		json_t *a = NULL;
+		pthread_mutex_init(&s->op_lock, NULL);
+		pthread_mutex_init(&s->chaos_lock, NULL);
+		pthread_mutex_init(&s->id_lock, NULL);
+		snprintf(body, sizeof body, "{\"worker\":\"worker-%d\"}", i % nworkers + 1);
+		if (cp_call("POST", "/v1/sandboxes", body, &st, &a) < 0 || st != 201 ||
+		    !json_is_string(json_object_get(a, "id"))) {
+			fprintf(stderr, "bench-chaos: creating sandbox %d: status %d\n", i, st);
+			json_decref(a);
+			goto out;
+		}
+		snprintf(s->id, sizeof s->id, "%s", json_string_value(json_object_get(a, "id")));
+		record_selected(s, a);
+		json_decref(a);
+	}
+	int nwatch = (nsbx + 3) / 4;
+	printf("%d sandboxes, %d client threads, %d watches, target %ld operations\n", nsbx, nthreads, nwatch,
+	       target_ops);
+	fflush(stdout);
+	pthread_t th[64], ch, wt[MAX_SBX];
+	struct worker_arg wa[64];
+	for (int i = 0; i < nwatch; i++)
+		pthread_create(&wt[i], NULL, watch_thread, &sbxs[i * 4]);
+	double t0 = now_s();
+	for (int i = 0; i < nthreads; i++) {
+		wa[i].tid = (unsigned)i;
+		pthread_create(&th[i], NULL, client_thread, &wa[i]);
+	}
+	pthread_create(&ch, NULL, chaos_thread, NULL);
+	/* progress and the time bound */
+	long last = 0;
+	while (atomic_load(&claimed) < target_ops || atomic_load(&ops) < target_ops) {
+		sleep(1);
+		double el = now_s() - t0;
+		long n = atomic_load(&ops);
+		if ((long)el % 10 == 0 && n != last) {
+			fprintf(stderr, "chaos: %.0f s: %ld ops, %ld moves, %ld pauses, %ld misdelivered, %ld failed, "
+			        "%ld paused failures\n", el, n, atomic_load(&moves), atomic_load(&pauses),
+			        atomic_load(&misdelivered), atomic_load(&failed_after_retry), atomic_load(&paused_failures));
+			last = n;
+		}
+		if (el > (double)max_seconds) {
+			fprintf(stderr, "chaos: time bound of %ld s reached\n", max_seconds);
+			break;
+		}
+	}
+	atomic_store(&stop, 1);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(th[i], NULL);
+	double el = now_s() - t0;
+	pthread_join(ch, NULL);
+	for (int i = 0; i < nwatch; i++)
+		pthread_join(wt[i], NULL);
+	long n = atomic_load(&ops);
+	if (first_misdelivery[0])
+		printf("first misdelivery: %s\n", first_misdelivery);
+	printf("%ld operations in %.1f s; %ld moves, %ld pauses (%ld lifecycle requests refused or failed); "
+	       "%ld paused failures; %ld watch opens, %ld watch events\n",
+	       n, el, atomic_load(&moves), atomic_load(&pauses), atomic_load(&chaos_errors),
+	       atomic_load(&paused_failures), atomic_load(&watch_opens), atomic_load(&watch_events));
+	printf("{\"ops\":%ld,\"misdelivered\":%ld,\"failed_after_retry\":%ld,\"paused_failures\":%ld,"
+	       "\"error_rate\":%.6f,\"refreshes\":%ld,\"moves\":%ld,\"pauses\":%ld,\"streams_cut_on_replacement\":%ld,"
+	       "\"streams_dropped_wrongly\":%ld,\"ops_per_s\":%.1f}\n",
+	       n, atomic_load(&misdelivered), atomic_load(&failed_after_retry), atomic_load(&paused_failures),
+	       n ? (double)atomic_load(&failed_after_retry) / (double)n : 0.0, atomic_load(&refreshes),
+	       atomic_load(&moves), atomic_load(&pauses), atomic_load(&cut_on_replacement),
+	       atomic_load(&dropped_wrongly), el > 0 ? (double)n / el : 0.0);
+	rc = atomic_load(&misdelivered) || atomic_load(&dropped_wrongly) ? 1 : 0;
+out:
+	if (own) {
+		snprintf(cmd, sizeof cmd, "'%s' dev down --dir '%s' >/dev/null 2>&1", SPACECTL_BIN, dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "bench-chaos: spacectl dev down failed\n");
+	}
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
+	if (system(cmd) != 0)
+		fprintf(stderr, "bench-chaos: cannot remove %s\n", tmpl);
+	return rc;
+}
