@@ -78,7 +78,7 @@ static long target_ops = 20000, max_seconds = 3600;
 static atomic_long ops, misdelivered, failed_after_retry, paused_failures, refreshes, moves, pauses,
 	chaos_errors, cut_on_replacement, dropped_wrongly, watch_opens, watch_events, claimed;
 static atomic_int stop;
-static char first_misdelivery[1024];
+static char first_misdelivery[1024], first_failure[1024], first_paused_failure[1024];
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* what: a phrase; a and b: what answered and what was expected */
@@ -209,12 +209,16 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 	int pe1 = atomic_load(&s->pause_epoch);
 	int paused = (pe0 & 1) || pe0 != pe1;
 	int ok = 0;
+	char why[700];
+	snprintf(why, sizeof why, "%s", err);
 	atomic_fetch_add(&ops, 1);
 	if (rc == 0) {
 		if (a.refreshed)
 			atomic_fetch_add(&refreshes, 1);
 		if (a.outcome == CLIENT_ALLOW && a.identity[0] && !identity_ok(s, a.identity, gen0))
 			note_misdelivery("serving identity", a.identity, s->id);
+		snprintf(why, sizeof why, "outcome %d status %d %.200s %.200s", (int)a.outcome, a.status, a.reason,
+		         a.body ? (const char *)a.body : "");
 		if (a.outcome == CLIENT_ALLOW && a.status == 200) {
 			ok = 1;
 			if (kind == 0) {
@@ -245,10 +249,12 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 	if (!ok) {
 		if (kind == 0)
 			snprintf(s->pending, sizeof s->pending, "%s", token);
-		if (paused)
-			atomic_fetch_add(&paused_failures, 1);
-		else
-			atomic_fetch_add(&failed_after_retry, 1);
+		char *first = paused ? first_paused_failure : first_failure;
+		atomic_fetch_add(paused ? &paused_failures : &failed_after_retry, 1);
+		pthread_mutex_lock(&report_lock);
+		if (first[0] == 0)
+			snprintf(first, sizeof first_failure, "%s %s: %s", req.method, s->id, why);
+		pthread_mutex_unlock(&report_lock);
 	}
 	pthread_mutex_unlock(&s->op_lock);
 }
@@ -660,6 +666,10 @@ int main(int argc, char **argv)
 	long n = atomic_load(&ops);
 	if (first_misdelivery[0])
 		printf("first misdelivery: %s\n", first_misdelivery);
+	if (first_failure[0])
+		printf("first failure after retry: %s\n", first_failure);
+	if (first_paused_failure[0])
+		printf("first failure with the sandbox paused: %s\n", first_paused_failure);
 	printf("%ld operations in %.1f s; %ld moves, %ld pauses (%ld lifecycle requests refused or failed); "
 	       "%ld paused failures; %ld watch opens, %ld watch events\n",
 	       n, el, atomic_load(&moves), atomic_load(&pauses), atomic_load(&chaos_errors),
