@@ -252,17 +252,23 @@ static int descendants(pid_t root, pid_t **out, size_t *n)
 	return 0;
 }
 
-/* Signals the guest's process group and then every process descending from it. */
-static void dev_signal_tree(pid_t leader, int sig)
+/* Signals every process descending from the guest and its process group.
+ * The scan comes first: once a SIGKILL reaches the guest, its children are
+ * re-parented and no longer descend from it. Returns how many descendants
+ * the scan found. */
+static size_t dev_signal_tree(pid_t leader, int sig)
 {
 	pid_t *ds = NULL;
 	size_t n = 0;
-	kill(-leader, sig);
-	if (descendants(leader, &ds, &n) < 0)
-		return;
+	if (descendants(leader, &ds, &n) < 0) {
+		kill(-leader, sig);
+		return 0;
+	}
 	for (size_t i = 0; i < n; i++)
 		kill(ds[i], sig);
+	kill(-leader, sig);
 	free(ds);
+	return n;
 }
 
 static int dev_signal(const struct mgr_rec *rec, int sig)
@@ -288,8 +294,20 @@ static void dev_stop(struct mgr_rec *rec)
 	if (fd >= 0) {
 		/* freeze the tree, then kill it while it is still a tree: once the
 		 * guest is gone its commands would be orphans nobody finds */
-		dev_signal_tree((pid_t)rec->pid, SIGSTOP);
-		dev_signal_tree((pid_t)rec->pid, SIGKILL);
+		/* A process forked while a scan ran is found by the next one: stop
+		 * until a scan finds no more than the one before, then kill until
+		 * nothing descends from the guest any more (both bounded). */
+		size_t seen = 0, now;
+		for (int round = 0; round < 16; round++) {
+			now = dev_signal_tree((pid_t)rec->pid, SIGSTOP);
+			if (now <= seen)
+				break;
+			seen = now;
+		}
+		for (int round = 0; round < 50 && dev_signal_tree((pid_t)rec->pid, SIGKILL) > 0; round++) {
+			struct timespec pause = {0, 2 * 1000 * 1000};
+			nanosleep(&pause, NULL);
+		}
 		kill(-(pid_t)rec->pid, SIGKILL);
 		syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0);
 		kill(-(pid_t)rec->pid, SIGCONT);

@@ -15,60 +15,10 @@
 # Exit 77 when spaced-node or spaced-guest is not built.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
-NODE=$SPACED_BUILD/spaced-node/spaced-node
-GUEST=$SPACED_BUILD/spaced-guest/spaced-guest
-LINK=$SPACED_BUILD/spaced-cp/spaced-cp-link
-SC=$SPACED_BUILD/spacectl/spacectl
-for b in "$NODE" "$GUEST" "$LINK" "$SC"; do
-	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
-done
-command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
-W=$(mktemp -d)
-chmod 755 "$W"
-trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-CP_DB=""
-mkdir -p "$W/cp"
-TA=$(admin create-tenant alpha)
-EK=$(admin create-enrollment-key)
-start_cp cp
-for w in na nb; do
-	mkdir -p "$W/$w"
-	"$NODE" --state "$W/$w" --worker-id $w --listen 127.0.0.1:0 --guest-bin "$GUEST" >"$W/$w.log" 2>&1 &
-	PIDS="$PIDS $!"
-done
-for w in na nb; do
-	i=0
-	while [ ! -S "$W/$w/admin.sock" ] || [ ! -s "$W/$w/api.port" ]; do
-		i=$((i + 1))
-		if [ $i -ge 200 ]; then tail -n 5 "$W/$w.log"; echo "spaced-node $w did not start"; exit 77; fi
-		sleep 0.05
-	done
-	st=$(api "$EK" POST /v1/workers "{\"id\":\"$w\",\"url\":\"http://127.0.0.1:$(cat "$W/$w/api.port")\",\"capacity\":8,\"substrates\":[\"process\"]}")
-	expect "register $w" "$st" 200
-	"$LINK" --cp "ws://${CP_URL#http://}" --worker $w --key "$EK" --admin "$W/$w/admin.sock" >"$W/link-$w.log" 2>&1 &
-	PIDS="$PIDS $!"
-	eval "LINK_$w=$!"
-done
-export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
-wait_for "both workers connected" sh -c "'$SC' workers --json | jq -e '[.[] | select(.connected)] | length == 2' >/dev/null"
+. "$SPACED_TOP/tests/cp_node_lib.sh"
+cp_node_setup
+cp_node_start 8
 
-node_status() { # WORKER SANDBOX -> the worker's own record: "generation state" (empty: none)
-	python3 - "$W/$1/admin.sock" "$2" <<'PY'
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.sendall(b'{"type":"status"}\n')
-buf = b""
-while not buf.endswith(b"\n"):
-    d = s.recv(65536)
-    if not d:
-        break
-    buf += d
-for r in json.loads(buf)["result"]["records"]:
-    if r["identity"]["sandbox"] == sys.argv[2] and r["state"] != "destroyed":
-        print(r["identity"]["generation"], r["state"])
-PY
-}
 exec_at() { # ROUTE_FILE ARGV_JSON -> "status identity-header stdout-or-outcome"
 	u=$(jq -r .worker_url "$1"); c=$(jq -r .capability "$1")
 	curl -s -D "$W/h" -o "$W/b" -H "Authorization: Bearer $c" -d "{\"argv\":$2}" "$u/v1/sandboxes/$X/exec" >/dev/null
