@@ -586,7 +586,10 @@ int main(int argc, char **argv)
 		         dir);
 		double t0 = now_s();
 		if (system(cmd) != 0) {
-			fprintf(stderr, "bench-chaos: spacectl dev up failed\n");
+			fprintf(stderr, "bench-chaos: spacectl dev up failed; the cluster's logs:\n");
+			snprintf(cmd, sizeof cmd, "tail -n 5 '%s'/*.log >&2", dir);
+			if (system(cmd) != 0)
+				fprintf(stderr, "bench-chaos: no logs\n");
 			goto out;
 		}
 		printf("cluster: %d workers up in %.2f s (%s)\n", nworkers, now_s() - t0, dir);
