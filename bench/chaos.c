@@ -123,32 +123,35 @@ static void record_selected(struct sbx *s, json_t *sandbox)
 	pthread_mutex_unlock(&s->id_lock);
 }
 
-static int identity_known(struct sbx *s, const char *ident, uint64_t min_gen)
+/* ident must be the identity selected when the operation started (history
+ * entry h0 - 1) or one selected since; h0 == 0 accepts any still recorded. */
+static int identity_known(struct sbx *s, const char *ident, int h0)
 {
 	struct spaced_identity id;
 	int ok = 0;
 	if (spaced_identity_decode(&id, ident, strlen(ident)) < 0 || strcmp(id.sandbox, s->id) != 0)
 		return 0;
-	if (id.generation < min_gen)
-		return 0;
 	pthread_mutex_lock(&s->id_lock);
-	int n = s->nhist < HIST ? s->nhist : HIST;
-	for (int i = 0; i < n && !ok; i++)
-		ok = strcmp(s->hist[(s->nhist - 1 - i) % HIST], ident) == 0;
+	int lo = h0 > 0 ? h0 - 1 : 0;
+	if (lo < s->nhist - HIST)
+		lo = s->nhist - HIST;
+	for (int i = s->nhist - 1; i >= lo && !ok; i--)
+		ok = strcmp(s->hist[i % HIST], ident) == 0;
 	pthread_mutex_unlock(&s->id_lock);
 	return ok;
 }
 
-/* I2: the serving identity is one the control plane selected for this
- * sandbox, not older than the one selected when the operation started. A
- * lifecycle request in flight may not be recorded yet: wait for it once. */
-static int identity_ok(struct sbx *s, const char *ident, uint64_t min_gen)
+/* I2: the serving identity is the one the control plane had selected for
+ * this sandbox when the operation started, or one it selected since (never an
+ * older incarnation). A lifecycle request in flight may not be recorded yet:
+ * wait for it once. */
+static int identity_ok(struct sbx *s, const char *ident, int h0)
 {
-	if (identity_known(s, ident, min_gen))
+	if (identity_known(s, ident, h0))
 		return 1;
 	pthread_mutex_lock(&s->chaos_lock);
 	pthread_mutex_unlock(&s->chaos_lock);
-	if (identity_known(s, ident, min_gen))
+	if (identity_known(s, ident, h0))
 		return 1;
 	/* a transition the chaos thread has not seen answered (e.g. its request
 	 * timed out but the control plane completed it): ask the control plane */
@@ -159,17 +162,17 @@ static int identity_ok(struct sbx *s, const char *ident, uint64_t min_gen)
 	if (cp_call("GET", path, NULL, &st, &a) == 0 && st == 200)
 		record_selected(s, a);
 	json_decref(a);
-	return identity_known(s, ident, min_gen);
+	return identity_known(s, ident, h0);
 }
 
 /* ---- client operations ---- */
 
-static uint64_t current_gen(struct sbx *s)
+static int current_hist(struct sbx *s)
 {
 	pthread_mutex_lock(&s->id_lock);
-	uint64_t g = s->gen;
+	int h = s->nhist;
 	pthread_mutex_unlock(&s->id_lock);
-	return g;
+	return h;
 }
 
 static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsigned *rnd)
@@ -204,7 +207,7 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 	}
 	req.op = op;
 	int pe0 = atomic_load(&s->pause_epoch);
-	uint64_t gen0 = current_gen(s);
+	int h0 = current_hist(s);
 	int rc = client_call(o, s->id, &req, &a, err, sizeof err);
 	int pe1 = atomic_load(&s->pause_epoch);
 	int paused = (pe0 & 1) || pe0 != pe1;
@@ -215,7 +218,7 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 	if (rc == 0) {
 		if (a.refreshed)
 			atomic_fetch_add(&refreshes, 1);
-		if (a.outcome == CLIENT_ALLOW && a.identity[0] && !identity_ok(s, a.identity, gen0))
+		if (a.outcome == CLIENT_ALLOW && a.identity[0] && !identity_ok(s, a.identity, h0))
 			note_misdelivery("serving identity", a.identity, s->id);
 		snprintf(why, sizeof why, "outcome %d status %d %.200s %.200s", (int)a.outcome, a.status, a.reason,
 		         a.body ? (const char *)a.body : "");
@@ -361,7 +364,7 @@ enum { WS_REFRESH = 1, WS_DROPPED, WS_STOPPED, WS_REFUSED };
 
 /* One watch stream through rt: returns WS_REFRESH (4409 after admission),
  * WS_REFUSED (closed before admission), WS_DROPPED or WS_STOPPED. */
-static int watch_once(struct sbx *s, const struct client_route *rt, int *admitted)
+static int watch_once(struct sbx *s, const struct client_route *rt, int h0, int *admitted)
 {
 	char host[256], prefix[256], port[16], *req = NULL;
 	int iport, fd = -1, res = WS_DROPPED;
@@ -458,7 +461,7 @@ static int watch_once(struct sbx *s, const struct client_route *rt, int *admitte
 				res = WS_REFUSED;
 				goto out;
 			}
-			if (id == NULL || !identity_ok(s, id, 0))
+			if (id == NULL || !identity_ok(s, id, h0))
 				note_misdelivery("watch admitted by", id ? id : "(none)", s->id);
 			*admitted = 1;
 			atomic_fetch_add(&watch_opens, 1);
@@ -492,9 +495,10 @@ static void *watch_thread(void *p)
 	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = dir};
 	struct client_route rt = {0};
 	char err[512];
-	int have = 0;
+	int have = 0, h0 = current_hist(s);
 	while (!atomic_load(&stop)) {
 		if (!have) {
+			h0 = current_hist(s);
 			if (client_route_get(&o, s->id, &rt, err, sizeof err) < 0) {
 				usleep(50 * 1000);
 				continue;
@@ -502,7 +506,7 @@ static void *watch_thread(void *p)
 			have = 1;
 		}
 		int admitted = 0;
-		int r = watch_once(s, &rt, &admitted);
+		int r = watch_once(s, &rt, h0, &admitted);
 		if (r == WS_STOPPED)
 			break;
 		if (r == WS_REFRESH)
@@ -512,6 +516,7 @@ static void *watch_thread(void *p)
 		/* reopen through a repaired route (V5) */
 		struct client_route fresh = {0};
 		int replaced = 0;
+		h0 = current_hist(s);
 		if (client_route_repair(&o, s->id, &rt, &fresh, &replaced, err, sizeof err) == 0) {
 			client_route_clear(&rt);
 			rt = fresh;
