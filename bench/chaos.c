@@ -78,6 +78,8 @@ static long target_ops = 20000, max_seconds = 3600;
 static atomic_long ops, misdelivered, failed_after_retry, paused_failures, refreshes, moves, pauses,
 	chaos_errors, cut_on_replacement, dropped_wrongly, watch_opens, watch_events, claimed;
 static atomic_int stop;
+/* failures after retry by kind: no route, ALLOW with another status, REFRESH_ROUTE, DENY, transport */
+static atomic_long fail_kind[5];
 static char first_misdelivery[1024], first_failure[1024], first_paused_failure[1024];
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -211,7 +213,7 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 	int rc = client_call(o, s->id, &req, &a, err, sizeof err);
 	int pe1 = atomic_load(&s->pause_epoch);
 	int paused = (pe0 & 1) || pe0 != pe1;
-	int ok = 0;
+	int ok = 0, fkind = 0;
 	char why[700];
 	snprintf(why, sizeof why, "%s", err);
 	atomic_fetch_add(&ops, 1);
@@ -222,6 +224,7 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 			note_misdelivery("serving identity", a.identity, s->id);
 		snprintf(why, sizeof why, "outcome %d status %d %.200s %.200s", (int)a.outcome, a.status, a.reason,
 		         a.body ? (const char *)a.body : "");
+		fkind = 1 + (int)a.outcome;
 		if (a.outcome == CLIENT_ALLOW && a.status == 200) {
 			ok = 1;
 			if (kind == 0) {
@@ -254,6 +257,8 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 			snprintf(s->pending, sizeof s->pending, "%s", token);
 		char *first = paused ? first_paused_failure : first_failure;
 		atomic_fetch_add(paused ? &paused_failures : &failed_after_retry, 1);
+		if (!paused)
+			atomic_fetch_add(&fail_kind[fkind], 1);
 		pthread_mutex_lock(&report_lock);
 		if (first[0] == 0)
 			snprintf(first, sizeof first_failure, "%s %s: %s", req.method, s->id, why);
@@ -676,6 +681,9 @@ int main(int argc, char **argv)
 		printf("first misdelivery: %s\n", first_misdelivery);
 	if (first_failure[0])
 		printf("first failure after retry: %s\n", first_failure);
+	printf("failures after retry: %ld without a route, %ld other status, %ld REFRESH_ROUTE after the retry, "
+	       "%ld DENY, %ld transport\n", atomic_load(&fail_kind[0]), atomic_load(&fail_kind[1]),
+	       atomic_load(&fail_kind[2]), atomic_load(&fail_kind[3]), atomic_load(&fail_kind[4]));
 	if (first_paused_failure[0])
 		printf("first failure with the sandbox paused: %s\n", first_paused_failure);
 	printf("%ld operations in %.1f s; %ld moves, %ld pauses (%ld lifecycle requests refused or failed); "
