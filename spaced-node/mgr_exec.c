@@ -544,6 +544,21 @@ static int wait_for(const char *path, bool want_sock, int64_t pid, uint64_t star
 	return SPACED_ETIMEDOUT;
 }
 
+/* Spawns argv (output to logp) and waits until path exists (want_sock: accepts
+ * connections) while the spawned process lives; stops it (its process group
+ * too with group) when it does not get there. *pid / *start pin it. */
+static int spawn_ready(const char *const argv[], const char *logp, const char *path, bool want_sock,
+                       int timeout_ms, bool group, int64_t *pid, uint64_t *start)
+{
+	int e = spawn_logged(argv, logp, pid, start);
+	if (e < 0)
+		return e;
+	e = wait_for(path, want_sock, *pid, *start, timeout_ms);
+	if (e < 0)
+		stop_pinned(*pid, *start, group);
+	return e;
+}
+
 static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 {
 	char e_dir[4096], gsock[4200], sock[256], logp[4096], text[SPACED_IDENTITY_TEXT_MAX];
@@ -570,14 +585,9 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	                      "--manager-start", mstart, "--handoff", NULL};
 	int64_t hp;
 	uint64_t hs;
-	e = spawn_logged(argv, logp, &hp, &hs);
+	e = spawn_ready(argv, logp, sock, true, 10000, false, &hp, &hs);
 	if (e < 0)
 		return e;
-	e = wait_for(sock, true, hp, hs, 10000);
-	if (e < 0) {
-		stop_pinned(hp, hs, false);
-		return e;
-	}
 	rec->host_pid = hp;
 	rec->host_start = hs;
 	return 0;
@@ -607,14 +617,9 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	                      snapshot ? "--restore" : NULL, snapshot, NULL};
 	int64_t lp;
 	uint64_t ls;
-	e = spawn_logged(argv, logp, &lp, &ls);
+	e = spawn_ready(argv, logp, ready, false, 30000, true, &lp, &ls);
 	if (e < 0)
 		return e;
-	e = wait_for(ready, false, lp, ls, 30000);
-	if (e < 0) {
-		stop_pinned(lp, ls, true);
-		return e;
-	}
 	struct mgr_rec r = *rec;
 	r.pid = lp;
 	r.pid_start = ls;
