@@ -29,6 +29,7 @@
 #include "store.h"
 #include "util.h"
 
+#define CP_MOVE_DRAIN_MS 30 /* default move drain window (ops.c) */
 #define CP_OP_LEASE 120   /* default seconds a lifecycle operation holds its sandbox */
 #define CP_LIVE_WINDOW 30 /* a worker is live when seen this recently */
 #define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
@@ -41,6 +42,7 @@ struct cp {
 	char listen_host[64];
 	int port;
 	int ack_timeout_ms;
+	int move_drain_ms; /* a move waits this long between 'moving' and deactivating the old execution */
 	int64_t op_lease; /* seconds a lifecycle operation holds its sandbox */
 	char replica_id[24]; /* "r" + 16 hex, kept in STATE/replica.id */
 	int64_t idle_timeout, max_lifetime; /* defaults for new sandboxes (0 = none) */

@@ -27,6 +27,7 @@
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
+	"                 [--move-drain MS]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-enrollment-key | create-admin-key\n";
 
@@ -142,9 +143,11 @@ int main(int argc, char **argv)
 		{"db", required_argument, NULL, 'd'},       {"ack-timeout", required_argument, NULL, 'a'},
 		{"idle-timeout", required_argument, NULL, 'i'}, {"max-lifetime", required_argument, NULL, 'm'},
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
+		{"move-drain", required_argument, NULL, 'D'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
-	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE};
+	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
+	                 .move_drain_ms = CP_MOVE_DRAIN_MS};
 	const char *listen = NULL;
 	char dbbuf[1200];
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
@@ -164,12 +167,14 @@ int main(int argc, char **argv)
 		case 'm': cp.max_lifetime = atoll(optarg); break;
 		case 't': cp.nthreads = atoi(optarg); break;
 		case 'o': cp.op_lease = atoll(optarg); break;
+		case 'D': cp.move_drain_ms = atoi(optarg); break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
 	}
 	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.nthreads < 1 || cp.nthreads > 64 ||
-	    cp.idle_timeout < 0 || cp.max_lifetime < 0 || cp.op_lease < 1) {
+	    cp.idle_timeout < 0 || cp.max_lifetime < 0 || cp.op_lease < 1 ||
+	    cp.move_drain_ms < 0 || cp.move_drain_ms > 10000) {
 		fputs(usage, stderr);
 		return 2;
 	}

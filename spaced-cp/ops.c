@@ -485,6 +485,14 @@ out:
 
 /* ---- sandboxes ---- */
 
+static void sleep_until_ns(uint64_t deadline)
+{
+	for (uint64_t t = spaced_mono_ns(); t < deadline; t = spaced_mono_ns()) {
+		struct timespec ts = {(time_t)((deadline - t) / 1000000000u), (long)((deadline - t) % 1000000000u)};
+		nanosleep(&ts, NULL);
+	}
+}
+
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
 	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes"
@@ -1063,7 +1071,17 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			cp_store_rollback(st);
 			if (status != 0)
 				goto out;
+			/* R4/V2: a route handed out just before 'moving' was committed may be
+			 * on its way to the old execution as some client's one retry; while
+			 * 'moving' no route is issued, so after the drain window no route to
+			 * the old execution can still be in flight. last_active (seconds) is
+			 * touched by every route issued: a sandbox routed in the last second
+			 * waits out the window, an idle one moves at once. */
+			int64_t active = cp_rows_i64(s->rows, s->r, C_ACTIVE, 0);
 			set_state(st, id, "moving", NULL);
+			uint64_t moving_at = spaced_mono_ns();
+			if (cp->move_drain_ms > 0 && active >= spaced_now() - 1)
+				sleep_until_ns(moving_at + (uint64_t)cp->move_drain_ms * 1000000u);
 			msg = json_pack("{s:s,s:o,s:b}", "type", "deactivate", "identity", spaced_identity_to_json(&idn),
 			                "keep_paused", 1);
 			if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
