@@ -73,11 +73,14 @@ struct sbx {
 
 static struct sbx sbxs[MAX_SBX];
 static int nsbx = 20, nworkers = 3, op_timeout = 10;
+static int mix[3] = {1, 1, 1}; /* relative weights of write, read, exec */
 static char cp_url[512], api_key[512], cache_dir[4096];
-static long target_ops = 20000, max_seconds = 3600;
+static long target_ops = 20000, max_seconds = 3600, chaos_period_ms = 10;
 static atomic_long ops, misdelivered, failed_after_retry, paused_failures, refreshes, moves, pauses,
 	chaos_errors, cut_on_replacement, dropped_wrongly, watch_opens, watch_events, claimed;
 static atomic_int stop;
+static atomic_long conns_opened, conns_reused;
+static int keepalive = 1; /* CHAOS_KEEPALIVE=0: a new connection per request */
 /* failures after retry by kind: no route, ALLOW with another status, REFRESH_ROUTE, DENY, transport */
 static atomic_long fail_kind[5];
 static char first_misdelivery[1024], first_failure[1024], first_paused_failure[1024];
@@ -182,7 +185,8 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 	char op[512], body[512], err[512], token[TOKEN_MAX];
 	struct client_request req = {0};
 	struct client_answer a;
-	int kind = (int)(rand_r(rnd) % 3); /* 0 write, 1 read, 2 exec */
+	unsigned pick = (unsigned)rand_r(rnd) % (unsigned)(mix[0] + mix[1] + mix[2]);
+	int kind = pick < (unsigned)mix[0] ? 0 : pick < (unsigned)(mix[0] + mix[1]) ? 1 : 2; /* write, read, exec */
 	pthread_mutex_lock(&s->op_lock);
 	unsigned long seq = ++s->seq;
 	snprintf(token, sizeof token, "%s-t%u-n%lu", s->id, tid, seq);
@@ -275,12 +279,18 @@ static void *client_thread(void *p)
 {
 	struct worker_arg *wa = p;
 	unsigned rnd = 0x9e3779b9u * (wa->tid + 1);
-	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = cache_dir};
+	struct client_conns conns;
+	client_conns_init(&conns);
+	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = cache_dir,
+	                        .conns = keepalive ? &conns : NULL};
 	while (!atomic_load(&stop)) {
 		if (atomic_fetch_add(&claimed, 1) >= target_ops)
 			break;
 		client_op(&o, &sbxs[rand_r(&rnd) % (unsigned)nsbx], wa->tid, &rnd);
 	}
+	atomic_fetch_add(&conns_opened, (long)conns.opened);
+	atomic_fetch_add(&conns_reused, (long)conns.reused);
+	client_conns_close(&conns);
 	return NULL;
 }
 
@@ -326,8 +336,10 @@ static void *chaos_thread(void *p)
 			atomic_fetch_add(&moves, 1);
 		}
 		pthread_mutex_unlock(&s->chaos_lock);
-		struct timespec ts = {0, 10 * 1000 * 1000};
-		nanosleep(&ts, NULL);
+		for (long left = chaos_period_ms; left > 0 && !atomic_load(&stop); left -= 10) {
+			struct timespec ts = {0, (left < 10 ? left : 10) * 1000 * 1000};
+			nanosleep(&ts, NULL);
+		}
 	}
 	return NULL;
 }
@@ -554,6 +566,12 @@ static int load_env(const char *dir)
 	return cp_url[0] && api_key[0] ? 0 : -1;
 }
 
+static void on_signal(int sig)
+{
+	(void)sig;
+	atomic_store(&stop, 1);
+}
+
 static double now_s(void)
 {
 	return (double)spaced_mono_ns() / 1e9;
@@ -565,6 +583,10 @@ int main(int argc, char **argv)
 	const char *e;
 	int own = 0, rc = 1, nthreads = 4;
 	signal(SIGPIPE, SIG_IGN);
+	/* interrupted: stop the run, print what was measured and tear the cluster down */
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
 	if (argc > 1)
 		target_ops = atol(argv[1]);
 	if ((e = getenv("CHAOS_SANDBOXES")))
@@ -575,6 +597,15 @@ int main(int argc, char **argv)
 		nworkers = atoi(e);
 	if ((e = getenv("CHAOS_MAX_SECONDS")))
 		max_seconds = atol(e);
+	if ((e = getenv("CHAOS_MIX")) && (sscanf(e, "%d,%d,%d", &mix[0], &mix[1], &mix[2]) != 3 || mix[0] < 1 ||
+	                                  mix[1] < 0 || mix[2] < 0 || mix[0] + mix[1] + mix[2] > 1000)) {
+		fprintf(stderr, "bench-chaos: CHAOS_MIX is WRITE,READ,EXEC weights, e.g. 1,1,1\n");
+		return 2;
+	}
+	if ((e = getenv("CHAOS_KEEPALIVE")))
+		keepalive = atoi(e) != 0;
+	if ((e = getenv("CHAOS_PERIOD_MS")))
+		chaos_period_ms = atol(e);
 	if ((e = getenv("CHAOS_OP_TIMEOUT")))
 		op_timeout = atoi(e);
 	if (nsbx < 1 || nsbx > MAX_SBX || nthreads < 1 || nthreads > 64 || target_ops < 1 || max_seconds < 1) {
@@ -654,7 +685,7 @@ int main(int argc, char **argv)
 	pthread_create(&ch, NULL, chaos_thread, NULL);
 	/* progress and the time bound */
 	long last = 0;
-	while (atomic_load(&claimed) < target_ops || atomic_load(&ops) < target_ops) {
+	while ((atomic_load(&claimed) < target_ops || atomic_load(&ops) < target_ops) && !atomic_load(&stop)) {
 		sleep(1);
 		double el = now_s() - t0;
 		long n = atomic_load(&ops);
@@ -686,6 +717,7 @@ int main(int argc, char **argv)
 	       atomic_load(&fail_kind[2]), atomic_load(&fail_kind[3]), atomic_load(&fail_kind[4]));
 	if (first_paused_failure[0])
 		printf("first failure with the sandbox paused: %s\n", first_paused_failure);
+	printf("worker connections: %ld opened, %ld reused\n", atomic_load(&conns_opened), atomic_load(&conns_reused));
 	printf("%ld operations in %.1f s; %ld moves, %ld pauses (%ld lifecycle requests refused or failed); "
 	       "%ld paused failures; %ld watch opens, %ld watch events\n",
 	       n, el, atomic_load(&moves), atomic_load(&pauses), atomic_load(&chaos_errors),

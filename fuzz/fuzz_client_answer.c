@@ -1,7 +1,9 @@
 /* fuzz-client-answer: spacectl's parser of a worker's HTTP answer (status line,
- * X-Spaced-Identity, Content-Length / chunked body, DENY / REFRESH_ROUTE bodies). */
+ * X-Spaced-Identity, Content-Length / chunked body, DENY / REFRESH_ROUTE bodies) and
+ * the framing that ends an answer on a kept-alive connection. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client.h"
@@ -12,6 +14,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct client_answer a;
 	memset(&a, 0, sizeof a);
+	/* the framing of a kept-alive connection's answer (NUL-terminated, as the reader keeps it) */
+	unsigned char *z = malloc(size + 1);
+	if (z == NULL)
+		return 0;
+	memcpy(z, data, size);
+	z[size] = 0;
+	int keep = 0;
+	long whole = client_answer_length(z, size, &keep);
+	if (whole > (long)size || (whole <= 0 && keep))
+		__builtin_trap();
+	free(z);
 	if (client_parse_answer(data, size, &a) == 0) {
 		/* what the callers rely on */
 		if (a.body == NULL || a.body[a.body_len] != 0 || a.status < 100 || a.status > 599)

@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -431,11 +434,12 @@ void client_route_forget(const struct client_opts *o, const char *sandbox, const
 
 /* ---- one HTTP exchange with a worker ---- */
 
-static int send_all(int fd, const void *p, size_t n)
+/* flags: MSG_MORE when more of the same request follows (one segment, not two) */
+static int send_all(int fd, const void *p, size_t n, int flags)
 {
 	const char *c = p;
 	while (n > 0) {
-		ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+		ssize_t w = send(fd, c, n, MSG_NOSIGNAL | flags);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
@@ -569,14 +573,138 @@ out:
 	return r;
 }
 
-/* Sends one request over a new connection and reads the whole answer.
- * Returns 0 with status/identity/body set, or -1 with the transport error in
- * reason (the request may or may not have reached the worker). */
-static int exchange(const struct client_route *rt, const char *sandbox, const struct client_request *req,
-                    int timeout_s, struct client_answer *a)
+long client_answer_length(const unsigned char *in, size_t len, int *keep)
 {
-	char host[256], prefix[256], portstr[16];
-	int port, fd = -1, r = -1;
+	const char *b = (const char *)in;
+	*keep = 0;
+	const char *hend = strstr(b, "\r\n\r\n");
+	if (hend == NULL || (size_t)(hend - b) > len)
+		return len > 65536 ? -1 : 0; /* a head larger than 64 KiB is not an answer */
+	size_t hl = (size_t)(hend - b) + 4, vl = 0;
+	int st = 0;
+	if (sscanf(b, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599)
+		return -1;
+	const char *v = header_value(b, hend, "Connection", &vl);
+	int close_after = v != NULL && vl >= 5 && strncasecmp(v, "close", 5) == 0;
+	if (st == 204 || st == 304) {
+		*keep = !close_after;
+		return (long)hl;
+	}
+	if ((v = header_value(b, hend, "Transfer-Encoding", &vl)) != NULL && vl >= 7 && strncasecmp(v, "chunked", 7) == 0) {
+		size_t p = hl;
+		for (;;) {
+			const char *crlf = p < len ? strstr(b + p, "\r\n") : NULL;
+			if (crlf == NULL)
+				return len - p > 64 ? -1 : 0;
+			char *e = NULL;
+			unsigned long sz = strtoul(b + p, &e, 16);
+			if (e == b + p || (e != crlf && *e != ';'))
+				return -1;
+			p = (size_t)(crlf - b) + 2;
+			if (sz == 0) {
+				/* the last chunk, then trailers up to an empty line */
+				const char *end = strstr(b + p - 2, "\r\n\r\n");
+				if (end == NULL)
+					return 0;
+				*keep = !close_after;
+				return (long)((size_t)(end - b) + 4);
+			}
+			if (sz > CLIENT_ANSWER_MAX)
+				return -1;
+			if (len - p < sz + 2)
+				return 0;
+			if (memcmp(b + p + sz, "\r\n", 2) != 0)
+				return -1;
+			p += sz + 2;
+		}
+	}
+	if ((v = header_value(b, hend, "Content-Length", &vl)) != NULL) {
+		char *e = NULL;
+		unsigned long cl = strtoul(v, &e, 10);
+		if (e == v || cl > CLIENT_ANSWER_MAX)
+			return -1;
+		if (len - hl < cl)
+			return 0;
+		*keep = !close_after;
+		return (long)(hl + cl);
+	}
+	return 0; /* ends when the worker closes the connection */
+}
+
+void client_conns_init(struct client_conns *k)
+{
+	memset(k, 0, sizeof *k);
+	for (int i = 0; i < CLIENT_CONNS; i++)
+		k->c[i].fd = -1;
+}
+
+void client_conns_close(struct client_conns *k)
+{
+	for (int i = 0; i < CLIENT_CONNS; i++) {
+		if (k->c[i].fd >= 0)
+			close(k->c[i].fd);
+		k->c[i].fd = -1;
+		k->c[i].addr[0] = 0;
+	}
+}
+
+/* A kept connection to addr that is still usable, taken out of k; or -1. */
+static int conns_take(struct client_conns *k, const char *addr)
+{
+	if (k == NULL)
+		return -1;
+	uint64_t now = spaced_mono_ns();
+	for (int i = 0; i < CLIENT_CONNS; i++) {
+		if (k->c[i].fd < 0 || strcmp(k->c[i].addr, addr) != 0)
+			continue;
+		int fd = k->c[i].fd;
+		k->c[i].fd = -1;
+		k->c[i].addr[0] = 0;
+		/* idle too long, or readable (closed by the worker, or stray bytes): not reused */
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		if (now - k->c[i].idle_since_ns >= (uint64_t)CLIENT_CONN_IDLE_MS * 1000000u || poll(&pf, 1, 0) != 0) {
+			close(fd);
+			continue;
+		}
+		k->reused++;
+		return fd;
+	}
+	return -1;
+}
+
+/* Keeps fd for the next request to addr (closes it when k is NULL). */
+static void conns_put(struct client_conns *k, const char *addr, int fd)
+{
+	if (k == NULL) {
+		close(fd);
+		return;
+	}
+	int slot = 0;
+	for (int i = 0; i < CLIENT_CONNS; i++) {
+		if (k->c[i].fd < 0) {
+			slot = i;
+			break;
+		}
+		if (k->c[i].idle_since_ns < k->c[slot].idle_since_ns)
+			slot = i; /* all taken: the one idle longest goes */
+	}
+	if (k->c[slot].fd >= 0)
+		close(k->c[slot].fd);
+	snprintf(k->c[slot].addr, sizeof k->c[slot].addr, "%s", addr);
+	k->c[slot].fd = fd;
+	k->c[slot].idle_since_ns = spaced_mono_ns();
+}
+
+/* Sends one request and reads its whole answer, on a kept connection to the
+ * worker when conns holds one, else on a new one (kept afterwards when conns
+ * is set and the answer allows it). Returns 0 with status/identity/body set,
+ * or -1 with the transport error in reason (the request may or may not have
+ * reached the worker). */
+static int exchange(struct client_conns *conns, const struct client_route *rt, const char *sandbox,
+                    const struct client_request *req, int timeout_s, struct client_answer *a)
+{
+	char host[256], prefix[256], portstr[16], addr[280];
+	int port, fd = -1, r = -1, keep = 0;
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
 	char *head = NULL;
 	unsigned char *buf = NULL;
@@ -586,40 +714,47 @@ static int exchange(const struct client_route *rt, const char *sandbox, const st
 		return -1;
 	}
 	snprintf(portstr, sizeof portstr, "%d", port);
-	if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
-		snprintf(a->reason, sizeof a->reason, "cannot resolve %s", host);
-		return -1;
+	snprintf(addr, sizeof addr, "%s:%d", host, port);
+	struct timeval tv = {.tv_sec = timeout_s};
+	if ((fd = conns_take(conns, addr)) < 0) {
+		if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
+			snprintf(a->reason, sizeof a->reason, "cannot resolve %s", host);
+			return -1;
+		}
+		int cerr = 0;
+		for (struct addrinfo *p = ai; p != NULL; p = p->ai_next) {
+			fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
+			if (fd < 0)
+				continue;
+			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+			int one = 1; /* a request is written whole: no waiting for the previous segment's ACK */
+			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+			if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
+				break;
+			cerr = errno;
+			close(fd);
+			fd = -1;
+		}
+		if (fd < 0) {
+			snprintf(a->reason, sizeof a->reason, "cannot connect to %s: %s", rt->worker_url, strerror(cerr));
+			goto out;
+		}
+		if (conns != NULL)
+			conns->opened++;
 	}
-	int cerr = 0;
-	for (struct addrinfo *p = ai; p != NULL; p = p->ai_next) {
-		fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
-		if (fd < 0)
-			continue;
-		struct timeval tv = {.tv_sec = timeout_s};
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
-			break;
-		cerr = errno;
-		close(fd);
-		fd = -1;
-	}
-	if (fd < 0) {
-		snprintf(a->reason, sizeof a->reason, "cannot connect to %s: %s", rt->worker_url, strerror(cerr));
-		goto out;
-	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	size_t need = strlen(req->method) + strlen(prefix) + strlen(sandbox) + strlen(req->op) + strlen(host) +
 	              strlen(rt->capability) + 256;
 	if ((head = malloc(need)) == NULL)
 		goto out;
 	int n = snprintf(head, need,
-	                 "%s %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n"
+	                 "%s %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\n%s"
 	                 "Authorization: Bearer %s\r\n%s%s%sContent-Length: %zu\r\n\r\n",
-	                 req->method, prefix, sandbox, req->op, host, port, rt->capability,
-	                 req->content_type ? "Content-Type: " : "", req->content_type ? req->content_type : "",
-	                 req->content_type ? "\r\n" : "", req->body_len);
-	if (n < 0 || (size_t)n >= need || send_all(fd, head, (size_t)n) < 0 ||
-	    (req->body_len > 0 && send_all(fd, req->body, req->body_len) < 0)) {
+	                 req->method, prefix, sandbox, req->op, host, port, conns ? "" : "Connection: close\r\n",
+	                 rt->capability, req->content_type ? "Content-Type: " : "",
+	                 req->content_type ? req->content_type : "", req->content_type ? "\r\n" : "", req->body_len);
+	if (n < 0 || (size_t)n >= need || send_all(fd, head, (size_t)n, req->body_len > 0 ? MSG_MORE : 0) < 0 ||
+	    (req->body_len > 0 && send_all(fd, req->body, req->body_len, 0) < 0)) {
 		snprintf(a->reason, sizeof a->reason, "cannot send the request: %s", strerror(errno));
 		goto out;
 	}
@@ -646,10 +781,25 @@ static int exchange(const struct client_route *rt, const char *sandbox, const st
 		if (got == 0)
 			break;
 		len += (size_t)got;
+		buf[len] = 0;
+		long whole = client_answer_length(buf, len, &keep);
+		if (whole < 0) {
+			snprintf(a->reason, sizeof a->reason, "malformed answer");
+			goto out;
+		}
+		if (whole > 0) {
+			keep = keep && (size_t)whole == len; /* bytes past the answer: the connection is not reused */
+			len = (size_t)whole;
+			break;
+		}
 	}
 	if (client_parse_answer(buf, len, a) < 0)
 		goto out;
 	r = 0;
+	if (keep) {
+		conns_put(conns, addr, fd);
+		fd = -1;
+	}
 out:
 	if (fd >= 0)
 		close(fd);
@@ -704,7 +854,7 @@ int client_call(const struct client_opts *o, const char *sandbox, const struct c
 	for (;;) {
 		client_answer_clear(&a);
 		attempts++;
-		if (exchange(&rt, sandbox, req, timeout, &a) < 0) {
+		if (exchange(o->conns, &rt, sandbox, req, timeout, &a) < 0) {
 			a.outcome = CLIENT_TRANSPORT;
 			a.status = 0;
 			if (o->verbose)

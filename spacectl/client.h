@@ -44,7 +44,30 @@
 /* Largest answer read from a worker. */
 #define CLIENT_ANSWER_MAX (64u << 20)
 
+/* Kept-alive connections to workers (HTTP/1.1 persistent connections), reused
+ * by client_call() when client_opts.conns is set. One holder per thread: not
+ * locked. A connection is reused only while it has been idle less than
+ * CLIENT_CONN_IDLE_MS (below node-api's keep-alive timeout) and the worker has
+ * not closed it; a request that fails on a reused connection before any byte
+ * of its answer follows the transport rules below like any other. */
+#define CLIENT_CONN_IDLE_MS 2000
+#define CLIENT_CONNS 8
+struct client_conns {
+	struct {
+		char addr[280]; /* "HOST:PORT" ("" when the slot is free) */
+		int fd;
+		uint64_t idle_since_ns;
+	} c[CLIENT_CONNS];
+	unsigned long reused, opened; /* counters, for tools and benchmarks */
+};
+
+/* Empties k (no connection). */
+void client_conns_init(struct client_conns *k);
+/* Closes every connection held in k. */
+void client_conns_close(struct client_conns *k);
+
 struct client_opts {
+	struct client_conns *conns; /* NULL: a new connection per request */
 	const char *cp_url;     /* SPACED_CP_URL */
 	const char *api_key;    /* SPACED_API_KEY */
 	const char *route_file; /* --route FILE: start from this saved route (a stale cache) */
@@ -126,8 +149,16 @@ void client_answer_clear(struct client_answer *a);
 int client_call(const struct client_opts *o, const char *sandbox, const struct client_request *req,
                 struct client_answer *out, char *err, size_t errsz);
 
+/* How much of in[0..len) is one whole HTTP/1.1 answer: its length when it is
+ * complete (framed by Content-Length or chunked encoding), 0 when more bytes
+ * are needed or its end is the connection's close (no framing), -1 when the
+ * head or the chunk framing is malformed. *keep is set to 1 when the
+ * connection may carry another request after it (framed, no
+ * "Connection: close"). in[len] must be readable and 0. */
+long client_answer_length(const unsigned char *in, size_t len, int *keep);
+
 /* Parses one whole HTTP/1.1 answer of a worker (len bytes, as read until the
- * connection closed): status, X-Spaced-Identity, the body (Content-Length or
+ * connection closed or client_answer_length() found its end): status, X-Spaced-Identity, the body (Content-Length or
  * chunked; a chunked body without its final chunk is "cut short") and the
  * outcome (ALLOW, or DENY / REFRESH_ROUTE with its reason from the body).
  * Fills a->status, identity, body (replacing any), outcome and reason.

@@ -100,6 +100,69 @@ Test(answer, operation_errors_are_allow)
 	client_answer_clear(&a);
 }
 
+/* client_answer_length on text (NUL-terminated, as the reader keeps its buffer) */
+static long alen(const char *text, int *keep)
+{
+	*keep = -1;
+	return client_answer_length((const unsigned char *)text, strlen(text), keep);
+}
+
+Test(answer_length, framed_answers_end_where_their_framing_says) /* kept-alive connections */
+{
+	int keep;
+	const char *cl = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+	cr_assert_eq(alen(cl, &keep), (long)strlen(cl));
+	cr_assert_eq(keep, 1);
+	const char *ch = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n";
+	cr_assert_eq(alen(ch, &keep), (long)strlen(ch));
+	cr_assert_eq(keep, 1);
+	const char *tr = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;x=y\r\na\r\n0\r\nX-T: 1\r\n\r\n";
+	cr_assert_eq(alen(tr, &keep), (long)strlen(tr)); /* a chunk extension and a trailer */
+	const char *nc = "HTTP/1.1 204 No Content\r\n\r\n";
+	cr_assert_eq(alen(nc, &keep), (long)strlen(nc));
+	/* the answer ends before bytes that follow it; they are not part of it */
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiEXTRA", &keep),
+	             (long)strlen("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"));
+}
+
+Test(answer_length, incomplete_answers_need_more)
+{
+	int keep;
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nContent-Le", &keep), 0);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello", &keep), 0);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", &keep), 0);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", &keep), 0);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n", &keep), 0);
+}
+
+Test(answer_length, unframed_or_closing_answers_are_not_kept)
+{
+	int keep;
+	/* no length: the answer ends with the connection */
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\n\r\nhello", &keep), 0);
+	cr_assert_eq(keep, 0);
+	const char *c = "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi";
+	cr_assert_eq(alen(c, &keep), (long)strlen(c));
+	cr_assert_eq(keep, 0);
+}
+
+Test(answer_length, malformed_framing_is_refused)
+{
+	int keep;
+	cr_assert_eq(alen("HTTP/1.1 999 What\r\n\r\n", &keep), -1);
+	cr_assert_eq(alen("SPDY 200 OK\r\n\r\n", &keep), -1);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", &keep), -1);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n", &keep), -1);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", &keep), -1);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhiXY0\r\n\r\n", &keep), -1);
+	cr_assert_eq(alen("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffff\r\n", &keep), -1);
+	/* a head that never ends */
+	static char big[70000];
+	memset(big, 'a', sizeof big - 1);
+	memcpy(big, "HTTP/1.1 200 OK\r\nX: ", 20);
+	cr_assert_eq(alen(big, &keep), -1);
+}
+
 Test(query, escape)
 {
 	char out[64];
