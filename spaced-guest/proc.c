@@ -7,7 +7,9 @@
  * stdout and stderr, and can be re-attached by id. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,14 +401,113 @@ static char **build_env(char **req, bool term)
 	return e;
 }
 
+/* The signals the guest ignores, which a child must not inherit ignored (the
+ * guest installs no handlers: it reads signals from a signalfd). Looked up
+ * once: the guest's dispositions do not change after it started. */
+static const sigset_t *ignored_signals(void)
+{
+	static sigset_t set;
+	static bool known;
+	if (!known) {
+		sigemptyset(&set);
+		for (int sig = 1; sig < NSIG; sig++) {
+			struct sigaction sa;
+			if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+				sigaddset(&set, sig);
+		}
+		known = true;
+	}
+	return &set;
+}
+
+/* Where execvp would find name with envp's PATH (the request's, not the
+ * guest's own) in the child's working directory cwdfd: name itself when it
+ * holds a '/', else the first executable regular file PATH names. Returns 0,
+ * or ENOENT / EACCES / ENAMETOOLONG. */
+static int find_in_path(const char *name, char **envp, int cwdfd, char *out, size_t outsz)
+{
+	if (strchr(name, '/') != NULL) {
+		if (strlen(name) >= outsz)
+			return ENAMETOOLONG;
+		snprintf(out, outsz, "%s", name);
+		return 0;
+	}
+	const char *path = DEFAULT_PATH + 5;
+	for (size_t i = 0; envp[i] != NULL; i++)
+		if (strncmp(envp[i], "PATH=", 5) == 0)
+			path = envp[i] + 5;
+	int err = ENOENT;
+	for (const char *d = path;; d++) {
+		const char *end = strchrnul(d, ':');
+		size_t dl = (size_t)(end - d);
+		int n = snprintf(out, outsz, "%.*s%s%s", (int)dl, d, dl ? "/" : "", name);
+		if (n > 0 && (size_t)n < outsz) {
+			struct stat st;
+			if (fstatat(cwdfd, out, &st, 0) == 0 && S_ISREG(st.st_mode)) {
+				if (faccessat(cwdfd, out, X_OK, 0) == 0)
+					return 0;
+				err = EACCES;
+			}
+		}
+		if (*end == 0)
+			break;
+		d = end;
+	}
+	return err;
+}
+
+/* Starts argv in its own session with in/out/err as 0/1/2 and cwdfd as its
+ * working directory, every signal unblocked and at its default. posix_spawn
+ * shares the guest's memory until the exec (no page-table copy) and reports a
+ * failed exec as its result. Returns 0 with *pid set, or an errno value. */
+static int spawn_plain(char **argv, char **envp, int cwdfd, int in, int out, int err, pid_t *pid)
+{
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	sigset_t none;
+	sigemptyset(&none);
+	int r = posix_spawn_file_actions_init(&fa);
+	if (r != 0)
+		return r;
+	if ((r = posix_spawnattr_init(&at)) != 0) {
+		posix_spawn_file_actions_destroy(&fa);
+		return r;
+	}
+	if (r == 0)
+		r = posix_spawn_file_actions_adddup2(&fa, in, 0);
+	if (r == 0)
+		r = posix_spawn_file_actions_adddup2(&fa, out, 1);
+	if (r == 0)
+		r = posix_spawn_file_actions_adddup2(&fa, err, 2);
+	if (r == 0)
+		r = posix_spawn_file_actions_addfchdir_np(&fa, cwdfd);
+	if (r == 0)
+		r = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+	if (r == 0)
+		r = posix_spawnattr_setsigmask(&at, &none);
+	if (r == 0)
+		r = posix_spawnattr_setsigdefault(&at, ignored_signals());
+	char file[PATH_MAX];
+	if (r == 0)
+		r = find_in_path(argv[0], envp, cwdfd, file, sizeof file);
+	if (r == 0)
+		r = posix_spawn(pid, file, &fa, &at, argv, envp);
+	posix_spawnattr_destroy(&at);
+	posix_spawn_file_actions_destroy(&fa);
+	return r;
+}
+
+/* A terminal's child: it also takes the terminal as its controlling one,
+ * which posix_spawn cannot do. */
 static void child_exec(char **argv, char **envp, int cwdfd, int in, int out, int err, int errpipe,
                        bool term)
 {
 	sigset_t all;
 	sigemptyset(&all);
 	sigprocmask(SIG_SETMASK, &all, NULL);
+	const sigset_t *ign = ignored_signals();
 	for (int sig = 1; sig < NSIG; sig++)
-		if (sig != SIGKILL && sig != SIGSTOP)
+		if (sigismember(ign, sig) == 1)
 			(void)signal(sig, SIG_DFL);
 	(void)setsid();
 	if (term)
@@ -529,21 +630,27 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 		    pipe2(perr, O_CLOEXEC) < 0)
 			goto sysfail;
 	}
-	pid_t pid = fork();
-	if (pid < 0)
-		goto sysfail;
-	if (pid == 0) {
-		if (term)
-			child_exec(argv, envp, cwdfd, slave, slave, slave, errp[1], true);
-		child_exec(argv, envp, cwdfd, pin[0], pout[1], perr[1], errp[1], false);
-	}
-	close(errp[1]);
-	errp[1] = -1;
+	pid_t pid = -1;
 	int cerr = 0;
-	ssize_t k;
-	do
-		k = read(errp[0], &cerr, sizeof cerr);
-	while (k < 0 && errno == EINTR);
+	ssize_t k = 0;
+	if (term) {
+		(void)ignored_signals(); /* looked up before the fork, once */
+		pid = fork();
+		if (pid < 0)
+			goto sysfail;
+		if (pid == 0)
+			child_exec(argv, envp, cwdfd, slave, slave, slave, errp[1], true);
+		close(errp[1]);
+		errp[1] = -1;
+		do
+			k = read(errp[0], &cerr, sizeof cerr);
+		while (k < 0 && errno == EINTR);
+	} else if ((cerr = spawn_plain(argv, envp, cwdfd, pin[0], pout[1], perr[1], &pid)) != 0) {
+		/* nothing was started (posix_spawn reaps a child whose exec failed) */
+		free(p);
+		reply_errno(c, id, "exec", cerr);
+		goto out;
+	}
 	p->pid = pid;
 	p->id = ++G.next_proc;
 	p->background = background;

@@ -410,6 +410,58 @@ Test(guest, exec_output_status_env_cwd_stdin)
 	spaced_guest_client_free(c);
 }
 
+/* How a program is found and what it inherits: the request's PATH (not the
+ * guest's own) names where a bare program name is looked up, in the request's
+ * working directory; a file that is not executable is refused; the child
+ * starts with no signal blocked and no standard signal ignored, though the
+ * guest blocks and ignores some for itself. */
+Test(guest, exec_lookup_and_inheritance)
+{
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf out;
+	spaced_buf_init(&out, 1 << 20);
+	cr_assert_eq(spaced_guest_fs_mkdir(c, "bin", 0755), 0);
+	const char script[] = "#!/bin/sh\necho found-in-request-path\n";
+	cr_assert_eq(spaced_guest_fs_write(c, "bin/only-here", script, strlen(script), 0755, 0), 0);
+	cr_assert_eq(spaced_guest_fs_write(c, "bin/not-exec", script, strlen(script), 0644, 0), 0);
+	char real[4096], pathvar[4200];
+	cr_assert_not_null(realpath(root, real));
+	snprintf(pathvar, sizeof pathvar, "PATH=%s/bin:/usr/bin:/bin", real);
+	const char *env[] = {pathvar, NULL};
+	const char *a1[] = {"only-here", NULL};
+	struct spaced_guest_exit x = run(c, a1, env, NULL, 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	cr_assert_str_eq((char *)out.data, "found-in-request-path\n");
+
+	/* without that PATH the name is not found; a relative name is taken in the request's cwd */
+	struct spaced_guest_exec_req req = {a1, NULL, NULL, 0, 0};
+	cr_assert_eq(spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &x), SPACED_ENOENT);
+	const char *a2[] = {"./only-here", NULL};
+	out.len = 0;
+	x = run(c, a2, NULL, "bin", 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	cr_assert_str_eq((char *)out.data, "found-in-request-path\n");
+	const char *a3[] = {"not-exec", NULL};
+	req.argv = a3;
+	req.env = env;
+	int e = spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &x);
+	cr_assert_eq(e, SPACED_EPERM, "not-exec: %s", spaced_strerror(e));
+
+	const char *a4[] = {"sh", "-c", "grep -E '^Sig(Blk|Ign):' /proc/self/status", NULL};
+	out.len = 0;
+	x = run(c, a4, NULL, NULL, 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	unsigned long long blk = 1, ign = 1;
+	cr_assert_eq(sscanf((char *)out.data, "SigBlk:\t%llx\nSigIgn:\t%llx", &blk, &ign), 2, "%s", (char *)out.data);
+	cr_assert_eq(blk, 0, "blocked in the child: %llx", blk);
+	/* no standard signal ignored (the guest ignores SIGPIPE and, as PID 1,
+	 * others); glibc's posix_spawn leaves its own two internal real-time
+	 * signals (32, 33) ignored, as in any glibc program's children */
+	cr_assert_eq(ign & ~0x180000000ull, 0, "ignored in the child: %llx", ign);
+	spaced_buf_free(&out);
+	spaced_guest_client_free(c);
+}
+
 /* Stdin larger than the pipe and than the guest's stdin queue: the guest
  * feeds it as the process reads and holds the connection back meanwhile. */
 Test(guest, exec_large_stdin)
