@@ -2,15 +2,20 @@
  * chaos.c — the route-chaos soak: client threads write, read and exec through
  * cached routes (spacectl/client.h) while a chaos thread keeps pausing,
  * resuming and moving the sandboxes between workers, and long-lived watches
- * stay open throughout.
+ * and terminals stay open throughout.
  *
  *   bench-chaos [OPS]
  *
  * Environment: CHAOS_DIR (a cluster from `spacectl dev up --workers 3 --dir
  * DIR` to use; otherwise one is started in a fresh directory and torn down at
- * the end), CHAOS_SANDBOXES (20), CHAOS_THREADS (4), CHAOS_WORKERS (3, for a
- * cluster started here), CHAOS_MAX_SECONDS (3600: the run stops at this
- * bound even short of OPS), CHAOS_OP_TIMEOUT (10 s per request).
+ * the end), CHAOS_SANDBOXES (20), CHAOS_THREADS (16 client threads),
+ * CHAOS_WORKERS (3, for a cluster started here), CHAOS_MAX_SECONDS (3600: the
+ * run stops at this bound even short of OPS), CHAOS_OP_TIMEOUT (10 s per
+ * request), CHAOS_MIX (write,read,exec weights: 1,1,1), CHAOS_PERIOD_MS (10:
+ * the chaos thread's pause between two lifecycle requests), CHAOS_KEEPALIVE
+ * (1: client threads keep worker connections alive; 0: one per request).
+ * SIGINT / SIGTERM end the run early: figures are printed and the cluster is
+ * torn down.
  *
  * Checks (DESIGN.md I2, V2–V5, S1–S2):
  *  - every answer's X-Spaced-Identity names the requested sandbox, one of the
@@ -20,9 +25,10 @@
  *  - every read returns the last acknowledged write of that sandbox (content
  *    unique per sandbox and per write), every exec the unique token it echoed;
  *    otherwise `misdelivered`;
- *  - a watch closed with 4409 refresh-route is reopened through a repaired
- *    route (`streams_cut_on_replacement`); any other end of an admitted
- *    stream is `streams_dropped_wrongly` (it is reopened too).
+ *  - a watch or terminal closed with 4409 refresh-route is reopened through a
+ *    repaired route (`streams_cut_on_replacement`); any other end of an
+ *    admitted stream is `streams_dropped_wrongly` (it is reopened too); a
+ *    terminal must answer the lines typed into it.
  * Operations that fail while their sandbox is being paused or is paused
  * (`paused_failures`) are expected; error_rate = failed_after_retry / ops,
  * where failed_after_retry counts the operations that failed (after the
@@ -77,7 +83,8 @@ static int mix[3] = {1, 1, 1}; /* relative weights of write, read, exec */
 static char cp_url[512], api_key[512], cache_dir[4096];
 static long target_ops = 20000, max_seconds = 3600, chaos_period_ms = 10;
 static atomic_long ops, misdelivered, failed_after_retry, paused_failures, refreshes, moves, pauses,
-	chaos_errors, cut_on_replacement, dropped_wrongly, watch_opens, watch_events, claimed;
+	chaos_errors, cut_on_replacement, dropped_wrongly, watch_opens, watch_events, term_opens, term_echoes,
+	claimed;
 static atomic_int stop;
 static atomic_long conns_opened, conns_reused;
 static int keepalive = 1; /* CHAOS_KEEPALIVE=0: a new connection per request */
@@ -378,11 +385,37 @@ static int write_full(int fd, const void *buf, size_t n)
 }
 
 enum { WS_REFRESH = 1, WS_DROPPED, WS_STOPPED, WS_REFUSED };
+enum stream_kind { STREAM_WATCH, STREAM_TERM };
 
-/* One watch stream through rt: returns WS_REFRESH (4409 after admission),
- * WS_REFUSED (closed before admission), WS_DROPPED or WS_STOPPED. */
-static int watch_once(struct sbx *s, const struct client_route *rt, int h0, int *admitted)
+/* One client → server frame (masked, with a zero mask: RFC 6455 asks for a
+ * mask, not a secret one here). */
+static int ws_send(int fd, int opcode, const void *p, size_t n)
 {
+	unsigned char h[8] = {(unsigned char)(0x80 | opcode)};
+	size_t hl = 2;
+	if (n < 126) {
+		h[1] = (unsigned char)(0x80 | n);
+	} else {
+		h[1] = 0x80 | 126;
+		h[2] = (unsigned char)(n >> 8);
+		h[3] = (unsigned char)n;
+		hl = 4;
+	}
+	memset(h + hl, 0, 4);
+	return write_full(fd, h, hl + 4) < 0 || write_full(fd, p, n) < 0 ? -1 : 0;
+}
+
+/* One watch or terminal stream through rt: returns WS_REFRESH (4409 after
+ * admission), WS_REFUSED (closed before admission), WS_DROPPED or
+ * WS_STOPPED. A terminal runs /bin/sh; every 300 ms it types `echo TOKEN`
+ * (unique per sandbox and line) and counts the token coming back. */
+static int stream_once(enum stream_kind kind, struct sbx *s, const struct client_route *rt, int h0,
+                       int *admitted)
+{
+	char typed[TOKEN_MAX + 16] = "", seen[8192];
+	size_t seen_len = 0;
+	unsigned long line = 0;
+	uint64_t next_input = 0;
 	char host[256], prefix[256], port[16], *req = NULL;
 	int iport, fd = -1, res = WS_DROPPED;
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
@@ -399,10 +432,12 @@ static int watch_once(struct sbx *s, const struct client_route *rt, int h0, int 
 	struct timeval tv = {0, 200 * 1000};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	if (asprintf(&req,
-	             "GET %s/v1/sandboxes/%s/watch?path=%%2Fworkspace HTTP/1.1\r\nHost: %s:%d\r\n"
+	             "GET %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\n"
 	             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: c3BhY2VkLWNoYW9zLWtleQ==\r\n"
 	             "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n",
-	             prefix, s->id, host, iport, rt->capability) < 0) {
+	             prefix, s->id,
+	             kind == STREAM_TERM ? "term?argv=%2Fbin%2Fsh&rows=24&cols=200" : "watch?path=%2Fworkspace", host,
+	             iport, rt->capability) < 0) {
 		req = NULL;
 		goto out;
 	}
@@ -428,6 +463,27 @@ static int watch_once(struct sbx *s, const struct client_route *rt, int h0, int 
 		goto out;
 	for (;;) {
 		unsigned char h[2], ext[8];
+		if (kind == STREAM_TERM && *admitted) {
+			/* type the next line when due; wait for output meanwhile */
+			uint64_t now = spaced_mono_ns();
+			if (now >= next_input) {
+				char in[TOKEN_MAX + 32];
+				snprintf(typed, sizeof typed, "%s-term-%lu", s->id, ++line);
+				int n = snprintf(in, sizeof in, "iecho %s\n", typed);
+				if (ws_send(fd, 2, in, (size_t)n) < 0)
+					goto out;
+				seen_len = 0;
+				next_input = now + 300u * 1000000u;
+			}
+			struct pollfd pf = {.fd = fd, .events = POLLIN};
+			if (poll(&pf, 1, 100) == 0) {
+				if (atomic_load(&stop)) {
+					res = WS_STOPPED;
+					goto out;
+				}
+				continue;
+			}
+		}
 		if (read_full(fd, h, 2) < 0) {
 			res = atomic_load(&stop) ? WS_STOPPED : (*admitted ? WS_DROPPED : WS_REFUSED);
 			goto out;
@@ -466,6 +522,28 @@ static int watch_once(struct sbx *s, const struct client_route *rt, int h0, int 
 			}
 			continue;
 		}
+		if (opcode == 2 && kind == STREAM_TERM && *admitted && len > 1 && payload[0] == 'o') {
+			/* the terminal's output: the typed token comes back (echoed by the
+			 * terminal, then printed by the shell) */
+			size_t n = (size_t)len - 1;
+			if (n > sizeof seen - 1 - seen_len) {
+				size_t keep = seen_len > 512 ? 512 : seen_len;
+				memmove(seen, seen + seen_len - keep, keep);
+				seen_len = keep;
+				if (n > sizeof seen - 1 - seen_len)
+					n = sizeof seen - 1 - seen_len;
+			}
+			memcpy(seen + seen_len, payload + 1, n);
+			seen_len += n;
+			seen[seen_len] = 0;
+			char want[TOKEN_MAX + 20];
+			snprintf(want, sizeof want, "\n%s\r", typed); /* the shell's line, not the echoed input */
+			if (typed[0] && strstr(seen, want) != NULL) {
+				atomic_fetch_add(&term_echoes, 1);
+				typed[0] = 0;
+			}
+			continue;
+		}
 		if (opcode != 1)
 			continue;
 		json_error_t jerr;
@@ -479,11 +557,17 @@ static int watch_once(struct sbx *s, const struct client_route *rt, int h0, int 
 				goto out;
 			}
 			if (id == NULL || !identity_ok(s, id, h0))
-				note_misdelivery("watch admitted by", id ? id : "(none)", s->id);
+				note_misdelivery(kind == STREAM_TERM ? "terminal admitted by" : "watch admitted by",
+				                 id ? id : "(none)", s->id);
 			*admitted = 1;
-			atomic_fetch_add(&watch_opens, 1);
-		} else {
+			atomic_fetch_add(kind == STREAM_TERM ? &term_opens : &watch_opens, 1);
+		} else if (kind == STREAM_WATCH) {
 			atomic_fetch_add(&watch_events, 1);
+		} else if (json_object_get(m, "exit") != NULL) {
+			/* the shell ended: the stream ends with it (1000), a drop */
+			json_decref(m);
+			res = WS_DROPPED;
+			goto out;
 		}
 		json_decref(m);
 		if (atomic_load(&stop)) {
@@ -503,12 +587,18 @@ out:
 	return res;
 }
 
-static void *watch_thread(void *p)
+struct stream_arg {
+	enum stream_kind kind;
+	struct sbx *s;
+};
+
+static void *stream_thread(void *p)
 {
-	struct sbx *s = p;
-	/* its own route cache entry: a watch is another client */
+	struct stream_arg *sa = p;
+	struct sbx *s = sa->s;
+	/* its own route cache entry: a stream is another client */
 	char dir[4200];
-	snprintf(dir, sizeof dir, "%s-watch-%s", cache_dir, s->id);
+	snprintf(dir, sizeof dir, "%s-%s-%s", cache_dir, sa->kind == STREAM_TERM ? "term" : "watch", s->id);
 	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = dir};
 	struct client_route rt = {0};
 	char err[512];
@@ -523,7 +613,7 @@ static void *watch_thread(void *p)
 			have = 1;
 		}
 		int admitted = 0;
-		int r = watch_once(s, &rt, h0, &admitted);
+		int r = stream_once(sa->kind, s, &rt, h0, &admitted);
 		if (r == WS_STOPPED)
 			break;
 		if (r == WS_REFRESH)
@@ -581,7 +671,7 @@ int main(int argc, char **argv)
 {
 	char dir[4096], cmd[8500];
 	const char *e;
-	int own = 0, rc = 1, nthreads = 4;
+	int own = 0, rc = 1, nthreads = 16;
 	signal(SIGPIPE, SIG_IGN);
 	/* interrupted: stop the run, print what was measured and tear the cluster down */
 	struct sigaction sa = {.sa_handler = on_signal};
@@ -669,14 +759,19 @@ int main(int argc, char **argv)
 		record_selected(s, a);
 		json_decref(a);
 	}
-	int nwatch = (nsbx + 3) / 4;
-	printf("%d sandboxes, %d client threads, %d watches, target %ld operations\n", nsbx, nthreads, nwatch,
-	       target_ops);
+	/* a watch on every 4th sandbox, a terminal on every 4th from the 2nd on */
+	int nwatch = (nsbx + 3) / 4, nterm = (nsbx + 2) / 4, nstream = 0;
+	static struct stream_arg sargs[MAX_SBX];
+	for (int i = 0; i < nsbx; i++)
+		if (i % 4 == 0 || i % 4 == 1)
+			sargs[nstream++] = (struct stream_arg){i % 4 == 0 ? STREAM_WATCH : STREAM_TERM, &sbxs[i]};
+	printf("%d sandboxes, %d client threads, %d watches, %d terminals, target %ld operations\n", nsbx, nthreads,
+	       nwatch, nterm, target_ops);
 	fflush(stdout);
 	pthread_t th[64], ch, wt[MAX_SBX];
 	struct worker_arg wa[64];
-	for (int i = 0; i < nwatch; i++)
-		pthread_create(&wt[i], NULL, watch_thread, &sbxs[i * 4]);
+	for (int i = 0; i < nstream; i++)
+		pthread_create(&wt[i], NULL, stream_thread, &sargs[i]);
 	double t0 = now_s();
 	for (int i = 0; i < nthreads; i++) {
 		wa[i].tid = (unsigned)i;
@@ -705,7 +800,7 @@ int main(int argc, char **argv)
 		pthread_join(th[i], NULL);
 	double el = now_s() - t0;
 	pthread_join(ch, NULL);
-	for (int i = 0; i < nwatch; i++)
+	for (int i = 0; i < nstream; i++)
 		pthread_join(wt[i], NULL);
 	long n = atomic_load(&ops);
 	if (first_misdelivery[0])
@@ -722,6 +817,7 @@ int main(int argc, char **argv)
 	       "%ld paused failures; %ld watch opens, %ld watch events\n",
 	       n, el, atomic_load(&moves), atomic_load(&pauses), atomic_load(&chaos_errors),
 	       atomic_load(&paused_failures), atomic_load(&watch_opens), atomic_load(&watch_events));
+	printf("%ld terminal opens, %ld typed lines answered\n", atomic_load(&term_opens), atomic_load(&term_echoes));
 	printf("{\"ops\":%ld,\"misdelivered\":%ld,\"failed_after_retry\":%ld,\"paused_failures\":%ld,"
 	       "\"error_rate\":%.6f,\"refreshes\":%ld,\"moves\":%ld,\"pauses\":%ld,\"streams_cut_on_replacement\":%ld,"
 	       "\"streams_dropped_wrongly\":%ld,\"ops_per_s\":%.1f}\n",
