@@ -286,8 +286,8 @@ static void *client_thread(void *p)
 {
 	struct worker_arg *wa = p;
 	unsigned rnd = 0x9e3779b9u * (wa->tid + 1);
-	struct client_conns conns;
-	client_conns_init(&conns);
+	struct http_conns conns;
+	http_conns_init(&conns);
 	struct client_opts o = {.cp_url = cp_url, .api_key = api_key, .cache_dir = cache_dir,
 	                        .conns = keepalive ? &conns : NULL};
 	while (!atomic_load(&stop)) {
@@ -297,7 +297,7 @@ static void *client_thread(void *p)
 	}
 	atomic_fetch_add(&conns_opened, (long)conns.opened);
 	atomic_fetch_add(&conns_reused, (long)conns.reused);
-	client_conns_close(&conns);
+	http_conns_close(&conns);
 	return NULL;
 }
 
@@ -421,7 +421,7 @@ static int stream_once(enum stream_kind kind, struct sbx *s, const struct client
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
 	unsigned char *payload = NULL;
 	*admitted = 0;
-	if (client_parse_url(rt->worker_url, host, sizeof host, &iport, prefix, sizeof prefix) < 0)
+	if (http_parse_url(rt->worker_url, host, sizeof host, &iport, prefix, sizeof prefix) < 0)
 		goto out;
 	snprintf(port, sizeof port, "%d", iport);
 	if (getaddrinfo(host, port, &hints, &ai) != 0)

@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(z, data, size);
 	z[size] = 0;
 	int keep = 0;
-	long whole = client_answer_length(z, size, &keep);
+	long whole = http_answer_length(z, size, &keep);
 	if (whole > (long)size || (whole <= 0 && keep))
 		__builtin_trap();
 	free(z);

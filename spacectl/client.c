@@ -3,18 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/file.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -62,34 +56,6 @@ int client_query_escape(const char *s, char *out, size_t outsz)
 	if (n >= outsz)
 		return -1;
 	out[n] = 0;
-	return 0;
-}
-
-int client_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz)
-{
-	if (strncmp(url, "http://", 7) != 0)
-		return -1;
-	const char *h = url + 7, *slash = strchr(h, '/'), *end = slash ? slash : h + strlen(h);
-	const char *colon = memchr(h, ':', (size_t)(end - h));
-	const char *hend = colon ? colon : end;
-	if (hend == h || (size_t)(hend - h) >= hostsz)
-		return -1;
-	memcpy(host, h, (size_t)(hend - h));
-	host[hend - h] = 0;
-	int p = 80;
-	if (colon) {
-		char *e = NULL;
-		long v = strtol(colon + 1, &e, 10);
-		if (e != end || v < 1 || v > 65535)
-			return -1;
-		p = (int)v;
-	}
-	if (snprintf(prefix, prefixsz, "%s", slash ? slash : "") >= (int)prefixsz)
-		return -1;
-	size_t n = strlen(prefix);
-	if (n > 0 && prefix[n - 1] == '/')
-		prefix[n - 1] = 0;
-	*port = p;
 	return 0;
 }
 
@@ -434,68 +400,6 @@ void client_route_forget(const struct client_opts *o, const char *sandbox, const
 
 /* ---- one HTTP exchange with a worker ---- */
 
-/* flags: MSG_MORE when more of the same request follows (one segment, not two) */
-static int send_all(int fd, const void *p, size_t n, int flags)
-{
-	const char *c = p;
-	while (n > 0) {
-		ssize_t w = send(fd, c, n, MSG_NOSIGNAL | flags);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		c += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-static const char *header_value(const char *head, const char *hend, const char *name, size_t *vlen)
-{
-	size_t nl = strlen(name);
-	for (const char *h = strstr(head, "\r\n"); h != NULL && h < hend; h = strstr(h + 2, "\r\n")) {
-		const char *line = h + 2;
-		if (strncasecmp(line, name, nl) == 0 && line[nl] == ':') {
-			const char *v = line + nl + 1;
-			while (*v == ' ' || *v == '\t')
-				v++;
-			const char *e = strstr(v, "\r\n");
-			if (e == NULL || e > hend)
-				e = hend;
-			*vlen = (size_t)(e - v);
-			return v;
-		}
-	}
-	return NULL;
-}
-
-/* Decodes a chunked body in place. Returns the decoded length or -1 when the
- * body is malformed or cut short (no final chunk). */
-static long dechunk(unsigned char *b, size_t n)
-{
-	size_t in = 0, outl = 0;
-	for (;;) {
-		char *e = NULL;
-		if (in >= n)
-			return -1;
-		unsigned long sz = strtoul((char *)b + in, &e, 16);
-		if (e == (char *)b + in)
-			return -1;
-		const char *crlf = strstr(e, "\r\n");
-		if (crlf == NULL)
-			return -1;
-		in = (size_t)((const unsigned char *)crlf - b) + 2;
-		if (sz == 0)
-			return (long)outl;
-		if (sz > n - in || n - in - sz < 2)
-			return -1;
-		memmove(b + outl, b + in, sz);
-		outl += sz;
-		in += sz + 2;
-	}
-}
-
 /* Classifies an answer: ALLOW, or a refusal with its reason. */
 static void classify(struct client_answer *a)
 {
@@ -516,297 +420,61 @@ static void classify(struct client_answer *a)
 
 int client_parse_answer(const unsigned char *in, size_t len, struct client_answer *a)
 {
-	unsigned char *buf = NULL;
-	int r = -1;
-	if (len == 0) {
-		snprintf(a->reason, sizeof a->reason, "connection closed without an answer");
-		return -1;
-	}
-	/* a NUL-terminated copy: no search runs past the end (a NUL in the
-	 * head hides the blank line: malformed) */
-	if ((buf = malloc(len + 1)) == NULL)
-		return -1;
-	memcpy(buf, in, len);
-	buf[len] = 0;
-	char *hend = strstr((char *)buf, "\r\n\r\n");
-	int st = 0;
-	if (hend == NULL || sscanf((char *)buf, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599) {
-		snprintf(a->reason, sizeof a->reason, "malformed answer");
-		goto out;
-	}
-	size_t vl = 0;
-	const char *v = header_value((char *)buf, hend, "X-Spaced-Identity", &vl);
-	a->identity[0] = 0;
-	if (v != NULL && vl < sizeof a->identity) {
-		memcpy(a->identity, v, vl);
-		a->identity[vl] = 0;
-	}
-	unsigned char *content = (unsigned char *)hend + 4;
-	size_t clen = len - (size_t)(content - buf);
-	const char *te = header_value((char *)buf, hend, "Transfer-Encoding", &vl);
-	if (te != NULL && vl >= 7 && strncasecmp(te, "chunked", 7) == 0) {
-		long d = dechunk(content, clen);
-		if (d < 0) {
-			snprintf(a->reason, sizeof a->reason, "answer cut short");
-			goto out;
-		}
-		clen = (size_t)d;
-	} else if ((v = header_value((char *)buf, hend, "Content-Length", &vl)) != NULL) {
-		unsigned long cl = strtoul(v, NULL, 10);
-		if (cl > clen) {
-			snprintf(a->reason, sizeof a->reason, "answer cut short");
-			goto out;
-		}
-		clen = cl;
-	}
 	free(a->body);
-	if ((a->body = malloc(clen + 1)) == NULL)
-		goto out;
-	memcpy(a->body, content, clen);
-	a->body[clen] = 0;
-	a->body_len = clen;
-	a->status = st;
+	a->body = NULL;
+	a->body_len = 0;
+	if (http_parse_answer(in, len, &a->status, &a->body, &a->body_len, "X-Spaced-Identity", a->identity,
+	                      sizeof a->identity, a->reason, sizeof a->reason) < 0) {
+		a->status = 0;
+		return -1;
+	}
 	classify(a);
-	r = 0;
-out:
-	free(buf);
-	return r;
+	return 0;
 }
 
-long client_answer_length(const unsigned char *in, size_t len, int *keep)
-{
-	const char *b = (const char *)in;
-	*keep = 0;
-	const char *hend = strstr(b, "\r\n\r\n");
-	if (hend == NULL || (size_t)(hend - b) > len)
-		return len > 65536 ? -1 : 0; /* a head larger than 64 KiB is not an answer */
-	size_t hl = (size_t)(hend - b) + 4, vl = 0;
-	int st = 0;
-	if (sscanf(b, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599)
-		return -1;
-	const char *v = header_value(b, hend, "Connection", &vl);
-	int close_after = v != NULL && vl >= 5 && strncasecmp(v, "close", 5) == 0;
-	if (st == 204 || st == 304) {
-		*keep = !close_after;
-		return (long)hl;
-	}
-	if ((v = header_value(b, hend, "Transfer-Encoding", &vl)) != NULL && vl >= 7 && strncasecmp(v, "chunked", 7) == 0) {
-		size_t p = hl;
-		for (;;) {
-			const char *crlf = p < len ? strstr(b + p, "\r\n") : NULL;
-			if (crlf == NULL)
-				return len - p > 64 ? -1 : 0;
-			char *e = NULL;
-			unsigned long sz = strtoul(b + p, &e, 16);
-			if (e == b + p || (e != crlf && *e != ';'))
-				return -1;
-			p = (size_t)(crlf - b) + 2;
-			if (sz == 0) {
-				/* the last chunk, then trailers up to an empty line */
-				const char *end = strstr(b + p - 2, "\r\n\r\n");
-				if (end == NULL)
-					return 0;
-				*keep = !close_after;
-				return (long)((size_t)(end - b) + 4);
-			}
-			if (sz > CLIENT_ANSWER_MAX)
-				return -1;
-			if (len - p < sz + 2)
-				return 0;
-			if (memcmp(b + p + sz, "\r\n", 2) != 0)
-				return -1;
-			p += sz + 2;
-		}
-	}
-	if ((v = header_value(b, hend, "Content-Length", &vl)) != NULL) {
-		char *e = NULL;
-		unsigned long cl = strtoul(v, &e, 10);
-		if (e == v || cl > CLIENT_ANSWER_MAX)
-			return -1;
-		if (len - hl < cl)
-			return 0;
-		*keep = !close_after;
-		return (long)(hl + cl);
-	}
-	return 0; /* ends when the worker closes the connection */
-}
-
-void client_conns_init(struct client_conns *k)
-{
-	memset(k, 0, sizeof *k);
-	for (int i = 0; i < CLIENT_CONNS; i++)
-		k->c[i].fd = -1;
-}
-
-void client_conns_close(struct client_conns *k)
-{
-	for (int i = 0; i < CLIENT_CONNS; i++) {
-		if (k->c[i].fd >= 0)
-			close(k->c[i].fd);
-		k->c[i].fd = -1;
-		k->c[i].addr[0] = 0;
-	}
-}
-
-/* A kept connection to addr that is still usable, taken out of k; or -1. */
-static int conns_take(struct client_conns *k, const char *addr)
-{
-	if (k == NULL)
-		return -1;
-	uint64_t now = spaced_mono_ns();
-	for (int i = 0; i < CLIENT_CONNS; i++) {
-		if (k->c[i].fd < 0 || strcmp(k->c[i].addr, addr) != 0)
-			continue;
-		int fd = k->c[i].fd;
-		k->c[i].fd = -1;
-		k->c[i].addr[0] = 0;
-		/* idle too long, or readable (closed by the worker, or stray bytes): not reused */
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		if (now - k->c[i].idle_since_ns >= (uint64_t)CLIENT_CONN_IDLE_MS * 1000000u || poll(&pf, 1, 0) != 0) {
-			close(fd);
-			continue;
-		}
-		k->reused++;
-		return fd;
-	}
-	return -1;
-}
-
-/* Keeps fd for the next request to addr (closes it when k is NULL). */
-static void conns_put(struct client_conns *k, const char *addr, int fd)
-{
-	if (k == NULL) {
-		close(fd);
-		return;
-	}
-	int slot = 0;
-	for (int i = 0; i < CLIENT_CONNS; i++) {
-		if (k->c[i].fd < 0) {
-			slot = i;
-			break;
-		}
-		if (k->c[i].idle_since_ns < k->c[slot].idle_since_ns)
-			slot = i; /* all taken: the one idle longest goes */
-	}
-	if (k->c[slot].fd >= 0)
-		close(k->c[slot].fd);
-	snprintf(k->c[slot].addr, sizeof k->c[slot].addr, "%s", addr);
-	k->c[slot].fd = fd;
-	k->c[slot].idle_since_ns = spaced_mono_ns();
-}
-
-/* Sends one request and reads its whole answer, on a kept connection to the
- * worker when conns holds one, else on a new one (kept afterwards when conns
- * is set and the answer allows it). Returns 0 with status/identity/body set,
- * or -1 with the transport error in reason (the request may or may not have
- * reached the worker). */
-static int exchange(struct client_conns *conns, const struct client_route *rt, const char *sandbox,
+/* Sends one request for sandbox along rt and reads its whole answer
+ * (http_exchange: on a kept connection from conns when there is one).
+ * Returns 0 with status/identity/body set, or -1 with the transport error in
+ * reason (the request may or may not have reached the worker). */
+static int exchange(struct http_conns *conns, const struct client_route *rt, const char *sandbox,
                     const struct client_request *req, int timeout_s, struct client_answer *a)
 {
-	char host[256], prefix[256], portstr[16], addr[280];
-	int port, fd = -1, r = -1, keep = 0;
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-	char *head = NULL;
-	unsigned char *buf = NULL;
-	size_t len = 0, cap = 0;
-	if (client_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+	char host[256], prefix[256];
+	int port, r = -1;
+	unsigned char *ans = NULL;
+	size_t alen = 0;
+	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
 		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
 		return -1;
 	}
-	snprintf(portstr, sizeof portstr, "%d", port);
-	snprintf(addr, sizeof addr, "%s:%d", host, port);
-	struct timeval tv = {.tv_sec = timeout_s};
-	if ((fd = conns_take(conns, addr)) < 0) {
-		if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
-			snprintf(a->reason, sizeof a->reason, "cannot resolve %s", host);
-			return -1;
-		}
-		int cerr = 0;
-		for (struct addrinfo *p = ai; p != NULL; p = p->ai_next) {
-			fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
-			if (fd < 0)
-				continue;
-			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-			int one = 1; /* a request is written whole: no waiting for the previous segment's ACK */
-			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-			if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
-				break;
-			cerr = errno;
-			close(fd);
-			fd = -1;
-		}
-		if (fd < 0) {
-			snprintf(a->reason, sizeof a->reason, "cannot connect to %s: %s", rt->worker_url, strerror(cerr));
-			goto out;
-		}
-		if (conns != NULL)
-			conns->opened++;
-	}
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	size_t need = strlen(req->method) + strlen(prefix) + strlen(sandbox) + strlen(req->op) + strlen(host) +
 	              strlen(rt->capability) + 256;
-	if ((head = malloc(need)) == NULL)
-		goto out;
+	char *head = malloc(need);
+	if (head == NULL) {
+		snprintf(a->reason, sizeof a->reason, "out of memory");
+		return -1;
+	}
 	int n = snprintf(head, need,
 	                 "%s %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\n%s"
 	                 "Authorization: Bearer %s\r\n%s%s%sContent-Length: %zu\r\n\r\n",
 	                 req->method, prefix, sandbox, req->op, host, port, conns ? "" : "Connection: close\r\n",
 	                 rt->capability, req->content_type ? "Content-Type: " : "",
 	                 req->content_type ? req->content_type : "", req->content_type ? "\r\n" : "", req->body_len);
-	if (n < 0 || (size_t)n >= need || send_all(fd, head, (size_t)n, req->body_len > 0 ? MSG_MORE : 0) < 0 ||
-	    (req->body_len > 0 && send_all(fd, req->body, req->body_len, 0) < 0)) {
-		snprintf(a->reason, sizeof a->reason, "cannot send the request: %s", strerror(errno));
+	if (n < 0 || (size_t)n >= need) {
+		snprintf(a->reason, sizeof a->reason, "request too long");
 		goto out;
 	}
-	for (;;) {
-		if (len + 65536 + 1 > cap) {
-			if (cap >= CLIENT_ANSWER_MAX) {
-				snprintf(a->reason, sizeof a->reason, "answer larger than %u bytes", CLIENT_ANSWER_MAX);
-				goto out;
-			}
-			size_t ncap = cap ? cap * 2 : 131072;
-			unsigned char *nb = realloc(buf, ncap);
-			if (nb == NULL)
-				goto out;
-			buf = nb;
-			cap = ncap;
-		}
-		ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
-		if (got < 0) {
-			if (errno == EINTR)
-				continue;
-			snprintf(a->reason, sizeof a->reason, "no answer: %s", strerror(errno));
-			goto out;
-		}
-		if (got == 0)
-			break;
-		len += (size_t)got;
-		buf[len] = 0;
-		long whole = client_answer_length(buf, len, &keep);
-		if (whole < 0) {
-			snprintf(a->reason, sizeof a->reason, "malformed answer");
-			goto out;
-		}
-		if (whole > 0) {
-			keep = keep && (size_t)whole == len; /* bytes past the answer: the connection is not reused */
-			len = (size_t)whole;
-			break;
-		}
-	}
-	if (client_parse_answer(buf, len, a) < 0)
+	if (http_exchange(conns, host, port, head, (size_t)n, req->body, req->body_len, timeout_s, &ans, &alen,
+	                  a->reason, sizeof a->reason) < 0 ||
+	    client_parse_answer(ans, alen, a) < 0)
 		goto out;
 	r = 0;
-	if (keep) {
-		conns_put(conns, addr, fd);
-		fd = -1;
-	}
 out:
-	if (fd >= 0)
-		close(fd);
-	if (ai != NULL)
-		freeaddrinfo(ai);
-	free(head);
-	free(buf);
+	if (head != NULL) {
+		spaced_wipe(head, strlen(head)); /* it holds the capability */
+		free(head);
+	}
+	free(ans);
 	return r;
 }
 

@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "http_client.h"
 #include "identity.h"
 
 /* The caller's session: how long a cache entry lives after it was resolved
@@ -41,33 +42,11 @@
 #define CLIENT_CAP_MARGIN 5
 /* How long a route resolution waits for a moving or starting sandbox. */
 #define CLIENT_RESOLVE_WAIT 30
-/* Largest answer read from a worker. */
-#define CLIENT_ANSWER_MAX (64u << 20)
-
-/* Kept-alive connections to workers (HTTP/1.1 persistent connections), reused
- * by client_call() when client_opts.conns is set. One holder per thread: not
- * locked. A connection is reused only while it has been idle less than
- * CLIENT_CONN_IDLE_MS (below node-api's keep-alive timeout) and the worker has
- * not closed it; a request that fails on a reused connection before any byte
- * of its answer follows the transport rules below like any other. */
-#define CLIENT_CONN_IDLE_MS 2000
-#define CLIENT_CONNS 8
-struct client_conns {
-	struct {
-		char addr[280]; /* "HOST:PORT" ("" when the slot is free) */
-		int fd;
-		uint64_t idle_since_ns;
-	} c[CLIENT_CONNS];
-	unsigned long reused, opened; /* counters, for tools and benchmarks */
-};
-
-/* Empties k (no connection). */
-void client_conns_init(struct client_conns *k);
-/* Closes every connection held in k. */
-void client_conns_close(struct client_conns *k);
+/* Largest file content spacectl sends or an answer it reads from a worker. */
+#define CLIENT_ANSWER_MAX HTTP_RESPONSE_MAX
 
 struct client_opts {
-	struct client_conns *conns; /* NULL: a new connection per request */
+	struct http_conns *conns; /* kept-alive worker connections (http_client.h); NULL: one per request */
 	const char *cp_url;     /* SPACED_CP_URL */
 	const char *api_key;    /* SPACED_API_KEY */
 	const char *route_file; /* --route FILE: start from this saved route (a stale cache) */
@@ -149,16 +128,8 @@ void client_answer_clear(struct client_answer *a);
 int client_call(const struct client_opts *o, const char *sandbox, const struct client_request *req,
                 struct client_answer *out, char *err, size_t errsz);
 
-/* How much of in[0..len) is one whole HTTP/1.1 answer: its length when it is
- * complete (framed by Content-Length or chunked encoding), 0 when more bytes
- * are needed or its end is the connection's close (no framing), -1 when the
- * head or the chunk framing is malformed. *keep is set to 1 when the
- * connection may carry another request after it (framed, no
- * "Connection: close"). in[len] must be readable and 0. */
-long client_answer_length(const unsigned char *in, size_t len, int *keep);
-
 /* Parses one whole HTTP/1.1 answer of a worker (len bytes, as read until the
- * connection closed or client_answer_length() found its end): status, X-Spaced-Identity, the body (Content-Length or
+ * connection closed or http_answer_length() found its end): status, X-Spaced-Identity, the body (Content-Length or
  * chunked; a chunked body without its final chunk is "cut short") and the
  * outcome (ALLOW, or DENY / REFRESH_ROUTE with its reason from the body).
  * Fills a->status, identity, body (replacing any), outcome and reason.
@@ -168,7 +139,5 @@ int client_parse_answer(const unsigned char *in, size_t len, struct client_answe
 /* Percent-encodes s for a query value into out. Returns 0 or -1 when too long. */
 int client_query_escape(const char *s, char *out, size_t outsz);
 
-/* Splits http://HOST[:PORT][/prefix] into its parts. Returns 0 or -1. */
-int client_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz);
 
 #endif

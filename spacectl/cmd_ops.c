@@ -517,7 +517,7 @@ static const struct lws_protocols watch_protocols[] = {
 static int watch_once(struct watch *w, const char *sandbox, const char *qpath)
 {
 	char prefix[256], full[9000];
-	if (client_parse_url(w->rt->worker_url, w->host, sizeof w->host, &w->port, prefix, sizeof prefix) < 0) {
+	if (http_parse_url(w->rt->worker_url, w->host, sizeof w->host, &w->port, prefix, sizeof prefix) < 0) {
 		snprintf(w->conn_error, sizeof w->conn_error, "bad worker URL");
 		return -1;
 	}
@@ -857,7 +857,7 @@ static void term_once(struct term *t, const char *sandbox, const char *query)
 	t->allowed = t->done = t->close_code = t->exited = 0;
 	t->sent_eof = 0;
 	t->close_reason[0] = t->conn_error[0] = 0;
-	if (client_parse_url(t->rt->worker_url, t->host, sizeof t->host, &t->port, prefix, sizeof prefix) < 0) {
+	if (http_parse_url(t->rt->worker_url, t->host, sizeof t->host, &t->port, prefix, sizeof prefix) < 0) {
 		snprintf(t->conn_error, sizeof t->conn_error, "bad worker URL");
 		return;
 	}

@@ -1,18 +1,28 @@
-/* http_client.c — minimal blocking HTTP/1.1 client (see http_client.h). */
+/* http_client.c — spacectl's blocking HTTP/1.1 client (see http_client.h). */
 #include "http_client.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
-static int parse_url(const char *url, char *host, size_t hostsz, char *port, size_t portsz, char *prefix,
-                     size_t prefixsz)
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz)
 {
 	if (strncmp(url, "http://", 7) != 0)
 		return -1;
@@ -23,97 +33,276 @@ static int parse_url(const char *url, char *host, size_t hostsz, char *port, siz
 		return -1;
 	memcpy(host, h, (size_t)(hend - h));
 	host[hend - h] = 0;
+	int p = 80;
 	if (colon) {
-		size_t pl = (size_t)(end - colon - 1);
-		if (pl == 0 || pl >= portsz)
+		char *e = NULL;
+		long v = strtol(colon + 1, &e, 10);
+		if (e != end || v < 1 || v > 65535)
 			return -1;
-		memcpy(port, colon + 1, pl);
-		port[pl] = 0;
-	} else {
-		snprintf(port, portsz, "80");
+		p = (int)v;
 	}
-	snprintf(prefix, prefixsz, "%s", slash ? slash : "");
+	if (snprintf(prefix, prefixsz, "%s", slash ? slash : "") >= (int)prefixsz)
+		return -1;
 	size_t n = strlen(prefix);
 	if (n > 0 && prefix[n - 1] == '/')
 		prefix[n - 1] = 0;
+	*port = p;
 	return 0;
 }
 
-static int send_all(int fd, const char *p, size_t n)
+/* The value of header name in the head [head, hend), *vlen bytes; or NULL. */
+static const char *http_header(const char *head, const char *hend, const char *name, size_t *vlen)
 {
+	size_t nl = strlen(name);
+	for (const char *h = strstr(head, "\r\n"); h != NULL && h < hend; h = strstr(h + 2, "\r\n")) {
+		const char *line = h + 2;
+		if (strncasecmp(line, name, nl) == 0 && line[nl] == ':') {
+			const char *v = line + nl + 1;
+			while (*v == ' ' || *v == '\t')
+				v++;
+			const char *e = strstr(v, "\r\n");
+			if (e == NULL || e > hend)
+				e = hend;
+			*vlen = (size_t)(e - v);
+			return v;
+		}
+	}
+	return NULL;
+}
+
+/* Decodes a chunked body in place. Returns the decoded length or -1 when the
+ * body is malformed or cut short (no final chunk). */
+static long dechunk(unsigned char *b, size_t n)
+{
+	size_t in = 0, outl = 0;
+	for (;;) {
+		char *e = NULL;
+		if (in >= n)
+			return -1;
+		unsigned long sz = strtoul((char *)b + in, &e, 16);
+		if (e == (char *)b + in)
+			return -1;
+		const char *crlf = strstr(e, "\r\n");
+		if (crlf == NULL)
+			return -1;
+		in = (size_t)((const unsigned char *)crlf - b) + 2;
+		if (sz == 0)
+			return (long)outl;
+		if (sz > n - in || n - in - sz < 2)
+			return -1;
+		memmove(b + outl, b + in, sz);
+		outl += sz;
+		in += sz + 2;
+	}
+}
+
+long http_answer_length(const unsigned char *in, size_t len, int *keep)
+{
+	const char *b = (const char *)in;
+	*keep = 0;
+	const char *hend = strstr(b, "\r\n\r\n");
+	if (hend == NULL || (size_t)(hend - b) > len)
+		return len > 65536 ? -1 : 0; /* a head larger than 64 KiB is not an answer */
+	size_t hl = (size_t)(hend - b) + 4, vl = 0;
+	int st = 0;
+	if (sscanf(b, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599)
+		return -1;
+	const char *v = http_header(b, hend, "Connection", &vl);
+	int close_after = v != NULL && vl >= 5 && strncasecmp(v, "close", 5) == 0;
+	if (st == 204 || st == 304) {
+		*keep = !close_after;
+		return (long)hl;
+	}
+	if ((v = http_header(b, hend, "Transfer-Encoding", &vl)) != NULL && vl >= 7 && strncasecmp(v, "chunked", 7) == 0) {
+		size_t p = hl;
+		for (;;) {
+			const char *crlf = p < len ? strstr(b + p, "\r\n") : NULL;
+			if (crlf == NULL)
+				return len - p > 64 ? -1 : 0;
+			char *e = NULL;
+			unsigned long sz = strtoul(b + p, &e, 16);
+			if (e == b + p || (e != crlf && *e != ';'))
+				return -1;
+			p = (size_t)(crlf - b) + 2;
+			if (sz == 0) {
+				/* the last chunk, then trailers up to an empty line */
+				const char *end = strstr(b + p - 2, "\r\n\r\n");
+				if (end == NULL)
+					return 0;
+				*keep = !close_after;
+				return (long)((size_t)(end - b) + 4);
+			}
+			if (sz > HTTP_RESPONSE_MAX)
+				return -1;
+			if (len - p < sz + 2)
+				return 0;
+			if (memcmp(b + p + sz, "\r\n", 2) != 0)
+				return -1;
+			p += sz + 2;
+		}
+	}
+	if ((v = http_header(b, hend, "Content-Length", &vl)) != NULL) {
+		char *e = NULL;
+		unsigned long cl = strtoul(v, &e, 10);
+		if (e == v || cl > HTTP_RESPONSE_MAX)
+			return -1;
+		if (len - hl < cl)
+			return 0;
+		*keep = !close_after;
+		return (long)(hl + cl);
+	}
+	return 0; /* ends when the worker closes the connection */
+}
+
+void http_conns_init(struct http_conns *k)
+{
+	memset(k, 0, sizeof *k);
+	for (int i = 0; i < HTTP_CONNS; i++)
+		k->c[i].fd = -1;
+}
+
+void http_conns_close(struct http_conns *k)
+{
+	for (int i = 0; i < HTTP_CONNS; i++) {
+		if (k->c[i].fd >= 0)
+			close(k->c[i].fd);
+		k->c[i].fd = -1;
+		k->c[i].addr[0] = 0;
+	}
+}
+
+/* A kept connection to addr that is still usable, taken out of k; or -1. */
+static int conns_take(struct http_conns *k, const char *addr)
+{
+	if (k == NULL)
+		return -1;
+	uint64_t now = mono_ns();
+	for (int i = 0; i < HTTP_CONNS; i++) {
+		if (k->c[i].fd < 0 || strcmp(k->c[i].addr, addr) != 0)
+			continue;
+		int fd = k->c[i].fd;
+		k->c[i].fd = -1;
+		k->c[i].addr[0] = 0;
+		/* idle too long, or readable (closed by the worker, or stray bytes): not reused */
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		if (now - k->c[i].idle_since_ns >= (uint64_t)HTTP_CONN_IDLE_MS * 1000000u || poll(&pf, 1, 0) != 0) {
+			close(fd);
+			continue;
+		}
+		k->reused++;
+		return fd;
+	}
+	return -1;
+}
+
+/* Keeps fd for the next request to addr (closes it when k is NULL). */
+static void conns_put(struct http_conns *k, const char *addr, int fd)
+{
+	if (k == NULL) {
+		close(fd);
+		return;
+	}
+	int slot = 0;
+	for (int i = 0; i < HTTP_CONNS; i++) {
+		if (k->c[i].fd < 0) {
+			slot = i;
+			break;
+		}
+		if (k->c[i].idle_since_ns < k->c[slot].idle_since_ns)
+			slot = i; /* all taken: the one idle longest goes */
+	}
+	if (k->c[slot].fd >= 0)
+		close(k->c[slot].fd);
+	snprintf(k->c[slot].addr, sizeof k->c[slot].addr, "%s", addr);
+	k->c[slot].fd = fd;
+	k->c[slot].idle_since_ns = mono_ns();
+}
+
+/* flags: MSG_MORE when more of the same request follows (one segment, not two) */
+static int send_all(int fd, const void *p, size_t n, int flags)
+{
+	const char *c = p;
 	while (n > 0) {
-		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+		ssize_t w = send(fd, c, n, MSG_NOSIGNAL | flags);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
 			return -1;
 		}
-		p += w;
+		c += w;
 		n -= (size_t)w;
 	}
 	return 0;
 }
 
-int http_request(const char *base_url, const char *method, const char *path, const char *bearer,
-                 const char *json_body, int *status, char **body, char *err, size_t errsz)
+/* A new connection to host:port with the send timeout set, or -1 with err. */
+static int connect_to(const char *host, int port, const struct timeval *tv, char *err, size_t errsz)
 {
-	char host[256], port[16], prefix[512];
+	char portstr[16];
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-	int fd = -1, r = -1;
-	char *req = NULL, *buf = NULL;
-	size_t len = 0, cap = 0;
-	if (parse_url(base_url, host, sizeof host, port, sizeof port, prefix, sizeof prefix) < 0) {
-		snprintf(err, errsz, "SPACED_CP_URL must look like http://HOST:PORT");
-		return -1;
-	}
-	if (getaddrinfo(host, port, &hints, &ai) != 0) {
+	snprintf(portstr, sizeof portstr, "%d", port);
+	if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
 		snprintf(err, errsz, "cannot resolve %s", host);
 		return -1;
 	}
-	for (struct addrinfo *a = ai; a != NULL; a = a->ai_next) {
-		fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+	int fd = -1, cerr = 0;
+	for (struct addrinfo *p = ai; p != NULL; p = p->ai_next) {
+		fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
 		if (fd < 0)
 			continue;
-		struct timeval tv = {.tv_sec = 120};
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-		if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, tv, sizeof *tv);
+		int one = 1; /* a request is written whole: no waiting for the previous segment's ACK */
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
 			break;
+		cerr = errno;
 		close(fd);
 		fd = -1;
 	}
+	freeaddrinfo(ai);
+	if (fd < 0)
+		snprintf(err, errsz, "cannot connect to %s:%d: %s", host, port, strerror(cerr));
+	return fd;
+}
+
+int http_exchange(struct http_conns *conns, const char *host, int port, const char *head, size_t headlen,
+                  const void *body, size_t blen, int timeout_s, unsigned char **answer, size_t *len, char *err,
+                  size_t errsz)
+{
+	char addr[280];
+	int r = -1, keep = 0;
+	unsigned char *buf = NULL;
+	size_t n = 0, cap = 0;
+	struct timeval tv = {.tv_sec = timeout_s};
+	snprintf(addr, sizeof addr, "%s:%d", host, port);
+	int fd = conns_take(conns, addr);
 	if (fd < 0) {
-		snprintf(err, errsz, "cannot connect to %s: %s", base_url, strerror(errno));
-		goto out;
+		if ((fd = connect_to(host, port, &tv, err, errsz)) < 0)
+			return -1;
+		if (conns != NULL)
+			conns->opened++;
 	}
-	size_t blen = json_body ? strlen(json_body) : 0;
-	size_t need = strlen(method) + strlen(prefix) + strlen(path) + strlen(host) + (bearer ? strlen(bearer) : 0) + 256;
-	req = malloc(need);
-	if (req == NULL)
-		goto out;
-	int n = snprintf(req, need,
-	                 "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nAccept: application/json\r\n"
-	                 "%s%s%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-	                 method, prefix, path, host, port, bearer ? "Authorization: Bearer " : "", bearer ? bearer : "",
-	                 bearer ? "\r\n" : "", blen);
-	if (n < 0 || (size_t)n >= need || send_all(fd, req, (size_t)n) < 0 || (blen && send_all(fd, json_body, blen) < 0)) {
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (send_all(fd, head, headlen, blen > 0 ? MSG_MORE : 0) < 0 || (blen > 0 && send_all(fd, body, blen, 0) < 0)) {
 		snprintf(err, errsz, "cannot send the request: %s", strerror(errno));
 		goto out;
 	}
 	for (;;) {
-		if (len + 4096 + 1 > cap) {
+		if (n + 65536 + 1 > cap) {
 			if (cap >= HTTP_RESPONSE_MAX) {
 				snprintf(err, errsz, "answer larger than %u bytes", HTTP_RESPONSE_MAX);
 				goto out;
 			}
-			size_t ncap = cap ? cap * 2 : 16384;
-			char *nb = realloc(buf, ncap);
-			if (nb == NULL)
+			size_t ncap = cap ? cap * 2 : 131072;
+			unsigned char *nb = realloc(buf, ncap);
+			if (nb == NULL) {
+				snprintf(err, errsz, "out of memory");
 				goto out;
+			}
 			buf = nb;
 			cap = ncap;
 		}
-		ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
+		ssize_t got = recv(fd, buf + n, cap - n - 1, 0);
 		if (got < 0) {
 			if (errno == EINTR)
 				continue;
@@ -122,42 +311,140 @@ int http_request(const char *base_url, const char *method, const char *path, con
 		}
 		if (got == 0)
 			break;
-		len += (size_t)got;
-	}
-	if (buf == NULL) {
-		snprintf(err, errsz, "empty answer");
-		goto out;
-	}
-	buf[len] = 0;
-	int st = 0;
-	char *hend = strstr(buf, "\r\n\r\n");
-	if (hend == NULL || sscanf(buf, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599) {
-		snprintf(err, errsz, "malformed HTTP answer");
-		goto out;
-	}
-	char *content = hend + 4;
-	size_t clen = len - (size_t)(content - buf);
-	/* honour Content-Length when present */
-	for (char *h = strstr(buf, "\r\n"); h != NULL && h < hend; h = strstr(h + 2, "\r\n")) {
-		if (strncasecmp(h + 2, "content-length:", 15) == 0) {
-			unsigned long cl = strtoul(h + 17, NULL, 10);
-			if (cl < clen)
-				clen = cl;
+		n += (size_t)got;
+		buf[n] = 0;
+		long whole = http_answer_length(buf, n, &keep);
+		if (whole < 0) {
+			snprintf(err, errsz, "malformed answer");
+			goto out;
+		}
+		if (whole > 0) {
+			keep = keep && (size_t)whole == n; /* bytes past the answer: the connection is not reused */
+			n = (size_t)whole;
+			break;
 		}
 	}
-	char *out = malloc(clen + 1);
-	if (out == NULL)
+	if (n == 0) {
+		snprintf(err, errsz, "connection closed without an answer");
 		goto out;
+	}
+	buf[n] = 0;
+	*answer = buf;
+	*len = n;
+	buf = NULL;
+	r = 0;
+	if (keep) {
+		conns_put(conns, addr, fd);
+		fd = -1;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return r;
+}
+
+int http_parse_answer(const unsigned char *in, size_t len, int *status, unsigned char **body, size_t *blen,
+                      const char *header, char *hval, size_t hvalsz, char *err, size_t errsz)
+{
+	unsigned char *buf = NULL;
+	int r = -1;
+	if (hval != NULL && hvalsz > 0)
+		hval[0] = 0;
+	if (len == 0) {
+		snprintf(err, errsz, "connection closed without an answer");
+		return -1;
+	}
+	/* a NUL-terminated copy: no search runs past the end (a NUL in the
+	 * head hides the blank line: malformed) */
+	if ((buf = malloc(len + 1)) == NULL) {
+		snprintf(err, errsz, "out of memory");
+		return -1;
+	}
+	memcpy(buf, in, len);
+	buf[len] = 0;
+	char *hend = strstr((char *)buf, "\r\n\r\n");
+	int st = 0;
+	if (hend == NULL || sscanf((char *)buf, "HTTP/1.%*d %d", &st) != 1 || st < 100 || st > 599) {
+		snprintf(err, errsz, "malformed answer");
+		goto out;
+	}
+	size_t vl = 0;
+	const char *v;
+	if (header != NULL && hval != NULL && (v = http_header((char *)buf, hend, header, &vl)) != NULL &&
+	    vl < hvalsz) {
+		memcpy(hval, v, vl);
+		hval[vl] = 0;
+	}
+	unsigned char *content = (unsigned char *)hend + 4;
+	size_t clen = len - (size_t)(content - buf);
+	const char *te = http_header((char *)buf, hend, "Transfer-Encoding", &vl);
+	if (te != NULL && vl >= 7 && strncasecmp(te, "chunked", 7) == 0) {
+		long d = dechunk(content, clen);
+		if (d < 0) {
+			snprintf(err, errsz, "answer cut short");
+			goto out;
+		}
+		clen = (size_t)d;
+	} else if ((v = http_header((char *)buf, hend, "Content-Length", &vl)) != NULL) {
+		unsigned long cl = strtoul(v, NULL, 10);
+		if (cl > clen) {
+			snprintf(err, errsz, "answer cut short");
+			goto out;
+		}
+		clen = cl;
+	}
+	unsigned char *out = malloc(clen + 1);
+	if (out == NULL) {
+		snprintf(err, errsz, "out of memory");
+		goto out;
+	}
 	memcpy(out, content, clen);
 	out[clen] = 0;
 	*status = st;
 	*body = out;
+	*blen = clen;
 	r = 0;
 out:
-	if (fd >= 0)
-		close(fd);
-	freeaddrinfo(ai);
-	free(req);
 	free(buf);
+	return r;
+}
+
+int http_request(const char *base_url, const char *method, const char *path, const char *bearer,
+                 const char *json_body, int *status, char **body, char *err, size_t errsz)
+{
+	char host[256], prefix[512];
+	int port;
+	if (http_parse_url(base_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+		snprintf(err, errsz, "SPACED_CP_URL must look like http://HOST:PORT");
+		return -1;
+	}
+	size_t blen = json_body ? strlen(json_body) : 0;
+	size_t need = strlen(method) + strlen(prefix) + strlen(path) + strlen(host) + (bearer ? strlen(bearer) : 0) + 256;
+	char *head = malloc(need);
+	unsigned char *ans = NULL, *b = NULL;
+	size_t alen = 0, bl = 0;
+	int r = -1;
+	if (head == NULL) {
+		snprintf(err, errsz, "out of memory");
+		return -1;
+	}
+	int n = snprintf(head, need,
+	                 "%s %s%s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\nAccept: application/json\r\n"
+	                 "%s%s%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+	                 method, prefix, path, host, port, bearer ? "Authorization: Bearer " : "", bearer ? bearer : "",
+	                 bearer ? "\r\n" : "", blen);
+	if (n < 0 || (size_t)n >= need) {
+		snprintf(err, errsz, "request too long");
+		goto out;
+	}
+	if (http_exchange(NULL, host, port, head, (size_t)n, json_body, blen, 120, &ans, &alen, err, errsz) < 0 ||
+	    http_parse_answer(ans, alen, status, &b, &bl, NULL, NULL, 0, err, errsz) < 0)
+		goto out;
+	*body = (char *)b;
+	r = 0;
+out:
+	free(head);
+	free(ans);
 	return r;
 }

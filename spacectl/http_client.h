@@ -1,18 +1,79 @@
 /*
- * http_client.h — a minimal blocking HTTP/1.1 client for spacectl's control
- * plane commands: one request per connection (Connection: close), http:// only,
- * JSON bodies, answers up to 16 MiB.
+ * http_client.h — spacectl's blocking HTTP/1.1 client, http:// only: one
+ * exchange on a new or kept-alive connection (http_exchange), the framing and
+ * body of an answer, and a JSON call for the control plane (http_request).
+ * The worker side (route cache, recovery, outcomes) is client.h; both send
+ * every request through http_exchange.
+ *
+ * A request is written whole: TCP_NODELAY, and the head corked (MSG_MORE)
+ * until its body follows, so no request waits for a delayed ACK.
  */
 #ifndef SPACECTL_HTTP_CLIENT_H
 #define SPACECTL_HTTP_CLIENT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-#define HTTP_RESPONSE_MAX (16u << 20)
+/* Largest answer read. */
+#define HTTP_RESPONSE_MAX (64u << 20)
 
-/* Sends METHOD base_url+path with an optional bearer key and JSON body, and
- * waits for the whole answer. On success *status holds the HTTP status and
- * *body a new NUL-terminated string (free() it; may be empty).
+/* Kept-alive connections (HTTP/1.1 persistent connections). One holder per
+ * thread: not locked. A connection is reused only while it has been idle less
+ * than HTTP_CONN_IDLE_MS (below node-api's 5 s keep-alive timeout) and the
+ * peer has not closed it. */
+#define HTTP_CONN_IDLE_MS 2000
+#define HTTP_CONNS 8
+struct http_conns {
+	struct {
+		char addr[280]; /* "HOST:PORT" ("" when the slot is free) */
+		int fd;
+		uint64_t idle_since_ns;
+	} c[HTTP_CONNS];
+	unsigned long reused, opened; /* counters, for tools and benchmarks */
+};
+
+/* Empties k (no connection). */
+void http_conns_init(struct http_conns *k);
+/* Closes every connection held in k. */
+void http_conns_close(struct http_conns *k);
+
+/* Splits http://HOST[:PORT][/prefix] (port 1–65535, default 80; a trailing
+ * '/' of prefix dropped). Returns 0 or -1. */
+int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz);
+
+/* Sends head (the whole request head, ending with its blank line) and body
+ * (blen bytes, may be 0) to host:port — on a connection kept in conns when
+ * there is one, else a new one — and reads the whole answer into *answer
+ * (malloc'd, NUL-terminated, *len bytes without the NUL). With conns set the
+ * connection is kept afterwards when the answer is framed and does not ask
+ * to close; without, the request should say "Connection: close". timeout_s
+ * bounds each send and receive. Returns 0, or -1 with the transport error in
+ * err (the request may or may not have reached the peer). */
+int http_exchange(struct http_conns *conns, const char *host, int port, const char *head, size_t headlen,
+                  const void *body, size_t blen, int timeout_s, unsigned char **answer, size_t *len, char *err,
+                  size_t errsz);
+
+/* How much of in[0..len) is one whole HTTP/1.1 answer: its length when it is
+ * complete (framed by Content-Length or chunked encoding; a 204/304 has no
+ * body), 0 when more bytes are needed or its end is the connection's close
+ * (no framing), -1 when the head or the chunk framing is malformed. *keep is
+ * set to 1 when the connection may carry another request after it (framed,
+ * no "Connection: close"). in[len] must be readable and 0. */
+long http_answer_length(const unsigned char *in, size_t len, int *keep);
+
+/* Parses one whole answer in[0..len) (as read until the connection closed or
+ * http_answer_length found its end): *status, the body (Content-Length or
+ * chunked decoded; a chunked body without its final chunk, or one shorter than
+ * its Content-Length, is "answer cut short") into *body (malloc'd,
+ * NUL-terminated) and *blen, and when header is not NULL that header's value
+ * into hval ("" when absent or longer than hvalsz - 1). Returns 0, or -1 with
+ * "malformed answer" / "answer cut short" in err. */
+int http_parse_answer(const unsigned char *in, size_t len, int *status, unsigned char **body, size_t *blen,
+                      const char *header, char *hval, size_t hvalsz, char *err, size_t errsz);
+
+/* A JSON call: METHOD base_url+path with an optional bearer key and JSON body
+ * on a new connection, waiting at most 120 s. On success *status holds the
+ * HTTP status and *body a new NUL-terminated string (free() it; may be empty).
  * Returns 0, or -1 with a reason in err (errsz bytes) for a malformed URL, a
  * connection failure, a timeout or a malformed answer. */
 int http_request(const char *base_url, const char *method, const char *path, const char *bearer,

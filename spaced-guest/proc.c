@@ -432,7 +432,7 @@ static int find_in_path(const char *name, char **envp, int cwdfd, char *out, siz
 		snprintf(out, outsz, "%s", name);
 		return 0;
 	}
-	const char *path = DEFAULT_PATH + 5;
+	const char *path = &DEFAULT_PATH[5]; /* the value after "PATH=" */
 	for (size_t i = 0; envp[i] != NULL; i++)
 		if (strncmp(envp[i], "PATH=", 5) == 0)
 			path = envp[i] + 5;

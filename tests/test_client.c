@@ -104,7 +104,7 @@ Test(answer, operation_errors_are_allow)
 static long alen(const char *text, int *keep)
 {
 	*keep = -1;
-	return client_answer_length((const unsigned char *)text, strlen(text), keep);
+	return http_answer_length((const unsigned char *)text, strlen(text), keep);
 }
 
 Test(answer_length, framed_answers_end_where_their_framing_says) /* kept-alive connections */
@@ -176,14 +176,14 @@ Test(url, parse)
 {
 	char host[64], prefix[64];
 	int port = 0;
-	cr_assert_eq(client_parse_url("http://127.0.0.1:8080/base/", host, sizeof host, &port, prefix, sizeof prefix), 0);
+	cr_assert_eq(http_parse_url("http://127.0.0.1:8080/base/", host, sizeof host, &port, prefix, sizeof prefix), 0);
 	cr_assert_str_eq(host, "127.0.0.1");
 	cr_assert_eq(port, 8080);
 	cr_assert_str_eq(prefix, "/base");
-	cr_assert_eq(client_parse_url("http://w", host, sizeof host, &port, prefix, sizeof prefix), 0);
+	cr_assert_eq(http_parse_url("http://w", host, sizeof host, &port, prefix, sizeof prefix), 0);
 	cr_assert_eq(port, 80);
-	cr_assert_eq(client_parse_url("https://w", host, sizeof host, &port, prefix, sizeof prefix), -1);
-	cr_assert_eq(client_parse_url("http://w:0", host, sizeof host, &port, prefix, sizeof prefix), -1);
-	cr_assert_eq(client_parse_url("http://w:99999", host, sizeof host, &port, prefix, sizeof prefix), -1);
-	cr_assert_eq(client_parse_url("http://:80", host, sizeof host, &port, prefix, sizeof prefix), -1);
+	cr_assert_eq(http_parse_url("https://w", host, sizeof host, &port, prefix, sizeof prefix), -1);
+	cr_assert_eq(http_parse_url("http://w:0", host, sizeof host, &port, prefix, sizeof prefix), -1);
+	cr_assert_eq(http_parse_url("http://w:99999", host, sizeof host, &port, prefix, sizeof prefix), -1);
+	cr_assert_eq(http_parse_url("http://:80", host, sizeof host, &port, prefix, sizeof prefix), -1);
 }
