@@ -359,31 +359,38 @@ int client_route_get(const struct client_opts *o, const char *sandbox, struct cl
 	return 0;
 }
 
+/* V3: replaces the cache entry of sandbox with the resolved route j only when
+ * it still holds `refused`; V4: with the entry's own expiry (copied into
+ * fresh->entry_expires_at). Returns a CLIENT_CACHE_* verdict. */
+static int cache_repair(const struct client_opts *o, const char *sandbox, const struct client_route *refused,
+                        json_t *j, struct client_route *fresh)
+{
+	int did = CLIENT_CACHE_NONE;
+	int lk = cache_lock(o, sandbox);
+	struct client_route c;
+	memset(&c, 0, sizeof c);
+	if (lk >= 0 && cache_read(o, sandbox, &c) == 0) {
+		did = CLIENT_CACHE_OTHER;
+		if (same_route(&c, refused) && cache_write(o, sandbox, j, c.entry_expires_at) == 0) {
+			did = CLIENT_CACHE_REPLACED;
+			fresh->entry_expires_at = c.entry_expires_at;
+		}
+	}
+	cache_unlock(lk);
+	client_route_clear(&c);
+	return did;
+}
+
 int client_route_repair(const struct client_opts *o, const char *sandbox, const struct client_route *refused,
                         struct client_route *fresh, int *replaced, char *err, size_t errsz)
 {
 	json_t *j = NULL;
 	struct client_route f;
-	int did = CLIENT_CACHE_NONE;
 	if (resolve(o, sandbox, &j, &f, err, errsz) < 0)
 		return -1;
-	int lk = cache_lock(o, sandbox);
-	struct client_route c;
-	memset(&c, 0, sizeof c);
-	/* V3: only the entry that still holds the refused route is replaced;
-	 * V4: with the entry's own expiry */
-	if (lk >= 0 && cache_read(o, sandbox, &c) == 0) {
-		did = CLIENT_CACHE_OTHER;
-		if (same_route(&c, refused) && cache_write(o, sandbox, j, c.entry_expires_at) == 0) {
-			did = CLIENT_CACHE_REPLACED;
-			f.entry_expires_at = c.entry_expires_at;
-		}
-	}
-	cache_unlock(lk);
-	client_route_clear(&c);
+	*replaced = cache_repair(o, sandbox, refused, j, &f);
 	json_decref(j);
 	*fresh = f;
-	*replaced = did;
 	return 0;
 }
 
@@ -512,10 +519,12 @@ const char *client_cache_verdict(int replaced)
 int client_call(const struct client_opts *o, const char *sandbox, const struct client_request *req,
                 struct client_answer *out, char *err, size_t errsz)
 {
-	struct client_route rt;
+	struct client_route rt, refused;
 	struct client_answer a;
+	json_t *repair_json = NULL; /* the route resolved after a REFRESH_ROUTE, for the cache */
 	int transport_retry = 0, refreshed = 0, attempts = 0;
 	memset(&a, 0, sizeof a);
+	memset(&refused, 0, sizeof refused);
 	if (client_route_get(o, sandbox, &rt, err, errsz) < 0)
 		return -1;
 	int timeout = req->timeout_s > 0 ? req->timeout_s : 300;
@@ -543,20 +552,29 @@ int client_call(const struct client_opts *o, const char *sandbox, const struct c
 		}
 		if (a.outcome != CLIENT_REFRESH_ROUTE || o->no_retry || refreshed)
 			break;
-		/* V2: resolve the current execution, one rebuilt retry */
+		/* V2: resolve the current execution, one rebuilt retry. The cache is
+		 * repaired (V3, V4) after the retry: nothing (a lock, an fsync) stands
+		 * between the resolution and the retry, the moment the fresh route is
+		 * most likely to still be current. */
 		struct client_route fresh;
-		int replaced = 0;
-		if (client_route_repair(o, sandbox, &rt, &fresh, &replaced, err, errsz) < 0) {
+		if (resolve(o, sandbox, &repair_json, &fresh, err, errsz) < 0) {
 			client_route_clear(&rt);
 			client_answer_clear(&a);
 			return -1;
 		}
 		if (o->verbose)
-			fprintf(stderr, "spacectl: route resolved again: %s at %s (%s); one retry\n", fresh.identity,
-			        fresh.worker_url, client_cache_verdict(replaced));
-		client_route_clear(&rt);
+			fprintf(stderr, "spacectl: route resolved again: %s at %s; one retry\n", fresh.identity,
+			        fresh.worker_url);
+		refused = rt;
 		rt = fresh;
 		refreshed = 1;
+	}
+	if (repair_json != NULL) {
+		int replaced = cache_repair(o, sandbox, &refused, repair_json, &rt);
+		if (o->verbose)
+			fprintf(stderr, "spacectl: %s\n", client_cache_verdict(replaced));
+		json_decref(repair_json);
+		client_route_clear(&refused);
 	}
 	client_route_clear(&rt);
 	a.attempts = attempts;
