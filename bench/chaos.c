@@ -87,6 +87,8 @@ static atomic_long ops, misdelivered, failed_after_retry, paused_failures, refre
 	claimed;
 static atomic_int stop;
 static atomic_long conns_opened, conns_reused;
+static double t_start; /* when the client threads started */
+static double now_s(void);
 static int keepalive = 1; /* CHAOS_KEEPALIVE=0: a new connection per request */
 /* failures after retry by kind: no route, ALLOW with another status, REFRESH_ROUTE, DENY, transport */
 static atomic_long fail_kind[5];
@@ -274,6 +276,10 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 		if (first[0] == 0)
 			snprintf(first, sizeof first_failure, "%s %s: %s", req.method, s->id, why);
 		pthread_mutex_unlock(&report_lock);
+		/* every failure after retry (the first 100) on stderr, as it happens */
+		if (!paused && atomic_load(&failed_after_retry) <= 100)
+			fprintf(stderr, "chaos: %.3f s: failure after retry: %s %s (%s): %s\n", now_s() - t_start, req.method,
+			        s->id, kind == 0 ? "write" : kind == 1 ? "read" : "exec", why);
 	}
 	pthread_mutex_unlock(&s->op_lock);
 }
@@ -773,6 +779,7 @@ int main(int argc, char **argv)
 	for (int i = 0; i < nstream; i++)
 		pthread_create(&wt[i], NULL, stream_thread, &sargs[i]);
 	double t0 = now_s();
+	t_start = t0;
 	for (int i = 0; i < nthreads; i++) {
 		wa[i].tid = (unsigned)i;
 		pthread_create(&th[i], NULL, client_thread, &wa[i]);
