@@ -30,6 +30,8 @@
 #include "util.h"
 
 #define CP_MOVE_DRAIN_MS 30 /* default move drain window (ops.c) */
+#define CP_ROUTE_DRAIN_MS 250 /* a move waits this long after this replica issued the sandbox a route */
+#define CP_RECENT_ROUTES 1024 /* slots of the recent-route table */
 #define CP_OP_LEASE 120   /* default seconds a lifecycle operation holds its sandbox */
 #define CP_LIVE_WINDOW 30 /* a worker is live when seen this recently */
 #define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
@@ -62,6 +64,14 @@ struct cp {
 	struct cp_req *jobs_head, *jobs_tail;
 	struct cp_req *inflight;  /* every request not yet answered (service thread list) */
 	volatile int stopping;
+
+	/* when this replica last issued a route per sandbox (monotonic ns), for
+	 * the move drain; a slot per hash of the ID, a collision forgets one */
+	pthread_mutex_t recent_mu;
+	struct {
+		char sandbox[SPACED_NAME_MAX];
+		uint64_t at_ns;
+	} recent_routes[CP_RECENT_ROUTES];
 };
 
 struct cp_req {

@@ -224,6 +224,7 @@ int main(int argc, char **argv)
 	}
 	pthread_mutex_init(&cp.mu, NULL);
 	pthread_mutex_init(&cp.signer_mu, NULL);
+	pthread_mutex_init(&cp.recent_mu, NULL);
 	pthread_cond_init(&cp.jobs_cv, NULL);
 	pthread_cond_init(&cp.ack_cv, NULL);
 	if ((r = cp_store_open(cp.db_url, &cp.lws_st)) < 0) {

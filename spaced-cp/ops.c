@@ -493,6 +493,35 @@ static void sleep_until_ns(uint64_t deadline)
 	}
 }
 
+static unsigned recent_slot(const char *sandbox)
+{
+	uint32_t h = 2166136261u; /* FNV-1a */
+	for (const unsigned char *c = (const unsigned char *)sandbox; *c; c++)
+		h = (h ^ *c) * 16777619u;
+	return h % CP_RECENT_ROUTES;
+}
+
+static void recent_route_note(struct cp *cp, const char *sandbox)
+{
+	unsigned i = recent_slot(sandbox);
+	pthread_mutex_lock(&cp->recent_mu);
+	snprintf(cp->recent_routes[i].sandbox, sizeof cp->recent_routes[i].sandbox, "%s", sandbox);
+	cp->recent_routes[i].at_ns = spaced_mono_ns();
+	pthread_mutex_unlock(&cp->recent_mu);
+}
+
+/* When this replica last issued sandbox a route (monotonic ns), or 0. */
+static uint64_t recent_route_at(struct cp *cp, const char *sandbox)
+{
+	unsigned i = recent_slot(sandbox);
+	uint64_t at = 0;
+	pthread_mutex_lock(&cp->recent_mu);
+	if (strcmp(cp->recent_routes[i].sandbox, sandbox) == 0)
+		at = cp->recent_routes[i].at_ns;
+	pthread_mutex_unlock(&cp->recent_mu);
+	return at;
+}
+
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
 	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes"
@@ -1073,15 +1102,20 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto out;
 			/* R4/V2: a route handed out just before 'moving' was committed may be
 			 * on its way to the old execution as some client's one retry; while
-			 * 'moving' no route is issued, so after the drain window no route to
-			 * the old execution can still be in flight. last_active (seconds) is
-			 * touched by every route issued: a sandbox routed in the last second
-			 * waits out the window, an idle one moves at once. */
+			 * 'moving' no route is issued, so after a drain window none is still
+			 * in flight. A route this replica issued is waited for up to
+			 * CP_ROUTE_DRAIN_MS after its issuance; one another replica may
+			 * have issued, --move-drain after 'moving' (last_active, in seconds,
+			 * is touched by every route issued: a sandbox routed in the last
+			 * second waits, an idle one moves at once). */
 			int64_t active = cp_rows_i64(s->rows, s->r, C_ACTIVE, 0);
 			set_state(st, id, "moving", NULL);
-			uint64_t moving_at = spaced_mono_ns();
+			uint64_t until = 0, routed = recent_route_at(cp, id);
 			if (cp->move_drain_ms > 0 && active >= spaced_now() - 1)
-				sleep_until_ns(moving_at + (uint64_t)cp->move_drain_ms * 1000000u);
+				until = spaced_mono_ns() + (uint64_t)cp->move_drain_ms * 1000000u;
+			if (cp->move_drain_ms > 0 && routed > 0 && routed + CP_ROUTE_DRAIN_MS * 1000000ull > until)
+				until = routed + CP_ROUTE_DRAIN_MS * 1000000ull;
+			sleep_until_ns(until);
 			msg = json_pack("{s:s,s:o,s:b}", "type", "deactivate", "identity", spaced_identity_to_json(&idn),
 			                "keep_paused", 1);
 			if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
@@ -1201,6 +1235,9 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 	struct cp_rows *w = NULL;
 	char *claims = NULL, *token = NULL, now[24], exp[21];
 	size_t clen;
+	/* noted before the sandbox is read: a move that commits 'moving' after
+	 * this read sees the note and waits for this route (the move drain) */
+	recent_route_note(cp, id);
 	int status = 500, r = sbx_load(st, tenant, id, &s);
 	if (r == SPACED_ENOENT) {
 		*body = cp_error("not-found", "no such sandbox");
