@@ -3,11 +3,12 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -17,66 +18,67 @@
 #include "util.h"
 #include "vsock_hs.h"
 
-/* Waits until fd is readable or the deadline passes. */
-static int wait_readable(int fd, uint64_t deadline_ns)
+/* Reads of fd give up after ms milliseconds without data (0: never). */
+static int set_recv_timeout(int fd, int ms)
 {
-	for (;;) {
-		uint64_t now = spaced_mono_ns();
-		if (now >= deadline_ns)
-			return SPACED_ETIMEDOUT;
-		struct pollfd p = {.fd = fd, .events = POLLIN};
-		int n = poll(&p, 1, (int)((deadline_ns - now) / 1000000 + 1));
-		if (n > 0)
-			return SPACED_OK;
-		if (n < 0 && errno != EINTR)
-			return SPACED_EIO;
-	}
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ? SPACED_ESYS : SPACED_OK;
 }
 
-/* Reads the "OK <n>\n" answer byte by byte, so not one byte of the guest's
- * stream is consumed with it. */
-static int read_ok_line(int fd, uint64_t deadline_ns, char *why, size_t whysz)
+/* The error of a failed read: a timeout, or an I/O error. */
+static int read_error(int r)
+{
+	return r == SPACED_EIO && (errno == EAGAIN || errno == EWOULDBLOCK) ? SPACED_ETIMEDOUT : r;
+}
+
+/* Reads the "OK <n>\n" answer: peeks at what has arrived and consumes exactly
+ * the line, so not one byte of the guest's stream is taken with it (bytes
+ * without a newline are all part of the line and are consumed as they come). */
+static int read_ok_line(int fd, char *why, size_t whysz)
 {
 	uint8_t line[SPACED_VSOCK_HS_MAX];
 	size_t n = 0;
-	while (n < sizeof line) {
-		int r = wait_readable(fd, deadline_ns);
-		if (r < 0) {
-			snprintf(why, whysz, "no handshake answer from the guest transport (%s)", spaced_strerror(r));
-			return r;
-		}
-		ssize_t got = read(fd, line + n, 1);
+	int len = 0;
+	while (len == 0) {
+		ssize_t got = recv(fd, line + n, sizeof line - n, MSG_PEEK);
 		if (got < 0 && errno == EINTR)
 			continue;
+		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			snprintf(why, whysz, "no handshake answer from the guest transport (%s)",
+			         spaced_strerror(SPACED_ETIMEDOUT));
+			return SPACED_ETIMEDOUT;
+		}
 		if (got <= 0) {
 			snprintf(why, whysz, "guest transport closed during the handshake");
 			return SPACED_ECLOSED;
 		}
-		n++;
-		if (line[n - 1] == '\n')
+		len = spaced_vsock_hs_line_len(line, n + (size_t)got);
+		if (len < 0)
 			break;
+		size_t take = len > 0 ? (size_t)len - n : (size_t)got;
+		if (recv(fd, line + n, take, 0) != (ssize_t)take) {
+			snprintf(why, whysz, "guest transport closed during the handshake");
+			return SPACED_ECLOSED;
+		}
+		n += take;
 	}
 	uint32_t val;
-	if (spaced_vsock_hs_parse_ok(line, n, &val) < 0) {
+	if (len < 0 || spaced_vsock_hs_parse_ok(line, (size_t)len, &val) < 0) {
 		snprintf(why, whysz, "malformed handshake answer from the guest transport");
 		return SPACED_EPROTO;
 	}
 	return SPACED_OK;
 }
 
-/* HELLO, then compares the identity in the RESULT with the expected one. */
-static int check_identity(const struct host_config *cfg, int fd, uint64_t deadline_ns, char *why,
-                          size_t whysz)
+/* Compares the identity in the guest's answer to HELLO (already sent, id 1)
+ * with the expected one. */
+static int check_identity(const struct host_config *cfg, int fd, char *why, size_t whysz)
 {
 	struct spaced_frame_hdr hdr;
 	uint8_t *payload = NULL;
-	int r = spaced_frame_send(fd, SPACED_GUEST_HELLO, 0, 1, NULL, 0);
+	int r = spaced_frame_recv(fd, 64 * 1024, &hdr, &payload);
 	if (r < 0) {
-		snprintf(why, whysz, "cannot send HELLO to the guest (%s)", spaced_strerror(r));
-		return r;
-	}
-	if ((r = wait_readable(fd, deadline_ns)) < 0 ||
-	    (r = spaced_frame_recv(fd, 64 * 1024, &hdr, &payload)) < 0) {
+		r = read_error(r);
 		snprintf(why, whysz, "no HELLO answer from the guest (%s)", spaced_strerror(r));
 		return r;
 	}
@@ -113,21 +115,38 @@ out:
 int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_t whysz)
 {
 	int fd = -1, r;
-	uint64_t deadline = spaced_mono_ns() + (uint64_t)cfg->timeout_ms * 1000000u;
-	r = spaced_peer_connect_listener(cfg->guest_path, &cfg->launcher, &fd, why, whysz);
+	r = host_connect_listener(cfg, &fd, why, whysz);
 	if (r < 0)
 		return r;
-	char line[SPACED_VSOCK_HS_MAX + 1];
-	int n = spaced_vsock_hs_format_connect(line, sizeof line, cfg->guest_port);
-	if (n < 0 || (r = spaced_io_write_full(fd, line, (size_t)n)) < 0) {
+	/* The handshake line and the bridge's own HELLO leave in one write: the
+	 * transport consumes exactly the CONNECT line and leaves the HELLO in the
+	 * stream for the guest (Firecracker reads the line byte by byte for the
+	 * same reason), which saves a round trip per connection. Nothing of the
+	 * caller's reaches the guest before the answer is checked (B3). */
+	uint8_t out[SPACED_VSOCK_HS_MAX + 1 + SPACED_FRAME_HDR_LEN];
+	int n = spaced_vsock_hs_format_connect((char *)out, SPACED_VSOCK_HS_MAX + 1, cfg->guest_port);
+	if (n < 0) {
+		snprintf(why, whysz, "cannot format the handshake");
+		r = SPACED_EINVAL;
+		goto fail;
+	}
+	struct spaced_frame_hdr hello = {.len = 0, .type = SPACED_GUEST_HELLO, .flags = 0, .id = 1};
+	spaced_frame_hdr_encode(out + n, &hello);
+	if (set_recv_timeout(fd, cfg->timeout_ms) < 0 ||
+	    spaced_io_write_full(fd, out, (size_t)n + SPACED_FRAME_HDR_LEN) < 0) {
 		snprintf(why, whysz, "cannot send the handshake to the guest transport");
 		r = SPACED_EIO;
 		goto fail;
 	}
-	if ((r = read_ok_line(fd, deadline, why, whysz)) < 0)
+	if ((r = read_ok_line(fd, why, whysz)) < 0)
 		goto fail;
-	if ((r = check_identity(cfg, fd, deadline, why, whysz)) < 0)
+	if ((r = check_identity(cfg, fd, why, whysz)) < 0)
 		goto fail;
+	if (set_recv_timeout(fd, 0) < 0) {
+		snprintf(why, whysz, "cannot clear the handshake timeout");
+		r = SPACED_ESYS;
+		goto fail;
+	}
 	*fd_out = fd;
 	return SPACED_OK;
 fail:
@@ -135,44 +154,70 @@ fail:
 	return r;
 }
 
-struct pump {
+/* One direction of the relay: bytes read from `from` and not yet written to `to`. */
+struct half {
 	int from, to;
+	uint8_t *buf;
+	size_t off, len;
 };
 
-/* Copies from -> to until either side ends, then shuts both down so the pump
- * of the other direction ends too. Blocking reads: one wake-up per message. */
-static void *pump_run(void *arg)
+enum { RELAY_BUF = 64 * 1024 };
+
+/* Moves what it can without blocking. Returns 1 while the direction is open,
+ * 0 when `from` ended or either side failed. */
+static int half_step(struct half *h, short revents)
 {
-	struct pump *p = arg;
-	enum { BUF = 64 * 1024 };
-	uint8_t *buf = malloc(BUF);
-	while (buf != NULL) {
-		ssize_t got = read(p->from, buf, BUF);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got <= 0 || spaced_io_write_full(p->to, buf, (size_t)got) < 0)
-			break;
+	if (h->len == 0 && (revents & (POLLIN | POLLHUP | POLLERR))) {
+		ssize_t got = recv(h->from, h->buf, RELAY_BUF, MSG_DONTWAIT);
+		if (got < 0)
+			return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK;
+		if (got == 0)
+			return 0;
+		h->off = 0;
+		h->len = (size_t)got;
 	}
-	free(buf);
-	shutdown(p->from, SHUT_RDWR);
-	shutdown(p->to, SHUT_RDWR);
-	return NULL;
+	while (h->len > 0) {
+		ssize_t put = send(h->to, h->buf + h->off, h->len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (put < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == EAGAIN || errno == EWOULDBLOCK;
+		}
+		h->off += (size_t)put;
+		h->len -= (size_t)put;
+	}
+	return 1;
 }
 
 void host_relay(int a, int b)
 {
-	struct pump up = {a, b}, down = {b, a};
-	pthread_t t;
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setstacksize(&attr, 64 * 1024);
-	if (pthread_create(&t, &attr, pump_run, &down) != 0) {
-		pthread_attr_destroy(&attr);
-		return;
+	/* two heap buffers below malloc's mmap threshold: memory freed by an
+	 * earlier connection is reused, not mapped and faulted in again */
+	struct half up = {a, b, malloc(RELAY_BUF), 0, 0}, down = {b, a, malloc(RELAY_BUF), 0, 0};
+	struct half *hs[2] = {&up, &down};
+	while (up.buf != NULL && down.buf != NULL) {
+		/* a direction with bytes pending waits for room at its destination
+		 * and reads nothing more meanwhile; the other one goes on */
+		struct pollfd p[2];
+		for (int i = 0; i < 2; i++)
+			p[i] = hs[i]->len > 0 ? (struct pollfd){.fd = hs[i]->to, .events = POLLOUT}
+			                      : (struct pollfd){.fd = hs[i]->from, .events = POLLIN};
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			break;
+		bool open = true;
+		for (int i = 0; i < 2 && open; i++)
+			if (p[i].revents != 0)
+				open = half_step(hs[i], hs[i]->len > 0 ? 0 : p[i].revents) == 1;
+		if (!open)
+			break;
 	}
-	pthread_attr_destroy(&attr);
-	pump_run(&up);
-	pthread_join(t, NULL);
+	free(up.buf);
+	free(down.buf);
+	shutdown(a, SHUT_RDWR);
+	shutdown(b, SHUT_RDWR);
 }
 
 int host_handoff(int fd, int guest_fd, const char *identity_text)

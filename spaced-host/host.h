@@ -8,9 +8,10 @@
  *      or VMM process (socket file owner, unix_diag VFS inode of the listener
  *      against stat() of the path, the process holding it, its start time and
  *      executable), connects, and checks the connection's peer is that process;
- *   3. speaks the vsock handshake (CONNECT <port> / OK <n>);
- *   4. asks the guest who it is (HELLO) and compares the answer with the
- *      expected execution identity;
+ *   3. speaks the vsock handshake (CONNECT <port> / OK <n>), its own HELLO
+ *      sent in the same write;
+ *   4. compares the guest's answer to that HELLO with the expected execution
+ *      identity;
  * and only then relays the guest protocol both ways. When either side drops,
  * both are closed: a guest connection is never re-established behind the
  * caller's back. A refused connection receives one RESULT frame with id 0, a
@@ -45,14 +46,30 @@ struct host_config {
 	bool handoff;                               /* pass the verified guest connection on */
 };
 
+/* Step 2: the checks of spaced_peer_connect_listener() (pidref.h) on
+ * cfg->guest_path and cfg->launcher, every one of them at every call, then
+ * connect(2). Keeps the launcher's pidfd and where its listening socket was
+ * found between calls (verify.c says why that is sound). Returns 0 with a
+ * connected socket in *fd_out, SPACED_EPEER with a reason in why,
+ * SPACED_EINVAL or SPACED_ESYS. Thread-safe. */
+int host_connect_listener(const struct host_config *cfg, int *fd_out, char *why, size_t whysz);
+
+/* The same checks without connecting, run once at start so that the first
+ * connection finds the launcher pinned and its listening socket located (a
+ * warm-pool bridge does it before its claim). Returns 0 or what
+ * host_connect_listener() would; a failure here refuses nothing by itself. */
+int host_prepare_listener(const struct host_config *cfg, char *why, size_t whysz);
+
 /* Runs the checks of steps 2–4 above and returns a connected, verified guest
  * stream (after the handshake and HELLO) in *fd_out. On failure returns
  * SPACED_EPEER, SPACED_EIDENTITY, SPACED_EPROTO, SPACED_ETIMEDOUT … with a
  * one-line reason in why. */
 int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_t whysz);
 
-/* Relays bytes between a and b until either side closes or fails, then
- * returns (the caller closes both). */
+/* Relays bytes between a and b in the calling thread until either side
+ * closes or fails, then shuts both down and returns (the caller closes them).
+ * One poll loop for both directions, 64 KiB per read; a direction whose
+ * destination is full stops reading until it drains while the other goes on. */
 void host_relay(int a, int b);
 
 /* Hands the verified guest connection guest_fd to the caller on fd: one

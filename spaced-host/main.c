@@ -192,6 +192,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "spaced-host: cannot listen on %s: %s\n", cfg.listen_path, strerror(errno));
 		return 1;
 	}
+	/* Locate and pin what the checks look at, ahead of the first connection
+	 * (which still passes every check). */
+	char why[512] = "";
+	if (host_prepare_listener(&cfg, why, sizeof why) < 0)
+		fprintf(stderr, "spaced-host level=info event=prepare-failed reason=\"%s\"\n", why);
 	/* A bridge pre-started for a warm pool listens at once (connections wait
 	 * in the backlog) and learns the identity it must reach when the execution
 	 * is claimed: one line on standard input. It serves nothing before. */

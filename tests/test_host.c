@@ -266,6 +266,36 @@ Test(host, refuses_a_process_that_took_over_the_socket_path_after_the_launcher_d
 	stop(&h);
 }
 
+Test(host, refuses_a_listener_swapped_in_at_the_path_while_the_launcher_lives)
+{
+	/* The bridge has served a connection (it knows where the launcher's
+	 * listener was); then another process of the same uid renames its own
+	 * listener over guest.sock while the launcher keeps running. */
+	char state[300], gs[300], hs[300], tmp[320], why[512] = "";
+	paths(state, gs, hs, sizeof state, "swap");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	const char *extra[] = {"--launcher-exe", SPACED_LAUNCH_BIN, "--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	struct spaced_identity id;
+	cr_assert_eq(hello_via(hs, &id, NULL, 0), 0);
+	cr_assert_eq(hello_via(hs, &id, NULL, 0), 0);
+
+	snprintf(tmp, sizeof tmp, "%s.impostor", gs);
+	const char *imp_argv[] = {IMPOSTOR_VMM_BIN, tmp, ID7, NULL};
+	struct proc imp = spawn(imp_argv, true);
+	wait_line(&imp, "ready");
+	cr_assert_eq(rename(tmp, gs), 0);
+	int r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EPEER, "got %d (%s)", r, why);
+	cr_assert(strstr(why, "not held by process") != NULL, "reason: %s", why);
+	/* and so is every later connection */
+	r = refusal_via(hs, why, sizeof why);
+	cr_assert_eq(r, SPACED_EPEER, "got %d (%s)", r, why);
+	stop(&imp);
+	stop(&h);
+	stop(&l);
+}
+
 Test(host, refuses_a_launcher_whose_executable_was_replaced)
 {
 	char state[300], gs[300], hs[300], why[512] = "", exe[300], repl[300], cmd[1400];
