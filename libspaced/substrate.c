@@ -853,6 +853,8 @@ int spaced_sub_handle_control(struct spaced_sub *s)
 		s->ready = true;
 		return 1;
 	}
+	if ((size_t)n == 7 && memcmp(buf, "WAITING", 7) == 0 && !s->has_identity)
+		return 2;
 	return SPACED_EPROTO;
 }
 

@@ -14,7 +14,9 @@
  *                        identity was not given on the command line)
  *                        "CONN <port>" + one fd in SCM_RIGHTS (a connected
  *                        stream socket to serve as guest port <port>)
- *   guest -> supervisor  "READY"
+ *   guest -> supervisor  "WAITING"  (started without identity: up and waiting
+ *                        for it — a warm-pool execution that can be claimed)
+ *                        "READY"    (it has its identity)
  *
  * State directory layout (docs/substrate.md):
  *   upper/<layer>/ work/<layer>/  overlay upper and work dirs per layer (under
@@ -85,8 +87,9 @@ int spaced_sub_control_fd(const struct spaced_sub *s);
 const struct spaced_pidref *spaced_sub_init(const struct spaced_sub *s);
 
 /* Reads one control message from the guest. Returns 1 for READY (and records
- * it), 0 for a message that was ignored, SPACED_ECLOSED when the guest closed
- * its end, SPACED_EPROTO for an unknown message. */
+ * it), 2 for WAITING (before the identity was given), 0 when there was no
+ * message, SPACED_ECLOSED when the guest closed its end, SPACED_EPROTO for an
+ * unknown message. */
 int spaced_sub_handle_control(struct spaced_sub *s);
 
 /* Waits up to timeout_ms for READY. Returns 0, SPACED_ETIMEDOUT, SPACED_ECLOSED. */

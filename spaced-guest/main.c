@@ -8,7 +8,8 @@
  * In control-fd mode, fd N is an AF_UNIX SOCK_SEQPACKET socket from the
  * launcher carrying "IDENTITY <canonical text>" (once, when --identity was not
  * given) and "CONN <port>" with one connected stream socket (SCM_RIGHTS) per
- * message; the guest answers "READY" once it has an identity. When the control
+ * message; the guest says "WAITING" when it starts without identity (a warm
+ * pool's execution, ready to be claimed) and "READY" once it has one. When the control
  * socket closes the guest exits. With --service-ports, a CONN for any port
  * other than SPACED_GUEST_API_PORT is joined to 127.0.0.1:<port> (ServicePort). As PID 1 it reaps every zombie and ignores
  * the signals init ignores.
@@ -482,8 +483,8 @@ int main(int argc, char **argv)
 	}
 	if (listen != NULL)
 		open_listener(listen);
-	if (G.control_fd >= 0 && G.have_identity)
-		control_send("READY");
+	if (G.control_fd >= 0)
+		control_send(G.have_identity ? "READY" : "WAITING");
 	if (listen != NULL) {
 		printf("READY %s\n", listen);
 		fflush(stdout);

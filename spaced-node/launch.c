@@ -61,6 +61,7 @@ struct launcher {
 	int log_fd;     /* STATE/guest.log */
 	uint64_t log_written;
 	bool log_capped;
+	bool pooled;    /* started without identity (warm pool) */
 	bool stop;
 };
 
@@ -134,6 +135,10 @@ static int connect_unix(const char *path, int type)
 	return fd;
 }
 
+/* Writes STATE/name atomically (a temporary file renamed into place). The
+ * temporary file is reused when it exists: prepare_file() creates it ahead of
+ * time, so the write at a claim allocates no inode (on ext4 an allocation
+ * right after many deletions scans the inode bitmap for a long time). */
 static int write_file(const char *dir, const char *name, const char *text)
 {
 	char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
@@ -142,15 +147,32 @@ static int write_file(const char *dir, const char *name, const char *text)
 
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	struct stat st;
+
+	/* no O_TRUNC: on ext4, truncating a file to 0 bytes makes its close
+	 * write it out at once (auto_da_alloc); the prepared file is empty */
+	fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return -1;
-	if (write(fd, text, n) != (ssize_t)n) {
+	if (pwrite(fd, text, n, 0) != (ssize_t)n ||
+	    (fstat(fd, &st) == 0 && (size_t)st.st_size > n && ftruncate(fd, (off_t)n) < 0)) {
 		close(fd);
 		return -1;
 	}
 	close(fd);
 	return rename(tmp, path);
+}
+
+/* Creates the empty temporary file write_file() will use for name. */
+static void prepare_file(const char *dir, const char *name)
+{
+	char tmp[PATH_MAX + 80];
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	if (fd >= 0)
+		close(fd);
 }
 
 /* ---- guest transport ------------------------------------------------------ */
@@ -274,9 +296,11 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 		if (r == 0)
 			r = spaced_sub_set_identity(L->sub, &id);
 		if (r == 0) {
-			snprintf(reply, sizeof(reply), "OK");
+			/* the answer first: the claimer waits for it, the file is informational */
+			ctl_reply(fd, "OK", -1);
 			(void)write_file(L->state, "identity", cmd + 9);
 			logf_("identity %s", cmd + 9);
+			return;
 		} else {
 			snprintf(reply, sizeof(reply), "ERR identity: %s", spaced_strerror(r));
 		}
@@ -383,9 +407,14 @@ static int supervise(struct launcher *L)
 		pfd[n++] = (struct pollfd){ .fd = L->ctl_lfd, .events = POLLIN };
 		/* connections are accepted while the guest can serve them: once it is
 		 * ready and not while it is frozen (clients wait in the backlog; a
-		 * frozen guest could not drain its control socket) */
+		 * frozen guest could not drain its control socket). A pooled guest
+		 * can as soon as its identity is on the way: it takes its control
+		 * messages in order, so a CONN always reaches it after IDENTITY, and
+		 * no connection waits for the READY round trip of a claim. */
+		bool serving = spaced_sub_ready(L->sub) || (L->pooled && spaced_sub_identity(L->sub) != NULL);
+
 		pfd[n++] = (struct pollfd){
-			.fd = spaced_sub_ready(L->sub) && !spaced_sub_paused(L->sub) ? L->guest_lfd : -1,
+			.fd = serving && !spaced_sub_paused(L->sub) ? L->guest_lfd : -1,
 			.events = POLLIN,
 		};
 		pfd[n++] = (struct pollfd){ .fd = L->log_rd, .events = POLLIN };
@@ -414,6 +443,12 @@ static int supervise(struct launcher *L)
 				logf_("guest ready %.2f ms after the start of creation", ms);
 				(void)write_file(L->state, "ready", "ready\n");
 				printf("READY %.3f\n", ms);
+				fflush(stdout);
+			} else if (r == 2) {
+				double ms = (double)(spaced_mono_ns() - L->t0) / 1e6;
+
+				logf_("guest waiting for its identity %.2f ms after the start of creation", ms);
+				printf("POOLED %.3f\n", ms);
 				fflush(stdout);
 			} else if (r == SPACED_ECLOSED) {
 				logf_("guest closed its control socket");
@@ -572,6 +607,10 @@ static int run(int argc, char **argv)
 	}
 	snprintf(path, sizeof(path), "%s/ready", L.state);
 	(void)unlink(path);
+	L.pooled = cfg.identity == NULL;
+	prepare_file(L.state, "ready");
+	if (L.pooled)
+		prepare_file(L.state, "identity");
 
 	t0 = spaced_mono_ns();
 	r = spaced_sub_create(&cfg, &L.sub, why, sizeof(why));
@@ -624,6 +663,10 @@ out:
 	snprintf(path, sizeof(path), "%s/ready", L.state);
 	(void)unlink(path);
 	snprintf(path, sizeof(path), "%s/launcher", L.state);
+	(void)unlink(path);
+	snprintf(path, sizeof(path), "%s/.ready.tmp", L.state);
+	(void)unlink(path);
+	snprintf(path, sizeof(path), "%s/.identity.tmp", L.state);
 	(void)unlink(path);
 	if (L.log_rd >= 0) {
 		log_drain(&L);

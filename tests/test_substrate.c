@@ -785,24 +785,31 @@ Test(substrate, identity_after_start) /* warm pool: IDENTITY message */
 	char id[256], got[512], cmd[300], reply[1024], line[128];
 	struct launcher l;
 
+	struct pollfd p;
+	int early;
+
 	need_sandbox();
 	idtext(id, sizeof(id), "sbx-warm", 3);
 	start(&l, "x", NULL, false);
-	/* the guest says READY only once it has an identity */
-	{
-		char p[200];
-
-		/* the launcher writes this file once the execution exists */
-		snprintf(p, sizeof(p), "%s/launcher", l.state);
-		for (int i = 0; i < 2000 && access(p, F_OK) != 0; i++)
-			nap_ms(10);
-	}
+	/* a pooled execution reports once it can be claimed (POOLED), READY only
+	 * once it has an identity */
+	read_line(l.out, line, sizeof(line), 20000);
+	cr_assert(strncmp(line, "POOLED ", 7) == 0, "%s", line);
 	ctl(&l, "STATUS", reply, sizeof(reply));
 	cr_assert(strstr(reply, "identity=-") != NULL, "%s", reply);
+	cr_assert(strstr(reply, "ready=0") != NULL, "%s", reply);
+	/* a transport connection made before the claim is not served … */
+	early = transport_connect(&l, 3);
+	cr_assert_geq(early, 0);
+	p = (struct pollfd){ .fd = early, .events = POLLIN };
+	cr_assert_eq(poll(&p, 1, 200), 0, "a pooled execution answered before it had an identity");
 	snprintf(cmd, sizeof(cmd), "IDENTITY %s", id);
 	ctl_ok(&l, cmd);
 	ctl(&l, cmd, reply, sizeof(reply)); /* only once */
 	cr_assert(strncmp(reply, "ERR", 3) == 0, "%s", reply);
+	/* … and once claimed it reaches a guest that already has the identity */
+	cr_assert_eq(transport_identity(early, got, sizeof(got)), 0);
+	cr_assert_str_eq(got, id);
 	read_line(l.out, line, sizeof(line), 20000);
 	cr_assert(strncmp(line, "READY", 5) == 0, "%s", line);
 	cr_assert_eq(guest_identity(&l, 3, got, sizeof(got)), 0);
