@@ -1302,6 +1302,7 @@ Test(guest, control_fd_identity_then_conn)
 {
 	int ctl;
 	pid_t pid = start_control(&ctl, NULL);
+	ctl_expect(ctl, "WAITING"); /* up, without identity: a warm pool's execution */
 	/* a connection handed over before the identity is refused (not served) */
 	struct spaced_guest_client *early = ctl_conn(ctl);
 	struct spaced_identity id;
@@ -1331,6 +1332,7 @@ Test(guest, control_fd_second_identity_is_fatal)
 {
 	int ctl;
 	pid_t pid = start_control(&ctl, NULL);
+	ctl_expect(ctl, "WAITING");
 	ctl_send(ctl, "IDENTITY " IDENT, -1);
 	ctl_expect(ctl, "READY");
 	ctl_send(ctl, "IDENTITY " IDENT2, -1);
