@@ -16,10 +16,18 @@
  *   50 concurrent cold creates and 50 concurrent claims;
  *   CPU per cold create (launcher, guest and bridge, teardown included);
  *   idle resident memory of one spaced-host plus one spaced-guest;
- *   a 4 KiB file read straight to the guest transport and through spaced-host.
+ *   a 4 KiB file read straight to the guest transport and through spaced-host,
+ *                 and beside it the floor of any relay: the same sizes in a
+ *                 ping-pong straight over a socket pair and through a bare
+ *                 copying process (relay_floor_us_p50, the cost of one more
+ *                 process hop each way on this machine at that moment);
+ *   CPU per claim, from a cpuacct cgroup the bench puts itself in.
+ * Pooled executions count as pre-started once the launcher has said POOLED
+ * (the guest is up and waiting for its identity) and the bridge listens.
  * Needs root (namespaces, cgroups). Last line: JSON.
  *
- *   bench-substrate [N_SEQUENTIAL=50] [N_CONCURRENT=50]
+ *   bench-substrate [N_SEQUENTIAL=50] [N_CONCURRENT=50] [claims]
+ * With "claims", only the concurrent claims run (to profile them).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,7 +63,60 @@ struct execution {
 	pid_t launcher, host;
 	int out;      /* launcher stdout */
 	int host_in;  /* a pre-started bridge's stdin (warm pool), or -1 */
+	double t_ident, t_stdin, t_conn; /* claim steps, ms after its start */
+	uint64_t t0;
 };
+
+/* CPU time of the bench and everything it starts, from a cpuacct cgroup of
+ * its own (cgroup v1 or v2), in ns; 0 when unavailable. The executions move
+ * into their own memory, pids and freezer cgroups but stay in this one. */
+static char cpu_cg[128];
+
+static void cpu_cg_enter(void)
+{
+	static const char *const roots[] = {"/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct"};
+	for (size_t i = 0; i < sizeof roots / sizeof roots[0] && cpu_cg[0] == 0; i++) {
+		char path[200];
+		snprintf(cpu_cg, sizeof cpu_cg, "%s/spaced-bench-%d", roots[i], (int)getpid());
+		snprintf(path, sizeof path, "%s/cgroup.procs", cpu_cg);
+		FILE *f = NULL;
+		if (mkdir(cpu_cg, 0755) == 0 && (f = fopen(path, "w")) != NULL && fprintf(f, "%d\n", (int)getpid()) > 0 &&
+		    fclose(f) == 0)
+			return;
+		if (f != NULL)
+			fclose(f);
+		rmdir(cpu_cg);
+		cpu_cg[0] = 0;
+	}
+}
+
+static uint64_t cpu_cg_ns(void)
+{
+	char path[200];
+	unsigned long long v = 0;
+	snprintf(path, sizeof path, "%s/cpuacct.usage", cpu_cg);
+	FILE *f = cpu_cg[0] ? fopen(path, "r") : NULL;
+	if (f != NULL) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+static void cpu_cg_leave(void)
+{
+	if (cpu_cg[0] == 0)
+		return;
+	char path[200];
+	snprintf(path, sizeof path, "%.*s/cgroup.procs", (int)(strrchr(cpu_cg, '/') - cpu_cg), cpu_cg);
+	FILE *f = fopen(path, "w");
+	if (f != NULL) {
+		fprintf(f, "%d\n", (int)getpid());
+		fclose(f);
+	}
+	rmdir(cpu_cg);
+}
 
 static double ms_since(uint64_t t0)
 {
@@ -110,9 +171,10 @@ static pid_t spawn(const char *const argv[], int *out)
 	return spawn_io(argv, out, NULL);
 }
 
-/* Reads the launcher's stdout until its READY line. */
-static int wait_ready(int fd, int timeout_ms)
+/* Reads the launcher's stdout until a line starting with what. */
+static int wait_line(int fd, const char *what, int timeout_ms)
 {
+	size_t wl = strlen(what);
 	char buf[128];
 	size_t n = 0;
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
@@ -123,7 +185,7 @@ static int wait_ready(int fd, int timeout_ms)
 		if (read(fd, buf + n, 1) != 1)
 			return SPACED_ECLOSED;
 		if (buf[n] == '\n') {
-			if (n >= 5 && memcmp(buf, "READY", 5) == 0)
+			if (n >= wl && memcmp(buf, what, wl) == 0)
 				return 0;
 			n = 0;
 		} else if (++n == sizeof buf) {
@@ -179,6 +241,7 @@ static int hello_via_bridge(struct execution *e)
 			usleep(100);
 			continue;
 		}
+		e->t_conn = ms_since(e->t0);
 		struct spaced_identity id;
 		int r = spaced_guest_hello(c, &id);
 		bool ok = r == 0 && strcmp(spaced_guest_client_identity(c), e->identity) == 0;
@@ -210,16 +273,27 @@ static int connect_path(const char *path, int type)
 	return fd;
 }
 
-static int ctl_identity(struct execution *e)
+/* Sends IDENTITY to the launcher; returns the control connection (the answer
+ * is read by ctl_identity_done), or -1. */
+static int ctl_identity_send(struct execution *e)
 {
-	char cmd[SPACED_IDENTITY_TEXT_MAX + 16], reply[256];
+	char cmd[SPACED_IDENTITY_TEXT_MAX + 16];
 	int fd = connect_path(e->ctl, SOCK_SEQPACKET);
 	if (fd < 0)
-		return SPACED_ESYS;
+		return -1;
 	int n = snprintf(cmd, sizeof cmd, "IDENTITY %s", e->identity);
-	ssize_t got = -1;
-	if (send(fd, cmd, (size_t)n, 0) == n)
-		got = recv(fd, reply, sizeof reply - 1, 0);
+	if (send(fd, cmd, (size_t)n, 0) != n) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The launcher's answer to IDENTITY: 0 for OK. Closes fd. */
+static int ctl_identity_done(int fd)
+{
+	char reply[256];
+	ssize_t got = recv(fd, reply, sizeof reply - 1, 0);
 	close(fd);
 	return (got >= 2 && memcmp(reply, "OK", 2) == 0) ? 0 : SPACED_EPROTO;
 }
@@ -248,45 +322,57 @@ static void teardown(struct execution *e)
 static double cold_create(struct execution *e)
 {
 	uint64_t t0 = spaced_mono_ns();
-	if (start_launcher(e, true) < 0 || wait_ready(e->out, 20000) < 0 || bridge_and_hello(e) < 0)
+	if (start_launcher(e, true) < 0 || wait_line(e->out, "READY", 20000) < 0 || bridge_and_hello(e) < 0)
 		return -1;
 	return ms_since(t0);
 }
 
 /* Pre-starts a pooled execution: everything but the identity, its bridge
- * included (waiting for the identity on its stdin). */
+ * included (waiting for the identity on its stdin). Done once the launcher
+ * reports its guest up and waiting (POOLED) and the bridge listens. */
 static int prestart(struct execution *e)
 {
 	if (start_launcher(e, false) < 0)
 		return SPACED_ESYS;
+	if (wait_line(e->out, "POOLED", 20000) < 0)
+		return SPACED_ETIMEDOUT;
+	if (start_bridge(e, true) < 0) /* in the state directory the launcher made */
+		return SPACED_ESYS;
 	struct stat st;
-	for (int i = 0; i < 20000; i++) {
-		if (stat(e->ctl, &st) == 0 && stat(e->gsock, &st) == 0) {
-			if (start_bridge(e, true) < 0)
-				return SPACED_ESYS;
-			for (int j = 0; j < 20000; j++) { /* the pooled bridge listens before its claim */
-				if (stat(e->hsock, &st) == 0 && S_ISSOCK(st.st_mode))
-					return 0;
-				usleep(500);
-			}
-			return SPACED_ETIMEDOUT;
-		}
+	for (int j = 0; j < 20000; j++) { /* the pooled bridge listens before its claim */
+		if (stat(e->hsock, &st) == 0 && S_ISSOCK(st.st_mode))
+			return 0;
 		usleep(500);
 	}
 	return SPACED_ETIMEDOUT;
 }
 
 /* Claims a pooled execution: the identity goes to the execution (once: a
- * second IDENTITY ends it) and to its bridge, then HELLO through the bridge. */
+ * second IDENTITY ends it) and to its bridge, then HELLO through the bridge.
+ * The three are pipelined: the bridge's HELLO connection waits in its
+ * backlog until the bridge has the identity, the launcher accepts the
+ * bridge's guest connection once the identity is on its way to the guest
+ * (which takes it before any connection), and the launcher's OK is checked
+ * last. */
 static double claim(struct execution *e)
 {
 	char line[SPACED_IDENTITY_TEXT_MAX + 2];
 	int n = snprintf(line, sizeof line, "%s\n", e->identity);
 	uint64_t t0 = spaced_mono_ns();
+	e->t0 = t0;
 	/* No waiting for the launcher's READY line: the pooled bridge already
 	 * listens, and answers HELLO once it and the guest have the identity. */
-	if (ctl_identity(e) < 0 || spaced_io_write_full(e->host_in, line, (size_t)n) < 0 ||
-	    hello_via_bridge(e) < 0)
+	int ctl = ctl_identity_send(e);
+	if (ctl < 0)
+		return -1;
+	e->t_ident = ms_since(t0);
+	if (spaced_io_write_full(e->host_in, line, (size_t)n) < 0) {
+		close(ctl);
+		return -1;
+	}
+	e->t_stdin = ms_since(t0);
+	int r = hello_via_bridge(e);
+	if (ctl_identity_done(ctl) < 0 || r < 0)
 		return -1;
 	return ms_since(t0);
 }
@@ -306,6 +392,8 @@ static void *concurrent_one(void *arg)
 	return NULL;
 }
 
+static double claim_cpu_ms = -1; /* CPU per claim during the concurrent claims */
+
 static int concurrent(const char *root, int n, bool pooled, double *out_ms)
 {
 	struct job *jobs = calloc((size_t)n, sizeof *jobs);
@@ -322,6 +410,7 @@ static int concurrent(const char *root, int n, bool pooled, double *out_ms)
 		if (pooled && prestart(&jobs[i].e) < 0)
 			r = -1;
 	}
+	uint64_t cpu0 = cpu_cg_ns();
 	for (int i = 0; i < n; i++)
 		pthread_create(&t[i], NULL, concurrent_one, &jobs[i]);
 	for (int i = 0; i < n; i++) {
@@ -329,6 +418,23 @@ static int concurrent(const char *root, int n, bool pooled, double *out_ms)
 		out_ms[i] = jobs[i].ms;
 		if (jobs[i].ms < 0)
 			r = -1;
+	}
+	if (pooled && cpu0 != 0)
+		claim_cpu_ms = (double)(cpu_cg_ns() - cpu0) / 1e6 / n;
+	if (pooled) {
+		double *a = calloc((size_t)n, sizeof *a), *b = calloc((size_t)n, sizeof *b),
+		       *c = calloc((size_t)n, sizeof *c);
+		for (int i = 0; i < n; i++) {
+			a[i] = jobs[i].e.t_ident;
+			b[i] = jobs[i].e.t_stdin;
+			c[i] = jobs[i].e.t_conn;
+		}
+		printf("  claim steps, ms after the claim's start, p50/p99: IDENTITY sent %.2f/%.2f, bridge told %.2f/%.2f, "
+		       "HELLO connection made %.2f/%.2f\n",
+		        pct(a, n, .5), pct(a, n, .99), pct(b, n, .5), pct(b, n, .99), pct(c, n, .5), pct(c, n, .99));
+		free(a);
+		free(b);
+		free(c);
 	}
 	for (int i = 0; i < n; i++)
 		teardown(&jobs[i].e);
@@ -385,6 +491,99 @@ static int direct_client(struct execution *e, struct spaced_guest_client **out)
 	return spaced_guest_client_adopt(fd, out);
 }
 
+/* The floor of what any relay adds: a ping-pong of a 64-byte request and a
+ * 4 KiB answer (the sizes of the 4 KiB read) between this process and an
+ * answering process, straight over a socket pair and through a third process
+ * that does nothing but copy (blocking reads of exactly one message, no
+ * checks, no poll): the difference is the cost of one more process wake-up
+ * and copy each way on this machine. */
+enum { PP_REQ = 64, PP_RESP = 4096 + 2 * SPACED_FRAME_HDR_LEN + 32 };
+
+static bool pp_read(int fd, uint8_t *b, size_t n)
+{
+	return spaced_io_read_full(fd, b, n) == 0;
+}
+
+static void pp_answer(int fd)
+{
+	static uint8_t b[PP_RESP];
+	while (pp_read(fd, b, PP_REQ) && spaced_io_write_full(fd, b, PP_RESP) == 0)
+		;
+	_exit(0);
+}
+
+static void pp_copy(int client, int server)
+{
+	static uint8_t b[PP_RESP];
+	while (pp_read(client, b, PP_REQ) && spaced_io_write_full(server, b, PP_REQ) == 0 &&
+	       pp_read(server, b, PP_RESP) && spaced_io_write_full(client, b, PP_RESP) == 0)
+		;
+	_exit(0);
+}
+
+struct pingpong {
+	int fd;          /* this end */
+	pid_t srv, rel;  /* the answering process, the copying one (or 0) */
+};
+
+static int pingpong_start(struct pingpong *pp, bool relayed)
+{
+	int a[2], r[2] = {-1, -1};
+	pp->fd = -1;
+	pp->srv = pp->rel = 0;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a) < 0)
+		return -1;
+	if (relayed && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, r) < 0)
+		return -1;
+	pp->srv = fork();
+	if (pp->srv == 0) {
+		close(a[0]); /* only its own end open: it sees the end of the run */
+		if (relayed) {
+			close(a[1]);
+			close(r[0]);
+		}
+		pp_answer(relayed ? r[1] : a[1]);
+	}
+	if (relayed && (pp->rel = fork()) == 0) {
+		close(a[0]);
+		close(r[1]);
+		pp_copy(a[1], r[0]);
+	}
+	close(a[1]);
+	if (relayed) {
+		close(r[0]);
+		close(r[1]);
+	}
+	pp->fd = a[0];
+	return pp->srv > 0 && (!relayed || pp->rel > 0) ? 0 : -1;
+}
+
+/* One round trip; its duration in us, or -1. */
+static int pingpong_once(struct pingpong *pp, double *us)
+{
+	static uint8_t b[PP_RESP];
+	uint64_t t0 = spaced_mono_ns();
+	if (pp->fd < 0 || spaced_io_write_full(pp->fd, b, PP_REQ) < 0 || !pp_read(pp->fd, b, PP_RESP))
+		return -1;
+	*us = (double)(spaced_mono_ns() - t0) / 1e3;
+	return 0;
+}
+
+static void pingpong_stop(struct pingpong *pp)
+{
+	/* other forks may hold copies of the socket ends: no waiting for EOF */
+	if (pp->fd >= 0)
+		close(pp->fd);
+	if (pp->srv > 0) {
+		kill(pp->srv, SIGKILL);
+		waitpid(pp->srv, NULL, 0);
+	}
+	if (pp->rel > 0) {
+		kill(pp->rel, SIGKILL);
+		waitpid(pp->rel, NULL, 0);
+	}
+}
+
 static int read4k(struct spaced_guest_client *c, double *us)
 {
 	struct spaced_buf b;
@@ -416,6 +615,7 @@ int main(int argc, char **argv)
 	*strrchr(self, '/') = 0;
 	*strrchr(self, '/') = 0;
 	snprintf(top, sizeof top, "%s", self);
+	cpu_cg_enter();
 	char root[] = "/tmp/spaced-bench-substrate-XXXXXX";
 	if (mkdtemp(root) == NULL)
 		return 1;
@@ -426,6 +626,14 @@ int main(int argc, char **argv)
 	double *cc = calloc((size_t)nconc, sizeof(double)), *cp = calloc((size_t)nconc, sizeof(double));
 	int failures = 0;
 
+	if (argc > 3 && strcmp(argv[3], "claims") == 0) { /* only the concurrent claims (for profiling) */
+		int r = concurrent(root, nconc, true, cp);
+		printf("%d concurrent pooled claims         p50 %7.2f ms  p99 %7.2f ms  CPU per claim %.2f ms\n", nconc,
+		       pct(cp, nconc, 0.5), pct(cp, nconc, 0.99), claim_cpu_ms);
+		rmdir(root);
+		cpu_cg_leave();
+		return r < 0 ? 1 : 0;
+	}
 	/* Sequential: cold create, bwrap and pooled claims interleaved, so each sees the same machine. */
 	struct rusage ru0, ru1;
 	double cold_cpu_ms = 0;
@@ -484,7 +692,7 @@ int main(int argc, char **argv)
 	/* Idle memory and the cost of the bridge on one execution. */
 	struct execution e;
 	exec_paths(&e, root, "rd", 1);
-	double idle_rss = -1, direct_p50 = -1, bridge_p50 = -1, handoff_p50 = -1;
+	double idle_rss = -1, direct_p50 = -1, bridge_p50 = -1, handoff_p50 = -1, pp_direct = -1, pp_relayed = -1;
 	if (cold_create(&e) >= 0) {
 		usleep(300000);
 		pid_t g = guest_pid(&e);
@@ -511,8 +719,19 @@ int main(int argc, char **argv)
 			enum { ROUNDS = 20, PER = 100 };
 			double *d = calloc(ROUNDS * PER, sizeof(double)), *br = calloc(ROUNDS * PER, sizeof(double));
 			double *ho = calloc(ROUNDS * PER, sizeof(double));
-			int nd = 0, nb = 0, nh = 0;
+			double *p1 = calloc(ROUNDS * PER, sizeof(double)), *p2 = calloc(ROUNDS * PER, sizeof(double));
+			int nd = 0, nb = 0, nh = 0, n1 = 0, n2 = 0;
+			struct pingpong ppd, ppr;
+			pingpong_start(&ppd, false);
+			pingpong_start(&ppr, true);
+			/* every kind in every round, so that all see the same machine */
 			for (int r = 0; r < ROUNDS; r++) {
+				for (int i = 0; i < PER; i++)
+					if (pingpong_once(&ppd, &p1[n1]) == 0)
+						n1++;
+				for (int i = 0; i < PER; i++)
+					if (pingpong_once(&ppr, &p2[n2]) == 0)
+						n2++;
 				for (int i = 0; i < PER; i++)
 					if (read4k(dc, &d[nd]) == 0)
 						nd++;
@@ -523,6 +742,14 @@ int main(int argc, char **argv)
 					if (read4k(hc, &ho[nh]) == 0)
 						nh++;
 			}
+			pingpong_stop(&ppd);
+			pingpong_stop(&ppr);
+			if (n1 > 0 && n2 > 0) {
+				pp_direct = pct(p1, n1, 0.5);
+				pp_relayed = pct(p2, n2, 0.5);
+			}
+			free(p1);
+			free(p2);
 			if (nd > 0 && nb > 0 && nh > 0) {
 				direct_p50 = pct(d, nd, 0.5);
 				bridge_p50 = pct(br, nb, 0.5);
@@ -561,18 +788,24 @@ int main(int argc, char **argv)
 	printf("%d concurrent cold creates          p50 %7.2f ms  p99 %7.2f ms\n", nconc, cc50, cc99);
 	printf("%d concurrent pooled claims         p50 %7.2f ms  p99 %7.2f ms  (target p99 <= 60 ms)\n", nconc,
 	       cp50, cp99);
+	printf("  CPU per concurrent claim (claimer, launcher, guest, bridge; cpuacct): %.2f ms\n", claim_cpu_ms);
 	printf("CPU per cold create (all processes, teardown included): %.2f ms\n", cold_cpu_ms);
 	printf("idle RSS spaced-host + spaced-guest: %.2f MB (target <= 3)\n", idle_rss);
 	printf("4 KiB read: direct %.1f us, through spaced-host %.1f us, bridge adds %.1f us (target <= 15)\n",
 	       direct_p50, bridge_p50, bridge_p50 - direct_p50);
 	printf("4 KiB read on a connection handed off by spaced-host --handoff: %.1f us (adds %.1f us)\n",
 	       handoff_p50, handoff_p50 - direct_p50);
+	printf("relay floor: 64 B / 4 KiB ping-pong %.1f us direct, %.1f us through a bare copying process: "
+	       "one more hop adds %.1f us\n",
+	       pp_direct, pp_relayed, pp_relayed - pp_direct);
 	printf("{\"create_p50_ms\":%.2f, \"create_p99_ms_50concurrent\":%.2f, \"bwrap_p50_ms\":%.2f, "
 	       "\"create_cpu_ms\":%.2f, \"idle_rss_mb\":%.2f, \"read4k_direct_us_p50\":%.1f, "
 	       "\"read4k_bridge_us_p50\":%.1f, \"cold_create_p50_ms\":%.2f, "
 	       "\"cold_create_p99_ms_50concurrent\":%.2f, \"pool_prestart_p50_ms\":%.2f, "
-	       "\"pool_rss_mb_per_execution\":%.2f, \"read4k_handoff_us_p50\":%.1f, \"failures\":%d}\n",
+	       "\"pool_rss_mb_per_execution\":%.2f, \"read4k_handoff_us_p50\":%.1f, \"relay_floor_us_p50\":%.1f, "
+	       "\"claim_cpu_ms\":%.2f, \"failures\":%d}\n",
 	       pool50, cp99, bw50, cold_cpu_ms, idle_rss, direct_p50, bridge_p50, cold50, cc99, pre50, pool_rss,
-	       handoff_p50, failures);
+	       handoff_p50, pp_relayed - pp_direct, claim_cpu_ms, failures);
+	cpu_cg_leave();
 	return failures ? 1 : 0;
 }
