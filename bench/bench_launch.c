@@ -133,7 +133,7 @@ int main(int argc, char **argv)
 			cfg.identity = NULL;
 			r = spaced_sub_create(&cfg, &s, why, sizeof(why));
 			if (r == 0)
-				r = spaced_sub_wait_ready(s, 300); /* drains nothing: no READY before identity */
+				r = spaced_sub_wait_ready(s, 300); /* drains WAITING: no READY before identity */
 			if (r == SPACED_ETIMEDOUT) {
 				t0 = spaced_mono_ns();
 				r = spaced_sub_set_identity(s, &id);
