@@ -853,8 +853,10 @@ int spaced_sub_handle_control(struct spaced_sub *s)
 		s->ready = true;
 		return 1;
 	}
-	if ((size_t)n == 7 && memcmp(buf, "WAITING", 7) == 0 && !s->has_identity)
-		return 2;
+	/* a pooled guest says it once it is up; when its identity was sent while
+	 * it booted, that no longer matters */
+	if ((size_t)n == 7 && memcmp(buf, "WAITING", 7) == 0)
+		return s->has_identity ? 0 : 2;
 	return SPACED_EPROTO;
 }
 

@@ -87,8 +87,8 @@ int spaced_sub_control_fd(const struct spaced_sub *s);
 const struct spaced_pidref *spaced_sub_init(const struct spaced_sub *s);
 
 /* Reads one control message from the guest. Returns 1 for READY (and records
- * it), 2 for WAITING (before the identity was given), 0 when there was no
- * message, SPACED_ECLOSED when the guest closed its end, SPACED_EPROTO for an
+ * it), 2 for WAITING (0 when the identity was given meanwhile), 0 when there
+ * was no message, SPACED_ECLOSED when the guest closed its end, SPACED_EPROTO for an
  * unknown message. */
 int spaced_sub_handle_control(struct spaced_sub *s);
 
