@@ -136,6 +136,26 @@ out:
 	return r;
 }
 
+int spaced_pidref_expected(struct spaced_pidref *out, pid_t pid, uint64_t start_time, char *why,
+                           size_t whysz)
+{
+	struct spaced_pidref ref = SPACED_PIDREF_NULL;
+	if (spaced_pidref_from_pid(&ref, pid) < 0) {
+		spaced_why(why, whysz, "expected listener process %d is gone", (int)pid);
+		return SPACED_EPEER;
+	}
+	if (ref.start_time != start_time) {
+		spaced_why(why, whysz,
+		           "listener process %d start time %" PRIu64 " differs from the expected %" PRIu64
+		           " (PID reused?)",
+		           (int)pid, ref.start_time, start_time);
+		spaced_pidref_done(&ref);
+		return SPACED_EPEER;
+	}
+	*out = ref;
+	return 0;
+}
+
 int spaced_pidref_from_pidfd_take(struct spaced_pidref *out, int pidfd)
 {
 	uint64_t st;
@@ -588,20 +608,8 @@ int spaced_peer_verify_listener(const char *path, const struct spaced_expected_l
 		r = SPACED_EPEER;
 		goto out;
 	}
-	r = spaced_pidref_from_pid(&ref, exp->pid);
-	if (r < 0) {
-		spaced_why(why, whysz, "expected listener process %d is gone", (int)exp->pid);
-		r = SPACED_EPEER;
+	if ((r = spaced_pidref_expected(&ref, exp->pid, exp->start_time, why, whysz)) < 0)
 		goto out;
-	}
-	if (ref.start_time != exp->start_time) {
-		spaced_why(why, whysz,
-		       "listener process %d start time %" PRIu64 " differs from the expected %" PRIu64
-		       " (PID reused?)",
-		       (int)exp->pid, ref.start_time, exp->start_time);
-		r = SPACED_EPEER;
-		goto out;
-	}
 	if (exp->check_exe) {
 		r = check_exe(&ref, &exp->exe, "listener", why, whysz);
 		if (r < 0)

@@ -56,6 +56,13 @@ int spaced_proc_start_time(pid_t pid, uint64_t *out);
  * The caller releases *out with spaced_pidref_done. */
 int spaced_pidref_from_pid(struct spaced_pidref *out, pid_t pid);
 
+/* Pins the expected listener process: pid must exist and have started at
+ * start_time (a reused pid has another start time). Returns 0 with *out set
+ * (release it with spaced_pidref_done) or SPACED_EPEER with the reason in
+ * why. */
+int spaced_pidref_expected(struct spaced_pidref *out, pid_t pid, uint64_t start_time, char *why,
+                           size_t whysz);
+
 /* Pins the process of a pidfd, taking ownership of pidfd on success only (on
  * failure the caller still owns it). Returns 0, SPACED_ESTALE when the process
  * has exited, or SPACED_ESYS. */

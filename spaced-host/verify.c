@@ -191,18 +191,9 @@ static int launcher_ref(const struct spaced_expected_listener *exp, struct space
 {
 	if (cache.launcher.pidfd < 0) {
 		struct spaced_pidref ref = SPACED_PIDREF_NULL;
-		if (spaced_pidref_from_pid(&ref, exp->pid) < 0) {
-			spaced_why(why, whysz, "expected listener process %d is gone", (int)exp->pid);
-			return SPACED_EPEER;
-		}
-		if (ref.start_time != exp->start_time) {
-			spaced_why(why, whysz,
-			           "listener process %d start time %" PRIu64 " differs from the expected %" PRIu64
-			           " (PID reused?)",
-			           (int)exp->pid, ref.start_time, exp->start_time);
-			spaced_pidref_done(&ref);
-			return SPACED_EPEER;
-		}
+		int r = spaced_pidref_expected(&ref, exp->pid, exp->start_time, why, whysz);
+		if (r < 0)
+			return r;
 		cache.launcher = ref;
 		cache.launcher_pidfs_ino = pidfs_ino(ref.pidfd);
 	} else if (spaced_pidref_check(&cache.launcher) < 0) {
