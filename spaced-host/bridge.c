@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,61 +162,105 @@ struct half {
 	size_t off, len;
 };
 
-enum { RELAY_BUF = 64 * 1024 };
+enum { HALF_ENDED = -1, HALF_IDLE = 0, HALF_MOVED = 1 };
 
-/* Moves what it can without blocking. Returns 1 while the direction is open,
- * 0 when `from` ended or either side failed. */
+/* Moves what it can without blocking. Returns HALF_MOVED when bytes were
+ * read or written, HALF_IDLE when nothing could move, HALF_ENDED when `from`
+ * ended or either side failed. */
 static int half_step(struct half *h, short revents)
 {
+	int moved = HALF_IDLE;
 	if (h->len == 0 && (revents & (POLLIN | POLLHUP | POLLERR))) {
-		ssize_t got = recv(h->from, h->buf, RELAY_BUF, MSG_DONTWAIT);
+		ssize_t got = recv(h->from, h->buf, HOST_RELAY_BUF, MSG_DONTWAIT);
 		if (got < 0)
-			return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK;
+			return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ? HALF_IDLE : HALF_ENDED;
 		if (got == 0)
-			return 0;
+			return HALF_ENDED;
 		h->off = 0;
 		h->len = (size_t)got;
+		moved = HALF_MOVED;
 	}
 	while (h->len > 0) {
 		ssize_t put = send(h->to, h->buf + h->off, h->len, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (put < 0) {
 			if (errno == EINTR)
 				continue;
-			return errno == EAGAIN || errno == EWOULDBLOCK;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? moved : HALF_ENDED;
 		}
 		h->off += (size_t)put;
 		h->len -= (size_t)put;
+		moved = HALF_MOVED;
 	}
-	return 1;
+	return moved;
 }
 
-void host_relay(int a, int b)
+/*
+ * The relay's spin. After bytes moved, the next ones often follow within
+ * microseconds (the rest of an answer, a guest answering a read, a caller
+ * sending its next request), and on a virtual machine the wake-up from poll is
+ * most of what a hop costs. So after a move the relay may keep checking both
+ * sides without sleeping for up to spin_us before it sleeps:
+ *   - only while the traffic comes close together: after a move that woke it
+ *     from poll sooner than spin_us after the move before (a spin would have
+ *     caught it), or that a spin caught. A connection that says one thing and
+ *     waits (a claim's HELLO, an agent typing, a watch) never spins;
+ *   - a spin that ends without bytes stops spinning until traffic comes close
+ *     together again;
+ *   - between checks it yields the processor, and a yield that let other work
+ *     run (the machine is busy) ends the spin at once.
+ * So a connection pays at most spin_us of processor time per move, and only
+ * while its traffic came close together and the processor had nothing else to do.
+ */
+enum { SPIN_BUSY_NS = 20000 };
+
+void host_relay(int a, int b, struct host_relay_bufs *bufs, int spin_us)
 {
-	/* two heap buffers below malloc's mmap threshold: memory freed by an
-	 * earlier connection is reused, not mapped and faulted in again */
-	struct half up = {a, b, malloc(RELAY_BUF), 0, 0}, down = {b, a, malloc(RELAY_BUF), 0, 0};
+	struct half up = {a, b, bufs->up, 0, 0}, down = {b, a, bufs->down, 0, 0};
 	struct half *hs[2] = {&up, &down};
-	while (up.buf != NULL && down.buf != NULL) {
+	uint64_t spin_ns = (uint64_t)spin_us * 1000u;
+	uint64_t spin_until = 0; /* checking without sleeping until then (0: sleeping) */
+	uint64_t last_move = 0;  /* when bytes last moved */
+	for (;;) {
 		/* a direction with bytes pending waits for room at its destination
 		 * and reads nothing more meanwhile; the other one goes on */
 		struct pollfd p[2];
 		for (int i = 0; i < 2; i++)
 			p[i] = hs[i]->len > 0 ? (struct pollfd){.fd = hs[i]->to, .events = POLLOUT}
 			                      : (struct pollfd){.fd = hs[i]->from, .events = POLLIN};
-		int n = poll(p, 2, -1);
+		int n = poll(p, 2, spin_until != 0 ? 0 : -1);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
 			break;
-		bool open = true;
-		for (int i = 0; i < 2 && open; i++)
-			if (p[i].revents != 0)
-				open = half_step(hs[i], hs[i]->len > 0 ? 0 : p[i].revents) == 1;
-		if (!open)
+		if (n == 0) {
+			uint64_t now = spaced_mono_ns();
+			if (now >= spin_until) {
+				spin_until = 0;
+				continue;
+			}
+			/* a yield that ran something else says the processor is wanted:
+			 * sleep instead of spinning on */
+			sched_yield();
+			if (spaced_mono_ns() - now > SPIN_BUSY_NS)
+				spin_until = 0;
+			continue;
+		}
+		int step = HALF_IDLE;
+		for (int i = 0; i < 2 && step != HALF_ENDED; i++) {
+			int s = p[i].revents != 0 ? half_step(hs[i], hs[i]->len > 0 ? 0 : p[i].revents) : HALF_IDLE;
+			if (s == HALF_ENDED || s > step)
+				step = s;
+		}
+		if (step == HALF_ENDED)
 			break;
+		if (step == HALF_MOVED && spin_ns > 0) {
+			uint64_t now = spaced_mono_ns();
+			/* caught by a spin, or it would have been */
+			bool close_together = spin_until != 0 || now - last_move < spin_ns;
+			last_move = now;
+			spin_until = close_together ? now + spin_ns : 0;
+		}
 	}
-	free(up.buf);
-	free(down.buf);
 	shutdown(a, SHUT_RDWR);
 	shutdown(b, SHUT_RDWR);
 }

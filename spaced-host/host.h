@@ -44,6 +44,7 @@ struct host_config {
 	char identity_text[SPACED_IDENTITY_TEXT_MAX];
 	int timeout_ms;                             /* for the handshake and HELLO */
 	bool handoff;                               /* pass the verified guest connection on */
+	int relay_spin_us;                          /* host_relay()'s spin_us */
 };
 
 /* Step 2: the checks of spaced_peer_connect_listener() (pidref.h) on
@@ -66,11 +67,20 @@ int host_prepare_listener(const struct host_config *cfg, char *why, size_t whysz
  * one-line reason in why. */
 int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_t whysz);
 
+/* The relay's two buffers (one per direction), kept by a serving thread
+ * across the connections it serves. */
+enum { HOST_RELAY_BUF = 64 * 1024 };
+struct host_relay_bufs {
+	uint8_t up[HOST_RELAY_BUF], down[HOST_RELAY_BUF];
+};
+
 /* Relays bytes between a and b in the calling thread until either side
  * closes or fails, then shuts both down and returns (the caller closes them).
- * One poll loop for both directions, 64 KiB per read; a direction whose
- * destination is full stops reading until it drains while the other goes on. */
-void host_relay(int a, int b);
+ * One poll loop for both directions, HOST_RELAY_BUF per read; a direction
+ * whose destination is full stops reading until it drains while the other
+ * goes on. After bytes moved, it keeps checking both sides without sleeping
+ * for up to spin_us microseconds (0: never) before it sleeps in poll. */
+void host_relay(int a, int b, struct host_relay_bufs *bufs, int spin_us);
 
 /* Hands the verified guest connection guest_fd to the caller on fd: one
  * HANDOFF frame (host_client.h) with the identity text and the descriptor.

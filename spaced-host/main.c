@@ -1,6 +1,7 @@
 /* spaced-host — the per-sandbox host bridge. See host.h for what it checks. */
 #include <errno.h>
 #include <getopt.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -33,9 +34,10 @@ static void logline(const char *level, const char *event, const char *fmt, ...)
 	        cfg.identity.sandbox, (unsigned long long)cfg.identity.generation, msg);
 }
 
-static void *serve(void *arg)
+/* Serves one accepted connection: every check, then the relay or the handoff. */
+static void serve(int cfd, struct host_relay_bufs *bufs)
 {
-	int cfd = (int)(intptr_t)arg, gfd = -1;
+	int gfd = -1;
 	char why[512] = "";
 	struct spaced_pidref caller = SPACED_PIDREF_NULL;
 	int r = spaced_peer_verify_caller(cfd, &cfg.manager, &caller, why, sizeof why);
@@ -59,14 +61,90 @@ static void *serve(void *arg)
 		if (host_handoff(cfd, gfd, cfg.identity_text) < 0)
 			logline("warn", "handoff-failed", "reason=\"caller went away\"");
 	} else {
-		host_relay(cfd, gfd);
+		host_relay(cfd, gfd, bufs, cfg.relay_spin_us);
 	}
 out:
 	spaced_pidref_done(&caller);
 	if (gfd >= 0)
 		close(gfd);
 	close(cfd);
+}
+
+/*
+ * Serving threads (leader/followers). Each one blocks in accept(2) on the
+ * bridge's socket, serves the connection it took and goes back, keeping its
+ * stack and relay buffers. SPARE_WORKERS of them wait at any time: a bridge
+ * makes them at start (a pooled one before its claim), so a connection costs
+ * no thread creation and no hand-over between threads. When a worker takes a
+ * connection and none is left waiting, the main thread makes another one, so
+ * a long relay never holds up the next connection; a worker that finishes
+ * while SPARE_WORKERS already wait ends.
+ */
+enum { SPARE_WORKERS = 2 };
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;    /* serving became true, or waiting reached 0 */
+	int waiting;          /* workers not serving a connection (made or being made) */
+	bool serving;         /* the identity is known: serve connections */
+	int lfd;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false, -1};
+
+static void *worker(void *bufs)
+{
+	for (;;) {
+		int cfd = accept4(pool.lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (cfd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				usleep(10000); /* out of descriptors: let connections end */
+				continue;
+			}
+			logline("error", "accept-failed", "errno=%d", errno);
+			exit(1);
+		}
+		/* a connection taken before the identity is known waits for it (a
+		 * pooled bridge's workers wait in accept, not here, so that learning
+		 * the identity wakes none of them) */
+		pthread_mutex_lock(&pool.mu);
+		while (!pool.serving)
+			pthread_cond_wait(&pool.cv, &pool.mu);
+		if (--pool.waiting == 0)
+			pthread_cond_broadcast(&pool.cv);
+		pthread_mutex_unlock(&pool.mu);
+		serve(cfd, bufs);
+		pthread_mutex_lock(&pool.mu);
+		bool keep = pool.waiting < SPARE_WORKERS;
+		if (keep)
+			pool.waiting++;
+		pthread_mutex_unlock(&pool.mu);
+		if (!keep)
+			break;
+	}
+	free(bufs);
 	return NULL;
+}
+
+/* Makes one worker (already counted in pool.waiting). Returns 0 or -1. */
+static int worker_start(void)
+{
+	static pthread_attr_t attr;
+	static bool attr_ready;
+	if (!attr_ready) {
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&attr, 128 * 1024);
+		attr_ready = true;
+	}
+	/* above malloc's mmap threshold: its own mapping, pages faulted in only
+	 * as far as the relay uses them */
+	struct host_relay_bufs *bufs = malloc(sizeof *bufs);
+	pthread_t t;
+	if (bufs != NULL && pthread_create(&t, &attr, worker, bufs) == 0)
+		return 0;
+	free(bufs);
+	return -1;
 }
 
 static int listen_on(const char *path)
@@ -95,7 +173,7 @@ static const char usage[] =
 	"usage: spaced-host --listen PATH --guest PATH --identity TEXT|- --launcher-pid PID\n"
 	"       [--launcher-start TICKS] [--launcher-exe PATH] [--guest-owner UID] [--guest-port N]\n"
 	"       [--manager-uid UID] [--manager-pid PID [--manager-start TICKS]] [--timeout-ms MS]\n"
-	"       [--handoff]\n";
+	"       [--handoff | --relay-spin-us US]\n";
 
 static int parse_u64(const char *s, uint64_t *out)
 {
@@ -124,6 +202,7 @@ int main(int argc, char **argv)
 		{"manager-start", required_argument, NULL, 'T'},
 		{"timeout-ms", required_argument, NULL, 't'},
 		{"handoff", no_argument, NULL, 'H'},
+		{"relay-spin-us", required_argument, NULL, 'R'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *identity = NULL, *launcher_exe = NULL;
@@ -132,6 +211,7 @@ int main(int argc, char **argv)
 	int c;
 	cfg.guest_port = 1024;
 	cfg.timeout_ms = 2000;
+	cfg.relay_spin_us = getenv("SPACED_RELAY_SPIN_US") ? atoi(getenv("SPACED_RELAY_SPIN_US")) : 50;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		const char *bad = NULL;
 		switch (c) {
@@ -147,6 +227,7 @@ int main(int argc, char **argv)
 		case 'U': if (parse_u64(optarg, &mgr_uid) < 0) bad = "--manager-uid"; break;
 		case 'M': if (parse_u64(optarg, &mgr_pid) < 0) bad = "--manager-pid"; break;
 		case 'T': if (parse_u64(optarg, &mgr_start) < 0) bad = "--manager-start"; break;
+		case 'R': if (parse_u64(optarg, &v) < 0 || v > 1000) bad = "--relay-spin-us"; else cfg.relay_spin_us = (int)v; break;
 		case 't': if (parse_u64(optarg, &v) < 0 || v == 0 || v > 60000) bad = "--timeout-ms"; else cfg.timeout_ms = (int)v; break;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -187,6 +268,9 @@ int main(int argc, char **argv)
 	cfg.manager.start_time = mgr_start;
 
 	signal(SIGPIPE, SIG_IGN);
+	/* the workers' few small allocations share one arena instead of each
+	 * mapping a 64 MiB one of its own */
+	mallopt(M_ARENA_MAX, 1);
 	int lfd = listen_on(cfg.listen_path);
 	if (lfd < 0) {
 		fprintf(stderr, "spaced-host: cannot listen on %s: %s\n", cfg.listen_path, strerror(errno));
@@ -197,6 +281,14 @@ int main(int argc, char **argv)
 	char why[512] = "";
 	if (host_prepare_listener(&cfg, why, sizeof why) < 0)
 		fprintf(stderr, "spaced-host level=info event=prepare-failed reason=\"%s\"\n", why);
+	pool.lfd = lfd;
+	for (int i = 0; i < SPARE_WORKERS; i++) {
+		if (worker_start() < 0) {
+			fprintf(stderr, "spaced-host: cannot start a serving thread\n");
+			return 1;
+		}
+		pool.waiting++;
+	}
 	/* A bridge pre-started for a warm pool listens at once (connections wait
 	 * in the backlog) and learns the identity it must reach when the execution
 	 * is claimed: one line on standard input. It serves nothing before. */
@@ -215,22 +307,22 @@ int main(int argc, char **argv)
 	}
 	spaced_identity_encode(&cfg.identity, cfg.identity_text, sizeof cfg.identity_text);
 	logline("info", "listening", "path=%s guest=%s", cfg.listen_path, cfg.guest_path);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, 128 * 1024);
+	pthread_mutex_lock(&pool.mu);
+	pool.serving = true;
+	pthread_cond_broadcast(&pool.cv);
 	for (;;) {
-		int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-		if (cfd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE)
-				continue;
-			logline("error", "accept-failed", "errno=%d", errno);
-			return 1;
-		}
-		pthread_t t;
-		if (pthread_create(&t, &attr, serve, (void *)(intptr_t)cfd) != 0) {
-			logline("warn", "thread-failed", "reason=\"cannot serve a connection\"");
-			close(cfd);
+		while (pool.waiting > 0)
+			pthread_cond_wait(&pool.cv, &pool.mu);
+		pool.waiting++;
+		pthread_mutex_unlock(&pool.mu);
+		bool made = worker_start() == 0;
+		pthread_mutex_lock(&pool.mu);
+		if (!made) {
+			pool.waiting--;
+			pthread_mutex_unlock(&pool.mu);
+			logline("warn", "thread-failed", "reason=\"cannot make a serving thread\"");
+			usleep(10000);
+			pthread_mutex_lock(&pool.mu);
 		}
 	}
 }

@@ -82,16 +82,21 @@ static void usage(void)
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* One structured line per event on stderr. */
+/* One structured line per event on stderr, in one write (a claim logs twice). */
 static void logf_(const char *fmt, ...)
 {
+	char line[1024];
 	va_list ap;
+	int n = snprintf(line, sizeof(line), "spaced-launch[%d]: ", (int)getpid());
 
-	fprintf(stderr, "spaced-launch[%d]: ", (int)getpid());
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	if ((size_t)n > sizeof(line) - 2)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	if (write(STDERR_FILENO, line, (size_t)n) < 0)
+		return; /* nowhere to say it */
 }
 
 /* A listening socket at path that appears there only once it listens, with

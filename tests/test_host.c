@@ -512,3 +512,60 @@ Test(host, pooled_bridge_serves_only_after_it_learns_the_identity)
 	stop(&h);
 	stop(&l);
 }
+
+/* Writes then reads back size bytes through c and checks them. */
+static void roundtrip(struct spaced_guest_client *c, const char *path, size_t size, unsigned seed)
+{
+	uint8_t *data = malloc(size);
+	cr_assert_not_null(data);
+	for (size_t i = 0; i < size; i++)
+		data[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 12));
+	cr_assert_eq(spaced_guest_fs_write(c, path, data, size, 0644, 0), 0, "%s", spaced_guest_client_errmsg(c));
+	struct spaced_buf b;
+	spaced_buf_init(&b, size + 1);
+	cr_assert_eq(spaced_guest_fs_read(c, path, 0, UINT64_MAX, &b), 0, "%s", spaced_guest_client_errmsg(c));
+	cr_assert_eq(b.len, size);
+	cr_assert_eq(memcmp(b.data, data, size), 0, "%s came back altered through the relay", path);
+	spaced_buf_free(&b);
+	free(data);
+}
+
+/* The bridge keeps a few serving threads ready; connections beyond them, held
+ * open at once, are all served, and threads are reused after connections end.
+ * Large transfers cross the relay intact with its spin on and off. */
+Test(host, serves_more_open_connections_than_its_ready_threads_and_relays_large_transfers)
+{
+	char state[300], gs[300], hs[300];
+	paths(state, gs, hs, sizeof state, "many");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	static const char *const spins[] = {"0", "50"};
+	for (size_t s = 0; s < 2; s++) {
+		const char *extra[] = {"--manager-uid", "0", "--relay-spin-us", spins[s], NULL};
+		struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+		enum { OPEN = 6 };
+		struct spaced_guest_client *c[OPEN];
+		struct spaced_identity id;
+		for (int i = 0; i < OPEN; i++) { /* all open at once: more than the ready threads */
+			cr_assert_eq(spaced_guest_client_connect(hs, &c[i]), 0);
+			cr_assert_eq(spaced_guest_hello(c[i], &id), 0, "connection %d: %s", i,
+			             spaced_guest_client_errmsg(c[i]));
+		}
+		for (int i = OPEN - 1; i >= 0; i--) {
+			char path[64];
+			snprintf(path, sizeof path, "workspace/many-%d.bin", i);
+			roundtrip(c[i], path, i == 0 ? 3u << 20 : 70000u, (unsigned)i);
+			cr_assert_str_eq(spaced_guest_client_identity(c[i]), ID7);
+		}
+		for (int i = 0; i < OPEN; i++)
+			spaced_guest_client_free(c[i]);
+		for (int i = 0; i < 8; i++) { /* one after another: served by threads kept */
+			struct spaced_guest_client *d;
+			cr_assert_eq(spaced_guest_client_connect(hs, &d), 0);
+			cr_assert_eq(spaced_guest_hello(d, &id), 0, "sequential connection %d: %s", i,
+			             spaced_guest_client_errmsg(d));
+			spaced_guest_client_free(d);
+		}
+		stop(&h);
+	}
+	stop(&l);
+}
