@@ -381,7 +381,7 @@ struct job {
 	struct execution e;
 	bool pooled;
 	double ms;
-	pthread_barrier_t *go;
+	pthread_barrier_t *go, *done;
 };
 
 static void *concurrent_one(void *arg)
@@ -389,6 +389,8 @@ static void *concurrent_one(void *arg)
 	struct job *j = arg;
 	pthread_barrier_wait(j->go);
 	j->ms = j->pooled ? claim(&j->e) : cold_create(&j->e);
+	/* no thread ends (unmapping its stack) while others still run theirs */
+	pthread_barrier_wait(j->done);
 	return NULL;
 }
 
@@ -398,21 +400,28 @@ static int concurrent(const char *root, int n, bool pooled, double *out_ms)
 {
 	struct job *jobs = calloc((size_t)n, sizeof *jobs);
 	pthread_t *t = calloc((size_t)n, sizeof *t);
-	pthread_barrier_t go;
+	pthread_barrier_t go, done;
 	int r = 0;
-	pthread_barrier_init(&go, NULL, (unsigned)n);
+	/* the bench's own thread joins both: CPU is counted from when all the
+	 * threads are made to when all have finished, not their making and ending */
+	pthread_barrier_init(&go, NULL, (unsigned)n + 1);
+	pthread_barrier_init(&done, NULL, (unsigned)n + 1);
 	for (int i = 0; i < n; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "%s%d", pooled ? "p" : "c", i);
 		exec_paths(&jobs[i].e, root, name, 1);
 		jobs[i].pooled = pooled;
 		jobs[i].go = &go;
+		jobs[i].done = &done;
 		if (pooled && prestart(&jobs[i].e) < 0)
 			r = -1;
 	}
-	uint64_t cpu0 = cpu_cg_ns();
 	for (int i = 0; i < n; i++)
 		pthread_create(&t[i], NULL, concurrent_one, &jobs[i]);
+	uint64_t cpu0 = cpu_cg_ns();
+	pthread_barrier_wait(&go);
+	pthread_barrier_wait(&done);
+	uint64_t cpu1 = cpu_cg_ns();
 	for (int i = 0; i < n; i++) {
 		pthread_join(t[i], NULL);
 		out_ms[i] = jobs[i].ms;
@@ -420,7 +429,7 @@ static int concurrent(const char *root, int n, bool pooled, double *out_ms)
 			r = -1;
 	}
 	if (pooled && cpu0 != 0)
-		claim_cpu_ms = (double)(cpu_cg_ns() - cpu0) / 1e6 / n;
+		claim_cpu_ms = (double)(cpu1 - cpu0) / 1e6 / n;
 	if (pooled) {
 		double *a = calloc((size_t)n, sizeof *a), *b = calloc((size_t)n, sizeof *b),
 		       *c = calloc((size_t)n, sizeof *c);
@@ -439,6 +448,7 @@ static int concurrent(const char *root, int n, bool pooled, double *out_ms)
 	for (int i = 0; i < n; i++)
 		teardown(&jobs[i].e);
 	pthread_barrier_destroy(&go);
+	pthread_barrier_destroy(&done);
 	free(jobs);
 	free(t);
 	return r;
