@@ -71,9 +71,11 @@ static int read_ok_line(int fd, char *why, size_t whysz)
 	return SPACED_OK;
 }
 
-/* Compares the identity in the guest's answer to HELLO (already sent, id 1)
- * with the expected one. */
-static int check_identity(const struct host_config *cfg, int fd, char *why, size_t whysz)
+/* Compares the identity in the guest's answer to HELLO (already sent with
+ * hello_id) with the expected one. With answer != NULL, the checked answer is
+ * kept there, whole (header and payload). */
+static int check_identity(const struct host_config *cfg, int fd, uint32_t hello_id, struct spaced_buf *answer,
+                          char *why, size_t whysz)
 {
 	struct spaced_frame_hdr hdr;
 	uint8_t *payload = NULL;
@@ -88,7 +90,7 @@ static int check_identity(const struct host_config *cfg, int fd, char *why, size
 	const char *msg, *text;
 	size_t msg_len, text_len;
 	spaced_field_reader_init(&rd, payload, hdr.len);
-	if (hdr.type != SPACED_GUEST_OUT_RESULT || hdr.id != 1 || !(hdr.flags & SPACED_FRAME_F_END) ||
+	if (hdr.type != SPACED_GUEST_OUT_RESULT || hdr.id != hello_id || !(hdr.flags & SPACED_FRAME_F_END) ||
 	    spaced_field_get_i64(&rd, &status) < 0 || spaced_field_get_str(&rd, &msg, &msg_len) < 0 ||
 	    spaced_field_get_str(&rd, &text, &text_len) < 0) {
 		snprintf(why, whysz, "malformed HELLO answer from the guest");
@@ -108,17 +110,41 @@ static int check_identity(const struct host_config *cfg, int fd, char *why, size
 		goto out;
 	}
 	r = SPACED_OK;
+	if (answer != NULL && spaced_frame_append(answer, hdr.type, hdr.flags, hdr.id, payload, hdr.len) < 0) {
+		snprintf(why, whysz, "cannot keep the HELLO answer");
+		r = SPACED_ENOMEM;
+	}
 out:
 	free(payload);
 	return r;
 }
 
-int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_t whysz)
+/* When the caller's first frame has already arrived and is a bare HELLO
+ * (no payload, no flags), takes it and returns its id: the bridge then sends
+ * it as its own, checks the answer and keeps it for the caller, one round
+ * trip to the guest instead of two. HELLO changes nothing in the guest, and it is still
+ * the bridge that sends it before anything else of the caller's. Returns -1
+ * (nothing taken) otherwise. */
+static int64_t take_callers_hello(int caller)
+{
+	uint8_t h[SPACED_FRAME_HDR_LEN];
+	struct spaced_frame_hdr hdr;
+	if (recv(caller, h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof h ||
+	    spaced_frame_hdr_decode(&hdr, h, 0) < 0 || hdr.type != SPACED_GUEST_HELLO || hdr.len != 0 ||
+	    hdr.flags != 0 || recv(caller, h, sizeof h, MSG_DONTWAIT) != (ssize_t)sizeof h)
+		return -1;
+	return hdr.id;
+}
+
+int host_open_guest(const struct host_config *cfg, int caller, struct spaced_buf *answer, int *fd_out,
+                    char *why, size_t whysz)
 {
 	int fd = -1, r;
 	r = host_connect_listener(cfg, &fd, why, whysz);
 	if (r < 0)
 		return r;
+	int64_t callers_hello = caller >= 0 ? take_callers_hello(caller) : -1;
+	uint32_t hello_id = callers_hello >= 0 ? (uint32_t)callers_hello : 1;
 	/* The handshake line and the bridge's own HELLO leave in one write: the
 	 * transport consumes exactly the CONNECT line and leaves the HELLO in the
 	 * stream for the guest (Firecracker reads the line byte by byte for the
@@ -131,7 +157,7 @@ int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_
 		r = SPACED_EINVAL;
 		goto fail;
 	}
-	struct spaced_frame_hdr hello = {.len = 0, .type = SPACED_GUEST_HELLO, .flags = 0, .id = 1};
+	struct spaced_frame_hdr hello = {.len = 0, .type = SPACED_GUEST_HELLO, .flags = 0, .id = hello_id};
 	spaced_frame_hdr_encode(out + n, &hello);
 	if (set_recv_timeout(fd, cfg->timeout_ms) < 0 ||
 	    spaced_io_write_full(fd, out, (size_t)n + SPACED_FRAME_HDR_LEN) < 0) {
@@ -141,7 +167,7 @@ int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_
 	}
 	if ((r = read_ok_line(fd, why, whysz)) < 0)
 		goto fail;
-	if ((r = check_identity(cfg, fd, why, whysz)) < 0)
+	if ((r = check_identity(cfg, fd, hello_id, callers_hello >= 0 ? answer : NULL, why, whysz)) < 0)
 		goto fail;
 	if (set_recv_timeout(fd, 0) < 0) {
 		snprintf(why, whysz, "cannot clear the handshake timeout");

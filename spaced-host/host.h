@@ -33,6 +33,7 @@
 
 #include "identity.h"
 #include "pidref.h"
+#include "util.h"
 
 struct host_config {
 	const char *listen_path;                    /* the bridge's own socket */
@@ -62,10 +63,15 @@ int host_connect_listener(const struct host_config *cfg, int *fd_out, char *why,
 int host_prepare_listener(const struct host_config *cfg, char *why, size_t whysz);
 
 /* Runs the checks of steps 2–4 above and returns a connected, verified guest
- * stream (after the handshake and HELLO) in *fd_out. On failure returns
- * SPACED_EPEER, SPACED_EIDENTITY, SPACED_EPROTO, SPACED_ETIMEDOUT … with a
- * one-line reason in why. */
-int host_open_guest(const struct host_config *cfg, int *fd_out, char *why, size_t whysz);
+ * stream (after the handshake and HELLO) in *fd_out. With caller >= 0 (relay
+ * mode), a bare HELLO that is already the caller's first frame is taken and
+ * sent as the bridge's own, and the checked answer is appended to *answer
+ * (whole frame), for the caller to receive before anything relayed: one round
+ * trip to the guest instead of two. On failure returns SPACED_EPEER,
+ * SPACED_EIDENTITY, SPACED_EPROTO, SPACED_ETIMEDOUT … with a one-line reason
+ * in why. */
+int host_open_guest(const struct host_config *cfg, int caller, struct spaced_buf *answer, int *fd_out,
+                    char *why, size_t whysz);
 
 /* The relay's two buffers (one per direction), kept by a serving thread
  * across the connections it serves. */

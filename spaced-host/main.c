@@ -16,6 +16,7 @@
 #include <sodium.h>
 
 #include "error.h"
+#include "frame.h"
 #include "host.h"
 
 static struct host_config cfg;
@@ -40,13 +41,15 @@ static void serve(int cfd, struct host_relay_bufs *bufs)
 	int gfd = -1;
 	char why[512] = "";
 	struct spaced_pidref caller = SPACED_PIDREF_NULL;
+	struct spaced_buf hello_answer;
+	spaced_buf_init(&hello_answer, 4096);
 	int r = spaced_peer_verify_caller(cfd, &cfg.manager, &caller, why, sizeof why);
 	if (r < 0) {
 		logline("warn", "caller-refused", "reason=\"%s\"", why);
 		host_refuse(cfd, SPACED_EPEER, "caller is not the sandbox manager", "");
 		goto out;
 	}
-	r = host_open_guest(&cfg, &gfd, why, sizeof why);
+	r = host_open_guest(&cfg, cfg.handoff ? -1 : cfd, &hello_answer, &gfd, why, sizeof why);
 	if (r < 0) {
 		logline("warn", "guest-refused", "code=%s reason=\"%s\"", spaced_errname(r), why);
 		host_refuse(cfd, r, why, "");
@@ -60,10 +63,11 @@ static void serve(int cfd, struct host_relay_bufs *bufs)
 	if (cfg.handoff) {
 		if (host_handoff(cfd, gfd, cfg.identity_text) < 0)
 			logline("warn", "handoff-failed", "reason=\"caller went away\"");
-	} else {
+	} else if (hello_answer.len == 0 || spaced_io_write_full(cfd, hello_answer.data, hello_answer.len) == 0) {
 		host_relay(cfd, gfd, bufs, cfg.relay_spin_us);
 	}
 out:
+	spaced_buf_free(&hello_answer);
 	spaced_pidref_done(&caller);
 	if (gfd >= 0)
 		close(gfd);

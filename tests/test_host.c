@@ -569,3 +569,65 @@ Test(host, serves_more_open_connections_than_its_ready_threads_and_relays_large_
 	}
 	stop(&l);
 }
+
+/* Receives one frame on fd and checks it is the RESULT of id, with status 0
+ * and the expected identity. */
+static void expect_hello_answer(int fd, uint32_t id)
+{
+	struct spaced_frame_hdr h;
+	uint8_t *p = NULL;
+	cr_assert_eq(spaced_frame_recv(fd, SPACED_FRAME_MAX, &h, &p), 0);
+	cr_assert_eq(h.type, SPACED_GUEST_OUT_RESULT);
+	cr_assert_eq(h.id, id, "the answer carries the caller's id");
+	cr_assert(h.flags & SPACED_FRAME_F_END);
+	struct spaced_field_reader rd;
+	int64_t status = -1;
+	char msg[256], ident[256];
+	spaced_field_reader_init(&rd, p, h.len);
+	cr_assert_eq(spaced_field_get_i64(&rd, &status), 0);
+	cr_assert_eq(status, 0);
+	cr_assert_eq(spaced_field_get_strbuf(&rd, msg, sizeof msg), 0);
+	cr_assert_eq(spaced_field_get_strbuf(&rd, ident, sizeof ident), 0);
+	cr_assert_str_eq(ident, ID7);
+	free(p);
+}
+
+/* A caller whose first frame is a bare HELLO gets the answer the bridge
+ * checked, under the caller's own id, and everything after it relayed in
+ * order; a first frame that is not a bare HELLO is relayed as it is. */
+Test(host, answers_a_callers_first_hello_with_the_checked_answer_and_relays_the_rest)
+{
+	char state[300], gs[300], hs[300];
+	paths(state, gs, hs, sizeof state, "hello");
+	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	const char *extra[] = {"--manager-uid", "0", NULL};
+	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
+	for (int round = 0; round < 2; round++) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", hs);
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+		if (round == 0) { /* a bare HELLO first, then another right behind it */
+			cr_assert_eq(spaced_frame_send(fd, SPACED_GUEST_HELLO, 0, 42, NULL, 0), 0);
+			cr_assert_eq(spaced_frame_send(fd, SPACED_GUEST_HELLO, 0, 43, NULL, 0), 0);
+			expect_hello_answer(fd, 42);
+			expect_hello_answer(fd, 43);
+		} else { /* first a PROC_LIST, then a HELLO: both answered by the guest, in order */
+			cr_assert_eq(spaced_frame_send(fd, SPACED_GUEST_PROC_LIST, 0, 5, NULL, 0), 0);
+			cr_assert_eq(spaced_frame_send(fd, SPACED_GUEST_HELLO, 0, 6, NULL, 0), 0);
+			struct spaced_frame_hdr fh;
+			uint8_t *p = NULL;
+			do { /* the PROC_LIST's frames, ending with its RESULT */
+				free(p);
+				p = NULL;
+				cr_assert_eq(spaced_frame_recv(fd, SPACED_FRAME_MAX, &fh, &p), 0);
+				cr_assert_eq(fh.id, 5u, "the PROC_LIST is answered first");
+			} while (fh.type != SPACED_GUEST_OUT_RESULT);
+			free(p);
+			expect_hello_answer(fd, 6);
+		}
+		close(fd);
+	}
+	stop(&h);
+	stop(&l);
+}
