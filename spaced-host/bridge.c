@@ -244,22 +244,40 @@ void host_relay(int a, int b, struct host_relay_bufs *bufs, int spin_us)
 	struct half up = {a, b, bufs->up, 0, 0}, down = {b, a, bufs->down, 0, 0};
 	struct half *hs[2] = {&up, &down};
 	uint64_t spin_ns = (uint64_t)spin_us * 1000u;
-	uint64_t spin_until = 0; /* checking without sleeping until then (0: sleeping) */
+	uint64_t spin_until = 0; /* spinning until then (0: sleeping in poll) */
 	uint64_t last_move = 0;  /* when bytes last moved */
 	for (;;) {
 		/* a direction with bytes pending waits for room at its destination
 		 * and reads nothing more meanwhile; the other one goes on */
-		struct pollfd p[2];
-		for (int i = 0; i < 2; i++)
-			p[i] = hs[i]->len > 0 ? (struct pollfd){.fd = hs[i]->to, .events = POLLOUT}
-			                      : (struct pollfd){.fd = hs[i]->from, .events = POLLIN};
-		int n = poll(p, 2, spin_until != 0 ? 0 : -1);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
+		short ready[2] = {POLLIN, POLLIN}; /* while spinning: try both directly */
+		if (spin_until == 0) {
+			struct pollfd p[2];
+			for (int i = 0; i < 2; i++)
+				p[i] = hs[i]->len > 0 ? (struct pollfd){.fd = hs[i]->to, .events = POLLOUT}
+				                      : (struct pollfd){.fd = hs[i]->from, .events = POLLIN};
+			int n = poll(p, 2, -1);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0)
+				break;
+			ready[0] = p[0].revents;
+			ready[1] = p[1].revents;
+		}
+		int step = HALF_IDLE;
+		for (int i = 0; i < 2 && step != HALF_ENDED; i++) {
+			int s = ready[i] != 0 ? half_step(hs[i], hs[i]->len > 0 ? 0 : ready[i]) : HALF_IDLE;
+			if (s == HALF_ENDED || s > step)
+				step = s;
+		}
+		if (step == HALF_ENDED)
 			break;
-		if (n == 0) {
-			uint64_t now = spaced_mono_ns();
+		uint64_t now = spaced_mono_ns();
+		if (step == HALF_MOVED && spin_ns > 0) {
+			/* caught by a spin, or it would have been */
+			bool close_together = spin_until != 0 || now - last_move < spin_ns;
+			last_move = now;
+			spin_until = close_together ? now + spin_ns : 0;
+		} else if (spin_until != 0 && step == HALF_IDLE) {
 			if (now >= spin_until) {
 				spin_until = 0;
 				continue;
@@ -269,22 +287,6 @@ void host_relay(int a, int b, struct host_relay_bufs *bufs, int spin_us)
 			sched_yield();
 			if (spaced_mono_ns() - now > SPIN_BUSY_NS)
 				spin_until = 0;
-			continue;
-		}
-		int step = HALF_IDLE;
-		for (int i = 0; i < 2 && step != HALF_ENDED; i++) {
-			int s = p[i].revents != 0 ? half_step(hs[i], hs[i]->len > 0 ? 0 : p[i].revents) : HALF_IDLE;
-			if (s == HALF_ENDED || s > step)
-				step = s;
-		}
-		if (step == HALF_ENDED)
-			break;
-		if (step == HALF_MOVED && spin_ns > 0) {
-			uint64_t now = spaced_mono_ns();
-			/* caught by a spin, or it would have been */
-			bool close_together = spin_until != 0 || now - last_move < spin_ns;
-			last_move = now;
-			spin_until = close_together ? now + spin_ns : 0;
 		}
 	}
 	shutdown(a, SHUT_RDWR);
