@@ -215,7 +215,15 @@ int main(int argc, char **argv)
 	int c;
 	cfg.guest_port = 1024;
 	cfg.timeout_ms = 2000;
-	cfg.relay_spin_us = getenv("SPACED_RELAY_SPIN_US") ? atoi(getenv("SPACED_RELAY_SPIN_US")) : 50;
+	cfg.relay_spin_us = 50;
+	const char *spin_env = getenv("SPACED_RELAY_SPIN_US"); /* the default, for a whole worker */
+	if (spin_env != NULL) {
+		if (parse_u64(spin_env, &v) < 0 || v > 1000) {
+			fprintf(stderr, "spaced-host: invalid SPACED_RELAY_SPIN_US (0 to 1000)\n");
+			return 2;
+		}
+		cfg.relay_spin_us = (int)v;
+	}
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		const char *bad = NULL;
 		switch (c) {
