@@ -122,9 +122,9 @@ out:
 /* When the caller's first frame has already arrived and is a bare HELLO
  * (no payload, no flags), takes it and returns its id: the bridge then sends
  * it as its own, checks the answer and keeps it for the caller, one round
- * trip to the guest instead of two. HELLO changes nothing in the guest, and it is still
- * the bridge that sends it before anything else of the caller's. Returns -1
- * (nothing taken) otherwise. */
+ * trip to the guest instead of two. HELLO changes nothing in the guest, and
+ * it is still the bridge that sends it before anything else of the caller's.
+ * Returns -1 (nothing taken) otherwise. */
 static int64_t take_callers_hello(int caller)
 {
 	uint8_t h[SPACED_FRAME_HDR_LEN];
