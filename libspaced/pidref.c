@@ -458,6 +458,8 @@ static int match_vfs(const struct unix_diag_msg *m, struct rtattr *a, int alen, 
 {
 	struct vfs_match *vm = ctx;
 
+	if (m->udiag_state != TCP_LISTEN)
+		return 0;
 	for (; RTA_OK(a, alen); a = RTA_NEXT(a, alen)) {
 		struct unix_diag_vfs *v;
 
@@ -473,28 +475,54 @@ static int match_vfs(const struct unix_diag_msg *m, struct rtattr *a, int alen, 
 	return 0;
 }
 
+/* Sets up a query for listening sockets bound to the file st_dev/st_ino:
+ * all of them (sock_ino 0, a dump) or exactly socket sock_ino. */
+static int listener_query(uint64_t st_dev, uint64_t st_ino, uint64_t sock_ino, struct unix_diag_req *req,
+                          struct vfs_match *vm)
+{
+	memset(req, 0, sizeof(*req));
+	req->sdiag_family = AF_UNIX;
+	req->udiag_states = 1U << TCP_LISTEN;
+	req->udiag_show = UDIAG_SHOW_VFS;
+	if (sock_ino != 0) {
+		req->udiag_ino = (uint32_t)sock_ino;
+		req->udiag_cookie[0] = ~0U; /* INET_DIAG_NOCOOKIE: no cookie check */
+		req->udiag_cookie[1] = ~0U;
+	}
+	memset(vm, 0, sizeof(*vm));
+	/* unix_diag reports the superblock's s_dev (MAJOR << 20 | MINOR), not the
+	 * encoding stat() uses */
+	vm->kdev = (uint32_t)((major((dev_t)st_dev) << 20) | minor((dev_t)st_dev));
+	vm->ino = (uint32_t)st_ino;
+	/* unix_diag carries 32-bit inode numbers */
+	return (uint64_t)vm->ino != st_ino || (uint32_t)sock_ino != sock_ino ? SPACED_ENOENT : 0;
+}
+
 int spaced_unix_diag_listener_of(uint64_t st_dev, uint64_t st_ino, uint64_t *sock_ino)
 {
 	struct unix_diag_req req;
 	struct vfs_match vm;
-	int r;
+	int r = listener_query(st_dev, st_ino, 0, &req, &vm);
 
-	memset(&req, 0, sizeof(req));
-	req.sdiag_family = AF_UNIX;
-	req.udiag_states = 1U << TCP_LISTEN;
-	req.udiag_show = UDIAG_SHOW_VFS;
-	memset(&vm, 0, sizeof(vm));
-	/* unix_diag reports the superblock's s_dev (MAJOR << 20 | MINOR), not the
-	 * encoding stat() uses */
-	vm.kdev = (uint32_t)((major((dev_t)st_dev) << 20) | minor((dev_t)st_dev));
-	vm.ino = (uint32_t)st_ino;
-	if ((uint64_t)vm.ino != st_ino)
-		return SPACED_ENOENT; /* unix_diag carries 32-bit inode numbers */
-	r = unix_diag_query(&req, true, match_vfs, &vm);
+	if (r == 0)
+		r = unix_diag_query(&req, true, match_vfs, &vm);
 	if (r < 0)
 		return r;
 	*sock_ino = vm.sock_ino;
 	return 0;
+}
+
+int spaced_unix_diag_is_listener_of(uint64_t sock_ino, uint64_t st_dev, uint64_t st_ino)
+{
+	struct unix_diag_req req;
+	struct vfs_match vm;
+	int r = sock_ino == 0 ? SPACED_ENOENT : listener_query(st_dev, st_ino, sock_ino, &req, &vm);
+
+	if (r == 0)
+		r = unix_diag_query(&req, false, match_vfs, &vm);
+	if (r < 0)
+		return r;
+	return vm.sock_ino == sock_ino ? 0 : SPACED_ENOENT;
 }
 
 struct peer_match {

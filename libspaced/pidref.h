@@ -104,6 +104,11 @@ void spaced_pidref_done(struct spaced_pidref *p);
  * SPACED_ENOENT when no listening socket is bound to that file, SPACED_ESYS. */
 int spaced_unix_diag_listener_of(uint64_t st_dev, uint64_t st_ino, uint64_t *sock_ino);
 
+/* unix_diag, one exact query: whether socket sock_ino is listening and bound
+ * to the file st_dev/st_ino. Returns 0, SPACED_ENOENT (no such socket, not
+ * listening, or bound elsewhere), SPACED_ESYS. */
+int spaced_unix_diag_is_listener_of(uint64_t sock_ino, uint64_t st_dev, uint64_t st_ino);
+
 /* unix_diag: the inode of the peer of connected Unix socket fd. Returns 0,
  * SPACED_ENOENT (no peer), SPACED_ESYS. */
 int spaced_unix_diag_peer_of(int fd, uint64_t *peer_ino);

@@ -24,17 +24,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <linux/sock_diag.h>
-#include <linux/unix_diag.h>
-#include <linux/netlink.h>
-#include <linux/rtnetlink.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -42,9 +37,6 @@
 #include "error.h"
 #include "util.h"
 
-#ifndef TCP_LISTEN
-#define TCP_LISTEN 10
-#endif
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
 #endif
@@ -68,76 +60,11 @@ static uint64_t pidfs_ino(int pidfd)
 	return (uint64_t)st.st_ino;
 }
 
-/* The state and VFS inode of socket sock_ino from one exact unix_diag query.
- * Returns 0, SPACED_ENOENT when there is no such socket, SPACED_ESYS. */
-static int diag_one(uint64_t sock_ino, uint32_t *state, uint32_t *vfs_dev, uint32_t *vfs_ino)
-{
-	struct {
-		struct nlmsghdr nlh;
-		struct unix_diag_req req;
-	} msg;
-	struct sockaddr_nl sa = {.nl_family = AF_NETLINK};
-	long buf[1024 / sizeof(long)];
-	int r = SPACED_ENOENT;
-	if ((uint32_t)sock_ino != sock_ino)
-		return SPACED_ENOENT;
-	int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-	if (fd < 0)
-		return SPACED_ESYS;
-	memset(&msg, 0, sizeof msg);
-	msg.nlh.nlmsg_len = sizeof msg;
-	msg.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-	msg.nlh.nlmsg_flags = NLM_F_REQUEST;
-	msg.nlh.nlmsg_seq = 1;
-	msg.req.sdiag_family = AF_UNIX;
-	msg.req.udiag_states = ~0U;
-	msg.req.udiag_ino = (uint32_t)sock_ino;
-	msg.req.udiag_show = UDIAG_SHOW_VFS;
-	msg.req.udiag_cookie[0] = ~0U; /* no cookie check */
-	msg.req.udiag_cookie[1] = ~0U;
-	ssize_t n;
-	if (sendto(fd, &msg, sizeof msg, 0, (struct sockaddr *)&sa, sizeof sa) < 0) {
-		r = SPACED_ESYS;
-		goto out;
-	}
-	do
-		n = recv(fd, buf, sizeof buf, 0);
-	while (n < 0 && errno == EINTR);
-	if (n <= 0) {
-		r = SPACED_ESYS;
-		goto out;
-	}
-	struct nlmsghdr *h = (struct nlmsghdr *)buf;
-	if (!NLMSG_OK(h, (size_t)n) || h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
-	    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct unix_diag_msg)))
-		goto out; /* NLMSG_ERROR: no such socket */
-	struct unix_diag_msg *m = NLMSG_DATA(h);
-	if (m->udiag_ino != (uint32_t)sock_ino)
-		goto out;
-	int alen = (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof *m));
-	for (struct rtattr *a = (struct rtattr *)(m + 1); RTA_OK(a, alen); a = RTA_NEXT(a, alen)) {
-		if (a->rta_type == UNIX_DIAG_VFS && RTA_PAYLOAD(a) >= sizeof(struct unix_diag_vfs)) {
-			struct unix_diag_vfs *v = RTA_DATA(a);
-			*state = m->udiag_state;
-			*vfs_dev = v->udiag_vfs_dev;
-			*vfs_ino = v->udiag_vfs_ino;
-			r = 0;
-			break;
-		}
-	}
-out:
-	close(fd);
-	return r;
-}
-
 /* The listening socket bound to exactly the inode st names: the remembered one
  * when it still is, else the result of a full unix_diag dump. */
 static int listener_of(const struct stat *st, uint64_t remembered, uint64_t *sock_ino)
 {
-	uint32_t state, dev, ino;
-	uint32_t kdev = (uint32_t)((major(st->st_dev) << 20) | minor(st->st_dev));
-	if (remembered != 0 && diag_one(remembered, &state, &dev, &ino) == 0 && state == TCP_LISTEN &&
-	    dev == kdev && (uint64_t)ino == (uint64_t)st->st_ino) {
+	if (spaced_unix_diag_is_listener_of(remembered, (uint64_t)st->st_dev, (uint64_t)st->st_ino) == 0) {
 		*sock_ino = remembered;
 		return 0;
 	}

@@ -530,9 +530,10 @@ static void roundtrip(struct spaced_guest_client *c, const char *path, size_t si
 	free(data);
 }
 
-/* The bridge keeps a few serving threads ready; connections beyond them, held
- * open at once, are all served, and threads are reused after connections end.
- * Large transfers cross the relay intact with its spin on and off. */
+/* B3: the bridge keeps a few serving threads ready; connections beyond them,
+ * held open at once, are all checked and served, and threads are reused after
+ * connections end. Large transfers cross the relay intact with its spin on
+ * and off. */
 Test(host, serves_more_open_connections_than_its_ready_threads_and_relays_large_transfers)
 {
 	char state[300], gs[300], hs[300];
@@ -592,7 +593,7 @@ static void expect_hello_answer(int fd, uint32_t id)
 	free(p);
 }
 
-/* A caller whose first frame is a bare HELLO gets the answer the bridge
+/* B3: a caller whose first frame is a bare HELLO gets the answer the bridge
  * checked, under the caller's own id, and everything after it relayed in
  * order; a first frame that is not a bare HELLO is relayed as it is. */
 Test(host, answers_a_callers_first_hello_with_the_checked_answer_and_relays_the_rest)

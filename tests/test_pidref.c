@@ -328,3 +328,48 @@ Test(pidref, unix_diag_peer)
 	close(sv[0]);
 	close(sv[1]);
 }
+
+/* B2: the exact check of a remembered listening socket against the path's file. */
+Test(pidref, unix_diag_is_listener_of)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat path_st, sock_st, other_st;
+	uint64_t found = 0;
+	int l, c, other[2];
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%.100s", sockpath);
+	l = socket(AF_UNIX, SOCK_STREAM, 0);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(stat(sockpath, &path_st), 0);
+	cr_assert_eq(fstat(l, &sock_st), 0);
+	cr_assert_eq(spaced_unix_diag_is_listener_of((uint64_t)sock_st.st_ino, (uint64_t)path_st.st_dev,
+	                                             (uint64_t)path_st.st_ino),
+	             SPACED_ENOENT, "bound but not listening yet");
+	cr_assert_eq(listen(l, 4), 0);
+	cr_assert_eq(spaced_unix_diag_listener_of((uint64_t)path_st.st_dev, (uint64_t)path_st.st_ino, &found), 0);
+	cr_assert_eq(found, (uint64_t)sock_st.st_ino);
+	cr_assert_eq(spaced_unix_diag_is_listener_of(found, (uint64_t)path_st.st_dev, (uint64_t)path_st.st_ino), 0);
+	/* another file, another socket, no socket */
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, other), 0);
+	cr_assert_eq(fstat(other[0], &other_st), 0);
+	cr_assert_eq(spaced_unix_diag_is_listener_of(found, (uint64_t)path_st.st_dev, (uint64_t)path_st.st_ino + 1),
+	             SPACED_ENOENT);
+	cr_assert_eq(spaced_unix_diag_is_listener_of((uint64_t)other_st.st_ino, (uint64_t)path_st.st_dev,
+	                                             (uint64_t)path_st.st_ino),
+	             SPACED_ENOENT);
+	cr_assert_eq(spaced_unix_diag_is_listener_of(0, (uint64_t)path_st.st_dev, (uint64_t)path_st.st_ino),
+	             SPACED_ENOENT);
+	/* a connection to it is not the listener */
+	c = socket(AF_UNIX, SOCK_STREAM, 0);
+	cr_assert_eq(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(fstat(c, &other_st), 0);
+	cr_assert_eq(spaced_unix_diag_is_listener_of((uint64_t)other_st.st_ino, (uint64_t)path_st.st_dev,
+	                                             (uint64_t)path_st.st_ino),
+	             SPACED_ENOENT);
+	close(l);
+	cr_assert_eq(spaced_unix_diag_is_listener_of(found, (uint64_t)path_st.st_dev, (uint64_t)path_st.st_ino),
+	             SPACED_ENOENT, "closed");
+	close(c);
+	close(other[0]);
+	close(other[1]);
+}
