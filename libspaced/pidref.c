@@ -212,16 +212,11 @@ out:
 
 int spaced_pidref_check(const struct spaced_pidref *p)
 {
-	uint64_t st;
-
+	/* The pidfd holds its process's PID until the process is reaped, and
+	 * answers ESRCH from then on: while it answers, p->pid names this very
+	 * process, whose start time was read and checked when p was made. */
 	if (p == NULL || p->pidfd < 0)
 		return SPACED_ESTALE;
-	if (sys_pidfd_send_signal(p->pidfd, 0) < 0 && errno == ESRCH)
-		return SPACED_ESTALE;
-	if (spaced_proc_start_time(p->pid, &st) < 0 || st != p->start_time)
-		return SPACED_ESTALE;
-	/* the stat line could belong to a PID reused after a death between the
-	 * two reads: ask the pidfd once more */
 	if (sys_pidfd_send_signal(p->pidfd, 0) < 0 && errno == ESRCH)
 		return SPACED_ESTALE;
 	return 0;

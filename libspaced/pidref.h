@@ -75,8 +75,9 @@ int spaced_pidref_from_pidfd_take(struct spaced_pidref *out, int pidfd);
  * instance a kernel without SO_PEERPIDFD). */
 int spaced_pidref_from_peer(struct spaced_pidref *out, int sockfd, uid_t *uid, gid_t *gid);
 
-/* Is p still the same live process: its pidfd accepts signal 0 and its start
- * time is unchanged. Returns 0 or SPACED_ESTALE. */
+/* Is p still the same live process (not yet reaped): its pidfd accepts signal
+ * 0. While it does, the PID cannot have been reused, so p->pid and the start
+ * time pinned with it still name this process. Returns 0 or SPACED_ESTALE. */
 int spaced_pidref_check(const struct spaced_pidref *p);
 
 /* The uid (real) of a pinned process, re-checked against the pidfd after the
