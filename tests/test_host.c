@@ -217,11 +217,18 @@ static void paths(char *state, char *guest_sock, char *host_sock, size_t n, cons
 	snprintf(host_sock, n, "%s/%s-host.sock", dir, name);
 }
 
+/* Names the paths of execution `name` (state, gs, hs: 300 bytes each) and
+ * starts its launcher with identity. */
+static struct proc launch_named(const char *name, const char *identity, char *state, char *gs, char *hs)
+{
+	paths(state, gs, hs, 300, name);
+	return start_launcher(SPACED_LAUNCH_BIN, state, identity);
+}
+
 Test(host, forwards_to_the_expected_execution_only_after_checks)
 {
 	char state[300], gs[300], hs[300];
-	paths(state, gs, hs, sizeof state, "ok");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("ok", ID7, state, gs, hs);
 	const char *extra[] = {"--launcher-exe", SPACED_LAUNCH_BIN, "--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 
@@ -247,8 +254,7 @@ Test(host, forwards_to_the_expected_execution_only_after_checks)
 Test(host, refuses_a_process_that_took_over_the_socket_path_after_the_launcher_died)
 {
 	char state[300], gs[300], hs[300], why[512] = "";
-	paths(state, gs, hs, sizeof state, "takeover");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("takeover", ID7, state, gs, hs);
 	pid_t real = l.pid;
 	const char *extra[] = {"--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, real, ID7, extra);
@@ -272,8 +278,7 @@ Test(host, refuses_a_listener_swapped_in_at_the_path_while_the_launcher_lives)
 	 * listener was); then another process of the same uid renames its own
 	 * listener over guest.sock while the launcher keeps running. */
 	char state[300], gs[300], hs[300], tmp[320], why[512] = "";
-	paths(state, gs, hs, sizeof state, "swap");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("swap", ID7, state, gs, hs);
 	const char *extra[] = {"--launcher-exe", SPACED_LAUNCH_BIN, "--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 	struct spaced_identity id;
@@ -319,8 +324,7 @@ Test(host, refuses_a_launcher_whose_executable_was_replaced)
 Test(host, refuses_a_guest_socket_owned_by_another_uid)
 {
 	char state[300], gs[300], hs[300], why[512] = "";
-	paths(state, gs, hs, sizeof state, "owner");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("owner", ID7, state, gs, hs);
 	cr_assert_eq(chown(gs, 65534, 65534), 0);
 	const char *extra[] = {"--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
@@ -334,8 +338,7 @@ Test(host, refuses_a_guest_socket_owned_by_another_uid)
 Test(host, refuses_a_caller_that_is_not_the_manager)
 {
 	char state[300], gs[300], hs[300];
-	paths(state, gs, hs, sizeof state, "caller");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("caller", ID7, state, gs, hs);
 	const char *extra[] = {"--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 	/* Even with the socket's permissions opened up, another uid is refused. */
@@ -376,8 +379,7 @@ Test(host, refuses_a_caller_that_is_not_the_manager)
 Test(host, never_reconnects_behind_the_callers_back_after_the_guest_restarted)
 {
 	char state[300], gs[300], hs[300], why[512] = "";
-	paths(state, gs, hs, sizeof state, "restart");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("restart", ID7, state, gs, hs);
 	const char *extra[] = {"--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 	struct spaced_guest_client *c;
@@ -407,8 +409,7 @@ Test(host, never_reconnects_behind_the_callers_back_after_the_guest_restarted)
 Test(host, refuses_a_guest_that_reports_another_identity)
 {
 	char state[300], gs[300], hs[300], why[512] = "";
-	paths(state, gs, hs, sizeof state, "ident");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID8);
+	struct proc l = launch_named("ident", ID8, state, gs, hs);
 	const char *extra[] = {"--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 	int r = refusal_via(hs, why, sizeof why);
@@ -421,8 +422,7 @@ Test(host, refuses_a_guest_that_reports_another_identity)
 Test(host, handoff_passes_only_a_verified_connection)
 {
 	char state[300], gs[300], hs[300], why[512] = "";
-	paths(state, gs, hs, sizeof state, "handoff");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("handoff", ID7, state, gs, hs);
 	const char *extra[] = {"--manager-uid", "0", "--handoff", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 	int fd = -1;
@@ -480,8 +480,7 @@ static pid_t start_pooled_host(const char *hs, const char *gs, pid_t launcher, i
 Test(host, pooled_bridge_serves_only_after_it_learns_the_identity)
 {
 	char state[300], gs[300], hs[300], why[512] = "";
-	paths(state, gs, hs, sizeof state, "pool");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("pool", ID7, state, gs, hs);
 	int in;
 	struct proc h = {start_pooled_host(hs, gs, l.pid, &in), -1};
 
@@ -537,8 +536,7 @@ static void roundtrip(struct spaced_guest_client *c, const char *path, size_t si
 Test(host, serves_more_open_connections_than_its_ready_threads_and_relays_large_transfers)
 {
 	char state[300], gs[300], hs[300];
-	paths(state, gs, hs, sizeof state, "many");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("many", ID7, state, gs, hs);
 	static const char *const spins[] = {"0", "50"};
 	for (size_t s = 0; s < 2; s++) {
 		const char *extra[] = {"--manager-uid", "0", "--relay-spin-us", spins[s], NULL};
@@ -599,8 +597,7 @@ static void expect_hello_answer(int fd, uint32_t id)
 Test(host, answers_a_callers_first_hello_with_the_checked_answer_and_relays_the_rest)
 {
 	char state[300], gs[300], hs[300];
-	paths(state, gs, hs, sizeof state, "hello");
-	struct proc l = start_launcher(SPACED_LAUNCH_BIN, state, ID7);
+	struct proc l = launch_named("hello", ID7, state, gs, hs);
 	const char *extra[] = {"--manager-uid", "0", NULL};
 	struct proc h = start_host(hs, gs, l.pid, ID7, extra);
 	for (int round = 0; round < 2; round++) {
