@@ -23,7 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct cp_worker_reg reg;
 	struct cp_chan_msg m;
 	if (cp_parse_create(s, size, &c, err, sizeof err) == 0) {
-		if (c.memory_bytes < (16 << 20) || c.pids < 8 || c.substrate[0] == 0)
+		if ((c.res.memory_bytes != 0 && c.res.memory_bytes < (16 << 20)) || (c.res.pids != 0 && c.res.pids < 8) ||
+		    c.res.cpu_milli > SPACED_RES_CPU_MILLI_MAX || c.substrate[0] == 0)
 			abort();
 	}
 	if (cp_parse_route(s, size, &r, err, sizeof err) == 0) {

@@ -1,7 +1,8 @@
 /*
- * sub_cgroup.c — memory and pids limits and the freezer of one execution, on
- * cgroup v1 (memory, pids, freezer hierarchies under /sys/fs/cgroup/<name>)
- * or on a unified cgroup2 /sys/fs/cgroup.
+ * sub_cgroup.c — CPU, memory and pids limits, usage and the freezer of one
+ * execution, on cgroup v1 (memory, pids, freezer, cpu, cpuacct hierarchies
+ * under /sys/fs/cgroup/<ctrl>) or on a unified cgroup2 /sys/fs/cgroup; and the
+ * reaping of what launchers killed with SIGKILL left behind.
  */
 #include "sub_internal.h"
 
@@ -112,6 +113,13 @@ static int cgroup_path_of(pid_t pid, const char *ctrl, char *out, size_t outsz)
 	return r;
 }
 
+static void nap_us(long us)
+{
+	struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
+
+	nanosleep(&ts, NULL);
+}
+
 /* mkdir of a cgroup directory; an empty one left by a launcher that died
  * with the same name (a reused PID) is removed first. A populated one stays
  * and the call fails (EBUSY). */
@@ -125,7 +133,35 @@ static int mkdir_fresh(const char *dir)
 }
 
 /* One sweep per process and hierarchy is enough. */
-static bool swept_v1[3], swept_v2;
+static bool swept_v1[5], swept_v2;
+
+static const char *const v1_ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct" };
+
+/* The launcher pid of a cgroup named "spaced-<pid>-<n>", or 0. */
+static int launcher_of(const char *name)
+{
+	unsigned int n;
+	int pid;
+
+	if (sscanf(name, "spaced-%d-%u", &pid, &n) != 2 || pid <= 0)
+		return 0;
+	return pid;
+}
+
+/* Gone: no such process, or only its zombie is left (a parent that does not
+ * reap soon, such as a minimal init, must not keep an execution alive). */
+static bool launcher_gone(int pid)
+{
+	char path[64], buf[512];
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return true;
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	if (read_small(path, buf, sizeof(buf)) < 0)
+		return true;
+	const char *rp = strrchr(buf, ')');
+	return rp != NULL && (rp[2] == 'Z' || rp[2] == 'X');
+}
 
 /* Removes the empty cgroups "spaced-<pid>-<n>" in dir whose launcher <pid> is
  * gone (a launcher killed with SIGKILL cannot clean up). Populated cgroups and
@@ -139,12 +175,9 @@ static void sweep_dead(const char *dir)
 		return;
 	while ((de = readdir(d)) != NULL) {
 		char path[PATH_MAX + 300];
-		unsigned int n;
-		int pid;
+		int pid = launcher_of(de->d_name);
 
-		if (sscanf(de->d_name, "spaced-%d-%u", &pid, &n) != 2 || pid <= 0)
-			continue;
-		if (kill(pid, 0) == 0 || errno != ESRCH)
+		if (pid == 0 || !launcher_gone(pid))
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
 		(void)rmdir(path);
@@ -171,10 +204,8 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return SPACED_ESYS;
 	}
-	{
-		int k = strcmp(ctrl, "memory") == 0 ? 0 : strcmp(ctrl, "pids") == 0 ? 1 : 2;
-
-		if (!swept_v1[k]) {
+	for (size_t k = 0; k < sizeof(v1_ctrls) / sizeof(v1_ctrls[0]); k++) {
+		if (strcmp(ctrl, v1_ctrls[k]) == 0 && !swept_v1[k]) {
 			sweep_dead(dir);
 			swept_v1[k] = true;
 		}
@@ -186,6 +217,14 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 		return errno == EEXIST || errno == EBUSY ? SPACED_EEXIST : SPACED_ESYS;
 	}
 	return 0;
+}
+
+/* True when this process sits in a v1 hierarchy of controller ctrl. */
+static bool has_v1(const char *ctrl)
+{
+	char own[PATH_MAX];
+
+	return cgroup_path_of(0, ctrl, own, sizeof(own)) == 0;
 }
 
 static int knob(const char *dir, const char *file, const char *val, char *why, size_t whysz)
@@ -200,12 +239,50 @@ static int knob(const char *dir, const char *file, const char *val, char *why, s
 	return 0;
 }
 
-int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_bytes,
-                      uint64_t pids_max, char *why, size_t whysz)
+/* The CFS bandwidth of cpu_milli thousandths of a CPU: quota per 100 ms period. */
+#define CPU_PERIOD_US 100000u
+
+static int set_v2_limits(const char *dir, const struct sub_limits *lim, char *why, size_t whysz)
 {
+	char val[64];
+	int r;
+
+	if (lim->mem_bytes > 0) {
+		snprintf(val, sizeof(val), "%" PRIu64, lim->mem_bytes);
+		if ((r = knob(dir, "memory.max", val, why, whysz)) < 0)
+			return r;
+		(void)knob(dir, "memory.swap.max", "0", NULL, 0);
+	}
+	if (lim->pids_max > 0) {
+		snprintf(val, sizeof(val), "%" PRIu64, lim->pids_max);
+		if ((r = knob(dir, "pids.max", val, why, whysz)) < 0)
+			return r;
+	}
+	if (lim->cpu_milli > 0) {
+		/* weight in proportion (100 per CPU, the default being one CPU),
+		 * and a hard ceiling of cpu_milli per period */
+		uint64_t w = (uint64_t)lim->cpu_milli / 10;
+
+		snprintf(val, sizeof(val), "%" PRIu64 " %u",
+		         (uint64_t)lim->cpu_milli * CPU_PERIOD_US / 1000, CPU_PERIOD_US);
+		if ((r = knob(dir, "cpu.max", val, why, whysz)) < 0)
+			return r;
+		snprintf(val, sizeof(val), "%" PRIu64, w < 1 ? 1 : w > 10000 ? 10000 : w);
+		if ((r = knob(dir, "cpu.weight", val, why, whysz)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
+                      char *why, size_t whysz)
+{
+	static const struct sub_limits none = { 0, 0, 0 };
 	char val[32], path[PATH_MAX + 64];
 	int r;
 
+	if (lim == NULL)
+		lim = &none;
 	memset(cg, 0, sizeof(*cg));
 	if (unified_mode()) {
 		char own[PATH_MAX - 64], dir[PATH_MAX];
@@ -220,14 +297,14 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 			own[0] = '\0';
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", own);
 		/* best effort: a delegated subtree may have these enabled already */
-		(void)knob(dir, "cgroup.subtree_control", "+memory +pids", NULL, 0);
+		(void)knob(dir, "cgroup.subtree_control", "+memory +pids +cpu", NULL, 0);
 		if ((size_t)snprintf(path, sizeof(path), "%s/spaced", dir) >= sizeof(path))
 			return SPACED_ETOOBIG;
 		if (mkdir(path, 0755) < 0 && errno != EEXIST) {
 			spaced_why(why, whysz, "mkdir %s: %s", path, strerror(errno));
 			return SPACED_ESYS;
 		}
-		(void)knob(path, "cgroup.subtree_control", "+memory +pids", NULL, 0);
+		(void)knob(path, "cgroup.subtree_control", "+memory +pids +cpu", NULL, 0);
 		if (!swept_v2) {
 			sweep_dead(path);
 			swept_v2 = true;
@@ -240,17 +317,8 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 			return SPACED_ESYS;
 		}
 		cg->made = true;
-		if (mem_bytes > 0) {
-			snprintf(val, sizeof(val), "%" PRIu64, mem_bytes);
-			if ((r = knob(cg->unified, "memory.max", val, why, whysz)) < 0)
-				goto fail;
-			(void)knob(cg->unified, "memory.swap.max", "0", NULL, 0);
-		}
-		if (pids_max > 0) {
-			snprintf(val, sizeof(val), "%" PRIu64, pids_max);
-			if ((r = knob(cg->unified, "pids.max", val, why, whysz)) < 0)
-				goto fail;
-		}
+		if ((r = set_v2_limits(cg->unified, lim, why, whysz)) < 0)
+			goto fail;
 		return 0;
 	}
 	cg->made = true;
@@ -260,8 +328,29 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 		goto fail;
 	if ((r = make_v1("freezer", name, cg->freezer, sizeof(cg->freezer), why, whysz)) < 0)
 		goto fail;
-	if (mem_bytes > 0) {
-		snprintf(val, sizeof(val), "%" PRIu64, mem_bytes);
+	/* cpu: needed for a CPU limit; cpuacct: for the usage figure (often one
+	 * hierarchy "cpu,cpuacct", where both names lead to the same directory) */
+	if ((lim->cpu_milli > 0 || has_v1("cpu")) &&
+	    (r = make_v1("cpu", name, cg->cpu, sizeof(cg->cpu), why, whysz)) < 0)
+		goto fail;
+	if (has_v1("cpuacct") && strcmp(cg->cpu, "") != 0) {
+		char own_cpu[PATH_MAX], own_acct[PATH_MAX];
+
+		/* a joint hierarchy: the cpu directory is the cpuacct directory */
+		if (cgroup_path_of(0, "cpu", own_cpu, sizeof(own_cpu)) == 0 &&
+		    cgroup_path_of(0, "cpuacct", own_acct, sizeof(own_acct)) == 0) {
+			char probe[PATH_MAX + 32];
+
+			snprintf(probe, sizeof(probe), "%s/cpuacct.usage", cg->cpu);
+			if (access(probe, F_OK) == 0)
+				snprintf(cg->cpuacct, sizeof(cg->cpuacct), "%s", cg->cpu);
+		}
+	}
+	if (cg->cpuacct[0] == '\0' && has_v1("cpuacct") &&
+	    (r = make_v1("cpuacct", name, cg->cpuacct, sizeof(cg->cpuacct), why, whysz)) < 0)
+		goto fail;
+	if (lim->mem_bytes > 0) {
+		snprintf(val, sizeof(val), "%" PRIu64, lim->mem_bytes);
 		if ((r = knob(cg->mem, "memory.limit_in_bytes", val, why, whysz)) < 0)
 			goto fail;
 		/* with swap accounting, memory+swap gets the same ceiling: no escape to swap */
@@ -269,15 +358,148 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_byte
 		if (access(path, F_OK) == 0 && (r = knob(cg->mem, "memory.memsw.limit_in_bytes", val, why, whysz)) < 0)
 			goto fail;
 	}
-	if (pids_max > 0) {
-		snprintf(val, sizeof(val), "%" PRIu64, pids_max);
+	if (lim->pids_max > 0) {
+		snprintf(val, sizeof(val), "%" PRIu64, lim->pids_max);
 		if ((r = knob(cg->pids, "pids.max", val, why, whysz)) < 0)
+			goto fail;
+	}
+	if (lim->cpu_milli > 0) {
+		uint64_t shares = (uint64_t)lim->cpu_milli * 1024 / 1000;
+
+		snprintf(val, sizeof(val), "%u", CPU_PERIOD_US);
+		if ((r = knob(cg->cpu, "cpu.cfs_period_us", val, why, whysz)) < 0)
+			goto fail;
+		snprintf(val, sizeof(val), "%" PRIu64, (uint64_t)lim->cpu_milli * CPU_PERIOD_US / 1000);
+		if ((r = knob(cg->cpu, "cpu.cfs_quota_us", val, why, whysz)) < 0)
+			goto fail;
+		snprintf(val, sizeof(val), "%" PRIu64, shares < 2 ? 2 : shares);
+		if ((r = knob(cg->cpu, "cpu.shares", val, why, whysz)) < 0)
 			goto fail;
 	}
 	return 0;
 fail:
 	sub_cgroup_remove(cg);
 	return r < 0 ? r : SPACED_ESYS;
+}
+
+/* The first unsigned number in a small file (or after `key ` in a keyed one). */
+static uint64_t read_u64(const char *dir, const char *file, const char *key)
+{
+	char path[PATH_MAX + 64], buf[4096];
+	unsigned long long v;
+
+	if (dir[0] == '\0')
+		return UINT64_MAX;
+	snprintf(path, sizeof(path), "%s/%s", dir, file);
+	if (read_small(path, buf, sizeof(buf)) < 0)
+		return UINT64_MAX;
+	if (key != NULL) {
+		size_t kl = strlen(key);
+
+		for (char *line = buf; line != NULL && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+			if (strncmp(line, key, kl) == 0 && line[kl] == ' ' && sscanf(line + kl + 1, "%llu", &v) == 1)
+				return v;
+		return UINT64_MAX;
+	}
+	return sscanf(buf, "%llu", &v) == 1 ? v : UINT64_MAX;
+}
+
+void sub_cgroup_usage(const struct sub_cgroup *cg, uint64_t *cpu_usec, uint64_t *mem_bytes,
+                      uint64_t *pids)
+{
+	if (cg->v2) {
+		*cpu_usec = read_u64(cg->unified, "cpu.stat", "usage_usec");
+		*mem_bytes = read_u64(cg->unified, "memory.current", NULL);
+		*pids = read_u64(cg->unified, "pids.current", NULL);
+		return;
+	}
+	uint64_t ns = read_u64(cg->cpuacct, "cpuacct.usage", NULL);
+
+	*cpu_usec = ns == UINT64_MAX ? ns : ns / 1000;
+	*mem_bytes = read_u64(cg->mem, "memory.usage_in_bytes", NULL);
+	*pids = read_u64(cg->pids, "pids.current", NULL);
+}
+
+/* Kills every task listed in dir/cgroup.procs; returns how many it saw. */
+static int kill_procs(const char *dir)
+{
+	char path[PATH_MAX + 64], buf[65536];
+	int n = 0;
+
+	snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+	if (read_small(path, buf, sizeof(buf)) < 0)
+		return 0;
+	for (char *p = buf; *p;) {
+		char *end;
+		long pid = strtol(p, &end, 10);
+
+		if (end == p)
+			break;
+		if (pid > 1) {
+			(void)kill((pid_t)pid, SIGKILL);
+			n++;
+		}
+		p = end;
+		while (*p == '\n')
+			p++;
+	}
+	return n;
+}
+
+/* One hierarchy's "spaced" directory: kill, thaw and remove what dead launchers left. */
+static int reap_dir(const char *spaced_dir, const char *ctrl)
+{
+	struct dirent *de;
+	DIR *d = opendir(spaced_dir);
+	int found = 0;
+
+	if (d == NULL)
+		return 0;
+	while ((de = readdir(d)) != NULL) {
+		char cg[PATH_MAX + 300];
+		int pid = launcher_of(de->d_name);
+
+		if (pid == 0 || !launcher_gone(pid))
+			continue;
+		snprintf(cg, sizeof(cg), "%s/%s", spaced_dir, de->d_name);
+		if (rmdir(cg) == 0 || errno == ENOENT)
+			continue;
+		found++;
+		for (int i = 0; i < 200; i++) {
+			kill_procs(cg);
+			if (ctrl == NULL)
+				(void)knob(cg, "cgroup.freeze", "0", NULL, 0);
+			else if (strcmp(ctrl, "freezer") == 0)
+				(void)knob(cg, "freezer.state", "THAWED", NULL, 0);
+			if (rmdir(cg) == 0 || errno == ENOENT)
+				break;
+			nap_us(5000);
+		}
+	}
+	closedir(d);
+	return found;
+}
+
+int sub_cgroup_reap_orphans(void)
+{
+	char own[PATH_MAX - 64], dir[PATH_MAX];
+	int found = 0;
+
+	if (unified_mode()) {
+		if (cgroup_path_of(0, "", own, sizeof(own)) < 0)
+			return 0;
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s/spaced", strcmp(own, "/") == 0 ? "" : own);
+		return reap_dir(dir, NULL);
+	}
+	/* the freezer first: its tasks must be thawed before they can die */
+	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct" };
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		if (cgroup_path_of(0, order[i], own, sizeof(own)) < 0)
+			continue;
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s/spaced", order[i], strcmp(own, "/") == 0 ? "" : own);
+		found += reap_dir(dir, order[i]);
+	}
+	return found;
 }
 
 int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t whysz)
@@ -292,14 +514,12 @@ int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t why
 		return r;
 	if ((r = knob(cg->pids, "cgroup.procs", val, why, whysz)) < 0)
 		return r;
+	if (cg->cpu[0] && (r = knob(cg->cpu, "cgroup.procs", val, why, whysz)) < 0)
+		return r;
+	if (cg->cpuacct[0] && strcmp(cg->cpuacct, cg->cpu) != 0 &&
+	    (r = knob(cg->cpuacct, "cgroup.procs", val, why, whysz)) < 0)
+		return r;
 	return knob(cg->freezer, "cgroup.procs", val, why, whysz);
-}
-
-static void nap_us(long us)
-{
-	struct timespec ts = { .tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L };
-
-	nanosleep(&ts, NULL);
 }
 
 int sub_cgroup_freeze(const struct sub_cgroup *cg, bool freeze)
@@ -357,6 +577,10 @@ void sub_cgroup_remove(struct sub_cgroup *cg)
 	if (cg == NULL || !cg->made)
 		return;
 	remove_dir(cg->unified);
+	if (strcmp(cg->cpuacct, cg->cpu) != 0)
+		remove_dir(cg->cpuacct);
+	remove_dir(cg->cpu);
+	cg->cpuacct[0] = '\0';
 	remove_dir(cg->freezer);
 	remove_dir(cg->pids);
 	remove_dir(cg->mem);
@@ -365,7 +589,7 @@ void sub_cgroup_remove(struct sub_cgroup *cg)
 
 int sub_cgroup_join_of(pid_t pid)
 {
-	static const char *const ctrls[] = { "memory", "pids", "freezer" };
+	static const char *const ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct" };
 	char rel[PATH_MAX], path[PATH_MAX + 64];
 	int r;
 
@@ -376,8 +600,11 @@ int sub_cgroup_join_of(pid_t pid)
 		return sub_write_file(path, "0");
 	}
 	for (size_t i = 0; i < sizeof(ctrls) / sizeof(ctrls[0]); i++) {
-		if ((r = cgroup_path_of(pid, ctrls[i], rel, sizeof(rel))) < 0)
+		if ((r = cgroup_path_of(pid, ctrls[i], rel, sizeof(rel))) < 0) {
+			if (i >= 3)
+				continue; /* no cpu / cpuacct hierarchy on this host */
 			return r;
+		}
 		snprintf(path, sizeof(path), "/sys/fs/cgroup/%s%s/cgroup.procs", ctrls[i], rel);
 		if ((r = sub_write_file(path, "0")) < 0)
 			return r;

@@ -3,11 +3,13 @@
  * recursive removal of state directories.
  *
  * The copy keeps what an overlay upper directory holds: directories, regular
- * files (contents through copy_file_range), symlinks, whiteouts (0/0 character
+ * files (their data extents through copy_file_range, holes kept as holes),
+ * symlinks, whiteouts (0/0 character
  * devices) and other device nodes, FIFOs, owners, modes, times and extended
  * attributes (trusted.overlay.* marks opaque directories and redirects).
  * Files with several links inside the tree stay linked in the copy; sockets
- * are skipped.
+ * are skipped. Owners can be translated on the way (an execution's uid range
+ * to the canonical range of snapshots, and back).
  */
 #define _FILE_OFFSET_BITS 64
 #include "substrate.h"
@@ -49,10 +51,44 @@ static int copy_xattrs(const char *src, const char *dst)
 	return 0;
 }
 
+/* Copies [off, off+len) of in to the same offsets of out. */
+static int copy_range(int in, int out, off_t off, off_t len)
+{
+	off_t ioff = off, ooff = off;
+
+	while (len > 0) {
+		ssize_t n = copy_file_range(in, &ioff, out, &ooff, (size_t)len, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+			char buf[65536];
+			size_t want = len < (off_t)sizeof(buf) ? (size_t)len : sizeof(buf);
+
+			n = pread(in, buf, want, ioff);
+			if (n > 0 && pwrite(out, buf, (size_t)n, ooff) != n)
+				return SPACED_ESYS;
+			if (n > 0) {
+				ioff += n;
+				ooff += n;
+			}
+		}
+		if (n < 0)
+			return SPACED_ESYS;
+		if (n == 0)
+			break; /* the file shrank */
+		len -= n;
+	}
+	return 0;
+}
+
+/* Copies a regular file keeping its holes: only the data extents the source
+ * reports (SEEK_DATA / SEEK_HOLE) are copied, and the size is set last, so a
+ * sparse file costs what it holds, not what it claims. */
 static int copy_data(const char *src, const char *dst, const struct stat *st)
 {
 	int in = -1, out = -1, r = SPACED_ESYS;
-	off_t left = st->st_size;
+	off_t pos = 0, size = st->st_size;
 
 	in = open(src, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (in < 0)
@@ -60,24 +96,28 @@ static int copy_data(const char *src, const char *dst, const struct stat *st)
 	out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (out < 0)
 		goto out;
-	while (left > 0) {
-		ssize_t n = copy_file_range(in, NULL, out, NULL, (size_t)left, 0);
+	while (pos < size) {
+		off_t data = lseek(in, pos, SEEK_DATA), hole;
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL)) {
-			char buf[65536];
-
-			n = read(in, buf, sizeof(buf));
-			if (n > 0 && write(out, buf, (size_t)n) != n)
+		if (data < 0 && errno == ENXIO)
+			break; /* only a hole up to the end */
+		if (data < 0) {
+			/* no SEEK_DATA here: the rest as data */
+			if (copy_range(in, out, pos, size - pos) < 0)
 				goto out;
+			break;
 		}
-		if (n < 0)
+		hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0 || hole > size)
+			hole = size;
+		if (data >= size)
+			break;
+		if (copy_range(in, out, data, hole - data) < 0)
 			goto out;
-		if (n == 0)
-			break; /* the file shrank */
-		left -= n;
+		pos = hole;
 	}
+	if (ftruncate(out, size) < 0)
+		goto out;
 	r = 0;
 out:
 	if (in >= 0)
@@ -87,12 +127,19 @@ out:
 	return r;
 }
 
+static uint32_t shift_id(const struct spaced_idshift *sh, uint32_t id)
+{
+	if (sh != NULL && id >= sh->from && id - sh->from < sh->count)
+		return id - sh->from + sh->to;
+	return id;
+}
+
 /* Owner, mode, xattrs, times of one copied entry. */
-static int finish(const char *src, const char *dst, const struct stat *st)
+static int finish(const char *src, const char *dst, const struct stat *st, const struct spaced_idshift *sh)
 {
 	struct timespec ts[2] = { st->st_atim, st->st_mtim };
 
-	if (fchownat(AT_FDCWD, dst, st->st_uid, st->st_gid, AT_SYMLINK_NOFOLLOW) < 0 &&
+	if (fchownat(AT_FDCWD, dst, shift_id(sh, st->st_uid), shift_id(sh, st->st_gid), AT_SYMLINK_NOFOLLOW) < 0 &&
 	    errno != EPERM)
 		return SPACED_ESYS;
 	if (!S_ISLNK(st->st_mode) && chmod(dst, st->st_mode & 07777) < 0)
@@ -149,8 +196,8 @@ static void links_free(struct links *lk)
 	free(lk->v);
 }
 
-static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk, char *why,
-                    size_t whysz)
+static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk,
+                    const struct spaced_idshift *sh, char *why, size_t whysz)
 {
 	struct stat st;
 	int r = 0;
@@ -186,7 +233,7 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 			memcpy(src + sl + 1, de->d_name, nl + 1);
 			dst[dl] = '/';
 			memcpy(dst + dl + 1, de->d_name, nl + 1);
-			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, lk, why, whysz);
+			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, lk, sh, why, whysz);
 			src[sl] = '\0';
 			dst[dl] = '\0';
 		}
@@ -231,14 +278,15 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 	} else {
 		return 0; /* sockets are not state */
 	}
-	if (finish(src, dst, &st) < 0) {
+	if (finish(src, dst, &st, sh) < 0) {
 		spaced_why(why, whysz, "attributes of %s: %s", dst, strerror(errno));
 		return SPACED_ESYS;
 	}
 	return 0;
 }
 
-int spaced_sub_copy_tree(const char *src, const char *dst, char *why, size_t whysz)
+int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift,
+                         char *why, size_t whysz)
 {
 	char s[PATH_MAX], d[PATH_MAX];
 	size_t sl = strlen(src), dl = strlen(dst);
@@ -249,7 +297,7 @@ int spaced_sub_copy_tree(const char *src, const char *dst, char *why, size_t why
 		return SPACED_ETOOBIG;
 	memcpy(s, src, sl + 1);
 	memcpy(d, dst, dl + 1);
-	r = copy_rec(s, sl, d, dl, &lk, why, whysz);
+	r = copy_rec(s, sl, d, dl, &lk, shift, why, whysz);
 	links_free(&lk);
 	return r;
 }

@@ -11,21 +11,43 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* The cgroups of one execution: v1 memory, pids and freezer hierarchies, or
- * one cgroup2 directory when /sys/fs/cgroup is unified. */
+/* The cgroups of one execution: v1 memory, pids, freezer, cpu and cpuacct
+ * hierarchies, or one cgroup2 directory when /sys/fs/cgroup is unified. */
 struct sub_cgroup {
 	bool v2;
 	bool made;
 	char mem[PATH_MAX];
 	char pids[PATH_MAX];
 	char freezer[PATH_MAX];
+	char cpu[PATH_MAX];     /* "" when the v1 cpu hierarchy is missing */
+	char cpuacct[PATH_MAX]; /* "" when the v1 cpuacct hierarchy is missing */
 	char unified[PATH_MAX];
 };
 
+/* The limits a cgroup enforces (0: none). */
+struct sub_limits {
+	uint32_t cpu_milli; /* CPU time per wall-clock time, in thousandths of a CPU */
+	uint64_t mem_bytes;
+	uint64_t pids_max;
+};
+
 /* Creates the cgroups named `name` below the caller's own cgroups (in a
- * "spaced" directory) and sets the limits (0: none). */
-int sub_cgroup_create(struct sub_cgroup *cg, const char *name, uint64_t mem_bytes,
-                      uint64_t pids_max, char *why, size_t whysz);
+ * "spaced" directory) and sets the limits. A limit that cannot be enforced
+ * (its controller is missing) fails the creation: nothing is accepted and then
+ * ignored. */
+int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
+                      char *why, size_t whysz);
+
+/* What the execution uses now: CPU time (µs, since creation), memory charged
+ * (bytes), tasks. A figure the hierarchy cannot give is UINT64_MAX. */
+void sub_cgroup_usage(const struct sub_cgroup *cg, uint64_t *cpu_usec, uint64_t *mem_bytes,
+                      uint64_t *pids);
+
+/* Tears down what launchers that are gone left behind: in every hierarchy,
+ * each "spaced-<pid>-<n>" cgroup whose launcher <pid> no longer runs has its
+ * tasks killed and thawed (a frozen task cannot die) and is removed. Returns
+ * how many cgroups it found populated. */
+int sub_cgroup_reap_orphans(void);
 
 /* Moves pid into the cgroups. */
 int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t whysz);
@@ -50,5 +72,19 @@ int sub_confine(void);
 
 /* Writes a whole small file (the cgroup and /proc knobs). */
 int sub_write_file(const char *path, const char *text);
+
+/* ---- sub_disk.c: the writable layer's own filesystem ---- */
+
+/* Makes a sparse ext4 image at img that holds about `bytes` of files (its
+ * metadata comes on top) and attaches it to a free loop device (detached
+ * automatically once the last user is gone, direct I/O, discard punching
+ * holes into the image). *loopfd keeps the device attached until closed;
+ * dev receives its path. Returns 0, SPACED_EINVAL, SPACED_ESYS. */
+int sub_disk_create(const char *img, uint64_t bytes, int *loopfd, char *dev, size_t devsz,
+                    char *why, size_t whysz);
+
+/* Mounts the loop device dev on dir (nosuid, nodev, discard, no inode-table
+ * zeroing in the background). In the execution's own mount namespace only. */
+int sub_disk_mount(const char *dev, const char *dir);
 
 #endif

@@ -35,6 +35,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
@@ -61,8 +62,11 @@ struct layer {
 
 struct spaced_sub {
 	char state[PATH_MAX];
-	char ldir[PATH_MAX]; /* holds upper/ and work/: the state dir, or its fs/ tmpfs */
-	bool fs_mounted;     /* a size-limited tmpfs on STATE/fs */
+	char ldir[PATH_MAX]; /* holds upper/ and work/: the state dir, or (with a disk)
+	                      * /proc/self/fd/<ldir_fd>: the disk mounted in the
+	                      * execution's own mount namespace */
+	int ldir_fd;         /* with a disk: the child's O_PATH descriptor of it */
+	uint32_t uid_base;
 	char base[PATH_MAX]; /* "" when on the host's directories */
 	struct spaced_pidref init;
 	struct sub_cgroup cg;
@@ -291,25 +295,61 @@ fail:
 
 struct child_args {
 	const char *state;
-	const char *ldir; /* holds upper/ and work/ */
+	const char *ldir;     /* holds upper/ and work/ */
+	const char *disk_dev; /* the loop device to mount on ldir, or NULL */
+	const char *restore_from; /* snapshot whose upper/ the layer starts from, or NULL */
 	const struct layer *layers;
 	size_t nlayers;
 	const char *guest_path;
 	const char *hostname;
 	const char *identity_text; /* NULL: sent later */
+	uint32_t uid_base;
 	int ctl;                   /* child end of the control socket */
 	int sync;                  /* child end of the setup socket */
 	int log_fd;
 };
 
+static __attribute__((noreturn)) void child_fail_msg(int sync, const char *msg)
+{
+	char buf[600];
+	int n = snprintf(buf, sizeof(buf), "E%s", msg);
+
+	if (n > 0)
+		(void)!send(sync, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1, MSG_NOSIGNAL);
+	_exit(127);
+}
+
 static __attribute__((noreturn)) void child_fail(int sync, const char *what)
 {
 	char msg[512];
-	int n = snprintf(msg, sizeof(msg), "E%s: %s", what, strerror(errno));
 
-	if (n > 0)
-		(void)!send(sync, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1, MSG_NOSIGNAL);
-	_exit(127);
+	snprintf(msg, sizeof(msg), "%s: %s", what, strerror(errno));
+	child_fail_msg(sync, msg);
+}
+
+/* Sends "U" with fd (when >= 0) in SCM_RIGHTS. */
+static int send_u(int sync, int fd)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cb;
+	struct iovec iov = { .iov_base = (void *)(uintptr_t)"U", .iov_len = 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (fd >= 0) {
+		struct cmsghdr *c;
+
+		memset(&cb, 0, sizeof(cb));
+		mh.msg_control = cb.b;
+		mh.msg_controllen = sizeof(cb.b);
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	return sendmsg(sync, &mh, MSG_NOSIGNAL) == 1 ? 0 : -1;
 }
 
 static void bring_lo_up(int sync)
@@ -359,6 +399,9 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	char *envp[] = { e_path, e_home, e_lang, e_term, NULL };
 	int sync = a->sync, argc = 0;
 
+	char why[512] = "";
+	int ldir_fd = -1;
+
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		child_fail(sync, "PR_SET_PDEATHSIG");
 	/* nothing done here may propagate back to the host */
@@ -366,6 +409,29 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		child_fail(sync, "make / private");
 	if (pathf(root, "%s/rootfs", a->state) < 0)
 		child_fail(sync, "rootfs path");
+	/* the writable layer: its own disk, mounted here only (it goes away
+	 * with the last process of the execution) */
+	if (a->disk_dev != NULL) {
+		if (mkdir_p_one(a->ldir, 0755) < 0)
+			child_fail(sync, "mkdir the disk's mount point");
+		if (sub_disk_mount(a->disk_dev, a->ldir) < 0)
+			child_fail(sync, "mount the execution's disk");
+		ldir_fd = open(a->ldir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (ldir_fd < 0)
+			child_fail(sync, "open the execution's disk");
+	}
+	if (a->restore_from != NULL) {
+		/* owners come back from the canonical snapshot range into this execution's */
+		struct spaced_idshift sh = { SPACED_SUB_SNAP_UID_BASE, a->uid_base, SPACED_SUB_UID_RANGE };
+
+		if (pathf(p, "%s/upper", a->restore_from) < 0 || pathf(opts, "%s/upper", a->ldir) < 0)
+			child_fail(sync, "restore path");
+		if (spaced_sub_copy_tree(p, opts, &sh, why, sizeof(why)) < 0)
+			child_fail_msg(sync, why);
+	}
+	if (prepare_dirs(a->state, a->ldir, a->layers, a->nlayers, a->uid_base, why, sizeof(why)) < 0 ||
+	    write_etc(a->ldir, a->layers, a->nlayers, a->hostname, why, sizeof(why)) < 0)
+		child_fail_msg(sync, why);
 	for (size_t i = 0; i < a->nlayers; i++) {
 		const struct layer *l = &a->layers[i];
 
@@ -432,11 +498,24 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		child_fail(sync, "detach old root");
 	if (chdir("/") < 0)
 		child_fail(sync, "chdir /");
-	/* the user namespace last: it owns none of the namespaces above */
+	/* The user namespace last: it owns none of the namespaces above. It is
+	 * made as host uid uid_base, so the kernel's per-user counts (inotify,
+	 * pipe buffers, epoll watches …) are this execution's own: made by root,
+	 * every execution would share root's. */
+	if (a->uid_base != 0) {
+		if (setgroups(0, NULL) < 0 || setresgid(a->uid_base, a->uid_base, a->uid_base) < 0 ||
+		    setresuid(a->uid_base, a->uid_base, a->uid_base) < 0)
+			child_fail(sync, "become the execution's host uid");
+		/* a change of credentials clears the parent-death signal */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+			child_fail(sync, "PR_SET_PDEATHSIG");
+	}
 	if (unshare(CLONE_NEWUSER) < 0)
 		child_fail(sync, "unshare user namespace");
-	if (send(sync, "U", 1, MSG_NOSIGNAL) != 1)
+	if (send_u(sync, ldir_fd) < 0)
 		_exit(127);
+	if (ldir_fd >= 0)
+		close(ldir_fd);
 	if (recv(sync, msg, sizeof(msg), 0) != 1 || msg[0] != 'M')
 		_exit(127);
 	/* a cgroup namespace rooted at the execution's own cgroup */
@@ -560,15 +639,36 @@ static int write_map(pid_t pid, const char *file, uint32_t base)
 }
 
 /* Reads the child's setup report: 1 for "U", 0 for EOF (exec'ed), or an error
- * with the child's message in why. */
-static int read_sync(int fd, char *why, size_t whysz)
+ * with the child's message in why. A descriptor passed along with "U" goes to
+ * *passed (when passed is not NULL; else it is closed). */
+static int read_sync(int fd, int *passed, char *why, size_t whysz)
 {
-	char msg[512];
+	char msg[640];
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * 2)];
+	} cb;
+	struct iovec iov = { .iov_base = msg, .iov_len = sizeof(msg) - 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
+	                     .msg_controllen = sizeof(cb.b) };
 	ssize_t n;
 
 	do
-		n = recv(fd, msg, sizeof(msg) - 1, 0);
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); n > 0 && c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			int got;
+
+			memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			if (passed != NULL && *passed < 0 && n == 1 && msg[0] == 'U')
+				*passed = got;
+			else
+				close(got);
+		}
+	}
 	if (n < 0)
 		return SPACED_ESYS;
 	if (n == 0)
@@ -588,9 +688,9 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	struct layer layers[HOST_LAYERS_MAX];
 	struct spaced_sub *s = NULL;
 	struct child_args ca;
-	char idtext[SPACED_IDENTITY_TEXT_MAX], cgname[128], p[PATH_MAX], p2[PATH_MAX];
+	char idtext[SPACED_IDENTITY_TEXT_MAX], cgname[128], p[PATH_MAX], p2[PATH_MAX], disk_dev[32];
 	const char *hostname;
-	int ctl[2] = { -1, -1 }, sync[2] = { -1, -1 }, pidfd = -1, r;
+	int ctl[2] = { -1, -1 }, sync[2] = { -1, -1 }, pidfd = -1, loopfd = -1, r;
 	size_t nlayers = 0;
 	struct stat st;
 	pid_t pid = -1;
@@ -605,7 +705,9 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	if (s == NULL)
 		return SPACED_ENOMEM;
 	s->ctl = -1;
+	s->ldir_fd = -1;
 	s->init = SPACED_PIDREF_NULL;
+	s->uid_base = cfg->uid_base;
 	if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
 		spaced_why(why, whysz, "mkdir %s: %s", cfg->state_dir, strerror(errno));
 		r = SPACED_ESYS;
@@ -636,7 +738,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	/* a writable layer left by an earlier execution is never taken over: an
 	 * execution starts empty or from a snapshot (I2) */
 	pathf(p, "%s/upper", s->state);
-	pathf(p2, "%s/fs/upper", s->state);
+	pathf(p2, "%s/disk.img", s->state);
 	if (access(p, F_OK) == 0 || access(p2, F_OK) == 0) {
 		spaced_why(why, whysz, "%s holds the writable layer of an earlier execution", s->state);
 		s->state[0] = '\0'; /* not ours to remove */
@@ -646,20 +748,15 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	pathf(p, "%s/work", s->state);
 	(void)spaced_sub_rm_rf(p);
 	memcpy(s->ldir, s->state, sizeof(s->ldir));
+	disk_dev[0] = '\0';
 	if (cfg->disk_bytes > 0) {
-		char opts[64];
-
-		/* the writable layer on its own tmpfs: bounded in size, and its pages
-		 * are charged to the memory cgroup of the processes that write them */
-		pathf(s->ldir, "%s/fs", s->state);
-		snprintf(opts, sizeof(opts), "size=%" PRIu64 ",mode=0755", cfg->disk_bytes);
-		if (mkdir_p_one(s->ldir, 0755) < 0 ||
-		    mount("tmpfs", s->ldir, "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) {
-			spaced_why(why, whysz, "tmpfs for the writable layer on %s: %s", s->ldir, strerror(errno));
-			r = SPACED_ESYS;
+		/* the writable layer on a disk of its own, mounted by the child in
+		 * the execution's mount namespace: bounded, and not memory */
+		pathf(p2, "%s/disk.img", s->state);
+		r = sub_disk_create(p2, cfg->disk_bytes, &loopfd, disk_dev, sizeof(disk_dev), why, whysz);
+		if (r < 0)
 			goto fail;
-		}
-		s->fs_mounted = true;
+		pathf(s->ldir, "%s/fs", s->state);
 	}
 	pathf(p, "%s/skel", s->state);
 	(void)spaced_sub_rm_rf(p);
@@ -667,22 +764,11 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		r = check_restore(cfg->restore_from, cfg->identity, s->base, why, whysz);
 		if (r < 0)
 			goto fail;
-		pathf(p, "%s/upper", cfg->restore_from);
-		pathf(p2, "%s/upper", s->ldir);
-		r = spaced_sub_copy_tree(p, p2, why, whysz);
-		if (r < 0)
-			goto fail;
 	}
 	r = plan_layers(s->state, s->base[0] ? s->base : NULL, layers, &nlayers, why, whysz);
 	if (r < 0)
 		goto fail;
-	r = prepare_dirs(s->state, s->ldir, layers, nlayers, cfg->uid_base, why, whysz);
-	if (r < 0)
-		goto fail;
 	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
-	r = write_etc(s->ldir, layers, nlayers, hostname, why, whysz);
-	if (r < 0)
-		goto fail;
 	if (cfg->cgroup_name != NULL)
 		snprintf(cgname, sizeof(cgname), "%s", cfg->cgroup_name);
 	else
@@ -692,7 +778,11 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		spaced_why(why, whysz, "building the seccomp filter failed");
 		goto fail;
 	}
-	r = sub_cgroup_create(&s->cg, cgname, cfg->memory_bytes, cfg->pids_max, why, whysz);
+	{
+		struct sub_limits lim = { cfg->cpu_milli, cfg->memory_bytes, cfg->pids_max };
+
+		r = sub_cgroup_create(&s->cg, cgname, &lim, why, whysz);
+	}
 	if (r < 0)
 		goto fail;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0 ||
@@ -703,11 +793,14 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	memset(&ca, 0, sizeof(ca));
 	ca.state = s->state;
 	ca.ldir = s->ldir;
+	ca.disk_dev = disk_dev[0] ? disk_dev : NULL;
+	ca.restore_from = cfg->restore_from;
 	ca.layers = layers;
 	ca.nlayers = nlayers;
 	ca.guest_path = cfg->guest_path;
 	ca.hostname = hostname;
 	ca.identity_text = s->has_identity ? idtext : NULL;
+	ca.uid_base = cfg->uid_base;
 	ca.ctl = ctl[1];
 	ca.sync = sync[1];
 	ca.log_fd = cfg->log_fd;
@@ -742,13 +835,24 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	r = sub_cgroup_add(&s->cg, pid, why, whysz);
 	if (r < 0)
 		goto fail;
-	r = read_sync(sync[0], why, whysz);
+	r = read_sync(sync[0], disk_dev[0] ? &s->ldir_fd : NULL, why, whysz);
 	if (r != 1) {
 		if (r == 0) {
 			spaced_why(why, whysz, "execution setup ended early");
 			r = SPACED_ESYS;
 		}
 		goto fail;
+	}
+	if (loopfd >= 0) {
+		/* the child's mount holds the loop device now */
+		close(loopfd);
+		loopfd = -1;
+		if (s->ldir_fd < 0) {
+			spaced_why(why, whysz, "the execution did not hand over its disk");
+			r = SPACED_EPROTO;
+			goto fail;
+		}
+		pathf(s->ldir, "/proc/self/fd/%d", s->ldir_fd);
 	}
 	if (write_map(pid, "uid_map", cfg->uid_base) < 0 || write_map(pid, "gid_map", cfg->uid_base) < 0) {
 		spaced_why(why, whysz, "writing the user namespace maps: %s", strerror(errno));
@@ -759,7 +863,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		r = SPACED_ESYS;
 		goto fail;
 	}
-	r = read_sync(sync[0], why, whysz);
+	r = read_sync(sync[0], NULL, why, whysz);
 	if (r != 0) {
 		if (r == 1)
 			r = SPACED_EPROTO;
@@ -784,6 +888,8 @@ fail:
 		close(sync[1]);
 	if (pidfd >= 0)
 		close(pidfd);
+	if (loopfd >= 0)
+		close(loopfd);
 	spaced_sub_destroy(s, false, NULL);
 	return r;
 }
@@ -972,7 +1078,11 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	if (pathf(src, "%s/upper", s->ldir) < 0 || pathf(dst, "%s/upper", dir) < 0 ||
 	    pathf(tmp, "%s/meta.tmp", dir) < 0)
 		return SPACED_ETOOBIG;
-	r = spaced_sub_copy_tree(src, dst, why, whysz);
+	{
+		struct spaced_idshift sh = { s->uid_base, SPACED_SUB_SNAP_UID_BASE, SPACED_SUB_UID_RANGE };
+
+		r = spaced_sub_copy_tree(src, dst, s->uid_base != 0 ? &sh : NULL, why, whysz);
+	}
 	if (r < 0)
 		return r;
 	if (s->has_identity)
@@ -993,9 +1103,27 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	return 0;
 }
 
+void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)
+{
+	struct statfs sf;
+
+	sub_cgroup_usage(&s->cg, &u->cpu_usec, &u->memory_bytes, &u->pids);
+	u->disk_bytes = 0;
+	u->disk_total = 0;
+	if (s->ldir_fd >= 0 && fstatfs(s->ldir_fd, &sf) == 0) {
+		u->disk_total = (uint64_t)sf.f_blocks * (uint64_t)sf.f_bsize;
+		u->disk_bytes = (uint64_t)(sf.f_blocks - sf.f_bfree) * (uint64_t)sf.f_bsize;
+	}
+}
+
+int spaced_sub_reap_orphans(void)
+{
+	return sub_cgroup_reap_orphans();
+}
+
 void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
 {
-	static const char *const parts[] = { "upper", "work", "skel", "rootfs" };
+	static const char *const parts[] = { "upper", "work", "skel", "rootfs", "fs", "disk.img" };
 	char p[PATH_MAX];
 
 	if (s == NULL)
@@ -1016,12 +1144,16 @@ void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
 	if (status != NULL)
 		*status = s->exit_status;
 	sub_cgroup_remove(&s->cg);
+	/* the last reference to the disk's mount from outside: once the
+	 * execution's processes are gone, the mount and its loop device go too */
+	if (s->ldir_fd >= 0) {
+		close(s->ldir_fd);
+		s->ldir_fd = -1;
+	}
 	if (!keep_state && s->state[0] != '\0') {
 		for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
 			if (pathf(p, "%s/%s", s->state, parts[i]) == 0)
 				(void)spaced_sub_rm_rf(p);
-		if (s->fs_mounted && umount2(s->ldir, MNT_DETACH) == 0)
-			(void)rmdir(s->ldir);
 	}
 	if (s->ctl >= 0)
 		close(s->ctl);

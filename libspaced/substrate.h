@@ -19,11 +19,14 @@
  *                        "READY"    (it has its identity)
  *
  * State directory layout (docs/substrate.md):
- *   upper/<layer>/ work/<layer>/  overlay upper and work dirs per layer (under
- *                                 fs/, a size-limited tmpfs, when disk_bytes > 0)
+ *   upper/<layer>/ work/<layer>/  overlay upper and work dirs per layer (inside
+ *                                 fs/ when disk_bytes > 0)
+ *   disk.img                      with disk_bytes > 0: the sparse ext4 image of
+ *                                 the writable layer, mounted on fs/ inside the
+ *                                 execution's mount namespace only
  *   skel/                         lower of the root layer when no base is given
  *   rootfs/                       mount point of the root (inside the execution's
- *                                 mount namespace only; the one host mount is fs/)
+ *                                 mount namespace only: nothing is mounted on the host)
  *
  * The functions fork the execution with clone3(2); call them from a process
  * that does not run other threads at that moment. All of them return 0 or a
@@ -41,9 +44,17 @@
 #include "identity.h"
 #include "pidref.h"
 
-/* Root inside is mapped to host uids uid_base … uid_base+65535. */
+/* Root inside is mapped to host uids uid_base … uid_base+65535; the user
+ * namespace is created by host uid uid_base, so the kernel's per-user counts
+ * (inotify instances and watches, pipe buffers, epoll watches …) are the
+ * execution's own, not shared with other executions. */
 #define SPACED_SUB_UID_BASE_DEFAULT 100000u
 #define SPACED_SUB_UID_RANGE 65536u
+/* Snapshots keep owners in one canonical range, whatever range the execution
+ * that wrote them had: an execution's ids uid_base+k are stored as
+ * SPACED_SUB_SNAP_UID_BASE+k and restored as the new execution's uid_base+k.
+ * Owners outside the range (host root: the base's directories) stay as they are. */
+#define SPACED_SUB_SNAP_UID_BASE SPACED_SUB_UID_BASE_DEFAULT
 /* Where the guest binary appears inside. */
 #define SPACED_SUB_GUEST_PATH "/.spaced/spaced-guest"
 /* Largest control message (either direction). */
@@ -56,12 +67,14 @@ struct spaced_sub_config {
 	const char *restore_from;  /* snapshot directory to start from, or NULL */
 	const struct spaced_identity *identity; /* NULL: given later (warm pool) */
 	const char *hostname;      /* NULL: the sandbox id, or "spaced" */
+	uint32_t cpu_milli;        /* CPU bandwidth in thousandths of a CPU; 0: none */
 	uint64_t memory_bytes;     /* 0: no memory limit */
 	uint64_t pids_max;         /* 0: no pids limit */
-	uint64_t disk_bytes;       /* > 0: the writable layer lives on a tmpfs of this
-	                            * size on STATE/fs (its pages count against the
-	                            * memory limit too); 0: on the state directory's
-	                            * filesystem, unbounded */
+	uint64_t disk_bytes;       /* > 0: the writable layer lives on an ext4 disk
+	                            * of its own holding about this much (a sparse
+	                            * image, STATE/disk.img; writes past it get
+	                            * ENOSPC; not memory); 0: on the state
+	                            * directory's filesystem, unbounded */
 	uint32_t uid_base;         /* host uid of root inside; 0 maps root to root */
 	int log_fd;                /* the guest's stdout and stderr; -1: /dev/null */
 	const char *cgroup_name;   /* NULL: "spaced-<launcher pid>-<n>" */
@@ -118,10 +131,27 @@ int spaced_sub_thaw(struct spaced_sub *s);
 bool spaced_sub_paused(const struct spaced_sub *s);
 
 /* Copies the writable layer of a paused execution into dir (created; it must
- * not exist): dir/upper/<layer>/… with modes, owners, symlinks, times,
- * whiteouts and xattrs, then dir/meta naming the identity and base. Returns 0,
- * SPACED_EBUSY when the execution is not paused, SPACED_EEXIST, SPACED_ESYS. */
+ * not exist): dir/upper/<layer>/… with modes, owners (in the canonical
+ * snapshot range), symlinks, times, whiteouts, xattrs and holes, then dir/meta
+ * naming the identity and base. Returns 0, SPACED_EBUSY when the execution is
+ * not paused, SPACED_EEXIST, SPACED_ESYS. */
 int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t whysz);
+
+/* What the execution uses now. A figure that cannot be read is UINT64_MAX. */
+struct spaced_sub_usage {
+	uint64_t cpu_usec;     /* CPU time since creation */
+	uint64_t memory_bytes; /* memory charged to its cgroup */
+	uint64_t pids;         /* tasks */
+	uint64_t disk_bytes;   /* bytes used on its disk (or 0 without one) */
+	uint64_t disk_total;   /* what its disk holds in all (0 without one) */
+};
+void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
+
+/* Kills the tasks of executions whose launcher is gone (killed with SIGKILL:
+ * it could not clean up; on cgroup v1 a frozen task cannot even die until
+ * thawed), thaws and removes their cgroups. Returns how many such executions
+ * were found, or a negative code. */
+int spaced_sub_reap_orphans(void);
 
 /* Kills the execution (its PID 1, which takes the pid namespace down), waits
  * for it, removes its cgroups and, unless keep_state, its state directory's
@@ -139,7 +169,15 @@ int spaced_sub_enter(int init_pidfd, const char *cwd, char *const argv[], int *s
 /* Recursively removes path (not crossing mount points). 0 or SPACED_ESYS. */
 int spaced_sub_rm_rf(const char *path);
 
-/* Copies a directory tree as the snapshot does (dst must not exist). */
-int spaced_sub_copy_tree(const char *src, const char *dst, char *why, size_t whysz);
+/* Owner translation of a tree copy: ids in [from, from + count) become
+ * id - from + to; the others stay. */
+struct spaced_idshift {
+	uint32_t from, to, count;
+};
+
+/* Copies a directory tree as the snapshot does (dst must not exist), with
+ * owners translated by shift (NULL: as they are). */
+int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift,
+                         char *why, size_t whysz);
 
 #endif

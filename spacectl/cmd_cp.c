@@ -2,8 +2,9 @@
  * spacectl — control-plane commands (docs/cp-api.yaml), with SPACED_CP_URL and
  * SPACED_API_KEY from the environment:
  *   workers [--json]
- *   create [--worker W] [--substrate S] [--template T] [--memory BYTES] [--pids N]
- *          [--idle-timeout S] [--max-lifetime S] [--json]
+ *   create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE] [--pids N]
+ *          [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--json]
+ *   quota [--json]
  *   ls [--json] | rm ID | inspect ID [--json]
  *   route ID [--purpose P]... [--port N] [--protocol X] [--json]
  *   pause ID | snapshot ID | resume ID [--worker W] | move ID --to W   (each [--json])
@@ -17,6 +18,7 @@
 
 #include "cli.h"
 #include "http_client.h"
+#include "resources.h"
 
 struct cp_call {
 	int status;
@@ -81,7 +83,7 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -90,6 +92,8 @@ static const struct option cp_longopts[] = {
 	{"template", required_argument, NULL, O_TEMPLATE},
 	{"memory", required_argument, NULL, O_MEMORY},
 	{"pids", required_argument, NULL, O_PIDS},
+	{"cpus", required_argument, NULL, O_CPUS},
+	{"disk", required_argument, NULL, O_DISK},
 	{"idle-timeout", required_argument, NULL, O_IDLE},
 	{"max-lifetime", required_argument, NULL, O_MAXLIFE},
 	{"purpose", required_argument, NULL, O_PURPOSE},
@@ -101,8 +105,9 @@ static const struct option cp_longopts[] = {
 
 static const char cp_usage[] =
 	"usage: spacectl workers [--json]\n"
-	"       spacectl create [--worker W] [--substrate S] [--template T] [--memory BYTES] [--pids N]\n"
-	"                       [--idle-timeout S] [--max-lifetime S] [--json]\n"
+	"       spacectl create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE]\n"
+	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--json]\n"
+	"       spacectl quota [--json]\n"
 	"       spacectl ls [--json] | rm ID | inspect ID [--json]\n"
 	"       spacectl route ID [--purpose P]... [--port N] [--protocol X] [--json]\n"
 	"       spacectl pause ID | snapshot ID | resume ID [--worker W] | move ID --to W   [--json]\n";
@@ -122,8 +127,27 @@ int cmd_cp(int argc, char **argv)
 		case O_WORKER: json_object_set_new(req, "worker", json_string(optarg)); target = optarg; break;
 		case O_SUBSTRATE: json_object_set_new(req, "substrate", json_string(optarg)); break;
 		case O_TEMPLATE: json_object_set_new(req, "template", json_string(optarg)); break;
-		case O_MEMORY: json_object_set_new(req, "memory_bytes", json_integer(atoll(optarg))); break;
-		case O_PIDS: json_object_set_new(req, "pids", json_integer(atoll(optarg))); break;
+		case O_MEMORY:
+		case O_DISK:
+		case O_PIDS: {
+			uint64_t v;
+			if (spaced_size_parse(optarg, &v) < 0 || v > (uint64_t)INT64_MAX) {
+				rc = cli_fail("create", "'%s' is not a size (bytes, or a number with K, M, G, T)", optarg);
+				goto out;
+			}
+			json_object_set_new(req, c == O_MEMORY ? "memory_bytes" : c == O_DISK ? "disk_bytes" : "pids",
+			                    json_integer((json_int_t)v));
+			break;
+		}
+		case O_CPUS: {
+			uint32_t m;
+			if (spaced_cpus_parse(optarg, &m) < 0) {
+				rc = cli_fail("create", "'%s' is not a number of CPUs (0.001 .. 1024)", optarg);
+				goto out;
+			}
+			json_object_set_new(req, "cpus", m % 1000 ? json_real(m / 1000.0) : json_integer(m / 1000));
+			break;
+		}
 		case O_IDLE: json_object_set_new(req, "idle_timeout", json_integer(atoll(optarg))); break;
 		case O_MAXLIFE: json_object_set_new(req, "max_lifetime", json_integer(atoll(optarg))); break;
 		case O_PURPOSE: json_array_append_new(purposes, json_string(optarg)); break;
@@ -158,6 +182,19 @@ int cmd_cp(int argc, char **argv)
 			print_json(res.answer);
 		else
 			puts(str(res.answer, "id"));
+	} else if (strcmp(cmd, "quota") == 0 && nargs == 0) {
+		if ((rc = call(cmd, "GET", "/v1/quota", NULL, &res)) != 0)
+			goto out;
+		if (json) {
+			print_json(res.answer);
+		} else {
+			json_t *q = json_object_get(res.answer, "quota"), *u = json_object_get(res.answer, "used");
+			static const char *const k[] = {"sandboxes", "memory_bytes", "disk_bytes"};
+			for (int i = 0; i < 3; i++)
+				printf("%-13s %lld of %lld%s\n", k[i], (long long)json_integer_value(json_object_get(u, k[i])),
+				       (long long)json_integer_value(json_object_get(q, k[i])),
+				       json_integer_value(json_object_get(q, k[i])) == 0 ? " (no limit)" : "");
+		}
 	} else if (strcmp(cmd, "ls") == 0 && nargs == 0) {
 		if ((rc = call(cmd, "GET", "/v1/sandboxes", NULL, &res)) != 0)
 			goto out;

@@ -316,6 +316,14 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 			kill(r[i].pid, SIGKILL);
 	if (realpath(dir, absdir) != NULL)
 		kill_executions(absdir);
+	/* executions whose launcher is gone: on cgroup v1 a paused one stays
+	 * frozen (its tasks cannot die) until its cgroup is thawed */
+	char launch[PATH_MAX];
+	if (find_build() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 && geteuid() == 0) {
+		const char *ra[] = {launch, "reap", NULL};
+		char *line = run_line(ra);
+		free(line);
+	}
 	if (!quiet)
 		printf("stopped %d processes; removed the cluster's files from %s\n", n, dir);
 	if (remove_dir)
@@ -424,13 +432,18 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 		snprintf(wdir, sizeof wdir, "%s/%s", absdir, wid);
 		snprintf(log, sizeof log, "%s/%s.log", absdir, wid);
 		mkdir(wdir, 0755);
-		const char *a[16] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest, NULL};
+		/* each worker's executions take uid ranges of their own: 256 ranges of
+		 * 65536 uids per worker, one block after the other */
+		char uids[48];
+		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
+		const char *a[20] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		                     "--uid-range", uids, NULL};
 		if (real) {
-			a[9] = "--launcher";
-			a[10] = launch;
-			a[11] = "--host";
-			a[12] = host;
-			a[13] = NULL;
+			a[11] = "--launcher";
+			a[12] = launch;
+			a[13] = "--host";
+			a[14] = host;
+			a[15] = NULL;
 		}
 		pid_t pid = spawn(a, log);
 		record(pids, wid, pid);

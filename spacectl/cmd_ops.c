@@ -27,7 +27,7 @@
 
 int ops_verbose;
 
-enum { O_ROUTE = 1000, O_NORETRY, O_CACHE, O_ENV, O_CWD, O_TIMEOUT, O_DEPTH, O_MKDIRS };
+enum { O_ROUTE = 1000, O_NORETRY, O_CACHE, O_ENV, O_CWD, O_TIMEOUT, O_DEPTH, O_MKDIRS, O_JSON };
 
 static const struct option common_opts[] = {
 	{"route", required_argument, NULL, O_ROUTE},
@@ -40,6 +40,7 @@ static const struct option common_opts[] = {
 	{"depth", required_argument, NULL, O_DEPTH},
 	{"mkdirs", no_argument, NULL, O_MKDIRS},
 	{"recursive", no_argument, NULL, 'r'},
+	{"json", no_argument, NULL, O_JSON},
 	{NULL, 0, NULL, 0},
 };
 
@@ -51,6 +52,7 @@ struct opargs {
 	int depth;
 	int mkdirs;
 	int recursive;
+	int json;
 };
 
 static const char usage_ops[] =
@@ -59,6 +61,7 @@ static const char usage_ops[] =
 	"       spacectl fs write [--mkdirs] ID PATH      (the content is read from stdin)\n"
 	"       spacectl fs ls [--depth N] ID PATH | fs mv ID FROM TO\n"
 	"       spacectl watch ID PATH\n"
+	"       spacectl top ID [--json]\n"
 	"  each with [--route FILE] [--no-retry] [-v]\n";
 
 /* Parses the options of every operation; returns the index of the first
@@ -95,6 +98,7 @@ static int parse(int argc, char **argv, struct opargs *a)
 		case O_DEPTH: a->depth = atoi(optarg); if (a->depth < 1 || a->depth > 64) return -1; break;
 		case O_MKDIRS: a->mkdirs = 1; break;
 		case 'r': a->recursive = 1; break;
+		case O_JSON: a->json = 1; break;
 		default: return -1;
 		}
 	}
@@ -133,6 +137,7 @@ static int parse_rest(int argc, char **argv, struct opargs *a, int first, char *
 			case O_DEPTH: keep.depth = atoi(optarg); break;
 			case O_MKDIRS: keep.mkdirs = 1; break;
 			case 'r': keep.recursive = 1; break;
+			case O_JSON: keep.json = 1; break;
 			case O_ENV: {
 				const char *eq = strchr(optarg, '=');
 				if (eq == NULL || eq == optarg || (size_t)(eq - optarg) >= 256)
@@ -291,6 +296,65 @@ out:
 	json_decref(ans);
 	json_decref(oa.env);
 	return rc;
+}
+
+/* Bytes as "512.0M" / "1.5G". */
+static void human(char out[32], long long v)
+{
+	static const char units[] = "BKMGT";
+	double d = (double)v;
+	int u = 0;
+	while (d >= 1024 && u < 4) {
+		d /= 1024;
+		u++;
+	}
+	if (v < 0)
+		snprintf(out, 32, "-");
+	else if (u == 0)
+		snprintf(out, 32, "%lldB", v);
+	else
+		snprintf(out, 32, "%.1f%c", d, units[u]);
+}
+
+int cmd_top(int argc, char **argv)
+{
+	struct opargs oa;
+	char *ops[2];
+	int rc, first = parse(argc, argv, &oa);
+	int n = first < 0 ? -1 : parse_rest(argc, argv, &oa, first, ops, 2);
+	json_decref(oa.env);
+	if (n != 1)
+		return cli_usage(usage_ops);
+	struct client_request req = {.method = "GET", .op = "usage", .idempotent = 1};
+	struct client_answer a;
+	if ((rc = call("top", &oa, ops[0], &req, &a)) != 0)
+		return rc;
+	json_error_t jerr;
+	json_t *u = json_loadb((const char *)a.body, a.body_len, JSON_REJECT_DUPLICATES, &jerr);
+	client_answer_clear(&a);
+	if (u == NULL)
+		return cli_fail("top", "malformed answer: %s", jerr.text);
+	json_object_del(u, "ok");
+	if (oa.json) {
+		char *s = json_dumps(u, JSON_INDENT(2) | JSON_SORT_KEYS);
+		if (s)
+			puts(s);
+		free(s);
+	} else {
+		json_t *lim = json_object_get(u, "limits");
+		char mem[32], meml[32], disk[32], diskl[32];
+		human(mem, json_integer_value(json_object_get(u, "memory_bytes")));
+		human(meml, json_integer_value(json_object_get(lim, "memory_bytes")));
+		human(disk, json_integer_value(json_object_get(u, "disk_bytes")));
+		human(diskl, json_integer_value(json_object_get(lim, "disk_bytes")));
+		json_t *cpus = json_object_get(lim, "cpus");
+		printf("%-22s cpu %5.1f%% of %g  memory %s / %s  pids %lld / %lld  disk %s / %s\n", ops[0],
+		       json_number_value(json_object_get(u, "cpu_pct")), cpus ? json_number_value(cpus) : 0.0, mem, meml,
+		       (long long)json_integer_value(json_object_get(u, "pids")),
+		       (long long)json_integer_value(json_object_get(lim, "pids")), disk, diskl);
+	}
+	json_decref(u);
+	return 0;
 }
 
 static void print_entry(json_t *e)

@@ -14,6 +14,8 @@ int cmd_fs(int argc, char **argv);
 int cmd_watch(int argc, char **argv);
 /* term ID [--env K=V]... [--cwd DIR] [-- CMD [ARG...]] (default /bin/sh) */
 int cmd_term(int argc, char **argv);
+/* top ID [--json]: what the sandbox uses now, beside its limits */
+int cmd_top(int argc, char **argv);
 /* dev up|down|status */
 int cmd_dev(int argc, char **argv);
 

@@ -26,7 +26,10 @@ static const char usage[] =
 	"\n"
 	"control plane (SPACED_CP_URL, SPACED_API_KEY):\n"
 	"  workers [--json]                               registered workers\n"
-	"  create [--worker W] [--substrate S] [--json]   a new sandbox (prints its ID)\n"
+	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--json]\n"
+	"                                                 a new sandbox (prints its ID); limits default\n"
+	"                                                 to the worker's (SIZE: bytes or 512M, 2G …)\n"
+	"  quota [--json]                                 the tenant's quotas and what it holds\n"
 	"  ls [--json] | rm ID | inspect ID [--json]\n"
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
@@ -36,6 +39,7 @@ static const char usage[] =
 	"  [-v] fs read|write|ls|stat|mkdir|mv|rm ID PATH...      (write: content on stdin)\n"
 	"  [-v] watch ID PATH                                   file events until interrupted\n"
 	"  [-v] term ID [--env K=V]... [--cwd DIR] [-- CMD...]  an interactive terminal (/bin/sh)\n"
+	"  [-v] top ID [--json]                                 CPU, memory, pids and disk used, and the limits\n"
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
@@ -118,6 +122,8 @@ int main(int argc, char **argv)
 		return cmd_watch(argc - 1, argv + 1);
 	if (strcmp(argv[1], "term") == 0)
 		return cmd_term(argc - 1, argv + 1);
+	if (strcmp(argv[1], "top") == 0)
+		return cmd_top(argc - 1, argv + 1);
 	if (strcmp(argv[1], "dev") == 0)
 		return cmd_dev(argc - 1, argv + 1);
 	if (strcmp(argv[1], "token") == 0)
@@ -127,7 +133,7 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "node") == 0)
 		return cmd_node(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
-	                                      "pause", "snapshot", "resume", "move", NULL};
+	                                      "pause", "snapshot", "resume", "move", "quota", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)
 		if (strcmp(argv[1], cp_cmds[i]) == 0)
 			return cmd_cp(argc - 1, argv + 1);

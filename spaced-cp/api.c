@@ -87,8 +87,8 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 	if (arr == NULL ||
 	    CP_Q0(st, &rows, NULL,
 	         "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, w.channel_until, (SELECT COUNT(*) FROM "
-	         "sandboxes s WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')) "
-	         "FROM workers w ORDER BY w.id") < 0) {
+	         "sandboxes s WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')), "
+	         "w.limits FROM workers w ORDER BY w.id") < 0) {
 		json_decref(arr);
 		answer(rq, 503, cp_error("store", "store unavailable"));
 		return;
@@ -107,8 +107,13 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		                   (json_int_t)cp_rows_i64(rows, i, 8, 0), "substrates", subs, "last_seen", seen,
 		                   "last_seq", (json_int_t)cp_rows_i64(rows, i, 5, 0), "acked_seq",
 		                   (json_int_t)cp_rows_i64(rows, i, 6, 0)));
-		json_object_set_new(json_array_get(arr, json_array_size(arr) - 1), "connected",
-		                    json_boolean(cp_rows_i64(rows, i, 7, 0) >= spaced_now()));
+		json_t *wj = json_array_get(arr, json_array_size(arr) - 1);
+		json_object_set_new(wj, "connected", json_boolean(cp_rows_i64(rows, i, 7, 0) >= spaced_now()));
+		struct cp_worker_limits lim;
+		cp_limits_from_text(cp_rows_get(rows, i, 9), &lim);
+		if (lim.has)
+			json_object_set_new(wj, "limits", json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&lim.def),
+			                                            "max", spaced_resources_to_json(&lim.max)));
 	}
 	cp_rows_free(rows);
 	answer(rq, 200, json_pack("{s:o}", "workers", arr));
@@ -135,19 +140,22 @@ static void worker_register(struct cp *cp, struct cp_store *st, struct cp_req *r
 		answer(rq, 403, cp_error("forbidden", "this worker ID is enrolled with another key"));
 		return;
 	}
+	char *lt = w.limits.has ? cp_limits_text(&w.limits) : NULL;
 	if (ex->nrows == 0) {
 		r = CP_Q(st, NULL, &ch,
-		         "INSERT INTO workers (id, url, capacity, substrates, enroll_key, next_seq, last_seen, created) "
-		         "VALUES ($1, $2, $3, $4, $5, 0, $6, $6)",
-		         w.id, w.url, cp_i64(cap, w.capacity), w.substrates, key_id, cp_i64(now, spaced_now()));
+		         "INSERT INTO workers (id, url, capacity, substrates, enroll_key, next_seq, last_seen, created, limits) "
+		         "VALUES ($1, $2, $3, $4, $5, 0, $6, $6, $7)",
+		         w.id, w.url, cp_i64(cap, w.capacity), w.substrates, key_id, cp_i64(now, spaced_now()), lt);
 		/* a new worker's first message is the verification-key bundle */
 		if (r == 0)
 			r = cp_push_bundle(st, w.id);
 	} else {
 		r = CP_Q(st, NULL, &ch,
-		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = $5 WHERE id = $1", w.id,
-		         w.url, cp_i64(cap, w.capacity), w.substrates, cp_i64(now, spaced_now()));
+		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = $5, "
+		         "limits = COALESCE($6, limits) WHERE id = $1",
+		         w.id, w.url, cp_i64(cap, w.capacity), w.substrates, cp_i64(now, spaced_now()), lt);
 	}
+	free(lt);
 	if (r < 0 || (r = cp_store_commit(st)) < 0)
 		goto fail;
 	cp_rows_free(ex);
@@ -233,6 +241,21 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, 504, out);
 		else
 			answer(rq, 500, cp_error("rotation", spaced_strerror(r)));
+		return;
+	}
+	if (n == 2 && strcmp(seg[1], "quota") == 0 && get) {
+		if (auth(st, rq, CP_ROLE_TENANT, tenant, NULL) < 0)
+			return;
+		struct cp_quota limit, used;
+		int r = cp_quota_usage(cp, st, tenant, 0, &limit, &used);
+		if (r < 0) {
+			answer(rq, 503, cp_error("store", spaced_strerror(r)));
+			return;
+		}
+		answer(rq, 200, json_pack("{s:{s:I,s:I,s:I},s:{s:I,s:I,s:I}}", "quota", "sandboxes",
+		                          (json_int_t)limit.sandboxes, "memory_bytes", (json_int_t)limit.memory, "disk_bytes",
+		                          (json_int_t)limit.disk, "used", "sandboxes", (json_int_t)used.sandboxes,
+		                          "memory_bytes", (json_int_t)used.memory, "disk_bytes", (json_int_t)used.disk));
 		return;
 	}
 	if (strcmp(seg[1], "sandboxes") != 0 || n > 4) {

@@ -38,6 +38,11 @@
 
 struct cp_req;
 
+/* A tenant's quotas (0: none) or what it holds. */
+struct cp_quota {
+	int64_t sandboxes, memory, disk;
+};
+
 struct cp {
 	const char *state_dir;
 	const char *db_url;
@@ -48,6 +53,7 @@ struct cp {
 	int64_t op_lease; /* seconds a lifecycle operation holds its sandbox */
 	char replica_id[24]; /* "r" + 16 hex, kept in STATE/replica.id */
 	int64_t idle_timeout, max_lifetime; /* defaults for new sandboxes (0 = none) */
+	struct cp_quota quota_default; /* for tenants without quotas of their own */
 	int nthreads;
 
 	/* signer */
@@ -142,6 +148,10 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body);
 json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id);
+/* The tenant's quotas and what it holds; with lock, inside a transaction,
+ * taking the tenant's row lock (ops.c). */
+int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,
+                   struct cp_quota *used);
 void cp_reap(struct cp *cp, struct cp_store *st);
 json_t *cp_error(const char *code, const char *msg);
 

@@ -146,6 +146,10 @@ static int send_hello(void)
 		return -1;
 	}
 	json_t *h = json_pack("{s:{s:s,s:I}}", "hello", "worker", o_worker, "last_seq", json_integer_value(ls));
+	/* the worker's resource defaults and maxima, for placement */
+	json_t *lim = json_object_get(json_object_get(a, "result"), "limits");
+	if (h != NULL && json_is_object(lim))
+		json_object_set(json_object_get(h, "hello"), "limits", lim);
 	char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
 	json_decref(h);
 	json_decref(a);

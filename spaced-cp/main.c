@@ -3,10 +3,13 @@
  *
  *   spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
+ *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-enrollment-key
  *   spaced-cp admin --state DIR [--db URL] create-admin-key
+ *   spaced-cp admin --state DIR [--db URL] set-quota TENANT_NAME sandboxes=N,memory=SIZE,disk=SIZE
+ *       (each value, or "default" for the control plane's --quota)
  *
  * Admin commands print the new key once on standard output; only its hash is stored.
  */
@@ -23,13 +26,48 @@
 
 #include "cp.h"
 #include "error.h"
+#include "resources.h"
 
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
-	"                 [--move-drain MS]\n"
+	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
-	"                 create-enrollment-key | create-admin-key\n";
+	"                 create-enrollment-key | create-admin-key |\n"
+	"                 set-quota TENANT_NAME sandboxes=N|default,memory=SIZE|default,disk=SIZE|default\n";
+
+/* "sandboxes=N,memory=SIZE,disk=SIZE" (any subset); a value "default" is -1
+ * when allow_default, 0 means no limit. Returns 0 or -1. */
+static int parse_quota(const char *text, struct cp_quota *q, int allow_default)
+{
+	char buf[256];
+	if (strlen(text) >= sizeof buf)
+		return -1;
+	snprintf(buf, sizeof buf, "%s", text);
+	for (char *save = NULL, *it = strtok_r(buf, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+		char *eq = strchr(it, '=');
+		uint64_t v = 0;
+		int64_t *dst;
+		if (eq == NULL)
+			return -1;
+		*eq = 0;
+		if (strcmp(it, "sandboxes") == 0)
+			dst = &q->sandboxes;
+		else if (strcmp(it, "memory") == 0)
+			dst = &q->memory;
+		else if (strcmp(it, "disk") == 0)
+			dst = &q->disk;
+		else
+			return -1;
+		if (allow_default && strcmp(eq + 1, "default") == 0)
+			*dst = -1;
+		else if (spaced_size_parse(eq + 1, &v) < 0 || v > (uint64_t)INT64_MAX)
+			return -1;
+		else
+			*dst = (int64_t)v;
+	}
+	return 0;
+}
 
 static void *reaper_thread(void *arg)
 {
@@ -116,6 +154,29 @@ static int admin(const char *db, int argc, char **argv)
 	} else if (strcmp(argv[0], "create-admin-key") == 0 && argc == 1) {
 		if ((r = cp_key_create(st, CP_ROLE_ADMIN, NULL, &key)) < 0)
 			goto out;
+	} else if (strcmp(argv[0], "set-quota") == 0 && argc == 3) {
+		struct cp_quota q = {-2, -2, -2}; /* -2: not named, stays */
+		char a[24], b[24], c[24];
+		long ch = 0;
+		if (parse_quota(argv[2], &q, 1) < 0) {
+			fprintf(stderr, "spaced-cp: set-quota wants sandboxes=N,memory=SIZE,disk=SIZE (or =default)\n");
+			r = SPACED_EINVAL;
+			goto out;
+		}
+		r = CP_Q(st, NULL, &ch,
+		         "UPDATE tenants SET max_sandboxes = CASE WHEN CAST($2 AS BIGINT) = -2 THEN max_sandboxes "
+		         "ELSE CAST($2 AS BIGINT) END, "
+		         "max_memory = CASE WHEN CAST($3 AS BIGINT) = -2 THEN max_memory ELSE CAST($3 AS BIGINT) END, "
+		         "max_disk = CASE WHEN CAST($4 AS BIGINT) = -2 THEN max_disk ELSE CAST($4 AS BIGINT) END "
+		         "WHERE name = $1",
+		         argv[1], cp_i64(a, q.sandboxes), cp_i64(b, q.memory), cp_i64(c, q.disk));
+		if (r == 0 && ch != 1)
+			r = SPACED_ENOENT;
+		if (r < 0)
+			goto out;
+		fprintf(stderr, "quota of tenant %s set\n", argv[1]);
+		cp_store_close(st);
+		return 0;
 	} else {
 		fputs(usage, stderr);
 		cp_store_close(st);
@@ -144,10 +205,12 @@ int main(int argc, char **argv)
 		{"idle-timeout", required_argument, NULL, 'i'}, {"max-lifetime", required_argument, NULL, 'm'},
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
 		{"move-drain", required_argument, NULL, 'D'},
+		{"quota", required_argument, NULL, 'Q'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
+	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
-	                 .move_drain_ms = CP_MOVE_DRAIN_MS};
+	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30}};
 	const char *listen = NULL;
 	char dbbuf[1200];
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
@@ -168,6 +231,12 @@ int main(int argc, char **argv)
 		case 't': cp.nthreads = atoi(optarg); break;
 		case 'o': cp.op_lease = atoll(optarg); break;
 		case 'D': cp.move_drain_ms = atoi(optarg); break;
+		case 'Q':
+			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
+				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
+				return 2;
+			}
+			break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}

@@ -524,9 +524,11 @@ static uint64_t recent_route_at(struct cp *cp, const char *sandbox)
 
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
-	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes"
+	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes, "        \
+	"cpu_milli, memory_bytes, pids, disk_bytes"
 enum { C_ID, C_TENANT, C_STATE, C_GEN, C_WORKER, C_SUBSTRATE, C_ACT, C_SPEC, C_SNAP, C_OP, C_OPUNTIL,
-       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ, C_SNAPHASH, C_SNAPBYTES };
+       C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ, C_SNAPHASH, C_SNAPBYTES, C_CPU, C_MEM,
+       C_PIDS, C_DISK };
 
 struct sbx {
 	struct cp_rows *rows;
@@ -536,6 +538,15 @@ struct sbx {
 static const char *col(const struct sbx *s, int c)
 {
 	return cp_rows_get(s->rows, s->r, c);
+}
+
+/* The limits the sandbox runs under (its columns; 0: the worker's default). */
+static void resources_of(const struct sbx *s, struct spaced_resources *r)
+{
+	r->cpu_milli = (uint32_t)cp_rows_i64(s->rows, s->r, C_CPU, 0);
+	r->memory_bytes = (uint64_t)cp_rows_i64(s->rows, s->r, C_MEM, 0);
+	r->pids = (uint64_t)cp_rows_i64(s->rows, s->r, C_PIDS, 0);
+	r->disk_bytes = (uint64_t)cp_rows_i64(s->rows, s->r, C_DISK, 0);
 }
 
 static int identity_of(const struct sbx *s, struct spaced_identity *id)
@@ -566,6 +577,11 @@ static json_t *sbx_json(const struct sbx *s)
 	                 "operation", opname[0] ? opname : NULL, "last_error", col(s, C_LASTERR), "created", created,
 	                 "last_active", active, "idle_timeout", (json_int_t)cp_rows_i64(s->rows, s->r, C_IDLE, 0),
 	                 "max_lifetime", (json_int_t)cp_rows_i64(s->rows, s->r, C_MAXLIFE, 0));
+	if (j != NULL) {
+		struct spaced_resources res;
+		resources_of(s, &res);
+		json_object_set_new(j, "resources", spaced_resources_to_json(&res));
+	}
 	if (j != NULL && col(s, C_SNAP) != NULL) {
 		const char *h = col(s, C_SNAPHASH);
 		json_object_set_new(j, "snapshot_hash", h ? json_string(h) : json_null());
@@ -656,20 +672,23 @@ static void lease_drop(struct cp_store *st, const char *id, const char *op)
 struct placement {
 	char worker[SPACED_NAME_MAX];
 	char url[CP_URL_MAX];
+	struct spaced_resources res; /* what was asked, the worker's defaults filled in */
 };
 
-/* Chooses a live worker with room for substrate (want: a named worker or "").
+/* Chooses a live worker with room for substrate whose maxima allow res (its
+ * fields of 0 take that worker's defaults; want: a named worker or "").
  * Returns 0, or an HTTP status with *err set. Runs inside the caller's transaction. */
-static int place(struct cp_store *st, const char *substrate, const char *want, const char *exclude,
-                 struct placement *out, json_t **err)
+static int place(struct cp_store *st, const char *substrate, const struct spaced_resources *res, const char *want,
+                 const char *exclude, struct placement *out, json_t **err)
 {
 	struct cp_rows *rows = NULL;
-	int best = -1, status = 503;
+	int best = -1, status = 503, over_limit = 0;
 	int64_t best_free = 0;
+	struct spaced_resources best_res = *res;
 	if (CP_Q0(st, &rows, NULL,
 	         "SELECT w.id, w.url, w.substrates, w.capacity, w.last_seen, (SELECT COUNT(*) FROM sandboxes s "
-	         "WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')) "
-	         "FROM workers w ORDER BY w.id") < 0) {
+	         "WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')), "
+	         "w.limits FROM workers w ORDER BY w.id") < 0) {
 		*err = cp_error("store", "store unavailable");
 		return 500;
 	}
@@ -696,6 +715,25 @@ static int place(struct cp_store *st, const char *substrate, const char *want, c
 			}
 			continue;
 		}
+		/* the limits as this worker would run them; never above its maxima */
+		struct cp_worker_limits lim;
+		struct spaced_resources r = *res;
+		cp_limits_from_text(cp_rows_get(rows, i, 6), &lim);
+		if (lim.has) {
+			spaced_resources_default(&r, &lim.def);
+			const char *over = spaced_resources_exceeds(&r, &lim.max);
+			if (over != NULL) {
+				if (want[0]) {
+					char m[160];
+					snprintf(m, sizeof m, "%s is above the worker's maximum", over);
+					status = 422;
+					*err = cp_error("limit-exceeded", m);
+					goto out;
+				}
+				over_limit++;
+				continue;
+			}
+		}
 		if (room <= 0) {
 			if (want[0]) {
 				*err = cp_error("worker-full", "the worker has no room");
@@ -706,12 +744,16 @@ static int place(struct cp_store *st, const char *substrate, const char *want, c
 		if (best < 0 || room > best_free) {
 			best = i;
 			best_free = room;
+			best_res = r;
 		}
 	}
 	if (best < 0) {
 		if (want[0]) {
 			status = 404;
 			*err = cp_error("unknown-worker", "no such worker");
+		} else if (over_limit > 0) {
+			status = 422;
+			*err = cp_error("limit-exceeded", "the resources asked for are above every live worker's maximum");
 		} else {
 			*err = cp_error("no-worker", "no live worker with room offers this substrate");
 		}
@@ -719,6 +761,7 @@ static int place(struct cp_store *st, const char *substrate, const char *want, c
 	}
 	snprintf(out->worker, sizeof out->worker, "%s", cp_rows_get(rows, best, 0));
 	snprintf(out->url, sizeof out->url, "%s", cp_rows_get(rows, best, 1));
+	out->res = best_res;
 	status = 0;
 out:
 	cp_rows_free(rows);
@@ -808,6 +851,8 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 		*body = cp_error("internal", "stored spec unreadable");
 		return 500;
 	}
+	/* the limits it runs under, as placement resolved them for this worker */
+	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
 	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
 	/* the destination checks the snapshot against it and refuses without it */
 	json_object_set_new(spec, "snapshot_hash", snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
@@ -827,10 +872,12 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 		if (r < 0)
 			goto fail;
 	}
+	char cpu[24], mem[24], pids[24], disk[24];
 	r = CP_Q(st, NULL, NULL,
-	         "UPDATE sandboxes SET worker = $2, activation = $3, state = 'starting', snapshot = $4, last_error = NULL "
-	         "WHERE id = $1",
-	         id, p->worker, act, snapshot);
+	         "UPDATE sandboxes SET worker = $2, activation = $3, state = 'starting', snapshot = $4, last_error = NULL, "
+	         "cpu_milli = $5, memory_bytes = $6, pids = $7, disk_bytes = $8 WHERE id = $1",
+	         id, p->worker, act, snapshot, cp_i64(cpu, p->res.cpu_milli), cp_i64(mem, (int64_t)p->res.memory_bytes),
+	         cp_i64(pids, (int64_t)p->res.pids), cp_i64(disk, (int64_t)p->res.disk_bytes));
 	if (r < 0)
 		goto fail;
 	msg = json_pack("{s:s,s:o,s:b,s:O}", "type", "install", "identity",
@@ -867,14 +914,79 @@ fail:
 	return r == SPACED_EBUSY ? 503 : 500;
 }
 
+/* A tenant's quotas (its own, or this control plane's defaults) and what it
+ * holds now: every sandbox not deleted counts, paused and stopped ones too
+ * (they can be resumed at any time). With lock, it takes the tenant's row lock
+ * (quota_seq), so concurrent creates of one tenant are counted one after the
+ * other, on SQLite and on PostgreSQL alike: call it inside the transaction
+ * that inserts the sandbox. */
+int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,
+                   struct cp_quota *used)
+{
+	struct cp_rows *q = NULL, *u = NULL;
+	int r = lock ? CP_Q(st, &q, NULL,
+	                    "UPDATE tenants SET quota_seq = quota_seq + 1 WHERE id = $1 "
+	                    "RETURNING max_sandboxes, max_memory, max_disk",
+	                    tenant)
+	             : CP_Q(st, &q, NULL, "SELECT max_sandboxes, max_memory, max_disk FROM tenants WHERE id = $1", tenant);
+	if (r == 0 && q->nrows != 1)
+		r = SPACED_ENOENT;
+	if (r == 0)
+		r = CP_Q(st, &u, NULL,
+		         "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0), COALESCE(SUM(disk_bytes), 0) FROM sandboxes "
+		         "WHERE tenant = $1 AND deleted = 0",
+		         tenant);
+	if (r == 0) {
+		int64_t v;
+		limit->sandboxes = (v = cp_rows_i64(q, 0, 0, -1)) >= 0 ? v : cp->quota_default.sandboxes;
+		limit->memory = (v = cp_rows_i64(q, 0, 1, -1)) >= 0 ? v : cp->quota_default.memory;
+		limit->disk = (v = cp_rows_i64(q, 0, 2, -1)) >= 0 ? v : cp->quota_default.disk;
+		used->sandboxes = cp_rows_i64(u, 0, 0, 0);
+		used->memory = cp_rows_i64(u, 0, 1, 0);
+		used->disk = cp_rows_i64(u, 0, 2, 0);
+	}
+	cp_rows_free(q);
+	cp_rows_free(u);
+	return r;
+}
+
+/* 0 when one more sandbox with res fits the tenant's quotas; else 429 (or
+ * 500) with *body naming the quota hit. */
+static int quota_check(struct cp *cp, struct cp_store *st, const char *tenant, const struct spaced_resources *res,
+                       json_t **body)
+{
+	struct cp_quota limit, used;
+	int r = cp_quota_usage(cp, st, tenant, 1, &limit, &used);
+	if (r < 0) {
+		*body = cp_error("store", spaced_strerror(r));
+		return 500;
+	}
+	const char *hit = NULL;
+	int64_t lim = 0, cur = 0, want = 0;
+	if (limit.sandboxes > 0 && used.sandboxes + 1 > limit.sandboxes) {
+		hit = "sandboxes", lim = limit.sandboxes, cur = used.sandboxes, want = 1;
+	} else if (limit.memory > 0 && used.memory + (int64_t)res->memory_bytes > limit.memory) {
+		hit = "memory_bytes", lim = limit.memory, cur = used.memory, want = (int64_t)res->memory_bytes;
+	} else if (limit.disk > 0 && used.disk + (int64_t)res->disk_bytes > limit.disk) {
+		hit = "disk_bytes", lim = limit.disk, cur = used.disk, want = (int64_t)res->disk_bytes;
+	}
+	if (hit == NULL)
+		return 0;
+	char m[200];
+	snprintf(m, sizeof m, "the tenant's %s quota is %lld; it holds %lld and this sandbox asks for %lld more", hit,
+	         (long long)lim, (long long)cur, (long long)want);
+	*body = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota", hit, "limit",
+	                  (json_int_t)lim, "used", (json_int_t)cur, "requested", (json_int_t)want);
+	return 429;
+}
+
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body)
 {
 	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX], now[24], until[24], idle[24], maxl[24];
 	struct placement p;
 	int status, r;
-	json_t *spec = json_pack("{s:s?,s:I,s:I,s:n}", "template", c->template_name[0] ? c->template_name : NULL,
-	                         "memory_bytes", (json_int_t)c->memory_bytes, "pids", (json_int_t)c->pids, "snapshot");
+	json_t *spec = json_pack("{s:s?,s:n}", "template", c->template_name[0] ? c->template_name : NULL, "snapshot");
 	char *spec_text = spec ? json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(spec);
 	if (spec_text == NULL) {
@@ -891,19 +1003,27 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 		*body = cp_error("store-busy", spaced_strerror(r));
 		goto out;
 	}
-	if ((status = place(st, c->substrate, c->worker, NULL, &p, body)) != 0) {
+	if ((status = place(st, c->substrate, &c->res, c->worker, NULL, &p, body)) != 0) {
+		cp_store_rollback(st);
+		goto out;
+	}
+	/* the tenant's quotas, in the transaction that places the sandbox */
+	if ((status = quota_check(cp, st, tenant, &p.res, body)) != 0) {
 		cp_store_rollback(st);
 		goto out;
 	}
 	/* The new sandbox enters with generation 0 and the lease held;
 	 * start_execution moves it to generation 1 in its own transaction. */
+	char cpu[24], mem[24], pids[24], disk[24];
 	r = CP_Q(st, NULL, NULL,
 	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
-	         "created, last_active, idle_timeout, max_lifetime) VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, "
-	         "$6, $7, $8, $8, $9, $10)",
+	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes) "
+	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14)",
 	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
 	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
-	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime));
+	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
+	         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
+	         cp_i64(disk, (int64_t)p.res.disk_bytes));
 	if (r < 0 || (r = cp_store_commit(st)) < 0) {
 		cp_store_rollback(st);
 		status = 500;
@@ -1066,7 +1186,9 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			 * deactivated, frozen execution; activate the same generation again there */
 			if ((r = cp_store_begin(st)) < 0)
 				goto ack_fail;
-			status = place(st, col(s, C_SUBSTRATE), cur, NULL, &p, body);
+			struct spaced_resources want;
+			resources_of(s, &want);
+			status = place(st, col(s, C_SUBSTRATE), &want, cur, NULL, &p, body);
 			cp_store_rollback(st);
 			if (status != 0)
 				goto out;
@@ -1096,7 +1218,9 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			}
 			if ((r = cp_store_begin(st)) < 0)
 				goto ack_fail;
-			status = place(st, col(s, C_SUBSTRATE), worker, cur, &p, body);
+			struct spaced_resources want;
+			resources_of(s, &want);
+			status = place(st, col(s, C_SUBSTRATE), &want, worker, cur, &p, body);
 			cp_store_rollback(st);
 			if (status != 0)
 				goto out;
@@ -1153,7 +1277,10 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto wrong_state;
 			if ((r = cp_store_begin(st)) < 0)
 				goto ack_fail;
-			status = place(st, col(s, C_SUBSTRATE), worker[0] ? worker : (same ? cur : ""), NULL, &p, body);
+			struct spaced_resources want;
+			resources_of(s, &want);
+			status = place(st, col(s, C_SUBSTRATE), &want, worker[0] ? worker : (same ? cur : ""), NULL, &p,
+			               body);
 			cp_store_rollback(st);
 			if (status != 0)
 				goto out;

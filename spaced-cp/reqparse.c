@@ -90,28 +90,71 @@ static int get_int(json_t *obj, const char *m, int64_t lo, int64_t hi, int64_t *
 
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz)
 {
-	static const char *const allowed[] = {"template", "memory_bytes", "pids", "substrate", "worker",
-	                                      "idle_timeout", "max_lifetime", NULL};
-	struct cp_create_req c = {.memory_bytes = 256 << 20, .pids = 256, .substrate = "process",
-	                          .idle_timeout = -1, .max_lifetime = -1};
+	static const char *const allowed[] = {"template", "cpus", "memory_bytes", "pids", "disk_bytes", "substrate",
+	                                      "worker", "idle_timeout", "max_lifetime", NULL};
+	static const char *const res_members[] = {"cpus", "memory_bytes", "pids", "disk_bytes"};
+	struct cp_create_req c = {.substrate = "process", .idle_timeout = -1, .max_lifetime = -1};
 	int r = SPACED_EINVAL;
-	json_t *o = load_object(body, len, err, errsz);
-	if (o == NULL)
-		return SPACED_EINVAL;
+	json_t *o = load_object(body, len, err, errsz), *res = json_object();
+	if (o == NULL || res == NULL)
+		goto out;
 	if (only_members(o, allowed, err, errsz) < 0 ||
 	    get_name(o, "template", c.template_name, 1, err, errsz) < 0 ||
-	    get_int(o, "memory_bytes", 16 << 20, INT64_C(64) << 30, &c.memory_bytes, err, errsz) < 0 ||
-	    get_int(o, "pids", 8, 65536, &c.pids, err, errsz) < 0 ||
 	    get_name(o, "substrate", c.substrate, 0, err, errsz) < 0 ||
 	    get_name(o, "worker", c.worker, 1, err, errsz) < 0 ||
 	    get_int(o, "idle_timeout", 0, 30 * 86400, &c.idle_timeout, err, errsz) < 0 ||
 	    get_int(o, "max_lifetime", 0, 365 * 86400, &c.max_lifetime, err, errsz) < 0)
 		goto out;
+	/* the limits travel flat in the body, as one resources object everywhere else */
+	for (size_t i = 0; i < sizeof res_members / sizeof res_members[0]; i++) {
+		json_t *v = json_object_get(o, res_members[i]);
+		if (v != NULL)
+			json_object_set(res, res_members[i], v);
+	}
+	if (spaced_resources_from_json(res, &c.res, err, errsz) < 0)
+		goto out;
 	*out = c;
 	r = 0;
 out:
 	json_decref(o);
+	json_decref(res);
 	return r;
+}
+
+int cp_parse_limits(json_t *o, struct cp_worker_limits *out, char *err, size_t errsz)
+{
+	static const char *const allowed[] = {"default", "max", NULL};
+	struct cp_worker_limits l = {0};
+	if (!json_is_object(o))
+		return fail(err, errsz, "'limits' must be an object");
+	if (only_members(o, allowed, err, errsz) < 0 ||
+	    spaced_resources_from_json(json_object_get(o, "default"), &l.def, err, errsz) < 0 ||
+	    spaced_resources_from_json(json_object_get(o, "max"), &l.max, err, errsz) < 0)
+		return SPACED_EINVAL;
+	if (spaced_resources_exceeds(&l.def, &l.max) != NULL)
+		return fail(err, errsz, "a default of 'limits' is above its maximum");
+	l.has = 1;
+	*out = l;
+	return 0;
+}
+
+char *cp_limits_text(const struct cp_worker_limits *l)
+{
+	json_t *o = json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&l->def), "max",
+	                      spaced_resources_to_json(&l->max));
+	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(o);
+	return s;
+}
+
+void cp_limits_from_text(const char *text, struct cp_worker_limits *out)
+{
+	json_error_t jerr;
+	json_t *o = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	memset(out, 0, sizeof *out);
+	if (o == NULL || cp_parse_limits(o, out, NULL, 0) < 0)
+		memset(out, 0, sizeof *out);
+	json_decref(o);
 }
 
 int cp_parse_route(const char *body, size_t len, struct cp_route_req *out, char *err, size_t errsz)
@@ -130,7 +173,7 @@ int cp_parse_route(const char *body, size_t len, struct cp_route_req *out, char 
 	p = json_object_get(o, "purposes");
 	if (p == NULL) {
 		rt.purposes = SPACED_PURPOSE_FS_READ | SPACED_PURPOSE_FS_WRITE | SPACED_PURPOSE_EXEC |
-		              SPACED_PURPOSE_TERM | SPACED_PURPOSE_WATCH;
+		              SPACED_PURPOSE_TERM | SPACED_PURPOSE_WATCH | SPACED_PURPOSE_LIFECYCLE;
 	} else {
 		if (!json_is_array(p) || json_array_size(p) == 0 || json_array_size(p) > 16) {
 			fail(err, errsz, "'purposes' must be a non-empty array of purpose names");
@@ -209,7 +252,7 @@ static int get_substrates(json_t *o, char *out, size_t outsz, char *err, size_t 
 
 int cp_parse_worker(const char *body, size_t len, struct cp_worker_reg *out, char *err, size_t errsz)
 {
-	static const char *const allowed[] = {"id", "url", "capacity", "substrates", NULL};
+	static const char *const allowed[] = {"id", "url", "capacity", "substrates", "limits", NULL};
 	struct cp_worker_reg w = {.capacity = 16};
 	int r = SPACED_EINVAL;
 	json_t *o = load_object(body, len, err, errsz), *u;
@@ -217,7 +260,9 @@ int cp_parse_worker(const char *body, size_t len, struct cp_worker_reg *out, cha
 		return SPACED_EINVAL;
 	if (only_members(o, allowed, err, errsz) < 0 || get_name(o, "id", w.id, 0, err, errsz) < 0 ||
 	    get_int(o, "capacity", 1, 100000, &w.capacity, err, errsz) < 0 ||
-	    get_substrates(o, w.substrates, sizeof w.substrates, err, errsz) < 0)
+	    get_substrates(o, w.substrates, sizeof w.substrates, err, errsz) < 0 ||
+	    (json_object_get(o, "limits") != NULL &&
+	     cp_parse_limits(json_object_get(o, "limits"), &w.limits, err, errsz) < 0))
 		goto out;
 	if (w.id[0] == 0) {
 		fail(err, errsz, "'id' is required");
@@ -271,7 +316,7 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 		return SPACED_EPROTO;
 	if ((h = json_object_get(o, "hello")) != NULL) {
 		static const char *const top[] = {"hello", NULL};
-		static const char *const hm[] = {"worker", "last_seq", "substrates", "capacity", NULL};
+		static const char *const hm[] = {"worker", "last_seq", "substrates", "capacity", "limits", NULL};
 		if (only_members(o, top, err, sizeof err) < 0 || !json_is_object(h) ||
 		    only_members(h, hm, err, sizeof err) < 0 || get_name(h, "worker", m.worker, 0, err, sizeof err) < 0 ||
 		    m.worker[0] == 0)
@@ -290,6 +335,9 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 				goto out;
 			m.has_capacity = 1;
 		}
+		if (json_object_get(h, "limits") != NULL &&
+		    cp_parse_limits(json_object_get(h, "limits"), &m.limits, err, sizeof err) < 0)
+			goto out;
 		m.kind = CP_CHAN_HELLO;
 	} else {
 		static const char *const am[] = {"ack", "ok", "result", "error", "code", NULL};

@@ -11,7 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "identity.h"
+#include "resources.h"
 
 #define CP_BODY_MAX (64 * 1024)
 #define CP_URL_MAX 256
@@ -19,7 +22,7 @@
 
 struct cp_create_req {
 	char template_name[SPACED_NAME_MAX]; /* "" when none */
-	int64_t memory_bytes, pids;
+	struct spaced_resources res;          /* fields of 0: the placed worker's defaults */
 	char substrate[SPACED_NAME_MAX];
 	char worker[SPACED_NAME_MAX];         /* "" to let placement choose */
 	int64_t idle_timeout, max_lifetime;   /* seconds, -1 = control-plane default, 0 = none */
@@ -32,11 +35,18 @@ struct cp_route_req {
 	char protocol[8];
 };
 
+/* A worker's resource defaults and maxima: {"default": {…}, "max": {…}}. */
+struct cp_worker_limits {
+	int has;
+	struct spaced_resources def, max;
+};
+
 struct cp_worker_reg {
 	char id[SPACED_NAME_MAX];
 	char url[CP_URL_MAX];
 	int64_t capacity;
 	char substrates[CP_SUBSTRATES_MAX * SPACED_NAME_MAX]; /* comma-separated names */
+	struct cp_worker_limits limits;
 };
 
 enum cp_chan_kind { CP_CHAN_HELLO = 1, CP_CHAN_ACK = 2 };
@@ -48,6 +58,7 @@ struct cp_chan_msg {
 	int64_t last_seq, capacity;
 	char substrates[CP_SUBSTRATES_MAX * SPACED_NAME_MAX];
 	int has_capacity, has_substrates;
+	struct cp_worker_limits limits;
 	/* ack */
 	int64_t seq;
 	int ok;
@@ -56,12 +67,12 @@ struct cp_chan_msg {
 	char *result; /* compact JSON of "result" or NULL; the caller frees it */
 };
 
-/* POST /v1/sandboxes: {"template","memory_bytes","pids","substrate","worker",
- * "idle_timeout","max_lifetime"}, every member optional. An empty body is {}. */
+/* POST /v1/sandboxes: {"template","cpus","memory_bytes","pids","disk_bytes","substrate",
+ * "worker","idle_timeout","max_lifetime"}, every member optional. An empty body is {}. */
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz);
 
 /* POST /v1/sandboxes/{id}/route: {"purposes":[…], "port":N, "protocol":"tcp"}.
- * purposes defaults to ["fs.read","fs.write","exec","term","watch"]; "serviceport"
+ * purposes defaults to ["fs.read","fs.write","exec","term","watch","lifecycle"]; "serviceport"
  * must be alone and needs port (protocol defaults to "tcp"); port and protocol
  * are refused without it. */
 int cp_parse_route(const char *body, size_t len, struct cp_route_req *out, char *err, size_t errsz);
@@ -76,6 +87,15 @@ int cp_parse_target(const char *body, size_t len, const char *member, char out[S
 
 /* A control-channel message from a worker: {"hello":{…}} or {"ack":N,"ok":B,…}. */
 int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out);
+
+/* The limits member of a hello or registration (JSON object or NULL). */
+int cp_parse_limits(json_t *o, struct cp_worker_limits *out, char *err, size_t errsz);
+
+/* The JSON text of limits (a new string), as the workers table keeps it. */
+char *cp_limits_text(const struct cp_worker_limits *l);
+
+/* Reads the workers table's text back (NULL or malformed: has = 0). */
+void cp_limits_from_text(const char *text, struct cp_worker_limits *out);
 
 /* True when the comma-separated list has name. */
 int cp_list_has(const char *list, const char *name);

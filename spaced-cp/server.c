@@ -247,6 +247,12 @@ static int chan_hello(struct cp *cp, struct chan *ch, const struct cp_chan_msg *
 		     cp_i64(cap, m->capacity));
 	if (m->has_substrates)
 		CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET substrates = $2 WHERE id = $1", ch->worker, m->substrates);
+	if (m->limits.has) {
+		char *lt = cp_limits_text(&m->limits);
+		if (lt != NULL)
+			CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET limits = $2 WHERE id = $1", ch->worker, lt);
+		free(lt);
+	}
 	lwsl_user("channel %s: hello last_seq=%lld, replay from %lld\n", ch->worker, (long long)m->last_seq,
 	          (long long)from);
 	lws_callback_on_writable(ch->wsi);

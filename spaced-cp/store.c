@@ -38,6 +38,27 @@ static const char schema[] =
 	"CREATE TABLE IF NOT EXISTS generations (sandbox TEXT NOT NULL, generation BIGINT NOT NULL,"
 	" worker TEXT NOT NULL, activation TEXT NOT NULL, created BIGINT NOT NULL, PRIMARY KEY (sandbox, generation));";
 
+/* Columns added after the first schema, in the order they came. */
+static const struct {
+	const char *table, *column, *type;
+} added[] = {
+	{"sandboxes", "snapshot_hash", "TEXT"},
+	{"sandboxes", "snapshot_bytes", "BIGINT NOT NULL DEFAULT 0"},
+	/* the limits a sandbox runs under (the placed worker's defaults filled in) */
+	{"sandboxes", "cpu_milli", "BIGINT NOT NULL DEFAULT 0"},
+	{"sandboxes", "memory_bytes", "BIGINT NOT NULL DEFAULT 0"},
+	{"sandboxes", "pids", "BIGINT NOT NULL DEFAULT 0"},
+	{"sandboxes", "disk_bytes", "BIGINT NOT NULL DEFAULT 0"},
+	/* a worker's resource defaults and maxima (JSON), from its hello */
+	{"workers", "limits", "TEXT"},
+	/* a tenant's quotas (-1: the control plane's default); quota_seq is
+	 * bumped by every create, which takes the tenant's row lock */
+	{"tenants", "max_sandboxes", "BIGINT NOT NULL DEFAULT -1"},
+	{"tenants", "max_memory", "BIGINT NOT NULL DEFAULT -1"},
+	{"tenants", "max_disk", "BIGINT NOT NULL DEFAULT -1"},
+	{"tenants", "quota_seq", "BIGINT NOT NULL DEFAULT 0"},
+};
+
 int cp_store_open(const char *url, struct cp_store **out)
 {
 	int r;
@@ -61,11 +82,16 @@ int cp_store_open(const char *url, struct cp_store **out)
 	}
 	if (r < 0)
 		goto out;
-	/* a store created before snapshots carried their hash gains the columns */
-	if (st->ops->script(st->h, "SELECT snapshot_hash, snapshot_bytes FROM sandboxes LIMIT 0") < 0) {
-		st->ops->script(st->h, "ALTER TABLE sandboxes ADD COLUMN snapshot_hash TEXT");
-		st->ops->script(st->h, "ALTER TABLE sandboxes ADD COLUMN snapshot_bytes BIGINT NOT NULL DEFAULT 0");
-		if ((r = st->ops->script(st->h, "SELECT snapshot_hash, snapshot_bytes FROM sandboxes LIMIT 0")) < 0)
+	/* a store created before a column existed gains it */
+	for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
+		char probe[160], alter[256];
+		snprintf(probe, sizeof probe, "SELECT %s FROM %s LIMIT 0", added[i].column, added[i].table);
+		if (st->ops->script(st->h, probe) == 0)
+			continue;
+		snprintf(alter, sizeof alter, "ALTER TABLE %s ADD COLUMN %s %s", added[i].table, added[i].column,
+		         added[i].type);
+		st->ops->script(st->h, alter);
+		if ((r = st->ops->script(st->h, probe)) < 0)
 			goto out;
 	}
 	*out = st;

@@ -456,6 +456,23 @@ static int find_in_path(const char *name, char **envp, int cwdfd, char *out, siz
 	return err;
 }
 
+/* The OOM score adjustment of every command the guest starts. When an
+ * execution reaches its memory limit, the kernel kills the task with the
+ * highest score in it: commands start 500 above the guest, so the guest (PID
+ * 1: its end is the execution's end) is never the one picked while any command
+ * runs. Raising a score needs no privilege; a command may lower its own back
+ * to 0, which only makes its own execution's guest a candidate again. */
+#define GUEST_CHILD_OOM_ADJ "500"
+
+static void oom_adj_self(const char *v)
+{
+	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, v, strlen(v));
+		close(fd);
+	}
+}
+
 /* Starts argv in its own session with in/out/err as 0/1/2 and cwdfd as its
  * working directory, every signal unblocked and at its default. posix_spawn
  * shares the guest's memory until the exec (no page-table copy) and reports a
@@ -490,8 +507,12 @@ static int spawn_plain(char **argv, char **envp, int cwdfd, int in, int out, int
 	char file[PATH_MAX];
 	if (r == 0)
 		r = find_in_path(argv[0], envp, cwdfd, file, sizeof file);
-	if (r == 0)
+	if (r == 0) {
+		/* the child takes the score it has at the spawn: raise ours for it */
+		oom_adj_self(GUEST_CHILD_OOM_ADJ);
 		r = posix_spawn(pid, file, &fa, &at, argv, envp);
+		oom_adj_self("0");
+	}
 	posix_spawnattr_destroy(&at);
 	posix_spawn_file_actions_destroy(&fa);
 	return r;
@@ -510,6 +531,7 @@ static void child_exec(char **argv, char **envp, int cwdfd, int in, int out, int
 		if (sigismember(ign, sig) == 1)
 			(void)signal(sig, SIG_DFL);
 	(void)setsid();
+	oom_adj_self(GUEST_CHILD_OOM_ADJ);
 	if (term)
 		(void)ioctl(in, TIOCSCTTY, 0);
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)

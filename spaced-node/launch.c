@@ -5,10 +5,11 @@
  * and a control socket STATE/control.sock. See docs/substrate.md.
  *
  *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]
- *                 [--memory BYTES] [--pids N] [--disk BYTES] [--uid-base N]
- *                 [--hostname NAME] [--restore SNAPDIR] [--keep-state]
- *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|STOP|SNAPSHOT DIR|IDENTITY TEXT
+ *                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]
+ *                 [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state]
+ *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT
  *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
+ *   spaced-launch reap      (kill and remove what launchers killed with SIGKILL left)
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -31,6 +33,7 @@
 #include "error.h"
 #include "identity.h"
 #include "pidref.h"
+#include "resources.h"
 #include "substrate.h"
 #include "util.h"
 #include "vsock_hs.h"
@@ -63,7 +66,27 @@ struct launcher {
 	bool log_capped;
 	bool pooled;    /* started without identity (warm pool) */
 	bool stop;
+	/* CPU use over the last sampling interval (about a second) */
+	uint64_t cpu_at_ns, cpu_at_usec;
+	uint32_t cpu_pct_x10; /* percent of one CPU, in tenths */
 };
+
+/* Samples the execution's CPU time once a second; the share of a CPU it used
+ * over the last interval is what USAGE reports. */
+static void cpu_sample(struct launcher *L, uint64_t now)
+{
+	struct spaced_sub_usage u;
+
+	if (L->cpu_at_ns != 0 && now - L->cpu_at_ns < 1000000000u)
+		return;
+	spaced_sub_usage(L->sub, &u);
+	if (u.cpu_usec == UINT64_MAX)
+		return;
+	if (L->cpu_at_ns != 0 && u.cpu_usec >= L->cpu_at_usec)
+		L->cpu_pct_x10 = (uint32_t)((u.cpu_usec - L->cpu_at_usec) * 10000u / ((now - L->cpu_at_ns) / 1000u + 1));
+	L->cpu_at_ns = now;
+	L->cpu_at_usec = u.cpu_usec;
+}
 
 /* The guest's output goes through a pipe the supervisor drains, so nothing
  * inside can fill the host's disk through it: past this size it is dropped. */
@@ -73,10 +96,11 @@ static void usage(void)
 {
 	fprintf(stderr,
 	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]\n"
-	        "                     [--memory BYTES] [--pids N] [--disk BYTES] [--uid-base N]\n"
-	        "                     [--hostname NAME] [--restore SNAPDIR] [--keep-state]\n"
-	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
-	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n");
+	        "                     [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]\n"
+	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state]\n"
+	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
+	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n"
+	        "       spaced-launch reap\n");
 	exit(2);
 }
 
@@ -318,6 +342,17 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 		snprintf(reply, sizeof(reply), "OK ready=%d paused=%d init=%d start=%" PRIu64 " identity=%s",
 		         spaced_sub_ready(L->sub), spaced_sub_paused(L->sub), (int)init->pid,
 		         init->start_time, idtext);
+	} else if (strcmp(cmd, "USAGE") == 0) {
+		struct spaced_sub_usage u;
+
+		spaced_sub_usage(L->sub, &u);
+		/* unknown figures (UINT64_MAX) are printed as -1 */
+		snprintf(reply, sizeof(reply),
+		         "OK cpu_usec=%" PRId64 " cpu_pct=%u.%u memory=%" PRId64 " pids=%" PRId64 " disk=%" PRIu64
+		         " disk_total=%" PRIu64,
+		         u.cpu_usec == UINT64_MAX ? -1 : (int64_t)u.cpu_usec, L->cpu_pct_x10 / 10, L->cpu_pct_x10 % 10,
+		         u.memory_bytes == UINT64_MAX ? -1 : (int64_t)u.memory_bytes,
+		         u.pids == UINT64_MAX ? -1 : (int64_t)u.pids, u.disk_bytes, u.disk_total);
 	} else if (strcmp(cmd, "PIDFD") == 0) {
 		ctl_reply(fd, "OK", init->pidfd);
 		return;
@@ -406,6 +441,7 @@ static int supervise(struct launcher *L)
 		uint64_t now = spaced_mono_ns();
 		int n = 0, r, ctl0, hs0;
 
+		cpu_sample(L, now);
 		pfd[n++] = (struct pollfd){ .fd = L->sigfd, .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = spaced_sub_control_fd(L->sub), .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = init->pidfd, .events = POLLIN };
@@ -515,15 +551,40 @@ static uint64_t num_arg(const char *opt, const char *v, uint64_t max)
 	return (uint64_t)x;
 }
 
+/* A number of CPUs ("1", "0.5") in thousandths, or exit with a usage error. */
+static uint32_t cpus_arg(const char *opt, const char *v)
+{
+	uint32_t m;
+
+	if (spaced_cpus_parse(v, &m) < 0) {
+		fprintf(stderr, "spaced-launch: %s: not a number of CPUs (0.001 .. 1024, up to 3 decimals): %s\n", opt, v);
+		exit(2);
+	}
+	return m;
+}
+
+/* A size ("4096", "512M", "2G"), or exit with a usage error. */
+static uint64_t size_arg(const char *opt, const char *v)
+{
+	uint64_t x;
+
+	if (spaced_size_parse(v, &x) < 0 || x > UINT64_MAX / 2) {
+		fprintf(stderr, "spaced-launch: %s: not a size (bytes, or a number with K, M, G, T): %s\n", opt, v);
+		exit(2);
+	}
+	return x;
+}
+
 static int run(int argc, char **argv)
 {
 	struct spaced_sub_config cfg;
 	struct spaced_identity id;
 	struct launcher L;
 	char why[512] = "", path[PATH_MAX + 64], line[256];
-	const char *state = NULL;
+	const char *state = NULL, *uid_lock_dir = NULL;
 	bool keep = false;
 	uint64_t t0;
+	int uid_lock = -1;
 	sigset_t ss;
 	int r, status = 0, logfd;
 
@@ -552,14 +613,18 @@ static int run(int argc, char **argv)
 			cfg.restore_from = v;
 		else if (strcmp(o, "--hostname") == 0)
 			cfg.hostname = v;
+		else if (strcmp(o, "--cpus") == 0)
+			cfg.cpu_milli = cpus_arg(o, v);
 		else if (strcmp(o, "--memory") == 0)
-			cfg.memory_bytes = num_arg(o, v, UINT64_MAX / 2);
+			cfg.memory_bytes = size_arg(o, v);
 		else if (strcmp(o, "--disk") == 0)
-			cfg.disk_bytes = num_arg(o, v, UINT64_MAX / 2);
+			cfg.disk_bytes = size_arg(o, v);
 		else if (strcmp(o, "--pids") == 0)
 			cfg.pids_max = num_arg(o, v, 4194304);
 		else if (strcmp(o, "--uid-base") == 0)
 			cfg.uid_base = (uint32_t)num_arg(o, v, UINT32_MAX - SPACED_SUB_UID_RANGE);
+		else if (strcmp(o, "--uid-lock") == 0)
+			uid_lock_dir = v;
 		else if (strcmp(o, "--identity") == 0) {
 			if (spaced_identity_decode(&id, v, strlen(v)) < 0) {
 				fprintf(stderr, "spaced-launch: --identity: not a canonical identity\n");
@@ -571,6 +636,18 @@ static int run(int argc, char **argv)
 	}
 	if (state == NULL || cfg.guest_path == NULL)
 		usage();
+	if (uid_lock_dir != NULL) {
+		/* the uid range is this execution's for as long as this launcher
+		 * lives: another launcher asking for it is refused */
+		snprintf(path, sizeof(path), "%s/%u.lock", uid_lock_dir, (unsigned)cfg.uid_base);
+		(void)mkdir(uid_lock_dir, 0700);
+		uid_lock = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (uid_lock < 0 || flock(uid_lock, LOCK_EX | LOCK_NB) < 0) {
+			fprintf(stderr, "spaced-launch: uid range %u is in use (%s: %s)\n", (unsigned)cfg.uid_base, path,
+			        strerror(errno));
+			return 1;
+		}
+	}
 	if (mkdir(state, 0700) < 0 && errno != EEXIST) {
 		fprintf(stderr, "spaced-launch: mkdir %s: %s\n", state, strerror(errno));
 		return 1;
@@ -679,6 +756,8 @@ out:
 	}
 	if (logfd >= 0)
 		close(logfd);
+	if (uid_lock >= 0)
+		close(uid_lock); /* the execution is gone: its range may be used again */
 	return status;
 }
 
@@ -800,5 +879,11 @@ int main(int argc, char **argv)
 		return exec_main(argc - 1, argv + 1);
 	if (argc >= 2 && strcmp(argv[1], "run") == 0)
 		return run(argc - 1, argv + 1);
+	if (argc == 2 && strcmp(argv[1], "reap") == 0) {
+		int n = spaced_sub_reap_orphans();
+
+		printf("reaped %d execution%s of launchers that are gone\n", n, n == 1 ? "" : "s");
+		return n < 0 ? 1 : 0;
+	}
 	return run(argc, argv);
 }

@@ -13,6 +13,7 @@
 
 #include "compare.h"
 #include "identity.h"
+#include "resources.h"
 
 /* Execution states kept in the record. */
 #define MGR_ST_RUNNING "running"
@@ -30,6 +31,8 @@ struct mgr_rec {
 	uint64_t pid_start;  /* its start time (clock ticks since boot), pins the pid */
 	int64_t host_pid;    /* its spaced-host bridge (launcher mode), 0 when none */
 	uint64_t host_start;
+	struct spaced_resources res; /* the limits it runs under (the worker's defaults filled in) */
+	uint32_t uid_base;   /* host uid of root inside (substrate mode); 0 when none */
 };
 
 /* ---- mgr_store.c: SQLite runtime records (WAL, synchronous=FULL) ---- */
@@ -70,9 +73,19 @@ int mgr_store_meta_set(struct mgr_store *st, const char *key, int64_t v);
  * reached only through its own spaced-host bridge (B1–B3); without them a
  * development spaced-guest --listen is started directly. */
 struct mgr_config;
-/* Starts the execution of rec (restoring snapshot when given) and waits until
- * its socket answers. Fills rec->pid / pid_start (and host_pid / host_start). */
+/* Starts the execution of rec (restoring snapshot when given) under rec->res
+ * and rec->uid_base and waits until its socket answers. Fills rec->pid /
+ * pid_start (and host_pid / host_start). */
 int mgr_exec_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot);
+/* Chooses the uid range of a new execution: the lowest slot of the worker's
+ * range that no record in used[0..nused) holds, that no process on this host
+ * runs in (a range is reused only once everything of its execution is gone)
+ * and whose host-wide lock no launcher holds. Returns 0 with *base set,
+ * SPACED_EBUSY when every slot is taken. */
+int mgr_uid_pick(const struct mgr_config *cfg, const uint32_t *used, size_t nused, uint32_t *base);
+/* What the execution uses now (its launcher's USAGE), as a JSON object
+ * {"cpu_pct","cpu_usec","memory_bytes","pids","disk_bytes","disk_total"}. */
+int mgr_exec_usage(const struct mgr_config *cfg, const struct mgr_rec *rec, json_t **out);
 /* Freezes or thaws it. */
 int mgr_exec_pause(const struct mgr_config *cfg, const struct mgr_rec *rec, bool pause);
 /* Stops it and its bridge; clears the pids. */
@@ -120,6 +133,10 @@ const struct mgr_config *mgr_cfg(const struct mgr *m);
 struct mgr_store *mgr_store_of(struct mgr *m);
 int mgr_keys_install(struct mgr *m, const char *bundle_json, size_t len, uint64_t *version);
 json_t *mgr_status_json(struct mgr *m);
+
+/* The uid range for a new execution (mgr_uid_pick over the records that
+ * still hold one). */
+int mgr_uid_alloc(struct mgr *m, uint32_t *base);
 
 /* ---- mgr_admin.c: control messages (docs/control-messages.md) ---- */
 /* Handles one message line; *reply is a new ack line (no newline). */

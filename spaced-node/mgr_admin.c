@@ -7,6 +7,7 @@
  * disk, and a repeated seq gets the stored acknowledgement again.
  */
 #include "mgr.h"
+#include "node.h"
 
 #include <signal.h>
 #include <stdarg.h>
@@ -108,10 +109,20 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 	if (jh && !json_is_boolean(jh))
 		return fail(o, "bad-message", "handoff must be a boolean");
 	bool handoff = jh && json_is_true(jh);
+	struct spaced_resources res = {0, 0, 0, 0};
 	if (spec && !json_is_null(spec)) {
 		json_t *snap = json_is_object(spec) ? json_object_get(spec, "snapshot") : NULL;
+		char err[160];
 		if (!json_is_object(spec))
 			return fail(o, "bad-message", "spec must be an object");
+		if (spaced_resources_from_json(json_object_get(spec, "resources"), &res, err, sizeof err) < 0)
+			return fail(o, "bad-message", "spec.resources: %s", err);
+		/* a spec stored before resources were an object of their own */
+		json_t *lm = json_object_get(spec, "memory_bytes"), *lp = json_object_get(spec, "pids");
+		if (res.memory_bytes == 0 && json_is_integer(lm) && json_integer_value(lm) > 0)
+			res.memory_bytes = (uint64_t)json_integer_value(lm);
+		if (res.pids == 0 && json_is_integer(lp) && json_integer_value(lp) > 0)
+			res.pids = (uint64_t)json_integer_value(lp);
 		if (snap && !json_is_null(snap)) {
 			if (!json_is_string(snap) || json_string_value(snap)[0] != '/')
 				return fail(o, "bad-message", "spec.snapshot must be an absolute path");
@@ -129,6 +140,12 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 		            mgr_worker_id(m));
 	if (strcmp(id.substrate, "process") != 0)
 		return fail(o, "unsupported-substrate", "substrate %s is not served here", id.substrate);
+	/* what the install leaves out, the worker's defaults fill in; what it
+	 * asks above the worker's maxima is refused, never silently lowered */
+	spaced_resources_default(&res, &mgr_cfg(m)->limits_default);
+	const char *over = spaced_resources_exceeds(&res, &mgr_cfg(m)->limits_max);
+	if (over)
+		return fail(o, "limit-exceeded", "%s is above this worker's maximum", over);
 
 	const struct mgr_rec *cur = mgr_rec_find(m, id.sandbox);
 	struct mgr_rec rec;
@@ -156,13 +173,17 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 	rec.r.id = id;
 	rec.r.active = true;
 	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
+	rec.res = res;
 	snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_RUNNING);
 	if (same_gen) {
-		/* activation (or placement) change of the running execution: it keeps running */
+		/* activation (or placement) change of the running execution: it keeps
+		 * running, with the limits and the uid range it has */
 		rec.pid = cur->pid;
 		rec.pid_start = cur->pid_start;
 		rec.host_pid = cur->host_pid;
 		rec.host_start = cur->host_start;
+		rec.res = cur->res;
+		rec.uid_base = cur->uid_base;
 		snprintf(rec.state, sizeof rec.state, "%s", cur->state);
 		o->result = json_pack("{s:I}", "epoch", (json_int_t)rec.r.epoch);
 		return commit(m, &rec, false, seq, o, line);
@@ -193,7 +214,22 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 		}
 		mgr_exec_stop(mgr_cfg(m), &old);
 	}
-	int e = mgr_exec_start(mgr_cfg(m), &rec, staged[0] ? staged : NULL);
+	int e = 0;
+	if (mgr_cfg(m)->launch_bin) {
+		/* a uid range no execution alive on this host holds (the old one of
+		 * this sandbox has just stopped) */
+		e = mgr_uid_alloc(m, &rec.uid_base);
+		if (e < 0) {
+			mgr_exec_unstage(staged);
+			snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_STOPPED);
+			fail(o, "no-uid-range", "every uid range of this worker is in use");
+			char *l = ack_line(seq, o);
+			mgr_rec_install(m, &rec, false, seq, l);
+			*line = l;
+			return -1;
+		}
+	}
+	e = mgr_exec_start(mgr_cfg(m), &rec, staged[0] ? staged : NULL);
 	mgr_exec_unstage(staged);
 	if (e < 0) {
 		snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_STOPPED);

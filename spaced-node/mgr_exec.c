@@ -26,8 +26,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -613,8 +615,44 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	run_wait(rm);
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
-	const char *argv[] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
-	                      snapshot ? "--restore" : NULL, snapshot, NULL};
+	char cpus[16], mem[24], pids[24], disk[24], uid[16];
+	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text};
+	size_t n = 7;
+	/* the limits it runs under; each one given is enforced or the start fails */
+	if (rec->res.cpu_milli) {
+		spaced_cpus_format(rec->res.cpu_milli, cpus);
+		argv[n++] = "--cpus";
+		argv[n++] = cpus;
+	}
+	if (rec->res.memory_bytes) {
+		snprintf(mem, sizeof mem, "%llu", (unsigned long long)rec->res.memory_bytes);
+		argv[n++] = "--memory";
+		argv[n++] = mem;
+	}
+	if (rec->res.pids) {
+		snprintf(pids, sizeof pids, "%llu", (unsigned long long)rec->res.pids);
+		argv[n++] = "--pids";
+		argv[n++] = pids;
+	}
+	if (rec->res.disk_bytes) {
+		snprintf(disk, sizeof disk, "%llu", (unsigned long long)rec->res.disk_bytes);
+		argv[n++] = "--disk";
+		argv[n++] = disk;
+	}
+	if (rec->uid_base == 0)
+		return SPACED_EINVAL; /* every execution has a uid range of its own */
+	snprintf(uid, sizeof uid, "%u", (unsigned)rec->uid_base);
+	argv[n++] = "--uid-base";
+	argv[n++] = uid;
+	if (cfg->uid_lock_dir) {
+		argv[n++] = "--uid-lock";
+		argv[n++] = cfg->uid_lock_dir;
+	}
+	if (snapshot) {
+		argv[n++] = "--restore";
+		argv[n++] = snapshot;
+	}
+	argv[n] = NULL;
 	int64_t lp;
 	uint64_t ls;
 	e = spawn_ready(argv, logp, ready, false, 30000, true, &lp, &ls);
@@ -640,6 +678,128 @@ static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, cons
 		return e;
 	const char *argv[] = {cfg->launch_bin, "ctl", "--state", e_dir, what, arg, NULL};
 	return run_wait(argv);
+}
+
+/* ---- uid ranges ---- */
+
+/* Marks in busy[] every slot of the worker's range some process of this host
+ * runs in (any of its real, effective, saved or file uids). */
+static void uids_running(const struct mgr_config *cfg, uint8_t *busy)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	uint64_t lo = cfg->uid_first, hi = lo + (uint64_t)cfg->uid_slots * 65536u;
+	if (!d)
+		return;
+	while ((de = readdir(d)) != NULL) {
+		char path[300], buf[2048];
+		if (de->d_name[0] < '1' || de->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof path, "/proc/%s/status", de->d_name);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, buf, sizeof buf - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		const char *u = strstr(buf, "\nUid:");
+		unsigned long ids[4];
+		if (!u || sscanf(u + 5, "%lu %lu %lu %lu", &ids[0], &ids[1], &ids[2], &ids[3]) != 4)
+			continue;
+		for (int i = 0; i < 4; i++)
+			if (ids[i] >= lo && ids[i] < hi)
+				busy[(ids[i] - lo) / 65536u] = 1;
+	}
+	closedir(d);
+}
+
+/* True when a launcher holds the host-wide lock of the range at base. */
+static bool uid_locked(const struct mgr_config *cfg, uint32_t base)
+{
+	char path[4096];
+	if (!cfg->uid_lock_dir)
+		return false;
+	snprintf(path, sizeof path, "%s/%u.lock", cfg->uid_lock_dir, (unsigned)base);
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return true; /* cannot tell: not this one */
+	bool held = flock(fd, LOCK_EX | LOCK_NB) < 0;
+	close(fd); /* releases the probe's lock */
+	return held;
+}
+
+int mgr_uid_pick(const struct mgr_config *cfg, const uint32_t *used, size_t nused, uint32_t *base)
+{
+	if (cfg->uid_slots == 0)
+		return SPACED_EBUSY;
+	uint8_t *busy = calloc(cfg->uid_slots, 1);
+	if (!busy)
+		return SPACED_ENOMEM;
+	uids_running(cfg, busy);
+	int e = SPACED_EBUSY;
+	for (uint32_t k = 0; k < cfg->uid_slots; k++) {
+		uint32_t b = cfg->uid_first + k * 65536u;
+		bool taken = busy[k];
+		for (size_t i = 0; !taken && i < nused; i++)
+			taken = used[i] == b;
+		if (taken || uid_locked(cfg, b))
+			continue;
+		*base = b;
+		e = 0;
+		break;
+	}
+	free(busy);
+	return e;
+}
+
+/* ---- usage ---- */
+
+int mgr_exec_usage(const struct mgr_config *cfg, const struct mgr_rec *rec, json_t **out)
+{
+	char e_dir[4096], reply[512];
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (!substrate_mode(cfg))
+		return SPACED_EPERM; /* development executions have no cgroups of their own */
+	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
+	if (e < 0)
+		return e;
+	char path[4200];
+	int pl = snprintf(path, sizeof path, "%s/control.sock", e_dir);
+	if (pl < 0 || (size_t)pl >= sizeof sa.sun_path)
+		return SPACED_ETOOBIG;
+	memcpy(sa.sun_path, path, (size_t)pl + 1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return SPACED_ESYS;
+	struct timeval tv = {.tv_sec = 1};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	ssize_t n = -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && send(fd, "USAGE", 5, MSG_NOSIGNAL) == 5)
+		n = recv(fd, reply, sizeof reply - 1, 0);
+	close(fd);
+	if (n <= 0)
+		return SPACED_ECLOSED;
+	reply[n] = '\0';
+	long long cpu_usec, mem, pids;
+	unsigned long long disk, disk_total;
+	unsigned pct, pct10;
+	if (sscanf(reply, "OK cpu_usec=%lld cpu_pct=%u.%u memory=%lld pids=%lld disk=%llu disk_total=%llu", &cpu_usec,
+	           &pct, &pct10, &mem, &pids, &disk, &disk_total) != 7)
+		return SPACED_EPROTO;
+	json_t *o = json_object();
+	if (!o)
+		return SPACED_ENOMEM;
+	json_object_set_new(o, "cpu_pct", json_real(pct + pct10 / 10.0));
+	json_object_set_new(o, "cpu_usec", json_integer(cpu_usec));
+	json_object_set_new(o, "memory_bytes", json_integer(mem));
+	json_object_set_new(o, "pids", json_integer(pids));
+	json_object_set_new(o, "disk_bytes", json_integer((json_int_t)disk));
+	json_object_set_new(o, "disk_total", json_integer((json_int_t)disk_total));
+	*out = o;
+	return 0;
 }
 
 /* ---- the interface ---- */

@@ -4,7 +4,7 @@
  *
  * BLAKE2b-256 (libsodium crypto_generichash, no key) over one byte stream:
  *
- *   "spaced-snapshot-v1" 0x00
+ *   "spaced-snapshot-v2" 0x00
  *   then one record per entry, the root first, depth first; the entries of a
  *   directory in bytewise order of their names, a directory's record before
  *   those of its entries. A record (integers little-endian):
@@ -14,7 +14,14 @@
  *     u32 uid, u32 gid
  *     u64 size                       file: its size; symlink: target length; else 0
  *     u64 rdev                       'c' 'b': st_rdev; else 0
- *     payload                        file: its bytes; symlink: its target; else none
+ *     payload                        file: its blocks (below); symlink: its target; else none
+ *
+ * A file's payload: its content cut into blocks of 4096 bytes (the last one
+ * shorter); for each block that is not all zeros, in order, u64 block index
+ * and the block's bytes; then u64 0xffffffffffffffff. Zeros cost nothing,
+ * whether written or holes, so hashing a sparse file reads only its data
+ * extents (SEEK_DATA / SEEK_HOLE): the work is bounded by what the file
+ * holds, not by the size it claims.
  *
  * Times, inode numbers, link counts and extended attributes are not part of it.
  * Symlinks are never followed. A file whose size changes while it is read, or
@@ -25,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +93,41 @@ static int type_of(mode_t m, uint8_t *t)
 	return 0;
 }
 
+#define HASH_BLOCK 4096
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	static const uint8_t zero[HASH_BLOCK];
+	return memcmp(p, zero, n) == 0;
+}
+
+/* Reads [from, to) of fd (from a block boundary; to a block boundary or the
+ * end of the file) and hashes its non-zero blocks. */
+static int hash_extent(struct walk *w, int fd, uint64_t from, uint64_t to)
+{
+	static uint8_t buf[16 * HASH_BLOCK];
+	while (from < to) {
+		size_t want = to - from < sizeof buf ? (size_t)(to - from) : sizeof buf, got = 0;
+		while (got < want) {
+			ssize_t n = pread(fd, buf + got, want - got, (off_t)(from + got));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				return SPACED_EIO; /* shrank while read */
+			got += (size_t)n;
+		}
+		for (size_t off = 0; off < want; off += HASH_BLOCK) {
+			size_t bl = want - off < HASH_BLOCK ? want - off : HASH_BLOCK;
+			if (all_zero(buf + off, bl))
+				continue;
+			put_u64(w, (from + off) / HASH_BLOCK);
+			crypto_generichash_update(&w->h, buf + off, bl);
+		}
+		from += want;
+	}
+	return 0;
+}
+
 static int hash_file(struct walk *w, int dirfd, const char *name, const struct stat *sb)
 {
 	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -92,28 +135,39 @@ static int hash_file(struct walk *w, int dirfd, const char *name, const struct s
 		return SPACED_EIO;
 	struct stat fs;
 	int r = 0;
-	if (fstat(fd, &fs) < 0 || fs.st_ino != sb->st_ino || fs.st_dev != sb->st_dev) {
+	uint64_t size = (uint64_t)sb->st_size, pos = 0;
+	if (fstat(fd, &fs) < 0 || fs.st_ino != sb->st_ino || fs.st_dev != sb->st_dev || fs.st_size != sb->st_size) {
 		r = SPACED_EIO;
 		goto out;
 	}
-	uint64_t left = (uint64_t)sb->st_size;
-	uint8_t buf[65536];
-	for (;;) {
-		ssize_t n = read(fd, buf, sizeof buf);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 || (uint64_t)n > left) {
-			r = SPACED_EIO;
-			goto out;
-		}
-		if (n == 0)
+	while (pos < size && r == 0) {
+		off_t data = lseek(fd, (off_t)pos, SEEK_DATA), hole;
+		if (data < 0 && errno == ENXIO)
+			break; /* a hole up to the end */
+		if (data < 0) {
+			r = hash_extent(w, fd, pos, size); /* no SEEK_DATA: all of it */
 			break;
-		crypto_generichash_update(&w->h, buf, (size_t)n);
-		left -= (uint64_t)n;
+		}
+		hole = lseek(fd, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > size)
+			hole = (off_t)size;
+		/* whole blocks around the extent (a filesystem's blocks may be
+		 * smaller than the hash's): from the block the data begins in to
+		 * the end of the block it ends in; what lies past pos was hashed */
+		uint64_t from = ((uint64_t)data / HASH_BLOCK) * HASH_BLOCK;
+		uint64_t to = (((uint64_t)hole + HASH_BLOCK - 1) / HASH_BLOCK) * HASH_BLOCK;
+		if (from < pos)
+			from = pos;
+		if (to > size)
+			to = size;
+		if (from < to)
+			r = hash_extent(w, fd, from, to);
+		pos = to > pos ? to : pos;
 	}
-	if (left != 0)
-		r = SPACED_EIO; /* shrank while read */
-	w->bytes += (uint64_t)sb->st_size;
+	if (r == 0 && (fstat(fd, &fs) < 0 || fs.st_size != sb->st_size))
+		r = SPACED_EIO; /* changed while read */
+	put_u64(w, UINT64_MAX);
+	w->bytes += size;
 out:
 	close(fd);
 	return r;
@@ -224,7 +278,7 @@ static int hash_entry(struct walk *w, int dirfd, const char *name, size_t plen, 
 
 int mgr_snapshot_hash(const char *dir, char hex[MGR_HASH_HEX], uint64_t *bytes)
 {
-	static const char tag[] = "spaced-snapshot-v1";
+	static const char tag[] = "spaced-snapshot-v2";
 	struct walk *w;
 	uint8_t out[32];
 	int r;

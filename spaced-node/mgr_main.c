@@ -158,6 +158,23 @@ static int load_cb(void *arg, const struct mgr_rec *rec)
 	return rec_put_mem(m, rec) < 0;
 }
 
+int mgr_uid_alloc(struct mgr *m, uint32_t *base)
+{
+	uint32_t *used = calloc(m->nrecs + 1, sizeof *used);
+	size_t n = 0;
+	if (!used)
+		return SPACED_ENOMEM;
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		/* a record keeps its range while anything of its execution may run */
+		if (r->uid_base != 0 && (r->pid != 0 || r->host_pid != 0))
+			used[n++] = r->uid_base;
+	}
+	int e = mgr_uid_pick(m->cfg, used, n, base);
+	free(used);
+	return e;
+}
+
 const char *mgr_worker_id(const struct mgr *m)
 {
 	return m->cfg->worker_id;
@@ -381,6 +398,8 @@ static uint32_t purpose_of(uint16_t gtype, enum spaced_cap_class *cls)
 	case NODE_PORT_OPEN:
 		*cls = SPACED_CLASS_SERVICEPORT;
 		return SPACED_PURPOSE_SERVICEPORT;
+	case NODE_USAGE:
+		return SPACED_PURPOSE_LIFECYCLE;
 	default:
 		return 0;
 	}
@@ -478,6 +497,43 @@ static int stream_write(struct mstream *s, const void *p, size_t n)
 	return stream_flush(s);
 }
 
+/* The answer to a usage request, which the manager gives itself: what the
+ * execution uses now and the limits it runs under, as one JSON text in the
+ * RESULT (after ACCEPT, like any answer an execution served). */
+static void answer_usage(struct mgr *m, uint32_t id, const struct mgr_rec *rec)
+{
+	json_t *u = NULL;
+	char ident[SPACED_IDENTITY_TEXT_MAX];
+	int e = mgr_exec_usage(m->cfg, rec, &u);
+	if (e < 0) {
+		send_fail(m, id, e, e == SPACED_EPERM ? "usage is not measured for development executions"
+		                                       : "the execution's launcher did not answer");
+		return;
+	}
+	json_object_set_new(u, "limits", spaced_resources_to_json(&rec->res));
+	char *text = json_dumps(u, JSON_COMPACT);
+	json_decref(u);
+	spaced_identity_encode(&rec->r.id, ident, sizeof ident);
+	struct spaced_buf b, r;
+	spaced_buf_init(&b, 1024);
+	spaced_buf_init(&r, 8192);
+	if (text && spaced_field_put_str(&b, ident) == 0 && spaced_field_put_u64(&b, rec->r.epoch) == 0 &&
+	    spaced_field_put_i64(&r, 0) == 0 && spaced_field_put_str(&r, "") == 0 && spaced_field_put_str(&r, ident) == 0 &&
+	    spaced_field_put_str(&r, text) == 0) {
+		api_send(m, NODE_MSG_ACCEPT, 0, id, &b);
+		struct spaced_buf o;
+		spaced_buf_init(&o, NODE_MSG_MAX);
+		if (spaced_field_put_u64(&o, SPACED_GUEST_OUT_RESULT) == 0 && spaced_field_put_bytes(&o, r.data, r.len) == 0)
+			api_send(m, NODE_MSG_OUT, SPACED_FRAME_F_END, id, &o);
+		spaced_buf_free(&o);
+	} else {
+		send_fail(m, id, SPACED_ENOMEM, "out of memory");
+	}
+	free(text);
+	spaced_buf_free(&b);
+	spaced_buf_free(&r);
+}
+
 /* One REQ: verify, compare, forward. */
 static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
 {
@@ -529,6 +585,10 @@ static int on_req(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	m->n_allow++;
 	if (m->nstreams >= MGR_MAX_STREAMS) {
 		send_fail(m, h->id, SPACED_EBUSY, "too many open requests");
+		return 0;
+	}
+	if (gtype == NODE_USAGE) {
+		answer_usage(m, h->id, rec);
 		return 0;
 	}
 	char target[256];
@@ -888,6 +948,8 @@ json_t *mgr_status_json(struct mgr *m)
 		json_object_set_new(ro, "state", json_string(r->state));
 		json_object_set_new(ro, "pid", json_integer(r->pid));
 		json_object_set_new(ro, "host_pid", json_integer(r->host_pid));
+		json_object_set_new(ro, "resources", spaced_resources_to_json(&r->res));
+		json_object_set_new(ro, "uid_base", json_integer(r->uid_base));
 		json_array_append_new(recs, ro);
 	}
 	size_t open_streams = 0;
@@ -909,6 +971,10 @@ json_t *mgr_status_json(struct mgr *m)
 	json_object_set_new(o, "vcache_hits", json_integer((json_int_t)vs.hits));
 	json_object_set_new(o, "vcache_misses", json_integer((json_int_t)vs.misses));
 	json_object_set_new(o, "records", recs);
+	json_object_set_new(o, "limits", json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&m->cfg->limits_default),
+	                                           "max", spaced_resources_to_json(&m->cfg->limits_max)));
+	json_object_set_new(o, "uid_range", json_pack("{s:I,s:I}", "first", (json_int_t)m->cfg->uid_first, "count",
+	                                              (json_int_t)m->cfg->uid_slots));
 	return o;
 }
 
@@ -1018,9 +1084,12 @@ static void recover_executions(struct mgr *m)
 		int e;
 		if (mgr_exec_alive(&r))
 			e = mgr_exec_rebridge(m->cfg, &r); /* the bridge must know this manager */
-		else if (r.r.active && strcmp(r.state, MGR_ST_RUNNING) == 0 && m->cfg->guest_bin)
-			e = mgr_exec_start(m->cfg, &r, NULL);
-		else
+		else if (r.r.active && strcmp(r.state, MGR_ST_RUNNING) == 0 && m->cfg->guest_bin) {
+			/* a record from before uid ranges were recorded gets one now */
+			e = m->cfg->launch_bin && r.uid_base == 0 ? mgr_uid_alloc(m, &r.uid_base) : 0;
+			if (e == 0)
+				e = mgr_exec_start(m->cfg, &r, NULL);
+		} else
 			continue;
 		if (e == 0 && mgr_store_commit(m->store, &r, 0, NULL) == 0)
 			m->recs[i] = r;
@@ -1076,6 +1145,19 @@ int mgr_run(const struct mgr_config *cfg)
 	}
 	if ((e = mgr_store_foreach(m.store, load_cb, &m)) < 0)
 		goto out;
+	if (cfg->launch_bin) {
+		/* what launchers killed with SIGKILL left behind (frozen tasks) */
+		pid_t rp = fork();
+		if (rp == 0) {
+			int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+			if (nul >= 0)
+				dup2(nul, 1);
+			execl(cfg->launch_bin, "spaced-launch", "reap", (char *)NULL);
+			_exit(127);
+		}
+		if (rp > 0)
+			waitpid(rp, NULL, 0);
+	}
 	recover_executions(&m);
 	if ((m.admin_fd = admin_listen(cfg->state_dir)) < 0) {
 		mlog("cannot listen on the admin socket");

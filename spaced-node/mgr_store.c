@@ -28,12 +28,36 @@ static const char schema[] =
 	" substrate TEXT NOT NULL, activation TEXT NOT NULL, pod_uid TEXT NOT NULL,"
 	" epoch INTEGER NOT NULL, active INTEGER NOT NULL, state TEXT NOT NULL,"
 	" pid INTEGER NOT NULL, pid_start INTEGER NOT NULL,"
-	" host_pid INTEGER NOT NULL DEFAULT 0, host_start INTEGER NOT NULL DEFAULT 0);"
+	" host_pid INTEGER NOT NULL DEFAULT 0, host_start INTEGER NOT NULL DEFAULT 0,"
+	" uid_base INTEGER NOT NULL DEFAULT 0, cpu_milli INTEGER NOT NULL DEFAULT 0,"
+	" memory_bytes INTEGER NOT NULL DEFAULT 0, pids INTEGER NOT NULL DEFAULT 0,"
+	" disk_bytes INTEGER NOT NULL DEFAULT 0);"
 	"CREATE TRIGGER IF NOT EXISTS records_forward BEFORE UPDATE ON records"
 	" WHEN NEW.generation < OLD.generation OR NEW.epoch < OLD.epoch"
 	" BEGIN SELECT RAISE(ABORT, 'identity going backwards'); END;"
 	"CREATE TABLE IF NOT EXISTS acks (seq INTEGER PRIMARY KEY, line TEXT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);";
+
+/* Columns added since the first schema: a store made before them gains them
+ * (0: no limits recorded, no uid range). */
+static const char *const added_columns[] = {"uid_base", "cpu_milli", "memory_bytes", "pids", "disk_bytes"};
+
+static int add_missing_columns(sqlite3 *db)
+{
+	for (size_t i = 0; i < sizeof added_columns / sizeof added_columns[0]; i++) {
+		char sql[160];
+		sqlite3_stmt *s = NULL;
+		snprintf(sql, sizeof sql, "SELECT %s FROM records LIMIT 0", added_columns[i]);
+		if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK) {
+			sqlite3_finalize(s);
+			continue;
+		}
+		snprintf(sql, sizeof sql, "ALTER TABLE records ADD COLUMN %s INTEGER NOT NULL DEFAULT 0", added_columns[i]);
+		if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
+			return SPACED_EIO;
+	}
+	return 0;
+}
 
 static int meta_get(sqlite3 *db, const char *k, int64_t *out)
 {
@@ -84,7 +108,7 @@ int mgr_store_open(const char *dir, struct mgr_store **out)
 	                    NULL) != SQLITE_OK)
 		goto out;
 	sqlite3_busy_timeout(st->db, 5000);
-	if (sqlite3_exec(st->db, schema, NULL, NULL, NULL) != SQLITE_OK)
+	if (sqlite3_exec(st->db, schema, NULL, NULL, NULL) != SQLITE_OK || add_missing_columns(st->db) < 0)
 		goto out;
 	st->next_epoch = 1;
 	if (meta_get(st->db, "next_epoch", &v) == 0 && v > 0)
@@ -129,9 +153,11 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 {
 	static const char sql[] =
 		"INSERT INTO records(sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
-		"state,pid,pid_start,host_pid,host_start) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) "
+		"state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,disk_bytes) "
+		"VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18) "
 		"ON CONFLICT(sandbox) DO UPDATE SET generation=?2,worker=?3,substrate=?4,activation=?5,"
-		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11,host_pid=?12,host_start=?13";
+		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11,host_pid=?12,host_start=?13,"
+		"uid_base=?14,cpu_milli=?15,memory_bytes=?16,pids=?17,disk_bytes=?18";
 	sqlite3_stmt *s = NULL;
 	const struct spaced_identity *id = &rec->r.id;
 	int e = 0;
@@ -150,6 +176,11 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 	sqlite3_bind_int64(s, 11, (sqlite3_int64)rec->pid_start);
 	sqlite3_bind_int64(s, 12, rec->host_pid);
 	sqlite3_bind_int64(s, 13, (sqlite3_int64)rec->host_start);
+	sqlite3_bind_int64(s, 14, (sqlite3_int64)rec->uid_base);
+	sqlite3_bind_int64(s, 15, (sqlite3_int64)rec->res.cpu_milli);
+	sqlite3_bind_int64(s, 16, (sqlite3_int64)rec->res.memory_bytes);
+	sqlite3_bind_int64(s, 17, (sqlite3_int64)rec->res.pids);
+	sqlite3_bind_int64(s, 18, (sqlite3_int64)rec->res.disk_bytes);
 	int rc = sqlite3_step(s);
 	if (rc == SQLITE_CONSTRAINT)
 		e = SPACED_ESTALE;
@@ -230,7 +261,8 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 	int e = 0, rc;
 	if (sqlite3_prepare_v2(st->db,
 	                       "SELECT sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
-	                       "state,pid,pid_start,host_pid,host_start FROM records ORDER BY sandbox",
+	                       "state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,"
+	                       "disk_bytes FROM records ORDER BY sandbox",
 	                       -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -249,6 +281,11 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 		r.pid_start = (uint64_t)sqlite3_column_int64(s, 10);
 		r.host_pid = sqlite3_column_int64(s, 11);
 		r.host_start = (uint64_t)sqlite3_column_int64(s, 12);
+		r.uid_base = (uint32_t)sqlite3_column_int64(s, 13);
+		r.res.cpu_milli = (uint32_t)sqlite3_column_int64(s, 14);
+		r.res.memory_bytes = (uint64_t)sqlite3_column_int64(s, 15);
+		r.res.pids = (uint64_t)sqlite3_column_int64(s, 16);
+		r.res.disk_bytes = (uint64_t)sqlite3_column_int64(s, 17);
 		if (cb(arg, &r))
 			break;
 	}

@@ -29,6 +29,7 @@
 #include "frame.h"
 #include "guest_proto.h"
 #include "identity.h"
+#include "resources.h"
 #include "util.h"
 
 /* ---- the socketpair message table ---- */
@@ -50,8 +51,9 @@ enum node_msg {
 #define NODE_MSG_MAX (SPACED_FRAME_CHUNK + 1024)
 /* Largest capability token accepted. */
 #define NODE_TOKEN_MAX 4096
-/* Pseudo guest type for ServicePort streams (node-api -> manager only). */
-#define NODE_PORT_OPEN 0x0050
+/* Pseudo guest types answered without the guest (node-api -> manager only). */
+#define NODE_PORT_OPEN 0x0050 /* ServicePort stream */
+#define NODE_USAGE 0x0051     /* what the execution uses now (purpose lifecycle) */
 
 /* ---- request parsing (node_req.c; pure, fuzzed) ---- */
 
@@ -154,6 +156,11 @@ struct mgr_config {
 	const char *host_bin;   /* spaced-host: the per-execution bridge */
 	int api_fd;
 	pid_t api_pid;
+	struct spaced_resources limits_default; /* for what an install leaves out */
+	struct spaced_resources limits_max;     /* an install above these is refused */
+	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */
+	uint32_t uid_slots;     /* … for k < uid_slots */
+	const char *uid_lock_dir; /* host-wide locks of the ranges in use */
 };
 int mgr_run(const struct mgr_config *cfg);
 

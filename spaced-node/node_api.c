@@ -368,6 +368,18 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 	json_t *doc = json_object();
 	int e = 0;
 	switch (r->req.guest_type) {
+	case NODE_USAGE: {
+		/* the manager's own answer: one JSON object */
+		const char *text;
+		size_t tl;
+		json_error_t jerr;
+		json_t *u = spaced_field_get_str(&rd, &text, &tl) == 0 ? json_loadb(text, tl, JSON_REJECT_DUPLICATES, &jerr)
+		                                                        : NULL;
+		if (!json_is_object(u) || json_object_update(doc, u) < 0)
+			e = SPACED_EPROTO;
+		json_decref(u);
+		break;
+	}
 	case SPACED_GUEST_FS_STAT:
 		e = read_stat(&rd, doc);
 		break;

@@ -3,6 +3,9 @@
  *
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
+ *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
+ *               [--uid-lock-dir DIR]
+ * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
  *
  * The process started stays sbx-manager (privileged); it forks node-api,
  * which binds the listener, writes the bound port to DIR/api.port, then gives
@@ -28,7 +31,10 @@
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
-	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n");
+	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
+	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
+	                "                   [--uid-lock-dir DIR]\n"
+	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
 
 static char *default_guest(void)
@@ -50,8 +56,15 @@ static char *default_guest(void)
 int main(int argc, char **argv)
 {
 	const char *state = NULL, *worker = NULL, *listen_s = NULL, *keys = NULL;
-	char *guest = NULL, *launch = NULL, *host_bin = NULL;
+	char *guest = NULL, *launch = NULL, *host_bin = NULL, err[160];
+	const char *uid_lock_dir = "/run/spaced/uid-ranges";
 	bool drop = true;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	/* defaults: one CPU, 512 MiB, 512 tasks, 2 GiB of disk; maxima: the
+	 * machine's CPUs, 16 GiB, 32768 tasks, 64 GiB */
+	struct spaced_resources def = {1000, 512ull << 20, 512, 2ull << 30};
+	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
+	uint32_t uid_first = 1u << 30, uid_slots = 4096;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -78,6 +91,24 @@ int main(int argc, char **argv)
 			launch = realpath(v, NULL);
 		else if (strcmp(a, "--host") == 0)
 			host_bin = realpath(v, NULL);
+		else if (strcmp(a, "--limits-default") == 0 || strcmp(a, "--limits-max") == 0) {
+			if (spaced_resources_parse(v, a[9] == 'd' ? &def : &max, err, sizeof err) < 0) {
+				fprintf(stderr, "spaced-node: %s: %s\n", a, err);
+				return 2;
+			}
+		} else if (strcmp(a, "--uid-range") == 0) {
+			unsigned long long f, c;
+			char extra;
+			if (sscanf(v, "%llu:%llu%c", &f, &c, &extra) != 2 || f < 65536 || c < 1 ||
+			    f + c * 65536ull > 0xffff0000ull) {
+				fprintf(stderr, "spaced-node: --uid-range wants FIRST:COUNT (COUNT ranges of 65536 uids "
+				                "from FIRST, FIRST >= 65536, below 2^32)\n");
+				return 2;
+			}
+			uid_first = (uint32_t)f;
+			uid_slots = (uint32_t)c;
+		} else if (strcmp(a, "--uid-lock-dir") == 0)
+			uid_lock_dir = v;
 		else {
 			usage();
 			return 2;
@@ -93,6 +124,22 @@ int main(int argc, char **argv)
 	if ((launch == NULL) != (host_bin == NULL)) {
 		fprintf(stderr, "spaced-node: --launcher and --host go together\n");
 		return 2;
+	}
+	spaced_resources_default(&def, &(struct spaced_resources){1000, 512ull << 20, 512, 2ull << 30});
+	const char *over = spaced_resources_exceeds(&def, &max);
+	if (over) {
+		fprintf(stderr, "spaced-node: the default %s is above the maximum\n", over);
+		return 2;
+	}
+	if (launch && mkdir(uid_lock_dir, 0700) < 0 && errno != EEXIST) {
+		/* its parent may be missing: /run/spaced */
+		char parent[PATH_MAX];
+		snprintf(parent, sizeof parent, "%s", uid_lock_dir);
+		mkdir(dirname(parent), 0755);
+		if (mkdir(uid_lock_dir, 0700) < 0 && errno != EEXIST) {
+			fprintf(stderr, "spaced-node: cannot create %s: %s\n", uid_lock_dir, strerror(errno));
+			return 1;
+		}
 	}
 	char host[256];
 	const char *colon = strrchr(listen_s, ':');
@@ -142,7 +189,8 @@ int main(int argc, char **argv)
 	close(sv[1]);
 	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
-	                        .api_fd = sv[0], .api_pid = api};
+	                        .api_fd = sv[0], .api_pid = api, .limits_default = def, .limits_max = max,
+	                        .uid_first = uid_first, .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir};
 	int rc = mgr_run(&mc);
 	kill(api, SIGTERM);
 	waitpid(api, NULL, 0);

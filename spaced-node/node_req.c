@@ -475,6 +475,9 @@ int node_req_parse(struct node_req *out, enum node_method method, const char *pa
 			e = put_path_param(&r.payload, query, "from");
 		if (e == 0)
 			e = put_path_param(&r.payload, query, "to");
+	} else if (strcmp(rest, "usage") == 0) {
+		r.guest_type = NODE_USAGE;
+		e = method == NODE_GET ? 0 : SPACED_EINVAL;
 	} else if (strcmp(rest, "exec") == 0) {
 		r.guest_type = SPACED_GUEST_EXEC;
 		r.body = NODE_BODY_EXEC;

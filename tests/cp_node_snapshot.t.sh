@@ -26,7 +26,7 @@ refhash() {
 	python3 - "$1" <<'PY'
 import hashlib, os, stat, struct, sys
 h = hashlib.blake2b(digest_size=32)
-h.update(b"spaced-snapshot-v1\0")
+h.update(b"spaced-snapshot-v2\0")
 total = 0
 def rec(full, rel):
     global total
@@ -42,8 +42,17 @@ def rec(full, rel):
     if t == b"l":
         h.update(target)
     elif t == b"f":
+        # every 4096-byte block that is not all zeros: u64 index, its bytes; then u64 max
         with open(full, "rb") as f:
-            h.update(f.read())
+            i = 0
+            while True:
+                b = f.read(4096)
+                if not b:
+                    break
+                if b.count(0) != len(b):
+                    h.update(struct.pack("<Q", i) + b)
+                i += 1
+        h.update(struct.pack("<Q", 2**64 - 1))
         total += size
     elif t == b"d":
         for n in sorted(os.listdir(full), key=os.fsencode):
@@ -62,6 +71,10 @@ fill() { # SANDBOX on na: some files of every kind in its root
 	ln -s ../data.txt "$r/dir/link"
 	head -c 70000 /dev/urandom >"$r/dir/sub/blob"
 	mkfifo "$r/fifo"
+	# holes and written zeros hash alike; a block past a hole keeps its index
+	printf 'x' | dd of="$r/sparse" bs=1 seek=20000 conv=notrunc 2>/dev/null
+	truncate -s 100001 "$r/sparse"
+	{ head -c 8192 /dev/zero; printf 'tail'; } >"$r/zeros"
 }
 
 # 1. the reported hash is the documented one

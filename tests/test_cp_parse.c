@@ -4,6 +4,7 @@
  * keys, unknown members, wrong types, embedded NULs and out-of-range values are
  * refused; defaults are filled; outputs are untouched on failure.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
@@ -20,16 +21,60 @@ Test(cp_parse, create_defaults_and_limits)
 	struct cp_create_req c;
 	cr_assert_eq(cp_parse_create(S(""), &c, err, sizeof err), 0);
 	cr_assert_str_eq(c.substrate, "process");
-	cr_assert_eq(c.memory_bytes, 256 << 20);
+	/* nothing asked: every limit is the placed worker's default */
+	cr_assert_eq(c.res.memory_bytes, 0);
+	cr_assert_eq(c.res.cpu_milli, 0);
 	cr_assert_eq(c.idle_timeout, -1);
 	cr_assert_eq(cp_parse_create(S("{\"worker\":\"wa\",\"pids\":64,\"template\":null}"), &c, err, sizeof err), 0);
 	cr_assert_str_eq(c.worker, "wa");
-	cr_assert_eq(c.pids, 64);
+	cr_assert_eq(c.res.pids, 64);
 	cr_assert_eq(c.template_name[0], 0);
+	cr_assert_eq(cp_parse_create(S("{\"cpus\":0.5,\"memory_bytes\":134217728,\"disk_bytes\":1073741824}"), &c, err,
+	                             sizeof err), 0);
+	cr_assert_eq(c.res.cpu_milli, 500);
+	cr_assert_eq(c.res.memory_bytes, 134217728u);
+	cr_assert_eq(c.res.disk_bytes, 1073741824u);
+	cr_assert_eq(cp_parse_create(S("{\"cpus\":2}"), &c, err, sizeof err), 0);
+	cr_assert_eq(c.res.cpu_milli, 2000);
 	cr_assert_lt(cp_parse_create(S("{\"pids\":7}"), &c, err, sizeof err), 0);
 	cr_assert_lt(cp_parse_create(S("{\"memory_bytes\":1}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"disk_bytes\":4096}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"cpus\":0}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"cpus\":-1}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"cpus\":0.0001}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"cpus\":\"1\"}"), &c, err, sizeof err), 0);
+	cr_assert_lt(cp_parse_create(S("{\"cpus\":100000}"), &c, err, sizeof err), 0);
 	cr_assert_lt(cp_parse_create(S("{\"worker\":\"a/b\"}"), &c, err, sizeof err), 0);
 	cr_assert_lt(cp_parse_create(S("{\"template\":\"a\\u0000b\"}"), &c, err, sizeof err), 0);
+}
+
+Test(cp_parse, worker_limits_in_hello_and_registration)
+{
+	struct cp_chan_msg m;
+	struct cp_worker_reg w;
+	const char *hello = "{\"hello\":{\"worker\":\"wa\",\"last_seq\":3,\"limits\":{\"default\":{\"cpus\":1,"
+	                    "\"memory_bytes\":536870912},\"max\":{\"cpus\":2,\"memory_bytes\":1073741824}}}}";
+	cr_assert_eq(cp_parse_chan(S(hello), &m), 0);
+	cr_assert(m.limits.has);
+	cr_assert_eq(m.limits.def.cpu_milli, 1000);
+	cr_assert_eq(m.limits.max.memory_bytes, 1073741824u);
+	/* a default above its maximum, an unknown resource: refused */
+	cr_assert_lt(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":3,\"limits\":{\"default\":{\"cpus\":4},"
+	                             "\"max\":{\"cpus\":2}}}}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":3,\"limits\":{\"max\":{\"gpus\":2}}}}"),
+	                           &m), 0);
+	cr_assert_eq(cp_parse_worker(S("{\"id\":\"wa\",\"url\":\"http://h:1\",\"substrates\":[\"process\"],"
+	                               "\"limits\":{\"max\":{\"disk_bytes\":1073741824}}}"), &w, err, sizeof err), 0);
+	cr_assert(w.limits.has);
+	cr_assert_eq(w.limits.max.disk_bytes, 1073741824u);
+	char *t = cp_limits_text(&w.limits);
+	struct cp_worker_limits back;
+	cp_limits_from_text(t, &back);
+	free(t);
+	cr_assert(back.has);
+	cr_assert_eq(back.max.disk_bytes, 1073741824u);
+	cp_limits_from_text("{\"max\":", &back);
+	cr_assert_eq(back.has, 0);
 }
 
 Test(cp_parse, create_refuses_duplicates_unknown_and_garbage)

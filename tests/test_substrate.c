@@ -927,33 +927,54 @@ Test(substrate, guest_output_is_capped) /* the host's disk is not the guest's to
 	cr_assert_geq(st.st_size, 8 << 20);
 }
 
-Test(substrate, disk_limit_bounds_the_writable_layer)
+/* The writable layer lives on a disk of its own (a sparse ext4 image mounted
+ * only in the execution's mount namespace): writes stop at its size with
+ * ENOSPC, within 5 %; it is a budget apart from memory (a 32 MiB memory limit
+ * does not stop 64 MiB of files, nothing is OOM-killed); the host's
+ * filesystem holds only the blocks written; nothing stays mounted or attached
+ * on the host (issue 11). */
+Test(substrate, disk_is_its_own_budget_apart_from_memory)
 {
 	char id[256], out[4096], p[256], snapcmd[256];
-	const char *extra[] = { "--identity", id, "--disk", "16777216", NULL };
+	const char *extra[] = { "--identity", id, "--disk", "64M", "--memory", "32M", NULL };
+	const long disk = 64L << 20;
 	struct launcher l;
 	struct stat st, fs;
-	long size;
+	long size, dfsize;
 	char *q;
 
 	need_sandbox();
 	idtext(id, sizeof(id), "sbx-disk", 1);
 	start(&l, "x", extra, true);
-	/* the layer is on its own filesystem, not in the state directory's */
+	/* nothing of the disk is mounted on the host: STATE/fs is a plain directory there */
 	snprintf(p, sizeof(p), "%s/fs", l.state);
 	cr_assert_eq(stat(l.state, &st), 0);
 	cr_assert_eq(stat(p, &fs), 0);
-	cr_assert_neq(st.st_dev, fs.st_dev, "STATE/fs is not a separate filesystem");
-	/* 32 MiB into a 16 MiB layer: the write stops at the limit */
-	(void)run_in(&l, "head -c 33554432 /dev/zero > /root/big; echo; stat -c size=%s /root/big", out, sizeof(out));
+	cr_assert_eq(st.st_dev, fs.st_dev, "the disk is mounted on the host");
+	snprintf(p, sizeof(p), "%s/disk.img", l.state);
+	cr_assert_eq(stat(p, &fs), 0);
+	cr_assert_lt((long)fs.st_blocks * 512, 8L << 20, "an empty disk takes %ld bytes of the host's", (long)fs.st_blocks * 512);
+	/* inside, / is the execution's disk: df shows its size */
+	cr_assert_eq(run_in(&l, "df -B1 --output=avail / | tail -n 1", out, sizeof(out)), 0, "%s", out);
+	dfsize = atol(out);
+	cr_assert(dfsize > disk * 95 / 100 && dfsize < disk * 105 / 100, "df shows %ld bytes free of a %ld disk", dfsize, disk);
+	/* 128 MiB into the 64 MiB disk: ENOSPC at the disk's size, not an OOM kill at 32 MiB */
+	(void)run_in(&l, "head -c 134217728 /dev/zero > /root/big; echo status=$?; stat -c size=%s /root/big", out, sizeof(out));
 	cr_log_info("%s", out);
 	cr_assert(strstr(out, "No space left") != NULL, "%s", out);
+	cr_assert(strstr(out, "status=1") != NULL, "the writer did not end with its own error: %s", out);
 	q = strstr(out, "size=");
 	cr_assert_not_null(q, "%s", out);
 	size = atol(q + 5);
-	cr_assert_leq(size, 16777216L, "wrote %ld bytes", size);
-	/* snapshots read the layer from there */
-	cr_assert_eq(run_in(&l, "rm /root/big && echo small > /root/small", out, sizeof(out)), 0, "%s", out);
+	cr_assert(size > disk * 95 / 100 && size < disk * 105 / 100, "wrote %ld bytes into a %ld disk", size, disk);
+	snprintf(p, sizeof(p), "%s/disk.img", l.state);
+	cr_assert_eq(stat(p, &fs), 0);
+	cr_assert_gt((long)fs.st_blocks * 512, disk * 90 / 100, "the written blocks are not in the image");
+	/* deleted files give their blocks back to the host (discard punches holes) */
+	cr_assert_eq(run_in(&l, "rm /root/big && echo small > /root/small && sync", out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(stat(p, &fs), 0);
+	cr_assert_lt((long)fs.st_blocks * 512, 16L << 20, "the image still holds %ld bytes", (long)fs.st_blocks * 512);
+	/* snapshots read the layer from the disk */
 	ctl_ok(&l, "PAUSE");
 	snprintf(snapcmd, sizeof(snapcmd), "SNAPSHOT %s/snap", dir);
 	ctl_ok(&l, snapcmd);
@@ -961,7 +982,49 @@ Test(substrate, disk_limit_bounds_the_writable_layer)
 	stop(&l);
 	snprintf(p, sizeof(p), "%s/snap/upper/root/root/small", dir);
 	cr_assert_eq(access(p, F_OK), 0);
-	/* stopped: the tmpfs is gone */
-	snprintf(p, sizeof(p), "%s/fs", l.state);
-	cr_assert_neq(access(p, F_OK), 0, "STATE/fs left behind");
+	/* stopped: the image is gone, no loop device holds it */
+	snprintf(p, sizeof(p), "%s/disk.img", l.state);
+	cr_assert_neq(access(p, F_OK), 0, "STATE/disk.img left behind");
+	snprintf(snapcmd, sizeof(snapcmd), "losetup -a | grep -c '%s' || true", l.state);
+	FILE *f = popen(snapcmd, "r");
+	cr_assert_not_null(f);
+	cr_assert_not_null(fgets(out, sizeof(out), f));
+	pclose(f);
+	for (int i = 0; i < 100 && atoi(out) != 0; i++) {
+		usleep(20000);
+		f = popen(snapcmd, "r");
+		if (f && fgets(out, sizeof(out), f) == NULL)
+			out[0] = '0';
+		if (f)
+			pclose(f);
+	}
+	cr_assert_eq(atoi(out), 0, "a loop device still holds the execution's disk");
+}
+
+/* A sparse file costs a snapshot what it holds, not the size it claims:
+ * holes stay holes in the copy (issue 11). */
+Test(substrate, snapshot_keeps_holes)
+{
+	char id[256], out[4096], p[256], snapcmd[256];
+	const char *extra[] = { "--identity", id, "--disk", "64M", NULL };
+	struct launcher l;
+	struct stat st;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-sparse", 1);
+	start(&l, "x", extra, true);
+	cr_assert_eq(run_in(&l, "truncate -s 3G /root/sparse && printf end >> /root/sparse", out, sizeof(out)), 0, "%s", out);
+	ctl_ok(&l, "PAUSE");
+	snprintf(snapcmd, sizeof(snapcmd), "SNAPSHOT %s/snap", dir);
+	ctl_ok(&l, snapcmd);
+	stop(&l);
+	snprintf(p, sizeof(p), "%s/snap/upper/root/root/sparse", dir);
+	cr_assert_eq(stat(p, &st), 0);
+	cr_assert_eq(st.st_size, (3L << 30) + 3);
+	cr_assert_lt((long)st.st_blocks * 512, 1L << 20, "the snapshot holds %ld bytes", (long)st.st_blocks * 512);
+	int fd = open(p, O_RDONLY);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pread(fd, out, 3, 3L << 30), 3);
+	close(fd);
+	cr_assert_eq(memcmp(out, "end", 3), 0);
 }
