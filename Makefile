@@ -15,7 +15,7 @@ MESON      ?= meson
 NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean
-.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client
+.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
 .PHONY: chaos chaos-quick
 
 all: build
@@ -83,6 +83,11 @@ chaos: build
 
 chaos-quick: build
 	@SPACED_BUILD=$(BUILD) sh tests/chaos_quick.t.sh
+
+# containment (issue 11): CPU shares of a hog and a job under equal --cpus, the memory peak at
+# --memory, the bytes written at --disk, on a dev cluster (needs root); WINDOW=S per CPU run
+bench-limits: build
+	@sh bench/limits_bench.sh $(BUILD) $(WINDOW)
 
 bench-guest: build
 	@$(BUILD)/bench/bench-guest

@@ -404,20 +404,23 @@ static uint64_t read_u64(const char *dir, const char *file, const char *key)
 	return sscanf(buf, "%llu", &v) == 1 ? v : UINT64_MAX;
 }
 
-void sub_cgroup_usage(const struct sub_cgroup *cg, uint64_t *cpu_usec, uint64_t *mem_bytes,
-                      uint64_t *pids)
+void sub_cgroup_usage(const struct sub_cgroup *cg, struct sub_usage *u)
 {
 	if (cg->v2) {
-		*cpu_usec = read_u64(cg->unified, "cpu.stat", "usage_usec");
-		*mem_bytes = read_u64(cg->unified, "memory.current", NULL);
-		*pids = read_u64(cg->unified, "pids.current", NULL);
+		u->cpu_usec = read_u64(cg->unified, "cpu.stat", "usage_usec");
+		u->mem_bytes = read_u64(cg->unified, "memory.current", NULL);
+		u->mem_peak = read_u64(cg->unified, "memory.peak", NULL);
+		u->oom_kills = read_u64(cg->unified, "memory.events", "oom_kill");
+		u->pids = read_u64(cg->unified, "pids.current", NULL);
 		return;
 	}
 	uint64_t ns = read_u64(cg->cpuacct, "cpuacct.usage", NULL);
 
-	*cpu_usec = ns == UINT64_MAX ? ns : ns / 1000;
-	*mem_bytes = read_u64(cg->mem, "memory.usage_in_bytes", NULL);
-	*pids = read_u64(cg->pids, "pids.current", NULL);
+	u->cpu_usec = ns == UINT64_MAX ? ns : ns / 1000;
+	u->mem_bytes = read_u64(cg->mem, "memory.usage_in_bytes", NULL);
+	u->mem_peak = read_u64(cg->mem, "memory.max_usage_in_bytes", NULL);
+	u->oom_kills = read_u64(cg->mem, "memory.oom_control", "oom_kill");
+	u->pids = read_u64(cg->pids, "pids.current", NULL);
 }
 
 /* Kills every task listed in dir/cgroup.procs; returns how many it saw. */

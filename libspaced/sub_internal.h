@@ -38,10 +38,13 @@ struct sub_limits {
 int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
                       char *why, size_t whysz);
 
-/* What the execution uses now: CPU time (µs, since creation), memory charged
- * (bytes), tasks. A figure the hierarchy cannot give is UINT64_MAX. */
-void sub_cgroup_usage(const struct sub_cgroup *cg, uint64_t *cpu_usec, uint64_t *mem_bytes,
-                      uint64_t *pids);
+/* What the execution uses: CPU time (µs, since creation), memory charged now
+ * and at its highest (bytes), processes killed by the OOM killer, tasks. A
+ * figure the hierarchy cannot give is UINT64_MAX. */
+struct sub_usage {
+	uint64_t cpu_usec, mem_bytes, mem_peak, oom_kills, pids;
+};
+void sub_cgroup_usage(const struct sub_cgroup *cg, struct sub_usage *u);
 
 /* Tears down what launchers that are gone left behind: in every hierarchy,
  * each "spaced-<pid>-<n>" cgroup whose launcher <pid> no longer runs has its

@@ -1107,7 +1107,14 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)
 {
 	struct statfs sf;
 
-	sub_cgroup_usage(&s->cg, &u->cpu_usec, &u->memory_bytes, &u->pids);
+	struct sub_usage cu;
+
+	sub_cgroup_usage(&s->cg, &cu);
+	u->cpu_usec = cu.cpu_usec;
+	u->memory_bytes = cu.mem_bytes;
+	u->memory_peak = cu.mem_peak;
+	u->oom_kills = cu.oom_kills;
+	u->pids = cu.pids;
 	u->disk_bytes = 0;
 	u->disk_total = 0;
 	if (s->ldir_fd >= 0 && fstatfs(s->ldir_fd, &sf) == 0) {

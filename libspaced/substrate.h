@@ -141,6 +141,8 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 struct spaced_sub_usage {
 	uint64_t cpu_usec;     /* CPU time since creation */
 	uint64_t memory_bytes; /* memory charged to its cgroup */
+	uint64_t memory_peak;  /* the most it was ever charged */
+	uint64_t oom_kills;    /* processes the OOM killer ended in it */
 	uint64_t pids;         /* tasks */
 	uint64_t disk_bytes;   /* bytes used on its disk (or 0 without one) */
 	uint64_t disk_total;   /* what its disk holds in all (0 without one) */

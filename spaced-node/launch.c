@@ -347,12 +347,13 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 
 		spaced_sub_usage(L->sub, &u);
 		/* unknown figures (UINT64_MAX) are printed as -1 */
+#define FIG(v) ((v) == UINT64_MAX ? (int64_t)-1 : (int64_t)(v))
 		snprintf(reply, sizeof(reply),
-		         "OK cpu_usec=%" PRId64 " cpu_pct=%u.%u memory=%" PRId64 " pids=%" PRId64 " disk=%" PRIu64
-		         " disk_total=%" PRIu64,
-		         u.cpu_usec == UINT64_MAX ? -1 : (int64_t)u.cpu_usec, L->cpu_pct_x10 / 10, L->cpu_pct_x10 % 10,
-		         u.memory_bytes == UINT64_MAX ? -1 : (int64_t)u.memory_bytes,
-		         u.pids == UINT64_MAX ? -1 : (int64_t)u.pids, u.disk_bytes, u.disk_total);
+		         "OK cpu_usec=%" PRId64 " cpu_pct=%u.%u memory=%" PRId64 " memory_peak=%" PRId64
+		         " oom_kills=%" PRId64 " pids=%" PRId64 " disk=%" PRIu64 " disk_total=%" PRIu64,
+		         FIG(u.cpu_usec), L->cpu_pct_x10 / 10, L->cpu_pct_x10 % 10, FIG(u.memory_bytes),
+		         FIG(u.memory_peak), FIG(u.oom_kills), FIG(u.pids), u.disk_bytes, u.disk_total);
+#undef FIG
 	} else if (strcmp(cmd, "PIDFD") == 0) {
 		ctl_reply(fd, "OK", init->pidfd);
 		return;

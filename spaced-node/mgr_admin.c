@@ -140,9 +140,16 @@ static int do_install(struct mgr *m, json_t *msg, uint64_t seq, struct outcome *
 		            mgr_worker_id(m));
 	if (strcmp(id.substrate, "process") != 0)
 		return fail(o, "unsupported-substrate", "substrate %s is not served here", id.substrate);
-	/* what the install leaves out, the worker's defaults fill in; what it
-	 * asks above the worker's maxima is refused, never silently lowered */
-	spaced_resources_default(&res, &mgr_cfg(m)->limits_default);
+	/* development executions (no launcher) are plain processes: no limit can
+	 * hold there, so none is accepted */
+	if (!mgr_cfg(m)->launch_bin) {
+		if (res.cpu_milli || res.memory_bytes || res.pids || res.disk_bytes)
+			return fail(o, "limits-unsupported", "development executions cannot be held to limits");
+	} else {
+		/* what the install leaves out, the worker's defaults fill in; what it
+		 * asks above the worker's maxima is refused, never silently lowered */
+		spaced_resources_default(&res, &mgr_cfg(m)->limits_default);
+	}
 	const char *over = spaced_resources_exceeds(&res, &mgr_cfg(m)->limits_max);
 	if (over)
 		return fail(o, "limit-exceeded", "%s is above this worker's maximum", over);

@@ -783,11 +783,13 @@ int mgr_exec_usage(const struct mgr_config *cfg, const struct mgr_rec *rec, json
 	if (n <= 0)
 		return SPACED_ECLOSED;
 	reply[n] = '\0';
-	long long cpu_usec, mem, pids;
+	long long cpu_usec, mem, peak, ooms, pids;
 	unsigned long long disk, disk_total;
 	unsigned pct, pct10;
-	if (sscanf(reply, "OK cpu_usec=%lld cpu_pct=%u.%u memory=%lld pids=%lld disk=%llu disk_total=%llu", &cpu_usec,
-	           &pct, &pct10, &mem, &pids, &disk, &disk_total) != 7)
+	if (sscanf(reply,
+	           "OK cpu_usec=%lld cpu_pct=%u.%u memory=%lld memory_peak=%lld oom_kills=%lld pids=%lld disk=%llu "
+	           "disk_total=%llu",
+	           &cpu_usec, &pct, &pct10, &mem, &peak, &ooms, &pids, &disk, &disk_total) != 9)
 		return SPACED_EPROTO;
 	json_t *o = json_object();
 	if (!o)
@@ -795,6 +797,8 @@ int mgr_exec_usage(const struct mgr_config *cfg, const struct mgr_rec *rec, json
 	json_object_set_new(o, "cpu_pct", json_real(pct + pct10 / 10.0));
 	json_object_set_new(o, "cpu_usec", json_integer(cpu_usec));
 	json_object_set_new(o, "memory_bytes", json_integer(mem));
+	json_object_set_new(o, "memory_peak_bytes", json_integer(peak));
+	json_object_set_new(o, "oom_kills", json_integer(ooms));
 	json_object_set_new(o, "pids", json_integer(pids));
 	json_object_set_new(o, "disk_bytes", json_integer((json_int_t)disk));
 	json_object_set_new(o, "disk_total", json_integer((json_int_t)disk_total));

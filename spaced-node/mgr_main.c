@@ -971,8 +971,11 @@ json_t *mgr_status_json(struct mgr *m)
 	json_object_set_new(o, "vcache_hits", json_integer((json_int_t)vs.hits));
 	json_object_set_new(o, "vcache_misses", json_integer((json_int_t)vs.misses));
 	json_object_set_new(o, "records", recs);
-	json_object_set_new(o, "limits", json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&m->cfg->limits_default),
-	                                           "max", spaced_resources_to_json(&m->cfg->limits_max)));
+	/* development executions take no limits: they report none */
+	if (m->cfg->launch_bin)
+		json_object_set_new(o, "limits",
+		                    json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&m->cfg->limits_default),
+		                              "max", spaced_resources_to_json(&m->cfg->limits_max)));
 	json_object_set_new(o, "uid_range", json_pack("{s:I,s:I}", "first", (json_int_t)m->cfg->uid_first, "count",
 	                                              (json_int_t)m->cfg->uid_slots));
 	return o;

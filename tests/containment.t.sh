@@ -1,0 +1,210 @@
+#!/bin/sh
+# Containment on a real cluster (`spacectl dev up`, process substrate, issue 11): a hostile
+# tenant's sandboxes are held to their memory, process and disk limits, each execution runs in
+# a uid range of its own (so per-user kernel counts such as inotify instances are its own), a
+# tenant at its quota gets 429, a sparse file costs a snapshot what it holds, limits follow a
+# sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
+# every attack a victim sandbox of another tenant on the same worker must keep working.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+BG=""
+trap 'for p in $BG; do kill $p 2>/dev/null; done; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+grep -q "process substrate" "$W/up.err" || { cat "$W/up.err"; echo "FAIL: dev up did not start process substrate workers"; exit 1; }
+ATTACKER=$SPACED_API_KEY
+VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+[ -n "$VICTIM" ] || { echo "FAIL: a second tenant"; exit 1; }
+as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+MiB=1048576
+# within PCT % of a reference: within VALUE REF PCT
+within() { python3 -c 'import sys; v, r, p = map(float, sys.argv[1:]); sys.exit(0 if abs(v - r) <= r * p / 100 else 1)' "$@"; }
+
+VX=$(as_victim create --worker worker-1)
+[ -n "$VX" ] || { echo "FAIL: the victim's sandbox"; exit 1; }
+printf 'victim data\n' | as_victim fs write "$VX" /workspace/v.txt
+victim_ok() { # WHAT: the victim's exec, write and read still work
+	got=$(as_victim exec "$VX" -- sh -c 'echo alive; cat /workspace/v.txt' 2>&1 | tr '\n' ' ')
+	expect "victim still served after $1" "$got" "alive victim data "
+}
+
+# ---- limits above the worker's maxima are refused, not lowered ----
+"$SC" create --memory 64G >/dev/null 2>"$W/e"
+expect "a memory limit above every worker's maximum: 422 limit-exceeded" "$(grep -c '422 limit-exceeded' "$W/e")" 1
+"$SC" create --worker worker-1 --cpus 64 >/dev/null 2>"$W/e"
+expect "CPUs above the named worker's maximum: 422 limit-exceeded" "$(grep -c '422 limit-exceeded' "$W/e")" 1
+
+# ---- memory: the hog is OOM-killed at its limit; the sandbox stays up ----
+M=$("$SC" create --worker worker-1 --memory 128M)
+expect "inspect shows the memory limit" "$("$SC" inspect "$M" --json | jq -r .resources.memory_bytes)" $((128 * MiB))
+"$SC" exec "$M" -- python3 -c '
+b = []
+while True:
+    b.append(bytearray(1 << 20))
+    print(len(b), flush=True)
+' >"$W/hog.out" 2>"$W/hog.err"
+rc=$?
+expect "the memory hog was killed (SIGKILL: 137)" "$rc" 137
+"$SC" top "$M" --json >"$W/top.json"
+peak=$(jq -r .memory_peak_bytes "$W/top.json")
+if within "$peak" $((128 * MiB)) 5; then ok "memory peak $peak is the 128 MiB limit within 5 %"; else fail "memory peak $peak is not within 5 % of $((128 * MiB))"; fi
+expect "the kill was the OOM killer's" "$(jq -r '.oom_kills >= 1' "$W/top.json")" true
+echo "hog reached $(tail -n 1 "$W/hog.out") MiB before the kill"
+expect "exec true still works in the sandbox after the kill" "$("$SC" exec "$M" -- sh -c 'true && echo yes')" yes
+victim_ok "a memory hog"
+
+# ---- processes: fork stops with EAGAIN at exactly the pids limit ----
+P=$("$SC" create --worker worker-1 --pids 64)
+"$SC" exec "$P" -- python3 -c '
+import os, sys, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(4)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print(n, e.errno, flush=True)
+top = sys.stdin
+time.sleep(4.5)
+' >"$W/fork.out" 2>&1 </dev/null &
+FORK=$!
+BG="$BG $FORK"
+top_pids=0
+for i in $(seq 1 60); do
+	top_pids=$("$SC" top "$P" --json 2>/dev/null | jq -r .pids)
+	[ "$top_pids" = 64 ] && break
+	sleep 0.1
+done
+wait $FORK
+# guest (1) + the python parent (1) + its children = the limit
+expect "forks until the limit, then EAGAIN (11)" "$(cat "$W/fork.out")" "62 11"
+expect "top counts exactly the 64 processes the limit allows" "$top_pids" 64
+victim_ok "a fork bomb"
+
+# ---- disk: writes stop at the limit with ENOSPC; the host's disk is not the sandbox's ----
+K=$("$SC" create --worker worker-1 --disk 128M)
+df_total=$("$SC" exec "$K" -- df -B1 --output=size / | tail -n 1 | tr -d ' ')
+if within "$df_total" $((128 * MiB)) 5; then ok "df inside shows the sandbox's own 128 MiB disk ($df_total)"; else fail "df inside shows $df_total"; fi
+"$SC" exec "$K" -- sh -c 'dd if=/dev/zero of=/workspace/fill bs=1M 2>&1; stat -c size=%s /workspace/fill' >"$W/dd.out" 2>&1
+expect "the fill ends with ENOSPC" "$(grep -c 'No space left on device' "$W/dd.out")" 1
+filled=$(sed -n 's/^size=//p' "$W/dd.out")
+if within "$filled" $((128 * MiB)) 5; then ok "the fill stopped at $filled bytes: the 128 MiB limit within 5 %"; else fail "the fill stopped at $filled bytes"; fi
+expect "top: the disk is full" "$("$SC" top "$K" --json | jq -r '.disk_bytes > 0.9 * .limits.disk_bytes')" true
+victim_ok "a disk fill"
+"$SC" exec "$K" -- rm /workspace/fill
+
+# ---- uid ranges: every execution its own, recorded with it ----
+for s in "$VX" "$M" "$P" "$K"; do
+	"$SC" exec "$s" -- cat /proc/self/uid_map 2>/dev/null || as_victim exec "$s" -- cat /proc/self/uid_map
+done | awk '{print $2}' | sort -n >"$W/bases"
+expect "four executions, four uid ranges" "$(sort -u "$W/bases" | wc -l | tr -d ' ')" 4
+expect "the ranges are disjoint (65536 apart at least)" \
+	"$(awk 'NR > 1 && $1 - prev < 65536 {bad = 1} {prev = $1} END {print bad + 0}' "$W/bases")" 0
+"$SC" node status --admin "$D/worker-1/admin.sock" >"$W/status.json"
+expect "the worker records each execution's uid range" \
+	"$(jq -r '[.result.records[] | select(.state == "running") | .uid_base] | sort | map(tostring) | join(" ")' "$W/status.json")" \
+	"$(tr '\n' ' ' <"$W/bases" | sed 's/ $//')"
+
+# ---- per-user kernel counts: inotify exhaustion stays inside its sandbox ----
+I=$("$SC" create --worker worker-1)
+"$SC" exec "$I" -- python3 -c '
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 1000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+print(len(fds), ctypes.get_errno(), flush=True)
+time.sleep(20)
+' >"$W/ino.out" 2>&1 &
+HOLD=$!
+BG="$BG $HOLD"
+wait_for "the attacker holds every inotify instance its user may have" grep -q . "$W/ino.out"
+expect "its own limit stopped it (EMFILE)" "$(awk '{print $2}' "$W/ino.out")" 24
+as_victim watch "$VX" /workspace >"$W/watch.out" 2>&1 &
+WATCH=$!
+BG="$BG $WATCH"
+wait_for "the victim's watch opens" grep -q "^spacectl: watching /workspace" "$W/watch.out"
+sleep 0.3
+printf 'x' | as_victim fs write "$VX" /workspace/after-exhaustion.txt
+wait_for "the victim's watch reports a file created after the exhaustion" grep -q 'after-exhaustion.txt' "$W/watch.out"
+I2=$("$SC" create --worker worker-1)
+expect "another sandbox of the same tenant can still make inotify instances" \
+	"$("$SC" exec "$I2" -- python3 -c 'import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)')" True
+kill $WATCH $HOLD 2>/dev/null
+victim_ok "an inotify exhaustion"
+"$SC" rm "$I" >/dev/null
+"$SC" rm "$I2" >/dev/null
+
+# ---- limits follow the sandbox across pause, resume and move ----
+L=$("$SC" create --worker worker-1 --cpus 0.5 --memory 96M --pids 100 --disk 64M)
+limits() { "$SC" top "$L" --json | jq -c '.limits'; }
+want='{"cpus":0.5,"disk_bytes":67108864,"memory_bytes":100663296,"pids":100}'
+expect "top shows the limits asked for" "$(limits)" "$want"
+"$SC" pause "$L" >/dev/null && "$SC" resume "$L" >/dev/null
+expect "the same limits after pause and resume" "$(limits)" "$want"
+"$SC" move "$L" --to worker-2 >/dev/null
+expect "moved to worker-2" "$("$SC" inspect "$L" --json | jq -r .worker)" worker-2
+expect "the same limits after the move" "$(limits)" "$want"
+expect "the moved execution's disk is 64 MiB again" \
+	"$("$SC" exec "$L" -- df -B1 --output=size / | tail -n 1 | awk '{print ($1 > 60000000 && $1 < 72000000)}')" 1
+
+# ---- sparse files: a 3 GB hole snapshots to almost nothing ----
+S=$("$SC" create --worker worker-1 --disk 256M)
+"$SC" exec "$S" -- sh -c 'truncate -s 3G /workspace/sparse && printf end >> /workspace/sparse'
+"$SC" pause "$S" >/dev/null
+"$SC" snapshot "$S" >/dev/null || fail "snapshot of a sandbox holding a 3 GB sparse file"
+snap=$("$SC" inspect "$S" --json | jq -r .snapshot)
+used=$(du -sk "$snap" | awk '{print $1}')
+if [ "$used" -lt 1024 ]; then ok "the snapshot holds ${used} KiB (under 1 MiB)"; else fail "the snapshot holds ${used} KiB"; fi
+"$SC" move "$S" --to worker-2 >/dev/null || fail "move of the sparse sandbox"
+expect "after the move: 3 GB apparent, the tail intact, still sparse" \
+	"$("$SC" exec "$S" -- sh -c 'stat -c "%s %b" /workspace/sparse; tail -c 3 /workspace/sparse; echo' | tr '\n' ' ' | awk '{print $1, ($2 < 2048), $3}')" \
+	"3221225475 1 end"
+
+# ---- quotas: a tenant at its quota gets 429; another tenant still creates ----
+n=$("$SC" quota --json | jq -r .used.sandboxes)
+"$CP" admin --state "$D/cp" set-quota dev "sandboxes=$n" 2>/dev/null
+"$SC" create >/dev/null 2>"$W/e"
+expect "at its sandbox quota: 429 quota-exceeded" "$(grep -c '429 quota-exceeded' "$W/e")" 1
+curl -s -X POST -H "Authorization: Bearer $ATTACKER" "$SPACED_CP_URL/v1/sandboxes" -d '{}' >"$W/q.json"
+expect "the answer names the quota hit, its limit and the use" "$(jq -c '[.error, .quota, .limit, .used]' "$W/q.json")" \
+	"[\"quota-exceeded\",\"sandboxes\",$n,$n]"
+VY=$(as_victim create)
+expect "the other tenant still creates" "$(as_victim inspect "$VY" --json | jq -r .state)" running
+mem=$("$SC" quota --json | jq -r .used.memory_bytes)
+"$CP" admin --state "$D/cp" set-quota dev "sandboxes=default,memory=$((mem + 64 * MiB))" 2>/dev/null
+"$SC" create --memory 128M >/dev/null 2>"$W/e"
+expect "above its memory quota: 429 quota-exceeded (memory_bytes)" "$(grep -c '429 quota-exceeded.*memory_bytes' "$W/e")" 1
+OK=$("$SC" create --memory 64M) && ok "a sandbox that fits the memory quota is created" || fail "create within the memory quota"
+victim_ok "the quota checks"
+
+# ---- dev down: a paused sandbox leaves nothing frozen behind ----
+"$SC" exec "$M" -- sh -c 'sleep 600 >/dev/null 2>&1 &'
+"$SC" pause "$M" >/dev/null
+base=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq -r ".result.records[] | select(.identity.sandbox == \"$M\") | .uid_base")
+"$SC" dev down --dir "$D" >/dev/null
+sleep 1
+left=$(ps -eo uid=,stat= | awk -v lo="$base" '$1 >= lo && $1 < lo + 65536 && $2 !~ /Z/' | wc -l | tr -d ' ')
+expect "after dev down, no process of the paused sandbox is left (frozen or not)" "$left" 0
+
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
