@@ -2,10 +2,10 @@
 # The process substrate on a unified cgroup2 hierarchy: in a private mount
 # namespace where /sys/fs/cgroup is cgroup2, an execution is created, entered,
 # frozen (a counter inside stops), thawed (it moves again) and removed with
-# its cgroup. On hosts whose memory/pids controllers live in cgroup v1 the v2
-# hierarchy holds no controllers, so limits are not exercised here (the
-# Criterion suite test-substrate covers them on whichever hierarchy the host
-# uses). Exit 77 when this cannot run.
+# its cgroup. On hosts whose memory/pids/cpu controllers live in cgroup v1 the
+# v2 hierarchy holds no controllers: there each limit must be refused at
+# creation (never accepted and left unenforced); where they are enabled, each
+# limit must be in its file. Exit 77 when this cannot run.
 set -u
 [ "$(id -u)" -eq 0 ] || { echo "needs root"; exit 77; }
 build=${SPACED_BUILD:?}
@@ -53,6 +53,34 @@ i=0; while [ "$(cat "$c")" = "$b" ]; do i=$((i + 1)); [ $i -gt 400 ] && fail "co
 "$launch" ctl --state "$tmp/s" STOP >/dev/null || fail "stop"
 wait $lpid
 [ -d "$cg" ] && fail "cgroup $cg left behind"
+# A limit whose controller this hierarchy lacks is refused at creation, never
+# accepted and then left unenforced; where the controllers are enabled, each
+# limit must be in its file.
+for lim in "--memory 64M memory.max 67108864" "--pids 32 pids.max 32" "--cpus 0.5 cpu.max 50000"; do
+	set -- $lim
+	if grep -qw "${3%%.*}" /sys/fs/cgroup/cgroup.controllers; then
+		"$launch" --state "$tmp/l" --guest "$guest" "$1" "$2" \
+			--identity 'sandbox=cg2l;generation=1;worker=w1;substrate=process;activation=a1;pod_uid=' \
+			>"$tmp/lout" 2>"$tmp/lerr" &
+		lp=$!
+		i=0
+		while [ ! -e "$tmp/l/ready" ]; do
+			i=$((i + 1)); [ $i -gt 200 ] && fail "$1 not ready: $(cat "$tmp/lerr")"
+			sleep 0.05
+		done
+		lcg=$(ls -d /sys/fs/cgroup/spaced/spaced-* | head -n 1)
+		grep -q "^$4" "$lcg/$3" || fail "$1 $2: $3 holds $(cat "$lcg/$3")"
+		"$launch" ctl --state "$tmp/l" STOP >/dev/null
+		wait $lp
+		echo "ok: $1 $2 enforced through $3"
+	else
+		"$launch" --state "$tmp/l" --guest "$guest" "$1" "$2" \
+			--identity 'sandbox=cg2l;generation=1;worker=w1;substrate=process;activation=a1;pod_uid=' \
+			>"$tmp/lout" 2>"$tmp/lerr"
+		[ $? -ne 0 ] && grep -q "$3" "$tmp/lerr" || fail "$1 $2 without the ${3%%.*} controller was not refused: $(cat "$tmp/lerr")"
+		echo "ok: $1 $2 refused: this cgroup2 hierarchy has no ${3%%.*} controller"
+	fi
+done
 rmdir /sys/fs/cgroup/spaced 2>/dev/null
 echo "ok: cgroup2 create, enter, freeze ($a), thaw, remove"
 INNER
