@@ -35,6 +35,7 @@ enum spaced_guest_in {
 	SPACED_GUEST_IN_STDIN = 0x0101,  /* raw bytes for EXEC (flag STDIN) or TERM; END closes */
 	SPACED_GUEST_IN_RESIZE = 0x0102, /* u rows, u cols (TERM) */
 	SPACED_GUEST_IN_CANCEL = 0x0103, /* (none): ends WATCH, kills EXEC/TERM, aborts READ/WRITE */
+	SPACED_GUEST_IN_SIGNAL = 0x0104, /* i signal: sent to a foreground EXEC's process group */
 };
 
 /* Answers (guest -> requester). */

@@ -35,6 +35,12 @@ struct mgr_rec {
 	uint32_t uid_base;   /* host uid of root inside (substrate mode); 0 when none */
 };
 
+/* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
+/* A new JSON object of rec, or NULL on allocation failure. */
+json_t *mgr_rec_to_json(const struct mgr_rec *rec);
+/* Reads it back; unknown or malformed members are SPACED_EINVAL. */
+int mgr_rec_from_json(json_t *o, struct mgr_rec *out);
+
 /* ---- mgr_store.c: SQLite runtime records (WAL, synchronous=FULL) ---- */
 struct mgr_store;
 
@@ -77,6 +83,15 @@ struct mgr_config;
  * and rec->uid_base and waits until its socket answers. Fills rec->pid /
  * pid_start (and host_pid / host_start). */
 int mgr_exec_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot);
+/* Starts a new execution of rec in a uid range of its own (rec->uid_base
+ * when set and free, else the lowest free one not in used[0..nused)),
+ * trying the next range when another launcher took the chosen one first.
+ * Returns 0 (rec filled as by mgr_exec_start), SPACED_EBUSY (no range left)
+ * or mgr_exec_start's errors, with a reason in why. */
+int mgr_exec_start_fresh(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot, const uint32_t *used,
+                         size_t nused, char *why, size_t whysz);
+/* Runs argv to completion (stdin and stdout on /dev/null); 0 when it exited 0. */
+int mgr_run_wait(const char *const argv[]);
 /* Chooses the uid range of a new execution: the lowest slot of the worker's
  * range that no record in used[0..nused) holds, that no process on this host
  * runs in (a range is reused only once everything of its execution is gone)
@@ -120,7 +135,7 @@ int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, cha
  * SPACED_ETOOBIG (too deep, a path too long), SPACED_EIO, SPACED_ENOMEM. */
 int mgr_snapshot_hash(const char *dir, char hex[MGR_HASH_HEX], uint64_t *bytes);
 
-/* ---- mgr_main.c services used by mgr_admin.c ---- */
+/* ---- gate_main.c: the records and keys the gate holds ---- */
 struct mgr;
 const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox);
 /* Writes rec durably (with the ack of seq) and then updates memory and cancels
@@ -133,13 +148,5 @@ const struct mgr_config *mgr_cfg(const struct mgr *m);
 struct mgr_store *mgr_store_of(struct mgr *m);
 int mgr_keys_install(struct mgr *m, const char *bundle_json, size_t len, uint64_t *version);
 json_t *mgr_status_json(struct mgr *m);
-
-/* The uid range for a new execution (mgr_uid_pick over the records that
- * still hold one). */
-int mgr_uid_alloc(struct mgr *m, uint32_t *base);
-
-/* ---- mgr_admin.c: control messages (docs/control-messages.md) ---- */
-/* Handles one message line; *reply is a new ack line (no newline). */
-int mgr_admin_handle(struct mgr *m, const char *line, size_t len, char **reply);
 
 #endif

@@ -88,7 +88,7 @@ int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, cha
 }
 
 /* Runs argv to completion; 0 when it exited 0. */
-static int run_wait(const char *const argv[])
+int mgr_run_wait(const char *const argv[])
 {
 	pid_t pid = fork();
 	if (pid < 0)
@@ -355,7 +355,7 @@ static int dev_start(const char *state_dir, const char *guest_bin, struct mgr_re
 		snprintf(dir, sizeof dir, "%s/sbx/%s", state_dir, rec->r.id.sandbox);
 		if ((e = mkdirs(dir)) < 0)
 			return e;
-		if (run_wait(rm) < 0 || run_wait(cp) < 0)
+		if (mgr_run_wait(rm) < 0 || mgr_run_wait(cp) < 0)
 			return SPACED_EIO;
 	}
 	if ((e = mkdirs(root)) < 0)
@@ -447,7 +447,7 @@ static int dev_snapshot(const char *state_dir, const struct mgr_rec *rec, const 
 	if (lstat(path, &sb) == 0)
 		return SPACED_EEXIST;
 	const char *cp[] = {"cp", "-a", "--", root, path, NULL};
-	if (run_wait(cp) < 0)
+	if (mgr_run_wait(cp) < 0)
 		return SPACED_EIO;
 	snap_bytes = 0;
 	if (nftw(path, sum_cb, 16, FTW_PHYS) < 0)
@@ -463,7 +463,7 @@ void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox)
 	if (snprintf(dir, sizeof dir, "%s/sbx/%s", state_dir, sandbox) >= (int)sizeof dir)
 		return;
 	const char *rm[] = {"rm", "-rf", "--", dir, NULL};
-	run_wait(rm);
+	mgr_run_wait(rm);
 }
 
 /* ---- substrate mode: spaced-launch + spaced-host ---- */
@@ -571,14 +571,18 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 		e = mgr_exec_target(cfg, rec, sock, sizeof sock);
 	if (e < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
 		return SPACED_EINVAL;
-	if (spaced_proc_start_time(getpid(), &me) < 0)
+	/* the bridge accepts one caller: the executor, which makes every
+	 * connection to it (this may run in one of its job children) */
+	pid_t caller = cfg->exe_pid ? cfg->exe_pid : getpid();
+	me = cfg->exe_pid ? cfg->exe_start : 0;
+	if (!cfg->exe_pid && spaced_proc_start_time(caller, &me) < 0)
 		return SPACED_ESYS;
 	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
 	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
 	snprintf(muid, sizeof muid, "%u", (unsigned)geteuid());
-	snprintf(mpid, sizeof mpid, "%d", (int)getpid());
+	snprintf(mpid, sizeof mpid, "%d", (int)caller);
 	snprintf(mstart, sizeof mstart, "%llu", (unsigned long long)me);
 	unlink(sock);
 	const char *argv[] = {cfg->host_bin, "--listen", sock, "--guest", gsock, "--identity", text,
@@ -612,7 +616,7 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 		return e;
 	/* a generation starts from nothing but its snapshot */
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
-	run_wait(rm);
+	mgr_run_wait(rm);
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	char cpus[16], mem[24], pids[24], disk[24], uid[16];
@@ -677,7 +681,7 @@ static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, cons
 	if (e < 0)
 		return e;
 	const char *argv[] = {cfg->launch_bin, "ctl", "--state", e_dir, what, arg, NULL};
-	return run_wait(argv);
+	return mgr_run_wait(argv);
 }
 
 /* ---- uid ranges ---- */
@@ -730,6 +734,21 @@ static bool uid_locked(const struct mgr_config *cfg, uint32_t base)
 	return held;
 }
 
+/* True when no launcher holds the range at base and no process runs in it. */
+static bool uid_free(const struct mgr_config *cfg, uint32_t base)
+{
+	if (base < cfg->uid_first || (base - cfg->uid_first) % 65536u != 0 ||
+	    (base - cfg->uid_first) / 65536u >= cfg->uid_slots || uid_locked(cfg, base))
+		return false;
+	uint8_t *busy = calloc(cfg->uid_slots, 1);
+	if (!busy)
+		return false;
+	uids_running(cfg, busy);
+	bool free_ = !busy[(base - cfg->uid_first) / 65536u];
+	free(busy);
+	return free_;
+}
+
 int mgr_uid_pick(const struct mgr_config *cfg, const uint32_t *used, size_t nused, uint32_t *base)
 {
 	if (cfg->uid_slots == 0)
@@ -751,6 +770,41 @@ int mgr_uid_pick(const struct mgr_config *cfg, const uint32_t *used, size_t nuse
 		break;
 	}
 	free(busy);
+	return e;
+}
+
+int mgr_exec_start_fresh(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot, const uint32_t *used,
+                         size_t nused, char *why, size_t whysz)
+{
+	if (!substrate_mode(cfg))
+		return mgr_exec_start(cfg, rec, snapshot);
+	uint32_t *skip = calloc(nused + 16, sizeof *skip);
+	if (!skip)
+		return SPACED_ENOMEM;
+	memcpy(skip, used, nused * sizeof *used);
+	size_t nskip = nused;
+	int e = SPACED_EBUSY;
+	/* Another worker's launcher may take a range between the check and this
+	 * launcher's lock: then the launch fails on the lock and the next range
+	 * is tried. */
+	for (int attempt = 0; attempt < 16; attempt++) {
+		uint32_t base;
+		if (attempt == 0 && rec->uid_base != 0 && uid_free(cfg, rec->uid_base)) {
+			base = rec->uid_base; /* a restart keeps its range while it is free */
+		} else if ((e = mgr_uid_pick(cfg, skip, nskip, &base)) < 0) {
+			break;
+		}
+		rec->uid_base = base;
+		e = mgr_exec_start(cfg, rec, snapshot);
+		if (e == 0 || !uid_locked(cfg, base))
+			break;
+		skip[nskip++] = base;
+	}
+	free(skip);
+	if (e == SPACED_EBUSY)
+		snprintf(why, whysz, "every uid range of this worker is in use");
+	else if (e < 0)
+		snprintf(why, whysz, "cannot start the execution: %s", spaced_strerror(e));
 	return e;
 }
 
@@ -834,7 +888,7 @@ void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec)
 		stop_pinned(rec->host_pid, rec->host_start, false);
 		if (exec_dir(cfg, rec, e_dir, sizeof e_dir) == 0) {
 			const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
-			run_wait(rm);
+			mgr_run_wait(rm);
 		}
 		rec->pid = rec->pid_start = 0;
 		rec->host_pid = 0;
@@ -909,15 +963,15 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 	 * checked cannot change in the shared store afterwards */
 	const char *rm[] = {"rm", "-rf", "--", dir, NULL};
 	const char *cp[] = {"cp", "-a", "--", src, dir, NULL};
-	if (run_wait(rm) < 0 || run_wait(cp) < 0) {
-		run_wait(rm);
+	if (mgr_run_wait(rm) < 0 || mgr_run_wait(cp) < 0) {
+		mgr_run_wait(rm);
 		return SPACED_EIO;
 	}
 	e = mgr_snapshot_hash(dir, got, NULL);
 	if (e == 0 && !spaced_ct_eq(got, want, MGR_HASH_HEX - 1))
 		e = SPACED_EIDENTITY;
 	if (e < 0) {
-		run_wait(rm);
+		mgr_run_wait(rm);
 		return e;
 	}
 	memcpy(staged, dir, strlen(dir) + 1);
@@ -929,5 +983,5 @@ void mgr_exec_unstage(const char *staged)
 	if (!staged || !*staged)
 		return;
 	const char *rm[] = {"rm", "-rf", "--", staged, NULL};
-	run_wait(rm);
+	mgr_run_wait(rm);
 }

@@ -1,21 +1,28 @@
 /*
  * node.h — private header of spaced-node, the worker daemon.
  *
- * spaced-node runs as two processes joined by one socketpair:
+ * spaced-node runs as a small tree of processes, one per role:
  *
- *   sbx-manager (privileged; node_main.c forks, the parent stays manager)
- *     owns the runtime records (mgr_store.c), the admin socket (mgr_admin.c),
- *     the executions (mgr_exec.c); verifies every capability and compares the
- *     identity (R1) before a byte goes to the sandbox's bridge (mgr_main.c).
- *   node-api (the child: gives up its privileges and enters a seccomp
- *     allow-list right after start, node_sandbox.c)
- *     speaks HTTP and WebSocket to the network (node_api.c), turns requests
- *     into guest-protocol requests (node_req.c) and hands them to the manager.
+ *   supervisor (the process started; node_main.c): starts the group below,
+ *     restarts it when any of it dies (with a growing pause between tries),
+ *     reaps what it adopts; a restart finds the records as they were
+ *   └─ sbx-manager, the gate (gate_main.c and gate_*.c; privileged): the
+ *      runtime records (mgr_store.c), the admin socket and the control
+ *      messages, verification and comparison of every capability (R1) before
+ *      a byte goes to an execution, and the streams — on one event loop that
+ *      never waits for an execution
+ *      ├─ node-api (node_api.c; gives up its privileges and enters a seccomp
+ *      │  allow-list right after start, node_sandbox.c): HTTP and WebSocket
+ *      │  to the network; turns requests into guest-protocol requests
+ *      │  (node_req.c) and hands them to the gate
+ *      └─ the executor (executor.c): starts, stops, pauses and snapshots
+ *         executions and connects to their bridges, as jobs of the gate
  *
- * The socketpair carries frame.h frames. The frame id is node-api's request
- * id. Each side has a fixed dispatch table; unknown types, flags or malformed
- * payloads drop the connection; when either process ends the other follows,
- * and a restart of spaced-node finds the runtime records as they were.
+ * The gate and node-api talk in frame.h frames over a socketpair (the frame
+ * id is node-api's request id); the gate and the executor in one frame per
+ * SOCK_SEQPACKET message (executor.h). Each side checks every message against
+ * its table; unknown types, flags or malformed payloads end that link, and
+ * with it the group, which the supervisor starts again.
  */
 #ifndef SPACED_NODE_H
 #define SPACED_NODE_H
@@ -39,13 +46,19 @@ enum node_msg {
 	                            b guest payload, u port, s protocol */
 	NODE_MSG_IN = 0x0A02,    /* u guest input type, b bytes; END flag passes through */
 	NODE_MSG_CLOSE = 0x0A03, /* (none): the client went away; the stream ends */
+	NODE_MSG_CREDIT = 0x0A04, /* u bytes: output of the stream its client has taken (flow control) */
 	/* sbx-manager -> node-api */
 	NODE_MSG_ACCEPT = 0x0B01, /* s identity text, u epoch: forwarded to the bridge */
 	NODE_MSG_REFUSE = 0x0B02, /* END: u verdict, u reason, s sandbox */
 	NODE_MSG_OUT = 0x0B03,    /* u guest output type, b payload; END on the RESULT */
 	NODE_MSG_CANCEL = 0x0B04, /* END: u verdict, u reason — the stream's lease ended (S1) */
 	NODE_MSG_FAIL = 0x0B05,   /* END: i error, s message — the backend failed */
+	NODE_MSG_GCREDIT = 0x0B06, /* u bytes: input of the stream the execution has taken (flow control) */
 };
+
+/* Flow control on the socketpair: per stream and direction, at most this
+ * many bytes on their way (the gate's GATE_WINDOW). */
+#define NODE_WINDOW (256u << 10)
 
 /* Largest frame on the socketpair: a guest chunk plus its fields. */
 #define NODE_MSG_MAX (SPACED_FRAME_CHUNK + 1024)
@@ -146,7 +159,7 @@ int node_api_run(const struct node_api_config *cfg);
 /* node_sandbox.c: setresuid/gid to nobody (when root), no_new_privs, seccomp allow-list. */
 int node_api_confine(bool drop_privileges);
 
-/* ---- sbx-manager ---- */
+/* ---- sbx-manager: the gate (gate_main.c) and the executor (executor.h) ---- */
 struct mgr_config {
 	const char *state_dir;
 	const char *worker_id;
@@ -154,14 +167,19 @@ struct mgr_config {
 	const char *guest_bin;  /* spaced-guest */
 	const char *launch_bin; /* spaced-launch: with host_bin, the process substrate */
 	const char *host_bin;   /* spaced-host: the per-execution bridge */
-	int api_fd;
+	int api_fd;             /* the gate's end of the link to node-api */
 	pid_t api_pid;
+	int exe_fd;             /* the gate's end of the link to the executor */
 	struct spaced_resources limits_default; /* for what an install leaves out */
 	struct spaced_resources limits_max;     /* an install above these is refused */
 	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */
 	uint32_t uid_slots;     /* … for k < uid_slots */
 	const char *uid_lock_dir; /* host-wide locks of the ranges in use */
+	int stall_timeout_ms;   /* a stream whose flow-control window stays full this long is cut */
+	pid_t exe_pid;          /* the executor (executor.h): the caller every bridge accepts */
+	uint64_t exe_start;     /* its start time */
 };
+/* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);
 
 #endif

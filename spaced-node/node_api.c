@@ -26,8 +26,6 @@
 #include "error.h"
 
 #define API_BUCKETS 1024
-#define MGR_OUT_HIGH (8u << 20)
-#define MGR_OUT_LOW (1u << 20)
 #define CLIENT_OUT_MAX (64u << 20)
 #define WS_MSG_MAX (64 * 1024)
 #define WRITE_CHUNK (16 * 1024)
@@ -36,6 +34,7 @@ struct wsmsg {
 	struct wsmsg *next;
 	bool text;
 	size_t len;
+	size_t credit; /* output bytes of the gate's this message carries (flow control) */
 	uint8_t data[];
 };
 
@@ -51,6 +50,10 @@ struct areq {
 	bool rx_paused;
 	bool is_ws;
 	char ident[SPACED_IDENTITY_TEXT_MAX];
+	/* flow control (node.h): output taken by the client not yet credited
+	 * to the gate, input sent to the gate not yet credited back */
+	uint64_t credit_pending;
+	uint64_t in_unacked;
 	/* HTTP answer */
 	int status;
 	bool headers_sent, final_ready, abort, chunked;
@@ -160,6 +163,21 @@ static int mgr_send(uint16_t type, uint16_t flags, uint32_t id, const struct spa
 	return 0;
 }
 
+/* Tells the gate how much of the stream's output the client has taken;
+ * batched, and at once when nothing is left to write. */
+static void credit(struct areq *r, size_t n, bool flush)
+{
+	r->credit_pending += n;
+	if (r->credit_pending == 0 || r->ended || (!flush && r->credit_pending < 32768))
+		return;
+	struct spaced_buf b;
+	spaced_buf_init(&b, 32);
+	if (spaced_field_put_u64(&b, r->credit_pending) == 0)
+		mgr_send(NODE_MSG_CREDIT, 0, r->id, &b);
+	spaced_buf_free(&b);
+	r->credit_pending = 0;
+}
+
 static void mgr_send_close(struct areq *r)
 {
 	if (r->sent_req && !r->ended)
@@ -167,8 +185,18 @@ static void mgr_send_close(struct areq *r)
 	r->ended = true;
 }
 
+static void pause_input(struct areq *r)
+{
+	if (!r->rx_paused && r->wsi && r->in_unacked >= NODE_WINDOW) {
+		r->rx_paused = true;
+		lws_rx_flow_control(r->wsi, 0);
+	}
+}
+
 static int mgr_send_in(struct areq *r, uint16_t in, const void *p, size_t n, bool end)
 {
+	r->in_unacked += n;
+	pause_input(r);
 	struct spaced_buf b;
 	spaced_buf_init(&b, NODE_MSG_MAX);
 	int e = spaced_field_put_u64(&b, in);
@@ -428,10 +456,12 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 
 /* ---- WebSocket answers ---- */
 
-static void ws_queue(struct areq *r, bool text, const void *p, size_t n)
+static void ws_queue_credit(struct areq *r, bool text, const void *p, size_t n, size_t cr)
 {
-	if (r->close_pending)
+	if (r->close_pending) {
+		credit(r, cr, true); /* dropped: taken as far as the gate is concerned */
 		return;
+	}
 	struct wsmsg *m = malloc(sizeof *m + n);
 	if (!m) {
 		r->close_pending = true;
@@ -441,6 +471,7 @@ static void ws_queue(struct areq *r, bool text, const void *p, size_t n)
 		m->next = NULL;
 		m->text = text;
 		m->len = n;
+		m->credit = cr;
 		if (n)
 			memcpy(m->data, p, n);
 		if (r->wq_tail)
@@ -449,7 +480,7 @@ static void ws_queue(struct areq *r, bool text, const void *p, size_t n)
 			r->wq_head = m;
 		r->wq_tail = m;
 		r->wq_bytes += n;
-		if (r->wq_bytes > CLIENT_OUT_MAX) {
+		if (r->wq_bytes > CLIENT_OUT_MAX + NODE_WINDOW) {
 			r->close_pending = true;
 			r->close_code = LWS_CLOSE_STATUS_POLICY_VIOLATION;
 			snprintf(r->close_reason, sizeof r->close_reason, "client too slow");
@@ -457,6 +488,11 @@ static void ws_queue(struct areq *r, bool text, const void *p, size_t n)
 	}
 	if (r->wsi)
 		lws_callback_on_writable(r->wsi);
+}
+
+static void ws_queue(struct areq *r, bool text, const void *p, size_t n)
+{
+	ws_queue_credit(r, text, p, n, 0);
 }
 
 static void ws_queue_json(struct areq *r, json_t *doc)
@@ -505,14 +541,14 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n, bo
 	case SPACED_GUEST_OUT_STDOUT:
 	case SPACED_GUEST_OUT_STDERR:
 		if (r->req.answer == NODE_ANS_WS_PORT) {
-			ws_queue(r, false, p, n);
+			ws_queue_credit(r, false, p, n, n);
 		} else {
 			uint8_t *m = malloc(n + 1);
 			if (!m)
 				return;
 			m[0] = type == SPACED_GUEST_OUT_STDOUT ? 'o' : 'e';
 			memcpy(m + 1, p, n);
-			ws_queue(r, false, m, n + 1);
+			ws_queue_credit(r, false, m, n + 1, n);
 			free(m);
 		}
 		return;
@@ -528,7 +564,13 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n, bo
 		json_t *doc = json_pack("{s:s,s:s%}", "event", kinds[kind], "path", a, al);
 		if (kind == SPACED_GUEST_EV_MOVE)
 			json_object_set_new(doc, "path2", json_stringn(b, bl));
-		ws_queue_json(r, doc);
+		char *s = json_dumps(doc, JSON_COMPACT);
+		json_decref(doc);
+		if (s)
+			ws_queue_credit(r, true, s, strlen(s), n);
+		else
+			credit(r, n, true);
+		free(s);
 		return;
 	}
 	case SPACED_GUEST_OUT_RESULT: {
@@ -641,6 +683,7 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	}
 	if (r->req.answer == NODE_ANS_STREAM) {
 		if (type == SPACED_GUEST_OUT_DATA) {
+			/* credited as it is written to the client (http_writable) */
 			if (spaced_buf_append(&r->out, data, dl) < 0)
 				r->abort = true;
 			r->ctype = "application/octet-stream";
@@ -666,6 +709,8 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 		}
 		return 0;
 	}
+	/* a JSON answer is built whole (its own bounds apply): taken at once */
+	credit(r, dl, false);
 	if (type == SPACED_GUEST_OUT_RESULT)
 		http_result(r, data, dl);
 	else if (http_collect(r, (uint16_t)type, data, dl) < 0) {
@@ -703,7 +748,28 @@ static int on_fail(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p
 	return 0;
 }
 
+static int on_gcredit(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	(void)ctx;
+	struct spaced_field_reader rd;
+	uint64_t bytes;
+	spaced_field_reader_init(&rd, p, n);
+	spaced_field_get_u64(&rd, &bytes);
+	if (spaced_field_end(&rd) < 0 || (h->flags & SPACED_FRAME_F_END))
+		return SPACED_EPROTO;
+	struct areq *r = areq_find(h->id);
+	if (!r)
+		return 0;
+	r->in_unacked = bytes > r->in_unacked ? 0 : r->in_unacked - bytes;
+	if (r->rx_paused && r->in_unacked < NODE_WINDOW && r->wsi) {
+		r->rx_paused = false;
+		lws_rx_flow_control(r->wsi, 1);
+	}
+	return 0;
+}
+
 static const struct spaced_frame_handler mgr_table[] = {
+	{NODE_MSG_GCREDIT, on_gcredit},
 	{NODE_MSG_ACCEPT, on_accept},
 	{NODE_MSG_REFUSE, on_refuse},
 	{NODE_MSG_OUT, on_out},
@@ -750,16 +816,6 @@ static void mgr_readable(void)
 	}
 }
 
-static void resume_uploads(void)
-{
-	for (size_t i = 0; i < API_BUCKETS; i++)
-		for (struct areq *r = A.bucket[i]; r; r = r->hnext)
-			if (r->rx_paused && r->wsi) {
-				r->rx_paused = false;
-				lws_rx_flow_control(r->wsi, 1);
-			}
-}
-
 static int mgr_writable(void)
 {
 	while (A.mgr_out_off < A.mgr_out.len) {
@@ -782,8 +838,6 @@ static int mgr_writable(void)
 		A.mgr_out.len -= A.mgr_out_off;
 		A.mgr_out_off = 0;
 	}
-	if (A.mgr_out.len - A.mgr_out_off < MGR_OUT_LOW)
-		resume_uploads();
 	/* what is left is asked for again by the service loop: a request made
 	 * inside a raw descriptor's own writeable callback may be dropped */
 	return 0;
@@ -982,6 +1036,8 @@ static int http_writable(struct areq *r, struct lws *wsi)
 		r->out.len = 0;
 		r->out_off = 0;
 	}
+	if (r->req.answer == NODE_ANS_STREAM)
+		credit(r, k, r->out.len == 0);
 	if (last) {
 		r->final_ready = false;
 		struct pss *pss = lws_wsi_user(wsi);
@@ -1015,6 +1071,7 @@ static int ws_writable(struct areq *r, struct lws *wsi)
 		if (!r->wq_head)
 			r->wq_tail = NULL;
 		r->wq_bytes -= m->len;
+		credit(r, m->credit, r->wq_head == NULL);
 		free(m);
 		if (r->wq_head || r->close_pending)
 			lws_callback_on_writable(wsi);
@@ -1138,10 +1195,6 @@ static int cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, voi
 		}
 		if (r->req.body == NODE_BODY_STREAM) {
 			mgr_send_in_chunks(r, SPACED_GUEST_IN_DATA, in, len, false);
-			if (A.mgr_out.len - A.mgr_out_off > MGR_OUT_HIGH && !r->rx_paused) {
-				r->rx_paused = true;
-				lws_rx_flow_control(wsi, 0);
-			}
 			return 0;
 		}
 		r->ended = true;

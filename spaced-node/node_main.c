@@ -4,12 +4,14 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR]
+ *               [--uid-lock-dir DIR] [--stall-timeout S]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
  *
- * The process started stays sbx-manager (privileged); it forks node-api,
- * which binds the listener, writes the bound port to DIR/api.port, then gives
- * up its privileges and enters its seccomp allow-list before serving.
+ * The process started is the supervisor of the group of node.h: the gate,
+ * node-api (which binds the listener, writes the bound port to DIR/api.port,
+ * then gives up its privileges and enters its seccomp allow-list before
+ * serving) and the executor. When any of them dies, the group is started
+ * again. SIGTERM stops the group and the supervisor; executions keep running.
  */
 #include "node.h"
 
@@ -24,17 +26,164 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
+#include "executor.h"
+#include "pidref.h"
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
-	                "                   [--uid-lock-dir DIR]\n"
+	                "                   [--uid-lock-dir DIR] [--stall-timeout S]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
+}
+
+/* ---- the group: gate, node-api, executor ---- */
+
+/* Starts node-api and the executor, then runs the gate in this process until
+ * a link goes away; the children end with it (parent-death signal). */
+static int run_group(struct mgr_config *mc, const char *host, int port, const char *port_file, bool drop)
+{
+	int api[2], exe[2];
+	prctl(PR_SET_PDEATHSIG, SIGKILL); /* the group never outlives its supervisor */
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, api) < 0 ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, exe) < 0) {
+		perror("spaced-node: socketpair");
+		return 1;
+	}
+	pid_t api_pid = fork();
+	if (api_pid < 0)
+		return 1;
+	if (api_pid == 0) {
+		close(api[0]);
+		close(exe[0]);
+		close(exe[1]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() == 1)
+			_exit(1);
+		struct node_api_config ac = {.listen_host = host, .listen_port = port, .mgr_fd = api[1],
+		                             .port_file = port_file, .drop_privileges = drop};
+		_exit(node_api_run(&ac));
+	}
+	pid_t exe_pid = fork();
+	if (exe_pid < 0)
+		return 1;
+	if (exe_pid == 0) {
+		close(exe[0]);
+		close(api[0]);
+		close(api[1]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		_exit(executor_run(mc, exe[1]));
+	}
+	close(api[1]);
+	close(exe[1]);
+	mc->api_fd = api[0];
+	mc->api_pid = api_pid;
+	mc->exe_fd = exe[0];
+	mc->exe_pid = exe_pid;
+	spaced_proc_start_time(exe_pid, &mc->exe_start);
+	int rc = mgr_run(mc);
+	kill(api_pid, SIGTERM);
+	kill(exe_pid, SIGTERM);
+	waitpid(api_pid, NULL, 0);
+	waitpid(exe_pid, NULL, 0);
+	return rc;
+}
+
+/* ---- the supervisor ---- */
+
+static volatile sig_atomic_t stopping;
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	stopping = 1;
+}
+
+static long ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* Runs the group and starts it again whenever it ends, until SIGTERM or
+ * SIGINT: a pause of 100 ms before the first restart, doubling up to 5 s,
+ * back to 100 ms once a group has run for 30 s. node-api listens on the port
+ * the first group bound, so a restart keeps the worker's address. As the
+ * child subreaper, the supervisor also reaps the processes it adopts. */
+static int supervise(struct mgr_config *mc, const char *host, int port, const char *port_file, bool drop)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_stop;
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	prctl(PR_SET_CHILD_SUBREAPER, 1);
+	long pause_ms = 100;
+	int starts = 0;
+	while (!stopping) {
+		struct timespec t0;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		if (starts > 0 && port == 0) {
+			/* the port the first group bound */
+			FILE *f = fopen(port_file, "r");
+			int p = 0;
+			if (f && fscanf(f, "%d", &p) == 1 && p > 0 && p < 65536)
+				port = p;
+			if (f)
+				fclose(f);
+		}
+		pid_t g = fork();
+		if (g < 0) {
+			perror("spaced-node: fork");
+			sleep(1);
+			continue;
+		}
+		if (g == 0) {
+			struct sigaction dfl;
+			memset(&dfl, 0, sizeof dfl);
+			dfl.sa_handler = SIG_DFL;
+			sigaction(SIGTERM, &dfl, NULL);
+			sigaction(SIGINT, &dfl, NULL);
+			_exit(run_group(mc, host, port, port_file, drop));
+		}
+		starts++;
+		int st = 0;
+		for (;;) {
+			pid_t w = waitpid(-1, &st, 0);
+			if (w == g)
+				break;
+			if (w < 0 && errno == EINTR && stopping) {
+				kill(g, SIGTERM);
+				continue;
+			}
+			if (w < 0 && errno == ECHILD)
+				break;
+			/* an adopted process (a launcher, a bridge): reaped */
+		}
+		if (stopping)
+			break;
+		long up = ms_since(&t0);
+		if (up > 30000)
+			pause_ms = 100;
+		fprintf(stderr, "spaced-node: the worker's processes ended (status 0x%x after %ld ms); starting them again "
+		                "in %ld ms\n", (unsigned)st, up, pause_ms);
+		struct timespec ts = {pause_ms / 1000, (pause_ms % 1000) * 1000000L};
+		while (!stopping && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		pause_ms = pause_ms * 2 > 5000 ? 5000 : pause_ms * 2;
+	}
+	/* the group ends with the supervisor; adopted processes (executions)
+	 * keep running and are found again by the next start */
+	while (waitpid(-1, NULL, WNOHANG) > 0)
+		;
+	return 0;
 }
 
 static char *default_guest(void)
@@ -65,6 +214,7 @@ int main(int argc, char **argv)
 	struct spaced_resources def = {1000, 512ull << 20, 512, 2ull << 30};
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
+	int stall_ms = 60000;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -109,6 +259,15 @@ int main(int argc, char **argv)
 			uid_slots = (uint32_t)c;
 		} else if (strcmp(a, "--uid-lock-dir") == 0)
 			uid_lock_dir = v;
+		else if (strcmp(a, "--stall-timeout") == 0) {
+			char *end;
+			long t = strtol(v, &end, 10);
+			if (*end || t < 0 || t > 3600) {
+				fprintf(stderr, "spaced-node: --stall-timeout wants seconds (0 .. 3600; 0: never)\n");
+				return 2;
+			}
+			stall_ms = (int)t * 1000;
+		}
 		else {
 			usage();
 			return 2;
@@ -165,35 +324,14 @@ int main(int argc, char **argv)
 	unlink(port_file);
 	char admin[PATH_MAX];
 	snprintf(admin, sizeof admin, "%s/admin.sock", state_abs);
-	unlink(admin); /* waiters see the socket only once this manager listens */
+	unlink(admin); /* waiters see the socket only once the gate listens */
 
-	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
-		perror("spaced-node: socketpair");
-		return 1;
-	}
-	pid_t api = fork();
-	if (api < 0) {
-		perror("spaced-node: fork");
-		return 1;
-	}
-	if (api == 0) {
-		close(sv[0]);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() == 1)
-			_exit(1);
-		struct node_api_config ac = {.listen_host = host, .listen_port = (int)port, .mgr_fd = sv[1],
-		                             .port_file = port_file, .drop_privileges = drop};
-		_exit(node_api_run(&ac));
-	}
-	close(sv[1]);
 	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
-	                        .api_fd = sv[0], .api_pid = api, .limits_default = def, .limits_max = max,
-	                        .uid_first = uid_first, .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir};
-	int rc = mgr_run(&mc);
-	kill(api, SIGTERM);
-	waitpid(api, NULL, 0);
+	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
+	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
+	                        .stall_timeout_ms = stall_ms};
+	int rc = supervise(&mc, host, (int)port, port_file, drop);
 	free(state_abs);
 	free(guest);
 	free(launch);

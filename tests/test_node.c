@@ -910,6 +910,7 @@ Test(node, paused_execution_does_not_stall_others)
 		char *body = calloc(1, big);
 		struct tn_resp r;
 		int e = tn_http(A.port, "PUT", "/v1/sandboxes/P/files?path=/big", capp, body, big, &r);
+		fprintf(stderr, "upload: e=%d status=%d body=%.200s\n", e, r.status, e == 0 ? r.body : "");
 		_exit(e == 0 && (r.status == 503 || r.status == 200) ? 0 : 1);
 	}
 	for (int i = 0; i < 20; i++)

@@ -1,0 +1,639 @@
+/*
+ * executor.c — the executor process of sbx-manager (executor.h).
+ *
+ * One poll() loop over: the link to the gate, the bridge connections being
+ * made (connect jobs), the result pipes of the job children, and a signalfd
+ * for SIGCHLD (the executor is a child subreaper: launchers and bridges whose
+ * job child has exited are its children, and it reaps them).
+ */
+#include "executor.h"
+#include "mgr.h"
+#include "node.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "frame.h"
+#include "guest_proto.h"
+#include "host_client.h"
+#include "pidref.h"
+
+#define EXE_MAX_CHILDREN 64   /* job children at once; more jobs wait their turn */
+#define EXE_MAX_CONNECTS 1024 /* bridge connections being made at once */
+#define EXE_RESULT_MAX (48u * 1024u)
+
+/* A job running in a child process. */
+struct xjob {
+	struct xjob *next;
+	uint32_t id;
+	pid_t pid;
+	int rfd; /* the child's result pipe; -1 once read to its end */
+	struct spaced_buf out;
+	char kind[16];
+	json_t *args; /* while it waits for a free child slot */
+};
+
+/* A connection to an execution being made. */
+struct xconn {
+	struct xconn *next;
+	uint32_t id;
+	int fd;
+	uint64_t deadline;
+	bool handoff;     /* wait for the bridge's HANDOFF frame */
+	bool connected;   /* connect(2) completed */
+	uint8_t hdr[SPACED_FRAME_HDR_LEN];
+	size_t hlen;
+	int passed;       /* the descriptor that came with the frame */
+	uint8_t payload[2048];
+	size_t plen, want;
+};
+
+struct executor {
+	const struct mgr_config *cfg;
+	int link;
+	int sigfd;
+	struct xjob *jobs, *waiting;
+	size_t nchildren;
+	struct xconn *conns;
+	size_t nconns;
+};
+
+static void xlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void xlog(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "executor: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+}
+
+/* ---- to the gate ---- */
+
+/* One DONE message, with fd (>= 0) passed along. The gate reads its link
+ * promptly; a full link is waited for. */
+static void send_done(struct executor *x, uint32_t id, int status, const char *msg, const char *result, int fd)
+{
+	struct spaced_buf b;
+	uint8_t hdr[SPACED_FRAME_HDR_LEN];
+	spaced_buf_init(&b, EXE_MSG_MAX - SPACED_FRAME_HDR_LEN);
+	if (spaced_field_put_i64(&b, status) < 0 || spaced_field_put_str(&b, msg ? msg : "") < 0 ||
+	    spaced_field_put_str(&b, result && *result ? result : "{}") < 0) {
+		/* too large or no memory: the job still ends, with an error */
+		b.len = 0;
+		spaced_field_put_i64(&b, SPACED_ETOOBIG);
+		spaced_field_put_str(&b, "job result too large");
+		spaced_field_put_str(&b, "{}");
+	}
+	struct spaced_frame_hdr h = {.len = (uint32_t)b.len, .type = EXE_DONE, .flags = SPACED_FRAME_F_END, .id = id};
+	spaced_frame_hdr_encode(hdr, &h);
+	struct iovec iov[2] = {{hdr, sizeof hdr}, {b.data, b.len}};
+	union {
+		struct cmsghdr align;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cb;
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	if (fd >= 0) {
+		memset(&cb, 0, sizeof cb);
+		mh.msg_control = cb.buf;
+		mh.msg_controllen = sizeof cb.buf;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	while (sendmsg(x->link, &mh, MSG_NOSIGNAL) < 0 && errno == EINTR)
+		;
+	spaced_buf_free(&b);
+}
+
+/* ---- connect jobs ---- */
+
+static void conn_finish(struct executor *x, struct xconn *c, int status, const char *why, int fd)
+{
+	send_done(x, c->id, status, why, NULL, fd);
+	if (fd >= 0)
+		close(fd);
+	if (c->fd >= 0 && c->fd != fd)
+		close(c->fd);
+	if (c->passed >= 0 && c->passed != fd)
+		close(c->passed);
+	c->fd = -1;
+	c->passed = -1;
+}
+
+static void conn_start(struct executor *x, uint32_t id, json_t *args)
+{
+	json_t *target = json_object_get(args, "target"), *port = json_object_get(args, "port");
+	struct xconn *c = calloc(1, sizeof *c);
+	if (!c) {
+		send_done(x, id, SPACED_ENOMEM, "out of memory", NULL, -1);
+		return;
+	}
+	c->id = id;
+	c->fd = -1;
+	c->passed = -1;
+	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CONNECT_TIMEOUT_MS * 1000000u;
+	int r;
+	if (json_is_string(target)) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		if (json_string_length(target) >= sizeof sa.sun_path) {
+			conn_finish(x, c, SPACED_EINVAL, "target path too long", -1);
+			free(c);
+			return;
+		}
+		memcpy(sa.sun_path, json_string_value(target), json_string_length(target) + 1);
+		/* through a bridge (substrate mode), a verified connection is handed over */
+		c->handoff = x->cfg->launch_bin && x->cfg->host_bin;
+		c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		r = c->fd < 0 ? -1 : connect(c->fd, (struct sockaddr *)&sa, sizeof sa);
+	} else if (json_is_integer(port) && json_integer_value(port) > 0 && json_integer_value(port) < 65536) {
+		/* a development execution shares the host's network */
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)json_integer_value(port)),
+		                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		r = c->fd < 0 ? -1 : connect(c->fd, (struct sockaddr *)&sa, sizeof sa);
+	} else {
+		conn_finish(x, c, SPACED_EINVAL, "connect needs a target or a port", -1);
+		free(c);
+		return;
+	}
+	if (r < 0 && errno != EINPROGRESS && errno != EAGAIN) {
+		char why[160];
+		snprintf(why, sizeof why, "execution unreachable: %s", strerror(errno));
+		conn_finish(x, c, SPACED_ECLOSED, why, -1);
+		free(c);
+		return;
+	}
+	c->connected = r == 0;
+	if (c->connected && !c->handoff) {
+		/* nothing to wait for: the connection is the execution's */
+		int fl = fcntl(c->fd, F_GETFL);
+		fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK);
+		conn_finish(x, c, 0, "", c->fd);
+		free(c);
+		return;
+	}
+	c->next = x->conns;
+	x->conns = c;
+	x->nconns++;
+}
+
+/* Progress on c; true when it is finished. */
+static bool conn_step(struct executor *x, struct xconn *c, short revents)
+{
+	if (!c->connected) {
+		int err = 0;
+		socklen_t el = sizeof err;
+		if (!(revents & (POLLOUT | POLLERR | POLLHUP)))
+			return false;
+		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err != 0) {
+			conn_finish(x, c, SPACED_ECLOSED, "execution unreachable", -1);
+			return true;
+		}
+		c->connected = true;
+	}
+	if (!c->handoff) {
+		int fl = fcntl(c->fd, F_GETFL);
+		fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK);
+		conn_finish(x, c, 0, "", c->fd);
+		return true;
+	}
+	if (!(revents & (POLLIN | POLLERR | POLLHUP)))
+		return false;
+	/* the bridge's answer: one frame, the verified connection with it */
+	while (c->hlen < sizeof c->hdr) {
+		union {
+			struct cmsghdr align;
+			char b[CMSG_SPACE(sizeof(int) * 4)];
+		} cb;
+		struct iovec iov = {c->hdr + c->hlen, sizeof c->hdr - c->hlen};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof cb.b};
+		ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return false;
+		for (struct cmsghdr *m = CMSG_FIRSTHDR(&mh); n > 0 && m; m = CMSG_NXTHDR(&mh, m)) {
+			if (m->cmsg_level != SOL_SOCKET || m->cmsg_type != SCM_RIGHTS)
+				continue;
+			for (size_t i = 0; i < (m->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+				int got;
+				memcpy(&got, CMSG_DATA(m) + i * sizeof(int), sizeof(int));
+				if (c->passed < 0)
+					c->passed = got;
+				else
+					close(got); /* one descriptor only */
+			}
+		}
+		if (n <= 0) {
+			conn_finish(x, c, SPACED_ECLOSED, "the bridge closed the connection", -1);
+			return true;
+		}
+		c->hlen += (size_t)n;
+		if (c->hlen == sizeof c->hdr) {
+			struct spaced_frame_hdr h;
+			if (spaced_frame_hdr_decode(&h, c->hdr, sizeof c->payload) < 0) {
+				conn_finish(x, c, SPACED_EPROTO, "malformed answer from the bridge", -1);
+				return true;
+			}
+			c->want = h.len;
+		}
+	}
+	while (c->plen < c->want) {
+		ssize_t n = recv(c->fd, c->payload + c->plen, c->want - c->plen, MSG_DONTWAIT);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return false;
+		if (n <= 0) {
+			conn_finish(x, c, SPACED_ECLOSED, "the bridge closed the connection", -1);
+			return true;
+		}
+		c->plen += (size_t)n;
+	}
+	struct spaced_frame_hdr h;
+	spaced_frame_hdr_decode(&h, c->hdr, sizeof c->payload);
+	if (h.type == SPACED_HOST_HANDOFF && h.id == 0 && c->passed >= 0) {
+		int fd = c->passed;
+		c->passed = -1;
+		conn_finish(x, c, 0, "", fd);
+		return true;
+	}
+	/* a refusal: RESULT with a negative status and the reason */
+	struct spaced_field_reader rd;
+	int64_t status = SPACED_EPROTO;
+	char why[512] = "unexpected answer from the bridge";
+	spaced_field_reader_init(&rd, c->payload, c->plen);
+	if (h.type != SPACED_GUEST_OUT_RESULT || spaced_field_get_i64(&rd, &status) < 0 || status >= 0 ||
+	    spaced_field_get_strbuf(&rd, why, sizeof why) < 0)
+		status = SPACED_EPROTO;
+	xlog("level=warn event=bridge-refused reason=\"%s\"", why);
+	conn_finish(x, c, (int)status, why, -1);
+	return true;
+}
+
+/* ---- jobs in children ---- */
+
+/* The blocking work of one job; runs in the child. *result is a new object. */
+static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args, json_t **result, char *why,
+                   size_t whysz)
+{
+	struct mgr_rec rec;
+	json_t *jr = json_object_get(args, "rec");
+	bool has_rec = jr && mgr_rec_from_json(jr, &rec) == 0;
+	int e;
+	*result = NULL;
+	if (jr && !has_rec) {
+		snprintf(why, whysz, "malformed record");
+		return SPACED_EINVAL;
+	}
+	if (strcmp(kind, "start") == 0 && has_rec) {
+		json_t *snap = json_object_get(args, "snapshot"), *used = json_object_get(args, "used"), *v;
+		uint32_t u[1024];
+		size_t nu = 0, i;
+		json_array_foreach(used, i, v) {
+			if (json_is_integer(v) && nu < 1024)
+				u[nu++] = (uint32_t)json_integer_value(v);
+		}
+		e = mgr_exec_start_fresh(cfg, &rec, json_is_string(snap) ? json_string_value(snap) : NULL, u, nu, why,
+		                         whysz);
+		if (e == 0)
+			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+		return e;
+	}
+	if (strcmp(kind, "stop") == 0 && has_rec) {
+		mgr_exec_stop(cfg, &rec);
+		return 0;
+	}
+	if (strcmp(kind, "pause") == 0 && has_rec)
+		return mgr_exec_pause(cfg, &rec, json_is_true(json_object_get(args, "pause")));
+	if (strcmp(kind, "snapshot") == 0 && has_rec && json_is_string(json_object_get(args, "path"))) {
+		const char *path = json_string_value(json_object_get(args, "path"));
+		char hex[MGR_HASH_HEX];
+		uint64_t bytes = 0;
+		if ((e = mgr_exec_snapshot(cfg, &rec, path, &bytes)) < 0) {
+			snprintf(why, whysz, "snapshot failed: %s", spaced_strerror(e));
+			return e;
+		}
+		if ((e = mgr_snapshot_hash(path, hex, &bytes)) < 0) {
+			snprintf(why, whysz, "cannot hash the snapshot: %s", spaced_strerror(e));
+			return e;
+		}
+		*result = json_pack("{s:s,s:I,s:s}", "path", path, "bytes", (json_int_t)bytes, "hash", hex);
+		return 0;
+	}
+	if (strcmp(kind, "stage") == 0) {
+		json_t *sb = json_object_get(args, "sandbox"), *src = json_object_get(args, "src");
+		json_t *h = json_object_get(args, "hash");
+		char staged[4096];
+		if (!json_is_string(sb) || !json_is_string(src))
+			return SPACED_EINVAL;
+		e = mgr_exec_stage_snapshot(cfg, json_string_value(sb), json_string_value(src),
+		                            json_is_string(h) ? json_string_value(h) : NULL, staged, sizeof staged);
+		if (e == 0)
+			*result = json_pack("{s:s}", "staged", staged);
+		return e;
+	}
+	if (strcmp(kind, "unstage") == 0 && json_is_string(json_object_get(args, "staged"))) {
+		mgr_exec_unstage(json_string_value(json_object_get(args, "staged")));
+		return 0;
+	}
+	if (strcmp(kind, "remove") == 0 && json_is_string(json_object_get(args, "sandbox"))) {
+		mgr_exec_remove(cfg, json_string_value(json_object_get(args, "sandbox")));
+		return 0;
+	}
+	if (strcmp(kind, "rebridge") == 0 && has_rec) {
+		e = mgr_exec_rebridge(cfg, &rec);
+		if (e == 0)
+			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+		return e;
+	}
+	if (strcmp(kind, "usage") == 0 && has_rec) {
+		e = mgr_exec_usage(cfg, &rec, result);
+		if (e == 0)
+			json_object_set_new(*result, "sandbox", json_string(rec.r.id.sandbox));
+		return e;
+	}
+	if (strcmp(kind, "reap") == 0) {
+		if (cfg->launch_bin) {
+			const char *argv[] = {cfg->launch_bin, "reap", NULL};
+			mgr_run_wait(argv);
+		}
+		return 0;
+	}
+	snprintf(why, whysz, "unknown job kind or arguments: %s", kind);
+	return SPACED_EINVAL;
+}
+
+static __attribute__((noreturn)) void job_child(const struct mgr_config *cfg, const char *kind, json_t *args, int wfd)
+{
+	char why[512] = "";
+	json_t *result = NULL;
+	int e = run_job(cfg, kind, args, &result, why, sizeof why);
+	char *text = result ? json_dumps(result, JSON_COMPACT) : NULL;
+	struct spaced_buf b;
+	spaced_buf_init(&b, EXE_RESULT_MAX);
+	if (spaced_field_put_i64(&b, e) < 0 || spaced_field_put_str(&b, why[0] ? why : e < 0 ? spaced_strerror(e) : "") < 0 ||
+	    spaced_field_put_str(&b, text ? text : "{}") < 0) {
+		b.len = 0;
+		spaced_field_put_i64(&b, SPACED_ETOOBIG);
+		spaced_field_put_str(&b, "job result too large");
+		spaced_field_put_str(&b, "{}");
+	}
+	spaced_io_write_full(wfd, b.data, b.len);
+	_exit(0);
+}
+
+static void job_spawn(struct executor *x, struct xjob *j)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		send_done(x, j->id, SPACED_ESYS, "pipe failed", NULL, -1);
+		j->rfd = -1;
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(p[0]);
+		close(x->link);
+		close(x->sigfd);
+		for (struct xconn *c = x->conns; c; c = c->next)
+			if (c->fd >= 0)
+				close(c->fd);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		job_child(x->cfg, j->kind, j->args, p[1]);
+	}
+	close(p[1]);
+	if (pid < 0) {
+		close(p[0]);
+		send_done(x, j->id, SPACED_ESYS, "fork failed", NULL, -1);
+		j->rfd = -1;
+		return;
+	}
+	j->pid = pid;
+	j->rfd = p[0];
+	fcntl(j->rfd, F_SETFL, O_NONBLOCK);
+	json_decref(j->args);
+	j->args = NULL;
+	x->nchildren++;
+}
+
+/* Reads a child's result; at its end, sends DONE and forgets the job. */
+static bool job_readable(struct executor *x, struct xjob *j)
+{
+	uint8_t tmp[8192];
+	for (;;) {
+		ssize_t n = read(j->rfd, tmp, sizeof tmp);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return false;
+		if (n > 0 && spaced_buf_append(&j->out, tmp, (size_t)n) == 0)
+			continue;
+		break; /* the end (or too much) */
+	}
+	close(j->rfd);
+	j->rfd = -1;
+	struct spaced_field_reader rd;
+	int64_t status;
+	char *msg = NULL, *res = NULL;
+	spaced_field_reader_init(&rd, j->out.data, j->out.len);
+	if (spaced_field_get_i64(&rd, &status) < 0 || spaced_field_get_strdup(&rd, 4096, &msg) < 0 ||
+	    spaced_field_get_strdup(&rd, EXE_RESULT_MAX, &res) < 0 || spaced_field_end(&rd) < 0)
+		send_done(x, j->id, SPACED_EIO, "the job ended without a result", NULL, -1);
+	else
+		send_done(x, j->id, (int)status, msg, res, -1);
+	free(msg);
+	free(res);
+	return true;
+}
+
+/* ---- the link ---- */
+
+static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader rd;
+	char kind[16];
+	const char *a;
+	size_t al;
+	json_error_t jerr;
+	spaced_field_reader_init(&rd, p, n);
+	spaced_field_get_strbuf(&rd, kind, sizeof kind);
+	spaced_field_get_str(&rd, &a, &al);
+	json_t *args = spaced_field_end(&rd) == 0 ? json_loadb(a, al, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	if (!json_is_object(args)) {
+		json_decref(args);
+		send_done(x, id, SPACED_EPROTO, "malformed job", NULL, -1);
+		return;
+	}
+	if (strcmp(kind, "connect") == 0) {
+		if (x->nconns >= EXE_MAX_CONNECTS)
+			send_done(x, id, SPACED_EBUSY, "too many connections being made", NULL, -1);
+		else
+			conn_start(x, id, args);
+		json_decref(args);
+		return;
+	}
+	struct xjob *j = calloc(1, sizeof *j);
+	if (!j) {
+		json_decref(args);
+		send_done(x, id, SPACED_ENOMEM, "out of memory", NULL, -1);
+		return;
+	}
+	j->id = id;
+	j->rfd = -1;
+	j->args = args;
+	snprintf(j->kind, sizeof j->kind, "%s", kind);
+	spaced_buf_init(&j->out, EXE_RESULT_MAX);
+	/* in the order they came, as child slots free up */
+	struct xjob **tail = &x->waiting;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = j;
+}
+
+/* Reads one message from the gate; false when the gate went away. */
+static bool link_readable(struct executor *x)
+{
+	uint8_t buf[EXE_MSG_MAX];
+	ssize_t n = recv(x->link, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return true;
+	if (n <= 0)
+		return false;
+	struct spaced_frame_hdr h;
+	if ((size_t)n > sizeof buf || n < SPACED_FRAME_HDR_LEN ||
+	    spaced_frame_hdr_decode(&h, buf, EXE_MSG_MAX - SPACED_FRAME_HDR_LEN) < 0 ||
+	    h.len != (size_t)n - SPACED_FRAME_HDR_LEN || h.type != EXE_JOB || h.flags != 0) {
+		xlog("level=error event=protocol-error from=gate");
+		return false;
+	}
+	on_job(x, h.id, buf + SPACED_FRAME_HDR_LEN, h.len);
+	return true;
+}
+
+static void reap_children(struct executor *x)
+{
+	struct signalfd_siginfo si;
+	while (read(x->sigfd, &si, sizeof si) == sizeof si)
+		;
+	pid_t pid;
+	while ((pid = waitpid(-1, NULL, WNOHANG)) > 0) {
+		for (struct xjob *j = x->jobs; j; j = j->next)
+			if (j->pid == pid) {
+				j->pid = 0;
+				x->nchildren--;
+			}
+	}
+}
+
+int executor_run(const struct mgr_config *cfg_in, int link)
+{
+	struct mgr_config cfg = *cfg_in;
+	struct executor x = {.cfg = &cfg, .link = link};
+	/* every bridge is started to accept this process as its caller */
+	cfg.exe_pid = getpid();
+	if (spaced_proc_start_time(cfg.exe_pid, &cfg.exe_start) < 0)
+		return 1;
+	prctl(PR_SET_CHILD_SUBREAPER, 1);
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &chld, NULL);
+	x.sigfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+	signal(SIGPIPE, SIG_IGN);
+	if (x.sigfd < 0)
+		return 1;
+	struct pollfd *pfd = calloc(2 + EXE_MAX_CHILDREN + EXE_MAX_CONNECTS, sizeof *pfd);
+	if (!pfd)
+		return 1;
+	bool up = true;
+	while (up) {
+		/* start what waits while there are child slots */
+		while (x.waiting && x.nchildren < EXE_MAX_CHILDREN) {
+			struct xjob *j = x.waiting;
+			x.waiting = j->next;
+			j->next = x.jobs;
+			x.jobs = j;
+			job_spawn(&x, j);
+		}
+		nfds_t n = 0;
+		pfd[n++] = (struct pollfd){.fd = link, .events = POLLIN};
+		pfd[n++] = (struct pollfd){.fd = x.sigfd, .events = POLLIN};
+		nfds_t first_job = n;
+		for (struct xjob *j = x.jobs; j; j = j->next)
+			pfd[n++] = (struct pollfd){.fd = j->rfd, .events = POLLIN};
+		nfds_t first_conn = n;
+		uint64_t now = spaced_mono_ns(), next = now + 1000000000u;
+		for (struct xconn *c = x.conns; c; c = c->next) {
+			pfd[n++] = (struct pollfd){.fd = c->fd, .events = c->connected ? POLLIN : POLLOUT};
+			if (c->deadline < next)
+				next = c->deadline;
+		}
+		int r = poll(pfd, n, next > now ? (int)((next - now) / 1000000u) + 1 : 0);
+		if (r < 0 && errno != EINTR)
+			break;
+		if (pfd[0].revents && !link_readable(&x))
+			up = false;
+		if (pfd[1].revents)
+			reap_children(&x);
+		nfds_t i = first_job;
+		for (struct xjob **pp = &x.jobs; *pp;) {
+			struct xjob *j = *pp;
+			bool done = j->rfd < 0;
+			if (!done && i < first_conn && pfd[i].revents)
+				done = job_readable(&x, j);
+			i++;
+			/* gone from the list once its result is sent; its process is
+			 * reaped by reap_children whenever it exits */
+			if (done && j->pid == 0) {
+				*pp = j->next;
+				spaced_buf_free(&j->out);
+				json_decref(j->args);
+				free(j);
+			} else {
+				pp = &j->next;
+			}
+		}
+		now = spaced_mono_ns();
+		i = first_conn;
+		for (struct xconn **pp = &x.conns; *pp;) {
+			struct xconn *c = *pp;
+			bool done = false;
+			if (i < n && pfd[i].fd == c->fd && pfd[i].revents)
+				done = conn_step(&x, c, pfd[i].revents);
+			if (!done && now >= c->deadline) {
+				conn_finish(&x, c, SPACED_ETIMEDOUT, "the bridge did not hand over a connection in time", -1);
+				done = true;
+			}
+			i++;
+			if (done) {
+				*pp = c->next;
+				free(c);
+				x.nconns--;
+			} else {
+				pp = &c->next;
+			}
+		}
+	}
+	free(pfd);
+	for (struct xconn *c = x.conns; c; c = c->next)
+		if (c->fd >= 0)
+			close(c->fd);
+	return 0;
+}

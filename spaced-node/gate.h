@@ -1,0 +1,165 @@
+/*
+ * gate.h — private header of the gate, the process of sbx-manager that is
+ * the authority of this worker (node.h shows the processes).
+ *
+ * One libuv loop, never blocked, over:
+ *   - the link to node-api: requests are verified (keyring + verification
+ *     cache) and compared with the installed record (R1) before a byte goes to
+ *     an execution; answers stream back under per-stream flow control
+ *     (gate_streams.c);
+ *   - the link to the executor (executor.h): every job that takes time —
+ *     bridge connections, starting, stopping, snapshotting — goes there and
+ *     comes back as a completion (gate_jobs.c);
+ *   - the control messages of the admin socket and of the control channel,
+ *     applied as operations that wait for their jobs without blocking
+ *     anything else (gate_ctl.c, gate_admin.c);
+ *   - one connection per forwarded request to its execution.
+ *
+ * Message tables: the links to node-api and to the executor each have one
+ * table (gate_streams.c, gate_jobs.c) naming, for every message the gate
+ * receives, its bounds and the states of its id in which it may arrive;
+ * anything else drops that link.
+ */
+#ifndef SPACED_GATE_H
+#define SPACED_GATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <uv.h>
+
+#include "cap.h"
+#include "compare.h"
+#include "frame.h"
+#include "mgr.h"
+#include "node.h"
+#include "util.h"
+
+#define GATE_MAX_STREAMS 1024
+#define GATE_MAX_ADMIN 16
+#define GATE_ADMIN_LINE_MAX (256 * 1024)
+#define GATE_IDLE_PER_SANDBOX 32
+/* Flow control: at most this many bytes of a stream's output are on their way
+ * to its client (sent to node-api, not yet written to the client), and at most
+ * this many bytes of its input on their way to the execution. A stream whose
+ * window stays full longer than cfg->stall_timeout_ms is cut. */
+#define GATE_WINDOW NODE_WINDOW
+/* Everything queued for node-api at once (all streams together). */
+#define GATE_API_OUT_MAX (64u << 20)
+
+/* ---- gate_jobs.c: jobs for the executor ---- */
+
+struct mgr;
+
+/* A job's completion. status 0 or SPACED_E*; msg a reason; result the job's
+ * JSON object (borrowed; NULL when none); fd a connect job's connection
+ * (owned by the callback; -1 when none). Called once, from the loop. */
+typedef void (*gate_job_cb)(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd);
+
+/* Queues a job of kind with args (stolen) for the executor. Returns its id
+ * (> 0), or 0 when it could not be queued (cb is then not called). */
+uint32_t gate_job(struct mgr *m, const char *kind, json_t *args, gate_job_cb cb, uintptr_t ctx);
+
+/* Forgets the callback of a job in flight: its completion is discarded (a
+ * connection it brings is closed). */
+void gate_job_forget(struct mgr *m, uint32_t id);
+
+int gate_jobs_start(struct mgr *m, int fd);
+void gate_jobs_stop(struct mgr *m);
+size_t gate_jobs_in_flight(const struct mgr *m);
+
+/* ---- gate_streams.c: node-api, streams, executions ---- */
+
+int gate_streams_start(struct mgr *m, int api_fd);
+void gate_streams_stop(struct mgr *m);
+/* After an install: the streams and idle connections of older epochs of
+ * rec's sandbox end as S1/S3/S4 say. */
+void gate_streams_on_install(struct mgr *m, const struct mgr_rec *rec, bool handoff);
+/* The recovery of sandbox's execution is over: its waiting streams connect. */
+void gate_streams_recovered(struct mgr *m, const char *sandbox);
+/* Streams whose window stayed full too long are cut (called every second). */
+void gate_streams_tick(struct mgr *m);
+json_t *gate_streams_status(struct mgr *m);
+
+/* ---- gate_ctl.c: control messages ---- */
+
+/* Where an acknowledgement goes: fn(m, ctx, line); line NULL when the
+ * requester is gone. */
+typedef void (*gate_reply_fn)(struct mgr *m, uintptr_t ctx, const char *line);
+
+/* Takes one control message (one JSON object); its acknowledgement line is
+ * given to reply, at once or when the operation's jobs are done. Messages of
+ * one sandbox are applied one after the other, in the order they came;
+ * messages of different sandboxes go on side by side. */
+void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn reply, uintptr_t ctx);
+/* The requester behind ctx is gone: its pending acknowledgements are dropped
+ * (the operations still complete). */
+void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx);
+/* At start: restarts or re-bridges the executions the records say run. */
+void gate_ctl_recover(struct mgr *m);
+size_t gate_ctl_pending(const struct mgr *m);
+/* True while the execution of sandbox is being recovered after a restart. */
+bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
+
+/* ---- gate_admin.c: the admin socket ---- */
+
+int gate_admin_start(struct mgr *m);
+void gate_admin_stop(struct mgr *m);
+
+/* ---- gate_main.c: the gate's state ---- */
+
+struct gstream;
+struct idle_conn;
+struct gjob;
+struct ctl_queue;
+struct admin_client;
+
+struct mgr {
+	const struct mgr_config *cfg;
+	uv_loop_t *loop;
+	struct mgr_store *store;
+	struct spaced_keyring *kr;
+	struct spaced_vcache *vc;
+	struct mgr_rec *recs;
+	size_t nrecs, caprecs;
+	bool quit;
+	/* node-api (gate_streams.c) */
+	int api_fd;
+	uv_poll_t api_poll;
+	bool api_poll_on;
+	int api_events;
+	struct spaced_buf api_rbuf;
+	struct spaced_buf api_out; /* frames for node-api not yet written */
+	size_t api_out_off;
+	struct gstream *streams;
+	size_t nstreams;
+	struct idle_conn *idle;
+	size_t nidle;
+	/* the executor (gate_jobs.c) */
+	int exe_fd;
+	uv_poll_t exe_poll;
+	bool exe_poll_on;
+	struct gjob *jobs;      /* in flight */
+	struct gjob *jobq, **jobq_tail; /* not yet sent */
+	uint32_t next_job;
+	/* control operations (gate_ctl.c) */
+	struct ctl_queue *ctlq;
+	/* the admin socket (gate_admin.c) */
+	int admin_fd;
+	uv_poll_t admin_poll;
+	bool admin_poll_on;
+	struct admin_client *admin[GATE_MAX_ADMIN];
+	uint64_t admin_gen;
+	uv_timer_t tick;
+	uv_signal_t sigterm, sigint;
+	/* counters */
+	uint64_t n_req, n_allow, n_refuse, n_cancel, n_cut, vc_ns;
+};
+
+/* A log line of the gate on stderr. */
+void gate_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Ends the loop (a link went away). */
+void gate_quit(struct mgr *m, const char *why);
+
+#endif

@@ -1,0 +1,956 @@
+/*
+ * gate_ctl.c — the worker side of the control messages
+ * (docs/control-messages.md): keys, install, deactivate, pause, thaw,
+ * snapshot, destroy, plus the local `status` query.
+ *
+ * Each message is an operation. What it changes in the records is written at
+ * once (the acknowledgement in the same SQLite transaction as the record it
+ * describes, so an acknowledged install is on disk); what takes time — staging
+ * a snapshot, starting, stopping, pausing, snapshotting — is a job for the
+ * executor, and the operation goes on when the job's completion arrives. The
+ * loop meanwhile serves everything else: one slow execution delays nothing
+ * but the operations of its own sandbox.
+ *
+ * Operations of one sandbox run one after the other, in the order their
+ * messages came; operations of different sandboxes run side by side. A
+ * deactivation is acknowledged as soon as its tombstone is on disk (R3 holds
+ * from then on); the stop follows. Each seq is applied at most once: a seq
+ * whose acknowledgement is stored gets it again without effect; a seq in
+ * progress gets its acknowledgement when it is done (to whoever asked last).
+ */
+#include "gate.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER };
+
+struct outcome {
+	json_t *result; /* on success (owned) */
+	const char *error, *code;
+	char errbuf[256];
+};
+
+struct ctl_op {
+	struct ctl_op *next; /* in its queue */
+	struct ctl_queue *q;
+	enum ctl_kind kind;
+	uint64_t seq;        /* 0: an internal operation (recovery), nothing acknowledged */
+	json_t *msg;
+	gate_reply_fn reply;
+	uintptr_t reply_ctx;
+	bool replied;
+	int step;
+	struct outcome o;
+	/* the job that just completed */
+	int job_status;
+	char job_msg[512];
+	json_t *job_result;
+	/* working state */
+	struct spaced_identity id;
+	bool handoff, keep, had_cur;
+	struct spaced_resources res;
+	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
+	struct mgr_rec rec, old;
+};
+
+struct ctl_queue {
+	struct ctl_queue *next;
+	char sandbox[SPACED_NAME_MAX]; /* "" for messages of no sandbox (keys) */
+	struct ctl_op *head, *tail;
+};
+
+static void op_run(struct mgr *m, struct ctl_op *op);
+
+static int fail(struct outcome *o, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(struct outcome *o, const char *code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(o->errbuf, sizeof o->errbuf, fmt, ap);
+	va_end(ap);
+	o->error = o->errbuf;
+	o->code = code;
+	json_decref(o->result);
+	o->result = NULL;
+	return -1;
+}
+
+static char *ack_line(uint64_t seq, const struct outcome *o)
+{
+	json_t *a = json_object();
+	if (seq)
+		json_object_set_new(a, "ack", json_integer((json_int_t)seq));
+	if (o->error) {
+		json_object_set_new(a, "ok", json_false());
+		json_object_set_new(a, "error", json_string(o->error));
+		json_object_set_new(a, "code", json_string(o->code));
+	} else {
+		json_object_set_new(a, "ok", json_true());
+		json_object_set_new(a, "result", o->result ? json_incref(o->result) : json_object());
+	}
+	char *s = json_dumps(a, JSON_COMPACT);
+	json_decref(a);
+	return s;
+}
+
+/* ---- queues ---- */
+
+static struct ctl_queue *queue_of(struct mgr *m, const char *sandbox, bool create)
+{
+	for (struct ctl_queue *q = m->ctlq; q; q = q->next)
+		if (strcmp(q->sandbox, sandbox) == 0)
+			return q;
+	if (!create)
+		return NULL;
+	struct ctl_queue *q = calloc(1, sizeof *q);
+	if (!q)
+		return NULL;
+	snprintf(q->sandbox, sizeof q->sandbox, "%s", sandbox);
+	q->next = m->ctlq;
+	m->ctlq = q;
+	return q;
+}
+
+static struct ctl_op *op_with_seq(struct mgr *m, uint64_t seq)
+{
+	for (struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (struct ctl_op *op = q->head; op; op = op->next)
+			if (op->seq == seq)
+				return op;
+	return NULL;
+}
+
+static uint64_t highest_pending_seq(struct mgr *m)
+{
+	uint64_t hi = 0;
+	for (struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (struct ctl_op *op = q->head; op; op = op->next)
+			if (op->seq > hi)
+				hi = op->seq;
+	return hi;
+}
+
+bool gate_ctl_recovering(const struct mgr *m, const char *sandbox)
+{
+	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
+		if (strcmp(q->sandbox, sandbox) == 0)
+			for (const struct ctl_op *op = q->head; op; op = op->next)
+				if (op->kind == K_RECOVER)
+					return true;
+	return false;
+}
+
+size_t gate_ctl_pending(const struct mgr *m)
+{
+	size_t n = 0;
+	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (const struct ctl_op *op = q->head; op; op = op->next)
+			n++;
+	return n;
+}
+
+static void op_free(struct ctl_op *op)
+{
+	json_decref(op->msg);
+	json_decref(op->o.result);
+	json_decref(op->job_result);
+	free(op);
+}
+
+/* Gives the acknowledgement to whoever asked (once). */
+static void op_reply(struct mgr *m, struct ctl_op *op, const char *line)
+{
+	if (op->replied || !op->reply)
+		return;
+	op->replied = true;
+	op->reply(m, op->reply_ctx, line);
+}
+
+/* The operation is over: the next one of its sandbox starts. */
+static void op_finish(struct mgr *m, struct ctl_op *op)
+{
+	struct ctl_queue *q = op->q;
+	q->head = op->next;
+	if (!q->head)
+		q->tail = NULL;
+	bool recovered = op->kind == K_RECOVER;
+	op_free(op);
+	if (recovered && !gate_ctl_recovering(m, q->sandbox))
+		gate_streams_recovered(m, q->sandbox);
+	if (q->head) {
+		op_run(m, q->head);
+	} else {
+		for (struct ctl_queue **pp = &m->ctlq; *pp; pp = &(*pp)->next)
+			if (*pp == q) {
+				*pp = q->next;
+				break;
+			}
+		free(q);
+	}
+}
+
+/* Ends op with its outcome as it is: an error (or a result without a record
+ * change) is stored as the acknowledgement alone. */
+static void op_done_no_record(struct mgr *m, struct ctl_op *op)
+{
+	char *line = ack_line(op->seq, &op->o);
+	if (line && op->seq && mgr_store_commit(m->store, NULL, op->seq, line) < 0) {
+		free(line);
+		fail(&op->o, "io", "cannot write the acknowledgement");
+		line = ack_line(0, &op->o);
+	}
+	op_reply(m, op, line);
+	free(line);
+	op_finish(m, op);
+}
+
+/* Writes rec with the acknowledgement of the operation, then replies. On a
+ * write failure the reply is that failure. */
+static int op_commit(struct mgr *m, struct ctl_op *op, const struct mgr_rec *rec, bool handoff)
+{
+	char *line = ack_line(op->seq, &op->o);
+	if (!line) {
+		fail(&op->o, "io", "out of memory");
+		op_reply(m, op, NULL);
+		return -1;
+	}
+	int e = mgr_rec_install(m, rec, handoff, op->seq, line);
+	if (e < 0) {
+		free(line);
+		fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s", spaced_strerror(e));
+		line = ack_line(0, &op->o);
+		op_reply(m, op, line);
+		free(line);
+		return -1;
+	}
+	op_reply(m, op, line);
+	free(line);
+	return 0;
+}
+
+/* ---- jobs of an operation ---- */
+
+static void on_op_job(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
+{
+	struct ctl_op *op = (struct ctl_op *)ctx;
+	if (fd >= 0)
+		close(fd);
+	op->job_status = status;
+	snprintf(op->job_msg, sizeof op->job_msg, "%s", msg ? msg : "");
+	json_decref(op->job_result);
+	op->job_result = json_incref(result);
+	op->step++;
+	op_run(m, op);
+}
+
+/* Sends a job for op; its completion runs the operation's next step. */
+static bool op_job(struct mgr *m, struct ctl_op *op, const char *kind, json_t *args)
+{
+	if (gate_job(m, kind, args, on_op_job, (uintptr_t)op))
+		return true;
+	op->job_status = SPACED_ENOMEM;
+	snprintf(op->job_msg, sizeof op->job_msg, "the job could not be queued");
+	return false;
+}
+
+/* A job nobody waits for (its sandbox's next operation may already run). */
+static void on_background_job(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
+{
+	(void)m;
+	(void)result;
+	if (fd >= 0)
+		close(fd);
+	if (status < 0)
+		gate_log("level=warn event=job-failed job=%s reason=\"%s\"", (const char *)ctx, msg);
+}
+
+static json_t *used_ranges(struct mgr *m)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if (r->uid_base != 0 && (r->pid != 0 || r->host_pid != 0))
+			json_array_append_new(a, json_integer(r->uid_base));
+	}
+	return a;
+}
+
+/* ---- the operations ---- */
+
+static int only_members(json_t *msg, const char *const *allowed)
+{
+	const char *k;
+	json_t *v;
+	json_object_foreach(msg, k, v) {
+		bool ok = false;
+		for (const char *const *a = allowed; *a; a++)
+			ok = ok || strcmp(*a, k) == 0;
+		if (!ok)
+			return -1;
+	}
+	return 0;
+}
+
+static int get_identity(json_t *msg, struct spaced_identity *id, struct outcome *o)
+{
+	if (spaced_identity_from_json(id, json_object_get(msg, "identity")) < 0)
+		return fail(o, "bad-message", "identity missing or invalid");
+	return 0;
+}
+
+/* Checks an install and fills op; -1 with op->o set when it is refused. */
+static int install_parse(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "identity", "handoff", "spec", NULL};
+	json_t *msg = op->msg, *jh = json_object_get(msg, "handoff"), *spec = json_object_get(msg, "spec");
+	struct outcome *o = &op->o;
+	if (only_members(msg, allowed) < 0)
+		return fail(o, "bad-message", "unknown member");
+	if (get_identity(msg, &op->id, o) < 0)
+		return -1;
+	if (jh && !json_is_boolean(jh))
+		return fail(o, "bad-message", "handoff must be a boolean");
+	op->handoff = jh && json_is_true(jh);
+	memset(&op->res, 0, sizeof op->res);
+	if (spec && !json_is_null(spec)) {
+		char err[160];
+		if (!json_is_object(spec))
+			return fail(o, "bad-message", "spec must be an object");
+		if (spaced_resources_from_json(json_object_get(spec, "resources"), &op->res, err, sizeof err) < 0)
+			return fail(o, "bad-message", "spec.resources: %s", err);
+		/* a spec stored before resources were an object of their own */
+		json_t *lm = json_object_get(spec, "memory_bytes"), *lp = json_object_get(spec, "pids");
+		if (op->res.memory_bytes == 0 && json_is_integer(lm) && json_integer_value(lm) > 0)
+			op->res.memory_bytes = (uint64_t)json_integer_value(lm);
+		if (op->res.pids == 0 && json_is_integer(lp) && json_integer_value(lp) > 0)
+			op->res.pids = (uint64_t)json_integer_value(lp);
+		json_t *snap = json_object_get(spec, "snapshot"), *sh = json_object_get(spec, "snapshot_hash");
+		if (snap && !json_is_null(snap)) {
+			if (!json_is_string(snap) || json_string_value(snap)[0] != '/' ||
+			    json_string_length(snap) >= sizeof op->snapshot)
+				return fail(o, "bad-message", "spec.snapshot must be an absolute path");
+			snprintf(op->snapshot, sizeof op->snapshot, "%s", json_string_value(snap));
+		}
+		if (sh && !json_is_null(sh)) {
+			if (!json_is_string(sh) || json_string_length(sh) >= sizeof op->snapshot_hash)
+				return fail(o, "bad-message", "spec.snapshot_hash must be a string");
+			snprintf(op->snapshot_hash, sizeof op->snapshot_hash, "%s", json_string_value(sh));
+		}
+	}
+	if (strcmp(op->id.worker, mgr_worker_id(m)) != 0)
+		return fail(o, "wrong-worker", "identity names worker %s, this is %s", op->id.worker, mgr_worker_id(m));
+	if (strcmp(op->id.substrate, "process") != 0)
+		return fail(o, "unsupported-substrate", "substrate %s is not served here", op->id.substrate);
+	/* development executions (no launcher) are plain processes: no limit can
+	 * hold there, so none is accepted */
+	if (!mgr_cfg(m)->launch_bin) {
+		if (op->res.cpu_milli || op->res.memory_bytes || op->res.pids || op->res.disk_bytes)
+			return fail(o, "limits-unsupported", "development executions cannot be held to limits");
+	} else {
+		/* what the install leaves out, the worker's defaults fill in; what it
+		 * asks above the worker's maxima is refused, never silently lowered */
+		spaced_resources_default(&op->res, &mgr_cfg(m)->limits_default);
+		const char *over = spaced_resources_exceeds(&op->res, &mgr_cfg(m)->limits_max);
+		if (over)
+			return fail(o, "limit-exceeded", "%s is above this worker's maximum", over);
+	}
+	return 0;
+}
+
+static void run_install(struct mgr *m, struct ctl_op *op)
+{
+	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+	struct outcome *o = &op->o;
+	switch (op->step) {
+	case 0: {
+		if (install_parse(m, op) < 0)
+			goto refused;
+		cur = mgr_rec_find(m, op->id.sandbox);
+		if (cur && op->id.generation < cur->r.id.generation) {
+			fail(o, "backwards", "generation %llu is older than the installed %llu",
+			     (unsigned long long)op->id.generation, (unsigned long long)cur->r.id.generation);
+			goto refused;
+		}
+		if (cur && op->id.generation == cur->r.id.generation && !cur->r.active) {
+			fail(o, "deactivated", "generation %llu left this worker", (unsigned long long)op->id.generation);
+			goto refused;
+		}
+		if (op->handoff) {
+			/* S3: an ownership change on an unchanged resident */
+			if (!cur || !cur->r.active || !spaced_identity_equal(&cur->r.id, &op->id)) {
+				fail(o, "identity-mismatch", "a handoff keeps the installed identity");
+				goto refused;
+			}
+			op->rec = *cur;
+			o->result = json_pack("{s:I,s:b}", "epoch", (json_int_t)op->rec.r.epoch, "handoff", 1);
+			op_commit(m, op, &op->rec, true);
+			op_finish(m, op);
+			return;
+		}
+		if (cur && cur->r.active && spaced_identity_equal(&cur->r.id, &op->id)) {
+			op->rec = *cur; /* the same identity again: nothing changes */
+			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
+			op_commit(m, op, &op->rec, true);
+			op_finish(m, op);
+			return;
+		}
+		memset(&op->rec, 0, sizeof op->rec);
+		op->rec.r.id = op->id;
+		op->rec.r.active = true;
+		op->rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
+		op->rec.res = op->res;
+		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
+		if (cur && op->id.generation == cur->r.id.generation) {
+			/* activation (or placement) change of the running execution: it
+			 * keeps running, with the limits and the uid range it has */
+			op->rec.pid = cur->pid;
+			op->rec.pid_start = cur->pid_start;
+			op->rec.host_pid = cur->host_pid;
+			op->rec.host_start = cur->host_start;
+			op->rec.res = cur->res;
+			op->rec.uid_base = cur->uid_base;
+			snprintf(op->rec.state, sizeof op->rec.state, "%s", cur->state);
+			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
+			op_commit(m, op, &op->rec, false);
+			op_finish(m, op);
+			return;
+		}
+		if (op->snapshot[0]) {
+			/* A snapshot is copied out of the store it names into a private
+			 * copy and checked against the hash the source worker reported:
+			 * nothing starts from an unverified snapshot, and nothing here
+			 * has changed yet when it fails. */
+			json_t *args = json_pack("{s:s,s:s,s:s?}", "sandbox", op->id.sandbox, "src", op->snapshot, "hash",
+			                         op->snapshot_hash[0] ? op->snapshot_hash : NULL);
+			if (op_job(m, op, "stage", args))
+				return;
+			/* not queued: job_status says so, and step 1 refuses */
+		}
+		op->step = 1;
+	}
+		/* fall through */
+	case 1: {
+		if (op->snapshot[0]) {
+			if (op->job_status == SPACED_EIDENTITY) {
+				fail(o, "snapshot-mismatch", "the snapshot at %s %s", op->snapshot,
+				     op->snapshot_hash[0] ? "does not match its hash" : "comes without a hash");
+				goto refused;
+			}
+			if (op->job_status < 0) {
+				fail(o, op->job_status == SPACED_ENOENT ? "snapshot-missing" : "io", "cannot fetch the snapshot: %s",
+				     spaced_strerror(op->job_status));
+				goto refused;
+			}
+			const char *st = json_string_value(json_object_get(op->job_result, "staged"));
+			snprintf(op->staged, sizeof op->staged, "%s", st ? st : "");
+		}
+		/* A new generation: R3 holds from this commit on, before the start. */
+		cur = mgr_rec_find(m, op->id.sandbox);
+		if (cur) {
+			op->had_cur = true;
+			op->old = *cur;
+			snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_STOPPED);
+			int e = mgr_rec_install(m, &op->rec, false, 0, NULL);
+			if (e < 0) {
+				if (op->staged[0])
+					gate_job(m, "unstage", json_pack("{s:s}", "staged", op->staged), on_background_job,
+					         (uintptr_t)"unstage");
+				fail(o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s", spaced_strerror(e));
+				goto refused;
+			}
+			if (op->old.pid || op->old.host_pid)
+				gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)), on_background_job,
+				         (uintptr_t)"stop");
+		}
+		json_t *args = json_pack("{s:o,s:s?,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
+		                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m));
+		op->step = 2;
+		if (op_job(m, op, "start", args))
+			return;
+		op->step = 3;
+	}
+		/* fall through */
+	case 2:
+	case 3: {
+		if (op->staged[0])
+			gate_job(m, "unstage", json_pack("{s:s}", "staged", op->staged), on_background_job,
+			         (uintptr_t)"unstage");
+		struct mgr_rec started;
+		if (op->job_status < 0 || mgr_rec_from_json(json_object_get(op->job_result, "rec"), &started) < 0) {
+			snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_STOPPED);
+			op->rec.pid = op->rec.pid_start = 0;
+			op->rec.host_pid = 0;
+			op->rec.host_start = 0;
+			if (op->job_status == SPACED_EBUSY)
+				fail(o, "no-uid-range", "every uid range of this worker is in use");
+			else
+				fail(o, "launch-failed", "cannot start the execution: %s",
+				     op->job_msg[0] ? op->job_msg : spaced_strerror(op->job_status));
+			op_commit(m, op, &op->rec, false);
+			op_finish(m, op);
+			return;
+		}
+		op->rec.pid = started.pid;
+		op->rec.pid_start = started.pid_start;
+		op->rec.host_pid = started.host_pid;
+		op->rec.host_start = started.host_start;
+		op->rec.uid_base = started.uid_base;
+		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
+		o->result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
+		op_commit(m, op, &op->rec, op->had_cur);
+		op_finish(m, op);
+		return;
+	}
+	}
+refused:
+	op_done_no_record(m, op);
+}
+
+static void run_deactivate(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "identity", "keep_paused", NULL};
+	struct outcome *o = &op->o;
+	if (op->step > 0) {
+		/* the stop or the freeze that followed the acknowledgement */
+		if (op->job_status < 0)
+			gate_log("level=warn event=deactivate-job sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
+		op_finish(m, op);
+		return;
+	}
+	json_t *jk = json_object_get(op->msg, "keep_paused");
+	if (only_members(op->msg, allowed) < 0) {
+		fail(o, "bad-message", "unknown member");
+		goto refused;
+	}
+	if (get_identity(op->msg, &op->id, o) < 0)
+		goto refused;
+	if (jk && !json_is_boolean(jk)) {
+		fail(o, "bad-message", "keep_paused must be a boolean");
+		goto refused;
+	}
+	op->keep = jk && json_is_true(jk);
+	if (strcmp(op->id.worker, mgr_worker_id(m)) != 0) {
+		fail(o, "wrong-worker", "identity names worker %s", op->id.worker);
+		goto refused;
+	}
+	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+	if (cur && op->id.generation < cur->r.id.generation) {
+		o->result = json_pack("{s:I,s:b}", "epoch", (json_int_t)cur->r.epoch, "superseded", 1);
+		struct mgr_rec same = *cur;
+		op_commit(m, op, &same, true);
+		op_finish(m, op);
+		return;
+	}
+	struct mgr_rec rec;
+	memset(&rec, 0, sizeof rec);
+	if (cur)
+		rec = *cur;
+	rec.r.id = op->id;
+	rec.r.active = false;
+	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
+	bool same_exec = cur && cur->r.id.generation == op->id.generation && cur->pid > 0;
+	struct mgr_rec running = rec;
+	snprintf(rec.state, sizeof rec.state, "%s", same_exec && op->keep ? MGR_ST_KEPT : MGR_ST_STOPPED);
+	if (!same_exec || !op->keep) {
+		rec.pid = 0;
+		rec.pid_start = 0;
+		rec.host_pid = 0;
+		rec.host_start = 0;
+	}
+	o->result = json_pack("{s:I,s:s}", "epoch", (json_int_t)rec.r.epoch, "state", rec.state);
+	/* the tombstone first and acknowledged at once: R3 holds from here */
+	if (op_commit(m, op, &rec, false) < 0 || !same_exec) {
+		op_finish(m, op);
+		return;
+	}
+	op->rec = rec;
+	op->step = 1;
+	bool queued = op->keep ? op_job(m, op, "pause", json_pack("{s:o,s:b}", "rec", mgr_rec_to_json(&rec), "pause", 1))
+	                       : op_job(m, op, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&running)));
+	if (!queued)
+		op_finish(m, op);
+	return;
+refused:
+	op_done_no_record(m, op);
+}
+
+static void run_pause_thaw(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "identity", NULL};
+	struct outcome *o = &op->o;
+	bool pause = op->kind == K_PAUSE;
+	if (op->step == 0) {
+		if (only_members(op->msg, allowed) < 0) {
+			fail(o, "bad-message", "unknown member");
+			goto refused;
+		}
+		if (get_identity(op->msg, &op->id, o) < 0)
+			goto refused;
+		const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+		if (!cur) {
+			fail(o, "unknown-sandbox", "no record of %s", op->id.sandbox);
+			goto refused;
+		}
+		if (!cur->r.active || !spaced_identity_equal(&cur->r.id, &op->id)) {
+			fail(o, "identity-mismatch", "not the serving execution");
+			goto refused;
+		}
+		op->rec = *cur;
+		if (!mgr_exec_alive(&op->rec)) {
+			fail(o, "bad-state", "the execution is not running");
+			goto refused;
+		}
+		op->step = 1;
+		if (op_job(m, op, "pause", json_pack("{s:o,s:b}", "rec", mgr_rec_to_json(&op->rec), "pause", pause)))
+			return;
+	}
+	if (op->job_status < 0) {
+		fail(o, "bad-state", "the execution is not running");
+		goto refused;
+	}
+	/* the record is as step 0 read it: operations of one sandbox run one
+	 * after the other */
+	snprintf(op->rec.state, sizeof op->rec.state, "%s", pause ? MGR_ST_PAUSED : MGR_ST_RUNNING);
+	o->result = json_pack("{s:s}", "state", op->rec.state);
+	op_commit(m, op, &op->rec, true);
+	op_finish(m, op);
+	return;
+refused:
+	op_done_no_record(m, op);
+}
+
+static void run_snapshot(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "identity", "path", NULL};
+	struct outcome *o = &op->o;
+	if (op->step == 0) {
+		json_t *jp = json_object_get(op->msg, "path");
+		if (only_members(op->msg, allowed) < 0) {
+			fail(o, "bad-message", "unknown member");
+			goto refused;
+		}
+		if (get_identity(op->msg, &op->id, o) < 0)
+			goto refused;
+		if (!json_is_string(jp) || json_string_length(jp) >= sizeof op->path) {
+			fail(o, "bad-message", "path missing");
+			goto refused;
+		}
+		snprintf(op->path, sizeof op->path, "%s", json_string_value(jp));
+		const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+		if (!cur || !spaced_identity_equal(&cur->r.id, &op->id)) {
+			fail(o, "identity-mismatch", "not this worker's execution");
+			goto refused;
+		}
+		if (strcmp(cur->state, MGR_ST_PAUSED) != 0 && strcmp(cur->state, MGR_ST_KEPT) != 0) {
+			fail(o, "bad-state", "the execution is %s, not paused", cur->state);
+			goto refused;
+		}
+		op->rec = *cur;
+		op->step = 1;
+		if (op_job(m, op, "snapshot", json_pack("{s:o,s:s}", "rec", mgr_rec_to_json(&op->rec), "path", op->path)))
+			return;
+	}
+	if (op->job_status < 0) {
+		fail(o, "io", "%s", op->job_msg[0] ? op->job_msg : spaced_strerror(op->job_status));
+		goto refused;
+	}
+	o->result = json_incref(op->job_result);
+	op_commit(m, op, &op->rec, true);
+	op_finish(m, op);
+	return;
+refused:
+	op_done_no_record(m, op);
+}
+
+static void run_destroy(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "sandbox", NULL};
+	struct outcome *o = &op->o;
+	if (op->step == 2) {
+		/* stopped: its files go too */
+		if (op_job(m, op, "remove", json_pack("{s:s}", "sandbox", op->rec.r.id.sandbox)))
+			return;
+		op->step = 3;
+	}
+	if (op->step >= 3) {
+		op_finish(m, op);
+		return;
+	}
+	json_t *js = json_object_get(op->msg, "sandbox");
+	if (only_members(op->msg, allowed) < 0) {
+		fail(o, "bad-message", "unknown member");
+		goto refused;
+	}
+	if (!json_is_string(js) || !spaced_name_valid(json_string_value(js), json_string_length(js))) {
+		fail(o, "bad-message", "sandbox missing or invalid");
+		goto refused;
+	}
+	const struct mgr_rec *cur = mgr_rec_find(m, json_string_value(js));
+	if (!cur) {
+		o->result = json_object();
+		goto refused; /* nothing to destroy: the acknowledgement alone */
+	}
+	struct mgr_rec rec = *cur, running = *cur;
+	rec.r.active = false;
+	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
+	rec.pid = 0;
+	rec.pid_start = 0;
+	rec.host_pid = 0;
+	rec.host_start = 0;
+	snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_DESTROYED);
+	o->result = json_pack("{s:I}", "epoch", (json_int_t)rec.r.epoch);
+	if (op_commit(m, op, &rec, false) < 0) {
+		op_finish(m, op);
+		return;
+	}
+	op->rec = rec;
+	op->step = 1; /* the stop's completion makes it 2 */
+	if (op_job(m, op, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&running))))
+		return;
+	op_finish(m, op);
+	return;
+refused:
+	op_done_no_record(m, op);
+}
+
+static void run_keys(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "bundle", NULL};
+	struct outcome *o = &op->o;
+	json_t *b = json_object_get(op->msg, "bundle");
+	if (only_members(op->msg, allowed) < 0 || !json_is_object(b)) {
+		fail(o, "bad-message", "bundle missing");
+	} else {
+		char *s = json_dumps(b, JSON_COMPACT);
+		uint64_t ver = 0;
+		int e = s ? mgr_keys_install(m, s, strlen(s), &ver) : SPACED_ENOMEM;
+		free(s);
+		if (e == SPACED_ESTALE)
+			fail(o, "stale", "bundle version is lower than the installed one");
+		else if (e < 0)
+			fail(o, "bad-bundle", "bundle refused: %s", spaced_strerror(e));
+		else
+			o->result = json_pack("{s:I}", "version", (json_int_t)ver);
+	}
+	op_done_no_record(m, op);
+}
+
+/* After a restart of sbx-manager: an execution whose processes run gets a
+ * bridge that admits this executor; one recorded as running whose processes
+ * are gone is started again (its files are kept in development mode; in
+ * substrate mode a generation starts from nothing but its snapshot). */
+static void run_recover(struct mgr *m, struct ctl_op *op)
+{
+	if (op->step == 0) {
+		const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+		if (!cur) {
+			op_finish(m, op);
+			return;
+		}
+		op->rec = *cur;
+		op->step = 1;
+		if (mgr_exec_alive(&op->rec)) {
+			if (!m->cfg->launch_bin || !m->cfg->host_bin) {
+				op_finish(m, op); /* development mode: no bridge */
+				return;
+			}
+			if (!op_job(m, op, "rebridge", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec))))
+				op_finish(m, op);
+			return;
+		}
+		if (!op->rec.r.active || strcmp(op->rec.state, MGR_ST_RUNNING) != 0 || !m->cfg->guest_bin) {
+			op_finish(m, op);
+			return;
+		}
+		if (!op_job(m, op, "start",
+		            json_pack("{s:o,s:n,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot", "used", used_ranges(m))))
+			op_finish(m, op);
+		return;
+	}
+	struct mgr_rec got;
+	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+	if (op->job_status == 0 && mgr_rec_from_json(json_object_get(op->job_result, "rec"), &got) == 0 && cur &&
+	    cur->r.epoch == op->rec.r.epoch) {
+		struct mgr_rec rec = *cur;
+		rec.pid = got.pid;
+		rec.pid_start = got.pid_start;
+		rec.host_pid = got.host_pid;
+		rec.host_start = got.host_start;
+		rec.uid_base = got.uid_base;
+		if (mgr_store_commit(mgr_store_of(m), &rec, 0, NULL) == 0)
+			mgr_rec_install(m, &rec, true, 0, NULL);
+	} else {
+		gate_log("level=warn event=recovery-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
+	}
+	op_finish(m, op);
+}
+
+static void op_run(struct mgr *m, struct ctl_op *op)
+{
+	switch (op->kind) {
+	case K_KEYS: run_keys(m, op); return;
+	case K_INSTALL: run_install(m, op); return;
+	case K_DEACTIVATE: run_deactivate(m, op); return;
+	case K_PAUSE:
+	case K_THAW: run_pause_thaw(m, op); return;
+	case K_SNAPSHOT: run_snapshot(m, op); return;
+	case K_DESTROY: run_destroy(m, op); return;
+	case K_RECOVER: run_recover(m, op); return;
+	}
+}
+
+/* Queues op behind the operations of its sandbox; runs it when it is first. */
+static void op_enqueue(struct mgr *m, struct ctl_op *op, const char *sandbox)
+{
+	struct ctl_queue *q = queue_of(m, sandbox, true);
+	if (!q) {
+		fail(&op->o, "io", "out of memory");
+		char *line = ack_line(0, &op->o);
+		if (op->reply)
+			op->reply(m, op->reply_ctx, line);
+		free(line);
+		op_free(op);
+		return;
+	}
+	op->q = q;
+	if (q->tail)
+		q->tail->next = op;
+	else
+		q->head = op;
+	q->tail = op;
+	if (q->head == op)
+		op_run(m, op);
+}
+
+/* ---- entry points ---- */
+
+static const struct {
+	const char *type;
+	enum ctl_kind kind;
+} types[] = {
+	{"keys", K_KEYS},         {"install", K_INSTALL}, {"deactivate", K_DEACTIVATE}, {"pause", K_PAUSE},
+	{"thaw", K_THAW},         {"snapshot", K_SNAPSHOT}, {"destroy", K_DESTROY},
+};
+
+static void reply_now(struct mgr *m, gate_reply_fn reply, uintptr_t ctx, uint64_t seq, struct outcome *o)
+{
+	char *line = ack_line(seq, o);
+	reply(m, ctx, line);
+	free(line);
+	json_decref(o->result);
+}
+
+void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn reply, uintptr_t ctx)
+{
+	json_error_t jerr;
+	struct outcome o;
+	memset(&o, 0, sizeof o);
+	json_t *msg = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	json_t *jt = json_object_get(msg, "type"), *js = json_object_get(msg, "seq");
+	if (!msg || !json_is_object(msg)) {
+		fail(&o, "bad-message", "not a JSON object");
+		goto now;
+	}
+	if (!json_is_string(jt)) {
+		fail(&o, "bad-message", "type missing");
+		goto now;
+	}
+	if (strcmp(json_string_value(jt), "status") == 0) {
+		o.result = mgr_status_json(m);
+		goto now;
+	}
+	enum ctl_kind kind = 0;
+	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+		if (strcmp(types[i].type, json_string_value(jt)) == 0)
+			kind = types[i].kind;
+	if (!kind) {
+		fail(&o, "unknown-type", "unknown message type");
+		goto now;
+	}
+	uint64_t seq;
+	if (js) {
+		if (!json_is_integer(js) || json_integer_value(js) < 1) {
+			fail(&o, "bad-message", "seq must be a positive integer");
+			goto now;
+		}
+		seq = (uint64_t)json_integer_value(js);
+		/* at most once: a stored acknowledgement again, without effect */
+		char *line = NULL;
+		if (mgr_store_ack(mgr_store_of(m), seq, &line) == 0) {
+			reply(m, ctx, line);
+			free(line);
+			json_decref(msg);
+			return;
+		}
+		struct ctl_op *inflight = op_with_seq(m, seq);
+		if (inflight) {
+			/* still in progress: its acknowledgement goes to the latest asker */
+			if (!inflight->replied) {
+				inflight->reply = reply;
+				inflight->reply_ctx = ctx;
+			}
+			json_decref(msg);
+			return;
+		}
+	} else {
+		/* local callers may leave the numbering to the worker */
+		uint64_t hi = highest_pending_seq(m), last = mgr_store_last_seq(mgr_store_of(m));
+		seq = (hi > last ? hi : last) + 1;
+	}
+	struct ctl_op *op = calloc(1, sizeof *op);
+	if (!op) {
+		fail(&o, "io", "out of memory");
+		goto now;
+	}
+	op->kind = kind;
+	op->seq = seq;
+	op->msg = msg;
+	op->reply = reply;
+	op->reply_ctx = ctx;
+	/* the sandbox a message is about orders it among the others */
+	const char *sandbox = "";
+	if (kind == K_DESTROY && json_is_string(json_object_get(msg, "sandbox")))
+		sandbox = json_string_value(json_object_get(msg, "sandbox"));
+	else if (kind != K_KEYS) {
+		json_t *sb = json_object_get(json_object_get(msg, "identity"), "sandbox");
+		if (json_is_string(sb))
+			sandbox = json_string_value(sb);
+	}
+	char key[SPACED_NAME_MAX];
+	snprintf(key, sizeof key, "%s", spaced_name_valid(sandbox, strlen(sandbox)) ? sandbox : "");
+	op_enqueue(m, op, key);
+	return;
+now:
+	reply_now(m, reply, ctx, 0, &o);
+	json_decref(msg);
+}
+
+void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx)
+{
+	for (struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (struct ctl_op *op = q->head; op; op = op->next)
+			if (op->reply_ctx == ctx && !op->replied)
+				op->reply = NULL;
+}
+
+void gate_ctl_recover(struct mgr *m)
+{
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
+		            strcmp(r->state, MGR_ST_KEPT) == 0;
+		if (!live || r->pid == 0)
+			continue;
+		struct ctl_op *op = calloc(1, sizeof *op);
+		if (!op)
+			continue;
+		op->kind = K_RECOVER;
+		op->id = r->r.id;
+		op_enqueue(m, op, r->r.id.sandbox);
+	}
+}

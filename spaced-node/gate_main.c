@@ -1,0 +1,296 @@
+/*
+ * gate_main.c — the gate's state and its loop (gate.h): the runtime records
+ * in memory and on disk, the verification keys, the status document, and
+ * the start of the gate with its two children, node-api and the executor.
+ */
+#include "executor.h"
+#include "gate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "keyring.h"
+#include "vcache.h"
+
+void gate_streams_free(struct mgr *m);
+
+void gate_log(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "sbx-manager: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\n");
+	va_end(ap);
+}
+
+void gate_quit(struct mgr *m, const char *why)
+{
+	if (!m->quit)
+		gate_log("level=info event=stopping reason=\"%s\"", why);
+	m->quit = true;
+	uv_stop(m->loop);
+}
+
+/* ---- records in memory ---- */
+
+const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox)
+{
+	for (size_t i = 0; i < m->nrecs; i++)
+		if (strcmp(m->recs[i].r.id.sandbox, sandbox) == 0)
+			return &m->recs[i];
+	return NULL;
+}
+
+static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
+{
+	for (size_t i = 0; i < m->nrecs; i++) {
+		if (strcmp(m->recs[i].r.id.sandbox, rec->r.id.sandbox) == 0) {
+			m->recs[i] = *rec;
+			return 0;
+		}
+	}
+	if (m->nrecs == m->caprecs) {
+		size_t nc = m->caprecs ? m->caprecs * 2 : 16;
+		struct mgr_rec *n = realloc(m->recs, nc * sizeof *n);
+		if (!n)
+			return SPACED_ENOMEM;
+		m->recs = n;
+		m->caprecs = nc;
+	}
+	m->recs[m->nrecs++] = *rec;
+	return 0;
+}
+
+static int load_cb(void *arg, const struct mgr_rec *rec)
+{
+	struct mgr *m = arg;
+	mgr_store_use_epoch(m->store, rec->r.epoch);
+	return rec_put_mem(m, rec) < 0;
+}
+
+const char *mgr_worker_id(const struct mgr *m)
+{
+	return m->cfg->worker_id;
+}
+const char *mgr_state_dir(const struct mgr *m)
+{
+	return m->cfg->state_dir;
+}
+const struct mgr_config *mgr_cfg(const struct mgr *m)
+{
+	return m->cfg;
+}
+struct mgr_store *mgr_store_of(struct mgr *m)
+{
+	return m->store;
+}
+
+int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line)
+{
+	int e = mgr_store_commit(m->store, rec, seq, ack_line);
+	if (e < 0)
+		return e;
+	mgr_store_use_epoch(m->store, rec->r.epoch);
+	e = rec_put_mem(m, rec);
+	if (e < 0)
+		return e;
+	gate_streams_on_install(m, rec, handoff);
+	return 0;
+}
+
+int mgr_keys_install(struct mgr *m, const char *bundle_json, size_t len, uint64_t *version)
+{
+	char path[4096], tmp[4096];
+	int e = spaced_keyring_install_bundle(m->kr, bundle_json, len);
+	if (e < 0)
+		return e;
+	spaced_vcache_flush(m->vc);
+	*version = spaced_keyring_version(m->kr);
+	/* kept for restarts: write, fsync, rename, fsync the directory */
+	snprintf(path, sizeof path, "%s/keys.json", m->cfg->state_dir);
+	snprintf(tmp, sizeof tmp, "%s/keys.json.tmp", m->cfg->state_dir);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return SPACED_EIO;
+	e = spaced_io_write_full(fd, bundle_json, len);
+	if (e == 0 && fsync(fd) < 0)
+		e = SPACED_EIO;
+	close(fd);
+	if (e == 0 && rename(tmp, path) < 0)
+		e = SPACED_EIO;
+	if (e == 0) {
+		int dfd = open(m->cfg->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd >= 0) {
+			fsync(dfd);
+			close(dfd);
+		}
+	}
+	return e;
+}
+
+json_t *mgr_status_json(struct mgr *m)
+{
+	json_t *o = json_object();
+	json_t *recs = json_array();
+	struct spaced_vcache_stats vs;
+	spaced_vcache_stats(m->vc, &vs);
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		json_t *ro = json_object();
+		char text[SPACED_IDENTITY_TEXT_MAX];
+		spaced_identity_encode(&r->r.id, text, sizeof text);
+		json_object_set_new(ro, "identity", spaced_identity_to_json(&r->r.id));
+		json_object_set_new(ro, "text", json_string(text));
+		json_object_set_new(ro, "epoch", json_integer((json_int_t)r->r.epoch));
+		json_object_set_new(ro, "active", json_boolean(r->r.active));
+		json_object_set_new(ro, "state", json_string(r->state));
+		json_object_set_new(ro, "pid", json_integer(r->pid));
+		json_object_set_new(ro, "host_pid", json_integer(r->host_pid));
+		json_object_set_new(ro, "resources", spaced_resources_to_json(&r->res));
+		json_object_set_new(ro, "uid_base", json_integer(r->uid_base));
+		json_array_append_new(recs, ro);
+	}
+	json_object_set_new(o, "worker", json_string(m->cfg->worker_id));
+	json_object_set_new(o, "mode", json_string(m->cfg->launch_bin && m->cfg->host_bin ? "substrate" : "development"));
+	json_object_set_new(o, "last_seq", json_integer((json_int_t)mgr_store_last_seq(m->store)));
+	json_object_set_new(o, "keys_version", json_integer((json_int_t)spaced_keyring_version(m->kr)));
+	json_object_set_new(o, "keys", json_integer((json_int_t)spaced_keyring_count(m->kr)));
+	json_object_set_new(o, "manager_pid", json_integer(getpid()));
+	json_object_set_new(o, "api_pid", json_integer(m->cfg->api_pid));
+	json_object_set_new(o, "executor_pid", json_integer(m->cfg->exe_pid));
+	json_object_update(o, gate_streams_status(m));
+	json_object_set_new(o, "jobs", json_integer((json_int_t)gate_jobs_in_flight(m)));
+	json_object_set_new(o, "operations", json_integer((json_int_t)gate_ctl_pending(m)));
+	json_object_set_new(o, "requests", json_integer((json_int_t)m->n_req));
+	json_object_set_new(o, "allowed", json_integer((json_int_t)m->n_allow));
+	json_object_set_new(o, "refused", json_integer((json_int_t)m->n_refuse));
+	json_object_set_new(o, "cancelled", json_integer((json_int_t)m->n_cancel));
+	json_object_set_new(o, "cut", json_integer((json_int_t)m->n_cut));
+	json_object_set_new(o, "verify_compare_ns", json_integer((json_int_t)m->vc_ns));
+	json_object_set_new(o, "vcache_hits", json_integer((json_int_t)vs.hits));
+	json_object_set_new(o, "vcache_misses", json_integer((json_int_t)vs.misses));
+	json_object_set_new(o, "records", recs);
+	/* development executions take no limits: they report none */
+	if (m->cfg->launch_bin)
+		json_object_set_new(o, "limits",
+		                    json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&m->cfg->limits_default),
+		                              "max", spaced_resources_to_json(&m->cfg->limits_max)));
+	json_object_set_new(o, "uid_range", json_pack("{s:I,s:I}", "first", (json_int_t)m->cfg->uid_first, "count",
+	                                              (json_int_t)m->cfg->uid_slots));
+	return o;
+}
+
+/* ---- the loop ---- */
+
+static void on_tick(uv_timer_t *t)
+{
+	struct mgr *m = t->data;
+	gate_streams_tick(m);
+}
+
+static void on_signal(uv_signal_t *s, int sig)
+{
+	struct mgr *m = s->data;
+	(void)sig;
+	gate_quit(m, "signal");
+}
+
+static int load_keys(struct mgr *m)
+{
+	char path[4096];
+	int e;
+	snprintf(path, sizeof path, "%s/keys.json", m->cfg->state_dir);
+	if (access(path, F_OK) == 0 && (e = spaced_keyring_load_file(m->kr, path)) < 0)
+		gate_log("level=warn event=stored-keys-refused reason=\"%s\"", spaced_strerror(e));
+	if (!m->cfg->keys_path)
+		return 0;
+	FILE *f = fopen(m->cfg->keys_path, "r");
+	char *buf = malloc(SPACED_KEYRING_BUNDLE_MAX + 1);
+	size_t n = (f && buf) ? fread(buf, 1, SPACED_KEYRING_BUNDLE_MAX + 1, f) : 0;
+	uint64_t ver;
+	if (f)
+		fclose(f);
+	e = (!f || !buf || n > SPACED_KEYRING_BUNDLE_MAX) ? SPACED_EIO : mgr_keys_install(m, buf, n, &ver);
+	free(buf);
+	if (e < 0 && e != SPACED_ESTALE) {
+		gate_log("level=error event=keys-refused path=%s reason=\"%s\"", m->cfg->keys_path, spaced_strerror(e));
+		return e;
+	}
+	return 0;
+}
+
+int mgr_run(const struct mgr_config *cfg)
+{
+	struct mgr m;
+	uv_loop_t loop;
+	int e, rc = 1;
+
+	memset(&m, 0, sizeof m);
+	m.cfg = cfg;
+	m.loop = &loop;
+	m.api_fd = m.exe_fd = m.admin_fd = -1;
+	if (uv_loop_init(&loop) < 0)
+		return 1;
+	signal(SIGPIPE, SIG_IGN);
+	if ((e = mgr_store_open(cfg->state_dir, &m.store)) < 0) {
+		gate_log("level=error event=records-unreadable reason=\"%s\"", spaced_strerror(e));
+		goto out;
+	}
+	if ((e = spaced_keyring_new(&m.kr)) < 0 || (e = spaced_vcache_new(&m.vc, 4096)) < 0 || load_keys(&m) < 0)
+		goto out;
+	if ((e = mgr_store_foreach(m.store, load_cb, &m)) < 0)
+		goto out;
+	if (gate_jobs_start(&m, cfg->exe_fd) < 0 || gate_streams_start(&m, cfg->api_fd) < 0)
+		goto out;
+	if (gate_admin_start(&m) < 0) {
+		gate_log("level=error event=admin-socket-failed");
+		goto out;
+	}
+	uv_timer_init(&loop, &m.tick);
+	m.tick.data = &m;
+	uv_timer_start(&m.tick, on_tick, 1000, 1000);
+	uv_signal_init(&loop, &m.sigterm);
+	uv_signal_init(&loop, &m.sigint);
+	m.sigterm.data = m.sigint.data = &m;
+	uv_signal_start(&m.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&m.sigint, on_signal, SIGINT);
+	/* what launchers killed with SIGKILL left behind (frozen tasks), then the
+	 * executions the records say run */
+	gate_job(&m, "reap", json_object(), NULL, 0);
+	gate_ctl_recover(&m);
+	gate_log("level=info event=serving worker=%s records=%zu last_seq=%llu", cfg->worker_id, m.nrecs,
+	         (unsigned long long)mgr_store_last_seq(m.store));
+	uv_run(&loop, UV_RUN_DEFAULT);
+	rc = 0;
+out:
+	gate_streams_stop(&m);
+	gate_admin_stop(&m);
+	gate_jobs_stop(&m);
+	if (m.tick.data) {
+		uv_timer_stop(&m.tick);
+		uv_close((uv_handle_t *)&m.tick, NULL);
+		uv_signal_stop(&m.sigterm);
+		uv_signal_stop(&m.sigint);
+		uv_close((uv_handle_t *)&m.sigterm, NULL);
+		uv_close((uv_handle_t *)&m.sigint, NULL);
+	}
+	uv_run(&loop, UV_RUN_DEFAULT); /* the close callbacks */
+	gate_streams_free(&m);
+	uv_loop_close(&loop);
+	free(m.recs);
+	spaced_vcache_free(m.vc);
+	spaced_keyring_free(m.kr);
+	mgr_store_close(m.store);
+	return rc;
+}

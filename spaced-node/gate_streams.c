@@ -1,0 +1,1092 @@
+/*
+ * gate_streams.c — the gate's side of node-api: every request verified and
+ * compared (R1) before a byte goes to an execution, then a stream to that
+ * execution bound to the record's identity epoch (S1), under flow control.
+ *
+ * The table of what the gate receives from node-api (node.h has the payloads):
+ *
+ *   type     payload bound   flags   the stream id must be
+ *   REQ      NODE_MSG_MAX    none    free (no stream has it)
+ *   IN       NODE_MSG_MAX    [END]   any (input for a gone stream is dropped)
+ *   CLOSE    0               none    any
+ *   CREDIT   16              none    any
+ *
+ * Anything else drops node-api (it is restarted with the gate).
+ *
+ * Flow control. A stream has at most GATE_WINDOW bytes of output on their way
+ * to its client: past that the gate stops reading the execution's connection
+ * (the execution's own buffers then stop it) until node-api credits what its
+ * client took. Likewise at most GATE_WINDOW bytes of input go to node-api's
+ * credit before node-api stops reading its client. A slow client thus slows
+ * only its own stream; one whose window stays full for cfg->stall_timeout_ms is
+ * cut. The link to node-api never carries more than the windows of the open
+ * streams, and the gate stops reading executions while node-api is behind.
+ */
+#include "gate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "keyring.h"
+#include "vcache.h"
+
+#define API_HIGH (8u << 20) /* stop reading executions above this backlog to node-api */
+/* node-api keeps to the window; what its HTTP layer had read before it
+ * paused comes on top */
+#define STREAM_WQ_MAX (2 * GATE_WINDOW + (1u << 20))
+#define CREDIT_RING 64
+
+enum gstate { GS_CONNECTING = 1, GS_OPEN = 2 };
+
+struct gstream {
+	struct gstream *next;
+	struct mgr *m;
+	uint32_t id;            /* node-api's request id */
+	enum gstate state;
+	uint32_t job;           /* the connect job while connecting */
+	int gfd;                /* the execution's connection */
+	uv_poll_t poll;
+	bool poll_on, closing;
+	int events;
+	bool raw;               /* ServicePort tunnel: bytes, not frames */
+	bool dead;
+	bool shut_pending;      /* ServicePort: half-close once wq drained */
+	bool cancelled;         /* the client sent CANCEL: the connection is not reused */
+	uint16_t gtype;
+	uint64_t epoch;
+	struct spaced_cap cap;  /* for the established-stream comparison (S4) */
+	struct spaced_request req;
+	char protocol[SPACED_PROTOCOL_MAX];
+	char ident[SPACED_IDENTITY_TEXT_MAX];
+	struct spaced_buf rbuf; /* bytes from the execution not yet parsed */
+	struct spaced_buf wq;   /* bytes for the execution not yet written */
+	size_t wq_off;
+	uint64_t out_unacked;   /* output sent to node-api, not yet credited */
+	/* input: credited back to node-api as it is written to the execution.
+	 * wq_in / wq_out count bytes ever appended to / written from wq; each
+	 * ring entry is the wq_in position where an input frame ends and its
+	 * payload bytes */
+	uint64_t wq_in, wq_out;
+	struct {
+		uint64_t end, bytes;
+	} ring[CREDIT_RING];
+	unsigned ring_head, ring_len;
+	uint64_t stalled_since; /* when a window filled up (0: not full) */
+	bool awaiting_recovery; /* its execution is being re-bridged or restarted */
+};
+
+/* A connection to an execution kept for the next request: it passed the
+ * bridge's checks when it was opened (B3: a new connection is checked again)
+ * and is bound to the epoch it was opened under. */
+struct idle_conn {
+	struct idle_conn *next;
+	struct mgr *m;
+	int fd;
+	uv_poll_t poll;
+	char sandbox[SPACED_NAME_MAX];
+	uint64_t epoch;
+};
+
+static void api_update_poll(struct mgr *m);
+static void stream_update_poll(struct gstream *s);
+static void stream_connect(struct mgr *m, struct gstream *s, const struct mgr_rec *rec);
+static void stream_kill(struct gstream *s);
+
+/* ---- frames to node-api (never blocking) ---- */
+
+static void api_flush(struct mgr *m)
+{
+	while (m->api_fd >= 0 && m->api_out_off < m->api_out.len) {
+		ssize_t w = send(m->api_fd, m->api_out.data + m->api_out_off, m->api_out.len - m->api_out_off,
+		                 MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			break;
+		if (w <= 0) {
+			gate_quit(m, "node-api's link failed");
+			return;
+		}
+		m->api_out_off += (size_t)w;
+	}
+	if (m->api_out_off == m->api_out.len) {
+		m->api_out.len = 0;
+		m->api_out_off = 0;
+	} else if (m->api_out_off >= (1u << 20)) {
+		memmove(m->api_out.data, m->api_out.data + m->api_out_off, m->api_out.len - m->api_out_off);
+		m->api_out.len -= m->api_out_off;
+		m->api_out_off = 0;
+	}
+}
+
+static bool api_backlog(const struct mgr *m)
+{
+	return m->api_out.len - m->api_out_off > API_HIGH;
+}
+
+static void api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
+{
+	if (m->api_fd < 0)
+		return;
+	if (spaced_frame_append(&m->api_out, type, flags, id, b ? b->data : NULL, b ? b->len : 0) < 0) {
+		/* only the windows of open streams are ever queued: this is a bug */
+		gate_quit(m, "the link to node-api overflowed");
+		return;
+	}
+	api_flush(m);
+	api_update_poll(m);
+}
+
+static void send_refuse(struct mgr *m, uint16_t type, uint32_t id, struct spaced_decision d, const char *sandbox)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1024);
+	if (spaced_field_put_u64(&b, (uint64_t)d.verdict) == 0 && spaced_field_put_u64(&b, (uint64_t)d.reason) == 0 &&
+	    spaced_field_put_str(&b, sandbox) == 0)
+		api_send(m, type, SPACED_FRAME_F_END, id, &b);
+	spaced_buf_free(&b);
+}
+
+static void send_fail(struct mgr *m, uint32_t id, int err, const char *msg)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1024);
+	if (spaced_field_put_i64(&b, err) == 0 && spaced_field_put_str(&b, msg) == 0)
+		api_send(m, NODE_MSG_FAIL, SPACED_FRAME_F_END, id, &b);
+	spaced_buf_free(&b);
+}
+
+static void send_accept(struct mgr *m, uint32_t id, const char *ident, uint64_t epoch)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1024);
+	if (spaced_field_put_str(&b, ident) == 0 && spaced_field_put_u64(&b, epoch) == 0)
+		api_send(m, NODE_MSG_ACCEPT, 0, id, &b);
+	spaced_buf_free(&b);
+}
+
+/* Tells node-api how much of a stream's input the execution has taken:
+ * every input frame written out whole since the last credit. */
+static void send_credit(struct gstream *s)
+{
+	uint64_t bytes = 0;
+	while (s->ring_len > 0 && s->ring[s->ring_head].end <= s->wq_out) {
+		bytes += s->ring[s->ring_head].bytes;
+		s->ring_head = (s->ring_head + 1) % CREDIT_RING;
+		s->ring_len--;
+	}
+	if (bytes == 0)
+		return;
+	struct spaced_buf b;
+	spaced_buf_init(&b, 32);
+	if (spaced_field_put_u64(&b, bytes) == 0)
+		api_send(s->m, NODE_MSG_GCREDIT, 0, s->id, &b);
+	spaced_buf_free(&b);
+}
+
+/* Notes that the input frame just appended to wq carries bytes of payload. */
+static void note_input(struct gstream *s, uint64_t bytes)
+{
+	if (bytes == 0)
+		return;
+	if (s->ring_len == CREDIT_RING) {
+		/* merged into the newest entry: credited a little later */
+		unsigned last = (s->ring_head + s->ring_len - 1) % CREDIT_RING;
+		s->ring[last].end = s->wq_in;
+		s->ring[last].bytes += bytes;
+		return;
+	}
+	unsigned at = (s->ring_head + s->ring_len) % CREDIT_RING;
+	s->ring[at].end = s->wq_in;
+	s->ring[at].bytes = bytes;
+	s->ring_len++;
+}
+
+static void stream_out(struct gstream *s, uint16_t type, uint16_t flags, const uint8_t *p, size_t n)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, NODE_MSG_MAX);
+	if (spaced_field_put_u64(&b, type) == 0 && spaced_field_put_bytes(&b, p, n) == 0)
+		api_send(s->m, NODE_MSG_OUT, flags, s->id, &b);
+	spaced_buf_free(&b);
+	s->out_unacked += n;
+}
+
+/* ---- idle connections ---- */
+
+static void idle_close_cb(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void idle_drop(struct mgr *m, struct idle_conn *c)
+{
+	for (struct idle_conn **pp = &m->idle; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	m->nidle--;
+	uv_poll_stop(&c->poll);
+	close(c->fd);
+	c->poll.data = c;
+	uv_close((uv_handle_t *)&c->poll, idle_close_cb);
+}
+
+/* An idle connection that became readable was closed or misbehaves. */
+static void on_idle(uv_poll_t *h, int status, int events)
+{
+	(void)status;
+	(void)events;
+	struct idle_conn *c = h->data;
+	idle_drop(c->m, c);
+}
+
+static int pool_take(struct mgr *m, const char *sandbox, uint64_t epoch)
+{
+	for (struct idle_conn *c = m->idle; c; c = c->next) {
+		if (c->epoch == epoch && strcmp(c->sandbox, sandbox) == 0) {
+			int fd = dup(c->fd);
+			idle_drop(m, c);
+			return fd;
+		}
+	}
+	return -1;
+}
+
+static void pool_put(struct mgr *m, int fd, const char *sandbox, uint64_t epoch)
+{
+	size_t same = 0;
+	for (struct idle_conn *c = m->idle; c; c = c->next)
+		same += strcmp(c->sandbox, sandbox) == 0;
+	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
+	bool current = rec && rec->r.active && rec->r.epoch == epoch;
+	struct idle_conn *c = current && same < GATE_IDLE_PER_SANDBOX && m->nidle < GATE_MAX_STREAMS
+	                              ? calloc(1, sizeof *c)
+	                              : NULL;
+	if (!c || uv_poll_init(m->loop, &c->poll, fd) < 0) {
+		free(c);
+		close(fd);
+		return;
+	}
+	c->m = m;
+	c->fd = fd;
+	c->poll.data = c;
+	snprintf(c->sandbox, sizeof c->sandbox, "%s", sandbox);
+	c->epoch = epoch;
+	c->next = m->idle;
+	m->idle = c;
+	m->nidle++;
+	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_idle);
+}
+
+/* Closes idle connections of sandbox (all of them when sandbox is NULL) older than epoch. */
+static void pool_flush(struct mgr *m, const char *sandbox, uint64_t epoch)
+{
+	for (struct idle_conn *c = m->idle, *next; c; c = next) {
+		next = c->next;
+		if (!sandbox || (strcmp(c->sandbox, sandbox) == 0 && c->epoch < epoch))
+			idle_drop(m, c);
+	}
+}
+
+/* ---- streams ---- */
+
+static struct gstream *stream_find(struct mgr *m, uint32_t id)
+{
+	for (struct gstream *s = m->streams; s; s = s->next)
+		if (s->id == id && !s->dead)
+			return s;
+	return NULL;
+}
+
+static void stream_close_cb(uv_handle_t *h)
+{
+	struct gstream *s = h->data;
+	s->poll_on = false;
+	s->closing = false;
+}
+
+static void stream_kill(struct gstream *s)
+{
+	if (s->dead)
+		return;
+	s->dead = true;
+	if (s->state == GS_CONNECTING && s->job)
+		gate_job_forget(s->m, s->job);
+	if (s->poll_on && !s->closing) {
+		uv_poll_stop(&s->poll);
+		s->closing = true;
+		uv_close((uv_handle_t *)&s->poll, stream_close_cb);
+	}
+	if (s->gfd >= 0) {
+		shutdown(s->gfd, SHUT_RDWR);
+		close(s->gfd);
+		s->gfd = -1;
+	}
+}
+
+/* Frees the dead streams whose handle is closed. */
+static void streams_reap(struct mgr *m)
+{
+	for (struct gstream **pp = &m->streams; *pp;) {
+		struct gstream *s = *pp;
+		if (s->dead && !s->closing && !s->poll_on) {
+			*pp = s->next;
+			spaced_buf_free(&s->rbuf);
+			spaced_buf_free(&s->wq);
+			free(s);
+			m->nstreams--;
+		} else {
+			pp = &s->next;
+		}
+	}
+}
+
+/* Writes what the connection takes now and keeps the rest (never blocks). */
+static int stream_flush(struct gstream *s)
+{
+	if (s->gfd < 0)
+		return 0;
+	while (s->wq_off < s->wq.len) {
+		ssize_t w = send(s->gfd, s->wq.data + s->wq_off, s->wq.len - s->wq_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN)
+			break;
+		if (w <= 0)
+			return SPACED_EIO;
+		s->wq_off += (size_t)w;
+		s->wq_out += (uint64_t)w;
+	}
+	if (s->wq_off == s->wq.len) {
+		s->wq.len = 0;
+		s->wq_off = 0;
+		if (s->shut_pending) {
+			shutdown(s->gfd, SHUT_WR);
+			s->shut_pending = false;
+		}
+	} else if (s->wq_off >= (1u << 20)) {
+		memmove(s->wq.data, s->wq.data + s->wq_off, s->wq.len - s->wq_off);
+		s->wq.len -= s->wq_off;
+		s->wq_off = 0;
+	}
+	return 0;
+}
+
+/* The purpose and class of a request type; 0 for types node-api may not send. */
+static uint32_t purpose_of(uint16_t gtype, enum spaced_cap_class *cls)
+{
+	*cls = SPACED_CLASS_CONTROL;
+	switch (gtype) {
+	case SPACED_GUEST_FS_READ:
+	case SPACED_GUEST_FS_LIST:
+	case SPACED_GUEST_FS_STAT:
+		return SPACED_PURPOSE_FS_READ;
+	case SPACED_GUEST_FS_WRITE:
+	case SPACED_GUEST_FS_MKDIR:
+	case SPACED_GUEST_FS_MOVE:
+	case SPACED_GUEST_FS_REMOVE:
+		return SPACED_PURPOSE_FS_WRITE;
+	case SPACED_GUEST_EXEC:
+	case SPACED_GUEST_PROC_LIST:
+	case SPACED_GUEST_PROC_ATTACH:
+	case SPACED_GUEST_PROC_SIGNAL:
+	case SPACED_GUEST_PROC_KILL:
+		return SPACED_PURPOSE_EXEC;
+	case SPACED_GUEST_TERM_OPEN:
+		return SPACED_PURPOSE_TERM;
+	case SPACED_GUEST_WATCH:
+		return SPACED_PURPOSE_WATCH;
+	case NODE_PORT_OPEN:
+		*cls = SPACED_CLASS_SERVICEPORT;
+		return SPACED_PURPOSE_SERVICEPORT;
+	case NODE_USAGE:
+		return SPACED_PURPOSE_LIFECYCLE;
+	default:
+		return 0;
+	}
+}
+
+/* Which stream inputs a request type accepts. */
+static bool input_allowed(const struct gstream *s, uint16_t in)
+{
+	if (in == SPACED_GUEST_IN_CANCEL)
+		return !s->raw;
+	switch (s->gtype) {
+	case SPACED_GUEST_FS_WRITE:
+		return in == SPACED_GUEST_IN_DATA;
+	case SPACED_GUEST_EXEC:
+		return in == SPACED_GUEST_IN_STDIN || in == SPACED_GUEST_IN_SIGNAL;
+	case SPACED_GUEST_TERM_OPEN:
+		return in == SPACED_GUEST_IN_STDIN || in == SPACED_GUEST_IN_RESIZE;
+	case NODE_PORT_OPEN:
+		return in == SPACED_GUEST_IN_STDIN;
+	default:
+		return false;
+	}
+}
+
+/* Checks the identity the execution put in its RESULT against the one the
+ * request was admitted for. */
+static bool result_identity_ok(const struct gstream *s, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader r;
+	int64_t status;
+	const char *msg, *ident;
+	size_t ml, il;
+	spaced_field_reader_init(&r, p, n);
+	if (spaced_field_get_i64(&r, &status) < 0 || spaced_field_get_str(&r, &msg, &ml) < 0 ||
+	    spaced_field_get_str(&r, &ident, &il) < 0)
+		return false;
+	return il == strlen(s->ident) && memcmp(ident, s->ident, il) == 0;
+}
+
+static void guest_readable(struct gstream *s)
+{
+	struct mgr *m = s->m;
+	uint8_t tmp[SPACED_FRAME_CHUNK];
+	/* what the window and node-api's backlog let through */
+	size_t room = GATE_WINDOW - (s->out_unacked < GATE_WINDOW ? s->out_unacked : GATE_WINDOW);
+	if (room == 0 || api_backlog(m))
+		return;
+	ssize_t r = recv(s->gfd, tmp, s->raw && room < sizeof tmp ? room : sizeof tmp, MSG_DONTWAIT);
+	if (r < 0 && (errno == EINTR || errno == EAGAIN))
+		return;
+	if (s->raw) {
+		if (r <= 0) {
+			struct spaced_buf b;
+			spaced_buf_init(&b, 256);
+			spaced_field_put_i64(&b, 0);
+			spaced_field_put_str(&b, "port closed");
+			spaced_field_put_str(&b, s->ident);
+			stream_out(s, SPACED_GUEST_OUT_RESULT, SPACED_FRAME_F_END, b.data, b.len);
+			spaced_buf_free(&b);
+			stream_kill(s);
+		} else {
+			stream_out(s, SPACED_GUEST_OUT_STDOUT, 0, tmp, (size_t)r);
+		}
+		return;
+	}
+	if (r <= 0 || spaced_buf_append(&s->rbuf, tmp, (size_t)r) < 0) {
+		send_fail(m, s->id, SPACED_ECLOSED, "execution closed the connection");
+		stream_kill(s);
+		return;
+	}
+	size_t off = 0;
+	while (!s->dead) {
+		struct spaced_frame_hdr h;
+		const uint8_t *pl;
+		size_t used;
+		int e = spaced_frame_parse(s->rbuf.data + off, s->rbuf.len - off, SPACED_FRAME_MAX, &h, &pl, &used);
+		if (e == 0 && used == 0)
+			break;
+		if (e < 0 || h.id != 1 || h.type < SPACED_GUEST_OUT_RESULT || h.type > SPACED_GUEST_OUT_PROCS ||
+		    h.len > SPACED_FRAME_CHUNK + 512) {
+			send_fail(m, s->id, SPACED_EPROTO, "execution protocol error");
+			stream_kill(s);
+			break;
+		}
+		off += used;
+		if (h.type == SPACED_GUEST_OUT_RESULT) {
+			if (!(h.flags & SPACED_FRAME_F_END) || !result_identity_ok(s, pl, h.len)) {
+				send_fail(m, s->id, SPACED_EIDENTITY, "the execution answered with another identity");
+			} else {
+				stream_out(s, h.type, SPACED_FRAME_F_END, pl, h.len);
+				/* a cleanly ended request leaves a reusable connection */
+				if (off == s->rbuf.len && s->wq_off == s->wq.len && !s->cancelled) {
+					int fd = s->gfd;
+					if (s->poll_on && !s->closing) {
+						uv_poll_stop(&s->poll);
+						s->closing = true;
+						uv_close((uv_handle_t *)&s->poll, stream_close_cb);
+					}
+					s->gfd = -1;
+					pool_put(m, fd, s->cap.id.sandbox, s->epoch);
+				}
+			}
+			stream_kill(s);
+			break;
+		}
+		stream_out(s, h.type, 0, pl, h.len);
+	}
+	if (!s->dead && off > 0) {
+		memmove(s->rbuf.data, s->rbuf.data + off, s->rbuf.len - off);
+		s->rbuf.len -= off;
+	}
+}
+
+static void on_guest(uv_poll_t *h, int status, int events)
+{
+	struct gstream *s = h->data;
+	if (s->dead)
+		return;
+	if (status < 0) {
+		send_fail(s->m, s->id, SPACED_ECLOSED, "execution connection lost");
+		stream_kill(s);
+		return;
+	}
+	if (events & UV_WRITABLE) {
+		if (stream_flush(s) < 0) {
+			send_fail(s->m, s->id, SPACED_ECLOSED, "execution connection lost");
+			stream_kill(s);
+			return;
+		}
+		/* the execution took input: node-api may send more */
+		send_credit(s);
+	}
+	if (events & (UV_READABLE | UV_DISCONNECT))
+		guest_readable(s);
+	if (!s->dead)
+		stream_update_poll(s);
+}
+
+static void stream_update_poll(struct gstream *s)
+{
+	if (s->dead || !s->poll_on || s->closing)
+		return;
+	bool want_read = s->out_unacked < GATE_WINDOW && !api_backlog(s->m);
+	int ev = (want_read ? UV_READABLE : 0) | (s->wq_off < s->wq.len ? UV_WRITABLE : 0);
+	if (ev == s->events)
+		return;
+	s->events = ev;
+	if (ev)
+		uv_poll_start(&s->poll, ev, on_guest);
+	else
+		uv_poll_stop(&s->poll);
+}
+
+/* The stream's connection is there: forward what waited and start polling. */
+static void stream_open(struct gstream *s, int fd)
+{
+	struct mgr *m = s->m;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	s->gfd = fd;
+	s->state = GS_OPEN;
+	s->job = 0;
+	if (uv_poll_init(m->loop, &s->poll, fd) < 0) {
+		send_fail(m, s->id, SPACED_ESYS, "cannot watch the execution's connection");
+		stream_kill(s);
+		return;
+	}
+	s->poll.data = s;
+	s->poll_on = true;
+	s->events = 0;
+	send_accept(m, s->id, s->ident, s->epoch);
+	/* what arrived while connecting goes now */
+	if (stream_flush(s) < 0) {
+		send_fail(m, s->id, SPACED_ECLOSED, "execution connection lost");
+		stream_kill(s);
+		return;
+	}
+	send_credit(s);
+	stream_update_poll(s);
+}
+
+static void on_connected(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
+{
+	(void)result;
+	struct gstream *s = stream_find(m, (uint32_t)ctx);
+	if (!s || s->state != GS_CONNECTING) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	s->job = 0;
+	if (status < 0 || fd < 0) {
+		if (fd >= 0)
+			close(fd);
+		if (status == SPACED_EPEER || status == SPACED_EIDENTITY)
+			gate_log("level=warn event=bridge-refused sandbox=%s reason=\"%s\"", s->cap.id.sandbox, msg);
+		send_fail(m, s->id, SPACED_ECLOSED, "execution unreachable");
+		stream_kill(s);
+		return;
+	}
+	stream_open(s, fd);
+}
+
+static void on_usage(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
+{
+	uint32_t id = (uint32_t)(ctx & 0xffffffffu);
+	(void)msg;
+	if (fd >= 0)
+		close(fd);
+	/* the record may have changed meanwhile: answer for what is installed now, or not at all */
+	char sandbox[SPACED_NAME_MAX];
+	const char *sb = json_string_value(json_object_get(result, "sandbox"));
+	snprintf(sandbox, sizeof sandbox, "%s", sb ? sb : "");
+	json_object_del(result, "sandbox");
+	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
+	if (status < 0 || !rec || !json_is_object(result)) {
+		send_fail(m, id, status < 0 ? status : SPACED_ECLOSED,
+		          status == SPACED_EPERM ? "usage is not measured for development executions"
+		                                 : "the execution's launcher did not answer");
+		return;
+	}
+	json_object_set_new(result, "limits", spaced_resources_to_json(&rec->res));
+	char *text = json_dumps(result, JSON_COMPACT);
+	char ident[SPACED_IDENTITY_TEXT_MAX];
+	spaced_identity_encode(&rec->r.id, ident, sizeof ident);
+	struct spaced_buf r, o;
+	spaced_buf_init(&r, 8192);
+	spaced_buf_init(&o, NODE_MSG_MAX);
+	if (text && spaced_field_put_i64(&r, 0) == 0 && spaced_field_put_str(&r, "") == 0 &&
+	    spaced_field_put_str(&r, ident) == 0 && spaced_field_put_str(&r, text) == 0 &&
+	    spaced_field_put_u64(&o, SPACED_GUEST_OUT_RESULT) == 0 && spaced_field_put_bytes(&o, r.data, r.len) == 0) {
+		send_accept(m, id, ident, rec->r.epoch);
+		api_send(m, NODE_MSG_OUT, SPACED_FRAME_F_END, id, &o);
+	} else {
+		send_fail(m, id, SPACED_ENOMEM, "out of memory");
+	}
+	free(text);
+	spaced_buf_free(&r);
+	spaced_buf_free(&o);
+}
+
+/* ---- messages from node-api ---- */
+
+/* One REQ: verify, compare, then forward. */
+static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader r;
+	const char *tok;
+	size_t toklen, plen;
+	char sandbox[SPACED_NAME_MAX];
+	uint64_t gtype, port;
+	const uint8_t *payload;
+	char protocol[SPACED_PROTOCOL_MAX];
+	struct spaced_cap cap;
+	struct spaced_decision d;
+	enum spaced_cap_class cls;
+
+	spaced_field_reader_init(&r, p, n);
+	spaced_field_get_str(&r, &tok, &toklen);
+	spaced_field_get_strbuf(&r, sandbox, sizeof sandbox);
+	spaced_field_get_u64(&r, &gtype);
+	spaced_field_get_bytes(&r, &payload, &plen);
+	spaced_field_get_u64(&r, &port);
+	spaced_field_get_strbuf(&r, protocol, sizeof protocol);
+	if (spaced_field_end(&r) < 0 || gtype > 0xffff || port > 65535 || toklen > NODE_TOKEN_MAX)
+		return SPACED_EPROTO;
+	m->n_req++;
+	uint32_t purpose = purpose_of((uint16_t)gtype, &cls);
+	if (purpose == 0)
+		return SPACED_EPROTO;
+
+	/* R1: verify, then compare with the installed record — nothing is forwarded before. */
+	uint64_t t0 = spaced_mono_ns();
+	struct spaced_request req = {.purpose = purpose, .port = (uint16_t)port,
+	                             .protocol = cls == SPACED_CLASS_SERVICEPORT ? protocol : NULL};
+	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
+	int e = spaced_cap_verify(m->kr, m->vc, tok, toklen, cls, spaced_now(), &cap);
+	if (e < 0)
+		d = spaced_decision_from_error(e);
+	else
+		d = spaced_compare(&cap, &req, rec ? &rec->r : NULL, SPACED_COMPARE_STRICT);
+	m->vc_ns += spaced_mono_ns() - t0;
+
+	if (d.verdict != SPACED_ALLOW) {
+		m->n_refuse++;
+		send_refuse(m, NODE_MSG_REFUSE, h->id, d, sandbox);
+		return 0;
+	}
+	m->n_allow++;
+	if (gtype == NODE_USAGE) {
+		json_t *args = json_pack("{s:o}", "rec", mgr_rec_to_json(rec));
+		if (!gate_job(m, "usage", args, on_usage, h->id))
+			send_fail(m, h->id, SPACED_ENOMEM, "out of memory");
+		return 0;
+	}
+	if (m->nstreams >= GATE_MAX_STREAMS) {
+		send_fail(m, h->id, SPACED_EBUSY, "too many open requests");
+		return 0;
+	}
+	bool raw = gtype == NODE_PORT_OPEN;
+	if (raw && m->cfg->launch_bin && m->cfg->host_bin) {
+		/* an execution in its own network namespace: its ports are reached
+		 * through spaced-netgtw, never through this host's loopback */
+		send_fail(m, h->id, SPACED_EPERM, "ServicePort is served by the sandbox's gateway");
+		return 0;
+	}
+	struct gstream *s = calloc(1, sizeof *s);
+	if (!s) {
+		send_fail(m, h->id, SPACED_ENOMEM, "out of memory");
+		return 0;
+	}
+	s->m = m;
+	s->id = h->id;
+	s->gfd = -1;
+	s->raw = raw;
+	s->gtype = (uint16_t)gtype;
+	s->epoch = rec->r.epoch;
+	s->cap = cap;
+	s->state = GS_CONNECTING;
+	snprintf(s->protocol, sizeof s->protocol, "%s", protocol);
+	s->req = req;
+	s->req.protocol = raw ? s->protocol : NULL;
+	spaced_identity_encode(&rec->r.id, s->ident, sizeof s->ident);
+	spaced_buf_init(&s->rbuf, SPACED_FRAME_MAX + SPACED_FRAME_HDR_LEN);
+	spaced_buf_init(&s->wq, STREAM_WQ_MAX);
+	if (!raw) {
+		uint8_t fh[SPACED_FRAME_HDR_LEN];
+		struct spaced_frame_hdr hh = {.len = (uint32_t)plen, .type = (uint16_t)gtype, .flags = 0, .id = 1};
+		spaced_frame_hdr_encode(fh, &hh);
+		s->wq_in = sizeof fh + plen;
+		if (spaced_buf_append(&s->wq, fh, sizeof fh) < 0 || (plen && spaced_buf_append(&s->wq, payload, plen) < 0)) {
+			spaced_buf_free(&s->rbuf);
+			spaced_buf_free(&s->wq);
+			free(s);
+			send_fail(m, h->id, SPACED_ENOMEM, "out of memory");
+			return 0;
+		}
+	}
+	s->next = m->streams;
+	m->streams = s;
+	m->nstreams++;
+	int fd = raw ? -1 : pool_take(m, sandbox, rec->r.epoch);
+	if (fd >= 0) {
+		stream_open(s, fd);
+		return 0;
+	}
+	if (gate_ctl_recovering(m, sandbox)) {
+		/* after a restart of the gate, its bridge does not know this
+		 * executor yet: the connection is asked for once it does */
+		s->awaiting_recovery = true;
+		return 0;
+	}
+	stream_connect(m, s, rec);
+	return 0;
+}
+
+/* Asks the executor for a connection to the execution of rec for s. */
+static void stream_connect(struct mgr *m, struct gstream *s, const struct mgr_rec *rec)
+{
+	/* a new connection: the executor makes it (the bridge checks it, B1–B3) */
+	json_t *args;
+	if (s->raw) {
+		args = json_pack("{s:i}", "port", (int)s->req.port);
+	} else {
+		char target[256];
+		if (mgr_exec_target(m->cfg, rec, target, sizeof target) < 0) {
+			send_fail(m, s->id, SPACED_ECLOSED, "execution unreachable");
+			stream_kill(s);
+			return;
+		}
+		args = json_pack("{s:s}", "target", target);
+	}
+	s->job = gate_job(m, "connect", args, on_connected, s->id);
+	if (!s->job) {
+		send_fail(m, s->id, SPACED_ENOMEM, "out of memory");
+		stream_kill(s);
+	}
+}
+
+void gate_streams_recovered(struct mgr *m, const char *sandbox)
+{
+	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
+	for (struct gstream *s = m->streams; s; s = s->next) {
+		if (s->dead || !s->awaiting_recovery || strcmp(s->cap.id.sandbox, sandbox) != 0)
+			continue;
+		s->awaiting_recovery = false;
+		if (!rec || !rec->r.active || rec->r.epoch != s->epoch) {
+			send_fail(m, s->id, SPACED_ECLOSED, "execution unreachable");
+			stream_kill(s);
+			continue;
+		}
+		stream_connect(m, s, rec);
+	}
+	streams_reap(m);
+}
+
+static int on_in(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader r;
+	uint64_t in;
+	const uint8_t *data;
+	size_t dlen;
+	spaced_field_reader_init(&r, p, n);
+	spaced_field_get_u64(&r, &in);
+	spaced_field_get_bytes(&r, &data, &dlen);
+	if (spaced_field_end(&r) < 0 || in > 0xffff || dlen > SPACED_FRAME_CHUNK)
+		return SPACED_EPROTO;
+	struct gstream *s = stream_find(m, h->id);
+	if (!s)
+		return 0; /* already ended or cancelled: input stops here */
+	if (!input_allowed(s, (uint16_t)in))
+		return SPACED_EPROTO;
+	if (in == SPACED_GUEST_IN_CANCEL)
+		s->cancelled = true;
+	int e;
+	size_t before = s->wq.len;
+	if (s->raw) {
+		e = dlen ? spaced_buf_append(&s->wq, data, dlen) : 0;
+		if (e == 0 && (h->flags & SPACED_FRAME_F_END))
+			s->shut_pending = true;
+	} else {
+		uint8_t hdr[SPACED_FRAME_HDR_LEN];
+		struct spaced_frame_hdr fh = {.len = (uint32_t)dlen, .type = (uint16_t)in,
+		                              .flags = h->flags & SPACED_FRAME_F_END, .id = 1};
+		spaced_frame_hdr_encode(hdr, &fh);
+		e = spaced_buf_append(&s->wq, hdr, sizeof hdr);
+		if (e == 0 && dlen)
+			e = spaced_buf_append(&s->wq, data, dlen);
+	}
+	if (e < 0) {
+		/* node-api keeps to its window: a queue this full is a protocol breach */
+		gate_log("level=error event=input-over-window stream=%u", s->id);
+		return SPACED_EPROTO;
+	}
+	s->wq_in += s->wq.len - before;
+	note_input(s, dlen);
+	if (s->state == GS_OPEN && stream_flush(s) < 0) {
+		send_fail(m, s->id, SPACED_ECLOSED, "execution connection lost");
+		stream_kill(s);
+		return 0;
+	}
+	if (s->state == GS_OPEN)
+		send_credit(s);
+	stream_update_poll(s);
+	return 0;
+}
+
+static int on_close(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	(void)p;
+	(void)n;
+	struct gstream *s = stream_find(m, h->id);
+	if (s)
+		stream_kill(s);
+	return 0;
+}
+
+static int on_credit(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader r;
+	uint64_t bytes;
+	spaced_field_reader_init(&r, p, n);
+	spaced_field_get_u64(&r, &bytes);
+	if (spaced_field_end(&r) < 0)
+		return SPACED_EPROTO;
+	struct gstream *s = stream_find(m, h->id);
+	if (!s)
+		return 0;
+	s->out_unacked = bytes > s->out_unacked ? 0 : s->out_unacked - bytes;
+	stream_update_poll(s);
+	return 0;
+}
+
+/* What the gate takes from node-api (see the table at the top). */
+static const struct {
+	uint16_t type;
+	uint32_t max_len;
+	uint16_t flags_allowed;
+	bool id_must_be_free;
+	int (*fn)(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n);
+} api_table[] = {
+	{NODE_MSG_REQ, NODE_MSG_MAX, 0, true, on_req},
+	{NODE_MSG_IN, NODE_MSG_MAX, SPACED_FRAME_F_END, false, on_in},
+	{NODE_MSG_CLOSE, 0, 0, false, on_close},
+	{NODE_MSG_CREDIT, 16, 0, false, on_credit},
+};
+
+static int api_dispatch(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < sizeof api_table / sizeof api_table[0]; i++) {
+		if (api_table[i].type != h->type)
+			continue;
+		if (n > api_table[i].max_len || (h->flags & ~api_table[i].flags_allowed) || h->id == 0)
+			return SPACED_EPROTO;
+		if (api_table[i].id_must_be_free && stream_find(m, h->id))
+			return SPACED_EPROTO;
+		return api_table[i].fn(m, h, p, n);
+	}
+	return SPACED_EPROTO;
+}
+
+static void api_readable(struct mgr *m)
+{
+	uint8_t tmp[65536];
+	ssize_t r = recv(m->api_fd, tmp, sizeof tmp, MSG_DONTWAIT);
+	if (r < 0 && (errno == EINTR || errno == EAGAIN))
+		return;
+	if (r <= 0 || spaced_buf_append(&m->api_rbuf, tmp, (size_t)r) < 0) {
+		gate_quit(m, "node-api closed its end");
+		return;
+	}
+	size_t off = 0;
+	while (!m->quit) {
+		struct spaced_frame_hdr h;
+		const uint8_t *pl;
+		size_t used;
+		int e = spaced_frame_parse(m->api_rbuf.data + off, m->api_rbuf.len - off, NODE_MSG_MAX, &h, &pl, &used);
+		if (e == 0 && used == 0)
+			break;
+		if (e == 0)
+			e = api_dispatch(m, &h, pl, h.len);
+		if (e < 0) {
+			gate_log("level=error event=protocol-error from=node-api reason=\"%s\"", spaced_strerror(e));
+			gate_quit(m, "protocol error from node-api");
+			return;
+		}
+		off += used;
+	}
+	if (off > 0) {
+		memmove(m->api_rbuf.data, m->api_rbuf.data + off, m->api_rbuf.len - off);
+		m->api_rbuf.len -= off;
+	}
+}
+
+static void on_api(uv_poll_t *h, int status, int events)
+{
+	struct mgr *m = h->data;
+	bool was_behind = api_backlog(m);
+	if (status < 0) {
+		gate_quit(m, "node-api's link failed");
+		return;
+	}
+	if (events & UV_WRITABLE)
+		api_flush(m);
+	if (events & (UV_READABLE | UV_DISCONNECT))
+		api_readable(m);
+	if (m->quit)
+		return;
+	api_update_poll(m);
+	/* node-api caught up: the executions it held back are read again */
+	if (was_behind && !api_backlog(m))
+		for (struct gstream *s = m->streams; s; s = s->next)
+			stream_update_poll(s);
+	streams_reap(m);
+}
+
+static void api_update_poll(struct mgr *m)
+{
+	if (!m->api_poll_on || m->quit)
+		return;
+	int ev = UV_READABLE | (m->api_out_off < m->api_out.len ? UV_WRITABLE : 0);
+	if (ev != m->api_events) {
+		m->api_events = ev;
+		uv_poll_start(&m->api_poll, ev, on_api);
+	}
+}
+
+/* ---- installs, ticks, status ---- */
+
+void gate_streams_on_install(struct mgr *m, const struct mgr_rec *rec, bool handoff)
+{
+	if (handoff)
+		return; /* S3: streams and unexpired capabilities stay */
+	pool_flush(m, rec->r.id.sandbox, rec->r.epoch);
+	for (struct gstream *s = m->streams; s; s = s->next) {
+		if (s->dead || strcmp(s->cap.id.sandbox, rec->r.id.sandbox) != 0 || s->epoch >= rec->r.epoch)
+			continue;
+		if (s->raw && rec->r.active) {
+			struct spaced_decision keep = spaced_compare(&s->cap, &s->req, &rec->r, SPACED_COMPARE_ESTABLISHED_STREAM);
+			if (keep.verdict == SPACED_ALLOW) {
+				s->epoch = rec->r.epoch; /* S4: activation-only change */
+				spaced_identity_encode(&rec->r.id, s->ident, sizeof s->ident);
+				continue;
+			}
+		}
+		struct spaced_decision d = spaced_compare(&s->cap, &s->req, &rec->r, SPACED_COMPARE_STRICT);
+		if (d.verdict == SPACED_ALLOW) {
+			d.verdict = SPACED_REFRESH_ROUTE;
+			d.reason = SPACED_REASON_OTHER_ACTIVATION;
+		}
+		/* S1: the lease ends — the execution's connection goes first, then node-api is told. */
+		uint32_t id = s->id;
+		stream_kill(s);
+		m->n_cancel++;
+		send_refuse(m, NODE_MSG_CANCEL, id, d, rec->r.id.sandbox);
+	}
+	streams_reap(m);
+}
+
+void gate_streams_tick(struct mgr *m)
+{
+	uint64_t now = spaced_mono_ns(), limit = (uint64_t)m->cfg->stall_timeout_ms * 1000000u;
+	for (struct gstream *s = m->streams; s; s = s->next) {
+		if (s->dead || s->state != GS_OPEN)
+			continue;
+		bool client_full = s->out_unacked >= GATE_WINDOW;
+		bool exec_full = s->wq.len - s->wq_off >= GATE_WINDOW;
+		if (!client_full && !exec_full) {
+			s->stalled_since = 0;
+			continue;
+		}
+		if (s->stalled_since == 0) {
+			s->stalled_since = now;
+			continue;
+		}
+		if (limit == 0 || now - s->stalled_since < limit)
+			continue;
+		gate_log("level=warn event=stream-cut sandbox=%s reason=\"%s\"", s->cap.id.sandbox,
+		         client_full ? "the client does not read" : "the execution does not read");
+		m->n_cut++;
+		send_fail(m, s->id, SPACED_ETIMEDOUT,
+		          client_full ? "the client did not read its answer in time" : "the execution did not read its input in time");
+		stream_kill(s);
+	}
+	streams_reap(m);
+}
+
+json_t *gate_streams_status(struct mgr *m)
+{
+	size_t open = 0, connecting = 0;
+	for (struct gstream *s = m->streams; s; s = s->next) {
+		if (s->dead)
+			continue;
+		open += s->state == GS_OPEN;
+		connecting += s->state == GS_CONNECTING;
+	}
+	return json_pack("{s:I,s:I,s:I,s:I}", "streams", (json_int_t)open, "connecting", (json_int_t)connecting,
+	                 "idle_connections", (json_int_t)m->nidle, "api_backlog",
+	                 (json_int_t)(m->api_out.len - m->api_out_off));
+}
+
+int gate_streams_start(struct mgr *m, int api_fd)
+{
+	m->api_fd = api_fd;
+	spaced_buf_init(&m->api_rbuf, 2 * NODE_MSG_MAX + 2 * SPACED_FRAME_HDR_LEN + 65536);
+	spaced_buf_init(&m->api_out, GATE_API_OUT_MAX);
+	int sz = 4 << 20;
+	setsockopt(api_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+	fcntl(api_fd, F_SETFL, fcntl(api_fd, F_GETFL) | O_NONBLOCK);
+	if (uv_poll_init(m->loop, &m->api_poll, api_fd) < 0)
+		return SPACED_ESYS;
+	m->api_poll.data = m;
+	m->api_poll_on = true;
+	m->api_events = 0;
+	api_update_poll(m);
+	return 0;
+}
+
+void gate_streams_stop(struct mgr *m)
+{
+	for (struct gstream *s = m->streams; s; s = s->next)
+		stream_kill(s);
+	pool_flush(m, NULL, 0);
+	if (m->api_poll_on) {
+		uv_poll_stop(&m->api_poll);
+		uv_close((uv_handle_t *)&m->api_poll, NULL);
+		m->api_poll_on = false;
+	}
+	if (m->api_fd >= 0)
+		close(m->api_fd);
+	m->api_fd = -1;
+}
+
+/* Frees what is left once the loop has run the close callbacks. */
+void gate_streams_free(struct mgr *m);
+void gate_streams_free(struct mgr *m)
+{
+	streams_reap(m);
+	spaced_buf_free(&m->api_rbuf);
+	spaced_buf_free(&m->api_out);
+}

@@ -1,0 +1,49 @@
+/* mgr_rec.c — a runtime record as JSON, for the jobs the gate hands to the executor. */
+#include "mgr.h"
+
+#include <string.h>
+
+#include "error.h"
+
+json_t *mgr_rec_to_json(const struct mgr_rec *r)
+{
+	return json_pack("{s:o,s:I,s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:o}", "identity", spaced_identity_to_json(&r->r.id),
+	                 "epoch", (json_int_t)r->r.epoch, "active", r->r.active, "state", r->state, "pid",
+	                 (json_int_t)r->pid, "pid_start", (json_int_t)r->pid_start, "host_pid", (json_int_t)r->host_pid,
+	                 "host_start", (json_int_t)r->host_start, "uid_base", (json_int_t)r->uid_base, "resources",
+	                 spaced_resources_to_json(&r->res));
+}
+
+static int get_u64(json_t *o, const char *k, uint64_t *out)
+{
+	json_t *v = json_object_get(o, k);
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return SPACED_EINVAL;
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+int mgr_rec_from_json(json_t *o, struct mgr_rec *out)
+{
+	struct mgr_rec r;
+	uint64_t epoch, pid, pid_start, host_pid, host_start, uid;
+	json_t *st = json_object_get(o, "state"), *act = json_object_get(o, "active");
+	memset(&r, 0, sizeof r);
+	if (!json_is_object(o) || spaced_identity_from_json(&r.r.id, json_object_get(o, "identity")) < 0 ||
+	    get_u64(o, "epoch", &epoch) < 0 || get_u64(o, "pid", &pid) < 0 || get_u64(o, "pid_start", &pid_start) < 0 ||
+	    get_u64(o, "host_pid", &host_pid) < 0 || get_u64(o, "host_start", &host_start) < 0 ||
+	    get_u64(o, "uid_base", &uid) < 0 || uid > UINT32_MAX || !json_is_boolean(act) || !json_is_string(st) ||
+	    json_string_length(st) >= sizeof r.state ||
+	    spaced_resources_from_json(json_object_get(o, "resources"), &r.res, NULL, 0) < 0)
+		return SPACED_EINVAL;
+	r.r.epoch = epoch;
+	r.r.active = json_is_true(act);
+	memcpy(r.state, json_string_value(st), json_string_length(st) + 1);
+	r.pid = (int64_t)pid;
+	r.pid_start = pid_start;
+	r.host_pid = (int64_t)host_pid;
+	r.host_start = host_start;
+	r.uid_base = (uint32_t)uid;
+	*out = r;
+	return 0;
+}
