@@ -433,7 +433,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		}
 		op->step = 1;
 	}
-		/* fall through */
+		__attribute__((fallthrough));
 	case 1: {
 		if (op->snapshot[0]) {
 			if (op->job_status == SPACED_EIDENTITY) {
@@ -474,7 +474,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			return;
 		op->step = 3;
 	}
-		/* fall through */
+		__attribute__((fallthrough));
 	case 2:
 	case 3: {
 		if (op->staged[0])

@@ -84,6 +84,7 @@ enum node_answer {
 	NODE_ANS_WS_TERM,  /* WebSocket terminal */
 	NODE_ANS_WS_WATCH, /* WebSocket watch */
 	NODE_ANS_WS_PORT,  /* WebSocket ServicePort tunnel */
+	NODE_ANS_WS_EXEC,  /* WebSocket exec: output as it comes, stdin in, signals */
 };
 
 /* One parsed HTTP request, ready for the manager. */

@@ -1,101 +1,96 @@
 /*
- * node_api.c — node-api: the network-facing half of spaced-node.
+ * node_api.c — node-api: the network-facing process of spaced-node.
  *
- * libwebsockets on its own poll loop serves HTTP/1.1 and WebSocket; the
- * socketpair to sbx-manager is adopted into the same loop as a raw
- * descriptor. node-api never decides who may do what: each request becomes a
- * REQ frame (the capability travels with it) and node-api only relays what
- * the manager answers — ACCEPT, REFUSE (401/403/409), OUT, CANCEL, FAIL.
- * Writes to the manager are queued and written when the socket is writable,
- * so node-api never blocks; uploads pause (rx flow control) while that queue
- * is long. Wire forms: docs/node-api.md.
+ * One libuv loop: the HTTP/1.1 and WebSocket server (libspaced/httpsrv.h:
+ * strict parsing, per-client connection budgets, header and body deadlines)
+ * and the link to the gate. node-api never decides who may do what: each
+ * request becomes a REQ frame (the capability travels with it) and node-api
+ * only relays what the gate answers — ACCEPT, REFUSE (401/403/409), OUT,
+ * CANCEL, FAIL. Flow control (node.h): node-api credits a stream's output to
+ * the gate as its client takes it, and stops reading a client whose input the
+ * gate has not credited back, so no client makes it hold more than a window
+ * per stream. Wire forms: docs/node-api.md.
  */
 #include "node.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <jansson.h>
-#include <libwebsockets.h>
+#include <uv.h>
 
 #include "error.h"
+#include "httpsrv.h"
+#include "ws.h"
 
 #define API_BUCKETS 1024
-#define CLIENT_OUT_MAX (64u << 20)
+#define CLIENT_OUT_MAX (64u << 20) /* a JSON answer (exec output) at most */
 #define WS_MSG_MAX (64 * 1024)
-#define WRITE_CHUNK (16 * 1024)
+#define LOW_WATER (64u * 1024u)
 
 struct wsmsg {
 	struct wsmsg *next;
 	bool text;
 	size_t len;
-	size_t credit; /* output bytes of the gate's this message carries (flow control) */
+	size_t credit; /* output bytes of the gate's this message carries */
 	uint8_t data[];
 };
 
-enum areq_state { AR_WAIT, AR_ACCEPTED, AR_DONE };
-
 struct areq {
-	struct areq *hnext;   /* id bucket chain */
+	struct areq *hnext; /* id bucket chain */
 	uint32_t id;
-	struct lws *wsi;      /* NULL once the client is gone */
+	struct spaced_httpconn *c; /* NULL once the client is gone */
 	struct node_req req;
-	bool sent_req;        /* REQ went to the manager */
-	bool ended;           /* the manager ended this id (END seen) */
-	bool rx_paused;
+	bool sent_req;   /* REQ went to the gate */
+	bool ended;      /* the gate ended this id (END seen) */
 	bool is_ws;
+	bool input_paused;
 	char ident[SPACED_IDENTITY_TEXT_MAX];
-	/* flow control (node.h): output taken by the client not yet credited
-	 * to the gate, input sent to the gate not yet credited back */
-	uint64_t credit_pending;
-	uint64_t in_unacked;
+	uint64_t credit_pending; /* output the client took, not yet credited */
+	uint64_t in_unacked;     /* input sent to the gate, not yet credited back */
 	/* HTTP answer */
-	int status;
-	bool headers_sent, final_ready, abort, chunked;
-	const char *ctype;
-	struct spaced_buf out; /* body bytes not yet written */
-	size_t out_off;
-	/* exec body */
-	struct spaced_buf body;
-	/* answer builders */
+	bool headers_sent, final_seen;
+	char *auth;              /* the Authorization of an exec whose body is being read */
+	struct spaced_buf body;  /* a buffered exec body */
 	struct spaced_buf so, se;
 	json_t *items;
-	/* WebSocket */
-	struct wsmsg *wq_head, *wq_tail;
-	size_t wq_bytes;
+	/* output waiting for the client's queue to run low (stream and WebSocket) */
+	struct wsmsg *q_head, *q_tail;
+	size_t q_bytes;
 	bool close_pending;
 	int close_code;
 	char close_reason[124];
-	struct spaced_buf wrx; /* a message being received */
-};
-
-struct pss {
-	struct areq *r;
 };
 
 static struct {
-	struct lws_context *ctx;
-	struct lws *mgr_wsi;
+	uv_loop_t loop;
+	struct spaced_httpsrv *srv;
 	int mgr_fd;
+	uv_poll_t mgr_poll;
+	int mgr_events;
 	struct spaced_buf mgr_out, mgr_in;
 	size_t mgr_out_off;
 	struct areq *bucket[API_BUCKETS];
 	uint32_t next_id;
-	volatile sig_atomic_t quit;
-	int exit_code;
+	uv_signal_t sigterm, sigint;
+	bool quit;
 } A;
 
-static void on_term(int sig)
+static void mgr_update_poll(void);
+static void pump(struct areq *r);
+
+static void quit(void)
 {
-	(void)sig;
-	A.quit = 1;
-	if (A.ctx)
-		lws_cancel_service(A.ctx);
+	if (A.quit)
+		return;
+	A.quit = true;
+	uv_stop(&A.loop);
 }
 
 /* ---- request table ---- */
@@ -108,7 +103,7 @@ static struct areq *areq_find(uint32_t id)
 	return NULL;
 }
 
-static struct areq *areq_new(struct lws *wsi)
+static struct areq *areq_new(struct spaced_httpconn *c)
 {
 	struct areq *r = calloc(1, sizeof *r);
 	if (!r)
@@ -116,17 +111,26 @@ static struct areq *areq_new(struct lws *wsi)
 	do {
 		r->id = ++A.next_id;
 	} while (r->id == 0 || areq_find(r->id));
-	r->wsi = wsi;
-	spaced_buf_init(&r->out, CLIENT_OUT_MAX);
+	r->c = c;
 	spaced_buf_init(&r->body, NODE_BODY_MAX);
 	spaced_buf_init(&r->so, CLIENT_OUT_MAX / 4);
 	spaced_buf_init(&r->se, CLIENT_OUT_MAX / 4);
-	spaced_buf_init(&r->wrx, WS_MSG_MAX);
 	spaced_buf_init(&r->req.payload, 0);
-	r->status = 200;
 	r->hnext = A.bucket[r->id % API_BUCKETS];
 	A.bucket[r->id % API_BUCKETS] = r;
+	spaced_httpconn_set_user(c, r);
 	return r;
+}
+
+static void q_drop(struct areq *r)
+{
+	while (r->q_head) {
+		struct wsmsg *m = r->q_head;
+		r->q_head = m->next;
+		free(m);
+	}
+	r->q_tail = NULL;
+	r->q_bytes = 0;
 }
 
 static void areq_free(struct areq *r)
@@ -137,34 +141,35 @@ static void areq_free(struct areq *r)
 	if (*pp)
 		*pp = r->hnext;
 	node_req_clear(&r->req);
-	spaced_buf_free(&r->out);
 	spaced_buf_free(&r->body);
 	spaced_buf_free(&r->so);
 	spaced_buf_free(&r->se);
-	spaced_buf_free(&r->wrx);
 	json_decref(r->items);
-	while (r->wq_head) {
-		struct wsmsg *m = r->wq_head;
-		r->wq_head = m->next;
-		free(m);
-	}
+	q_drop(r);
+	free(r->auth);
 	free(r);
 }
 
-/* ---- to the manager ---- */
+/* ---- to the gate ---- */
 
 static int mgr_send(uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
 {
 	int e = spaced_frame_append(&A.mgr_out, type, flags, id, b ? b->data : NULL, b ? b->len : 0);
 	if (e < 0)
 		return e;
-	if (A.mgr_wsi)
-		lws_callback_on_writable(A.mgr_wsi);
+	mgr_update_poll();
 	return 0;
 }
 
-/* Tells the gate how much of the stream's output the client has taken;
- * batched, and at once when nothing is left to write. */
+static void mgr_send_close(struct areq *r)
+{
+	if (r->sent_req && !r->ended)
+		mgr_send(NODE_MSG_CLOSE, 0, r->id, NULL);
+	r->ended = true;
+}
+
+/* Tells the gate how much of the stream's output the client has taken
+ * (batched; at once when nothing is left to write). */
 static void credit(struct areq *r, size_t n, bool flush)
 {
 	r->credit_pending += n;
@@ -178,25 +183,19 @@ static void credit(struct areq *r, size_t n, bool flush)
 	r->credit_pending = 0;
 }
 
-static void mgr_send_close(struct areq *r)
+static void input_flow(struct areq *r)
 {
-	if (r->sent_req && !r->ended)
-		mgr_send(NODE_MSG_CLOSE, 0, r->id, NULL);
-	r->ended = true;
-}
-
-static void pause_input(struct areq *r)
-{
-	if (!r->rx_paused && r->wsi && r->in_unacked >= NODE_WINDOW) {
-		r->rx_paused = true;
-		lws_rx_flow_control(r->wsi, 0);
+	bool pause = r->in_unacked >= NODE_WINDOW;
+	if (r->c && pause != r->input_paused) {
+		r->input_paused = pause;
+		spaced_httpconn_read(r->c, !pause);
 	}
 }
 
 static int mgr_send_in(struct areq *r, uint16_t in, const void *p, size_t n, bool end)
 {
 	r->in_unacked += n;
-	pause_input(r);
+	input_flow(r);
 	struct spaced_buf b;
 	spaced_buf_init(&b, NODE_MSG_MAX);
 	int e = spaced_field_put_u64(&b, in);
@@ -247,20 +246,43 @@ static int mgr_send_req(struct areq *r, const char *tok, size_t toklen)
 
 /* ---- HTTP answers ---- */
 
+static void http_send_headers(struct areq *r, int status, const char *ctype, int64_t length)
+{
+	char extra[SPACED_IDENTITY_TEXT_MAX + 64];
+	int n = snprintf(extra, sizeof extra, "cache-control: no-store\r\n");
+	/* every answer an execution served carries its identity; refusals never */
+	if (r->ident[0] && status != 401 && status != 403 && status != 409)
+		snprintf(extra + n, sizeof extra - (size_t)n, "x-spaced-identity: %s\r\n", r->ident);
+	spaced_httpconn_respond(r->c, status, ctype, length, extra);
+	r->headers_sent = true;
+}
+
+/* A whole JSON answer: the request is over for node-api. */
 static void http_json(struct areq *r, int status, json_t *doc)
 {
 	char *s = json_dumps(doc, JSON_COMPACT);
 	json_decref(doc);
-	r->status = status;
-	r->ctype = "application/json";
-	r->out.len = 0;
-	r->out_off = 0;
-	if (!s || spaced_buf_puts(&r->out, s) < 0 || spaced_buf_puts(&r->out, "\n") < 0)
-		r->abort = true;
+	if (!r->c) {
+		free(s);
+		return;
+	}
+	if (r->headers_sent) {
+		spaced_httpconn_abort(r->c); /* a streamed answer cut short */
+		free(s);
+		return;
+	}
+	size_t n = s ? strlen(s) : 0;
+	http_send_headers(r, status, "application/json", (int64_t)n + 1);
+	if (s)
+		spaced_httpconn_write(r->c, s, n);
+	spaced_httpconn_write(r->c, "\n", 1);
 	free(s);
-	r->final_ready = true;
-	if (r->wsi)
-		lws_callback_on_writable(r->wsi);
+	struct spaced_httpconn *c = r->c;
+	r->c = NULL;
+	spaced_httpconn_set_user(c, NULL);
+	mgr_send_close(r);
+	areq_free(r);
+	spaced_httpconn_end(c);
 }
 
 static void http_error(struct areq *r, int status, const char *code, const char *msg)
@@ -268,11 +290,9 @@ static void http_error(struct areq *r, int status, const char *code, const char 
 	http_json(r, status, json_pack("{s:s,s:s}", "error", msg, "code", code));
 }
 
-static void refuse_doc(struct areq *r, enum spaced_verdict v, enum spaced_reason why,
-                       const char *sandbox)
+static void refuse_doc(struct areq *r, enum spaced_verdict v, enum spaced_reason why, const char *sandbox)
 {
-	json_t *doc = json_pack("{s:s,s:s}", "outcome", spaced_verdict_name(v), "reason",
-	                        spaced_reason_name(why));
+	json_t *doc = json_pack("{s:s,s:s}", "outcome", spaced_verdict_name(v), "reason", spaced_reason_name(why));
 	if (v == SPACED_REFRESH_ROUTE)
 		json_object_set_new(doc, "sandbox", json_string(sandbox));
 	http_json(r, node_refusal_status(v, why), doc);
@@ -363,9 +383,8 @@ static int http_collect(struct areq *r, uint16_t type, const uint8_t *p, size_t 
 			    spaced_field_get_u64(&rd, &running) < 0 || spaced_field_get_i64(&rd, &code) < 0 ||
 			    spaced_field_get_i64(&rd, &sig) < 0 || spaced_field_get_str(&rd, &a0, &al) < 0)
 				return SPACED_EPROTO;
-			json_t *o = json_pack("{s:I,s:I,s:b,s:I,s:I}", "proc", (json_int_t)proc, "pid",
-			                      (json_int_t)pid, "running", running != 0, "exit_code",
-			                      (json_int_t)code, "signal", (json_int_t)sig);
+			json_t *o = json_pack("{s:I,s:I,s:b,s:I,s:I}", "proc", (json_int_t)proc, "pid", (json_int_t)pid,
+			                      "running", running != 0, "exit_code", (json_int_t)code, "signal", (json_int_t)sig);
 			json_object_set_new(o, "argv0", json_stringn(a0, al));
 			json_array_append_new(r->items, o);
 		}
@@ -397,7 +416,7 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 	int e = 0;
 	switch (r->req.guest_type) {
 	case NODE_USAGE: {
-		/* the manager's own answer: one JSON object */
+		/* the gate's own answer: one JSON object */
 		const char *text;
 		size_t tl;
 		json_error_t jerr;
@@ -454,53 +473,43 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 	http_json(r, 200, doc);
 }
 
-/* ---- WebSocket answers ---- */
+/* ---- output through the client's queue: streamed bodies and WebSocket ---- */
 
-static void ws_queue_credit(struct areq *r, bool text, const void *p, size_t n, size_t cr)
+static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr)
 {
-	if (r->close_pending) {
+	if (r->close_pending || !r->c) {
 		credit(r, cr, true); /* dropped: taken as far as the gate is concerned */
 		return;
 	}
 	struct wsmsg *m = malloc(sizeof *m + n);
 	if (!m) {
 		r->close_pending = true;
-		r->close_code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
+		r->close_code = 1011;
 		snprintf(r->close_reason, sizeof r->close_reason, "out of memory");
-	} else {
-		m->next = NULL;
-		m->text = text;
-		m->len = n;
-		m->credit = cr;
-		if (n)
-			memcpy(m->data, p, n);
-		if (r->wq_tail)
-			r->wq_tail->next = m;
-		else
-			r->wq_head = m;
-		r->wq_tail = m;
-		r->wq_bytes += n;
-		if (r->wq_bytes > CLIENT_OUT_MAX + NODE_WINDOW) {
-			r->close_pending = true;
-			r->close_code = LWS_CLOSE_STATUS_POLICY_VIOLATION;
-			snprintf(r->close_reason, sizeof r->close_reason, "client too slow");
-		}
+		pump(r);
+		return;
 	}
-	if (r->wsi)
-		lws_callback_on_writable(r->wsi);
+	m->next = NULL;
+	m->text = text;
+	m->len = n;
+	m->credit = cr;
+	if (n)
+		memcpy(m->data, p, n);
+	if (r->q_tail)
+		r->q_tail->next = m;
+	else
+		r->q_head = m;
+	r->q_tail = m;
+	r->q_bytes += n;
+	pump(r);
 }
 
-static void ws_queue(struct areq *r, bool text, const void *p, size_t n)
-{
-	ws_queue_credit(r, text, p, n, 0);
-}
-
-static void ws_queue_json(struct areq *r, json_t *doc)
+static void q_json(struct areq *r, json_t *doc)
 {
 	char *s = json_dumps(doc, JSON_COMPACT);
 	json_decref(doc);
 	if (s)
-		ws_queue(r, true, s, strlen(s));
+		q_push(r, true, s, strlen(s), 0);
 	free(s);
 }
 
@@ -511,22 +520,62 @@ static void ws_close(struct areq *r, int code, bool drop_output, const char *fmt
 	va_list ap;
 	if (r->close_pending)
 		return;
-	if (drop_output) {
-		while (r->wq_head) {
-			struct wsmsg *m = r->wq_head;
-			r->wq_head = m->next;
-			free(m);
-		}
-		r->wq_tail = NULL;
-		r->wq_bytes = 0;
-	}
+	if (drop_output)
+		q_drop(r); /* S1: output stops at once */
 	r->close_pending = true;
 	r->close_code = code;
 	va_start(ap, fmt);
 	vsnprintf(r->close_reason, sizeof r->close_reason, fmt, ap);
 	va_end(ap);
-	if (r->wsi)
-		lws_callback_on_writable(r->wsi);
+	pump(r);
+}
+
+/* Moves queued output to the client while its own queue is low; credits the
+ * gate for what it took. */
+static void pump(struct areq *r)
+{
+	struct spaced_httpconn *c = r->c;
+	if (!c)
+		return;
+	while (r->q_head && spaced_httpconn_queued(c) <= LOW_WATER) {
+		struct wsmsg *m = r->q_head;
+		r->q_head = m->next;
+		if (!r->q_head)
+			r->q_tail = NULL;
+		r->q_bytes -= m->len;
+		int e = r->is_ws ? spaced_httpconn_ws_send(c, m->text ? SPACED_WS_TEXT : SPACED_WS_BINARY, m->data, m->len)
+		                 : spaced_httpconn_write(c, m->data, m->len);
+		r->credit_pending += m->credit;
+		free(m);
+		if (e < 0)
+			break;
+	}
+	if (!r->q_head) {
+		if (spaced_httpconn_queued(c) <= LOW_WATER)
+			credit(r, 0, true);
+		if (r->is_ws && r->close_pending) {
+			r->c = NULL;
+			spaced_httpconn_set_user(c, NULL);
+			mgr_send_close(r);
+			int code = r->close_code;
+			char reason[124];
+			snprintf(reason, sizeof reason, "%s", r->close_reason);
+			areq_free(r);
+			spaced_httpconn_ws_close(c, (unsigned)code, reason);
+			return;
+		}
+		if (!r->is_ws && r->final_seen) {
+			/* a streamed body is complete */
+			r->c = NULL;
+			spaced_httpconn_set_user(c, NULL);
+			mgr_send_close(r);
+			areq_free(r);
+			spaced_httpconn_end(c);
+			return;
+		}
+	} else if (spaced_httpconn_queued(c) <= LOW_WATER) {
+		credit(r, 0, false);
+	}
 }
 
 static int ws_refusal_code(enum spaced_verdict v, enum spaced_reason why)
@@ -534,21 +583,21 @@ static int ws_refusal_code(enum spaced_verdict v, enum spaced_reason why)
 	return 4000 + node_refusal_status(v, why);
 }
 
-static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n, bool end)
+static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 {
 	struct spaced_field_reader rd;
 	switch (type) {
 	case SPACED_GUEST_OUT_STDOUT:
 	case SPACED_GUEST_OUT_STDERR:
 		if (r->req.answer == NODE_ANS_WS_PORT) {
-			ws_queue_credit(r, false, p, n, n);
+			q_push(r, false, p, n, n);
 		} else {
 			uint8_t *m = malloc(n + 1);
 			if (!m)
 				return;
 			m[0] = type == SPACED_GUEST_OUT_STDOUT ? 'o' : 'e';
 			memcpy(m + 1, p, n);
-			ws_queue_credit(r, false, m, n + 1, n);
+			q_push(r, false, m, n + 1, n);
 			free(m);
 		}
 		return;
@@ -559,15 +608,17 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n, bo
 		size_t al, bl;
 		spaced_field_reader_init(&rd, p, n);
 		if (spaced_field_get_u64(&rd, &kind) < 0 || spaced_field_get_str(&rd, &a, &al) < 0 ||
-		    spaced_field_get_str(&rd, &b, &bl) < 0 || kind == 0 || kind > 5)
+		    spaced_field_get_str(&rd, &b, &bl) < 0 || kind == 0 || kind > 5) {
+			credit(r, n, false);
 			return;
+		}
 		json_t *doc = json_pack("{s:s,s:s%}", "event", kinds[kind], "path", a, al);
 		if (kind == SPACED_GUEST_EV_MOVE)
 			json_object_set_new(doc, "path2", json_stringn(b, bl));
 		char *s = json_dumps(doc, JSON_COMPACT);
 		json_decref(doc);
 		if (s)
-			ws_queue_credit(r, true, s, strlen(s), n);
+			q_push(r, true, s, strlen(s), n);
 		else
 			credit(r, n, true);
 		free(s);
@@ -580,27 +631,26 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n, bo
 		spaced_field_reader_init(&rd, p, n);
 		if (spaced_field_get_i64(&rd, &status) < 0 || spaced_field_get_str(&rd, &msg, &ml) < 0 ||
 		    spaced_field_get_str(&rd, &ident, &il) < 0) {
-			ws_close(r, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, false, "backend protocol error");
+			ws_close(r, 1011, false, "backend protocol error");
 			return;
 		}
 		if (status < 0) {
-			ws_close(r, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, false, "error:%s", spaced_errname((int)status));
+			ws_close(r, 1011, false, "error:%s", spaced_errname((int)status));
 			return;
 		}
-		if (r->req.answer == NODE_ANS_WS_TERM && spaced_field_get_i64(&rd, &code) == 0 &&
-		    spaced_field_get_i64(&rd, &sig) == 0)
-			ws_queue_json(r, json_pack("{s:{s:I,s:I}}", "exit", "code", (json_int_t)code, "signal",
-			                           (json_int_t)sig));
-		ws_close(r, LWS_CLOSE_STATUS_NORMAL, false, "end");
+		if ((r->req.answer == NODE_ANS_WS_TERM || r->req.answer == NODE_ANS_WS_EXEC) &&
+		    spaced_field_get_i64(&rd, &code) == 0 && spaced_field_get_i64(&rd, &sig) == 0)
+			q_json(r, json_pack("{s:{s:I,s:I}}", "exit", "code", (json_int_t)code, "signal", (json_int_t)sig));
+		ws_close(r, 1000, false, "end");
 		return;
 	}
 	default:
-		(void)end;
+		credit(r, n, false);
 		return;
 	}
 }
 
-/* ---- frames from the manager ---- */
+/* ---- frames from the gate ---- */
 
 static int on_accept(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
 {
@@ -618,8 +668,7 @@ static int on_accept(void *ctx, const struct spaced_frame_hdr *h, const uint8_t 
 		return 0;
 	memcpy(r->ident, ident, sizeof ident);
 	if (r->is_ws)
-		ws_queue_json(r, json_pack("{s:s,s:s,s:I}", "outcome", "ALLOW", "identity", ident, "epoch",
-		                           (json_int_t)epoch));
+		q_json(r, json_pack("{s:s,s:s,s:I}", "outcome", "ALLOW", "identity", ident, "epoch", (json_int_t)epoch));
 	return 0;
 }
 
@@ -640,15 +689,13 @@ static int on_refuse(void *ctx, const struct spaced_frame_hdr *h, const uint8_t 
 	if (!r || r->ended)
 		return 0;
 	r->ended = true;
+	if (!r->c)
+		return 0;
 	if (r->is_ws) {
 		const char *label = v == SPACED_REFRESH_ROUTE ? "refresh-route" : "deny";
 		/* CANCEL: the lease ended — output stops at once; REFUSE: the open was refused */
-		ws_close(r, ws_refusal_code((enum spaced_verdict)v, (enum spaced_reason)why), true, "%s:%s",
-		         label, spaced_reason_name((enum spaced_reason)why));
-	} else if (r->headers_sent) {
-		r->abort = true; /* a streamed answer cut off: the client sees it incomplete */
-		if (r->wsi)
-			lws_callback_on_writable(r->wsi);
+		ws_close(r, ws_refusal_code((enum spaced_verdict)v, (enum spaced_reason)why), true, "%s:%s", label,
+		         spaced_reason_name((enum spaced_reason)why));
 	} else {
 		refuse_doc(r, (enum spaced_verdict)v, (enum spaced_reason)why, sandbox);
 	}
@@ -675,19 +722,17 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 		return 0;
 	if (end)
 		r->ended = true;
-	if (!r->wsi)
+	if (!r->c)
 		return 0;
 	if (r->is_ws) {
-		ws_out(r, (uint16_t)type, data, dl, end);
+		ws_out(r, (uint16_t)type, data, dl);
 		return 0;
 	}
 	if (r->req.answer == NODE_ANS_STREAM) {
 		if (type == SPACED_GUEST_OUT_DATA) {
-			/* credited as it is written to the client (http_writable) */
-			if (spaced_buf_append(&r->out, data, dl) < 0)
-				r->abort = true;
-			r->ctype = "application/octet-stream";
-			lws_callback_on_writable(r->wsi);
+			if (!r->headers_sent)
+				http_send_headers(r, 200, "application/octet-stream", -1);
+			q_push(r, false, data, dl, dl);
 			return 0;
 		}
 		if (type == SPACED_GUEST_OUT_RESULT) {
@@ -696,27 +741,32 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 			spaced_field_reader_init(&x, data, dl);
 			spaced_field_get_i64(&x, &status);
 			if (status == 0) {
-				r->ctype = "application/octet-stream";
-				r->final_ready = true;
-				lws_callback_on_writable(r->wsi);
+				if (!r->headers_sent)
+					http_send_headers(r, 200, "application/octet-stream", -1);
+				r->final_seen = true;
+				pump(r);
 			} else if (!r->headers_sent) {
 				http_result(r, data, dl);
 			} else {
-				r->abort = true;
-				lws_callback_on_writable(r->wsi);
+				struct spaced_httpconn *c = r->c;
+				r->c = NULL;
+				spaced_httpconn_set_user(c, NULL);
+				areq_free(r);
+				spaced_httpconn_abort(c); /* cut short: no final chunk */
 			}
 			return 0;
 		}
+		credit(r, dl, false);
 		return 0;
 	}
 	/* a JSON answer is built whole (its own bounds apply): taken at once */
 	credit(r, dl, false);
-	if (type == SPACED_GUEST_OUT_RESULT)
+	if (type == SPACED_GUEST_OUT_RESULT) {
 		http_result(r, data, dl);
-	else if (http_collect(r, (uint16_t)type, data, dl) < 0) {
+	} else if (http_collect(r, (uint16_t)type, data, dl) < 0) {
 		r->ended = true;
 		mgr_send(NODE_MSG_CLOSE, 0, r->id, NULL);
-		http_error(r, 502, "SPACED_EPROTO", "malformed answer from the execution");
+		http_error(r, 502, "SPACED_EPROTO", "malformed or oversized answer from the execution");
 	}
 	return 0;
 }
@@ -736,15 +786,12 @@ static int on_fail(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p
 	if (!r || r->ended)
 		return 0;
 	r->ended = true;
-	if (r->is_ws) {
-		ws_close(r, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, false, "error:%s", spaced_errname((int)err));
-	} else if (r->headers_sent) {
-		r->abort = true;
-		if (r->wsi)
-			lws_callback_on_writable(r->wsi);
-	} else {
-		http_error(r, err == SPACED_EBUSY ? 503 : 502, spaced_errname((int)err), msg);
-	}
+	if (!r->c)
+		return 0;
+	if (r->is_ws)
+		ws_close(r, 1011, false, "error:%s", spaced_errname((int)err));
+	else
+		http_error(r, err == SPACED_EBUSY ? 503 : err == SPACED_ETIMEDOUT ? 504 : 502, spaced_errname((int)err), msg);
 	return 0;
 }
 
@@ -761,33 +808,28 @@ static int on_gcredit(void *ctx, const struct spaced_frame_hdr *h, const uint8_t
 	if (!r)
 		return 0;
 	r->in_unacked = bytes > r->in_unacked ? 0 : r->in_unacked - bytes;
-	if (r->rx_paused && r->in_unacked < NODE_WINDOW && r->wsi) {
-		r->rx_paused = false;
-		lws_rx_flow_control(r->wsi, 1);
-	}
+	input_flow(r);
 	return 0;
 }
 
+/* What node-api takes from the gate: each type with its handler; the
+ * handlers check the payload, the flags and the state of the id. */
 static const struct spaced_frame_handler mgr_table[] = {
-	{NODE_MSG_GCREDIT, on_gcredit},
-	{NODE_MSG_ACCEPT, on_accept},
-	{NODE_MSG_REFUSE, on_refuse},
-	{NODE_MSG_OUT, on_out},
-	{NODE_MSG_CANCEL, on_refuse},
-	{NODE_MSG_FAIL, on_fail},
+	{NODE_MSG_ACCEPT, on_accept}, {NODE_MSG_REFUSE, on_refuse}, {NODE_MSG_OUT, on_out},
+	{NODE_MSG_CANCEL, on_refuse}, {NODE_MSG_FAIL, on_fail},     {NODE_MSG_GCREDIT, on_gcredit},
 };
 
 static void mgr_readable(void)
 {
 	uint8_t tmp[65536];
-	for (;;) {
+	for (int round = 0; round < 16; round++) {
 		ssize_t n = read(A.mgr_fd, tmp, sizeof tmp);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && errno == EAGAIN)
 			break;
 		if (n <= 0 || spaced_buf_append(&A.mgr_in, tmp, (size_t)n) < 0) {
-			A.quit = 1;
+			quit();
 			return;
 		}
 		size_t off = 0;
@@ -795,16 +837,14 @@ static void mgr_readable(void)
 			struct spaced_frame_hdr h;
 			const uint8_t *pl;
 			size_t used;
-			int e = spaced_frame_parse(A.mgr_in.data + off, A.mgr_in.len - off, NODE_MSG_MAX, &h, &pl,
-			                           &used);
+			int e = spaced_frame_parse(A.mgr_in.data + off, A.mgr_in.len - off, NODE_MSG_MAX, &h, &pl, &used);
 			if (e == 0 && used == 0)
 				break;
 			if (e == 0)
-				e = spaced_frame_dispatch(mgr_table, sizeof mgr_table / sizeof mgr_table[0], NULL, &h,
-				                          pl, h.len);
+				e = spaced_frame_dispatch(mgr_table, sizeof mgr_table / sizeof mgr_table[0], NULL, &h, pl, h.len);
 			if (e < 0) {
-				lwsl_err("node-api: protocol error from sbx-manager\n");
-				A.quit = 1;
+				fprintf(stderr, "node-api: protocol error from the gate\n");
+				quit();
 				return;
 			}
 			off += used;
@@ -816,7 +856,7 @@ static void mgr_readable(void)
 	}
 }
 
-static int mgr_writable(void)
+static void mgr_writable(void)
 {
 	while (A.mgr_out_off < A.mgr_out.len) {
 		ssize_t n = write(A.mgr_fd, A.mgr_out.data + A.mgr_out_off, A.mgr_out.len - A.mgr_out_off);
@@ -825,8 +865,8 @@ static int mgr_writable(void)
 		if (n < 0 && errno == EAGAIN)
 			break;
 		if (n <= 0) {
-			A.quit = 1;
-			return -1;
+			quit();
+			return;
 		}
 		A.mgr_out_off += (size_t)n;
 	}
@@ -838,278 +878,283 @@ static int mgr_writable(void)
 		A.mgr_out.len -= A.mgr_out_off;
 		A.mgr_out_off = 0;
 	}
-	/* what is left is asked for again by the service loop: a request made
-	 * inside a raw descriptor's own writeable callback may be dropped */
-	return 0;
 }
 
-/* ---- request intake ---- */
+static void on_mgr(uv_poll_t *h, int status, int events)
+{
+	(void)h;
+	if (status < 0) {
+		quit();
+		return;
+	}
+	if (events & UV_WRITABLE)
+		mgr_writable();
+	if (events & (UV_READABLE | UV_DISCONNECT))
+		mgr_readable();
+	mgr_update_poll();
+}
 
-static int get_method(struct lws *wsi, enum node_method *m, enum lws_token_indexes *tok)
+static void mgr_update_poll(void)
+{
+	if (A.quit)
+		return;
+	if (A.mgr_out_off < A.mgr_out.len)
+		mgr_writable(); /* most frames go at once */
+	int ev = UV_READABLE | (A.mgr_out_off < A.mgr_out.len ? UV_WRITABLE : 0);
+	if (ev != A.mgr_events) {
+		A.mgr_events = ev;
+		uv_poll_start(&A.mgr_poll, ev, on_mgr);
+	}
+}
+
+/* ---- requests ---- */
+
+static int method_of(const char *m, enum node_method *out)
 {
 	static const struct {
-		enum lws_token_indexes t;
+		const char *name;
 		enum node_method m;
-	} map[] = {
-		{WSI_TOKEN_GET_URI, NODE_GET},
-		{WSI_TOKEN_POST_URI, NODE_POST},
-		{WSI_TOKEN_PUT_URI, NODE_PUT},
-		{WSI_TOKEN_DELETE_URI, NODE_DELETE},
-	};
-	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
-		if (lws_hdr_total_length(wsi, map[i].t) > 0) {
-			*m = map[i].m;
-			*tok = map[i].t;
+	} map[] = {{"GET", NODE_GET}, {"PUT", NODE_PUT}, {"POST", NODE_POST}, {"DELETE", NODE_DELETE}};
+	for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+		if (strcmp(m, map[i].name) == 0) {
+			*out = map[i].m;
 			return 0;
 		}
-	}
 	return SPACED_EINVAL;
 }
 
-/* Collects the query fragments (lws has decoded them) into q. */
-static int get_query(struct lws *wsi, char *store, size_t storesz, struct node_query *q)
-{
-	size_t used = 0;
-	memset(q, 0, sizeof *q);
-	for (int i = 0;; i++) {
-		if (used >= storesz)
-			return SPACED_ETOOBIG;
-		int n = lws_hdr_copy_fragment(wsi, store + used, (int)(storesz - used), WSI_TOKEN_HTTP_URI_ARGS, i);
-		if (n < 0) {
-			if (lws_hdr_fragment_length(wsi, WSI_TOKEN_HTTP_URI_ARGS, i) > 0)
-				return SPACED_ETOOBIG;
-			break;
-		}
-		if (q->n == NODE_QUERY_FRAGS)
-			return SPACED_ETOOBIG;
-		q->frag[q->n++] = store + used;
-		used += (size_t)n + 1;
-	}
-	return 0;
-}
-
-/* Parses the request on wsi into r->req and sends the REQ (unless the body
- * must be read first). Answers errors itself. */
-static void intake(struct areq *r, struct lws *wsi, const char *path, bool ws)
+/* Parses the request into r->req; answers errors itself (false then). */
+static bool intake(struct areq *r, const struct spaced_http_req *hreq, bool ws)
 {
 	enum node_method method;
-	enum lws_token_indexes mtok;
-	char *store = malloc(NODE_QUERY_MAX);
-	struct node_query q;
-	int e;
-
-	if (!store) {
-		http_error(r, 500, "SPACED_ENOMEM", "out of memory");
-		return;
+	char path[1024];
+	const char *q = strchr(hreq->target, '?');
+	size_t pl = q ? (size_t)(q - hreq->target) : strlen(hreq->target);
+	if (pl >= sizeof path) {
+		if (ws)
+			ws_close(r, 4414, false, "path too long");
+		else
+			http_error(r, 414, "SPACED_ETOOBIG", "path too long");
+		return false;
 	}
-	if (get_method(wsi, &method, &mtok) < 0) {
+	memcpy(path, hreq->target, pl);
+	path[pl] = '\0';
+	if (method_of(hreq->method, &method) < 0) {
 		if (ws)
 			ws_close(r, 4405, false, "bad method");
 		else
 			http_error(r, 405, "SPACED_EINVAL", "method not allowed");
-		goto out;
+		return false;
 	}
-	if (get_query(wsi, store, NODE_QUERY_MAX, &q) < 0) {
+	char *store = malloc(NODE_QUERY_MAX);
+	struct node_query query;
+	int e = store ? 0 : SPACED_ENOMEM;
+	if (e == 0 && q && node_query_split(q + 1, strlen(q + 1), store, NODE_QUERY_MAX, &query) < 0)
+		e = SPACED_ETOOBIG;
+	if (e == 0 && !q)
+		memset(&query, 0, sizeof query);
+	if (e < 0) {
+		free(store);
 		if (ws)
 			ws_close(r, 4400, false, "bad query");
 		else
-			http_error(r, 414, "SPACED_ETOOBIG", "query too long");
-		goto out;
+			http_error(r, e == SPACED_ENOMEM ? 500 : 400, spaced_errname(e), "bad query");
+		return false;
 	}
-	e = node_req_parse(&r->req, method, path, &q, ws);
+	e = node_req_parse(&r->req, method, path, &query, ws);
+	free(store);
 	if (e < 0) {
 		int st = e == SPACED_ENOENT ? 404 : e == SPACED_EINVAL ? 405 : e == SPACED_ENOMEM ? 500 : 400;
 		if (ws)
 			ws_close(r, 4000 + st, false, "%s", spaced_errname(e));
 		else
 			http_error(r, st, spaced_errname(e), st == 404 ? "no such endpoint" : "bad request");
-		goto out;
+		return false;
 	}
-out:
-	free(store);
+	return true;
 }
 
-static int send_req_with_auth(struct areq *r, struct lws *wsi)
+static bool send_req_with_auth(struct areq *r, const struct spaced_http_req *hreq)
 {
-	char auth[NODE_TOKEN_MAX + 64];
+	const char *auth = spaced_http_field(hreq, "authorization");
 	const char *tok;
 	size_t toklen;
-	int n = lws_hdr_copy(wsi, auth, sizeof auth, WSI_TOKEN_HTTP_AUTHORIZATION);
-	if (n <= 0 || node_bearer(auth, (size_t)n, &tok, &toklen) < 0) {
+	if (!auth || node_bearer(auth, strlen(auth), &tok, &toklen) < 0) {
 		/* no capability at all: the same answer as a malformed one (C5) */
 		r->ended = true;
 		if (r->is_ws)
 			ws_close(r, 4401, false, "deny:malformed");
 		else
 			refuse_doc(r, SPACED_DENY, SPACED_REASON_MALFORMED, r->req.sandbox);
-		return -1;
+		return false;
 	}
 	if (mgr_send_req(r, tok, toklen) < 0) {
 		r->ended = true;
-		http_error(r, 503, "SPACED_EBUSY", "worker busy");
-		return -1;
+		if (r->is_ws)
+			ws_close(r, 1011, false, "error:SPACED_EBUSY");
+		else
+			http_error(r, 503, "SPACED_EBUSY", "worker busy");
+		return false;
 	}
-	return 0;
+	return true;
 }
 
-/* Sends a buffered exec body once complete. */
+static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *hreq)
+{
+	struct areq *r = areq_new(c);
+	if (!r) {
+		spaced_httpconn_reply(c, 503, "application/json", "{\"error\":\"busy\"}\n", 17, NULL);
+		return;
+	}
+	if (hreq->websocket) {
+		r->is_ws = true;
+		/* the stream's outcome (ALLOW, or a 44xx close) follows the upgrade */
+		if (spaced_httpconn_ws_accept(c, NULL) < 0) {
+			spaced_httpconn_set_user(c, NULL);
+			areq_free(r);
+			spaced_httpconn_abort(c);
+			return;
+		}
+		if (intake(r, hreq, true))
+			send_req_with_auth(r, hreq);
+		return;
+	}
+	if (!intake(r, hreq, false))
+		return;
+	if (r->req.body == NODE_BODY_NONE && hreq->body != SPACED_HTTP_BODY_NONE) {
+		http_error(r, 400, "SPACED_EINVAL", "this endpoint takes no body");
+		return;
+	}
+	if (r->req.body == NODE_BODY_EXEC) {
+		/* the REQ goes once the JSON body is whole */
+		const char *a = spaced_http_field(hreq, "authorization");
+		if (hreq->body == SPACED_HTTP_BODY_NONE) {
+			http_error(r, 400, "SPACED_EFORMAT", "an exec needs its JSON body");
+			return;
+		}
+		if (hreq->body == SPACED_HTTP_BODY_LENGTH && hreq->content_length > NODE_BODY_MAX) {
+			http_error(r, 413, "SPACED_ETOOBIG", "exec body too large");
+			return;
+		}
+		spaced_httpconn_body_max(c, NODE_BODY_MAX);
+		r->auth = a ? strdup(a) : NULL;
+		if (!r->auth) {
+			r->ended = true;
+			refuse_doc(r, SPACED_DENY, SPACED_REASON_MALFORMED, r->req.sandbox);
+		}
+		return;
+	}
+	if (r->req.body == NODE_BODY_STREAM)
+		spaced_httpconn_body_max(c, UINT64_MAX >> 2); /* a file of any size, under flow control */
+	if (!send_req_with_auth(r, hreq))
+		return;
+	if (r->req.body == NODE_BODY_STREAM && hreq->body == SPACED_HTTP_BODY_NONE)
+		mgr_send_in(r, SPACED_GUEST_IN_DATA, NULL, 0, true); /* an empty file */
+}
+
 static void exec_body_done(struct areq *r)
 {
 	void *keep = NULL;
-	const char *in = NULL;
-	size_t inlen = 0;
-	int e = node_req_exec_body(&r->req, (const char *)(r->body.data ? r->body.data : (const uint8_t *)""),
-	                           r->body.len, &keep, &in, &inlen);
+	const char *in = NULL, *tok;
+	size_t inlen = 0, toklen;
+	int e = node_req_exec_body(&r->req, (const char *)(r->body.data ? r->body.data : (const uint8_t *)""), r->body.len,
+	                           &keep, &in, &inlen);
 	if (e < 0) {
 		http_error(r, 400, spaced_errname(e), "bad exec body");
 		return;
 	}
-	if (send_req_with_auth(r, r->wsi) == 0 && (r->req.exec_flags & SPACED_GUEST_EXEC_STDIN))
+	if (!r->auth || node_bearer(r->auth, strlen(r->auth), &tok, &toklen) < 0) {
+		json_decref(keep);
+		r->ended = true;
+		refuse_doc(r, SPACED_DENY, SPACED_REASON_MALFORMED, r->req.sandbox);
+		return;
+	}
+	int sent = mgr_send_req(r, tok, toklen);
+	if (sent < 0) {
+		json_decref(keep);
+		r->ended = true;
+		http_error(r, 503, "SPACED_EBUSY", "worker busy");
+		return;
+	}
+	if (r->req.exec_flags & SPACED_GUEST_EXEC_STDIN)
 		mgr_send_in_chunks(r, SPACED_GUEST_IN_STDIN, (const uint8_t *)in, inlen, true);
 	json_decref(keep);
 }
 
-/* ---- writing to the client ---- */
-
-static int http_writable(struct areq *r, struct lws *wsi)
+static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 {
-	uint8_t buf[LWS_PRE + WRITE_CHUNK + 32];
-	if (r->abort)
-		return -1;
-	if (!r->headers_sent) {
-		if (!r->final_ready && r->out.len == 0)
-			return 0;
-		uint8_t *start = buf + LWS_PRE, *p = start, *end = buf + sizeof buf - 1;
-		/* the length is known once the whole answer is here; a file still
-		 * arriving goes out chunked, so a cut-off stream is visible as such */
-		r->chunked = !r->final_ready;
-		const char *ct = r->ctype ? r->ctype : "application/json";
-		if (lws_add_http_header_status(wsi, (unsigned int)r->status, &p, end) ||
-		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, (const unsigned char *)ct,
-		                                 (int)strlen(ct), &p, end))
-			return -1;
-		if (r->chunked) {
-			if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING,
-			                                 (const unsigned char *)"chunked", 7, &p, end))
-				return -1;
-		} else if (lws_add_http_header_content_length(wsi, (lws_filepos_t)r->out.len, &p, end)) {
-			return -1;
+	struct areq *r = spaced_httpconn_user(c);
+	if (!r || r->ended)
+		return; /* refused or failed already: the rest of the body is dropped */
+	if (r->req.body == NODE_BODY_EXEC) {
+		if (spaced_buf_append(&r->body, p, n) < 0) {
+			r->ended = true;
+			http_error(r, 413, "SPACED_ETOOBIG", "exec body too large");
 		}
-		if (r->ident[0] && r->status != 401 && r->status != 403 && r->status != 409 &&
-		    lws_add_http_header_by_name(wsi, (const unsigned char *)"x-spaced-identity:",
-		                                (const unsigned char *)r->ident, (int)strlen(r->ident), &p, end))
-			return -1;
-		if (lws_add_http_header_by_name(wsi, (const unsigned char *)"cache-control:",
-		                                (const unsigned char *)"no-store", 8, &p, end))
-			return -1;
-		if (lws_finalize_write_http_header(wsi, start, &p, end))
-			return -1;
-		r->headers_sent = true;
-		lws_callback_on_writable(wsi);
-		return 0;
+		return;
 	}
-	size_t left = r->out.len - r->out_off;
-	size_t k = left > WRITE_CHUNK ? WRITE_CHUNK : left;
-	bool last = r->final_ready && k == left;
-	if (k == 0 && !last)
-		return 0;
-	uint8_t *w = buf + LWS_PRE;
-	size_t n = 0;
-	if (r->chunked && k) {
-		n = (size_t)snprintf((char *)w, 16, "%zx\r\n", k);
-	}
-	if (k)
-		memcpy(w + n, r->out.data + r->out_off, k);
-	n += k;
-	if (r->chunked && k) {
-		memcpy(w + n, "\r\n", 2);
-		n += 2;
-	}
-	if (r->chunked && last) {
-		memcpy(w + n, "0\r\n\r\n", 5);
-		n += 5;
-	}
-	if (lws_write(wsi, w, n, last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) != (int)n)
-		return -1;
-	r->out_off += k;
-	if (r->out_off == r->out.len) {
-		r->out.len = 0;
-		r->out_off = 0;
-	}
-	if (r->req.answer == NODE_ANS_STREAM)
-		credit(r, k, r->out.len == 0);
-	if (last) {
-		r->final_ready = false;
-		struct pss *pss = lws_wsi_user(wsi);
-		if (pss)
-			pss->r = NULL;
-		r->wsi = NULL;
-		mgr_send_close(r);
-		areq_free(r);
-		if (lws_http_transaction_completed(wsi))
-			return -1;
-		return 0;
-	}
-	if (r->out_off < r->out.len || r->final_ready)
-		lws_callback_on_writable(wsi);
-	return 0;
+	if (r->req.body == NODE_BODY_STREAM)
+		mgr_send_in_chunks(r, SPACED_GUEST_IN_DATA, p, n, false);
 }
 
-static int ws_writable(struct areq *r, struct lws *wsi)
+static void on_body_end(struct spaced_httpconn *c)
 {
-	if (r->wq_head) {
-		struct wsmsg *m = r->wq_head;
-		uint8_t *buf = malloc(LWS_PRE + m->len + 1);
-		if (!buf)
-			return -1;
-		memcpy(buf + LWS_PRE, m->data, m->len);
-		int n = lws_write(wsi, buf + LWS_PRE, m->len, m->text ? LWS_WRITE_TEXT : LWS_WRITE_BINARY);
-		free(buf);
-		if (n < (int)m->len)
-			return -1;
-		r->wq_head = m->next;
-		if (!r->wq_head)
-			r->wq_tail = NULL;
-		r->wq_bytes -= m->len;
-		credit(r, m->credit, r->wq_head == NULL);
-		free(m);
-		if (r->wq_head || r->close_pending)
-			lws_callback_on_writable(wsi);
-		return 0;
-	}
-	if (r->close_pending) {
-		lws_close_reason(wsi, (enum lws_close_status)r->close_code, (unsigned char *)r->close_reason,
-		                 strlen(r->close_reason));
-		return -1;
-	}
-	return 0;
+	struct areq *r = spaced_httpconn_user(c);
+	if (!r || r->ended)
+		return;
+	if (r->req.body == NODE_BODY_EXEC)
+		exec_body_done(r);
+	else if (r->req.body == NODE_BODY_STREAM)
+		mgr_send_in(r, SPACED_GUEST_IN_DATA, NULL, 0, true);
 }
 
 /* One complete client message on a WebSocket. */
-static void ws_message(struct areq *r, const uint8_t *p, size_t n)
+static void on_ws_message(struct spaced_httpconn *c, bool text, const uint8_t *p, size_t n)
 {
-	if (r->ended || r->close_pending)
+	struct areq *r = spaced_httpconn_user(c);
+	(void)text;
+	if (!r || r->ended || r->close_pending)
 		return; /* the stream's input stopped */
+	if (n > WS_MSG_MAX) {
+		mgr_send_close(r);
+		ws_close(r, 1009, true, "message too big");
+		return;
+	}
 	if (r->req.answer == NODE_ANS_WS_PORT) {
 		mgr_send_in_chunks(r, SPACED_GUEST_IN_STDIN, p, n, false);
 		return;
 	}
-	if (r->req.answer == NODE_ANS_WS_TERM && n >= 1 && p[0] == 'i') {
+	bool term = r->req.answer == NODE_ANS_WS_TERM, exec = r->req.answer == NODE_ANS_WS_EXEC;
+	if ((term || exec) && n >= 1 && p[0] == 'i') {
 		mgr_send_in_chunks(r, SPACED_GUEST_IN_STDIN, p + 1, n - 1, false);
 		return;
 	}
-	if (r->req.answer == NODE_ANS_WS_TERM && n == 1 && p[0] == 'd') {
+	if ((term || exec) && n == 1 && p[0] == 'd') {
 		mgr_send_in(r, SPACED_GUEST_IN_STDIN, NULL, 0, true);
 		return;
 	}
-	if (r->req.answer == NODE_ANS_WS_TERM && n >= 4 && n < 32 && p[0] == 'r') {
+	if (exec && n >= 2 && n < 8 && p[0] == 's') {
+		char tmp[8];
+		unsigned sig;
+		char extra;
+		memcpy(tmp, p + 1, n - 1);
+		tmp[n - 1] = '\0';
+		if (sscanf(tmp, "%u%c", &sig, &extra) == 1 && sig >= 1 && sig <= 64) {
+			struct spaced_buf b;
+			spaced_buf_init(&b, 32);
+			spaced_field_put_i64(&b, (int64_t)sig);
+			mgr_send_in(r, SPACED_GUEST_IN_SIGNAL, b.data, b.len, false);
+			spaced_buf_free(&b);
+			return;
+		}
+	}
+	if (term && n >= 4 && n < 32 && p[0] == 'r') {
 		char tmp[32];
 		unsigned rows, cols;
 		char extra;
 		memcpy(tmp, p + 1, n - 1);
 		tmp[n - 1] = '\0';
-		if (sscanf(tmp, "%u %u%c", &rows, &cols, &extra) == 2 && rows && cols && rows <= 1000 &&
-		    cols <= 1000) {
+		if (sscanf(tmp, "%u %u%c", &rows, &cols, &extra) == 2 && rows && cols && rows <= 1000 && cols <= 1000) {
 			struct spaced_buf b;
 			spaced_buf_init(&b, 64);
 			spaced_field_put_u64(&b, rows);
@@ -1120,199 +1165,73 @@ static void ws_message(struct areq *r, const uint8_t *p, size_t n)
 		}
 	}
 	mgr_send_close(r);
-	ws_close(r, LWS_CLOSE_STATUS_UNACCEPTABLE_OPCODE, true, "bad message");
+	ws_close(r, 1003, true, "bad message");
 }
 
-static void client_gone(struct lws *wsi)
+static void on_drain(struct spaced_httpconn *c)
 {
-	struct pss *pss = lws_wsi_user(wsi);
-	if (!pss || !pss->r)
+	struct areq *r = spaced_httpconn_user(c);
+	if (r)
+		pump(r);
+}
+
+static void on_conn_close(struct spaced_httpconn *c)
+{
+	struct areq *r = spaced_httpconn_user(c);
+	if (!r)
 		return;
-	struct areq *r = pss->r;
-	pss->r = NULL;
-	r->wsi = NULL;
+	r->c = NULL;
 	mgr_send_close(r);
 	areq_free(r);
 }
 
-static int cb(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len)
-{
-	struct pss *pss = user;
-	struct areq *r = pss ? pss->r : NULL;
-
-	switch (reason) {
-	case LWS_CALLBACK_RAW_RX_FILE:
-		mgr_readable();
-		if (A.quit)
-			lws_cancel_service(A.ctx);
-		return 0;
-	case LWS_CALLBACK_RAW_WRITEABLE_FILE:
-		mgr_writable();
-		return 0;
-	case LWS_CALLBACK_RAW_CLOSE_FILE:
-		A.mgr_wsi = NULL;
-		A.quit = 1;
-		lws_cancel_service(A.ctx);
-		return 0;
-
-	case LWS_CALLBACK_HTTP: {
-		if (!pss)
-			return -1;
-		if (r)
-			client_gone(wsi); /* keep-alive: a new transaction */
-		r = areq_new(wsi);
-		if (!r)
-			return -1;
-		pss->r = r;
-		char path[1024];
-		if (len >= sizeof path) {
-			http_error(r, 414, "SPACED_ETOOBIG", "path too long");
-			return 0;
-		}
-		memcpy(path, in, len);
-		path[len] = '\0';
-		intake(r, wsi, path, false);
-		if (r->final_ready)
-			return 0;
-		if (r->req.body == NODE_BODY_EXEC) {
-			/* read the JSON body first */
-			return 0;
-		}
-		send_req_with_auth(r, wsi);
-		return 0;
-	}
-	case LWS_CALLBACK_HTTP_BODY:
-		if (!r)
-			return -1;
-		if (len == 0 || r->final_ready || r->ended)
-			return 0; /* refused or failed already: the rest of the body is dropped */
-		if (r->req.body == NODE_BODY_EXEC) {
-			if (spaced_buf_append(&r->body, in, len) < 0) {
-				r->ended = true;
-				http_error(r, 413, "SPACED_ETOOBIG", "exec body too large");
-			}
-			return 0;
-		}
-		if (r->req.body == NODE_BODY_STREAM) {
-			mgr_send_in_chunks(r, SPACED_GUEST_IN_DATA, in, len, false);
-			return 0;
-		}
-		r->ended = true;
-		http_error(r, 400, "SPACED_EINVAL", "this endpoint takes no body");
-		return 0;
-	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-		if (!r)
-			return -1;
-		if (r->final_ready || r->ended)
-			return 0;
-		if (r->req.body == NODE_BODY_EXEC)
-			exec_body_done(r);
-		else if (r->req.body == NODE_BODY_STREAM)
-			mgr_send_in(r, SPACED_GUEST_IN_DATA, NULL, 0, true);
-		return 0;
-	case LWS_CALLBACK_HTTP_WRITEABLE:
-		if (!r)
-			return 0;
-		return http_writable(r, wsi);
-	case LWS_CALLBACK_CLOSED_HTTP:
-	case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
-		client_gone(wsi);
-		return 0;
-
-	case LWS_CALLBACK_ESTABLISHED: {
-		if (!pss)
-			return -1;
-		r = areq_new(wsi);
-		if (!r)
-			return -1;
-		r->is_ws = true;
-		pss->r = r;
-		char path[1024];
-		int n = lws_hdr_copy(wsi, path, sizeof path, WSI_TOKEN_GET_URI);
-		if (n <= 0) {
-			ws_close(r, 4400, false, "bad request");
-			return 0;
-		}
-		intake(r, wsi, path, true);
-		if (!r->close_pending)
-			send_req_with_auth(r, wsi);
-		return 0;
-	}
-	case LWS_CALLBACK_RECEIVE:
-		if (!r)
-			return -1;
-		if (lws_is_first_fragment(wsi))
-			r->wrx.len = 0;
-		if (spaced_buf_append(&r->wrx, in, len) < 0) {
-			mgr_send_close(r);
-			ws_close(r, LWS_CLOSE_STATUS_MESSAGE_TOO_LARGE, true, "message too big");
-			return 0;
-		}
-		if (lws_is_final_fragment(wsi) && !lws_remaining_packet_payload(wsi)) {
-			ws_message(r, r->wrx.data, r->wrx.len);
-			r->wrx.len = 0;
-		}
-		return 0;
-	case LWS_CALLBACK_SERVER_WRITEABLE:
-		if (!r)
-			return -1;
-		return ws_writable(r, wsi);
-	case LWS_CALLBACK_CLOSED:
-		client_gone(wsi);
-		return 0;
-	default:
-		break;
-	}
-	return lws_callback_http_dummy(wsi, reason, user, in, len);
-}
-
-static const struct lws_protocols protocols[] = {
-	{"spaced", cb, sizeof(struct pss), WS_MSG_MAX, 0, NULL, 0},
-	{NULL, NULL, 0, 0, 0, NULL, 0},
+static const struct spaced_httpsrv_ops ops = {
+	.on_request = on_request,
+	.on_body = on_body,
+	.on_body_end = on_body_end,
+	.on_ws_message = on_ws_message,
+	.on_drain = on_drain,
+	.on_close = on_conn_close,
 };
+
+static void on_signal(uv_signal_t *s, int sig)
+{
+	(void)s;
+	(void)sig;
+	quit();
+}
 
 int node_api_run(const struct node_api_config *cfg)
 {
-	struct lws_context_creation_info info;
 	int rc = 1;
-
 	signal(SIGPIPE, SIG_IGN);
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_term;
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGINT, &sa, NULL);
-	lws_set_log_level(LLL_ERR, NULL);
-
+	if (uv_loop_init(&A.loop) < 0)
+		return 1;
 	A.mgr_fd = cfg->mgr_fd;
 	fcntl(A.mgr_fd, F_SETFL, fcntl(A.mgr_fd, F_GETFL) | O_NONBLOCK);
 	spaced_buf_init(&A.mgr_out, 256u << 20);
 	spaced_buf_init(&A.mgr_in, 4 * NODE_MSG_MAX);
-
-	memset(&info, 0, sizeof info);
-	info.port = cfg->listen_port;
-	info.iface = cfg->listen_host;
-	info.protocols = protocols;
-	info.max_http_header_data = 8192;
-	info.max_http_header_pool = 256;
-	info.timeout_secs = 30;
-	info.pt_serv_buf_size = 64 * 1024;
-	info.fd_limit_per_thread = 4096;
-	info.options = LWS_SERVER_OPTION_DISABLE_IPV6 | LWS_SERVER_OPTION_VALIDATE_UTF8;
-	A.ctx = lws_create_context(&info);
-	if (!A.ctx) {
+	struct spaced_httpsrv_config hc;
+	spaced_httpsrv_defaults(&hc);
+	hc.host = cfg->listen_host;
+	hc.port = cfg->listen_port;
+	hc.max_conns_per_ip = 128;
+	hc.ws_message_max = WS_MSG_MAX;
+	hc.low_water = LOW_WATER;
+	hc.ops = &ops;
+	if (spaced_httpsrv_start(&A.loop, &hc, &A.srv) < 0) {
 		fprintf(stderr, "node-api: cannot listen on %s:%d\n", cfg->listen_host, cfg->listen_port);
-		return 1;
-	}
-	struct lws_vhost *vh = lws_get_vhost_by_name(A.ctx, "default");
-	lws_sock_file_fd_type fd;
-	fd.filefd = A.mgr_fd;
-	A.mgr_wsi = vh ? lws_adopt_descriptor_vhost(vh, LWS_ADOPT_RAW_FILE_DESC, fd, "spaced", NULL) : NULL;
-	if (!A.mgr_wsi) {
-		fprintf(stderr, "node-api: cannot adopt the manager socket\n");
 		goto out;
 	}
-	int port = vh ? lws_get_vhost_listen_port(vh) : -1;
+	if (uv_poll_init(&A.loop, &A.mgr_poll, A.mgr_fd) < 0)
+		goto out;
+	A.mgr_events = 0;
+	mgr_update_poll();
+	uv_signal_init(&A.loop, &A.sigterm);
+	uv_signal_init(&A.loop, &A.sigint);
+	uv_signal_start(&A.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&A.sigint, on_signal, SIGINT);
+	int port = spaced_httpsrv_port(A.srv);
 	if (cfg->port_file) {
 		char tmp[4200];
 		snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
@@ -1322,26 +1241,15 @@ int node_api_run(const struct node_api_config *cfg)
 			goto out;
 		}
 	}
-	/* From here on: no privileges, no new files, no new connections. */
+	/* From here on: no privileges, no new files, no new connections out. */
 	int e = node_api_confine(cfg->drop_privileges);
 	if (e < 0) {
 		fprintf(stderr, "node-api: cannot confine itself: %s\n", spaced_strerror(e));
 		goto out;
 	}
-	while (!A.quit) {
-		if (A.mgr_wsi && A.mgr_out_off < A.mgr_out.len)
-			lws_callback_on_writable(A.mgr_wsi);
-		if (lws_service(A.ctx, 0) < 0)
-			break;
-	}
+	uv_run(&A.loop, UV_RUN_DEFAULT);
 	rc = 0;
 out:
-	lws_context_destroy(A.ctx);
-	A.ctx = NULL;
-	for (size_t i = 0; i < API_BUCKETS; i++)
-		while (A.bucket[i])
-			areq_free(A.bucket[i]);
-	spaced_buf_free(&A.mgr_out);
-	spaced_buf_free(&A.mgr_in);
+	/* the process ends here: the kernel closes what is left */
 	return rc;
 }

@@ -287,7 +287,43 @@ static int parse_proc(const char *rest, uint64_t *proc, const char **what)
 	return 0;
 }
 
+/* argc, argv…, envc, env…, cwd of a command from the query (argv=…&env=K=V&cwd=…);
+ * argv defaults to /bin/sh. */
+static int command_fields(struct spaced_buf *b, const struct node_query *query);
+
 static int term_payload(struct spaced_buf *b, const struct node_query *query)
+{
+	int e = command_fields(b, query);
+	uint64_t rows = 0, cols = 0;
+	if (e == 0)
+		e = query_u64(query, "rows", 24, 1000, &rows);
+	if (e == 0)
+		e = query_u64(query, "cols", 80, 1000, &cols);
+	if (e == 0 && (rows == 0 || cols == 0))
+		e = SPACED_EFORMAT;
+	if (e == 0)
+		e = spaced_field_put_u64(b, rows);
+	if (e == 0)
+		e = spaced_field_put_u64(b, cols);
+	return e == SPACED_ETOOBIG ? SPACED_EFORMAT : e;
+}
+
+/* A streamed exec: the command, timeout_ms, and stdin always open (its end
+ * is the client's 'd'). */
+static int exec_ws_payload(struct spaced_buf *b, const struct node_query *query)
+{
+	uint64_t tmo = 0;
+	int e = command_fields(b, query);
+	if (e == 0)
+		e = query_u64(query, "timeout_ms", 0, UINT32_MAX, &tmo);
+	if (e == 0)
+		e = spaced_field_put_u64(b, tmo);
+	if (e == 0)
+		e = spaced_field_put_u64(b, SPACED_GUEST_EXEC_STDIN);
+	return e == SPACED_ETOOBIG ? SPACED_EFORMAT : e;
+}
+
+static int command_fields(struct spaced_buf *b, const struct node_query *query)
 {
 	char *arg = malloc(SPACED_GUEST_PATH_MAX + 1);
 	if (!arg)
@@ -326,19 +362,8 @@ static int term_payload(struct spaced_buf *b, const struct node_query *query)
 		else
 			e = spaced_field_put_str(b, arg);
 	}
-	uint64_t rows = 0, cols = 0;
-	if (e == 0)
-		e = query_u64(query, "rows", 24, 1000, &rows);
-	if (e == 0)
-		e = query_u64(query, "cols", 80, 1000, &cols);
-	if (e == 0 && (rows == 0 || cols == 0))
-		e = SPACED_EFORMAT;
-	if (e == 0)
-		e = spaced_field_put_u64(b, rows);
-	if (e == 0)
-		e = spaced_field_put_u64(b, cols);
 	free(arg);
-	return e == SPACED_ETOOBIG ? SPACED_EFORMAT : e;
+	return e;
 }
 
 int node_req_parse(struct node_req *out, enum node_method method, const char *path,
@@ -365,6 +390,11 @@ int node_req_parse(struct node_req *out, enum node_method method, const char *pa
 			r.guest_type = SPACED_GUEST_TERM_OPEN;
 			r.answer = NODE_ANS_WS_TERM;
 			e = term_payload(&r.payload, query);
+		} else if (strcmp(rest, "exec") == 0) {
+			r.guest_type = SPACED_GUEST_EXEC;
+			r.answer = NODE_ANS_WS_EXEC;
+			r.exec_flags = SPACED_GUEST_EXEC_STDIN;
+			e = exec_ws_payload(&r.payload, query);
 		} else if (strcmp(rest, "watch") == 0) {
 			r.guest_type = SPACED_GUEST_WATCH;
 			r.answer = NODE_ANS_WS_WATCH;

@@ -1,0 +1,842 @@
+/* httpsrv.c — HTTP/1.1 and WebSocket server on libuv (httpsrv.h). */
+#include "httpsrv.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "util.h"
+#include "ws.h"
+
+enum cstate {
+	C_HEAD = 1, /* reading a request head */
+	C_BODY,     /* reading its body */
+	C_WAIT,     /* the request is read; its answer goes on */
+	C_WS,       /* a WebSocket */
+	C_CLOSING,  /* output drains, then close */
+	C_CLOSED,
+};
+
+struct wreq {
+	uv_write_t w;
+	struct spaced_httpconn *c;
+	size_t len;
+	uint8_t data[];
+};
+
+struct ip_count {
+	struct ip_count *next;
+	char addr[64];
+	unsigned n;
+};
+
+struct spaced_httpconn {
+	struct spaced_httpconn *next, *prev;
+	struct spaced_httpsrv *srv;
+	uv_tcp_t tcp;
+	enum cstate state;
+	void *user;
+	char peer[64];
+	struct spaced_buf rbuf;
+	bool reading, read_wanted, peer_eof;
+	/* the current request */
+	struct spaced_http_req req;
+	bool have_req;
+	struct spaced_http_body body;
+	uint64_t body_max;
+	bool responded, chunked, answer_ended, body_read, must_close;
+	bool head_started;    /* a byte of the next head has come */
+	uint64_t deadline_ns; /* idle / head / body progress must come before; 0: none */
+	/* output */
+	size_t queued;
+	bool drain_armed;
+	/* WebSocket */
+	struct spaced_buf msg;  /* a message being assembled */
+	uint8_t msg_opcode;     /* 0: none in progress */
+	bool close_sent;
+	bool in_callback;
+	bool free_pending;
+};
+
+struct spaced_httpsrv {
+	uv_loop_t *loop;
+	struct spaced_httpsrv_config cfg;
+	uv_tcp_t listen;
+	uv_timer_t tick;
+	int port;
+	struct spaced_httpconn *conns;
+	unsigned nconns;
+	struct ip_count *ips;
+	bool stopping;
+	unsigned closing_handles;
+	struct spaced_httpsrv_stats stats;
+};
+
+static void conn_close(struct spaced_httpconn *c);
+static void conn_process(struct spaced_httpconn *c);
+static void conn_update_read(struct spaced_httpconn *c);
+
+void spaced_httpsrv_defaults(struct spaced_httpsrv_config *cfg)
+{
+	memset(cfg, 0, sizeof *cfg);
+	cfg->host = "127.0.0.1";
+	cfg->listen_fd = -1;
+	cfg->limits.head_max = 16384;
+	cfg->limits.target_max = 8192;
+	cfg->limits.fields_max = 100;
+	cfg->body_max = 1u << 20;
+	cfg->max_conns = 4096;
+	cfg->max_conns_per_ip = 256;
+	cfg->head_timeout_ms = 10000;
+	cfg->idle_timeout_ms = 30000;
+	cfg->body_timeout_ms = 30000;
+	cfg->ws_message_max = 1u << 20;
+	cfg->low_water = 65536;
+}
+
+/* ---- per-address budget ---- */
+
+static struct ip_count *ip_find(struct spaced_httpsrv *s, const char *addr, bool create)
+{
+	for (struct ip_count *i = s->ips; i; i = i->next)
+		if (strcmp(i->addr, addr) == 0)
+			return i;
+	if (!create)
+		return NULL;
+	struct ip_count *i = calloc(1, sizeof *i);
+	if (!i)
+		return NULL;
+	snprintf(i->addr, sizeof i->addr, "%s", addr);
+	i->next = s->ips;
+	s->ips = i;
+	return i;
+}
+
+static void ip_release(struct spaced_httpsrv *s, const char *addr)
+{
+	for (struct ip_count **pp = &s->ips; *pp; pp = &(*pp)->next) {
+		if (strcmp((*pp)->addr, addr) == 0) {
+			if (--(*pp)->n == 0) {
+				struct ip_count *i = *pp;
+				*pp = i->next;
+				free(i);
+			}
+			return;
+		}
+	}
+}
+
+/* ---- output ---- */
+
+static void on_written(uv_write_t *w, int status)
+{
+	struct wreq *r = (struct wreq *)w;
+	struct spaced_httpconn *c = r->c;
+	c->queued -= r->len;
+	free(r);
+	if (c->state == C_CLOSED)
+		return;
+	if (status < 0) {
+		conn_close(c);
+		return;
+	}
+	if (c->state == C_CLOSING && c->queued == 0) {
+		conn_close(c);
+		return;
+	}
+	if (c->drain_armed && c->queued <= c->srv->cfg.low_water) {
+		c->drain_armed = false;
+		if (c->srv->cfg.ops->on_drain)
+			c->srv->cfg.ops->on_drain(c);
+	}
+}
+
+/* Queues bytes (two pieces, either may be empty) in one write. */
+static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
+{
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return SPACED_ECLOSED;
+	struct wreq *r = malloc(sizeof *r + an + bn);
+	if (!r)
+		return SPACED_ENOMEM;
+	r->c = c;
+	r->len = an + bn;
+	if (an)
+		memcpy(r->data, a, an);
+	if (bn)
+		memcpy(r->data + an, b, bn);
+	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)r->len);
+	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
+		free(r);
+		return SPACED_ECLOSED;
+	}
+	c->queued += r->len;
+	if (c->queued > c->srv->cfg.low_water)
+		c->drain_armed = true;
+	return 0;
+}
+
+static int out(struct spaced_httpconn *c, const void *p, size_t n)
+{
+	return out2(c, p, n, NULL, 0);
+}
+
+/* Closes once what is queued is written. */
+static void close_after_output(struct spaced_httpconn *c)
+{
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return;
+	c->state = C_CLOSING;
+	uv_read_stop((uv_stream_t *)&c->tcp);
+	c->reading = false;
+	if (c->queued == 0)
+		conn_close(c);
+}
+
+/* A refusal the server gives itself: the status, a short JSON body, close. */
+static void refuse(struct spaced_httpconn *c, int status, const char *code)
+{
+	char body[160], head[512];
+	int bl = snprintf(body, sizeof body, "{\"error\":\"%s\",\"code\":\"%s\"}\n", spaced_http_reason(status), code);
+	int hl = snprintf(head, sizeof head,
+	                  "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+	                  "connection: close\r\ncache-control: no-store\r\n\r\n",
+	                  status, spaced_http_reason(status), bl);
+	c->srv->stats.refused_parse += status != 408;
+	c->srv->stats.timed_out += status == 408;
+	c->responded = true;
+	out2(c, head, (size_t)hl, body, (size_t)bl);
+	close_after_output(c);
+}
+
+/* ---- closing ---- */
+
+static void on_conn_closed(uv_handle_t *h)
+{
+	struct spaced_httpconn *c = h->data;
+	struct spaced_httpsrv *s = c->srv;
+	spaced_buf_free(&c->rbuf);
+	spaced_buf_free(&c->msg);
+	spaced_http_req_clear(&c->req);
+	free(c);
+	if (s->stopping && --s->closing_handles == 0) {
+		struct ip_count *i = s->ips;
+		while (i) {
+			struct ip_count *n = i->next;
+			free(i);
+			i = n;
+		}
+		free(s);
+	}
+}
+
+static void conn_close(struct spaced_httpconn *c)
+{
+	if (c->state == C_CLOSED)
+		return;
+	struct spaced_httpsrv *s = c->srv;
+	c->state = C_CLOSED;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		s->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	s->nconns--;
+	ip_release(s, c->peer);
+	if (s->cfg.ops->on_close)
+		s->cfg.ops->on_close(c);
+	if (s->stopping)
+		s->closing_handles++;
+	uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+/* ---- answers ---- */
+
+int spaced_httpconn_respond(struct spaced_httpconn *c, int status, const char *content_type, int64_t length,
+                            const char *headers)
+{
+	if (c->state == C_CLOSED || c->state == C_CLOSING || c->responded || !c->have_req)
+		return SPACED_EINVAL;
+	char head[1024];
+	/* an answer before the whole body was read closes the connection: the
+	 * rest of the body is never taken for a next request */
+	bool close = !c->req.keep_alive || c->must_close || (c->state == C_BODY);
+	c->chunked = length < 0;
+	int n = snprintf(head, sizeof head, "HTTP/1.1 %d %s\r\n", status, spaced_http_reason(status));
+	if (content_type)
+		n += snprintf(head + n, sizeof head - (size_t)n, "content-type: %s\r\n", content_type);
+	if (c->chunked)
+		n += snprintf(head + n, sizeof head - (size_t)n, "transfer-encoding: chunked\r\n");
+	else
+		n += snprintf(head + n, sizeof head - (size_t)n, "content-length: %lld\r\n", (long long)length);
+	if (close)
+		n += snprintf(head + n, sizeof head - (size_t)n, "connection: close\r\n");
+	if (n < 0 || (size_t)n >= sizeof head - 4)
+		return SPACED_ETOOBIG;
+	c->must_close = close;
+	c->responded = true;
+	return out2(c, head, (size_t)n, headers ? headers : "", headers ? strlen(headers) : 0) < 0 ? SPACED_ECLOSED
+	                                                                                        : out(c, "\r\n", 2);
+}
+
+int spaced_httpconn_write(struct spaced_httpconn *c, const void *p, size_t n)
+{
+	if (!c->responded || c->answer_ended)
+		return SPACED_EINVAL;
+	if (n == 0)
+		return 0;
+	if (!c->chunked)
+		return out(c, p, n);
+	char h[24];
+	int hl = snprintf(h, sizeof h, "%zx\r\n", n);
+	int e = out2(c, h, (size_t)hl, p, n);
+	return e < 0 ? e : out(c, "\r\n", 2);
+}
+
+static void next_request(struct spaced_httpconn *c)
+{
+	spaced_http_req_clear(&c->req);
+	c->have_req = false;
+	c->responded = c->chunked = c->answer_ended = c->body_read = c->head_started = false;
+	c->state = C_HEAD;
+	c->deadline_ns = spaced_mono_ns() + (uint64_t)c->srv->cfg.idle_timeout_ms * 1000000u;
+	conn_update_read(c);
+	conn_process(c); /* a request sent ahead */
+}
+
+int spaced_httpconn_end(struct spaced_httpconn *c)
+{
+	if (!c->responded || c->answer_ended)
+		return SPACED_EINVAL;
+	if (c->chunked && out(c, "0\r\n\r\n", 5) < 0)
+		return SPACED_ECLOSED;
+	c->answer_ended = true;
+	if (c->must_close || !c->body_read) {
+		close_after_output(c);
+		return 0;
+	}
+	if (!c->in_callback)
+		next_request(c);
+	return 0;
+}
+
+int spaced_httpconn_reply(struct spaced_httpconn *c, int status, const char *content_type, const void *body,
+                          size_t len, const char *headers)
+{
+	int e = spaced_httpconn_respond(c, status, content_type, (int64_t)len, headers);
+	if (e == 0 && len)
+		e = spaced_httpconn_write(c, body, len);
+	if (e == 0)
+		e = spaced_httpconn_end(c);
+	return e;
+}
+
+void spaced_httpconn_abort(struct spaced_httpconn *c)
+{
+	conn_close(c);
+}
+
+int spaced_httpconn_ws_accept(struct spaced_httpconn *c, const char *headers)
+{
+	char accept[29], head[512];
+	if (c->state != C_WAIT || !c->have_req || !c->req.websocket || c->responded)
+		return SPACED_EINVAL;
+	if (spaced_ws_accept(c->req.ws_key, accept) < 0)
+		return SPACED_ESYS;
+	int n = snprintf(head, sizeof head,
+	                 "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n"
+	                 "sec-websocket-accept: %s\r\n",
+	                 accept);
+	c->responded = true;
+	c->state = C_WS;
+	c->deadline_ns = 0;
+	c->srv->stats.ws_opened++;
+	if (out2(c, head, (size_t)n, headers ? headers : "", headers ? strlen(headers) : 0) < 0 || out(c, "\r\n", 2) < 0)
+		return SPACED_ECLOSED;
+	conn_update_read(c);
+	if (!c->in_callback)
+		conn_process(c); /* frames sent right after the request */
+	return 0;
+}
+
+int spaced_httpconn_ws_send(struct spaced_httpconn *c, uint8_t opcode, const void *p, size_t n)
+{
+	uint8_t h[SPACED_WS_HDR_MAX];
+	if (c->state != C_WS || c->close_sent)
+		return SPACED_ECLOSED;
+	size_t hl = spaced_ws_frame_header(h, true, opcode, n);
+	return out2(c, h, hl, p, n);
+}
+
+void spaced_httpconn_ws_close(struct spaced_httpconn *c, unsigned code, const char *reason)
+{
+	uint8_t payload[125], h[SPACED_WS_HDR_MAX];
+	if (c->state != C_WS || c->close_sent) {
+		if (c->state != C_WS)
+			close_after_output(c);
+		return;
+	}
+	size_t rl = reason ? strlen(reason) : 0;
+	if (rl > 123)
+		rl = 123;
+	payload[0] = (uint8_t)(code >> 8);
+	payload[1] = (uint8_t)code;
+	if (rl)
+		memcpy(payload + 2, reason, rl);
+	size_t hl = spaced_ws_frame_header(h, true, SPACED_WS_CLOSE, rl + 2);
+	out2(c, h, hl, payload, rl + 2);
+	c->close_sent = true;
+	close_after_output(c);
+}
+
+/* ---- reading ---- */
+
+void spaced_httpconn_read(struct spaced_httpconn *c, bool on)
+{
+	c->read_wanted = on;
+	conn_update_read(c);
+}
+
+size_t spaced_httpconn_queued(const struct spaced_httpconn *c)
+{
+	return c->queued;
+}
+
+void spaced_httpconn_body_max(struct spaced_httpconn *c, uint64_t max)
+{
+	c->body_max = max;
+	if (c->have_req && c->state == C_BODY)
+		c->body.max = max;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct spaced_httpconn *c = h->data;
+	(void)suggested;
+	size_t room = c->rbuf.max - c->rbuf.len;
+	if (room == 0 || spaced_buf_reserve(&c->rbuf, room < 65536 ? room : 65536) < 0) {
+		/* the buffer is full: only a request over its limits gets here */
+		buf->base = NULL;
+		buf->len = 0;
+		return;
+	}
+	buf->base = (char *)c->rbuf.data + c->rbuf.len;
+	buf->len = c->rbuf.cap - c->rbuf.len;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+	struct spaced_httpconn *c = st->data;
+	(void)buf;
+	if (nread == UV_ENOBUFS) {
+		refuse(c, c->state == C_HEAD ? 431 : 413, "SPACED_ETOOBIG");
+		return;
+	}
+	if (nread < 0) {
+		c->peer_eof = true;
+		conn_close(c); /* the client went away: its request is over */
+		return;
+	}
+	if (nread == 0)
+		return;
+	c->rbuf.len += (size_t)nread;
+	if (c->rbuf.len < c->rbuf.cap)
+		c->rbuf.data[c->rbuf.len] = 0;
+	conn_process(c);
+}
+
+static void conn_update_read(struct spaced_httpconn *c)
+{
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return;
+	/* while an answer goes on, bytes sent ahead wait (one head's worth at most) */
+	bool want = c->read_wanted && !(c->state == C_WAIT && c->rbuf.len >= c->srv->cfg.limits.head_max);
+	if (want && !c->reading) {
+		if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+			c->reading = true;
+	} else if (!want && c->reading) {
+		uv_read_stop((uv_stream_t *)&c->tcp);
+		c->reading = false;
+	}
+}
+
+static void consume(struct spaced_httpconn *c, size_t n)
+{
+	memmove(c->rbuf.data, c->rbuf.data + n, c->rbuf.len - n);
+	c->rbuf.len -= n;
+}
+
+/* One complete WebSocket frame at the start of rbuf; false to stop. */
+static bool ws_frame(struct spaced_httpconn *c)
+{
+	struct spaced_ws_frame f;
+	const struct spaced_httpsrv_ops *ops = c->srv->cfg.ops;
+	int h = spaced_ws_frame_parse(c->rbuf.data, c->rbuf.len, true, c->srv->cfg.ws_message_max, &f);
+	if (h == 0)
+		return false;
+	if (h < 0) {
+		spaced_httpconn_ws_close(c, (unsigned)-h, h == -1009 ? "message too big" : "protocol error");
+		return false;
+	}
+	if (c->rbuf.len - (size_t)h < f.len)
+		return false; /* the rest of the payload is on its way */
+	uint8_t *p = c->rbuf.data + h;
+	spaced_ws_mask(p, (size_t)f.len, f.mask, 0);
+	size_t total = (size_t)h + (size_t)f.len;
+	switch (f.opcode) {
+	case SPACED_WS_PING:
+		if (!c->close_sent) {
+			uint8_t hh[SPACED_WS_HDR_MAX];
+			size_t hl = spaced_ws_frame_header(hh, true, SPACED_WS_PONG, f.len);
+			out2(c, hh, hl, p, (size_t)f.len);
+		}
+		break;
+	case SPACED_WS_PONG:
+		break;
+	case SPACED_WS_CLOSE: {
+		unsigned code = 1000;
+		if (f.len == 1 ||
+		    (f.len >= 2 && (!spaced_ws_close_code_ok(code = (unsigned)(p[0] << 8 | p[1])) ||
+		                    !spaced_utf8_valid(p + 2, (size_t)f.len - 2))))
+			code = 1002;
+		spaced_httpconn_ws_close(c, code, "");
+		return false;
+	}
+	default: {
+		bool start = f.opcode != SPACED_WS_CONT;
+		if (start == (c->msg_opcode != 0)) {
+			/* a continuation without a message, or a new message inside one */
+			spaced_httpconn_ws_close(c, 1002, "protocol error");
+			return false;
+		}
+		if (start)
+			c->msg_opcode = f.opcode;
+		if (spaced_buf_append(&c->msg, p, (size_t)f.len) < 0) {
+			spaced_httpconn_ws_close(c, 1009, "message too big");
+			return false;
+		}
+		if (f.fin) {
+			bool text = c->msg_opcode == SPACED_WS_TEXT;
+			c->msg_opcode = 0;
+			if (text && !spaced_utf8_valid(c->msg.data, c->msg.len)) {
+				spaced_httpconn_ws_close(c, 1007, "invalid UTF-8");
+				return false;
+			}
+			consume(c, total);
+			total = 0;
+			size_t len = c->msg.len;
+			c->msg.len = 0;
+			if (ops->on_ws_message)
+				ops->on_ws_message(c, text, c->msg.data, len);
+		}
+	}
+	}
+	if (total)
+		consume(c, total);
+	return c->state == C_WS;
+}
+
+static void conn_process(struct spaced_httpconn *c)
+{
+	struct spaced_httpsrv *s = c->srv;
+	const struct spaced_httpsrv_ops *ops = s->cfg.ops;
+	if (c->in_callback)
+		return;
+	c->in_callback = true;
+	while (c->state != C_CLOSED && c->state != C_CLOSING) {
+		if (c->state == C_HEAD) {
+			if (c->rbuf.len == 0)
+				break;
+			if (!c->head_started) {
+				/* the whole head within head_timeout_ms of its first byte */
+				c->head_started = true;
+				c->deadline_ns = spaced_mono_ns() + (uint64_t)s->cfg.head_timeout_ms * 1000000u;
+			}
+			struct spaced_http_req req;
+			int r = spaced_http_parse_head(c->rbuf.data, c->rbuf.len, &s->cfg.limits, &req);
+			if (r == 0)
+				break;
+			if (r < 0) {
+				refuse(c, -r, "SPACED_EPROTO");
+				break;
+			}
+			consume(c, (size_t)r);
+			c->req = req;
+			c->have_req = true;
+			s->stats.requests++;
+			c->body_max = s->cfg.body_max;
+			c->deadline_ns = spaced_mono_ns() + (uint64_t)s->cfg.body_timeout_ms * 1000000u;
+			c->state = req.body == SPACED_HTTP_BODY_NONE ? C_WAIT : C_BODY;
+			c->body_read = c->state == C_WAIT;
+			if (c->state == C_WAIT)
+				c->deadline_ns = 0; /* the answer takes what it takes */
+			ops->on_request(c, &c->req);
+			if (c->state == C_CLOSED || c->state == C_CLOSING)
+				break;
+			if (c->state == C_BODY) {
+				if (c->responded) {
+					/* answered before its body: the body is not read; the
+					 * connection closes once the answer ends */
+					c->must_close = true;
+					c->state = C_WAIT;
+					continue;
+				}
+				if (spaced_http_body_start(&c->body, &c->req, c->body_max) < 0) {
+					refuse(c, 413, "SPACED_ETOOBIG");
+					break;
+				}
+				if (c->req.expect_continue)
+					out(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+			}
+			if (c->state == C_WAIT && c->answer_ended) {
+				/* answered at once */
+				if (c->must_close) {
+					close_after_output(c);
+					break;
+				}
+				c->in_callback = false;
+				next_request(c);
+				return;
+			}
+			continue;
+		}
+		if (c->state == C_BODY) {
+			if (c->rbuf.len == 0)
+				break;
+			const uint8_t *data;
+			size_t dlen;
+			long used = spaced_http_body_feed(&c->body, c->rbuf.data, c->rbuf.len, &data, &dlen);
+			if (used < 0) {
+				refuse(c, (int)-used, "SPACED_EPROTO");
+				break;
+			}
+			c->deadline_ns = spaced_mono_ns() + (uint64_t)s->cfg.body_timeout_ms * 1000000u;
+			if (dlen && ops->on_body) {
+				/* the slice lives in rbuf: hand it over before consuming */
+				ops->on_body(c, data, dlen);
+				if (c->state == C_CLOSED || c->state == C_CLOSING)
+					break;
+			}
+			consume(c, (size_t)used);
+			if (c->body.done) {
+				c->state = C_WAIT;
+				c->deadline_ns = 0;
+				c->body_read = true;
+				if (ops->on_body_end)
+					ops->on_body_end(c);
+				if (c->state == C_WAIT && c->answer_ended) {
+					if (c->must_close) {
+						close_after_output(c);
+						break;
+					}
+					c->in_callback = false;
+					next_request(c);
+					return;
+				}
+			}
+			if (used == 0)
+				break;
+			continue;
+		}
+		if (c->state == C_WS) {
+			if (!ws_frame(c))
+				break;
+			continue;
+		}
+		break; /* C_WAIT: bytes sent ahead wait */
+	}
+	c->in_callback = false;
+	if (c->state == C_WAIT && c->answer_ended && !c->must_close) {
+		next_request(c);
+		return;
+	}
+	conn_update_read(c);
+}
+
+/* ---- accepting ---- */
+
+static void on_connection(uv_stream_t *l, int status)
+{
+	struct spaced_httpsrv *s = l->data;
+	if (status < 0)
+		return;
+	struct spaced_httpconn *c = calloc(1, sizeof *c);
+	if (!c)
+		return;
+	if (uv_tcp_init(s->loop, &c->tcp) < 0) {
+		free(c);
+		return;
+	}
+	c->tcp.data = c;
+	c->srv = s;
+	if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0) {
+		uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+		return;
+	}
+	struct sockaddr_storage ss;
+	int sl = sizeof ss;
+	if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+		if (ss.ss_family == AF_INET)
+			uv_ip4_name((struct sockaddr_in *)&ss, c->peer, sizeof c->peer);
+		else if (ss.ss_family == AF_INET6)
+			uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer, sizeof c->peer);
+	}
+	struct ip_count *ip = ip_find(s, c->peer, true);
+	if (s->stopping || s->nconns >= s->cfg.max_conns || !ip || ip->n >= s->cfg.max_conns_per_ip) {
+		s->stats.refused_budget++;
+		if (ip && ip->n == 0) {
+			ip->n = 1;
+			ip_release(s, c->peer);
+		}
+		uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+		return;
+	}
+	ip->n++;
+	s->nconns++;
+	s->stats.accepted++;
+	uv_tcp_nodelay(&c->tcp, 1);
+	c->state = C_HEAD;
+	c->read_wanted = true;
+	c->deadline_ns = spaced_mono_ns() + (uint64_t)s->cfg.head_timeout_ms * 1000000u;
+	/* room for a head, or for one whole WebSocket frame */
+	spaced_buf_init(&c->rbuf, (s->cfg.limits.head_max > s->cfg.ws_message_max ? s->cfg.limits.head_max
+	                                                                         : s->cfg.ws_message_max) +
+	                              65536);
+	spaced_buf_init(&c->msg, s->cfg.ws_message_max);
+	c->next = s->conns;
+	if (s->conns)
+		s->conns->prev = c;
+	s->conns = c;
+	conn_update_read(c);
+}
+
+/* Deadlines, once a second. */
+static void on_tick(uv_timer_t *t)
+{
+	struct spaced_httpsrv *s = t->data;
+	uint64_t now = spaced_mono_ns();
+	for (struct spaced_httpconn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->deadline_ns == 0 || now < c->deadline_ns)
+			continue;
+		if (c->state == C_HEAD && !c->head_started) {
+			/* idle (no byte of a next request): closed quietly */
+			s->stats.timed_out++;
+			conn_close(c);
+		} else if (c->state == C_HEAD || c->state == C_BODY) {
+			refuse(c, 408, "SPACED_ETIMEDOUT");
+		}
+	}
+}
+
+int spaced_httpsrv_start(uv_loop_t *loop, const struct spaced_httpsrv_config *cfg, struct spaced_httpsrv **out)
+{
+	struct spaced_httpsrv *s = calloc(1, sizeof *s);
+	if (!s)
+		return SPACED_ENOMEM;
+	s->loop = loop;
+	s->cfg = *cfg;
+	if (uv_tcp_init(loop, &s->listen) < 0) {
+		free(s);
+		return SPACED_ESYS;
+	}
+	s->listen.data = s;
+	int r;
+	if (cfg->listen_fd >= 0) {
+		r = uv_tcp_open(&s->listen, cfg->listen_fd);
+	} else {
+		struct sockaddr_storage ss;
+		memset(&ss, 0, sizeof ss);
+		if (uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&ss) != 0 &&
+		    uv_ip6_addr(cfg->host, cfg->port, (struct sockaddr_in6 *)&ss) != 0) {
+			uv_close((uv_handle_t *)&s->listen, NULL);
+			uv_run(loop, UV_RUN_NOWAIT);
+			free(s);
+			return SPACED_EINVAL;
+		}
+		r = uv_tcp_bind(&s->listen, (struct sockaddr *)&ss, 0);
+	}
+	if (r == 0)
+		r = uv_listen((uv_stream_t *)&s->listen, 1024, on_connection);
+	if (r < 0) {
+		uv_close((uv_handle_t *)&s->listen, NULL);
+		uv_run(loop, UV_RUN_NOWAIT);
+		free(s);
+		return SPACED_ESYS;
+	}
+	struct sockaddr_storage ss;
+	int sl = sizeof ss;
+	if (uv_tcp_getsockname(&s->listen, (struct sockaddr *)&ss, &sl) == 0)
+		s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+		                                        : ((struct sockaddr_in6 *)&ss)->sin6_port);
+	uv_timer_init(loop, &s->tick);
+	s->tick.data = s;
+	uv_timer_start(&s->tick, on_tick, 1000, 1000);
+	*out = s;
+	return 0;
+}
+
+int spaced_httpsrv_port(const struct spaced_httpsrv *s)
+{
+	return s->port;
+}
+
+void *spaced_httpsrv_user(const struct spaced_httpsrv *s)
+{
+	return s->cfg.user;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+	struct spaced_httpsrv *s = h->data;
+	if (--s->closing_handles == 0) {
+		struct ip_count *i = s->ips;
+		while (i) {
+			struct ip_count *n = i->next;
+			free(i);
+			i = n;
+		}
+		free(s);
+	}
+}
+
+void spaced_httpsrv_stop(struct spaced_httpsrv *s)
+{
+	if (!s || s->stopping)
+		return;
+	s->stopping = true;
+	s->closing_handles = 2;
+	uv_close((uv_handle_t *)&s->listen, on_handle_closed);
+	uv_timer_stop(&s->tick);
+	uv_close((uv_handle_t *)&s->tick, on_handle_closed);
+	while (s->conns)
+		conn_close(s->conns);
+}
+
+void spaced_httpsrv_stats(const struct spaced_httpsrv *s, struct spaced_httpsrv_stats *out)
+{
+	*out = s->stats;
+	out->open = s->nconns;
+}
+
+struct spaced_httpsrv *spaced_httpconn_srv(const struct spaced_httpconn *c)
+{
+	return c->srv;
+}
+void *spaced_httpconn_user(const struct spaced_httpconn *c)
+{
+	return c->user;
+}
+void spaced_httpconn_set_user(struct spaced_httpconn *c, void *user)
+{
+	c->user = user;
+}
+const char *spaced_httpconn_peer(const struct spaced_httpconn *c)
+{
+	return c->peer;
+}
