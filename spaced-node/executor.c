@@ -7,6 +7,7 @@
  * job child has exited are its children, and it reaps them).
  */
 #include "executor.h"
+#include "links.h"
 #include "mgr.h"
 #include "node.h"
 
@@ -507,7 +508,20 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 	*tail = j;
 }
 
-/* Reads one message from the gate; false when the gate went away. */
+/* Whether job id is being worked on (a connection or a child). */
+static bool job_in_flight(const struct executor *x, uint32_t id)
+{
+	for (const struct xconn *c = x->conns; c; c = c->next)
+		if (c->id == id)
+			return true;
+	for (const struct xjob *j = x->jobs; j; j = j->next)
+		if (j->id == id)
+			return true;
+	return false;
+}
+
+/* Reads one message from the gate (links.c's table: EXE_JOB for an id not in
+ * flight); false when the gate went away or broke the table. */
 static bool link_readable(struct executor *x)
 {
 	uint8_t buf[EXE_MSG_MAX];
@@ -517,9 +531,9 @@ static bool link_readable(struct executor *x)
 	if (n <= 0)
 		return false;
 	struct spaced_frame_hdr h;
-	if ((size_t)n > sizeof buf || n < SPACED_FRAME_HDR_LEN ||
-	    spaced_frame_hdr_decode(&h, buf, EXE_MSG_MAX - SPACED_FRAME_HDR_LEN) < 0 ||
-	    h.len != (size_t)n - SPACED_FRAME_HDR_LEN || h.type != EXE_JOB || h.flags != 0) {
+	if ((size_t)n > sizeof buf || n < SPACED_FRAME_HDR_LEN || spaced_frame_hdr_decode(&h, buf, EXE_MSG_MAX) < 0 ||
+	    h.len != (size_t)n - SPACED_FRAME_HDR_LEN ||
+	    link_check(LINK_EXECUTOR, &h, job_in_flight(x, h.id) ? LINK_ID_INFLIGHT : LINK_ID_FREE) != LINK_HANDLE) {
 		xlog("level=error event=protocol-error from=gate");
 		return false;
 	}

@@ -3,15 +3,10 @@
  * compared (R1) before a byte goes to an execution, then a stream to that
  * execution bound to the record's identity epoch (S1), under flow control.
  *
- * The table of what the gate receives from node-api (node.h has the payloads):
- *
- *   type     payload bound   flags   the stream id must be
- *   REQ      NODE_MSG_MAX    none    free (no stream has it)
- *   IN       NODE_MSG_MAX    [END]   any (input for a gone stream is dropped)
- *   CLOSE    0               none    any
- *   CREDIT   16              none    any
- *
- * Anything else drops node-api (it is restarted with the gate).
+ * What the gate takes from node-api, and in which state of the stream, is
+ * the table in links.c (REQ for a free id; IN, CLOSE and CREDIT for a stream
+ * being opened or open, dropped for one that has ended). Anything else drops
+ * node-api (it is restarted with the gate).
  *
  * Flow control. A stream has at most GATE_WINDOW bytes of output on their way
  * to its client: past that the gate stops reading the execution's connection
@@ -34,6 +29,7 @@
 
 #include "error.h"
 #include "keyring.h"
+#include "links.h"
 #include "vcache.h"
 
 #define API_HIGH (8u << 20) /* stop reading executions above this backlog to node-api */
@@ -157,7 +153,9 @@ static void send_fail(struct mgr *m, uint32_t id, int err, const char *msg)
 {
 	struct spaced_buf b;
 	spaced_buf_init(&b, 1024);
-	if (spaced_field_put_i64(&b, err) == 0 && spaced_field_put_str(&b, msg) == 0)
+	char text[256]; /* within FAIL's bound (links.c) */
+	snprintf(text, sizeof text, "%s", msg);
+	if (spaced_field_put_i64(&b, err) == 0 && spaced_field_put_str(&b, text) == 0)
 		api_send(m, NODE_MSG_FAIL, SPACED_FRAME_F_END, id, &b);
 	spaced_buf_free(&b);
 }
@@ -882,30 +880,30 @@ static int on_credit(struct mgr *m, const struct spaced_frame_hdr *h, const uint
 	return 0;
 }
 
-/* What the gate takes from node-api (see the table at the top). */
-static const struct {
-	uint16_t type;
-	uint32_t max_len;
-	uint16_t flags_allowed;
-	bool id_must_be_free;
-	int (*fn)(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n);
-} api_table[] = {
-	{NODE_MSG_REQ, NODE_MSG_MAX, 0, true, on_req},
-	{NODE_MSG_IN, NODE_MSG_MAX, SPACED_FRAME_F_END, false, on_in},
-	{NODE_MSG_CLOSE, 0, 0, false, on_close},
-	{NODE_MSG_CREDIT, 16, 0, false, on_credit},
-};
-
+/* The handlers of what the gate takes from node-api (links.c has the table). */
 static int api_dispatch(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
 {
-	for (size_t i = 0; i < sizeof api_table / sizeof api_table[0]; i++) {
-		if (api_table[i].type != h->type)
-			continue;
-		if (n > api_table[i].max_len || (h->flags & ~api_table[i].flags_allowed) || h->id == 0)
-			return SPACED_EPROTO;
-		if (api_table[i].id_must_be_free && stream_find(m, h->id))
-			return SPACED_EPROTO;
-		return api_table[i].fn(m, h, p, n);
+	const struct gstream *s = stream_find(m, h->id);
+	unsigned state = !s ? LINK_ID_FREE : s->state == GS_OPEN ? LINK_ID_OPEN : LINK_ID_OPENING;
+	switch (link_check(LINK_GATE, h, state)) {
+	case LINK_BAD:
+		fprintf(stderr, "gate: %s for request %u in state %#x breaks the link table\n", link_msg_name(h->type),
+		        h->id, state);
+		return SPACED_EPROTO;
+	case LINK_STALE:
+		return 0;
+	case LINK_HANDLE:
+		break;
+	}
+	switch (h->type) {
+	case NODE_MSG_REQ:
+		return on_req(m, h, p, n);
+	case NODE_MSG_IN:
+		return on_in(m, h, p, n);
+	case NODE_MSG_CLOSE:
+		return on_close(m, h, p, n);
+	case NODE_MSG_CREDIT:
+		return on_credit(m, h, p, n);
 	}
 	return SPACED_EPROTO;
 }

@@ -20,9 +20,11 @@
  *
  * The gate and node-api talk in frame.h frames over a socketpair (the frame
  * id is node-api's request id); the gate and the executor in one frame per
- * SOCK_SEQPACKET message (executor.h). Each side checks every message against
- * its table; unknown types, flags or malformed payloads end that link, and
- * with it the group, which the supervisor starts again.
+ * SOCK_SEQPACKET message (executor.h). Every message of both links is declared
+ * once, in links.c (direction, payload bound, flags, the states of its id in
+ * which it is allowed); each receiver checks every message against it, and
+ * unknown types, wrong flags or states and malformed payloads end that link,
+ * and with it the group, which the supervisor starts again.
  */
 #ifndef SPACED_NODE_H
 #define SPACED_NODE_H

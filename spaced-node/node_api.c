@@ -11,6 +11,7 @@
  * gate has not credited back, so no client makes it hold more than a window
  * per stream. Wire forms: docs/node-api.md.
  */
+#include "links.h"
 #include "node.h"
 
 #include <errno.h>
@@ -48,6 +49,7 @@ struct areq {
 	struct spaced_httpconn *c; /* NULL once the client is gone */
 	struct node_req req;
 	bool sent_req;   /* REQ went to the gate */
+	bool accepted;   /* the gate accepted it (ACCEPT seen) */
 	bool ended;      /* the gate ended this id (END seen) */
 	bool is_ws;
 	bool input_paused;
@@ -667,6 +669,7 @@ static int on_accept(void *ctx, const struct spaced_frame_hdr *h, const uint8_t 
 	if (!r || r->ended)
 		return 0;
 	memcpy(r->ident, ident, sizeof ident);
+	r->accepted = true;
 	if (r->is_ws)
 		q_json(r, json_pack("{s:s,s:s,s:I}", "outcome", "ALLOW", "identity", ident, "epoch", (json_int_t)epoch));
 	return 0;
@@ -812,12 +815,26 @@ static int on_gcredit(void *ctx, const struct spaced_frame_hdr *h, const uint8_t
 	return 0;
 }
 
-/* What node-api takes from the gate: each type with its handler; the
- * handlers check the payload, the flags and the state of the id. */
+/* What node-api takes from the gate: each type with its handler, once
+ * links.c's table has passed its bounds, flags and the state of its id; the
+ * handlers check the payload. */
 static const struct spaced_frame_handler mgr_table[] = {
 	{NODE_MSG_ACCEPT, on_accept}, {NODE_MSG_REFUSE, on_refuse}, {NODE_MSG_OUT, on_out},
 	{NODE_MSG_CANCEL, on_refuse}, {NODE_MSG_FAIL, on_fail},     {NODE_MSG_GCREDIT, on_gcredit},
 };
+
+/* The state of request id as links.c's table names it. */
+static unsigned areq_link_state(uint32_t id)
+{
+	const struct areq *r = areq_find(id);
+	if (!r)
+		return LINK_ID_FREE;
+	if (r->ended)
+		return LINK_ID_ENDED;
+	if (!r->sent_req)
+		return 0; /* the gate has not heard of it: nothing is expected */
+	return r->accepted ? LINK_ID_OPEN : LINK_ID_OPENING;
+}
 
 static void mgr_readable(void)
 {
@@ -840,10 +857,18 @@ static void mgr_readable(void)
 			int e = spaced_frame_parse(A.mgr_in.data + off, A.mgr_in.len - off, NODE_MSG_MAX, &h, &pl, &used);
 			if (e == 0 && used == 0)
 				break;
-			if (e == 0)
-				e = spaced_frame_dispatch(mgr_table, sizeof mgr_table / sizeof mgr_table[0], NULL, &h, pl, h.len);
+			enum link_verdict v = LINK_BAD;
+			if (e == 0) {
+				v = link_check(LINK_API, &h, areq_link_state(h.id));
+				if (v == LINK_HANDLE)
+					e = spaced_frame_dispatch(mgr_table, sizeof mgr_table / sizeof mgr_table[0], NULL, &h, pl,
+					                          h.len);
+				else if (v == LINK_BAD)
+					e = SPACED_EPROTO;
+			}
 			if (e < 0) {
-				fprintf(stderr, "node-api: protocol error from the gate\n");
+				fprintf(stderr, "node-api: protocol error from the gate (%s for request %u)\n",
+				        link_msg_name(h.type), h.id);
 				quit();
 				return;
 			}
