@@ -185,4 +185,22 @@ struct mgr_config {
 /* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);
 
+/* ---- the link to the control plane (link.c) ---- */
+struct link_config {
+	const char *cp_url;     /* http://HOST:PORT of spaced-cp */
+	const char *worker_id;
+	const char *state_dir;  /* STATE/worker.key, STATE/api.port */
+	const char *admin_path; /* the gate's admin socket */
+	const char *join_token; /* used only while there is no worker key; may be NULL */
+	const char *advertise;  /* node-api's URL for clients, or NULL: http://LISTEN_HOST:PORT */
+	const char *listen_host;
+	int capacity;           /* sandboxes placed here at most */
+};
+/* Exit status of a link that the control plane refused (no key and no
+ * token, a spent or foreign token, a revoked key): not started again. */
+#define LINK_EXIT_FATAL 3
+/* Joins if needed, registers, then holds the control channel until SIGTERM.
+ * Returns the exit status. */
+int link_run(const struct link_config *cfg);
+
 #endif
