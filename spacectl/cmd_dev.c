@@ -1,6 +1,6 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
@@ -37,7 +37,7 @@
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
-	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev]\n"
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
@@ -493,7 +493,7 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
-static int dev_up(const char *dir, int nworkers, const char *substrate)
+static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
 	char p[PATH_MAX + 64], p2[PATH_MAX + 64], absdir[PATH_MAX], err[256];
@@ -608,13 +608,18 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
 		const char *a[24] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join, NULL};
+		int na = 15;
 		if (real) {
-			a[15] = "--launcher";
-			a[16] = launch;
-			a[17] = "--host";
-			a[18] = host;
-			a[19] = NULL;
+			a[na++] = "--launcher";
+			a[na++] = launch;
+			a[na++] = "--host";
+			a[na++] = host;
 		}
+		if (stall) {
+			a[na++] = "--stall-timeout";
+			a[na++] = stall;
+		}
+		a[na] = NULL;
 		pid_t pid = spawn(a, log);
 		record(pids, wid, pid);
 		snprintf(p, sizeof p, "%s/worker.key", wdir);
@@ -747,9 +752,10 @@ int cmd_dev(int argc, char **argv)
 		{"workers", required_argument, NULL, 'w'},
 		{"dir", required_argument, NULL, 'd'},
 		{"substrate", required_argument, NULL, 's'},
+		{"stall-timeout", required_argument, NULL, 'S'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process";
+	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL;
 	int workers = 2, c;
 	if (dir == NULL || !dir[0])
 		dir = ".spaced-dev";
@@ -762,13 +768,14 @@ int cmd_dev(int argc, char **argv)
 		case 'w': workers = atoi(optarg); break;
 		case 'd': dir = optarg; break;
 		case 's': substrate = optarg; break;
+		case 'S': stall = optarg; break;
 		default: return cli_usage(usage_dev);
 		}
 	}
 	if (optind != argc - 1 || workers < 1 || workers > DEV_MAX_WORKERS)
 		return cli_usage(usage_dev);
 	if (strcmp(sub, "up") == 0)
-		return dev_up(dir, workers, substrate);
+		return dev_up(dir, workers, substrate, stall);
 	if (strcmp(sub, "down") == 0)
 		return dev_down(dir, 0, 1);
 	if (strcmp(sub, "status") == 0)
