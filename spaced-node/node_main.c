@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -51,6 +52,8 @@ static void usage(void)
 }
 
 /* ---- the group: gate, node-api, executor ---- */
+
+#define REQUEST_PATH_NICE (-10)
 
 /* Starts node-api and the executor, then runs the gate in this process until
  * a link goes away; the children end with it (parent-death signal). */
@@ -92,6 +95,12 @@ static int run_group(struct mgr_config *mc, const char *host, int port, const ch
 	}
 	close(api[1]);
 	close(exe[1]);
+	/* the request path (the gate and node-api) runs ahead of the executions'
+	 * processes, so that tenants' CPU load does not delay another tenant's
+	 * verification and forwarding; the executor and what it starts keep the
+	 * default priority (best effort: needs CAP_SYS_NICE) */
+	setpriority(PRIO_PROCESS, (id_t)api_pid, REQUEST_PATH_NICE);
+	setpriority(PRIO_PROCESS, 0, REQUEST_PATH_NICE);
 	mc->api_fd = api[0];
 	mc->api_pid = api_pid;
 	mc->exe_fd = exe[0];
