@@ -98,6 +98,23 @@ struct mgr_store *mgr_store_of(struct mgr *m)
 
 int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line)
 {
+	if (!rec->r.active) {
+		/* A tombstone admits nothing: it refuses from now on (R4), before its
+		 * fsync; the acknowledgement still waits for the disk. Should the
+		 * write fail, the gate starts again from the records on disk, and the
+		 * control plane sends the unacknowledged deactivation again. */
+		int e = rec_put_mem(m, rec);
+		if (e < 0)
+			return e;
+		gate_streams_on_install(m, rec, handoff);
+		e = mgr_store_commit(m->store, rec, seq, ack_line);
+		if (e < 0) {
+			gate_quit(m, "a tombstone could not be written");
+			return e;
+		}
+		mgr_store_use_epoch(m->store, rec->r.epoch);
+		return 0;
+	}
 	int e = mgr_store_commit(m->store, rec, seq, ack_line);
 	if (e < 0)
 		return e;
