@@ -3,6 +3,7 @@
  * in memory and on disk, the verification keys, the status document, and
  * the start of the gate with its two children, node-api and the executor.
  */
+#include "log.h"
 #include "executor.h"
 #include "gate.h"
 
@@ -28,9 +29,7 @@ void gate_log(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "sbx-manager: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
+	spaced_vlog("sbx-manager", fmt, ap);
 	va_end(ap);
 }
 
@@ -268,6 +267,10 @@ int mgr_run(const struct mgr_config *cfg)
 		goto out;
 	if ((e = mgr_store_foreach(m.store, load_cb, &m)) < 0)
 		goto out;
+	if (gate_audit_open(&m) < 0) {
+		gate_log("level=error event=audit-log-unwritable dir=%s", cfg->state_dir);
+		goto out;
+	}
 	if (gate_jobs_start(&m, cfg->exe_fd) < 0 || gate_streams_start(&m, cfg->api_fd) < 0)
 		goto out;
 	if (gate_admin_start(&m) < 0) {
