@@ -6,7 +6,7 @@
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
- *               [--metrics-listen HOST:PORT] [--log-format text|json]
+ *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
  *
  * With --cp the worker joins the control plane itself (link.c): the join
@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "error.h"
 #include "executor.h"
 #include "log.h"
@@ -50,7 +51,7 @@ static void usage(void)
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
-	                "                   [--metrics-listen HOST:PORT] [--log-format text|json]\n"
+	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
 
@@ -332,6 +333,11 @@ int main(int argc, char **argv)
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 
+	char cfg_err[256];
+	if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
+		fprintf(stderr, "spaced-node: --config: %s\n", cfg_err);
+		return 2;
+	}
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
