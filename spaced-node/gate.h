@@ -137,6 +137,9 @@ struct mgr {
 	struct spaced_buf api_rbuf;
 	struct spaced_buf api_out; /* frames for node-api not yet written */
 	size_t api_out_off;
+	uv_check_t api_check;      /* writes them at the end of each turn of the loop */
+	uv_idle_t api_idle;        /* keeps the loop from sleeping while some are due */
+	bool api_flush_due;
 	struct gstream *streams;
 	size_t nstreams;
 	struct idle_conn *idle;

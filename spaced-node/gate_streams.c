@@ -126,6 +126,25 @@ static bool api_backlog(const struct mgr *m)
 	return m->api_out.len - m->api_out_off > API_HIGH;
 }
 
+/* Frames queued during one turn of the loop go out together at its end (the
+ * check phase; the idle handle keeps the loop from sleeping before it), so
+ * that an answer's ACCEPT, data and RESULT wake node-api once. */
+static void api_flush_due(uv_check_t *h)
+{
+	struct mgr *m = h->data;
+	if (!m->api_flush_due)
+		return;
+	m->api_flush_due = false;
+	uv_idle_stop(&m->api_idle);
+	api_flush(m);
+	api_update_poll(m);
+}
+
+static void api_idle(uv_idle_t *h)
+{
+	api_flush_due((uv_check_t *)&((struct mgr *)h->data)->api_check);
+}
+
 void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
 {
 	if (m->api_fd < 0)
@@ -135,8 +154,10 @@ void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, co
 		gate_quit(m, "the link to node-api overflowed");
 		return;
 	}
-	api_flush(m);
-	api_update_poll(m);
+	if (!m->api_flush_due) {
+		m->api_flush_due = true;
+		uv_idle_start(&m->api_idle, api_idle);
+	}
 }
 
 static void send_refuse(struct mgr *m, uint16_t type, uint32_t id, struct spaced_decision d, const char *sandbox)
@@ -1085,6 +1106,10 @@ int gate_streams_start(struct mgr *m, int api_fd)
 	m->api_poll.data = m;
 	m->api_poll_on = true;
 	m->api_events = 0;
+	uv_check_init(m->loop, &m->api_check);
+	uv_idle_init(m->loop, &m->api_idle);
+	m->api_check.data = m->api_idle.data = m;
+	uv_check_start(&m->api_check, api_flush_due);
 	api_update_poll(m);
 	return 0;
 }
@@ -1097,6 +1122,10 @@ void gate_streams_stop(struct mgr *m)
 	if (m->api_poll_on) {
 		uv_poll_stop(&m->api_poll);
 		uv_close((uv_handle_t *)&m->api_poll, NULL);
+		uv_check_stop(&m->api_check);
+		uv_close((uv_handle_t *)&m->api_check, NULL);
+		uv_idle_stop(&m->api_idle);
+		uv_close((uv_handle_t *)&m->api_idle, NULL);
 		m->api_poll_on = false;
 	}
 	if (m->api_fd >= 0)
