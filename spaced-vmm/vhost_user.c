@@ -221,8 +221,8 @@ static int h_set_mem_table(struct vu_dev *d, struct vu_msg *m, struct vu_reply *
 		return rc;
 	}
 	for (unsigned i = 0; i < d->nqueues; i++)
-		if (d->vq[i].addr_set && vring_map(&d->vq[i], &d->mem) < 0)
-			d->vq[i].desc = NULL;
+		if (d->vq[i].addr_set)
+			vring_map(&d->vq[i], &d->mem); /* on failure the ring is not ready */
 	return 0;
 }
 
@@ -256,7 +256,6 @@ static int h_set_vring_addr(struct vu_dev *d, struct vu_msg *m, struct vu_reply 
 		set_err(d, "ring %u addresses outside the memory table", rd32(m->p));
 		return SPACED_EINVAL;
 	}
-	vq->used_idx = le16toh(*(const uint16_t *)(const void *)(vq->used + 2));
 	return 0;
 }
 
@@ -542,9 +541,8 @@ static int dispatch(struct vu_dev *d, uint32_t request, uint32_t flags, uint32_t
 		d->ops->rings_changed(d->opaque);
 	if (rc == SPACED_EPROTO || rc == SPACED_ESYS)
 		return rc;
-	if (rc < 0)
-		fprintf(stderr, "spaced-vsockd level=warn event=vhost-user-refused request=%s reason=\"%s\"\n",
-			e->name, d->err);
+	if (rc < 0 && d->ops->refused)
+		d->ops->refused(d->opaque, e->name, d->err);
 	if (r.has)
 		return send_reply(d, request, &r);
 	if ((flags & VU_FLAG_NEED_REPLY) && (d->protocol & (1ull << VU_PROTOCOL_F_REPLY_ACK))) {

@@ -48,6 +48,8 @@ struct vu_device_ops {
 	/* Called before the ring's kick eventfd is closed or replaced, while it
 	 * is still open (so the device can stop watching that very file). */
 	void (*kick_closing)(void *opaque, unsigned idx, int fd);
+	/* Called when a well-framed request is refused (the library does not log). */
+	void (*refused)(void *opaque, const char *request, const char *reason);
 };
 
 struct vu_dev {

@@ -5,6 +5,7 @@
 
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "error.h"
 
@@ -44,6 +45,14 @@ int vmm_mem_set(struct vmm_mem *m, const struct vmm_mem_region_desc *d, unsigned
 			if (ranges_overlap(d[i].gpa, d[i].size, d[j].gpa, d[j].size) ||
 			    ranges_overlap(d[i].uaddr, d[i].size, d[j].uaddr, d[j].size))
 				return SPACED_EINVAL;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		struct stat st;
+
+		/* a mapping past the end of the file faults (SIGBUS) when touched */
+		if (fstat(fds[i], &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
+		    d[i].mmap_offset + d[i].size > (uint64_t)st.st_size)
+			return SPACED_EINVAL;
 	}
 	vmm_mem_init(&nm);
 	for (unsigned i = 0; i < n; i++) {

@@ -41,8 +41,11 @@ void vmm_mem_init(struct vmm_mem *m);
 /* Replaces the table with n regions (1..VMM_MEM_MAX_REGIONS) mapped from
  * fds[i] (MAP_SHARED, read-write). Takes ownership of none of the descriptors
  * (the caller closes them; the mappings stay valid). Returns 0; SPACED_EINVAL
- * for a bad count, a zero or overflowing size or offset, or regions that
- * overlap in guest-physical or front-end space; SPACED_ESYS when mmap fails.
+ * for a bad count, a zero or overflowing size or offset, a descriptor that is
+ * not a regular file (a memfd is) or a region that reaches past the file's end
+ * (touching it would raise SIGBUS), or regions that overlap in guest-physical
+ * or front-end space; SPACED_ESYS when mmap fails. The front-end must not
+ * shrink the files afterwards (QEMU never does).
  * On error the previous table is left as it was. */
 int vmm_mem_set(struct vmm_mem *m, const struct vmm_mem_region_desc *d, unsigned n, const int *fds);
 

@@ -40,29 +40,6 @@ void vring_reset(struct vring *vq)
 	vring_init(vq);
 }
 
-int vring_map(struct vring *vq, const struct vmm_mem *mem)
-{
-	uint64_t n = vq->num;
-
-	if (n == 0 || n > VRING_MAX_SIZE || (n & (n - 1)) != 0 || !vq->addr_set)
-		return SPACED_EINVAL;
-	if ((vq->desc_uva & 15) || (vq->avail_uva & 1) || (vq->used_uva & 3))
-		return SPACED_EINVAL;
-	vq->desc = vmm_mem_uva(mem, vq->desc_uva, 16 * n);
-	vq->avail = vmm_mem_uva(mem, vq->avail_uva, 6 + 2 * n);
-	vq->used = vmm_mem_uva(mem, vq->used_uva, 6 + 8 * n);
-	if (!vq->desc || !vq->avail || !vq->used) {
-		vq->desc = vq->avail = vq->used = NULL;
-		return SPACED_EINVAL;
-	}
-	return 0;
-}
-
-bool vring_ready(const struct vring *vq)
-{
-	return vq->started && vq->enabled && !vq->broken && vq->desc != NULL;
-}
-
 static uint16_t load_le16(const uint8_t *p)
 {
 	uint16_t v = __atomic_load_n((const uint16_t *)(const void *)p, __ATOMIC_ACQUIRE);
@@ -73,6 +50,34 @@ static uint16_t load_le16(const uint8_t *p)
 static void store_le16(uint8_t *p, uint16_t v)
 {
 	__atomic_store_n((uint16_t *)(void *)p, htole16(v), __ATOMIC_RELEASE);
+}
+
+int vring_map(struct vring *vq, const struct vmm_mem *mem)
+{
+	uint64_t n = vq->num;
+
+	vq->desc = vq->avail = vq->used = NULL; /* nothing stale survives a failure */
+	if (n == 0 || n > VRING_MAX_SIZE || (n & (n - 1)) != 0 || !vq->addr_set)
+		return SPACED_EINVAL;
+	if ((vq->desc_uva & 15) || (vq->avail_uva & 1) || (vq->used_uva & 3))
+		return SPACED_EINVAL;
+	vq->desc = vmm_mem_uva(mem, vq->desc_uva, 16 * n);
+	vq->avail = vmm_mem_uva(mem, vq->avail_uva, 6 + 2 * n);
+	vq->used = vmm_mem_uva(mem, vq->used_uva, 6 + 8 * n);
+	/* the host pointers must be aligned too: a region's file offset could
+	 * shift them where the guest's addresses are aligned */
+	if (!vq->desc || !vq->avail || !vq->used || ((uintptr_t)vq->desc & 15) ||
+	    ((uintptr_t)vq->avail & 1) || ((uintptr_t)vq->used & 3)) {
+		vq->desc = vq->avail = vq->used = NULL;
+		return SPACED_EINVAL;
+	}
+	vq->used_idx = load_le16(vq->used + 2); /* where the previous user of the ring stopped */
+	return 0;
+}
+
+bool vring_ready(const struct vring *vq)
+{
+	return vq->started && vq->enabled && !vq->broken && vq->desc != NULL;
 }
 
 struct desc {
@@ -191,7 +196,7 @@ void vring_notify(struct vring *vq)
 {
 	uint64_t one = 1;
 
-	if (vq->pushed == 0 || vq->call_fd < 0)
+	if (vq->pushed == 0 || vq->call_fd < 0 || !vq->avail)
 		return;
 	vq->pushed = 0;
 	__atomic_thread_fence(__ATOMIC_SEQ_CST); /* used idx before reading the guest's flags */

@@ -54,9 +54,11 @@ void vring_init(struct vring *vq);
 /* Closes the ring's descriptors and sets it back to vring_init's state. */
 void vring_reset(struct vring *vq);
 
-/* Translates the ring's three areas through mem. Returns 0, or SPACED_EINVAL
- * when the size is unset or not a power of two, the addresses are unset or
- * misaligned, or an area is not wholly inside one region. */
+/* Translates the ring's three areas through mem and takes the used index the
+ * ring holds as the next one to write. Returns 0, or SPACED_EINVAL (the ring
+ * is then not ready) when the size is unset or not a power of two, the
+ * addresses are unset or misaligned, or an area is not wholly inside one
+ * region. */
 int vring_map(struct vring *vq, const struct vmm_mem *mem);
 
 /* Whether the device may take buffers from this ring now. */

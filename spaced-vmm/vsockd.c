@@ -1048,7 +1048,13 @@ static void on_ring_stopping(void *opaque, unsigned idx)
 	conn_free_all(d);
 }
 
+static void on_refused(void *opaque, const char *request, const char *reason)
+{
+	logf_("warn", "vhost-user-refused", "request=%s reason=\"%s\"", request, reason);
+}
+
 static const struct vu_device_ops vsock_ops = {
+	.refused = on_refused,
 	.rings_changed = on_rings_changed,
 	.ring_stopping = on_ring_stopping,
 	.kick_closing = on_kick_closing,
