@@ -5,14 +5,15 @@
 # Environment: SPACED_VM_KVER (kernel version whose modules to take; default: the
 # newest /lib/modules/* holding the virtio vsock transport), CC (default cc).
 #
-# The image holds a static busybox, the static guest listener vsock-echo (built
-# here from guest/vsock_echo.c with -static) and the kernel modules a Debian
+# The image holds a static busybox, the static guest listener vsock-echo and
+# vsock-dial (built here from guest/*.c with -static) and the kernel modules a Debian
 # kernel needs on a QEMU microvm before AF_VSOCK works: on Debian 6.1 virtio,
 # virtio_ring, virtio_mmio and the whole vsock stack are modules (CONFIG_VIRTIO=m,
 # CONFIG_VIRTIO_MMIO=m, CONFIG_VSOCKETS=m, CONFIG_VIRTIO_VSOCKETS=m) and
 # CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES is off, so the virtio-mmio devices are found
 # through the ACPI tables of the microvm (acpi=on). /init loads them in dependency
-# order and starts vsock-echo on port 1024.
+# order, starts vsock-echo on port 1024 and, in the background, vsock-dial, which
+# connects once to the host's port 5000 and prints the answer on the console.
 set -eu
 [ $# -eq 2 ] || { echo "usage: $0 BUILD OUT" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,6 +44,7 @@ rm -rf "$root"
 mkdir -p "$root/bin" "$root/lib/modules" "$root/proc" "$root/sys" "$root/dev" "$root/tmp"
 cp "$busybox" "$root/bin/busybox"
 "$CC" -static -O2 -Wall -Wextra -o "$root/bin/vsock-echo" "$here/guest/vsock_echo.c"
+"$CC" -static -O2 -Wall -Wextra -o "$root/bin/vsock-dial" "$here/guest/vsock_dial.c"
 
 for m in $MODS; do
 	f=$(find "/lib/modules/$kver" -name "$m.ko*" | head -n 1)
@@ -65,6 +67,8 @@ for m in $MODS; do
 	/bin/busybox insmod /lib/modules/\$m.ko || echo "init: insmod \$m failed"
 done
 echo "init: modules loaded"
+# a guest-initiated connection: host port 5000 (the hybrid socket's <path>_5000)
+/bin/vsock-dial 5000 "hello from the guest" &
 /bin/vsock-echo 1024
 echo "init: vsock-echo ended (\$?)"
 /bin/busybox poweroff -f

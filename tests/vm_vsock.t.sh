@@ -10,6 +10,8 @@
 #     guest's RST) and a client that says nothing are each closed without a
 #     byte of answer, and the daemon goes on serving;
 #   - 50 connections opened, used and closed in a row all work;
+#   - the guest's own connection to the host's port 5000 (vsock-dial in /init)
+#     reaches the Unix socket "<hybrid path>_5000", as with Firecracker;
 #   - when QEMU goes, spaced-vsockd ends on its own and removes its sockets.
 # Exit 77 (reason on the last line) when QEMU, a kernel with the virtio vsock
 # modules, a static busybox or cpio is missing. Every wait is bounded.
@@ -39,7 +41,9 @@ command -v cpio >/dev/null || { echo "cpio not installed"; exit 77; }
 tmp=$(mktemp -d /tmp/spaced-vmvsock-XXXXXX)
 vpid=""
 qpid=""
+spid=""
 cleanup() {
+	[ -n "$spid" ] && kill "$spid" 2>/dev/null
 	[ -n "$qpid" ] && kill "$qpid" 2>/dev/null
 	[ -n "$vpid" ] && kill "$vpid" 2>/dev/null
 	[ -n "$qpid" ] && wait "$qpid" 2>/dev/null
@@ -71,6 +75,10 @@ while [ ! -S "$vu" ]; do
 	i=$((i + 1)); [ $i -gt 100 ] && { cat "$tmp/vsockd.log"; echo "FAIL: spaced-vsockd did not listen"; exit 1; }
 	sleep 0.05
 done
+
+# the host side of the guest's own connection (to port 5000)
+"$client" serve "${uds}_5000" >"$tmp/serve.out" 2>&1 &
+spid=$!
 
 # tsc_early_khz spares the guest its TSC calibration, slow under TCG
 khz=$(awk -F: '/^cpu MHz/ { printf "%d", $2 * 1000; exit }' /proc/cpuinfo)
@@ -137,6 +145,19 @@ if out=$("$client" echo "$uds" 1024 4194304 2>&1); then
 else
 	fail "4 MiB echo after the refusals: $out"
 fi
+
+i=0
+while kill -0 "$spid" 2>/dev/null; do
+	i=$((i + 1)); [ $i -gt 100 ] && break
+	sleep 0.1
+done
+if wait "$spid" && grep -q "got='hello from the guest'" "$tmp/serve.out" &&
+	grep -q 'vsock-dial: reply: host got: hello from the guest' "$tmp/console.log"; then
+	ok "the guest's connection to host port 5000 reached ${uds##*/}_5000 and got its answer"
+else
+	fail "guest-initiated connection: $(cat "$tmp/serve.out"; grep vsock-dial "$tmp/console.log")"
+fi
+spid=""
 
 kill -0 "$vpid" 2>/dev/null && ok "spaced-vsockd still running" || fail "spaced-vsockd died"
 

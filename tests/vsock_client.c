@@ -10,6 +10,10 @@
  *   vsock-client refused UDS TEXT         sends TEXT ("\n" is a newline) and
  *                                          expects the socket closed without a
  *                                          single byte in answer
+ *   vsock-client serve PATH               listens on PATH (a guest-initiated
+ *                                          connection's "<uds>_<port>"), takes one
+ *                                          connection, reads to EOF and answers
+ *                                          "host got: " and what it read
  *
  * Every wait is bounded (SPACED_VSOCK_CLIENT_TIMEOUT_MS, default 30000 in
  * all). Prints one "ok …" line with figures, or "error: …"; exit 0 or 1.
@@ -291,6 +295,52 @@ static int cmd_refused(const char *path, const char *text)
 	return 0;
 }
 
+static int cmd_serve(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char buf[512] = "host got: ";
+	size_t pre = strlen(buf), n = pre;
+	int lfd, fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return 1;
+	strcpy(sa.sun_path, path);
+	unlink(path);
+	lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(lfd, 4) < 0) {
+		fprintf(stderr, "error: listen %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	if (wait_in(lfd) < 0 || (fd = accept(lfd, NULL, NULL)) < 0) {
+		fprintf(stderr, "error: no connection from the guest in time\n");
+		close(lfd);
+		unlink(path);
+		return 1;
+	}
+	close(lfd);
+	unlink(path);
+	while (n < sizeof(buf) - 1) {
+		ssize_t r;
+
+		if (wait_in(fd) < 0)
+			break;
+		r = read(fd, buf + n, sizeof(buf) - 1 - n);
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	if (write_all(fd, buf, n) < 0) {
+		fprintf(stderr, "error: answer: %s\n", strerror(errno));
+		close(fd);
+		return 1;
+	}
+	close(fd);
+	while (n > pre && buf[n - 1] == '\n')
+		n--;
+	printf("ok serve got='%.*s'\n", (int)(n - pre), buf + pre);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *t = getenv("SPACED_VSOCK_CLIENT_TIMEOUT_MS");
@@ -304,6 +354,8 @@ int main(int argc, char **argv)
 				(unsigned)strtoul(argv[4], NULL, 10));
 	if (argc == 4 && strcmp(argv[1], "refused") == 0)
 		return cmd_refused(argv[2], argv[3]);
-	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT\n");
+	if (argc == 3 && strcmp(argv[1], "serve") == 0)
+		return cmd_serve(argv[2]);
+	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | serve PATH\n");
 	return 2;
 }
