@@ -1169,12 +1169,11 @@ static void expire_timers(struct vsockd *d)
 	}
 }
 
-int vsockd_run(const struct vsockd_config *cfg)
+int vsockd_open(const struct vsockd_config *cfg, struct vsockd **out)
 {
 	struct vsockd *d = calloc(1, sizeof(*d));
 	uint8_t config[8];
 	uint64_t cid_le;
-	sigset_t mask;
 	int rc = 0, fd;
 
 	if (!d)
@@ -1191,17 +1190,25 @@ int vsockd_run(const struct vsockd_config *cfg)
 	cid_le = htole64(cfg->guest_cid);
 	memcpy(config, &cid_le, sizeof(config)); /* struct virtio_vsock_config { le64 guest_cid; } */
 	vu_init(&d->vu, 2, config, sizeof(config), &vsock_ops, d);
-
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	d->ep = epoll_create1(EPOLL_CLOEXEC);
-	d->sig_ev.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-	if (d->ep < 0 || d->sig_ev.fd < 0) {
+	if (d->ep < 0) {
 		rc = SPACED_ESYS;
 		goto out;
+	}
+	if (!cfg->no_signals) {
+		sigset_t mask;
+
+		sigemptyset(&mask);
+		sigaddset(&mask, SIGTERM);
+		sigaddset(&mask, SIGINT);
+		sigprocmask(SIG_BLOCK, &mask, NULL);
+		d->sig_ev.fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+		if (d->sig_ev.fd < 0) {
+			rc = SPACED_ESYS;
+			goto out;
+		}
+		ev_set(d, &d->sig_ev, EPOLLIN, true);
 	}
 	if ((rc = listen_unix(cfg->uds_path, &fd)) < 0)
 		goto out;
@@ -1209,69 +1216,95 @@ int vsockd_run(const struct vsockd_config *cfg)
 	if ((rc = listen_unix(cfg->vu_path, &fd)) < 0)
 		goto out;
 	d->vu_listen_ev.fd = fd;
-	ev_set(d, &d->sig_ev, EPOLLIN, true);
 	ev_set(d, &d->vu_listen_ev, EPOLLIN, true);
 	ev_set(d, &d->host_listen_ev, EPOLLIN, true);
 	logf_("info", "listening", "vhost_user=%s uds=%s guest_cid=%llu", cfg->vu_path, cfg->uds_path,
 	      (unsigned long long)cfg->guest_cid);
+	*out = d;
+	return 0;
+out:
+	vsockd_close(d);
+	return rc;
+}
 
-	while (!d->quit) {
-		struct epoll_event evs[64];
-		int n = epoll_wait(d->ep, evs, 64, next_timeout(d));
+int vsockd_step(struct vsockd *d, int timeout_ms)
+{
+	struct epoll_event evs[64];
+	int n, t = next_timeout(d);
 
-		if (n < 0 && errno != EINTR) {
-			rc = SPACED_ESYS;
+	if (d->quit)
+		return 0;
+	if (timeout_ms >= 0 && (t < 0 || t > timeout_ms))
+		t = timeout_ms;
+	n = epoll_wait(d->ep, evs, 64, t);
+	if (n < 0 && errno != EINTR)
+		return SPACED_ESYS;
+	for (int i = 0; i < n && !d->quit; i++) {
+		struct ev *e = evs[i].data.ptr;
+
+		switch (e->kind) {
+		case EV_SIGNAL:
+			d->quit = true;
+			logf_("info", "signal", "%s", "stopping");
+			break;
+		case EV_VU_LISTEN:
+			vu_accept(d);
+			break;
+		case EV_VU:
+			vu_event(d);
+			break;
+		case EV_HOST_LISTEN:
+			host_accept(d);
+			break;
+		case EV_KICK:
+			if (e->registered)
+				kick_event(d, e->idx);
+			break;
+		case EV_CONN:
+			host_event(d, (struct conn *)(void *)e, evs[i].events);
 			break;
 		}
-		for (int i = 0; i < n && !d->quit; i++) {
-			struct ev *e = evs[i].data.ptr;
-
-			switch (e->kind) {
-			case EV_SIGNAL:
-				d->quit = true;
-				logf_("info", "signal", "%s", "stopping");
-				break;
-			case EV_VU_LISTEN:
-				vu_accept(d);
-				break;
-			case EV_VU:
-				vu_event(d);
-				break;
-			case EV_HOST_LISTEN:
-				host_accept(d);
-				break;
-			case EV_KICK:
-				if (e->registered)
-					kick_event(d, e->idx);
-				break;
-			case EV_CONN:
-				host_event(d, (struct conn *)(void *)e, evs[i].events);
-				break;
-			}
-		}
-		if (d->more_tx)
-			tx_process(d);
-		expire_timers(d);
-		rx_flush(d);
-		reap_dead(d);
 	}
-out:
+	if (d->more_tx)
+		tx_process(d);
+	expire_timers(d);
+	rx_flush(d);
+	reap_dead(d);
+	return d->quit ? 0 : 1;
+}
+
+void vsockd_close(struct vsockd *d)
+{
+	if (!d)
+		return;
 	conn_free_all(d);
 	reap_dead(d);
 	if (d->vu.fd >= 0)
 		vu_detach(&d->vu);
 	if (d->host_listen_ev.fd >= 0) {
 		close(d->host_listen_ev.fd);
-		unlink(cfg->uds_path);
+		unlink(d->cfg->uds_path);
 	}
 	if (d->vu_listen_ev.fd >= 0) {
 		close(d->vu_listen_ev.fd);
-		unlink(cfg->vu_path);
+		unlink(d->cfg->vu_path);
 	}
 	if (d->sig_ev.fd >= 0)
 		close(d->sig_ev.fd);
 	if (d->ep >= 0)
 		close(d->ep);
 	free(d);
+}
+
+int vsockd_run(const struct vsockd_config *cfg)
+{
+	struct vsockd *d;
+	int rc = vsockd_open(cfg, &d);
+
+	if (rc < 0)
+		return rc;
+	while ((rc = vsockd_step(d, -1)) > 0)
+		;
+	vsockd_close(d);
 	return rc;
 }

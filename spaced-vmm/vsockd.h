@@ -24,14 +24,29 @@ struct vsockd_config {
 	unsigned max_conns;      /* connections at once; more are closed at accept */
 	uint32_t buf_alloc;      /* receive buffer per connection advertised to the guest */
 	int verbose;             /* log every connection event */
+	int no_signals;          /* leave SIGTERM/SIGINT alone (tests and fuzzing) */
 };
 
+struct vsockd;
+
 /* Binds both sockets (each as PATH.tmp, made to listen, then renamed over
- * PATH, so PATH never exists without a listener), waits for QEMU and serves
- * until QEMU hangs up after having connected (the VM is gone), SIGTERM or
- * SIGINT. Returns 0 then, or a negative SPACED_E* code when the sockets
- * cannot be set up (a message says why on stderr). Every host connection is
- * closed on return and both socket files are removed. */
+ * PATH, so PATH never exists without a listener) and, unless cfg->no_signals,
+ * takes SIGTERM and SIGINT through a signalfd. On success *out is the daemon
+ * (cfg must outlive it) and 0 is returned; otherwise a negative SPACED_E* code
+ * (a message says why on stderr) and *out is untouched. */
+int vsockd_open(const struct vsockd_config *cfg, struct vsockd **out);
+
+/* Handles one round of events, waiting at most timeout_ms for them (-1: as
+ * long as it takes; a pending deadline or unfinished ring shortens the wait).
+ * Returns 1 while serving, 0 once done (QEMU hung up after having connected:
+ * the VM is gone; or a signal), SPACED_ESYS when epoll itself fails. */
+int vsockd_step(struct vsockd *d, int timeout_ms);
+
+/* Closes every connection and socket, removes both socket files and frees d
+ * (NULL is accepted). */
+void vsockd_close(struct vsockd *d);
+
+/* vsockd_open, vsockd_step until done, vsockd_close. Returns 0 or the error. */
 int vsockd_run(const struct vsockd_config *cfg);
 
 #endif
