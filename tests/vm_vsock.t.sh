@@ -10,6 +10,12 @@
 #     guest's RST) and a client that says nothing are each closed without a
 #     byte of answer, and the daemon goes on serving;
 #   - 50 connections opened, used and closed in a row all work;
+#   - spaced-host, unchanged, passes its transport checks against this socket
+#     (B1/B2: the listener is held by the expected spaced-vsockd, its
+#     executable, the peer credentials; then CONNECT/OK): its refusal comes
+#     only from the answer to its HELLO (the test guest echoes instead of
+#     answering as spaced-guest would); with the wrong process named as the
+#     VMM it refuses at the transport (SPACED_EPEER);
 #   - the guest's own connection to the host's port 5000 (vsock-dial in /init)
 #     reaches the Unix socket "<hybrid path>_5000", as with Firecracker;
 #   - when QEMU goes, spaced-vsockd ends on its own and removes its sockets.
@@ -144,6 +150,32 @@ if out=$("$client" echo "$uds" 1024 4194304 2>&1); then
 	ok "4 MiB echo after all that: $out"
 else
 	fail "4 MiB echo after the refusals: $out"
+fi
+
+# the bridge in front of this transport, as spaced-node would start it
+host=$build/spaced-host/spaced-host
+if [ -x "$host" ]; then
+	for who in vsockd qemu; do
+		pid=$vpid exe=$vsockd
+		[ "$who" = qemu ] && pid=$qpid exe=$qemu
+		"$host" --listen "$tmp/host-$who.sock" --guest "$uds" --guest-port 1024 \
+			--identity 'sandbox=vm1;generation=1;worker=w1;substrate=qemu;activation=a1;pod_uid=' \
+			--launcher-pid "$pid" --launcher-exe "$exe" --manager-uid "$(id -u)" --timeout-ms 3000 \
+			2>"$tmp/host-$who.log" &
+		hpid=$!
+		i=0
+		while [ ! -S "$tmp/host-$who.sock" ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
+		out=$("$client" read "$tmp/host-$who.sock" 2>&1)
+		kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null
+		refusal=$(grep 'event=guest-refused' "$tmp/host-$who.log")
+		case "$who:$refusal" in
+		vsockd:*'code=SPACED_EPROTO reason="malformed HELLO answer from the guest"'*)
+			ok "spaced-host passes its B1/B2 and CONNECT checks against spaced-vsockd (refused only at the echoed HELLO: $out)" ;;
+		qemu:*'code=SPACED_EPEER'*)
+			ok "spaced-host naming QEMU instead of spaced-vsockd as the VMM refuses at the transport: ${refusal#*code=}" ;;
+		*) fail "spaced-host ($who named as the VMM): $out / $(cat "$tmp/host-$who.log")" ;;
+		esac
+	done
 fi
 
 i=0

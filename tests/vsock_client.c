@@ -10,6 +10,9 @@
  *   vsock-client refused UDS TEXT         sends TEXT ("\n" is a newline) and
  *                                          expects the socket closed without a
  *                                          single byte in answer
+ *   vsock-client read PATH                connects, sends nothing, prints what
+ *                                          arrives until the socket closes
+ *                                          (bytes outside printable ASCII as '.')
  *   vsock-client serve PATH               listens on PATH (a guest-initiated
  *                                          connection's "<uds>_<port>"), takes one
  *                                          connection, reads to EOF and answers
@@ -295,6 +298,35 @@ static int cmd_refused(const char *path, const char *text)
 	return 0;
 }
 
+static int cmd_read(const char *path)
+{
+	char buf[4096];
+	size_t n = 0;
+	int fd = dial(path);
+
+	if (fd < 0)
+		return 1;
+	while (n < sizeof(buf)) {
+		ssize_t r;
+
+		if (wait_in(fd) < 0) {
+			fprintf(stderr, "error: still open after the time allowed\n");
+			close(fd);
+			return 1;
+		}
+		r = read(fd, buf + n, sizeof(buf) - n);
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	close(fd);
+	for (size_t i = 0; i < n; i++)
+		if (buf[i] < 0x20 || buf[i] > 0x7e)
+			buf[i] = '.';
+	printf("ok read bytes=%zu text='%.*s'\n", n, (int)n, buf);
+	return 0;
+}
+
 static int cmd_serve(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -354,8 +386,10 @@ int main(int argc, char **argv)
 				(unsigned)strtoul(argv[4], NULL, 10));
 	if (argc == 4 && strcmp(argv[1], "refused") == 0)
 		return cmd_refused(argv[2], argv[3]);
+	if (argc == 3 && strcmp(argv[1], "read") == 0)
+		return cmd_read(argv[2]);
 	if (argc == 3 && strcmp(argv[1], "serve") == 0)
 		return cmd_serve(argv[2]);
-	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | serve PATH\n");
+	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | serve PATH\n");
 	return 2;
 }
