@@ -115,6 +115,7 @@ struct vsockd {
 	unsigned nconns;
 	struct conn *timed_head, *timed_tail;
 	struct conn *ready_head, *ready_tail;
+	unsigned nready;
 	struct conn *dead; /* closed connections an event of this round may still name */
 	struct rst_entry rstq[RSTQ_MAX];
 	unsigned rst_head, rst_len;
@@ -262,6 +263,7 @@ static void ready_remove(struct vsockd *d, struct conn *c)
 		d->ready_tail = c->rprev;
 	c->rprev = c->rnext = NULL;
 	c->ready = false;
+	d->nready--;
 }
 
 static void ready_append(struct vsockd *d, struct conn *c)
@@ -276,6 +278,7 @@ static void ready_append(struct vsockd *d, struct conn *c)
 		d->ready_head = c;
 	d->ready_tail = c;
 	c->ready = true;
+	d->nready++;
 }
 
 /* ---- credit ---- */
@@ -734,7 +737,10 @@ static void rx_flush(struct vsockd *d)
 			d->rst_len--;
 			len = VSOCK_HDR_SIZE;
 		}
-		while (len == 0 && d->ready_head) {
+		/* each ready connection gets one try at this chain: one whose only
+		 * packet is data cannot use a chain with no room past the header
+		 * (a guest may offer such buffers), and must not be tried forever */
+		for (unsigned tries = d->nready; len == 0 && tries > 0 && d->ready_head; tries--) {
 			struct conn *c = d->ready_head;
 
 			len = conn_build_packet(d, c, ch);
