@@ -121,6 +121,7 @@ struct vsockd {
 	unsigned rst_head, rst_len;
 	uint32_t next_port;
 	bool more_tx; /* the tx ring had more than one budget's worth */
+	bool more_rx; /* the rx flush stopped at its budget */
 	struct vring_chain chain;
 	uint64_t stat_rx_pkts, stat_tx_pkts, stat_bad_chains, stat_rst_dropped;
 };
@@ -704,13 +705,21 @@ static void rx_flush(struct vsockd *d)
 {
 	struct vring *vq = &d->vu.vq[RXQ];
 	struct vring_chain *ch = &d->chain;
+	unsigned budget = 4 * RING_BUDGET;
 
+	d->more_rx = false;
 	if (!vring_ready(vq))
 		return;
 	while (d->rst_len > 0 || d->ready_head) {
-		int rc = vring_pop(vq, &d->vu.mem, ch);
+		int rc;
 		size_t len = 0;
 
+		if (budget-- == 0) {
+			/* the guest may keep adding (bad) chains while we take them */
+			d->more_rx = true;
+			break;
+		}
+		rc = vring_pop(vq, &d->vu.mem, ch);
 		if (rc == SPACED_EPROTO) {
 			d->stat_bad_chains++;
 			continue;
@@ -1146,7 +1155,7 @@ static int next_timeout(struct vsockd *d)
 {
 	uint64_t now;
 
-	if (d->more_tx)
+	if (d->more_tx || d->more_rx)
 		return 0;
 	if (!d->timed_head)
 		return -1;

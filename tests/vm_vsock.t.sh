@@ -102,9 +102,9 @@ qpid=$!
 i=0
 while ! grep -q 'vsock-echo: listening' "$tmp/console.log" 2>/dev/null; do
 	i=$((i + 1))
-	if [ $i -gt 300 ] || ! kill -0 "$qpid" 2>/dev/null; then
+	if [ $i -gt 450 ] || ! kill -0 "$qpid" 2>/dev/null; then
 		cat "$tmp/console.log" "$tmp/qemu.log" "$tmp/vsockd.log" 2>/dev/null
-		echo "FAIL: the guest did not come up within 30 s"; exit 1
+		echo "FAIL: the guest did not come up within 45 s"; exit 1
 	fi
 	sleep 0.1
 done
