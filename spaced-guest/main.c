@@ -4,6 +4,12 @@
  *
  *   spaced-guest --root DIR --identity TEXT --listen PATH
  *   spaced-guest --root DIR --control-fd N [--identity TEXT]
+ *   spaced-guest --root DIR --identity TEXT --vsock-port N
+ *
+ * With --vsock-port (the qemu substrate: spaced-guest is PID 1 of a microVM,
+ * docs/substrate.md) the guest listens on AF_VSOCK port N of any local CID;
+ * the host reaches it through the VM's vsock device (spaced-vsockd and its
+ * hybrid Unix socket, docs/vm-transport.md).
  *
  * In control-fd mode, fd N is an AF_UNIX SOCK_SEQPACKET socket from the
  * launcher carrying "IDENTITY <canonical text>" (once, when --identity was not
@@ -29,6 +35,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <linux/vm_sockets.h>
 
 #include "error.h"
 #include "guest.h"
@@ -400,10 +408,23 @@ static void open_listener(const char *path)
 	memcpy(listen_path, path, strlen(path) + 1);
 }
 
+/* Listens on AF_VSOCK port (any local CID): the guest agent of a microVM. */
+static void open_vsock_listener(unsigned long port)
+{
+	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = (unsigned)port};
+	G.listen_fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (G.listen_fd < 0)
+		die("socket(AF_VSOCK)");
+	if (bind(G.listen_fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+		die("bind vsock");
+	if (listen(G.listen_fd, 64) < 0)
+		die("listen vsock");
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-guest [--root DIR] [--identity TEXT] "
-	                "(--listen PATH | --control-fd N) [--service-ports] [--verbose]\n");
+	                "(--listen PATH | --control-fd N | --vsock-port N) [--service-ports] [--verbose]\n");
 	exit(64);
 }
 
@@ -411,6 +432,7 @@ int main(int argc, char **argv)
 {
 	const char *root = "/", *identity = NULL, *listen = NULL;
 	long control = -1;
+	unsigned long vsock_port = 0;
 	static const struct option opts[] = {
 		{"root", required_argument, NULL, 'r'},
 		{"identity", required_argument, NULL, 'i'},
@@ -418,10 +440,11 @@ int main(int argc, char **argv)
 		{"control-fd", required_argument, NULL, 'c'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"service-ports", no_argument, NULL, 'p'},
+		{"vsock-port", required_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "r:i:l:c:vp", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:", opts, NULL)) != -1) {
 		char *end;
 		switch (o) {
 		case 'r':
@@ -445,11 +468,18 @@ int main(int argc, char **argv)
 		case 'p':
 			G.service_ports = true;
 			break;
+		case 'V':
+			errno = 0;
+			vsock_port = strtoul(optarg, &end, 10);
+			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vsock_port >= VMADDR_PORT_ANY)
+				usage();
+			break;
 		default:
 			usage();
 		}
 	}
-	if (optind != argc || (listen == NULL && control < 0))
+	if (optind != argc || (listen == NULL && control < 0 && vsock_port == 0) ||
+	    (vsock_port != 0 && (listen != NULL || control >= 0 || identity == NULL)))
 		usage();
 	G.listen_fd = G.control_fd = -1;
 	G.pid1 = getpid() == 1;
@@ -483,10 +513,15 @@ int main(int argc, char **argv)
 	}
 	if (listen != NULL)
 		open_listener(listen);
+	if (vsock_port != 0)
+		open_vsock_listener(vsock_port);
 	if (G.control_fd >= 0)
 		control_send(G.have_identity ? "READY" : "WAITING");
 	if (listen != NULL) {
 		printf("READY %s\n", listen);
+		fflush(stdout);
+	} else if (vsock_port != 0) {
+		printf("spaced-guest: READY vsock port %lu\n", vsock_port);
 		fflush(stdout);
 	}
 	loop();

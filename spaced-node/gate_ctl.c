@@ -377,7 +377,8 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 	}
 	if (strcmp(op->id.worker, mgr_worker_id(m)) != 0)
 		return fail(o, "wrong-worker", "identity names worker %s, this is %s", op->id.worker, mgr_worker_id(m));
-	if (strcmp(op->id.substrate, "process") != 0)
+	if (strcmp(op->id.substrate, "process") != 0 &&
+	    !(strcmp(op->id.substrate, "qemu") == 0 && mgr_vm_offered(mgr_cfg(m))))
 		return fail(o, "unsupported-substrate", "substrate %s is not served here", op->id.substrate);
 	/* development executions (no launcher) are plain processes: no limit can
 	 * hold there, so none is accepted */
