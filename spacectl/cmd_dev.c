@@ -1,6 +1,6 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--log-format text|json]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
@@ -38,7 +38,7 @@
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
-	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -507,14 +507,21 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	    bin(node, sizeof node, "spaced-node/spaced-node") < 0 || bin(guest, sizeof guest, "spaced-guest/spaced-guest") < 0)
 		return cli_fail("dev up", "spaced-cp, spaced-node and spaced-guest must be built (%s; set SPACED_BUILD)",
 		                build_dir);
-	if (strcmp(substrate, "process") == 0) {
+	char vm[PATH_MAX], images[PATH_MAX + 32] = "";
+	int qemu = strcmp(substrate, "qemu") == 0;
+	if (strcmp(substrate, "process") == 0 || qemu) {
 		real = geteuid() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 &&
 		       bin(host, sizeof host, "spaced-host/spaced-host") == 0;
+		if (!real && qemu)
+			return cli_fail("dev up", "the qemu substrate needs root, spaced-launch and spaced-host");
 		if (!real)
 			fprintf(stderr, "spacectl: dev up: the process substrate needs root, spaced-launch and spaced-host; "
 			                "using development executions (plain spaced-guest processes)\n");
+		if (qemu && (bin(vm, sizeof vm, "spaced-vmm/spaced-vm") < 0 ||
+		             access("/usr/bin/qemu-system-x86_64", X_OK) != 0))
+			return cli_fail("dev up", "the qemu substrate needs spaced-vm (%s) and qemu-system-x86_64", build_dir);
 	} else if (strcmp(substrate, "dev") != 0) {
-		return cli_fail("dev up", "substrate '%s' is not available here (process, dev)", substrate);
+		return cli_fail("dev up", "substrate '%s' is not available here (process, qemu, dev)", substrate);
 	}
 	struct proc_rec old[2 * DEV_MAX_WORKERS + 4];
 	int nold = load_pids(dir, old, (int)(sizeof old / sizeof old[0]));
@@ -530,6 +537,21 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	snprintf(p, sizeof p, "%s/pids", absdir);
 	if ((pids = fopen(p, "w")) == NULL)
 		return cli_fail("dev up", "cannot write %s", p);
+	if (qemu) {
+		/* the workers' kernel, initramfs (with this build's spaced-guest) and
+		 * root tree, shared by every worker of the cluster */
+		char script[PATH_MAX + 32], vlog[PATH_MAX + 32];
+		snprintf(images, sizeof images, "%s/vm-images", absdir);
+		snprintf(script, sizeof script, "%s/spaced-vmm/mkvmimage.sh", build_dir);
+		snprintf(vlog, sizeof vlog, "%s/vm-images.log", absdir);
+		const char *a[] = {"/bin/sh", script, guest, images, NULL};
+		pid_t pid = spawn(a, vlog);
+		int st = -1;
+		if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			rc = cli_fail("dev up", "cannot build the VM images (see %s)", vlog);
+			goto out;
+		}
+	}
 	snprintf(p, sizeof p, "%s/cp", absdir);
 	mkdir(p, 0700);
 	{
@@ -541,7 +563,9 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", NULL};
+		/* a VM boots in seconds under TCG: the control plane waits for it */
+		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", qemu ? "--default-substrate" : NULL, "qemu",
+		                   "--ack-timeout", "180000", NULL};
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -562,7 +586,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		char cpdir[PATH_MAX + 64], listen[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, NULL};
+		const char *a[] = {cp, "--state", cpdir, "--listen", listen, qemu ? "--default-substrate" : NULL, "qemu",
+		                   "--ack-timeout", "180000", NULL};
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
@@ -608,7 +633,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[32] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		const char *a[40] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
 		                     "--metrics-listen", "127.0.0.1:0", NULL};
 		int na = 17;
@@ -617,6 +642,12 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = launch;
 			a[na++] = "--host";
 			a[na++] = host;
+		}
+		if (qemu) {
+			a[na++] = "--vm";
+			a[na++] = vm;
+			a[na++] = "--vm-images";
+			a[na++] = images;
 		}
 		if (stall) {
 			a[na++] = "--stall-timeout";
@@ -645,7 +676,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		wp = read_small(p);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[32];
+		const char *ka[40];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
@@ -698,7 +729,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	printf("SPACED_CP_URL=%s\nSPACED_API_KEY=%s\n", cpurl, tkey);
 	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions); "
 	                "`. %s/env` to use it, `spacectl dev down --dir %s` to stop it\n",
-	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s", real ? "process substrate" : "development", absdir,
+	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s",
+	        qemu ? "qemu and process substrate, qemu by default" : real ? "process substrate" : "development", absdir,
 	        dir);
 	rc = 0;
 out:

@@ -34,7 +34,7 @@
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
-	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
+	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE] [--default-substrate S]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -227,6 +227,7 @@ int main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
 		{"move-drain", required_argument, NULL, 'D'},
 		{"quota", required_argument, NULL, 'Q'},
+		{"default-substrate", required_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
@@ -257,6 +258,13 @@ int main(int argc, char **argv)
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
 				return 2;
 			}
+			break;
+		case 'S':
+			if (!spaced_name_valid(optarg, strlen(optarg))) {
+				fprintf(stderr, "spaced-cp: --default-substrate wants a substrate name\n");
+				return 2;
+			}
+			snprintf(cp.default_substrate, sizeof cp.default_substrate, "%s", optarg);
 			break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;

@@ -1014,7 +1014,9 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 		*body = cp_error("store-busy", spaced_strerror(r));
 		goto out;
 	}
-	if ((status = place(st, c->substrate, &c->res, c->worker, NULL, &p, body)) != 0) {
+	/* a create that names no substrate gets the control plane's default */
+	const char *substrate = c->has_substrate || !cp->default_substrate[0] ? c->substrate : cp->default_substrate;
+	if ((status = place(st, substrate, &c->res, c->worker, NULL, &p, body)) != 0) {
 		cp_store_rollback(st);
 		goto out;
 	}
@@ -1030,7 +1032,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
 	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes) "
 	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14)",
-	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
+	         id, tenant, p.worker, substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
 	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
 	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
 	         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),

@@ -113,6 +113,7 @@ int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, cha
 	}
 	if (spaced_resources_from_json(res, &c.res, err, errsz) < 0)
 		goto out;
+	c.has_substrate = json_object_get(o, "substrate") != NULL;
 	*out = c;
 	r = 0;
 out:

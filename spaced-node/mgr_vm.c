@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -29,6 +30,16 @@
 
 /* How long a VM may take to boot to its guest's HELLO (TCG on a loaded machine). */
 #define VM_BOOT_TIMEOUT_MS 180000
+/* Where each VM's own directory is (sockets, disk): RUN/<uid base>, reachable
+ * by the execution's uid (the worker's state directory is not). The uid range
+ * is the execution's alone on this host while it lives (its lock). */
+#define VM_RUN_ROOT "/run/spaced/vm"
+
+static int run_dir(const struct mgr_rec *rec, char *out, size_t outsz)
+{
+	int n = snprintf(out, outsz, "%s/%u", VM_RUN_ROOT, (unsigned)rec->uid_base);
+	return (n < 0 || (size_t)n >= outsz) ? SPACED_EINVAL : 0;
+}
 
 bool mgr_vm_is(const struct mgr_rec *rec)
 {
@@ -97,7 +108,10 @@ int mgr_vm_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	uint64_t me = cfg->exe_pid ? cfg->exe_start : 0;
 	if (!cfg->exe_pid && spaced_proc_start_time(caller, &me) < 0)
 		return SPACED_ESYS;
-	snprintf(gsock, sizeof gsock, "%s/vm/guest.sock", e_dir);
+	char rdir[128];
+	if (run_dir(rec, rdir, sizeof rdir) < 0)
+		return SPACED_EINVAL;
+	snprintf(gsock, sizeof gsock, "%s/guest.sock", rdir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	snprintf(vpid, sizeof vpid, "%d", (int)vp);
 	snprintf(vstart, sizeof vstart, "%" PRIu64, vs);
@@ -141,6 +155,12 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 		if ((e = mgr_mkdirs(dir)) < 0)
 			return e;
 	}
+	char rdir[128];
+	if ((e = run_dir(rec, rdir, sizeof rdir)) < 0)
+		return e;
+	if ((mkdir("/run/spaced", 0755) < 0 && errno != EEXIST) || (mkdir(VM_RUN_ROOT, 0711) < 0 && errno != EEXIST) ||
+	    chmod(VM_RUN_ROOT, 0711) < 0)
+		return SPACED_ESYS;
 	/* a generation starts from nothing but its snapshot */
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 	mgr_run_wait(rm);
@@ -149,8 +169,9 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 	snprintf(uid, sizeof uid, "%u", (unsigned)rec->uid_base);
 	snprintf(cid, sizeof cid, "%u", vm_cid(cfg, rec));
 	const char *argv[40] = {cfg->vm_bin, "--state", e_dir, "--images", cfg->vm_images, "--identity", text,
-	                        "--uid", uid, "--cid", cid, "--vsockd", cfg->vsockd_bin, "--qemu", cfg->qemu_bin};
-	size_t n = 15;
+	                        "--uid", uid, "--cid", cid, "--vsockd", cfg->vsockd_bin, "--qemu", cfg->qemu_bin,
+	                        "--run-dir", rdir};
+	size_t n = 17;
 	if (cfg->vm_accel) {
 		argv[n++] = "--accel";
 		argv[n++] = cfg->vm_accel;

@@ -77,7 +77,8 @@ static struct vm {
 	char state[PATH_MAX];
 	char vmdir[PATH_MAX];
 	char images[PATH_MAX];
-	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock;
+	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir;
+	int kernel_fd, initrd_fd, base_fd; /* opened by this process, handed to QEMU (-1: none) */
 	struct spaced_identity id;
 	char idtext[SPACED_IDENTITY_TEXT_MAX];
 	uint32_t cid, port, cpu_milli;
@@ -98,7 +99,7 @@ static struct vm {
 	uint64_t t0;
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10;
-} V = {.ctl_lfd = -1, .sigfd = -1, .con = {.rd = -1, .fd = -1, .name = "console"},
+} V = {.ctl_lfd = -1, .sigfd = -1, .kernel_fd = -1, .initrd_fd = -1, .base_fd = -1, .con = {.rd = -1, .fd = -1, .name = "console"},
        .diag = {.rd = -1, .fd = -1, .name = "diagnostics"}};
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -302,9 +303,9 @@ static int restore_check(const char *snap, char *why, size_t whysz)
 		return SPACED_EPROTO;
 	}
 	buf[n] = '\0';
-	char *line = strstr(buf, "identity=");
-	char *sub = strstr(buf, "substrate=");
-	if (line != buf || sub == NULL || strncmp(sub, "substrate=qemu\n", 15) != 0) {
+	char *line = strncmp(buf, "identity=", 9) == 0 ? buf : NULL;
+	char *sub = strstr(buf, "\nsubstrate=");
+	if (line == NULL || sub == NULL || strncmp(sub, "\nsubstrate=qemu\n", 16) != 0) {
 		spaced_why(why, whysz, "the snapshot is not a qemu substrate snapshot");
 		return SPACED_EPROTO;
 	}
@@ -344,6 +345,11 @@ static int make_disk(char *why, size_t whysz)
 		char base[PATH_MAX + 64];
 		if ((e = base_image(V.disk, base, sizeof base, why, whysz)) < 0)
 			return e;
+		V.base_fd = open(base, O_RDONLY | O_CLOEXEC);
+		if (V.base_fd < 0) {
+			spaced_why(why, whysz, "open %s: %s", base, strerror(errno));
+			return SPACED_ESYS;
+		}
 		const char *argv[] = {"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, disk, NULL};
 		if ((e = run_tool(argv)) < 0) {
 			spaced_why(why, whysz, "qemu-img create of the execution's disk failed");
@@ -362,8 +368,8 @@ static int make_disk(char *why, size_t whysz)
 /* Starts argv as the execution's uid, stdout to out_fd and stderr to err_fd,
  * moved into the execution's cgroup before it execs, killed when this
  * supervisor dies. */
-static int spawn(const char *const argv[], int out_fd, int err_fd, pid_t *pid, uint64_t *start, char *why,
-                 size_t whysz)
+static int spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, pid_t *pid,
+                 uint64_t *start, char *why, size_t whysz)
 {
 	int go[2];
 	if (pipe2(go, O_CLOEXEC) < 0)
@@ -387,7 +393,16 @@ static int spawn(const char *const argv[], int out_fd, int err_fd, pid_t *pid, u
 		if (nul < 0 || dup2(nul, 0) < 0 || dup2(out_fd >= 0 ? out_fd : nul, 1) < 0 ||
 		    dup2(err_fd >= 0 ? err_fd : nul, 2) < 0)
 			_exit(127);
-		syscall(SYS_close_range, 3, ~0u, 0);
+		/* the files handed over become descriptors 3, 4, … (fd_path());
+		 * first moved out of the way of that range */
+		int moved[8];
+		for (int i = 0; i < nkeep && i < 8; i++)
+			if ((moved[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 16)) < 0)
+				_exit(127);
+		for (int i = 0; i < nkeep && i < 8; i++)
+			if (dup2(moved[i], 3 + i) < 0)
+				_exit(127);
+		syscall(SYS_close_range, 3 + (nkeep < 8 ? nkeep : 8), ~0u, 0);
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -497,7 +512,7 @@ static int start_vsockd(int err_fd, char *why, size_t whysz)
 	snprintf(uds, sizeof uds, "%s/guest.sock", V.vmdir);
 	snprintf(cid, sizeof cid, "%u", V.cid);
 	const char *argv[] = {V.vsockd_bin, "--socket", vu, "--uds", uds, "--cid", cid, NULL};
-	int e = spawn(argv, err_fd, err_fd, &V.vsockd, &V.vsockd_start, why, whysz);
+	int e = spawn(argv, err_fd, err_fd, NULL, 0, &V.vsockd, &V.vsockd_start, why, whysz);
 	if (e < 0)
 		return e;
 	if ((e = wait_socket(uds, V.vsockd, 10000)) < 0 || (e = wait_socket(vu, V.vsockd, 10000)) < 0)
@@ -507,7 +522,7 @@ static int start_vsockd(int err_fd, char *why, size_t whysz)
 
 static int start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 {
-	char accel[64], machine[128], mem[32], smp[16], obj[128], vuchar[PATH_MAX + 48], drive[PATH_MAX + 96],
+	char accel[64], machine[128], mem[32], smp[16], obj[128], vuchar[PATH_MAX + 48], drive[256],
 	    qmp[PATH_MAX + 48], kernel[PATH_MAX + 16], initrd[PATH_MAX + 16], append[1400];
 	uint64_t mib = V.memory >> 20;
 	unsigned vcpus = (V.cpu_milli + 999) / 1000;
@@ -522,28 +537,60 @@ static int start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	snprintf(smp, sizeof smp, "%u", vcpus);
 	snprintf(obj, sizeof obj, "memory-backend-memfd,id=mem,size=%" PRIu64 "M,share=on", mib);
 	snprintf(vuchar, sizeof vuchar, "socket,id=vu,path=%s/vu.sock", V.vmdir);
-	snprintf(drive, sizeof drive, "file=%s/disk.qcow2,format=qcow2,if=none,id=disk,discard=unmap", V.vmdir);
+	/* the disk's graph is given whole: nothing QEMU opens comes from a name
+	 * written in an image's header (a backing or data file) */
+	char basefile[96] = "", basenode[64] = "", diskfile[PATH_MAX + 96];
+	snprintf(diskfile, sizeof diskfile, "driver=file,filename=%s/disk.qcow2,node-name=diskfile,discard=unmap",
+	         V.vmdir);
+	if (V.base_fd >= 0) {
+		snprintf(basefile, sizeof basefile, "driver=file,filename=/proc/self/fd/5,node-name=basefile,read-only=on");
+		snprintf(basenode, sizeof basenode, "driver=raw,file=basefile,node-name=base,read-only=on");
+		snprintf(drive, sizeof drive,
+		         "{\"driver\":\"qcow2\",\"file\":\"diskfile\",\"backing\":\"base\",\"node-name\":\"disk\","
+		         "\"discard\":\"unmap\"}");
+	} else {
+		snprintf(drive, sizeof drive,
+		         "{\"driver\":\"qcow2\",\"file\":\"diskfile\",\"backing\":null,\"node-name\":\"disk\","
+		         "\"discard\":\"unmap\"}");
+	}
 	snprintf(qmp, sizeof qmp, "unix:%s/qmp.sock,server=on,wait=off", V.vmdir);
-	snprintf(kernel, sizeof kernel, "%s/vmlinux", V.images);
-	snprintf(initrd, sizeof initrd, "%s/initrd.img", V.images);
+	/* read through descriptors this process opened: the execution's uid
+	 * needs no way to the worker's image directory */
+	snprintf(kernel, sizeof kernel, "/proc/self/fd/3");
+	snprintf(initrd, sizeof initrd, "/proc/self/fd/4");
 	unsigned khz = tsc_khz();
 	char tsc[40] = "";
 	if (khz > 0)
 		snprintf(tsc, sizeof tsc, " tsc_early_khz=%u", khz);
-	int n = snprintf(append, sizeof append,
-	                 "console=ttyS0 quiet panic=-1 pci=off%s spaced.identity=%s spaced.port=%u spaced.pids=%" PRIu64,
-	                 tsc, V.idtext, V.port, V.pids);
-	if (n < 0 || (size_t)n >= sizeof append)
+	int an = snprintf(append, sizeof append,
+	                  "console=ttyS0 quiet panic=-1 pci=off%s spaced.identity=%s spaced.port=%u spaced.pids=%" PRIu64,
+	                  tsc, V.idtext, V.port, V.pids);
+	if (an < 0 || (size_t)an >= sizeof append)
 		return SPACED_ETOOBIG;
-	const char *argv[] = {V.qemu_bin, "-accel", accel, "-M", machine, "-m", mem, "-smp", smp, "-object", obj,
-	                      "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-	                      "-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con",
-	                      "-chardev", vuchar, "-device", "vhost-user-vsock-device,chardev=vu",
-	                      "-drive", drive, "-device", "virtio-blk-device,drive=disk",
-	                      "-qmp", qmp, "-kernel", kernel, "-initrd", initrd, "-append", append,
-	                      "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-	                      NULL};
-	return spawn(argv, out_fd, err_fd, &V.qemu, &V.qemu_start, why, whysz);
+	const char *argv[64] = {V.qemu_bin, "-accel", accel, "-M", machine, "-m", mem, "-smp", smp, "-object", obj,
+	                        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+	                        "-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con",
+	                        "-chardev", vuchar, "-device", "vhost-user-vsock-device,chardev=vu",
+	                        "-qmp", qmp, "-kernel", kernel, "-initrd", initrd, "-append", append,
+	                        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"};
+	size_t n = 0;
+	while (argv[n] != NULL)
+		n++;
+	if (V.base_fd >= 0) { /* the backing node before the node that names it */
+		argv[n++] = "-blockdev";
+		argv[n++] = basefile;
+		argv[n++] = "-blockdev";
+		argv[n++] = basenode;
+	}
+	argv[n++] = "-blockdev";
+	argv[n++] = diskfile;
+	argv[n++] = "-blockdev";
+	argv[n++] = drive;
+	argv[n++] = "-device";
+	argv[n++] = "virtio-blk-device,drive=disk";
+	argv[n] = NULL;
+	int keep[3] = {V.kernel_fd, V.initrd_fd, V.base_fd};
+	return spawn(argv, out_fd, err_fd, keep, V.base_fd >= 0 ? 3 : 2, &V.qemu, &V.qemu_start, why, whysz);
 }
 
 /* ---- the guest, reached as any host program reaches it ---- */
@@ -704,7 +751,7 @@ static void cpu_sample(void)
 	if (u.cpu_usec == UINT64_MAX)
 		return;
 	if (V.cpu_at_ns != 0 && u.cpu_usec >= V.cpu_at_usec)
-		V.cpu_pct_x10 = (uint32_t)((u.cpu_usec - V.cpu_at_usec) * 10000u / ((now - V.cpu_at_ns) / 1000u + 1));
+		V.cpu_pct_x10 = (uint32_t)((u.cpu_usec - V.cpu_at_usec) * 1000u / ((now - V.cpu_at_ns) / 1000u + 1));
 	V.cpu_at_ns = now;
 	V.cpu_at_usec = u.cpu_usec;
 }
@@ -751,6 +798,92 @@ static int do_thaw(char *why, size_t whysz)
 	return e;
 }
 
+/* Writes the disk as one standalone qcow2 image at out (in the execution's
+ * directory). qemu-img runs as the execution's uid with the disk's graph
+ * given whole, as QEMU got it: the image's header was writable by QEMU, and
+ * a backing or data file named there must not make a root process read a
+ * host file into the snapshot. -U: QEMU holds the image (stopped, its
+ * writes flushed by the stop). */
+static int convert_disk(const char *out, char *why, size_t whysz)
+{
+	char spec[PATH_MAX + 256];
+	if (V.base_fd >= 0)
+		snprintf(spec, sizeof spec,
+		         "json:{\"driver\":\"qcow2\",\"file\":{\"driver\":\"file\",\"filename\":\"%s/disk.qcow2\"},"
+		         "\"backing\":{\"driver\":\"raw\",\"file\":{\"driver\":\"file\",\"filename\":\"/proc/self/fd/3\"}}}",
+		         V.vmdir);
+	else
+		snprintf(spec, sizeof spec,
+		         "json:{\"driver\":\"qcow2\",\"file\":{\"driver\":\"file\",\"filename\":\"%s/disk.qcow2\"},"
+		         "\"backing\":null}",
+		         V.vmdir);
+	const char *argv[] = {"/usr/bin/qemu-img", "convert", "-U", "-O", "qcow2", spec, out, NULL};
+	pid_t p;
+	uint64_t st;
+	int keep[1] = {V.base_fd};
+	int e = spawn(argv, -1, V.diag.fd, keep, V.base_fd >= 0 ? 1 : 0, &p, &st, why, whysz);
+	if (e < 0)
+		return e;
+	int status;
+	while (waitpid(p, &status, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		spaced_why(why, whysz, "qemu-img convert of the disk failed");
+		return SPACED_EIO;
+	}
+	return 0;
+}
+
+/* Copies the regular file at src (in the execution's directory, so opened
+ * without following a link and checked to belong to the execution's uid)
+ * to dst, created new. Holes stay holes. */
+static int copy_out(const char *src, const char *dst, char *why, size_t whysz)
+{
+	int in = open(src, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	struct stat st;
+	if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != V.uid || st.st_nlink != 1) {
+		spaced_why(why, whysz, "the converted disk is not a plain file of the execution");
+		if (in >= 0)
+			close(in);
+		return SPACED_EPERM;
+	}
+	int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (out < 0) {
+		close(in);
+		spaced_why(why, whysz, "create %s: %s", dst, strerror(errno));
+		return SPACED_ESYS;
+	}
+	int e = 0;
+	off_t pos = 0;
+	while (e == 0 && pos < st.st_size) {
+		off_t data = lseek(in, pos, SEEK_DATA);
+		if (data < 0)
+			break; /* only a hole is left */
+		off_t hole = lseek(in, data, SEEK_HOLE);
+		if (hole < 0)
+			hole = st.st_size;
+		off_t a = data, b = data;
+		while (a < hole) {
+			ssize_t w = copy_file_range(in, &a, out, &b, (size_t)(hole - a), 0);
+			if (w <= 0) {
+				e = SPACED_EIO;
+				break;
+			}
+		}
+		pos = hole;
+	}
+	if (e == 0 && (ftruncate(out, st.st_size) < 0 || fsync(out) < 0))
+		e = SPACED_EIO;
+	close(in);
+	close(out);
+	if (e < 0) {
+		unlink(dst);
+		spaced_why(why, whysz, "cannot copy the snapshot's disk");
+	}
+	return e;
+}
+
 /* Saves the stopped VM's disk into dir (which must not exist) as one
  * standalone qcow2 image, then dir/meta. The memory is not saved: QEMU 7.2
  * refuses to migrate a VM with a vhost-user-vsock device (docs/substrate.md). */
@@ -768,17 +901,16 @@ static int do_snapshot(const char *dir, char *why, size_t whysz)
 		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
 	}
-	char src[PATH_MAX + 16], dst[PATH_MAX + 16], meta[SPACED_IDENTITY_TEXT_MAX + 128];
-	snprintf(src, sizeof src, "%s/disk.qcow2", V.vmdir);
+	char dst[PATH_MAX + 16], tmp[PATH_MAX + 32], meta[SPACED_IDENTITY_TEXT_MAX + 128];
 	snprintf(dst, sizeof dst, "%s/disk.qcow2", dir);
+	snprintf(tmp, sizeof tmp, "%s/snapshot.qcow2", V.vmdir);
 	uint64_t t = spaced_mono_ns();
-	/* -U: QEMU holds the image (stopped, its writes flushed by the stop) */
-	const char *argv[] = {"qemu-img", "convert", "-U", "-f", "qcow2", "-O", "qcow2", src, dst, NULL};
-	int e = run_tool(argv);
-	if (e < 0) {
-		spaced_why(why, whysz, "qemu-img convert of the disk failed");
+	int e = convert_disk(tmp, why, whysz);
+	if (e == 0)
+		e = copy_out(tmp, dst, why, whysz);
+	unlink(tmp);
+	if (e < 0)
 		return e;
-	}
 	snprintf(meta, sizeof meta, "identity=%s\nsubstrate=qemu\ndisk_bytes=%" PRIu64 "\nmemory=none\n", V.idtext,
 	         V.disk);
 	if ((e = write_file_atomic(dir, "meta", meta, 0600)) < 0) {
@@ -1012,7 +1144,7 @@ static void usage(void)
 	        "usage: spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]\n"
 	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
-	        "                 [--boot-timeout-ms MS] [--uid-lock DIR] [--keep-state]\n"
+	        "                 [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--keep-state]\n"
 	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
 	exit(2);
 }
@@ -1106,6 +1238,8 @@ static int run(int argc, char **argv)
 			V.restore = val;
 		else if (strcmp(a, "--uid-lock") == 0)
 			V.uid_lock = val;
+		else if (strcmp(a, "--run-dir") == 0)
+			V.run_dir = val;
 		else if (strcmp(a, "--qemu") == 0)
 			V.qemu_bin = val;
 		else if (strcmp(a, "--vsockd") == 0)
@@ -1183,14 +1317,35 @@ static int run(int argc, char **argv)
 		fprintf(stderr, "spaced-vm: mkdir %s: %s\n", state, strerror(errno));
 		return 1;
 	}
-	if (realpath(state, V.state) == NULL || (size_t)snprintf(V.vmdir, sizeof V.vmdir, "%s/vm", V.state) >= 100) {
+	if (realpath(state, V.state) == NULL) {
+		fprintf(stderr, "spaced-vm: %s: %s\n", state, strerror(errno));
+		return 1;
+	}
+	if (V.run_dir != NULL) {
+		/* its parent must let the execution's uid through (0711) */
+		if ((size_t)snprintf(V.vmdir, sizeof V.vmdir, "%s", V.run_dir) >= 100 || V.run_dir[0] != '/') {
+			fprintf(stderr, "spaced-vm: --run-dir must be an absolute path short enough for its sockets\n");
+			return 1;
+		}
+		const char *rm[] = {"rm", "-rf", "--", V.vmdir, NULL};
+		run_tool(rm); /* what an execution of this uid range that died left */
+	} else if ((size_t)snprintf(V.vmdir, sizeof V.vmdir, "%s/vm", V.state) >= 100 || chmod(V.state, 0711) < 0) {
 		fprintf(stderr, "spaced-vm: --state path too long for its sockets\n");
 		return 1;
 	}
-	/* the execution's uid reaches vm/ and nothing else of the state */
-	if (chmod(V.state, 0711) < 0 || (mkdir(V.vmdir, 0700) < 0 && errno != EEXIST) ||
-	    chown(V.vmdir, V.uid, V.uid) < 0 || chmod(V.vmdir, 0700) < 0) {
+	/* the execution's uid reaches its own directory and nothing else */
+	if ((mkdir(V.vmdir, 0700) < 0 && errno != EEXIST) || chown(V.vmdir, V.uid, V.uid) < 0 ||
+	    chmod(V.vmdir, 0700) < 0) {
 		fprintf(stderr, "spaced-vm: cannot prepare %s: %s\n", V.vmdir, strerror(errno));
+		return 1;
+	}
+	char img[PATH_MAX + 16];
+	snprintf(img, sizeof img, "%s/vmlinux", V.images);
+	V.kernel_fd = open(img, O_RDONLY | O_CLOEXEC);
+	snprintf(img, sizeof img, "%s/initrd.img", V.images);
+	V.initrd_fd = open(img, O_RDONLY | O_CLOEXEC);
+	if (V.kernel_fd < 0 || V.initrd_fd < 0) {
+		fprintf(stderr, "spaced-vm: %s/vmlinux or initrd.img missing (spaced-vmm/mkvmimage.sh)\n", V.images);
 		return 1;
 	}
 

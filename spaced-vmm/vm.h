@@ -5,14 +5,14 @@
  *   spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]
  *             [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]
  *             [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]
- *             [--boot-timeout-ms MS] [--uid-lock DIR] [--keep-state]
+ *             [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--keep-state]
  *   spaced-vm ctl --state DIR PAUSE | THAW | STATUS | USAGE | STOP | SNAPSHOT DIR
  *
  * It plays for a microVM the part spaced-launch plays for the process
  * substrate: it makes the execution's disk (a qcow2 overlay over a base
  * image of the worker's root tree, or a copy of a snapshot's disk), starts
  * spaced-vsockd (the vhost-user vsock back-end holding the guest transport's
- * hybrid socket DIR/vm/guest.sock) and QEMU (microvm, the execution's vCPUs
+ * hybrid socket RUN/guest.sock; RUN is --run-dir, by default DIR/vm) and QEMU (microvm, the execution's vCPUs
  * and memory, the disk as virtio-blk, vhost-user-vsock), both as the
  * execution's own uid and in a cgroup with its limits, waits until the guest
  * answers HELLO with the expected identity, then writes DIR/pids and
