@@ -153,6 +153,10 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
  * pinned to the spaced-vsockd and QEMU that spaced-vm recorded as its
  * children. Fills rec->host_pid / host_start. */
 int mgr_vm_bridge(const struct mgr_config *cfg, struct mgr_rec *rec);
+/* Removes the VM directories of this worker's uid ranges that no live
+ * spaced-vm holds (its uid lock is free): what a supervisor killed with
+ * SIGKILL left behind. */
+void mgr_vm_reap(const struct mgr_config *cfg);
 
 /* ---- mgr_hash.c: the content hash of a snapshot tree ---- */
 #define MGR_HASH_HEX 65 /* 64 hex digits and a NUL */

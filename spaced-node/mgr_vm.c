@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -222,4 +223,28 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 	}
 	*rec = r;
 	return 0;
+}
+
+void mgr_vm_reap(const struct mgr_config *cfg)
+{
+	if (!mgr_vm_offered(cfg) || cfg->uid_lock_dir == NULL)
+		return;
+	for (uint32_t k = 0; k < cfg->uid_slots; k++) {
+		char dir[128], lock[4096];
+		uint32_t base = cfg->uid_first + k * 65536u;
+		struct stat st;
+		snprintf(dir, sizeof dir, "%s/%u", VM_RUN_ROOT, (unsigned)base);
+		if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+			continue;
+		snprintf(lock, sizeof lock, "%s/%u.lock", cfg->uid_lock_dir, (unsigned)base);
+		int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fd < 0)
+			continue;
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+			/* nobody runs this range: what is there is left over */
+			const char *rm[] = {"rm", "-rf", "--", dir, NULL};
+			mgr_run_wait(rm);
+		}
+		close(fd);
+	}
 }

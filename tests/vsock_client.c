@@ -13,6 +13,10 @@
  *   vsock-client read PATH                connects, sends nothing, prints what
  *                                          arrives until the socket closes
  *                                          (bytes outside printable ASCII as '.')
+ *   vsock-client hello PATH               a bridge's caller: connects to PATH (a
+ *                                          spaced-host socket), sends HELLO and
+ *                                          prints "ok hello identity=…" or
+ *                                          "refused code=… reason=…" (exit 3)
  *   vsock-client serve PATH               listens on PATH (a guest-initiated
  *                                          connection's "<uds>_<port>"), takes one
  *                                          connection, reads to EOF and answers
@@ -27,11 +31,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "error.h"
+#include "guest_client.h"
 #include "vsock_hs.h"
 
 static long long deadline_ms;
@@ -327,6 +333,42 @@ static int cmd_read(const char *path)
 	return 0;
 }
 
+static int cmd_hello(const char *path)
+{
+	struct spaced_guest_client *c;
+	struct spaced_guest_msg m;
+	struct spaced_field_reader r;
+	int e = spaced_guest_client_connect(path, &c);
+
+	if (e < 0) {
+		printf("error: connect %s: %s\n", path, spaced_strerror(e));
+		return 1;
+	}
+	struct timeval tv = { .tv_sec = 30 };
+	setsockopt(spaced_guest_client_fd(c), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	uint32_t id = spaced_guest_client_next_id(c);
+	/* the bridge's verdict comes with the first answer: the guest's RESULT
+	 * to this HELLO, or its own refusal (RESULT, id 0) */
+	(void)spaced_guest_send(c, SPACED_GUEST_HELLO, 0, id, NULL, 0); /* a refusal may already be there */
+	e = spaced_guest_recv(c, &m);
+	if (e < 0) {
+		printf("error: %s\n", spaced_strerror(e));
+		spaced_guest_client_free(c);
+		return 1;
+	}
+	int st = m.hdr.type == SPACED_GUEST_OUT_RESULT ? spaced_guest_result_head(c, &m, &r) : SPACED_EPROTO;
+	uint32_t got = m.hdr.id;
+	spaced_guest_msg_clear(&m);
+	if (st == 0 && got == id) {
+		printf("ok hello identity=%s\n", spaced_guest_client_identity(c));
+		spaced_guest_client_free(c);
+		return 0;
+	}
+	printf("refused code=%s reason=\"%s\"\n", spaced_errname(st), spaced_guest_client_errmsg(c));
+	spaced_guest_client_free(c);
+	return 3;
+}
+
 static int cmd_serve(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -390,6 +432,8 @@ int main(int argc, char **argv)
 		return cmd_read(argv[2]);
 	if (argc == 3 && strcmp(argv[1], "serve") == 0)
 		return cmd_serve(argv[2]);
-	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | serve PATH\n");
+	if (argc == 3 && strcmp(argv[1], "hello") == 0)
+		return cmd_hello(argv[2]);
+	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | hello PATH | serve PATH\n");
 	return 2;
 }
