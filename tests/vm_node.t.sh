@@ -16,6 +16,8 @@
 #     fresh boot (processes do not survive a move: the disk does, not the
 #     memory; docs/substrate.md);
 #   - rm and dev down leave no VM running.
+# With SPACED_VM_FULL=1 (make check-vm) also: a memory hog inside the VM is
+# killed by the guest's kernel and the sandbox stays up.
 # Exit 77 (reason on the last line) when a VM cannot boot here. Every wait is bounded.
 set -u
 build=${SPACED_BUILD:?}
@@ -102,8 +104,20 @@ grep -q "can't fork: Resource temporarily unavailable" "$W/p.err" && ok "fork fa
 	fail "pids: $(cat "$W/p.err")"
 sleep 3
 
+if [ "${SPACED_VM_FULL:-0}" = 1 ]; then
+	# memory: the guest's own kernel kills a hog inside the VM; the sandbox stays up
+	out=$("$SC" exec "$S" -- sh -c 'head -c 600m /dev/zero | tail -n 1 >/dev/null; echo "hog status $?"' 2>&1)
+	case "$out" in
+	*"hog status 137"*) ok "a 600 MiB hog in a 192 MiB VM is killed (SIGKILL)" ;;
+	*) fail "memory hog: $out" ;;
+	esac
+	"$SC" exec "$S" -- dmesg | grep -q 'Out of memory: Killed process [0-9]* (tail)' &&
+		ok "by the guest kernel's OOM killer, which picked the hog" || fail "no OOM kill of the hog in the guest's log"
+	expect "the sandbox stays up" "$("$SC" exec "$S" -- echo alive)" alive
+fi
+
 # a running process and an open terminal across pause and resume
-printf '#!/bin/sh\ni=0\nwhile true; do i=$((i+1)); echo $i >/workspace/counter; sleep 0.2; done\n' |
+printf '#!/bin/sh\ni=0\nwhile true; do i=$((i+1)); echo $i >/workspace/c.tmp; mv /workspace/c.tmp /workspace/counter; sleep 0.2; done\n' |
 	"$SC" fs write "$S" /workspace/loop.sh
 "$SC" exec "$S" -- sh -c 'chmod +x /workspace/loop.sh; setsid /workspace/loop.sh </dev/null >/dev/null 2>&1 & echo $! >/workspace/loop.pid'
 LOOP=$("$SC" fs read "$S" /workspace/loop.pid)
