@@ -4,6 +4,7 @@
  *   spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
+ *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -35,6 +36,7 @@ static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
+	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -227,11 +229,15 @@ int main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
 		{"move-drain", required_argument, NULL, 'D'},
 		{"quota", required_argument, NULL, 'Q'},
+		{"head-timeout", required_argument, NULL, 'H'},
+		{"max-conns", required_argument, NULL, 'C'},
+		{"max-conns-per-ip", required_argument, NULL, 'P'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
-	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30}};
+	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30},
+	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
 	const char *listen = NULL;
 	char dbbuf[1200];
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
@@ -252,6 +258,9 @@ int main(int argc, char **argv)
 		case 't': cp.nthreads = atoi(optarg); break;
 		case 'o': cp.op_lease = atoll(optarg); break;
 		case 'D': cp.move_drain_ms = atoi(optarg); break;
+		case 'H': cp.head_timeout_ms = atoi(optarg); break;
+		case 'C': cp.max_conns = atoi(optarg); break;
+		case 'P': cp.max_conns_per_ip = atoi(optarg); break;
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
@@ -264,7 +273,8 @@ int main(int argc, char **argv)
 	}
 	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.nthreads < 1 || cp.nthreads > 64 ||
 	    cp.idle_timeout < 0 || cp.max_lifetime < 0 || cp.op_lease < 1 ||
-	    cp.move_drain_ms < 0 || cp.move_drain_ms > 10000) {
+	    cp.move_drain_ms < 0 || cp.move_drain_ms > 10000 || cp.head_timeout_ms < 100 ||
+	    cp.head_timeout_ms > 600000 || cp.max_conns < 1 || cp.max_conns_per_ip < 1) {
 		fputs(usage, stderr);
 		return 2;
 	}
@@ -315,25 +325,24 @@ int main(int argc, char **argv)
 	pthread_mutex_init(&cp.mu, NULL);
 	pthread_mutex_init(&cp.signer_mu, NULL);
 	pthread_mutex_init(&cp.recent_mu, NULL);
-	pthread_cond_init(&cp.jobs_cv, NULL);
 	pthread_cond_init(&cp.ack_cv, NULL);
-	if ((r = cp_store_open(cp.db_url, &cp.lws_st)) < 0) {
+	if ((r = cp_store_open(cp.db_url, &cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: cannot open store %s: %s\n", cp.db_url, spaced_strerror(r));
 		return 1;
 	}
-	if ((r = cp_signer_start(&cp)) < 0 || (r = cp_keys_sync(&cp, cp.lws_st)) < 0) {
+	if ((r = cp_signer_start(&cp)) < 0 || (r = cp_keys_sync(&cp, cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: signer: %s\n", spaced_strerror(r));
 		cp_signer_stop(&cp);
-		cp_store_close(cp.lws_st);
+		cp_store_close(cp.loop_st);
 		return 1;
 	}
 	/* Leases this replica held before a crash are dead: release them so the
 	 * reaper finishes those operations (other replicas' leases stay). */
 	char like[40];
 	snprintf(like, sizeof like, "%%@%s", cp.replica_id);
-	CP_Q(cp.lws_st, NULL, NULL, "UPDATE sandboxes SET op_until = 0 WHERE op LIKE $1", like);
+	CP_Q(cp.loop_st, NULL, NULL, "UPDATE sandboxes SET op_until = 0 WHERE op LIKE $1", like);
 	/* and so are the channels it held */
-	CP_Q(cp.lws_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE channel_replica = $1", cp.replica_id);
+	CP_Q(cp.loop_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE channel_replica = $1", cp.replica_id);
 	pthread_t reaper;
 	int have_reaper = pthread_create(&reaper, NULL, reaper_thread, &cp) == 0;
 	r = cp_server_run(&cp);
@@ -341,6 +350,6 @@ int main(int argc, char **argv)
 	if (have_reaper)
 		pthread_join(reaper, NULL);
 	cp_signer_stop(&cp);
-	cp_store_close(cp.lws_st);
+	cp_store_close(cp.loop_st);
 	return r < 0 ? 1 : 0;
 }
