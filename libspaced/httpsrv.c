@@ -496,13 +496,12 @@ static bool ws_frame(struct spaced_httpconn *c)
 	size_t total = (size_t)h + (size_t)f.len;
 	switch (f.opcode) {
 	case SPACED_WS_PING:
-		if (!c->close_sent) {
+	case SPACED_WS_PONG:
+		if (f.opcode == SPACED_WS_PING && !c->close_sent) {
 			uint8_t hh[SPACED_WS_HDR_MAX];
 			size_t hl = spaced_ws_frame_header(hh, true, SPACED_WS_PONG, f.len);
 			out2(c, hh, hl, p, (size_t)f.len);
 		}
-		/* fall through */
-	case SPACED_WS_PONG:
 		if (ops->on_ws_control) {
 			ops->on_ws_control(c, f.opcode, p, (size_t)f.len);
 			if (c->state != C_WS)
