@@ -57,6 +57,7 @@ static struct {
 	atomic_int outbox_new;  /* cp_wake was called since the last pump */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* Frees a request and what it owns; accepts NULL. */
 static void req_free(struct cp_req *rq)
 {
 	if (rq == NULL)
@@ -78,6 +79,9 @@ void cp_wake(struct cp *cp)
 
 /* ---- request threads ---- */
 
+/* A request thread: takes requests from its pool's queue, answers each with
+ * its own store handle, posts it to the done list and wakes the loop; ends
+ * when cp->stopping is set (what is still queued is freed by pool_stop). */
 static void *request_thread(void *arg)
 {
 	struct pool *pool = arg;
@@ -142,6 +146,8 @@ static void dispatch(struct cp_req *rq)
 	pthread_mutex_unlock(&S.mu);
 }
 
+/* Starts n threads on pool. Returns 0 (at least one started), SPACED_ENOMEM
+ * or SPACED_ESYS. */
 static int pool_start(struct pool *pool, int n)
 {
 	pthread_cond_init(&pool->cv, NULL);
@@ -248,6 +254,8 @@ static void deliver(struct cp_req *rq)
 	req_free(rq);
 }
 
+/* The loop's wake-up: writes every answer that came back, then, when
+ * cp_wake was called, sends the channels what the outbox holds. */
 static void on_wake(uv_async_t *h)
 {
 	(void)h;
@@ -266,6 +274,9 @@ static void on_wake(uv_async_t *h)
 
 /* ---- httpsrv callbacks (loop thread) ---- */
 
+/* A valid request head: a method we serve becomes a cp_req, queued at once
+ * or once its body is read; a WebSocket upgrade of the channel path is
+ * queued for authorization. */
 static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -320,6 +331,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 	 * CP_BODY_MAX: 413 past it) comes first */
 }
 
+/* Decoded body bytes (either framing) of the current request. */
 static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -329,6 +341,7 @@ static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 		answer_now(c, pe, 413, "too-large", "request body too large");
 }
 
+/* The whole body is read: the request goes to a request thread. */
 static void on_body_end(struct spaced_httpconn *c)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -336,6 +349,7 @@ static void on_body_end(struct spaced_httpconn *c)
 		dispatch(pe->rq);
 }
 
+/* A whole message on a channel. */
 static void on_ws_message(struct spaced_httpconn *c, bool text, const uint8_t *p, size_t n)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -343,6 +357,7 @@ static void on_ws_message(struct spaced_httpconn *c, bool text, const uint8_t *p
 		cp_chan_message(pe->ch, text, p, n);
 }
 
+/* A ping or pong on a channel: the worker is there. */
 static void on_ws_control(struct spaced_httpconn *c, uint8_t opcode, const uint8_t *p, size_t n)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -353,6 +368,7 @@ static void on_ws_control(struct spaced_httpconn *c, uint8_t opcode, const uint8
 		cp_chan_heard(pe->ch);
 }
 
+/* A channel's output ran low: more of the outbox. */
 static void on_drain(struct spaced_httpconn *c)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -360,6 +376,8 @@ static void on_drain(struct spaced_httpconn *c)
 		cp_chan_drain(pe->ch);
 }
 
+/* The connection is gone: its request is dropped (or left to its request
+ * thread, then dropped), its channel closed. */
 static void on_close(struct spaced_httpconn *c)
 {
 	struct peer *pe = spaced_httpconn_user(c);
@@ -387,12 +405,14 @@ static const struct spaced_httpsrv_ops ops = {
 	.on_ws_control = on_ws_control,
 };
 
+/* Every 100 ms: the channels' pings, silence, outbox poll and liveness. */
 static void on_tick(uv_timer_t *t)
 {
 	(void)t;
 	cp_chan_tick();
 }
 
+/* SIGTERM / SIGINT: leave the loop; cp_server_run then closes everything. */
 static void on_signal(uv_signal_t *h, int sig)
 {
 	(void)sig;
@@ -442,6 +462,7 @@ static unsigned conns_that_fit(const struct cp *cp)
 	return rl.rlim_cur > reserve + 16 ? (unsigned)(rl.rlim_cur - reserve) : 16;
 }
 
+/* Writes the port to STATE/cp.port (through a rename: never seen half written). */
 static void write_port_file(const struct cp *cp, int port)
 {
 	char path[1100], tmp[1110];
