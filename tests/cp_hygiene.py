@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """cp_hygiene.py — raw-socket attacks on a running spaced-cp (run by cp_hygiene.t.sh).
 
-  cp_hygiene.py PORT TENANT_KEY ENROLL_KEY CHANNEL_WORKER     framing, fields, WebSocket frames
+  cp_hygiene.py PORT TENANT_KEY WORKER_KEY WORKER OTHER_KEY   framing, fields, WebSocket frames
+                                                              (WORKER_KEY is WORKER's own key,
+                                                              OTHER_KEY another worker's)
   cp_hygiene.py slowloris PORT TENANT_KEY SANDBOX             300 slow heads from 127.0.0.1,
                                                               a victim on 127.0.0.2
   cp_hygiene.py budgets PORT                                  total and per-address budgets
@@ -191,7 +193,7 @@ def ws_close_code(s, buf=b""):
 
 # ---- framing, fields, WebSocket ----
 
-def attacks(port, tk, ek, chan_worker):
+def attacks(port, tk, wk, chan_worker, other_wk):
     auth = ("Authorization: Bearer %s\r\n" % tk).encode()
     post = b"POST /v1/sandboxes HTTP/1.1\r\nHost: cp\r\n" + auth + b"Content-Type: application/json\r\n"
 
@@ -321,7 +323,10 @@ def attacks(port, tk, ek, chan_worker):
     s, st, _, _ = ws_open(port, "/v1/workers/%s/channel" % chan_worker, tk)
     s.close()
     check("channel upgrade with a tenant key -> 401", st, 401)
-    s, st, _, _ = ws_open(port, "/v1/healthz", ek)
+    s, st, _, _ = ws_open(port, "/v1/workers/%s/channel" % chan_worker, other_wk)
+    s.close()
+    check("channel upgrade with another worker's key -> 401", st, 401)
+    s, st, _, _ = ws_open(port, "/v1/healthz", wk)
     s.close()
     check("WebSocket upgrade elsewhere -> 404", st, 404)
     cases = [
@@ -337,7 +342,7 @@ def attacks(port, tk, ek, chan_worker):
         ("an ack before hello", ws_frame(1, b'{"ack":1,"ok":true}'), 1008),
     ]
     for what, frame, code in cases:
-        s, st, accepted, rest = ws_open(port, "/v1/workers/%s/channel" % chan_worker, ek)
+        s, st, accepted, rest = ws_open(port, "/v1/workers/%s/channel" % chan_worker, wk)
         if st != 101 or not accepted:
             check("channel upgrade for '%s'" % what, (st, accepted), (101, True))
             s.close()
@@ -483,5 +488,5 @@ if __name__ == "__main__":
     elif sys.argv[1] == "budgets":
         budgets(int(sys.argv[2]))
     else:
-        attacks(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+        attacks(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     sys.exit(min(FAILS, 100))
