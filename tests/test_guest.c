@@ -605,7 +605,7 @@ static struct spaced_guest_exit collect_exit(struct spaced_guest_client *c, uint
 /* True once pid is gone or a zombie (bounded by count, not time). */
 static bool pid_ended(pid_t pid)
 {
-	for (int i = 0; i < 400; i++) {
+	for (int i = 0; i < 1200; i++) {
 		char path[64], st[512];
 		snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
 		FILE *f = fopen(path, "r");
@@ -625,7 +625,7 @@ static bool pid_ended(pid_t pid)
 /* True once /proc/PID/comm is comm (bounded by count, not time). */
 static bool pid_runs(pid_t pid, const char *comm)
 {
-	for (int i = 0; i < 400; i++) {
+	for (int i = 0; i < 4000; i++) {
 		char path[64], c[64] = {0};
 		snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
 		FILE *f = fopen(path, "r");
