@@ -51,7 +51,8 @@ ticks() { [ -n "$1" ] && awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || 
 sbx_usec() { "$S" top "$X" --json | jq .cpu_usec; }
 P_API=$(pid_of node-api); P_HOST=$(pid_of host)
 P_GATE=$([ -n "$P_API" ] && awk '{print $4}' "/proc/$P_API/stat")
-echo "bench-exec: node-api pid ${P_API:-?}, gate pid ${P_GATE:-?}, spaced-host pid ${P_HOST:-? (none: dev substrate)}"
+echo "bench-exec: node-api pid ${P_API:-?}, gate pid ${P_GATE:-?}, spaced-host pid ${P_HOST:-? (none: dev substrate)}" \
+	"(spaced-host hands each verified connection over to the gate: it is not on the data path)"
 
 # run NAME CMD: times CMD (a shell line) REPS times; sets ${NAME}_ns (median) and prints the CPU per GiB
 run() {
