@@ -100,9 +100,7 @@ struct session {
 	int pass_stdin;      /* exec, term: standard input goes to the command */
 	/* kept across the sessions of one command */
 	int stdin_eof;       /* standard input ended (or is not passed) */
-	int stopped;         /* the user stopped a watch or terminal */
-	int pending[8];      /* exec: signals caught before admission */
-	int npending;
+	int stopped;         /* the user stopped it (exec: the signal number) */
 	int signals;         /* exec: signals caught in all */
 	/* this session */
 	struct ws_client *w;
@@ -177,15 +175,11 @@ static void on_caught(struct session *s, int sig)
 		return;
 	}
 	s->signals++;
-	if (s->signals >= 3 && s->allowed) {
-		/* the third: stop waiting; closing the stream makes the worker cancel it */
+	if (!s->allowed || s->signals >= 3) {
+		/* before the admission (the command may not have started), or the
+		 * third: stop here; closing the stream makes the worker cancel it */
 		s->stopped = sig;
 		s->done = 1;
-		return;
-	}
-	if (!s->allowed) {
-		if (s->npending < (int)(sizeof s->pending / sizeof s->pending[0]))
-			s->pending[s->npending++] = sig;
 		return;
 	}
 	if (!s->exited)
@@ -237,9 +231,6 @@ static void admitted(struct session *s, const char *ident)
 			fprintf(stderr, "outcome: ALLOW (%s)\n", ident);
 		if (oa->o.verbose)
 			fprintf(stderr, "spacectl: ALLOW from %s (identity %s)\n", s->rt->worker_url, ident);
-		for (int i = 0; i < s->npending; i++)
-			send_signal(s, s->pending[i]);
-		s->npending = 0;
 		break;
 	}
 	if (s->kind != K_WATCH && s->stdin_eof && !s->sent_eof) {
@@ -488,10 +479,6 @@ static enum next stream_recover(struct session *s, const char *sandbox, struct c
 			fprintf(stderr, "spacectl: %s: REFRESH_ROUTE (%s) after one retry%s", what, rs, nl);
 			return NEXT_STOP;
 		}
-		if (s->kind == K_EXEC && s->npending > 0) {
-			*rc = 128 + s->pending[0];
-			return NEXT_STOP; /* stopped before it started: not opened again */
-		}
 		/* a refused open gets one repair (V2); a stream cut after it was
 		 * admitted reopens through admission again (V5, S2) */
 		st->refused_once = !s->allowed;
@@ -686,13 +673,10 @@ int cmd_exec(int argc, char **argv)
 			break;
 		}
 		if (s.stopped) {
-			fprintf(stderr, "spacectl: exec: stopped (signal %d caught three times): the stream is closed%s",
-			        s.stopped, s.nl);
+			if (s.allowed)
+				fprintf(stderr, "spacectl: exec: signal %d caught three times: the stream is closed "
+				        "(the worker ends the command)%s", s.stopped, s.nl);
 			rc = 128 + (s.stopped & 127);
-			break;
-		}
-		if (!s.allowed && s.npending > 0 && s.close_code != 4409 && s.close_code != 4401 && s.close_code != 4403) {
-			rc = 128 + s.pending[0]; /* interrupted before it started */
 			break;
 		}
 		if (stream_recover(&s, sbx, &rt, &st, &rc) == NEXT_STOP)
