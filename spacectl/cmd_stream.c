@@ -739,6 +739,8 @@ int cmd_term(int argc, char **argv)
 	static const int sigs_raw[] = {SIGTERM, SIGHUP, SIGWINCH};
 	static const int sigs_cooked[] = {SIGINT, SIGTERM, SIGHUP, SIGWINCH};
 	signal(SIGPIPE, SIG_IGN);
+	if (raw)
+		signal(SIGINT, SIG_IGN); /* a SIGINT from elsewhere must not leave the terminal raw */
 	if ((raw ? signals_catch(sigs_raw, 3) : signals_catch(sigs_cooked, 4)) < 0) {
 		if (raw)
 			tcsetattr(STDIN_FILENO, TCSANOW, &saved);
