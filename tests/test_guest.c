@@ -578,7 +578,7 @@ static void send_signal_input(struct spaced_guest_client *c, uint32_t id, int64_
 	spaced_buf_free(&b);
 }
 
-/* Reads stream id's stdout until its RESULT; returns the exit. */
+/* Reads stream id's stdout (stderr is dropped) until its RESULT; returns the exit. */
 static struct spaced_guest_exit collect_exit(struct spaced_guest_client *c, uint32_t id, struct spaced_buf *out)
 {
 	for (;;) {
@@ -587,6 +587,11 @@ static struct spaced_guest_exit collect_exit(struct spaced_guest_client *c, uint
 		cr_assert_eq(m.hdr.id, id);
 		if (m.hdr.type == SPACED_GUEST_OUT_STDOUT) {
 			cr_assert_eq(spaced_buf_append(out, m.payload, m.hdr.len), 0);
+			spaced_guest_msg_clear(&m);
+			continue;
+		}
+		if (m.hdr.type == SPACED_GUEST_OUT_STDERR) {
+			/* a shell may say a child of its died of a signal ("Real-time signal 30") */
 			spaced_guest_msg_clear(&m);
 			continue;
 		}
