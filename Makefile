@@ -15,7 +15,8 @@ MESON      ?= meson
 NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean
-.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits bench-exec
+.PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
+.PHONY: bench-hostile bench-exec
 .PHONY: chaos chaos-quick
 
 all: build
@@ -61,6 +62,10 @@ bench-substrate: build
 
 bench-node: build
 	@$(BUILD)/bench/bench-node
+
+# a victim tenant's latency on a worker under attack, against the same worker quiet; R4 under load
+bench-hostile: build
+	@python3 bench/hostile_bench.py $(BUILD)
 
 # control plane: route issuance, move latency, R4 window (SQLite; CP_DB=postgresql://… for PostgreSQL)
 bench-cp: build

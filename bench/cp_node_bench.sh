@@ -1,7 +1,7 @@
 #!/bin/sh
 # cp_node_bench.sh BUILD [ROUTES] [MOVES] — spaced-cp (SQLite, or $CP_DB) with two real
 # spaced-node workers (development mode, real spaced-guest) reached through
-# spaced-cp-link; runs bench-cp in "poll" mode: the R4 window is the time from the
+# their own link (spaced-node --cp, a join token each); runs bench-cp in "poll" mode: the R4 window is the time from the
 # move request to the old worker's first refusal of the old execution's capability.
 set -eu
 build=$(cd "$1" && pwd)
@@ -12,7 +12,6 @@ trap 'for p in $pids; do kill $p 2>/dev/null || true; done; sleep 0.5; rm -rf "$
 cp=$build/spaced-cp/spaced-cp
 db=${CP_DB:-}
 TK=$("$cp" admin --state "$W/cp" ${db:+--db "$db"} create-tenant bench 2>/dev/null)
-EK=$("$cp" admin --state "$W/cp" ${db:+--db "$db"} create-enrollment-key 2>/dev/null)
 "$cp" --state "$W/cp" --listen 127.0.0.1:0 ${db:+--db "$db"} >"$W/cp.log" 2>&1 &
 pids="$pids $!"
 while [ ! -s "$W/cp/cp.port" ]; do sleep 0.05; done
@@ -21,14 +20,9 @@ url="http://127.0.0.1:$port"
 until curl -s -o /dev/null "$url/v1/healthz"; do sleep 0.05; done
 for w in na nb; do
 	mkdir -p "$W/$w"
+	"$cp" admin --state "$W/cp" ${db:+--db "$db"} create-join-token $w >"$W/$w.join" 2>/dev/null
 	"$build/spaced-node/spaced-node" --state "$W/$w" --worker-id $w --listen 127.0.0.1:0 \
-		--guest-bin "$build/spaced-guest/spaced-guest" >"$W/$w.log" 2>&1 &
-	pids="$pids $!"
-	while [ ! -S "$W/$w/admin.sock" ] || [ ! -s "$W/$w/api.port" ]; do sleep 0.05; done
-	curl -s -o /dev/null -H "Authorization: Bearer $EK" \
-		-d "{\"id\":\"$w\",\"url\":\"http://127.0.0.1:$(cat "$W/$w/api.port")\",\"substrates\":[\"process\"]}" "$url/v1/workers"
-	"$build/spaced-cp/spaced-cp-link" --cp "ws://127.0.0.1:$port" --worker $w --key "$EK" --admin "$W/$w/admin.sock" \
-		>"$W/link-$w.log" 2>&1 &
+		--guest-bin "$build/spaced-guest/spaced-guest" --cp "$url" --join-token-file "$W/$w.join" >"$W/$w.log" 2>&1 &
 	pids="$pids $!"
 done
 until curl -s -H "Authorization: Bearer $TK" "$url/v1/workers" | grep -q '"connected":true.*"connected":true'; do sleep 0.1; done

@@ -660,6 +660,13 @@ static void conn_process(struct spaced_httpconn *c)
 
 /* ---- accepting ---- */
 
+/* Frees a connection refused before it was served (its handle is not at
+ * the start of the struct: free the struct, not the handle). */
+static void free_refused(uv_handle_t *h)
+{
+	free(h->data);
+}
+
 static void on_connection(uv_stream_t *l, int status)
 {
 	struct spaced_httpsrv *s = l->data;
@@ -675,7 +682,7 @@ static void on_connection(uv_stream_t *l, int status)
 	c->tcp.data = c;
 	c->srv = s;
 	if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0) {
-		uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+		uv_close((uv_handle_t *)&c->tcp, free_refused);
 		return;
 	}
 	struct sockaddr_storage ss;
@@ -693,7 +700,7 @@ static void on_connection(uv_stream_t *l, int status)
 			ip->n = 1;
 			ip_release(s, c->peer);
 		}
-		uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+		uv_close((uv_handle_t *)&c->tcp, free_refused);
 		return;
 	}
 	ip->n++;

@@ -1,13 +1,16 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--log-format text|json]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
- * DIR/worker-K, each with its spaced-cp-link) on loopback ports, creates a
- * tenant and its API key and writes DIR/env. Every process started is recorded
+ * DIR/worker-K, each joining the control plane itself with a join token of
+ * its own) on loopback ports, creates a tenant and its API key and writes
+ * DIR/env. Every process started is recorded
  * in DIR/pids as "NAME PID STARTTIME" (the start time pins the process: a
- * reused PID is never signalled). Binaries are looked up next to spacectl
+ * reused PID is never signalled). A keeper process (recorded as "keeper")
+ * starts the control plane or a worker again, on the same port, when it
+ * dies, and keeps DIR/pids up to date; `down` stops the keeper first. Binaries are looked up next to spacectl
  * (BUILD/spacectl/../spaced-cp/…) or under $SPACED_BUILD.
  */
 #include <dirent.h>
@@ -17,6 +20,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +38,8 @@
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
-	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev]\n"
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
+	"                       [--log-format text|json]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
@@ -201,7 +206,7 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
  * directory of the user's), then dir itself when that left it empty. */
 static void remove_cluster(const char *dir)
 {
-	static const char *const names[] = {"cp", "env", "pids", "cp.log", NULL};
+	static const char *const names[] = {"cp", "env", "pids", "pids.tmp", "cp.log", "keeper.log", NULL};
 	char p[PATH_MAX + 64];
 	for (size_t i = 0; names[i] != NULL; i++) {
 		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -211,8 +216,6 @@ static void remove_cluster(const char *dir)
 		snprintf(p, sizeof p, "%s/worker-%d", dir, k);
 		nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 		snprintf(p, sizeof p, "%s/worker-%d.log", dir, k);
-		unlink(p);
-		snprintf(p, sizeof p, "%s/link-worker-%d.log", dir, k);
 		unlink(p);
 	}
 	rmdir(dir);
@@ -299,7 +302,19 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 			fprintf(stderr, "spacectl: dev down: nothing recorded in %s/pids\n", dir);
 		return quiet ? 0 : 1;
 	}
-	/* links first, then workers, the control plane last */
+	/* the keeper first (so that it starts nothing again), then what it
+	 * recorded last: workers first, the control plane last */
+	for (int i = 0; i < n; i++) {
+		if (strcmp(r[i].name, "keeper") != 0 || !alive(&r[i]))
+			continue;
+		kill(r[i].pid, SIGTERM);
+		for (int t = 0; t < 40 && alive(&r[i]); t++)
+			sleep_ms(50);
+		if (alive(&r[i]))
+			kill(r[i].pid, SIGKILL);
+		n = load_pids(dir, r, (int)(sizeof r / sizeof r[0]));
+		break;
+	}
 	for (int i = n - 1; i >= 0; i--)
 		if (alive(&r[i]))
 			kill(r[i].pid, SIGTERM);
@@ -351,17 +366,146 @@ static int wait_file(const char *path, pid_t pid, int ms)
 	return -1;
 }
 
-static int dev_up(const char *dir, int nworkers, const char *substrate)
+/* ---- the keeper ---- */
+
+/* A process the keeper starts again when it dies: its argv and log. */
+struct kept_proc {
+	char name[32];
+	char **argv;
+	char log[PATH_MAX + 64];
+	pid_t pid;
+	unsigned long long st;
+	long pause_ms;
+	long due_ms; /* when it is started again (0: running) */
+};
+static struct kept_proc kept[DEV_MAX_WORKERS + 1];
+static int nkept;
+static volatile sig_atomic_t keeper_stop;
+
+static void keep(const char *name, const char *const argv[], const char *log, pid_t pid)
 {
-	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], link[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
+	if (nkept >= (int)(sizeof kept / sizeof kept[0]))
+		return;
+	struct kept_proc *k = &kept[nkept];
+	snprintf(k->name, sizeof k->name, "%s", name);
+	snprintf(k->log, sizeof k->log, "%s", log);
+	if ((k->argv = argv_copy(argv)) == NULL)
+		return;
+	k->pid = pid;
+	k->st = start_time(pid);
+	k->pause_ms = 100;
+	nkept++;
+}
+
+static long now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Rewrites DIR/pids (a temporary file renamed over it): the kept
+ * processes, then the keeper. */
+static void keeper_write_pids(const char *absdir)
+{
+	char p[PATH_MAX + 16], tmp[PATH_MAX + 32];
+	snprintf(p, sizeof p, "%s/pids", absdir);
+	snprintf(tmp, sizeof tmp, "%s/pids.tmp", absdir);
+	FILE *f = fopen(tmp, "w");
+	if (f == NULL)
+		return;
+	for (int i = 0; i < nkept; i++)
+		fprintf(f, "%s %d %llu\n", kept[i].name, (int)kept[i].pid, kept[i].st);
+	fprintf(f, "keeper %d %llu\n", (int)getpid(), start_time(getpid()));
+	if (fclose(f) == 0)
+		rename(tmp, p);
+}
+
+static void keeper_on_term(int sig)
+{
+	(void)sig;
+	keeper_stop = 1;
+}
+
+/* The keeper's loop: every 100 ms, a kept process whose (pid, start time)
+ * is gone is started again after a pause (100 ms, doubling to 5 s, back to
+ * 100 ms once it has run for 30 s). Ends on SIGTERM. */
+static void run_keeper(const char *absdir)
+{
+	signal(SIGTERM, keeper_on_term);
+	signal(SIGINT, keeper_on_term);
+	signal(SIGCHLD, SIG_DFL);
+	keeper_write_pids(absdir);
+	long started[DEV_MAX_WORKERS + 1];
+	for (int i = 0; i < nkept; i++)
+		started[i] = now_ms();
+	while (!keeper_stop) {
+		while (waitpid(-1, NULL, WNOHANG) > 0)
+			; /* what it started itself */
+		for (int i = 0; i < nkept && !keeper_stop; i++) {
+			struct kept_proc *k = &kept[i];
+			long t = now_ms();
+			if (k->due_ms == 0 && start_time(k->pid) != k->st) {
+				if (t - started[i] > 30000)
+					k->pause_ms = 100;
+				k->due_ms = t + k->pause_ms;
+				fprintf(stderr, "keeper: %s (pid %d) is gone; starting it again in %ld ms\n", k->name, (int)k->pid,
+				        k->pause_ms);
+				k->pause_ms = k->pause_ms * 2 > 5000 ? 5000 : k->pause_ms * 2;
+			}
+			if (k->due_ms != 0 && t >= k->due_ms) {
+				pid_t pid = spawn((const char *const *)k->argv, k->log);
+				if (pid < 0)
+					continue;
+				k->pid = pid;
+				k->st = 0;
+				for (int w = 0; w < 20 && k->st == 0; w++) {
+					k->st = start_time(pid);
+					if (k->st == 0)
+						sleep_ms(5);
+				}
+				k->due_ms = 0;
+				started[i] = t;
+				keeper_write_pids(absdir);
+				fprintf(stderr, "keeper: %s started again (pid %d)\n", k->name, (int)pid);
+			}
+		}
+		sleep_ms(100);
+	}
+}
+
+/* Starts the keeper (in its own session, logging to DIR/keeper.log);
+ * returns its pid or -1. */
+static pid_t start_keeper(const char *absdir)
+{
+	char log[PATH_MAX + 32];
+	snprintf(log, sizeof log, "%s/keeper.log", absdir);
+	pid_t pid = fork();
+	if (pid != 0)
+		return pid;
+	setsid();
+	int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	if (in >= 0)
+		dup2(in, 0);
+	if (out >= 0) {
+		dup2(out, 1);
+		dup2(out, 2);
+	}
+	run_keeper(absdir);
+	_exit(0);
+}
+
+static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt)
+{
+	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
 	char p[PATH_MAX + 64], p2[PATH_MAX + 64], absdir[PATH_MAX], err[256];
-	char *tkey = NULL, *ekey = NULL, *port = NULL, *body = NULL;
+	char *tkey = NULL, *port = NULL, *body = NULL;
 	FILE *pids = NULL;
 	int rc = 1, real = 0;
+	pid_t cp_pid = 0;
 	if (find_build() < 0 || bin(cp, sizeof cp, "spaced-cp/spaced-cp") < 0 ||
-	    bin(node, sizeof node, "spaced-node/spaced-node") < 0 || bin(guest, sizeof guest, "spaced-guest/spaced-guest") < 0 ||
-	    bin(link, sizeof link, "spaced-cp/spaced-cp-link") < 0)
-		return cli_fail("dev up", "spaced-cp, spaced-node, spaced-guest and spaced-cp-link must be built (%s; set SPACED_BUILD)",
+	    bin(node, sizeof node, "spaced-node/spaced-node") < 0 || bin(guest, sizeof guest, "spaced-guest/spaced-guest") < 0)
+		return cli_fail("dev up", "spaced-cp, spaced-node and spaced-guest must be built (%s; set SPACED_BUILD)",
 		                build_dir);
 	if (strcmp(substrate, "process") == 0) {
 		real = geteuid() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 &&
@@ -390,8 +534,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 	mkdir(p, 0700);
 	{
 		const char *a1[] = {cp, "admin", "--state", p, "create-tenant", "dev", NULL};
-		const char *a2[] = {cp, "admin", "--state", p, "create-enrollment-key", NULL};
-		if ((tkey = run_line(a1)) == NULL || (ekey = run_line(a2)) == NULL) {
+		if ((tkey = run_line(a1)) == NULL) {
 			rc = cli_fail("dev up", "spaced-cp admin failed (state %s)", p);
 			goto out;
 		}
@@ -405,6 +548,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 			goto out;
 		}
 		record(pids, "spaced-cp", pid);
+		cp_pid = pid;
 		snprintf(p, sizeof p, "%s/cp/cp.port", absdir);
 		if (wait_file(p, pid, 15000) < 0 || (port = read_small(p)) == NULL) {
 			rc = cli_fail("dev up", "the control plane did not start (see %s)", p2);
@@ -413,6 +557,14 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 	}
 	char cpurl[64];
 	snprintf(cpurl, sizeof cpurl, "http://127.0.0.1:%s", port);
+	{
+		/* started again on the same port */
+		char cpdir[PATH_MAX + 64], listen[64];
+		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
+		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
+		const char *a[] = {cp, "--state", cpdir, "--listen", listen, NULL};
+		keep("spaced-cp", a, p2, cp_pid);
+	}
 	for (int t = 0;; t++) {
 		int st = 0;
 		if (http_request(cpurl, "GET", "/v1/healthz", NULL, NULL, &st, &body, err, sizeof err) == 0) {
@@ -427,53 +579,85 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 		sleep_ms(50);
 	}
 	for (int k = 1; k <= nworkers; k++) {
-		char wid[32], wdir[PATH_MAX + 32], log[PATH_MAX + 64], wport[64], url[128], reg[1024];
+		char wid[32], wdir[PATH_MAX + 32], log[PATH_MAX + 64], join[PATH_MAX + 64];
 		snprintf(wid, sizeof wid, "worker-%d", k);
 		snprintf(wdir, sizeof wdir, "%s/%s", absdir, wid);
 		snprintf(log, sizeof log, "%s/%s.log", absdir, wid);
-		mkdir(wdir, 0755);
+		mkdir(wdir, 0700);
+		/* a join token for this worker ID alone, spent when it joins; it is
+		 * passed in a file of the worker's (never on a command line) */
+		char *jt = NULL;
+		{
+			snprintf(p, sizeof p, "%s/cp", absdir);
+			const char *a[] = {cp, "admin", "--state", p, "create-join-token", wid, "600", NULL};
+			snprintf(join, sizeof join, "%s/join-token", wdir);
+			int fd = -1;
+			if ((jt = run_line(a)) == NULL ||
+			    (fd = open(join, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0 ||
+			    write(fd, jt, strlen(jt)) != (ssize_t)strlen(jt)) {
+				if (fd >= 0)
+					close(fd);
+				free(jt);
+				rc = cli_fail("dev up", "cannot make a join token for %s", wid);
+				goto out;
+			}
+			close(fd);
+			free(jt);
+		}
 		/* each worker's executions take uid ranges of their own: 256 ranges of
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[20] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
-		                     "--uid-range", uids, NULL};
+		const char *a[32] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
+		                     "--metrics-listen", "127.0.0.1:0", NULL};
+		int na = 17;
 		if (real) {
-			a[11] = "--launcher";
-			a[12] = launch;
-			a[13] = "--host";
-			a[14] = host;
-			a[15] = NULL;
+			a[na++] = "--launcher";
+			a[na++] = launch;
+			a[na++] = "--host";
+			a[na++] = host;
 		}
+		if (stall) {
+			a[na++] = "--stall-timeout";
+			a[na++] = stall;
+		}
+		if (logfmt) {
+			a[na++] = "--log-format";
+			a[na++] = logfmt;
+		}
+		a[na] = NULL;
 		pid_t pid = spawn(a, log);
 		record(pids, wid, pid);
+		snprintf(p, sizeof p, "%s/worker.key", wdir);
+		if (wait_file(p, pid, 30000) < 0) {
+			rc = cli_fail("dev up", "%s did not join the control plane (see %s)", wid, log);
+			goto out;
+		}
+		unlink(join); /* spent */
+		/* started again with its key (no token) on the same ports */
+		char listen[64], mlisten[64];
 		snprintf(p, sizeof p, "%s/api.port", wdir);
-		snprintf(p2, sizeof p2, "%s/admin.sock", wdir);
-		char *wp = NULL;
-		if (wait_file(p, pid, 15000) < 0 || wait_file(p2, pid, 15000) < 0 || (wp = read_small(p)) == NULL) {
-			rc = cli_fail("dev up", "%s did not start (see %s)", wid, log);
-			goto out;
-		}
-		snprintf(wport, sizeof wport, "%s", wp);
+		char *wp = read_small(p);
+		snprintf(listen, sizeof listen, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		snprintf(url, sizeof url, "http://127.0.0.1:%s", wport);
-		snprintf(reg, sizeof reg, "{\"id\":\"%s\",\"url\":\"%s\",\"capacity\":64,\"substrates\":[\"process\"]}", wid,
-		         url);
-		int st = 0;
-		if (http_request(cpurl, "POST", "/v1/workers", ekey, reg, &st, &body, err, sizeof err) < 0 || st != 200) {
-			rc = cli_fail("dev up", "registering %s: %s", wid, st ? body : err);
-			goto out;
+		snprintf(p, sizeof p, "%s/metrics.port", wdir);
+		wp = read_small(p);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
+		free(wp);
+		const char *ka[32];
+		int m = 0;
+		for (int i = 0; a[i]; i++) {
+			if (strcmp(a[i], "--join-token-file") == 0) {
+				i++;
+				continue;
+			}
+			bool after_listen = i > 0 && strcmp(a[i - 1], "--listen") == 0;
+			bool after_metrics = i > 0 && strcmp(a[i - 1], "--metrics-listen") == 0;
+			ka[m++] = after_listen ? listen : after_metrics ? mlisten : a[i];
 		}
-		free(body);
-		body = NULL;
-		char wsurl[64];
-		snprintf(wsurl, sizeof wsurl, "ws://127.0.0.1:%s", port);
-		snprintf(log, sizeof log, "%s/link-%s.log", absdir, wid);
-		const char *la[] = {link, "--cp", wsurl, "--worker", wid, "--key", ekey, "--admin", p2, NULL};
-		pid = spawn(la, log);
-		char lname[128];
-		snprintf(lname, sizeof lname, "link-%s", wid);
-		record(pids, lname, pid);
+		ka[m] = NULL;
+		keep(wid, ka, log, pid);
 	}
 	/* every worker's control channel is open */
 	for (int t = 0;; t++) {
@@ -505,6 +689,12 @@ static int dev_up(const char *dir, int nworkers, const char *substrate)
 	fchmod(fileno(f), 0600);
 	fprintf(f, "SPACED_CP_URL=%s\nSPACED_API_KEY=%s\nexport SPACED_CP_URL SPACED_API_KEY\n", cpurl, tkey);
 	fclose(f);
+	fclose(pids);
+	pids = NULL;
+	if (start_keeper(absdir) < 0) {
+		rc = cli_fail("dev up", "cannot start the keeper: %s", strerror(errno));
+		goto out;
+	}
 	printf("SPACED_CP_URL=%s\nSPACED_API_KEY=%s\n", cpurl, tkey);
 	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions); "
 	                "`. %s/env` to use it, `spacectl dev down --dir %s` to stop it\n",
@@ -517,7 +707,6 @@ out:
 	if (rc != 0)
 		dev_down(dir, 1, 0); /* the logs stay for a look */
 	free(tkey);
-	free(ekey);
 	free(port);
 	free(body);
 	return rc;
@@ -577,9 +766,11 @@ int cmd_dev(int argc, char **argv)
 		{"workers", required_argument, NULL, 'w'},
 		{"dir", required_argument, NULL, 'd'},
 		{"substrate", required_argument, NULL, 's'},
+		{"stall-timeout", required_argument, NULL, 'S'},
+		{"log-format", required_argument, NULL, 'L'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process";
+	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL, *logfmt = NULL;
 	int workers = 2, c;
 	if (dir == NULL || !dir[0])
 		dir = ".spaced-dev";
@@ -592,13 +783,15 @@ int cmd_dev(int argc, char **argv)
 		case 'w': workers = atoi(optarg); break;
 		case 'd': dir = optarg; break;
 		case 's': substrate = optarg; break;
+		case 'S': stall = optarg; break;
+		case 'L': logfmt = optarg; break;
 		default: return cli_usage(usage_dev);
 		}
 	}
 	if (optind != argc - 1 || workers < 1 || workers > DEV_MAX_WORKERS)
 		return cli_usage(usage_dev);
 	if (strcmp(sub, "up") == 0)
-		return dev_up(dir, workers, substrate);
+		return dev_up(dir, workers, substrate, stall, logfmt);
 	if (strcmp(sub, "down") == 0)
 		return dev_down(dir, 0, 1);
 	if (strcmp(sub, "status") == 0)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <jansson.h>
+#include <sodium.h>
 
 #include "cp.h"
 #include "error.h"
@@ -119,63 +120,130 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 	answer(rq, 200, json_pack("{s:o}", "workers", arr));
 }
 
-static void worker_register(struct cp *cp, struct cp_store *st, struct cp_req *rq, const char *key_id)
+/* Writes a worker's registration (its row: URL, capacity, substrates,
+ * limits) inside the caller's transaction; a new worker's first message is
+ * the verification-key bundle. key_id names the worker key it speaks with. */
+static int worker_upsert(struct cp_store *st, const struct cp_worker_reg *w, const char *key_id)
+{
+	struct cp_rows *ex = NULL;
+	char cap[24], now[24];
+	long ch = 0;
+	int r = CP_Q(st, &ex, NULL, "SELECT 1 FROM workers WHERE id = $1", w->id);
+	if (r < 0)
+		return r;
+	char *lt = w->limits.has ? cp_limits_text(&w->limits) : NULL;
+	if (ex->nrows == 0) {
+		r = CP_Q(st, NULL, &ch,
+		         "INSERT INTO workers (id, url, capacity, substrates, enroll_key, next_seq, last_seen, created, limits) "
+		         "VALUES ($1, $2, $3, $4, $5, 0, $6, $6, $7)",
+		         w->id, w->url, cp_i64(cap, w->capacity), w->substrates, key_id, cp_i64(now, spaced_now()), lt);
+		if (r == 0)
+			r = cp_push_bundle(st, w->id);
+	} else {
+		r = CP_Q(st, NULL, &ch,
+		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = $5, enroll_key = $6, "
+		         "limits = COALESCE($7, limits) WHERE id = $1",
+		         w->id, w->url, cp_i64(cap, w->capacity), w->substrates, cp_i64(now, spaced_now()), key_id, lt);
+	}
+	free(lt);
+	cp_rows_free(ex);
+	return r;
+}
+
+static json_t *worker_answer(const char *id)
+{
+	char chan[128];
+	snprintf(chan, sizeof chan, "/v1/workers/%s/channel", id);
+	return json_pack("{s:s,s:s}", "id", id, "channel", chan);
+}
+
+/* POST /v1/workers/join with a join token: the token bound to this worker
+ * ID is spent, any earlier worker key of the ID stops working, and the
+ * answer carries the worker's new key (shown once). */
+static void worker_join(struct cp *cp, struct cp_store *st, struct cp_req *rq, const char *bound, const char *token_id)
 {
 	struct cp_worker_reg w;
-	struct cp_rows *ex = NULL;
-	char err[160], cap[24], now[24];
+	char err[160], now[24];
+	char *wkey = NULL;
 	long ch = 0;
 	int r;
 	if (cp_parse_worker((const char *)rq->body.data, rq->body.len, &w, err, sizeof err) < 0) {
 		bad_request(rq, err);
 		return;
 	}
-	if ((r = cp_store_begin(st)) < 0)
-		goto fail;
-	if ((r = CP_Q(st, &ex, NULL, "SELECT enroll_key FROM workers WHERE id = $1", w.id)) < 0)
-		goto fail;
-	if (ex->nrows == 1 && strcmp(cp_rows_get(ex, 0, 0), key_id) != 0) {
-		cp_store_rollback(st);
-		cp_rows_free(ex);
-		answer(rq, 403, cp_error("forbidden", "this worker ID is enrolled with another key"));
+	if (strcmp(w.id, bound) != 0) {
+		answer(rq, 403, cp_error("forbidden", "this join token is for another worker ID"));
 		return;
 	}
-	char *lt = w.limits.has ? cp_limits_text(&w.limits) : NULL;
-	if (ex->nrows == 0) {
-		r = CP_Q(st, NULL, &ch,
-		         "INSERT INTO workers (id, url, capacity, substrates, enroll_key, next_seq, last_seen, created, limits) "
-		         "VALUES ($1, $2, $3, $4, $5, 0, $6, $6, $7)",
-		         w.id, w.url, cp_i64(cap, w.capacity), w.substrates, key_id, cp_i64(now, spaced_now()), lt);
-		/* a new worker's first message is the verification-key bundle */
-		if (r == 0)
-			r = cp_push_bundle(st, w.id);
-	} else {
-		r = CP_Q(st, NULL, &ch,
-		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = $5, "
-		         "limits = COALESCE($6, limits) WHERE id = $1",
-		         w.id, w.url, cp_i64(cap, w.capacity), w.substrates, cp_i64(now, spaced_now()), lt);
-	}
-	free(lt);
-	if (r < 0 || (r = cp_store_commit(st)) < 0)
+	if ((r = cp_store_begin(st)) < 0)
 		goto fail;
-	cp_rows_free(ex);
+	/* single use: of two joins with one token, one spends it */
+	if ((r = CP_Q(st, NULL, &ch, "UPDATE api_keys SET used = $2 WHERE key_id = $1 AND used = 0", token_id,
+	              cp_i64(now, spaced_now()))) < 0)
+		goto fail;
+	if (ch != 1) {
+		cp_store_rollback(st);
+		answer(rq, 401, cp_error("unauthorized", "this join token has been used"));
+		return;
+	}
+	if ((r = CP_Q(st, NULL, NULL, "DELETE FROM api_keys WHERE role = 'worker' AND tenant = $1", w.id)) < 0 ||
+	    (r = cp_key_create(st, CP_ROLE_WORKER, w.id, 0, &wkey)) < 0)
+		goto fail;
+	char kid[17];
+	memcpy(kid, wkey + 4, 16);
+	kid[16] = 0;
+	if ((r = worker_upsert(st, &w, kid)) < 0 || (r = cp_store_commit(st)) < 0)
+		goto fail;
 	cp_wake(cp);
-	char chan[128];
-	snprintf(chan, sizeof chan, "/v1/workers/%s/channel", w.id);
-	answer(rq, 200, json_pack("{s:s,s:s}", "id", w.id, "channel", chan));
+	json_t *a = worker_answer(w.id);
+	json_object_set_new(a, "worker_key", json_string(wkey));
+	answer(rq, 200, a);
+	sodium_memzero(wkey, strlen(wkey));
+	free(wkey);
 	return;
 fail:
 	cp_store_rollback(st);
-	cp_rows_free(ex);
+	if (wkey) {
+		sodium_memzero(wkey, strlen(wkey));
+		free(wkey);
+	}
 	answer(rq, 503, cp_error("store", spaced_strerror(r)));
 }
 
-static void worker_heartbeat(struct cp_store *st, struct cp_req *rq, const char *id, const char *key_id)
+/* POST /v1/workers with a worker key: that worker (and only it) updates its
+ * URL, capacity, substrates and limits. */
+static void worker_register(struct cp *cp, struct cp_store *st, struct cp_req *rq, const char *owner,
+                            const char *key_id)
+{
+	struct cp_worker_reg w;
+	char err[160];
+	int r;
+	if (cp_parse_worker((const char *)rq->body.data, rq->body.len, &w, err, sizeof err) < 0) {
+		bad_request(rq, err);
+		return;
+	}
+	if (strcmp(w.id, owner) != 0) {
+		answer(rq, 403, cp_error("forbidden", "a worker key speaks only for its own worker"));
+		return;
+	}
+	if ((r = cp_store_begin(st)) < 0 || (r = worker_upsert(st, &w, key_id)) < 0 || (r = cp_store_commit(st)) < 0) {
+		cp_store_rollback(st);
+		answer(rq, 503, cp_error("store", spaced_strerror(r)));
+		return;
+	}
+	cp_wake(cp);
+	answer(rq, 200, worker_answer(w.id));
+}
+
+static void worker_heartbeat(struct cp_store *st, struct cp_req *rq, const char *id, const char *owner)
 {
 	char now[24];
 	long ch = 0;
-	int r = CP_Q(st, NULL, &ch, "UPDATE workers SET last_seen = $3 WHERE id = $1 AND enroll_key = $2", id, key_id,
-	             cp_i64(now, spaced_now()));
+	if (strcmp(id, owner) != 0) {
+		answer(rq, 403, cp_error("forbidden", "a worker key speaks only for its own worker"));
+		return;
+	}
+	int r = CP_Q(st, NULL, &ch, "UPDATE workers SET last_seen = $2 WHERE id = $1", id, cp_i64(now, spaced_now()));
 	if (r < 0)
 		answer(rq, 503, cp_error("store", spaced_strerror(r)));
 	else if (ch == 0)
@@ -186,7 +254,7 @@ static void worker_heartbeat(struct cp_store *st, struct cp_req *rq, const char 
 
 void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 {
-	char path[sizeof rq->path], tenant[SPACED_NAME_MAX], key_id[SPACED_NAME_MAX], err[160];
+	char path[sizeof rq->path], tenant[SPACED_NAME_MAX], key_id[SPACED_NAME_MAX], owner[SPACED_NAME_MAX], err[160];
 	char *seg[6];
 	snprintf(path, sizeof path, "%s", rq->path);
 	int n = split_path(path, seg, 6);
@@ -217,15 +285,21 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			return;
 		}
 		if (n == 2 && post) {
-			if (auth(st, rq, CP_ROLE_ENROLL, NULL, key_id) < 0)
+			if (auth(st, rq, CP_ROLE_WORKER, owner, key_id) < 0)
 				return;
-			worker_register(cp, st, rq, key_id);
+			worker_register(cp, st, rq, owner, key_id);
+			return;
+		}
+		if (n == 3 && post && strcmp(seg[2], "join") == 0) {
+			if (auth(st, rq, CP_ROLE_JOIN, owner, key_id) < 0)
+				return;
+			worker_join(cp, st, rq, owner, key_id);
 			return;
 		}
 		if (n == 4 && post && strcmp(seg[3], "heartbeat") == 0) {
-			if (auth(st, rq, CP_ROLE_ENROLL, NULL, key_id) < 0)
+			if (auth(st, rq, CP_ROLE_WORKER, owner, NULL) < 0)
 				return;
-			worker_heartbeat(st, rq, seg[2], key_id);
+			worker_heartbeat(st, rq, seg[2], owner);
 			return;
 		}
 		answer(rq, n > 4 || n < 2 ? 404 : 405, cp_error(n > 4 ? "not-found" : "method-not-allowed", "no such endpoint"));

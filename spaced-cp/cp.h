@@ -105,13 +105,23 @@ void cp_req_release(struct cp *cp, struct cp_req *rq);
 void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq);
 
 /* ops.c — domain operations on the store */
-enum cp_role { CP_ROLE_TENANT, CP_ROLE_ADMIN, CP_ROLE_ENROLL };
-/* A new random key "spk_<id>_<secret>" for role (tenant for tenant keys), its
- * BLAKE2b-256 hash stored; *key receives the only copy (free() it). */
-int cp_key_create(struct cp_store *st, enum cp_role role, const char *tenant, char **key);
-/* Checks a bearer key; on success *tenant (may be NULL) receives its tenant. */
-int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char tenant[SPACED_NAME_MAX],
+/* Who a key speaks for. A join token is bound to one worker ID, expires and
+ * serves once: it lets that worker join (and receive its worker key). A
+ * worker key is bound to one worker ID and is the only way to speak as that
+ * worker (its registration, heartbeat and control channel). */
+enum cp_role { CP_ROLE_TENANT, CP_ROLE_ADMIN, CP_ROLE_JOIN, CP_ROLE_WORKER };
+/* A new random key "spk_<id>_<secret>" for role, its BLAKE2b-256 hash stored;
+ * owner is the tenant of a tenant key, the worker ID of a join token or a
+ * worker key (NULL otherwise); expires (Unix seconds, 0: never). *key
+ * receives the only copy (free() it). */
+int cp_key_create(struct cp_store *st, enum cp_role role, const char *owner, int64_t expires, char **key);
+/* Checks a bearer key for role; on success *owner (may be NULL) receives its
+ * tenant or worker ID and *key_id (may be NULL) its ID. An expired or used
+ * key is SPACED_EPERM, as is a wrong one. */
+int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char owner[SPACED_NAME_MAX],
                  char key_id[SPACED_NAME_MAX]);
+/* Checks that key is the worker key of worker (SPACED_EPERM otherwise). */
+int cp_worker_auth(struct cp_store *st, const char *key, const char *worker);
 int cp_tenant_create(struct cp_store *st, const char *name, char id[SPACED_NAME_MAX]);
 /* Random name "<prefix><16 hex>". */
 void cp_random_name(char out[SPACED_NAME_MAX], const char *prefix);

@@ -6,7 +6,10 @@
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
- *   spaced-cp admin --state DIR [--db URL] create-enrollment-key
+ *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
+ *       (single use, bound to that worker ID, valid TTL_SECONDS, default 3600)
+ *   spaced-cp admin --state DIR [--db URL] revoke-worker WORKER_ID
+ *       (its worker key and unused join tokens stop working; a new join token lets it join again)
  *   spaced-cp admin --state DIR [--db URL] create-admin-key
  *   spaced-cp admin --state DIR [--db URL] set-quota TENANT_NAME sandboxes=N,memory=SIZE,disk=SIZE
  *       (each value, or "default" for the control plane's --quota)
@@ -33,7 +36,8 @@ static const char usage[] =
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
-	"                 create-enrollment-key | create-admin-key |\n"
+	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
+	"                 create-admin-key |\n"
 	"                 set-quota TENANT_NAME sandboxes=N|default,memory=SIZE|default,disk=SIZE|default\n";
 
 /* "sandboxes=N,memory=SIZE,disk=SIZE" (any subset); a value "default" is -1
@@ -132,7 +136,7 @@ static int admin(const char *db, int argc, char **argv)
 			goto out;
 		}
 		if ((r = cp_store_begin(st)) < 0 || (r = cp_tenant_create(st, argv[1], tid)) < 0 ||
-		    (r = cp_key_create(st, CP_ROLE_TENANT, tid, &key)) < 0 || (r = cp_store_commit(st)) < 0)
+		    (r = cp_key_create(st, CP_ROLE_TENANT, tid, 0, &key)) < 0 || (r = cp_store_commit(st)) < 0)
 			goto out;
 		fprintf(stderr, "tenant %s (%s) created; its API key (shown once):\n", argv[1], tid);
 	} else if (strcmp(argv[0], "create-api-key") == 0 && argc == 2) {
@@ -144,15 +148,32 @@ static int admin(const char *db, int argc, char **argv)
 			r = SPACED_ENOENT;
 			goto out;
 		}
-		r = cp_key_create(st, CP_ROLE_TENANT, cp_rows_get(rows, 0, 0), &key);
+		r = cp_key_create(st, CP_ROLE_TENANT, cp_rows_get(rows, 0, 0), 0, &key);
 		cp_rows_free(rows);
 		if (r < 0)
 			goto out;
-	} else if (strcmp(argv[0], "create-enrollment-key") == 0 && argc == 1) {
-		if ((r = cp_key_create(st, CP_ROLE_ENROLL, NULL, &key)) < 0)
+	} else if (strcmp(argv[0], "create-join-token") == 0 && (argc == 2 || argc == 3)) {
+		char *end = NULL;
+		long ttl = argc == 3 ? strtol(argv[2], &end, 10) : 3600;
+		if (!spaced_name_valid(argv[1], strlen(argv[1])) || (argc == 3 && (*end || ttl < 1 || ttl > 30 * 86400))) {
+			fprintf(stderr, "spaced-cp: create-join-token wants a worker ID (1-63 of [A-Za-z0-9._-]) and a "
+			                "lifetime of 1 .. 2592000 seconds\n");
+			r = SPACED_EINVAL;
 			goto out;
+		}
+		if ((r = cp_key_create(st, CP_ROLE_JOIN, argv[1], spaced_now() + ttl, &key)) < 0)
+			goto out;
+		fprintf(stderr, "join token for worker %s, single use, valid %ld s (shown once):\n", argv[1], ttl);
+	} else if (strcmp(argv[0], "revoke-worker") == 0 && argc == 2) {
+		long ch = 0;
+		if ((r = CP_Q(st, NULL, &ch, "DELETE FROM api_keys WHERE role IN ('worker', 'join') AND tenant = $1",
+		              argv[1])) < 0)
+			goto out;
+		fprintf(stderr, "%ld key(s) of worker %s revoked\n", ch, argv[1]);
+		cp_store_close(st);
+		return 0;
 	} else if (strcmp(argv[0], "create-admin-key") == 0 && argc == 1) {
-		if ((r = cp_key_create(st, CP_ROLE_ADMIN, NULL, &key)) < 0)
+		if ((r = cp_key_create(st, CP_ROLE_ADMIN, NULL, 0, &key)) < 0)
 			goto out;
 	} else if (strcmp(argv[0], "set-quota") == 0 && argc == 3) {
 		struct cp_quota q = {-2, -2, -2}; /* -2: not named, stays */

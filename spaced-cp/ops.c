@@ -41,7 +41,7 @@ void cp_random_name(char out[SPACED_NAME_MAX], const char *prefix)
 
 static const char *role_name(enum cp_role role)
 {
-	return role == CP_ROLE_ADMIN ? "admin" : role == CP_ROLE_ENROLL ? "enroll" : "tenant";
+	return role == CP_ROLE_ADMIN ? "admin" : role == CP_ROLE_JOIN ? "join" : role == CP_ROLE_WORKER ? "worker" : "tenant";
 }
 
 static void key_hash(const char *key, char hex[65])
@@ -51,10 +51,10 @@ static void key_hash(const char *key, char hex[65])
 	sodium_bin2hex(hex, 65, h, sizeof h);
 }
 
-int cp_key_create(struct cp_store *st, enum cp_role role, const char *tenant, char **key)
+int cp_key_create(struct cp_store *st, enum cp_role role, const char *owner, int64_t expires, char **key)
 {
 	uint8_t secret[32], idb[8];
-	char id[17], sec[44], hash[65], now[24];
+	char id[17], sec[44], hash[65], now[24], exp[24];
 	randombytes_buf(idb, sizeof idb);
 	randombytes_buf(secret, sizeof secret);
 	sodium_bin2hex(id, sizeof id, idb, sizeof idb);
@@ -68,8 +68,8 @@ int cp_key_create(struct cp_store *st, enum cp_role role, const char *tenant, ch
 	sodium_memzero(secret, sizeof secret);
 	sodium_memzero(sec, sizeof sec);
 	int r = CP_Q(st, NULL, NULL,
-	             "INSERT INTO api_keys (key_id, hash, role, tenant, created) VALUES ($1, $2, $3, $4, $5)", id,
-	             hash, role_name(role), tenant, cp_i64(now, spaced_now()));
+	             "INSERT INTO api_keys (key_id, hash, role, tenant, created, expires) VALUES ($1, $2, $3, $4, $5, $6)",
+	             id, hash, role_name(role), owner, cp_i64(now, spaced_now()), cp_i64(exp, expires));
 	if (r < 0) {
 		sodium_memzero(k, n);
 		free(k);
@@ -79,7 +79,7 @@ int cp_key_create(struct cp_store *st, enum cp_role role, const char *tenant, ch
 	return 0;
 }
 
-int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char tenant[SPACED_NAME_MAX],
+int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char owner[SPACED_NAME_MAX],
                  char key_id[SPACED_NAME_MAX])
 {
 	char id[17], hash[65];
@@ -92,18 +92,20 @@ int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char t
 	for (int i = 0; i < 16; i++)
 		if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')))
 			return SPACED_EPERM;
-	if ((r = CP_Q(st, &rows, NULL, "SELECT hash, role, tenant FROM api_keys WHERE key_id = $1", id)) < 0)
+	if ((r = CP_Q(st, &rows, NULL, "SELECT hash, role, tenant, expires, used FROM api_keys WHERE key_id = $1",
+	              id)) < 0)
 		return r;
 	r = SPACED_EPERM;
 	key_hash(key, hash);
 	const char *h = cp_rows_get(rows, 0, 0), *ro = cp_rows_get(rows, 0, 1), *t = cp_rows_get(rows, 0, 2);
+	int64_t expires = cp_rows_i64(rows, 0, 3, 0), used = cp_rows_i64(rows, 0, 4, 0);
 	if (h == NULL || ro == NULL || strlen(h) != 64 || !spaced_ct_eq(h, hash, 64) ||
-	    strcmp(ro, role_name(role)) != 0)
+	    strcmp(ro, role_name(role)) != 0 || (expires != 0 && expires <= spaced_now()) || used != 0)
 		goto out;
-	if (tenant != NULL) {
+	if (owner != NULL) {
 		if (t == NULL || strlen(t) >= SPACED_NAME_MAX)
 			goto out;
-		strcpy(tenant, t);
+		strcpy(owner, t);
 	}
 	if (key_id != NULL)
 		strcpy(key_id, id);
@@ -111,6 +113,15 @@ int cp_key_check(struct cp_store *st, const char *key, enum cp_role role, char t
 out:
 	cp_rows_free(rows);
 	return r;
+}
+
+int cp_worker_auth(struct cp_store *st, const char *key, const char *worker)
+{
+	char owner[SPACED_NAME_MAX];
+	int r = cp_key_check(st, key, CP_ROLE_WORKER, owner, NULL);
+	if (r < 0)
+		return r;
+	return strcmp(owner, worker) == 0 ? 0 : SPACED_EPERM;
 }
 
 int cp_tenant_create(struct cp_store *st, const char *name, char id[SPACED_NAME_MAX])

@@ -189,17 +189,9 @@ static int chan_worker_from_uri(struct lws *wsi, char worker[SPACED_NAME_MAX])
 
 static int chan_authorized(struct cp *cp, struct lws *wsi, const char *worker)
 {
-	char auth[512], key_id[SPACED_NAME_MAX];
-	struct cp_rows *rows = NULL;
+	char auth[512];
 	int n = lws_hdr_copy(wsi, auth, sizeof auth, WSI_TOKEN_HTTP_AUTHORIZATION);
-	if (n <= 7 || strncmp(auth, "Bearer ", 7) != 0 ||
-	    cp_key_check(cp->lws_st, auth + 7, CP_ROLE_ENROLL, NULL, key_id) < 0)
-		return 0;
-	int ok = CP_Q(cp->lws_st, &rows, NULL, "SELECT 1 FROM workers WHERE id = $1 AND enroll_key = $2", worker,
-	              key_id) == 0 &&
-	         rows->nrows == 1;
-	cp_rows_free(rows);
-	return ok;
+	return n > 7 && strncmp(auth, "Bearer ", 7) == 0 && cp_worker_auth(cp->lws_st, auth + 7, worker) == 0;
 }
 
 /* An open channel is a heartbeat; channel_until tells every replica which

@@ -57,6 +57,9 @@ static const struct {
 	{"tenants", "max_memory", "BIGINT NOT NULL DEFAULT -1"},
 	{"tenants", "max_disk", "BIGINT NOT NULL DEFAULT -1"},
 	{"tenants", "quota_seq", "BIGINT NOT NULL DEFAULT 0"},
+	/* when a key stops being valid (0: never) and when a join token was used */
+	{"api_keys", "expires", "BIGINT NOT NULL DEFAULT 0"},
+	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 int cp_store_open(const char *url, struct cp_store **out)

@@ -7,6 +7,8 @@
  * job child has exited are its children, and it reaps them).
  */
 #include "executor.h"
+#include "links.h"
+#include "log.h"
 #include "mgr.h"
 #include "node.h"
 
@@ -77,9 +79,7 @@ static void xlog(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "executor: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
+	spaced_vlog("executor", fmt, ap);
 	va_end(ap);
 }
 
@@ -367,6 +367,20 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			json_object_set_new(*result, "sandbox", json_string(rec.r.id.sandbox));
 		return e;
 	}
+	if (strcmp(kind, "usage-all") == 0 && json_is_array(json_object_get(args, "recs"))) {
+		/* what each live execution uses, for the metrics; one that does not
+		 * answer is left out */
+		json_t *all = json_object(), *jone;
+		size_t i;
+		json_array_foreach(json_object_get(args, "recs"), i, jone) {
+			struct mgr_rec one;
+			json_t *u = NULL;
+			if (mgr_rec_from_json(jone, &one) == 0 && mgr_exec_usage(cfg, &one, &u) == 0)
+				json_object_set_new(all, one.r.id.sandbox, u);
+		}
+		*result = all;
+		return 0;
+	}
 	if (strcmp(kind, "reap") == 0) {
 		if (cfg->launch_bin) {
 			const char *argv[] = {cfg->launch_bin, "reap", NULL};
@@ -507,7 +521,20 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 	*tail = j;
 }
 
-/* Reads one message from the gate; false when the gate went away. */
+/* Whether job id is being worked on (a connection or a child). */
+static bool job_in_flight(const struct executor *x, uint32_t id)
+{
+	for (const struct xconn *c = x->conns; c; c = c->next)
+		if (c->id == id)
+			return true;
+	for (const struct xjob *j = x->jobs; j; j = j->next)
+		if (j->id == id)
+			return true;
+	return false;
+}
+
+/* Reads one message from the gate (links.c's table: EXE_JOB for an id not in
+ * flight); false when the gate went away or broke the table. */
 static bool link_readable(struct executor *x)
 {
 	uint8_t buf[EXE_MSG_MAX];
@@ -517,9 +544,9 @@ static bool link_readable(struct executor *x)
 	if (n <= 0)
 		return false;
 	struct spaced_frame_hdr h;
-	if ((size_t)n > sizeof buf || n < SPACED_FRAME_HDR_LEN ||
-	    spaced_frame_hdr_decode(&h, buf, EXE_MSG_MAX - SPACED_FRAME_HDR_LEN) < 0 ||
-	    h.len != (size_t)n - SPACED_FRAME_HDR_LEN || h.type != EXE_JOB || h.flags != 0) {
+	if ((size_t)n > sizeof buf || n < SPACED_FRAME_HDR_LEN || spaced_frame_hdr_decode(&h, buf, EXE_MSG_MAX) < 0 ||
+	    h.len != (size_t)n - SPACED_FRAME_HDR_LEN ||
+	    link_check(LINK_EXECUTOR, &h, job_in_flight(x, h.id) ? LINK_ID_INFLIGHT : LINK_ID_FREE) != LINK_HANDLE) {
 		xlog("level=error event=protocol-error from=gate");
 		return false;
 	}

@@ -2,7 +2,7 @@
  * executor.h — the executor: the process of sbx-manager that manages
  * executions, so that the gate's event loop never waits on one.
  *
- * The gate (mgr_main.c) verifies, compares and forwards on one event loop;
+ * The gate (gate_main.c) verifies, compares and forwards on one event loop;
  * everything that can take time — starting, stopping, pausing and
  * snapshotting executions, staging snapshots, measuring usage, and every
  * connection to an execution's bridge (B1–B3: the bridge waits for the
@@ -18,9 +18,9 @@
  * reaps them.
  *
  * The link is a SOCK_SEQPACKET socketpair: one message per frame (frame.h
- * header + fields), at most EXE_MSG_MAX bytes. The messages (the table in
- * executor.c and mgr_jobs.c checks each one: direction, size bounds, the job
- * states it is allowed in):
+ * header + fields), at most EXE_MSG_MAX bytes. The messages (links.c's table
+ * holds their direction, bounds, flags and the job states they are allowed
+ * in; both ends check every one against it):
  *
  *   EXE_JOB   gate -> executor  id = a job id not in flight;
  *                               s kind, s args (a JSON object)

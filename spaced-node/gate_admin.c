@@ -1,7 +1,7 @@
 /*
  * gate_admin.c — the worker's local admin socket, STATE/admin.sock: the
  * control messages of docs/control-messages.md, one JSON object per line each
- * way, for `spacectl node …`, tests and spaced-cp-link. Root or the gate's own
+ * way, for `spacectl node …`, tests and the link to the control plane (link.c). Root or the gate's own
  * user only (SO_PEERCRED). A client has one message in progress at a time: its
  * socket is not read again until that message's acknowledgement is written,
  * so answers come back in the order of the requests.
@@ -83,7 +83,7 @@ static void client_next(struct admin_client *a)
 		return;
 	a->in_next = true;
 	while (!a->busy && a->m->admin[a->slot] == a) {
-		uint8_t *nl = memchr(a->rbuf.data, '\n', a->rbuf.len);
+		uint8_t *nl = a->rbuf.len ? memchr(a->rbuf.data, '\n', a->rbuf.len) : NULL;
 		if (!nl)
 			break;
 		size_t len = (size_t)(nl - a->rbuf.data);

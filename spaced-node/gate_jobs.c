@@ -2,10 +2,8 @@
  * gate_jobs.c — the gate's side of the executor link (executor.h): jobs
  * queued, sent when the link takes them, completions matched to their job.
  *
- * The table of what the gate receives on this link:
- *
- *   type      payload bound  flags  the job id must be
- *   EXE_DONE  EXE_MSG_MAX    END    in flight
+ * What the gate takes on this link is in links.c's table: EXE_DONE, with
+ * END, for a job in flight, at most one descriptor with it.
  *
  * Anything else — an unknown type, other flags, an id not in flight, a
  * malformed payload, more than one descriptor — ends the gate (the
@@ -13,6 +11,7 @@
  */
 #include "executor.h"
 #include "gate.h"
+#include "links.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -30,14 +29,6 @@ struct gjob {
 	bool forgotten;
 	uint8_t *msg; /* the whole EXE_JOB message until sent */
 	size_t len;
-};
-
-static const struct {
-	uint16_t type;
-	uint32_t max_len;
-	uint16_t flags;
-} exe_in_table[] = {
-	{EXE_DONE, EXE_MSG_MAX - SPACED_FRAME_HDR_LEN, SPACED_FRAME_F_END},
 };
 
 static void exe_update_poll(struct mgr *m);
@@ -151,10 +142,9 @@ static void exe_readable(struct mgr *m)
 		}
 		struct spaced_frame_hdr h;
 		bool ok = n >= SPACED_FRAME_HDR_LEN && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && nfds <= 1 &&
-		          spaced_frame_hdr_decode(&h, buf, exe_in_table[0].max_len) == 0 &&
-		          h.len == (size_t)n - SPACED_FRAME_HDR_LEN && h.type == exe_in_table[0].type &&
-		          h.flags == exe_in_table[0].flags;
+		          spaced_frame_hdr_decode(&h, buf, EXE_MSG_MAX) == 0 && h.len == (size_t)n - SPACED_FRAME_HDR_LEN;
 		struct gjob *j = ok ? find_job(m, h.id) : NULL;
+		ok = ok && link_check(LINK_GATE, &h, j ? LINK_ID_INFLIGHT : LINK_ID_FREE) == LINK_HANDLE;
 		struct spaced_field_reader rd;
 		int64_t status = 0;
 		const char *msg = NULL, *res = NULL;

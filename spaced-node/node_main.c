@@ -5,13 +5,21 @@
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S]
+ *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
+ *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
  *
- * The process started is the supervisor of the group of node.h: the gate,
+ * With --cp the worker joins the control plane itself (link.c): the join
+ * token (single use, bound to this worker ID) is spent once for a worker key
+ * kept in DIR/worker.key; later starts need no token.
+ *
+ * The process started is the supervisor of the group of node.h (process
+ * names spaced-gate, spaced-api, spaced-executor, spaced-link): the gate,
  * node-api (which binds the listener, writes the bound port to DIR/api.port,
  * then gives up its privileges and enters its seccomp allow-list before
  * serving) and the executor. When any of them dies, the group is started
- * again. SIGTERM stops the group and the supervisor; executions keep running.
+ * again; so is the link to the control plane, on its own. SIGTERM stops
+ * them and the supervisor; executions keep running.
  */
 #include "node.h"
 
@@ -23,14 +31,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "error.h"
 #include "executor.h"
+#include "log.h"
 #include "pidref.h"
 
 static void usage(void)
@@ -39,17 +50,43 @@ static void usage(void)
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S]\n"
+	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
+	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
 
 /* ---- the group: gate, node-api, executor ---- */
 
+#define REQUEST_PATH_NICE (-10)
+
 /* Starts node-api and the executor, then runs the gate in this process until
  * a link goes away; the children end with it (parent-death signal). */
-static int run_group(struct mgr_config *mc, const char *host, int port, const char *port_file, bool drop)
+/* A listener of node-api: where, and the file its bound port is written to. */
+struct listener {
+	const char *host; /* NULL: none */
+	int port;         /* 0 until the first group bound one */
+	const char *port_file;
+};
+
+/* The port the first group bound (from its port file), so that a restart
+ * keeps the worker's addresses. */
+static void keep_port(struct listener *l)
+{
+	if (!l->host || l->port != 0)
+		return;
+	FILE *f = fopen(l->port_file, "r");
+	int p = 0;
+	if (f && fscanf(f, "%d", &p) == 1 && p > 0 && p < 65536)
+		l->port = p;
+	if (f)
+		fclose(f);
+}
+
+static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
 {
 	int api[2], exe[2];
 	prctl(PR_SET_PDEATHSIG, SIGKILL); /* the group never outlives its supervisor */
+	prctl(PR_SET_NAME, "spaced-gate");
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, api) < 0 ||
 	    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, exe) < 0) {
 		perror("spaced-node: socketpair");
@@ -63,10 +100,13 @@ static int run_group(struct mgr_config *mc, const char *host, int port, const ch
 		close(exe[0]);
 		close(exe[1]);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		prctl(PR_SET_NAME, "spaced-api");
 		if (getppid() == 1)
 			_exit(1);
-		struct node_api_config ac = {.listen_host = host, .listen_port = port, .mgr_fd = api[1],
-		                             .port_file = port_file, .drop_privileges = drop};
+		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
+		                             .port_file = api_l->port_file, .drop_privileges = drop,
+		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
+		                             .metrics_port_file = met_l->port_file};
 		_exit(node_api_run(&ac));
 	}
 	pid_t exe_pid = fork();
@@ -77,10 +117,17 @@ static int run_group(struct mgr_config *mc, const char *host, int port, const ch
 		close(api[0]);
 		close(api[1]);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		prctl(PR_SET_NAME, "spaced-executor");
 		_exit(executor_run(mc, exe[1]));
 	}
 	close(api[1]);
 	close(exe[1]);
+	/* the request path (the gate and node-api) runs ahead of the executions'
+	 * processes, so that tenants' CPU load does not delay another tenant's
+	 * verification and forwarding; the executor and what it starts keep the
+	 * default priority (best effort: needs CAP_SYS_NICE) */
+	setpriority(PRIO_PROCESS, (id_t)api_pid, REQUEST_PATH_NICE);
+	setpriority(PRIO_PROCESS, 0, REQUEST_PATH_NICE);
 	mc->api_fd = api[0];
 	mc->api_pid = api_pid;
 	mc->exe_fd = exe[0];
@@ -104,19 +151,61 @@ static void on_stop(int sig)
 	stopping = 1;
 }
 
-static long ms_since(const struct timespec *t0)
+/* A child the supervisor keeps running: the group, or the link. */
+struct kept {
+	const char *name;
+	pid_t pid;          /* 0 while not running */
+	long due_ms;        /* when it is started next (monotonic ms) */
+	long started_ms;
+	long pause_ms;      /* the pause before the next start after an end */
+	bool off;           /* not started again (the link after a refusal) */
+};
+
+static long mono_ms(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+	return t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* Runs the group and starts it again whenever it ends, until SIGTERM or
- * SIGINT: a pause of 100 ms before the first restart, doubling up to 5 s,
- * back to 100 ms once a group has run for 30 s. node-api listens on the port
- * the first group bound, so a restart keeps the worker's address. As the
- * child subreaper, the supervisor also reaps the processes it adopts. */
-static int supervise(struct mgr_config *mc, const char *host, int port, const char *port_file, bool drop)
+/* Forks a child with the supervisor's signal state undone. */
+static pid_t fork_child(void)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		struct sigaction dfl;
+		memset(&dfl, 0, sizeof dfl);
+		dfl.sa_handler = SIG_DFL;
+		sigaction(SIGTERM, &dfl, NULL);
+		sigaction(SIGINT, &dfl, NULL);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+	}
+	return p;
+}
+
+static void write_pid(const char *state, const char *name, pid_t pid)
+{
+	char path[PATH_MAX], tmp[PATH_MAX + 8];
+	snprintf(path, sizeof path, "%s/%s.pid", state, name);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (f && fprintf(f, "%d\n", (int)pid) > 0 && fclose(f) == 0)
+		rename(tmp, path);
+	else if (f)
+		fclose(f);
+}
+
+/* Runs the group (and the link, when lc is given) and starts each again
+ * whenever it ends, until SIGTERM or SIGINT: a pause of 100 ms before the
+ * first restart, doubling up to 5 s, back to 100 ms once it has run for 30 s.
+ * A link that ends with LINK_EXIT_FATAL (the control plane refused it) is
+ * not started again. node-api listens on the port the first group bound, so
+ * a restart keeps the worker's address. As the child subreaper, the
+ * supervisor also reaps the processes it adopts. */
+static int supervise(struct mgr_config *mc, const struct link_config *lc, struct listener *api_l,
+                     struct listener *met_l, bool drop)
 {
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -124,63 +213,89 @@ static int supervise(struct mgr_config *mc, const char *host, int port, const ch
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &chld, NULL);
 	prctl(PR_SET_CHILD_SUBREAPER, 1);
-	long pause_ms = 100;
-	int starts = 0;
+	struct kept group = {.name = "group", .pause_ms = 100}, link = {.name = "link", .pause_ms = 100, .off = !lc};
+	struct kept *kids[] = {&group, &link};
+	int group_starts = 0;
 	while (!stopping) {
-		struct timespec t0;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		if (starts > 0 && port == 0) {
-			/* the port the first group bound */
-			FILE *f = fopen(port_file, "r");
-			int p = 0;
-			if (f && fscanf(f, "%d", &p) == 1 && p > 0 && p < 65536)
-				port = p;
-			if (f)
-				fclose(f);
-		}
-		pid_t g = fork();
-		if (g < 0) {
-			perror("spaced-node: fork");
-			sleep(1);
-			continue;
-		}
-		if (g == 0) {
-			struct sigaction dfl;
-			memset(&dfl, 0, sizeof dfl);
-			dfl.sa_handler = SIG_DFL;
-			sigaction(SIGTERM, &dfl, NULL);
-			sigaction(SIGINT, &dfl, NULL);
-			_exit(run_group(mc, host, port, port_file, drop));
-		}
-		starts++;
-		int st = 0;
-		for (;;) {
-			pid_t w = waitpid(-1, &st, 0);
-			if (w == g)
-				break;
-			if (w < 0 && errno == EINTR && stopping) {
-				kill(g, SIGTERM);
+		long now = mono_ms();
+		for (size_t i = 0; i < 2; i++) {
+			struct kept *k = kids[i];
+			if (k->pid || k->off || now < k->due_ms)
+				continue;
+			if (k == &group && group_starts > 0) {
+				keep_port(api_l);
+				keep_port(met_l);
+			}
+			pid_t p = fork_child();
+			if (p < 0) {
+				perror("spaced-node: fork");
+				k->due_ms = now + 1000;
 				continue;
 			}
-			if (w < 0 && errno == ECHILD)
-				break;
-			/* an adopted process (a launcher, a bridge): reaped */
+			if (p == 0) {
+				if (k == &group)
+					_exit(run_group(mc, api_l, met_l, drop));
+				prctl(PR_SET_PDEATHSIG, SIGTERM);
+				prctl(PR_SET_NAME, "spaced-link");
+				if (getppid() == 1)
+					_exit(1);
+				_exit(link_run(lc));
+			}
+			k->pid = p;
+			k->started_ms = now;
+			if (k == &group)
+				group_starts++;
+			else
+				write_pid(mc->state_dir, "link", p);
 		}
-		if (stopping)
-			break;
-		long up = ms_since(&t0);
-		if (up > 30000)
-			pause_ms = 100;
-		fprintf(stderr, "spaced-node: the worker's processes ended (status 0x%x after %ld ms); starting them again "
-		                "in %ld ms\n", (unsigned)st, up, pause_ms);
-		struct timespec ts = {pause_ms / 1000, (pause_ms % 1000) * 1000000L};
-		while (!stopping && nanosleep(&ts, &ts) < 0 && errno == EINTR)
-			;
-		pause_ms = pause_ms * 2 > 5000 ? 5000 : pause_ms * 2;
+		int st = 0;
+		pid_t w = waitpid(-1, &st, WNOHANG);
+		if (w > 0) {
+			for (size_t i = 0; i < 2; i++) {
+				struct kept *k = kids[i];
+				if (k->pid != w)
+					continue;
+				k->pid = 0;
+				long up = mono_ms() - k->started_ms;
+				if (up > 30000)
+					k->pause_ms = 100;
+				if (k == &link && WIFEXITED(st) && WEXITSTATUS(st) == LINK_EXIT_FATAL) {
+					fprintf(stderr, "spaced-node: the link to the control plane was refused; it is not started "
+					                "again (the worker serves what it has; see the messages above)\n");
+					k->off = true;
+					break;
+				}
+				fprintf(stderr, "spaced-node: the %s ended (status 0x%x after %ld ms); starting it again in %ld ms\n",
+				        k == &group ? "worker's processes" : "link to the control plane", (unsigned)st, up,
+				        k->pause_ms);
+				k->due_ms = mono_ms() + k->pause_ms;
+				k->pause_ms = k->pause_ms * 2 > 5000 ? 5000 : k->pause_ms * 2;
+			}
+			continue; /* an adopted process (a launcher, a bridge) is simply reaped */
+		}
+		/* nothing to reap: wait for a child's end, a signal or the next start */
+		long wait_ms = 1000;
+		for (size_t i = 0; i < 2; i++)
+			if (!kids[i]->pid && !kids[i]->off)
+				wait_ms = kids[i]->due_ms - mono_ms() < wait_ms ? kids[i]->due_ms - mono_ms() : wait_ms;
+		if (wait_ms > 0) {
+			struct timespec ts = {wait_ms / 1000, (wait_ms % 1000) * 1000000L};
+			sigtimedwait(&chld, NULL, &ts);
+		}
 	}
-	/* the group ends with the supervisor; adopted processes (executions)
-	 * keep running and are found again by the next start */
+	/* the group and the link end with the supervisor; adopted processes
+	 * (executions) keep running and are found again by the next start */
+	for (size_t i = 0; i < 2; i++)
+		if (kids[i]->pid)
+			kill(kids[i]->pid, SIGTERM);
+	for (size_t i = 0; i < 2; i++)
+		if (kids[i]->pid)
+			waitpid(kids[i]->pid, NULL, 0);
 	while (waitpid(-1, NULL, WNOHANG) > 0)
 		;
 	return 0;
@@ -215,7 +330,14 @@ int main(int argc, char **argv)
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
 	int stall_ms = 60000;
+	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
+	long capacity = 64;
 
+	char cfg_err[256];
+	if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
+		fprintf(stderr, "spaced-node: --config: %s\n", cfg_err);
+		return 2;
+	}
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -259,7 +381,32 @@ int main(int argc, char **argv)
 			uid_slots = (uint32_t)c;
 		} else if (strcmp(a, "--uid-lock-dir") == 0)
 			uid_lock_dir = v;
-		else if (strcmp(a, "--stall-timeout") == 0) {
+		else if (strcmp(a, "--cp") == 0)
+			cp_url = v;
+		else if (strcmp(a, "--metrics-listen") == 0)
+			metrics_listen = v;
+		else if (strcmp(a, "--log-format") == 0) {
+			enum spaced_log_format lf;
+			if (spaced_log_format_parse(v, &lf) < 0) {
+				fprintf(stderr, "spaced-node: --log-format wants text or json\n");
+				return 2;
+			}
+			spaced_log_set_format(lf);
+		}
+		else if (strcmp(a, "--join-token") == 0)
+			join_token = v;
+		else if (strcmp(a, "--join-token-file") == 0)
+			join_file = v;
+		else if (strcmp(a, "--advertise") == 0)
+			advertise = v;
+		else if (strcmp(a, "--capacity") == 0) {
+			char *end;
+			capacity = strtol(v, &end, 10);
+			if (*end || capacity < 1 || capacity > 100000) {
+				fprintf(stderr, "spaced-node: --capacity wants 1 .. 100000 sandboxes\n");
+				return 2;
+			}
+		} else if (strcmp(a, "--stall-timeout") == 0) {
 			char *end;
 			long t = strtol(v, &end, 10);
 			if (*end || t < 0 || t > 3600) {
@@ -280,6 +427,27 @@ int main(int argc, char **argv)
 	}
 	if (!guest)
 		guest = default_guest();
+	if ((join_token || join_file || advertise) && !cp_url) {
+		fprintf(stderr, "spaced-node: --join-token, --join-token-file and --advertise go with --cp\n");
+		return 2;
+	}
+	if (join_token && join_file) {
+		fprintf(stderr, "spaced-node: --join-token or --join-token-file, not both\n");
+		return 2;
+	}
+	char token_buf[256] = "";
+	if (join_file) {
+		FILE *f = fopen(join_file, "r");
+		if (!f || !fgets(token_buf, sizeof token_buf, f)) {
+			fprintf(stderr, "spaced-node: cannot read %s\n", join_file);
+			if (f)
+				fclose(f);
+			return 2;
+		}
+		fclose(f);
+		token_buf[strcspn(token_buf, "\r\n")] = '\0';
+		join_token = token_buf;
+	}
 	if ((launch == NULL) != (host_bin == NULL)) {
 		fprintf(stderr, "spaced-node: --launcher and --host go together\n");
 		return 2;
@@ -331,7 +499,30 @@ int main(int argc, char **argv)
 	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms};
-	int rc = supervise(&mc, host, (int)port, port_file, drop);
+	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
+		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
+		return 2;
+	}
+	struct link_config lc = {.cp_url = cp_url, .worker_id = worker, .state_dir = state_abs, .admin_path = admin,
+	                         .join_token = join_token, .advertise = advertise, .listen_host = host,
+	                         .capacity = (int)capacity};
+	struct listener api_l = {host, (int)port, port_file}, met_l = {NULL, 0, NULL};
+	char met_host[256], met_file[PATH_MAX];
+	if (metrics_listen) {
+		const char *mc_ = strrchr(metrics_listen, ':');
+		char *mend = NULL;
+		long mport = mc_ ? strtol(mc_ + 1, &mend, 10) : -1;
+		if (!mc_ || (size_t)(mc_ - metrics_listen) >= sizeof met_host || !mend || *mend || mport < 0 || mport > 65535) {
+			fprintf(stderr, "spaced-node: --metrics-listen wants HOST:PORT\n");
+			return 2;
+		}
+		memcpy(met_host, metrics_listen, (size_t)(mc_ - metrics_listen));
+		met_host[mc_ - metrics_listen] = '\0';
+		snprintf(met_file, sizeof met_file, "%s/metrics.port", state_abs);
+		unlink(met_file);
+		met_l = (struct listener){met_host, (int)mport, met_file};
+	}
+	int rc = supervise(&mc, cp_url ? &lc : NULL, &api_l, &met_l, drop);
 	free(state_abs);
 	free(guest);
 	free(launch);

@@ -1,6 +1,6 @@
 #!/bin/sh
 # spacectl's client side against a real cluster started by `spacectl dev up`
-# (spaced-cp + two spaced-node workers, each with its spaced-cp-link):
+# (spaced-cp + two spaced-node workers, each holding its own control channel):
 # operations pass stdout, stderr and exit status through; after a move a
 # stale route is refused with REFRESH_ROUTE and repaired by exactly one retry
 # (V2); the on-disk cache entry is replaced only while it still holds the
@@ -13,8 +13,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-guest/spaced-guest" \
-	"$SPACED_BUILD/spaced-cp/spaced-cp-link" "$CP"; do
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-guest/spaced-guest" "$CP"; do
 	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
 done
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
@@ -35,7 +34,7 @@ fi
 expect "dev up prints SPACED_CP_URL and SPACED_API_KEY" "$(cut -d= -f1 "$W/up.out" | tr '\n' ' ')" "SPACED_CP_URL SPACED_API_KEY "
 expect "DIR/env holds the same" "$(grep -c "^SPACED_CP_URL=$SPACED_CP_URL\$\|^SPACED_API_KEY=$SPACED_API_KEY\$" "$D/env")" 2
 "$SC" dev status --dir "$D" >"$W/status" 2>&1
-expect "dev status: everything running, both workers connected" "$?:$(grep -c ' running$' "$W/status"):$(grep -c ' connected ' "$W/status")" "0:5:2"
+expect "dev status: everything running, both workers connected" "$?:$(grep -c ' running$' "$W/status"):$(grep -c ' connected ' "$W/status")" "0:4:2"
 
 X=$("$SC" create --worker worker-1)
 expect "create on worker-1" "$("$SC" inspect "$X" --json | jq -r '.worker + " " + (.generation|tostring)')" "worker-1 1"

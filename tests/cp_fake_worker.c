@@ -7,7 +7,7 @@
  * message it received to --log (one JSON line each, its members preceded by
  * "t_ns", the wall-clock receive time in ns; re-sent ones as {"dup":true,"t_ns":…,"msg":…}). spaced-node's channel client replaces it in production.
  *
- *   cp-fake-worker --url ws://HOST:PORT --worker ID --key ENROLLMENT_KEY --state FILE --log FILE
+ *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
  *                  [--delay-ms N] [--refuse TYPE] [--silent TYPE] [--exit-after N]
  *
  * --refuse TYPE acks messages of that type with ok:false; --silent TYPE never

@@ -72,16 +72,20 @@ body() {
 	jq -r "$1" "$W/body"
 }
 
-# register WORKER — registration over HTTP with the enrollment key $EK
+# register WORKER [CAPACITY] — the worker joins with a join token bound to it
+# (spaced-cp admin create-join-token); its worker key goes to $WK_<worker>
 register() {
-	st=$(api "$EK" POST /v1/workers "{\"id\":\"$1\",\"url\":\"http://127.0.0.1:1/$1\",\"capacity\":${2:-8},\"substrates\":[\"process\"]}")
+	jt=$(admin create-join-token "$1")
+	st=$(OUT=$W/join-$1 api "$jt" POST /v1/workers/join "{\"id\":\"$1\",\"url\":\"http://127.0.0.1:1/$1\",\"capacity\":${2:-8},\"substrates\":[\"process\"]}")
 	expect "register $1" "$st" 200
+	eval "WK_$1=$(jq -r .worker_key "$W/join-$1")"
 }
 
 # start_worker WORKER [fake-worker options] — sets FW_PID_<worker>
 start_worker() {
 	w=$1; shift
-	"$FW" --url "ws://${CP_URL#http://}" --worker "$w" --key "$EK" --state "$W/$w.state" --log "$W/$w.log" "$@" \
+	eval "wk=\$WK_$w"
+	"$FW" --url "ws://${CP_URL#http://}" --worker "$w" --key "$wk" --state "$W/$w.state" --log "$W/$w.log" "$@" \
 		2>>"$W/$w.err" &
 	eval "FW_PID_$w=$!"
 	PIDS="$PIDS $!"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The control plane with two real spaced-node workers (development mode, the
-# real spaced-guest), each reached through spaced-cp-link: a sandbox moves back
+# real spaced-guest), each joined to the control plane itself: a sandbox moves back
 # and forth with every step visible in `spacectl inspect`; capabilities from
 # the signer are accepted by the worker that serves the execution (C1, C2, R1),
 # answers carry its identity, and after a move the old worker answers the old

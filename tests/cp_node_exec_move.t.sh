@@ -1,7 +1,7 @@
 #!/bin/sh
 # A move while an exec stream is open (issue 5 item 8; S1, R3): a control
 # plane and two real spaced-node workers (development mode, the real
-# spaced-guest) behind spaced-cp-link. A long exec (sh -c '... sleep 300') runs
+# spaced-guest), each joined to the control plane itself. A long exec (sh -c '... sleep 300') runs
 # on the sandbox through na's node API with a capability from `spacectl route`;
 # the sandbox moves to nb while it runs. Then:
 #  - the move completes (generation 2 on nb);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Snapshots travel checked by their hash (issue 5 item 7; docs/control-messages.md
 # "Snapshot hash"): a control plane and two real spaced-node workers
-# (development mode, the real spaced-guest), each behind spaced-cp-link.
+# (development mode, the real spaced-guest), each, each joined to the control plane itself.
 #  - the hash a worker reports for a snapshot equals an independent
 #    implementation of the documented definition over the snapshot tree;
 #  - a move carries the sandbox's files to the destination;
@@ -11,7 +11,7 @@
 #    in state error, the previous execution stays deactivated and kept on the
 #    source (it never serves again: R3), and `rm` removes it there too.
 # The window between the snapshot and the install is held open by stopping the
-# destination's control channel (SIGSTOP of its spaced-cp-link): the install
+# destination's control channel (SIGSTOP of its link process): the install
 # waits queued until it continues.
 # Exit 77 when spaced-node or spaced-guest is not built.
 set -u

@@ -5,15 +5,15 @@
 mkdir -p "$W/cp"
 TA=$(admin create-tenant alpha)
 TB=$(admin create-tenant beta)
-EK=$(admin create-enrollment-key)
+JX=$(admin create-join-token wx)
 AK=$(admin create-admin-key)
-[ -n "$TA" ] && [ -n "$TB" ] && [ -n "$EK" ] && [ -n "$AK" ] || { echo "admin commands failed"; exit 1; }
+[ -n "$TA" ] && [ -n "$TB" ] && [ -n "$JX" ] && [ -n "$AK" ] || { echo "admin commands failed"; exit 1; }
 start_cp cp
 
 # ---- malformed input: clean 4xx, the daemon keeps serving ----
 expect "no key -> 401" "$(curl -s -o /dev/null -w '%{http_code}' "$CP_URL/v1/sandboxes")" 401
 expect "wrong key -> 401" "$(api spk_0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA GET /v1/sandboxes)" 401
-expect "enrollment key is no tenant key -> 401" "$(api "$EK" GET /v1/sandboxes)" 401
+expect "a join token is no tenant key -> 401" "$(api "$JX" GET /v1/sandboxes)" 401
 expect "malformed JSON -> 400" "$(api "$TA" POST /v1/sandboxes '{"pids":')" 400
 expect "duplicate keys -> 400" "$(api "$TA" POST /v1/sandboxes '{"pids":10,"pids":11}')" 400
 expect "unknown member -> 400" "$(api "$TA" POST /v1/sandboxes '{"evil":1}')" 400
@@ -48,17 +48,10 @@ start_worker wa
 start_worker wb
 expect "first message to a worker is the key bundle (C2, T1)" "$(head -n 1 "$W/wa.log" | jq -r '.seq, .type' | tr '\n' ' ')" "1 keys "
 expect "workers listed" "$(api "$TA" GET /v1/workers; body '[.workers[] | .id + ":" + .state] | join(",")')" "200wa:live,wb:live"
-ek2=$(admin create-enrollment-key)
-expect "a worker ID stays with its enrollment key" "$(api "$ek2" POST /v1/workers '{"id":"wa","url":"http://x","substrates":["process"]}')" 403
-expect "channel refused without the enrollment key" \
-	"$(curl -s -o /dev/null -w '%{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' "$CP_URL/v1/workers/wa/channel" || true)" "$(curl -s -o /dev/null -w '%{http_code}' -H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' -H "Authorization: Bearer $TA" "$CP_URL/v1/workers/wa/channel" || true)"
-
-expect "heartbeat" "$(api "$EK" POST /v1/workers/wa/heartbeat)" 200
-expect "heartbeat with another enrollment key -> 404" "$(api "$ek2" POST /v1/workers/wa/heartbeat)" 404
 expect "heartbeat with a tenant key -> 401" "$(api "$TA" POST /v1/workers/wa/heartbeat)" 401
 # a worker peer sending garbage on its channel loses that connection, nothing else
 register wz
-res=$(timeout 20 python3 - "${CP_URL##*:}" "$EK" <<'PY'
+res=$(timeout 20 python3 - "${CP_URL##*:}" "$WK_wz" <<'PY'
 import base64, os, socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 s.settimeout(5)
@@ -263,7 +256,7 @@ expect "tokens still come from the active key, not the unacknowledged one" "$(ap
 # a worker claiming more applied messages than the store ever sent is refused (state loss: fail closed)
 echo "999 0" >"$W/wh.state"
 register wh
-"$FW" --url "ws://${CP_URL#http://}" --worker wh --key "$EK" --state "$W/wh.state" --log "$W/wh.log" 2>/dev/null &
+"$FW" --url "ws://${CP_URL#http://}" --worker wh --key "$WK_wh" --state "$W/wh.state" --log "$W/wh.log" 2>/dev/null &
 WHPID=$!; PIDS="$PIDS $WHPID"
 wait_for "the control plane refuses the channel of a worker ahead of it" grep -q "channel wh: hello last_seq=999 is ahead" "$W/cp.log"
 kill $WHPID 2>/dev/null || true
@@ -371,3 +364,46 @@ for w in wa wb wf; do stop_worker $w; start_worker $w; done
 wait_for "the interrupted move is finished by the restarted control plane" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S8 | jq -e '.state == \"running\" and .generation == 2 and .worker == \"wf\"' >/dev/null"
 expect "wf applied generation 2 exactly once (the replay was acked again)" "$(jq -s --arg s "$S8" '[.[] | select(.type == "install" and .identity.sandbox == $s)] | length' "$W/wf.log")" 1
 expect "the next move makes generation 3 (none reused)" "$(api "$TA" POST "/v1/sandboxes/$S8/move" '{"to":"wa"}'; body '(.generation|tostring) + " " + .worker')" "2003 wa"
+
+# ---- worker identity: join tokens are single-use and bound to one worker ID; only a
+# worker's own key speaks for it (its URL, heartbeat, channel) ----
+REG_WX='{"id":"wx","url":"http://127.0.0.1:1/wx","substrates":["process"]}'
+expect "a join token joins only its own worker ID -> 403" \
+	"$(api "$JX" POST /v1/workers/join '{"id":"wa","url":"http://rogue","substrates":["process"]}')" 403
+expect "a tenant key cannot join -> 401" "$(api "$TA" POST /v1/workers/join "$REG_WX")" 401
+expect "a worker key cannot join another worker -> 401" "$(api "$WK_wa" POST /v1/workers/join "$REG_WX")" 401
+expect "join with the token bound to wx" "$(OUT=$W/jx api "$JX" POST /v1/workers/join "$REG_WX"; jq -r '.worker_key | startswith("spk_")' "$W/jx")" 200true
+WK_wx=$(jq -r .worker_key "$W/jx")
+expect "a join token serves once" "$(api "$JX" POST /v1/workers/join "$REG_WX")" 401
+# two joins racing with one token: exactly one wins
+JY=$(admin create-join-token wy)
+REG_WY='{"id":"wy","url":"http://127.0.0.1:1/wy","substrates":["process"]}'
+racers=""
+for i in 1 2 3 4; do (OUT=$W/race-body.$i api "$JY" POST /v1/workers/join "$REG_WY" >"$W/race.$i" 2>/dev/null) & racers="$racers $!"; done
+for p in $racers; do wait "$p"; done
+expect "four concurrent joins with one token: one 200" "$(cat "$W/race.1" "$W/race.2" "$W/race.3" "$W/race.4" | grep -c 200)" 1
+JZ=$(admin create-join-token wz 1)
+sleep 2
+expect "an expired join token -> 401" "$(api "$JZ" POST /v1/workers/join '{"id":"wz","url":"http://x","substrates":["process"]}')" 401
+expect "a worker key cannot move another worker's URL -> 403" \
+	"$(api "$WK_wx" POST /v1/workers '{"id":"wa","url":"http://rogue","substrates":["process"]}')" 403
+expect "a join token cannot move a worker's URL -> 401" \
+	"$(api "$JX" POST /v1/workers '{"id":"wx","url":"http://rogue","substrates":["process"]}')" 401
+expect "wa's URL is unchanged" "$(api "$TA" GET /v1/workers; body '.workers[] | select(.id=="wa") | .url')" "200http://127.0.0.1:1/wa"
+expect "a worker updates its own URL" "$(api "$WK_wx" POST /v1/workers '{"id":"wx","url":"http://127.0.0.1:2/wx","substrates":["process"]}')" 200
+ws_status() { # KEY WORKER: the status of a channel upgrade
+	curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H 'Connection: Upgrade' -H 'Upgrade: websocket' \
+		-H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==' \
+		${1:+-H "Authorization: Bearer $1"} "$CP_URL/v1/workers/$2/channel" || true
+}
+expect "channel refused without a key" "$(ws_status "" wa)" "$(ws_status "$TA" wa)"
+expect "channel refused with another worker's key" "$(ws_status "$WK_wx" wa)" "$(ws_status "$TA" wa)"
+expect "channel refused with a join token" "$(ws_status "$JY" wy)" "$(ws_status "$TA" wa)"
+expect "heartbeat" "$(api "$WK_wa" POST /v1/workers/wa/heartbeat)" 200
+expect "heartbeat with another worker's key -> 403" "$(api "$WK_wx" POST /v1/workers/wa/heartbeat)" 403
+# revoked: the key stops working; a new join token lets the worker join again with a new key
+admin revoke-worker wx
+expect "a revoked worker key -> 401" "$(api "$WK_wx" POST /v1/workers/wx/heartbeat)" 401
+JX2=$(admin create-join-token wx)
+expect "joining again after revocation" "$(OUT=$W/jx2 api "$JX2" POST /v1/workers/join "$REG_WX")" 200
+expect "the new key works" "$(api "$(jq -r .worker_key "$W/jx2")" POST /v1/workers/wx/heartbeat)" 200

@@ -35,7 +35,7 @@ check "the watch saw a file before the move" "notes.txt"
 check "the watch reopened at worker-2 (V5)" "watching /workspace (identity sandbox=.*generation=2;worker=worker-2"
 check "the watch saw a file after the move" "more.txt"
 check "a forged capability denied, not retried (C5)" "DENY (bad-signature): not retried"
-check "torn down" "^stopped 5 processes"
+check "torn down" "^stopped 4 processes"
 check "the end" "^done\.$"
 echo "$fails failures"
 [ $fails -eq 0 ]

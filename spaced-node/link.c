@@ -1,0 +1,583 @@
+/*
+ * link.c — the worker's link to the control plane (node.h: the link role).
+ *
+ * A worker speaks for itself with its worker key, kept in STATE/worker.key
+ * (mode 0600, never on a command line). Without one it joins once: it
+ * presents the single-use join token it was started with, bound by the
+ * control plane to this worker ID, and receives its key. Then it registers
+ * its node-api address (only the holder of the worker key can change it) and
+ * holds the control channel (docs/control-messages.md): a WebSocket client of
+ * spaced-cp on one side, the gate's admin socket (one JSON object per line
+ * each way) on the other. It sends hello with the worker's own last_seq (from
+ * its `status`), hands every message to the gate unchanged, in order, and
+ * returns the gate's acknowledgement line unchanged; the gate applies each
+ * seq at most once and answers repeats from its store.
+ *
+ * Joining and registering use libcurl; the channel uses libwebsockets. The
+ * link has no state but the key: when it dies, the supervisor starts it
+ * again, and the control plane replays what it missed after the next hello.
+ */
+#include "node.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <libwebsockets.h>
+#include <sodium.h>
+
+#include "error.h"
+#include "log.h"
+
+#define LINE_MAX_BYTES (1u << 20)
+#define KEY_MAX 128
+
+struct out {
+	struct out *next;
+	char *text;
+};
+
+static const struct link_config *C;
+static char key[KEY_MAX];
+static char ws_host[128], ws_path[256];
+static int ws_port;
+static volatile sig_atomic_t stop;
+static int admin_fd = -1;
+static char abuf[LINE_MAX_BYTES];
+static size_t alen;
+static struct lws_context *ctx;
+static struct lws *conn;
+static struct out *q_head, *q_tail;
+static struct spaced_buf rx;
+static lws_sorted_usec_list_t sul;
+static uint64_t next_connect, backoff_ns;
+
+static void llog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void llog(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	spaced_vlog("link", fmt, ap);
+	va_end(ap);
+}
+
+/* ---- the worker key ---- */
+
+/* Reads STATE/worker.key into key. 1 when there is none, 0 when read, -1 when
+ * it is unsafe (not a regular file of ours, readable by others) or malformed. */
+static int key_load(void)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/worker.key", C->state_dir);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return errno == ENOENT ? 1 : -1;
+	struct stat sb;
+	char buf[KEY_MAX + 2];
+	ssize_t n = -1;
+	if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_uid == geteuid() && (sb.st_mode & 077) == 0)
+		n = read(fd, buf, sizeof buf - 1);
+	else
+		llog("%s must be a regular file of uid %u with mode 0600; not used", path, (unsigned)geteuid());
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	buf[strcspn(buf, "\r\n")] = '\0';
+	if (strncmp(buf, "spk_", 4) != 0 || strlen(buf) >= KEY_MAX)
+		return -1;
+	memcpy(key, buf, strlen(buf) + 1);
+	sodium_memzero(buf, sizeof buf);
+	return 0;
+}
+
+/* Writes k to STATE/worker.key (0600), durably: a temporary file, fsync,
+ * rename, fsync of the directory. */
+static int key_store(const char *k)
+{
+	char path[4200], tmp[4300];
+	snprintf(path, sizeof path, "%s/worker.key", C->state_dir);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	unlink(tmp);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -1;
+	size_t n = strlen(k);
+	bool ok = write(fd, k, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+	ok = close(fd) == 0 && ok;
+	if (!ok || rename(tmp, path) < 0) {
+		unlink(tmp);
+		return -1;
+	}
+	int dfd = open(C->state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+	return 0;
+}
+
+/* ---- the gate's admin socket ---- */
+
+static void admin_close(void)
+{
+	if (admin_fd >= 0)
+		close(admin_fd);
+	admin_fd = -1;
+	alen = 0;
+}
+
+static int admin_open(void)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (admin_fd >= 0)
+		return 0;
+	if (strlen(C->admin_path) >= sizeof sa.sun_path)
+		return -1;
+	memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
+	admin_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (admin_fd < 0)
+		return -1;
+	struct timeval tv = {.tv_sec = 120};
+	setsockopt(admin_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (connect(admin_fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		admin_close();
+		return -1;
+	}
+	return 0;
+}
+
+/* One request line to the gate, one answer line back (a new string). */
+static char *admin_ask(const char *msg, size_t len)
+{
+	if (admin_open() < 0)
+		return NULL;
+	if (send(admin_fd, msg, len, MSG_NOSIGNAL) != (ssize_t)len || send(admin_fd, "\n", 1, MSG_NOSIGNAL) != 1) {
+		admin_close();
+		return NULL;
+	}
+	for (;;) {
+		char *nl = memchr(abuf, '\n', alen);
+		if (nl != NULL) {
+			size_t n = (size_t)(nl - abuf);
+			char *line = strndup(abuf, n);
+			memmove(abuf, nl + 1, alen - n - 1);
+			alen -= n + 1;
+			return line;
+		}
+		if (alen == sizeof abuf) {
+			admin_close();
+			return NULL;
+		}
+		ssize_t got = recv(admin_fd, abuf + alen, sizeof abuf - alen, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			admin_close();
+			return NULL;
+		}
+		alen += (size_t)got;
+	}
+}
+
+/* The gate's status result (a new reference), or NULL. */
+static json_t *gate_status(void)
+{
+	json_error_t jerr;
+	char *ans = admin_ask("{\"type\":\"status\"}", 17);
+	json_t *a = ans ? json_loads(ans, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	free(ans);
+	json_t *r = json_incref(json_object_get(a, "result"));
+	json_decref(a);
+	return json_is_object(r) ? r : (json_decref(r), NULL);
+}
+
+/* ---- joining and registering (HTTP) ---- */
+
+static size_t collect(char *p, size_t size, size_t n, void *u)
+{
+	struct spaced_buf *b = u;
+	return spaced_buf_append(b, p, size * n) == 0 ? size * n : 0;
+}
+
+/* POSTs body to the control plane's path with bearer; *status receives the
+ * HTTP status and *answer the parsed JSON answer (or NULL). -1 when the
+ * control plane could not be reached. */
+static int cp_post(const char *path, const char *bearer, const char *body, long *status, json_t **answer)
+{
+	char url[1024], auth[KEY_MAX + 32];
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1u << 20);
+	snprintf(url, sizeof url, "%s%s", C->cp_url, path);
+	snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
+	CURL *h = curl_easy_init();
+	struct curl_slist *hd = curl_slist_append(NULL, auth);
+	hd = curl_slist_append(hd, "Content-Type: application/json");
+	int rc = -1;
+	*answer = NULL;
+	if (h && hd) {
+		curl_easy_setopt(h, CURLOPT_URL, url);
+		curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+		curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
+		curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 15000L);
+		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+		if (curl_easy_perform(h) == CURLE_OK) {
+			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+			json_error_t jerr;
+			*answer = b.len ? json_loadb((const char *)b.data, b.len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+			rc = 0;
+		}
+	}
+	curl_slist_free_all(hd);
+	if (h)
+		curl_easy_cleanup(h);
+	sodium_memzero(auth, sizeof auth);
+	spaced_buf_free(&b);
+	return rc;
+}
+
+/* The registration document: ID, node-api URL, capacity, the substrates and
+ * limits the gate reports. */
+static char *registration(const char *url)
+{
+	json_t *st = NULL;
+	for (int t = 0; t < 600 && !stop && !(st = gate_status()); t++)
+		usleep(50000);
+	json_t *subs = json_object_get(st, "substrates");
+	subs = json_is_array(subs) ? json_incref(subs) : json_pack("[s]", "process");
+	json_t *doc = json_pack("{s:s,s:s,s:I,s:o}", "id", C->worker_id, "url", url, "capacity",
+	                        (json_int_t)C->capacity, "substrates", subs);
+	json_t *lim = json_object_get(st, "limits");
+	if (doc && json_is_object(lim))
+		json_object_set(doc, "limits", lim);
+	char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+	json_decref(doc);
+	json_decref(st);
+	return text;
+}
+
+static const char *answer_error(json_t *a)
+{
+	const char *m = json_string_value(json_object_get(json_object_get(a, "error"), "message"));
+	if (!m)
+		m = json_string_value(json_object_get(a, "message"));
+	return m ? m : "";
+}
+
+/* The node-api URL to register: --advertise, or http://LISTEN_HOST:PORT
+ * with the port node-api bound (STATE/api.port). */
+static int node_url(char *out, size_t n)
+{
+	if (C->advertise) {
+		snprintf(out, n, "%s", C->advertise);
+		return 0;
+	}
+	char path[4200];
+	snprintf(path, sizeof path, "%s/api.port", C->state_dir);
+	for (int t = 0; t < 600 && !stop; t++) {
+		FILE *f = fopen(path, "r");
+		int port = 0;
+		if (f) {
+			if (fscanf(f, "%d", &port) != 1)
+				port = 0;
+			fclose(f);
+		}
+		if (port > 0 && port < 65536) {
+			bool v6 = strchr(C->listen_host, ':') != NULL;
+			snprintf(out, n, v6 ? "http://[%s]:%d" : "http://%s:%d", C->listen_host, port);
+			return 0;
+		}
+		usleep(50000);
+	}
+	return -1;
+}
+
+/* Registers (with the worker key) or joins (with the join token) until the
+ * control plane answers. Returns 0, or LINK_EXIT_FATAL when it refused and
+ * nothing here can change that. */
+static int join_or_register(void)
+{
+	char url[600];
+	if (node_url(url, sizeof url) < 0) {
+		llog("node-api did not write its port; cannot register");
+		return 1;
+	}
+	char *doc = registration(url);
+	if (!doc)
+		return 1;
+	uint64_t pause_ms = 200;
+	int rc = 1;
+	while (!stop) {
+		long status = 0;
+		json_t *a = NULL;
+		bool joining = key[0] == '\0';
+		if (joining && !C->join_token) {
+			llog("not joined: no %s/worker.key and no join token (spaced-cp admin create-join-token %s)",
+			     C->state_dir, C->worker_id);
+			rc = LINK_EXIT_FATAL;
+			break;
+		}
+		int e = joining ? cp_post("/v1/workers/join", C->join_token, doc, &status, &a)
+		                : cp_post("/v1/workers", key, doc, &status, &a);
+		if (e == 0 && status == 200) {
+			const char *k = json_string_value(json_object_get(a, "worker_key"));
+			if (joining && (!k || strlen(k) >= KEY_MAX || strncmp(k, "spk_", 4) != 0 || key_store(k) < 0)) {
+				llog("joined, but the worker key could not be kept in %s: %s", C->state_dir, strerror(errno));
+				json_decref(a);
+				rc = LINK_EXIT_FATAL;
+				break;
+			}
+			if (joining) {
+				memcpy(key, k, strlen(k) + 1);
+				llog("joined %s; the worker key is in %s/worker.key", C->cp_url, C->state_dir);
+			}
+			llog("registered at %s as %s", C->cp_url, url);
+			json_decref(a);
+			rc = 0;
+			break;
+		}
+		if (e == 0 && (status == 401 || status == 403)) {
+			if (!joining && C->join_token) {
+				llog("the worker key was refused (%ld %s); joining again with the join token", status,
+				     answer_error(a));
+				sodium_memzero(key, sizeof key);
+				json_decref(a);
+				continue;
+			}
+			llog("%s refused (%ld %s)", joining ? "joining was" : "the worker key was", status, answer_error(a));
+			json_decref(a);
+			rc = LINK_EXIT_FATAL;
+			break;
+		}
+		if (e == 0 && status >= 400 && status < 500 && status != 408 && status != 429) {
+			llog("the control plane refused the registration (%ld %s)", status, answer_error(a));
+			json_decref(a);
+			rc = LINK_EXIT_FATAL;
+			break;
+		}
+		json_decref(a);
+		llog("the control plane is not reachable (%s); trying again in %llu ms",
+		     e < 0 ? "no answer" : "busy", (unsigned long long)pause_ms);
+		usleep((useconds_t)pause_ms * 1000);
+		pause_ms = pause_ms * 2 > 5000 ? 5000 : pause_ms * 2;
+	}
+	free(doc);
+	return rc;
+}
+
+/* ---- the channel (WebSocket) ---- */
+
+static void enqueue(char *text)
+{
+	struct out *o = calloc(1, sizeof *o);
+	if (o == NULL) {
+		free(text);
+		return;
+	}
+	o->text = text;
+	if (q_tail)
+		q_tail->next = o;
+	else
+		q_head = o;
+	q_tail = o;
+}
+
+static void queue_clear(void)
+{
+	while (q_head) {
+		struct out *o = q_head;
+		q_head = o->next;
+		free(o->text);
+		free(o);
+	}
+	q_tail = NULL;
+}
+
+/* hello with the worker's durable last_seq and its limits */
+static int send_hello(void)
+{
+	json_t *st = gate_status();
+	json_t *ls = json_object_get(st, "last_seq");
+	if (!json_is_integer(ls)) {
+		llog("no status from %s", C->admin_path);
+		json_decref(st);
+		return -1;
+	}
+	json_t *h = json_pack("{s:{s:s,s:I}}", "hello", "worker", C->worker_id, "last_seq", json_integer_value(ls));
+	json_t *lim = json_object_get(st, "limits");
+	if (h != NULL && json_is_object(lim))
+		json_object_set(json_object_get(h, "hello"), "limits", lim);
+	char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
+	json_decref(h);
+	json_decref(st);
+	if (text == NULL)
+		return -1;
+	enqueue(text);
+	return 0;
+}
+
+static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len)
+{
+	(void)user;
+	switch (reason) {
+	case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
+		unsigned char **p = in, *end = *p + len;
+		char auth[KEY_MAX + 16];
+		int n = snprintf(auth, sizeof auth, "Bearer %s", key);
+		int r = lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, (unsigned char *)auth, n, p, end);
+		sodium_memzero(auth, sizeof auth);
+		return r ? -1 : 0;
+	}
+	case LWS_CALLBACK_CLIENT_ESTABLISHED:
+		queue_clear();
+		spaced_buf_free(&rx);
+		spaced_buf_init(&rx, LINE_MAX_BYTES);
+		if (send_hello() < 0)
+			return -1;
+		backoff_ns = 0;
+		lws_callback_on_writable(wsi);
+		llog("channel open to %s", C->cp_url);
+		return 0;
+	case LWS_CALLBACK_CLIENT_RECEIVE: {
+		if (spaced_buf_append(&rx, in, len) < 0)
+			return -1;
+		if (!lws_is_final_fragment(wsi))
+			return 0;
+		/* one message: to the gate as one line (JSON text has no raw newline) */
+		if (memchr(rx.data, '\n', rx.len) != NULL)
+			return -1;
+		char *ack = admin_ask((const char *)rx.data, rx.len);
+		spaced_buf_free(&rx);
+		spaced_buf_init(&rx, LINE_MAX_BYTES);
+		if (ack == NULL) {
+			llog("the gate did not answer; reconnecting");
+			return -1; /* the control plane replays it after the next hello */
+		}
+		enqueue(ack);
+		lws_callback_on_writable(wsi);
+		return 0;
+	}
+	case LWS_CALLBACK_CLIENT_WRITEABLE: {
+		struct out *o = q_head;
+		if (o == NULL)
+			return 0;
+		q_head = o->next;
+		if (q_head == NULL)
+			q_tail = NULL;
+		size_t n = strlen(o->text);
+		unsigned char *buf = malloc(LWS_PRE + n);
+		int w = -1;
+		if (buf != NULL) {
+			memcpy(buf + LWS_PRE, o->text, n);
+			w = lws_write(wsi, buf + LWS_PRE, n, LWS_WRITE_TEXT);
+		}
+		free(buf);
+		free(o->text);
+		free(o);
+		if (w < (int)n)
+			return -1;
+		if (q_head)
+			lws_callback_on_writable(wsi);
+		return 0;
+	}
+	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+	case LWS_CALLBACK_CLIENT_CLOSED:
+		conn = NULL;
+		/* the next try after a pause that grows to 5 s while it keeps failing */
+		backoff_ns = backoff_ns ? (backoff_ns * 2 > 5000000000ull ? 5000000000ull : backoff_ns * 2) : 250000000ull;
+		next_connect = spaced_mono_ns() + backoff_ns;
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+static const struct lws_protocols protocols[] = {
+	{"spaced-link", callback, 0, LINE_MAX_BYTES, 0, NULL, 0},
+	{NULL, NULL, 0, 0, 0, NULL, 0},
+};
+
+static void tick(lws_sorted_usec_list_t *s)
+{
+	if (conn == NULL && !stop && spaced_mono_ns() >= next_connect) {
+		struct lws_client_connect_info ci;
+		memset(&ci, 0, sizeof ci);
+		ci.context = ctx;
+		ci.address = ws_host;
+		ci.port = ws_port;
+		ci.path = ws_path;
+		ci.host = ws_host;
+		ci.origin = ws_host;
+		ci.pwsi = &conn;
+		next_connect = spaced_mono_ns() + 1000000000ull; /* unless it ends sooner */
+		lws_client_connect_via_info(&ci);
+	}
+	if (stop)
+		lws_cancel_service(ctx);
+	lws_sul_schedule(ctx, 0, s, tick, 50 * LWS_US_PER_MS);
+}
+
+static void on_term(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+int link_run(const struct link_config *cfg)
+{
+	C = cfg;
+	if (strncmp(cfg->cp_url, "http://", 7) != 0 ||
+	    sscanf(cfg->cp_url + 7, "%127[^:/]:%d", ws_host, &ws_port) != 2 || ws_port < 1 || ws_port > 65535) {
+		llog("--cp wants http://HOST:PORT");
+		return LINK_EXIT_FATAL;
+	}
+	snprintf(ws_path, sizeof ws_path, "/v1/workers/%s/channel", cfg->worker_id);
+	signal(SIGTERM, on_term);
+	signal(SIGINT, on_term);
+	signal(SIGPIPE, SIG_IGN);
+	if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) != 0)
+		return 1;
+	int k = key_load();
+	if (k < 0) {
+		llog("%s/worker.key is unusable", cfg->state_dir);
+		return LINK_EXIT_FATAL;
+	}
+	int rc = join_or_register();
+	if (rc != 0 || stop)
+		return rc;
+	spaced_buf_init(&rx, LINE_MAX_BYTES);
+	struct lws_context_creation_info info;
+	memset(&info, 0, sizeof info);
+	info.port = CONTEXT_PORT_NO_LISTEN;
+	info.protocols = protocols;
+	lws_set_log_level(LLL_ERR, NULL);
+	ctx = lws_create_context(&info);
+	if (ctx == NULL)
+		return 1;
+	lws_sul_schedule(ctx, 0, &sul, tick, 1);
+	while (!stop)
+		if (lws_service(ctx, 0) < 0)
+			break;
+	lws_context_destroy(ctx);
+	queue_clear();
+	spaced_buf_free(&rx);
+	admin_close();
+	sodium_memzero(key, sizeof key);
+	curl_global_cleanup();
+	return 0;
+}

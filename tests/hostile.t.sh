@@ -1,0 +1,166 @@
+#!/bin/sh
+# A hostile client against a real worker (`spacectl dev up`, process substrate; issue 12): slow
+# readers of large files, slowloris from other addresses, malformed HTTP and WebSocket input, and a
+# guest that stops answering. While each attack runs a victim tenant's sandbox on the same worker
+# is read from and executed in; every victim operation must succeed, no process of the worker may
+# die or be restarted, and node-api and the gate must stay within bounded memory. A slow reader
+# slows only its own stream and is cut after the stall timeout (here 5 s).
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+HC="python3 $SPACED_TOP/tests/hostile_client.py"
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+# under AddressSanitizer every freed buffer waits in a quarantine (256 MiB by default), which
+# would hide what node-api and the gate really hold; without it their RSS shows their buffers
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0"
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+VLOOP=""
+trap '[ -n "$VLOOP" ] && kill $VLOOP 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+if ! "$SC" dev up --workers 1 --dir "$D" --stall-timeout 5 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+VX=$(as_victim create --worker worker-1)
+printf 'victim data\n' | as_victim fs write "$VX" /workspace/v.txt
+A=$("$SC" create --worker worker-1)
+"$SC" exec "$A" -- sh -c 'head -c 104857600 /dev/urandom >/workspace/big' || { echo "FAIL: the attacker's file"; exit 1; }
+"$SC" route "$A" --purpose fs.read --purpose exec --json >"$W/route.json"
+CAP=$(jq -r .capability "$W/route.json")
+PORT=$(jq -r .worker_url "$W/route.json" | sed 's/.*://')
+
+# the worker's processes: none may die or be started again
+sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+roles() {
+	for r in spaced-gate spaced-api spaced-executor spaced-link; do
+		for p in $(pgrep -x $r); do
+			q=$p
+			while [ "$q" -gt 1 ]; do
+				[ "$q" = "$sup" ] && { printf '%s:%s ' $r "$p"; break; }
+				q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
+			done
+		done
+	done
+}
+ROLES0=$(roles)
+echo "worker-1: supervisor $sup, $ROLES0"
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$(echo "$ROLES0" | tr ' ' '\n' | sed -n "s/^$1://p")/status"; }
+
+# victim_during WHAT COMMAND...: the victim reads and executes in a loop while COMMAND runs
+victim_during() {
+	what=$1; shift
+	: >"$W/victim.err"
+	(
+		n=0
+		while [ ! -e "$W/victim.stop" ]; do
+			got=$(as_victim fs read "$VX" /workspace/v.txt 2>&1)
+			[ "$got" = "victim data" ] || echo "read: $got" >>"$W/victim.err"
+			got=$(as_victim exec "$VX" -- echo alive 2>&1)
+			[ "$got" = "alive" ] || echo "exec: $got" >>"$W/victim.err"
+			n=$((n + 1))
+		done
+		echo "$n" >"$W/victim.n"
+	) &
+	VLOOP=$!
+	"$@"
+	touch "$W/victim.stop"
+	wait "$VLOOP"
+	VLOOP=""
+	rm -f "$W/victim.stop"
+	expect "during $what: the victim's operations all succeeded ($(cat "$W/victim.n") rounds)" \
+		"$(wc -l <"$W/victim.err" | tr -d ' ')" 0
+	[ -s "$W/victim.err" ] && head -n 3 "$W/victim.err"
+	expect "during $what: no process of the worker died" "$(roles)" "$ROLES0"
+}
+
+# ---- slow readers: 20 downloads of 100 MB that read nothing ----
+api_rss0=$(rss_kb spaced-api)
+gate_rss0=$(rss_kb spaced-gate)
+slow_readers() {
+	$HC slowread "$PORT" "$CAP" "$A/files?path=/workspace/big" 20 40 >"$W/slow.json" &
+	sr=$!
+	sleep 6
+	rss_kb spaced-api >"$W/api.rss"
+	rss_kb spaced-gate >"$W/gate.rss"
+	wait $sr
+}
+victim_during "20 stalled 100 MB downloads" slow_readers
+echo "slow readers: $(jq -c '{conns, cut, complete, streaming}' "$W/slow.json"); node-api RSS ${api_rss0} -> $(cat "$W/api.rss") KiB, gate ${gate_rss0} -> $(cat "$W/gate.rss") KiB"
+expect "every stalled download was cut after the stall timeout, none completed" \
+	"$(jq -r '"\(.cut) \(.complete)"' "$W/slow.json")" "20 0"
+expect "what each stalled reader got is bounded by its window (< 8 MiB each)" \
+	"$(jq '[.bytes[] | select(. > 8388608)] | length' "$W/slow.json")" 0
+expect "node-api stayed under 64 MiB more than at rest while 20 readers stalled" \
+	"$([ $(($(cat "$W/api.rss") - api_rss0)) -lt 65536 ] && echo yes)" yes
+expect "the gate stayed under 64 MiB more than at rest" "$([ $(($(cat "$W/gate.rss") - gate_rss0)) -lt 65536 ] && echo yes)" yes
+expect "a fresh download of the same file is whole" "$("$SC" fs read "$A" /workspace/big | wc -c | tr -d ' ')" 104857600
+
+# ---- slowloris: 300 connections from other addresses trickling their heads ----
+slowloris() {
+	$HC slowloris "$PORT" 127.0.0.2 150 14 >"$W/loris2.json" &
+	l2=$!
+	$HC slowloris "$PORT" 127.0.0.3 150 14 >"$W/loris3.json" &
+	l3=$!
+	wait $l2 $l3
+}
+victim_during "slowloris (300 connections from 127.0.0.2 and .3)" slowloris
+echo "slowloris: $(cat "$W/loris2.json") $(cat "$W/loris3.json")"
+expect "each address is held to 128 connections: 128 of its 150 got 408, the rest were closed at once" \
+	"$(jq -rs '[.[] | .answers["408"] // 0] | join(" ")' "$W/loris2.json" "$W/loris3.json")" "128 128"
+expect "trickled heads are ended by the head deadline (408 or closed)" \
+	"$(jq -s '[.[] | .closed_by_server] | add' "$W/loris2.json" "$W/loris3.json")" 300
+
+# ---- malformed input: clean errors, the worker keeps serving ----
+$HC malformed "$PORT" "$CAP" "$A" >"$W/malformed"
+cat "$W/malformed"
+m() { awk -v n="$1" '$1 == n {print $2}' "$W/malformed"; }
+expect "64 KiB header -> 431" "$(m header-64k)" 431
+expect "NUL in a header -> 400" "$(m nul-in-header)" 400
+expect "Content-Length 2^64 -> 400" "$(m content-length-2^64)" 400
+expect "two Content-Length -> 400" "$(m two-content-lengths)" 400
+expect "bad chunk size -> 400" "$(m bad-chunk-size)" 400
+expect "chunked and Content-Length -> 400" "$(m chunked-and-length)" 400
+expect "bare LF -> 400" "$(m bare-lf)" 400
+expect "obsolete line folding -> 400" "$(m obs-fold)" 400
+expect "space before the colon -> 400" "$(m space-before-colon)" 400
+expect "an h2c upgrade is not taken (answered as HTTP/1.1)" "$(m h2c-upgrade)" 200
+expect "HTTP/0.9 -> 400" "$(m http-0.9)" 400
+expect "10 KiB request target -> 414" "$(m target-10k)" 414
+expect "an unmasked client WebSocket frame -> close 1002" "$($HC ws "$PORT" "$CAP" "$A" unmasked)" 1002
+expect "reserved bits -> close 1002" "$($HC ws "$PORT" "$CAP" "$A" reserved-bits)" 1002
+expect "a 2^62-byte frame -> close 1009" "$($HC ws "$PORT" "$CAP" "$A" huge-length)" 1009
+expect "invalid UTF-8 in a text frame -> close 1007" "$($HC ws "$PORT" "$CAP" "$A" bad-utf8-text)" 1007
+expect "after all that, no process of the worker died" "$(roles)" "$ROLES0"
+
+# ---- a guest that stops answering: its own requests fail, nobody else's wait ----
+G=$("$SC" create --worker worker-1)
+"$SC" exec "$G" -- true
+lpid=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq -r ".result.records[] | select(.identity.sandbox == \"$G\") | .pid")
+gpid=$(pgrep -P "$lpid" | head -n 1)
+stalled_guest() {
+	kill -STOP "$gpid"
+	jobs_=""
+	for i in 1 2 3; do timeout 8 "$SC" exec "$G" --no-retry -- true >/dev/null 2>&1 & jobs_="$jobs_ $!"; done
+	timeout 8 "$SC" fs read "$G" /etc/hostname --no-retry >"$W/stalled.out" 2>&1
+	echo "$?" >"$W/stalled.rc"
+	kill -CONT "$gpid"
+	for j in $jobs_; do wait "$j"; done
+}
+victim_during "a guest stopped (SIGSTOP) under requests" stalled_guest
+expect "the stopped guest's own read did not complete" "$([ "$(cat "$W/stalled.rc")" != 0 ] && echo failed)" failed
+wait_for "the guest answers again once it runs" sh -c "'$SC' exec '$G' -- echo back 2>/dev/null | grep -q back"
+
+grep -q "starting them again\|starting it again" "$D/worker-1.log" && fail "the worker restarted a process" ||
+	ok "no restart in the worker's log"
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""hostile_client.py — a hostile HTTP client for tests/hostile.t.sh (loopback only).
+
+  slowread PORT CAP PATH N HOLD       N downloads of PATH from sockets with a 4 KiB receive buffer that
+                                      read nothing until the server ends them all (at most HOLD
+                                      seconds), then drain for 3 s each; prints
+                                      JSON {"conns", "cut" (ended short), "complete", "streaming"
+                                      (still sending), "bytes"}
+  slowloris PORT SRC N HOLD           N connections from address SRC trickling a request head one byte a
+                                      second for HOLD seconds; prints JSON {"opened", "refused",
+                                      "closed_by_server", "answers": {status: count}}
+  malformed PORT CAP SANDBOX          one connection per malformed request; prints "NAME STATUS" lines
+                                      (STATUS: the answer's status code, or "closed")
+  ws PORT CAP SANDBOX CASE            a WebSocket exec with one bad frame; prints the close code
+"""
+import base64
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+
+def connect(port, src=None, rcvbuf=None):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    if src:
+        s.bind((src, 0))
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def status_of(data):
+    line = data.split(b"\r\n", 1)[0].split(b" ")
+    if len(line) >= 2 and line[0].startswith(b"HTTP/1."):
+        return line[1].decode()
+    return "closed"
+
+
+def answer(s, timeout=5):
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            d = s.recv(65536)
+            if not d:
+                break
+            data += d
+    except (socket.timeout, ConnectionError):
+        pass
+    return status_of(data) if data else "closed"
+
+
+def slowread(port, cap, path, n, hold):
+    req = ("GET /v1/sandboxes/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (path, cap)).encode()
+    conns = []
+    for _ in range(n):
+        s = connect(port, rcvbuf=4096)
+        s.sendall(req)
+        conns.append(s)
+    # wait (reading nothing) until the server has ended every one, or HOLD seconds
+    import select
+    pl = select.poll()
+    for s in conns:
+        pl.register(s, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    ended_early = set()
+    t_end = time.time() + hold
+    while len(ended_early) < len(conns) and time.time() < t_end:
+        for fd, ev in pl.poll(500):
+            ended_early.add(fd)
+            pl.unregister(fd)
+    cut = complete = streaming = 0
+    sizes = []
+    for s in conns:
+        got = b""
+        s.settimeout(2)
+        ended = False
+        deadline = time.time() + 3
+        try:
+            while time.time() < deadline:
+                d = s.recv(1 << 20)
+                if not d:
+                    ended = True
+                    break
+                got += d
+        except socket.timeout:
+            pass
+        except ConnectionError:
+            ended = True
+        head, _, body = got.partition(b"\r\n\r\n")
+        want = None
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                want = int(v.strip())
+        chunked = b"transfer-encoding: chunked" in head.lower()
+        done = (want is not None and len(body) == want) or (chunked and body.endswith(b"\r\n0\r\n\r\n"))
+        complete += done
+        cut += ended and not done
+        streaming += not ended and not done
+        sizes.append(len(body))
+        s.close()
+    print(json.dumps({"conns": n, "cut": cut, "complete": complete, "streaming": streaming, "bytes": sizes}))
+
+
+def slowloris(port, src, n, hold):
+    conns, refused = [], 0
+    for _ in range(n):
+        try:
+            s = connect(port, src=src)
+            s.setblocking(False)
+            s.send(b"GET /v1/sandboxes/x/stat?path=/ HTTP/1.1\r\nHost: x\r\n")
+            conns.append(s)
+        except OSError:
+            refused += 1
+    closed, answers = 0, {}
+    alive = list(conns)
+    t_end = time.time() + hold
+    while time.time() < t_end and alive:
+        time.sleep(1)
+        still = []
+        for s in alive:
+            try:
+                s.send(b"X")
+                try:
+                    d = s.recv(4096)
+                    if d == b"":
+                        closed += 1
+                        continue
+                    st = status_of(d)
+                    answers[st] = answers.get(st, 0) + 1
+                    closed += 1
+                    continue
+                except BlockingIOError:
+                    pass
+                still.append(s)
+            except OSError:
+                closed += 1
+        alive = still
+    for s in conns:
+        s.close()
+    print(json.dumps({"opened": len(conns), "refused": refused, "closed_by_server": closed, "answers": answers}))
+
+
+def malformed(port, cap, sandbox):
+    base = "/v1/sandboxes/%s/stat?path=/" % sandbox
+    auth = "Authorization: Bearer %s\r\n" % cap
+    cases = [
+        ("header-64k", ("GET %s HTTP/1.1\r\nHost: x\r\n%sX-Big: %s\r\n\r\n" % (base, auth, "a" * 65536)).encode()),
+        ("nul-in-header", ("GET %s HTTP/1.1\r\nHost: x\r\n" % base).encode() + b"Authorization: Bearer "
+         + cap.encode() + b"\x00junk\r\n\r\n"),
+        ("content-length-2^64", ("PUT /v1/sandboxes/%s/files?path=/tmp/x HTTP/1.1\r\nHost: x\r\n%s"
+                                 "Content-Length: 18446744073709551616\r\n\r\n" % (sandbox, auth)).encode()),
+        ("two-content-lengths", ("PUT /v1/sandboxes/%s/files?path=/tmp/x HTTP/1.1\r\nHost: x\r\n%s"
+                                 "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!" % (sandbox, auth)).encode()),
+        ("bad-chunk-size", ("PUT /v1/sandboxes/%s/files?path=/tmp/x HTTP/1.1\r\nHost: x\r\n%s"
+                            "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n" % (sandbox, auth)).encode()),
+        ("chunked-and-length", ("PUT /v1/sandboxes/%s/files?path=/tmp/x HTTP/1.1\r\nHost: x\r\n%s"
+                                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                                % (sandbox, auth)).encode()),
+        ("bare-lf", ("GET %s HTTP/1.1\nHost: x\n%s\n" % (base, auth.replace("\r\n", "\n"))).encode()),
+        ("obs-fold", ("GET %s HTTP/1.1\r\nHost: x\r\n%sX-A: a\r\n b\r\n\r\n" % (base, auth)).encode()),
+        ("space-before-colon", ("GET %s HTTP/1.1\r\nHost: x\r\n%sX-A : a\r\n\r\n" % (base, auth)).encode()),
+        ("h2c-upgrade", ("GET %s HTTP/1.1\r\nHost: x\r\n%sConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                         "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n" % (base, auth)).encode()),
+        ("http-0.9", b"GET /\r\n\r\n"),
+        ("target-10k", ("GET /v1/sandboxes/%s/stat?path=/%s HTTP/1.1\r\nHost: x\r\n%s\r\n"
+                        % (sandbox, "a" * 10240, auth)).encode()),
+    ]
+    for name, raw in cases:
+        try:
+            s = connect(port)
+            s.sendall(raw)
+            print(name, answer(s))
+            s.close()
+        except OSError as e:
+            print(name, "closed")
+
+
+def ws_frame(op, payload, mask=True):
+    b0 = 0x80 | op
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", b0, (0x80 if mask else 0) | n)
+    else:
+        head = struct.pack("!BBH", b0, (0x80 if mask else 0) | 126, n)
+    if not mask:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + bytes(c ^ key[i % 4] for i, c in enumerate(payload))
+
+
+def ws(port, cap, sandbox, case):
+    s = connect(port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(("GET /v1/sandboxes/%s/exec?argv=cat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
+               "Authorization: Bearer %s\r\n\r\n" % (sandbox, key, cap)).encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        d = s.recv(4096)
+        if not d:
+            print("no-upgrade")
+            return
+        data += d
+    if b" 101 " not in data.split(b"\r\n")[0]:
+        print("no-upgrade", status_of(data))
+        return
+    rest = data.split(b"\r\n\r\n", 1)[1]
+    if case == "unmasked":
+        s.sendall(ws_frame(2, b"ihello", mask=False))
+    elif case == "reserved-bits":
+        s.sendall(bytes([0xF2, 0x80 | 1]) + os.urandom(4) + b"i")
+    elif case == "huge-length":
+        s.sendall(bytes([0x82, 0xFF]) + struct.pack("!Q", 1 << 62) + os.urandom(4))
+    elif case == "bad-utf8-text":
+        s.sendall(ws_frame(1, b"\xff\xfe"))
+    s.settimeout(10)
+    buf = rest
+    try:
+        while True:
+            # frames from the server: find a close frame (opcode 8)
+            while len(buf) >= 2:
+                op, ln = buf[0] & 0x0F, buf[1] & 0x7F
+                off = 2
+                if ln == 126:
+                    if len(buf) < 4:
+                        break
+                    ln, off = struct.unpack("!H", buf[2:4])[0], 4
+                elif ln == 127:
+                    if len(buf) < 10:
+                        break
+                    ln, off = struct.unpack("!Q", buf[2:10])[0], 10
+                if len(buf) < off + ln:
+                    break
+                payload = buf[off:off + ln]
+                buf = buf[off + ln:]
+                if op == 8:
+                    print(struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005)
+                    return
+            d = s.recv(65536)
+            if not d:
+                print("closed-without-close-frame")
+                return
+            buf += d
+    except socket.timeout:
+        print("timeout")
+
+
+def main():
+    a = sys.argv[1:]
+    if a[0] == "slowread":
+        slowread(int(a[1]), a[2], a[3], int(a[4]), float(a[5]))
+    elif a[0] == "slowloris":
+        slowloris(int(a[1]), a[2], int(a[3]), float(a[4]))
+    elif a[0] == "malformed":
+        malformed(int(a[1]), a[2], a[3])
+    elif a[0] == "ws":
+        ws(int(a[1]), a[2], a[3], a[4])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+#!/bin/sh
+# Supervision on a real cluster (`spacectl dev up`, process substrate; issue 12 item 3): every
+# process of a worker that dies is started again with its records — node-api, the gate, the
+# executor and the link by spaced-node's supervisor, spaced-node itself and the control plane by
+# the dev keeper, each on the same port. After every kill the sandbox answers from the same
+# identity with its files, in the same uid range (the range is never handed to another
+# execution), and a victim tenant's sandbox on the other worker keeps working. A worker whose
+# control channel is gone is shown not connected, and connected again once its link is back.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+VX=$(as_victim create --worker worker-2)
+printf 'victim data\n' | as_victim fs write "$VX" /workspace/v.txt
+X=$("$SC" create --worker worker-1)
+printf 'kept across restarts\n' | "$SC" fs write "$X" /workspace/k.txt
+ident() { "$SC" -v fs read "$X" /workspace/k.txt 2>&1 >/dev/null | sed -n 's/.*identity \([^ )]*\).*/\1/p' | tail -n 1; }
+ID0=$(ident)
+[ -n "$ID0" ] || { echo "FAIL: no identity on an answer"; exit 1; }
+uid_base() { "$SC" node status --admin "$D/worker-1/admin.sock" | jq -r ".result.records[] | select(.identity.sandbox == \"$X\") | .uid_base"; }
+BASE0=$(uid_base)
+PORT0=$(cat "$D/worker-1/api.port")
+SUP=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+
+# the pid of the worker-1 process named NAME (a descendant of its supervisor)
+role_pid() {
+	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+	for p in $(pgrep -x "$1"); do
+		q=$p
+		while [ "$q" -gt 1 ]; do
+			[ "$q" = "$sup" ] && { echo "$p"; return; }
+			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
+		done
+	done
+}
+served() { [ "$("$SC" fs read "$X" /workspace/k.txt 2>/dev/null)" = "kept across restarts" ]; }
+after_kill() { # WHAT: the sandbox is served again as before, the victim too
+	WAIT_SECONDS=30 wait_for "$1: the sandbox is served again" served
+	expect "$1: the same identity answers" "$(ident)" "$ID0"
+	expect "$1: the same uid range" "$(uid_base)" "$BASE0"
+	expect "$1: node-api on the same port" "$(cat "$D/worker-1/api.port")" "$PORT0"
+	expect "$1: exec works" "$("$SC" exec "$X" -- sh -c 'echo ran' 2>&1)" "ran"
+	expect "$1: the victim is served" "$(as_victim fs read "$VX" /workspace/v.txt 2>&1)" "victim data"
+}
+
+for role in spaced-api spaced-gate spaced-executor; do
+	p=$(role_pid $role)
+	[ -n "$p" ] || { fail "no $role process under worker-1's supervisor"; continue; }
+	kill -9 "$p"
+	after_kill "kill -9 of $role"
+	[ "$(role_pid $role)" != "$p" ] && [ -n "$(role_pid $role)" ] && ok "$role runs again (new pid)" ||
+		fail "$role did not come back"
+done
+expect "the supervisor itself was never restarted" "$(awk '$1 == "worker-1" {print $2}' "$D/pids")" "$SUP"
+
+# ---- the link: the control plane sees the channel go and come back ----
+connected() { "$SC" workers --json | jq -r ".[] | select(.id == \"worker-1\") | .connected"; }
+expect "worker-1 connected" "$(connected)" "true"
+LP=$(role_pid spaced-link)
+kill -STOP "$LP"
+t0=$(date +%s%N)
+WAIT_SECONDS=15 wait_for "a silent channel: worker-1 shown not connected" sh -c "[ \"\$('$SC' workers --json | jq -r '.[] | select(.id == \"worker-1\") | .connected')\" = false ]"
+echo "link stopped -> not connected after $((($(date +%s%N) - t0) / 1000000)) ms"
+for i in 1 2 3; do
+	z=$("$SC" create 2>/dev/null)
+	echo "$("$SC" inspect "$z" --json | jq -r .route.worker)" >>"$W/placed"
+done
+expect "while worker-1's channel is gone nothing is placed on it" "$(sort -u "$W/placed" | tr '\n' ' ')" "worker-2 "
+kill -9 "$LP"
+wait_for "worker-1's link is started again and connected" sh -c "[ \"\$('$SC' workers --json | jq -r '.[] | select(.id == \"worker-1\") | .connected')\" = true ]"
+after_kill "kill -9 of the link"
+Y=$("$SC" create --worker worker-1)
+expect "placement on worker-1 again" "$([ -n "$Y" ] && "$SC" exec "$Y" -- echo ok 2>&1)" "ok"
+
+# ---- the supervisor itself, and the control plane: the dev keeper starts them again ----
+kill -9 "$SUP"
+wait_for "the keeper started worker-1 again" sh -c "[ \"\$(awk '\$1 == \"worker-1\" {print \$2}' '$D/pids')\" != $SUP ]"
+after_kill "kill -9 of spaced-node"
+wait_for "worker-1 connected again" sh -c "[ \"\$('$SC' workers --json | jq -r '.[] | select(.id == \"worker-1\") | .connected')\" = true ]"
+CPP=$(awk '$1 == "spaced-cp" {print $2}' "$D/pids")
+kill -9 "$CPP"
+wait_for "the keeper started the control plane again" sh -c "'$SC' ls >/dev/null 2>&1"
+expect "the sandboxes are still listed" "$("$SC" ls --json 2>/dev/null | jq -r "[.[] | select(.id == \"$X\")] | length")" 1
+wait_for "both workers connected to the new control plane" sh -c "[ \"\$('$SC' workers --json | jq '[.[] | select(.connected)] | length')\" = 2 ]"
+after_kill "kill -9 of spaced-cp"
+grep -q "is gone; starting it again" "$D/keeper.log" && ok "the keeper logged its restarts" || fail "no restart in keeper.log"
+
+# ---- dev down stops the keeper first: nothing comes back ----
+"$SC" dev down --dir "$D" >"$W/down" 2>&1
+sleep 1
+left=$(ps -eo args= | grep -F "$D/" | grep -v grep | wc -l | tr -d ' ')
+expect "after dev down no process of the cluster runs (the keeper started nothing again)" "$left" 0
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
