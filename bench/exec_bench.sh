@@ -39,13 +39,12 @@ mbps() { echo $((SIZE * 1000 / $1)); } # ns -> MB/s
 # worker-side processes: node-api (the one spaced-node of worker-1 that dropped root),
 # the gate (its parent, sbx-manager) and the sandbox's bridge
 pid_of() { # node-api | host
-	for p in $(pgrep -x spaced-node) $(pgrep -x spaced-host); do
-		c=$( { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null) || continue
-		case "$1:$c" in
-		node-api:*spaced-node*"$D/worker-1"*) [ "$(awk '/^Uid/ {print $2}' /proc/$p/status)" != 0 ] && echo $p ;;
-		host:*spaced-host*"$X"*) echo $p ;;
+	for p in $(pgrep -f "$D/worker-1"); do
+		case "$1:$(readlink "/proc/$p/exe" 2>/dev/null)" in
+		node-api:*/spaced-node) [ "$(awk '/^Uid/ {print $2}' "/proc/$p/status")" != 0 ] && echo $p ;;
+		host:*/spaced-host) tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "$X" && echo $p ;;
 		esac
-	done | head -n 1
+	done 2>/dev/null | head -n 1
 }
 ticks() { [ -n "$1" ] && awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 sbx_usec() { "$S" top "$X" --json | jq .cpu_usec; }

@@ -22,8 +22,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-guest/spaced-guest" \
-	"$SPACED_BUILD/spaced-cp/spaced-cp-link" "$CP"; do
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-guest/spaced-guest" "$CP"; do
 	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
 done
 for tool in python3 sha256sum od mkfifo; do
@@ -162,11 +161,12 @@ expect "an empty fs write from /dev/null" "$("$SC" fs write "$X" $dir/empty </de
 # ---- a reader that never reads ----
 # (spaced-node cuts a stream whose client does not read for --stall-timeout,
 # 60 s by default: this part takes about 10 s)
-# worker-side processes of worker-1 (spaced-node's and the sandboxes' bridges), their RSS summed
+# worker-side processes of worker-1 (every process of spaced-node, whatever it calls itself, and
+# the sandboxes' bridges), their RSS summed
 worker_rss() {
 	t=0
-	for p in $(pgrep -x spaced-node) $(pgrep -x spaced-host); do
-		{ tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -q "$D/worker-1" || continue
+	for p in $(pgrep -f "$D/worker-1"); do
+		case "$(readlink "/proc/$p/exe" 2>/dev/null)" in */spaced-node | */spaced-host) ;; *) continue ;; esac
 		r=$(awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null)
 		t=$((t + ${r:-0}))
 	done
