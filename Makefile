@@ -16,7 +16,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile
+.PHONY: bench-hostile bench-exec
 .PHONY: chaos chaos-quick
 
 all: build
@@ -78,6 +78,11 @@ bench-cp-node: build
 # spacectl on a dev cluster: dev up, cached-route reads and execs, a stale route repaired after a move
 bench-client: build
 	@sh bench/client_bench.sh $(BUILD) $(READS) $(MOVES)
+
+# streams (issue 12): 1 GiB through exec stdout, fs read and fs write on a dev cluster, in MB/s,
+# against cat of the same file on this host in the same run (REPS runs each, median)
+bench-exec: build
+	@sh bench/exec_bench.sh $(BUILD) $(REPS)
 
 # route chaos (docs/client.md "Route chaos"): a 3-worker dev cluster, 20 sandboxes paused, resumed
 # and moved while client threads write, read and exec through cached routes and watches stay open.
