@@ -218,12 +218,12 @@ class Connection:
 
     # ---- one operation ----
 
-    def _exchange(self, rt, sandbox, req, a):
+    def _exchange(self, rt, sandbox, req, a, fresh):
         hdrs = {"Authorization": "Bearer " + rt.capability}
         if req.content_type:
             hdrs["Content-Type"] = req.content_type
         ans = _http.exchange(self.pool, rt.worker_url, req.method, "/v1/sandboxes/%s/%s" % (sandbox, req.op),
-                             hdrs, req.body, timeout=req.timeout)
+                             hdrs, req.body, timeout=req.timeout, fresh=fresh)
         a.status = ans.status
         a.body = ans.body
         ids = ans.header_all("X-Spaced-Identity")
@@ -244,7 +244,7 @@ class Connection:
             attempts += 1
             a.worker_url = rt.worker_url
             try:
-                self._exchange(rt, sandbox, req, a)
+                self._exchange(rt, sandbox, req, a, fresh=transport_retry)
             except _http.ExchangeError as e:
                 a.outcome, a.status, a.reason = TRANSPORT, 0, str(e)
                 self.emit(event="transport", sandbox=sandbox, worker_url=rt.worker_url, reason=a.reason,

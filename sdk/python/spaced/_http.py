@@ -169,14 +169,15 @@ class BodySource:
             yield b
 
 
-def exchange(pool, url, method, path, headers=None, body=None, timeout=300.0, answer_max=ANSWER_MAX):
+def exchange(pool, url, method, path, headers=None, body=None, timeout=300.0, answer_max=ANSWER_MAX, fresh=False):
     """Sends one request to the peer at url (base URL) and reads its whole answer.
 
     path is the request target after the URL's own prefix; body is bytes, a
-    BodySource or None. Returns an Answer, or raises ExchangeError."""
+    BodySource or None; fresh: on a new connection, not a kept one. Returns an
+    Answer, or raises ExchangeError."""
     host, port, prefix = split_url(url)
     hdrs = dict(headers or {})
-    c = pool.take(host, port) if pool is not None else None
+    c = pool.take(host, port) if pool is not None and not fresh else None
     reused = c is not None
     if c is None:
         c = _Conn(http.client.HTTPConnection(host, port, timeout=timeout))

@@ -255,12 +255,15 @@ class Files:
         """Watches path (recursively); on_event(FilesystemEvent) is called from a
         thread of the watch. When the sandbox's execution is replaced (a move, a
         resume elsewhere) the watch opens again at the new one (V5); events in
-        between are not seen. Returns a WatchHandle (stop() it)."""
+        between are not seen. Returns a WatchHandle (stop() it) once the watch
+        is admitted; raises what refused it otherwise."""
         target = "/v1/sandboxes/%s/watch?path=%s" % (self._s.id, _http.quote(path))
         r = StreamRunner(self._s._conn, self._s.id, WATCH, target, "files.watch")
         r.on_watch_event = lambda doc: on_event(FilesystemEvent(doc))
         r.on_reopen = on_reopen
-        return WatchHandle(r, on_error)
+        h = WatchHandle(r, on_error)
+        h._admitted_or_raise()
+        return h
 
 
 class _Background:
@@ -307,6 +310,12 @@ class _Background:
 
     def running(self):
         return self._t.is_alive()
+
+    def _admitted_or_raise(self):
+        """Returns once first admitted; raises what ended the stream before."""
+        if not self.wait_admitted():
+            self._t.join()
+            raise self.error if self.error is not None else SpacedError("the stream ended before it was admitted")
 
 
 class WatchHandle(_Background):
@@ -481,8 +490,9 @@ class Pty:
 
     def create(self, cmd=None, rows=24, cols=80, envs=None, cwd=None, on_data=None, on_reopen=None,
                on_error=None):
-        """Opens a terminal running cmd (default /bin/sh) on a PTY of rows x cols.
-        on_data(bytes) gets its output from a thread of the terminal."""
+        """Opens a terminal running cmd (default /bin/sh) on a PTY of rows x cols
+        and returns it once admitted. on_data(bytes) gets its output from a
+        thread of the terminal."""
         argv = _argv(cmd) if cmd is not None else ["/bin/sh"]
         target = "/v1/sandboxes/%s/term?%s" % (self._s.id, command_query(argv, envs, cwd, rows, cols))
         if len(target) > TARGET_MAX:
@@ -491,7 +501,9 @@ class Pty:
         if on_data is not None:
             r.on_output = lambda k, d: on_data(d)
         r.on_reopen = on_reopen
-        return Terminal(r, on_error)
+        t = Terminal(r, on_error)
+        t._admitted_or_raise()
+        return t
 
 
 class Sandbox:
