@@ -17,13 +17,13 @@ from ._routes import DEFAULT_CACHE, Route, RouteCache
 from .errors import (ConfigError, ControlPlaneError, DenyError, FileNotFoundInSandbox, NotFoundError,
                      NotSupportedError, OperationError, RefreshRouteError, RefusedError, SpacedError, StreamError,
                      TransportError, UnverifiedAnswerError)
-from .sandbox import (CommandHandle, CommandResult, Commands, EntryInfo, Files, FilesystemEvent, Pty, Sandbox,
-                      SandboxInfo, Terminal, WatchHandle)
+from .sandbox import (CommandHandle, CommandResult, Commands, EntryInfo, Files, FilesystemEvent, Pty, RunningCommand,
+                      Sandbox, SandboxInfo, Terminal, WatchHandle)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Sandbox", "SandboxInfo", "Files", "Commands", "Pty", "Terminal", "WatchHandle", "CommandHandle",
+    "Sandbox", "SandboxInfo", "Files", "Commands", "Pty", "Terminal", "WatchHandle", "CommandHandle", "RunningCommand",
     "CommandResult", "EntryInfo", "FilesystemEvent", "Connection", "Route", "RouteCache", "DEFAULT_CACHE",
     "SpacedError", "ConfigError", "ControlPlaneError", "NotFoundError", "NotSupportedError", "RefusedError",
     "DenyError", "RefreshRouteError", "UnverifiedAnswerError", "TransportError", "OperationError",

@@ -115,7 +115,8 @@ class FilesystemEvent:
 class CommandResult:
     """A finished command: ``stdout``/``stderr`` (text, invalid UTF-8 replaced),
     ``stdout_bytes``/``stderr_bytes`` (exactly the bytes), ``exit_code`` (its
-    status, 128+N when signal N ended it), ``signal`` (0 or N), ``timed_out``."""
+    status, 128+N when signal N ended it; None when it was killed from here),
+    ``signal`` (0 or N), ``timed_out``."""
 
     def __init__(self, stdout_bytes, stderr_bytes, exit_code, signal=0, timed_out=False, identity=""):
         self.stdout_bytes = stdout_bytes
@@ -408,6 +409,63 @@ def _result_from_json(doc, identity=""):
                          sig, bool(doc.get("timed_out")), identity)
 
 
+def _finish(r, out, err, timeout, started):
+    out.end()
+    err.end()
+    if not r.exited:  # killed from here: the sandbox killed its process group, no status came
+        return CommandResult(bytes(out.buf), bytes(err.buf), None, 0, False, r.admissions[-1] if r.admissions else "")
+    timed_out = bool(timeout) and r.exit_signal == 9 and time.monotonic() - started >= timeout
+    return CommandResult(bytes(out.buf), bytes(err.buf), _exit_code(r.exit_code, r.exit_signal), r.exit_signal,
+                         timed_out, r.admissions[-1] if r.admissions else "")
+
+
+class RunningCommand:
+    """A command running in the foreground of its stream (Commands.start)."""
+
+    def __init__(self, runner, out, err, timeout):
+        self._r = runner
+        self._out, self._err, self._timeout = out, err, timeout
+        self._started = time.monotonic()
+        self.error = None
+        self._t = threading.Thread(target=self._main, daemon=True)
+        self._t.start()
+
+    def _main(self):
+        try:
+            self._r.run()
+        except Exception as e:  # kept for wait()
+            self.error = e
+        finally:
+            self._r.close()
+
+    def send_stdin(self, data):
+        """Input for the command (sent once it is admitted)."""
+        self._r.post_input(data)
+
+    def close_stdin(self):
+        self._r.send_eof()
+
+    def send_signal(self, sig):
+        """Sends signal sig (1-64) to the command's process group."""
+        self._r.send_signal(sig)
+
+    def kill(self):
+        """Closes the stream: the sandbox kills the command's process group.
+        wait() then gives exit_code None."""
+        self._r.stop()
+        self._t.join()
+
+    def wait(self, timeout=None):
+        """The CommandResult once the command ended; raises what ended its
+        stream otherwise (a StreamError when it was cut while it ran)."""
+        self._t.join(timeout)
+        if self._t.is_alive():
+            raise TimeoutError("the command is still running")
+        if self.error is not None:
+            raise self.error
+        return _finish(self._r, self._out, self._err, self._timeout, self._started)
+
+
 class Commands:
     """``sbx.commands``: commands in the sandbox."""
 
@@ -442,6 +500,27 @@ class Commands:
                                                           "application/json"), "commands.run")
             doc = a.json() or {}
             return CommandHandle(self._s, doc.get("proc"), doc.get("pid"), on_stdout, on_stderr)
+        r, out, err = self._runner(argv, envs, cwd, on_stdout, on_stderr, timeout)
+        r.stdin = _chunks(stdin)
+        r.stdin_eof = r.stdin is None
+        started = time.monotonic()
+        try:
+            r.run()
+        finally:
+            r.close()
+        return _finish(r, out, err, timeout, started)
+
+    def start(self, cmd, envs=None, cwd=None, on_stdout=None, on_stderr=None, stdin=None, timeout=None):
+        """Starts cmd as run() does and returns a RunningCommand at once: its
+        output goes to the callbacks (from a thread of the command), input is
+        sent with send_stdin() and ended with close_stdin() (unless stdin was
+        given), send_signal() and kill() stop it, wait() gives its result."""
+        argv = _argv(cmd)
+        r, out, err = self._runner(argv, envs, cwd, on_stdout, on_stderr, timeout)
+        r.stdin = _chunks(stdin)
+        return RunningCommand(r, out, err, timeout)
+
+    def _runner(self, argv, envs, cwd, on_stdout, on_stderr, timeout):
         tmo = int(timeout * 1000) if timeout else None
         target = "/v1/sandboxes/%s/exec?%s" % (self._s.id, command_query(argv, envs, cwd, timeout_ms=tmo))
         if len(target) > TARGET_MAX:
@@ -450,18 +529,7 @@ class Commands:
         out, err = _TextSink(on_stdout), _TextSink(on_stderr)
         r = StreamRunner(self._s._conn, self._s.id, EXEC, target, "commands.run")
         r.on_output = lambda k, d: (out if k == "o" else err).feed(d)
-        r.stdin = _chunks(stdin)
-        r.stdin_eof = r.stdin is None
-        started = time.monotonic()
-        try:
-            r.run()
-        finally:
-            r.close()
-        out.end()
-        err.end()
-        timed_out = bool(timeout) and r.exit_signal == 9 and time.monotonic() - started >= timeout
-        return CommandResult(bytes(out.buf), bytes(err.buf), _exit_code(r.exit_code, r.exit_signal),
-                             r.exit_signal, timed_out, r.admissions[-1] if r.admissions else "")
+        return r, out, err
 
     def list(self):
         """The background commands: dicts with proc, pid, running, exit_code, signal, argv0."""

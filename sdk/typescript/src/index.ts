@@ -22,6 +22,7 @@ export {
   Terminal,
   WatchHandle,
   CommandHandle,
+  RunningCommand,
   parseSize,
 } from "./sandbox";
 export type { CommandResult, EntryInfo, FilesystemEvent, RunOpts, CreateOpts, ConnectOpts, Data, StdinSource } from "./sandbox";

@@ -111,8 +111,8 @@ export interface CommandResult {
   /** exactly the bytes */
   stdoutBytes: Buffer;
   stderrBytes: Buffer;
-  /** its status, 128+N when signal N ended it */
-  exitCode: number;
+  /** its status, 128+N when signal N ended it; null when it was killed from here */
+  exitCode: number | null;
   /** 0 or N */
   signal: number;
   timedOut: boolean;
@@ -400,6 +400,55 @@ export interface RunOpts {
   timeout?: number;
 }
 
+function finish(r: StreamRunner, out: TextSink, err: TextSink, timeout: number | undefined, started: number): CommandResult {
+  out.end();
+  err.end();
+  const ob = out.bytes();
+  const eb = err.bytes();
+  const identity = r.admissions[r.admissions.length - 1] ?? "";
+  if (!r.exited) {
+    // killed from here: the sandbox killed its process group, no status came
+    return { stdout: ob.toString("utf8"), stderr: eb.toString("utf8"), stdoutBytes: ob, stderrBytes: eb, exitCode: null, signal: 0, timedOut: false, identity };
+  }
+  const timedOut = !!timeout && r.exitSignal === 9 && Date.now() - started >= timeout * 1000;
+  return { stdout: ob.toString("utf8"), stderr: eb.toString("utf8"), stdoutBytes: ob, stderrBytes: eb, exitCode: exitCodeOf(r.exitCode ?? -1, r.exitSignal), signal: r.exitSignal, timedOut, identity };
+}
+
+/** A command running in the foreground of its stream (Commands.start). */
+export class RunningCommand extends Background {
+  private readonly started = Date.now();
+  constructor(
+    r: StreamRunner,
+    private readonly out: TextSink,
+    private readonly err: TextSink,
+    private readonly timeout?: number,
+  ) {
+    super(r);
+  }
+  /** Input for the command. */
+  sendStdin(data: string | Uint8Array): void {
+    this.r.postInput(data);
+  }
+  closeStdin(): void {
+    this.r.sendEof();
+  }
+  /** Sends signal sig (1–64) to the command's process group. */
+  sendSignal(sig: number): void {
+    this.r.sendSignal(sig);
+  }
+  /** Closes the stream: the sandbox kills the command's process group; wait() then gives exitCode null. */
+  async kill(): Promise<void> {
+    this.r.stop();
+    await this.done;
+  }
+  /** The CommandResult once the command ended; rejects with what ended its stream otherwise. */
+  async wait(): Promise<CommandResult> {
+    await this.done;
+    if (this.error) throw this.error;
+    return finish(this.r, this.out, this.err, this.timeout, this.started);
+  }
+}
+
 /** `sbx.commands`: commands in the sandbox. */
 export class Commands {
   constructor(private readonly s: Sandbox) {}
@@ -429,6 +478,29 @@ export class Commands {
       const doc = JSON.parse(a.body.toString("utf8"));
       return new CommandHandle(this.s, doc.proc, doc.pid ?? null, opts.onStdout, opts.onStderr);
     }
+    const { r, out, err } = this.runner(argv, opts);
+    if (opts.stdin !== undefined) r.stdin = chunksOf(opts.stdin);
+    r.stdinEof = opts.stdin === undefined;
+    const started = Date.now();
+    await r.run();
+    return finish(r, out, err, opts.timeout, started);
+  }
+
+  /**
+   * Starts cmd as run() does and resolves to a RunningCommand once it is
+   * admitted: output goes to the callbacks, input is sent with sendStdin() and
+   * ended with closeStdin() (unless `stdin` was given), sendSignal() and kill()
+   * stop it, wait() gives its result.
+   */
+  async start(cmd: string | string[], opts: RunOpts = {}): Promise<RunningCommand> {
+    const { r, out, err } = this.runner(argvOf(cmd), opts);
+    if (opts.stdin !== undefined) r.stdin = chunksOf(opts.stdin);
+    const h = new RunningCommand(r, out, err, opts.timeout);
+    await h.admitted();
+    return h;
+  }
+
+  private runner(argv: string[], opts: RunOpts): { r: StreamRunner; out: TextSink; err: TextSink } {
     const tmo = opts.timeout ? Math.round(opts.timeout * 1000) : undefined;
     const target = `/v1/sandboxes/${this.s.id}/exec?${commandQuery(argv, opts.envs, opts.cwd, undefined, tmo)}`;
     if (target.length > TARGET_MAX) {
@@ -440,25 +512,7 @@ export class Commands {
     const err = new TextSink(opts.onStderr);
     const r = new StreamRunner(this.s.connection, this.s.id, "exec", target, "commands.run");
     r.onOutput = (k, d) => (k === "o" ? out : err).feed(d);
-    if (opts.stdin !== undefined) r.stdin = chunksOf(opts.stdin);
-    r.stdinEof = opts.stdin === undefined;
-    const started = Date.now();
-    await r.run();
-    out.end();
-    err.end();
-    const timedOut = !!opts.timeout && r.exitSignal === 9 && Date.now() - started >= opts.timeout * 1000;
-    const ob = out.bytes();
-    const eb = err.bytes();
-    return {
-      stdout: ob.toString("utf8"),
-      stderr: eb.toString("utf8"),
-      stdoutBytes: ob,
-      stderrBytes: eb,
-      exitCode: exitCodeOf(r.exitCode ?? -1, r.exitSignal),
-      signal: r.exitSignal,
-      timedOut,
-      identity: r.admissions[r.admissions.length - 1] ?? "",
-    };
+    return { r, out, err };
   }
 
   /** The background commands. */
