@@ -16,6 +16,8 @@ set -u
 for b in "$SPACED_BUILD/spacectl/spacectl" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-cp/spaced-cp"; do
 	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
 done
+# the scenarios work in /workspace of process-substrate executions, which need root
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root (spacectl dev up falls back to development executions)"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed (scripts/setup.sh installs it)"; exit 77; }
 command -v node >/dev/null 2>&1 || { echo "node is not installed (scripts/setup.sh installs it)"; exit 77; }
 dist=$SPACED_TOP/sdk/typescript/dist/index.js

@@ -723,7 +723,11 @@ def main():
     features = {"stdin": b"--no-stdin" in blob, "identity": b"not from the route's execution" in blob}
     cl = None
     try:
-        cl = Cluster(tmp)
+        try:
+            cl = Cluster(tmp)
+        except (RuntimeError, OSError, ValueError, KeyError) as e:
+            check("cluster", "spacectl dev up --workers 2", False, str(e))
+            raise SystemExit(1)
         mk = drivers(tmp)
         for name in wanted:
             t0 = time.monotonic()
