@@ -727,6 +727,7 @@ def main():
             cl = Cluster(tmp)
         except (RuntimeError, OSError, ValueError, KeyError) as e:
             check("cluster", "spacectl dev up --workers 2", False, str(e))
+            sc("dev", "down", "--dir", os.path.join(tmp, "cluster"), check_rc=False)  # what it left
             raise SystemExit(1)
         mk = drivers(tmp)
         for name in wanted:
