@@ -198,8 +198,10 @@ class StreamRunner:
         if s.close_code == 1011 and s.close_reason.startswith("error:"):
             code = s.close_reason[6:]
             cls = FileNotFoundInSandbox if code == "SPACED_ENOENT" else OperationError
-            if self.kind == EXEC and s.allowed:
+            if self.kind == EXEC and s.allowed and code in ("SPACED_ENOENT", "SPACED_EPERM"):
                 raise cls("%s: the command could not be run: %s" % (what, code), 0, code)
+            if self.kind == EXEC and s.allowed:
+                raise cls("%s: the command's stream failed: %s (the command is not run again)" % (what, code), 0, code)
             raise cls("%s: the worker failed: %s" % (what, code), 0, code)
         if 4000 <= s.close_code < 5000:
             raise OperationError("%s: refused by the worker: %d %s" % (what, s.close_code, s.close_reason),

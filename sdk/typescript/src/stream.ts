@@ -188,7 +188,10 @@ export class StreamRunner {
     if (s.closeCode === 1011 && s.closeReason.startsWith("error:")) {
       const code = s.closeReason.slice(6);
       const C = code === "SPACED_ENOENT" ? FileNotFoundInSandbox : OperationError;
-      if (this.kind === "exec" && s.allowed) throw new C(`${what}: the command could not be run: ${code}`, 0, code);
+      if (this.kind === "exec" && s.allowed && (code === "SPACED_ENOENT" || code === "SPACED_EPERM")) {
+        throw new C(`${what}: the command could not be run: ${code}`, 0, code);
+      }
+      if (this.kind === "exec" && s.allowed) throw new C(`${what}: the command's stream failed: ${code} (the command is not run again)`, 0, code);
       throw new C(`${what}: the worker failed: ${code}`, 0, code);
     }
     if (s.closeCode >= 4000 && s.closeCode < 5000) {
