@@ -69,6 +69,8 @@ static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char 
 {
 	const char *k = bearer(rq);
 	int r = k ? cp_key_check(st, k, role, tenant, key_id) : SPACED_EPERM;
+	if (r == 0 && tenant != NULL)
+		snprintf(rq->tenant, sizeof rq->tenant, "%s", tenant);
 	if (r == SPACED_EPERM) {
 		answer(rq, 401, cp_error("unauthorized", "a valid API key is required (Authorization: Bearer …)"));
 		return -1;

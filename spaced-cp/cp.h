@@ -70,6 +70,10 @@ struct cp {
 	pid_t signer_pid;
 	pthread_mutex_t signer_mu;
 
+	/* the metrics listener (--metrics-listen), or metrics_host[0] == 0: none */
+	char metrics_host[64];
+	int metrics_port;
+
 	/* HTTP budgets (httpsrv.h) */
 	int head_timeout_ms;  /* a request head must be complete within this */
 	int max_conns;        /* open connections at most */
@@ -93,7 +97,7 @@ struct cp {
 /* One request handed to a request thread. The loop thread fills it in and
  * queues it; a request thread answers it (status, resp) and posts it back;
  * the loop thread writes the answer and frees it. */
-enum cp_job { CP_JOB_API, CP_JOB_CHANNEL };
+enum cp_job { CP_JOB_API, CP_JOB_CHANNEL, CP_JOB_METRICS };
 struct cp_req {
 	struct cp_req *next_job;
 	struct spaced_httpconn *conn; /* loop thread only: NULL once the client is gone */
@@ -103,9 +107,12 @@ struct cp_req {
 	char path[256];
 	char auth[512];
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
+	char peer[64];                /* the client's address */
+	char request_id[65];          /* the client's X-Request-Id, or one made for it */
+	char tenant[SPACED_NAME_MAX]; /* the tenant its key speaks for, once authenticated (api.c) */
 	struct spaced_buf body;
 	int status;
-	char *resp; /* JSON body of the answer */
+	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */
 };
 
 /* server.c */

@@ -5,6 +5,7 @@
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
+ *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -28,7 +29,10 @@
 
 #include <sodium.h>
 
+#include "config.h"
 #include "cp.h"
+#include "log.h"
+#include "observe.h"
 #include "error.h"
 #include "resources.h"
 
@@ -36,6 +40,7 @@ static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
+	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
@@ -232,20 +237,25 @@ int main(int argc, char **argv)
 		{"head-timeout", required_argument, NULL, 'H'},
 		{"max-conns", required_argument, NULL, 'C'},
 		{"max-conns-per-ip", required_argument, NULL, 'P'},
+		{"metrics-listen", required_argument, NULL, 'M'},
+		{"log-format", required_argument, NULL, 'L'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
 	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30},
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
-	const char *listen = NULL;
-	char dbbuf[1200];
+	const char *listen = NULL, *metrics_listen = NULL;
+	char dbbuf[1200], cfg_err[256];
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
 		return 1;
 	if (is_admin) {
 		argc--;
 		argv++;
+	} else if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
+		fprintf(stderr, "spaced-cp: --config: %s\n", cfg_err);
+		return 2;
 	}
 	while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -261,6 +271,16 @@ int main(int argc, char **argv)
 		case 'H': cp.head_timeout_ms = atoi(optarg); break;
 		case 'C': cp.max_conns = atoi(optarg); break;
 		case 'P': cp.max_conns_per_ip = atoi(optarg); break;
+		case 'M': metrics_listen = optarg; break;
+		case 'L': {
+			enum spaced_log_format lf;
+			if (spaced_log_format_parse(optarg, &lf) < 0) {
+				fprintf(stderr, "spaced-cp: --log-format wants text or json\n");
+				return 2;
+			}
+			spaced_log_set_format(lf);
+			break;
+		}
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
@@ -298,8 +318,12 @@ int main(int argc, char **argv)
 		         cp.state_dir);
 		cp.db_url = dbbuf;
 	}
-	if (is_admin)
-		return admin(cp.db_url, argc - optind, argv + optind);
+	if (is_admin) {
+		int rc = admin(cp.db_url, argc - optind, argv + optind);
+		if (optind < argc && cp_audit_open(cp.state_dir) == 0)
+			cp_audit_admin(argv[optind], optind + 1 < argc ? argv[optind + 1] : "", rc == 0);
+		return rc;
+	}
 	if (listen == NULL || optind != argc) {
 		fputs(usage, stderr);
 		return 2;
@@ -314,6 +338,20 @@ int main(int argc, char **argv)
 	if (cp.port < 0 || cp.port > 65535) {
 		fputs(usage, stderr);
 		return 2;
+	}
+	if (metrics_listen) {
+		const char *mc = strrchr(metrics_listen, ':');
+		if (!mc || mc == metrics_listen || (size_t)(mc - metrics_listen) >= sizeof cp.metrics_host ||
+		    atoi(mc + 1) < 0 || atoi(mc + 1) > 65535) {
+			fprintf(stderr, "spaced-cp: --metrics-listen wants HOST:PORT\n");
+			return 2;
+		}
+		memcpy(cp.metrics_host, metrics_listen, (size_t)(mc - metrics_listen));
+		cp.metrics_port = atoi(mc + 1);
+	}
+	if (cp_audit_open(cp.state_dir) < 0) {
+		fprintf(stderr, "spaced-cp: cannot open %s/audit.log\n", cp.state_dir);
+		return 1;
 	}
 	char snaps[1100];
 	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);

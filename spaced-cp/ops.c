@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "log.h"
 #include "cap.h"
 #include "cp.h"
 #include "error.h"
@@ -1451,8 +1452,8 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		json_t *body = NULL;
 		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
 		                          cp_rows_get(rows, i, 2), NULL, &body);
-		fprintf(stderr, "spaced-cp: timeout: %s %s -> %d\n", cp_rows_get(rows, i, 2), cp_rows_get(rows, i, 0),
-		        status);
+		spaced_log("spaced-cp", "level=info event=timeout op=%s sandbox=%s status=%d", cp_rows_get(rows, i, 2),
+		           cp_rows_get(rows, i, 0), status);
 		json_decref(body);
 	}
 	cp_rows_free(rows);

@@ -84,7 +84,7 @@ expect "create on wc once it is back" "$(api "$TA" POST /v1/sandboxes '{"worker"
 # ---- 3. a quiet worker that answers pings stays live ----
 sleep 6
 expect "wa, quiet for 6 s but answering pings, is still live" "$(state_of wa)" "live true"
-expect "wa's channel was never closed" "$(grep -c 'channel wa: closed' "$W/cp.log")" 0
+expect "wa's channel was never closed" "$(grep -c 'event=channel-closed worker=wa$' "$W/cp.log")" 0
 
 # ---- 4. the worker comes back after being killed ----
 start_worker wb
