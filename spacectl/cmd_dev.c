@@ -495,6 +495,23 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
+/* The control plane's options after the first n of a (room for 16): with the
+ * qemu substrate it is the default and a VM's boot under TCG is waited for. */
+static void cp_extra_args(const char **a, int n, int qemu, const char *logfmt)
+{
+	if (qemu) {
+		a[n++] = "--default-substrate";
+		a[n++] = "qemu";
+		a[n++] = "--ack-timeout";
+		a[n++] = "180000";
+	}
+	if (logfmt) {
+		a[n++] = "--log-format";
+		a[n++] = logfmt;
+	}
+	a[n] = NULL;
+}
+
 static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
@@ -563,9 +580,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		/* a VM boots in seconds under TCG: the control plane waits for it */
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", qemu ? "--default-substrate" : NULL, "qemu",
-		                   "--ack-timeout", "180000", NULL};
+		const char *a[16] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"};
+		cp_extra_args(a, 7, qemu, logfmt);
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -586,8 +602,13 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		char cpdir[PATH_MAX + 64], listen[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, qemu ? "--default-substrate" : NULL, "qemu",
-		                   "--ack-timeout", "180000", NULL};
+		char mlisten[64], mpath[PATH_MAX + 64];
+		snprintf(mpath, sizeof mpath, "%s/cp/metrics.port", absdir);
+		char *mp = read_small(mpath);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
+		free(mp);
+		const char *a[16] = {cp, "--state", cpdir, "--listen", listen, "--metrics-listen", mlisten};
+		cp_extra_args(a, 7, qemu, logfmt);
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
