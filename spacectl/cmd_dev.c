@@ -751,7 +751,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions); "
 	                "`. %s/env` to use it, `spacectl dev down --dir %s` to stop it\n",
 	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s",
-	        qemu ? "qemu and process substrate, qemu by default" : real ? "process substrate" : "development", absdir,
+	        qemu ? "qemu (the default) and process substrate" : real ? "process substrate" : "development", absdir,
 	        dir);
 	rc = 0;
 out:

@@ -44,7 +44,7 @@ static const char usage[] =
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
-	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] | dev down [--dir DIR] | dev status\n"
+	"  dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] | dev down [--dir DIR] | dev status\n"
 	"\n"
 	"worker admin socket (root):\n"
 	"  node status|install|deactivate|pause|thaw|snapshot|destroy|keys --admin PATH …\n"

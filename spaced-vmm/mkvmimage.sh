@@ -19,8 +19,9 @@
 # /init, as PID 1 of the initramfs: mounts /proc, /sys, /dev, loads the modules,
 # mounts /dev/vda (ext4) as the new root, copies /.spaced into a tmpfs at the new
 # root's /.spaced (read-only once filled), mounts /proc, /sys, /dev, /dev/pts,
-# /dev/shm, /tmp there, puts itself into a cgroup2 group "sandbox" with pids.max
-# from the kernel command line (spaced.pids=N; the guest and all it starts count),
+# /dev/shm and cgroup2 there, brings up lo (the VM has no other network device),
+# puts itself into a cgroup2 group "sandbox" with pids.max from the kernel
+# command line (spaced.pids=N; the guest and all it starts count),
 # and switch_root's into `spaced-guest --root / --identity ID --vsock-port PORT`:
 # spaced-guest stays PID 1. spaced.identity= and spaced.port= come from the kernel
 # command line that spaced-vm builds. A failure at any step powers the VM off (the
@@ -145,6 +146,7 @@ if [ "\$pids" -gt 0 ]; then
 	echo 1 >\$c/sandbox/cgroup.procs || fail "join the sandbox cgroup"
 fi
 \$bb hostname sandbox
+\$bb ip link set lo up 2>/dev/null || echo "spaced-init: lo not up"
 echo "spaced-init: root ready, starting spaced-guest"
 exec \$bb switch_root \$r $launch --root / --identity "\$id" --vsock-port "\$port"
 INIT
