@@ -106,28 +106,32 @@ int qmp_open(const char *path, int timeout_ms, struct qmp **out)
 		return SPACED_EINVAL;
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
-	struct qmp *q = calloc(1, sizeof *q);
-	if (q == NULL)
-		return SPACED_ENOMEM;
-	q->fd = -1;
-	int e;
 	for (;;) {
-		q->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (q->fd < 0) {
-			e = SPACED_ESYS;
-			goto fail;
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return SPACED_ESYS;
+		if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+			int left = ms_left(deadline);
+			return qmp_adopt(fd, left ? left : 1, out);
 		}
-		if (connect(q->fd, (struct sockaddr *)&sa, sizeof sa) == 0)
-			break;
-		close(q->fd);
-		q->fd = -1;
-		if (ms_left(deadline) == 0) {
-			e = SPACED_ETIMEDOUT;
-			goto fail;
-		}
+		close(fd);
+		if (ms_left(deadline) == 0)
+			return SPACED_ETIMEDOUT;
 		struct timespec ts = {0, 20 * 1000 * 1000};
 		nanosleep(&ts, NULL);
 	}
+}
+
+int qmp_adopt(int fd, int timeout_ms, struct qmp **out)
+{
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
+	struct qmp *q = calloc(1, sizeof *q);
+	int e;
+	if (q == NULL) {
+		close(fd);
+		return SPACED_ENOMEM;
+	}
+	q->fd = fd;
 	json_t *greeting = NULL;
 	if ((e = next_line(q, deadline, &greeting)) < 0)
 		goto fail;

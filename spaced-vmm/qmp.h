@@ -31,6 +31,10 @@ struct qmp;
  * SPACED_ESYS. */
 int qmp_open(const char *path, int timeout_ms, struct qmp **out);
 
+/* The same on a socket already connected to QEMU's QMP (the client owns fd
+ * from now on, and closes it on failure too). */
+int qmp_adopt(int fd, int timeout_ms, struct qmp **out);
+
 /* Runs command cmd with args (a JSON object, stolen; NULL for none) and waits
  * up to timeout_ms for its answer, skipping events. On success *ret (when not
  * NULL) receives a new reference to the "return" value. An "error" answer is

@@ -77,7 +77,7 @@ static struct vm {
 	char state[PATH_MAX];
 	char vmdir[PATH_MAX];
 	char images[PATH_MAX];
-	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir;
+	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir, *kernel_args;
 	int kernel_fd, initrd_fd, base_fd; /* opened by this process, handed to QEMU (-1: none) */
 	struct spaced_identity id;
 	char idtext[SPACED_IDENTITY_TEXT_MAX];
@@ -563,8 +563,8 @@ static int start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	if (khz > 0)
 		snprintf(tsc, sizeof tsc, " tsc_early_khz=%u", khz);
 	int an = snprintf(append, sizeof append,
-	                  "console=ttyS0 quiet panic=-1 pci=off%s spaced.identity=%s spaced.port=%u spaced.pids=%" PRIu64,
-	                  tsc, V.idtext, V.port, V.pids);
+	                  "console=ttyS0 quiet panic=-1 pci=off%s%s%s spaced.identity=%s spaced.port=%u spaced.pids=%" PRIu64,
+	                  tsc, V.kernel_args ? " " : "", V.kernel_args ? V.kernel_args : "", V.idtext, V.port, V.pids);
 	if (an < 0 || (size_t)an >= sizeof append)
 		return SPACED_ETOOBIG;
 	const char *argv[64] = {V.qemu_bin, "-accel", accel, "-M", machine, "-m", mem, "-smp", smp, "-object", obj,
@@ -1144,7 +1144,7 @@ static void usage(void)
 	        "usage: spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]\n"
 	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
-	        "                 [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--keep-state]\n"
+	        "                 [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--kernel-args ARGS] [--keep-state]\n"
 	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
 	exit(2);
 }
@@ -1240,6 +1240,8 @@ static int run(int argc, char **argv)
 			V.uid_lock = val;
 		else if (strcmp(a, "--run-dir") == 0)
 			V.run_dir = val;
+		else if (strcmp(a, "--kernel-args") == 0)
+			V.kernel_args = val; /* before spaced's own: they cannot replace them */
 		else if (strcmp(a, "--qemu") == 0)
 			V.qemu_bin = val;
 		else if (strcmp(a, "--vsockd") == 0)
@@ -1370,12 +1372,16 @@ static int run(int argc, char **argv)
 		if ((e = sub_cgroup_create(&V.cg, name, &lim, why, sizeof why)) == 0)
 			V.have_cg = true;
 	}
-	if (e == 0 && (e = make_disk(why, sizeof why)) == 0 && (e = start_vsockd(diag_w, why, sizeof why)) == 0 &&
+	uint64_t t_disk = 0, t_vsockd = 0, t_qemu = 0, t_qmp = 0;
+	if (e == 0 && (e = make_disk(why, sizeof why)) == 0 && (t_disk = ms_since(V.t0), true) &&
+	    (e = start_vsockd(diag_w, why, sizeof why)) == 0 && (t_vsockd = ms_since(V.t0), true) &&
 	    (e = start_qemu(con_w, diag_w, why, sizeof why)) == 0) {
 		char qmp[PATH_MAX + 16];
+		t_qemu = ms_since(V.t0);
 		snprintf(qmp, sizeof qmp, "%s/qmp.sock", V.vmdir);
 		if ((e = qmp_open(qmp, 20000, &V.qmp)) < 0)
 			spaced_why(why, sizeof why, "QMP: %s", spaced_strerror(e));
+		t_qmp = ms_since(V.t0);
 	}
 	if (con_w >= 0)
 		close(con_w);
@@ -1399,8 +1405,9 @@ static int run(int argc, char **argv)
 			V.ready = true;
 			printf("READY %" PRIu64 "\n", ms);
 			fflush(stdout);
-			logf_("ready in %" PRIu64 " ms (qemu %d, spaced-vsockd %d, cid %u)", ms, (int)V.qemu, (int)V.vsockd,
-			      V.cid);
+			logf_("ready in %" PRIu64 " ms (disk %" PRIu64 ", back-end %" PRIu64 ", QEMU started %" PRIu64
+			      ", QMP %" PRIu64 "; qemu %d, spaced-vsockd %d, cid %u)",
+			      ms, t_disk, t_vsockd, t_qemu, t_qmp, (int)V.qemu, (int)V.vsockd, V.cid);
 		}
 	}
 	if (e < 0) {
