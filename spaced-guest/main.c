@@ -4,7 +4,7 @@
  *
  *   spaced-guest --root DIR --identity TEXT --listen PATH
  *   spaced-guest --root DIR --control-fd N [--identity TEXT]
- *   spaced-guest --root DIR --identity TEXT --vsock-port N
+ *   spaced-guest --root DIR [--identity TEXT] --vsock-port N [--vsock-control-port M]
  *
  * With --vsock-port (the qemu substrate: spaced-guest is PID 1 of a microVM,
  * docs/substrate.md) the guest listens on AF_VSOCK port N of any local CID;
@@ -197,7 +197,7 @@ static bool signal_readable(void)
 	return go_on;
 }
 
-enum tag_kind { T_LISTEN, T_CONTROL, T_SIGNAL, T_CONN, T_WATCH, T_PROC_OUT, T_PROC_IN, T_FWD };
+enum tag_kind { T_LISTEN, T_CONTROL, T_SIGNAL, T_CONN, T_WATCH, T_PROC_OUT, T_PROC_IN, T_FWD, T_VCTL_LISTEN, T_VCTL };
 
 struct tag {
 	enum tag_kind kind;
@@ -232,6 +232,11 @@ static size_t *fwd_n;
 static void add_fwd_pfd(int fd, short ev, void *ptr)
 {
 	add_pfd(fwd_n, fd, ev, T_FWD, ptr);
+}
+
+static void add_vctl_pfd(int fd)
+{
+	add_pfd(fwd_n, fd, POLLIN, T_VCTL, NULL);
 }
 
 static bool conn_input_paused(const struct conn *c)
@@ -284,6 +289,9 @@ static void loop(void)
 		}
 		fwd_n = &n;
 		fwd_poll_add(add_fwd_pfd);
+		if (G.vctl_fd >= 0)
+			add_pfd(&n, G.vctl_fd, POLLIN, T_VCTL_LISTEN, NULL);
+		vctl_poll_add(add_vctl_pfd);
 		int timeout = -1;
 		uint64_t dl = proc_next_deadline();
 		if (pump) {
@@ -335,6 +343,12 @@ static void loop(void)
 			}
 			case T_FWD:
 				fwd_on_event(t.ptr, pfds[i].fd, re);
+				break;
+			case T_VCTL_LISTEN:
+				vctl_accept();
+				break;
+			case T_VCTL:
+				vctl_on_readable(pfds[i].fd);
 				break;
 			case T_PROC_IN: {
 				struct proc *p = t.ptr;
@@ -424,7 +438,7 @@ static void open_vsock_listener(unsigned long port)
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-guest [--root DIR] [--identity TEXT] "
-	                "(--listen PATH | --control-fd N | --vsock-port N) [--service-ports] [--verbose]\n");
+	                "(--listen PATH | --control-fd N | --vsock-port N [--vsock-control-port M]) [--service-ports] [--verbose]\n");
 	exit(64);
 }
 
@@ -432,7 +446,7 @@ int main(int argc, char **argv)
 {
 	const char *root = "/", *identity = NULL, *listen = NULL;
 	long control = -1;
-	unsigned long vsock_port = 0;
+	unsigned long vsock_port = 0, vctl_port = 0;
 	static const struct option opts[] = {
 		{"root", required_argument, NULL, 'r'},
 		{"identity", required_argument, NULL, 'i'},
@@ -441,10 +455,11 @@ int main(int argc, char **argv)
 		{"verbose", no_argument, NULL, 'v'},
 		{"service-ports", no_argument, NULL, 'p'},
 		{"vsock-port", required_argument, NULL, 'V'},
+		{"vsock-control-port", required_argument, NULL, 'K'},
 		{NULL, 0, NULL, 0},
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:K:", opts, NULL)) != -1) {
 		char *end;
 		switch (o) {
 		case 'r':
@@ -474,14 +489,21 @@ int main(int argc, char **argv)
 			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vsock_port >= VMADDR_PORT_ANY)
 				usage();
 			break;
+		case 'K':
+			errno = 0;
+			vctl_port = strtoul(optarg, &end, 10);
+			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vctl_port >= VMADDR_PORT_ANY)
+				usage();
+			break;
 		default:
 			usage();
 		}
 	}
 	if (optind != argc || (listen == NULL && control < 0 && vsock_port == 0) ||
-	    (vsock_port != 0 && (listen != NULL || control >= 0 || identity == NULL)))
+	    (vsock_port != 0 && (listen != NULL || control >= 0 || (identity == NULL && vctl_port == 0))) ||
+	    (vctl_port != 0 && (vsock_port == 0 || vctl_port == vsock_port)))
 		usage();
-	G.listen_fd = G.control_fd = -1;
+	G.listen_fd = G.control_fd = G.vctl_fd = -1;
 	G.pid1 = getpid() == 1;
 	if (identity != NULL && set_identity(identity, strlen(identity)) < 0) {
 		fprintf(stderr, "spaced-guest: invalid --identity\n");
@@ -515,13 +537,15 @@ int main(int argc, char **argv)
 		open_listener(listen);
 	if (vsock_port != 0)
 		open_vsock_listener(vsock_port);
+	if (vctl_port != 0 && vctl_listen((unsigned)vctl_port) < 0)
+		die("listen on the vsock control port");
 	if (G.control_fd >= 0)
 		control_send(G.have_identity ? "READY" : "WAITING");
 	if (listen != NULL) {
 		printf("READY %s\n", listen);
 		fflush(stdout);
 	} else if (vsock_port != 0) {
-		printf("spaced-guest: READY vsock port %lu\n", vsock_port);
+		printf("spaced-guest: %s vsock port %lu\n", G.have_identity ? "READY" : "WAITING", vsock_port);
 		fflush(stdout);
 	}
 	loop();

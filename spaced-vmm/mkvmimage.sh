@@ -13,6 +13,8 @@
 #               applets, /etc/passwd and group, the usual empty directories);
 #               spaced-vm makes the execution's disk from it
 #   kver        the kernel version
+# and removes OUTDIR/cache (base images and templates spaced-vm made from the
+# previous files).
 # Environment: SPACED_VM_KERNEL (a bzImage or vmlinux; default the newest
 # /boot/vmlinuz-* whose modules hold the virtio vsock transport), SPACED_VM_KVER.
 #
@@ -22,9 +24,11 @@
 # /dev/shm and cgroup2 there, brings up lo (the VM has no other network device),
 # puts itself into a cgroup2 group "sandbox" with pids.max from the kernel
 # command line (spaced.pids=N; the guest and all it starts count),
-# and switch_root's into `spaced-guest --root / --identity ID --vsock-port PORT`:
-# spaced-guest stays PID 1. spaced.identity= and spaced.port= come from the kernel
-# command line that spaced-vm builds. A failure at any step powers the VM off (the
+# and switch_root's into `spaced-guest --root / [--identity ID] --vsock-port PORT
+# --vsock-control-port CTLPORT`: spaced-guest stays PID 1. spaced.identity=,
+# spaced.port= (1024) and spaced.ctlport= (1023) come from the kernel command line
+# that spaced-vm builds; without an identity (a template) the guest waits for one
+# on its control port. A failure at any step powers the VM off (the
 # host sees QEMU exit).
 set -eu
 [ $# -eq 2 ] || { echo "usage: $0 GUEST OUTDIR" >&2; exit 2; }
@@ -66,7 +70,7 @@ ir=$tmp/initramfs
 mkdir -p "$ir/bin" "$ir/lib/modules" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/newroot" "$ir/.spaced/lib"
 cp "$busybox" "$ir/bin/busybox"
 order=""
-for top in virtio_mmio virtio_blk crc32c_generic ext4 vmw_vsock_virtio_transport; do
+for top in virtio_mmio virtio_pci virtio_blk crc32c_generic ext4 vmw_vsock_virtio_transport; do
 	for f in $(modprobe -S "$kver" --show-depends "$top" 2>/dev/null | awk '$1 == "insmod" { print $2 }'); do
 		m=$(basename "$f"); m=${m%%.ko*}
 		case " $order " in *" $m "*) continue ;; esac
@@ -111,15 +115,15 @@ fail() { echo "spaced-init: \$*"; \$bb poweroff -f; \$bb sleep 5; exit 1; }
 for m in \$(\$bb cat /lib/modules/order); do
 	\$bb insmod /lib/modules/\$m.ko 2>/dev/null || echo "spaced-init: module \$m not loaded"
 done
-id=""; port=1024; pids=0
+id=""; port=1024; ctlport=1023; pids=0
 for a in \$(\$bb cat /proc/cmdline); do
 	case "\$a" in
 	spaced.identity=*) id=\${a#spaced.identity=} ;;
 	spaced.port=*) port=\${a#spaced.port=} ;;
+	spaced.ctlport=*) ctlport=\${a#spaced.ctlport=} ;;
 	spaced.pids=*) pids=\${a#spaced.pids=} ;;
 	esac
 done
-[ -n "\$id" ] || fail "no spaced.identity on the kernel command line"
 i=0
 while [ ! -b /dev/vda ]; do
 	i=\$((i + 1)); [ \$i -gt 500 ] && fail "no /dev/vda"
@@ -148,7 +152,12 @@ fi
 \$bb hostname sandbox
 \$bb ip link set lo up 2>/dev/null || echo "spaced-init: lo not up"
 echo "spaced-init: root ready, starting spaced-guest"
-exec \$bb switch_root \$r $launch --root / --identity "\$id" --vsock-port "\$port"
+# without an identity (a VM booted to become a template) the guest waits for
+# one on its control port
+if [ -n "\$id" ]; then
+	exec \$bb switch_root \$r $launch --root / --identity "\$id" --vsock-port "\$port" --vsock-control-port "\$ctlport"
+fi
+exec \$bb switch_root \$r $launch --root / --vsock-port "\$port" --vsock-control-port "\$ctlport"
 INIT
 chmod 0755 "$ir/init"
 (cd "$ir" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) | gzip -1 >"$tmp/initrd.img"
@@ -169,8 +178,9 @@ echo sandbox >"$rf/etc/hostname"
 printf '127.0.0.1 localhost sandbox\n::1 localhost\n' >"$rf/etc/hosts"
 
 echo "$kver" >"$tmp/kver"
-# replace what was there only once everything is built
-rm -rf "$out/rootfs"
+# replace what was there only once everything is built; base images and
+# templates made from the previous files are stale
+rm -rf "$out/rootfs" "$out/cache"
 mv "$tmp/rootfs" "$out/rootfs"
 mv "$tmp/vmlinux" "$out/vmlinux"
 mv "$tmp/initrd.img" "$out/initrd.img"

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -152,8 +153,37 @@ fail:
 	return e;
 }
 
+/* Sends the first byte of p with fd attached (SCM_RIGHTS), then the rest. */
+static int send_with_fd(int sock, const char *p, size_t n, int fd)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} cb;
+	struct iovec iov = {.iov_base = (void *)(uintptr_t)p, .iov_len = 1};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof cb.b};
+	memset(&cb, 0, sizeof cb);
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	ssize_t w;
+	while ((w = sendmsg(sock, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+		;
+	if (w != 1)
+		return SPACED_ECLOSED;
+	return send_all(sock, p + 1, n - 1);
+}
+
 int qmp_exec(struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **ret, char *why,
              size_t whysz)
+{
+	return qmp_exec_fd(q, cmd, args, -1, timeout_ms, ret, why, whysz);
+}
+
+int qmp_exec_fd(struct qmp *q, const char *cmd, json_t *args, int fd, int timeout_ms, json_t **ret, char *why,
+                size_t whysz)
 {
 	uint64_t id = ++q->next_id;
 	json_t *msg = json_pack("{s:s,s:I}", "execute", cmd, "id", (json_int_t)id);
@@ -170,7 +200,7 @@ int qmp_exec(struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_
 	if (text == NULL)
 		return SPACED_ENOMEM;
 	size_t tl = strlen(text);
-	int e = send_all(q->fd, text, tl);
+	int e = fd >= 0 ? send_with_fd(q->fd, text, tl, fd) : send_all(q->fd, text, tl);
 	if (e == 0)
 		e = send_all(q->fd, "\n", 1);
 	free(text);

@@ -44,6 +44,11 @@ int qmp_adopt(int fd, int timeout_ms, struct qmp **out);
 int qmp_exec(struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **ret, char *why,
              size_t whysz);
 
+/* The same, with descriptor fd passed along with the command (SCM_RIGHTS):
+ * QMP "getfd" and "add-fd" take theirs that way. fd stays the caller's. */
+int qmp_exec_fd(struct qmp *q, const char *cmd, json_t *args, int fd, int timeout_ms, json_t **ret, char *why,
+                size_t whysz);
+
 /* Reads and discards what QEMU sent unasked (events) without waiting.
  * Returns 0, or SPACED_ECLOSED when QEMU closed the socket (or it failed),
  * SPACED_ETOOBIG / SPACED_EPROTO on a bad line. */

@@ -2,18 +2,25 @@
  * vm.c — spaced-vm: starts and supervises one qemu substrate execution
  * (vm.h; docs/substrate.md "The qemu substrate").
  *
- * Layout of the state directory (root-owned; the execution's uid can only
- * reach vm/):
+ * Layout: the state directory DIR (root-owned, 0711) holds what only root
+ * uses; RUN (--run-dir, or DIR/vm) is the execution's uid's own directory:
  *   DIR/control.sock  control commands (root or this process's uid)
  *   DIR/pids          the back-end's and QEMU's {pid, start time} (vm.h)
  *   DIR/ready         "READY <ms>" once the guest answered HELLO
  *   DIR/console.log   the guest's serial console, at most VM_LOG_MAX bytes
  *   DIR/vm.log        QEMU's and spaced-vsockd's diagnostics, at most VM_LOG_MAX
- *   DIR/vm/           owned by the execution's uid, mode 0700:
- *     disk.qcow2      the execution's disk (copy-on-write over the base image)
- *     vu.sock         vhost-user socket (spaced-vsockd listens, QEMU connects)
- *     guest.sock      the hybrid vsock socket (Firecracker's CONNECT handshake)
- *     qmp.sock        QEMU's machine protocol
+ *   RUN/disk.qcow2    the execution's disk (copy-on-write over a base image or
+ *                     a template's disk, or a copy of a snapshot's)
+ *   RUN/vu.sock       vhost-user socket (spaced-vsockd listens, QEMU connects)
+ *   RUN/guest.sock    the hybrid vsock socket (Firecracker's CONNECT handshake)
+ *   RUN/qmp.sock      QEMU's machine protocol
+ *
+ * A VM starts in one of three ways: a cold boot of the base image; from a
+ * booted template (IMAGES/cache/template-…: its disk under an overlay and its
+ * memory loaded with -incoming, built on first use by `spaced-vm template`);
+ * or from a snapshot (its disk, and its memory when it has one). A VM started
+ * from saved memory has no vsock device until spaced-vm plugs it in, and
+ * learns its identity on the guest's control port.
  *
  * Everything that comes from the VM — console bytes, QMP lines, the guest's
  * answers — is bounded and may only end this execution, never the host's
@@ -23,11 +30,9 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,95 +42,50 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "error.h"
 #include "frame.h"
-#include "guest_client.h"
-#include "identity.h"
 #include "pidref.h"
-#include "qmp.h"
 #include "resources.h"
-#include "sub_internal.h"
 #include "util.h"
-#include "vm.h"
+#include "vm_int.h"
 
-#define MAX_CTL 8
-#define VM_LOG_MAX (1u << 20)            /* per log file */
-#define VM_MEMORY_MIN (64ull << 20)
-#define VM_HOST_OVERHEAD (384ull << 20)  /* QEMU and the back-end beside guest RAM */
-#define VM_TB_SIZE_MB 64                 /* TCG translation cache (QEMU's default is 1 GiB) */
-#define VM_QEMU_TASKS 256                /* QEMU's threads and the back-end */
-#define VM_SYNC_TIMEOUT_MS 5000
-#define VM_QMP_TIMEOUT_MS 5000
+struct vm V = {.ctl_lfd = -1, .sigfd = -1, .kernel_fd = -1, .initrd_fd = -1, .base_fd = -1, .mem_fd = -1,
+               .base_fmt = "raw", .con = {.rd = -1, .fd = -1, .name = "console"},
+               .diag = {.rd = -1, .fd = -1, .name = "diagnostics"}};
 
-struct logsink {
-	int rd;           /* read end of the pipe, -1 when closed */
-	int fd;           /* the log file */
-	uint64_t written;
-	bool capped;
-	const char *name;
-};
+/* ---- helpers (vm_int.h) ---- */
 
-static struct vm {
-	char state[PATH_MAX];
-	char vmdir[PATH_MAX];
-	char images[PATH_MAX];
-	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir, *kernel_args;
-	int kernel_fd, initrd_fd, base_fd; /* opened by this process, handed to QEMU (-1: none) */
-	struct spaced_identity id;
-	char idtext[SPACED_IDENTITY_TEXT_MAX];
-	uint32_t cid, port, cpu_milli;
-	uint64_t memory, pids, disk;
-	uid_t uid;
-	int boot_timeout_ms;
-	bool keep_state;
-	struct sub_cgroup cg;
-	bool have_cg;
-	pid_t qemu, vsockd;
-	uint64_t qemu_start, vsockd_start;
-	struct qmp *qmp;
-	int ctl_lfd, sigfd;
-	int ctl[MAX_CTL];
-	int nctl;
-	struct logsink con, diag;
-	bool paused, stop, ready;
-	uint64_t t0;
-	uint64_t cpu_at_ns, cpu_at_usec;
-	uint32_t cpu_pct_x10;
-} V = {.ctl_lfd = -1, .sigfd = -1, .kernel_fd = -1, .initrd_fd = -1, .base_fd = -1, .con = {.rd = -1, .fd = -1, .name = "console"},
-       .diag = {.rd = -1, .fd = -1, .name = "diagnostics"}};
-
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
+void vm_log(const char *fmt, ...)
 {
 	char msg[1024];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "spaced-vm: sandbox=%s generation=%" PRIu64 " %s\n", V.id.sandbox, V.id.generation, msg);
+	if (V.have_identity)
+		fprintf(stderr, "spaced-vm: sandbox=%s generation=%" PRIu64 " %s\n", V.id.sandbox, V.id.generation, msg);
+	else
+		fprintf(stderr, "spaced-vm: template %s\n", msg);
 }
 
-static uint64_t ms_since(uint64_t t0)
+uint64_t vm_ms_since(uint64_t t0)
 {
 	return (spaced_mono_ns() - t0) / 1000000u;
 }
 
-static void sleep_ms(int ms)
+void vm_sleep_ms(int ms)
 {
 	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;
 }
 
-static int write_file_atomic(const char *dir, const char *name, const char *text, mode_t mode)
+int vm_write_file(const char *dir, const char *name, const char *text, mode_t mode)
 {
 	char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
 	snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -144,9 +104,7 @@ static int write_file_atomic(const char *dir, const char *name, const char *text
 	return e;
 }
 
-/* Runs argv to completion as root with output to the diagnostics log;
- * 0 when it exited 0. */
-static int run_tool(const char *const argv[])
+int vm_run_tool(const char *const argv[])
 {
 	pid_t p = fork();
 	if (p < 0)
@@ -170,209 +128,11 @@ static int run_tool(const char *const argv[])
 	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : SPACED_EIO;
 }
 
-/* ---- the disk ---- */
-
-/* The base image of the worker's root tree for a disk of `disk` bytes:
- * IMAGES/cache/base-<bytes>.img, an ext4 filesystem of exactly that size (a
- * sparse file), built once under a lock and then only read. */
-static int base_image(uint64_t disk, char *out, size_t outsz, char *why, size_t whysz)
-{
-	char cache[PATH_MAX + 16], lockp[PATH_MAX + 32], tmp[PATH_MAX + 128], rootfs[PATH_MAX + 16], size[32];
-	snprintf(cache, sizeof cache, "%s/cache", V.images);
-	if (mkdir(cache, 0755) < 0 && errno != EEXIST) {
-		spaced_why(why, whysz, "mkdir %s: %s", cache, strerror(errno));
-		return SPACED_ESYS;
-	}
-	if ((size_t)snprintf(out, outsz, "%s/base-%" PRIu64 ".img", cache, disk) >= outsz)
-		return SPACED_ETOOBIG;
-	if (access(out, R_OK) == 0)
-		return 0;
-	snprintf(lockp, sizeof lockp, "%s/.lock", cache);
-	int lk = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (lk < 0 || flock(lk, LOCK_EX) < 0) {
-		spaced_why(why, whysz, "lock %s: %s", lockp, strerror(errno));
-		if (lk >= 0)
-			close(lk);
-		return SPACED_ESYS;
-	}
-	int e = 0;
-	if (access(out, R_OK) != 0) {
-		snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid());
-		snprintf(rootfs, sizeof rootfs, "%s/rootfs", V.images);
-		snprintf(size, sizeof size, "%" PRIu64 "k", disk / 1024);
-		/* no journal (a generation starts from its snapshot, taken after a
-		 * sync), lazily initialised inode tables that the guest never zeroes
-		 * (noinit_itable): an empty disk costs a few hundred KiB */
-		const char *argv[] = {"mke2fs", "-q", "-F", "-t", "ext4", "-T", "default", "-m", "0", "-O",
-		                      "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard,root_owner=0:0",
-		                      "-L", "spaced", "-d", rootfs, tmp, size, NULL};
-		e = run_tool(argv);
-		if (e == 0 && (chmod(tmp, 0644) < 0 || rename(tmp, out) < 0))
-			e = SPACED_ESYS;
-		if (e < 0) {
-			unlink(tmp);
-			spaced_why(why, whysz, "cannot build the base image %s from %s", out, rootfs);
-		}
-	}
-	close(lk);
-	return e;
-}
-
-/* A snapshot's disk must stand alone: a backing or external data file named
- * inside it would make QEMU read a host file as the guest's disk. */
-static int disk_standalone(const char *path, char *why, size_t whysz)
-{
-	int pfd[2];
-	if (pipe2(pfd, O_CLOEXEC) < 0)
-		return SPACED_ESYS;
-	pid_t p = fork();
-	if (p < 0) {
-		close(pfd[0]);
-		close(pfd[1]);
-		return SPACED_ESYS;
-	}
-	if (p == 0) {
-		int nul = open("/dev/null", O_RDWR);
-		dup2(nul, 0);
-		dup2(pfd[1], 1);
-		dup2(nul, 2);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		execlp("qemu-img", "qemu-img", "info", "-U", "--output=json", "-f", "qcow2", path, (char *)NULL);
-		_exit(127);
-	}
-	close(pfd[1]);
-	struct spaced_buf b;
-	spaced_buf_init(&b, 256 * 1024);
-	char chunk[4096];
-	ssize_t n;
-	int e = 0;
-	while ((n = read(pfd[0], chunk, sizeof chunk)) != 0) {
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 || spaced_buf_append(&b, chunk, (size_t)n) < 0) {
-			e = SPACED_EIO;
-			break;
-		}
-	}
-	close(pfd[0]);
-	int st;
-	while (waitpid(p, &st, 0) < 0 && errno == EINTR)
-		;
-	json_t *o = NULL;
-	if (e == 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0))
-		e = SPACED_EIO;
-	if (e == 0) {
-		json_error_t jerr;
-		o = json_loadb((const char *)b.data, b.len, JSON_REJECT_DUPLICATES, &jerr);
-		if (!json_is_object(o))
-			e = SPACED_EPROTO;
-	}
-	if (e == 0) {
-		const char *fmt = json_string_value(json_object_get(o, "format"));
-		json_t *fs = json_object_get(json_object_get(o, "format-specific"), "data");
-		if (!fmt || strcmp(fmt, "qcow2") != 0 || json_object_get(o, "backing-filename") != NULL ||
-		    json_object_get(o, "full-backing-filename") != NULL || json_object_get(fs, "data-file") != NULL) {
-			spaced_why(why, whysz, "the snapshot's disk is not a standalone qcow2 image");
-			e = SPACED_EPERM;
-		}
-	} else {
-		spaced_why(why, whysz, "qemu-img info of the snapshot's disk failed");
-	}
-	json_decref(o);
-	spaced_buf_free(&b);
-	return e;
-}
-
-/* Reads SNAP/meta's identity and checks that the new execution may start
- * from it: same sandbox, strictly greater generation (I2). */
-static int restore_check(const char *snap, char *why, size_t whysz)
-{
-	char path[PATH_MAX + 16], buf[2048];
-	snprintf(path, sizeof path, "%s/meta", snap);
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) {
-		spaced_why(why, whysz, "no snapshot at %s (meta missing)", snap);
-		return SPACED_ENOENT;
-	}
-	ssize_t n = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (n <= 0) {
-		spaced_why(why, whysz, "unreadable snapshot meta");
-		return SPACED_EPROTO;
-	}
-	buf[n] = '\0';
-	char *line = strncmp(buf, "identity=", 9) == 0 ? buf : NULL;
-	char *sub = strstr(buf, "\nsubstrate=");
-	if (line == NULL || sub == NULL || strncmp(sub, "\nsubstrate=qemu\n", 16) != 0) {
-		spaced_why(why, whysz, "the snapshot is not a qemu substrate snapshot");
-		return SPACED_EPROTO;
-	}
-	char *nl = strchr(line, '\n');
-	struct spaced_identity old;
-	if (nl == NULL || spaced_identity_decode(&old, line + 9, (size_t)(nl - line - 9)) < 0) {
-		spaced_why(why, whysz, "malformed identity in the snapshot meta");
-		return SPACED_EPROTO;
-	}
-	if (strcmp(old.sandbox, V.id.sandbox) != 0 || V.id.generation <= old.generation) {
-		spaced_why(why, whysz, "a restore needs the same sandbox and a newer generation (snapshot of %s generation %" PRIu64 ")",
-		           old.sandbox, old.generation);
-		return SPACED_EPERM;
-	}
-	return 0;
-}
-
-static int make_disk(char *why, size_t whysz)
-{
-	char disk[PATH_MAX + 16];
-	snprintf(disk, sizeof disk, "%s/disk.qcow2", V.vmdir);
-	int e;
-	if (V.restore) {
-		char src[PATH_MAX + 16];
-		snprintf(src, sizeof src, "%s/disk.qcow2", V.restore);
-		if ((e = restore_check(V.restore, why, whysz)) < 0 || (e = disk_standalone(src, why, whysz)) < 0)
-			return e;
-		const char *cp[] = {"cp", "--sparse=always", "--", src, disk, NULL};
-		if ((e = run_tool(cp)) < 0) {
-			spaced_why(why, whysz, "cannot copy the snapshot's disk");
-			return e;
-		}
-		/* the copy is what QEMU opens: check it too (the store may change) */
-		if ((e = disk_standalone(disk, why, whysz)) < 0)
-			return e;
-	} else {
-		char base[PATH_MAX + 64];
-		if ((e = base_image(V.disk, base, sizeof base, why, whysz)) < 0)
-			return e;
-		V.base_fd = open(base, O_RDONLY | O_CLOEXEC);
-		if (V.base_fd < 0) {
-			spaced_why(why, whysz, "open %s: %s", base, strerror(errno));
-			return SPACED_ESYS;
-		}
-		const char *argv[] = {"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, disk, NULL};
-		if ((e = run_tool(argv)) < 0) {
-			spaced_why(why, whysz, "qemu-img create of the execution's disk failed");
-			return e;
-		}
-	}
-	if (chown(disk, V.uid, V.uid) < 0 || chmod(disk, 0600) < 0) {
-		spaced_why(why, whysz, "chown %s: %s", disk, strerror(errno));
-		return SPACED_ESYS;
-	}
-	return 0;
-}
-
-/* ---- processes ---- */
-
-/* Starts argv as the execution's uid, stdout to out_fd and stderr to err_fd,
- * moved into the execution's cgroup before it execs, killed when this
- * supervisor dies. */
-static int spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, pid_t *pid,
-                 uint64_t *start, char *why, size_t whysz)
+int vm_spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, pid_t *pid,
+             uint64_t *start, char *why, size_t whysz)
 {
 	int go[2];
-	if (pipe2(go, O_CLOEXEC) < 0)
+	if (nkeep > 8 || pipe2(go, O_CLOEXEC) < 0)
 		return SPACED_ESYS;
 	pid_t parent = getpid();
 	pid_t p = fork();
@@ -393,16 +153,16 @@ static int spawn(const char *const argv[], int out_fd, int err_fd, const int *ke
 		if (nul < 0 || dup2(nul, 0) < 0 || dup2(out_fd >= 0 ? out_fd : nul, 1) < 0 ||
 		    dup2(err_fd >= 0 ? err_fd : nul, 2) < 0)
 			_exit(127);
-		/* the files handed over become descriptors 3, 4, … (fd_path());
-		 * first moved out of the way of that range */
+		/* the files handed over become descriptors 3, 4, …; first moved out
+		 * of the way of that range */
 		int moved[8];
-		for (int i = 0; i < nkeep && i < 8; i++)
+		for (int i = 0; i < nkeep; i++)
 			if ((moved[i] = fcntl(keep[i], F_DUPFD_CLOEXEC, 16)) < 0)
 				_exit(127);
-		for (int i = 0; i < nkeep && i < 8; i++)
+		for (int i = 0; i < nkeep; i++)
 			if (dup2(moved[i], 3 + i) < 0)
 				_exit(127);
-		syscall(SYS_close_range, 3 + (nkeep < 8 ? nkeep : 8), ~0u, 0);
+		syscall(SYS_close_range, 3 + nkeep, ~0u, 0);
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -432,19 +192,26 @@ static int spawn(const char *const argv[], int out_fd, int err_fd, const int *ke
 	return 0;
 }
 
-/* Waits until path is a socket (the back-end listens before it renames). */
-static int wait_socket(const char *path, pid_t owner, int ms)
+int vm_spawn_wait(const char *const argv[], const int *keep, int nkeep, char *why, size_t whysz)
 {
-	for (int i = 0; i < ms / 10; i++) {
-		struct stat st;
-		if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-			return 0;
-		if (waitpid(owner, NULL, WNOHANG) == owner)
-			return SPACED_EIO;
-		sleep_ms(10);
-	}
-	return SPACED_ETIMEDOUT;
+	pid_t p;
+	uint64_t st;
+	int e = vm_spawn(argv, -1, V.diag.fd, keep, nkeep, &p, &st, why, whysz);
+	if (e < 0)
+		return e;
+	int status;
+	while (waitpid(p, &status, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : SPACED_EIO;
 }
+
+bool vm_child_gone(pid_t p)
+{
+	return p <= 0 || waitpid(p, NULL, WNOHANG) == p;
+}
+
+/* ---- logs ---- */
 
 static int pipe_log(struct logsink *s, const char *file)
 {
@@ -467,7 +234,7 @@ static int pipe_log(struct logsink *s, const char *file)
 static void log_drain(struct logsink *s)
 {
 	char buf[16384];
-	for (;;) {
+	while (s->rd >= 0) {
 		ssize_t n = read(s->rd, buf, sizeof buf);
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -483,239 +250,77 @@ static void log_drain(struct logsink *s)
 				s->written += (uint64_t)n;
 		} else if (!s->capped) {
 			s->capped = true;
-			logf_("%s output reached %u bytes: dropping the rest", s->name, VM_LOG_MAX);
+			vm_log("%s output reached %u bytes: dropping the rest", s->name, VM_LOG_MAX);
 		}
 	}
 }
 
-static unsigned tsc_khz(void)
+/* ---- becoming ready ---- */
+
+/* Checks that neither child ended; drains the logs. */
+static int children_alive(char *why, size_t whysz)
 {
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[256];
-	unsigned khz = 0;
-	while (f && fgets(line, sizeof line, f)) {
-		double mhz;
-		if (strncmp(line, "cpu MHz", 7) == 0 && sscanf(strchr(line, ':') ? strchr(line, ':') + 1 : "", "%lf", &mhz) == 1) {
-			khz = (unsigned)(mhz * 1000.0);
-			break;
+	log_drain(&V.con);
+	log_drain(&V.diag);
+	if (vm_child_gone(V.qemu)) {
+		V.qemu = 0;
+		spaced_why(why, whysz, "QEMU ended during the start (see console.log and vm.log)");
+		return SPACED_EIO;
+	}
+	if (vm_child_gone(V.vsockd)) {
+		V.vsockd = 0;
+		spaced_why(why, whysz, "spaced-vsockd ended during the start (see vm.log)");
+		return SPACED_EIO;
+	}
+	struct signalfd_siginfo si;
+	while (read(V.sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+		if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
+			spaced_why(why, whysz, "stopped by signal %u during the start", si.ssi_signo);
+			return SPACED_ECLOSED;
 		}
-	}
-	if (f)
-		fclose(f);
-	return khz;
-}
-
-static int start_vsockd(int err_fd, char *why, size_t whysz)
-{
-	char vu[PATH_MAX + 16], uds[PATH_MAX + 16], cid[16];
-	snprintf(vu, sizeof vu, "%s/vu.sock", V.vmdir);
-	snprintf(uds, sizeof uds, "%s/guest.sock", V.vmdir);
-	snprintf(cid, sizeof cid, "%u", V.cid);
-	const char *argv[] = {V.vsockd_bin, "--socket", vu, "--uds", uds, "--cid", cid, NULL};
-	int e = spawn(argv, err_fd, err_fd, NULL, 0, &V.vsockd, &V.vsockd_start, why, whysz);
-	if (e < 0)
-		return e;
-	if ((e = wait_socket(uds, V.vsockd, 10000)) < 0 || (e = wait_socket(vu, V.vsockd, 10000)) < 0)
-		spaced_why(why, whysz, "spaced-vsockd did not listen");
-	return e;
-}
-
-static int start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
-{
-	char accel[64], machine[128], mem[32], smp[16], obj[128], vuchar[PATH_MAX + 48], drive[256],
-	    qmp[PATH_MAX + 48], kernel[PATH_MAX + 16], initrd[PATH_MAX + 16], append[1400];
-	uint64_t mib = V.memory >> 20;
-	unsigned vcpus = (V.cpu_milli + 999) / 1000;
-	if (vcpus == 0)
-		vcpus = 1;
-	if (strcmp(V.accel, "tcg") == 0)
-		snprintf(accel, sizeof accel, "tcg,tb-size=%d", VM_TB_SIZE_MB);
-	else
-		snprintf(accel, sizeof accel, "%s", V.accel);
-	snprintf(machine, sizeof machine, "microvm,pit=on,pic=on,rtc=on,acpi=on,memory-backend=mem");
-	snprintf(mem, sizeof mem, "%" PRIu64, mib);
-	snprintf(smp, sizeof smp, "%u", vcpus);
-	snprintf(obj, sizeof obj, "memory-backend-memfd,id=mem,size=%" PRIu64 "M,share=on", mib);
-	snprintf(vuchar, sizeof vuchar, "socket,id=vu,path=%s/vu.sock", V.vmdir);
-	/* the disk's graph is given whole: nothing QEMU opens comes from a name
-	 * written in an image's header (a backing or data file) */
-	char basefile[96] = "", basenode[64] = "", diskfile[PATH_MAX + 96];
-	snprintf(diskfile, sizeof diskfile, "driver=file,filename=%s/disk.qcow2,node-name=diskfile,discard=unmap",
-	         V.vmdir);
-	if (V.base_fd >= 0) {
-		snprintf(basefile, sizeof basefile, "driver=file,filename=/proc/self/fd/5,node-name=basefile,read-only=on");
-		snprintf(basenode, sizeof basenode, "driver=raw,file=basefile,node-name=base,read-only=on");
-		snprintf(drive, sizeof drive,
-		         "{\"driver\":\"qcow2\",\"file\":\"diskfile\",\"backing\":\"base\",\"node-name\":\"disk\","
-		         "\"discard\":\"unmap\"}");
-	} else {
-		snprintf(drive, sizeof drive,
-		         "{\"driver\":\"qcow2\",\"file\":\"diskfile\",\"backing\":null,\"node-name\":\"disk\","
-		         "\"discard\":\"unmap\"}");
-	}
-	snprintf(qmp, sizeof qmp, "unix:%s/qmp.sock,server=on,wait=off", V.vmdir);
-	/* read through descriptors this process opened: the execution's uid
-	 * needs no way to the worker's image directory */
-	snprintf(kernel, sizeof kernel, "/proc/self/fd/3");
-	snprintf(initrd, sizeof initrd, "/proc/self/fd/4");
-	unsigned khz = tsc_khz();
-	char tsc[40] = "";
-	if (khz > 0)
-		snprintf(tsc, sizeof tsc, " tsc_early_khz=%u", khz);
-	int an = snprintf(append, sizeof append,
-	                  "console=ttyS0 quiet panic=-1 pci=off%s%s%s spaced.identity=%s spaced.port=%u spaced.pids=%" PRIu64,
-	                  tsc, V.kernel_args ? " " : "", V.kernel_args ? V.kernel_args : "", V.idtext, V.port, V.pids);
-	if (an < 0 || (size_t)an >= sizeof append)
-		return SPACED_ETOOBIG;
-	const char *argv[64] = {V.qemu_bin, "-accel", accel, "-M", machine, "-m", mem, "-smp", smp, "-object", obj,
-	                        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-	                        "-chardev", "stdio,id=con,signal=off", "-serial", "chardev:con",
-	                        "-chardev", vuchar, "-device", "vhost-user-vsock-device,chardev=vu",
-	                        "-qmp", qmp, "-kernel", kernel, "-initrd", initrd, "-append", append,
-	                        "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"};
-	size_t n = 0;
-	while (argv[n] != NULL)
-		n++;
-	if (V.base_fd >= 0) { /* the backing node before the node that names it */
-		argv[n++] = "-blockdev";
-		argv[n++] = basefile;
-		argv[n++] = "-blockdev";
-		argv[n++] = basenode;
-	}
-	argv[n++] = "-blockdev";
-	argv[n++] = diskfile;
-	argv[n++] = "-blockdev";
-	argv[n++] = drive;
-	argv[n++] = "-device";
-	argv[n++] = "virtio-blk-device,drive=disk";
-	argv[n] = NULL;
-	int keep[3] = {V.kernel_fd, V.initrd_fd, V.base_fd};
-	return spawn(argv, out_fd, err_fd, keep, V.base_fd >= 0 ? 3 : 2, &V.qemu, &V.qemu_start, why, whysz);
-}
-
-/* ---- the guest, reached as any host program reaches it ---- */
-
-/* Connects to the guest agent through the hybrid socket: CONNECT, OK, then a
- * guest protocol client. Every read has a timeout. */
-static int guest_connect(int timeout_ms, struct spaced_guest_client **out)
-{
-	char path[PATH_MAX + 16], line[64];
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	snprintf(path, sizeof path, "%s/guest.sock", V.vmdir);
-	if (strlen(path) >= sizeof sa.sun_path)
-		return SPACED_ETOOBIG;
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return SPACED_ESYS;
-	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	int n = snprintf(line, sizeof line, "CONNECT %u\n", V.port);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || spaced_io_write_full(fd, line, (size_t)n) < 0) {
-		close(fd);
-		return SPACED_ECLOSED;
-	}
-	size_t got = 0;
-	while (got < sizeof line - 1) {
-		ssize_t r = recv(fd, line + got, 1, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			close(fd);
-			return SPACED_ECLOSED; /* refused: no listener yet, or the guest is gone */
-		}
-		if (line[got++] == '\n')
-			break;
-	}
-	line[got] = '\0';
-	if (strncmp(line, "OK ", 3) != 0 || line[got - 1] != '\n') {
-		close(fd);
-		return SPACED_EPROTO;
-	}
-	return spaced_guest_client_adopt(fd, out);
-}
-
-/* Whether the guest answers HELLO with this execution's identity. */
-static int guest_hello(char *why, size_t whysz)
-{
-	struct spaced_guest_client *c;
-	int e = guest_connect(3000, &c);
-	if (e < 0)
-		return e;
-	struct spaced_identity got;
-	e = spaced_guest_hello(c, &got);
-	spaced_guest_client_free(c);
-	if (e < 0)
-		return e;
-	if (!spaced_identity_equal(&got, &V.id)) {
-		char text[SPACED_IDENTITY_TEXT_MAX];
-		spaced_identity_encode(&got, text, sizeof text);
-		spaced_why(why, whysz, "the guest reports identity %s", text);
-		return SPACED_EIDENTITY;
 	}
 	return 0;
 }
 
-/* The guest's dirty pages to its disk before QEMU stops (best effort: a
- * guest that does not answer only loses its own unsynced writes). */
-static int guest_sync(void)
-{
-	struct spaced_guest_client *c;
-	int e = guest_connect(VM_SYNC_TIMEOUT_MS, &c);
-	if (e < 0)
-		return e;
-	const char *const argv[] = {"sync", NULL};
-	struct spaced_guest_exec_req req = {.argv = argv, .timeout_ms = VM_SYNC_TIMEOUT_MS};
-	struct spaced_guest_exit res;
-	e = spaced_guest_exec(c, &req, NULL, 0, NULL, NULL, &res);
-	spaced_guest_client_free(c);
-	if (e == 0 && res.code != 0)
-		e = SPACED_EIO;
-	return e;
-}
-
-static bool child_gone(pid_t p)
-{
-	return p <= 0 || waitpid(p, NULL, WNOHANG) == p;
-}
-
+/* Waits until the guest is what it must be: WAITING for a template, its
+ * identity taken on the control port when it came from saved memory, and
+ * HELLO answered with that identity. */
 static int wait_ready(char *why, size_t whysz)
 {
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)V.boot_timeout_ms * 1000000u;
+	bool identified = !V.need_identity;
 	int e = SPACED_ETIMEDOUT;
+	char line[SPACED_IDENTITY_TEXT_MAX + 16], answer[SPACED_IDENTITY_TEXT_MAX + 64], w[256];
 	while (spaced_mono_ns() < deadline) {
-		struct signalfd_siginfo si;
-		while (read(V.sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-			if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-				spaced_why(why, whysz, "stopped by signal %u during the boot", si.ssi_signo);
-				return SPACED_ECLOSED;
+		if ((e = children_alive(why, whysz)) < 0)
+			return e;
+		w[0] = '\0';
+		if (V.template_build) {
+			if (vm_guest_control("STATUS", answer, sizeof answer, 3000) == 0 && strcmp(answer, "WAITING") == 0)
+				return 0;
+		} else if (!identified) {
+			snprintf(line, sizeof line, "IDENTITY %s", V.idtext);
+			if (vm_guest_control(line, answer, sizeof answer, 3000) == 0) {
+				if (strcmp(answer, "READY") != 0) {
+					spaced_why(why, whysz, "the guest refused its identity: %.200s", answer);
+					return SPACED_EIDENTITY;
+				}
+				identified = true;
+				continue;
+			}
+		} else {
+			e = vm_guest_hello(w, sizeof w);
+			if (e == 0)
+				return 0;
+			if (e == SPACED_EIDENTITY) {
+				spaced_why(why, whysz, "%s", w);
+				return e;
 			}
 		}
-		if (child_gone(V.qemu)) {
-			V.qemu = 0;
-			spaced_why(why, whysz, "QEMU ended during the boot (see console.log and vm.log)");
-			return SPACED_EIO;
-		}
-		if (child_gone(V.vsockd)) {
-			V.vsockd = 0;
-			spaced_why(why, whysz, "spaced-vsockd ended during the boot (see vm.log)");
-			return SPACED_EIO;
-		}
-		log_drain(&V.con);
-		log_drain(&V.diag);
-		char w[256] = "";
-		e = guest_hello(w, sizeof w);
-		if (e == 0)
-			return 0;
-		if (e == SPACED_EIDENTITY) {
-			spaced_why(why, whysz, "%s", w);
-			return e;
-		}
-		sleep_ms(100);
+		vm_sleep_ms(V.need_identity ? 20 : 100);
 	}
 	spaced_why(why, whysz, "the guest did not answer within %d ms", V.boot_timeout_ms);
-	return e;
+	return SPACED_ETIMEDOUT;
 }
 
 /* ---- control ---- */
@@ -756,32 +361,18 @@ static void cpu_sample(void)
 	V.cpu_at_usec = u.cpu_usec;
 }
 
-static int qmp_simple(const char *cmd, char *why, size_t whysz)
-{
-	if (V.qmp == NULL) {
-		spaced_why(why, whysz, "no QMP connection");
-		return SPACED_ECLOSED;
-	}
-	int e = qmp_exec(V.qmp, cmd, NULL, VM_QMP_TIMEOUT_MS, NULL, why, whysz);
-	if (e < 0 && e != SPACED_EPERM) {
-		qmp_close(V.qmp); /* a QEMU that does not answer is not asked again */
-		V.qmp = NULL;
-	}
-	return e;
-}
-
 static int do_pause(char *why, size_t whysz)
 {
 	if (V.paused)
 		return 0;
 	uint64_t t = spaced_mono_ns();
-	int s = guest_sync();
+	int s = vm_guest_sync();
 	if (s < 0)
-		logf_("guest sync before pause failed: %s (pausing anyway)", spaced_strerror(s));
-	int e = qmp_simple("stop", why, whysz);
+		vm_log("guest sync before pause failed: %s (pausing anyway)", spaced_strerror(s));
+	int e = vm_qmp("stop", why, whysz);
 	if (e == 0) {
 		V.paused = true;
-		logf_("paused (sync %s, %" PRIu64 " ms)", s == 0 ? "done" : "failed", ms_since(t));
+		vm_log("paused (sync %s, %" PRIu64 " ms)", s == 0 ? "done" : "failed", vm_ms_since(t));
 	}
 	return e;
 }
@@ -790,109 +381,22 @@ static int do_thaw(char *why, size_t whysz)
 {
 	if (!V.paused)
 		return 0;
-	int e = qmp_simple("cont", why, whysz);
+	int e = vm_qmp("cont", why, whysz);
 	if (e == 0) {
 		V.paused = false;
-		logf_("thawed");
+		vm_log("thawed");
 	}
 	return e;
 }
 
-/* Writes the disk as one standalone qcow2 image at out (in the execution's
- * directory). qemu-img runs as the execution's uid with the disk's graph
- * given whole, as QEMU got it: the image's header was writable by QEMU, and
- * a backing or data file named there must not make a root process read a
- * host file into the snapshot. -U: QEMU holds the image (stopped, its
- * writes flushed by the stop). */
-static int convert_disk(const char *out, char *why, size_t whysz)
+/* Saves the VM into dir (which must not exist): its memory and device state
+ * when it can (pc: the vsock device is unplugged first — QEMU refuses to
+ * save a VM that has one — and plugged again after), its disk as one
+ * standalone qcow2 image, and dir/meta. The VM is stopped before and after;
+ * to let the device go the guest runs for that moment. */
+static int save_vm(const char *dir, char *why, size_t whysz)
 {
-	char spec[PATH_MAX + 256];
-	if (V.base_fd >= 0)
-		snprintf(spec, sizeof spec,
-		         "json:{\"driver\":\"qcow2\",\"file\":{\"driver\":\"file\",\"filename\":\"%s/disk.qcow2\"},"
-		         "\"backing\":{\"driver\":\"raw\",\"file\":{\"driver\":\"file\",\"filename\":\"/proc/self/fd/3\"}}}",
-		         V.vmdir);
-	else
-		snprintf(spec, sizeof spec,
-		         "json:{\"driver\":\"qcow2\",\"file\":{\"driver\":\"file\",\"filename\":\"%s/disk.qcow2\"},"
-		         "\"backing\":null}",
-		         V.vmdir);
-	const char *argv[] = {"/usr/bin/qemu-img", "convert", "-U", "-O", "qcow2", spec, out, NULL};
-	pid_t p;
-	uint64_t st;
-	int keep[1] = {V.base_fd};
-	int e = spawn(argv, -1, V.diag.fd, keep, V.base_fd >= 0 ? 1 : 0, &p, &st, why, whysz);
-	if (e < 0)
-		return e;
-	int status;
-	while (waitpid(p, &status, 0) < 0)
-		if (errno != EINTR)
-			return SPACED_ESYS;
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-		spaced_why(why, whysz, "qemu-img convert of the disk failed");
-		return SPACED_EIO;
-	}
-	return 0;
-}
-
-/* Copies the regular file at src (in the execution's directory, so opened
- * without following a link and checked to belong to the execution's uid)
- * to dst, created new. Holes stay holes. */
-static int copy_out(const char *src, const char *dst, char *why, size_t whysz)
-{
-	int in = open(src, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-	struct stat st;
-	if (in < 0 || fstat(in, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != V.uid || st.st_nlink != 1) {
-		spaced_why(why, whysz, "the converted disk is not a plain file of the execution");
-		if (in >= 0)
-			close(in);
-		return SPACED_EPERM;
-	}
-	int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-	if (out < 0) {
-		close(in);
-		spaced_why(why, whysz, "create %s: %s", dst, strerror(errno));
-		return SPACED_ESYS;
-	}
-	int e = 0;
-	off_t pos = 0;
-	while (e == 0 && pos < st.st_size) {
-		off_t data = lseek(in, pos, SEEK_DATA);
-		if (data < 0)
-			break; /* only a hole is left */
-		off_t hole = lseek(in, data, SEEK_HOLE);
-		if (hole < 0)
-			hole = st.st_size;
-		off_t a = data, b = data;
-		while (a < hole) {
-			ssize_t w = copy_file_range(in, &a, out, &b, (size_t)(hole - a), 0);
-			if (w <= 0) {
-				e = SPACED_EIO;
-				break;
-			}
-		}
-		pos = hole;
-	}
-	if (e == 0 && (ftruncate(out, st.st_size) < 0 || fsync(out) < 0))
-		e = SPACED_EIO;
-	close(in);
-	close(out);
-	if (e < 0) {
-		unlink(dst);
-		spaced_why(why, whysz, "cannot copy the snapshot's disk");
-	}
-	return e;
-}
-
-/* Saves the stopped VM's disk into dir (which must not exist) as one
- * standalone qcow2 image, then dir/meta. The memory is not saved: QEMU 7.2
- * refuses to migrate a VM with a vhost-user-vsock device (docs/substrate.md). */
-static int do_snapshot(const char *dir, char *why, size_t whysz)
-{
-	if (!V.paused) {
-		spaced_why(why, whysz, "the execution is not paused");
-		return SPACED_EINVAL;
-	}
+	char path[PATH_MAX + 32], w[256] = "";
 	if (dir[0] != '/') {
 		spaced_why(why, whysz, "the snapshot path must be absolute");
 		return SPACED_EINVAL;
@@ -901,24 +405,53 @@ static int do_snapshot(const char *dir, char *why, size_t whysz)
 		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
 		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
 	}
-	char dst[PATH_MAX + 16], tmp[PATH_MAX + 32], meta[SPACED_IDENTITY_TEXT_MAX + 128];
-	snprintf(dst, sizeof dst, "%s/disk.qcow2", dir);
-	snprintf(tmp, sizeof tmp, "%s/snapshot.qcow2", V.vmdir);
-	uint64_t t = spaced_mono_ns();
-	int e = convert_disk(tmp, why, whysz);
-	if (e == 0)
-		e = copy_out(tmp, dst, why, whysz);
-	unlink(tmp);
-	if (e < 0)
+	uint64_t t = spaced_mono_ns(), t_unplug = 0, t_mem = 0;
+	bool memory = false;
+	int e;
+	if (V.machine == VM_PC) {
+		if (V.paused && (e = vm_qmp("cont", w, sizeof w)) < 0) {
+			vm_log("cannot resume the VM to unplug its vsock device: %s", w);
+		} else {
+			V.paused = false;
+			e = vm_vsock_unplug(w, sizeof w);
+			t_unplug = vm_ms_since(t);
+			if (vm_qmp("stop", why, whysz) < 0)
+				return SPACED_EIO;
+			V.paused = true;
+			if (e < 0) {
+				vm_log("no memory in this snapshot: %s", w);
+			} else {
+				snprintf(path, sizeof path, "%s/memory", dir);
+				if ((e = vm_save_memory(path, w, sizeof w)) < 0)
+					vm_log("no memory in this snapshot: %s", w);
+				else
+					memory = true;
+				t_mem = vm_ms_since(t);
+			}
+			/* the execution goes on having its device (still stopped) */
+			if ((e = vm_vsock_plug(w, sizeof w)) < 0)
+				vm_log("cannot plug the vsock device back: %s", w);
+		}
+	}
+	snprintf(path, sizeof path, "%s/disk.qcow2", dir);
+	if ((e = vm_save_disk(path, why, whysz)) < 0)
 		return e;
-	snprintf(meta, sizeof meta, "identity=%s\nsubstrate=qemu\ndisk_bytes=%" PRIu64 "\nmemory=none\n", V.idtext,
-	         V.disk);
-	if ((e = write_file_atomic(dir, "meta", meta, 0600)) < 0) {
+	if ((e = vm_write_meta(dir, memory)) < 0) {
 		spaced_why(why, whysz, "cannot write the snapshot meta");
 		return e;
 	}
-	logf_("snapshot %s (%" PRIu64 " ms)", dir, ms_since(t));
+	vm_log("snapshot %s (%s; unplug %" PRIu64 " ms, memory %" PRIu64 " ms, total %" PRIu64 " ms)", dir,
+	       memory ? "memory and disk" : "disk only", t_unplug, t_mem, vm_ms_since(t));
 	return 0;
+}
+
+static int do_snapshot(const char *dir, char *why, size_t whysz)
+{
+	if (!V.paused) {
+		spaced_why(why, whysz, "the execution is not paused");
+		return SPACED_EINVAL;
+	}
+	return save_vm(dir, why, whysz);
 }
 
 static void ctl_reply(int fd, const char *text)
@@ -928,7 +461,7 @@ static void ctl_reply(int fd, const char *text)
 
 static void ctl_command(int fd, char *cmd)
 {
-	char reply[VM_MSG_MAX], why[512] = "";
+	char reply[VM_MSG_MAX + PATH_MAX], why[512] = "";
 	int e;
 	if (strcmp(cmd, "PAUSE") == 0) {
 		e = do_pause(why, sizeof why);
@@ -940,8 +473,8 @@ static void ctl_command(int fd, char *cmd)
 		e = do_snapshot(cmd + 9, why, sizeof why);
 		snprintf(reply, sizeof reply, e == 0 ? "OK" : "ERR snapshot: %s", why[0] ? why : spaced_strerror(e));
 	} else if (strcmp(cmd, "STATUS") == 0) {
-		snprintf(reply, sizeof reply, "OK ready=%d paused=%d qemu=%d vsockd=%d identity=%s", V.ready, V.paused,
-		         (int)V.qemu, (int)V.vsockd, V.idtext);
+		snprintf(reply, sizeof reply, "OK ready=%d paused=%d qemu=%d vsockd=%d template=%s identity=%s", V.ready,
+		         V.paused, (int)V.qemu, (int)V.vsockd, V.template_dir[0] ? V.template_dir : "-", V.idtext);
 	} else if (strcmp(cmd, "USAGE") == 0) {
 		usage_text(reply, sizeof reply);
 	} else if (strcmp(cmd, "STOP") == 0) {
@@ -962,7 +495,7 @@ static void ctl_accept(void)
 		if (fd < 0)
 			return;
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || (cr.uid != 0 && cr.uid != geteuid()) ||
-		    V.nctl >= MAX_CTL) {
+		    V.nctl >= VM_MAX_CTL) {
 			close(fd);
 			continue;
 		}
@@ -1024,7 +557,7 @@ static void stop_child(pid_t *pp, int grace_ms)
 			*pp = 0;
 			return;
 		}
-		sleep_ms(10);
+		vm_sleep_ms(10);
 	}
 	kill(p, SIGTERM);
 	for (int i = 0; i < 300; i++) {
@@ -1032,7 +565,7 @@ static void stop_child(pid_t *pp, int grace_ms)
 			*pp = 0;
 			return;
 		}
-		sleep_ms(10);
+		vm_sleep_ms(10);
 	}
 	kill(p, SIGKILL);
 	waitpid(p, NULL, 0);
@@ -1051,7 +584,7 @@ static void shutdown_vm(void)
 		sub_cgroup_remove(&V.cg);
 	if (!V.keep_state) {
 		const char *rm[] = {"rm", "-rf", "--", V.vmdir, NULL};
-		run_tool(rm);
+		vm_run_tool(rm);
 	}
 	char p[PATH_MAX + 32];
 	snprintf(p, sizeof p, "%s/control.sock", V.state);
@@ -1062,12 +595,12 @@ static void shutdown_vm(void)
 	unlink(p);
 }
 
-static void on_sigchld(void)
+static void on_signals(void)
 {
 	struct signalfd_siginfo si;
 	while (read(V.sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
 		if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-			logf_("signal %u: stopping", si.ssi_signo);
+			vm_log("signal %u: stopping", si.ssi_signo);
 			V.stop = true;
 		}
 	}
@@ -1076,15 +609,13 @@ static void on_sigchld(void)
 		pid_t p = waitpid(-1, &st, WNOHANG);
 		if (p <= 0)
 			break;
-		if (p == V.qemu) {
-			V.qemu = 0;
-			logf_("QEMU ended (%s %d)", WIFEXITED(st) ? "status" : "signal",
-			      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-			V.stop = true;
-		} else if (p == V.vsockd) {
-			V.vsockd = 0;
-			logf_("spaced-vsockd ended (%s %d)", WIFEXITED(st) ? "status" : "signal",
-			      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+		if (p == V.qemu || p == V.vsockd) {
+			vm_log("%s ended (%s %d)", p == V.qemu ? "QEMU" : "spaced-vsockd",
+			       WIFEXITED(st) ? "status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			if (p == V.qemu)
+				V.qemu = 0;
+			else
+				V.vsockd = 0;
 			V.stop = true;
 		}
 	}
@@ -1093,7 +624,7 @@ static void on_sigchld(void)
 static void loop(void)
 {
 	while (!V.stop) {
-		struct pollfd pf[5 + MAX_CTL];
+		struct pollfd pf[5 + VM_MAX_CTL];
 		int n = 0;
 		pf[n++] = (struct pollfd){.fd = V.sigfd, .events = POLLIN};
 		pf[n++] = (struct pollfd){.fd = V.ctl_lfd, .events = POLLIN};
@@ -1109,12 +640,12 @@ static void loop(void)
 		if (r <= 0)
 			continue;
 		if (pf[0].revents)
-			on_sigchld();
+			on_signals();
 		if (pf[1].revents)
 			ctl_accept();
-		if (pf[2].revents && V.con.rd >= 0)
+		if (pf[2].revents)
 			log_drain(&V.con);
-		if (pf[3].revents && V.diag.rd >= 0)
+		if (pf[3].revents)
 			log_drain(&V.diag);
 		if (pf[4].revents && V.qmp != NULL && qmp_drain(V.qmp) < 0) {
 			qmp_close(V.qmp);
@@ -1136,6 +667,63 @@ static void loop(void)
 	}
 }
 
+/* ---- templates ---- */
+
+/* Makes sure IMAGES/cache holds a booted template for this VM's shape, and
+ * sets V.template_dir to it: built once, under a lock, by a `spaced-vm
+ * template` child running as this execution's uid. A template that cannot be
+ * built leaves V.template_dir empty: the VM boots cold. */
+static void template_ensure(const char *self)
+{
+	char dir[PATH_MAX], meta[PATH_MAX + 16], lockp[PATH_MAX + 32], tmp[PATH_MAX + 32], state[PATH_MAX + 32],
+	    run[PATH_MAX + 16], cache[PATH_MAX + 16], mem[32], disk[32], cpus[16], uid[16], cid[16];
+	if (vm_template_path(dir, sizeof dir) < 0)
+		return;
+	snprintf(meta, sizeof meta, "%s/meta", dir);
+	if (access(meta, R_OK) == 0) {
+		snprintf(V.template_dir, sizeof V.template_dir, "%s", dir);
+		return;
+	}
+	snprintf(cache, sizeof cache, "%s/cache", V.images);
+	if (mkdir(cache, 0755) < 0 && errno != EEXIST)
+		return;
+	snprintf(lockp, sizeof lockp, "%s/.template.lock", cache);
+	int lk = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (lk < 0 || flock(lk, LOCK_EX) < 0) {
+		if (lk >= 0)
+			close(lk);
+		return;
+	}
+	if (access(meta, R_OK) != 0) {
+		uint64_t t = spaced_mono_ns();
+		snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
+		snprintf(state, sizeof state, "%s/template", V.state);
+		snprintf(run, sizeof run, "%s.t", V.vmdir);
+		snprintf(mem, sizeof mem, "%" PRIu64, V.memory);
+		snprintf(disk, sizeof disk, "%" PRIu64, V.disk);
+		spaced_cpus_format(V.cpu_milli, cpus);
+		snprintf(uid, sizeof uid, "%u", (unsigned)V.uid);
+		snprintf(cid, sizeof cid, "%u", V.cid);
+		const char *rm[] = {"rm", "-rf", "--", tmp, NULL};
+		vm_run_tool(rm);
+		const char *argv[] = {self, "template", "--state", state, "--images", V.images, "--out", tmp, "--memory", mem,
+		                      "--disk", disk, "--cpus", cpus, "--uid", uid, "--cid", cid, "--run-dir", run,
+		                      "--qemu", V.qemu_bin, "--vsockd", V.vsockd_bin, "--accel", V.accel, NULL};
+		int e = vm_run_tool(argv);
+		if (e == 0 && rename(tmp, dir) == 0) {
+			vm_log("built the template %s (%" PRIu64 " ms)", dir, vm_ms_since(t));
+		} else {
+			vm_log("cannot build a template (see %s/vm.log): a cold boot", state);
+			vm_run_tool(rm);
+		}
+		const char *rms[] = {"rm", "-rf", "--", state, NULL};
+		vm_run_tool(rms);
+	}
+	close(lk);
+	if (access(meta, R_OK) == 0)
+		snprintf(V.template_dir, sizeof V.template_dir, "%s", dir);
+}
+
 /* ---- the command line ---- */
 
 static void usage(void)
@@ -1144,14 +732,16 @@ static void usage(void)
 	        "usage: spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]\n"
 	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
-	        "                 [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--kernel-args ARGS] [--keep-state]\n"
+	        "                 [--machine pc|microvm] [--no-template] [--boot-timeout-ms MS] [--uid-lock DIR]\n"
+	        "                 [--run-dir DIR] [--kernel-args ARGS] [--keep-state]\n"
+	        "       spaced-vm template --state DIR --images DIR --out DIR [same options, no identity]\n"
 	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
 	exit(2);
 }
 
 static int ctl_main(int argc, char **argv)
 {
-	char cmd[VM_MSG_MAX], reply[VM_MSG_MAX + 1], path[PATH_MAX + 16];
+	char cmd[VM_MSG_MAX], reply[VM_MSG_MAX + PATH_MAX + 1], path[PATH_MAX + 16];
 	if (argc < 4 || strcmp(argv[1], "--state") != 0)
 		usage();
 	size_t len = 0;
@@ -1204,13 +794,52 @@ static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-static int run(int argc, char **argv)
+/* Starts the VM described by V: disk, back-end, QEMU, QMP, and (from saved
+ * memory) the memory loaded, the vsock device plugged, the VM running. */
+static int start_vm(int con_w, int diag_w, char *why, size_t whysz)
 {
-	const char *state = NULL, *images = NULL, *identity = NULL;
+	uint64_t t_disk, t_vsockd, t_qemu, t_qmp, t_mem = 0;
+	int e;
+	if ((e = vm_make_disk(why, whysz)) < 0)
+		return e;
+	t_disk = vm_ms_since(V.t0);
+	if ((e = vm_start_vsockd(diag_w, why, whysz)) < 0)
+		return e;
+	t_vsockd = vm_ms_since(V.t0);
+	if ((e = vm_start_qemu(con_w, diag_w, why, whysz)) < 0)
+		return e;
+	t_qemu = vm_ms_since(V.t0);
+	char qmp[PATH_MAX + 16];
+	snprintf(qmp, sizeof qmp, "%s/qmp.sock", V.vmdir);
+	if ((e = qmp_open(qmp, 20000, &V.qmp)) < 0) {
+		spaced_why(why, whysz, "QMP: %s", spaced_strerror(e));
+		return e;
+	}
+	t_qmp = vm_ms_since(V.t0);
+	if (V.mem_fd >= 0) {
+		if ((e = vm_wait_incoming(why, whysz)) < 0 || (e = vm_vsock_plug(why, whysz)) < 0 ||
+		    (e = vm_qmp("cont", why, whysz)) < 0)
+			return e;
+		t_mem = vm_ms_since(V.t0);
+		close(V.mem_fd);
+		V.mem_fd = -1;
+	}
+	vm_log("started: disk %" PRIu64 " ms, back-end %" PRIu64 ", QEMU %" PRIu64 ", QMP %" PRIu64 "%s%s", t_disk,
+	       t_vsockd, t_qemu, t_qmp, t_mem ? ", memory loaded and vsock plugged " : "",
+	       t_mem ? (V.restore ? "(from the snapshot)" : "(from the template)") : "");
+	if (t_mem)
+		vm_log("memory at %" PRIu64 " ms", t_mem);
+	return 0;
+}
+
+static int run(int argc, char **argv, bool template_mode)
+{
+	const char *state = NULL, *images = NULL, *identity = NULL, *out = NULL;
 	uint64_t v;
 	V.qemu_bin = "/usr/bin/qemu-system-x86_64";
 	V.vsockd_bin = NULL;
 	V.accel = "tcg";
+	V.machine = VM_PC;
 	V.cid = 3;
 	V.port = VM_GUEST_PORT_DEFAULT;
 	V.memory = 256ull << 20;
@@ -1218,10 +847,15 @@ static int run(int argc, char **argv)
 	V.pids = 0;
 	V.cpu_milli = 1000;
 	V.boot_timeout_ms = 120000;
+	V.template_build = template_mode;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 		if (strcmp(a, "--keep-state") == 0) {
 			V.keep_state = true;
+			continue;
+		}
+		if (strcmp(a, "--no-template") == 0) {
+			V.no_template = true;
 			continue;
 		}
 		if (val == NULL)
@@ -1232,9 +866,11 @@ static int run(int argc, char **argv)
 			state = val;
 		else if (strcmp(a, "--images") == 0)
 			images = val;
-		else if (strcmp(a, "--identity") == 0)
+		else if (strcmp(a, "--identity") == 0 && !template_mode)
 			identity = val;
-		else if (strcmp(a, "--restore") == 0)
+		else if (strcmp(a, "--out") == 0 && template_mode)
+			out = val;
+		else if (strcmp(a, "--restore") == 0 && !template_mode)
 			V.restore = val;
 		else if (strcmp(a, "--uid-lock") == 0)
 			V.uid_lock = val;
@@ -1249,11 +885,14 @@ static int run(int argc, char **argv)
 		else if (strcmp(a, "--accel") == 0) {
 			ok = strcmp(val, "tcg") == 0 || strcmp(val, "kvm") == 0;
 			V.accel = val;
+		} else if (strcmp(a, "--machine") == 0) {
+			ok = strcmp(val, "pc") == 0 || strcmp(val, "microvm") == 0;
+			V.machine = strcmp(val, "pc") == 0 ? VM_PC : VM_MICROVM;
 		} else if (strcmp(a, "--cid") == 0) {
 			ok = parse_u64(val, 3, UINT32_MAX - 1, &v) == 0;
 			V.cid = (uint32_t)v;
 		} else if (strcmp(a, "--port") == 0) {
-			ok = parse_u64(val, 1, UINT32_MAX - 1, &v) == 0;
+			ok = parse_u64(val, 1, UINT32_MAX - 1, &v) == 0 && v != VM_CTL_PORT;
 			V.port = (uint32_t)v;
 		} else if (strcmp(a, "--uid") == 0) {
 			ok = parse_u64(val, 0, UINT32_MAX - 1, &v) == 0;
@@ -1276,12 +915,19 @@ static int run(int argc, char **argv)
 			usage();
 		}
 	}
-	if (state == NULL || images == NULL || identity == NULL)
+	if (state == NULL || images == NULL || (!template_mode && identity == NULL) || (template_mode && out == NULL))
 		usage();
-	if (spaced_identity_decode(&V.id, identity, strlen(identity)) < 0 ||
-	    spaced_identity_encode(&V.id, V.idtext, sizeof V.idtext) < 0) {
-		fprintf(stderr, "spaced-vm: --identity is not a canonical execution identity\n");
+	if (template_mode && V.machine != VM_PC) {
+		fprintf(stderr, "spaced-vm: a template needs the pc machine (its memory is saved)\n");
 		return 2;
+	}
+	if (identity != NULL) {
+		if (spaced_identity_decode(&V.id, identity, strlen(identity)) < 0 ||
+		    spaced_identity_encode(&V.id, V.idtext, sizeof V.idtext) < 0) {
+			fprintf(stderr, "spaced-vm: --identity is not a canonical execution identity\n");
+			return 2;
+		}
+		V.have_identity = true;
 	}
 	V.memory = (V.memory + (1u << 20) - 1) & ~((uint64_t)(1u << 20) - 1);
 	V.disk &= ~(uint64_t)4095;
@@ -1289,18 +935,20 @@ static int run(int argc, char **argv)
 		fprintf(stderr, "spaced-vm: --images %s: %s\n", images, strerror(errno));
 		return 1;
 	}
+	char self[PATH_MAX];
+	ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (sn <= 0) {
+		fprintf(stderr, "spaced-vm: /proc/self/exe: %s\n", strerror(errno));
+		return 1;
+	}
+	self[sn] = '\0';
 	static char vsockd_default[PATH_MAX + 32];
 	if (V.vsockd_bin == NULL) {
 		/* beside this binary, as the build and the install put them */
-		char self[PATH_MAX];
-		ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-		if (n > 0) {
-			self[n] = '\0';
-			char *slash = strrchr(self, '/');
-			if (slash)
-				*slash = '\0';
-			snprintf(vsockd_default, sizeof vsockd_default, "%s/spaced-vsockd", self);
-		}
+		snprintf(vsockd_default, sizeof vsockd_default, "%s", self);
+		char *slash = strrchr(vsockd_default, '/');
+		if (slash)
+			snprintf(slash, sizeof vsockd_default - (size_t)(slash - vsockd_default), "/spaced-vsockd");
 		V.vsockd_bin = vsockd_default;
 	}
 	V.t0 = spaced_mono_ns();
@@ -1330,7 +978,7 @@ static int run(int argc, char **argv)
 			return 1;
 		}
 		const char *rm[] = {"rm", "-rf", "--", V.vmdir, NULL};
-		run_tool(rm); /* what an execution of this uid range that died left */
+		vm_run_tool(rm); /* what an execution of this uid range that died left */
 	} else if ((size_t)snprintf(V.vmdir, sizeof V.vmdir, "%s/vm", V.state) >= 100 || chmod(V.state, 0711) < 0) {
 		fprintf(stderr, "spaced-vm: --state path too long for its sockets\n");
 		return 1;
@@ -1350,6 +998,8 @@ static int run(int argc, char **argv)
 		fprintf(stderr, "spaced-vm: %s/vmlinux or initrd.img missing (spaced-vmm/mkvmimage.sh)\n", V.images);
 		return 1;
 	}
+	if (!template_mode && V.machine == VM_PC && V.restore == NULL && !V.no_template)
+		template_ensure(self);
 
 	signal(SIGPIPE, SIG_IGN);
 	sigset_t set;
@@ -1372,42 +1022,59 @@ static int run(int argc, char **argv)
 		if ((e = sub_cgroup_create(&V.cg, name, &lim, why, sizeof why)) == 0)
 			V.have_cg = true;
 	}
-	uint64_t t_disk = 0, t_vsockd = 0, t_qemu = 0, t_qmp = 0;
-	if (e == 0 && (e = make_disk(why, sizeof why)) == 0 && (t_disk = ms_since(V.t0), true) &&
-	    (e = start_vsockd(diag_w, why, sizeof why)) == 0 && (t_vsockd = ms_since(V.t0), true) &&
-	    (e = start_qemu(con_w, diag_w, why, sizeof why)) == 0) {
-		char qmp[PATH_MAX + 16];
-		t_qemu = ms_since(V.t0);
-		snprintf(qmp, sizeof qmp, "%s/qmp.sock", V.vmdir);
-		if ((e = qmp_open(qmp, 20000, &V.qmp)) < 0)
-			spaced_why(why, sizeof why, "QMP: %s", spaced_strerror(e));
-		t_qmp = ms_since(V.t0);
-	}
+	if (e == 0)
+		e = start_vm(con_w, diag_w, why, sizeof why);
 	if (con_w >= 0)
 		close(con_w);
 	if (diag_w >= 0)
 		close(diag_w);
 	if (e == 0)
 		e = wait_ready(why, sizeof why);
+	if (e == 0 && template_mode) {
+		/* the guest is up and has no identity yet: save it as it is */
+		int s = vm_guest_sync();
+		if (s < 0)
+			vm_log("sync before the save failed: %s", spaced_strerror(s));
+		if ((e = vm_qmp("stop", why, sizeof why)) == 0) {
+			V.paused = true;
+			e = save_vm(out, why, sizeof why);
+		}
+		if (e == 0) {
+			/* a template without its memory is no template */
+			char mp[PATH_MAX + 16];
+			snprintf(mp, sizeof mp, "%s/memory", out);
+			if (access(mp, R_OK) != 0) {
+				spaced_why(why, sizeof why, "the template's memory could not be saved");
+				e = SPACED_EIO;
+			}
+		}
+		if (e == 0)
+			vm_log("saved to %s in %" PRIu64 " ms", out, vm_ms_since(V.t0));
+		else
+			fprintf(stderr, "spaced-vm: template: %s\n", why[0] ? why : spaced_strerror(e));
+		shutdown_vm();
+		return e == 0 ? 0 : 1;
+	}
 	char text[128];
 	if (e == 0) {
 		snprintf(text, sizeof text, "vsockd %d %" PRIu64 "\nqemu %d %" PRIu64 "\n", (int)V.vsockd, V.vsockd_start,
 		         (int)V.qemu, V.qemu_start);
-		e = write_file_atomic(V.state, "pids", text, 0644);
+		e = vm_write_file(V.state, "pids", text, 0644);
 	}
 	if (e == 0)
 		e = ctl_listen();
 	if (e == 0) {
-		uint64_t ms = ms_since(V.t0);
+		uint64_t ms = vm_ms_since(V.t0);
 		snprintf(text, sizeof text, "READY %" PRIu64 "\n", ms);
-		e = write_file_atomic(V.state, "ready", text, 0644);
+		e = vm_write_file(V.state, "ready", text, 0644);
 		if (e == 0) {
 			V.ready = true;
 			printf("READY %" PRIu64 "\n", ms);
 			fflush(stdout);
-			logf_("ready in %" PRIu64 " ms (disk %" PRIu64 ", back-end %" PRIu64 ", QEMU started %" PRIu64
-			      ", QMP %" PRIu64 "; qemu %d, spaced-vsockd %d, cid %u)",
-			      ms, t_disk, t_vsockd, t_qemu, t_qmp, (int)V.qemu, (int)V.vsockd, V.cid);
+			vm_log("ready in %" PRIu64 " ms (%s; qemu %d, spaced-vsockd %d, cid %u)", ms,
+			       V.restore ? (V.need_identity ? "from a memory snapshot" : "a boot of a snapshot's disk")
+			                 : V.template_dir[0] ? "from a template" : "a cold boot",
+			       (int)V.qemu, (int)V.vsockd, V.cid);
 		}
 	}
 	if (e < 0) {
@@ -1417,7 +1084,7 @@ static int run(int argc, char **argv)
 	}
 	loop();
 	shutdown_vm();
-	logf_("stopped");
+	vm_log("stopped");
 	return 0;
 }
 
@@ -1425,5 +1092,7 @@ int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "ctl") == 0)
 		return ctl_main(argc - 1, argv + 1);
-	return run(argc, argv);
+	if (argc >= 2 && strcmp(argv[1], "template") == 0)
+		return run(argc - 1, argv + 1, true);
+	return run(argc, argv, false);
 }

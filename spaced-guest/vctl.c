@@ -1,0 +1,187 @@
+/*
+ * vctl.c — the guest's control port inside a microVM (qemu substrate).
+ *
+ * With --vsock-control-port N, spaced-guest also listens on AF_VSOCK port N
+ * for its supervisor on the host (spaced-vm, through the VM's vsock device),
+ * the counterpart of the launcher's control socket in the process substrate.
+ * One line per message, at most VCTL_LINE_MAX bytes with the newline:
+ *
+ *   STATUS            -> "READY <identity>" | "WAITING"
+ *   IDENTITY <text>   -> "READY" | "ERR <reason>"
+ *   SYNC              -> "SYNCED" once sync(2) returned: the guest's dirty
+ *                        pages are on its disk (before a pause or snapshot;
+ *                        no process is started for it, so it works at the
+ *                        pids limit too)
+ *
+ * An identity is taken when the guest has none (a VM booted as a template, or
+ * restored from one) or when it names the same sandbox with a strictly
+ * greater generation (a VM restored from a memory snapshot is a new
+ * execution, I2): never an older incarnation, never another sandbox once it
+ * has one. Anything else closes that control connection; the guest goes on.
+ * Only host programs that can reach the VM's vsock socket (root, or the
+ * execution's own uid) can connect; what the guest claims is checked by every
+ * bridge anyway (B2).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <linux/vm_sockets.h>
+
+#include "error.h"
+#include "guest.h"
+
+#define VCTL_LINE_MAX 1024
+#define VCTL_MAX 4
+
+struct vctl {
+	int fd;
+	size_t len;
+	char buf[VCTL_LINE_MAX];
+};
+
+static struct vctl vc[VCTL_MAX];
+static int nvc;
+
+int vctl_listen(unsigned port)
+{
+	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = port};
+	int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return SPACED_ESYS;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 4) < 0) {
+		close(fd);
+		return SPACED_ESYS;
+	}
+	G.vctl_fd = fd;
+	return 0;
+}
+
+void vctl_accept(void)
+{
+	for (;;) {
+		struct sockaddr_vm peer;
+		socklen_t pl = sizeof peer;
+		int fd = accept4(G.vctl_fd, (struct sockaddr *)&peer, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		/* the supervisor is on the host (CID 2); nothing else may steer the guest */
+		if (pl < sizeof peer || peer.svm_cid != VMADDR_CID_HOST || nvc >= VCTL_MAX) {
+			close(fd);
+			continue;
+		}
+		vc[nvc].fd = fd;
+		vc[nvc].len = 0;
+		nvc++;
+	}
+}
+
+static void reply(int fd, const char *text)
+{
+	char line[VCTL_LINE_MAX + 2];
+	int n = snprintf(line, sizeof line, "%s\n", text);
+	if (n > 0)
+		(void)send(fd, line, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Takes a new identity under the rules above. */
+static int take_identity(const char *text, size_t n, char *why, size_t whysz)
+{
+	struct spaced_identity id, cur;
+	if (spaced_identity_decode(&id, text, n) < 0) {
+		snprintf(why, whysz, "not a canonical execution identity");
+		return SPACED_EINVAL;
+	}
+	if (G.have_identity && spaced_identity_decode(&cur, G.identity, strlen(G.identity)) == 0 &&
+	    (strcmp(cur.sandbox, id.sandbox) != 0 || id.generation <= cur.generation)) {
+		snprintf(why, whysz, "only a newer generation of %s may follow generation %llu", cur.sandbox,
+		         (unsigned long long)cur.generation);
+		return SPACED_EPERM;
+	}
+	if (spaced_identity_encode(&id, G.identity, sizeof G.identity) < 0) {
+		snprintf(why, whysz, "identity too long");
+		return SPACED_EINVAL;
+	}
+	G.have_identity = true;
+	guest_log("identity %s (from the control port)", G.identity);
+	return 0;
+}
+
+/* One line from the supervisor. Returns false when the connection must close. */
+static bool vctl_line(int fd, char *line, size_t n)
+{
+	char why[160];
+	if (n == 6 && memcmp(line, "STATUS", 6) == 0) {
+		char out[VCTL_LINE_MAX];
+		if (G.have_identity)
+			snprintf(out, sizeof out, "READY %s", G.identity);
+		else
+			snprintf(out, sizeof out, "WAITING");
+		reply(fd, out);
+		return true;
+	}
+	if (n == 4 && memcmp(line, "SYNC", 4) == 0) {
+		sync();
+		reply(fd, "SYNCED");
+		return true;
+	}
+	if (n > 9 && memcmp(line, "IDENTITY ", 9) == 0) {
+		if (take_identity(line + 9, n - 9, why, sizeof why) < 0) {
+			char out[VCTL_LINE_MAX];
+			snprintf(out, sizeof out, "ERR %s", why);
+			reply(fd, out);
+			return true;
+		}
+		reply(fd, "READY");
+		return true;
+	}
+	guest_warn("control port: unknown message, connection closed");
+	return false;
+}
+
+/* Reads what is there; returns false when the connection is done. */
+static bool vctl_read(struct vctl *v)
+{
+	for (;;) {
+		ssize_t r = recv(v->fd, v->buf + v->len, sizeof v->buf - v->len, MSG_DONTWAIT);
+		if (r < 0 && (errno == EAGAIN || errno == EINTR))
+			return true;
+		if (r <= 0)
+			return false;
+		v->len += (size_t)r;
+		char *nl;
+		while ((nl = memchr(v->buf, '\n', v->len)) != NULL) {
+			size_t n = (size_t)(nl - v->buf);
+			if (memchr(v->buf, '\0', n) != NULL || !vctl_line(v->fd, v->buf, n))
+				return false;
+			memmove(v->buf, nl + 1, v->len - n - 1);
+			v->len -= n + 1;
+		}
+		if (v->len == sizeof v->buf) {
+			guest_warn("control port: line too long, connection closed");
+			return false;
+		}
+	}
+}
+
+void vctl_on_readable(int fd)
+{
+	for (int i = 0; i < nvc; i++) {
+		if (vc[i].fd != fd)
+			continue;
+		if (!vctl_read(&vc[i])) {
+			close(vc[i].fd);
+			vc[i] = vc[--nvc];
+		}
+		return;
+	}
+}
+
+void vctl_poll_add(void (*add)(int fd))
+{
+	for (int i = 0; i < nvc; i++)
+		add(vc[i].fd);
+}
