@@ -8,6 +8,9 @@
  *
  *   STATUS            -> "READY <identity>" | "WAITING"
  *   IDENTITY <text>   -> "READY" | "ERR <reason>"
+ *   PIDS <n>|max      -> "OK" | "ERR <reason>": the tasks limit of the guest's
+ *                        cgroup holding PID 1 and all it starts (/init made
+ *                        it); a VM made from a template gets its limit so
  *   SYNC              -> "SYNCED" once sync(2) returned: the guest's dirty
  *                        pages are on its disk (before a pause or snapshot;
  *                        no process is started for it, so it works at the
@@ -23,6 +26,7 @@
  * bridge anyway (B2).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +125,25 @@ static bool vctl_line(int fd, char *line, size_t n)
 		else
 			snprintf(out, sizeof out, "WAITING");
 		reply(fd, out);
+		return true;
+	}
+	if (n > 5 && memcmp(line, "PIDS ", 5) == 0) {
+		const char *v = line + 5;
+		size_t vl = n - 5;
+		bool ok = vl < 20;
+		if (ok && !(vl == 3 && memcmp(v, "max", 3) == 0))
+			for (size_t i = 0; i < vl; i++)
+				ok = ok && v[i] >= '0' && v[i] <= '9';
+		if (ok) {
+			char val[24];
+			memcpy(val, v, vl);
+			val[vl] = '\n';
+			int f = open("/sys/fs/cgroup/sandbox/pids.max", O_WRONLY | O_CLOEXEC);
+			ok = f >= 0 && write(f, val, vl + 1) == (ssize_t)(vl + 1);
+			if (f >= 0)
+				close(f);
+		}
+		reply(fd, ok ? "OK" : "ERR cannot set pids.max");
 		return true;
 	}
 	if (n == 4 && memcmp(line, "SYNC", 4) == 0) {

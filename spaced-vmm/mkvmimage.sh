@@ -142,13 +142,16 @@ for d in proc sys dev tmp .spaced; do \$bb mkdir -p \$r/\$d; done
 \$bb mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts \$r/dev/pts
 \$bb mount -t tmpfs -o mode=1777,size=64m shm \$r/dev/shm
 \$bb mount -t cgroup2 cgroup2 \$r/sys/fs/cgroup || fail "mount cgroup2"
+# the guest and everything it starts live in the cgroup "sandbox", whose
+# pids.max is the sandbox's tasks limit (set again on the control port for a
+# VM made from a template)
+c=\$r/sys/fs/cgroup
+echo +pids >\$c/cgroup.subtree_control || fail "pids controller"
+\$bb mkdir \$c/sandbox
 if [ "\$pids" -gt 0 ]; then
-	c=\$r/sys/fs/cgroup
-	echo +pids >\$c/cgroup.subtree_control || fail "pids controller"
-	\$bb mkdir \$c/sandbox
 	echo "\$pids" >\$c/sandbox/pids.max || fail "pids.max"
-	echo 1 >\$c/sandbox/cgroup.procs || fail "join the sandbox cgroup"
 fi
+echo 1 >\$c/sandbox/cgroup.procs || fail "join the sandbox cgroup"
 \$bb hostname sandbox
 \$bb ip link set lo up 2>/dev/null || echo "spaced-init: lo not up"
 echo "spaced-init: root ready, starting spaced-guest"

@@ -305,6 +305,13 @@ static int wait_ready(char *why, size_t whysz)
 					spaced_why(why, whysz, "the guest refused its identity: %.200s", answer);
 					return SPACED_EIDENTITY;
 				}
+				/* its tasks limit: a template was booted without one */
+				snprintf(line, sizeof line, "PIDS %" PRIu64, V.pids);
+				if (V.pids > 0 && (vm_guest_control(line, answer, sizeof answer, 3000) < 0 ||
+				                   strcmp(answer, "OK") != 0)) {
+					spaced_why(why, whysz, "the guest did not take its tasks limit: %.200s", answer);
+					return SPACED_EPROTO;
+				}
 				identified = true;
 				continue;
 			}
@@ -706,9 +713,12 @@ static void template_ensure(const char *self)
 		snprintf(cid, sizeof cid, "%u", V.cid);
 		const char *rm[] = {"rm", "-rf", "--", tmp, NULL};
 		vm_run_tool(rm);
+		char boot[16];
+		snprintf(boot, sizeof boot, "%d", V.boot_timeout_ms);
 		const char *argv[] = {self, "template", "--state", state, "--images", V.images, "--out", tmp, "--memory", mem,
 		                      "--disk", disk, "--cpus", cpus, "--uid", uid, "--cid", cid, "--run-dir", run,
-		                      "--qemu", V.qemu_bin, "--vsockd", V.vsockd_bin, "--accel", V.accel, NULL};
+		                      "--qemu", V.qemu_bin, "--vsockd", V.vsockd_bin, "--accel", V.accel,
+		                      "--boot-timeout-ms", boot, NULL};
 		int e = vm_run_tool(argv);
 		if (e == 0 && rename(tmp, dir) == 0) {
 			vm_log("built the template %s (%" PRIu64 " ms)", dir, vm_ms_since(t));

@@ -12,6 +12,8 @@
 #     not this back-end's front-end; and QEMU named with another executable;
 #   - another guest CID than the back-end serves;
 #   - a guest answering with another execution's identity (SPACED_EIDENTITY);
+#   - the guest's control port refuses identities of another sandbox, or of
+#     the same or an older generation;
 #   - while the VM is paused (QMP stop) a new connection is refused at once and
 #     after the thaw it is served again;
 #   - a replaced back-end: a second, genuine spaced-vsockd whose hybrid socket
@@ -123,6 +125,21 @@ out=$(TWICE=1 bridge good $good $qemu_ok --guest-cid 9 --identity "$ID1")
 [ "$(echo "$out" | grep -c "ok hello identity=$ID1")" = 2 ] &&
 	ok "the bridge pinned to spaced-vsockd and QEMU reaches the guest, two connections each checked" ||
 	fail "right names: $out"
+# the guest's control port (spaced-vm's way to give a restored guest its
+# generation) takes no identity of another sandbox and none of an older or the
+# same generation
+ctl() { "$client" line "$tmp/run/guest.sock" 1023 "$1" 2>&1; }
+expect_line() {
+	case "$2" in
+	"answer '$3"*) ok "$1: ${2#answer }" ;;
+	*) fail "$1: $2" ;;
+	esac
+}
+expect_line "the control port reports the guest's identity" "$(ctl STATUS)" "READY $ID1"
+expect_line "another sandbox's identity is refused" "$(ctl "IDENTITY $ID2")" "ERR only a newer generation of vmb1"
+expect_line "the same generation again is refused" "$(ctl "IDENTITY $ID1")" "ERR only a newer generation"
+expect_line "a malformed identity is refused" "$(ctl "IDENTITY sandbox=vmb1")" "ERR not a canonical"
+expect_line "and the guest still answers as itself" "$(ctl STATUS)" "READY $ID1"
 out=$(bridge qstart $good --vm-pid "$QP" --vm-start $((QS + 1)) --guest-cid 9 --identity "$ID1")
 expect_refused "QEMU's PID with another start time (reused PID)" "$out" SPACED_EPEER "PID reused"
 out=$(bridge vstart --launcher-pid "$VP" --launcher-start $((VS + 1)) --launcher-exe "$vsockd" $qemu_ok --identity "$ID1")
@@ -195,7 +212,7 @@ if [ "${SPACED_VM_FULL:-0}" = 1 ]; then
 		fail "cannot build the hostile guest's image: $(cat "$tmp/evil.log")"
 	t0=$(now_ms)
 	"$vm" --state "$tmp/e" --images "$tmp/evil" --identity "$ID2" --uid "$U" --cid 9 --memory 128M --disk 64M \
-		--run-dir "$tmp/erun" --uid-lock /run/spaced/uid-ranges --boot-timeout-ms 25000 >"$tmp/e.out" 2>"$tmp/e.err" &
+		--run-dir "$tmp/erun" --uid-lock /run/spaced/uid-ranges --boot-timeout-ms 25000 --no-template >"$tmp/e.out" 2>"$tmp/e.err" &
 	vmpid=$!
 	i=0
 	while kill -0 "$vmpid" 2>/dev/null && [ $i -lt 900 ]; do i=$((i + 1)); sleep 0.1; done

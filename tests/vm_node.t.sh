@@ -11,10 +11,10 @@
 #     EAGAIN at exactly the limit);
 #   - pause keeps a running process and an open terminal (QMP stop/cont); both
 #     go on after the resume;
-#   - move to the other worker: the files come along, the generation is new,
-#     a route to the old execution is refused (REFRESH_ROUTE), the VM is a
-#     fresh boot (processes do not survive a move: the disk does, not the
-#     memory; docs/substrate.md);
+#   - move to the other worker: memory, processes and files come along (a
+#     memory snapshot: the vsock device unplugged, QEMU's state saved, restored
+#     on the other worker with a new device), the generation is new and the
+#     guest reports it, a route to the old execution is refused (REFRESH_ROUTE);
 #   - rm and dev down leave no VM running.
 # With SPACED_VM_FULL=1 (make check-vm) also: a memory hog inside the VM is
 # killed by the guest's kernel and the sandbox stays up.
@@ -60,7 +60,14 @@ expect "both workers offer qemu" "$("$SC" workers --json | jq -c '[.[].substrate
 t0=$(now_ms)
 S=$("$SC" create --worker worker-1 --memory 192M --pids 64 --disk 256M 2>"$W/create.err")
 [ -n "$S" ] || { cat "$W/create.err"; tail -n 20 "$D"/worker-1/log/*.log "$D"/worker-1/exec/*/console.log 2>/dev/null; echo "FAIL: create"; exit 1; }
-ok "create (cold boot to the guest's HELLO through the bridge): $(( $(now_ms) - t0 )) ms"
+ok "create (the first of its shape on this worker: a template booted and saved, then the VM made from it): $(( $(now_ms) - t0 )) ms"
+t0=$(now_ms)
+S2=$("$SC" create --worker worker-1 --memory 192M --pids 64 --disk 256M 2>"$W/create2.err")
+[ -n "$S2" ] && ok "a second create of that shape, from the template: $(( $(now_ms) - t0 )) ms" ||
+	fail "second create: $(cat "$W/create2.err")"
+expect "it is its own sandbox (identity learned on the control port)" \
+	"$("$SC" -v exec "$S2" -- true 2>&1 | grep -c "identity sandbox=$S2;generation=1;worker=worker-1;substrate=qemu")" 1
+[ -n "$S2" ] && "$SC" rm "$S2" >/dev/null
 "$SC" inspect "$S" --json >"$W/inspect.json"
 expect "the route names substrate qemu (the control plane's default here)" "$(jq -r .route.substrate "$W/inspect.json")" qemu
 expect "resources as asked" "$(jq -c '.resources | [.memory_bytes, .pids, .disk_bytes]' "$W/inspect.json")" \
@@ -68,8 +75,8 @@ expect "resources as asked" "$(jq -c '.resources | [.memory_bytes, .pids, .disk_
 
 out=$("$SC" -v exec "$S" -- sh -c 'tr "\0" " " </proc/1/cmdline; echo; grep -m1 "model name" /proc/cpuinfo' 2>"$W/v.err")
 case "$out" in
-*"/.spaced/spaced-guest --root / --identity sandbox=$S;generation=1;worker=worker-1;substrate=qemu;"*"--vsock-port 1024"*QEMU*)
-	ok "PID 1 is spaced-guest on AF_VSOCK inside a QEMU VM" ;;
+*"/.spaced/spaced-guest --root / --vsock-port 1024 --vsock-control-port 1023"*QEMU*)
+	ok "PID 1 is spaced-guest on AF_VSOCK inside a QEMU VM (made from a template: no identity on its command line)" ;;
 *) fail "PID 1 / CPU: $out" ;;
 esac
 grep -q "identity sandbox=$S;generation=1;worker=worker-1;substrate=qemu;" "$W/v.err" &&
@@ -154,7 +161,7 @@ head -c 100000 /dev/urandom >"$W/blob2"
 OLDQ=$(pgrep -f "^$build/spaced-vmm/spaced-vm --state $D/worker-1/exec/$S.1" | head -n 1)
 t0=$(now_ms)
 if "$SC" move "$S" --to worker-2 >/dev/null 2>"$W/move.err"; then
-	ok "move to worker-2: $(( $(now_ms) - t0 )) ms (pause, disk snapshot, boot from it)"
+	ok "move to worker-2: $(( $(now_ms) - t0 )) ms (pause, memory and disk snapshot, restore)"
 else
 	fail "move: $(cat "$W/move.err")"
 fi
@@ -168,8 +175,14 @@ case "$out" in
 *REFRESH_ROUTE*) ok "a route to the old execution: $out" ;;
 *) fail "old route: $out" ;;
 esac
-"$SC" exec "$S" -- kill -0 "$LOOP" 2>/dev/null && fail "a process survived the move (memory is not moved)" ||
-	ok "the moved VM is a fresh boot (its processes did not come along)"
+"$SC" exec "$S" -- kill -0 "$LOOP" && ok "the process started before the move runs on worker-2 (pid $LOOP: memory moved)" ||
+	fail "the loop process did not survive the move"
+c1=$("$SC" fs read "$S" /workspace/counter)
+sleep 1
+c2=$("$SC" fs read "$S" /workspace/counter)
+[ "$c2" -gt "$c1" ] 2>/dev/null && ok "and goes on counting there ($c1 -> $c2)" || fail "counter after the move: $c1 -> $c2"
+expect "the guest reports generation 2 (learned on its control port after the restore)" \
+	"$("$SC" -v exec "$S" -- true 2>&1 | grep -c "identity sandbox=$S;generation=2;worker=worker-2;substrate=qemu")" 1
 [ -z "$OLDQ" ] || ! kill -0 "$OLDQ" 2>/dev/null && ok "the old worker's VM is gone" || fail "old VM still runs"
 
 "$SC" rm "$S" >/dev/null || fail "rm"

@@ -13,6 +13,9 @@
  *   vsock-client read PATH                connects, sends nothing, prints what
  *                                          arrives until the socket closes
  *                                          (bytes outside printable ASCII as '.')
+ *   vsock-client line UDS PORT TEXT       CONNECT PORT, sends TEXT and a newline,
+ *                                          prints the one line answered (a
+ *                                          guest's control port)
  *   vsock-client hello PATH               a bridge's caller: connects to PATH (a
  *                                          spaced-host socket), sends HELLO and
  *                                          prints "ok hello identity=…" or
@@ -333,6 +336,36 @@ static int cmd_read(const char *path)
 	return 0;
 }
 
+static int cmd_line(const char *path, unsigned port, const char *text)
+{
+	unsigned local;
+	char buf[2048];
+	size_t n = 0;
+	int fd = vconnect(path, port, &local);
+
+	if (fd < 0)
+		return 1;
+	if (write_all(fd, text, strlen(text)) < 0 || write_all(fd, "\n", 1) < 0) {
+		close(fd);
+		printf("error: cannot send\n");
+		return 1;
+	}
+	while (n < sizeof(buf) - 1) {
+		ssize_t r;
+
+		if (wait_in(fd) < 0)
+			break;
+		r = read(fd, buf + n, 1);
+		if (r <= 0 || buf[n] == '\n')
+			break;
+		n++;
+	}
+	close(fd);
+	buf[n] = '\0';
+	printf("answer '%s'\n", buf);
+	return n > 0 ? 0 : 1;
+}
+
 static int cmd_hello(const char *path)
 {
 	struct spaced_guest_client *c;
@@ -434,6 +467,8 @@ int main(int argc, char **argv)
 		return cmd_serve(argv[2]);
 	if (argc == 3 && strcmp(argv[1], "hello") == 0)
 		return cmd_hello(argv[2]);
-	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | hello PATH | serve PATH\n");
+	if (argc == 5 && strcmp(argv[1], "line") == 0)
+		return cmd_line(argv[2], (unsigned)strtoul(argv[3], NULL, 10), argv[4]);
+	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | hello PATH | line UDS PORT TEXT | serve PATH\n");
 	return 2;
 }
