@@ -8,10 +8,13 @@
 #   - idle host memory of the VM (PSS of QEMU + spaced-vsockd + spaced-vm,
 #     so the guest memory both map is counted once) 3 s after it was ready;
 #   - pause (guest sync + QMP stop; the freezer) and resume (QMP cont; thaw);
-#   - snapshot save while paused (the disk as one qcow2 image; the upper layer);
-#   - create from that snapshot: a new generation started from it (for the VM
-#     a cold boot of the saved disk: QEMU 7.2 refuses to migrate a VM with a
-#     vhost-user-vsock device, so no memory snapshot exists to restore);
+#   - create from the booted template of this shape (built once, by the
+#     first create, before the rounds): memory loaded, vsock plugged, identity
+#     given on the guest's control port, HELLO answered;
+#   - snapshot save while paused (memory and disk for the VM: vsock unplugged,
+#     QEMU's state saved, plugged back; the upper layer for a process);
+#   - a new generation from that snapshot (the VM's memory restored: its
+#     processes go on; the process substrate restores files only);
 # Medians over ROUNDS rounds. Needs root.
 #   vm_bench.sh BUILD [ROUNDS]
 # Last line: {"boot_p50_ms":…, "snapshot_create_p50_ms":…, "pause_ms":…, "resume_ms":…, "idle_rss_mb":…, …}
@@ -55,41 +58,61 @@ stop_wait() { # PID: waits (at most 20 s) for a supervisor told to stop
 	wait "$1" 2>/dev/null
 }
 
-: >"$W/boot"; : >"$W/restore"; : >"$W/pause"; : >"$W/resume"; : >"$W/save"; : >"$W/rss"
+: >"$W/boot"; : >"$W/restore"; : >"$W/tmpl"; : >"$W/pause"; : >"$W/resume"; : >"$W/save"; : >"$W/rss"; : >"$W/rss_cold"
 : >"$W/p_boot"; : >"$W/p_restore"; : >"$W/p_pause"; : >"$W/p_resume"; : >"$W/p_save"
-for r in $(seq 1 "$ROUNDS"); do
-	# ---- qemu ----
-	ID="sandbox=bench$r;generation=1;worker=wb;substrate=qemu;activation=a;pod_uid="
-	"$VM" --state "$W/v$r" --images "$W/img" --identity "$ID" --uid "$U" --cid 11 --memory 256M --disk 1G \
-		--pids 256 --run-dir "$W/run" --uid-lock /run/spaced/uid-ranges >"$W/v$r.out" 2>"$W/v$r.err" &
+# start_vm NAME ID [spaced-vm options…]: a VM in $W/NAME; sets vp (its
+# spaced-vm) and b (its READY figure)
+start_vm() {
+	name=$1 id=$2
+	shift 2
+	"$VM" --state "$W/$name" --images "$W/img" --identity "$id" --uid "$U" --cid 11 --memory 256M --disk 1G \
+		--pids 256 --run-dir "$W/run" --uid-lock /run/spaced/uid-ranges "$@" >"$W/$name.out" 2>"$W/$name.err" &
 	vp=$!
 	PIDS="$PIDS $vp"
-	b=$(ready_ms "$W/v$r.out" "$vp") || { cat "$W/v$r.err"; echo "bench-vm: the VM did not boot"; exit 1; }
+	b=$(ready_ms "$W/$name.out" "$vp")
+}
+pss_of() { # STATE: PSS (KiB) of QEMU, the back-end and spaced-vm
+	VPID=$(awk '$1 == "vsockd" { print $2 }' "$1/pids")
+	QPID=$(awk '$1 == "qemu" { print $2 }' "$1/pids")
+	echo $(( $(pss_kb "$QPID") + $(pss_kb "$VPID") + $(pss_kb "$vp") ))
+}
+# the template of this shape (256 MiB, 1 vCPU, 1 GiB): built by the first create
+t=$(ms)
+start_vm t0 "sandbox=benchtmpl;generation=1;worker=wb;substrate=qemu;activation=a;pod_uid=" ||
+	{ cat "$W/t0.err"; echo "bench-vm: the first VM (and its template) did not start"; exit 1; }
+tmpl_build=$(( $(ms) - t ))
+"$VM" ctl --state "$W/t0" STOP >/dev/null
+stop_wait "$vp"
+rm -rf "$W/t0"
+echo "template of this shape built by the first create: $tmpl_build ms"
+for r in $(seq 1 "$ROUNDS"); do
+	# ---- qemu: a cold boot ----
+	start_vm c$r "sandbox=cold$r;generation=1;worker=wb;substrate=qemu;activation=a;pod_uid=" --no-template ||
+		{ cat "$W/c$r.err"; echo "bench-vm: the VM did not boot"; exit 1; }
 	echo "$b" >>"$W/boot"
 	sleep 3
-	read -r _ VPID _ <<EOF
-$(sed -n 1p "$W/v$r/pids")
-EOF
-	read -r _ QPID _ <<EOF
-$(sed -n 2p "$W/v$r/pids")
-EOF
-	echo $(( $(pss_kb "$QPID") + $(pss_kb "$VPID") + $(pss_kb "$vp") )) >>"$W/rss"
+	pss_of "$W/c$r" >>"$W/rss_cold"
+	"$VM" ctl --state "$W/c$r" STOP >/dev/null
+	stop_wait "$vp"
+	# ---- qemu: from the template, then pause, snapshot, resume ----
+	start_vm v$r "sandbox=bench$r;generation=1;worker=wb;substrate=qemu;activation=a;pod_uid=" ||
+		{ cat "$W/v$r.err"; echo "bench-vm: the VM did not start from the template"; exit 1; }
+	echo "$b" >>"$W/tmpl"
+	sleep 3
+	pss_of "$W/v$r" >>"$W/rss"
 	timed "$VM" ctl --state "$W/v$r" PAUSE >>"$W/pause"
 	t=$(ms)
 	"$VM" ctl --state "$W/v$r" SNAPSHOT "$W/snap$r" >/dev/null && echo $(( $(ms) - t )) >>"$W/save"
 	timed "$VM" ctl --state "$W/v$r" THAW >>"$W/resume"
 	"$VM" ctl --state "$W/v$r" STOP >/dev/null
 	stop_wait "$vp"
-	ID2="sandbox=bench$r;generation=2;worker=wb;substrate=qemu;activation=a;pod_uid="
-	"$VM" --state "$W/r$r" --images "$W/img" --identity "$ID2" --uid "$U" --cid 11 --memory 256M \
-		--pids 256 --run-dir "$W/run" --uid-lock /run/spaced/uid-ranges --restore "$W/snap$r" >"$W/r$r.out" 2>"$W/r$r.err" &
-	vp=$!
-	PIDS="$PIDS $vp"
-	b=$(ready_ms "$W/r$r.out" "$vp") || { cat "$W/r$r.err"; echo "bench-vm: the VM did not start from its snapshot"; exit 1; }
+	# ---- qemu: a new generation from that (memory) snapshot ----
+	start_vm r$r "sandbox=bench$r;generation=2;worker=wb;substrate=qemu;activation=a;pod_uid=" \
+		--restore "$W/snap$r" || { cat "$W/r$r.err"; echo "bench-vm: the VM did not start from its snapshot"; exit 1; }
 	echo "$b" >>"$W/restore"
 	"$VM" ctl --state "$W/r$r" STOP >/dev/null
 	stop_wait "$vp"
-	rm -rf "$W/v$r" "$W/r$r" "$W/snap$r"
+	rm -rf "$W/c$r" "$W/v$r" "$W/r$r" "$W/snap$r"
 
 	# ---- process (the same figures, the same run) ----
 	PID_="sandbox=pbench$r;generation=1;worker=wb;substrate=process;activation=a;pod_uid="
@@ -115,15 +138,18 @@ EOF
 	"$LAUNCH" ctl --state "$W/q$r" STOP >/dev/null
 	stop_wait "$lp"
 	rm -rf "$W/p$r" "$W/q$r" "$W/psnap$r"
-	printf 'round %s: qemu boot %s ms, from snapshot %s ms, pause %s ms, resume %s ms, save %s ms, idle %s KiB | process boot %s ms, from snapshot %s ms, pause %s ms, resume %s ms, save %s ms (load %s)\n' \
-		"$r" "$(tail -n 1 "$W/boot")" "$(tail -n 1 "$W/restore")" "$(tail -n 1 "$W/pause")" "$(tail -n 1 "$W/resume")" \
-		"$(tail -n 1 "$W/save")" "$(tail -n 1 "$W/rss")" "$(tail -n 1 "$W/p_boot")" "$(tail -n 1 "$W/p_restore")" \
-		"$(tail -n 1 "$W/p_pause")" "$(tail -n 1 "$W/p_resume")" "$(tail -n 1 "$W/p_save")" \
-		"$(cut -d' ' -f1 /proc/loadavg)"
+	printf 'round %s: qemu cold boot %s ms (idle %s KiB), from the template %s ms (idle %s KiB), pause %s ms, snapshot save %s ms, resume %s ms, from the snapshot %s ms | process create %s ms, from snapshot %s ms, pause %s ms, resume %s ms, save %s ms (load %s)\n' \
+		"$r" "$(tail -n 1 "$W/boot")" "$(tail -n 1 "$W/rss_cold")" "$(tail -n 1 "$W/tmpl")" "$(tail -n 1 "$W/rss")" \
+		"$(tail -n 1 "$W/pause")" "$(tail -n 1 "$W/save")" "$(tail -n 1 "$W/resume")" "$(tail -n 1 "$W/restore")" \
+		"$(tail -n 1 "$W/p_boot")" "$(tail -n 1 "$W/p_restore")" "$(tail -n 1 "$W/p_pause")" "$(tail -n 1 "$W/p_resume")" \
+		"$(tail -n 1 "$W/p_save")" "$(cut -d' ' -f1 /proc/loadavg)"
 done
 
 boot=$(median <"$W/boot")
 restore=$(median <"$W/restore")
+tmpl=$(median <"$W/tmpl")
+rss_cold=$(median <"$W/rss_cold")
+rss_cold_mb=$(awk -v k="$rss_cold" 'BEGIN { printf "%.1f", k / 1024 }')
 pause=$(median <"$W/pause")
 resume=$(median <"$W/resume")
 save=$(median <"$W/save")
@@ -134,9 +160,10 @@ pr=$(median <"$W/p_restore")
 pp=$(median <"$W/p_pause")
 pu=$(median <"$W/p_resume")
 ps=$(median <"$W/p_save")
-echo "qemu (TCG, 256 MiB, 1 vCPU): cold boot p50 $boot ms (target <= 2500), create from a (disk) snapshot p50 $restore ms" \
-	"(target <= 500 from a memory snapshot: none exists, see docs/substrate.md), pause $pause ms, resume $resume ms," \
-	"snapshot save $save ms, idle host memory $rss_mb MiB (PSS of QEMU, spaced-vsockd, spaced-vm)"
+echo "qemu (pc, TCG, 256 MiB, 1 vCPU): cold boot p50 $boot ms (target <= 2500), create from the booted template p50 $tmpl ms" \
+	"(target <= 500), pause $pause ms, snapshot save (memory and disk) $save ms, resume $resume ms," \
+	"a new generation from that snapshot $restore ms, idle host memory $rss_mb MiB from the template," \
+	"$rss_cold_mb MiB after a cold boot (PSS of QEMU, spaced-vsockd, spaced-vm); the template took $tmpl_build ms to make"
 echo "process (same run): create p50 $pb ms, from snapshot $pr ms, pause $pp ms, resume $pu ms, snapshot save $ps ms"
-printf '{"boot_p50_ms":%s,"snapshot_create_p50_ms":%s,"pause_ms":%s,"resume_ms":%s,"idle_rss_mb":%s,"snapshot_save_ms":%s,"memory_snapshot":false,"process_boot_p50_ms":%s,"process_snapshot_create_p50_ms":%s,"process_pause_ms":%s,"process_resume_ms":%s,"process_snapshot_save_ms":%s,"rounds":%s}\n' \
-	"$boot" "$restore" "$pause" "$resume" "$rss_mb" "$save" "$pb" "$pr" "$pp" "$pu" "$ps" "$ROUNDS"
+printf '{"boot_p50_ms":%s,"snapshot_create_p50_ms":%s,"pause_ms":%s,"resume_ms":%s,"idle_rss_mb":%s,"idle_rss_cold_boot_mb":%s,"snapshot_save_ms":%s,"restore_from_snapshot_ms":%s,"template_build_ms":%s,"memory_snapshot":true,"process_boot_p50_ms":%s,"process_snapshot_create_p50_ms":%s,"process_pause_ms":%s,"process_resume_ms":%s,"process_snapshot_save_ms":%s,"rounds":%s}\n' \
+	"$boot" "$tmpl" "$pause" "$resume" "$rss_mb" "$rss_cold_mb" "$save" "$restore" "$tmpl_build" "$pb" "$pr" "$pp" "$pu" "$ps" "$ROUNDS"

@@ -11,6 +11,9 @@
  *   PIDS <n>|max      -> "OK" | "ERR <reason>": the tasks limit of the guest's
  *                        cgroup holding PID 1 and all it starts (/init made
  *                        it); a VM made from a template gets its limit so
+ *   TRIM              -> "OK" once the guest dropped its clean caches (before a
+ *                        template is saved: with init_on_free, freed pages are
+ *                        zero and the saved memory is smaller)
  *   SYNC              -> "SYNCED" once sync(2) returned: the guest's dirty
  *                        pages are on its disk (before a pause or snapshot;
  *                        no process is started for it, so it works at the
@@ -144,6 +147,20 @@ static bool vctl_line(int fd, char *line, size_t n)
 				close(f);
 		}
 		reply(fd, ok ? "OK" : "ERR cannot set pids.max");
+		return true;
+	}
+	if (n == 4 && memcmp(line, "TRIM", 4) == 0) {
+		sync();
+		int f = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+		bool ok = f >= 0 && write(f, "3\n", 2) == 2;
+		if (f >= 0)
+			close(f);
+		f = open("/proc/sys/vm/compact_memory", O_WRONLY | O_CLOEXEC);
+		if (f >= 0) {
+			(void)!write(f, "1\n", 2);
+			close(f);
+		}
+		reply(fd, ok ? "OK" : "ERR cannot drop the caches");
 		return true;
 	}
 	if (n == 4 && memcmp(line, "SYNC", 4) == 0) {

@@ -313,6 +313,7 @@ static int wait_ready(char *why, size_t whysz)
 					return SPACED_EPROTO;
 				}
 				identified = true;
+				vm_log("identity taken on the control port at %" PRIu64 " ms", vm_ms_since(V.t0));
 				continue;
 			}
 		} else {
@@ -1041,10 +1042,12 @@ static int run(int argc, char **argv, bool template_mode)
 	if (e == 0)
 		e = wait_ready(why, sizeof why);
 	if (e == 0 && template_mode) {
-		/* the guest is up and has no identity yet: save it as it is */
-		int s = vm_guest_sync();
-		if (s < 0)
-			vm_log("sync before the save failed: %s", spaced_strerror(s));
+		/* the guest is up and has no identity yet: save it as it is, its
+		 * clean caches dropped (freed pages are zero: init_on_free) */
+		char answer[64];
+		int s = vm_guest_control("TRIM", answer, sizeof answer, VM_SYNC_TIMEOUT_MS);
+		if (s < 0 || strcmp(answer, "OK") != 0)
+			vm_log("trimming the template's memory failed: %s", s < 0 ? spaced_strerror(s) : answer);
 		if ((e = vm_qmp("stop", why, sizeof why)) == 0) {
 			V.paused = true;
 			e = save_vm(out, why, sizeof why);
