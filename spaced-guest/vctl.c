@@ -12,8 +12,8 @@
  *                        cgroup holding PID 1 and all it starts (/init made
  *                        it); a VM made from a template gets its limit so
  *   TRIM              -> "OK" once the guest dropped its clean caches (before a
- *                        template is saved: with init_on_free, freed pages are
- *                        zero and the saved memory is smaller)
+ *                        template is saved: nothing of them is kept for every
+ *                        VM made from it)
  *   SYNC              -> "SYNCED" once sync(2) returned: the guest's dirty
  *                        pages are on its disk (before a pause or snapshot;
  *                        no process is started for it, so it works at the

@@ -1043,7 +1043,7 @@ static int run(int argc, char **argv, bool template_mode)
 		e = wait_ready(why, sizeof why);
 	if (e == 0 && template_mode) {
 		/* the guest is up and has no identity yet: save it as it is, its
-		 * clean caches dropped (freed pages are zero: init_on_free) */
+		 * clean caches dropped */
 		char answer[64];
 		int s = vm_guest_control("TRIM", answer, sizeof answer, VM_SYNC_TIMEOUT_MS);
 		if (s < 0 || strcmp(answer, "OK") != 0)
