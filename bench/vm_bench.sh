@@ -5,8 +5,8 @@
 #   - cold boot: from nothing to the guest answering HELLO (spaced-vm's and
 #     spaced-launch's own "READY <ms>": disk, back-end, QEMU, kernel, init,
 #     spaced-guest on AF_VSOCK; for the process substrate its namespaces);
-#   - idle host memory of the VM (PSS of QEMU + spaced-vsockd + spaced-vm,
-#     so the guest memory both map is counted once) 3 s after it was ready;
+#   - idle host memory of the VM 3 s after it was ready: what its cgroup is
+#     charged (the pages of its RAM file on tmpfs, QEMU, spaced-vsockd);
 #   - pause (guest sync + QMP stop; the freezer) and resume (QMP cont; thaw);
 #   - create from the booted template of this shape (built once, by the
 #     first create, before the rounds): memory loaded, vsock plugged, identity
@@ -37,7 +37,6 @@ mkdir -p /run/spaced/uid-ranges
 U=$((1073741824 + 3100 * 65536))
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR == 0) print "null"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-pss_kb() { awk '/^Pss:/ { print $2 }' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 # waits for "READY <ms>" in the supervisor's output FILE (at most 180 s)
 # while PID lives; prints the figure (whole milliseconds)
 ready_ms() {
@@ -71,10 +70,9 @@ start_vm() {
 	PIDS="$PIDS $vp"
 	b=$(ready_ms "$W/$name.out" "$vp")
 }
-pss_of() { # STATE: PSS (KiB) of QEMU, the back-end and spaced-vm
-	VPID=$(awk '$1 == "vsockd" { print $2 }' "$1/pids")
-	QPID=$(awk '$1 == "qemu" { print $2 }' "$1/pids")
-	echo $(( $(pss_kb "$QPID") + $(pss_kb "$VPID") + $(pss_kb "$vp") ))
+mem_of() { # STATE: KiB of host memory charged to the VM's cgroup (its RAM file's
+	# pages, QEMU, the back-end), from spaced-vm's USAGE
+	"$VM" ctl --state "$1" USAGE | sed -n 's/.* memory=\([0-9]*\) .*/\1/p' | awk '{ printf "%d\n", $1 / 1024 }'
 }
 # the template of this shape (256 MiB, 1 vCPU, 1 GiB): built by the first create
 t=$(ms)
@@ -91,7 +89,7 @@ for r in $(seq 1 "$ROUNDS"); do
 		{ cat "$W/c$r.err"; echo "bench-vm: the VM did not boot"; exit 1; }
 	echo "$b" >>"$W/boot"
 	sleep 3
-	pss_of "$W/c$r" >>"$W/rss_cold"
+	mem_of "$W/c$r" >>"$W/rss_cold"
 	"$VM" ctl --state "$W/c$r" STOP >/dev/null
 	stop_wait "$vp"
 	# ---- qemu: from the template, then pause, snapshot, resume ----
@@ -99,7 +97,7 @@ for r in $(seq 1 "$ROUNDS"); do
 		{ cat "$W/v$r.err"; echo "bench-vm: the VM did not start from the template"; exit 1; }
 	echo "$b" >>"$W/tmpl"
 	sleep 3
-	pss_of "$W/v$r" >>"$W/rss"
+	mem_of "$W/v$r" >>"$W/rss"
 	timed "$VM" ctl --state "$W/v$r" PAUSE >>"$W/pause"
 	t=$(ms)
 	"$VM" ctl --state "$W/v$r" SNAPSHOT "$W/snap$r" >/dev/null && echo $(( $(ms) - t )) >>"$W/save"
@@ -163,7 +161,7 @@ ps=$(median <"$W/p_save")
 echo "qemu (pc, TCG, 256 MiB, 1 vCPU): cold boot p50 $boot ms (target <= 2500), create from the booted template p50 $tmpl ms" \
 	"(target <= 500), pause $pause ms, snapshot save (memory and disk) $save ms, resume $resume ms," \
 	"a new generation from that snapshot $restore ms, idle host memory $rss_mb MiB from the template," \
-	"$rss_cold_mb MiB after a cold boot (PSS of QEMU, spaced-vsockd, spaced-vm); the template took $tmpl_build ms to make"
+	"$rss_cold_mb MiB after a cold boot (charged to the VM's cgroup: RAM file pages, QEMU, spaced-vsockd); the template took $tmpl_build ms to make"
 echo "process (same run): create p50 $pb ms, from snapshot $pr ms, pause $pp ms, resume $pu ms, snapshot save $ps ms"
 printf '{"boot_p50_ms":%s,"snapshot_create_p50_ms":%s,"pause_ms":%s,"resume_ms":%s,"idle_rss_mb":%s,"idle_rss_cold_boot_mb":%s,"snapshot_save_ms":%s,"restore_from_snapshot_ms":%s,"template_build_ms":%s,"memory_snapshot":true,"process_boot_p50_ms":%s,"process_snapshot_create_p50_ms":%s,"process_pause_ms":%s,"process_resume_ms":%s,"process_snapshot_save_ms":%s,"rounds":%s}\n' \
 	"$boot" "$tmpl" "$pause" "$resume" "$rss_mb" "$rss_cold_mb" "$save" "$restore" "$tmpl_build" "$pb" "$pr" "$pp" "$pu" "$ps" "$ROUNDS"

@@ -54,7 +54,8 @@
 #include "util.h"
 #include "vm_int.h"
 
-struct vm V = {.ctl_lfd = -1, .sigfd = -1, .kernel_fd = -1, .initrd_fd = -1, .base_fd = -1, .mem_fd = -1,
+struct vm V = {.ctl_lfd = -1, .sigfd = -1, .kernel_fd = -1, .initrd_fd = -1, .base_fd = -1, .ram_fd = -1, .state_fd = -1,
+               .ram_src_fd = -1,
                .base_fmt = "raw", .con = {.rd = -1, .fd = -1, .name = "console"},
                .diag = {.rd = -1, .fd = -1, .name = "diagnostics"}};
 
@@ -429,11 +430,20 @@ static int save_vm(const char *dir, char *why, size_t whysz)
 			if (e < 0) {
 				vm_log("no memory in this snapshot: %s", w);
 			} else {
-				snprintf(path, sizeof path, "%s/memory", dir);
-				if ((e = vm_save_memory(path, w, sizeof w)) < 0)
+				/* the device state (the RAM is not in it), then the RAM file:
+				 * both as they are while the VM is stopped */
+				snprintf(path, sizeof path, "%s/state", dir);
+				if ((e = vm_save_state(path, w, sizeof w)) == 0) {
+					snprintf(path, sizeof path, "%s/ram", dir);
+					e = vm_save_ram(path, w, sizeof w);
+				}
+				if (e < 0) {
 					vm_log("no memory in this snapshot: %s", w);
-				else
+					snprintf(path, sizeof path, "%s/state", dir);
+					unlink(path);
+				} else {
 					memory = true;
+				}
 				t_mem = vm_ms_since(t);
 			}
 			/* the execution goes on having its device (still stopped) */
@@ -588,6 +598,12 @@ static void shutdown_vm(void)
 	stop_child(&V.vsockd, 2000);
 	qmp_close(V.qmp);
 	V.qmp = NULL;
+	if (V.ram_fd >= 0) {
+		close(V.ram_fd);
+		V.ram_fd = -1;
+	}
+	if (V.ram_path[0])
+		unlink(V.ram_path); /* the guest's memory is gone with it */
 	if (V.have_cg)
 		sub_cgroup_remove(&V.cg);
 	if (!V.keep_state) {
@@ -719,7 +735,7 @@ static void template_ensure(const char *self)
 		const char *argv[] = {self, "template", "--state", state, "--images", V.images, "--out", tmp, "--memory", mem,
 		                      "--disk", disk, "--cpus", cpus, "--uid", uid, "--cid", cid, "--run-dir", run,
 		                      "--qemu", V.qemu_bin, "--vsockd", V.vsockd_bin, "--accel", V.accel,
-		                      "--boot-timeout-ms", boot, NULL};
+		                      "--boot-timeout-ms", boot, "--ram-dir", V.ram_dir, NULL};
 		int e = vm_run_tool(argv);
 		if (e == 0 && rename(tmp, dir) == 0) {
 			vm_log("built the template %s (%" PRIu64 " ms)", dir, vm_ms_since(t));
@@ -744,7 +760,7 @@ static void usage(void)
 	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
 	        "                 [--machine pc|microvm] [--no-template] [--boot-timeout-ms MS] [--uid-lock DIR]\n"
-	        "                 [--run-dir DIR] [--kernel-args ARGS] [--keep-state]\n"
+	        "                 [--run-dir DIR] [--ram-dir DIR] [--kernel-args ARGS] [--keep-state]\n"
 	        "       spaced-vm template --state DIR --images DIR --out DIR [same options, no identity]\n"
 	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
 	exit(2);
@@ -811,7 +827,7 @@ static int start_vm(int con_w, int diag_w, char *why, size_t whysz)
 {
 	uint64_t t_disk, t_vsockd, t_qemu, t_qmp, t_mem = 0;
 	int e;
-	if ((e = vm_make_disk(why, whysz)) < 0)
+	if ((e = vm_make_disk(why, whysz)) < 0 || (e = vm_make_ram(why, whysz)) < 0)
 		return e;
 	t_disk = vm_ms_since(V.t0);
 	if ((e = vm_start_vsockd(diag_w, why, whysz)) < 0)
@@ -827,13 +843,15 @@ static int start_vm(int con_w, int diag_w, char *why, size_t whysz)
 		return e;
 	}
 	t_qmp = vm_ms_since(V.t0);
-	if (V.mem_fd >= 0) {
-		if ((e = vm_wait_incoming(why, whysz)) < 0 || (e = vm_vsock_plug(why, whysz)) < 0 ||
+	if ((e = vm_qmp_setup(why, whysz)) < 0)
+		return e;
+	if (V.state_fd >= 0) {
+		if ((e = vm_load_state(why, whysz)) < 0 || (e = vm_vsock_plug(why, whysz)) < 0 ||
 		    (e = vm_qmp("cont", why, whysz)) < 0)
 			return e;
 		t_mem = vm_ms_since(V.t0);
-		close(V.mem_fd);
-		V.mem_fd = -1;
+		close(V.state_fd);
+		V.state_fd = -1;
 	}
 	vm_log("started: disk %" PRIu64 " ms, back-end %" PRIu64 ", QEMU %" PRIu64 ", QMP %" PRIu64 "%s%s", t_disk,
 	       t_vsockd, t_qemu, t_qmp, t_mem ? ", memory loaded and vsock plugged " : "",
@@ -887,6 +905,8 @@ static int run(int argc, char **argv, bool template_mode)
 			V.uid_lock = val;
 		else if (strcmp(a, "--run-dir") == 0)
 			V.run_dir = val;
+		else if (strcmp(a, "--ram-dir") == 0)
+			V.ram_dir = val;
 		else if (strcmp(a, "--kernel-args") == 0)
 			V.kernel_args = val; /* before spaced's own: they cannot replace them */
 		else if (strcmp(a, "--qemu") == 0)
@@ -1000,6 +1020,16 @@ static int run(int argc, char **argv, bool template_mode)
 		fprintf(stderr, "spaced-vm: cannot prepare %s: %s\n", V.vmdir, strerror(errno));
 		return 1;
 	}
+	/* the guest's RAM: a file on tmpfs (its pages are memory, not disk),
+	 * named after the uid range, which is this execution's alone */
+	if (V.ram_dir == NULL)
+		V.ram_dir = VM_RAM_DIR;
+	if ((mkdir(V.ram_dir, 0711) < 0 && errno != EEXIST) ||
+	    (size_t)snprintf(V.ram_path, sizeof V.ram_path, "%s/%u%s.ram", V.ram_dir, (unsigned)V.uid,
+	                     template_mode ? "-template" : "") >= sizeof V.ram_path) {
+		fprintf(stderr, "spaced-vm: cannot use %s for the guest's RAM\n", V.ram_dir);
+		return 1;
+	}
 	char img[PATH_MAX + 16];
 	snprintf(img, sizeof img, "%s/vmlinux", V.images);
 	V.kernel_fd = open(img, O_RDONLY | O_CLOEXEC);
@@ -1054,9 +1084,10 @@ static int run(int argc, char **argv, bool template_mode)
 		}
 		if (e == 0) {
 			/* a template without its memory is no template */
-			char mp[PATH_MAX + 16];
-			snprintf(mp, sizeof mp, "%s/memory", out);
-			if (access(mp, R_OK) != 0) {
+			char mp[PATH_MAX + 16], sp[PATH_MAX + 16];
+			snprintf(mp, sizeof mp, "%s/ram", out);
+			snprintf(sp, sizeof sp, "%s/state", out);
+			if (access(mp, R_OK) != 0 || access(sp, R_OK) != 0) {
 				spaced_why(why, sizeof why, "the template's memory could not be saved");
 				e = SPACED_EIO;
 			}

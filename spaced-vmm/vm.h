@@ -5,7 +5,7 @@
  *   spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]
  *             [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]
  *             [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]
- *             [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--keep-state]
+ *             [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--ram-dir DIR] [--keep-state]
  *   spaced-vm ctl --state DIR PAUSE | THAW | STATUS | USAGE | STOP | SNAPSHOT DIR
  *
  * It plays for a microVM the part spaced-launch plays for the process

@@ -241,7 +241,7 @@ int vm_template_path(char *out, size_t outsz)
 	if (stat(V.qemu_bin, &st) < 0)
 		return SPACED_ESYS;
 	/* a QEMU of another build could not read the saved device state */
-	int n = snprintf(out, outsz, "%s/cache/template-%s-%" PRIu64 "m-%uc-%" PRIu64 "-q%llx.%llx", V.images,
+	int n = snprintf(out, outsz, "%s/cache/template2-%s-%" PRIu64 "m-%uc-%" PRIu64 "-q%llx.%llx", V.images,
 	                 machine_name(V.machine), V.memory >> 20, vcpus_of(V.cpu_milli), V.disk,
 	                 (unsigned long long)st.st_ino, (unsigned long long)st.st_mtime);
 	return (n < 0 || (size_t)n >= outsz) ? SPACED_ETOOBIG : 0;
@@ -297,7 +297,8 @@ int vm_make_disk(char *why, size_t whysz)
 			return e;
 		V.disk = m.disk_bytes;
 		if (memory_fits(&m)) {
-			if ((e = open_image(V.restore, "memory", &V.mem_fd, why, whysz)) < 0)
+			if ((e = open_image(V.restore, "state", &V.state_fd, why, whysz)) < 0 ||
+			    (e = open_image(V.restore, "ram", &V.ram_src_fd, why, whysz)) < 0)
 				return e;
 			V.need_identity = true;
 		} else if (m.memory) {
@@ -315,7 +316,8 @@ int vm_make_disk(char *why, size_t whysz)
 		}
 		snprintf(tdisk, sizeof tdisk, "%s/disk.qcow2", V.template_dir);
 		if ((e = open_image(V.template_dir, "disk.qcow2", &V.base_fd, why, whysz)) < 0 ||
-		    (e = open_image(V.template_dir, "memory", &V.mem_fd, why, whysz)) < 0)
+		    (e = open_image(V.template_dir, "state", &V.state_fd, why, whysz)) < 0 ||
+		    (e = open_image(V.template_dir, "ram", &V.ram_src_fd, why, whysz)) < 0)
 			return e;
 		V.base_fmt = "qcow2";
 		V.need_identity = true;
@@ -345,6 +347,100 @@ int vm_make_disk(char *why, size_t whysz)
 		return SPACED_ESYS;
 	}
 	return 0;
+}
+
+/* Copies what src holds to dst (both open, dst empty): data only, chunk by
+ * chunk, a chunk of zeros left a hole. */
+static int copy_sparse(int src, int dst, uint64_t size)
+{
+	enum { CHUNK = 64 * 1024 };
+	static const uint8_t zero[CHUNK];
+	uint8_t *buf = malloc(CHUNK);
+	if (buf == NULL)
+		return SPACED_ENOMEM;
+	int e = 0;
+	off_t pos = 0;
+	while (e == 0 && (uint64_t)pos < size) {
+		off_t data = lseek(src, pos, SEEK_DATA);
+		if (data < 0)
+			break; /* only a hole is left */
+		off_t hole = lseek(src, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > size)
+			hole = (off_t)size;
+		for (off_t at = data; e == 0 && at < hole; at += CHUNK) {
+			size_t n = (size_t)(hole - at < CHUNK ? hole - at : CHUNK);
+			ssize_t r = pread(src, buf, n, at);
+			if (r != (ssize_t)n) {
+				e = SPACED_EIO;
+				break;
+			}
+			if (memcmp(buf, zero, n) == 0)
+				continue;
+			if (pwrite(dst, buf, n, at) != (ssize_t)n)
+				e = SPACED_EIO;
+		}
+		pos = hole;
+	}
+	free(buf);
+	if (e == 0 && ftruncate(dst, (off_t)size) < 0)
+		e = SPACED_EIO;
+	return e;
+}
+
+int vm_make_ram(char *why, size_t whysz)
+{
+	unlink(V.ram_path); /* what an execution of this uid range that died left */
+	V.ram_fd = open(V.ram_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (V.ram_fd < 0) {
+		spaced_why(why, whysz, "create %s: %s", V.ram_path, strerror(errno));
+		return SPACED_ESYS;
+	}
+	/* QEMU, as the execution's uid, opens it again through its descriptor */
+	if (fchown(V.ram_fd, V.uid, V.uid) < 0 || ftruncate(V.ram_fd, (off_t)V.memory) < 0) {
+		spaced_why(why, whysz, "prepare %s: %s", V.ram_path, strerror(errno));
+		return SPACED_ESYS;
+	}
+	if (V.ram_src_fd < 0)
+		return 0;
+	/* the saved RAM's pages are charged to the VM's cgroup: a child in it copies */
+	pid_t p = fork();
+	if (p < 0)
+		return SPACED_ESYS;
+	if (p == 0) {
+		char w[128];
+		if (V.have_cg && sub_cgroup_add(&V.cg, getpid(), w, sizeof w) < 0)
+			_exit(2);
+		_exit(copy_sparse(V.ram_src_fd, V.ram_fd, V.memory) == 0 ? 0 : 1);
+	}
+	int st;
+	while (waitpid(p, &st, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	close(V.ram_src_fd);
+	V.ram_src_fd = -1;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		spaced_why(why, whysz, "cannot load the saved RAM into %s", V.ram_path);
+		return SPACED_EIO;
+	}
+	return 0;
+}
+
+int vm_save_ram(const char *dst, char *why, size_t whysz)
+{
+	int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (out < 0) {
+		spaced_why(why, whysz, "create %s: %s", dst, strerror(errno));
+		return SPACED_ESYS;
+	}
+	int e = copy_sparse(V.ram_fd, out, V.memory);
+	if (e == 0 && fsync(out) < 0)
+		e = SPACED_EIO;
+	close(out);
+	if (e < 0) {
+		unlink(dst);
+		spaced_why(why, whysz, "cannot save the guest's RAM");
+	}
+	return e;
 }
 
 /* Copies the regular file at src (in the execution's directory, so opened

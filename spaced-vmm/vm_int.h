@@ -32,6 +32,7 @@
 #define VM_UNPLUG_TIMEOUT_MS 10000      /* the guest acknowledging the vsock device's removal */
 #define VM_MIGRATE_TIMEOUT_MS 120000
 #define VM_CTL_PORT 1023                /* spaced-guest's control port (spaced-guest/vctl.c) */
+#define VM_RAM_DIR "/dev/shm/spaced-vm"  /* guests' RAM files (tmpfs), default of --ram-dir */
 #define VM_MAX_CTL 8
 
 /* The machine QEMU emulates. pc (i440fx, ACPI PCI hot-plug) lets the vsock
@@ -47,10 +48,12 @@ struct logsink {
 	const char *name;
 };
 
-/* What a snapshot directory's meta says (vm_disk.c). */
+/* What a snapshot directory's meta says (vm_disk.c). A snapshot with memory
+ * holds DIR/ram (the guest's RAM as a sparse file) and DIR/state (QEMU's
+ * device state, saved with x-ignore-shared: the RAM is not in it). */
 struct vm_snapmeta {
 	struct spaced_identity id; /* sandbox and generation "" / 0 for a template */
-	bool memory;               /* DIR/memory holds the VM's memory and device state */
+	bool memory;               /* DIR/ram and DIR/state hold the VM's memory and device state */
 	enum vm_machine machine;
 	uint64_t memory_bytes, disk_bytes;
 	uint32_t vcpus;
@@ -60,10 +63,14 @@ struct vm {
 	char state[PATH_MAX];
 	char vmdir[PATH_MAX]; /* RUN: the execution's uid's own directory */
 	char images[PATH_MAX];
-	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir, *kernel_args;
+	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir, *kernel_args, *ram_dir;
+	char ram_path[PATH_MAX];  /* the guest's RAM: a file on tmpfs, shared with the back-end */
 	enum vm_machine machine;
-	/* files opened by this process and handed to QEMU as descriptors (-1: none) */
-	int kernel_fd, initrd_fd, base_fd, mem_fd;
+	/* files opened by this process and handed to QEMU as descriptors (-1: none):
+	 * the kernel, the initramfs, the disk's backing image, the guest's RAM
+	 * file, and the device state to load (-incoming) */
+	int kernel_fd, initrd_fd, base_fd, ram_fd, state_fd;
+	int ram_src_fd;           /* saved RAM (a snapshot's or template's) copied into the RAM file */
 	const char *base_fmt;   /* the base_fd image's format: "raw" (base image) or "qcow2" (a template's disk) */
 	bool have_identity;     /* false while booting a template */
 	bool need_identity;     /* the guest learns its identity on its control port (restored memory) */
@@ -114,8 +121,15 @@ bool vm_child_gone(pid_t p);
 
 /* ---- vm_disk.c ---- */
 /* The execution's disk in RUN/disk.qcow2 from a snapshot, a template or the
- * base image for V.disk; sets V.base_fd / V.base_fmt / V.mem_fd as needed. */
+ * base image for V.disk; sets V.base_fd / V.base_fmt, and V.state_fd /
+ * V.ram_src_fd when the VM starts from saved memory. */
 int vm_make_disk(char *why, size_t whysz);
+/* The guest's RAM file (V.ram_path, V.ram_fd): new and empty (sparse), with
+ * the saved RAM of V.ram_src_fd copied in when there is one (by a child in
+ * the VM's cgroup, which the pages are charged to; zero pages stay holes). */
+int vm_make_ram(char *why, size_t whysz);
+/* Copies the RAM file into dst (sparse: zero pages are holes). */
+int vm_save_ram(const char *dst, char *why, size_t whysz);
 /* Reads and checks DIR/meta. Returns 0, SPACED_ENOENT, SPACED_EPROTO (reason in why). */
 int vm_read_meta(const char *dir, struct vm_snapmeta *m, char *why, size_t whysz);
 /* Writes DIR/meta for this VM (memory: whether DIR/memory was saved). */
@@ -128,19 +142,22 @@ int vm_template_path(char *out, size_t outsz);
 
 /* ---- vm_qemu.c ---- */
 int vm_start_vsockd(int err_fd, char *why, size_t whysz);
-/* Starts QEMU (with -incoming from V.mem_fd when it is open, and then without
- * the vsock device, which vm_vsock_plug adds). */
+/* Starts QEMU (to load V.state_fd when it is open: -incoming defer, and
+ * without the vsock device, which vm_vsock_plug adds). */
 int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz);
 /* One QMP command without arguments or answer; a QEMU that does not answer
  * is not asked again. */
 int vm_qmp(const char *cmd, char *why, size_t whysz);
-/* Waits until the incoming memory is loaded. */
-int vm_wait_incoming(char *why, size_t whysz);
+/* Loads V.state_fd (the RAM is already in the RAM file) and waits until done. */
+int vm_load_state(char *why, size_t whysz);
+/* Turns on x-ignore-shared (the RAM file is not part of saved state). */
+int vm_qmp_setup(char *why, size_t whysz);
 /* Adds / removes the vsock device (pc); removal waits for the guest to let it go. */
 int vm_vsock_plug(char *why, size_t whysz);
 int vm_vsock_unplug(char *why, size_t whysz);
-/* Saves the stopped VM's memory and device state into a new file at path. */
-int vm_save_memory(const char *path, char *why, size_t whysz);
+/* Saves the stopped VM's device state into a new file at path (the RAM is
+ * saved apart: vm_save_ram). */
+int vm_save_state(const char *path, char *why, size_t whysz);
 
 /* ---- vm_guest.c ---- */
 /* HELLO answered with V's identity: 0, SPACED_EIDENTITY (why says what it

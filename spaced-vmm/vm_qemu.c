@@ -79,7 +79,7 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 		vcpus = 1;
 	bool pc = V.machine == VM_PC;
 	/* the descriptors QEMU gets: 3, 4, … in this order */
-	int keep[4], nkeep = 0;
+	int keep[5], nkeep = 0;
 	keep[nkeep++] = V.kernel_fd;
 	snprintf(kernel, sizeof kernel, "/proc/self/fd/%d", 2 + nkeep);
 	keep[nkeep++] = V.initrd_fd;
@@ -94,7 +94,12 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 		snprintf(machine, sizeof machine, "microvm,pit=on,pic=on,rtc=on,acpi=on,memory-backend=mem");
 	snprintf(mem, sizeof mem, "%" PRIu64, mib);
 	snprintf(smp, sizeof smp, "%u", vcpus);
-	snprintf(obj, sizeof obj, "memory-backend-memfd,id=mem,size=%" PRIu64 "M,share=on", mib);
+	/* the guest's RAM is a file on tmpfs shared with the back-end: saved with
+	 * the VM apart from the device state (x-ignore-shared), and a VM made from
+	 * saved memory starts with its pages in place, never touching the others */
+	keep[nkeep++] = V.ram_fd;
+	snprintf(obj, sizeof obj, "memory-backend-file,id=mem,size=%" PRIu64 "M,share=on,mem-path=/proc/self/fd/%d", mib,
+	         2 + nkeep);
 	snprintf(vuchar, sizeof vuchar, "socket,id=vu,path=%s/vu.sock", V.vmdir);
 	snprintf(qmp, sizeof qmp, "unix:%s/qmp.sock,server=on,wait=off", V.vmdir);
 	/* the disk's graph is given whole: nothing QEMU opens comes from a name
@@ -165,11 +170,10 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 		argv[n++] = "-device";
 		argv[n++] = "vmgenid,guid=auto";
 	}
-	if (V.mem_fd >= 0) {
+	if (V.state_fd >= 0) {
 		/* the saved VM had no vsock device (it was unplugged before the
-		 * save): it is plugged once the memory is in (vm_vsock_plug) */
-		keep[nkeep++] = V.mem_fd;
-		snprintf(incoming, sizeof incoming, "fd:%d", 2 + nkeep);
+		 * save): it is plugged once the state is loaded (vm_vsock_plug) */
+		snprintf(incoming, sizeof incoming, "defer");
 		argv[n++] = "-incoming";
 		argv[n++] = incoming;
 	} else {
@@ -179,7 +183,7 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	argv[n] = NULL;
 	int e = vm_spawn(argv, out_fd, err_fd, keep, nkeep, &V.qemu, &V.qemu_start, why, whysz);
 	if (e == 0)
-		V.vsock_plugged = V.mem_fd < 0;
+		V.vsock_plugged = V.state_fd < 0;
 	return e;
 }
 
@@ -238,9 +242,26 @@ static int migrate_wait(int ms, char *why, size_t whysz)
 	return SPACED_ETIMEDOUT;
 }
 
-int vm_wait_incoming(char *why, size_t whysz)
+int vm_qmp_setup(char *why, size_t whysz)
 {
-	return migrate_wait(VM_MIGRATE_TIMEOUT_MS, why, whysz);
+	if (V.machine != VM_PC || V.qmp == NULL)
+		return 0;
+	json_t *args = json_pack("{s:[{s:s,s:b}]}", "capabilities", "capability", "x-ignore-shared", "state", 1);
+	return qmp_exec(V.qmp, "migrate-set-capabilities", args, VM_QMP_TIMEOUT_MS, NULL, why, whysz);
+}
+
+int vm_load_state(char *why, size_t whysz)
+{
+	if (V.qmp == NULL)
+		return SPACED_ECLOSED;
+	int e = qmp_exec_fd(V.qmp, "getfd", json_pack("{s:s}", "fdname", "state"), V.state_fd, VM_QMP_TIMEOUT_MS, NULL,
+	                    why, whysz);
+	if (e == 0)
+		e = qmp_exec(V.qmp, "migrate-incoming", json_pack("{s:s}", "uri", "fd:state"), VM_QMP_TIMEOUT_MS, NULL,
+		             why, whysz);
+	if (e == 0)
+		e = migrate_wait(VM_MIGRATE_TIMEOUT_MS, why, whysz);
+	return e;
 }
 
 int vm_vsock_plug(char *why, size_t whysz)
@@ -308,7 +329,7 @@ int vm_vsock_unplug(char *why, size_t whysz)
 	return SPACED_ETIMEDOUT;
 }
 
-int vm_save_memory(const char *path, char *why, size_t whysz)
+int vm_save_state(const char *path, char *why, size_t whysz)
 {
 	if (V.qmp == NULL)
 		return SPACED_ECLOSED;
