@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -292,6 +293,39 @@ static void kill_executions(const char *absdir)
 	closedir(d);
 }
 
+/* What the cluster's microVMs (qemu substrate) leave outside its directory
+ * when their supervisors are killed: their RAM files on tmpfs and their
+ * directories, named by the uid ranges dev up gives the workers. */
+static void remove_vm_files(void)
+{
+	for (unsigned k = 1; k <= DEV_MAX_WORKERS; k++) {
+		for (unsigned slot = 0; slot < 256; slot++) {
+			unsigned base = (1u << 30) + ((k - 1) * 256u + slot) * 65536u;
+			char p[128];
+			/* only ranges nobody runs in (another cluster's VM holds its lock) */
+			snprintf(p, sizeof p, "/run/spaced/uid-ranges/%u.lock", base);
+			int lk = open(p, O_RDWR | O_CLOEXEC);
+			if (lk < 0)
+				continue;
+			if (flock(lk, LOCK_EX | LOCK_NB) < 0) {
+				close(lk);
+				continue;
+			}
+			snprintf(p, sizeof p, "/dev/shm/spaced-vm/%u.ram", base);
+			unlink(p);
+			snprintf(p, sizeof p, "/dev/shm/spaced-vm/%u-template.ram", base);
+			unlink(p);
+			snprintf(p, sizeof p, "/run/spaced/vm/%u", base);
+			struct stat st;
+			if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+				const char *rm[] = {"rm", "-rf", "--", p, NULL};
+				free(run_line(rm));
+			}
+			close(lk);
+		}
+	}
+}
+
 static int dev_down(const char *dir, int quiet, int remove_dir)
 {
 	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
@@ -329,8 +363,10 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	for (int i = 0; i < n; i++)
 		if (alive(&r[i]))
 			kill(r[i].pid, SIGKILL);
-	if (realpath(dir, absdir) != NULL)
+	if (realpath(dir, absdir) != NULL) {
 		kill_executions(absdir);
+		remove_vm_files();
+	}
 	/* executions whose launcher is gone: on cgroup v1 a paused one stays
 	 * frozen (its tasks cannot die) until its cgroup is thawed */
 	char launch[PATH_MAX];

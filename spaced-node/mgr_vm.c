@@ -35,6 +35,8 @@
  * by the execution's uid (the worker's state directory is not). The uid range
  * is the execution's alone on this host while it lives (its lock). */
 #define VM_RUN_ROOT "/run/spaced/vm"
+/* The guests' RAM files (spaced-vm's default --ram-dir, on tmpfs). */
+#define VM_RAM_FILES "/dev/shm/spaced-vm"
 
 static int run_dir(const struct mgr_rec *rec, char *out, size_t outsz)
 {
@@ -244,6 +246,11 @@ void mgr_vm_reap(const struct mgr_config *cfg)
 			/* nobody runs this range: what is there is left over */
 			const char *rm[] = {"rm", "-rf", "--", dir, NULL};
 			mgr_run_wait(rm);
+			char ram[128];
+			snprintf(ram, sizeof ram, "%s/%u.ram", VM_RAM_FILES, (unsigned)base);
+			unlink(ram);
+			snprintf(ram, sizeof ram, "%s/%u-template.ram", VM_RAM_FILES, (unsigned)base);
+			unlink(ram);
 		}
 		close(fd);
 	}
