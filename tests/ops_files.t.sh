@@ -36,6 +36,15 @@ i=0
 while [ ! -s "$W/node/api.port" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
 expect "spaced-node starts from dist/spaced-node.conf" "$([ -s "$W/node/api.port" ] && [ -s "$W/node/metrics.port" ] && echo yes)" yes
 kill "$NP" 2>/dev/null; wait "$NP" 2>/dev/null
+sed -e "s|^state .*|state $W/cp|; s|^db .*||; s|^listen .*|listen 127.0.0.1:0|; s|^metrics-listen .*|metrics-listen 127.0.0.1:0|" \
+	"$SPACED_TOP/dist/spaced-cp.conf" >"$W/cp.conf"
+"$B/spaced-cp/spaced-cp" --config "$W/cp.conf" >"$W/cp.log" 2>&1 &
+CPP=$!
+i=0
+while [ ! -s "$W/cp/cp.port" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+expect "spaced-cp starts from dist/spaced-cp.conf (JSON logs, a metrics listener)" \
+	"$([ -s "$W/cp/metrics.port" ] && head -n 1 "$W/cp.log" | jq -r .event)" listening
+kill "$CPP" 2>/dev/null; wait "$CPP" 2>/dev/null
 printf 'listen 127.0.0.1:0\n--state /tmp/x\n' >"$W/bad.conf"
 "$B/spaced-node/spaced-node" --config "$W/bad.conf" >"$W/bad.out" 2>&1
 expect "a bad configuration line is refused with its line number" "$?:$(grep -c 'line 2' "$W/bad.out")" "2:1"
