@@ -9,6 +9,7 @@
 #include "executor.h"
 #include "links.h"
 #include "mgr.h"
+#include "net.h"
 #include "node.h"
 
 #include <errno.h>
@@ -301,8 +302,14 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		snprintf(why, whysz, "malformed record");
 		return SPACED_EINVAL;
 	}
+	if (strcmp(kind, "net") == 0)
+		return net_job(cfg, args, result, why, whysz);
 	if (strcmp(kind, "start") == 0 && has_rec) {
 		json_t *snap = json_object_get(args, "snapshot"), *used = json_object_get(args, "used"), *v;
+		/* the egress policy it starts under (net.h), kept for later starts */
+		json_t *net = json_object_get(args, "network");
+		if (net && !json_is_null(net) && (e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz)) < 0)
+			return e;
 		uint32_t u[1024];
 		size_t nu = 0, i;
 		json_array_foreach(used, i, v) {

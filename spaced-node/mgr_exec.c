@@ -16,6 +16,7 @@
  * after the start time matched.
  */
 #include "mgr.h"
+#include "net.h"
 #include "node.h"
 
 #include <dirent.h>
@@ -665,6 +666,15 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	struct mgr_rec r = *rec;
 	r.pid = lp;
 	r.pid_start = ls;
+	/* its network (net.h): the egress link and its policy's filter, before
+	 * any request can reach it */
+	char nwhy[256] = "";
+	if ((e = net_attach(cfg, &r, e_dir, nwhy, sizeof nwhy)) < 0) {
+		fprintf(stderr, "spaced-executor level=error event=net-attach-failed sandbox=%s reason=\"%s\"\n",
+		        rec->r.id.sandbox, nwhy);
+		stop_pinned(lp, ls, true);
+		return e;
+	}
 	e = start_bridge(cfg, &r);
 	if (e < 0) {
 		stop_pinned(lp, ls, true);
