@@ -11,7 +11,8 @@
 int cmd_token(int argc, char **argv);
 int cmd_cap(int argc, char **argv);
 int cmd_node(int argc, char **argv); /* a worker's admin socket: status, install, deactivate, … */
-int cmd_cp(int argc, char **argv); /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
+int cmd_cp(int argc, char **argv);
+int cmd_net(int argc, char **argv); /* net (egress policy), expose, port-forward: cmd_net.c, cmd_expose.c */ /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
 
 /* Prints "spacectl: <what>: <message>" on stderr and returns 1. */
 int cli_fail(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

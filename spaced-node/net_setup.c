@@ -406,7 +406,9 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 		}
 	}
 	snprintf(p, sizeof p, "%s/pasta.pid", dir);
-	if (fresh || !pidfile_alive(p, "pasta") || !link_exists(ns, "up0")) {
+	/* the uplink exists exactly as long as pasta holds it (a tap device that
+	 * is not persistent); pasta runs as passt.avx2 where the CPU has AVX2 */
+	if (fresh || !link_exists(ns, "up0")) {
 		snprintf(p2, sizeof p2, "%s/pasta.log", dir);
 		/* pasta carries the egress namespace's traffic out as this host's own
 		 * sockets; it forwards no port in either direction (-t/-u/-T/-U none)
