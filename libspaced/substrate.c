@@ -393,9 +393,13 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	static char e_home[] = "HOME=/root", e_lang[] = "LANG=C.UTF-8", e_term[] = "TERM=xterm-256color";
 	static char a_name[] = "spaced-guest", a_root[] = "--root", a_slash[] = "/";
 	static char a_cfd[] = "--control-fd", a_3[] = "3", a_id[] = "--identity";
+	/* ServicePorts: a transport connection for another port than the guest
+	 * API's is joined to that port inside (only the launcher's root-owned
+	 * socket hands connections over; spaced-netgtw checks them, R5) */
+	static char a_sp[] = "--service-ports";
 	static char guest[] = SPACED_SUB_GUEST_PATH;
 	char idtext[SPACED_IDENTITY_TEXT_MAX];
-	char *argv[8];
+	char *argv[10];
 	char *envp[] = { e_path, e_home, e_lang, e_term, NULL };
 	int sync = a->sync, argc = 0;
 
@@ -543,6 +547,7 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	argv[argc++] = a_slash;
 	argv[argc++] = a_cfd;
 	argv[argc++] = a_3;
+	argv[argc++] = a_sp;
 	if (a->identity_text != NULL) {
 		snprintf(idtext, sizeof(idtext), "%s", a->identity_text);
 		argv[argc++] = a_id;

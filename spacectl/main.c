@@ -140,6 +140,10 @@ int main(int argc, char **argv)
 		return cmd_node(argc - 1, argv + 1);
 	if (strcmp(argv[1], "net") == 0)
 		return cmd_net(argc - 1, argv + 1);
+	if (strcmp(argv[1], "expose") == 0)
+		return cmd_expose(argc - 1, argv + 1);
+	if (strcmp(argv[1], "port-forward") == 0)
+		return cmd_port_forward(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
 	                                      "pause", "snapshot", "resume", "move", "quota", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)

@@ -921,6 +921,13 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
 	if (r == 0 && ok) {
 		set_state(st, id, "running", NULL);
+		/* the execution's ServicePort gateway, from the ack (docs/network.md) */
+		json_t *ar = res ? json_loads(res, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+		json_t *gw = json_object_get(ar, "gateway");
+		char gb2[24];
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET gateway = $2 WHERE id = $1", id,
+		     cp_i64(gb2, json_is_integer(gw) ? json_integer_value(gw) : 0));
+		json_decref(ar);
 		json_decref(spec);
 		json_decref(msg);
 		free(res);
@@ -1386,7 +1393,7 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 int cp_op_network(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *network,
                   json_t **body)
 {
-	char op[SPACED_NAME_MAX + 32], rnd[SPACED_NAME_MAX], errtext[512];
+	char op[SPACED_NAME_MAX], rnd[SPACED_NAME_MAX], errtext[512];
 	struct sbx s = {NULL, 0};
 	json_error_t jerr;
 	json_t *spec = NULL, *msg = NULL;
@@ -1489,6 +1496,16 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 	if (rt->serviceport) {
 		json_object_set_new(*body, "port", json_integer(rt->port));
 		json_object_set_new(*body, "protocol", json_string(rt->protocol));
+		/* the execution's ServicePort gateway on its worker: a URL on that machine */
+		struct cp_rows *g = NULL;
+		if (CP_Q(st, &g, NULL, "SELECT gateway FROM sandboxes WHERE id = $1", id) == 0 && cp_rows_i64(g, 0, 0, 0) > 0) {
+			char url[160];
+			snprintf(url, sizeof url, "http://%u-%s.localhost:%lld/", (unsigned)rt->port, id,
+			         (long long)cp_rows_i64(g, 0, 0, 0));
+			json_object_set_new(*body, "url", json_string(url));
+			json_object_set_new(*body, "gateway_port", json_integer(cp_rows_i64(g, 0, 0, 0)));
+		}
+		cp_rows_free(g);
 	}
 	status = 200;
 out:

@@ -318,8 +318,22 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		}
 		e = mgr_exec_start_fresh(cfg, &rec, json_is_string(snap) ? json_string_value(snap) : NULL, u, nu, why,
 		                         whysz);
-		if (e == 0)
+		if (e == 0) {
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+			/* where its ServicePort gateway listens (docs/network.md) */
+			char gp[4200];
+			snprintf(gp, sizeof gp, "%s/exec/%s.%llu/gateway.port", cfg->state_dir, rec.r.id.sandbox,
+			         (unsigned long long)rec.r.id.generation);
+			FILE *f = fopen(gp, "r");
+			int port = 0;
+			if (f) {
+				if (fscanf(f, "%d", &port) != 1)
+					port = 0;
+				fclose(f);
+			}
+			if (port > 0 && port < 65536 && *result)
+				json_object_set_new(*result, "gateway", json_integer(port));
+		}
 		return e;
 	}
 	if (strcmp(kind, "stop") == 0 && has_rec) {

@@ -506,6 +506,10 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.uid_base = started.uid_base;
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		o->result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
+		/* the execution's ServicePort gateway, for the control plane's URLs */
+		json_t *gw = json_object_get(op->job_result, "gateway");
+		if (o->result && json_is_integer(gw))
+			json_object_set(o->result, "gateway", gw);
 		op_commit(m, op, &op->rec, op->had_cur);
 		op_finish(m, op);
 		return;
