@@ -70,6 +70,7 @@
 #define MAX_CONNS 1024
 #define COOKIE_LIFETIME 3600
 #define COOKIE_NAME "spaced_gw"
+#define GUEST_HANDBACK 0x10000u /* CONNECT port | this: the guest hands the port's connection back */
 
 enum cstate { C_HEAD = 1, C_RELAY };
 
@@ -443,7 +444,8 @@ static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
 	if (e < 0)
 		return e;
 	char line[SPACED_VSOCK_HS_MAX + 1];
-	int n = spaced_vsock_hs_format_connect(line, sizeof line, port);
+	/* the guest hands the connection to its port back (spaced-guest fwd.c) */
+	int n = spaced_vsock_hs_format_connect(line, sizeof line, (uint32_t)port | GUEST_HANDBACK);
 	struct timeval tv = {.tv_sec = 5};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	if (n <= 0 || send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
@@ -478,10 +480,36 @@ static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
 			return SPACED_EPROTO;
 		}
 	}
-	tv.tv_sec = 0;
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	fcntl(fd, F_SETFL, O_NONBLOCK);
-	*out = fd;
+	/* one byte carrying the connected socket; EOF: nothing listens there */
+	char one;
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = {.iov_base = &one, .iov_len = 1};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	close(fd);
+	struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
+	if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
+	    (mh.msg_flags & MSG_CTRUNC)) {
+		snprintf(why, whysz, "nothing listens on port %u inside", (unsigned)port);
+		return SPACED_ECLOSED;
+	}
+	int up;
+	memcpy(&up, CMSG_DATA(cm), sizeof up);
+	/* whatever the guest sent, it is only ever a byte stream to relay (B4) */
+	int type = 0;
+	socklen_t tl = sizeof type;
+	if (getsockopt(up, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM) {
+		close(up);
+		snprintf(why, whysz, "the guest handed back something else than a stream socket");
+		return SPACED_EPROTO;
+	}
+	int one_ = 1;
+	setsockopt(up, IPPROTO_TCP, TCP_NODELAY, &one_, sizeof one_);
+	fcntl(up, F_SETFL, O_NONBLOCK);
+	*out = up;
 	return 0;
 }
 
