@@ -30,6 +30,7 @@
  * NET_POOL + 4k: .1 the egress side (gateway, resolver), .2 the execution. */
 #define NET_POOL 0x64580000u /* 100.88.0.0 */
 #define NET_SLOTS 16383u
+#define NET_CONN_MAX 4096u /* tracked connections per execution */
 #define NET_UPLINK "100.88.255.253" /* the egress namespace's own side towards pasta */
 #define NET_UPLINK_GW "100.88.255.254"
 

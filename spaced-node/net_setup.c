@@ -572,6 +572,7 @@ static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpo
 	fprintf(f, "add set inet spaced deny_%u { type ipv4_addr; flags interval; auto-merge; }\n", k);
 	fprintf(f, "add set inet spaced pin_%u { type ipv4_addr; flags timeout; }\n", k);
 	fprintf(f, "add set inet spaced dpin_%u { type ipv4_addr; flags timeout; }\n", k);
+	fprintf(f, "add set inet spaced cnt_%u { type ipv4_addr; size 16; flags dynamic; }\n", k);
 	fprintf(f, "flush chain inet spaced s_%u\n", k);
 	fprintf(f, "flush set inet spaced allow_%u\nflush set inet spaced deny_%u\n", k, k);
 	fprintf(f, "flush set inet spaced pin_%u\nflush set inet spaced dpin_%u\n", k, k);
@@ -583,6 +584,9 @@ static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpo
 	const char *rej = "reject with icmp type admin-prohibited";
 	fprintf(f, "add rule inet spaced s_%u ip saddr != %s drop\n", k, sbx);
 	fprintf(f, "add rule inet spaced s_%u ct state established,related ct mark %u accept\n", k, ver);
+	/* the connections one sandbox may hold open through the worker's egress */
+	fprintf(f, "add rule inet spaced s_%u ct state new add @cnt_%u { ip saddr ct count over %u } %s\n", k, k,
+	        NET_CONN_MAX, "reject with icmp type admin-prohibited");
 	fprintf(f, "add rule inet spaced s_%u ip daddr @deny_%u %s\n", k, k, rej);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @dpin_%u %s\n", k, k, rej);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @allow_%u ct mark set %u accept\n", k, k, ver);

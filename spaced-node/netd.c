@@ -56,8 +56,14 @@
 #define PIN_MIN 60
 #define PIN_MAX 3600
 #define OWN_MAX 64
+/* queries per second and burst one execution may ask: a sandbox flooding the
+ * resolver slows only its own lookups */
+#define RATE 200.0
+#define BURST 400.0
 
 struct slotpol {
+	double tokens;     /* queries it may still ask now (RATE per second, BURST at most) */
+	uint64_t refill;   /* when tokens were last topped up (ms) */
 	time_t mtime;
 	long mtime_ns;
 	ino_t ino;
@@ -257,6 +263,20 @@ static void on_query(int srv, int up)
 		n_dropped++;
 		return;
 	}
+	struct slotpol *rl = cache[slot];
+	uint64_t tn = now_ms();
+	if (rl->refill == 0)
+		rl->tokens = BURST;
+	else
+		rl->tokens += (double)(tn - rl->refill) * RATE / 1000.0;
+	if (rl->tokens > BURST)
+		rl->tokens = BURST;
+	rl->refill = tn;
+	if (rl->tokens < 1.0) {
+		n_dropped++;
+		return;
+	}
+	rl->tokens -= 1.0;
 	const struct spaced_netpolicy *p = &sp->pol;
 	enum action act = A_PASS;
 	size_t len = 0;
