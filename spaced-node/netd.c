@@ -47,6 +47,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "dnsmsg.h"
 #include "netpolicy.h"
 
 #define POOL 0x64580000u /* net.h NET_POOL */
@@ -144,49 +145,7 @@ static const struct slotpol *policy_of(uint32_t k)
 	return c->valid ? c : NULL;
 }
 
-/* ---- DNS messages (RFC 1035), read strictly ---- */
-
-/* Reads the name at off (following compression pointers, at most 16) into out
- * as dotted lower-case text; *next is the offset after it in the record.
- * Returns 0, or -1 when malformed. */
-static int read_name(const uint8_t *m, size_t n, size_t off, char *out, size_t outsz, size_t *next)
-{
-	size_t o = off, w = 0;
-	int jumps = 0;
-	bool jumped = false;
-	for (;;) {
-		if (o >= n)
-			return -1;
-		uint8_t l = m[o];
-		if ((l & 0xc0) == 0xc0) {
-			if (o + 1 >= n || ++jumps > 16)
-				return -1;
-			if (!jumped)
-				*next = o + 2;
-			jumped = true;
-			o = ((size_t)(l & 0x3f) << 8) | m[o + 1];
-			continue;
-		}
-		if (l & 0xc0)
-			return -1;
-		if (l == 0) {
-			if (!jumped)
-				*next = o + 1;
-			break;
-		}
-		if (o + 1 + l > n || w + l + 2 > outsz)
-			return -1;
-		if (w)
-			out[w++] = '.';
-		for (size_t i = 0; i < l; i++) {
-			char c = (char)m[o + 1 + i];
-			out[w++] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
-		}
-		o += 1 + (size_t)l;
-	}
-	out[w] = '\0';
-	return 0;
-}
+/* ---- DNS messages (dnsmsg.h) ---- */
 
 static uint16_t rd16(const uint8_t *p)
 {
@@ -245,19 +204,13 @@ static void on_query(int srv, int up)
 		return;
 	}
 	uint32_t slot = (src - POOL) / 4;
-	/* a query: QR 0, opcode 0, one question */
-	if ((m[2] & 0x80) || (m[2] & 0x78) || rd16(m + 4) != 1 || rd16(m + 6) != 0 || rd16(m + 8) != 0) {
+	char name[SPACED_DNS_NAME_MAX];
+	uint16_t qtype, qclass;
+	size_t qend;
+	if (spaced_dns_query(m, n, name, &qtype, &qclass, &qend) < 0) {
 		n_dropped++;
 		return;
 	}
-	char name[256];
-	size_t qn;
-	if (read_name(m, n, 12, name, sizeof name, &qn) < 0 || qn + 4 > n || (m[12] & 0xc0)) {
-		n_dropped++;
-		return;
-	}
-	uint16_t qtype = rd16(m + qn), qclass = rd16(m + qn + 2);
-	size_t qend = qn + 4;
 	const struct slotpol *sp = policy_of(slot);
 	if (!sp || sp->addr != src) {
 		n_dropped++;
@@ -341,51 +294,26 @@ static void on_answer(int srv, int up)
 	size_t n = (size_t)r;
 	uint16_t id = rd16(m);
 	struct pending *pe = &pend[id % PENDING];
-	if (!pe->used || pe->id != id || now_ms() - pe->t > PENDING_MS || !(m[2] & 0x80) || rd16(m + 4) != 1)
+	if (!pe->used || pe->id != id || now_ms() - pe->t > PENDING_MS)
 		return;
-	char name[256], rn[256];
-	size_t o;
-	if (read_name(m, n, 12, name, sizeof name, &o) < 0 || o + 4 > n || strcmp(name, pe->name) != 0)
-		return;
-	size_t qend = o + 4;
+	uint32_t addrs[64], ttls[64];
+	size_t na = 0, qend;
+	if (spaced_dns_answer_a(m, n, pe->name, &qend, addrs, ttls, 64, &na) < 0)
+		return; /* not the answer to this question: the real one may still come */
 	pe->used = false;
 	const struct slotpol *sp = policy_of(pe->slot);
-	uint32_t addrs[64], ttls[64];
-	size_t na = 0;
-	bool closed = false, bad = false;
-	unsigned an = rd16(m + 6);
-	o = qend;
-	for (unsigned i = 0; i < an; i++) {
-		if (read_name(m, n, o, rn, sizeof rn, &o) < 0 || o + 10 > n) {
-			bad = true;
-			break;
-		}
-		uint16_t type = rd16(m + o), cls = rd16(m + o + 2), rdl = rd16(m + o + 8);
-		uint32_t ttl = ((uint32_t)m[o + 4] << 24) | ((uint32_t)m[o + 5] << 16) | ((uint32_t)m[o + 6] << 8) | m[o + 7];
-		o += 10;
-		if (o + rdl > n) {
-			bad = true;
-			break;
-		}
-		if (type == 1 && cls == 1 && rdl == 4) {
-			uint32_t a = ((uint32_t)m[o] << 24) | ((uint32_t)m[o + 1] << 16) | ((uint32_t)m[o + 2] << 8) | m[o + 3];
-			bool opened = sp && spaced_net_cidr_match(sp->pol.allow_out, sp->pol.nallow, a);
-			if ((spaced_net_closed(a) || is_own(a)) && !opened)
-				closed = true;
-			if (na < 64) {
-				addrs[na] = a;
-				ttls[na] = ttl;
-				na++;
-			}
-		}
-		o += rdl;
+	bool closed = na > 64; /* more addresses than it reads: not trusted either */
+	for (size_t i = 0; i < na && i < 64; i++) {
+		bool opened = sp && spaced_net_cidr_match(sp->pol.allow_out, sp->pol.nallow, addrs[i]);
+		if ((spaced_net_closed(addrs[i]) || is_own(addrs[i])) && !opened)
+			closed = true;
 	}
+	if (na > 64)
+		na = 64;
 	m[0] = (uint8_t)(pe->client_id >> 8);
 	m[1] = (uint8_t)pe->client_id;
 	size_t len = n;
-	if (bad) {
-		len = answer_empty(m, qend, 2); /* SERVFAIL */
-	} else if (pe->act == A_DENYPIN) {
+	if (pe->act == A_DENYPIN) {
 		if (!closed)
 			pin(pe->slot, true, addrs, ttls, na);
 		len = answer_empty(m, qend, 5);
