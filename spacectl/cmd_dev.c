@@ -1,6 +1,6 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--log-format text|json]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
@@ -20,6 +20,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,7 @@
 
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
+	"                       [--log-format text|json]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
@@ -501,7 +503,7 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
-static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall)
+static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
 	char p[PATH_MAX + 64], p2[PATH_MAX + 64], absdir[PATH_MAX], err[256];
@@ -614,9 +616,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[24] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
-		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join, NULL};
-		int na = 15;
+		const char *a[32] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
+		                     "--metrics-listen", "127.0.0.1:0", NULL};
+		int na = 17;
 		if (real) {
 			a[na++] = "--launcher";
 			a[na++] = launch;
@@ -627,6 +630,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--stall-timeout";
 			a[na++] = stall;
 		}
+		if (logfmt) {
+			a[na++] = "--log-format";
+			a[na++] = logfmt;
+		}
 		a[na] = NULL;
 		pid_t pid = spawn(a, log);
 		record(pids, wid, pid);
@@ -636,19 +643,26 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			goto out;
 		}
 		unlink(join); /* spent */
-		/* started again with its key (no token) on the same port */
+		/* started again with its key (no token) on the same ports */
+		char listen[64], mlisten[64];
 		snprintf(p, sizeof p, "%s/api.port", wdir);
-		char *wp = read_small(p), listen[64];
+		char *wp = read_small(p);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[24];
+		snprintf(p, sizeof p, "%s/metrics.port", wdir);
+		wp = read_small(p);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
+		free(wp);
+		const char *ka[32];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
 				i++;
 				continue;
 			}
-			ka[m++] = strcmp(a[i], "127.0.0.1:0") == 0 ? listen : a[i];
+			bool after_listen = i > 0 && strcmp(a[i - 1], "--listen") == 0;
+			bool after_metrics = i > 0 && strcmp(a[i - 1], "--metrics-listen") == 0;
+			ka[m++] = after_listen ? listen : after_metrics ? mlisten : a[i];
 		}
 		ka[m] = NULL;
 		keep(wid, ka, log, pid);
@@ -761,9 +775,10 @@ int cmd_dev(int argc, char **argv)
 		{"dir", required_argument, NULL, 'd'},
 		{"substrate", required_argument, NULL, 's'},
 		{"stall-timeout", required_argument, NULL, 'S'},
+		{"log-format", required_argument, NULL, 'L'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL;
+	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL, *logfmt = NULL;
 	int workers = 2, c;
 	if (dir == NULL || !dir[0])
 		dir = ".spaced-dev";
@@ -777,13 +792,14 @@ int cmd_dev(int argc, char **argv)
 		case 'd': dir = optarg; break;
 		case 's': substrate = optarg; break;
 		case 'S': stall = optarg; break;
+		case 'L': logfmt = optarg; break;
 		default: return cli_usage(usage_dev);
 		}
 	}
 	if (optind != argc - 1 || workers < 1 || workers > DEV_MAX_WORKERS)
 		return cli_usage(usage_dev);
 	if (strcmp(sub, "up") == 0)
-		return dev_up(dir, workers, substrate, stall);
+		return dev_up(dir, workers, substrate, stall, logfmt);
 	if (strcmp(sub, "down") == 0)
 		return dev_down(dir, 0, 1);
 	if (strcmp(sub, "status") == 0)
