@@ -4,7 +4,7 @@
  *
  *   spaced-netgtw --listen HOST:PORT --port-file PATH --record PATH --keys PATH
  *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
- *                 [--guest-owner UID]
+ *                 --identity TEXT [--guest-owner UID] [--audit PATH]
  *
  * Clients speak HTTP/1.1 to it. The first request head of a connection names
  * the port (Host "<port>-<sandbox>.localhost", else the capability's port) and
@@ -25,6 +25,10 @@
  * record changes, each stream is compared again (SPACED_COMPARE_ESTABLISHED_STREAM):
  * an activation-only change keeps it (S4), anything else — a new generation,
  * a deactivation, a move — cuts it at once (S1). New opens need the new identity.
+ *
+ * Every DENY is appended to the worker's audit log (--audit), like the gate's.
+ * GET /metrics on the gateway's own address (no sandbox-port Host name, no
+ * credential) gives its counters in Prometheus text.
  *
  * One thread, one epoll loop. The process ends when its launcher ends.
  */
@@ -109,7 +113,8 @@ static struct {
 	uint8_t cookie_key[crypto_auth_KEYBYTES];
 	struct conn *conns;
 	unsigned nconns;
-	uint64_t n_allow, n_refuse, n_cut, n_kept;
+	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
+	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
 } G;
 
 static void glog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -300,6 +305,42 @@ static void reply(struct conn *c, int status, const char *extra_headers, const c
 	conn_close(c);
 }
 
+/* Every DENY into the worker's audit log, as the gate writes its own:
+ * one JSON line, one O_APPEND write. */
+static void audit_deny(struct conn *c, struct spaced_decision d, const struct spaced_cap *cap)
+{
+	if (G.audit_fd < 0)
+		return;
+	struct sockaddr_in pa;
+	socklen_t pl = sizeof pa;
+	char peer[64] = "", when[40];
+	if (getpeername(c->cfd, (struct sockaddr *)&pa, &pl) == 0 && pa.sin_family == AF_INET) {
+		char a[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &pa.sin_addr, a, sizeof a);
+		snprintf(peer, sizeof peer, "%s:%u", a, ntohs(pa.sin_port));
+	}
+	struct timespec ts;
+	struct tm tm;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(when + n, sizeof when - n, ".%03ldZ", ts.tv_nsec / 1000000);
+	json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i}", "time", when, "component", "spaced-netgtw", "event",
+	                      "deny", "outcome", spaced_verdict_name(d.verdict), "reason", spaced_reason_name(d.reason),
+	                      "caller", peer, "sandbox", G.self.sandbox, "port", (int)c->req.port);
+	if (j && cap && cap->id.sandbox[0])
+		json_object_set_new(j, "identity", spaced_identity_to_json(&cap->id));
+	char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(j);
+	if (text) {
+		size_t len = strlen(text);
+		text[len] = '\n';
+		if (write(G.audit_fd, text, len + 1) != (ssize_t)(len + 1))
+			glog("level=error event=audit-write-failed");
+		free(text);
+	}
+}
+
 static void refuse(struct conn *c, struct spaced_decision d)
 {
 	char body[256];
@@ -320,6 +361,7 @@ static void refuse(struct conn *c, struct spaced_decision d)
 		snprintf(body, sizeof body, "{\"outcome\":\"DENY\",\"reason\":\"%s\"}", spaced_reason_name(d.reason));
 	}
 	G.n_refuse++;
+	audit_deny(c, d, &c->cap);
 	glog("level=info event=refused outcome=%s reason=%s", spaced_verdict_name(d.verdict), spaced_reason_name(d.reason));
 	reply(c, status, NULL, body);
 }
@@ -545,6 +587,29 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 	uint16_t port = 0;
 	char hsb[SPACED_NAME_MAX] = "";
 	bool named = host_names(host, &port, hsb, sizeof hsb);
+	/* the gateway's own counters, on its address itself (never on a sandbox port's name) */
+	if (!named && !auth && strcmp(req->method, "GET") == 0 && strcmp(req->target, "/metrics") == 0) {
+		char m[1024];
+		int n = snprintf(m, sizeof m,
+		                 "# TYPE spaced_netgtw_opens_total counter\n"
+		                 "spaced_netgtw_opens_total{outcome=\"allow\"} %llu\n"
+		                 "spaced_netgtw_opens_total{outcome=\"refuse\"} %llu\n"
+		                 "# TYPE spaced_netgtw_streams_cut_total counter\nspaced_netgtw_streams_cut_total %llu\n"
+		                 "# TYPE spaced_netgtw_streams_kept_total counter\nspaced_netgtw_streams_kept_total %llu\n"
+		                 "# TYPE spaced_netgtw_guest_unreachable_total counter\nspaced_netgtw_guest_unreachable_total %llu\n"
+		                 "# TYPE spaced_netgtw_connections gauge\nspaced_netgtw_connections %u\n",
+		                 (unsigned long long)G.n_allow, (unsigned long long)G.n_refuse, (unsigned long long)G.n_cut,
+		                 (unsigned long long)G.n_kept, (unsigned long long)G.n_guest_fail, G.nconns);
+		char h[256];
+		int hn = snprintf(h, sizeof h,
+		                  "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
+		                  "Connection: close\r\n\r\n",
+		                  n);
+		send_all(c->cfd, h, (size_t)hn);
+		send_all(c->cfd, m, (size_t)n);
+		conn_close(c);
+		return;
+	}
 	struct spaced_decision d = {SPACED_DENY, SPACED_REASON_MALFORMED};
 	struct spaced_cap cap;
 	memset(&cap, 0, sizeof cap);
@@ -588,6 +653,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		refuse(c, d);
 		return;
 	}
+	c->cap = cap; /* named in the audit log when refused below */
 	if (!named)
 		port = cap.port;
 	/* a Host naming another sandbox is another sandbox's request */
@@ -665,6 +731,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 	char why[512] = "";
 	int e = guest_open(port, &c->gfd, why, sizeof why);
 	if (e < 0) {
+		G.n_guest_fail++;
 		glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\"", port, spaced_errname(e), why);
 		reply(c, 502, NULL, "{\"code\":\"SPACED_ECLOSED\",\"error\":\"the sandbox's port cannot be reached\"}");
 		return;
@@ -852,13 +919,14 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH --record PATH --keys PATH\n"
 	                "                     --guest PATH --launcher-pid PID --launcher-start TICKS\n"
-	                "                     [--launcher-exe PATH] [--guest-owner UID]\n");
+	                "                     --identity TEXT [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
 	const char *listen_s = NULL, *port_file = NULL, *launcher_exe = NULL;
+	G.audit_fd = -1;
 	long lpid = 0;
 	unsigned long long lstart = 0;
 	uid_t owner = 0;
@@ -884,7 +952,9 @@ int main(int argc, char **argv)
 			launcher_exe = v;
 		else if (strcmp(o, "--guest-owner") == 0)
 			owner = (uid_t)atol(v);
-		else if (strcmp(o, "--identity") == 0) {
+		else if (strcmp(o, "--audit") == 0) {
+			G.audit_fd = open(v, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		} else if (strcmp(o, "--identity") == 0) {
 			if (spaced_identity_decode(&G.self, v, strlen(v)) < 0)
 				usage();
 		}

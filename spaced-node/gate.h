@@ -116,7 +116,7 @@ void gate_admin_stop(struct mgr *m);
 
 /* ---- gate_main.c: the gate's state ---- */
 
-#define GATE_CTL_KINDS 9    /* control operation kinds (gate_ctl.c), 0 unused */
+#define GATE_CTL_KINDS 10   /* control operation kinds (gate_ctl.c), 0 unused */
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */
 
 struct gstream;

@@ -168,8 +168,8 @@ static void op_free(struct ctl_op *op)
 static const char *kind_name(enum ctl_kind k)
 {
 	static const char *const names[] = {"", "keys", "install", "deactivate", "pause", "thaw", "snapshot",
-	                                    "destroy", "recover"};
-	return k >= K_KEYS && k <= K_RECOVER ? names[k] : "?";
+	                                    "destroy", "recover", "net"};
+	return k >= K_KEYS && k <= K_NET ? names[k] : "?";
 }
 
 /* At an operation's outcome: its time from arrival into the histogram of

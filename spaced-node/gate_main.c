@@ -107,6 +107,7 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 		if (e < 0)
 			return e;
 		gate_streams_on_install(m, rec, handoff);
+		gate_gw_publish(m, rec); /* the gateway's streams end now too (S1) */
 		e = mgr_store_commit(m->store, rec, seq, ack_line);
 		if (e < 0) {
 			gate_quit(m, "a tombstone could not be written");

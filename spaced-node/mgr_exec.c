@@ -627,9 +627,11 @@ static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *re
 	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
 	snprintf(tmp, sizeof tmp, "%s/gw", cfg->state_dir);
 	mkdir(tmp, 0700);
+	char audit[4200];
+	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
 	const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record", recp, "--keys", keys,
 	                      "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
-	                      cfg->launch_bin, "--identity", text, NULL};
+	                      cfg->launch_bin, "--identity", text, "--audit", audit, NULL};
 	int64_t gp;
 	uint64_t gs;
 	if (spawn_ready(argv, logp, pf, false, 5000, false, &gp, &gs) < 0)

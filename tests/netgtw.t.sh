@@ -97,7 +97,7 @@ expect "another sandbox's capability at S's gateway: DENY 403" "$(get "$GS" 8080
 	"403 other-sandbox"
 expect "S's capability at T's gateway: DENY 403" "$(get "$GT" 8080 T "$C1") $(jq -r .reason "$W/body")" "403 other-sandbox"
 expect "a Host naming another sandbox: DENY 403" "$(get "$GS" 8080 T "$C1") $(jq -r .reason "$W/body")" "403 other-sandbox"
-CG=$(cap S 1 act-1 1024 tcp)
+CG=$(cap S 1 act-1 1024 http)
 expect "the guest API's own port is never a ServicePort" "$(get "$GS" 1024 S "$CG")" 403
 CBAD=$(echo "$C1" | sed 's/\(.\)$/A/')
 [ "$CBAD" = "$C1" ] && CBAD="${C1}x"
@@ -110,6 +110,11 @@ expect "a capability signed by an unknown key: 401" "$(get "$GS" 8080 S "$COTHER
 CN=$(cap S 2 act-1 8080 http)
 expect "a capability for a generation not installed: REFRESH_ROUTE 409" "$(get "$GS" 8080 S "$CN") $(jq -r .reason "$W/body")" \
 	"409 newer-generation"
+
+expect "every DENY at the gateway is in the worker's audit log, with its reason" \
+	"$(grep '"component":"spaced-netgtw","event":"deny"' "$W/w/audit.log" | grep -q '"reason":"wrong-port"' && echo yes)" yes
+expect "GET /metrics on the gateway's own address: its counters" \
+	"$(curl -s -m 5 "http://127.0.0.1:$GS/metrics" | grep -c '^spaced_netgtw_opens_total{outcome="refuse"} [1-9]')" 1
 
 # an established tunnel (raw TCP) through the gateway, driven from a helper
 CE=$(cap S 1 act-1 9000 tcp)
