@@ -705,14 +705,13 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	r.pid = lp;
 	r.pid_start = ls;
 	/* its network (net.h): the egress link and its policy's filter, before
-	 * any request can reach it */
+	 * any request can reach it. Without them it runs with `lo` only (a host
+	 * without /dev/net/tun, pasta or nft): closed, never open — a link whose
+	 * filter is missing carries nothing (the forward chain drops it). */
 	char nwhy[256] = "";
-	if ((e = net_attach(cfg, &r, e_dir, nwhy, sizeof nwhy)) < 0) {
+	if (net_attach(cfg, &r, e_dir, nwhy, sizeof nwhy) < 0)
 		fprintf(stderr, "spaced-executor level=error event=net-attach-failed sandbox=%s reason=\"%s\"\n",
 		        rec->r.id.sandbox, nwhy);
-		stop_pinned(lp, ls, true);
-		return e;
-	}
 	e = start_bridge(cfg, &r);
 	if (e < 0) {
 		stop_pinned(lp, ls, true);

@@ -446,6 +446,10 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 	return 0;
 }
 
+/* Takes STATE/net/lock (made with its directories) and makes the egress
+ * namespace, pasta and spaced-netd ready under it. Returns the lock's fd (the
+ * caller closes it when its changes are done: spaced-netd tears an idle
+ * namespace down only under the same lock) or an error. */
 static int with_lock(const struct mgr_config *cfg, char *why, size_t whysz)
 {
 	char dir[4096], p[4200];
@@ -468,8 +472,13 @@ static int with_lock(const struct mgr_config *cfg, char *why, size_t whysz)
 		return SPACED_ESYS;
 	}
 	e = ensure(cfg, why, whysz);
-	close(fd);
-	return e;
+	if (e < 0) {
+		close(fd);
+		return e;
+	}
+	/* shared from here on: attaches go on side by side, a teardown waits */
+	flock(fd, LOCK_SH);
+	return fd;
 }
 
 /* ---- policies ---- */
@@ -684,11 +693,13 @@ static int init_of(const char *e_dir, pid_t *out)
 	return 0;
 }
 
+static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
+                         char *why, size_t whysz);
+
 int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why, size_t whysz)
 {
 	uint32_t slot;
 	pid_t init;
-	char ns[4200], sns[64], ifn[16], gw[16], sbx[16], script[512], pids[16];
 	int e;
 	if (!net_enabled(cfg))
 		return 0;
@@ -700,8 +711,19 @@ int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const ch
 		why_set(why, whysz, "the execution's PID 1 is not known: %s", spaced_strerror(e));
 		return e;
 	}
-	if ((e = with_lock(cfg, why, whysz)) < 0)
-		return e;
+	int lock = with_lock(cfg, why, whysz);
+	if (lock < 0)
+		return lock;
+	e = attach_locked(cfg, rec, slot, init, why, whysz);
+	close(lock);
+	return e;
+}
+
+static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
+                         char *why, size_t whysz)
+{
+	char ns[4200], sns[64], ifn[16], gw[16], sbx[16], script[512], pids[16];
+	int e;
 	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
 	snprintf(sns, sizeof sns, "/proc/%d/ns/net", (int)init);
 	snprintf(ifn, sizeof ifn, "sx%u", (unsigned)slot);
@@ -770,7 +792,13 @@ int net_job(const struct mgr_config *cfg, json_t *args, json_t **result, char *w
 		bool ours = who && strcmp(who, sandbox) == 0;
 		json_decref(cur);
 		if (ours && is_nsfs(ns)) {
-			if ((e = write_slot(cfg, slot, sandbox, &p)) < 0 || (e = apply_policy(ns, slot, &p, why, whysz)) < 0)
+			int lock = with_lock(cfg, why, whysz);
+			if (lock < 0)
+				return lock;
+			if ((e = write_slot(cfg, slot, sandbox, &p)) == 0)
+				e = apply_policy(ns, slot, &p, why, whysz);
+			close(lock);
+			if (e < 0)
 				return e;
 			applied = true;
 		}

@@ -20,7 +20,13 @@
  * do not open (a name resolving to 127.0.0.1, 10.x, the worker's own
  * address: rebinding) is replaced by an empty answer; the filter would refuse
  * the connection anyway. Malformed packets are dropped; nothing a client
- * sends ends the daemon. It exits when the egress namespace is gone.
+ * sends ends the daemon. It exits when the egress namespace is gone, and
+ * takes an idle one down: when no execution has had a link in it for IDLE_S
+ * seconds, it unmounts and removes STATE/net/ns under STATE/net/lock (the
+ * lock every execution start holds while it attaches), so pasta (which quits
+ * when its namespace's file goes) and this daemon end; the next execution
+ * start makes everything again. A worker that is gone for good leaves nothing
+ * running.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -37,6 +43,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -59,6 +68,7 @@
 #define OWN_MAX 64
 /* queries per second and burst one execution may ask: a sandbox flooding the
  * resolver slows only its own lookups */
+#define IDLE_S 60
 #define RATE 200.0
 #define BURST 400.0
 
@@ -370,6 +380,43 @@ static int host_resolver(char *out, size_t outsz)
 	return -1;
 }
 
+/* True when an execution's link (sx<k>) is in the egress namespace. */
+static bool links_present(void)
+{
+	struct if_nameindex *ni = if_nameindex();
+	bool any = false;
+	for (struct if_nameindex *p = ni; p && p->if_index != 0; p++)
+		if (strncmp(p->if_name, "sx", 2) == 0)
+			any = true;
+	if (ni)
+		if_freenameindex(ni);
+	return any;
+}
+
+/* Takes the idle namespace down under the attach lock; false when an
+ * execution start holds the lock or a link came meanwhile. */
+static bool teardown(const char *nsp)
+{
+	char lock[4200], p[4200];
+	snprintf(lock, sizeof lock, "%s/lock", dir);
+	int fd = open(lock, O_RDWR | O_CLOEXEC);
+	if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return false;
+	}
+	if (links_present()) {
+		close(fd);
+		return false;
+	}
+	umount2(nsp, MNT_DETACH);
+	unlink(nsp);
+	snprintf(p, sizeof p, "%s/netd.pid", dir);
+	unlink(p);
+	close(fd);
+	return true;
+}
+
 int main(int argc, char **argv)
 {
 	const char *upstream = NULL;
@@ -436,7 +483,7 @@ int main(int argc, char **argv)
 	nft_ctx_buffer_output(nft);
 	nft_ctx_buffer_error(nft);
 	logf_("level=info event=ready upstream=%s", upstream);
-	uint64_t last_check = now_ms();
+	uint64_t last_check = now_ms(), last_link = now_ms();
 	for (;;) {
 		struct pollfd pf[2] = {{.fd = srv, .events = POLLIN}, {.fd = up, .events = POLLIN}};
 		int k = poll(pf, 2, 1000);
@@ -456,6 +503,13 @@ int main(int argc, char **argv)
 		}
 		if (now_ms() - last_check > 2000) {
 			last_check = now_ms();
+			if (links_present())
+				last_link = last_check;
+			else if (last_check - last_link > IDLE_S * 1000u && teardown(nsp)) {
+				logf_("level=info event=exit reason=\"no execution for %d s: the egress namespace is taken down\"",
+				      IDLE_S);
+				return 0;
+			}
 			struct statfs sf;
 			if (statfs(nsp, &sf) < 0 || (unsigned long)sf.f_type != 0x6e736673ul) {
 				logf_("level=info event=exit reason=\"the egress namespace is gone\" queries=%llu refused=%llu "
