@@ -455,6 +455,8 @@ static int cookie_read(const char *v, size_t vl, struct spaced_cap *cap)
 	c.purposes = SPACED_PURPOSE_SERVICEPORT;
 	c.cls = SPACED_CLASS_SERVICEPORT;
 	c.port = port;
+	/* a cookie is only ever made from an http capability: it opens http, never a tcp tunnel */
+	snprintf(c.protocol, sizeof c.protocol, "http");
 	*cap = c;
 	return 0;
 }
@@ -665,12 +667,8 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		snprintf(c->protocol, sizeof c->protocol, "tcp");
 	else if (req->websocket && strcmp(cap.protocol, "ws") == 0)
 		snprintf(c->protocol, sizeof c->protocol, "ws");
-	else if (cap.protocol[0] == 0) /* a cookie: it was made for http */
-		snprintf(c->protocol, sizeof c->protocol, "http");
 	else
 		snprintf(c->protocol, sizeof c->protocol, "http");
-	if (cap.protocol[0] == 0)
-		snprintf(cap.protocol, sizeof cap.protocol, "%s", c->protocol);
 	c->req = (struct spaced_request){.purpose = SPACED_PURPOSE_SERVICEPORT, .port = port, .protocol = c->protocol};
 	/* R5: the full identity, the port and the protocol, before the guest is reached */
 	d = spaced_compare(&cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_STRICT);

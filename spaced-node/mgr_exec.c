@@ -659,8 +659,9 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	char cpus[16], mem[24], pids[24], disk[24], uid[16];
-	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text};
-	size_t n = 7;
+	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
+	                        "--service-ports"};
+	size_t n = 8;
 	/* the limits it runs under; each one given is enforced or the start fails */
 	if (rec->res.cpu_milli) {
 		spaced_cpus_format(rec->res.cpu_milli, cpus);

@@ -219,6 +219,8 @@ GWX=$(echo "$URL" | sed 's/.*://; s/\///')
 CK=$(awk '$6 == "spaced_gw" {print $7}' "$W/jar")
 expect "the cookie is bound to its port" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
 	-H "Host: 9999-$X.localhost:$GWX" "http://127.0.0.1:$GWX/")" 403
+expect "the cookie opens http only, never a tcp tunnel" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
+	-H "Host: 8080-$X.localhost:$GWX" -H 'Connection: Upgrade' -H 'Upgrade: spaced-tcp' "http://127.0.0.1:$GWX/")" 403
 expect "a forged cookie: 401" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=${CK}A" \
 	-H "Host: 8080-$X.localhost:$GWX" "http://127.0.0.1:$GWX/")" 401
 # port-forward
