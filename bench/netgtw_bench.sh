@@ -25,7 +25,7 @@ D=$W/c
 PIDS=""
 cleanup() {
 	for p in $PIDS; do kill "$p" 2>/dev/null; done
-	[ -n "${INIT:-}" ] && [ -f "$W/proxy.pid" ] && kill "$(cat "$W/proxy.pid")" 2>/dev/null
+	[ -f "$W/proxy.pid" ] && kill "$(cat "$W/proxy.pid" 2>/dev/null)" 2>/dev/null
 	"$SC" dev down --dir "$D" >/dev/null 2>&1
 	net_host_down
 	rm -rf "$W"

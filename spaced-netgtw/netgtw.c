@@ -809,29 +809,30 @@ static void on_client_head(struct conn *c)
 	spaced_http_req_clear(&req);
 }
 
-/* Moves bytes of one direction; false when the connection is over. */
-static bool pump(struct conn *c, int src, int dst, struct dir *d)
+/* Moves bytes of one direction: reads what the source has (level-triggered:
+ * a short read means it is drained, the loop tells when there is more) and
+ * writes what the sink takes. Two system calls per message in the common
+ * case. false when the connection is over. */
+static bool pump(int src, int dst, struct dir *d, bool readable)
 {
-	for (int rounds = 0; rounds < 16; rounds++) {
-		bool progress = false;
-		if (!d->eof && d->len < BUF_SZ) {
-			if (d->off > 0 && d->len > 0 && d->off + d->len == BUF_SZ) {
+	for (int rounds = 0; rounds < 8; rounds++) {
+		bool again = false;
+		if (readable && !d->eof && d->len < BUF_SZ) {
+			if (d->len == 0)
+				d->off = 0;
+			else if (d->off + d->len == BUF_SZ) {
 				memmove(d->buf, d->buf + d->off, d->len);
 				d->off = 0;
 			}
-			if (d->len == 0)
-				d->off = 0;
 			size_t room = BUF_SZ - d->off - d->len;
-			if (room > 0) {
-				ssize_t r = recv(src, d->buf + d->off + d->len, room, MSG_DONTWAIT);
-				if (r > 0) {
-					d->len += (size_t)r;
-					progress = true;
-				} else if (r == 0) {
-					d->eof = true;
-				} else if (errno != EAGAIN && errno != EINTR) {
-					return false;
-				}
+			ssize_t r = recv(src, d->buf + d->off + d->len, room, MSG_DONTWAIT);
+			if (r > 0) {
+				d->len += (size_t)r;
+				again = (size_t)r == room; /* it may hold more */
+			} else if (r == 0) {
+				d->eof = true;
+			} else if (errno != EAGAIN && errno != EINTR) {
+				return false;
 			}
 		}
 		if (d->len > 0) {
@@ -839,25 +840,35 @@ static bool pump(struct conn *c, int src, int dst, struct dir *d)
 			if (w > 0) {
 				d->off += (size_t)w;
 				d->len -= (size_t)w;
-				progress = true;
 			} else if (w < 0 && errno != EAGAIN && errno != EINTR) {
 				return false;
 			}
+			if (d->len > 0)
+				again = false; /* the sink is full: its EPOLLOUT comes back here */
 		}
 		if (d->eof && d->len == 0 && !d->shut) {
 			shutdown(dst, SHUT_WR);
 			d->shut = true;
 		}
-		if (!progress)
+		if (!again)
 			break;
 	}
-	(void)c;
 	return true;
 }
 
-static void on_relay(struct conn *c)
+/* An event on one side: only the directions it concerns move. */
+static void on_relay(struct conn *c, bool guest_side, uint32_t ev)
 {
-	if (!pump(c, c->cfd, c->gfd, &c->up) || !pump(c, c->gfd, c->cfd, &c->down) || (c->up.shut && c->down.shut)) {
+	bool in = (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0, out = (ev & EPOLLOUT) != 0;
+	bool ok = true;
+	if (guest_side) {
+		if (in || out)
+			ok = pump(c->gfd, c->cfd, &c->down, in) && (!out || pump(c->cfd, c->gfd, &c->up, false));
+	} else {
+		if (in || out)
+			ok = pump(c->cfd, c->gfd, &c->up, in) && (!out || pump(c->gfd, c->cfd, &c->down, false));
+	}
+	if (!ok || (c->up.shut && c->down.shut)) {
 		conn_close(c);
 		return;
 	}
@@ -1051,7 +1062,7 @@ int main(int argc, char **argv)
 				if (c->st == C_HEAD)
 					on_client_head(c);
 				else
-					on_relay(c);
+					on_relay(c, ((uintptr_t)p & 1) != 0, evs[i].events);
 			}
 		}
 		/* closed connections are freed after the batch (events may still name them) */
