@@ -12,6 +12,9 @@ libseccomp-dev libsqlite3-dev sqlite3 libpq-dev postgresql bubblewrap libssl-dev
 iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev prometheus
 qemu-system-x86 linux-image-amd64 busybox-static cpio
 passt nftables libnftables-dev nginx socat"
+# the TypeScript SDK (sdk/typescript) builds with Node 18+ and npm; a node already
+# installed (Debian's, or another distribution of it) is used as it is
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 
 missing=""
 for p in $PKGS; do

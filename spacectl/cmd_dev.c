@@ -549,7 +549,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", NULL};
+		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+		                   logfmt ? "--log-format" : NULL, logfmt, NULL};
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -570,7 +571,13 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		char cpdir[PATH_MAX + 64], listen[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, NULL};
+		char mlisten[64], mpath[PATH_MAX + 64];
+		snprintf(mpath, sizeof mpath, "%s/cp/metrics.port", absdir);
+		char *mp = read_small(mpath);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
+		free(mp);
+		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--metrics-listen", mlisten,
+		                   logfmt ? "--log-format" : NULL, logfmt, NULL};
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
