@@ -399,10 +399,13 @@ static bool teardown(const char *nsp)
 {
 	char lock[4200], p[4200];
 	snprintf(lock, sizeof lock, "%s/lock", dir);
-	int fd = open(lock, O_RDWR | O_CLOEXEC);
-	if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		if (fd >= 0)
-			close(fd);
+	/* the worker's state may be gone with everything in it but the mount:
+	 * then nothing can attach any more, and the namespace goes without a lock */
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0 && errno != ENOENT)
+		return false;
+	if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		close(fd);
 		return false;
 	}
 	if (links_present()) {
@@ -413,7 +416,8 @@ static bool teardown(const char *nsp)
 	unlink(nsp);
 	snprintf(p, sizeof p, "%s/netd.pid", dir);
 	unlink(p);
-	close(fd);
+	if (fd >= 0)
+		close(fd);
 	return true;
 }
 
