@@ -11,6 +11,11 @@
  *   PIDS <n>|max      -> "OK" | "ERR <reason>": the tasks limit of the guest's
  *                        cgroup holding PID 1 and all it starts (/init made
  *                        it); a VM made from a template gets its limit so
+ *   NET <a.b.c.d>/<prefix> <gateway>
+ *                     -> "OK" | "ERR <reason>": eth0's address, the default route
+ *                        and /etc/resolv.conf (the gateway is the sandbox's
+ *                        resolver); a VM made from saved memory learns the
+ *                        egress link of the worker it now runs on
  *   TRIM              -> "OK" once the guest dropped its clean caches (before a
  *                        template is saved: nothing of them is kept for every
  *                        VM made from it)
@@ -28,8 +33,13 @@
  * execution's own uid) can connect; what the guest claims is checked by every
  * bridge anyway (B2).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +127,86 @@ static int take_identity(const char *text, size_t n, char *why, size_t whysz)
 	return 0;
 }
 
+/* Sets eth0 to addr/prefix, the default route via gw, and /etc/resolv.conf. */
+static int net_config(const char *spec, char *why, size_t whysz)
+{
+	char a[32], g[32], extra;
+	unsigned prefix;
+	struct in_addr ia, ig;
+	if (sscanf(spec, "%31[0-9.]/%u %31[0-9.]%c", a, &prefix, g, &extra) != 3 || prefix < 8 || prefix > 30 ||
+	    inet_pton(AF_INET, a, &ia) != 1 || inet_pton(AF_INET, g, &ig) != 1) {
+		snprintf(why, whysz, "NET wants ADDRESS/PREFIX GATEWAY");
+		return SPACED_EINVAL;
+	}
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return SPACED_ESYS;
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof ifr);
+	snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "eth0");
+	int e = 0;
+	/* down and up again: the neighbours of the previous link are forgotten */
+	if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) {
+		snprintf(why, whysz, "no eth0: %s", strerror(errno));
+		close(s);
+		return SPACED_ENOENT;
+	}
+	ifr.ifr_flags &= (short)~IFF_UP;
+	(void)ioctl(s, SIOCSIFFLAGS, &ifr);
+	ifr.ifr_mtu = 65520; /* the egress link's (pasta's segments) */
+	(void)ioctl(s, SIOCSIFMTU, &ifr);
+	struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+	memset(&ifr.ifr_addr, 0, sizeof ifr.ifr_addr);
+	sin->sin_family = AF_INET;
+	sin->sin_addr = ia;
+	if (ioctl(s, SIOCSIFADDR, &ifr) < 0)
+		e = SPACED_ESYS;
+	sin->sin_addr.s_addr = htonl(0xffffffffu << (32 - prefix));
+	if (e == 0 && ioctl(s, SIOCSIFNETMASK, &ifr) < 0)
+		e = SPACED_ESYS;
+	if (e == 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+		ifr.ifr_flags |= IFF_UP;
+		if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+			e = SPACED_ESYS;
+	}
+	if (e == 0) {
+		struct rtentry rt;
+		memset(&rt, 0, sizeof rt);
+		((struct sockaddr_in *)&rt.rt_dst)->sin_family = AF_INET;
+		((struct sockaddr_in *)&rt.rt_genmask)->sin_family = AF_INET;
+		((struct sockaddr_in *)&rt.rt_gateway)->sin_family = AF_INET;
+		((struct sockaddr_in *)&rt.rt_gateway)->sin_addr = ig;
+		rt.rt_flags = RTF_UP | RTF_GATEWAY;
+		rt.rt_dev = ifr.ifr_name;
+		(void)ioctl(s, SIOCDELRT, &rt); /* the previous one, if any */
+		if (ioctl(s, SIOCADDRT, &rt) < 0 && errno != EEXIST)
+			e = SPACED_ESYS;
+	}
+	if (e < 0)
+		snprintf(why, whysz, "configuring eth0: %s", strerror(errno));
+	close(s);
+	if (e == 0) {
+		/* the sandbox's resolver; replaced, never followed */
+		int etc = openat(G.rootfd, "etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		int fd = -1;
+		if (etc >= 0) {
+			unlinkat(etc, "resolv.conf", 0);
+			fd = openat(etc, "resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		}
+		char text[128];
+		int n = snprintf(text, sizeof text, "# the sandbox's resolver (spaced)\nnameserver %s\noptions edns0\n", g);
+		if (fd < 0 || write(fd, text, (size_t)n) != n) {
+			snprintf(why, whysz, "cannot write /etc/resolv.conf");
+			e = SPACED_EIO;
+		}
+		if (fd >= 0)
+			close(fd);
+		if (etc >= 0)
+			close(etc);
+	}
+	return e;
+}
+
 /* One line from the supervisor. Returns false when the connection must close. */
 static bool vctl_line(int fd, char *line, size_t n)
 {
@@ -147,6 +237,22 @@ static bool vctl_line(int fd, char *line, size_t n)
 				close(f);
 		}
 		reply(fd, ok ? "OK" : "ERR cannot set pids.max");
+		return true;
+	}
+	if (n > 4 && memcmp(line, "NET ", 4) == 0) {
+		char out[VCTL_LINE_MAX], spec[128];
+		if (n - 4 >= sizeof spec) {
+			reply(fd, "ERR NET wants ADDRESS/PREFIX GATEWAY");
+			return true;
+		}
+		memcpy(spec, line + 4, n - 4);
+		spec[n - 4] = '\0';
+		if (net_config(spec, why, sizeof why) < 0) {
+			snprintf(out, sizeof out, "ERR %s", why);
+			reply(fd, out);
+		} else {
+			reply(fd, "OK");
+		}
 		return true;
 	}
 	if (n == 4 && memcmp(line, "TRIM", 4) == 0) {

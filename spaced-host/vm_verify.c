@@ -9,17 +9,20 @@
  *      pinned, so a reused PID never passes) and runs the expected executable
  *      (dev/ino of /proc/PID/exe; an execve changes it without changing the
  *      pid or the start time);
- *   2. QEMU holds a Unix socket whose peer (unix_diag UNIX_DIAG_PEER) the
- *      back-end holds: the vhost-user connection over which QEMU handed the
- *      back-end its guest memory. A back-end serving another VM, or a QEMU
- *      whose back-end is another process, fails here;
+ *   2. the back-end holds a Unix socket whose peer (unix_diag UNIX_DIAG_PEER,
+ *      asked about the back-end's socket, which lives in the bridge's network
+ *      namespace; QEMU runs in one of its own) QEMU holds: the vhost-user
+ *      connection over which QEMU handed the back-end its guest memory. A
+ *      back-end serving another VM, or a QEMU whose back-end is another
+ *      process, fails here;
  *   3. with --guest-cid, the back-end was started for exactly that guest CID
  *      (its command line, read through /proc of the pinned process whose
  *      executable verify.c has just compared: the CID is what it puts in the
  *      device's config space and what it requires of every guest packet).
  * What is kept between connections: QEMU's pidfd, and the descriptor number
- * and inode of QEMU's end of the link, looked at first (one readlink, one
- * exact unix_diag query); when they no longer match, the full search runs.
+ * and inode of the back-end's end of the link and its peer, looked at first
+ * (one readlink, one exact unix_diag query, QEMU's table); when they no
+ * longer match, the full search of the back-end's few descriptors runs.
  */
 #include "host.h"
 
@@ -39,11 +42,12 @@
 static struct {
 	pthread_mutex_t lock;
 	struct spaced_pidref qemu; /* pinned at the first connection */
-	int link_fd;               /* QEMU's descriptor of its end of the link, -1: unknown */
-	uint64_t link_ino;         /* that socket's inode */
-} vc = {PTHREAD_MUTEX_INITIALIZER, {.pid = 0, .pidfd = -1, .start_time = 0}, -1, 0};
+	int be_fd;                 /* the back-end's descriptor of its end of the link, -1: unknown */
+	uint64_t be_ino;           /* that socket's inode */
+	uint64_t qemu_ino;         /* its peer, which QEMU holds */
+} vc = {PTHREAD_MUTEX_INITIALIZER, {.pid = 0, .pidfd = -1, .start_time = 0}, -1, 0, 0};
 
-/* The socket inode behind descriptor fdnum of pid, 0 when it is not a socket. */
+/* The socket inode behind descriptor fdname of pid, 0 when it is not a socket. */
 static uint64_t fd_socket(pid_t pid, const char *fdname)
 {
 	char path[64], link[64];
@@ -58,26 +62,29 @@ static uint64_t fd_socket(pid_t pid, const char *fdname)
 	return ino;
 }
 
-/* Whether QEMU's socket ino is connected to a socket the back-end holds. */
-static bool linked(uint64_t ino, const struct spaced_pidref *backend)
+/* Whether the back-end's socket ino is connected to a socket QEMU holds; the
+ * peer's inode in *peer. The query is about the back-end's socket: it lives in
+ * this bridge's network namespace (unix_diag answers for that one), QEMU's end
+ * need not (QEMU runs in a network namespace of its own). */
+static bool linked(uint64_t ino, uint64_t *peer)
 {
-	uint64_t peer;
-	return spaced_unix_diag_peer_of_ino(ino, &peer) == 0 && peer != 0 &&
-	       spaced_pidref_holds_socket(backend, peer) == 0;
+	return spaced_unix_diag_peer_of_ino(ino, peer) == 0 && *peer != 0 &&
+	       spaced_pidref_holds_socket(&vc.qemu, *peer) == 0;
 }
 
-/* Finds QEMU's end of the link to the back-end: the remembered descriptor
- * when it still is, else a scan of QEMU's descriptor table. */
+/* Finds the link between the back-end and QEMU: the remembered one when it
+ * still is, else a scan of the back-end's descriptor table (a few entries). */
 static int find_link(const struct spaced_pidref *backend)
 {
-	if (vc.link_fd >= 0) {
+	uint64_t peer;
+	if (vc.be_fd >= 0) {
 		char name[16];
-		snprintf(name, sizeof name, "%d", vc.link_fd);
-		if (fd_socket(vc.qemu.pid, name) == vc.link_ino && linked(vc.link_ino, backend))
+		snprintf(name, sizeof name, "%d", vc.be_fd);
+		if (fd_socket(backend->pid, name) == vc.be_ino && linked(vc.be_ino, &peer) && peer == vc.qemu_ino)
 			return 0;
 	}
 	char path[64];
-	snprintf(path, sizeof path, "/proc/%d/fd", (int)vc.qemu.pid);
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)backend->pid);
 	DIR *d = opendir(path);
 	if (d == NULL)
 		return SPACED_ESTALE;
@@ -86,15 +93,19 @@ static int find_link(const struct spaced_pidref *backend)
 	while ((de = readdir(d)) != NULL) {
 		if (de->d_name[0] == '.')
 			continue;
-		uint64_t ino = fd_socket(vc.qemu.pid, de->d_name);
-		if (ino != 0 && linked(ino, backend)) {
-			vc.link_fd = atoi(de->d_name);
-			vc.link_ino = ino;
+		uint64_t ino = fd_socket(backend->pid, de->d_name);
+		if (ino != 0 && linked(ino, &peer)) {
+			vc.be_fd = atoi(de->d_name);
+			vc.be_ino = ino;
+			vc.qemu_ino = peer;
 			r = 0;
 			break;
 		}
 	}
 	closedir(d);
+	/* the back-end's table was read while its pidfd still named it */
+	if (r == 0 && spaced_pidref_check(backend) < 0)
+		r = SPACED_ESTALE;
 	return r;
 }
 
@@ -176,7 +187,7 @@ int host_verify_vm(const struct host_config *cfg, const struct spaced_pidref *ba
 		if (l == 0 && spaced_pidref_check(&vc.qemu) < 0)
 			l = SPACED_ESTALE;
 		if (l < 0) {
-			vc.link_fd = -1;
+			vc.be_fd = -1;
 			spaced_why(why, whysz, "VM process %d holds no connection to the back-end process %d (%s)",
 			           (int)vm->pid, (int)backend->pid, spaced_strerror(l));
 			r = SPACED_EPEER;

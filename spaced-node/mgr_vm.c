@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "net.h"
 #include "pidref.h"
 #include "vm.h"
 
@@ -144,7 +145,7 @@ int mgr_vm_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
-	char cpus[16], mem[24], pids[24], disk[24], uid[16], cid[16];
+	char cpus[16], mem[24], pids[24], disk[24], uid[16], cid[16], net[48], ga[16], gw[16];
 	if (!mgr_vm_offered(cfg))
 		return SPACED_EINVAL;
 	int e = mgr_exec_dir(cfg, rec, e_dir, sizeof e_dir);
@@ -209,6 +210,12 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 		argv[n++] = "--restore";
 		argv[n++] = snapshot;
 	}
+	/* its egress link's addresses (net.h; the slot is the uid range's) */
+	if (net_vm_addresses(cfg, rec, ga, gw) == 0) {
+		snprintf(net, sizeof net, "%s/30,%s", ga, gw);
+		argv[n++] = "--net";
+		argv[n++] = net;
+	}
 	argv[n] = NULL;
 	int64_t sp;
 	uint64_t ss;
@@ -218,6 +225,16 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 	struct mgr_rec r = *rec;
 	r.pid = sp;
 	r.pid_start = ss;
+	/* the egress link under the sandbox's policy, in QEMU's network namespace,
+	 * before any request can reach the VM; without it the VM's network leads
+	 * nowhere (closed, never open) */
+	pid_t vp, qp;
+	uint64_t vs, qs;
+	char nwhy[256] = "";
+	if (vm_read_pids(e_dir, &vp, &vs, &qp, &qs) == 0 && child_pinned(&r, qp, qs) == 0 &&
+	    net_attach_vm(cfg, &r, qp, nwhy, sizeof nwhy) < 0)
+		fprintf(stderr, "spaced-executor level=error event=net-attach-failed sandbox=%s reason=\"%s\"\n",
+		        rec->r.id.sandbox, nwhy);
 	e = mgr_vm_bridge(cfg, &r);
 	if (e < 0) {
 		mgr_stop_pinned(sp, ss, true);

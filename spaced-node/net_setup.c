@@ -694,7 +694,35 @@ static int init_of(const char *e_dir, pid_t *out)
 }
 
 static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
-                         char *why, size_t whysz);
+                         bool vm, char *why, size_t whysz);
+
+int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t qemu, char *why, size_t whysz)
+{
+	uint32_t slot;
+	int e;
+	if (!net_enabled(cfg))
+		return 0;
+	if ((e = slot_of(cfg, rec, &slot)) < 0) {
+		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+		return e;
+	}
+	int lock = with_lock(cfg, why, whysz);
+	if (lock < 0)
+		return lock;
+	e = attach_locked(cfg, rec, slot, qemu, true, why, whysz);
+	close(lock);
+	return e;
+}
+
+int net_vm_addresses(const struct mgr_config *cfg, const struct mgr_rec *rec, char *guest, char *gw)
+{
+	uint32_t slot;
+	if (!net_enabled(cfg) || slot_of(cfg, rec, &slot) < 0)
+		return SPACED_ENOENT;
+	addr_text(NET_POOL + 4 * slot + 2, guest);
+	addr_text(NET_POOL + 4 * slot + 1, gw);
+	return 0;
+}
 
 int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why, size_t whysz)
 {
@@ -714,13 +742,13 @@ int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const ch
 	int lock = with_lock(cfg, why, whysz);
 	if (lock < 0)
 		return lock;
-	e = attach_locked(cfg, rec, slot, init, why, whysz);
+	e = attach_locked(cfg, rec, slot, init, false, why, whysz);
 	close(lock);
 	return e;
 }
 
 static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
-                         char *why, size_t whysz)
+                         bool vm, char *why, size_t whysz)
 {
 	char ns[4200], sns[64], ifn[16], gw[16], sbx[16], script[512], pids[16];
 	int e;
@@ -751,6 +779,13 @@ static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec
 	if ((e = run_in(ns, batch, script, why, whysz)) < 0)
 		return e;
 	sysctl_in(sns, "/proc/sys/net/ipv6/conf/eth0/disable_ipv6", "1");
+	if (vm) {
+		/* a VM's namespace holds QEMU and only L2: eth0 joins the bridge of
+		 * the VM's tap (spaced-vm made both); the guest itself owns the
+		 * execution's address, and its resolver is set inside it */
+		snprintf(script, sizeof script, "link set eth0 master br0\nlink set eth0 up\n");
+		return run_in(sns, batch, script, why, whysz);
+	}
 	snprintf(script, sizeof script,
 	         "addr add %s/30 dev eth0\n"
 	         "link set eth0 up\n"

@@ -70,7 +70,7 @@ ir=$tmp/initramfs
 mkdir -p "$ir/bin" "$ir/lib/modules" "$ir/proc" "$ir/sys" "$ir/dev" "$ir/newroot" "$ir/.spaced/lib"
 cp "$busybox" "$ir/bin/busybox"
 order=""
-for top in virtio_mmio virtio_pci virtio_blk crc32c_generic ext4 vmw_vsock_virtio_transport; do
+for top in virtio_mmio virtio_pci virtio_blk virtio_net crc32c_generic ext4 vmw_vsock_virtio_transport; do
 	for f in $(modprobe -S "$kver" --show-depends "$top" 2>/dev/null | awk '$1 == "insmod" { print $2 }'); do
 		m=$(basename "$f"); m=${m%%.ko*}
 		case " $order " in *" $m "*) continue ;; esac
@@ -115,13 +115,14 @@ fail() { echo "spaced-init: \$*"; \$bb poweroff -f; \$bb sleep 5; exit 1; }
 for m in \$(\$bb cat /lib/modules/order); do
 	\$bb insmod /lib/modules/\$m.ko 2>/dev/null || echo "spaced-init: module \$m not loaded"
 done
-id=""; port=1024; ctlport=1023; pids=0
+id=""; port=1024; ctlport=1023; pids=0; net=""
 for a in \$(\$bb cat /proc/cmdline); do
 	case "\$a" in
 	spaced.identity=*) id=\${a#spaced.identity=} ;;
 	spaced.port=*) port=\${a#spaced.port=} ;;
 	spaced.ctlport=*) ctlport=\${a#spaced.ctlport=} ;;
 	spaced.pids=*) pids=\${a#spaced.pids=} ;;
+	spaced.net=*) net=\${a#spaced.net=} ;;
 	esac
 done
 i=0
@@ -154,6 +155,14 @@ fi
 echo 1 >\$c/sandbox/cgroup.procs || fail "join the sandbox cgroup"
 \$bb hostname sandbox
 \$bb ip link set lo up 2>/dev/null || echo "spaced-init: lo not up"
+# the egress link (spaced.net=ADDRESS/PREFIX,GATEWAY; the gateway is the
+# sandbox's resolver); without it eth0 stays down: no network
+if [ -n "\$net" ]; then
+	\$bb ip link set eth0 mtu 65520 && \$bb ip addr add "\${net%,*}" dev eth0 && \$bb ip link set eth0 up &&
+		\$bb ip route add default via "\${net#*,}" || echo "spaced-init: eth0 not configured"
+	\$bb rm -f \$r/etc/resolv.conf
+	printf '# the resolver of this sandbox (spaced)\nnameserver %s\noptions edns0\n' "\${net#*,}" >\$r/etc/resolv.conf
+fi
 echo "spaced-init: root ready, starting spaced-guest"
 # without an identity (a VM booted to become a template) the guest waits for
 # one on its control port

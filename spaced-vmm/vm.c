@@ -129,8 +129,8 @@ int vm_run_tool(const char *const argv[])
 	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : SPACED_EIO;
 }
 
-int vm_spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, pid_t *pid,
-             uint64_t *start, char *why, size_t whysz)
+int vm_spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, int (*before)(void),
+             pid_t *pid, uint64_t *start, char *why, size_t whysz)
 {
 	int go[2];
 	if (nkeep > 8 || pipe2(go, O_CLOEXEC) < 0)
@@ -168,6 +168,8 @@ int vm_spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, 
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		signal(SIGPIPE, SIG_DFL);
+		if (before != NULL && before() != 0)
+			_exit(125);
 		if (V.uid != 0 && (setgroups(0, NULL) < 0 || setresgid(V.uid, V.uid, V.uid) < 0 ||
 		                   setresuid(V.uid, V.uid, V.uid) < 0))
 			_exit(126);
@@ -197,7 +199,7 @@ int vm_spawn_wait(const char *const argv[], const int *keep, int nkeep, char *wh
 {
 	pid_t p;
 	uint64_t st;
-	int e = vm_spawn(argv, -1, V.diag.fd, keep, nkeep, &p, &st, why, whysz);
+	int e = vm_spawn(argv, -1, V.diag.fd, keep, nkeep, NULL, &p, &st, why, whysz);
 	if (e < 0)
 		return e;
 	int status;
@@ -313,6 +315,12 @@ static int wait_ready(char *why, size_t whysz)
 					spaced_why(why, whysz, "the guest did not take its tasks limit: %.200s", answer);
 					return SPACED_EPROTO;
 				}
+				/* the egress link of this worker (a template has none; a
+				 * snapshot's was another worker's) */
+				snprintf(line, sizeof line, "NET %s %s", V.net_addr, V.net_gw);
+				if (V.net_addr[0] && (vm_guest_control(line, answer, sizeof answer, 3000) < 0 ||
+				                      strcmp(answer, "OK") != 0))
+					vm_log("the guest did not take its network: %.200s (it runs without)", answer);
 				identified = true;
 				vm_log("identity taken on the control port at %" PRIu64 " ms", vm_ms_since(V.t0));
 				continue;
@@ -760,7 +768,8 @@ static void usage(void)
 	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
 	        "                 [--machine pc|microvm] [--no-template] [--boot-timeout-ms MS] [--uid-lock DIR]\n"
-	        "                 [--run-dir DIR] [--ram-dir DIR] [--kernel-args ARGS] [--keep-state]\n"
+	        "                 [--run-dir DIR] [--ram-dir DIR] [--net ADDRESS/PREFIX,GATEWAY] [--kernel-args ARGS]\n"
+	        "                 [--keep-state]\n"
 	        "       spaced-vm template --state DIR --images DIR --out DIR [same options, no identity]\n"
 	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
 	exit(2);
@@ -907,6 +916,17 @@ static int run(int argc, char **argv, bool template_mode)
 			V.run_dir = val;
 		else if (strcmp(a, "--ram-dir") == 0)
 			V.ram_dir = val;
+		else if (strcmp(a, "--net") == 0) {
+			/* ADDRESS/PREFIX,GATEWAY */
+			const char *comma = strchr(val, ',');
+			ok = comma != NULL && (size_t)(comma - val) < sizeof V.net_addr && strlen(comma + 1) < sizeof V.net_gw &&
+			     strspn(val, "0123456789./,") == strlen(val);
+			if (ok) {
+				memcpy(V.net_addr, val, (size_t)(comma - val));
+				V.net_addr[comma - val] = '\0';
+				snprintf(V.net_gw, sizeof V.net_gw, "%s", comma + 1);
+			}
+		}
 		else if (strcmp(a, "--kernel-args") == 0)
 			V.kernel_args = val; /* before spaced's own: they cannot replace them */
 		else if (strcmp(a, "--qemu") == 0)

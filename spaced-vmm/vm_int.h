@@ -64,6 +64,7 @@ struct vm {
 	char vmdir[PATH_MAX]; /* RUN: the execution's uid's own directory */
 	char images[PATH_MAX];
 	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir, *kernel_args, *ram_dir;
+	char net_addr[24], net_gw[16]; /* the guest's egress address (a.b.c.d/p) and gateway, "" when none */
 	char ram_path[PATH_MAX];  /* the guest's RAM: a file on tmpfs, shared with the back-end */
 	enum vm_machine machine;
 	/* files opened by this process and handed to QEMU as descriptors (-1: none):
@@ -111,9 +112,10 @@ int vm_write_file(const char *dir, const char *name, const char *text, mode_t mo
 int vm_run_tool(const char *const argv[]);
 /* Starts argv as the execution's uid in its cgroup, stdout/stderr to
  * out_fd/err_fd, with keep[0..nkeep) as its descriptors 3, 4, …; killed with
- * this process. */
-int vm_spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, pid_t *pid,
-             uint64_t *start, char *why, size_t whysz);
+ * this process. before (may be NULL) runs in the child as root just before
+ * it gives its privileges up; a non-zero return ends the child. */
+int vm_spawn(const char *const argv[], int out_fd, int err_fd, const int *keep, int nkeep, int (*before)(void),
+             pid_t *pid, uint64_t *start, char *why, size_t whysz);
 /* Runs argv like vm_spawn and waits for it; 0 on exit 0. */
 int vm_spawn_wait(const char *const argv[], const int *keep, int nkeep, char *why, size_t whysz);
 /* Whether child p has ended (reaping it). */

@@ -1,12 +1,15 @@
 /* vm_qemu.c — QEMU for a qemu substrate execution: its command line, the
  * back-end beside it, and what spaced-vm asks of it over QMP (vm_int.h). */
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,12 +63,60 @@ int vm_start_vsockd(int err_fd, char *why, size_t whysz)
 	snprintf(uds, sizeof uds, "%s/guest.sock", V.vmdir);
 	snprintf(cid, sizeof cid, "%u", V.cid);
 	const char *argv[] = {V.vsockd_bin, "--socket", vu, "--uds", uds, "--cid", cid, NULL};
-	int e = vm_spawn(argv, err_fd, err_fd, NULL, 0, &V.vsockd, &V.vsockd_start, why, whysz);
+	int e = vm_spawn(argv, err_fd, err_fd, NULL, 0, NULL, &V.vsockd, &V.vsockd_start, why, whysz);
 	if (e < 0)
 		return e;
 	if ((e = wait_socket(uds, V.vsockd, 10000)) < 0 || (e = wait_socket(vu, V.vsockd, 10000)) < 0)
 		spaced_why(why, whysz, "spaced-vsockd did not listen");
 	return e;
+}
+
+/* In QEMU's child, as root: a network namespace of its own holding only L2 —
+ * the VM's tap (owned by the execution's uid, which QEMU opens) in a bridge
+ * that spaced-node joins the egress link to (net.h: net_attach_vm). Until
+ * then, or on a worker without egress, the VM's network leads nowhere. MTU
+ * 65520 all the way, as on the egress link: pasta hands over segments that
+ * large, and a 1500 hop would drop them. */
+static int qemu_netns(void)
+{
+	if (unshare(CLONE_NEWNET) < 0)
+		return 1;
+	int fd = open("/proc/sys/net/ipv6/conf/all/disable_ipv6", O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "1\n", 2);
+		close(fd);
+	}
+	fd = open("/proc/sys/net/ipv6/conf/default/disable_ipv6", O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "1\n", 2);
+		close(fd);
+	}
+	char script[256];
+	snprintf(script, sizeof script,
+	         "link set lo up\nlink add br0 type bridge\ntuntap add dev tap0 mode tap user %u group %u\n"
+	         "link set tap0 mtu 65520\nlink set tap0 master br0\nlink set tap0 up\nlink set br0 up\n",
+	         (unsigned)V.uid, (unsigned)V.uid);
+	int in[2];
+	if (pipe(in) < 0)
+		return 1;
+	pid_t p = fork();
+	if (p < 0)
+		return 1;
+	if (p == 0) {
+		dup2(in[0], 0);
+		close(in[0]);
+		close(in[1]);
+		execl("/usr/sbin/ip", "ip", "-batch", "-", (char *)NULL);
+		execl("/sbin/ip", "ip", "-batch", "-", (char *)NULL);
+		_exit(127);
+	}
+	close(in[0]);
+	ssize_t w = write(in[1], script, strlen(script));
+	close(in[1]);
+	int st;
+	if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || w != (ssize_t)strlen(script))
+		return 1;
+	return 0;
 }
 
 int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
@@ -79,7 +130,7 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 		vcpus = 1;
 	bool pc = V.machine == VM_PC;
 	/* the descriptors QEMU gets: 3, 4, … in this order */
-	int keep[5], nkeep = 0;
+	int keep[6], nkeep = 0;
 	keep[nkeep++] = V.kernel_fd;
 	snprintf(kernel, sizeof kernel, "/proc/self/fd/%d", 2 + nkeep);
 	keep[nkeep++] = V.initrd_fd;
@@ -100,7 +151,22 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	keep[nkeep++] = V.ram_fd;
 	snprintf(obj, sizeof obj, "memory-backend-file,id=mem,size=%" PRIu64 "M,share=on,mem-path=/proc/self/fd/%d", mib,
 	         2 + nkeep);
-	snprintf(vuchar, sizeof vuchar, "socket,id=vu,path=%s/vu.sock", V.vmdir);
+	/* the vhost-user connection is made here, in the host's network
+	 * namespace, and handed to QEMU: a Unix connection's two sockets belong
+	 * to the connecting side's namespace, and the bridge checks this one
+	 * with unix_diag from the host's (spaced-host/vm_verify.c) */
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int vufd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (vufd < 0)
+		return SPACED_ESYS;
+	if ((size_t)snprintf(sa.sun_path, sizeof sa.sun_path, "%.80s/vu.sock", V.vmdir) >= sizeof sa.sun_path ||
+	    connect(vufd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		spaced_why(why, whysz, "connect %s: %s", sa.sun_path, strerror(errno));
+		close(vufd);
+		return SPACED_ESYS;
+	}
+	keep[nkeep++] = vufd;
+	snprintf(vuchar, sizeof vuchar, "socket,id=vu,fd=%d", 2 + nkeep);
 	snprintf(qmp, sizeof qmp, "unix:%s/qmp.sock,server=on,wait=off", V.vmdir);
 	/* the disk's graph is given whole: nothing QEMU opens comes from a name
 	 * written in an image's header (a backing or data file) */
@@ -128,7 +194,9 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	snprintf(vsockdev, sizeof vsockdev,
 	         pc ? "vhost-user-vsock-pci,chardev=vu,id=vsock,addr=" PC_VSOCK_ADDR : "vhost-user-vsock-device,chardev=vu,id=vsock");
 	unsigned khz = tsc_khz();
-	char tsc[40] = "", ident[SPACED_IDENTITY_TEXT_MAX + 24] = "";
+	char tsc[40] = "", ident[SPACED_IDENTITY_TEXT_MAX + 24] = "", net[64] = "";
+	if (V.net_addr[0] && !V.need_identity)
+		snprintf(net, sizeof net, " spaced.net=%s,%s", V.net_addr, V.net_gw);
 	if (khz > 0)
 		snprintf(tsc, sizeof tsc, " tsc_early_khz=%u", khz);
 	if (V.have_identity && !V.need_identity)
@@ -138,8 +206,8 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	 * memory smaller, 59 instead of 77 MB for a template, but the kernel then
 	 * zeroes all of the guest's RAM at boot: every page touched on the host.) */
 	int an = snprintf(append, sizeof append,
-	                  "console=ttyS0 quiet panic=-1 tsc=reliable%s%s%s%s%s spaced.port=%u spaced.ctlport=%u spaced.pids=%" PRIu64,
-	                  pc ? "" : " pci=off", tsc, V.kernel_args ? " " : "", V.kernel_args ? V.kernel_args : "", ident,
+	                  "console=ttyS0 quiet panic=-1 tsc=reliable%s%s%s%s%s%s spaced.port=%u spaced.ctlport=%u spaced.pids=%" PRIu64,
+	                  pc ? "" : " pci=off", tsc, V.kernel_args ? " " : "", V.kernel_args ? V.kernel_args : "", ident, net,
 	                  V.port, VM_CTL_PORT, V.pids);
 	if (an < 0 || (size_t)an >= sizeof append)
 		return SPACED_ETOOBIG;
@@ -163,6 +231,12 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	argv[n++] = drive;
 	argv[n++] = "-device";
 	argv[n++] = blkdev;
+	/* the network card: on the tap of QEMU's own namespace (qemu_netns) */
+	argv[n++] = "-netdev";
+	argv[n++] = "tap,id=net0,ifname=tap0,script=no,downscript=no";
+	argv[n++] = "-device";
+	argv[n++] = pc ? "virtio-net-pci,netdev=net0,addr=0x5,mac=52:54:00:00:00:02"
+	               : "virtio-net-device,netdev=net0,mac=52:54:00:00:00:02";
 	if (pc) {
 		/* a new generation ID at every start, restores included: the guest's
 		 * kernel reseeds its random number generator when it changes (the
@@ -181,7 +255,8 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 		argv[n++] = vsockdev;
 	}
 	argv[n] = NULL;
-	int e = vm_spawn(argv, out_fd, err_fd, keep, nkeep, &V.qemu, &V.qemu_start, why, whysz);
+	int e = vm_spawn(argv, out_fd, err_fd, keep, nkeep, qemu_netns, &V.qemu, &V.qemu_start, why, whysz);
+	close(vufd);
 	if (e == 0)
 		V.vsock_plugged = V.state_fd < 0;
 	return e;

@@ -15,6 +15,10 @@
 #     memory snapshot: the vsock device unplugged, QEMU's state saved, restored
 #     on the other worker with a new device), the generation is new and the
 #     guest reports it, a route to the old execution is refused (REFRESH_ROUTE);
+#   - egress follows the sandbox's policy (an outside host in a namespace made
+#     here): reached by address and by name, refused after a live change to
+#     deny, also when root inside changes its address; after a move the guest
+#     gets the new worker's link on its control port;
 #   - rm and dev down leave no VM running.
 # With SPACED_VM_FULL=1 (make check-vm) also: a memory hog inside the VM is
 # killed by the guest's kernel and the sandbox stays up.
@@ -30,7 +34,16 @@ W=$(mktemp -d /tmp/spaced-vmnode-XXXXXX)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
 BG=""
-trap 'for p in $BG; do kill $p 2>/dev/null; done; exec 3>&- 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; rm -rf "$W"' EXIT
+NET=0
+. "$top/tests/net_lib.sh"
+trap 'for p in $BG; do kill $p 2>/dev/null; done; exec 3>&- 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; rm -rf "$W"' EXIT
+# an outside host (198.18.0.0/15, a namespace made here) for the egress checks
+if command -v pasta >/dev/null && command -v nft >/dev/null && command -v curl >/dev/null &&
+	[ -x "$build/spaced-node/spaced-netd" ]; then
+	NH_LOG=$W/host.log
+	net_host_up && NET=1
+fi
+[ "$NET" = 1 ] || echo "note: no egress checks (pasta, nft, curl or a namespace for the outside host missing)"
 failed=0
 ok() { printf 'ok: %s\n' "$*"; }
 fail() { printf 'FAIL: %s\n' "$*"; failed=1; }
@@ -49,7 +62,7 @@ wait_for() {
 }
 
 t0=$(now_ms)
-if ! "$SC" dev up --workers 2 --dir "$D" --substrate qemu >"$W/up.out" 2>"$W/up.err"; then
+if ! SPACED_NET_DNS=${NH_A:+$NH_A:53} "$SC" dev up --workers 2 --dir "$D" --substrate qemu >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err" "$D/vm-images.log" 2>/dev/null; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up --substrate qemu"; exit 1
 fi
@@ -123,6 +136,25 @@ if [ "${SPACED_VM_FULL:-0}" = 1 ]; then
 	expect "the sandbox stays up" "$("$SC" exec "$S" -- echo alive)" alive
 fi
 
+# egress under the sandbox's policy (docs/network.md): the VM's NIC is bridged
+# to the execution's link into the worker's egress namespace
+# (busybox's nc: its static wget crashes resolving through glibc's NSS without its modules)
+outside() { "$SC" exec "$S" -- sh -c "printf 'GET / HTTP/1.0\r\n\r\n' | timeout 8 nc $1 8080 | tail -n 1" 2>/dev/null; }
+if [ "$NET" = 1 ]; then
+	case "$("$SC" exec "$S" -- ip -4 -o addr show dev eth0)" in
+	*"inet 100.88."*"/30"*) ok "the guest's eth0 has its slot's address" ;;
+	*) fail "eth0: $("$SC" exec "$S" -- ip -4 -o addr show dev eth0 2>&1)" ;;
+	esac
+	expect "allow (the default): an outside address is reached from the VM" "$(outside "$NH_A")" "outside-host $NH_A"
+	expect "the worker's resolver answers the VM (allowed.test)" \
+		"$("$SC" exec "$S" -- sh -c 'nslookup allowed.test | awk "/^Address/ { a = \$2 } END { print a }"')" "$NH_A"
+	"$SC" net "$S" --network deny >/dev/null || fail "spacectl net --network deny"
+	expect "deny, changed live: nothing outside is reached" "$(outside "$NH_A")" ""
+	"$SC" exec "$S" -- sh -c 'ip addr flush dev eth0; ip addr add 100.88.255.1/30 dev eth0; ip route add default via 100.88.255.2' 2>/dev/null
+	expect "root in the VM moving to another address gets nothing through" "$(outside "$NH_A")" ""
+	"$SC" net "$S" --network allow >/dev/null || fail "spacectl net --network allow"
+fi
+
 # a running process and an open terminal across pause and resume
 printf '#!/bin/sh\ni=0\nwhile true; do i=$((i+1)); echo $i >/workspace/c.tmp; mv /workspace/c.tmp /workspace/counter; sleep 0.2; done\n' |
 	"$SC" fs write "$S" /workspace/loop.sh
@@ -184,6 +216,10 @@ c2=$("$SC" fs read "$S" /workspace/counter)
 expect "the guest reports generation 2 (learned on its control port after the restore)" \
 	"$("$SC" -v exec "$S" -- true 2>&1 | grep -c "identity sandbox=$S;generation=2;worker=worker-2;substrate=qemu")" 1
 [ -z "$OLDQ" ] || ! kill -0 "$OLDQ" 2>/dev/null && ok "the old worker's VM is gone" || fail "old VM still runs"
+if [ "$NET" = 1 ]; then
+	expect "after the move the guest reaches the outside through worker-2's link (given on its control port)" \
+		"$(outside "$NH_A")" "outside-host $NH_A"
+fi
 
 "$SC" rm "$S" >/dev/null || fail "rm"
 wait_for "rm stops the VM" 30 sh -c "! pgrep -f '^$build/spaced-vmm/spaced-vm --state $D/' >/dev/null"
