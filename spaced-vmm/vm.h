@@ -5,20 +5,28 @@
  *   spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]
  *             [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]
  *             [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]
- *             [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--ram-dir DIR] [--keep-state]
+ *             [--machine pc|microvm] [--no-template] [--net ADDRESS/PREFIX,GATEWAY]
+ *             [--boot-timeout-ms MS] [--uid-lock DIR] [--run-dir DIR] [--ram-dir DIR]
+ *             [--kernel-args ARGS] [--keep-state]
+ *   spaced-vm template --state DIR --images DIR --out DIR [the shape's options]
  *   spaced-vm ctl --state DIR PAUSE | THAW | STATUS | USAGE | STOP | SNAPSHOT DIR
  *
- * It plays for a microVM the part spaced-launch plays for the process
- * substrate: it makes the execution's disk (a qcow2 overlay over a base
- * image of the worker's root tree, or a copy of a snapshot's disk), starts
- * spaced-vsockd (the vhost-user vsock back-end holding the guest transport's
- * hybrid socket RUN/guest.sock; RUN is --run-dir, by default DIR/vm) and QEMU (microvm, the execution's vCPUs
- * and memory, the disk as virtio-blk, vhost-user-vsock), both as the
- * execution's own uid and in a cgroup with its limits, waits until the guest
- * answers HELLO with the expected identity, then writes DIR/pids and
- * DIR/ready, prints "READY <ms>" and serves control commands on
- * DIR/control.sock (SOCK_SEQPACKET, root or its own uid only) until told to
- * stop or until QEMU or spaced-vsockd ends (then the other is stopped too).
+ * It plays for a VM the part spaced-launch plays for the process substrate:
+ * it makes the execution's disk (a qcow2 overlay over a base image of the
+ * worker's root tree or over a booted template's disk, or a copy of a
+ * snapshot's disk) and its RAM file (tmpfs), starts spaced-vsockd (the
+ * vhost-user vsock back-end holding the guest transport's hybrid socket
+ * RUN/guest.sock; RUN is --run-dir, by default DIR/vm) and QEMU (a pc machine
+ * in a network namespace of its own: the execution's vCPUs and memory, the
+ * disk as virtio-blk, a NIC on a bridged tap, vhost-user-vsock), both as the
+ * execution's own uid and in a cgroup with its limits; a VM from a template
+ * or a memory snapshot loads the saved device state and gets its vsock
+ * device plugged and its identity given on the guest's control port. It
+ * waits until the guest answers HELLO with the expected identity, then
+ * writes DIR/pids and DIR/ready, prints "READY <ms>" and serves control
+ * commands on DIR/control.sock (SOCK_SEQPACKET, root or its own uid only)
+ * until told to stop or until QEMU or spaced-vsockd ends (then the other is
+ * stopped too). vm_int.h lists its files.
  *
  * DIR/pids names the two processes a bridge must pin (B1, B2):
  *   vsockd PID START\n  qemu PID START\n   (START: /proc/PID/stat field 22)
