@@ -308,7 +308,11 @@ static void remove_vm_files(void)
 			int lk = open(p, O_RDWR | O_CLOEXEC);
 			if (lk < 0)
 				continue;
-			if (flock(lk, LOCK_EX | LOCK_NB) < 0) {
+			/* a supervisor just killed lets its lock go as it dies */
+			int held = 1;
+			for (int t = 0; t < 40 && (held = flock(lk, LOCK_EX | LOCK_NB) < 0); t++)
+				sleep_ms(50);
+			if (held) {
 				close(lk);
 				continue;
 			}
