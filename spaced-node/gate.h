@@ -145,6 +145,7 @@ struct mgr {
 	uv_check_t api_check;      /* writes them at the end of each turn of the loop */
 	uv_idle_t api_idle;        /* keeps the loop from sleeping while some are due */
 	bool api_flush_due;
+	bool api_held;             /* a stream was held back while node-api was behind */
 	struct gstream *streams;
 	size_t nstreams;
 	struct idle_conn *idle;
