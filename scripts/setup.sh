@@ -6,7 +6,8 @@ set -eu
 PKGS="build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
 libsodium-dev libjansson-dev libcriterion-dev libuv1-dev libwebsockets-dev
 libseccomp-dev libsqlite3-dev sqlite3 libpq-dev postgresql bubblewrap libssl-dev e2fsprogs
-iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev"
+iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev
+libarchive-dev mmdebstrap"
 
 missing=""
 for p in $PKGS; do
