@@ -62,7 +62,11 @@
 
 struct spaced_sub_config {
 	const char *state_dir;     /* required; created when missing */
-	const char *base_dir;      /* template root; NULL: the host's /usr and /etc */
+	const char *base_dir;      /* a root directory used as it is; NULL: the host's /usr and /etc */
+	const char *template_dir;  /* a template: a root whose owners are in the canonical range
+	                            * 100000 … 165535, seen through an idmapped mount that gives
+	                            * them to the execution's range (sub_template.c); excludes
+	                            * base_dir. A snapshot names it by its last path component. */
 	const char *guest_path;    /* host path of the guest binary (required) */
 	const char *restore_from;  /* snapshot directory to start from, or NULL */
 	const struct spaced_identity *identity; /* NULL: given later (warm pool) */
