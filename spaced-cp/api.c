@@ -332,6 +332,13 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 		                          "memory_bytes", (json_int_t)used.memory, "disk_bytes", (json_int_t)used.disk));
 		return;
 	}
+	if (strcmp(seg[1], "templates") == 0 || strcmp(seg[1], "store") == 0) {
+		if (auth(st, rq, CP_ROLE_TENANT, tenant, NULL) < 0)
+			return;
+		int status = cp_templates_api(cp, st, tenant, rq->method, seg, n, &out);
+		answer(rq, status, out);
+		return;
+	}
 	if (strcmp(seg[1], "sandboxes") != 0 || n > 4) {
 		answer(rq, 404, cp_error("not-found", "no such endpoint"));
 		return;

@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "reqparse.h"
+#include "rootfs.h"
 #include "store.h"
 #include "util.h"
 
@@ -55,6 +56,15 @@ struct cp {
 	int64_t idle_timeout, max_lifetime; /* defaults for new sandboxes (0 = none) */
 	struct cp_quota quota_default; /* for tenants without quotas of their own */
 	int nthreads;
+
+	/* the store of templates and snapshots (blobs.c, templates.c) */
+	char store_host[64];
+	int store_port;               /* 0: any free port */
+	char store_url[CP_URL_MAX];   /* http://HOST:PORT, what workers and spacectl are told */
+	char store_dir[1024];         /* STATE/store */
+	uint64_t template_max;        /* largest archive a template import takes */
+	uint64_t snapshot_max;        /* largest snapshot archive */
+	struct spaced_rootfs_limits template_limits;
 
 	/* signer */
 	int signer_fd;
@@ -163,6 +173,24 @@ json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id)
 int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,
                    struct cp_quota *used);
 void cp_reap(struct cp *cp, struct cp_store *st);
+
+/* blobs.c: the store's own HTTP server thread (templates in, templates and
+ * snapshots out and in); fills store_url. 0 or a SPACED_E* code. */
+int cp_blobs_start(struct cp *cp);
+
+/* templates.c */
+/* The tenant's template name as {"name","hash","config"} (*tmpl), or an HTTP
+ * status with *err. */
+int cp_template_resolve(struct cp_store *st, const char *tenant, const char *name, json_t **tmpl, json_t **err);
+/* Adds spec.template.url: where a worker fetches the template's archive. */
+void cp_template_locate(struct cp *cp, json_t *spec);
+/* Imports the archive at upload as the tenant's template name (HTTP status,
+ * *answer the body). Runs off the loops (blocking, CPU and disk). */
+int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *upload,
+                       json_t **answer);
+/* GET /v1/templates[/NAME], DELETE /v1/templates/NAME, GET /v1/store. */
+int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                     json_t **out);
 json_t *cp_error(const char *code, const char *msg);
 
 #endif

@@ -592,6 +592,8 @@ static json_t *sbx_json(const struct sbx *s)
 		struct spaced_resources res;
 		resources_of(s, &res);
 		json_object_set_new(j, "resources", spaced_resources_to_json(&res));
+		json_t *t = json_object_get(json_object_get(j, "spec"), "template");
+		json_object_set_new(j, "template", json_is_object(t) ? json_incref(json_object_get(t, "name")) : json_null());
 	}
 	if (j != NULL && col(s, C_SNAP) != NULL) {
 		const char *h = col(s, C_SNAPHASH);
@@ -864,6 +866,8 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	}
 	/* the limits it runs under, as placement resolved them for this worker */
 	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
+	/* where the worker fetches its template (the store's address of now) */
+	cp_template_locate(cp, spec);
 	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
 	/* the destination checks the snapshot against it and refuses without it */
 	json_object_set_new(spec, "snapshot_hash", snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
@@ -997,7 +1001,16 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX], now[24], until[24], idle[24], maxl[24];
 	struct placement p;
 	int status, r;
-	json_t *spec = json_pack("{s:s?,s:n}", "template", c->template_name[0] ? c->template_name : NULL, "snapshot");
+	json_t *tmpl = NULL;
+	char tmpl_hash[SPACED_TREEHASH_HEX] = "";
+	/* a template is named by the tenant and pinned by its hash: the sandbox
+	 * keeps that tree across pause, resume and move, whatever the name
+	 * comes to mean later */
+	if (c->template_name[0] && (status = cp_template_resolve(st, tenant, c->template_name, &tmpl, body)) != 0)
+		return status;
+	if (tmpl)
+		snprintf(tmpl_hash, sizeof tmpl_hash, "%s", json_string_value(json_object_get(tmpl, "hash")));
+	json_t *spec = json_pack("{s:o,s:n}", "template", tmpl ? tmpl : json_null(), "snapshot");
 	char *spec_text = spec ? json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(spec);
 	if (spec_text == NULL) {
@@ -1028,13 +1041,14 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	char cpu[24], mem[24], pids[24], disk[24];
 	r = CP_Q(st, NULL, NULL,
 	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
-	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes) "
-	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14)",
+	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes, "
+	         "template_hash) "
+	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14, $15)",
 	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
 	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
 	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
 	         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
-	         cp_i64(disk, (int64_t)p.res.disk_bytes));
+	         cp_i64(disk, (int64_t)p.res.disk_bytes), tmpl_hash[0] ? tmpl_hash : NULL);
 	if (r < 0 || (r = cp_store_commit(st)) < 0) {
 		cp_store_rollback(st);
 		status = 500;
