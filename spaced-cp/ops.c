@@ -1093,13 +1093,16 @@ static void snapshot_result(const char *res, char hex[65], char bytes[24])
 	json_decref(j);
 }
 
-static const char *snapshot_dir(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
+/* Where a snapshot's archive goes: the store's URL of a new name (the store
+ * takes each name once: a snapshot never overwrites an earlier one of the
+ * same generation — a `snapshot` and then a `move`). The worker uploads it
+ * there and the destination of a move fetches it from there: no
+ * filesystem is shared between them. */
+static const char *snapshot_url(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
 {
-	/* one new name per snapshot: a snapshot never overwrites an earlier one of
-	 * the same generation (a `snapshot` and then a `move`) */
 	char rnd[SPACED_NAME_MAX];
 	cp_random_name(rnd, "");
-	snprintf(buf, n, "%s/snapshots/%s-%" PRId64 "-%.16s", cp->state_dir, id, gen, rnd);
+	snprintf(buf, n, "%s/v1/blobs/snapshots/%s-%" PRId64 "-%.16s", cp->store_url, id, gen, rnd);
 	return buf;
 }
 
@@ -1167,8 +1170,8 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 	if (strcmp(op, "snapshot") == 0) {
 		if (strcmp(state, "paused") != 0 || !has_identity)
 			goto wrong_state;
-		msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn), "path",
-		                snapshot_dir(cp, path, sizeof path, id, gen));
+		msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn), "url",
+		                snapshot_url(cp, path, sizeof path, id, gen));
 		if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
 			goto ack_fail;
 		char hex[65], nb[24];
@@ -1271,7 +1274,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto ack_fail_error;
 			json_decref(msg);
 			msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn),
-			                "path", snapshot_dir(cp, path, sizeof path, id, gen));
+			                "url", snapshot_url(cp, path, sizeof path, id, gen));
 			if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
 				goto ack_fail_error;
 			char hex[65], nb[24];

@@ -7,6 +7,7 @@
  * job child has exited are its children, and it reaps them).
  */
 #include "executor.h"
+#include "fetch.h"
 #include "links.h"
 #include "mgr.h"
 #include "node.h"
@@ -21,17 +22,21 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "error.h"
 #include "frame.h"
 #include "guest_proto.h"
 #include "host_client.h"
 #include "pidref.h"
+#include "rootfs.h"
 
 #define EXE_MAX_CHILDREN 64   /* job children at once; more jobs wait their turn */
 #define EXE_MAX_CONNECTS 1024 /* bridge connections being made at once */
@@ -288,6 +293,53 @@ static bool conn_step(struct executor *x, struct xconn *c, short revents)
 
 /* ---- jobs in children ---- */
 
+/* Keeps the template cache within its bound, never touching the templates
+ * of live executions (keep: a JSON array of hashes) nor this one. */
+static void evict_templates(const struct mgr_config *cfg, const char *current, json_t *keep)
+{
+	const char *k[1025];
+	size_t n = 0, i;
+	json_t *v;
+	k[n++] = current;
+	json_array_foreach(keep, i, v) {
+		if (json_is_string(v) && n < 1025)
+			k[n++] = json_string_value(v);
+	}
+	tmpl_evict(cfg, cfg->tmpl_cache_max, k, n);
+}
+
+/* A snapshot uploaded to the control plane's store: taken here, hashed,
+ * packed into one archive (holes and whiteouts kept) and sent to url; the
+ * local copies go. The ack carries the hash the destination checks. */
+static int snapshot_to_store(const struct mgr_config *cfg, struct mgr_rec *rec, const char *url, json_t **result,
+                             char *why, size_t whysz)
+{
+	char dir[4200], local[4400], tarp[4500], hex[MGR_HASH_HEX], rnd[17];
+	uint64_t bytes = 0, r64;
+	int e;
+	randombytes_buf(&r64, sizeof r64);
+	snprintf(rnd, sizeof rnd, "%016llx", (unsigned long long)r64);
+	snprintf(dir, sizeof dir, "%s/snapout", cfg->state_dir);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(why, whysz, "mkdir %.200s: %s", dir, strerror(errno));
+		return SPACED_ESYS;
+	}
+	snprintf(local, sizeof local, "%s/%s-%s", dir, rec->r.id.sandbox, rnd);
+	snprintf(tarp, sizeof tarp, "%s.tar", local);
+	if ((e = mgr_exec_snapshot(cfg, rec, local, &bytes)) < 0)
+		snprintf(why, whysz, "snapshot failed: %s", spaced_strerror(e));
+	else if ((e = mgr_snapshot_hash(local, hex, &bytes)) < 0)
+		snprintf(why, whysz, "cannot hash the snapshot: %s", spaced_strerror(e));
+	else if ((e = spaced_rootfs_pack_dir(local, tarp, why, whysz)) == 0)
+		e = fetch_upload(cfg->state_dir, url, tarp, why, whysz);
+	const char *rm[] = {"rm", "-rf", "--", local, tarp, NULL};
+	mgr_run_wait(rm);
+	if (e < 0)
+		return e;
+	*result = json_pack("{s:s,s:I,s:s}", "url", url, "bytes", (json_int_t)bytes, "hash", hex);
+	return 0;
+}
+
 /* The blocking work of one job; runs in the child. *result is a new object. */
 static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args, json_t **result, char *why,
                    size_t whysz)
@@ -313,6 +365,8 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		                         whysz);
 		if (e == 0)
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+		if (rec.tmpl[0])
+			evict_templates(cfg, rec.tmpl, json_object_get(args, "templates"));
 		return e;
 	}
 	if (strcmp(kind, "stop") == 0 && has_rec) {
@@ -321,6 +375,8 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 	}
 	if (strcmp(kind, "pause") == 0 && has_rec)
 		return mgr_exec_pause(cfg, &rec, json_is_true(json_object_get(args, "pause")));
+	if (strcmp(kind, "snapshot") == 0 && has_rec && json_is_string(json_object_get(args, "url")))
+		return snapshot_to_store(cfg, &rec, json_string_value(json_object_get(args, "url")), result, why, whysz);
 	if (strcmp(kind, "snapshot") == 0 && has_rec && json_is_string(json_object_get(args, "path"))) {
 		const char *path = json_string_value(json_object_get(args, "path"));
 		char hex[MGR_HASH_HEX];

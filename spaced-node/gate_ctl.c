@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "treehash.h"
 
 enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER };
 
@@ -54,6 +55,7 @@ struct ctl_op {
 	struct spaced_identity id;
 	bool handoff, keep, had_cur;
 	struct spaced_resources res;
+	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
 	struct mgr_rec rec, old;
 };
@@ -269,6 +271,18 @@ static void on_background_job(struct mgr *m, uintptr_t ctx, int status, const ch
 		gate_log("level=warn event=job-failed job=%s reason=\"%s\"", (const char *)ctx, msg);
 }
 
+/* The templates of live executions: never evicted from the cache. */
+static json_t *used_templates(struct mgr *m)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if (r->tmpl[0] && (r->pid != 0 || r->host_pid != 0 || r->r.active))
+			json_array_append_new(a, json_string(r->tmpl));
+	}
+	return a;
+}
+
 static json_t *used_ranges(struct mgr *m)
 {
 	json_t *a = json_array();
@@ -303,6 +317,24 @@ static int get_identity(json_t *msg, struct spaced_identity *id, struct outcome 
 	return 0;
 }
 
+/* spec.template: null (the worker's own /usr and /etc) or {"name", "hash",
+ * "url", "config"}: the template is fetched from url and must have hash. */
+static int template_parse(json_t *t, struct ctl_op *op, struct outcome *o)
+{
+	op->tmpl[0] = op->tmpl_url[0] = 0;
+	if (!t || json_is_null(t))
+		return 0;
+	json_t *h = json_object_get(t, "hash"), *u = json_object_get(t, "url");
+	if (!json_is_object(t) || !json_is_string(h) || !spaced_treehash_hex_valid(json_string_value(h)))
+		return fail(o, "bad-message", "spec.template must name a template by its hash");
+	if (u && (!json_is_string(u) || json_string_length(u) >= sizeof op->tmpl_url ||
+	          strncmp(json_string_value(u), "http", 4) != 0))
+		return fail(o, "bad-message", "spec.template.url must be an http URL");
+	snprintf(op->tmpl, sizeof op->tmpl, "%s", json_string_value(h));
+	snprintf(op->tmpl_url, sizeof op->tmpl_url, "%s", u ? json_string_value(u) : "");
+	return 0;
+}
+
 /* Checks an install and fills op; -1 with op->o set when it is refused. */
 static int install_parse(struct mgr *m, struct ctl_op *op)
 {
@@ -329,11 +361,13 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 			op->res.memory_bytes = (uint64_t)json_integer_value(lm);
 		if (op->res.pids == 0 && json_is_integer(lp) && json_integer_value(lp) > 0)
 			op->res.pids = (uint64_t)json_integer_value(lp);
+		if (template_parse(json_object_get(spec, "template"), op, o) < 0)
+			return -1;
 		json_t *snap = json_object_get(spec, "snapshot"), *sh = json_object_get(spec, "snapshot_hash");
 		if (snap && !json_is_null(snap)) {
-			if (!json_is_string(snap) || json_string_value(snap)[0] != '/' ||
-			    json_string_length(snap) >= sizeof op->snapshot)
-				return fail(o, "bad-message", "spec.snapshot must be an absolute path");
+			if (!json_is_string(snap) || json_string_length(snap) >= sizeof op->snapshot ||
+			    (json_string_value(snap)[0] != '/' && strncmp(json_string_value(snap), "http", 4) != 0))
+				return fail(o, "bad-message", "spec.snapshot must be an absolute path or an http URL");
 			snprintf(op->snapshot, sizeof op->snapshot, "%s", json_string_value(snap));
 		}
 		if (sh && !json_is_null(sh)) {
@@ -351,6 +385,8 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 	if (!mgr_cfg(m)->launch_bin) {
 		if (op->res.cpu_milli || op->res.memory_bytes || op->res.pids || op->res.disk_bytes)
 			return fail(o, "limits-unsupported", "development executions cannot be held to limits");
+		if (op->tmpl[0])
+			return fail(o, "template-unsupported", "development executions run on the worker's own files");
 	} else {
 		/* what the install leaves out, the worker's defaults fill in; what it
 		 * asks above the worker's maxima is refused, never silently lowered */
@@ -404,6 +440,8 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.r.active = true;
 		op->rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
 		op->rec.res = op->res;
+		memcpy(op->rec.tmpl, op->tmpl, sizeof op->rec.tmpl);
+		memcpy(op->rec.tmpl_url, op->tmpl_url, sizeof op->rec.tmpl_url);
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		if (cur && op->id.generation == cur->r.id.generation) {
 			/* activation (or placement) change of the running execution: it
@@ -414,6 +452,8 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			op->rec.host_start = cur->host_start;
 			op->rec.res = cur->res;
 			op->rec.uid_base = cur->uid_base;
+			memcpy(op->rec.tmpl, cur->tmpl, sizeof op->rec.tmpl);
+			memcpy(op->rec.tmpl_url, cur->tmpl_url, sizeof op->rec.tmpl_url);
 			snprintf(op->rec.state, sizeof op->rec.state, "%s", cur->state);
 			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
 			op_commit(m, op, &op->rec, false);
@@ -467,8 +507,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 				gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)), on_background_job,
 				         (uintptr_t)"stop");
 		}
-		json_t *args = json_pack("{s:o,s:s?,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
-		                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m));
+		json_t *args = json_pack("{s:o,s:s?,s:o,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
+		                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m), "templates",
+		                         used_templates(m));
 		op->step = 2;
 		if (op_job(m, op, "start", args))
 			return;
@@ -626,10 +667,24 @@ refused:
 
 static void run_snapshot(struct mgr *m, struct ctl_op *op)
 {
-	static const char *const allowed[] = {"seq", "type", "identity", "path", NULL};
+	static const char *const allowed[] = {"seq", "type", "identity", "path", "url", NULL};
 	struct outcome *o = &op->o;
 	if (op->step == 0) {
-		json_t *jp = json_object_get(op->msg, "path");
+		/* a path both workers read (a shared store), or the store's URL
+		 * that the snapshot's archive is uploaded to */
+		json_t *jp = json_object_get(op->msg, "path"), *ju = json_object_get(op->msg, "url");
+		bool url = ju != NULL;
+		if (url && jp) {
+			fail(o, "bad-message", "a path or a url, not both");
+			goto refused;
+		}
+		if (url) {
+			jp = ju;
+			if (!json_is_string(ju) || strncmp(json_string_value(ju), "http", 4) != 0) {
+				fail(o, "bad-message", "url must be an http URL");
+				goto refused;
+			}
+		}
 		if (only_members(op->msg, allowed) < 0) {
 			fail(o, "bad-message", "unknown member");
 			goto refused;
@@ -652,7 +707,8 @@ static void run_snapshot(struct mgr *m, struct ctl_op *op)
 		}
 		op->rec = *cur;
 		op->step = 1;
-		if (op_job(m, op, "snapshot", json_pack("{s:o,s:s}", "rec", mgr_rec_to_json(&op->rec), "path", op->path)))
+		if (op_job(m, op, "snapshot",
+		           json_pack("{s:o,s:s}", "rec", mgr_rec_to_json(&op->rec), url ? "url" : "path", op->path)))
 			return;
 	}
 	if (op->job_status < 0) {

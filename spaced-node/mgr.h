@@ -33,6 +33,8 @@ struct mgr_rec {
 	uint64_t host_start;
 	struct spaced_resources res; /* the limits it runs under (the worker's defaults filled in) */
 	uint32_t uid_base;   /* host uid of root inside (substrate mode); 0 when none */
+	char tmpl[65];       /* the template it runs on (its hash), "" for the worker's own /usr and /etc */
+	char tmpl_url[512];  /* where the template is fetched from when it is not in the cache */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */

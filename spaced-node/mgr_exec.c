@@ -37,6 +37,8 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "fetch.h"
+#include "rootfs.h"
 #include "pidref.h"
 #include "util.h"
 
@@ -619,9 +621,20 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	mgr_run_wait(rm);
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
-	char cpus[16], mem[24], pids[24], disk[24], uid[16];
+	char cpus[16], mem[24], pids[24], disk[24], uid[16], troot[4400], why[512] = "";
 	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text};
 	size_t n = 7;
+	if (rec->tmpl[0]) {
+		/* the template, fetched and checked against its hash before use */
+		e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, sizeof why);
+		if (e < 0) {
+			fprintf(stderr, "executor: level=error event=template-unavailable hash=%s reason=\"%s\"\n", rec->tmpl,
+			        why);
+			return e;
+		}
+		argv[n++] = "--template";
+		argv[n++] = troot;
+	}
 	/* the limits it runs under; each one given is enforced or the start fails */
 	if (rec->res.cpu_milli) {
 		spaced_cpus_format(rec->res.cpu_milli, cpus);
@@ -947,11 +960,12 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 	char dir[4096], got[MGR_HASH_HEX];
 	struct stat sb;
 	int e;
-	if (!src || src[0] != '/' || !spaced_name_valid(sandbox, strlen(sandbox)))
+	bool remote = src && strncmp(src, "http", 4) == 0;
+	if (!src || (src[0] != '/' && !remote) || !spaced_name_valid(sandbox, strlen(sandbox)))
 		return SPACED_EINVAL;
 	if (!hash_hex_valid(want))
 		return SPACED_EIDENTITY; /* nothing starts from an unverified snapshot */
-	if (lstat(src, &sb) < 0 || !S_ISDIR(sb.st_mode))
+	if (!remote && (lstat(src, &sb) < 0 || !S_ISDIR(sb.st_mode)))
 		return SPACED_ENOENT;
 	snprintf(dir, sizeof dir, "%s/stage", cfg->state_dir);
 	if ((e = mkdirs(dir)) < 0)
@@ -962,10 +976,28 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 	/* the private copy is the one verified and the one restored: what is
 	 * checked cannot change in the shared store afterwards */
 	const char *rm[] = {"rm", "-rf", "--", dir, NULL};
-	const char *cp[] = {"cp", "-a", "--", src, dir, NULL};
-	if (mgr_run_wait(rm) < 0 || mgr_run_wait(cp) < 0) {
+	if (remote) {
+		/* from the control plane's store: the archive, then the tree it
+		 * holds (only what spaced_rootfs_pack_dir writes is accepted) */
+		char tarp[4200], why[512] = "";
+		snprintf(tarp, sizeof tarp, "%s.tar", dir);
+		unlink(tarp);
 		mgr_run_wait(rm);
-		return SPACED_EIO;
+		e = fetch_blob(cfg->state_dir, src, tarp, UINT64_C(1) << 40, why, sizeof why);
+		if (e == 0)
+			e = spaced_rootfs_extract(tarp, dir, SPACED_ROOTFS_X_SNAPSHOT, NULL, why, sizeof why);
+		unlink(tarp);
+		if (e < 0) {
+			fprintf(stderr, "executor: level=warn event=snapshot-fetch-failed url=%s reason=\"%s\"\n", src, why);
+			mgr_run_wait(rm);
+			return e == SPACED_EFORMAT ? SPACED_EIDENTITY : e;
+		}
+	} else {
+		const char *cp[] = {"cp", "-a", "--", src, dir, NULL};
+		if (mgr_run_wait(rm) < 0 || mgr_run_wait(cp) < 0) {
+			mgr_run_wait(rm);
+			return SPACED_EIO;
+		}
 	}
 	e = mgr_snapshot_hash(dir, got, NULL);
 	if (e == 0 && !spaced_ct_eq(got, want, MGR_HASH_HEX - 1))

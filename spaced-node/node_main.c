@@ -4,7 +4,7 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR] [--stall-timeout S]
+ *               [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE] [--template-max SIZE]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
  *
@@ -46,7 +46,8 @@ static void usage(void)
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
-	                "                   [--uid-lock-dir DIR] [--stall-timeout S]\n"
+	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE]\n"
+	                "                   [--template-max SIZE]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
@@ -310,6 +311,8 @@ int main(int argc, char **argv)
 	int stall_ms = 60000;
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL;
 	long capacity = 64;
+	/* templates: 8 GiB each at most, a cache of 20 GiB */
+	uint64_t tmpl_max = 8ull << 30, tmpl_cache_max = 20ull << 30;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -377,6 +380,13 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			stall_ms = (int)t * 1000;
+		} else if (strcmp(a, "--template-cache") == 0 || strcmp(a, "--template-max") == 0) {
+			uint64_t sz;
+			if (spaced_size_parse(v, &sz) < 0 || sz == 0) {
+				fprintf(stderr, "spaced-node: %s wants a size\n", a);
+				return 2;
+			}
+			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
 		}
 		else {
 			usage();
@@ -461,7 +471,7 @@ int main(int argc, char **argv)
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
-	                        .stall_timeout_ms = stall_ms};
+	                        .stall_timeout_ms = stall_ms, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

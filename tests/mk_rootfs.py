@@ -2,6 +2,7 @@
 """Builds root filesystem tarballs and OCI image archives for the template tests.
 
   mk_rootfs.py tarball OUT [--gz] [--bin PATH]... [--libs-of PATH]... [--file DST=TEXT]... [--own DST=UID]...
+                           [--link DST=TARGET]...
       a merged-/usr root (bin, lib, lib64, sbin -> usr/...) holding the given host binaries at
       usr/bin/NAME, the shared libraries they (and --libs-of binaries) need, and small text files
   mk_rootfs.py layer OUT [--file DST=TEXT]... [--whiteout DST]... [--opaque DIR]...
@@ -85,7 +86,7 @@ def opts(argv, names):
 
 
 def tarball(out, argv):
-    o, flags, _ = opts(argv, ["--bin", "--libs-of", "--file", "--own"])
+    o, flags, _ = opts(argv, ["--bin", "--libs-of", "--file", "--own", "--link"])
     owners = dict((kv.split("=", 1)[0], int(kv.split("=", 1)[1])) for kv in o["--own"])
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
@@ -121,6 +122,10 @@ def tarball(out, argv):
             dst, text = kv.split("=", 1)
             need_dirs(dst)
             add_file(t, dst, text.encode(), uid=owners.get(dst, 0))
+        for kv in o["--link"]:
+            dst, target = kv.split("=", 1)
+            need_dirs(dst)
+            add_link(t, dst, target)
     data = buf.getvalue()
     if "--gz" in flags:
         data = gzip.compress(data)
