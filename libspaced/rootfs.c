@@ -570,7 +570,8 @@ static struct archive *reader_open(const char *path, char *why, size_t whysz)
 	archive_read_support_filter_bzip2(a);
 	archive_read_support_filter_none(a);
 	if (archive_read_open_filename(a, path, READ_BLOCK) != ARCHIVE_OK) {
-		failf(why, whysz, 0, "%s: %s", path, archive_error_string(a));
+		failf(why, whysz, 0, "not an archive: %s", archive_error_string(a));
+		(void)path;
 		archive_read_free(a);
 		return NULL;
 	}

@@ -8,6 +8,7 @@
 #include <sodium.h>
 
 #include "cli.h"
+#include "tmpl.h"
 #include "cmd_ops.h"
 
 static const char usage[] =
@@ -33,6 +34,11 @@ static const char usage[] =
 	"  ls [--json] | rm ID | inspect ID [--json]\n"
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
+	"\n"
+	"templates (docs/templates.md):\n"
+	"  template import NAME FILE [--json]             a root filesystem tarball or an OCI image archive\n"
+	"  template build NAME -f SPACEFILE [--context DIR] [--no-cache] [--json]\n"
+	"  template ls [--json] | template rm NAME\n"
 	"\n"
 	"sandbox operations (through the worker that serves the sandbox; route cached, V1–V4):\n"
 	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--timeout S] -- CMD [ARG...]\n"
@@ -132,6 +138,8 @@ int main(int argc, char **argv)
 		return cmd_cap(argc - 1, argv + 1);
 	if (strcmp(argv[1], "node") == 0)
 		return cmd_node(argc - 1, argv + 1);
+	if (strcmp(argv[1], "template") == 0)
+		return cmd_template(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
 	                                      "pause", "snapshot", "resume", "move", "quota", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)
