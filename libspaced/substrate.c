@@ -42,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <linux/openat2.h>
 #include <linux/sched.h>
 
 #include "error.h"
@@ -71,6 +72,8 @@ struct spaced_sub {
 	bool templ;          /* base is a template: mapped by an idmapped mount */
 	char base_label[PATH_MAX + 16]; /* what a snapshot's meta names: "host", the
 	                                 * base's path or "template:<its directory name>" */
+	bool rename_on_claim; /* started without identity nor hostname: named "spaced" until claimed */
+	char etc_upper[16];   /* where /etc's upper directory is, under upper/: "etc" or "root/etc" */
 	struct spaced_pidref init;
 	struct sub_cgroup cg;
 	int ctl; /* supervisor end of the control socketpair */
@@ -810,6 +813,8 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 			goto fail;
 	}
 	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
+	s->rename_on_claim = !cfg->hostname && !s->has_identity;
+	snprintf(s->etc_upper, sizeof(s->etc_upper), "%s", s->base[0] ? "root/etc" : "etc");
 	if (cfg->cgroup_name != NULL)
 		snprintf(cgname, sizeof(cgname), "%s", cfg->cgroup_name);
 	else
@@ -1038,6 +1043,49 @@ int spaced_sub_wait_ready(struct spaced_sub *s, int timeout_ms)
 	return 0;
 }
 
+/* A pooled execution takes its sandbox's name when claimed: the UTS name
+ * (its namespace belongs to the host's user namespace, so only we can set
+ * it) and /etc/hostname and /etc/hosts where the creation wrote "spaced".
+ * Nothing inside has run yet but the guest; the files are still opened
+ * beneath the upper directory without following any symlink. */
+static void name_execution(struct spaced_sub *s, const char *name)
+{
+	char p[PATH_MAX], text[320];
+	pid_t c = fork();
+
+	if (c == 0) {
+		_exit(setns(s->init.pidfd, CLONE_NEWUTS) == 0 && sethostname(name, strlen(name)) == 0 ? 0 : 1);
+	}
+	if (c > 0)
+		while (waitpid(c, NULL, 0) < 0 && errno == EINTR)
+			;
+	if (pathf(p, "%s/upper", s->ldir) < 0)
+		return;
+	int up = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (up < 0)
+		return;
+	static const char *const files[] = { "hostname", "hosts" };
+	for (int i = 0; i < 2; i++) {
+		struct open_how how = { .flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW,
+		                        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+		char rel[64], old[512];
+		snprintf(rel, sizeof(rel), "%s/%s", s->etc_upper, files[i]);
+		int fd = (int)syscall(SYS_openat2, up, rel, &how, sizeof(how));
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, old, sizeof(old) - 1);
+		int tl = i == 0 ? snprintf(text, sizeof(text), "%s\n", name)
+		                : snprintf(text, sizeof(text), "127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n", name);
+		/* only what the creation wrote for "spaced" */
+		bool ours = n > 0 && ((i == 0 && n == 7 && memcmp(old, "spaced\n", 7) == 0) ||
+		                      (i == 1 && memmem(old, (size_t)n, "localhost spaced\n", 17) != NULL));
+		if (ours && tl > 0 && ftruncate(fd, 0) == 0)
+			(void)!pwrite(fd, text, (size_t)tl, 0);
+		close(fd);
+	}
+	close(up);
+}
+
 int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id)
 {
 	char msg[SPACED_IDENTITY_TEXT_MAX + 16];
@@ -1045,6 +1093,8 @@ int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *
 
 	if (s->has_identity)
 		return SPACED_EEXIST;
+	if (s->rename_on_claim)
+		name_execution(s, id->sandbox);
 	memcpy(msg, "IDENTITY ", 9);
 	n = spaced_identity_encode(id, msg + 9, sizeof(msg) - 9);
 	if (n < 0)

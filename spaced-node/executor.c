@@ -369,6 +369,38 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			evict_templates(cfg, rec.tmpl, json_object_get(args, "templates"));
 		return e;
 	}
+	/* the warm pool (pool.c): start one, claim one, reap what an earlier gate left */
+	if (strcmp(kind, "pool-start") == 0 && has_rec && json_is_string(json_object_get(args, "name"))) {
+		json_t *used = json_object_get(args, "used"), *v;
+		uint32_t u[1024];
+		size_t nu = 0, i;
+		uint64_t pss = 0;
+		json_array_foreach(used, i, v) {
+			if (json_is_integer(v) && nu < 1024)
+				u[nu++] = (uint32_t)json_integer_value(v);
+		}
+		e = mgr_pool_exec_start(cfg, json_string_value(json_object_get(args, "name")), &rec, u, nu, &pss, why, whysz);
+		if (e == 0)
+			*result = json_pack("{s:o,s:I}", "rec", mgr_rec_to_json(&rec), "pss_kib", (json_int_t)pss);
+		return e;
+	}
+	if (strcmp(kind, "claim") == 0 && has_rec) {
+		e = mgr_pool_exec_claim(cfg, &rec, why, whysz);
+		if (e == 0)
+			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+		return e;
+	}
+	if (strcmp(kind, "pool-reap") == 0) {
+		json_t *keep = json_object_get(args, "keep"), *v;
+		const char *k[1024];
+		size_t nk = 0, i;
+		json_array_foreach(keep, i, v) {
+			if (json_is_string(v) && nk < 1024)
+				k[nk++] = json_string_value(v);
+		}
+		mgr_pool_exec_reap(cfg, k, nk);
+		return 0;
+	}
 	if (strcmp(kind, "stop") == 0 && has_rec) {
 		mgr_exec_stop(cfg, &rec);
 		return 0;

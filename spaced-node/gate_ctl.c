@@ -19,6 +19,7 @@
  * progress gets its acknowledgement when it is done (to whoever asked last).
  */
 #include "gate.h"
+#include "pool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,7 +54,7 @@ struct ctl_op {
 	json_t *job_result;
 	/* working state */
 	struct spaced_identity id;
-	bool handoff, keep, had_cur;
+	bool handoff, keep, had_cur, claimed;
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
@@ -291,6 +292,7 @@ static json_t *used_ranges(struct mgr *m)
 		if (r->uid_base != 0 && (r->pid != 0 || r->host_pid != 0))
 			json_array_append_new(a, json_integer(r->uid_base));
 	}
+	pool_used_ranges(m, a);
 	return a;
 }
 
@@ -396,6 +398,15 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 			return fail(o, "limit-exceeded", "%s is above this worker's maximum", over);
 	}
 	return 0;
+}
+
+/* The executor's start of op->rec, cold (from its snapshot when staged). */
+static bool start_job(struct mgr *m, struct ctl_op *op)
+{
+	json_t *args = json_pack("{s:o,s:s?,s:o,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
+	                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m), "templates",
+	                         used_templates(m));
+	return op_job(m, op, "start", args);
 }
 
 static void run_install(struct mgr *m, struct ctl_op *op)
@@ -507,17 +518,36 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 				gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)), on_background_job,
 				         (uintptr_t)"stop");
 		}
-		json_t *args = json_pack("{s:o,s:s?,s:o,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
-		                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m), "templates",
-		                         used_templates(m));
 		op->step = 2;
-		if (op_job(m, op, "start", args))
-			return;
+		/* a fresh execution comes from the warm pool when one of its
+		 * template and limits is ready: only the claim is left to do */
+		if (!op->staged[0] && pool_take(m, &op->rec)) {
+			op->claimed = true;
+			if (op_job(m, op, "claim", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec))))
+				return;
+		} else {
+			if (start_job(m, op))
+				return;
+		}
 		op->step = 3;
 	}
 		__attribute__((fallthrough));
 	case 2:
 	case 3: {
+		if (op->claimed && op->job_status < 0) {
+			/* the pooled execution was gone or refused: one started for it */
+			gate_log("level=warn event=pool-claim-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
+			op->claimed = false;
+			op->rec.pid = op->rec.pid_start = 0;
+			op->rec.host_pid = 0;
+			op->rec.host_start = 0;
+			op->rec.uid_base = 0;
+			op->rec.exec_name[0] = 0;
+			op->step = 2;
+			if (start_job(m, op))
+				return;
+			op->step = 3;
+		}
 		if (op->staged[0])
 			gate_job(m, "unstage", json_pack("{s:s}", "staged", op->staged), on_background_job,
 			         (uintptr_t)"unstage");

@@ -35,6 +35,8 @@ struct mgr_rec {
 	uint32_t uid_base;   /* host uid of root inside (substrate mode); 0 when none */
 	char tmpl[65];       /* the template it runs on (its hash), "" for the worker's own /usr and /etc */
 	char tmpl_url[512];  /* where the template is fetched from when it is not in the cache */
+	char exec_name[32];  /* a claimed pooled execution: "pool/<id>" (its directory and bridge
+	                      * socket are named after it); "" for one started for this record */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
@@ -125,6 +127,25 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 void mgr_exec_unstage(const char *staged);
 /* Removes the execution's files. */
 void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox);
+
+/* ---- the warm pool's executions (mgr_exec.c; the pool itself is pool.c) ----
+ * A pooled execution is a launcher started without identity under the
+ * limits and template of rec (res, tmpl, tmpl_url) in a uid range of its
+ * own, in STATE/pool/<name>, whose guest is up and waiting (POOLED), and a
+ * bridge already listening on STATE/run/<name>.sock that learns its identity
+ * from the FIFO STATE/run/<name>.in when the execution is claimed. */
+/* Starts one; fills rec's pid, pid_start, host_pid, host_start, uid_base,
+ * exec_name ("pool/<name>") and *pss_kib (what its three processes use). */
+int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct mgr_rec *rec, const uint32_t *used,
+                        size_t nused, uint64_t *pss_kib, char *why, size_t whysz);
+/* Gives the pooled execution of rec (exec_name set) rec's identity: the
+ * launcher's IDENTITY (the guest takes one identity, once) and the bridge's
+ * identity line. 0, or SPACED_ECLOSED / SPACED_EPROTO when it is gone or
+ * refuses (it is then stopped). */
+int mgr_pool_exec_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz);
+/* Stops the pooled executions in STATE/pool that no name in keep[] names
+ * (left by an earlier gate): their launchers and bridges, their files. */
+void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep);
 /* The socket serving rec: the one place that decides where requests go. */
 int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
 
