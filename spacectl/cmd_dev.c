@@ -1,6 +1,6 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--pool N]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
@@ -37,7 +37,7 @@
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
-	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--pool N]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
@@ -493,6 +493,10 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
+/* The warm pool each worker keeps for its default template and limits
+ * (spaced-node --pool; NULL: spaced-node's default). */
+static const char *dev_pool;
+
 static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
@@ -539,7 +543,9 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", NULL};
+		/* request threads enough for many lifecycle calls waiting for
+		 * their acks at once (50 concurrent creates) */
+		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64", NULL};
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -557,10 +563,15 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	snprintf(cpurl, sizeof cpurl, "http://127.0.0.1:%s", port);
 	{
 		/* started again on the same port */
-		char cpdir[PATH_MAX + 64], listen[64];
+		char cpdir[PATH_MAX + 64], listen[64], store[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, NULL};
+		/* and its store too: what workers were told to fetch stays where it is */
+		snprintf(p, sizeof p, "%s/cp/store.port", absdir);
+		char *sp = read_small(p);
+		snprintf(store, sizeof store, "127.0.0.1:%s", sp ? sp : "0");
+		free(sp);
+		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store, NULL};
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
@@ -606,7 +617,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[24] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		const char *a[28] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join, NULL};
 		int na = 15;
 		if (real) {
@@ -618,6 +629,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		if (stall) {
 			a[na++] = "--stall-timeout";
 			a[na++] = stall;
+		}
+		if (dev_pool && real) {
+			a[na++] = "--pool";
+			a[na++] = dev_pool;
 		}
 		a[na] = NULL;
 		pid_t pid = spawn(a, log);
@@ -753,6 +768,7 @@ int cmd_dev(int argc, char **argv)
 		{"dir", required_argument, NULL, 'd'},
 		{"substrate", required_argument, NULL, 's'},
 		{"stall-timeout", required_argument, NULL, 'S'},
+		{"pool", required_argument, NULL, 'P'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL;
@@ -769,6 +785,7 @@ int cmd_dev(int argc, char **argv)
 		case 'd': dir = optarg; break;
 		case 's': substrate = optarg; break;
 		case 'S': stall = optarg; break;
+		case 'P': dev_pool = optarg; break;
 		default: return cli_usage(usage_dev);
 		}
 	}

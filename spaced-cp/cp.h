@@ -77,6 +77,7 @@ struct cp {
 	pthread_mutex_t mu;       /* guards the job queue, request wsi pointers and ack_gen */
 	pthread_cond_t jobs_cv;   /* a job is queued */
 	pthread_cond_t ack_cv;    /* an ack was recorded */
+	uint64_t ack_gen;         /* acks recorded so far (a waiter sleeps only while it is unchanged) */
 	struct cp_req *jobs_head, *jobs_tail;
 	struct cp_req *inflight;  /* every request not yet answered (service thread list) */
 	volatile int stopping;
@@ -142,6 +143,11 @@ int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t
  * (JSON text or NULL; free()) and code/error fill in. SPACED_ETIMEDOUT otherwise. */
 int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, int timeout_ms,
                 int *ok, char **result);
+/* acks.c: an ack handed over in memory (the waiters see it at once) and
+ * queued for its outbox row; and the ack of worker's seq when this replica
+ * holds it in memory (1, *ok, *result a copy) or 0. */
+void cp_acks_put(struct cp *cp, const char *worker, int64_t seq, int ok, const char *result);
+int cp_acks_get(struct cp *cp, const char *worker, int64_t seq, int *ok, char **result);
 /* Records an ack from the channel (service thread). */
 int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m);
 /* Current verification bundle from the store (keys whose window is still open). */

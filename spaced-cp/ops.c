@@ -204,6 +204,13 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 	cp_i64(sb, seq);
 	for (;;) {
 		struct cp_rows *rows = NULL;
+		/* an ack recorded between the read below and the wait is not
+		 * missed: the wait ends as soon as ack_gen moved */
+		pthread_mutex_lock(&cp->mu);
+		uint64_t gen = cp->ack_gen;
+		pthread_mutex_unlock(&cp->mu);
+		if (cp_acks_get(cp, worker, seq, ok, result))
+			return 0; /* handed over in memory on this replica */
 		int r = CP_Q(st, &rows, NULL, "SELECT acked, ok, result FROM outbox WHERE worker = $1 AND seq = $2",
 		             worker, sb);
 		if (r < 0)
@@ -232,34 +239,27 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 			ts.tv_nsec -= 1000000000L;
 		}
 		pthread_mutex_lock(&cp->mu);
-		pthread_cond_timedwait(&cp->ack_cv, &cp->mu, &ts);
+		while (cp->ack_gen == gen && !cp->stopping)
+			if (pthread_cond_timedwait(&cp->ack_cv, &cp->mu, &ts) != 0)
+				break;
 		pthread_mutex_unlock(&cp->mu);
 	}
 }
 
 int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m)
 {
-	char sb[24], now[24];
 	char *res = NULL;
 	const char *store_res = m->result;
+	(void)st; /* written by acks.c's own thread: the channels never wait for the store */
 	if (!m->ok) {
 		json_t *e = json_pack("{s:s,s:s}", "code", m->code[0] ? m->code : "failed", "error", m->error);
 		res = e ? json_dumps(e, JSON_COMPACT) : NULL;
 		json_decref(e);
 		store_res = res;
 	}
-	int r = CP_Q(st, NULL, NULL,
-	             "UPDATE outbox SET acked = $3, ok = $4, result = $5 WHERE worker = $1 AND seq = $2 AND acked = 0",
-	             worker, cp_i64(sb, m->seq), cp_i64(now, spaced_now()), m->ok ? "1" : "0", store_res);
-	if (r == 0)
-		r = CP_Q(st, NULL, NULL,
-		         "UPDATE workers SET acked_seq = $2, last_seen = $3 WHERE id = $1 AND acked_seq < $2", worker, sb,
-		         now);
+	cp_acks_put(cp, worker, m->seq, m->ok, store_res);
 	free(res);
-	pthread_mutex_lock(&cp->mu);
-	pthread_cond_broadcast(&cp->ack_cv);
-	pthread_mutex_unlock(&cp->mu);
-	return r;
+	return 0;
 }
 
 /* ---- keys ---- */
@@ -848,8 +848,29 @@ static int ack_status(int r, const char *what, char *why, json_t **body, char *e
 
 /* Installs a new generation (or a new activation of the current one when
  * same_gen) of sandbox s on worker p and waits for the ack. */
+/* The create's start (start_execution_in): the caller's transaction is
+ * open (it inserted the sandbox) and the lease op is released with the
+ * state once the worker acknowledged — one commit before the install and
+ * one after it. */
+struct start_opts {
+	int in_txn;
+	const char *release_op;
+};
+
+static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
+                              const char *snapshot, const char *snapshot_hash, int same_gen,
+                              const struct start_opts *so, json_t **body);
+
 static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                            const char *snapshot, const char *snapshot_hash, int same_gen, json_t **body)
+{
+	static const struct start_opts none;
+	return start_execution_in(cp, st, s, p, snapshot, snapshot_hash, same_gen, &none, body);
+}
+
+static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
+                              const char *snapshot, const char *snapshot_hash, int same_gen,
+                              const struct start_opts *so, json_t **body)
 {
 	char act[SPACED_NAME_MAX], gb[24], now[24], errtext[512];
 	const char *id = col(s, C_ID);
@@ -861,6 +882,8 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	cp_random_name(act, "act-");
 	json_t *spec = json_loads(col(s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr), *msg = NULL;
 	if (spec == NULL) {
+		if (so->in_txn)
+			cp_store_rollback(st);
 		*body = cp_error("internal", "stored spec unreadable");
 		return 500;
 	}
@@ -868,10 +891,17 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
 	/* where the worker fetches its template (the store's address of now) */
 	cp_template_locate(cp, spec);
+	/* a snapshot in the store is named where the store is now */
+	char snap_url[CP_URL_MAX + 256];
+	const char *in_store = snapshot ? strstr(snapshot, "/v1/blobs/snapshots/") : NULL;
+	if (in_store && strncmp(snapshot, "http", 4) == 0) {
+		snprintf(snap_url, sizeof snap_url, "%s%s", cp->store_url, in_store);
+		snapshot = snap_url;
+	}
 	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
 	/* the destination checks the snapshot against it and refuses without it */
 	json_object_set_new(spec, "snapshot_hash", snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
-	if ((r = cp_store_begin(st)) < 0)
+	if (!so->in_txn && (r = cp_store_begin(st)) < 0)
 		goto fail;
 	if (!same_gen) {
 		/* the one transaction that makes a new, strictly greater generation */
@@ -908,6 +938,21 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 		goto fail;
 	cp_wake(cp);
 	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
+	if (r == 0 && ok && so->release_op) {
+		/* lost in a crash, the operation is finished again by the recovery
+		 * (its lease expires; the install's ack is there or comes again) */
+		char nowb[24];
+		cp_store_relaxed(st, 1);
+		CP_Q(st, NULL, NULL,
+		     "UPDATE sandboxes SET state = 'running', last_error = NULL, last_active = $3, op = NULL, op_until = 0 "
+		     "WHERE id = $1 AND op = $2",
+		     id, so->release_op, cp_i64(nowb, spaced_now()));
+		cp_store_relaxed(st, 0);
+		json_decref(spec);
+		json_decref(msg);
+		free(res);
+		return 0;
+	}
 	if (r == 0 && ok) {
 		set_state(st, id, "running", NULL);
 		json_decref(spec);
@@ -1049,23 +1094,23 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
 	         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
 	         cp_i64(disk, (int64_t)p.res.disk_bytes), tmpl_hash[0] ? tmpl_hash : NULL);
-	if (r < 0 || (r = cp_store_commit(st)) < 0) {
+	struct sbx s;
+	if (r < 0 || (r = sbx_load(st, tenant, id, &s)) < 0) {
 		cp_store_rollback(st);
 		status = 500;
 		*body = cp_error("internal", spaced_strerror(r));
 		goto out;
 	}
-	struct sbx s;
-	if ((r = sbx_load(st, tenant, id, &s)) < 0) {
-		status = 500;
-		*body = cp_error("internal", spaced_strerror(r));
-		goto out;
-	}
+	/* the insert and the first generation commit together, with the
+	 * install queued (I2: the generation in one transaction); the state and
+	 * the lease go together once the worker acknowledged */
 	lease_hold(id, op);
-	status = start_execution(cp, st, &s, &p, NULL, NULL, 0, body);
+	const struct start_opts so = {.in_txn = 1, .release_op = op};
+	status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, body);
 	lease_hold(NULL, NULL);
 	cp_rows_free(s.rows);
-	lease_drop(st, id, op);
+	if (status != 0)
+		lease_drop(st, id, op);
 	if (status == 0) {
 		*body = cp_sandbox_json(st, tenant, id);
 		status = 201;

@@ -131,6 +131,15 @@ const char *cp_store_kind(const struct cp_store *st)
 	return st->ops->kind;
 }
 
+int cp_store_relaxed(struct cp_store *st, int on)
+{
+	if (strcmp(st->ops->kind, "sqlite") == 0) {
+		cp_store_sqlite_relaxed(on);
+		return st->ops->script(st->h, on ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL");
+	}
+	return st->ops->script(st->h, on ? "SET synchronous_commit = off" : "SET synchronous_commit = on");
+}
+
 int cp_store_begin(struct cp_store *st)
 {
 	return st->ops->begin(st->h);

@@ -41,6 +41,8 @@
 #define EXE_MAX_CHILDREN 64   /* job children at once; more jobs wait their turn */
 #define EXE_MAX_CONNECTS 1024 /* bridge connections being made at once */
 #define EXE_RESULT_MAX (48u * 1024u)
+#define EXE_MAX_CLAIMS 256    /* pooled executions being claimed at once */
+#define EXE_CLAIM_TIMEOUT_MS 5000
 
 /* A job running in a child process. */
 struct xjob {
@@ -68,6 +70,17 @@ struct xconn {
 	size_t plen, want;
 };
 
+/* A pooled execution being claimed (pool.h): its identity sent, the
+ * launcher's answer awaited on fd. Done in this loop, not in a child: a
+ * claim is two small writes and one read. */
+struct xclaim {
+	struct xclaim *next;
+	uint32_t id;
+	int fd;
+	uint64_t deadline;
+	json_t *rec; /* the result */
+};
+
 struct executor {
 	const struct mgr_config *cfg;
 	int link;
@@ -76,6 +89,8 @@ struct executor {
 	size_t nchildren;
 	struct xconn *conns;
 	size_t nconns;
+	struct xclaim *claims;
+	size_t nclaims;
 };
 
 static void xlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -291,6 +306,60 @@ static bool conn_step(struct executor *x, struct xconn *c, short revents)
 	return true;
 }
 
+/* ---- claims of pooled executions ---- */
+
+static void claim_start(struct executor *x, uint32_t id, json_t *args)
+{
+	struct mgr_rec rec;
+	char why[512] = "";
+	int fd = -1;
+	json_t *jr = json_object_get(args, "rec");
+	if (x->nclaims >= EXE_MAX_CLAIMS) {
+		send_done(x, id, SPACED_EBUSY, "too many claims at once", NULL, -1);
+		return;
+	}
+	if (!jr || mgr_rec_from_json(jr, &rec) < 0) {
+		send_done(x, id, SPACED_EINVAL, "malformed record", NULL, -1);
+		return;
+	}
+	int e = mgr_pool_claim_send(x->cfg, &rec, &fd, why, sizeof why);
+	struct xclaim *c = e == 0 ? calloc(1, sizeof *c) : NULL;
+	if (!c) {
+		if (fd >= 0)
+			close(fd);
+		send_done(x, id, e < 0 ? e : SPACED_ENOMEM, why[0] ? why : "out of memory", NULL, -1);
+		return;
+	}
+	c->id = id;
+	c->fd = fd;
+	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CLAIM_TIMEOUT_MS * 1000000u;
+	c->rec = json_incref(jr);
+	c->next = x->claims;
+	x->claims = c;
+	x->nclaims++;
+}
+
+/* Progress on c; true when it is finished. */
+static bool claim_step(struct executor *x, struct xclaim *c, bool timed_out)
+{
+	char why[512] = "";
+	int e = timed_out ? SPACED_ETIMEDOUT : mgr_pool_claim_done(c->fd, why, sizeof why);
+	if (e == SPACED_EBUSY)
+		return false;
+	if (e == 0) {
+		json_t *res = json_pack("{s:O}", "rec", c->rec);
+		char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
+		send_done(x, c->id, 0, "", text, -1);
+		free(text);
+		json_decref(res);
+	} else {
+		send_done(x, c->id, e, why[0] ? why : "the launcher did not answer the claim in time", NULL, -1);
+	}
+	close(c->fd);
+	json_decref(c->rec);
+	return true;
+}
+
 /* ---- jobs in children ---- */
 
 /* Keeps the template cache within its bound, never touching the templates
@@ -382,12 +451,6 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		e = mgr_pool_exec_start(cfg, json_string_value(json_object_get(args, "name")), &rec, u, nu, &pss, why, whysz);
 		if (e == 0)
 			*result = json_pack("{s:o,s:I}", "rec", mgr_rec_to_json(&rec), "pss_kib", (json_int_t)pss);
-		return e;
-	}
-	if (strcmp(kind, "claim") == 0 && has_rec) {
-		e = mgr_pool_exec_claim(cfg, &rec, why, whysz);
-		if (e == 0)
-			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
 		return e;
 	}
 	if (strcmp(kind, "pool-reap") == 0) {
@@ -502,6 +565,8 @@ static void job_spawn(struct executor *x, struct xjob *j)
 		for (struct xconn *c = x->conns; c; c = c->next)
 			if (c->fd >= 0)
 				close(c->fd);
+		for (struct xclaim *c = x->claims; c; c = c->next)
+			close(c->fd);
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -570,6 +635,11 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 		send_done(x, id, SPACED_EPROTO, "malformed job", NULL, -1);
 		return;
 	}
+	if (strcmp(kind, "claim") == 0) {
+		claim_start(x, id, args);
+		json_decref(args);
+		return;
+	}
 	if (strcmp(kind, "connect") == 0) {
 		if (x->nconns >= EXE_MAX_CONNECTS)
 			send_done(x, id, SPACED_EBUSY, "too many connections being made", NULL, -1);
@@ -600,6 +670,9 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 static bool job_in_flight(const struct executor *x, uint32_t id)
 {
 	for (const struct xconn *c = x->conns; c; c = c->next)
+		if (c->id == id)
+			return true;
+	for (const struct xclaim *c = x->claims; c; c = c->next)
 		if (c->id == id)
 			return true;
 	for (const struct xjob *j = x->jobs; j; j = j->next)
@@ -661,7 +734,7 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 	signal(SIGPIPE, SIG_IGN);
 	if (x.sigfd < 0)
 		return 1;
-	struct pollfd *pfd = calloc(2 + EXE_MAX_CHILDREN + EXE_MAX_CONNECTS, sizeof *pfd);
+	struct pollfd *pfd = calloc(2 + EXE_MAX_CHILDREN + EXE_MAX_CONNECTS + EXE_MAX_CLAIMS, sizeof *pfd);
 	if (!pfd)
 		return 1;
 	bool up = true;
@@ -684,6 +757,12 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 		uint64_t now = spaced_mono_ns(), next = now + 1000000000u;
 		for (struct xconn *c = x.conns; c; c = c->next) {
 			pfd[n++] = (struct pollfd){.fd = c->fd, .events = c->connected ? POLLIN : POLLOUT};
+			if (c->deadline < next)
+				next = c->deadline;
+		}
+		nfds_t first_claim = n;
+		for (struct xclaim *c = x.claims; c; c = c->next) {
+			pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
 			if (c->deadline < next)
 				next = c->deadline;
 		}
@@ -713,11 +792,28 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 			}
 		}
 		now = spaced_mono_ns();
+		i = first_claim;
+		for (struct xclaim **pp = &x.claims; *pp;) {
+			struct xclaim *c = *pp;
+			bool done = false;
+			if (i < n && pfd[i].fd == c->fd && pfd[i].revents)
+				done = claim_step(&x, c, false);
+			if (!done && now >= c->deadline)
+				done = claim_step(&x, c, true);
+			i++;
+			if (done) {
+				*pp = c->next;
+				free(c);
+				x.nclaims--;
+			} else {
+				pp = &c->next;
+			}
+		}
 		i = first_conn;
 		for (struct xconn **pp = &x.conns; *pp;) {
 			struct xconn *c = *pp;
 			bool done = false;
-			if (i < n && pfd[i].fd == c->fd && pfd[i].revents)
+			if (i < first_claim && pfd[i].fd == c->fd && pfd[i].revents)
 				done = conn_step(&x, c, pfd[i].revents);
 			if (!done && now >= c->deadline) {
 				conn_finish(&x, c, SPACED_ETIMEDOUT, "the bridge did not hand over a connection in time", -1);

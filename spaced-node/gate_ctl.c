@@ -55,6 +55,7 @@ struct ctl_op {
 	/* working state */
 	struct spaced_identity id;
 	bool handoff, keep, had_cur, claimed;
+	uint64_t t0; /* when the message came (monotonic ns) */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
@@ -537,6 +538,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		if (op->claimed && op->job_status < 0) {
 			/* the pooled execution was gone or refused: one started for it */
 			gate_log("level=warn event=pool-claim-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
+			/* whatever is left of it goes: it never serves anyone */
+			gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec)), on_background_job,
+			         (uintptr_t)"stop");
 			op->claimed = false;
 			op->rec.pid = op->rec.pid_start = 0;
 			op->rec.host_pid = 0;
@@ -573,7 +577,12 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.uid_base = started.uid_base;
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		o->result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
+		uint64_t t_job = spaced_mono_ns();
 		op_commit(m, op, &op->rec, op->had_cur);
+		uint64_t t_end = spaced_mono_ns();
+		gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f commit_ms=%.2f",
+		         op->id.sandbox, (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
+		         (double)(t_end - op->t0) / 1e6, (double)(t_end - t_job) / 1e6);
 		op_finish(m, op);
 		return;
 	}
@@ -989,6 +998,8 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 		seq = (hi > last ? hi : last) + 1;
 	}
 	struct ctl_op *op = calloc(1, sizeof *op);
+	if (op)
+		op->t0 = spaced_mono_ns();
 	if (!op) {
 		fail(&o, "io", "out of memory");
 		goto now;

@@ -138,11 +138,14 @@ void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox);
  * exec_name ("pool/<name>") and *pss_kib (what its three processes use). */
 int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct mgr_rec *rec, const uint32_t *used,
                         size_t nused, uint64_t *pss_kib, char *why, size_t whysz);
-/* Gives the pooled execution of rec (exec_name set) rec's identity: the
- * launcher's IDENTITY (the guest takes one identity, once) and the bridge's
- * identity line. 0, or SPACED_ECLOSED / SPACED_EPROTO when it is gone or
- * refuses (it is then stopped). */
-int mgr_pool_exec_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz);
+/* Gives the pooled execution of rec (exec_name set) rec's identity, without
+ * waiting: the launcher's IDENTITY (the guest takes one identity, once) on a
+ * new control connection (*ctl_fd, non-blocking, to poll for the answer) and
+ * the bridge's identity line; its processes are set back to the priority of
+ * every execution. 0, or SPACED_ECLOSED when it is gone (the caller stops it). */
+int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, char *why, size_t whysz);
+/* The launcher's answer on ctl_fd: 0 (OK), SPACED_EBUSY (not yet), SPACED_EPROTO. */
+int mgr_pool_claim_done(int ctl_fd, char *why, size_t whysz);
 /* Stops the pooled executions in STATE/pool that no name in keep[] names
  * (left by an earlier gate): their launchers and bridges, their files. */
 void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep);

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -1162,6 +1163,9 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	}
 	argv[n] = NULL;
 	(void)uid_at;
+	/* started in the background: below the priority of creates and requests
+	 * (it is raised back when claimed) */
+	setpriority(PRIO_PROCESS, 0, 10);
 	/* a uid range of its own, as every execution (mgr_exec_start_fresh) */
 	uint32_t skip[64];
 	size_t nskip = 0;
@@ -1240,10 +1244,9 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	return 0;
 }
 
-int mgr_pool_exec_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz)
+int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, char *why, size_t whysz)
 {
-	char e_dir[4096], ctlp[4200], fifo[4200], text[SPACED_IDENTITY_TEXT_MAX], cmd[SPACED_IDENTITY_TEXT_MAX + 16],
-	    reply[256];
+	char e_dir[4096], ctlp[4200], fifo[4200], text[SPACED_IDENTITY_TEXT_MAX], cmd[SPACED_IDENTITY_TEXT_MAX + 16];
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
 	if (e < 0 || !rec->exec_name[0] || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
@@ -1258,49 +1261,58 @@ int mgr_pool_exec_claim(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	if (strlen(ctlp) >= sizeof sa.sun_path)
 		return SPACED_ETOOBIG;
 	memcpy(sa.sun_path, ctlp, strlen(ctlp) + 1);
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	struct timeval tv = {.tv_sec = 5};
-	if (fd >= 0) {
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	}
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	int n = snprintf(cmd, sizeof cmd, "IDENTITY %s", text);
-	e = SPACED_ECLOSED;
+	/* a listening SEQPACKET socket accepts the connection at once (backlog) */
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || send(fd, cmd, (size_t)n, MSG_NOSIGNAL) != n) {
-		snprintf(why, whysz, "the pooled execution's launcher does not answer");
-		goto out;
+		snprintf(why, whysz, "the pooled execution's launcher does not answer: %s", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ECLOSED;
 	}
-	/* the bridge learns the identity it must reach; its first connection
-	 * (from the gate) waits in its backlog meanwhile */
+	/* the bridge learns the identity it must reach; the gate's first
+	 * connection waits in its backlog meanwhile */
 	snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, rec->exec_name + 5);
 	int ff = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
 	n = snprintf(cmd, sizeof cmd, "%s\n", text);
 	if (ff < 0 || write(ff, cmd, (size_t)n) != n) {
 		if (ff >= 0)
 			close(ff);
+		close(fd);
 		snprintf(why, whysz, "the pooled execution's bridge does not take its identity");
-		goto out;
+		return SPACED_ECLOSED;
 	}
 	close(ff);
 	unlink(fifo);
-	ssize_t got = recv(fd, reply, sizeof reply - 1, 0);
+	/* it was started below the gate's priority, like its siblings in the
+	 * pool: from now on it is a sandbox's, at the priority every execution has */
+	setpriority(PRIO_PROCESS, (id_t)rec->pid, 0);
+	setpriority(PRIO_PROCESS, (id_t)rec->host_pid, 0);
+	char lf[4200], line[256];
+	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
+	FILE *f = fopen(lf, "r");
+	if (f) {
+		long long init = 0;
+		if (fgets(line, sizeof line, f) && strstr(line, "init=") && (init = atoll(strstr(line, "init=") + 5)) > 0)
+			setpriority(PRIO_PROCESS, (id_t)init, 0);
+		fclose(f);
+	}
+	*ctl_fd = fd;
+	return 0;
+}
+
+int mgr_pool_claim_done(int ctl_fd, char *why, size_t whysz)
+{
+	char reply[256];
+	ssize_t got = recv(ctl_fd, reply, sizeof reply - 1, MSG_DONTWAIT);
+	if (got < 0 && (errno == EAGAIN || errno == EINTR))
+		return SPACED_EBUSY;
 	if (got < 2 || memcmp(reply, "OK", 2) != 0) {
 		reply[got > 0 ? got : 0] = 0;
 		snprintf(why, whysz, "the launcher refused the identity: %.200s", got > 0 ? reply : "no answer");
-		e = SPACED_EPROTO;
-		goto out;
+		return SPACED_EPROTO;
 	}
-	e = 0;
-out:
-	if (fd >= 0)
-		close(fd);
-	if (e < 0) {
-		stop_pinned(rec->host_pid, rec->host_start, false);
-		stop_pinned(rec->pid, rec->pid_start, true);
-		const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
-		mgr_run_wait(rm);
-	}
-	return e;
+	return 0;
 }
 
 void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep)
