@@ -85,7 +85,21 @@ static int dial(const char *host, int port, int timeout_s, char *err, size_t err
 	return fd;
 }
 
+static int send_file(const char *what, const char *method, const char *ctype, const char *store_url, const char *path,
+                     const char *file, json_t **out);
+
 int tmpl_upload(const char *what, const char *store_url, const char *path, const char *file, json_t **out)
+{
+	return send_file(what, "PUT", "application/octet-stream", store_url, path, file, out);
+}
+
+int tmpl_post_file(const char *what, const char *store_url, const char *path, const char *file, json_t **out)
+{
+	return send_file(what, "POST", "application/json", store_url, path, file, out);
+}
+
+static int send_file(const char *what, const char *method, const char *ctype, const char *store_url, const char *path,
+                     const char *file, json_t **out)
 {
 	const char *key = getenv("SPACED_API_KEY");
 	char host[256], prefix[512], err[256];
@@ -106,9 +120,9 @@ int tmpl_upload(const char *what, const char *store_url, const char *path, const
 	}
 	char head[2048];
 	int n = snprintf(head, sizeof head,
-	                 "PUT %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\nContent-Type: "
-	                 "application/octet-stream\r\nContent-Length: %lld\r\nConnection: close\r\n\r\n",
-	                 prefix, path, host, port, key ? key : "", (long long)sb.st_size);
+	                 "%s %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\nContent-Type: "
+	                 "%s\r\nContent-Length: %lld\r\nConnection: close\r\n\r\n",
+	                 method, prefix, path, host, port, key ? key : "", ctype, (long long)sb.st_size);
 	if (n < 0 || (size_t)n >= sizeof head || send(fd, head, (size_t)n, MSG_NOSIGNAL) != n) {
 		rc = cli_fail(what, "cannot send the request");
 		goto out;

@@ -21,6 +21,9 @@ int tmpl_store_url(const char *what, char *out, size_t outsz);
  * for the JSON answer: 0 with *out, or 1 (printed). */
 int tmpl_upload(const char *what, const char *store_url, const char *path, const char *file, json_t **out);
 
+/* The same with POST and a JSON body read from file (a long call of the store). */
+int tmpl_post_file(const char *what, const char *store_url, const char *path, const char *file, json_t **out);
+
 /* spacectl template build NAME -f SPACEFILE [--context DIR] [--no-cache] [--json] */
 int tmpl_build(int argc, char **argv);
 

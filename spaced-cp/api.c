@@ -332,10 +332,16 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 		                          "memory_bytes", (json_int_t)used.memory, "disk_bytes", (json_int_t)used.disk));
 		return;
 	}
-	if (strcmp(seg[1], "templates") == 0 || strcmp(seg[1], "store") == 0) {
+	if (strcmp(seg[1], "templates") == 0 || strcmp(seg[1], "store") == 0 || strcmp(seg[1], "builds") == 0) {
 		if (auth(st, rq, CP_ROLE_TENANT, tenant, NULL) < 0)
 			return;
-		int status = cp_templates_api(cp, st, tenant, rq->method, seg, n, &out);
+		int status;
+		if (strcmp(seg[1], "builds") == 0)
+			status = cp_builds_api(cp, st, tenant, rq->method, seg, n, body, blen, &out);
+		else if (n == 3 && post && spaced_name_valid(seg[2], strlen(seg[2])))
+			status = cp_template_name(st, tenant, seg[2], body, blen, &out);
+		else
+			status = cp_templates_api(cp, st, tenant, rq->method, seg, n, &out);
 		answer(rq, status, out);
 		return;
 	}

@@ -9,6 +9,9 @@
  *   GET /v1/blobs/templates/HASH       worker key   a template's canonical archive
  *   PUT /v1/blobs/snapshots/NAME       worker key   a snapshot archive (once: never replaced)
  *   GET /v1/blobs/snapshots/NAME       worker key   a snapshot archive
+ *   POST /v1/builds/from               tenant key   a build's FROM: {"from": "debian:bookworm" |
+ *                                                   "scratch" | NAME} → {"hash","cached","config"}
+ *                                                   (debian: mmdebstrap, a minute or more, once)
  *
  * Downloads are resumable (Range: bytes=N- or bytes=N-M → 206) and sent under
  * flow control; what a worker fetches it checks against the hash it was
@@ -40,7 +43,7 @@
 #define HIGH_WATER (2u << 20)
 #define IMPORTS_MAX 2
 
-enum bkind { B_NONE, B_TEMPLATE, B_SNAPSHOT_PUT, B_GET };
+enum bkind { B_NONE, B_TEMPLATE, B_SNAPSHOT_PUT, B_GET, B_FROM };
 
 struct bconn {
 	struct spaced_httpconn *c; /* NULL once the connection is gone */
@@ -53,6 +56,7 @@ struct bconn {
 	uv_work_t work;
 	int status;
 	json_t *answer;
+	struct spaced_buf body; /* B_FROM: the small JSON request */
 };
 
 static struct {
@@ -95,6 +99,7 @@ static void bconn_free(struct bconn *b)
 	if (b->tmp[0])
 		unlink(b->tmp);
 	json_decref(b->answer);
+	spaced_buf_free(&b->body);
 	free(b);
 }
 
@@ -198,7 +203,20 @@ static void import_work(uv_work_t *w)
 		b->answer = cp_error("store", "store unavailable");
 		return;
 	}
-	b->status = cp_template_import(B.cp, st, b->tenant, b->name, b->tmp, &b->answer);
+	if (b->kind == B_FROM) {
+		json_error_t jerr;
+		json_t *req = json_loadb((const char *)b->body.data, b->body.len, JSON_REJECT_DUPLICATES, &jerr);
+		const char *from = json_string_value(json_object_get(req, "from"));
+		if (!from) {
+			b->status = 400;
+			b->answer = cp_error("bad-request", "{\"from\": …}");
+		} else {
+			b->status = cp_build_from(B.cp, st, b->tenant, from, &b->answer);
+		}
+		json_decref(req);
+	} else {
+		b->status = cp_template_import(B.cp, st, b->tenant, b->name, b->tmp, &b->answer);
+	}
 	cp_store_close(st);
 }
 
@@ -220,8 +238,15 @@ static void import_done(uv_work_t *w, int status)
 static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 {
 	struct bconn *b = spaced_httpconn_user(c);
-	if (!b || b->failed || (b->kind != B_TEMPLATE && b->kind != B_SNAPSHOT_PUT))
+	if (!b || b->failed || (b->kind != B_TEMPLATE && b->kind != B_SNAPSHOT_PUT && b->kind != B_FROM))
 		return;
+	if (b->kind == B_FROM) {
+		if (spaced_buf_append(&b->body, p, n) < 0) {
+			b->failed = true;
+			reply_err(c, 413, "too-large", "a small JSON object");
+		}
+		return;
+	}
 	if (spaced_io_write_full(b->fd, p, n) < 0) {
 		b->failed = true;
 		reply_err(c, 507, "store", "the store cannot hold it");
@@ -251,8 +276,9 @@ static void on_body_end(struct spaced_httpconn *c)
 		b->kind = B_NONE;
 		return;
 	}
-	if (b->kind == B_TEMPLATE) {
-		close(b->fd);
+	if (b->kind == B_TEMPLATE || b->kind == B_FROM) {
+		if (b->fd >= 0)
+			close(b->fd);
 		b->fd = -1;
 		b->working = true;
 		b->work.data = b;
@@ -339,6 +365,24 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		snprintf(b->name, sizeof b->name, "%s", seg[2]);
 		b->kind = B_TEMPLATE;
 		spaced_httpconn_body_max(c, B.cp->template_max);
+		if (req->body == SPACED_HTTP_BODY_NONE)
+			on_body_end(c);
+		return;
+	}
+	if (n == 3 && strcmp(seg[0], "v1") == 0 && strcmp(seg[1], "builds") == 0 && strcmp(seg[2], "from") == 0 &&
+	    strcmp(req->method, "POST") == 0) {
+		if (check_key(req, CP_ROLE_TENANT, owner) < 0) {
+			reply_err(c, 401, "unauthorized", "a tenant API key is required");
+			return;
+		}
+		if (B.imports >= IMPORTS_MAX) {
+			reply_err(c, 503, "busy", "imports or builds are running: try again shortly");
+			return;
+		}
+		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
+		b->kind = B_FROM;
+		spaced_buf_init(&b->body, 4096);
+		spaced_httpconn_body_max(c, 4096);
 		if (req->body == SPACED_HTTP_BODY_NONE)
 			on_body_end(c);
 		return;

@@ -188,12 +188,26 @@ int cp_blobs_start(struct cp *cp);
 /* The tenant's template name as {"name","hash","config"} (*tmpl), or an HTTP
  * status with *err. */
 int cp_template_resolve(struct cp_store *st, const char *tenant, const char *name, json_t **tmpl, json_t **err);
+/* A tree the tenant may run as its template by hash (one of its templates,
+ * or a step of one of its builds): {"name","hash","config"}, or an HTTP
+ * status with *err. */
+int cp_template_owned(struct cp_store *st, const char *tenant, const char *hash, json_t **tmpl, json_t **err);
 /* Adds spec.template.url: where a worker fetches the template's archive. */
 void cp_template_locate(struct cp *cp, json_t *spec);
 /* Imports the archive at upload as the tenant's template name (HTTP status,
  * *answer the body). Runs off the loops (blocking, CPU and disk). */
 int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *upload,
                        json_t **answer);
+/* FROM of a build (debian:SUITE through mmdebstrap, scratch, or a template):
+ * {"hash","cached","config"}; runs long (the store's work threads). */
+int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out);
+/* POST /v1/builds/lookup {"parent","step"} and /v1/builds/commit
+ * {"sandbox","parent","step","config"}. */
+int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                  const char *body, size_t blen, json_t **out);
+/* POST /v1/templates/NAME {"hash","config"}: names a built tree. */
+int cp_template_name(struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
+                     json_t **out);
 /* GET /v1/templates[/NAME], DELETE /v1/templates/NAME, GET /v1/store. */
 int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
                      json_t **out);

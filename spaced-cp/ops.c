@@ -1053,9 +1053,19 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	 * comes to mean later */
 	if (c->template_name[0] && (status = cp_template_resolve(st, tenant, c->template_name, &tmpl, body)) != 0)
 		return status;
+	if (c->template_hash[0] && (status = cp_template_owned(st, tenant, c->template_hash, &tmpl, body)) != 0)
+		return status;
 	if (tmpl)
 		snprintf(tmpl_hash, sizeof tmpl_hash, "%s", json_string_value(json_object_get(tmpl, "hash")));
 	json_t *spec = json_pack("{s:o,s:n}", "template", tmpl ? tmpl : json_null(), "snapshot");
+	/* what every command in it starts with, and what it is labelled with */
+	json_error_t jerr;
+	if (spec && c->env_json[0])
+		json_object_set_new(spec, "env", json_loads(c->env_json, JSON_REJECT_DUPLICATES, &jerr));
+	if (spec && c->meta_json[0])
+		json_object_set_new(spec, "metadata", json_loads(c->meta_json, JSON_REJECT_DUPLICATES, &jerr));
+	if (spec && c->auto_resume)
+		json_object_set_new(spec, "auto_resume", json_true());
 	char *spec_text = spec ? json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(spec);
 	if (spec_text == NULL) {

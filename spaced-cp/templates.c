@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -216,6 +219,349 @@ int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, con
 		return 200;
 	}
 	cp_rows_free(rows);
-	*out = cp_error("method-not-allowed", "GET or DELETE");
+	*out = cp_error("method-not-allowed", "GET, POST or DELETE");
 	return 405;
+}
+
+/* ---- template builds (docs/templates.md, "Spacefiles") ----
+ * spacectl template build drives a build step by step: each RUN or COPY runs
+ * in a build sandbox of the tenant made from the step's parent tree (by
+ * hash), then the sandbox's snapshot — its overlay upper directory — is
+ * merged onto the parent into a new canonical tree (rootfs.h, kind UPPER),
+ * recorded in build_steps under (tenant, parent, step): a later build of
+ * the same step on the same parent takes it from there. */
+
+int cp_template_owned(struct cp_store *st, const char *tenant, const char *hash, json_t **tmpl, json_t **err)
+{
+	struct cp_rows *rows = NULL;
+	int r = CP_Q(st, &rows, NULL,
+	             "SELECT config FROM templates WHERE tenant = $1 AND hash = $2 UNION ALL "
+	             "SELECT config FROM build_steps WHERE (tenant = $1 OR tenant = '') AND hash = $2",
+	             tenant, hash);
+	if (r < 0) {
+		*err = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	if (rows->nrows < 1) {
+		cp_rows_free(rows);
+		*err = cp_error("template-not-found", "no template or build step of this tenant has this hash");
+		return 404;
+	}
+	json_error_t jerr;
+	const char *cfg = cp_rows_get(rows, 0, 0);
+	json_t *c = cfg ? json_loads(cfg, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	*tmpl = json_pack("{s:s,s:s,s:o}", "name", "(build)", "hash", hash, "config", c ? c : json_object());
+	cp_rows_free(rows);
+	return *tmpl ? 0 : 500;
+}
+
+/* A canonical archive of the tree t into the store; its hash into hash. */
+static int store_tree(struct cp *cp, struct spaced_rootfs *t, char hash[SPACED_TREEHASH_HEX], char *why, size_t whysz)
+{
+	char tmp[PATH_MAX], final[PATH_MAX];
+	struct spaced_rootfs_info info;
+	snprintf(tmp, sizeof tmp, "%s/tmp/tree-XXXXXX", cp->store_dir);
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		snprintf(why, whysz, "%s", strerror(errno));
+		return SPACED_ESYS;
+	}
+	close(fd);
+	int r = spaced_rootfs_write(t, tmp, &info, why, whysz);
+	if (r == 0) {
+		snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
+		if (rename(tmp, final) < 0)
+			r = SPACED_ESYS;
+		else
+			memcpy(hash, info.hash, SPACED_TREEHASH_HEX);
+	}
+	unlink(tmp);
+	return r;
+}
+
+static int record_step(struct cp_store *st, const char *tenant, const char *parent, const char *step,
+                       const char *hash, const char *config)
+{
+	char now[24];
+	return CP_Q(st, NULL, NULL,
+	            "INSERT INTO build_steps (tenant, parent, step, hash, config, created) VALUES ($1, $2, $3, $4, $5, $6) "
+	            "ON CONFLICT (tenant, parent, step) DO UPDATE SET hash = $4, config = $5, created = $6",
+	            tenant, parent, step, hash, config, cp_i64(now, spaced_now()));
+}
+
+/* Builds a minimal Debian suite with mmdebstrap into a tarball, then a tree. */
+static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHASH_HEX], char *why, size_t whysz)
+{
+	char tarp[PATH_MAX], spool[PATH_MAX], log[PATH_MAX];
+	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+	snprintf(tarp, sizeof tarp, "%s/tmp/debian-%s-%d.tar", cp->store_dir, suite, (int)getpid());
+	snprintf(log, sizeof log, "%s/tmp/debian-%s.log", cp->store_dir, suite);
+	unlink(tarp);
+	pid_t pid = fork();
+	if (pid < 0)
+		return SPACED_ESYS;
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		/* Debian's own tool, from the package archive this machine reaches;
+		 * the suite comes from a fixed list, nothing else of the request */
+		execlp("mmdebstrap", "mmdebstrap", "--variant=minbase", "--quiet", suite, tarp, (char *)NULL);
+		_exit(127);
+	}
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		snprintf(why, whysz, "mmdebstrap %s failed (exit %d; the package archive may be unreachable: %.200s)", suite,
+		         WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
+		unlink(tarp);
+		return SPACED_EIO;
+	}
+	struct spaced_rootfs *t = NULL;
+	int r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, whysz);
+	if (r == 0)
+		r = spaced_rootfs_add_archive(t, tarp, SPACED_ROOTFS_TARBALL, why, whysz);
+	if (r == 0)
+		r = store_tree(cp, t, hash, why, whysz);
+	spaced_rootfs_free(t);
+	unlink(tarp);
+	return r;
+}
+
+int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out)
+{
+	char why[512] = "", hash[SPACED_TREEHASH_HEX];
+	struct cp_rows *rows = NULL;
+	int r;
+	if (strcmp(from, "scratch") == 0 || strncmp(from, "debian:", 7) == 0) {
+		static const char *const suites[] = {"bookworm", "trixie", "bullseye"};
+		bool scratch = strcmp(from, "scratch") == 0, known = scratch;
+		for (size_t i = 0; !known && i < sizeof suites / sizeof suites[0]; i++)
+			known = strcmp(from + 7, suites[i]) == 0;
+		if (!known) {
+			*out = cp_error("bad-request", "FROM takes debian:bookworm (trixie, bullseye), scratch or a template name");
+			return 400;
+		}
+		char step[64];
+		snprintf(step, sizeof step, "FROM %s", from);
+		/* Debian's public content: built once for every tenant */
+		if ((r = CP_Q(st, &rows, NULL, "SELECT hash FROM build_steps WHERE tenant = '' AND parent = '' AND step = $1",
+		              step)) < 0) {
+			*out = cp_error("store", spaced_strerror(r));
+			return 503;
+		}
+		if (rows->nrows == 1) {
+			char p[PATH_MAX];
+			snprintf(hash, sizeof hash, "%s", cp_rows_get(rows, 0, 0));
+			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+			if (access(p, F_OK) == 0) {
+				cp_rows_free(rows);
+				*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 1, "config", json_object());
+				return 200;
+			}
+		}
+		cp_rows_free(rows);
+		if (scratch) {
+			struct spaced_rootfs *t = NULL;
+			char spool[PATH_MAX];
+			snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+			r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
+			if (r == 0)
+				r = store_tree(cp, t, hash, why, sizeof why);
+			spaced_rootfs_free(t);
+		} else {
+			r = debian_base(cp, from + 7, hash, why, sizeof why);
+		}
+		if (r < 0) {
+			*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
+			return 502;
+		}
+		if ((r = record_step(st, "", "", step, hash, "{}")) < 0) {
+			*out = cp_error("store", spaced_strerror(r));
+			return 503;
+		}
+		*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 0, "config", json_object());
+		return 200;
+	}
+	if (!spaced_name_valid(from, strlen(from))) {
+		*out = cp_error("bad-request", "FROM takes debian:bookworm, scratch or a template name");
+		return 400;
+	}
+	json_t *t = NULL;
+	int status = cp_template_resolve(st, tenant, from, &t, out);
+	if (status != 0)
+		return status;
+	*out = json_pack("{s:O,s:b,s:O}", "hash", json_object_get(t, "hash"), "cached", 1, "config",
+	                 json_object_get(t, "config"));
+	json_decref(t);
+	return 200;
+}
+
+/* The snapshot archive of sandbox (its last snapshot) in this store. */
+static int snapshot_file(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, char *path,
+                         size_t pathsz)
+{
+	json_t *s = cp_sandbox_json(st, tenant, id);
+	const char *url = json_string_value(json_object_get(s, "snapshot"));
+	const char *name = url ? strstr(url, "/v1/blobs/snapshots/") : NULL;
+	int r = SPACED_ENOENT;
+	if (name && spaced_name_valid(name + 20, strlen(name + 20))) {
+		snprintf(path, pathsz, "%s/snapshots/%s.tar", cp->store_dir, name + 20);
+		r = 0;
+	}
+	json_decref(s);
+	return r;
+}
+
+static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out)
+{
+	const char *id = json_string_value(json_object_get(req, "sandbox"));
+	const char *parent = json_string_value(json_object_get(req, "parent"));
+	const char *step = json_string_value(json_object_get(req, "step"));
+	json_t *config = json_object_get(req, "config");
+	char why[512] = "", parent_tar[PATH_MAX], snap[PATH_MAX], spool[PATH_MAX], hash[SPACED_TREEHASH_HEX];
+	json_t *b = NULL;
+	if (!id || !spaced_name_valid(id, strlen(id)) || !parent || !spaced_treehash_hex_valid(parent) || !step ||
+	    strlen(step) > 16384 || (config && !json_is_object(config))) {
+		*out = cp_error("bad-request", "commit wants {\"sandbox\", \"parent\" (a tree hash), \"step\", \"config\"}");
+		return 400;
+	}
+	json_t *owned = NULL;
+	int status = cp_template_owned(st, tenant, parent, &owned, out);
+	json_decref(owned);
+	if (status != 0)
+		return status;
+	/* its filesystem, as the sandbox left it: paused, snapshotted into the store */
+	status = cp_op_simple(cp, st, tenant, id, "pause", NULL, &b);
+	json_decref(b);
+	b = NULL;
+	if (status >= 300) {
+		*out = cp_error("build-failed", "the build sandbox could not be paused");
+		return status;
+	}
+	status = cp_op_simple(cp, st, tenant, id, "snapshot", NULL, &b);
+	json_decref(b);
+	if (status >= 300 || snapshot_file(cp, st, tenant, id, snap, sizeof snap) < 0) {
+		*out = cp_error("build-failed", "the build sandbox could not be snapshotted");
+		return status >= 300 ? status : 502;
+	}
+	snprintf(parent_tar, sizeof parent_tar, "%s/templates/%s.tar", cp->store_dir, parent);
+	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+	struct spaced_rootfs *t = NULL;
+	int r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
+	if (r == 0)
+		r = spaced_rootfs_add_archive(t, parent_tar, SPACED_ROOTFS_TEMPLATE, why, sizeof why);
+	if (r == 0)
+		r = spaced_rootfs_add_archive(t, snap, SPACED_ROOTFS_UPPER, why, sizeof why);
+	if (r == 0)
+		r = store_tree(cp, t, hash, why, sizeof why);
+	spaced_rootfs_free(t);
+	if (r < 0) {
+		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
+		return r == SPACED_ETOOBIG ? 413 : 422;
+	}
+	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS);
+	r = record_step(st, tenant, parent, step, hash, cfg);
+	free(cfg);
+	if (r < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*out = json_pack("{s:s}", "hash", hash);
+	return 200;
+}
+
+int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                  const char *body, size_t blen, json_t **out)
+{
+	json_error_t jerr;
+	if (strcmp(method, "POST") != 0 || n != 3) {
+		*out = cp_error("not-found", "POST /v1/builds/lookup | /v1/builds/commit");
+		return 404;
+	}
+	json_t *req = json_loadb(body ? body : "{}", body ? blen : 2, JSON_REJECT_DUPLICATES, &jerr);
+	int status;
+	if (!json_is_object(req)) {
+		json_decref(req);
+		*out = cp_error("bad-request", "a JSON object");
+		return 400;
+	}
+	if (strcmp(seg[2], "lookup") == 0) {
+		const char *parent = json_string_value(json_object_get(req, "parent"));
+		const char *step = json_string_value(json_object_get(req, "step"));
+		struct cp_rows *rows = NULL;
+		if (!parent || !step) {
+			*out = cp_error("bad-request", "lookup wants {\"parent\", \"step\"}");
+			status = 400;
+		} else if (CP_Q(st, &rows, NULL, "SELECT hash, config FROM build_steps WHERE tenant = $1 AND parent = $2 AND step = $3",
+		                tenant, parent, step) < 0) {
+			*out = cp_error("store", "store unavailable");
+			status = 503;
+		} else if (rows->nrows != 1) {
+			*out = cp_error("not-found", "no such step built yet");
+			status = 404;
+		} else {
+			char p[PATH_MAX];
+			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, cp_rows_get(rows, 0, 0));
+			const char *cfg = cp_rows_get(rows, 0, 1);
+			json_t *c = cfg ? json_loads(cfg, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+			if (access(p, F_OK) != 0) {
+				json_decref(c);
+				*out = cp_error("not-found", "the step's tree is gone from the store");
+				status = 404;
+			} else {
+				*out = json_pack("{s:s,s:o}", "hash", cp_rows_get(rows, 0, 0), "config", c ? c : json_object());
+				status = 200;
+			}
+		}
+		cp_rows_free(rows);
+	} else if (strcmp(seg[2], "commit") == 0) {
+		status = build_commit(cp, st, tenant, req, out);
+	} else {
+		*out = cp_error("not-found", "POST /v1/builds/lookup | /v1/builds/commit");
+		status = 404;
+	}
+	json_decref(req);
+	return status;
+}
+
+int cp_template_name(struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
+                     json_t **out)
+{
+	json_error_t jerr;
+	json_t *req = json_loadb(body ? body : "{}", body ? blen : 2, JSON_REJECT_DUPLICATES, &jerr), *t = NULL;
+	const char *hash = json_string_value(json_object_get(req, "hash"));
+	json_t *config = json_object_get(req, "config");
+	int status;
+	if (!hash || !spaced_treehash_hex_valid(hash) || (config && !json_is_object(config))) {
+		json_decref(req);
+		*out = cp_error("bad-request", "POST /v1/templates/NAME wants {\"hash\", \"config\"}");
+		return 400;
+	}
+	if ((status = cp_template_owned(st, tenant, hash, &t, out)) != 0) {
+		json_decref(req);
+		return status;
+	}
+	json_decref(t);
+	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS), now[24];
+	int r = CP_Q(st, NULL, NULL,
+	             "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
+	             "VALUES ($1, $2, $3, 0, 0, $4, 'build', $5)",
+	             tenant, name, hash, cfg, cp_i64(now, spaced_now()));
+	free(cfg);
+	json_decref(req);
+	if (r == SPACED_EEXIST) {
+		*out = cp_error("template-exists", "a template of this name exists (spacectl template rm it first)");
+		return 409;
+	}
+	if (r < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*out = json_pack("{s:s,s:s}", "name", name, "hash", hash);
+	return 201;
 }

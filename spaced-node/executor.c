@@ -438,7 +438,24 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			evict_templates(cfg, rec.tmpl, json_object_get(args, "templates"));
 		return e;
 	}
-	/* the warm pool (pool.c): start one, claim one, reap what an earlier gate left */
+	/* the warm pool (pool.c): start one, claim one on a template (checked
+	 * first: the pooled execution's lower layer is the cached tree as it is
+	 * now), reap what an earlier gate left */
+	if (strcmp(kind, "claim-checked") == 0 && has_rec) {
+		if ((e = tmpl_unchanged(cfg, rec.tmpl)) < 0) {
+			snprintf(why, whysz, "template %s changed in the cache since its check", rec.tmpl);
+			return e;
+		}
+		int fd = -1;
+		if ((e = mgr_pool_claim_send(cfg, &rec, &fd, why, whysz)) < 0)
+			return e;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		e = poll(&p, 1, EXE_CLAIM_TIMEOUT_MS) == 1 ? mgr_pool_claim_done(fd, why, whysz) : SPACED_ETIMEDOUT;
+		close(fd);
+		if (e == 0)
+			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+		return e;
+	}
 	if (strcmp(kind, "pool-start") == 0 && has_rec && json_is_string(json_object_get(args, "name"))) {
 		json_t *used = json_object_get(args, "used"), *v;
 		uint32_t u[1024];

@@ -39,6 +39,11 @@ int fetch_upload(const char *state_dir, const char *url, const char *src, char *
 int tmpl_ensure(const struct mgr_config *cfg, const char *hash, const char *url, char *root, size_t rootsz,
                 int *fetched, char *why, size_t whysz);
 
+/* 0 when the cached template's metadata fingerprint is the one recorded at
+ * its verification (what a claim of a pooled execution on it checks),
+ * SPACED_EIDENTITY when not (or it is not here). */
+int tmpl_unchanged(const struct mgr_config *cfg, const char *hash);
+
 /* Removes least recently used templates until the cache holds at most max
  * bytes, never one of keep[0..nkeep) nor one used in the last minute. */
 void tmpl_evict(const struct mgr_config *cfg, uint64_t max, const char *const *keep, size_t nkeep);

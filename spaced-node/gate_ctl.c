@@ -524,7 +524,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		 * template and limits is ready: only the claim is left to do */
 		if (!op->staged[0] && pool_take(m, &op->rec)) {
 			op->claimed = true;
-			if (op_job(m, op, "claim", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec))))
+			/* on a template, after a check of the cached tree (in a child) */
+			if (op_job(m, op, op->rec.tmpl[0] ? "claim-checked" : "claim",
+			           json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec))))
 				return;
 		} else {
 			if (start_job(m, op))
@@ -538,9 +540,12 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		if (op->claimed && op->job_status < 0) {
 			/* the pooled execution was gone or refused: one started for it */
 			gate_log("level=warn event=pool-claim-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
-			/* whatever is left of it goes: it never serves anyone */
+			/* whatever is left of it goes: it never serves anyone; when its
+			 * template changed under the pool, every pooled one on it goes */
 			gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec)), on_background_job,
 			         (uintptr_t)"stop");
+			if (op->job_status == SPACED_EIDENTITY && op->rec.tmpl[0])
+				pool_drain_template(m, op->rec.tmpl);
 			op->claimed = false;
 			op->rec.pid = op->rec.pid_start = 0;
 			op->rec.host_pid = 0;

@@ -344,6 +344,26 @@ bool pool_take(struct mgr *m, struct mgr_rec *rec)
 	return hit;
 }
 
+void pool_drain_template(struct mgr *m, const char *hash)
+{
+	for (struct pool_key *k = P.keys; k; k = k->next) {
+		if (strcmp(k->tmpl, hash) != 0)
+			continue;
+		for (struct pool_entry **pp = &k->entries; *pp;) {
+			struct pool_entry *e = *pp;
+			if (!e->ready) {
+				pp = &e->next;
+				continue;
+			}
+			*pp = e->next;
+			stop_entry(m, e);
+		}
+		/* the next start on it goes through the cache's check (and a fetch) */
+		k->backoff_until = spaced_mono_ns() + BACKOFF_NS;
+	}
+	gate_log("level=warn event=pool-drained template=%s reason=\"its cached tree changed\"", hash);
+}
+
 void pool_used_ranges(struct mgr *m, json_t *arr)
 {
 	(void)m;

@@ -38,6 +38,10 @@ void pool_stop(struct mgr *m);
  * executor's "claim" job) or, when the claim fails, starts one cold. */
 bool pool_take(struct mgr *m, struct mgr_rec *rec);
 
+/* Stops every ready pooled execution on the template hash (its cached tree
+ * changed: they were made on what it was). */
+void pool_drain_template(struct mgr *m, const char *hash);
+
 /* {"keys":[…], "hits", "misses", "ready", "starting", "pss_kib"} for status. */
 json_t *pool_status(struct mgr *m);
 

@@ -312,6 +312,18 @@ out:
 	return r;
 }
 
+int tmpl_unchanged(const struct mgr_config *cfg, const char *hash)
+{
+	char troot[4400], p[4400], want[FP_HEX + 8], fp[FP_HEX];
+	if (!spaced_treehash_hex_valid(hash))
+		return SPACED_EINVAL;
+	snprintf(troot, sizeof troot, "%s/templates/%s/root", cfg->state_dir, hash);
+	snprintf(p, sizeof p, "%s/templates/%s/fingerprint", cfg->state_dir, hash);
+	if (read_small(p, want, sizeof want) < 0 || fingerprint(troot, fp) < 0 || !spaced_ct_eq(fp, want, FP_HEX - 1))
+		return SPACED_EIDENTITY;
+	return 0;
+}
+
 struct cached {
 	char hash[SPACED_TREEHASH_HEX];
 	uint64_t bytes;
