@@ -1106,6 +1106,20 @@ int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *
 	return 0;
 }
 
+int spaced_sub_send_config(struct spaced_sub *s, const char *json)
+{
+	static char msg[SPACED_SUB_MSG_MAX + 8];
+	size_t n = strlen(json);
+
+	if (n + 7 > SPACED_SUB_MSG_MAX)
+		return SPACED_ETOOBIG;
+	memcpy(msg, "CONFIG ", 7);
+	memcpy(msg + 7, json, n);
+	if (send(s->ctl, msg, n + 7, MSG_NOSIGNAL) != (ssize_t)(n + 7))
+		return SPACED_ECLOSED;
+	return 0;
+}
+
 int spaced_sub_send_conn(struct spaced_sub *s, uint32_t port, int fd)
 {
 	char msg[32];

@@ -83,7 +83,7 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO, O_CPUS, O_DISK };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -100,15 +100,20 @@ static const struct option cp_longopts[] = {
 	{"port", required_argument, NULL, O_PORT},
 	{"protocol", required_argument, NULL, O_PROTOCOL},
 	{"to", required_argument, NULL, O_TO},
+	{"env", required_argument, NULL, O_ENV},
+	{"meta", required_argument, NULL, O_META},
+	{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
 	{NULL, 0, NULL, 0},
 };
 
 static const char cp_usage[] =
 	"usage: spacectl workers [--json]\n"
 	"       spacectl create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE]\n"
-	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--json]\n"
+	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--env K=V]...\n"
+	"                       [--meta K=V]... [--auto-resume] [--json]\n"
 	"       spacectl quota [--json]\n"
-	"       spacectl ls [--json] | rm ID | inspect ID [--json]\n"
+	"       spacectl ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
+	"       spacectl timeout ID SECONDS                   it is reaped SECONDS from now (0: never)\n"
 	"       spacectl route ID [--purpose P]... [--port N] [--protocol X] [--json]\n"
 	"       spacectl pause ID | snapshot ID | resume ID [--worker W] | move ID --to W   [--json]\n";
 
@@ -116,7 +121,9 @@ int cmd_cp(int argc, char **argv)
 {
 	const char *cmd = argv[0];
 	int json = 0, c, rc = 1;
-	json_t *req = json_object(), *purposes = json_array();
+	json_t *req = json_object(), *purposes = json_array(), *env = json_object(), *meta = json_object();
+	char query[2048] = "";
+	size_t ql = 0;
 	struct cp_call res = {0};
 	char path[512];
 	const char *target = NULL;
@@ -154,6 +161,34 @@ int cmd_cp(int argc, char **argv)
 		case O_PORT: json_object_set_new(req, "port", json_integer(atoll(optarg))); break;
 		case O_PROTOCOL: json_object_set_new(req, "protocol", json_string(optarg)); break;
 		case O_TO: json_object_set_new(req, "to", json_string(optarg)); target = optarg; break;
+		case O_AUTO_RESUME: json_object_set_new(req, "auto_resume", json_true()); break;
+		case O_ENV:
+		case O_META: {
+			const char *eq = strchr(optarg, '=');
+			char k[256];
+			if (!eq || eq == optarg || (size_t)(eq - optarg) >= sizeof k) {
+				rc = cli_fail(cmd, "--%s wants K=V", c == O_ENV ? "env" : "meta");
+				goto out;
+			}
+			snprintf(k, sizeof k, "%.*s", (int)(eq - optarg), optarg);
+			json_object_set_new(c == O_ENV ? env : meta, k, json_string(eq + 1));
+			/* for ls: ?meta=K%3DV… (every one must match) */
+			if (c == O_META) {
+				char e[700];
+				size_t el = 0;
+				for (const char *p = optarg; *p && el + 4 < sizeof e; p++)
+					el += (size_t)(strchr("-._~", *p) || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+					                       (*p >= 'A' && *p <= 'Z')
+					                   ? snprintf(e + el, sizeof e - el, "%c", *p)
+					                   : snprintf(e + el, sizeof e - el, "%%%02X", (unsigned char)*p));
+				ql += (size_t)snprintf(query + ql, sizeof query - ql, "%smeta=%s", ql ? "&" : "?", e);
+				if (ql >= sizeof query) {
+					rc = cli_fail(cmd, "too many --meta");
+					goto out;
+				}
+			}
+			break;
+		}
 		default: rc = cli_usage(cp_usage); goto out;
 		}
 	}
@@ -176,6 +211,10 @@ int cmd_cp(int argc, char **argv)
 				       (long long)json_integer_value(json_object_get(w, "sandboxes")),
 				       (long long)json_integer_value(json_object_get(w, "capacity")), str(w, "url"));
 	} else if (strcmp(cmd, "create") == 0 && nargs == 0) {
+		if (json_object_size(env) > 0)
+			json_object_set(req, "env", env);
+		if (json_object_size(meta) > 0)
+			json_object_set(req, "metadata", meta);
 		if ((rc = call(cmd, "POST", "/v1/sandboxes", req, &res)) != 0)
 			goto out;
 		if (json)
@@ -196,7 +235,8 @@ int cmd_cp(int argc, char **argv)
 				       json_integer_value(json_object_get(q, k[i])) == 0 ? " (no limit)" : "");
 		}
 	} else if (strcmp(cmd, "ls") == 0 && nargs == 0) {
-		if ((rc = call(cmd, "GET", "/v1/sandboxes", NULL, &res)) != 0)
+		snprintf(path, sizeof path, "/v1/sandboxes%s", query);
+		if ((rc = call(cmd, "GET", path, NULL, &res)) != 0)
 			goto out;
 		json_t *l = json_object_get(res.answer, "sandboxes"), *s;
 		size_t i;
@@ -213,6 +253,21 @@ int cmd_cp(int argc, char **argv)
 			print_json(res.answer);
 		else
 			printf("%s %s\n", id, str(res.answer, "state"));
+	} else if (strcmp(cmd, "timeout") == 0 && nargs == 2) {
+		char *end;
+		long long secs = strtoll(argv[optind + 1], &end, 10);
+		if (*end || secs < 0) {
+			rc = cli_fail(cmd, "SECONDS must be a number of seconds (0: never)");
+			goto out;
+		}
+		json_t *t = json_pack("{s:I}", "seconds", (json_int_t)secs);
+		snprintf(path, sizeof path, "/v1/sandboxes/%s/timeout", id);
+		rc = call(cmd, "POST", path, t, &res);
+		json_decref(t);
+		if (rc != 0)
+			goto out;
+		if (json)
+			print_json(res.answer);
 	} else if (strcmp(cmd, "route") == 0 && nargs == 1) {
 		if (json_array_size(purposes) > 0)
 			json_object_set(req, "purposes", purposes);
@@ -246,5 +301,7 @@ out:
 	json_decref(res.answer);
 	json_decref(req);
 	json_decref(purposes);
+	json_decref(env);
+	json_decref(meta);
 	return rc;
 }

@@ -27,7 +27,7 @@
 
 int ops_verbose;
 
-enum { O_ROUTE = 1000, O_NORETRY, O_CACHE, O_ENV, O_CWD, O_TIMEOUT, O_DEPTH, O_MKDIRS, O_JSON };
+enum { O_ROUTE = 1000, O_NORETRY, O_CACHE, O_ENV, O_CWD, O_TIMEOUT, O_DEPTH, O_MKDIRS, O_JSON, O_USER };
 
 static const struct option common_opts[] = {
 	{"route", required_argument, NULL, O_ROUTE},
@@ -41,6 +41,7 @@ static const struct option common_opts[] = {
 	{"mkdirs", no_argument, NULL, O_MKDIRS},
 	{"recursive", no_argument, NULL, 'r'},
 	{"json", no_argument, NULL, O_JSON},
+	{"user", required_argument, NULL, O_USER},
 	{NULL, 0, NULL, 0},
 };
 
@@ -48,6 +49,7 @@ struct opargs {
 	struct client_opts o;
 	json_t *env;
 	const char *cwd;
+	const char *user; /* exec --user: a user of the sandbox (name, uid or uid:gid) */
 	long timeout_s;
 	int depth;
 	int mkdirs;
@@ -56,7 +58,7 @@ struct opargs {
 };
 
 static const char usage_ops[] =
-	"usage: spacectl exec ID [--env K=V]... [--cwd DIR] [--timeout S] -- CMD [ARG...]\n"
+	"usage: spacectl exec ID [--env K=V]... [--cwd DIR] [--user U] [--timeout S] -- CMD [ARG...]\n"
 	"       spacectl fs read|stat|mkdir|rm [-r] ID PATH...\n"
 	"       spacectl fs write [--mkdirs] ID PATH      (the content is read from stdin)\n"
 	"       spacectl fs ls [--depth N] ID PATH | fs mv ID FROM TO\n"
@@ -94,6 +96,7 @@ static int parse(int argc, char **argv, struct opargs *a)
 			break;
 		}
 		case O_CWD: a->cwd = optarg; break;
+		case O_USER: a->user = optarg; break;
 		case O_TIMEOUT: a->timeout_s = atol(optarg); if (a->timeout_s <= 0) return -1; break;
 		case O_DEPTH: a->depth = atoi(optarg); if (a->depth < 1 || a->depth > 64) return -1; break;
 		case O_MKDIRS: a->mkdirs = 1; break;
@@ -133,6 +136,7 @@ static int parse_rest(int argc, char **argv, struct opargs *a, int first, char *
 			case O_CACHE: keep.o.cache_dir = optarg; break;
 			case 'v': keep.o.verbose = 1; break;
 			case O_CWD: keep.cwd = optarg; break;
+			case O_USER: keep.user = optarg; break;
 			case O_TIMEOUT: keep.timeout_s = atol(optarg); break;
 			case O_DEPTH: keep.depth = atoi(optarg); break;
 			case O_MKDIRS: keep.mkdirs = 1; break;
@@ -258,6 +262,8 @@ int cmd_exec(int argc, char **argv)
 		json_object_set(body, "env", oa.env);
 	if (oa.cwd)
 		json_object_set_new(body, "cwd", json_string(oa.cwd));
+	if (oa.user)
+		json_object_set_new(body, "user", json_string(oa.user));
 	if (oa.timeout_s > 0)
 		json_object_set_new(body, "timeout_ms", json_integer((json_int_t)oa.timeout_s * 1000));
 	text = json_dumps(body, JSON_COMPACT);

@@ -27,11 +27,13 @@ static const char usage[] =
 	"\n"
 	"control plane (SPACED_CP_URL, SPACED_API_KEY):\n"
 	"  workers [--json]                               registered workers\n"
-	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--json]\n"
+	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE]\n"
+	"         [--template T] [--env K=V]... [--meta K=V]... [--auto-resume] [--json]\n"
 	"                                                 a new sandbox (prints its ID); limits default\n"
 	"                                                 to the worker's (SIZE: bytes or 512M, 2G …)\n"
 	"  quota [--json]                                 the tenant's quotas and what it holds\n"
-	"  ls [--json] | rm ID | inspect ID [--json]\n"
+	"  ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
+	"  timeout ID SECONDS                             reaped SECONDS from now (0: never)\n"
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
 	"\n"
@@ -41,7 +43,7 @@ static const char usage[] =
 	"  template ls [--json] | template rm NAME\n"
 	"\n"
 	"sandbox operations (through the worker that serves the sandbox; route cached, V1–V4):\n"
-	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--timeout S] -- CMD [ARG...]\n"
+	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--user U] [--timeout S] -- CMD [ARG...]\n"
 	"  [-v] fs read|write|ls|stat|mkdir|mv|rm ID PATH...      (write: content on stdin)\n"
 	"  [-v] watch ID PATH                                   file events until interrupted\n"
 	"  [-v] term ID [--env K=V]... [--cwd DIR] [-- CMD...]  an interactive terminal (/bin/sh)\n"
@@ -141,7 +143,7 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "template") == 0)
 		return cmd_template(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
-	                                      "pause", "snapshot", "resume", "move", "quota", NULL};
+	                                      "pause", "snapshot", "resume", "move", "quota", "timeout", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)
 		if (strcmp(argv[1], cp_cmds[i]) == 0)
 			return cmd_cp(argc - 1, argv + 1);

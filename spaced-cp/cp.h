@@ -174,6 +174,8 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body);
 json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id);
+/* spacectl timeout: the sandbox is reaped seconds from now (0: never). */
+int cp_op_timeout(struct cp_store *st, const char *tenant, const char *id, int64_t seconds, json_t **body);
 /* The tenant's quotas and what it holds; with lock, inside a transaction,
  * taking the tenant's row lock (ops.c). */
 int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,

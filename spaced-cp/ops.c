@@ -592,8 +592,10 @@ static json_t *sbx_json(const struct sbx *s)
 		struct spaced_resources res;
 		resources_of(s, &res);
 		json_object_set_new(j, "resources", spaced_resources_to_json(&res));
-		json_t *t = json_object_get(json_object_get(j, "spec"), "template");
+		json_t *sp = json_object_get(j, "spec"), *t = json_object_get(sp, "template"), *md = json_object_get(sp, "metadata");
 		json_object_set_new(j, "template", json_is_object(t) ? json_incref(json_object_get(t, "name")) : json_null());
+		json_object_set_new(j, "metadata", json_is_object(md) ? json_incref(md) : json_object());
+		json_object_set_new(j, "auto_resume", json_boolean(json_is_true(json_object_get(sp, "auto_resume"))));
 	}
 	if (j != NULL && col(s, C_SNAP) != NULL) {
 		const char *h = col(s, C_SNAPHASH);
@@ -652,8 +654,9 @@ json_t *cp_sandbox_list(struct cp_store *st, const char *tenant)
 static int set_state(struct cp_store *st, const char *id, const char *state, const char *err)
 {
 	char now[24];
-	return CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = $2, last_error = $3, last_active = $4 WHERE id = $1",
-	            id, state, err, cp_i64(now, spaced_now()));
+	return CP_Q(st, NULL, NULL,
+	            "UPDATE sandboxes SET state = $2, last_error = $3, last_active = $4, idle_paused = 0 WHERE id = $1", id,
+	            state, err, cp_i64(now, spaced_now()));
 }
 
 /* Takes the sandbox's operation lease. 0, SPACED_ENOENT or SPACED_EBUSY. */
@@ -1437,6 +1440,48 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 	return status;
 }
 
+/* Paused by the idle timeout, and created with auto_resume. */
+static bool auto_resumable(struct cp_store *st, const char *id)
+{
+	struct cp_rows *rows = NULL;
+	bool yes = false;
+	if (CP_Q(st, &rows, NULL, "SELECT spec, idle_paused FROM sandboxes WHERE id = $1", id) == 0 && rows->nrows == 1 &&
+	    cp_rows_i64(rows, 0, 1, 0) == 1) {
+		json_error_t jerr;
+		json_t *spec = json_loads(cp_rows_get(rows, 0, 0), JSON_REJECT_DUPLICATES, &jerr);
+		yes = json_is_true(json_object_get(spec, "auto_resume"));
+		json_decref(spec);
+	}
+	cp_rows_free(rows);
+	return yes;
+}
+
+int cp_op_timeout(struct cp_store *st, const char *tenant, const char *id, int64_t seconds, json_t **body)
+{
+	struct sbx s;
+	char ml[24];
+	int r = sbx_load(st, tenant, id, &s);
+	if (r == SPACED_ENOENT) {
+		*body = cp_error("not-found", "no such sandbox");
+		return 404;
+	}
+	if (r < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		return 500;
+	}
+	/* reaped `seconds` from now: its absolute lifetime counted from creation */
+	int64_t created = cp_rows_i64(s.rows, s.r, C_CREATED, 0);
+	int64_t life = seconds == 0 ? 0 : spaced_now() - created + seconds;
+	cp_rows_free(s.rows);
+	if ((r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET max_lifetime = $3 WHERE id = $1 AND tenant = $2", id, tenant,
+	              cp_i64(ml, life < 1 && seconds ? 1 : life))) < 0) {
+		*body = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*body = cp_sandbox_json(st, tenant, id);
+	return 200;
+}
+
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body)
 {
@@ -1456,6 +1501,22 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 	if (r < 0) {
 		*body = cp_error("internal", spaced_strerror(r));
 		return 500;
+	}
+	if (strcmp(col(&s, C_STATE), "paused") == 0 && auto_resumable(st, id)) {
+		/* paused for idleness, and it asked to come back when used: a resume
+		 * (the same execution thawed; a new generation only when it must
+		 * move), then the route of what serves it now (V1–V5 unchanged: the
+		 * client just resolves a route) */
+		json_t *b = NULL;
+		int rs = cp_op_simple(cp, st, tenant, id, "resume", NULL, &b);
+		json_decref(b);
+		cp_rows_free(s.rows);
+		if ((r = sbx_load(st, tenant, id, &s)) < 0) {
+			*body = cp_error("internal", spaced_strerror(r));
+			return 500;
+		}
+		if (rs >= 300)
+			fprintf(stderr, "spaced-cp: auto-resume of %s: %d\n", id, rs);
 	}
 	if (strcmp(col(&s, C_STATE), "running") != 0 || identity_of(&s, &cap.id) < 0) {
 		char m[128];
@@ -1522,6 +1583,10 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		json_t *body = NULL;
 		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
 		                          cp_rows_get(rows, i, 2), NULL, &body);
+		/* paused for idleness: an auto-resume sandbox comes back at its next route */
+		if (status == 200 && strcmp(cp_rows_get(rows, i, 2), "pause") == 0)
+			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET idle_paused = 1 WHERE id = $1 AND state = 'paused'",
+			     cp_rows_get(rows, i, 0));
 		fprintf(stderr, "spaced-cp: timeout: %s %s -> %d\n", cp_rows_get(rows, i, 2), cp_rows_get(rows, i, 0),
 		        status);
 		json_decref(body);

@@ -337,6 +337,15 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 					answer_now(cp, rq, 414, "uri-too-long", "the request URI is too long");
 					return 0;
 				}
+				/* the query too (GET /v1/sandboxes?meta=K=V): its fragments, '&'-joined */
+				char arg[256];
+				for (int k = 0; lws_hdr_copy_fragment(wsi, arg, sizeof arg, WSI_TOKEN_HTTP_URI_ARGS, k) > 0; k++) {
+					size_t pl = strlen(rq->path);
+					if (pl + strlen(arg) + 2 >= sizeof rq->path)
+						break;
+					rq->path[pl] = k ? '&' : '?';
+					memcpy(rq->path + pl + 1, arg, strlen(arg) + 1);
+				}
 			}
 		if (!found) {
 			answer_now(cp, rq, 405, "method-not-allowed", "GET, POST or DELETE");

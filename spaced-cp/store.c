@@ -70,6 +70,8 @@ static const struct {
 	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},
 	/* the template a sandbox runs on (its hash; NULL: the worker's own /usr and /etc) */
 	{"sandboxes", "template_hash", "TEXT"},
+	/* paused by the idle timeout (an auto-resume sandbox is resumed by its next route) */
+	{"sandboxes", "idle_paused", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 int cp_store_open(const char *url, struct cp_store **out)

@@ -78,6 +78,7 @@ struct xclaim {
 	uint32_t id;
 	int fd;
 	uint64_t deadline;
+	int answers; /* the launcher's answers still to come */
 	json_t *rec; /* the result */
 };
 
@@ -322,7 +323,8 @@ static void claim_start(struct executor *x, uint32_t id, json_t *args)
 		send_done(x, id, SPACED_EINVAL, "malformed record", NULL, -1);
 		return;
 	}
-	int e = mgr_pool_claim_send(x->cfg, &rec, &fd, why, sizeof why);
+	int answers = 0;
+	int e = mgr_pool_claim_send(x->cfg, &rec, &fd, &answers, why, sizeof why);
 	struct xclaim *c = e == 0 ? calloc(1, sizeof *c) : NULL;
 	if (!c) {
 		if (fd >= 0)
@@ -332,6 +334,7 @@ static void claim_start(struct executor *x, uint32_t id, json_t *args)
 	}
 	c->id = id;
 	c->fd = fd;
+	c->answers = answers;
 	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CLAIM_TIMEOUT_MS * 1000000u;
 	c->rec = json_incref(jr);
 	c->next = x->claims;
@@ -343,7 +346,7 @@ static void claim_start(struct executor *x, uint32_t id, json_t *args)
 static bool claim_step(struct executor *x, struct xclaim *c, bool timed_out)
 {
 	char why[512] = "";
-	int e = timed_out ? SPACED_ETIMEDOUT : mgr_pool_claim_done(c->fd, why, sizeof why);
+	int e = timed_out ? SPACED_ETIMEDOUT : mgr_pool_claim_done(c->fd, &c->answers, why, sizeof why);
 	if (e == SPACED_EBUSY)
 		return false;
 	if (e == 0) {
@@ -446,11 +449,15 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			snprintf(why, whysz, "template %s changed in the cache since its check", rec.tmpl);
 			return e;
 		}
-		int fd = -1;
-		if ((e = mgr_pool_claim_send(cfg, &rec, &fd, why, whysz)) < 0)
+		int fd = -1, answers = 0;
+		if ((e = mgr_pool_claim_send(cfg, &rec, &fd, &answers, why, whysz)) < 0)
 			return e;
-		struct pollfd p = {.fd = fd, .events = POLLIN};
-		e = poll(&p, 1, EXE_CLAIM_TIMEOUT_MS) == 1 ? mgr_pool_claim_done(fd, why, whysz) : SPACED_ETIMEDOUT;
+		e = SPACED_EBUSY;
+		while (e == SPACED_EBUSY) {
+			struct pollfd p = {.fd = fd, .events = POLLIN};
+			e = poll(&p, 1, EXE_CLAIM_TIMEOUT_MS) == 1 ? mgr_pool_claim_done(fd, &answers, why, whysz)
+			                                           : SPACED_ETIMEDOUT;
+		}
 		close(fd);
 		if (e == 0)
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));

@@ -58,6 +58,7 @@ struct ctl_op {
 	uint64_t t0; /* when the message came (monotonic ns) */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
+	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
 	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
 	struct mgr_rec rec, old;
 };
@@ -338,6 +339,59 @@ static int template_parse(json_t *t, struct ctl_op *op, struct outcome *o)
 	return 0;
 }
 
+/* The guest's settings: the template's config (ENV, WORKDIR, USER) under the
+ * create's env. */
+static int config_parse(json_t *spec, struct ctl_op *op, struct outcome *o)
+{
+	json_t *tc = json_object_get(json_object_get(spec, "template"), "config");
+	json_t *env = json_object_get(spec, "env"), *te = json_object_get(tc, "env"), *v;
+	op->config[0] = 0;
+	if (!json_is_object(tc) && !json_is_object(env))
+		return 0;
+	json_t *c = json_object(), *e = json_object();
+	size_t i;
+	const char *k;
+	if (json_is_array(te)) {
+		json_array_foreach(te, i, v) {
+			const char *s = json_string_value(v), *eq = s ? strchr(s, '=') : NULL;
+			if (eq && eq != s && eq - s < 256) {
+				char key[256];
+				snprintf(key, sizeof key, "%.*s", (int)(eq - s), s);
+				json_object_set_new(e, key, json_string(eq + 1));
+			}
+		}
+	} else if (json_is_object(te)) {
+		json_object_foreach(te, k, v) {
+			if (json_is_string(v))
+				json_object_set(e, k, v);
+		}
+	}
+	if (env && !json_is_object(env)) {
+		json_decref(c);
+		json_decref(e);
+		return fail(o, "bad-message", "spec.env must be an object");
+	}
+	json_object_foreach(env, k, v) {
+		if (json_is_string(v))
+			json_object_set(e, k, v);
+	}
+	json_object_set_new(c, "env", e);
+	json_t *wd = json_object_get(tc, "workdir"), *user = json_object_get(tc, "user");
+	if (json_is_string(wd))
+		json_object_set(c, "workdir", wd);
+	if (json_is_string(user))
+		json_object_set(c, "user", user);
+	char *t = json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(c);
+	if (!t || strlen(t) >= sizeof op->config) {
+		free(t);
+		return fail(o, "config-too-large", "the sandbox's environment is larger than %zu bytes", sizeof op->config);
+	}
+	memcpy(op->config, t, strlen(t) + 1);
+	free(t);
+	return 0;
+}
+
 /* Checks an install and fills op; -1 with op->o set when it is refused. */
 static int install_parse(struct mgr *m, struct ctl_op *op)
 {
@@ -364,7 +418,7 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 			op->res.memory_bytes = (uint64_t)json_integer_value(lm);
 		if (op->res.pids == 0 && json_is_integer(lp) && json_integer_value(lp) > 0)
 			op->res.pids = (uint64_t)json_integer_value(lp);
-		if (template_parse(json_object_get(spec, "template"), op, o) < 0)
+		if (template_parse(json_object_get(spec, "template"), op, o) < 0 || config_parse(spec, op, o) < 0)
 			return -1;
 		json_t *snap = json_object_get(spec, "snapshot"), *sh = json_object_get(spec, "snapshot_hash");
 		if (snap && !json_is_null(snap)) {
@@ -454,6 +508,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.res = op->res;
 		memcpy(op->rec.tmpl, op->tmpl, sizeof op->rec.tmpl);
 		memcpy(op->rec.tmpl_url, op->tmpl_url, sizeof op->rec.tmpl_url);
+		memcpy(op->rec.config, op->config, sizeof op->rec.config);
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		if (cur && op->id.generation == cur->r.id.generation) {
 			/* activation (or placement) change of the running execution: it
@@ -466,6 +521,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			op->rec.uid_base = cur->uid_base;
 			memcpy(op->rec.tmpl, cur->tmpl, sizeof op->rec.tmpl);
 			memcpy(op->rec.tmpl_url, cur->tmpl_url, sizeof op->rec.tmpl_url);
+			memcpy(op->rec.config, cur->config, sizeof op->rec.config);
 			snprintf(op->rec.state, sizeof op->rec.state, "%s", cur->state);
 			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
 			op_commit(m, op, &op->rec, false);

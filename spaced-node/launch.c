@@ -333,6 +333,11 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 		} else {
 			snprintf(reply, sizeof(reply), "ERR identity: %s", spaced_strerror(r));
 		}
+	} else if (strncmp(cmd, "CONFIG ", 7) == 0) {
+		/* the sandbox's settings, passed on to the guest before anything
+		 * that follows on this connection (its IDENTITY, its first CONN) */
+		r = spaced_sub_send_config(L->sub, cmd + 7);
+		snprintf(reply, sizeof(reply), r == 0 ? "OK" : "ERR config: %s", spaced_strerror(r));
 	} else if (strcmp(cmd, "STATUS") == 0) {
 		char idtext[SPACED_IDENTITY_TEXT_MAX] = "-";
 		const struct spaced_identity *id = spaced_sub_identity(L->sub);

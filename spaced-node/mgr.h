@@ -15,6 +15,9 @@
 #include "identity.h"
 #include "resources.h"
 
+/* The sandbox's settings a record carries (JSON text, with its NUL). */
+#define MGR_CONFIG_MAX 12288
+
 /* Execution states kept in the record. */
 #define MGR_ST_RUNNING "running"
 #define MGR_ST_PAUSED "paused"
@@ -37,6 +40,8 @@ struct mgr_rec {
 	char tmpl_url[512];  /* where the template is fetched from when it is not in the cache */
 	char exec_name[32];  /* a claimed pooled execution: "pool/<id>" (its directory and bridge
 	                      * socket are named after it); "" for one started for this record */
+	char config[MGR_CONFIG_MAX]; /* the sandbox's settings for its guest: {"env","workdir","user"}
+	                              * (its template's and its create's), "" for none */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
@@ -143,9 +148,12 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
  * new control connection (*ctl_fd, non-blocking, to poll for the answer) and
  * the bridge's identity line; its processes are set back to the priority of
  * every execution. 0, or SPACED_ECLOSED when it is gone (the caller stops it). */
-int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, char *why, size_t whysz);
-/* The launcher's answer on ctl_fd: 0 (OK), SPACED_EBUSY (not yet), SPACED_EPROTO. */
-int mgr_pool_claim_done(int ctl_fd, char *why, size_t whysz);
+int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, int *answers, char *why,
+                        size_t whysz);
+/* The launcher's answers on ctl_fd (*answers of them: the sandbox's CONFIG,
+ * when it has one, comes before the IDENTITY): 0 (all OK), SPACED_EBUSY (not
+ * all yet), SPACED_EPROTO. */
+int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz);
 /* Stops the pooled executions in STATE/pool that no name in keep[] names
  * (left by an earlier gate): their launchers and bridges, their files. */
 void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep);

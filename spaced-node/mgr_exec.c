@@ -635,6 +635,32 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	return start_bridge_in(cfg, rec, NULL);
 }
 
+/* CONFIG on the execution's control socket, its answer awaited (job
+ * children only). */
+static int send_config(const char *e_dir, const char *config)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char path[4200], *msg, reply[256];
+	snprintf(path, sizeof path, "%s/control.sock", e_dir);
+	if (strlen(path) >= sizeof sa.sun_path || strlen(config) + 8 > MGR_CONFIG_MAX + 16)
+		return SPACED_ETOOBIG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0 || asprintf(&msg, "CONFIG %s", config) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ENOMEM;
+	}
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	ssize_t n = -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && send(fd, msg, strlen(msg), MSG_NOSIGNAL) > 0)
+		n = recv(fd, reply, sizeof reply, 0);
+	free(msg);
+	close(fd);
+	return n >= 2 && memcmp(reply, "OK", 2) == 0 ? 0 : SPACED_ECLOSED;
+}
+
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
@@ -710,6 +736,11 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	e = spawn_ready(argv, logp, ready, false, 30000, true, &lp, &ls);
 	if (e < 0)
 		return e;
+	/* the sandbox's settings reach the guest before its first connection */
+	if (rec->config[0] && (e = send_config(e_dir, rec->config)) < 0) {
+		stop_pinned(lp, ls, true);
+		return e;
+	}
 	struct mgr_rec r = *rec;
 	r.pid = lp;
 	r.pid_start = ls;
@@ -1244,7 +1275,8 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	return 0;
 }
 
-int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, char *why, size_t whysz)
+int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, int *answers, char *why,
+                        size_t whysz)
 {
 	char e_dir[4096], ctlp[4200], fifo[4200], text[SPACED_IDENTITY_TEXT_MAX], cmd[SPACED_IDENTITY_TEXT_MAX + 16];
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -1263,8 +1295,20 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	memcpy(sa.sun_path, ctlp, strlen(ctlp) + 1);
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	int n = snprintf(cmd, sizeof cmd, "IDENTITY %s", text);
+	/* the sandbox's settings first: the guest takes its messages in order */
+	char *config_msg = NULL;
+	if (rec->config[0] && asprintf(&config_msg, "CONFIG %s", rec->config) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ENOMEM;
+	}
 	/* a listening SEQPACKET socket accepts the connection at once (backlog) */
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || send(fd, cmd, (size_t)n, MSG_NOSIGNAL) != n) {
+	bool sent_config = fd >= 0 && config_msg && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+	                   send(fd, config_msg, strlen(config_msg), MSG_NOSIGNAL) == (ssize_t)strlen(config_msg);
+	free(config_msg);
+	if (fd < 0 || (rec->config[0] && !sent_config) ||
+	    (!rec->config[0] && connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) ||
+	    send(fd, cmd, (size_t)n, MSG_NOSIGNAL) != n) {
 		snprintf(why, whysz, "the pooled execution's launcher does not answer: %s", strerror(errno));
 		if (fd >= 0)
 			close(fd);
@@ -1298,19 +1342,23 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 		fclose(f);
 	}
 	*ctl_fd = fd;
+	*answers = rec->config[0] ? 2 : 1;
 	return 0;
 }
 
-int mgr_pool_claim_done(int ctl_fd, char *why, size_t whysz)
+int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz)
 {
 	char reply[256];
-	ssize_t got = recv(ctl_fd, reply, sizeof reply - 1, MSG_DONTWAIT);
-	if (got < 0 && (errno == EAGAIN || errno == EINTR))
-		return SPACED_EBUSY;
-	if (got < 2 || memcmp(reply, "OK", 2) != 0) {
-		reply[got > 0 ? got : 0] = 0;
-		snprintf(why, whysz, "the launcher refused the identity: %.200s", got > 0 ? reply : "no answer");
-		return SPACED_EPROTO;
+	while (*answers > 0) {
+		ssize_t got = recv(ctl_fd, reply, sizeof reply - 1, MSG_DONTWAIT);
+		if (got < 0 && (errno == EAGAIN || errno == EINTR))
+			return SPACED_EBUSY;
+		if (got < 2 || memcmp(reply, "OK", 2) != 0) {
+			reply[got > 0 ? got : 0] = 0;
+			snprintf(why, whysz, "the launcher refused the claim: %.200s", got > 0 ? reply : "no answer");
+			return SPACED_EPROTO;
+		}
+		(*answers)--;
 	}
 	return 0;
 }
