@@ -15,8 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -301,11 +303,24 @@ static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHA
 	if (pid < 0)
 		return SPACED_ESYS;
 	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), in = open("/dev/null", O_RDONLY);
 		if (fd >= 0) {
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
+		if (in >= 0)
+			dup2(in, 0);
+		/* a clean start: the control plane's threads block and ignore signals
+		 * that apt and dpkg rely on */
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		for (int sig = 1; sig < 32; sig++)
+			if (sig != SIGKILL && sig != SIGSTOP)
+				signal(sig, SIG_DFL);
+		setsid();
+		/* nothing of the control plane's (its sockets, its database) */
+		syscall(SYS_close_range, 3, ~0u, 0);
 		/* Debian's own tool, from the package archive this machine reaches;
 		 * the suite comes from a fixed list, nothing else of the request */
 		execlp("mmdebstrap", "mmdebstrap", "--variant=minbase", "--quiet", suite, tarp, (char *)NULL);
