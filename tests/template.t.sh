@@ -35,7 +35,7 @@ fi
 # ---- the archives ----
 # a small merged-/usr root: a shell, a few tools, the libraries they and the guest need
 python3 "$MK" tarball "$W/root.tar.gz" --gz --bin /bin/dash --bin /usr/bin/cat --bin /usr/bin/ls \
-	--bin /usr/bin/stat --link usr/bin/sh=dash --libs-of "$GUEST" \
+	--bin /usr/bin/stat --bin /usr/bin/chmod --link usr/bin/sh=dash --libs-of "$GUEST" \
 	--file etc/marker=from-tarball --file etc/gone=lower --file opt/app/old=old \
 	--file home/app/notes=notes --own home/app/notes=1000 --own home/app=1000 || { echo "FAIL: mk tarball"; exit 1; }
 # an OCI image: that root as its first layer, a second that removes, replaces and adds
@@ -65,7 +65,7 @@ expect "template ls: the two templates" "$("$SC" template ls --json | jq -r '[.[
 # ---- sandboxes see exactly their template ----
 P=$("$SC" create --template plain --worker worker-1) || { echo "FAIL: create from the tarball"; exit 1; }
 expect "inspect names the template" "$("$SC" inspect "$P" --json | jq -r .template)" plain
-expect "tarball sandbox: /usr/bin is the template's" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat dash ls sh stat "
+expect "tarball sandbox: /usr/bin is the template's" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat chmod dash ls sh stat "
 expect "tarball sandbox: the template's file" "$("$SC" exec "$P" -- cat /etc/marker)" "from-tarball"
 "$SC" exec "$P" -- stat /usr/bin/python3 >/dev/null 2>&1
 expect "tarball sandbox: the host's /usr is not there" "$?" 1
@@ -102,6 +102,17 @@ else
 	fail "template build of a two-step Spacefile"
 fi
 
+# ---- a RUN step cannot leave the build sandbox ----
+printf 'FROM plain\nRUN mkdir -p /mnt/x && mount -t tmpfs none /mnt/x\n' >"$W/Evilfile"
+"$SC" template build evilbuild -f "$W/Evilfile" >"$W/evil.out" 2>&1
+expect "a RUN that mounts fails the build (the build sandbox is a sandbox)" "$?" 1
+expect "a failed build names no template" "$("$SC" template ls --json | jq -r '[.[].name] | index("evilbuild")')" null
+expect "its build sandbox is gone" "$("$SC" ls --json | jq '[.[] | select(.spec.template.name == "(build)")] | length')" 0
+printf 'FROM plain\nRUN cat /usr/bin/cat >/usr/bin/setid && chmod 4755 /usr/bin/setid\n' >"$W/Setid"
+"$SC" template build setid -f "$W/Setid" >"$W/setid.out" 2>&1 || fail "build with a setuid file"
+S=$("$SC" create --template setid)
+expect "a setuid bit made by RUN is cleared in the tree" "$("$SC" exec "$S" -- stat -c %a /usr/bin/setid)" 755
+
 # ---- tampered in a worker's cache: refused, fetched again ----
 H=$(jq -r .hash "$W/plain.json")
 C=$D/worker-1/templates/$H/root
@@ -121,7 +132,7 @@ expect "moved: the snapshot went through the store over HTTP" \
 	"$("$SC" inspect "$P" --json | jq -r '.snapshot | test("^http://.*/v1/blobs/snapshots/")')" true
 expect "moved: the sandbox's files and its change to the template" \
 	"$("$SC" exec "$P" -- cat /workspace/data.txt /etc/marker | tr '\n' ' ')" "moved data changed "
-expect "moved: still exactly its template" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat dash ls sh stat "
+expect "moved: still exactly its template" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat chmod dash ls sh stat "
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
