@@ -858,7 +858,12 @@ static int ack_status(int r, const char *what, char *why, json_t **body, char *e
 struct start_opts {
 	int in_txn;
 	const char *release_op;
+	int no_commit;     /* the caller commits (a batch of creates) and then calls finish_start */
+	int64_t *seq_out;  /* with no_commit: the install's seq */
 };
+
+static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
+                        const char *release_op, json_t **body);
 
 static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                               const char *snapshot, const char *snapshot_hash, int same_gen,
@@ -875,17 +880,16 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
                               const char *snapshot, const char *snapshot_hash, int same_gen,
                               const struct start_opts *so, json_t **body)
 {
-	char act[SPACED_NAME_MAX], gb[24], now[24], errtext[512];
+	char act[SPACED_NAME_MAX], gb[24], now[24];
 	const char *id = col(s, C_ID);
 	int64_t gen = cp_rows_i64(s->rows, s->r, C_GEN, 0);
 	int64_t seq = 0;
-	int r, ok = 0;
-	char *res = NULL;
+	int r;
 	json_error_t jerr;
 	cp_random_name(act, "act-");
 	json_t *spec = json_loads(col(s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr), *msg = NULL;
 	if (spec == NULL) {
-		if (so->in_txn)
+		if (so->in_txn && !so->no_commit)
 			cp_store_rollback(st);
 		*body = cp_error("internal", "stored spec unreadable");
 		return 500;
@@ -936,11 +940,38 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	}
 	char sq[24];
 	if ((r = cp_outbox_push(st, p->worker, msg, &seq)) < 0 ||
-	    (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET install_seq = $2 WHERE id = $1", id, cp_i64(sq, seq))) < 0 ||
-	    (r = cp_store_commit(st)) < 0)
+	    (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET install_seq = $2 WHERE id = $1", id, cp_i64(sq, seq))) < 0)
+		goto fail;
+	if (so->no_commit) {
+		*so->seq_out = seq;
+		json_decref(spec);
+		json_decref(msg);
+		return 0;
+	}
+	if ((r = cp_store_commit(st)) < 0)
 		goto fail;
 	cp_wake(cp);
-	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
+	json_decref(spec);
+	json_decref(msg);
+	return finish_start(cp, st, id, p->worker, seq, so->release_op, body);
+fail:
+	if (!so->no_commit)
+		cp_store_rollback(st);
+	json_decref(spec);
+	json_decref(msg);
+	*body = cp_error("internal", spaced_strerror(r));
+	return r == SPACED_EBUSY ? 503 : 500;
+}
+
+/* The tail of a start: waits for the install's ack; on it, the state
+ * (and, for a create, the lease with it), else the error. */
+static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
+                        const char *release_op, json_t **body)
+{
+	char errtext[512], *res = NULL;
+	int ok = 0;
+	int r = cp_wait_ack(cp, st, worker, seq, cp->ack_timeout_ms, &ok, &res);
+	const struct start_opts *so = &(struct start_opts){.release_op = release_op};
 	if (r == 0 && ok && so->release_op) {
 		/* lost in a crash, the operation is finished again by the recovery
 		 * (its lease expires; the install's ack is there or comes again) */
@@ -951,30 +982,18 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 		     "WHERE id = $1 AND op = $2",
 		     id, so->release_op, cp_i64(nowb, spaced_now()));
 		cp_store_relaxed(st, 0);
-		json_decref(spec);
-		json_decref(msg);
 		free(res);
 		return 0;
 	}
 	if (r == 0 && ok) {
 		set_state(st, id, "running", NULL);
-		json_decref(spec);
-		json_decref(msg);
 		free(res);
 		return 0;
 	}
 	int status = ack_status(r == 0 ? SPACED_EPERM : r, "install", res, body, errtext, sizeof errtext);
 	set_state(st, id, "error", errtext);
-	json_decref(spec);
-	json_decref(msg);
 	free(res);
 	return status;
-fail:
-	cp_store_rollback(st);
-	json_decref(spec);
-	json_decref(msg);
-	*body = cp_error("internal", spaced_strerror(r));
-	return r == SPACED_EBUSY ? 503 : 500;
 }
 
 /* A tenant's quotas (its own, or this control plane's defaults) and what it
@@ -1043,12 +1062,134 @@ static int quota_check(struct cp *cp, struct cp_store *st, const char *tenant, c
 	return 429;
 }
 
+/* ---- creates, committed in groups ----
+ * A create's first transaction (placement, quotas, the sandbox, its first
+ * generation, the install queued) waits for the disk once (synchronous=FULL);
+ * fifty of them one after the other wait fifty times. So creates that
+ * arrive together are written in one transaction: the first to come leads
+ * — it runs every waiting create's statements on its own store handle, each
+ * under a savepoint of its own (a refused create is rolled back alone),
+ * commits once, and wakes them — while the next ones gather for the next
+ * commit. Each create then waits for its own ack on its own thread. */
+struct create_job {
+	struct create_job *next;
+	const char *tenant;
+	const struct cp_create_req *c;
+	const char *spec_text, *id, *op, *tmpl_hash;
+	/* results */
+	bool done;
+	int status;
+	json_t *body;
+	char worker[SPACED_NAME_MAX];
+	int64_t seq;
+};
+
+static pthread_mutex_t batch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t batch_cv = PTHREAD_COND_INITIALIZER;
+static struct create_job *batch_head, **batch_tail = &batch_head;
+static bool batch_leading;
+
+/* One create's statements, inside the batch's transaction. */
+static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
+{
+	const struct cp_create_req *c = j->c;
+	char now[24], until[24], idle[24], maxl[24], cpu[24], mem[24], pids[24], disk[24];
+	struct placement p;
+	int64_t t = spaced_now();
+	int r;
+	if ((r = CP_Q0(st, NULL, NULL, "SAVEPOINT spaced_create")) < 0) {
+		j->status = 500;
+		j->body = cp_error("internal", spaced_strerror(r));
+		return;
+	}
+	if ((j->status = place(st, c->substrate, &c->res, c->worker, NULL, &p, &j->body)) != 0 ||
+	    /* the tenant's quotas, in the transaction that places the sandbox */
+	    (j->status = quota_check(cp, st, j->tenant, &p.res, &j->body)) != 0)
+		goto undo;
+	r = CP_Q(st, NULL, NULL,
+	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
+	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes, "
+	         "template_hash) "
+	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14, $15)",
+	         j->id, j->tenant, p.worker, c->substrate, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
+	         cp_i64(now, t), cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
+	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime), cp_i64(cpu, p.res.cpu_milli),
+	         cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
+	         cp_i64(disk, (int64_t)p.res.disk_bytes), j->tmpl_hash[0] ? j->tmpl_hash : NULL);
+	struct sbx s;
+	if (r < 0 || (r = sbx_load(st, j->tenant, j->id, &s)) < 0) {
+		j->status = 500;
+		j->body = cp_error("internal", spaced_strerror(r));
+		goto undo;
+	}
+	/* generation 1 in the same transaction (I2), the install queued */
+	const struct start_opts so = {.in_txn = 1, .no_commit = 1, .seq_out = &j->seq};
+	j->status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, &j->body);
+	cp_rows_free(s.rows);
+	if (j->status != 0)
+		goto undo;
+	snprintf(j->worker, sizeof j->worker, "%s", p.worker);
+	CP_Q0(st, NULL, NULL, "RELEASE SAVEPOINT spaced_create");
+	return;
+undo:
+	CP_Q0(st, NULL, NULL, "ROLLBACK TO SAVEPOINT spaced_create");
+	CP_Q0(st, NULL, NULL, "RELEASE SAVEPOINT spaced_create");
+}
+
+static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *j)
+{
+	pthread_mutex_lock(&batch_mu);
+	*batch_tail = j;
+	batch_tail = &j->next;
+	while (!j->done && batch_leading)
+		pthread_cond_wait(&batch_cv, &batch_mu);
+	if (j->done) {
+		pthread_mutex_unlock(&batch_mu);
+		return;
+	}
+	batch_leading = true;
+	while (batch_head) {
+		struct create_job *batch = batch_head;
+		batch_head = NULL;
+		batch_tail = &batch_head;
+		pthread_mutex_unlock(&batch_mu);
+		int r = cp_store_begin(st), queued = 0;
+		for (struct create_job *k = batch; k; k = k->next) {
+			if (r < 0) {
+				k->status = 503;
+				k->body = cp_error("store-busy", spaced_strerror(r));
+				continue;
+			}
+			create_one(cp, st, k);
+			queued += k->status == 0;
+		}
+		if (r == 0 && (r = cp_store_commit(st)) < 0) {
+			cp_store_rollback(st);
+			for (struct create_job *k = batch; k; k = k->next)
+				if (k->status == 0) {
+					k->status = 500;
+					k->body = cp_error("internal", spaced_strerror(r));
+				}
+		} else if (queued) {
+			cp_wake(cp);
+		}
+		pthread_mutex_lock(&batch_mu);
+		for (struct create_job *k = batch; k; k = k->next)
+			k->done = true;
+		pthread_cond_broadcast(&batch_cv);
+		if (j->done)
+			break; /* its own create is done: the next waiting one leads */
+	}
+	batch_leading = false;
+	pthread_cond_broadcast(&batch_cv);
+	pthread_mutex_unlock(&batch_mu);
+}
+
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body)
 {
-	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX], now[24], until[24], idle[24], maxl[24];
-	struct placement p;
-	int status, r;
+	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX];
+	int status;
 	json_t *tmpl = NULL;
 	char tmpl_hash[SPACED_TREEHASH_HEX] = "";
 	/* a template is named by the tenant and pinned by its hash: the sandbox
@@ -1079,49 +1220,20 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	cp_random_name(id, "sbx-");
 	cp_random_name(rnd, "");
 	snprintf(op, sizeof op, "create.%.16s@%s", rnd, cp->replica_id);
-	int64_t t = spaced_now();
-	if ((r = cp_store_begin(st)) < 0) {
-		status = 503;
-		*body = cp_error("store-busy", spaced_strerror(r));
+	struct create_job j = {.tenant = tenant, .c = c, .spec_text = spec_text, .id = id, .op = op,
+	                       .tmpl_hash = tmpl_hash};
+	create_batch(cp, st, &j);
+	status = j.status;
+	if (status != 0) {
+		*body = j.body;
 		goto out;
 	}
-	if ((status = place(st, c->substrate, &c->res, c->worker, NULL, &p, body)) != 0) {
-		cp_store_rollback(st);
-		goto out;
-	}
-	/* the tenant's quotas, in the transaction that places the sandbox */
-	if ((status = quota_check(cp, st, tenant, &p.res, body)) != 0) {
-		cp_store_rollback(st);
-		goto out;
-	}
-	/* The new sandbox enters with generation 0 and the lease held;
-	 * start_execution moves it to generation 1 in its own transaction. */
-	char cpu[24], mem[24], pids[24], disk[24];
-	r = CP_Q(st, NULL, NULL,
-	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
-	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes, "
-	         "template_hash) "
-	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14, $15)",
-	         id, tenant, p.worker, c->substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
-	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
-	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
-	         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
-	         cp_i64(disk, (int64_t)p.res.disk_bytes), tmpl_hash[0] ? tmpl_hash : NULL);
-	struct sbx s;
-	if (r < 0 || (r = sbx_load(st, tenant, id, &s)) < 0) {
-		cp_store_rollback(st);
-		status = 500;
-		*body = cp_error("internal", spaced_strerror(r));
-		goto out;
-	}
-	/* the insert and the first generation commit together, with the
-	 * install queued (I2: the generation in one transaction); the state and
-	 * the lease go together once the worker acknowledged */
+	/* the insert and the first generation are committed, the install
+	 * queued; the state and the lease go together once the worker
+	 * acknowledged */
 	lease_hold(id, op);
-	const struct start_opts so = {.in_txn = 1, .release_op = op};
-	status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, body);
+	status = finish_start(cp, st, id, j.worker, j.seq, op, body);
 	lease_hold(NULL, NULL);
-	cp_rows_free(s.rows);
 	if (status != 0)
 		lease_drop(st, id, op);
 	if (status == 0) {

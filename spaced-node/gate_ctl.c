@@ -39,6 +39,7 @@ struct outcome {
 
 struct ctl_op {
 	struct ctl_op *next; /* in its queue */
+	struct ctl_op *next_commit; /* in the group commit (commit_group) */
 	struct ctl_queue *q;
 	enum ctl_kind kind;
 	uint64_t seq;        /* 0: an internal operation (recovery), nothing acknowledged */
@@ -464,6 +465,79 @@ static bool start_job(struct mgr *m, struct ctl_op *op)
 	return op_job(m, op, "start", args);
 }
 
+/* ---- the group commit of finished installs ----
+ * Installs that finish in the same turn of the loop (creates arriving
+ * together) are written in one transaction after it, then acknowledged:
+ * acknowledged still means on disk, and fifty of them wait for the disk once. */
+static struct ctl_op *commit_head, **commit_tail = &commit_head;
+static uv_check_t commit_check;
+static bool commit_check_init;
+
+static void commit_group_flush(uv_check_t *h)
+{
+	struct mgr *m = h->data;
+	size_t n = 0;
+	for (struct ctl_op *op = commit_head; op; op = op->next_commit)
+		n++;
+	struct ctl_op *list = commit_head;
+	commit_head = NULL;
+	commit_tail = &commit_head;
+	uv_check_stop(&commit_check);
+	if (!n)
+		return;
+	const struct mgr_rec **recs = calloc(n, sizeof *recs);
+	uint64_t *seqs = calloc(n, sizeof *seqs);
+	char **lines = calloc(n, sizeof *lines);
+	uint64_t t_job = spaced_mono_ns();
+	int e = recs && seqs && lines ? 0 : SPACED_ENOMEM;
+	size_t i = 0;
+	for (struct ctl_op *op = list; op && e == 0; op = op->next_commit, i++) {
+		recs[i] = &op->rec;
+		seqs[i] = op->seq;
+		if (!(lines[i] = ack_line(op->seq, &op->o)))
+			e = SPACED_ENOMEM;
+	}
+	if (e == 0)
+		e = mgr_store_commit_many(m->store, recs, seqs, (const char *const *)lines, n);
+	uint64_t t_end = spaced_mono_ns();
+	i = 0;
+	for (struct ctl_op *op = list, *next; op; op = next, i++) {
+		next = op->next_commit;
+		if (e == 0 && mgr_rec_applied(m, &op->rec, op->had_cur) == 0) {
+			op_reply(m, op, lines[i]);
+			gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f commit_ms=%.2f "
+			         "group=%zu",
+			         op->id.sandbox, (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
+			         (double)(t_end - op->t0) / 1e6, (double)(t_end - t_job) / 1e6, n);
+		} else {
+			fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s",
+			     spaced_strerror(e < 0 ? e : SPACED_EIO));
+			char *line = ack_line(0, &op->o);
+			op_reply(m, op, line);
+			free(line);
+		}
+		op_finish(m, op);
+	}
+	for (size_t k = 0; lines && k < n; k++)
+		free(lines[k]);
+	free(lines);
+	free(seqs);
+	free(recs);
+}
+
+static void commit_group_add(struct mgr *m, struct ctl_op *op)
+{
+	if (!commit_check_init) {
+		uv_check_init(m->loop, &commit_check);
+		commit_check.data = m;
+		commit_check_init = true;
+	}
+	op->next_commit = NULL;
+	*commit_tail = op;
+	commit_tail = &op->next_commit;
+	uv_check_start(&commit_check, commit_group_flush);
+}
+
 static void run_install(struct mgr *m, struct ctl_op *op)
 {
 	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
@@ -638,13 +712,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.uid_base = started.uid_base;
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		o->result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
-		uint64_t t_job = spaced_mono_ns();
-		op_commit(m, op, &op->rec, op->had_cur);
-		uint64_t t_end = spaced_mono_ns();
-		gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f commit_ms=%.2f",
-		         op->id.sandbox, (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
-		         (double)(t_end - op->t0) / 1e6, (double)(t_end - t_job) / 1e6);
-		op_finish(m, op);
+		/* written with the other installs that finish in this turn of the
+		 * loop: one wait for the disk for all of them */
+		commit_group_add(m, op);
 		return;
 	}
 	}

@@ -102,6 +102,12 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 	int e = mgr_store_commit(m->store, rec, seq, ack_line);
 	if (e < 0)
 		return e;
+	return mgr_rec_applied(m, rec, handoff);
+}
+
+int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff)
+{
+	int e;
 	mgr_store_use_epoch(m->store, rec->r.epoch);
 	e = rec_put_mem(m, rec);
 	if (e < 0)

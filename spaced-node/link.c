@@ -20,6 +20,8 @@
 #include "node.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -57,6 +59,16 @@ static char abuf[LINE_MAX_BYTES];
 static size_t alen;
 static struct lws_context *ctx;
 static struct lws *conn;
+
+/* Messages go to the gate on a connection of their own, without waiting
+ * for each one's acknowledgement: the gate applies the operations of
+ * different sandboxes side by side and acknowledges each when it is done
+ * (in any order: the control plane matches them by seq). A reader thread
+ * takes the acknowledgement lines and hands them to the loop. */
+static int pipe_fd = -1;
+static pthread_mutex_t acks_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct out *acks_head, **acks_tail = &acks_head;
+static volatile int pipe_broken;
 static struct out *q_head, *q_tail;
 static struct spaced_buf rx;
 static lws_sorted_usec_list_t sul;
@@ -190,6 +202,78 @@ static char *admin_ask(const char *msg, size_t len)
 		}
 		alen += (size_t)got;
 	}
+}
+
+static void *pipe_reader(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	static char buf[LINE_MAX_BYTES];
+	size_t len = 0;
+	for (;;) {
+		char *nl = memchr(buf, '\n', len);
+		if (nl) {
+			size_t n = (size_t)(nl - buf);
+			struct out *o = calloc(1, sizeof *o);
+			if (o && (o->text = strndup(buf, n)) != NULL) {
+				pthread_mutex_lock(&acks_mu);
+				*acks_tail = o;
+				acks_tail = &o->next;
+				pthread_mutex_unlock(&acks_mu);
+				lws_cancel_service(ctx);
+			} else {
+				free(o);
+			}
+			memmove(buf, nl + 1, len - n - 1);
+			len -= n + 1;
+			continue;
+		}
+		if (len == sizeof buf)
+			break;
+		ssize_t got = recv(fd, buf + len, sizeof buf - len, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			break;
+		len += (size_t)got;
+	}
+	pipe_broken = 1;
+	lws_cancel_service(ctx);
+	return NULL;
+}
+
+/* Sends one message line to the gate on the pipelined connection (opened,
+ * with its reader, when missing). 0 or -1 (the connection is dropped). */
+static int pipe_send(const char *msg, size_t len)
+{
+	if (pipe_fd < 0) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		if (strlen(C->admin_path) >= sizeof sa.sun_path)
+			return -1;
+		memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		pthread_t t;
+		pipe_broken = 0;
+		if (pthread_create(&t, NULL, pipe_reader, (void *)(intptr_t)fd) != 0) {
+			close(fd);
+			return -1;
+		}
+		pthread_detach(t);
+		pipe_fd = fd;
+	}
+	struct iovec iov[2] = {{(void *)(uintptr_t)msg, len}, {(void *)(uintptr_t)"\n", 1}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	if (pipe_broken || sendmsg(pipe_fd, &mh, MSG_NOSIGNAL) != (ssize_t)(len + 1)) {
+		/* its reader sees the end and stops; the fd goes with the next open */
+		shutdown(pipe_fd, SHUT_RDWR);
+		pipe_fd = -1;
+		return -1;
+	}
+	return 0;
 }
 
 /* The gate's status result (a new reference), or NULL. */
@@ -462,15 +546,37 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		/* one message: to the gate as one line (JSON text has no raw newline) */
 		if (memchr(rx.data, '\n', rx.len) != NULL)
 			return -1;
-		char *ack = admin_ask((const char *)rx.data, rx.len);
+		int sent = pipe_send((const char *)rx.data, rx.len);
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
-		if (ack == NULL) {
-			llog("the gate did not answer; reconnecting");
+		if (sent < 0) {
+			llog("the gate did not take a message; reconnecting");
 			return -1; /* the control plane replays it after the next hello */
 		}
-		enqueue(ack);
-		lws_callback_on_writable(wsi);
+		return 0;
+	}
+	case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
+		/* acknowledgements from the gate, in the order they came */
+		pthread_mutex_lock(&acks_mu);
+		struct out *a = acks_head;
+		acks_head = NULL;
+		acks_tail = &acks_head;
+		pthread_mutex_unlock(&acks_mu);
+		while (a) {
+			struct out *n = a->next;
+			enqueue(a->text);
+			free(a);
+			a = n;
+		}
+		if (conn && q_head)
+			lws_callback_on_writable(conn);
+		if (pipe_broken && pipe_fd >= 0) {
+			llog("the gate closed the message connection; reconnecting");
+			close(pipe_fd);
+			pipe_fd = -1;
+			if (conn)
+				lws_set_timeout(conn, PENDING_TIMEOUT_KILLED_BY_PARENT, LWS_TO_KILL_ASYNC);
+		}
 		return 0;
 	}
 	case LWS_CALLBACK_CLIENT_WRITEABLE: {

@@ -64,6 +64,11 @@ void mgr_store_close(struct mgr_store *st);
 int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
                      const char *ack_line);
 
+/* The same for n records and acknowledgements in one transaction (one wait
+ * for the disk): all of them or none. recs[i] may be NULL, seqs[i] 0. */
+int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
+                          const char *const *acks, size_t n);
+
 /* The next identity epoch (persistent, strictly increasing). Not committed until
  * the next mgr_store_commit: the counter is written with it. */
 uint64_t mgr_store_peek_epoch(struct mgr_store *st);
@@ -176,6 +181,9 @@ const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox);
  * streams bound to older epochs as S1/S3/S4 say. */
 int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq,
                     const char *ack_line);
+/* The part of mgr_rec_install after the record is on disk (written by the
+ * caller, with others: mgr_store_commit_many). */
+int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff);
 const char *mgr_worker_id(const struct mgr *m);
 const char *mgr_state_dir(const struct mgr *m);
 const struct mgr_config *mgr_cfg(const struct mgr *m);

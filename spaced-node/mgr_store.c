@@ -209,39 +209,52 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
                      const char *ack_line)
 {
+	const struct mgr_rec *recs[1] = {rec};
+	return mgr_store_commit_many(st, recs, &seq, &ack_line, 1);
+}
+
+int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
+                          const char *const *acks, size_t n)
+{
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
 		return SPACED_EIO;
-	uint64_t next = st->next_epoch;
-	if (rec && rec->r.epoch >= next)
-		next = rec->r.epoch + 1; /* an epoch handed out is never handed out again */
-	if (rec)
-		e = put_rec(st->db, rec);
+	uint64_t next = st->next_epoch, last = st->last_seq;
+	for (size_t i = 0; i < n && e == 0; i++) {
+		const struct mgr_rec *rec = recs[i];
+		uint64_t seq = seqs[i];
+		const char *ack_line = acks[i];
+		if (rec && rec->r.epoch >= next)
+			next = rec->r.epoch + 1; /* an epoch handed out is never handed out again */
+		if (rec)
+			e = put_rec(st->db, rec);
+		if (e == 0 && seq > 0) {
+			sqlite3_stmt *s = NULL;
+			if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
+			                       NULL) != SQLITE_OK) {
+				e = SPACED_EIO;
+			} else {
+				sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
+				sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
+				if (sqlite3_step(s) != SQLITE_DONE)
+					e = SPACED_EIO;
+				sqlite3_finalize(s);
+			}
+			if (e == 0 && seq > last) {
+				e = meta_set(st->db, "last_seq", (int64_t)seq);
+				last = seq;
+			}
+		}
+	}
 	if (e == 0)
 		e = meta_set(st->db, "next_epoch", (int64_t)next);
-	if (e == 0 && seq > 0) {
-		sqlite3_stmt *s = NULL;
-		if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
-		                       NULL) != SQLITE_OK) {
-			e = SPACED_EIO;
-		} else {
-			sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
-			sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
-			if (sqlite3_step(s) != SQLITE_DONE)
-				e = SPACED_EIO;
-			sqlite3_finalize(s);
-		}
-		if (e == 0 && seq > st->last_seq)
-			e = meta_set(st->db, "last_seq", (int64_t)seq);
-	}
 	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
 	if (e < 0) {
 		sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
 		return e;
 	}
-	if (seq > st->last_seq)
-		st->last_seq = seq;
+	st->last_seq = last;
 	st->next_epoch = next;
 	return 0;
 }
