@@ -6,6 +6,7 @@
 #   make check      build with ASan/UBSan and -Werror, run every test suite
 #   make bench-*    benchmarks (build/, optimized)
 #   make fuzz       run every libFuzzer target for FUZZ_SECONDS each
+#   make sdk        build the TypeScript SDK (npm ci when its lock changed, tsc); the Python SDK needs no build
 
 BUILD      ?= build
 SANBUILD   ?= build-san
@@ -14,9 +15,9 @@ FUZZ_SECONDS ?= 30
 MESON      ?= meson
 NINJA      ?= ninja
 
-.PHONY: all setup build check demo fuzz fuzz-build clean
+.PHONY: all setup build check demo fuzz fuzz-build clean sdk sdk-test conformance
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile bench-create
+.PHONY: bench-hostile bench-exec bench-create
 .PHONY: chaos chaos-quick
 
 all: build
@@ -38,7 +39,21 @@ $(FUZZBUILD)/build.ninja:
 	CC=clang $(MESON) setup $(FUZZBUILD) --buildtype=debugoptimized -Dfuzz=true \
 		-Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 
-check: setup $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
+# the TypeScript SDK: dependencies from the npm registry by its lock file (only when the lock changed),
+# then tsc (sdk/typescript/dist, and build/ with its tests and examples)
+sdk: setup
+	@cd sdk/typescript && { [ node_modules/.package-lock.json -nt package-lock.json ] || \
+		npm ci --no-audit --no-fund --loglevel=error >/dev/null; } && npm run --silent build
+
+# the SDKs' unit tests (no cluster)
+sdk-test: sdk
+	@SPACED_TOP=$$(pwd) sh tests/sdk_unit.t.sh
+
+# the client conformance suite alone: spacectl, the Python SDK and the TypeScript SDK on a dev cluster
+conformance: build sdk
+	@SPACED_BUILD=$$(cd $(BUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/conformance.t.sh
+
+check: setup sdk $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
 	@$(NINJA) -C $(SANBUILD) >/dev/null
 	@$(NINJA) -C $(FUZZBUILD) >/dev/null
 	@sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
@@ -83,6 +98,11 @@ bench-cp-node: build
 # spacectl on a dev cluster: dev up, cached-route reads and execs, a stale route repaired after a move
 bench-client: build
 	@sh bench/client_bench.sh $(BUILD) $(READS) $(MOVES)
+
+# streams (issue 12): 1 GiB through exec stdout, fs read and fs write on a dev cluster, in MB/s,
+# against cat of the same file on this host in the same run (REPS runs each, median)
+bench-exec: build
+	@sh bench/exec_bench.sh $(BUILD) $(REPS)
 
 # route chaos (docs/client.md "Route chaos"): a 3-worker dev cluster, 20 sandboxes paused, resumed
 # and moved while client threads write, read and exec through cached routes and watches stay open.

@@ -91,7 +91,7 @@ static double t_start; /* when the client threads started */
 static double now_s(void);
 static int keepalive = 1; /* CHAOS_KEEPALIVE=0: a new connection per request */
 /* failures after retry by kind: no route, ALLOW with another status, REFRESH_ROUTE, DENY, transport */
-static atomic_long fail_kind[5];
+static atomic_long fail_kind[6];
 static char first_misdelivery[1024], first_failure[1024], first_paused_failure[1024];
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -235,6 +235,9 @@ static void client_op(struct client_opts *o, struct sbx *s, unsigned tid, unsign
 			atomic_fetch_add(&refreshes, 1);
 		if (a.outcome == CLIENT_ALLOW && a.identity[0] && !identity_ok(s, a.identity, h0))
 			note_misdelivery("serving identity", a.identity, s->id);
+		/* the client refused an answer that did not name its route's execution */
+		if (a.outcome == CLIENT_UNVERIFIED)
+			note_misdelivery("answer refused by the client", a.reason, s->id);
 		snprintf(why, sizeof why, "outcome %d status %d %.200s %.200s", (int)a.outcome, a.status, a.reason,
 		         a.body ? (const char *)a.body : "");
 		fkind = 1 + (int)a.outcome;
@@ -815,8 +818,9 @@ int main(int argc, char **argv)
 	if (first_failure[0])
 		printf("first failure after retry: %s\n", first_failure);
 	printf("failures after retry: %ld without a route, %ld other status, %ld REFRESH_ROUTE after the retry, "
-	       "%ld DENY, %ld transport\n", atomic_load(&fail_kind[0]), atomic_load(&fail_kind[1]),
-	       atomic_load(&fail_kind[2]), atomic_load(&fail_kind[3]), atomic_load(&fail_kind[4]));
+	       "%ld DENY, %ld transport, %ld without the route's identity\n", atomic_load(&fail_kind[0]),
+	       atomic_load(&fail_kind[1]), atomic_load(&fail_kind[2]), atomic_load(&fail_kind[3]),
+	       atomic_load(&fail_kind[4]), atomic_load(&fail_kind[5]));
 	if (first_paused_failure[0])
 		printf("first failure with the sandbox paused: %s\n", first_paused_failure);
 	printf("worker connections: %ld opened, %ld reused\n", atomic_load(&conns_opened), atomic_load(&conns_reused));

@@ -200,8 +200,14 @@ static void close_after_output(struct spaced_httpconn *c)
 /* A refusal the server gives itself: the status, a short JSON body, close. */
 static void refuse(struct spaced_httpconn *c, int status, const char *code)
 {
-	char body[160], head[512];
-	int bl = snprintf(body, sizeof body, "{\"error\":\"%s\",\"code\":\"%s\"}\n", spaced_http_reason(status), code);
+	char body[256], head[512];
+	int bl;
+	if (c->srv->cfg.refusal_body) {
+		size_t l = c->srv->cfg.refusal_body(status, code, body, sizeof body);
+		bl = (int)(l < sizeof body ? l : sizeof body);
+	} else {
+		bl = snprintf(body, sizeof body, "{\"error\":\"%s\",\"code\":\"%s\"}\n", spaced_http_reason(status), code);
+	}
 	int hl = snprintf(head, sizeof head,
 	                  "HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
 	                  "connection: close\r\ncache-control: no-store\r\n\r\n",
@@ -490,13 +496,17 @@ static bool ws_frame(struct spaced_httpconn *c)
 	size_t total = (size_t)h + (size_t)f.len;
 	switch (f.opcode) {
 	case SPACED_WS_PING:
-		if (!c->close_sent) {
+	case SPACED_WS_PONG:
+		if (f.opcode == SPACED_WS_PING && !c->close_sent) {
 			uint8_t hh[SPACED_WS_HDR_MAX];
 			size_t hl = spaced_ws_frame_header(hh, true, SPACED_WS_PONG, f.len);
 			out2(c, hh, hl, p, (size_t)f.len);
 		}
-		break;
-	case SPACED_WS_PONG:
+		if (ops->on_ws_control) {
+			ops->on_ws_control(c, f.opcode, p, (size_t)f.len);
+			if (c->state != C_WS)
+				return false;
+		}
 		break;
 	case SPACED_WS_CLOSE: {
 		unsigned code = 1000;

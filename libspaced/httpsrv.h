@@ -49,7 +49,18 @@ struct spaced_httpsrv_ops {
 	/* The connection is gone (peer closed, refused, timed out, or closed by
 	 * the application): forget c; no call on it is allowed after this. */
 	void (*on_close)(struct spaced_httpconn *c);
+	/* Optional: a WebSocket control frame came, opcode SPACED_WS_PING (it is
+	 * answered with a pong already) or SPACED_WS_PONG; p[0..n) its payload.
+	 * Tells a server that sends pings that its peer is alive. */
+	void (*on_ws_control)(struct spaced_httpconn *c, uint8_t opcode, const uint8_t *p, size_t n);
 };
+
+/* Optional: writes the body of an answer the server gives by itself (400,
+ * 408, 413, 414, 417, 431, 501, 505: the connection then closes) into
+ * buf[0..cap) and returns its length (at most cap); code names the reason
+ * ("SPACED_EPROTO", "SPACED_ETOOBIG", "SPACED_ETIMEDOUT"). The content type
+ * is application/json. */
+typedef size_t (*spaced_httpsrv_refusal_fn)(int status, const char *code, char *buf, size_t cap);
 
 struct spaced_httpsrv_config {
 	const char *host;          /* listen address (numeric IPv4 or IPv6) */
@@ -64,6 +75,7 @@ struct spaced_httpsrv_config {
 	unsigned body_timeout_ms;  /* a body must make progress within this */
 	size_t ws_message_max;     /* largest WebSocket message a client may send */
 	size_t low_water;          /* on_drain below this many queued bytes */
+	spaced_httpsrv_refusal_fn refusal_body; /* NULL: {"error":"<reason phrase>","code":"<code>"} */
 	const struct spaced_httpsrv_ops *ops;
 	void *user;
 };

@@ -1,13 +1,20 @@
 #!/bin/sh
 # Installs the Debian packages spaced needs to build, test and run, when any is missing.
 # Idempotent and quiet when everything is present. Needs root (or sudo) only when it installs.
+# The qemu substrate (spaced-vmm/, tests/vm_vsock.t.sh) needs the last line: QEMU, a stock
+# Debian kernel with its modules (vsock and virtio are modules there), a static busybox and
+# cpio for the guest's initramfs.
 set -eu
 
 PKGS="build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
 libsodium-dev libjansson-dev libcriterion-dev libuv1-dev libwebsockets-dev
 libseccomp-dev libsqlite3-dev sqlite3 libpq-dev postgresql bubblewrap libssl-dev e2fsprogs
-iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev
+iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev prometheus
+qemu-system-x86 linux-image-amd64 busybox-static cpio
 libarchive-dev mmdebstrap"
+# the TypeScript SDK (sdk/typescript) builds with Node 18+ and npm; a node already
+# installed (Debian's, or another distribution of it) is used as it is
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 
 missing=""
 for p in $PKGS; do

@@ -430,13 +430,76 @@ int client_parse_answer(const unsigned char *in, size_t len, struct client_answe
 	free(a->body);
 	a->body = NULL;
 	a->body_len = 0;
-	if (http_parse_answer(in, len, &a->status, &a->body, &a->body_len, "X-Spaced-Identity", a->identity,
-	                      sizeof a->identity, a->reason, sizeof a->reason) < 0) {
+	if (http_parse_answer(in, len, &a->status, &a->body, &a->body_len, NULL, NULL, 0, a->reason,
+	                      sizeof a->reason) < 0) {
 		a->status = 0;
 		return -1;
 	}
+	/* the identity: given once, or it is not taken */
+	long hl = http_head_length(in, len);
+	if (hl <= 0 || http_head_field(in, (size_t)hl, "X-Spaced-Identity", a->identity, sizeof a->identity) < 0)
+		a->identity[0] = 0;
 	classify(a);
 	return 0;
+}
+
+int client_identity_check(const char *route_identity, struct client_answer *a)
+{
+	if (a->outcome != CLIENT_ALLOW)
+		return 0;
+	if (a->identity[0] != 0 && strcmp(a->identity, route_identity) == 0)
+		return 0;
+	if (a->identity[0] == 0)
+		snprintf(a->reason, sizeof a->reason, "answer %d without X-Spaced-Identity (not an execution's answer)",
+		         a->status);
+	else
+		snprintf(a->reason, sizeof a->reason, "answer %d from %.200s, not from the route's execution %.200s",
+		         a->status, a->identity, route_identity);
+	a->outcome = CLIENT_UNVERIFIED;
+	free(a->body);
+	a->body = NULL;
+	a->body_len = 0;
+	return -1;
+}
+
+/* The request head for sandbox along rt (malloc'd; it holds the capability:
+ * wipe it). Streamed requests say Connection: close and frame their body by
+ * its length when known, else chunked. */
+static char *request_head(const struct client_route *rt, const char *sandbox, const struct client_request *req,
+                          int keep, size_t *headlen, struct client_answer *a)
+{
+	char host[256], prefix[256], framing[64];
+	int port;
+	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
+		return NULL;
+	}
+	if (req->body_src != NULL && req->body_src->length < 0)
+		snprintf(framing, sizeof framing, "Transfer-Encoding: chunked\r\n");
+	else
+		snprintf(framing, sizeof framing, "Content-Length: %llu\r\n",
+		         (unsigned long long)(req->body_src ? (uint64_t)req->body_src->length : req->body_len));
+	size_t need = strlen(req->method) + strlen(prefix) + strlen(sandbox) + strlen(req->op) + strlen(host) +
+	              strlen(rt->capability) + 256;
+	char *head = malloc(need);
+	if (head == NULL) {
+		snprintf(a->reason, sizeof a->reason, "out of memory");
+		return NULL;
+	}
+	int n = snprintf(head, need,
+	                 "%s %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\n%s"
+	                 "Authorization: Bearer %s\r\n%s%s%s%s\r\n",
+	                 req->method, prefix, sandbox, req->op, host, port, keep ? "" : "Connection: close\r\n",
+	                 rt->capability, req->content_type ? "Content-Type: " : "",
+	                 req->content_type ? req->content_type : "", req->content_type ? "\r\n" : "", framing);
+	if (n < 0 || (size_t)n >= need) {
+		snprintf(a->reason, sizeof a->reason, "request too long");
+		spaced_wipe(head, need);
+		free(head);
+		return NULL;
+	}
+	*headlen = (size_t)n;
+	return head;
 }
 
 /* Sends one request for sandbox along rt and reads its whole answer
@@ -449,39 +512,133 @@ static int exchange(struct http_conns *conns, const struct client_route *rt, con
 	char host[256], prefix[256];
 	int port, r = -1;
 	unsigned char *ans = NULL;
-	size_t alen = 0;
+	size_t alen = 0, hl = 0;
 	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
 		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
 		return -1;
 	}
-	size_t need = strlen(req->method) + strlen(prefix) + strlen(sandbox) + strlen(req->op) + strlen(host) +
-	              strlen(rt->capability) + 256;
-	char *head = malloc(need);
-	if (head == NULL) {
-		snprintf(a->reason, sizeof a->reason, "out of memory");
+	char *head = request_head(rt, sandbox, req, conns != NULL, &hl, a);
+	if (head == NULL)
 		return -1;
-	}
-	int n = snprintf(head, need,
-	                 "%s %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\n%s"
-	                 "Authorization: Bearer %s\r\n%s%s%sContent-Length: %zu\r\n\r\n",
-	                 req->method, prefix, sandbox, req->op, host, port, conns ? "" : "Connection: close\r\n",
-	                 rt->capability, req->content_type ? "Content-Type: " : "",
-	                 req->content_type ? req->content_type : "", req->content_type ? "\r\n" : "", req->body_len);
-	if (n < 0 || (size_t)n >= need) {
-		snprintf(a->reason, sizeof a->reason, "request too long");
-		goto out;
-	}
-	if (http_exchange(conns, host, port, head, (size_t)n, req->body, req->body_len, timeout_s, &ans, &alen,
-	                  a->reason, sizeof a->reason) < 0 ||
+	if (http_exchange(conns, host, port, head, hl, req->body, req->body_len, timeout_s, &ans, &alen, a->reason,
+	                  sizeof a->reason) < 0 ||
 	    client_parse_answer(ans, alen, a) < 0)
 		goto out;
 	r = 0;
 out:
-	if (head != NULL) {
-		spaced_wipe(head, strlen(head)); /* it holds the capability */
-		free(head);
-	}
+	spaced_wipe(head, hl); /* it holds the capability */
+	free(head);
 	free(ans);
+	return r;
+}
+
+/* The rest of an answer's body into a->body (a refusal, an error or a small
+ * document: at most 1 MiB). Returns 0 or -1 with the reason. */
+static int stream_slurp(struct http_stream *s, struct client_answer *a)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 1u << 20);
+	for (;;) {
+		const unsigned char *d;
+		long n = http_stream_next(s, &d, a->reason, sizeof a->reason);
+		if (n < 0) {
+			spaced_buf_free(&b);
+			return -1;
+		}
+		if (n == 0)
+			break;
+		if (spaced_buf_append(&b, d, (size_t)n) < 0) {
+			snprintf(a->reason, sizeof a->reason, "answer larger than 1 MiB");
+			spaced_buf_free(&b);
+			return -1;
+		}
+	}
+	free(a->body);
+	a->body = malloc(b.len + 1);
+	if (a->body == NULL) {
+		spaced_buf_free(&b);
+		snprintf(a->reason, sizeof a->reason, "out of memory");
+		return -1;
+	}
+	if (b.len)
+		memcpy(a->body, b.data, b.len);
+	a->body[b.len] = 0;
+	a->body_len = b.len;
+	spaced_buf_free(&b);
+	return 0;
+}
+
+/* One streamed request on a new connection: the body from req->body_src as
+ * it is sent, a 2xx answer of the route's execution to req->sink as it
+ * arrives (memory bounded by a few buffers whatever the sizes). Returns 0 with
+ * the answer classified (the identity already checked), or -1 with the
+ * transport error in reason — also when an answer was cut short after
+ * a->delivered bytes went to the sink. */
+static int exchange_stream(const struct client_route *rt, const char *sandbox, const struct client_request *req,
+                           int timeout_s, struct client_answer *a)
+{
+	char host[256], prefix[256];
+	int port, r = -1;
+	size_t hl = 0;
+	struct http_stream *s = NULL;
+	struct http_answer_head ah;
+	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
+		return -1;
+	}
+	char *head = request_head(rt, sandbox, req, 0, &hl, a);
+	if (head == NULL)
+		return -1;
+	int e = http_stream_open(host, port, head, hl, req->body, req->body_len, req->body_src, timeout_s, &s, &ah,
+	                         a->reason, sizeof a->reason);
+	spaced_wipe(head, hl); /* it holds the capability */
+	free(head);
+	if (e < 0)
+		return -1;
+	free(a->body);
+	a->body = NULL;
+	a->body_len = 0;
+	a->status = ah.status;
+	snprintf(a->identity, sizeof a->identity, "%s", ah.identity);
+	if (a->status == 401 || a->status == 403 || a->status == 409) {
+		if (stream_slurp(s, a) < 0)
+			goto out;
+		classify(a);
+		r = 0;
+		goto out;
+	}
+	a->outcome = CLIENT_ALLOW;
+	if (client_identity_check(rt->identity, a) < 0) {
+		r = 0; /* refused before a byte of its body is read */
+		goto out;
+	}
+	if (a->status < 200 || a->status > 299 || req->sink == NULL) {
+		if (stream_slurp(s, a) < 0)
+			goto out;
+		r = 0;
+		goto out;
+	}
+	for (;;) {
+		const unsigned char *d;
+		long n = http_stream_next(s, &d, a->reason, sizeof a->reason);
+		if (n < 0) {
+			size_t l = strlen(a->reason);
+			snprintf(a->reason + l, sizeof a->reason - l, " after %llu bytes", (unsigned long long)a->delivered);
+			goto out;
+		}
+		if (n == 0)
+			break;
+		if (req->sink(req->sink_arg, d, (size_t)n) < 0) {
+			a->sink_failed = 1;
+			break;
+		}
+		a->delivered += (uint64_t)n;
+	}
+	if ((a->body = malloc(1)) != NULL)
+		a->body[0] = 0;
+	r = 0;
+out:
+	http_stream_close(s);
 	return r;
 }
 
@@ -491,6 +648,7 @@ static const char *outcome_name(enum client_outcome o)
 	case CLIENT_ALLOW: return "ALLOW";
 	case CLIENT_REFRESH_ROUTE: return "REFRESH_ROUTE";
 	case CLIENT_DENY: return "DENY";
+	case CLIENT_UNVERIFIED: return "UNVERIFIED";
 	default: return "TRANSPORT";
 	}
 }
@@ -531,27 +689,36 @@ int client_call(const struct client_opts *o, const char *sandbox, const struct c
 	for (;;) {
 		client_answer_clear(&a);
 		attempts++;
-		if (exchange(o->conns, &rt, sandbox, req, timeout, &a) < 0) {
+		int streamed = req->body_src != NULL || req->sink != NULL;
+		if ((streamed ? exchange_stream(&rt, sandbox, req, timeout, &a)
+		              : exchange(o->conns, &rt, sandbox, req, timeout, &a)) < 0) {
 			a.outcome = CLIENT_TRANSPORT;
 			a.status = 0;
 			if (o->verbose)
 				fprintf(stderr, "spacectl: transport failure at %s: %s\n", rt.worker_url, a.reason);
-			/* an idempotent read may go once more on a fresh connection;
-			 * a write or an exec may have happened: never sent again */
-			if (req->idempotent && !o->no_retry && !transport_retry) {
+			/* an idempotent read may go once more on a fresh connection
+			 * (unless part of its answer was handed on already); a write
+			 * or an exec may have happened: never sent again */
+			if (req->idempotent && !o->no_retry && !transport_retry && a.delivered == 0) {
 				transport_retry = 1;
 				continue;
 			}
 			break;
 		}
+		/* an answer that does not name the route's execution is refused (I2, I3) */
+		(void)client_identity_check(rt.identity, &a);
 		tell(o, &rt, &a);
-		if (a.outcome == CLIENT_DENY) {
+		if (a.outcome == CLIENT_DENY || a.outcome == CLIENT_UNVERIFIED) {
 			if (o->route_file == NULL)
 				client_route_forget(o, sandbox, &rt);
 			break; /* V1, C5: never retried */
 		}
 		if (a.outcome != CLIENT_REFRESH_ROUTE || o->no_retry || refreshed)
 			break;
+		if (req->body_src != NULL && (req->body_rewind == NULL || req->body_rewind(req->body_src->arg) < 0)) {
+			a.not_replayable = 1; /* its body cannot be sent again */
+			break;
+		}
 		/* V2: resolve the current execution, one rebuilt retry. The cache is
 		 * repaired (V3, V4) after the retry: nothing (a lock, an fsync) stands
 		 * between the resolution and the retry, the moment the fresh route is

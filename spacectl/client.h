@@ -14,6 +14,10 @@
  * seconds); route repair never moves it (V4). Every read-modify-write of an
  * entry happens under flock() on <sandbox>.lock.
  *
+ * Every ALLOW answer must carry X-Spaced-Identity naming the route's
+ * execution (I2, I3: an address only locates); one that does not is refused
+ * as CLIENT_UNVERIFIED, its body never shown, never retried.
+ *
  * Recovery (client_call):
  *  - 401/403 DENY: returned as is, never retried (V1, C5); the cache entry is
  *    dropped when it still holds the refused route.
@@ -22,8 +26,9 @@
  *    the cache entry is replaced only when it still holds the refused route
  *    (compare-and-swap on the capability, V3), keeping its expiry (V4).
  *  - transport failure (no connection, connection cut, malformed answer): an
- *    idempotent request is sent once more on a fresh connection; any other is
- *    reported as failed and never sent again.
+ *    idempotent request is sent once more on a fresh connection, unless some
+ *    of its answer was already handed on (a streamed read cut short); any
+ *    other is reported as failed and never sent again.
  *  - with no_retry nothing is retried and the raw outcome is returned.
  */
 #ifndef SPACECTL_CLIENT_H
@@ -93,10 +98,12 @@ void client_route_forget(const struct client_opts *o, const char *sandbox, const
 int client_cache_path(const struct client_opts *o, const char *sandbox, char *out, size_t outsz);
 
 enum client_outcome {
-	CLIENT_ALLOW = 0,     /* an execution answered (status may still be an operation error) */
+	CLIENT_ALLOW = 0,     /* the route's execution answered (status may still be an operation error) */
 	CLIENT_REFRESH_ROUTE, /* 409: another incarnation; after the one retry when retrying */
 	CLIENT_DENY,          /* 401/403 */
 	CLIENT_TRANSPORT,     /* no usable answer */
+	CLIENT_UNVERIFIED,    /* an answer that does not name the route's execution (no
+	                       * X-Spaced-Identity, or another one): refused, its body dropped */
 };
 
 struct client_request {
@@ -106,7 +113,18 @@ struct client_request {
 	size_t body_len;
 	const char *content_type;
 	int idempotent;         /* may be sent again after a transport failure */
-	int timeout_s;          /* how long to wait for the answer (0: 300 s) */
+	int timeout_s;          /* how long to wait for the answer (0: 300 s); streamed: for each step */
+	/* Streaming (a new connection per request, bounded memory, any size):
+	 * body_src: the body is read from it as it is sent (instead of body);
+	 *   body_rewind(body_src->arg) starts it again for V2's one retry (0), or
+	 *   cannot (-1: the retry is not made);
+	 * sink: the body of a 2xx answer that names the route's execution is
+	 *   handed to sink as it arrives (instead of into client_answer.body);
+	 *   sink returns 0, or -1 to stop (client_answer.sink_failed). */
+	const struct http_body_src *body_src;
+	int (*body_rewind)(void *arg);
+	int (*sink)(void *arg, const void *p, size_t n);
+	void *sink_arg;
 };
 
 struct client_answer {
@@ -118,6 +136,9 @@ struct client_answer {
 	size_t body_len;
 	int attempts;           /* requests sent (1 or 2) */
 	int refreshed;          /* 1 when a REFRESH_ROUTE was repaired */
+	uint64_t delivered;     /* body bytes handed to the request's sink */
+	int sink_failed;        /* the sink stopped the answer */
+	int not_replayable;     /* a REFRESH_ROUTE was not retried: the body could not be sent again */
 };
 
 void client_answer_clear(struct client_answer *a);
@@ -135,6 +156,12 @@ int client_call(const struct client_opts *o, const char *sandbox, const struct c
  * Fills a->status, identity, body (replacing any), outcome and reason.
  * Returns 0, or -1 with the reason in a->reason. */
 int client_parse_answer(const unsigned char *in, size_t len, struct client_answer *a);
+
+/* An ALLOW answer must name the route's execution: when a (outcome ALLOW)
+ * carries no X-Spaced-Identity, or another identity than route_identity (the
+ * canonical text), a becomes CLIENT_UNVERIFIED with the reason and its body
+ * is dropped. Returns 0 when a is left as it was, -1 when it was refused. */
+int client_identity_check(const char *route_identity, struct client_answer *a);
 
 /* Percent-encodes s for a query value into out. Returns 0 or -1 when too long. */
 int client_query_escape(const char *s, char *out, size_t outsz);

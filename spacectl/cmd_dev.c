@@ -1,6 +1,7 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--pool N]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--log-format text|json]
+ *          [--pool N]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
@@ -20,6 +21,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,8 @@
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
-	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--pool N]\n"
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
+	"                       [--log-format text|json] [--pool N]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
@@ -497,7 +500,7 @@ static pid_t start_keeper(const char *absdir)
  * (spaced-node --pool; NULL: spaced-node's default). */
 static const char *dev_pool;
 
-static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall)
+static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
 	char p[PATH_MAX + 64], p2[PATH_MAX + 64], absdir[PATH_MAX], err[256];
@@ -545,7 +548,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	{
 		/* request threads enough for many lifecycle calls waiting for
 		 * their acks at once (50 concurrent creates) */
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64", NULL};
+		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64",
+		                   "--metrics-listen", "127.0.0.1:0", logfmt ? "--log-format" : NULL, logfmt, NULL};
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -571,7 +575,13 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		char *sp = read_small(p);
 		snprintf(store, sizeof store, "127.0.0.1:%s", sp ? sp : "0");
 		free(sp);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store, NULL};
+		char mlisten[64], mpath[PATH_MAX + 64];
+		snprintf(mpath, sizeof mpath, "%s/cp/metrics.port", absdir);
+		char *mp = read_small(mpath);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
+		free(mp);
+		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store,
+		                   "--metrics-listen", mlisten, logfmt ? "--log-format" : NULL, logfmt, NULL};
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
@@ -617,9 +627,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[28] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
-		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join, NULL};
-		int na = 15;
+		const char *a[32] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
+		                     "--metrics-listen", "127.0.0.1:0", NULL};
+		int na = 17;
 		if (real) {
 			a[na++] = "--launcher";
 			a[na++] = launch;
@@ -634,6 +645,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--pool";
 			a[na++] = dev_pool;
 		}
+		if (logfmt) {
+			a[na++] = "--log-format";
+			a[na++] = logfmt;
+		}
 		a[na] = NULL;
 		pid_t pid = spawn(a, log);
 		record(pids, wid, pid);
@@ -643,19 +658,26 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			goto out;
 		}
 		unlink(join); /* spent */
-		/* started again with its key (no token) on the same port */
+		/* started again with its key (no token) on the same ports */
+		char listen[64], mlisten[64];
 		snprintf(p, sizeof p, "%s/api.port", wdir);
-		char *wp = read_small(p), listen[64];
+		char *wp = read_small(p);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[24];
+		snprintf(p, sizeof p, "%s/metrics.port", wdir);
+		wp = read_small(p);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
+		free(wp);
+		const char *ka[32];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
 				i++;
 				continue;
 			}
-			ka[m++] = strcmp(a[i], "127.0.0.1:0") == 0 ? listen : a[i];
+			bool after_listen = i > 0 && strcmp(a[i - 1], "--listen") == 0;
+			bool after_metrics = i > 0 && strcmp(a[i - 1], "--metrics-listen") == 0;
+			ka[m++] = after_listen ? listen : after_metrics ? mlisten : a[i];
 		}
 		ka[m] = NULL;
 		keep(wid, ka, log, pid);
@@ -769,9 +791,10 @@ int cmd_dev(int argc, char **argv)
 		{"substrate", required_argument, NULL, 's'},
 		{"stall-timeout", required_argument, NULL, 'S'},
 		{"pool", required_argument, NULL, 'P'},
+		{"log-format", required_argument, NULL, 'L'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL;
+	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL, *logfmt = NULL;
 	int workers = 2, c;
 	if (dir == NULL || !dir[0])
 		dir = ".spaced-dev";
@@ -786,13 +809,14 @@ int cmd_dev(int argc, char **argv)
 		case 's': substrate = optarg; break;
 		case 'S': stall = optarg; break;
 		case 'P': dev_pool = optarg; break;
+		case 'L': logfmt = optarg; break;
 		default: return cli_usage(usage_dev);
 		}
 	}
 	if (optind != argc - 1 || workers < 1 || workers > DEV_MAX_WORKERS)
 		return cli_usage(usage_dev);
 	if (strcmp(sub, "up") == 0)
-		return dev_up(dir, workers, substrate, stall);
+		return dev_up(dir, workers, substrate, stall, logfmt);
 	if (strcmp(sub, "down") == 0)
 		return dev_down(dir, 0, 1);
 	if (strcmp(sub, "status") == 0)

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "http.h"
 
 static uint64_t mono_ns(void)
 {
@@ -235,10 +238,10 @@ static int send_all(int fd, const void *p, size_t n, int flags)
 	return 0;
 }
 
-/* A new connection to host:port with the send timeout set, or -1 with err. */
-static int connect_to(const char *host, int port, const struct timeval *tv, char *err, size_t errsz)
+int http_connect(const char *host, int port, int timeout_s, char *err, size_t errsz)
 {
 	char portstr[16];
+	struct timeval tv = {.tv_sec = timeout_s};
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
 	snprintf(portstr, sizeof portstr, "%d", port);
 	if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
@@ -250,7 +253,8 @@ static int connect_to(const char *host, int port, const struct timeval *tv, char
 		fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
 		if (fd < 0)
 			continue;
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, tv, sizeof *tv);
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 		int one = 1; /* a request is written whole: no waiting for the previous segment's ACK */
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
@@ -277,7 +281,7 @@ int http_exchange(struct http_conns *conns, const char *host, int port, const ch
 	snprintf(addr, sizeof addr, "%s:%d", host, port);
 	int fd = conns_take(conns, addr);
 	if (fd < 0) {
-		if ((fd = connect_to(host, port, &tv, err, errsz)) < 0)
+		if ((fd = http_connect(host, port, timeout_s, err, errsz)) < 0)
 			return -1;
 		if (conns != NULL)
 			conns->opened++;
@@ -447,4 +451,379 @@ out:
 	free(head);
 	free(ans);
 	return r;
+}
+
+/* ---- answer heads, for streamed answers and WebSocket upgrades ---- */
+
+long http_head_length(const unsigned char *in, size_t n)
+{
+	size_t lim = n < HTTP_HEAD_MAX ? n : HTTP_HEAD_MAX;
+	for (size_t i = 3; i < lim; i++)
+		if (in[i] == '\n' && in[i - 1] == '\r' && in[i - 2] == '\n' && in[i - 3] == '\r')
+			return (long)(i + 1);
+	return n >= HTTP_HEAD_MAX ? -1 : 0;
+}
+
+int http_head_status(const unsigned char *h, size_t hlen)
+{
+	if (hlen < 14 || memcmp(h, "HTTP/1.", 7) != 0 || (h[7] != '0' && h[7] != '1') || h[8] != ' ')
+		return -1;
+	int st = 0;
+	for (int i = 9; i < 12; i++) {
+		if (h[i] < '0' || h[i] > '9')
+			return -1;
+		st = st * 10 + (h[i] - '0');
+	}
+	if ((h[12] != ' ' && h[12] != '\r') || st < 100 || st > 599)
+		return -1;
+	return st;
+}
+
+int http_head_field(const unsigned char *h, size_t hlen, const char *name, char *out, size_t outsz)
+{
+	size_t nl = strlen(name), i = 0, found = 0, vl = 0;
+	const unsigned char *val = NULL;
+	/* skip the status line */
+	while (i + 1 < hlen && !(h[i] == '\r' && h[i + 1] == '\n'))
+		i++;
+	i += 2;
+	while (i + 1 < hlen) {
+		size_t e = i;
+		while (e + 1 < hlen && !(h[e] == '\r' && h[e + 1] == '\n'))
+			e++;
+		if (e + 1 >= hlen || e == i)
+			break; /* the blank line ends the head */
+		if (e - i > nl && h[i + nl] == ':' && strncasecmp((const char *)h + i, name, nl) == 0) {
+			size_t a = i + nl + 1, b = e;
+			while (a < b && (h[a] == ' ' || h[a] == '\t'))
+				a++;
+			while (b > a && (h[b - 1] == ' ' || h[b - 1] == '\t'))
+				b--;
+			for (size_t k = a; k < b; k++)
+				if (h[k] < 0x20 && h[k] != '\t')
+					return -2; /* a control byte (NUL included) in a value */
+			found++;
+			val = h + a;
+			vl = b - a;
+		}
+		i = e + 2;
+	}
+	if (found == 0)
+		return -1;
+	if (found > 1 || vl >= outsz)
+		return -2;
+	memcpy(out, val, vl);
+	out[vl] = 0;
+	return (int)vl;
+}
+
+/* ---- one streamed exchange ---- */
+
+#define STREAM_BUF (256u << 10)
+
+struct http_stream {
+	int fd;
+	int timeout_ms;
+	unsigned char *buf;
+	size_t off, len;        /* bytes read, not yet decoded: buf[off, len) */
+	struct spaced_http_body body;
+	bool until_close;       /* no framing: the body ends when the server closes */
+	bool done;
+	uint64_t sent;          /* request body bytes sent */
+};
+
+/* Waits for events on s->fd within the stream's timeout. Returns the revents,
+ * 0 on timeout, -1 on error (err set). */
+static int wait_fd(struct http_stream *s, short events, char *err, size_t errsz)
+{
+	struct pollfd pf = {.fd = s->fd, .events = events};
+	for (;;) {
+		int r = poll(&pf, 1, s->timeout_ms);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			snprintf(err, errsz, "poll: %s", strerror(errno));
+			return -1;
+		}
+		if (r == 0) {
+			snprintf(err, errsz, "no progress within %d s", s->timeout_ms / 1000);
+			return 0;
+		}
+		return pf.revents;
+	}
+}
+
+/* Reads what the socket has into the buffer (after moving undecoded bytes to
+ * its front). Returns the count, 0 at the end of the connection, -1 on error. */
+static long fill(struct http_stream *s, char *err, size_t errsz)
+{
+	if (s->off > 0) {
+		memmove(s->buf, s->buf + s->off, s->len - s->off);
+		s->len -= s->off;
+		s->off = 0;
+	}
+	if (s->len == STREAM_BUF) {
+		snprintf(err, errsz, "answer head too large");
+		return -1;
+	}
+	for (;;) {
+		int ev = wait_fd(s, POLLIN, err, errsz);
+		if (ev <= 0)
+			return -1;
+		ssize_t k = recv(s->fd, s->buf + s->len, STREAM_BUF - s->len, MSG_DONTWAIT);
+		if (k < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (k < 0) {
+			snprintf(err, errsz, "connection broken: %s", strerror(errno));
+			return -1;
+		}
+		s->len += (size_t)k;
+		return (long)k;
+	}
+}
+
+/* Sends p[0..n) while watching for an early answer. Returns 1 when all was
+ * sent, 0 when the server answered first (stop sending), -1 on error. */
+static int send_watching(struct http_stream *s, const void *p, size_t n, int more, char *err, size_t errsz)
+{
+	const unsigned char *c = p;
+	while (n > 0) {
+		int ev = wait_fd(s, POLLIN | POLLOUT, err, errsz);
+		if (ev <= 0)
+			return -1;
+		if (ev & (POLLIN | POLLHUP | POLLERR))
+			return 0;
+		ssize_t k = send(s->fd, c, n, MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+		if (k < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (k < 0) {
+			if (errno == EPIPE || errno == ECONNRESET)
+				return 0; /* the server may have answered and closed: read that */
+			snprintf(err, errsz, "cannot send the request: %s", strerror(errno));
+			return -1;
+		}
+		c += k;
+		n -= (size_t)k;
+	}
+	return 1;
+}
+
+/* Sends the body from src (chunked unless its length is known). Returns 1
+ * when sent whole, 0 when the server answered first, -1 on error. */
+static int send_body_src(struct http_stream *s, const struct http_body_src *src, char *err, size_t errsz)
+{
+	unsigned char *chunk = malloc(STREAM_BUF + 32);
+	if (chunk == NULL) {
+		snprintf(err, errsz, "out of memory");
+		return -1;
+	}
+	int r = 1;
+	uint64_t left = src->length >= 0 ? (uint64_t)src->length : UINT64_MAX;
+	for (;;) {
+		size_t want = STREAM_BUF;
+		if (src->length >= 0 && left < want)
+			want = (size_t)left;
+		ssize_t got = want ? src->read(src->arg, chunk + 16, want) : 0;
+		if (got < 0) {
+			snprintf(err, errsz, "cannot read the request body (standard input)");
+			r = -1;
+			break;
+		}
+		if (src->length >= 0) {
+			if (got == 0 && left > 0) {
+				snprintf(err, errsz, "the request body ended %llu bytes short of its length",
+				         (unsigned long long)left);
+				r = -1;
+				break;
+			}
+			if (got == 0)
+				break;
+			left -= (uint64_t)got;
+			if ((r = send_watching(s, chunk + 16, (size_t)got, left > 0, err, errsz)) != 1)
+				break;
+			s->sent += (uint64_t)got;
+			continue;
+		}
+		if (got == 0) {
+			r = send_watching(s, "0\r\n\r\n", 5, 0, err, errsz);
+			break;
+		}
+		/* a chunk: its size line before the data, CR LF after it */
+		char line[20];
+		int ll = snprintf(line, sizeof line, "%zx\r\n", (size_t)got);
+		memcpy(chunk + 16 - ll, line, (size_t)ll);
+		memcpy(chunk + 16 + got, "\r\n", 2);
+		if ((r = send_watching(s, chunk + 16 - ll, (size_t)ll + (size_t)got + 2, 1, err, errsz)) != 1)
+			break;
+		s->sent += (uint64_t)got;
+	}
+	free(chunk);
+	return r;
+}
+
+int http_stream_open(const char *host, int port, const char *head, size_t headlen, const void *body, size_t blen,
+                     const struct http_body_src *src, int timeout_s, struct http_stream **out,
+                     struct http_answer_head *ah, char *err, size_t errsz)
+{
+	struct http_stream *s = calloc(1, sizeof *s);
+	if (s == NULL || (s->buf = malloc(STREAM_BUF)) == NULL) {
+		free(s);
+		snprintf(err, errsz, "out of memory");
+		return -1;
+	}
+	s->timeout_ms = timeout_s * 1000;
+	if ((s->fd = http_connect(host, port, timeout_s, err, errsz)) < 0) {
+		http_stream_close(s);
+		return -1;
+	}
+	int more = src != NULL || blen > 0;
+	int r = send_watching(s, head, headlen, more, err, errsz);
+	if (r == 1 && blen > 0) {
+		r = send_watching(s, body, blen, 0, err, errsz);
+		if (r == 1)
+			s->sent = blen;
+	} else if (r == 1 && src != NULL) {
+		r = send_body_src(s, src, err, errsz);
+	}
+	if (r < 0) {
+		http_stream_close(s);
+		return -1;
+	}
+	/* the answer's head (1xx interim answers skipped) */
+	long hl;
+	for (;;) {
+		while ((hl = http_head_length(s->buf + s->off, s->len - s->off)) == 0) {
+			long k = fill(s, err, errsz);
+			if (k < 0 || (k == 0 && s->len == s->off)) {
+				if (k == 0)
+					snprintf(err, errsz, "connection closed without an answer");
+				http_stream_close(s);
+				return -1;
+			}
+			if (k == 0) {
+				snprintf(err, errsz, "answer cut short in its head");
+				http_stream_close(s);
+				return -1;
+			}
+		}
+		if (hl < 0) {
+			snprintf(err, errsz, "malformed answer");
+			http_stream_close(s);
+			return -1;
+		}
+		int st = http_head_status(s->buf + s->off, (size_t)hl);
+		if (st < 0) {
+			snprintf(err, errsz, "malformed answer");
+			http_stream_close(s);
+			return -1;
+		}
+		if (st >= 200)
+			break;
+		s->off += (size_t)hl;
+	}
+	const unsigned char *h = s->buf + s->off;
+	struct http_answer_head a;
+	memset(&a, 0, sizeof a);
+	a.status = http_head_status(h, (size_t)hl);
+	a.content_length = -1;
+	char v[64], clv[32];
+	int te = http_head_field(h, (size_t)hl, "Transfer-Encoding", v, sizeof v);
+	int cl = http_head_field(h, (size_t)hl, "Content-Length", clv, sizeof clv);
+	if (te == -2 || cl == -2 || (te >= 0 && strcasecmp(v, "chunked") != 0) || (te >= 0 && cl >= 0)) {
+		snprintf(err, errsz, "malformed answer (its framing)");
+		http_stream_close(s);
+		return -1;
+	}
+	struct spaced_http_req fake;
+	memset(&fake, 0, sizeof fake);
+	if (te >= 0) {
+		a.chunked = 1;
+		fake.body = SPACED_HTTP_BODY_CHUNKED;
+	} else if (cl >= 0) {
+		char *e = NULL;
+		errno = 0;
+		unsigned long long n = strtoull(clv, &e, 10);
+		if (e == clv || *e != 0 || clv[0] < '0' || clv[0] > '9' || errno != 0 || n > INT64_MAX) {
+			snprintf(err, errsz, "malformed answer (Content-Length)");
+			http_stream_close(s);
+			return -1;
+		}
+		a.content_length = (int64_t)n;
+		fake.body = SPACED_HTTP_BODY_LENGTH;
+		fake.content_length = n;
+	} else if (a.status == 204 || a.status == 304) {
+		fake.body = SPACED_HTTP_BODY_NONE;
+	} else {
+		s->until_close = true;
+	}
+	int idn = http_head_field(h, (size_t)hl, "X-Spaced-Identity", a.identity, sizeof a.identity);
+	if (idn < 0)
+		a.identity[0] = 0;
+	a.identity_bad = idn == -2;
+	(void)spaced_http_body_start(&s->body, &fake, UINT64_MAX);
+	s->done = !s->until_close && (s->body.done || (fake.body == SPACED_HTTP_BODY_LENGTH && fake.content_length == 0));
+	s->off += (size_t)hl;
+	*ah = a;
+	*out = s;
+	return 0;
+}
+
+uint64_t http_stream_sent(const struct http_stream *s)
+{
+	return s->sent;
+}
+
+long http_stream_next(struct http_stream *s, const unsigned char **data, char *err, size_t errsz)
+{
+	for (;;) {
+		if (s->done)
+			return 0;
+		if (s->off < s->len) {
+			if (s->until_close) {
+				*data = s->buf + s->off;
+				long k = (long)(s->len - s->off);
+				s->off = s->len;
+				return k;
+			}
+			const uint8_t *d;
+			size_t dl;
+			long used = spaced_http_body_feed(&s->body, s->buf + s->off, s->len - s->off, &d, &dl);
+			if (used < 0) {
+				snprintf(err, errsz, "malformed answer (its chunked framing)");
+				return -1;
+			}
+			s->off += (size_t)used;
+			if (s->body.done)
+				s->done = true;
+			if (dl > 0) {
+				*data = d;
+				return (long)dl;
+			}
+			if (s->done)
+				return 0;
+			if (used > 0)
+				continue;
+		}
+		long k = fill(s, err, errsz);
+		if (k < 0)
+			return -1;
+		if (k == 0) {
+			if (s->until_close) {
+				s->done = true;
+				return 0;
+			}
+			snprintf(err, errsz, "answer cut short");
+			return -1;
+		}
+	}
+}
+
+void http_stream_close(struct http_stream *s)
+{
+	if (s == NULL)
+		return;
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s->buf);
+	free(s);
 }

@@ -71,6 +71,75 @@ long http_answer_length(const unsigned char *in, size_t len, int *keep);
 int http_parse_answer(const unsigned char *in, size_t len, int *status, unsigned char **body, size_t *blen,
                       const char *header, char *hval, size_t hvalsz, char *err, size_t errsz);
 
+/* A new TCP connection to host:port (TCP_NODELAY; send and receive timeouts
+ * of timeout_s). Returns the socket, or -1 with the reason in err. */
+int http_connect(const char *host, int port, int timeout_s, char *err, size_t errsz);
+
+/* ---- answer heads (streamed answers, WebSocket upgrades) ---- */
+
+/* Largest answer head taken. */
+#define HTTP_HEAD_MAX 65536
+
+/* The length of the answer head at the start of in[0..n), through its blank
+ * line: > 0 when complete, 0 when more bytes are needed, -1 when no blank
+ * line comes within HTTP_HEAD_MAX bytes. */
+long http_head_length(const unsigned char *in, size_t n);
+
+/* The status of a complete head (HTTP/1.0 or 1.1, three digits, 100-599), or -1. */
+int http_head_status(const unsigned char *head, size_t hlen);
+
+/* The value of header field name (any case) of a complete head, without the
+ * white space around it, NUL-terminated into out. Returns its length, -1 when
+ * the field is absent, -2 when it is given more than once, holds a control
+ * byte or does not fit in outsz. */
+int http_head_field(const unsigned char *head, size_t hlen, const char *name, char *out, size_t outsz);
+
+/* ---- one streamed exchange: a body of any size each way, bounded memory ---- */
+
+/* A request body read as it is sent. */
+struct http_body_src {
+	/* Up to n bytes into buf: the count, 0 at the end, -1 on error. */
+	long (*read)(void *arg, void *buf, size_t n);
+	void *arg;
+	int64_t length; /* the body's length when known (Content-Length), else -1 (chunked) */
+};
+
+struct http_answer_head {
+	int status;
+	int chunked;
+	int64_t content_length; /* -1 when not given */
+	char identity[512];     /* X-Spaced-Identity ("" when absent, repeated or too long) */
+	int identity_bad;       /* X-Spaced-Identity was given more than once or malformed */
+};
+
+struct http_stream;
+
+/* Connects to host:port (a new connection), sends head (the whole request
+ * head, which should say "Connection: close") and the body — body[0..blen)
+ * or, when src is set, src read to its end — while watching the connection:
+ * when the server answers before the body is all sent (a refusal), sending
+ * stops there. Then reads the answer head (1xx skipped) into *ah. timeout_s
+ * bounds each wait for progress. Returns 0 with *out (read the body with
+ * http_stream_next, release with http_stream_close), or -1 with the
+ * transport failure in err (the request may or may not have reached the
+ * server; none of its body may have been read from src, or some). */
+int http_stream_open(const char *host, int port, const char *head, size_t headlen, const void *body, size_t blen,
+                     const struct http_body_src *src, int timeout_s, struct http_stream **out,
+                     struct http_answer_head *ah, char *err, size_t errsz);
+
+/* Request body bytes sent. */
+uint64_t http_stream_sent(const struct http_stream *s);
+
+/* The next bytes of the answer's body (Content-Length or chunked decoded):
+ * *data points at them (valid until the next call). Returns their count,
+ * 0 at the body's proper end, or -1 with "answer cut short" (the connection
+ * ended before the Content-Length or the final chunk), a malformed framing
+ * or a transport failure in err. */
+long http_stream_next(struct http_stream *s, const unsigned char **data, char *err, size_t errsz);
+
+/* Closes the connection and frees s (NULL is fine). */
+void http_stream_close(struct http_stream *s);
+
 /* A JSON call: METHOD base_url+path with an optional bearer key and JSON body
  * on a new connection, waiting at most 120 s. On success *status holds the
  * HTTP status and *body a new NUL-terminated string (free() it; may be empty).

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cp.h"
+#include "log.h"
 #include "error.h"
 
 #define SLOTS 4096
@@ -88,7 +89,7 @@ static void *writer(void *arg)
 		if (st)
 			cp_store_relaxed(st, 0);
 		if (!in_txn)
-			fprintf(stderr, "spaced-cp: level=warn event=acks-not-written (they come again on replay)\n");
+			spaced_log("spaced-cp", "level=warn event=acks-not-written reason=\"they come again on replay\"");
 		/* the waiters saw them in memory; the rows were only for others */
 		pthread_mutex_lock(&cp->mu);
 		for (struct ack *a = batch, *n; a; a = n) {

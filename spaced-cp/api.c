@@ -70,6 +70,8 @@ static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char 
 {
 	const char *k = bearer(rq);
 	int r = k ? cp_key_check(st, k, role, tenant, key_id) : SPACED_EPERM;
+	if (r == 0 && tenant != NULL)
+		snprintf(rq->tenant, sizeof rq->tenant, "%s", tenant);
 	if (r == SPACED_EPERM) {
 		answer(rq, 401, cp_error("unauthorized", "a valid API key is required (Authorization: Bearer …)"));
 		return -1;
@@ -85,7 +87,7 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 {
 	struct cp_rows *rows = NULL;
 	json_t *arr = json_array();
-	int64_t live = spaced_now() - CP_LIVE_WINDOW;
+	int64_t now = spaced_now();
 	if (arr == NULL ||
 	    CP_Q0(st, &rows, NULL,
 	         "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, w.channel_until, (SELECT COUNT(*) FROM "
@@ -104,13 +106,14 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		spaced_time_format(cp_rows_i64(rows, i, 4, 0), seen);
 		json_array_append_new(
 		    arr, json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:s,s:I,s:I}", "id", cp_rows_get(rows, i, 0), "url",
-		                   cp_rows_get(rows, i, 1), "state", cp_rows_i64(rows, i, 4, 0) >= live ? "live" : "down",
+		                   cp_rows_get(rows, i, 1), "state", cp_rows_i64(rows, i, 7, 0) >= now ? "live" : "down",
 		                   "capacity", (json_int_t)cp_rows_i64(rows, i, 2, 0), "sandboxes",
 		                   (json_int_t)cp_rows_i64(rows, i, 8, 0), "substrates", subs, "last_seen", seen,
 		                   "last_seq", (json_int_t)cp_rows_i64(rows, i, 5, 0), "acked_seq",
 		                   (json_int_t)cp_rows_i64(rows, i, 6, 0)));
 		json_t *wj = json_array_get(arr, json_array_size(arr) - 1);
-		json_object_set_new(wj, "connected", json_boolean(cp_rows_i64(rows, i, 7, 0) >= spaced_now()));
+		/* live = connected: its control channel is open on a replica (cp.h CP_CHAN_UNTIL_S) */
+		json_object_set_new(wj, "connected", json_boolean(cp_rows_i64(rows, i, 7, 0) >= now));
 		struct cp_worker_limits lim;
 		cp_limits_from_text(cp_rows_get(rows, i, 9), &lim);
 		if (lim.has)

@@ -33,6 +33,7 @@
 #include <uv.h>
 
 #include "cp.h"
+#include "log.h"
 #include "error.h"
 #include "frame.h"
 #include "httpsrv.h"
@@ -67,17 +68,6 @@ static struct {
 	int imports;
 	uint8_t buf[CHUNK];
 } B;
-
-static void blog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void blog(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stderr, "spaced-cp store: ");
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-}
 
 static void reply_json(struct spaced_httpconn *c, int status, json_t *body)
 {
@@ -226,7 +216,8 @@ static void import_done(uv_work_t *w, int status)
 	(void)status;
 	B.imports--;
 	b->working = false;
-	blog("import of template %s for tenant %s: %d", b->name, b->tenant, b->status);
+	spaced_log("spaced-cp", "level=info event=template-import template=%s tenant=%s status=%d", b->name, b->tenant,
+	           b->status);
 	if (b->c) {
 		reply_json(b->c, b->status, b->answer);
 		b->answer = NULL;

@@ -4,11 +4,15 @@
  * Processes: spaced-cp (HTTP API + control channels + lifecycle) and
  * spaced-cp-signer (holds the secret keys, answers over a socketpair; see
  * signer_main.c). Threads inside spaced-cp:
- *   - the libwebsockets service thread: parses HTTP requests, answers reads
- *     (GET) itself, runs the worker control channels (hello, replay, push,
- *     acks), writes responses;
- *   - a pool of request threads: authentication, store transactions, signer
- *     questions, pushes and waits for acks (each with its own store handle);
+ *   - the loop thread: one libuv loop for all network I/O (server.c):
+ *     libspaced's strict HTTP/1.1 + WebSocket server (httpsrv.h) with its
+ *     connection budgets and deadlines, the worker control channels
+ *     (channel.c: hello, replay, push, acks, pings, liveness), and the
+ *     answers the request threads post back (uv_async);
+ *   - request threads: every API request (authentication, store
+ *     transactions, signer questions, pushes and waits for acks), each with
+ *     its own store handle; reads (GET) and channel authorizations have a
+ *     pool of their own, so they never queue behind lifecycle calls;
  *   - the reaper thread: idle and absolute timeouts.
  * The outbox table is the push queue: a message is committed with its seq in
  * the same transaction as the state change it carries, the service thread
@@ -34,7 +38,12 @@
 #define CP_ROUTE_DRAIN_MS 250 /* a move waits this long after this replica issued the sandbox a route */
 #define CP_RECENT_ROUTES 1024 /* slots of the recent-route table */
 #define CP_OP_LEASE 120   /* default seconds a lifecycle operation holds its sandbox */
-#define CP_LIVE_WINDOW 30 /* a worker is live when seen this recently */
+/* Liveness (channel.c): a worker is live while its control channel is open
+ * on some replica. That replica writes workers.channel_until = now +
+ * CP_CHAN_UNTIL_S (seconds) every second and 0 as soon as the channel
+ * closes; a channel silent for 4 s (no message, no pong) is closed; so a
+ * worker, or a replica, that is gone stops counting within 5 s. */
+#define CP_CHAN_UNTIL_S 4
 #define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
 
 struct cp_req;
@@ -71,15 +80,20 @@ struct cp {
 	pid_t signer_pid;
 	pthread_mutex_t signer_mu;
 
-	struct lws_context *ctx;
-	struct cp_store *lws_st; /* the service thread's store handle */
+	/* the metrics listener (--metrics-listen), or metrics_host[0] == 0: none */
+	char metrics_host[64];
+	int metrics_port;
 
-	pthread_mutex_t mu;       /* guards the job queue, request wsi pointers and ack_gen */
-	pthread_cond_t jobs_cv;   /* a job is queued */
+	/* HTTP budgets (httpsrv.h) */
+	int head_timeout_ms;  /* a request head must be complete within this */
+	int max_conns;        /* open connections at most */
+	int max_conns_per_ip; /* from one client address at most */
+
+	struct cp_store *loop_st; /* the loop thread's store handle */
+
+	pthread_mutex_t mu;       /* guards ack waits (ack_cv) */
 	pthread_cond_t ack_cv;    /* an ack was recorded */
 	uint64_t ack_gen;         /* acks recorded so far (a waiter sleeps only while it is unchanged) */
-	struct cp_req *jobs_head, *jobs_tail;
-	struct cp_req *inflight;  /* every request not yet answered (service thread list) */
 	volatile int stopping;
 
 	/* when this replica last issued a route per sandbox (monotonic ns), for
@@ -91,26 +105,33 @@ struct cp {
 	} recent_routes[CP_RECENT_ROUTES];
 };
 
+/* One request handed to a request thread. The loop thread fills it in and
+ * queues it; a request thread answers it (status, resp) and posts it back;
+ * the loop thread writes the answer and frees it. */
+enum cp_job { CP_JOB_API, CP_JOB_CHANNEL, CP_JOB_METRICS };
 struct cp_req {
 	struct cp_req *next_job;
-	struct cp_req *next_inflight;
-	struct lws *wsi; /* NULL once the connection went away (under cp->mu) */
-	int refs;        /* connection + job */
-	int done, notified;
-	int dispatched; /* handed to a request thread (service thread only) */
+	struct spaced_httpconn *conn; /* loop thread only: NULL once the client is gone */
+	enum cp_job kind;  /* an API call, or the authorization of a channel upgrade */
+	int queued;        /* with a request thread now (loop thread only) */
 	char method[8];
 	char path[256];
 	char auth[512];
+	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
+	char peer[64];                /* the client's address */
+	char request_id[65];          /* the client's X-Request-Id, or one made for it */
+	char tenant[SPACED_NAME_MAX]; /* the tenant its key speaks for, once authenticated (api.c) */
 	struct spaced_buf body;
 	int status;
-	char *resp; /* JSON body of the answer */
-	char *extra_header; /* e.g. "location" value, or NULL */
+	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */
 };
 
 /* server.c */
+/* Serves the API and the control channels until SIGTERM / SIGINT; returns 0
+ * or a SPACED_E* code when it cannot listen. */
 int cp_server_run(struct cp *cp);
+/* Tells the loop thread that the outbox has new rows (any thread). */
 void cp_wake(struct cp *cp);
-void cp_req_release(struct cp *cp, struct cp_req *rq);
 
 /* api.c: answers one request (rq->status, rq->resp) with the thread's store. */
 void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq);

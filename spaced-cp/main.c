@@ -4,6 +4,8 @@
  *   spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
+ *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
+ *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
@@ -28,7 +30,10 @@
 
 #include <sodium.h>
 
+#include "config.h"
 #include "cp.h"
+#include "log.h"
+#include "observe.h"
 #include "error.h"
 #include "resources.h"
 
@@ -36,6 +41,8 @@ static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
+	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
+	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
@@ -229,6 +236,11 @@ int main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
 		{"move-drain", required_argument, NULL, 'D'},
 		{"quota", required_argument, NULL, 'Q'},
+		{"head-timeout", required_argument, NULL, 'H'},
+		{"max-conns", required_argument, NULL, 'C'},
+		{"max-conns-per-ip", required_argument, NULL, 'P'},
+		{"metrics-listen", required_argument, NULL, 'M'},
+		{"log-format", required_argument, NULL, 'L'},
 		{"store-listen", required_argument, NULL, 'S'},
 		{"template-max", required_argument, NULL, 'T'},
 		{"snapshot-max", required_argument, NULL, 'X'},
@@ -236,9 +248,11 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
-	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30}};
-	const char *listen = NULL, *store_listen = NULL;
-	char dbbuf[1200];
+	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30},
+	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
+	const char *listen = NULL, *metrics_listen = NULL;
+	char dbbuf[1200], cfg_err[256];
+	const char *store_listen = NULL;
 	uint64_t sz;
 	/* templates up to 8 GiB of archive and of content; snapshots up to 64 GiB */
 	cp.template_max = UINT64_C(8) << 30;
@@ -250,6 +264,9 @@ int main(int argc, char **argv)
 	if (is_admin) {
 		argc--;
 		argv++;
+	} else if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
+		fprintf(stderr, "spaced-cp: --config: %s\n", cfg_err);
+		return 2;
 	}
 	while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -262,6 +279,19 @@ int main(int argc, char **argv)
 		case 't': cp.nthreads = atoi(optarg); break;
 		case 'o': cp.op_lease = atoll(optarg); break;
 		case 'D': cp.move_drain_ms = atoi(optarg); break;
+		case 'H': cp.head_timeout_ms = atoi(optarg); break;
+		case 'C': cp.max_conns = atoi(optarg); break;
+		case 'P': cp.max_conns_per_ip = atoi(optarg); break;
+		case 'M': metrics_listen = optarg; break;
+		case 'L': {
+			enum spaced_log_format lf;
+			if (spaced_log_format_parse(optarg, &lf) < 0) {
+				fprintf(stderr, "spaced-cp: --log-format wants text or json\n");
+				return 2;
+			}
+			spaced_log_set_format(lf);
+			break;
+		}
 		case 'S': store_listen = optarg; break;
 		case 'T':
 		case 'X':
@@ -286,7 +316,8 @@ int main(int argc, char **argv)
 	}
 	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.nthreads < 1 || cp.nthreads > 64 ||
 	    cp.idle_timeout < 0 || cp.max_lifetime < 0 || cp.op_lease < 1 ||
-	    cp.move_drain_ms < 0 || cp.move_drain_ms > 10000) {
+	    cp.move_drain_ms < 0 || cp.move_drain_ms > 10000 || cp.head_timeout_ms < 100 ||
+	    cp.head_timeout_ms > 600000 || cp.max_conns < 1 || cp.max_conns_per_ip < 1) {
 		fputs(usage, stderr);
 		return 2;
 	}
@@ -310,8 +341,12 @@ int main(int argc, char **argv)
 		         cp.state_dir);
 		cp.db_url = dbbuf;
 	}
-	if (is_admin)
-		return admin(cp.db_url, argc - optind, argv + optind);
+	if (is_admin) {
+		int rc = admin(cp.db_url, argc - optind, argv + optind);
+		if (optind < argc && cp_audit_open(cp.state_dir) == 0)
+			cp_audit_admin(argv[optind], optind + 1 < argc ? argv[optind + 1] : "", rc == 0);
+		return rc;
+	}
 	if (listen == NULL || optind != argc) {
 		fputs(usage, stderr);
 		return 2;
@@ -326,6 +361,20 @@ int main(int argc, char **argv)
 	if (cp.port < 0 || cp.port > 65535) {
 		fputs(usage, stderr);
 		return 2;
+	}
+	if (metrics_listen) {
+		const char *mc = strrchr(metrics_listen, ':');
+		if (!mc || mc == metrics_listen || (size_t)(mc - metrics_listen) >= sizeof cp.metrics_host ||
+		    atoi(mc + 1) < 0 || atoi(mc + 1) > 65535) {
+			fprintf(stderr, "spaced-cp: --metrics-listen wants HOST:PORT\n");
+			return 2;
+		}
+		memcpy(cp.metrics_host, metrics_listen, (size_t)(mc - metrics_listen));
+		cp.metrics_port = atoi(mc + 1);
+	}
+	if (cp_audit_open(cp.state_dir) < 0) {
+		fprintf(stderr, "spaced-cp: cannot open %s/audit.log\n", cp.state_dir);
+		return 1;
 	}
 	char snaps[1100];
 	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);
@@ -360,25 +409,24 @@ int main(int argc, char **argv)
 	pthread_mutex_init(&cp.mu, NULL);
 	pthread_mutex_init(&cp.signer_mu, NULL);
 	pthread_mutex_init(&cp.recent_mu, NULL);
-	pthread_cond_init(&cp.jobs_cv, NULL);
 	pthread_cond_init(&cp.ack_cv, NULL);
-	if ((r = cp_store_open(cp.db_url, &cp.lws_st)) < 0) {
+	if ((r = cp_store_open(cp.db_url, &cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: cannot open store %s: %s\n", cp.db_url, spaced_strerror(r));
 		return 1;
 	}
-	if ((r = cp_signer_start(&cp)) < 0 || (r = cp_keys_sync(&cp, cp.lws_st)) < 0) {
+	if ((r = cp_signer_start(&cp)) < 0 || (r = cp_keys_sync(&cp, cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: signer: %s\n", spaced_strerror(r));
 		cp_signer_stop(&cp);
-		cp_store_close(cp.lws_st);
+		cp_store_close(cp.loop_st);
 		return 1;
 	}
 	/* Leases this replica held before a crash are dead: release them so the
 	 * reaper finishes those operations (other replicas' leases stay). */
 	char like[40];
 	snprintf(like, sizeof like, "%%@%s", cp.replica_id);
-	CP_Q(cp.lws_st, NULL, NULL, "UPDATE sandboxes SET op_until = 0 WHERE op LIKE $1", like);
+	CP_Q(cp.loop_st, NULL, NULL, "UPDATE sandboxes SET op_until = 0 WHERE op LIKE $1", like);
 	/* and so are the channels it held */
-	CP_Q(cp.lws_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE channel_replica = $1", cp.replica_id);
+	CP_Q(cp.loop_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE channel_replica = $1", cp.replica_id);
 	pthread_t reaper;
 	int have_reaper = pthread_create(&reaper, NULL, reaper_thread, &cp) == 0;
 	r = cp_server_run(&cp);
@@ -386,6 +434,6 @@ int main(int argc, char **argv)
 	if (have_reaper)
 		pthread_join(reaper, NULL);
 	cp_signer_stop(&cp);
-	cp_store_close(cp.lws_st);
+	cp_store_close(cp.loop_st);
 	return r < 0 ? 1 : 0;
 }

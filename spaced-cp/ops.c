@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "log.h"
 #include "cap.h"
 #include "cp.h"
 #include "error.h"
@@ -702,13 +703,14 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 	int64_t best_free = 0;
 	struct spaced_resources best_res = *res;
 	if (CP_Q0(st, &rows, NULL,
-	         "SELECT w.id, w.url, w.substrates, w.capacity, w.last_seen, (SELECT COUNT(*) FROM sandboxes s "
+	         "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, (SELECT COUNT(*) FROM sandboxes s "
 	         "WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')), "
 	         "w.limits FROM workers w ORDER BY w.id") < 0) {
 		*err = cp_error("store", "store unavailable");
 		return 500;
 	}
-	int64_t live_since = spaced_now() - CP_LIVE_WINDOW;
+	/* live: the worker's control channel is open on a replica now (cp.h CP_CHAN_UNTIL_S) */
+	int64_t now = spaced_now();
 	for (int i = 0; i < rows->nrows; i++) {
 		const char *id = cp_rows_get(rows, i, 0);
 		if (want[0] && strcmp(id, want) != 0)
@@ -716,9 +718,9 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 		if (exclude != NULL && strcmp(id, exclude) == 0)
 			continue;
 		int64_t room = cp_rows_i64(rows, i, 3, 0) - cp_rows_i64(rows, i, 5, 0);
-		if (cp_rows_i64(rows, i, 4, 0) < live_since) {
+		if (cp_rows_i64(rows, i, 4, 0) < now) {
 			if (want[0]) {
-				*err = cp_error("worker-unavailable", "the worker has not been seen recently");
+				*err = cp_error("worker-unavailable", "the worker's control channel is not open");
 				goto out;
 			}
 			continue;
@@ -1628,7 +1630,7 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 			return 500;
 		}
 		if (rs >= 300)
-			fprintf(stderr, "spaced-cp: auto-resume of %s: %d\n", id, rs);
+			spaced_log("spaced-cp", "level=warn event=auto-resume-failed sandbox=%s status=%d", id, rs);
 	}
 	if (strcmp(col(&s, C_STATE), "running") != 0 || identity_of(&s, &cap.id) < 0) {
 		char m[128];
@@ -1699,8 +1701,8 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		if (status == 200 && strcmp(cp_rows_get(rows, i, 2), "pause") == 0)
 			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET idle_paused = 1 WHERE id = $1 AND state = 'paused'",
 			     cp_rows_get(rows, i, 0));
-		fprintf(stderr, "spaced-cp: timeout: %s %s -> %d\n", cp_rows_get(rows, i, 2), cp_rows_get(rows, i, 0),
-		        status);
+		spaced_log("spaced-cp", "level=info event=timeout op=%s sandbox=%s status=%d", cp_rows_get(rows, i, 2),
+		           cp_rows_get(rows, i, 0), status);
 		json_decref(body);
 	}
 	cp_rows_free(rows);

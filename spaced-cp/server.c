@@ -1,599 +1,658 @@
 /*
- * server.c — the libwebsockets side of spaced-cp: the HTTP server that hands
- * each request to the request-thread pool and writes the answer, and the
- * worker control channels (docs/control-messages.md): hello, replay of what a
- * worker missed, one message per text frame in seq order, acks recorded in the
- * outbox. Everything here runs on the service thread; other threads only
- * queue work and call cp_wake().
+ * server.c — spaced-cp's network side: one libuv loop on the main thread
+ * runs libspaced's strict HTTP/1.1 + WebSocket server (httpsrv.h: strict
+ * parsing, bodies of either framing decoded, connection budgets in all and
+ * per client address, head / body / idle deadlines) and the worker control
+ * channels (channel.c). Every API request goes to a request thread, which
+ * answers it with its own store handle and posts it back (uv_async); the loop
+ * writes the answer. Reads (GET) and channel authorizations have a pool of
+ * their own, so they never wait behind lifecycle calls that wait for acks.
  */
+#include <netdb.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
-#include <libwebsockets.h>
+#include <sodium.h>
+#include <uv.h>
 
+#include "channel.h"
 #include "cp.h"
 #include "error.h"
-#include "identity.h"
+#include "httpsrv.h"
+#include "log.h"
+#include "observe.h"
 
-struct chan {
-	struct chan *next;
-	struct lws *wsi;
-	char worker[SPACED_NAME_MAX];
-	int hello, closing, ping_due;
-	int64_t sent_seq;
-	uint64_t last_rx, last_ping; /* monotonic ns */
-	struct spaced_buf rx;
+#define READ_THREADS 2      /* the pool for reads and channel authorizations */
+#define HEAD_MAX 8192       /* request line + header fields (431 past it) */
+#define FIELDS_MAX 64       /* header fields (431 past it) */
+
+/* A queue of requests and the threads that take from it. */
+struct pool {
+	struct cp_req *head, *tail;
+	pthread_cond_t cv;
+	pthread_t *threads;
+	int nthreads, started;
+	bool inited;
 };
 
-#define CHAN_PING_NS (20ull * 1000000000ull) /* ping a channel quiet for 20 s */
-#define CHAN_DEAD_NS (60ull * 1000000000ull) /* drop it after a minute without a word or pong */
-
-struct pss {
-	struct cp_req *req; /* HTTP: the request being answered */
-	struct chan *ch;    /* WebSocket: the channel */
+/* What the loop knows of one client connection. */
+struct peer {
+	struct cp_req *rq;  /* the request being read or answered */
+	struct cp_chan *ch; /* the control channel, once upgraded */
 };
 
-static struct chan *chans;
-static struct cp *the_cp;
-static lws_sorted_usec_list_t tick_sul;
-static uint64_t ticks;
+static struct {
+	struct cp *cp;
+	uv_loop_t loop;
+	uv_async_t wake;        /* answers are back, or the outbox has new rows */
+	uv_timer_t tick;        /* channels: pings, liveness, outbox poll */
+	uv_signal_t sigterm, sigint;
+	struct spaced_httpsrv *srv;
+	struct spaced_httpsrv *msrv;   /* the metrics listener, or NULL */
+	pthread_mutex_t mu;     /* guards the pools' queues, done and wake_ready */
+	struct pool writes;     /* every request but reads */
+	struct pool reads;      /* GET and channel authorizations */
+	struct cp_req *done_head, *done_tail; /* answered, for the loop */
+	bool wake_ready;        /* the async handle may be signalled */
+	atomic_int outbox_new;  /* cp_wake was called since the last pump */
+} S = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-void cp_wake(struct cp *cp)
+/* Frees a request and what it owns; accepts NULL. */
+static void req_free(struct cp_req *rq)
 {
-	if (cp->ctx != NULL)
-		lws_cancel_service(cp->ctx);
-}
-
-void cp_req_release(struct cp *cp, struct cp_req *rq)
-{
-	pthread_mutex_lock(&cp->mu);
-	int last = --rq->refs == 0;
-	pthread_mutex_unlock(&cp->mu);
-	if (!last)
+	if (rq == NULL)
 		return;
 	spaced_buf_free(&rq->body);
 	free(rq->resp);
 	free(rq);
 }
 
-static void inflight_remove(struct cp *cp, struct cp_req *rq)
+void cp_wake(struct cp *cp)
 {
-	for (struct cp_req **p = &cp->inflight; *p; p = &(*p)->next_inflight)
-		if (*p == rq) {
-			*p = rq->next_inflight;
-			break;
-		}
+	(void)cp;
+	atomic_store(&S.outbox_new, 1);
+	pthread_mutex_lock(&S.mu);
+	if (S.wake_ready)
+		uv_async_send(&S.wake);
+	pthread_mutex_unlock(&S.mu);
 }
 
-/* Queues rq for a request thread. */
-static void dispatch(struct cp *cp, struct cp_req *rq)
-{
-	if (rq->dispatched)
-		return; /* once: a body after a GET/DELETE is ignored */
-	rq->dispatched = 1;
-	if (strcmp(rq->method, "GET") == 0) {
-		/* reads never wait for a worker: answered here at once, never queued
-		 * behind lifecycle calls that wait for acks */
-		cp_api_handle(cp, cp->lws_st, rq);
-		pthread_mutex_lock(&cp->mu);
-		rq->done = 1;
-		rq->notified = 1;
-		pthread_mutex_unlock(&cp->mu);
-		lws_callback_on_writable(rq->wsi);
-		return;
-	}
-	/* a lifecycle call may wait for several worker acks: no libwebsockets
-	 * pending timeout on this connection until the answer is written */
-	lws_set_timeout(rq->wsi, NO_PENDING_TIMEOUT, 0);
-	pthread_mutex_lock(&cp->mu);
-	rq->refs++;
-	rq->next_job = NULL;
-	if (cp->jobs_tail)
-		cp->jobs_tail->next_job = rq;
-	else
-		cp->jobs_head = rq;
-	cp->jobs_tail = rq;
-	pthread_cond_signal(&cp->jobs_cv);
-	pthread_mutex_unlock(&cp->mu);
-}
+/* ---- request threads ---- */
 
-/* Answers at once from the service thread (405, 413, 414 …). */
-static void answer_now(struct cp *cp, struct cp_req *rq, int status, const char *code, const char *msg)
-{
-	char buf[256];
-	snprintf(buf, sizeof buf, "{\"error\":\"%s\",\"message\":\"%s\"}", code, msg);
-	pthread_mutex_lock(&cp->mu);
-	rq->status = status;
-	rq->resp = strdup(buf);
-	rq->done = 1;
-	rq->notified = 1;
-	pthread_mutex_unlock(&cp->mu);
-	lws_callback_on_writable(rq->wsi);
-}
-
+/* A request thread: takes requests from its pool's queue, answers each with
+ * its own store handle, posts it to the done list and wakes the loop; ends
+ * when cp->stopping is set (what is still queued is freed by pool_stop). */
 static void *request_thread(void *arg)
 {
-	struct cp *cp = arg;
+	struct pool *pool = arg;
+	struct cp *cp = S.cp;
 	struct cp_store *st = NULL;
 	int r = cp_store_open(cp->db_url, &st);
 	if (r < 0)
-		fprintf(stderr, "spaced-cp: request thread cannot open the store: %s\n", spaced_strerror(r));
+		spaced_log("spaced-cp", "level=error event=store-unavailable reason=\"%s\"", spaced_strerror(r));
 	for (;;) {
-		pthread_mutex_lock(&cp->mu);
-		while (cp->jobs_head == NULL && !cp->stopping)
-			pthread_cond_wait(&cp->jobs_cv, &cp->mu);
+		pthread_mutex_lock(&S.mu);
+		while (pool->head == NULL && !cp->stopping)
+			pthread_cond_wait(&pool->cv, &S.mu);
 		if (cp->stopping) {
-			pthread_mutex_unlock(&cp->mu);
+			pthread_mutex_unlock(&S.mu);
 			break;
 		}
-		struct cp_req *rq = cp->jobs_head;
-		cp->jobs_head = rq->next_job;
-		if (cp->jobs_head == NULL)
-			cp->jobs_tail = NULL;
-		pthread_mutex_unlock(&cp->mu);
+		struct cp_req *rq = pool->head;
+		pool->head = rq->next_job;
+		if (pool->head == NULL)
+			pool->tail = NULL;
+		pthread_mutex_unlock(&S.mu);
 		if (st == NULL) {
 			rq->status = 503;
 			rq->resp = strdup("{\"error\":\"store\",\"message\":\"store unavailable\"}");
+		} else if (rq->kind == CP_JOB_CHANNEL) {
+			int ok = cp_chan_authorized(st, rq->auth, rq->worker);
+			rq->status = ok ? 101 : 401;
+			if (!ok)
+				rq->resp = strdup("{\"error\":\"unauthorized\",\"message\":\"the channel needs the "
+				                  "worker's own worker key\"}");
+		} else if (rq->kind == CP_JOB_METRICS) {
+			rq->status = 200;
+			rq->resp = cp_metrics_text(cp, st);
 		} else {
+			uint64_t t0 = spaced_mono_ns();
 			cp_api_handle(cp, st, rq);
+			cp_observe_request(rq, rq->tenant, spaced_mono_ns() - t0);
 		}
-		pthread_mutex_lock(&cp->mu);
-		rq->done = 1;
-		pthread_mutex_unlock(&cp->mu);
-		cp_wake(cp);
-		cp_req_release(cp, rq);
+		pthread_mutex_lock(&S.mu);
+		rq->next_job = NULL;
+		if (S.done_tail)
+			S.done_tail->next_job = rq;
+		else
+			S.done_head = rq;
+		S.done_tail = rq;
+		if (S.wake_ready)
+			uv_async_send(&S.wake);
+		pthread_mutex_unlock(&S.mu);
 	}
 	cp_store_close(st);
 	return NULL;
 }
 
-static int write_answer(struct lws *wsi, struct cp_req *rq)
+/* Hands rq to the request threads (loop thread). */
+static void dispatch(struct cp_req *rq)
 {
-	uint8_t hdr[LWS_PRE + 1024], *start = &hdr[LWS_PRE], *p = start, *end = &hdr[sizeof hdr - 1];
-	size_t len = rq->resp ? strlen(rq->resp) : 0;
-	if (lws_add_http_common_headers(wsi, (unsigned int)rq->status, "application/json", len, &p, end) ||
-	    lws_add_http_header_by_name(wsi, (const unsigned char *)"cache-control:",
-	                                (const unsigned char *)"no-store", 8, &p, end) ||
-	    lws_finalize_write_http_header(wsi, start, &p, end))
-		return -1;
-	if (len == 0)
-		return 0;
-	uint8_t *body = malloc(LWS_PRE + len);
-	if (body == NULL)
-		return -1;
-	memcpy(body + LWS_PRE, rq->resp, len);
-	int n = lws_write(wsi, body + LWS_PRE, len, LWS_WRITE_HTTP_FINAL);
-	free(body);
-	return n < (int)len ? -1 : 0;
+	struct pool *pool = rq->kind == CP_JOB_CHANNEL || strcmp(rq->method, "GET") == 0 ? &S.reads : &S.writes;
+	rq->queued = 1;
+	rq->next_job = NULL;
+	pthread_mutex_lock(&S.mu);
+	if (pool->tail)
+		pool->tail->next_job = rq;
+	else
+		pool->head = rq;
+	pool->tail = rq;
+	pthread_cond_signal(&pool->cv);
+	pthread_mutex_unlock(&S.mu);
 }
 
-/* ---- control channel ---- */
-
-static int chan_worker_from_uri(struct lws *wsi, char worker[SPACED_NAME_MAX])
+/* Starts n threads on pool. Returns 0 (at least one started), SPACED_ENOMEM
+ * or SPACED_ESYS. */
+static int pool_start(struct pool *pool, int n)
 {
-	char uri[256];
-	static const char pre[] = "/v1/workers/", suf[] = "/channel";
-	int n = lws_hdr_copy(wsi, uri, sizeof uri, WSI_TOKEN_GET_URI);
-	if (n <= 0 || (size_t)n <= sizeof pre + sizeof suf - 2 || strncmp(uri, pre, sizeof pre - 1) != 0 ||
-	    strcmp(uri + n - (sizeof suf - 1), suf) != 0)
-		return -1;
-	size_t l = (size_t)n - (sizeof pre - 1) - (sizeof suf - 1);
-	if (!spaced_name_valid(uri + sizeof pre - 1, l))
-		return -1;
-	memcpy(worker, uri + sizeof pre - 1, l);
-	worker[l] = 0;
+	pthread_cond_init(&pool->cv, NULL);
+	pool->inited = true;
+	pool->threads = calloc((size_t)n, sizeof *pool->threads);
+	if (pool->threads == NULL)
+		return SPACED_ENOMEM;
+	pool->nthreads = n;
+	for (; pool->started < n; pool->started++)
+		if (pthread_create(&pool->threads[pool->started], NULL, request_thread, pool) != 0)
+			return pool->started > 0 ? 0 : SPACED_ESYS;
 	return 0;
 }
 
-static int chan_authorized(struct cp *cp, struct lws *wsi, const char *worker)
+/* Joins the threads (cp->stopping is set) and frees what was never taken. */
+static void pool_stop(struct pool *pool)
 {
-	char auth[512];
-	int n = lws_hdr_copy(wsi, auth, sizeof auth, WSI_TOKEN_HTTP_AUTHORIZATION);
-	return n > 7 && strncmp(auth, "Bearer ", 7) == 0 && cp_worker_auth(cp->lws_st, auth + 7, worker) == 0;
+	if (!pool->inited)
+		return;
+	pthread_mutex_lock(&S.mu);
+	pthread_cond_broadcast(&pool->cv);
+	pthread_mutex_unlock(&S.mu);
+	for (int i = 0; i < pool->started; i++)
+		pthread_join(pool->threads[i], NULL);
+	free(pool->threads);
+	pool->threads = NULL;
+	for (struct cp_req *rq = pool->head, *next; rq; rq = next) {
+		next = rq->next_job;
+		req_free(rq);
+	}
+	pool->head = pool->tail = NULL;
+	pthread_cond_destroy(&pool->cv);
 }
 
-/* An open channel is a heartbeat; channel_until tells every replica which
- * workers are connected right now (key rotation waits for those). */
-static void chan_seen(struct cp *cp, const struct chan *ch)
+/* ---- answers (loop thread) ---- */
+
+/* The body of an answer the HTTP layer gives by itself, in the API's error
+ * form (docs/cp-api.yaml): {"error": code, "message": text}. */
+static size_t refusal_body(int status, const char *code, char *buf, size_t cap)
 {
-	char now[24], until[24];
-	int64_t t = spaced_now();
-	CP_Q(cp->lws_st, NULL, NULL,
-	     "UPDATE workers SET last_seen = $2, channel_until = $3, channel_replica = $4 WHERE id = $1", ch->worker,
-	     cp_i64(now, t), cp_i64(until, t + 10), cp->replica_id);
+	static const struct {
+		int status;
+		const char *error, *message;
+	} tab[] = {
+		{400, "bad-request", "malformed HTTP request"},
+		{408, "request-timeout", "the request did not arrive in time"},
+		{413, "too-large", "request body too large"},
+		{414, "uri-too-long", "the request URI is too long"},
+		{417, "expectation-failed", "only Expect: 100-continue is understood"},
+		{431, "headers-too-large", "request header fields too large"},
+		{501, "not-implemented", "only the chunked transfer coding is understood"},
+		{505, "http-version", "only HTTP/1.0 and HTTP/1.1 are served"},
+	};
+	const char *error = "http-error", *message = "request refused";
+	(void)code;
+	for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+		if (tab[i].status == status) {
+			error = tab[i].error;
+			message = tab[i].message;
+		}
+	int n = snprintf(buf, cap, "{\"error\":\"%s\",\"message\":\"%s\"}", error, message);
+	return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap;
 }
 
-static int chan_hello(struct cp *cp, struct chan *ch, const struct cp_chan_msg *m)
+/* Writes a JSON answer on c (which may be gone afterwards). */
+static void reply(struct spaced_httpconn *c, int status, const char *json)
 {
-	struct cp_rows *rows = NULL;
-	char cap[24];
-	if (strcmp(m->worker, ch->worker) != 0)
-		return -1;
-	/* Replay from the first message after last_seq, and re-send anything not yet
-	 * acknowledged at or below it: the worker acks those again without effect. */
-	int64_t from = m->last_seq;
-	/* A worker that has applied more than this store ever sent knows a history
-	 * the store lost: it would take new messages for old ones. Fail closed. */
-	if (CP_Q(cp->lws_st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0 ||
-	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
-		lwsl_user("channel %s: hello last_seq=%lld is ahead of the control plane (%lld): refused\n", ch->worker,
-		          (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 0, 0));
-		cp_rows_free(rows);
-		return -1;
-	}
-	cp_rows_free(rows);
-	rows = NULL;
-	if (CP_Q(cp->lws_st, &rows, NULL, "SELECT MIN(seq) FROM outbox WHERE worker = $1 AND acked = 0", ch->worker) == 0) {
-		int64_t unacked = cp_rows_i64(rows, 0, 0, -1);
-		if (unacked > 0 && unacked - 1 < from)
-			from = unacked - 1;
-	}
-	cp_rows_free(rows);
-	ch->sent_seq = from;
-	ch->hello = 1;
-	chan_seen(cp, ch);
-	if (m->has_capacity)
-		CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", ch->worker,
-		     cp_i64(cap, m->capacity));
-	if (m->has_substrates)
-		CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET substrates = $2 WHERE id = $1", ch->worker, m->substrates);
-	if (m->limits.has) {
-		char *lt = cp_limits_text(&m->limits);
-		if (lt != NULL)
-			CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET limits = $2 WHERE id = $1", ch->worker, lt);
-		free(lt);
-	}
-	lwsl_user("channel %s: hello last_seq=%lld, replay from %lld\n", ch->worker, (long long)m->last_seq,
-	          (long long)from);
-	lws_callback_on_writable(ch->wsi);
-	return 0;
+	size_t len = json ? strlen(json) : 0;
+	spaced_httpconn_reply(c, status, "application/json", json ? json : "", len, "cache-control: no-store\r\n");
 }
 
-static int chan_send_next(struct cp *cp, struct chan *ch)
+/* An answer that came back from a request thread, with its request id. */
+static void reply_rq(struct spaced_httpconn *c, const struct cp_req *rq)
 {
-	struct cp_rows *rows = NULL;
-	char sb[24];
-	int r = CP_Q(cp->lws_st, &rows, NULL,
-	             "SELECT seq, body FROM outbox WHERE worker = $1 AND seq > $2 ORDER BY seq LIMIT 1", ch->worker,
-	             cp_i64(sb, ch->sent_seq));
-	if (r < 0 || rows->nrows == 0) {
-		cp_rows_free(rows);
-		return 0;
-	}
-	const char *body = cp_rows_get(rows, 0, 1);
-	size_t len = strlen(body);
-	uint8_t *buf = malloc(LWS_PRE + len);
-	if (buf == NULL) {
-		cp_rows_free(rows);
-		return 0;
-	}
-	memcpy(buf + LWS_PRE, body, len);
-	int n = lws_write(ch->wsi, buf + LWS_PRE, len, LWS_WRITE_TEXT);
-	free(buf);
-	if (n < (int)len) {
-		cp_rows_free(rows);
-		return -1;
-	}
-	ch->sent_seq = cp_rows_i64(rows, 0, 0, ch->sent_seq);
-	cp_rows_free(rows);
-	lws_callback_on_writable(ch->wsi); /* maybe more */
-	return 0;
+	char hdr[160];
+	snprintf(hdr, sizeof hdr, "cache-control: no-store\r\nx-request-id: %s\r\n", rq->request_id);
+	const char *body = rq->resp ? rq->resp : "";
+	spaced_httpconn_reply(c, rq->status,
+	                      rq->kind == CP_JOB_METRICS ? "text/plain; version=0.0.4; charset=utf-8" : "application/json",
+	                      body, strlen(body), hdr);
 }
 
-static void tick(lws_sorted_usec_list_t *sul)
+/* The request's id and its client's address. */
+static void request_identity(struct spaced_httpconn *c, const struct spaced_http_req *req, struct cp_req *rq)
 {
-	struct cp *cp = the_cp;
-	ticks++;
-	uint64_t mono = spaced_mono_ns();
-	for (struct chan *ch = chans; ch; ch = ch->next) {
-		if (mono - ch->last_rx > CHAN_DEAD_NS) {
-			lwsl_user("channel %s: silent for a minute, closing\n", ch->worker);
-			ch->closing = 1;
-			ch->hello = 0;
-			lws_callback_on_writable(ch->wsi);
-			continue;
-		}
-		if (mono - ch->last_rx > CHAN_PING_NS && mono - ch->last_ping > CHAN_PING_NS)
-			ch->ping_due = 1;
-		if (!ch->hello && !ch->ping_due)
-			continue;
-		lws_callback_on_writable(ch->wsi);
-		if (ticks % 20 == 0)
-			chan_seen(cp, ch);
+	snprintf(rq->peer, sizeof rq->peer, "%s", spaced_httpconn_peer(c));
+	const char *id = spaced_http_field(req, "x-request-id");
+	if (id && strlen(id) < sizeof rq->request_id && spaced_name_valid(id, strlen(id))) {
+		snprintf(rq->request_id, sizeof rq->request_id, "%s", id);
+	} else {
+		uint8_t rnd[8];
+		randombytes_buf(rnd, sizeof rnd);
+		sodium_bin2hex(rq->request_id, sizeof rq->request_id, rnd, sizeof rnd);
 	}
-	lws_sul_schedule(cp->ctx, 0, sul, tick, 100 * LWS_US_PER_MS);
 }
 
-static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len)
+/* Answers the connection's current request at once (405, 414 …); the
+ * request, not yet queued, is forgotten. */
+static void answer_now(struct spaced_httpconn *c, struct peer *pe, int status, const char *code, const char *msg)
 {
-	struct cp *cp = the_cp;
-	struct pss *pss = user;
-	struct cp_req *rq;
-	struct chan *ch;
+	char buf[256];
+	if (pe != NULL && pe->rq != NULL && !pe->rq->queued) {
+		req_free(pe->rq);
+		pe->rq = NULL;
+	}
+	snprintf(buf, sizeof buf, "{\"error\":\"%s\",\"message\":\"%s\"}", code, msg);
+	reply(c, status, buf);
+}
 
-	switch (reason) {
-	case LWS_CALLBACK_HTTP: {
-		static const struct { enum lws_token_indexes tok; const char *name; } methods[] = {
-			{WSI_TOKEN_GET_URI, "GET"}, {WSI_TOKEN_POST_URI, "POST"}, {WSI_TOKEN_DELETE_URI, "DELETE"}};
-		rq = calloc(1, sizeof *rq);
-		if (rq == NULL)
-			return -1;
-		rq->refs = 1;
-		rq->wsi = wsi;
-		spaced_buf_init(&rq->body, CP_BODY_MAX);
-		pss->req = rq;
-		pthread_mutex_lock(&cp->mu);
-		rq->next_inflight = cp->inflight;
-		cp->inflight = rq;
-		pthread_mutex_unlock(&cp->mu);
-		int found = 0;
-		for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-			if (lws_hdr_total_length(wsi, methods[i].tok) > 0) {
-				found = 1;
-				strcpy(rq->method, methods[i].name);
-				if (lws_hdr_copy(wsi, rq->path, sizeof rq->path, methods[i].tok) < 0) {
-					answer_now(cp, rq, 414, "uri-too-long", "the request URI is too long");
-					return 0;
-				}
-				/* the query too (GET /v1/sandboxes?meta=K=V): its fragments, '&'-joined */
-				char arg[256];
-				for (int k = 0; lws_hdr_copy_fragment(wsi, arg, sizeof arg, WSI_TOKEN_HTTP_URI_ARGS, k) > 0; k++) {
-					size_t pl = strlen(rq->path);
-					if (pl + strlen(arg) + 2 >= sizeof rq->path)
-						break;
-					rq->path[pl] = k ? '&' : '?';
-					memcpy(rq->path + pl + 1, arg, strlen(arg) + 1);
-				}
-			}
-		if (!found) {
-			answer_now(cp, rq, 405, "method-not-allowed", "GET, POST or DELETE");
-			return 0;
-		}
-		if (lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_AUTHORIZATION) < (int)sizeof rq->auth)
-			lws_hdr_copy(wsi, rq->auth, sizeof rq->auth, WSI_TOKEN_HTTP_AUTHORIZATION);
-		if (strcmp(rq->method, "POST") == 0) {
-			char cl[32] = "";
-			lws_hdr_copy(wsi, cl, sizeof cl, WSI_TOKEN_HTTP_CONTENT_LENGTH);
-			long n = cl[0] ? strtol(cl, NULL, 10) : 0;
-			if (n > CP_BODY_MAX || n < 0) {
-				answer_now(cp, rq, 413, "too-large", "request body too large");
-				return 0;
-			}
-			if (n > 0)
-				return 0; /* the body follows */
-		}
-		dispatch(cp, rq);
-		return 0;
+/* A request thread's answer is back: write it, or open the channel. */
+static void deliver(struct cp_req *rq)
+{
+	struct spaced_httpconn *c = rq->conn;
+	rq->queued = 0;
+	if (c == NULL) {
+		req_free(rq); /* the client went away meanwhile */
+		return;
 	}
-	case LWS_CALLBACK_HTTP_BODY:
-		rq = pss->req;
-		if (rq == NULL || rq->dispatched || rq->notified)
-			return 0;
-		if (spaced_buf_append(&rq->body, in, len) < 0)
-			answer_now(cp, rq, 413, "too-large", "request body too large");
-		return 0;
-	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-		rq = pss->req;
-		if (rq != NULL && !rq->notified)
-			dispatch(cp, rq);
-		return 0;
-	case LWS_CALLBACK_HTTP_WRITEABLE: {
-		rq = pss->req;
-		if (rq == NULL)
-			return 0;
-		pthread_mutex_lock(&cp->mu);
-		int done = rq->done;
-		if (done) {
-			inflight_remove(cp, rq);
-			rq->wsi = NULL;
-		}
-		pthread_mutex_unlock(&cp->mu);
-		if (!done)
-			return 0;
-		pss->req = NULL;
-		int r = write_answer(wsi, rq);
-		cp_req_release(cp, rq);
-		if (r < 0 || lws_http_transaction_completed(wsi))
-			return -1;
-		return 0;
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe->rq == rq)
+		pe->rq = NULL; /* before the answer: it may start the next request */
+	if (rq->kind == CP_JOB_CHANNEL && rq->status == 101) {
+		pe->ch = cp_chan_open(c, rq->worker);
+		if (pe->ch == NULL || spaced_httpconn_ws_accept(c, NULL) < 0)
+			spaced_httpconn_abort(c);
+	} else {
+		reply_rq(c, rq);
 	}
-	case LWS_CALLBACK_CLOSED_HTTP:
-	case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
-		rq = pss ? pss->req : NULL;
-		if (rq != NULL) {
-			pss->req = NULL;
-			pthread_mutex_lock(&cp->mu);
-			inflight_remove(cp, rq);
-			rq->wsi = NULL;
-			pthread_mutex_unlock(&cp->mu);
-			cp_req_release(cp, rq);
-		}
-		return 0;
-	case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
-		pthread_mutex_lock(&cp->mu);
-		for (rq = cp->inflight; rq; rq = rq->next_inflight)
-			if (rq->done && !rq->notified && rq->wsi != NULL) {
-				rq->notified = 1;
-				lws_callback_on_writable(rq->wsi);
-			}
-		pthread_mutex_unlock(&cp->mu);
-		for (ch = chans; ch; ch = ch->next)
-			if (ch->hello)
-				lws_callback_on_writable(ch->wsi);
-		return 0;
+	req_free(rq);
+}
 
-	/* ---- control channel ---- */
-	case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION: {
-		char worker[SPACED_NAME_MAX];
-		if (chan_worker_from_uri(wsi, worker) < 0 || !chan_authorized(cp, wsi, worker))
-			return 1; /* refuse the upgrade */
-		return 0;
+/* The loop's wake-up: writes every answer that came back, then, when
+ * cp_wake was called, sends the channels what the outbox holds. */
+static void on_wake(uv_async_t *h)
+{
+	(void)h;
+	pthread_mutex_lock(&S.mu);
+	struct cp_req *rq = S.done_head;
+	S.done_head = S.done_tail = NULL;
+	pthread_mutex_unlock(&S.mu);
+	while (rq != NULL) {
+		struct cp_req *next = rq->next_job;
+		deliver(rq);
+		rq = next;
 	}
-	case LWS_CALLBACK_ESTABLISHED:
-		ch = calloc(1, sizeof *ch);
-		if (ch == NULL)
-			return -1;
-		if (chan_worker_from_uri(wsi, ch->worker) < 0) {
-			free(ch);
-			return -1;
+	if (atomic_exchange(&S.outbox_new, 0))
+		cp_chan_pump_all();
+}
+
+/* ---- httpsrv callbacks (loop thread) ---- */
+
+/* A valid request head: a method we serve becomes a cp_req, queued at once
+ * or once its body is read; a WebSocket upgrade of the channel path is
+ * queued for authorization. */
+static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe == NULL) {
+		if ((pe = calloc(1, sizeof *pe)) == NULL) {
+			answer_now(c, NULL, 503, "busy", "out of memory");
+			return;
 		}
-		ch->wsi = wsi;
-		ch->last_rx = ch->last_ping = spaced_mono_ns();
-		spaced_buf_init(&ch->rx, CP_BODY_MAX);
-		/* one channel per worker: a new one replaces the old */
-		for (struct chan *o = chans; o; o = o->next)
-			if (strcmp(o->worker, ch->worker) == 0) {
-				o->closing = 1;
-				o->hello = 0;
-				lws_callback_on_writable(o->wsi);
-			}
-		ch->next = chans;
-		chans = ch;
-		pss->ch = ch;
-		return 0;
-	case LWS_CALLBACK_RECEIVE: {
-		ch = pss->ch;
-		if (ch == NULL || ch->closing)
-			return -1;
-		ch->last_rx = spaced_mono_ns();
-		if (spaced_buf_append(&ch->rx, in, len) < 0)
-			return -1; /* oversized message: drop this connection */
-		if (!lws_is_final_fragment(wsi))
-			return 0;
-		struct cp_chan_msg m;
-		int r = cp_parse_chan((const char *)ch->rx.data, ch->rx.len, &m);
-		spaced_buf_free(&ch->rx);
-		spaced_buf_init(&ch->rx, CP_BODY_MAX);
-		if (r < 0) {
-			lwsl_user("channel %s: malformed message, closing\n", ch->worker);
-			return -1;
+		spaced_httpconn_set_user(c, pe);
+	}
+	if (S.cp->stopping) {
+		answer_now(c, pe, 503, "stopping", "the control plane is stopping");
+		return;
+	}
+	if (strcmp(req->method, "GET") != 0 && strcmp(req->method, "POST") != 0 && strcmp(req->method, "DELETE") != 0) {
+		answer_now(c, pe, 405, "method-not-allowed", "GET, POST or DELETE");
+		return;
+	}
+	struct cp_req *rq = calloc(1, sizeof *rq);
+	if (rq == NULL) {
+		answer_now(c, pe, 503, "busy", "out of memory");
+		return;
+	}
+	rq->conn = c;
+	rq->kind = CP_JOB_API;
+	request_identity(c, req, rq);
+	snprintf(rq->method, sizeof rq->method, "%s", req->method);
+	spaced_buf_init(&rq->body, CP_BODY_MAX);
+	pe->rq = rq;
+	if (strlen(req->target) >= sizeof rq->path) {
+		answer_now(c, pe, 414, "uri-too-long", "the request URI is too long");
+		return;
+	}
+	memcpy(rq->path, req->target, strlen(req->target) + 1);
+	const char *auth = spaced_http_field(req, "authorization");
+	if (auth != NULL && strlen(auth) < sizeof rq->auth)
+		memcpy(rq->auth, auth, strlen(auth) + 1); /* longer: no key of ours, so 401 */
+	if (req->websocket) {
+		/* the only WebSocket here is a worker's control channel; the
+		 * upgrade is answered once a request thread checked the key */
+		if (cp_chan_path(rq->path, rq->worker) < 0) {
+			answer_now(c, pe, 404, "not-found", "no WebSocket endpoint here");
+			return;
 		}
-		if (m.kind == CP_CHAN_HELLO)
-			r = chan_hello(cp, ch, &m);
-		else if (!ch->hello)
-			r = -1;
+		rq->kind = CP_JOB_CHANNEL;
+		dispatch(rq);
+		return;
+	}
+	/* Any other Upgrade (h2c included) is not taken: the answer is HTTP/1.1. */
+	if (req->body == SPACED_HTTP_BODY_NONE)
+		dispatch(rq);
+	/* else the body (Content-Length or chunked, decoded by httpsrv, at most
+	 * CP_BODY_MAX: 413 past it) comes first */
+}
+
+/* Decoded body bytes (either framing) of the current request. */
+static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe == NULL || pe->rq == NULL || pe->rq->queued)
+		return;
+	if (spaced_buf_append(&pe->rq->body, p, n) < 0)
+		answer_now(c, pe, 413, "too-large", "request body too large");
+}
+
+/* The whole body is read: the request goes to a request thread. */
+static void on_body_end(struct spaced_httpconn *c)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe != NULL && pe->rq != NULL && !pe->rq->queued)
+		dispatch(pe->rq);
+}
+
+/* A whole message on a channel. */
+static void on_ws_message(struct spaced_httpconn *c, bool text, const uint8_t *p, size_t n)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe != NULL && pe->ch != NULL)
+		cp_chan_message(pe->ch, text, p, n);
+}
+
+/* A ping or pong on a channel: the worker is there. */
+static void on_ws_control(struct spaced_httpconn *c, uint8_t opcode, const uint8_t *p, size_t n)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	(void)opcode;
+	(void)p;
+	(void)n;
+	if (pe != NULL && pe->ch != NULL)
+		cp_chan_heard(pe->ch);
+}
+
+/* A channel's output ran low: more of the outbox. */
+static void on_drain(struct spaced_httpconn *c)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe != NULL && pe->ch != NULL)
+		cp_chan_drain(pe->ch);
+}
+
+/* The connection is gone: its request is dropped (or left to its request
+ * thread, then dropped), its channel closed. */
+static void on_close(struct spaced_httpconn *c)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe == NULL)
+		return;
+	spaced_httpconn_set_user(c, NULL);
+	if (pe->rq != NULL) {
+		if (pe->rq->queued)
+			pe->rq->conn = NULL; /* a request thread has it: freed when it comes back */
 		else
-			r = cp_record_ack(cp, cp->lws_st, ch->worker, &m) < 0 ? 0 : 0;
-		free(m.result);
-		return r < 0 ? -1 : 0;
+			req_free(pe->rq);
 	}
-	case LWS_CALLBACK_RECEIVE_PONG:
-		if (pss->ch != NULL)
-			pss->ch->last_rx = spaced_mono_ns();
-		return 0;
-	case LWS_CALLBACK_SERVER_WRITEABLE:
-		ch = pss->ch;
-		if (ch == NULL || ch->closing)
-			return -1;
-		if (ch->ping_due) {
-			uint8_t ping[LWS_PRE + 4] = {0};
-			memcpy(ping + LWS_PRE, "spcd", 4); /* a payload: some peers ignore empty pings */
-			ch->ping_due = 0;
-			ch->last_ping = spaced_mono_ns();
-			if (lws_write(wsi, ping + LWS_PRE, 4, LWS_WRITE_PING) < 0)
-				return -1;
-			lws_callback_on_writable(wsi);
-			return 0;
-		}
-		if (!ch->hello)
-			return 0;
-		return chan_send_next(cp, ch);
-	case LWS_CALLBACK_CLOSED:
-		ch = pss->ch;
-		if (ch == NULL)
-			return 0;
-		pss->ch = NULL;
-		for (struct chan **p = &chans; *p; p = &(*p)->next)
-			if (*p == ch) {
-				*p = ch->next;
-				break;
-			}
-		int others = 0;
-		for (struct chan *o = chans; o; o = o->next)
-			others += strcmp(o->worker, ch->worker) == 0;
-		if (!others)
-			CP_Q(cp->lws_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE id = $1", ch->worker);
-		spaced_buf_free(&ch->rx);
-		free(ch);
-		return 0;
-	default:
-		return 0;
-	}
+	if (pe->ch != NULL)
+		cp_chan_closed(pe->ch);
+	free(pe);
 }
 
-static const struct lws_protocols protocols[] = {
-	{"http", callback, sizeof(struct pss), CP_BODY_MAX, 0, NULL, 0},
-	{"spaced-control", callback, sizeof(struct pss), CP_BODY_MAX, 0, NULL, 0},
-	{NULL, NULL, 0, 0, 0, NULL, 0},
+/* The metrics listener: GET /metrics only, answered by a read thread. */
+static void on_metrics_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe == NULL) {
+		if ((pe = calloc(1, sizeof *pe)) == NULL) {
+			answer_now(c, NULL, 503, "busy", "out of memory");
+			return;
+		}
+		spaced_httpconn_set_user(c, pe);
+	}
+	if (strcmp(req->method, "GET") != 0 || strcmp(req->target, "/metrics") != 0 || req->websocket) {
+		answer_now(c, pe, 404, "not-found", "only GET /metrics here");
+		return;
+	}
+	struct cp_req *rq = calloc(1, sizeof *rq);
+	if (rq == NULL) {
+		answer_now(c, pe, 503, "busy", "out of memory");
+		return;
+	}
+	rq->conn = c;
+	rq->kind = CP_JOB_METRICS;
+	request_identity(c, req, rq);
+	snprintf(rq->method, sizeof rq->method, "GET");
+	snprintf(rq->path, sizeof rq->path, "/metrics");
+	spaced_buf_init(&rq->body, 0);
+	pe->rq = rq;
+	dispatch(rq);
+}
+
+static const struct spaced_httpsrv_ops metrics_ops = {
+	.on_request = on_metrics_request,
+	.on_close = on_close,
 };
 
-static void on_signal(int sig)
+static const struct spaced_httpsrv_ops ops = {
+	.on_request = on_request,
+	.on_body = on_body,
+	.on_body_end = on_body_end,
+	.on_ws_message = on_ws_message,
+	.on_drain = on_drain,
+	.on_close = on_close,
+	.on_ws_control = on_ws_control,
+};
+
+/* Every 100 ms: the channels' pings, silence, outbox poll and liveness. */
+static void on_tick(uv_timer_t *t)
+{
+	(void)t;
+	cp_chan_tick();
+}
+
+/* SIGTERM / SIGINT: leave the loop; cp_server_run then closes everything. */
+static void on_signal(uv_signal_t *h, int sig)
 {
 	(void)sig;
-	if (the_cp != NULL) {
-		the_cp->stopping = 1;
-		if (the_cp->ctx != NULL)
-			lws_cancel_service(the_cp->ctx);
+	S.cp->stopping = 1;
+	uv_stop(h->loop);
+}
+
+/* ---- start and stop ---- */
+
+/* The numeric address of host ("127.0.0.1", "::1", "[::1]", a name) into
+ * out; 0 or SPACED_EINVAL. */
+static int listen_address(const char *host, char out[INET6_ADDRSTRLEN + 1])
+{
+	char h[256];
+	size_t n = strlen(host);
+	if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+		host++;
+		n -= 2;
 	}
+	if (n == 0 || n >= sizeof h)
+		return SPACED_EINVAL;
+	memcpy(h, host, n);
+	h[n] = 0;
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+	if (getaddrinfo(h, NULL, &hints, &ai) != 0 || ai == NULL)
+		return SPACED_EINVAL;
+	int r = getnameinfo(ai->ai_addr, ai->ai_addrlen, out, INET6_ADDRSTRLEN + 1, NULL, 0, NI_NUMERICHOST);
+	freeaddrinfo(ai);
+	return r == 0 ? 0 : SPACED_EINVAL;
+}
+
+/* Raises the open-file limit to its hard limit and returns how many client
+ * connections fit in it next to the store handles, the signer and the loop. */
+static unsigned conns_that_fit(const struct cp *cp)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 1000;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+		getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	rlim_t reserve = 64 + 8 * (rlim_t)(cp->nthreads + READ_THREADS + 2);
+	if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > reserve + 1000000)
+		return 1000000;
+	return rl.rlim_cur > reserve + 16 ? (unsigned)(rl.rlim_cur - reserve) : 16;
+}
+
+/* Writes the port to STATE/cp.port (through a rename: never seen half written). */
+static void write_port_file(const struct cp *cp, int port)
+{
+	char path[1100], tmp[1110];
+	snprintf(path, sizeof path, "%s/cp.port", cp->state_dir);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (f == NULL)
+		return;
+	int ok = fprintf(f, "%d\n", port) > 0;
+	if (fclose(f) != 0 || !ok || rename(tmp, path) < 0)
+		fprintf(stderr, "spaced-cp: cannot write %s\n", path);
 }
 
 int cp_server_run(struct cp *cp)
 {
-	struct lws_context_creation_info info;
-	pthread_t *threads = NULL;
-	int r = 0, started = 0;
-	char portfile[1024];
-	the_cp = cp;
-	memset(&info, 0, sizeof info);
-	info.port = cp->port;
-	info.iface = cp->listen_host;
-	info.protocols = protocols;
-	info.max_http_header_data = 4096;
-	info.options = strchr(cp->listen_host, ':') ? 0 : LWS_SERVER_OPTION_DISABLE_IPV6;
-	info.user = cp;
-	lws_set_log_level(LLL_ERR | LLL_USER, NULL);
-	cp->ctx = lws_create_context(&info);
-	if (cp->ctx == NULL) {
-		fprintf(stderr, "spaced-cp: cannot listen on %s:%d\n", cp->listen_host, cp->port);
-		return SPACED_EIO;
-	}
-	struct lws_vhost *vh = lws_get_vhost_by_name(cp->ctx, "default");
-	int port = vh ? lws_get_vhost_listen_port(vh) : cp->port;
-	snprintf(portfile, sizeof portfile, "%s/cp.port", cp->state_dir);
-	FILE *f = fopen(portfile, "w");
-	if (f != NULL) {
-		fprintf(f, "%d\n", port);
-		fclose(f);
-	}
-	printf("spaced-cp: listening on http://%s:%d (store: %s)\n", cp->listen_host, port, cp_store_kind(cp->lws_st));
-	fflush(stdout);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
+	char host[INET6_ADDRSTRLEN + 1];
+	struct spaced_httpsrv_config hc;
+	int r;
+	S.cp = cp;
 	signal(SIGPIPE, SIG_IGN);
-	threads = calloc((size_t)cp->nthreads, sizeof *threads);
-	if (threads == NULL) {
-		r = SPACED_ENOMEM;
-		goto out;
+	if ((r = listen_address(cp->listen_host, host)) < 0) {
+		fprintf(stderr, "spaced-cp: cannot listen on %s: not an address\n", cp->listen_host);
+		return r;
 	}
-	for (; started < cp->nthreads; started++)
-		if (pthread_create(&threads[started], NULL, request_thread, cp) != 0)
-			break;
-	lws_sul_schedule(cp->ctx, 0, &tick_sul, tick, 100 * LWS_US_PER_MS);
-	while (!cp->stopping)
-		if (lws_service(cp->ctx, 0) < 0)
-			break;
-out:
-	pthread_mutex_lock(&cp->mu);
+	if (uv_loop_init(&S.loop) < 0)
+		return SPACED_ESYS;
+	cp_chan_init(cp);
+	spaced_httpsrv_defaults(&hc);
+	hc.host = host;
+	hc.port = cp->port;
+	hc.limits.head_max = HEAD_MAX;
+	hc.limits.target_max = sizeof ((struct cp_req *)0)->path - 1;
+	hc.limits.fields_max = FIELDS_MAX;
+	hc.body_max = CP_BODY_MAX;
+	unsigned fit = conns_that_fit(cp);
+	hc.max_conns = (unsigned)cp->max_conns < fit ? (unsigned)cp->max_conns : fit;
+	if (hc.max_conns < (unsigned)cp->max_conns)
+		spaced_log("spaced-cp", "level=warn event=connections-capped max_conns=%u reason=\"the open-file limit\"",
+		           hc.max_conns);
+	hc.max_conns_per_ip = (unsigned)cp->max_conns_per_ip;
+	hc.head_timeout_ms = (unsigned)cp->head_timeout_ms;
+	hc.body_timeout_ms = (unsigned)cp->head_timeout_ms;
+	hc.ws_message_max = CP_BODY_MAX;
+	hc.low_water = CP_CHAN_LOW_WATER;
+	hc.refusal_body = refusal_body;
+	hc.ops = &ops;
+	if ((r = spaced_httpsrv_start(&S.loop, &hc, &S.srv)) < 0) {
+		fprintf(stderr, "spaced-cp: cannot listen on %s:%d: %s\n", cp->listen_host, cp->port, spaced_strerror(r));
+		uv_loop_close(&S.loop);
+		return r;
+	}
+	uv_async_init(&S.loop, &S.wake, on_wake);
+	uv_timer_init(&S.loop, &S.tick);
+	uv_timer_start(&S.tick, on_tick, 100, 100);
+	uv_signal_init(&S.loop, &S.sigterm);
+	uv_signal_init(&S.loop, &S.sigint);
+	uv_signal_start(&S.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&S.sigint, on_signal, SIGINT);
+	pthread_mutex_lock(&S.mu);
+	S.wake_ready = true;
+	pthread_mutex_unlock(&S.mu);
+	if (cp->metrics_host[0]) {
+		char mhost[INET6_ADDRSTRLEN + 1];
+		struct spaced_httpsrv_config mc;
+		spaced_httpsrv_defaults(&mc);
+		mc.max_conns = 64;
+		mc.max_conns_per_ip = 16;
+		mc.body_max = 0;
+		mc.ops = &metrics_ops;
+		mc.port = cp->metrics_port;
+		if ((r = listen_address(cp->metrics_host, mhost)) < 0 ||
+		    (mc.host = mhost, r = spaced_httpsrv_start(&S.loop, &mc, &S.msrv)) < 0) {
+			fprintf(stderr, "spaced-cp: cannot listen on %s:%d for metrics\n", cp->metrics_host, cp->metrics_port);
+			spaced_httpsrv_stop(S.srv);
+			uv_run(&S.loop, UV_RUN_NOWAIT);
+			return r;
+		}
+		char path[4200];
+		snprintf(path, sizeof path, "%s/metrics.port", cp->state_dir);
+		FILE *f = fopen(path, "w");
+		if (f) {
+			fprintf(f, "%d\n", spaced_httpsrv_port(S.msrv));
+			fclose(f);
+		}
+	}
+	int port = spaced_httpsrv_port(S.srv);
+	write_port_file(cp, port);
+	spaced_log("spaced-cp", "level=info event=listening url=http://%s:%d store=%s", cp->listen_host, port,
+	           cp_store_kind(cp->loop_st));
+	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0)
+		uv_run(&S.loop, UV_RUN_DEFAULT);
+
+	/* stopping: no new connections or requests, every connection closed
+	 * (channels mark their workers not connected), the threads finish what
+	 * they hold, then the handles close */
 	cp->stopping = 1;
-	pthread_cond_broadcast(&cp->jobs_cv);
+	spaced_httpsrv_stop(S.srv);
+	if (S.msrv)
+		spaced_httpsrv_stop(S.msrv);
+	uv_timer_stop(&S.tick);
+	pthread_mutex_lock(&cp->mu);
 	pthread_cond_broadcast(&cp->ack_cv);
 	pthread_mutex_unlock(&cp->mu);
-	for (int i = 0; i < started; i++)
-		pthread_join(threads[i], NULL);
-	free(threads);
-	lws_context_destroy(cp->ctx);
-	cp->ctx = NULL;
+	pool_stop(&S.writes);
+	pool_stop(&S.reads);
+	pthread_mutex_lock(&S.mu);
+	S.wake_ready = false;
+	struct cp_req *rq = S.done_head;
+	S.done_head = S.done_tail = NULL;
+	pthread_mutex_unlock(&S.mu);
+	while (rq != NULL) {
+		struct cp_req *next = rq->next_job;
+		req_free(rq);
+		rq = next;
+	}
+	uv_close((uv_handle_t *)&S.wake, NULL);
+	uv_close((uv_handle_t *)&S.tick, NULL);
+	uv_close((uv_handle_t *)&S.sigterm, NULL);
+	uv_close((uv_handle_t *)&S.sigint, NULL);
+	uv_run(&S.loop, UV_RUN_DEFAULT);
+	uv_loop_close(&S.loop);
 	return r;
 }

@@ -489,6 +489,26 @@ static int h_in_cancel(void *ctx, const struct spaced_frame_hdr *h, const uint8_
 	return 0;
 }
 
+/* SIGNAL: exactly one i64, a signal number 1-64, for a foreground EXEC: sent
+ * to the command's process group. A malformed body, a number out of range or
+ * a stream of another kind is a protocol error. */
+static int h_in_signal(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	struct spaced_field_reader r;
+	int64_t sig = 0;
+	spaced_field_reader_init(&r, p, n);
+	(void)spaced_field_get_i64(&r, &sig);
+	if (spaced_field_end(&r) < 0 || sig < 1 || sig > 64)
+		return SPACED_EPROTO;
+	struct stream *s = stream_find(ctx, h->id);
+	if (s == NULL)
+		return 0;
+	if (s->kind != ST_EXEC)
+		return SPACED_EPROTO;
+	proc_signal_stream(s, (int)sig);
+	return 0;
+}
+
 static const struct spaced_frame_handler dispatch[] = {
 	{SPACED_GUEST_HELLO, h_hello},
 	{SPACED_GUEST_FS_READ, h_read},
@@ -509,6 +529,7 @@ static const struct spaced_frame_handler dispatch[] = {
 	{SPACED_GUEST_IN_STDIN, h_in_stdin},
 	{SPACED_GUEST_IN_RESIZE, h_in_resize},
 	{SPACED_GUEST_IN_CANCEL, h_in_cancel},
+	{SPACED_GUEST_IN_SIGNAL, h_in_signal},
 };
 
 static bool dispatch_frame(struct conn *c, const struct spaced_frame_hdr *h, const uint8_t *p)

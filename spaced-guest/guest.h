@@ -184,6 +184,9 @@ void proc_attach(struct conn *c, uint32_t id, uint64_t procid);
 void proc_signal(struct conn *c, uint32_t id, uint64_t procid, int64_t sig);
 void proc_kill(struct conn *c, uint32_t id, uint64_t procid);
 void proc_stdin(struct stream *s, const uint8_t *p, size_t n, bool end);
+/* Sends sig to the process group of the stream's running foreground command
+ * (nothing once it has exited: its group id may belong to someone else). */
+void proc_signal_stream(struct stream *s, int sig);
 void proc_resize(struct stream *s, uint64_t rows, uint64_t cols);
 void proc_detach_stream(struct stream *s, bool kill_fg);
 void proc_on_sigchld(void);

@@ -285,6 +285,16 @@ void proc_stdin(struct stream *s, const uint8_t *d, size_t n, bool end)
 	proc_on_stdin_writable(p);
 }
 
+void proc_signal_stream(struct stream *s, int sig)
+{
+	struct proc *p = s->proc;
+	if (p == NULL || p->exited)
+		return;
+	/* the command leads a session of its own: its pid is its group's id */
+	if (kill(-p->pid, sig) < 0 && errno == ESRCH)
+		(void)kill(p->pid, sig);
+}
+
 void proc_resize(struct stream *s, uint64_t rows, uint64_t cols)
 {
 	struct proc *p = s->proc;

@@ -18,6 +18,7 @@
 #include "error.h"
 #include "frame.h"
 #include "host.h"
+#include "log.h"
 
 static struct host_config cfg;
 
@@ -31,8 +32,8 @@ static void logline(const char *level, const char *event, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "spaced-host level=%s event=%s sandbox=%s generation=%llu %s\n", level, event,
-	        cfg.identity.sandbox, (unsigned long long)cfg.identity.generation, msg);
+	spaced_log("spaced-host", "level=%s event=%s sandbox=%s generation=%llu %s", level, event, cfg.identity.sandbox,
+	           (unsigned long long)cfg.identity.generation, msg);
 }
 
 /* Serves one accepted connection: every check, then the relay or the handoff. */

@@ -9,6 +9,7 @@
 #include "executor.h"
 #include "fetch.h"
 #include "links.h"
+#include "log.h"
 #include "mgr.h"
 #include "node.h"
 
@@ -99,9 +100,7 @@ static void xlog(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "executor: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
+	spaced_vlog("executor", fmt, ap);
 	va_end(ap);
 }
 
@@ -542,6 +541,20 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		if (e == 0)
 			json_object_set_new(*result, "sandbox", json_string(rec.r.id.sandbox));
 		return e;
+	}
+	if (strcmp(kind, "usage-all") == 0 && json_is_array(json_object_get(args, "recs"))) {
+		/* what each live execution uses, for the metrics; one that does not
+		 * answer is left out */
+		json_t *all = json_object(), *jone;
+		size_t i;
+		json_array_foreach(json_object_get(args, "recs"), i, jone) {
+			struct mgr_rec one;
+			json_t *u = NULL;
+			if (mgr_rec_from_json(jone, &one) == 0 && mgr_exec_usage(cfg, &one, &u) == 0)
+				json_object_set_new(all, one.r.id.sandbox, u);
+		}
+		*result = all;
+		return 0;
 	}
 	if (strcmp(kind, "reap") == 0) {
 		if (cfg->launch_bin) {

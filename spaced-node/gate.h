@@ -73,6 +73,8 @@ size_t gate_jobs_in_flight(const struct mgr *m);
 /* ---- gate_streams.c: node-api, streams, executions ---- */
 
 int gate_streams_start(struct mgr *m, int api_fd);
+/* Queues one frame for node-api (links.c says which). */
+void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b);
 void gate_streams_stop(struct mgr *m);
 /* After an install: the streams and idle connections of older epochs of
  * rec's sandbox end as S1/S3/S4 say. */
@@ -110,6 +112,9 @@ void gate_admin_stop(struct mgr *m);
 
 /* ---- gate_main.c: the gate's state ---- */
 
+#define GATE_CTL_KINDS 9    /* control operation kinds (gate_ctl.c), 0 unused */
+#define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */
+
 struct gstream;
 struct idle_conn;
 struct gjob;
@@ -133,6 +138,9 @@ struct mgr {
 	struct spaced_buf api_rbuf;
 	struct spaced_buf api_out; /* frames for node-api not yet written */
 	size_t api_out_off;
+	uv_check_t api_check;      /* writes them at the end of each turn of the loop */
+	uv_idle_t api_idle;        /* keeps the loop from sleeping while some are due */
+	bool api_flush_due;
 	struct gstream *streams;
 	size_t nstreams;
 	struct idle_conn *idle;
@@ -156,7 +164,31 @@ struct mgr {
 	uv_signal_t sigterm, sigint;
 	/* counters */
 	uint64_t n_req, n_allow, n_refuse, n_cancel, n_cut, vc_ns;
+	/* outcomes of admission (REFUSE) and of leases (CANCEL), by verdict and reason */
+	uint64_t n_refused_by[3][SPACED_REASON__COUNT], n_cancelled_by[3][SPACED_REASON__COUNT];
+	/* control operations: count, failures and a histogram of their time to
+	 * acknowledgement, per kind (gate_ctl.c's enum; 0 unused) */
+	uint64_t ctl_n[GATE_CTL_KINDS], ctl_failed[GATE_CTL_KINDS], ctl_sum_ns[GATE_CTL_KINDS];
+	uint64_t ctl_hist[GATE_CTL_KINDS][GATE_LAT_BUCKETS];
 };
+
+/* ---- gate_audit.c: the audit log ---- */
+
+/* Opens STATE/audit.log for appending. Returns 0 or SPACED_EIO. */
+int gate_audit_open(struct mgr *m);
+/* Appends entry (a JSON object, taken) with its time as one line. */
+void gate_audit(struct mgr *m, json_t *entry);
+
+/* ---- gate_metrics.c: the worker's metrics (Prometheus text) ---- */
+
+/* Counts one control operation of kind that took ns to its outcome. */
+void gate_metrics_ctl(struct mgr *m, unsigned kind, uint64_t ns, bool ok);
+/* The metrics of the worker as Prometheus text exposition (free() it);
+ * usage: the per-sandbox usage object of the executor's "usage-all" job, or NULL. */
+char *gate_metrics_text(struct mgr *m, json_t *usage);
+/* Answers node-api's METRICS request id (after measuring the live executions
+ * through the executor): METRICS_TEXT frames, the last with END. */
+int gate_metrics_request(struct mgr *m, uint32_t id);
 
 /* A log line of the gate on stderr. */
 void gate_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -47,6 +47,8 @@ struct ctl_op {
 	gate_reply_fn reply;
 	uintptr_t reply_ctx;
 	bool replied;
+	bool accounted;      /* counted, timed and audited (once, at its outcome) */
+	uint64_t t0;         /* when it arrived (monotonic ns) */
 	int step;
 	struct outcome o;
 	/* the job that just completed */
@@ -56,7 +58,6 @@ struct ctl_op {
 	/* working state */
 	struct spaced_identity id;
 	bool handoff, keep, had_cur, claimed;
-	uint64_t t0; /* when the message came (monotonic ns) */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
@@ -169,8 +170,38 @@ static void op_free(struct ctl_op *op)
 }
 
 /* Gives the acknowledgement to whoever asked (once). */
+static const char *kind_name(enum ctl_kind k)
+{
+	static const char *const names[] = {"", "keys", "install", "deactivate", "pause", "thaw", "snapshot",
+	                                    "destroy", "recover"};
+	return k >= K_KEYS && k <= K_RECOVER ? names[k] : "?";
+}
+
+/* At an operation's outcome: its time from arrival into the histogram of
+ * its kind, and a line in the audit log. */
+static void op_account(struct mgr *m, struct ctl_op *op)
+{
+	if (op->accounted)
+		return;
+	op->accounted = true;
+	gate_metrics_ctl(m, (unsigned)op->kind, spaced_mono_ns() - op->t0, op->o.error == NULL);
+	json_t *e = json_pack("{s:s,s:I,s:b}", "event", kind_name(op->kind), "seq", (json_int_t)op->seq, "ok",
+	                      op->o.error == NULL);
+	if (op->id.sandbox[0]) {
+		char text[SPACED_IDENTITY_TEXT_MAX];
+		spaced_identity_encode(&op->id, text, sizeof text);
+		json_object_set_new(e, "identity", json_string(text));
+	} else if (op->q && op->q->sandbox[0]) {
+		json_object_set_new(e, "sandbox", json_string(op->q->sandbox));
+	}
+	if (op->o.error)
+		json_object_set_new(e, "error", json_string(op->o.code ? op->o.code : op->o.error));
+	gate_audit(m, e);
+}
+
 static void op_reply(struct mgr *m, struct ctl_op *op, const char *line)
 {
+	op_account(m, op);
 	if (op->replied || !op->reply)
 		return;
 	op->replied = true;
@@ -184,6 +215,7 @@ static void op_finish(struct mgr *m, struct ctl_op *op)
 	q->head = op->next;
 	if (!q->head)
 		q->tail = NULL;
+	op_account(m, op);
 	bool recovered = op->kind == K_RECOVER;
 	op_free(op);
 	if (recovered && !gate_ctl_recovering(m, q->sandbox))
@@ -1129,14 +1161,13 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 		seq = (hi > last ? hi : last) + 1;
 	}
 	struct ctl_op *op = calloc(1, sizeof *op);
-	if (op)
-		op->t0 = spaced_mono_ns();
 	if (!op) {
 		fail(&o, "io", "out of memory");
 		goto now;
 	}
 	op->kind = kind;
 	op->seq = seq;
+	op->t0 = spaced_mono_ns();
 	op->msg = msg;
 	op->reply = reply;
 	op->reply_ctx = ctx;
@@ -1178,6 +1209,7 @@ void gate_ctl_recover(struct mgr *m)
 		if (!op)
 			continue;
 		op->kind = K_RECOVER;
+		op->t0 = spaced_mono_ns();
 		op->id = r->r.id;
 		op_enqueue(m, op, r->r.id.sandbox);
 	}

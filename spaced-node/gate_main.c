@@ -3,6 +3,7 @@
  * in memory and on disk, the verification keys, the status document, and
  * the start of the gate with its two children, node-api and the executor.
  */
+#include "log.h"
 #include "executor.h"
 #include "gate.h"
 #include "pool.h"
@@ -29,9 +30,7 @@ void gate_log(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "sbx-manager: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
+	spaced_vlog("sbx-manager", fmt, ap);
 	va_end(ap);
 }
 
@@ -99,6 +98,23 @@ struct mgr_store *mgr_store_of(struct mgr *m)
 
 int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line)
 {
+	if (!rec->r.active) {
+		/* A tombstone admits nothing: it refuses from now on (R4), before its
+		 * fsync; the acknowledgement still waits for the disk. Should the
+		 * write fail, the gate starts again from the records on disk, and the
+		 * control plane sends the unacknowledged deactivation again. */
+		int e = rec_put_mem(m, rec);
+		if (e < 0)
+			return e;
+		gate_streams_on_install(m, rec, handoff);
+		e = mgr_store_commit(m->store, rec, seq, ack_line);
+		if (e < 0) {
+			gate_quit(m, "a tombstone could not be written");
+			return e;
+		}
+		mgr_store_use_epoch(m->store, rec->r.epoch);
+		return 0;
+	}
 	int e = mgr_store_commit(m->store, rec, seq, ack_line);
 	if (e < 0)
 		return e;
@@ -261,6 +277,10 @@ int mgr_run(const struct mgr_config *cfg)
 		goto out;
 	if ((e = mgr_store_foreach(m.store, load_cb, &m)) < 0)
 		goto out;
+	if (gate_audit_open(&m) < 0) {
+		gate_log("level=error event=audit-log-unwritable dir=%s", cfg->state_dir);
+		goto out;
+	}
 	if (gate_jobs_start(&m, cfg->exe_fd) < 0 || gate_streams_start(&m, cfg->api_fd) < 0)
 		goto out;
 	if (gate_admin_start(&m) < 0) {

@@ -126,7 +126,26 @@ static bool api_backlog(const struct mgr *m)
 	return m->api_out.len - m->api_out_off > API_HIGH;
 }
 
-static void api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
+/* Frames queued during one turn of the loop go out together at its end (the
+ * check phase; the idle handle keeps the loop from sleeping before it), so
+ * that an answer's ACCEPT, data and RESULT wake node-api once. */
+static void api_flush_due(uv_check_t *h)
+{
+	struct mgr *m = h->data;
+	if (!m->api_flush_due)
+		return;
+	m->api_flush_due = false;
+	uv_idle_stop(&m->api_idle);
+	api_flush(m);
+	api_update_poll(m);
+}
+
+static void api_idle(uv_idle_t *h)
+{
+	api_flush_due((uv_check_t *)&((struct mgr *)h->data)->api_check);
+}
+
+void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
 {
 	if (m->api_fd < 0)
 		return;
@@ -135,8 +154,10 @@ static void api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, 
 		gate_quit(m, "the link to node-api overflowed");
 		return;
 	}
-	api_flush(m);
-	api_update_poll(m);
+	if (!m->api_flush_due) {
+		m->api_flush_due = true;
+		uv_idle_start(&m->api_idle, api_idle);
+	}
 }
 
 static void send_refuse(struct mgr *m, uint16_t type, uint32_t id, struct spaced_decision d, const char *sandbox)
@@ -145,7 +166,7 @@ static void send_refuse(struct mgr *m, uint16_t type, uint32_t id, struct spaced
 	spaced_buf_init(&b, 1024);
 	if (spaced_field_put_u64(&b, (uint64_t)d.verdict) == 0 && spaced_field_put_u64(&b, (uint64_t)d.reason) == 0 &&
 	    spaced_field_put_str(&b, sandbox) == 0)
-		api_send(m, type, SPACED_FRAME_F_END, id, &b);
+		gate_api_send(m, type, SPACED_FRAME_F_END, id, &b);
 	spaced_buf_free(&b);
 }
 
@@ -156,7 +177,7 @@ static void send_fail(struct mgr *m, uint32_t id, int err, const char *msg)
 	char text[256]; /* within FAIL's bound (links.c) */
 	snprintf(text, sizeof text, "%s", msg);
 	if (spaced_field_put_i64(&b, err) == 0 && spaced_field_put_str(&b, text) == 0)
-		api_send(m, NODE_MSG_FAIL, SPACED_FRAME_F_END, id, &b);
+		gate_api_send(m, NODE_MSG_FAIL, SPACED_FRAME_F_END, id, &b);
 	spaced_buf_free(&b);
 }
 
@@ -165,7 +186,7 @@ static void send_accept(struct mgr *m, uint32_t id, const char *ident, uint64_t 
 	struct spaced_buf b;
 	spaced_buf_init(&b, 1024);
 	if (spaced_field_put_str(&b, ident) == 0 && spaced_field_put_u64(&b, epoch) == 0)
-		api_send(m, NODE_MSG_ACCEPT, 0, id, &b);
+		gate_api_send(m, NODE_MSG_ACCEPT, 0, id, &b);
 	spaced_buf_free(&b);
 }
 
@@ -184,7 +205,7 @@ static void send_credit(struct gstream *s)
 	struct spaced_buf b;
 	spaced_buf_init(&b, 32);
 	if (spaced_field_put_u64(&b, bytes) == 0)
-		api_send(s->m, NODE_MSG_GCREDIT, 0, s->id, &b);
+		gate_api_send(s->m, NODE_MSG_GCREDIT, 0, s->id, &b);
 	spaced_buf_free(&b);
 }
 
@@ -211,7 +232,7 @@ static void stream_out(struct gstream *s, uint16_t type, uint16_t flags, const u
 	struct spaced_buf b;
 	spaced_buf_init(&b, NODE_MSG_MAX);
 	if (spaced_field_put_u64(&b, type) == 0 && spaced_field_put_bytes(&b, p, n) == 0)
-		api_send(s->m, NODE_MSG_OUT, flags, s->id, &b);
+		gate_api_send(s->m, NODE_MSG_OUT, flags, s->id, &b);
 	spaced_buf_free(&b);
 	s->out_unacked += n;
 }
@@ -639,7 +660,7 @@ static void on_usage(struct mgr *m, uintptr_t ctx, int status, const char *msg, 
 	    spaced_field_put_str(&r, ident) == 0 && spaced_field_put_str(&r, text) == 0 &&
 	    spaced_field_put_u64(&o, SPACED_GUEST_OUT_RESULT) == 0 && spaced_field_put_bytes(&o, r.data, r.len) == 0) {
 		send_accept(m, id, ident, rec->r.epoch);
-		api_send(m, NODE_MSG_OUT, SPACED_FRAME_F_END, id, &o);
+		gate_api_send(m, NODE_MSG_OUT, SPACED_FRAME_F_END, id, &o);
 	} else {
 		send_fail(m, id, SPACED_ENOMEM, "out of memory");
 	}
@@ -660,6 +681,7 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	uint64_t gtype, port;
 	const uint8_t *payload;
 	char protocol[SPACED_PROTOCOL_MAX];
+	char request_id[NODE_REQUEST_ID_MAX], peer[64];
 	struct spaced_cap cap;
 	struct spaced_decision d;
 	enum spaced_cap_class cls;
@@ -671,6 +693,8 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	spaced_field_get_bytes(&r, &payload, &plen);
 	spaced_field_get_u64(&r, &port);
 	spaced_field_get_strbuf(&r, protocol, sizeof protocol);
+	spaced_field_get_strbuf(&r, request_id, sizeof request_id);
+	spaced_field_get_strbuf(&r, peer, sizeof peer);
 	if (spaced_field_end(&r) < 0 || gtype > 0xffff || port > 65535 || toklen > NODE_TOKEN_MAX)
 		return SPACED_EPROTO;
 	m->n_req++;
@@ -692,6 +716,23 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 
 	if (d.verdict != SPACED_ALLOW) {
 		m->n_refuse++;
+		if (d.verdict <= SPACED_DENY && d.reason < SPACED_REASON__COUNT)
+			m->n_refused_by[d.verdict][d.reason]++;
+		if (d.verdict == SPACED_DENY) {
+			/* every DENY: the caller, the reason and the identity (when verified) */
+			json_t *a = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "event", "deny", "reason",
+			                      spaced_reason_name(d.reason), "sandbox", sandbox, "purpose",
+			                      spaced_purpose_name(purpose), "caller", peer, "request_id", request_id);
+			if (e == 0) {
+				char text[SPACED_IDENTITY_TEXT_MAX];
+				spaced_identity_encode(&cap.id, text, sizeof text);
+				json_object_set_new(a, "identity", json_string(text));
+				json_object_set_new(a, "jti", json_string(cap.jti));
+			}
+			gate_audit(m, a);
+		}
+		gate_log("level=info event=refused request_id=%s caller=%s sandbox=%s outcome=%s reason=%s", request_id,
+		         peer, sandbox, d.verdict == SPACED_DENY ? "DENY" : "REFRESH_ROUTE", spaced_reason_name(d.reason));
 		send_refuse(m, NODE_MSG_REFUSE, h->id, d, sandbox);
 		return 0;
 	}
@@ -904,6 +945,8 @@ static int api_dispatch(struct mgr *m, const struct spaced_frame_hdr *h, const u
 		return on_close(m, h, p, n);
 	case NODE_MSG_CREDIT:
 		return on_credit(m, h, p, n);
+	case NODE_MSG_METRICS:
+		return gate_metrics_request(m, h->id) < 0 ? SPACED_ENOMEM : 0;
 	}
 	return SPACED_EPROTO;
 }
@@ -1001,6 +1044,8 @@ void gate_streams_on_install(struct mgr *m, const struct mgr_rec *rec, bool hand
 		uint32_t id = s->id;
 		stream_kill(s);
 		m->n_cancel++;
+		if (d.verdict <= SPACED_DENY && d.reason < SPACED_REASON__COUNT)
+			m->n_cancelled_by[d.verdict][d.reason]++;
 		send_refuse(m, NODE_MSG_CANCEL, id, d, rec->r.id.sandbox);
 	}
 	streams_reap(m);
@@ -1061,6 +1106,10 @@ int gate_streams_start(struct mgr *m, int api_fd)
 	m->api_poll.data = m;
 	m->api_poll_on = true;
 	m->api_events = 0;
+	uv_check_init(m->loop, &m->api_check);
+	uv_idle_init(m->loop, &m->api_idle);
+	m->api_check.data = m->api_idle.data = m;
+	uv_check_start(&m->api_check, api_flush_due);
 	api_update_poll(m);
 	return 0;
 }
@@ -1073,6 +1122,10 @@ void gate_streams_stop(struct mgr *m)
 	if (m->api_poll_on) {
 		uv_poll_stop(&m->api_poll);
 		uv_close((uv_handle_t *)&m->api_poll, NULL);
+		uv_check_stop(&m->api_check);
+		uv_close((uv_handle_t *)&m->api_check, NULL);
+		uv_idle_stop(&m->api_idle);
+		uv_close((uv_handle_t *)&m->api_idle, NULL);
 		m->api_poll_on = false;
 	}
 	if (m->api_fd >= 0)

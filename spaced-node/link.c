@@ -40,6 +40,7 @@
 #include <sodium.h>
 
 #include "error.h"
+#include "log.h"
 
 #define LINE_MAX_BYTES (1u << 20)
 #define KEY_MAX 128
@@ -79,9 +80,7 @@ static void llog(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "spaced-node link %s: ", C->worker_id);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	spaced_vlog("link", fmt, ap);
 	va_end(ap);
 }
 

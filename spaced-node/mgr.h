@@ -178,7 +178,9 @@ int mgr_snapshot_hash(const char *dir, char hex[MGR_HASH_HEX], uint64_t *bytes);
 struct mgr;
 const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox);
 /* Writes rec durably (with the ack of seq) and then updates memory and cancels
- * streams bound to older epochs as S1/S3/S4 say. */
+ * streams bound to older epochs as S1/S3/S4 say. A tombstone (inactive) is
+ * applied in memory first — it only narrows what is admitted — then written;
+ * if that write fails, the gate ends (and starts again from the disk). */
 int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq,
                     const char *ack_line);
 /* The part of mgr_rec_install after the record is on disk (written by the

@@ -45,10 +45,12 @@
 enum node_msg {
 	/* node-api -> sbx-manager */
 	NODE_MSG_REQ = 0x0A01,   /* s token, s sandbox (from the URL), u guest type,
-	                            b guest payload, u port, s protocol */
+	                            b guest payload, u port, s protocol,
+	                            s request id, s client address */
 	NODE_MSG_IN = 0x0A02,    /* u guest input type, b bytes; END flag passes through */
 	NODE_MSG_CLOSE = 0x0A03, /* (none): the client went away; the stream ends */
 	NODE_MSG_CREDIT = 0x0A04, /* u bytes: output of the stream its client has taken (flow control) */
+	NODE_MSG_METRICS = 0x0A05, /* (none): the worker's metrics, for the metrics listener */
 	/* sbx-manager -> node-api */
 	NODE_MSG_ACCEPT = 0x0B01, /* s identity text, u epoch: forwarded to the bridge */
 	NODE_MSG_REFUSE = 0x0B02, /* END: u verdict, u reason, s sandbox */
@@ -56,6 +58,7 @@ enum node_msg {
 	NODE_MSG_CANCEL = 0x0B04, /* END: u verdict, u reason — the stream's lease ended (S1) */
 	NODE_MSG_FAIL = 0x0B05,   /* END: i error, s message — the backend failed */
 	NODE_MSG_GCREDIT = 0x0B06, /* u bytes: input of the stream the execution has taken (flow control) */
+	NODE_MSG_METRICS_TEXT = 0x0B07, /* b a part of the metrics text; END on the last */
 };
 
 /* Flow control on the socketpair: per stream and direction, at most this
@@ -66,6 +69,8 @@ enum node_msg {
 #define NODE_MSG_MAX (SPACED_FRAME_CHUNK + 1024)
 /* Largest capability token accepted. */
 #define NODE_TOKEN_MAX 4096
+/* Room for a request id (1-64 of [A-Za-z0-9._-]) and its NUL. */
+#define NODE_REQUEST_ID_MAX 65
 /* Pseudo guest types answered without the guest (node-api -> manager only). */
 #define NODE_PORT_OPEN 0x0050 /* ServicePort stream */
 #define NODE_USAGE 0x0051     /* what the execution uses now (purpose lifecycle) */
@@ -155,6 +160,9 @@ struct node_api_config {
 	int mgr_fd;          /* the socketpair end */
 	const char *port_file; /* where the bound port is written, or NULL */
 	bool drop_privileges;
+	const char *metrics_host; /* the metrics listener (GET /metrics), or NULL: none */
+	int metrics_port;
+	const char *metrics_port_file;
 };
 /* Runs node-api until the manager goes away. Returns the exit status. */
 int node_api_run(const struct node_api_config *cfg);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <sodium.h>
 #include <uv.h>
 
 #include "error.h"
@@ -52,8 +53,11 @@ struct areq {
 	bool accepted;   /* the gate accepted it (ACCEPT seen) */
 	bool ended;      /* the gate ended this id (END seen) */
 	bool is_ws;
+	bool is_metrics; /* a scrape on the metrics listener: the text collects in body */
 	bool input_paused;
 	char ident[SPACED_IDENTITY_TEXT_MAX];
+	char request_id[NODE_REQUEST_ID_MAX]; /* the client's X-Request-Id, or one made here */
+	char peer[64];                        /* the client's address */
 	uint64_t credit_pending; /* output the client took, not yet credited */
 	uint64_t in_unacked;     /* input sent to the gate, not yet credited back */
 	/* HTTP answer */
@@ -72,7 +76,7 @@ struct areq {
 
 static struct {
 	uv_loop_t loop;
-	struct spaced_httpsrv *srv;
+	struct spaced_httpsrv *srv, *metrics;
 	int mgr_fd;
 	uv_poll_t mgr_poll;
 	int mgr_events;
@@ -239,6 +243,10 @@ static int mgr_send_req(struct areq *r, const char *tok, size_t toklen)
 	if (e == 0)
 		e = spaced_field_put_str(&b, r->req.protocol);
 	if (e == 0)
+		e = spaced_field_put_str(&b, r->request_id);
+	if (e == 0)
+		e = spaced_field_put_str(&b, r->peer);
+	if (e == 0)
 		e = mgr_send(NODE_MSG_REQ, 0, r->id, &b);
 	spaced_buf_free(&b);
 	if (e == 0)
@@ -250,8 +258,8 @@ static int mgr_send_req(struct areq *r, const char *tok, size_t toklen)
 
 static void http_send_headers(struct areq *r, int status, const char *ctype, int64_t length)
 {
-	char extra[SPACED_IDENTITY_TEXT_MAX + 64];
-	int n = snprintf(extra, sizeof extra, "cache-control: no-store\r\n");
+	char extra[SPACED_IDENTITY_TEXT_MAX + 160];
+	int n = snprintf(extra, sizeof extra, "cache-control: no-store\r\nx-request-id: %s\r\n", r->request_id);
 	/* every answer an execution served carries its identity; refusals never */
 	if (r->ident[0] && status != 401 && status != 403 && status != 409)
 		snprintf(extra + n, sizeof extra - (size_t)n, "x-spaced-identity: %s\r\n", r->ident);
@@ -815,12 +823,42 @@ static int on_gcredit(void *ctx, const struct spaced_frame_hdr *h, const uint8_t
 	return 0;
 }
 
+static int on_metrics_text(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p, size_t n)
+{
+	(void)ctx;
+	struct spaced_field_reader rd;
+	const uint8_t *data;
+	size_t dl;
+	spaced_field_reader_init(&rd, p, n);
+	spaced_field_get_bytes(&rd, &data, &dl);
+	if (spaced_field_end(&rd) < 0)
+		return SPACED_EPROTO;
+	struct areq *r = areq_find(h->id);
+	if (!r || !r->is_metrics)
+		return SPACED_EPROTO;
+	if (spaced_buf_append(&r->body, data, dl) < 0)
+		r->body.len = 0;
+	if (!(h->flags & SPACED_FRAME_F_END))
+		return 0;
+	r->ended = true;
+	if (r->c) {
+		struct spaced_httpconn *c = r->c;
+		spaced_httpconn_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", r->body.data, r->body.len,
+		                      "cache-control: no-store\r\n");
+		r->c = NULL;
+		spaced_httpconn_set_user(c, NULL);
+	}
+	areq_free(r);
+	return 0;
+}
+
 /* What node-api takes from the gate: each type with its handler, once
  * links.c's table has passed its bounds, flags and the state of its id; the
  * handlers check the payload. */
 static const struct spaced_frame_handler mgr_table[] = {
 	{NODE_MSG_ACCEPT, on_accept}, {NODE_MSG_REFUSE, on_refuse}, {NODE_MSG_OUT, on_out},
 	{NODE_MSG_CANCEL, on_refuse}, {NODE_MSG_FAIL, on_fail},     {NODE_MSG_GCREDIT, on_gcredit},
+	{NODE_MSG_METRICS_TEXT, on_metrics_text},
 };
 
 /* The state of request id as links.c's table names it. */
@@ -949,9 +987,26 @@ static int method_of(const char *m, enum node_method *out)
 }
 
 /* Parses the request into r->req; answers errors itself (false then). */
+/* The request's id: the client's X-Request-Id when it is 1-64 of
+ * [A-Za-z0-9._-], else 16 random hex digits; and the client's address. */
+static void request_identity(struct areq *r, const struct spaced_http_req *hreq)
+{
+	const char *id = spaced_http_field(hreq, "x-request-id");
+	size_t n = id ? strlen(id) : 0;
+	if (id && n > 0 && n < sizeof r->request_id && spaced_name_valid(id, n)) {
+		memcpy(r->request_id, id, n + 1);
+	} else {
+		uint8_t rnd[8];
+		randombytes_buf(rnd, sizeof rnd);
+		sodium_bin2hex(r->request_id, sizeof r->request_id, rnd, sizeof rnd);
+	}
+	snprintf(r->peer, sizeof r->peer, "%s", spaced_httpconn_peer(r->c));
+}
+
 static bool intake(struct areq *r, const struct spaced_http_req *hreq, bool ws)
 {
 	enum node_method method;
+	request_identity(r, hreq);
 	char path[1024];
 	const char *q = strchr(hreq->target, '?');
 	size_t pl = q ? (size_t)(q - hreq->target) : strlen(hreq->target);
@@ -1210,6 +1265,35 @@ static void on_conn_close(struct spaced_httpconn *c)
 	areq_free(r);
 }
 
+/* The metrics listener: GET /metrics only, answered from the gate. */
+static void on_metrics_request(struct spaced_httpconn *c, const struct spaced_http_req *hreq)
+{
+	if (strcmp(hreq->method, "GET") != 0 || strcmp(hreq->target, "/metrics") != 0 || hreq->websocket) {
+		spaced_httpconn_reply(c, 404, "text/plain", "not found\n", 10, NULL);
+		return;
+	}
+	struct areq *r = areq_new(c);
+	if (!r) {
+		spaced_httpconn_reply(c, 503, "text/plain", "busy\n", 5, NULL);
+		return;
+	}
+	r->is_metrics = true;
+	spaced_buf_free(&r->body);
+	spaced_buf_init(&r->body, 16u << 20);
+	if (mgr_send(NODE_MSG_METRICS, 0, r->id, NULL) < 0) {
+		spaced_httpconn_set_user(c, NULL);
+		areq_free(r);
+		spaced_httpconn_reply(c, 503, "text/plain", "busy\n", 5, NULL);
+		return;
+	}
+	r->sent_req = true;
+}
+
+static const struct spaced_httpsrv_ops metrics_ops = {
+	.on_request = on_metrics_request,
+	.on_close = on_conn_close,
+};
+
 static const struct spaced_httpsrv_ops ops = {
 	.on_request = on_request,
 	.on_body = on_body,
@@ -1256,6 +1340,30 @@ int node_api_run(const struct node_api_config *cfg)
 	uv_signal_init(&A.loop, &A.sigint);
 	uv_signal_start(&A.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&A.sigint, on_signal, SIGINT);
+	if (cfg->metrics_host) {
+		struct spaced_httpsrv_config mcfg;
+		spaced_httpsrv_defaults(&mcfg);
+		mcfg.host = cfg->metrics_host;
+		mcfg.port = cfg->metrics_port;
+		mcfg.max_conns = 64;
+		mcfg.max_conns_per_ip = 16;
+		mcfg.body_max = 0;
+		mcfg.ops = &metrics_ops;
+		if (spaced_httpsrv_start(&A.loop, &mcfg, &A.metrics) < 0) {
+			fprintf(stderr, "node-api: cannot listen on %s:%d for metrics\n", cfg->metrics_host, cfg->metrics_port);
+			goto out;
+		}
+		if (cfg->metrics_port_file) {
+			char tmp[4200];
+			snprintf(tmp, sizeof tmp, "%s.tmp", cfg->metrics_port_file);
+			FILE *f = fopen(tmp, "w");
+			if (!f || fprintf(f, "%d\n", spaced_httpsrv_port(A.metrics)) < 0 || fclose(f) != 0 ||
+			    rename(tmp, cfg->metrics_port_file) < 0) {
+				fprintf(stderr, "node-api: cannot write %s\n", cfg->metrics_port_file);
+				goto out;
+			}
+		}
+	}
 	int port = spaced_httpsrv_port(A.srv);
 	if (cfg->port_file) {
 		char tmp[4200];
@@ -1266,6 +1374,8 @@ int node_api_run(const struct node_api_config *cfg)
 			goto out;
 		}
 	}
+	if (sodium_init() < 0) /* request ids: its random source is opened before the confinement */
+		goto out;
 	/* From here on: no privileges, no new files, no new connections out. */
 	int e = node_api_confine(cfg->drop_privileges);
 	if (e < 0) {

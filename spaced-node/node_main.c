@@ -7,6 +7,7 @@
  *               [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
+ *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
  *
  * With --cp the worker joins the control plane itself (link.c): the join
@@ -38,8 +39,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "error.h"
 #include "executor.h"
+#include "log.h"
 #include "pidref.h"
 
 static void usage(void)
@@ -51,6 +54,7 @@ static void usage(void)
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
+	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
 
@@ -60,7 +64,28 @@ static void usage(void)
 
 /* Starts node-api and the executor, then runs the gate in this process until
  * a link goes away; the children end with it (parent-death signal). */
-static int run_group(struct mgr_config *mc, const char *host, int port, const char *port_file, bool drop)
+/* A listener of node-api: where, and the file its bound port is written to. */
+struct listener {
+	const char *host; /* NULL: none */
+	int port;         /* 0 until the first group bound one */
+	const char *port_file;
+};
+
+/* The port the first group bound (from its port file), so that a restart
+ * keeps the worker's addresses. */
+static void keep_port(struct listener *l)
+{
+	if (!l->host || l->port != 0)
+		return;
+	FILE *f = fopen(l->port_file, "r");
+	int p = 0;
+	if (f && fscanf(f, "%d", &p) == 1 && p > 0 && p < 65536)
+		l->port = p;
+	if (f)
+		fclose(f);
+}
+
+static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
 {
 	int api[2], exe[2];
 	prctl(PR_SET_PDEATHSIG, SIGKILL); /* the group never outlives its supervisor */
@@ -81,8 +106,10 @@ static int run_group(struct mgr_config *mc, const char *host, int port, const ch
 		prctl(PR_SET_NAME, "spaced-api");
 		if (getppid() == 1)
 			_exit(1);
-		struct node_api_config ac = {.listen_host = host, .listen_port = port, .mgr_fd = api[1],
-		                             .port_file = port_file, .drop_privileges = drop};
+		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
+		                             .port_file = api_l->port_file, .drop_privileges = drop,
+		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
+		                             .metrics_port_file = met_l->port_file};
 		_exit(node_api_run(&ac));
 	}
 	pid_t exe_pid = fork();
@@ -180,8 +207,8 @@ static void write_pid(const char *state, const char *name, pid_t pid)
  * not started again. node-api listens on the port the first group bound, so
  * a restart keeps the worker's address. As the child subreaper, the
  * supervisor also reaps the processes it adopts. */
-static int supervise(struct mgr_config *mc, const struct link_config *lc, const char *host, int port,
-                     const char *port_file, bool drop)
+static int supervise(struct mgr_config *mc, const struct link_config *lc, struct listener *api_l,
+                     struct listener *met_l, bool drop)
 {
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
@@ -203,14 +230,9 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, const 
 			struct kept *k = kids[i];
 			if (k->pid || k->off || now < k->due_ms)
 				continue;
-			if (k == &group && group_starts > 0 && port == 0) {
-				/* the port the first group bound */
-				FILE *f = fopen(port_file, "r");
-				int p = 0;
-				if (f && fscanf(f, "%d", &p) == 1 && p > 0 && p < 65536)
-					port = p;
-				if (f)
-					fclose(f);
+			if (k == &group && group_starts > 0) {
+				keep_port(api_l);
+				keep_port(met_l);
 			}
 			pid_t p = fork_child();
 			if (p < 0) {
@@ -220,7 +242,7 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, const 
 			}
 			if (p == 0) {
 				if (k == &group)
-					_exit(run_group(mc, host, port, port_file, drop));
+					_exit(run_group(mc, api_l, met_l, drop));
 				prctl(PR_SET_PDEATHSIG, SIGTERM);
 				prctl(PR_SET_NAME, "spaced-link");
 				if (getppid() == 1)
@@ -311,7 +333,7 @@ int main(int argc, char **argv)
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
 	int stall_ms = 60000;
-	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL;
+	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 	/* templates: 8 GiB each at most, a cache of 20 GiB */
 	uint64_t tmpl_max = 8ull << 30, tmpl_cache_max = 20ull << 30;
@@ -320,6 +342,11 @@ int main(int argc, char **argv)
 	int pool_min = 2, pool_max = 64, pool_starts = 2;
 	uint64_t pool_memory = 256ull << 20;
 
+	char cfg_err[256];
+	if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
+		fprintf(stderr, "spaced-node: --config: %s\n", cfg_err);
+		return 2;
+	}
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -365,6 +392,16 @@ int main(int argc, char **argv)
 			uid_lock_dir = v;
 		else if (strcmp(a, "--cp") == 0)
 			cp_url = v;
+		else if (strcmp(a, "--metrics-listen") == 0)
+			metrics_listen = v;
+		else if (strcmp(a, "--log-format") == 0) {
+			enum spaced_log_format lf;
+			if (spaced_log_format_parse(v, &lf) < 0) {
+				fprintf(stderr, "spaced-node: --log-format wants text or json\n");
+				return 2;
+			}
+			spaced_log_set_format(lf);
+		}
 		else if (strcmp(a, "--join-token") == 0)
 			join_token = v;
 		else if (strcmp(a, "--join-token-file") == 0)
@@ -501,7 +538,23 @@ int main(int argc, char **argv)
 	struct link_config lc = {.cp_url = cp_url, .worker_id = worker, .state_dir = state_abs, .admin_path = admin,
 	                         .join_token = join_token, .advertise = advertise, .listen_host = host,
 	                         .capacity = (int)capacity};
-	int rc = supervise(&mc, cp_url ? &lc : NULL, host, (int)port, port_file, drop);
+	struct listener api_l = {host, (int)port, port_file}, met_l = {NULL, 0, NULL};
+	char met_host[256], met_file[PATH_MAX];
+	if (metrics_listen) {
+		const char *mc_ = strrchr(metrics_listen, ':');
+		char *mend = NULL;
+		long mport = mc_ ? strtol(mc_ + 1, &mend, 10) : -1;
+		if (!mc_ || (size_t)(mc_ - metrics_listen) >= sizeof met_host || !mend || *mend || mport < 0 || mport > 65535) {
+			fprintf(stderr, "spaced-node: --metrics-listen wants HOST:PORT\n");
+			return 2;
+		}
+		memcpy(met_host, metrics_listen, (size_t)(mc_ - metrics_listen));
+		met_host[mc_ - metrics_listen] = '\0';
+		snprintf(met_file, sizeof met_file, "%s/metrics.port", state_abs);
+		unlink(met_file);
+		met_l = (struct listener){met_host, (int)mport, met_file};
+	}
+	int rc = supervise(&mc, cp_url ? &lc : NULL, &api_l, &met_l, drop);
 	free(state_abs);
 	free(guest);
 	free(launch);

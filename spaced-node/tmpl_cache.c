@@ -32,6 +32,7 @@
 
 #include "error.h"
 #include "frame.h"
+#include "log.h"
 #include "rootfs.h"
 #include "util.h"
 
@@ -43,9 +44,7 @@ static void tlog(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "executor: templates: ");
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	spaced_vlog("executor", fmt, ap);
 	va_end(ap);
 }
 
@@ -275,7 +274,7 @@ int tmpl_ensure(const struct mgr_config *cfg, const char *hash, const char *url,
 		char got[SPACED_TREEHASH_HEX];
 		if (spaced_treehash_dir(troot, got, NULL) == 0 && spaced_ct_eq(got, hash, 64) && fingerprint(troot, fp) == 0 &&
 		    write_small(p, fp) == 0) {
-			tlog("level=warn event=template-metadata-changed hash=%s (content intact)", hash);
+			tlog("level=warn event=template-metadata-changed hash=%s reason=\"content intact\"", hash);
 			r = 0;
 			goto ok;
 		}

@@ -38,6 +38,7 @@ start_cp() {
 	"$CP" --state "$W/$name" --listen 127.0.0.1:0 ${CP_DB:+--db "$CP_DB"} --ack-timeout 5000 "$@" \
 		>>"$W/$name.log" 2>&1 &
 	CP_PID=$!
+	CP_LOG="$W/$name.log"
 	PIDS="$PIDS $CP_PID"
 	i=0
 	while [ ! -s "$W/$name/cp.port" ]; do
@@ -81,17 +82,20 @@ register() {
 	eval "WK_$1=$(jq -r .worker_key "$W/join-$1")"
 }
 
-# start_worker WORKER [fake-worker options] — sets FW_PID_<worker>
+# start_worker WORKER [fake-worker options] — sets FW_PID_<worker>; returns
+# once the control plane took the worker's hello (it is live: placement may
+# choose it) and the worker received something
 start_worker() {
 	w=$1; shift
 	eval "wk=\$WK_$w"
+	hellos=$(grep -c "channel $w: hello" "$CP_LOG" 2>/dev/null)
 	"$FW" --url "ws://${CP_URL#http://}" --worker "$w" --key "$wk" --state "$W/$w.state" --log "$W/$w.log" "$@" \
 		2>>"$W/$w.err" &
 	eval "FW_PID_$w=$!"
 	PIDS="$PIDS $!"
 	# connected once the channel delivered anything (the key bundle comes first)
 	i=0
-	while [ ! -s "$W/$w.log" ]; do
+	while [ ! -s "$W/$w.log" ] || [ "$(grep -c "channel $w: hello" "$CP_LOG" 2>/dev/null)" -le "${hellos:-0}" ]; do
 		i=$((i + 1)); [ $i -lt 200 ] || { echo "worker $w got nothing"; cat "$W/$w.err"; break; }
 		sleep 0.05
 	done

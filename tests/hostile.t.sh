@@ -87,7 +87,7 @@ victim_during() {
 api_rss0=$(rss_kb spaced-api)
 gate_rss0=$(rss_kb spaced-gate)
 slow_readers() {
-	$HC slowread "$PORT" "$CAP" "$A/files?path=/workspace/big" 20 12 >"$W/slow.json" &
+	$HC slowread "$PORT" "$CAP" "$A/files?path=/workspace/big" 20 40 >"$W/slow.json" &
 	sr=$!
 	sleep 6
 	rss_kb spaced-api >"$W/api.rss"

@@ -2,7 +2,8 @@
 """hostile_client.py — a hostile HTTP client for tests/hostile.t.sh (loopback only).
 
   slowread PORT CAP PATH N HOLD       N downloads of PATH from sockets with a 4 KiB receive buffer that
-                                      read nothing for HOLD seconds, then drain for 3 s each; prints
+                                      read nothing until the server ends them all (at most HOLD
+                                      seconds), then drain for 3 s each; prints
                                       JSON {"conns", "cut" (ended short), "complete", "streaming"
                                       (still sending), "bytes"}
   slowloris PORT SRC N HOLD           N connections from address SRC trickling a request head one byte a
@@ -60,7 +61,17 @@ def slowread(port, cap, path, n, hold):
         s = connect(port, rcvbuf=4096)
         s.sendall(req)
         conns.append(s)
-    time.sleep(hold)
+    # wait (reading nothing) until the server has ended every one, or HOLD seconds
+    import select
+    pl = select.poll()
+    for s in conns:
+        pl.register(s, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    ended_early = set()
+    t_end = time.time() + hold
+    while len(ended_early) < len(conns) and time.time() < t_end:
+        for fd, ev in pl.poll(500):
+            ended_early.add(fd)
+            pl.unregister(fd)
     cut = complete = streaming = 0
     sizes = []
     for s in conns:

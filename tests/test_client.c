@@ -7,10 +7,15 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
 #include "client.h"
+#include "error.h"
+#include "ws.h"
+#include "ws_client.h"
 
 /* Parses text into *a (which starts zeroed; what it held before is freed). */
 static int parse(const char *text, struct client_answer *a)
@@ -186,4 +191,176 @@ Test(url, parse)
 	cr_assert_eq(http_parse_url("http://w:0", host, sizeof host, &port, prefix, sizeof prefix), -1);
 	cr_assert_eq(http_parse_url("http://w:99999", host, sizeof host, &port, prefix, sizeof prefix), -1);
 	cr_assert_eq(http_parse_url("http://:80", host, sizeof host, &port, prefix, sizeof prefix), -1);
+}
+
+/* ---- the answer must name the route's execution (I2, I3) ---- */
+
+#define ROUTE_ID "sandbox=s;generation=2;worker=w;substrate=process;activation=a;pod_uid="
+
+Test(identity, allow_must_name_the_route)
+{
+	struct client_answer a = {0};
+	cr_assert_eq(parse("HTTP/1.1 200 OK\r\nX-Spaced-Identity: " ROUTE_ID "\r\nContent-Length: 2\r\n\r\nok", &a), 0);
+	cr_assert_eq(client_identity_check(ROUTE_ID, &a), 0);
+	cr_assert_eq(a.outcome, CLIENT_ALLOW);
+	cr_assert_str_eq((char *)a.body, "ok");
+
+	/* none: refused, the body dropped */
+	cr_assert_eq(parse("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret", &a), 0);
+	cr_assert_eq(client_identity_check(ROUTE_ID, &a), -1);
+	cr_assert_eq(a.outcome, CLIENT_UNVERIFIED);
+	cr_assert_null(a.body);
+	cr_assert_not_null(strstr(a.reason, "without X-Spaced-Identity"));
+
+	/* another execution (an older generation): refused */
+	cr_assert_eq(parse("HTTP/1.1 200 OK\r\nX-Spaced-Identity: sandbox=s;generation=1;worker=w;substrate=process;"
+	                   "activation=a;pod_uid=\r\nContent-Length: 6\r\n\r\nsecret", &a), 0);
+	cr_assert_eq(client_identity_check(ROUTE_ID, &a), -1);
+	cr_assert_eq(a.outcome, CLIENT_UNVERIFIED);
+	cr_assert_null(a.body);
+
+	/* given twice (even when one of them is right): not taken, refused */
+	cr_assert_eq(parse("HTTP/1.1 200 OK\r\nX-Spaced-Identity: other\r\nX-Spaced-Identity: " ROUTE_ID
+	                   "\r\nContent-Length: 6\r\n\r\nsecret", &a), 0);
+	cr_assert_str_eq(a.identity, "");
+	cr_assert_eq(client_identity_check(ROUTE_ID, &a), -1);
+
+	/* an operation error of the execution names it too; one without is refused */
+	cr_assert_eq(parse_json("404 Not Found", "{\"code\":\"SPACED_ENOENT\",\"error\":\"x\"}", &a), 0);
+	cr_assert_eq(client_identity_check(ROUTE_ID, &a), -1);
+
+	/* refusals carry no identity and stay what they are */
+	cr_assert_eq(parse_json("409 Conflict", "{\"outcome\":\"REFRESH_ROUTE\",\"reason\":\"deactivated\"}", &a), 0);
+	cr_assert_eq(client_identity_check(ROUTE_ID, &a), 0);
+	cr_assert_eq(a.outcome, CLIENT_REFRESH_ROUTE);
+	client_answer_clear(&a);
+}
+
+Test(head, fields_status_length)
+{
+	const char *h = "HTTP/1.1 101 Switching Protocols\r\nUpgrade:  websocket \r\nA: 1\r\nA: 2\r\nB: x\001y\r\n\r\nrest";
+	const unsigned char *u = (const unsigned char *)h;
+	char v[64];
+	long hl = http_head_length(u, strlen(h));
+	cr_assert_eq(hl, (long)(strstr(h, "rest") - h));
+	cr_assert_eq(http_head_length(u, 10), 0);
+	cr_assert_eq(http_head_status(u, (size_t)hl), 101);
+	cr_assert_eq(http_head_field(u, (size_t)hl, "upgrade", v, sizeof v), 9);
+	cr_assert_str_eq(v, "websocket");
+	cr_assert_eq(http_head_field(u, (size_t)hl, "A", v, sizeof v), -2, "repeated");
+	cr_assert_eq(http_head_field(u, (size_t)hl, "B", v, sizeof v), -2, "a control byte");
+	cr_assert_eq(http_head_field(u, (size_t)hl, "C", v, sizeof v), -1);
+	cr_assert_eq(http_head_field(u, (size_t)hl, "Upgrade", v, 4), -2, "too long for out");
+	cr_assert_eq(http_head_status((const unsigned char *)"HTTP/2 200 OK\r\n\r\n", 17), -1);
+	cr_assert_eq(http_head_status((const unsigned char *)"HTTP/1.1 20x OK\r\n\r\n", 19), -1);
+}
+
+/* ---- the WebSocket client's reading of a server (ws_client.h) ---- */
+
+/* An unmasked server frame. */
+static size_t srv_frame(uint8_t *out, bool fin, uint8_t op, const void *p, size_t n)
+{
+	size_t h = spaced_ws_frame_header(out, fin, op, n);
+	memcpy(out + h, p, n);
+	return h + n;
+}
+
+Test(ws_client, messages_fragments_pings_close)
+{
+	struct ws_client *w;
+	cr_assert_eq(ws_client_adopt(-1, &w), 0);
+	uint8_t buf[4096];
+	size_t n = 0;
+	n += srv_frame(buf + n, true, SPACED_WS_TEXT, "{\"outcome\":\"ALLOW\"}", 19);
+	n += srv_frame(buf + n, false, SPACED_WS_BINARY, "oab", 3);
+	n += srv_frame(buf + n, true, SPACED_WS_PING, "p", 1);
+	n += srv_frame(buf + n, true, SPACED_WS_CONT, "c\0\377", 3);
+	n += srv_frame(buf + n, true, SPACED_WS_CLOSE, "\x03\xe8" "end", 5);
+	/* given one byte at a time: every message comes out whole */
+	struct ws_client_msg m;
+	int got = 0;
+	for (size_t i = 0; i < n; i++) {
+		cr_assert_eq(ws_client_feed(w, buf + i, 1), 0);
+		int k;
+		while ((k = ws_client_next(w, &m)) == 1) {
+			got++;
+			if (got == 1) {
+				cr_assert_eq(m.opcode, SPACED_WS_TEXT);
+				cr_assert_eq(m.len, 19);
+			} else if (got == 2) {
+				cr_assert_eq(m.opcode, SPACED_WS_BINARY);
+				cr_assert_eq(m.len, 6);
+				cr_assert(memcmp(m.data, "oabc\0\377", 6) == 0);
+			} else {
+				cr_assert_eq(m.opcode, SPACED_WS_CLOSE);
+				cr_assert_eq(m.close_code, 1000);
+				cr_assert_str_eq(m.close_reason, "end");
+			}
+		}
+		cr_assert_eq(k, 0);
+	}
+	cr_assert_eq(got, 3);
+	/* the ping got its pong (6 + 1 bytes: masked header, payload), the close its answer */
+	cr_assert_geq(ws_client_queued(w), 7 + 6 + 2);
+	cr_assert_eq(ws_client_send(w, SPACED_WS_BINARY, "i", 1, "x", 1), SPACED_ECLOSED);
+	ws_client_free(w);
+}
+
+Test(ws_client, bad_server_frames_are_refused)
+{
+	static const struct {
+		const char *what;
+		uint8_t bytes[16];
+		size_t n;
+	} bad[] = {
+		{"masked by a server", {0x82, 0x81, 1, 2, 3, 4, 'x'}, 7},
+		{"a reserved bit", {0xC2, 0x01, 'x'}, 3},
+		{"an unknown opcode", {0x83, 0x00}, 2},
+		{"a fragmented ping", {0x09, 0x00}, 2},
+		{"a continuation with no message", {0x80, 0x01, 'x'}, 3},
+		{"text not UTF-8", {0x81, 0x01, 0xff}, 3},
+		{"a length not in its shortest form", {0x82, 0x7e, 0x00, 0x05, 1, 2, 3, 4, 5}, 9},
+		{"a close of one byte", {0x88, 0x01, 0x03}, 3},
+		{"a close code that may not be sent", {0x88, 0x02, 0x03, 0xed}, 4},
+		{"over the message limit", {0x82, 0x7f, 0, 0, 0, 0, 0x00, 0x20, 0x00, 0x01}, 10},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct ws_client *w;
+		struct ws_client_msg m;
+		cr_assert_eq(ws_client_adopt(-1, &w), 0);
+		cr_assert_eq(ws_client_feed(w, bad[i].bytes, bad[i].n), 0);
+		cr_assert_eq(ws_client_next(w, &m), SPACED_EPROTO, "%s", bad[i].what);
+		cr_assert_gt(ws_client_queued(w), 0, "%s: a close frame is queued", bad[i].what);
+		ws_client_free(w);
+	}
+}
+
+Test(ws_client, sent_frames_are_masked_and_well_formed)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	struct ws_client *w;
+	cr_assert_eq(ws_client_adopt(sv[0], &w), 0);
+	static uint8_t big[70000], got[80000];
+	for (size_t i = 0; i < sizeof big; i++)
+		big[i] = (uint8_t)(i * 7);
+	cr_assert_eq(ws_client_send(w, SPACED_WS_BINARY, "i", 1, big, sizeof big), 0);
+	cr_assert_eq(ws_client_send(w, SPACED_WS_BINARY, "i", 1, big, WS_CLIENT_MSG_MAX), SPACED_ETOOBIG);
+	cr_assert_eq(ws_client_queued(w), 14 + 1 + sizeof big);
+	size_t n = 0;
+	while (ws_client_queued(w) > 0) {
+		cr_assert_geq(ws_client_flush(w), 0);
+		ssize_t k = read(sv[1], got + n, sizeof got - n);
+		cr_assert_gt(k, 0);
+		n += (size_t)k;
+	}
+	/* as a server reads it: masked (a client's frame), the length in 64 bits */
+	struct spaced_ws_frame f;
+	cr_assert_eq(spaced_ws_frame_parse(got, n, true, 1 << 20, &f), 14);
+	cr_assert(f.masked && f.fin && f.opcode == SPACED_WS_BINARY && f.len == 1 + sizeof big);
+	spaced_ws_mask(got + f.hdr_len, (size_t)f.len, f.mask, 0);
+	cr_assert_eq(got[f.hdr_len], 'i');
+	cr_assert(memcmp(got + f.hdr_len + 1, big, sizeof big) == 0);
+	close(sv[1]);
+	ws_client_free(w);
 }

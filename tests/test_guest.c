@@ -547,6 +547,218 @@ Test(guest, signal_running_process)
 	spaced_guest_client_free(c);
 }
 
+static int raw_conn(void);
+static void assert_dropped(int fd);
+static void raw_header(int fd, uint32_t len, uint16_t type, uint16_t flags, uint32_t id);
+
+/* Starts a foreground exec with stdin open (as a streamed exec does) and
+ * returns its stream id once STARTED came. */
+static uint32_t start_fg(struct spaced_guest_client *c, const char *const *argv)
+{
+	struct spaced_guest_exec_req req = {argv, NULL, NULL, 0, SPACED_GUEST_EXEC_STDIN};
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	cr_assert_eq(spaced_guest_encode_exec(&b, &req), 0);
+	uint32_t id = spaced_guest_client_next_id(c);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_EXEC, 0, id, b.data, b.len), 0);
+	spaced_buf_free(&b);
+	struct spaced_guest_msg m = {0};
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STARTED);
+	spaced_guest_msg_clear(&m);
+	return id;
+}
+
+static void send_signal_input(struct spaced_guest_client *c, uint32_t id, int64_t sig)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 64);
+	spaced_field_put_i64(&b, sig);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_SIGNAL, 0, id, b.data, b.len), 0);
+	spaced_buf_free(&b);
+}
+
+/* Reads stream id's stdout (stderr is dropped) until its RESULT; returns the exit. */
+static struct spaced_guest_exit collect_exit(struct spaced_guest_client *c, uint32_t id, struct spaced_buf *out)
+{
+	for (;;) {
+		struct spaced_guest_msg m = {0};
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.id, id);
+		if (m.hdr.type == SPACED_GUEST_OUT_STDOUT) {
+			cr_assert_eq(spaced_buf_append(out, m.payload, m.hdr.len), 0);
+			spaced_guest_msg_clear(&m);
+			continue;
+		}
+		if (m.hdr.type == SPACED_GUEST_OUT_STDERR) {
+			/* a shell may say a child of its died of a signal ("Real-time signal 30") */
+			spaced_guest_msg_clear(&m);
+			continue;
+		}
+		struct spaced_field_reader r;
+		struct spaced_guest_exit x;
+		cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_RESULT, "type %x", m.hdr.type);
+		cr_assert_eq(spaced_guest_result_head(c, &m, &r), 0);
+		cr_assert_eq(spaced_guest_exit_parse(&r, &x), 0);
+		spaced_guest_msg_clear(&m);
+		cr_assert_eq(spaced_buf_append(out, "", 1), 0);
+		out->len--;
+		return x;
+	}
+}
+
+/* True once pid is gone or a zombie (bounded by count, not time). */
+static bool pid_ended(pid_t pid)
+{
+	for (int i = 0; i < 1200; i++) {
+		char path[64], st[512];
+		snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			return true;
+		size_t n = fread(st, 1, sizeof st - 1, f);
+		fclose(f);
+		st[n] = 0;
+		const char *rp = strrchr(st, ')');
+		if (rp != NULL && rp[1] == ' ' && rp[2] == 'Z')
+			return true;
+		usleep(25000);
+	}
+	return false;
+}
+
+/* True once /proc/PID/comm is comm (bounded by count, not time). */
+static bool pid_runs(pid_t pid, const char *comm)
+{
+	for (int i = 0; i < 4000; i++) {
+		char path[64], c[64] = {0};
+		snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+		FILE *f = fopen(path, "r");
+		if (f == NULL)
+			return false;
+		size_t n = fread(c, 1, sizeof c - 1, f);
+		fclose(f);
+		if (n > 0 && c[n - 1] == '\n')
+			c[n - 1] = 0;
+		if (strcmp(c, comm) == 0)
+			return true;
+		usleep(5000);
+	}
+	return false;
+}
+
+/* SIGNAL input on a foreground EXEC stream (what a streamed exec's 's' message
+ * becomes): the signal reaches the command's whole process group, the stream
+ * ends with the command's own exit; a number outside 1-64, a malformed body
+ * or a stream of another kind drops that connection only, and kills its
+ * foreground command. */
+Test(guest, signal_input_reaches_foreground_group)
+{
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf out;
+	spaced_buf_init(&out, 1 << 20);
+	/* sh traps TERM; its background sleep (same group) gets it too */
+	const char *a[] = {"sh", "-c", "trap 'echo trapped; exit 3' TERM; sleep 30 & echo $!; wait", NULL};
+	uint32_t id = start_fg(c, a);
+	struct spaced_guest_msg m = {0};
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STDOUT);
+	char pidtext[32] = {0};
+	memcpy(pidtext, m.payload, m.hdr.len < sizeof pidtext - 1 ? m.hdr.len : sizeof pidtext - 1);
+	spaced_guest_msg_clear(&m);
+	pid_t sleeper = (pid_t)atoi(pidtext);
+	cr_assert_gt(sleeper, 1);
+	/* until the child runs sleep, a TERM would be taken by the shell's own
+	 * trap in the child (and lost at its exec) */
+	cr_assert(pid_runs(sleeper, "sleep"), "the background sleep started");
+	send_signal_input(c, id, SIGTERM);
+	struct spaced_guest_exit x = collect_exit(c, id, &out);
+	cr_assert_eq(x.code, 3, "code %d signal %d", (int)x.code, (int)x.signal);
+	cr_assert_str_eq((char *)out.data, "trapped\n");
+	cr_assert(pid_ended(sleeper), "the group's other member got the signal too");
+	assert_ident(c);
+
+	/* a plain command killed by SIGINT: the signal is its exit */
+	const char *b[] = {"sleep", "30", NULL};
+	id = start_fg(c, b);
+	send_signal_input(c, id, SIGINT);
+	out.len = 0;
+	x = collect_exit(c, id, &out);
+	cr_assert_eq(x.signal, SIGINT);
+	cr_assert_eq(x.code, -1);
+
+	/* signal 64 (the highest) is taken */
+	const char *d[] = {"sh", "-c", "trap 'echo rt; exit 4' 64; echo ready; while :; do sleep 0.05; done", NULL};
+	id = start_fg(c, d);
+	struct spaced_buf ready;
+	spaced_buf_init(&ready, 4096);
+	while (ready.data == NULL || strstr((char *)ready.data, "ready") == NULL) {
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.type, SPACED_GUEST_OUT_STDOUT);
+		cr_assert_eq(spaced_buf_append(&ready, m.payload, m.hdr.len), 0);
+		cr_assert_eq(spaced_buf_append(&ready, "", 1), 0);
+		ready.len--;
+		spaced_guest_msg_clear(&m);
+	}
+	send_signal_input(c, id, 64);
+	out.len = 0;
+	x = collect_exit(c, id, &out);
+	cr_assert_eq(x.code, 4, "code %d signal %d", (int)x.code, (int)x.signal);
+	spaced_buf_free(&ready);
+
+	/* refused inputs: each drops its own connection, and its command with it */
+	const int64_t bad[] = {0, 65, -1, 1000000};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct spaced_guest_client *v = connect_guest();
+		const char *e[] = {"sh", "-c", "echo $$; exec sleep 30", NULL};
+		uint32_t vid = start_fg(v, e);
+		cr_assert_eq(spaced_guest_recv(v, &m), 0);
+		memset(pidtext, 0, sizeof pidtext);
+		memcpy(pidtext, m.payload, m.hdr.len < sizeof pidtext - 1 ? m.hdr.len : sizeof pidtext - 1);
+		spaced_guest_msg_clear(&m);
+		pid_t victim = (pid_t)atoi(pidtext);
+		send_signal_input(v, vid, bad[i]);
+		int fd = dup(spaced_guest_client_fd(v));
+		spaced_guest_client_free(v);
+		assert_dropped(fd);
+		cr_assert(pid_ended(victim), "signal %lld: the foreground command was killed with its connection",
+		          (long long)bad[i]);
+	}
+	int fd = raw_conn(); /* a body that is not exactly one i64 */
+	struct spaced_buf bb;
+	spaced_buf_init(&bb, 64);
+	spaced_field_put_u64(&bb, 15);
+	raw_header(fd, (uint32_t)bb.len, SPACED_GUEST_IN_SIGNAL, 0, 9);
+	cr_assert_eq(write(fd, bb.data, bb.len), (ssize_t)bb.len);
+	assert_dropped(fd);
+	fd = raw_conn(); /* trailing bytes */
+	bb.len = 0;
+	spaced_field_put_i64(&bb, 15);
+	spaced_field_put_i64(&bb, 15);
+	raw_header(fd, (uint32_t)bb.len, SPACED_GUEST_IN_SIGNAL, 0, 9);
+	cr_assert_eq(write(fd, bb.data, bb.len), (ssize_t)bb.len);
+	assert_dropped(fd);
+	fd = raw_conn(); /* a stream of another kind: a watch */
+	bb.len = 0;
+	spaced_field_put_str(&bb, "");
+	raw_header(fd, (uint32_t)bb.len, SPACED_GUEST_WATCH, 0, 7);
+	cr_assert_eq(write(fd, bb.data, bb.len), (ssize_t)bb.len);
+	bb.len = 0;
+	spaced_field_put_i64(&bb, 15);
+	raw_header(fd, (uint32_t)bb.len, SPACED_GUEST_IN_SIGNAL, 0, 7);
+	cr_assert_eq(write(fd, bb.data, bb.len), (ssize_t)bb.len);
+	assert_dropped(fd);
+	spaced_buf_free(&bb);
+
+	/* a signal for a stream that is not open is ignored (it may have ended) */
+	send_signal_input(c, 4242, SIGTERM);
+	struct spaced_identity ident;
+	cr_assert_eq(spaced_guest_hello(c, &ident), 0);
+	cr_assert_eq(waitpid(guest_pid, NULL, WNOHANG), 0, "guest died");
+	spaced_buf_free(&out);
+	spaced_guest_client_free(c);
+}
+
 struct find_proc {
 	uint64_t id;
 	int found, running;

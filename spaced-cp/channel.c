@@ -1,0 +1,288 @@
+/*
+ * channel.c — the worker control channels (channel.h): hello, replay of what
+ * a worker missed, one outbox row per text frame in seq order, acks written
+ * back, pings, and the liveness every replica reads from workers.channel_until.
+ * Runs on the loop thread (cp->loop_st) but for cp_chan_authorized.
+ */
+#include "log.h"
+#include "channel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "identity.h"
+#include "ws.h"
+
+#define CHAN_PING_NS 1000000000ull /* ping a channel quiet for 1 s, then every second */
+#define CHAN_DEAD_NS 4000000000ull /* close a channel that said nothing (not even a pong) for 4 s */
+#define CHAN_LAG_NS 1000000000ull  /* the loop itself ran this late: silence is not judged this tick */
+#define CHAN_BATCH "32"            /* outbox rows read per query */
+
+struct cp_chan {
+	struct cp_chan *next;
+	struct spaced_httpconn *c;
+	char worker[SPACED_NAME_MAX];
+	bool hello;   /* said hello: rows flow */
+	bool closing; /* a close is under way: nothing more is sent */
+	int64_t sent_seq;
+	uint64_t last_rx, last_ping; /* monotonic ns */
+};
+
+static struct cp *C;
+static struct cp_chan *chans;
+static uint64_t last_tick_ns, ticks;
+
+void cp_chan_init(struct cp *cp)
+{
+	C = cp;
+}
+
+int cp_chan_path(const char *path, char worker[SPACED_NAME_MAX])
+{
+	static const char pre[] = "/v1/workers/", suf[] = "/channel";
+	size_t n = strlen(path), pl = sizeof pre - 1, sl = sizeof suf - 1;
+	if (n <= pl + sl || strncmp(path, pre, pl) != 0 || strcmp(path + n - sl, suf) != 0)
+		return -1;
+	size_t l = n - pl - sl;
+	if (l >= SPACED_NAME_MAX || !spaced_name_valid(path + pl, l))
+		return -1;
+	memcpy(worker, path + pl, l);
+	worker[l] = 0;
+	return 0;
+}
+
+bool cp_chan_authorized(struct cp_store *st, const char *auth, const char *worker)
+{
+	return strncmp(auth, "Bearer ", 7) == 0 && cp_worker_auth(st, auth + 7, worker) == 0;
+}
+
+/* Writes that ch's worker is connected through this replica now. */
+static int chan_seen(const struct cp_chan *ch, int64_t t)
+{
+	char now[24], until[24];
+	return CP_Q(C->loop_st, NULL, NULL,
+	            "UPDATE workers SET last_seen = $2, channel_until = $3, channel_replica = $4 WHERE id = $1", ch->worker,
+	            cp_i64(now, t), cp_i64(until, t + CP_CHAN_UNTIL_S), C->replica_id);
+}
+
+/* Sends outbox rows past sent_seq while the output queue has room; the rest
+ * follows from cp_chan_drain. */
+static void chan_pump(struct cp_chan *ch)
+{
+	while (ch->hello && !ch->closing && spaced_httpconn_queued(ch->c) <= CP_CHAN_LOW_WATER) {
+		struct cp_rows *rows = NULL;
+		char sb[24];
+		if (CP_Q(C->loop_st, &rows, NULL,
+		         "SELECT seq, body FROM outbox WHERE worker = $1 AND seq > $2 ORDER BY seq LIMIT " CHAN_BATCH,
+		         ch->worker, cp_i64(sb, ch->sent_seq)) < 0) {
+			cp_rows_free(rows);
+			return;
+		}
+		int n = rows->nrows;
+		for (int i = 0; i < n; i++) {
+			const char *body = cp_rows_get(rows, i, 1);
+			if (body == NULL ||
+			    spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, body, strlen(body)) < 0) {
+				cp_rows_free(rows);
+				return;
+			}
+			ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
+		}
+		cp_rows_free(rows);
+		if (n < atoi(CHAN_BATCH))
+			return;
+	}
+}
+
+/* Closes ch with a WebSocket close (code, reason); it ends when written. */
+static void chan_close(struct cp_chan *ch, unsigned code, const char *reason)
+{
+	ch->closing = true;
+	ch->hello = false;
+	spaced_httpconn_ws_close(ch->c, code, reason);
+}
+
+/* hello: replay from the first message the worker has not applied, and
+ * re-send anything not yet acknowledged at or below it (the worker acks those
+ * again without effect). Returns 0, or -1 when the hello must be refused. */
+static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
+{
+	struct cp_store *st = C->loop_st;
+	struct cp_rows *rows = NULL;
+	char cap[24];
+	if (strcmp(m->worker, ch->worker) != 0) {
+		spaced_log("spaced-cp", "level=warn event=channel-refused worker=%s reason=\"hello names another worker (%s)\"",
+		           ch->worker, m->worker);
+		return -1;
+	}
+	int64_t from = m->last_seq;
+	/* A worker that has applied more than this store ever sent knows a history
+	 * the store lost: it would take new messages for old ones. Fail closed. */
+	if (CP_Q(st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0 ||
+	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
+		spaced_log("spaced-cp",
+		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is ahead of the control "
+		           "plane (%lld)\"",
+		           ch->worker, (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 0, 0));
+		cp_rows_free(rows);
+		return -1;
+	}
+	cp_rows_free(rows);
+	rows = NULL;
+	if (CP_Q(st, &rows, NULL, "SELECT MIN(seq) FROM outbox WHERE worker = $1 AND acked = 0", ch->worker) == 0) {
+		int64_t unacked = cp_rows_i64(rows, 0, 0, -1);
+		if (unacked > 0 && unacked - 1 < from)
+			from = unacked - 1;
+	}
+	cp_rows_free(rows);
+	ch->sent_seq = from;
+	ch->hello = true;
+	chan_seen(ch, spaced_now());
+	if (m->has_capacity)
+		CP_Q(st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", ch->worker, cp_i64(cap, m->capacity));
+	if (m->has_substrates)
+		CP_Q(st, NULL, NULL, "UPDATE workers SET substrates = $2 WHERE id = $1", ch->worker, m->substrates);
+	if (m->limits.has) {
+		char *lt = cp_limits_text(&m->limits);
+		if (lt != NULL)
+			CP_Q(st, NULL, NULL, "UPDATE workers SET limits = $2 WHERE id = $1", ch->worker, lt);
+		free(lt);
+	}
+	spaced_log("spaced-cp", "level=info event=channel-hello worker=%s last_seq=%lld replay_from=%lld", ch->worker,
+	           (long long)m->last_seq, (long long)from);
+	chan_pump(ch);
+	return 0;
+}
+
+struct cp_chan *cp_chan_open(struct spaced_httpconn *c, const char *worker)
+{
+	struct cp_chan *ch = calloc(1, sizeof *ch);
+	if (ch == NULL)
+		return NULL;
+	ch->c = c;
+	snprintf(ch->worker, sizeof ch->worker, "%s", worker);
+	ch->last_rx = ch->last_ping = spaced_mono_ns();
+	ch->next = chans;
+	chans = ch;
+	/* one channel per worker: a new one replaces the old (closing it may
+	 * end it at once, which takes it off the list) */
+	for (struct cp_chan *o = ch->next, *next; o; o = next) {
+		next = o->next;
+		if (strcmp(o->worker, worker) == 0 && !o->closing)
+			chan_close(o, 1000, "replaced by a newer channel");
+	}
+	return ch;
+}
+
+void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n)
+{
+	struct cp_chan_msg m;
+	ch->last_rx = spaced_mono_ns();
+	if (ch->closing)
+		return;
+	if (!text) {
+		chan_close(ch, 1003, "text messages only");
+		return;
+	}
+	if (cp_parse_chan((const char *)p, n, &m) < 0) {
+		spaced_log("spaced-cp", "level=warn event=channel-malformed worker=%s", ch->worker);
+		chan_close(ch, 1007, "malformed message");
+		return;
+	}
+	if (m.kind == CP_CHAN_HELLO) {
+		if (chan_hello(ch, &m) < 0)
+			chan_close(ch, 1008, "hello refused");
+	} else if (!ch->hello) {
+		chan_close(ch, 1008, "hello first");
+	} else {
+		cp_record_ack(C, C->loop_st, ch->worker, &m);
+	}
+	free(m.result);
+}
+
+void cp_chan_heard(struct cp_chan *ch)
+{
+	ch->last_rx = spaced_mono_ns();
+}
+
+void cp_chan_drain(struct cp_chan *ch)
+{
+	chan_pump(ch);
+}
+
+void cp_chan_closed(struct cp_chan *ch)
+{
+	int others = 0;
+	for (struct cp_chan **p = &chans; *p; p = &(*p)->next)
+		if (*p == ch) {
+			*p = ch->next;
+			break;
+		}
+	for (struct cp_chan *o = chans; o; o = o->next)
+		others += strcmp(o->worker, ch->worker) == 0;
+	/* not connected from now on, unless another replica holds it by now */
+	if (!others)
+		CP_Q(C->loop_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE id = $1 AND channel_replica = $2",
+		     ch->worker, C->replica_id);
+	spaced_log("spaced-cp", "level=info event=channel-closed worker=%s", ch->worker);
+	free(ch);
+}
+
+void cp_chan_pump_all(void)
+{
+	for (struct cp_chan *ch = chans; ch; ch = ch->next)
+		chan_pump(ch);
+}
+
+/* Renews channel_until of every channel that said hello, in one transaction. */
+static void chan_renew(void)
+{
+	int n = 0;
+	int64_t t = spaced_now();
+	for (struct cp_chan *ch = chans; ch; ch = ch->next)
+		n += ch->hello;
+	if (n == 0)
+		return;
+	if (n > 1 && cp_store_begin(C->loop_st) < 0)
+		return;
+	for (struct cp_chan *ch = chans; ch; ch = ch->next)
+		if (ch->hello && chan_seen(ch, t) < 0)
+			break;
+	if (n > 1 && cp_store_commit(C->loop_st) < 0)
+		cp_store_rollback(C->loop_st);
+}
+
+void cp_chan_tick(void)
+{
+	static const uint8_t ping[4] = {'s', 'p', 'c', 'd'}; /* a payload: some peers ignore empty pings */
+	uint64_t now = spaced_mono_ns();
+	/* a loop that was held up (a slow store) may have pongs waiting unread:
+	 * silence is judged only when the loop ran on time */
+	bool judge = last_tick_ns != 0 && now - last_tick_ns < CHAN_LAG_NS;
+	last_tick_ns = now;
+	ticks++;
+	for (struct cp_chan *ch = chans, *next; ch; ch = next) {
+		next = ch->next;
+		if (ch->closing)
+			continue;
+		uint64_t quiet = now - ch->last_rx;
+		if (judge && quiet > CHAN_DEAD_NS) {
+			/* at once, without waiting for a close frame to be written to a
+			 * peer that reads nothing: the worker is not connected from now on */
+			spaced_log("spaced-cp", "level=warn event=channel-silent worker=%s quiet_s=%.1f", ch->worker,
+			           (double)quiet / 1e9);
+			spaced_httpconn_abort(ch->c);
+			continue;
+		}
+		if (quiet >= CHAN_PING_NS && now - ch->last_ping >= CHAN_PING_NS) {
+			ch->last_ping = now;
+			spaced_httpconn_ws_send(ch->c, SPACED_WS_PING, ping, sizeof ping);
+		}
+		chan_pump(ch); /* rows another replica queued */
+	}
+	if (ticks % 10 == 0)
+		chan_renew();
+	last_tick_ns = spaced_mono_ns(); /* the store work above is not lag */
+}

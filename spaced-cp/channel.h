@@ -1,0 +1,68 @@
+/*
+ * channel.h — the worker control channels of spaced-cp
+ * (docs/control-messages.md): a WebSocket per worker on the loop thread,
+ * over libspaced's httpsrv. On hello the channel replays what the worker has
+ * not acknowledged, then sends every outbox row in seq order, one message per
+ * text frame; acks are written back to the outbox. A channel quiet for 1 s
+ * gets a ping, one that says nothing (no message, no pong) for 4 s is
+ * closed; an open channel keeps workers.channel_until a few seconds ahead
+ * (liveness, cp.h CP_CHAN_UNTIL_S), a closed one sets it to 0 at once.
+ *
+ * Everything here runs on the loop thread with cp->loop_st, except
+ * cp_chan_authorized (a request thread with its own store).
+ */
+#ifndef SPACED_CP_CHANNEL_H
+#define SPACED_CP_CHANNEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cp.h"
+#include "httpsrv.h"
+
+struct cp_chan;
+
+/* Output queued on a channel beyond this waits for the queue to drain
+ * (the server's low_water must be the same). */
+#define CP_CHAN_LOW_WATER 65536
+
+/* Binds the channels to the control plane (before the first is opened). */
+void cp_chan_init(struct cp *cp);
+
+/* Reads "/v1/workers/ID/channel" (no query): 0 with the worker ID copied
+ * into worker, or -1 when path is not a channel path or ID not a valid name. */
+int cp_chan_path(const char *path, char worker[SPACED_NAME_MAX]);
+
+/* True when auth ("Bearer KEY") is worker's own worker key. Runs on a
+ * request thread, with that thread's store. */
+bool cp_chan_authorized(struct cp_store *st, const char *auth, const char *worker);
+
+/* Takes an accepted WebSocket as worker's channel; an older channel of the
+ * same worker on this replica is closed. Returns the channel (owned by
+ * channel.c until cp_chan_closed) or NULL (out of memory). */
+struct cp_chan *cp_chan_open(struct spaced_httpconn *c, const char *worker);
+
+/* One whole message from the worker: hello, or an ack. Anything else, or a
+ * hello the control plane must refuse, closes the channel. */
+void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n);
+
+/* The worker sent a ping or a pong: it is alive. */
+void cp_chan_heard(struct cp_chan *ch);
+
+/* The output queue ran low: send more of the outbox. */
+void cp_chan_drain(struct cp_chan *ch);
+
+/* The connection is gone: forget ch (freed here) and, when it was this
+ * replica's last channel of its worker, mark the worker not connected. */
+void cp_chan_closed(struct cp_chan *ch);
+
+/* Sends every channel what the outbox holds past what it sent. */
+void cp_chan_pump_all(void);
+
+/* Every 100 ms: pings to quiet channels, closes silent ones, polls the
+ * outbox (rows queued by another replica), and once a second renews
+ * channel_until of the open ones. */
+void cp_chan_tick(void);
+
+#endif

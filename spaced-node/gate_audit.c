@@ -1,0 +1,60 @@
+/*
+ * gate_audit.c — the worker's audit log: STATE/audit.log (0600), one JSON
+ * object per line, appended and never rewritten (opened O_APPEND, one write
+ * per line). An operator who wants the kernel to refuse anything but appends
+ * marks it `chattr +a`; shipping it off the worker is the stronger guarantee. Every DENY the gate answers is
+ * there with its reason, the caller's address, the request id, the purpose
+ * and the identity the capability named (when it could be verified); every
+ * lifecycle change the control plane made (install, deactivate, pause, thaw,
+ * snapshot, destroy) with its seq, the identity and its outcome.
+ */
+#include "gate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "log.h"
+
+static int audit_fd = -1;
+
+int gate_audit_open(struct mgr *m)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/audit.log", m->cfg->state_dir);
+	audit_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (audit_fd < 0)
+		return SPACED_EIO;
+	return 0;
+}
+
+void gate_audit(struct mgr *m, json_t *entry)
+{
+	(void)m;
+	if (!entry)
+		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	char when[40];
+	struct tm tm;
+	gmtime_r(&ts.tv_sec, &tm);
+	size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(when + n, sizeof when - n, ".%03ldZ", ts.tv_nsec / 1000000);
+	json_t *line = json_pack("{s:s}", "time", when);
+	json_object_update(line, entry);
+	json_decref(entry);
+	char *text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	json_decref(line);
+	if (!text)
+		return;
+	size_t len = strlen(text);
+	text[len] = '\n'; /* one write per line: O_APPEND keeps lines whole */
+	if (audit_fd < 0 || write(audit_fd, text, len + 1) != (ssize_t)(len + 1))
+		gate_log("level=error event=audit-write-failed entry=%.*s", (int)len, text);
+	free(text);
+}

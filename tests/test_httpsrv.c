@@ -1,0 +1,200 @@
+/*
+ * test-httpsrv — libspaced's HTTP/WebSocket server (httpsrv.c) on a real
+ * loopback socket, the loop stepped by the test: a connection refused by the
+ * per-address budget is closed and freed cleanly while the accepted one is
+ * served; the refusal body hook shapes the server's own refusals; a client's
+ * ping is answered with a pong and, like a pong, reported through
+ * on_ws_control (issue 12).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <uv.h>
+
+#include "httpsrv.h"
+#include "ws.h"
+
+static uv_loop_t loop;
+static struct spaced_httpsrv *srv;
+static int controls[16], ncontrols;
+
+static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
+{
+	if (req->websocket) {
+		spaced_httpconn_ws_accept(c, NULL);
+		return;
+	}
+	spaced_httpconn_reply(c, 200, "text/plain", "hi", 2, NULL);
+}
+
+static void on_ws_control(struct spaced_httpconn *c, uint8_t opcode, const uint8_t *p, size_t n)
+{
+	(void)c;
+	(void)p;
+	(void)n;
+	if (ncontrols < 16)
+		controls[ncontrols++] = opcode;
+}
+
+static const struct spaced_httpsrv_ops ops = {.on_request = on_request, .on_ws_control = on_ws_control};
+
+static size_t refusal(int status, const char *code, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "{\"status\":%d,\"why\":\"%s\"}", status, code);
+	return (size_t)n < cap ? (size_t)n : cap;
+}
+
+static void start(unsigned per_ip, spaced_httpsrv_refusal_fn fn)
+{
+	struct spaced_httpsrv_config cfg;
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	spaced_httpsrv_defaults(&cfg);
+	cfg.port = 0;
+	cfg.max_conns_per_ip = per_ip;
+	cfg.refusal_body = fn;
+	cfg.ops = &ops;
+	cr_assert_eq(spaced_httpsrv_start(&loop, &cfg, &srv), 0);
+	ncontrols = 0;
+}
+
+static void stop(void)
+{
+	spaced_httpsrv_stop(srv);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
+static int client(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert(fd >= 0);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	return fd;
+}
+
+/* Runs the loop until fd has bytes or EOF (at most ~5 s); returns what recv
+ * gave (0: EOF, -1: nothing). */
+static ssize_t step_recv(int fd, char *buf, size_t cap)
+{
+	for (int i = 0; i < 5000; i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		ssize_t n = recv(fd, buf, cap, 0);
+		if (n >= 0)
+			return n;
+		if (errno == ECONNRESET)
+			return 0;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		poll(&p, 1, 1);
+	}
+	return -1;
+}
+
+static void step_until_stats(uint64_t accepted, uint64_t refused)
+{
+	struct spaced_httpsrv_stats st;
+	for (int i = 0; i < 5000; i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		spaced_httpsrv_stats(srv, &st);
+		if (st.accepted >= accepted && st.refused_budget >= refused)
+			return;
+		usleep(1000);
+	}
+	cr_assert_fail("the server never accepted %llu and refused %llu", (unsigned long long)accepted,
+	               (unsigned long long)refused);
+}
+
+Test(httpsrv, a_connection_over_the_per_address_budget_is_closed_and_the_other_served)
+{
+	char buf[512];
+	start(1, NULL);
+	int a = client();
+	step_until_stats(1, 0);
+	int b = client();
+	step_until_stats(1, 1);
+	cr_assert_eq(step_recv(b, buf, sizeof buf), 0, "the refused connection is closed without an answer");
+	const char req[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	cr_assert_eq(send(a, req, sizeof req - 1, 0), (ssize_t)(sizeof req - 1));
+	ssize_t n = step_recv(a, buf, sizeof buf - 1);
+	cr_assert_gt(n, 0);
+	buf[n] = 0;
+	cr_assert(strncmp(buf, "HTTP/1.1 200 ", 13) == 0, "%s", buf);
+	close(a);
+	close(b);
+	/* once the server saw the first close, the address may connect again */
+	struct spaced_httpsrv_stats st;
+	for (int i = 0; i < 5000; i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		spaced_httpsrv_stats(srv, &st);
+		if (st.open == 0)
+			break;
+		usleep(1000);
+	}
+	cr_assert_eq(st.open, 0);
+	int c = client();
+	step_until_stats(2, 1);
+	cr_assert_eq(send(c, req, sizeof req - 1, 0), (ssize_t)(sizeof req - 1));
+	n = step_recv(c, buf, sizeof buf - 1);
+	cr_assert_gt(n, 0);
+	close(c);
+	stop();
+}
+
+Test(httpsrv, the_refusal_body_hook_shapes_the_servers_own_refusals)
+{
+	char buf[1024];
+	start(8, refusal);
+	int a = client();
+	const char bad[] = "GET / HTTP/1.1\nHost: x\n\n";
+	cr_assert_eq(send(a, bad, sizeof bad - 1, 0), (ssize_t)(sizeof bad - 1));
+	size_t got = 0;
+	ssize_t n;
+	while ((n = step_recv(a, buf + got, sizeof buf - 1 - got)) > 0)
+		got += (size_t)n;
+	buf[got] = 0;
+	cr_assert(strncmp(buf, "HTTP/1.1 400 ", 13) == 0, "%s", buf);
+	static const char want[] = "{\"status\":400,\"why\":\"SPACED_EPROTO\"}";
+	char cl[64];
+	snprintf(cl, sizeof cl, "content-length: %zu\r\n", sizeof want - 1);
+	cr_assert(strstr(buf, want) != NULL && strcmp(strstr(buf, "\r\n\r\n") + 4, want) == 0, "%s", buf);
+	cr_assert(strstr(buf, cl) != NULL, "%s", buf);
+	close(a);
+	stop();
+}
+
+Test(httpsrv, pings_and_pongs_are_reported_and_pings_answered)
+{
+	char buf[1024];
+	start(8, NULL);
+	int a = client();
+	const char up[] = "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+	                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+	cr_assert_eq(send(a, up, sizeof up - 1, 0), (ssize_t)(sizeof up - 1));
+	ssize_t n = step_recv(a, buf, sizeof buf - 1);
+	cr_assert_gt(n, 0);
+	buf[n] = 0;
+	cr_assert(strncmp(buf, "HTTP/1.1 101 ", 13) == 0, "%s", buf);
+	/* a masked ping "abc", then a masked pong "z" */
+	uint8_t frames[] = {0x89, 0x83, 1, 2, 3, 4, 'a' ^ 1, 'b' ^ 2, 'c' ^ 3, 0x8A, 0x81, 9, 9, 9, 9, 'z' ^ 9};
+	cr_assert_eq(send(a, frames, sizeof frames, 0), (ssize_t)sizeof frames);
+	n = step_recv(a, buf, sizeof buf);
+	cr_assert_eq(n, 5, "one unmasked pong with the ping's payload");
+	cr_assert_eq(memcmp(buf, "\x8a\x03" "abc", 5), 0);
+	for (int i = 0; i < 1000 && ncontrols < 2; i++)
+		uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert_eq(ncontrols, 2);
+	cr_assert_eq(controls[0], SPACED_WS_PING);
+	cr_assert_eq(controls[1], SPACED_WS_PONG);
+	close(a);
+	stop();
+}
