@@ -156,19 +156,31 @@ static void on_written(uv_write_t *w, int status)
 }
 
 /* Queues bytes (two pieces, either may be empty) in one write. */
-static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
+/* Queues parts[0..n) as one write (one copy, one system call when the
+ * socket takes it at once). */
+struct part {
+	const void *p;
+	size_t n;
+};
+
+static int outv(struct spaced_httpconn *c, const struct part *parts, int n)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return SPACED_ECLOSED;
-	struct wreq *r = malloc(sizeof *r + an + bn);
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += parts[i].n;
+	struct wreq *r = malloc(sizeof *r + total);
 	if (!r)
 		return SPACED_ENOMEM;
 	r->c = c;
-	r->len = an + bn;
-	if (an)
-		memcpy(r->data, a, an);
-	if (bn)
-		memcpy(r->data + an, b, bn);
+	r->len = total;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		if (parts[i].n)
+			memcpy(r->data + off, parts[i].p, parts[i].n);
+		off += parts[i].n;
+	}
 	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)r->len);
 	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
 		free(r);
@@ -178,6 +190,12 @@ static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void 
 	if (c->queued > c->srv->cfg.low_water)
 		c->drain_armed = true;
 	return 0;
+}
+
+static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
+{
+	struct part parts[2] = {{a, an}, {b, bn}};
+	return outv(c, parts, 2);
 }
 
 static int out(struct spaced_httpconn *c, const void *p, size_t n)
@@ -300,8 +318,8 @@ int spaced_httpconn_write(struct spaced_httpconn *c, const void *p, size_t n)
 		return out(c, p, n);
 	char h[24];
 	int hl = snprintf(h, sizeof h, "%zx\r\n", n);
-	int e = out2(c, h, (size_t)hl, p, n);
-	return e < 0 ? e : out(c, "\r\n", 2);
+	struct part parts[3] = {{h, (size_t)hl}, {p, n}, {"\r\n", 2}};
+	return outv(c, parts, 3);
 }
 
 static void next_request(struct spaced_httpconn *c)
@@ -372,11 +390,18 @@ int spaced_httpconn_ws_accept(struct spaced_httpconn *c, const char *headers)
 
 int spaced_httpconn_ws_send(struct spaced_httpconn *c, uint8_t opcode, const void *p, size_t n)
 {
+	return spaced_httpconn_ws_send2(c, opcode, p, n, NULL, 0);
+}
+
+int spaced_httpconn_ws_send2(struct spaced_httpconn *c, uint8_t opcode, const void *p1, size_t n1, const void *p2,
+                             size_t n2)
+{
 	uint8_t h[SPACED_WS_HDR_MAX];
 	if (c->state != C_WS || c->close_sent)
 		return SPACED_ECLOSED;
-	size_t hl = spaced_ws_frame_header(h, true, opcode, n);
-	return out2(c, h, hl, p, n);
+	size_t hl = spaced_ws_frame_header(h, true, opcode, n1 + n2);
+	struct part parts[3] = {{h, hl}, {p1, n1}, {p2, n2}};
+	return outv(c, parts, 3);
 }
 
 void spaced_httpconn_ws_close(struct spaced_httpconn *c, unsigned code, const char *reason)

@@ -54,6 +54,9 @@ static const char usage[] =
 	"development cluster on this machine:\n"
 	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] | dev down [--dir DIR] | dev status\n"
 	"\n"
+	"shell:\n"
+	"  completion bash                                a bash completion script (source <(spacectl completion bash))\n"
+	"\n"
 	"worker admin socket (root):\n"
 	"  node status|install|deactivate|pause|thaw|snapshot|destroy|keys --admin PATH …\n"
 	"\n"
@@ -135,6 +138,8 @@ int main(int argc, char **argv)
 		return cmd_top(argc - 1, argv + 1);
 	if (strcmp(argv[1], "dev") == 0)
 		return cmd_dev(argc - 1, argv + 1);
+	if (strcmp(argv[1], "completion") == 0)
+		return cmd_completion(argc - 1, argv + 1);
 	if (strcmp(argv[1], "token") == 0)
 		return cmd_token(argc - 1, argv + 1);
 	if (strcmp(argv[1], "cap") == 0)

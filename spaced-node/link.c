@@ -13,14 +13,16 @@
  * returns the gate's acknowledgement line unchanged; the gate applies each
  * seq at most once and answers repeats from its store.
  *
- * Joining and registering use libcurl; the channel uses libwebsockets. The
- * link has no state but the key: when it dies, the supervisor starts it
+ * Joining and registering use libcurl; the channel uses libwebsockets, on its
+ * own loop that keeps answering the control plane's pings while the gate works
+ * (a thread of its own asks the gate). The link has no state but the key: when it dies, the supervisor starts it
  * again, and the control plane replays what it missed after the next hello.
  */
 #include "node.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -60,16 +62,6 @@ static char abuf[LINE_MAX_BYTES];
 static size_t alen;
 static struct lws_context *ctx;
 static struct lws *conn;
-
-/* Messages go to the gate on a connection of their own, without waiting
- * for each one's acknowledgement: the gate applies the operations of
- * different sandboxes side by side and acknowledges each when it is done
- * (in any order: the control plane matches them by seq). A reader thread
- * takes the acknowledgement lines and hands them to the loop. */
-static int pipe_fd = -1;
-static pthread_mutex_t acks_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct out *acks_head, **acks_tail = &acks_head;
-static volatile int pipe_broken;
 static struct out *q_head, *q_tail;
 static struct spaced_buf rx;
 static lws_sorted_usec_list_t sul;
@@ -201,78 +193,6 @@ static char *admin_ask(const char *msg, size_t len)
 		}
 		alen += (size_t)got;
 	}
-}
-
-static void *pipe_reader(void *arg)
-{
-	int fd = (int)(intptr_t)arg;
-	static char buf[LINE_MAX_BYTES];
-	size_t len = 0;
-	for (;;) {
-		char *nl = memchr(buf, '\n', len);
-		if (nl) {
-			size_t n = (size_t)(nl - buf);
-			struct out *o = calloc(1, sizeof *o);
-			if (o && (o->text = strndup(buf, n)) != NULL) {
-				pthread_mutex_lock(&acks_mu);
-				*acks_tail = o;
-				acks_tail = &o->next;
-				pthread_mutex_unlock(&acks_mu);
-				lws_cancel_service(ctx);
-			} else {
-				free(o);
-			}
-			memmove(buf, nl + 1, len - n - 1);
-			len -= n + 1;
-			continue;
-		}
-		if (len == sizeof buf)
-			break;
-		ssize_t got = recv(fd, buf + len, sizeof buf - len, 0);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got <= 0)
-			break;
-		len += (size_t)got;
-	}
-	pipe_broken = 1;
-	lws_cancel_service(ctx);
-	return NULL;
-}
-
-/* Sends one message line to the gate on the pipelined connection (opened,
- * with its reader, when missing). 0 or -1 (the connection is dropped). */
-static int pipe_send(const char *msg, size_t len)
-{
-	if (pipe_fd < 0) {
-		struct sockaddr_un sa = {.sun_family = AF_UNIX};
-		if (strlen(C->admin_path) >= sizeof sa.sun_path)
-			return -1;
-		memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
-		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-			if (fd >= 0)
-				close(fd);
-			return -1;
-		}
-		pthread_t t;
-		pipe_broken = 0;
-		if (pthread_create(&t, NULL, pipe_reader, (void *)(intptr_t)fd) != 0) {
-			close(fd);
-			return -1;
-		}
-		pthread_detach(t);
-		pipe_fd = fd;
-	}
-	struct iovec iov[2] = {{(void *)(uintptr_t)msg, len}, {(void *)(uintptr_t)"\n", 1}};
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-	if (pipe_broken || sendmsg(pipe_fd, &mh, MSG_NOSIGNAL) != (ssize_t)(len + 1)) {
-		/* its reader sees the end and stops; the fd goes with the next open */
-		shutdown(pipe_fd, SHUT_RDWR);
-		pipe_fd = -1;
-		return -1;
-	}
-	return 0;
 }
 
 /* The gate's status result (a new reference), or NULL. */
@@ -492,15 +412,16 @@ static void queue_clear(void)
 	q_tail = NULL;
 }
 
-/* hello with the worker's durable last_seq and its limits */
-static int send_hello(void)
+/* hello with the worker's durable last_seq and its limits (a new string),
+ * or NULL when the gate does not answer */
+static char *hello_text(void)
 {
 	json_t *st = gate_status();
 	json_t *ls = json_object_get(st, "last_seq");
 	if (!json_is_integer(ls)) {
 		llog("no status from %s", C->admin_path);
 		json_decref(st);
-		return -1;
+		return NULL;
 	}
 	json_t *h = json_pack("{s:{s:s,s:I}}", "hello", "worker", C->worker_id, "last_seq", json_integer_value(ls));
 	json_t *lim = json_object_get(st, "limits");
@@ -509,10 +430,231 @@ static int send_hello(void)
 	char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
 	json_decref(h);
 	json_decref(st);
-	if (text == NULL)
+	return text;
+}
+
+/* ---- the gate thread ----
+ * The gate may take seconds over a control message (a snapshot, a start);
+ * meanwhile the channel must keep answering the control plane's pings, or
+ * it is declared dead. So the gate is given messages from a thread of its own,
+ * in the order they came; each answer is posted back to the channel's loop
+ * (lws_cancel_service). Messages and answers carry the connection they belong
+ * to: an answer for a connection that has ended is dropped (the control plane
+ * replays unacknowledged messages on the next).
+ * The hello is asked and answered (admin_ask). Messages go to the gate on a
+ * connection of their own without waiting for each one's acknowledgement (a
+ * pipeline): the gate applies the operations of different sandboxes side by
+ * side and acknowledges each when it is done, in any order (the control plane
+ * matches them by seq); a reader thread takes the acknowledgement lines. */
+
+struct gate_item {
+	struct gate_item *next;
+	uint64_t conn;  /* the connection it belongs to */
+	bool hello;     /* make the hello (no message) */
+	char *text;     /* the message; then the answer, NULL when the gate failed */
+	size_t len;
+};
+
+static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gcv = PTHREAD_COND_INITIALIZER;
+static struct gate_item *gin_head, *gin_tail, *gdone_head, *gdone_tail;
+static uint64_t conn_no;   /* the current connection's number (changed by the channel loop, read atomically) */
+static bool conn_failed;   /* channel loop only: the gate failed on this connection */
+
+static void gitem_push(struct gate_item **head, struct gate_item **tail, struct gate_item *it)
+{
+	it->next = NULL;
+	if (*tail)
+		(*tail)->next = it;
+	else
+		*head = it;
+	*tail = it;
+}
+
+static void gitems_free(struct gate_item *it)
+{
+	while (it) {
+		struct gate_item *n = it->next;
+		free(it->text);
+		free(it);
+		it = n;
+	}
+}
+
+/* Queues a message (or the hello) for the gate (channel loop). */
+static int gate_queue(bool hello, const uint8_t *p, size_t n)
+{
+	struct gate_item *it = calloc(1, sizeof *it);
+	if (!it || (!hello && !(it->text = malloc(n + 1)))) {
+		free(it);
 		return -1;
-	enqueue(text);
+	}
+	it->hello = hello;
+	it->conn = conn_no;
+	if (!hello) {
+		memcpy(it->text, p, n);
+		it->text[n] = '\0';
+		it->len = n;
+	}
+	pthread_mutex_lock(&gmu);
+	gitem_push(&gin_head, &gin_tail, it);
+	pthread_cond_signal(&gcv);
+	pthread_mutex_unlock(&gmu);
 	return 0;
+}
+
+/* the pipelined connection: written by the gate thread only, read by its reader */
+static int pipe_fd = -1;
+static volatile int pipe_broken;
+
+static void gate_done(struct gate_item *it)
+{
+	pthread_mutex_lock(&gmu);
+	gitem_push(&gdone_head, &gdone_tail, it);
+	pthread_mutex_unlock(&gmu);
+	lws_cancel_service(ctx);
+}
+
+/* Acknowledgement lines from the gate, posted to the channel as answers of
+ * the connection current when they come; at the end of the connection, a
+ * failure of that channel connection (it is dropped and replayed). */
+static void *pipe_reader(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	static char buf[LINE_MAX_BYTES];
+	size_t len = 0;
+	for (;;) {
+		char *nl = memchr(buf, '\n', len);
+		if (nl) {
+			size_t n = (size_t)(nl - buf);
+			struct gate_item *it = calloc(1, sizeof *it);
+			if (it && (it->text = strndup(buf, n)) != NULL) {
+				it->conn = __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE);
+				gate_done(it);
+			} else {
+				free(it);
+			}
+			memmove(buf, nl + 1, len - n - 1);
+			len -= n + 1;
+			continue;
+		}
+		if (len == sizeof buf)
+			break;
+		ssize_t got = recv(fd, buf + len, sizeof buf - len, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			break;
+		len += (size_t)got;
+	}
+	pipe_broken = 1;
+	struct gate_item *it = calloc(1, sizeof *it);
+	if (it) {
+		it->conn = __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE); /* text NULL: failed */
+		gate_done(it);
+	}
+	return NULL;
+}
+
+/* Sends one message line to the gate on the pipelined connection (opened,
+ * with its reader, when missing or broken). 0 or -1. Gate thread only. */
+static int pipe_send(const char *msg, size_t len)
+{
+	if (pipe_fd >= 0 && pipe_broken) {
+		close(pipe_fd); /* its reader has stopped */
+		pipe_fd = -1;
+	}
+	if (pipe_fd < 0) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		if (strlen(C->admin_path) >= sizeof sa.sun_path)
+			return -1;
+		memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		pthread_t t;
+		pipe_broken = 0;
+		if (pthread_create(&t, NULL, pipe_reader, (void *)(intptr_t)fd) != 0) {
+			close(fd);
+			return -1;
+		}
+		pthread_detach(t);
+		pipe_fd = fd;
+	}
+	struct iovec iov[2] = {{(void *)(uintptr_t)msg, len}, {(void *)(uintptr_t)"\n", 1}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	if (pipe_broken || sendmsg(pipe_fd, &mh, MSG_NOSIGNAL) != (ssize_t)(len + 1)) {
+		shutdown(pipe_fd, SHUT_RDWR); /* its reader sees the end and stops */
+		pipe_broken = 1;
+		return -1;
+	}
+	return 0;
+}
+
+static void *gate_thread(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&gmu);
+		while (!gin_head)
+			pthread_cond_wait(&gcv, &gmu);
+		struct gate_item *it = gin_head;
+		gin_head = it->next;
+		if (!gin_head)
+			gin_tail = NULL;
+		pthread_mutex_unlock(&gmu);
+		if (it->hello) {
+			it->text = hello_text();
+			gate_done(it);
+		} else if (pipe_send(it->text, it->len) < 0) {
+			free(it->text);
+			it->text = NULL; /* failed: the channel connection is dropped */
+			gate_done(it);
+		} else {
+			free(it->text); /* its acknowledgement comes through pipe_reader */
+			free(it);
+		}
+	}
+	return NULL;
+}
+
+/* The answers back from the gate, into the channel's output (channel loop). */
+static void gate_answers(void)
+{
+	pthread_mutex_lock(&gmu);
+	struct gate_item *it = gdone_head;
+	gdone_head = gdone_tail = NULL;
+	pthread_mutex_unlock(&gmu);
+	while (it) {
+		struct gate_item *n = it->next;
+		if (conn && it->conn == conn_no) {
+			if (it->text)
+				enqueue(it->text);
+			else
+				conn_failed = true;
+			it->text = NULL;
+		}
+		free(it->text);
+		free(it);
+		it = n;
+	}
+	if (conn)
+		lws_callback_on_writable(conn);
+}
+
+/* A new or ended connection: what was queued for the old one is dropped. */
+static void conn_changed(void)
+{
+	__atomic_add_fetch(&conn_no, 1, __ATOMIC_RELEASE);
+	conn_failed = false;
+	pthread_mutex_lock(&gmu);
+	struct gate_item *it = gin_head;
+	gin_head = gin_tail = NULL;
+	pthread_mutex_unlock(&gmu);
+	gitems_free(it);
 }
 
 static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len)
@@ -529,13 +671,16 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 	}
 	case LWS_CALLBACK_CLIENT_ESTABLISHED:
 		queue_clear();
+		conn_changed();
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
-		if (send_hello() < 0)
+		if (gate_queue(true, NULL, 0) < 0) /* the hello goes first */
 			return -1;
 		backoff_ns = 0;
-		lws_callback_on_writable(wsi);
 		llog("channel open to %s", C->cp_url);
+		return 0;
+	case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+		gate_answers();
 		return 0;
 	case LWS_CALLBACK_CLIENT_RECEIVE: {
 		if (spaced_buf_append(&rx, in, len) < 0)
@@ -545,40 +690,16 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		/* one message: to the gate as one line (JSON text has no raw newline) */
 		if (memchr(rx.data, '\n', rx.len) != NULL)
 			return -1;
-		int sent = pipe_send((const char *)rx.data, rx.len);
+		int qe = gate_queue(false, rx.data, rx.len);
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
-		if (sent < 0) {
-			llog("the gate did not take a message; reconnecting");
-			return -1; /* the control plane replays it after the next hello */
-		}
-		return 0;
-	}
-	case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
-		/* acknowledgements from the gate, in the order they came */
-		pthread_mutex_lock(&acks_mu);
-		struct out *a = acks_head;
-		acks_head = NULL;
-		acks_tail = &acks_head;
-		pthread_mutex_unlock(&acks_mu);
-		while (a) {
-			struct out *n = a->next;
-			enqueue(a->text);
-			free(a);
-			a = n;
-		}
-		if (conn && q_head)
-			lws_callback_on_writable(conn);
-		if (pipe_broken && pipe_fd >= 0) {
-			llog("the gate closed the message connection; reconnecting");
-			close(pipe_fd);
-			pipe_fd = -1;
-			if (conn)
-				lws_set_timeout(conn, PENDING_TIMEOUT_KILLED_BY_PARENT, LWS_TO_KILL_ASYNC);
-		}
-		return 0;
+		return qe;
 	}
 	case LWS_CALLBACK_CLIENT_WRITEABLE: {
+		if (conn_failed) {
+			llog("the gate did not answer; reconnecting");
+			return -1; /* the control plane replays what is unacknowledged after the next hello */
+		}
 		struct out *o = q_head;
 		if (o == NULL)
 			return 0;
@@ -604,6 +725,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
 	case LWS_CALLBACK_CLIENT_CLOSED:
 		conn = NULL;
+		conn_changed();
 		/* the next try after a pause that grows to 5 s while it keeps failing */
 		backoff_ns = backoff_ns ? (backoff_ns * 2 > 5000000000ull ? 5000000000ull : backoff_ns * 2) : 250000000ull;
 		next_connect = spaced_mono_ns() + backoff_ns;
@@ -676,14 +798,17 @@ int link_run(const struct link_config *cfg)
 	if (ctx == NULL)
 		return 1;
 	lws_sul_schedule(ctx, 0, &sul, tick, 1);
+	pthread_t gt;
+	if (pthread_create(&gt, NULL, gate_thread, NULL) != 0)
+		return 1;
+	pthread_detach(gt); /* it may be waiting on the gate: the process ends with it */
 	while (!stop)
 		if (lws_service(ctx, 0) < 0)
 			break;
-	lws_context_destroy(ctx);
+	/* the gate thread may be inside the gate's socket: nothing it holds is
+	 * released here, the process ends */
 	queue_clear();
 	spaced_buf_free(&rx);
-	admin_close();
 	sodium_memzero(key, sizeof key);
-	curl_global_cleanup();
 	return 0;
 }

@@ -485,13 +485,27 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 
 /* ---- output through the client's queue: streamed bodies and WebSocket ---- */
 
-static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr)
+/* Output of a stream for its client: prefix (0: none) then p[0..n), cr
+ * bytes of the gate's window. Sent at once while nothing waits and the
+ * client's queue is low; else queued (one copy either way). */
+static void q_push_pre(struct areq *r, bool text, uint8_t prefix, const void *p, size_t n, size_t cr)
 {
 	if (r->close_pending || !r->c) {
 		credit(r, cr, true); /* dropped: taken as far as the gate is concerned */
 		return;
 	}
-	struct wsmsg *m = malloc(sizeof *m + n);
+	size_t pl = prefix ? 1 : 0;
+	if (!r->q_head && spaced_httpconn_queued(r->c) <= LOW_WATER) {
+		int e = r->is_ws ? spaced_httpconn_ws_send2(r->c, text ? SPACED_WS_TEXT : SPACED_WS_BINARY, &prefix, pl,
+		                                            p, n)
+		                 : spaced_httpconn_write(r->c, p, n);
+		if (e == 0) {
+			r->credit_pending += cr;
+			pump(r);
+			return;
+		}
+	}
+	struct wsmsg *m = malloc(sizeof *m + pl + n);
 	if (!m) {
 		r->close_pending = true;
 		r->close_code = 1011;
@@ -501,17 +515,24 @@ static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr
 	}
 	m->next = NULL;
 	m->text = text;
-	m->len = n;
+	m->len = pl + n;
 	m->credit = cr;
+	if (pl)
+		m->data[0] = prefix;
 	if (n)
-		memcpy(m->data, p, n);
+		memcpy(m->data + pl, p, n);
 	if (r->q_tail)
 		r->q_tail->next = m;
 	else
 		r->q_head = m;
 	r->q_tail = m;
-	r->q_bytes += n;
+	r->q_bytes += m->len;
 	pump(r);
+}
+
+static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr)
+{
+	q_push_pre(r, text, 0, p, n, cr);
 }
 
 static void q_json(struct areq *r, json_t *doc)
@@ -602,13 +623,7 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 		if (r->req.answer == NODE_ANS_WS_PORT) {
 			q_push(r, false, p, n, n);
 		} else {
-			uint8_t *m = malloc(n + 1);
-			if (!m)
-				return;
-			m[0] = type == SPACED_GUEST_OUT_STDOUT ? 'o' : 'e';
-			memcpy(m + 1, p, n);
-			q_push(r, false, m, n + 1, n);
-			free(m);
+			q_push_pre(r, false, type == SPACED_GUEST_OUT_STDOUT ? 'o' : 'e', p, n, n);
 		}
 		return;
 	case SPACED_GUEST_OUT_EVENT: {

@@ -73,7 +73,7 @@ eval "WC=\$FW_PID_wc"
 kill -STOP "$WC"
 if poll_down wc; then ok "wc stopped (SIGSTOP): not live after ${DOWN_MS} ms (polled every 0.5 s)"; else fail "wc still live 15 s after it stopped: $(state_of wc)"; fi
 STOP_MS=$DOWN_MS
-grep -q "channel wc: silent for" "$W/cp.log" && ok "the control plane closed wc's silent channel" || fail "no silence logged for wc"
+grep -q "event=channel-silent worker=wc " "$W/cp.log" && ok "the control plane closed wc's silent channel" || fail "no silence logged for wc"
 placed=$(place_n 3)
 expect "three creates while wc is stopped: all on wa" "$placed" "201:wa 201:wa 201:wa "
 expect "create on wc by name -> 503 worker-unavailable" "$(api "$TA" POST /v1/sandboxes '{"worker":"wc"}'; body .error)" "503worker-unavailable"
