@@ -52,7 +52,7 @@ static const char usage[] =
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
-	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] | dev down [--dir DIR] | dev status\n"
+	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] [--pool N] | dev down [--dir DIR] | dev status\n"
 	"\n"
 	"shell:\n"
 	"  completion bash                                a bash completion script (source <(spacectl completion bash))\n"
