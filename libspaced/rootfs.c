@@ -293,7 +293,8 @@ static int entry_ids(enum spaced_rootfs_kind kind, struct archive_entry *e, uint
 static const char *upper_rel(const char *path, bool *skip)
 {
 	static const char *const not_taken[] = {"dev", "proc", ".spaced"};
-	static const char *const files_not_taken[] = {"etc/hostname", "etc/hosts"};
+	/* per execution: its name, and its resolver (written by the worker when it has egress) */
+	static const char *const files_not_taken[] = {"etc/hostname", "etc/hosts", "etc/resolv.conf"};
 	const char *p = path;
 	while (p[0] == '.' && p[1] == '/')
 		p += 2;

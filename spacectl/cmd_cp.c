@@ -83,7 +83,7 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -103,6 +103,9 @@ static const struct option cp_longopts[] = {
 	{"env", required_argument, NULL, O_ENV},
 	{"meta", required_argument, NULL, O_META},
 	{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
+	{"network", required_argument, NULL, O_NETWORK},
+	{"allow-out", required_argument, NULL, O_ALLOW_OUT},
+	{"deny-out", required_argument, NULL, O_DENY_OUT},
 	{NULL, 0, NULL, 0},
 };
 
@@ -111,6 +114,7 @@ static const char cp_usage[] =
 	"       spacectl create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE]\n"
 	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--env K=V]...\n"
 	"                       [--meta K=V]... [--auto-resume] [--json]\n"
+	"                       [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
 	"       spacectl quota [--json]\n"
 	"       spacectl ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
 	"       spacectl timeout ID SECONDS                   it is reaped SECONDS from now (0: never)\n"
@@ -187,6 +191,22 @@ int cmd_cp(int argc, char **argv)
 					goto out;
 				}
 			}
+			break;
+		}
+		case O_NETWORK:
+		case O_ALLOW_OUT:
+		case O_DENY_OUT: {
+			/* the egress policy (docs/network.md): mode allow unless said */
+			json_t *net = json_object_get(req, "network");
+			if (net == NULL) {
+				net = json_pack("{s:s,s:[],s:[]}", "mode", "allow", "allow_out", "deny_out");
+				json_object_set_new(req, "network", net);
+			}
+			if (c == O_NETWORK)
+				json_object_set_new(net, "mode", json_string(optarg));
+			else
+				json_array_append_new(json_object_get(net, c == O_ALLOW_OUT ? "allow_out" : "deny_out"),
+				                      json_string(optarg));
 			break;
 		}
 		default: rc = cli_usage(cp_usage); goto out;

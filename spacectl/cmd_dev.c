@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -332,6 +333,13 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 			kill(r[i].pid, SIGKILL);
 	if (realpath(dir, absdir) != NULL)
 		kill_executions(absdir);
+	/* each worker's egress namespace (docs/network.md): once unmounted, pasta
+	 * and spaced-netd (killed above in any case) have nothing left to serve */
+	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
+		char ns[PATH_MAX + 64];
+		snprintf(ns, sizeof ns, "%s/worker-%d/net/ns", dir, k);
+		umount2(ns, MNT_DETACH);
+	}
 	/* executions whose launcher is gone: on cgroup v1 a paused one stays
 	 * frozen (its tasks cannot die) until its cgroup is thawed */
 	char launch[PATH_MAX];

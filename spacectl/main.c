@@ -37,6 +37,12 @@ static const char usage[] =
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
 	"\n"
+	"network (docs/network.md):\n"
+	"  create … [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
+	"  net ID [--network allow|deny] [--allow-out X]... [--deny-out X]... [--json]   show or change egress live\n"
+	"  expose ID PORT [--protocol http|tcp] [--json]   a URL and capability for a port (spaced-netgtw)\n"
+	"  port-forward ID PORT [LOCAL_PORT]              a local port forwarded through the gateway\n"
+	"\n"
 	"templates (docs/templates.md):\n"
 	"  template import NAME FILE [--json]             a root filesystem tarball or an OCI image archive\n"
 	"  template build NAME -f SPACEFILE [--context DIR] [--no-cache] [--json]\n"
@@ -148,6 +154,12 @@ int main(int argc, char **argv)
 		return cmd_node(argc - 1, argv + 1);
 	if (strcmp(argv[1], "template") == 0)
 		return cmd_template(argc - 1, argv + 1);
+	if (strcmp(argv[1], "net") == 0)
+		return cmd_net(argc - 1, argv + 1);
+	if (strcmp(argv[1], "expose") == 0)
+		return cmd_expose(argc - 1, argv + 1);
+	if (strcmp(argv[1], "port-forward") == 0)
+		return cmd_port_forward(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
 	                                      "pause", "snapshot", "resume", "move", "quota", "timeout", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)

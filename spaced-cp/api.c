@@ -467,6 +467,18 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, status, out);
 			return;
 		}
+		if (strcmp(op, "network") == 0) {
+			char *net = malloc(CP_NETWORK_MAX);
+			if (net == NULL || cp_parse_network(body, blen, net, err, sizeof err) < 0) {
+				free(net);
+				bad_request(rq, net ? err : "out of memory");
+				return;
+			}
+			int status = cp_op_network(cp, st, tenant, id, net, &out);
+			free(net);
+			answer(rq, status, out);
+			return;
+		}
 		if (strcmp(op, "pause") == 0 || strcmp(op, "snapshot") == 0) {
 			if (cp_parse_target(body, blen, "_", worker, err, sizeof err) < 0) {
 				bad_request(rq, err);

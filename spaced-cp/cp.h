@@ -192,6 +192,13 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
                  json_t **body);
 int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
                  const char *worker, json_t **body);
+/* POST /v1/sandboxes/{id}/network: stores the egress policy (canonical JSON)
+ * in the sandbox's spec and, when a worker runs or holds it, pushes `net` and
+ * waits for the acknowledgement. An HTTP status, *body the answer. */
+int cp_op_network(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *network,
+                  json_t **body);
+/* A policy object from canonical JSON text, or the default policy for "". */
+json_t *cp_network_or_default(const char *text);
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body);
 json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id);

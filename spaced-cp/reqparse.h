@@ -19,6 +19,7 @@
 #define CP_BODY_MAX (64 * 1024)
 #define CP_URL_MAX 256
 #define CP_SUBSTRATES_MAX 8
+#define CP_NETWORK_MAX 40000 /* canonical policy JSON: 2 × 64 entries of at most 253 bytes */
 
 #define CP_ENV_MAX 64        /* create-time environment variables */
 #define CP_META_MAX 32       /* metadata entries */
@@ -35,6 +36,7 @@ struct cp_create_req {
 	char substrate[SPACED_NAME_MAX];
 	char worker[SPACED_NAME_MAX];         /* "" to let placement choose */
 	int64_t idle_timeout, max_lifetime;   /* seconds, -1 = control-plane default, 0 = none */
+	char network[CP_NETWORK_MAX];         /* the egress policy, canonical JSON (netpolicy.h); "" when none given */
 };
 
 struct cp_route_req {
@@ -77,10 +79,11 @@ struct cp_chan_msg {
 };
 
 /* POST /v1/sandboxes: {"template","template_hash","cpus","memory_bytes","pids","disk_bytes",
- * "substrate","worker","idle_timeout","max_lifetime","env","metadata","auto_resume"}, every member
- * optional ("template" and "template_hash" exclude each other). "env": at most 64 names
+ * "substrate","worker","idle_timeout","max_lifetime","env","metadata","auto_resume","network"}, every
+ * member optional ("template" and "template_hash" exclude each other). "env": at most 64 names
  * [A-Za-z_][A-Za-z0-9_]* (up to 128 bytes) to strings of up to 4096 bytes without NUL; "metadata":
- * at most 32 keys [A-Za-z0-9._-] (up to 63 bytes) to strings of up to 256 bytes. An empty body is {}. */
+ * at most 32 keys [A-Za-z0-9._-] (up to 63 bytes) to strings of up to 256 bytes; network is an
+ * egress policy (netpolicy.h), kept in canonical form. An empty body is {}. */
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz);
 
 /* The metadata filter of GET /v1/sandboxes?meta=K=V…: the same key and value rules. */
@@ -117,5 +120,9 @@ void cp_limits_from_text(const char *text, struct cp_worker_limits *out);
 
 /* True when the comma-separated list has name. */
 int cp_list_has(const char *list, const char *name);
+
+/* POST /v1/sandboxes/{id}/network: an egress policy object (netpolicy.h);
+ * out (CP_NETWORK_MAX bytes) receives its canonical JSON. */
+int cp_parse_network(const char *body, size_t len, char *out, char *err, size_t errsz);
 
 #endif

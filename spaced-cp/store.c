@@ -72,6 +72,8 @@ static const struct {
 	{"sandboxes", "template_hash", "TEXT"},
 	/* paused by the idle timeout (an auto-resume sandbox is resumed by its next route) */
 	{"sandboxes", "idle_paused", "BIGINT NOT NULL DEFAULT 0"},
+	/* where the serving execution's ServicePort gateway listens on its worker (0: none) */
+	{"sandboxes", "gateway", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 int cp_store_open(const char *url, struct cp_store **out)

@@ -11,6 +11,7 @@
 #include "links.h"
 #include "log.h"
 #include "mgr.h"
+#include "net.h"
 #include "node.h"
 
 #include <errno.h>
@@ -424,8 +425,14 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		snprintf(why, whysz, "malformed record");
 		return SPACED_EINVAL;
 	}
+	if (strcmp(kind, "net") == 0)
+		return net_job(cfg, args, result, why, whysz);
 	if (strcmp(kind, "start") == 0 && has_rec) {
 		json_t *snap = json_object_get(args, "snapshot"), *used = json_object_get(args, "used"), *v;
+		/* the egress policy it starts under (net.h), kept for later starts */
+		json_t *net = json_object_get(args, "network");
+		if (net && !json_is_null(net) && (e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz)) < 0)
+			return e;
 		uint32_t u[1024];
 		size_t nu = 0, i;
 		json_array_foreach(used, i, v) {
@@ -434,8 +441,22 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		}
 		e = mgr_exec_start_fresh(cfg, &rec, json_is_string(snap) ? json_string_value(snap) : NULL, u, nu, why,
 		                         whysz);
-		if (e == 0)
+		if (e == 0) {
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+			/* where its ServicePort gateway listens (docs/network.md) */
+			char gp[4200];
+			snprintf(gp, sizeof gp, "%s/exec/%s.%llu/gateway.port", cfg->state_dir, rec.r.id.sandbox,
+			         (unsigned long long)rec.r.id.generation);
+			FILE *f = fopen(gp, "r");
+			int port = 0;
+			if (f) {
+				if (fscanf(f, "%d", &port) != 1)
+					port = 0;
+				fclose(f);
+			}
+			if (port > 0 && port < 65536 && *result)
+				json_object_set_new(*result, "gateway", json_integer(port));
+		}
 		if (rec.tmpl[0])
 			evict_templates(cfg, rec.tmpl, json_object_get(args, "templates"));
 		return e;
@@ -443,11 +464,18 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 	/* the warm pool (pool.c): start one, claim one on a template (checked
 	 * first: the pooled execution's lower layer is the cached tree as it is
 	 * now), reap what an earlier gate left */
-	if (strcmp(kind, "claim-checked") == 0 && has_rec) {
-		if ((e = tmpl_unchanged(cfg, rec.tmpl)) < 0) {
+	if ((strcmp(kind, "claim-checked") == 0 || strcmp(kind, "claim") == 0) && has_rec) {
+		if (rec.tmpl[0] && (e = tmpl_unchanged(cfg, rec.tmpl)) < 0) {
 			snprintf(why, whysz, "template %s changed in the cache since its check", rec.tmpl);
 			return e;
 		}
+		/* its egress: the sandbox's policy, kept for later starts, in place
+		 * of the pooled execution's closed filter, before its identity */
+		json_t *net = json_object_get(args, "network");
+		if (net && json_is_object(net) && (e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz)) < 0)
+			return e;
+		if ((e = net_claim(cfg, &rec, why, whysz)) < 0)
+			return e;
 		int fd = -1, answers = 0;
 		if ((e = mgr_pool_claim_send(cfg, &rec, &fd, &answers, why, whysz)) < 0)
 			return e;
@@ -458,8 +486,12 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			                                           : SPACED_ETIMEDOUT;
 		}
 		close(fd);
-		if (e == 0)
+		int gw = 0;
+		if (e == 0 && (e = mgr_pool_claim_finish(cfg, &rec, &gw)) == 0) {
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+			if (gw > 0 && *result)
+				json_object_set_new(*result, "gateway", json_integer(gw));
+		}
 		return e;
 	}
 	if (strcmp(kind, "pool-start") == 0 && has_rec && json_is_string(json_object_get(args, "name"))) {
@@ -672,7 +704,7 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 		send_done(x, id, SPACED_EPROTO, "malformed job", NULL, -1);
 		return;
 	}
-	if (strcmp(kind, "claim") == 0) {
+	if (strcmp(kind, "claim") == 0 && mgr_pool_claim_inline(x->cfg)) {
 		claim_start(x, id, args);
 		json_decref(args);
 		return;

@@ -159,6 +159,14 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
  * when it has one, comes before the IDENTITY): 0 (all OK), SPACED_EBUSY (not
  * all yet), SPACED_EPROTO. */
 int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz);
+/* True when a claim is only the identity (claimed in the executor's loop):
+ * no egress to open for the sandbox (net.h) and no ServicePort gateway to
+ * start; else a claim is a job in a child (net_claim, the claim, then
+ * mgr_pool_claim_finish). */
+bool mgr_pool_claim_inline(const struct mgr_config *cfg);
+/* After the claim: the execution's ServicePort gateway (spaced-netgtw, with
+ * the claimed identity); *gateway_port its port, 0 without one. */
+int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
 /* Stops the pooled executions in STATE/pool that no name in keep[] names
  * (left by an earlier gate): their launchers and bridges, their files. */
 void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep);

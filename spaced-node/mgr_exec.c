@@ -16,6 +16,7 @@
  * after the start time matched.
  */
 #include "mgr.h"
+#include "net.h"
 #include "node.h"
 
 #include <dirent.h>
@@ -24,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -661,6 +663,51 @@ static int send_config(const char *e_dir, const char *config)
 	return n >= 2 && memcmp(reply, "OK", 2) == 0 ? 0 : SPACED_ECLOSED;
 }
 
+/* The execution's ServicePort gateway (spaced-netgtw, R5): it listens on
+ * 127.0.0.1 (its port in E_DIR/gateway.port), compares every open with the
+ * record the gate publishes in STATE/gw/<sandbox>.json and reaches the guest's
+ * ports through the same guest transport, verified as the bridge does (B1,
+ * B2). It ends with the launcher. Without it the execution runs, its
+ * ServicePorts unreachable (logged). */
+static bool gateway_bin(const struct mgr_config *cfg, char *bin, size_t binsz)
+{
+	char tmp[4096];
+	struct stat sb;
+	if (!cfg->launch_bin)
+		return false;
+	snprintf(tmp, sizeof tmp, "%s", cfg->launch_bin);
+	const char *d = dirname(tmp);
+	snprintf(bin, binsz, "%s/spaced-netgtw", d);
+	if (stat(bin, &sb) < 0)
+		snprintf(bin, binsz, "%s/../spaced-netgtw/spaced-netgtw", d);
+	return stat(bin, &sb) == 0;
+}
+
+static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *logp)
+{
+	char bin[4096], tmp[4096], pf[4200], recp[4200], keys[4200], gsock[4200], lpid[32], lstart[32];
+	char text[SPACED_IDENTITY_TEXT_MAX];
+	if (!gateway_bin(cfg, bin, sizeof bin) || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+		return;
+	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
+	snprintf(recp, sizeof recp, "%s/gw/%s.json", cfg->state_dir, rec->r.id.sandbox);
+	snprintf(keys, sizeof keys, "%s/keys.json", cfg->state_dir);
+	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
+	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
+	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
+	snprintf(tmp, sizeof tmp, "%s/gw", cfg->state_dir);
+	mkdir(tmp, 0700);
+	char audit[4200];
+	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
+	const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record", recp, "--keys", keys,
+	                      "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
+	                      cfg->launch_bin, "--identity", text, "--audit", audit, NULL};
+	int64_t gp;
+	uint64_t gs;
+	if (spawn_ready(argv, logp, pf, false, 5000, false, &gp, &gs) < 0)
+		fprintf(stderr, "spaced-executor level=warn event=gateway-failed sandbox=%s\n", rec->r.id.sandbox);
+}
+
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
@@ -683,8 +730,9 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	char cpus[16], mem[24], pids[24], disk[24], uid[16], troot[4400], why[512] = "";
-	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text};
-	size_t n = 7;
+	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
+	                        "--service-ports"};
+	size_t n = 8;
 	if (rec->tmpl[0]) {
 		/* the template, fetched and checked against its hash before use */
 		e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, sizeof why);
@@ -744,11 +792,20 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	struct mgr_rec r = *rec;
 	r.pid = lp;
 	r.pid_start = ls;
+	/* its network (net.h): the egress link and its policy's filter, before
+	 * any request can reach it. Without them it runs with `lo` only (a host
+	 * without /dev/net/tun, pasta or nft): closed, never open — a link whose
+	 * filter is missing carries nothing (the forward chain drops it). */
+	char nwhy[256] = "";
+	if (net_attach(cfg, &r, e_dir, nwhy, sizeof nwhy) < 0)
+		fprintf(stderr, "spaced-executor level=error event=net-attach-failed sandbox=%s reason=\"%s\"\n",
+		        rec->r.id.sandbox, nwhy);
 	e = start_bridge(cfg, &r);
 	if (e < 0) {
 		stop_pinned(lp, ls, true);
 		return e;
 	}
+	start_gateway(cfg, &r, e_dir, logp);
 	*rec = r;
 	return 0;
 }
@@ -1156,8 +1213,8 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 	mgr_run_wait(rm);
 	snprintf(logp, sizeof logp, "%s/log/pool.log", cfg->state_dir);
-	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin};
-	size_t n = 5;
+	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--service-ports"};
+	size_t n = 6;
 	if (rec->tmpl[0]) {
 		if ((e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, whysz)) < 0)
 			return e;
@@ -1242,6 +1299,12 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	}
 	rec->pid = lp;
 	rec->pid_start = ls;
+	/* its network made now, closed until a sandbox claims it (net.h) */
+	if ((e = net_attach_pooled(cfg, rec, e_dir, why, whysz)) < 0) {
+		stop_pinned(lp, ls, true);
+		mgr_run_wait(rm);
+		return e;
+	}
 	snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, name);
 	unlink(fifo);
 	if (mkfifo(fifo, 0600) < 0 || (e = start_bridge_in(cfg, rec, fifo)) < 0) {
@@ -1343,6 +1406,30 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	}
 	*ctl_fd = fd;
 	*answers = rec->config[0] ? 2 : 1;
+	return 0;
+}
+
+bool mgr_pool_claim_inline(const struct mgr_config *cfg)
+{
+	char bin[4096];
+	return !net_enabled(cfg) && !gateway_bin(cfg, bin, sizeof bin);
+}
+
+int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
+{
+	char e_dir[4096], logp[4096], pf[4200];
+	*gateway_port = 0;
+	if (exec_dir(cfg, rec, e_dir, sizeof e_dir) < 0)
+		return SPACED_EINVAL;
+	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
+	start_gateway(cfg, rec, e_dir, logp);
+	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
+	FILE *f = fopen(pf, "r");
+	if (f) {
+		if (fscanf(f, "%d", gateway_port) != 1 || *gateway_port <= 0 || *gateway_port > 65535)
+			*gateway_port = 0;
+		fclose(f);
+	}
 	return 0;
 }
 

@@ -195,6 +195,7 @@ struct mgr_config {
 	uint64_t tmpl_cache_max; /* the template cache keeps at most this much (least recently used go) */
 	pid_t exe_pid;          /* the executor (executor.h): the caller every bridge accepts */
 	uint64_t exe_start;     /* its start time */
+	const char *net_dns;    /* the upstream resolver of executions' DNS (IP[:PORT]); NULL: the host's */
 };
 /* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);

@@ -82,6 +82,11 @@ static struct {
 	int mgr_events;
 	struct spaced_buf mgr_out, mgr_in;
 	size_t mgr_out_off;
+	uv_check_t mgr_check; /* writes what a turn queued for the gate at its end */
+	uv_idle_t mgr_idle;
+	bool mgr_flush_due, mgr_flush_due_credit_pass;
+	uint32_t credit_due[256]; /* requests whose credit goes at the end of the turn */
+	size_t ncredit_due;
 	struct areq *bucket[API_BUCKETS];
 	uint32_t next_id;
 	uv_signal_t sigterm, sigint;
@@ -158,12 +163,50 @@ static void areq_free(struct areq *r)
 
 /* ---- to the gate ---- */
 
+/* Frames for the gate are written at the end of the loop's turn (the check
+ * phase; the idle handle keeps the loop from sleeping first): a turn's REQ,
+ * input and credits wake the gate once. */
+static void credit(struct areq *r, size_t n, bool flush);
+
+static void mgr_flush_due(uv_check_t *h)
+{
+	(void)h;
+	if (!A.mgr_flush_due)
+		return;
+	A.mgr_flush_due = false;
+	uv_idle_stop(&A.mgr_idle);
+	/* credits asked for during the turn, unless their stream ended meanwhile */
+	A.mgr_flush_due_credit_pass = true;
+	for (size_t i = 0; i < A.ncredit_due; i++) {
+		struct areq *r = areq_find(A.credit_due[i]);
+		if (r)
+			credit(r, 0, true);
+	}
+	A.mgr_flush_due_credit_pass = false;
+	A.ncredit_due = 0;
+	mgr_update_poll();
+}
+
+static void mgr_idle(uv_idle_t *h)
+{
+	(void)h;
+	mgr_flush_due(NULL);
+}
+
+static void mgr_due(void)
+{
+	if (!A.mgr_flush_due) {
+		A.mgr_flush_due = true;
+		uv_idle_start(&A.mgr_idle, mgr_idle);
+	}
+}
+
 static int mgr_send(uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
 {
 	int e = spaced_frame_append(&A.mgr_out, type, flags, id, b ? b->data : NULL, b ? b->len : 0);
 	if (e < 0)
 		return e;
-	mgr_update_poll();
+	mgr_due();
 	return 0;
 }
 
@@ -181,6 +224,18 @@ static void credit(struct areq *r, size_t n, bool flush)
 	r->credit_pending += n;
 	if (r->credit_pending == 0 || r->ended || (!flush && r->credit_pending < 32768))
 		return;
+	if (flush && r->credit_pending < 32768 && !A.mgr_flush_due_credit_pass) {
+		/* at the end of the turn: a RESULT read with the data ends the
+		 * stream, and no credit is needed at all */
+		for (size_t i = 0; i < A.ncredit_due; i++)
+			if (A.credit_due[i] == r->id)
+				return;
+		if (A.ncredit_due < sizeof A.credit_due / sizeof A.credit_due[0]) {
+			A.credit_due[A.ncredit_due++] = r->id;
+			mgr_due();
+			return;
+		}
+	}
 	struct spaced_buf b;
 	spaced_buf_init(&b, 32);
 	if (spaced_field_put_u64(&b, r->credit_pending) == 0)
@@ -1350,6 +1405,9 @@ int node_api_run(const struct node_api_config *cfg)
 	if (uv_poll_init(&A.loop, &A.mgr_poll, A.mgr_fd) < 0)
 		goto out;
 	A.mgr_events = 0;
+	uv_check_init(&A.loop, &A.mgr_check);
+	uv_idle_init(&A.loop, &A.mgr_idle);
+	uv_check_start(&A.mgr_check, mgr_flush_due);
 	mgr_update_poll();
 	uv_signal_init(&A.loop, &A.sigterm);
 	uv_signal_init(&A.loop, &A.sigint);

@@ -5,7 +5,7 @@
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE] [--template-max SIZE]
- *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N]
+ *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
@@ -52,7 +52,7 @@ static void usage(void)
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
-	                "                   [--pool-starts N]\n"
+	                "                   [--pool-starts N] [--net-dns IP[:PORT]]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
@@ -333,6 +333,8 @@ int main(int argc, char **argv)
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
 	int stall_ms = 60000;
+	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
+	const char *net_dns = getenv("SPACED_NET_DNS");
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 	/* templates: 8 GiB each at most, a cache of 20 GiB */
@@ -444,7 +446,8 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
-		}
+		} else if (strcmp(a, "--net-dns") == 0)
+			net_dns = v;
 		else {
 			usage();
 			return 2;
@@ -530,7 +533,7 @@ int main(int argc, char **argv)
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
-	                        .pool_memory = pool_memory};
+	                        .pool_memory = pool_memory, .net_dns = net_dns};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

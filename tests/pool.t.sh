@@ -6,11 +6,15 @@
 #    sandbox (a pooled execution serves one sandbox at most);
 #  - a pooled execution runs under the limits of the sandbox that claims it: demand for other
 #    limits makes a pool of them, and a sandbox claimed from it is held to its memory limit;
+#  - a pooled execution takes the egress policy of the sandbox that claims it (docs/network.md):
+#    closed while it waits, then exactly the sandbox's policy (deny, an allow list, allow), changed
+#    live like any (skipped without pasta, nft or a network namespace of its own for an outside host);
 #  - pooled executions that died while waiting are not handed out: the create starts one for
 #    itself and succeeds;
 #  - the pool stays within --pool-max per key.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
+. "$SPACED_TOP/tests/net_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
 [ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
 for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
@@ -20,7 +24,7 @@ done
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
-trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 if ! "$SC" dev up --workers 1 --dir "$D" --pool 4 >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; echo "FAIL: dev up"; exit 1
 fi
@@ -69,6 +73,38 @@ expect "the claimed execution's limits are the sandbox's" \
 "$SC" exec "$M" -- sh -c 'x=a; while true; do x="$x$x"; done' >/dev/null 2>&1
 expect "its memory limit holds: the hog was killed, the sandbox serves" "$("$SC" exec "$M" -- echo alive)" alive
 expect "its peak is its limit" "$("$SC" top "$M" --json | jq '.memory_peak_bytes <= 100663296')" true
+
+# ---- a pooled execution takes the claiming sandbox's egress policy ----
+# CODE ID URL: the HTTP status curl gets from inside the sandbox (000: no connection)
+code() { "$SC" exec "$1" -- curl -s -m 4 -o /dev/null -w '%{http_code}' "$2" 2>/dev/null; }
+pooled() { status "[.records[] | select(.identity.sandbox == \"$1\") | .pooled] | first"; }
+if ! command -v pasta >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+	echo "skip: egress of pooled executions (pasta, nft or curl missing)"
+elif ! NH_LOG=$W/host.log net_host_up; then
+	echo "skip: egress of pooled executions (cannot make the outside host's namespace here)"
+else
+	wait_ready 4 || fail "the pool fills again"
+	DN=$("$SC" create --network deny)
+	AL=$("$SC" create --network deny --allow-out "$NH_A/32")
+	OP=$("$SC" create)
+	expect "deny, allow-list and default sandboxes came from the pool" "$(pooled "$DN") $(pooled "$AL") $(pooled "$OP")" \
+		"true true true"
+	expect "deny: the outside host is closed" "$(code "$DN" "http://$NH_A:8080/")" 000
+	expect "allow list: the allowed address is reached" "$(code "$AL" "http://$NH_A:8080/")" 200
+	expect "allow list: another address is closed" "$(code "$AL" "http://$NH_B:8080/")" 000
+	expect "default (allow): the outside host is reached" "$(code "$OP" "http://$NH_B:8080/")" 200
+	"$SC" net "$DN" --network allow >/dev/null || fail "net: a live change"
+	expect "deny changed live to allow: reached" "$(code "$DN" "http://$NH_A:8080/")" 200
+	# waiting pooled executions are closed: nothing runs in them, and their filter lets nothing out
+	slots=0; closed=0
+	for f in "$D"/worker-1/net/slot/*.json; do
+		[ -f "$f" ] || continue
+		[ "$(jq -r .sandbox "$f")" = "" ] || continue
+		slots=$((slots + 1))
+		[ "$(jq -c '[.policy.mode, (.policy.allow_out | length)]' "$f")" = '["deny",0]' ] && closed=$((closed + 1))
+	done
+	expect "every waiting pooled execution's filter is closed" "$([ "$slots" -ge 1 ] && [ "$closed" -eq "$slots" ] && echo yes)" yes
+fi
 
 # ---- pooled executions that died are not handed out ----
 wait_ready 1 || fail "the pool refills"

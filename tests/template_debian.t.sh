@@ -3,7 +3,7 @@
 # with Debian's own mmdebstrap from the package archive, once for every tenant; a RUN step on it;
 # a sandbox from it is Debian (dpkg, apt, /etc/debian_version) and not the host's /usr.
 # Skipped, with the reason, when the archive (deb.debian.org) cannot be reached or mmdebstrap is
-# not installed. RUN steps have no network (a sandbox has only lo): they use what the base holds.
+# not installed. RUN steps use what the base holds (they need no network).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
