@@ -340,7 +340,11 @@ int spaced_rootfs_add_oci(struct spaced_rootfs *t, const char *path, json_t **co
 			r = failf(why, whysz, SPACED_EFORMAT, "no image manifest for linux/amd64 in the index");
 			goto out;
 		}
-		const char *mt = json_string_value(json_object_get(d, "mediaType"));
+		/* a copy: d belongs to doc, which is freed below */
+		char mtb[160];
+		const char *dmt = json_string_value(json_object_get(d, "mediaType"));
+		snprintf(mtb, sizeof mtb, "%s", dmt ? dmt : "");
+		const char *mt = dmt ? mtb : NULL;
 		if ((r = blob_checked(&o, d, p, sizeof p)) < 0)
 			goto out;
 		json_t *next = load_json(&o, p, "a manifest");

@@ -129,7 +129,7 @@ int cmd_cp(int argc, char **argv)
 	char query[2048] = "";
 	size_t ql = 0;
 	struct cp_call res = {0};
-	char path[512];
+	char path[2100]; /* /v1/sandboxes and the query of ls --meta */
 	const char *target = NULL;
 	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
 	while ((c = getopt_long(argc, argv, "", cp_longopts, NULL)) != -1) {

@@ -1462,7 +1462,7 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 		char name[40], e_dir[4400], lf[4500], text[256] = "", sock[4500];
 		if (!spaced_name_valid(de->d_name, strlen(de->d_name)) || strlen(de->d_name) > 20)
 			continue;
-		snprintf(name, sizeof name, "pool/%s", de->d_name);
+		snprintf(name, sizeof name, "pool/%.30s", de->d_name);
 		bool kept = false;
 		for (size_t i = 0; i < nkeep && !kept; i++)
 			kept = strcmp(keep[i], name) == 0;

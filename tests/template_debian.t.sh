@@ -14,6 +14,12 @@ curl -s -o /dev/null --max-time 10 http://deb.debian.org/debian/dists/bookworm/R
 for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" "$CP"; do
 	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
 done
+# the guest runs as PID 1 on the template's own files: a dynamically linked guest (the sanitizer
+# build's) needs libraries a minimal Debian does not have, in the build sandboxes too
+if readelf -l "$SPACED_BUILD/spaced-guest/spaced-guest" 2>/dev/null | grep -q 'program interpreter'; then
+	echo "this build's spaced-guest is dynamically linked (sanitizers): a minimal Debian cannot run it; FROM debian:bookworm skipped"
+	exit 77
+fi
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
