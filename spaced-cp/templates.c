@@ -562,11 +562,14 @@ int cp_template_name(struct cp_store *st, const char *tenant, const char *name, 
 		return status;
 	}
 	json_decref(t);
-	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS), now[24];
-	int r = CP_Q(st, NULL, NULL,
-	             "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
-	             "VALUES ($1, $2, $3, 0, 0, $4, 'build', $5)",
-	             tenant, name, hash, cfg, cp_i64(now, spaced_now()));
+	char *cfg = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS) : strdup("{}"), now[24], hb[65];
+	snprintf(hb, sizeof hb, "%s", hash); /* hash belongs to req, freed below */
+	hash = hb;
+	int r = cfg ? CP_Q(st, NULL, NULL,
+	                   "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
+	                   "VALUES ($1, $2, $3, 0, 0, $4, 'build', $5)",
+	                   tenant, name, hash, cfg, cp_i64(now, spaced_now()))
+	            : SPACED_ENOMEM;
 	free(cfg);
 	json_decref(req);
 	if (r == SPACED_EEXIST) {
