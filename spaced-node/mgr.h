@@ -167,6 +167,8 @@ bool mgr_pool_claim_inline(const struct mgr_config *cfg);
 /* After the claim: the execution's ServicePort gateway (spaced-netgtw, with
  * the claimed identity); *gateway_port its port, 0 without one. */
 int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
+/* The port of rec's ServicePort gateway once started (0: none). */
+int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
 /* Stops the pooled executions in STATE/pool that no name in keep[] names
  * (left by an earlier gate): their launchers and bridges, their files. */
 void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep);

@@ -1417,12 +1417,21 @@ bool mgr_pool_claim_inline(const struct mgr_config *cfg)
 
 int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
 {
-	char e_dir[4096], logp[4096], pf[4200];
+	char e_dir[4096], logp[4096];
 	*gateway_port = 0;
 	if (exec_dir(cfg, rec, e_dir, sizeof e_dir) < 0)
 		return SPACED_EINVAL;
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	start_gateway(cfg, rec, e_dir, logp);
+	return mgr_pool_gateway_port(cfg, rec, gateway_port);
+}
+
+int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
+{
+	char e_dir[4096], pf[4200];
+	*gateway_port = 0;
+	if (exec_dir(cfg, rec, e_dir, sizeof e_dir) < 0)
+		return SPACED_EINVAL;
 	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
 	FILE *f = fopen(pf, "r");
 	if (f) {

@@ -7,8 +7,8 @@
 #  - a pooled execution runs under the limits of the sandbox that claims it: demand for other
 #    limits makes a pool of them, and a sandbox claimed from it is held to its memory limit;
 #  - a pooled execution takes the egress policy of the sandbox that claims it (docs/network.md):
-#    closed while it waits, then exactly the sandbox's policy (deny, an allow list, allow), changed
-#    live like any (skipped without pasta, nft or a network namespace of its own for an outside host);
+#    exactly the sandbox's policy (deny, an allow list, the default), changed live like any, its
+#    slot held by that sandbox (skipped without pasta, nft or a network namespace of its own for an outside host);
 #  - pooled executions that died while waiting are not handed out: the create starts one for
 #    itself and succeeds;
 #  - the pool stays within --pool-max per key.
@@ -95,15 +95,19 @@ else
 	expect "default (allow): the outside host is reached" "$(code "$OP" "http://$NH_B:8080/")" 200
 	"$SC" net "$DN" --network allow >/dev/null || fail "net: a live change"
 	expect "deny changed live to allow: reached" "$(code "$DN" "http://$NH_A:8080/")" 200
-	# waiting pooled executions are closed: nothing runs in them, and their filter lets nothing out
-	slots=0; closed=0
-	for f in "$D"/worker-1/net/slot/*.json; do
-		[ -f "$f" ] || continue
-		[ "$(jq -r .sandbox "$f")" = "" ] || continue
-		slots=$((slots + 1))
-		[ "$(jq -c '[.policy.mode, (.policy.allow_out | length)]' "$f")" = '["deny",0]' ] && closed=$((closed + 1))
-	done
-	expect "every waiting pooled execution's filter is closed" "$([ "$slots" -ge 1 ] && [ "$closed" -eq "$slots" ] && echo yes)" yes
+	# its ServicePort gateway was started with the claimed identity (its port in the install's ack)
+	"$SC" exec "$OP" -- sh -c 'cd /tmp && echo hello-pooled >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1' >/dev/null 2>&1
+	"$SC" expose "$OP" 8080 --json >"$W/exp.json" 2>&1
+	expect "a pooled sandbox's port through its gateway (expose)" \
+		"$(curl -s -m 5 -H "Authorization: Bearer $(jq -r .capability "$W/exp.json")" "$(jq -r .url "$W/exp.json")index.html")" \
+		hello-pooled
+	# a slot's filter is its holder's: the claimed sandboxes hold theirs, waiting pooled executions
+	# (nothing runs in them before their identity) hold none
+	held=$(for f in "$D"/worker-1/net/slot/*.json; do jq -r .sandbox "$f"; done | sort)
+	expect "each claimed sandbox holds its slot" \
+		"$(for x in "$DN" "$AL" "$OP"; do echo "$held" | grep -cx "$x"; done | tr '\n' ' ')" "1 1 1 "
+	expect "waiting pooled executions hold theirs for no sandbox" \
+		"$([ "$(echo "$held" | grep -cx '')" -ge 1 ] && echo yes)" yes
 fi
 
 # ---- pooled executions that died are not handed out ----
