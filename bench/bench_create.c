@@ -317,6 +317,9 @@ int main(int argc, char **argv)
 	strcat(dir, "/c");
 	if (sh(cmd) != 0) {
 		fprintf(stderr, "bench-create: dev up failed (%s/../up.log)\n", dir);
+		/* what came up goes down (its logs stay) */
+		snprintf(cmd, sizeof cmd, "%s/spacectl/spacectl dev down --dir %s >/dev/null 2>&1", top, dir);
+		sh(cmd);
 		return 1;
 	}
 	/* the tenant may hold what the concurrent phase makes */

@@ -285,14 +285,26 @@ void pool_start(struct mgr *m)
 
 void pool_stop(struct mgr *m)
 {
-	(void)m;
 	if (P.timer_on) {
 		uv_timer_stop(&P.timer);
 		uv_close((uv_handle_t *)&P.timer, NULL);
 		P.timer_on = false;
 	}
-	/* pooled executions outlive the gate like every execution; the next
-	 * gate reaps them (they belong to no record) */
+	/* A gate that stops (the worker is stopped) takes its waiting pooled
+	 * executions with it: they serve nobody, and a worker that does not
+	 * come back would keep them running. Claimed ones are records' and stay,
+	 * like every execution. One still starting when the executor stops too,
+	 * or every one of a gate that crashed, is reaped by the next gate. */
+	if (enabled(m)) {
+		const char **keep = calloc(m->nrecs + 1, sizeof *keep);
+		size_t nk = 0;
+		for (size_t i = 0; keep && i < m->nrecs; i++)
+			if (m->recs[i].exec_name[0])
+				keep[nk++] = m->recs[i].exec_name;
+		if (keep)
+			mgr_pool_exec_reap(m->cfg, keep, nk);
+		free(keep);
+	}
 	while (P.keys) {
 		struct pool_key *k = P.keys;
 		P.keys = k->next;
