@@ -1,6 +1,7 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--log-format text|json]
+ *          [--pool N]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
@@ -40,7 +41,7 @@
 
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
-	"                       [--log-format text|json]\n"
+	"                       [--log-format text|json] [--pool N]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
@@ -503,6 +504,10 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
+/* The warm pool each worker keeps for its default template and limits
+ * (spaced-node --pool; NULL: spaced-node's default). */
+static const char *dev_pool;
+
 static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
@@ -549,8 +554,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-		                   logfmt ? "--log-format" : NULL, logfmt, NULL};
+		/* request threads enough for many lifecycle calls waiting for
+		 * their acks at once (50 concurrent creates) */
+		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64",
+		                   "--metrics-listen", "127.0.0.1:0", logfmt ? "--log-format" : NULL, logfmt, NULL};
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -568,16 +575,21 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	snprintf(cpurl, sizeof cpurl, "http://127.0.0.1:%s", port);
 	{
 		/* started again on the same port */
-		char cpdir[PATH_MAX + 64], listen[64];
+		char cpdir[PATH_MAX + 64], listen[64], store[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
+		/* and its store too: what workers were told to fetch stays where it is */
+		snprintf(p, sizeof p, "%s/cp/store.port", absdir);
+		char *sp = read_small(p);
+		snprintf(store, sizeof store, "127.0.0.1:%s", sp ? sp : "0");
+		free(sp);
 		char mlisten[64], mpath[PATH_MAX + 64];
 		snprintf(mpath, sizeof mpath, "%s/cp/metrics.port", absdir);
 		char *mp = read_small(mpath);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
 		free(mp);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--metrics-listen", mlisten,
-		                   logfmt ? "--log-format" : NULL, logfmt, NULL};
+		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store,
+		                   "--metrics-listen", mlisten, logfmt ? "--log-format" : NULL, logfmt, NULL};
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
@@ -636,6 +648,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		if (stall) {
 			a[na++] = "--stall-timeout";
 			a[na++] = stall;
+		}
+		if (dev_pool && real) {
+			a[na++] = "--pool";
+			a[na++] = dev_pool;
 		}
 		if (logfmt) {
 			a[na++] = "--log-format";
@@ -782,6 +798,7 @@ int cmd_dev(int argc, char **argv)
 		{"dir", required_argument, NULL, 'd'},
 		{"substrate", required_argument, NULL, 's'},
 		{"stall-timeout", required_argument, NULL, 'S'},
+		{"pool", required_argument, NULL, 'P'},
 		{"log-format", required_argument, NULL, 'L'},
 		{NULL, 0, NULL, 0},
 	};
@@ -799,6 +816,7 @@ int cmd_dev(int argc, char **argv)
 		case 'd': dir = optarg; break;
 		case 's': substrate = optarg; break;
 		case 'S': stall = optarg; break;
+		case 'P': dev_pool = optarg; break;
 		case 'L': logfmt = optarg; break;
 		default: return cli_usage(usage_dev);
 		}

@@ -1,6 +1,6 @@
 /*
  * cmd_stream.c — spacectl's WebSocket streams to a sandbox:
- *   exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--no-stdin] -- CMD [ARG...]
+ *   exec ID [--env K=V]... [--cwd DIR] [--user U] [--timeout S] [--no-stdin] -- CMD [ARG...]
  *   term ID [--env K=V]... [--cwd DIR] [-- CMD [ARG...]]
  *   watch ID PATH
  * Each open is one session (session_run): one poll() loop over the WebSocket
@@ -566,7 +566,7 @@ static int q_add(char *q, size_t qsz, size_t *ql, const char *name, const char *
 	return r;
 }
 
-/* argv (default /bin/sh when n == 0), env and cwd as a query. */
+/* argv (default /bin/sh when n == 0), env, cwd and user as a query. */
 static int command_query(struct opargs *oa, char **args, int n, char *q, size_t qsz, size_t *ql)
 {
 	for (int i = 0; i < n || i == 0; i++)
@@ -587,6 +587,8 @@ static int command_query(struct opargs *oa, char **args, int n, char *q, size_t 
 			return -1;
 	}
 	if (oa->cwd != NULL && q_add(q, qsz, ql, "cwd", oa->cwd) < 0)
+		return -1;
+	if (oa->user != NULL && q_add(q, qsz, ql, "user", oa->user) < 0)
 		return -1;
 	return 0;
 }

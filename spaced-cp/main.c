@@ -6,6 +6,7 @@
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
+ *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -42,6 +43,7 @@ static const char usage[] =
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
+	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -239,6 +241,9 @@ int main(int argc, char **argv)
 		{"max-conns-per-ip", required_argument, NULL, 'P'},
 		{"metrics-listen", required_argument, NULL, 'M'},
 		{"log-format", required_argument, NULL, 'L'},
+		{"store-listen", required_argument, NULL, 'S'},
+		{"template-max", required_argument, NULL, 'T'},
+		{"snapshot-max", required_argument, NULL, 'X'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
@@ -247,6 +252,12 @@ int main(int argc, char **argv)
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
 	const char *listen = NULL, *metrics_listen = NULL;
 	char dbbuf[1200], cfg_err[256];
+	const char *store_listen = NULL;
+	uint64_t sz;
+	/* templates up to 8 GiB of archive and of content; snapshots up to 64 GiB */
+	cp.template_max = UINT64_C(8) << 30;
+	cp.snapshot_max = UINT64_C(64) << 30;
+	spaced_rootfs_limits_default(&cp.template_limits);
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
 		return 1;
@@ -281,6 +292,18 @@ int main(int argc, char **argv)
 			spaced_log_set_format(lf);
 			break;
 		}
+		case 'S': store_listen = optarg; break;
+		case 'T':
+		case 'X':
+			if (spaced_size_parse(optarg, &sz) < 0 || sz == 0) {
+				fprintf(stderr, "spaced-cp: --%s wants a size\n", c == 'T' ? "template-max" : "snapshot-max");
+				return 2;
+			}
+			if (c == 'T')
+				cp.template_max = cp.template_limits.max_bytes = sz;
+			else
+				cp.snapshot_max = sz;
+			break;
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
@@ -356,6 +379,29 @@ int main(int argc, char **argv)
 	char snaps[1100];
 	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);
 	mkdir(snaps, 0700);
+	/* the store listens on the API's host unless told otherwise, on a port of its own */
+	snprintf(cp.store_host, sizeof cp.store_host, "%s", cp.listen_host);
+	cp.store_port = 0;
+	if (store_listen != NULL) {
+		const char *sc = strrchr(store_listen, ':');
+		if (sc == NULL || sc == store_listen || (size_t)(sc - store_listen) >= sizeof cp.store_host ||
+		    atoi(sc + 1) < 0 || atoi(sc + 1) > 65535) {
+			fputs(usage, stderr);
+			return 2;
+		}
+		memcpy(cp.store_host, store_listen, (size_t)(sc - store_listen));
+		cp.store_host[sc - store_listen] = 0;
+		cp.store_port = atoi(sc + 1);
+	}
+	if (snprintf(cp.store_dir, sizeof cp.store_dir, "%s/store", cp.state_dir) >= (int)sizeof cp.store_dir) {
+		fprintf(stderr, "spaced-cp: state directory path too long\n");
+		return 1;
+	}
+	if ((r = cp_blobs_start(&cp)) < 0) {
+		fprintf(stderr, "spaced-cp: the store cannot listen on %s:%d: %s\n", cp.store_host, cp.store_port,
+		        spaced_strerror(r));
+		return 1;
+	}
 	if (replica_id(&cp) < 0) {
 		fprintf(stderr, "spaced-cp: cannot read or create %s/replica.id\n", cp.state_dir);
 		return 1;

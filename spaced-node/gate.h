@@ -39,6 +39,7 @@
 #define GATE_MAX_STREAMS 1024
 #define GATE_MAX_ADMIN 16
 #define GATE_ADMIN_LINE_MAX (256 * 1024)
+#define GATE_ADMIN_INFLIGHT 256 /* messages of one admin client in progress at once */
 #define GATE_IDLE_PER_SANDBOX 32
 /* Flow control: at most this many bytes of a stream's output are on their way
  * to its client (sent to node-api, not yet written to the client), and at most

@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -435,11 +436,16 @@ static char *hello_text(void)
 /* ---- the gate thread ----
  * The gate may take seconds over a control message (a snapshot, a start);
  * meanwhile the channel must keep answering the control plane's pings, or
- * it is declared dead. So the gate is asked from a thread of its own, one
- * message after the other in the order they came; each answer is posted back
- * to the channel's loop (lws_cancel_service). Messages and answers carry the
- * connection they belong to: an answer for a connection that has ended is
- * dropped (the control plane replays unacknowledged messages on the next). */
+ * it is declared dead. So the gate is given messages from a thread of its own,
+ * in the order they came; each answer is posted back to the channel's loop
+ * (lws_cancel_service). Messages and answers carry the connection they belong
+ * to: an answer for a connection that has ended is dropped (the control plane
+ * replays unacknowledged messages on the next).
+ * The hello is asked and answered (admin_ask). Messages go to the gate on a
+ * connection of their own without waiting for each one's acknowledgement (a
+ * pipeline): the gate applies the operations of different sandboxes side by
+ * side and acknowledges each when it is done, in any order (the control plane
+ * matches them by seq); a reader thread takes the acknowledgement lines. */
 
 struct gate_item {
 	struct gate_item *next;
@@ -452,7 +458,7 @@ struct gate_item {
 static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gcv = PTHREAD_COND_INITIALIZER;
 static struct gate_item *gin_head, *gin_tail, *gdone_head, *gdone_tail;
-static uint64_t conn_no;   /* channel loop only: the current connection's number */
+static uint64_t conn_no;   /* the current connection's number (changed by the channel loop, read atomically) */
 static bool conn_failed;   /* channel loop only: the gate failed on this connection */
 
 static void gitem_push(struct gate_item **head, struct gate_item **tail, struct gate_item *it)
@@ -497,6 +503,97 @@ static int gate_queue(bool hello, const uint8_t *p, size_t n)
 	return 0;
 }
 
+/* the pipelined connection: written by the gate thread only, read by its reader */
+static int pipe_fd = -1;
+static volatile int pipe_broken;
+
+static void gate_done(struct gate_item *it)
+{
+	pthread_mutex_lock(&gmu);
+	gitem_push(&gdone_head, &gdone_tail, it);
+	pthread_mutex_unlock(&gmu);
+	lws_cancel_service(ctx);
+}
+
+/* Acknowledgement lines from the gate, posted to the channel as answers of
+ * the connection current when they come; at the end of the connection, a
+ * failure of that channel connection (it is dropped and replayed). */
+static void *pipe_reader(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	static char buf[LINE_MAX_BYTES];
+	size_t len = 0;
+	for (;;) {
+		char *nl = memchr(buf, '\n', len);
+		if (nl) {
+			size_t n = (size_t)(nl - buf);
+			struct gate_item *it = calloc(1, sizeof *it);
+			if (it && (it->text = strndup(buf, n)) != NULL) {
+				it->conn = __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE);
+				gate_done(it);
+			} else {
+				free(it);
+			}
+			memmove(buf, nl + 1, len - n - 1);
+			len -= n + 1;
+			continue;
+		}
+		if (len == sizeof buf)
+			break;
+		ssize_t got = recv(fd, buf + len, sizeof buf - len, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			break;
+		len += (size_t)got;
+	}
+	pipe_broken = 1;
+	struct gate_item *it = calloc(1, sizeof *it);
+	if (it) {
+		it->conn = __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE); /* text NULL: failed */
+		gate_done(it);
+	}
+	return NULL;
+}
+
+/* Sends one message line to the gate on the pipelined connection (opened,
+ * with its reader, when missing or broken). 0 or -1. Gate thread only. */
+static int pipe_send(const char *msg, size_t len)
+{
+	if (pipe_fd >= 0 && pipe_broken) {
+		close(pipe_fd); /* its reader has stopped */
+		pipe_fd = -1;
+	}
+	if (pipe_fd < 0) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		if (strlen(C->admin_path) >= sizeof sa.sun_path)
+			return -1;
+		memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		pthread_t t;
+		pipe_broken = 0;
+		if (pthread_create(&t, NULL, pipe_reader, (void *)(intptr_t)fd) != 0) {
+			close(fd);
+			return -1;
+		}
+		pthread_detach(t);
+		pipe_fd = fd;
+	}
+	struct iovec iov[2] = {{(void *)(uintptr_t)msg, len}, {(void *)(uintptr_t)"\n", 1}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	if (pipe_broken || sendmsg(pipe_fd, &mh, MSG_NOSIGNAL) != (ssize_t)(len + 1)) {
+		shutdown(pipe_fd, SHUT_RDWR); /* its reader sees the end and stops */
+		pipe_broken = 1;
+		return -1;
+	}
+	return 0;
+}
+
 static void *gate_thread(void *arg)
 {
 	(void)arg;
@@ -509,13 +606,17 @@ static void *gate_thread(void *arg)
 		if (!gin_head)
 			gin_tail = NULL;
 		pthread_mutex_unlock(&gmu);
-		char *ans = it->hello ? hello_text() : admin_ask(it->text, it->len);
-		free(it->text);
-		it->text = ans;
-		pthread_mutex_lock(&gmu);
-		gitem_push(&gdone_head, &gdone_tail, it);
-		pthread_mutex_unlock(&gmu);
-		lws_cancel_service(ctx);
+		if (it->hello) {
+			it->text = hello_text();
+			gate_done(it);
+		} else if (pipe_send(it->text, it->len) < 0) {
+			free(it->text);
+			it->text = NULL; /* failed: the channel connection is dropped */
+			gate_done(it);
+		} else {
+			free(it->text); /* its acknowledgement comes through pipe_reader */
+			free(it);
+		}
 	}
 	return NULL;
 }
@@ -547,7 +648,7 @@ static void gate_answers(void)
 /* A new or ended connection: what was queued for the old one is dropped. */
 static void conn_changed(void)
 {
-	conn_no++;
+	__atomic_add_fetch(&conn_no, 1, __ATOMIC_RELEASE);
 	conn_failed = false;
 	pthread_mutex_lock(&gmu);
 	struct gate_item *it = gin_head;

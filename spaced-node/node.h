@@ -187,6 +187,12 @@ struct mgr_config {
 	uint32_t uid_slots;     /* … for k < uid_slots */
 	const char *uid_lock_dir; /* host-wide locks of the ranges in use */
 	int stall_timeout_ms;   /* a stream whose flow-control window stays full this long is cut */
+	uint64_t tmpl_max;       /* a template's archive and content at most */
+	int pool_min;            /* pooled executions kept for the worker's default template and limits */
+	int pool_max;            /* at most this many per template and limits (0: no pool) */
+	int pool_starts;         /* pooled executions being started at once, at most */
+	uint64_t pool_memory;    /* what all pooled executions may use together */
+	uint64_t tmpl_cache_max; /* the template cache keeps at most this much (least recently used go) */
 	pid_t exe_pid;          /* the executor (executor.h): the caller every bridge accepts */
 	uint64_t exe_start;     /* its start time */
 	const char *net_dns;    /* the upstream resolver of executions' DNS (IP[:PORT]); NULL: the host's */

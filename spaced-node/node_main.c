@@ -4,7 +4,8 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR] [--stall-timeout S] [--net-dns IP[:PORT]]
+ *               [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE] [--template-max SIZE]
+ *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
@@ -49,7 +50,9 @@ static void usage(void)
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
-	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--net-dns IP[:PORT]]\n"
+	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE]\n"
+	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
+	                "                   [--pool-starts N] [--net-dns IP[:PORT]]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
@@ -334,6 +337,12 @@ int main(int argc, char **argv)
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
+	/* templates: 8 GiB each at most, a cache of 20 GiB */
+	uint64_t tmpl_max = 8ull << 30, tmpl_cache_max = 20ull << 30;
+	/* the warm pool: 2 kept for the default template and limits, up to 64 per
+	 * template and limits as demand asks, within 256 MiB, 2 starting at once */
+	int pool_min = 2, pool_max = 64, pool_starts = 2;
+	uint64_t pool_memory = 256ull << 20;
 
 	char cfg_err[256];
 	if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
@@ -416,6 +425,27 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			stall_ms = (int)t * 1000;
+		} else if (strcmp(a, "--pool") == 0 || strcmp(a, "--pool-max") == 0 || strcmp(a, "--pool-starts") == 0) {
+			char *end;
+			long n = strtol(v, &end, 10);
+			if (*end || n < 0 || n > 4096) {
+				fprintf(stderr, "spaced-node: %s wants 0 .. 4096\n", a);
+				return 2;
+			}
+			*(strcmp(a, "--pool") == 0 ? &pool_min : strcmp(a, "--pool-max") == 0 ? &pool_max : &pool_starts) =
+			    (int)n;
+		} else if (strcmp(a, "--pool-memory") == 0) {
+			if (spaced_size_parse(v, &pool_memory) < 0) {
+				fprintf(stderr, "spaced-node: --pool-memory wants a size\n");
+				return 2;
+			}
+		} else if (strcmp(a, "--template-cache") == 0 || strcmp(a, "--template-max") == 0) {
+			uint64_t sz;
+			if (spaced_size_parse(v, &sz) < 0 || sz == 0) {
+				fprintf(stderr, "spaced-node: %s wants a size\n", a);
+				return 2;
+			}
+			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
 		} else if (strcmp(a, "--net-dns") == 0)
 			net_dns = v;
 		else {
@@ -501,7 +531,9 @@ int main(int argc, char **argv)
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
-	                        .stall_timeout_ms = stall_ms, .net_dns = net_dns};
+	                        .stall_timeout_ms = stall_ms, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
+	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
+	                        .pool_memory = pool_memory, .net_dns = net_dns};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

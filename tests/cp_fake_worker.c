@@ -157,6 +157,8 @@ static void on_message(const char *text, size_t len)
 	} else if (strcmp(type, "snapshot") == 0) {
 		state_save();
 		const char *p = json_string_value(json_object_get(m, "path"));
+		if (!p)
+			p = json_string_value(json_object_get(m, "url"));
 		a = json_pack("{s:I,s:b,s:{s:s,s:I}}", "ack", (json_int_t)seq, "ok", 1, "result", "path", p ? p : "",
 		              "bytes", (json_int_t)0);
 	} else {
