@@ -70,6 +70,12 @@ struct cp {
 	pid_t signer_pid;
 	pthread_mutex_t signer_mu;
 
+	/* TLS (tls.h): the listener's context, NULL with --plaintext; mtls: a
+	 * client CA was given, so join, register, heartbeat and the channel
+	 * want a verified client certificate whose name is the worker ID */
+	struct ssl_ctx_st *tls;
+	bool mtls;
+
 	/* HTTP budgets (httpsrv.h) */
 	int head_timeout_ms;  /* a request head must be complete within this */
 	int max_conns;        /* open connections at most */
@@ -103,10 +109,16 @@ struct cp_req {
 	char path[256];
 	char auth[512];
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
+	char peer_cert[SPACED_NAME_MAX]; /* the verified client certificate's name, "" none (cp->mtls) */
 	struct spaced_buf body;
 	int status;
 	char *resp; /* JSON body of the answer */
 };
+
+/* api.c: with mTLS (cp->mtls), whether rq came with a verified client
+ * certificate, naming worker when worker is not NULL. Returns 0, or -1 with
+ * the answer set (401 without one, 403 naming another worker). */
+int cp_worker_cert_check(const struct cp *cp, struct cp_req *rq, const char *worker);
 
 /* server.c */
 /* Serves the API and the control channels until SIGTERM / SIGINT; returns 0

@@ -5,6 +5,7 @@
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
+ *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext) [--config FILE]
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -28,15 +29,18 @@
 
 #include <sodium.h>
 
+#include "config.h"
 #include "cp.h"
 #include "error.h"
 #include "resources.h"
+#include "tls.h"
 
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
+	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext) [--config FILE]\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -232,6 +236,10 @@ int main(int argc, char **argv)
 		{"head-timeout", required_argument, NULL, 'H'},
 		{"max-conns", required_argument, NULL, 'C'},
 		{"max-conns-per-ip", required_argument, NULL, 'P'},
+		{"tls-cert", required_argument, NULL, 1},
+		{"tls-key", required_argument, NULL, 2},
+		{"tls-client-ca", required_argument, NULL, 3},
+		{"plaintext", no_argument, NULL, 4},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
@@ -243,9 +251,14 @@ int main(int argc, char **argv)
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
 		return 1;
+	struct spaced_tls_opts tls = {0};
+	char cerr[256];
 	if (is_admin) {
 		argc--;
 		argv++;
+	} else if (spaced_config_expand(argc, argv, &argc, &argv, cerr, sizeof cerr) < 0) {
+		fprintf(stderr, "spaced-cp: --config: %s\n", cerr);
+		return 2;
 	}
 	while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -261,6 +274,10 @@ int main(int argc, char **argv)
 		case 'H': cp.head_timeout_ms = atoi(optarg); break;
 		case 'C': cp.max_conns = atoi(optarg); break;
 		case 'P': cp.max_conns_per_ip = atoi(optarg); break;
+		case 1: tls.cert = optarg; break;
+		case 2: tls.key = optarg; break;
+		case 3: tls.client_ca = optarg; break;
+		case 4: tls.plaintext = true; break;
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
@@ -303,6 +320,20 @@ int main(int argc, char **argv)
 	if (listen == NULL || optind != argc) {
 		fputs(usage, stderr);
 		return 2;
+	}
+	/* TLS on the listener unless --plaintext says otherwise; with a client
+	 * CA, the worker endpoints want a client certificate naming the worker */
+	if (spaced_tls_opts_check(&tls, cerr, sizeof cerr) < 0) {
+		fprintf(stderr, "spaced-cp: %s\n", cerr);
+		return 2;
+	}
+	if (!tls.plaintext) {
+		char terr[600];
+		if (spaced_tls_server_ctx(tls.cert, tls.key, tls.client_ca, false, &cp.tls, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-cp: %s\n", terr);
+			return 2;
+		}
+		cp.mtls = tls.client_ca != NULL;
 	}
 	const char *colon = strrchr(listen, ':');
 	if (colon == NULL || (size_t)(colon - listen) >= sizeof cp.listen_host || colon == listen) {
@@ -351,5 +382,6 @@ int main(int argc, char **argv)
 		pthread_join(reaper, NULL);
 	cp_signer_stop(&cp);
 	cp_store_close(cp.loop_st);
+	SSL_CTX_free(cp.tls);
 	return r < 0 ? 1 : 0;
 }

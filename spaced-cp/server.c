@@ -107,11 +107,14 @@ static void *request_thread(void *arg)
 			rq->status = 503;
 			rq->resp = strdup("{\"error\":\"store\",\"message\":\"store unavailable\"}");
 		} else if (rq->kind == CP_JOB_CHANNEL) {
-			int ok = cp_chan_authorized(st, rq->auth, rq->worker);
-			rq->status = ok ? 101 : 401;
-			if (!ok)
-				rq->resp = strdup("{\"error\":\"unauthorized\",\"message\":\"the channel needs the "
-				                  "worker's own worker key\"}");
+			/* with mTLS, the client certificate naming this worker first */
+			if (cp_worker_cert_check(cp, rq, rq->worker) == 0) {
+				int ok = cp_chan_authorized(st, rq->auth, rq->worker);
+				rq->status = ok ? 101 : 401;
+				if (!ok)
+					rq->resp = strdup("{\"error\":\"unauthorized\",\"message\":\"the channel needs the "
+					                  "worker's own worker key\"}");
+			}
 		} else {
 			cp_api_handle(cp, st, rq);
 		}
@@ -310,6 +313,9 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		return;
 	}
 	memcpy(rq->path, req->target, strlen(req->target) + 1);
+	const char *cn = spaced_httpconn_peer_cert(c);
+	if (cn != NULL && strlen(cn) < sizeof rq->peer_cert)
+		memcpy(rq->peer_cert, cn, strlen(cn) + 1);
 	const char *auth = spaced_http_field(req, "authorization");
 	if (auth != NULL && strlen(auth) < sizeof rq->auth)
 		memcpy(rq->auth, auth, strlen(auth) + 1); /* longer: no key of ours, so 401 */
@@ -507,6 +513,7 @@ int cp_server_run(struct cp *cp)
 	hc.ws_message_max = CP_BODY_MAX;
 	hc.low_water = CP_CHAN_LOW_WATER;
 	hc.refusal_body = refusal_body;
+	hc.tls = cp->tls;
 	hc.ops = &ops;
 	if ((r = spaced_httpsrv_start(&S.loop, &hc, &S.srv)) < 0) {
 		fprintf(stderr, "spaced-cp: cannot listen on %s:%d: %s\n", cp->listen_host, cp->port, spaced_strerror(r));
@@ -525,7 +532,8 @@ int cp_server_run(struct cp *cp)
 	pthread_mutex_unlock(&S.mu);
 	int port = spaced_httpsrv_port(S.srv);
 	write_port_file(cp, port);
-	printf("spaced-cp: listening on http://%s:%d (store: %s)\n", cp->listen_host, port, cp_store_kind(cp->loop_st));
+	printf("spaced-cp: listening on %s://%s:%d (store: %s%s)\n", cp->tls ? "https" : "http", cp->listen_host, port,
+	       cp_store_kind(cp->loop_st), cp->mtls ? "; worker endpoints need a client certificate" : "");
 	fflush(stdout);
 	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0)
 		uv_run(&S.loop, UV_RUN_DEFAULT);

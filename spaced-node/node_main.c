@@ -7,7 +7,17 @@
  *               [--uid-lock-dir DIR] [--stall-timeout S]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
+ *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
+ *               [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
+ *
+ * TLS (tls.h): node-api and the metrics listener serve TLS with --tls-cert
+ * and --tls-key (with --tls-client-ca every client must present a
+ * certificate of that CA); only --plaintext serves without it, and one of the
+ * two is required. The link dials --cp https://… verifying the control plane
+ * against --tls-ca (else the system's trust store) and presents
+ * --tls-client-cert/--tls-client-key (mutual TLS: the certificate's name is
+ * the worker ID); an http:// --cp needs --plaintext.
  *
  * With --cp the worker joins the control plane itself (link.c): the join
  * token (single use, bound to this worker ID) is spent once for a worker key
@@ -40,6 +50,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "tls.h"
 #include "executor.h"
 #include "log.h"
 #include "pidref.h"
@@ -52,6 +63,8 @@ static void usage(void)
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
+	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
+	                "                   [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
 
@@ -82,6 +95,8 @@ static void keep_port(struct listener *l)
 		fclose(f);
 }
 
+static const struct spaced_tls_opts *TLS;
+
 static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
 {
 	int api[2], exe[2];
@@ -106,7 +121,8 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
 		                             .port_file = api_l->port_file, .drop_privileges = drop,
 		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
-		                             .metrics_port_file = met_l->port_file};
+		                             .metrics_port_file = met_l->port_file,
+		                             .tls_cert = TLS->cert, .tls_key = TLS->key, .tls_client_ca = TLS->client_ca};
 		_exit(node_api_run(&ac));
 	}
 	pid_t exe_pid = fork();
@@ -332,6 +348,7 @@ int main(int argc, char **argv)
 	int stall_ms = 60000;
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
+	static struct spaced_tls_opts tls;
 
 	char cfg_err[256];
 	if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
@@ -343,6 +360,13 @@ int main(int argc, char **argv)
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (strcmp(a, "--no-drop") == 0) {
 			drop = false;
+			continue;
+		}
+		int topt = spaced_tls_opt(&tls, a, v);
+		if (topt == 2)
+			continue;
+		if (topt == 1) {
+			i++;
 			continue;
 		}
 		if (!v) {
@@ -448,6 +472,39 @@ int main(int argc, char **argv)
 		token_buf[strcspn(token_buf, "\r\n")] = '\0';
 		join_token = token_buf;
 	}
+	char terr[600];
+	if (spaced_tls_opts_check(&tls, terr, sizeof terr) < 0) {
+		fprintf(stderr, "spaced-node: %s\n", terr);
+		return 2;
+	}
+	if (!tls.plaintext) {
+		/* the files are read again by each node-api (before it confines
+		 * itself); refused here first, with the reason */
+		SSL_CTX *probe = NULL;
+		if (spaced_tls_server_ctx(tls.cert, tls.key, tls.client_ca, true, &probe, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-node: %s\n", terr);
+			return 2;
+		}
+		SSL_CTX_free(probe);
+	}
+	if (cp_url) {
+		bool https = strncmp(cp_url, "https://", 8) == 0;
+		if (!https && !(strncmp(cp_url, "http://", 7) == 0 && tls.plaintext)) {
+			fprintf(stderr, "spaced-node: --cp wants https://HOST:PORT (http:// only with --plaintext: the worker "
+			                "key would cross the network in the clear)\n");
+			return 2;
+		}
+		SSL_CTX *probe = NULL;
+		if (https && spaced_tls_client_ctx(tls.ca, tls.client_cert, tls.client_key, &probe, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-node: %s\n", terr);
+			return 2;
+		}
+		SSL_CTX_free(probe);
+	} else if (tls.ca || tls.client_cert) {
+		fprintf(stderr, "spaced-node: --tls-ca, --tls-client-cert and --tls-client-key go with --cp https://…\n");
+		return 2;
+	}
+	TLS = &tls;
 	if ((launch == NULL) != (host_bin == NULL)) {
 		fprintf(stderr, "spaced-node: --launcher and --host go together\n");
 		return 2;
@@ -505,7 +562,8 @@ int main(int argc, char **argv)
 	}
 	struct link_config lc = {.cp_url = cp_url, .worker_id = worker, .state_dir = state_abs, .admin_path = admin,
 	                         .join_token = join_token, .advertise = advertise, .listen_host = host,
-	                         .capacity = (int)capacity};
+	                         .capacity = (int)capacity, .api_tls = !tls.plaintext, .tls_ca = tls.ca,
+	                         .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key};
 	struct listener api_l = {host, (int)port, port_file}, met_l = {NULL, 0, NULL};
 	char met_host[256], met_file[PATH_MAX];
 	if (metrics_listen) {
