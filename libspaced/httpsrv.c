@@ -21,6 +21,10 @@
  * connection's read BIO before reading the socket stops */
 #define TLS_READ_BUF 65536
 #define TLS_RBIO_MAX 65536
+/* TLS: what the application writes within one turn of the loop is gathered
+ * (up to one record's worth) and sealed at the end of that turn: one record
+ * and one write for a response's head and body, not one per piece */
+#define TLS_STAGE_MAX 16384
 #define PEER_CERT_MAX 128
 
 enum cstate {
@@ -79,6 +83,9 @@ struct spaced_httpconn {
 	bool tls_plain;        /* the refusal of a plaintext request goes out unencrypted */
 	bool tls_stalled;      /* plaintext may wait in ssl for room in rbuf */
 	bool tls_peer_closed;  /* close_notify or a TLS error: closed once what came is processed */
+	struct spaced_buf tls_stage; /* plaintext written this turn, not yet sealed */
+	struct spaced_httpconn *dirty_next; /* on the server's list of staged connections */
+	bool dirty;
 	char peer_cert[PEER_CERT_MAX]; /* CN of the verified client certificate, "" none */
 };
 
@@ -96,6 +103,12 @@ struct spaced_httpsrv {
 	struct spaced_httpsrv_stats stats;
 	uv_timer_t tls_kick;   /* TLS: pulls plaintext left waiting in connections (tls_stalled) */
 	bool tls_kick_armed;
+	/* TLS: connections with staged plaintext, sealed in the check phase of
+	 * the turn that staged it; the idle handle keeps that turn from waiting
+	 * in poll meanwhile */
+	struct spaced_httpconn *dirty;
+	uv_check_t seal_check;
+	uv_idle_t seal_idle;
 	uint8_t tls_in[TLS_READ_BUF]; /* TLS: every read of the loop lands here, then in a read BIO */
 };
 
@@ -174,7 +187,8 @@ static void on_written(uv_write_t *w, int status)
 		conn_close(c);
 		return;
 	}
-	if (c->drain_armed && c->queued <= c->srv->cfg.low_water) {
+	/* what waits counts whole: written, and staged for TLS */
+	if (c->drain_armed && c->queued + c->tls_stage.len <= c->srv->cfg.low_water) {
 		c->drain_armed = false;
 		if (c->srv->cfg.ops->on_drain)
 			c->srv->cfg.ops->on_drain(c);
@@ -251,9 +265,64 @@ static int tls_put(struct spaced_httpconn *c, const void *p, size_t n)
 	return 0;
 }
 
+/* Seals what c has staged into records and writes them. */
+static int tls_seal(struct spaced_httpconn *c)
+{
+	int e = 0;
+	if (c->tls_stage.len) {
+		e = tls_put(c, c->tls_stage.data, c->tls_stage.len);
+		c->tls_stage.len = 0;
+	}
+	if (e == 0)
+		e = tls_flush(c);
+	return e < 0 ? SPACED_ECLOSED : 0;
+}
+
+static void on_seal_check(uv_check_t *h);
+static void on_seal_idle(uv_idle_t *h)
+{
+	(void)h; /* its being active is its purpose: poll does not wait */
+}
+
+/* Puts c on its server's list of connections to seal this turn. */
+static void tls_mark_dirty(struct spaced_httpconn *c)
+{
+	struct spaced_httpsrv *s = c->srv;
+	if (c->dirty)
+		return;
+	c->dirty = true;
+	c->dirty_next = s->dirty;
+	if (!s->dirty) {
+		uv_check_start(&s->seal_check, on_seal_check);
+		uv_idle_start(&s->seal_idle, on_seal_idle);
+	}
+	s->dirty = c;
+}
+
+/* The end of a turn's I/O: every staged connection is sealed. Connections
+ * closed meanwhile are still allocated (freed in the closing phase, after
+ * this one) and skipped. */
+static void on_seal_check(uv_check_t *h)
+{
+	struct spaced_httpsrv *s = h->data;
+	struct spaced_httpconn *c = s->dirty;
+	s->dirty = NULL;
+	uv_check_stop(&s->seal_check);
+	uv_idle_stop(&s->seal_idle);
+	while (c) {
+		struct spaced_httpconn *next = c->dirty_next;
+		c->dirty = false;
+		c->dirty_next = NULL;
+		if (c->state != C_CLOSED && c->state != C_CLOSING)
+			tls_seal(c);
+		c = next;
+	}
+}
+
 /* Queues bytes (two pieces, either may be empty) as one write: through TLS
- * once its handshake is done, unencrypted on a plaintext connection (and for
- * the one refusal of a plaintext request on a TLS port). */
+ * once its handshake is done (staged, sealed at the end of this turn of the
+ * loop, sooner when a record's worth is there), unencrypted on a plaintext
+ * connection (and for the one refusal of a plaintext request on a TLS port). */
 static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
 {
 	if (!c->ssl || c->tls_plain)
@@ -262,22 +331,22 @@ static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void 
 		return SPACED_ECLOSED;
 	if (!c->tls_ready)
 		return SPACED_EPROTO; /* nothing of the application before the handshake */
-	int e = 0;
-	if (an && bn && an + bn <= 16384) {
-		/* a small header and its payload in one record */
-		uint8_t one[16384];
-		memcpy(one, a, an);
-		memcpy(one + an, b, bn);
-		e = tls_put(c, one, an + bn);
-	} else {
-		if (an)
-			e = tls_put(c, a, an);
-		if (e == 0 && bn)
-			e = tls_put(c, b, bn);
-	}
-	if (e < 0)
+	if (c->tls_stage.len + an + bn > TLS_STAGE_MAX && tls_seal(c) < 0)
 		return SPACED_ECLOSED;
-	return tls_flush(c);
+	if (an + bn > TLS_STAGE_MAX) {
+		/* large: sealed now, in order after what was staged */
+		if ((an && tls_put(c, a, an) < 0) || (bn && tls_put(c, b, bn) < 0))
+			return SPACED_ECLOSED;
+		return tls_flush(c);
+	}
+	if ((an && spaced_buf_append(&c->tls_stage, a, an) < 0) || (bn && spaced_buf_append(&c->tls_stage, b, bn) < 0))
+		return SPACED_ENOMEM;
+	/* a producer that stops at low_water (spaced_httpconn_queued counts the
+	 * stage) hears on_drain once what waits falls back to it */
+	if (c->queued + c->tls_stage.len > c->srv->cfg.low_water)
+		c->drain_armed = true;
+	tls_mark_dirty(c);
+	return 0;
 }
 
 static int out(struct spaced_httpconn *c, const void *p, size_t n)
@@ -291,7 +360,8 @@ static void close_after_output(struct spaced_httpconn *c)
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return;
 	if (c->ssl && c->tls_ready && !c->tls_peer_closed) {
-		/* close_notify: the client can tell the end from a cut */
+		/* what is staged, then close_notify: the client can tell the end from a cut */
+		tls_seal(c);
 		ERR_clear_error();
 		SSL_shutdown(c->ssl);
 		ERR_clear_error();
@@ -349,6 +419,7 @@ static void on_conn_closed(uv_handle_t *h)
 	spaced_buf_free(&c->msg);
 	spaced_http_req_clear(&c->req);
 	SSL_free(c->ssl);
+	spaced_buf_free(&c->tls_stage);
 	free(c);
 	if (s->stopping && --s->closing_handles == 0)
 		srv_free(s);
@@ -524,7 +595,7 @@ void spaced_httpconn_read(struct spaced_httpconn *c, bool on)
 
 size_t spaced_httpconn_queued(const struct spaced_httpconn *c)
 {
-	return c->queued;
+	return c->queued + c->tls_stage.len;
 }
 
 void spaced_httpconn_body_max(struct spaced_httpconn *c, uint64_t max)
@@ -1011,6 +1082,7 @@ static void on_connection(uv_stream_t *l, int status)
 		SSL_set_accept_state(c->ssl);
 		c->rbio = rb;
 		c->wbio = wb;
+		spaced_buf_init(&c->tls_stage, TLS_STAGE_MAX);
 	}
 	ip->n++;
 	s->nconns++;
@@ -1099,6 +1171,10 @@ int spaced_httpsrv_start(uv_loop_t *loop, const struct spaced_httpsrv_config *cf
 	uv_timer_start(&s->tick, on_tick, 1000, 1000);
 	uv_timer_init(loop, &s->tls_kick);
 	s->tls_kick.data = s;
+	uv_check_init(loop, &s->seal_check);
+	s->seal_check.data = s;
+	uv_idle_init(loop, &s->seal_idle);
+	s->seal_idle.data = s;
 	*out = s;
 	return 0;
 }
@@ -1125,12 +1201,16 @@ void spaced_httpsrv_stop(struct spaced_httpsrv *s)
 	if (!s || s->stopping)
 		return;
 	s->stopping = true;
-	s->closing_handles = 3;
+	s->closing_handles = 5;
 	uv_close((uv_handle_t *)&s->listen, on_handle_closed);
 	uv_timer_stop(&s->tick);
 	uv_close((uv_handle_t *)&s->tick, on_handle_closed);
 	uv_timer_stop(&s->tls_kick);
 	uv_close((uv_handle_t *)&s->tls_kick, on_handle_closed);
+	uv_check_stop(&s->seal_check);
+	uv_close((uv_handle_t *)&s->seal_check, on_handle_closed);
+	uv_idle_stop(&s->seal_idle);
+	uv_close((uv_handle_t *)&s->seal_idle, on_handle_closed);
 	while (s->conns)
 		conn_close(s->conns);
 }

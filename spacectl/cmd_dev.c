@@ -4,6 +4,7 @@
  *          [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
+ *   dev certs [--dir DIR] [--workers N]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
  * DIR/worker-K, each joining the control plane itself with a join token of
  * its own) on loopback ports, creates a tenant and its API key and writes
@@ -52,6 +53,7 @@ static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
+	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
 
@@ -898,5 +900,17 @@ int cmd_dev(int argc, char **argv)
 		return dev_down(dir, 0, 1);
 	if (strcmp(sub, "status") == 0)
 		return dev_status(dir);
+	if (strcmp(sub, "certs") == 0) {
+		/* what up makes in DIR/tls, for daemons started by hand */
+		char absdir[PATH_MAX];
+		if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+			return cli_fail("dev certs", "cannot create %s: %s", dir, strerror(errno));
+		if (realpath(dir, absdir) == NULL)
+			return cli_fail("dev certs", "%s: %s", dir, strerror(errno));
+		if (make_certs(absdir, workers) != 0)
+			return 1;
+		printf("%s/tls\n", absdir);
+		return 0;
+	}
 	return cli_usage(usage_dev);
 }

@@ -90,10 +90,50 @@ static uv_async_t stop_async;
 static atomic_size_t body_bytes;
 static SSL_CTX *srv_ctx;
 
+/* /pump: 8 MiB in 4 KiB writes, produced only while what waits is at most
+ * low_water and resumed from on_drain (node-api's flow control) */
+#define PUMP_TOTAL (8u << 20)
+static size_t pumped;
+static struct spaced_httpconn *pumping;
+
+static void pump(struct spaced_httpconn *c)
+{
+	static uint8_t chunk[4096];
+	while (pumped < PUMP_TOTAL && spaced_httpconn_queued(c) <= 65536) {
+		memset(chunk, (int)(pumped / sizeof chunk), sizeof chunk);
+		if (spaced_httpconn_write(c, chunk, sizeof chunk) < 0)
+			return;
+		pumped += sizeof chunk;
+	}
+	if (pumped == PUMP_TOTAL) {
+		pumping = NULL;
+		spaced_httpconn_end(c);
+	}
+}
+
+static void on_drain(struct spaced_httpconn *c)
+{
+	if (c == pumping)
+		pump(c);
+}
+
+static void on_close(struct spaced_httpconn *c)
+{
+	if (c == pumping)
+		pumping = NULL;
+}
+
 static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
 {
 	char body[256];
 	atomic_store(&body_bytes, 0);
+	if (strcmp(req->target, "/pump") == 0) {
+		pumped = 0;
+		pumping = c;
+		spaced_httpconn_respond(c, 200, "application/octet-stream", PUMP_TOTAL, NULL);
+		pump(c);
+		return;
+	}
 	if (strcmp(req->target, "/big") == 0) {
 		/* 3 MiB in pieces: many records, a queue that drains */
 		static uint8_t chunk[65536];
@@ -126,7 +166,8 @@ static void on_body_end(struct spaced_httpconn *c)
 	spaced_httpconn_reply(c, 200, "text/plain", body, (size_t)n, NULL);
 }
 
-static const struct spaced_httpsrv_ops ops = {.on_request = on_request, .on_body = on_body, .on_body_end = on_body_end};
+static const struct spaced_httpsrv_ops ops = {.on_request = on_request, .on_body = on_body, .on_body_end = on_body_end,
+                                              .on_drain = on_drain, .on_close = on_close};
 
 static void on_stop(uv_async_t *a)
 {
@@ -486,6 +527,27 @@ Test(tls, bodies_of_many_records_pass_whole_both_ways)
 	for (size_t i = 0; i < blen; i++)
 		if ((uint8_t)body[i] != (uint8_t)((i % 65536) * 7 + 3))
 			cr_assert_fail("byte %zu differs", i);
+	tclose(&t);
+	stop();
+}
+
+Test(tls, a_producer_held_to_low_water_is_woken_by_on_drain_until_its_end)
+{
+	/* node-api's flow control over TLS: small writes while what waits
+	 * (sealed and staged) stays under low_water, more from on_drain */
+	struct tclient t;
+	static char buf[(8u << 20) + 4096];
+	start(false, false, 0, 0);
+	cr_assert_eq(tconnect(&t, "ca", "127.0.0.1", NULL), 1);
+	static const char req[] = "GET /pump HTTP/1.1\r\nHost: x\r\n\r\n";
+	size_t got = exchange(&t, req, sizeof req - 1, buf, sizeof buf);
+	char *body = strstr(buf, "\r\n\r\n");
+	cr_assert_not_null(body, "no answer");
+	body += 4;
+	size_t blen = got - (size_t)(body - buf);
+	cr_assert_eq(blen, PUMP_TOTAL, "the stream stopped after %zu of %u bytes", blen, PUMP_TOTAL);
+	for (size_t i = 0; i < blen; i += 4096)
+		cr_assert_eq((uint8_t)body[i], (uint8_t)(i / 4096), "4 KiB piece %zu out of order", i / 4096);
 	tclose(&t);
 	stop();
 }
