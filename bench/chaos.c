@@ -659,6 +659,8 @@ static int load_env(const char *dir)
 			snprintf(cp_url, sizeof cp_url, "%s", line + 14);
 		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
 			snprintf(api_key, sizeof api_key, "%s", line + 15);
+		else if (strncmp(line, "SPACED_CA_FILE=", 15) == 0)
+			setenv("SPACED_CA_FILE", line + 15, 1); /* a TLS cluster: its CA, for every connection */
 	}
 	fclose(f);
 	return cp_url[0] && api_key[0] ? 0 : -1;

@@ -500,7 +500,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		SSL_CTX_free(probe);
-	} else if (tls.ca || tls.client_cert) {
+	}
+	if ((tls.ca || tls.client_cert) && (!cp_url || strncmp(cp_url, "https://", 8) != 0)) {
 		fprintf(stderr, "spaced-node: --tls-ca, --tls-client-cert and --tls-client-key go with --cp https://…\n");
 		return 2;
 	}

@@ -36,19 +36,20 @@ body = bytearray(base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
 body[-1] ^= 1  # the last byte of the signature
 parts[2] = base64.urlsafe_b64encode(bytes(body)).decode().rstrip("=")
 print(".".join(parts))')
-st=$(curl -s -o "$W/deny.body" -w '%{http_code}' -H "X-Request-Id: audit-check-1" -H "Authorization: Bearer $FORGED" \
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o "$W/deny.body" -w '%{http_code}' -H "X-Request-Id: audit-check-1" -H "Authorization: Bearer $FORGED" \
 	"$URL/v1/sandboxes/$X/stat?path=/")
 expect "a forged capability is denied" "$st" 401
 # another tenant's sandbox named with this capability: DENY other-sandbox, its identity verified
 Y=$("$SC" create --worker worker-1)
-st=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Request-Id: audit-check-2" -H "Authorization: Bearer $CAP" \
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' -H "X-Request-Id: audit-check-2" -H "Authorization: Bearer $CAP" \
 	"$URL/v1/sandboxes/$Y/stat?path=/")
 expect "a capability for another sandbox is denied" "$st" 403
 "$SC" move "$X" --to worker-2 >/dev/null
 
 # ---- /metrics ----
 MP=$(cat "$D/worker-1/metrics.port")
-curl -s "http://127.0.0.1:$MP/metrics" >"$W/metrics"
+# the metrics listener speaks TLS with node-api's certificate
+curl -s --cacert "$SPACED_CA_FILE" "https://127.0.0.1:$MP/metrics" >"$W/metrics"
 promtool check metrics <"$W/metrics" >"$W/promtool.out" 2>&1
 expect "promtool check metrics accepts the worker's metrics" "$?" 0
 [ -s "$W/promtool.out" ] && cat "$W/promtool.out"
@@ -61,7 +62,7 @@ expect "the move's deactivation timed" "$(val 'spaced_node_control_seconds_count
 expect "the live sandbox's memory is reported" \
 	"$([ "$(val "spaced_sandbox_memory_bytes{sandbox=\"$Y\"}")" -gt 0 ] 2>/dev/null && echo yes)" yes
 expect "the moved sandbox is no longer measured here" "$(grep -c "sandbox=\"$X\"" "$W/metrics")" 0
-expect "only GET /metrics is served there" "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MP/v1/sandboxes")" 404
+expect "only GET /metrics is served there" "$(curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' "https://127.0.0.1:$MP/v1/sandboxes")" 404
 
 # ---- the audit log ----
 A=$D/worker-1/audit.log
