@@ -17,7 +17,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean sdk sdk-test conformance
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile bench-exec
+.PHONY: bench-hostile bench-netgtw bench-exec
 .PHONY: chaos chaos-quick
 
 all: build
@@ -113,6 +113,12 @@ chaos-quick: build
 # --memory, the bytes written at --disk, on a dev cluster (needs root); WINDOW=S per CPU run
 bench-limits: build
 	@sh bench/limits_bench.sh $(BUILD) $(WINDOW)
+
+# ServicePorts and egress (issue 14): spaced-netgtw vs nginx (HTTP req/s, p99) and socat (bulk TCP),
+# the sandbox's egress vs the host's, same upstream, same load generator (needs root);
+# ROUNDS, SECS, CONNS, BYTES
+bench-netgtw: build
+	@sh bench/netgtw_bench.sh $(BUILD) $(or $(ROUNDS),3) $(or $(SECS),4) $(or $(CONNS),16) $(or $(BYTES),1000000000)
 
 bench-guest: build
 	@$(BUILD)/bench/bench-guest

@@ -37,6 +37,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 	}
 	cp_parse_target(s, size, "to", w, err, sizeof err);
+	/* egress policies (netpolicy.h): accepted ones are canonical and parse again */
+	static char net[CP_NETWORK_MAX], again[CP_NETWORK_MAX];
+	if (cp_parse_network(s, size, net, err, sizeof err) == 0 &&
+	    (cp_parse_network(net, strlen(net), again, err, sizeof err) != 0 || strcmp(net, again) != 0))
+		abort();
 	if (cp_parse_chan(s, size, &m) == 0) {
 		if (m.kind == CP_CHAN_ACK && m.seq < 1)
 			abort();

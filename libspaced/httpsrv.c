@@ -195,20 +195,31 @@ static void on_written(uv_write_t *w, int status)
 	}
 }
 
-/* Queues bytes (two pieces, either may be empty) in one write to the socket. */
-static int out_raw(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
+/* Queues parts[0..n) as one write to the socket (one copy, one system call
+ * when the socket takes it at once). */
+struct part {
+	const void *p;
+	size_t n;
+};
+
+static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return SPACED_ECLOSED;
-	struct wreq *r = malloc(sizeof *r + an + bn);
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += parts[i].n;
+	struct wreq *r = malloc(sizeof *r + total);
 	if (!r)
 		return SPACED_ENOMEM;
 	r->c = c;
-	r->len = an + bn;
-	if (an)
-		memcpy(r->data, a, an);
-	if (bn)
-		memcpy(r->data + an, b, bn);
+	r->len = total;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		if (parts[i].n)
+			memcpy(r->data + off, parts[i].p, parts[i].n);
+		off += parts[i].n;
+	}
 	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)r->len);
 	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
 		free(r);
@@ -319,34 +330,59 @@ static void on_seal_check(uv_check_t *h)
 	}
 }
 
-/* Queues bytes (two pieces, either may be empty) as one write: through TLS
- * once its handshake is done (staged, sealed at the end of this turn of the
- * loop, sooner when a record's worth is there), unencrypted on a plaintext
- * connection (and for the one refusal of a plaintext request on a TLS port). */
-static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
+/* Queues parts[0..n) as one write: through TLS once its handshake is done
+ * (staged, sealed at the end of this turn of the loop, sooner when a
+ * record's worth is there), unencrypted on a plaintext connection (and for
+ * the one refusal of a plaintext request on a TLS port). */
+static int outv(struct spaced_httpconn *c, const struct part *parts, int n)
 {
 	if (!c->ssl || c->tls_plain)
-		return out_raw(c, a, an, b, bn);
+		return outv_raw(c, parts, n);
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return SPACED_ECLOSED;
 	if (!c->tls_ready)
 		return SPACED_EPROTO; /* nothing of the application before the handshake */
-	if (c->tls_stage.len + an + bn > TLS_STAGE_MAX && tls_seal(c) < 0)
-		return SPACED_ECLOSED;
-	if (an + bn > TLS_STAGE_MAX) {
-		/* large: sealed now, in order after what was staged */
-		if ((an && tls_put(c, a, an) < 0) || (bn && tls_put(c, b, bn) < 0))
-			return SPACED_ECLOSED;
-		return tls_flush(c);
+	bool sealed = false;
+	for (int i = 0; i < n; i++) {
+		const uint8_t *p = parts[i].p;
+		size_t len = parts[i].n;
+		if (len == 0)
+			continue;
+		if (c->tls_stage.len + len > TLS_STAGE_MAX) {
+			/* a record's worth: the stage topped up and sealed, whole
+			 * records of the rest sealed at once, the remainder staged */
+			size_t fill = TLS_STAGE_MAX - c->tls_stage.len;
+			if (spaced_buf_append(&c->tls_stage, p, fill) < 0)
+				return SPACED_ENOMEM;
+			p += fill;
+			len -= fill;
+			int e = tls_put(c, c->tls_stage.data, c->tls_stage.len);
+			c->tls_stage.len = 0;
+			size_t whole = len - len % TLS_STAGE_MAX;
+			if (e < 0 || (whole && tls_put(c, p, whole) < 0))
+				return SPACED_ECLOSED;
+			p += whole;
+			len -= whole;
+			sealed = true;
+		}
+		if (len && spaced_buf_append(&c->tls_stage, p, len) < 0)
+			return SPACED_ENOMEM;
 	}
-	if ((an && spaced_buf_append(&c->tls_stage, a, an) < 0) || (bn && spaced_buf_append(&c->tls_stage, b, bn) < 0))
-		return SPACED_ENOMEM;
+	if (sealed && tls_flush(c) < 0)
+		return SPACED_ECLOSED;
 	/* a producer that stops at low_water (spaced_httpconn_queued counts the
 	 * stage) hears on_drain once what waits falls back to it */
 	if (c->queued + c->tls_stage.len > c->srv->cfg.low_water)
 		c->drain_armed = true;
-	tls_mark_dirty(c);
+	if (c->tls_stage.len)
+		tls_mark_dirty(c);
 	return 0;
+}
+
+static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
+{
+	struct part parts[2] = {{a, an}, {b, bn}};
+	return outv(c, parts, 2);
 }
 
 static int out(struct spaced_httpconn *c, const void *p, size_t n)
@@ -485,8 +521,8 @@ int spaced_httpconn_write(struct spaced_httpconn *c, const void *p, size_t n)
 		return out(c, p, n);
 	char h[24];
 	int hl = snprintf(h, sizeof h, "%zx\r\n", n);
-	int e = out2(c, h, (size_t)hl, p, n);
-	return e < 0 ? e : out(c, "\r\n", 2);
+	struct part parts[3] = {{h, (size_t)hl}, {p, n}, {"\r\n", 2}};
+	return outv(c, parts, 3);
 }
 
 static void next_request(struct spaced_httpconn *c)
@@ -557,11 +593,18 @@ int spaced_httpconn_ws_accept(struct spaced_httpconn *c, const char *headers)
 
 int spaced_httpconn_ws_send(struct spaced_httpconn *c, uint8_t opcode, const void *p, size_t n)
 {
+	return spaced_httpconn_ws_send2(c, opcode, p, n, NULL, 0);
+}
+
+int spaced_httpconn_ws_send2(struct spaced_httpconn *c, uint8_t opcode, const void *p1, size_t n1, const void *p2,
+                             size_t n2)
+{
 	uint8_t h[SPACED_WS_HDR_MAX];
 	if (c->state != C_WS || c->close_sent)
 		return SPACED_ECLOSED;
-	size_t hl = spaced_ws_frame_header(h, true, opcode, n);
-	return out2(c, h, hl, p, n);
+	size_t hl = spaced_ws_frame_header(h, true, opcode, n1 + n2);
+	struct part parts[3] = {{h, hl}, {p1, n1}, {p2, n2}};
+	return outv(c, parts, 3);
 }
 
 void spaced_httpconn_ws_close(struct spaced_httpconn *c, unsigned code, const char *reason)
@@ -957,7 +1000,8 @@ static void tls_refuse_plain(struct spaced_httpconn *c, uint8_t first)
 	                  sizeof body - 1);
 	c->tls_plain = true;
 	c->responded = true;
-	out_raw(c, head, (size_t)hl, body, sizeof body - 1);
+	struct part parts[2] = {{head, (size_t)hl}, {body, sizeof body - 1}};
+	outv_raw(c, parts, 2);
 	close_after_output(c);
 }
 

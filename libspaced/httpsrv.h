@@ -158,6 +158,9 @@ void spaced_httpconn_abort(struct spaced_httpconn *c);
 int spaced_httpconn_ws_accept(struct spaced_httpconn *c, const char *headers);
 /* Sends one message (opcode SPACED_WS_TEXT or SPACED_WS_BINARY). */
 int spaced_httpconn_ws_send(struct spaced_httpconn *c, uint8_t opcode, const void *p, size_t n);
+/* The same for a message made of two parts (p1 then p2), without joining them first. */
+int spaced_httpconn_ws_send2(struct spaced_httpconn *c, uint8_t opcode, const void *p1, size_t n1, const void *p2,
+                             size_t n2);
 /* Sends a close frame and closes once it is written (or the peer answers). */
 void spaced_httpconn_ws_close(struct spaced_httpconn *c, unsigned code, const char *reason);
 

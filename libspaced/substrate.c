@@ -303,6 +303,7 @@ struct child_args {
 	const char *guest_path;
 	const char *hostname;
 	const char *identity_text; /* NULL: sent later */
+	bool service_ports;
 	uint32_t uid_base;
 	int ctl;                   /* child end of the control socket */
 	int sync;                  /* child end of the setup socket */
@@ -393,9 +394,13 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	static char e_home[] = "HOME=/root", e_lang[] = "LANG=C.UTF-8", e_term[] = "TERM=xterm-256color";
 	static char a_name[] = "spaced-guest", a_root[] = "--root", a_slash[] = "/";
 	static char a_cfd[] = "--control-fd", a_3[] = "3", a_id[] = "--identity";
+	/* ServicePorts (when asked): a transport connection for another port than
+	 * the guest API's is joined to that port inside (only the launcher's
+	 * root-owned socket hands connections over; spaced-netgtw checks them, R5) */
+	static char a_sp[] = "--service-ports";
 	static char guest[] = SPACED_SUB_GUEST_PATH;
 	char idtext[SPACED_IDENTITY_TEXT_MAX];
-	char *argv[8];
+	char *argv[10];
 	char *envp[] = { e_path, e_home, e_lang, e_term, NULL };
 	int sync = a->sync, argc = 0;
 
@@ -543,6 +548,8 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	argv[argc++] = a_slash;
 	argv[argc++] = a_cfd;
 	argv[argc++] = a_3;
+	if (a->service_ports)
+		argv[argc++] = a_sp;
 	if (a->identity_text != NULL) {
 		snprintf(idtext, sizeof(idtext), "%s", a->identity_text);
 		argv[argc++] = a_id;
@@ -800,6 +807,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	ca.guest_path = cfg->guest_path;
 	ca.hostname = hostname;
 	ca.identity_text = s->has_identity ? idtext : NULL;
+	ca.service_ports = cfg->service_ports;
 	ca.uid_base = cfg->uid_base;
 	ca.ctl = ctl[1];
 	ca.sync = sync[1];

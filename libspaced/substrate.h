@@ -78,6 +78,8 @@ struct spaced_sub_config {
 	uint32_t uid_base;         /* host uid of root inside; 0 maps root to root */
 	int log_fd;                /* the guest's stdout and stderr; -1: /dev/null */
 	const char *cgroup_name;   /* NULL: "spaced-<launcher pid>-<n>" */
+	bool service_ports;        /* the guest joins transport connections for other ports
+	                            * than its API's to those ports inside (ServicePorts) */
 };
 
 struct spaced_sub;

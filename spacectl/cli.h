@@ -11,7 +11,14 @@
 int cmd_token(int argc, char **argv);
 int cmd_cap(int argc, char **argv);
 int cmd_node(int argc, char **argv); /* a worker's admin socket: status, install, deactivate, … */
-int cmd_cp(int argc, char **argv); /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
+int cmd_cp(int argc, char **argv);
+int cmd_net(int argc, char **argv);          /* net: the egress policy (cmd_net.c) */
+int cmd_expose(int argc, char **argv);       /* expose: a ServicePort URL and capability (cmd_expose.c) */
+int cmd_port_forward(int argc, char **argv); /* port-forward: a local port through the gateway */
+/* One control-plane call (SPACED_CP_URL, SPACED_API_KEY): *answer (a JSON
+ * value, owned by the caller) on 2xx, else 1 with the reason printed. */
+struct json_t;
+int net_cp_call(const char *what, const char *method, const char *path, struct json_t *req, struct json_t **answer); /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
 
 /* Prints "spacectl: <what>: <message>" on stderr and returns 1. */
 int cli_fail(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -83,7 +83,7 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO, O_CPUS, O_DISK };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -100,6 +100,9 @@ static const struct option cp_longopts[] = {
 	{"port", required_argument, NULL, O_PORT},
 	{"protocol", required_argument, NULL, O_PROTOCOL},
 	{"to", required_argument, NULL, O_TO},
+	{"network", required_argument, NULL, O_NETWORK},
+	{"allow-out", required_argument, NULL, O_ALLOW_OUT},
+	{"deny-out", required_argument, NULL, O_DENY_OUT},
 	{NULL, 0, NULL, 0},
 };
 
@@ -107,6 +110,7 @@ static const char cp_usage[] =
 	"usage: spacectl workers [--json]\n"
 	"       spacectl create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE]\n"
 	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--json]\n"
+	"                       [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
 	"       spacectl quota [--json]\n"
 	"       spacectl ls [--json] | rm ID | inspect ID [--json]\n"
 	"       spacectl route ID [--purpose P]... [--port N] [--protocol X] [--json]\n"
@@ -154,6 +158,22 @@ int cmd_cp(int argc, char **argv)
 		case O_PORT: json_object_set_new(req, "port", json_integer(atoll(optarg))); break;
 		case O_PROTOCOL: json_object_set_new(req, "protocol", json_string(optarg)); break;
 		case O_TO: json_object_set_new(req, "to", json_string(optarg)); target = optarg; break;
+		case O_NETWORK:
+		case O_ALLOW_OUT:
+		case O_DENY_OUT: {
+			/* the egress policy (docs/network.md): mode allow unless said */
+			json_t *net = json_object_get(req, "network");
+			if (net == NULL) {
+				net = json_pack("{s:s,s:[],s:[]}", "mode", "allow", "allow_out", "deny_out");
+				json_object_set_new(req, "network", net);
+			}
+			if (c == O_NETWORK)
+				json_object_set_new(net, "mode", json_string(optarg));
+			else
+				json_array_append_new(json_object_get(net, c == O_ALLOW_OUT ? "allow_out" : "deny_out"),
+				                      json_string(optarg));
+			break;
+		}
 		default: rc = cli_usage(cp_usage); goto out;
 		}
 	}

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -344,6 +345,13 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 			kill(r[i].pid, SIGKILL);
 	if (realpath(dir, absdir) != NULL)
 		kill_executions(absdir);
+	/* each worker's egress namespace (docs/network.md): once unmounted, pasta
+	 * and spaced-netd (killed above in any case) have nothing left to serve */
+	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
+		char ns[PATH_MAX + 64];
+		snprintf(ns, sizeof ns, "%s/worker-%d/net/ns", dir, k);
+		umount2(ns, MNT_DETACH);
+	}
 	/* executions whose launcher is gone: on cgroup v1 a paused one stays
 	 * frozen (its tasks cannot die) until its cgroup is thawed */
 	char launch[PATH_MAX];
@@ -542,6 +550,28 @@ static int make_certs(const char *absdir, int nworkers)
 	return 0;
 }
 
+/* The control plane's last options: TLS with the cluster's certificate and
+ * the workers' CA (or --plaintext), the log format. Returns the count. */
+static int cp_args_tail(const char **a, int na, bool plaintext, const char *crt, const char *key, const char *ca,
+                        const char *logfmt)
+{
+	if (plaintext) {
+		a[na++] = "--plaintext";
+	} else {
+		a[na++] = "--tls-cert";
+		a[na++] = crt;
+		a[na++] = "--tls-key";
+		a[na++] = key;
+		a[na++] = "--tls-client-ca"; /* the workers' CA: the worker endpoints want their certificates */
+		a[na++] = ca;
+	}
+	if (logfmt) {
+		a[na++] = "--log-format";
+		a[na++] = logfmt;
+	}
+	return na;
+}
+
 static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt,
                   bool plaintext)
 {
@@ -600,15 +630,9 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		const char *a[] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--plaintext", NULL, NULL, NULL, NULL, NULL, NULL};
-		if (!plaintext) {
-			a[5] = "--tls-cert";
-			a[6] = cp_crt;
-			a[7] = "--tls-key";
-			a[8] = cp_key;
-			a[9] = "--tls-client-ca"; /* the workers' CA: the worker endpoints want their certificates */
-			a[10] = ca_file;
-		}
+		const char *a[20] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"};
+		int na = cp_args_tail(a, 7, plaintext, cp_crt, cp_key, ca_file, logfmt);
+		a[na] = NULL;
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -629,15 +653,14 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		char cpdir[PATH_MAX + 64], listen[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
-		const char *a[] = {cp, "--state", cpdir, "--listen", listen, "--plaintext", NULL, NULL, NULL, NULL, NULL, NULL};
-		if (!plaintext) {
-			a[5] = "--tls-cert";
-			a[6] = cp_crt;
-			a[7] = "--tls-key";
-			a[8] = cp_key;
-			a[9] = "--tls-client-ca";
-			a[10] = ca_file;
-		}
+		char mlisten[64], mpath[PATH_MAX + 64];
+		snprintf(mpath, sizeof mpath, "%s/cp/metrics.port", absdir);
+		char *mp = read_small(mpath);
+		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
+		free(mp);
+		const char *a[20] = {cp, "--state", cpdir, "--listen", listen, "--metrics-listen", mlisten};
+		int na = cp_args_tail(a, 7, plaintext, cp_crt, cp_key, ca_file, logfmt);
+		a[na] = NULL;
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {

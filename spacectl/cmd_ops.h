@@ -24,6 +24,8 @@ int cmd_term(int argc, char **argv);
 int cmd_top(int argc, char **argv);
 /* dev up|down|status */
 int cmd_dev(int argc, char **argv);
+/* cmd_completion.c: spacectl completion bash */
+int cmd_completion(int argc, char **argv);
 
 /* Set by `spacectl -v COMMAND …`: every operation prints serving identities. */
 extern int ops_verbose;

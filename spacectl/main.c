@@ -24,7 +24,8 @@ static const char usage[] =
 	"            --purpose P [--port N --protocol X] TOKEN|-\n"
 	"\n"
 	"\n"
-	"control plane (SPACED_CP_URL, SPACED_API_KEY):\n"
+	"control plane (SPACED_CP_URL, SPACED_API_KEY; https:// and wss:// verified against SPACED_CA_FILE,\n"
+	"else the system's trust store):\n"
 	"  workers [--json]                               registered workers\n"
 	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--json]\n"
 	"                                                 a new sandbox (prints its ID); limits default\n"
@@ -33,6 +34,12 @@ static const char usage[] =
 	"  ls [--json] | rm ID | inspect ID [--json]\n"
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
+	"\n"
+	"network (docs/network.md):\n"
+	"  create … [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
+	"  net ID [--network allow|deny] [--allow-out X]... [--deny-out X]... [--json]   show or change egress live\n"
+	"  expose ID PORT [--protocol http|tcp] [--json]   a URL and capability for a port (spaced-netgtw)\n"
+	"  port-forward ID PORT [LOCAL_PORT]              a local port forwarded through the gateway\n"
 	"\n"
 	"sandbox operations (through the worker that serves the sandbox; route cached, V1–V4):\n"
 	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--no-stdin] -- CMD [ARG...]\n"
@@ -44,7 +51,12 @@ static const char usage[] =
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
-	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] | dev down [--dir DIR] | dev status\n"
+	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] [--plaintext] | dev down [--dir DIR] | dev status\n"
+	"                                                 TLS with a CA of its own in DIR/tls (SPACED_CA_FILE)\n"
+	"  dev certs [--dir DIR] [--workers N]            only that CA and its certificates\n"
+	"\n"
+	"shell:\n"
+	"  completion bash                                a bash completion script (source <(spacectl completion bash))\n"
 	"\n"
 	"worker admin socket (root):\n"
 	"  node status|install|deactivate|pause|thaw|snapshot|destroy|keys --admin PATH …\n"
@@ -127,12 +139,20 @@ int main(int argc, char **argv)
 		return cmd_top(argc - 1, argv + 1);
 	if (strcmp(argv[1], "dev") == 0)
 		return cmd_dev(argc - 1, argv + 1);
+	if (strcmp(argv[1], "completion") == 0)
+		return cmd_completion(argc - 1, argv + 1);
 	if (strcmp(argv[1], "token") == 0)
 		return cmd_token(argc - 1, argv + 1);
 	if (strcmp(argv[1], "cap") == 0)
 		return cmd_cap(argc - 1, argv + 1);
 	if (strcmp(argv[1], "node") == 0)
 		return cmd_node(argc - 1, argv + 1);
+	if (strcmp(argv[1], "net") == 0)
+		return cmd_net(argc - 1, argv + 1);
+	if (strcmp(argv[1], "expose") == 0)
+		return cmd_expose(argc - 1, argv + 1);
+	if (strcmp(argv[1], "port-forward") == 0)
+		return cmd_port_forward(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
 	                                      "pause", "snapshot", "resume", "move", "quota", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)

@@ -69,6 +69,8 @@ static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char 
 {
 	const char *k = bearer(rq);
 	int r = k ? cp_key_check(st, k, role, tenant, key_id) : SPACED_EPERM;
+	if (r == 0 && tenant != NULL)
+		snprintf(rq->tenant, sizeof rq->tenant, "%s", tenant);
 	if (r == SPACED_EPERM) {
 		answer(rq, 401, cp_error("unauthorized", "a valid API key is required (Authorization: Bearer …)"));
 		return -1;
@@ -403,6 +405,18 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 				return;
 			}
 			int status = cp_op_route(cp, st, tenant, id, &rt, &out);
+			answer(rq, status, out);
+			return;
+		}
+		if (strcmp(op, "network") == 0) {
+			char *net = malloc(CP_NETWORK_MAX);
+			if (net == NULL || cp_parse_network(body, blen, net, err, sizeof err) < 0) {
+				free(net);
+				bad_request(rq, net ? err : "out of memory");
+				return;
+			}
+			int status = cp_op_network(cp, st, tenant, id, net, &out);
+			free(net);
 			answer(rq, status, out);
 			return;
 		}

@@ -4,6 +4,7 @@
  * back, pings, and the liveness every replica reads from workers.channel_until.
  * Runs on the loop thread (cp->loop_st) but for cp_chan_authorized.
  */
+#include "log.h"
 #include "channel.h"
 
 #include <stdio.h>
@@ -112,7 +113,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	struct cp_rows *rows = NULL;
 	char cap[24];
 	if (strcmp(m->worker, ch->worker) != 0) {
-		fprintf(stderr, "spaced-cp: channel %s: hello names another worker (%s): refused\n", ch->worker, m->worker);
+		spaced_log("spaced-cp", "level=warn event=channel-refused worker=%s reason=\"hello names another worker (%s)\"",
+		           ch->worker, m->worker);
 		return -1;
 	}
 	int64_t from = m->last_seq;
@@ -120,8 +122,10 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	 * the store lost: it would take new messages for old ones. Fail closed. */
 	if (CP_Q(st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0 ||
 	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
-		fprintf(stderr, "spaced-cp: channel %s: hello last_seq=%lld is ahead of the control plane (%lld): refused\n",
-		        ch->worker, (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 0, 0));
+		spaced_log("spaced-cp",
+		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is ahead of the control "
+		           "plane (%lld)\"",
+		           ch->worker, (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 0, 0));
 		cp_rows_free(rows);
 		return -1;
 	}
@@ -146,8 +150,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 			CP_Q(st, NULL, NULL, "UPDATE workers SET limits = $2 WHERE id = $1", ch->worker, lt);
 		free(lt);
 	}
-	fprintf(stderr, "spaced-cp: channel %s: hello last_seq=%lld, replay from %lld\n", ch->worker,
-	        (long long)m->last_seq, (long long)from);
+	spaced_log("spaced-cp", "level=info event=channel-hello worker=%s last_seq=%lld replay_from=%lld", ch->worker,
+	           (long long)m->last_seq, (long long)from);
 	chan_pump(ch);
 	return 0;
 }
@@ -183,7 +187,7 @@ void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n)
 		return;
 	}
 	if (cp_parse_chan((const char *)p, n, &m) < 0) {
-		fprintf(stderr, "spaced-cp: channel %s: malformed message, closing\n", ch->worker);
+		spaced_log("spaced-cp", "level=warn event=channel-malformed worker=%s", ch->worker);
 		chan_close(ch, 1007, "malformed message");
 		return;
 	}
@@ -222,7 +226,7 @@ void cp_chan_closed(struct cp_chan *ch)
 	if (!others)
 		CP_Q(C->loop_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE id = $1 AND channel_replica = $2",
 		     ch->worker, C->replica_id);
-	fprintf(stderr, "spaced-cp: channel %s: closed\n", ch->worker);
+	spaced_log("spaced-cp", "level=info event=channel-closed worker=%s", ch->worker);
 	free(ch);
 }
 
@@ -267,8 +271,8 @@ void cp_chan_tick(void)
 		if (judge && quiet > CHAN_DEAD_NS) {
 			/* at once, without waiting for a close frame to be written to a
 			 * peer that reads nothing: the worker is not connected from now on */
-			fprintf(stderr, "spaced-cp: channel %s: silent for %.1f s (no pong), closing\n", ch->worker,
-			        (double)quiet / 1e9);
+			spaced_log("spaced-cp", "level=warn event=channel-silent worker=%s quiet_s=%.1f", ch->worker,
+			           (double)quiet / 1e9);
 			spaced_httpconn_abort(ch->c);
 			continue;
 		}

@@ -75,6 +75,9 @@ struct cp {
 	 * want a verified client certificate whose name is the worker ID */
 	struct ssl_ctx_st *tls;
 	bool mtls;
+	/* the metrics listener (--metrics-listen), or metrics_host[0] == 0: none */
+	char metrics_host[64];
+	int metrics_port;
 
 	/* HTTP budgets (httpsrv.h) */
 	int head_timeout_ms;  /* a request head must be complete within this */
@@ -99,7 +102,7 @@ struct cp {
 /* One request handed to a request thread. The loop thread fills it in and
  * queues it; a request thread answers it (status, resp) and posts it back;
  * the loop thread writes the answer and frees it. */
-enum cp_job { CP_JOB_API, CP_JOB_CHANNEL };
+enum cp_job { CP_JOB_API, CP_JOB_CHANNEL, CP_JOB_METRICS };
 struct cp_req {
 	struct cp_req *next_job;
 	struct spaced_httpconn *conn; /* loop thread only: NULL once the client is gone */
@@ -110,9 +113,12 @@ struct cp_req {
 	char auth[512];
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
 	char peer_cert[SPACED_NAME_MAX]; /* the verified client certificate's name, "" none (cp->mtls) */
+	char peer[64];                /* the client's address */
+	char request_id[65];          /* the client's X-Request-Id, or one made for it */
+	char tenant[SPACED_NAME_MAX]; /* the tenant its key speaks for, once authenticated (api.c) */
 	struct spaced_buf body;
 	int status;
-	char *resp; /* JSON body of the answer */
+	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */
 };
 
 /* api.c: with mTLS (cp->mtls), whether rq came with a verified client
@@ -181,6 +187,13 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
                  json_t **body);
 int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
                  const char *worker, json_t **body);
+/* POST /v1/sandboxes/{id}/network: stores the egress policy (canonical JSON)
+ * in the sandbox's spec and, when a worker runs or holds it, pushes `net` and
+ * waits for the acknowledgement. An HTTP status, *body the answer. */
+int cp_op_network(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *network,
+                  json_t **body);
+/* A policy object from canonical JSON text, or the default policy for "". */
+json_t *cp_network_or_default(const char *text);
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body);
 json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id);

@@ -5,7 +5,8 @@
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
- *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext) [--config FILE]
+ *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
+ *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -31,6 +32,8 @@
 
 #include "config.h"
 #include "cp.h"
+#include "log.h"
+#include "observe.h"
 #include "error.h"
 #include "resources.h"
 #include "tls.h"
@@ -39,8 +42,9 @@ static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
+	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
-	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext) [--config FILE]\n"
+	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -240,24 +244,26 @@ int main(int argc, char **argv)
 		{"tls-key", required_argument, NULL, 2},
 		{"tls-client-ca", required_argument, NULL, 3},
 		{"plaintext", no_argument, NULL, 4},
+		{"metrics-listen", required_argument, NULL, 'M'},
+		{"log-format", required_argument, NULL, 'L'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
 	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30},
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
-	const char *listen = NULL;
-	char dbbuf[1200];
+	const char *listen = NULL, *metrics_listen = NULL;
+	char dbbuf[1200], cfg_err[256];
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
 		return 1;
 	struct spaced_tls_opts tls = {0};
-	char cerr[256];
+	char cerr[600];
 	if (is_admin) {
 		argc--;
 		argv++;
-	} else if (spaced_config_expand(argc, argv, &argc, &argv, cerr, sizeof cerr) < 0) {
-		fprintf(stderr, "spaced-cp: --config: %s\n", cerr);
+	} else if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
+		fprintf(stderr, "spaced-cp: --config: %s\n", cfg_err);
 		return 2;
 	}
 	while ((c = getopt_long(argc, argv, "+h", longopts, NULL)) != -1) {
@@ -278,6 +284,16 @@ int main(int argc, char **argv)
 		case 2: tls.key = optarg; break;
 		case 3: tls.client_ca = optarg; break;
 		case 4: tls.plaintext = true; break;
+		case 'M': metrics_listen = optarg; break;
+		case 'L': {
+			enum spaced_log_format lf;
+			if (spaced_log_format_parse(optarg, &lf) < 0) {
+				fprintf(stderr, "spaced-cp: --log-format wants text or json\n");
+				return 2;
+			}
+			spaced_log_set_format(lf);
+			break;
+		}
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
@@ -315,8 +331,12 @@ int main(int argc, char **argv)
 		         cp.state_dir);
 		cp.db_url = dbbuf;
 	}
-	if (is_admin)
-		return admin(cp.db_url, argc - optind, argv + optind);
+	if (is_admin) {
+		int rc = admin(cp.db_url, argc - optind, argv + optind);
+		if (optind < argc && cp_audit_open(cp.state_dir) == 0)
+			cp_audit_admin(argv[optind], optind + 1 < argc ? argv[optind + 1] : "", rc == 0);
+		return rc;
+	}
 	if (listen == NULL || optind != argc) {
 		fputs(usage, stderr);
 		return 2;
@@ -345,6 +365,20 @@ int main(int argc, char **argv)
 	if (cp.port < 0 || cp.port > 65535) {
 		fputs(usage, stderr);
 		return 2;
+	}
+	if (metrics_listen) {
+		const char *mc = strrchr(metrics_listen, ':');
+		if (!mc || mc == metrics_listen || (size_t)(mc - metrics_listen) >= sizeof cp.metrics_host ||
+		    atoi(mc + 1) < 0 || atoi(mc + 1) > 65535) {
+			fprintf(stderr, "spaced-cp: --metrics-listen wants HOST:PORT\n");
+			return 2;
+		}
+		memcpy(cp.metrics_host, metrics_listen, (size_t)(mc - metrics_listen));
+		cp.metrics_port = atoi(mc + 1);
+	}
+	if (cp_audit_open(cp.state_dir) < 0) {
+		fprintf(stderr, "spaced-cp: cannot open %s/audit.log\n", cp.state_dir);
+		return 1;
 	}
 	char snaps[1100];
 	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);

@@ -17,9 +17,11 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "log.h"
 #include "cap.h"
 #include "cp.h"
 #include "error.h"
+#include "netpolicy.h"
 #include "identity.h"
 #include "util.h"
 
@@ -592,6 +594,8 @@ static json_t *sbx_json(const struct sbx *s)
 		struct spaced_resources res;
 		resources_of(s, &res);
 		json_object_set_new(j, "resources", spaced_resources_to_json(&res));
+		json_t *net = json_object_get(json_object_get(j, "spec"), "network");
+		json_object_set_new(j, "network", json_is_object(net) ? json_incref(net) : cp_network_or_default(""));
 	}
 	if (j != NULL && col(s, C_SNAP) != NULL) {
 		const char *h = col(s, C_SNAPHASH);
@@ -652,6 +656,18 @@ static int set_state(struct cp_store *st, const char *id, const char *state, con
 	char now[24];
 	return CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = $2, last_error = $3, last_active = $4 WHERE id = $1",
 	            id, state, err, cp_i64(now, spaced_now()));
+}
+
+/* A policy object from canonical JSON text, or the default policy ("" or unreadable). */
+json_t *cp_network_or_default(const char *text)
+{
+	json_error_t jerr;
+	json_t *j = text && text[0] ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	if (j != NULL)
+		return j;
+	struct spaced_netpolicy p;
+	spaced_netpolicy_default(&p);
+	return spaced_netpolicy_to_json(&p);
 }
 
 /* Takes the sandbox's operation lease. 0, SPACED_ENOENT or SPACED_EBUSY. */
@@ -907,6 +923,13 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
 	if (r == 0 && ok) {
 		set_state(st, id, "running", NULL);
+		/* the execution's ServicePort gateway, from the ack (docs/network.md) */
+		json_t *ar = res ? json_loads(res, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+		json_t *gw = json_object_get(ar, "gateway");
+		char gb2[24];
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET gateway = $2 WHERE id = $1", id,
+		     cp_i64(gb2, json_is_integer(gw) ? json_integer_value(gw) : 0));
+		json_decref(ar);
 		json_decref(spec);
 		json_decref(msg);
 		free(res);
@@ -999,6 +1022,9 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	struct placement p;
 	int status, r;
 	json_t *spec = json_pack("{s:s?,s:n}", "template", c->template_name[0] ? c->template_name : NULL, "snapshot");
+	/* the egress policy travels in the spec: every install carries it (docs/network.md) */
+	if (spec != NULL)
+		json_object_set_new(spec, "network", cp_network_or_default(c->network));
 	char *spec_text = spec ? json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(spec);
 	if (spec_text == NULL) {
@@ -1366,6 +1392,58 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 	return status;
 }
 
+int cp_op_network(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *network,
+                  json_t **body)
+{
+	char op[SPACED_NAME_MAX], rnd[SPACED_NAME_MAX], errtext[512];
+	struct sbx s = {NULL, 0};
+	json_error_t jerr;
+	json_t *spec = NULL, *msg = NULL;
+	char *spec_text = NULL, *why = NULL;
+	int status = 500, r;
+	cp_random_name(rnd, "");
+	snprintf(op, sizeof op, "network.%.16s@%s", rnd, cp->replica_id);
+	if ((r = lease_take(cp, st, tenant, id, op)) < 0) {
+		*body = r == SPACED_ENOENT ? cp_error("not-found", "no such sandbox")
+		                           : cp_error("busy", "another operation is in progress on this sandbox");
+		return r == SPACED_ENOENT ? 404 : r == SPACED_EBUSY ? 409 : 500;
+	}
+	if ((r = sbx_load(st, tenant, id, &s)) < 0 || (spec = json_loads(col(&s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr)) == NULL) {
+		*body = cp_error("internal", "stored spec unreadable");
+		goto out;
+	}
+	/* stored first: whatever runs next (a resume, a move) starts under it */
+	json_object_set_new(spec, "network", cp_network_or_default(network));
+	spec_text = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	if (spec_text == NULL || (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET spec = $2 WHERE id = $1", id, spec_text)) < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		goto out;
+	}
+	const char *state = col(&s, C_STATE), *worker = col(&s, C_WORKER);
+	bool live = worker != NULL && (strcmp(state, "running") == 0 || strcmp(state, "paused") == 0);
+	if (live) {
+		/* applied on the worker before the answer: the change is live */
+		msg = json_pack("{s:s,s:s,s:o}", "type", "net", "sandbox", id, "network", cp_network_or_default(network));
+		lease_hold(id, op);
+		r = msg ? push_wait(cp, st, worker, msg, NULL, &why) : SPACED_ENOMEM;
+		lease_hold(NULL, NULL);
+		if (r < 0) {
+			status = ack_status(r, "net", why, body, errtext, sizeof errtext);
+			goto out;
+		}
+	}
+	*body = cp_sandbox_json(st, tenant, id);
+	status = 200;
+out:
+	lease_drop(st, id, op);
+	free(why);
+	free(spec_text);
+	json_decref(spec);
+	json_decref(msg);
+	cp_rows_free(s.rows);
+	return status;
+}
+
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body)
 {
@@ -1420,6 +1498,16 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 	if (rt->serviceport) {
 		json_object_set_new(*body, "port", json_integer(rt->port));
 		json_object_set_new(*body, "protocol", json_string(rt->protocol));
+		/* the execution's ServicePort gateway on its worker: a URL on that machine */
+		struct cp_rows *g = NULL;
+		if (CP_Q(st, &g, NULL, "SELECT gateway FROM sandboxes WHERE id = $1", id) == 0 && cp_rows_i64(g, 0, 0, 0) > 0) {
+			char url[160];
+			snprintf(url, sizeof url, "http://%u-%s.localhost:%lld/", (unsigned)rt->port, id,
+			         (long long)cp_rows_i64(g, 0, 0, 0));
+			json_object_set_new(*body, "url", json_string(url));
+			json_object_set_new(*body, "gateway_port", json_integer(cp_rows_i64(g, 0, 0, 0)));
+		}
+		cp_rows_free(g);
 	}
 	status = 200;
 out:
@@ -1451,8 +1539,8 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		json_t *body = NULL;
 		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
 		                          cp_rows_get(rows, i, 2), NULL, &body);
-		fprintf(stderr, "spaced-cp: timeout: %s %s -> %d\n", cp_rows_get(rows, i, 2), cp_rows_get(rows, i, 0),
-		        status);
+		spaced_log("spaced-cp", "level=info event=timeout op=%s sandbox=%s status=%d", cp_rows_get(rows, i, 2),
+		           cp_rows_get(rows, i, 0), status);
 		json_decref(body);
 	}
 	cp_rows_free(rows);

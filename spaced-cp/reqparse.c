@@ -1,5 +1,6 @@
 /* reqparse.c — strict JSON parsers for API bodies and control-channel messages. */
 #include "reqparse.h"
+#include "netpolicy.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -88,10 +89,43 @@ static int get_int(json_t *obj, const char *m, int64_t lo, int64_t hi, int64_t *
 	return 0;
 }
 
+/* The canonical JSON of a policy object into out (CP_NETWORK_MAX bytes). */
+static int network_canon(json_t *j, char *out, char *err, size_t errsz)
+{
+	struct spaced_netpolicy *p = malloc(sizeof *p);
+	int r = SPACED_EINVAL;
+	if (p == NULL)
+		return fail(err, errsz, "out of memory");
+	if (spaced_netpolicy_from_json(j, p, err, errsz) == 0) {
+		json_t *c = spaced_netpolicy_to_json(p);
+		char *text = c ? json_dumps(c, JSON_COMPACT) : NULL;
+		if (text && strlen(text) < CP_NETWORK_MAX) {
+			memcpy(out, text, strlen(text) + 1);
+			r = 0;
+		} else {
+			fail(err, errsz, "the network policy is too large");
+		}
+		free(text);
+		json_decref(c);
+	}
+	free(p);
+	return r;
+}
+
+int cp_parse_network(const char *body, size_t len, char *out, char *err, size_t errsz)
+{
+	json_t *o = load_object(body, len, err, errsz);
+	if (o == NULL)
+		return SPACED_EINVAL;
+	int r = network_canon(o, out, err, errsz);
+	json_decref(o);
+	return r;
+}
+
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz)
 {
 	static const char *const allowed[] = {"template", "cpus", "memory_bytes", "pids", "disk_bytes", "substrate",
-	                                      "worker", "idle_timeout", "max_lifetime", NULL};
+	                                      "worker", "idle_timeout", "max_lifetime", "network", NULL};
 	static const char *const res_members[] = {"cpus", "memory_bytes", "pids", "disk_bytes"};
 	struct cp_create_req c = {.substrate = "process", .idle_timeout = -1, .max_lifetime = -1};
 	int r = SPACED_EINVAL;
@@ -112,6 +146,8 @@ int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, cha
 			json_object_set(res, res_members[i], v);
 	}
 	if (spaced_resources_from_json(res, &c.res, err, errsz) < 0)
+		goto out;
+	if (json_object_get(o, "network") != NULL && network_canon(json_object_get(o, "network"), c.network, err, errsz) < 0)
 		goto out;
 	*out = c;
 	r = 0;

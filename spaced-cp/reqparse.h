@@ -19,6 +19,7 @@
 #define CP_BODY_MAX (64 * 1024)
 #define CP_URL_MAX 256
 #define CP_SUBSTRATES_MAX 8
+#define CP_NETWORK_MAX 40000 /* canonical policy JSON: 2 × 64 entries of at most 253 bytes */
 
 struct cp_create_req {
 	char template_name[SPACED_NAME_MAX]; /* "" when none */
@@ -26,6 +27,7 @@ struct cp_create_req {
 	char substrate[SPACED_NAME_MAX];
 	char worker[SPACED_NAME_MAX];         /* "" to let placement choose */
 	int64_t idle_timeout, max_lifetime;   /* seconds, -1 = control-plane default, 0 = none */
+	char network[CP_NETWORK_MAX];         /* the egress policy, canonical JSON (netpolicy.h); "" when none given */
 };
 
 struct cp_route_req {
@@ -68,7 +70,8 @@ struct cp_chan_msg {
 };
 
 /* POST /v1/sandboxes: {"template","cpus","memory_bytes","pids","disk_bytes","substrate",
- * "worker","idle_timeout","max_lifetime"}, every member optional. An empty body is {}. */
+ * "worker","idle_timeout","max_lifetime","network"}, every member optional. An empty body is {}.
+ * network is an egress policy (netpolicy.h), kept in canonical form. */
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz);
 
 /* POST /v1/sandboxes/{id}/route: {"purposes":[…], "port":N, "protocol":"tcp"}.
@@ -99,5 +102,9 @@ void cp_limits_from_text(const char *text, struct cp_worker_limits *out);
 
 /* True when the comma-separated list has name. */
 int cp_list_has(const char *list, const char *name);
+
+/* POST /v1/sandboxes/{id}/network: an egress policy object (netpolicy.h);
+ * out (CP_NETWORK_MAX bytes) receives its canonical JSON. */
+int cp_parse_network(const char *body, size_t len, char *out, char *err, size_t errsz);
 
 #endif

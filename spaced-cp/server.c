@@ -16,12 +16,15 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include <sodium.h>
 #include <uv.h>
 
 #include "channel.h"
 #include "cp.h"
 #include "error.h"
 #include "httpsrv.h"
+#include "log.h"
+#include "observe.h"
 
 #define READ_THREADS 2      /* the pool for reads and channel authorizations */
 #define HEAD_MAX 8192       /* request line + header fields (431 past it) */
@@ -49,6 +52,7 @@ static struct {
 	uv_timer_t tick;        /* channels: pings, liveness, outbox poll */
 	uv_signal_t sigterm, sigint;
 	struct spaced_httpsrv *srv;
+	struct spaced_httpsrv *msrv;   /* the metrics listener, or NULL */
 	pthread_mutex_t mu;     /* guards the pools' queues, done and wake_ready */
 	struct pool writes;     /* every request but reads */
 	struct pool reads;      /* GET and channel authorizations */
@@ -89,7 +93,7 @@ static void *request_thread(void *arg)
 	struct cp_store *st = NULL;
 	int r = cp_store_open(cp->db_url, &st);
 	if (r < 0)
-		fprintf(stderr, "spaced-cp: request thread cannot open the store: %s\n", spaced_strerror(r));
+		spaced_log("spaced-cp", "level=error event=store-unavailable reason=\"%s\"", spaced_strerror(r));
 	for (;;) {
 		pthread_mutex_lock(&S.mu);
 		while (pool->head == NULL && !cp->stopping)
@@ -115,8 +119,13 @@ static void *request_thread(void *arg)
 					rq->resp = strdup("{\"error\":\"unauthorized\",\"message\":\"the channel needs the "
 					                  "worker's own worker key\"}");
 			}
+		} else if (rq->kind == CP_JOB_METRICS) {
+			rq->status = 200;
+			rq->resp = cp_metrics_text(cp, st);
 		} else {
+			uint64_t t0 = spaced_mono_ns();
 			cp_api_handle(cp, st, rq);
+			cp_observe_request(rq, rq->tenant, spaced_mono_ns() - t0);
 		}
 		pthread_mutex_lock(&S.mu);
 		rq->next_job = NULL;
@@ -222,6 +231,31 @@ static void reply(struct spaced_httpconn *c, int status, const char *json)
 	spaced_httpconn_reply(c, status, "application/json", json ? json : "", len, "cache-control: no-store\r\n");
 }
 
+/* An answer that came back from a request thread, with its request id. */
+static void reply_rq(struct spaced_httpconn *c, const struct cp_req *rq)
+{
+	char hdr[160];
+	snprintf(hdr, sizeof hdr, "cache-control: no-store\r\nx-request-id: %s\r\n", rq->request_id);
+	const char *body = rq->resp ? rq->resp : "";
+	spaced_httpconn_reply(c, rq->status,
+	                      rq->kind == CP_JOB_METRICS ? "text/plain; version=0.0.4; charset=utf-8" : "application/json",
+	                      body, strlen(body), hdr);
+}
+
+/* The request's id and its client's address. */
+static void request_identity(struct spaced_httpconn *c, const struct spaced_http_req *req, struct cp_req *rq)
+{
+	snprintf(rq->peer, sizeof rq->peer, "%s", spaced_httpconn_peer(c));
+	const char *id = spaced_http_field(req, "x-request-id");
+	if (id && strlen(id) < sizeof rq->request_id && spaced_name_valid(id, strlen(id))) {
+		snprintf(rq->request_id, sizeof rq->request_id, "%s", id);
+	} else {
+		uint8_t rnd[8];
+		randombytes_buf(rnd, sizeof rnd);
+		sodium_bin2hex(rq->request_id, sizeof rq->request_id, rnd, sizeof rnd);
+	}
+}
+
 /* Answers the connection's current request at once (405, 414 …); the
  * request, not yet queued, is forgotten. */
 static void answer_now(struct spaced_httpconn *c, struct peer *pe, int status, const char *code, const char *msg)
@@ -252,7 +286,7 @@ static void deliver(struct cp_req *rq)
 		if (pe->ch == NULL || spaced_httpconn_ws_accept(c, NULL) < 0)
 			spaced_httpconn_abort(c);
 	} else {
-		reply(c, rq->status, rq->resp);
+		reply_rq(c, rq);
 	}
 	req_free(rq);
 }
@@ -305,6 +339,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 	}
 	rq->conn = c;
 	rq->kind = CP_JOB_API;
+	request_identity(c, req, rq);
 	snprintf(rq->method, sizeof rq->method, "%s", req->method);
 	spaced_buf_init(&rq->body, CP_BODY_MAX);
 	pe->rq = rq;
@@ -400,6 +435,41 @@ static void on_close(struct spaced_httpconn *c)
 		cp_chan_closed(pe->ch);
 	free(pe);
 }
+
+/* The metrics listener: GET /metrics only, answered by a read thread. */
+static void on_metrics_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
+{
+	struct peer *pe = spaced_httpconn_user(c);
+	if (pe == NULL) {
+		if ((pe = calloc(1, sizeof *pe)) == NULL) {
+			answer_now(c, NULL, 503, "busy", "out of memory");
+			return;
+		}
+		spaced_httpconn_set_user(c, pe);
+	}
+	if (strcmp(req->method, "GET") != 0 || strcmp(req->target, "/metrics") != 0 || req->websocket) {
+		answer_now(c, pe, 404, "not-found", "only GET /metrics here");
+		return;
+	}
+	struct cp_req *rq = calloc(1, sizeof *rq);
+	if (rq == NULL) {
+		answer_now(c, pe, 503, "busy", "out of memory");
+		return;
+	}
+	rq->conn = c;
+	rq->kind = CP_JOB_METRICS;
+	request_identity(c, req, rq);
+	snprintf(rq->method, sizeof rq->method, "GET");
+	snprintf(rq->path, sizeof rq->path, "/metrics");
+	spaced_buf_init(&rq->body, 0);
+	pe->rq = rq;
+	dispatch(rq);
+}
+
+static const struct spaced_httpsrv_ops metrics_ops = {
+	.on_request = on_metrics_request,
+	.on_close = on_close,
+};
 
 static const struct spaced_httpsrv_ops ops = {
 	.on_request = on_request,
@@ -506,7 +576,8 @@ int cp_server_run(struct cp *cp)
 	unsigned fit = conns_that_fit(cp);
 	hc.max_conns = (unsigned)cp->max_conns < fit ? (unsigned)cp->max_conns : fit;
 	if (hc.max_conns < (unsigned)cp->max_conns)
-		fprintf(stderr, "spaced-cp: at most %u connections (the open-file limit)\n", hc.max_conns);
+		spaced_log("spaced-cp", "level=warn event=connections-capped max_conns=%u reason=\"the open-file limit\"",
+		           hc.max_conns);
 	hc.max_conns_per_ip = (unsigned)cp->max_conns_per_ip;
 	hc.head_timeout_ms = (unsigned)cp->head_timeout_ms;
 	hc.body_timeout_ms = (unsigned)cp->head_timeout_ms;
@@ -530,11 +601,36 @@ int cp_server_run(struct cp *cp)
 	pthread_mutex_lock(&S.mu);
 	S.wake_ready = true;
 	pthread_mutex_unlock(&S.mu);
+	if (cp->metrics_host[0]) {
+		char mhost[INET6_ADDRSTRLEN + 1];
+		struct spaced_httpsrv_config mc;
+		spaced_httpsrv_defaults(&mc);
+		mc.max_conns = 64;
+		mc.max_conns_per_ip = 16;
+		mc.body_max = 0;
+		mc.tls = cp->tls; /* the listener's TLS, its certificate */
+		mc.ops = &metrics_ops;
+		mc.port = cp->metrics_port;
+		if ((r = listen_address(cp->metrics_host, mhost)) < 0 ||
+		    (mc.host = mhost, r = spaced_httpsrv_start(&S.loop, &mc, &S.msrv)) < 0) {
+			fprintf(stderr, "spaced-cp: cannot listen on %s:%d for metrics\n", cp->metrics_host, cp->metrics_port);
+			spaced_httpsrv_stop(S.srv);
+			uv_run(&S.loop, UV_RUN_NOWAIT);
+			return r;
+		}
+		char path[4200];
+		snprintf(path, sizeof path, "%s/metrics.port", cp->state_dir);
+		FILE *f = fopen(path, "w");
+		if (f) {
+			fprintf(f, "%d\n", spaced_httpsrv_port(S.msrv));
+			fclose(f);
+		}
+	}
 	int port = spaced_httpsrv_port(S.srv);
 	write_port_file(cp, port);
-	printf("spaced-cp: listening on %s://%s:%d (store: %s%s)\n", cp->tls ? "https" : "http", cp->listen_host, port,
-	       cp_store_kind(cp->loop_st), cp->mtls ? "; worker endpoints need a client certificate" : "");
-	fflush(stdout);
+	spaced_log("spaced-cp", "level=info event=listening url=%s://%s:%d store=%s%s", cp->tls ? "https" : "http",
+	           cp->listen_host, port, cp_store_kind(cp->loop_st),
+	           cp->mtls ? " worker_endpoints=client-certificate" : "");
 	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0)
 		uv_run(&S.loop, UV_RUN_DEFAULT);
 
@@ -543,6 +639,8 @@ int cp_server_run(struct cp *cp)
 	 * they hold, then the handles close */
 	cp->stopping = 1;
 	spaced_httpsrv_stop(S.srv);
+	if (S.msrv)
+		spaced_httpsrv_stop(S.msrv);
 	uv_timer_stop(&S.tick);
 	pthread_mutex_lock(&cp->mu);
 	pthread_cond_broadcast(&cp->ack_cv);

@@ -60,6 +60,8 @@ static const struct {
 	/* when a key stops being valid (0: never) and when a join token was used */
 	{"api_keys", "expires", "BIGINT NOT NULL DEFAULT 0"},
 	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},
+	/* where the serving execution's ServicePort gateway listens on its worker (0: none) */
+	{"sandboxes", "gateway", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 int cp_store_open(const char *url, struct cp_store **out)

@@ -4,7 +4,15 @@
  * port is joined to 127.0.0.1:<port> inside the execution: bytes are copied
  * both ways, each direction through a bounded buffer, half-closes are passed
  * on. The guest does not interpret these bytes and attaches no identity to
- * them (B4: the gateway's checks decide, R5). */
+ * them (B4: the gateway's checks decide, R5).
+ *
+ * Hand-back: for port | FWD_HANDBACK the guest makes the connection to
+ * 127.0.0.1:port and, once it is established, hands that socket back over the
+ * transport connection (one byte with SCM_RIGHTS) and keeps nothing: the
+ * gateway then relays between its client and the port with no hop inside (the
+ * process substrate's transport is a Unix socket; a microVM's is not, and
+ * its gateway asks for the relay). When the connection fails, the transport
+ * connection is closed. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -17,6 +25,7 @@
 #include "guest.h"
 
 #define FWD_BUF (64 * 1024)
+#define FWD_HANDBACK 0x10000u
 #define FWD_MAX 256
 
 struct fwd_dir {
@@ -29,7 +38,7 @@ struct fwd_dir {
 struct fwd {
 	struct fwd *next;
 	int a, b; /* a: the handed-over connection; b: the local service */
-	bool connecting, dead;
+	bool connecting, dead, handback;
 	struct fwd_dir ab, ba;
 };
 
@@ -38,6 +47,8 @@ static unsigned nfwd;
 
 int fwd_start(int fd, uint32_t port)
 {
+	bool handback = (port & FWD_HANDBACK) != 0;
+	port &= ~FWD_HANDBACK;
 	if (nfwd >= FWD_MAX || port == 0 || port > 65535) {
 		close(fd);
 		return SPACED_EBUSY;
@@ -63,6 +74,7 @@ int fwd_start(int fd, uint32_t port)
 	f->a = fd;
 	f->b = s;
 	f->connecting = true;
+	f->handback = handback;
 	f->next = fwds;
 	fwds = f;
 	nfwd++;
@@ -142,6 +154,24 @@ void fwd_on_event(void *ptr, int fd, short revents)
 			return;
 		}
 		f->connecting = false;
+		if (f->handback) {
+			/* the established connection goes to the gateway; nothing stays here */
+			char one = 1;
+			union {
+				struct cmsghdr h;
+				char buf[CMSG_SPACE(sizeof(int))];
+			} u;
+			struct iovec iov = {.iov_base = &one, .iov_len = 1};
+			struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+			struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+			cm->cmsg_level = SOL_SOCKET;
+			cm->cmsg_type = SCM_RIGHTS;
+			cm->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(cm), &f->b, sizeof(int));
+			if (sendmsg(f->a, &mh, MSG_NOSIGNAL) != 1)
+				guest_log("fwd hand-back failed: %s", strerror(errno));
+			f->dead = true;
+		}
 		return;
 	}
 	if (fd == f->a) {

@@ -10,6 +10,7 @@
 #include "links.h"
 #include "log.h"
 #include "mgr.h"
+#include "net.h"
 #include "node.h"
 
 #include <errno.h>
@@ -300,8 +301,14 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		snprintf(why, whysz, "malformed record");
 		return SPACED_EINVAL;
 	}
+	if (strcmp(kind, "net") == 0)
+		return net_job(cfg, args, result, why, whysz);
 	if (strcmp(kind, "start") == 0 && has_rec) {
 		json_t *snap = json_object_get(args, "snapshot"), *used = json_object_get(args, "used"), *v;
+		/* the egress policy it starts under (net.h), kept for later starts */
+		json_t *net = json_object_get(args, "network");
+		if (net && !json_is_null(net) && (e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz)) < 0)
+			return e;
 		uint32_t u[1024];
 		size_t nu = 0, i;
 		json_array_foreach(used, i, v) {
@@ -310,8 +317,22 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		}
 		e = mgr_exec_start_fresh(cfg, &rec, json_is_string(snap) ? json_string_value(snap) : NULL, u, nu, why,
 		                         whysz);
-		if (e == 0)
+		if (e == 0) {
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+			/* where its ServicePort gateway listens (docs/network.md) */
+			char gp[4200];
+			snprintf(gp, sizeof gp, "%s/exec/%s.%llu/gateway.port", cfg->state_dir, rec.r.id.sandbox,
+			         (unsigned long long)rec.r.id.generation);
+			FILE *f = fopen(gp, "r");
+			int port = 0;
+			if (f) {
+				if (fscanf(f, "%d", &port) != 1)
+					port = 0;
+				fclose(f);
+			}
+			if (port > 0 && port < 65536 && *result)
+				json_object_set_new(*result, "gateway", json_integer(port));
+		}
 		return e;
 	}
 	if (strcmp(kind, "stop") == 0 && has_rec) {

@@ -104,6 +104,11 @@ size_t gate_ctl_pending(const struct mgr *m);
 /* True while the execution of sandbox is being recovered after a restart. */
 bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
 
+/* ---- gate_gw.c: the record each ServicePort gateway compares with (R5) ---- */
+
+/* Writes STATE/gw/<sandbox>.json for rec (rename: never torn). */
+void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec);
+
 /* ---- gate_admin.c: the admin socket ---- */
 
 int gate_admin_start(struct mgr *m);
@@ -111,7 +116,7 @@ void gate_admin_stop(struct mgr *m);
 
 /* ---- gate_main.c: the gate's state ---- */
 
-#define GATE_CTL_KINDS 9    /* control operation kinds (gate_ctl.c), 0 unused */
+#define GATE_CTL_KINDS 10   /* control operation kinds (gate_ctl.c), 0 unused */
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */
 
 struct gstream;

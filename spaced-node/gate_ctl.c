@@ -27,7 +27,7 @@
 
 #include "error.h"
 
-enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER };
+enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER, K_NET };
 
 struct outcome {
 	json_t *result; /* on success (owned) */
@@ -168,8 +168,8 @@ static void op_free(struct ctl_op *op)
 static const char *kind_name(enum ctl_kind k)
 {
 	static const char *const names[] = {"", "keys", "install", "deactivate", "pause", "thaw", "snapshot",
-	                                    "destroy", "recover"};
-	return k >= K_KEYS && k <= K_RECOVER ? names[k] : "?";
+	                                    "destroy", "recover", "net"};
+	return k >= K_KEYS && k <= K_NET ? names[k] : "?";
 }
 
 /* At an operation's outcome: its time from arrival into the histogram of
@@ -502,6 +502,10 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		}
 		json_t *args = json_pack("{s:o,s:s?,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
 		                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m));
+		/* the egress policy it starts under (docs/network.md) */
+		json_t *net = json_object_get(json_object_get(op->msg, "spec"), "network");
+		if (args && net && json_is_object(net))
+			json_object_set(args, "network", net);
 		op->step = 2;
 		if (op_job(m, op, "start", args))
 			return;
@@ -535,6 +539,10 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.uid_base = started.uid_base;
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		o->result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
+		/* the execution's ServicePort gateway, for the control plane's URLs */
+		json_t *gw = json_object_get(op->job_result, "gateway");
+		if (o->result && json_is_integer(gw))
+			json_object_set(o->result, "gateway", gw);
 		op_commit(m, op, &op->rec, op->had_cur);
 		op_finish(m, op);
 		return;
@@ -823,6 +831,38 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 	op_finish(m, op);
 }
 
+/* `net`: the sandbox's egress policy changes live (docs/network.md). The
+ * executor stores it and, when this worker runs the sandbox, applies it to
+ * the execution's filter before the acknowledgement. */
+static void run_net(struct mgr *m, struct ctl_op *op)
+{
+	static const char *const allowed[] = {"seq", "type", "sandbox", "network", NULL};
+	struct outcome *o = &op->o;
+	json_t *js = json_object_get(op->msg, "sandbox"), *jn = json_object_get(op->msg, "network");
+	if (op->step == 0) {
+		if (only_members(op->msg, allowed) < 0 || !json_is_string(js) ||
+		    !spaced_name_valid(json_string_value(js), json_string_length(js)) || !json_is_object(jn)) {
+			fail(o, "bad-message", "a net message names a sandbox and its network");
+			goto refused;
+		}
+		json_t *args = json_pack("{s:O,s:O}", "sandbox", js, "network", jn);
+		const struct mgr_rec *cur = mgr_rec_find(m, json_string_value(js));
+		if (args && cur && cur->r.active && cur->pid > 0)
+			json_object_set_new(args, "rec", mgr_rec_to_json(cur));
+		op->step = 1;
+		if (op_job(m, op, "net", args))
+			return;
+	}
+	if (op->job_status < 0) {
+		fail(o, op->job_status == SPACED_EINVAL ? "bad-policy" : "io", "%s",
+		     op->job_msg[0] ? op->job_msg : spaced_strerror(op->job_status));
+		goto refused;
+	}
+	o->result = json_incref(op->job_result);
+refused:
+	op_done_no_record(m, op);
+}
+
 static void op_run(struct mgr *m, struct ctl_op *op)
 {
 	switch (op->kind) {
@@ -834,6 +874,7 @@ static void op_run(struct mgr *m, struct ctl_op *op)
 	case K_SNAPSHOT: run_snapshot(m, op); return;
 	case K_DESTROY: run_destroy(m, op); return;
 	case K_RECOVER: run_recover(m, op); return;
+	case K_NET: run_net(m, op); return;
 	}
 }
 
@@ -868,6 +909,7 @@ static const struct {
 } types[] = {
 	{"keys", K_KEYS},         {"install", K_INSTALL}, {"deactivate", K_DEACTIVATE}, {"pause", K_PAUSE},
 	{"thaw", K_THAW},         {"snapshot", K_SNAPSHOT}, {"destroy", K_DESTROY},
+	{"net", K_NET},
 };
 
 static void reply_now(struct mgr *m, gate_reply_fn reply, uintptr_t ctx, uint64_t seq, struct outcome *o)
@@ -948,7 +990,7 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 	op->reply_ctx = ctx;
 	/* the sandbox a message is about orders it among the others */
 	const char *sandbox = "";
-	if (kind == K_DESTROY && json_is_string(json_object_get(msg, "sandbox")))
+	if ((kind == K_DESTROY || kind == K_NET) && json_is_string(json_object_get(msg, "sandbox")))
 		sandbox = json_string_value(json_object_get(msg, "sandbox"));
 	else if (kind != K_KEYS) {
 		json_t *sb = json_object_get(json_object_get(msg, "identity"), "sandbox");

@@ -75,6 +75,7 @@ static int load_cb(void *arg, const struct mgr_rec *rec)
 {
 	struct mgr *m = arg;
 	mgr_store_use_epoch(m->store, rec->r.epoch);
+	gate_gw_publish(m, rec);
 	return rec_put_mem(m, rec) < 0;
 }
 
@@ -106,6 +107,7 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 		if (e < 0)
 			return e;
 		gate_streams_on_install(m, rec, handoff);
+		gate_gw_publish(m, rec); /* the gateway's streams end now too (S1) */
 		e = mgr_store_commit(m->store, rec, seq, ack_line);
 		if (e < 0) {
 			gate_quit(m, "a tombstone could not be written");
@@ -122,6 +124,7 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 	if (e < 0)
 		return e;
 	gate_streams_on_install(m, rec, handoff);
+	gate_gw_publish(m, rec); /* the execution's ServicePort gateway compares with it (R5) */
 	return 0;
 }
 

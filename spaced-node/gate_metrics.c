@@ -19,7 +19,7 @@
 static const double lat_bounds[GATE_LAT_BUCKETS - 1] = {0.001, 0.002, 0.005, 0.01, 0.025, 0.05,
                                                         0.1,   0.25,  0.5,   1.0,  2.5};
 static const char *const ctl_kinds[GATE_CTL_KINDS] = {"", "keys", "install", "deactivate", "pause",
-                                                      "thaw", "snapshot", "destroy", "recover"};
+                                                      "thaw", "snapshot", "destroy", "recover", "net"};
 
 void gate_metrics_ctl(struct mgr *m, unsigned kind, uint64_t ns, bool ok)
 {

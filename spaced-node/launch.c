@@ -6,7 +6,7 @@
  *
  *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]
  *                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]
- *                 [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state]
+ *                 [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]
  *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT
  *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
  *   spaced-launch reap      (kill and remove what launchers killed with SIGKILL left)
@@ -97,7 +97,7 @@ static void usage(void)
 	fprintf(stderr,
 	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]\n"
 	        "                     [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]\n"
-	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state]\n"
+	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]\n"
 	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
 	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n"
 	        "       spaced-launch reap\n");
@@ -599,6 +599,10 @@ static int run(int argc, char **argv)
 
 		if (strcmp(o, "--keep-state") == 0) {
 			keep = true;
+			continue;
+		}
+		if (strcmp(o, "--service-ports") == 0) {
+			cfg.service_ports = true; /* ServicePorts through spaced-netgtw (docs/network.md) */
 			continue;
 		}
 		if (v == NULL)

@@ -13,8 +13,9 @@
  * returns the gate's acknowledgement line unchanged; the gate applies each
  * seq at most once and answers repeats from its store.
  *
- * Joining and registering use libcurl; the channel uses libwebsockets. The
- * link has no state but the key: when it dies, the supervisor starts it
+ * Joining and registering use libcurl; the channel uses libwebsockets, on its
+ * own loop that keeps answering the control plane's pings while the gate works
+ * (a thread of its own asks the gate). The link has no state but the key: when it dies, the supervisor starts it
  * again, and the control plane replays what it missed after the next hello.
  *
  * With --cp https://HOST:PORT both speak TLS (tls.h): the control plane's
@@ -26,6 +27,8 @@
 #include "node.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -434,15 +437,16 @@ static void queue_clear(void)
 	q_tail = NULL;
 }
 
-/* hello with the worker's durable last_seq and its limits */
-static int send_hello(void)
+/* hello with the worker's durable last_seq and its limits (a new string),
+ * or NULL when the gate does not answer */
+static char *hello_text(void)
 {
 	json_t *st = gate_status();
 	json_t *ls = json_object_get(st, "last_seq");
 	if (!json_is_integer(ls)) {
 		llog("no status from %s", C->admin_path);
 		json_decref(st);
-		return -1;
+		return NULL;
 	}
 	json_t *h = json_pack("{s:{s:s,s:I}}", "hello", "worker", C->worker_id, "last_seq", json_integer_value(ls));
 	json_t *lim = json_object_get(st, "limits");
@@ -451,10 +455,131 @@ static int send_hello(void)
 	char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
 	json_decref(h);
 	json_decref(st);
-	if (text == NULL)
+	return text;
+}
+
+/* ---- the gate thread ----
+ * The gate may take seconds over a control message (a snapshot, a start);
+ * meanwhile the channel must keep answering the control plane's pings, or
+ * it is declared dead. So the gate is asked from a thread of its own, one
+ * message after the other in the order they came; each answer is posted back
+ * to the channel's loop (lws_cancel_service). Messages and answers carry the
+ * connection they belong to: an answer for a connection that has ended is
+ * dropped (the control plane replays unacknowledged messages on the next). */
+
+struct gate_item {
+	struct gate_item *next;
+	uint64_t conn;  /* the connection it belongs to */
+	bool hello;     /* make the hello (no message) */
+	char *text;     /* the message; then the answer, NULL when the gate failed */
+	size_t len;
+};
+
+static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gcv = PTHREAD_COND_INITIALIZER;
+static struct gate_item *gin_head, *gin_tail, *gdone_head, *gdone_tail;
+static uint64_t conn_no;   /* channel loop only: the current connection's number */
+static bool conn_failed;   /* channel loop only: the gate failed on this connection */
+
+static void gitem_push(struct gate_item **head, struct gate_item **tail, struct gate_item *it)
+{
+	it->next = NULL;
+	if (*tail)
+		(*tail)->next = it;
+	else
+		*head = it;
+	*tail = it;
+}
+
+static void gitems_free(struct gate_item *it)
+{
+	while (it) {
+		struct gate_item *n = it->next;
+		free(it->text);
+		free(it);
+		it = n;
+	}
+}
+
+/* Queues a message (or the hello) for the gate (channel loop). */
+static int gate_queue(bool hello, const uint8_t *p, size_t n)
+{
+	struct gate_item *it = calloc(1, sizeof *it);
+	if (!it || (!hello && !(it->text = malloc(n + 1)))) {
+		free(it);
 		return -1;
-	enqueue(text);
+	}
+	it->hello = hello;
+	it->conn = conn_no;
+	if (!hello) {
+		memcpy(it->text, p, n);
+		it->text[n] = '\0';
+		it->len = n;
+	}
+	pthread_mutex_lock(&gmu);
+	gitem_push(&gin_head, &gin_tail, it);
+	pthread_cond_signal(&gcv);
+	pthread_mutex_unlock(&gmu);
 	return 0;
+}
+
+static void *gate_thread(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&gmu);
+		while (!gin_head)
+			pthread_cond_wait(&gcv, &gmu);
+		struct gate_item *it = gin_head;
+		gin_head = it->next;
+		if (!gin_head)
+			gin_tail = NULL;
+		pthread_mutex_unlock(&gmu);
+		char *ans = it->hello ? hello_text() : admin_ask(it->text, it->len);
+		free(it->text);
+		it->text = ans;
+		pthread_mutex_lock(&gmu);
+		gitem_push(&gdone_head, &gdone_tail, it);
+		pthread_mutex_unlock(&gmu);
+		lws_cancel_service(ctx);
+	}
+	return NULL;
+}
+
+/* The answers back from the gate, into the channel's output (channel loop). */
+static void gate_answers(void)
+{
+	pthread_mutex_lock(&gmu);
+	struct gate_item *it = gdone_head;
+	gdone_head = gdone_tail = NULL;
+	pthread_mutex_unlock(&gmu);
+	while (it) {
+		struct gate_item *n = it->next;
+		if (conn && it->conn == conn_no) {
+			if (it->text)
+				enqueue(it->text);
+			else
+				conn_failed = true;
+			it->text = NULL;
+		}
+		free(it->text);
+		free(it);
+		it = n;
+	}
+	if (conn)
+		lws_callback_on_writable(conn);
+}
+
+/* A new or ended connection: what was queued for the old one is dropped. */
+static void conn_changed(void)
+{
+	conn_no++;
+	conn_failed = false;
+	pthread_mutex_lock(&gmu);
+	struct gate_item *it = gin_head;
+	gin_head = gin_tail = NULL;
+	pthread_mutex_unlock(&gmu);
+	gitems_free(it);
 }
 
 static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len)
@@ -471,13 +596,16 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 	}
 	case LWS_CALLBACK_CLIENT_ESTABLISHED:
 		queue_clear();
+		conn_changed();
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
-		if (send_hello() < 0)
+		if (gate_queue(true, NULL, 0) < 0) /* the hello goes first */
 			return -1;
 		backoff_ns = 0;
-		lws_callback_on_writable(wsi);
 		llog("channel open to %s", C->cp_url);
+		return 0;
+	case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
+		gate_answers();
 		return 0;
 	case LWS_CALLBACK_CLIENT_RECEIVE: {
 		if (spaced_buf_append(&rx, in, len) < 0)
@@ -487,18 +615,16 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		/* one message: to the gate as one line (JSON text has no raw newline) */
 		if (memchr(rx.data, '\n', rx.len) != NULL)
 			return -1;
-		char *ack = admin_ask((const char *)rx.data, rx.len);
+		int qe = gate_queue(false, rx.data, rx.len);
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
-		if (ack == NULL) {
-			llog("the gate did not answer; reconnecting");
-			return -1; /* the control plane replays it after the next hello */
-		}
-		enqueue(ack);
-		lws_callback_on_writable(wsi);
-		return 0;
+		return qe;
 	}
 	case LWS_CALLBACK_CLIENT_WRITEABLE: {
+		if (conn_failed) {
+			llog("the gate did not answer; reconnecting");
+			return -1; /* the control plane replays what is unacknowledged after the next hello */
+		}
 		struct out *o = q_head;
 		if (o == NULL)
 			return 0;
@@ -524,6 +650,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
 	case LWS_CALLBACK_CLIENT_CLOSED:
 		conn = NULL;
+		conn_changed();
 		/* the next try after a pause that grows to 5 s while it keeps failing */
 		backoff_ns = backoff_ns ? (backoff_ns * 2 > 5000000000ull ? 5000000000ull : backoff_ns * 2) : 250000000ull;
 		next_connect = spaced_mono_ns() + backoff_ns;
@@ -614,15 +741,17 @@ int link_run(const struct link_config *cfg)
 		return 1;
 	}
 	lws_sul_schedule(ctx, 0, &sul, tick, 1);
+	pthread_t gt;
+	if (pthread_create(&gt, NULL, gate_thread, NULL) != 0)
+		return 1;
+	pthread_detach(gt); /* it may be waiting on the gate: the process ends with it */
 	while (!stop)
 		if (lws_service(ctx, 0) < 0)
 			break;
-	lws_context_destroy(ctx);
-	SSL_CTX_free(ws_tls);
+	/* the gate thread may be inside the gate's socket: nothing it holds is
+	 * released here, the process ends */
 	queue_clear();
 	spaced_buf_free(&rx);
-	admin_close();
 	sodium_memzero(key, sizeof key);
-	curl_global_cleanup();
 	return 0;
 }

@@ -16,12 +16,14 @@
  * after the start time matched.
  */
 #include "mgr.h"
+#include "net.h"
 #include "node.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -599,6 +601,43 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	return 0;
 }
 
+/* The execution's ServicePort gateway (spaced-netgtw, R5): it listens on
+ * 127.0.0.1 (its port in E_DIR/gateway.port), compares every open with the
+ * record the gate publishes in STATE/gw/<sandbox>.json and reaches the guest's
+ * ports through the same guest transport, verified as the bridge does (B1,
+ * B2). It ends with the launcher. Without it the execution runs, its
+ * ServicePorts unreachable (logged). */
+static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *logp)
+{
+	char bin[4096], tmp[4096], pf[4200], recp[4200], keys[4200], gsock[4200], lpid[32], lstart[32];
+	char text[SPACED_IDENTITY_TEXT_MAX];
+	struct stat sb;
+	snprintf(tmp, sizeof tmp, "%s", cfg->launch_bin);
+	const char *d = dirname(tmp);
+	snprintf(bin, sizeof bin, "%s/spaced-netgtw", d);
+	if (stat(bin, &sb) < 0)
+		snprintf(bin, sizeof bin, "%s/../spaced-netgtw/spaced-netgtw", d);
+	if (stat(bin, &sb) < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+		return;
+	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
+	snprintf(recp, sizeof recp, "%s/gw/%s.json", cfg->state_dir, rec->r.id.sandbox);
+	snprintf(keys, sizeof keys, "%s/keys.json", cfg->state_dir);
+	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
+	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
+	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
+	snprintf(tmp, sizeof tmp, "%s/gw", cfg->state_dir);
+	mkdir(tmp, 0700);
+	char audit[4200];
+	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
+	const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record", recp, "--keys", keys,
+	                      "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
+	                      cfg->launch_bin, "--identity", text, "--audit", audit, NULL};
+	int64_t gp;
+	uint64_t gs;
+	if (spawn_ready(argv, logp, pf, false, 5000, false, &gp, &gs) < 0)
+		fprintf(stderr, "spaced-executor level=warn event=gateway-failed sandbox=%s\n", rec->r.id.sandbox);
+}
+
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
@@ -620,8 +659,9 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	char cpus[16], mem[24], pids[24], disk[24], uid[16];
-	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text};
-	size_t n = 7;
+	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
+	                        "--service-ports"};
+	size_t n = 8;
 	/* the limits it runs under; each one given is enforced or the start fails */
 	if (rec->res.cpu_milli) {
 		spaced_cpus_format(rec->res.cpu_milli, cpus);
@@ -665,11 +705,20 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	struct mgr_rec r = *rec;
 	r.pid = lp;
 	r.pid_start = ls;
+	/* its network (net.h): the egress link and its policy's filter, before
+	 * any request can reach it. Without them it runs with `lo` only (a host
+	 * without /dev/net/tun, pasta or nft): closed, never open — a link whose
+	 * filter is missing carries nothing (the forward chain drops it). */
+	char nwhy[256] = "";
+	if (net_attach(cfg, &r, e_dir, nwhy, sizeof nwhy) < 0)
+		fprintf(stderr, "spaced-executor level=error event=net-attach-failed sandbox=%s reason=\"%s\"\n",
+		        rec->r.id.sandbox, nwhy);
 	e = start_bridge(cfg, &r);
 	if (e < 0) {
 		stop_pinned(lp, ls, true);
 		return e;
 	}
+	start_gateway(cfg, &r, e_dir, logp);
 	*rec = r;
 	return 0;
 }

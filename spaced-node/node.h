@@ -193,6 +193,7 @@ struct mgr_config {
 	int stall_timeout_ms;   /* a stream whose flow-control window stays full this long is cut */
 	pid_t exe_pid;          /* the executor (executor.h): the caller every bridge accepts */
 	uint64_t exe_start;     /* its start time */
+	const char *net_dns;    /* the upstream resolver of executions' DNS (IP[:PORT]); NULL: the host's */
 };
 /* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);

@@ -84,6 +84,11 @@ static struct {
 	int mgr_events;
 	struct spaced_buf mgr_out, mgr_in;
 	size_t mgr_out_off;
+	uv_check_t mgr_check; /* writes what a turn queued for the gate at its end */
+	uv_idle_t mgr_idle;
+	bool mgr_flush_due, mgr_flush_due_credit_pass;
+	uint32_t credit_due[256]; /* requests whose credit goes at the end of the turn */
+	size_t ncredit_due;
 	struct areq *bucket[API_BUCKETS];
 	uint32_t next_id;
 	uv_signal_t sigterm, sigint;
@@ -160,12 +165,50 @@ static void areq_free(struct areq *r)
 
 /* ---- to the gate ---- */
 
+/* Frames for the gate are written at the end of the loop's turn (the check
+ * phase; the idle handle keeps the loop from sleeping first): a turn's REQ,
+ * input and credits wake the gate once. */
+static void credit(struct areq *r, size_t n, bool flush);
+
+static void mgr_flush_due(uv_check_t *h)
+{
+	(void)h;
+	if (!A.mgr_flush_due)
+		return;
+	A.mgr_flush_due = false;
+	uv_idle_stop(&A.mgr_idle);
+	/* credits asked for during the turn, unless their stream ended meanwhile */
+	A.mgr_flush_due_credit_pass = true;
+	for (size_t i = 0; i < A.ncredit_due; i++) {
+		struct areq *r = areq_find(A.credit_due[i]);
+		if (r)
+			credit(r, 0, true);
+	}
+	A.mgr_flush_due_credit_pass = false;
+	A.ncredit_due = 0;
+	mgr_update_poll();
+}
+
+static void mgr_idle(uv_idle_t *h)
+{
+	(void)h;
+	mgr_flush_due(NULL);
+}
+
+static void mgr_due(void)
+{
+	if (!A.mgr_flush_due) {
+		A.mgr_flush_due = true;
+		uv_idle_start(&A.mgr_idle, mgr_idle);
+	}
+}
+
 static int mgr_send(uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
 {
 	int e = spaced_frame_append(&A.mgr_out, type, flags, id, b ? b->data : NULL, b ? b->len : 0);
 	if (e < 0)
 		return e;
-	mgr_update_poll();
+	mgr_due();
 	return 0;
 }
 
@@ -183,6 +226,18 @@ static void credit(struct areq *r, size_t n, bool flush)
 	r->credit_pending += n;
 	if (r->credit_pending == 0 || r->ended || (!flush && r->credit_pending < 32768))
 		return;
+	if (flush && r->credit_pending < 32768 && !A.mgr_flush_due_credit_pass) {
+		/* at the end of the turn: a RESULT read with the data ends the
+		 * stream, and no credit is needed at all */
+		for (size_t i = 0; i < A.ncredit_due; i++)
+			if (A.credit_due[i] == r->id)
+				return;
+		if (A.ncredit_due < sizeof A.credit_due / sizeof A.credit_due[0]) {
+			A.credit_due[A.ncredit_due++] = r->id;
+			mgr_due();
+			return;
+		}
+	}
 	struct spaced_buf b;
 	spaced_buf_init(&b, 32);
 	if (spaced_field_put_u64(&b, r->credit_pending) == 0)
@@ -487,13 +542,27 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 
 /* ---- output through the client's queue: streamed bodies and WebSocket ---- */
 
-static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr)
+/* Output of a stream for its client: prefix (0: none) then p[0..n), cr
+ * bytes of the gate's window. Sent at once while nothing waits and the
+ * client's queue is low; else queued (one copy either way). */
+static void q_push_pre(struct areq *r, bool text, uint8_t prefix, const void *p, size_t n, size_t cr)
 {
 	if (r->close_pending || !r->c) {
 		credit(r, cr, true); /* dropped: taken as far as the gate is concerned */
 		return;
 	}
-	struct wsmsg *m = malloc(sizeof *m + n);
+	size_t pl = prefix ? 1 : 0;
+	if (!r->q_head && spaced_httpconn_queued(r->c) <= LOW_WATER) {
+		int e = r->is_ws ? spaced_httpconn_ws_send2(r->c, text ? SPACED_WS_TEXT : SPACED_WS_BINARY, &prefix, pl,
+		                                            p, n)
+		                 : spaced_httpconn_write(r->c, p, n);
+		if (e == 0) {
+			r->credit_pending += cr;
+			pump(r);
+			return;
+		}
+	}
+	struct wsmsg *m = malloc(sizeof *m + pl + n);
 	if (!m) {
 		r->close_pending = true;
 		r->close_code = 1011;
@@ -503,17 +572,24 @@ static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr
 	}
 	m->next = NULL;
 	m->text = text;
-	m->len = n;
+	m->len = pl + n;
 	m->credit = cr;
+	if (pl)
+		m->data[0] = prefix;
 	if (n)
-		memcpy(m->data, p, n);
+		memcpy(m->data + pl, p, n);
 	if (r->q_tail)
 		r->q_tail->next = m;
 	else
 		r->q_head = m;
 	r->q_tail = m;
-	r->q_bytes += n;
+	r->q_bytes += m->len;
 	pump(r);
+}
+
+static void q_push(struct areq *r, bool text, const void *p, size_t n, size_t cr)
+{
+	q_push_pre(r, text, 0, p, n, cr);
 }
 
 static void q_json(struct areq *r, json_t *doc)
@@ -604,13 +680,7 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 		if (r->req.answer == NODE_ANS_WS_PORT) {
 			q_push(r, false, p, n, n);
 		} else {
-			uint8_t *m = malloc(n + 1);
-			if (!m)
-				return;
-			m[0] = type == SPACED_GUEST_OUT_STDOUT ? 'o' : 'e';
-			memcpy(m + 1, p, n);
-			q_push(r, false, m, n + 1, n);
-			free(m);
+			q_push_pre(r, false, type == SPACED_GUEST_OUT_STDOUT ? 'o' : 'e', p, n, n);
 		}
 		return;
 	case SPACED_GUEST_OUT_EVENT: {
@@ -1351,6 +1421,9 @@ int node_api_run(const struct node_api_config *cfg)
 	if (uv_poll_init(&A.loop, &A.mgr_poll, A.mgr_fd) < 0)
 		goto out;
 	A.mgr_events = 0;
+	uv_check_init(&A.loop, &A.mgr_check);
+	uv_idle_init(&A.loop, &A.mgr_idle);
+	uv_check_start(&A.mgr_check, mgr_flush_due);
 	mgr_update_poll();
 	uv_signal_init(&A.loop, &A.sigterm);
 	uv_signal_init(&A.loop, &A.sigint);

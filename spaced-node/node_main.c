@@ -4,7 +4,7 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR] [--stall-timeout S]
+ *               [--uid-lock-dir DIR] [--stall-timeout S] [--net-dns IP[:PORT]]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
@@ -60,7 +60,7 @@ static void usage(void)
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
-	                "                   [--uid-lock-dir DIR] [--stall-timeout S]\n"
+	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--net-dns IP[:PORT]]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -346,6 +346,8 @@ int main(int argc, char **argv)
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
 	int stall_ms = 60000;
+	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
+	const char *net_dns = getenv("SPACED_NET_DNS");
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 	static struct spaced_tls_opts tls;
@@ -438,7 +440,8 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			stall_ms = (int)t * 1000;
-		}
+		} else if (strcmp(a, "--net-dns") == 0)
+			net_dns = v;
 		else {
 			usage();
 			return 2;
@@ -556,7 +559,7 @@ int main(int argc, char **argv)
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
-	                        .stall_timeout_ms = stall_ms};
+	                        .stall_timeout_ms = stall_ms, .net_dns = net_dns};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

@@ -89,14 +89,14 @@ register() {
 start_worker() {
 	w=$1; shift
 	eval "wk=\$WK_$w"
-	hellos=$(grep -c "channel $w: hello" "$CP_LOG" 2>/dev/null)
+	hellos=$(grep -c "event=channel-hello worker=$w " "$CP_LOG" 2>/dev/null)
 	"$FW" --url "ws://${CP_URL#http://}" --worker "$w" --key "$wk" --state "$W/$w.state" --log "$W/$w.log" "$@" \
 		2>>"$W/$w.err" &
 	eval "FW_PID_$w=$!"
 	PIDS="$PIDS $!"
 	# connected once the channel delivered anything (the key bundle comes first)
 	i=0
-	while [ ! -s "$W/$w.log" ] || [ "$(grep -c "channel $w: hello" "$CP_LOG" 2>/dev/null)" -le "${hellos:-0}" ]; do
+	while [ ! -s "$W/$w.log" ] || [ "$(grep -c "event=channel-hello worker=$w " "$CP_LOG" 2>/dev/null)" -le "${hellos:-0}" ]; do
 		i=$((i + 1)); [ $i -lt 200 ] || { echo "worker $w got nothing"; cat "$W/$w.err"; break; }
 		sleep 0.05
 	done

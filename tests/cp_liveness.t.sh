@@ -73,7 +73,7 @@ eval "WC=\$FW_PID_wc"
 kill -STOP "$WC"
 if poll_down wc; then ok "wc stopped (SIGSTOP): not live after ${DOWN_MS} ms (polled every 0.5 s)"; else fail "wc still live 15 s after it stopped: $(state_of wc)"; fi
 STOP_MS=$DOWN_MS
-grep -q "channel wc: silent for" "$W/cp.log" && ok "the control plane closed wc's silent channel" || fail "no silence logged for wc"
+grep -q "event=channel-silent worker=wc " "$W/cp.log" && ok "the control plane closed wc's silent channel" || fail "no silence logged for wc"
 placed=$(place_n 3)
 expect "three creates while wc is stopped: all on wa" "$placed" "201:wa 201:wa 201:wa "
 expect "create on wc by name -> 503 worker-unavailable" "$(api "$TA" POST /v1/sandboxes '{"worker":"wc"}'; body .error)" "503worker-unavailable"
@@ -84,7 +84,7 @@ expect "create on wc once it is back" "$(api "$TA" POST /v1/sandboxes '{"worker"
 # ---- 3. a quiet worker that answers pings stays live ----
 sleep 6
 expect "wa, quiet for 6 s but answering pings, is still live" "$(state_of wa)" "live true"
-expect "wa's channel was never closed" "$(grep -c 'channel wa: closed' "$W/cp.log")" 0
+expect "wa's channel was never closed" "$(grep -c 'event=channel-closed worker=wa$' "$W/cp.log")" 0
 
 # ---- 4. the worker comes back after being killed ----
 start_worker wb

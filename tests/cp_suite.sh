@@ -258,7 +258,7 @@ echo "999 0" >"$W/wh.state"
 register wh
 "$FW" --url "ws://${CP_URL#http://}" --worker wh --key "$WK_wh" --state "$W/wh.state" --log "$W/wh.log" 2>/dev/null &
 WHPID=$!; PIDS="$PIDS $WHPID"
-wait_for "the control plane refuses the channel of a worker ahead of it" grep -q "channel wh: hello last_seq=999 is ahead" "$W/cp.log"
+wait_for "the control plane refuses the channel of a worker ahead of it" grep -q "event=channel-refused worker=wh reason=\"hello last_seq=999 is ahead" "$W/cp.log"
 kill $WHPID 2>/dev/null || true
 expect "a worker ahead of the store gets nothing" "$(cat "$W/wh.log" 2>/dev/null | wc -l)" 0
 

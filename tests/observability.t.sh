@@ -85,5 +85,34 @@ jq -e -s 'all(.[]; .time and .component)' "$D/worker-1.log" >/dev/null && ok "ea
 	fail "log lines without time or component"
 expect "the refusal is logged with the client's request id" \
 	"$(jq -r 'select(.event == "refused" and .request_id == "audit-check-1") | .reason' "$D/worker-1.log")" "bad-signature"
+# ---- the control plane: /metrics, audit log, JSON logs ----
+st=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Request-Id: cp-audit-1" -H "Authorization: Bearer spk_0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA" "$SPACED_CP_URL/v1/sandboxes")
+expect "a wrong API key -> 401" "$st" 401
+"$CP" admin --state "$D/cp" create-tenant audited >/dev/null 2>&1
+CMP=$(cat "$D/cp/metrics.port")
+curl -s "http://127.0.0.1:$CMP/metrics" >"$W/cp-metrics"
+promtool check metrics <"$W/cp-metrics" >"$W/cp-promtool.out" 2>&1
+expect "promtool check metrics accepts the control plane's metrics" "$?" 0
+[ -s "$W/cp-promtool.out" ] && cat "$W/cp-promtool.out"
+cval() { awk -v k="$1" '$1 == k {print $2}' "$W/cp-metrics"; }
+expect "creates counted" "$(cval 'spaced_cp_requests_total{endpoint="create",status="2xx"}')" 2
+expect "the move timed" "$(cval 'spaced_cp_request_seconds_count{endpoint="move"}')" 1
+expect "the wrong key counted" "$(cval 'spaced_cp_unauthorized_total')" 1
+expect "both workers connected" "$(cval 'spaced_cp_worker_connected{worker="worker-1"}') $(cval 'spaced_cp_worker_connected{worker="worker-2"}')" "1 1"
+expect "two sandboxes running" "$(cval 'spaced_cp_sandboxes{state="running"}')" 2
+CA=$D/cp/audit.log
+expect "the control plane's audit log is private" "$(stat -c %a "$CA")" 600
+expect "each create is audited with its tenant and sandbox" \
+	"$(jq -r 'select(.event == "create") | .sandbox' "$CA" | sort | tr '\n' ' ')" "$(printf '%s\n' "$X" "$Y" | sort | tr '\n' ' ')"
+expect "the move is audited with the new worker" "$(jq -r "select(.event == \"move\" and .sandbox == \"$X\") | .worker" "$CA")" worker-2
+expect "the refused key is audited with its caller and request id" \
+	"$(jq -r 'select(.event == "unauthorized" and .request_id == "cp-audit-1") | .caller' "$CA")" 127.0.0.1
+expect "an admin command is audited (never its secret)" \
+	"$(jq -r 'select(.event == "admin" and .command == "create-tenant" and .subject == "audited") | .ok' "$CA")" true
+expect "no key is ever in the audit logs" "$(cat "$CA" "$D"/worker-*/audit.log | grep -c 'spk_')" 0
+expect "answers carry their request id" \
+	"$(curl -s -D - -o /dev/null -H "X-Request-Id: cp-rid-7" -H "Authorization: Bearer $SPACED_API_KEY" "$SPACED_CP_URL/v1/sandboxes" | tr -d '\r' | awk -F': ' 'tolower($1) == "x-request-id" {print $2}')" cp-rid-7
+bad=$(grep -v '^{' "$D/cp.log" | grep -cv '^\s*$')
+expect "every line of the control plane's log is a JSON object" "$bad" 0
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

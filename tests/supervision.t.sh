@@ -88,6 +88,23 @@ after_kill "kill -9 of the link"
 Y=$("$SC" create --worker worker-1)
 expect "placement on worker-1 again" "$([ -n "$Y" ] && "$SC" exec "$Y" -- echo ok 2>&1)" "ok"
 
+# ---- a gate that takes long over a control message: the channel stays up meanwhile ----
+GP=$(role_pid spaced-gate)
+kill -STOP "$GP"
+"$SC" pause "$X" >"$W/pause.out" 2>&1 &
+PZ=$!
+down=0
+for i in 1 2 3 4 5 6 7 8; do
+	sleep 1
+	[ "$(connected)" = "true" ] || down=$((down + 1))
+done
+kill -CONT "$GP"
+wait "$PZ"
+expect "the pause waited for the stopped gate and then succeeded" "$?" 0
+expect "for 8 s of a gate busy with it, worker-1 was never shown not connected (pings answered)" "$down" 0
+"$SC" resume "$X" >/dev/null 2>&1
+after_kill "a gate stopped for 8 s"
+
 # ---- the supervisor itself, and the control plane: the dev keeper starts them again ----
 kill -9 "$SUP"
 wait_for "the keeper started worker-1 again" sh -c "[ \"\$(awk '\$1 == \"worker-1\" {print \$2}' '$D/pids')\" != $SUP ]"

@@ -1,0 +1,1081 @@
+/*
+ * netgtw.c — spaced-netgtw, the ServicePort gateway of one execution (R5, S1–S4, B4;
+ * docs/network.md "ServicePorts").
+ *
+ *   spaced-netgtw --listen HOST:PORT --port-file PATH --record PATH --keys PATH
+ *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
+ *                 --identity TEXT [--guest-owner UID] [--audit PATH]
+ *
+ * Clients speak HTTP/1.1 to it. The first request head of a connection names
+ * the port (Host "<port>-<sandbox>.localhost", else the capability's port) and
+ * carries a credential: "Authorization: Bearer <serviceport capability>", the
+ * cookie it was exchanged for ("?spaced_token=<capability>" answers 302 with
+ * Set-Cookie: spaced_gw, bound to this execution's identity and that port), and
+ * "Upgrade: spaced-tcp" asks for a raw TCP tunnel (101, then bytes). The
+ * capability is verified with the worker's verification keys and compared with
+ * the activation record the worker's gate pushes to --record (R5: purpose
+ * serviceport, port, protocol, the full identity) before any connection to the
+ * guest is opened. Only then is the guest's port reached, through the
+ * execution's guest transport: the listener is checked to belong to the
+ * expected launcher (B1, B2: socket owner, unix_diag, the launcher's pidfd,
+ * start time and executable, the connection's peer credentials), then
+ * "CONNECT <port>" hands the connection to the guest, which joins it to
+ * 127.0.0.1:<port> inside (B4: the application itself is not attested). From
+ * then on the connection is a stream bound to the record's epoch: when the
+ * record changes, each stream is compared again (SPACED_COMPARE_ESTABLISHED_STREAM):
+ * an activation-only change keeps it (S4), anything else — a new generation,
+ * a deactivation, a move — cuts it at once (S1). New opens need the new identity.
+ *
+ * Every DENY is appended to the worker's audit log (--audit), like the gate's.
+ * GET /metrics on the gateway's own address (no sandbox-port Host name, no
+ * credential) gives its counters in Prometheus text.
+ *
+ * One thread, one epoll loop. The process ends when its launcher ends.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/inotify.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "cap.h"
+#include "compare.h"
+#include "error.h"
+#include "http.h"
+#include "identity.h"
+#include "keyring.h"
+#include "pidref.h"
+#include "util.h"
+#include "vcache.h"
+#include "vsock_hs.h"
+
+#define HEAD_MAX (16 * 1024)
+#define BUF_SZ (256 * 1024)
+#define HEAD_TIMEOUT_MS 10000
+#define MAX_CONNS 1024
+#define COOKIE_LIFETIME 3600
+#define COOKIE_NAME "spaced_gw"
+#define GUEST_HANDBACK 0x10000u /* CONNECT port | this: the guest hands the port's connection back */
+
+enum cstate { C_HEAD = 1, C_RELAY };
+
+struct dir {
+	uint8_t *buf;
+	size_t len, off;
+	bool eof, shut;
+};
+
+struct conn {
+	struct conn *next, *prev;
+	int cfd, gfd;
+	enum cstate st;
+	uint64_t t0;
+	uint8_t head[HEAD_MAX];
+	size_t hlen;
+	struct dir up, down; /* up: client -> guest, down: guest -> client */
+	uint32_t ev_c, ev_g;
+	struct spaced_cap cap; /* the credential the stream was admitted with (S4) */
+	struct spaced_request req;
+	char protocol[SPACED_PROTOCOL_MAX];
+	uint64_t epoch;
+	bool dead;
+};
+
+static struct {
+	int ep, lfd, ino, pidfd;
+	const char *record_path, *keys_path, *guest_path;
+	char record_base[256], keys_base[256];
+	struct spaced_keyring *kr;
+	struct spaced_vcache *vc;
+	struct spaced_record rec;
+	bool have_rec;
+	struct spaced_identity self; /* the execution this gateway was started for */
+	struct spaced_expected_listener exp;
+	uint8_t cookie_key[crypto_auth_KEYBYTES];
+	struct conn *conns;
+	unsigned nconns;
+	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
+	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
+} G;
+
+static void glog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void glog(const char *fmt, ...)
+{
+	char buf[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		fprintf(stderr, "spaced-netgtw %s\n", buf);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- the pushed activation record and the keys ---- */
+
+static void conn_close(struct conn *c);
+
+/* Every established stream is compared again with the new record (S1, S4). */
+static void streams_recheck(void)
+{
+	for (struct conn *c = G.conns, *n; c; c = n) {
+		n = c->next;
+		if (c->st != C_RELAY)
+			continue;
+		struct spaced_decision d =
+			spaced_compare(&c->cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_ESTABLISHED_STREAM);
+		if (d.verdict == SPACED_ALLOW) {
+			if (c->epoch != G.rec.epoch)
+				G.n_kept++;
+			c->epoch = G.rec.epoch;
+			continue;
+		}
+		G.n_cut++;
+		glog("level=info event=stream-cut port=%u verdict=%s reason=%s", c->req.port,
+		     spaced_verdict_name(d.verdict), spaced_reason_name(d.reason));
+		conn_close(c);
+	}
+}
+
+static void record_load(void)
+{
+	json_error_t jerr;
+	json_t *j = json_load_file(G.record_path, JSON_REJECT_DUPLICATES, &jerr);
+	struct spaced_record r;
+	memset(&r, 0, sizeof r);
+	json_t *je = json_object_get(j, "epoch"), *ja = json_object_get(j, "active");
+	if (j && spaced_identity_from_json(&r.id, json_object_get(j, "identity")) == 0 && json_is_integer(je) &&
+	    json_is_boolean(ja)) {
+		r.epoch = (uint64_t)json_integer_value(je);
+		r.active = json_is_true(ja);
+		/* a record of another generation or placement is a record of another
+		 * execution: this gateway's execution no longer serves (its
+		 * tombstone, as the comparator sees it) */
+		if (strcmp(r.id.sandbox, G.self.sandbox) != 0 || r.id.generation != G.self.generation ||
+		    strcmp(r.id.worker, G.self.worker) != 0 || strcmp(r.id.substrate, G.self.substrate) != 0) {
+			if (r.id.generation < G.self.generation || strcmp(r.id.sandbox, G.self.sandbox) != 0) {
+				json_decref(j);
+				return; /* not yet ours: nothing is served before it is */
+			}
+		}
+		bool changed = !G.have_rec || r.epoch != G.rec.epoch;
+		G.rec = r;
+		G.have_rec = true;
+		if (changed)
+			streams_recheck();
+	}
+	json_decref(j);
+}
+
+static void keys_load(void)
+{
+	int e = spaced_keyring_load_file(G.kr, G.keys_path);
+	if (e < 0 && e != SPACED_ESTALE)
+		glog("level=warn event=keys-unreadable path=%s reason=\"%s\"", G.keys_path, spaced_strerror(e));
+}
+
+static void on_inotify(void)
+{
+	char buf[4096] __attribute__((aligned(8)));
+	bool rec = false, keys = false;
+	for (;;) {
+		ssize_t n = read(G.ino, buf, sizeof buf);
+		if (n <= 0)
+			break;
+		for (char *p = buf; p < buf + n;) {
+			struct inotify_event *ev = (struct inotify_event *)(void *)p;
+			if (ev->len > 0 && strcmp(ev->name, G.record_base) == 0)
+				rec = true;
+			if (ev->len > 0 && strcmp(ev->name, G.keys_base) == 0)
+				keys = true;
+			p += sizeof *ev + ev->len;
+		}
+	}
+	if (keys)
+		keys_load();
+	if (rec)
+		record_load();
+}
+
+/* ---- connections ---- */
+
+static void set_ev(struct conn *c)
+{
+	uint32_t ec = 0, eg = 0;
+	if (c->st == C_HEAD) {
+		ec = EPOLLIN;
+	} else {
+		if (!c->up.eof && c->up.len < BUF_SZ)
+			ec |= EPOLLIN;
+		if (c->down.len > 0)
+			ec |= EPOLLOUT;
+		if (!c->down.eof && c->down.len < BUF_SZ)
+			eg |= EPOLLIN;
+		if (c->up.len > 0)
+			eg |= EPOLLOUT;
+	}
+	if (ec != c->ev_c) {
+		struct epoll_event e = {.events = ec, .data.ptr = c};
+		epoll_ctl(G.ep, EPOLL_CTL_MOD, c->cfd, &e);
+		c->ev_c = ec;
+	}
+	if (c->gfd >= 0 && eg != c->ev_g) {
+		struct epoll_event e = {.events = eg, .data.ptr = (void *)((uintptr_t)c | 1)};
+		epoll_ctl(G.ep, EPOLL_CTL_MOD, c->gfd, &e);
+		c->ev_g = eg;
+	}
+}
+
+static void conn_close(struct conn *c)
+{
+	if (c->dead)
+		return;
+	c->dead = true;
+	close(c->cfd);
+	if (c->gfd >= 0)
+		close(c->gfd);
+	c->cfd = c->gfd = -1;
+}
+
+static void conn_free(struct conn *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		G.conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	free(c->up.buf);
+	free(c->down.buf);
+	free(c);
+	G.nconns--;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct timespec ts = {0, 1000000};
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		if (w <= 0)
+			return;
+		p += w;
+		n -= (size_t)w;
+	}
+}
+
+static void reply(struct conn *c, int status, const char *extra_headers, const char *json)
+{
+	char buf[2048];
+	int n = snprintf(buf, sizeof buf,
+	                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n%s\r\n%s",
+	                 status, spaced_http_reason(status), strlen(json), extra_headers ? extra_headers : "", json);
+	if (n > 0)
+		send_all(c->cfd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+	conn_close(c);
+}
+
+/* Every DENY into the worker's audit log, as the gate writes its own:
+ * one JSON line, one O_APPEND write. */
+static void audit_deny(struct conn *c, struct spaced_decision d, const struct spaced_cap *cap)
+{
+	if (G.audit_fd < 0)
+		return;
+	struct sockaddr_in pa;
+	socklen_t pl = sizeof pa;
+	char peer[64] = "", when[40];
+	if (getpeername(c->cfd, (struct sockaddr *)&pa, &pl) == 0 && pa.sin_family == AF_INET) {
+		char a[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &pa.sin_addr, a, sizeof a);
+		snprintf(peer, sizeof peer, "%s:%u", a, ntohs(pa.sin_port));
+	}
+	struct timespec ts;
+	struct tm tm;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(when + n, sizeof when - n, ".%03ldZ", ts.tv_nsec / 1000000);
+	json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i}", "time", when, "component", "spaced-netgtw", "event",
+	                      "deny", "outcome", spaced_verdict_name(d.verdict), "reason", spaced_reason_name(d.reason),
+	                      "caller", peer, "sandbox", G.self.sandbox, "port", (int)c->req.port);
+	if (j && cap && cap->id.sandbox[0])
+		json_object_set_new(j, "identity", spaced_identity_to_json(&cap->id));
+	char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(j);
+	if (text) {
+		size_t len = strlen(text);
+		text[len] = '\n';
+		if (write(G.audit_fd, text, len + 1) != (ssize_t)(len + 1))
+			glog("level=error event=audit-write-failed");
+		free(text);
+	}
+}
+
+static void refuse(struct conn *c, struct spaced_decision d)
+{
+	char body[256];
+	int status;
+	if (d.verdict == SPACED_REFRESH_ROUTE) {
+		status = 409;
+		snprintf(body, sizeof body, "{\"outcome\":\"REFRESH_ROUTE\",\"reason\":\"%s\",\"sandbox\":\"%s\"}",
+		         spaced_reason_name(d.reason), G.have_rec ? G.rec.id.sandbox : "");
+	} else {
+		switch (d.reason) {
+		case SPACED_REASON_BAD_SIGNATURE:
+		case SPACED_REASON_UNKNOWN_KEY:
+		case SPACED_REASON_EXPIRED:
+		case SPACED_REASON_NOT_YET_VALID:
+		case SPACED_REASON_MALFORMED: status = 401; break;
+		default: status = 403; break;
+		}
+		snprintf(body, sizeof body, "{\"outcome\":\"DENY\",\"reason\":\"%s\"}", spaced_reason_name(d.reason));
+	}
+	G.n_refuse++;
+	audit_deny(c, d, &c->cap);
+	glog("level=info event=refused outcome=%s reason=%s", spaced_verdict_name(d.verdict), spaced_reason_name(d.reason));
+	reply(c, status, NULL, body);
+}
+
+/* Host "<port>-<sandbox>.localhost[:N]": the port and sandbox it names. */
+static bool host_names(const char *host, uint16_t *port, char *sandbox, size_t sbsz)
+{
+	if (!host)
+		return false;
+	char *end;
+	unsigned long p = strtoul(host, &end, 10);
+	if (end == host || *end != '-' || p == 0 || p > 65535)
+		return false;
+	const char *s = end + 1, *dot = strchr(s, '.');
+	if (!dot || (size_t)(dot - s) >= sbsz || strncasecmp(dot, ".localhost", 10) != 0 ||
+	    (dot[10] != '\0' && dot[10] != ':'))
+		return false;
+	memcpy(sandbox, s, (size_t)(dot - s));
+	sandbox[dot - s] = '\0';
+	*port = (uint16_t)p;
+	return true;
+}
+
+/* ---- cookies: a capability exchanged once, bound to this execution and port ---- */
+
+static void cookie_mac(const struct spaced_identity *id, uint16_t port, uint64_t exp, uint8_t mac[crypto_auth_BYTES])
+{
+	char text[SPACED_IDENTITY_TEXT_MAX + 64];
+	int n = spaced_identity_encode(id, text, sizeof text);
+	if (n < 0)
+		n = 0;
+	n += snprintf(text + n, sizeof text - (size_t)n, "|%u|%llu", port, (unsigned long long)exp);
+	crypto_auth(mac, (const uint8_t *)text, (size_t)n, G.cookie_key);
+}
+
+/* value: exp(8) port(2) generation(8) activation-length(1) activation mac(32), base64url */
+static int cookie_make(const struct spaced_identity *id, uint16_t port, char *out, size_t outsz)
+{
+	uint8_t raw[8 + 2 + 8 + 1 + SPACED_NAME_MAX + crypto_auth_BYTES];
+	uint64_t exp = (uint64_t)time(NULL) + COOKIE_LIFETIME;
+	size_t al = strlen(id->activation), n = 0;
+	for (int i = 7; i >= 0; i--)
+		raw[n++] = (uint8_t)(exp >> (8 * i));
+	raw[n++] = (uint8_t)(port >> 8);
+	raw[n++] = (uint8_t)port;
+	for (int i = 7; i >= 0; i--)
+		raw[n++] = (uint8_t)(id->generation >> (8 * i));
+	raw[n++] = (uint8_t)al;
+	memcpy(raw + n, id->activation, al);
+	n += al;
+	cookie_mac(id, port, exp, raw + n);
+	n += crypto_auth_BYTES;
+	if (sodium_base64_ENCODED_LEN(n, sodium_base64_VARIANT_URLSAFE_NO_PADDING) > outsz)
+		return SPACED_ETOOBIG;
+	sodium_bin2base64(out, outsz, raw, n, sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+	return 0;
+}
+
+/* A cookie as a capability-like credential for the comparison. */
+static int cookie_read(const char *v, size_t vl, struct spaced_cap *cap)
+{
+	uint8_t raw[8 + 2 + 8 + 1 + SPACED_NAME_MAX + crypto_auth_BYTES];
+	size_t n;
+	if (!G.have_rec ||
+	    sodium_base642bin(raw, sizeof raw, v, vl, NULL, &n, NULL, sodium_base64_VARIANT_URLSAFE_NO_PADDING) < 0 ||
+	    n < 19 + crypto_auth_BYTES)
+		return SPACED_EFORMAT;
+	uint64_t exp = 0, gen = 0;
+	for (int i = 0; i < 8; i++)
+		exp = (exp << 8) | raw[i];
+	uint16_t port = (uint16_t)((raw[8] << 8) | raw[9]);
+	for (int i = 10; i < 18; i++)
+		gen = (gen << 8) | raw[i];
+	size_t al = raw[18];
+	if (al == 0 || al >= SPACED_NAME_MAX || n != 19 + al + crypto_auth_BYTES)
+		return SPACED_EFORMAT;
+	struct spaced_cap c;
+	memset(&c, 0, sizeof c);
+	char act[SPACED_NAME_MAX];
+	memcpy(act, raw + 19, al);
+	act[al] = '\0';
+	if (spaced_identity_set(&c.id, G.rec.id.sandbox, gen, G.rec.id.worker, G.rec.id.substrate, act,
+	                        G.rec.id.pod_uid) < 0)
+		return SPACED_EFORMAT;
+	uint8_t mac[crypto_auth_BYTES];
+	cookie_mac(&c.id, port, exp, mac);
+	if (sodium_memcmp(mac, raw + 19 + al, sizeof mac) != 0)
+		return SPACED_ESIG;
+	if (exp < (uint64_t)time(NULL))
+		return SPACED_EEXPIRED;
+	c.purposes = SPACED_PURPOSE_SERVICEPORT;
+	c.cls = SPACED_CLASS_SERVICEPORT;
+	c.port = port;
+	/* a cookie is only ever made from an http capability: it opens http, never a tcp tunnel */
+	snprintf(c.protocol, sizeof c.protocol, "http");
+	*cap = c;
+	return 0;
+}
+
+/* The value of cookie name in a Cookie header, or NULL. */
+static const char *cookie_find(const char *hdr, const char *name, size_t *vl)
+{
+	size_t nl = strlen(name);
+	for (const char *p = hdr; p && *p;) {
+		while (*p == ' ' || *p == ';')
+			p++;
+		const char *e = strchr(p, ';');
+		size_t l = e ? (size_t)(e - p) : strlen(p);
+		if (l > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
+			*vl = l - nl - 1;
+			return p + nl + 1;
+		}
+		p = e;
+	}
+	return NULL;
+}
+
+/* ---- the guest's port, through the verified guest transport (B1, B2) ---- */
+
+static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
+{
+	int fd = -1;
+	int e = spaced_peer_connect_listener(G.guest_path, &G.exp, &fd, why, whysz);
+	if (e < 0)
+		return e;
+	char line[SPACED_VSOCK_HS_MAX + 1];
+	/* the guest hands the connection to its port back (spaced-guest fwd.c) */
+	int n = spaced_vsock_hs_format_connect(line, sizeof line, (uint32_t)port | GUEST_HANDBACK);
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (n <= 0 || send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
+		close(fd);
+		snprintf(why, whysz, "the guest transport refused CONNECT");
+		return SPACED_ECLOSED;
+	}
+	/* exactly the answer line, byte by byte: what follows is the guest port's */
+	uint8_t ans[SPACED_VSOCK_HS_MAX];
+	size_t got = 0;
+	for (;;) {
+		ssize_t r = recv(fd, ans + got, 1, 0);
+		if (r <= 0) {
+			close(fd);
+			snprintf(why, whysz, "the guest transport closed during the handshake");
+			return SPACED_ECLOSED;
+		}
+		got++;
+		int l = spaced_vsock_hs_line_len(ans, got);
+		if (l > 0) {
+			uint32_t v;
+			if (spaced_vsock_hs_parse_ok(ans, got, &v) < 0) {
+				close(fd);
+				snprintf(why, whysz, "malformed handshake answer");
+				return SPACED_EPROTO;
+			}
+			break;
+		}
+		if (l < 0 || got >= sizeof ans) {
+			close(fd);
+			snprintf(why, whysz, "malformed handshake answer");
+			return SPACED_EPROTO;
+		}
+	}
+	/* one byte carrying the connected socket; EOF: nothing listens there */
+	char one;
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = {.iov_base = &one, .iov_len = 1};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	close(fd);
+	struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
+	if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
+	    (mh.msg_flags & MSG_CTRUNC)) {
+		snprintf(why, whysz, "nothing listens on port %u inside", (unsigned)port);
+		return SPACED_ECLOSED;
+	}
+	int up;
+	memcpy(&up, CMSG_DATA(cm), sizeof up);
+	/* whatever the guest sent, it is only ever a byte stream to relay (B4) */
+	int type = 0;
+	socklen_t tl = sizeof type;
+	if (getsockopt(up, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM) {
+		close(up);
+		snprintf(why, whysz, "the guest handed back something else than a stream socket");
+		return SPACED_EPROTO;
+	}
+	int one_ = 1;
+	setsockopt(up, IPPROTO_TCP, TCP_NODELAY, &one_, sizeof one_);
+	fcntl(up, F_SETFL, O_NONBLOCK);
+	*out = up;
+	return 0;
+}
+
+/* ---- the first request of a connection ---- */
+
+static void start_relay(struct conn *c, const void *first, size_t n)
+{
+	c->up.buf = malloc(BUF_SZ);
+	c->down.buf = malloc(BUF_SZ);
+	if (!c->up.buf || !c->down.buf || n > BUF_SZ) {
+		conn_close(c);
+		return;
+	}
+	memcpy(c->up.buf, first, n);
+	c->up.len = n;
+	c->st = C_RELAY;
+	c->epoch = G.rec.epoch;
+	struct epoll_event e = {.events = 0, .data.ptr = (void *)((uintptr_t)c | 1)};
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, c->gfd, &e);
+	c->ev_g = 0;
+	int one = 1;
+	setsockopt(c->cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	set_ev(c);
+}
+
+static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
+{
+	const char *host = spaced_http_field(req, "host");
+	const char *auth = spaced_http_field(req, "authorization");
+	const char *upg = spaced_http_field(req, "upgrade");
+	const char *cookies = spaced_http_field(req, "cookie");
+	bool tcp = upg && strcasecmp(upg, "spaced-tcp") == 0;
+	uint16_t port = 0;
+	char hsb[SPACED_NAME_MAX] = "";
+	bool named = host_names(host, &port, hsb, sizeof hsb);
+	/* the gateway's own counters, on its address itself (never on a sandbox port's name) */
+	if (!named && !auth && strcmp(req->method, "GET") == 0 && strcmp(req->target, "/metrics") == 0) {
+		char m[1024];
+		int n = snprintf(m, sizeof m,
+		                 "# TYPE spaced_netgtw_opens_total counter\n"
+		                 "spaced_netgtw_opens_total{outcome=\"allow\"} %llu\n"
+		                 "spaced_netgtw_opens_total{outcome=\"refuse\"} %llu\n"
+		                 "# TYPE spaced_netgtw_streams_cut_total counter\nspaced_netgtw_streams_cut_total %llu\n"
+		                 "# TYPE spaced_netgtw_streams_kept_total counter\nspaced_netgtw_streams_kept_total %llu\n"
+		                 "# TYPE spaced_netgtw_guest_unreachable_total counter\nspaced_netgtw_guest_unreachable_total %llu\n"
+		                 "# TYPE spaced_netgtw_connections gauge\nspaced_netgtw_connections %u\n",
+		                 (unsigned long long)G.n_allow, (unsigned long long)G.n_refuse, (unsigned long long)G.n_cut,
+		                 (unsigned long long)G.n_kept, (unsigned long long)G.n_guest_fail, G.nconns);
+		char h[256];
+		int hn = snprintf(h, sizeof h,
+		                  "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
+		                  "Connection: close\r\n\r\n",
+		                  n);
+		send_all(c->cfd, h, (size_t)hn);
+		send_all(c->cfd, m, (size_t)n);
+		conn_close(c);
+		return;
+	}
+	struct spaced_decision d = {SPACED_DENY, SPACED_REASON_MALFORMED};
+	struct spaced_cap cap;
+	memset(&cap, 0, sizeof cap);
+	const char *tok = NULL;
+	size_t toklen = 0;
+	bool exchange = false, have = false;
+	char *qtok = NULL;
+	if (auth && strncasecmp(auth, "bearer ", 7) == 0) {
+		tok = auth + 7;
+		while (*tok == ' ')
+			tok++;
+		toklen = strlen(tok);
+	} else {
+		const char *q = strstr(req->target, "spaced_token=");
+		if (q && (q[-1] == '?' || q[-1] == '&')) {
+			q += 13;
+			size_t l = strcspn(q, "&#");
+			qtok = strndup(q, l);
+			tok = qtok;
+			toklen = l;
+			exchange = true;
+		}
+	}
+	if (tok && toklen > 0 && toklen <= 4096) {
+		int e = spaced_cap_verify(G.kr, G.vc, tok, toklen, SPACED_CLASS_SERVICEPORT, spaced_now(), &cap);
+		if (e < 0)
+			d = spaced_decision_from_error(e);
+		else
+			have = true;
+	} else if (cookies) {
+		size_t vl = 0;
+		const char *v = cookie_find(cookies, COOKIE_NAME, &vl);
+		int e = v ? cookie_read(v, vl, &cap) : SPACED_EFORMAT;
+		if (e == 0)
+			have = true;
+		else
+			d = spaced_decision_from_error(e == SPACED_EFORMAT ? SPACED_EFORMAT : e);
+	}
+	free(qtok);
+	if (!have) {
+		refuse(c, d);
+		return;
+	}
+	c->cap = cap; /* named in the audit log when refused below */
+	if (!named)
+		port = cap.port;
+	/* a Host naming another sandbox is another sandbox's request */
+	if (named && G.have_rec && strcmp(hsb, G.rec.id.sandbox) != 0) {
+		refuse(c, (struct spaced_decision){SPACED_DENY, SPACED_REASON_OTHER_SANDBOX});
+		return;
+	}
+	if (tcp)
+		snprintf(c->protocol, sizeof c->protocol, "tcp");
+	else if (req->websocket && strcmp(cap.protocol, "ws") == 0)
+		snprintf(c->protocol, sizeof c->protocol, "ws");
+	else
+		snprintf(c->protocol, sizeof c->protocol, "http");
+	c->req = (struct spaced_request){.purpose = SPACED_PURPOSE_SERVICEPORT, .port = port, .protocol = c->protocol};
+	/* R5: the full identity, the port and the protocol, before the guest is reached */
+	d = spaced_compare(&cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_STRICT);
+	if (d.verdict == SPACED_ALLOW && port == 1024) /* the guest API's own port is never a ServicePort */
+		d = (struct spaced_decision){SPACED_DENY, SPACED_REASON_WRONG_PORT};
+	/* this gateway reaches one execution only: a record of a newer one is not its own */
+	if (d.verdict == SPACED_ALLOW && (cap.id.generation != G.self.generation ||
+	                                  strcmp(cap.id.worker, G.self.worker) != 0 ||
+	                                  strcmp(cap.id.substrate, G.self.substrate) != 0))
+		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, cap.id.generation > G.self.generation
+		                                                       ? SPACED_REASON_NEWER_GENERATION
+		                                                       : SPACED_REASON_OTHER_WORKER};
+	if (d.verdict != SPACED_ALLOW) {
+		refuse(c, d);
+		return;
+	}
+	c->cap = cap;
+	char ident[SPACED_IDENTITY_TEXT_MAX];
+	spaced_identity_encode(&G.rec.id, ident, sizeof ident);
+	if (exchange) {
+		char ck[256], hdr[10240], loc[8192];
+		/* the same target without spaced_token */
+		const char *t = req->target, *q = strchr(t, '?');
+		size_t w = 0;
+		if (q) {
+			memcpy(loc, t, (size_t)(q - t));
+			w = (size_t)(q - t);
+			const char *p = q + 1;
+			bool first = true;
+			while (*p) {
+				const char *e = strchr(p, '&');
+				size_t l = e ? (size_t)(e - p) : strlen(p);
+				if (!(l >= 13 && strncmp(p, "spaced_token=", 13) == 0) && w + l + 2 < sizeof loc) {
+					loc[w++] = first ? '?' : '&';
+					memcpy(loc + w, p, l);
+					w += l;
+					first = false;
+				}
+				p = e ? e + 1 : p + l;
+			}
+		} else {
+			w = strlen(t) < sizeof loc ? strlen(t) : sizeof loc - 1;
+			memcpy(loc, t, w);
+		}
+		loc[w] = '\0';
+		if (cookie_make(&G.rec.id, port, ck, sizeof ck) < 0) {
+			reply(c, 500, NULL, "{\"error\":\"cookie\"}");
+			return;
+		}
+		snprintf(hdr, sizeof hdr,
+		         "Location: %s\r\nSet-Cookie: " COOKIE_NAME "=%s; Path=/; Max-Age=%d; HttpOnly; SameSite=Lax\r\n"
+		         "X-Spaced-Identity: %s\r\n",
+		         loc, ck, COOKIE_LIFETIME, ident);
+		G.n_allow++;
+		reply(c, 302, hdr, "{\"outcome\":\"ALLOW\"}");
+		return;
+	}
+	char why[512] = "";
+	int e = guest_open(port, &c->gfd, why, sizeof why);
+	if (e < 0) {
+		G.n_guest_fail++;
+		glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\"", port, spaced_errname(e), why);
+		reply(c, 502, NULL, "{\"code\":\"SPACED_ECLOSED\",\"error\":\"the sandbox's port cannot be reached\"}");
+		return;
+	}
+	G.n_allow++;
+	if (tcp) {
+		char hdr[1024];
+		int n = snprintf(hdr, sizeof hdr,
+		                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: spaced-tcp\r\nConnection: Upgrade\r\n"
+		                 "X-Spaced-Identity: %s\r\n\r\n",
+		                 ident);
+		send_all(c->cfd, hdr, (size_t)n);
+		start_relay(c, c->head + hl, c->hlen - hl);
+		return;
+	}
+	/* HTTP: the request goes on without the capability; the rest of the
+	 * connection is relayed as it comes (one admitted stream) */
+	uint8_t *out = malloc(c->hlen + 64);
+	if (!out) {
+		conn_close(c);
+		return;
+	}
+	size_t o = 0;
+	const uint8_t *h = c->head, *end = c->head + hl;
+	const uint8_t *eol = memchr(h, '\n', (size_t)(end - h));
+	size_t l1 = eol ? (size_t)(eol - h) + 1 : 0;
+	memcpy(out, h, l1);
+	o = l1;
+	for (const uint8_t *p = h + l1; p < end;) {
+		const uint8_t *e2 = memchr(p, '\n', (size_t)(end - p));
+		size_t l = e2 ? (size_t)(e2 - p) + 1 : (size_t)(end - p);
+		bool drop = l >= 14 && strncasecmp((const char *)p, "authorization:", 14) == 0 && auth;
+		if (!drop) {
+			memcpy(out + o, p, l);
+			o += l;
+		}
+		p += l;
+	}
+	memcpy(out + o, c->head + hl, c->hlen - hl);
+	o += c->hlen - hl;
+	start_relay(c, out, o);
+	free(out);
+}
+
+static void on_client_head(struct conn *c)
+{
+	for (;;) {
+		ssize_t r = recv(c->cfd, c->head + c->hlen, sizeof c->head - c->hlen, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EAGAIN)
+			break;
+		if (r <= 0) {
+			conn_close(c);
+			return;
+		}
+		c->hlen += (size_t)r;
+		if (c->hlen == sizeof c->head)
+			break;
+	}
+	struct spaced_http_limits lim = {HEAD_MAX, 8192, 100};
+	struct spaced_http_req req;
+	memset(&req, 0, sizeof req);
+	int hl = spaced_http_parse_head(c->head, c->hlen, &lim, &req);
+	if (hl == 0) {
+		if (c->hlen == sizeof c->head)
+			reply(c, 431, NULL, "{\"error\":\"request head too large\"}");
+		return;
+	}
+	if (hl < 0) {
+		char body[64];
+		snprintf(body, sizeof body, "{\"error\":\"bad request\"}");
+		reply(c, -hl, NULL, body);
+		return;
+	}
+	on_head(c, &req, (size_t)hl);
+	spaced_http_req_clear(&req);
+}
+
+/* Moves bytes of one direction: reads what the source has (level-triggered:
+ * a short read means it is drained, the loop tells when there is more) and
+ * writes what the sink takes. Two system calls per message in the common
+ * case. false when the connection is over. */
+static bool pump(int src, int dst, struct dir *d, bool readable)
+{
+	for (int rounds = 0; rounds < 8; rounds++) {
+		bool again = false;
+		if (readable && !d->eof && d->len < BUF_SZ) {
+			if (d->len == 0)
+				d->off = 0;
+			else if (d->off + d->len == BUF_SZ) {
+				memmove(d->buf, d->buf + d->off, d->len);
+				d->off = 0;
+			}
+			size_t room = BUF_SZ - d->off - d->len;
+			ssize_t r = recv(src, d->buf + d->off + d->len, room, MSG_DONTWAIT);
+			if (r > 0) {
+				d->len += (size_t)r;
+				again = (size_t)r == room; /* it may hold more */
+			} else if (r == 0) {
+				d->eof = true;
+			} else if (errno != EAGAIN && errno != EINTR) {
+				return false;
+			}
+		}
+		if (d->len > 0) {
+			ssize_t w = send(dst, d->buf + d->off, d->len, MSG_DONTWAIT | MSG_NOSIGNAL);
+			if (w > 0) {
+				d->off += (size_t)w;
+				d->len -= (size_t)w;
+			} else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+				return false;
+			}
+			if (d->len > 0)
+				again = false; /* the sink is full: its EPOLLOUT comes back here */
+		}
+		if (d->eof && d->len == 0 && !d->shut) {
+			shutdown(dst, SHUT_WR);
+			d->shut = true;
+		}
+		if (!again)
+			break;
+	}
+	return true;
+}
+
+/* An event on one side: only the directions it concerns move. */
+static void on_relay(struct conn *c, bool guest_side, uint32_t ev)
+{
+	bool in = (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0, out = (ev & EPOLLOUT) != 0;
+	bool ok = true;
+	if (guest_side) {
+		if (in || out)
+			ok = pump(c->gfd, c->cfd, &c->down, in) && (!out || pump(c->cfd, c->gfd, &c->up, false));
+	} else {
+		if (in || out)
+			ok = pump(c->cfd, c->gfd, &c->up, in) && (!out || pump(c->gfd, c->cfd, &c->down, false));
+	}
+	if (!ok || (c->up.shut && c->down.shut)) {
+		conn_close(c);
+		return;
+	}
+	set_ev(c);
+}
+
+static void on_accept(void)
+{
+	for (int i = 0; i < 64; i++) {
+		int fd = accept4(G.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		if (G.nconns >= MAX_CONNS) {
+			close(fd);
+			continue;
+		}
+		struct conn *c = calloc(1, sizeof *c);
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		c->cfd = fd;
+		c->gfd = -1;
+		c->st = C_HEAD;
+		c->t0 = now_ms();
+		c->ev_c = EPOLLIN;
+		struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+		epoll_ctl(G.ep, EPOLL_CTL_ADD, fd, &e);
+		c->next = G.conns;
+		if (G.conns)
+			G.conns->prev = c;
+		G.conns = c;
+		G.nconns++;
+	}
+}
+
+static int listen_on(const char *hostport)
+{
+	char host[64];
+	const char *colon = strrchr(hostport, ':');
+	if (!colon || (size_t)(colon - hostport) >= sizeof host)
+		return -1;
+	memcpy(host, hostport, (size_t)(colon - hostport));
+	host[colon - hostport] = '\0';
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+	if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+		return -1;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 1024) < 0)
+		return -1;
+	return fd;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH --record PATH --keys PATH\n"
+	                "                     --guest PATH --launcher-pid PID --launcher-start TICKS\n"
+	                "                     --identity TEXT [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	const char *listen_s = NULL, *port_file = NULL, *launcher_exe = NULL;
+	G.audit_fd = -1;
+	long lpid = 0;
+	unsigned long long lstart = 0;
+	uid_t owner = 0;
+	for (int i = 1; i < argc; i += 2) {
+		if (i + 1 >= argc)
+			usage();
+		const char *o = argv[i], *v = argv[i + 1];
+		if (strcmp(o, "--listen") == 0)
+			listen_s = v;
+		else if (strcmp(o, "--port-file") == 0)
+			port_file = v;
+		else if (strcmp(o, "--record") == 0)
+			G.record_path = v;
+		else if (strcmp(o, "--keys") == 0)
+			G.keys_path = v;
+		else if (strcmp(o, "--guest") == 0)
+			G.guest_path = v;
+		else if (strcmp(o, "--launcher-pid") == 0)
+			lpid = atol(v);
+		else if (strcmp(o, "--launcher-start") == 0)
+			lstart = strtoull(v, NULL, 10);
+		else if (strcmp(o, "--launcher-exe") == 0)
+			launcher_exe = v;
+		else if (strcmp(o, "--guest-owner") == 0)
+			owner = (uid_t)atol(v);
+		else if (strcmp(o, "--audit") == 0) {
+			G.audit_fd = open(v, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+		} else if (strcmp(o, "--identity") == 0) {
+			if (spaced_identity_decode(&G.self, v, strlen(v)) < 0)
+				usage();
+		}
+		else
+			usage();
+	}
+	if (!listen_s || !G.record_path || !G.keys_path || !G.guest_path || lpid <= 1 || G.self.sandbox[0] == 0)
+		usage();
+	if (sodium_init() < 0)
+		return 1;
+	prctl(PR_SET_NAME, "spaced-netgtw");
+	signal(SIGPIPE, SIG_IGN);
+	randombytes_buf(G.cookie_key, sizeof G.cookie_key);
+	G.exp.owner_uid = owner;
+	G.exp.pid = (pid_t)lpid;
+	G.exp.start_time = lstart;
+	if (launcher_exe) {
+		if (spaced_exe_id_of_path(launcher_exe, false, &G.exp.exe) < 0) {
+			glog("level=error event=bad-launcher-exe path=%s", launcher_exe);
+			return 2;
+		}
+		G.exp.check_exe = true;
+	}
+	G.pidfd = (int)syscall(SYS_pidfd_open, (pid_t)lpid, 0);
+	uint64_t st = 0;
+	if (G.pidfd < 0 || spaced_proc_start_time((pid_t)lpid, &st) < 0 || st != lstart) {
+		glog("level=error event=launcher-gone pid=%ld", lpid);
+		return 1;
+	}
+	if (spaced_keyring_new(&G.kr) < 0 || spaced_vcache_new(&G.vc, 4096) < 0)
+		return 1;
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s", G.record_path);
+	snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
+	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
+	snprintf(G.keys_base, sizeof G.keys_base, "%s", basename(tmp));
+	G.ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	snprintf(tmp, sizeof tmp, "%s", G.record_path);
+	if (G.ino < 0 || inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
+		return 1;
+	}
+	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
+	inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO);
+	keys_load();
+	record_load();
+	G.lfd = listen_on(listen_s);
+	if (G.lfd < 0) {
+		glog("level=error event=listen address=%s reason=\"%s\"", listen_s, strerror(errno));
+		return 1;
+	}
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof sa;
+	getsockname(G.lfd, (struct sockaddr *)&sa, &sl);
+	if (port_file) {
+		char pf[4200], buf[16];
+		snprintf(pf, sizeof pf, "%s.tmp", port_file);
+		FILE *f = fopen(pf, "w");
+		if (!f)
+			return 1;
+		snprintf(buf, sizeof buf, "%u", ntohs(sa.sin_port));
+		fputs(buf, f);
+		if (fclose(f) != 0 || rename(pf, port_file) < 0)
+			return 1;
+	}
+	G.ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
+	static int tag_ino, tag_pid;
+	e.data.ptr = &tag_ino;
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.ino, &e);
+	e.data.ptr = &tag_pid;
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.pidfd, &e);
+	glog("level=info event=serving port=%u sandbox=%s", ntohs(sa.sin_port), G.have_rec ? G.rec.id.sandbox : "-");
+	struct epoll_event evs[64];
+	uint64_t last_sweep = now_ms();
+	for (;;) {
+		int n = epoll_wait(G.ep, evs, 64, 1000);
+		if (n < 0 && errno != EINTR)
+			return 1;
+		for (int i = 0; i < n; i++) {
+			void *p = evs[i].data.ptr;
+			if (p == NULL) {
+				on_accept();
+			} else if (p == &tag_ino) {
+				on_inotify();
+			} else if (p == &tag_pid) {
+				glog("level=info event=exit reason=\"the launcher ended\" allowed=%llu refused=%llu cut=%llu kept=%llu",
+				     (unsigned long long)G.n_allow, (unsigned long long)G.n_refuse, (unsigned long long)G.n_cut,
+				     (unsigned long long)G.n_kept);
+				return 0;
+			} else {
+				struct conn *c = (struct conn *)((uintptr_t)p & ~(uintptr_t)1);
+				if (c->dead)
+					continue;
+				if (c->st == C_HEAD)
+					on_client_head(c);
+				else
+					on_relay(c, ((uintptr_t)p & 1) != 0, evs[i].events);
+			}
+		}
+		/* closed connections are freed after the batch (events may still name them) */
+		uint64_t t = now_ms();
+		bool sweep = t - last_sweep > 1000;
+		if (sweep)
+			last_sweep = t;
+		for (struct conn *c = G.conns, *nx; c; c = nx) {
+			nx = c->next;
+			if (sweep && !c->dead && c->st == C_HEAD && t - c->t0 > HEAD_TIMEOUT_MS)
+				reply(c, 408, NULL, "{\"error\":\"request head timeout\"}");
+			if (c->dead)
+				conn_free(c);
+		}
+	}
+}

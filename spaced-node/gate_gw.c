@@ -1,0 +1,48 @@
+/*
+ * gate_gw.c — the activation record the gate pushes to each execution's
+ * ServicePort gateway (spaced-netgtw, R5; docs/network.md "ServicePorts").
+ *
+ * Right after every record change is on disk (and at start, for every record
+ * loaded), the gate writes STATE/gw/<sandbox>.json —
+ * {"identity": {...}, "epoch": N, "active": bool} — by rename, so a gateway
+ * that watches the directory (inotify) reads a whole record or the previous
+ * one, never a torn one. The gateway compares every new open with it and every
+ * established stream again (S1, S4).
+ */
+#include "gate.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+
+void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
+{
+	char dir[4096], path[4200], tmp[4300];
+	snprintf(dir, sizeof dir, "%s/gw", m->cfg->state_dir);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return;
+	snprintf(path, sizeof path, "%s/%s.json", dir, rec->r.id.sandbox);
+	snprintf(tmp, sizeof tmp, "%s/.%s.json.tmp", dir, rec->r.id.sandbox);
+	json_t *j = json_pack("{s:o,s:I,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
+	                      (json_int_t)rec->r.epoch, "active", rec->r.active);
+	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	if (!text)
+		return;
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd >= 0) {
+		int e = spaced_io_write_full(fd, text, strlen(text));
+		close(fd);
+		if (e < 0 || rename(tmp, path) < 0) {
+			unlink(tmp);
+			gate_log("level=warn event=gw-publish-failed sandbox=%s", rec->r.id.sandbox);
+		}
+	}
+	free(text);
+}

@@ -1,0 +1,808 @@
+/*
+ * net_setup.c — the egress namespace, pasta, spaced-netd and each
+ * execution's veth and packet filter (net.h, docs/network.md).
+ *
+ * Layout of STATE/net/:
+ *   ns            the egress namespace (an nsfs bind mount)
+ *   lock          taken while the namespace, pasta and netd are made ready
+ *   pasta.pid, pasta.log, netd.pid, netd.log
+ *   policy/S.json the stored policy of sandbox S (what an install or a
+ *                 `net` message last said)
+ *   slot/N.json   what runs behind sx<N>: {"sandbox","addr","policy"}; the
+ *                 resolver reads it
+ *
+ * ip(8) and nft(8) are run inside the namespaces they change (setns in a
+ * child, then exec); nothing of an execution's files is ever executed.
+ */
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <libgen.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "error.h"
+#include "netpolicy.h"
+#include "pidref.h"
+
+#define NSFS_MAGIC_ 0x6e736673
+#define IP_BIN "/usr/sbin/ip"
+#define NFT_BIN "/usr/sbin/nft"
+#define PASTA_BIN "/usr/bin/pasta"
+
+/* execv with a const argument vector (copied: exec wants char *const[]) */
+static void exec_argv(const char *const argv[])
+{
+	char *a[40];
+	size_t i = 0;
+	for (; argv[i] && i < 39; i++)
+		a[i] = strdup(argv[i]);
+	a[i] = NULL;
+	execv(a[0], a);
+}
+
+static void why_set(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void why_set(char *why, size_t whysz, const char *fmt, ...)
+{
+	va_list ap;
+	if (!why || whysz == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(why, whysz, fmt, ap);
+	va_end(ap);
+}
+
+static int net_dir(const struct mgr_config *cfg, const char *sub, char *out, size_t outsz)
+{
+	int n = snprintf(out, outsz, "%s/net%s%s", cfg->state_dir, sub[0] ? "/" : "", sub);
+	return (n < 0 || (size_t)n >= outsz) ? SPACED_ETOOBIG : 0;
+}
+
+bool net_enabled(const struct mgr_config *cfg)
+{
+	return cfg->launch_bin && cfg->host_bin && access(PASTA_BIN, X_OK) == 0 && access(NFT_BIN, X_OK) == 0 &&
+	       access(IP_BIN, X_OK) == 0;
+}
+
+static void addr_text(uint32_t a, char out[16])
+{
+	snprintf(out, 16, "%u.%u.%u.%u", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255);
+}
+
+/* Runs argv in the network namespace at nspath (NULL: this one), input on its
+ * stdin; its stderr (first bytes) goes to why. Returns 0 when it exited 0. */
+static int run_in(const char *nspath, const char *const argv[], const char *input, char *why, size_t whysz)
+{
+	int in[2] = {-1, -1}, err[2] = {-1, -1};
+	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
+		why_set(why, whysz, "pipe: %s", strerror(errno));
+		return SPACED_ESYS;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		why_set(why, whysz, "fork: %s", strerror(errno));
+		return SPACED_ESYS;
+	}
+	if (pid == 0) {
+		if (nspath) {
+			int fd = open(nspath, O_RDONLY | O_CLOEXEC);
+			if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+				dprintf(err[1], "setns %s: %s", nspath, strerror(errno));
+				_exit(126);
+			}
+		}
+		dup2(in[0], 0);
+		int nul = open("/dev/null", O_WRONLY);
+		if (nul >= 0)
+			dup2(nul, 1);
+		dup2(err[1], 2);
+		exec_argv(argv);
+		_exit(127);
+	}
+	close(in[0]);
+	close(err[1]);
+	if (input) {
+		size_t left = strlen(input);
+		const char *p = input;
+		signal(SIGPIPE, SIG_IGN);
+		while (left > 0) {
+			ssize_t w = write(in[1], p, left);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				break;
+			p += w;
+			left -= (size_t)w;
+		}
+	}
+	close(in[1]);
+	char buf[512];
+	size_t got = 0;
+	for (;;) {
+		ssize_t r = read(err[0], buf + got, sizeof buf - 1 - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+		if (got == sizeof buf - 1) {
+			char sink[256];
+			while (read(err[0], sink, sizeof sink) > 0)
+				;
+			break;
+		}
+	}
+	buf[got] = '\0';
+	close(err[0]);
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	for (char *p = buf; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+	why_set(why, whysz, "%s failed: %s", argv[0], buf[0] ? buf : "(no message)");
+	return SPACED_EIO;
+}
+
+/* Writes value into a /proc/sys file as seen from the network namespace at nspath. */
+static int sysctl_in(const char *nspath, const char *file, const char *value)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return SPACED_ESYS;
+	if (pid == 0) {
+		int fd = open(nspath, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || setns(fd, CLONE_NEWNET) < 0)
+			_exit(1);
+		/* /proc/sys/net follows the network namespace of the process reading it */
+		int s = open(file, O_WRONLY | O_CLOEXEC);
+		if (s < 0 || write(s, value, strlen(value)) != (ssize_t)strlen(value))
+			_exit(1);
+		_exit(0);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : SPACED_EIO;
+}
+
+static bool link_exists(const char *nspath, const char *ifname)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return false;
+	if (pid == 0) {
+		int fd = open(nspath, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || setns(fd, CLONE_NEWNET) < 0)
+			_exit(1);
+		_exit(if_nametoindex(ifname) != 0 ? 0 : 1);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return false;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static bool is_nsfs(const char *path)
+{
+	struct statfs sf;
+	return statfs(path, &sf) == 0 && (unsigned long)sf.f_type == NSFS_MAGIC_;
+}
+
+/* Writes text to path atomically (temporary file, fsync, rename). */
+static int write_atomic(const char *path, const char *text)
+{
+	char tmp[4200];
+	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+		return SPACED_ETOOBIG;
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return SPACED_EIO;
+	size_t n = strlen(text);
+	if (write(fd, text, n) != (ssize_t)n || fsync(fd) < 0) {
+		close(fd);
+		unlink(tmp);
+		return SPACED_EIO;
+	}
+	close(fd);
+	if (rename(tmp, path) < 0) {
+		unlink(tmp);
+		return SPACED_EIO;
+	}
+	return 0;
+}
+
+/* True when the process in pidfile runs and its name is comm. */
+static bool pidfile_alive(const char *pidfile, const char *comm)
+{
+	char buf[64], path[64], name[32];
+	FILE *f = fopen(pidfile, "r");
+	if (!f)
+		return false;
+	long pid = 0;
+	bool ok = fgets(buf, sizeof buf, f) != NULL && (pid = strtol(buf, NULL, 10)) > 1;
+	fclose(f);
+	if (!ok)
+		return false;
+	snprintf(path, sizeof path, "/proc/%ld/comm", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return false;
+	ok = fgets(name, sizeof name, f) != NULL;
+	fclose(f);
+	if (!ok)
+		return false;
+	name[strcspn(name, "\n")] = '\0';
+	return strcmp(name, comm) == 0;
+}
+
+/* Starts argv detached (own session, stdin and stdout /dev/null, stderr to
+ * logp) and writes its pid to pidfile. */
+static int spawn_daemon(const char *const argv[], const char *logp, const char *pidfile)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return SPACED_ESYS;
+	if (pid == 0) {
+		setsid();
+		int nul = open("/dev/null", O_RDWR);
+		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (nul >= 0) {
+			dup2(nul, 0);
+			dup2(nul, 1);
+		}
+		if (log >= 0)
+			dup2(log, 2);
+		syscall(SYS_close_range, 3, ~0u, 0);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		signal(SIGPIPE, SIG_DFL);
+		exec_argv(argv);
+		_exit(127);
+	}
+	char buf[32];
+	snprintf(buf, sizeof buf, "%d\n", (int)pid);
+	return write_atomic(pidfile, buf);
+}
+
+/* The base ruleset: every rule that is not one sandbox's. Re-applied in one
+ * transaction whenever the namespace is made ready (the worker's own
+ * addresses may have changed). */
+static int apply_base(const char *ns, char *why, size_t whysz)
+{
+	char *s = NULL;
+	size_t sl = 0;
+	FILE *f = open_memstream(&s, &sl);
+	if (!f)
+		return SPACED_ENOMEM;
+	fprintf(f, "add table inet spaced\n"
+	           "add set inet spaced closed { type ipv4_addr; flags interval; auto-merge; }\n"
+	           "add map inet spaced sbxmap { type ifname : verdict; }\n"
+	           "add chain inet spaced forward { type filter hook forward priority filter; policy drop; }\n"
+	           "add chain inet spaced input { type filter hook input priority filter; policy accept; }\n"
+	           "add chain inet spaced pre { type nat hook prerouting priority dstnat; }\n"
+	           "add chain inet spaced post { type nat hook postrouting priority srcnat; }\n"
+	           "flush set inet spaced closed\n"
+	           "flush chain inet spaced forward\n"
+	           "flush chain inet spaced input\n"
+	           "flush chain inet spaced pre\n"
+	           "flush chain inet spaced post\n");
+	fprintf(f, "add element inet spaced closed { ");
+	for (size_t i = 0; i < spaced_net_closed_default_n; i++) {
+		char c[32];
+		spaced_cidr_format(&spaced_net_closed_default[i], c, sizeof c);
+		fprintf(f, "%s%s", i ? ", " : "", c);
+	}
+	/* the worker's own addresses, as this host has them now */
+	struct ifaddrs *ifa = NULL;
+	if (getifaddrs(&ifa) == 0) {
+		for (struct ifaddrs *p = ifa; p; p = p->ifa_next) {
+			if (!p->ifa_addr || p->ifa_addr->sa_family != AF_INET)
+				continue;
+			char a[16];
+			addr_text(ntohl(((struct sockaddr_in *)(void *)p->ifa_addr)->sin_addr.s_addr), a);
+			fprintf(f, ", %s", a);
+		}
+		freeifaddrs(ifa);
+	}
+	fprintf(f, " }\n");
+	fprintf(f,
+	        /* answers come back only to what a sandbox opened */
+	        "add rule inet spaced forward iifname \"up0\" oifname \"sx*\" ct state established,related accept\n"
+	        "add rule inet spaced forward meta nfproto ipv6 drop\n"
+	        /* a sandbox reaches the uplink only: never another sandbox */
+	        "add rule inet spaced forward iifname \"sx*\" oifname != \"up0\" drop\n"
+	        "add rule inet spaced forward ip daddr 100.88.255.252/30 drop\n"
+	        "add rule inet spaced forward iifname vmap @sbxmap\n"
+	        /* the egress namespace itself answers DNS and nothing else */
+	        "add rule inet spaced input iifname \"sx*\" ct state established,related accept\n"
+	        "add rule inet spaced input iifname \"sx*\" meta nfproto ipv4 udp dport 53 accept\n"
+	        "add rule inet spaced input iifname \"sx*\" drop\n"
+	        "add rule inet spaced input iifname \"up0\" ct state established,related accept\n"
+	        "add rule inet spaced input iifname \"up0\" drop\n"
+	        /* every DNS query, to whatever server, goes to the worker's resolver */
+	        "add rule inet spaced pre iifname \"sx*\" meta nfproto ipv4 meta l4proto { tcp, udp } th dport 53 "
+	        "redirect to :53\n"
+	        "add rule inet spaced post oifname \"up0\" masquerade\n");
+	fclose(f);
+	const char *argv[] = {NFT_BIN, "-f", "-", NULL};
+	int e = run_in(ns, argv, s, why, whysz);
+	free(s);
+	return e;
+}
+
+static const char *netd_bin(const struct mgr_config *cfg, char *buf, size_t bufsz)
+{
+	char tmp[4096];
+	snprintf(tmp, sizeof tmp, "%s", cfg->launch_bin);
+	snprintf(buf, bufsz, "%s/spaced-netd", dirname(tmp));
+	return buf;
+}
+
+/* The egress namespace, its base ruleset, pasta and spaced-netd, made ready
+ * when missing. Called with STATE/net/lock held. */
+static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
+{
+	char dir[4096], ns[4200], p[4200], p2[4200];
+	int e;
+	if ((e = net_dir(cfg, "", dir, sizeof dir)) < 0)
+		return e;
+	snprintf(ns, sizeof ns, "%s/ns", dir);
+	bool fresh = false;
+	if (!is_nsfs(ns)) {
+		int fd = open(ns, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (fd < 0) {
+			why_set(why, whysz, "create %s: %s", ns, strerror(errno));
+			return SPACED_ESYS;
+		}
+		close(fd);
+		pid_t pid = fork();
+		if (pid < 0)
+			return SPACED_ESYS;
+		if (pid == 0) {
+			if (unshare(CLONE_NEWNET) < 0 || mount("/proc/self/ns/net", ns, NULL, MS_BIND, NULL) < 0)
+				_exit(1);
+			_exit(0);
+		}
+		int st;
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+			;
+		if (!is_nsfs(ns)) {
+			why_set(why, whysz, "cannot make the egress namespace at %s", ns);
+			return SPACED_ESYS;
+		}
+		fresh = true;
+		const char *lo[] = {IP_BIN, "link", "set", "lo", "up", NULL};
+		if ((e = run_in(ns, lo, NULL, why, whysz)) < 0)
+			return e;
+		if (sysctl_in(ns, "/proc/sys/net/ipv4/ip_forward", "1") < 0) {
+			why_set(why, whysz, "cannot enable forwarding in the egress namespace");
+			return SPACED_EIO;
+		}
+	}
+	snprintf(p, sizeof p, "%s/pasta.pid", dir);
+	/* the uplink exists exactly as long as pasta holds it (a tap device that
+	 * is not persistent); pasta runs as passt.avx2 where the CPU has AVX2 */
+	if (fresh || !link_exists(ns, "up0")) {
+		snprintf(p2, sizeof p2, "%s/pasta.log", dir);
+		/* pasta carries the egress namespace's traffic out as this host's own
+		 * sockets; it forwards no port in either direction (-t/-u/-T/-U none)
+		 * and does not map its gateway to the host (--no-map-gw) */
+		const char *argv[] = {PASTA_BIN, "-q", "-f", "--runas", "0:0", "--config-net", "--netns", ns, "-I", "up0",
+		                      "-a", NET_UPLINK, "-n", "30", "-g", NET_UPLINK_GW, "--no-map-gw", "-t", "none", "-u",
+		                      "none", "-T", "none", "-U", "none", "-4", "--no-dhcp", "--no-ndp", "--no-dhcpv6",
+		                      "--no-ra", NULL};
+		if ((e = spawn_daemon(argv, p2, p)) < 0) {
+			why_set(why, whysz, "cannot start pasta");
+			return e;
+		}
+		for (int i = 0; i < 400 && !link_exists(ns, "up0"); i++) {
+			struct timespec ts = {0, 10 * 1000 * 1000};
+			nanosleep(&ts, NULL);
+		}
+		if (!link_exists(ns, "up0")) {
+			why_set(why, whysz, "pasta did not bring the uplink up (see %s)", p2);
+			return SPACED_EIO;
+		}
+	}
+	if ((e = apply_base(ns, why, whysz)) < 0)
+		return e;
+	snprintf(p, sizeof p, "%s/netd.pid", dir);
+	if (!pidfile_alive(p, "spaced-netd")) {
+		char bin[4200];
+		snprintf(p2, sizeof p2, "%s/netd.log", dir);
+		const char *argv[] = {netd_bin(cfg, bin, sizeof bin), "--dir", dir, cfg->net_dns ? "--upstream" : NULL,
+		                      cfg->net_dns, NULL};
+		if ((e = spawn_daemon(argv, p2, p)) < 0) {
+			why_set(why, whysz, "cannot start spaced-netd");
+			return e;
+		}
+	}
+	return 0;
+}
+
+/* Takes STATE/net/lock (made with its directories) and makes the egress
+ * namespace, pasta and spaced-netd ready under it. Returns the lock's fd (the
+ * caller closes it when its changes are done: spaced-netd tears an idle
+ * namespace down only under the same lock) or an error. */
+static int with_lock(const struct mgr_config *cfg, char *why, size_t whysz)
+{
+	char dir[4096], p[4200];
+	int e = net_dir(cfg, "", dir, sizeof dir);
+	if (e < 0)
+		return e;
+	const char *subs[] = {"", "policy", "slot"};
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(p, sizeof p, "%s%s%s", dir, subs[i][0] ? "/" : "", subs[i]);
+		if (mkdir(p, 0700) < 0 && errno != EEXIST) {
+			why_set(why, whysz, "mkdir %s: %s", p, strerror(errno));
+			return SPACED_ESYS;
+		}
+	}
+	snprintf(p, sizeof p, "%s/lock", dir);
+	int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0 || flock(fd, LOCK_EX) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ESYS;
+	}
+	e = ensure(cfg, why, whysz);
+	if (e < 0) {
+		close(fd);
+		return e;
+	}
+	/* shared from here on: attaches go on side by side, a teardown waits */
+	flock(fd, LOCK_SH);
+	return fd;
+}
+
+/* ---- policies ---- */
+
+static int policy_path(const struct mgr_config *cfg, const char *sandbox, char *out, size_t outsz)
+{
+	if (!spaced_name_valid(sandbox, strlen(sandbox)))
+		return SPACED_EINVAL;
+	int n = snprintf(out, outsz, "%s/net/policy/%s.json", cfg->state_dir, sandbox);
+	return (n < 0 || (size_t)n >= outsz) ? SPACED_ETOOBIG : 0;
+}
+
+int net_policy_store(const struct mgr_config *cfg, const char *sandbox, json_t *policy, char *why, size_t whysz)
+{
+	struct spaced_netpolicy p;
+	char path[4200], dir[4200];
+	int e;
+	if (spaced_netpolicy_from_json(policy, &p, why, whysz) < 0)
+		return SPACED_EINVAL;
+	if ((e = policy_path(cfg, sandbox, path, sizeof path)) < 0)
+		return e;
+	snprintf(dir, sizeof dir, "%s/net", cfg->state_dir);
+	mkdir(dir, 0700);
+	snprintf(dir, sizeof dir, "%s/net/policy", cfg->state_dir);
+	mkdir(dir, 0700);
+	json_t *canon = spaced_netpolicy_to_json(&p);
+	char *text = canon ? json_dumps(canon, JSON_COMPACT) : NULL;
+	json_decref(canon);
+	if (!text)
+		return SPACED_ENOMEM;
+	e = write_atomic(path, text);
+	free(text);
+	if (e < 0)
+		why_set(why, whysz, "cannot store the policy");
+	return e;
+}
+
+/* The stored policy of sandbox, or the default one. */
+static void policy_load(const struct mgr_config *cfg, const char *sandbox, struct spaced_netpolicy *p)
+{
+	char path[4200];
+	json_error_t jerr;
+	spaced_netpolicy_default(p);
+	if (policy_path(cfg, sandbox, path, sizeof path) < 0)
+		return;
+	json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (j && spaced_netpolicy_from_json(j, p, NULL, 0) < 0)
+		spaced_netpolicy_default(p);
+	json_decref(j);
+}
+
+static int slot_of(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t *slot)
+{
+	if (rec->uid_base < cfg->uid_first || (rec->uid_base - cfg->uid_first) % 65536u != 0)
+		return SPACED_EINVAL;
+	uint32_t k = (rec->uid_base - cfg->uid_first) / 65536u;
+	if (k >= NET_SLOTS)
+		return SPACED_EINVAL;
+	*slot = k;
+	return 0;
+}
+
+static void list_elems(FILE *f, const char *set, const struct spaced_net_rule *list, size_t n)
+{
+	bool any = false;
+	for (size_t i = 0; i < n; i++) {
+		if (list[i].is_domain)
+			continue;
+		char c[32];
+		spaced_cidr_format(&list[i].cidr, c, sizeof c);
+		fprintf(f, "%s%s", any ? ", " : "add element inet spaced ", any ? c : "");
+		if (!any)
+			fprintf(f, "%s { %s", set, c);
+		any = true;
+	}
+	if (any)
+		fprintf(f, " }\n");
+}
+
+/* The packet filter of the execution behind sx<slot>, replaced in one nft
+ * transaction. The order of its rules is the policy's order of precedence:
+ * deny lists, then allow lists (which may open a part of the closed set),
+ * then the closed set, then the addresses the resolver pinned for allowed
+ * domains, then the mode. A connection admitted under an older version of the
+ * policy is judged again, packet by packet, under the new one. */
+static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpolicy *p, char *why, size_t whysz)
+{
+	char sbx[16];
+	addr_text(NET_POOL + 4 * slot + 2, sbx);
+	/* the policy's version, carried by the connections it admitted */
+	uint32_t ver = randombytes_uniform(0x7ffffffeu) + 1;
+	char *s = NULL;
+	size_t sl = 0;
+	FILE *f = open_memstream(&s, &sl);
+	if (!f)
+		return SPACED_ENOMEM;
+	unsigned k = slot;
+	fprintf(f, "add chain inet spaced s_%u\n", k);
+	fprintf(f, "add set inet spaced allow_%u { type ipv4_addr; flags interval; auto-merge; }\n", k);
+	fprintf(f, "add set inet spaced deny_%u { type ipv4_addr; flags interval; auto-merge; }\n", k);
+	fprintf(f, "add set inet spaced pin_%u { type ipv4_addr; flags timeout; }\n", k);
+	fprintf(f, "add set inet spaced dpin_%u { type ipv4_addr; flags timeout; }\n", k);
+	fprintf(f, "add set inet spaced cnt_%u { type ipv4_addr; size 16; flags dynamic; }\n", k);
+	fprintf(f, "flush chain inet spaced s_%u\n", k);
+	fprintf(f, "flush set inet spaced allow_%u\nflush set inet spaced deny_%u\n", k, k);
+	fprintf(f, "flush set inet spaced pin_%u\nflush set inet spaced dpin_%u\n", k, k);
+	char set[32];
+	snprintf(set, sizeof set, "allow_%u", k);
+	list_elems(f, set, p->allow_out, p->nallow);
+	snprintf(set, sizeof set, "deny_%u", k);
+	list_elems(f, set, p->deny_out, p->ndeny);
+	const char *rej = "reject with icmp type admin-prohibited";
+	fprintf(f, "add rule inet spaced s_%u ip saddr != %s drop\n", k, sbx);
+	fprintf(f, "add rule inet spaced s_%u ct state established,related ct mark %u accept\n", k, ver);
+	/* the connections one sandbox may hold open through the worker's egress */
+	fprintf(f, "add rule inet spaced s_%u ct state new add @cnt_%u { ip saddr ct count over %u } %s\n", k, k,
+	        NET_CONN_MAX, "reject with icmp type admin-prohibited");
+	fprintf(f, "add rule inet spaced s_%u ip daddr @deny_%u %s\n", k, k, rej);
+	fprintf(f, "add rule inet spaced s_%u ip daddr @dpin_%u %s\n", k, k, rej);
+	fprintf(f, "add rule inet spaced s_%u ip daddr @allow_%u ct mark set %u accept\n", k, k, ver);
+	fprintf(f, "add rule inet spaced s_%u ip daddr @closed %s\n", k, rej);
+	fprintf(f, "add rule inet spaced s_%u ip daddr @pin_%u ct mark set %u accept\n", k, k, ver);
+	if (p->allow)
+		fprintf(f, "add rule inet spaced s_%u ct mark set %u accept\n", k, ver);
+	fprintf(f, "add rule inet spaced s_%u %s\n", k, rej);
+	fprintf(f, "add element inet spaced sbxmap { \"sx%u\" : jump s_%u }\n", k, k);
+	fclose(f);
+	const char *argv[] = {NFT_BIN, "-f", "-", NULL};
+	int e = run_in(ns, argv, s, why, whysz);
+	free(s);
+	return e;
+}
+
+static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *sandbox,
+                      const struct spaced_netpolicy *p)
+{
+	char path[4200], addr[16];
+	snprintf(path, sizeof path, "%s/net/slot/%u.json", cfg->state_dir, (unsigned)slot);
+	addr_text(NET_POOL + 4 * slot + 2, addr);
+	json_t *j = json_pack("{s:s,s:s,s:o}", "sandbox", sandbox, "addr", addr, "policy", spaced_netpolicy_to_json(p));
+	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	if (!text)
+		return SPACED_ENOMEM;
+	int e = write_atomic(path, text);
+	free(text);
+	return e;
+}
+
+/* /etc/resolv.conf of the execution names its resolver. Written as host
+ * root inside the execution's mount namespace only (its root, its files):
+ * whatever is at /etc/resolv.conf is replaced, never followed, and nothing
+ * of the execution's is executed. */
+static int write_resolv(pid_t init, const char *gw)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)init);
+	int mfd = open(path, O_RDONLY | O_CLOEXEC);
+	if (mfd < 0)
+		return SPACED_ESYS;
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(mfd);
+		return SPACED_ESYS;
+	}
+	if (pid == 0) {
+		if (setns(mfd, CLONE_NEWNS) < 0)
+			_exit(1);
+		int etc = open("/etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (etc < 0)
+			_exit(2);
+		unlinkat(etc, "resolv.conf", 0);
+		int fd = openat(etc, "resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (fd < 0)
+			_exit(3);
+		char text[128];
+		int n = snprintf(text, sizeof text, "# the sandbox's resolver (spaced)\nnameserver %s\noptions edns0\n", gw);
+		if (write(fd, text, (size_t)n) != n)
+			_exit(4);
+		fchmod(fd, 0644);
+		_exit(0);
+	}
+	close(mfd);
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : SPACED_EIO;
+}
+
+/* PID 1 of the execution, from the launcher's state file, pinned by its start time. */
+static int init_of(const char *e_dir, pid_t *out)
+{
+	char path[4200], buf[512];
+	snprintf(path, sizeof path, "%s/launcher", e_dir);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return SPACED_ENOENT;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *p = strstr(buf, "init=");
+	const char *q = strstr(buf, "init_start=");
+	if (!p || !q)
+		return SPACED_EPROTO;
+	long pid = strtol(p + 5, NULL, 10);
+	unsigned long long st = strtoull(q + 11, NULL, 10);
+	uint64_t now = 0;
+	if (pid <= 1 || spaced_proc_start_time((pid_t)pid, &now) < 0 || now != st)
+		return SPACED_ENOENT;
+	*out = (pid_t)pid;
+	return 0;
+}
+
+static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
+                         char *why, size_t whysz);
+
+int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why, size_t whysz)
+{
+	uint32_t slot;
+	pid_t init;
+	int e;
+	if (!net_enabled(cfg))
+		return 0;
+	if ((e = slot_of(cfg, rec, &slot)) < 0) {
+		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+		return e;
+	}
+	if ((e = init_of(e_dir, &init)) < 0) {
+		why_set(why, whysz, "the execution's PID 1 is not known: %s", spaced_strerror(e));
+		return e;
+	}
+	int lock = with_lock(cfg, why, whysz);
+	if (lock < 0)
+		return lock;
+	e = attach_locked(cfg, rec, slot, init, why, whysz);
+	close(lock);
+	return e;
+}
+
+static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
+                         char *why, size_t whysz)
+{
+	char ns[4200], sns[64], ifn[16], gw[16], sbx[16], script[512], pids[16];
+	int e;
+	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	snprintf(sns, sizeof sns, "/proc/%d/ns/net", (int)init);
+	snprintf(ifn, sizeof ifn, "sx%u", (unsigned)slot);
+	snprintf(pids, sizeof pids, "%d", (int)init);
+	addr_text(NET_POOL + 4 * slot + 1, gw);
+	addr_text(NET_POOL + 4 * slot + 2, sbx);
+	struct spaced_netpolicy p;
+	policy_load(cfg, rec->r.id.sandbox, &p);
+	/* the filter first: the link carries nothing before its rules exist */
+	if ((e = write_slot(cfg, slot, rec->r.id.sandbox, &p)) < 0) {
+		why_set(why, whysz, "cannot write the slot file");
+		return e;
+	}
+	if ((e = apply_policy(ns, slot, &p, why, whysz)) < 0)
+		return e;
+	const char *del[] = {IP_BIN, "link", "del", ifn, NULL};
+	if (link_exists(ns, ifn))
+		run_in(ns, del, NULL, NULL, 0); /* left by an execution that is gone */
+	snprintf(script, sizeof script,
+	         "link add %s mtu 65520 type veth peer name eth0 mtu 65520 netns %s\n"
+	         "addr add %s/30 dev %s\n"
+	         "link set %s up\n",
+	         ifn, pids, gw, ifn, ifn);
+	const char *batch[] = {IP_BIN, "-batch", "-", NULL};
+	if ((e = run_in(ns, batch, script, why, whysz)) < 0)
+		return e;
+	sysctl_in(sns, "/proc/sys/net/ipv6/conf/eth0/disable_ipv6", "1");
+	snprintf(script, sizeof script,
+	         "addr add %s/30 dev eth0\n"
+	         "link set eth0 up\n"
+	         "route add default via %s dev eth0\n",
+	         sbx, gw);
+	if ((e = run_in(sns, batch, script, why, whysz)) < 0)
+		return e;
+	if ((e = write_resolv(init, gw)) < 0) {
+		why_set(why, whysz, "cannot write the execution's /etc/resolv.conf");
+		return e;
+	}
+	return 0;
+}
+
+int net_job(const struct mgr_config *cfg, json_t *args, json_t **result, char *why, size_t whysz)
+{
+	json_t *js = json_object_get(args, "sandbox"), *jn = json_object_get(args, "network");
+	json_t *jr = json_object_get(args, "rec");
+	struct spaced_netpolicy p;
+	int e;
+	if (!json_is_string(js)) {
+		why_set(why, whysz, "sandbox missing");
+		return SPACED_EINVAL;
+	}
+	const char *sandbox = json_string_value(js);
+	if ((e = net_policy_store(cfg, sandbox, jn, why, whysz)) < 0)
+		return e;
+	spaced_netpolicy_from_json(jn, &p, NULL, 0);
+	bool applied = false;
+	struct mgr_rec rec;
+	uint32_t slot;
+	if (jr && mgr_rec_from_json(jr, &rec) == 0 && rec.pid > 0 && net_enabled(cfg) && slot_of(cfg, &rec, &slot) == 0) {
+		char path[4200], ns[4200];
+		json_error_t jerr;
+		snprintf(path, sizeof path, "%s/net/slot/%u.json", cfg->state_dir, (unsigned)slot);
+		snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+		json_t *cur = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+		const char *who = json_string_value(json_object_get(cur, "sandbox"));
+		bool ours = who && strcmp(who, sandbox) == 0;
+		json_decref(cur);
+		if (ours && is_nsfs(ns)) {
+			int lock = with_lock(cfg, why, whysz);
+			if (lock < 0)
+				return lock;
+			if ((e = write_slot(cfg, slot, sandbox, &p)) == 0)
+				e = apply_policy(ns, slot, &p, why, whysz);
+			close(lock);
+			if (e < 0)
+				return e;
+			applied = true;
+		}
+	}
+	*result = json_pack("{s:b,s:o}", "applied", applied, "network", spaced_netpolicy_to_json(&p));
+	return 0;
+}

@@ -1,0 +1,527 @@
+/*
+ * netd.c — spaced-netd: the resolver of a worker's executions (docs/network.md).
+ *
+ *   spaced-netd --dir STATE/net [--upstream IP[:PORT]]
+ *
+ * It listens on UDP port 53 inside the egress namespace (every DNS packet an
+ * execution sends, to any server, is redirected there by the base ruleset)
+ * and asks the upstream resolver (default: the first nameserver of the host's
+ * /etc/resolv.conf) from the host's own network namespace. The execution is
+ * known by the packet's source address (the /30 of its slot; the packet
+ * filter drops any other source), its policy by STATE/net/slot/N.json,
+ * re-read whenever that file changes. For each question:
+ *   - AAAA: an empty answer (executions have IPv4 only);
+ *   - a name under a deny_out domain: REFUSED, and the addresses upstream
+ *     gives for it are pinned into dpin_N (refused by the filter for their TTL);
+ *   - a name under an allow_out domain: asked upstream, and its addresses are
+ *     pinned into pin_N (reachable for max(TTL, 60 s), at most 1 h);
+ *   - any other name: asked upstream in mode allow, REFUSED in mode deny.
+ * An answer that holds an address of the closed set that the policy's CIDRs
+ * do not open (a name resolving to 127.0.0.1, 10.x, the worker's own
+ * address: rebinding) is replaced by an empty answer; the filter would refuse
+ * the connection anyway. Malformed packets are dropped; nothing a client
+ * sends ends the daemon. It exits when the egress namespace is gone, and
+ * takes an idle one down: when no execution has had a link in it for IDLE_S
+ * seconds, it unmounts and removes STATE/net/ns under STATE/net/lock (the
+ * lock every execution start holds while it attaches), so pasta (which quits
+ * when its namespace's file goes) and this daemon end; the next execution
+ * start makes everything again. A worker that is gone for good leaves nothing
+ * running.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <nftables/libnftables.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <net/if.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "dnsmsg.h"
+#include "netpolicy.h"
+
+#define POOL 0x64580000u /* net.h NET_POOL */
+#define SLOTS 16383u
+#define PENDING 1024
+#define PENDING_MS 5000
+#define PIN_MIN 60
+#define PIN_MAX 3600
+#define OWN_MAX 64
+/* queries per second and burst one execution may ask: a sandbox flooding the
+ * resolver slows only its own lookups */
+#define IDLE_S 60
+#define RATE 200.0
+#define BURST 400.0
+
+struct slotpol {
+	double tokens;     /* queries it may still ask now (RATE per second, BURST at most) */
+	uint64_t refill;   /* when tokens were last topped up (ms) */
+	time_t mtime;
+	long mtime_ns;
+	ino_t ino;
+	bool valid;
+	uint32_t addr;
+	char sandbox[64];
+	struct spaced_netpolicy pol;
+};
+
+enum action { A_PASS = 1, A_PIN, A_DENYPIN };
+
+struct pending {
+	bool used;
+	uint16_t id, client_id;
+	struct sockaddr_in client;
+	uint32_t slot;
+	enum action act;
+	char name[256];
+	uint64_t t;
+};
+
+static const char *dir;
+static struct slotpol *cache[SLOTS];
+static struct pending pend[PENDING];
+static struct nft_ctx *nft;
+static uint32_t own[OWN_MAX];
+static size_t nown;
+static uint64_t n_queries, n_refused, n_pinned, n_stripped, n_dropped;
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		fprintf(stderr, "spaced-netd %s\n", buf);
+}
+
+/* The policy of slot k, re-read when its file changed; NULL when none. */
+static const struct slotpol *policy_of(uint32_t k)
+{
+	char path[4200];
+	struct stat st;
+	snprintf(path, sizeof path, "%s/slot/%u.json", dir, (unsigned)k);
+	if (stat(path, &st) < 0)
+		return NULL;
+	struct slotpol *c = cache[k];
+	if (c && c->valid && c->mtime == st.st_mtim.tv_sec && c->mtime_ns == st.st_mtim.tv_nsec && c->ino == st.st_ino)
+		return c;
+	if (!c && (c = cache[k] = calloc(1, sizeof *c)) == NULL)
+		return NULL;
+	c->valid = false;
+	json_error_t jerr;
+	json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	struct spaced_cidr a;
+	const char *sb = json_string_value(json_object_get(j, "sandbox"));
+	const char *ad = json_string_value(json_object_get(j, "addr"));
+	if (sb && ad && spaced_cidr_parse(ad, &a) == 0 &&
+	    spaced_netpolicy_from_json(json_object_get(j, "policy"), &c->pol, NULL, 0) == 0) {
+		snprintf(c->sandbox, sizeof c->sandbox, "%s", sb);
+		c->addr = a.addr;
+		c->mtime = st.st_mtim.tv_sec;
+		c->mtime_ns = st.st_mtim.tv_nsec;
+		c->ino = st.st_ino;
+		c->valid = true;
+	}
+	json_decref(j);
+	return c->valid ? c : NULL;
+}
+
+/* ---- DNS messages (dnsmsg.h) ---- */
+
+static uint16_t rd16(const uint8_t *p)
+{
+	return (uint16_t)((p[0] << 8) | p[1]);
+}
+
+/* An answer of no records to the question in q[0..qend): rcode 0 (NODATA) or 5 (REFUSED). */
+static size_t answer_empty(uint8_t *q, size_t qend, int rcode)
+{
+	q[2] = (uint8_t)(0x80 | (q[2] & 0x79)); /* QR, opcode kept, RD kept */
+	q[3] = (uint8_t)(0x80 | (rcode & 15));  /* RA */
+	memset(q + 6, 0, 6);                      /* an, ns, ar */
+	return qend;
+}
+
+static bool is_own(uint32_t a)
+{
+	for (size_t i = 0; i < nown; i++)
+		if (own[i] == a)
+			return true;
+	return false;
+}
+
+static void pin(uint32_t slot, bool deny, const uint32_t *addrs, const uint32_t *ttls, size_t na)
+{
+	if (na == 0)
+		return;
+	char cmd[4096];
+	int w = snprintf(cmd, sizeof cmd, "add element inet spaced %s_%u { ", deny ? "dpin" : "pin", (unsigned)slot);
+	for (size_t i = 0; i < na && w < (int)sizeof cmd - 64; i++) {
+		uint32_t t = ttls[i] < PIN_MIN ? PIN_MIN : ttls[i] > PIN_MAX ? PIN_MAX : ttls[i];
+		uint32_t a = addrs[i];
+		w += snprintf(cmd + w, sizeof cmd - (size_t)w, "%s%u.%u.%u.%u timeout %us", i ? ", " : "", a >> 24,
+		              (a >> 16) & 255, (a >> 8) & 255, a & 255, (unsigned)t);
+	}
+	snprintf(cmd + w, sizeof cmd - (size_t)w, " }");
+	if (nft_run_cmd_from_buffer(nft, cmd) != 0)
+		logf_("level=warn event=pin-failed slot=%u reason=\"%s\"", (unsigned)slot, nft_ctx_get_error_buffer(nft));
+	else
+		n_pinned += na;
+}
+
+static void on_query(int srv, int up)
+{
+	uint8_t m[4096];
+	struct sockaddr_in from;
+	socklen_t fl = sizeof from;
+	ssize_t r = recvfrom(srv, m, sizeof m, 0, (struct sockaddr *)&from, &fl);
+	if (r < 12 || fl != sizeof from)
+		return;
+	size_t n = (size_t)r;
+	n_queries++;
+	uint32_t src = ntohl(from.sin_addr.s_addr);
+	if (src < POOL || src >= POOL + 4 * SLOTS || (src - POOL) % 4 != 2) {
+		n_dropped++;
+		return;
+	}
+	uint32_t slot = (src - POOL) / 4;
+	char name[SPACED_DNS_NAME_MAX];
+	uint16_t qtype, qclass;
+	size_t qend;
+	if (spaced_dns_query(m, n, name, &qtype, &qclass, &qend) < 0) {
+		n_dropped++;
+		return;
+	}
+	const struct slotpol *sp = policy_of(slot);
+	if (!sp || sp->addr != src) {
+		n_dropped++;
+		return;
+	}
+	struct slotpol *rl = cache[slot];
+	uint64_t tn = now_ms();
+	if (rl->refill == 0)
+		rl->tokens = BURST;
+	else
+		rl->tokens += (double)(tn - rl->refill) * RATE / 1000.0;
+	if (rl->tokens > BURST)
+		rl->tokens = BURST;
+	rl->refill = tn;
+	if (rl->tokens < 1.0) {
+		n_dropped++;
+		return;
+	}
+	rl->tokens -= 1.0;
+	const struct spaced_netpolicy *p = &sp->pol;
+	enum action act = A_PASS;
+	size_t len = 0;
+	bool deny = spaced_net_domain_match(p->deny_out, p->ndeny, name);
+	bool allow = !deny && spaced_net_domain_match(p->allow_out, p->nallow, name);
+	if (qclass != 1) {
+		len = answer_empty(m, qend, 5);
+	} else if (qtype == 28) {
+		len = answer_empty(m, qend, 0); /* AAAA: IPv4 only */
+	} else if (deny) {
+		if (qtype != 1)
+			len = answer_empty(m, qend, 5);
+		act = A_DENYPIN;
+	} else if (allow) {
+		act = A_PIN;
+	} else if (p->allow) {
+		act = A_PASS;
+	} else {
+		len = answer_empty(m, qend, 5);
+	}
+	if (len > 0) {
+		if (m[3] & 15)
+			n_refused++;
+		sendto(srv, m, len, MSG_DONTWAIT, (struct sockaddr *)&from, sizeof from);
+		return;
+	}
+	/* forward with an id of ours */
+	uint64_t t = now_ms();
+	struct pending *pe = NULL;
+	uint16_t id = 0;
+	for (int tries = 0; tries < 8 && !pe; tries++) {
+		id = (uint16_t)randombytes_uniform(65536);
+		struct pending *c = &pend[id % PENDING];
+		if (!c->used || t - c->t > PENDING_MS)
+			pe = c;
+	}
+	if (!pe) {
+		n_dropped++;
+		return;
+	}
+	memset(pe, 0, sizeof *pe);
+	pe->used = true;
+	pe->id = id;
+	pe->client_id = rd16(m);
+	pe->client = from;
+	pe->slot = slot;
+	pe->act = act;
+	pe->t = t;
+	snprintf(pe->name, sizeof pe->name, "%s", name);
+	m[0] = (uint8_t)(id >> 8);
+	m[1] = (uint8_t)id;
+	if (send(up, m, qend < n ? n : qend, MSG_DONTWAIT) < 0)
+		pe->used = false;
+}
+
+static void on_answer(int srv, int up)
+{
+	uint8_t m[4096];
+	ssize_t r = recv(up, m, sizeof m, 0);
+	if (r < 12)
+		return;
+	size_t n = (size_t)r;
+	uint16_t id = rd16(m);
+	struct pending *pe = &pend[id % PENDING];
+	if (!pe->used || pe->id != id || now_ms() - pe->t > PENDING_MS)
+		return;
+	uint32_t addrs[64], ttls[64];
+	size_t na = 0, qend;
+	if (spaced_dns_answer_a(m, n, pe->name, &qend, addrs, ttls, 64, &na) < 0)
+		return; /* not the answer to this question: the real one may still come */
+	pe->used = false;
+	const struct slotpol *sp = policy_of(pe->slot);
+	bool closed = na > 64; /* more addresses than it reads: not trusted either */
+	for (size_t i = 0; i < na && i < 64; i++) {
+		bool opened = sp && spaced_net_cidr_match(sp->pol.allow_out, sp->pol.nallow, addrs[i]);
+		if ((spaced_net_closed(addrs[i]) || is_own(addrs[i])) && !opened)
+			closed = true;
+	}
+	if (na > 64)
+		na = 64;
+	m[0] = (uint8_t)(pe->client_id >> 8);
+	m[1] = (uint8_t)pe->client_id;
+	size_t len = n;
+	if (pe->act == A_DENYPIN) {
+		if (!closed)
+			pin(pe->slot, true, addrs, ttls, na);
+		len = answer_empty(m, qend, 5);
+		n_refused++;
+	} else if (closed) {
+		/* a name that leads into the closed set resolves to nothing here */
+		len = answer_empty(m, qend, 0);
+		n_stripped++;
+		logf_("level=info event=answer-stripped slot=%u name=%s", (unsigned)pe->slot, pe->name);
+	} else if (pe->act == A_PIN && sp) {
+		pin(pe->slot, false, addrs, ttls, na);
+	}
+	sendto(srv, m, len, MSG_DONTWAIT, (struct sockaddr *)&pe->client, sizeof pe->client);
+}
+
+static int parse_hostport(const char *s, struct sockaddr_in *sa)
+{
+	char host[64];
+	const char *c = strchr(s, ':');
+	unsigned port = 53;
+	size_t hl = c ? (size_t)(c - s) : strlen(s);
+	if (hl == 0 || hl >= sizeof host)
+		return -1;
+	memcpy(host, s, hl);
+	host[hl] = '\0';
+	if (c) {
+		char *end;
+		unsigned long v = strtoul(c + 1, &end, 10);
+		if (*end || v == 0 || v > 65535)
+			return -1;
+		port = (unsigned)v;
+	}
+	memset(sa, 0, sizeof *sa);
+	sa->sin_family = AF_INET;
+	sa->sin_port = htons((uint16_t)port);
+	return inet_pton(AF_INET, host, &sa->sin_addr) == 1 ? 0 : -1;
+}
+
+static int host_resolver(char *out, size_t outsz)
+{
+	FILE *f = fopen("/etc/resolv.conf", "r");
+	char line[256];
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof line, f)) {
+		char a[64];
+		if (sscanf(line, " nameserver %63s", a) == 1 && strchr(a, ':') == NULL) {
+			snprintf(out, outsz, "%s", a);
+			fclose(f);
+			return 0;
+		}
+	}
+	fclose(f);
+	return -1;
+}
+
+/* True when an execution's link (sx<k>) is in the egress namespace. */
+static bool links_present(void)
+{
+	struct if_nameindex *ni = if_nameindex();
+	bool any = false;
+	for (struct if_nameindex *p = ni; p && p->if_index != 0; p++)
+		if (strncmp(p->if_name, "sx", 2) == 0)
+			any = true;
+	if (ni)
+		if_freenameindex(ni);
+	return any;
+}
+
+/* Takes the idle namespace down under the attach lock; false when an
+ * execution start holds the lock or a link came meanwhile. */
+static bool teardown(const char *nsp)
+{
+	char lock[4200], p[4200];
+	snprintf(lock, sizeof lock, "%s/lock", dir);
+	/* the worker's state may be gone with everything in it but the mount:
+	 * then nothing can attach any more, and the namespace goes without a lock */
+	int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0 && errno != ENOENT)
+		return false;
+	if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		close(fd);
+		return false;
+	}
+	if (links_present()) {
+		close(fd);
+		return false;
+	}
+	umount2(nsp, MNT_DETACH);
+	unlink(nsp);
+	snprintf(p, sizeof p, "%s/netd.pid", dir);
+	unlink(p);
+	if (fd >= 0)
+		close(fd);
+	return true;
+}
+
+int main(int argc, char **argv)
+{
+	const char *upstream = NULL;
+	char hostres[64];
+	for (int i = 1; i + 1 < argc; i += 2) {
+		if (strcmp(argv[i], "--dir") == 0)
+			dir = argv[i + 1];
+		else if (strcmp(argv[i], "--upstream") == 0)
+			upstream = argv[i + 1];
+	}
+	if (!dir) {
+		fprintf(stderr, "usage: spaced-netd --dir STATE/net [--upstream IP[:PORT]]\n");
+		return 2;
+	}
+	if (sodium_init() < 0)
+		return 1;
+	if (!upstream) {
+		if (host_resolver(hostres, sizeof hostres) < 0) {
+			logf_("level=error event=no-upstream reason=\"no IPv4 nameserver in /etc/resolv.conf\"");
+			return 1;
+		}
+		upstream = hostres;
+	}
+	struct sockaddr_in usa;
+	if (parse_hostport(upstream, &usa) < 0) {
+		logf_("level=error event=bad-upstream upstream=%s", upstream);
+		return 2;
+	}
+	prctl(PR_SET_NAME, "spaced-netd");
+	signal(SIGPIPE, SIG_IGN);
+	/* the worker's own addresses, from the host's namespace */
+	struct ifaddrs *ifa = NULL;
+	if (getifaddrs(&ifa) == 0) {
+		for (struct ifaddrs *p = ifa; p && nown < OWN_MAX; p = p->ifa_next)
+			if (p->ifa_addr && p->ifa_addr->sa_family == AF_INET)
+				own[nown++] = ntohl(((struct sockaddr_in *)(void *)p->ifa_addr)->sin_addr.s_addr);
+		freeifaddrs(ifa);
+	}
+	/* upstream: a socket of the host's namespace */
+	int up = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (up < 0 || connect(up, (struct sockaddr *)&usa, sizeof usa) < 0) {
+		logf_("level=error event=upstream-socket reason=\"%s\"", strerror(errno));
+		return 1;
+	}
+	char nsp[4200];
+	snprintf(nsp, sizeof nsp, "%s/ns", dir);
+	int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+	if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) < 0) {
+		logf_("level=error event=setns path=%s reason=\"%s\"", nsp, strerror(errno));
+		return 1;
+	}
+	close(nsfd);
+	int srv = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(53)};
+	int one = 1;
+	setsockopt(srv, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (srv < 0 || bind(srv, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		logf_("level=error event=bind reason=\"%s\"", strerror(errno));
+		return 1;
+	}
+	nft = nft_ctx_new(NFT_CTX_DEFAULT);
+	if (!nft)
+		return 1;
+	nft_ctx_buffer_output(nft);
+	nft_ctx_buffer_error(nft);
+	logf_("level=info event=ready upstream=%s", upstream);
+	uint64_t last_check = now_ms(), last_link = now_ms();
+	for (;;) {
+		struct pollfd pf[2] = {{.fd = srv, .events = POLLIN}, {.fd = up, .events = POLLIN}};
+		int k = poll(pf, 2, 1000);
+		if (k < 0 && errno != EINTR)
+			return 1;
+		for (int i = 0; i < 64 && (pf[0].revents & POLLIN); i++) {
+			on_query(srv, up);
+			struct pollfd q = {.fd = srv, .events = POLLIN};
+			if (poll(&q, 1, 0) <= 0)
+				break;
+		}
+		for (int i = 0; i < 64 && (pf[1].revents & POLLIN); i++) {
+			on_answer(srv, up);
+			struct pollfd q = {.fd = up, .events = POLLIN};
+			if (poll(&q, 1, 0) <= 0)
+				break;
+		}
+		if (now_ms() - last_check > 2000) {
+			last_check = now_ms();
+			if (links_present())
+				last_link = last_check;
+			else if (last_check - last_link > IDLE_S * 1000u && teardown(nsp)) {
+				logf_("level=info event=exit reason=\"no execution for %d s: the egress namespace is taken down\"",
+				      IDLE_S);
+				return 0;
+			}
+			struct statfs sf;
+			if (statfs(nsp, &sf) < 0 || (unsigned long)sf.f_type != 0x6e736673ul) {
+				logf_("level=info event=exit reason=\"the egress namespace is gone\" queries=%llu refused=%llu "
+				      "pinned=%llu stripped=%llu dropped=%llu",
+				      (unsigned long long)n_queries, (unsigned long long)n_refused, (unsigned long long)n_pinned,
+				      (unsigned long long)n_stripped, (unsigned long long)n_dropped);
+				return 0;
+			}
+		}
+	}
+}

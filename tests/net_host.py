@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""net_host.py — the outside host of the network tests (tests/network.t.sh, bench).
+
+Runs inside a network namespace the test made (198.18.0.0/15 addresses only) and
+serves, for at most --lifetime seconds:
+  - HTTP on every address, port 8080: "outside-host <local address>\n";
+  - a TCP sink/echo on port 9000: echoes each line back;
+  - DNS on UDP port 53 (A records from --record NAME=ADDR, anything else NXDOMAIN,
+    AAAA empty), TTL 300.
+"""
+import argparse
+import socket
+import socketserver
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("outside-host %s\n" % self.connection.getsockname()[0]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+class Echo(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(line)
+            self.wfile.flush()
+
+
+class TS(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+def dns(records, stop):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", 53))
+    s.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            q, addr = s.recvfrom(4096)
+        except socket.timeout:
+            continue
+        if len(q) < 12:
+            continue
+        i, labels = 12, []
+        while i < len(q) and q[i] != 0:
+            n = q[i]
+            labels.append(q[i + 1:i + 1 + n].decode(errors="replace").lower())
+            i += 1 + n
+        qtype = struct.unpack(">H", q[i + 1:i + 3])[0]
+        qend = i + 5
+        name = ".".join(labels)
+        head = bytearray(q[:12])
+        head[2] = 0x81 | (q[2] & 0x01)
+        ans = b""
+        if name in records and qtype == 1:
+            head[3] = 0x80
+            ans = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 300, 4) + socket.inet_aton(records[name])
+            head[6:8] = b"\x00\x01"
+        elif name in records:
+            head[3] = 0x80
+            head[6:8] = b"\x00\x00"
+        else:
+            head[3] = 0x83
+            head[6:8] = b"\x00\x00"
+        head[8:12] = b"\x00\x00\x00\x00"
+        s.sendto(bytes(head) + q[12:qend] + ans, addr)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--record", action="append", default=[])
+    ap.add_argument("--lifetime", type=float, default=900)
+    a = ap.parse_args()
+    records = dict(r.split("=", 1) for r in a.record)
+    stop = threading.Event()
+    http = ThreadingHTTPServer(("0.0.0.0", 8080), H)
+    echo = TS(("0.0.0.0", 9000), Echo)
+    for t in (threading.Thread(target=http.serve_forever, daemon=True),
+              threading.Thread(target=echo.serve_forever, daemon=True),
+              threading.Thread(target=dns, args=(records, stop), daemon=True)):
+        t.start()
+    print("ready", flush=True)
+    time.sleep(a.lifetime)
+    stop.set()
+
+
+if __name__ == "__main__":
+    main()

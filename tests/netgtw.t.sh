@@ -1,0 +1,266 @@
+#!/bin/sh
+# spaced-netgtw, the ServicePort gateway (issue 14, R5, S1–S4, B4), in two parts.
+#  1. A worker driven through its admin socket (seqs of our own, so identities can be
+#     changed at will): ALLOW, wrong port, wrong protocol, another sandbox (DENY), a stale
+#     generation (REFRESH_ROUTE), the guest API's port refused, an established stream kept
+#     across an activation-only change (S4) while new opens need the new identity, and cut by
+#     a deactivation (S1: the time from the admin's acknowledgement to the cut is printed).
+#  2. A cluster (`spacectl dev up`): spacectl expose and the printed URL with curl, a browser's
+#     capability-for-cookie exchange, spacectl port-forward, and a stream cut by a move.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+NODE=$SPACED_BUILD/spaced-node/spaced-node
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$NODE" "$SPACED_BUILD/spaced-netgtw/spaced-netgtw" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+NPID=""
+export SPACED_ROUTE_CACHE="$W/routes"
+cleanup() {
+	[ -n "$NPID" ] && kill "$NPID" 2>/dev/null && wait "$NPID" 2>/dev/null
+	"$SC" dev down --dir "$W/w" >/dev/null 2>&1
+	for p in $(ls /proc | grep -E '^[0-9]+$'); do
+		{ tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "$W/" && kill -9 "$p"; } 2>/dev/null
+	done
+	umount -l "$W/w/net/ns" 2>/dev/null
+	"$SC" dev down --dir "$D" >/dev/null 2>&1
+	"$SPACED_BUILD/spaced-node/spaced-launch" reap >/dev/null 2>&1
+	[ -n "${CP_KEEP:-}" ] || rm -rf "$W"
+}
+trap cleanup EXIT
+
+# ---------------- part 1: a worker of our own ----------------
+"$SC" token keygen --json >"$W/key.json"
+SK=$(jq -r .secret "$W/key.json")
+PK=$(jq -r .public "$W/key.json")
+printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' \
+	"$PK" >"$W/bundle.json"
+"$NODE" --state "$W/w" --worker-id wa --listen 127.0.0.1:0 --guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" \
+	--launcher "$SPACED_BUILD/spaced-node/spaced-launch" --host "$SPACED_BUILD/spaced-host/spaced-host" \
+	--uid-range 1879048192:16 --plaintext 2>"$W/node.log" &
+NPID=$!
+i=0
+until [ -S "$W/w/admin.sock" ] && [ -s "$W/w/api.port" ]; do
+	i=$((i + 1)); [ $i -lt 500 ] || { echo "FAIL: spaced-node did not start"; cat "$W/node.log"; exit 1; }
+	sleep 0.02
+done
+ADM="--admin $W/w/admin.sock"
+"$SC" node keys $ADM "$W/bundle.json" >/dev/null || { echo "FAIL: keys"; exit 1; }
+seq=100
+install() { # SANDBOX GEN ACT
+	seq=$((seq + 1))
+	"$SC" node install $ADM --sandbox "$1" --generation "$2" --worker wa --activation "$3" --seq $seq >"$W/inst.out" 2>&1
+}
+install S 1 act-1 || { cat "$W/inst.out"; tail "$W/node.log"; echo "FAIL: install"; exit 1; }
+install T 1 act-1 || { echo "FAIL: install T"; exit 1; }
+gwport() { cat "$W/w/exec/$1.$2/gateway.port" 2>/dev/null; }
+GS=$(gwport S 1); GT=$(gwport T 1)
+[ -n "$GS" ] && [ -n "$GT" ] || { echo "FAIL: no gateway port"; tail "$W/node.log"; exit 1; }
+ok "gateways listen: S on $GS, T on $GT"
+# a web server and a TCP echo inside S
+"$SPACED_BUILD/spaced-node/spaced-launch" exec --state "$W/w/exec/S.1" -- sh -c '
+	cd /tmp && echo hello-from-S >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 &
+	setsid python3 -c "
+import socket, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 9000)); s.listen(16)
+def h(c):
+    while True:
+        d = c.recv(65536)
+        if not d: break
+        c.sendall(d)
+while True:
+    c, _ = s.accept(); threading.Thread(target=h, args=(c,), daemon=True).start()
+" >/dev/null 2>&1 &
+	sleep 1' >/dev/null 2>&1
+cap() { # SANDBOX GEN ACT PORT PROTO
+	"$SC" cap issue --key "$SK" --sandbox "$1" --generation "$2" --worker wa --activation "$3" \
+		--purpose serviceport --port "$4" --protocol "$5"
+}
+get() { # GWPORT HOSTPORT SANDBOX CAP: status and body
+	curl -s -m 5 -o "$W/body" -w '%{http_code}' -H "Host: $2-$3.localhost:$1" -H "Authorization: Bearer $4" \
+		"http://127.0.0.1:$1/index.html"
+}
+C1=$(cap S 1 act-1 8080 http)
+expect "R5 ALLOW: the sandbox's port through its gateway" "$(get "$GS" 8080 S "$C1") $(cat "$W/body")" "200 hello-from-S"
+expect "no credential: 401" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$GS/")" 401
+expect "wrong port: DENY 403" "$(get "$GS" 9090 S "$C1") $(jq -r .reason "$W/body")" "403 wrong-port"
+CT=$(cap S 1 act-1 8080 tcp)
+expect "wrong protocol (a tcp capability over http): DENY 403" "$(get "$GS" 8080 S "$CT") $(jq -r .reason "$W/body")" \
+	"403 wrong-protocol"
+CTT=$(cap T 1 act-1 8080 http)
+expect "another sandbox's capability at S's gateway: DENY 403" "$(get "$GS" 8080 S "$CTT") $(jq -r .reason "$W/body")" \
+	"403 other-sandbox"
+expect "S's capability at T's gateway: DENY 403" "$(get "$GT" 8080 T "$C1") $(jq -r .reason "$W/body")" "403 other-sandbox"
+expect "a Host naming another sandbox: DENY 403" "$(get "$GS" 8080 T "$C1") $(jq -r .reason "$W/body")" "403 other-sandbox"
+CG=$(cap S 1 act-1 1024 http)
+expect "the guest API's own port is never a ServicePort" "$(get "$GS" 1024 S "$CG")" 403
+CBAD=$(echo "$C1" | sed 's/\(.\)$/A/')
+[ "$CBAD" = "$C1" ] && CBAD="${C1}x"
+expect "a tampered capability: 401" "$(get "$GS" 8080 S "$CBAD")" 401
+"$SC" token keygen --json >"$W/key2.json"
+COTHER=$("$SC" cap issue --key "$(jq -r .secret "$W/key2.json")" --sandbox S --generation 1 --worker wa \
+	--activation act-1 --purpose serviceport --port 8080 --protocol http)
+expect "a capability signed by an unknown key: 401" "$(get "$GS" 8080 S "$COTHER") $(jq -r .reason "$W/body")" \
+	"401 unknown-key"
+CN=$(cap S 2 act-1 8080 http)
+expect "a capability for a generation not installed: REFRESH_ROUTE 409" "$(get "$GS" 8080 S "$CN") $(jq -r .reason "$W/body")" \
+	"409 newer-generation"
+
+expect "every DENY at the gateway is in the worker's audit log, with its reason" \
+	"$(grep '"component":"spaced-netgtw","event":"deny"' "$W/w/audit.log" | grep -q '"reason":"wrong-port"' && echo yes)" yes
+expect "GET /metrics on the gateway's own address: its counters" \
+	"$(curl -s -m 5 "http://127.0.0.1:$GS/metrics" | grep -c '^spaced_netgtw_opens_total{outcome="refuse"} [1-9]')" 1
+
+# an established tunnel (raw TCP) through the gateway, driven from a helper
+CE=$(cap S 1 act-1 9000 tcp)
+cat >"$W/tunnel.py" <<'EOF'
+import socket, sys, time, os
+port, host, cap, ctl = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+s = socket.create_connection(("127.0.0.1", port), timeout=10)
+s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: spaced-tcp\r\n\r\n" % (host, cap)).encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    c = s.recv(1)
+    if not c: break
+    head += c
+print(head.split(b"\r\n")[0].decode(), flush=True)
+n = 0
+# each command line in ctl: "ping" -> one round trip; "wait" -> read until the stream ends
+seen = 0
+deadline = time.time() + 60
+while time.time() < deadline:
+    lines = open(ctl).read().split("\n")
+    for cmd in lines[seen:]:
+        if not cmd: continue
+        seen += 1
+        if cmd == "ping":
+            n += 1
+            msg = b"ping-%d\n" % n
+            try:
+                s.sendall(msg); got = s.recv(100)
+                print("echo" if got == msg else "bad:%r" % got, flush=True)
+            except OSError:
+                print("cut", flush=True)
+        elif cmd == "wait":
+            s.settimeout(5)
+            try:
+                while True:
+                    s.sendall(b"x\n")
+                    if not s.recv(100): break
+                    time.sleep(0.002)
+                print("cut", flush=True)
+            except OSError:
+                print("cut", flush=True)
+            print("cut_at_ns %d" % time.time_ns(), flush=True)
+            sys.exit(0)
+    seen = len([l for l in lines if l]) if False else seen
+    time.sleep(0.02)
+EOF
+: >"$W/ctl"; : >"$W/tunnel.out"
+python3 "$W/tunnel.py" "$GS" "9000-S.localhost:$GS" "$CE" "$W/ctl" >"$W/tunnel.out" 2>&1 &
+TUN=$!
+echo ping >>"$W/ctl"
+i=0; until [ "$(grep -c echo "$W/tunnel.out")" -ge 1 ]; do i=$((i + 1)); [ $i -lt 200 ] || break; sleep 0.05; done
+expect "a tcp tunnel opens (101) and carries bytes" "$(head -n 2 "$W/tunnel.out" | tr '\n' ' ')" \
+	"HTTP/1.1 101 Switching Protocols echo "
+# S4: the same generation, another activation
+install S 1 act-2 || echo "FAIL: activation change: $(cat "$W/inst.out")"
+echo ping >>"$W/ctl"
+i=0; until [ "$(grep -c '^echo\|^cut' "$W/tunnel.out")" -ge 2 ]; do i=$((i + 1)); [ $i -lt 200 ] || break; sleep 0.05; done
+expect "S4: the established stream survives an activation-only change" "$(sed -n 3p "$W/tunnel.out")" echo
+expect "S4: a new open with the old activation needs the new identity (409)" \
+	"$(get "$GS" 8080 S "$C1") $(jq -r .reason "$W/body")" "409 other-activation"
+C2=$(cap S 1 act-2 8080 http)
+expect "S4: a new open with the new activation is served" "$(get "$GS" 8080 S "$C2") $(cat "$W/body")" "200 hello-from-S"
+# S1: a deactivation cuts the stream
+echo wait >>"$W/ctl"
+sleep 0.3
+seq=$((seq + 1))
+T0=$(date +%s%N)
+"$SC" node deactivate $ADM --sandbox S --generation 1 --worker wa --activation act-2 --keep-paused --seq $seq >/dev/null 2>&1
+T1=$(date +%s%N)
+wait $TUN
+expect "S1: the deactivation cuts the established stream" "$(grep -c '^cut$' "$W/tunnel.out")" 1
+CUT=$(sed -n 's/^cut_at_ns //p' "$W/tunnel.out")
+echo "S1 cut: $(( (CUT - T0) / 1000000 )) ms after the deactivation was sent, $(( (CUT - T1) / 1000000 )) ms after it was acknowledged (target 100 ms)"
+expect "after the deactivation: a new open is refused (409 deactivated)" \
+	"$(get "$GS" 8080 S "$C2") $(jq -r .reason "$W/body" 2>/dev/null)" "409 deactivated"
+expect "the victim (T's gateway) still answers" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$GT/")" 401
+expect "spaced-node did not restart its group" "$(grep -c 'starting the group\|restart' "$W/node.log")" 0
+seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox T --seq $seq >/dev/null 2>&1
+seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox S --seq $seq >/dev/null 2>&1
+kill "$NPID" 2>/dev/null; wait "$NPID" 2>/dev/null; NPID=""
+
+# ---------------- part 2: a cluster ----------------
+if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+X=$("$SC" create --worker worker-1)
+"$SC" exec "$X" -- sh -c 'cd /tmp && echo hello-from-X >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1' >/dev/null 2>&1
+"$SC" expose "$X" 8080 --json >"$W/exp.json"
+URL=$(jq -r .url "$W/exp.json"); XC=$(jq -r .capability "$W/exp.json")
+expect "expose: the URL names the port and the sandbox on loopback" "$(echo "$URL" | grep -c "^http://8080-$X.localhost:[0-9]*/$")" 1
+expect "expose: the identity is the serving execution's" "$(jq -r .identity.sandbox "$W/exp.json")" "$X"
+expect "curl -H 'Authorization: Bearer CAP' URL, as printed" \
+	"$(curl -s -m 5 -H "Authorization: Bearer $XC" "${URL}index.html")" hello-from-X
+# a browser: the capability once, then the cookie
+curl -s -m 5 -c "$W/jar" -o /dev/null -D "$W/h302" "${URL}index.html?spaced_token=$XC"
+expect "cookie exchange: 302 to the same page without the token" \
+	"$(grep -i '^location:' "$W/h302" | tr -d '\r' | cut -d' ' -f2)" "/index.html"
+expect "cookie exchange: HttpOnly cookie set" "$(grep -ci '^set-cookie: spaced_gw=.*HttpOnly' "$W/h302")" 1
+expect "the cookie alone opens the page" "$(curl -s -m 5 -b "$W/jar" "${URL}index.html")" hello-from-X
+GWX=$(echo "$URL" | sed 's/.*://; s/\///')
+CK=$(awk '$6 == "spaced_gw" {print $7}' "$W/jar")
+expect "the cookie is bound to its port" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
+	-H "Host: 9999-$X.localhost:$GWX" "http://127.0.0.1:$GWX/")" 403
+expect "the cookie opens http only, never a tcp tunnel" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
+	-H "Host: 8080-$X.localhost:$GWX" -H 'Connection: Upgrade' -H 'Upgrade: spaced-tcp' "http://127.0.0.1:$GWX/")" 403
+expect "a forged cookie: 401" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=${CK}A" \
+	-H "Host: 8080-$X.localhost:$GWX" "http://127.0.0.1:$GWX/")" 401
+# port-forward
+: >"$W/pf.out"
+"$SC" port-forward "$X" 8080 0 >"$W/pf.out" 2>"$W/pf.err" &
+PF=$!
+i=0; until grep -q forwarding "$W/pf.out"; do i=$((i + 1)); [ $i -lt 100 ] || break; sleep 0.05; done
+LP=$(sed -n 's/forwarding 127.0.0.1:\([0-9]*\) .*/\1/p' "$W/pf.out")
+expect "port-forward: a local port reaches the sandbox's port" "$(curl -s -m 5 "http://127.0.0.1:$LP/index.html")" hello-from-X
+# a move cuts the streams of the old execution; the new one is reached through the new gateway
+"$SC" exec "$X" -- sh -c 'setsid python3 -c "
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"127.0.0.1\", 9000)); s.listen(4)
+while True:
+    c, _ = s.accept()
+    while True:
+        d = c.recv(100)
+        if not d: break
+        c.sendall(d)
+" >/dev/null 2>&1 & sleep 0.5' >/dev/null 2>&1
+"$SC" expose "$X" 9000 --protocol tcp --json >"$W/exp2.json"
+GW2=$(jq -r .url "$W/exp2.json" | sed 's/.*://; s/\///')
+: >"$W/ctl2"; : >"$W/tunnel2.out"
+python3 "$W/tunnel.py" "$GW2" "9000-$X.localhost:$GW2" "$(jq -r .capability "$W/exp2.json")" "$W/ctl2" >"$W/tunnel2.out" 2>&1 &
+TUN2=$!
+echo ping >>"$W/ctl2"
+i=0; until grep -q '^echo' "$W/tunnel2.out"; do i=$((i + 1)); [ $i -lt 200 ] || break; sleep 0.05; done
+expect "a tunnel through the cluster's gateway" "$(sed -n 2p "$W/tunnel2.out")" echo
+echo wait >>"$W/ctl2"
+sleep 0.2
+T0=$(date +%s%N)
+"$SC" move "$X" --to worker-2 >/dev/null 2>&1
+wait $TUN2
+expect "S1: the move cuts the tunnel" "$(grep -c '^cut$' "$W/tunnel2.out")" 1
+CUT=$(sed -n 's/^cut_at_ns //p' "$W/tunnel2.out")
+echo "move cut: $(( (CUT - T0) / 1000000 )) ms after the move was asked for"
+expect "after the move: the old capability at the new gateway is REFRESH_ROUTE" \
+	"$(NEWURL=$("$SC" expose "$X" 8080 --json | jq -r .url); curl -s -m 5 -o "$W/body" -w '%{http_code}' \
+	-H "Authorization: Bearer $XC" "${NEWURL}") $(jq -r .reason "$W/body")" "409 older-generation"
+kill $PF 2>/dev/null
+
+echo "netgtw: $FAILS failure(s)"
+[ "$FAILS" -eq 0 ]

@@ -1,0 +1,178 @@
+#!/bin/sh
+# Egress under a policy on a real cluster (issue 14, DESIGN §6 "Network"): two process-substrate
+# workers, an outside host in a network namespace made here (198.18.0.0/15 only). Allowed and
+# denied egress by CIDR and by domain, DNS tricks (names resolving to loopback, private and the
+# worker's own addresses), root inside trying ip, nft, iptables and raw sockets, no way to the
+# worker's own ports, a live policy change, the policy across a move, and a victim tenant whose
+# sandbox keeps working with every daemon alive.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+. "$SPACED_TOP/tests/net_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate and network namespaces need root"; exit 77; }
+for b in pasta nft ip python3 curl; do
+	command -v $b >/dev/null 2>&1 || { echo "$b is not installed (scripts/setup.sh installs it)"; exit 77; }
+done
+[ -x "$SPACED_BUILD/spaced-node/spaced-netd" ] || { echo "spaced-netd is not built"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+NH_LOG=$W/host.log
+net_host_up || { echo "cannot make the outside host's namespace here"; exit 77; }
+echo "outside host $NH_A and $NH_B; the worker's end of that link is $NH_GW"
+
+if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+VX=$(as_victim create --worker worker-1)
+[ -n "$VX" ] || { echo "FAIL: the victim's sandbox"; cat "$D"/worker-1.log | tail; exit 1; }
+victim_ok() {
+	got=$(as_victim exec "$VX" -- curl -s -m 5 "http://$NH_A:8080/" 2>&1)
+	expect "victim still reaches the outside after $1" "$got" "outside-host $NH_A"
+}
+# CODE ID URL: the HTTP status curl gets from inside the sandbox (000: no connection)
+code() { "$SC" exec "$1" -- curl -s -m 4 -o /dev/null -w '%{http_code}' "$2" 2>/dev/null; }
+
+# ---- the default policy: mode allow, the closed set closed ----
+A=$("$SC" create --worker worker-1)
+expect "inspect shows the default policy" "$("$SC" inspect "$A" --json | jq -c .network)" \
+	'{"mode":"allow","allow_out":[],"deny_out":[]}'
+expect "allow: an outside address (198.18.0.0/15) is reached" "$(code "$A" "http://$NH_A:8080/")" 200
+expect "allow: by name through the worker's resolver" "$("$SC" exec "$A" -- curl -s -m 4 http://allowed.test:8080/)" \
+	"outside-host $NH_A"
+expect "/etc/resolv.conf names the sandbox's resolver" \
+	"$("$SC" exec "$A" -- sh -c 'grep -c "^nameserver 100\.88\." /etc/resolv.conf')" 1
+API_PORT=$(cat "$D/worker-1/api.port")
+CP_PORT=${SPACED_CP_URL##*:}
+expect "the worker's own address (node-api port) is closed" "$(code "$A" "http://$NH_GW:$API_PORT/")" 000
+expect "the worker's own address (control plane port) is closed" "$(code "$A" "http://$NH_GW:$CP_PORT/v1/healthz")" 000
+expect "loopback is the sandbox's own: no node-api there" "$(code "$A" "http://127.0.0.1:$API_PORT/")" 000
+GWA=$("$SC" exec "$A" -- sh -c "ip -4 route show default | cut -d' ' -f3")
+expect "the sandbox's gateway answers DNS only (node-api port)" "$(code "$A" "http://$GWA:$API_PORT/")" 000
+expect "the egress uplink's gateway is closed" "$(code "$A" "http://100.88.255.254:$API_PORT/")" 000
+# DNS tricks: names that resolve into the closed set resolve to nothing here
+for n in evil.test private.test own.test; do
+	expect "DNS: $n (loopback / private / the worker's address) resolves to nothing" \
+		"$("$SC" exec "$A" -- sh -c "getent ahostsv4 $n | head -n 1")" ""
+done
+expect "DNS to another server is answered by the worker's resolver (policy still applies)" \
+	"$("$SC" exec "$A" -- python3 -c "
+import socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
+q = b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00' + b'\x04evil\x04test\x00' + b'\x00\x01\x00\x01'
+s.sendto(q, ('$NH_B', 53)); a = s.recv(512); print(struct.unpack('>H', a[6:8])[0])" 2>&1)" 0
+
+# ---- deny mode with an allowed domain ----
+B=$("$SC" create --worker worker-1 --network deny --allow-out allowed.test)
+expect "deny: inspect shows the policy" "$("$SC" inspect "$B" --json | jq -c .network)" \
+	'{"mode":"deny","allow_out":["allowed.test"],"deny_out":[]}'
+expect "deny: an allowed domain is reached" "$("$SC" exec "$B" -- curl -s -m 4 http://allowed.test:8080/)" "outside-host $NH_A"
+expect "deny: a name under an allowed domain is reached" "$(code "$B" "http://www.allowed.test:8080/")" 200
+expect "deny: another domain does not resolve" "$("$SC" exec "$B" -- sh -c 'getent ahostsv4 other.test | head -n 1')" ""
+expect "deny: an address no allowed name led to is closed" "$(code "$B" "http://$NH_B:8080/")" 000
+
+# ---- root inside tries to widen its own policy ----
+"$SC" exec "$B" -- sh -c 'ip route add 198.18.0.0/15 dev eth0' >/dev/null 2>&1
+expect "root inside: ip route add refused" "$([ $? -ne 0 ] && echo refused)" refused
+"$SC" exec "$B" -- ip addr add "$NH_B/32" dev eth0 >/dev/null 2>&1
+expect "root inside: ip addr add refused" "$([ $? -ne 0 ] && echo refused)" refused
+"$SC" exec "$B" -- ip link set eth0 down >/dev/null 2>&1
+expect "root inside: ip link set down refused" "$([ $? -ne 0 ] && echo refused)" refused
+"$SC" exec "$B" -- nft flush ruleset >/dev/null 2>&1
+expect "root inside: nft flush ruleset refused" "$([ $? -ne 0 ] && echo refused)" refused
+"$SC" exec "$B" -- sh -c 'command -v iptables >/dev/null && iptables -P OUTPUT ACCEPT' >/dev/null 2>&1
+expect "root inside: iptables refused (or absent)" "$([ $? -ne 0 ] && echo refused)" refused
+expect "root inside: raw sockets refused" "$("$SC" exec "$B" -- python3 -c '
+import socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print("raw socket")
+except PermissionError:
+    print("refused")' 2>&1)" refused
+expect "root inside: a packet socket refused" "$("$SC" exec "$B" -- python3 -c '
+import socket
+try:
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0); print("packet socket")
+except PermissionError:
+    print("refused")' 2>&1)" refused
+expect "root inside: sysctl ip_forward refused" \
+	"$("$SC" exec "$B" -- sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward 2>/dev/null && echo written || echo refused')" refused
+expect "after the attempts: the closed address stays closed" "$(code "$B" "http://$NH_B:8080/")" 000
+expect "after the attempts: the allowed domain still works" "$(code "$B" "http://allowed.test:8080/")" 200
+
+# ---- a live change ----
+"$SC" net "$B" --network allow >"$W/net.out" 2>&1
+expect "spacectl net: mode allow, live" "$(head -n 1 "$W/net.out")" "mode allow"
+expect "live: the address closed a moment ago is reached now" "$(code "$B" "http://$NH_B:8080/")" 200
+# a connection opened under the old policy is judged again under the new one
+"$SC" exec "$B" -- python3 -c "
+import socket, sys, time
+s = socket.create_connection(('$NH_B', 9000), timeout=3)
+s.sendall(b'one\n'); print(s.recv(100).decode().strip(), flush=True)
+open('/tmp/ready', 'w').close()
+for i in range(100):
+    time.sleep(0.1)
+    try:
+        open('/tmp/go').close(); break
+    except OSError:
+        pass
+try:
+    s.settimeout(3); s.sendall(b'two\n'); d = s.recv(100).decode().strip(); print(d or 'closed')
+except OSError as e:
+    print('cut')
+" >"$W/conn.out" 2>&1 &
+CONN=$!
+i=0; until "$SC" exec "$B" -- test -e /tmp/ready 2>/dev/null; do i=$((i + 1)); [ $i -lt 50 ] || break; sleep 0.1; done
+"$SC" net "$B" --network deny --allow-out '' >/dev/null 2>&1
+"$SC" exec "$B" -- touch /tmp/go
+wait $CONN
+expect "live: a connection opened under the old policy gets nothing through after the change" \
+	"$(tr '\n' ' ' <"$W/conn.out")" "one cut "
+expect "live: deny with nothing allowed: the outside address is closed" "$(code "$B" "http://$NH_A:8080/")" 000
+expect "live: deny with nothing allowed: names do not resolve" "$("$SC" exec "$B" -- sh -c 'getent ahostsv4 allowed.test | head -n 1')" ""
+"$SC" net "$A" --deny-out "$NH_B" --deny-out denied.test >/dev/null 2>&1
+expect "allow with a denied CIDR: that address is closed" "$(code "$A" "http://$NH_B:8080/")" 000
+expect "allow with a denied CIDR: others stay open" "$(code "$A" "http://$NH_A:8080/")" 200
+expect "allow with a denied domain: the name is refused" "$("$SC" exec "$A" -- sh -c 'getent ahostsv4 denied.test | head -n 1')" ""
+# a service of the worker's, on its own address: closed until --allow-out names that address
+HP=$((20000 + $$ % 20000))
+python3 -m http.server --bind "$NH_GW" "$HP" >/dev/null 2>&1 &
+HSRV=$!
+sleep 0.5
+expect "a service on the worker's own address is closed" "$(code "$A" "http://$NH_GW:$HP/")" 000
+"$SC" net "$A" --allow-out "$NH_GW" --deny-out '' >/dev/null 2>&1
+expect "allow-out opens a part of the closed set (the worker's address, named)" "$(code "$A" "http://$NH_GW:$HP/")" 200
+kill $HSRV 2>/dev/null
+victim_ok "the policy changes"
+
+# ---- the policy follows a move ----
+"$SC" net "$B" --network deny --allow-out allowed.test >/dev/null 2>&1
+"$SC" move "$B" --to worker-2 >/dev/null 2>&1
+expect "moved to worker-2" "$("$SC" inspect "$B" --json | jq -r .route.worker)" worker-2
+expect "after the move: inspect shows the same policy" "$("$SC" inspect "$B" --json | jq -c .network)" \
+	'{"mode":"deny","allow_out":["allowed.test"],"deny_out":[]}'
+expect "after the move: the allowed domain is reached" "$(code "$B" "http://allowed.test:8080/")" 200
+expect "after the move: the closed address stays closed" "$(code "$B" "http://$NH_B:8080/")" 000
+
+# ---- bad policies are refused, nothing changes ----
+"$SC" net "$A" --allow-out 10.0.0.0/33 >/dev/null 2>"$W/e"
+expect "a malformed CIDR is refused with 400" "$(grep -c 'HTTP 400' "$W/e")" 1
+"$SC" create --network maybe >/dev/null 2>"$W/e"
+expect "an unknown mode is refused with 400" "$(grep -c 'HTTP 400' "$W/e")" 1
+
+# ---- nothing died ----
+for k in 1 2; do
+	expect "worker-$k: spaced-netd alive" "$(kill -0 "$(cat "$D/worker-$k/net/netd.pid" 2>/dev/null)" 2>/dev/null && echo yes)" yes
+	expect "worker-$k: pasta alive (holding the uplink)" "$(kill -0 "$(cat "$D/worker-$k/net/pasta.pid" 2>/dev/null)" 2>/dev/null &&
+		nsenter --net="$D/worker-$k/net/ns" ip -o link show up0 >/dev/null 2>&1 && echo yes)" yes
+done
+expect "no group restart on worker-1" "$(grep -c 'starting the group again\|restarting' "$D/worker-1.log")" 0
+victim_ok "everything"
+
+echo "network: $FAILS failure(s)"
+[ "$FAILS" -eq 0 ]
