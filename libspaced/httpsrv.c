@@ -75,6 +75,7 @@ struct spaced_httpconn {
 	bool close_sent;
 	bool in_callback;
 	bool free_pending;
+	bool stop_counted;     /* closed by the server's stop: its close callback counts down to the free */
 	/* TLS (cfg.tls): OpenSSL over two memory BIOs, driven from the loop */
 	SSL *ssl;              /* NULL: plaintext */
 	BIO *rbio, *wbio;      /* ciphertext in and out; owned by ssl */
@@ -456,8 +457,11 @@ static void on_conn_closed(uv_handle_t *h)
 	spaced_http_req_clear(&c->req);
 	SSL_free(c->ssl);
 	spaced_buf_free(&c->tls_stage);
+	/* only a connection closed once the stop began is counted in
+	 * closing_handles (one closed just before has its callback run first) */
+	bool counted = c->stop_counted;
 	free(c);
-	if (s->stopping && --s->closing_handles == 0)
+	if (counted && --s->closing_handles == 0)
 		srv_free(s);
 }
 
@@ -477,8 +481,10 @@ static void conn_close(struct spaced_httpconn *c)
 	ip_release(s, c->peer);
 	if (s->cfg.ops->on_close)
 		s->cfg.ops->on_close(c);
-	if (s->stopping)
+	if (s->stopping) {
+		c->stop_counted = true;
 		s->closing_handles++;
+	}
 	uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 }
 
