@@ -317,6 +317,44 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, struct
 	return 0;
 }
 
+/* The TLS options against each other and the control plane's URL, and the
+ * files they name (read again by each node-api, before it confines itself,
+ * and by the link): 0, or -1 with the reason on stderr. */
+static int tls_check(const struct spaced_tls_opts *tls, const char *cp_url)
+{
+	char terr[600];
+	if (spaced_tls_opts_check(tls, terr, sizeof terr) < 0) {
+		fprintf(stderr, "spaced-node: %s\n", terr);
+		return -1;
+	}
+	SSL_CTX *probe = NULL;
+	if (!tls->plaintext) {
+		if (spaced_tls_server_ctx(tls->cert, tls->key, tls->client_ca, true, &probe, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-node: %s\n", terr);
+			return -1;
+		}
+		SSL_CTX_free(probe);
+	}
+	bool https = cp_url && strncmp(cp_url, "https://", 8) == 0;
+	if (cp_url && !https && !(strncmp(cp_url, "http://", 7) == 0 && tls->plaintext)) {
+		fprintf(stderr, "spaced-node: --cp wants https://HOST:PORT (http:// only with --plaintext: the worker "
+		                "key would cross the network in the clear)\n");
+		return -1;
+	}
+	if ((tls->ca || tls->client_cert) && !https) {
+		fprintf(stderr, "spaced-node: --tls-ca, --tls-client-cert and --tls-client-key go with --cp https://…\n");
+		return -1;
+	}
+	if (https) {
+		if (spaced_tls_client_ctx(tls->ca, tls->client_cert, tls->client_key, &probe, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-node: %s\n", terr);
+			return -1;
+		}
+		SSL_CTX_free(probe);
+	}
+	return 0;
+}
+
 static char *default_guest(void)
 {
 	char self[PATH_MAX];
@@ -475,37 +513,10 @@ int main(int argc, char **argv)
 		token_buf[strcspn(token_buf, "\r\n")] = '\0';
 		join_token = token_buf;
 	}
-	char terr[600];
-	if (spaced_tls_opts_check(&tls, terr, sizeof terr) < 0) {
-		fprintf(stderr, "spaced-node: %s\n", terr);
-		return 2;
-	}
-	if (!tls.plaintext) {
-		/* the files are read again by each node-api (before it confines
-		 * itself); refused here first, with the reason */
-		SSL_CTX *probe = NULL;
-		if (spaced_tls_server_ctx(tls.cert, tls.key, tls.client_ca, true, &probe, terr, sizeof terr) < 0) {
-			fprintf(stderr, "spaced-node: %s\n", terr);
-			return 2;
-		}
-		SSL_CTX_free(probe);
-	}
-	if (cp_url) {
-		bool https = strncmp(cp_url, "https://", 8) == 0;
-		if (!https && !(strncmp(cp_url, "http://", 7) == 0 && tls.plaintext)) {
-			fprintf(stderr, "spaced-node: --cp wants https://HOST:PORT (http:// only with --plaintext: the worker "
-			                "key would cross the network in the clear)\n");
-			return 2;
-		}
-		SSL_CTX *probe = NULL;
-		if (https && spaced_tls_client_ctx(tls.ca, tls.client_cert, tls.client_key, &probe, terr, sizeof terr) < 0) {
-			fprintf(stderr, "spaced-node: %s\n", terr);
-			return 2;
-		}
-		SSL_CTX_free(probe);
-	}
-	if ((tls.ca || tls.client_cert) && (!cp_url || strncmp(cp_url, "https://", 8) != 0)) {
-		fprintf(stderr, "spaced-node: --tls-ca, --tls-client-cert and --tls-client-key go with --cp https://…\n");
+	if (tls_check(&tls, cp_url) < 0) {
+		free(guest); /* what was resolved so far (the sanitizers count it) */
+		free(launch);
+		free(host_bin);
 		return 2;
 	}
 	TLS = &tls;
