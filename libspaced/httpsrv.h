@@ -25,7 +25,11 @@
  * bytes that are not TLS are refused (a plaintext HTTP request gets a
  * plaintext 400 naming https://, anything else a TLS alert or nothing) and
  * the connection closed. With a client CA in the context, the name of a
- * verified client certificate is spaced_httpconn_peer_cert().
+ * verified client certificate is spaced_httpconn_peer_cert(). Over TLS, what
+ * the application writes in one turn of the loop is gathered and sealed into
+ * records (one per 16 KiB) at the end of that turn, in the loop's check phase:
+ * a response's head and body go as one record and one write; queued() counts
+ * those bytes too. A daemon of its own gets all this with cfg.tls alone.
  *
  * The application answers through the spaced_httpconn_* calls below and is
  * told about the peer through the callbacks of spaced_httpsrv_ops. Output is

@@ -725,7 +725,7 @@ int link_run(const struct link_config *cfg)
 		/* the channel's TLS is ours (tls.h), handed to libwebsockets: the
 		 * CA, the client certificate, and the control plane's name bound
 		 * on the context as well, whatever the library checks itself */
-		char terr[600];
+		char terr[600] = "the control plane's host is not a name or an address";
 		if (spaced_tls_client_ctx(C->tls_ca, C->tls_client_cert, C->tls_client_key, &ws_tls, terr, sizeof terr) < 0 ||
 		    spaced_tls_expect_host(SSL_CTX_get0_param(ws_tls), ws_host) < 0) {
 			llog("the channel's TLS: %s", terr);

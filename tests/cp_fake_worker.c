@@ -321,7 +321,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (wss) {
-		char terr[600];
+		char terr[600] = "the control plane's host is not a name or an address";
 		if (spaced_tls_client_ctx(o_ca, o_cert, o_keyf, &tls_ctx, terr, sizeof terr) < 0 ||
 		    spaced_tls_expect_host(SSL_CTX_get0_param(tls_ctx), host) < 0) {
 			fprintf(stderr, "fake-worker: %s\n", terr);
