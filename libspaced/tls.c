@@ -19,8 +19,11 @@
 
 #include "error.h"
 
-/* TLS 1.2 suites: ECDHE key exchange and AEAD only (TLS 1.3's are all AEAD). */
-#define TLS12_CIPHERS "ECDHE+AESGCM:ECDHE+CHACHA20"
+/* TLS 1.2 suites: ECDHE key exchange and AEAD only; TLS 1.3's are all AEAD.
+ * AES-128-GCM first: as strong as a 128-bit key exchange, and the cheapest
+ * per byte with AES instructions. */
+#define TLS12_CIPHERS "ECDHE+AES128GCM:ECDHE+AES256GCM:ECDHE+CHACHA20"
+#define TLS13_SUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
 
 void spaced_tls_errors(char *out, size_t outsz)
 {
@@ -48,7 +51,7 @@ void spaced_tls_errors(char *out, size_t outsz)
 static int common(SSL_CTX *ctx, char *err, size_t errsz)
 {
 	if (SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1 ||
-	    SSL_CTX_set_cipher_list(ctx, TLS12_CIPHERS) != 1) {
+	    SSL_CTX_set_cipher_list(ctx, TLS12_CIPHERS) != 1 || SSL_CTX_set_ciphersuites(ctx, TLS13_SUITES) != 1) {
 		snprintf(err, errsz, "cannot set the TLS versions and suites");
 		return SPACED_EINVAL;
 	}

@@ -26,6 +26,7 @@ struct net_conn {
 	int fd;
 	SSL *ssl;       /* NULL: plaintext */
 	int timeout_ms; /* waits without MSG_DONTWAIT */
+	bool drained;   /* TLS: the last read wanted more from the socket (what OpenSSL holds is a partial record) */
 };
 
 /* ---- the client context: one per process, for the CA file in force ---- */
@@ -64,6 +65,10 @@ static SSL_CTX *client_ctx(char *err, size_t errsz)
 			 * from a buffer that has moved (ws_client's queue grows) */
 			SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 			SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF); /* answers are framed: an end is an end */
+			/* records are read ahead, many per system call (not a header
+			 * then a body); what waits decrypted or whole is net_pending's */
+			SSL_CTX_set_read_ahead(ctx, 1);
+			SSL_CTX_set_default_read_buffer_len(ctx, 128 * 1024);
 		}
 	}
 	SSL_CTX *r = ctx;
@@ -339,6 +344,7 @@ ssize_t net_recv(struct net_conn *c, void *p, size_t n, int flags)
 		int rd = SSL_read(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n);
 		ssize_t k = tls_result(c, rd, &again);
 		sigpipe_unblock(&g);
+		c->drained = again == POLLIN;
 		if (k >= 0 || !again)
 			return k;
 		if (flags & MSG_DONTWAIT)
@@ -353,7 +359,9 @@ ssize_t net_recv(struct net_conn *c, void *p, size_t n, int flags)
 
 bool net_pending(const struct net_conn *c)
 {
-	return c->ssl && SSL_pending(c->ssl) > 0;
+	/* decrypted bytes, or whole records read ahead (unless the last read
+	 * found only part of one: then the socket has to bring the rest) */
+	return c->ssl && (SSL_pending(c->ssl) > 0 || (SSL_has_pending(c->ssl) && !c->drained));
 }
 
 int net_readable(struct net_conn *c)
