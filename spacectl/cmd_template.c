@@ -107,8 +107,10 @@ static int send_file(const char *what, const char *method, const char *ctype, co
 	unsigned char *ans = NULL, *body = NULL;
 	size_t alen = 0, acap = 0, blen = 0;
 	struct stat sb;
-	if (http_parse_url(store_url, host, sizeof host, &port, prefix, sizeof prefix) < 0)
-		return cli_fail(what, "the store's address %s is not http://HOST:PORT", store_url);
+	int tls = 0;
+	if (http_parse_url(store_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0 || tls)
+		return cli_fail(what, "the store's address %s is not http://HOST:PORT (the store speaks plain HTTP)",
+		                store_url);
 	in = open(file, O_RDONLY | O_CLOEXEC);
 	if (in < 0 || fstat(in, &sb) < 0 || !S_ISREG(sb.st_mode)) {
 		rc = cli_fail(what, "%s: %s", file, in < 0 ? strerror(errno) : "not a regular file");

@@ -83,6 +83,22 @@ static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char 
 	return 0;
 }
 
+int cp_worker_cert_check(const struct cp *cp, struct cp_req *rq, const char *worker)
+{
+	if (!cp->mtls)
+		return 0;
+	if (rq->peer_cert[0] == 0) {
+		answer(rq, 401, cp_error("unauthorized", "the worker endpoints need a client certificate (mutual TLS) "
+		                                         "signed by the workers' CA"));
+		return -1;
+	}
+	if (worker != NULL && strcmp(rq->peer_cert, worker) != 0) {
+		answer(rq, 403, cp_error("forbidden", "the client certificate names another worker"));
+		return -1;
+	}
+	return 0;
+}
+
 static void workers_list(struct cp_store *st, struct cp_req *rq)
 {
 	struct cp_rows *rows = NULL;
@@ -338,20 +354,24 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			workers_list(st, rq);
 			return;
 		}
+		/* a worker speaks for itself with its worker key (its join token
+		 * to begin with) and, with mTLS, a client certificate naming it */
 		if (n == 2 && post) {
-			if (auth(st, rq, CP_ROLE_WORKER, owner, key_id) < 0)
+			if (cp_worker_cert_check(cp, rq, NULL) < 0 || auth(st, rq, CP_ROLE_WORKER, owner, key_id) < 0 ||
+			    cp_worker_cert_check(cp, rq, owner) < 0)
 				return;
 			worker_register(cp, st, rq, owner, key_id);
 			return;
 		}
 		if (n == 3 && post && strcmp(seg[2], "join") == 0) {
-			if (auth(st, rq, CP_ROLE_JOIN, owner, key_id) < 0)
+			if (cp_worker_cert_check(cp, rq, NULL) < 0 || auth(st, rq, CP_ROLE_JOIN, owner, key_id) < 0 ||
+			    cp_worker_cert_check(cp, rq, owner) < 0)
 				return;
 			worker_join(cp, st, rq, owner, key_id);
 			return;
 		}
 		if (n == 4 && post && strcmp(seg[3], "heartbeat") == 0) {
-			if (auth(st, rq, CP_ROLE_WORKER, owner, NULL) < 0)
+			if (cp_worker_cert_check(cp, rq, seg[2]) < 0 || auth(st, rq, CP_ROLE_WORKER, owner, NULL) < 0)
 				return;
 			worker_heartbeat(st, rq, seg[2], owner);
 			return;

@@ -80,6 +80,11 @@ struct cp {
 	pid_t signer_pid;
 	pthread_mutex_t signer_mu;
 
+	/* TLS (tls.h): the listener's context, NULL with --plaintext; mtls: a
+	 * client CA was given, so join, register, heartbeat and the channel
+	 * want a verified client certificate whose name is the worker ID */
+	struct ssl_ctx_st *tls;
+	bool mtls;
 	/* the metrics listener (--metrics-listen), or metrics_host[0] == 0: none */
 	char metrics_host[64];
 	int metrics_port;
@@ -118,6 +123,7 @@ struct cp_req {
 	char path[256];
 	char auth[512];
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
+	char peer_cert[SPACED_NAME_MAX]; /* the verified client certificate's name, "" none (cp->mtls) */
 	char peer[64];                /* the client's address */
 	char request_id[65];          /* the client's X-Request-Id, or one made for it */
 	char tenant[SPACED_NAME_MAX]; /* the tenant its key speaks for, once authenticated (api.c) */
@@ -125,6 +131,11 @@ struct cp_req {
 	int status;
 	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */
 };
+
+/* api.c: with mTLS (cp->mtls), whether rq came with a verified client
+ * certificate, naming worker when worker is not NULL. Returns 0, or -1 with
+ * the answer set (401 without one, 403 naming another worker). */
+int cp_worker_cert_check(const struct cp *cp, struct cp_req *rq, const char *worker);
 
 /* server.c */
 /* Serves the API and the control channels until SIGTERM / SIGINT; returns 0

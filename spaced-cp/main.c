@@ -7,6 +7,7 @@
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]
+ *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -36,6 +37,7 @@
 #include "observe.h"
 #include "error.h"
 #include "resources.h"
+#include "tls.h"
 
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
@@ -44,6 +46,7 @@ static const char usage[] =
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]\n"
+	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -239,6 +242,10 @@ int main(int argc, char **argv)
 		{"head-timeout", required_argument, NULL, 'H'},
 		{"max-conns", required_argument, NULL, 'C'},
 		{"max-conns-per-ip", required_argument, NULL, 'P'},
+		{"tls-cert", required_argument, NULL, 1},
+		{"tls-key", required_argument, NULL, 2},
+		{"tls-client-ca", required_argument, NULL, 3},
+		{"plaintext", no_argument, NULL, 4},
 		{"metrics-listen", required_argument, NULL, 'M'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"store-listen", required_argument, NULL, 'S'},
@@ -261,6 +268,8 @@ int main(int argc, char **argv)
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
 		return 1;
+	struct spaced_tls_opts tls = {0};
+	char cerr[600];
 	if (is_admin) {
 		argc--;
 		argv++;
@@ -282,6 +291,10 @@ int main(int argc, char **argv)
 		case 'H': cp.head_timeout_ms = atoi(optarg); break;
 		case 'C': cp.max_conns = atoi(optarg); break;
 		case 'P': cp.max_conns_per_ip = atoi(optarg); break;
+		case 1: tls.cert = optarg; break;
+		case 2: tls.key = optarg; break;
+		case 3: tls.client_ca = optarg; break;
+		case 4: tls.plaintext = true; break;
 		case 'M': metrics_listen = optarg; break;
 		case 'L': {
 			enum spaced_log_format lf;
@@ -350,6 +363,20 @@ int main(int argc, char **argv)
 	if (listen == NULL || optind != argc) {
 		fputs(usage, stderr);
 		return 2;
+	}
+	/* TLS on the listener unless --plaintext says otherwise; with a client
+	 * CA, the worker endpoints want a client certificate naming the worker */
+	if (spaced_tls_opts_check(&tls, cerr, sizeof cerr) < 0) {
+		fprintf(stderr, "spaced-cp: %s\n", cerr);
+		return 2;
+	}
+	if (!tls.plaintext) {
+		char terr[600];
+		if (spaced_tls_server_ctx(tls.cert, tls.key, tls.client_ca, false, &cp.tls, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-cp: %s\n", terr);
+			return 2;
+		}
+		cp.mtls = tls.client_ca != NULL;
 	}
 	const char *colon = strrchr(listen, ':');
 	if (colon == NULL || (size_t)(colon - listen) >= sizeof cp.listen_host || colon == listen) {
@@ -435,5 +462,6 @@ int main(int argc, char **argv)
 		pthread_join(reaper, NULL);
 	cp_signer_stop(&cp);
 	cp_store_close(cp.loop_st);
+	SSL_CTX_free(cp.tls);
 	return r < 0 ? 1 : 0;
 }

@@ -17,6 +17,12 @@
  * own loop that keeps answering the control plane's pings while the gate works
  * (a thread of its own asks the gate). The link has no state but the key: when it dies, the supervisor starts it
  * again, and the control plane replays what it missed after the next hello.
+ *
+ * With --cp https://HOST:PORT both speak TLS (tls.h): the control plane's
+ * certificate is verified against --tls-ca (else the system's trust store)
+ * and must name HOST; the worker presents --tls-client-cert (mutual TLS:
+ * the control plane wants its name to be this worker's ID). The channel is
+ * then wss://. An http:// URL (only with --plaintext) speaks without TLS.
  */
 #include "node.h"
 
@@ -43,6 +49,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "tls.h"
 
 #define LINE_MAX_BYTES (1u << 20)
 #define KEY_MAX 128
@@ -56,6 +63,8 @@ static const struct link_config *C;
 static char key[KEY_MAX];
 static char ws_host[128], ws_path[256];
 static int ws_port;
+static bool cp_tls;        /* --cp https:// */
+static SSL_CTX *ws_tls;    /* the channel's TLS context (given to libwebsockets) */
 static volatile sig_atomic_t stop;
 static int admin_fd = -1;
 static char abuf[LINE_MAX_BYTES];
@@ -220,7 +229,7 @@ static size_t collect(char *p, size_t size, size_t n, void *u)
  * control plane could not be reached. */
 static int cp_post(const char *path, const char *bearer, const char *body, long *status, json_t **answer)
 {
-	char url[1024], auth[KEY_MAX + 32];
+	char url[1024], auth[KEY_MAX + 32], cerr[CURL_ERROR_SIZE] = "";
 	struct spaced_buf b;
 	spaced_buf_init(&b, 1u << 20);
 	snprintf(url, sizeof url, "%s%s", C->cp_url, path);
@@ -239,8 +248,24 @@ static int cp_post(const char *path, const char *bearer, const char *body, long 
 		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 15000L);
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-		if (curl_easy_perform(h) == CURLE_OK) {
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, cp_tls ? "https" : "http");
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
+		if (cp_tls) {
+			/* verification stays on (libcurl's default): chain and name */
+			curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+			curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+			curl_easy_setopt(h, CURLOPT_SSLVERSION, (long)CURL_SSLVERSION_TLSv1_2);
+			if (C->tls_ca)
+				curl_easy_setopt(h, CURLOPT_CAINFO, C->tls_ca);
+			if (C->tls_client_cert) {
+				curl_easy_setopt(h, CURLOPT_SSLCERT, C->tls_client_cert);
+				curl_easy_setopt(h, CURLOPT_SSLKEY, C->tls_client_key);
+			}
+		}
+		CURLcode cr = curl_easy_perform(h);
+		if (cr != CURLE_OK)
+			llog("%s%s: %s", C->cp_url, path, cerr[0] ? cerr : curl_easy_strerror(cr));
+		if (cr == CURLE_OK) {
 			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
 			json_error_t jerr;
 			*answer = b.len ? json_loadb((const char *)b.data, b.len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
@@ -303,7 +328,8 @@ static int node_url(char *out, size_t n)
 		}
 		if (port > 0 && port < 65536) {
 			bool v6 = strchr(C->listen_host, ':') != NULL;
-			snprintf(out, n, v6 ? "http://[%s]:%d" : "http://%s:%d", C->listen_host, port);
+			snprintf(out, n, v6 ? "%s://[%s]:%d" : "%s://%s:%d", C->api_tls ? "https" : "http", C->listen_host,
+			         port);
 			return 0;
 		}
 		usleep(50000);
@@ -752,6 +778,7 @@ static void tick(lws_sorted_usec_list_t *s)
 		ci.host = ws_host;
 		ci.origin = ws_host;
 		ci.pwsi = &conn;
+		ci.ssl_connection = cp_tls ? LCCSCF_USE_SSL : 0; /* verified: chain and name, never relaxed */
 		next_connect = spaced_mono_ns() + 1000000000ull; /* unless it ends sooner */
 		lws_client_connect_via_info(&ci);
 	}
@@ -769,9 +796,11 @@ static void on_term(int sig)
 int link_run(const struct link_config *cfg)
 {
 	C = cfg;
-	if (strncmp(cfg->cp_url, "http://", 7) != 0 ||
-	    sscanf(cfg->cp_url + 7, "%127[^:/]:%d", ws_host, &ws_port) != 2 || ws_port < 1 || ws_port > 65535) {
-		llog("--cp wants http://HOST:PORT");
+	cp_tls = strncmp(cfg->cp_url, "https://", 8) == 0;
+	size_t skip = cp_tls ? 8 : 7;
+	if ((!cp_tls && strncmp(cfg->cp_url, "http://", 7) != 0) ||
+	    sscanf(cfg->cp_url + skip, "%127[^:/]:%d", ws_host, &ws_port) != 2 || ws_port < 1 || ws_port > 65535) {
+		llog("--cp wants https://HOST:PORT (http:// with --plaintext)");
 		return LINK_EXIT_FATAL;
 	}
 	snprintf(ws_path, sizeof ws_path, "/v1/workers/%s/channel", cfg->worker_id);
@@ -793,10 +822,25 @@ int link_run(const struct link_config *cfg)
 	memset(&info, 0, sizeof info);
 	info.port = CONTEXT_PORT_NO_LISTEN;
 	info.protocols = protocols;
+	if (cp_tls) {
+		/* the channel's TLS is ours (tls.h), handed to libwebsockets: the
+		 * CA, the client certificate, and the control plane's name bound
+		 * on the context as well, whatever the library checks itself */
+		char terr[600] = "the control plane's host is not a name or an address";
+		if (spaced_tls_client_ctx(C->tls_ca, C->tls_client_cert, C->tls_client_key, &ws_tls, terr, sizeof terr) < 0 ||
+		    spaced_tls_expect_host(SSL_CTX_get0_param(ws_tls), ws_host) < 0) {
+			llog("the channel's TLS: %s", terr);
+			return LINK_EXIT_FATAL;
+		}
+		info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+		info.provided_client_ssl_ctx = ws_tls;
+	}
 	lws_set_log_level(LLL_ERR, NULL);
 	ctx = lws_create_context(&info);
-	if (ctx == NULL)
+	if (ctx == NULL) {
+		SSL_CTX_free(ws_tls);
 		return 1;
+	}
 	lws_sul_schedule(ctx, 0, &sul, tick, 1);
 	pthread_t gt;
 	if (pthread_create(&gt, NULL, gate_thread, NULL) != 0)

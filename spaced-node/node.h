@@ -163,6 +163,10 @@ struct node_api_config {
 	const char *metrics_host; /* the metrics listener (GET /metrics), or NULL: none */
 	int metrics_port;
 	const char *metrics_port_file;
+	/* TLS on both listeners (tls.h), loaded before the confinement; NULL
+	 * cert: plaintext (--plaintext). client_ca: every client must present a
+	 * certificate of this CA. */
+	const char *tls_cert, *tls_key, *tls_client_ca;
 };
 /* Runs node-api until the manager goes away. Returns the exit status. */
 int node_api_run(const struct node_api_config *cfg);
@@ -202,7 +206,7 @@ int mgr_run(const struct mgr_config *cfg);
 
 /* ---- the link to the control plane (link.c) ---- */
 struct link_config {
-	const char *cp_url;     /* http://HOST:PORT of spaced-cp */
+	const char *cp_url;     /* https://HOST:PORT of spaced-cp (http:// with --plaintext) */
 	const char *worker_id;
 	const char *state_dir;  /* STATE/worker.key, STATE/api.port */
 	const char *admin_path; /* the gate's admin socket */
@@ -210,6 +214,11 @@ struct link_config {
 	const char *advertise;  /* node-api's URL for clients, or NULL: http://LISTEN_HOST:PORT */
 	const char *listen_host;
 	int capacity;           /* sandboxes placed here at most */
+	bool api_tls;           /* node-api speaks TLS: its default URL is https:// */
+	/* the control plane over https:// / wss:// (tls.h): the CA file to verify
+	 * it with (NULL: the system's), the worker's client certificate and key
+	 * for mutual TLS (both or neither) */
+	const char *tls_ca, *tls_client_cert, *tls_client_key;
 };
 /* Exit status of a link that the control plane refused (no key and no
  * token, a spent or foreign token, a revoked key): not started again. */

@@ -186,7 +186,7 @@ n=$("$SC" quota --json | jq -r .used.sandboxes)
 "$CP" admin --state "$D/cp" set-quota dev "sandboxes=$n" 2>/dev/null
 "$SC" create >/dev/null 2>"$W/e"
 expect "at its sandbox quota: 429 quota-exceeded" "$(grep -c '429 quota-exceeded' "$W/e")" 1
-curl -s -X POST -H "Authorization: Bearer $ATTACKER" "$SPACED_CP_URL/v1/sandboxes" -d '{}' >"$W/q.json"
+curl -s --cacert "$SPACED_CA_FILE" -X POST -H "Authorization: Bearer $ATTACKER" "$SPACED_CP_URL/v1/sandboxes" -d '{}' >"$W/q.json"
 expect "the answer names the quota hit, its limit and the use" "$(jq -c '[.error, .quota, .limit, .used]' "$W/q.json")" \
 	"[\"quota-exceeded\",\"sandboxes\",$n,$n]"
 VY=$(as_victim create)

@@ -43,7 +43,7 @@ printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","no
 # no warm pool: the executions' files are read at exec/S.G below (tests/pool.t.sh covers pooled ones)
 "$NODE" --state "$W/w" --worker-id wa --listen 127.0.0.1:0 --guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" \
 	--launcher "$SPACED_BUILD/spaced-node/spaced-launch" --host "$SPACED_BUILD/spaced-host/spaced-host" \
-	--uid-range 1879048192:16 --pool 0 2>"$W/node.log" &
+	--uid-range 1879048192:16 --pool 0 --plaintext 2>"$W/node.log" &
 NPID=$!
 i=0
 until [ -S "$W/w/admin.sock" ] && [ -s "$W/w/api.port" ]; do
