@@ -17,7 +17,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean sdk sdk-test conformance
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile bench-netgtw bench-exec check-vm bench-vm
+.PHONY: bench-hostile bench-netgtw bench-exec bench-create check-vm bench-vm
 .PHONY: chaos chaos-quick
 
 all: build
@@ -83,6 +83,11 @@ bench-substrate: build
 
 bench-node: build
 	@$(BUILD)/bench/bench-node
+
+# sandbox creation as users get it (POST /v1/sandboxes through the control plane, kept-alive client,
+# a worker with a warm pool), sequential and 50 concurrent, against bwrap --unshare-all (needs root)
+bench-create: build
+	@$(BUILD)/bench/bench-create $(SEQ) $(CONC)
 
 # a victim tenant's latency on a worker under attack, against the same worker quiet; R4 under load
 bench-hostile: build

@@ -2,7 +2,9 @@
  * bench-cp — control-plane figures, measured against a running spaced-cp whose
  * workers are cp-fake-worker test peers (they apply and ack at once, so these
  * are control-plane, store and channel costs, not substrate costs):
- *   - route: POST /v1/sandboxes/{id}/route latency (auth, store read, signer round trip);
+ *   - route: POST /v1/sandboxes/{id}/route latency (auth, store read, signer round trip),
+ *     on a new connection per request (with TLS: a whole handshake each), then on
+ *     one kept-alive connection;
  *   - move: POST …/move latency (deactivate + snapshot acks, generation transaction, install ack);
  *   - R4 window: from the move request to the old worker receiving its deactivation
  *     (from then on it refuses the old execution's capabilities: REFRESH_ROUTE),
@@ -155,6 +157,36 @@ int main(int argc, char **argv)
 		free(ans);
 	}
 	double route_rate = routes / ((double)(now_ns() - t_all) / 1e9);
+	/* the same on one kept-alive connection: what a route costs once connected */
+	uint64_t *rk = calloc((size_t)routes, sizeof *rk);
+	struct http_conns kc;
+	char khost[256], kprefix[256], khead[1024];
+	int kport, ktls;
+	static const char kbody[] = "{\"purposes\":[\"exec\"]}";
+	if (rk == NULL || http_parse_url(url, khost, sizeof khost, &kport, kprefix, sizeof kprefix, &ktls) < 0)
+		return 1;
+	int khl = snprintf(khead, sizeof khead,
+	                   "POST %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\n"
+	                   "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+	                   kprefix, path, khost, kport, key, sizeof kbody - 1);
+	http_conns_init(&kc);
+	for (int i = 0; i < routes; i++) {
+		unsigned char *ans = NULL, *b = NULL;
+		size_t alen = 0, bl = 0;
+		int status = 0;
+		uint64_t t0 = now_ns();
+		if (http_exchange(&kc, khost, kport, ktls, khead, (size_t)khl, kbody, sizeof kbody - 1, 30, &ans, &alen, err,
+		                  sizeof err) < 0 ||
+		    http_parse_answer(ans, alen, &status, &b, &bl, NULL, NULL, 0, err, sizeof err) < 0 || status != 200) {
+			fprintf(stderr, "bench-cp: route on a kept connection: %s %d\n", err, status);
+			return 1;
+		}
+		rk[i] = now_ns() - t0;
+		free(ans);
+		free(b);
+	}
+	unsigned long kept_opened = kc.opened;
+	http_conns_close(&kc);
 	snprintf(path, sizeof path, "/v1/sandboxes/%s/move", sbx);
 	for (int i = 0; i < moves; i++) {
 		int status;
@@ -210,19 +242,24 @@ int main(int argc, char **argv)
 		}
 	}
 	double r50 = pct(rt, routes, 0.5), r99 = pct(rt, routes, 0.99);
+	double k50 = pct(rk, routes, 0.5), k99 = pct(rk, routes, 0.99);
 	double m50 = pct(mv, moves, 0.5), m99 = pct(mv, moves, 0.99);
 	double w50 = nwin ? pct(win, nwin, 0.5) : -1, wmax = nwin ? pct(win, nwin, 1.0) : -1;
 	printf("route issuance:  %d requests, median %.0f µs, p99 %.0f µs, %.0f routes/s (one client, new connection each)\n",
 	       routes, r50, r99, route_rate);
+	printf("route, kept:     %d requests, median %.0f µs, p99 %.0f µs (one kept-alive connection; %lu opened)\n",
+	       routes, k50, k99, kept_opened);
 	printf("move:            %d moves, median %.1f ms, p99 %.1f ms (deactivate + snapshot + generation commit + install)\n",
 	       moves, m50 / 1e3, m99 / 1e3);
 	printf("R4 window:       move request -> %s: median %.0f µs, max %.0f µs (%d samples)\n",
 	       poll ? "first refusal of the old capability at the old worker" : "old worker holds the deactivation",
 	       w50, wmax, nwin);
-	printf("{\"route_median_us\":%.0f,\"route_p99_us\":%.0f,\"routes_per_s\":%.0f,\"move_median_ms\":%.1f,"
+	printf("{\"route_median_us\":%.0f,\"route_p99_us\":%.0f,\"routes_per_s\":%.0f,\"route_kept_median_us\":%.0f,"
+	       "\"route_kept_p99_us\":%.0f,\"move_median_ms\":%.1f,"
 	       "\"move_p99_ms\":%.1f,\"r4_window_median_us\":%.0f,\"r4_window_max_us\":%.0f}\n",
-	       r50, r99, route_rate, m50 / 1e3, m99 / 1e3, w50, wmax);
+	       r50, r99, route_rate, k50, k99, m50 / 1e3, m99 / 1e3, w50, wmax);
 	free(rt);
+	free(rk);
 	free(mv);
 	free(win);
 	return 0;

@@ -12,8 +12,15 @@
  *   verify_compare_share sbx-manager's verify + compare time per request over
  *                        the node p50
  *   rps_2cores           4 KiB reads per second with 64 keep-alive connections
+ *   connect_us_p50       a new connection to node-api, ready for a request
+ *                        (TCP connect, with TLS the whole handshake)
  * and, before the JSON, the S1 cancellation latency: from sending an install
  * that replaces a terminal's epoch to the terminal's close frame.
+ *
+ * Everything is measured twice in the same run, on a node-api without TLS
+ * (--plaintext) and then on one with TLS (a CA and a certificate for
+ * 127.0.0.1 issued here; the client verifies the chain and the address), and
+ * the last line holds both and their ratios. BENCH_NODE_TLS=0: plaintext only.
  * Executions run on the process substrate (spaced-launch + spaced-host); with
  * --dev, as bare spaced-guest processes (then "host" is the guest's socket).
  * The last line is JSON.
@@ -43,7 +50,11 @@
 #include "error.h"
 #include "guest_client.h"
 #include "signer.h"
+#include "tls.h"
 #include "util.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #define NCONN 64
 #define LAT_N 3000
@@ -52,6 +63,8 @@
 static char dir[64], admin[256], token[2048];
 static int port;
 static pid_t node_pid;
+static SSL_CTX *cli_tls; /* NULL: the run without TLS */
+#define CONNECT_N 300
 
 static pid_t bench_host;
 static json_t *admin_send(const char *line);
@@ -106,7 +119,7 @@ static json_t *admin_send(const char *line)
 	return json_loadb(buf, (size_t)((char *)memchr(buf, '\n', got) - buf), 0, NULL);
 }
 
-static int tcp_connect(void)
+static int tcp_connect_raw(void)
 {
 	struct sockaddr_in sa;
 	memset(&sa, 0, sizeof sa);
@@ -121,9 +134,10 @@ static int tcp_connect(void)
 	return fd;
 }
 
-/* A response parser good for content-length and chunked bodies. */
+/* A connection to node-api: TCP, or TLS over it in the TLS run. */
 struct conn {
 	int fd;
+	SSL *ssl;
 	char buf[65536];
 	size_t len;
 	uint64_t t0;
@@ -159,13 +173,55 @@ static long response_size(const char *b, size_t n, int *status)
 	}
 }
 
+/* Connects c (blocking), with the TLS handshake in the TLS run (the chain
+ * and 127.0.0.1 verified). */
+static void conn_open(struct conn *c)
+{
+	c->fd = tcp_connect_raw();
+	c->ssl = NULL;
+	c->len = 0;
+	if (!cli_tls)
+		return;
+	c->ssl = SSL_new(cli_tls);
+	if (!c->ssl || spaced_tls_client_bind(c->ssl, "127.0.0.1") < 0 || SSL_set_fd(c->ssl, c->fd) != 1 ||
+	    SSL_connect(c->ssl) != 1) {
+		ERR_print_errors_fp(stderr);
+		die("TLS handshake with node-api");
+	}
+}
+
+static void conn_close(struct conn *c)
+{
+	if (c->ssl) {
+		SSL_shutdown(c->ssl);
+		SSL_free(c->ssl);
+		c->ssl = NULL;
+	}
+	close(c->fd);
+}
+
+static ssize_t conn_read(struct conn *c, void *p, size_t n)
+{
+	if (!c->ssl)
+		return read(c->fd, p, n);
+	int r = SSL_read(c->ssl, p, (int)n);
+	return r > 0 ? r : -1;
+}
+
+static int conn_write(struct conn *c, const void *p, size_t n)
+{
+	if (!c->ssl)
+		return write(c->fd, p, n) == (ssize_t)n ? 0 : -1;
+	return SSL_write(c->ssl, p, (int)n) == (int)n ? 0 : -1;
+}
+
 static char req[4096];
 static size_t req_len;
 
 static void send_req(struct conn *c)
 {
 	c->t0 = spaced_mono_ns();
-	if (write(c->fd, req, req_len) != (ssize_t)req_len)
+	if (conn_write(c, req, req_len) < 0)
 		die("request write");
 	c->busy = true;
 }
@@ -184,7 +240,7 @@ static int wait_response(struct conn *c)
 			c->busy = false;
 			return status;
 		}
-		ssize_t r = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
+		ssize_t r = conn_read(c, c->buf + c->len, sizeof c->buf - c->len);
 		if (r <= 0)
 			die("response read");
 		c->len += (size_t)r;
@@ -199,6 +255,19 @@ static json_t *status_json(void)
 	json_t *r = json_incref(json_object_get(s, "result"));
 	json_decref(s);
 	return r;
+}
+
+static int read_exact(struct conn *c, void *p, size_t n)
+{
+	uint8_t *b = p;
+	while (n) {
+		ssize_t r = conn_read(c, b, n);
+		if (r <= 0)
+			return -1;
+		b += r;
+		n -= (size_t)r;
+	}
+	return 0;
 }
 
 static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *gen_act)
@@ -217,7 +286,10 @@ static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *ge
 	if (spaced_cap_issue(sk, &cap, &tok) < 0)
 		die("issue");
 	/* a terminal through node-api, then an activation change for the same generation */
-	int fd = tcp_connect();
+	struct conn *fd = calloc(1, sizeof *fd);
+	if (!fd)
+		die("memory");
+	conn_open(fd);
 	char h[4096];
 	int n = snprintf(h, sizeof h,
 	                 "GET /v1/sandboxes/S/term?argv=/bin/cat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
@@ -225,13 +297,13 @@ static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *ge
 	                 "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n",
 	                 tok);
 	free(tok);
-	if (write(fd, h, (size_t)n) != n)
+	if (conn_write(fd, h, (size_t)n) < 0)
 		die("ws write");
 	char buf[65536];
 	size_t got = 0;
 	/* the upgrade and the ALLOW message */
 	while (!(memmem(buf, got, "\r\n\r\n", 4) && memmem(buf, got, "ALLOW", 5))) {
-		ssize_t r = read(fd, buf + got, sizeof buf - got);
+		ssize_t r = conn_read(fd, buf + got, sizeof buf - got);
 		if (r <= 0) {
 			fprintf(stderr, "%.*s\n", (int)got, buf);
 			die("ws open");
@@ -250,19 +322,19 @@ static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *ge
 	/* wait for the close frame (opcode 8) */
 	for (;;) {
 		uint8_t b2[2];
-		if (read(fd, b2, 2) != 2)
+		if (read_exact(fd, b2, 2) < 0)
 			die("ws close read");
 		size_t plen = b2[1] & 0x7f;
 		if (plen == 126) {
 			uint8_t e[2];
-			if (read(fd, e, 2) != 2)
+			if (read_exact(fd, e, 2) < 0)
 				die("ws read");
 			plen = (size_t)e[0] << 8 | e[1];
 		}
 		char p[65536];
 		size_t left = plen;
 		while (left) {
-			ssize_t r = read(fd, p, left > sizeof p ? sizeof p : left);
+			ssize_t r = conn_read(fd, p, left > sizeof p ? sizeof p : left);
 			if (r <= 0)
 				die("ws read");
 			left -= (size_t)r;
@@ -271,7 +343,8 @@ static double cancel_latency_ms(const struct spaced_secret_key *sk, uint64_t *ge
 			break;
 	}
 	uint64_t t1 = spaced_mono_ns();
-	close(fd);
+	conn_close(fd);
+	free(fd);
 	return (double)(t1 - t0) / 1e6;
 }
 
@@ -289,46 +362,55 @@ static pid_t spawn(const char *const argv[])
 	return p;
 }
 
-int main(int argc, char **argv)
+struct results {
+	double node_p50, node_p99, host_p50, overhead, vc_us, hits, nreq, share, rps, secs, cancel_p50, cancel_max;
+	double connect_p50, connect_p99;
+	unsigned long long bad;
+};
+
+/* One whole measurement on a spaced-node started here: without TLS, or with
+ * it (tls: the certificate and key for node-api; the client trusts ca). */
+static void run(bool dev, struct spaced_secret_key *sk, const char *bundle, bool tls, struct results *R)
 {
-	bool dev = argc > 1 && strcmp(argv[1], "--dev") == 0;
 	const char *node_bin = SPACED_NODE_BIN;
 	const char *guest_bin = SPACED_GUEST_BIN;
-	signal(SIGPIPE, SIG_IGN);
-	snprintf(dir, sizeof dir, "/tmp/bench-node-XXXXXX");
-	if (!mkdtemp(dir))
-		die("mkdtemp");
-
-	/* keys: the signer stays here, the node gets the public half */
-	struct spaced_secret_key *sk;
-	struct spaced_public_key pk;
-	char pub[SPACED_PASERK_PUBLIC_LEN + 1], bundle[128], state[128];
-	if (spaced_secret_key_generate(&sk) < 0)
-		die("keygen");
-	spaced_secret_key_public(sk, &pk);
-	spaced_paserk_public_encode(&pk, pub);
-	snprintf(bundle, sizeof bundle, "%s/bundle.json", dir);
-	FILE *f = fopen(bundle, "w");
-	if (!f)
-		die("bundle");
-	fprintf(f, "{\"version\":1,\"keys\":[{\"key\":\"%s\",\"not_before\":\"2020-01-01T00:00:00Z\","
-	           "\"not_after\":\"2099-01-01T00:00:00Z\"}]}",
-	        pub);
-	fclose(f);
-	snprintf(state, sizeof state, "%s/w", dir);
+	char state[128], crt[128], key[128], ca[128], err[600];
+	snprintf(state, sizeof state, "%s/w-%s", dir, tls ? "tls" : "plain");
 	snprintf(admin, sizeof admin, "%s/admin.sock", state);
-
+	snprintf(crt, sizeof crt, "%s/node.pem", dir);
+	snprintf(key, sizeof key, "%s/node.key", dir);
+	snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+	port = 0;
+	bench_host = 0;
+	cli_tls = NULL;
+	if (tls && spaced_tls_client_ctx(ca, NULL, NULL, &cli_tls, err, sizeof err) < 0) {
+		fprintf(stderr, "bench-node: %s\n", err);
+		die("TLS client context");
+	}
 	node_pid = fork();
 	if (node_pid == 0) {
 		int nul = open("/dev/null", O_WRONLY);
-		dup2(nul, 2);
-		if (dev)
-			execl(node_bin, "spaced-node", "--state", state, "--worker-id", "w-bench", "--listen",
-			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", guest_bin, (char *)NULL);
-		else
-			execl(node_bin, "spaced-node", "--state", state, "--worker-id", "w-bench", "--listen",
-			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", guest_bin, "--launcher", SPACED_LAUNCH_BIN,
-			      "--host", SPACED_HOST_BIN, (char *)NULL);
+		if (!getenv("BENCH_NODE_VERBOSE"))
+			dup2(nul, 2);
+		const char *a[32] = {node_bin, "--state", state, "--worker-id", "w-bench", "--listen", "127.0.0.1:0",
+		                     "--keys", bundle, "--guest-bin", guest_bin};
+		int n = 11;
+		if (!dev) {
+			a[n++] = "--launcher";
+			a[n++] = SPACED_LAUNCH_BIN;
+			a[n++] = "--host";
+			a[n++] = SPACED_HOST_BIN;
+		}
+		if (tls) {
+			a[n++] = "--tls-cert";
+			a[n++] = crt;
+			a[n++] = "--tls-key";
+			a[n++] = key;
+		} else {
+			a[n++] = "--plaintext";
+		}
+		a[n] = NULL;
+		execv(node_bin, (char *const *)(uintptr_t)a);
 		_exit(127);
 	}
 	char pf[192];
@@ -366,7 +448,7 @@ int main(int argc, char **argv)
 		snprintf(me, sizeof me, "%d", (int)getpid());
 		json_decref(st);
 		snprintf(gsock, sizeof gsock, "%s/exec/S.1/guest.sock", state);
-		snprintf(sock, sizeof sock, "%s/bench-host.sock", dir);
+		snprintf(sock, sizeof sock, "%s/bench-host.sock", state);
 		const char *hargv[] = {SPACED_HOST_BIN, "--listen", sock, "--guest", gsock, "--identity",
 		                       "sandbox=S;generation=1;worker=w-bench;substrate=process;activation=act-0;pod_uid=",
 		                       "--launcher-pid", lpid, "--launcher-exe", SPACED_LAUNCH_BIN, "--manager-uid", "0",
@@ -410,9 +492,25 @@ int main(int argc, char **argv)
 	                           "Authorization: Bearer %s\r\n\r\n",
 	                           token);
 
+	/* a new connection, ready for a request: TCP connect (+ the TLS handshake) */
+	uint64_t *con = calloc(CONNECT_N, sizeof *con);
+	if (!con)
+		die("memory");
+	for (int i = 0; i < CONNECT_N; i++) {
+		struct conn k;
+		uint64_t t0 = spaced_mono_ns();
+		conn_open(&k);
+		con[i] = spaced_mono_ns() - t0;
+		conn_close(&k);
+	}
+	qsort(con, CONNECT_N, sizeof *con, cmp_u64);
+	R->connect_p50 = (double)con[CONNECT_N / 2] / 1000.0;
+	R->connect_p99 = (double)con[CONNECT_N * 99 / 100] / 1000.0;
+	free(con);
+
 	/* read4k_node_us_p50 and the verify + compare share */
 	struct conn *c = calloc(1, sizeof *c);
-	c->fd = tcp_connect();
+	conn_open(c);
 	send_req(c);
 	if (wait_response(c) != 200)
 		die("first read through node-api refused");
@@ -434,7 +532,7 @@ int main(int argc, char **argv)
 		diff[i] = (int64_t)lat[i] - (int64_t)lat_h[i];
 	}
 	json_t *s1 = status_json();
-	close(c->fd);
+	conn_close(c);
 	spaced_guest_client_free(gc);
 	qsort(lat, LAT_N, sizeof *lat, cmp_u64);
 	qsort(lat_h, LAT_N, sizeof *lat_h, cmp_u64);
@@ -457,7 +555,7 @@ int main(int argc, char **argv)
 	struct conn *cs = calloc(NCONN, sizeof *cs);
 	struct pollfd pfd[NCONN];
 	for (int i = 0; i < NCONN; i++) {
-		cs[i].fd = tcp_connect();
+		conn_open(&cs[i]);
 		pfd[i].fd = cs[i].fd;
 		pfd[i].events = POLLIN;
 		send_req(&cs[i]);
@@ -470,27 +568,29 @@ int main(int argc, char **argv)
 			if (!(pfd[i].revents & POLLIN))
 				continue;
 			struct conn *k = &cs[i];
-			ssize_t r = read(k->fd, k->buf + k->len, sizeof k->buf - k->len);
-			if (r <= 0)
-				die("rps read");
-			k->len += (size_t)r;
-			int st;
-			long sz;
-			while ((sz = response_size(k->buf, k->len, &st)) > 0) {
-				memmove(k->buf, k->buf + sz, k->len - (size_t)sz);
-				k->len -= (size_t)sz;
-				done++;
-				bad += st != 200;
-				send_req(k);
-			}
-			if (sz < 0)
-				die("rps parse");
+			do { /* with TLS, until nothing decrypted waits (poll() cannot see it) */
+				ssize_t r = conn_read(k, k->buf + k->len, sizeof k->buf - k->len);
+				if (r <= 0)
+					die("rps read");
+				k->len += (size_t)r;
+				int st;
+				long sz;
+				while ((sz = response_size(k->buf, k->len, &st)) > 0) {
+					memmove(k->buf, k->buf + sz, k->len - (size_t)sz);
+					k->len -= (size_t)sz;
+					done++;
+					bad += st != 200;
+					send_req(k);
+				}
+				if (sz < 0)
+					die("rps parse");
+			} while (k->ssl && SSL_pending(k->ssl) > 0);
 		}
 	}
 	double secs = (double)(spaced_mono_ns() - start) / 1e9;
 	double rps = (double)done / secs;
 	for (int i = 0; i < NCONN; i++)
-		close(cs[i].fd);
+		conn_close(&cs[i]);
 
 	/* S1 cancellation latency */
 	double cl[15];
@@ -505,19 +605,19 @@ int main(int argc, char **argv)
 				cl[j] = t;
 			}
 
-	printf("read4k through node-api: p50 %.1f us, p99 %.1f us (%d reads, keep-alive)\n", node_p50,
-	       (double)lat[LAT_N * 99 / 100] / 1000.0, LAT_N);
-	printf("read4k straight on %s: p50 %.1f us\n", dev ? "the guest socket (--dev)" : "a spaced-host bridge",
-	       host_p50);
-	printf("what node-api and the gate add over the direct read: %.1f us (median of %d paired differences; "
-	       "target <= 40)\n",
-	       overhead, LAT_N);
-	printf("verify + compare in sbx-manager: %.2f us per request (%.0f of %.0f from the cache)\n", vc_us, hits, nreq);
-	printf("64 connections: %.0f requests/s over %.1f s (%llu non-200)\n", rps, secs, (unsigned long long)bad);
-	printf("S1 stream cancel after install: p50 %.2f ms, max %.2f ms (15 runs)\n", cl[7], cl[14]);
-	printf("{\"read4k_node_us_p50\":%.1f,\"read4k_host_us_p50\":%.1f,\"node_overhead_us_p50\":%.1f,"
-	       "\"verify_compare_share\":%.4f,\"rps_2cores\":%.0f}\n",
-	       node_p50, host_p50, overhead, share, rps);
+	R->node_p50 = node_p50;
+	R->node_p99 = (double)lat[LAT_N * 99 / 100] / 1000.0;
+	R->host_p50 = host_p50;
+	R->overhead = overhead;
+	R->vc_us = vc_us;
+	R->hits = hits;
+	R->nreq = nreq;
+	R->share = share;
+	R->rps = rps;
+	R->secs = secs;
+	R->bad = (unsigned long long)bad;
+	R->cancel_p50 = cl[7];
+	R->cancel_max = cl[14];
 
 	/* stop the execution and the node */
 	json_decref(admin_send("{\"type\":\"destroy\",\"sandbox\":\"S\"}"));
@@ -527,13 +627,107 @@ int main(int argc, char **argv)
 	}
 	kill(node_pid, SIGTERM);
 	waitpid(node_pid, NULL, 0);
+	node_pid = 0;
+	SSL_CTX_free(cli_tls);
+	cli_tls = NULL;
+	free(lat);
+	free(lat_h);
+	free(diff);
+	free(c);
+	free(cs);
+}
+
+static void report(const char *name, bool dev, const struct results *r)
+{
+	printf("-- %s\n", name);
+	printf("new connection to node-api, ready for a request: p50 %.1f us, p99 %.1f us (%d)\n", r->connect_p50,
+	       r->connect_p99, CONNECT_N);
+	printf("read4k through node-api: p50 %.1f us, p99 %.1f us (%d reads, keep-alive)\n", r->node_p50, r->node_p99,
+	       LAT_N);
+	printf("read4k straight on %s: p50 %.1f us\n", dev ? "the guest socket (--dev)" : "a spaced-host bridge",
+	       r->host_p50);
+	printf("what node-api and the gate add over the direct read: %.1f us (median of %d paired differences; "
+	       "target <= 40)\n",
+	       r->overhead, LAT_N);
+	printf("verify + compare in sbx-manager: %.2f us per request (%.0f of %.0f from the cache)\n", r->vc_us, r->hits,
+	       r->nreq);
+	printf("64 connections: %.0f requests/s over %.1f s (%llu non-200)\n", r->rps, r->secs, r->bad);
+	printf("S1 stream cancel after install: p50 %.2f ms, max %.2f ms (15 runs)\n", r->cancel_p50, r->cancel_max);
+}
+
+static void json_of(const struct results *r)
+{
+	printf("{\"read4k_node_us_p50\":%.1f,\"read4k_host_us_p50\":%.1f,\"node_overhead_us_p50\":%.1f,"
+	       "\"verify_compare_share\":%.4f,\"rps_2cores\":%.0f,\"connect_us_p50\":%.1f}",
+	       r->node_p50, r->host_p50, r->overhead, r->share, r->rps, r->connect_p50);
+}
+
+int main(int argc, char **argv)
+{
+	bool dev = argc > 1 && strcmp(argv[1], "--dev") == 0;
+	bool with_tls = !getenv("BENCH_NODE_TLS") || strcmp(getenv("BENCH_NODE_TLS"), "0") != 0;
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(dir, sizeof dir, "/tmp/bench-node-XXXXXX");
+	if (!mkdtemp(dir))
+		die("mkdtemp");
+
+	/* keys: the signer stays here, the node gets the public half */
+	struct spaced_secret_key *sk;
+	struct spaced_public_key pk;
+	char pub[SPACED_PASERK_PUBLIC_LEN + 1], bundle[128];
+	if (spaced_secret_key_generate(&sk) < 0)
+		die("keygen");
+	spaced_secret_key_public(sk, &pk);
+	spaced_paserk_public_encode(&pk, pub);
+	snprintf(bundle, sizeof bundle, "%s/bundle.json", dir);
+	FILE *f = fopen(bundle, "w");
+	if (!f)
+		die("bundle");
+	fprintf(f, "{\"version\":1,\"keys\":[{\"key\":\"%s\",\"not_before\":\"2020-01-01T00:00:00Z\","
+	           "\"not_after\":\"2099-01-01T00:00:00Z\"}]}",
+	        pub);
+	fclose(f);
+	/* TLS: a CA and node-api's certificate for 127.0.0.1 */
+	char ca[128], cak[128], crt[128], key[128], err[600];
+	snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+	snprintf(cak, sizeof cak, "%s/ca.key", dir);
+	snprintf(crt, sizeof crt, "%s/node.pem", dir);
+	snprintf(key, sizeof key, "%s/node.key", dir);
+	if (spaced_tls_issue(NULL, NULL, ca, cak, "bench-node CA", NULL, false, 1, err, sizeof err) < 0 ||
+	    spaced_tls_issue(ca, cak, crt, key, "bench-node", "IP:127.0.0.1", true, 1, err, sizeof err) < 0) {
+		fprintf(stderr, "bench-node: %s\n", err);
+		die("certificates");
+	}
+	struct results plain, tls;
+	memset(&plain, 0, sizeof plain);
+	memset(&tls, 0, sizeof tls);
+	run(dev, sk, bundle, false, &plain);
+	report("without TLS (--plaintext)", dev, &plain);
+	if (with_tls) {
+		run(dev, sk, bundle, true, &tls);
+		report("with TLS (TLS 1.3, ECDSA P-256 certificate, the client verifying chain and address)", dev, &tls);
+		printf("-- TLS against plaintext: read4k p50 x%.2f (%+.1f us), requests/s x%.2f, new connection x%.1f "
+		       "(%+.0f us)\n",
+		       tls.node_p50 / plain.node_p50, tls.node_p50 - plain.node_p50, tls.rps / plain.rps,
+		       tls.connect_p50 / plain.connect_p50, tls.connect_p50 - plain.connect_p50);
+	}
 	char cmd[128];
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "bench-node: could not remove %s\n", dir);
 	spaced_secret_key_free(sk);
-	free(lat);
-	free(c);
-	free(cs);
+	/* the last line: JSON (the plaintext figures at the top level, as before) */
+	printf("{\"read4k_node_us_p50\":%.1f,\"read4k_host_us_p50\":%.1f,\"node_overhead_us_p50\":%.1f,"
+	       "\"verify_compare_share\":%.4f,\"rps_2cores\":%.0f",
+	       plain.node_p50, plain.host_p50, plain.overhead, plain.share, plain.rps);
+	if (with_tls) {
+		printf(",\"plain\":");
+		json_of(&plain);
+		printf(",\"tls\":");
+		json_of(&tls);
+		printf(",\"tls_read4k_ratio\":%.3f,\"tls_rps_ratio\":%.3f", tls.node_p50 / plain.node_p50,
+		       tls.rps / plain.rps);
+	}
+	printf("}\n");
 	return 0;
 }

@@ -59,6 +59,7 @@
 #include "client.h"
 #include "http_client.h"
 #include "identity.h"
+#include "net.h"
 #include "util.h"
 
 #define MAX_SBX 256
@@ -365,11 +366,11 @@ static void *chaos_thread(void *p)
 
 /* ---- watches: a minimal WebSocket client (RFC 6455), one thread per watch ---- */
 
-static int read_full(int fd, void *buf, size_t n)
+static int read_full(struct net_conn *fd, void *buf, size_t n)
 {
 	unsigned char *p = buf;
 	while (n > 0) {
-		ssize_t r = read(fd, p, n);
+		ssize_t r = net_recv(fd, p, n, 0);
 		if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
 			if (atomic_load(&stop))
 				return -1;
@@ -383,11 +384,11 @@ static int read_full(int fd, void *buf, size_t n)
 	return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t n)
+static int write_full(struct net_conn *fd, const void *buf, size_t n)
 {
 	const unsigned char *p = buf;
 	while (n > 0) {
-		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+		ssize_t w = net_send(fd, p, n, 0);
 		if (w <= 0)
 			return -1;
 		p += w;
@@ -401,7 +402,7 @@ enum stream_kind { STREAM_WATCH, STREAM_TERM };
 
 /* One client → server frame (masked, with a zero mask: RFC 6455 asks for a
  * mask, not a secret one here). */
-static int ws_send(int fd, int opcode, const void *p, size_t n)
+static int ws_send(struct net_conn *fd, int opcode, const void *p, size_t n)
 {
 	unsigned char h[8] = {(unsigned char)(0x80 | opcode)};
 	size_t hl = 2;
@@ -414,6 +415,12 @@ static int ws_send(int fd, int opcode, const void *p, size_t n)
 		hl = 4;
 	}
 	memset(h + hl, 0, 4);
+	unsigned char one[8 + 256];
+	if (n <= 256) { /* one write: with TLS, one record */
+		memcpy(one, h, hl + 4);
+		memcpy(one + hl + 4, p, n);
+		return write_full(fd, one, hl + 4 + n);
+	}
 	return write_full(fd, h, hl + 4) < 0 || write_full(fd, p, n) < 0 ? -1 : 0;
 }
 
@@ -428,21 +435,16 @@ static int stream_once(enum stream_kind kind, struct sbx *s, const struct client
 	size_t seen_len = 0;
 	unsigned long line = 0;
 	uint64_t next_input = 0;
-	char host[256], prefix[256], port[16], *req = NULL;
-	int iport, fd = -1, res = WS_DROPPED;
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+	char host[256], prefix[256], *req = NULL, cerr[512];
+	int iport, tls, res = WS_DROPPED;
+	struct net_conn *fd = NULL;
 	unsigned char *payload = NULL;
 	*admitted = 0;
-	if (http_parse_url(rt->worker_url, host, sizeof host, &iport, prefix, sizeof prefix) < 0)
+	if (http_parse_url(rt->worker_url, host, sizeof host, &iport, prefix, sizeof prefix, &tls) < 0)
 		goto out;
-	snprintf(port, sizeof port, "%d", iport);
-	if (getaddrinfo(host, port, &hints, &ai) != 0)
+	if (net_connect(host, iport, tls, 10, &fd, cerr, sizeof cerr) < 0)
 		goto out;
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
-		goto out;
-	struct timeval tv = {0, 200 * 1000};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	net_set_timeout_ms(fd, 200);
 	if (asprintf(&req,
 	             "GET %s/v1/sandboxes/%s/%s HTTP/1.1\r\nHost: %s:%d\r\n"
 	             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: c3BhY2VkLWNoYW9zLWtleQ==\r\n"
@@ -487,8 +489,8 @@ static int stream_once(enum stream_kind kind, struct sbx *s, const struct client
 				seen_len = 0;
 				next_input = now + 300u * 1000000u;
 			}
-			struct pollfd pf = {.fd = fd, .events = POLLIN};
-			if (poll(&pf, 1, 100) == 0) {
+			struct pollfd pf = {.fd = net_fd(fd), .events = POLLIN};
+			if (!net_pending(fd) && poll(&pf, 1, 100) == 0) {
 				if (atomic_load(&stop)) {
 					res = WS_STOPPED;
 					goto out;
@@ -592,10 +594,7 @@ out:
 		res = WS_STOPPED;
 	free(payload);
 	free(req);
-	if (ai)
-		freeaddrinfo(ai);
-	if (fd >= 0)
-		close(fd);
+	net_close(fd);
 	return res;
 }
 
@@ -663,6 +662,8 @@ static int load_env(const char *dir)
 			snprintf(cp_url, sizeof cp_url, "%s", line + 14);
 		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
 			snprintf(api_key, sizeof api_key, "%s", line + 15);
+		else if (strncmp(line, "SPACED_CA_FILE=", 15) == 0)
+			setenv("SPACED_CA_FILE", line + 15, 1); /* a TLS cluster: its CA, for every connection */
 	}
 	fclose(f);
 	return cp_url[0] && api_key[0] ? 0 : -1;

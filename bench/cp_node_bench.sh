@@ -12,7 +12,7 @@ trap 'for p in $pids; do kill $p 2>/dev/null || true; done; sleep 0.5; rm -rf "$
 cp=$build/spaced-cp/spaced-cp
 db=${CP_DB:-}
 TK=$("$cp" admin --state "$W/cp" ${db:+--db "$db"} create-tenant bench 2>/dev/null)
-"$cp" --state "$W/cp" --listen 127.0.0.1:0 ${db:+--db "$db"} >"$W/cp.log" 2>&1 &
+"$cp" --state "$W/cp" --listen 127.0.0.1:0 ${db:+--db "$db"} --plaintext >"$W/cp.log" 2>&1 &
 pids="$pids $!"
 while [ ! -s "$W/cp/cp.port" ]; do sleep 0.05; done
 port=$(cat "$W/cp/cp.port")
@@ -22,7 +22,8 @@ for w in na nb; do
 	mkdir -p "$W/$w"
 	"$cp" admin --state "$W/cp" ${db:+--db "$db"} create-join-token $w >"$W/$w.join" 2>/dev/null
 	"$build/spaced-node/spaced-node" --state "$W/$w" --worker-id $w --listen 127.0.0.1:0 \
-		--guest-bin "$build/spaced-guest/spaced-guest" --cp "$url" --join-token-file "$W/$w.join" >"$W/$w.log" 2>&1 &
+		--guest-bin "$build/spaced-guest/spaced-guest" --cp "$url" --join-token-file "$W/$w.join" --plaintext \
+		>"$W/$w.log" 2>&1 &
 	pids="$pids $!"
 done
 until curl -s -H "Authorization: Bearer $TK" "$url/v1/workers" | grep -q '"connected":true.*"connected":true'; do sleep 0.1; done

@@ -3,14 +3,29 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include "error.h"
+#include "tls.h"
 #include "util.h"
 #include "ws.h"
+
+/* TLS: ciphertext read per libuv read, and the most of it left waiting in a
+ * connection's read BIO before reading the socket stops */
+#define TLS_READ_BUF 65536
+#define TLS_RBIO_MAX 65536
+/* TLS: what the application writes within one turn of the loop is gathered
+ * (up to one record's worth) and sealed at the end of that turn: one record
+ * and one write for a response's head and body, not one per piece */
+#define TLS_STAGE_MAX 16384
+#define PEER_CERT_MAX 128
 
 enum cstate {
 	C_HEAD = 1, /* reading a request head */
@@ -60,6 +75,19 @@ struct spaced_httpconn {
 	bool close_sent;
 	bool in_callback;
 	bool free_pending;
+	bool stop_counted;     /* closed by the server's stop: its close callback counts down to the free */
+	/* TLS (cfg.tls): OpenSSL over two memory BIOs, driven from the loop */
+	SSL *ssl;              /* NULL: plaintext */
+	BIO *rbio, *wbio;      /* ciphertext in and out; owned by ssl */
+	bool tls_ready;        /* the handshake is done */
+	bool tls_seen;         /* a first byte came (it tells TLS from plaintext) */
+	bool tls_plain;        /* the refusal of a plaintext request goes out unencrypted */
+	bool tls_stalled;      /* plaintext may wait in ssl for room in rbuf */
+	bool tls_peer_closed;  /* close_notify or a TLS error: closed once what came is processed */
+	struct spaced_buf tls_stage; /* plaintext written this turn, not yet sealed */
+	struct spaced_httpconn *dirty_next; /* on the server's list of staged connections */
+	bool dirty;
+	char peer_cert[PEER_CERT_MAX]; /* CN of the verified client certificate, "" none */
 };
 
 struct spaced_httpsrv {
@@ -74,11 +102,23 @@ struct spaced_httpsrv {
 	bool stopping;
 	unsigned closing_handles;
 	struct spaced_httpsrv_stats stats;
+	uv_timer_t tls_kick;   /* TLS: pulls plaintext left waiting in connections (tls_stalled) */
+	bool tls_kick_armed;
+	/* TLS: connections with staged plaintext, sealed in the check phase of
+	 * the turn that staged it; the idle handle keeps that turn from waiting
+	 * in poll meanwhile */
+	struct spaced_httpconn *dirty;
+	uv_check_t seal_check;
+	uv_idle_t seal_idle;
+	uint8_t tls_in[TLS_READ_BUF]; /* TLS: every read of the loop lands here, then in a read BIO */
 };
 
 static void conn_close(struct spaced_httpconn *c);
 static void conn_process(struct spaced_httpconn *c);
 static void conn_update_read(struct spaced_httpconn *c);
+static void on_written(uv_write_t *w, int status);
+static void srv_free(struct spaced_httpsrv *s);
+static void tls_kick(struct spaced_httpsrv *s);
 
 void spaced_httpsrv_defaults(struct spaced_httpsrv_config *cfg)
 {
@@ -148,22 +188,22 @@ static void on_written(uv_write_t *w, int status)
 		conn_close(c);
 		return;
 	}
-	if (c->drain_armed && c->queued <= c->srv->cfg.low_water) {
+	/* what waits counts whole: written, and staged for TLS */
+	if (c->drain_armed && c->queued + c->tls_stage.len <= c->srv->cfg.low_water) {
 		c->drain_armed = false;
 		if (c->srv->cfg.ops->on_drain)
 			c->srv->cfg.ops->on_drain(c);
 	}
 }
 
-/* Queues bytes (two pieces, either may be empty) in one write. */
-/* Queues parts[0..n) as one write (one copy, one system call when the
- * socket takes it at once). */
+/* Queues parts[0..n) as one write to the socket (one copy, one system call
+ * when the socket takes it at once). */
 struct part {
 	const void *p;
 	size_t n;
 };
 
-static int outv(struct spaced_httpconn *c, const struct part *parts, int n)
+static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return SPACED_ECLOSED;
@@ -192,6 +232,154 @@ static int outv(struct spaced_httpconn *c, const struct part *parts, int n)
 	return 0;
 }
 
+/* Writes what TLS has produced (records, alerts) to the socket. */
+static int tls_flush(struct spaced_httpconn *c)
+{
+	size_t n = BIO_ctrl_pending(c->wbio);
+	if (n == 0)
+		return 0;
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return SPACED_ECLOSED;
+	struct wreq *r = malloc(sizeof *r + n);
+	if (!r)
+		return SPACED_ENOMEM;
+	if (BIO_read(c->wbio, r->data, (int)n) != (int)n) {
+		free(r);
+		return SPACED_EPROTO;
+	}
+	r->c = c;
+	r->len = n;
+	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)n);
+	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
+		free(r);
+		return SPACED_ECLOSED;
+	}
+	c->queued += n;
+	if (c->queued > c->srv->cfg.low_water)
+		c->drain_armed = true;
+	return 0;
+}
+
+/* Encrypts p[0..n) into the write BIO (a memory BIO: it takes it all). */
+static int tls_put(struct spaced_httpconn *c, const void *p, size_t n)
+{
+	while (n > 0) {
+		int k = n > INT_MAX ? INT_MAX : (int)n;
+		ERR_clear_error();
+		int w = SSL_write(c->ssl, p, k);
+		if (w <= 0) {
+			ERR_clear_error();
+			return SPACED_EPROTO;
+		}
+		p = (const uint8_t *)p + w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* Seals what c has staged into records and writes them. */
+static int tls_seal(struct spaced_httpconn *c)
+{
+	int e = 0;
+	if (c->tls_stage.len) {
+		e = tls_put(c, c->tls_stage.data, c->tls_stage.len);
+		c->tls_stage.len = 0;
+	}
+	if (e == 0)
+		e = tls_flush(c);
+	return e < 0 ? SPACED_ECLOSED : 0;
+}
+
+static void on_seal_check(uv_check_t *h);
+static void on_seal_idle(uv_idle_t *h)
+{
+	(void)h; /* its being active is its purpose: poll does not wait */
+}
+
+/* Puts c on its server's list of connections to seal this turn. */
+static void tls_mark_dirty(struct spaced_httpconn *c)
+{
+	struct spaced_httpsrv *s = c->srv;
+	if (c->dirty)
+		return;
+	c->dirty = true;
+	c->dirty_next = s->dirty;
+	if (!s->dirty) {
+		uv_check_start(&s->seal_check, on_seal_check);
+		uv_idle_start(&s->seal_idle, on_seal_idle);
+	}
+	s->dirty = c;
+}
+
+/* The end of a turn's I/O: every staged connection is sealed. Connections
+ * closed meanwhile are still allocated (freed in the closing phase, after
+ * this one) and skipped. */
+static void on_seal_check(uv_check_t *h)
+{
+	struct spaced_httpsrv *s = h->data;
+	struct spaced_httpconn *c = s->dirty;
+	s->dirty = NULL;
+	uv_check_stop(&s->seal_check);
+	uv_idle_stop(&s->seal_idle);
+	while (c) {
+		struct spaced_httpconn *next = c->dirty_next;
+		c->dirty = false;
+		c->dirty_next = NULL;
+		if (c->state != C_CLOSED && c->state != C_CLOSING)
+			tls_seal(c);
+		c = next;
+	}
+}
+
+/* Queues parts[0..n) as one write: through TLS once its handshake is done
+ * (staged, sealed at the end of this turn of the loop, sooner when a
+ * record's worth is there), unencrypted on a plaintext connection (and for
+ * the one refusal of a plaintext request on a TLS port). */
+static int outv(struct spaced_httpconn *c, const struct part *parts, int n)
+{
+	if (!c->ssl || c->tls_plain)
+		return outv_raw(c, parts, n);
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return SPACED_ECLOSED;
+	if (!c->tls_ready)
+		return SPACED_EPROTO; /* nothing of the application before the handshake */
+	bool sealed = false;
+	for (int i = 0; i < n; i++) {
+		const uint8_t *p = parts[i].p;
+		size_t len = parts[i].n;
+		if (len == 0)
+			continue;
+		if (c->tls_stage.len + len > TLS_STAGE_MAX) {
+			/* a record's worth: the stage topped up and sealed, whole
+			 * records of the rest sealed at once, the remainder staged */
+			size_t fill = TLS_STAGE_MAX - c->tls_stage.len;
+			if (spaced_buf_append(&c->tls_stage, p, fill) < 0)
+				return SPACED_ENOMEM;
+			p += fill;
+			len -= fill;
+			int e = tls_put(c, c->tls_stage.data, c->tls_stage.len);
+			c->tls_stage.len = 0;
+			size_t whole = len - len % TLS_STAGE_MAX;
+			if (e < 0 || (whole && tls_put(c, p, whole) < 0))
+				return SPACED_ECLOSED;
+			p += whole;
+			len -= whole;
+			sealed = true;
+		}
+		if (len && spaced_buf_append(&c->tls_stage, p, len) < 0)
+			return SPACED_ENOMEM;
+	}
+	if (sealed && tls_flush(c) < 0)
+		return SPACED_ECLOSED;
+	/* a producer that stops at low_water (spaced_httpconn_queued counts the
+	 * stage) hears on_drain once what waits falls back to it */
+	if (c->queued + c->tls_stage.len > c->srv->cfg.low_water)
+		c->drain_armed = true;
+	if (c->tls_stage.len)
+		tls_mark_dirty(c);
+	return 0;
+}
+
 static int out2(struct spaced_httpconn *c, const void *a, size_t an, const void *b, size_t bn)
 {
 	struct part parts[2] = {{a, an}, {b, bn}};
@@ -208,6 +396,14 @@ static void close_after_output(struct spaced_httpconn *c)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return;
+	if (c->ssl && c->tls_ready && !c->tls_peer_closed) {
+		/* what is staged, then close_notify: the client can tell the end from a cut */
+		tls_seal(c);
+		ERR_clear_error();
+		SSL_shutdown(c->ssl);
+		ERR_clear_error();
+		tls_flush(c);
+	}
 	c->state = C_CLOSING;
 	uv_read_stop((uv_stream_t *)&c->tcp);
 	c->reading = false;
@@ -239,6 +435,19 @@ static void refuse(struct spaced_httpconn *c, int status, const char *code)
 
 /* ---- closing ---- */
 
+/* Frees the server once its handles and connections are closed. */
+static void srv_free(struct spaced_httpsrv *s)
+{
+	struct ip_count *i = s->ips;
+	while (i) {
+		struct ip_count *n = i->next;
+		free(i);
+		i = n;
+	}
+	SSL_CTX_free(s->cfg.tls);
+	free(s);
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
 	struct spaced_httpconn *c = h->data;
@@ -246,16 +455,14 @@ static void on_conn_closed(uv_handle_t *h)
 	spaced_buf_free(&c->rbuf);
 	spaced_buf_free(&c->msg);
 	spaced_http_req_clear(&c->req);
+	SSL_free(c->ssl);
+	spaced_buf_free(&c->tls_stage);
+	/* only a connection closed once the stop began is counted in
+	 * closing_handles (one closed just before has its callback run first) */
+	bool counted = c->stop_counted;
 	free(c);
-	if (s->stopping && --s->closing_handles == 0) {
-		struct ip_count *i = s->ips;
-		while (i) {
-			struct ip_count *n = i->next;
-			free(i);
-			i = n;
-		}
-		free(s);
-	}
+	if (counted && --s->closing_handles == 0)
+		srv_free(s);
 }
 
 static void conn_close(struct spaced_httpconn *c)
@@ -274,8 +481,10 @@ static void conn_close(struct spaced_httpconn *c)
 	ip_release(s, c->peer);
 	if (s->cfg.ops->on_close)
 		s->cfg.ops->on_close(c);
-	if (s->stopping)
+	if (s->stopping) {
+		c->stop_counted = true;
 		s->closing_handles++;
+	}
 	uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 }
 
@@ -435,7 +644,7 @@ void spaced_httpconn_read(struct spaced_httpconn *c, bool on)
 
 size_t spaced_httpconn_queued(const struct spaced_httpconn *c)
 {
-	return c->queued;
+	return c->queued + c->tls_stage.len;
 }
 
 void spaced_httpconn_body_max(struct spaced_httpconn *c, uint64_t max)
@@ -449,6 +658,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct spaced_httpconn *c = h->data;
 	(void)suggested;
+	if (c->ssl) {
+		/* ciphertext: into the server's buffer, then the read BIO */
+		buf->base = (char *)c->srv->tls_in;
+		buf->len = sizeof c->srv->tls_in;
+		return;
+	}
 	size_t room = c->rbuf.max - c->rbuf.len;
 	if (room == 0 || spaced_buf_reserve(&c->rbuf, room < 65536 ? room : 65536) < 0) {
 		/* the buffer is full: only a request over its limits gets here */
@@ -460,10 +675,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	buf->len = c->rbuf.cap - c->rbuf.len;
 }
 
+static void tls_in(struct spaced_httpconn *c, const uint8_t *p, size_t n);
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
 	struct spaced_httpconn *c = st->data;
-	(void)buf;
+	if (c->ssl && nread > 0) {
+		tls_in(c, (const uint8_t *)buf->base, (size_t)nread);
+		return;
+	}
 	if (nread == UV_ENOBUFS) {
 		refuse(c, c->state == C_HEAD ? 431 : 413, "SPACED_ETOOBIG");
 		return;
@@ -487,6 +707,13 @@ static void conn_update_read(struct spaced_httpconn *c)
 		return;
 	/* while an answer goes on, bytes sent ahead wait (one head's worth at most) */
 	bool want = c->read_wanted && !(c->state == C_WAIT && c->rbuf.len >= c->srv->cfg.limits.head_max);
+	if (c->ssl) {
+		/* and ciphertext not yet decrypted stays bounded; plaintext left
+		 * in ssl for want of room is pulled once there is room */
+		if (c->tls_stalled && want && c->rbuf.len < c->rbuf.max)
+			tls_kick(c->srv);
+		want = want && BIO_ctrl_pending(c->rbio) < TLS_RBIO_MAX;
+	}
 	if (want && !c->reading) {
 		if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
 			c->reading = true;
@@ -693,6 +920,154 @@ static void conn_process(struct spaced_httpconn *c)
 	conn_update_read(c);
 }
 
+/* ---- TLS input ---- */
+
+/* Decrypts what ssl holds into rbuf while there is room. Returns the bytes
+ * added; sets tls_peer_closed at close_notify or a TLS error (the caller
+ * closes once what came is processed), tls_stalled when room ran out. */
+static size_t tls_pull(struct spaced_httpconn *c)
+{
+	size_t got = 0;
+	c->tls_stalled = false;
+	while (!c->tls_peer_closed) {
+		size_t room = c->rbuf.max - c->rbuf.len;
+		if (room == 0) {
+			c->tls_stalled = true;
+			break;
+		}
+		if (spaced_buf_reserve(&c->rbuf, room < 65536 ? room : 65536) < 0) {
+			c->tls_peer_closed = true;
+			break;
+		}
+		size_t cap = c->rbuf.cap - c->rbuf.len;
+		if (cap > room)
+			cap = room;
+		ERR_clear_error();
+		int n = SSL_read(c->ssl, c->rbuf.data + c->rbuf.len, cap > INT_MAX ? INT_MAX : (int)cap);
+		if (n > 0) {
+			c->rbuf.len += (size_t)n;
+			got += (size_t)n;
+			continue;
+		}
+		int e = SSL_get_error(c->ssl, n);
+		ERR_clear_error();
+		if (e != SSL_ERROR_WANT_READ)
+			c->tls_peer_closed = true; /* close_notify (the client is done) or a broken stream */
+		break;
+	}
+	tls_flush(c); /* what reading produced: an alert, an answer to a key update */
+	if (c->rbuf.len < c->rbuf.cap)
+		c->rbuf.data[c->rbuf.len] = 0;
+	return got;
+}
+
+/* Runs the handshake on what came. Returns 1 when it is done, 0 when it
+ * waits for more, -1 when it failed (the alert goes out, then the close). */
+static int tls_handshake(struct spaced_httpconn *c)
+{
+	struct spaced_httpsrv *s = c->srv;
+	ERR_clear_error();
+	int r = SSL_do_handshake(c->ssl);
+	int e = r == 1 ? SSL_ERROR_NONE : SSL_get_error(c->ssl, r);
+	ERR_clear_error();
+	if (r == 1) {
+		c->tls_ready = true;
+		s->stats.tls_handshakes++;
+		if (spaced_tls_peer_name(c->ssl, c->peer_cert, sizeof c->peer_cert) < 0)
+			c->peer_cert[0] = 0;
+		tls_flush(c); /* the server's last flight, if any */
+		return 1;
+	}
+	if (e != SSL_ERROR_WANT_READ)
+		s->stats.tls_failed++;
+	tls_flush(c); /* the server's flight, or an alert */
+	if (e == SSL_ERROR_WANT_READ)
+		return 0;
+	close_after_output(c);
+	return -1;
+}
+
+/* Bytes that are not TLS where a ClientHello should be: a plaintext HTTP
+ * request is told, unencrypted, that this port speaks TLS; anything else is
+ * closed on. */
+static void tls_refuse_plain(struct spaced_httpconn *c, uint8_t first)
+{
+	static const char body[] = "{\"error\":\"tls-required\",\"code\":\"SPACED_EPROTO\",\"message\":"
+	                           "\"this port speaks TLS: use https:// or wss://\"}\n";
+	char head[256];
+	c->srv->stats.tls_failed++;
+	if (first < 'A' || first > 'Z') {
+		conn_close(c);
+		return;
+	}
+	int hl = snprintf(head, sizeof head,
+	                  "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
+	                  "connection: close\r\ncache-control: no-store\r\n\r\n",
+	                  sizeof body - 1);
+	c->tls_plain = true;
+	c->responded = true;
+	struct part parts[2] = {{head, (size_t)hl}, {body, sizeof body - 1}};
+	outv_raw(c, parts, 2);
+	close_after_output(c);
+}
+
+/* Ciphertext from the socket: the handshake, then plaintext into rbuf and
+ * on to the parser, as on_read does for a plaintext connection. */
+static void tls_in(struct spaced_httpconn *c, const uint8_t *p, size_t n)
+{
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return;
+	if (!c->tls_seen) {
+		c->tls_seen = true;
+		if (p[0] != 0x16) { /* a TLS handshake record starts with 22 */
+			tls_refuse_plain(c, p[0]);
+			return;
+		}
+	}
+	if (BIO_write(c->rbio, p, (int)n) != (int)n) {
+		conn_close(c);
+		return;
+	}
+	if (!c->tls_ready && tls_handshake(c) <= 0)
+		return;
+	tls_pull(c);
+	conn_process(c);
+	if (c->tls_peer_closed && c->state != C_CLOSED) {
+		c->peer_eof = true;
+		conn_close(c); /* as a plaintext client's end of stream */
+		return;
+	}
+	conn_update_read(c);
+}
+
+/* Connections whose plaintext waited for room in rbuf get it now. */
+static void on_tls_kick(uv_timer_t *t)
+{
+	struct spaced_httpsrv *s = t->data;
+	s->tls_kick_armed = false;
+	for (struct spaced_httpconn *c = s->conns, *next; c; c = next) {
+		next = c->next;
+		if (!c->tls_stalled || c->state == C_CLOSED || c->state == C_CLOSING || c->rbuf.len >= c->rbuf.max ||
+		    c->in_callback)
+			continue;
+		size_t got = tls_pull(c);
+		if (got > 0 || c->tls_peer_closed)
+			conn_process(c);
+		if (c->tls_peer_closed && c->state != C_CLOSED)
+			conn_close(c);
+		else
+			conn_update_read(c);
+	}
+}
+
+static void tls_kick(struct spaced_httpsrv *s)
+{
+	if (s->tls_kick_armed || s->stopping)
+		return;
+	s->tls_kick_armed = true;
+	uv_timer_start(&s->tls_kick, on_tls_kick, 0, 0);
+}
+
 /* ---- accepting ---- */
 
 /* Frees a connection refused before it was served (its handle is not at
@@ -737,6 +1112,27 @@ static void on_connection(uv_stream_t *l, int status)
 		}
 		uv_close((uv_handle_t *)&c->tcp, free_refused);
 		return;
+	}
+	if (s->cfg.tls) {
+		BIO *rb = NULL, *wb = NULL;
+		if (!(c->ssl = SSL_new(s->cfg.tls)) || !(rb = BIO_new(BIO_s_mem())) || !(wb = BIO_new(BIO_s_mem()))) {
+			BIO_free(rb);
+			SSL_free(c->ssl);
+			c->ssl = NULL;
+			s->stats.refused_budget++;
+			if (ip->n == 0) {
+				ip->n = 1;
+				ip_release(s, c->peer);
+			}
+			uv_close((uv_handle_t *)&c->tcp, free_refused);
+			return;
+		}
+		BIO_set_mem_eof_return(rb, -1); /* empty: "retry", not end of stream */
+		SSL_set_bio(c->ssl, rb, wb);
+		SSL_set_accept_state(c->ssl);
+		c->rbio = rb;
+		c->wbio = wb;
+		spaced_buf_init(&c->tls_stage, TLS_STAGE_MAX);
 	}
 	ip->n++;
 	s->nconns++;
@@ -787,6 +1183,8 @@ int spaced_httpsrv_start(uv_loop_t *loop, const struct spaced_httpsrv_config *cf
 		free(s);
 		return SPACED_ESYS;
 	}
+	if (s->cfg.tls)
+		SSL_CTX_up_ref(s->cfg.tls); /* released in srv_free */
 	s->listen.data = s;
 	int r;
 	if (cfg->listen_fd >= 0) {
@@ -798,6 +1196,7 @@ int spaced_httpsrv_start(uv_loop_t *loop, const struct spaced_httpsrv_config *cf
 		    uv_ip6_addr(cfg->host, cfg->port, (struct sockaddr_in6 *)&ss) != 0) {
 			uv_close((uv_handle_t *)&s->listen, NULL);
 			uv_run(loop, UV_RUN_NOWAIT);
+			SSL_CTX_free(s->cfg.tls);
 			free(s);
 			return SPACED_EINVAL;
 		}
@@ -808,6 +1207,7 @@ int spaced_httpsrv_start(uv_loop_t *loop, const struct spaced_httpsrv_config *cf
 	if (r < 0) {
 		uv_close((uv_handle_t *)&s->listen, NULL);
 		uv_run(loop, UV_RUN_NOWAIT);
+		SSL_CTX_free(s->cfg.tls);
 		free(s);
 		return SPACED_ESYS;
 	}
@@ -819,6 +1219,12 @@ int spaced_httpsrv_start(uv_loop_t *loop, const struct spaced_httpsrv_config *cf
 	uv_timer_init(loop, &s->tick);
 	s->tick.data = s;
 	uv_timer_start(&s->tick, on_tick, 1000, 1000);
+	uv_timer_init(loop, &s->tls_kick);
+	s->tls_kick.data = s;
+	uv_check_init(loop, &s->seal_check);
+	s->seal_check.data = s;
+	uv_idle_init(loop, &s->seal_idle);
+	s->seal_idle.data = s;
 	*out = s;
 	return 0;
 }
@@ -836,15 +1242,8 @@ void *spaced_httpsrv_user(const struct spaced_httpsrv *s)
 static void on_handle_closed(uv_handle_t *h)
 {
 	struct spaced_httpsrv *s = h->data;
-	if (--s->closing_handles == 0) {
-		struct ip_count *i = s->ips;
-		while (i) {
-			struct ip_count *n = i->next;
-			free(i);
-			i = n;
-		}
-		free(s);
-	}
+	if (--s->closing_handles == 0)
+		srv_free(s);
 }
 
 void spaced_httpsrv_stop(struct spaced_httpsrv *s)
@@ -852,10 +1251,16 @@ void spaced_httpsrv_stop(struct spaced_httpsrv *s)
 	if (!s || s->stopping)
 		return;
 	s->stopping = true;
-	s->closing_handles = 2;
+	s->closing_handles = 5;
 	uv_close((uv_handle_t *)&s->listen, on_handle_closed);
 	uv_timer_stop(&s->tick);
 	uv_close((uv_handle_t *)&s->tick, on_handle_closed);
+	uv_timer_stop(&s->tls_kick);
+	uv_close((uv_handle_t *)&s->tls_kick, on_handle_closed);
+	uv_check_stop(&s->seal_check);
+	uv_close((uv_handle_t *)&s->seal_check, on_handle_closed);
+	uv_idle_stop(&s->seal_idle);
+	uv_close((uv_handle_t *)&s->seal_idle, on_handle_closed);
 	while (s->conns)
 		conn_close(s->conns);
 }
@@ -881,4 +1286,12 @@ void spaced_httpconn_set_user(struct spaced_httpconn *c, void *user)
 const char *spaced_httpconn_peer(const struct spaced_httpconn *c)
 {
 	return c->peer;
+}
+bool spaced_httpconn_tls(const struct spaced_httpconn *c)
+{
+	return c->ssl != NULL;
+}
+const char *spaced_httpconn_peer_cert(const struct spaced_httpconn *c)
+{
+	return c->peer_cert[0] ? c->peer_cert : NULL;
 }

@@ -15,6 +15,22 @@
  * One request at a time per connection: bytes a client sends ahead
  * (pipelining) wait until the current answer has ended.
  *
+ * With cfg.tls (an SSL_CTX from tls.h: spaced_tls_server_ctx) every
+ * connection speaks TLS (1.2 or 1.3), driven through memory BIOs on the same
+ * loop; nothing else changes for the application. The handshake counts as
+ * the start of the first request: the handshake and the first byte of the
+ * first request head must come within head_timeout_ms of the accept (a
+ * client that opens TCP and says nothing, sends half a ClientHello or stalls
+ * mid-handshake holds its slot, under the same budgets, at most that long);
+ * bytes that are not TLS are refused (a plaintext HTTP request gets a
+ * plaintext 400 naming https://, anything else a TLS alert or nothing) and
+ * the connection closed. With a client CA in the context, the name of a
+ * verified client certificate is spaced_httpconn_peer_cert(). Over TLS, what
+ * the application writes in one turn of the loop is gathered and sealed into
+ * records (one per 16 KiB) at the end of that turn, in the loop's check phase:
+ * a response's head and body go as one record and one write; queued() counts
+ * those bytes too. A daemon of its own gets all this with cfg.tls alone.
+ *
  * The application answers through the spaced_httpconn_* calls below and is
  * told about the peer through the callbacks of spaced_httpsrv_ops. Output is
  * queued; spaced_httpconn_queued() tells how much, and on_drain is called
@@ -76,6 +92,8 @@ struct spaced_httpsrv_config {
 	size_t ws_message_max;     /* largest WebSocket message a client may send */
 	size_t low_water;          /* on_drain below this many queued bytes */
 	spaced_httpsrv_refusal_fn refusal_body; /* NULL: {"error":"<reason phrase>","code":"<code>"} */
+	struct ssl_ctx_st *tls;    /* an SSL_CTX (tls.h) for TLS on every connection, NULL: plaintext;
+	                              the server takes a reference of its own */
 	const struct spaced_httpsrv_ops *ops;
 	void *user;
 };
@@ -101,6 +119,8 @@ void spaced_httpsrv_stop(struct spaced_httpsrv *s);
 /* Counters since the start. */
 struct spaced_httpsrv_stats {
 	uint64_t accepted, refused_budget, refused_parse, timed_out, requests, ws_opened;
+	uint64_t tls_handshakes; /* TLS handshakes completed */
+	uint64_t tls_failed;     /* connections closed for a failed handshake or bytes that are not TLS */
 	unsigned open;
 };
 void spaced_httpsrv_stats(const struct spaced_httpsrv *s, struct spaced_httpsrv_stats *out);
@@ -112,6 +132,12 @@ void *spaced_httpconn_user(const struct spaced_httpconn *c);
 void spaced_httpconn_set_user(struct spaced_httpconn *c, void *user);
 /* The client's address, as text. */
 const char *spaced_httpconn_peer(const struct spaced_httpconn *c);
+/* Whether c speaks TLS (its handshake is done once a request has come). */
+bool spaced_httpconn_tls(const struct spaced_httpconn *c);
+/* The common name of the client certificate c presented and the server
+ * verified against its client CA (tls.h, spaced_tls_peer_name), or NULL when
+ * there is none (plaintext, no client CA, no certificate sent). */
+const char *spaced_httpconn_peer_cert(const struct spaced_httpconn *c);
 
 /* Bounds the body of the current request (before it is read: in on_request). */
 void spaced_httpconn_body_max(struct spaced_httpconn *c, uint64_t max);

@@ -90,4 +90,16 @@ int sub_disk_create(const char *img, uint64_t bytes, int *loopfd, char *dev, siz
  * zeroing in the background). In the execution's own mount namespace only. */
 int sub_disk_mount(const char *dev, const char *dir);
 
+/* ---- sub_template.c: the root of an execution made from a template ---- */
+
+/* A user namespace whose mapping sends the canonical ids 100000 + k to
+ * uid_base + k (for an idmapped mount); *fd receives it. The helper process
+ * that made it is gone on return. */
+int sub_tmpl_userns(uint32_t uid_base, int *fd, char *why, size_t whysz);
+
+/* Mounts the template directory tmpl on target through the mapping of
+ * userns_fd: read-only, nosuid, nodev. In the execution's own mount
+ * namespace only. 0 or -1 with errno. */
+int sub_tmpl_mount(const char *tmpl, int userns_fd, const char *target);
+
 #endif

@@ -42,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <linux/openat2.h>
 #include <linux/sched.h>
 
 #include "error.h"
@@ -68,6 +69,11 @@ struct spaced_sub {
 	int ldir_fd;         /* with a disk: the child's O_PATH descriptor of it */
 	uint32_t uid_base;
 	char base[PATH_MAX]; /* "" when on the host's directories */
+	bool templ;          /* base is a template: mapped by an idmapped mount */
+	char base_label[PATH_MAX + 16]; /* what a snapshot's meta names: "host", the
+	                                 * base's path or "template:<its directory name>" */
+	bool rename_on_claim; /* started without identity nor hostname: named "spaced" until claimed */
+	char etc_upper[16];   /* where /etc's upper directory is, under upper/: "etc" or "root/etc" */
 	struct spaced_pidref init;
 	struct sub_cgroup cg;
 	int ctl; /* supervisor end of the control socketpair */
@@ -170,7 +176,7 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
  * directories the execution's root user may write to. Existing entries (a
  * restored snapshot) are kept as they are. */
 static int prepare_dirs(const char *state, const char *ldir, const struct layer *layers, size_t nlayers,
-                        uint32_t uid_base, char *why, size_t whysz)
+                        uint32_t uid_base, bool templ, char *why, size_t whysz)
 {
 	static const struct {
 		const char *path;
@@ -222,7 +228,8 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 			continue;
 		if (mkdir(p, root_dirs[i].mode) < 0 || chmod(p, root_dirs[i].mode) < 0)
 			goto fail;
-		if (root_dirs[i].owned && chown(p, uid_base, uid_base) < 0)
+		/* on a template, root inside owns the root: what is made here too */
+		if ((root_dirs[i].owned || templ) && chown(p, uid_base, uid_base) < 0)
 			goto fail;
 	}
 	/* the bind mount point of the guest binary */
@@ -298,6 +305,8 @@ struct child_args {
 	const char *ldir;     /* holds upper/ and work/ */
 	const char *disk_dev; /* the loop device to mount on ldir, or NULL */
 	const char *restore_from; /* snapshot whose upper/ the layer starts from, or NULL */
+	const char *template_dir; /* a template to mount (idmapped) on layers[0].lower, or NULL */
+	int tmpl_ns;              /* the user namespace of its mapping */
 	const struct layer *layers;
 	size_t nlayers;
 	const char *guest_path;
@@ -425,6 +434,11 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		if (ldir_fd < 0)
 			child_fail(sync, "open the execution's disk");
 	}
+	if (a->template_dir != NULL) {
+		if (sub_tmpl_mount(a->template_dir, a->tmpl_ns, a->layers[0].lower) < 0)
+			child_fail(sync, "mount the template");
+		close(a->tmpl_ns);
+	}
 	if (a->restore_from != NULL) {
 		/* owners come back from the canonical snapshot range into this execution's */
 		struct spaced_idshift sh = { SPACED_SUB_SNAP_UID_BASE, a->uid_base, SPACED_SUB_UID_RANGE };
@@ -434,7 +448,8 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		if (spaced_sub_copy_tree(p, opts, &sh, why, sizeof(why)) < 0)
 			child_fail_msg(sync, why);
 	}
-	if (prepare_dirs(a->state, a->ldir, a->layers, a->nlayers, a->uid_base, why, sizeof(why)) < 0 ||
+	if (prepare_dirs(a->state, a->ldir, a->layers, a->nlayers, a->uid_base, a->template_dir != NULL, why,
+	                 sizeof(why)) < 0 ||
 	    write_etc(a->ldir, a->layers, a->nlayers, a->hostname, why, sizeof(why)) < 0)
 		child_fail_msg(sync, why);
 	for (size_t i = 0; i < a->nlayers; i++) {
@@ -629,8 +644,8 @@ static int check_restore(const char *snap, const struct spaced_identity *id, con
 		       old.generation, id->generation);
 		return SPACED_EIDENTITY;
 	}
-	if (strcmp(sbase, base[0] ? base : "host") != 0) {
-		spaced_why(why, whysz, "snapshot was taken on base %s, not %s", sbase, base[0] ? base : "host");
+	if (strcmp(sbase, base) != 0) {
+		spaced_why(why, whysz, "snapshot was taken on base %s, not %s", sbase, base);
 		return SPACED_EINVAL;
 	}
 	return 0;
@@ -697,7 +712,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	struct child_args ca;
 	char idtext[SPACED_IDENTITY_TEXT_MAX], cgname[128], p[PATH_MAX], p2[PATH_MAX], disk_dev[32];
 	const char *hostname;
-	int ctl[2] = { -1, -1 }, sync[2] = { -1, -1 }, pidfd = -1, loopfd = -1, r;
+	int ctl[2] = { -1, -1 }, sync[2] = { -1, -1 }, pidfd = -1, loopfd = -1, tmpl_ns = -1, r;
 	size_t nlayers = 0;
 	struct stat st;
 	pid_t pid = -1;
@@ -724,10 +739,27 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		r = SPACED_ESYS;
 		goto fail;
 	}
-	if (cfg->base_dir != NULL && realpath(cfg->base_dir, s->base) == NULL) {
-		spaced_why(why, whysz, "base %s: %s", cfg->base_dir, strerror(errno));
-		r = SPACED_ENOENT;
+	if (cfg->base_dir != NULL && cfg->template_dir != NULL) {
+		spaced_why(why, whysz, "a base and a template exclude each other");
+		r = SPACED_EINVAL;
 		goto fail;
+	}
+	{
+		const char *b = cfg->template_dir ? cfg->template_dir : cfg->base_dir;
+
+		if (b != NULL && realpath(b, s->base) == NULL) {
+			spaced_why(why, whysz, "base %s: %s", b, strerror(errno));
+			r = SPACED_ENOENT;
+			goto fail;
+		}
+		s->templ = cfg->template_dir != NULL;
+		if (s->templ) {
+			const char *slash = strrchr(s->base, '/');
+
+			snprintf(s->base_label, sizeof(s->base_label), "template:%s", slash ? slash + 1 : s->base);
+		} else {
+			snprintf(s->base_label, sizeof(s->base_label), "%s", s->base[0] ? s->base : "host");
+		}
 	}
 	if (check_opt_path(s->state) < 0 || check_opt_path(s->base) < 0) {
 		spaced_why(why, whysz, "state and base paths may not contain ',', ':' or '\\'");
@@ -768,14 +800,28 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	pathf(p, "%s/skel", s->state);
 	(void)spaced_sub_rm_rf(p);
 	if (cfg->restore_from != NULL) {
-		r = check_restore(cfg->restore_from, cfg->identity, s->base, why, whysz);
+		r = check_restore(cfg->restore_from, cfg->identity, s->base_label, why, whysz);
 		if (r < 0)
 			goto fail;
 	}
 	r = plan_layers(s->state, s->base[0] ? s->base : NULL, layers, &nlayers, why, whysz);
 	if (r < 0)
 		goto fail;
+	if (s->templ) {
+		/* the lower layer is the template seen through the execution's
+		 * mapping, mounted here in its mount namespace only */
+		if (pathf(layers[0].lower, "%s/lower", s->state) < 0 || mkdir_p_one(layers[0].lower, 0700) < 0) {
+			spaced_why(why, whysz, "mkdir %s/lower: %s", s->state, strerror(errno));
+			r = SPACED_ESYS;
+			goto fail;
+		}
+		r = sub_tmpl_userns(cfg->uid_base, &tmpl_ns, why, whysz);
+		if (r < 0)
+			goto fail;
+	}
 	hostname = cfg->hostname ? cfg->hostname : s->has_identity ? s->identity.sandbox : "spaced";
+	s->rename_on_claim = !cfg->hostname && !s->has_identity;
+	snprintf(s->etc_upper, sizeof(s->etc_upper), "%s", s->base[0] ? "root/etc" : "etc");
 	if (cfg->cgroup_name != NULL)
 		snprintf(cgname, sizeof(cgname), "%s", cfg->cgroup_name);
 	else
@@ -802,6 +848,8 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	ca.ldir = s->ldir;
 	ca.disk_dev = disk_dev[0] ? disk_dev : NULL;
 	ca.restore_from = cfg->restore_from;
+	ca.template_dir = s->templ ? s->base : NULL;
+	ca.tmpl_ns = tmpl_ns;
 	ca.layers = layers;
 	ca.nlayers = nlayers;
 	ca.guest_path = cfg->guest_path;
@@ -836,6 +884,10 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	close(ctl[1]);
 	close(sync[1]);
 	ctl[1] = sync[1] = -1;
+	if (tmpl_ns >= 0) {
+		close(tmpl_ns);
+		tmpl_ns = -1;
+	}
 	s->init.pid = pid;
 	s->init.pidfd = pidfd;
 	pidfd = -1;
@@ -898,6 +950,8 @@ fail:
 		close(pidfd);
 	if (loopfd >= 0)
 		close(loopfd);
+	if (tmpl_ns >= 0)
+		close(tmpl_ns);
 	spaced_sub_destroy(s, false, NULL);
 	return r;
 }
@@ -997,6 +1051,49 @@ int spaced_sub_wait_ready(struct spaced_sub *s, int timeout_ms)
 	return 0;
 }
 
+/* A pooled execution takes its sandbox's name when claimed: the UTS name
+ * (its namespace belongs to the host's user namespace, so only we can set
+ * it) and /etc/hostname and /etc/hosts where the creation wrote "spaced".
+ * Nothing inside has run yet but the guest; the files are still opened
+ * beneath the upper directory without following any symlink. */
+static void name_execution(struct spaced_sub *s, const char *name)
+{
+	char p[PATH_MAX], text[320];
+	pid_t c = fork();
+
+	if (c == 0) {
+		_exit(setns(s->init.pidfd, CLONE_NEWUTS) == 0 && sethostname(name, strlen(name)) == 0 ? 0 : 1);
+	}
+	if (c > 0)
+		while (waitpid(c, NULL, 0) < 0 && errno == EINTR)
+			;
+	if (pathf(p, "%s/upper", s->ldir) < 0)
+		return;
+	int up = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (up < 0)
+		return;
+	static const char *const files[] = { "hostname", "hosts" };
+	for (int i = 0; i < 2; i++) {
+		struct open_how how = { .flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW,
+		                        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+		char rel[64], old[512];
+		snprintf(rel, sizeof(rel), "%s/%s", s->etc_upper, files[i]);
+		int fd = (int)syscall(SYS_openat2, up, rel, &how, sizeof(how));
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, old, sizeof(old) - 1);
+		int tl = i == 0 ? snprintf(text, sizeof(text), "%s\n", name)
+		                : snprintf(text, sizeof(text), "127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n", name);
+		/* only what the creation wrote for "spaced" */
+		bool ours = n > 0 && ((i == 0 && n == 7 && memcmp(old, "spaced\n", 7) == 0) ||
+		                      (i == 1 && memmem(old, (size_t)n, "localhost spaced\n", 17) != NULL));
+		if (ours && tl > 0 && ftruncate(fd, 0) == 0)
+			(void)!pwrite(fd, text, (size_t)tl, 0);
+		close(fd);
+	}
+	close(up);
+}
+
 int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id)
 {
 	char msg[SPACED_IDENTITY_TEXT_MAX + 16];
@@ -1004,6 +1101,8 @@ int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *
 
 	if (s->has_identity)
 		return SPACED_EEXIST;
+	if (s->rename_on_claim)
+		name_execution(s, id->sandbox);
 	memcpy(msg, "IDENTITY ", 9);
 	n = spaced_identity_encode(id, msg + 9, sizeof(msg) - 9);
 	if (n < 0)
@@ -1012,6 +1111,20 @@ int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *
 		return SPACED_ECLOSED;
 	s->identity = *id;
 	s->has_identity = true;
+	return 0;
+}
+
+int spaced_sub_send_config(struct spaced_sub *s, const char *json)
+{
+	static char msg[SPACED_SUB_MSG_MAX + 8];
+	size_t n = strlen(json);
+
+	if (n + 7 > SPACED_SUB_MSG_MAX)
+		return SPACED_ETOOBIG;
+	memcpy(msg, "CONFIG ", 7);
+	memcpy(msg + 7, json, n);
+	if (send(s->ctl, msg, n + 7, MSG_NOSIGNAL) != (ssize_t)(n + 7))
+		return SPACED_ECLOSED;
 	return 0;
 }
 
@@ -1095,7 +1208,7 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 		return r;
 	if (s->has_identity)
 		spaced_identity_encode(&s->identity, idtext, sizeof(idtext));
-	n = snprintf(meta, sizeof(meta), "identity=%s\nbase=%s\n", idtext, s->base[0] ? s->base : "host");
+	n = snprintf(meta, sizeof(meta), "identity=%s\nbase=%s\n", idtext, s->base_label);
 	/* meta last, renamed into place: its presence marks a complete snapshot */
 	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0 || write(fd, meta, (size_t)n) != n || fsync(fd) < 0) {
@@ -1138,7 +1251,7 @@ int spaced_sub_reap_orphans(void)
 
 void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
 {
-	static const char *const parts[] = { "upper", "work", "skel", "rootfs", "fs", "disk.img" };
+	static const char *const parts[] = { "upper", "work", "skel", "rootfs", "lower", "fs", "disk.img" };
 	char p[PATH_MAX];
 
 	if (s == NULL)

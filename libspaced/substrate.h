@@ -12,6 +12,10 @@
  *
  *   supervisor -> guest  "IDENTITY <canonical identity text>"  (once, when the
  *                        identity was not given on the command line)
+ *                        "CONFIG <json>" (the sandbox's settings: its environment,
+ *                        working directory and user, which every command starts
+ *                        with unless its request says otherwise; before IDENTITY
+ *                        for a pooled execution, before any CONN otherwise)
  *                        "CONN <port>" + one fd in SCM_RIGHTS (a connected
  *                        stream socket to serve as guest port <port>)
  *   guest -> supervisor  "WAITING"  (started without identity: up and waiting
@@ -57,12 +61,17 @@
 #define SPACED_SUB_SNAP_UID_BASE SPACED_SUB_UID_BASE_DEFAULT
 /* Where the guest binary appears inside. */
 #define SPACED_SUB_GUEST_PATH "/.spaced/spaced-guest"
-/* Largest control message (either direction). */
-#define SPACED_SUB_MSG_MAX 1024
+/* Largest control message (either direction): a CONFIG carries a sandbox's
+ * environment. */
+#define SPACED_SUB_MSG_MAX 16384
 
 struct spaced_sub_config {
 	const char *state_dir;     /* required; created when missing */
-	const char *base_dir;      /* template root; NULL: the host's /usr and /etc */
+	const char *base_dir;      /* a root directory used as it is; NULL: the host's /usr and /etc */
+	const char *template_dir;  /* a template: a root whose owners are in the canonical range
+	                            * 100000 … 165535, seen through an idmapped mount that gives
+	                            * them to the execution's range (sub_template.c); excludes
+	                            * base_dir. A snapshot names it by its last path component. */
 	const char *guest_path;    /* host path of the guest binary (required) */
 	const char *restore_from;  /* snapshot directory to start from, or NULL */
 	const struct spaced_identity *identity; /* NULL: given later (warm pool) */
@@ -119,6 +128,10 @@ const struct spaced_identity *spaced_sub_identity(const struct spaced_sub *s);
 /* Gives an execution started without identity its identity (IDENTITY message).
  * Returns 0, SPACED_EEXIST when it already has one, SPACED_ECLOSED. */
 int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id);
+
+/* Gives the guest the sandbox's settings (CONFIG message: a JSON object
+ * {"env", "workdir", "user"}). Returns 0, SPACED_ETOOBIG, SPACED_ECLOSED. */
+int spaced_sub_send_config(struct spaced_sub *s, const char *json);
 
 /* Hands connected stream socket fd to the guest as port `port` (CONN message).
  * The caller keeps its own fd and closes it. Never blocks: returns 0,

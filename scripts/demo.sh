@@ -53,6 +53,7 @@ say "a capability for sandbox sbx-demo, execution 7 on worker-a, checked by a wo
 step "2. A control plane and two workers on this machine"
 run "$S" dev up --workers 2 --dir "$D/cluster" | sed 's/\(SPACED_API_KEY=spk_[^_]*_\).*/\1…/'
 . "$D/cluster/env"
+say "every connection is TLS, verified against the cluster's own CA (SPACED_CA_FILE); the workers joined with client certificates"
 run "$S" workers
 
 step "3. A sandbox on worker-1"

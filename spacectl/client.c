@@ -469,8 +469,8 @@ static char *request_head(const struct client_route *rt, const char *sandbox, co
                           int keep, size_t *headlen, struct client_answer *a)
 {
 	char host[256], prefix[256], framing[64];
-	int port;
-	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+	int port, tls;
+	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
 		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
 		return NULL;
 	}
@@ -510,17 +510,17 @@ static int exchange(struct http_conns *conns, const struct client_route *rt, con
                     const struct client_request *req, int timeout_s, struct client_answer *a)
 {
 	char host[256], prefix[256];
-	int port, r = -1;
+	int port, tls, r = -1;
 	unsigned char *ans = NULL;
 	size_t alen = 0, hl = 0;
-	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
 		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
 		return -1;
 	}
 	char *head = request_head(rt, sandbox, req, conns != NULL, &hl, a);
 	if (head == NULL)
 		return -1;
-	if (http_exchange(conns, host, port, head, hl, req->body, req->body_len, timeout_s, &ans, &alen, a->reason,
+	if (http_exchange(conns, host, port, tls, head, hl, req->body, req->body_len, timeout_s, &ans, &alen, a->reason,
 	                  sizeof a->reason) < 0 ||
 	    client_parse_answer(ans, alen, a) < 0)
 		goto out;
@@ -578,18 +578,18 @@ static int exchange_stream(const struct client_route *rt, const char *sandbox, c
                            int timeout_s, struct client_answer *a)
 {
 	char host[256], prefix[256];
-	int port, r = -1;
+	int port, tls, r = -1;
 	size_t hl = 0;
 	struct http_stream *s = NULL;
 	struct http_answer_head ah;
-	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+	if (http_parse_url(rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
 		snprintf(a->reason, sizeof a->reason, "bad worker URL '%s'", rt->worker_url);
 		return -1;
 	}
 	char *head = request_head(rt, sandbox, req, 0, &hl, a);
 	if (head == NULL)
 		return -1;
-	int e = http_stream_open(host, port, head, hl, req->body, req->body_len, req->body_src, timeout_s, &s, &ah,
+	int e = http_stream_open(host, port, tls, head, hl, req->body, req->body_len, req->body_src, timeout_s, &s, &ah,
 	                         a->reason, sizeof a->reason);
 	spaced_wipe(head, hl); /* it holds the capability */
 	free(head);

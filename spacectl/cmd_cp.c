@@ -83,7 +83,7 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -100,6 +100,9 @@ static const struct option cp_longopts[] = {
 	{"port", required_argument, NULL, O_PORT},
 	{"protocol", required_argument, NULL, O_PROTOCOL},
 	{"to", required_argument, NULL, O_TO},
+	{"env", required_argument, NULL, O_ENV},
+	{"meta", required_argument, NULL, O_META},
+	{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
 	{"network", required_argument, NULL, O_NETWORK},
 	{"allow-out", required_argument, NULL, O_ALLOW_OUT},
 	{"deny-out", required_argument, NULL, O_DENY_OUT},
@@ -109,10 +112,12 @@ static const struct option cp_longopts[] = {
 static const char cp_usage[] =
 	"usage: spacectl workers [--json]\n"
 	"       spacectl create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE]\n"
-	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--json]\n"
+	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--env K=V]...\n"
+	"                       [--meta K=V]... [--auto-resume] [--json]\n"
 	"                       [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
 	"       spacectl quota [--json]\n"
-	"       spacectl ls [--json] | rm ID | inspect ID [--json]\n"
+	"       spacectl ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
+	"       spacectl timeout ID SECONDS                   it is reaped SECONDS from now (0: never)\n"
 	"       spacectl route ID [--purpose P]... [--port N] [--protocol X] [--json]\n"
 	"       spacectl pause ID | snapshot ID | resume ID [--worker W] | move ID --to W   [--json]\n";
 
@@ -120,9 +125,11 @@ int cmd_cp(int argc, char **argv)
 {
 	const char *cmd = argv[0];
 	int json = 0, c, rc = 1;
-	json_t *req = json_object(), *purposes = json_array();
+	json_t *req = json_object(), *purposes = json_array(), *env = json_object(), *meta = json_object();
+	char query[2048] = "";
+	size_t ql = 0;
 	struct cp_call res = {0};
-	char path[512];
+	char path[2100]; /* /v1/sandboxes and the query of ls --meta */
 	const char *target = NULL;
 	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
 	while ((c = getopt_long(argc, argv, "", cp_longopts, NULL)) != -1) {
@@ -158,6 +165,34 @@ int cmd_cp(int argc, char **argv)
 		case O_PORT: json_object_set_new(req, "port", json_integer(atoll(optarg))); break;
 		case O_PROTOCOL: json_object_set_new(req, "protocol", json_string(optarg)); break;
 		case O_TO: json_object_set_new(req, "to", json_string(optarg)); target = optarg; break;
+		case O_AUTO_RESUME: json_object_set_new(req, "auto_resume", json_true()); break;
+		case O_ENV:
+		case O_META: {
+			const char *eq = strchr(optarg, '=');
+			char k[256];
+			if (!eq || eq == optarg || (size_t)(eq - optarg) >= sizeof k) {
+				rc = cli_fail(cmd, "--%s wants K=V", c == O_ENV ? "env" : "meta");
+				goto out;
+			}
+			snprintf(k, sizeof k, "%.*s", (int)(eq - optarg), optarg);
+			json_object_set_new(c == O_ENV ? env : meta, k, json_string(eq + 1));
+			/* for ls: ?meta=K%3DV… (every one must match) */
+			if (c == O_META) {
+				char e[700];
+				size_t el = 0;
+				for (const char *p = optarg; *p && el + 4 < sizeof e; p++)
+					el += (size_t)(strchr("-._~", *p) || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+					                       (*p >= 'A' && *p <= 'Z')
+					                   ? snprintf(e + el, sizeof e - el, "%c", *p)
+					                   : snprintf(e + el, sizeof e - el, "%%%02X", (unsigned char)*p));
+				ql += (size_t)snprintf(query + ql, sizeof query - ql, "%smeta=%s", ql ? "&" : "?", e);
+				if (ql >= sizeof query) {
+					rc = cli_fail(cmd, "too many --meta");
+					goto out;
+				}
+			}
+			break;
+		}
 		case O_NETWORK:
 		case O_ALLOW_OUT:
 		case O_DENY_OUT: {
@@ -196,6 +231,10 @@ int cmd_cp(int argc, char **argv)
 				       (long long)json_integer_value(json_object_get(w, "sandboxes")),
 				       (long long)json_integer_value(json_object_get(w, "capacity")), str(w, "url"));
 	} else if (strcmp(cmd, "create") == 0 && nargs == 0) {
+		if (json_object_size(env) > 0)
+			json_object_set(req, "env", env);
+		if (json_object_size(meta) > 0)
+			json_object_set(req, "metadata", meta);
 		if ((rc = call(cmd, "POST", "/v1/sandboxes", req, &res)) != 0)
 			goto out;
 		if (json)
@@ -216,7 +255,8 @@ int cmd_cp(int argc, char **argv)
 				       json_integer_value(json_object_get(q, k[i])) == 0 ? " (no limit)" : "");
 		}
 	} else if (strcmp(cmd, "ls") == 0 && nargs == 0) {
-		if ((rc = call(cmd, "GET", "/v1/sandboxes", NULL, &res)) != 0)
+		snprintf(path, sizeof path, "/v1/sandboxes%s", query);
+		if ((rc = call(cmd, "GET", path, NULL, &res)) != 0)
 			goto out;
 		json_t *l = json_object_get(res.answer, "sandboxes"), *s;
 		size_t i;
@@ -233,6 +273,21 @@ int cmd_cp(int argc, char **argv)
 			print_json(res.answer);
 		else
 			printf("%s %s\n", id, str(res.answer, "state"));
+	} else if (strcmp(cmd, "timeout") == 0 && nargs == 2) {
+		char *end;
+		long long secs = strtoll(argv[optind + 1], &end, 10);
+		if (*end || secs < 0) {
+			rc = cli_fail(cmd, "SECONDS must be a number of seconds (0: never)");
+			goto out;
+		}
+		json_t *t = json_pack("{s:I}", "seconds", (json_int_t)secs);
+		snprintf(path, sizeof path, "/v1/sandboxes/%s/timeout", id);
+		rc = call(cmd, "POST", path, t, &res);
+		json_decref(t);
+		if (rc != 0)
+			goto out;
+		if (json)
+			print_json(res.answer);
 	} else if (strcmp(cmd, "route") == 0 && nargs == 1) {
 		if (json_array_size(purposes) > 0)
 			json_object_set(req, "purposes", purposes);
@@ -266,5 +321,7 @@ out:
 	json_decref(res.answer);
 	json_decref(req);
 	json_decref(purposes);
+	json_decref(env);
+	json_decref(meta);
 	return rc;
 }

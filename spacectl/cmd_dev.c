@@ -1,8 +1,10 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
+ *          [--pool N] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
+ *   dev certs [--dir DIR] [--workers N]
  * `up` starts a control plane (SQLite, DIR/cp), N workers (spaced-node in
  * DIR/worker-K, each joining the control plane itself with a join token of
  * its own) on loopback ports, creates a tenant and its API key and writes
@@ -12,6 +14,14 @@
  * starts the control plane or a worker again, on the same port, when it
  * dies, and keeps DIR/pids up to date; `down` stops the keeper first. Binaries are looked up next to spacectl
  * (BUILD/spacectl/../spaced-cp/…) or under $SPACED_BUILD.
+ *
+ * TLS (unless --plaintext): `up` makes a CA of its own in DIR/tls (ca.pem,
+ * ca.key) and issues with it a server certificate for the control plane
+ * (cp.pem) and for each worker's node-api (worker-K.pem), each naming
+ * 127.0.0.1 and localhost, and a client certificate per worker whose name is
+ * its worker ID (worker-K-client.pem); keys are 0600. Every listener then
+ * speaks TLS, the control plane wants the workers' client certificates on
+ * the worker endpoints (mutual TLS), and DIR/env holds SPACED_CA_FILE.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -36,13 +46,16 @@
 #include "cli.h"
 #include "cmd_ops.h"
 #include "http_client.h"
+#include "net.h"
+#include "tls.h"
 
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
-	"                       [--log-format text|json]\n"
+	"                       [--log-format text|json] [--pool N] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
+	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
 	"  DIR defaults to $SPACED_DEV_DIR, else ./.spaced-dev\n";
 
@@ -208,7 +221,7 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
  * directory of the user's), then dir itself when that left it empty. */
 static void remove_cluster(const char *dir)
 {
-	static const char *const names[] = {"cp", "env", "pids", "pids.tmp", "cp.log", "keeper.log", NULL};
+	static const char *const names[] = {"cp", "tls", "env", "pids", "pids.tmp", "cp.log", "keeper.log", NULL};
 	char p[PATH_MAX + 64];
 	for (size_t i = 0; names[i] != NULL; i++) {
 		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -543,26 +556,86 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
-/* The control plane's options after the first n of a (room for 16): with the
- * qemu substrate it is the default and a VM's boot under TCG is waited for. */
-static void cp_extra_args(const char **a, int n, int qemu, const char *logfmt)
+/* With the qemu substrate, the control plane's options that make it the
+ * default and wait for a VM's boot under TCG. Returns the count. */
+static int cp_qemu_args(const char **a, int na, int qemu)
 {
 	if (qemu) {
-		a[n++] = "--default-substrate";
-		a[n++] = "qemu";
-		a[n++] = "--ack-timeout";
-		a[n++] = "180000";
+		a[na++] = "--default-substrate";
+		a[na++] = "qemu";
+		a[na++] = "--ack-timeout";
+		a[na++] = "180000";
 	}
-	if (logfmt) {
-		a[n++] = "--log-format";
-		a[n++] = logfmt;
-	}
-	a[n] = NULL;
+	return na;
 }
 
-static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt)
+/* The warm pool each worker keeps for its default template and limits
+ * (spaced-node --pool; NULL: spaced-node's default). */
+static const char *dev_pool;
+
+
+/* DIR/tls: the cluster's CA, the control plane's certificate, and each
+ * worker's server and client certificates (see the head of this file). */
+static int make_certs(const char *absdir, int nworkers)
+{
+	char t[PATH_MAX + 16], ca[PATH_MAX + 32], cak[PATH_MAX + 32], crt[PATH_MAX + 64], key[PATH_MAX + 64], err[600];
+	char cn[128];
+	snprintf(t, sizeof t, "%s/tls", absdir);
+	if (mkdir(t, 0700) < 0 && errno != EEXIST)
+		return cli_fail("dev up", "cannot create %s: %s", t, strerror(errno));
+	snprintf(ca, sizeof ca, "%s/ca.pem", t);
+	snprintf(cak, sizeof cak, "%s/ca.key", t);
+	snprintf(cn, sizeof cn, "spaced dev CA %ld", (long)time(NULL));
+	if (spaced_tls_issue(NULL, NULL, ca, cak, cn, NULL, false, 365, err, sizeof err) < 0)
+		return cli_fail("dev up", "the cluster's CA: %s", err);
+	snprintf(crt, sizeof crt, "%s/cp.pem", t);
+	snprintf(key, sizeof key, "%s/cp.key", t);
+	if (spaced_tls_issue(ca, cak, crt, key, "spaced-cp", "IP:127.0.0.1,DNS:localhost", true, 365, err, sizeof err) < 0)
+		return cli_fail("dev up", "the control plane's certificate: %s", err);
+	for (int k = 1; k <= nworkers; k++) {
+		snprintf(crt, sizeof crt, "%s/worker-%d.pem", t, k);
+		snprintf(key, sizeof key, "%s/worker-%d.key", t, k);
+		snprintf(cn, sizeof cn, "spaced-node worker-%d", k);
+		if (spaced_tls_issue(ca, cak, crt, key, cn, "IP:127.0.0.1,DNS:localhost", true, 365, err, sizeof err) < 0)
+			return cli_fail("dev up", "worker-%d's certificate: %s", k, err);
+		/* the client certificate: its name is the worker ID (mutual TLS) */
+		snprintf(crt, sizeof crt, "%s/worker-%d-client.pem", t, k);
+		snprintf(key, sizeof key, "%s/worker-%d-client.key", t, k);
+		snprintf(cn, sizeof cn, "worker-%d", k);
+		if (spaced_tls_issue(ca, cak, crt, key, cn, NULL, false, 365, err, sizeof err) < 0)
+			return cli_fail("dev up", "worker-%d's client certificate: %s", k, err);
+	}
+	return 0;
+}
+
+/* The control plane's last options: TLS with the cluster's certificate and
+ * the workers' CA (or --plaintext), the log format. Returns the count. */
+static int cp_args_tail(const char **a, int na, bool plaintext, const char *crt, const char *key, const char *ca,
+                        const char *logfmt)
+{
+	if (plaintext) {
+		a[na++] = "--plaintext";
+	} else {
+		a[na++] = "--tls-cert";
+		a[na++] = crt;
+		a[na++] = "--tls-key";
+		a[na++] = key;
+		a[na++] = "--tls-client-ca"; /* the workers' CA: the worker endpoints want their certificates */
+		a[na++] = ca;
+	}
+	if (logfmt) {
+		a[na++] = "--log-format";
+		a[na++] = logfmt;
+	}
+	return na;
+}
+
+static int dev_up(const char *dir, int nworkers, const char *substrate, const char *stall, const char *logfmt,
+                  bool plaintext)
 {
 	char cp[PATH_MAX], node[PATH_MAX], guest[PATH_MAX], launch[PATH_MAX], host[PATH_MAX];
+	static char ca_file[PATH_MAX + 32];
+	char tdir[PATH_MAX + 16], cp_crt[PATH_MAX + 32], cp_key[PATH_MAX + 32];
 	char p[PATH_MAX + 64], p2[PATH_MAX + 64], absdir[PATH_MAX], err[256];
 	char *tkey = NULL, *port = NULL, *body = NULL;
 	FILE *pids = NULL;
@@ -599,6 +672,15 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		return cli_fail("dev up", "cannot create %s: %s", dir, strerror(errno));
 	if (realpath(dir, absdir) == NULL)
 		return cli_fail("dev up", "%s: %s", dir, strerror(errno));
+	snprintf(tdir, sizeof tdir, "%s/tls", absdir);
+	snprintf(ca_file, sizeof ca_file, "%s/ca.pem", tdir);
+	snprintf(cp_crt, sizeof cp_crt, "%s/cp.pem", tdir);
+	snprintf(cp_key, sizeof cp_key, "%s/cp.key", tdir);
+	if (!plaintext) {
+		if (make_certs(absdir, nworkers) != 0)
+			return 1;
+		net_set_ca_file(ca_file); /* this process talks to the cluster with its CA */
+	}
 	snprintf(p, sizeof p, "%s/pids", absdir);
 	if ((pids = fopen(p, "w")) == NULL)
 		return cli_fail("dev up", "cannot write %s", p);
@@ -628,8 +710,12 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	}
 	snprintf(p2, sizeof p2, "%s/cp.log", absdir);
 	{
-		const char *a[16] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"};
-		cp_extra_args(a, 7, qemu, logfmt);
+		/* request threads enough for many lifecycle calls waiting for
+		 * their acks at once (50 concurrent creates) */
+		const char *a[24] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64",
+		                     "--metrics-listen", "127.0.0.1:0"};
+		int na = cp_args_tail(a, cp_qemu_args(a, 9, qemu), plaintext, cp_crt, cp_key, ca_file, logfmt);
+		a[na] = NULL;
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
 			rc = cli_fail("dev up", "fork: %s", strerror(errno));
@@ -644,19 +730,26 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		}
 	}
 	char cpurl[64];
-	snprintf(cpurl, sizeof cpurl, "http://127.0.0.1:%s", port);
+	snprintf(cpurl, sizeof cpurl, "%s://127.0.0.1:%s", plaintext ? "http" : "https", port);
 	{
 		/* started again on the same port */
-		char cpdir[PATH_MAX + 64], listen[64];
+		char cpdir[PATH_MAX + 64], listen[64], store[64];
 		snprintf(cpdir, sizeof cpdir, "%s/cp", absdir);
 		snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
+		/* and its store too: what workers were told to fetch stays where it is */
+		snprintf(p, sizeof p, "%s/cp/store.port", absdir);
+		char *sp = read_small(p);
+		snprintf(store, sizeof store, "127.0.0.1:%s", sp ? sp : "0");
+		free(sp);
 		char mlisten[64], mpath[PATH_MAX + 64];
 		snprintf(mpath, sizeof mpath, "%s/cp/metrics.port", absdir);
 		char *mp = read_small(mpath);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
 		free(mp);
-		const char *a[16] = {cp, "--state", cpdir, "--listen", listen, "--metrics-listen", mlisten};
-		cp_extra_args(a, 7, qemu, logfmt);
+		const char *a[24] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store,
+		                     "--metrics-listen", mlisten};
+		int na = cp_args_tail(a, cp_qemu_args(a, 11, qemu), plaintext, cp_crt, cp_key, ca_file, logfmt);
+		a[na] = NULL;
 		keep("spaced-cp", a, p2, cp_pid);
 	}
 	for (int t = 0;; t++) {
@@ -702,10 +795,24 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[40] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		const char *a[48] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
 		                     "--metrics-listen", "127.0.0.1:0", NULL};
 		int na = 17;
+		char w_crt[PATH_MAX + 64], w_key[PATH_MAX + 64], c_crt[PATH_MAX + 64], c_key[PATH_MAX + 64];
+		if (plaintext) {
+			a[na++] = "--plaintext";
+		} else {
+			/* node-api's certificate; the CA and client certificate for the control plane */
+			snprintf(w_crt, sizeof w_crt, "%s/%s.pem", tdir, wid);
+			snprintf(w_key, sizeof w_key, "%s/%s.key", tdir, wid);
+			snprintf(c_crt, sizeof c_crt, "%s/%s-client.pem", tdir, wid);
+			snprintf(c_key, sizeof c_key, "%s/%s-client.key", tdir, wid);
+			const char *t[] = {"--tls-cert", w_crt, "--tls-key", w_key, "--tls-ca", ca_file,
+			                   "--tls-client-cert", c_crt, "--tls-client-key", c_key};
+			for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+				a[na++] = t[i];
+		}
 		if (real) {
 			a[na++] = "--launcher";
 			a[na++] = launch;
@@ -721,6 +828,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		if (stall) {
 			a[na++] = "--stall-timeout";
 			a[na++] = stall;
+		}
+		if (dev_pool && real) {
+			a[na++] = "--pool";
+			a[na++] = dev_pool;
 		}
 		if (logfmt) {
 			a[na++] = "--log-format";
@@ -745,7 +856,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		wp = read_small(p);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[40];
+		const char *ka[48];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
@@ -787,7 +898,12 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		goto out;
 	}
 	fchmod(fileno(f), 0600);
-	fprintf(f, "SPACED_CP_URL=%s\nSPACED_API_KEY=%s\nexport SPACED_CP_URL SPACED_API_KEY\n", cpurl, tkey);
+	if (plaintext)
+		fprintf(f, "SPACED_CP_URL=%s\nSPACED_API_KEY=%s\nexport SPACED_CP_URL SPACED_API_KEY\n", cpurl, tkey);
+	else
+		fprintf(f, "SPACED_CP_URL=%s\nSPACED_API_KEY=%s\nSPACED_CA_FILE=%s\n"
+		           "export SPACED_CP_URL SPACED_API_KEY SPACED_CA_FILE\n",
+		        cpurl, tkey, ca_file);
 	fclose(f);
 	fclose(pids);
 	pids = NULL;
@@ -796,11 +912,13 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		goto out;
 	}
 	printf("SPACED_CP_URL=%s\nSPACED_API_KEY=%s\n", cpurl, tkey);
-	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions); "
+	if (!plaintext)
+		printf("SPACED_CA_FILE=%s\n", ca_file);
+	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions, %s); "
 	                "`. %s/env` to use it, `spacectl dev down --dir %s` to stop it\n",
 	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s",
-	        qemu ? "qemu (the default) and process substrate" : real ? "process substrate" : "development", absdir,
-	        dir);
+	        qemu ? "qemu (the default) and process substrate" : real ? "process substrate" : "development",
+	        plaintext ? "no TLS" : "TLS with the cluster's own CA in tls/, mutual TLS for the workers", absdir, dir);
 	rc = 0;
 out:
 	if (pids != NULL)
@@ -830,13 +948,18 @@ static int dev_status(const char *dir)
 	snprintf(p, sizeof p, "%s/env", dir);
 	FILE *f = fopen(p, "r");
 	if (f != NULL) {
-		char line[512], url[512] = "", key[512] = "";
+		char line[PATH_MAX + 64], url[512] = "", key[512] = "";
+		static char ca[PATH_MAX + 64];
 		while (fgets(line, sizeof line, f)) {
 			line[strcspn(line, "\n")] = 0;
 			if (strncmp(line, "SPACED_CP_URL=", 14) == 0)
-				snprintf(url, sizeof url, "%s", line + 14);
+				snprintf(url, sizeof url, "%.500s", line + 14);
 			if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
-				snprintf(key, sizeof key, "%s", line + 15);
+				snprintf(key, sizeof key, "%.500s", line + 15);
+			if (strncmp(line, "SPACED_CA_FILE=", 15) == 0) {
+				snprintf(ca, sizeof ca, "%s", line + 15);
+				net_set_ca_file(ca);
+			}
 		}
 		fclose(f);
 		char *body = NULL, err[256];
@@ -868,9 +991,12 @@ int cmd_dev(int argc, char **argv)
 		{"dir", required_argument, NULL, 'd'},
 		{"substrate", required_argument, NULL, 's'},
 		{"stall-timeout", required_argument, NULL, 'S'},
+		{"pool", required_argument, NULL, 'P'},
 		{"log-format", required_argument, NULL, 'L'},
+		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
 	};
+	bool plaintext = false;
 	const char *dir = getenv("SPACED_DEV_DIR"), *substrate = "process", *stall = NULL, *logfmt = NULL;
 	int workers = 2, c;
 	if (dir == NULL || !dir[0])
@@ -885,17 +1011,31 @@ int cmd_dev(int argc, char **argv)
 		case 'd': dir = optarg; break;
 		case 's': substrate = optarg; break;
 		case 'S': stall = optarg; break;
+		case 'P': dev_pool = optarg; break;
 		case 'L': logfmt = optarg; break;
+		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);
 		}
 	}
 	if (optind != argc - 1 || workers < 1 || workers > DEV_MAX_WORKERS)
 		return cli_usage(usage_dev);
 	if (strcmp(sub, "up") == 0)
-		return dev_up(dir, workers, substrate, stall, logfmt);
+		return dev_up(dir, workers, substrate, stall, logfmt, plaintext);
 	if (strcmp(sub, "down") == 0)
 		return dev_down(dir, 0, 1);
 	if (strcmp(sub, "status") == 0)
 		return dev_status(dir);
+	if (strcmp(sub, "certs") == 0) {
+		/* what up makes in DIR/tls, for daemons started by hand */
+		char absdir[PATH_MAX];
+		if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+			return cli_fail("dev certs", "cannot create %s: %s", dir, strerror(errno));
+		if (realpath(dir, absdir) == NULL)
+			return cli_fail("dev certs", "%s: %s", dir, strerror(errno));
+		if (make_certs(absdir, workers) != 0)
+			return 1;
+		printf("%s/tls\n", absdir);
+		return 0;
+	}
 	return cli_usage(usage_dev);
 }

@@ -25,7 +25,7 @@
 
 int ops_verbose;
 
-enum { O_ROUTE = 1000, O_NORETRY, O_CACHE, O_ENV, O_CWD, O_TIMEOUT, O_DEPTH, O_MKDIRS, O_JSON, O_NOSTDIN };
+enum { O_ROUTE = 1000, O_NORETRY, O_CACHE, O_ENV, O_CWD, O_TIMEOUT, O_DEPTH, O_MKDIRS, O_JSON, O_NOSTDIN, O_USER };
 
 static const struct option common_opts[] = {
 	{"route", required_argument, NULL, O_ROUTE},
@@ -39,12 +39,13 @@ static const struct option common_opts[] = {
 	{"mkdirs", no_argument, NULL, O_MKDIRS},
 	{"recursive", no_argument, NULL, 'r'},
 	{"json", no_argument, NULL, O_JSON},
+	{"user", required_argument, NULL, O_USER},
 	{"no-stdin", no_argument, NULL, O_NOSTDIN},
 	{NULL, 0, NULL, 0},
 };
 
 const char ops_usage[] =
-	"usage: spacectl exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--no-stdin] -- CMD [ARG...]\n"
+	"usage: spacectl exec ID [--env K=V]... [--cwd DIR] [--user U] [--timeout S] [--no-stdin] -- CMD [ARG...]\n"
 	"       spacectl fs read|stat|mkdir|rm [-r] ID PATH...\n"
 	"       spacectl fs write [--mkdirs] ID PATH      (the content is read from stdin)\n"
 	"       spacectl fs ls [--depth N] ID PATH | fs mv ID FROM TO\n"
@@ -80,6 +81,7 @@ int ops_parse(int argc, char **argv, struct opargs *a)
 			break;
 		}
 		case O_CWD: a->cwd = optarg; break;
+		case O_USER: a->user = optarg; break;
 		case O_TIMEOUT: a->timeout_s = atol(optarg); if (a->timeout_s <= 0) return -1; break;
 		case O_DEPTH: a->depth = atoi(optarg); if (a->depth < 1 || a->depth > 64) return -1; break;
 		case O_MKDIRS: a->mkdirs = 1; break;
@@ -118,6 +120,7 @@ int ops_parse_rest(int argc, char **argv, struct opargs *a, int first, char **op
 			case O_CACHE: keep.o.cache_dir = optarg; break;
 			case 'v': keep.o.verbose = 1; break;
 			case O_CWD: keep.cwd = optarg; break;
+			case O_USER: keep.user = optarg; break;
 			case O_TIMEOUT: keep.timeout_s = atol(optarg); if (keep.timeout_s <= 0) return -1; break;
 			case O_DEPTH: keep.depth = atoi(optarg); break;
 			case O_MKDIRS: keep.mkdirs = 1; break;

@@ -35,6 +35,7 @@ struct opargs {
 	struct client_opts o;
 	json_t *env;       /* --env K=V, as an object (owned: json_decref it) */
 	const char *cwd;
+	const char *user; /* exec --user: a user of the sandbox (name, uid or uid:gid) */
 	long timeout_s;
 	int depth;
 	int mkdirs;

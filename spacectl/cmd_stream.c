@@ -1,6 +1,6 @@
 /*
  * cmd_stream.c — spacectl's WebSocket streams to a sandbox:
- *   exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--no-stdin] -- CMD [ARG...]
+ *   exec ID [--env K=V]... [--cwd DIR] [--user U] [--timeout S] [--no-stdin] -- CMD [ARG...]
  *   term ID [--env K=V]... [--cwd DIR] [-- CMD [ARG...]]
  *   watch ID PATH
  * Each open is one session (session_run): one poll() loop over the WebSocket
@@ -358,13 +358,13 @@ static void take_messages(struct session *s)
 static void session_run(struct session *s)
 {
 	char host[256], prefix[256];
-	int port, http_status = 0;
+	int port, tls, http_status = 0;
 	s->allowed = s->sent_eof = s->done = s->close_code = 0;
 	s->transport = s->protocol = s->unverified = 0;
 	s->exited = s->exit_code = s->exit_signal = 0;
 	s->close_reason[0] = s->error[0] = 0;
 	s->started_ns = spaced_mono_ns();
-	if (http_parse_url(s->rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
+	if (http_parse_url(s->rt->worker_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
 		session_fail(s, &s->transport, "bad worker URL '%s'", s->rt->worker_url);
 		return;
 	}
@@ -375,7 +375,7 @@ static void session_run(struct session *s)
 		return;
 	}
 	snprintf(target, tl, "%s%s", prefix, s->target);
-	int e = ws_client_open(host, port, target, s->rt->capability, OPEN_TIMEOUT_S, &s->w, &http_status, s->error,
+	int e = ws_client_open(host, port, tls, target, s->rt->capability, OPEN_TIMEOUT_S, &s->w, &http_status, s->error,
 	                       sizeof s->error);
 	free(target);
 	take_signals(s);
@@ -392,12 +392,16 @@ static void session_run(struct session *s)
 		pf[1] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
 		if (want_in)
 			pf[np++] = (struct pollfd){.fd = STDIN_FILENO, .events = POLLIN};
-		if (poll(pf, (nfds_t)np, -1) < 0) {
+		/* bytes TLS decrypted already are not seen by poll(): no waiting then */
+		bool pending = ws_client_pending(s->w);
+		if (poll(pf, (nfds_t)np, pending ? 0 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			session_fail(s, &s->transport, "poll: %s", strerror(errno));
 			break;
 		}
+		if (pending)
+			pf[0].revents |= POLLIN;
 		if (pf[1].revents)
 			take_signals(s);
 		if (pf[0].revents & POLLOUT && ws_client_flush(s->w) < 0) {
@@ -566,7 +570,7 @@ static int q_add(char *q, size_t qsz, size_t *ql, const char *name, const char *
 	return r;
 }
 
-/* argv (default /bin/sh when n == 0), env and cwd as a query. */
+/* argv (default /bin/sh when n == 0), env, cwd and user as a query. */
 static int command_query(struct opargs *oa, char **args, int n, char *q, size_t qsz, size_t *ql)
 {
 	for (int i = 0; i < n || i == 0; i++)
@@ -587,6 +591,8 @@ static int command_query(struct opargs *oa, char **args, int n, char *q, size_t 
 			return -1;
 	}
 	if (oa->cwd != NULL && q_add(q, qsz, ql, "cwd", oa->cwd) < 0)
+		return -1;
+	if (oa->user != NULL && q_add(q, qsz, ql, "user", oa->user) < 0)
 		return -1;
 	return 0;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "http.h"
+#include "net.h"
 
 static uint64_t mono_ns(void)
 {
@@ -25,18 +26,29 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz)
+int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz, int *tls)
 {
-	if (strncmp(url, "http://", 7) != 0)
+	int t = strncmp(url, "https://", 8) == 0;
+	if (!t && strncmp(url, "http://", 7) != 0)
 		return -1;
-	const char *h = url + 7, *slash = strchr(h, '/'), *end = slash ? slash : h + strlen(h);
-	const char *colon = memchr(h, ':', (size_t)(end - h));
+	const char *h = url + (t ? 8 : 7), *slash = strchr(h, '/'), *end = slash ? slash : h + strlen(h);
+	const char *colon;
+	if (*h == '[') { /* an IPv6 literal keeps its brackets */
+		const char *rb = memchr(h, ']', (size_t)(end - h));
+		if (rb == NULL)
+			return -1;
+		colon = rb + 1 < end && rb[1] == ':' ? rb + 1 : NULL;
+		if (rb + 1 != end && colon == NULL)
+			return -1;
+	} else {
+		colon = memchr(h, ':', (size_t)(end - h));
+	}
 	const char *hend = colon ? colon : end;
 	if (hend == h || (size_t)(hend - h) >= hostsz)
 		return -1;
 	memcpy(host, h, (size_t)(hend - h));
 	host[hend - h] = 0;
-	int p = 80;
+	int p = t ? 443 : 80;
 	if (colon) {
 		char *e = NULL;
 		long v = strtol(colon + 1, &e, 10);
@@ -50,6 +62,7 @@ int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *
 	if (n > 0 && prefix[n - 1] == '/')
 		prefix[n - 1] = 0;
 	*port = p;
+	*tls = t;
 	return 0;
 }
 
@@ -160,133 +173,101 @@ long http_answer_length(const unsigned char *in, size_t len, int *keep)
 void http_conns_init(struct http_conns *k)
 {
 	memset(k, 0, sizeof *k);
-	for (int i = 0; i < HTTP_CONNS; i++)
-		k->c[i].fd = -1;
 }
 
 void http_conns_close(struct http_conns *k)
 {
 	for (int i = 0; i < HTTP_CONNS; i++) {
-		if (k->c[i].fd >= 0)
-			close(k->c[i].fd);
-		k->c[i].fd = -1;
+		net_close(k->c[i].conn);
+		k->c[i].conn = NULL;
 		k->c[i].addr[0] = 0;
 	}
 }
 
-/* A kept connection to addr that is still usable, taken out of k; or -1. */
-static int conns_take(struct http_conns *k, const char *addr)
+/* A kept connection to addr that is still usable, taken out of k; or NULL. */
+static struct net_conn *conns_take(struct http_conns *k, const char *addr)
 {
 	if (k == NULL)
-		return -1;
+		return NULL;
 	uint64_t now = mono_ns();
 	for (int i = 0; i < HTTP_CONNS; i++) {
-		if (k->c[i].fd < 0 || strcmp(k->c[i].addr, addr) != 0)
+		if (k->c[i].conn == NULL || strcmp(k->c[i].addr, addr) != 0)
 			continue;
-		int fd = k->c[i].fd;
-		k->c[i].fd = -1;
+		struct net_conn *c = k->c[i].conn;
+		k->c[i].conn = NULL;
 		k->c[i].addr[0] = 0;
 		/* idle too long, or readable (closed by the worker, or stray bytes): not reused */
-		struct pollfd pf = {.fd = fd, .events = POLLIN};
-		if (now - k->c[i].idle_since_ns >= (uint64_t)HTTP_CONN_IDLE_MS * 1000000u || poll(&pf, 1, 0) != 0) {
-			close(fd);
+		if (now - k->c[i].idle_since_ns >= (uint64_t)HTTP_CONN_IDLE_MS * 1000000u || net_readable(c) != 0) {
+			net_close(c);
 			continue;
 		}
 		k->reused++;
-		return fd;
+		return c;
 	}
-	return -1;
+	return NULL;
 }
 
-/* Keeps fd for the next request to addr (closes it when k is NULL). */
-static void conns_put(struct http_conns *k, const char *addr, int fd)
+/* Keeps c for the next request to addr (closes it when k is NULL). */
+static void conns_put(struct http_conns *k, const char *addr, struct net_conn *c)
 {
 	if (k == NULL) {
-		close(fd);
+		net_close(c);
 		return;
 	}
 	int slot = 0;
 	for (int i = 0; i < HTTP_CONNS; i++) {
-		if (k->c[i].fd < 0) {
+		if (k->c[i].conn == NULL) {
 			slot = i;
 			break;
 		}
 		if (k->c[i].idle_since_ns < k->c[slot].idle_since_ns)
 			slot = i; /* all taken: the one idle longest goes */
 	}
-	if (k->c[slot].fd >= 0)
-		close(k->c[slot].fd);
+	net_close(k->c[slot].conn);
 	snprintf(k->c[slot].addr, sizeof k->c[slot].addr, "%s", addr);
-	k->c[slot].fd = fd;
+	k->c[slot].conn = c;
 	k->c[slot].idle_since_ns = mono_ns();
 }
 
 /* flags: MSG_MORE when more of the same request follows (one segment, not two) */
-static int send_all(int fd, const void *p, size_t n, int flags)
+static int send_all(struct net_conn *c, const void *p, size_t n, int flags)
 {
-	const char *c = p;
+	const char *b = p;
 	while (n > 0) {
-		ssize_t w = send(fd, c, n, MSG_NOSIGNAL | flags);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
+		ssize_t w = net_send(c, b, n, flags);
+		if (w < 0)
 			return -1;
-		}
-		c += w;
+		b += w;
 		n -= (size_t)w;
 	}
 	return 0;
 }
 
-int http_connect(const char *host, int port, int timeout_s, char *err, size_t errsz)
-{
-	char portstr[16];
-	struct timeval tv = {.tv_sec = timeout_s};
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-	snprintf(portstr, sizeof portstr, "%d", port);
-	if (getaddrinfo(host, portstr, &hints, &ai) != 0) {
-		snprintf(err, errsz, "cannot resolve %s", host);
-		return -1;
-	}
-	int fd = -1, cerr = 0;
-	for (struct addrinfo *p = ai; p != NULL; p = p->ai_next) {
-		fd = socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC, p->ai_protocol);
-		if (fd < 0)
-			continue;
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-		int one = 1; /* a request is written whole: no waiting for the previous segment's ACK */
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
-			break;
-		cerr = errno;
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(ai);
-	if (fd < 0)
-		snprintf(err, errsz, "cannot connect to %s:%d: %s", host, port, strerror(cerr));
-	return fd;
-}
-
-int http_exchange(struct http_conns *conns, const char *host, int port, const char *head, size_t headlen,
+int http_exchange(struct http_conns *conns, const char *host, int port, int tls, const char *head, size_t headlen,
                   const void *body, size_t blen, int timeout_s, unsigned char **answer, size_t *len, char *err,
                   size_t errsz)
 {
 	char addr[280];
 	int r = -1, keep = 0;
-	unsigned char *buf = NULL;
+	unsigned char *buf = NULL, *one = NULL;
 	size_t n = 0, cap = 0;
-	struct timeval tv = {.tv_sec = timeout_s};
-	snprintf(addr, sizeof addr, "%s:%d", host, port);
-	int fd = conns_take(conns, addr);
-	if (fd < 0) {
-		if ((fd = http_connect(host, port, timeout_s, err, errsz)) < 0)
+	snprintf(addr, sizeof addr, "%s:%s:%d", tls ? "https" : "http", host, port);
+	struct net_conn *fd = conns_take(conns, addr);
+	if (fd == NULL) {
+		if (net_connect(host, port, tls, timeout_s, &fd, err, errsz) < 0)
 			return -1;
 		if (conns != NULL)
 			conns->opened++;
 	}
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	net_set_timeout_ms(fd, timeout_s * 1000);
+	if (tls && blen > 0 && blen <= 65536 && (one = malloc(headlen + blen)) != NULL) {
+		/* with TLS, head and a small body in one record */
+		memcpy(one, head, headlen);
+		memcpy(one + headlen, body, blen);
+		head = (const char *)one;
+		headlen += blen;
+		blen = 0;
+	}
 	if (send_all(fd, head, headlen, blen > 0 ? MSG_MORE : 0) < 0 || (blen > 0 && send_all(fd, body, blen, 0) < 0)) {
 		snprintf(err, errsz, "cannot send the request: %s", strerror(errno));
 		goto out;
@@ -306,10 +287,8 @@ int http_exchange(struct http_conns *conns, const char *host, int port, const ch
 			buf = nb;
 			cap = ncap;
 		}
-		ssize_t got = recv(fd, buf + n, cap - n - 1, 0);
+		ssize_t got = net_recv(fd, buf + n, cap - n - 1, 0);
 		if (got < 0) {
-			if (errno == EINTR)
-				continue;
 			snprintf(err, errsz, "no answer: %s", strerror(errno));
 			goto out;
 		}
@@ -339,12 +318,12 @@ int http_exchange(struct http_conns *conns, const char *host, int port, const ch
 	r = 0;
 	if (keep) {
 		conns_put(conns, addr, fd);
-		fd = -1;
+		fd = NULL;
 	}
 out:
-	if (fd >= 0)
-		close(fd);
+	net_close(fd);
 	free(buf);
+	free(one);
 	return r;
 }
 
@@ -418,9 +397,9 @@ int http_request(const char *base_url, const char *method, const char *path, con
                  const char *json_body, int *status, char **body, char *err, size_t errsz)
 {
 	char host[256], prefix[512];
-	int port;
-	if (http_parse_url(base_url, host, sizeof host, &port, prefix, sizeof prefix) < 0) {
-		snprintf(err, errsz, "SPACED_CP_URL must look like http://HOST:PORT");
+	int port, tls;
+	if (http_parse_url(base_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
+		snprintf(err, errsz, "SPACED_CP_URL must look like https://HOST:PORT (or http://)");
 		return -1;
 	}
 	size_t blen = json_body ? strlen(json_body) : 0;
@@ -442,7 +421,7 @@ int http_request(const char *base_url, const char *method, const char *path, con
 		snprintf(err, errsz, "request too long");
 		goto out;
 	}
-	if (http_exchange(NULL, host, port, head, (size_t)n, json_body, blen, 120, &ans, &alen, err, errsz) < 0 ||
+	if (http_exchange(NULL, host, port, tls, head, (size_t)n, json_body, blen, 120, &ans, &alen, err, errsz) < 0 ||
 	    http_parse_answer(ans, alen, status, &b, &bl, NULL, NULL, 0, err, errsz) < 0)
 		goto out;
 	*body = (char *)b;
@@ -522,7 +501,7 @@ int http_head_field(const unsigned char *h, size_t hlen, const char *name, char 
 #define STREAM_BUF (256u << 10)
 
 struct http_stream {
-	int fd;
+	struct net_conn *fd;
 	int timeout_ms;
 	unsigned char *buf;
 	size_t off, len;        /* bytes read, not yet decoded: buf[off, len) */
@@ -536,7 +515,9 @@ struct http_stream {
  * 0 on timeout, -1 on error (err set). */
 static int wait_fd(struct http_stream *s, short events, char *err, size_t errsz)
 {
-	struct pollfd pf = {.fd = s->fd, .events = events};
+	if ((events & POLLIN) && net_pending(s->fd))
+		return POLLIN; /* decrypted already: poll() cannot see it */
+	struct pollfd pf = {.fd = net_fd(s->fd), .events = events};
 	for (;;) {
 		int r = poll(&pf, 1, s->timeout_ms);
 		if (r < 0 && errno == EINTR)
@@ -570,8 +551,8 @@ static long fill(struct http_stream *s, char *err, size_t errsz)
 		int ev = wait_fd(s, POLLIN, err, errsz);
 		if (ev <= 0)
 			return -1;
-		ssize_t k = recv(s->fd, s->buf + s->len, STREAM_BUF - s->len, MSG_DONTWAIT);
-		if (k < 0 && (errno == EINTR || errno == EAGAIN))
+		ssize_t k = net_recv(s->fd, s->buf + s->len, STREAM_BUF - s->len, MSG_DONTWAIT);
+		if (k < 0 && errno == EAGAIN)
 			continue;
 		if (k < 0) {
 			snprintf(err, errsz, "connection broken: %s", strerror(errno));
@@ -591,10 +572,14 @@ static int send_watching(struct http_stream *s, const void *p, size_t n, int mor
 		int ev = wait_fd(s, POLLIN | POLLOUT, err, errsz);
 		if (ev <= 0)
 			return -1;
-		if (ev & (POLLIN | POLLHUP | POLLERR))
+		/* an answer (or the end) before the body is all sent; with TLS only
+		 * application bytes count, not records of the protocol alone */
+		if ((ev & (POLLHUP | POLLERR)) || ((ev & POLLIN) && net_readable(s->fd)))
 			return 0;
-		ssize_t k = send(s->fd, c, n, MSG_DONTWAIT | MSG_NOSIGNAL | (more ? MSG_MORE : 0));
-		if (k < 0 && (errno == EINTR || errno == EAGAIN))
+		if (!(ev & POLLOUT))
+			continue;
+		ssize_t k = net_send(s->fd, c, n, MSG_DONTWAIT | (more ? MSG_MORE : 0));
+		if (k < 0 && errno == EAGAIN)
 			continue;
 		if (k < 0) {
 			if (errno == EPIPE || errno == ECONNRESET)
@@ -661,8 +646,8 @@ static int send_body_src(struct http_stream *s, const struct http_body_src *src,
 	return r;
 }
 
-int http_stream_open(const char *host, int port, const char *head, size_t headlen, const void *body, size_t blen,
-                     const struct http_body_src *src, int timeout_s, struct http_stream **out,
+int http_stream_open(const char *host, int port, int tls, const char *head, size_t headlen, const void *body,
+                     size_t blen, const struct http_body_src *src, int timeout_s, struct http_stream **out,
                      struct http_answer_head *ah, char *err, size_t errsz)
 {
 	struct http_stream *s = calloc(1, sizeof *s);
@@ -672,7 +657,7 @@ int http_stream_open(const char *host, int port, const char *head, size_t headle
 		return -1;
 	}
 	s->timeout_ms = timeout_s * 1000;
-	if ((s->fd = http_connect(host, port, timeout_s, err, errsz)) < 0) {
+	if (net_connect(host, port, tls, timeout_s, &s->fd, err, errsz) < 0) {
 		http_stream_close(s);
 		return -1;
 	}
@@ -822,8 +807,7 @@ void http_stream_close(struct http_stream *s)
 {
 	if (s == NULL)
 		return;
-	if (s->fd >= 0)
-		close(s->fd);
+	net_close(s->fd);
 	free(s->buf);
 	free(s);
 }

@@ -1,5 +1,6 @@
 /*
- * http_client.h — spacectl's blocking HTTP/1.1 client, http:// only: one
+ * http_client.h — spacectl's blocking HTTP/1.1 client, http:// and https://
+ * (TLS through net.h, verified against SPACED_CA_FILE): one
  * exchange on a new or kept-alive connection (http_exchange), the framing and
  * body of an answer, and a JSON call for the control plane (http_request).
  * The worker side (route cache, recovery, outcomes) is client.h; both send
@@ -14,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct net_conn;
+
 /* Largest answer read. */
 #define HTTP_RESPONSE_MAX (64u << 20)
 
@@ -25,8 +28,8 @@
 #define HTTP_CONNS 8
 struct http_conns {
 	struct {
-		char addr[280]; /* "HOST:PORT" ("" when the slot is free) */
-		int fd;
+		char addr[280]; /* "SCHEME:HOST:PORT" ("" when the slot is free) */
+		struct net_conn *conn;
 		uint64_t idle_since_ns;
 	} c[HTTP_CONNS];
 	unsigned long reused, opened; /* counters, for tools and benchmarks */
@@ -37,19 +40,20 @@ void http_conns_init(struct http_conns *k);
 /* Closes every connection held in k. */
 void http_conns_close(struct http_conns *k);
 
-/* Splits http://HOST[:PORT][/prefix] (port 1–65535, default 80; a trailing
- * '/' of prefix dropped). Returns 0 or -1. */
-int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz);
+/* Splits http://HOST[:PORT][/prefix] or https://… (port 1–65535, default 80
+ * or 443; an IPv6 literal keeps its brackets; a trailing '/' of prefix
+ * dropped); *tls is 1 for https://. Returns 0 or -1. */
+int http_parse_url(const char *url, char *host, size_t hostsz, int *port, char *prefix, size_t prefixsz, int *tls);
 
 /* Sends head (the whole request head, ending with its blank line) and body
- * (blen bytes, may be 0) to host:port — on a connection kept in conns when
+ * (blen bytes, may be 0) to host:port, over TLS when tls — on a connection kept in conns when
  * there is one, else a new one — and reads the whole answer into *answer
  * (malloc'd, NUL-terminated, *len bytes without the NUL). With conns set the
  * connection is kept afterwards when the answer is framed and does not ask
  * to close; without, the request should say "Connection: close". timeout_s
  * bounds each send and receive. Returns 0, or -1 with the transport error in
  * err (the request may or may not have reached the peer). */
-int http_exchange(struct http_conns *conns, const char *host, int port, const char *head, size_t headlen,
+int http_exchange(struct http_conns *conns, const char *host, int port, int tls, const char *head, size_t headlen,
                   const void *body, size_t blen, int timeout_s, unsigned char **answer, size_t *len, char *err,
                   size_t errsz);
 
@@ -71,9 +75,6 @@ long http_answer_length(const unsigned char *in, size_t len, int *keep);
 int http_parse_answer(const unsigned char *in, size_t len, int *status, unsigned char **body, size_t *blen,
                       const char *header, char *hval, size_t hvalsz, char *err, size_t errsz);
 
-/* A new TCP connection to host:port (TCP_NODELAY; send and receive timeouts
- * of timeout_s). Returns the socket, or -1 with the reason in err. */
-int http_connect(const char *host, int port, int timeout_s, char *err, size_t errsz);
 
 /* ---- answer heads (streamed answers, WebSocket upgrades) ---- */
 
@@ -114,7 +115,7 @@ struct http_answer_head {
 
 struct http_stream;
 
-/* Connects to host:port (a new connection), sends head (the whole request
+/* Connects to host:port (a new connection; TLS when tls), sends head (the whole request
  * head, which should say "Connection: close") and the body — body[0..blen)
  * or, when src is set, src read to its end — while watching the connection:
  * when the server answers before the body is all sent (a refusal), sending
@@ -123,8 +124,8 @@ struct http_stream;
  * http_stream_next, release with http_stream_close), or -1 with the
  * transport failure in err (the request may or may not have reached the
  * server; none of its body may have been read from src, or some). */
-int http_stream_open(const char *host, int port, const char *head, size_t headlen, const void *body, size_t blen,
-                     const struct http_body_src *src, int timeout_s, struct http_stream **out,
+int http_stream_open(const char *host, int port, int tls, const char *head, size_t headlen, const void *body,
+                     size_t blen, const struct http_body_src *src, int timeout_s, struct http_stream **out,
                      struct http_answer_head *ah, char *err, size_t errsz);
 
 /* Request body bytes sent. */

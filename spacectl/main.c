@@ -8,6 +8,7 @@
 #include <sodium.h>
 
 #include "cli.h"
+#include "tmpl.h"
 #include "cmd_ops.h"
 
 static const char usage[] =
@@ -24,13 +25,16 @@ static const char usage[] =
 	"            --purpose P [--port N --protocol X] TOKEN|-\n"
 	"\n"
 	"\n"
-	"control plane (SPACED_CP_URL, SPACED_API_KEY):\n"
+	"control plane (SPACED_CP_URL, SPACED_API_KEY; https:// and wss:// verified against SPACED_CA_FILE,\n"
+	"else the system's trust store):\n"
 	"  workers [--json]                               registered workers\n"
-	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--json]\n"
+	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE]\n"
+	"         [--template T] [--env K=V]... [--meta K=V]... [--auto-resume] [--json]\n"
 	"                                                 a new sandbox (prints its ID); limits default\n"
 	"                                                 to the worker's (SIZE: bytes or 512M, 2G …)\n"
 	"  quota [--json]                                 the tenant's quotas and what it holds\n"
-	"  ls [--json] | rm ID | inspect ID [--json]\n"
+	"  ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
+	"  timeout ID SECONDS                             reaped SECONDS from now (0: never)\n"
 	"  route ID [--purpose P]... [--port N --protocol X] [--json]\n"
 	"  pause ID | snapshot ID | resume ID [--worker W] | move ID --to W\n"
 	"\n"
@@ -40,8 +44,13 @@ static const char usage[] =
 	"  expose ID PORT [--protocol http|tcp] [--json]   a URL and capability for a port (spaced-netgtw)\n"
 	"  port-forward ID PORT [LOCAL_PORT]              a local port forwarded through the gateway\n"
 	"\n"
+	"templates (docs/templates.md):\n"
+	"  template import NAME FILE [--json]             a root filesystem tarball or an OCI image archive\n"
+	"  template build NAME -f SPACEFILE [--context DIR] [--no-cache] [--json]\n"
+	"  template ls [--json] | template rm NAME\n"
+	"\n"
 	"sandbox operations (through the worker that serves the sandbox; route cached, V1–V4):\n"
-	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--timeout S] [--no-stdin] -- CMD [ARG...]\n"
+	"  [-v] exec ID [--env K=V]... [--cwd DIR] [--user U] [--timeout S] [--no-stdin] -- CMD [ARG...]\n"
 	"                                                 streamed: stdin, stdout, stderr, signals, exit status\n"
 	"  [-v] fs read|write|ls|stat|mkdir|mv|rm ID PATH...      (write: content on stdin; any size)\n"
 	"  [-v] watch ID PATH                                   file events until interrupted\n"
@@ -50,7 +59,9 @@ static const char usage[] =
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
-	"  dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] | dev down [--dir DIR] | dev status\n"
+	"  dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--pool N] [--plaintext] | dev down [--dir DIR]\n"
+	"       | dev status                               TLS with a CA of its own in DIR/tls (SPACED_CA_FILE)\n"
+	"  dev certs [--dir DIR] [--workers N]            only that CA and its certificates\n"
 	"\n"
 	"shell:\n"
 	"  completion bash                                a bash completion script (source <(spacectl completion bash))\n"
@@ -144,6 +155,8 @@ int main(int argc, char **argv)
 		return cmd_cap(argc - 1, argv + 1);
 	if (strcmp(argv[1], "node") == 0)
 		return cmd_node(argc - 1, argv + 1);
+	if (strcmp(argv[1], "template") == 0)
+		return cmd_template(argc - 1, argv + 1);
 	if (strcmp(argv[1], "net") == 0)
 		return cmd_net(argc - 1, argv + 1);
 	if (strcmp(argv[1], "expose") == 0)
@@ -151,7 +164,7 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "port-forward") == 0)
 		return cmd_port_forward(argc - 1, argv + 1);
 	static const char *const cp_cmds[] = {"workers", "create", "ls", "rm", "inspect", "route",
-	                                      "pause", "snapshot", "resume", "move", "quota", NULL};
+	                                      "pause", "snapshot", "resume", "move", "quota", "timeout", NULL};
 	for (size_t i = 0; cp_cmds[i] != NULL; i++)
 		if (strcmp(argv[1], cp_cmds[i]) == 0)
 			return cmd_cp(argc - 1, argv + 1);

@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "http_client.h"
+#include "net.h"
 #include "util.h"
 #include "ws.h"
 
@@ -24,7 +25,7 @@
 #define RX_CAP (WS_CLIENT_MSG_MAX + SPACED_WS_HDR_MAX + (256u << 10))
 
 struct ws_client {
-	int fd;
+	struct net_conn *conn; /* TCP, or TLS over it (wss://) */
 	uint8_t *rx;
 	size_t rx_off, rx_len; /* bytes read and not yet taken: rx[rx_off, rx_len) */
 	size_t taken;          /* bytes of the message returned last, taken at the next call */
@@ -46,7 +47,7 @@ static void fail(struct ws_client *w, const char *fmt, ...)
 	va_end(ap);
 }
 
-static struct ws_client *client_new(int fd)
+static struct ws_client *client_new(struct net_conn *conn)
 {
 	struct ws_client *w = calloc(1, sizeof *w);
 	if (w == NULL)
@@ -55,7 +56,7 @@ static struct ws_client *client_new(int fd)
 		free(w);
 		return NULL;
 	}
-	w->fd = fd;
+	w->conn = conn;
 	spaced_buf_init(&w->frag, WS_CLIENT_MSG_MAX);
 	spaced_buf_init(&w->tx, SIZE_MAX / 2);
 	return w;
@@ -63,9 +64,12 @@ static struct ws_client *client_new(int fd)
 
 int ws_client_adopt(int fd, struct ws_client **out)
 {
-	struct ws_client *w = client_new(fd);
-	if (w == NULL)
+	struct net_conn *c = net_adopt(fd);
+	struct ws_client *w = c ? client_new(c) : NULL;
+	if (w == NULL) {
+		net_close(c);
 		return SPACED_ENOMEM;
+	}
 	*out = w;
 	return 0;
 }
@@ -74,8 +78,7 @@ void ws_client_free(struct ws_client *w)
 {
 	if (w == NULL)
 		return;
-	if (w->fd >= 0)
-		close(w->fd);
+	net_close(w->conn);
 	spaced_buf_free(&w->frag);
 	spaced_buf_free(&w->tx);
 	free(w->rx);
@@ -84,7 +87,12 @@ void ws_client_free(struct ws_client *w)
 
 int ws_client_fd(const struct ws_client *w)
 {
-	return w->fd;
+	return net_fd(w->conn);
+}
+
+bool ws_client_pending(const struct ws_client *w)
+{
+	return net_pending(w->conn);
 }
 
 const char *ws_client_errmsg(const struct ws_client *w)
@@ -151,9 +159,7 @@ int ws_client_close(struct ws_client *w, unsigned code, const char *reason)
 int ws_client_flush(struct ws_client *w)
 {
 	while (w->tx_off < w->tx.len) {
-		ssize_t k = send(w->fd, w->tx.data + w->tx_off, w->tx.len - w->tx_off, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (k < 0 && errno == EINTR)
-			continue;
+		ssize_t k = net_send(w->conn, w->tx.data + w->tx_off, w->tx.len - w->tx_off, MSG_DONTWAIT);
 		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return 1;
 		if (k <= 0) {
@@ -197,9 +203,7 @@ int ws_client_read(struct ws_client *w)
 		w->rx_off = 0;
 	}
 	for (;;) {
-		ssize_t k = recv(w->fd, w->rx + w->rx_len, RX_CAP - w->rx_len, MSG_DONTWAIT);
-		if (k < 0 && errno == EINTR)
-			continue;
+		ssize_t k = net_recv(w->conn, w->rx + w->rx_len, RX_CAP - w->rx_len, MSG_DONTWAIT);
 		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			return 0;
 		if (k < 0) {
@@ -340,7 +344,7 @@ static uint64_t now_ms(void)
 	return spaced_mono_ns() / 1000000u;
 }
 
-int ws_client_open(const char *host, int port, const char *target, const char *bearer, int timeout_s,
+int ws_client_open(const char *host, int port, int tls, const char *target, const char *bearer, int timeout_s,
                    struct ws_client **out, int *http_status, char *err, size_t errsz)
 {
 	uint8_t keyraw[16];
@@ -352,8 +356,8 @@ int ws_client_open(const char *host, int port, const char *target, const char *b
 		snprintf(err, errsz, "cannot make a WebSocket key");
 		return SPACED_ENOMEM;
 	}
-	int fd = http_connect(host, port, timeout_s, err, errsz);
-	if (fd < 0)
+	struct net_conn *fd = NULL;
+	if (net_connect(host, port, tls, timeout_s, &fd, err, errsz) < 0)
 		return SPACED_ECLOSED;
 	int e = SPACED_ENOMEM;
 	struct ws_client *w = NULL;
@@ -376,7 +380,7 @@ int ws_client_open(const char *host, int port, const char *target, const char *b
 	uint64_t deadline = now_ms() + (uint64_t)timeout_s * 1000u;
 	size_t off = 0;
 	while (off < (size_t)n) {
-		ssize_t k = send(fd, req + off, (size_t)n - off, MSG_NOSIGNAL);
+		ssize_t k = net_send(fd, req + off, (size_t)n - off, 0);
 		if (k < 0 && errno == EINTR) {
 			snprintf(err, errsz, "interrupted");
 			e = SPACED_ECLOSED;
@@ -393,13 +397,13 @@ int ws_client_open(const char *host, int port, const char *target, const char *b
 		snprintf(err, errsz, "out of memory");
 		goto out;
 	}
-	fd = -1;
+	fd = NULL;
 	/* the answer's head; what follows it is the stream's first bytes */
 	long hl = 0;
 	while ((hl = http_head_length(w->rx, w->rx_len)) == 0) {
 		uint64_t t = now_ms();
-		struct pollfd pf = {.fd = w->fd, .events = POLLIN};
-		int pr = t >= deadline ? 0 : poll(&pf, 1, (int)(deadline - t));
+		struct pollfd pf = {.fd = net_fd(w->conn), .events = POLLIN};
+		int pr = net_pending(w->conn) ? 1 : t >= deadline ? 0 : poll(&pf, 1, (int)(deadline - t));
 		if (pr < 0) {
 			snprintf(err, errsz, errno == EINTR ? "interrupted" : "poll: %s", strerror(errno));
 			e = SPACED_ECLOSED;
@@ -442,8 +446,8 @@ int ws_client_open(const char *host, int port, const char *target, const char *b
 		goto out;
 	}
 	w->rx_off = (size_t)hl;
-	int fl = fcntl(w->fd, F_GETFL);
-	if (fl < 0 || fcntl(w->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+	int fl = fcntl(net_fd(w->conn), F_GETFL);
+	if (fl < 0 || fcntl(net_fd(w->conn), F_SETFL, fl | O_NONBLOCK) < 0) {
 		snprintf(err, errsz, "fcntl: %s", strerror(errno));
 		e = SPACED_ECLOSED;
 		goto out;
@@ -457,7 +461,6 @@ out:
 		free(req);
 	}
 	ws_client_free(w);
-	if (fd >= 0)
-		close(fd);
+	net_close(fd);
 	return e;
 }

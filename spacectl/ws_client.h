@@ -1,8 +1,10 @@
 /*
  * ws_client.h — spacectl's WebSocket client (RFC 6455) over one TCP
- * connection, http:// only, built on libspaced/ws.h (frame parsing, masking,
- * the accept key). It does no I/O of its own accord and keeps no thread: the
- * caller polls ws_client_fd() and calls ws_client_read() when it is readable,
+ * connection, ws:// or wss:// (TLS through net.h), built on libspaced/ws.h
+ * (frame parsing, masking, the accept key). It does no I/O of its own accord
+ * and keeps no thread: the caller polls ws_client_fd() (not blocking at all
+ * while ws_client_pending() says TLS holds decrypted bytes) and calls
+ * ws_client_read() when it is readable,
  * ws_client_next() to take the messages that arrived, ws_client_send() to
  * queue a message and ws_client_flush() when the socket is writable. So one
  * poll() loop can carry a stream and the terminal, pipes and signals around
@@ -41,7 +43,7 @@ struct ws_client_msg {
 	char close_reason[124]; /* CLOSE: its reason, NUL-terminated (control bytes as '?') */
 };
 
-/* Connects to host:port and opens a WebSocket at target (origin-form, e.g.
+/* Connects to host:port (TLS when tls) and opens a WebSocket at target (origin-form, e.g.
  * "/v1/sandboxes/S/exec?argv=sh"), sending "Authorization: Bearer <bearer>"
  * when bearer is not NULL. timeout_s bounds the connection and the
  * handshake. Checks the answer: status 101, Upgrade: websocket,
@@ -54,7 +56,7 @@ struct ws_client_msg {
  * the answer's status when there was one, else 0) or SPACED_ENOMEM; err
  * (errsz bytes) says what happened. Nothing is written to *http_status on
  * success. */
-int ws_client_open(const char *host, int port, const char *target, const char *bearer, int timeout_s,
+int ws_client_open(const char *host, int port, int tls, const char *target, const char *bearer, int timeout_s,
                    struct ws_client **out, int *http_status, char *err, size_t errsz);
 
 /* A client over fd, a connection whose handshake is done (tests, fuzzing);
@@ -66,6 +68,10 @@ void ws_client_free(struct ws_client *w);
 
 /* The socket, for poll(). */
 int ws_client_fd(const struct ws_client *w);
+
+/* Whether bytes TLS decrypted already wait (poll() cannot see them): read
+ * them (ws_client_read) before waiting on the socket. */
+bool ws_client_pending(const struct ws_client *w);
 
 /* The description of the last failure ("" when none). */
 const char *ws_client_errmsg(const struct ws_client *w);

@@ -4,6 +4,7 @@
  * A tenant only ever sees its own sandboxes: another tenant's sandbox and a
  * missing one get the same 404 body.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,22 @@ static int auth(struct cp_store *st, struct cp_req *rq, enum cp_role role, char 
 	}
 	if (r < 0) {
 		answer(rq, 503, cp_error("store", spaced_strerror(r)));
+		return -1;
+	}
+	return 0;
+}
+
+int cp_worker_cert_check(const struct cp *cp, struct cp_req *rq, const char *worker)
+{
+	if (!cp->mtls)
+		return 0;
+	if (rq->peer_cert[0] == 0) {
+		answer(rq, 401, cp_error("unauthorized", "the worker endpoints need a client certificate (mutual TLS) "
+		                                         "signed by the workers' CA"));
+		return -1;
+	}
+	if (worker != NULL && strcmp(rq->peer_cert, worker) != 0) {
+		answer(rq, 403, cp_error("forbidden", "the client certificate names another worker"));
 		return -1;
 	}
 	return 0;
@@ -255,6 +272,56 @@ static void worker_heartbeat(struct cp_store *st, struct cp_req *rq, const char 
 		answer(rq, 200, json_pack("{s:s}", "id", id));
 }
 
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* GET /v1/sandboxes?meta=K=V&meta=K2=V2: keeps the sandboxes whose metadata
+ * holds every pair (values percent-decoded; '+' is a space). */
+static int meta_filter(const char *target, json_t *list, char *err, size_t errsz)
+{
+	const char *q = strchr(target, '?');
+	struct {
+		char k[64], v[257];
+	} want[16];
+	int nw = 0;
+	for (const char *p = q ? q + 1 : NULL; p && *p;) {
+		size_t l = strcspn(p, "&");
+		if (l > 5 && strncmp(p, "meta=", 5) == 0) {
+			char dec[600];
+			size_t dl = 0;
+			for (size_t i = 5; i < l && dl + 1 < sizeof dec; i++) {
+				if (p[i] == '%' && i + 2 < l && hexval(p[i + 1]) >= 0 && hexval(p[i + 2]) >= 0) {
+					dec[dl++] = (char)(hexval(p[i + 1]) * 16 + hexval(p[i + 2]));
+					i += 2;
+				} else {
+					dec[dl++] = p[i] == '+' ? ' ' : p[i];
+				}
+			}
+			if (nw == 16 || cp_parse_meta_pair(dec, dl, want[nw].k, want[nw].v) < 0) {
+				snprintf(err, errsz, "meta filters are K=V, at most 16");
+				return -1;
+			}
+			nw++;
+		}
+		p += l;
+		if (*p == '&')
+			p++;
+	}
+	for (size_t i = json_array_size(list); i-- > 0;) {
+		json_t *md = json_object_get(json_array_get(list, i), "metadata");
+		bool keep = true;
+		for (int w = 0; w < nw && keep; w++) {
+			const char *v = json_string_value(json_object_get(md, want[w].k));
+			keep = v && strcmp(v, want[w].v) == 0;
+		}
+		if (!keep)
+			json_array_remove(list, i);
+	}
+	return 0;
+}
+
 void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 {
 	char path[sizeof rq->path], tenant[SPACED_NAME_MAX], key_id[SPACED_NAME_MAX], owner[SPACED_NAME_MAX], err[160];
@@ -287,20 +354,24 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			workers_list(st, rq);
 			return;
 		}
+		/* a worker speaks for itself with its worker key (its join token
+		 * to begin with) and, with mTLS, a client certificate naming it */
 		if (n == 2 && post) {
-			if (auth(st, rq, CP_ROLE_WORKER, owner, key_id) < 0)
+			if (cp_worker_cert_check(cp, rq, NULL) < 0 || auth(st, rq, CP_ROLE_WORKER, owner, key_id) < 0 ||
+			    cp_worker_cert_check(cp, rq, owner) < 0)
 				return;
 			worker_register(cp, st, rq, owner, key_id);
 			return;
 		}
 		if (n == 3 && post && strcmp(seg[2], "join") == 0) {
-			if (auth(st, rq, CP_ROLE_JOIN, owner, key_id) < 0)
+			if (cp_worker_cert_check(cp, rq, NULL) < 0 || auth(st, rq, CP_ROLE_JOIN, owner, key_id) < 0 ||
+			    cp_worker_cert_check(cp, rq, owner) < 0)
 				return;
 			worker_join(cp, st, rq, owner, key_id);
 			return;
 		}
 		if (n == 4 && post && strcmp(seg[3], "heartbeat") == 0) {
-			if (auth(st, rq, CP_ROLE_WORKER, owner, NULL) < 0)
+			if (cp_worker_cert_check(cp, rq, seg[2]) < 0 || auth(st, rq, CP_ROLE_WORKER, owner, NULL) < 0)
 				return;
 			worker_heartbeat(st, rq, seg[2], owner);
 			return;
@@ -335,6 +406,19 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 		                          "memory_bytes", (json_int_t)used.memory, "disk_bytes", (json_int_t)used.disk));
 		return;
 	}
+	if (strcmp(seg[1], "templates") == 0 || strcmp(seg[1], "store") == 0 || strcmp(seg[1], "builds") == 0) {
+		if (auth(st, rq, CP_ROLE_TENANT, tenant, NULL) < 0)
+			return;
+		int status;
+		if (strcmp(seg[1], "builds") == 0)
+			status = cp_builds_api(cp, st, tenant, rq->method, seg, n, body, blen, &out);
+		else if (n == 3 && post && spaced_name_valid(seg[2], strlen(seg[2])))
+			status = cp_template_name(st, tenant, seg[2], body, blen, &out);
+		else
+			status = cp_templates_api(cp, st, tenant, rq->method, seg, n, &out);
+		answer(rq, status, out);
+		return;
+	}
 	if (strcmp(seg[1], "sandboxes") != 0 || n > 4) {
 		answer(rq, 404, cp_error("not-found", "no such endpoint"));
 		return;
@@ -353,6 +437,11 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 	}
 	if (n == 2 && get) {
 		json_t *l = cp_sandbox_list(st, tenant);
+		if (l && meta_filter(rq->path, l, err, sizeof err) < 0) {
+			json_decref(l);
+			bad_request(rq, err);
+			return;
+		}
 		answer(rq, l ? 200 : 503, l ? json_pack("{s:o}", "sandboxes", l) : cp_error("store", "store unavailable"));
 		return;
 	}
@@ -378,6 +467,16 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 	if (n == 4 && post) {
 		const char *op = seg[3];
 		char worker[SPACED_NAME_MAX] = "";
+		if (strcmp(op, "timeout") == 0) {
+			int64_t secs = 0;
+			if (cp_parse_timeout(body, blen, &secs, err, sizeof err) < 0) {
+				bad_request(rq, err);
+				return;
+			}
+			int status = cp_op_timeout(st, tenant, id, secs, &out);
+			answer(rq, status, out);
+			return;
+		}
 		if (strcmp(op, "route") == 0) {
 			struct cp_route_req rt;
 			if (cp_parse_route(body, blen, &rt, err, sizeof err) < 0) {

@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "reqparse.h"
+#include "rootfs.h"
 #include "store.h"
 #include "util.h"
 
@@ -66,11 +67,25 @@ struct cp {
 	char default_substrate[SPACED_NAME_MAX]; /* for a create that names none ("process") */
 	int nthreads;
 
+	/* the store of templates and snapshots (blobs.c, templates.c) */
+	char store_host[64];
+	int store_port;               /* 0: any free port */
+	char store_url[CP_URL_MAX];   /* http://HOST:PORT, what workers and spacectl are told */
+	char store_dir[1024];         /* STATE/store */
+	uint64_t template_max;        /* largest archive a template import takes */
+	uint64_t snapshot_max;        /* largest snapshot archive */
+	struct spaced_rootfs_limits template_limits;
+
 	/* signer */
 	int signer_fd;
 	pid_t signer_pid;
 	pthread_mutex_t signer_mu;
 
+	/* TLS (tls.h): the listener's context, NULL with --plaintext; mtls: a
+	 * client CA was given, so join, register, heartbeat and the channel
+	 * want a verified client certificate whose name is the worker ID */
+	struct ssl_ctx_st *tls;
+	bool mtls;
 	/* the metrics listener (--metrics-listen), or metrics_host[0] == 0: none */
 	char metrics_host[64];
 	int metrics_port;
@@ -84,6 +99,7 @@ struct cp {
 
 	pthread_mutex_t mu;       /* guards ack waits (ack_cv) */
 	pthread_cond_t ack_cv;    /* an ack was recorded */
+	uint64_t ack_gen;         /* acks recorded so far (a waiter sleeps only while it is unchanged) */
 	volatile int stopping;
 
 	/* when this replica last issued a route per sandbox (monotonic ns), for
@@ -108,6 +124,7 @@ struct cp_req {
 	char path[256];
 	char auth[512];
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
+	char peer_cert[SPACED_NAME_MAX]; /* the verified client certificate's name, "" none (cp->mtls) */
 	char peer[64];                /* the client's address */
 	char request_id[65];          /* the client's X-Request-Id, or one made for it */
 	char tenant[SPACED_NAME_MAX]; /* the tenant its key speaks for, once authenticated (api.c) */
@@ -115,6 +132,11 @@ struct cp_req {
 	int status;
 	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */
 };
+
+/* api.c: with mTLS (cp->mtls), whether rq came with a verified client
+ * certificate, naming worker when worker is not NULL. Returns 0, or -1 with
+ * the answer set (401 without one, 403 naming another worker). */
+int cp_worker_cert_check(const struct cp *cp, struct cp_req *rq, const char *worker);
 
 /* server.c */
 /* Serves the API and the control channels until SIGTERM / SIGINT; returns 0
@@ -154,6 +176,11 @@ int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t
  * (JSON text or NULL; free()) and code/error fill in. SPACED_ETIMEDOUT otherwise. */
 int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, int timeout_ms,
                 int *ok, char **result);
+/* acks.c: an ack handed over in memory (the waiters see it at once) and
+ * queued for its outbox row; and the ack of worker's seq when this replica
+ * holds it in memory (1, *ok, *result a copy) or 0. */
+void cp_acks_put(struct cp *cp, const char *worker, int64_t seq, int ok, const char *result);
+int cp_acks_get(struct cp *cp, const char *worker, int64_t seq, int *ok, char **result);
 /* Records an ack from the channel (service thread). */
 int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m);
 /* Current verification bundle from the store (keys whose window is still open). */
@@ -187,11 +214,45 @@ json_t *cp_network_or_default(const char *text);
 int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
                 const struct cp_route_req *rt, json_t **body);
 json_t *cp_sandbox_json(struct cp_store *st, const char *tenant, const char *id);
+/* spacectl timeout: the sandbox is reaped seconds from now (0: never). */
+int cp_op_timeout(struct cp_store *st, const char *tenant, const char *id, int64_t seconds, json_t **body);
 /* The tenant's quotas and what it holds; with lock, inside a transaction,
  * taking the tenant's row lock (ops.c). */
 int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,
                    struct cp_quota *used);
 void cp_reap(struct cp *cp, struct cp_store *st);
+
+/* blobs.c: the store's own HTTP server thread (templates in, templates and
+ * snapshots out and in); fills store_url. 0 or a SPACED_E* code. */
+int cp_blobs_start(struct cp *cp);
+
+/* templates.c */
+/* The tenant's template name as {"name","hash","config"} (*tmpl), or an HTTP
+ * status with *err. */
+int cp_template_resolve(struct cp_store *st, const char *tenant, const char *name, json_t **tmpl, json_t **err);
+/* A tree the tenant may run as its template by hash (one of its templates,
+ * or a step of one of its builds): {"name","hash","config"}, or an HTTP
+ * status with *err. */
+int cp_template_owned(struct cp_store *st, const char *tenant, const char *hash, json_t **tmpl, json_t **err);
+/* Adds spec.template.url: where a worker fetches the template's archive. */
+void cp_template_locate(struct cp *cp, json_t *spec);
+/* Imports the archive at upload as the tenant's template name (HTTP status,
+ * *answer the body). Runs off the loops (blocking, CPU and disk). */
+int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *upload,
+                       json_t **answer);
+/* FROM of a build (debian:SUITE through mmdebstrap, scratch, or a template):
+ * {"hash","cached","config"}; runs long (the store's work threads). */
+int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out);
+/* POST /v1/builds/lookup {"parent","step"} and /v1/builds/commit
+ * {"sandbox","parent","step","config"}. */
+int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                  const char *body, size_t blen, json_t **out);
+/* POST /v1/templates/NAME {"hash","config"}: names a built tree. */
+int cp_template_name(struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
+                     json_t **out);
+/* GET /v1/templates[/NAME], DELETE /v1/templates/NAME, GET /v1/store. */
+int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                     json_t **out);
 json_t *cp_error(const char *code, const char *msg);
 
 #endif

@@ -6,6 +6,8 @@
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
+ *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]
+ *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
  *   spaced-cp admin --state DIR [--db URL] create-join-token WORKER_ID [TTL_SECONDS]
@@ -35,6 +37,7 @@
 #include "observe.h"
 #include "error.h"
 #include "resources.h"
+#include "tls.h"
 
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
@@ -42,6 +45,8 @@ static const char usage[] =
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE] [--default-substrate S]\n"
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
+	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]\n"
+	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
@@ -234,12 +239,19 @@ int main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
 		{"move-drain", required_argument, NULL, 'D'},
 		{"quota", required_argument, NULL, 'Q'},
-		{"default-substrate", required_argument, NULL, 'S'},
+		{"default-substrate", required_argument, NULL, 5},
 		{"head-timeout", required_argument, NULL, 'H'},
 		{"max-conns", required_argument, NULL, 'C'},
 		{"max-conns-per-ip", required_argument, NULL, 'P'},
+		{"tls-cert", required_argument, NULL, 1},
+		{"tls-key", required_argument, NULL, 2},
+		{"tls-client-ca", required_argument, NULL, 3},
+		{"plaintext", no_argument, NULL, 4},
 		{"metrics-listen", required_argument, NULL, 'M'},
 		{"log-format", required_argument, NULL, 'L'},
+		{"store-listen", required_argument, NULL, 'S'},
+		{"template-max", required_argument, NULL, 'T'},
+		{"snapshot-max", required_argument, NULL, 'X'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
@@ -248,9 +260,17 @@ int main(int argc, char **argv)
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
 	const char *listen = NULL, *metrics_listen = NULL;
 	char dbbuf[1200], cfg_err[256];
+	const char *store_listen = NULL;
+	uint64_t sz;
+	/* templates up to 8 GiB of archive and of content; snapshots up to 64 GiB */
+	cp.template_max = UINT64_C(8) << 30;
+	cp.snapshot_max = UINT64_C(64) << 30;
+	spaced_rootfs_limits_default(&cp.template_limits);
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
 		return 1;
+	struct spaced_tls_opts tls = {0};
+	char cerr[600];
 	if (is_admin) {
 		argc--;
 		argv++;
@@ -272,6 +292,10 @@ int main(int argc, char **argv)
 		case 'H': cp.head_timeout_ms = atoi(optarg); break;
 		case 'C': cp.max_conns = atoi(optarg); break;
 		case 'P': cp.max_conns_per_ip = atoi(optarg); break;
+		case 1: tls.cert = optarg; break;
+		case 2: tls.key = optarg; break;
+		case 3: tls.client_ca = optarg; break;
+		case 4: tls.plaintext = true; break;
 		case 'M': metrics_listen = optarg; break;
 		case 'L': {
 			enum spaced_log_format lf;
@@ -282,13 +306,25 @@ int main(int argc, char **argv)
 			spaced_log_set_format(lf);
 			break;
 		}
+		case 'S': store_listen = optarg; break;
+		case 'T':
+		case 'X':
+			if (spaced_size_parse(optarg, &sz) < 0 || sz == 0) {
+				fprintf(stderr, "spaced-cp: --%s wants a size\n", c == 'T' ? "template-max" : "snapshot-max");
+				return 2;
+			}
+			if (c == 'T')
+				cp.template_max = cp.template_limits.max_bytes = sz;
+			else
+				cp.snapshot_max = sz;
+			break;
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
 				return 2;
 			}
 			break;
-		case 'S':
+		case 5:
 			if (!spaced_name_valid(optarg, strlen(optarg))) {
 				fprintf(stderr, "spaced-cp: --default-substrate wants a substrate name\n");
 				return 2;
@@ -336,6 +372,20 @@ int main(int argc, char **argv)
 		fputs(usage, stderr);
 		return 2;
 	}
+	/* TLS on the listener unless --plaintext says otherwise; with a client
+	 * CA, the worker endpoints want a client certificate naming the worker */
+	if (spaced_tls_opts_check(&tls, cerr, sizeof cerr) < 0) {
+		fprintf(stderr, "spaced-cp: %s\n", cerr);
+		return 2;
+	}
+	if (!tls.plaintext) {
+		char terr[600];
+		if (spaced_tls_server_ctx(tls.cert, tls.key, tls.client_ca, false, &cp.tls, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-cp: %s\n", terr);
+			return 2;
+		}
+		cp.mtls = tls.client_ca != NULL;
+	}
 	const char *colon = strrchr(listen, ':');
 	if (colon == NULL || (size_t)(colon - listen) >= sizeof cp.listen_host || colon == listen) {
 		fputs(usage, stderr);
@@ -364,6 +414,29 @@ int main(int argc, char **argv)
 	char snaps[1100];
 	snprintf(snaps, sizeof snaps, "%s/snapshots", cp.state_dir);
 	mkdir(snaps, 0700);
+	/* the store listens on the API's host unless told otherwise, on a port of its own */
+	snprintf(cp.store_host, sizeof cp.store_host, "%s", cp.listen_host);
+	cp.store_port = 0;
+	if (store_listen != NULL) {
+		const char *sc = strrchr(store_listen, ':');
+		if (sc == NULL || sc == store_listen || (size_t)(sc - store_listen) >= sizeof cp.store_host ||
+		    atoi(sc + 1) < 0 || atoi(sc + 1) > 65535) {
+			fputs(usage, stderr);
+			return 2;
+		}
+		memcpy(cp.store_host, store_listen, (size_t)(sc - store_listen));
+		cp.store_host[sc - store_listen] = 0;
+		cp.store_port = atoi(sc + 1);
+	}
+	if (snprintf(cp.store_dir, sizeof cp.store_dir, "%s/store", cp.state_dir) >= (int)sizeof cp.store_dir) {
+		fprintf(stderr, "spaced-cp: state directory path too long\n");
+		return 1;
+	}
+	if ((r = cp_blobs_start(&cp)) < 0) {
+		fprintf(stderr, "spaced-cp: the store cannot listen on %s:%d: %s\n", cp.store_host, cp.store_port,
+		        spaced_strerror(r));
+		return 1;
+	}
 	if (replica_id(&cp) < 0) {
 		fprintf(stderr, "spaced-cp: cannot read or create %s/replica.id\n", cp.state_dir);
 		return 1;
@@ -397,5 +470,6 @@ int main(int argc, char **argv)
 		pthread_join(reaper, NULL);
 	cp_signer_stop(&cp);
 	cp_store_close(cp.loop_st);
+	SSL_CTX_free(cp.tls);
 	return r < 0 ? 1 : 0;
 }

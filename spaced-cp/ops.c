@@ -206,6 +206,13 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 	cp_i64(sb, seq);
 	for (;;) {
 		struct cp_rows *rows = NULL;
+		/* an ack recorded between the read below and the wait is not
+		 * missed: the wait ends as soon as ack_gen moved */
+		pthread_mutex_lock(&cp->mu);
+		uint64_t gen = cp->ack_gen;
+		pthread_mutex_unlock(&cp->mu);
+		if (cp_acks_get(cp, worker, seq, ok, result))
+			return 0; /* handed over in memory on this replica */
 		int r = CP_Q(st, &rows, NULL, "SELECT acked, ok, result FROM outbox WHERE worker = $1 AND seq = $2",
 		             worker, sb);
 		if (r < 0)
@@ -234,34 +241,27 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 			ts.tv_nsec -= 1000000000L;
 		}
 		pthread_mutex_lock(&cp->mu);
-		pthread_cond_timedwait(&cp->ack_cv, &cp->mu, &ts);
+		while (cp->ack_gen == gen && !cp->stopping)
+			if (pthread_cond_timedwait(&cp->ack_cv, &cp->mu, &ts) != 0)
+				break;
 		pthread_mutex_unlock(&cp->mu);
 	}
 }
 
 int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m)
 {
-	char sb[24], now[24];
 	char *res = NULL;
 	const char *store_res = m->result;
+	(void)st; /* written by acks.c's own thread: the channels never wait for the store */
 	if (!m->ok) {
 		json_t *e = json_pack("{s:s,s:s}", "code", m->code[0] ? m->code : "failed", "error", m->error);
 		res = e ? json_dumps(e, JSON_COMPACT) : NULL;
 		json_decref(e);
 		store_res = res;
 	}
-	int r = CP_Q(st, NULL, NULL,
-	             "UPDATE outbox SET acked = $3, ok = $4, result = $5 WHERE worker = $1 AND seq = $2 AND acked = 0",
-	             worker, cp_i64(sb, m->seq), cp_i64(now, spaced_now()), m->ok ? "1" : "0", store_res);
-	if (r == 0)
-		r = CP_Q(st, NULL, NULL,
-		         "UPDATE workers SET acked_seq = $2, last_seen = $3 WHERE id = $1 AND acked_seq < $2", worker, sb,
-		         now);
+	cp_acks_put(cp, worker, m->seq, m->ok, store_res);
 	free(res);
-	pthread_mutex_lock(&cp->mu);
-	pthread_cond_broadcast(&cp->ack_cv);
-	pthread_mutex_unlock(&cp->mu);
-	return r;
+	return 0;
 }
 
 /* ---- keys ---- */
@@ -594,6 +594,10 @@ static json_t *sbx_json(const struct sbx *s)
 		struct spaced_resources res;
 		resources_of(s, &res);
 		json_object_set_new(j, "resources", spaced_resources_to_json(&res));
+		json_t *sp = json_object_get(j, "spec"), *t = json_object_get(sp, "template"), *md = json_object_get(sp, "metadata");
+		json_object_set_new(j, "template", json_is_object(t) ? json_incref(json_object_get(t, "name")) : json_null());
+		json_object_set_new(j, "metadata", json_is_object(md) ? json_incref(md) : json_object());
+		json_object_set_new(j, "auto_resume", json_boolean(json_is_true(json_object_get(sp, "auto_resume"))));
 		json_t *net = json_object_get(json_object_get(j, "spec"), "network");
 		json_object_set_new(j, "network", json_is_object(net) ? json_incref(net) : cp_network_or_default(""));
 	}
@@ -654,8 +658,9 @@ json_t *cp_sandbox_list(struct cp_store *st, const char *tenant)
 static int set_state(struct cp_store *st, const char *id, const char *state, const char *err)
 {
 	char now[24];
-	return CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = $2, last_error = $3, last_active = $4 WHERE id = $1",
-	            id, state, err, cp_i64(now, spaced_now()));
+	return CP_Q(st, NULL, NULL,
+	            "UPDATE sandboxes SET state = $2, last_error = $3, last_active = $4, idle_paused = 0 WHERE id = $1", id,
+	            state, err, cp_i64(now, spaced_now()));
 }
 
 /* A policy object from canonical JSON text, or the default policy ("" or unreadable). */
@@ -863,28 +868,64 @@ static int ack_status(int r, const char *what, char *why, json_t **body, char *e
 
 /* Installs a new generation (or a new activation of the current one when
  * same_gen) of sandbox s on worker p and waits for the ack. */
+/* The create's start (start_execution_in): the caller's transaction is
+ * open (it inserted the sandbox) and the lease op is released with the
+ * state once the worker acknowledged — one commit before the install and
+ * one after it. */
+struct start_opts {
+	int in_txn;
+	const char *release_op;
+	int no_commit;     /* the caller commits (a batch of creates) and then calls finish_start */
+	int64_t *seq_out;  /* with no_commit: the install's seq */
+};
+
+static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
+                        const char *release_op, json_t **body);
+
+static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
+                              const char *snapshot, const char *snapshot_hash, int same_gen,
+                              const struct start_opts *so, json_t **body);
+
 static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                            const char *snapshot, const char *snapshot_hash, int same_gen, json_t **body)
 {
-	char act[SPACED_NAME_MAX], gb[24], now[24], errtext[512];
+	static const struct start_opts none;
+	return start_execution_in(cp, st, s, p, snapshot, snapshot_hash, same_gen, &none, body);
+}
+
+static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
+                              const char *snapshot, const char *snapshot_hash, int same_gen,
+                              const struct start_opts *so, json_t **body)
+{
+	char act[SPACED_NAME_MAX], gb[24], now[24];
 	const char *id = col(s, C_ID);
 	int64_t gen = cp_rows_i64(s->rows, s->r, C_GEN, 0);
 	int64_t seq = 0;
-	int r, ok = 0;
-	char *res = NULL;
+	int r;
 	json_error_t jerr;
 	cp_random_name(act, "act-");
 	json_t *spec = json_loads(col(s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr), *msg = NULL;
 	if (spec == NULL) {
+		if (so->in_txn && !so->no_commit)
+			cp_store_rollback(st);
 		*body = cp_error("internal", "stored spec unreadable");
 		return 500;
 	}
 	/* the limits it runs under, as placement resolved them for this worker */
 	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
+	/* where the worker fetches its template (the store's address of now) */
+	cp_template_locate(cp, spec);
+	/* a snapshot in the store is named where the store is now */
+	char snap_url[CP_URL_MAX + 256];
+	const char *in_store = snapshot ? strstr(snapshot, "/v1/blobs/snapshots/") : NULL;
+	if (in_store && strncmp(snapshot, "http", 4) == 0) {
+		snprintf(snap_url, sizeof snap_url, "%s%s", cp->store_url, in_store);
+		snapshot = snap_url;
+	}
 	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
 	/* the destination checks the snapshot against it and refuses without it */
 	json_object_set_new(spec, "snapshot_hash", snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
-	if ((r = cp_store_begin(st)) < 0)
+	if (!so->in_txn && (r = cp_store_begin(st)) < 0)
 		goto fail;
 	if (!same_gen) {
 		/* the one transaction that makes a new, strictly greater generation */
@@ -916,37 +957,70 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	}
 	char sq[24];
 	if ((r = cp_outbox_push(st, p->worker, msg, &seq)) < 0 ||
-	    (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET install_seq = $2 WHERE id = $1", id, cp_i64(sq, seq))) < 0 ||
-	    (r = cp_store_commit(st)) < 0)
+	    (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET install_seq = $2 WHERE id = $1", id, cp_i64(sq, seq))) < 0)
 		goto fail;
-	cp_wake(cp);
-	r = cp_wait_ack(cp, st, p->worker, seq, cp->ack_timeout_ms, &ok, &res);
-	if (r == 0 && ok) {
-		set_state(st, id, "running", NULL);
-		/* the execution's ServicePort gateway, from the ack (docs/network.md) */
-		json_t *ar = res ? json_loads(res, JSON_REJECT_DUPLICATES, &jerr) : NULL;
-		json_t *gw = json_object_get(ar, "gateway");
-		char gb2[24];
-		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET gateway = $2 WHERE id = $1", id,
-		     cp_i64(gb2, json_is_integer(gw) ? json_integer_value(gw) : 0));
-		json_decref(ar);
+	if (so->no_commit) {
+		*so->seq_out = seq;
 		json_decref(spec);
 		json_decref(msg);
+		return 0;
+	}
+	if ((r = cp_store_commit(st)) < 0)
+		goto fail;
+	cp_wake(cp);
+	json_decref(spec);
+	json_decref(msg);
+	return finish_start(cp, st, id, p->worker, seq, so->release_op, body);
+fail:
+	if (!so->no_commit)
+		cp_store_rollback(st);
+	json_decref(spec);
+	json_decref(msg);
+	*body = cp_error("internal", spaced_strerror(r));
+	return r == SPACED_EBUSY ? 503 : 500;
+}
+
+/* The tail of a start: waits for the install's ack; on it, the state
+ * (and, for a create, the lease with it), else the error. */
+static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
+                        const char *release_op, json_t **body)
+{
+	char errtext[512], *res = NULL;
+	int ok = 0;
+	int r = cp_wait_ack(cp, st, worker, seq, cp->ack_timeout_ms, &ok, &res);
+	const struct start_opts *so = &(struct start_opts){.release_op = release_op};
+	char gwb[24] = "0";
+	if (r == 0 && ok) {
+		/* the execution's ServicePort gateway, from the ack (docs/network.md) */
+		json_error_t jerr;
+		json_t *ar = res ? json_loads(res, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+		json_t *gw = json_object_get(ar, "gateway");
+		cp_i64(gwb, json_is_integer(gw) ? json_integer_value(gw) : 0);
+		json_decref(ar);
+	}
+	if (r == 0 && ok && so->release_op) {
+		/* lost in a crash, the operation is finished again by the recovery
+		 * (its lease expires; the install's ack is there or comes again) */
+		char nowb[24];
+		cp_store_relaxed(st, 1);
+		CP_Q(st, NULL, NULL,
+		     "UPDATE sandboxes SET state = 'running', last_error = NULL, last_active = $3, op = NULL, op_until = 0, "
+		     "gateway = $4 WHERE id = $1 AND op = $2",
+		     id, so->release_op, cp_i64(nowb, spaced_now()), gwb);
+		cp_store_relaxed(st, 0);
+		free(res);
+		return 0;
+	}
+	if (r == 0 && ok) {
+		set_state(st, id, "running", NULL);
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET gateway = $2 WHERE id = $1", id, gwb);
 		free(res);
 		return 0;
 	}
 	int status = ack_status(r == 0 ? SPACED_EPERM : r, "install", res, body, errtext, sizeof errtext);
 	set_state(st, id, "error", errtext);
-	json_decref(spec);
-	json_decref(msg);
 	free(res);
 	return status;
-fail:
-	cp_store_rollback(st);
-	json_decref(spec);
-	json_decref(msg);
-	*body = cp_error("internal", spaced_strerror(r));
-	return r == SPACED_EBUSY ? 503 : 500;
 }
 
 /* A tenant's quotas (its own, or this control plane's defaults) and what it
@@ -1015,13 +1089,156 @@ static int quota_check(struct cp *cp, struct cp_store *st, const char *tenant, c
 	return 429;
 }
 
+/* ---- creates, committed in groups ----
+ * A create's first transaction (placement, quotas, the sandbox, its first
+ * generation, the install queued) waits for the disk once (synchronous=FULL);
+ * fifty of them one after the other wait fifty times. So creates that
+ * arrive together are written in one transaction: the first to come leads
+ * — it runs every waiting create's statements on its own store handle, each
+ * under a savepoint of its own (a refused create is rolled back alone),
+ * commits once, and wakes them — while the next ones gather for the next
+ * commit. Each create then waits for its own ack on its own thread. */
+struct create_job {
+	struct create_job *next;
+	const char *tenant;
+	const struct cp_create_req *c;
+	const char *spec_text, *id, *op, *tmpl_hash;
+	/* results */
+	bool done;
+	int status;
+	json_t *body;
+	char worker[SPACED_NAME_MAX];
+	int64_t seq;
+};
+
+static pthread_mutex_t batch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t batch_cv = PTHREAD_COND_INITIALIZER;
+static struct create_job *batch_head, **batch_tail = &batch_head;
+static bool batch_leading;
+
+/* One create's statements, inside the batch's transaction. */
+static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
+{
+	const struct cp_create_req *c = j->c;
+	char now[24], until[24], idle[24], maxl[24], cpu[24], mem[24], pids[24], disk[24];
+	struct placement p;
+	int64_t t = spaced_now();
+	int r;
+	if ((r = CP_Q0(st, NULL, NULL, "SAVEPOINT spaced_create")) < 0) {
+		j->status = 500;
+		j->body = cp_error("internal", spaced_strerror(r));
+		return;
+	}
+	/* a create that names no substrate gets the control plane's default */
+	const char *substrate = c->has_substrate || !cp->default_substrate[0] ? c->substrate : cp->default_substrate;
+	if ((j->status = place(st, substrate, &c->res, c->worker, NULL, &p, &j->body)) != 0 ||
+	    /* the tenant's quotas, in the transaction that places the sandbox */
+	    (j->status = quota_check(cp, st, j->tenant, &p.res, &j->body)) != 0)
+		goto undo;
+	r = CP_Q(st, NULL, NULL,
+	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
+	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes, "
+	         "template_hash) "
+	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14, $15)",
+	         j->id, j->tenant, p.worker, substrate, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
+	         cp_i64(now, t), cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
+	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime), cp_i64(cpu, p.res.cpu_milli),
+	         cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
+	         cp_i64(disk, (int64_t)p.res.disk_bytes), j->tmpl_hash[0] ? j->tmpl_hash : NULL);
+	struct sbx s;
+	if (r < 0 || (r = sbx_load(st, j->tenant, j->id, &s)) < 0) {
+		j->status = 500;
+		j->body = cp_error("internal", spaced_strerror(r));
+		goto undo;
+	}
+	/* generation 1 in the same transaction (I2), the install queued */
+	const struct start_opts so = {.in_txn = 1, .no_commit = 1, .seq_out = &j->seq};
+	j->status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, &j->body);
+	cp_rows_free(s.rows);
+	if (j->status != 0)
+		goto undo;
+	snprintf(j->worker, sizeof j->worker, "%s", p.worker);
+	CP_Q0(st, NULL, NULL, "RELEASE SAVEPOINT spaced_create");
+	return;
+undo:
+	CP_Q0(st, NULL, NULL, "ROLLBACK TO SAVEPOINT spaced_create");
+	CP_Q0(st, NULL, NULL, "RELEASE SAVEPOINT spaced_create");
+}
+
+static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *j)
+{
+	pthread_mutex_lock(&batch_mu);
+	*batch_tail = j;
+	batch_tail = &j->next;
+	while (!j->done && batch_leading)
+		pthread_cond_wait(&batch_cv, &batch_mu);
+	if (j->done) {
+		pthread_mutex_unlock(&batch_mu);
+		return;
+	}
+	batch_leading = true;
+	while (batch_head) {
+		struct create_job *batch = batch_head;
+		batch_head = NULL;
+		batch_tail = &batch_head;
+		pthread_mutex_unlock(&batch_mu);
+		int r = cp_store_begin(st), queued = 0;
+		for (struct create_job *k = batch; k; k = k->next) {
+			if (r < 0) {
+				k->status = 503;
+				k->body = cp_error("store-busy", spaced_strerror(r));
+				continue;
+			}
+			create_one(cp, st, k);
+			queued += k->status == 0;
+		}
+		if (r == 0 && (r = cp_store_commit(st)) < 0) {
+			cp_store_rollback(st);
+			for (struct create_job *k = batch; k; k = k->next)
+				if (k->status == 0) {
+					k->status = 500;
+					k->body = cp_error("internal", spaced_strerror(r));
+				}
+		} else if (queued) {
+			cp_wake(cp);
+		}
+		pthread_mutex_lock(&batch_mu);
+		for (struct create_job *k = batch; k; k = k->next)
+			k->done = true;
+		pthread_cond_broadcast(&batch_cv);
+		if (j->done)
+			break; /* its own create is done: the next waiting one leads */
+	}
+	batch_leading = false;
+	pthread_cond_broadcast(&batch_cv);
+	pthread_mutex_unlock(&batch_mu);
+}
+
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body)
 {
-	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX], now[24], until[24], idle[24], maxl[24];
-	struct placement p;
-	int status, r;
-	json_t *spec = json_pack("{s:s?,s:n}", "template", c->template_name[0] ? c->template_name : NULL, "snapshot");
+	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX];
+	int status;
+	json_t *tmpl = NULL;
+	char tmpl_hash[SPACED_TREEHASH_HEX] = "";
+	/* a template is named by the tenant and pinned by its hash: the sandbox
+	 * keeps that tree across pause, resume and move, whatever the name
+	 * comes to mean later */
+	if (c->template_name[0] && (status = cp_template_resolve(st, tenant, c->template_name, &tmpl, body)) != 0)
+		return status;
+	if (c->template_hash[0] && (status = cp_template_owned(st, tenant, c->template_hash, &tmpl, body)) != 0)
+		return status;
+	if (tmpl)
+		snprintf(tmpl_hash, sizeof tmpl_hash, "%s", json_string_value(json_object_get(tmpl, "hash")));
+	json_t *spec = json_pack("{s:o,s:n}", "template", tmpl ? tmpl : json_null(), "snapshot");
+	/* what every command in it starts with, and what it is labelled with */
+	json_error_t jerr;
+	if (spec && c->env_json[0])
+		json_object_set_new(spec, "env", json_loads(c->env_json, JSON_REJECT_DUPLICATES, &jerr));
+	if (spec && c->meta_json[0])
+		json_object_set_new(spec, "metadata", json_loads(c->meta_json, JSON_REJECT_DUPLICATES, &jerr));
+	if (spec && c->auto_resume)
+		json_object_set_new(spec, "auto_resume", json_true());
 	/* the egress policy travels in the spec: every install carries it (docs/network.md) */
 	if (spec != NULL)
 		json_object_set_new(spec, "network", cp_network_or_default(c->network));
@@ -1035,52 +1252,22 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	cp_random_name(id, "sbx-");
 	cp_random_name(rnd, "");
 	snprintf(op, sizeof op, "create.%.16s@%s", rnd, cp->replica_id);
-	int64_t t = spaced_now();
-	if ((r = cp_store_begin(st)) < 0) {
-		status = 503;
-		*body = cp_error("store-busy", spaced_strerror(r));
+	struct create_job j = {.tenant = tenant, .c = c, .spec_text = spec_text, .id = id, .op = op,
+	                       .tmpl_hash = tmpl_hash};
+	create_batch(cp, st, &j);
+	status = j.status;
+	if (status != 0) {
+		*body = j.body;
 		goto out;
 	}
-	/* a create that names no substrate gets the control plane's default */
-	const char *substrate = c->has_substrate || !cp->default_substrate[0] ? c->substrate : cp->default_substrate;
-	if ((status = place(st, substrate, &c->res, c->worker, NULL, &p, body)) != 0) {
-		cp_store_rollback(st);
-		goto out;
-	}
-	/* the tenant's quotas, in the transaction that places the sandbox */
-	if ((status = quota_check(cp, st, tenant, &p.res, body)) != 0) {
-		cp_store_rollback(st);
-		goto out;
-	}
-	/* The new sandbox enters with generation 0 and the lease held;
-	 * start_execution moves it to generation 1 in its own transaction. */
-	char cpu[24], mem[24], pids[24], disk[24];
-	r = CP_Q(st, NULL, NULL,
-	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
-	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes) "
-	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14)",
-	         id, tenant, p.worker, substrate, spec_text, op, cp_i64(until, t + cp->op_lease), cp_i64(now, t),
-	         cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
-	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
-	         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
-	         cp_i64(disk, (int64_t)p.res.disk_bytes));
-	if (r < 0 || (r = cp_store_commit(st)) < 0) {
-		cp_store_rollback(st);
-		status = 500;
-		*body = cp_error("internal", spaced_strerror(r));
-		goto out;
-	}
-	struct sbx s;
-	if ((r = sbx_load(st, tenant, id, &s)) < 0) {
-		status = 500;
-		*body = cp_error("internal", spaced_strerror(r));
-		goto out;
-	}
+	/* the insert and the first generation are committed, the install
+	 * queued; the state and the lease go together once the worker
+	 * acknowledged */
 	lease_hold(id, op);
-	status = start_execution(cp, st, &s, &p, NULL, NULL, 0, body);
+	status = finish_start(cp, st, id, j.worker, j.seq, op, body);
 	lease_hold(NULL, NULL);
-	cp_rows_free(s.rows);
-	lease_drop(st, id, op);
+	if (status != 0)
+		lease_drop(st, id, op);
 	if (status == 0) {
 		*body = cp_sandbox_json(st, tenant, id);
 		status = 201;
@@ -1108,13 +1295,16 @@ static void snapshot_result(const char *res, char hex[65], char bytes[24])
 	json_decref(j);
 }
 
-static const char *snapshot_dir(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
+/* Where a snapshot's archive goes: the store's URL of a new name (the store
+ * takes each name once: a snapshot never overwrites an earlier one of the
+ * same generation — a `snapshot` and then a `move`). The worker uploads it
+ * there and the destination of a move fetches it from there: no
+ * filesystem is shared between them. */
+static const char *snapshot_url(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
 {
-	/* one new name per snapshot: a snapshot never overwrites an earlier one of
-	 * the same generation (a `snapshot` and then a `move`) */
 	char rnd[SPACED_NAME_MAX];
 	cp_random_name(rnd, "");
-	snprintf(buf, n, "%s/snapshots/%s-%" PRId64 "-%.16s", cp->state_dir, id, gen, rnd);
+	snprintf(buf, n, "%s/v1/blobs/snapshots/%s-%" PRId64 "-%.16s", cp->store_url, id, gen, rnd);
 	return buf;
 }
 
@@ -1182,8 +1372,8 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 	if (strcmp(op, "snapshot") == 0) {
 		if (strcmp(state, "paused") != 0 || !has_identity)
 			goto wrong_state;
-		msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn), "path",
-		                snapshot_dir(cp, path, sizeof path, id, gen));
+		msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn), "url",
+		                snapshot_url(cp, path, sizeof path, id, gen));
 		if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
 			goto ack_fail;
 		char hex[65], nb[24];
@@ -1286,7 +1476,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto ack_fail_error;
 			json_decref(msg);
 			msg = json_pack("{s:s,s:o,s:s}", "type", "snapshot", "identity", spaced_identity_to_json(&idn),
-			                "path", snapshot_dir(cp, path, sizeof path, id, gen));
+			                "url", snapshot_url(cp, path, sizeof path, id, gen));
 			if ((r = push_wait(cp, st, cur, msg, &res, &why)) < 0)
 				goto ack_fail_error;
 			char hex[65], nb[24];
@@ -1394,6 +1584,48 @@ int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const c
 	return status;
 }
 
+/* Paused by the idle timeout, and created with auto_resume. */
+static bool auto_resumable(struct cp_store *st, const char *id)
+{
+	struct cp_rows *rows = NULL;
+	bool yes = false;
+	if (CP_Q(st, &rows, NULL, "SELECT spec, idle_paused FROM sandboxes WHERE id = $1", id) == 0 && rows->nrows == 1 &&
+	    cp_rows_i64(rows, 0, 1, 0) == 1) {
+		json_error_t jerr;
+		json_t *spec = json_loads(cp_rows_get(rows, 0, 0), JSON_REJECT_DUPLICATES, &jerr);
+		yes = json_is_true(json_object_get(spec, "auto_resume"));
+		json_decref(spec);
+	}
+	cp_rows_free(rows);
+	return yes;
+}
+
+int cp_op_timeout(struct cp_store *st, const char *tenant, const char *id, int64_t seconds, json_t **body)
+{
+	struct sbx s;
+	char ml[24];
+	int r = sbx_load(st, tenant, id, &s);
+	if (r == SPACED_ENOENT) {
+		*body = cp_error("not-found", "no such sandbox");
+		return 404;
+	}
+	if (r < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		return 500;
+	}
+	/* reaped `seconds` from now: its absolute lifetime counted from creation */
+	int64_t created = cp_rows_i64(s.rows, s.r, C_CREATED, 0);
+	int64_t life = seconds == 0 ? 0 : spaced_now() - created + seconds;
+	cp_rows_free(s.rows);
+	if ((r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET max_lifetime = $3 WHERE id = $1 AND tenant = $2", id, tenant,
+	              cp_i64(ml, life < 1 && seconds ? 1 : life))) < 0) {
+		*body = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*body = cp_sandbox_json(st, tenant, id);
+	return 200;
+}
+
 int cp_op_network(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *network,
                   json_t **body)
 {
@@ -1465,6 +1697,22 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 	if (r < 0) {
 		*body = cp_error("internal", spaced_strerror(r));
 		return 500;
+	}
+	if (strcmp(col(&s, C_STATE), "paused") == 0 && auto_resumable(st, id)) {
+		/* paused for idleness, and it asked to come back when used: a resume
+		 * (the same execution thawed; a new generation only when it must
+		 * move), then the route of what serves it now (V1–V5 unchanged: the
+		 * client just resolves a route) */
+		json_t *b = NULL;
+		int rs = cp_op_simple(cp, st, tenant, id, "resume", NULL, &b);
+		json_decref(b);
+		cp_rows_free(s.rows);
+		if ((r = sbx_load(st, tenant, id, &s)) < 0) {
+			*body = cp_error("internal", spaced_strerror(r));
+			return 500;
+		}
+		if (rs >= 300)
+			spaced_log("spaced-cp", "level=warn event=auto-resume-failed sandbox=%s status=%d", id, rs);
 	}
 	if (strcmp(col(&s, C_STATE), "running") != 0 || identity_of(&s, &cap.id) < 0) {
 		char m[128];
@@ -1541,6 +1789,10 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		json_t *body = NULL;
 		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
 		                          cp_rows_get(rows, i, 2), NULL, &body);
+		/* paused for idleness: an auto-resume sandbox comes back at its next route */
+		if (status == 200 && strcmp(cp_rows_get(rows, i, 2), "pause") == 0)
+			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET idle_paused = 1 WHERE id = $1 AND state = 'paused'",
+			     cp_rows_get(rows, i, 0));
 		spaced_log("spaced-cp", "level=info event=timeout op=%s sandbox=%s status=%d", cp_rows_get(rows, i, 2),
 		           cp_rows_get(rows, i, 0), status);
 		json_decref(body);

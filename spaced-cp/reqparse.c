@@ -89,6 +89,86 @@ static int get_int(json_t *obj, const char *m, int64_t lo, int64_t hi, int64_t *
 	return 0;
 }
 
+static bool env_name_ok(const char *k, size_t n)
+{
+	if (n == 0 || n > 128 || !((k[0] >= 'A' && k[0] <= 'Z') || (k[0] >= 'a' && k[0] <= 'z') || k[0] == '_'))
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((k[i] >= 'A' && k[i] <= 'Z') || (k[i] >= 'a' && k[i] <= 'z') || (k[i] >= '0' && k[i] <= '9') ||
+		      k[i] == '_'))
+			return false;
+	return true;
+}
+
+static bool meta_key_ok(const char *k, size_t n)
+{
+	return n > 0 && n < 64 && spaced_name_valid(k, n);
+}
+
+/* A JSON object of strings under the rules of env or metadata, written back
+ * compact with sorted keys into out (outsz); "" when absent or null. */
+static int get_string_map(json_t *obj, const char *m, bool env, char *out, size_t outsz, char *err, size_t errsz)
+{
+	json_t *v = json_object_get(obj, m), *x;
+	const char *k;
+	out[0] = 0;
+	if (v == NULL || json_is_null(v))
+		return 0;
+	if (!json_is_object(v) || json_object_size(v) > (env ? CP_ENV_MAX : CP_META_MAX))
+		return fail(err, errsz, "'%s' must be an object of at most %d strings", m, env ? CP_ENV_MAX : CP_META_MAX);
+	json_object_foreach(v, k, x) {
+		size_t kl = strlen(k), vl;
+		if (env ? !env_name_ok(k, kl) : !meta_key_ok(k, kl))
+			return fail(err, errsz, "'%s': '%.40s' is not a valid %s", m, k,
+			            env ? "variable name" : "key ([A-Za-z0-9._-], up to 63 bytes)");
+		if (!json_is_string(x) || (vl = json_string_length(x)) > (env ? 4096u : 256u) ||
+		    memchr(json_string_value(x), 0, vl) != NULL)
+			return fail(err, errsz, "'%s': the value of '%.40s' must be a string of at most %u bytes without NUL",
+			            m, k, env ? 4096u : 256u);
+	}
+	char *t = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+	if (!t || strlen(t) >= outsz) {
+		free(t);
+		return fail(err, errsz, "'%s' is too large", m);
+	}
+	memcpy(out, t, strlen(t) + 1);
+	free(t);
+	return 0;
+}
+
+int cp_parse_meta_pair(const char *s, size_t len, char key[64], char val[257])
+{
+	const char *eq = memchr(s, '=', len);
+	if (!eq || memchr(s, 0, len))
+		return SPACED_EINVAL;
+	size_t kl = (size_t)(eq - s), vl = len - kl - 1;
+	if (!meta_key_ok(s, kl) || vl > 256)
+		return SPACED_EINVAL;
+	memcpy(key, s, kl);
+	key[kl] = 0;
+	memcpy(val, eq + 1, vl);
+	val[vl] = 0;
+	return 0;
+}
+
+int cp_parse_timeout(const char *body, size_t len, int64_t *seconds, char *err, size_t errsz)
+{
+	static const char *const allowed[] = {"seconds", NULL};
+	int64_t v = -1;
+	json_t *o = load_object(body, len, err, errsz);
+	int r = SPACED_EINVAL;
+	if (o && only_members(o, allowed, err, errsz) == 0 && get_int(o, "seconds", 0, 365 * 86400, &v, err, errsz) == 0) {
+		if (v < 0)
+			fail(err, errsz, "'seconds' is required");
+		else {
+			*seconds = v;
+			r = 0;
+		}
+	}
+	json_decref(o);
+	return r;
+}
+
 /* The canonical JSON of a policy object into out (CP_NETWORK_MAX bytes). */
 static int network_canon(json_t *j, char *out, char *err, size_t errsz)
 {
@@ -124,8 +204,9 @@ int cp_parse_network(const char *body, size_t len, char *out, char *err, size_t 
 
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz)
 {
-	static const char *const allowed[] = {"template", "cpus", "memory_bytes", "pids", "disk_bytes", "substrate",
-	                                      "worker", "idle_timeout", "max_lifetime", "network", NULL};
+	static const char *const allowed[] = {"template", "template_hash", "cpus", "memory_bytes", "pids",
+	                                      "disk_bytes", "substrate", "worker", "idle_timeout", "max_lifetime",
+	                                      "env", "metadata", "auto_resume", "network", NULL};
 	static const char *const res_members[] = {"cpus", "memory_bytes", "pids", "disk_bytes"};
 	struct cp_create_req c = {.substrate = "process", .idle_timeout = -1, .max_lifetime = -1};
 	int r = SPACED_EINVAL;
@@ -137,8 +218,31 @@ int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, cha
 	    get_name(o, "substrate", c.substrate, 0, err, errsz) < 0 ||
 	    get_name(o, "worker", c.worker, 1, err, errsz) < 0 ||
 	    get_int(o, "idle_timeout", 0, 30 * 86400, &c.idle_timeout, err, errsz) < 0 ||
-	    get_int(o, "max_lifetime", 0, 365 * 86400, &c.max_lifetime, err, errsz) < 0)
+	    get_int(o, "max_lifetime", 0, 365 * 86400, &c.max_lifetime, err, errsz) < 0 ||
+	    get_string_map(o, "env", true, c.env_json, sizeof c.env_json, err, errsz) < 0 ||
+	    get_string_map(o, "metadata", false, c.meta_json, sizeof c.meta_json, err, errsz) < 0)
 		goto out;
+	json_t *th = json_object_get(o, "template_hash"), *ar = json_object_get(o, "auto_resume");
+	if (th && !json_is_null(th)) {
+		const char *h = json_string_value(th);
+		size_t i = 0;
+		for (; h && h[i] && i < 64 && ((h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f')); i++)
+			;
+		if (!h || i != 64 || h[64] != 0) {
+			fail(err, errsz, "'template_hash' must be 64 lowercase hex digits");
+			goto out;
+		}
+		if (c.template_name[0]) {
+			fail(err, errsz, "'template' and 'template_hash' exclude each other");
+			goto out;
+		}
+		memcpy(c.template_hash, h, 65);
+	}
+	if (ar && !json_is_boolean(ar)) {
+		fail(err, errsz, "'auto_resume' must be a boolean");
+		goto out;
+	}
+	c.auto_resume = ar && json_is_true(ar);
 	/* the limits travel flat in the body, as one resources object everywhere else */
 	for (size_t i = 0; i < sizeof res_members / sizeof res_members[0]; i++) {
 		json_t *v = json_object_get(o, res_members[i]);

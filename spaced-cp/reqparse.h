@@ -21,8 +21,17 @@
 #define CP_SUBSTRATES_MAX 8
 #define CP_NETWORK_MAX 40000 /* canonical policy JSON: 2 × 64 entries of at most 253 bytes */
 
+#define CP_ENV_MAX 64        /* create-time environment variables */
+#define CP_META_MAX 32       /* metadata entries */
+#define CP_ENV_JSON_MAX 8192
+#define CP_META_JSON_MAX 4096
+
 struct cp_create_req {
 	char template_name[SPACED_NAME_MAX]; /* "" when none */
+	char template_hash[65];              /* "" when none: a tree the tenant built (template build) */
+	char env_json[CP_ENV_JSON_MAX];      /* {"K":"V",…} compact, "" when none */
+	char meta_json[CP_META_JSON_MAX];    /* {"K":"V",…} compact, "" when none */
+	int auto_resume;                     /* an operation on it while paused for idleness resumes it */
 	struct spaced_resources res;          /* fields of 0: the placed worker's defaults */
 	char substrate[SPACED_NAME_MAX];      /* "process" when the body names none */
 	int has_substrate;                    /* 1 when the body named it */
@@ -70,10 +79,19 @@ struct cp_chan_msg {
 	char *result; /* compact JSON of "result" or NULL; the caller frees it */
 };
 
-/* POST /v1/sandboxes: {"template","cpus","memory_bytes","pids","disk_bytes","substrate",
- * "worker","idle_timeout","max_lifetime","network"}, every member optional. An empty body is {}.
- * network is an egress policy (netpolicy.h), kept in canonical form. */
+/* POST /v1/sandboxes: {"template","template_hash","cpus","memory_bytes","pids","disk_bytes",
+ * "substrate","worker","idle_timeout","max_lifetime","env","metadata","auto_resume","network"}, every
+ * member optional ("template" and "template_hash" exclude each other). "env": at most 64 names
+ * [A-Za-z_][A-Za-z0-9_]* (up to 128 bytes) to strings of up to 4096 bytes without NUL; "metadata":
+ * at most 32 keys [A-Za-z0-9._-] (up to 63 bytes) to strings of up to 256 bytes; network is an
+ * egress policy (netpolicy.h), kept in canonical form. An empty body is {}. */
 int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, char *err, size_t errsz);
+
+/* The metadata filter of GET /v1/sandboxes?meta=K=V…: the same key and value rules. */
+int cp_parse_meta_pair(const char *s, size_t len, char key[64], char val[257]);
+
+/* POST /v1/sandboxes/{id}/timeout: {"seconds": N} (0 .. 365 days from now). */
+int cp_parse_timeout(const char *body, size_t len, int64_t *seconds, char *err, size_t errsz);
 
 /* POST /v1/sandboxes/{id}/route: {"purposes":[…], "port":N, "protocol":"tcp"}.
  * purposes defaults to ["fs.read","fs.write","exec","term","watch","lifecycle"]; "serviceport"

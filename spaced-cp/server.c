@@ -111,11 +111,14 @@ static void *request_thread(void *arg)
 			rq->status = 503;
 			rq->resp = strdup("{\"error\":\"store\",\"message\":\"store unavailable\"}");
 		} else if (rq->kind == CP_JOB_CHANNEL) {
-			int ok = cp_chan_authorized(st, rq->auth, rq->worker);
-			rq->status = ok ? 101 : 401;
-			if (!ok)
-				rq->resp = strdup("{\"error\":\"unauthorized\",\"message\":\"the channel needs the "
-				                  "worker's own worker key\"}");
+			/* with mTLS, the client certificate naming this worker first */
+			if (cp_worker_cert_check(cp, rq, rq->worker) == 0) {
+				int ok = cp_chan_authorized(st, rq->auth, rq->worker);
+				rq->status = ok ? 101 : 401;
+				if (!ok)
+					rq->resp = strdup("{\"error\":\"unauthorized\",\"message\":\"the channel needs the "
+					                  "worker's own worker key\"}");
+			}
 		} else if (rq->kind == CP_JOB_METRICS) {
 			rq->status = 200;
 			rq->resp = cp_metrics_text(cp, st);
@@ -345,6 +348,9 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		return;
 	}
 	memcpy(rq->path, req->target, strlen(req->target) + 1);
+	const char *cn = spaced_httpconn_peer_cert(c);
+	if (cn != NULL && strlen(cn) < sizeof rq->peer_cert)
+		memcpy(rq->peer_cert, cn, strlen(cn) + 1);
 	const char *auth = spaced_http_field(req, "authorization");
 	if (auth != NULL && strlen(auth) < sizeof rq->auth)
 		memcpy(rq->auth, auth, strlen(auth) + 1); /* longer: no key of ours, so 401 */
@@ -578,6 +584,7 @@ int cp_server_run(struct cp *cp)
 	hc.ws_message_max = CP_BODY_MAX;
 	hc.low_water = CP_CHAN_LOW_WATER;
 	hc.refusal_body = refusal_body;
+	hc.tls = cp->tls;
 	hc.ops = &ops;
 	if ((r = spaced_httpsrv_start(&S.loop, &hc, &S.srv)) < 0) {
 		fprintf(stderr, "spaced-cp: cannot listen on %s:%d: %s\n", cp->listen_host, cp->port, spaced_strerror(r));
@@ -601,6 +608,7 @@ int cp_server_run(struct cp *cp)
 		mc.max_conns = 64;
 		mc.max_conns_per_ip = 16;
 		mc.body_max = 0;
+		mc.tls = cp->tls; /* the listener's TLS, its certificate */
 		mc.ops = &metrics_ops;
 		mc.port = cp->metrics_port;
 		if ((r = listen_address(cp->metrics_host, mhost)) < 0 ||
@@ -620,8 +628,9 @@ int cp_server_run(struct cp *cp)
 	}
 	int port = spaced_httpsrv_port(S.srv);
 	write_port_file(cp, port);
-	spaced_log("spaced-cp", "level=info event=listening url=http://%s:%d store=%s", cp->listen_host, port,
-	           cp_store_kind(cp->loop_st));
+	spaced_log("spaced-cp", "level=info event=listening url=%s://%s:%d store=%s%s", cp->tls ? "https" : "http",
+	           cp->listen_host, port, cp_store_kind(cp->loop_st),
+	           cp->mtls ? " worker_endpoints=client-certificate" : "");
 	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0)
 		uv_run(&S.loop, UV_RUN_DEFAULT);
 

@@ -36,7 +36,15 @@ static const char schema[] =
 	"CREATE TABLE IF NOT EXISTS signing_keys (kid TEXT PRIMARY KEY, pub TEXT NOT NULL, not_before BIGINT NOT NULL,"
 	" not_after BIGINT NOT NULL, active_from BIGINT NOT NULL DEFAULT 0, created BIGINT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS generations (sandbox TEXT NOT NULL, generation BIGINT NOT NULL,"
-	" worker TEXT NOT NULL, activation TEXT NOT NULL, created BIGINT NOT NULL, PRIMARY KEY (sandbox, generation));";
+	" worker TEXT NOT NULL, activation TEXT NOT NULL, created BIGINT NOT NULL, PRIMARY KEY (sandbox, generation));"
+	/* templates (docs/templates.md): a tenant's names for content-hashed trees
+	 * held in the store (STATE/store/templates/HASH.tar) */
+	"CREATE TABLE IF NOT EXISTS templates (tenant TEXT NOT NULL, name TEXT NOT NULL, hash TEXT NOT NULL,"
+	" bytes BIGINT NOT NULL, entries BIGINT NOT NULL, config TEXT, source TEXT NOT NULL, created BIGINT NOT NULL,"
+	" PRIMARY KEY (tenant, name));"
+	/* template builds: each step's result, keyed by its parent and the step */
+	"CREATE TABLE IF NOT EXISTS build_steps (tenant TEXT NOT NULL, parent TEXT NOT NULL, step TEXT NOT NULL,"
+	" hash TEXT NOT NULL, config TEXT, created BIGINT NOT NULL, PRIMARY KEY (tenant, parent, step));";
 
 /* Columns added after the first schema, in the order they came. */
 static const struct {
@@ -60,6 +68,10 @@ static const struct {
 	/* when a key stops being valid (0: never) and when a join token was used */
 	{"api_keys", "expires", "BIGINT NOT NULL DEFAULT 0"},
 	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},
+	/* the template a sandbox runs on (its hash; NULL: the worker's own /usr and /etc) */
+	{"sandboxes", "template_hash", "TEXT"},
+	/* paused by the idle timeout (an auto-resume sandbox is resumed by its next route) */
+	{"sandboxes", "idle_paused", "BIGINT NOT NULL DEFAULT 0"},
 	/* where the serving execution's ServicePort gateway listens on its worker (0: none) */
 	{"sandboxes", "gateway", "BIGINT NOT NULL DEFAULT 0"},
 };
@@ -121,6 +133,15 @@ void cp_store_close(struct cp_store *st)
 const char *cp_store_kind(const struct cp_store *st)
 {
 	return st->ops->kind;
+}
+
+int cp_store_relaxed(struct cp_store *st, int on)
+{
+	if (strcmp(st->ops->kind, "sqlite") == 0) {
+		cp_store_sqlite_relaxed(on);
+		return st->ops->script(st->h, on ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL");
+	}
+	return st->ops->script(st->h, on ? "SET synchronous_commit = off" : "SET synchronous_commit = on");
 }
 
 int cp_store_begin(struct cp_store *st)

@@ -37,6 +37,14 @@ const char *cp_store_kind(const struct cp_store *st);
  * locks are then taken by UPDATE … statements). Returns 0, SPACED_EBUSY or SPACED_EIO. */
 int cp_store_begin(struct cp_store *st);
 
+/* Writes that a crash may lose without harm, because a replay or the
+ * recovery of an operation rebuilds them (an ack, which the worker repeats
+ * for its seq; the state an acknowledged install leads to), are committed
+ * without waiting for the disk while on: SQLite synchronous=NORMAL (WAL: a
+ * crash of the process loses nothing, one of the machine the last such
+ * commits), PostgreSQL synchronous_commit=off. Never for a generation. */
+int cp_store_relaxed(struct cp_store *st, int on);
+
 /* Commits (0 or SPACED_EIO/SPACED_EBUSY; on error the transaction is rolled back). */
 int cp_store_commit(struct cp_store *st);
 
@@ -67,6 +75,9 @@ const char *cp_i64(char buf[24], int64_t v);
 	cp_store_exec((st), (sql), (int)(sizeof((const char *const[]){__VA_ARGS__}) / sizeof(char *)), \
 	              (const char *const[]){__VA_ARGS__}, (out), (changes))
 #define CP_Q0(st, out, changes, sql) cp_store_exec((st), (sql), 0, NULL, (out), (changes))
+
+/* store_sqlite.c: this thread's next writes are relaxed ones (cp_store_relaxed). */
+void cp_store_sqlite_relaxed(int on);
 
 /* Backend entry points (store_sqlite.c, store_pg.c). */
 struct cp_store_ops {

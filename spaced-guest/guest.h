@@ -113,6 +113,12 @@ struct guest {
 	bool quit;
 	int exit_code;
 	bool service_ports; /* CONN for other ports than the API port: forward */
+	/* the sandbox's settings (CONFIG from the launcher: its template's ENV,
+	 * WORKDIR and USER, its create-time environment): what every command
+	 * starts with unless its request says otherwise */
+	char **cfg_env;      /* "K=V" entries, NULL-terminated, or NULL */
+	char cfg_workdir[4096];
+	char cfg_user[256];
 };
 
 extern struct guest G;
@@ -163,6 +169,11 @@ void reply_result(struct conn *c, uint32_t id, int status, const char *msg,
 
 /* fs.c */
 int fs_resolve(const char *path, int flags, mode_t mode, int *out);
+
+/* proc.c: takes the sandbox's settings {"env": {K: V} | ["K=V"…], "workdir":
+ * D, "user": U} (a CONFIG message). Returns 0 or -1 (malformed: nothing
+ * changes). */
+int proc_config(const char *json, size_t len);
 int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
 void fs_read_pump(struct stream *s);
 int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);

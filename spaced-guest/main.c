@@ -96,7 +96,7 @@ static void control_send(const char *msg)
 /* One launcher message. Returns false when the guest must stop. */
 static bool control_readable(void)
 {
-	char buf[1024];
+	static char buf[16384 + 16];
 	union {
 		char b[CMSG_SPACE(8 * sizeof(int))];
 		struct cmsghdr align;
@@ -139,6 +139,9 @@ static bool control_readable(void)
 			guest_log("identity %s", G.identity);
 			control_send("READY");
 		}
+	} else if (strncmp(buf, "CONFIG ", 7) == 0) {
+		if (proc_config(buf + 7, (size_t)n - 7) < 0)
+			guest_warn("control: malformed CONFIG ignored");
 	} else if (strncmp(buf, "CONN ", 5) == 0) {
 		char *end;
 		errno = 0;

@@ -20,6 +20,9 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <grp.h>
+#include <jansson.h>
+
 #include "error.h"
 #include "guest.h"
 
@@ -389,23 +392,142 @@ static bool env_has(char **env, const char *key)
 	return false;
 }
 
-/* The child's environment: the request's entries plus PATH, HOME and (for a
- * terminal) TERM when the request does not set them. */
-static char **build_env(char **req, bool term)
+int proc_config(const char *json, size_t len)
 {
-	size_t n = 0;
+	json_error_t jerr;
+	json_t *o = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr), *env, *v;
+	if (!json_is_object(o)) {
+		json_decref(o);
+		return -1;
+	}
+	env = json_object_get(o, "env");
+	const char *wd = json_string_value(json_object_get(o, "workdir"));
+	const char *user = json_string_value(json_object_get(o, "user"));
+	size_t n = json_is_object(env) ? json_object_size(env) : json_is_array(env) ? json_array_size(env) : 0;
+	char **e = calloc(n + 1, sizeof *e);
+	size_t k = 0;
+	if (!e || (wd && strlen(wd) >= sizeof G.cfg_workdir) || (user && strlen(user) >= sizeof G.cfg_user)) {
+		free(e);
+		json_decref(o);
+		return -1;
+	}
+	if (json_is_object(env)) {
+		const char *key;
+		json_object_foreach(env, key, v) {
+			if (json_is_string(v) && *key && !strchr(key, '=') &&
+			    asprintf(&e[k], "%s=%s", key, json_string_value(v)) > 0)
+				k++;
+		}
+	} else if (json_is_array(env)) {
+		size_t i;
+		json_array_foreach(env, i, v) {
+			const char *s = json_string_value(v);
+			if (s && strchr(s, '=') && s[0] != '=' && (e[k] = strdup(s)) != NULL)
+				k++;
+		}
+	}
+	for (size_t i = 0; G.cfg_env && G.cfg_env[i]; i++)
+		free(G.cfg_env[i]);
+	free(G.cfg_env);
+	G.cfg_env = e;
+	snprintf(G.cfg_workdir, sizeof G.cfg_workdir, "%s", wd ? wd : "");
+	snprintf(G.cfg_user, sizeof G.cfg_user, "%s", user ? user : "");
+	json_decref(o);
+	return 0;
+}
+
+/* uid, gid and home of user ("name", "uid" or "uid:gid", a name looked up
+ * in the execution's own /etc/passwd). Returns 0 or an errno value. */
+static int resolve_user(const char *user, uid_t *uid, gid_t *gid, char *home, size_t homesz)
+{
+	char name[256], *colon;
+	snprintf(name, sizeof name, "%s", user);
+	snprintf(home, homesz, "/");
+	if ((colon = strchr(name, ':')) != NULL)
+		*colon++ = 0;
+	char *end;
+	errno = 0;
+	unsigned long u = strtoul(name, &end, 10);
+	bool numeric = name[0] && *end == 0 && errno == 0 && u < 65536;
+	long g = -1;
+	if (colon) {
+		unsigned long gv = strtoul(colon, &end, 10);
+		if (!*colon || *end || gv >= 65536)
+			return EINVAL;
+		g = (long)gv;
+	}
+	int fd = -1;
+	if (fs_resolve("/etc/passwd", O_RDONLY, 0, &fd) == 0) {
+		FILE *f = fdopen(fd, "r");
+		char line[1024];
+		while (f && fgets(line, sizeof line, f)) {
+			char *fl[7] = {0};
+			char *p = line;
+			int nf = 0;
+			line[strcspn(line, "\n")] = 0;
+			/* name:pw:uid:gid:gecos:home:shell (empty fields kept) */
+			for (; nf < 7; nf++) {
+				fl[nf] = p;
+				char *c = strchr(p, ':');
+				if (!c)
+					break;
+				*c = 0;
+				p = c + 1;
+			}
+			if (nf < 5 || !fl[2] || !fl[3])
+				continue;
+			unsigned long pu = strtoul(fl[2], NULL, 10), pg = strtoul(fl[3], NULL, 10);
+			if ((numeric && pu == u) || (!numeric && strcmp(fl[0], name) == 0)) {
+				u = pu;
+				if (g < 0)
+					g = (long)pg;
+				if (fl[5])
+					snprintf(home, homesz, "%s", fl[5]);
+				numeric = true;
+				break;
+			}
+		}
+		if (f)
+			fclose(f);
+		else
+			close(fd);
+	}
+	if (!numeric || u >= 65536)
+		return ENOENT;
+	*uid = (uid_t)u;
+	*gid = (gid_t)(g < 0 ? (long)u : g);
+	return 0;
+}
+
+/* The child's environment: the request's entries, the sandbox's (CONFIG)
+ * where the request does not set them, plus PATH, HOME and (for a terminal)
+ * TERM when neither sets them. */
+static char **build_env(char **req, bool term, const char *home)
+{
+	size_t n = 0, nc = 0;
 	while (req != NULL && req[n] != NULL)
 		n++;
-	char **e = calloc(n + 4, sizeof *e);
+	while (G.cfg_env != NULL && G.cfg_env[nc] != NULL)
+		nc++;
+	char **e = calloc(n + nc + 4, sizeof *e);
 	if (e == NULL)
 		return NULL;
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++)
 		e[k++] = req[i];
-	if (!env_has(req, "PATH"))
+	for (size_t i = 0; i < nc; i++) {
+		char key[256];
+		size_t kl = strcspn(G.cfg_env[i], "=");
+		snprintf(key, sizeof key, "%.*s", (int)(kl < 255 ? kl : 255), G.cfg_env[i]);
+		if (!env_has(req, key))
+			e[k++] = G.cfg_env[i];
+	}
+	static char home_entry[4200];
+	snprintf(home_entry, sizeof home_entry, "HOME=%s", home);
+	if (!env_has(e, "PATH"))
 		e[k++] = (char *)(uintptr_t)DEFAULT_PATH;
-	if (!env_has(req, "HOME"))
-		e[k++] = (char *)(uintptr_t)"HOME=/root";
+	if (!env_has(e, "HOME"))
+		e[k++] = home_entry;
 	if (term && !env_has(req, "TERM"))
 		e[k++] = (char *)(uintptr_t)"TERM=xterm-256color";
 	return e;
@@ -531,7 +653,7 @@ static int spawn_plain(char **argv, char **envp, int cwdfd, int in, int out, int
 /* A terminal's child: it also takes the terminal as its controlling one,
  * which posix_spawn cannot do. */
 static void child_exec(char **argv, char **envp, int cwdfd, int in, int out, int err, int errpipe,
-                       bool term)
+                       bool term, long uid, long gid)
 {
 	sigset_t all;
 	sigemptyset(&all);
@@ -547,6 +669,11 @@ static void child_exec(char **argv, char **envp, int cwdfd, int in, int out, int
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
 		goto fail;
 	if (fchdir(cwdfd) < 0)
+		goto fail;
+	/* another user of the execution (exec --user, USER): no supplementary
+	 * groups, its group, then its uid, for good */
+	if (uid >= 0 && (setgroups(0, NULL) < 0 || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) < 0 ||
+	                 setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) < 0))
 		goto fail;
 	environ = envp;
 	execvp(argv[0], argv);
@@ -602,8 +729,11 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 	int e = get_strv(r, 1, &argv);
 	if (e == 0)
 		e = get_strv(r, 0, &env);
+	char user[256] = "";
 	if (e == 0 && (spaced_field_get_strbuf(r, cwd, sizeof cwd) < 0 ||
 	               spaced_field_get_u64(r, &a) < 0 || spaced_field_get_u64(r, &b) < 0 ||
+	               /* optional: the user to run it as */
+	               (r->off < r->len && spaced_field_get_strbuf(r, user, sizeof user) < 0) ||
 	               spaced_field_end(r) < 0))
 		e = SPACED_EPROTO;
 	if (e < 0) {
@@ -632,12 +762,29 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 		reply_result(c, id, SPACED_EBUSY, "too many background processes", NULL);
 		goto out;
 	}
+	/* the sandbox's defaults where the request leaves them out */
+	const char *as = user[0] ? user : G.cfg_user;
+	long run_uid = -1, run_gid = -1;
+	char home[4096] = "/root";
+	if (as[0] && strcmp(as, "root") != 0 && strcmp(as, "0") != 0) {
+		uid_t uu;
+		gid_t gg;
+		int ue = resolve_user(as, &uu, &gg, home, sizeof home);
+		if (ue != 0) {
+			reply_result(c, id, SPACED_ENOENT, "no such user in the sandbox", NULL);
+			goto out;
+		}
+		run_uid = uu;
+		run_gid = gg;
+	}
+	if (!cwd[0] && G.cfg_workdir[0])
+		snprintf(cwd, sizeof cwd, "%s", G.cfg_workdir);
 	e = fs_resolve(cwd, O_PATH | O_DIRECTORY, 0, &cwdfd);
 	if (e < 0) {
 		reply_errno(c, id, "cwd", -e);
 		goto out;
 	}
-	envp = build_env(env, term);
+	envp = build_env(env, term, home);
 	struct proc *p = calloc(1, sizeof *p);
 	if (envp == NULL || p == NULL) {
 		free(p);
@@ -665,13 +812,18 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 	pid_t pid = -1;
 	int cerr = 0;
 	ssize_t k = 0;
-	if (term) {
+	if (term || run_uid >= 0) {
+		/* a terminal's child, or one that changes user: forked (posix_spawn
+		 * can do neither) */
 		(void)ignored_signals(); /* looked up before the fork, once */
 		pid = fork();
 		if (pid < 0)
 			goto sysfail;
-		if (pid == 0)
-			child_exec(argv, envp, cwdfd, slave, slave, slave, errp[1], true);
+		if (pid == 0) {
+			if (term)
+				child_exec(argv, envp, cwdfd, slave, slave, slave, errp[1], true, run_uid, run_gid);
+			child_exec(argv, envp, cwdfd, pin[0], pout[1], perr[1], errp[1], false, run_uid, run_gid);
+		}
 		close(errp[1]);
 		errp[1] = -1;
 		do

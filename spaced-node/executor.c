@@ -7,6 +7,7 @@
  * job child has exited are its children, and it reaps them).
  */
 #include "executor.h"
+#include "fetch.h"
 #include "links.h"
 #include "log.h"
 #include "mgr.h"
@@ -23,21 +24,27 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "error.h"
 #include "frame.h"
 #include "guest_proto.h"
 #include "host_client.h"
 #include "pidref.h"
+#include "rootfs.h"
 
 #define EXE_MAX_CHILDREN 64   /* job children at once; more jobs wait their turn */
 #define EXE_MAX_CONNECTS 1024 /* bridge connections being made at once */
 #define EXE_RESULT_MAX (48u * 1024u)
+#define EXE_MAX_CLAIMS 256    /* pooled executions being claimed at once */
+#define EXE_CLAIM_TIMEOUT_MS 5000
 
 /* A job running in a child process. */
 struct xjob {
@@ -65,6 +72,18 @@ struct xconn {
 	size_t plen, want;
 };
 
+/* A pooled execution being claimed (pool.h): its identity sent, the
+ * launcher's answer awaited on fd. Done in this loop, not in a child: a
+ * claim is two small writes and one read. */
+struct xclaim {
+	struct xclaim *next;
+	uint32_t id;
+	int fd;
+	uint64_t deadline;
+	int answers; /* the launcher's answers still to come */
+	json_t *rec; /* the result */
+};
+
 struct executor {
 	const struct mgr_config *cfg;
 	int link;
@@ -73,6 +92,8 @@ struct executor {
 	size_t nchildren;
 	struct xconn *conns;
 	size_t nconns;
+	struct xclaim *claims;
+	size_t nclaims;
 };
 
 static void xlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -286,7 +307,110 @@ static bool conn_step(struct executor *x, struct xconn *c, short revents)
 	return true;
 }
 
+/* ---- claims of pooled executions ---- */
+
+static void claim_start(struct executor *x, uint32_t id, json_t *args)
+{
+	struct mgr_rec rec;
+	char why[512] = "";
+	int fd = -1;
+	json_t *jr = json_object_get(args, "rec");
+	if (x->nclaims >= EXE_MAX_CLAIMS) {
+		send_done(x, id, SPACED_EBUSY, "too many claims at once", NULL, -1);
+		return;
+	}
+	if (!jr || mgr_rec_from_json(jr, &rec) < 0) {
+		send_done(x, id, SPACED_EINVAL, "malformed record", NULL, -1);
+		return;
+	}
+	int answers = 0;
+	int e = mgr_pool_claim_send(x->cfg, &rec, &fd, &answers, why, sizeof why);
+	struct xclaim *c = e == 0 ? calloc(1, sizeof *c) : NULL;
+	if (!c) {
+		if (fd >= 0)
+			close(fd);
+		send_done(x, id, e < 0 ? e : SPACED_ENOMEM, why[0] ? why : "out of memory", NULL, -1);
+		return;
+	}
+	c->id = id;
+	c->fd = fd;
+	c->answers = answers;
+	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CLAIM_TIMEOUT_MS * 1000000u;
+	c->rec = json_incref(jr);
+	c->next = x->claims;
+	x->claims = c;
+	x->nclaims++;
+}
+
+/* Progress on c; true when it is finished. */
+static bool claim_step(struct executor *x, struct xclaim *c, bool timed_out)
+{
+	char why[512] = "";
+	int e = timed_out ? SPACED_ETIMEDOUT : mgr_pool_claim_done(c->fd, &c->answers, why, sizeof why);
+	if (e == SPACED_EBUSY)
+		return false;
+	if (e == 0) {
+		json_t *res = json_pack("{s:O}", "rec", c->rec);
+		char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
+		send_done(x, c->id, 0, "", text, -1);
+		free(text);
+		json_decref(res);
+	} else {
+		send_done(x, c->id, e, why[0] ? why : "the launcher did not answer the claim in time", NULL, -1);
+	}
+	close(c->fd);
+	json_decref(c->rec);
+	return true;
+}
+
 /* ---- jobs in children ---- */
+
+/* Keeps the template cache within its bound, never touching the templates
+ * of live executions (keep: a JSON array of hashes) nor this one. */
+static void evict_templates(const struct mgr_config *cfg, const char *current, json_t *keep)
+{
+	const char *k[1025];
+	size_t n = 0, i;
+	json_t *v;
+	k[n++] = current;
+	json_array_foreach(keep, i, v) {
+		if (json_is_string(v) && n < 1025)
+			k[n++] = json_string_value(v);
+	}
+	tmpl_evict(cfg, cfg->tmpl_cache_max, k, n);
+}
+
+/* A snapshot uploaded to the control plane's store: taken here, hashed,
+ * packed into one archive (holes and whiteouts kept) and sent to url; the
+ * local copies go. The ack carries the hash the destination checks. */
+static int snapshot_to_store(const struct mgr_config *cfg, struct mgr_rec *rec, const char *url, json_t **result,
+                             char *why, size_t whysz)
+{
+	char dir[4200], local[4400], tarp[4500], hex[MGR_HASH_HEX], rnd[17];
+	uint64_t bytes = 0, r64;
+	int e;
+	randombytes_buf(&r64, sizeof r64);
+	snprintf(rnd, sizeof rnd, "%016llx", (unsigned long long)r64);
+	snprintf(dir, sizeof dir, "%s/snapout", cfg->state_dir);
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		snprintf(why, whysz, "mkdir %.200s: %s", dir, strerror(errno));
+		return SPACED_ESYS;
+	}
+	snprintf(local, sizeof local, "%s/%s-%s", dir, rec->r.id.sandbox, rnd);
+	snprintf(tarp, sizeof tarp, "%s.tar", local);
+	if ((e = mgr_exec_snapshot(cfg, rec, local, &bytes)) < 0)
+		snprintf(why, whysz, "snapshot failed: %s", spaced_strerror(e));
+	else if ((e = mgr_snapshot_hash(local, hex, &bytes)) < 0)
+		snprintf(why, whysz, "cannot hash the snapshot: %s", spaced_strerror(e));
+	else if ((e = spaced_rootfs_pack_dir(local, tarp, why, whysz)) == 0)
+		e = fetch_upload(cfg->state_dir, url, tarp, why, whysz);
+	const char *rm[] = {"rm", "-rf", "--", local, tarp, NULL};
+	mgr_run_wait(rm);
+	if (e < 0)
+		return e;
+	*result = json_pack("{s:s,s:I,s:s}", "url", url, "bytes", (json_int_t)bytes, "hash", hex);
+	return 0;
+}
 
 /* The blocking work of one job; runs in the child. *result is a new object. */
 static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args, json_t **result, char *why,
@@ -333,7 +457,94 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			if (port > 0 && port < 65536 && *result)
 				json_object_set_new(*result, "gateway", json_integer(port));
 		}
+		if (rec.tmpl[0])
+			evict_templates(cfg, rec.tmpl, json_object_get(args, "templates"));
 		return e;
+	}
+	/* the warm pool (pool.c): start one, claim one on a template (checked
+	 * first: the pooled execution's lower layer is the cached tree as it is
+	 * now), reap what an earlier gate left */
+	if ((strcmp(kind, "claim-checked") == 0 || strcmp(kind, "claim") == 0) && has_rec) {
+		if (rec.tmpl[0] && (e = tmpl_unchanged(cfg, rec.tmpl)) < 0) {
+			snprintf(why, whysz, "template %s changed in the cache since its check", rec.tmpl);
+			return e;
+		}
+		/* its egress: the sandbox's policy, kept for later starts, in place
+		 * of the pooled execution's closed filter, before its identity */
+		/* Its ServicePort gateway starts meanwhile, with the identity it is
+		 * being given: it reaches the guest only for a client, and no client
+		 * learns of it before the install's ack. So do the slot and the
+		 * stored policy when the policy is the default one, whose filter the
+		 * pooled execution already has (net_claim); another policy's filter
+		 * is in place before the identity goes out. */
+		json_t *net = json_object_get(args, "network");
+		bool net_default = !json_is_object(net) || net_policy_is_default(net);
+		pid_t gp = fork();
+		if (gp == 0) {
+			int port, ne = 0;
+			char w2[256];
+			if (net_default && json_is_object(net))
+				ne = net_policy_store(cfg, rec.r.id.sandbox, net, w2, sizeof w2);
+			if (net_default && ne == 0)
+				ne = net_claim(cfg, &rec, w2, sizeof w2);
+			_exit(mgr_pool_claim_finish(cfg, &rec, &port) == 0 && ne == 0 ? 0 : 1);
+		}
+		e = 0;
+		if (!net_default || gp < 0) {
+			if (json_is_object(net))
+				e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz);
+			if (e == 0)
+				e = net_claim(cfg, &rec, why, whysz);
+		}
+		int fd = -1, answers = 0;
+		if (e == 0 && (e = mgr_pool_claim_send(cfg, &rec, &fd, &answers, why, whysz)) == 0) {
+			e = SPACED_EBUSY;
+			while (e == SPACED_EBUSY) {
+				struct pollfd p = {.fd = fd, .events = POLLIN};
+				e = poll(&p, 1, EXE_CLAIM_TIMEOUT_MS) == 1 ? mgr_pool_claim_done(fd, &answers, why, whysz)
+				                                           : SPACED_ETIMEDOUT;
+			}
+			close(fd);
+		}
+		int gw = 0, gst = 0;
+		if (gp > 0)
+			while (waitpid(gp, &gst, 0) < 0 && errno == EINTR)
+				;
+		if (e == 0 && gp > 0 && net_default && !(WIFEXITED(gst) && WEXITSTATUS(gst) == 0)) {
+			snprintf(why, whysz, "the claimed execution's network slot could not be given to the sandbox");
+			e = SPACED_EIO;
+		}
+		if (e == 0 && (e = gp > 0 ? mgr_pool_gateway_port(cfg, &rec, &gw) : mgr_pool_claim_finish(cfg, &rec, &gw)) == 0) {
+			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+			if (gw > 0 && *result)
+				json_object_set_new(*result, "gateway", json_integer(gw));
+		}
+		return e;
+	}
+	if (strcmp(kind, "pool-start") == 0 && has_rec && json_is_string(json_object_get(args, "name"))) {
+		json_t *used = json_object_get(args, "used"), *v;
+		uint32_t u[1024];
+		size_t nu = 0, i;
+		uint64_t pss = 0;
+		json_array_foreach(used, i, v) {
+			if (json_is_integer(v) && nu < 1024)
+				u[nu++] = (uint32_t)json_integer_value(v);
+		}
+		e = mgr_pool_exec_start(cfg, json_string_value(json_object_get(args, "name")), &rec, u, nu, &pss, why, whysz);
+		if (e == 0)
+			*result = json_pack("{s:o,s:I}", "rec", mgr_rec_to_json(&rec), "pss_kib", (json_int_t)pss);
+		return e;
+	}
+	if (strcmp(kind, "pool-reap") == 0) {
+		json_t *keep = json_object_get(args, "keep"), *v;
+		const char *k[1024];
+		size_t nk = 0, i;
+		json_array_foreach(keep, i, v) {
+			if (json_is_string(v) && nk < 1024)
+				k[nk++] = json_string_value(v);
+		}
+		mgr_pool_exec_reap(cfg, k, nk);
+		return 0;
 	}
 	if (strcmp(kind, "stop") == 0 && has_rec) {
 		mgr_exec_stop(cfg, &rec);
@@ -341,6 +552,8 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 	}
 	if (strcmp(kind, "pause") == 0 && has_rec)
 		return mgr_exec_pause(cfg, &rec, json_is_true(json_object_get(args, "pause")));
+	if (strcmp(kind, "snapshot") == 0 && has_rec && json_is_string(json_object_get(args, "url")))
+		return snapshot_to_store(cfg, &rec, json_string_value(json_object_get(args, "url")), result, why, whysz);
 	if (strcmp(kind, "snapshot") == 0 && has_rec && json_is_string(json_object_get(args, "path"))) {
 		const char *path = json_string_value(json_object_get(args, "path"));
 		char hex[MGR_HASH_HEX];
@@ -449,6 +662,8 @@ static void job_spawn(struct executor *x, struct xjob *j)
 		for (struct xconn *c = x->conns; c; c = c->next)
 			if (c->fd >= 0)
 				close(c->fd);
+		for (struct xclaim *c = x->claims; c; c = c->next)
+			close(c->fd);
 		sigset_t none;
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
@@ -517,6 +732,11 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 		send_done(x, id, SPACED_EPROTO, "malformed job", NULL, -1);
 		return;
 	}
+	if (strcmp(kind, "claim") == 0 && mgr_pool_claim_inline(x->cfg)) {
+		claim_start(x, id, args);
+		json_decref(args);
+		return;
+	}
 	if (strcmp(kind, "connect") == 0) {
 		if (x->nconns >= EXE_MAX_CONNECTS)
 			send_done(x, id, SPACED_EBUSY, "too many connections being made", NULL, -1);
@@ -547,6 +767,9 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 static bool job_in_flight(const struct executor *x, uint32_t id)
 {
 	for (const struct xconn *c = x->conns; c; c = c->next)
+		if (c->id == id)
+			return true;
+	for (const struct xclaim *c = x->claims; c; c = c->next)
 		if (c->id == id)
 			return true;
 	for (const struct xjob *j = x->jobs; j; j = j->next)
@@ -608,7 +831,7 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 	signal(SIGPIPE, SIG_IGN);
 	if (x.sigfd < 0)
 		return 1;
-	struct pollfd *pfd = calloc(2 + EXE_MAX_CHILDREN + EXE_MAX_CONNECTS, sizeof *pfd);
+	struct pollfd *pfd = calloc(2 + EXE_MAX_CHILDREN + EXE_MAX_CONNECTS + EXE_MAX_CLAIMS, sizeof *pfd);
 	if (!pfd)
 		return 1;
 	bool up = true;
@@ -631,6 +854,12 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 		uint64_t now = spaced_mono_ns(), next = now + 1000000000u;
 		for (struct xconn *c = x.conns; c; c = c->next) {
 			pfd[n++] = (struct pollfd){.fd = c->fd, .events = c->connected ? POLLIN : POLLOUT};
+			if (c->deadline < next)
+				next = c->deadline;
+		}
+		nfds_t first_claim = n;
+		for (struct xclaim *c = x.claims; c; c = c->next) {
+			pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
 			if (c->deadline < next)
 				next = c->deadline;
 		}
@@ -660,11 +889,28 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 			}
 		}
 		now = spaced_mono_ns();
+		i = first_claim;
+		for (struct xclaim **pp = &x.claims; *pp;) {
+			struct xclaim *c = *pp;
+			bool done = false;
+			if (i < n && pfd[i].fd == c->fd && pfd[i].revents)
+				done = claim_step(&x, c, false);
+			if (!done && now >= c->deadline)
+				done = claim_step(&x, c, true);
+			i++;
+			if (done) {
+				*pp = c->next;
+				free(c);
+				x.nclaims--;
+			} else {
+				pp = &c->next;
+			}
+		}
 		i = first_conn;
 		for (struct xconn **pp = &x.conns; *pp;) {
 			struct xconn *c = *pp;
 			bool done = false;
-			if (i < n && pfd[i].fd == c->fd && pfd[i].revents)
+			if (i < first_claim && pfd[i].fd == c->fd && pfd[i].revents)
 				done = conn_step(&x, c, pfd[i].revents);
 			if (!done && now >= c->deadline) {
 				conn_finish(&x, c, SPACED_ETIMEDOUT, "the bridge did not hand over a connection in time", -1);

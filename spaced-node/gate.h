@@ -39,6 +39,7 @@
 #define GATE_MAX_STREAMS 1024
 #define GATE_MAX_ADMIN 16
 #define GATE_ADMIN_LINE_MAX (256 * 1024)
+#define GATE_ADMIN_INFLIGHT 256 /* messages of one admin client in progress at once */
 #define GATE_IDLE_PER_SANDBOX 32
 /* Flow control: at most this many bytes of a stream's output are on their way
  * to its client (sent to node-api, not yet written to the client), and at most
@@ -145,6 +146,7 @@ struct mgr {
 	uv_check_t api_check;      /* writes them at the end of each turn of the loop */
 	uv_idle_t api_idle;        /* keeps the loop from sleeping while some are due */
 	bool api_flush_due;
+	bool api_held;             /* a stream was held back while node-api was behind */
 	struct gstream *streams;
 	size_t nstreams;
 	struct idle_conn *idle;

@@ -26,7 +26,7 @@ struct admin_client {
 	uint64_t gen;
 	int fd;
 	uv_poll_t poll;
-	bool busy; /* a message waits for its acknowledgement */
+	unsigned busy; /* messages waiting for their acknowledgements */
 	bool in_next; /* inside client_next (an acknowledgement may come at once) */
 	struct spaced_buf rbuf;
 	struct spaced_buf wbuf;
@@ -71,7 +71,8 @@ static void on_reply(struct mgr *m, uintptr_t ctx, const char *line)
 		client_drop(a);
 		return;
 	}
-	a->busy = false;
+	if (a->busy > 0)
+		a->busy--;
 	if (!a->in_next)
 		client_update(a);
 }
@@ -82,7 +83,7 @@ static void client_next(struct admin_client *a)
 	if (a->in_next)
 		return;
 	a->in_next = true;
-	while (!a->busy && a->m->admin[a->slot] == a) {
+	while (a->busy < GATE_ADMIN_INFLIGHT && a->m->admin[a->slot] == a) {
 		uint8_t *nl = a->rbuf.len ? memchr(a->rbuf.data, '\n', a->rbuf.len) : NULL;
 		if (!nl)
 			break;
@@ -95,7 +96,7 @@ static void client_next(struct admin_client *a)
 			client_drop(a);
 			return;
 		}
-		a->busy = true;
+		a->busy++;
 		gate_ctl_submit(a->m, line, len, on_reply, ((uintptr_t)a->gen << 8) | (uintptr_t)a->slot);
 		free(line);
 	}
@@ -146,8 +147,13 @@ static void client_update(struct admin_client *a)
 	client_next(a);
 	if (a->m->admin[a->slot] != a)
 		return;
-	/* not read while a message is in progress: answers stay in order */
-	int ev = (a->busy ? 0 : UV_READABLE) | (a->woff < a->wbuf.len ? UV_WRITABLE : 0);
+	/* Several messages may be in progress at once (the link sends the
+	 * control channel's messages without waiting): the operations of one
+	 * sandbox still apply in the order they came (gate_ctl.c), those of
+	 * different sandboxes side by side, and each acknowledgement goes back
+	 * when its operation is done — so a client that sends one message at a
+	 * time gets its answers in order. Reading stops at the bound. */
+	int ev = (a->busy >= GATE_ADMIN_INFLIGHT ? 0 : UV_READABLE) | (a->woff < a->wbuf.len ? UV_WRITABLE : 0);
 	if (ev)
 		uv_poll_start(&a->poll, ev, on_client);
 	else

@@ -19,6 +19,7 @@
  * progress gets its acknowledgement when it is done (to whoever asked last).
  */
 #include "gate.h"
+#include "pool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "treehash.h"
 
 enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER, K_NET };
 
@@ -37,6 +39,7 @@ struct outcome {
 
 struct ctl_op {
 	struct ctl_op *next; /* in its queue */
+	struct ctl_op *next_commit; /* in the group commit (commit_group) */
 	struct ctl_queue *q;
 	enum ctl_kind kind;
 	uint64_t seq;        /* 0: an internal operation (recovery), nothing acknowledged */
@@ -54,8 +57,10 @@ struct ctl_op {
 	json_t *job_result;
 	/* working state */
 	struct spaced_identity id;
-	bool handoff, keep, had_cur;
+	bool handoff, keep, had_cur, claimed;
 	struct spaced_resources res;
+	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
+	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
 	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
 	struct mgr_rec rec, old;
 };
@@ -302,6 +307,18 @@ static void on_background_job(struct mgr *m, uintptr_t ctx, int status, const ch
 		gate_log("level=warn event=job-failed job=%s reason=\"%s\"", (const char *)ctx, msg);
 }
 
+/* The templates of live executions: never evicted from the cache. */
+static json_t *used_templates(struct mgr *m)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if (r->tmpl[0] && (r->pid != 0 || r->host_pid != 0 || r->r.active))
+			json_array_append_new(a, json_string(r->tmpl));
+	}
+	return a;
+}
+
 static json_t *used_ranges(struct mgr *m)
 {
 	json_t *a = json_array();
@@ -310,6 +327,7 @@ static json_t *used_ranges(struct mgr *m)
 		if (r->uid_base != 0 && (r->pid != 0 || r->host_pid != 0))
 			json_array_append_new(a, json_integer(r->uid_base));
 	}
+	pool_used_ranges(m, a);
 	return a;
 }
 
@@ -333,6 +351,77 @@ static int get_identity(json_t *msg, struct spaced_identity *id, struct outcome 
 {
 	if (spaced_identity_from_json(id, json_object_get(msg, "identity")) < 0)
 		return fail(o, "bad-message", "identity missing or invalid");
+	return 0;
+}
+
+/* spec.template: null (the worker's own /usr and /etc) or {"name", "hash",
+ * "url", "config"}: the template is fetched from url and must have hash. */
+static int template_parse(json_t *t, struct ctl_op *op, struct outcome *o)
+{
+	op->tmpl[0] = op->tmpl_url[0] = 0;
+	if (!t || json_is_null(t))
+		return 0;
+	json_t *h = json_object_get(t, "hash"), *u = json_object_get(t, "url");
+	if (!json_is_object(t) || !json_is_string(h) || !spaced_treehash_hex_valid(json_string_value(h)))
+		return fail(o, "bad-message", "spec.template must name a template by its hash");
+	if (u && (!json_is_string(u) || json_string_length(u) >= sizeof op->tmpl_url ||
+	          strncmp(json_string_value(u), "http", 4) != 0))
+		return fail(o, "bad-message", "spec.template.url must be an http URL");
+	snprintf(op->tmpl, sizeof op->tmpl, "%s", json_string_value(h));
+	snprintf(op->tmpl_url, sizeof op->tmpl_url, "%s", u ? json_string_value(u) : "");
+	return 0;
+}
+
+/* The guest's settings: the template's config (ENV, WORKDIR, USER) under the
+ * create's env. */
+static int config_parse(json_t *spec, struct ctl_op *op, struct outcome *o)
+{
+	json_t *tc = json_object_get(json_object_get(spec, "template"), "config");
+	json_t *env = json_object_get(spec, "env"), *te = json_object_get(tc, "env"), *v;
+	op->config[0] = 0;
+	if (!json_is_object(tc) && !json_is_object(env))
+		return 0;
+	json_t *c = json_object(), *e = json_object();
+	size_t i;
+	const char *k;
+	if (json_is_array(te)) {
+		json_array_foreach(te, i, v) {
+			const char *s = json_string_value(v), *eq = s ? strchr(s, '=') : NULL;
+			if (eq && eq != s && eq - s < 256) {
+				char key[256];
+				snprintf(key, sizeof key, "%.*s", (int)(eq - s), s);
+				json_object_set_new(e, key, json_string(eq + 1));
+			}
+		}
+	} else if (json_is_object(te)) {
+		json_object_foreach(te, k, v) {
+			if (json_is_string(v))
+				json_object_set(e, k, v);
+		}
+	}
+	if (env && !json_is_object(env)) {
+		json_decref(c);
+		json_decref(e);
+		return fail(o, "bad-message", "spec.env must be an object");
+	}
+	json_object_foreach(env, k, v) {
+		if (json_is_string(v))
+			json_object_set(e, k, v);
+	}
+	json_object_set_new(c, "env", e);
+	json_t *wd = json_object_get(tc, "workdir"), *user = json_object_get(tc, "user");
+	if (json_is_string(wd))
+		json_object_set(c, "workdir", wd);
+	if (json_is_string(user))
+		json_object_set(c, "user", user);
+	char *t = json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(c);
+	if (!t || strlen(t) >= sizeof op->config) {
+		free(t);
+		return fail(o, "config-too-large", "the sandbox's environment is larger than %zu bytes", sizeof op->config);
+	}
+	memcpy(op->config, t, strlen(t) + 1);
+	free(t);
 	return 0;
 }
 
@@ -362,11 +451,13 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 			op->res.memory_bytes = (uint64_t)json_integer_value(lm);
 		if (op->res.pids == 0 && json_is_integer(lp) && json_integer_value(lp) > 0)
 			op->res.pids = (uint64_t)json_integer_value(lp);
+		if (template_parse(json_object_get(spec, "template"), op, o) < 0 || config_parse(spec, op, o) < 0)
+			return -1;
 		json_t *snap = json_object_get(spec, "snapshot"), *sh = json_object_get(spec, "snapshot_hash");
 		if (snap && !json_is_null(snap)) {
-			if (!json_is_string(snap) || json_string_value(snap)[0] != '/' ||
-			    json_string_length(snap) >= sizeof op->snapshot)
-				return fail(o, "bad-message", "spec.snapshot must be an absolute path");
+			if (!json_is_string(snap) || json_string_length(snap) >= sizeof op->snapshot ||
+			    (json_string_value(snap)[0] != '/' && strncmp(json_string_value(snap), "http", 4) != 0))
+				return fail(o, "bad-message", "spec.snapshot must be an absolute path or an http URL");
 			snprintf(op->snapshot, sizeof op->snapshot, "%s", json_string_value(snap));
 		}
 		if (sh && !json_is_null(sh)) {
@@ -385,6 +476,8 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 	if (!mgr_cfg(m)->launch_bin) {
 		if (op->res.cpu_milli || op->res.memory_bytes || op->res.pids || op->res.disk_bytes)
 			return fail(o, "limits-unsupported", "development executions cannot be held to limits");
+		if (op->tmpl[0])
+			return fail(o, "template-unsupported", "development executions run on the worker's own files");
 	} else {
 		/* what the install leaves out, the worker's defaults fill in; what it
 		 * asks above the worker's maxima is refused, never silently lowered */
@@ -394,6 +487,97 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 			return fail(o, "limit-exceeded", "%s is above this worker's maximum", over);
 	}
 	return 0;
+}
+
+/* The executor's start of op->rec, cold (from its snapshot when staged). */
+/* The egress policy an install starts under (docs/network.md), or NULL. */
+static json_t *op_network(const struct ctl_op *op)
+{
+	json_t *net = json_object_get(json_object_get(op->msg, "spec"), "network");
+	return json_is_object(net) ? net : NULL;
+}
+
+static bool start_job(struct mgr *m, struct ctl_op *op)
+{
+	json_t *args = json_pack("{s:o,s:s?,s:o,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
+	                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m), "templates",
+	                         used_templates(m));
+	if (args && op_network(op))
+		json_object_set(args, "network", op_network(op));
+	return op_job(m, op, "start", args);
+}
+
+/* ---- the group commit of finished installs ----
+ * Installs that finish in the same turn of the loop (creates arriving
+ * together) are written in one transaction after it, then acknowledged:
+ * acknowledged still means on disk, and fifty of them wait for the disk once. */
+static struct ctl_op *commit_head, **commit_tail = &commit_head;
+static uv_check_t commit_check;
+static bool commit_check_init;
+
+static void commit_group_flush(uv_check_t *h)
+{
+	struct mgr *m = h->data;
+	size_t n = 0;
+	for (struct ctl_op *op = commit_head; op; op = op->next_commit)
+		n++;
+	struct ctl_op *list = commit_head;
+	commit_head = NULL;
+	commit_tail = &commit_head;
+	uv_check_stop(&commit_check);
+	if (!n)
+		return;
+	const struct mgr_rec **recs = calloc(n, sizeof *recs);
+	uint64_t *seqs = calloc(n, sizeof *seqs);
+	char **lines = calloc(n, sizeof *lines);
+	uint64_t t_job = spaced_mono_ns();
+	int e = recs && seqs && lines ? 0 : SPACED_ENOMEM;
+	size_t i = 0;
+	for (struct ctl_op *op = list; op && e == 0; op = op->next_commit, i++) {
+		recs[i] = &op->rec;
+		seqs[i] = op->seq;
+		if (!(lines[i] = ack_line(op->seq, &op->o)))
+			e = SPACED_ENOMEM;
+	}
+	if (e == 0)
+		e = mgr_store_commit_many(m->store, recs, seqs, (const char *const *)lines, n);
+	uint64_t t_end = spaced_mono_ns();
+	i = 0;
+	for (struct ctl_op *op = list, *next; op; op = next, i++) {
+		next = op->next_commit;
+		if (e == 0 && mgr_rec_applied(m, &op->rec, op->had_cur) == 0) {
+			op_reply(m, op, lines[i]);
+			gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f commit_ms=%.2f "
+			         "group=%zu",
+			         op->id.sandbox, (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
+			         (double)(t_end - op->t0) / 1e6, (double)(t_end - t_job) / 1e6, n);
+		} else {
+			fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s",
+			     spaced_strerror(e < 0 ? e : SPACED_EIO));
+			char *line = ack_line(0, &op->o);
+			op_reply(m, op, line);
+			free(line);
+		}
+		op_finish(m, op);
+	}
+	for (size_t k = 0; lines && k < n; k++)
+		free(lines[k]);
+	free(lines);
+	free(seqs);
+	free(recs);
+}
+
+static void commit_group_add(struct mgr *m, struct ctl_op *op)
+{
+	if (!commit_check_init) {
+		uv_check_init(m->loop, &commit_check);
+		commit_check.data = m;
+		commit_check_init = true;
+	}
+	op->next_commit = NULL;
+	*commit_tail = op;
+	commit_tail = &op->next_commit;
+	uv_check_start(&commit_check, commit_group_flush);
 }
 
 static void run_install(struct mgr *m, struct ctl_op *op)
@@ -438,6 +622,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.r.active = true;
 		op->rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
 		op->rec.res = op->res;
+		memcpy(op->rec.tmpl, op->tmpl, sizeof op->rec.tmpl);
+		memcpy(op->rec.tmpl_url, op->tmpl_url, sizeof op->rec.tmpl_url);
+		memcpy(op->rec.config, op->config, sizeof op->rec.config);
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		if (cur && op->id.generation == cur->r.id.generation) {
 			/* activation (or placement) change of the running execution: it
@@ -448,6 +635,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			op->rec.host_start = cur->host_start;
 			op->rec.res = cur->res;
 			op->rec.uid_base = cur->uid_base;
+			memcpy(op->rec.tmpl, cur->tmpl, sizeof op->rec.tmpl);
+			memcpy(op->rec.tmpl_url, cur->tmpl_url, sizeof op->rec.tmpl_url);
+			memcpy(op->rec.config, cur->config, sizeof op->rec.config);
 			snprintf(op->rec.state, sizeof op->rec.state, "%s", cur->state);
 			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
 			op_commit(m, op, &op->rec, false);
@@ -501,20 +691,46 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 				gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)), on_background_job,
 				         (uintptr_t)"stop");
 		}
-		json_t *args = json_pack("{s:o,s:s?,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot",
-		                         op->staged[0] ? op->staged : NULL, "used", used_ranges(m));
-		/* the egress policy it starts under (docs/network.md) */
-		json_t *net = json_object_get(json_object_get(op->msg, "spec"), "network");
-		if (args && net && json_is_object(net))
-			json_object_set(args, "network", net);
 		op->step = 2;
-		if (op_job(m, op, "start", args))
-			return;
+		/* a fresh execution comes from the warm pool when one of its
+		 * template and limits is ready: only the claim is left to do (the
+		 * pool holds process executions; a VM starts from its own
+		 * booted template, mgr_vm.c) */
+		if (!op->staged[0] && !mgr_vm_is(&op->rec) && pool_take(m, &op->rec)) {
+			op->claimed = true;
+			/* on a template, after a check of the cached tree (in a child) */
+			if (op_job(m, op, op->rec.tmpl[0] ? "claim-checked" : "claim",
+			           json_pack("{s:o,s:O?}", "rec", mgr_rec_to_json(&op->rec), "network", op_network(op))))
+				return;
+		} else {
+			if (start_job(m, op))
+				return;
+		}
 		op->step = 3;
 	}
 		__attribute__((fallthrough));
 	case 2:
 	case 3: {
+		if (op->claimed && op->job_status < 0) {
+			/* the pooled execution was gone or refused: one started for it */
+			gate_log("level=warn event=pool-claim-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
+			/* whatever is left of it goes: it never serves anyone; when its
+			 * template changed under the pool, every pooled one on it goes */
+			gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec)), on_background_job,
+			         (uintptr_t)"stop");
+			if (op->job_status == SPACED_EIDENTITY && op->rec.tmpl[0])
+				pool_drain_template(m, op->rec.tmpl);
+			op->claimed = false;
+			op->rec.pid = op->rec.pid_start = 0;
+			op->rec.host_pid = 0;
+			op->rec.host_start = 0;
+			op->rec.uid_base = 0;
+			op->rec.exec_name[0] = 0;
+			op->step = 2;
+			if (start_job(m, op))
+				return;
+			op->step = 3;
+		}
 		if (op->staged[0])
 			gate_job(m, "unstage", json_pack("{s:s}", "staged", op->staged), on_background_job,
 			         (uintptr_t)"unstage");
@@ -544,8 +760,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		json_t *gw = json_object_get(op->job_result, "gateway");
 		if (o->result && json_is_integer(gw))
 			json_object_set(o->result, "gateway", gw);
-		op_commit(m, op, &op->rec, op->had_cur);
-		op_finish(m, op);
+		/* written with the other installs that finish in this turn of the
+		 * loop: one wait for the disk for all of them */
+		commit_group_add(m, op);
 		return;
 	}
 	}
@@ -668,10 +885,24 @@ refused:
 
 static void run_snapshot(struct mgr *m, struct ctl_op *op)
 {
-	static const char *const allowed[] = {"seq", "type", "identity", "path", NULL};
+	static const char *const allowed[] = {"seq", "type", "identity", "path", "url", NULL};
 	struct outcome *o = &op->o;
 	if (op->step == 0) {
-		json_t *jp = json_object_get(op->msg, "path");
+		/* a path both workers read (a shared store), or the store's URL
+		 * that the snapshot's archive is uploaded to */
+		json_t *jp = json_object_get(op->msg, "path"), *ju = json_object_get(op->msg, "url");
+		bool url = ju != NULL;
+		if (url && jp) {
+			fail(o, "bad-message", "a path or a url, not both");
+			goto refused;
+		}
+		if (url) {
+			jp = ju;
+			if (!json_is_string(ju) || strncmp(json_string_value(ju), "http", 4) != 0) {
+				fail(o, "bad-message", "url must be an http URL");
+				goto refused;
+			}
+		}
 		if (only_members(op->msg, allowed) < 0) {
 			fail(o, "bad-message", "unknown member");
 			goto refused;
@@ -694,7 +925,8 @@ static void run_snapshot(struct mgr *m, struct ctl_op *op)
 		}
 		op->rec = *cur;
 		op->step = 1;
-		if (op_job(m, op, "snapshot", json_pack("{s:o,s:s}", "rec", mgr_rec_to_json(&op->rec), "path", op->path)))
+		if (op_job(m, op, "snapshot",
+		           json_pack("{s:o,s:s}", "rec", mgr_rec_to_json(&op->rec), url ? "url" : "path", op->path)))
 			return;
 	}
 	if (op->job_status < 0) {

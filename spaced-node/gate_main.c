@@ -6,6 +6,7 @@
 #include "log.h"
 #include "executor.h"
 #include "gate.h"
+#include "pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -119,6 +120,12 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 	int e = mgr_store_commit(m->store, rec, seq, ack_line);
 	if (e < 0)
 		return e;
+	return mgr_rec_applied(m, rec, handoff);
+}
+
+int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff)
+{
+	int e;
 	mgr_store_use_epoch(m->store, rec->r.epoch);
 	e = rec_put_mem(m, rec);
 	if (e < 0)
@@ -178,6 +185,8 @@ json_t *mgr_status_json(struct mgr *m)
 		json_object_set_new(ro, "host_pid", json_integer(r->host_pid));
 		json_object_set_new(ro, "resources", spaced_resources_to_json(&r->res));
 		json_object_set_new(ro, "uid_base", json_integer(r->uid_base));
+		json_object_set_new(ro, "template", json_string(r->tmpl));
+		json_object_set_new(ro, "pooled", json_boolean(r->exec_name[0] != 0));
 		json_array_append_new(recs, ro);
 	}
 	json_object_set_new(o, "worker", json_string(m->cfg->worker_id));
@@ -192,6 +201,7 @@ json_t *mgr_status_json(struct mgr *m)
 	json_object_set_new(o, "api_pid", json_integer(m->cfg->api_pid));
 	json_object_set_new(o, "executor_pid", json_integer(m->cfg->exe_pid));
 	json_object_update(o, gate_streams_status(m));
+	json_object_set_new(o, "pool", pool_status(m));
 	json_object_set_new(o, "jobs", json_integer((json_int_t)gate_jobs_in_flight(m)));
 	json_object_set_new(o, "operations", json_integer((json_int_t)gate_ctl_pending(m)));
 	json_object_set_new(o, "requests", json_integer((json_int_t)m->n_req));
@@ -295,11 +305,13 @@ int mgr_run(const struct mgr_config *cfg)
 	 * executions the records say run */
 	gate_job(&m, "reap", json_object(), NULL, 0);
 	gate_ctl_recover(&m);
+	pool_start(&m);
 	gate_log("level=info event=serving worker=%s records=%zu last_seq=%llu", cfg->worker_id, m.nrecs,
 	         (unsigned long long)mgr_store_last_seq(m.store));
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = 0;
 out:
+	pool_stop(&m);
 	gate_streams_stop(&m);
 	gate_admin_stop(&m);
 	gate_jobs_stop(&m);

@@ -121,9 +121,25 @@ static void api_flush(struct mgr *m)
 	}
 }
 
-static bool api_backlog(const struct mgr *m)
+/* node-api is behind: executions are not read meanwhile (api_held says
+ * some stream was held back for it, to be polled again once it caught up). */
+static bool api_backlog(struct mgr *m)
 {
-	return m->api_out.len - m->api_out_off > API_HIGH;
+	bool behind = m->api_out.len - m->api_out_off > API_HIGH;
+	if (behind)
+		m->api_held = true;
+	return behind;
+}
+
+/* After output to node-api went: the streams held back are read again once
+ * it has caught up. */
+static void api_caught_up(struct mgr *m)
+{
+	if (!m->api_held || m->api_out.len - m->api_out_off > API_HIGH)
+		return;
+	m->api_held = false;
+	for (struct gstream *s = m->streams; s; s = s->next)
+		stream_update_poll(s);
 }
 
 /* Frames queued during one turn of the loop go out together at its end (the
@@ -138,6 +154,7 @@ static void api_flush_due(uv_check_t *h)
 	uv_idle_stop(&m->api_idle);
 	api_flush(m);
 	api_update_poll(m);
+	api_caught_up(m);
 }
 
 static void api_idle(uv_idle_t *h)
@@ -987,7 +1004,6 @@ static void api_readable(struct mgr *m)
 static void on_api(uv_poll_t *h, int status, int events)
 {
 	struct mgr *m = h->data;
-	bool was_behind = api_backlog(m);
 	if (status < 0) {
 		gate_quit(m, "node-api's link failed");
 		return;
@@ -1000,9 +1016,7 @@ static void on_api(uv_poll_t *h, int status, int events)
 		return;
 	api_update_poll(m);
 	/* node-api caught up: the executions it held back are read again */
-	if (was_behind && !api_backlog(m))
-		for (struct gstream *s = m->streams; s; s = s->next)
-			stream_update_poll(s);
+	api_caught_up(m);
 	streams_reap(m);
 }
 

@@ -4,7 +4,7 @@
  * transport socket STATE/guest.sock (Firecracker's host-side vsock handshake)
  * and a control socket STATE/control.sock. See docs/substrate.md.
  *
- *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]
+ *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR | --template DIR]
  *                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]
  *                 [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]
  *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT
@@ -95,7 +95,7 @@ static void cpu_sample(struct launcher *L, uint64_t now)
 static void usage(void)
 {
 	fprintf(stderr,
-	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR]\n"
+	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR | --template DIR]\n"
 	        "                     [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]\n"
 	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]\n"
 	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
@@ -333,6 +333,11 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 		} else {
 			snprintf(reply, sizeof(reply), "ERR identity: %s", spaced_strerror(r));
 		}
+	} else if (strncmp(cmd, "CONFIG ", 7) == 0) {
+		/* the sandbox's settings, passed on to the guest before anything
+		 * that follows on this connection (its IDENTITY, its first CONN) */
+		r = spaced_sub_send_config(L->sub, cmd + 7);
+		snprintf(reply, sizeof(reply), r == 0 ? "OK" : "ERR config: %s", spaced_strerror(r));
 	} else if (strcmp(cmd, "STATUS") == 0) {
 		char idtext[SPACED_IDENTITY_TEXT_MAX] = "-";
 		const struct spaced_identity *id = spaced_sub_identity(L->sub);
@@ -614,6 +619,8 @@ static int run(int argc, char **argv)
 			cfg.guest_path = v;
 		else if (strcmp(o, "--base") == 0)
 			cfg.base_dir = v;
+		else if (strcmp(o, "--template") == 0)
+			cfg.template_dir = v;
 		else if (strcmp(o, "--restore") == 0)
 			cfg.restore_from = v;
 		else if (strcmp(o, "--hostname") == 0)

@@ -17,12 +17,19 @@
  * own loop that keeps answering the control plane's pings while the gate works
  * (a thread of its own asks the gate). The link has no state but the key: when it dies, the supervisor starts it
  * again, and the control plane replays what it missed after the next hello.
+ *
+ * With --cp https://HOST:PORT both speak TLS (tls.h): the control plane's
+ * certificate is verified against --tls-ca (else the system's trust store)
+ * and must name HOST; the worker presents --tls-client-cert (mutual TLS:
+ * the control plane wants its name to be this worker's ID). The channel is
+ * then wss://. An http:// URL (only with --plaintext) speaks without TLS.
  */
 #include "node.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -42,6 +49,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "tls.h"
 
 #define LINE_MAX_BYTES (1u << 20)
 #define KEY_MAX 128
@@ -55,6 +63,8 @@ static const struct link_config *C;
 static char key[KEY_MAX];
 static char ws_host[128], ws_path[256];
 static int ws_port;
+static bool cp_tls;        /* --cp https:// */
+static SSL_CTX *ws_tls;    /* the channel's TLS context (given to libwebsockets) */
 static volatile sig_atomic_t stop;
 static int admin_fd = -1;
 static char abuf[LINE_MAX_BYTES];
@@ -219,7 +229,7 @@ static size_t collect(char *p, size_t size, size_t n, void *u)
  * control plane could not be reached. */
 static int cp_post(const char *path, const char *bearer, const char *body, long *status, json_t **answer)
 {
-	char url[1024], auth[KEY_MAX + 32];
+	char url[1024], auth[KEY_MAX + 32], cerr[CURL_ERROR_SIZE] = "";
 	struct spaced_buf b;
 	spaced_buf_init(&b, 1u << 20);
 	snprintf(url, sizeof url, "%s%s", C->cp_url, path);
@@ -238,8 +248,24 @@ static int cp_post(const char *path, const char *bearer, const char *body, long 
 		curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 15000L);
 		curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 		curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-		if (curl_easy_perform(h) == CURLE_OK) {
+		curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, cp_tls ? "https" : "http");
+		curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
+		if (cp_tls) {
+			/* verification stays on (libcurl's default): chain and name */
+			curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+			curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+			curl_easy_setopt(h, CURLOPT_SSLVERSION, (long)CURL_SSLVERSION_TLSv1_2);
+			if (C->tls_ca)
+				curl_easy_setopt(h, CURLOPT_CAINFO, C->tls_ca);
+			if (C->tls_client_cert) {
+				curl_easy_setopt(h, CURLOPT_SSLCERT, C->tls_client_cert);
+				curl_easy_setopt(h, CURLOPT_SSLKEY, C->tls_client_key);
+			}
+		}
+		CURLcode cr = curl_easy_perform(h);
+		if (cr != CURLE_OK)
+			llog("%s%s: %s", C->cp_url, path, cerr[0] ? cerr : curl_easy_strerror(cr));
+		if (cr == CURLE_OK) {
 			curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
 			json_error_t jerr;
 			*answer = b.len ? json_loadb((const char *)b.data, b.len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
@@ -302,7 +328,8 @@ static int node_url(char *out, size_t n)
 		}
 		if (port > 0 && port < 65536) {
 			bool v6 = strchr(C->listen_host, ':') != NULL;
-			snprintf(out, n, v6 ? "http://[%s]:%d" : "http://%s:%d", C->listen_host, port);
+			snprintf(out, n, v6 ? "%s://[%s]:%d" : "%s://%s:%d", C->api_tls ? "https" : "http", C->listen_host,
+			         port);
 			return 0;
 		}
 		usleep(50000);
@@ -435,11 +462,16 @@ static char *hello_text(void)
 /* ---- the gate thread ----
  * The gate may take seconds over a control message (a snapshot, a start);
  * meanwhile the channel must keep answering the control plane's pings, or
- * it is declared dead. So the gate is asked from a thread of its own, one
- * message after the other in the order they came; each answer is posted back
- * to the channel's loop (lws_cancel_service). Messages and answers carry the
- * connection they belong to: an answer for a connection that has ended is
- * dropped (the control plane replays unacknowledged messages on the next). */
+ * it is declared dead. So the gate is given messages from a thread of its own,
+ * in the order they came; each answer is posted back to the channel's loop
+ * (lws_cancel_service). Messages and answers carry the connection they belong
+ * to: an answer for a connection that has ended is dropped (the control plane
+ * replays unacknowledged messages on the next).
+ * The hello is asked and answered (admin_ask). Messages go to the gate on a
+ * connection of their own without waiting for each one's acknowledgement (a
+ * pipeline): the gate applies the operations of different sandboxes side by
+ * side and acknowledges each when it is done, in any order (the control plane
+ * matches them by seq); a reader thread takes the acknowledgement lines. */
 
 struct gate_item {
 	struct gate_item *next;
@@ -452,7 +484,7 @@ struct gate_item {
 static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gcv = PTHREAD_COND_INITIALIZER;
 static struct gate_item *gin_head, *gin_tail, *gdone_head, *gdone_tail;
-static uint64_t conn_no;   /* channel loop only: the current connection's number */
+static uint64_t conn_no;   /* the current connection's number (changed by the channel loop, read atomically) */
 static bool conn_failed;   /* channel loop only: the gate failed on this connection */
 
 static void gitem_push(struct gate_item **head, struct gate_item **tail, struct gate_item *it)
@@ -497,6 +529,97 @@ static int gate_queue(bool hello, const uint8_t *p, size_t n)
 	return 0;
 }
 
+/* the pipelined connection: written by the gate thread only, read by its reader */
+static int pipe_fd = -1;
+static volatile int pipe_broken;
+
+static void gate_done(struct gate_item *it)
+{
+	pthread_mutex_lock(&gmu);
+	gitem_push(&gdone_head, &gdone_tail, it);
+	pthread_mutex_unlock(&gmu);
+	lws_cancel_service(ctx);
+}
+
+/* Acknowledgement lines from the gate, posted to the channel as answers of
+ * the connection current when they come; at the end of the connection, a
+ * failure of that channel connection (it is dropped and replayed). */
+static void *pipe_reader(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	static char buf[LINE_MAX_BYTES];
+	size_t len = 0;
+	for (;;) {
+		char *nl = memchr(buf, '\n', len);
+		if (nl) {
+			size_t n = (size_t)(nl - buf);
+			struct gate_item *it = calloc(1, sizeof *it);
+			if (it && (it->text = strndup(buf, n)) != NULL) {
+				it->conn = __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE);
+				gate_done(it);
+			} else {
+				free(it);
+			}
+			memmove(buf, nl + 1, len - n - 1);
+			len -= n + 1;
+			continue;
+		}
+		if (len == sizeof buf)
+			break;
+		ssize_t got = recv(fd, buf + len, sizeof buf - len, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			break;
+		len += (size_t)got;
+	}
+	pipe_broken = 1;
+	struct gate_item *it = calloc(1, sizeof *it);
+	if (it) {
+		it->conn = __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE); /* text NULL: failed */
+		gate_done(it);
+	}
+	return NULL;
+}
+
+/* Sends one message line to the gate on the pipelined connection (opened,
+ * with its reader, when missing or broken). 0 or -1. Gate thread only. */
+static int pipe_send(const char *msg, size_t len)
+{
+	if (pipe_fd >= 0 && pipe_broken) {
+		close(pipe_fd); /* its reader has stopped */
+		pipe_fd = -1;
+	}
+	if (pipe_fd < 0) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		if (strlen(C->admin_path) >= sizeof sa.sun_path)
+			return -1;
+		memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
+		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		pthread_t t;
+		pipe_broken = 0;
+		if (pthread_create(&t, NULL, pipe_reader, (void *)(intptr_t)fd) != 0) {
+			close(fd);
+			return -1;
+		}
+		pthread_detach(t);
+		pipe_fd = fd;
+	}
+	struct iovec iov[2] = {{(void *)(uintptr_t)msg, len}, {(void *)(uintptr_t)"\n", 1}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	if (pipe_broken || sendmsg(pipe_fd, &mh, MSG_NOSIGNAL) != (ssize_t)(len + 1)) {
+		shutdown(pipe_fd, SHUT_RDWR); /* its reader sees the end and stops */
+		pipe_broken = 1;
+		return -1;
+	}
+	return 0;
+}
+
 static void *gate_thread(void *arg)
 {
 	(void)arg;
@@ -509,13 +632,17 @@ static void *gate_thread(void *arg)
 		if (!gin_head)
 			gin_tail = NULL;
 		pthread_mutex_unlock(&gmu);
-		char *ans = it->hello ? hello_text() : admin_ask(it->text, it->len);
-		free(it->text);
-		it->text = ans;
-		pthread_mutex_lock(&gmu);
-		gitem_push(&gdone_head, &gdone_tail, it);
-		pthread_mutex_unlock(&gmu);
-		lws_cancel_service(ctx);
+		if (it->hello) {
+			it->text = hello_text();
+			gate_done(it);
+		} else if (pipe_send(it->text, it->len) < 0) {
+			free(it->text);
+			it->text = NULL; /* failed: the channel connection is dropped */
+			gate_done(it);
+		} else {
+			free(it->text); /* its acknowledgement comes through pipe_reader */
+			free(it);
+		}
 	}
 	return NULL;
 }
@@ -547,7 +674,7 @@ static void gate_answers(void)
 /* A new or ended connection: what was queued for the old one is dropped. */
 static void conn_changed(void)
 {
-	conn_no++;
+	__atomic_add_fetch(&conn_no, 1, __ATOMIC_RELEASE);
 	conn_failed = false;
 	pthread_mutex_lock(&gmu);
 	struct gate_item *it = gin_head;
@@ -651,6 +778,7 @@ static void tick(lws_sorted_usec_list_t *s)
 		ci.host = ws_host;
 		ci.origin = ws_host;
 		ci.pwsi = &conn;
+		ci.ssl_connection = cp_tls ? LCCSCF_USE_SSL : 0; /* verified: chain and name, never relaxed */
 		next_connect = spaced_mono_ns() + 1000000000ull; /* unless it ends sooner */
 		lws_client_connect_via_info(&ci);
 	}
@@ -668,9 +796,11 @@ static void on_term(int sig)
 int link_run(const struct link_config *cfg)
 {
 	C = cfg;
-	if (strncmp(cfg->cp_url, "http://", 7) != 0 ||
-	    sscanf(cfg->cp_url + 7, "%127[^:/]:%d", ws_host, &ws_port) != 2 || ws_port < 1 || ws_port > 65535) {
-		llog("--cp wants http://HOST:PORT");
+	cp_tls = strncmp(cfg->cp_url, "https://", 8) == 0;
+	size_t skip = cp_tls ? 8 : 7;
+	if ((!cp_tls && strncmp(cfg->cp_url, "http://", 7) != 0) ||
+	    sscanf(cfg->cp_url + skip, "%127[^:/]:%d", ws_host, &ws_port) != 2 || ws_port < 1 || ws_port > 65535) {
+		llog("--cp wants https://HOST:PORT (http:// with --plaintext)");
 		return LINK_EXIT_FATAL;
 	}
 	snprintf(ws_path, sizeof ws_path, "/v1/workers/%s/channel", cfg->worker_id);
@@ -692,10 +822,25 @@ int link_run(const struct link_config *cfg)
 	memset(&info, 0, sizeof info);
 	info.port = CONTEXT_PORT_NO_LISTEN;
 	info.protocols = protocols;
+	if (cp_tls) {
+		/* the channel's TLS is ours (tls.h), handed to libwebsockets: the
+		 * CA, the client certificate, and the control plane's name bound
+		 * on the context as well, whatever the library checks itself */
+		char terr[600] = "the control plane's host is not a name or an address";
+		if (spaced_tls_client_ctx(C->tls_ca, C->tls_client_cert, C->tls_client_key, &ws_tls, terr, sizeof terr) < 0 ||
+		    spaced_tls_expect_host(SSL_CTX_get0_param(ws_tls), ws_host) < 0) {
+			llog("the channel's TLS: %s", terr);
+			return LINK_EXIT_FATAL;
+		}
+		info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+		info.provided_client_ssl_ctx = ws_tls;
+	}
 	lws_set_log_level(LLL_ERR, NULL);
 	ctx = lws_create_context(&info);
-	if (ctx == NULL)
+	if (ctx == NULL) {
+		SSL_CTX_free(ws_tls);
 		return 1;
+	}
 	lws_sul_schedule(ctx, 0, &sul, tick, 1);
 	pthread_t gt;
 	if (pthread_create(&gt, NULL, gate_thread, NULL) != 0)

@@ -15,6 +15,9 @@
 #include "identity.h"
 #include "resources.h"
 
+/* The sandbox's settings a record carries (JSON text, with its NUL). */
+#define MGR_CONFIG_MAX 12288
+
 /* Execution states kept in the record. */
 #define MGR_ST_RUNNING "running"
 #define MGR_ST_PAUSED "paused"
@@ -33,6 +36,12 @@ struct mgr_rec {
 	uint64_t host_start;
 	struct spaced_resources res; /* the limits it runs under (the worker's defaults filled in) */
 	uint32_t uid_base;   /* host uid of root inside (substrate mode); 0 when none */
+	char tmpl[65];       /* the template it runs on (its hash), "" for the worker's own /usr and /etc */
+	char tmpl_url[512];  /* where the template is fetched from when it is not in the cache */
+	char exec_name[32];  /* a claimed pooled execution: "pool/<id>" (its directory and bridge
+	                      * socket are named after it); "" for one started for this record */
+	char config[MGR_CONFIG_MAX]; /* the sandbox's settings for its guest: {"env","workdir","user"}
+	                              * (its template's and its create's), "" for none */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
@@ -54,6 +63,11 @@ void mgr_store_close(struct mgr_store *st);
  * generation going backwards. */
 int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
                      const char *ack_line);
+
+/* The same for n records and acknowledgements in one transaction (one wait
+ * for the disk): all of them or none. recs[i] may be NULL, seqs[i] 0. */
+int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
+                          const char *const *acks, size_t n);
 
 /* The next identity epoch (persistent, strictly increasing). Not committed until
  * the next mgr_store_commit: the counter is written with it. */
@@ -123,6 +137,41 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 void mgr_exec_unstage(const char *staged);
 /* Removes the execution's files. */
 void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox);
+
+/* ---- the warm pool's executions (mgr_exec.c; the pool itself is pool.c) ----
+ * A pooled execution is a launcher started without identity under the
+ * limits and template of rec (res, tmpl, tmpl_url) in a uid range of its
+ * own, in STATE/pool/<name>, whose guest is up and waiting (POOLED), and a
+ * bridge already listening on STATE/run/<name>.sock that learns its identity
+ * from the FIFO STATE/run/<name>.in when the execution is claimed. */
+/* Starts one; fills rec's pid, pid_start, host_pid, host_start, uid_base,
+ * exec_name ("pool/<name>") and *pss_kib (what its three processes use). */
+int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct mgr_rec *rec, const uint32_t *used,
+                        size_t nused, uint64_t *pss_kib, char *why, size_t whysz);
+/* Gives the pooled execution of rec (exec_name set) rec's identity, without
+ * waiting: the launcher's IDENTITY (the guest takes one identity, once) on a
+ * new control connection (*ctl_fd, non-blocking, to poll for the answer) and
+ * the bridge's identity line; its processes are set back to the priority of
+ * every execution. 0, or SPACED_ECLOSED when it is gone (the caller stops it). */
+int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, int *answers, char *why,
+                        size_t whysz);
+/* The launcher's answers on ctl_fd (*answers of them: the sandbox's CONFIG,
+ * when it has one, comes before the IDENTITY): 0 (all OK), SPACED_EBUSY (not
+ * all yet), SPACED_EPROTO. */
+int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz);
+/* True when a claim is only the identity (claimed in the executor's loop):
+ * no egress to open for the sandbox (net.h) and no ServicePort gateway to
+ * start; else a claim is a job in a child (net_claim, the claim, then
+ * mgr_pool_claim_finish). */
+bool mgr_pool_claim_inline(const struct mgr_config *cfg);
+/* After the claim: the execution's ServicePort gateway (spaced-netgtw, with
+ * the claimed identity); *gateway_port its port, 0 without one. */
+int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
+/* The port of rec's ServicePort gateway once started (0: none). */
+int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
+/* Stops the pooled executions in STATE/pool that no name in keep[] names
+ * (left by an earlier gate): their launchers and bridges, their files. */
+void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep);
 /* The socket serving rec: the one place that decides where requests go. */
 int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
 
@@ -176,6 +225,9 @@ const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox);
  * if that write fails, the gate ends (and starts again from the disk). */
 int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq,
                     const char *ack_line);
+/* The part of mgr_rec_install after the record is on disk (written by the
+ * caller, with others: mgr_store_commit_many). */
+int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff);
 const char *mgr_worker_id(const struct mgr *m);
 const char *mgr_state_dir(const struct mgr *m);
 const struct mgr_config *mgr_cfg(const struct mgr *m);

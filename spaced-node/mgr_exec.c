@@ -20,6 +20,8 @@
 #include "node.h"
 
 #include <dirent.h>
+#include <inttypes.h>
+#include <poll.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -29,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -39,6 +42,8 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "fetch.h"
+#include "rootfs.h"
 #include "pidref.h"
 #include "util.h"
 
@@ -73,8 +78,10 @@ static bool substrate_mode(const struct mgr_config *cfg)
 
 static int exec_dir(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz)
 {
-	int n = snprintf(out, outsz, "%s/exec/%s.%llu", cfg->state_dir, rec->r.id.sandbox,
-	                 (unsigned long long)rec->r.id.generation);
+	/* a claimed pooled execution keeps the directory it was started in */
+	int n = rec->exec_name[0] ? snprintf(out, outsz, "%s/%s", cfg->state_dir, rec->exec_name)
+	                          : snprintf(out, outsz, "%s/exec/%s.%llu", cfg->state_dir, rec->r.id.sandbox,
+	                                     (unsigned long long)rec->r.id.generation);
 	return (n < 0 || (size_t)n >= outsz) ? SPACED_EINVAL : 0;
 }
 
@@ -82,8 +89,9 @@ int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, cha
 {
 	const char *state_dir = cfg->state_dir;
 	size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
-	int n = snprintf(out, outsz, "%s/run/%s.%llu.sock", state_dir, rec->r.id.sandbox,
-	                 (unsigned long long)rec->r.id.generation);
+	int n = rec->exec_name[0] ? snprintf(out, outsz, "%s/run/%s.sock", state_dir, rec->exec_name + 5)
+	                          : snprintf(out, outsz, "%s/run/%s.%llu.sock", state_dir, rec->r.id.sandbox,
+	                                     (unsigned long long)rec->r.id.generation);
 	if (n < 0 || (size_t)n >= outsz || (size_t)n >= max)
 		return SPACED_EINVAL;
 	return 0;
@@ -470,6 +478,12 @@ void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox)
 
 /* ---- substrate mode: spaced-launch + spaced-host ---- */
 
+/* When set, the next spawn_logged's standard input (a FIFO, opened
+ * read-write so it never sees an end) and standard output (a pipe's write
+ * end). Job children only: each runs one job. */
+static const char *spawn_stdin;
+static int spawn_stdout = -1;
+
 /* Starts argv in its own session, stdout to /dev/null, stderr appended to logp. */
 static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid, uint64_t *start)
 {
@@ -484,6 +498,14 @@ static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid
 			dup2(nul, 0);
 			dup2(nul, 1);
 		}
+		if (spawn_stdin) {
+			int in = open(spawn_stdin, O_RDWR | O_NOFOLLOW);
+			if (in < 0)
+				_exit(127);
+			dup2(in, 0);
+		}
+		if (spawn_stdout >= 0)
+			dup2(spawn_stdout, 1);
 		if (log >= 0)
 			dup2(log, 2);
 		syscall(SYS_close_range, 3, ~0u, 0);
@@ -563,7 +585,9 @@ static int spawn_ready(const char *const argv[], const char *logp, const char *p
 	return e;
 }
 
-static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
+/* Starts rec's bridge. With fifo, a pooled one: it listens at once and
+ * reads its identity line from that FIFO when the execution is claimed. */
+static int start_bridge_in(const struct mgr_config *cfg, struct mgr_rec *rec, const char *fifo)
 {
 	char e_dir[4096], gsock[4200], sock[256], logp[4096], text[SPACED_IDENTITY_TEXT_MAX];
 	char lpid[32], lstart[32], muid[32], mpid[32], mstart[32];
@@ -571,7 +595,9 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
 	if (e == 0)
 		e = mgr_exec_target(cfg, rec, sock, sizeof sock);
-	if (e < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+	if (fifo)
+		snprintf(text, sizeof text, "-");
+	if (e < 0 || (!fifo && spaced_identity_encode(&rec->r.id, text, sizeof text) < 0))
 		return SPACED_EINVAL;
 	/* the bridge accepts one caller: the executor, which makes every
 	 * connection to it (this may run in one of its job children) */
@@ -580,7 +606,7 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	if (!cfg->exe_pid && spaced_proc_start_time(caller, &me) < 0)
 		return SPACED_ESYS;
 	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
-	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
+	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, fifo ? "pool" : rec->r.id.sandbox);
 	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
 	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
 	snprintf(muid, sizeof muid, "%u", (unsigned)geteuid());
@@ -593,12 +619,48 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	                      "--manager-start", mstart, "--handoff", NULL};
 	int64_t hp;
 	uint64_t hs;
-	e = spawn_ready(argv, logp, sock, true, 10000, false, &hp, &hs);
+	/* a pooled bridge takes the FIFO as its standard input; it listens before
+	 * it reads it (connections wait in its backlog), so the socket existing
+	 * is what is waited for */
+	spawn_stdin = fifo;
+	e = spawn_ready(argv, logp, sock, !fifo, 10000, false, &hp, &hs);
+	spawn_stdin = NULL;
 	if (e < 0)
 		return e;
 	rec->host_pid = hp;
 	rec->host_start = hs;
 	return 0;
+}
+
+static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
+{
+	return start_bridge_in(cfg, rec, NULL);
+}
+
+/* CONFIG on the execution's control socket, its answer awaited (job
+ * children only). */
+static int send_config(const char *e_dir, const char *config)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char path[4200], *msg, reply[256];
+	snprintf(path, sizeof path, "%s/control.sock", e_dir);
+	if (strlen(path) >= sizeof sa.sun_path || strlen(config) + 8 > MGR_CONFIG_MAX + 16)
+		return SPACED_ETOOBIG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0 || asprintf(&msg, "CONFIG %s", config) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ENOMEM;
+	}
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	ssize_t n = -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && send(fd, msg, strlen(msg), MSG_NOSIGNAL) > 0)
+		n = recv(fd, reply, sizeof reply, 0);
+	free(msg);
+	close(fd);
+	return n >= 2 && memcmp(reply, "OK", 2) == 0 ? 0 : SPACED_ECLOSED;
 }
 
 /* The execution's ServicePort gateway (spaced-netgtw, R5): it listens on
@@ -607,17 +669,25 @@ static int start_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
  * ports through the same guest transport, verified as the bridge does (B1,
  * B2). It ends with the launcher. Without it the execution runs, its
  * ServicePorts unreachable (logged). */
+static bool gateway_bin(const struct mgr_config *cfg, char *bin, size_t binsz)
+{
+	char tmp[4096];
+	struct stat sb;
+	if (!cfg->launch_bin)
+		return false;
+	snprintf(tmp, sizeof tmp, "%s", cfg->launch_bin);
+	const char *d = dirname(tmp);
+	snprintf(bin, binsz, "%s/spaced-netgtw", d);
+	if (stat(bin, &sb) < 0)
+		snprintf(bin, binsz, "%s/../spaced-netgtw/spaced-netgtw", d);
+	return stat(bin, &sb) == 0;
+}
+
 static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *logp)
 {
 	char bin[4096], tmp[4096], pf[4200], recp[4200], keys[4200], gsock[4200], lpid[32], lstart[32];
 	char text[SPACED_IDENTITY_TEXT_MAX];
-	struct stat sb;
-	snprintf(tmp, sizeof tmp, "%s", cfg->launch_bin);
-	const char *d = dirname(tmp);
-	snprintf(bin, sizeof bin, "%s/spaced-netgtw", d);
-	if (stat(bin, &sb) < 0)
-		snprintf(bin, sizeof bin, "%s/../spaced-netgtw/spaced-netgtw", d);
-	if (stat(bin, &sb) < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+	if (!gateway_bin(cfg, bin, sizeof bin) || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
 		return;
 	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
 	snprintf(recp, sizeof recp, "%s/gw/%s.json", cfg->state_dir, rec->r.id.sandbox);
@@ -641,6 +711,7 @@ static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *re
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
+	rec->exec_name[0] = 0; /* started for this record: exec/S.G */
 	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
 	if (e < 0 || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0 || !cfg->guest_bin)
 		return SPACED_EINVAL;
@@ -653,15 +724,26 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	snprintf(dir, sizeof dir, "%s/log", cfg->state_dir);
 	if ((e = mkdirs(dir)) < 0)
 		return e;
-	/* a generation starts from nothing but its snapshot */
+	/* a generation starts from nothing but its snapshot, in a directory of its own */
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 	mgr_run_wait(rm);
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
-	char cpus[16], mem[24], pids[24], disk[24], uid[16];
+	char cpus[16], mem[24], pids[24], disk[24], uid[16], troot[4400], why[512] = "";
 	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
 	                        "--service-ports"};
 	size_t n = 8;
+	if (rec->tmpl[0]) {
+		/* the template, fetched and checked against its hash before use */
+		e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, sizeof why);
+		if (e < 0) {
+			fprintf(stderr, "executor: level=error event=template-unavailable hash=%s reason=\"%s\"\n", rec->tmpl,
+			        why);
+			return e;
+		}
+		argv[n++] = "--template";
+		argv[n++] = troot;
+	}
 	/* the limits it runs under; each one given is enforced or the start fails */
 	if (rec->res.cpu_milli) {
 		spaced_cpus_format(rec->res.cpu_milli, cpus);
@@ -702,6 +784,11 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	e = spawn_ready(argv, logp, ready, false, 30000, true, &lp, &ls);
 	if (e < 0)
 		return e;
+	/* the sandbox's settings reach the guest before its first connection */
+	if (rec->config[0] && (e = send_config(e_dir, rec->config)) < 0) {
+		stop_pinned(lp, ls, true);
+		return e;
+	}
 	struct mgr_rec r = *rec;
 	r.pid = lp;
 	r.pid_start = ls;
@@ -1001,11 +1088,12 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 	char dir[4096], got[MGR_HASH_HEX];
 	struct stat sb;
 	int e;
-	if (!src || src[0] != '/' || !spaced_name_valid(sandbox, strlen(sandbox)))
+	bool remote = src && strncmp(src, "http", 4) == 0;
+	if (!src || (src[0] != '/' && !remote) || !spaced_name_valid(sandbox, strlen(sandbox)))
 		return SPACED_EINVAL;
 	if (!hash_hex_valid(want))
 		return SPACED_EIDENTITY; /* nothing starts from an unverified snapshot */
-	if (lstat(src, &sb) < 0 || !S_ISDIR(sb.st_mode))
+	if (!remote && (lstat(src, &sb) < 0 || !S_ISDIR(sb.st_mode)))
 		return SPACED_ENOENT;
 	snprintf(dir, sizeof dir, "%s/stage", cfg->state_dir);
 	if ((e = mkdirs(dir)) < 0)
@@ -1016,10 +1104,28 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 	/* the private copy is the one verified and the one restored: what is
 	 * checked cannot change in the shared store afterwards */
 	const char *rm[] = {"rm", "-rf", "--", dir, NULL};
-	const char *cp[] = {"cp", "-a", "--", src, dir, NULL};
-	if (mgr_run_wait(rm) < 0 || mgr_run_wait(cp) < 0) {
+	if (remote) {
+		/* from the control plane's store: the archive, then the tree it
+		 * holds (only what spaced_rootfs_pack_dir writes is accepted) */
+		char tarp[4200], why[512] = "";
+		snprintf(tarp, sizeof tarp, "%s.tar", dir);
+		unlink(tarp);
 		mgr_run_wait(rm);
-		return SPACED_EIO;
+		e = fetch_blob(cfg->state_dir, src, tarp, UINT64_C(1) << 40, why, sizeof why);
+		if (e == 0)
+			e = spaced_rootfs_extract(tarp, dir, SPACED_ROOTFS_X_SNAPSHOT, NULL, why, sizeof why);
+		unlink(tarp);
+		if (e < 0) {
+			fprintf(stderr, "executor: level=warn event=snapshot-fetch-failed url=%s reason=\"%s\"\n", src, why);
+			mgr_run_wait(rm);
+			return e == SPACED_EFORMAT ? SPACED_EIDENTITY : e;
+		}
+	} else {
+		const char *cp[] = {"cp", "-a", "--", src, dir, NULL};
+		if (mgr_run_wait(rm) < 0 || mgr_run_wait(cp) < 0) {
+			mgr_run_wait(rm);
+			return SPACED_EIO;
+		}
 	}
 	e = mgr_snapshot_hash(dir, got, NULL);
 	if (e == 0 && !spaced_ct_eq(got, want, MGR_HASH_HEX - 1))
@@ -1061,4 +1167,363 @@ int mgr_spawn_ready(const char *const argv[], const char *logp, const char *path
 void mgr_stop_pinned(int64_t pid, uint64_t start, bool group)
 {
 	stop_pinned(pid, start, group);
+}
+
+/* ---- the warm pool's executions ---- */
+
+/* Proportional set size of a process, KiB (0 when unknown). */
+static uint64_t pss_of(int64_t pid)
+{
+	char path[64], line[256];
+	uint64_t kib = 0;
+	snprintf(path, sizeof path, "/proc/%lld/smaps_rollup", (long long)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "Pss: %" SCNu64, &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* Reads lines from fd until one starts with want (up to ms). */
+static int wait_line(int fd, const char *want, int ms)
+{
+	char buf[256];
+	size_t n = 0;
+	uint64_t end = spaced_mono_ns() + (uint64_t)ms * 1000000u;
+	for (;;) {
+		uint64_t now = spaced_mono_ns();
+		if (now >= end)
+			return SPACED_ETIMEDOUT;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		int r = poll(&p, 1, (int)((end - now) / 1000000u) + 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return SPACED_ETIMEDOUT;
+		ssize_t got = read(fd, buf + n, sizeof buf - 1 - n);
+		if (got <= 0)
+			return SPACED_ECLOSED;
+		n += (size_t)got;
+		buf[n] = 0;
+		char *nl;
+		while ((nl = strchr(buf, '\n')) != NULL) {
+			*nl = 0;
+			if (strncmp(buf, want, strlen(want)) == 0)
+				return 0;
+			memmove(buf, nl + 1, n - (size_t)(nl + 1 - buf) + 1);
+			n -= (size_t)(nl + 1 - buf);
+		}
+		if (n == sizeof buf - 1)
+			n = 0;
+	}
+}
+
+int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct mgr_rec *rec, const uint32_t *used,
+                        size_t nused, uint64_t *pss_kib, char *why, size_t whysz)
+{
+	char e_dir[4096], dir[4096], logp[4096], fifo[4200], troot[4400], cpus[16], mem[24], pids[24], disk[24],
+	    uid[16];
+	int e;
+	if (!substrate_mode(cfg) || !cfg->guest_bin || !spaced_name_valid(name, strlen(name)))
+		return SPACED_EINVAL;
+	static const char *const subdirs[] = {"pool", "run", "log"};
+	for (size_t i = 0; i < 3; i++) {
+		snprintf(dir, sizeof dir, "%s/%s", cfg->state_dir, subdirs[i]);
+		if ((e = mkdirs(dir)) < 0)
+			return e;
+	}
+	snprintf(rec->exec_name, sizeof rec->exec_name, "pool/%s", name);
+	if ((e = exec_dir(cfg, rec, e_dir, sizeof e_dir)) < 0)
+		return e;
+	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
+	mgr_run_wait(rm);
+	snprintf(logp, sizeof logp, "%s/log/pool.log", cfg->state_dir);
+	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--service-ports"};
+	size_t n = 6;
+	if (rec->tmpl[0]) {
+		if ((e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, whysz)) < 0)
+			return e;
+		argv[n++] = "--template";
+		argv[n++] = troot;
+	}
+	/* the limits of the sandbox that will claim it: the pool is keyed by them */
+	if (rec->res.cpu_milli) {
+		spaced_cpus_format(rec->res.cpu_milli, cpus);
+		argv[n++] = "--cpus";
+		argv[n++] = cpus;
+	}
+	if (rec->res.memory_bytes) {
+		snprintf(mem, sizeof mem, "%llu", (unsigned long long)rec->res.memory_bytes);
+		argv[n++] = "--memory";
+		argv[n++] = mem;
+	}
+	if (rec->res.pids) {
+		snprintf(pids, sizeof pids, "%llu", (unsigned long long)rec->res.pids);
+		argv[n++] = "--pids";
+		argv[n++] = pids;
+	}
+	if (rec->res.disk_bytes) {
+		snprintf(disk, sizeof disk, "%llu", (unsigned long long)rec->res.disk_bytes);
+		argv[n++] = "--disk";
+		argv[n++] = disk;
+	}
+	size_t uid_at = n;
+	argv[n++] = "--uid-base";
+	argv[n++] = uid;
+	if (cfg->uid_lock_dir) {
+		argv[n++] = "--uid-lock";
+		argv[n++] = cfg->uid_lock_dir;
+	}
+	argv[n] = NULL;
+	(void)uid_at;
+	/* started in the background: below the priority of creates and requests
+	 * (it is raised back when claimed) */
+	setpriority(PRIO_PROCESS, 0, 10);
+	/* a uid range of its own, as every execution (mgr_exec_start_fresh) */
+	uint32_t skip[64];
+	size_t nskip = 0;
+	int64_t lp = 0;
+	uint64_t ls = 0;
+	int out[2] = {-1, -1};
+	e = SPACED_EBUSY;
+	for (int attempt = 0; attempt < 16; attempt++) {
+		uint32_t *all = calloc(nused + nskip + 1, sizeof *all);
+		if (!all)
+			return SPACED_ENOMEM;
+		memcpy(all, used, nused * sizeof *used);
+		memcpy(all + nused, skip, nskip * sizeof *skip);
+		uint32_t base = 0;
+		e = mgr_uid_pick(cfg, all, nused + nskip, &base);
+		free(all);
+		if (e < 0)
+			break;
+		rec->uid_base = base;
+		snprintf(uid, sizeof uid, "%u", (unsigned)base);
+		if (pipe2(out, O_CLOEXEC) < 0)
+			return SPACED_ESYS;
+		spawn_stdout = out[1];
+		e = spawn_logged(argv, logp, &lp, &ls);
+		spawn_stdout = -1;
+		close(out[1]);
+		if (e == 0)
+			e = wait_line(out[0], "POOLED", 30000);
+		close(out[0]);
+		if (e == 0)
+			break;
+		stop_pinned(lp, ls, true);
+		mgr_run_wait(rm);
+		if (!uid_locked(cfg, base) || nskip == sizeof skip / sizeof skip[0])
+			break;
+		skip[nskip++] = base;
+	}
+	if (e < 0) {
+		snprintf(why, whysz, e == SPACED_EBUSY ? "every uid range of this worker is in use"
+		                                       : "the pooled execution did not come up: %s",
+		         spaced_strerror(e));
+		return e;
+	}
+	rec->pid = lp;
+	rec->pid_start = ls;
+	/* its network made now, closed until a sandbox claims it (net.h) */
+	if ((e = net_attach_pooled(cfg, rec, e_dir, why, whysz)) < 0) {
+		stop_pinned(lp, ls, true);
+		mgr_run_wait(rm);
+		return e;
+	}
+	snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, name);
+	unlink(fifo);
+	if (mkfifo(fifo, 0600) < 0 || (e = start_bridge_in(cfg, rec, fifo)) < 0) {
+		snprintf(why, whysz, "the pooled execution's bridge did not start");
+		stop_pinned(lp, ls, true);
+		mgr_run_wait(rm);
+		unlink(fifo);
+		return e < 0 ? e : SPACED_ESYS;
+	}
+	/* its bridge, for a reap after a restart of the gate */
+	char lf[4200], text[256] = "";
+	snprintf(lf, sizeof lf, "%s/bridge", e_dir);
+	snprintf(text, sizeof text, "pid=%lld start=%llu\n", (long long)rec->host_pid,
+	         (unsigned long long)rec->host_start);
+	FILE *bf = fopen(lf, "w");
+	if (bf) {
+		fputs(text, bf);
+		fclose(bf);
+	}
+	text[0] = 0;
+	/* what it costs while it waits: launcher, guest, bridge */
+	long long init = 0;
+	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
+	FILE *f = fopen(lf, "r");
+	if (f) {
+		if (fgets(text, sizeof text, f) && strstr(text, "init="))
+			init = atoll(strstr(text, "init=") + 5);
+		fclose(f);
+	}
+	*pss_kib = pss_of(lp) + (init > 0 ? pss_of(init) : 0) + pss_of(rec->host_pid);
+	return 0;
+}
+
+int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, int *answers, char *why,
+                        size_t whysz)
+{
+	char e_dir[4096], ctlp[4200], fifo[4200], text[SPACED_IDENTITY_TEXT_MAX], cmd[SPACED_IDENTITY_TEXT_MAX + 16];
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
+	if (e < 0 || !rec->exec_name[0] || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+		return SPACED_EINVAL;
+	int pfd = pidfd_pinned(rec->pid, rec->pid_start);
+	if (pfd < 0) {
+		snprintf(why, whysz, "the pooled execution is gone");
+		return SPACED_ECLOSED;
+	}
+	close(pfd);
+	snprintf(ctlp, sizeof ctlp, "%s/control.sock", e_dir);
+	if (strlen(ctlp) >= sizeof sa.sun_path)
+		return SPACED_ETOOBIG;
+	memcpy(sa.sun_path, ctlp, strlen(ctlp) + 1);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	int n = snprintf(cmd, sizeof cmd, "IDENTITY %s", text);
+	/* the sandbox's settings first: the guest takes its messages in order */
+	char *config_msg = NULL;
+	if (rec->config[0] && asprintf(&config_msg, "CONFIG %s", rec->config) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ENOMEM;
+	}
+	/* a listening SEQPACKET socket accepts the connection at once (backlog) */
+	bool sent_config = fd >= 0 && config_msg && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+	                   send(fd, config_msg, strlen(config_msg), MSG_NOSIGNAL) == (ssize_t)strlen(config_msg);
+	free(config_msg);
+	if (fd < 0 || (rec->config[0] && !sent_config) ||
+	    (!rec->config[0] && connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) ||
+	    send(fd, cmd, (size_t)n, MSG_NOSIGNAL) != n) {
+		snprintf(why, whysz, "the pooled execution's launcher does not answer: %s", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return SPACED_ECLOSED;
+	}
+	/* the bridge learns the identity it must reach; the gate's first
+	 * connection waits in its backlog meanwhile */
+	snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, rec->exec_name + 5);
+	int ff = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+	n = snprintf(cmd, sizeof cmd, "%s\n", text);
+	if (ff < 0 || write(ff, cmd, (size_t)n) != n) {
+		if (ff >= 0)
+			close(ff);
+		close(fd);
+		snprintf(why, whysz, "the pooled execution's bridge does not take its identity");
+		return SPACED_ECLOSED;
+	}
+	close(ff);
+	unlink(fifo);
+	/* it was started below the gate's priority, like its siblings in the
+	 * pool: from now on it is a sandbox's, at the priority every execution has */
+	setpriority(PRIO_PROCESS, (id_t)rec->pid, 0);
+	setpriority(PRIO_PROCESS, (id_t)rec->host_pid, 0);
+	char lf[4200], line[256];
+	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
+	FILE *f = fopen(lf, "r");
+	if (f) {
+		long long init = 0;
+		if (fgets(line, sizeof line, f) && strstr(line, "init=") && (init = atoll(strstr(line, "init=") + 5)) > 0)
+			setpriority(PRIO_PROCESS, (id_t)init, 0);
+		fclose(f);
+	}
+	*ctl_fd = fd;
+	*answers = rec->config[0] ? 2 : 1;
+	return 0;
+}
+
+bool mgr_pool_claim_inline(const struct mgr_config *cfg)
+{
+	char bin[4096];
+	return !net_enabled(cfg) && !gateway_bin(cfg, bin, sizeof bin);
+}
+
+int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
+{
+	char e_dir[4096], logp[4096];
+	*gateway_port = 0;
+	if (exec_dir(cfg, rec, e_dir, sizeof e_dir) < 0)
+		return SPACED_EINVAL;
+	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
+	start_gateway(cfg, rec, e_dir, logp);
+	return mgr_pool_gateway_port(cfg, rec, gateway_port);
+}
+
+int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
+{
+	char e_dir[4096], pf[4200];
+	*gateway_port = 0;
+	if (exec_dir(cfg, rec, e_dir, sizeof e_dir) < 0)
+		return SPACED_EINVAL;
+	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
+	FILE *f = fopen(pf, "r");
+	if (f) {
+		if (fscanf(f, "%d", gateway_port) != 1 || *gateway_port <= 0 || *gateway_port > 65535)
+			*gateway_port = 0;
+		fclose(f);
+	}
+	return 0;
+}
+
+int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz)
+{
+	char reply[256];
+	while (*answers > 0) {
+		ssize_t got = recv(ctl_fd, reply, sizeof reply - 1, MSG_DONTWAIT);
+		if (got < 0 && (errno == EAGAIN || errno == EINTR))
+			return SPACED_EBUSY;
+		if (got < 2 || memcmp(reply, "OK", 2) != 0) {
+			reply[got > 0 ? got : 0] = 0;
+			snprintf(why, whysz, "the launcher refused the claim: %.200s", got > 0 ? reply : "no answer");
+			return SPACED_EPROTO;
+		}
+		(*answers)--;
+	}
+	return 0;
+}
+
+void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, size_t nkeep)
+{
+	char dir[4096];
+	snprintf(dir, sizeof dir, "%s/pool", cfg->state_dir);
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	if (!d)
+		return;
+	while ((de = readdir(d)) != NULL) {
+		char name[40], e_dir[4400], lf[4500], text[256] = "", sock[4500];
+		if (!spaced_name_valid(de->d_name, strlen(de->d_name)) || strlen(de->d_name) > 20)
+			continue;
+		snprintf(name, sizeof name, "pool/%.30s", de->d_name);
+		bool kept = false;
+		for (size_t i = 0; i < nkeep && !kept; i++)
+			kept = strcmp(keep[i], name) == 0;
+		if (kept)
+			continue;
+		snprintf(e_dir, sizeof e_dir, "%s/%s", dir, de->d_name);
+		static const char *const files[] = {"bridge", "launcher"};
+		for (int i = 0; i < 2; i++) {
+			snprintf(lf, sizeof lf, "%s/%s", e_dir, files[i]);
+			FILE *f = fopen(lf, "r");
+			if (!f)
+				continue;
+			long long pid = 0;
+			unsigned long long start = 0;
+			if (fgets(text, sizeof text, f) && sscanf(text, "pid=%lld start=%llu", &pid, &start) == 2)
+				stop_pinned(pid, start, i == 1);
+			fclose(f);
+		}
+		snprintf(sock, sizeof sock, "%s/run/%s.sock", cfg->state_dir, de->d_name);
+		unlink(sock);
+		snprintf(sock, sizeof sock, "%s/run/%s.in", cfg->state_dir, de->d_name);
+		unlink(sock);
+		const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
+		mgr_run_wait(rm);
+	}
+	closedir(d);
 }

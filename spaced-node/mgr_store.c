@@ -40,19 +40,30 @@ static const char schema[] =
 
 /* Columns added since the first schema: a store made before them gains them
  * (0: no limits recorded, no uid range). */
-static const char *const added_columns[] = {"uid_base", "cpu_milli", "memory_bytes", "pids", "disk_bytes"};
+static const struct {
+	const char *name, *type;
+} added_columns[] = {
+	{"uid_base", "INTEGER NOT NULL DEFAULT 0"},     {"cpu_milli", "INTEGER NOT NULL DEFAULT 0"},
+	{"memory_bytes", "INTEGER NOT NULL DEFAULT 0"}, {"pids", "INTEGER NOT NULL DEFAULT 0"},
+	{"disk_bytes", "INTEGER NOT NULL DEFAULT 0"},
+	/* the template an execution runs on, and where it came from (issue 13) */
+	{"template", "TEXT NOT NULL DEFAULT ''"},       {"template_url", "TEXT NOT NULL DEFAULT ''"},
+	/* a claimed pooled execution's directory, the sandbox's settings (issue 13) */
+	{"exec_name", "TEXT NOT NULL DEFAULT ''"},      {"config", "TEXT NOT NULL DEFAULT ''"},
+};
 
 static int add_missing_columns(sqlite3 *db)
 {
 	for (size_t i = 0; i < sizeof added_columns / sizeof added_columns[0]; i++) {
 		char sql[160];
 		sqlite3_stmt *s = NULL;
-		snprintf(sql, sizeof sql, "SELECT %s FROM records LIMIT 0", added_columns[i]);
+		snprintf(sql, sizeof sql, "SELECT %s FROM records LIMIT 0", added_columns[i].name);
 		if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK) {
 			sqlite3_finalize(s);
 			continue;
 		}
-		snprintf(sql, sizeof sql, "ALTER TABLE records ADD COLUMN %s INTEGER NOT NULL DEFAULT 0", added_columns[i]);
+		snprintf(sql, sizeof sql, "ALTER TABLE records ADD COLUMN %s %s", added_columns[i].name,
+		         added_columns[i].type);
 		if (sqlite3_exec(db, sql, NULL, NULL, NULL) != SQLITE_OK)
 			return SPACED_EIO;
 	}
@@ -153,11 +164,12 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 {
 	static const char sql[] =
 		"INSERT INTO records(sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
-		"state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,disk_bytes) "
-		"VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18) "
+		"state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,disk_bytes,"
+		"template,template_url,exec_name,config) "
+		"VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22) "
 		"ON CONFLICT(sandbox) DO UPDATE SET generation=?2,worker=?3,substrate=?4,activation=?5,"
 		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11,host_pid=?12,host_start=?13,"
-		"uid_base=?14,cpu_milli=?15,memory_bytes=?16,pids=?17,disk_bytes=?18";
+		"uid_base=?14,cpu_milli=?15,memory_bytes=?16,pids=?17,disk_bytes=?18,template=?19,template_url=?20,exec_name=?21,config=?22";
 	sqlite3_stmt *s = NULL;
 	const struct spaced_identity *id = &rec->r.id;
 	int e = 0;
@@ -181,6 +193,10 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 	sqlite3_bind_int64(s, 16, (sqlite3_int64)rec->res.memory_bytes);
 	sqlite3_bind_int64(s, 17, (sqlite3_int64)rec->res.pids);
 	sqlite3_bind_int64(s, 18, (sqlite3_int64)rec->res.disk_bytes);
+	sqlite3_bind_text(s, 19, rec->tmpl, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 20, rec->tmpl_url, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 21, rec->exec_name, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 22, rec->config, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(s);
 	if (rc == SQLITE_CONSTRAINT)
 		e = SPACED_ESTALE;
@@ -193,39 +209,52 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
                      const char *ack_line)
 {
+	const struct mgr_rec *recs[1] = {rec};
+	return mgr_store_commit_many(st, recs, &seq, &ack_line, 1);
+}
+
+int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
+                          const char *const *acks, size_t n)
+{
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
 		return SPACED_EIO;
-	uint64_t next = st->next_epoch;
-	if (rec && rec->r.epoch >= next)
-		next = rec->r.epoch + 1; /* an epoch handed out is never handed out again */
-	if (rec)
-		e = put_rec(st->db, rec);
+	uint64_t next = st->next_epoch, last = st->last_seq;
+	for (size_t i = 0; i < n && e == 0; i++) {
+		const struct mgr_rec *rec = recs[i];
+		uint64_t seq = seqs[i];
+		const char *ack_line = acks[i];
+		if (rec && rec->r.epoch >= next)
+			next = rec->r.epoch + 1; /* an epoch handed out is never handed out again */
+		if (rec)
+			e = put_rec(st->db, rec);
+		if (e == 0 && seq > 0) {
+			sqlite3_stmt *s = NULL;
+			if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
+			                       NULL) != SQLITE_OK) {
+				e = SPACED_EIO;
+			} else {
+				sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
+				sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
+				if (sqlite3_step(s) != SQLITE_DONE)
+					e = SPACED_EIO;
+				sqlite3_finalize(s);
+			}
+			if (e == 0 && seq > last) {
+				e = meta_set(st->db, "last_seq", (int64_t)seq);
+				last = seq;
+			}
+		}
+	}
 	if (e == 0)
 		e = meta_set(st->db, "next_epoch", (int64_t)next);
-	if (e == 0 && seq > 0) {
-		sqlite3_stmt *s = NULL;
-		if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
-		                       NULL) != SQLITE_OK) {
-			e = SPACED_EIO;
-		} else {
-			sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
-			sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
-			if (sqlite3_step(s) != SQLITE_DONE)
-				e = SPACED_EIO;
-			sqlite3_finalize(s);
-		}
-		if (e == 0 && seq > st->last_seq)
-			e = meta_set(st->db, "last_seq", (int64_t)seq);
-	}
 	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
 	if (e < 0) {
 		sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
 		return e;
 	}
-	if (seq > st->last_seq)
-		st->last_seq = seq;
+	st->last_seq = last;
 	st->next_epoch = next;
 	return 0;
 }
@@ -262,7 +291,7 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 	if (sqlite3_prepare_v2(st->db,
 	                       "SELECT sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
 	                       "state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,"
-	                       "disk_bytes FROM records ORDER BY sandbox",
+	                       "disk_bytes,template,template_url,exec_name,config FROM records ORDER BY sandbox",
 	                       -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -286,6 +315,10 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 		r.res.memory_bytes = (uint64_t)sqlite3_column_int64(s, 15);
 		r.res.pids = (uint64_t)sqlite3_column_int64(s, 16);
 		r.res.disk_bytes = (uint64_t)sqlite3_column_int64(s, 17);
+		col_text(s, 18, r.tmpl, sizeof r.tmpl);
+		col_text(s, 19, r.tmpl_url, sizeof r.tmpl_url);
+		col_text(s, 20, r.exec_name, sizeof r.exec_name);
+		col_text(s, 21, r.config, sizeof r.config);
 		if (cb(arg, &r))
 			break;
 	}

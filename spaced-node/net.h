@@ -57,6 +57,21 @@ int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t
  * (16 bytes each). Returns 0, SPACED_ENOENT when the worker gives no egress. */
 int net_vm_addresses(const struct mgr_config *cfg, const struct mgr_rec *rec, char *guest, char *gw);
 
+/* A pooled execution's network (pool.c), made before any sandbox claims it:
+ * the link as net_attach makes it, under the default policy's filter, held
+ * by no sandbox (nothing runs in a pooled execution but its guest, which
+ * runs nothing before it has an identity). Returns 0 or SPACED_E*. */
+int net_attach_pooled(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why,
+                      size_t whysz);
+
+/* At the claim of a pooled execution by rec's sandbox, before its identity
+ * reaches it: the slot becomes the sandbox's, and the filter its stored
+ * policy's when that is not the default (which the filter already is). */
+int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz);
+
+/* True when policy (JSON) is, in canonical form, the default policy. */
+bool net_policy_is_default(json_t *policy);
+
 /* The "net" job: {"sandbox": S, "network": policy, "rec": R|absent}: stores the
  * policy and, when R names a live execution, applies it to that execution now. */
 int net_job(const struct mgr_config *cfg, json_t *args, json_t **result, char *why, size_t whysz);

@@ -693,11 +693,12 @@ static int init_of(const char *e_dir, pid_t *out)
 	return 0;
 }
 
-static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
-                         bool vm, char *why, size_t whysz);
+static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init, const char *sandbox,
+                         const struct spaced_netpolicy *p, bool vm, char *why, size_t whysz);
 
 int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t qemu, char *why, size_t whysz)
 {
+	struct spaced_netpolicy p;
 	uint32_t slot;
 	int e;
 	if (!net_enabled(cfg))
@@ -706,10 +707,11 @@ int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t
 		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
 		return e;
 	}
+	policy_load(cfg, rec->r.id.sandbox, &p);
 	int lock = with_lock(cfg, why, whysz);
 	if (lock < 0)
 		return lock;
-	e = attach_locked(cfg, rec, slot, qemu, true, why, whysz);
+	e = attach_locked(cfg, slot, qemu, rec->r.id.sandbox, &p, true, why, whysz);
 	close(lock);
 	return e;
 }
@@ -724,13 +726,35 @@ int net_vm_addresses(const struct mgr_config *cfg, const struct mgr_rec *rec, ch
 	return 0;
 }
 
-int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why, size_t whysz)
+/* net_attach and net_attach_pooled: the link of rec's execution, under the
+ * filter of p (held by sandbox, "" for a pooled execution). */
+/* The shared lock alone when the egress namespace and its resolver are up
+ * (a pooled attach: the pool refills while creates claim, and with_lock's
+ * exclusive turn runs ip and nft each time); with_lock otherwise. */
+static int lock_ready(const struct mgr_config *cfg, char *why, size_t whysz)
+{
+	char ns[4200], lp[4200], np[4200], pp[4200];
+	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
+	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
+	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
+	/* pasta runs as passt.avx2 where the CPU has AVX2 (ensure) */
+	bool pasta = pidfile_alive(pp, "passt.avx2") || pidfile_alive(pp, "passt") || pidfile_alive(pp, "pasta") ||
+	             pidfile_alive(pp, "pasta.avx2");
+	int fd = pasta ? open(lp, O_RDWR | O_CLOEXEC) : -1;
+	if (fd >= 0 && flock(fd, LOCK_SH) == 0 && is_nsfs(ns) && pidfile_alive(np, "spaced-netd"))
+		return fd;
+	if (fd >= 0)
+		close(fd);
+	return with_lock(cfg, why, whysz);
+}
+
+static int attach_as(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *sandbox,
+                     const struct spaced_netpolicy *p, char *why, size_t whysz)
 {
 	uint32_t slot;
 	pid_t init;
 	int e;
-	if (!net_enabled(cfg))
-		return 0;
 	if ((e = slot_of(cfg, rec, &slot)) < 0) {
 		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
 		return e;
@@ -739,16 +763,100 @@ int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const ch
 		why_set(why, whysz, "the execution's PID 1 is not known: %s", spaced_strerror(e));
 		return e;
 	}
-	int lock = with_lock(cfg, why, whysz);
+	int lock = sandbox[0] ? with_lock(cfg, why, whysz) : lock_ready(cfg, why, whysz);
 	if (lock < 0)
 		return lock;
-	e = attach_locked(cfg, rec, slot, init, false, why, whysz);
+	e = attach_locked(cfg, slot, init, sandbox, p, false, why, whysz);
 	close(lock);
 	return e;
 }
 
-static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t slot, pid_t init,
-                         bool vm, char *why, size_t whysz)
+int net_attach_pooled(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why,
+                      size_t whysz)
+{
+	struct spaced_netpolicy p;
+	if (!net_enabled(cfg))
+		return 0;
+	/* the default policy's filter, held by no sandbox: most creates name no
+	 * other, and their claim then changes no rule (nft is the most costly
+	 * step of a claim). Nothing runs in a pooled execution but its guest,
+	 * which runs nothing before it has an identity. */
+	spaced_netpolicy_default(&p);
+	return attach_as(cfg, rec, e_dir, "", &p, why, whysz);
+}
+
+bool net_policy_is_default(json_t *policy)
+{
+	struct spaced_netpolicy p, d;
+	if (spaced_netpolicy_from_json(policy, &p, NULL, 0) < 0)
+		return false;
+	spaced_netpolicy_default(&d);
+	json_t *pj = spaced_netpolicy_to_json(&p), *dj = spaced_netpolicy_to_json(&d);
+	bool same = pj && dj && json_equal(pj, dj);
+	json_decref(pj);
+	json_decref(dj);
+	return same;
+}
+
+int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz)
+{
+	struct spaced_netpolicy p;
+	char ns[4200];
+	uint32_t slot;
+	int e;
+	if (!net_enabled(cfg))
+		return 0;
+	if ((e = slot_of(cfg, rec, &slot)) < 0) {
+		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+		return e;
+	}
+	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	if (!is_nsfs(ns)) {
+		why_set(why, whysz, "the egress namespace is gone");
+		return SPACED_ENOENT;
+	}
+	policy_load(cfg, rec->r.id.sandbox, &p);
+	/* the link and the egress namespace were made ready when the pooled
+	 * execution was attached: only the filter changes, under the shared
+	 * lock that keeps a teardown away (with_lock's ensure() would run ip and
+	 * nft again for nothing on every claim) */
+	char lp[4200];
+	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
+	int lock = open(lp, O_RDWR | O_CLOEXEC);
+	if (lock < 0 || flock(lock, LOCK_SH) < 0) {
+		if (lock >= 0)
+			close(lock);
+		why_set(why, whysz, "cannot take the egress lock: %s", strerror(errno));
+		return SPACED_ESYS;
+	}
+	if (!is_nsfs(ns)) {
+		close(lock);
+		why_set(why, whysz, "the egress namespace is gone");
+		return SPACED_ENOENT;
+	}
+	/* the filter is the default policy's since net_attach_pooled */
+	json_t *pj = spaced_netpolicy_to_json(&p);
+	bool same = pj && net_policy_is_default(pj);
+	json_decref(pj);
+	if ((e = write_slot(cfg, slot, rec->r.id.sandbox, &p)) < 0)
+		why_set(why, whysz, "cannot write the slot file");
+	else if (!same)
+		e = apply_policy(ns, slot, &p, why, whysz);
+	close(lock);
+	return e;
+}
+
+int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why, size_t whysz)
+{
+	struct spaced_netpolicy p;
+	if (!net_enabled(cfg))
+		return 0;
+	policy_load(cfg, rec->r.id.sandbox, &p);
+	return attach_as(cfg, rec, e_dir, rec->r.id.sandbox, &p, why, whysz);
+}
+
+static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init, const char *sandbox,
+                         const struct spaced_netpolicy *pol, bool vm, char *why, size_t whysz)
 {
 	char ns[4200], sns[64], ifn[16], gw[16], sbx[16], script[512], pids[16];
 	int e;
@@ -758,14 +866,12 @@ static int attach_locked(const struct mgr_config *cfg, const struct mgr_rec *rec
 	snprintf(pids, sizeof pids, "%d", (int)init);
 	addr_text(NET_POOL + 4 * slot + 1, gw);
 	addr_text(NET_POOL + 4 * slot + 2, sbx);
-	struct spaced_netpolicy p;
-	policy_load(cfg, rec->r.id.sandbox, &p);
 	/* the filter first: the link carries nothing before its rules exist */
-	if ((e = write_slot(cfg, slot, rec->r.id.sandbox, &p)) < 0) {
+	if ((e = write_slot(cfg, slot, sandbox, pol)) < 0) {
 		why_set(why, whysz, "cannot write the slot file");
 		return e;
 	}
-	if ((e = apply_policy(ns, slot, &p, why, whysz)) < 0)
+	if ((e = apply_policy(ns, slot, pol, why, whysz)) < 0)
 		return e;
 	const char *del[] = {IP_BIN, "link", "del", ifn, NULL};
 	if (link_exists(ns, ifn))

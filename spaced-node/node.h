@@ -163,6 +163,10 @@ struct node_api_config {
 	const char *metrics_host; /* the metrics listener (GET /metrics), or NULL: none */
 	int metrics_port;
 	const char *metrics_port_file;
+	/* TLS on both listeners (tls.h), loaded before the confinement; NULL
+	 * cert: plaintext (--plaintext). client_ca: every client must present a
+	 * certificate of this CA. */
+	const char *tls_cert, *tls_key, *tls_client_ca;
 };
 /* Runs node-api until the manager goes away. Returns the exit status. */
 int node_api_run(const struct node_api_config *cfg);
@@ -192,6 +196,12 @@ struct mgr_config {
 	const char *vsockd_bin; /* spaced-vsockd */
 	const char *qemu_bin;   /* qemu-system-x86_64 */
 	const char *vm_accel;   /* tcg or kvm, NULL: spaced-vm's default (tcg) */
+	uint64_t tmpl_max;       /* a template's archive and content at most */
+	int pool_min;            /* pooled executions kept for the worker's default template and limits */
+	int pool_max;            /* at most this many per template and limits (0: no pool) */
+	int pool_starts;         /* pooled executions being started at once, at most */
+	uint64_t pool_memory;    /* what all pooled executions may use together */
+	uint64_t tmpl_cache_max; /* the template cache keeps at most this much (least recently used go) */
 	pid_t exe_pid;          /* the executor (executor.h): the caller every bridge accepts */
 	uint64_t exe_start;     /* its start time */
 	const char *net_dns;    /* the upstream resolver of executions' DNS (IP[:PORT]); NULL: the host's */
@@ -201,7 +211,7 @@ int mgr_run(const struct mgr_config *cfg);
 
 /* ---- the link to the control plane (link.c) ---- */
 struct link_config {
-	const char *cp_url;     /* http://HOST:PORT of spaced-cp */
+	const char *cp_url;     /* https://HOST:PORT of spaced-cp (http:// with --plaintext) */
 	const char *worker_id;
 	const char *state_dir;  /* STATE/worker.key, STATE/api.port */
 	const char *admin_path; /* the gate's admin socket */
@@ -209,6 +219,11 @@ struct link_config {
 	const char *advertise;  /* node-api's URL for clients, or NULL: http://LISTEN_HOST:PORT */
 	const char *listen_host;
 	int capacity;           /* sandboxes placed here at most */
+	bool api_tls;           /* node-api speaks TLS: its default URL is https:// */
+	/* the control plane over https:// / wss:// (tls.h): the CA file to verify
+	 * it with (NULL: the system's), the worker's client certificate and key
+	 * for mutual TLS (both or neither) */
+	const char *tls_ca, *tls_client_cert, *tls_client_key;
 };
 /* Exit status of a link that the control plane refused (no key and no
  * token, a spent or foreign token, a revoked key): not started again. */

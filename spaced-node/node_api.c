@@ -24,11 +24,13 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <openssl/rand.h>
 #include <sodium.h>
 #include <uv.h>
 
 #include "error.h"
 #include "httpsrv.h"
+#include "tls.h"
 #include "ws.h"
 
 #define API_BUCKETS 1024
@@ -1390,8 +1392,22 @@ int node_api_run(const struct node_api_config *cfg)
 	fcntl(A.mgr_fd, F_SETFL, fcntl(A.mgr_fd, F_GETFL) | O_NONBLOCK);
 	spaced_buf_init(&A.mgr_out, 256u << 20);
 	spaced_buf_init(&A.mgr_in, 4 * NODE_MSG_MAX);
+	/* TLS: the certificate and key are read now, before the confinement
+	 * (no files after it); OpenSSL's random generator is seeded now too */
+	SSL_CTX *tls = NULL;
+	if (cfg->tls_cert) {
+		char terr[600];
+		if (spaced_tls_server_ctx(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, true, &tls, terr, sizeof terr) < 0) {
+			fprintf(stderr, "node-api: %s\n", terr);
+			goto out;
+		}
+		unsigned char seed[16];
+		if (RAND_bytes(seed, sizeof seed) != 1)
+			goto out;
+	}
 	struct spaced_httpsrv_config hc;
 	spaced_httpsrv_defaults(&hc);
+	hc.tls = tls;
 	hc.host = cfg->listen_host;
 	hc.port = cfg->listen_port;
 	hc.max_conns_per_ip = 128;
@@ -1421,6 +1437,7 @@ int node_api_run(const struct node_api_config *cfg)
 		mcfg.max_conns = 64;
 		mcfg.max_conns_per_ip = 16;
 		mcfg.body_max = 0;
+		mcfg.tls = tls;
 		mcfg.ops = &metrics_ops;
 		if (spaced_httpsrv_start(&A.loop, &mcfg, &A.metrics) < 0) {
 			fprintf(stderr, "node-api: cannot listen on %s:%d for metrics\n", cfg->metrics_host, cfg->metrics_port);

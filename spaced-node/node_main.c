@@ -4,10 +4,21 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR] [--stall-timeout S] [--net-dns IP[:PORT]]
+ *               [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE] [--template-max SIZE]
+ *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
+ *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
+ *               [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
+ *
+ * TLS (tls.h): node-api and the metrics listener serve TLS with --tls-cert
+ * and --tls-key (with --tls-client-ca every client must present a
+ * certificate of that CA); only --plaintext serves without it, and one of the
+ * two is required. The link dials --cp https://… verifying the control plane
+ * against --tls-ca (else the system's trust store) and presents
+ * --tls-client-cert/--tls-client-key (mutual TLS: the certificate's name is
+ * the worker ID); an http:// --cp needs --plaintext.
  *
  * With --cp the worker joins the control plane itself (link.c): the join
  * token (single use, bound to this worker ID) is spent once for a worker key
@@ -40,6 +51,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "tls.h"
 #include "executor.h"
 #include "log.h"
 #include "pidref.h"
@@ -50,9 +62,13 @@ static void usage(void)
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
-	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--net-dns IP[:PORT]]\n"
+	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE]\n"
+	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
+	                "                   [--pool-starts N] [--net-dns IP[:PORT]]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
+	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
+	                "                   [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]\n"
 	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
 }
 
@@ -83,6 +99,8 @@ static void keep_port(struct listener *l)
 		fclose(f);
 }
 
+static const struct spaced_tls_opts *TLS;
+
 static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
 {
 	int api[2], exe[2];
@@ -107,7 +125,8 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
 		                             .port_file = api_l->port_file, .drop_privileges = drop,
 		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
-		                             .metrics_port_file = met_l->port_file};
+		                             .metrics_port_file = met_l->port_file,
+		                             .tls_cert = TLS->cert, .tls_key = TLS->key, .tls_client_ca = TLS->client_ca};
 		_exit(node_api_run(&ac));
 	}
 	pid_t exe_pid = fork();
@@ -302,6 +321,44 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, struct
 	return 0;
 }
 
+/* The TLS options against each other and the control plane's URL, and the
+ * files they name (read again by each node-api, before it confines itself,
+ * and by the link): 0, or -1 with the reason on stderr. */
+static int tls_check(const struct spaced_tls_opts *tls, const char *cp_url)
+{
+	char terr[600];
+	if (spaced_tls_opts_check(tls, terr, sizeof terr) < 0) {
+		fprintf(stderr, "spaced-node: %s\n", terr);
+		return -1;
+	}
+	SSL_CTX *probe = NULL;
+	if (!tls->plaintext) {
+		if (spaced_tls_server_ctx(tls->cert, tls->key, tls->client_ca, true, &probe, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-node: %s\n", terr);
+			return -1;
+		}
+		SSL_CTX_free(probe);
+	}
+	bool https = cp_url && strncmp(cp_url, "https://", 8) == 0;
+	if (cp_url && !https && !(strncmp(cp_url, "http://", 7) == 0 && tls->plaintext)) {
+		fprintf(stderr, "spaced-node: --cp wants https://HOST:PORT (http:// only with --plaintext: the worker "
+		                "key would cross the network in the clear)\n");
+		return -1;
+	}
+	if ((tls->ca || tls->client_cert) && !https) {
+		fprintf(stderr, "spaced-node: --tls-ca, --tls-client-cert and --tls-client-key go with --cp https://…\n");
+		return -1;
+	}
+	if (https) {
+		if (spaced_tls_client_ctx(tls->ca, tls->client_cert, tls->client_key, &probe, terr, sizeof terr) < 0) {
+			fprintf(stderr, "spaced-node: %s\n", terr);
+			return -1;
+		}
+		SSL_CTX_free(probe);
+	}
+	return 0;
+}
+
 static char *default_guest(void)
 {
 	char self[PATH_MAX];
@@ -337,6 +394,13 @@ int main(int argc, char **argv)
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
+	/* templates: 8 GiB each at most, a cache of 20 GiB */
+	uint64_t tmpl_max = 8ull << 30, tmpl_cache_max = 20ull << 30;
+	/* the warm pool: 2 kept for the default template and limits, up to 64 per
+	 * template and limits as demand asks, within 256 MiB, 2 starting at once */
+	int pool_min = 2, pool_max = 64, pool_starts = 2;
+	uint64_t pool_memory = 256ull << 20;
+	static struct spaced_tls_opts tls;
 
 	char cfg_err[256];
 	if (spaced_config_expand(argc, argv, &argc, &argv, cfg_err, sizeof cfg_err) < 0) {
@@ -348,6 +412,13 @@ int main(int argc, char **argv)
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (strcmp(a, "--no-drop") == 0) {
 			drop = false;
+			continue;
+		}
+		int topt = spaced_tls_opt(&tls, a, v);
+		if (topt == 2)
+			continue;
+		if (topt == 1) {
+			i++;
 			continue;
 		}
 		if (!v) {
@@ -434,6 +505,27 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			stall_ms = (int)t * 1000;
+		} else if (strcmp(a, "--pool") == 0 || strcmp(a, "--pool-max") == 0 || strcmp(a, "--pool-starts") == 0) {
+			char *end;
+			long n = strtol(v, &end, 10);
+			if (*end || n < 0 || n > 4096) {
+				fprintf(stderr, "spaced-node: %s wants 0 .. 4096\n", a);
+				return 2;
+			}
+			*(strcmp(a, "--pool") == 0 ? &pool_min : strcmp(a, "--pool-max") == 0 ? &pool_max : &pool_starts) =
+			    (int)n;
+		} else if (strcmp(a, "--pool-memory") == 0) {
+			if (spaced_size_parse(v, &pool_memory) < 0) {
+				fprintf(stderr, "spaced-node: --pool-memory wants a size\n");
+				return 2;
+			}
+		} else if (strcmp(a, "--template-cache") == 0 || strcmp(a, "--template-max") == 0) {
+			uint64_t sz;
+			if (spaced_size_parse(v, &sz) < 0 || sz == 0) {
+				fprintf(stderr, "spaced-node: %s wants a size\n", a);
+				return 2;
+			}
+			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
 		} else if (strcmp(a, "--net-dns") == 0)
 			net_dns = v;
 		else {
@@ -469,6 +561,13 @@ int main(int argc, char **argv)
 		token_buf[strcspn(token_buf, "\r\n")] = '\0';
 		join_token = token_buf;
 	}
+	if (tls_check(&tls, cp_url) < 0) {
+		free(guest); /* what was resolved so far (the sanitizers count it) */
+		free(launch);
+		free(host_bin);
+		return 2;
+	}
+	TLS = &tls;
 	if ((launch == NULL) != (host_bin == NULL)) {
 		fprintf(stderr, "spaced-node: --launcher and --host go together\n");
 		return 2;
@@ -537,7 +636,9 @@ int main(int argc, char **argv)
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
-	                        .stall_timeout_ms = stall_ms, .net_dns = net_dns, .vm_bin = vm_bin, .vm_images = vm_images,
+	                        .stall_timeout_ms = stall_ms, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
+	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
+	                        .pool_memory = pool_memory, .net_dns = net_dns, .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
@@ -545,7 +646,8 @@ int main(int argc, char **argv)
 	}
 	struct link_config lc = {.cp_url = cp_url, .worker_id = worker, .state_dir = state_abs, .admin_path = admin,
 	                         .join_token = join_token, .advertise = advertise, .listen_host = host,
-	                         .capacity = (int)capacity};
+	                         .capacity = (int)capacity, .api_tls = !tls.plaintext, .tls_ca = tls.ca,
+	                         .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key};
 	struct listener api_l = {host, (int)port, port_file}, met_l = {NULL, 0, NULL};
 	char met_host[256], met_file[PATH_MAX];
 	if (metrics_listen) {

@@ -291,6 +291,18 @@ static int parse_proc(const char *rest, uint64_t *proc, const char **what)
  * argv defaults to /bin/sh. */
 static int command_fields(struct spaced_buf *b, const struct node_query *query);
 
+/* The optional last field of a command: user=U from the query. */
+static int user_field(struct spaced_buf *b, const struct node_query *query)
+{
+	char u[256];
+	int n = node_query_get(query, "user", u, sizeof u);
+	if (n == SPACED_ENOENT)
+		return 0;
+	if (n <= 0)
+		return SPACED_EFORMAT;
+	return spaced_field_put_str(b, u);
+}
+
 static int term_payload(struct spaced_buf *b, const struct node_query *query)
 {
 	int e = command_fields(b, query);
@@ -305,6 +317,8 @@ static int term_payload(struct spaced_buf *b, const struct node_query *query)
 		e = spaced_field_put_u64(b, rows);
 	if (e == 0)
 		e = spaced_field_put_u64(b, cols);
+	if (e == 0)
+		e = user_field(b, query);
 	return e == SPACED_ETOOBIG ? SPACED_EFORMAT : e;
 }
 
@@ -320,6 +334,8 @@ static int exec_ws_payload(struct spaced_buf *b, const struct node_query *query)
 		e = spaced_field_put_u64(b, tmo);
 	if (e == 0)
 		e = spaced_field_put_u64(b, SPACED_GUEST_EXEC_STDIN);
+	if (e == 0)
+		e = user_field(b, query);
 	return e == SPACED_ETOOBIG ? SPACED_EFORMAT : e;
 }
 
@@ -582,8 +598,8 @@ int node_req_exec_body(struct node_req *r, const char *body, size_t len, void **
 		goto out;
 	}
 	json_object_foreach(root, key, v) {
-		if (strcmp(key, "argv") && strcmp(key, "env") && strcmp(key, "cwd") &&
-		    strcmp(key, "timeout_ms") && strcmp(key, "background") && strcmp(key, "stdin")) {
+		if (strcmp(key, "argv") && strcmp(key, "env") && strcmp(key, "cwd") && strcmp(key, "timeout_ms") &&
+		    strcmp(key, "background") && strcmp(key, "stdin") && strcmp(key, "user")) {
 			e = SPACED_EFORMAT;
 			goto out;
 		}
@@ -664,6 +680,11 @@ int node_req_exec_body(struct node_req *r, const char *body, size_t len, void **
 	e = spaced_field_put_u64(&b, (uint64_t)t);
 	if (e == 0)
 		e = spaced_field_put_u64(&b, flags);
+	json_t *user = json_object_get(root, "user");
+	if (e == 0 && user && !json_is_null(user)) /* who runs it (exec --user); the sandbox's USER else */
+		e = (!json_is_string(user) || json_string_length(user) == 0 || json_string_length(user) > 255)
+		            ? SPACED_EFORMAT
+		            : put_str_item(&b, user);
 	if (e < 0)
 		goto out;
 	spaced_buf_free(&r->payload);

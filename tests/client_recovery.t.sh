@@ -31,7 +31,8 @@ if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
 	echo "FAIL: dev up"; exit 1
 fi
 . "$D/env"
-expect "dev up prints SPACED_CP_URL and SPACED_API_KEY" "$(cut -d= -f1 "$W/up.out" | tr '\n' ' ')" "SPACED_CP_URL SPACED_API_KEY "
+expect "dev up prints SPACED_CP_URL, SPACED_API_KEY and SPACED_CA_FILE" "$(cut -d= -f1 "$W/up.out" | tr '\n' ' ')" \
+	"SPACED_CP_URL SPACED_API_KEY SPACED_CA_FILE "
 expect "DIR/env holds the same" "$(grep -c "^SPACED_CP_URL=$SPACED_CP_URL\$\|^SPACED_API_KEY=$SPACED_API_KEY\$" "$D/env")" 2
 "$SC" dev status --dir "$D" >"$W/status" 2>&1
 expect "dev status: everything running, both workers connected" "$?:$(grep -c ' running$' "$W/status"):$(grep -c ' connected ' "$W/status")" "0:4:2"

@@ -173,7 +173,8 @@ S=$("$SC" create --worker worker-1 --disk 256M)
 "$SC" pause "$S" >/dev/null
 "$SC" snapshot "$S" >/dev/null || fail "snapshot of a sandbox holding a 3 GB sparse file"
 snap=$("$SC" inspect "$S" --json | jq -r .snapshot)
-used=$(du -sk "$snap" | awk '{print $1}')
+# the snapshot is an archive in the control plane's store (issue 13): holes stay holes there too
+used=$(du -sk "$D/cp/store/snapshots/$(basename "$snap").tar" | awk '{print $1}')
 if [ "$used" -lt 1024 ]; then ok "the snapshot holds ${used} KiB (under 1 MiB)"; else fail "the snapshot holds ${used} KiB"; fi
 "$SC" move "$S" --to worker-2 >/dev/null || fail "move of the sparse sandbox"
 expect "after the move: 3 GB apparent, the tail intact, still sparse" \
@@ -185,7 +186,7 @@ n=$("$SC" quota --json | jq -r .used.sandboxes)
 "$CP" admin --state "$D/cp" set-quota dev "sandboxes=$n" 2>/dev/null
 "$SC" create >/dev/null 2>"$W/e"
 expect "at its sandbox quota: 429 quota-exceeded" "$(grep -c '429 quota-exceeded' "$W/e")" 1
-curl -s -X POST -H "Authorization: Bearer $ATTACKER" "$SPACED_CP_URL/v1/sandboxes" -d '{}' >"$W/q.json"
+curl -s --cacert "$SPACED_CA_FILE" -X POST -H "Authorization: Bearer $ATTACKER" "$SPACED_CP_URL/v1/sandboxes" -d '{}' >"$W/q.json"
 expect "the answer names the quota hit, its limit and the use" "$(jq -c '[.error, .quota, .limit, .used]' "$W/q.json")" \
 	"[\"quota-exceeded\",\"sandboxes\",$n,$n]"
 VY=$(as_victim create)

@@ -9,11 +9,14 @@
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
  *                  [--delay-ms N] [--refuse TYPE] [--silent TYPE] [--exit-after N]
+ *                  [--ca FILE [--cert FILE --key-file FILE]]   (with --url wss://HOST:PORT)
  *
  * --refuse TYPE acks messages of that type with ok:false; --silent TYPE never
  * acks them; --exit-after N exits (status 0) right after receiving the N-th new
  * message, before acking it; --delay-ms holds every ack back N ms.
- * Exit status 3: a gap or reordering in seq was seen.
+ * Exit status 3: a gap or reordering in seq was seen. With wss:// it speaks
+ * TLS as spaced-node's link does (libspaced/tls.h: the control plane verified
+ * against --ca, --cert/--key-file its client certificate).
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -26,6 +29,7 @@
 #include <jansson.h>
 #include <libwebsockets.h>
 
+#include "tls.h"
 #include "util.h"
 
 struct ack {
@@ -157,6 +161,8 @@ static void on_message(const char *text, size_t len)
 	} else if (strcmp(type, "snapshot") == 0) {
 		state_save();
 		const char *p = json_string_value(json_object_get(m, "path"));
+		if (!p)
+			p = json_string_value(json_object_get(m, "url"));
 		a = json_pack("{s:I,s:b,s:{s:s,s:I}}", "ack", (json_int_t)seq, "ok", 1, "result", "path", p ? p : "",
 		              "bytes", (json_int_t)0);
 	} else {
@@ -256,6 +262,7 @@ static const struct lws_protocols protocols[] = {
 };
 
 static uint64_t next_connect;
+static SSL_CTX *tls_ctx; /* wss:// */
 
 static void tick(lws_sorted_usec_list_t *s)
 {
@@ -270,6 +277,7 @@ static void tick(lws_sorted_usec_list_t *s)
 		ci.origin = host;
 		ci.protocol = NULL;
 		ci.pwsi = &conn;
+		ci.ssl_connection = tls_ctx ? LCCSCF_USE_SSL : 0;
 		next_connect = spaced_mono_ns() + 200000000u;
 		lws_client_connect_via_info(&ci);
 	}
@@ -288,6 +296,7 @@ static void on_term(int sig)
 
 int main(int argc, char **argv)
 {
+	const char *o_ca = NULL, *o_cert = NULL, *o_keyf = NULL;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		const char *k = argv[i], *v = argv[i + 1];
 		if (!strcmp(k, "--url")) o_url = v;
@@ -299,15 +308,27 @@ int main(int argc, char **argv)
 		else if (!strcmp(k, "--silent")) o_silent = v;
 		else if (!strcmp(k, "--delay-ms")) o_delay = atol(v);
 		else if (!strcmp(k, "--exit-after")) o_exit_after = atol(v);
+		else if (!strcmp(k, "--ca")) o_ca = v;
+		else if (!strcmp(k, "--cert")) o_cert = v;
+		else if (!strcmp(k, "--key-file")) o_keyf = v;
 		else {
 			fprintf(stderr, "fake-worker: unknown option %s\n", k);
 			return 2;
 		}
 	}
-	if (!o_url || !o_worker || !o_key || !o_state || !o_log || strncmp(o_url, "ws://", 5) != 0 ||
-	    sscanf(o_url + 5, "%127[^:]:%d", host, &port) != 2) {
+	bool wss = o_url && strncmp(o_url, "wss://", 6) == 0;
+	if (!o_url || !o_worker || !o_key || !o_state || !o_log || (!wss && strncmp(o_url, "ws://", 5) != 0) ||
+	    sscanf(o_url + (wss ? 6 : 5), "%127[^:]:%d", host, &port) != 2) {
 		fprintf(stderr, "usage: cp-fake-worker --url ws://HOST:PORT --worker ID --key K --state F --log F [...]\n");
 		return 2;
+	}
+	if (wss) {
+		char terr[600] = "the control plane's host is not a name or an address";
+		if (spaced_tls_client_ctx(o_ca, o_cert, o_keyf, &tls_ctx, terr, sizeof terr) < 0 ||
+		    spaced_tls_expect_host(SSL_CTX_get0_param(tls_ctx), host) < 0) {
+			fprintf(stderr, "fake-worker: %s\n", terr);
+			return 2;
+		}
 	}
 	snprintf(path, sizeof path, "/v1/workers/%s/channel", o_worker);
 	state_load();
@@ -318,6 +339,10 @@ int main(int argc, char **argv)
 	memset(&info, 0, sizeof info);
 	info.port = CONTEXT_PORT_NO_LISTEN;
 	info.protocols = protocols;
+	if (tls_ctx) {
+		info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+		info.provided_client_ssl_ctx = tls_ctx;
+	}
 	lws_set_log_level(LLL_ERR, NULL);
 	ctx = lws_create_context(&info);
 	if (ctx == NULL)

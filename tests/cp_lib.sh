@@ -35,7 +35,8 @@ expect() {
 start_cp() {
 	name=$1; shift
 	rm -f "$W/$name/cp.port"
-	"$CP" --state "$W/$name" --listen 127.0.0.1:0 ${CP_DB:+--db "$CP_DB"} --ack-timeout 5000 "$@" \
+	# plaintext on purpose: the suites speak raw HTTP to it (TLS: tests/tls.t.sh)
+	"$CP" --state "$W/$name" --listen 127.0.0.1:0 ${CP_DB:+--db "$CP_DB"} --ack-timeout 5000 --plaintext "$@" \
 		>>"$W/$name.log" 2>&1 &
 	CP_PID=$!
 	CP_LOG="$W/$name.log"

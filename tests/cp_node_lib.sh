@@ -34,7 +34,7 @@ cp_node_start() {
 		mkdir -p "$W/$w"
 		admin create-join-token $w >"$W/$w.join"
 		"$NODE" --state "$W/$w" --worker-id $w --listen 127.0.0.1:0 --guest-bin "$GUEST" --capacity "$capacity" \
-			--cp "$CP_URL" --join-token-file "$W/$w.join" >"$W/$w.log" 2>&1 &
+			--cp "$CP_URL" --join-token-file "$W/$w.join" --plaintext >"$W/$w.log" 2>&1 &
 		PIDS="$PIDS $!"
 	done
 	for w in na nb; do

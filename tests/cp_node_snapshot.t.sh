@@ -4,7 +4,9 @@
 # (development mode, the real spaced-guest), each, each joined to the control plane itself.
 #  - the hash a worker reports for a snapshot equals an independent
 #    implementation of the documented definition over the snapshot tree;
-#  - a move carries the sandbox's files to the destination;
+#  - a move carries the sandbox's files to the destination, through the
+#    control plane's store over HTTP (no directory is shared: the snapshot is
+#    an archive in the store, issue 13);
 #  - a snapshot altered in the store between the snapshot and the install
 #    (a file changed, a file added, a mode changed) is refused by the
 #    destination with snapshot-mismatch: nothing starts there, the sandbox is
@@ -62,6 +64,49 @@ print(h.hexdigest(), total)
 PY
 }
 
+# The store's archive of the snapshot at URL, extracted with Python's own
+# tarfile (independently of libarchive) into DIR.
+unpack() {
+	rm -rf "$2"
+	python3 - "$W/cp/store/snapshots/$(basename "$1").tar" "$2" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], numeric_owner=True)
+PY
+}
+
+# Rewrites the store's archive of the snapshot at URL: HOW is changed (a
+# file's content), added (a new file) or mode (a setuid bit).
+alter() {
+	python3 - "$W/cp/store/snapshots/$(basename "$1").tar" "$2" <<'PY'
+import io, os, sys, tarfile
+path, how = sys.argv[1], sys.argv[2]
+src = tarfile.open(path)
+out = io.BytesIO()
+dst = tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT)
+for m in src.getmembers():
+    data = src.extractfile(m).read() if m.isreg() else None
+    if how == "changed" and m.name == "data.txt":
+        data = b"hello from somewhere else\n"
+        m.size = len(data)
+    if how == "mode" and m.name == "dir/run.sh":
+        m.mode = 0o4755
+    if m.isreg():
+        m.size = len(data)
+        m.sparse = None
+        m.type = tarfile.REGTYPE
+    dst.addfile(m, io.BytesIO(data) if data is not None else None)
+if how == "added":
+    m = tarfile.TarInfo("dir/extra")
+    m.size = 6
+    dst.addfile(m, io.BytesIO(b"extra\n"))
+dst.close()
+with open(path + ".new", "wb") as f:
+    f.write(out.getvalue())
+os.rename(path + ".new", path)
+PY
+}
+
 fill() { # SANDBOX on na: some files of every kind in its root
 	r="$W/na/sbx/$1/root"
 	mkdir -p "$r/dir/sub"
@@ -86,16 +131,18 @@ fill "$X"
 snap=$(jq -r .snapshot "$W/snap.json")
 expect "snapshot: a hash and a size recorded with it" \
 	"$(jq -r '(.snapshot_hash | test("^[0-9a-f]{64}$")) and .snapshot_bytes > 70000' "$W/snap.json")" true
+expect "the snapshot is in the control plane's store" "$(echo "$snap" | grep -c '^http://.*/v1/blobs/snapshots/')" 1
+unpack "$snap" "$W/snapx"
 expect "the hash and size are the documented definition's over the snapshot tree" \
-	"$(jq -r '.snapshot_hash + " " + (.snapshot_bytes|tostring)' "$W/snap.json")" "$(refhash "$snap")"
+	"$(jq -r '.snapshot_hash + " " + (.snapshot_bytes|tostring)' "$W/snap.json")" "$(refhash "$W/snapx")"
 "$SC" resume "$X" >/dev/null
 
 # 2. a move carries the files, verified
 "$SC" move "$X" --to nb >/dev/null
 expect "move na -> nb: running on nb" "$("$SC" inspect "$X" --json | jq -r '.state + " " + .worker')" "running nb"
 expect "the files arrived on nb, byte for byte" \
-	"$(cd "$W/nb/sbx/$X/root" && find . | sort | tr '\n' ' '; cmp dir/sub/blob "$snap/dir/sub/blob" && echo same)" \
-	"$(cd "$snap" && find . | sort | tr '\n' ' '; echo same)"
+	"$(cd "$W/nb/sbx/$X/root" && find . | sort | tr '\n' ' '; cmp dir/sub/blob "$W/snapx/dir/sub/blob" && echo same)" \
+	"$(cd "$W/snapx" && find . | sort | tr '\n' ' '; echo same)"
 expect "the private staging copy is gone" "$(ls -A "$W/nb/stage" 2>/dev/null)" ""
 
 # 3. altered in the store between snapshot and install: refused
@@ -109,11 +156,7 @@ for how in changed added mode; do
 	wait_for "$how: the install is queued for nb" sh -c \
 		"'$SC' inspect '$Y' --json | jq -e '.state == \"starting\" and .worker == \"nb\"' >/dev/null"
 	s=$("$SC" inspect "$Y" --json | jq -r .snapshot)
-	case $how in
-	changed) printf 'hello from somewhere else\n' >"$s/data.txt" ;;
-	added) printf 'extra\n' >"$s/dir/extra" ;;
-	mode) chmod 4755 "$s/dir/run.sh" ;;
-	esac
+	alter "$s" "$how"
 	kill -CONT "$LINK_nb"
 	wait $MV
 	rc=$?

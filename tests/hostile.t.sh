@@ -24,7 +24,8 @@ export SPACED_ROUTE_CACHE="$W/routes"
 VLOOP=""
 trap '[ -n "$VLOOP" ] && kill $VLOOP 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 
-if ! "$SC" dev up --workers 1 --dir "$D" --stall-timeout 5 >"$W/up.out" 2>"$W/up.err"; then
+# plaintext on purpose: the attackers are raw sockets (the TLS variant of the key attacks: tls.t.sh)
+if ! "$SC" dev up --workers 1 --dir "$D" --stall-timeout 5 --plaintext >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up"; exit 1
 fi

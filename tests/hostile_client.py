@@ -2,10 +2,10 @@
 """hostile_client.py — a hostile HTTP client for tests/hostile.t.sh (loopback only).
 
   slowread PORT CAP PATH N HOLD       N downloads of PATH from sockets with a 4 KiB receive buffer that
-                                      read nothing until the server ends them all (at most HOLD
-                                      seconds), then drain for 3 s each; prints
-                                      JSON {"conns", "cut" (ended short), "complete", "streaming"
-                                      (still sending), "bytes"}
+                                      read nothing until the server has closed them all (ss: its side
+                                      left ESTABLISHED; at most HOLD seconds), then drain each; prints
+                                      JSON {"conns", "cut" (closed by the server, incomplete),
+                                      "complete", "streaming" (still held open), "bytes"}
   slowloris PORT SRC N HOLD           N connections from address SRC trickling a request head one byte a
                                       second for HOLD seconds; prints JSON {"opened", "refused",
                                       "closed_by_server", "answers": {status: count}}
@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -54,6 +55,20 @@ def answer(s, timeout=5):
     return status_of(data) if data else "closed"
 
 
+def server_established(port, local_ports):
+    """The client ports among local_ports whose connection the server at port still holds open."""
+    out = subprocess.run(["ss", "-tnH", "state", "established", "sport", "= :%d" % port],
+                         capture_output=True, text=True).stdout
+    held = set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 4:
+            peer = f[-1].rsplit(":", 1)
+            if len(peer) == 2 and peer[1].isdigit() and int(peer[1]) in local_ports:
+                held.add(int(peer[1]))
+    return held
+
+
 def slowread(port, cap, path, n, hold):
     req = ("GET /v1/sandboxes/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (path, cap)).encode()
     conns = []
@@ -61,24 +76,22 @@ def slowread(port, cap, path, n, hold):
         s = connect(port, rcvbuf=4096)
         s.sendall(req)
         conns.append(s)
-    # wait (reading nothing) until the server has ended every one, or HOLD seconds
-    import select
-    pl = select.poll()
-    for s in conns:
-        pl.register(s, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-    ended_early = set()
+    ports = {s.getsockname()[1] for s in conns}
+    # wait, reading nothing, until the server has closed every one (its side leaves ESTABLISHED
+    # at once; ours sees the end only after the bytes queued before it), at most HOLD seconds
     t_end = time.time() + hold
-    while len(ended_early) < len(conns) and time.time() < t_end:
-        for fd, ev in pl.poll(500):
-            ended_early.add(fd)
-            pl.unregister(fd)
+    held = server_established(port, ports)
+    while held and time.time() < t_end:
+        time.sleep(0.5)
+        held = server_established(port, ports)
     cut = complete = streaming = 0
     sizes = []
     for s in conns:
+        mine = s.getsockname()[1]
         got = b""
-        s.settimeout(2)
+        s.settimeout(5)
         ended = False
-        deadline = time.time() + 3
+        deadline = time.time() + 20
         try:
             while time.time() < deadline:
                 d = s.recv(1 << 20)
@@ -99,8 +112,8 @@ def slowread(port, cap, path, n, hold):
         chunked = b"transfer-encoding: chunked" in head.lower()
         done = (want is not None and len(body) == want) or (chunked and body.endswith(b"\r\n0\r\n\r\n"))
         complete += done
-        cut += ended and not done
-        streaming += not ended and not done
+        cut += mine not in held and not done
+        streaming += mine in held and not done
         sizes.append(len(body))
         s.close()
     print(json.dumps({"conns": n, "cut": cut, "complete": complete, "streaming": streaming, "bytes": sizes}))

@@ -40,9 +40,10 @@ SK=$(jq -r .secret "$W/key.json")
 PK=$(jq -r .public "$W/key.json")
 printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' \
 	"$PK" >"$W/bundle.json"
+# no warm pool: the executions' files are read at exec/S.G below (tests/pool.t.sh covers pooled ones)
 "$NODE" --state "$W/w" --worker-id wa --listen 127.0.0.1:0 --guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" \
 	--launcher "$SPACED_BUILD/spaced-node/spaced-launch" --host "$SPACED_BUILD/spaced-host/spaced-host" \
-	--uid-range 1879048192:16 2>"$W/node.log" &
+	--uid-range 1879048192:16 --pool 0 --plaintext 2>"$W/node.log" &
 NPID=$!
 i=0
 until [ -S "$W/w/admin.sock" ] && [ -s "$W/w/api.port" ]; do
@@ -55,10 +56,12 @@ seq=100
 install() { # SANDBOX GEN ACT
 	seq=$((seq + 1))
 	"$SC" node install $ADM --sandbox "$1" --generation "$2" --worker wa --activation "$3" --seq $seq >"$W/inst.out" 2>&1
+	rc=$?; cp "$W/inst.out" "$W/inst-$1.out"; return $rc
 }
 install S 1 act-1 || { cat "$W/inst.out"; tail "$W/node.log"; echo "FAIL: install"; exit 1; }
 install T 1 act-1 || { echo "FAIL: install T"; exit 1; }
-gwport() { cat "$W/w/exec/$1.$2/gateway.port" 2>/dev/null; }
+# the port is in the install's ack (a pooled execution's files are in pool/, not exec/S.G)
+gwport() { jq -r '.result.gateway // empty' "$W/inst-$1.out" 2>/dev/null | grep . || cat "$W/w/exec/$1.$2/gateway.port" 2>/dev/null; }
 GS=$(gwport S 1); GT=$(gwport T 1)
 [ -n "$GS" ] && [ -n "$GT" ] || { echo "FAIL: no gateway port"; tail "$W/node.log"; exit 1; }
 ok "gateways listen: S on $GS, T on $GT"

@@ -34,7 +34,7 @@ pk=$(field '["public"]' < "$tmp/key.json")
 printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' "$pk" > "$tmp/bundle.json"
 
 "$node" --state "$tmp/w" --worker-id worker-a --listen 127.0.0.1:0 --keys "$tmp/bundle.json" \
-	--guest-bin "$guest" 2> "$tmp/node.log" &
+	--guest-bin "$guest" --plaintext 2> "$tmp/node.log" &
 npid=$!
 i=0
 while [ ! -S "$tmp/w/admin.sock" ] || [ ! -s "$tmp/w/api.port" ]; do

@@ -36,19 +36,20 @@ body = bytearray(base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
 body[-1] ^= 1  # the last byte of the signature
 parts[2] = base64.urlsafe_b64encode(bytes(body)).decode().rstrip("=")
 print(".".join(parts))')
-st=$(curl -s -o "$W/deny.body" -w '%{http_code}' -H "X-Request-Id: audit-check-1" -H "Authorization: Bearer $FORGED" \
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o "$W/deny.body" -w '%{http_code}' -H "X-Request-Id: audit-check-1" -H "Authorization: Bearer $FORGED" \
 	"$URL/v1/sandboxes/$X/stat?path=/")
 expect "a forged capability is denied" "$st" 401
 # another tenant's sandbox named with this capability: DENY other-sandbox, its identity verified
 Y=$("$SC" create --worker worker-1)
-st=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Request-Id: audit-check-2" -H "Authorization: Bearer $CAP" \
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' -H "X-Request-Id: audit-check-2" -H "Authorization: Bearer $CAP" \
 	"$URL/v1/sandboxes/$Y/stat?path=/")
 expect "a capability for another sandbox is denied" "$st" 403
 "$SC" move "$X" --to worker-2 >/dev/null
 
 # ---- /metrics ----
 MP=$(cat "$D/worker-1/metrics.port")
-curl -s "http://127.0.0.1:$MP/metrics" >"$W/metrics"
+# the metrics listener speaks TLS with node-api's certificate
+curl -s --cacert "$SPACED_CA_FILE" "https://127.0.0.1:$MP/metrics" >"$W/metrics"
 promtool check metrics <"$W/metrics" >"$W/promtool.out" 2>&1
 expect "promtool check metrics accepts the worker's metrics" "$?" 0
 [ -s "$W/promtool.out" ] && cat "$W/promtool.out"
@@ -61,7 +62,7 @@ expect "the move's deactivation timed" "$(val 'spaced_node_control_seconds_count
 expect "the live sandbox's memory is reported" \
 	"$([ "$(val "spaced_sandbox_memory_bytes{sandbox=\"$Y\"}")" -gt 0 ] 2>/dev/null && echo yes)" yes
 expect "the moved sandbox is no longer measured here" "$(grep -c "sandbox=\"$X\"" "$W/metrics")" 0
-expect "only GET /metrics is served there" "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$MP/v1/sandboxes")" 404
+expect "only GET /metrics is served there" "$(curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' "https://127.0.0.1:$MP/v1/sandboxes")" 404
 
 # ---- the audit log ----
 A=$D/worker-1/audit.log
@@ -85,11 +86,11 @@ jq -e -s 'all(.[]; .time and .component)' "$D/worker-1.log" >/dev/null && ok "ea
 expect "the refusal is logged with the client's request id" \
 	"$(jq -r 'select(.event == "refused" and .request_id == "audit-check-1") | .reason' "$D/worker-1.log")" "bad-signature"
 # ---- the control plane: /metrics, audit log, JSON logs ----
-st=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Request-Id: cp-audit-1" -H "Authorization: Bearer spk_0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA" "$SPACED_CP_URL/v1/sandboxes")
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' -H "X-Request-Id: cp-audit-1" -H "Authorization: Bearer spk_0000000000000000_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA" "$SPACED_CP_URL/v1/sandboxes")
 expect "a wrong API key -> 401" "$st" 401
 "$CP" admin --state "$D/cp" create-tenant audited >/dev/null 2>&1
 CMP=$(cat "$D/cp/metrics.port")
-curl -s "http://127.0.0.1:$CMP/metrics" >"$W/cp-metrics"
+curl -s --cacert "$SPACED_CA_FILE" "https://127.0.0.1:$CMP/metrics" >"$W/cp-metrics"
 promtool check metrics <"$W/cp-metrics" >"$W/cp-promtool.out" 2>&1
 expect "promtool check metrics accepts the control plane's metrics" "$?" 0
 [ -s "$W/cp-promtool.out" ] && cat "$W/cp-promtool.out"
@@ -110,7 +111,7 @@ expect "an admin command is audited (never its secret)" \
 	"$(jq -r 'select(.event == "admin" and .command == "create-tenant" and .subject == "audited") | .ok' "$CA")" true
 expect "no key is ever in the audit logs" "$(cat "$CA" "$D"/worker-*/audit.log | grep -c 'spk_')" 0
 expect "answers carry their request id" \
-	"$(curl -s -D - -o /dev/null -H "X-Request-Id: cp-rid-7" -H "Authorization: Bearer $SPACED_API_KEY" "$SPACED_CP_URL/v1/sandboxes" | tr -d '\r' | awk -F': ' 'tolower($1) == "x-request-id" {print $2}')" cp-rid-7
+	"$(curl -s --cacert "$SPACED_CA_FILE" -D - -o /dev/null -H "X-Request-Id: cp-rid-7" -H "Authorization: Bearer $SPACED_API_KEY" "$SPACED_CP_URL/v1/sandboxes" | tr -d '\r' | awk -F': ' 'tolower($1) == "x-request-id" {print $2}')" cp-rid-7
 bad=$(grep -v '^{' "$D/cp.log" | grep -cv '^\s*$')
 expect "every line of the control plane's log is a JSON object" "$bad" 0
 echo "$FAILS failures"

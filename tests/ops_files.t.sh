@@ -26,9 +26,14 @@ else
 	echo "systemd-analyze is not installed: units not verified"
 fi
 
-# the example configuration: every option it names is one spaced-node takes
+# the example configuration: every option it names is one spaced-node takes (its TLS files made
+# by spacectl dev certs; without a control plane, the link's TLS lines go too)
+"$B/spacectl/spacectl" dev certs --dir "$W/certs" --workers 1 >/dev/null
+T=$W/certs/tls
 sed -e "s|^state .*|state $W/node|; s|^cp .*||; s|^join-token-file .*||; s|^launcher .*||; s|^host .*||" \
 	-e "s|^listen .*|listen 127.0.0.1:0|; s|^metrics-listen .*|metrics-listen 127.0.0.1:0|; s|^advertise .*||" \
+	-e "s|^tls-cert .*|tls-cert $T/worker-1.pem|; s|^tls-key .*|tls-key $T/worker-1.key|" \
+	-e "s|^tls-ca .*||; s|^tls-client-cert .*||; s|^tls-client-key .*||" \
 	"$SPACED_TOP/dist/spaced-node.conf" >"$W/node.conf"
 "$B/spaced-node/spaced-node" --config "$W/node.conf" --uid-lock-dir "$W/locks" >"$W/node.log" 2>&1 &
 NP=$!
@@ -37,6 +42,7 @@ while [ ! -s "$W/node/api.port" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1))
 expect "spaced-node starts from dist/spaced-node.conf" "$([ -s "$W/node/api.port" ] && [ -s "$W/node/metrics.port" ] && echo yes)" yes
 kill "$NP" 2>/dev/null; wait "$NP" 2>/dev/null
 sed -e "s|^state .*|state $W/cp|; s|^db .*||; s|^listen .*|listen 127.0.0.1:0|; s|^metrics-listen .*|metrics-listen 127.0.0.1:0|" \
+	-e "s|^tls-cert .*|tls-cert $T/cp.pem|; s|^tls-key .*|tls-key $T/cp.key|; s|^tls-client-ca .*|tls-client-ca $T/ca.pem|" \
 	"$SPACED_TOP/dist/spaced-cp.conf" >"$W/cp.conf"
 "$B/spaced-cp/spaced-cp" --config "$W/cp.conf" >"$W/cp.log" 2>&1 &
 CPP=$!
@@ -57,6 +63,6 @@ c spacectl f; c spacectl fs ""; c spacectl exec --t; c spacectl dev ""')
 expect "completion: commands, subcommands and options" "$out" "fs
 ls mkdir mv read rm stat write
 --timeout
-down status up"
+certs down status up"
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

@@ -180,17 +180,31 @@ Test(query, escape)
 Test(url, parse)
 {
 	char host[64], prefix[64];
-	int port = 0;
-	cr_assert_eq(http_parse_url("http://127.0.0.1:8080/base/", host, sizeof host, &port, prefix, sizeof prefix), 0);
+	int port = 0, tls = -1;
+	cr_assert_eq(http_parse_url("http://127.0.0.1:8080/base/", host, sizeof host, &port, prefix, sizeof prefix, &tls), 0);
 	cr_assert_str_eq(host, "127.0.0.1");
 	cr_assert_eq(port, 8080);
 	cr_assert_str_eq(prefix, "/base");
-	cr_assert_eq(http_parse_url("http://w", host, sizeof host, &port, prefix, sizeof prefix), 0);
+	cr_assert_eq(tls, 0);
+	cr_assert_eq(http_parse_url("http://w", host, sizeof host, &port, prefix, sizeof prefix, &tls), 0);
 	cr_assert_eq(port, 80);
-	cr_assert_eq(http_parse_url("https://w", host, sizeof host, &port, prefix, sizeof prefix), -1);
-	cr_assert_eq(http_parse_url("http://w:0", host, sizeof host, &port, prefix, sizeof prefix), -1);
-	cr_assert_eq(http_parse_url("http://w:99999", host, sizeof host, &port, prefix, sizeof prefix), -1);
-	cr_assert_eq(http_parse_url("http://:80", host, sizeof host, &port, prefix, sizeof prefix), -1);
+	/* https:// is TLS, port 443 unless given */
+	cr_assert_eq(http_parse_url("https://w", host, sizeof host, &port, prefix, sizeof prefix, &tls), 0);
+	cr_assert_eq(port, 443);
+	cr_assert_eq(tls, 1);
+	cr_assert_eq(http_parse_url("https://127.0.0.1:7443", host, sizeof host, &port, prefix, sizeof prefix, &tls), 0);
+	cr_assert_eq(port, 7443);
+	cr_assert_eq(tls, 1);
+	cr_assert_eq(http_parse_url("https://[::1]:7443/p", host, sizeof host, &port, prefix, sizeof prefix, &tls), 0);
+	cr_assert_str_eq(host, "[::1]");
+	cr_assert_eq(port, 7443);
+	cr_assert_str_eq(prefix, "/p");
+	cr_assert_eq(http_parse_url("ws://w", host, sizeof host, &port, prefix, sizeof prefix, &tls), -1);
+	cr_assert_eq(http_parse_url("httpx://w", host, sizeof host, &port, prefix, sizeof prefix, &tls), -1);
+	cr_assert_eq(http_parse_url("https://[::1", host, sizeof host, &port, prefix, sizeof prefix, &tls), -1);
+	cr_assert_eq(http_parse_url("http://w:0", host, sizeof host, &port, prefix, sizeof prefix, &tls), -1);
+	cr_assert_eq(http_parse_url("http://w:99999", host, sizeof host, &port, prefix, sizeof prefix, &tls), -1);
+	cr_assert_eq(http_parse_url("http://:80", host, sizeof host, &port, prefix, sizeof prefix, &tls), -1);
 }
 
 /* ---- the answer must name the route's execution (I2, I3) ---- */

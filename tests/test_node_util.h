@@ -148,10 +148,10 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 		if (n->substrate)
 			execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
 			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--launcher",
-			      SPACED_LAUNCH_BIN, "--host", SPACED_HOST_BIN, (char *)NULL);
+			      SPACED_LAUNCH_BIN, "--host", SPACED_HOST_BIN, "--plaintext", (char *)NULL);
 		else
 			execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
-			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, (char *)NULL);
+			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--plaintext", (char *)NULL);
 		_exit(127);
 	}
 	n->pid = pid;

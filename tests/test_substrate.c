@@ -885,6 +885,77 @@ Test(substrate, template_base)
 	stop(&l);
 }
 
+/* A template (owners in the canonical range 100000 + k) seen through an
+ * idmapped mount by executions of two different uid ranges at once: root
+ * inside owns the template's files in both, the files on disk never change
+ * owner, and a snapshot names the template it was taken on. */
+Test(substrate, template_idmapped)
+{
+	char id[256], id2[256], id3[256], out[4096], tmpl[128], cmd[2048], p[256], snap[128], reply[256];
+	const char *a[] = { "--identity", id, "--template", tmpl, "--uid-base", "1073807360", NULL };
+	const char *b[] = { "--identity", id2, "--template", tmpl, "--uid-base", "1073872896", NULL };
+	struct launcher la, lb, lc;
+	struct stat sb;
+
+	need_sandbox();
+	idtext(id, sizeof(id), "sbx-ta", 1);
+	idtext(id2, sizeof(id2), "sbx-tb", 1);
+	snprintf(tmpl, sizeof(tmpl), "%s/0123abcd", dir);
+	snprintf(cmd, sizeof(cmd),
+	         "set -e; B=%s; mkdir -p $B/usr/bin $B/usr/lib $B/usr/lib64 $B/etc $B/home/app; "
+	         "ln -s usr/bin $B/bin; ln -s usr/lib $B/lib; ln -s usr/lib64 $B/lib64; "
+	         "for f in /usr/bin/dash /usr/bin/cat /usr/bin/ls /usr/bin/stat %s; do "
+	         "  for l in $(ldd $f | grep -o '/[^ ]*'); do mkdir -p $B$(dirname $l); cp -L $l $B$l; done; "
+	         "done; cp /usr/bin/dash $B/usr/bin/sh; cp /usr/bin/cat /usr/bin/ls /usr/bin/stat $B/usr/bin/; "
+	         "echo tmpl > $B/etc/marker; echo app > $B/home/app/f; chown -R 100000:100000 $B; "
+	         "chown -R 101000:101000 $B/home/app",
+	         tmpl, guest_bin());
+	cr_assert_eq(system(cmd), 0, "building the template failed");
+	start(&la, "a", a, true);
+	start(&lb, "b", b, true);
+	for (int i = 0; i < 2; i++) {
+		struct launcher *l = i ? &lb : &la;
+		cr_assert_eq(run_in(l, "stat -c '%u:%g %n' /etc/marker /home/app/f /usr/bin/cat && cat /etc/marker && "
+		                       "echo mine > /etc/marker && echo mine > /home/app/f && cat /etc/marker",
+		                    out, sizeof(out)), 0, "%s", out);
+		cr_assert_str_eq(out, "0:0 /etc/marker\n1000:1000 /home/app/f\n0:0 /usr/bin/cat\ntmpl\nmine\n");
+	}
+	/* the template itself: unchanged, canonical owners */
+	snprintf(p, sizeof(p), "%s/etc/marker", tmpl);
+	cr_assert_eq(stat(p, &sb), 0);
+	cr_assert_eq(sb.st_uid, 100000u);
+	cr_assert_eq(sb.st_size, 5);
+	/* the upper layer holds the copies, in the execution's own range */
+	snprintf(p, sizeof(p), "%s/upper/root/home/app/f", lb.state);
+	cr_assert_eq(stat(p, &sb), 0);
+	cr_assert_eq(sb.st_uid, 1073872896u + 1000u);
+	/* a snapshot names the template; a restore onto another template is refused */
+	ctl_ok(&la, "PAUSE");
+	snprintf(snap, sizeof(snap), "%s/snap", dir);
+	snprintf(cmd, sizeof(cmd), "SNAPSHOT %s", snap);
+	ctl_ok(&la, cmd);
+	snprintf(cmd, sizeof(cmd), "grep -qx 'base=template:0123abcd' %s/meta", snap);
+	cr_assert_eq(system(cmd), 0, "meta names the template");
+	stop(&la);
+	stop(&lb);
+	idtext(id3, sizeof(id3), "sbx-ta", 2);
+	snprintf(cmd, sizeof(cmd), "cp -a %s %s/other", tmpl, dir);
+	cr_assert_eq(system(cmd), 0);
+	char other[160];
+	snprintf(other, sizeof(other), "%s/other", dir);
+	const char *c[] = { "--identity", id3, "--template", other, "--restore", snap, NULL };
+	start(&lc, "c", c, false);
+	int st;
+	cr_assert_eq(waitpid(lc.pid, &st, 0), lc.pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "a restore onto another template was accepted");
+	const char *d[] = { "--identity", id3, "--template", tmpl, "--restore", snap, NULL };
+	start(&lc, "d", d, true);
+	cr_assert_eq(run_in(&lc, "cat /etc/marker", out, sizeof(out)), 0);
+	cr_assert_str_eq(out, "mine\n");
+	ctl(&lc, "STATUS", reply, sizeof(reply));
+	stop(&lc);
+}
+
 Test(substrate, earlier_layer_not_taken_over) /* I2: start empty or from a snapshot */
 {
 	char id[256], out[1024], p[256];

@@ -93,8 +93,9 @@ class Cluster:
                     env[k] = v
         self.cp_url = env["SPACED_CP_URL"]
         self.api_key = env["SPACED_API_KEY"]
-        os.environ["SPACED_CP_URL"] = self.cp_url
-        os.environ["SPACED_API_KEY"] = self.api_key
+        # every client (spacectl, both SDKs) speaks TLS to the cluster, verified against its CA
+        for k, v in env.items():
+            os.environ[k] = v
         self.workers = {w["id"]: w["url"] for w in json.loads(sc("workers", "--json").stdout)}
 
     def down(self):

@@ -97,7 +97,9 @@ class Connection:
     """A control plane and the caller's key, the route cache and kept
     connections. Thread-safe; one is shared by every Sandbox made from it.
 
-    ``cp_url`` / ``api_key`` default to $SPACED_CP_URL / $SPACED_API_KEY.
+    ``cp_url`` / ``api_key`` default to $SPACED_CP_URL / $SPACED_API_KEY;
+    ``ca_file`` (the CA that https:// and wss:// peers are verified against)
+    to $SPACED_CA_FILE, else the system's trust store.
     ``route_cache``: a RouteCache (default: the process-wide one).
     ``no_retry``: send each request once and report the raw outcome (spacectl --no-retry).
     ``on_event``: called with a dict for every answer, refusal, repair and stream
@@ -105,8 +107,9 @@ class Connection:
     ``keep_alive``: keep worker connections for the next request (idle < 2 s)."""
 
     def __init__(self, cp_url=None, api_key=None, route_cache=None, no_retry=False, on_event=None,
-                 keep_alive=True, request_timeout=300.0):
+                 keep_alive=True, request_timeout=300.0, ca_file=None):
         self.cp_url = (cp_url or os.environ.get("SPACED_CP_URL") or "").rstrip("/")
+        self.ca_file = ca_file or os.environ.get("SPACED_CA_FILE") or None
         self.api_key = api_key or os.environ.get("SPACED_API_KEY") or ""
         if not self.cp_url or not self.api_key:
             raise ConfigError("SPACED_CP_URL and SPACED_API_KEY must be set (spacectl dev up writes them), "
@@ -115,8 +118,8 @@ class Connection:
         self.cache = route_cache if route_cache is not None else DEFAULT_CACHE
         self.no_retry = no_retry
         self.on_event = on_event
-        self.pool = _http.ConnPool(keep_alive)
-        self.cp_pool = _http.ConnPool(False)
+        self.pool = _http.ConnPool(keep_alive, self.ca_file)
+        self.cp_pool = _http.ConnPool(False, self.ca_file)
         self.request_timeout = request_timeout
         self._closed = threading.Event()
 

@@ -9,6 +9,11 @@ the caller's recovery rules decide whether it is sent again (docs/client.md).
 Connections to a peer are kept for the next request (``ConnPool``) only while
 they have been idle less than IDLE_REUSE seconds and the peer has not closed
 them or sent stray bytes, as spacectl's kept-alive connections.
+
+``https://`` URLs speak TLS (1.2 or 1.3): the server's chain is verified
+against a CA file (``SPACED_CA_FILE`` unless given; else the system's trust
+store) and its certificate must name the host dialled (an IP address as an IP
+SAN). There is no way to turn the verification off.
 """
 
 import http.client
@@ -16,6 +21,7 @@ import io
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -30,16 +36,47 @@ class ExchangeError(Exception):
 
 
 def split_url(url):
-    """``http://HOST:PORT/prefix`` -> (host, port, prefix without trailing '/').
-    Raises ExchangeError for anything else (only http:// for now: no TLS yet)."""
+    """``https://HOST:PORT/prefix`` or ``http://…`` -> (host, port, prefix
+    without trailing '/', tls). Raises ExchangeError for anything else."""
     u = urllib.parse.urlsplit(url)
-    if u.scheme != "http" or not u.hostname:
-        raise ExchangeError("bad URL %r (http://HOST:PORT expected)" % url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ExchangeError("bad URL %r (https://HOST:PORT expected)" % url)
     try:
-        port = u.port or 80
+        port = u.port or (443 if u.scheme == "https" else 80)
     except ValueError:
         raise ExchangeError("bad port in %r" % url) from None
-    return u.hostname, port, u.path.rstrip("/")
+    return u.hostname, port, u.path.rstrip("/"), u.scheme == "https"
+
+
+_ctx_mu = threading.Lock()
+_ctx_cache = {}
+
+
+def tls_context(ca_file=None):
+    """The client TLS context for ca_file (None: $SPACED_CA_FILE, else the
+    system's trust store): TLS 1.2+, the chain and the host name verified."""
+    ca = ca_file or os.environ.get("SPACED_CA_FILE") or None
+    with _ctx_mu:
+        ctx = _ctx_cache.get(ca)
+        if ctx is None:
+            try:
+                ctx = ssl.create_default_context(cafile=ca)
+            except (OSError, ssl.SSLError) as e:
+                raise ExchangeError("cannot use the CA file %s: %s" % (ca, e)) from None
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.check_hostname = True
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            _ctx_cache[ca] = ctx
+        return ctx
+
+
+def tls_error(e):
+    """A readable reason for a TLS failure."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return "TLS: the server's certificate is refused (%s)%s" % (
+            e.verify_message, " (is SPACED_CA_FILE the CA that signed it?)"
+            if e.verify_code in (19, 20, 21) else "")
+    return "TLS: %s" % (e.reason or e)
 
 
 def quote(s):
@@ -71,23 +108,25 @@ class _Conn:
 
 
 class ConnPool:
-    """Kept-alive connections per (host, port). Thread-safe."""
+    """Kept-alive connections per (host, port, tls). Thread-safe. ``ca_file``:
+    the CA to verify https:// peers with (None: $SPACED_CA_FILE)."""
 
-    def __init__(self, keep_alive=True):
+    def __init__(self, keep_alive=True, ca_file=None):
         self.keep_alive = keep_alive
+        self.ca_file = ca_file
         self._mu = threading.Lock()
         self._idle = {}
         self.opened = 0
         self.reused = 0
 
-    def take(self, host, port):
+    def take(self, host, port, tls=False):
         """A kept connection still usable, or None."""
         if not self.keep_alive:
             return None
         now = time.monotonic()
         while True:
             with self._mu:
-                lst = self._idle.get((host, port))
+                lst = self._idle.get((host, port, tls))
                 if not lst:
                     return None
                 c = lst.pop()
@@ -96,7 +135,7 @@ class ConnPool:
             if usable:
                 try:
                     r, _, _ = select.select([sock], [], [], 0)
-                    usable = not r  # readable: closed by the peer, or stray bytes
+                    usable = not r  # readable: closed by the peer, or stray bytes (TLS: an alert, a close)
                 except (OSError, ValueError):
                     usable = False
             if usable:
@@ -104,13 +143,13 @@ class ConnPool:
                 return c
             c.hc.close()
 
-    def put(self, host, port, c):
+    def put(self, host, port, c, tls=False):
         if not self.keep_alive:
             c.hc.close()
             return
         c.idle_since = time.monotonic()
         with self._mu:
-            lst = self._idle.setdefault((host, port), [])
+            lst = self._idle.setdefault((host, port, tls), [])
             lst.append(c)
             while len(lst) > POOL_MAX:
                 lst.pop(0).hc.close()
@@ -175,12 +214,17 @@ def exchange(pool, url, method, path, headers=None, body=None, timeout=300.0, an
     path is the request target after the URL's own prefix; body is bytes, a
     BodySource or None; fresh: on a new connection, not a kept one. Returns an
     Answer, or raises ExchangeError."""
-    host, port, prefix = split_url(url)
+    host, port, prefix, tls = split_url(url)
     hdrs = dict(headers or {})
-    c = pool.take(host, port) if pool is not None and not fresh else None
+    key = (host, port, tls)
+    c = pool.take(*key) if pool is not None and not fresh else None
     reused = c is not None
     if c is None:
-        c = _Conn(http.client.HTTPConnection(host, port, timeout=timeout))
+        if tls:
+            ctx = tls_context(pool.ca_file if pool is not None else None)
+            c = _Conn(http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx))
+        else:
+            c = _Conn(http.client.HTTPConnection(host, port, timeout=timeout))
         if pool is not None:
             pool.opened += 1
     hc = c.hc
@@ -217,7 +261,7 @@ def exchange(pool, url, method, path, headers=None, body=None, timeout=300.0, an
             chunks.append(b)
         ans = Answer(resp.status, resp.getheaders(), b"".join(chunks))
         if keep and not resp.will_close:
-            pool.put(host, port, c)
+            pool.put(key[0], key[1], c, key[2])
         else:
             hc.close()
         return ans
@@ -232,6 +276,8 @@ def exchange(pool, url, method, path, headers=None, body=None, timeout=300.0, an
             msg = "answer cut short (%d bytes read)" % len(e.partial)
         elif isinstance(e, socket.timeout):
             msg = "timed out"
+        elif isinstance(e, ssl.SSLError):
+            msg = tls_error(e)
         elif isinstance(e, ConnectionRefusedError):
             msg = "connection refused"
         raise ExchangeError("%s%s" % (msg, " (on a kept connection)" if reused else "")) from None

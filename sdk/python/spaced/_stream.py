@@ -212,8 +212,9 @@ class StreamRunner:
     def _session(self, rt):
         s = _Session()
         try:
-            host, port, prefix = _http.split_url(rt.worker_url)
-            ws = WSClient.open(host, port, prefix + self.target, rt.capability, OPEN_TIMEOUT)
+            host, port, prefix, tls = _http.split_url(rt.worker_url)
+            ctx = _http.tls_context(self.conn.ca_file) if tls else None
+            ws = WSClient.open(host, port, prefix + self.target, rt.capability, OPEN_TIMEOUT, ctx)
         except _http.ExchangeError as e:
             s.fail("transport", str(e))
             return s
@@ -235,7 +236,11 @@ class StreamRunner:
             ws.flush()
             if s.done:
                 break
-            r, w, _ = select.select([ws, self._wake_r], [ws] if ws.queued() else [], [])
+            # bytes TLS decrypted already are not seen by select(): no waiting then
+            pending = ws.pending()
+            r, w, _ = select.select([ws, self._wake_r], [ws] if ws.queued() else [], [], 0 if pending else None)
+            if pending and ws not in r:
+                r = r + [ws]
             if self._wake_r in r:
                 try:
                     while self._wake_r.recv(4096):

@@ -1,4 +1,5 @@
-"""A small WebSocket client (RFC 6455) over a plain socket, standard library only.
+"""A small WebSocket client (RFC 6455) over a socket, ws:// or wss:// (TLS,
+verified as _http does), standard library only.
 
 What node-api's streams need and no more: the opening handshake with the
 capability in ``Authorization``, masked client frames, fragmented messages,
@@ -11,9 +12,12 @@ import base64
 import hashlib
 import os
 import socket
+import ssl
 import struct
 
-from ._http import ExchangeError
+from ._http import ExchangeError, tls_error
+
+_AGAIN = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 MSG_MAX = 16 << 20  # largest message taken from the server
@@ -47,15 +51,21 @@ class WSClient:
         self.eof = False
 
     @classmethod
-    def open(cls, host, port, target, bearer, timeout=30.0):
-        """Connects and performs the opening handshake. Raises ExchangeError
-        (transport: no connection, cut, not a WebSocket answer)."""
+    def open(cls, host, port, target, bearer, timeout=30.0, tls_context=None):
+        """Connects (with TLS when tls_context is given: wss://) and performs
+        the opening handshake. Raises ExchangeError (transport: no connection,
+        TLS refused, cut, not a WebSocket answer)."""
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:
             raise ExchangeError(str(e) or type(e).__name__) from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls_context is not None:
+                try:
+                    sock = tls_context.wrap_socket(sock, server_hostname=host)
+                except ssl.SSLError as e:
+                    raise ExchangeError(tls_error(e)) from None
             key = base64.b64encode(os.urandom(16))
             head = (
                 "GET %s HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -100,6 +110,10 @@ class WSClient:
     def fileno(self):
         return self.sock.fileno()
 
+    def pending(self):
+        """Bytes TLS decrypted already (select() does not see them)."""
+        return isinstance(self.sock, ssl.SSLSocket) and self.sock.pending() > 0
+
     def queued(self):
         return len(self.tx)
 
@@ -141,7 +155,7 @@ class WSClient:
         while self.tx:
             try:
                 n = self.sock.send(self.tx)
-            except (BlockingIOError, InterruptedError):
+            except _AGAIN:
                 return False
             except OSError as e:
                 raise ExchangeError(str(e) or type(e).__name__) from None
@@ -153,7 +167,7 @@ class WSClient:
         while True:
             try:
                 b = self.sock.recv(1 << 16)
-            except (BlockingIOError, InterruptedError):
+            except _AGAIN:
                 return True
             except OSError as e:
                 raise ExchangeError(str(e) or type(e).__name__) from None
@@ -161,7 +175,7 @@ class WSClient:
                 self.eof = True
                 return False
             self.rx += b
-            if len(b) < (1 << 16):
+            if len(b) < (1 << 16) and not self.pending():
                 return True
 
     def next(self):

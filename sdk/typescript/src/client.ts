@@ -30,7 +30,7 @@ import {
   TransportError,
   UnverifiedAnswerError,
 } from "./errors";
-import { BodySource, ExchangeError, exchange, headerAll, isBodySource, splitUrl, workerAgent } from "./http";
+import { BodySource, ExchangeError, exchange, headerAll, isBodySource, loadCa, splitUrl, workerAgent } from "./http";
 import {
   CAP_MARGIN,
   CacheVerdict,
@@ -80,6 +80,8 @@ export interface ConnectionOptions {
   cpUrl?: string;
   /** default: $SPACED_API_KEY */
   apiKey?: string;
+  /** the CA file https:// and wss:// peers are verified against; default: $SPACED_CA_FILE, else Node's trust store */
+  caFile?: string;
   /** default: the process-wide cache */
   routeCache?: RouteCache;
   /** send each request once and report the raw outcome (spacectl --no-retry) */
@@ -121,6 +123,9 @@ export class Connection {
   readonly onEvent?: (ev: SpacedEvent) => void;
   readonly requestTimeoutMs: number;
   readonly agent: http.Agent | undefined;
+  readonly tlsAgent: http.Agent | undefined;
+  /** the CA certificates (caFile / $SPACED_CA_FILE), undefined: Node's trust store */
+  readonly ca: Buffer | undefined;
 
   constructor(opts: ConnectionOptions = {}) {
     this.cpUrl = (opts.cpUrl || process.env.SPACED_CP_URL || "").replace(/\/+$/, "");
@@ -131,16 +136,28 @@ export class Connection {
       );
     }
     splitUrl(this.cpUrl);
+    try {
+      this.ca = loadCa(opts.caFile);
+    } catch (e) {
+      throw new ConfigError((e as Error).message);
+    }
     this.cache = opts.routeCache ?? DEFAULT_CACHE;
     this.noRetry = !!opts.noRetry;
     this.onEvent = opts.onEvent;
     this.requestTimeoutMs = opts.requestTimeoutMs ?? 300_000;
     this.agent = workerAgent(opts.keepAlive ?? true);
+    this.tlsAgent = workerAgent(opts.keepAlive ?? true, true, this.ca);
   }
 
   /** Closes the kept connections. */
   close(): void {
     this.agent?.destroy();
+    this.tlsAgent?.destroy();
+  }
+
+  /** The kept-alive agent for url's scheme. */
+  agentFor(url: string): http.Agent | undefined {
+    return url.startsWith("https:") ? this.tlsAgent : this.agent;
   }
 
   emit(ev: SpacedEvent): void {
@@ -177,6 +194,7 @@ export class Connection {
         data,
         120_000,
         64 << 20,
+        this.ca,
       );
     } catch (e) {
       const msg = (e as Error).message;
@@ -281,7 +299,7 @@ export class Connection {
         const headers: Record<string, string> = { Authorization: `Bearer ${rt.capability}` };
         if (req.contentType) headers["Content-Type"] = req.contentType;
         // the retry after a transport failure goes on a fresh connection
-        const ans = await exchange(transportRetry ? undefined : this.agent, rt.workerUrl, req.method, `/v1/sandboxes/${sandbox}/${req.op}`, headers, req.body, req.timeoutMs ?? this.requestTimeoutMs);
+        const ans = await exchange(transportRetry ? undefined : this.agentFor(rt.workerUrl), rt.workerUrl, req.method, `/v1/sandboxes/${sandbox}/${req.op}`, headers, req.body, req.timeoutMs ?? this.requestTimeoutMs, undefined, this.ca);
         a.status = ans.status;
         a.body = ans.body;
         const ids = headerAll(ans, "X-Spaced-Identity");

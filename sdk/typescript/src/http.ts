@@ -10,8 +10,15 @@
  *
  * Worker connections are kept for the next request only while idle less than
  * IDLE_REUSE_MS (the agent closes free sockets after that), as spacectl's.
+ *
+ * `https://` URLs speak TLS (1.2 or 1.3): the server's chain is verified
+ * against the CA given (`SPACED_CA_FILE` by default; else Node's trust store)
+ * and its certificate must name the host dialled (an IP address as an IP
+ * SAN). Verification is never turned off.
  */
+import * as fs from "node:fs";
 import * as http from "node:http";
+import * as https from "node:https";
 import { Readable } from "node:stream";
 
 /** A kept connection is reused only while idle less than this (node-api keeps them 30 s). */
@@ -26,21 +33,47 @@ export interface Peer {
   host: string;
   port: number;
   prefix: string;
+  /** https:// (TLS) */
+  tls: boolean;
 }
 
-/** `http://HOST:PORT/prefix` → its parts (only http:// for now: no TLS yet). */
+/** `https://HOST:PORT/prefix` or `http://…` → its parts. */
 export function splitUrl(url: string): Peer {
   let u: URL;
   try {
     u = new URL(url);
   } catch {
-    throw new ExchangeError(`bad URL ${JSON.stringify(url)} (http://HOST:PORT expected)`);
+    throw new ExchangeError(`bad URL ${JSON.stringify(url)} (https://HOST:PORT expected)`);
   }
-  if (u.protocol !== "http:" || !u.hostname) {
-    throw new ExchangeError(`bad URL ${JSON.stringify(url)} (http://HOST:PORT expected)`);
+  if ((u.protocol !== "http:" && u.protocol !== "https:") || !u.hostname) {
+    throw new ExchangeError(`bad URL ${JSON.stringify(url)} (https://HOST:PORT expected)`);
   }
+  const tls = u.protocol === "https:";
   const host = u.hostname.startsWith("[") ? u.hostname.slice(1, -1) : u.hostname;
-  return { host, port: u.port ? Number(u.port) : 80, prefix: u.pathname.replace(/\/+$/, "") };
+  return { host, port: u.port ? Number(u.port) : tls ? 443 : 80, prefix: u.pathname.replace(/\/+$/, ""), tls };
+}
+
+/** The CA certificates of caFile (default: $SPACED_CA_FILE), or undefined: Node's trust store. */
+export function loadCa(caFile?: string): Buffer | undefined {
+  const f = caFile || process.env.SPACED_CA_FILE;
+  if (!f) return undefined;
+  try {
+    return fs.readFileSync(f);
+  } catch (e) {
+    throw new ExchangeError(`cannot read the CA file ${f}: ${(e as Error).message}`);
+  }
+}
+
+/** A readable reason for a TLS failure of Node's. */
+export function tlsReason(e: NodeJS.ErrnoException): string | undefined {
+  const code = e.code ?? "";
+  if (code === "SELF_SIGNED_CERT_IN_CHAIN" || code === "UNABLE_TO_GET_ISSUER_CERT_LOCALLY" || code === "DEPTH_ZERO_SELF_SIGNED_CERT") {
+    return `TLS: the server's certificate is refused (${e.message}) (is SPACED_CA_FILE the CA that signed it?)`;
+  }
+  if (code === "ERR_TLS_CERT_ALTNAME_INVALID" || code.startsWith("CERT_") || code.startsWith("ERR_SSL") || code.startsWith("ERR_TLS")) {
+    return `TLS: ${e.message}`;
+  }
+  return undefined;
 }
 
 /** Percent-encodes a query value as spacectl does ('/' kept). */
@@ -93,16 +126,19 @@ export function isBodySource(b: unknown): b is BodySource {
   return !!b && typeof b === "object" && typeof (b as BodySource).open === "function";
 }
 
-/** The kept-alive agent of worker connections (undefined: a connection per request). */
-export function workerAgent(keepAlive: boolean): http.Agent | undefined {
-  return keepAlive ? new http.Agent({ keepAlive: true, maxFreeSockets: 8, timeout: IDLE_REUSE_MS, scheduling: "lifo" }) : undefined;
+/** The kept-alive agent of worker connections (undefined: a connection per request); https with ca. */
+export function workerAgent(keepAlive: boolean, tls = false, ca?: Buffer): http.Agent | undefined {
+  if (!keepAlive) return undefined;
+  const o = { keepAlive: true, maxFreeSockets: 8, timeout: IDLE_REUSE_MS, scheduling: "lifo" as const };
+  return tls ? new https.Agent({ ...o, ca, minVersion: "TLSv1.2", rejectUnauthorized: true }) : new http.Agent(o);
 }
 
 /**
  * Sends one request to the peer at base URL url and reads its whole answer.
  * `path` is the target after the URL's own prefix; `body` a Buffer, a
- * BodySource or undefined; `agent` a kept-alive agent (workerAgent) or
- * undefined for a connection of its own.
+ * BodySource or undefined; `agent` a kept-alive agent (workerAgent, of the
+ * URL's scheme) or undefined for a connection of its own; `ca` the CA an
+ * https:// peer is verified against (undefined: Node's trust store).
  */
 export function exchange(
   agent: http.Agent | undefined,
@@ -113,6 +149,7 @@ export function exchange(
   body: Buffer | BodySource | undefined,
   timeoutMs: number,
   answerMax = ANSWER_MAX,
+  ca?: Buffer,
 ): Promise<Answer> {
   return new Promise<Answer>((resolve, reject) => {
     let peer: Peer;
@@ -138,16 +175,22 @@ export function exchange(
       req.destroy();
       reject(new ExchangeError(msg));
     };
-    const req = http.request(
-      {
-        host: peer.host,
-        port: peer.port,
-        method,
-        path: peer.prefix + path,
-        headers: hdrs,
-        agent: agent ?? false,
-        setHost: true,
-      },
+    const opts: https.RequestOptions = {
+      host: peer.host,
+      port: peer.port,
+      method,
+      path: peer.prefix + path,
+      headers: hdrs,
+      agent: agent ?? false,
+      setHost: true,
+    };
+    if (peer.tls) {
+      opts.ca = ca;
+      opts.minVersion = "TLSv1.2";
+      opts.rejectUnauthorized = true;
+    }
+    const req = (peer.tls ? https : http).request(
+      opts,
       (res) => {
         const chunks: Buffer[] = [];
         let total = 0;
@@ -176,7 +219,9 @@ export function exchange(
     );
     req.setNoDelay(true);
     req.setTimeout(timeoutMs, () => fail("timed out"));
-    req.on("error", (e: NodeJS.ErrnoException) => fail(e.code === "ECONNREFUSED" ? "connection refused" : e.message || String(e.code)));
+    req.on("error", (e: NodeJS.ErrnoException) =>
+      fail(e.code === "ECONNREFUSED" ? "connection refused" : tlsReason(e) ?? (e.message || String(e.code))),
+    );
     if (isBodySource(body)) {
       src = body.open();
       src.on("error", (e) => fail(`cannot read the body: ${e.message}`));

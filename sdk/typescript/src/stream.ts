@@ -27,7 +27,7 @@ import {
   TransportError,
   UnverifiedAnswerError,
 } from "./errors";
-import { quote, splitUrl } from "./http";
+import { quote, splitUrl, tlsReason } from "./http";
 import type { Route } from "./routes";
 
 /** A request target at most: node-api refuses longer ones (414). */
@@ -215,8 +215,10 @@ export class StreamRunner {
         return;
       }
       const host = peer.host.includes(":") ? `[${peer.host}]` : peer.host;
-      const ws = new WebSocket(`ws://${host}:${peer.port}${peer.prefix}${this.target}`, {
+      const ws = new WebSocket(`${peer.tls ? "wss" : "ws"}://${host}:${peer.port}${peer.prefix}${this.target}`, {
         headers: { Authorization: `Bearer ${rt.capability}` },
+        // wss://: the chain against the connection's CA and the host's name, always
+        ...(peer.tls ? { ca: this.conn.ca, minVersion: "TLSv1.2" as const, rejectUnauthorized: true } : {}),
         perMessageDeflate: false,
         handshakeTimeout: OPEN_TIMEOUT_MS,
         maxPayload: 16 << 20,
@@ -259,7 +261,7 @@ export class StreamRunner {
       ws.on("error", (e: Error & { code?: string }) => {
         if (s.done) return;
         if (opened && typeof e.code === "string" && e.code.startsWith("WS_ERR_")) fail("protocol", e.message);
-        else fail("transport", e.message || String(e.code));
+        else fail("transport", tlsReason(e) ?? (e.message || String(e.code)));
       });
       ws.on("close", (code: number, reason: Buffer) => {
         if (!s.done) {

@@ -1,0 +1,491 @@
+/*
+ * blobs.c — the control plane's store over HTTP (docs/templates.md, "The
+ * store"): one thread with a libuv loop and libspaced's strict HTTP server
+ * (httpsrv.h) on a port of its own (--store-listen; STATE/store.port), so
+ * large transfers never share a loop with lifecycle calls.
+ *
+ *   PUT /v1/templates/NAME             tenant key   import a root filesystem tarball or an
+ *                                                   OCI image archive (the body) as template NAME
+ *   GET /v1/blobs/templates/HASH       worker key   a template's canonical archive
+ *   PUT /v1/blobs/snapshots/NAME       worker key   a snapshot archive (once: never replaced)
+ *   GET /v1/blobs/snapshots/NAME       worker key   a snapshot archive
+ *   POST /v1/builds/from               tenant key   a build's FROM: {"from": "debian:bookworm" |
+ *                                                   "scratch" | NAME} → {"hash","cached","config"}
+ *                                                   (debian: mmdebstrap, a minute or more, once)
+ *
+ * Downloads are resumable (Range: bytes=N- or bytes=N-M → 206) and sent under
+ * flow control; what a worker fetches it checks against the hash it was
+ * given, so the store is trusted for availability only. Uploads go to a
+ * temporary file first and become visible whole (rename) or not at all;
+ * imports run on libuv's thread pool, at most two at once (503 beyond).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <uv.h>
+
+#include "cp.h"
+#include "log.h"
+#include "error.h"
+#include "frame.h"
+#include "httpsrv.h"
+#include "identity.h"
+#include "treehash.h"
+
+#define CHUNK (256 * 1024)
+#define HIGH_WATER (2u << 20)
+#define IMPORTS_MAX 2
+
+enum bkind { B_NONE, B_TEMPLATE, B_SNAPSHOT_PUT, B_GET, B_FROM };
+
+struct bconn {
+	struct spaced_httpconn *c; /* NULL once the connection is gone */
+	enum bkind kind;
+	int fd;
+	char tmp[PATH_MAX], final[PATH_MAX];
+	char tenant[SPACED_NAME_MAX], name[SPACED_NAME_MAX];
+	uint64_t off, end, got;
+	bool failed, working;
+	uv_work_t work;
+	int status;
+	json_t *answer;
+	struct spaced_buf body; /* B_FROM: the small JSON request */
+};
+
+static struct {
+	struct cp *cp;
+	uv_loop_t loop;
+	struct spaced_httpsrv *srv;
+	struct cp_store *st;
+	int imports;
+	uint8_t buf[CHUNK];
+} B;
+
+static void reply_json(struct spaced_httpconn *c, int status, json_t *body)
+{
+	char *t = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	spaced_httpconn_reply(c, status, "application/json", t ? t : "{}", t ? strlen(t) : 2, NULL);
+	free(t);
+	json_decref(body);
+}
+
+static void reply_err(struct spaced_httpconn *c, int status, const char *code, const char *msg)
+{
+	reply_json(c, status, cp_error(code, msg));
+}
+
+static void bconn_free(struct bconn *b)
+{
+	if (b->fd >= 0)
+		close(b->fd);
+	if (b->tmp[0])
+		unlink(b->tmp);
+	json_decref(b->answer);
+	spaced_buf_free(&b->body);
+	free(b);
+}
+
+/* ---- downloads ---- */
+
+static void pump(struct bconn *b)
+{
+	while (b->c && b->off < b->end && spaced_httpconn_queued(b->c) < HIGH_WATER) {
+		size_t want = b->end - b->off < CHUNK ? (size_t)(b->end - b->off) : CHUNK;
+		ssize_t n = pread(b->fd, B.buf, want, (off_t)b->off);
+		if (n <= 0) {
+			spaced_httpconn_abort(b->c); /* cut short: the client sees it and resumes */
+			return;
+		}
+		spaced_httpconn_write(b->c, B.buf, (size_t)n);
+		b->off += (uint64_t)n;
+	}
+	if (b->c && b->off == b->end) {
+		spaced_httpconn_end(b->c);
+		b->kind = B_NONE;
+	}
+}
+
+/* "bytes=N-" or "bytes=N-M" within size: [*from, *to). */
+static int parse_range(const char *v, uint64_t size, uint64_t *from, uint64_t *to)
+{
+	char *end;
+	if (strncmp(v, "bytes=", 6) != 0 || v[6] < '0' || v[6] > '9')
+		return -1;
+	errno = 0;
+	unsigned long long a = strtoull(v + 6, &end, 10);
+	if (errno || *end != '-')
+		return -1;
+	unsigned long long b = size ? size - 1 : 0;
+	if (end[1] != 0) {
+		char *e2;
+		if (end[1] < '0' || end[1] > '9')
+			return -1;
+		b = strtoull(end + 1, &e2, 10);
+		if (errno || *e2 != 0 || b < a)
+			return -1;
+		if (b >= size)
+			b = size - 1;
+	}
+	if (a >= size)
+		return -1;
+	*from = a;
+	*to = b + 1;
+	return 0;
+}
+
+static void start_get(struct spaced_httpconn *c, struct bconn *b, const char *path, const struct spaced_http_req *req)
+{
+	struct stat sb;
+	b->fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (b->fd < 0 || fstat(b->fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+		reply_err(c, 404, "not-found", "no such blob");
+		return;
+	}
+	uint64_t size = (uint64_t)sb.st_size, from = 0, to = size;
+	const char *range = spaced_http_field(req, "range");
+	char hdr[160];
+	int status = 200;
+	snprintf(hdr, sizeof hdr, "accept-ranges: bytes\r\n");
+	if (range) {
+		if (parse_range(range, size, &from, &to) < 0) {
+			snprintf(hdr, sizeof hdr, "content-range: bytes */%llu\r\n", (unsigned long long)size);
+			spaced_httpconn_reply(c, 416, "application/json", "{\"error\":\"range\"}", 17, hdr);
+			return;
+		}
+		status = 206;
+		snprintf(hdr, sizeof hdr, "accept-ranges: bytes\r\ncontent-range: bytes %llu-%llu/%llu\r\n",
+		         (unsigned long long)from, (unsigned long long)to - 1, (unsigned long long)size);
+	}
+	b->kind = B_GET;
+	b->off = from;
+	b->end = to;
+	spaced_httpconn_respond(c, status, "application/octet-stream", (int64_t)(to - from), hdr);
+	pump(b);
+}
+
+/* ---- uploads ---- */
+
+static int open_upload(struct bconn *b)
+{
+	snprintf(b->tmp, sizeof b->tmp, "%s/tmp/upload-XXXXXX", B.cp->store_dir);
+	b->fd = mkstemp(b->tmp);
+	if (b->fd < 0) {
+		b->tmp[0] = 0;
+		return -1;
+	}
+	return 0;
+}
+
+static void import_work(uv_work_t *w)
+{
+	struct bconn *b = w->data;
+	struct cp_store *st = NULL;
+	if (cp_store_open(B.cp->db_url, &st) < 0) {
+		b->status = 503;
+		b->answer = cp_error("store", "store unavailable");
+		return;
+	}
+	if (b->kind == B_FROM) {
+		json_error_t jerr;
+		json_t *req = json_loadb((const char *)b->body.data, b->body.len, JSON_REJECT_DUPLICATES, &jerr);
+		const char *from = json_string_value(json_object_get(req, "from"));
+		if (!from) {
+			b->status = 400;
+			b->answer = cp_error("bad-request", "{\"from\": …}");
+		} else {
+			b->status = cp_build_from(B.cp, st, b->tenant, from, &b->answer);
+		}
+		json_decref(req);
+	} else {
+		b->status = cp_template_import(B.cp, st, b->tenant, b->name, b->tmp, &b->answer);
+	}
+	cp_store_close(st);
+}
+
+static void import_done(uv_work_t *w, int status)
+{
+	struct bconn *b = w->data;
+	(void)status;
+	B.imports--;
+	b->working = false;
+	spaced_log("spaced-cp", "level=info event=template-import template=%s tenant=%s status=%d", b->name, b->tenant,
+	           b->status);
+	if (b->c) {
+		reply_json(b->c, b->status, b->answer);
+		b->answer = NULL;
+		spaced_httpconn_set_user(b->c, NULL);
+	}
+	bconn_free(b);
+}
+
+static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
+{
+	struct bconn *b = spaced_httpconn_user(c);
+	if (!b || b->failed || (b->kind != B_TEMPLATE && b->kind != B_SNAPSHOT_PUT && b->kind != B_FROM))
+		return;
+	if (b->kind == B_FROM) {
+		if (spaced_buf_append(&b->body, p, n) < 0) {
+			b->failed = true;
+			reply_err(c, 413, "too-large", "a small JSON object");
+		}
+		return;
+	}
+	if (spaced_io_write_full(b->fd, p, n) < 0) {
+		b->failed = true;
+		reply_err(c, 507, "store", "the store cannot hold it");
+		return;
+	}
+	b->got += n;
+}
+
+static void on_body_end(struct spaced_httpconn *c)
+{
+	struct bconn *b = spaced_httpconn_user(c);
+	if (!b || b->failed)
+		return;
+	if (b->kind == B_SNAPSHOT_PUT) {
+		if (fsync(b->fd) < 0) {
+			reply_err(c, 507, "store", strerror(errno));
+			return;
+		}
+		/* visible whole or not at all, and never over an earlier one */
+		if (link(b->tmp, b->final) < 0) {
+			reply_err(c, errno == EEXIST ? 409 : 507, errno == EEXIST ? "exists" : "store", strerror(errno));
+			return;
+		}
+		unlink(b->tmp);
+		b->tmp[0] = 0;
+		reply_json(c, 201, json_pack("{s:s,s:I}", "name", b->name, "bytes", (json_int_t)b->got));
+		b->kind = B_NONE;
+		return;
+	}
+	if (b->kind == B_TEMPLATE || b->kind == B_FROM) {
+		if (b->fd >= 0)
+			close(b->fd);
+		b->fd = -1;
+		b->working = true;
+		b->work.data = b;
+		if (uv_queue_work(&B.loop, &b->work, import_work, import_done) < 0) {
+			b->working = false;
+			reply_err(c, 503, "busy", "cannot start the import");
+			return;
+		}
+		B.imports++;
+	}
+}
+
+/* ---- requests ---- */
+
+static int split(char *path, char **seg, int n)
+{
+	int k = 0;
+	char *q = strchr(path, '?');
+	if (q)
+		*q = 0;
+	if (path[0] != '/')
+		return -1;
+	for (char *p = path + 1; *p;) {
+		if (k == n)
+			return -1;
+		seg[k++] = p;
+		char *e = strchr(p, '/');
+		if (!e)
+			break;
+		*e = 0;
+		p = e + 1;
+	}
+	for (int i = 0; i < k; i++)
+		if (!seg[i][0])
+			return -1;
+	return k;
+}
+
+static int check_key(const struct spaced_http_req *req, enum cp_role role, char owner[SPACED_NAME_MAX])
+{
+	const char *a = spaced_http_field(req, "authorization");
+	if (!a || strncmp(a, "Bearer ", 7) != 0)
+		return SPACED_EPERM;
+	return cp_key_check(B.st, a + 7, role, owner, NULL);
+}
+
+static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
+{
+	char path[1024], *seg[5];
+	struct bconn *b = calloc(1, sizeof *b);
+	if (!b) {
+		spaced_httpconn_reply(c, 503, "application/json", "{}", 2, NULL);
+		return;
+	}
+	b->fd = -1;
+	b->c = c;
+	spaced_httpconn_set_user(c, b);
+	snprintf(path, sizeof path, "%s", req->target);
+	int n = split(path, seg, 5);
+	bool get = strcmp(req->method, "GET") == 0, put = strcmp(req->method, "PUT") == 0;
+	char owner[SPACED_NAME_MAX];
+	if (n == 3 && strcmp(seg[0], "v1") == 0 && strcmp(seg[1], "templates") == 0 && put) {
+		if (check_key(req, CP_ROLE_TENANT, owner) < 0) {
+			reply_err(c, 401, "unauthorized", "a tenant API key is required");
+			return;
+		}
+		if (!spaced_name_valid(seg[2], strlen(seg[2]))) {
+			reply_err(c, 400, "bad-request", "not a valid template name");
+			return;
+		}
+		if (B.imports >= IMPORTS_MAX) {
+			reply_err(c, 503, "busy", "imports are running: try again shortly");
+			return;
+		}
+		if (req->body == SPACED_HTTP_BODY_LENGTH && req->content_length > B.cp->template_max) {
+			reply_err(c, 413, "template-too-large", "the archive is larger than this store takes");
+			return;
+		}
+		if (open_upload(b) < 0) {
+			reply_err(c, 507, "store", strerror(errno));
+			return;
+		}
+		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
+		snprintf(b->name, sizeof b->name, "%s", seg[2]);
+		b->kind = B_TEMPLATE;
+		spaced_httpconn_body_max(c, B.cp->template_max);
+		if (req->body == SPACED_HTTP_BODY_NONE)
+			on_body_end(c);
+		return;
+	}
+	if (n == 3 && strcmp(seg[0], "v1") == 0 && strcmp(seg[1], "builds") == 0 && strcmp(seg[2], "from") == 0 &&
+	    strcmp(req->method, "POST") == 0) {
+		if (check_key(req, CP_ROLE_TENANT, owner) < 0) {
+			reply_err(c, 401, "unauthorized", "a tenant API key is required");
+			return;
+		}
+		if (B.imports >= IMPORTS_MAX) {
+			reply_err(c, 503, "busy", "imports or builds are running: try again shortly");
+			return;
+		}
+		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
+		b->kind = B_FROM;
+		spaced_buf_init(&b->body, 4096);
+		spaced_httpconn_body_max(c, 4096);
+		if (req->body == SPACED_HTTP_BODY_NONE)
+			on_body_end(c);
+		return;
+	}
+	if (n == 4 && strcmp(seg[0], "v1") == 0 && strcmp(seg[1], "blobs") == 0 &&
+	    (strcmp(seg[2], "templates") == 0 || strcmp(seg[2], "snapshots") == 0)) {
+		bool tmpl = strcmp(seg[2], "templates") == 0;
+		if (check_key(req, CP_ROLE_WORKER, owner) < 0) {
+			reply_err(c, 401, "unauthorized", "a worker key is required");
+			return;
+		}
+		if (tmpl ? !spaced_treehash_hex_valid(seg[3]) : !spaced_name_valid(seg[3], strlen(seg[3]))) {
+			reply_err(c, 404, "not-found", "no such blob");
+			return;
+		}
+		char file[PATH_MAX];
+		snprintf(file, sizeof file, "%s/%s/%s.tar", B.cp->store_dir, seg[2], seg[3]);
+		if (get) {
+			start_get(c, b, file, req);
+			return;
+		}
+		if (put && !tmpl) {
+			if (open_upload(b) < 0) {
+				reply_err(c, 507, "store", strerror(errno));
+				return;
+			}
+			snprintf(b->final, sizeof b->final, "%s", file);
+			snprintf(b->name, sizeof b->name, "%s", seg[3]);
+			b->kind = B_SNAPSHOT_PUT;
+			spaced_httpconn_body_max(c, B.cp->snapshot_max);
+			if (req->body == SPACED_HTTP_BODY_NONE)
+				on_body_end(c);
+			return;
+		}
+		reply_err(c, 405, "method-not-allowed", "GET, or PUT for a snapshot");
+		return;
+	}
+	reply_err(c, 404, "not-found", "no such endpoint");
+}
+
+static void on_drain(struct spaced_httpconn *c)
+{
+	struct bconn *b = spaced_httpconn_user(c);
+	if (b && b->kind == B_GET)
+		pump(b);
+}
+
+static void on_close(struct spaced_httpconn *c)
+{
+	struct bconn *b = spaced_httpconn_user(c);
+	if (!b)
+		return;
+	b->c = NULL;
+	if (!b->working)
+		bconn_free(b); /* an import in flight frees it when done */
+}
+
+static const struct spaced_httpsrv_ops ops = {
+	.on_request = on_request,
+	.on_body = on_body,
+	.on_body_end = on_body_end,
+	.on_drain = on_drain,
+	.on_close = on_close,
+};
+
+static void *blobs_thread(void *arg)
+{
+	(void)arg;
+	uv_run(&B.loop, UV_RUN_DEFAULT);
+	return NULL;
+}
+
+int cp_blobs_start(struct cp *cp)
+{
+	char p[PATH_MAX];
+	static const char *const dirs[] = {"", "/templates", "/snapshots", "/tmp"};
+	for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+		snprintf(p, sizeof p, "%s%s", cp->store_dir, dirs[i]);
+		if (mkdir(p, 0700) < 0 && errno != EEXIST)
+			return SPACED_ESYS;
+	}
+	/* uploads and imports a crash left half done */
+	snprintf(p, sizeof p, "rm -rf -- '%s/tmp' && mkdir -m 0700 '%s/tmp'", cp->store_dir, cp->store_dir);
+	if (system(p) != 0)
+		return SPACED_ESYS;
+	B.cp = cp;
+	int r = cp_store_open(cp->db_url, &B.st);
+	if (r < 0)
+		return r;
+	if (uv_loop_init(&B.loop) < 0)
+		return SPACED_ESYS;
+	struct spaced_httpsrv_config hc;
+	spaced_httpsrv_defaults(&hc);
+	hc.host = cp->store_host;
+	hc.port = cp->store_port;
+	hc.ops = &ops;
+	hc.body_max = cp->snapshot_max;
+	hc.body_timeout_ms = 60000;
+	hc.low_water = 512 * 1024;
+	if ((r = spaced_httpsrv_start(&B.loop, &hc, &B.srv)) < 0)
+		return r;
+	int port = spaced_httpsrv_port(B.srv);
+	snprintf(cp->store_url, sizeof cp->store_url, "http://%s:%d", cp->store_host, port);
+	snprintf(p, sizeof p, "%s/store.port", cp->state_dir);
+	FILE *f = fopen(p, "w");
+	if (f) {
+		fprintf(f, "%d\n", port);
+		fclose(f);
+	}
+	pthread_t t;
+	if (pthread_create(&t, NULL, blobs_thread, NULL) != 0)
+		return SPACED_ESYS;
+	pthread_detach(t);
+	return 0;
+}

@@ -1,0 +1,585 @@
+/*
+ * templates.c — templates in the control plane (docs/templates.md): a
+ * tenant's names for content-hashed root filesystems held in the store, the
+ * import of what a user uploads (libspaced/rootfs.h), and what a create
+ * puts into the install message so a worker can fetch the template and
+ * check it (spec.template = {"name","hash","url"}).
+ *
+ * Store layout (STATE/store): templates/HASH.tar (canonical archives, shared
+ * by every name and tenant whose tree has that hash), snapshots/NAME.tar,
+ * tmp/ (uploads and imports in progress).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cp.h"
+#include "error.h"
+#include "identity.h"
+#include "rootfs.h"
+
+static json_t *template_row_json(const struct cp_rows *rows, int i)
+{
+	char created[21] = "";
+	json_error_t jerr;
+	const char *cfg = cp_rows_get(rows, i, 5);
+	json_t *c = cfg ? json_loads(cfg, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	spaced_time_format(cp_rows_i64(rows, i, 6, 0), created);
+	return json_pack("{s:s,s:s,s:I,s:I,s:o,s:s,s:s}", "name", cp_rows_get(rows, i, 0), "hash", cp_rows_get(rows, i, 1),
+	                 "bytes", (json_int_t)cp_rows_i64(rows, i, 2, 0), "entries",
+	                 (json_int_t)cp_rows_i64(rows, i, 3, 0), "config", c ? c : json_object(), "source",
+	                 cp_rows_get(rows, i, 4) ? cp_rows_get(rows, i, 4) : "", "created", created);
+}
+
+#define TEMPLATE_COLS "name, hash, bytes, entries, source, config, created"
+
+int cp_template_resolve(struct cp_store *st, const char *tenant, const char *name, json_t **tmpl, json_t **err)
+{
+	struct cp_rows *rows = NULL;
+	int r = CP_Q(st, &rows, NULL, "SELECT " TEMPLATE_COLS " FROM templates WHERE tenant = $1 AND name = $2", tenant,
+	             name);
+	if (r < 0) {
+		*err = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	if (rows->nrows != 1) {
+		cp_rows_free(rows);
+		*err = cp_error("template-not-found", "no template of this name (spacectl template ls)");
+		return 404;
+	}
+	json_error_t jerr;
+	const char *cfg = cp_rows_get(rows, 0, 5);
+	json_t *c = cfg ? json_loads(cfg, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	*tmpl = json_pack("{s:s,s:s,s:o}", "name", cp_rows_get(rows, 0, 0), "hash", cp_rows_get(rows, 0, 1), "config",
+	                  c ? c : json_object());
+	cp_rows_free(rows);
+	return *tmpl ? 0 : 500;
+}
+
+void cp_template_locate(struct cp *cp, json_t *spec)
+{
+	json_t *t = json_object_get(spec, "template");
+	const char *h = json_string_value(json_object_get(t, "hash"));
+	if (!json_is_object(t) || !h)
+		return;
+	char url[CP_URL_MAX + 128];
+	snprintf(url, sizeof url, "%s/v1/blobs/templates/%s", cp->store_url, h);
+	json_object_set_new(t, "url", json_string(url));
+}
+
+int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *upload,
+                       json_t **answer)
+{
+	char why[512] = "", canon[PATH_MAX], final[PATH_MAX], spool[PATH_MAX], now[24], b[24], e[24];
+	struct spaced_rootfs *t = NULL;
+	struct spaced_rootfs_info info;
+	json_t *config = NULL;
+	const char *format = "";
+	char *cfg_text = NULL;
+	int status = 500, r;
+	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+	snprintf(canon, sizeof canon, "%s/tmp/canon-XXXXXX", cp->store_dir);
+	int fd = mkstemp(canon);
+	if (fd < 0) {
+		*answer = cp_error("store", strerror(errno));
+		return 500;
+	}
+	close(fd);
+	if ((r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why)) < 0 ||
+	    (r = spaced_rootfs_import(t, upload, &config, &format, why, sizeof why)) < 0 ||
+	    (r = spaced_rootfs_write(t, canon, &info, why, sizeof why)) < 0) {
+		if (r == SPACED_EFORMAT || r == SPACED_ETOOBIG) {
+			status = r == SPACED_ETOOBIG ? 413 : 422;
+			*answer = cp_error(r == SPACED_ETOOBIG ? "template-too-large" : "template-refused", why);
+		} else {
+			*answer = cp_error("import", why[0] ? why : spaced_strerror(r));
+		}
+		goto out;
+	}
+	/* one archive per tree, whoever imported it */
+	snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
+	if (rename(canon, final) < 0) {
+		*answer = cp_error("store", strerror(errno));
+		goto out;
+	}
+	canon[0] = 0;
+	if (config)
+		cfg_text = json_dumps(config, JSON_COMPACT);
+	r = CP_Q(st, NULL, NULL,
+	         "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
+	         "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+	         tenant, name, info.hash, cp_i64(b, (int64_t)info.bytes), cp_i64(e, (int64_t)info.entries), cfg_text,
+	         format, cp_i64(now, spaced_now()));
+	if (r == SPACED_EEXIST) {
+		status = 409;
+		*answer = cp_error("template-exists", "a template of this name exists (templates are immutable: "
+		                                      "spacectl template rm it first)");
+		goto out;
+	}
+	if (r < 0) {
+		*answer = cp_error("store", spaced_strerror(r));
+		goto out;
+	}
+	*answer = json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I,s:o}", "name", name, "hash", info.hash, "bytes",
+	                    (json_int_t)info.bytes, "entries", (json_int_t)info.entries, "source", format, "dropped",
+	                    (json_int_t)info.dropped, "setid_cleared", (json_int_t)info.cleared, "config",
+	                    config ? json_incref(config) : json_object());
+	status = 201;
+out:
+	if (canon[0])
+		unlink(canon);
+	spaced_rootfs_free(t);
+	json_decref(config);
+	free(cfg_text);
+	return status;
+}
+
+/* Removes the archive of hash when no template and no live sandbox names it. */
+static void template_gc(struct cp *cp, struct cp_store *st, const char *hash)
+{
+	struct cp_rows *rows = NULL;
+	if (CP_Q(st, &rows, NULL,
+	         "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
+	         "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0)",
+	         hash) == 0 &&
+	    cp_rows_i64(rows, 0, 0, 1) == 0) {
+		char p[PATH_MAX];
+		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+		unlink(p);
+	}
+	cp_rows_free(rows);
+}
+
+int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                     json_t **out)
+{
+	int get = strcmp(method, "GET") == 0, del = strcmp(method, "DELETE") == 0;
+	struct cp_rows *rows = NULL;
+	int r;
+	if (strcmp(seg[1], "store") == 0) {
+		if (n != 2 || !get) {
+			*out = cp_error("method-not-allowed", "GET /v1/store");
+			return 405;
+		}
+		*out = json_pack("{s:s}", "url", cp->store_url);
+		return 200;
+	}
+	if (n == 2 && get) {
+		if ((r = CP_Q(st, &rows, NULL, "SELECT " TEMPLATE_COLS " FROM templates WHERE tenant = $1 ORDER BY name",
+		              tenant)) < 0) {
+			*out = cp_error("store", spaced_strerror(r));
+			return 503;
+		}
+		json_t *a = json_array();
+		for (int i = 0; i < rows->nrows; i++)
+			json_array_append_new(a, template_row_json(rows, i));
+		cp_rows_free(rows);
+		*out = json_pack("{s:o}", "templates", a);
+		return 200;
+	}
+	if (n != 3 || !spaced_name_valid(seg[2], strlen(seg[2]))) {
+		*out = cp_error("not-found", "no such endpoint");
+		return 404;
+	}
+	if ((r = CP_Q(st, &rows, NULL, "SELECT " TEMPLATE_COLS " FROM templates WHERE tenant = $1 AND name = $2", tenant,
+	              seg[2])) < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	if (rows->nrows != 1) {
+		cp_rows_free(rows);
+		*out = cp_error("template-not-found", "no template of this name");
+		return 404;
+	}
+	if (get) {
+		*out = template_row_json(rows, 0);
+		cp_rows_free(rows);
+		return 200;
+	}
+	if (del) {
+		char hash[SPACED_TREEHASH_HEX];
+		snprintf(hash, sizeof hash, "%s", cp_rows_get(rows, 0, 1));
+		cp_rows_free(rows);
+		if ((r = CP_Q(st, NULL, NULL, "DELETE FROM templates WHERE tenant = $1 AND name = $2", tenant, seg[2])) < 0) {
+			*out = cp_error("store", spaced_strerror(r));
+			return 503;
+		}
+		/* sandboxes made from it keep their tree: it stays while one lives */
+		template_gc(cp, st, hash);
+		*out = json_pack("{s:s,s:s}", "name", seg[2], "state", "deleted");
+		return 200;
+	}
+	cp_rows_free(rows);
+	*out = cp_error("method-not-allowed", "GET, POST or DELETE");
+	return 405;
+}
+
+/* ---- template builds (docs/templates.md, "Spacefiles") ----
+ * spacectl template build drives a build step by step: each RUN or COPY runs
+ * in a build sandbox of the tenant made from the step's parent tree (by
+ * hash), then the sandbox's snapshot — its overlay upper directory — is
+ * merged onto the parent into a new canonical tree (rootfs.h, kind UPPER),
+ * recorded in build_steps under (tenant, parent, step): a later build of
+ * the same step on the same parent takes it from there. */
+
+int cp_template_owned(struct cp_store *st, const char *tenant, const char *hash, json_t **tmpl, json_t **err)
+{
+	struct cp_rows *rows = NULL;
+	int r = CP_Q(st, &rows, NULL,
+	             "SELECT config FROM templates WHERE tenant = $1 AND hash = $2 UNION ALL "
+	             "SELECT config FROM build_steps WHERE (tenant = $1 OR tenant = '') AND hash = $2",
+	             tenant, hash);
+	if (r < 0) {
+		*err = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	if (rows->nrows < 1) {
+		cp_rows_free(rows);
+		*err = cp_error("template-not-found", "no template or build step of this tenant has this hash");
+		return 404;
+	}
+	json_error_t jerr;
+	const char *cfg = cp_rows_get(rows, 0, 0);
+	json_t *c = cfg ? json_loads(cfg, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	*tmpl = json_pack("{s:s,s:s,s:o}", "name", "(build)", "hash", hash, "config", c ? c : json_object());
+	cp_rows_free(rows);
+	return *tmpl ? 0 : 500;
+}
+
+/* A canonical archive of the tree t into the store; its hash into hash. */
+static int store_tree(struct cp *cp, struct spaced_rootfs *t, char hash[SPACED_TREEHASH_HEX], char *why, size_t whysz)
+{
+	char tmp[PATH_MAX], final[PATH_MAX];
+	struct spaced_rootfs_info info;
+	snprintf(tmp, sizeof tmp, "%s/tmp/tree-XXXXXX", cp->store_dir);
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		snprintf(why, whysz, "%s", strerror(errno));
+		return SPACED_ESYS;
+	}
+	close(fd);
+	int r = spaced_rootfs_write(t, tmp, &info, why, whysz);
+	if (r == 0) {
+		snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
+		if (rename(tmp, final) < 0)
+			r = SPACED_ESYS;
+		else
+			memcpy(hash, info.hash, SPACED_TREEHASH_HEX);
+	}
+	unlink(tmp);
+	return r;
+}
+
+static int record_step(struct cp_store *st, const char *tenant, const char *parent, const char *step,
+                       const char *hash, const char *config)
+{
+	char now[24];
+	return CP_Q(st, NULL, NULL,
+	            "INSERT INTO build_steps (tenant, parent, step, hash, config, created) VALUES ($1, $2, $3, $4, $5, $6) "
+	            "ON CONFLICT (tenant, parent, step) DO UPDATE SET hash = $4, config = $5, created = $6",
+	            tenant, parent, step, hash, config, cp_i64(now, spaced_now()));
+}
+
+/* Builds a minimal Debian suite with mmdebstrap into a tarball, then a tree. */
+static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHASH_HEX], char *why, size_t whysz)
+{
+	char tarp[PATH_MAX], spool[PATH_MAX], log[PATH_MAX];
+	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+	snprintf(tarp, sizeof tarp, "%s/tmp/debian-%s-%d.tar", cp->store_dir, suite, (int)getpid());
+	snprintf(log, sizeof log, "%s/tmp/debian-%s.log", cp->store_dir, suite);
+	unlink(tarp);
+	pid_t pid = fork();
+	if (pid < 0)
+		return SPACED_ESYS;
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), in = open("/dev/null", O_RDONLY);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		if (in >= 0)
+			dup2(in, 0);
+		/* a clean start: the control plane's threads block and ignore signals
+		 * that apt and dpkg rely on */
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		for (int sig = 1; sig < 32; sig++)
+			if (sig != SIGKILL && sig != SIGSTOP)
+				signal(sig, SIG_DFL);
+		setsid();
+		/* nothing of the control plane's (its sockets, its database) */
+		syscall(SYS_close_range, 3, ~0u, 0);
+		/* Debian's own tool, from the package archive this machine reaches;
+		 * the suite comes from a fixed list, nothing else of the request */
+		execlp("mmdebstrap", "mmdebstrap", "--variant=minbase", "--quiet", suite, tarp, (char *)NULL);
+		_exit(127);
+	}
+	int status;
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return SPACED_ESYS;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		snprintf(why, whysz, "mmdebstrap %s failed (exit %d; the package archive may be unreachable: %.200s)", suite,
+		         WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
+		unlink(tarp);
+		return SPACED_EIO;
+	}
+	struct spaced_rootfs *t = NULL;
+	int r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, whysz);
+	if (r == 0)
+		r = spaced_rootfs_add_archive(t, tarp, SPACED_ROOTFS_TARBALL, why, whysz);
+	if (r == 0)
+		r = store_tree(cp, t, hash, why, whysz);
+	spaced_rootfs_free(t);
+	unlink(tarp);
+	return r;
+}
+
+int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out)
+{
+	char why[512] = "", hash[SPACED_TREEHASH_HEX];
+	struct cp_rows *rows = NULL;
+	int r;
+	if (strcmp(from, "scratch") == 0 || strncmp(from, "debian:", 7) == 0) {
+		static const char *const suites[] = {"bookworm", "trixie", "bullseye"};
+		bool scratch = strcmp(from, "scratch") == 0, known = scratch;
+		for (size_t i = 0; !known && i < sizeof suites / sizeof suites[0]; i++)
+			known = strcmp(from + 7, suites[i]) == 0;
+		if (!known) {
+			*out = cp_error("bad-request", "FROM takes debian:bookworm (trixie, bullseye), scratch or a template name");
+			return 400;
+		}
+		char step[64];
+		snprintf(step, sizeof step, "FROM %s", from);
+		/* Debian's public content: built once for every tenant */
+		if ((r = CP_Q(st, &rows, NULL, "SELECT hash FROM build_steps WHERE tenant = '' AND parent = '' AND step = $1",
+		              step)) < 0) {
+			*out = cp_error("store", spaced_strerror(r));
+			return 503;
+		}
+		if (rows->nrows == 1) {
+			char p[PATH_MAX];
+			snprintf(hash, sizeof hash, "%s", cp_rows_get(rows, 0, 0));
+			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+			if (access(p, F_OK) == 0) {
+				cp_rows_free(rows);
+				*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 1, "config", json_object());
+				return 200;
+			}
+		}
+		cp_rows_free(rows);
+		if (scratch) {
+			struct spaced_rootfs *t = NULL;
+			char spool[PATH_MAX];
+			snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+			r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
+			if (r == 0)
+				r = store_tree(cp, t, hash, why, sizeof why);
+			spaced_rootfs_free(t);
+		} else {
+			r = debian_base(cp, from + 7, hash, why, sizeof why);
+		}
+		if (r < 0) {
+			*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
+			return 502;
+		}
+		if ((r = record_step(st, "", "", step, hash, "{}")) < 0) {
+			*out = cp_error("store", spaced_strerror(r));
+			return 503;
+		}
+		*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 0, "config", json_object());
+		return 200;
+	}
+	if (!spaced_name_valid(from, strlen(from))) {
+		*out = cp_error("bad-request", "FROM takes debian:bookworm, scratch or a template name");
+		return 400;
+	}
+	json_t *t = NULL;
+	int status = cp_template_resolve(st, tenant, from, &t, out);
+	if (status != 0)
+		return status;
+	*out = json_pack("{s:O,s:b,s:O}", "hash", json_object_get(t, "hash"), "cached", 1, "config",
+	                 json_object_get(t, "config"));
+	json_decref(t);
+	return 200;
+}
+
+/* The snapshot archive of sandbox (its last snapshot) in this store. */
+static int snapshot_file(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, char *path,
+                         size_t pathsz)
+{
+	json_t *s = cp_sandbox_json(st, tenant, id);
+	const char *url = json_string_value(json_object_get(s, "snapshot"));
+	const char *name = url ? strstr(url, "/v1/blobs/snapshots/") : NULL;
+	int r = SPACED_ENOENT;
+	if (name && spaced_name_valid(name + 20, strlen(name + 20))) {
+		snprintf(path, pathsz, "%s/snapshots/%s.tar", cp->store_dir, name + 20);
+		r = 0;
+	}
+	json_decref(s);
+	return r;
+}
+
+static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out)
+{
+	const char *id = json_string_value(json_object_get(req, "sandbox"));
+	const char *parent = json_string_value(json_object_get(req, "parent"));
+	const char *step = json_string_value(json_object_get(req, "step"));
+	json_t *config = json_object_get(req, "config");
+	char why[512] = "", parent_tar[PATH_MAX], snap[PATH_MAX], spool[PATH_MAX], hash[SPACED_TREEHASH_HEX];
+	json_t *b = NULL;
+	if (!id || !spaced_name_valid(id, strlen(id)) || !parent || !spaced_treehash_hex_valid(parent) || !step ||
+	    strlen(step) > 16384 || (config && !json_is_object(config))) {
+		*out = cp_error("bad-request", "commit wants {\"sandbox\", \"parent\" (a tree hash), \"step\", \"config\"}");
+		return 400;
+	}
+	json_t *owned = NULL;
+	int status = cp_template_owned(st, tenant, parent, &owned, out);
+	json_decref(owned);
+	if (status != 0)
+		return status;
+	/* its filesystem, as the sandbox left it: paused, snapshotted into the store */
+	status = cp_op_simple(cp, st, tenant, id, "pause", NULL, &b);
+	json_decref(b);
+	b = NULL;
+	if (status >= 300) {
+		*out = cp_error("build-failed", "the build sandbox could not be paused");
+		return status;
+	}
+	status = cp_op_simple(cp, st, tenant, id, "snapshot", NULL, &b);
+	json_decref(b);
+	if (status >= 300 || snapshot_file(cp, st, tenant, id, snap, sizeof snap) < 0) {
+		*out = cp_error("build-failed", "the build sandbox could not be snapshotted");
+		return status >= 300 ? status : 502;
+	}
+	snprintf(parent_tar, sizeof parent_tar, "%s/templates/%s.tar", cp->store_dir, parent);
+	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+	struct spaced_rootfs *t = NULL;
+	int r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
+	if (r == 0)
+		r = spaced_rootfs_add_archive(t, parent_tar, SPACED_ROOTFS_TEMPLATE, why, sizeof why);
+	if (r == 0)
+		r = spaced_rootfs_add_archive(t, snap, SPACED_ROOTFS_UPPER, why, sizeof why);
+	if (r == 0)
+		r = store_tree(cp, t, hash, why, sizeof why);
+	spaced_rootfs_free(t);
+	if (r < 0) {
+		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
+		return r == SPACED_ETOOBIG ? 413 : 422;
+	}
+	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS);
+	r = record_step(st, tenant, parent, step, hash, cfg);
+	free(cfg);
+	if (r < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*out = json_pack("{s:s}", "hash", hash);
+	return 200;
+}
+
+int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
+                  const char *body, size_t blen, json_t **out)
+{
+	json_error_t jerr;
+	if (strcmp(method, "POST") != 0 || n != 3) {
+		*out = cp_error("not-found", "POST /v1/builds/lookup | /v1/builds/commit");
+		return 404;
+	}
+	json_t *req = json_loadb(body ? body : "{}", body ? blen : 2, JSON_REJECT_DUPLICATES, &jerr);
+	int status;
+	if (!json_is_object(req)) {
+		json_decref(req);
+		*out = cp_error("bad-request", "a JSON object");
+		return 400;
+	}
+	if (strcmp(seg[2], "lookup") == 0) {
+		const char *parent = json_string_value(json_object_get(req, "parent"));
+		const char *step = json_string_value(json_object_get(req, "step"));
+		struct cp_rows *rows = NULL;
+		if (!parent || !step) {
+			*out = cp_error("bad-request", "lookup wants {\"parent\", \"step\"}");
+			status = 400;
+		} else if (CP_Q(st, &rows, NULL, "SELECT hash, config FROM build_steps WHERE tenant = $1 AND parent = $2 AND step = $3",
+		                tenant, parent, step) < 0) {
+			*out = cp_error("store", "store unavailable");
+			status = 503;
+		} else if (rows->nrows != 1) {
+			*out = cp_error("not-found", "no such step built yet");
+			status = 404;
+		} else {
+			char p[PATH_MAX];
+			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, cp_rows_get(rows, 0, 0));
+			const char *cfg = cp_rows_get(rows, 0, 1);
+			json_t *c = cfg ? json_loads(cfg, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+			if (access(p, F_OK) != 0) {
+				json_decref(c);
+				*out = cp_error("not-found", "the step's tree is gone from the store");
+				status = 404;
+			} else {
+				*out = json_pack("{s:s,s:o}", "hash", cp_rows_get(rows, 0, 0), "config", c ? c : json_object());
+				status = 200;
+			}
+		}
+		cp_rows_free(rows);
+	} else if (strcmp(seg[2], "commit") == 0) {
+		status = build_commit(cp, st, tenant, req, out);
+	} else {
+		*out = cp_error("not-found", "POST /v1/builds/lookup | /v1/builds/commit");
+		status = 404;
+	}
+	json_decref(req);
+	return status;
+}
+
+int cp_template_name(struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
+                     json_t **out)
+{
+	json_error_t jerr;
+	json_t *req = json_loadb(body ? body : "{}", body ? blen : 2, JSON_REJECT_DUPLICATES, &jerr), *t = NULL;
+	const char *hash = json_string_value(json_object_get(req, "hash"));
+	json_t *config = json_object_get(req, "config");
+	int status;
+	if (!hash || !spaced_treehash_hex_valid(hash) || (config && !json_is_object(config))) {
+		json_decref(req);
+		*out = cp_error("bad-request", "POST /v1/templates/NAME wants {\"hash\", \"config\"}");
+		return 400;
+	}
+	if ((status = cp_template_owned(st, tenant, hash, &t, out)) != 0) {
+		json_decref(req);
+		return status;
+	}
+	json_decref(t);
+	char *cfg = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS) : strdup("{}"), now[24], hb[65];
+	snprintf(hb, sizeof hb, "%s", hash); /* hash belongs to req, freed below */
+	hash = hb;
+	int r = cfg ? CP_Q(st, NULL, NULL,
+	                   "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
+	                   "VALUES ($1, $2, $3, 0, 0, $4, 'build', $5)",
+	                   tenant, name, hash, cfg, cp_i64(now, spaced_now()))
+	            : SPACED_ENOMEM;
+	free(cfg);
+	json_decref(req);
+	if (r == SPACED_EEXIST) {
+		*out = cp_error("template-exists", "a template of this name exists (spacectl template rm it first)");
+		return 409;
+	}
+	if (r < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*out = json_pack("{s:s,s:s}", "name", name, "hash", hash);
+	return 201;
+}

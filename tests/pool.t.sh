@@ -1,0 +1,127 @@
+#!/bin/sh
+# The warm pool on the real create path (issue 13), on a real cluster (`spacectl dev up --pool 4`,
+# one worker of the process substrate):
+#  - creates are served from the pool (its hits count them), and eight creates at once each get
+#    an execution of their own: distinct processes and uid ranges, each guest naming its own
+#    sandbox (a pooled execution serves one sandbox at most);
+#  - a pooled execution runs under the limits of the sandbox that claims it: demand for other
+#    limits makes a pool of them, and a sandbox claimed from it is held to its memory limit;
+#  - a pooled execution takes the egress policy of the sandbox that claims it (docs/network.md):
+#    exactly the sandbox's policy (deny, an allow list, the default), changed live like any, its
+#    slot held by that sandbox (skipped without pasta, nft or a network namespace of its own for an outside host);
+#  - pooled executions that died while waiting are not handed out: the create starts one for
+#    itself and succeeds;
+#  - the pool stays within --pool-max per key.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+. "$SPACED_TOP/tests/net_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+if ! "$SC" dev up --workers 1 --dir "$D" --pool 4 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+status() { "$SC" node status --admin "$D/worker-1/admin.sock" | jq -c ".result | $1"; }
+wait_ready() { # N: the default key's pool holds N ready executions (at most 60 s)
+	for i in $(seq 1 600); do
+		[ "$(status '.pool.keys[] | select(.default) | .ready')" -ge "$1" ] 2>/dev/null && return 0
+		sleep 0.1
+	done
+	return 1
+}
+wait_ready 4 || fail "the pool fills to 4"
+h0=$(status .pool.hits)
+
+# ---- eight creates at once ----
+for i in 1 2 3 4 5 6 7 8; do "$SC" create >"$W/c$i" 2>&1 & done
+wait
+ids=$(cat "$W"/c? | sort -u)
+expect "eight creates at once: eight sandboxes" "$(echo "$ids" | grep -c '^sbx-')" 8
+expect "served from the pool (hits counted)" "$([ "$(status .pool.hits)" -gt "$h0" ] && echo yes)" yes
+expect "each execution its own launcher" "$(status '[.records[].pid] | unique | length')" 8
+expect "each execution its own uid range" "$(status '[.records[].uid_base] | unique | length')" 8
+expect "pooled ones among them" "$([ "$(status '[.records[] | select(.pooled)] | length')" -ge 1 ] && echo yes)" yes
+bad=0
+for id in $ids; do
+	got=$("$SC" exec "$id" -- hostname 2>&1)
+	[ "$got" = "$id" ] || { echo "  $id answered as '$got'"; bad=$((bad + 1)); }
+	# the answer comes from the execution installed for this sandbox
+	"$SC" -v exec "$id" -- true 2>"$W/v" >/dev/null
+	grep -q "sandbox=$id;" "$W/v" || { echo "  $id: the serving identity is not its own"; bad=$((bad + 1)); }
+done
+expect "each guest names and serves its own sandbox" "$bad" 0
+for id in $ids; do "$SC" rm "$id" >/dev/null; done
+
+# ---- the claiming sandbox's limits ----
+for i in 1 2 3; do "$SC" create --memory 96M --pids 64 >>"$W/m" || fail "create --memory 96M"; done
+key='.pool.keys[] | select(.resources.memory_bytes == 100663296)'
+for i in $(seq 1 600); do [ "$(status "$key | .ready")" -ge 1 ] 2>/dev/null && break; sleep 0.1; done
+expect "demand for other limits makes a pool of them" "$([ "$(status "$key | .ready")" -ge 1 ] && echo yes)" yes
+h1=$(status "$key | .hits")
+M=$("$SC" create --memory 96M --pids 64)
+expect "a create with those limits is served from it" "$(status "$key | .hits")" $((h1 + 1))
+expect "the claimed execution's limits are the sandbox's" \
+	"$("$SC" top "$M" --json | jq -c '[.limits.memory_bytes, .limits.pids]')" "[100663296,64]"
+"$SC" exec "$M" -- sh -c 'x=a; while true; do x="$x$x"; done' >/dev/null 2>&1
+expect "its memory limit holds: the hog was killed, the sandbox serves" "$("$SC" exec "$M" -- echo alive)" alive
+expect "its peak is its limit" "$("$SC" top "$M" --json | jq '.memory_peak_bytes <= 100663296')" true
+
+# ---- a pooled execution takes the claiming sandbox's egress policy ----
+# CODE ID URL: the HTTP status curl gets from inside the sandbox (000: no connection)
+code() { "$SC" exec "$1" -- curl -s -m 4 -o /dev/null -w '%{http_code}' "$2" 2>/dev/null; }
+pooled() { status "[.records[] | select(.identity.sandbox == \"$1\") | .pooled] | first"; }
+if ! command -v pasta >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+	echo "skip: egress of pooled executions (pasta, nft or curl missing)"
+elif ! NH_LOG=$W/host.log net_host_up; then
+	echo "skip: egress of pooled executions (cannot make the outside host's namespace here)"
+else
+	wait_ready 4 || fail "the pool fills again"
+	DN=$("$SC" create --network deny)
+	AL=$("$SC" create --network deny --allow-out "$NH_A/32")
+	OP=$("$SC" create)
+	expect "deny, allow-list and default sandboxes came from the pool" "$(pooled "$DN") $(pooled "$AL") $(pooled "$OP")" \
+		"true true true"
+	expect "deny: the outside host is closed" "$(code "$DN" "http://$NH_A:8080/")" 000
+	expect "allow list: the allowed address is reached" "$(code "$AL" "http://$NH_A:8080/")" 200
+	expect "allow list: another address is closed" "$(code "$AL" "http://$NH_B:8080/")" 000
+	expect "default (allow): the outside host is reached" "$(code "$OP" "http://$NH_B:8080/")" 200
+	"$SC" net "$DN" --network allow >/dev/null || fail "net: a live change"
+	expect "deny changed live to allow: reached" "$(code "$DN" "http://$NH_A:8080/")" 200
+	# its ServicePort gateway was started with the claimed identity (its port in the install's ack)
+	"$SC" exec "$OP" -- sh -c 'cd /tmp && echo hello-pooled >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1' >/dev/null 2>&1
+	"$SC" expose "$OP" 8080 --json >"$W/exp.json" 2>&1
+	expect "a pooled sandbox's port through its gateway (expose)" \
+		"$(curl -s -m 5 -H "Authorization: Bearer $(jq -r .capability "$W/exp.json")" "$(jq -r .url "$W/exp.json")index.html")" \
+		hello-pooled
+	# a slot's filter is its holder's: the claimed sandboxes hold theirs, waiting pooled executions
+	# (nothing runs in them before their identity) hold none
+	held=$(for f in "$D"/worker-1/net/slot/*.json; do jq -r .sandbox "$f"; done | sort)
+	expect "each claimed sandbox holds its slot" \
+		"$(for x in "$DN" "$AL" "$OP"; do echo "$held" | grep -cx "$x"; done | tr '\n' ' ')" "1 1 1 "
+	expect "waiting pooled executions hold theirs for no sandbox" \
+		"$([ "$(echo "$held" | grep -cx '')" -ge 1 ] && echo yes)" yes
+fi
+
+# ---- pooled executions that died are not handed out ----
+wait_ready 1 || fail "the pool refills"
+for f in "$D"/worker-1/pool/*/launcher; do
+	[ -f "$f" ] || continue
+	kill -9 "$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f")" 2>/dev/null
+done
+sleep 0.5
+Z=$("$SC" create 2>"$W/z.err")
+expect "a create after the pool's executions died still succeeds" "$("$SC" exec "$Z" -- hostname 2>&1)" "$Z"
+expect "the worker said the claim failed and started one" \
+	"$([ "$(grep -c 'event=pool-claim-failed' "$D/worker-1.log")" -ge 1 ] && echo yes)" yes
+
+expect "the pool stays within --pool-max per key (64)" "$(status '[.pool.keys[].ready] | max <= 64')" true
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]

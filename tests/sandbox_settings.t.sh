@@ -1,0 +1,95 @@
+#!/bin/sh
+# Create-time settings on a real cluster (issue 13; DESIGN §6 "Resources", "Templates", "Exec"):
+#  - --env reaches every command of the sandbox (a request's own --env wins), on a pooled and on a
+#    cold execution alike, and after a move;
+#  - --meta labels a sandbox; ls --meta K=V lists those that carry every pair asked for;
+#  - timeout ID SECONDS sets when it is reaped (0: never);
+#  - a template's USER, ENV and WORKDIR are every command's defaults; exec --user U runs as another
+#    user of the sandbox (a name of its /etc/passwd, a uid or uid:gid), an unknown user is refused;
+#  - --auto-resume: a sandbox paused for idleness is resumed by its next use; one without it stays
+#    paused and its next use is refused (409 not-running).
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+GUEST=$SPACED_BUILD/spaced-guest/spaced-guest
+MK=$SPACED_TOP/tests/mk_rootfs.py
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP" "$GUEST"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+if ! "$SC" dev up --workers 2 --dir "$D" --pool 2 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+
+# ---- environment ----
+E=$("$SC" create --worker worker-1 --env GREETING=hello --env 'SPACED="quoted value"')
+expect "--env reaches a command" "$("$SC" exec "$E" -- sh -c 'echo "$GREETING $SPACED"')" 'hello "quoted value"'
+expect "a request's own --env wins" "$("$SC" exec "$E" --env GREETING=bye -- sh -c 'echo $GREETING')" bye
+C=$("$SC" create --worker worker-1 --memory 80M --env GREETING=cold) # other limits: started for it
+expect "--env on an execution started for it" "$("$SC" exec "$C" -- sh -c 'echo $GREETING')" cold
+"$SC" move "$E" --to worker-2 >/dev/null 2>&1 || fail "move"
+expect "--env after a move" "$("$SC" exec "$E" -- sh -c 'echo $GREETING')" hello
+
+# ---- metadata ----
+R=$("$SC" create --meta team=red --meta run=7)
+B=$("$SC" create --meta team=blue)
+expect "inspect shows the metadata" "$("$SC" inspect "$R" --json | jq -c .metadata)" '{"run":"7","team":"red"}'
+expect "ls --meta team=red" "$("$SC" ls --meta team=red --json | jq -r '[.[].id] | join(" ")')" "$R"
+expect "ls --meta team=red --meta run=7" "$("$SC" ls --meta team=red --meta run=7 --json | jq length)" 1
+expect "ls --meta team=red --meta run=8" "$("$SC" ls --meta team=red --meta run=8 --json | jq length)" 0
+expect "ls --meta team=blue" "$("$SC" ls --meta team=blue --json | jq -r '[.[].id] | join(" ")')" "$B"
+"$SC" create --meta 'bad key=x' >/dev/null 2>"$W/e"
+expect "a metadata key outside [A-Za-z0-9._-] is refused (400)" "$(grep -c '400' "$W/e")" 1
+
+# ---- timeout ----
+"$SC" timeout "$B" 3600 || fail "timeout"
+expect "timeout: reaped an hour from now" "$("$SC" inspect "$B" --json | jq '.max_lifetime >= 3600 and .max_lifetime < 3700')" true
+"$SC" timeout "$B" 1 >/dev/null
+for i in $(seq 1 100); do "$SC" inspect "$B" >/dev/null 2>&1 || break; sleep 0.2; done
+expect "timeout 1: reaped" "$("$SC" inspect "$B" >/dev/null 2>&1 && echo alive || echo gone)" gone
+
+# ---- a template's USER, ENV, WORKDIR; exec --user ----
+python3 "$MK" tarball "$W/u.tar.gz" --gz --bin /bin/dash --bin /usr/bin/cat --bin /usr/bin/id --bin /usr/bin/mkdir \
+	--link usr/bin/sh=dash --libs-of "$GUEST" --file 'etc/passwd=root:x:0:0:root:/root:/bin/sh
+app:x:1000:1000::/home/app:/bin/sh
+' --file home/app/.keep= --own home/app=1000 --own home/app/.keep=1000 || fail "mk tarball"
+"$SC" template import users "$W/u.tar.gz" >/dev/null || fail "import"
+printf 'FROM users\nENV MODE=built\nWORKDIR /srv/app\nRUN echo "$MODE" > marker\nUSER app\nRUN id -u > /home/app/who\n' >"$W/Spacefile"
+"$SC" template build appuser -f "$W/Spacefile" >"$W/build.out" 2>&1 || { cat "$W/build.out"; fail "build"; }
+U=$("$SC" create --template appuser)
+expect "USER: commands run as the template's user" "$("$SC" exec "$U" -- id -u)" 1000
+expect "RUN after USER ran as it" "$("$SC" exec "$U" -- cat /home/app/who)" 1000
+expect "WORKDIR and ENV are the defaults" "$("$SC" exec "$U" -- sh -c 'echo $(pwd) $MODE $HOME; cat marker' | tr '\n' ' ')" \
+	"/srv/app built /home/app built "
+expect "exec --user root" "$("$SC" exec --user root "$U" -- id -u)" 0
+expect "exec --user 1000:1000" "$("$SC" exec --user 1000:1000 "$U" -- sh -c 'id -u; id -g' | tr '\n' ' ')" "1000 1000 "
+"$SC" exec --user nosuch "$U" -- id >/dev/null 2>"$W/e"
+rc=$?
+# the streamed exec names the refusal by its code (docs/node-api.md: 1011 error:SPACED_E…)
+expect "an unknown user is refused (127)" "$rc" 127
+expect "an unknown user is refused" "$(grep -c 'could not be run: SPACED_ENOENT' "$W/e")" 1
+expect "the user cannot write what root owns" "$("$SC" exec "$U" -- sh -c 'echo x > /etc/x 2>/dev/null && echo wrote || echo refused')" refused
+
+# ---- auto-resume ----
+A=$("$SC" create --idle-timeout 2 --auto-resume)
+N=$("$SC" create --idle-timeout 2)
+for i in $(seq 1 100); do
+	[ "$("$SC" inspect "$A" --json | jq -r .state)" = paused ] && [ "$("$SC" inspect "$N" --json | jq -r .state)" = paused ] && break
+	sleep 0.2
+done
+expect "idle: both paused" "$("$SC" inspect "$A" --json | jq -r .state) $("$SC" inspect "$N" --json | jq -r .state)" "paused paused"
+gen=$("$SC" inspect "$A" --json | jq -r .generation)
+expect "--auto-resume: the next use resumes it" "$(SPACED_ROUTE_CACHE="$W/r2" "$SC" exec "$A" -- echo back)" back
+expect "resumed: running, the same execution (thawed)" "$("$SC" inspect "$A" --json | jq -r '.state + " " + (.generation|tostring)')" "running $gen"
+SPACED_ROUTE_CACHE="$W/r3" "$SC" exec "$N" -- echo no >/dev/null 2>"$W/e"
+expect "without it: refused while paused (409 not-running)" "$(grep -c '409 not-running' "$W/e")" 1
+
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]

@@ -1,0 +1,140 @@
+#!/bin/sh
+# Templates on a real cluster (`spacectl dev up`, two workers of the process substrate, issue 13):
+#  - a root filesystem tarball and an OCI image archive, both built here (tests/mk_rootfs.py),
+#    are imported; a sandbox made from each sees exactly its template's files — not the host's
+#    /usr — with the OCI layers' whiteouts applied, and root inside owns them;
+#  - an archive that tries to write outside its tree is refused at import;
+#  - a Spacefile of two steps built on the imported template: its sandboxes see both steps;
+#    building it again takes every step from the cache;
+#  - a template tampered with in a worker's cache is refused there and fetched again: the next
+#    sandbox sees the template's files, not the tampering;
+#  - a move between the two workers (they share no directory: snapshots travel through the
+#    control plane's store over HTTP) carries the sandbox's files and its template.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+GUEST=$SPACED_BUILD/spaced-guest/spaced-guest
+MK=$SPACED_TOP/tests/mk_rootfs.py
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP" "$GUEST"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+
+# ---- the archives ----
+# a small merged-/usr root: a shell, a few tools, the libraries they and the guest need
+python3 "$MK" tarball "$W/root.tar.gz" --gz --bin /bin/dash --bin /usr/bin/cat --bin /usr/bin/ls \
+	--bin /usr/bin/stat --bin /usr/bin/chmod --link usr/bin/sh=dash --libs-of "$GUEST" \
+	--file etc/marker=from-tarball --file etc/gone=lower --file opt/app/old=old \
+	--file home/app/notes=notes --own home/app/notes=1000 --own home/app=1000 || { echo "FAIL: mk tarball"; exit 1; }
+# an OCI image: that root as its first layer, a second that removes, replaces and adds
+python3 "$MK" layer "$W/l2.tar.gz" --whiteout etc/gone --opaque opt/app --file opt/app/new=new \
+	--file etc/marker=from-oci || { echo "FAIL: mk layer"; exit 1; }
+python3 "$MK" oci "$W/image.tar" "$W/root.tar.gz" "$W/l2.tar.gz" --env APP_MODE=oci --workdir /opt/app \
+	|| { echo "FAIL: mk oci"; exit 1; }
+# hostile: an entry that climbs out of the tree
+python3 - "$W/evil.tar" <<'PY'
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], "w") as t:
+    ti = tarfile.TarInfo("../../etc/spaced-escape"); ti.size = 3
+    t.addfile(ti, io.BytesIO(b"bad"))
+PY
+
+# ---- import ----
+"$SC" template import plain "$W/root.tar.gz" --json >"$W/plain.json" 2>"$W/e" || { cat "$W/e"; echo "FAIL: import tarball"; exit 1; }
+expect "tarball: imported, named by a 64-hex tree hash" "$(jq -r '.source + " " + (.hash | test("^[0-9a-f]{64}$") | tostring)' "$W/plain.json")" "tarball true"
+"$SC" template import image "$W/image.tar" --json >"$W/image.json" 2>"$W/e" || { cat "$W/e"; echo "FAIL: import OCI"; exit 1; }
+expect "OCI archive: imported, its configuration kept" "$(jq -r '.source + " " + .config.workdir + " " + (.config.env | join(","))' "$W/image.json")" \
+	"oci /opt/app APP_MODE=oci"
+"$SC" template import evil "$W/evil.tar" >/dev/null 2>"$W/e"
+expect "an archive with '..' is refused (422)" "$(grep -c "422 template-refused.*'\.\.'" "$W/e")" 1
+expect "nothing was written outside" "$(ls /etc/spaced-escape "$D"/cp/spaced-escape 2>/dev/null | wc -l)" 0
+expect "template ls: the two templates" "$("$SC" template ls --json | jq -r '[.[].name] | join(" ")')" "image plain"
+
+# ---- sandboxes see exactly their template ----
+P=$("$SC" create --template plain --worker worker-1) || { echo "FAIL: create from the tarball"; exit 1; }
+expect "inspect names the template" "$("$SC" inspect "$P" --json | jq -r .template)" plain
+expect "tarball sandbox: /usr/bin is the template's" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat chmod dash ls sh stat "
+expect "tarball sandbox: the template's file" "$("$SC" exec "$P" -- cat /etc/marker)" "from-tarball"
+"$SC" exec "$P" -- stat /usr/bin/python3 >/dev/null 2>&1
+expect "tarball sandbox: the host's /usr is not there" "$?" 1
+expect "root inside owns the template's files; uid 1000 its own" \
+	"$("$SC" exec "$P" -- stat -c '%u %n' /etc/marker /home/app/notes | tr '\n' ' ')" "0 /etc/marker 1000 /home/app/notes "
+"$SC" exec "$P" -- sh -c 'echo changed >/etc/marker' || fail "root inside writes a template file"
+Q=$("$SC" create --template plain --worker worker-1)
+expect "a change in one sandbox stays in it" "$("$SC" exec "$Q" -- cat /etc/marker)" "from-tarball"
+
+O=$("$SC" create --template image --worker worker-2) || { echo "FAIL: create from the OCI image"; exit 1; }
+expect "OCI sandbox: the upper layer replaced the file" "$("$SC" exec "$O" -- cat /etc/marker)" "from-oci"
+# (/etc/resolv.conf: the sandbox's resolver, written by the worker when it gives egress)
+expect "OCI sandbox: whiteout and opaque directory applied" \
+	"$("$SC" exec "$O" -- ls /etc /opt/app | grep -vx resolv.conf | tr '\n' ' ')" \
+	"$(printf '/etc:\nhostname\nhosts\nmarker\n\n/opt/app:\nnew\n' | tr '\n' ' ')"
+
+# ---- a Spacefile of two steps on the imported template ----
+mkdir -p "$W/ctx/conf"
+printf 'copied\n' >"$W/ctx/conf/app.conf"
+cat >"$W/Spacefile" <<'EOF'
+FROM plain
+ENV GREETING=hello
+RUN echo "$GREETING from step one" >/etc/step1
+COPY conf /etc/app
+EOF
+if "$SC" template build built -f "$W/Spacefile" --context "$W/ctx" --json >"$W/build.json" 2>"$W/build.err"; then
+	B=$("$SC" create --template built --worker worker-1)
+	expect "built sandbox: step one's file" "$("$SC" exec "$B" -- cat /etc/step1)" "hello from step one"
+	expect "built sandbox: the copied file" "$("$SC" exec "$B" -- cat /etc/app/app.conf)" "copied"
+	expect "built sandbox: the base template's file" "$("$SC" exec "$B" -- cat /etc/marker)" "from-tarball"
+	"$SC" template build built2 -f "$W/Spacefile" --context "$W/ctx" --json >"$W/build2.json" 2>"$W/build2.err"
+	expect "built again: every step from the cache, the same tree" \
+		"$(jq -r '.cached' "$W/build2.json") $(jq -r .hash "$W/build2.json")" "2 $(jq -r .hash "$W/build.json")"
+else
+	cat "$W/build.err"
+	fail "template build of a two-step Spacefile"
+fi
+
+# ---- a RUN step cannot leave the build sandbox ----
+printf 'FROM plain\nRUN mkdir -p /mnt/x && mount -t tmpfs none /mnt/x\n' >"$W/Evilfile"
+"$SC" template build evilbuild -f "$W/Evilfile" >"$W/evil.out" 2>&1
+expect "a RUN that mounts fails the build (the build sandbox is a sandbox)" "$?" 1
+expect "a failed build names no template" "$("$SC" template ls --json | jq -r '[.[].name] | index("evilbuild")')" null
+expect "its build sandbox is gone" "$("$SC" ls --json | jq '[.[] | select(.spec.template.name == "(build)")] | length')" 0
+printf 'FROM plain\nRUN cat /usr/bin/cat >/usr/bin/setid && chmod 4755 /usr/bin/setid\n' >"$W/Setid"
+"$SC" template build setid -f "$W/Setid" >"$W/setid.out" 2>&1 || fail "build with a setuid file"
+S=$("$SC" create --template setid)
+expect "a setuid bit made by RUN is cleared in the tree" "$("$SC" exec "$S" -- stat -c %a /usr/bin/setid)" 755
+
+# ---- tampered in a worker's cache: refused, fetched again ----
+H=$(jq -r .hash "$W/plain.json")
+C=$D/worker-1/templates/$H/root
+[ -f "$C/etc/marker" ] || fail "worker-1 caches the template at $C"
+printf 'tampered\n' >"$C/etc/marker"
+T=$("$SC" create --template plain --worker worker-1)
+expect "after tampering: the next sandbox sees the template, not the tampering" "$("$SC" exec "$T" -- cat /etc/marker)" "from-tarball"
+expect "the worker said it refused the tampered tree and fetched it again" \
+	"$(grep -c "event=template-tampered hash=$H" "$D/worker-1.log")" 1
+expect "the cache holds the template again" "$(cat "$C/etc/marker")" "from-tarball"
+
+# ---- a move between workers that share no directory ----
+printf 'moved data\n' | "$SC" fs write "$P" /workspace/data.txt
+"$SC" move "$P" --to worker-2 >/dev/null 2>"$W/e" || { cat "$W/e"; fail "move to worker-2"; }
+expect "moved: running on worker-2" "$("$SC" inspect "$P" --json | jq -r '.state + " " + .worker')" "running worker-2"
+expect "moved: the snapshot went through the store over HTTP" \
+	"$("$SC" inspect "$P" --json | jq -r '.snapshot | test("^http://.*/v1/blobs/snapshots/")')" true
+expect "moved: the sandbox's files and its change to the template" \
+	"$("$SC" exec "$P" -- cat /workspace/data.txt /etc/marker | tr '\n' ' ')" "moved data changed "
+expect "moved: still exactly its template" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat chmod dash ls sh stat "
+
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]

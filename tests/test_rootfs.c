@@ -1,0 +1,444 @@
+/*
+ * test_rootfs.c — templates as trees (libspaced/rootfs.h): tarballs and OCI
+ * image archives built here with libarchive, imported, written as canonical
+ * archives, extracted; the hash of the archive must be the hash of the
+ * directory it extracts to. Hostile archives: "..", entries under symlinks,
+ * hard links out of the tree, devices, setuid files, foreign owners, bombs,
+ * archives out of order.
+ */
+#include <archive.h>
+#include <archive_entry.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "rootfs.h"
+#include "treehash.h"
+
+struct ent {
+	const char *path;
+	char type; /* d f l h(hard link) c(char dev) p s */
+	unsigned mode;
+	int64_t uid, gid;
+	const char *data; /* file content, link target or hard link target */
+	int64_t size;     /* -1: strlen(data) */
+};
+
+static char dir[256];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof dir, "/tmp/test-rootfs-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(rootfs, .init = setup, .fini = teardown, .timeout = 60);
+
+/* Writes entries as a tar at path (gzip when gz). */
+static void mk_tar(const char *path, bool gz, const struct ent *es, size_t n)
+{
+	struct archive *a = archive_write_new();
+	archive_write_set_format_pax_restricted(a);
+	if (gz)
+		archive_write_add_filter_gzip(a);
+	cr_assert_eq(archive_write_open_filename(a, path), ARCHIVE_OK);
+	for (size_t i = 0; i < n; i++) {
+		const struct ent *x = &es[i];
+		struct archive_entry *e = archive_entry_new();
+		archive_entry_set_pathname(e, x->path);
+		archive_entry_set_perm(e, x->mode ? x->mode : 0644);
+		archive_entry_set_uid(e, x->uid);
+		archive_entry_set_gid(e, x->gid);
+		size_t len = 0;
+		switch (x->type) {
+		case 'd': archive_entry_set_filetype(e, AE_IFDIR); break;
+		case 'l':
+			archive_entry_set_filetype(e, AE_IFLNK);
+			archive_entry_set_symlink(e, x->data);
+			break;
+		case 'h':
+			archive_entry_set_filetype(e, AE_IFREG);
+			archive_entry_set_hardlink(e, x->data);
+			break;
+		case 'c':
+			archive_entry_set_filetype(e, AE_IFCHR);
+			archive_entry_set_rdev(e, makedev(1, 3));
+			break;
+		case 'p': archive_entry_set_filetype(e, AE_IFIFO); break;
+		default:
+			archive_entry_set_filetype(e, AE_IFREG);
+			len = x->data ? strlen(x->data) : 0;
+			archive_entry_set_size(e, x->size >= 0 ? x->size : (int64_t)len);
+		}
+		cr_assert_eq(archive_write_header(a, e), ARCHIVE_OK, "%s", archive_error_string(a));
+		if (len)
+			archive_write_data(a, x->data, len);
+		archive_entry_free(e);
+	}
+	archive_write_close(a);
+	archive_write_free(a);
+}
+
+#define E(...) {__VA_ARGS__, .size = -1}
+
+/* Imports src as kind, writes it, extracts it; returns the extracted
+ * directory (static) and checks that the hashes agree. */
+static const char *roundtrip(const char *src, int *err, char *why, size_t whysz, struct spaced_rootfs_info *info)
+{
+	static char out[400], ext[400];
+	struct spaced_rootfs *t = NULL;
+	const char *fmt;
+	json_t *cfg = NULL;
+	snprintf(out, sizeof out, "%s/canon.tar", dir);
+	snprintf(ext, sizeof ext, "%s/x", dir);
+	cr_assert_eq(spaced_rootfs_new(NULL, dir, &t, why, whysz), 0);
+	*err = spaced_rootfs_import(t, src, &cfg, &fmt, why, whysz);
+	json_decref(cfg);
+	if (*err == 0)
+		*err = spaced_rootfs_write(t, out, info, why, whysz);
+	spaced_rootfs_free(t);
+	if (*err < 0)
+		return NULL;
+	char cmd[900];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", ext);
+	cr_assert_eq(system(cmd), 0);
+	int r = spaced_rootfs_extract(out, ext, SPACED_ROOTFS_X_TEMPLATE, NULL, why, whysz);
+	cr_assert_eq(r, 0, "extract: %s", why);
+	char hex[SPACED_TREEHASH_HEX];
+	cr_assert_eq(spaced_treehash_dir(ext, hex, NULL), 0);
+	cr_assert_str_eq(hex, info->hash, "the archive's hash is the hash of the tree it extracts to");
+	return ext;
+}
+
+/* The output of the shell command "cd DIR && rest". */
+static void sh(const char *cd, const char *rest, char *out, size_t outsz)
+{
+	char cmd[1200];
+	snprintf(cmd, sizeof cmd, "cd '%s' && %s", cd, rest);
+	FILE *f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	size_t n = fread(out, 1, outsz - 1, f);
+	out[n] = 0;
+	pclose(f);
+}
+
+Test(rootfs, tarball_roundtrip_owners_modes_links)
+{
+	char src[300], why[512] = "", out[2048];
+	struct spaced_rootfs_info info;
+	int err;
+	snprintf(src, sizeof src, "%s/in.tar.gz", dir);
+	struct ent es[] = {
+		E(.path = "./", .type = 'd', .mode = 0755),
+		E(.path = "./etc/", .type = 'd', .mode = 0755),
+		E(.path = "./etc/hostname", .type = 'f', .data = "template\n"),
+		E(.path = "/usr/bin/tool", .type = 'f', .mode = 04755, .data = "#!/bin/sh\necho tool\n"),
+		E(.path = "home/app/notes", .type = 'f', .mode = 0600, .uid = 1000, .gid = 1000, .data = "mine"),
+		E(.path = "bin", .type = 'l', .data = "usr/bin"),
+		E(.path = "etc/abs", .type = 'l', .data = "/etc/hostname"),
+		E(.path = "usr/bin/tool2", .type = 'h', .mode = 04755, .data = "usr/bin/tool"),
+		E(.path = "dev/null", .type = 'c'),
+		E(.path = "run/fifo", .type = 'p', .mode = 0600),
+	};
+	mk_tar(src, true, es, sizeof es / sizeof es[0]);
+	const char *x = roundtrip(src, &err, why, sizeof why, &info);
+	cr_assert_eq(err, 0, "%s", why);
+	cr_assert_eq(info.dropped, 1, "the device node is dropped");
+	cr_assert_eq(info.cleared, 2, "setuid cleared on the file and its hard link copy");
+	sh(x, "find . | sort && stat -c '%n %a %u:%g' etc/hostname usr/bin/tool home/app/notes home/app && "
+	      "readlink bin etc/abs && cat usr/bin/tool2",
+	   out, sizeof out);
+	cr_assert(strstr(out, "./dev\n") != NULL, "%s", out); /* the directory stays, not the node */
+	cr_assert(strstr(out, "./dev/null") == NULL, "%s", out);
+	cr_assert(strstr(out, "etc/hostname 644 100000:100000") != NULL, "%s", out);
+	cr_assert(strstr(out, "usr/bin/tool 755 100000:100000") != NULL, "setuid cleared, canonical owner: %s", out);
+	cr_assert(strstr(out, "home/app/notes 600 101000:101000") != NULL, "uid 1000 inside: %s", out);
+	cr_assert(strstr(out, "usr/bin\n/etc/hostname\n#!/bin/sh") != NULL, "%s", out);
+}
+
+Test(rootfs, hostile_tarballs_are_refused)
+{
+	static const struct {
+		struct ent e[3];
+		size_t n;
+		const char *what;
+	} cases[] = {
+		{{E(.path = "../escape", .type = 'f', .data = "x")}, 1, "'..'"},
+		{{E(.path = "a/../../escape", .type = 'f', .data = "x")}, 1, "'..'"},
+		{{E(.path = "etc", .type = 'l', .data = "/etc"), E(.path = "etc/passwd", .type = 'f', .data = "x")}, 2,
+		 "symlink"},
+		{{E(.path = "lnk", .type = 'l', .data = "/"), E(.path = "lnk/x", .type = 'd')}, 2, "symlink"},
+		{{E(.path = "f", .type = 'f', .data = "x"), E(.path = "f/x", .type = 'f', .data = "y")}, 2, "not a directory"},
+		{{E(.path = "x", .type = 'h', .data = "/etc/shadow")}, 1, "no file of the tree"},
+		{{E(.path = "x", .type = 'h', .data = "../outside")}, 1, "'..'"},
+		{{E(.path = "big", .type = 'f', .uid = 70000, .data = "x")}, 1, "above 65535"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char src[300], why[512] = "";
+		struct spaced_rootfs_info info;
+		int err;
+		snprintf(src, sizeof src, "%s/bad%zu.tar", dir, i);
+		mk_tar(src, false, cases[i].e, cases[i].n);
+		cr_assert_null(roundtrip(src, &err, why, sizeof why, &info), "case %zu accepted", i);
+		cr_assert_lt(err, 0);
+		cr_assert(strstr(why, cases[i].what) != NULL, "case %zu: %s", i, why);
+	}
+}
+
+Test(rootfs, bombs_stop_at_the_bound)
+{
+	char src[300], why[512] = "", cmd[600];
+	struct spaced_rootfs *t;
+	struct spaced_rootfs_limits lim = {.max_bytes = 1 << 20, .max_entries = 100};
+	const char *fmt;
+	snprintf(src, sizeof src, "%s/bomb.tar.gz", dir);
+	/* 64 MiB of zeros compress to about 64 KiB */
+	snprintf(cmd, sizeof cmd, "cd '%s' && head -c 67108864 /dev/zero >zeros && tar czf bomb.tar.gz zeros && rm zeros", dir);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(spaced_rootfs_new(&lim, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_import(t, src, NULL, &fmt, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+	spaced_rootfs_free(t);
+	/* too many entries */
+	snprintf(cmd, sizeof cmd, "cd '%s' && mkdir many && for i in $(seq 200); do : >many/$i; done && tar cf many.tar many", dir);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(src, sizeof src, "%s/many.tar", dir);
+	cr_assert_eq(spaced_rootfs_new(&lim, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_import(t, src, NULL, &fmt, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+	spaced_rootfs_free(t);
+}
+
+/* An OCI layout, written file by file: blobs named by their sha256. */
+static void blob(const char *root, const void *p, size_t n, char digest[72])
+{
+	uint8_t h[32];
+	char hex[65], path[600];
+	crypto_hash_sha256(h, p, n);
+	sodium_bin2hex(hex, sizeof hex, h, sizeof h);
+	snprintf(digest, 72, "sha256:%s", hex);
+	snprintf(path, sizeof path, "%s/blobs/sha256/%s", root, hex);
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fwrite(p, 1, n, f);
+	fclose(f);
+}
+
+static char *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	static char buf[1 << 16];
+	*n = fread(buf, 1, sizeof buf, f);
+	fclose(f);
+	return buf;
+}
+
+Test(rootfs, oci_layers_whiteouts_config)
+{
+	char root[300], cmd[900], why[512] = "", d1[72], d2[72], dc[72], dm[72], l1[300], l2[300], out[2048];
+	size_t n;
+	cr_assert_eq(sodium_init() >= 0, 1);
+	snprintf(root, sizeof root, "%s/layout", dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s/blobs/sha256'", root);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(l1, sizeof l1, "%s/l1.tar.gz", dir);
+	snprintf(l2, sizeof l2, "%s/l2.tar.gz", dir);
+	struct ent a[] = {
+		E(.path = "etc/", .type = 'd'),
+		E(.path = "etc/keep", .type = 'f', .data = "keep"),
+		E(.path = "etc/gone", .type = 'f', .data = "gone"),
+		E(.path = "opt/old/", .type = 'd'),
+		E(.path = "opt/old/a", .type = 'f', .data = "a"),
+		E(.path = "opt/old/b", .type = 'f', .data = "b"),
+	};
+	struct ent b[] = {
+		E(.path = "etc/.wh.gone", .type = 'f', .data = ""),
+		E(.path = "opt/old/new", .type = 'f', .data = "new"),
+		E(.path = "opt/old/.wh..wh..opq", .type = 'f', .data = ""),
+		E(.path = "etc/added", .type = 'f', .data = "added"),
+	};
+	mk_tar(l1, true, a, sizeof a / sizeof a[0]);
+	mk_tar(l2, true, b, sizeof b / sizeof b[0]);
+	char *p = slurp(l1, &n);
+	blob(root, p, n, d1);
+	size_t s1 = n;
+	p = slurp(l2, &n);
+	blob(root, p, n, d2);
+	size_t s2 = n;
+	const char *config = "{\"architecture\":\"amd64\",\"os\":\"linux\",\"config\":{\"Env\":[\"PATH=/usr/bin:/bin\","
+	                     "\"APP=1\"],\"WorkingDir\":\"/srv\",\"User\":\"app\"},\"rootfs\":{\"type\":\"layers\"}}";
+	blob(root, config, strlen(config), dc);
+	char manifest[1200];
+	snprintf(manifest, sizeof manifest,
+	         "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\","
+	         "\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"%s\",\"size\":%zu},"
+	         "\"layers\":[{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar+gzip\",\"digest\":\"%s\",\"size\":%zu},"
+	         "{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar+gzip\",\"digest\":\"%s\",\"size\":%zu}]}",
+	         dc, strlen(config), d1, s1, d2, s2);
+	blob(root, manifest, strlen(manifest), dm);
+	snprintf(cmd, sizeof cmd,
+	         "cd '%s' && echo '{\"imageLayoutVersion\":\"1.0.0\"}' >oci-layout && "
+	         "printf '{\"schemaVersion\":2,\"manifests\":[{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\","
+	         "\"digest\":\"%s\",\"size\":%zu,\"platform\":{\"os\":\"linux\",\"architecture\":\"amd64\"}}]}' >index.json && "
+	         "tar cf ../image.tar oci-layout index.json blobs",
+	         root, dm, strlen(manifest));
+	cr_assert_eq(system(cmd), 0);
+	char src[300];
+	snprintf(src, sizeof src, "%s/image.tar", dir);
+	cr_assert(spaced_rootfs_is_oci(src));
+	struct spaced_rootfs *t;
+	json_t *cfg = NULL;
+	const char *fmt;
+	cr_assert_eq(spaced_rootfs_new(NULL, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_import(t, src, &cfg, &fmt, why, sizeof why), 0, "%s", why);
+	cr_assert_str_eq(fmt, "oci");
+	char *cj = json_dumps(cfg, JSON_COMPACT | JSON_SORT_KEYS);
+	cr_assert_str_eq(cj, "{\"env\":[\"PATH=/usr/bin:/bin\",\"APP=1\"],\"user\":\"app\",\"workdir\":\"/srv\"}");
+	free(cj);
+	json_decref(cfg);
+	struct spaced_rootfs_info info;
+	char canon[300], ext[300];
+	snprintf(canon, sizeof canon, "%s/canon.tar", dir);
+	snprintf(ext, sizeof ext, "%s/x", dir);
+	cr_assert_eq(spaced_rootfs_write(t, canon, &info, why, sizeof why), 0, "%s", why);
+	spaced_rootfs_free(t);
+	cr_assert_eq(spaced_rootfs_extract(canon, ext, SPACED_ROOTFS_X_TEMPLATE, NULL, why, sizeof why), 0, "%s", why);
+	sh(ext, "find . -mindepth 1 | sort | tr '\\n' ' '", out, sizeof out);
+	cr_assert_str_eq(out, "./etc ./etc/added ./etc/keep ./opt ./opt/old ./opt/old/new ");
+
+	/* a blob that does not match its digest is refused */
+	snprintf(cmd, sizeof cmd, "cd '%s' && f=blobs/sha256/%s && printf X >>$f && tar cf ../bad.tar oci-layout index.json blobs",
+	         root, d1 + 7);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(src, sizeof src, "%s/bad.tar", dir);
+	cr_assert_eq(spaced_rootfs_new(NULL, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_import(t, src, NULL, &fmt, why, sizeof why), SPACED_EFORMAT);
+	cr_assert(strstr(why, "descriptor says") != NULL || strstr(why, "digest") != NULL, "%s", why);
+	spaced_rootfs_free(t);
+}
+
+Test(rootfs, extract_refuses_what_it_did_not_write)
+{
+	static const struct {
+		struct ent e[3];
+		size_t n;
+	} cases[] = {
+		{{E(.path = "./", .type = 'd', .uid = 100000, .gid = 100000),
+		  E(.path = "b", .type = 'f', .uid = 100000, .gid = 100000, .data = "x"),
+		  E(.path = "a", .type = 'f', .uid = 100000, .gid = 100000, .data = "x")}, 3},               /* order */
+		{{E(.path = "./", .type = 'd', .uid = 100000, .gid = 100000),
+		  E(.path = "a/b", .type = 'f', .uid = 100000, .gid = 100000, .data = "x")}, 2},             /* no parent */
+		{{E(.path = "./", .type = 'd', .uid = 100000, .gid = 100000),
+		  E(.path = "../x", .type = 'f', .uid = 100000, .gid = 100000, .data = "x")}, 2},            /* .. */
+		{{E(.path = "./", .type = 'd', .uid = 100000, .gid = 100000),
+		  E(.path = "n", .type = 'c', .uid = 100000, .gid = 100000)}, 2},                            /* device */
+		{{E(.path = "./", .type = 'd', .uid = 100000, .gid = 100000),
+		  E(.path = "r", .type = 'f', .uid = 0, .gid = 0, .data = "x")}, 2},                         /* host root */
+		{{E(.path = "./", .type = 'd', .uid = 100000, .gid = 100000),
+		  E(.path = "l", .type = 'l', .uid = 100000, .gid = 100000, .data = "/"),
+		  E(.path = "l/x", .type = 'f', .uid = 100000, .gid = 100000, .data = "x")}, 3},             /* via symlink */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char src[300], ext[300], why[512] = "";
+		snprintf(src, sizeof src, "%s/x%zu.tar", dir, i);
+		snprintf(ext, sizeof ext, "%s/ex%zu", dir, i);
+		mk_tar(src, false, cases[i].e, cases[i].n);
+		int r = spaced_rootfs_extract(src, ext, SPACED_ROOTFS_X_TEMPLATE, NULL, why, sizeof why);
+		cr_assert_lt(r, 0, "case %zu extracted", i);
+		cr_assert_eq(access(ext, F_OK), -1, "case %zu: the directory is removed", i);
+	}
+	struct stat sb;
+	cr_assert_eq(lstat("/x", &sb), -1, "nothing written outside");
+}
+
+Test(rootfs, snapshot_pack_extract_keeps_hash_holes_whiteouts)
+{
+	char snap[300], tarp[300], ext[300], cmd[4000], why[512] = "", h1[SPACED_TREEHASH_HEX], h2[SPACED_TREEHASH_HEX];
+	snprintf(snap, sizeof snap, "%s/snap", dir);
+	snprintf(tarp, sizeof tarp, "%s/snap.tar", dir);
+	snprintf(ext, sizeof ext, "%s/stage", dir);
+	snprintf(cmd, sizeof cmd,
+	         "mkdir -p %s/upper/root/workspace %s/upper/root/etc/opq && echo identity=x >%s/meta && "
+	         "echo hi >%s/upper/root/workspace/f && truncate -s 3G %s/upper/root/workspace/sparse && "
+	         "printf data | dd of=%s/upper/root/workspace/sparse bs=1 seek=1073741824 conv=notrunc 2>/dev/null && "
+	         "mknod %s/upper/root/etc/gone c 0 0 && python3 -c \"import os,sys; os.setxattr(sys.argv[1], 'trusted.overlay.opaque', b'y')\" %s/upper/root/etc/opq && "
+	         "ln -s /etc/x %s/upper/root/abs && chown -R 100000:100000 %s/upper/root/workspace",
+	         snap, snap, snap, snap, snap, snap, snap, snap, snap, snap);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(spaced_treehash_dir(snap, h1, NULL), 0);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	struct stat sb;
+	cr_assert_eq(stat(tarp, &sb), 0);
+	cr_assert_lt(sb.st_size, 1 << 20, "a 3 GiB sparse file packs small: %lld", (long long)sb.st_size);
+	cr_assert_eq(spaced_rootfs_extract(tarp, ext, SPACED_ROOTFS_X_SNAPSHOT, NULL, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_treehash_dir(ext, h2, NULL), 0);
+	cr_assert_str_eq(h1, h2, "the extracted snapshot hashes as the original");
+	char out[512];
+	snprintf(cmd, sizeof cmd, "%s/upper/root/workspace/sparse", ext);
+	cr_assert_eq(stat(cmd, &sb), 0);
+	cr_assert_lt(sb.st_blocks * 512, 1 << 20, "holes stay holes");
+	sh(ext, "python3 -c \"import os; print(os.getxattr('upper/root/etc/opq', 'trusted.overlay.opaque').decode(), end='')\"",
+	   out, sizeof out);
+	cr_assert_str_eq(out, "y");
+	/* a template archive is never extracted as a snapshot with devices allowed */
+	char ext2[300];
+	snprintf(ext2, sizeof ext2, "%s/stage2", dir);
+	cr_assert_lt(spaced_rootfs_extract(tarp, ext2, SPACED_ROOTFS_X_TEMPLATE, NULL, why, sizeof why), 0);
+}
+
+Test(rootfs, upper_layer_merges_onto_template)
+{
+	char why[512] = "", base[300], snap[300], snaptar[300], canon[300], out2[300], ext[300], cmd[4000], out[2048];
+	struct spaced_rootfs *t;
+	struct spaced_rootfs_info info;
+	const char *fmt;
+	snprintf(base, sizeof base, "%s/base.tar", dir);
+	struct ent es[] = {
+		E(.path = "etc/", .type = 'd'),
+		E(.path = "etc/a", .type = 'f', .data = "a"),
+		E(.path = "etc/b", .type = 'f', .data = "b"),
+		E(.path = "var/lib/", .type = 'd'),
+		E(.path = "var/lib/x", .type = 'f', .data = "x"),
+	};
+	mk_tar(base, false, es, sizeof es / sizeof es[0]);
+	snprintf(canon, sizeof canon, "%s/canon.tar", dir);
+	cr_assert_eq(spaced_rootfs_new(NULL, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_import(t, base, NULL, &fmt, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_write(t, canon, &info, why, sizeof why), 0, "%s", why);
+	spaced_rootfs_free(t);
+	/* what a RUN step left in the upper directory: etc/b removed, var/lib
+	 * made opaque with a new file, a new file, the launcher's own dirs */
+	snprintf(snap, sizeof snap, "%s/snap", dir);
+	snprintf(cmd, sizeof cmd,
+	         "mkdir -p %s/upper/root/etc %s/upper/root/var/lib %s/upper/root/dev %s/upper/root/.spaced && "
+	         "echo id >%s/meta && mknod %s/upper/root/etc/b c 0 0 && echo new >%s/upper/root/etc/c && "
+	         "echo h >%s/upper/root/etc/hostname && python3 -c \"import os,sys; os.setxattr(sys.argv[1], 'trusted.overlay.opaque', b'y')\" %s/upper/root/var/lib && "
+	         "echo y >%s/upper/root/var/lib/y && chown -R 100000:100000 %s/upper/root/etc %s/upper/root/var",
+	         snap, snap, snap, snap, snap, snap, snap, snap, snap, snap, snap, snap);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(snaptar, sizeof snaptar, "%s/snap.tar", dir);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, snaptar, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_new(NULL, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_add_archive(t, canon, SPACED_ROOTFS_TEMPLATE, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_add_archive(t, snaptar, SPACED_ROOTFS_UPPER, why, sizeof why), 0, "%s", why);
+	snprintf(out2, sizeof out2, "%s/merged.tar", dir);
+	cr_assert_eq(spaced_rootfs_write(t, out2, &info, why, sizeof why), 0, "%s", why);
+	spaced_rootfs_free(t);
+	snprintf(ext, sizeof ext, "%s/x", dir);
+	cr_assert_eq(spaced_rootfs_extract(out2, ext, SPACED_ROOTFS_X_TEMPLATE, NULL, why, sizeof why), 0, "%s", why);
+	sh(ext, "find . -mindepth 1 | sort | tr '\\n' ' '", out, sizeof out);
+	cr_assert_str_eq(out, "./etc ./etc/a ./etc/c ./var ./var/lib ./var/lib/y ");
+}
