@@ -1131,6 +1131,12 @@ static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
 	}
 	/* a create that names no substrate gets the control plane's default */
 	const char *substrate = c->has_substrate || !cp->default_substrate[0] ? c->substrate : cp->default_substrate;
+	if (strcmp(substrate, "qemu") == 0 && j->tmpl_hash[0]) {
+		/* a VM's root is its worker's VM image (docs/substrate.md) */
+		j->status = 422;
+		j->body = cp_error("substrate-unsupported", "the qemu substrate does not take templates yet");
+		goto undo;
+	}
 	if ((j->status = place(st, substrate, &c->res, c->worker, NULL, &p, &j->body)) != 0 ||
 	    /* the tenant's quotas, in the transaction that places the sandbox */
 	    (j->status = quota_check(cp, st, j->tenant, &p.res, &j->body)) != 0)

@@ -19,6 +19,9 @@
  *   TRIM              -> "OK" once the guest dropped its clean caches (before a
  *                        template is saved: nothing of them is kept for every
  *                        VM made from it)
+ *   CONFIG <json>     -> "OK" | "ERR <reason>": the sandbox's settings for what
+ *                        it runs (env, workdir, user), as the launcher's
+ *                        CONFIG in the process substrate (proc_config)
  *   SYNC              -> "SYNCED" once sync(2) returned: the guest's dirty
  *                        pages are on its disk (before a pause or snapshot;
  *                        no process is started for it, so it works at the
@@ -51,7 +54,7 @@
 #include "error.h"
 #include "guest.h"
 
-#define VCTL_LINE_MAX 1024
+#define VCTL_LINE_MAX 16384 /* a CONFIG of up to 12 KiB (spaced-node's MGR_CONFIG_MAX) */
 #define VCTL_MAX 4
 
 struct vctl {
@@ -267,6 +270,10 @@ static bool vctl_line(int fd, char *line, size_t n)
 			close(f);
 		}
 		reply(fd, ok ? "OK" : "ERR cannot drop the caches");
+		return true;
+	}
+	if (n > 7 && memcmp(line, "CONFIG ", 7) == 0) {
+		reply(fd, proc_config(line + 7, n - 7) == 0 ? "OK" : "ERR malformed CONFIG");
 		return true;
 	}
 	if (n == 4 && memcmp(line, "SYNC", 4) == 0) {

@@ -153,6 +153,8 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 		return SPACED_EINVAL;
 	if (rec->uid_base < cfg->uid_first)
 		return SPACED_EINVAL; /* every execution has a uid range of its own */
+	if (rec->tmpl[0])
+		return SPACED_EINVAL; /* the control plane refuses it first (docs/substrate.md) */
 	const char *sub[] = {"exec", "run", "log"};
 	for (size_t i = 0; i < 3; i++) {
 		snprintf(dir, sizeof dir, "%s/%s", cfg->state_dir, sub[i]);
@@ -209,6 +211,23 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 	if (snapshot) {
 		argv[n++] = "--restore";
 		argv[n++] = snapshot;
+	}
+	/* the sandbox's settings (env, workdir, user), in a file of the
+	 * execution's directory: not on a command line every user can read */
+	char cfgp[4200];
+	if (rec->config[0]) {
+		snprintf(cfgp, sizeof cfgp, "%s/config", e_dir);
+		int fd = -1;
+		if ((mkdir(e_dir, 0711) < 0 && errno != EEXIST) ||
+		    (fd = open(cfgp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600)) < 0 ||
+		    write(fd, rec->config, strlen(rec->config)) != (ssize_t)strlen(rec->config)) {
+			if (fd >= 0)
+				close(fd);
+			return SPACED_ESYS;
+		}
+		close(fd);
+		argv[n++] = "--config-file";
+		argv[n++] = cfgp;
 	}
 	/* its egress link's addresses (net.h; the slot is the uid range's) */
 	if (net_vm_addresses(cfg, rec, ga, gw) == 0) {

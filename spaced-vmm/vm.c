@@ -761,6 +761,51 @@ static void template_ensure(const char *self)
 
 /* ---- the command line ---- */
 
+/* The sandbox's settings for its guest: one JSON object on one line (it
+ * goes to the guest's control port as a line), at most VM_CONFIG_MAX bytes. */
+#define VM_CONFIG_MAX 12288
+static int read_config(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return SPACED_ESYS;
+	char *buf = malloc(VM_CONFIG_MAX + 1);
+	size_t n = 0;
+	ssize_t r = 1;
+	while (buf && n < VM_CONFIG_MAX + 1 && (r = read(fd, buf + n, VM_CONFIG_MAX + 1 - n)) > 0)
+		n += (size_t)r;
+	close(fd);
+	if (!buf || r < 0 || n == 0 || n > VM_CONFIG_MAX || memchr(buf, '\n', n) || memchr(buf, '\0', n)) {
+		free(buf);
+		return SPACED_EINVAL;
+	}
+	buf[n] = '\0';
+	free(V.config);
+	V.config = buf;
+	return 0;
+}
+
+/* Hands the sandbox's settings to the guest (before any request reaches it). */
+static int send_config(char *why, size_t whysz)
+{
+	char answer[256];
+	if (V.config == NULL)
+		return 0;
+	size_t n = strlen(V.config) + 8;
+	char *line = malloc(n);
+	if (line == NULL)
+		return SPACED_ENOMEM;
+	snprintf(line, n, "CONFIG %s", V.config);
+	int e = vm_guest_control(line, answer, sizeof answer, 5000);
+	free(line);
+	if (e == 0 && strcmp(answer, "OK") != 0)
+		e = SPACED_EPROTO;
+	if (e < 0)
+		spaced_why(why, whysz, "the guest did not take the sandbox's settings: %.200s",
+		           e == SPACED_EPROTO ? answer : spaced_strerror(e));
+	return e;
+}
+
 static void usage(void)
 {
 	fprintf(stderr,
@@ -769,7 +814,7 @@ static void usage(void)
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
 	        "                 [--machine pc|microvm] [--no-template] [--boot-timeout-ms MS] [--uid-lock DIR]\n"
 	        "                 [--run-dir DIR] [--ram-dir DIR] [--net ADDRESS/PREFIX,GATEWAY] [--kernel-args ARGS]\n"
-	        "                 [--keep-state]\n"
+	        "                 [--keep-state] [--config-file FILE]\n"
 	        "       spaced-vm template --state DIR --images DIR --out DIR [same options, no identity]\n"
 	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
 	exit(2);
@@ -916,6 +961,8 @@ static int run(int argc, char **argv, bool template_mode)
 			V.run_dir = val;
 		else if (strcmp(a, "--ram-dir") == 0)
 			V.ram_dir = val;
+		else if (strcmp(a, "--config-file") == 0 && !template_mode)
+			ok = read_config(val) == 0;
 		else if (strcmp(a, "--net") == 0) {
 			/* ADDRESS/PREFIX,GATEWAY */
 			const char *comma = strchr(val, ',');
@@ -1091,6 +1138,8 @@ static int run(int argc, char **argv, bool template_mode)
 		close(diag_w);
 	if (e == 0)
 		e = wait_ready(why, sizeof why);
+	if (e == 0 && !template_mode)
+		e = send_config(why, sizeof why);
 	if (e == 0 && template_mode) {
 		/* the guest is up and has no identity yet: save it as it is, its
 		 * clean caches dropped */

@@ -80,6 +80,7 @@ struct vm {
 	char template_dir[PATH_MAX]; /* the template this VM was made from, "" when none */
 	struct spaced_identity id;
 	char idtext[SPACED_IDENTITY_TEXT_MAX];
+	char *config; /* the sandbox's settings for its guest (JSON, --config-file), NULL when none */
 	uint32_t cid, port, cpu_milli;
 	uint64_t memory, pids, disk;
 	uid_t uid;

@@ -75,12 +75,28 @@ S=$("$SC" create --worker worker-1 --memory 192M --pids 64 --disk 256M 2>"$W/cre
 [ -n "$S" ] || { cat "$W/create.err"; tail -n 20 "$D"/worker-1/log/*.log "$D"/worker-1/exec/*/console.log 2>/dev/null; echo "FAIL: create"; exit 1; }
 ok "create (the first of its shape on this worker: a template booted and saved, then the VM made from it): $(( $(now_ms) - t0 )) ms"
 t0=$(now_ms)
-S2=$("$SC" create --worker worker-1 --memory 192M --pids 64 --disk 256M 2>"$W/create2.err")
+S2=$("$SC" create --worker worker-1 --memory 192M --pids 64 --disk 256M --env GREETING='hi there' 2>"$W/create2.err")
 [ -n "$S2" ] && ok "a second create of that shape, from the template: $(( $(now_ms) - t0 )) ms" ||
 	fail "second create: $(cat "$W/create2.err")"
 expect "it is its own sandbox (identity learned on the control port)" \
 	"$("$SC" -v exec "$S2" -- true 2>&1 | grep -c "identity sandbox=$S2;generation=1;worker=worker-1;substrate=qemu")" 1
+expect "the sandbox's settings reach the guest (CONFIG on the control port): its env" \
+	"$("$SC" exec "$S2" -- sh -c 'echo "$GREETING"' 2>&1)" "hi there"
 [ -n "$S2" ] && "$SC" rm "$S2" >/dev/null
+# templates (docs/templates.md) are root trees for the process substrate: a
+# qemu create naming one is refused, not quietly given the VM image's root
+python3 - "$W/tiny.tar" <<'PY'
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], "w") as t:
+    ti = tarfile.TarInfo("etc/marker"); ti.size = 2
+    t.addfile(ti, io.BytesIO(b"hi"))
+PY
+if "$SC" template import tiny "$W/tiny.tar" >/dev/null 2>"$W/ti.err"; then
+	expect "a qemu create naming a template is refused (substrate-unsupported)" \
+		"$("$SC" create --worker worker-1 --template tiny 2>&1 | grep -c 'does not take templates')" 1
+else
+	fail "template import: $(cat "$W/ti.err")"
+fi
 "$SC" inspect "$S" --json >"$W/inspect.json"
 expect "the route names substrate qemu (the control plane's default here)" "$(jq -r .route.substrate "$W/inspect.json")" qemu
 expect "resources as asked" "$(jq -c '.resources | [.memory_bytes, .pids, .disk_bytes]' "$W/inspect.json")" \
