@@ -17,7 +17,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean sdk sdk-test conformance
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile bench-netgtw bench-exec bench-create
+.PHONY: bench-hostile bench-netgtw bench-exec bench-create check-vm bench-vm
 .PHONY: chaos chaos-quick
 
 all: build
@@ -63,6 +63,12 @@ check-pg: setup $(SANBUILD)/build.ninja
 	@$(NINJA) -C $(SANBUILD) >/dev/null
 	@SPACED_BUILD=$$(cd $(SANBUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/cp_pg.t.sh; rc=$$?; \
 		if [ $$rc -eq 77 ]; then echo "check-pg: SKIPPED (PostgreSQL could not start here)"; exit 0; fi; exit $$rc
+
+# the qemu substrate (issue 15): every VM test in its full form on the ASan/UBSan build
+# (make check runs the same tests in their short form); skipped with the reason when no VM can boot
+check-vm: setup $(SANBUILD)/build.ninja
+	@$(NINJA) -C $(SANBUILD) >/dev/null
+	@SPACED_VM_FULL=1 sh scripts/run-tests.sh $(SANBUILD) "" 'test-vmm' 'vm_*'
 
 demo: build
 	@sh scripts/demo.sh $(BUILD)
@@ -118,6 +124,11 @@ chaos-quick: build
 # --memory, the bytes written at --disk, on a dev cluster (needs root); WINDOW=S per CPU run
 bench-limits: build
 	@sh bench/limits_bench.sh $(BUILD) $(WINDOW)
+
+# the qemu substrate against the process substrate in the same run: cold boot, create from a
+# snapshot, pause, resume, snapshot save, idle host memory (needs root); ROUNDS=N (5)
+bench-vm: build
+	@sh bench/vm_bench.sh $(BUILD) $(or $(ROUNDS),5)
 
 # ServicePorts and egress (issue 14): spaced-netgtw vs nginx (HTTP req/s, p99) and socat (bulk TCP),
 # the sandbox's egress vs the host's, same upstream, same load generator (needs root);

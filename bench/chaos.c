@@ -13,7 +13,10 @@
  * run stops at this bound even short of OPS), CHAOS_OP_TIMEOUT (10 s per
  * request), CHAOS_MIX (write,read,exec weights: 1,1,1), CHAOS_PERIOD_MS (10:
  * the chaos thread's pause between two lifecycle requests), CHAOS_KEEPALIVE
- * (1: client threads keep worker connections alive; 0: one per request).
+ * (1: client threads keep worker connections alive; 0: one per request),
+ * CHAOS_QEMU (0: the first N sandboxes are qemu substrate microVMs, 192 MiB
+ * each, the others process executions; a cluster started here then offers
+ * both, `dev up --substrate qemu`).
  * SIGINT / SIGTERM end the run early: figures are printed and the cluster is
  * torn down.
  *
@@ -79,7 +82,7 @@ struct sbx {
 };
 
 static struct sbx sbxs[MAX_SBX];
-static int nsbx = 20, nworkers = 3, op_timeout = 10;
+static int nsbx = 20, nworkers = 3, op_timeout = 10, nqemu = 0;
 static int mix[3] = {1, 1, 1}; /* relative weights of write, read, exec */
 static char cp_url[512], api_key[512], cache_dir[4096];
 static long target_ops = 20000, max_seconds = 3600, chaos_period_ms = 10;
@@ -702,13 +705,16 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench-chaos: CHAOS_MIX is WRITE,READ,EXEC weights, e.g. 1,1,1\n");
 		return 2;
 	}
+	if ((e = getenv("CHAOS_QEMU")))
+		nqemu = atoi(e);
 	if ((e = getenv("CHAOS_KEEPALIVE")))
 		keepalive = atoi(e) != 0;
 	if ((e = getenv("CHAOS_PERIOD_MS")))
 		chaos_period_ms = atol(e);
 	if ((e = getenv("CHAOS_OP_TIMEOUT")))
 		op_timeout = atoi(e);
-	if (nsbx < 1 || nsbx > MAX_SBX || nthreads < 1 || nthreads > 64 || target_ops < 1 || max_seconds < 1) {
+	if (nsbx < 1 || nsbx > MAX_SBX || nthreads < 1 || nthreads > 64 || target_ops < 1 || max_seconds < 1 ||
+	    nqemu < 0 || nqemu > nsbx) {
 		fprintf(stderr, "bench-chaos: bad parameters\n");
 		return 2;
 	}
@@ -723,8 +729,8 @@ int main(int argc, char **argv)
 	} else {
 		own = 1;
 		snprintf(dir, sizeof dir, "%s/cluster", tmpl);
-		snprintf(cmd, sizeof cmd, "'%s' dev up --workers %d --dir '%s' >/dev/null", SPACECTL_BIN, nworkers,
-		         dir);
+		snprintf(cmd, sizeof cmd, "'%s' dev up --workers %d --dir '%s'%s >/dev/null", SPACECTL_BIN, nworkers,
+		         dir, nqemu > 0 ? " --substrate qemu" : "");
 		double t0 = now_s();
 		if (system(cmd) != 0) {
 			fprintf(stderr, "bench-chaos: spacectl dev up failed; the cluster's logs:\n");
@@ -752,13 +758,19 @@ int main(int argc, char **argv)
 	}
 	for (int i = 0; i < nsbx; i++) {
 		struct sbx *s = &sbxs[i];
-		char body[128];
+		char body[160];
 		int st = 0;
 		json_t *a = NULL;
 		pthread_mutex_init(&s->op_lock, NULL);
 		pthread_mutex_init(&s->chaos_lock, NULL);
 		pthread_mutex_init(&s->id_lock, NULL);
-		snprintf(body, sizeof body, "{\"worker\":\"worker-%d\"}", i % nworkers + 1);
+		if (i < nqemu)
+			snprintf(body, sizeof body, "{\"worker\":\"worker-%d\",\"substrate\":\"qemu\",\"memory_bytes\":201326592}",
+			         i % nworkers + 1);
+		else if (nqemu > 0)
+			snprintf(body, sizeof body, "{\"worker\":\"worker-%d\",\"substrate\":\"process\"}", i % nworkers + 1);
+		else
+			snprintf(body, sizeof body, "{\"worker\":\"worker-%d\"}", i % nworkers + 1);
 		if (cp_call("POST", "/v1/sandboxes", body, &st, &a) < 0 || st != 201 ||
 		    !json_is_string(json_object_get(a, "id"))) {
 			fprintf(stderr, "bench-chaos: creating sandbox %d: status %d\n", i, st);
@@ -775,8 +787,8 @@ int main(int argc, char **argv)
 	for (int i = 0; i < nsbx; i++)
 		if (i % 4 == 0 || i % 4 == 1)
 			sargs[nstream++] = (struct stream_arg){i % 4 == 0 ? STREAM_WATCH : STREAM_TERM, &sbxs[i]};
-	printf("%d sandboxes, %d client threads, %d watches, %d terminals, target %ld operations\n", nsbx, nthreads,
-	       nwatch, nterm, target_ops);
+	printf("%d sandboxes (%d qemu), %d client threads, %d watches, %d terminals, target %ld operations\n", nsbx,
+	       nqemu, nthreads, nwatch, nterm, target_ops);
 	fflush(stdout);
 	pthread_t th[64], ch, wt[MAX_SBX];
 	struct worker_arg wa[64];
@@ -832,11 +844,11 @@ int main(int argc, char **argv)
 	printf("%ld terminal opens, %ld typed lines answered\n", atomic_load(&term_opens), atomic_load(&term_echoes));
 	printf("{\"ops\":%ld,\"misdelivered\":%ld,\"failed_after_retry\":%ld,\"paused_failures\":%ld,"
 	       "\"error_rate\":%.6f,\"refreshes\":%ld,\"moves\":%ld,\"pauses\":%ld,\"streams_cut_on_replacement\":%ld,"
-	       "\"streams_dropped_wrongly\":%ld,\"ops_per_s\":%.1f}\n",
+	       "\"streams_dropped_wrongly\":%ld,\"ops_per_s\":%.1f,\"qemu_sandboxes\":%d}\n",
 	       n, atomic_load(&misdelivered), atomic_load(&failed_after_retry), atomic_load(&paused_failures),
 	       n ? (double)atomic_load(&failed_after_retry) / (double)n : 0.0, atomic_load(&refreshes),
 	       atomic_load(&moves), atomic_load(&pauses), atomic_load(&cut_on_replacement),
-	       atomic_load(&dropped_wrongly), el > 0 ? (double)n / el : 0.0);
+	       atomic_load(&dropped_wrongly), el > 0 ? (double)n / el : 0.0, nqemu);
 	rc = atomic_load(&misdelivered) || atomic_load(&dropped_wrongly) ? 1 : 0;
 out:
 	if (own) {

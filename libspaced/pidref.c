@@ -572,6 +572,32 @@ int spaced_unix_diag_peer_of(int fd, uint64_t *peer_ino)
 	return 0;
 }
 
+int spaced_unix_diag_peer_of_ino(uint64_t sock_ino, uint64_t *peer_ino)
+{
+	struct unix_diag_req req;
+	struct peer_match pm;
+	int r;
+
+	if (sock_ino == 0 || sock_ino > UINT32_MAX)
+		return SPACED_EINVAL;
+	memset(&req, 0, sizeof(req));
+	req.sdiag_family = AF_UNIX;
+	req.udiag_states = ~0U;
+	req.udiag_ino = (uint32_t)sock_ino;
+	req.udiag_show = UDIAG_SHOW_PEER;
+	req.udiag_cookie[0] = ~0U;
+	req.udiag_cookie[1] = ~0U;
+	memset(&pm, 0, sizeof(pm));
+	pm.self_ino = (uint32_t)sock_ino;
+	r = unix_diag_query(&req, false, match_peer, &pm);
+	if (r < 0)
+		return r;
+	if (!pm.found)
+		return SPACED_ENOENT;
+	*peer_ino = pm.peer;
+	return 0;
+}
+
 static int check_exe(const struct spaced_pidref *p, const struct spaced_exe_id *want,
                      const char *who, char *why, size_t whysz)
 {

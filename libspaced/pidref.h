@@ -114,6 +114,12 @@ int spaced_unix_diag_is_listener_of(uint64_t sock_ino, uint64_t st_dev, uint64_t
  * SPACED_ENOENT (no peer), SPACED_ESYS. */
 int spaced_unix_diag_peer_of(int fd, uint64_t *peer_ino);
 
+/* unix_diag, one exact query: the inode of the peer of Unix socket sock_ino,
+ * which need not be one of the caller's descriptors (a socket seen in
+ * /proc/PID/fd of another process). Returns 0, SPACED_ENOENT (no such socket
+ * or no peer), SPACED_EINVAL, SPACED_ESYS. */
+int spaced_unix_diag_peer_of_ino(uint64_t sock_ino, uint64_t *peer_ino);
+
 /* What the bridge expects of a guest-transport (or other) listening socket. */
 struct spaced_expected_listener {
 	uid_t owner_uid;     /* owner of the socket file */

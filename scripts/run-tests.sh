@@ -1,12 +1,17 @@
 #!/bin/sh
 # Runs every test suite and closes with one line the CI counts: "N passed, N failed".
-#   run-tests.sh SANBUILD [FUZZBUILD]
+#   run-tests.sh SANBUILD [FUZZBUILD [SUITES SCRIPTS]]
+# SUITES / SCRIPTS: shell patterns choosing the Criterion suites (test-*) and
+# the integration scripts (tests/*.t.sh) to run, by default all of them
+# (make check-vm: 'test-vmm' 'vm_*').
 # - Criterion suites: SANBUILD/tests/test-* (each test forked; crashes count as failures);
 # - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD;
 # - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 5), one test each.
 set -u
 build=$1
 fuzzbuild=${2:-}
+suites=${3:-*}
+scripts=${4:-*}
 top=$(cd "$(dirname "$0")/.." && pwd)
 passed=0
 failed=0
@@ -15,6 +20,7 @@ mkdir -p "$log_dir"
 
 for t in "$build"/tests/test-*; do
 	[ -x "$t" ] || continue
+	case "$(basename "$t")" in $suites) ;; *) continue ;; esac
 	case "$t" in *.p|*.sh) continue ;; esac
 	name=$(basename "$t")
 	log="$log_dir/$name.log"
@@ -41,6 +47,7 @@ done
 for s in "$top"/tests/*.t.sh; do
 	[ -f "$s" ] || continue
 	name=$(basename "$s" .t.sh)
+	case "$name" in $scripts) ;; *) continue ;; esac
 	log="$log_dir/$name.log"
 	if SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$s" >"$log" 2>&1; then
 		passed=$((passed + 1)); echo "ok   $name"

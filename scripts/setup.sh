@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages spaced needs to build, test and run, when any is missing.
 # Idempotent and quiet when everything is present. Needs root (or sudo) only when it installs.
-# The qemu substrate (spaced-vmm/, tests/vm_vsock.t.sh) needs the last line: QEMU, a stock
+# The qemu substrate (spaced-vmm/, tests/vm_*.t.sh) needs the last line: QEMU and qemu-img, a stock
 # Debian kernel with its modules (vsock and virtio are modules there), a static busybox and
 # cpio for the guest's initramfs.
 set -eu
@@ -10,7 +10,7 @@ PKGS="build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
 libsodium-dev libjansson-dev libcriterion-dev libuv1-dev libwebsockets-dev
 libseccomp-dev libsqlite3-dev sqlite3 libpq-dev postgresql bubblewrap libssl-dev e2fsprogs
 iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev prometheus
-qemu-system-x86 linux-image-amd64 busybox-static cpio
+qemu-system-x86 qemu-utils linux-image-amd64 busybox-static cpio
 passt nftables libnftables-dev nginx socat
 libarchive-dev mmdebstrap"
 # the TypeScript SDK (sdk/typescript) builds with Node 18+ and npm; a node already

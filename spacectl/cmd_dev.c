@@ -1,6 +1,6 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
- *   dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S] [--log-format text|json]
+ *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,7 +52,7 @@
 #define DEV_MAX_WORKERS 16
 
 static const char usage_dev[] =
-	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|dev] [--stall-timeout S]\n"
+	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--pool N] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
@@ -306,6 +307,43 @@ static void kill_executions(const char *absdir)
 	closedir(d);
 }
 
+/* What the cluster's microVMs (qemu substrate) leave outside its directory
+ * when their supervisors are killed: their RAM files on tmpfs and their
+ * directories, named by the uid ranges dev up gives the workers. */
+static void remove_vm_files(void)
+{
+	for (unsigned k = 1; k <= DEV_MAX_WORKERS; k++) {
+		for (unsigned slot = 0; slot < 256; slot++) {
+			unsigned base = (1u << 30) + ((k - 1) * 256u + slot) * 65536u;
+			char p[128];
+			/* only ranges nobody runs in (another cluster's VM holds its lock) */
+			snprintf(p, sizeof p, "/run/spaced/uid-ranges/%u.lock", base);
+			int lk = open(p, O_RDWR | O_CLOEXEC);
+			if (lk < 0)
+				continue;
+			/* a supervisor just killed lets its lock go as it dies */
+			int held = 1;
+			for (int t = 0; t < 40 && (held = flock(lk, LOCK_EX | LOCK_NB) < 0); t++)
+				sleep_ms(50);
+			if (held) {
+				close(lk);
+				continue;
+			}
+			snprintf(p, sizeof p, "/dev/shm/spaced-vm/%u.ram", base);
+			unlink(p);
+			snprintf(p, sizeof p, "/dev/shm/spaced-vm/%u-template.ram", base);
+			unlink(p);
+			snprintf(p, sizeof p, "/run/spaced/vm/%u", base);
+			struct stat st;
+			if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+				const char *rm[] = {"rm", "-rf", "--", p, NULL};
+				free(run_line(rm));
+			}
+			close(lk);
+		}
+	}
+}
+
 static int dev_down(const char *dir, int quiet, int remove_dir)
 {
 	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
@@ -343,8 +381,10 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	for (int i = 0; i < n; i++)
 		if (alive(&r[i]))
 			kill(r[i].pid, SIGKILL);
-	if (realpath(dir, absdir) != NULL)
+	if (realpath(dir, absdir) != NULL) {
 		kill_executions(absdir);
+		remove_vm_files();
+	}
 	/* each worker's egress namespace (docs/network.md): once unmounted, pasta
 	 * and spaced-netd (killed above in any case) have nothing left to serve */
 	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
@@ -516,6 +556,19 @@ static pid_t start_keeper(const char *absdir)
 	_exit(0);
 }
 
+/* With the qemu substrate, the control plane's options that make it the
+ * default and wait for a VM's boot under TCG. Returns the count. */
+static int cp_qemu_args(const char **a, int na, int qemu)
+{
+	if (qemu) {
+		a[na++] = "--default-substrate";
+		a[na++] = "qemu";
+		a[na++] = "--ack-timeout";
+		a[na++] = "180000";
+	}
+	return na;
+}
+
 /* The warm pool each worker keeps for its default template and limits
  * (spaced-node --pool; NULL: spaced-node's default). */
 static const char *dev_pool;
@@ -592,14 +645,21 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	    bin(node, sizeof node, "spaced-node/spaced-node") < 0 || bin(guest, sizeof guest, "spaced-guest/spaced-guest") < 0)
 		return cli_fail("dev up", "spaced-cp, spaced-node and spaced-guest must be built (%s; set SPACED_BUILD)",
 		                build_dir);
-	if (strcmp(substrate, "process") == 0) {
+	char vm[PATH_MAX], images[PATH_MAX + 32] = "";
+	int qemu = strcmp(substrate, "qemu") == 0;
+	if (strcmp(substrate, "process") == 0 || qemu) {
 		real = geteuid() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 &&
 		       bin(host, sizeof host, "spaced-host/spaced-host") == 0;
+		if (!real && qemu)
+			return cli_fail("dev up", "the qemu substrate needs root, spaced-launch and spaced-host");
 		if (!real)
 			fprintf(stderr, "spacectl: dev up: the process substrate needs root, spaced-launch and spaced-host; "
 			                "using development executions (plain spaced-guest processes)\n");
+		if (qemu && (bin(vm, sizeof vm, "spaced-vmm/spaced-vm") < 0 ||
+		             access("/usr/bin/qemu-system-x86_64", X_OK) != 0))
+			return cli_fail("dev up", "the qemu substrate needs spaced-vm (%s) and qemu-system-x86_64", build_dir);
 	} else if (strcmp(substrate, "dev") != 0) {
-		return cli_fail("dev up", "substrate '%s' is not available here (process, dev)", substrate);
+		return cli_fail("dev up", "substrate '%s' is not available here (process, qemu, dev)", substrate);
 	}
 	struct proc_rec old[2 * DEV_MAX_WORKERS + 4];
 	int nold = load_pids(dir, old, (int)(sizeof old / sizeof old[0]));
@@ -624,6 +684,21 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	snprintf(p, sizeof p, "%s/pids", absdir);
 	if ((pids = fopen(p, "w")) == NULL)
 		return cli_fail("dev up", "cannot write %s", p);
+	if (qemu) {
+		/* the workers' kernel, initramfs (with this build's spaced-guest) and
+		 * root tree, shared by every worker of the cluster */
+		char script[PATH_MAX + 32], vlog[PATH_MAX + 32];
+		snprintf(images, sizeof images, "%s/vm-images", absdir);
+		snprintf(script, sizeof script, "%s/spaced-vmm/mkvmimage.sh", build_dir);
+		snprintf(vlog, sizeof vlog, "%s/vm-images.log", absdir);
+		const char *a[] = {"/bin/sh", script, guest, images, NULL};
+		pid_t pid = spawn(a, vlog);
+		int st = -1;
+		if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			rc = cli_fail("dev up", "cannot build the VM images (see %s)", vlog);
+			goto out;
+		}
+	}
 	snprintf(p, sizeof p, "%s/cp", absdir);
 	mkdir(p, 0700);
 	{
@@ -639,7 +714,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * their acks at once (50 concurrent creates) */
 		const char *a[24] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64",
 		                     "--metrics-listen", "127.0.0.1:0"};
-		int na = cp_args_tail(a, 9, plaintext, cp_crt, cp_key, ca_file, logfmt);
+		int na = cp_args_tail(a, cp_qemu_args(a, 9, qemu), plaintext, cp_crt, cp_key, ca_file, logfmt);
 		a[na] = NULL;
 		pid_t pid = spawn(a, p2);
 		if (pid < 0) {
@@ -673,7 +748,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		free(mp);
 		const char *a[24] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store,
 		                     "--metrics-listen", mlisten};
-		int na = cp_args_tail(a, 11, plaintext, cp_crt, cp_key, ca_file, logfmt);
+		int na = cp_args_tail(a, cp_qemu_args(a, 11, qemu), plaintext, cp_crt, cp_key, ca_file, logfmt);
 		a[na] = NULL;
 		keep("spaced-cp", a, p2, cp_pid);
 	}
@@ -720,7 +795,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[40] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		const char *a[48] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
 		                     "--metrics-listen", "127.0.0.1:0", NULL};
 		int na = 17;
@@ -743,6 +818,12 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = launch;
 			a[na++] = "--host";
 			a[na++] = host;
+		}
+		if (qemu) {
+			a[na++] = "--vm";
+			a[na++] = vm;
+			a[na++] = "--vm-images";
+			a[na++] = images;
 		}
 		if (stall) {
 			a[na++] = "--stall-timeout";
@@ -775,7 +856,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		wp = read_small(p);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[40];
+		const char *ka[48];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
@@ -835,7 +916,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		printf("SPACED_CA_FILE=%s\n", ca_file);
 	fprintf(stderr, "spacectl: dev cluster up in %s: control plane %s, %d worker%s (%s executions, %s); "
 	                "`. %s/env` to use it, `spacectl dev down --dir %s` to stop it\n",
-	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s", real ? "process substrate" : "development",
+	        absdir, cpurl, nworkers, nworkers == 1 ? "" : "s",
+	        qemu ? "qemu (the default) and process substrate" : real ? "process substrate" : "development",
 	        plaintext ? "no TLS" : "TLS with the cluster's own CA in tls/, mutual TLS for the workers", absdir, dir);
 	rc = 0;
 out:

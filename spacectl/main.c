@@ -59,7 +59,7 @@ static const char usage[] =
 	"       each also [--route FILE] [--no-retry]\n"
 	"\n"
 	"development cluster on this machine:\n"
-	"  dev up [--workers N] [--dir DIR] [--substrate process|dev] [--pool N] [--plaintext] | dev down [--dir DIR]\n"
+	"  dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--pool N] [--plaintext] | dev down [--dir DIR]\n"
 	"       | dev status                               TLS with a CA of its own in DIR/tls (SPACED_CA_FILE)\n"
 	"  dev certs [--dir DIR] [--workers N]            only that CA and its certificates\n"
 	"\n"

@@ -64,6 +64,7 @@ struct cp {
 	char replica_id[24]; /* "r" + 16 hex, kept in STATE/replica.id */
 	int64_t idle_timeout, max_lifetime; /* defaults for new sandboxes (0 = none) */
 	struct cp_quota quota_default; /* for tenants without quotas of their own */
+	char default_substrate[SPACED_NAME_MAX]; /* for a create that names none ("process") */
 	int nthreads;
 
 	/* the store of templates and snapshots (blobs.c, templates.c) */

@@ -42,7 +42,7 @@
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
-	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE]\n"
+	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE] [--default-substrate S]\n"
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]\n"
@@ -239,6 +239,7 @@ int main(int argc, char **argv)
 		{"threads", required_argument, NULL, 't'},  {"op-lease", required_argument, NULL, 'o'},
 		{"move-drain", required_argument, NULL, 'D'},
 		{"quota", required_argument, NULL, 'Q'},
+		{"default-substrate", required_argument, NULL, 5},
 		{"head-timeout", required_argument, NULL, 'H'},
 		{"max-conns", required_argument, NULL, 'C'},
 		{"max-conns-per-ip", required_argument, NULL, 'P'},
@@ -322,6 +323,13 @@ int main(int argc, char **argv)
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");
 				return 2;
 			}
+			break;
+		case 5:
+			if (!spaced_name_valid(optarg, strlen(optarg))) {
+				fprintf(stderr, "spaced-cp: --default-substrate wants a substrate name\n");
+				return 2;
+			}
+			snprintf(cp.default_substrate, sizeof cp.default_substrate, "%s", optarg);
 			break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;

@@ -1129,7 +1129,15 @@ static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
 		j->body = cp_error("internal", spaced_strerror(r));
 		return;
 	}
-	if ((j->status = place(st, c->substrate, &c->res, c->worker, NULL, &p, &j->body)) != 0 ||
+	/* a create that names no substrate gets the control plane's default */
+	const char *substrate = c->has_substrate || !cp->default_substrate[0] ? c->substrate : cp->default_substrate;
+	if (strcmp(substrate, "qemu") == 0 && j->tmpl_hash[0]) {
+		/* a VM's root is its worker's VM image (docs/substrate.md) */
+		j->status = 422;
+		j->body = cp_error("substrate-unsupported", "the qemu substrate does not take templates yet");
+		goto undo;
+	}
+	if ((j->status = place(st, substrate, &c->res, c->worker, NULL, &p, &j->body)) != 0 ||
 	    /* the tenant's quotas, in the transaction that places the sandbox */
 	    (j->status = quota_check(cp, st, j->tenant, &p.res, &j->body)) != 0)
 		goto undo;
@@ -1138,7 +1146,7 @@ static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
 	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes, "
 	         "template_hash) "
 	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14, $15)",
-	         j->id, j->tenant, p.worker, c->substrate, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
+	         j->id, j->tenant, p.worker, substrate, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
 	         cp_i64(now, t), cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
 	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime), cp_i64(cpu, p.res.cpu_milli),
 	         cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),

@@ -251,6 +251,7 @@ int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, cha
 	}
 	if (spaced_resources_from_json(res, &c.res, err, errsz) < 0)
 		goto out;
+	c.has_substrate = json_object_get(o, "substrate") != NULL;
 	if (json_object_get(o, "network") != NULL && network_canon(json_object_get(o, "network"), c.network, err, errsz) < 0)
 		goto out;
 	*out = c;

@@ -33,7 +33,8 @@ struct cp_create_req {
 	char meta_json[CP_META_JSON_MAX];    /* {"K":"V",…} compact, "" when none */
 	int auto_resume;                     /* an operation on it while paused for idleness resumes it */
 	struct spaced_resources res;          /* fields of 0: the placed worker's defaults */
-	char substrate[SPACED_NAME_MAX];
+	char substrate[SPACED_NAME_MAX];      /* "process" when the body names none */
+	int has_substrate;                    /* 1 when the body named it */
 	char worker[SPACED_NAME_MAX];         /* "" to let placement choose */
 	int64_t idle_timeout, max_lifetime;   /* seconds, -1 = control-plane default, 0 = none */
 	char network[CP_NETWORK_MAX];         /* the egress policy, canonical JSON (netpolicy.h); "" when none given */

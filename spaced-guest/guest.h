@@ -104,6 +104,7 @@ struct guest {
 	bool have_identity;
 	char identity[SPACED_IDENTITY_TEXT_MAX];
 	int listen_fd, control_fd, sig_fd;
+	int vctl_fd; /* the vsock control port's listener (vctl.c), -1 when none */
 	bool pid1;
 	struct conn *conns;
 	unsigned nconns;
@@ -121,6 +122,13 @@ struct guest {
 };
 
 extern struct guest G;
+
+/* vctl.c: the control port of a guest inside a microVM (see there). */
+int vctl_listen(unsigned port);
+void vctl_accept(void);
+void vctl_on_readable(int fd);
+/* Calls add(fd) for every open control connection. */
+void vctl_poll_add(void (*add)(int fd));
 
 /* main.c: one structured line on stderr; guest_log only with --verbose,
  * guest_warn always (a peer broke the protocol and was dropped). */

@@ -4,6 +4,12 @@
  *
  *   spaced-guest --root DIR --identity TEXT --listen PATH
  *   spaced-guest --root DIR --control-fd N [--identity TEXT]
+ *   spaced-guest --root DIR [--identity TEXT] --vsock-port N [--vsock-control-port M]
+ *
+ * With --vsock-port (the qemu substrate: spaced-guest is PID 1 of a microVM,
+ * docs/substrate.md) the guest listens on AF_VSOCK port N of any local CID;
+ * the host reaches it through the VM's vsock device (spaced-vsockd and its
+ * hybrid Unix socket, docs/vm-transport.md).
  *
  * In control-fd mode, fd N is an AF_UNIX SOCK_SEQPACKET socket from the
  * launcher carrying "IDENTITY <canonical text>" (once, when --identity was not
@@ -29,6 +35,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include <linux/vm_sockets.h>
 
 #include "error.h"
 #include "guest.h"
@@ -192,7 +200,7 @@ static bool signal_readable(void)
 	return go_on;
 }
 
-enum tag_kind { T_LISTEN, T_CONTROL, T_SIGNAL, T_CONN, T_WATCH, T_PROC_OUT, T_PROC_IN, T_FWD };
+enum tag_kind { T_LISTEN, T_CONTROL, T_SIGNAL, T_CONN, T_WATCH, T_PROC_OUT, T_PROC_IN, T_FWD, T_VCTL_LISTEN, T_VCTL };
 
 struct tag {
 	enum tag_kind kind;
@@ -227,6 +235,11 @@ static size_t *fwd_n;
 static void add_fwd_pfd(int fd, short ev, void *ptr)
 {
 	add_pfd(fwd_n, fd, ev, T_FWD, ptr);
+}
+
+static void add_vctl_pfd(int fd)
+{
+	add_pfd(fwd_n, fd, POLLIN, T_VCTL, NULL);
 }
 
 static bool conn_input_paused(const struct conn *c)
@@ -279,6 +292,9 @@ static void loop(void)
 		}
 		fwd_n = &n;
 		fwd_poll_add(add_fwd_pfd);
+		if (G.vctl_fd >= 0)
+			add_pfd(&n, G.vctl_fd, POLLIN, T_VCTL_LISTEN, NULL);
+		vctl_poll_add(add_vctl_pfd);
 		int timeout = -1;
 		uint64_t dl = proc_next_deadline();
 		if (pump) {
@@ -330,6 +346,12 @@ static void loop(void)
 			}
 			case T_FWD:
 				fwd_on_event(t.ptr, pfds[i].fd, re);
+				break;
+			case T_VCTL_LISTEN:
+				vctl_accept();
+				break;
+			case T_VCTL:
+				vctl_on_readable(pfds[i].fd);
 				break;
 			case T_PROC_IN: {
 				struct proc *p = t.ptr;
@@ -403,10 +425,23 @@ static void open_listener(const char *path)
 	memcpy(listen_path, path, strlen(path) + 1);
 }
 
+/* Listens on AF_VSOCK port (any local CID): the guest agent of a microVM. */
+static void open_vsock_listener(unsigned long port)
+{
+	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = (unsigned)port};
+	G.listen_fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (G.listen_fd < 0)
+		die("socket(AF_VSOCK)");
+	if (bind(G.listen_fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+		die("bind vsock");
+	if (listen(G.listen_fd, 64) < 0)
+		die("listen vsock");
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-guest [--root DIR] [--identity TEXT] "
-	                "(--listen PATH | --control-fd N) [--service-ports] [--verbose]\n");
+	                "(--listen PATH | --control-fd N | --vsock-port N [--vsock-control-port M]) [--service-ports] [--verbose]\n");
 	exit(64);
 }
 
@@ -414,6 +449,7 @@ int main(int argc, char **argv)
 {
 	const char *root = "/", *identity = NULL, *listen = NULL;
 	long control = -1;
+	unsigned long vsock_port = 0, vctl_port = 0;
 	static const struct option opts[] = {
 		{"root", required_argument, NULL, 'r'},
 		{"identity", required_argument, NULL, 'i'},
@@ -421,10 +457,12 @@ int main(int argc, char **argv)
 		{"control-fd", required_argument, NULL, 'c'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"service-ports", no_argument, NULL, 'p'},
+		{"vsock-port", required_argument, NULL, 'V'},
+		{"vsock-control-port", required_argument, NULL, 'K'},
 		{NULL, 0, NULL, 0},
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "r:i:l:c:vp", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:K:", opts, NULL)) != -1) {
 		char *end;
 		switch (o) {
 		case 'r':
@@ -448,13 +486,27 @@ int main(int argc, char **argv)
 		case 'p':
 			G.service_ports = true;
 			break;
+		case 'V':
+			errno = 0;
+			vsock_port = strtoul(optarg, &end, 10);
+			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vsock_port >= VMADDR_PORT_ANY)
+				usage();
+			break;
+		case 'K':
+			errno = 0;
+			vctl_port = strtoul(optarg, &end, 10);
+			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vctl_port >= VMADDR_PORT_ANY)
+				usage();
+			break;
 		default:
 			usage();
 		}
 	}
-	if (optind != argc || (listen == NULL && control < 0))
+	if (optind != argc || (listen == NULL && control < 0 && vsock_port == 0) ||
+	    (vsock_port != 0 && (listen != NULL || control >= 0 || (identity == NULL && vctl_port == 0))) ||
+	    (vctl_port != 0 && (vsock_port == 0 || vctl_port == vsock_port)))
 		usage();
-	G.listen_fd = G.control_fd = -1;
+	G.listen_fd = G.control_fd = G.vctl_fd = -1;
 	G.pid1 = getpid() == 1;
 	if (identity != NULL && set_identity(identity, strlen(identity)) < 0) {
 		fprintf(stderr, "spaced-guest: invalid --identity\n");
@@ -486,10 +538,17 @@ int main(int argc, char **argv)
 	}
 	if (listen != NULL)
 		open_listener(listen);
+	if (vsock_port != 0)
+		open_vsock_listener(vsock_port);
+	if (vctl_port != 0 && vctl_listen((unsigned)vctl_port) < 0)
+		die("listen on the vsock control port");
 	if (G.control_fd >= 0)
 		control_send(G.have_identity ? "READY" : "WAITING");
 	if (listen != NULL) {
 		printf("READY %s\n", listen);
+		fflush(stdout);
+	} else if (vsock_port != 0) {
+		printf("spaced-guest: %s vsock port %lu\n", G.have_identity ? "READY" : "WAITING", vsock_port);
 		fflush(stdout);
 	}
 	loop();

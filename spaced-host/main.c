@@ -178,7 +178,8 @@ static const char usage[] =
 	"usage: spaced-host --listen PATH --guest PATH --identity TEXT|- --launcher-pid PID\n"
 	"       [--launcher-start TICKS] [--launcher-exe PATH] [--guest-owner UID] [--guest-port N]\n"
 	"       [--manager-uid UID] [--manager-pid PID [--manager-start TICKS]] [--timeout-ms MS]\n"
-	"       [--handoff | --relay-spin-us US]\n";
+	"       [--handoff | --relay-spin-us US]\n"
+	"       [--vm-pid PID [--vm-start TICKS] [--vm-exe PATH]] [--guest-cid N]\n";
 
 static int parse_u64(const char *s, uint64_t *out)
 {
@@ -208,9 +209,15 @@ int main(int argc, char **argv)
 		{"timeout-ms", required_argument, NULL, 't'},
 		{"handoff", no_argument, NULL, 'H'},
 		{"relay-spin-us", required_argument, NULL, 'R'},
+		{"vm-pid", required_argument, NULL, 'V'},
+		{"vm-start", required_argument, NULL, 'W'},
+		{"vm-exe", required_argument, NULL, 'X'},
+		{"guest-cid", required_argument, NULL, 'C'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *identity = NULL, *launcher_exe = NULL;
+	const char *identity = NULL, *launcher_exe = NULL, *vm_exe = NULL;
+	uint64_t vm_pid = 0, vm_start = 0;
+	bool have_vm_start = false;
 	uint64_t v, launcher_pid = 0, launcher_start = 0, owner = 0, mgr_uid = 0, mgr_pid = 0, mgr_start = 0;
 	bool have_owner = false, have_launcher_start = false;
 	int c;
@@ -242,6 +249,10 @@ int main(int argc, char **argv)
 		case 'T': if (parse_u64(optarg, &mgr_start) < 0) bad = "--manager-start"; break;
 		case 'R': if (parse_u64(optarg, &v) < 0 || v > 1000) bad = "--relay-spin-us"; else cfg.relay_spin_us = (int)v; break;
 		case 't': if (parse_u64(optarg, &v) < 0 || v == 0 || v > 60000) bad = "--timeout-ms"; else cfg.timeout_ms = (int)v; break;
+		case 'V': if (parse_u64(optarg, &vm_pid) < 0 || vm_pid == 0 || vm_pid > INT32_MAX) bad = "--vm-pid"; break;
+		case 'W': if (parse_u64(optarg, &vm_start) < 0) bad = "--vm-start"; else have_vm_start = true; break;
+		case 'X': vm_exe = optarg; break;
+		case 'C': if (parse_u64(optarg, &v) < 0 || v < 3 || v >= UINT32_MAX) bad = "--guest-cid"; else cfg.vm.guest_cid = (uint32_t)v; break;
 		default: fputs(usage, stderr); return 2;
 		}
 		if (bad != NULL) {
@@ -274,6 +285,26 @@ int main(int argc, char **argv)
 		if (spaced_exe_id_of_path(launcher_exe, false, &cfg.launcher.exe) < 0) {
 			fprintf(stderr, "spaced-host: cannot stat --launcher-exe %s\n", launcher_exe);
 			return 1;
+		}
+	}
+	if ((vm_exe != NULL || have_vm_start) && vm_pid == 0) {
+		fprintf(stderr, "spaced-host: --vm-start and --vm-exe need --vm-pid\n");
+		return 2;
+	}
+	if (vm_pid != 0) {
+		/* the VM whose guest memory the launcher (its vhost-user back-end) serves */
+		cfg.vm.pid = (pid_t)vm_pid;
+		if (!have_vm_start && spaced_proc_start_time((pid_t)vm_pid, &vm_start) < 0) {
+			fprintf(stderr, "spaced-host: VM process %llu does not exist\n", (unsigned long long)vm_pid);
+			return 1;
+		}
+		cfg.vm.start_time = vm_start;
+		if (vm_exe != NULL) {
+			cfg.vm.check_exe = true;
+			if (spaced_exe_id_of_path(vm_exe, false, &cfg.vm.exe) < 0) {
+				fprintf(stderr, "spaced-host: cannot stat --vm-exe %s\n", vm_exe);
+				return 1;
+			}
 		}
 	}
 	cfg.manager.uid = (uid_t)mgr_uid;

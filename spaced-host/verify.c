@@ -243,6 +243,9 @@ static int verify_listener(const struct host_config *cfg, struct spaced_pidref *
 	r = 0;
 unlock:
 	pthread_mutex_unlock(&cache.lock);
+	/* a microVM: the listener's holder is its back-end; bind it to the VM */
+	if (r == 0)
+		r = host_verify_vm(cfg, &launcher, why, whysz);
 	return r;
 }
 

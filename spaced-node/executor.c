@@ -620,6 +620,7 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			const char *argv[] = {cfg->launch_bin, "reap", NULL};
 			mgr_run_wait(argv);
 		}
+		mgr_vm_reap(cfg);
 		return 0;
 	}
 	snprintf(why, whysz, "unknown job kind or arguments: %s", kind);

@@ -468,7 +468,8 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 	}
 	if (strcmp(op->id.worker, mgr_worker_id(m)) != 0)
 		return fail(o, "wrong-worker", "identity names worker %s, this is %s", op->id.worker, mgr_worker_id(m));
-	if (strcmp(op->id.substrate, "process") != 0)
+	if (strcmp(op->id.substrate, "process") != 0 &&
+	    !(strcmp(op->id.substrate, "qemu") == 0 && mgr_vm_offered(mgr_cfg(m))))
 		return fail(o, "unsupported-substrate", "substrate %s is not served here", op->id.substrate);
 	/* development executions (no launcher) are plain processes: no limit can
 	 * hold there, so none is accepted */
@@ -692,8 +693,10 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		}
 		op->step = 2;
 		/* a fresh execution comes from the warm pool when one of its
-		 * template and limits is ready: only the claim is left to do */
-		if (!op->staged[0] && pool_take(m, &op->rec)) {
+		 * template and limits is ready: only the claim is left to do (the
+		 * pool holds process executions; a VM starts from its own
+		 * booted template, mgr_vm.c) */
+		if (!op->staged[0] && !mgr_vm_is(&op->rec) && pool_take(m, &op->rec)) {
 			op->claimed = true;
 			/* on a template, after a check of the cached tree (in a child) */
 			if (op_job(m, op, op->rec.tmpl[0] ? "claim-checked" : "claim",

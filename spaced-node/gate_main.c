@@ -191,6 +191,9 @@ json_t *mgr_status_json(struct mgr *m)
 	}
 	json_object_set_new(o, "worker", json_string(m->cfg->worker_id));
 	json_object_set_new(o, "mode", json_string(m->cfg->launch_bin && m->cfg->host_bin ? "substrate" : "development"));
+	/* what this worker offers (the link registers it with the control plane) */
+	json_object_set_new(o, "substrates", mgr_vm_offered(m->cfg) ? json_pack("[s,s]", "process", "qemu")
+	                                                           : json_pack("[s]", "process"));
 	json_object_set_new(o, "last_seq", json_integer((json_int_t)mgr_store_last_seq(m->store)));
 	json_object_set_new(o, "keys_version", json_integer((json_int_t)spaced_keyring_version(m->kr)));
 	json_object_set_new(o, "keys", json_integer((json_int_t)spaced_keyring_count(m->kr)));

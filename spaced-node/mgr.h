@@ -175,6 +175,38 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 /* The socket serving rec: the one place that decides where requests go. */
 int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
 
+/* Helpers of mgr_exec.c that mgr_vm.c uses too. */
+int mgr_mkdirs(const char *path);
+/* STATE/exec/<sandbox>.<generation>, the execution's state directory. */
+int mgr_exec_dir(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
+/* Spawns argv in its own session (stderr appended to logp) and waits up to
+ * timeout_ms until path exists (want_sock: accepts connections) while it
+ * lives; stops it (with its process group when group) otherwise. */
+int mgr_spawn_ready(const char *const argv[], const char *logp, const char *path, bool want_sock, int timeout_ms,
+                    bool group, int64_t *pid, uint64_t *start);
+/* SIGTERM, then SIGKILL, to the process pinned by {pid, start}. */
+void mgr_stop_pinned(int64_t pid, uint64_t start, bool group);
+
+/* ---- mgr_vm.c: executions of the qemu substrate (spaced-vm + spaced-host) ---- */
+/* Whether rec is a qemu substrate execution. */
+bool mgr_vm_is(const struct mgr_rec *rec);
+/* Whether this worker is configured to run them (--vm, --vm-images, and the
+ * bridge and launcher of substrate mode). */
+bool mgr_vm_offered(const struct mgr_config *cfg);
+/* Starts the microVM of rec under spaced-vm (from snapshot when given: a
+ * qemu snapshot directory) with rec->res and rec->uid_base, waits until its
+ * guest answered HELLO with rec's identity, then starts its bridge. Fills
+ * rec->pid / pid_start (spaced-vm) and host_pid / host_start. */
+int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot);
+/* Starts the bridge of a running VM (at start and after a manager restart),
+ * pinned to the spaced-vsockd and QEMU that spaced-vm recorded as its
+ * children. Fills rec->host_pid / host_start. */
+int mgr_vm_bridge(const struct mgr_config *cfg, struct mgr_rec *rec);
+/* Removes the VM directories of this worker's uid ranges that no live
+ * spaced-vm holds (its uid lock is free): what a supervisor killed with
+ * SIGKILL left behind. */
+void mgr_vm_reap(const struct mgr_config *cfg);
+
 /* ---- mgr_hash.c: the content hash of a snapshot tree ---- */
 #define MGR_HASH_HEX 65 /* 64 hex digits and a NUL */
 /* BLAKE2b-256 over the canonical walk of the directory tree at dir (absolute),

@@ -513,9 +513,9 @@ static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		signal(SIGPIPE, SIG_DFL);
-		char *args[32];
+		char *args[64];
 		size_t i = 0;
-		for (; argv[i] && i < 31; i++)
+		for (; argv[i] && i < 63; i++)
 			args[i] = strdup(argv[i]);
 		args[i] = NULL;
 		execv(args[0], args);
@@ -816,7 +816,10 @@ static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, cons
 	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
 	if (e < 0)
 		return e;
-	const char *argv[] = {cfg->launch_bin, "ctl", "--state", e_dir, what, arg, NULL};
+	/* spaced-vm (qemu substrate) speaks the same control commands */
+	const char *argv[] = {mgr_vm_is(rec) ? cfg->vm_bin : cfg->launch_bin, "ctl", "--state", e_dir, what, arg, NULL};
+	if (argv[0] == NULL)
+		return SPACED_EINVAL;
 	return mgr_run_wait(argv);
 }
 
@@ -1000,6 +1003,8 @@ int mgr_exec_usage(const struct mgr_config *cfg, const struct mgr_rec *rec, json
 
 int mgr_exec_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
+	if (mgr_vm_is(rec))
+		return mgr_vm_start(cfg, rec, snapshot);
 	if (substrate_mode(cfg))
 		return sub_start(cfg, rec, snapshot);
 	return dev_start(cfg->state_dir, cfg->guest_bin, rec, snapshot);
@@ -1040,7 +1045,7 @@ int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 		return 0;
 	stop_pinned(rec->host_pid, rec->host_start, false);
 	struct mgr_rec r = *rec;
-	int e = start_bridge(cfg, &r);
+	int e = mgr_vm_is(rec) ? mgr_vm_bridge(cfg, &r) : start_bridge(cfg, &r);
 	if (e == 0)
 		*rec = r;
 	return e;
@@ -1139,6 +1144,29 @@ void mgr_exec_unstage(const char *staged)
 		return;
 	const char *rm[] = {"rm", "-rf", "--", staged, NULL};
 	mgr_run_wait(rm);
+}
+
+/* ---- shared with mgr_vm.c (mgr.h) ---- */
+
+int mgr_mkdirs(const char *path)
+{
+	return mkdirs(path);
+}
+
+int mgr_exec_dir(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz)
+{
+	return exec_dir(cfg, rec, out, outsz);
+}
+
+int mgr_spawn_ready(const char *const argv[], const char *logp, const char *path, bool want_sock, int timeout_ms,
+                    bool group, int64_t *pid, uint64_t *start)
+{
+	return spawn_ready(argv, logp, path, want_sock, timeout_ms, group, pid, start);
+}
+
+void mgr_stop_pinned(int64_t pid, uint64_t start, bool group)
+{
+	stop_pinned(pid, start, group);
 }
 
 /* ---- the warm pool's executions ---- */

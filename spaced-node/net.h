@@ -47,6 +47,16 @@ int net_policy_store(const struct mgr_config *cfg, const char *sandbox, json_t *
  * its stored policy (default: mode allow). Returns 0 or SPACED_E*, why set. */
 int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, char *why, size_t whysz);
 
+/* The same for a VM of the qemu substrate, whose network namespace is QEMU's
+ * (process qemu, pinned by the caller): the veth's inner end eth0 joins the
+ * bridge br0 there (spaced-vm bridged the VM's tap to it); nothing of the
+ * VM's own is written (the guest configures its address). */
+int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t qemu, char *why, size_t whysz);
+
+/* The guest's address and gateway (its resolver) for rec's slot, as text
+ * (16 bytes each). Returns 0, SPACED_ENOENT when the worker gives no egress. */
+int net_vm_addresses(const struct mgr_config *cfg, const struct mgr_rec *rec, char *guest, char *gw);
+
 /* A pooled execution's network (pool.c), made before any sandbox claims it:
  * the link as net_attach makes it, under the default policy's filter, held
  * by no sandbox (nothing runs in a pooled execution but its guest, which

@@ -694,7 +694,37 @@ static int init_of(const char *e_dir, pid_t *out)
 }
 
 static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init, const char *sandbox,
-                         const struct spaced_netpolicy *p, char *why, size_t whysz);
+                         const struct spaced_netpolicy *p, bool vm, char *why, size_t whysz);
+
+int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t qemu, char *why, size_t whysz)
+{
+	struct spaced_netpolicy p;
+	uint32_t slot;
+	int e;
+	if (!net_enabled(cfg))
+		return 0;
+	if ((e = slot_of(cfg, rec, &slot)) < 0) {
+		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+		return e;
+	}
+	policy_load(cfg, rec->r.id.sandbox, &p);
+	int lock = with_lock(cfg, why, whysz);
+	if (lock < 0)
+		return lock;
+	e = attach_locked(cfg, slot, qemu, rec->r.id.sandbox, &p, true, why, whysz);
+	close(lock);
+	return e;
+}
+
+int net_vm_addresses(const struct mgr_config *cfg, const struct mgr_rec *rec, char *guest, char *gw)
+{
+	uint32_t slot;
+	if (!net_enabled(cfg) || slot_of(cfg, rec, &slot) < 0)
+		return SPACED_ENOENT;
+	addr_text(NET_POOL + 4 * slot + 2, guest);
+	addr_text(NET_POOL + 4 * slot + 1, gw);
+	return 0;
+}
 
 /* net_attach and net_attach_pooled: the link of rec's execution, under the
  * filter of p (held by sandbox, "" for a pooled execution). */
@@ -736,7 +766,7 @@ static int attach_as(const struct mgr_config *cfg, const struct mgr_rec *rec, co
 	int lock = sandbox[0] ? with_lock(cfg, why, whysz) : lock_ready(cfg, why, whysz);
 	if (lock < 0)
 		return lock;
-	e = attach_locked(cfg, slot, init, sandbox, p, why, whysz);
+	e = attach_locked(cfg, slot, init, sandbox, p, false, why, whysz);
 	close(lock);
 	return e;
 }
@@ -826,7 +856,7 @@ int net_attach(const struct mgr_config *cfg, const struct mgr_rec *rec, const ch
 }
 
 static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init, const char *sandbox,
-                         const struct spaced_netpolicy *pol, char *why, size_t whysz)
+                         const struct spaced_netpolicy *pol, bool vm, char *why, size_t whysz)
 {
 	char ns[4200], sns[64], ifn[16], gw[16], sbx[16], script[512], pids[16];
 	int e;
@@ -855,6 +885,13 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 	if ((e = run_in(ns, batch, script, why, whysz)) < 0)
 		return e;
 	sysctl_in(sns, "/proc/sys/net/ipv6/conf/eth0/disable_ipv6", "1");
+	if (vm) {
+		/* a VM's namespace holds QEMU and only L2: eth0 joins the bridge of
+		 * the VM's tap (spaced-vm made both); the guest itself owns the
+		 * execution's address, and its resolver is set inside it */
+		snprintf(script, sizeof script, "link set eth0 master br0\nlink set eth0 up\n");
+		return run_in(sns, batch, script, why, whysz);
+	}
 	snprintf(script, sizeof script,
 	         "addr add %s/30 dev eth0\n"
 	         "link set eth0 up\n"

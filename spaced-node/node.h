@@ -191,6 +191,11 @@ struct mgr_config {
 	uint32_t uid_slots;     /* … for k < uid_slots */
 	const char *uid_lock_dir; /* host-wide locks of the ranges in use */
 	int stall_timeout_ms;   /* a stream whose flow-control window stays full this long is cut */
+	const char *vm_bin;     /* spaced-vm: with vm_images, the qemu substrate (mgr_vm.c) */
+	const char *vm_images;  /* its kernel, initramfs and root tree (spaced-vmm/mkvmimage.sh) */
+	const char *vsockd_bin; /* spaced-vsockd */
+	const char *qemu_bin;   /* qemu-system-x86_64 */
+	const char *vm_accel;   /* tcg or kvm, NULL: spaced-vm's default (tcg) */
 	uint64_t tmpl_max;       /* a template's archive and content at most */
 	int pool_min;            /* pooled executions kept for the worker's default template and limits */
 	int pool_max;            /* at most this many per template and limits (0: no pool) */

@@ -60,6 +60,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
+	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
@@ -378,6 +379,8 @@ int main(int argc, char **argv)
 {
 	const char *state = NULL, *worker = NULL, *listen_s = NULL, *keys = NULL;
 	char *guest = NULL, *launch = NULL, *host_bin = NULL, err[160];
+	char *vm_bin = NULL, *vm_images = NULL, *vsockd_bin = NULL, *qemu_bin = NULL;
+	const char *vm_accel = NULL;
 	const char *uid_lock_dir = "/run/spaced/uid-ranges";
 	bool drop = true;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -436,6 +439,21 @@ int main(int argc, char **argv)
 			launch = realpath(v, NULL);
 		else if (strcmp(a, "--host") == 0)
 			host_bin = realpath(v, NULL);
+		else if (strcmp(a, "--vm") == 0)
+			vm_bin = realpath(v, NULL);
+		else if (strcmp(a, "--vm-images") == 0)
+			vm_images = realpath(v, NULL);
+		else if (strcmp(a, "--vsockd") == 0)
+			vsockd_bin = realpath(v, NULL);
+		else if (strcmp(a, "--qemu") == 0)
+			qemu_bin = realpath(v, NULL);
+		else if (strcmp(a, "--vm-accel") == 0) {
+			if (strcmp(v, "tcg") != 0 && strcmp(v, "kvm") != 0) {
+				fprintf(stderr, "spaced-node: --vm-accel wants tcg or kvm\n");
+				return 2;
+			}
+			vm_accel = v;
+		}
 		else if (strcmp(a, "--limits-default") == 0 || strcmp(a, "--limits-max") == 0) {
 			if (spaced_resources_parse(v, a[9] == 'd' ? &def : &max, err, sizeof err) < 0) {
 				fprintf(stderr, "spaced-node: %s: %s\n", a, err);
@@ -554,6 +572,24 @@ int main(int argc, char **argv)
 		fprintf(stderr, "spaced-node: --launcher and --host go together\n");
 		return 2;
 	}
+	/* the qemu substrate (mgr_vm.c): spaced-vm, its images, the back-end
+	 * beside spaced-vm unless named, QEMU from the system unless named */
+	if ((vm_bin == NULL) != (vm_images == NULL) || (vm_bin && !launch)) {
+		fprintf(stderr, "spaced-node: --vm and --vm-images go together, with --launcher and --host\n");
+		return 2;
+	}
+	if (vm_bin && !vsockd_bin) {
+		char p[PATH_MAX];
+		snprintf(p, sizeof p, "%s", vm_bin);
+		snprintf(p + strlen(dirname(p)), sizeof p - strlen(p), "/spaced-vsockd");
+		vsockd_bin = realpath(p, NULL);
+	}
+	if (vm_bin && !qemu_bin)
+		qemu_bin = realpath("/usr/bin/qemu-system-x86_64", NULL);
+	if (vm_bin && (!vsockd_bin || !qemu_bin)) {
+		fprintf(stderr, "spaced-node: --vm needs spaced-vsockd (--vsockd) and QEMU (--qemu)\n");
+		return 2;
+	}
 	spaced_resources_default(&def, &(struct spaced_resources){1000, 512ull << 20, 512, 2ull << 30});
 	const char *over = spaced_resources_exceeds(&def, &max);
 	if (over) {
@@ -602,7 +638,8 @@ int main(int argc, char **argv)
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
-	                        .pool_memory = pool_memory, .net_dns = net_dns};
+	                        .pool_memory = pool_memory, .net_dns = net_dns, .vm_bin = vm_bin, .vm_images = vm_images,
+	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;
@@ -632,5 +669,9 @@ int main(int argc, char **argv)
 	free(guest);
 	free(launch);
 	free(host_bin);
+	free(vm_bin);
+	free(vm_images);
+	free(vsockd_bin);
+	free(qemu_bin);
 	return rc;
 }

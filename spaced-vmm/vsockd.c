@@ -1057,10 +1057,15 @@ static void on_ring_stopping(void *opaque, unsigned idx)
 {
 	struct vsockd *d = opaque;
 
-	/* the driver is resetting the device: every stream is gone with it */
+	/* QEMU stops the rings when the VM stops (QMP stop: a pause keeps the
+	 * guest and its sockets as they are) and when the guest's driver resets
+	 * the device. The connections stay: while the rings are stopped nothing
+	 * moves and new CONNECTs are refused; once QEMU restarts them, streams go
+	 * on where they were. After a driver reset the guest's sockets are gone,
+	 * and the guest answers the next packet of each connection with RST,
+	 * which closes it here. */
 	if (d->nconns > 0)
-		logf_("info", "device-stop", "ring=%u connections=%u", idx, d->nconns);
-	conn_free_all(d);
+		logf_("info", "ring-stop", "ring=%u connections=%u kept=1", idx, d->nconns);
 }
 
 static void on_refused(void *opaque, const char *request, const char *reason)

@@ -280,3 +280,93 @@ Test(vsockd, refuses_connect_without_a_guest)
 	cr_assert_eq(access(vu, F_OK), -1);
 	rmdir(dir);
 }
+
+/* ---- qmp.c: QEMU's answers as the supervisor reads them ---- */
+
+#include "qmp.h"
+
+/* A client on one end of a socket pair whose other end (QEMU's) has sent
+ * `script` and nothing more; that end stays open (QEMU reads the commands)
+ * until the test ends. */
+static int qemu_end = -1;
+
+static int qmp_scripted(const char *script, struct qmp **out)
+{
+	int sv[2];
+	if (qemu_end >= 0)
+		close(qemu_end);
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	cr_assert_eq(write(sv[1], script, strlen(script)), (ssize_t)strlen(script));
+	shutdown(sv[1], SHUT_WR);
+	qemu_end = sv[1];
+	return qmp_adopt(sv[0], 2000, out);
+}
+
+#define GREET "{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n{\"return\": {}, \"id\": 1}\n"
+
+Test(qmp, answers_matched_by_id_events_skipped)
+{
+	struct qmp *q = NULL;
+	char why[128] = "";
+	json_t *ret = NULL;
+	cr_assert_eq(qmp_scripted(GREET "{\"event\": \"STOP\", \"timestamp\": {}}\n"
+	                                "{\"return\": {}, \"id\": 99}\n"
+	                                "{\"return\": {\"status\": \"paused\"}, \"id\": 2}\n",
+	                          &q),
+	             0);
+	cr_assert_eq(qmp_exec(q, "query-status", NULL, 2000, &ret, why, sizeof why), 0);
+	cr_assert_str_eq(json_string_value(json_object_get(ret, "status")), "paused");
+	json_decref(ret);
+	cr_assert_eq(qmp_exec(q, "cont", NULL, 500, NULL, why, sizeof why), SPACED_ECLOSED, "QEMU went away");
+	qmp_close(q);
+}
+
+Test(qmp, error_answer_has_its_reason)
+{
+	struct qmp *q = NULL;
+	char why[256] = "";
+	cr_assert_eq(qmp_scripted(GREET "{\"error\": {\"class\": \"GenericError\", \"desc\": \"State blocked by "
+	                                "non-migratable device\"}, \"id\": 2}\n",
+	                          &q),
+	             0);
+	cr_assert_eq(qmp_exec(q, "migrate", json_pack("{s:s}", "uri", "exec:cat"), 2000, NULL, why, sizeof why),
+	             SPACED_EPERM);
+	cr_assert(strstr(why, "migrate: State blocked by non-migratable device") != NULL, "%s", why);
+	qmp_close(q);
+}
+
+Test(qmp, bad_input_refused)
+{
+	struct qmp *q = NULL;
+	cr_assert_eq(qmp_scripted("{\"hello\": 1}\n", &q), SPACED_EPROTO, "not a greeting");
+	cr_assert_eq(qmp_scripted("{\"QMP\": {}, \"QMP\": {}}\n", &q), SPACED_EPROTO, "duplicate keys");
+	cr_assert_eq(qmp_scripted("[1,2]\n", &q), SPACED_EPROTO, "not an object");
+	cr_assert_eq(qmp_scripted("{\"QMP\": {}}", &q), SPACED_ECLOSED, "no newline before the end");
+	cr_assert_eq(qmp_scripted("{\"QMP\": {}}\n{\"return\": {}, \"id\": 7}\n", &q), SPACED_ECLOSED,
+	             "an answer to another command");
+	/* a line longer than QMP_LINE_MAX */
+	size_t n = QMP_LINE_MAX + 16;
+	char *big = malloc(n + 1);
+	cr_assert_not_null(big);
+	memset(big, 'x', n);
+	big[0] = '"';
+	big[n] = 0;
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	int sz = 256 * 1024;
+	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+	cr_assert_eq(write(sv[1], big, n), (ssize_t)n);
+	cr_assert_eq(qmp_adopt(sv[0], 2000, &q), SPACED_ETOOBIG);
+	close(sv[1]);
+	free(big);
+}
+
+Test(qmp, silence_times_out)
+{
+	int sv[2];
+	struct qmp *q = NULL;
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	cr_assert_eq(qmp_adopt(sv[0], 100, &q), SPACED_ETIMEDOUT);
+	close(sv[1]);
+}

@@ -13,6 +13,13 @@
  *   vsock-client read PATH                connects, sends nothing, prints what
  *                                          arrives until the socket closes
  *                                          (bytes outside printable ASCII as '.')
+ *   vsock-client line UDS PORT TEXT       CONNECT PORT, sends TEXT and a newline,
+ *                                          prints the one line answered (a
+ *                                          guest's control port)
+ *   vsock-client hello PATH               a bridge's caller: connects to PATH (a
+ *                                          spaced-host socket), sends HELLO and
+ *                                          prints "ok hello identity=…" or
+ *                                          "refused code=… reason=…" (exit 3)
  *   vsock-client serve PATH               listens on PATH (a guest-initiated
  *                                          connection's "<uds>_<port>"), takes one
  *                                          connection, reads to EOF and answers
@@ -27,11 +34,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "error.h"
+#include "guest_client.h"
 #include "vsock_hs.h"
 
 static long long deadline_ms;
@@ -327,6 +336,72 @@ static int cmd_read(const char *path)
 	return 0;
 }
 
+static int cmd_line(const char *path, unsigned port, const char *text)
+{
+	unsigned local;
+	char buf[2048];
+	size_t n = 0;
+	int fd = vconnect(path, port, &local);
+
+	if (fd < 0)
+		return 1;
+	if (write_all(fd, text, strlen(text)) < 0 || write_all(fd, "\n", 1) < 0) {
+		close(fd);
+		printf("error: cannot send\n");
+		return 1;
+	}
+	while (n < sizeof(buf) - 1) {
+		ssize_t r;
+
+		if (wait_in(fd) < 0)
+			break;
+		r = read(fd, buf + n, 1);
+		if (r <= 0 || buf[n] == '\n')
+			break;
+		n++;
+	}
+	close(fd);
+	buf[n] = '\0';
+	printf("answer '%s'\n", buf);
+	return n > 0 ? 0 : 1;
+}
+
+static int cmd_hello(const char *path)
+{
+	struct spaced_guest_client *c;
+	struct spaced_guest_msg m;
+	struct spaced_field_reader r;
+	int e = spaced_guest_client_connect(path, &c);
+
+	if (e < 0) {
+		printf("error: connect %s: %s\n", path, spaced_strerror(e));
+		return 1;
+	}
+	struct timeval tv = { .tv_sec = 30 };
+	setsockopt(spaced_guest_client_fd(c), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	uint32_t id = spaced_guest_client_next_id(c);
+	/* the bridge's verdict comes with the first answer: the guest's RESULT
+	 * to this HELLO, or its own refusal (RESULT, id 0) */
+	(void)spaced_guest_send(c, SPACED_GUEST_HELLO, 0, id, NULL, 0); /* a refusal may already be there */
+	e = spaced_guest_recv(c, &m);
+	if (e < 0) {
+		printf("error: %s\n", spaced_strerror(e));
+		spaced_guest_client_free(c);
+		return 1;
+	}
+	int st = m.hdr.type == SPACED_GUEST_OUT_RESULT ? spaced_guest_result_head(c, &m, &r) : SPACED_EPROTO;
+	uint32_t got = m.hdr.id;
+	spaced_guest_msg_clear(&m);
+	if (st == 0 && got == id) {
+		printf("ok hello identity=%s\n", spaced_guest_client_identity(c));
+		spaced_guest_client_free(c);
+		return 0;
+	}
+	printf("refused code=%s reason=\"%s\"\n", spaced_errname(st), spaced_guest_client_errmsg(c));
+	spaced_guest_client_free(c);
+	return 3;
+}
+
 static int cmd_serve(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -390,6 +465,10 @@ int main(int argc, char **argv)
 		return cmd_read(argv[2]);
 	if (argc == 3 && strcmp(argv[1], "serve") == 0)
 		return cmd_serve(argv[2]);
-	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | serve PATH\n");
+	if (argc == 3 && strcmp(argv[1], "hello") == 0)
+		return cmd_hello(argv[2]);
+	if (argc == 5 && strcmp(argv[1], "line") == 0)
+		return cmd_line(argv[2], (unsigned)strtoul(argv[3], NULL, 10), argv[4]);
+	fprintf(stderr, "usage: vsock-client echo UDS PORT BYTES | loop UDS PORT COUNT | refused UDS TEXT | read PATH | hello PATH | line UDS PORT TEXT | serve PATH\n");
 	return 2;
 }
