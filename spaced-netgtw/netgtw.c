@@ -2,10 +2,15 @@
  * netgtw.c — spaced-netgtw, the ServicePort gateway of one execution (R5, S1–S4, B4;
  * docs/network.md "ServicePorts").
  *
- *   spaced-netgtw --listen HOST:PORT --port-file PATH --record PATH --keys PATH
+ *   spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR) --keys PATH
  *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
- *                 --identity TEXT [--guest-owner UID] [--audit PATH]
+ *                 --identity TEXT|- [--guest-owner UID] [--audit PATH]
  *
+ * "--identity -" is a pooled execution's gateway (docs/templates.md "The warm
+ * pool"): it listens and writes its port at once, reads the identity of the
+ * sandbox that claims the execution as one line on its standard input (a
+ * FIFO), and accepts no connection before it has it. --record-dir DIR: the
+ * record is DIR/<sandbox>.json, the sandbox the identity names.
  * Clients speak HTTP/1.1 to it. The first request head of a connection names
  * the port (Host "<port>-<sandbox>.localhost", else the capability's port) and
  * carries a credential: "Authorization: Bearer <serviceport capability>", the
@@ -102,8 +107,11 @@ struct conn {
 
 static struct {
 	int ep, lfd, ino, pidfd;
-	const char *record_path, *keys_path, *guest_path;
-	char record_base[256], keys_base[256];
+	const char *record_path, *keys_path, *guest_path, *record_dir;
+	char record_base[256], keys_base[256], record_buf[4200];
+	bool identity_pending; /* --identity -: on standard input, not yet read */
+	char idline[SPACED_IDENTITY_TEXT_MAX + 2];
+	size_t idlen;
 	struct spaced_keyring *kr;
 	struct spaced_vcache *vc;
 	struct spaced_record rec;
@@ -164,6 +172,8 @@ static void streams_recheck(void)
 
 static void record_load(void)
 {
+	if (G.identity_pending)
+		return; /* not yet any sandbox's */
 	json_error_t jerr;
 	json_t *j = json_load_file(G.record_path, JSON_REJECT_DUPLICATES, &jerr);
 	struct spaced_record r;
@@ -190,6 +200,54 @@ static void record_load(void)
 			streams_recheck();
 	}
 	json_decref(j);
+}
+
+/* --record-dir: the record of the sandbox this gateway serves. */
+static void record_path_set(void)
+{
+	snprintf(G.record_buf, sizeof G.record_buf, "%s/%s.json", G.record_dir, G.self.sandbox);
+	G.record_path = G.record_buf;
+	snprintf(G.record_base, sizeof G.record_base, "%s.json", G.self.sandbox);
+}
+
+/* --identity -: the claimed execution's identity, one line on standard
+ * input. Until it is complete nothing is accepted; a malformed line, or the
+ * input ending without one, ends the gateway (it serves nobody). Returns 1
+ * while more is to come, 0 once the identity is taken, < 0 to end. */
+static int identity_read(void)
+{
+	for (;;) {
+		ssize_t n = read(0, G.idline + G.idlen, sizeof G.idline - 1 - G.idlen);
+		if (n < 0)
+			return errno == EAGAIN || errno == EINTR ? 1 : -1;
+		if (n == 0) {
+			glog("level=error event=identity-missing reason=\"its input ended\"");
+			return -1;
+		}
+		G.idlen += (size_t)n;
+		char *nl = memchr(G.idline, '\n', G.idlen);
+		if (nl == NULL) {
+			if (G.idlen >= sizeof G.idline - 1) {
+				glog("level=error event=identity-malformed reason=\"too long\"");
+				return -1;
+			}
+			continue;
+		}
+		if (spaced_identity_decode(&G.self, G.idline, (size_t)(nl - G.idline)) < 0) {
+			glog("level=error event=identity-malformed");
+			return -1;
+		}
+		G.identity_pending = false;
+		epoll_ctl(G.ep, EPOLL_CTL_DEL, 0, NULL);
+		close(0);
+		if (G.record_dir)
+			record_path_set();
+		record_load();
+		struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+		epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
+		glog("level=info event=claimed sandbox=%s", G.self.sandbox);
+		return 0;
+	}
 }
 
 static void keys_load(void)
@@ -926,9 +984,9 @@ static int listen_on(const char *hostport)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH --record PATH --keys PATH\n"
-	                "                     --guest PATH --launcher-pid PID --launcher-start TICKS\n"
-	                "                     --identity TEXT [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n");
+	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR)\n"
+	                "                     --keys PATH --guest PATH --launcher-pid PID --launcher-start TICKS\n"
+	                "                     --identity TEXT|- [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n");
 	exit(2);
 }
 
@@ -949,6 +1007,8 @@ int main(int argc, char **argv)
 			port_file = v;
 		else if (strcmp(o, "--record") == 0)
 			G.record_path = v;
+		else if (strcmp(o, "--record-dir") == 0)
+			G.record_dir = v;
 		else if (strcmp(o, "--keys") == 0)
 			G.keys_path = v;
 		else if (strcmp(o, "--guest") == 0)
@@ -964,14 +1024,19 @@ int main(int argc, char **argv)
 		else if (strcmp(o, "--audit") == 0) {
 			G.audit_fd = open(v, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 		} else if (strcmp(o, "--identity") == 0) {
-			if (spaced_identity_decode(&G.self, v, strlen(v)) < 0)
+			if (strcmp(v, "-") == 0)
+				G.identity_pending = true;
+			else if (spaced_identity_decode(&G.self, v, strlen(v)) < 0)
 				usage();
 		}
 		else
 			usage();
 	}
-	if (!listen_s || !G.record_path || !G.keys_path || !G.guest_path || lpid <= 1 || G.self.sandbox[0] == 0)
+	if (!listen_s || !G.record_path == !G.record_dir || !G.keys_path || !G.guest_path || lpid <= 1 ||
+	    (G.self.sandbox[0] == 0 && !G.identity_pending))
 		usage();
+	if (G.record_dir && !G.identity_pending)
+		record_path_set();
 	if (sodium_init() < 0)
 		return 1;
 	prctl(PR_SET_NAME, "spaced-netgtw");
@@ -996,13 +1061,17 @@ int main(int argc, char **argv)
 	if (spaced_keyring_new(&G.kr) < 0 || spaced_vcache_new(&G.vc, 4096) < 0)
 		return 1;
 	char tmp[4096];
-	snprintf(tmp, sizeof tmp, "%s", G.record_path);
-	snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
+	if (G.record_path) {
+		snprintf(tmp, sizeof tmp, "%s", G.record_path);
+		snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
+	}
 	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
 	snprintf(G.keys_base, sizeof G.keys_base, "%s", basename(tmp));
 	G.ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	snprintf(tmp, sizeof tmp, "%s", G.record_path);
-	if (G.ino < 0 || inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+	/* the record's directory (the gate replaces the record by rename) */
+	snprintf(tmp, sizeof tmp, "%s", G.record_dir ? G.record_dir : G.record_path);
+	const char *rdir = G.record_dir ? tmp : dirname(tmp);
+	if (G.ino < 0 || inotify_add_watch(G.ino, rdir, IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
 		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
 		return 1;
 	}
@@ -1031,8 +1100,18 @@ int main(int argc, char **argv)
 	}
 	G.ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
-	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
-	static int tag_ino, tag_pid;
+	static int tag_ino, tag_pid, tag_id;
+	if (G.identity_pending) {
+		/* connections wait in the backlog until the identity is known */
+		fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
+		e.data.ptr = &tag_id;
+		if (epoll_ctl(G.ep, EPOLL_CTL_ADD, 0, &e) < 0) {
+			glog("level=error event=identity-input reason=\"%s\"", strerror(errno));
+			return 1;
+		}
+	} else {
+		epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
+	}
 	e.data.ptr = &tag_ino;
 	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.ino, &e);
 	e.data.ptr = &tag_pid;
@@ -1048,6 +1127,9 @@ int main(int argc, char **argv)
 			void *p = evs[i].data.ptr;
 			if (p == NULL) {
 				on_accept();
+			} else if (p == &tag_id) {
+				if (identity_read() < 0)
+					return 1;
 			} else if (p == &tag_ino) {
 				on_inotify();
 			} else if (p == &tag_pid) {

@@ -551,7 +551,10 @@ static bool connectable(const char *path)
 /* Waits until path exists (want_sock: accepts connections) while the pinned process lives. */
 static int wait_for(const char *path, bool want_sock, int64_t pid, uint64_t start, int ms)
 {
-	for (int i = 0; i < ms / 5; i++) {
+	/* looked at after 0.25, 0.5, 1, 2 ms and then every 5 ms: most of what
+	 * is waited for here is ready within a few milliseconds */
+	long waited_us = 0, step_us = 250;
+	while (waited_us < (long)ms * 1000) {
 		struct stat sb;
 		if (want_sock ? connectable(path) : stat(path, &sb) == 0)
 			return 0;
@@ -564,8 +567,10 @@ static int wait_for(const char *path, bool want_sock, int64_t pid, uint64_t star
 		close(fd);
 		if (gone)
 			return SPACED_EIO;
-		struct timespec ts = {0, 5 * 1000 * 1000};
+		struct timespec ts = {0, step_us * 1000};
 		nanosleep(&ts, NULL);
+		waited_us += step_us;
+		step_us = step_us * 2 > 5000 ? 5000 : step_us * 2;
 	}
 	return SPACED_ETIMEDOUT;
 }
@@ -683,14 +688,21 @@ static bool gateway_bin(const struct mgr_config *cfg, char *bin, size_t binsz)
 	return stat(bin, &sb) == 0;
 }
 
-static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *logp)
+/* With fifo, a pooled execution's gateway: it listens at once and reads the
+ * identity of the sandbox that claims the execution from that FIFO
+ * (mgr_pool_claim_finish). Returns 0 when it serves (or no gateway binary
+ * exists: ServicePorts are then unreachable), < 0 when it did not start. */
+static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir,
+                            const char *logp, const char *fifo)
 {
-	char bin[4096], tmp[4096], pf[4200], recp[4200], keys[4200], gsock[4200], lpid[32], lstart[32];
-	char text[SPACED_IDENTITY_TEXT_MAX];
-	if (!gateway_bin(cfg, bin, sizeof bin) || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
-		return;
+	char bin[4096], tmp[4096], pf[4200], recd[4200], keys[4200], gsock[4200], lpid[32], lstart[32];
+	char text[SPACED_IDENTITY_TEXT_MAX] = "-";
+	if (!gateway_bin(cfg, bin, sizeof bin))
+		return 0;
+	if (!fifo && spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+		return SPACED_EINVAL;
 	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
-	snprintf(recp, sizeof recp, "%s/gw/%s.json", cfg->state_dir, rec->r.id.sandbox);
+	snprintf(recd, sizeof recd, "%s/gw", cfg->state_dir);
 	snprintf(keys, sizeof keys, "%s/keys.json", cfg->state_dir);
 	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
 	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
@@ -699,13 +711,24 @@ static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *re
 	mkdir(tmp, 0700);
 	char audit[4200];
 	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
-	const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record", recp, "--keys", keys,
+	const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record-dir", recd, "--keys", keys,
 	                      "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
 	                      cfg->launch_bin, "--identity", text, "--audit", audit, NULL};
 	int64_t gp;
 	uint64_t gs;
-	if (spawn_ready(argv, logp, pf, false, 5000, false, &gp, &gs) < 0)
-		fprintf(stderr, "spaced-executor level=warn event=gateway-failed sandbox=%s\n", rec->r.id.sandbox);
+	unlink(pf);
+	spawn_stdin = fifo;
+	int e = spawn_ready(argv, logp, pf, false, 5000, false, &gp, &gs);
+	spawn_stdin = NULL;
+	if (e < 0)
+		fprintf(stderr, "spaced-executor level=warn event=gateway-failed sandbox=%s\n",
+		        fifo ? "-" : rec->r.id.sandbox);
+	return e;
+}
+
+static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *logp)
+{
+	start_gateway_in(cfg, rec, e_dir, logp, NULL);
 }
 
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
@@ -1342,6 +1365,19 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 		unlink(fifo);
 		return e < 0 ? e : SPACED_ESYS;
 	}
+	/* its ServicePort gateway, listening already; it ends with the launcher */
+	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir, name);
+	unlink(fifo);
+	if (mkfifo(fifo, 0600) < 0 || (e = start_gateway_in(cfg, rec, e_dir, logp, fifo)) < 0) {
+		snprintf(why, whysz, "the pooled execution's ServicePort gateway did not start");
+		stop_pinned(rec->host_pid, rec->host_start, false);
+		stop_pinned(lp, ls, true);
+		mgr_run_wait(rm);
+		unlink(fifo);
+		snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, name);
+		unlink(fifo);
+		return e < 0 ? e : SPACED_ESYS;
+	}
 	/* its bridge, for a reap after a restart of the gate */
 	char lf[4200], text[256] = "";
 	snprintf(lf, sizeof lf, "%s/bridge", e_dir);
@@ -1450,7 +1486,23 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 	if (exec_dir(cfg, rec, e_dir, sizeof e_dir) < 0)
 		return SPACED_EINVAL;
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
-	start_gateway(cfg, rec, e_dir, logp);
+	/* the gateway started with the pooled execution takes its identity
+	 * (mgr_pool_exec_start); one started before pooled gateways existed has
+	 * no FIFO and one is started now */
+	char fifo[4200], text[SPACED_IDENTITY_TEXT_MAX + 1];
+	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir,
+	         strncmp(rec->exec_name, "pool/", 5) == 0 ? rec->exec_name + 5 : rec->exec_name);
+	int ff = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+	if (ff >= 0) {
+		int n = spaced_identity_encode(&rec->r.id, text, sizeof text - 1);
+		bool sent = n > 0 && (text[n] = '\n', write(ff, text, (size_t)n + 1) == n + 1);
+		close(ff);
+		unlink(fifo);
+		if (!sent)
+			return SPACED_ECLOSED;
+	} else {
+		start_gateway(cfg, rec, e_dir, logp);
+	}
 	return mgr_pool_gateway_port(cfg, rec, gateway_port);
 }
 
@@ -1521,6 +1573,8 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 		snprintf(sock, sizeof sock, "%s/run/%s.sock", cfg->state_dir, de->d_name);
 		unlink(sock);
 		snprintf(sock, sizeof sock, "%s/run/%s.in", cfg->state_dir, de->d_name);
+		unlink(sock);
+		snprintf(sock, sizeof sock, "%s/run/%s.gw", cfg->state_dir, de->d_name);
 		unlink(sock);
 		const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 		mgr_run_wait(rm);

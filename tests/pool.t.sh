@@ -11,7 +11,9 @@
 #    slot held by that sandbox (skipped without pasta, nft or a network namespace of its own for an outside host);
 #  - pooled executions that died while waiting are not handed out: the create starts one for
 #    itself and succeeds;
-#  - the pool stays within --pool-max per key.
+#  - the pool stays within --pool-max per key;
+#  - a waiting execution's ServicePort gateway listens already and answers nobody before a
+#    sandbox claims the execution (it then takes that sandbox's identity: expose below).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 . "$SPACED_TOP/tests/net_lib.sh"
@@ -39,6 +41,13 @@ wait_ready() { # N: the default key's pool holds N ready executions (at most 60 
 }
 wait_ready 4 || fail "the pool fills to 4"
 h0=$(status .pool.hits)
+
+# ---- a waiting execution's ServicePort gateway is started with it and serves nobody yet ----
+# (it takes the claiming sandbox's identity from a FIFO: until then connections wait unanswered)
+gp=$(cat "$(ls "$D"/worker-1/pool/*/gateway.port | head -n 1)" 2>/dev/null)
+expect "a waiting pooled execution has its gateway listening" "$([ -n "$gp" ] && echo yes)" yes
+expect "before a claim it answers nothing, not even /metrics" \
+	"$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${gp:-1}/metrics")" 000
 
 # ---- eight creates at once ----
 for i in 1 2 3 4 5 6 7 8; do "$SC" create >"$W/c$i" 2>&1 & done
