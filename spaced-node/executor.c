@@ -469,36 +469,32 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			snprintf(why, whysz, "template %s changed in the cache since its check", rec.tmpl);
 			return e;
 		}
-		/* its egress: the sandbox's policy, kept for later starts, in place
-		 * of the pooled execution's closed filter, before its identity */
-		/* Its ServicePort gateway starts meanwhile, with the identity it is
-		 * being given: it reaches the guest only for a client, and no client
-		 * learns of it before the install's ack. So do the slot and the
-		 * stored policy when the policy is the default one, whose filter the
-		 * pooled execution already has (net_claim); another policy's filter
-		 * is in place before the identity goes out. */
+		/* Its egress: the sandbox's policy, kept for later starts. Another
+		 * policy than the default one has its filter in place before the
+		 * identity goes out; the default one's filter is the pooled
+		 * execution's already (net_claim), so its slot and stored policy are
+		 * written while the guest takes its identity. So is the identity of
+		 * its ServicePort gateway (started with it, mgr_pool_exec_start): it
+		 * reaches the guest only for a client, and no client learns of it
+		 * before the install's ack. */
 		json_t *net = json_object_get(args, "network");
 		bool net_default = !json_is_object(net) || net_policy_is_default(net);
-		pid_t gp = fork();
-		if (gp == 0) {
-			int port, ne = 0;
-			char w2[256];
-			if (net_default && json_is_object(net))
-				ne = net_policy_store(cfg, rec.r.id.sandbox, net, w2, sizeof w2);
-			if (net_default && ne == 0)
-				ne = net_claim(cfg, &rec, w2, sizeof w2);
-			_exit(mgr_pool_claim_finish(cfg, &rec, &port) == 0 && ne == 0 ? 0 : 1);
-		}
 		e = 0;
-		if (!net_default || gp < 0) {
-			if (json_is_object(net))
-				e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz);
+		if (!net_default) {
+			e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz);
 			if (e == 0)
 				e = net_claim(cfg, &rec, why, whysz);
 		}
-		int fd = -1, answers = 0;
+		int fd = -1, answers = 0, gw = 0;
 		if (e == 0 && (e = mgr_pool_claim_send(cfg, &rec, &fd, &answers, why, whysz)) == 0) {
-			e = SPACED_EBUSY;
+			if (net_default && json_is_object(net))
+				e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz);
+			if (e == 0 && net_default)
+				e = net_claim(cfg, &rec, why, whysz);
+			if (e == 0 && (e = mgr_pool_claim_finish(cfg, &rec, &gw)) < 0)
+				snprintf(why, whysz, "the claimed execution's ServicePort gateway does not take its identity");
+			if (e == 0)
+				e = SPACED_EBUSY;
 			while (e == SPACED_EBUSY) {
 				struct pollfd p = {.fd = fd, .events = POLLIN};
 				e = poll(&p, 1, EXE_CLAIM_TIMEOUT_MS) == 1 ? mgr_pool_claim_done(fd, &answers, why, whysz)
@@ -506,15 +502,7 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			}
 			close(fd);
 		}
-		int gw = 0, gst = 0;
-		if (gp > 0)
-			while (waitpid(gp, &gst, 0) < 0 && errno == EINTR)
-				;
-		if (e == 0 && gp > 0 && net_default && !(WIFEXITED(gst) && WEXITSTATUS(gst) == 0)) {
-			snprintf(why, whysz, "the claimed execution's network slot could not be given to the sandbox");
-			e = SPACED_EIO;
-		}
-		if (e == 0 && (e = gp > 0 ? mgr_pool_gateway_port(cfg, &rec, &gw) : mgr_pool_claim_finish(cfg, &rec, &gw)) == 0) {
+		if (e == 0) {
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
 			if (gw > 0 && *result)
 				json_object_set_new(*result, "gateway", json_integer(gw));

@@ -160,12 +160,15 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
  * all yet), SPACED_EPROTO. */
 int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz);
 /* True when a claim is only the identity (claimed in the executor's loop):
- * no egress to open for the sandbox (net.h) and no ServicePort gateway to
- * start; else a claim is a job in a child (net_claim, the claim, then
- * mgr_pool_claim_finish). */
+ * no egress to open for the sandbox (net.h) and no ServicePort gateway;
+ * else a claim is a job in a child (the claim sent, net_claim and
+ * mgr_pool_claim_finish while the guest takes its identity). */
 bool mgr_pool_claim_inline(const struct mgr_config *cfg);
-/* After the claim: the execution's ServicePort gateway (spaced-netgtw, with
- * the claimed identity); *gateway_port its port, 0 without one. */
+/* The claimed identity for the execution's ServicePort gateway: the one
+ * started with the pooled execution reads it from its FIFO (a pooled
+ * execution of an earlier spaced-node without one gets a gateway started
+ * now); *gateway_port its port, 0 without one. SPACED_ECLOSED when the
+ * waiting gateway does not take it. */
 int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
 /* The port of rec's ServicePort gateway once started (0: none). */
 int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);

@@ -97,6 +97,16 @@ int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, cha
 	return 0;
 }
 
+/* Removes the tree at path (rm -rf); nothing is run when there is none. */
+static int remove_tree(const char *path)
+{
+	struct stat sb;
+	if (lstat(path, &sb) < 0 && errno == ENOENT)
+		return 0;
+	const char *rm[] = {"rm", "-rf", "--", path, NULL};
+	return mgr_run_wait(rm);
+}
+
 /* Runs argv to completion; 0 when it exited 0. */
 int mgr_run_wait(const char *const argv[])
 {
@@ -748,8 +758,7 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	if ((e = mkdirs(dir)) < 0)
 		return e;
 	/* a generation starts from nothing but its snapshot, in a directory of its own */
-	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
-	mgr_run_wait(rm);
+	remove_tree(e_dir);
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	char cpus[16], mem[24], pids[24], disk[24], uid[16], troot[4400], why[512] = "";
@@ -1262,7 +1271,7 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	if ((e = exec_dir(cfg, rec, e_dir, sizeof e_dir)) < 0)
 		return e;
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
-	mgr_run_wait(rm);
+	remove_tree(e_dir);
 	snprintf(logp, sizeof logp, "%s/log/pool.log", cfg->state_dir);
 	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--service-ports"};
 	size_t n = 6;

@@ -17,6 +17,11 @@
 #define BACKOFF_NS (5ull * 1000000000ull)
 #define KEYS_MAX 32
 #define PSS_FLOOR_KIB 2048u /* a pooled execution is counted at least this much */
+/* Refills wait until creates pause for this long (their starts would take
+ * CPU from the claims of a burst), unless a key has fewer than a quarter of
+ * its target ready */
+#define QUIET_NS (250ull * 1000000ull)
+#define QUIET_MS 250
 
 struct pool_entry {
 	struct pool_entry *next;
@@ -45,6 +50,7 @@ struct gate_pool {
 	bool timer_on;
 	uint64_t next_id;
 	uint64_t pss_kib;  /* running average of one pooled execution */
+	uint64_t last_take; /* when the last create asked (mono ns) */
 	int starting;
 	uint64_t started, failed, stopped, hits, misses;
 };
@@ -248,7 +254,10 @@ static void fill(struct mgr *m)
 			free(k);
 			continue;
 		}
-		while (have < want && held < budget && P.starting < m->cfg->pool_starts && now >= k->backoff_until) {
+		int ready = count(k, true);
+		bool quiet = now - P.last_take >= QUIET_NS || ready < (want + 3) / 4;
+		while (quiet && have < want && held < budget && P.starting < m->cfg->pool_starts &&
+		       now >= k->backoff_until) {
 			start_one(m, k);
 			have++;
 			held++;
@@ -352,7 +361,11 @@ bool pool_take(struct mgr *m, struct mgr_rec *rec)
 		k->misses++;
 		P.misses++;
 	}
+	P.last_take = now;
 	fill(m);
+	/* and again once creates pause */
+	if (P.timer_on)
+		uv_timer_start(&P.timer, on_timer, QUIET_MS + 10, 1000);
 	return hit;
 }
 

@@ -14,8 +14,10 @@
  * minute (at least --pool for the worker's default key), within --pool-max
  * per key and a memory budget for all (--pool-memory, counted with what the
  * pooled executions' processes measure: proportional set size). Refilled in
- * the background, a few starts at a time; what demand no longer asks for is
- * stopped after a minute.
+ * the background, a few starts at a time, once creates pause for 250 ms (at
+ * once when a key has less than a quarter of its target ready): a burst's
+ * claims do not share the CPU with refills; what demand no longer asks for
+ * is stopped after a minute.
  */
 #ifndef SPACED_NODE_POOL_H
 #define SPACED_NODE_POOL_H
