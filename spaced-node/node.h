@@ -63,7 +63,7 @@ enum node_msg {
 
 /* Flow control on the socketpair: per stream and direction, at most this
  * many bytes on their way (the gate's GATE_WINDOW). */
-#define NODE_WINDOW (256u << 10)
+#define NODE_WINDOW (1024u << 10)
 
 /* Largest frame on the socketpair: a guest chunk plus its fields. */
 #define NODE_MSG_MAX (SPACED_FRAME_CHUNK + 1024)
