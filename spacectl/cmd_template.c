@@ -6,8 +6,9 @@
  *   template build NAME -f SPACEFILE [--context DIR] [--no-cache] [--json]   (tmpl_build.c)
  *   template ls [--json]
  *   template rm NAME
- * The store's address comes from the control plane (GET /v1/store); the
- * archive is streamed from the file (sendfile), never held in memory.
+ * The store's address comes from the control plane (GET /v1/store): https
+ * when the control plane speaks TLS (verified as every spacectl connection,
+ * net.h); the archive is streamed from the file, never held in memory.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +28,7 @@
 
 #include "cli.h"
 #include "http_client.h"
+#include "net.h"
 #include "tmpl.h"
 
 int tmpl_api(const char *what, const char *method, const char *path, json_t *req, json_t **out)
@@ -60,31 +62,6 @@ int tmpl_api(const char *what, const char *method, const char *path, json_t *req
 	return 0;
 }
 
-/* Connects to host:port (TCP). -1 with err on failure. */
-static int dial(const char *host, int port, int timeout_s, char *err, size_t errsz)
-{
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-	char ps[16];
-	snprintf(ps, sizeof ps, "%d", port);
-	if (getaddrinfo(host, ps, &hints, &ai) != 0 || !ai) {
-		snprintf(err, errsz, "cannot resolve %.100s", host);
-		return -1;
-	}
-	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
-		snprintf(err, errsz, "cannot connect to %.100s:%d: %s", host, port, strerror(errno));
-		if (fd >= 0)
-			close(fd);
-		freeaddrinfo(ai);
-		return -1;
-	}
-	freeaddrinfo(ai);
-	struct timeval tv = {.tv_sec = timeout_s};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-	return fd;
-}
-
 static int send_file(const char *what, const char *method, const char *ctype, const char *store_url, const char *path,
                      const char *file, json_t **out);
 
@@ -102,21 +79,22 @@ static int send_file(const char *what, const char *method, const char *ctype, co
                      const char *file, json_t **out)
 {
 	const char *key = getenv("SPACED_API_KEY");
-	char host[256], prefix[512], err[256];
-	int port, fd = -1, in = -1, rc = 1;
-	unsigned char *ans = NULL, *body = NULL;
+	char host[256], prefix[512], err[512];
+	int port, in = -1, rc = 1;
+	struct net_conn *nc = NULL;
+	unsigned char *ans = NULL, *body = NULL, *chunk = NULL;
 	size_t alen = 0, acap = 0, blen = 0;
 	struct stat sb;
 	int tls = 0;
-	if (http_parse_url(store_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0 || tls)
-		return cli_fail(what, "the store's address %s is not http://HOST:PORT (the store speaks plain HTTP)",
-		                store_url);
+	/* https when the control plane speaks TLS: the API key travels in it */
+	if (http_parse_url(store_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0)
+		return cli_fail(what, "the store's address %s is not an http(s)://HOST:PORT URL", store_url);
 	in = open(file, O_RDONLY | O_CLOEXEC);
 	if (in < 0 || fstat(in, &sb) < 0 || !S_ISREG(sb.st_mode)) {
 		rc = cli_fail(what, "%s: %s", file, in < 0 ? strerror(errno) : "not a regular file");
 		goto out;
 	}
-	if ((fd = dial(host, port, 600, err, sizeof err)) < 0) {
+	if (net_connect(host, port, tls != 0, 600, &nc, err, sizeof err) < 0) {
 		rc = cli_fail(what, "%s", err);
 		goto out;
 	}
@@ -125,39 +103,56 @@ static int send_file(const char *what, const char *method, const char *ctype, co
 	                 "%s %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\nContent-Type: "
 	                 "%s\r\nContent-Length: %lld\r\nConnection: close\r\n\r\n",
 	                 method, prefix, path, host, port, key ? key : "", ctype, (long long)sb.st_size);
-	if (n < 0 || (size_t)n >= sizeof head || send(fd, head, (size_t)n, MSG_NOSIGNAL) != n) {
+	if (n < 0 || (size_t)n >= sizeof head || net_send(nc, head, (size_t)n, 0) != n) {
 		rc = cli_fail(what, "cannot send the request");
 		goto out;
 	}
 	off_t off = 0;
-	while (off < sb.st_size) {
-		ssize_t w = sendfile(fd, in, &off, (size_t)(sb.st_size - off) < (1u << 30) ? (size_t)(sb.st_size - off)
-		                                                                            : (1u << 30));
-		if (w <= 0) {
-			/* the store may have answered early (a refusal): read it below */
-			break;
+	if (!net_tls(nc)) {
+		/* plaintext: straight from the file to the socket */
+		while (off < sb.st_size) {
+			size_t left = (size_t)(sb.st_size - off);
+			ssize_t w = sendfile(net_fd(nc), in, &off, left < (1u << 30) ? left : (1u << 30));
+			if (w <= 0)
+				break; /* the store may have answered early (a refusal): read it below */
+		}
+	} else if ((chunk = malloc(256 * 1024)) != NULL) {
+		while (off < sb.st_size) {
+			ssize_t r = read(in, chunk, 256 * 1024);
+			if (r <= 0)
+				break;
+			ssize_t done = 0;
+			while (done < r) {
+				ssize_t w = net_send(nc, chunk + done, (size_t)(r - done), 0);
+				if (w <= 0)
+					break;
+				done += w;
+			}
+			if (done < r)
+				break; /* an early answer: read it below */
+			off += r;
 		}
 	}
 	for (;;) {
 		if (alen + 4096 + 1 > acap) {
-			size_t nc = acap ? acap * 2 : 16384;
-			unsigned char *na = realloc(ans, nc);
-			if (!na || nc > HTTP_RESPONSE_MAX) {
+			size_t nc2 = acap ? acap * 2 : 16384;
+			unsigned char *na = realloc(ans, nc2);
+			if (!na || nc2 > HTTP_RESPONSE_MAX) {
 				free(na == ans ? NULL : na);
 				rc = cli_fail(what, "answer too large");
 				goto out;
 			}
 			ans = na;
-			acap = nc;
+			acap = nc2;
 		}
-		ssize_t got = recv(fd, ans + alen, acap - alen - 1, 0);
+		ssize_t got = net_recv(nc, ans + alen, acap - alen - 1, 0);
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got <= 0)
 			break;
 		alen += (size_t)got;
 	}
-	if (!ans) {
+	if (!ans || alen == 0) {
 		rc = cli_fail(what, "the store closed the connection without an answer");
 		goto out;
 	}
@@ -183,10 +178,10 @@ static int send_file(const char *what, const char *method, const char *ctype, co
 	*out = j;
 	rc = 0;
 out:
-	if (fd >= 0)
-		close(fd);
+	net_close(nc);
 	if (in >= 0)
 		close(in);
+	free(chunk);
 	free(ans);
 	free(body);
 	return rc;

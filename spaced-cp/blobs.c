@@ -13,6 +13,11 @@
  *                                                   "scratch" | NAME} → {"hash","cached","config"}
  *                                                   (debian: mmdebstrap, a minute or more, once)
  *
+ * The port speaks TLS when the API does (the same certificate; with
+ * --tls-client-ca the worker endpoints require the worker's client
+ * certificate naming the worker whose key is presented, as the API's do):
+ * worker keys and tenant API keys travel in its requests.
+ *
  * Downloads are resumable (Range: bytes=N- or bytes=N-M → 206) and sent under
  * flow control; what a worker fetches it checks against the hash it was
  * given, so the store is trusted for availability only. Uploads go to a
@@ -385,6 +390,17 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 401, "unauthorized", "a worker key is required");
 			return;
 		}
+		/* mutual TLS: the certificate names the worker the key is of */
+		const char *cn = B.cp->mtls ? spaced_httpconn_peer_cert(c) : NULL;
+		if (B.cp->mtls && (cn == NULL || cn[0] == 0)) {
+			reply_err(c, 401, "unauthorized",
+			          "the worker endpoints need a client certificate (mutual TLS) signed by the workers' CA");
+			return;
+		}
+		if (cn != NULL && strcmp(cn, owner) != 0) {
+			reply_err(c, 403, "forbidden", "the client certificate names another worker");
+			return;
+		}
 		if (tmpl ? !spaced_treehash_hex_valid(seg[3]) : !spaced_name_valid(seg[3], strlen(seg[3]))) {
 			reply_err(c, 404, "not-found", "no such blob");
 			return;
@@ -473,10 +489,11 @@ int cp_blobs_start(struct cp *cp)
 	hc.body_max = cp->snapshot_max;
 	hc.body_timeout_ms = 60000;
 	hc.low_water = 512 * 1024;
+	hc.tls = cp->tls; /* NULL with --plaintext */
 	if ((r = spaced_httpsrv_start(&B.loop, &hc, &B.srv)) < 0)
 		return r;
 	int port = spaced_httpsrv_port(B.srv);
-	snprintf(cp->store_url, sizeof cp->store_url, "http://%s:%d", cp->store_host, port);
+	snprintf(cp->store_url, sizeof cp->store_url, "%s://%s:%d", cp->tls ? "https" : "http", cp->store_host, port);
 	snprintf(p, sizeof p, "%s/store.port", cp->state_dir);
 	FILE *f = fopen(p, "w");
 	if (f) {

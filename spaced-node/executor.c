@@ -403,7 +403,7 @@ static int snapshot_to_store(const struct mgr_config *cfg, struct mgr_rec *rec, 
 	else if ((e = mgr_snapshot_hash(local, hex, &bytes)) < 0)
 		snprintf(why, whysz, "cannot hash the snapshot: %s", spaced_strerror(e));
 	else if ((e = spaced_rootfs_pack_dir(local, tarp, why, whysz)) == 0)
-		e = fetch_upload(cfg->state_dir, url, tarp, why, whysz);
+		e = fetch_upload(cfg, url, tarp, why, whysz);
 	const char *rm[] = {"rm", "-rf", "--", local, tarp, NULL};
 	mgr_run_wait(rm);
 	if (e < 0)

@@ -21,6 +21,7 @@
 
 #include "error.h"
 #include "frame.h"
+#include "node.h"
 #include "util.h"
 
 #define KEY_MAX 256
@@ -66,11 +67,19 @@ static size_t on_data(char *p, size_t sz, size_t n, void *arg)
 	return len;
 }
 
-static CURL *easy(const char *url, struct curl_slist *hd)
+static CURL *easy(const struct mgr_config *cfg, const char *url, struct curl_slist *hd)
 {
 	CURL *h = curl_easy_init();
 	if (!h)
 		return NULL;
+	/* https: the chain and the name are verified (curl's defaults, never
+	 * turned off); the worker's certificate for mutual TLS */
+	if (cfg->tls_ca)
+		curl_easy_setopt(h, CURLOPT_CAINFO, cfg->tls_ca);
+	if (cfg->tls_client_cert && cfg->tls_client_key) {
+		curl_easy_setopt(h, CURLOPT_SSLCERT, cfg->tls_client_cert);
+		curl_easy_setopt(h, CURLOPT_SSLKEY, cfg->tls_client_key);
+	}
 	curl_easy_setopt(h, CURLOPT_URL, url);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -82,10 +91,11 @@ static CURL *easy(const char *url, struct curl_slist *hd)
 	return h;
 }
 
-int fetch_blob(const char *state_dir, const char *url, const char *dst, uint64_t max, char *why, size_t whysz)
+int fetch_blob(const struct mgr_config *cfg, const char *url, const char *dst, uint64_t max, char *why,
+               size_t whysz)
 {
 	char auth[KEY_MAX + 32];
-	int r = auth_header(state_dir, auth, sizeof auth);
+	int r = auth_header(cfg->state_dir, auth, sizeof auth);
 	if (r < 0) {
 		spaced_why(why, whysz, "no worker key to fetch %s with", url);
 		return r;
@@ -109,7 +119,7 @@ int fetch_blob(const char *state_dir, const char *url, const char *dst, uint64_t
 		if (lseek(fd, 0, SEEK_END) < 0)
 			break;
 		struct sink s = {.fd = fd, .written = have, .max = max};
-		CURL *h = easy(url, hd);
+		CURL *h = easy(cfg, url, hd);
 		if (!h)
 			break;
 		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
@@ -165,10 +175,10 @@ static size_t discard(char *p, size_t sz, size_t n, void *arg)
 	return sz * n;
 }
 
-int fetch_upload(const char *state_dir, const char *url, const char *src, char *why, size_t whysz)
+int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src, char *why, size_t whysz)
 {
 	char auth[KEY_MAX + 32];
-	int r = auth_header(state_dir, auth, sizeof auth);
+	int r = auth_header(cfg->state_dir, auth, sizeof auth);
 	if (r < 0) {
 		spaced_why(why, whysz, "no worker key to upload with");
 		return r;
@@ -190,7 +200,7 @@ int fetch_upload(const char *state_dir, const char *url, const char *src, char *
 	hd = curl_slist_append(hd, "Expect:");
 	struct spaced_buf ans;
 	spaced_buf_init(&ans, 64 * 1024);
-	CURL *h = easy(url, hd);
+	CURL *h = easy(cfg, url, hd);
 	r = SPACED_EIO;
 	if (h) {
 		curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);

@@ -15,12 +15,16 @@ struct mgr_config;
 
 /* Downloads url into dst (appending to what dst already holds: a download
  * cut short goes on where it ended, Range: bytes=N-), with the worker key
- * of state_dir; at most max bytes. Returns 0, SPACED_ENOENT (404),
+ * of cfg's state directory; at most max bytes. An https:// store is verified
+ * against cfg->tls_ca (else the system's trust store) and given the worker's
+ * client certificate when cfg names one. Returns 0, SPACED_ENOENT (404),
  * SPACED_EPERM (401/403), SPACED_ETOOBIG, SPACED_EINVAL (not http), SPACED_EIO. */
-int fetch_blob(const char *state_dir, const char *url, const char *dst, uint64_t max, char *why, size_t whysz);
+int fetch_blob(const struct mgr_config *cfg, const char *url, const char *dst, uint64_t max, char *why,
+               size_t whysz);
 
-/* PUTs the file src to url (201 expected). 0 or SPACED_EIO, SPACED_EINVAL. */
-int fetch_upload(const char *state_dir, const char *url, const char *src, char *why, size_t whysz);
+/* PUTs the file src to url (201 expected), as fetch_blob connects. 0 or
+ * SPACED_EIO, SPACED_EINVAL. */
+int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src, char *why, size_t whysz);
 
 /* ---- tmpl_cache.c ---- */
 

@@ -1143,7 +1143,7 @@ int mgr_exec_stage_snapshot(const struct mgr_config *cfg, const char *sandbox, c
 		snprintf(tarp, sizeof tarp, "%s.tar", dir);
 		unlink(tarp);
 		mgr_run_wait(rm);
-		e = fetch_blob(cfg->state_dir, src, tarp, UINT64_C(1) << 40, why, sizeof why);
+		e = fetch_blob(cfg, src, tarp, UINT64_C(1) << 40, why, sizeof why);
 		if (e == 0)
 			e = spaced_rootfs_extract(tarp, dir, SPACED_ROOTFS_X_SNAPSHOT, NULL, why, sizeof why);
 		unlink(tarp);

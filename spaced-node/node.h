@@ -196,6 +196,10 @@ struct mgr_config {
 	const char *vsockd_bin; /* spaced-vsockd */
 	const char *qemu_bin;   /* qemu-system-x86_64 */
 	const char *vm_accel;   /* tcg or kvm, NULL: spaced-vm's default (tcg) */
+	/* the control plane's store over https:// (fetch.c), as the link dials
+	 * the control plane: the CA file (NULL: the system's trust store) and
+	 * the worker's client certificate and key (mutual TLS; NULL: none) */
+	const char *tls_ca, *tls_client_cert, *tls_client_key;
 	uint64_t tmpl_max;       /* a template's archive and content at most */
 	int pool_min;            /* pooled executions kept for the worker's default template and limits */
 	int pool_max;            /* at most this many per template and limits (0: no pool) */

@@ -197,7 +197,7 @@ static int fetch_one(const struct mgr_config *cfg, const char *base, const char 
 	snprintf(part, sizeof part, "%s/.dl-%s.tar", base, hash);
 	snprintf(x, sizeof x, "%s/.x-%s", base, hash);
 	snprintf(xroot, sizeof xroot, "%s/root", x);
-	r = fetch_blob(cfg->state_dir, url, part, cfg->tmpl_max, why, whysz);
+	r = fetch_blob(cfg, url, part, cfg->tmpl_max, why, whysz);
 	if (r < 0)
 		return r;
 	rm_rf(x);

@@ -130,8 +130,8 @@ expect "the cache holds the template again" "$(cat "$C/etc/marker")" "from-tarba
 printf 'moved data\n' | "$SC" fs write "$P" /workspace/data.txt
 "$SC" move "$P" --to worker-2 >/dev/null 2>"$W/e" || { cat "$W/e"; fail "move to worker-2"; }
 expect "moved: running on worker-2" "$("$SC" inspect "$P" --json | jq -r '.state + " " + .worker')" "running worker-2"
-expect "moved: the snapshot went through the store over HTTP" \
-	"$("$SC" inspect "$P" --json | jq -r '.snapshot | test("^http://.*/v1/blobs/snapshots/")')" true
+expect "moved: the snapshot went through the store over HTTPS (the cluster's TLS)" \
+	"$("$SC" inspect "$P" --json | jq -r '.snapshot | test("^https://.*/v1/blobs/snapshots/")')" true
 expect "moved: the sandbox's files and its change to the template" \
 	"$("$SC" exec "$P" -- cat /workspace/data.txt /etc/marker | tr '\n' ' ')" "moved data changed "
 expect "moved: still exactly its template" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat chmod dash ls sh stat "

@@ -9,6 +9,9 @@
 #    is a certificate that does not name the address dialled;
 #  - a plaintext client on a TLS port gets a plaintext 400 naming https:// and
 #    nothing served (control plane, node-api, metrics);
+#  - the store speaks TLS (tenant and worker keys travel in its requests): a
+#    plaintext request gets 400, its worker endpoints want the worker's own
+#    certificate, a template imported by spacectl reaches a worker over it;
 #  - the worker endpoints (join, register, heartbeat, channel) refuse a worker
 #    without a client certificate (401) and one with another worker's (403),
 #    both by the API and by a real spaced-node whose link presents neither or
@@ -199,6 +202,27 @@ chupg() {
 }
 expect "the channel without a client certificate: 401" "$(chupg "")" 401
 expect "the channel with another worker's certificate: 403" "$(chupg "$c2")" 403
+# the store (templates and snapshots): keys travel in its requests, so it is TLS too, and its
+# worker endpoints take the worker's certificate as the API's do
+SPORT=$(cat "$D/cp/store.port")
+st=$(curl -s -o "$W/plain.body" -w '%{http_code}' "http://127.0.0.1:$SPORT/v1/blobs/templates/x")
+expect "a plaintext request to the store: 400 tls-required" "$st $(jq -r .error "$W/plain.body" 2>/dev/null)" "400 tls-required"
+sapi() { # CERTOPTS — a worker's GET of a blob that does not exist, with worker-1's key
+	# shellcheck disable=SC2086
+	curl -s -o /dev/null -w '%{http_code}' --cacert "$SPACED_CA_FILE" $1 -H "Authorization: Bearer $K1" \
+		"https://127.0.0.1:$SPORT/v1/blobs/snapshots/none-such"
+}
+expect "the store, worker key without a client certificate: 401" "$(sapi "")" 401
+expect "the store, worker key with another worker's certificate: 403" "$(sapi "$c2")" 403
+expect "the store, worker key with its own certificate: past the checks (404: no such blob)" "$(sapi "$c1")" 404
+# a small root: cat and the libraries it and the guest need (tests/mk_rootfs.py)
+python3 "$SPACED_TOP/tests/mk_rootfs.py" tarball "$W/tiny.tar" --bin /usr/bin/cat \
+	--libs-of "$SPACED_BUILD/spaced-guest/spaced-guest" --file etc/tls-marker=tls || fail "mk_rootfs"
+expect "spacectl template import through the store over TLS" \
+	"$("$SC" template import tlstiny "$W/tiny.tar" >/dev/null 2>"$W/ti.err" && echo imported || cat "$W/ti.err")" imported
+TX=$("$SC" create --template tlstiny 2>"$W/tc.err")
+expect "a worker fetches it over TLS (mutual): a sandbox from it sees its file" \
+	"$("$SC" exec "$TX" -- cat /etc/tls-marker 2>&1)" tls
 "$SC" workers --json >"$W/workers2.json"
 expect "the real workers stay live through it" "$(jq -r '[.[] | select(.state == "live")] | length' "$W/workers2.json")" 2
 
