@@ -545,33 +545,6 @@ static int match_peer(const struct unix_diag_msg *m, struct rtattr *a, int alen,
 	return 0;
 }
 
-int spaced_unix_diag_peer_of(int fd, uint64_t *peer_ino)
-{
-	struct unix_diag_req req;
-	struct peer_match pm;
-	struct stat st;
-	int r;
-
-	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
-		return SPACED_EINVAL;
-	memset(&req, 0, sizeof(req));
-	req.sdiag_family = AF_UNIX;
-	req.udiag_states = ~0U;
-	req.udiag_ino = (uint32_t)st.st_ino;
-	req.udiag_show = UDIAG_SHOW_PEER;
-	req.udiag_cookie[0] = ~0U; /* INET_DIAG_NOCOOKIE: no cookie check */
-	req.udiag_cookie[1] = ~0U;
-	memset(&pm, 0, sizeof(pm));
-	pm.self_ino = (uint32_t)st.st_ino;
-	r = unix_diag_query(&req, false, match_peer, &pm);
-	if (r < 0)
-		return r;
-	if (!pm.found)
-		return SPACED_ENOENT;
-	*peer_ino = pm.peer;
-	return 0;
-}
-
 int spaced_unix_diag_peer_of_ino(uint64_t sock_ino, uint64_t *peer_ino)
 {
 	struct unix_diag_req req;
@@ -596,6 +569,15 @@ int spaced_unix_diag_peer_of_ino(uint64_t sock_ino, uint64_t *peer_ino)
 		return SPACED_ENOENT;
 	*peer_ino = pm.peer;
 	return 0;
+}
+
+int spaced_unix_diag_peer_of(int fd, uint64_t *peer_ino)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return SPACED_EINVAL;
+	return spaced_unix_diag_peer_of_ino((uint64_t)st.st_ino, peer_ino);
 }
 
 static int check_exe(const struct spaced_pidref *p, const struct spaced_exe_id *want,

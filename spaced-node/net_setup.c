@@ -541,6 +541,16 @@ static int slot_of(const struct mgr_config *cfg, const struct mgr_rec *rec, uint
 	return 0;
 }
 
+/* slot_of, the reason in why when there is none. */
+static int slot_or_why(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t *slot, char *why,
+                       size_t whysz)
+{
+	int e = slot_of(cfg, rec, slot);
+	if (e < 0)
+		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+	return e;
+}
+
 static void list_elems(FILE *f, const char *set, const struct spaced_net_rule *list, size_t n)
 {
 	bool any = false;
@@ -703,10 +713,8 @@ int net_attach_vm(const struct mgr_config *cfg, const struct mgr_rec *rec, pid_t
 	int e;
 	if (!net_enabled(cfg))
 		return 0;
-	if ((e = slot_of(cfg, rec, &slot)) < 0) {
-		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+	if ((e = slot_or_why(cfg, rec, &slot, why, whysz)) < 0)
 		return e;
-	}
 	policy_load(cfg, rec->r.id.sandbox, &p);
 	int lock = with_lock(cfg, why, whysz);
 	if (lock < 0)
@@ -755,10 +763,8 @@ static int attach_as(const struct mgr_config *cfg, const struct mgr_rec *rec, co
 	uint32_t slot;
 	pid_t init;
 	int e;
-	if ((e = slot_of(cfg, rec, &slot)) < 0) {
-		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+	if ((e = slot_or_why(cfg, rec, &slot, why, whysz)) < 0)
 		return e;
-	}
 	if ((e = init_of(e_dir, &init)) < 0) {
 		why_set(why, whysz, "the execution's PID 1 is not known: %s", spaced_strerror(e));
 		return e;
@@ -806,10 +812,8 @@ int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why
 	int e;
 	if (!net_enabled(cfg))
 		return 0;
-	if ((e = slot_of(cfg, rec, &slot)) < 0) {
-		why_set(why, whysz, "no network slot for uid base %u", (unsigned)rec->uid_base);
+	if ((e = slot_or_why(cfg, rec, &slot, why, whysz)) < 0)
 		return e;
-	}
 	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
 	if (!is_nsfs(ns)) {
 		why_set(why, whysz, "the egress namespace is gone");
