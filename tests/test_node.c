@@ -50,13 +50,18 @@ static void teardown(void)
 	kill_executions(&B);
 	tn_node_stop(&A);
 	tn_node_stop(&B);
-	char cmd[128];
 	if (getenv("TN_KEEP")) {
 		fprintf(stderr, "kept %s\n", dir);
 		return;
 	}
-	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-	if (system(cmd) != 0)
+	/* the workers' egress namespaces outlive spaced-node by design (its
+	 * executions keep their network across restarts): unmounted here, as
+	 * `spacectl dev down` does, or the directory could not be removed */
+	char big[512];
+	snprintf(big, sizeof big,
+	         "for m in $(awk '$2 ~ \"^%s/\" {print $2}' /proc/mounts); do umount -l \"$m\"; done; rm -rf %s", dir,
+	         dir);
+	if (system(big) != 0)
 		fprintf(stderr, "cleanup of %s failed\n", dir);
 }
 
