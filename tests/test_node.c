@@ -55,12 +55,14 @@ static void teardown(void)
 		return;
 	}
 	/* the workers' egress namespaces outlive spaced-node by design (its
-	 * executions keep their network across restarts): unmounted here, as
-	 * `spacectl dev down` does, or the directory could not be removed */
-	char big[512];
+	 * executions keep their network across restarts): pasta and spaced-netd
+	 * stopped and the namespace unmounted here, as `spacectl dev down` does */
+	char big[768];
 	snprintf(big, sizeof big,
-	         "for m in $(awk '$2 ~ \"^%s/\" {print $2}' /proc/mounts); do umount -l \"$m\"; done; rm -rf %s", dir,
-	         dir);
+	         "for f in %s/*/net/pasta.pid %s/*/net/netd.pid; do [ -s \"$f\" ] && kill \"$(cat \"$f\")\"; done "
+	         "2>/dev/null; for m in $(awk '$2 ~ \"^%s/\" {print $2}' /proc/mounts); do umount -l \"$m\"; done; "
+	         "rm -rf %s",
+	         dir, dir, dir, dir);
 	if (system(big) != 0)
 		fprintf(stderr, "cleanup of %s failed\n", dir);
 }
