@@ -596,7 +596,10 @@ static int make_certs(const char *absdir, int nworkers)
 		snprintf(crt, sizeof crt, "%s/worker-%d.pem", t, k);
 		snprintf(key, sizeof key, "%s/worker-%d.key", t, k);
 		snprintf(cn, sizeof cn, "spaced-node worker-%d", k);
-		if (spaced_tls_issue(ca, cak, crt, key, cn, "IP:127.0.0.1,DNS:localhost", true, 365, err, sizeof err) < 0)
+		/* node-api's names, and its ServicePort gateways' (PORT-SANDBOX.gw.localhost:
+		 * a wildcard directly under localhost is refused by clients) */
+		if (spaced_tls_issue(ca, cak, crt, key, cn, "IP:127.0.0.1,DNS:localhost,DNS:*.gw.localhost", true, 365, err,
+		                     sizeof err) < 0)
 			return cli_fail("dev up", "worker-%d's certificate: %s", k, err);
 		/* the client certificate: its name is the worker ID (mutual TLS) */
 		snprintf(crt, sizeof crt, "%s/worker-%d-client.pem", t, k);

@@ -31,6 +31,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "net.h"
 
 
 /* A serviceport route for id/port/protocol: the control plane's answer. */
@@ -106,8 +107,9 @@ struct pf {
 	const char *id;
 	long port;
 	char cap[4096];
-	char host[160];
+	char host[192], name[160]; /* the Host header; the name the gateway's certificate is checked for */
 	int gw_port;
+	bool tls; /* the gateway speaks TLS (its URL is https://) */
 	time_t expires;
 };
 
@@ -124,21 +126,25 @@ static int pf_refresh(struct pf *p)
 	}
 	snprintf(p->cap, sizeof p->cap, "%s", cap);
 	p->gw_port = (int)json_integer_value(gp);
-	snprintf(p->host, sizeof p->host, "%ld-%s.localhost:%d", p->port, p->id, p->gw_port);
+	const char *url = json_string_value(json_object_get(ans, "url"));
+	p->tls = url && strncmp(url, "https://", 8) == 0;
+	snprintf(p->name, sizeof p->name, "%ld-%s.%slocalhost", p->port, p->id, p->tls ? "gw." : "");
+	snprintf(p->host, sizeof p->host, "%s:%d", p->name, p->gw_port);
 	p->expires = time(NULL) + 90; /* capabilities live 120 s: renewed well before */
 	json_decref(ans);
 	return 0;
 }
 
-/* Opens a tunnel through the gateway; the HTTP status of its answer (101 on success), -1 on error. */
-static int pf_open(const struct pf *p, int *out)
+/* Opens a tunnel through the gateway (TLS when it speaks it, its certificate
+ * checked for the gateway's name); the HTTP status of its answer (101 on
+ * success, *out the tunnel), -1 on error. */
+static int pf_open(const struct pf *p, struct net_conn **out)
 {
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->gw_port)};
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-		if (fd >= 0)
-			close(fd);
+	struct net_conn *g = NULL;
+	char err[512];
+	if (net_connect_named("127.0.0.1", p->gw_port, p->tls ? p->name : "127.0.0.1", p->tls, 30, &g, err, sizeof err) <
+	    0) {
+		fprintf(stderr, "spacectl: port-forward: %s\n", err);
 		return -1;
 	}
 	char req[5000];
@@ -146,15 +152,19 @@ static int pf_open(const struct pf *p, int *out)
 	                 "GET / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\n"
 	                 "Upgrade: spaced-tcp\r\n\r\n",
 	                 p->host, p->cap);
-	if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
-		close(fd);
-		return -1;
+	for (int o = 0; o < n;) {
+		ssize_t w = net_send(g, req + o, (size_t)(n - o), 0);
+		if (w <= 0) {
+			net_close(g);
+			return -1;
+		}
+		o += (int)w;
 	}
 	/* the answer head, byte by byte: what follows belongs to the tunnel */
 	char head[4096];
 	size_t got = 0;
 	while (got < sizeof head - 1) {
-		ssize_t r = recv(fd, head + got, 1, 0);
+		ssize_t r = net_recv(g, head + got, 1, 0);
 		if (r <= 0)
 			break;
 		got++;
@@ -163,45 +173,54 @@ static int pf_open(const struct pf *p, int *out)
 	}
 	head[got] = '\0';
 	int status = 0;
-	if (sscanf(head, "HTTP/1.1 %d", &status) != 1) {
-		close(fd);
-		return -1;
+	if (sscanf(head, "HTTP/1.1 %d", &status) != 1 || status != 101) {
+		net_close(g);
+		return status ? status : -1;
 	}
-	if (status != 101) {
-		const char *body = strstr(head, "\r\n\r\n");
-		(void)body;
-		close(fd);
-		return status;
-	}
-	*out = fd;
+	*out = g;
 	return 101;
 }
 
-static void relay(int a, int b)
+/* Bytes both ways between the local client a and the tunnel g until both
+ * ends are done (TLS may hold decrypted bytes poll does not show). */
+static void relay(int a, struct net_conn *g)
 {
 	char buf[65536];
-	bool a_eof = false, b_eof = false;
-	while (!(a_eof && b_eof)) {
-		struct pollfd pf[2] = {{.fd = a, .events = a_eof ? 0 : POLLIN}, {.fd = b, .events = b_eof ? 0 : POLLIN}};
-		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+	bool a_eof = false, g_eof = false;
+	int gfd = net_fd(g);
+	net_set_timeout_ms(g, 30000);
+	while (!(a_eof && g_eof)) {
+		bool pend = !g_eof && net_pending(g);
+		struct pollfd pf[2] = {{.fd = a, .events = a_eof ? 0 : POLLIN}, {.fd = gfd, .events = g_eof ? 0 : POLLIN}};
+		if (poll(pf, 2, pend ? 0 : -1) < 0 && errno != EINTR)
 			return;
-		for (int i = 0; i < 2; i++) {
-			int s = i == 0 ? a : b, d = i == 0 ? b : a;
-			if (!(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
-				continue;
-			ssize_t r = recv(s, buf, sizeof buf, 0);
+		if (!a_eof && (pf[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+			ssize_t r = recv(a, buf, sizeof buf, 0);
 			if (r <= 0) {
-				shutdown(d, SHUT_WR);
-				if (i == 0)
-					a_eof = true;
-				else
-					b_eof = true;
+				shutdown(gfd, SHUT_WR);
+				a_eof = true;
 				if (r < 0)
 					return;
-				continue;
 			}
-			for (ssize_t o = 0; o < r;) {
-				ssize_t w = send(d, buf + o, (size_t)(r - o), MSG_NOSIGNAL);
+			for (ssize_t o = 0; r > 0 && o < r;) {
+				ssize_t w = net_send(g, buf + o, (size_t)(r - o), 0);
+				if (w <= 0)
+					return;
+				o += w;
+			}
+		}
+		if (!g_eof && (pend || (pf[1].revents & (POLLIN | POLLHUP | POLLERR)))) {
+			ssize_t r = net_recv(g, buf, sizeof buf, MSG_DONTWAIT);
+			if (r < 0 && errno == EAGAIN)
+				continue;
+			if (r <= 0) {
+				shutdown(a, SHUT_WR);
+				g_eof = true;
+				if (r < 0)
+					return;
+			}
+			for (ssize_t o = 0; r > 0 && o < r;) {
+				ssize_t w = send(a, buf + o, (size_t)(r - o), MSG_NOSIGNAL);
 				if (w <= 0)
 					return;
 				o += w;
@@ -240,9 +259,10 @@ int cmd_port_forward(int argc, char **argv)
 			close(cfd);
 			continue;
 		}
-		int gfd = -1, st = pf_open(&p, &gfd);
+		struct net_conn *g = NULL;
+		int st = pf_open(&p, &g);
 		if (st == 409 && pf_refresh(&p) == 0) /* REFRESH_ROUTE: one new route, one retry (V2) */
-			st = pf_open(&p, &gfd);
+			st = pf_open(&p, &g);
 		if (st != 101) {
 			fprintf(stderr, "spacectl: port-forward: the gateway answered %d\n", st);
 			close(cfd);
@@ -253,10 +273,10 @@ int cmd_port_forward(int argc, char **argv)
 		pid_t pid = fork();
 		if (pid == 0) {
 			close(lfd);
-			relay(cfd, gfd);
+			relay(cfd, g);
 			_exit(0);
 		}
 		close(cfd);
-		close(gfd);
+		net_drop(g); /* the child relays it */
 	}
 }

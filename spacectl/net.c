@@ -173,13 +173,19 @@ static int wait_for(struct net_conn *c, short events)
 int net_connect(const char *host, int port, bool tls, int timeout_s, struct net_conn **out, char *err,
                 size_t errsz)
 {
+	return net_connect_named(host, port, host, tls, timeout_s, out, err, errsz);
+}
+
+int net_connect_named(const char *addr, int port, const char *host, bool tls, int timeout_s, struct net_conn **out,
+                      char *err, size_t errsz)
+{
 	struct net_conn *c = calloc(1, sizeof *c);
 	if (!c) {
 		snprintf(err, errsz, "out of memory");
 		return -1;
 	}
 	c->timeout_ms = timeout_s * 1000;
-	if ((c->fd = tcp_connect(host, port, timeout_s, err, errsz)) < 0) {
+	if ((c->fd = tcp_connect(addr, port, timeout_s, err, errsz)) < 0) {
 		free(c);
 		return -1;
 	}
@@ -386,6 +392,16 @@ int net_readable(struct net_conn *c)
 	int e = SSL_get_error(c->ssl, r);
 	ERR_clear_error();
 	return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? 0 : 1;
+}
+
+void net_drop(struct net_conn *c)
+{
+	if (!c)
+		return;
+	SSL_free(c->ssl);
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c);
 }
 
 void net_close(struct net_conn *c)

@@ -31,6 +31,12 @@ struct net_conn;
 int net_connect(const char *host, int port, bool tls, int timeout_s, struct net_conn **out, char *err,
                 size_t errsz);
 
+/* As net_connect, to the address addr, the server's certificate verified
+ * (and SNI sent) for the name host: a name the resolver need not know (a
+ * ServicePort gateway's PORT-SANDBOX.gw.localhost on 127.0.0.1). */
+int net_connect_named(const char *addr, int port, const char *host, bool tls, int timeout_s, struct net_conn **out,
+                      char *err, size_t errsz);
+
 /* Makes path the CA file of the TLS connections made from now on, in place
  * of SPACED_CA_FILE (spacectl dev up talks to the cluster it starts with
  * its own CA); NULL: SPACED_CA_FILE again. path must stay valid. */
@@ -70,5 +76,9 @@ int net_readable(struct net_conn *c);
 
 /* Closes the connection and frees c (NULL is fine). */
 void net_close(struct net_conn *c);
+
+/* Frees this process's copy of c without ending the connection (no
+ * close_notify): after a fork, in the process that hands it to the other. */
+void net_drop(struct net_conn *c);
 
 #endif

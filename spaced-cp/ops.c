@@ -1757,9 +1757,13 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 		/* the execution's ServicePort gateway on its worker: a URL on that machine */
 		struct cp_rows *g = NULL;
 		if (CP_Q(st, &g, NULL, "SELECT gateway FROM sandboxes WHERE id = $1", id) == 0 && cp_rows_i64(g, 0, 0, 0) > 0) {
-			char url[160];
-			snprintf(url, sizeof url, "http://%u-%s.localhost:%lld/", (unsigned)rt->port, id,
-			         (long long)cp_rows_i64(g, 0, 0, 0));
+			char url[192];
+			/* a worker that speaks TLS has TLS gateways, with its certificate's
+			 * *.gw.localhost names */
+			const char *wu = cp_rows_get(w, 0, 0);
+			bool tls = wu && strncmp(wu, "https://", 8) == 0;
+			snprintf(url, sizeof url, "%s://%u-%s.%slocalhost:%lld/", tls ? "https" : "http", (unsigned)rt->port, id,
+			         tls ? "gw." : "", (long long)cp_rows_i64(g, 0, 0, 0));
 			json_object_set_new(*body, "url", json_string(url));
 			json_object_set_new(*body, "gateway_port", json_integer(cp_rows_i64(g, 0, 0, 0)));
 		}

@@ -4,7 +4,11 @@
  *
  *   spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR) --keys PATH
  *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
- *                 --identity TEXT|- [--guest-owner UID] [--audit PATH]
+ *                 --identity TEXT|- [--guest-owner UID] [--audit PATH] [--tls-cert FILE --tls-key FILE]
+ *
+ * With --tls-cert/--tls-key every client connection is TLS (the worker's
+ * node-api certificate: it names *.gw.localhost, the gateway's host names);
+ * the guest side is the execution's own transport, as without.
  *
  * "--identity -" is a pooled execution's gateway (docs/templates.md "The warm
  * pool"): it listens and writes its port at once, reads the identity of the
@@ -60,6 +64,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <sodium.h>
 
 #include "cap.h"
@@ -69,6 +75,7 @@
 #include "identity.h"
 #include "keyring.h"
 #include "pidref.h"
+#include "tls.h"
 #include "util.h"
 #include "vcache.h"
 #include "vsock_hs.h"
@@ -92,6 +99,8 @@ struct dir {
 struct conn {
 	struct conn *next, *prev;
 	int cfd, gfd;
+	SSL *ssl;             /* the client side's TLS, NULL in plaintext */
+	bool tls_want_write;  /* TLS waits for the client's socket to take bytes */
 	enum cstate st;
 	uint64_t t0;
 	uint8_t head[HEAD_MAX];
@@ -123,6 +132,7 @@ static struct {
 	unsigned nconns;
 	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
 	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
+	SSL_CTX *tls; /* --tls-cert/--tls-key: clients speak TLS */
 } G;
 
 static void glog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -286,11 +296,11 @@ static void set_ev(struct conn *c)
 {
 	uint32_t ec = 0, eg = 0;
 	if (c->st == C_HEAD) {
-		ec = EPOLLIN;
+		ec = EPOLLIN | (c->tls_want_write ? EPOLLOUT : 0);
 	} else {
 		if (!c->up.eof && c->up.len < BUF_SZ)
 			ec |= EPOLLIN;
-		if (c->down.len > 0)
+		if (c->down.len > 0 || c->tls_want_write)
 			ec |= EPOLLOUT;
 		if (!c->down.eof && c->down.len < BUF_SZ)
 			eg |= EPOLLIN;
@@ -314,6 +324,10 @@ static void conn_close(struct conn *c)
 	if (c->dead)
 		return;
 	c->dead = true;
+	if (c->ssl) {
+		SSL_free(c->ssl);
+		c->ssl = NULL;
+	}
 	close(c->cfd);
 	if (c->gfd >= 0)
 		close(c->gfd);
@@ -334,15 +348,78 @@ static void conn_free(struct conn *c)
 	G.nconns--;
 }
 
-static void send_all(int fd, const char *p, size_t n)
+/* ---- the client side: TCP, or TLS over it ---- */
+
+/* An SSL result as recv/send would give it: > 0 bytes, 0 the end of the
+ * stream, -1 with errno (EAGAIN: later, the loop says when; EPROTO). */
+static ssize_t tls_result(struct conn *c, int r)
 {
-	while (n > 0) {
-		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+	if (r > 0) {
+		c->tls_want_write = false;
+		return r;
+	}
+	int e = SSL_get_error(c->ssl, r);
+	ERR_clear_error();
+	if (e == SSL_ERROR_WANT_READ) {
+		errno = EAGAIN;
+		return -1;
+	}
+	if (e == SSL_ERROR_WANT_WRITE) {
+		c->tls_want_write = true;
+		errno = EAGAIN;
+		return -1;
+	}
+	if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && r == 0))
+		return 0;
+	errno = EPROTO;
+	return -1;
+}
+
+static ssize_t c_recv(struct conn *c, void *p, size_t n)
+{
+	if (!c->ssl)
+		return recv(c->cfd, p, n, MSG_DONTWAIT);
+	return tls_result(c, SSL_read(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n));
+}
+
+static ssize_t c_send(struct conn *c, const void *p, size_t n)
+{
+	if (!c->ssl)
+		return send(c->cfd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+	return tls_result(c, SSL_write(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n));
+}
+
+/* Decrypted bytes TLS holds that the socket's readiness does not show. */
+static bool c_pending(const struct conn *c)
+{
+	return c->ssl && SSL_pending(c->ssl) > 0;
+}
+
+/* The end of what goes to the client: close_notify over TLS, then FIN. */
+static void c_shut(struct conn *c)
+{
+	if (c->ssl)
+		(void)SSL_shutdown(c->ssl);
+	shutdown(c->cfd, SHUT_WR);
+}
+
+/* A short answer or the 101 line to the client. A fresh connection's socket
+ * takes a few KiB at once; a client that takes nothing is given up after
+ * about 20 ms, not waited for. */
+static void send_all(struct conn *c, const char *p, size_t n)
+{
+	/* a TLS client that has not finished its handshake gets nothing (it
+	 * would only stall this loop): its connection is just closed */
+	if (c->ssl && !SSL_is_init_finished(c->ssl))
+		return;
+	for (int waits = 0; n > 0 && waits < 20;) {
+		ssize_t w = c_send(c, p, n);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0 && errno == EAGAIN) {
 			struct timespec ts = {0, 1000000};
 			nanosleep(&ts, NULL);
+			waits++;
 			continue;
 		}
 		if (w <= 0)
@@ -359,7 +436,7 @@ static void reply(struct conn *c, int status, const char *extra_headers, const c
 	                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n%s\r\n%s",
 	                 status, spaced_http_reason(status), strlen(json), extra_headers ? extra_headers : "", json);
 	if (n > 0)
-		send_all(c->cfd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+		send_all(c, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 	conn_close(c);
 }
 
@@ -424,7 +501,7 @@ static void refuse(struct conn *c, struct spaced_decision d)
 	reply(c, status, NULL, body);
 }
 
-/* Host "<port>-<sandbox>.localhost[:N]": the port and sandbox it names. */
+/* Host "<port>-<sandbox>[.gw].localhost[:N]": the port and sandbox it names. */
 static bool host_names(const char *host, uint16_t *port, char *sandbox, size_t sbsz)
 {
 	if (!host)
@@ -434,8 +511,12 @@ static bool host_names(const char *host, uint16_t *port, char *sandbox, size_t s
 	if (end == host || *end != '-' || p == 0 || p > 65535)
 		return false;
 	const char *s = end + 1, *dot = strchr(s, '.');
-	if (!dot || (size_t)(dot - s) >= sbsz || strncasecmp(dot, ".localhost", 10) != 0 ||
-	    (dot[10] != '\0' && dot[10] != ':'))
+	if (!dot || (size_t)(dot - s) >= sbsz)
+		return false;
+	/* "<port>-<sandbox>.localhost", or ".gw.localhost" (the names a TLS
+	 * gateway's certificate covers: *.gw.localhost) */
+	size_t sl = strncasecmp(dot, ".gw.localhost", 13) == 0 ? 13 : strncasecmp(dot, ".localhost", 10) == 0 ? 10 : 0;
+	if (sl == 0 || (dot[sl] != '\0' && dot[sl] != ':'))
 		return false;
 	memcpy(sandbox, s, (size_t)(dot - s));
 	sandbox[dot - s] = '\0';
@@ -665,8 +746,8 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		                  "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
 		                  "Connection: close\r\n\r\n",
 		                  n);
-		send_all(c->cfd, h, (size_t)hn);
-		send_all(c->cfd, m, (size_t)n);
+		send_all(c, h, (size_t)hn);
+		send_all(c, m, (size_t)n);
 		conn_close(c);
 		return;
 	}
@@ -799,7 +880,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: spaced-tcp\r\nConnection: Upgrade\r\n"
 		                 "X-Spaced-Identity: %s\r\n\r\n",
 		                 ident);
-		send_all(c->cfd, hdr, (size_t)n);
+		send_all(c, hdr, (size_t)n);
 		start_relay(c, c->head + hl, c->hlen - hl);
 		return;
 	}
@@ -835,11 +916,13 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 static void on_client_head(struct conn *c)
 {
 	for (;;) {
-		ssize_t r = recv(c->cfd, c->head + c->hlen, sizeof c->head - c->hlen, 0);
+		ssize_t r = c_recv(c, c->head + c->hlen, sizeof c->head - c->hlen);
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r < 0 && errno == EAGAIN)
+		if (r < 0 && errno == EAGAIN) {
+			set_ev(c); /* the TLS handshake may wait to write */
 			break;
+		}
 		if (r <= 0) {
 			conn_close(c);
 			return;
@@ -867,12 +950,15 @@ static void on_client_head(struct conn *c)
 	spaced_http_req_clear(&req);
 }
 
-/* Moves bytes of one direction: reads what the source has (level-triggered:
- * a short read means it is drained, the loop tells when there is more) and
- * writes what the sink takes. Two system calls per message in the common
- * case. false when the connection is over. */
-static bool pump(int src, int dst, struct dir *d, bool readable)
+/* Moves bytes of one direction (up: client -> guest, else guest -> client):
+ * reads what the source has (level-triggered: a short read means it is
+ * drained, the loop tells when there is more; TLS may hold decrypted bytes
+ * the socket does not show, c_pending) and writes what the sink takes. Two
+ * system calls per message in the common case. false when the connection is
+ * over. */
+static bool pump(struct conn *c, bool up, bool readable)
 {
+	struct dir *d = up ? &c->up : &c->down;
 	for (int rounds = 0; rounds < 8; rounds++) {
 		bool again = false;
 		if (readable && !d->eof && d->len < BUF_SZ) {
@@ -883,10 +969,11 @@ static bool pump(int src, int dst, struct dir *d, bool readable)
 				d->off = 0;
 			}
 			size_t room = BUF_SZ - d->off - d->len;
-			ssize_t r = recv(src, d->buf + d->off + d->len, room, MSG_DONTWAIT);
+			ssize_t r = up ? c_recv(c, d->buf + d->off + d->len, room)
+			               : recv(c->gfd, d->buf + d->off + d->len, room, MSG_DONTWAIT);
 			if (r > 0) {
 				d->len += (size_t)r;
-				again = (size_t)r == room; /* it may hold more */
+				again = (size_t)r == room || (up && c_pending(c)); /* it may hold more */
 			} else if (r == 0) {
 				d->eof = true;
 			} else if (errno != EAGAIN && errno != EINTR) {
@@ -894,7 +981,8 @@ static bool pump(int src, int dst, struct dir *d, bool readable)
 			}
 		}
 		if (d->len > 0) {
-			ssize_t w = send(dst, d->buf + d->off, d->len, MSG_DONTWAIT | MSG_NOSIGNAL);
+			ssize_t w = up ? send(c->gfd, d->buf + d->off, d->len, MSG_DONTWAIT | MSG_NOSIGNAL)
+			               : c_send(c, d->buf + d->off, d->len);
 			if (w > 0) {
 				d->off += (size_t)w;
 				d->len -= (size_t)w;
@@ -905,7 +993,10 @@ static bool pump(int src, int dst, struct dir *d, bool readable)
 				again = false; /* the sink is full: its EPOLLOUT comes back here */
 		}
 		if (d->eof && d->len == 0 && !d->shut) {
-			shutdown(dst, SHUT_WR);
+			if (up)
+				shutdown(c->gfd, SHUT_WR);
+			else
+				c_shut(c);
 			d->shut = true;
 		}
 		if (!again)
@@ -914,17 +1005,21 @@ static bool pump(int src, int dst, struct dir *d, bool readable)
 	return true;
 }
 
-/* An event on one side: only the directions it concerns move. */
+/* An event on one side: the directions it concerns move, and the client's
+ * direction whenever TLS holds bytes of it (no event would come for them). */
 static void on_relay(struct conn *c, bool guest_side, uint32_t ev)
 {
 	bool in = (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0, out = (ev & EPOLLOUT) != 0;
 	bool ok = true;
 	if (guest_side) {
 		if (in || out)
-			ok = pump(c->gfd, c->cfd, &c->down, in) && (!out || pump(c->cfd, c->gfd, &c->up, false));
+			ok = pump(c, false, in) && (!out || pump(c, true, c_pending(c)));
 	} else {
 		if (in || out)
-			ok = pump(c->cfd, c->gfd, &c->up, in) && (!out || pump(c->gfd, c->cfd, &c->down, false));
+			ok = pump(c, true, in || c_pending(c)) && (!out || pump(c, false, false));
+		/* a TLS write that waited for the socket moves the client's side */
+		if (ok && out && c->ssl)
+			ok = pump(c, true, c_pending(c));
 	}
 	if (!ok || (c->up.shut && c->down.shut)) {
 		conn_close(c);
@@ -951,6 +1046,16 @@ static void on_accept(void)
 		c->cfd = fd;
 		c->gfd = -1;
 		c->st = C_HEAD;
+		if (G.tls && ((c->ssl = SSL_new(G.tls)) == NULL || SSL_set_fd(c->ssl, fd) != 1)) {
+			SSL_free(c->ssl);
+			free(c);
+			close(fd);
+			continue;
+		}
+		if (c->ssl) {
+			SSL_set_accept_state(c->ssl);
+			SSL_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+		}
 		c->t0 = now_ms();
 		c->ev_c = EPOLLIN;
 		struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
@@ -986,13 +1091,14 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR)\n"
 	                "                     --keys PATH --guest PATH --launcher-pid PID --launcher-start TICKS\n"
-	                "                     --identity TEXT|- [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n");
+	                "                     --identity TEXT|- [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n"
+	                "                     [--tls-cert FILE --tls-key FILE]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	const char *listen_s = NULL, *port_file = NULL, *launcher_exe = NULL;
+	const char *listen_s = NULL, *port_file = NULL, *launcher_exe = NULL, *tls_cert = NULL, *tls_key = NULL;
 	G.audit_fd = -1;
 	long lpid = 0;
 	unsigned long long lstart = 0;
@@ -1009,6 +1115,10 @@ int main(int argc, char **argv)
 			G.record_path = v;
 		else if (strcmp(o, "--record-dir") == 0)
 			G.record_dir = v;
+		else if (strcmp(o, "--tls-cert") == 0)
+			tls_cert = v;
+		else if (strcmp(o, "--tls-key") == 0)
+			tls_key = v;
 		else if (strcmp(o, "--keys") == 0)
 			G.keys_path = v;
 		else if (strcmp(o, "--guest") == 0)
@@ -1037,6 +1147,15 @@ int main(int argc, char **argv)
 		usage();
 	if (G.record_dir && !G.identity_pending)
 		record_path_set();
+	if (!tls_cert != !tls_key)
+		usage();
+	if (tls_cert) {
+		char terr[512];
+		if (spaced_tls_server_ctx(tls_cert, tls_key, NULL, false, &G.tls, terr, sizeof terr) < 0) {
+			glog("level=error event=tls reason=\"%s\"", terr);
+			return 2;
+		}
+	}
 	if (sodium_init() < 0)
 		return 1;
 	prctl(PR_SET_NAME, "spaced-netgtw");

@@ -721,9 +721,18 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 	mkdir(tmp, 0700);
 	char audit[4200];
 	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
-	const char *argv[] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record-dir", recd, "--keys", keys,
-	                      "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
-	                      cfg->launch_bin, "--identity", text, "--audit", audit, NULL};
+	const char *argv[32] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record-dir", recd, "--keys", keys,
+	                        "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
+	                        cfg->launch_bin, "--identity", text, "--audit", audit};
+	size_t n = 21;
+	if (cfg->api_tls_cert && cfg->api_tls_key) {
+		/* TLS as node-api speaks it, with its certificate */
+		argv[n++] = "--tls-cert";
+		argv[n++] = cfg->api_tls_cert;
+		argv[n++] = "--tls-key";
+		argv[n++] = cfg->api_tls_key;
+	}
+	argv[n] = NULL;
 	int64_t gp;
 	uint64_t gs;
 	unlink(pf);

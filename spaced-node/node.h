@@ -200,6 +200,9 @@ struct mgr_config {
 	 * the control plane: the CA file (NULL: the system's trust store) and
 	 * the worker's client certificate and key (mutual TLS; NULL: none) */
 	const char *tls_ca, *tls_client_cert, *tls_client_key;
+	/* node-api's certificate and key (NULL: plaintext): the executions'
+	 * ServicePort gateways serve TLS with them too */
+	const char *api_tls_cert, *api_tls_key;
 	uint64_t tmpl_max;       /* a template's archive and content at most */
 	int pool_min;            /* pooled executions kept for the worker's default template and limits */
 	int pool_max;            /* at most this many per template and limits (0: no pool) */

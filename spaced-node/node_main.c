@@ -640,7 +640,8 @@ int main(int argc, char **argv)
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
 	                        .pool_memory = pool_memory, .net_dns = net_dns, .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,
-	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key};
+	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,
+	                        .api_tls_cert = tls.plaintext ? NULL : tls.cert, .api_tls_key = tls.plaintext ? NULL : tls.key};
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

@@ -5,7 +5,9 @@
 #     generation (REFRESH_ROUTE), the guest API's port refused, an established stream kept
 #     across an activation-only change (S4) while new opens need the new identity, and cut by
 #     a deactivation (S1: the time from the admin's acknowledgement to the cut is printed).
-#  2. A cluster (`spacectl dev up`): spacectl expose and the printed URL with curl, a browser's
+#  2. A cluster (`spacectl dev up`, TLS: the gateways speak it too, https://PORT-ID.gw.localhost):
+#     spacectl expose and the printed URL with curl (another CA refused, a plaintext client and 60
+#     stalled or garbage handshakes get nothing while a client is served), a browser's
 #     capability-for-cookie exchange, spacectl port-forward, and a stream cut by a move.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
@@ -122,9 +124,11 @@ expect "GET /metrics on the gateway's own address: its counters" \
 # an established tunnel (raw TCP) through the gateway, driven from a helper
 CE=$(cap S 1 act-1 9000 tcp)
 cat >"$W/tunnel.py" <<'EOF'
-import socket, sys, time, os
+import socket, ssl, sys, time, os
 port, host, cap, ctl = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 s = socket.create_connection(("127.0.0.1", port), timeout=10)
+if os.environ.get("TUNNEL_CA"):  # a TLS gateway: its certificate checked for the host's name
+    s = ssl.create_default_context(cafile=os.environ["TUNNEL_CA"]).wrap_socket(s, server_hostname=host.split(":")[0])
 s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: spaced-tcp\r\n\r\n" % (host, cap)).encode())
 head = b""
 while b"\r\n\r\n" not in head:
@@ -208,24 +212,55 @@ X=$("$SC" create --worker worker-1)
 "$SC" exec "$X" -- sh -c 'cd /tmp && echo hello-from-X >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1' >/dev/null 2>&1
 "$SC" expose "$X" 8080 --json >"$W/exp.json"
 URL=$(jq -r .url "$W/exp.json"); XC=$(jq -r .capability "$W/exp.json")
-expect "expose: the URL names the port and the sandbox on loopback" "$(echo "$URL" | grep -c "^http://8080-$X.localhost:[0-9]*/$")" 1
+# dev up's cluster speaks TLS: so do its gateways, with the worker's certificate (*.gw.localhost)
+expect "expose: the URL names the port and the sandbox on loopback, over TLS" \
+	"$(echo "$URL" | grep -c "^https://8080-$X.gw.localhost:[0-9]*/$")" 1
 expect "expose: the identity is the serving execution's" "$(jq -r .identity.sandbox "$W/exp.json")" "$X"
-expect "curl -H 'Authorization: Bearer CAP' URL, as printed" \
-	"$(curl -s -m 5 -H "Authorization: Bearer $XC" "${URL}index.html")" hello-from-X
+CA="--cacert $SPACED_CA_FILE"
+# shellcheck disable=SC2086
+expect "curl -H 'Authorization: Bearer CAP' URL, as printed (the cluster's CA)" \
+	"$(curl -s -m 5 $CA -H "Authorization: Bearer $XC" "${URL}index.html")" hello-from-X
+GWX=$(echo "$URL" | sed 's/.*://; s/\///')
+expect "a client trusting another CA is refused (60)" \
+	"$(curl -s -m 5 -o /dev/null -w '%{exitcode}' -H "Authorization: Bearer $XC" "${URL}index.html")" 60
+expect "a plaintext client at the TLS gateway gets no answer" \
+	"$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $XC" -H "Host: 8080-$X.gw.localhost:$GWX" \
+	"http://127.0.0.1:$GWX/index.html")" 000
+# hostile clients at the TLS gateway: half a ClientHello, plaintext, nothing at all, held open
+python3 - "$GWX" >"$W/hold.out" 2>&1 <<'PY' &
+import socket, sys, time
+port, socks = int(sys.argv[1]), []
+for i in range(60):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall([b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", b"GET / HTTP/1.1\r\n", b""][i % 3])
+    socks.append(s)
+print("holding", flush=True)
+time.sleep(4)
+PY
+HOLD=$!
+i=0; until grep -q holding "$W/hold.out"; do i=$((i + 1)); [ $i -lt 100 ] || break; sleep 0.05; done
+# shellcheck disable=SC2086
+expect "60 stalled or garbage TLS clients at the gateway: a client is served meanwhile" \
+	"$(curl -s -m 5 $CA -H "Authorization: Bearer $XC" "${URL}index.html")" hello-from-X
+wait $HOLD
 # a browser: the capability once, then the cookie
-curl -s -m 5 -c "$W/jar" -o /dev/null -D "$W/h302" "${URL}index.html?spaced_token=$XC"
+# shellcheck disable=SC2086
+curl -s -m 5 $CA -c "$W/jar" -o /dev/null -D "$W/h302" "${URL}index.html?spaced_token=$XC"
 expect "cookie exchange: 302 to the same page without the token" \
 	"$(grep -i '^location:' "$W/h302" | tr -d '\r' | cut -d' ' -f2)" "/index.html"
 expect "cookie exchange: HttpOnly cookie set" "$(grep -ci '^set-cookie: spaced_gw=.*HttpOnly' "$W/h302")" 1
-expect "the cookie alone opens the page" "$(curl -s -m 5 -b "$W/jar" "${URL}index.html")" hello-from-X
-GWX=$(echo "$URL" | sed 's/.*://; s/\///')
+# shellcheck disable=SC2086
+expect "the cookie alone opens the page" "$(curl -s -m 5 $CA -b "$W/jar" "${URL}index.html")" hello-from-X
 CK=$(awk '$6 == "spaced_gw" {print $7}' "$W/jar")
-expect "the cookie is bound to its port" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
-	-H "Host: 9999-$X.localhost:$GWX" "http://127.0.0.1:$GWX/")" 403
-expect "the cookie opens http only, never a tcp tunnel" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
-	-H "Host: 8080-$X.localhost:$GWX" -H 'Connection: Upgrade' -H 'Upgrade: spaced-tcp' "http://127.0.0.1:$GWX/")" 403
-expect "a forged cookie: 401" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=${CK}A" \
-	-H "Host: 8080-$X.localhost:$GWX" "http://127.0.0.1:$GWX/")" 401
+# shellcheck disable=SC2086
+expect "the cookie is bound to its port" "$(curl -s -m 5 $CA -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
+	-H "Host: 9999-$X.gw.localhost:$GWX" "https://127.0.0.1:$GWX/")" 403
+# shellcheck disable=SC2086
+expect "the cookie opens http only, never a tcp tunnel" "$(curl -s -m 5 $CA -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=$CK" \
+	-H "Host: 8080-$X.gw.localhost:$GWX" -H 'Connection: Upgrade' -H 'Upgrade: spaced-tcp' "https://127.0.0.1:$GWX/")" 403
+# shellcheck disable=SC2086
+expect "a forged cookie: 401" "$(curl -s -m 5 $CA -o /dev/null -w '%{http_code}' -H "Cookie: spaced_gw=${CK}A" \
+	-H "Host: 8080-$X.gw.localhost:$GWX" "https://127.0.0.1:$GWX/")" 401
 # port-forward
 : >"$W/pf.out"
 "$SC" port-forward "$X" 8080 0 >"$W/pf.out" 2>"$W/pf.err" &
@@ -247,7 +282,8 @@ while True:
 "$SC" expose "$X" 9000 --protocol tcp --json >"$W/exp2.json"
 GW2=$(jq -r .url "$W/exp2.json" | sed 's/.*://; s/\///')
 : >"$W/ctl2"; : >"$W/tunnel2.out"
-python3 "$W/tunnel.py" "$GW2" "9000-$X.localhost:$GW2" "$(jq -r .capability "$W/exp2.json")" "$W/ctl2" >"$W/tunnel2.out" 2>&1 &
+TUNNEL_CA=$SPACED_CA_FILE python3 "$W/tunnel.py" "$GW2" "9000-$X.gw.localhost:$GW2" "$(jq -r .capability "$W/exp2.json")" \
+	"$W/ctl2" >"$W/tunnel2.out" 2>&1 &
 TUN2=$!
 echo ping >>"$W/ctl2"
 i=0; until grep -q '^echo' "$W/tunnel2.out"; do i=$((i + 1)); [ $i -lt 200 ] || break; sleep 0.05; done
@@ -261,8 +297,8 @@ expect "S1: the move cuts the tunnel" "$(grep -c '^cut$' "$W/tunnel2.out")" 1
 CUT=$(sed -n 's/^cut_at_ns //p' "$W/tunnel2.out")
 echo "move cut: $(( (CUT - T0) / 1000000 )) ms after the move was asked for"
 expect "after the move: the old capability at the new gateway is REFRESH_ROUTE" \
-	"$(NEWURL=$("$SC" expose "$X" 8080 --json | jq -r .url); curl -s -m 5 -o "$W/body" -w '%{http_code}' \
-	-H "Authorization: Bearer $XC" "${NEWURL}") $(jq -r .reason "$W/body")" "409 older-generation"
+	"$(NEWURL=$("$SC" expose "$X" 8080 --json | jq -r .url); curl -s -m 5 --cacert "$SPACED_CA_FILE" -o "$W/body" \
+	-w '%{http_code}' -H "Authorization: Bearer $XC" "${NEWURL}") $(jq -r .reason "$W/body")" "409 older-generation"
 kill $PF 2>/dev/null
 
 echo "netgtw: $FAILS failure(s)"

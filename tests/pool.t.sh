@@ -47,7 +47,7 @@ h0=$(status .pool.hits)
 gp=$(cat "$(ls "$D"/worker-1/pool/*/gateway.port | head -n 1)" 2>/dev/null)
 expect "a waiting pooled execution has its gateway listening" "$([ -n "$gp" ] && echo yes)" yes
 expect "before a claim it answers nothing, not even /metrics" \
-	"$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${gp:-1}/metrics")" 000
+	"$(curl -s -m 2 --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' "https://127.0.0.1:${gp:-1}/metrics")" 000
 
 # ---- eight creates at once ----
 for i in 1 2 3 4 5 6 7 8; do "$SC" create >"$W/c$i" 2>&1 & done
@@ -108,7 +108,8 @@ else
 	"$SC" exec "$OP" -- sh -c 'cd /tmp && echo hello-pooled >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1' >/dev/null 2>&1
 	"$SC" expose "$OP" 8080 --json >"$W/exp.json" 2>&1
 	expect "a pooled sandbox's port through its gateway (expose)" \
-		"$(curl -s -m 5 -H "Authorization: Bearer $(jq -r .capability "$W/exp.json")" "$(jq -r .url "$W/exp.json")index.html")" \
+		"$(curl -s -m 5 --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $(jq -r .capability "$W/exp.json")" \
+			"$(jq -r .url "$W/exp.json")index.html")" \
 		hello-pooled
 	# a slot's filter is its holder's: the claimed sandboxes hold theirs, waiting pooled executions
 	# (nothing runs in them before their identity) hold none
