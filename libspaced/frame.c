@@ -67,8 +67,15 @@ int spaced_frame_hdr_decode(struct spaced_frame_hdr *out, const uint8_t in[SPACE
 int spaced_frame_append(struct spaced_buf *out, uint16_t type, uint16_t flags, uint32_t id,
                         const void *payload, size_t len)
 {
-	if (len > SPACED_FRAME_MAX)
+	return spaced_frame_append2(out, type, flags, id, payload, len, NULL, 0);
+}
+
+int spaced_frame_append2(struct spaced_buf *out, uint16_t type, uint16_t flags, uint32_t id, const void *head,
+                         size_t hlen, const void *tail, size_t tlen)
+{
+	if (hlen > SPACED_FRAME_MAX || tlen > SPACED_FRAME_MAX - hlen)
 		return SPACED_ETOOBIG;
+	size_t len = hlen + tlen;
 	struct spaced_frame_hdr h = {.len = (uint32_t)len, .type = type, .flags = flags, .id = id};
 	uint8_t hb[SPACED_FRAME_HDR_LEN];
 	spaced_frame_hdr_encode(hb, &h);
@@ -76,7 +83,8 @@ int spaced_frame_append(struct spaced_buf *out, uint16_t type, uint16_t flags, u
 	if (r < 0)
 		return r;
 	(void)spaced_buf_append(out, hb, sizeof hb);
-	return spaced_buf_append(out, payload, len);
+	(void)spaced_buf_append(out, head, hlen);
+	return spaced_buf_append(out, tail, tlen);
 }
 
 int spaced_frame_parse(const uint8_t *in, size_t n, uint32_t max, struct spaced_frame_hdr *hdr,
@@ -262,6 +270,16 @@ int spaced_field_put_str(struct spaced_buf *b, const char *s)
 int spaced_field_put_bytes(struct spaced_buf *b, const void *p, size_t n)
 {
 	return put_lv(b, SPACED_FIELD_BYTES, p, n);
+}
+
+int spaced_field_put_bytes_head(struct spaced_buf *b, size_t n)
+{
+	if (n > UINT32_MAX)
+		return SPACED_ETOOBIG;
+	uint8_t h[5];
+	h[0] = SPACED_FIELD_BYTES;
+	put_le32(h + 1, (uint32_t)n);
+	return spaced_buf_append(b, h, sizeof h);
 }
 
 void spaced_field_reader_init(struct spaced_field_reader *r, const void *p, size_t len)

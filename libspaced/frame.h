@@ -70,6 +70,11 @@ int spaced_frame_hdr_decode(struct spaced_frame_hdr *out, const uint8_t in[SPACE
 int spaced_frame_append(struct spaced_buf *out, uint16_t type, uint16_t flags, uint32_t id,
                         const void *payload, size_t len);
 
+/* As spaced_frame_append, the payload given in two parts, head then tail
+ * (a few fields, then bulk data): neither is first copied into one buffer. */
+int spaced_frame_append2(struct spaced_buf *out, uint16_t type, uint16_t flags, uint32_t id, const void *head,
+                         size_t hlen, const void *tail, size_t tlen);
+
 /* Parses one frame at the start of in[0..n). Returns 0 with *consumed = 0 when
  * more bytes are needed; 0 with *consumed = header+payload length, *hdr and
  * *payload (pointing into in) when a frame is complete; or the header errors
@@ -118,6 +123,9 @@ int spaced_field_put_i64(struct spaced_buf *b, int64_t v);
 int spaced_field_put_str(struct spaced_buf *b, const char *s);
 int spaced_field_put_strn(struct spaced_buf *b, const char *s, size_t n);
 int spaced_field_put_bytes(struct spaced_buf *b, const void *p, size_t n);
+/* Only the head of a bytes field of n bytes (its kind and length): the n
+ * bytes follow it elsewhere (spaced_frame_append2's tail). */
+int spaced_field_put_bytes_head(struct spaced_buf *b, size_t n);
 
 /* A cursor over a received payload. Errors are sticky: after the first
  * failure every later call fails with the same code. */

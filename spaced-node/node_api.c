@@ -259,14 +259,19 @@ static int mgr_send_in(struct areq *r, uint16_t in, const void *p, size_t n, boo
 {
 	r->in_unacked += n;
 	input_flow(r);
+	/* the fields' heads, then the data straight into the link's buffer */
 	struct spaced_buf b;
-	spaced_buf_init(&b, NODE_MSG_MAX);
+	spaced_buf_init(&b, 32);
 	int e = spaced_field_put_u64(&b, in);
 	if (e == 0)
-		e = spaced_field_put_bytes(&b, p, n);
+		e = spaced_field_put_bytes_head(&b, n);
+	if (e == 0 && b.len + n > NODE_MSG_MAX)
+		e = SPACED_ETOOBIG;
 	if (e == 0)
-		e = mgr_send(NODE_MSG_IN, end ? SPACED_FRAME_F_END : 0, r->id, &b);
+		e = spaced_frame_append2(&A.mgr_out, NODE_MSG_IN, end ? SPACED_FRAME_F_END : 0, r->id, b.data, b.len, p, n);
 	spaced_buf_free(&b);
+	if (e == 0)
+		mgr_due();
 	return e;
 }
 
