@@ -1787,9 +1787,14 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	 * died (its lease expired mid-way) or whose recovery failed: finish it with
 	 * a resume, tried again every 5 s while its worker is connected */
 	if (CP_Q(st, &rows, NULL,
-	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 AND created + max_lifetime < $1 "
+	         /* a sum has no column affinity: in SQLite it would be compared
+	          * with the text-bound parameter as a number with a string
+	          * (always less), so every sandbox with a lifetime or an idle
+	          * timeout would be reaped at the next tick */
+	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 "
+	         "AND created + max_lifetime < CAST($1 AS BIGINT) "
 	         "UNION ALL SELECT id, tenant, 'pause' FROM sandboxes WHERE deleted = 0 AND state = 'running' "
-	         "AND idle_timeout > 0 AND last_active + idle_timeout < $1 "
+	         "AND idle_timeout > 0 AND last_active + idle_timeout < CAST($1 AS BIGINT) "
 	         "UNION ALL SELECT id, tenant, 'resume' FROM sandboxes WHERE deleted = 0 "
 	         "AND (op IS NULL OR op_until < $1) AND state IN ('starting', 'moving', 'stopped') AND last_active < $2 "
 	         "AND (state = 'stopped' OR worker IN (SELECT id FROM workers WHERE channel_until >= $1))",

@@ -3,7 +3,8 @@
 #  - --env reaches every command of the sandbox (a request's own --env wins), on a pooled and on a
 #    cold execution alike, and after a move;
 #  - --meta labels a sandbox; ls --meta K=V lists those that carry every pair asked for;
-#  - timeout ID SECONDS sets when it is reaped (0: never);
+#  - timeout ID SECONDS sets when it is reaped (0: never); a far lifetime or idle timeout is not
+#    reaped early;
 #  - a template's USER, ENV and WORKDIR are every command's defaults; exec --user U runs as another
 #    user of the sandbox (a name of its /etc/passwd, a uid or uid:gid), an unknown user is refused;
 #  - --auto-resume: a sandbox paused for idleness is resumed by its next use; one without it stays
@@ -49,6 +50,14 @@ expect "ls --meta team=blue" "$("$SC" ls --meta team=blue --json | jq -r '[.[].i
 expect "a metadata key outside [A-Za-z0-9._-] is refused (400)" "$(grep -c '400' "$W/e")" 1
 
 # ---- timeout ----
+# a lifetime and an idle timeout far away: three ticks of the control plane's reaper (1 s each)
+# leave the sandbox running (in SQLite a sum compared with a text-bound parameter is always less:
+# every such sandbox was reaped or paused at the next tick)
+L=$("$SC" create --max-lifetime 3600 --idle-timeout 600)
+sleep 3.5
+expect "a far lifetime and idle timeout: still running after three reaper ticks" \
+	"$("$SC" inspect "$L" --json 2>&1 | jq -r .state 2>/dev/null)" running
+"$SC" rm "$L" >/dev/null 2>&1
 "$SC" timeout "$B" 3600 || fail "timeout"
 expect "timeout: reaped an hour from now" "$("$SC" inspect "$B" --json | jq '.max_lifetime >= 3600 and .max_lifetime < 3700')" true
 "$SC" timeout "$B" 1 >/dev/null
