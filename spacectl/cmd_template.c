@@ -33,33 +33,7 @@
 
 int tmpl_api(const char *what, const char *method, const char *path, json_t *req, json_t **out)
 {
-	const char *url = getenv("SPACED_CP_URL"), *key = getenv("SPACED_API_KEY");
-	char err[256], *body = NULL, *text = NULL;
-	json_error_t jerr;
-	int status = 0;
-	if (url == NULL || *url == 0)
-		return cli_fail(what, "SPACED_CP_URL is not set (spacectl dev up writes it to DIR/env)");
-	if (key == NULL || *key == 0)
-		return cli_fail(what, "SPACED_API_KEY is not set");
-	if (req != NULL && (text = json_dumps(req, JSON_COMPACT)) == NULL)
-		return cli_fail(what, "out of memory");
-	int r = http_request(url, method, path, key, text, &status, &body, err, sizeof err);
-	free(text);
-	if (r < 0)
-		return cli_fail(what, "%s", err);
-	json_t *ans = body[0] ? json_loads(body, JSON_REJECT_DUPLICATES, &jerr) : json_object();
-	free(body);
-	if (ans == NULL)
-		return cli_fail(what, "HTTP %d with a malformed answer", status);
-	if (status < 200 || status > 299) {
-		const char *code = json_string_value(json_object_get(ans, "error"));
-		const char *msg = json_string_value(json_object_get(ans, "message"));
-		cli_fail(what, "HTTP %d %s%s%s", status, code ? code : "error", msg ? ": " : "", msg ? msg : "");
-		json_decref(ans);
-		return 1;
-	}
-	*out = ans;
-	return 0;
+	return net_cp_call(what, method, path, req, out); /* the one control-plane JSON call (cmd_net.c) */
 }
 
 static int send_file(const char *what, const char *method, const char *ctype, const char *store_url, const char *path,
