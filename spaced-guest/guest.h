@@ -215,6 +215,11 @@ int watch_fd(const struct watch *w);
 
 /* fwd.c (opt-in ServicePort forwarding) */
 int fwd_start(int fd, uint32_t port);
+/* A microVM's ServicePort listener on AF_VSOCK port (fwd.c says how it is
+ * spoken). Returns 0 or SPACED_ESYS. */
+int fwd_vsock_listen(unsigned port);
+/* The earliest deadline of a connection still owing its CONNECT line, 0: none. */
+uint64_t fwd_next_deadline(void);
 void fwd_poll_add(void (*add)(int fd, short ev, void *ptr));
 void fwd_on_event(void *ptr, int fd, short revents);
 void fwd_reap(void);

@@ -5,11 +5,14 @@
  *   spaced-guest --root DIR --identity TEXT --listen PATH
  *   spaced-guest --root DIR --control-fd N [--identity TEXT]
  *   spaced-guest --root DIR [--identity TEXT] --vsock-port N [--vsock-control-port M]
+ *                [--vsock-forward-port F]
  *
  * With --vsock-port (the qemu substrate: spaced-guest is PID 1 of a microVM,
  * docs/substrate.md) the guest listens on AF_VSOCK port N of any local CID;
  * the host reaches it through the VM's vsock device (spaced-vsockd and its
- * hybrid Unix socket, docs/vm-transport.md).
+ * hybrid Unix socket, docs/vm-transport.md). With --vsock-forward-port it
+ * also serves the VM's ServicePorts on vsock port F: "CONNECT <port>\n",
+ * answered "OK <port>\n" once 127.0.0.1:<port> inside is connected (fwd.c).
  *
  * In control-fd mode, fd N is an AF_UNIX SOCK_SEQPACKET socket from the
  * launcher carrying "IDENTITY <canonical text>" (once, when --identity was not
@@ -296,7 +299,9 @@ static void loop(void)
 			add_pfd(&n, G.vctl_fd, POLLIN, T_VCTL_LISTEN, NULL);
 		vctl_poll_add(add_vctl_pfd);
 		int timeout = -1;
-		uint64_t dl = proc_next_deadline();
+		uint64_t dl = proc_next_deadline(), fdl = fwd_next_deadline();
+		if (fdl != 0 && (dl == 0 || fdl < dl))
+			dl = fdl;
 		if (pump) {
 			timeout = 0;
 		} else if (dl != 0) {
@@ -441,7 +446,8 @@ static void open_vsock_listener(unsigned long port)
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-guest [--root DIR] [--identity TEXT] "
-	                "(--listen PATH | --control-fd N | --vsock-port N [--vsock-control-port M]) [--service-ports] [--verbose]\n");
+	                "(--listen PATH | --control-fd N | --vsock-port N [--vsock-control-port M] [--vsock-forward-port F])\n"
+	                "       [--service-ports] [--verbose]\n");
 	exit(64);
 }
 
@@ -449,7 +455,7 @@ int main(int argc, char **argv)
 {
 	const char *root = "/", *identity = NULL, *listen = NULL;
 	long control = -1;
-	unsigned long vsock_port = 0, vctl_port = 0;
+	unsigned long vsock_port = 0, vctl_port = 0, vfwd_port = 0;
 	static const struct option opts[] = {
 		{"root", required_argument, NULL, 'r'},
 		{"identity", required_argument, NULL, 'i'},
@@ -459,10 +465,11 @@ int main(int argc, char **argv)
 		{"service-ports", no_argument, NULL, 'p'},
 		{"vsock-port", required_argument, NULL, 'V'},
 		{"vsock-control-port", required_argument, NULL, 'K'},
+		{"vsock-forward-port", required_argument, NULL, 'F'},
 		{NULL, 0, NULL, 0},
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:K:", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:K:F:", opts, NULL)) != -1) {
 		char *end;
 		switch (o) {
 		case 'r':
@@ -498,13 +505,20 @@ int main(int argc, char **argv)
 			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vctl_port >= VMADDR_PORT_ANY)
 				usage();
 			break;
+		case 'F':
+			errno = 0;
+			vfwd_port = strtoul(optarg, &end, 10);
+			if (errno || *end || optarg[0] < '1' || optarg[0] > '9' || vfwd_port >= VMADDR_PORT_ANY)
+				usage();
+			break;
 		default:
 			usage();
 		}
 	}
 	if (optind != argc || (listen == NULL && control < 0 && vsock_port == 0) ||
 	    (vsock_port != 0 && (listen != NULL || control >= 0 || (identity == NULL && vctl_port == 0))) ||
-	    (vctl_port != 0 && (vsock_port == 0 || vctl_port == vsock_port)))
+	    (vctl_port != 0 && (vsock_port == 0 || vctl_port == vsock_port)) ||
+	    (vfwd_port != 0 && (vsock_port == 0 || vfwd_port == vsock_port || vfwd_port == vctl_port)))
 		usage();
 	G.listen_fd = G.control_fd = G.vctl_fd = -1;
 	G.pid1 = getpid() == 1;
@@ -542,6 +556,8 @@ int main(int argc, char **argv)
 		open_vsock_listener(vsock_port);
 	if (vctl_port != 0 && vctl_listen((unsigned)vctl_port) < 0)
 		die("listen on the vsock control port");
+	if (vfwd_port != 0 && fwd_vsock_listen((unsigned)vfwd_port) < 0)
+		die("listen on the vsock forward port");
 	if (G.control_fd >= 0)
 		control_send(G.have_identity ? "READY" : "WAITING");
 	if (listen != NULL) {

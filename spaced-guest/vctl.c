@@ -22,6 +22,9 @@
  *   CONFIG <json>     -> "OK" | "ERR <reason>": the sandbox's settings for what
  *                        it runs (env, workdir, user), as the launcher's
  *                        CONFIG in the process substrate (proc_config)
+ *   TASKS             -> "OK <n>" | "ERR <reason>": the tasks in that cgroup now
+ *                        (pids.current; what `spacectl top` shows, as the
+ *                        guest reports it)
  *   SYNC              -> "SYNCED" once sync(2) returned: the guest's dirty
  *                        pages are on its disk (before a pause or snapshot;
  *                        no process is started for it, so it works at the
@@ -274,6 +277,25 @@ static bool vctl_line(int fd, char *line, size_t n)
 	}
 	if (n > 7 && memcmp(line, "CONFIG ", 7) == 0) {
 		reply(fd, proc_config(line + 7, n - 7) == 0 ? "OK" : "ERR malformed CONFIG");
+		return true;
+	}
+	if (n == 5 && memcmp(line, "TASKS", 5) == 0) {
+		char val[32] = "", out[48];
+		int f = open("/sys/fs/cgroup/sandbox/pids.current", O_RDONLY | O_CLOEXEC);
+		ssize_t k = f >= 0 ? read(f, val, sizeof val - 1) : -1;
+		if (f >= 0)
+			close(f);
+		char *end = NULL;
+		unsigned long long t = 0;
+		if (k > 0) {
+			val[k] = '\0';
+			t = strtoull(val, &end, 10);
+		}
+		if (k > 0 && end != val && (*end == '\n' || *end == '\0'))
+			snprintf(out, sizeof out, "OK %llu", t);
+		else
+			snprintf(out, sizeof out, "ERR cannot read pids.current");
+		reply(fd, out);
 		return true;
 	}
 	if (n == 4 && memcmp(line, "SYNC", 4) == 0) {

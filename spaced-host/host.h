@@ -23,7 +23,7 @@
  * process (start time) running the same executable, and holds a Unix socket
  * whose peer the back-end holds (kernel evidence, unix_diag, that this
  * back-end serves that QEMU's guest memory); with --guest-cid the back-end
- * was started to serve exactly that guest CID (vm_verify.c).
+ * was started to serve exactly that guest CID (libspaced/vmcheck.h).
  *
  * With --handoff, step 5 is not a relay: the verified guest connection is
  * passed to the caller (host_client.h), which then has no hop in between.
@@ -41,16 +41,8 @@
 
 #include "identity.h"
 #include "pidref.h"
+#include "vmcheck.h"
 #include "util.h"
-
-/* The VM behind a vhost-user back-end (qemu substrate); pid 0: no VM checks. */
-struct host_vm {
-	pid_t pid;           /* QEMU */
-	uint64_t start_time;
-	bool check_exe;
-	struct spaced_exe_id exe;
-	uint32_t guest_cid;  /* 0: not checked */
-};
 
 struct host_config {
 	const char *listen_path;                    /* the bridge's own socket */
@@ -58,7 +50,7 @@ struct host_config {
 	uint32_t guest_port;                        /* vsock port of the guest agent */
 	struct spaced_expected_listener launcher;   /* who must own guest_path */
 	struct spaced_expected_caller manager;      /* who may call the bridge */
-	struct host_vm vm;                          /* the VM the launcher serves, if any */
+	struct spaced_vm_expected vm;               /* the VM the launcher serves, if any (vmcheck.h) */
 	struct spaced_identity identity;            /* the execution it must reach */
 	char identity_text[SPACED_IDENTITY_TEXT_MAX];
 	int timeout_ms;                             /* for the handshake and HELLO */
@@ -73,13 +65,6 @@ struct host_config {
  * connected socket in *fd_out, SPACED_EPEER with a reason in why,
  * SPACED_EINVAL or SPACED_ESYS. Thread-safe. */
 int host_connect_listener(const struct host_config *cfg, int *fd_out, char *why, size_t whysz);
-
-/* The VM checks (above) for the back-end process `backend` (pinned, and
- * verified as the listener's holder by the caller). Keeps QEMU's pidfd and
- * where the link between the two was last found between calls, checking
- * both again at every call (vm_verify.c). Returns 0 or SPACED_EPEER with a
- * reason in why. Thread-safe. */
-int host_verify_vm(const struct host_config *cfg, const struct spaced_pidref *backend, char *why, size_t whysz);
 
 /* The same checks without connecting, run once at start so that the first
  * connection finds the launcher pinned and its listening socket located (a

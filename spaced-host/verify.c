@@ -50,6 +50,9 @@ static struct {
 	int sock_fd;                   /* its number in the launcher's table, -1: unknown */
 } cache = {PTHREAD_MUTEX_INITIALIZER, {.pid = 0, .pidfd = -1, .start_time = 0}, 0, 0, -1};
 
+/* the VM its back-end serves, kept between connections (vmcheck.h) */
+static struct spaced_vm_check vm_check = SPACED_VM_CHECK_INIT;
+
 /* The pidfs inode of a pidfd: equal inodes, same process (never reused). */
 static uint64_t pidfs_ino(int pidfd)
 {
@@ -245,7 +248,7 @@ unlock:
 	pthread_mutex_unlock(&cache.lock);
 	/* a microVM: the listener's holder is its back-end; bind it to the VM */
 	if (r == 0)
-		r = host_verify_vm(cfg, &launcher, why, whysz);
+		r = spaced_vm_verify(&vm_check, &cfg->vm, &launcher, why, whysz);
 	return r;
 }
 

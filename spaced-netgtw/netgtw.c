@@ -5,10 +5,19 @@
  *   spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR) --keys PATH
  *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
  *                 --identity TEXT|- [--guest-owner UID] [--audit PATH] [--tls-cert FILE --tls-key FILE]
+ *                 [--vm-pid PID --forward-port N [--vm-start TICKS] [--vm-exe PATH] [--guest-cid N]]
  *
  * With --tls-cert/--tls-key every client connection is TLS (the worker's
  * node-api certificate: it names *.gw.localhost, the gateway's host names);
  * the guest side is the execution's own transport, as without.
+ *
+ * With --vm-pid the execution is a microVM (the qemu substrate): --guest is
+ * its vsock back-end's hybrid socket (the launcher options name spaced-vsockd),
+ * the back-end is checked to serve exactly that VM (libspaced/vmcheck.h:
+ * QEMU's pid, start time, executable, the vhost-user link, --guest-cid), and
+ * the guest's port is reached through the guest's forward port (--forward-port,
+ * spaced-guest/fwd.c), which relays inside the VM: the connection to the
+ * back-end is the stream.
  *
  * "--identity -" is a pooled execution's gateway (docs/templates.md "The warm
  * pool"): it listens and writes its port at once, reads the identity of the
@@ -78,6 +87,7 @@
 #include "tls.h"
 #include "util.h"
 #include "vcache.h"
+#include "vmcheck.h"
 #include "vsock_hs.h"
 
 #define HEAD_MAX (16 * 1024)
@@ -127,6 +137,9 @@ static struct {
 	bool have_rec;
 	struct spaced_identity self; /* the execution this gateway was started for */
 	struct spaced_expected_listener exp;
+	struct spaced_vm_expected vm; /* --vm-pid: the guest is a microVM's (vmcheck.h) */
+	struct spaced_vm_check vmc;
+	uint32_t fwd_port;            /* its guest's ServicePort forward port */
 	uint8_t cookie_key[crypto_auth_KEYBYTES];
 	struct conn *conns;
 	unsigned nconns;
@@ -620,50 +633,70 @@ static const char *cookie_find(const char *hdr, const char *name, size_t *vl)
 
 /* ---- the guest's port, through the verified guest transport (B1, B2) ---- */
 
-static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
+/* Sends "CONNECT <port>\n" on fd and reads exactly the answer line "OK <n>\n",
+ * byte by byte: what follows is the stream's. who names the answering side
+ * in why. */
+static int handshake(int fd, uint32_t port, const char *who, char *why, size_t whysz)
 {
-	int fd = -1;
-	int e = spaced_peer_connect_listener(G.guest_path, &G.exp, &fd, why, whysz);
-	if (e < 0)
-		return e;
 	char line[SPACED_VSOCK_HS_MAX + 1];
-	/* the guest hands the connection to its port back (spaced-guest fwd.c) */
-	int n = spaced_vsock_hs_format_connect(line, sizeof line, (uint32_t)port | GUEST_HANDBACK);
-	struct timeval tv = {.tv_sec = 5};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	int n = spaced_vsock_hs_format_connect(line, sizeof line, port);
 	if (n <= 0 || send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
-		close(fd);
-		snprintf(why, whysz, "the guest transport refused CONNECT");
+		snprintf(why, whysz, "%s refused CONNECT", who);
 		return SPACED_ECLOSED;
 	}
-	/* exactly the answer line, byte by byte: what follows is the guest port's */
 	uint8_t ans[SPACED_VSOCK_HS_MAX];
 	size_t got = 0;
 	for (;;) {
 		ssize_t r = recv(fd, ans + got, 1, 0);
 		if (r <= 0) {
-			close(fd);
-			snprintf(why, whysz, "the guest transport closed during the handshake");
+			snprintf(why, whysz, "%s closed during the handshake", who);
 			return SPACED_ECLOSED;
 		}
 		got++;
 		int l = spaced_vsock_hs_line_len(ans, got);
-		if (l > 0) {
-			uint32_t v;
-			if (spaced_vsock_hs_parse_ok(ans, got, &v) < 0) {
-				close(fd);
-				snprintf(why, whysz, "malformed handshake answer");
-				return SPACED_EPROTO;
-			}
-			break;
-		}
-		if (l < 0 || got >= sizeof ans) {
-			close(fd);
+		uint32_t v;
+		if (l > 0 && spaced_vsock_hs_parse_ok(ans, got, &v) == 0)
+			return 0;
+		if (l != 0 || got >= sizeof ans) {
 			snprintf(why, whysz, "malformed handshake answer");
 			return SPACED_EPROTO;
 		}
 	}
-	/* one byte carrying the connected socket; EOF: nothing listens there */
+}
+
+/* A microVM (--vm-pid): the listener's holder is its vsock back-end, bound to
+ * the expected QEMU (vmcheck.h); the guest's forward port relays to its own
+ * 127.0.0.1:<port> and answers "OK <port>" once that is connected, else
+ * closes (spaced-guest/fwd.c). The connection itself is the stream. */
+static int guest_open_vm(int fd, uint16_t port, char *why, size_t whysz)
+{
+	struct spaced_pidref be = SPACED_PIDREF_NULL;
+	int e = spaced_pidref_from_peer(&be, fd, NULL, NULL);
+	if (e < 0) {
+		snprintf(why, whysz, "the guest transport's peer is unknown");
+		return SPACED_EPEER;
+	}
+	e = spaced_vm_verify(&G.vmc, &G.vm, &be, why, whysz);
+	spaced_pidref_done(&be);
+	if (e < 0)
+		return e;
+	if ((e = handshake(fd, G.fwd_port, "the VM's vsock back-end", why, whysz)) < 0)
+		return e;
+	if (handshake(fd, port, "the guest", why, whysz) < 0) {
+		snprintf(why, whysz, "nothing listens on port %u inside", (unsigned)port);
+		return SPACED_ECLOSED;
+	}
+	return 0;
+}
+
+/* The process substrate: the guest hands the connection to its port back
+ * (spaced-guest fwd.c), one byte carrying the connected socket. */
+static int guest_handback(int fd, uint16_t port, int *out, char *why, size_t whysz)
+{
+	int e = handshake(fd, (uint32_t)port | GUEST_HANDBACK, "the guest transport", why, whysz);
+	if (e < 0)
+		return e;
+	/* EOF instead of the byte: nothing listens on port */
 	char one;
 	union {
 		struct cmsghdr h;
@@ -672,7 +705,6 @@ static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
 	struct iovec iov = {.iov_base = &one, .iov_len = 1};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
 	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-	close(fd);
 	struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
 	if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
 	    (mh.msg_flags & MSG_CTRUNC)) {
@@ -691,6 +723,29 @@ static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
 	}
 	int one_ = 1;
 	setsockopt(up, IPPROTO_TCP, TCP_NODELAY, &one_, sizeof one_);
+	*out = up;
+	return 0;
+}
+
+static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
+{
+	int fd = -1;
+	int e = spaced_peer_connect_listener(G.guest_path, &G.exp, &fd, why, whysz);
+	if (e < 0)
+		return e;
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	int up = fd;
+	if (G.vm.pid > 0)
+		e = guest_open_vm(fd, port, why, whysz);
+	else
+		e = guest_handback(fd, port, &up, why, whysz);
+	if (up != fd || e < 0)
+		close(fd);
+	if (e < 0)
+		return e;
+	struct timeval none = {0};
+	setsockopt(up, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
 	fcntl(up, F_SETFL, O_NONBLOCK);
 	*out = up;
 	return 0;
@@ -1092,13 +1147,16 @@ static void usage(void)
 	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR)\n"
 	                "                     --keys PATH --guest PATH --launcher-pid PID --launcher-start TICKS\n"
 	                "                     --identity TEXT|- [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n"
-	                "                     [--tls-cert FILE --tls-key FILE]\n");
+	                "                     [--tls-cert FILE --tls-key FILE]\n"
+	                "                     [--vm-pid PID --forward-port N [--vm-start TICKS] [--vm-exe PATH] [--guest-cid N]]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	const char *listen_s = NULL, *port_file = NULL, *launcher_exe = NULL, *tls_cert = NULL, *tls_key = NULL;
+	const char *listen_s = NULL, *port_file = NULL, *launcher_exe = NULL, *tls_cert = NULL, *tls_key = NULL,
+	           *vm_exe = NULL;
+	G.vmc = (struct spaced_vm_check)SPACED_VM_CHECK_INIT;
 	G.audit_fd = -1;
 	long lpid = 0;
 	unsigned long long lstart = 0;
@@ -1131,6 +1189,16 @@ int main(int argc, char **argv)
 			launcher_exe = v;
 		else if (strcmp(o, "--guest-owner") == 0)
 			owner = (uid_t)atol(v);
+		else if (strcmp(o, "--vm-pid") == 0)
+			G.vm.pid = (pid_t)atol(v);
+		else if (strcmp(o, "--vm-start") == 0)
+			G.vm.start_time = strtoull(v, NULL, 10);
+		else if (strcmp(o, "--vm-exe") == 0)
+			vm_exe = v;
+		else if (strcmp(o, "--guest-cid") == 0)
+			G.vm.guest_cid = (uint32_t)strtoul(v, NULL, 10);
+		else if (strcmp(o, "--forward-port") == 0)
+			G.fwd_port = (uint32_t)strtoul(v, NULL, 10);
 		else if (strcmp(o, "--audit") == 0) {
 			G.audit_fd = open(v, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 		} else if (strcmp(o, "--identity") == 0) {
@@ -1145,6 +1213,17 @@ int main(int argc, char **argv)
 	if (!listen_s || !G.record_path == !G.record_dir || !G.keys_path || !G.guest_path || lpid <= 1 ||
 	    (G.self.sandbox[0] == 0 && !G.identity_pending))
 		usage();
+	/* a microVM's gateway names its VM and the guest's forward port, or neither */
+	if ((G.vm.pid != 0) != (G.fwd_port != 0) || G.vm.pid < 0 ||
+	    ((vm_exe || G.vm.start_time || G.vm.guest_cid) && G.vm.pid == 0))
+		usage();
+	if (vm_exe) {
+		if (spaced_exe_id_of_path(vm_exe, false, &G.vm.exe) < 0) {
+			glog("level=error event=bad-vm-exe path=%s", vm_exe);
+			return 2;
+		}
+		G.vm.check_exe = true;
+	}
 	if (G.record_dir && !G.identity_pending)
 		record_path_set();
 	if (!tls_cert != !tls_key)

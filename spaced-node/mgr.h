@@ -178,6 +178,27 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 /* The socket serving rec: the one place that decides where requests go. */
 int mgr_exec_target(const struct mgr_config *cfg, const struct mgr_rec *rec, char *out, size_t outsz);
 
+/* How a ServicePort gateway (spaced-netgtw) reaches a microVM's guest: the
+ * back-end's hybrid socket and the process that must hold it, the VM that
+ * back-end must serve (libspaced/vmcheck.h) and the guest's forward port. */
+struct mgr_gw_guest {
+	const char *sock;
+	int64_t pid;
+	uint64_t start;
+	const char *exe;
+	uint32_t owner; /* the socket file's owner */
+	int64_t vm_pid;
+	uint64_t vm_start;
+	const char *vm_exe;
+	uint32_t cid;
+	uint32_t fwd_port;
+};
+/* Starts rec's gateway, reaching its guest as g says; its port goes to
+ * E_DIR/gateway.port. Returns 0 when it serves (or no gateway binary exists:
+ * ServicePorts are then unreachable), < 0 when it did not start. */
+int mgr_gateway_start(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *logp,
+                      const struct mgr_gw_guest *g);
+
 /* Helpers of mgr_exec.c that mgr_vm.c uses too. */
 int mgr_mkdirs(const char *path);
 /* STATE/exec/<sandbox>.<generation>, the execution's state directory. */

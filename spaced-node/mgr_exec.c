@@ -700,12 +700,14 @@ static bool gateway_bin(const struct mgr_config *cfg, char *bin, size_t binsz)
 
 /* With fifo, a pooled execution's gateway: it listens at once and reads the
  * identity of the sandbox that claims the execution from that FIFO
- * (mgr_pool_claim_finish). Returns 0 when it serves (or no gateway binary
- * exists: ServicePorts are then unreachable), < 0 when it did not start. */
+ * (mgr_pool_claim_finish). g: how it reaches the guest (mgr.h), NULL for the
+ * process substrate's launcher. Returns 0 when it serves (or no gateway
+ * binary exists: ServicePorts are then unreachable), < 0 when it did not start. */
 static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir,
-                            const char *logp, const char *fifo)
+                            const char *logp, const char *fifo, const struct mgr_gw_guest *g)
 {
 	char bin[4096], tmp[4096], pf[4200], recd[4200], keys[4200], gsock[4200], lpid[32], lstart[32];
+	char owner[16], vpid[32], vstart[32], cid[16], fwd[16];
 	char text[SPACED_IDENTITY_TEXT_MAX] = "-";
 	if (!gateway_bin(cfg, bin, sizeof bin))
 		return 0;
@@ -714,17 +716,32 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 	snprintf(pf, sizeof pf, "%s/gateway.port", e_dir);
 	snprintf(recd, sizeof recd, "%s/gw", cfg->state_dir);
 	snprintf(keys, sizeof keys, "%s/keys.json", cfg->state_dir);
-	snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
-	snprintf(lpid, sizeof lpid, "%lld", (long long)rec->pid);
-	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)rec->pid_start);
+	if (g)
+		snprintf(gsock, sizeof gsock, "%s", g->sock);
+	else
+		snprintf(gsock, sizeof gsock, "%s/guest.sock", e_dir);
+	snprintf(lpid, sizeof lpid, "%lld", (long long)(g ? g->pid : rec->pid));
+	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)(g ? g->start : rec->pid_start));
 	snprintf(tmp, sizeof tmp, "%s/gw", cfg->state_dir);
 	mkdir(tmp, 0700);
 	char audit[4200];
 	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
-	const char *argv[32] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record-dir", recd, "--keys", keys,
+	const char *argv[48] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record-dir", recd, "--keys", keys,
 	                        "--guest", gsock, "--launcher-pid", lpid, "--launcher-start", lstart, "--launcher-exe",
-	                        cfg->launch_bin, "--identity", text, "--audit", audit};
+	                        g ? g->exe : cfg->launch_bin, "--identity", text, "--audit", audit};
 	size_t n = 21;
+	if (g) {
+		/* a microVM: its back-end's socket file, the VM it must serve */
+		snprintf(owner, sizeof owner, "%u", (unsigned)g->owner);
+		snprintf(vpid, sizeof vpid, "%lld", (long long)g->vm_pid);
+		snprintf(vstart, sizeof vstart, "%llu", (unsigned long long)g->vm_start);
+		snprintf(cid, sizeof cid, "%u", (unsigned)g->cid);
+		snprintf(fwd, sizeof fwd, "%u", (unsigned)g->fwd_port);
+		const char *more[] = {"--guest-owner", owner, "--vm-pid", vpid, "--vm-start", vstart, "--vm-exe",
+		                      g->vm_exe, "--guest-cid", cid, "--forward-port", fwd};
+		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+			argv[n++] = more[i];
+	}
 	if (cfg->api_tls_cert && cfg->api_tls_key) {
 		/* TLS as node-api speaks it, with its certificate */
 		argv[n++] = "--tls-cert";
@@ -747,7 +764,15 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 
 static void start_gateway(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir, const char *logp)
 {
-	start_gateway_in(cfg, rec, e_dir, logp, NULL);
+	start_gateway_in(cfg, rec, e_dir, logp, NULL, NULL);
+}
+
+int mgr_gateway_start(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *logp,
+                      const struct mgr_gw_guest *g)
+{
+	char e_dir[4096];
+	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
+	return e < 0 ? e : start_gateway_in(cfg, rec, e_dir, logp, NULL, g);
 }
 
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
@@ -1386,7 +1411,7 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	/* its ServicePort gateway, listening already; it ends with the launcher */
 	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir, name);
 	unlink(fifo);
-	if (mkfifo(fifo, 0600) < 0 || (e = start_gateway_in(cfg, rec, e_dir, logp, fifo)) < 0) {
+	if (mkfifo(fifo, 0600) < 0 || (e = start_gateway_in(cfg, rec, e_dir, logp, fifo, NULL)) < 0) {
 		snprintf(why, whysz, "the pooled execution's ServicePort gateway did not start");
 		stop_pinned(rec->host_pid, rec->host_start, false);
 		stop_pinned(lp, ls, true);

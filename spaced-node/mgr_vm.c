@@ -4,7 +4,7 @@
  * (spaced-vmm/vm.h), reached only through its own spaced-host bridge, which
  * pins spaced-vsockd (the process holding the guest transport's hybrid
  * socket) as the listener and QEMU as the VM whose guest memory that
- * back-end serves (B1, B2; spaced-host/vm_verify.c).
+ * back-end serves (B1, B2; libspaced/vmcheck.c).
  *
  * Pause, thaw, usage, snapshot and stop go through spaced-vm's control socket,
  * which speaks the same commands as spaced-launch's (mgr_exec.c picks the
@@ -258,6 +258,17 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 	if (e < 0) {
 		mgr_stop_pinned(sp, ss, true);
 		return e;
+	}
+	/* its ServicePort gateway: the same back-end and VM checks as the
+	 * bridge's, the guest's forward port behind them (docs/network.md) */
+	char gsock[200];
+	if (vm_read_pids(e_dir, &vp, &vs, &qp, &qs) == 0) {
+		snprintf(gsock, sizeof gsock, "%s/guest.sock", rdir);
+		struct mgr_gw_guest g = {.sock = gsock, .pid = vp, .start = vs, .exe = cfg->vsockd_bin,
+		                         .owner = r.uid_base, .vm_pid = qp, .vm_start = qs, .vm_exe = cfg->qemu_bin,
+		                         .cid = vm_cid(cfg, &r), .fwd_port = VM_FWD_PORT};
+		if (mgr_gateway_start(cfg, &r, logp, &g) < 0)
+			fprintf(stderr, "spaced-executor level=warn event=gateway-failed sandbox=%s\n", r.r.id.sandbox);
 	}
 	*rec = r;
 	return 0;

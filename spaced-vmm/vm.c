@@ -334,7 +334,7 @@ static int wait_ready(char *why, size_t whysz)
 				return e;
 			}
 		}
-		vm_sleep_ms(V.need_identity ? 20 : 100);
+		vm_sleep_ms(V.need_identity ? 20 : 25);
 	}
 	spaced_why(why, whysz, "the guest did not answer within %d ms", V.boot_timeout_ms);
 	return SPACED_ETIMEDOUT;
@@ -354,12 +354,21 @@ static void usage_text(char *reply, size_t sz)
 	if (stat(disk, &st) == 0)
 		used = (uint64_t)st.st_blocks * 512u;
 #define FIG(v) ((v) == UINT64_MAX ? (int64_t)-1 : (int64_t)(v))
-	/* pids: the guest's tasks are inside the VM; the host does not count them */
+	/* pids: the guest's tasks are inside the VM, where the host does not
+	 * count them: the guest reports its cgroup's count on its control port
+	 * (-1 while paused or when it does not answer within a second) */
+	int64_t tasks = -1;
+	char ans[64];
+	unsigned long long t;
+	char extra;
+	if (V.ready && !V.paused && vm_guest_control("TASKS", ans, sizeof ans, 1000) == 0 &&
+	    sscanf(ans, "OK %llu%c", &t, &extra) == 1 && t < INT64_MAX)
+		tasks = (int64_t)t;
 	snprintf(reply, sz,
 	         "OK cpu_usec=%" PRId64 " cpu_pct=%u.%u memory=%" PRId64 " memory_peak=%" PRId64 " oom_kills=%" PRId64
-	         " pids=-1 disk=%" PRIu64 " disk_total=%" PRIu64,
+	         " pids=%" PRId64 " disk=%" PRIu64 " disk_total=%" PRIu64,
 	         FIG(u.cpu_usec), V.cpu_pct_x10 / 10, V.cpu_pct_x10 % 10, FIG(u.mem_bytes), FIG(u.mem_peak),
-	         FIG(u.oom_kills), used, V.disk);
+	         FIG(u.oom_kills), tasks, used, V.disk);
 #undef FIG
 }
 

@@ -41,6 +41,9 @@
 
 /* The vsock port spaced-guest listens on inside the VM (guest_proto.h). */
 #define VM_GUEST_PORT_DEFAULT 1024
+/* The vsock port of the guest's ServicePort forwarding (spaced-guest/fwd.c):
+ * spaced-netgtw reaches a VM's ports through it. */
+#define VM_FWD_PORT 1025
 /* Control messages are at most this long. */
 #define VM_MSG_MAX 1024
 

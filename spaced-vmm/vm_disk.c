@@ -240,10 +240,14 @@ int vm_template_path(char *out, size_t outsz)
 	struct stat st;
 	if (stat(V.qemu_bin, &st) < 0)
 		return SPACED_ESYS;
-	/* a QEMU of another build could not read the saved device state */
-	int n = snprintf(out, outsz, "%s/cache/template2-%s-%" PRIu64 "m-%uc-%" PRIu64 "-q%llx.%llx", V.images,
+	/* a QEMU of another build could not read the saved device state, and a
+	 * template booted with other kernel arguments is another kernel state */
+	uint32_t k = 2166136261u; /* FNV-1a */
+	for (const char *p = VM_BOOT_ARGS " " VM_BOOT_ARGS_PC; *p; p++)
+		k = (k ^ (uint8_t)*p) * 16777619u;
+	int n = snprintf(out, outsz, "%s/cache/template2-%s-%" PRIu64 "m-%uc-%" PRIu64 "-q%llx.%llx-k%08x", V.images,
 	                 machine_name(V.machine), V.memory >> 20, vcpus_of(V.cpu_milli), V.disk,
-	                 (unsigned long long)st.st_ino, (unsigned long long)st.st_mtime);
+	                 (unsigned long long)st.st_ino, (unsigned long long)st.st_mtime, (unsigned)k);
 	return (n < 0 || (size_t)n >= outsz) ? SPACED_ETOOBIG : 0;
 }
 

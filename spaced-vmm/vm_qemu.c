@@ -154,7 +154,7 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	/* the vhost-user connection is made here, in the host's network
 	 * namespace, and handed to QEMU: a Unix connection's two sockets belong
 	 * to the connecting side's namespace, and the bridge checks this one
-	 * with unix_diag from the host's (spaced-host/vm_verify.c) */
+	 * with unix_diag from the host's (libspaced/vmcheck.c) */
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int vufd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (vufd < 0)
@@ -204,11 +204,12 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	/* tsc=reliable: under TCG on a loaded host the TSC watchdog would move the
 	 * guest to jiffies, a coarse clock. (init_on_free=1 would make saved
 	 * memory smaller, 59 instead of 77 MB for a template, but the kernel then
-	 * zeroes all of the guest's RAM at boot: every page touched on the host.) */
+	 * zeroes all of the guest's RAM at boot: every page touched on the host.)
+	 * VM_BOOT_ARGS: what a cold boot and a hot-plug need not do (vm_int.h). */
 	int an = snprintf(append, sizeof append,
-	                  "console=ttyS0 quiet panic=-1 tsc=reliable%s%s%s%s%s%s spaced.port=%u spaced.ctlport=%u spaced.pids=%" PRIu64,
-	                  pc ? "" : " pci=off", tsc, V.kernel_args ? " " : "", V.kernel_args ? V.kernel_args : "", ident, net,
-	                  V.port, VM_CTL_PORT, V.pids);
+	                  "console=ttyS0 quiet panic=-1 tsc=reliable " VM_BOOT_ARGS "%s%s%s%s%s%s spaced.port=%u spaced.ctlport=%u spaced.fwdport=%u spaced.pids=%" PRIu64,
+	                  pc ? " " VM_BOOT_ARGS_PC : " pci=off", tsc, V.kernel_args ? " " : "", V.kernel_args ? V.kernel_args : "", ident, net,
+	                  V.port, VM_CTL_PORT, VM_FWD_PORT, V.pids);
 	if (an < 0 || (size_t)an >= sizeof append)
 		return SPACED_ETOOBIG;
 	const char *argv[64] = {V.qemu_bin, "-accel", accel, "-M", machine, "-m", mem, "-smp", smp, "-object", obj,

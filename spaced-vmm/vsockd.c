@@ -541,10 +541,11 @@ static int host_read_handshake(struct vsockd *d, struct conn *c)
 		conn_free(d, c, false, "malformed CONNECT line");
 		return -1;
 	}
-	if (!d->vu.vq[RXQ].started || !d->vu.vq[TXQ].started) {
-		conn_free(d, c, false, "guest device not running");
-		return -1;
-	}
+	/* while the rings are stopped (a paused VM, a device not yet plugged or
+	 * not yet started by the guest's driver) the request waits, within the
+	 * CONNECTING timeout, and goes out when they run again (rx_flush): a
+	 * request to a paused sandbox waits for its resume, as one to a frozen
+	 * process execution does */
 	c->local_port = alloc_local_port(d);
 	if (c->local_port == 0) {
 		conn_free(d, c, false, "no local port free");
@@ -1060,8 +1061,8 @@ static void on_ring_stopping(void *opaque, unsigned idx)
 	/* QEMU stops the rings when the VM stops (QMP stop: a pause keeps the
 	 * guest and its sockets as they are) and when the guest's driver resets
 	 * the device. The connections stay: while the rings are stopped nothing
-	 * moves and new CONNECTs are refused; once QEMU restarts them, streams go
-	 * on where they were. After a driver reset the guest's sockets are gone,
+	 * moves and new CONNECTs wait (within their timeout); once QEMU restarts
+	 * them, streams go on where they were. After a driver reset the guest's sockets are gone,
 	 * and the guest answers the next packet of each connection with RST,
 	 * which closes it here. */
 	if (d->nconns > 0)

@@ -10,7 +10,7 @@
 #   - a terminal and a watch; the pids limit holds inside the guest (fork gets
 #     EAGAIN at exactly the limit);
 #   - pause keeps a running process and an open terminal (QMP stop/cont); both
-#     go on after the resume;
+#     go on after the resume; an exec sent while paused is answered after it;
 #   - move to the other worker: memory, processes and files come along (a
 #     memory snapshot: the vsock device unplugged, QEMU's state saved, restored
 #     on the other worker with a new device), the generation is new and the
@@ -19,6 +19,10 @@
 #     here): reached by address and by name, refused after a live change to
 #     deny, also when root inside changes its address; after a move the guest
 #     gets the new worker's link on its control port;
+#   - ServicePorts: a server inside the VM through its gateway (the printed
+#     URL, TLS), 502 for a port nothing listens on, port-forward's tunnel, a
+#     gateway naming another guest CID or another process as the VM refused,
+#     and the same server through the new worker's gateway after the move;
 #   - rm and dev down leave no VM running.
 # With SPACED_VM_FULL=1 (make check-vm) also: a memory hog inside the VM is
 # killed by the guest's kernel and the sandbox stays up.
@@ -171,6 +175,56 @@ if [ "$NET" = 1 ]; then
 	"$SC" net "$S" --network allow >/dev/null || fail "spacectl net --network allow"
 fi
 
+# ServicePorts (docs/network.md): spaced-netgtw reaches a port inside the VM
+# through the guest's vsock forward port, after the same back-end and VM
+# checks as the bridge's (libspaced/vmcheck.h)
+"$SC" exec "$S" -- sh -c 'mkdir -p /tmp/www && echo hello-from-vm >/tmp/www/index.html && httpd -p 127.0.0.1:8080 -h /tmp/www' ||
+	fail "httpd in the VM"
+gw_get() { # EXPOSE-JSON [PATH]: the page through the URL expose printed, with its capability
+	curl -s -m 10 --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $(jq -r .capability "$1")" "$(jq -r .url "$1")${2:-}"
+}
+"$SC" expose "$S" 8080 --json >"$W/exp.json" || fail "expose 8080"
+expect "a ServicePort of the VM through its gateway (TLS, the printed URL)" "$(gw_get "$W/exp.json" index.html)" hello-from-vm
+"$SC" expose "$S" 8081 --json >"$W/exp1.json" || fail "expose 8081"
+expect "a port nothing listens on inside: 502" \
+	"$(curl -s -m 10 -o /dev/null -w '%{http_code}' --cacert "$SPACED_CA_FILE" \
+		-H "Authorization: Bearer $(jq -r .capability "$W/exp1.json")" "$(jq -r .url "$W/exp1.json")")" 502
+"$SC" port-forward "$S" 8080 0 >"$W/pf.out" 2>"$W/pf.err" &
+PF=$!
+BG="$BG $PF"
+i=0; until grep -q forwarding "$W/pf.out"; do i=$((i + 1)); [ $i -lt 200 ] || break; sleep 0.05; done
+LP=$(sed -n 's/forwarding 127.0.0.1:\([0-9]*\) .*/\1/p' "$W/pf.out")
+expect "port-forward: a local port reaches the VM's port (a TCP tunnel)" \
+	"$(curl -s -m 10 "http://127.0.0.1:$LP/index.html")" hello-from-vm
+kill "$PF" 2>/dev/null
+# impostors at the gateway: the same gateway started by hand, naming another
+# guest CID, or another process as the VM: every open refused, the reason logged
+GWP=$(pgrep -f "spaced-netgtw .*--guest-cid" | head -n 1)
+if [ -n "$GWP" ]; then
+	tr '\0' '\n' <"/proc/$GWP/cmdline" >"$W/gw.args"
+	cid=$(sed -n '/^--guest-cid$/{n;p;}' "$W/gw.args")
+	sup=$(pgrep -f "^$build/spaced-vmm/spaced-vm --state $D/worker-1/exec/$S.1" | head -n 1)
+	sup_start=$(awk '{ print $22 }' "/proc/$sup/stat")
+	for what in cid vm; do
+		case $what in
+		cid) sed "/^--guest-cid$/{n;s/.*/$((cid + 1))/;}" "$W/gw.args" ;;
+		vm) sed "/^--vm-pid$/{n;s/.*/$sup/;}; /^--vm-start$/{n;s/.*/$sup_start/;}; /^--vm-exe$/{n;s|.*|$build/spaced-vmm/spaced-vm|;}" "$W/gw.args" ;;
+		esac | sed "/^--port-file$/{n;s|.*|$W/gw-$what.port|;}; /^--audit$/{n;s|.*|$W/gw-$what.audit|;}" >"$W/gw-$what.args"
+		tr '\n' '\0' <"$W/gw-$what.args" | xargs -0 sh -c 'exec "$@" 2>'"$W/gw-$what.log" sh &
+		BG="$BG $!"
+		i=0; until [ -s "$W/gw-$what.port" ]; do i=$((i + 1)); [ $i -lt 200 ] || break; sleep 0.05; done
+		p=$(cat "$W/gw-$what.port" 2>/dev/null)
+		expect "a gateway whose back-end check names another $([ $what = cid ] && echo 'guest CID' || echo 'process as the VM'): 502" \
+			"$(curl -s -m 10 -o /dev/null -w '%{http_code}' --cacert "$SPACED_CA_FILE" \
+				-H "Authorization: Bearer $(jq -r .capability "$W/exp.json")" "https://8080-$S.gw.localhost:$p/")" 502
+	done
+	grep -q "serves guest CID $cid, expected $((cid + 1))" "$W/gw-cid.log" &&
+		grep -q "holds no connection to the back-end" "$W/gw-vm.log" && ok "and the reasons are logged" ||
+		fail "impostor reasons: $(cat "$W/gw-cid.log" "$W/gw-vm.log")"
+else
+	fail "no VM gateway runs"
+fi
+
 # a running process and an open terminal across pause and resume
 printf '#!/bin/sh\ni=0\nwhile true; do i=$((i+1)); echo $i >/workspace/c.tmp; mv /workspace/c.tmp /workspace/counter; sleep 0.2; done\n' |
 	"$SC" fs write "$S" /workspace/loop.sh
@@ -186,9 +240,20 @@ wait_for "the loop counts" 20 sh -c "[ \"\$('$SC' fs read '$S' /workspace/counte
 t0=$(now_ms)
 "$SC" pause "$S" >/dev/null && ok "pause ($(( $(now_ms) - t0 )) ms through the control plane)" || fail "pause"
 expect "inspect: paused" "$("$SC" inspect "$S" --json | jq -r .state)" paused
+# a request sent while paused waits for the resume (the back-end holds a new
+# connection's CONNECT while the rings are stopped) instead of failing at once
+# with 502: an exec, and a ServicePort request (a new guest connection each)
+"$SC" exec --no-retry "$S" -- echo answered-after-resume >"$W/pe.out" 2>"$W/pe.err" &
+PE=$!
+gw_get "$W/exp.json" index.html >"$W/pg.out" 2>&1 &
+PG=$!
 sleep 2
 t0=$(now_ms)
 "$SC" resume "$S" >/dev/null && ok "resume in place ($(( $(now_ms) - t0 )) ms)" || fail "resume"
+wait $PE
+expect "an exec sent while paused is answered after the resume" "$(cat "$W/pe.out")$(grep -v "^outcome: ALLOW" "$W/pe.err")" answered-after-resume
+wait $PG
+expect "a ServicePort request sent while paused is answered after the resume" "$(cat "$W/pg.out")" hello-from-vm
 c1=$("$SC" fs read "$S" /workspace/counter)
 sleep 1
 c2=$("$SC" fs read "$S" /workspace/counter)
@@ -199,8 +264,13 @@ echo 'echo after-$((40+3))' >&3
 wait_for "the terminal opened before the pause answers after the resume" 30 grep -q after-43 "$W/term.out"
 echo 'exit 4' >&3
 
-top=$("$SC" top "$S" --json 2>/dev/null)
-expect "top: the disk's size" "$(echo "$top" | jq -r '.disk_total // .limits.disk_bytes // empty' | head -n 1)" 268435456
+"$SC" exec "$S" -- sh -c 'for i in 1 2 3 4 5; do setsid sleep 20 </dev/null >/dev/null 2>&1 & done'
+usage=$("$SC" top "$S" --json 2>/dev/null)
+expect "top: the disk's size" "$(echo "$usage" | jq -r '.disk_total // .limits.disk_bytes // empty' | head -n 1)" 268435456
+# the guest's own count of its tasks (its control port): PID 1, the loop and
+# its sleep, five sleeps of ours, within the limit of 64
+n=$(echo "$usage" | jq -r '.pids')
+[ "$n" -ge 8 ] 2>/dev/null && [ "$n" -le 64 ] && ok "top: the guest's tasks ($n of 64)" || fail "top pids: $n"
 
 # move: disk carried, new generation elsewhere, old route refused
 "$SC" route "$S" --json >"$W/old.route"
@@ -232,6 +302,9 @@ c2=$("$SC" fs read "$S" /workspace/counter)
 expect "the guest reports generation 2 (learned on its control port after the restore)" \
 	"$("$SC" -v exec "$S" -- true 2>&1 | grep -c "identity sandbox=$S;generation=2;worker=worker-2;substrate=qemu")" 1
 [ -z "$OLDQ" ] || ! kill -0 "$OLDQ" 2>/dev/null && ok "the old worker's VM is gone" || fail "old VM still runs"
+"$SC" expose "$S" 8080 --json >"$W/exp2.json" || fail "expose after the move"
+expect "after the move the same server answers through worker-2's gateway (its memory moved)" \
+	"$(gw_get "$W/exp2.json" index.html)" hello-from-vm
 if [ "$NET" = 1 ]; then
 	expect "after the move the guest reaches the outside through worker-2's link (given on its control port)" \
 		"$(outside "$NH_A")" "outside-host $NH_A"

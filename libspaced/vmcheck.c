@@ -1,9 +1,10 @@
-/* vm_verify.c — the checks that bind a microVM's guest-transport back-end to
- * the QEMU process whose guest memory it serves (B1, B2; host.h).
+/* vmcheck.c — the checks that bind a microVM's guest-transport back-end to
+ * the QEMU process whose guest memory it serves (B1, B2; vmcheck.h).
  *
  * For the qemu substrate the hybrid vsock socket is held by spaced-vsockd,
- * which verify.c checks as the listener's holder (pidfd, start time,
- * executable, unix_diag). Here, at every connection:
+ * which the caller checks as the listener's holder (pidfd, start time,
+ * executable, unix_diag: spaced-host's verify.c, spaced_peer_connect_listener).
+ * Here, at every connection:
  *   1. QEMU (--vm-pid) is the process pinned at the first connection (its
  *      pidfd accepts signal 0; the start time was compared when it was
  *      pinned, so a reused PID never passes) and runs the expected executable
@@ -24,7 +25,7 @@
  * (one readlink, one exact unix_diag query, QEMU's table); when they no
  * longer match, the full search of the back-end's few descriptors runs.
  */
-#include "host.h"
+#include "vmcheck.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -38,14 +39,6 @@
 
 #include "error.h"
 #include "util.h"
-
-static struct {
-	pthread_mutex_t lock;
-	struct spaced_pidref qemu; /* pinned at the first connection */
-	int be_fd;                 /* the back-end's descriptor of its end of the link, -1: unknown */
-	uint64_t be_ino;           /* that socket's inode */
-	uint64_t qemu_ino;         /* its peer, which QEMU holds */
-} vc = {PTHREAD_MUTEX_INITIALIZER, {.pid = 0, .pidfd = -1, .start_time = 0}, -1, 0, 0};
 
 /* The socket inode behind descriptor fdname of pid, 0 when it is not a socket. */
 static uint64_t fd_socket(pid_t pid, const char *fdname)
@@ -66,21 +59,21 @@ static uint64_t fd_socket(pid_t pid, const char *fdname)
  * peer's inode in *peer. The query is about the back-end's socket: it lives in
  * this bridge's network namespace (unix_diag answers for that one), QEMU's end
  * need not (QEMU runs in a network namespace of its own). */
-static bool linked(uint64_t ino, uint64_t *peer)
+static bool linked(struct spaced_vm_check *vc, uint64_t ino, uint64_t *peer)
 {
 	return spaced_unix_diag_peer_of_ino(ino, peer) == 0 && *peer != 0 &&
-	       spaced_pidref_holds_socket(&vc.qemu, *peer) == 0;
+	       spaced_pidref_holds_socket(&vc->qemu, *peer) == 0;
 }
 
 /* Finds the link between the back-end and QEMU: the remembered one when it
  * still is, else a scan of the back-end's descriptor table (a few entries). */
-static int find_link(const struct spaced_pidref *backend)
+static int find_link(struct spaced_vm_check *vc, const struct spaced_pidref *backend)
 {
 	uint64_t peer;
-	if (vc.be_fd >= 0) {
+	if (vc->be_fd >= 0) {
 		char name[16];
-		snprintf(name, sizeof name, "%d", vc.be_fd);
-		if (fd_socket(backend->pid, name) == vc.be_ino && linked(vc.be_ino, &peer) && peer == vc.qemu_ino)
+		snprintf(name, sizeof name, "%d", vc->be_fd);
+		if (fd_socket(backend->pid, name) == vc->be_ino && linked(vc, vc->be_ino, &peer) && peer == vc->qemu_ino)
 			return 0;
 	}
 	char path[64];
@@ -94,10 +87,10 @@ static int find_link(const struct spaced_pidref *backend)
 		if (de->d_name[0] == '.')
 			continue;
 		uint64_t ino = fd_socket(backend->pid, de->d_name);
-		if (ino != 0 && linked(ino, &peer)) {
-			vc.be_fd = atoi(de->d_name);
-			vc.be_ino = ino;
-			vc.qemu_ino = peer;
+		if (ino != 0 && linked(vc, ino, &peer)) {
+			vc->be_fd = atoi(de->d_name);
+			vc->be_ino = ino;
+			vc->qemu_ino = peer;
 			r = 0;
 			break;
 		}
@@ -136,15 +129,15 @@ static int backend_cid(const struct spaced_pidref *backend, uint32_t cid, char *
 	return 0;
 }
 
-int host_verify_vm(const struct host_config *cfg, const struct spaced_pidref *backend, char *why, size_t whysz)
+int spaced_vm_verify(struct spaced_vm_check *vc, const struct spaced_vm_expected *vm, const struct spaced_pidref *backend,
+                     char *why, size_t whysz)
 {
-	const struct host_vm *vm = &cfg->vm;
 	int r = 0;
 	if (vm->pid <= 0 && vm->guest_cid == 0)
 		return 0;
-	pthread_mutex_lock(&vc.lock);
+	pthread_mutex_lock(&vc->lock);
 	if (vm->pid > 0) {
-		if (vc.qemu.pidfd < 0) {
+		if (vc->qemu.pidfd < 0) {
 			struct spaced_pidref ref = SPACED_PIDREF_NULL;
 			if (spaced_pidref_from_pid(&ref, vm->pid) < 0) {
 				spaced_why(why, whysz, "VM process %d is gone", (int)vm->pid);
@@ -160,15 +153,15 @@ int host_verify_vm(const struct host_config *cfg, const struct spaced_pidref *ba
 				r = SPACED_EPEER;
 				goto out;
 			}
-			vc.qemu = ref;
-		} else if (spaced_pidref_check(&vc.qemu) < 0) {
+			vc->qemu = ref;
+		} else if (spaced_pidref_check(&vc->qemu) < 0) {
 			spaced_why(why, whysz, "VM process %d is gone", (int)vm->pid);
 			r = SPACED_EPEER;
 			goto out;
 		}
 		if (vm->check_exe) {
 			struct spaced_exe_id got;
-			if (spaced_pidref_exe(&vc.qemu, false, &got) < 0) {
+			if (spaced_pidref_exe(&vc->qemu, false, &got) < 0) {
 				spaced_why(why, whysz, "VM process %d: executable unreadable", (int)vm->pid);
 				r = SPACED_EPEER;
 				goto out;
@@ -182,12 +175,12 @@ int host_verify_vm(const struct host_config *cfg, const struct spaced_pidref *ba
 				goto out;
 			}
 		}
-		int l = find_link(backend);
+		int l = find_link(vc, backend);
 		/* QEMU's table was read while its pidfd still named it */
-		if (l == 0 && spaced_pidref_check(&vc.qemu) < 0)
+		if (l == 0 && spaced_pidref_check(&vc->qemu) < 0)
 			l = SPACED_ESTALE;
 		if (l < 0) {
-			vc.be_fd = -1;
+			vc->be_fd = -1;
 			spaced_why(why, whysz, "VM process %d holds no connection to the back-end process %d (%s)",
 			           (int)vm->pid, (int)backend->pid, spaced_strerror(l));
 			r = SPACED_EPEER;
@@ -197,6 +190,6 @@ int host_verify_vm(const struct host_config *cfg, const struct spaced_pidref *ba
 	if (vm->guest_cid != 0)
 		r = backend_cid(backend, vm->guest_cid, why, whysz);
 out:
-	pthread_mutex_unlock(&vc.lock);
+	pthread_mutex_unlock(&vc->lock);
 	return r;
 }
