@@ -580,8 +580,8 @@ int spaced_unix_diag_peer_of(int fd, uint64_t *peer_ino)
 	return spaced_unix_diag_peer_of_ino((uint64_t)st.st_ino, peer_ino);
 }
 
-static int check_exe(const struct spaced_pidref *p, const struct spaced_exe_id *want,
-                     const char *who, char *why, size_t whysz)
+int spaced_pidref_check_exe(const struct spaced_pidref *p, const struct spaced_exe_id *want, const char *who,
+                            char *why, size_t whysz)
 {
 	struct spaced_exe_id got;
 	int r = spaced_pidref_exe(p, want->has_hash, &got);
@@ -642,7 +642,7 @@ int spaced_peer_verify_listener(const char *path, const struct spaced_expected_l
 	if ((r = spaced_pidref_expected(&ref, exp->pid, exp->start_time, why, whysz)) < 0)
 		goto out;
 	if (exp->check_exe) {
-		r = check_exe(&ref, &exp->exe, "listener", why, whysz);
+		r = spaced_pidref_check_exe(&ref, &exp->exe, "listener", why, whysz);
 		if (r < 0)
 			goto out;
 	}
@@ -747,7 +747,7 @@ int spaced_peer_verify_caller(int fd, const struct spaced_expected_caller *exp,
 		goto out;
 	}
 	if (exp->check_exe) {
-		r = check_exe(&ref, &exp->exe, "peer", why, whysz);
+		r = spaced_pidref_check_exe(&ref, &exp->exe, "peer", why, whysz);
 		if (r < 0)
 			goto out;
 	}

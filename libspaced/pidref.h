@@ -135,6 +135,12 @@ struct spaced_expected_listener {
  * matches (when asked); it holds that listening socket; and it is still the
  * same process afterwards. Returns 0 or SPACED_EPEER (reason in why),
  * SPACED_EINVAL for bad arguments. */
+/* Whether p runs the executable want names (dev/ino of /proc/PID/exe, and its
+ * hash when want->has_hash). Returns 0, or SPACED_EPEER with a reason naming
+ * "<who> process <pid>" in why. */
+int spaced_pidref_check_exe(const struct spaced_pidref *p, const struct spaced_exe_id *want, const char *who,
+                            char *why, size_t whysz);
+
 int spaced_peer_verify_listener(const char *path, const struct spaced_expected_listener *exp,
                                 char *why, size_t whysz);
 

@@ -159,22 +159,8 @@ int spaced_vm_verify(struct spaced_vm_check *vc, const struct spaced_vm_expected
 			r = SPACED_EPEER;
 			goto out;
 		}
-		if (vm->check_exe) {
-			struct spaced_exe_id got;
-			if (spaced_pidref_exe(&vc->qemu, false, &got) < 0) {
-				spaced_why(why, whysz, "VM process %d: executable unreadable", (int)vm->pid);
-				r = SPACED_EPEER;
-				goto out;
-			}
-			if (got.dev != vm->exe.dev || got.ino != vm->exe.ino) {
-				spaced_why(why, whysz,
-				           "VM process %d: executable dev/ino %" PRIu64 "/%" PRIu64
-				           " differs from the expected %" PRIu64 "/%" PRIu64 " (replaced executable?)",
-				           (int)vm->pid, got.dev, got.ino, vm->exe.dev, vm->exe.ino);
-				r = SPACED_EPEER;
-				goto out;
-			}
-		}
+		if (vm->check_exe && (r = spaced_pidref_check_exe(&vc->qemu, &vm->exe, "VM", why, whysz)) < 0)
+			goto out;
 		int l = find_link(vc, backend);
 		/* QEMU's table was read while its pidfd still named it */
 		if (l == 0 && spaced_pidref_check(&vc->qemu) < 0)

@@ -255,13 +255,24 @@ int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 	return 0;
 }
 
+/* Writeback is started every FS_WRITEBACK_CHUNK bytes as the data comes in
+ * (sync_file_range, which does not wait), so that the fsync that commits the
+ * file finds most of it on its way to the disk already instead of writing it
+ * all after the last byte; and the file's pages do not pile up dirty. */
+#define FS_WRITEBACK_CHUNK (8u << 20)
+
 void fs_write_data(struct stream *s, const uint8_t *p, size_t n, bool end)
 {
 	if (n > 0 && spaced_io_write_full(s->fd, p, n) < 0) {
 		stream_finish(s, SPACED_EIO, "write failed", NULL);
 		return;
 	}
+	uint64_t before = s->written;
 	s->written += n;
+	if (s->written / FS_WRITEBACK_CHUNK != before / FS_WRITEBACK_CHUNK) {
+		uint64_t upto = s->written / FS_WRITEBACK_CHUNK * FS_WRITEBACK_CHUNK;
+		(void)sync_file_range(s->fd, (off_t)(upto - FS_WRITEBACK_CHUNK), FS_WRITEBACK_CHUNK, SYNC_FILE_RANGE_WRITE);
+	}
 	if (!end)
 		return;
 	if (fsync(s->fd) < 0) {

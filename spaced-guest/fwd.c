@@ -28,8 +28,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <linux/vm_sockets.h>
-
 #include "error.h"
 #include "guest.h"
 #include "util.h"
@@ -118,14 +116,9 @@ int fwd_start(int fd, uint32_t port)
 
 int fwd_vsock_listen(unsigned port)
 {
-	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = port};
-	int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int fd = guest_vsock_listen(port, 64);
 	if (fd < 0)
-		return SPACED_ESYS;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 64) < 0) {
-		close(fd);
-		return SPACED_ESYS;
-	}
+		return fd;
 	vsock_listen_fd = fd;
 	return 0;
 }

@@ -213,6 +213,10 @@ void watch_on_readable(struct watch *w);
 void watch_free(struct watch *w);
 int watch_fd(const struct watch *w);
 
+/* A listening AF_VSOCK socket on port of any local CID (non-blocking,
+ * close-on-exec; a microVM's guest), or SPACED_ESYS. (main.c) */
+int guest_vsock_listen(unsigned port, int backlog);
+
 /* fwd.c (opt-in ServicePort forwarding) */
 int fwd_start(int fd, uint32_t port);
 /* A microVM's ServicePort listener on AF_VSOCK port (fwd.c says how it is

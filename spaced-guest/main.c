@@ -430,17 +430,17 @@ static void open_listener(const char *path)
 	memcpy(listen_path, path, strlen(path) + 1);
 }
 
-/* Listens on AF_VSOCK port (any local CID): the guest agent of a microVM. */
-static void open_vsock_listener(unsigned long port)
+int guest_vsock_listen(unsigned port, int backlog)
 {
-	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = (unsigned)port};
-	G.listen_fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (G.listen_fd < 0)
-		die("socket(AF_VSOCK)");
-	if (bind(G.listen_fd, (struct sockaddr *)&sa, sizeof sa) < 0)
-		die("bind vsock");
-	if (listen(G.listen_fd, 64) < 0)
-		die("listen vsock");
+	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = port};
+	int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return SPACED_ESYS;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, backlog) < 0) {
+		close(fd);
+		return SPACED_ESYS;
+	}
+	return fd;
 }
 
 static void usage(void)
@@ -552,8 +552,8 @@ int main(int argc, char **argv)
 	}
 	if (listen != NULL)
 		open_listener(listen);
-	if (vsock_port != 0)
-		open_vsock_listener(vsock_port);
+	if (vsock_port != 0 && (G.listen_fd = guest_vsock_listen((unsigned)vsock_port, 64)) < 0)
+		die("listen on the vsock port");
 	if (vctl_port != 0 && vctl_listen((unsigned)vctl_port) < 0)
 		die("listen on the vsock control port");
 	if (vfwd_port != 0 && fwd_vsock_listen((unsigned)vfwd_port) < 0)

@@ -71,14 +71,9 @@ static int nvc;
 
 int vctl_listen(unsigned port)
 {
-	struct sockaddr_vm sa = {.svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = port};
-	int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int fd = guest_vsock_listen(port, 4);
 	if (fd < 0)
-		return SPACED_ESYS;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 4) < 0) {
-		close(fd);
-		return SPACED_ESYS;
-	}
+		return fd;
 	G.vctl_fd = fd;
 	return 0;
 }

@@ -207,30 +207,8 @@ static int verify_listener(const struct host_config *cfg, struct spaced_pidref *
 	}
 	if ((r = launcher_ref(exp, &launcher, why, whysz)) < 0)
 		goto unlock;
-	if (exp->check_exe) {
-		struct spaced_exe_id got;
-		r = spaced_pidref_exe(&launcher, exp->exe.has_hash, &got);
-		if (r < 0) {
-			spaced_why(why, whysz, "listener process %d: executable unreadable (%s)", (int)launcher.pid,
-			           spaced_strerror(r));
-			r = SPACED_EPEER;
-			goto unlock;
-		}
-		if (got.dev != exp->exe.dev || got.ino != exp->exe.ino) {
-			spaced_why(why, whysz,
-			           "listener process %d: executable dev/ino %" PRIu64 "/%" PRIu64
-			           " differs from the expected %" PRIu64 "/%" PRIu64 " (replaced executable?)",
-			           (int)launcher.pid, got.dev, got.ino, exp->exe.dev, exp->exe.ino);
-			r = SPACED_EPEER;
-			goto unlock;
-		}
-		if (exp->exe.has_hash && !spaced_ct_eq(got.hash, exp->exe.hash, SPACED_EXE_HASH_LEN)) {
-			spaced_why(why, whysz, "listener process %d: executable hash differs from the expected one",
-			           (int)launcher.pid);
-			r = SPACED_EPEER;
-			goto unlock;
-		}
-	}
+	if (exp->check_exe && (r = spaced_pidref_check_exe(&launcher, &exp->exe, "listener", why, whysz)) < 0)
+		goto unlock;
 	holder = holder_fd(launcher.pid, sock_ino, cache.sock_ino == sock_ino ? cache.sock_fd : -1);
 	/* the fd table read above was the pinned process's only if it is still alive */
 	if (holder < 0 || spaced_pidref_check(&launcher) < 0) {
