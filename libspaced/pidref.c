@@ -673,14 +673,18 @@ int spaced_peer_connect_listener(const char *path, const struct spaced_expected_
 	if (r < 0)
 		return r;
 	memcpy(sa.sun_path, path, strlen(path) + 1);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	/* non-blocking for the connect only: a listener whose backlog is full
+	 * (its process stopped, or flooded) is refused at once, never waited for */
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return SPACED_ESYS;
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		spaced_why(why, whysz, "connect %s: %s", path, strerror(errno));
+		spaced_why(why, whysz, "connect %s: %s", path,
+		           errno == EAGAIN ? "its backlog is full" : strerror(errno));
 		r = SPACED_EPEER;
 		goto out;
 	}
+	(void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 	r = spaced_pidref_from_peer(&peer, fd, &uid, NULL);
 	if (r < 0) {
 		spaced_why(why, whysz, "%s: peer credentials unavailable (%s)", path, spaced_strerror(r));

@@ -146,8 +146,10 @@ int spaced_peer_verify_listener(const char *path, const struct spaced_expected_l
 
 /* spaced_peer_verify_listener, then connect(2) to path, then check that the
  * connection's SO_PEERCRED / SO_PEERPIDFD name the expected process (the
- * kernel records the process that called listen()). On success *fd_out is a
- * connected SOCK_STREAM socket (close-on-exec) owned by the caller. */
+ * kernel records the process that called listen()). A listener whose backlog
+ * is full is refused at once (SPACED_EPEER), never waited for. On success
+ * *fd_out is a connected, blocking SOCK_STREAM socket (close-on-exec) owned
+ * by the caller. */
 int spaced_peer_connect_listener(const char *path, const struct spaced_expected_listener *exp,
                                  int *fd_out, char *why, size_t whysz);
 

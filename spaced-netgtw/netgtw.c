@@ -98,7 +98,11 @@
 #define COOKIE_NAME "spaced_gw"
 #define GUEST_HANDBACK 0x10000u /* CONNECT port | this: the guest hands the port's connection back */
 
-enum cstate { C_HEAD = 1, C_RELAY };
+/* C_GUEST: admitted, the guest's port being opened (open_step) */
+enum cstate { C_HEAD = 1, C_GUEST, C_RELAY };
+/* What an open of the guest's port waits for next */
+enum gstep { G_TRANSPORT = 1, G_GUEST, G_FD };
+#define GUEST_OPEN_MS 5000
 
 struct dir {
 	uint8_t *buf;
@@ -122,6 +126,17 @@ struct conn {
 	char protocol[SPACED_PROTOCOL_MAX];
 	uint64_t epoch;
 	bool dead;
+	/* C_GUEST: the open of the guest's port (the answer line read so far,
+	 * what goes to the guest once it is open, whether the client asked
+	 * for a tcp tunnel) */
+	enum gstep gstep;
+	uint16_t gport;
+	uint8_t gans[SPACED_VSOCK_HS_MAX];
+	size_t ganslen;
+	uint64_t gdeadline;
+	uint8_t *first;
+	size_t nfirst;
+	bool tcp;
 };
 
 static struct {
@@ -170,12 +185,24 @@ static uint64_t now_ms(void)
 /* ---- the pushed activation record and the keys ---- */
 
 static void conn_close(struct conn *c);
+static void refuse(struct conn *c, struct spaced_decision d);
 
-/* Every established stream is compared again with the new record (S1, S4). */
+/* Every established stream is compared again with the new record (S1, S4);
+ * an open still waiting for the guest is a new open: it needs the record's
+ * identity as a new request does (STRICT), else it is refused as one. */
 static void streams_recheck(void)
 {
 	for (struct conn *c = G.conns, *n; c; c = n) {
 		n = c->next;
+		if (c->dead)
+			continue;
+		if (c->st == C_GUEST) {
+			struct spaced_decision d =
+				spaced_compare(&c->cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_STRICT);
+			if (d.verdict != SPACED_ALLOW)
+				refuse(c, d);
+			continue;
+		}
 		if (c->st != C_RELAY)
 			continue;
 		struct spaced_decision d =
@@ -310,6 +337,9 @@ static void set_ev(struct conn *c)
 	uint32_t ec = 0, eg = 0;
 	if (c->st == C_HEAD) {
 		ec = EPOLLIN | (c->tls_want_write ? EPOLLOUT : 0);
+	} else if (c->st == C_GUEST) {
+		ec = c->tls_want_write ? EPOLLOUT : 0; /* the client waits; its hang-up is seen */
+		eg = EPOLLIN;
 	} else {
 		if (!c->up.eof && c->up.len < BUF_SZ)
 			ec |= EPOLLIN;
@@ -357,6 +387,7 @@ static void conn_free(struct conn *c)
 		c->next->prev = c->prev;
 	free(c->up.buf);
 	free(c->down.buf);
+	free(c->first);
 	free(c);
 	G.nconns--;
 }
@@ -633,70 +664,73 @@ static const char *cookie_find(const char *hdr, const char *name, size_t *vl)
 
 /* ---- the guest's port, through the verified guest transport (B1, B2) ---- */
 
-/* Sends "CONNECT <port>\n" on fd and reads exactly the answer line "OK <n>\n",
- * byte by byte: what follows is the stream's. who names the answering side
- * in why. */
-static int handshake(int fd, uint32_t port, const char *who, char *why, size_t whysz)
+/* Connects to the guest transport after the checks of the bridge (the
+ * listener's holder; for a microVM also the VM its back-end serves,
+ * vmcheck.h). The connection is non-blocking. */
+static int guest_connect(int *out, char *why, size_t whysz)
 {
-	char line[SPACED_VSOCK_HS_MAX + 1];
-	int n = spaced_vsock_hs_format_connect(line, sizeof line, port);
-	if (n <= 0 || send(fd, line, (size_t)n, MSG_NOSIGNAL) != n) {
-		snprintf(why, whysz, "%s refused CONNECT", who);
-		return SPACED_ECLOSED;
-	}
-	uint8_t ans[SPACED_VSOCK_HS_MAX];
-	size_t got = 0;
-	for (;;) {
-		ssize_t r = recv(fd, ans + got, 1, 0);
-		if (r <= 0) {
-			snprintf(why, whysz, "%s closed during the handshake", who);
-			return SPACED_ECLOSED;
-		}
-		got++;
-		int l = spaced_vsock_hs_line_len(ans, got);
-		uint32_t v;
-		if (l > 0 && spaced_vsock_hs_parse_ok(ans, got, &v) == 0)
-			return 0;
-		if (l != 0 || got >= sizeof ans) {
-			snprintf(why, whysz, "malformed handshake answer");
-			return SPACED_EPROTO;
-		}
-	}
-}
-
-/* A microVM (--vm-pid): the listener's holder is its vsock back-end, bound to
- * the expected QEMU (vmcheck.h); the guest's forward port relays to its own
- * 127.0.0.1:<port> and answers "OK <port>" once that is connected, else
- * closes (spaced-guest/fwd.c). The connection itself is the stream. */
-static int guest_open_vm(int fd, uint16_t port, char *why, size_t whysz)
-{
-	struct spaced_pidref be = SPACED_PIDREF_NULL;
-	int e = spaced_pidref_from_peer(&be, fd, NULL, NULL);
-	if (e < 0) {
-		snprintf(why, whysz, "the guest transport's peer is unknown");
-		return SPACED_EPEER;
-	}
-	e = spaced_vm_verify(&G.vmc, &G.vm, &be, why, whysz);
-	spaced_pidref_done(&be);
+	int fd = -1;
+	int e = spaced_peer_connect_listener(G.guest_path, &G.exp, &fd, why, whysz);
 	if (e < 0)
 		return e;
-	if ((e = handshake(fd, G.fwd_port, "the VM's vsock back-end", why, whysz)) < 0)
-		return e;
-	if (handshake(fd, port, "the guest", why, whysz) < 0) {
-		snprintf(why, whysz, "nothing listens on port %u inside", (unsigned)port);
-		return SPACED_ECLOSED;
+	if (G.vm.pid > 0) {
+		struct spaced_pidref be = SPACED_PIDREF_NULL;
+		if (spaced_pidref_from_peer(&be, fd, NULL, NULL) < 0) {
+			snprintf(why, whysz, "the guest transport's peer is unknown");
+			close(fd);
+			return SPACED_EPEER;
+		}
+		e = spaced_vm_verify(&G.vmc, &G.vm, &be, why, whysz);
+		spaced_pidref_done(&be);
+		if (e < 0) {
+			close(fd);
+			return e;
+		}
 	}
+	fcntl(fd, F_SETFL, O_NONBLOCK);
+	*out = fd;
 	return 0;
 }
 
-/* The process substrate: the guest hands the connection to its port back
- * (spaced-guest fwd.c), one byte carrying the connected socket. */
-static int guest_handback(int fd, uint16_t port, int *out, char *why, size_t whysz)
+/* "CONNECT <port>\n" on a fresh connection (a few bytes: they fit). */
+static int send_connect(int fd, uint32_t port)
 {
-	int e = handshake(fd, (uint32_t)port | GUEST_HANDBACK, "the guest transport", why, whysz);
-	if (e < 0)
-		return e;
-	/* EOF instead of the byte: nothing listens on port */
+	char line[SPACED_VSOCK_HS_MAX + 1];
+	int n = spaced_vsock_hs_format_connect(line, sizeof line, port);
+	return n > 0 && send(fd, line, (size_t)n, MSG_NOSIGNAL) == n ? 0 : SPACED_ECLOSED;
+}
+
+/* Reads the answer line "OK <n>\n" byte by byte (what follows is the
+ * stream's): 1 when it is complete and well-formed, 0 when more must come,
+ * < 0 when the other side closed or said something else. */
+static int read_answer(struct conn *c)
+{
+	for (;;) {
+		ssize_t r = recv(c->gfd, c->gans + c->ganslen, 1, MSG_DONTWAIT);
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return 0;
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return SPACED_ECLOSED;
+		c->ganslen++;
+		int l = spaced_vsock_hs_line_len(c->gans, c->ganslen);
+		uint32_t v;
+		if (l > 0) {
+			int ok = spaced_vsock_hs_parse_ok(c->gans, c->ganslen, &v) == 0;
+			c->ganslen = 0;
+			return ok ? 1 : SPACED_EPROTO;
+		}
+		if (l < 0 || c->ganslen >= sizeof c->gans)
+			return SPACED_EPROTO;
+	}
+}
+
+/* The process substrate's hand-back: one byte carrying the socket connected
+ * to the port inside (spaced-guest fwd.c). 1 with it in *up, 0: later, < 0:
+ * nothing listens there (EOF) or something else came. */
+static int read_handback(struct conn *c, int *up)
+{
 	char one;
 	union {
 		struct cmsghdr h;
@@ -704,54 +738,153 @@ static int guest_handback(int fd, uint16_t port, int *out, char *why, size_t why
 	} u;
 	struct iovec iov = {.iov_base = &one, .iov_len = 1};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	ssize_t r = recvmsg(c->gfd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return 0;
 	struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
 	if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
-	    (mh.msg_flags & MSG_CTRUNC)) {
-		snprintf(why, whysz, "nothing listens on port %u inside", (unsigned)port);
+	    (mh.msg_flags & MSG_CTRUNC))
 		return SPACED_ECLOSED;
-	}
-	int up;
-	memcpy(&up, CMSG_DATA(cm), sizeof up);
+	int fd;
+	memcpy(&fd, CMSG_DATA(cm), sizeof fd);
 	/* whatever the guest sent, it is only ever a byte stream to relay (B4) */
 	int type = 0;
 	socklen_t tl = sizeof type;
-	if (getsockopt(up, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM) {
-		close(up);
-		snprintf(why, whysz, "the guest handed back something else than a stream socket");
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM) {
+		close(fd);
 		return SPACED_EPROTO;
 	}
-	int one_ = 1;
-	setsockopt(up, IPPROTO_TCP, TCP_NODELAY, &one_, sizeof one_);
-	*out = up;
-	return 0;
+	int on = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+	fcntl(fd, F_SETFL, O_NONBLOCK);
+	*up = fd;
+	return 1;
 }
 
-static int guest_open(uint16_t port, int *out, char *why, size_t whysz)
+static void start_relay(struct conn *c, const void *first, size_t n);
+
+static void guest_failed(struct conn *c, int e, const char *why)
 {
-	int fd = -1;
-	int e = spaced_peer_connect_listener(G.guest_path, &G.exp, &fd, why, whysz);
-	if (e < 0)
-		return e;
-	struct timeval tv = {.tv_sec = 5};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	int up = fd;
-	if (G.vm.pid > 0)
-		e = guest_open_vm(fd, port, why, whysz);
-	else
-		e = guest_handback(fd, port, &up, why, whysz);
-	if (up != fd || e < 0)
-		close(fd);
-	if (e < 0)
-		return e;
-	struct timeval none = {0};
-	setsockopt(up, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-	fcntl(up, F_SETFL, O_NONBLOCK);
-	*out = up;
-	return 0;
+	G.n_guest_fail++;
+	glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\"", c->gport, spaced_errname(e), why);
+	if (c->gfd >= 0) {
+		epoll_ctl(G.ep, EPOLL_CTL_DEL, c->gfd, NULL);
+		close(c->gfd);
+		c->gfd = -1;
+	}
+	reply(c, 502, NULL, "{\"code\":\"SPACED_ECLOSED\",\"error\":\"the sandbox's port cannot be reached\"}");
 }
 
-/* ---- the first request of a connection ---- */
+/* The port is open: the tunnel's 101, then the relay, first bytes first. */
+static void guest_opened(struct conn *c)
+{
+	if (G.vm.pid > 0) /* the transport connection itself is the stream: registered anew */
+		epoll_ctl(G.ep, EPOLL_CTL_DEL, c->gfd, NULL);
+	G.n_allow++;
+	if (c->tcp) {
+		char ident[SPACED_IDENTITY_TEXT_MAX], hdr[1024];
+		spaced_identity_encode(&G.rec.id, ident, sizeof ident);
+		int n = snprintf(hdr, sizeof hdr,
+		                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: spaced-tcp\r\nConnection: Upgrade\r\n"
+		                 "X-Spaced-Identity: %s\r\n\r\n",
+		                 ident);
+		send_all(c, hdr, (size_t)n);
+		if (c->dead)
+			return;
+	}
+	uint8_t *first = c->first;
+	c->first = NULL;
+	start_relay(c, first, c->nfirst);
+	free(first);
+}
+
+/* Drives the open of the guest's port (C_GUEST), one answer at a time:
+ *   process substrate: CONNECT <port | hand-back> → the launcher's OK →
+ *     the guest hands the connected socket back (one byte, SCM_RIGHTS);
+ *   microVM: CONNECT <forward port> → the back-end's OK → CONNECT <port> →
+ *     the guest's OK once 127.0.0.1:<port> inside is connected (the
+ *     connection is the stream; spaced-guest fwd.c).
+ * EOF where an answer was due: nothing listens there (502). The loop never
+ * waits for the guest: GUEST_OPEN_MS bounds the open (the sweep). */
+static void open_step(struct conn *c)
+{
+	for (;;) {
+		if (c->gstep == G_FD) {
+			int up = -1, r = read_handback(c, &up);
+			if (r == 0)
+				return;
+			if (r < 0) {
+				char why[64];
+				snprintf(why, sizeof why, "nothing listens on port %u inside", (unsigned)c->gport);
+				guest_failed(c, r, why);
+				return;
+			}
+			epoll_ctl(G.ep, EPOLL_CTL_DEL, c->gfd, NULL);
+			close(c->gfd);
+			c->gfd = up; /* start_relay registers it */
+			guest_opened(c);
+			return;
+		}
+		int r = read_answer(c);
+		if (r == 0)
+			return;
+		if (r < 0) {
+			char why[64];
+			if (r == SPACED_EPROTO)
+				snprintf(why, sizeof why, "malformed handshake answer");
+			else if (c->gstep == G_GUEST)
+				snprintf(why, sizeof why, "nothing listens on port %u inside", (unsigned)c->gport);
+			else
+				snprintf(why, sizeof why, "the guest transport closed during the handshake");
+			guest_failed(c, r, why);
+			return;
+		}
+		if (G.vm.pid == 0) {
+			c->gstep = G_FD;
+		} else if (c->gstep == G_TRANSPORT) {
+			c->gstep = G_GUEST;
+			if (send_connect(c->gfd, c->gport) < 0) {
+				guest_failed(c, SPACED_ECLOSED, "the guest's forward port refused CONNECT");
+				return;
+			}
+		} else {
+			guest_opened(c);
+			return;
+		}
+	}
+}
+
+/* Starts opening the guest's port for an admitted connection; first (n
+ * bytes) goes to the guest once it is open. */
+static void open_guest(struct conn *c, uint16_t port, bool tcp, const void *first, size_t n)
+{
+	char why[512] = "";
+	c->gport = port;
+	c->tcp = tcp;
+	if (n > BUF_SZ || (c->first = malloc(n ? n : 1)) == NULL) {
+		conn_close(c);
+		return;
+	}
+	memcpy(c->first, first, n);
+	c->nfirst = n;
+	int e = guest_connect(&c->gfd, why, sizeof why);
+	if (e == 0 && send_connect(c->gfd, G.vm.pid > 0 ? G.fwd_port : ((uint32_t)port | GUEST_HANDBACK)) < 0) {
+		e = SPACED_ECLOSED;
+		snprintf(why, sizeof why, "the guest transport refused CONNECT");
+	}
+	if (e < 0) {
+		guest_failed(c, e, why);
+		return;
+	}
+	c->st = C_GUEST;
+	c->gstep = G_TRANSPORT;
+	c->ganslen = 0;
+	c->gdeadline = now_ms() + GUEST_OPEN_MS;
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = (void *)((uintptr_t)c | 1)};
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, c->gfd, &ev);
+	c->ev_g = EPOLLIN;
+	set_ev(c);
+}
 
 static void start_relay(struct conn *c, const void *first, size_t n)
 {
@@ -920,23 +1053,8 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		reply(c, 302, hdr, "{\"outcome\":\"ALLOW\"}");
 		return;
 	}
-	char why[512] = "";
-	int e = guest_open(port, &c->gfd, why, sizeof why);
-	if (e < 0) {
-		G.n_guest_fail++;
-		glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\"", port, spaced_errname(e), why);
-		reply(c, 502, NULL, "{\"code\":\"SPACED_ECLOSED\",\"error\":\"the sandbox's port cannot be reached\"}");
-		return;
-	}
-	G.n_allow++;
 	if (tcp) {
-		char hdr[1024];
-		int n = snprintf(hdr, sizeof hdr,
-		                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: spaced-tcp\r\nConnection: Upgrade\r\n"
-		                 "X-Spaced-Identity: %s\r\n\r\n",
-		                 ident);
-		send_all(c, hdr, (size_t)n);
-		start_relay(c, c->head + hl, c->hlen - hl);
+		open_guest(c, port, true, c->head + hl, c->hlen - hl);
 		return;
 	}
 	/* HTTP: the request goes on without the capability; the rest of the
@@ -964,7 +1082,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 	}
 	memcpy(out + o, c->head + hl, c->hlen - hl);
 	o += c->hlen - hl;
-	start_relay(c, out, o);
+	open_guest(c, port, false, out, o);
 	free(out);
 }
 
@@ -1339,10 +1457,15 @@ int main(int argc, char **argv)
 				struct conn *c = (struct conn *)((uintptr_t)p & ~(uintptr_t)1);
 				if (c->dead)
 					continue;
+				bool guest_side = ((uintptr_t)p & 1) != 0;
 				if (c->st == C_HEAD)
 					on_client_head(c);
+				else if (c->st == C_GUEST && guest_side)
+					open_step(c);
+				else if (c->st == C_GUEST && (evs[i].events & (EPOLLHUP | EPOLLERR)))
+					conn_close(c); /* the client went away while its port was being opened */
 				else
-					on_relay(c, ((uintptr_t)p & 1) != 0, evs[i].events);
+					on_relay(c, guest_side, evs[i].events);
 			}
 		}
 		/* closed connections are freed after the batch (events may still name them) */
@@ -1354,6 +1477,8 @@ int main(int argc, char **argv)
 			nx = c->next;
 			if (sweep && !c->dead && c->st == C_HEAD && t - c->t0 > HEAD_TIMEOUT_MS)
 				reply(c, 408, NULL, "{\"error\":\"request head timeout\"}");
+			if (sweep && !c->dead && c->st == C_GUEST && t >= c->gdeadline)
+				guest_failed(c, SPACED_ETIMEDOUT, "the guest did not answer in time");
 			if (c->dead)
 				conn_free(c);
 		}

@@ -121,6 +121,21 @@ expect "every DENY at the gateway is in the worker's audit log, with its reason"
 expect "GET /metrics on the gateway's own address: its counters" \
 	"$(curl -s -m 5 "http://127.0.0.1:$GS/metrics" | grep -c '^spaced_netgtw_opens_total{outcome="refuse"} [1-9]')" 1
 
+# a guest that does not answer (its execution frozen) holds only the open that
+# waits for it: the gateway's loop goes on (GET /metrics answers meanwhile), and
+# the open completes once the guest answers again
+"$SPACED_BUILD/spaced-node/spaced-launch" ctl --state "$W/w/exec/S.1" PAUSE >/dev/null || fail "PAUSE S"
+curl -s -m 10 -o "$W/body-frozen" -w '%{http_code}' -H "Host: 8080-S.localhost:$GS" -H "Authorization: Bearer $C1" \
+	"http://127.0.0.1:$GS/index.html" >"$W/code-frozen" &
+FROZEN=$!
+sleep 0.5
+expect "while an open waits for a frozen guest, the gateway answers others (GET /metrics)" \
+	"$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$GS/metrics")" 200
+"$SPACED_BUILD/spaced-node/spaced-launch" ctl --state "$W/w/exec/S.1" THAW >/dev/null || fail "THAW S"
+wait $FROZEN
+expect "and the waiting open is served once the guest is thawed" "$(cat "$W/code-frozen") $(cat "$W/body-frozen")" \
+	"200 hello-from-S"
+
 # an established tunnel (raw TCP) through the gateway, driven from a helper
 CE=$(cap S 1 act-1 9000 tcp)
 cat >"$W/tunnel.py" <<'EOF'
