@@ -20,47 +20,6 @@
 #include "http_client.h"
 #include "resources.h"
 
-struct cp_call {
-	int status;
-	json_t *answer;
-};
-
-/* One API call; prints the error and returns 1 unless the status is 2xx. */
-static int call(const char *what, const char *method, const char *path, json_t *req, struct cp_call *out)
-{
-	const char *url = getenv("SPACED_CP_URL"), *key = getenv("SPACED_API_KEY");
-	char err[256], *body = NULL, *text = NULL;
-	json_error_t jerr;
-	int status = 0;
-	if (url == NULL || *url == 0)
-		return cli_fail(what, "SPACED_CP_URL is not set (spacectl dev up writes it to DIR/env)");
-	if (key == NULL || *key == 0)
-		return cli_fail(what, "SPACED_API_KEY is not set");
-	if (req != NULL && (text = json_dumps(req, JSON_COMPACT)) == NULL)
-		return cli_fail(what, "out of memory");
-	int r = http_request(url, method, path, key, text, &status, &body, err, sizeof err);
-	free(text);
-	if (r < 0)
-		return cli_fail(what, "%s", err);
-	json_t *ans = body[0] ? json_loads(body, JSON_REJECT_DUPLICATES, &jerr) : json_object();
-	if (ans == NULL) {
-		cli_fail(what, "HTTP %d with a malformed answer", status);
-		free(body);
-		return 1;
-	}
-	free(body);
-	if (status < 200 || status > 299) {
-		const char *code = json_string_value(json_object_get(ans, "error"));
-		const char *msg = json_string_value(json_object_get(ans, "message"));
-		cli_fail(what, "HTTP %d %s%s%s", status, code ? code : "error", msg ? ": " : "", msg ? msg : "");
-		json_decref(ans);
-		return 1;
-	}
-	out->status = status;
-	out->answer = ans;
-	return 0;
-}
-
 static void print_json(json_t *v)
 {
 	char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -128,7 +87,7 @@ int cmd_cp(int argc, char **argv)
 	json_t *req = json_object(), *purposes = json_array(), *env = json_object(), *meta = json_object();
 	char query[2048] = "";
 	size_t ql = 0;
-	struct cp_call res = {0};
+	json_t *ans = NULL; /* the control plane's answer (net_cp_call) */
 	char path[2100]; /* /v1/sandboxes and the query of ls --meta */
 	const char *target = NULL;
 	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
@@ -219,9 +178,9 @@ int cmd_cp(int argc, char **argv)
 		goto out;
 	}
 	if (strcmp(cmd, "workers") == 0 && nargs == 0) {
-		if ((rc = call(cmd, "GET", "/v1/workers", NULL, &res)) != 0)
+		if ((rc = net_cp_call(cmd, "GET", "/v1/workers", NULL, &ans)) != 0)
 			goto out;
-		json_t *ws = json_object_get(res.answer, "workers"), *w;
+		json_t *ws = json_object_get(ans, "workers"), *w;
 		size_t i;
 		if (json)
 			print_json(ws);
@@ -235,19 +194,19 @@ int cmd_cp(int argc, char **argv)
 			json_object_set(req, "env", env);
 		if (json_object_size(meta) > 0)
 			json_object_set(req, "metadata", meta);
-		if ((rc = call(cmd, "POST", "/v1/sandboxes", req, &res)) != 0)
+		if ((rc = net_cp_call(cmd, "POST", "/v1/sandboxes", req, &ans)) != 0)
 			goto out;
 		if (json)
-			print_json(res.answer);
+			print_json(ans);
 		else
-			puts(str(res.answer, "id"));
+			puts(str(ans, "id"));
 	} else if (strcmp(cmd, "quota") == 0 && nargs == 0) {
-		if ((rc = call(cmd, "GET", "/v1/quota", NULL, &res)) != 0)
+		if ((rc = net_cp_call(cmd, "GET", "/v1/quota", NULL, &ans)) != 0)
 			goto out;
 		if (json) {
-			print_json(res.answer);
+			print_json(ans);
 		} else {
-			json_t *q = json_object_get(res.answer, "quota"), *u = json_object_get(res.answer, "used");
+			json_t *q = json_object_get(ans, "quota"), *u = json_object_get(ans, "used");
 			static const char *const k[] = {"sandboxes", "memory_bytes", "disk_bytes"};
 			for (int i = 0; i < 3; i++)
 				printf("%-13s %lld of %lld%s\n", k[i], (long long)json_integer_value(json_object_get(u, k[i])),
@@ -256,9 +215,9 @@ int cmd_cp(int argc, char **argv)
 		}
 	} else if (strcmp(cmd, "ls") == 0 && nargs == 0) {
 		snprintf(path, sizeof path, "/v1/sandboxes%s", query);
-		if ((rc = call(cmd, "GET", path, NULL, &res)) != 0)
+		if ((rc = net_cp_call(cmd, "GET", path, NULL, &ans)) != 0)
 			goto out;
-		json_t *l = json_object_get(res.answer, "sandboxes"), *s;
+		json_t *l = json_object_get(ans, "sandboxes"), *s;
 		size_t i;
 		if (json)
 			print_json(l);
@@ -267,12 +226,12 @@ int cmd_cp(int argc, char **argv)
 				print_sandbox_line(s);
 	} else if ((strcmp(cmd, "inspect") == 0 || strcmp(cmd, "rm") == 0) && nargs == 1) {
 		snprintf(path, sizeof path, "/v1/sandboxes/%s", id);
-		if ((rc = call(cmd, cmd[0] == 'i' ? "GET" : "DELETE", path, NULL, &res)) != 0)
+		if ((rc = net_cp_call(cmd, cmd[0] == 'i' ? "GET" : "DELETE", path, NULL, &ans)) != 0)
 			goto out;
 		if (json || cmd[0] == 'i')
-			print_json(res.answer);
+			print_json(ans);
 		else
-			printf("%s %s\n", id, str(res.answer, "state"));
+			printf("%s %s\n", id, str(ans, "state"));
 	} else if (strcmp(cmd, "timeout") == 0 && nargs == 2) {
 		char *end;
 		long long secs = strtoll(argv[optind + 1], &end, 10);
@@ -282,19 +241,19 @@ int cmd_cp(int argc, char **argv)
 		}
 		json_t *t = json_pack("{s:I}", "seconds", (json_int_t)secs);
 		snprintf(path, sizeof path, "/v1/sandboxes/%s/timeout", id);
-		rc = call(cmd, "POST", path, t, &res);
+		rc = net_cp_call(cmd, "POST", path, t, &ans);
 		json_decref(t);
 		if (rc != 0)
 			goto out;
 		if (json)
-			print_json(res.answer);
+			print_json(ans);
 	} else if (strcmp(cmd, "route") == 0 && nargs == 1) {
 		if (json_array_size(purposes) > 0)
 			json_object_set(req, "purposes", purposes);
 		snprintf(path, sizeof path, "/v1/sandboxes/%s/route", id);
-		if ((rc = call(cmd, "POST", path, req, &res)) != 0)
+		if ((rc = net_cp_call(cmd, "POST", path, req, &ans)) != 0)
 			goto out;
-		print_json(res.answer);
+		print_json(ans);
 	} else if ((strcmp(cmd, "pause") == 0 || strcmp(cmd, "snapshot") == 0 || strcmp(cmd, "resume") == 0 ||
 	            strcmp(cmd, "move") == 0) && nargs == 1) {
 		if (strcmp(cmd, "move") == 0 && target == NULL) {
@@ -306,19 +265,19 @@ int cmd_cp(int argc, char **argv)
 			goto out;
 		}
 		snprintf(path, sizeof path, "/v1/sandboxes/%s/%s", id, cmd);
-		if ((rc = call(cmd, "POST", path, req, &res)) != 0)
+		if ((rc = net_cp_call(cmd, "POST", path, req, &ans)) != 0)
 			goto out;
 		if (json)
-			print_json(res.answer);
+			print_json(ans);
 		else
-			print_sandbox_line(res.answer);
+			print_sandbox_line(ans);
 	} else {
 		rc = cli_usage(cp_usage);
 		goto out;
 	}
 	rc = 0;
 out:
-	json_decref(res.answer);
+	json_decref(ans);
 	json_decref(req);
 	json_decref(purposes);
 	json_decref(env);

@@ -775,6 +775,67 @@ int mgr_gateway_start(const struct mgr_config *cfg, const struct mgr_rec *rec, c
 	return e < 0 ? e : start_gateway_in(cfg, rec, e_dir, logp, NULL, g);
 }
 
+/* spaced-launch's command line for rec (docs/substrate.md): its state
+ * directory, the guest, the identity (NULL: a pooled execution learns it at
+ * its claim), the template's root (NULL: the worker's own), the limits it
+ * runs under (each one given is enforced or the start fails) and its uid
+ * range (l->uid, which the caller may fill later); room for two more. */
+struct launch_argv {
+	const char *argv[32];
+	size_t n;
+	char cpus[16], mem[24], pids[24], disk[24], uid[16];
+};
+
+static void launch_argv_build(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir,
+                              const char *identity, const char *troot, struct launch_argv *l)
+{
+	size_t n = 0;
+	const char **a = l->argv;
+	a[n++] = cfg->launch_bin;
+	a[n++] = "--state";
+	a[n++] = e_dir;
+	a[n++] = "--guest";
+	a[n++] = cfg->guest_bin;
+	if (identity) {
+		a[n++] = "--identity";
+		a[n++] = identity;
+	}
+	a[n++] = "--service-ports";
+	if (troot) {
+		a[n++] = "--template";
+		a[n++] = troot;
+	}
+	if (rec->res.cpu_milli) {
+		spaced_cpus_format(rec->res.cpu_milli, l->cpus);
+		a[n++] = "--cpus";
+		a[n++] = l->cpus;
+	}
+	if (rec->res.memory_bytes) {
+		snprintf(l->mem, sizeof l->mem, "%llu", (unsigned long long)rec->res.memory_bytes);
+		a[n++] = "--memory";
+		a[n++] = l->mem;
+	}
+	if (rec->res.pids) {
+		snprintf(l->pids, sizeof l->pids, "%llu", (unsigned long long)rec->res.pids);
+		a[n++] = "--pids";
+		a[n++] = l->pids;
+	}
+	if (rec->res.disk_bytes) {
+		snprintf(l->disk, sizeof l->disk, "%llu", (unsigned long long)rec->res.disk_bytes);
+		a[n++] = "--disk";
+		a[n++] = l->disk;
+	}
+	snprintf(l->uid, sizeof l->uid, "%u", (unsigned)rec->uid_base);
+	a[n++] = "--uid-base";
+	a[n++] = l->uid;
+	if (cfg->uid_lock_dir) {
+		a[n++] = "--uid-lock";
+		a[n++] = cfg->uid_lock_dir;
+	}
+	a[n] = NULL;
+	l->n = n;
+}
+
 static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
@@ -795,10 +856,7 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	remove_tree(e_dir);
 	snprintf(ready, sizeof ready, "%s/ready", e_dir);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
-	char cpus[16], mem[24], pids[24], disk[24], uid[16], troot[4400], why[512] = "";
-	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--identity", text,
-	                        "--service-ports"};
-	size_t n = 8;
+	char troot[4400], why[512] = "";
 	if (rec->tmpl[0]) {
 		/* the template, fetched and checked against its hash before use */
 		e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, sizeof why);
@@ -807,39 +865,13 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 			        why);
 			return e;
 		}
-		argv[n++] = "--template";
-		argv[n++] = troot;
-	}
-	/* the limits it runs under; each one given is enforced or the start fails */
-	if (rec->res.cpu_milli) {
-		spaced_cpus_format(rec->res.cpu_milli, cpus);
-		argv[n++] = "--cpus";
-		argv[n++] = cpus;
-	}
-	if (rec->res.memory_bytes) {
-		snprintf(mem, sizeof mem, "%llu", (unsigned long long)rec->res.memory_bytes);
-		argv[n++] = "--memory";
-		argv[n++] = mem;
-	}
-	if (rec->res.pids) {
-		snprintf(pids, sizeof pids, "%llu", (unsigned long long)rec->res.pids);
-		argv[n++] = "--pids";
-		argv[n++] = pids;
-	}
-	if (rec->res.disk_bytes) {
-		snprintf(disk, sizeof disk, "%llu", (unsigned long long)rec->res.disk_bytes);
-		argv[n++] = "--disk";
-		argv[n++] = disk;
 	}
 	if (rec->uid_base == 0)
 		return SPACED_EINVAL; /* every execution has a uid range of its own */
-	snprintf(uid, sizeof uid, "%u", (unsigned)rec->uid_base);
-	argv[n++] = "--uid-base";
-	argv[n++] = uid;
-	if (cfg->uid_lock_dir) {
-		argv[n++] = "--uid-lock";
-		argv[n++] = cfg->uid_lock_dir;
-	}
+	struct launch_argv l;
+	launch_argv_build(cfg, rec, e_dir, text, rec->tmpl[0] ? troot : NULL, &l);
+	const char **argv = l.argv;
+	size_t n = l.n;
 	if (snapshot) {
 		argv[n++] = "--restore";
 		argv[n++] = snapshot;
@@ -1290,8 +1322,7 @@ static int wait_line(int fd, const char *want, int ms)
 int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct mgr_rec *rec, const uint32_t *used,
                         size_t nused, uint64_t *pss_kib, char *why, size_t whysz)
 {
-	char e_dir[4096], dir[4096], logp[4096], fifo[4200], troot[4400], cpus[16], mem[24], pids[24], disk[24],
-	    uid[16];
+	char e_dir[4096], dir[4096], logp[4096], fifo[4200], troot[4400];
 	int e;
 	if (!substrate_mode(cfg) || !cfg->guest_bin || !spaced_name_valid(name, strlen(name)))
 		return SPACED_EINVAL;
@@ -1307,44 +1338,13 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 	remove_tree(e_dir);
 	snprintf(logp, sizeof logp, "%s/log/pool.log", cfg->state_dir);
-	const char *argv[32] = {cfg->launch_bin, "--state", e_dir, "--guest", cfg->guest_bin, "--service-ports"};
-	size_t n = 6;
-	if (rec->tmpl[0]) {
-		if ((e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, whysz)) < 0)
-			return e;
-		argv[n++] = "--template";
-		argv[n++] = troot;
-	}
-	/* the limits of the sandbox that will claim it: the pool is keyed by them */
-	if (rec->res.cpu_milli) {
-		spaced_cpus_format(rec->res.cpu_milli, cpus);
-		argv[n++] = "--cpus";
-		argv[n++] = cpus;
-	}
-	if (rec->res.memory_bytes) {
-		snprintf(mem, sizeof mem, "%llu", (unsigned long long)rec->res.memory_bytes);
-		argv[n++] = "--memory";
-		argv[n++] = mem;
-	}
-	if (rec->res.pids) {
-		snprintf(pids, sizeof pids, "%llu", (unsigned long long)rec->res.pids);
-		argv[n++] = "--pids";
-		argv[n++] = pids;
-	}
-	if (rec->res.disk_bytes) {
-		snprintf(disk, sizeof disk, "%llu", (unsigned long long)rec->res.disk_bytes);
-		argv[n++] = "--disk";
-		argv[n++] = disk;
-	}
-	size_t uid_at = n;
-	argv[n++] = "--uid-base";
-	argv[n++] = uid;
-	if (cfg->uid_lock_dir) {
-		argv[n++] = "--uid-lock";
-		argv[n++] = cfg->uid_lock_dir;
-	}
-	argv[n] = NULL;
-	(void)uid_at;
+	if (rec->tmpl[0] && (e = tmpl_ensure(cfg, rec->tmpl, rec->tmpl_url, troot, sizeof troot, NULL, why, whysz)) < 0)
+		return e;
+	/* the limits of the sandbox that will claim it (the pool is keyed by
+	 * them); its uid range is filled in below, once picked */
+	struct launch_argv l;
+	launch_argv_build(cfg, rec, e_dir, NULL, rec->tmpl[0] ? troot : NULL, &l);
+	const char **argv = l.argv;
 	/* started in the background: below the priority of creates and requests
 	 * (it is raised back when claimed) */
 	setpriority(PRIO_PROCESS, 0, 10);
@@ -1367,7 +1367,7 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 		if (e < 0)
 			break;
 		rec->uid_base = base;
-		snprintf(uid, sizeof uid, "%u", (unsigned)base);
+		snprintf(l.uid, sizeof l.uid, "%u", (unsigned)base);
 		if (pipe2(out, O_CLOEXEC) < 0)
 			return SPACED_ESYS;
 		spawn_stdout = out[1];
