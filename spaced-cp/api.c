@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "channel.h"
 #include "cp.h"
 #include "error.h"
 #include "identity.h"
@@ -120,16 +121,18 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
 			json_array_append_new(subs, json_string(t));
 		spaced_time_format(cp_rows_i64(rows, i, 4, 0), seen);
+		/* live = connected: its control channel is open on a replica (cp.h
+		 * CP_CHAN_UNTIL_S), this one's known without the store */
+		bool live = cp_rows_i64(rows, i, 7, 0) >= now || cp_chan_live_here(cp_rows_get(rows, i, 0));
 		json_array_append_new(
 		    arr, json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:s,s:I,s:I}", "id", cp_rows_get(rows, i, 0), "url",
-		                   cp_rows_get(rows, i, 1), "state", cp_rows_i64(rows, i, 7, 0) >= now ? "live" : "down",
+		                   cp_rows_get(rows, i, 1), "state", live ? "live" : "down",
 		                   "capacity", (json_int_t)cp_rows_i64(rows, i, 2, 0), "sandboxes",
 		                   (json_int_t)cp_rows_i64(rows, i, 8, 0), "substrates", subs, "last_seen", seen,
 		                   "last_seq", (json_int_t)cp_rows_i64(rows, i, 5, 0), "acked_seq",
 		                   (json_int_t)cp_rows_i64(rows, i, 6, 0)));
 		json_t *wj = json_array_get(arr, json_array_size(arr) - 1);
-		/* live = connected: its control channel is open on a replica (cp.h CP_CHAN_UNTIL_S) */
-		json_object_set_new(wj, "connected", json_boolean(cp_rows_i64(rows, i, 7, 0) >= now));
+		json_object_set_new(wj, "connected", json_boolean(live));
 		struct cp_worker_limits lim;
 		cp_limits_from_text(cp_rows_get(rows, i, 9), &lim);
 		if (lim.has)

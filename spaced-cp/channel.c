@@ -7,6 +7,7 @@
 #include "log.h"
 #include "channel.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,63 @@ bool cp_chan_authorized(struct cp_store *st, const char *auth, const char *worke
 	return strncmp(auth, "Bearer ", 7) == 0 && cp_worker_auth(st, auth + 7, worker) == 0;
 }
 
+/* The workers with a channel past its hello on this replica, and how many
+ * each (channel.h cp_chan_live_here): read by request threads. */
+static struct {
+	pthread_mutex_t lock;
+	struct live_worker {
+		char name[SPACED_NAME_MAX];
+		unsigned n;
+	} *w;
+	size_t nw, cap;
+} live = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+static void live_change(const char *worker, int delta)
+{
+	pthread_mutex_lock(&live.lock);
+	size_t i = 0;
+	while (i < live.nw && strcmp(live.w[i].name, worker) != 0)
+		i++;
+	if (i == live.nw && delta > 0) {
+		if (live.nw == live.cap) {
+			size_t nc = live.cap ? live.cap * 2 : 16;
+			struct live_worker *nw = realloc(live.w, nc * sizeof *nw);
+			if (nw == NULL)
+				goto out; /* the store's channel_until still says it */
+			live.w = nw;
+			live.cap = nc;
+		}
+		snprintf(live.w[live.nw].name, sizeof live.w[live.nw].name, "%s", worker);
+		live.w[live.nw++].n = 0;
+	}
+	if (i < live.nw) {
+		if (delta > 0)
+			live.w[i].n++;
+		else if (live.w[i].n > 0 && --live.w[i].n == 0)
+			live.w[i] = live.w[--live.nw];
+	}
+out:
+	pthread_mutex_unlock(&live.lock);
+}
+
+bool cp_chan_live_here(const char *worker)
+{
+	bool found = false;
+	pthread_mutex_lock(&live.lock);
+	for (size_t i = 0; i < live.nw && !found; i++)
+		found = strcmp(live.w[i].name, worker) == 0;
+	pthread_mutex_unlock(&live.lock);
+	return found;
+}
+
+/* ch is no longer past its hello: nothing flows on it any more. */
+static void chan_unhello(struct cp_chan *ch)
+{
+	if (ch->hello)
+		live_change(ch->worker, -1);
+	ch->hello = false;
+}
+
 /* Writes that ch's worker is connected through this replica now. */
 static int chan_seen(const struct cp_chan *ch, int64_t t)
 {
@@ -100,7 +158,7 @@ static void chan_pump(struct cp_chan *ch)
 static void chan_close(struct cp_chan *ch, unsigned code, const char *reason)
 {
 	ch->closing = true;
-	ch->hello = false;
+	chan_unhello(ch);
 	spaced_httpconn_ws_close(ch->c, code, reason);
 }
 
@@ -138,6 +196,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	}
 	cp_rows_free(rows);
 	ch->sent_seq = from;
+	if (!ch->hello)
+		live_change(ch->worker, +1);
 	ch->hello = true;
 	chan_seen(ch, spaced_now());
 	if (m->has_capacity)
@@ -215,6 +275,7 @@ void cp_chan_drain(struct cp_chan *ch)
 void cp_chan_closed(struct cp_chan *ch)
 {
 	int others = 0;
+	chan_unhello(ch);
 	for (struct cp_chan **p = &chans; *p; p = &(*p)->next)
 		if (*p == ch) {
 			*p = ch->next;
@@ -282,7 +343,9 @@ void cp_chan_tick(void)
 		}
 		chan_pump(ch); /* rows another replica queued */
 	}
-	if (ticks % 10 == 0)
+	/* every second, and at once after the loop was held up (channel_until
+	 * may have lapsed meanwhile) */
+	if (ticks % 10 == 0 || !judge)
 		chan_renew();
 	last_tick_ns = spaced_mono_ns(); /* the store work above is not lag */
 }

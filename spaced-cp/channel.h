@@ -53,6 +53,13 @@ void cp_chan_heard(struct cp_chan *ch);
 /* The output queue ran low: send more of the outbox. */
 void cp_chan_drain(struct cp_chan *ch);
 
+/* Whether worker's channel is open and past its hello on this replica now.
+ * Any thread. The store's workers.channel_until says the same for every
+ * replica, but it lapses when this replica's loop is held up longer than
+ * CP_CHAN_UNTIL_S (a slow fsync on a busy disk): placement and listing ask
+ * both. */
+bool cp_chan_live_here(const char *worker);
+
 /* The connection is gone: forget ch (freed here) and, when it was this
  * replica's last channel of its worker, mark the worker not connected. */
 void cp_chan_closed(struct cp_chan *ch);

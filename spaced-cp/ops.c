@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "cap.h"
+#include "channel.h"
 #include "cp.h"
 #include "error.h"
 #include "netpolicy.h"
@@ -733,7 +734,9 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 		if (exclude != NULL && strcmp(id, exclude) == 0)
 			continue;
 		int64_t room = cp_rows_i64(rows, i, 3, 0) - cp_rows_i64(rows, i, 5, 0);
-		if (cp_rows_i64(rows, i, 4, 0) < now) {
+		/* its channel_until, or this replica's own channel to it (a held-up
+		 * loop lets channel_until lapse while the channel is open) */
+		if (cp_rows_i64(rows, i, 4, 0) < now && !cp_chan_live_here(id)) {
 			if (want[0]) {
 				*err = cp_error("worker-unavailable", "the worker's control channel is not open");
 				goto out;

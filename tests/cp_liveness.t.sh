@@ -7,7 +7,8 @@
 # `spacectl workers --json` shows it down within a bounded number of polls
 # (every 0.5 s, giving up after 15 s: the measured time is printed, never
 # asserted), and no create, move or resume is placed on it; once it
-# reconnects it is live and placed on again.
+# reconnects it is live and placed on again. A channel open on this replica
+# counts even when the store's channel_until has lapsed.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -85,6 +86,18 @@ expect "create on wc once it is back" "$(api "$TA" POST /v1/sandboxes '{"worker"
 sleep 6
 expect "wa, quiet for 6 s but answering pings, is still live" "$(state_of wa)" "live true"
 expect "wa's channel was never closed" "$(grep -c 'event=channel-closed worker=wa$' "$W/cp.log")" 0
+
+# ---- 3b. the store's channel_until lapses while wa's channel is open (what a
+# control-plane loop held up by a slow disk for more than 4 s leaves behind):
+# this replica's own open channel still counts, for placement and listing ----
+DB=$W/cp/cp.db
+if [ -z "${CP_DB:-}" ] && [ -f "$DB" ] && command -v sqlite3 >/dev/null; then
+	sqlite3 "$DB" "PRAGMA busy_timeout = 5000; UPDATE workers SET channel_until = 0 WHERE id = 'wa'" >/dev/null &&
+		expect "channel_until lapsed, wa's channel open here: a create on wa is placed" \
+			"$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}'; body .worker)" "201wa"
+	sqlite3 "$DB" "PRAGMA busy_timeout = 5000; UPDATE workers SET channel_until = 0 WHERE id = 'wa'" >/dev/null &&
+		expect "and wa is listed live" "$(state_of wa)" "live true"
+fi
 
 # ---- 4. the worker comes back after being killed ----
 start_worker wb
