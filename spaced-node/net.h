@@ -34,6 +34,13 @@
 #define NET_UPLINK "100.88.255.253" /* the egress namespace's own side towards pasta */
 #define NET_UPLINK_GW "100.88.255.254"
 
+/* Takes the worker's egress down for a decommission (`spaced-node net-down
+ * --state DIR`, with no spaced-node serving DIR): stops spaced-netd and pasta
+ * (each named by its pid file and checked by its process name), unmounts
+ * STATE/net/ns and removes the pid files. Executions still running lose their
+ * network. Returns 0 (also when nothing was up) or < 0 with why. */
+int net_down(const char *state_dir, char *why, size_t whysz);
+
 /* True when this worker gives executions egress (substrate mode, pasta and nft present). */
 bool net_enabled(const struct mgr_config *cfg);
 

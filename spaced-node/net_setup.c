@@ -237,6 +237,61 @@ static int write_atomic(const char *path, const char *text)
 }
 
 /* True when the process in pidfile runs and its name is comm. */
+static bool pidfile_alive(const char *pidfile, const char *comm);
+
+/* pasta runs as passt.avx2 where the CPU has AVX2 */
+static const char *const pasta_names[] = {"passt.avx2", "passt", "pasta", "pasta.avx2"};
+
+/* Stops the process pidfile names when its name is one of names (SIGTERM,
+ * then SIGKILL after 2 s); true when one was running. */
+static bool stop_pidfile(const char *pidfile, const char *const *names, size_t nnames)
+{
+	for (size_t i = 0; i < nnames; i++) {
+		if (!pidfile_alive(pidfile, names[i]))
+			continue;
+		FILE *f = fopen(pidfile, "r");
+		long pid = 0;
+		if (f) {
+			if (fscanf(f, "%ld", &pid) != 1)
+				pid = 0;
+			fclose(f);
+		}
+		struct spaced_pidref ref = SPACED_PIDREF_NULL;
+		if (pid <= 1 || spaced_pidref_from_pid(&ref, (pid_t)pid) < 0)
+			return false;
+		/* signals through the pidfd: a pid reused meanwhile is not hit */
+		(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGTERM, NULL, 0);
+		for (int t = 0; t < 40 && spaced_pidref_check(&ref) == 0; t++)
+			usleep(50000);
+		if (spaced_pidref_check(&ref) == 0)
+			(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGKILL, NULL, 0);
+		spaced_pidref_done(&ref);
+		return true;
+	}
+	return false;
+}
+
+int net_down(const char *state_dir, char *why, size_t whysz)
+{
+	char ns[4200], np[4200], pp[4200];
+	snprintf(ns, sizeof ns, "%s/net/ns", state_dir);
+	snprintf(np, sizeof np, "%s/net/netd.pid", state_dir);
+	snprintf(pp, sizeof pp, "%s/net/pasta.pid", state_dir);
+	static const char *const netd[] = {"spaced-netd"};
+	bool d = stop_pidfile(np, netd, 1);
+	bool p = stop_pidfile(pp, pasta_names, sizeof pasta_names / sizeof pasta_names[0]);
+	bool m = is_nsfs(ns);
+	if (m && umount2(ns, MNT_DETACH) < 0) {
+		why_set(why, whysz, "umount %s: %s", ns, strerror(errno));
+		return SPACED_ESYS;
+	}
+	unlink(np);
+	unlink(pp);
+	fprintf(stderr, "spaced-node: net-down: resolver %s, pasta %s, namespace %s\n", d ? "stopped" : "not running",
+	        p ? "stopped" : "not running", m ? "unmounted" : "not mounted");
+	return 0;
+}
+
 static bool pidfile_alive(const char *pidfile, const char *comm)
 {
 	char buf[64], path[64], name[32];
@@ -746,9 +801,9 @@ static int lock_ready(const struct mgr_config *cfg, char *why, size_t whysz)
 	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
 	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
 	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
-	/* pasta runs as passt.avx2 where the CPU has AVX2 (ensure) */
-	bool pasta = pidfile_alive(pp, "passt.avx2") || pidfile_alive(pp, "passt") || pidfile_alive(pp, "pasta") ||
-	             pidfile_alive(pp, "pasta.avx2");
+	bool pasta = false;
+	for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !pasta; i++)
+		pasta = pidfile_alive(pp, pasta_names[i]);
 	int fd = pasta ? open(lp, O_RDWR | O_CLOEXEC) : -1;
 	if (fd >= 0 && flock(fd, LOCK_SH) == 0 && is_nsfs(ns) && pidfile_alive(np, "spaced-netd"))
 		return fd;

@@ -44,6 +44,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -54,6 +55,7 @@
 #include "tls.h"
 #include "executor.h"
 #include "log.h"
+#include "net.h"
 #include "pidref.h"
 
 static void usage(void)
@@ -69,7 +71,41 @@ static void usage(void)
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	                "                   [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]\n"
-	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n");
+	                "  LIST: cpus=N,memory=SIZE,pids=N,disk=SIZE\n"
+	                "       spaced-node net-down --state DIR\n");
+}
+
+/* `spaced-node net-down --state DIR`: the worker's egress taken down for a
+ * decommission (net.h net_down). Executions keep their network across
+ * restarts of spaced-node, so stopping it leaves the egress namespace, pasta
+ * and spaced-netd up; this is the step after it. Refused while a spaced-node
+ * serves DIR (its admin socket answers). */
+static int net_down_main(int argc, char **argv)
+{
+	if (argc != 3 || strcmp(argv[1], "--state") != 0) {
+		usage();
+		return 2;
+	}
+	char admin[4200], why[256] = "";
+	snprintf(admin, sizeof admin, "%s/admin.sock", argv[2]);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && strlen(admin) < sizeof sa.sun_path) {
+		memcpy(sa.sun_path, admin, strlen(admin) + 1);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+			close(fd);
+			fprintf(stderr, "spaced-node: net-down: a spaced-node serves %s (its admin socket answers): stop it first\n",
+			        argv[2]);
+			return 1;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	if (net_down(argv[2], why, sizeof why) < 0) {
+		fprintf(stderr, "spaced-node: net-down: %s\n", why);
+		return 1;
+	}
+	return 0;
 }
 
 /* ---- the group: gate, node-api, executor ---- */
@@ -377,6 +413,8 @@ static char *default_guest(void)
 
 int main(int argc, char **argv)
 {
+	if (argc >= 2 && strcmp(argv[1], "net-down") == 0)
+		return net_down_main(argc - 1, argv + 1);
 	const char *state = NULL, *worker = NULL, *listen_s = NULL, *keys = NULL;
 	char *guest = NULL, *launch = NULL, *host_bin = NULL, err[160];
 	char *vm_bin = NULL, *vm_images = NULL, *vsockd_bin = NULL, *qemu_bin = NULL;

@@ -82,6 +82,14 @@ while True:
     c, _ = s.accept(); threading.Thread(target=h, args=(c,), daemon=True).start()
 " >/dev/null 2>&1 &
 	sleep 1' >/dev/null 2>&1
+# both listen before anything is asked of them (python starts slowly on a busy machine)
+i=0
+until "$SPACED_BUILD/spaced-node/spaced-launch" exec --state "$W/w/exec/S.1" -- python3 -c '
+import socket
+for p in (8080, 9000): socket.create_connection(("127.0.0.1", p), 1).close()' >/dev/null 2>&1; do
+	i=$((i + 1)); [ $i -lt 50 ] || { fail "the servers inside S did not start"; break; }
+	sleep 0.2
+done
 cap() { # SANDBOX GEN ACT PORT PROTO
 	"$SC" cap issue --key "$SK" --sandbox "$1" --generation "$2" --worker wa --activation "$3" \
 		--purpose serviceport --port "$4" --protocol "$5"
@@ -216,7 +224,23 @@ expect "the victim (T's gateway) still answers" "$(curl -s -m 5 -o /dev/null -w 
 expect "spaced-node did not restart its group" "$(grep -c 'starting the group\|restart' "$W/node.log")" 0
 seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox T --seq $seq >/dev/null 2>&1
 seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox S --seq $seq >/dev/null 2>&1
+# the worker's egress outlives spaced-node (executions keep their network
+# across its restarts); `spaced-node net-down` takes it down for a decommission
+expect "net-down while spaced-node serves the state: refused" \
+	"$("$NODE" net-down --state "$W/w" 2>&1 >/dev/null | grep -c 'stop it first')" 1
 kill "$NPID" 2>/dev/null; wait "$NPID" 2>/dev/null; NPID=""
+if [ -s "$W/w/net/netd.pid" ] && [ -s "$W/w/net/pasta.pid" ]; then
+	netd_pid=$(cat "$W/w/net/netd.pid"); pasta_pid=$(cat "$W/w/net/pasta.pid")
+	expect "after spaced-node stopped: its resolver and pasta still run, the namespace still mounted" \
+		"$(kill -0 "$netd_pid" && kill -0 "$pasta_pid" && grep -c " $W/w/net/ns " /proc/mounts)" 1
+	expect "net-down: the resolver and pasta stopped, the namespace unmounted" \
+		"$("$NODE" net-down --state "$W/w" 2>&1)" "spaced-node: net-down: resolver stopped, pasta stopped, namespace unmounted"
+	expect "and they are gone" "$(kill -0 "$netd_pid" 2>/dev/null || kill -0 "$pasta_pid" 2>/dev/null || grep -c " $W/w/net/ns " /proc/mounts)" 0
+	expect "net-down again: nothing left to do" "$("$NODE" net-down --state "$W/w" 2>&1)" \
+		"spaced-node: net-down: resolver not running, pasta not running, namespace not mounted"
+else
+	echo "note: no egress on this worker (pasta or nft missing): net-down not checked"
+fi
 
 # ---------------- part 2: a cluster ----------------
 if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
