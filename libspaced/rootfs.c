@@ -1040,45 +1040,18 @@ struct packer {
 	size_t whysz;
 };
 
-static int name_cmp(const void *x, const void *y)
-{
-	return strcmp(*(char *const *)x, *(char *const *)y);
-}
-
 static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen, int depth);
 
 static int pack_dir_entries(struct packer *k, int fd, size_t plen, int depth)
 {
 	DIR *d = fdopendir(fd);
 	char **names = NULL;
-	size_t n = 0, cap = 0;
-	int r = 0;
+	size_t n = 0;
 	if (!d) {
 		close(fd);
 		return SPACED_EIO;
 	}
-	struct dirent *de;
-	while ((de = readdir(d)) != NULL) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 32;
-			char **nn = realloc(names, nc * sizeof *nn);
-			if (!nn) {
-				r = SPACED_ENOMEM;
-				goto out;
-			}
-			names = nn;
-			cap = nc;
-		}
-		if (!(names[n] = strdup(de->d_name))) {
-			r = SPACED_ENOMEM;
-			goto out;
-		}
-		n++;
-	}
-	if (n > 1)
-		qsort(names, n, sizeof *names, name_cmp);
+	int r = spaced_dir_names(d, &names, &n);
 	for (size_t i = 0; i < n && r == 0; i++) {
 		size_t nl = strlen(names[i]), sep = plen ? 1 : 0;
 		if (plen + sep + nl >= SPACED_TREEHASH_PATH) {
@@ -1091,10 +1064,7 @@ static int pack_dir_entries(struct packer *k, int fd, size_t plen, int depth)
 		r = pack_entry(k, dirfd(d), names[i], plen + sep + nl, depth);
 		k->path[plen] = 0;
 	}
-out:
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
+	spaced_dir_names_free(names, n);
 	closedir(d);
 	return r;
 }

@@ -181,11 +181,6 @@ struct walk {
 	uint8_t buf[16 * SPACED_TREEHASH_BLOCK];
 };
 
-static int name_cmp(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static int type_of(mode_t m, char *t)
 {
 	if (S_ISDIR(m))
@@ -272,41 +267,13 @@ static int hash_entry(struct walk *w, int dirfd, const char *name, size_t plen, 
 static int hash_dir(struct walk *w, int fd, size_t plen, int depth)
 {
 	char **names = NULL;
-	size_t n = 0, cap = 0;
-	int r = 0;
+	size_t n = 0;
 	DIR *d = fdopendir(fd);
 	if (!d) {
 		close(fd);
 		return SPACED_EIO;
 	}
-	struct dirent *de;
-	errno = 0;
-	while ((de = readdir(d)) != NULL) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 32;
-			char **nn = realloc(names, nc * sizeof *nn);
-			if (!nn) {
-				r = SPACED_ENOMEM;
-				goto out;
-			}
-			names = nn;
-			cap = nc;
-		}
-		if ((names[n] = strdup(de->d_name)) == NULL) {
-			r = SPACED_ENOMEM;
-			goto out;
-		}
-		n++;
-		errno = 0;
-	}
-	if (errno != 0) {
-		r = SPACED_EIO;
-		goto out;
-	}
-	if (n > 1)
-		qsort(names, n, sizeof *names, name_cmp);
+	int r = spaced_dir_names(d, &names, &n);
 	for (size_t i = 0; i < n && r == 0; i++) {
 		size_t nl = strlen(names[i]);
 		size_t sep = plen ? 1 : 0;
@@ -320,10 +287,7 @@ static int hash_dir(struct walk *w, int fd, size_t plen, int depth)
 		r = hash_entry(w, dirfd(d), names[i], plen + sep + nl, depth);
 		w->path[plen] = 0;
 	}
-out:
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
+	spaced_dir_names_free(names, n);
 	closedir(d);
 	return r;
 }

@@ -1,6 +1,8 @@
 /* util.c — bounded buffers, constant-time helpers, base64url and time. */
 #include "util.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,4 +304,54 @@ uint64_t spaced_mono_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int dir_name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void spaced_dir_names_free(char **names, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+}
+
+int spaced_dir_names(DIR *d, char ***names_out, size_t *n_out)
+{
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *de;
+	errno = 0;
+	while ((de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) {
+			errno = 0;
+			continue;
+		}
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 32;
+			char **nn = realloc(names, nc * sizeof *nn);
+			if (nn == NULL)
+				goto nomem;
+			names = nn;
+			cap = nc;
+		}
+		if ((names[n] = strdup(de->d_name)) == NULL)
+			goto nomem;
+		n++;
+		errno = 0;
+	}
+	if (errno != 0) {
+		spaced_dir_names_free(names, n);
+		return SPACED_EIO;
+	}
+	if (n > 1)
+		qsort(names, n, sizeof *names, dir_name_cmp);
+	*names_out = names;
+	*n_out = n;
+	return 0;
+nomem:
+	spaced_dir_names_free(names, n);
+	return SPACED_ENOMEM;
 }

@@ -5,6 +5,7 @@
 #ifndef SPACED_UTIL_H
 #define SPACED_UTIL_H
 
+#include <dirent.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -87,5 +88,12 @@ int64_t spaced_now(void);
 
 /* A monotonic clock reading in nanoseconds (for measurements, never for validity). */
 uint64_t spaced_mono_ns(void);
+
+/* The names in the open directory d, without "." and "..", sorted bytewise
+ * (strcmp: the canonical order of tree walks, treehash.h): *names holds *n
+ * strings of its own (spaced_dir_names_free). Returns 0, SPACED_ENOMEM or
+ * SPACED_EIO (readdir failed); on failure nothing is left to free. */
+int spaced_dir_names(DIR *d, char ***names, size_t *n);
+void spaced_dir_names_free(char **names, size_t n);
 
 #endif

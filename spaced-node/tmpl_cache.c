@@ -56,11 +56,6 @@ static void rm_rf(const char *p)
 
 /* ---- the fingerprint: a sorted walk of every entry's metadata ---- */
 
-static int name_cmp(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static void fp_put(crypto_generichash_state *h, const void *p, size_t n)
 {
 	crypto_generichash_update(h, p, n);
@@ -90,30 +85,8 @@ static int fp_entry(crypto_generichash_state *h, int parent, const char *name, c
 		return SPACED_EIO;
 	}
 	char **names = NULL;
-	size_t n = 0, cap = 0;
-	int r = 0;
-	struct dirent *de;
-	while ((de = readdir(d)) != NULL) {
-		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-			continue;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 32;
-			char **nn = realloc(names, nc * sizeof *nn);
-			if (!nn) {
-				r = SPACED_ENOMEM;
-				goto out;
-			}
-			names = nn;
-			cap = nc;
-		}
-		if (!(names[n] = strdup(de->d_name))) {
-			r = SPACED_ENOMEM;
-			goto out;
-		}
-		n++;
-	}
-	if (n > 1)
-		qsort(names, n, sizeof *names, name_cmp);
+	size_t n = 0;
+	int r = spaced_dir_names(d, &names, &n);
 	for (size_t i = 0; i < n && r == 0; i++) {
 		char sub[SPACED_TREEHASH_PATH];
 		if (snprintf(sub, sizeof sub, "%s/%s", rel, names[i]) >= (int)sizeof sub) {
@@ -122,10 +95,7 @@ static int fp_entry(crypto_generichash_state *h, int parent, const char *name, c
 		}
 		r = fp_entry(h, dirfd(d), names[i], sub, depth + 1);
 	}
-out:
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
+	spaced_dir_names_free(names, n);
 	closedir(d);
 	return r;
 }
