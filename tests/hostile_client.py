@@ -136,19 +136,24 @@ def slowloris(port, src, n, hold):
         time.sleep(1)
         still = []
         for s in alive:
+            # the server's answer first: a byte sent after it closed would
+            # draw a reset that discards the answer still unread
             try:
-                s.send(b"X")
-                try:
-                    d = s.recv(4096)
-                    if d == b"":
-                        closed += 1
-                        continue
-                    st = status_of(d)
-                    answers[st] = answers.get(st, 0) + 1
+                d = s.recv(4096)
+                if d == b"":
                     closed += 1
                     continue
-                except BlockingIOError:
-                    pass
+                st = status_of(d)
+                answers[st] = answers.get(st, 0) + 1
+                closed += 1
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed += 1
+                continue
+            try:
+                s.send(b"X")
                 still.append(s)
             except OSError:
                 closed += 1
