@@ -175,7 +175,7 @@ if [ "$NET" = 1 ]; then
 	"$SC" net "$S" --network allow >/dev/null || fail "spacectl net --network allow"
 fi
 
-# ServicePorts (docs/network.md): spaced-netgtw reaches a port inside the VM
+# ServicePorts (R5, B1, B2, B4; docs/network.md): spaced-netgtw reaches a port inside the VM
 # through the guest's vsock forward port, after the same back-end and VM
 # checks as the bridge's (libspaced/vmcheck.h)
 "$SC" exec "$S" -- sh -c 'mkdir -p /tmp/www && echo hello-from-vm >/tmp/www/index.html && httpd -p 127.0.0.1:8080 -h /tmp/www' ||
@@ -197,7 +197,7 @@ LP=$(sed -n 's/forwarding 127.0.0.1:\([0-9]*\) .*/\1/p' "$W/pf.out")
 expect "port-forward: a local port reaches the VM's port (a TCP tunnel)" \
 	"$(curl -s -m 10 "http://127.0.0.1:$LP/index.html")" hello-from-vm
 kill "$PF" 2>/dev/null
-# impostors at the gateway: the same gateway started by hand, naming another
+# impostors at the gateway (B1, B2): the same gateway started by hand, naming another
 # guest CID, or another process as the VM: every open refused, the reason logged
 GWP=$(pgrep -f "spaced-netgtw .*--guest-cid" | head -n 1)
 if [ -n "$GWP" ]; then
