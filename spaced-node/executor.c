@@ -73,8 +73,9 @@ struct xconn {
 };
 
 /* A pooled execution being claimed (pool.h): its identity sent, the
- * launcher's answer awaited on fd. Done in this loop, not in a child: a
- * claim is two small writes and one read. */
+ * launcher's answer awaited on fd. Done in this loop, not in a child, when
+ * the claim waits for nothing (mgr_pool_claim_inline): a few small writes
+ * and one read. */
 struct xclaim {
 	struct xclaim *next;
 	uint32_t id;
@@ -82,6 +83,7 @@ struct xclaim {
 	uint64_t deadline;
 	int answers; /* the launcher's answers still to come */
 	json_t *rec; /* the result */
+	int gateway; /* its ServicePort gateway's port, 0 without one */
 };
 
 struct executor {
@@ -309,37 +311,47 @@ static bool conn_step(struct executor *x, struct xconn *c, short revents)
 
 /* ---- claims of pooled executions ---- */
 
-static void claim_start(struct executor *x, uint32_t id, json_t *args)
+/* Claims in this loop when the claim waits for nothing; false (nothing
+ * done, nothing answered) when it is a job for a child. */
+static bool claim_start(struct executor *x, uint32_t id, json_t *args)
 {
 	struct mgr_rec rec;
 	char why[512] = "";
-	int fd = -1;
+	int fd = -1, gw = 0;
 	json_t *jr = json_object_get(args, "rec");
-	if (x->nclaims >= EXE_MAX_CLAIMS) {
-		send_done(x, id, SPACED_EBUSY, "too many claims at once", NULL, -1);
-		return;
-	}
 	if (!jr || mgr_rec_from_json(jr, &rec) < 0) {
 		send_done(x, id, SPACED_EINVAL, "malformed record", NULL, -1);
-		return;
+		return true;
 	}
+	if (x->nclaims >= EXE_MAX_CLAIMS || !mgr_pool_claim_inline(x->cfg, &rec, json_object_get(args, "network")))
+		return false;
+	/* the slot is the sandbox's before its identity goes out, as a job's
+	 * claim with a policy of its own does it */
+	int e = net_claim_as(x->cfg, &rec, NET_CLAIM_QUICK, why, sizeof why);
+	if (e == SPACED_EBUSY)
+		return false;
 	int answers = 0;
-	int e = mgr_pool_claim_send(x->cfg, &rec, &fd, &answers, why, sizeof why);
+	if (e == 0)
+		e = mgr_pool_claim_send(x->cfg, &rec, &fd, &answers, why, sizeof why);
+	if (e == 0 && (e = mgr_pool_claim_finish(x->cfg, &rec, false, &gw)) < 0)
+		snprintf(why, sizeof why, "the claimed execution's ServicePort gateway does not take its identity");
 	struct xclaim *c = e == 0 ? calloc(1, sizeof *c) : NULL;
 	if (!c) {
 		if (fd >= 0)
 			close(fd);
 		send_done(x, id, e < 0 ? e : SPACED_ENOMEM, why[0] ? why : "out of memory", NULL, -1);
-		return;
+		return true;
 	}
 	c->id = id;
 	c->fd = fd;
 	c->answers = answers;
+	c->gateway = gw;
 	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CLAIM_TIMEOUT_MS * 1000000u;
 	c->rec = json_incref(jr);
 	c->next = x->claims;
 	x->claims = c;
 	x->nclaims++;
+	return true;
 }
 
 /* Progress on c; true when it is finished. */
@@ -351,6 +363,8 @@ static bool claim_step(struct executor *x, struct xclaim *c, bool timed_out)
 		return false;
 	if (e == 0) {
 		json_t *res = json_pack("{s:O}", "rec", c->rec);
+		if (res && c->gateway > 0)
+			json_object_set_new(res, "gateway", json_integer(c->gateway));
 		char *text = res ? json_dumps(res, JSON_COMPACT) : NULL;
 		send_done(x, c->id, 0, "", text, -1);
 		free(text);
@@ -491,7 +505,7 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 				e = net_policy_store(cfg, rec.r.id.sandbox, net, why, whysz);
 			if (e == 0 && net_default)
 				e = net_claim(cfg, &rec, why, whysz);
-			if (e == 0 && (e = mgr_pool_claim_finish(cfg, &rec, &gw)) < 0)
+			if (e == 0 && (e = mgr_pool_claim_finish(cfg, &rec, true, &gw)) < 0)
 				snprintf(why, whysz, "the claimed execution's ServicePort gateway does not take its identity");
 			if (e == 0)
 				e = SPACED_EBUSY;
@@ -720,8 +734,7 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 		send_done(x, id, SPACED_EPROTO, "malformed job", NULL, -1);
 		return;
 	}
-	if (strcmp(kind, "claim") == 0 && mgr_pool_claim_inline(x->cfg)) {
-		claim_start(x, id, args);
+	if (strcmp(kind, "claim") == 0 && claim_start(x, id, args)) {
 		json_decref(args);
 		return;
 	}

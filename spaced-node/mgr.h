@@ -159,17 +159,22 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
  * when it has one, comes before the IDENTITY): 0 (all OK), SPACED_EBUSY (not
  * all yet), SPACED_EPROTO. */
 int mgr_pool_claim_done(int ctl_fd, int *answers, char *why, size_t whysz);
-/* True when a claim is only the identity (claimed in the executor's loop):
- * no egress to open for the sandbox (net.h) and no ServicePort gateway;
- * else a claim is a job in a child (the claim sent, net_claim and
- * mgr_pool_claim_finish while the guest takes its identity). */
-bool mgr_pool_claim_inline(const struct mgr_config *cfg);
+/* True when the claim of rec's pooled execution can be made in the
+ * executor's loop, which never waits: the sandbox's policy (network, the
+ * install's, NULL for none) is the default one, which the pooled
+ * execution's filter already is, and none is stored for it; a ServicePort
+ * gateway, when the worker has them, waits on its FIFO. Such a claim is
+ * net_claim_as(NET_CLAIM_QUICK), mgr_pool_claim_send and
+ * mgr_pool_claim_finish(may_start false), then the launcher's answers on
+ * the control socket; any other claim is a job in a child. */
+bool mgr_pool_claim_inline(const struct mgr_config *cfg, const struct mgr_rec *rec, json_t *network);
 /* The claimed identity for the execution's ServicePort gateway: the one
  * started with the pooled execution reads it from its FIFO (a pooled
  * execution of an earlier spaced-node without one gets a gateway started
- * now); *gateway_port its port, 0 without one. SPACED_ECLOSED when the
- * waiting gateway does not take it. */
-int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
+ * now when may_start, which waits for it); *gateway_port its port, 0
+ * without one. SPACED_ECLOSED when no gateway waits (and none may be
+ * started) or the waiting one does not take it. */
+int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, bool may_start, int *gateway_port);
 /* The port of rec's ServicePort gateway once started (0: none). */
 int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
 /* Stops the pooled executions in STATE/pool that no name in keep[] names

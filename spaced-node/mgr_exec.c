@@ -1516,13 +1516,22 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	return 0;
 }
 
-bool mgr_pool_claim_inline(const struct mgr_config *cfg)
+bool mgr_pool_claim_inline(const struct mgr_config *cfg, const struct mgr_rec *rec, json_t *network)
 {
-	char bin[4096];
-	return !net_enabled(cfg) && !gateway_bin(cfg, bin, sizeof bin);
+	char bin[4096], fifo[4200];
+	struct stat st;
+	if (json_is_object(network) && !net_policy_is_default(network))
+		return false;
+	if (net_enabled(cfg) && net_policy_stored(cfg, rec->r.id.sandbox))
+		return false;
+	if (!gateway_bin(cfg, bin, sizeof bin))
+		return true;
+	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir,
+	         strncmp(rec->exec_name, "pool/", 5) == 0 ? rec->exec_name + 5 : rec->exec_name);
+	return lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode);
 }
 
-int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
+int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, bool may_start, int *gateway_port)
 {
 	char e_dir[4096], logp[4096];
 	*gateway_port = 0;
@@ -1543,6 +1552,8 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 		unlink(fifo);
 		if (!sent)
 			return SPACED_ECLOSED;
+	} else if (!may_start) {
+		return errno == ENOENT || errno == ENXIO ? SPACED_ECLOSED : SPACED_ESYS;
 	} else {
 		start_gateway(cfg, rec, e_dir, logp);
 	}

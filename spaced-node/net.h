@@ -75,6 +75,16 @@ int net_attach_pooled(const struct mgr_config *cfg, const struct mgr_rec *rec, c
  * reaches it: the slot becomes the sandbox's, and the filter its stored
  * policy's when that is not the default (which the filter already is). */
 int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz);
+/* net_claim with flags. NET_CLAIM_QUICK: for the executor's loop, which
+ * must not wait — SPACED_EBUSY (nothing done) when the filter would have to
+ * change (a policy other than the default) or a teardown holds the egress
+ * lock; the slot file is written without waiting for the disk (it is
+ * derived state: every attach writes it again). */
+#define NET_CLAIM_QUICK 1u
+int net_claim_as(const struct mgr_config *cfg, const struct mgr_rec *rec, unsigned flags, char *why, size_t whysz);
+/* Whether sandbox has a stored policy (policy/S.json; true when that
+ * cannot be told): without one its policy is the default. */
+bool net_policy_stored(const struct mgr_config *cfg, const char *sandbox);
 
 /* True when policy (JSON) is, in canonical form, the default policy. */
 bool net_policy_is_default(json_t *policy);

@@ -214,7 +214,10 @@ static bool is_nsfs(const char *path)
 }
 
 /* Writes text to path atomically (temporary file, fsync, rename). */
-static int write_atomic(const char *path, const char *text)
+/* Replaces path with text through a rename; durable: the text is on disk
+ * before the rename (fsync), else only in the page cache (a file derived
+ * again after a crash). */
+static int write_atomic(const char *path, const char *text, bool durable)
 {
 	char tmp[4200];
 	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
@@ -223,7 +226,7 @@ static int write_atomic(const char *path, const char *text)
 	if (fd < 0)
 		return SPACED_EIO;
 	size_t n = strlen(text);
-	if (write(fd, text, n) != (ssize_t)n || fsync(fd) < 0) {
+	if (write(fd, text, n) != (ssize_t)n || (durable && fsync(fd) < 0)) {
 		close(fd);
 		unlink(tmp);
 		return SPACED_EIO;
@@ -342,7 +345,7 @@ static int spawn_daemon(const char *const argv[], const char *logp, const char *
 	}
 	char buf[32];
 	snprintf(buf, sizeof buf, "%d\n", (int)pid);
-	return write_atomic(pidfile, buf);
+	return write_atomic(pidfile, buf, true);
 }
 
 /* The base ruleset: every rule that is not one sandbox's. Re-applied in one
@@ -564,7 +567,7 @@ int net_policy_store(const struct mgr_config *cfg, const char *sandbox, json_t *
 	json_decref(canon);
 	if (!text)
 		return SPACED_ENOMEM;
-	e = write_atomic(path, text);
+	e = write_atomic(path, text, true);
 	free(text);
 	if (e < 0)
 		why_set(why, whysz, "cannot store the policy");
@@ -677,8 +680,11 @@ static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpo
 	return e;
 }
 
+/* STATE/net/slot/N.json: which sandbox holds slot N, its address and policy
+ * (for spaced-netd). Derived state: every attach writes it again, so it
+ * needs the disk only when durable is asked for. */
 static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *sandbox,
-                      const struct spaced_netpolicy *p)
+                      const struct spaced_netpolicy *p, bool durable)
 {
 	char path[4200], addr[16];
 	snprintf(path, sizeof path, "%s/net/slot/%u.json", cfg->state_dir, (unsigned)slot);
@@ -688,7 +694,7 @@ static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *s
 	json_decref(j);
 	if (!text)
 		return SPACED_ENOMEM;
-	int e = write_atomic(path, text);
+	int e = write_atomic(path, text, true);
 	free(text);
 	return e;
 }
@@ -859,7 +865,19 @@ bool net_policy_is_default(json_t *policy)
 	return same;
 }
 
+bool net_policy_stored(const struct mgr_config *cfg, const char *sandbox)
+{
+	char path[4200];
+	struct stat st;
+	return policy_path(cfg, sandbox, path, sizeof path) < 0 || lstat(path, &st) == 0 || errno != ENOENT;
+}
+
 int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why, size_t whysz)
+{
+	return net_claim_as(cfg, rec, 0, why, whysz);
+}
+
+int net_claim_as(const struct mgr_config *cfg, const struct mgr_rec *rec, unsigned flags, char *why, size_t whysz)
 {
 	struct spaced_netpolicy p;
 	char ns[4200];
@@ -875,6 +893,14 @@ int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why
 		return SPACED_ENOENT;
 	}
 	policy_load(cfg, rec->r.id.sandbox, &p);
+	/* the filter is the default policy's since net_attach_pooled */
+	json_t *pj = spaced_netpolicy_to_json(&p);
+	bool same = pj && net_policy_is_default(pj);
+	json_decref(pj);
+	if (!same && (flags & NET_CLAIM_QUICK)) {
+		why_set(why, whysz, "the sandbox's policy needs its filter");
+		return SPACED_EBUSY;
+	}
 	/* the link and the egress namespace were made ready when the pooled
 	 * execution was attached: only the filter changes, under the shared
 	 * lock that keeps a teardown away (with_lock's ensure() would run ip and
@@ -882,22 +908,19 @@ int net_claim(const struct mgr_config *cfg, const struct mgr_rec *rec, char *why
 	char lp[4200];
 	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
 	int lock = open(lp, O_RDWR | O_CLOEXEC);
-	if (lock < 0 || flock(lock, LOCK_SH) < 0) {
+	if (lock < 0 || flock(lock, (flags & NET_CLAIM_QUICK) ? LOCK_SH | LOCK_NB : LOCK_SH) < 0) {
+		int err = errno;
 		if (lock >= 0)
 			close(lock);
-		why_set(why, whysz, "cannot take the egress lock: %s", strerror(errno));
-		return SPACED_ESYS;
+		why_set(why, whysz, "cannot take the egress lock: %s", strerror(err));
+		return err == EWOULDBLOCK ? SPACED_EBUSY : SPACED_ESYS;
 	}
 	if (!is_nsfs(ns)) {
 		close(lock);
 		why_set(why, whysz, "the egress namespace is gone");
 		return SPACED_ENOENT;
 	}
-	/* the filter is the default policy's since net_attach_pooled */
-	json_t *pj = spaced_netpolicy_to_json(&p);
-	bool same = pj && net_policy_is_default(pj);
-	json_decref(pj);
-	if ((e = write_slot(cfg, slot, rec->r.id.sandbox, &p)) < 0)
+	if ((e = write_slot(cfg, slot, rec->r.id.sandbox, &p, !(flags & NET_CLAIM_QUICK))) < 0)
 		why_set(why, whysz, "cannot write the slot file");
 	else if (!same)
 		e = apply_policy(ns, slot, &p, why, whysz);
@@ -926,7 +949,7 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 	addr_text(NET_POOL + 4 * slot + 1, gw);
 	addr_text(NET_POOL + 4 * slot + 2, sbx);
 	/* the filter first: the link carries nothing before its rules exist */
-	if ((e = write_slot(cfg, slot, sandbox, pol)) < 0) {
+	if ((e = write_slot(cfg, slot, sandbox, pol, true)) < 0) {
 		why_set(why, whysz, "cannot write the slot file");
 		return e;
 	}
@@ -995,7 +1018,7 @@ int net_job(const struct mgr_config *cfg, json_t *args, json_t **result, char *w
 			int lock = with_lock(cfg, why, whysz);
 			if (lock < 0)
 				return lock;
-			if ((e = write_slot(cfg, slot, sandbox, &p)) == 0)
+			if ((e = write_slot(cfg, slot, sandbox, &p, true)) == 0)
 				e = apply_policy(ns, slot, &p, why, whysz);
 			close(lock);
 			if (e < 0)

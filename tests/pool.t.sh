@@ -8,7 +8,9 @@
 #    limits makes a pool of them, and a sandbox claimed from it is held to its memory limit;
 #  - a pooled execution takes the egress policy of the sandbox that claims it (docs/network.md):
 #    exactly the sandbox's policy (deny, an allow list, the default), changed live like any, its
-#    slot held by that sandbox (skipped without pasta, nft or a network namespace of its own for an outside host);
+#    slot held by that sandbox, the default policy stored as none, a claim under a teardown's egress
+#    lock served once the lock is free (skipped without pasta, nft or a network namespace of its
+#    own for an outside host);
 #  - pooled executions that died while waiting are not handed out: the create starts one for
 #    itself and succeeds;
 #  - the pool stays within --pool-max per key;
@@ -102,6 +104,26 @@ else
 	expect "allow list: the allowed address is reached" "$(code "$AL" "http://$NH_A:8080/")" 200
 	expect "allow list: another address is closed" "$(code "$AL" "http://$NH_B:8080/")" 000
 	expect "default (allow): the outside host is reached" "$(code "$OP" "http://$NH_B:8080/")" 200
+	# the default policy is what no stored policy means: its claim (in the executor's loop) stores
+	# none; another policy is stored before the claimed execution gets its identity
+	expect "stored policies: deny and allow list yes, the default no" \
+		"$(for x in "$DN" "$AL" "$OP"; do [ -e "$D/worker-1/net/policy/$x.json" ] && echo yes || echo no; done | tr '\n' ' ')" \
+		"yes yes no "
+	# a claim while a teardown holds the egress lock: the executor's loop does not wait for it,
+	# the claim goes to a child that does, and is served once the lock is free
+	wait_ready 1 || fail "the pool refills"
+	flock -x "$D/worker-1/net/lock" sleep 2 &
+	lk=$!
+	sleep 0.3
+	t0=$(date +%s%N)
+	LK=$("$SC" create)
+	t1=$(date +%s%N)
+	wait "$lk"
+	expect "a claim under a held egress lock: served from the pool once it is free" \
+		"$(pooled "$LK") $([ $(((t1 - t0) / 1000000)) -ge 1000 ] && echo waited)" "true waited"
+	expect "... and it is its sandbox's: its guest, its slot" \
+		"$("$SC" exec "$LK" -- hostname) $(for f in "$D"/worker-1/net/slot/*.json; do jq -r .sandbox "$f"; done | grep -cx "$LK")" \
+		"$LK 1"
 	"$SC" net "$DN" --network allow >/dev/null || fail "net: a live change"
 	expect "deny changed live to allow: reached" "$(code "$DN" "http://$NH_A:8080/")" 200
 	# its ServicePort gateway was started with the claimed identity (its port in the install's ack)
