@@ -23,7 +23,8 @@
  * pool"): it listens and writes its port at once, reads the identity of the
  * sandbox that claims the execution as one line on its standard input (a
  * FIFO), and accepts no connection before it has it. --record-dir DIR: the
- * record is DIR/<sandbox>.json, the sandbox the identity names.
+ * record is DIR/<sandbox>/record.json, the sandbox the identity names (a
+ * directory per sandbox: a record written wakes only its own gateway).
  * Clients speak HTTP/1.1 to it. The first request head of a connection names
  * the port (Host "<port>-<sandbox>.localhost", else the capability's port) and
  * carries a credential: "Authorization: Bearer <serviceport capability>", the
@@ -67,6 +68,7 @@
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
@@ -141,6 +143,7 @@ struct conn {
 
 static struct {
 	int ep, lfd, ino, pidfd;
+	int rec_wd, keys_wd; /* the inotify watches of the record's and the keys' directories */
 	const char *record_path, *keys_path, *guest_path, *record_dir;
 	char record_base[256], keys_base[256], record_buf[4200];
 	bool identity_pending; /* --identity -: on standard input, not yet read */
@@ -252,12 +255,26 @@ static void record_load(void)
 	json_decref(j);
 }
 
-/* --record-dir: the record of the sandbox this gateway serves. */
+/* --record-dir: the record of the sandbox this gateway serves, in a
+ * directory of its own so that only its record's changes wake it. */
 static void record_path_set(void)
 {
-	snprintf(G.record_buf, sizeof G.record_buf, "%s/%s.json", G.record_dir, G.self.sandbox);
+	snprintf(G.record_buf, sizeof G.record_buf, "%s/%s/record.json", G.record_dir, G.self.sandbox);
 	G.record_path = G.record_buf;
-	snprintf(G.record_base, sizeof G.record_base, "%s.json", G.self.sandbox);
+	snprintf(G.record_base, sizeof G.record_base, "record.json");
+}
+
+/* Watches the directory of G.record_path (the gate replaces the record by
+ * rename); made when it is a --record-dir one not there yet. */
+static int record_watch(void)
+{
+	char tmp[4200];
+	snprintf(tmp, sizeof tmp, "%s", G.record_path);
+	const char *dir = dirname(tmp);
+	if (G.record_dir && mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return -1;
+	G.rec_wd = inotify_add_watch(G.ino, dir, IN_CLOSE_WRITE | IN_MOVED_TO);
+	return G.rec_wd < 0 ? -1 : 0;
 }
 
 /* --identity -: the claimed execution's identity, one line on standard
@@ -290,8 +307,13 @@ static int identity_read(void)
 		G.identity_pending = false;
 		epoll_ctl(G.ep, EPOLL_CTL_DEL, 0, NULL);
 		close(0);
-		if (G.record_dir)
+		if (G.record_dir) {
 			record_path_set();
+			if (record_watch() < 0) {
+				glog("level=error event=inotify reason=\"%s\"", strerror(errno));
+				return -1;
+			}
+		}
 		record_load();
 		struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
 		epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
@@ -317,9 +339,9 @@ static void on_inotify(void)
 			break;
 		for (char *p = buf; p < buf + n;) {
 			struct inotify_event *ev = (struct inotify_event *)(void *)p;
-			if (ev->len > 0 && strcmp(ev->name, G.record_base) == 0)
+			if (ev->len > 0 && ev->wd == G.rec_wd && strcmp(ev->name, G.record_base) == 0)
 				rec = true;
-			if (ev->len > 0 && strcmp(ev->name, G.keys_base) == 0)
+			if (ev->len > 0 && ev->wd == G.keys_wd && strcmp(ev->name, G.keys_base) == 0)
 				keys = true;
 			p += sizeof *ev + ev->len;
 		}
@@ -1384,15 +1406,15 @@ int main(int argc, char **argv)
 	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
 	snprintf(G.keys_base, sizeof G.keys_base, "%s", basename(tmp));
 	G.ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	/* the record's directory (the gate replaces the record by rename) */
-	snprintf(tmp, sizeof tmp, "%s", G.record_dir ? G.record_dir : G.record_path);
-	const char *rdir = G.record_dir ? tmp : dirname(tmp);
-	if (G.ino < 0 || inotify_add_watch(G.ino, rdir, IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+	G.rec_wd = G.keys_wd = -1;
+	/* the record's directory (the gate replaces the record by rename), once
+	 * the sandbox is known; the keys' */
+	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
+	if (G.ino < 0 || (G.record_path && record_watch() < 0) ||
+	    (G.keys_wd = inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO)) < 0) {
 		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
 		return 1;
 	}
-	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
-	inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO);
 	keys_load();
 	record_load();
 	G.lfd = listen_on(listen_s);

@@ -107,7 +107,7 @@ bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
 
 /* ---- gate_gw.c: the record each ServicePort gateway compares with (R5) ---- */
 
-/* Writes STATE/gw/<sandbox>.json for rec (rename: never torn). */
+/* Writes STATE/gw/<sandbox>/record.json for rec (rename: never torn). */
 void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec);
 
 /* ---- gate_admin.c: the admin socket ---- */

@@ -3,10 +3,12 @@
  * ServicePort gateway (spaced-netgtw, R5; docs/network.md "ServicePorts").
  *
  * Right after every record change is on disk (and at start, for every record
- * loaded), the gate writes STATE/gw/<sandbox>.json —
+ * loaded), the gate writes STATE/gw/<sandbox>/record.json —
  * {"identity": {...}, "epoch": N, "active": bool} — by rename, so a gateway
  * that watches the directory (inotify) reads a whole record or the previous
- * one, never a torn one. The gateway compares every new open with it and every
+ * one, never a torn one. A directory per sandbox, the file written in
+ * STATE/gw and renamed into it: a record changed wakes its own gateway only,
+ * not the gateway of every execution on the worker. The gateway compares every new open with it and every
  * established stream again (S1, S4).
  */
 #include "gate.h"
@@ -21,13 +23,27 @@
 
 #include "error.h"
 
+/* Writes text to path through tmp (rename). */
+static void publish_at(const char *tmp, const char *path, const char *text, const char *sandbox)
+{
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	int e = fd < 0 ? SPACED_ESYS : spaced_io_write_full(fd, text, strlen(text));
+	if (fd >= 0)
+		close(fd);
+	if (e < 0 || rename(tmp, path) < 0) {
+		unlink(tmp);
+		gate_log("level=warn event=gw-publish-failed sandbox=%s", sandbox);
+	}
+}
+
 void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 {
-	char dir[4096], path[4200], tmp[4300];
+	char dir[4096], sdir[4200], path[4300], tmp[4300];
+	struct stat st;
 	snprintf(dir, sizeof dir, "%s/gw", m->cfg->state_dir);
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+	snprintf(sdir, sizeof sdir, "%s/%s", dir, rec->r.id.sandbox);
+	if ((mkdir(dir, 0700) < 0 && errno != EEXIST) || (mkdir(sdir, 0700) < 0 && errno != EEXIST))
 		return;
-	snprintf(path, sizeof path, "%s/%s.json", dir, rec->r.id.sandbox);
 	snprintf(tmp, sizeof tmp, "%s/.%s.json.tmp", dir, rec->r.id.sandbox);
 	json_t *j = json_pack("{s:o,s:I,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
 	                      (json_int_t)rec->r.epoch, "active", rec->r.active);
@@ -35,14 +51,12 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 	json_decref(j);
 	if (!text)
 		return;
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd >= 0) {
-		int e = spaced_io_write_full(fd, text, strlen(text));
-		close(fd);
-		if (e < 0 || rename(tmp, path) < 0) {
-			unlink(tmp);
-			gate_log("level=warn event=gw-publish-failed sandbox=%s", rec->r.id.sandbox);
-		}
-	}
+	snprintf(path, sizeof path, "%s/record.json", sdir);
+	publish_at(tmp, path, text, rec->r.id.sandbox);
+	/* a gateway started by an earlier spaced-node watches STATE/gw/<sandbox>.json:
+	 * kept up to date while it is there */
+	snprintf(path, sizeof path, "%s/%s.json", dir, rec->r.id.sandbox);
+	if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+		publish_at(tmp, path, text, rec->r.id.sandbox);
 	free(text);
 }

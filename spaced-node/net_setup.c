@@ -694,7 +694,7 @@ static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *s
 	json_decref(j);
 	if (!text)
 		return SPACED_ENOMEM;
-	int e = write_atomic(path, text, true);
+	int e = write_atomic(path, text, durable);
 	free(text);
 	return e;
 }

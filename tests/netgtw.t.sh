@@ -4,7 +4,8 @@
 #     changed at will): ALLOW, wrong port, wrong protocol, another sandbox (DENY), a stale
 #     generation (REFRESH_ROUTE), the guest API's port refused, an established stream kept
 #     across an activation-only change (S4) while new opens need the new identity, and cut by
-#     a deactivation (S1: the time from the admin's acknowledgement to the cut is printed).
+#     a deactivation (S1: the time from the admin's acknowledgement to the cut is printed); a
+#     record written wakes its own gateway only.
 #  2. A cluster (`spacectl dev up`, TLS: the gateways speak it too, https://PORT-ID.gw.localhost):
 #     spacectl expose and the printed URL with curl (another CA refused, a plaintext client and 60
 #     stalled or garbage handshakes get nothing while a client is served), a browser's
@@ -67,6 +68,15 @@ gwport() { jq -r '.result.gateway // empty' "$W/inst-$1.out" 2>/dev/null | grep 
 GS=$(gwport S 1); GT=$(gwport T 1)
 [ -n "$GS" ] && [ -n "$GT" ] || { echo "FAIL: no gateway port"; tail "$W/node.log"; exit 1; }
 ok "gateways listen: S on $GS, T on $GT"
+# a record written wakes its own gateway only (a directory of records per sandbox): twenty of
+# T's records written, S's gateway wakes for none of them (only its own tick, about 1 a second)
+ctxsw() { awk '/^voluntary_ctxt_switches/ {print $2}' "/proc/$1/status" 2>/dev/null; }
+GSP=$(ss -Hltnp "sport = :$GS" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
+v0=$(ctxsw "$GSP"); t0=$(date +%s)
+for a in $(seq 2 21); do install T 1 "act-$a" || fail "install T act-$a"; done
+v1=$(ctxsw "$GSP"); t1=$(date +%s)
+expect "twenty records of T: S's gateway woke for none (at most its ticks, $((t1 - t0 + 1)) s)" \
+	"$([ -n "$v0" ] && [ -n "$v1" ] && [ $((v1 - v0)) -le $((t1 - t0 + 3)) ] && echo yes || echo "no: $v0 -> $v1")" yes
 # a web server and a TCP echo inside S
 "$SPACED_BUILD/spaced-node/spaced-launch" exec --state "$W/w/exec/S.1" -- sh -c '
 	cd /tmp && echo hello-from-S >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 &
