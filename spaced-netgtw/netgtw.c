@@ -1458,7 +1458,9 @@ int main(int argc, char **argv)
 	struct epoll_event evs[64];
 	uint64_t last_sweep = now_ms();
 	for (;;) {
-		int n = epoll_wait(G.ep, evs, 64, 1000);
+		/* the sweep's tick only while there are connections: an idle gateway
+		 * (one per execution) sleeps until a client, a record or its launcher */
+		int n = epoll_wait(G.ep, evs, 64, G.conns ? 1000 : -1);
 		if (n < 0 && errno != EINTR)
 			return 1;
 		for (int i = 0; i < n; i++) {
