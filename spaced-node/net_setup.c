@@ -239,39 +239,59 @@ static int write_atomic(const char *path, const char *text, bool durable)
 	return 0;
 }
 
-/* True when the process in pidfile runs and its name is comm. */
-static bool pidfile_alive(const char *pidfile, const char *comm);
-
 /* pasta runs as passt.avx2 where the CPU has AVX2 */
 static const char *const pasta_names[] = {"passt.avx2", "passt", "pasta", "pasta.avx2"};
 
+/* The pid in pidfile, 0 without one. */
+static long pidfile_pid(const char *pidfile)
+{
+	char buf[64];
+	FILE *f = fopen(pidfile, "r");
+	if (!f)
+		return 0;
+	long pid = fgets(buf, sizeof buf, f) != NULL ? strtol(buf, NULL, 10) : 0;
+	fclose(f);
+	return pid > 1 ? pid : 0;
+}
+
+/* Whether process pid is named comm (/proc/PID/comm). */
+static bool pid_named(long pid, const char *comm)
+{
+	char path[64], name[32];
+	snprintf(path, sizeof path, "/proc/%ld/comm", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return false;
+	bool ok = fgets(name, sizeof name, f) != NULL;
+	fclose(f);
+	name[ok ? strcspn(name, "\n") : 0] = '\0';
+	return ok && strcmp(name, comm) == 0;
+}
+
 /* Stops the process pidfile names when its name is one of names (SIGTERM,
- * then SIGKILL after 2 s); true when one was running. */
+ * then SIGKILL after 2 s); true when one was running. Its pidfd is taken
+ * first, then its name read, then the pidfd checked again: a pid reused in
+ * between is neither taken for it nor signalled. */
 static bool stop_pidfile(const char *pidfile, const char *const *names, size_t nnames)
 {
-	for (size_t i = 0; i < nnames; i++) {
-		if (!pidfile_alive(pidfile, names[i]))
-			continue;
-		FILE *f = fopen(pidfile, "r");
-		long pid = 0;
-		if (f) {
-			if (fscanf(f, "%ld", &pid) != 1)
-				pid = 0;
-			fclose(f);
-		}
-		struct spaced_pidref ref = SPACED_PIDREF_NULL;
-		if (pid <= 1 || spaced_pidref_from_pid(&ref, (pid_t)pid) < 0)
-			return false;
-		/* signals through the pidfd: a pid reused meanwhile is not hit */
-		(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGTERM, NULL, 0);
-		for (int t = 0; t < 40 && spaced_pidref_check(&ref) == 0; t++)
-			usleep(50000);
-		if (spaced_pidref_check(&ref) == 0)
-			(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGKILL, NULL, 0);
+	long pid = pidfile_pid(pidfile);
+	struct spaced_pidref ref = SPACED_PIDREF_NULL;
+	if (pid == 0 || spaced_pidref_from_pid(&ref, (pid_t)pid) < 0)
+		return false;
+	bool named = false;
+	for (size_t i = 0; i < nnames && !named; i++)
+		named = pid_named(pid, names[i]);
+	if (!named || spaced_pidref_check(&ref) != 0) {
 		spaced_pidref_done(&ref);
-		return true;
+		return false;
 	}
-	return false;
+	(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGTERM, NULL, 0);
+	for (int t = 0; t < 40 && spaced_pidref_check(&ref) == 0; t++)
+		usleep(50000);
+	if (spaced_pidref_check(&ref) == 0)
+		(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGKILL, NULL, 0);
+	spaced_pidref_done(&ref);
+	return true;
 }
 
 int net_down(const char *state_dir, char *why, size_t whysz)
@@ -295,27 +315,11 @@ int net_down(const char *state_dir, char *why, size_t whysz)
 	return 0;
 }
 
+/* True when the process in pidfile runs and its name is comm. */
 static bool pidfile_alive(const char *pidfile, const char *comm)
 {
-	char buf[64], path[64], name[32];
-	FILE *f = fopen(pidfile, "r");
-	if (!f)
-		return false;
-	long pid = 0;
-	bool ok = fgets(buf, sizeof buf, f) != NULL && (pid = strtol(buf, NULL, 10)) > 1;
-	fclose(f);
-	if (!ok)
-		return false;
-	snprintf(path, sizeof path, "/proc/%ld/comm", pid);
-	f = fopen(path, "r");
-	if (!f)
-		return false;
-	ok = fgets(name, sizeof name, f) != NULL;
-	fclose(f);
-	if (!ok)
-		return false;
-	name[strcspn(name, "\n")] = '\0';
-	return strcmp(name, comm) == 0;
+	long pid = pidfile_pid(pidfile);
+	return pid != 0 && pid_named(pid, comm);
 }
 
 /* Starts argv detached (own session, stdin and stdout /dev/null, stderr to

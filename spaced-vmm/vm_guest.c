@@ -1,7 +1,10 @@
 /* vm_guest.c — spaced-vm reaching its guest the way any host program does:
  * through the hybrid vsock socket (CONNECT <port>), every read bounded in
- * size and time (vm_int.h). */
+ * size and time (vm_int.h): an answer line has one deadline for all of it,
+ * so a guest that trickles its bytes holds spaced-vm no longer than one
+ * that says nothing. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -14,6 +17,36 @@
 #include "guest_client.h"
 #include "util.h"
 #include "vm_int.h"
+
+/* One line from fd into line (its '\n' replaced by NUL) by deadline
+ * (spaced_mono_ns): 0, SPACED_ETIMEDOUT, SPACED_ECLOSED or SPACED_ETOOBIG. */
+static int line_by(int fd, char *line, size_t sz, uint64_t deadline)
+{
+	size_t got = 0;
+	line[0] = '\0';
+	while (got + 1 < sz) {
+		uint64_t now = spaced_mono_ns();
+		if (now >= deadline)
+			return SPACED_ETIMEDOUT;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		int n = poll(&p, 1, (int)((deadline - now + 999999u) / 1000000u));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0)
+			return SPACED_ETIMEDOUT;
+		ssize_t r = recv(fd, line + got, 1, MSG_DONTWAIT);
+		if (r < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (r <= 0)
+			return SPACED_ECLOSED;
+		if (line[got] == '\n') {
+			line[got] = '\0';
+			return 0;
+		}
+		line[++got] = '\0';
+	}
+	return SPACED_ETOOBIG;
+}
 
 /* A stream to the guest's vsock port, after CONNECT / OK. */
 static int dial(uint32_t port, int timeout_ms, int *out)
@@ -35,22 +68,11 @@ static int dial(uint32_t port, int timeout_ms, int *out)
 		close(fd);
 		return SPACED_ECLOSED;
 	}
-	size_t got = 0;
-	while (got < sizeof line - 1) {
-		ssize_t r = recv(fd, line + got, 1, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			close(fd);
-			return SPACED_ECLOSED; /* refused: no listener yet, or the guest is gone */
-		}
-		if (line[got++] == '\n')
-			break;
-	}
-	line[got] = '\0';
-	if (strncmp(line, "OK ", 3) != 0 || line[got - 1] != '\n') {
+	int e = line_by(fd, line, sizeof line, spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u);
+	if (e < 0 || strncmp(line, "OK ", 3) != 0) {
 		close(fd);
-		return SPACED_EPROTO;
+		/* closed or silent: no listener yet, or the guest is gone */
+		return e == SPACED_ECLOSED || e == SPACED_ETIMEDOUT ? SPACED_ECLOSED : SPACED_EPROTO;
 	}
 	*out = fd;
 	return 0;
@@ -80,6 +102,7 @@ int vm_guest_hello(char *why, size_t whysz)
 
 int vm_guest_control(const char *line, char *answer, size_t answersz, int timeout_ms)
 {
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)timeout_ms * 1000000u;
 	int fd, e = dial(VM_CTL_PORT, timeout_ms, &fd);
 	if (e < 0)
 		return e;
@@ -87,23 +110,7 @@ int vm_guest_control(const char *line, char *answer, size_t answersz, int timeou
 		close(fd);
 		return SPACED_ECLOSED;
 	}
-	size_t got = 0;
-	e = SPACED_ECLOSED;
-	while (got + 1 < answersz) {
-		ssize_t r = recv(fd, answer + got, 1, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		if (answer[got] == '\n') {
-			e = 0;
-			break;
-		}
-		got++;
-	}
-	if (got + 1 >= answersz)
-		e = SPACED_ETOOBIG;
-	answer[got] = '\0';
+	e = line_by(fd, answer, answersz, deadline);
 	close(fd);
 	return e;
 }

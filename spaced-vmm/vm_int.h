@@ -177,7 +177,9 @@ int vm_save_state(const char *path, char *why, size_t whysz);
 /* HELLO answered with V's identity: 0, SPACED_EIDENTITY (why says what it
  * claimed), or a transport error while the guest is not up. */
 int vm_guest_hello(char *why, size_t whysz);
-/* One control-port exchange: sends line, reads one line back into answer. */
+/* One control-port exchange: sends line, reads one line back into answer,
+ * all of it within timeout_ms: 0, SPACED_ECLOSED, SPACED_ETIMEDOUT,
+ * SPACED_ETOOBIG, SPACED_EPROTO. */
 int vm_guest_control(const char *line, char *answer, size_t answersz, int timeout_ms);
 /* The guest's dirty pages to its disk (best effort). */
 int vm_guest_sync(void);
