@@ -1,6 +1,12 @@
 /* store_sqlite.c — the embedded SQLite backend: WAL, synchronous=FULL, writers
  * serialized by BEGIN IMMEDIATE, parameters bound by their $N names.
  *
+ * Each handle keeps its prepared statements (SQ_CACHE of them, the least
+ * recently used one replaced): the control plane runs the same few dozen
+ * statements over and over, and preparing one (parsing, planning) cost as
+ * much as running it. A statement is reset after every use, so none holds
+ * a read transaction open between calls.
+ *
  * The writers of this process also queue on one mutex before they take
  * SQLite's write lock: SQLite's own wait for a busy lock sleeps and polls
  * (1, 2, 5 … up to 100 ms), so fifty threads writing at once would wait for
@@ -36,9 +42,57 @@ static int map_err(int rc)
 	}
 }
 
+#define SQ_CACHE 64
+
+struct sq_cached {
+	sqlite3_stmt *stmt; /* NULL: a free slot */
+	uint64_t hash, used;
+};
+
+/* A handle: the connection and its statements (one thread at a time). */
+struct sq {
+	sqlite3 *db;
+	struct sq_cached cache[SQ_CACHE];
+	uint64_t tick;
+};
+
+static uint64_t sql_hash(const char *sql)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	for (const unsigned char *c = (const unsigned char *)sql; *c; c++)
+		h = (h ^ *c) * 1099511628211ull;
+	return h;
+}
+
+/* The prepared statement of sql, from the cache or prepared now (and kept). */
+static int stmt_get(struct sq *q, const char *sql, sqlite3_stmt **out)
+{
+	uint64_t h = sql_hash(sql);
+	struct sq_cached *victim = &q->cache[0];
+	for (size_t i = 0; i < SQ_CACHE; i++) {
+		struct sq_cached *c = &q->cache[i];
+		if (c->stmt && c->hash == h && strcmp(sqlite3_sql(c->stmt), sql) == 0) {
+			c->used = ++q->tick;
+			*out = c->stmt;
+			return SQLITE_OK;
+		}
+		if (!c->stmt || (victim->stmt && c->used < victim->used))
+			victim = c;
+	}
+	sqlite3_stmt *st = NULL;
+	int rc = sqlite3_prepare_v3(q->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, NULL);
+	if (rc != SQLITE_OK)
+		return rc;
+	if (victim->stmt)
+		sqlite3_finalize(victim->stmt);
+	*victim = (struct sq_cached){.stmt = st, .hash = h, .used = ++q->tick};
+	*out = st;
+	return SQLITE_OK;
+}
+
 static int sq_script(void *h, const char *sql)
 {
-	return map_err(sqlite3_exec(h, sql, NULL, NULL, NULL));
+	return map_err(sqlite3_exec(((struct sq *)h)->db, sql, NULL, NULL, NULL));
 }
 
 /* The writers' queue. Relaxed writes (cp_store_relaxed: one short
@@ -95,27 +149,29 @@ static int sq_begin(void *h)
 static int sq_commit(void *h)
 {
 	int r = sq_script(h, "COMMIT");
-	if (sqlite3_get_autocommit(h))
+	if (sqlite3_get_autocommit(((struct sq *)h)->db))
 		writer_release();
 	return r;
 }
 
 static void sq_rollback(void *h)
 {
-	if (!sqlite3_get_autocommit(h))
-		sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+	sqlite3 *db = ((struct sq *)h)->db;
+	if (!sqlite3_get_autocommit(db))
+		sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
 	writer_release();
 }
 
 static int sq_exec(void *h, const char *sql, int n, const char *const *params, struct cp_rows **out,
                    long *changes)
 {
-	sqlite3 *db = h;
+	struct sq *q = h;
+	sqlite3 *db = q->db;
 	sqlite3_stmt *stmt = NULL;
 	struct cp_rows *rows = NULL;
 	bool autowrite = false;
 	int r, rc, cap = 0;
-	rc = sqlite3_prepare_v2(db, sql, -1, &stmt, NULL);
+	rc = stmt_get(q, sql, &stmt);
 	if (rc != SQLITE_OK) {
 		r = map_err(rc);
 		goto out;
@@ -180,7 +236,10 @@ static int sq_exec(void *h, const char *sql, int n, const char *const *params, s
 	r = 0;
 out:
 	cp_rows_free(rows);
-	sqlite3_finalize(stmt);
+	if (stmt) {
+		sqlite3_reset(stmt);
+		sqlite3_clear_bindings(stmt);
+	}
 	if (autowrite)
 		writer_release();
 	return r;
@@ -188,7 +247,12 @@ out:
 
 static void sq_close(void *h)
 {
-	sqlite3_close(h);
+	struct sq *q = h;
+	for (size_t i = 0; i < SQ_CACHE; i++)
+		if (q->cache[i].stmt)
+			sqlite3_finalize(q->cache[i].stmt);
+	sqlite3_close(q->db);
+	free(q);
 }
 
 static const struct cp_store_ops sqlite_ops = {
@@ -211,10 +275,17 @@ int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops *
 		goto out;
 	}
 	sqlite3_busy_timeout(db, 10000);
-	r = sq_script(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;");
+	r = map_err(sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", NULL,
+	                         NULL, NULL));
 	if (r < 0)
 		goto out;
-	*h = db;
+	struct sq *q = calloc(1, sizeof *q);
+	if (q == NULL) {
+		r = SPACED_ENOMEM;
+		goto out;
+	}
+	q->db = db;
+	*h = q;
 	*ops = &sqlite_ops;
 	db = NULL;
 out:
