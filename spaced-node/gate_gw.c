@@ -8,8 +8,8 @@
  * that watches the directory (inotify) reads a whole record or the previous
  * one, never a torn one. A directory per sandbox, the file written in
  * STATE/gw and renamed into it: a record changed wakes its own gateway only,
- * not the gateway of every execution on the worker. The gateway compares every new open with it and every
- * established stream again (S1, S4).
+ * not the gateway of every execution on the worker. The gateway compares
+ * every new open with it and every established stream again (S1, S4).
  */
 #include "gate.h"
 

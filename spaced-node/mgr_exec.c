@@ -682,8 +682,8 @@ static int send_config(const char *e_dir, const char *config)
  * 127.0.0.1 (its port in E_DIR/gateway.port), compares every open with the
  * record the gate publishes in STATE/gw/<sandbox>/record.json and reaches
  * the guest's ports through the same guest transport, verified as the
- * bridge does (B1, B2). It ends with the launcher. Without it the execution runs, its
- * ServicePorts unreachable (logged). */
+ * bridge does (B1, B2). It ends with the launcher. Without it the execution
+ * runs, its ServicePorts unreachable (logged). */
 static bool gateway_bin(const struct mgr_config *cfg, char *bin, size_t binsz)
 {
 	char tmp[4096];

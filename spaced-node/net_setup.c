@@ -213,7 +213,6 @@ static bool is_nsfs(const char *path)
 	return statfs(path, &sf) == 0 && (unsigned long)sf.f_type == NSFS_MAGIC_;
 }
 
-/* Writes text to path atomically (temporary file, fsync, rename). */
 /* Replaces path with text through a rename; durable: the text is on disk
  * before the rename (fsync), else only in the page cache (a file derived
  * again after a crash). */
