@@ -1059,14 +1059,17 @@ int spaced_sub_wait_ready(struct spaced_sub *s, int timeout_ms)
 static void name_execution(struct spaced_sub *s, const char *name)
 {
 	char p[PATH_MAX], text[320];
-	pid_t c = fork();
+	/* the UTS name: a UTS namespace is a thread's, so this thread enters the
+	 * execution's, sets the name and comes back (no process forked for it) */
+	int own = open("/proc/thread-self/ns/uts", O_RDONLY | O_CLOEXEC);
 
-	if (c == 0) {
-		_exit(setns(s->init.pidfd, CLONE_NEWUTS) == 0 && sethostname(name, strlen(name)) == 0 ? 0 : 1);
+	if (own >= 0 && setns(s->init.pidfd, CLONE_NEWUTS) == 0) {
+		(void)sethostname(name, strlen(name));
+		if (setns(own, CLONE_NEWUTS) < 0)
+			fprintf(stderr, "spaced-launch: cannot return to its own UTS namespace: %s\n", strerror(errno));
 	}
-	if (c > 0)
-		while (waitpid(c, NULL, 0) < 0 && errno == EINTR)
-			;
+	if (own >= 0)
+		close(own);
 	if (pathf(p, "%s/upper", s->ldir) < 0)
 		return;
 	int up = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC);

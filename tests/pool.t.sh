@@ -69,6 +69,12 @@ for id in $ids; do
 	grep -q "sandbox=$id;" "$W/v" || { echo "  $id: the serving identity is not its own"; bad=$((bad + 1)); }
 done
 expect "each guest names and serves its own sandbox" "$bad" 0
+# the launcher named the claimed execution from inside its UTS namespace and came back to the host's
+back=0
+for lp in $(status '[.records[].pid] | .[]'); do
+	[ "$(readlink "/proc/$lp/ns/uts")" = "$(readlink /proc/self/ns/uts)" ] && back=$((back + 1))
+done
+expect "every launcher back in the host's UTS namespace" "$back" 8
 for id in $ids; do "$SC" rm "$id" >/dev/null; done
 
 # ---- the claiming sandbox's limits ----
