@@ -14,8 +14,12 @@
 
 #include "error.h"
 
+/* The statements every install runs, prepared once and reset after each use. */
+enum { ST_PUT, ST_ACK, ST_META, ST_N };
+
 struct mgr_store {
 	sqlite3 *db;
+	sqlite3_stmt *stmt[ST_N];
 	uint64_t next_epoch;
 	uint64_t last_seq;
 };
@@ -88,19 +92,33 @@ static int meta_get(sqlite3 *db, const char *k, int64_t *out)
 	return e;
 }
 
-static int meta_set(sqlite3 *db, const char *k, int64_t v)
+/* Statement which of st (sql), prepared the first time; NULL on error. */
+static sqlite3_stmt *stmt_of(struct mgr_store *st, int which, const char *sql)
 {
-	sqlite3_stmt *s = NULL;
-	int e = 0;
-	if (sqlite3_prepare_v2(db, "INSERT INTO meta(k,v) VALUES(?1,?2) ON CONFLICT(k) DO UPDATE SET v=?2",
-	                       -1, &s, NULL) != SQLITE_OK)
+	if (!st->stmt[which] &&
+	    sqlite3_prepare_v3(st->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st->stmt[which], NULL) != SQLITE_OK)
+		return NULL;
+	return st->stmt[which];
+}
+
+/* Runs the bound statement s once; 0, SPACED_ESTALE (a constraint) or SPACED_EIO. */
+static int stmt_run(sqlite3_stmt *s)
+{
+	int rc = sqlite3_step(s);
+	sqlite3_reset(s);
+	sqlite3_clear_bindings(s);
+	return rc == SQLITE_DONE ? 0 : rc == SQLITE_CONSTRAINT ? SPACED_ESTALE : SPACED_EIO;
+}
+
+static int meta_set(struct mgr_store *st, const char *k, int64_t v)
+{
+	sqlite3_stmt *s = stmt_of(st, ST_META, "INSERT INTO meta(k,v) VALUES(?1,?2) ON CONFLICT(k) DO UPDATE SET v=?2");
+	if (!s)
 		return SPACED_EIO;
 	sqlite3_bind_text(s, 1, k, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(s, 2, v);
-	if (sqlite3_step(s) != SQLITE_DONE)
-		e = SPACED_EIO;
-	sqlite3_finalize(s);
-	return e;
+	int e = stmt_run(s);
+	return e == SPACED_ESTALE ? SPACED_EIO : e;
 }
 
 int mgr_store_open(const char *dir, struct mgr_store **out)
@@ -140,6 +158,8 @@ void mgr_store_close(struct mgr_store *st)
 {
 	if (!st)
 		return;
+	for (int i = 0; i < ST_N; i++)
+		sqlite3_finalize(st->stmt[i]);
 	sqlite3_close(st->db);
 	free(st);
 }
@@ -160,7 +180,7 @@ uint64_t mgr_store_last_seq(struct mgr_store *st)
 	return st->last_seq;
 }
 
-static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
+static int put_rec(struct mgr_store *st, const struct mgr_rec *rec)
 {
 	static const char sql[] =
 		"INSERT INTO records(sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
@@ -170,10 +190,9 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 		"ON CONFLICT(sandbox) DO UPDATE SET generation=?2,worker=?3,substrate=?4,activation=?5,"
 		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11,host_pid=?12,host_start=?13,"
 		"uid_base=?14,cpu_milli=?15,memory_bytes=?16,pids=?17,disk_bytes=?18,template=?19,template_url=?20,exec_name=?21,config=?22";
-	sqlite3_stmt *s = NULL;
 	const struct spaced_identity *id = &rec->r.id;
-	int e = 0;
-	if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK)
+	sqlite3_stmt *s = stmt_of(st, ST_PUT, sql);
+	if (!s)
 		return SPACED_EIO;
 	sqlite3_bind_text(s, 1, id->sandbox, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(s, 2, (sqlite3_int64)id->generation);
@@ -197,13 +216,7 @@ static int put_rec(sqlite3 *db, const struct mgr_rec *rec)
 	sqlite3_bind_text(s, 20, rec->tmpl_url, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 21, rec->exec_name, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 22, rec->config, -1, SQLITE_STATIC);
-	int rc = sqlite3_step(s);
-	if (rc == SQLITE_CONSTRAINT)
-		e = SPACED_ESTALE;
-	else if (rc != SQLITE_DONE)
-		e = SPACED_EIO;
-	sqlite3_finalize(s);
-	return e;
+	return stmt_run(s);
 }
 
 int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
@@ -227,27 +240,24 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 		if (rec && rec->r.epoch >= next)
 			next = rec->r.epoch + 1; /* an epoch handed out is never handed out again */
 		if (rec)
-			e = put_rec(st->db, rec);
+			e = put_rec(st, rec);
 		if (e == 0 && seq > 0) {
-			sqlite3_stmt *s = NULL;
-			if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)", -1, &s,
-			                       NULL) != SQLITE_OK) {
+			sqlite3_stmt *s = stmt_of(st, ST_ACK, "INSERT OR REPLACE INTO acks(seq,line) VALUES(?1,?2)");
+			if (!s) {
 				e = SPACED_EIO;
 			} else {
 				sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
 				sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
-				if (sqlite3_step(s) != SQLITE_DONE)
-					e = SPACED_EIO;
-				sqlite3_finalize(s);
+				e = stmt_run(s) < 0 ? SPACED_EIO : 0;
 			}
 			if (e == 0 && seq > last) {
-				e = meta_set(st->db, "last_seq", (int64_t)seq);
+				e = meta_set(st, "last_seq", (int64_t)seq);
 				last = seq;
 			}
 		}
 	}
 	if (e == 0)
-		e = meta_set(st->db, "next_epoch", (int64_t)next);
+		e = meta_set(st, "next_epoch", (int64_t)next);
 	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
 	if (e < 0) {
@@ -335,5 +345,5 @@ int mgr_store_meta_get(struct mgr_store *st, const char *key, int64_t *out)
 
 int mgr_store_meta_set(struct mgr_store *st, const char *key, int64_t v)
 {
-	return meta_set(st->db, key, v);
+	return meta_set(st, key, v);
 }
