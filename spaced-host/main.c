@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <malloc.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include "frame.h"
 #include "host.h"
 #include "log.h"
+#include "pidref.h"
 
 static struct host_config cfg;
 
@@ -338,6 +340,23 @@ int main(int argc, char **argv)
 	 * is claimed: one line on standard input. It serves nothing before. */
 	char line[SPACED_IDENTITY_TEXT_MAX + 2];
 	if (strcmp(identity, "-") == 0) {
+		/* ... or for its launcher's end: a pooled execution whose launcher
+		 * is gone is never claimed, and its bridge goes with it */
+		struct spaced_pidref lref = SPACED_PIDREF_NULL;
+		char lwhy[256];
+		if (spaced_pidref_expected(&lref, cfg.launcher.pid, cfg.launcher.start_time, lwhy, sizeof lwhy) < 0) {
+			fprintf(stderr, "spaced-host: its launcher is gone before the claim: %s\n", lwhy);
+			return 1;
+		}
+		struct pollfd pw[2] = {{.fd = 0, .events = POLLIN}, {.fd = lref.pidfd, .events = POLLIN}};
+		while (poll(pw, 2, -1) < 0 && errno == EINTR)
+			;
+		bool launcher_gone = pw[1].revents != 0 && !(pw[0].revents & POLLIN);
+		spaced_pidref_done(&lref);
+		if (launcher_gone) {
+			fprintf(stderr, "spaced-host: its launcher ended before the claim\n");
+			return 1;
+		}
 		if (fgets(line, sizeof line, stdin) == NULL || strchr(line, '\n') == NULL) {
 			fprintf(stderr, "spaced-host: no identity line on standard input\n");
 			return 2;

@@ -12,7 +12,7 @@
 #    lock served once the lock is free (skipped without pasta, nft or a network namespace of its
 #    own for an outside host);
 #  - pooled executions that died while waiting are not handed out: the create starts one for
-#    itself and succeeds;
+#    itself and succeeds; their waiting bridges end with their launchers;
 #  - the pool stays within --pool-max per key;
 #  - a waiting execution's ServicePort gateway listens already and answers nobody before a
 #    sandbox claims the execution (it then takes that sandbox's identity: expose below).
@@ -150,11 +150,24 @@ fi
 
 # ---- pooled executions that died are not handed out ----
 wait_ready 1 || fail "the pool refills"
+bridges=""
 for f in "$D"/worker-1/pool/*/launcher; do
 	[ -f "$f" ] || continue
+	# (a claimed one keeps its directory: its launcher wrote its identity there)
+	[ -e "$(dirname "$f")/identity" ] ||
+		bridges="$bridges $(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$(dirname "$f")/bridge" 2>/dev/null)"
 	kill -9 "$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f")" 2>/dev/null
 done
 sleep 0.5
+# a waiting bridge whose launcher died ends with it (it is never claimed)
+left=0
+for i in $(seq 1 50); do
+	left=0
+	for b in $bridges; do [ "$(cat "/proc/$b/comm" 2>/dev/null)" = spaced-host ] && left=$((left + 1)); done
+	[ "$left" -eq 0 ] && break
+	sleep 0.1
+done
+expect "the waiting bridges of the killed launchers ended with them ($(echo $bridges | wc -w))" "$left" 0
 Z=$("$SC" create 2>"$W/z.err")
 expect "a create after the pool's executions died still succeeds" "$("$SC" exec "$Z" -- hostname 2>&1)" "$Z"
 expect "the worker said the claim failed and started one" \
