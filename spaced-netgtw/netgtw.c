@@ -271,6 +271,10 @@ static int record_watch(void)
 	char tmp[4200];
 	snprintf(tmp, sizeof tmp, "%s", G.record_path);
 	const char *dir = dirname(tmp);
+	if (G.record_dir && G.self.sandbox[0] == '.') { /* "." and ".." are valid names, not directories of its own */
+		errno = EINVAL;
+		return -1;
+	}
 	if (G.record_dir && mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return -1;
 	G.rec_wd = inotify_add_watch(G.ino, dir, IN_CLOSE_WRITE | IN_MOVED_TO);

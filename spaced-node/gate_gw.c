@@ -40,6 +40,9 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 {
 	char dir[4096], sdir[4200], path[4300], tmp[4300];
 	struct stat st;
+	/* a directory named after the sandbox: never "." or ".." (valid names) */
+	if (rec->r.id.sandbox[0] == '.')
+		return;
 	snprintf(dir, sizeof dir, "%s/gw", m->cfg->state_dir);
 	snprintf(sdir, sizeof sdir, "%s/%s", dir, rec->r.id.sandbox);
 	if ((mkdir(dir, 0700) < 0 && errno != EEXIST) || (mkdir(sdir, 0700) < 0 && errno != EEXIST))

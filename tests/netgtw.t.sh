@@ -77,6 +77,11 @@ for a in $(seq 2 21); do install T 1 "act-$a" || fail "install T act-$a"; done
 v1=$(ctxsw "$GSP")
 expect "twenty records of T: S's idle gateway woke for none" \
 	"$([ -n "$v0" ] && [ -n "$v1" ] && [ $((v1 - v0)) -le 2 ] && echo yes || echo "no: $v0 -> $v1")" yes
+# a sandbox named ".." (a valid name; only an operator's install can give one) gets no record
+# directory: nothing is written outside STATE/gw, and no gateway serves it
+install .. 1 act-1 >/dev/null 2>&1
+expect "a sandbox named '..': no record written beside STATE/gw" \
+	"$([ -e "$W/w/record.json" ] || [ -e "$W/w/gw/../record.json" ] && echo written || echo none)" none
 # a web server and a TCP echo inside S
 "$SPACED_BUILD/spaced-node/spaced-launch" exec --state "$W/w/exec/S.1" -- sh -c '
 	cd /tmp && echo hello-from-S >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 &
