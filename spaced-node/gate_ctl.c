@@ -1056,6 +1056,9 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 		rec.host_pid = got.host_pid;
 		rec.host_start = got.host_start;
 		rec.uid_base = got.uid_base;
+		/* where it runs now: a pooled execution started again is no longer
+		 * in the pool's directory */
+		memcpy(rec.exec_name, got.exec_name, sizeof rec.exec_name);
 		if (mgr_store_commit(mgr_store_of(m), &rec, 0, NULL) == 0)
 			mgr_rec_install(m, &rec, true, 0, NULL);
 	} else {
@@ -1247,20 +1250,25 @@ void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx)
 				op->reply = NULL;
 }
 
+void gate_ctl_recover_one(struct mgr *m, const char *sandbox)
+{
+	const struct mgr_rec *r = mgr_rec_find(m, sandbox);
+	struct ctl_op *op = r ? calloc(1, sizeof *op) : NULL;
+	if (!op)
+		return;
+	op->kind = K_RECOVER;
+	op->t0 = spaced_mono_ns();
+	op->id = r->r.id;
+	op_enqueue(m, op, r->r.id.sandbox);
+}
+
 void gate_ctl_recover(struct mgr *m)
 {
 	for (size_t i = 0; i < m->nrecs; i++) {
 		const struct mgr_rec *r = &m->recs[i];
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
-		if (!live || r->pid == 0)
-			continue;
-		struct ctl_op *op = calloc(1, sizeof *op);
-		if (!op)
-			continue;
-		op->kind = K_RECOVER;
-		op->t0 = spaced_mono_ns();
-		op->id = r->r.id;
-		op_enqueue(m, op, r->r.id.sandbox);
+		if (live && r->pid != 0)
+			gate_ctl_recover_one(m, r->r.id.sandbox);
 	}
 }

@@ -109,6 +109,7 @@ int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint
 			return e;
 		gate_streams_on_install(m, rec, handoff);
 		gate_gw_publish(m, rec); /* the gateway's streams end now too (S1) */
+		gate_watch_update(m, rec);
 		e = mgr_store_commit(m->store, rec, seq, ack_line);
 		if (e < 0) {
 			gate_quit(m, "a tombstone could not be written");
@@ -132,6 +133,7 @@ int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff)
 		return e;
 	gate_streams_on_install(m, rec, handoff);
 	gate_gw_publish(m, rec); /* the execution's ServicePort gateway compares with it (R5) */
+	gate_watch_update(m, rec); /* its end, should it die under the record */
 	return 0;
 }
 
@@ -315,6 +317,7 @@ out:
 	gate_streams_stop(&m);
 	gate_admin_stop(&m);
 	gate_jobs_stop(&m);
+	gate_watch_stop(&m);
 	if (m.tick.data) {
 		uv_timer_stop(&m.tick);
 		uv_close((uv_handle_t *)&m.tick, NULL);

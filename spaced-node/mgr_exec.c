@@ -194,12 +194,10 @@ bool mgr_exec_alive(const struct mgr_rec *rec)
 	int fd = pidfd_of(rec);
 	if (fd < 0)
 		return false;
-	/* a zombie still has its start time: ask whether it exited */
-	siginfo_t si;
-	memset(&si, 0, sizeof si);
-	bool alive = true;
-	if (waitid(P_PIDFD, (id_t)fd, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid != 0)
-		alive = false;
+	/* a zombie still has its start time: its pidfd is readable once it
+	 * exited, whoever its parent is (waitid answers only a parent) */
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	bool alive = poll(&p, 1, 0) == 0;
 	close(fd);
 	return alive;
 }

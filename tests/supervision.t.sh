@@ -5,7 +5,8 @@
 # the dev keeper, each on the same port. After every kill the sandbox answers from the same
 # identity with its files, in the same uid range (the range is never handed to another
 # execution), and a victim tenant's sandbox on the other worker keeps working. A worker whose
-# control channel is gone is shown not connected, and connected again once its link is back.
+# control channel is gone is shown not connected, and connected again once its link is back. An
+# execution that dies under its record (its launcher killed) is seen at once and started again.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -117,6 +118,22 @@ expect "the sandboxes are still listed" "$("$SC" ls --json 2>/dev/null | jq -r "
 wait_for "both workers connected to the new control plane" sh -c "[ \"\$('$SC' workers --json | jq '[.[] | select(.connected)] | length')\" = 2 ]"
 after_kill "kill -9 of spaced-cp"
 grep -q "is gone; starting it again" "$D/keeper.log" && ok "the keeper logged its restarts" || fail "no restart in keeper.log"
+
+# ---- an execution that dies under its record: the gate sees it end and starts it again ----
+# (its launcher killed; the same happens when its guest is OOM-killed): the sandbox serves again
+# as itself, from a fresh root (as the start-up recovery does: files written before are not
+# carried over), and the dead execution's bridge is gone
+E=$("$SC" create --worker worker-1)
+rec=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq -c ".result.records[] | select(.identity.sandbox == \"$E\") | [.pid, .host_pid]")
+EL=$(echo "$rec" | jq '.[0]'); EB=$(echo "$rec" | jq '.[1]')
+kill -9 "$EL"
+wait_for "the sandbox whose launcher was killed answers again as itself" \
+	sh -c "[ \"\$('$SC' exec '$E' -- hostname 2>/dev/null)\" = '$E' ]"
+expect "the worker said the execution ended under its record" \
+	"$(grep -c "event=execution-ended sandbox=$E" "$D/worker-1.log")" 1
+expect "the dead execution's bridge is gone" "$(cat "/proc/$EB/comm" 2>/dev/null || echo gone)" gone
+expect "it runs from a new launcher" \
+	"$("$SC" node status --admin "$D/worker-1/admin.sock" | jq ".result.records[] | select(.identity.sandbox == \"$E\") | .pid != $EL")" true
 
 # ---- dev down stops the keeper first: nothing comes back ----
 "$SC" dev down --dir "$D" >"$W/down" 2>&1

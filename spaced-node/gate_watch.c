@@ -1,0 +1,133 @@
+/*
+ * gate_watch.c — the end of a running execution, seen when it happens.
+ *
+ * The gate holds, in its loop, a pidfd of the launcher of every record that
+ * says its execution runs (the guest itself without a substrate). A launcher
+ * ends with its execution: its guest gone (the OOM killer may take it once a
+ * command lowered its own score), or itself killed. When that happens while
+ * the record still names that launcher and says it runs, the execution died
+ * under it: its bridge is ended and the execution started again from its
+ * record, as the gate does at start for the executions of its records
+ * (gate_ctl_recover_one, queued behind whatever the sandbox has under way:
+ * a stop or a move that ended it on purpose has changed the record by then,
+ * and the recovery finds nothing to do).
+ */
+#include "gate.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "pidref.h"
+#include "util.h"
+
+struct exec_watch {
+	struct exec_watch *next;
+	struct mgr *m;
+	char sandbox[SPACED_NAME_MAX];
+	int64_t pid;
+	uint64_t start;
+	int pidfd;
+	uv_poll_t poll;
+};
+
+static struct exec_watch *watches;
+
+static bool watched(const struct mgr_rec *r)
+{
+	return r->r.active && r->pid > 0 && strcmp(r->state, MGR_ST_RUNNING) == 0;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+	struct exec_watch *w = h->data;
+	close(w->pidfd);
+	free(w);
+}
+
+static void drop(struct exec_watch *w)
+{
+	for (struct exec_watch **pp = &watches; *pp; pp = &(*pp)->next) {
+		if (*pp == w) {
+			*pp = w->next;
+			break;
+		}
+	}
+	uv_poll_stop(&w->poll);
+	uv_close((uv_handle_t *)&w->poll, on_closed);
+}
+
+/* SIGKILL to pid when it is still the process that started at start. */
+static void kill_pinned(int64_t pid, uint64_t start)
+{
+	struct spaced_pidref ref = SPACED_PIDREF_NULL;
+	char why[128];
+	if (pid <= 1 || spaced_pidref_expected(&ref, (pid_t)pid, start, why, sizeof why) < 0)
+		return;
+	(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGKILL, NULL, 0);
+	spaced_pidref_done(&ref);
+}
+
+static void on_end(uv_poll_t *h, int status, int events)
+{
+	struct exec_watch *w = h->data;
+	struct mgr *m = w->m;
+	(void)status;
+	(void)events;
+	const struct mgr_rec *r = mgr_rec_find(m, w->sandbox);
+	if (r && watched(r) && r->pid == w->pid && r->pid_start == w->start) {
+		gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld "
+		         "reason=\"its launcher ended while its record says it runs: starting it again\"",
+		         w->sandbox, (unsigned long long)r->r.id.generation, (long long)w->pid);
+		kill_pinned(r->host_pid, r->host_start);
+		gate_ctl_recover_one(m, w->sandbox);
+	}
+	drop(w);
+}
+
+void gate_watch_update(struct mgr *m, const struct mgr_rec *rec)
+{
+	struct exec_watch *w = watches;
+	while (w && strcmp(w->sandbox, rec->r.id.sandbox) != 0)
+		w = w->next;
+	if (w && (!watched(rec) || w->pid != rec->pid || w->start != rec->pid_start)) {
+		drop(w);
+		w = NULL;
+	}
+	if (w || !watched(rec))
+		return;
+	struct spaced_pidref ref = SPACED_PIDREF_NULL;
+	char why[128];
+	w = calloc(1, sizeof *w);
+	if (!w)
+		return;
+	if (spaced_pidref_expected(&ref, (pid_t)rec->pid, rec->pid_start, why, sizeof why) < 0) {
+		/* gone already: the next recovery (or the next start of the gate) sees it */
+		free(w);
+		return;
+	}
+	w->m = m;
+	snprintf(w->sandbox, sizeof w->sandbox, "%s", rec->r.id.sandbox);
+	w->pid = rec->pid;
+	w->start = rec->pid_start;
+	w->pidfd = ref.pidfd; /* the watch's now */
+	if (uv_poll_init(m->loop, &w->poll, w->pidfd) < 0) {
+		spaced_pidref_done(&ref);
+		free(w);
+		return;
+	}
+	w->poll.data = w;
+	w->next = watches;
+	watches = w;
+	uv_poll_start(&w->poll, UV_READABLE, on_end);
+}
+
+void gate_watch_stop(struct mgr *m)
+{
+	(void)m;
+	while (watches)
+		drop(watches);
+}
