@@ -10,7 +10,10 @@
  * record, as the gate does at start for the executions of its records
  * (gate_ctl_recover_one, queued behind whatever the sandbox has under way:
  * a stop or a move that ended it on purpose has changed the record by then,
- * and the recovery finds nothing to do).
+ * and the recovery finds nothing to do). An execution that ends more than
+ * GATE_RESTARTS_MAX times in GATE_RESTART_WINDOW_NS is left ended (a tenant
+ * that gets its own guest killed again and again costs a start each time):
+ * the next start of the gate tries again.
  */
 #include "gate.h"
 
@@ -35,6 +38,44 @@ struct exec_watch {
 };
 
 static struct exec_watch *watches;
+
+#define GATE_RESTARTS_MAX 5
+#define GATE_RESTART_WINDOW_NS (60ull * 1000000000ull)
+
+/* The restarts of the last window, per sandbox. */
+struct restarts {
+	struct restarts *next;
+	char sandbox[SPACED_NAME_MAX];
+	uint64_t since;
+	unsigned n;
+};
+
+static struct restarts *restarts;
+
+/* Counts one more restart of sandbox; false when it has had its share. */
+static bool restart_allowed(const char *sandbox)
+{
+	uint64_t now = spaced_mono_ns();
+	struct restarts *found = NULL;
+	for (struct restarts **pp = &restarts; *pp;) {
+		struct restarts *r = *pp;
+		if (now - r->since > GATE_RESTART_WINDOW_NS) { /* its window is over */
+			*pp = r->next;
+			free(r);
+			continue;
+		}
+		if (strcmp(r->sandbox, sandbox) == 0)
+			found = r;
+		pp = &r->next;
+	}
+	if (!found && (found = calloc(1, sizeof *found)) != NULL) {
+		snprintf(found->sandbox, sizeof found->sandbox, "%s", sandbox);
+		found->since = now;
+		found->next = restarts;
+		restarts = found;
+	}
+	return !found || ++found->n <= GATE_RESTARTS_MAX;
+}
 
 static bool watched(const struct mgr_rec *r)
 {
@@ -80,10 +121,15 @@ static void on_end(uv_poll_t *h, int status, int events)
 	const struct mgr_rec *r = mgr_rec_find(m, w->sandbox);
 	if (r && watched(r) && r->pid == w->pid && r->pid_start == w->start) {
 		gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld "
-		         "reason=\"its launcher ended while its record says it runs: starting it again\"",
+		         "reason=\"its launcher ended while its record says it runs\"",
 		         w->sandbox, (unsigned long long)r->r.id.generation, (long long)w->pid);
 		kill_pinned(r->host_pid, r->host_start);
-		gate_ctl_recover_one(m, w->sandbox);
+		if (restart_allowed(w->sandbox))
+			gate_ctl_recover_one(m, w->sandbox);
+		else
+			gate_log("level=error event=execution-left-ended sandbox=%s reason=\"it ended more than %d times "
+			         "in a minute\"",
+			         w->sandbox, GATE_RESTARTS_MAX);
 	}
 	drop(w);
 }
@@ -130,4 +176,9 @@ void gate_watch_stop(struct mgr *m)
 	(void)m;
 	while (watches)
 		drop(watches);
+	while (restarts) {
+		struct restarts *r = restarts;
+		restarts = r->next;
+		free(r);
+	}
 }

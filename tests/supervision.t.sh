@@ -134,6 +134,19 @@ expect "the worker said the execution ended under its record" \
 expect "the dead execution's bridge is gone" "$(cat "/proc/$EB/comm" 2>/dev/null || echo gone)" gone
 expect "it runs from a new launcher" \
 	"$("$SC" node status --admin "$D/worker-1/admin.sock" | jq ".result.records[] | select(.identity.sandbox == \"$E\") | .pid != $EL")" true
+# an execution that ends again and again is started again five times a minute at most, then left
+# ended (a tenant getting its own guest killed in a loop costs the worker a start each time)
+launcher_of() { "$SC" node status --admin "$D/worker-1/admin.sock" | jq ".result.records[] | select(.identity.sandbox == \"$1\") | .pid"; }
+for k in 2 3 4 5 6; do
+	EL=$(launcher_of "$E")
+	kill -9 "$EL"
+	if [ "$k" -le 5 ]; then
+		wait_for "restart $k" sh -c "[ \"\$('$SC' exec '$E' -- hostname 2>/dev/null)\" = '$E' ]"
+	fi
+done
+wait_for "the sixth end in a minute is left ended (logged)" \
+	grep -q "event=execution-left-ended sandbox=$E" "$D/worker-1.log"
+expect "five restarts, no sixth" "$(grep -c "event=execution-ended sandbox=$E" "$D/worker-1.log")" 6
 
 # ---- dev down stops the keeper first: nothing comes back ----
 "$SC" dev down --dir "$D" >"$W/down" 2>&1
