@@ -471,7 +471,10 @@ static int supervise(struct launcher *L)
 		hs0 = n;
 		for (int i = 0; i < L->nhs; i++)
 			pfd[n++] = (struct pollfd){ .fd = L->hs[i].fd, .events = POLLIN };
-		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : 1000);
+		/* a tick for the CPU share (cpu_sample) once there is a sandbox to
+		 * report it for: a pooled execution waiting for its claim sleeps */
+		bool waiting = L->pooled && spaced_sub_identity(L->sub) == NULL;
+		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : waiting ? -1 : 1000);
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
 		if (pfd[0].revents) {

@@ -51,6 +51,13 @@ expect "a waiting pooled execution has its gateway listening" "$([ -n "$gp" ] &&
 expect "before a claim it answers nothing, not even /metrics" \
 	"$(curl -s -m 2 --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' "https://127.0.0.1:${gp:-1}/metrics")" 000
 
+# a waiting pooled execution's launcher sleeps until its claim (no tick: nothing to report yet)
+wl=$(for f in "$D"/worker-1/pool/*/launcher; do [ -e "$(dirname "$f")/identity" ] || { sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f"; break; }; done)
+cs() { awk '/^voluntary_ctxt_switches/ {print $2}' "/proc/$1/status" 2>/dev/null; }
+c0=$(cs "$wl"); sleep 2.5; c1=$(cs "$wl")
+expect "a waiting pooled launcher woke at most once in 2.5 s" \
+	"$([ -n "$c0" ] && [ -n "$c1" ] && [ $((c1 - c0)) -le 1 ] && echo yes || echo "no: $c0 -> $c1")" yes
+
 # ---- eight creates at once ----
 for i in 1 2 3 4 5 6 7 8; do "$SC" create >"$W/c$i" 2>&1 & done
 wait
