@@ -335,8 +335,8 @@ int main(int argc, char **argv)
 		line[strcspn(line, "\n")] = 0;
 		if (strncmp(line, "SPACED_CP_URL=http://", 21) == 0)
 			sscanf(line + 21, "%63[^:]:%d", cp_host, &cp_port);
-		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
-			snprintf(api_key, sizeof api_key, "%s", line + 15);
+		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0 && strlen(line + 15) < sizeof api_key)
+			memcpy(api_key, line + 15, strlen(line + 15) + 1); /* a longer one is not taken (it would be cut) */
 	}
 	if (f)
 		fclose(f);

@@ -658,10 +658,11 @@ static int load_env(const char *dir)
 		return -1;
 	while (fgets(line, sizeof line, f)) {
 		line[strcspn(line, "\n")] = 0;
-		if (strncmp(line, "SPACED_CP_URL=", 14) == 0)
-			snprintf(cp_url, sizeof cp_url, "%s", line + 14);
-		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0)
-			snprintf(api_key, sizeof api_key, "%s", line + 15);
+		/* a value longer than its buffer is not taken (it would be cut) */
+		if (strncmp(line, "SPACED_CP_URL=", 14) == 0 && strlen(line + 14) < sizeof cp_url)
+			memcpy(cp_url, line + 14, strlen(line + 14) + 1);
+		else if (strncmp(line, "SPACED_API_KEY=", 15) == 0 && strlen(line + 15) < sizeof api_key)
+			memcpy(api_key, line + 15, strlen(line + 15) + 1);
 		else if (strncmp(line, "SPACED_CA_FILE=", 15) == 0)
 			setenv("SPACED_CA_FILE", line + 15, 1); /* a TLS cluster: its CA, for every connection */
 	}
