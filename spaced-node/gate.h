@@ -104,9 +104,6 @@ void gate_ctl_recover(struct mgr *m);
 size_t gate_ctl_pending(const struct mgr *m);
 /* True while the execution of sandbox is being recovered after a restart. */
 bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
-/* Queues the recovery of sandbox's execution (as at start: started again
- * from its record when it is not alive and the record says it runs). */
-void gate_ctl_recover_one(struct mgr *m, const char *sandbox);
 
 /* ---- gate_watch.c: a running execution's end, seen when it happens ---- */
 

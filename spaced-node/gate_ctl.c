@@ -1250,7 +1250,7 @@ void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx)
 				op->reply = NULL;
 }
 
-void gate_ctl_recover_one(struct mgr *m, const char *sandbox)
+static void recover_one(struct mgr *m, const char *sandbox)
 {
 	const struct mgr_rec *r = mgr_rec_find(m, sandbox);
 	struct ctl_op *op = r ? calloc(1, sizeof *op) : NULL;
@@ -1269,6 +1269,6 @@ void gate_ctl_recover(struct mgr *m)
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
 		if (live && r->pid != 0)
-			gate_ctl_recover_one(m, r->r.id.sandbox);
+			recover_one(m, r->r.id.sandbox);
 	}
 }

@@ -5,15 +5,11 @@
  * says its execution runs (the guest itself without a substrate). A launcher
  * ends with its execution: its guest gone (the OOM killer may take it once a
  * command lowered its own score), or itself killed. When that happens while
- * the record still names that launcher and says it runs, the execution died
- * under it: its bridge is ended and the execution started again from its
- * record, as the gate does at start for the executions of its records
- * (gate_ctl_recover_one, queued behind whatever the sandbox has under way:
- * a stop or a move that ended it on purpose has changed the record by then,
- * and the recovery finds nothing to do). An execution that ends more than
- * GATE_RESTARTS_MAX times in GATE_RESTART_WINDOW_NS is left ended (a tenant
- * that gets its own guest killed again and again costs a start each time):
- * the next start of the gate tries again.
+ * the record still names that launcher, the execution died under it: the
+ * gate logs it and ends its bridge (nothing is left serving a dead
+ * execution). It does not start another one under the same record: a new
+ * incarnation is a new generation, which only the control plane assigns
+ * (I2), so the sandbox's requests fail until one is started.
  */
 #include "gate.h"
 
@@ -38,44 +34,6 @@ struct exec_watch {
 };
 
 static struct exec_watch *watches;
-
-#define GATE_RESTARTS_MAX 5
-#define GATE_RESTART_WINDOW_NS (60ull * 1000000000ull)
-
-/* The restarts of the last window, per sandbox. */
-struct restarts {
-	struct restarts *next;
-	char sandbox[SPACED_NAME_MAX];
-	uint64_t since;
-	unsigned n;
-};
-
-static struct restarts *restarts;
-
-/* Counts one more restart of sandbox; false when it has had its share. */
-static bool restart_allowed(const char *sandbox)
-{
-	uint64_t now = spaced_mono_ns();
-	struct restarts *found = NULL;
-	for (struct restarts **pp = &restarts; *pp;) {
-		struct restarts *r = *pp;
-		if (now - r->since > GATE_RESTART_WINDOW_NS) { /* its window is over */
-			*pp = r->next;
-			free(r);
-			continue;
-		}
-		if (strcmp(r->sandbox, sandbox) == 0)
-			found = r;
-		pp = &r->next;
-	}
-	if (!found && (found = calloc(1, sizeof *found)) != NULL) {
-		snprintf(found->sandbox, sizeof found->sandbox, "%s", sandbox);
-		found->since = now;
-		found->next = restarts;
-		restarts = found;
-	}
-	return !found || ++found->n <= GATE_RESTARTS_MAX;
-}
 
 static bool watched(const struct mgr_rec *r)
 {
@@ -124,12 +82,6 @@ static void on_end(uv_poll_t *h, int status, int events)
 		         "reason=\"its launcher ended while its record says it runs\"",
 		         w->sandbox, (unsigned long long)r->r.id.generation, (long long)w->pid);
 		kill_pinned(r->host_pid, r->host_start);
-		if (restart_allowed(w->sandbox))
-			gate_ctl_recover_one(m, w->sandbox);
-		else
-			gate_log("level=error event=execution-left-ended sandbox=%s reason=\"it ended more than %d times "
-			         "in a minute\"",
-			         w->sandbox, GATE_RESTARTS_MAX);
 	}
 	drop(w);
 }
@@ -151,7 +103,7 @@ void gate_watch_update(struct mgr *m, const struct mgr_rec *rec)
 	if (!w)
 		return;
 	if (spaced_pidref_expected(&ref, (pid_t)rec->pid, rec->pid_start, why, sizeof why) < 0) {
-		/* gone already: the next recovery (or the next start of the gate) sees it */
+		/* gone already: the next start of the gate sees it */
 		free(w);
 		return;
 	}
@@ -176,9 +128,4 @@ void gate_watch_stop(struct mgr *m)
 	(void)m;
 	while (watches)
 		drop(watches);
-	while (restarts) {
-		struct restarts *r = restarts;
-		restarts = r->next;
-		free(r);
-	}
 }
