@@ -222,6 +222,24 @@ int spaced_pidref_check(const struct spaced_pidref *p)
 	return 0;
 }
 
+int spaced_pidref_signal(const struct spaced_pidref *p, int sig)
+{
+	if (p == NULL || p->pidfd < 0 || sys_pidfd_send_signal(p->pidfd, sig) < 0)
+		return SPACED_ESTALE;
+	return 0;
+}
+
+int spaced_pid_signal_expected(pid_t pid, uint64_t start_time, int sig)
+{
+	struct spaced_pidref ref = SPACED_PIDREF_NULL;
+	char why[128];
+	if (pid <= 1 || spaced_pidref_expected(&ref, pid, start_time, why, sizeof why) < 0)
+		return SPACED_ESTALE;
+	int e = spaced_pidref_signal(&ref, sig);
+	spaced_pidref_done(&ref);
+	return e;
+}
+
 int spaced_pidref_uid(const struct spaced_pidref *p, uid_t *uid)
 {
 	char path[64], buf[4096];

@@ -80,6 +80,14 @@ int spaced_pidref_from_peer(struct spaced_pidref *out, int sockfd, uid_t *uid, g
  * time pinned with it still name this process. Returns 0 or SPACED_ESTALE. */
 int spaced_pidref_check(const struct spaced_pidref *p);
 
+/* Sends sig to the pinned process through its pidfd (never to a process that
+ * reused its pid). Returns 0 or SPACED_ESTALE (gone, or p released). */
+int spaced_pidref_signal(const struct spaced_pidref *p, int sig);
+
+/* Sends sig to pid when it is still the process that started at start_time
+ * (pins it, signals it, releases it). Returns 0 or SPACED_ESTALE. */
+int spaced_pid_signal_expected(pid_t pid, uint64_t start_time, int sig);
+
 /* The uid (real) of a pinned process, re-checked against the pidfd after the
  * read. Returns 0 or SPACED_ESTALE / SPACED_EIO. */
 int spaced_pidref_uid(const struct spaced_pidref *p, uid_t *uid);

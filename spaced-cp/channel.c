@@ -256,6 +256,8 @@ void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n)
 			chan_close(ch, 1008, "hello refused");
 	} else if (!ch->hello) {
 		chan_close(ch, 1008, "hello first");
+	} else if (m.kind == CP_CHAN_ENDED) {
+		cp_execution_ended(C, C->loop_st, ch->worker, &m.ended, m.reason);
 	} else {
 		cp_record_ack(C, C->loop_st, ch->worker, &m);
 	}

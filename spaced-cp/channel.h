@@ -43,8 +43,9 @@ bool cp_chan_authorized(struct cp_store *st, const char *auth, const char *worke
  * channel.c until cp_chan_closed) or NULL (out of memory). */
 struct cp_chan *cp_chan_open(struct spaced_httpconn *c, const char *worker);
 
-/* One whole message from the worker: hello, or an ack. Anything else, or a
- * hello the control plane must refuse, closes the channel. */
+/* One whole message from the worker: hello, an ack, or an execution that
+ * ended (cp_execution_ended). Anything else, or a hello the control plane
+ * must refuse, closes the channel. */
 void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n);
 
 /* The worker sent a ping or a pong: it is alive. */

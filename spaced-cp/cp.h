@@ -183,6 +183,13 @@ void cp_acks_put(struct cp *cp, const char *worker, int64_t seq, int ok, const c
 int cp_acks_get(struct cp *cp, const char *worker, int64_t seq, int *ok, char **result);
 /* Records an ack from the channel (service thread). */
 int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m);
+/* worker says the execution id died under its record (reason: how). When id
+ * is the sandbox's current execution (every field of I2) and it is running,
+ * paused or starting, the sandbox becomes "failed" with the reason as its
+ * last_error; anything else is logged and changes nothing (a late or
+ * repeated report, another worker's sandbox). Loop thread. */
+void cp_execution_ended(struct cp *cp, struct cp_store *st, const char *worker, const struct spaced_identity *id,
+                        const char *reason);
 /* Current verification bundle from the store (keys whose window is still open). */
 json_t *cp_bundle(struct cp_store *st);
 /* Makes the store's key table match the signer's keys and queues a keys message

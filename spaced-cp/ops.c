@@ -664,6 +664,18 @@ static int set_state(struct cp_store *st, const char *id, const char *state, con
 	            state, err, cp_i64(now, spaced_now()));
 }
 
+/* An acknowledged operation moves the sandbox from state from to state to,
+ * only from that state: an execution that ended while the acknowledgement was
+ * on its way has made the sandbox 'failed' (cp_execution_ended), which stays. */
+static int set_state_from(struct cp_store *st, const char *id, const char *from, const char *to)
+{
+	char now[24];
+	return CP_Q(st, NULL, NULL,
+	            "UPDATE sandboxes SET state = $3, last_error = NULL, last_active = $4, idle_paused = 0 "
+	            "WHERE id = $1 AND state = $2",
+	            id, from, to, cp_i64(now, spaced_now()));
+}
+
 /* A policy object from canonical JSON text, or the default policy ("" or unreadable). */
 json_t *cp_network_or_default(const char *text)
 {
@@ -1007,15 +1019,16 @@ static int finish_start(struct cp *cp, struct cp_store *st, const char *id, cons
 		char nowb[24];
 		cp_store_relaxed(st, 1);
 		CP_Q(st, NULL, NULL,
-		     "UPDATE sandboxes SET state = 'running', last_error = NULL, last_active = $3, op = NULL, op_until = 0, "
-		     "gateway = $4 WHERE id = $1 AND op = $2",
+		     "UPDATE sandboxes SET state = CASE WHEN state = 'starting' THEN 'running' ELSE state END, "
+		     "last_error = CASE WHEN state = 'starting' THEN NULL ELSE last_error END, last_active = $3, op = NULL, "
+		     "op_until = 0, gateway = $4 WHERE id = $1 AND op = $2",
 		     id, so->release_op, cp_i64(nowb, spaced_now()), gwb);
 		cp_store_relaxed(st, 0);
 		free(res);
 		return 0;
 	}
 	if (r == 0 && ok) {
-		set_state(st, id, "running", NULL);
+		set_state_from(st, id, "starting", "running");
 		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET gateway = $2 WHERE id = $1", id, gwb);
 		free(res);
 		return 0;
@@ -1318,6 +1331,24 @@ static const char *snapshot_url(struct cp *cp, char *buf, size_t n, const char *
 }
 
 /* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
+/* Places sandbox s (its substrate and limits) on want ("" for any) avoiding
+ * exclude, in a transaction of its own that is rolled back (the start that
+ * follows commits). 0 with *p, or an HTTP status with *body. */
+static int place_sandbox(struct cp_store *st, const struct sbx *s, const char *want, const char *exclude,
+                         struct placement *p, json_t **body)
+{
+	struct spaced_resources res;
+	int r = cp_store_begin(st);
+	if (r < 0) {
+		*body = cp_error("internal", spaced_strerror(r));
+		return r == SPACED_EBUSY ? 503 : 500;
+	}
+	resources_of(s, &res);
+	int status = place(st, col(s, C_SUBSTRATE), &res, want, exclude, p, body);
+	cp_store_rollback(st);
+	return status;
+}
+
 static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const struct sbx *s, const char *op,
                   const char *worker, json_t **body)
 {
@@ -1375,7 +1406,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 		msg = json_pack("{s:s,s:o}", "type", "pause", "identity", spaced_identity_to_json(&idn));
 		if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
 			goto ack_fail;
-		set_state(st, id, "paused", NULL);
+		set_state_from(st, id, "running", "paused");
 		goto done;
 	}
 	if (strcmp(op, "snapshot") == 0) {
@@ -1416,20 +1447,14 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				r = SPACED_EPERM;
 				goto ack_fail_error;
 			}
-			set_state(st, id, "running", NULL);
+			set_state_from(st, id, "starting", "running");
 			goto done;
 		}
 		if (strcmp(op, "resume") == 0 && strcmp(state, "moving") == 0 && has_identity &&
 		    (worker[0] == 0 || strcmp(worker, cur) == 0)) {
 			/* a move interrupted before its new generation: the old worker may hold a
 			 * deactivated, frozen execution; activate the same generation again there */
-			if ((r = cp_store_begin(st)) < 0)
-				goto ack_fail;
-			struct spaced_resources want;
-			resources_of(s, &want);
-			status = place(st, col(s, C_SUBSTRATE), &want, cur, NULL, &p, body);
-			cp_store_rollback(st);
-			if (status != 0)
+			if ((status = place_sandbox(st, s, cur, NULL, &p, body)) != 0)
 				goto out;
 			status = start_execution(cp, st, s, &p, NULL, NULL, 1, body);
 			if (status != 0)
@@ -1445,7 +1470,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			msg = json_pack("{s:s,s:o}", "type", "thaw", "identity", spaced_identity_to_json(&idn));
 			if ((r = push_wait(cp, st, cur, msg, NULL, &why)) < 0)
 				goto ack_fail;
-			set_state(st, id, "running", NULL);
+			set_state_from(st, id, "paused", "running");
 			goto done;
 		}
 		if ((strcmp(state, "running") == 0 || strcmp(state, "paused") == 0) && has_identity) {
@@ -1455,13 +1480,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				status = 409;
 				goto out;
 			}
-			if ((r = cp_store_begin(st)) < 0)
-				goto ack_fail;
-			struct spaced_resources want;
-			resources_of(s, &want);
-			status = place(st, col(s, C_SUBSTRATE), &want, worker, cur, &p, body);
-			cp_store_rollback(st);
-			if (status != 0)
+			if ((status = place_sandbox(st, s, worker, cur, &p, body)) != 0)
 				goto out;
 			/* R4/V2: a route handed out just before 'moving' was committed may be
 			 * on its way to the old execution as some client's one retry; while
@@ -1507,6 +1526,19 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			}
 			goto done;
 		}
+		if (strcmp(state, "failed") == 0) {
+			/* its execution died on its worker (cp_execution_ended): a new,
+			 * greater generation (I2) — never the dead one again — from the
+			 * last snapshot when there is one, else from its template, on
+			 * the worker asked for or any that can take it */
+			const char *snap = col(s, C_SNAP);
+			if ((status = place_sandbox(st, s, worker, NULL, &p, body)) != 0)
+				goto out;
+			status = start_execution(cp, st, s, &p, snap, snap ? col(s, C_SNAPHASH) : NULL, 0, body);
+			if (status != 0)
+				goto out;
+			goto done;
+		}
 		if (strcmp(state, "stopped") == 0 || strcmp(state, "error") == 0) {
 			/* a start from the last snapshot (new generation) or, without one, a
 			 * new activation of the same generation on the same worker */
@@ -1514,14 +1546,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			int same = snap == NULL;
 			if (same && cur == NULL)
 				goto wrong_state;
-			if ((r = cp_store_begin(st)) < 0)
-				goto ack_fail;
-			struct spaced_resources want;
-			resources_of(s, &want);
-			status = place(st, col(s, C_SUBSTRATE), &want, worker[0] ? worker : (same ? cur : ""), NULL, &p,
-			               body);
-			cp_store_rollback(st);
-			if (status != 0)
+			if ((status = place_sandbox(st, s, worker[0] ? worker : (same ? cur : ""), NULL, &p, body)) != 0)
 				goto out;
 			if (same && strcmp(p.worker, cur) != 0)
 				goto wrong_state;
@@ -1779,6 +1804,30 @@ out:
 	cp_rows_free(w);
 	cp_rows_free(s.rows);
 	return status;
+}
+
+void cp_execution_ended(struct cp *cp, struct cp_store *st, const char *worker, const struct spaced_identity *id,
+                        const char *reason)
+{
+	char gen[24], now[24], err[400];
+	long changed = 0;
+	(void)cp;
+	/* a worker speaks only of its own executions; the whole identity must be
+	 * the current one: a report of an older generation, of another
+	 * activation, or repeated after a resume changes nothing */
+	if (strcmp(id->worker, worker) == 0) {
+		snprintf(err, sizeof err, "its execution ended on worker %s: %s", worker, reason);
+		CP_Q(st, NULL, &changed,
+		     "UPDATE sandboxes SET state = 'failed', last_error = $6, last_active = $7, idle_paused = 0 "
+		     "WHERE id = $1 AND generation = $2 AND worker = $3 AND substrate = $4 AND activation = $5 "
+		     "AND deleted = 0 AND state IN ('running', 'paused', 'starting')",
+		     id->sandbox, cp_i64(gen, (int64_t)id->generation), id->worker, id->substrate, id->activation, err,
+		     cp_i64(now, spaced_now()));
+	}
+	spaced_log("spaced-cp", "level=%s event=execution-ended worker=%s sandbox=%s generation=%llu outcome=%s reason=\"%s\"",
+	           changed == 1 ? "warn" : "info", worker, id->sandbox, (unsigned long long)id->generation,
+	           changed == 1 ? "failed" : strcmp(id->worker, worker) != 0 ? "ignored-other-worker" : "ignored-not-current",
+	           reason);
 }
 
 void cp_reap(struct cp *cp, struct cp_store *st)

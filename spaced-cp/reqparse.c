@@ -480,6 +480,23 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 		    cp_parse_limits(json_object_get(h, "limits"), &m.limits, err, sizeof err) < 0)
 			goto out;
 		m.kind = CP_CHAN_HELLO;
+	} else if ((h = json_object_get(o, "ended")) != NULL) {
+		static const char *const top[] = {"ended", NULL};
+		static const char *const em[] = {"identity", "reason", NULL};
+		if (only_members(o, top, err, sizeof err) < 0 || !json_is_object(h) ||
+		    only_members(h, em, err, sizeof err) < 0 ||
+		    spaced_identity_from_json(&m.ended, json_object_get(h, "identity")) < 0)
+			goto out;
+		v = json_object_get(h, "reason");
+		if (!json_is_string(v) || json_string_length(v) >= sizeof m.reason ||
+		    strlen(json_string_value(v)) != json_string_length(v))
+			goto out;
+		strcpy(m.reason, json_string_value(v));
+		/* it reaches logs and last_error: no line breaks or quotes of its own */
+		for (char *c = m.reason; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f || *c == '"' || *c == '\\')
+				*c = '_';
+		m.kind = CP_CHAN_ENDED;
 	} else {
 		static const char *const am[] = {"ack", "ok", "result", "error", "code", NULL};
 		if (only_members(o, am, err, sizeof err) < 0)

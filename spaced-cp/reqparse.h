@@ -61,7 +61,7 @@ struct cp_worker_reg {
 	struct cp_worker_limits limits;
 };
 
-enum cp_chan_kind { CP_CHAN_HELLO = 1, CP_CHAN_ACK = 2 };
+enum cp_chan_kind { CP_CHAN_HELLO = 1, CP_CHAN_ACK = 2, CP_CHAN_ENDED = 3 };
 
 struct cp_chan_msg {
 	enum cp_chan_kind kind;
@@ -77,6 +77,9 @@ struct cp_chan_msg {
 	char code[SPACED_NAME_MAX];
 	char error[256];
 	char *result; /* compact JSON of "result" or NULL; the caller frees it */
+	/* ended: the execution identity that died on the worker, and how */
+	struct spaced_identity ended;
+	char reason[256];
 };
 
 /* POST /v1/sandboxes: {"template","template_hash","cpus","memory_bytes","pids","disk_bytes",
@@ -107,7 +110,8 @@ int cp_parse_worker(const char *body, size_t len, struct cp_worker_reg *out, cha
 int cp_parse_target(const char *body, size_t len, const char *member, char out[SPACED_NAME_MAX],
                     char *err, size_t errsz);
 
-/* A control-channel message from a worker: {"hello":{…}} or {"ack":N,"ok":B,…}. */
+/* A control-channel message from a worker: {"hello":{…}}, {"ack":N,"ok":B,…}
+ * or {"ended":{"identity":{…},"reason":"…"}} (reason: up to 255 bytes, no NUL). */
 int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out);
 
 /* The limits member of a hello or registration (JSON object or NULL). */

@@ -104,6 +104,13 @@ void gate_ctl_recover(struct mgr *m);
 size_t gate_ctl_pending(const struct mgr *m);
 /* True while the execution of sandbox is being recovered after a restart. */
 bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
+/* The launcher pid (started at start) of sandbox's running execution has
+ * ended: queued behind the sandbox's operations, the record becomes a
+ * tombstone in state "ended" — when it still names that launcher — its
+ * bridge ends and the control plane is told (gate_admin_ended). */
+void gate_ctl_ended(struct mgr *m, const char *sandbox, int64_t pid, uint64_t start);
+/* The name of a control operation kind (1 … GATE_CTL_KINDS-1), "?" else. */
+const char *gate_ctl_kind_name(unsigned kind);
 
 /* ---- gate_watch.c: a running execution's end, seen when it happens ---- */
 
@@ -122,10 +129,16 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec);
 
 int gate_admin_start(struct mgr *m);
 void gate_admin_stop(struct mgr *m);
+/* The line that tells the control plane rec's execution ended (a new
+ * string): {"ended":{"identity":{…},"reason":"…"}} (docs/control-messages.md). */
+char *gate_admin_ended_line(const struct mgr_rec *rec, const char *reason);
+/* Sends that line to every admin client that asked for events
+ * ({"type":"events"}: the link, which carries it on the control channel). */
+void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reason);
 
 /* ---- gate_main.c: the gate's state ---- */
 
-#define GATE_CTL_KINDS 10   /* control operation kinds (gate_ctl.c), 0 unused */
+#define GATE_CTL_KINDS 11   /* control operation kinds (gate_ctl.c), 0 unused */
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */
 
 struct gstream;

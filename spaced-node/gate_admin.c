@@ -5,6 +5,12 @@
  * user only (SO_PEERCRED). A client has one message in progress at a time: its
  * socket is not read again until that message's acknowledgement is written,
  * so answers come back in the order of the requests.
+ *
+ * A client that sends {"type":"events"} (the link does after each hello of
+ * its control channel) also gets, on that connection, one line for each
+ * execution that ended under its record: at once for every record in state
+ * "ended", then as each one ends. The link carries these lines to the control
+ * plane unchanged.
  */
 #include "gate.h"
 
@@ -28,6 +34,7 @@ struct admin_client {
 	uv_poll_t poll;
 	unsigned busy; /* messages waiting for their acknowledgements */
 	bool in_next; /* inside client_next (an acknowledgement may come at once) */
+	bool events;  /* asked for events: ended executions are written to it */
 	struct spaced_buf rbuf;
 	struct spaced_buf wbuf;
 	size_t woff;
@@ -61,20 +68,80 @@ static struct admin_client *client_of(struct mgr *m, uintptr_t ctx)
 	return a && a->gen == (ctx >> 8) ? a : NULL;
 }
 
+/* Queues line and a newline for a; false when a was dropped (its output is full). */
+static bool client_put(struct admin_client *a, const char *line)
+{
+	if (spaced_buf_puts(&a->wbuf, line) < 0 || spaced_buf_puts(&a->wbuf, "\n") < 0) {
+		client_drop(a);
+		return false;
+	}
+	return true;
+}
+
 /* The acknowledgement of the client's message in progress. */
 static void on_reply(struct mgr *m, uintptr_t ctx, const char *line)
 {
 	struct admin_client *a = client_of(m, ctx);
 	if (!a || !line)
 		return;
-	if (spaced_buf_puts(&a->wbuf, line) < 0 || spaced_buf_puts(&a->wbuf, "\n") < 0) {
-		client_drop(a);
+	if (!client_put(a, line))
 		return;
-	}
 	if (a->busy > 0)
 		a->busy--;
 	if (!a->in_next)
 		client_update(a);
+}
+
+char *gate_admin_ended_line(const struct mgr_rec *rec, const char *reason)
+{
+	json_t *o = json_pack("{s:{s:o,s:s}}", "ended", "identity", spaced_identity_to_json(&rec->r.id), "reason",
+	                      reason);
+	char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return line;
+}
+
+void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reason)
+{
+	char *line = gate_admin_ended_line(rec, reason);
+	for (int i = 0; line && i < GATE_MAX_ADMIN; i++) {
+		struct admin_client *a = m->admin[i];
+		if (a && a->events && client_put(a, line) && !a->in_next)
+			client_update(a);
+	}
+	free(line);
+}
+
+/* {"type":"events"} (nothing else): a asks for events. */
+static bool events_request(const char *line, size_t len)
+{
+	json_error_t jerr;
+	if (!memmem(line, len, "\"events\"", 8))
+		return false;
+	json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+	bool yes = json_is_object(o) && json_object_size(o) == 1 &&
+	           json_is_string(json_object_get(o, "type")) &&
+	           strcmp(json_string_value(json_object_get(o, "type")), "events") == 0;
+	json_decref(o);
+	return yes;
+}
+
+/* a asked for events: the executions that ended so far, then each new one. */
+static bool events_start(struct admin_client *a)
+{
+	struct mgr *m = a->m;
+	a->events = true;
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if (strcmp(r->state, MGR_ST_ENDED) != 0)
+			continue;
+		char *line = gate_admin_ended_line(r, "ended under its record");
+		bool kept = line && client_put(a, line);
+		free(line);
+		if (!kept)
+			return false;
+	}
+	return true;
 }
 
 /* Hands the next complete line to the control operations. */
@@ -95,6 +162,14 @@ static void client_next(struct admin_client *a)
 			a->in_next = false;
 			client_drop(a);
 			return;
+		}
+		if (events_request(line, len)) {
+			free(line);
+			if (!events_start(a)) {
+				a->in_next = false;
+				return; /* dropped */
+			}
+			continue;
 		}
 		a->busy++;
 		gate_ctl_submit(a->m, line, len, on_reply, ((uintptr_t)a->gen << 8) | (uintptr_t)a->slot);

@@ -21,15 +21,17 @@
 #include "gate.h"
 #include "pool.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
+#include "pidref.h"
 #include "treehash.h"
 
-enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER, K_NET };
+enum ctl_kind { K_KEYS = 1, K_INSTALL, K_DEACTIVATE, K_PAUSE, K_THAW, K_SNAPSHOT, K_DESTROY, K_RECOVER, K_NET, K_ENDED };
 
 struct outcome {
 	json_t *result; /* on success (owned) */
@@ -72,6 +74,7 @@ struct ctl_queue {
 };
 
 static void op_run(struct mgr *m, struct ctl_op *op);
+static void op_enqueue(struct mgr *m, struct ctl_op *op, const char *sandbox);
 
 static int fail(struct outcome *o, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(struct outcome *o, const char *code, const char *fmt, ...)
@@ -169,12 +172,17 @@ static void op_free(struct ctl_op *op)
 	free(op);
 }
 
-/* Gives the acknowledgement to whoever asked (once). */
+const char *gate_ctl_kind_name(unsigned k)
+{
+	static const char *const names[GATE_CTL_KINDS] = {"",        "keys",    "install", "deactivate",
+	                                                  "pause",   "thaw",    "snapshot", "destroy",
+	                                                  "recover", "net",     "ended"};
+	return k >= K_KEYS && k < GATE_CTL_KINDS ? names[k] : "?";
+}
+
 static const char *kind_name(enum ctl_kind k)
 {
-	static const char *const names[] = {"", "keys", "install", "deactivate", "pause", "thaw", "snapshot",
-	                                    "destroy", "recover", "net"};
-	return k >= K_KEYS && k <= K_NET ? names[k] : "?";
+	return gate_ctl_kind_name((unsigned)k);
 }
 
 /* At an operation's outcome: its time from arrival into the histogram of
@@ -812,7 +820,9 @@ static void run_deactivate(struct mgr *m, struct ctl_op *op)
 	rec.r.id = op->id;
 	rec.r.active = false;
 	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
-	bool same_exec = cur && cur->r.id.generation == op->id.generation && cur->pid > 0;
+	/* an execution that ended under its record is no longer there to keep */
+	bool same_exec = cur && cur->r.id.generation == op->id.generation && cur->pid > 0 &&
+	                 strcmp(cur->state, MGR_ST_ENDED) != 0;
 	struct mgr_rec running = rec;
 	snprintf(rec.state, sizeof rec.state, "%s", same_exec && op->keep ? MGR_ST_KEPT : MGR_ST_STOPPED);
 	if (!same_exec || !op->keep) {
@@ -1018,6 +1028,72 @@ static void run_keys(struct mgr *m, struct ctl_op *op)
  * bridge that admits this executor; one recorded as running whose processes
  * are gone is started again (its files are kept in development mode; in
  * substrate mode a generation starts from nothing but its snapshot). */
+/* The execution of cur died under it (why says how it was found): the
+ * record becomes a tombstone in state "ended" under a new epoch — requests
+ * and streams of it get REFRESH_ROUTE from now on (R3, S1) — its bridge ends,
+ * and the control plane is told, which marks the sandbox failed; only it can
+ * start another generation (I2). The launcher's pid stays in the record: its
+ * uid range is not handed out again before a new install replaces it. */
+static void end_execution(struct mgr *m, const struct mgr_rec *cur, const char *why)
+{
+	struct mgr_rec rec = *cur;
+	rec.r.active = false;
+	rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
+	snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_ENDED);
+	if (rec.host_pid > 0)
+		(void)spaced_pid_signal_expected((pid_t)rec.host_pid, rec.host_start, SIGKILL);
+	rec.host_pid = 0;
+	rec.host_start = 0;
+	if (mgr_rec_install(m, &rec, false, 0, NULL) < 0)
+		return;
+	gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld reason=\"%s\"",
+	         rec.r.id.sandbox, (unsigned long long)rec.r.id.generation, (long long)rec.pid, why);
+	gate_admin_ended(m, &rec, why);
+}
+
+/* A record says its execution runs or is paused, active. */
+static bool serving(const struct mgr_rec *r)
+{
+	return r->r.active && (strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0);
+}
+
+/* `ended` (internal, from gate_watch.c): the launcher op->rec names ended. */
+static void run_ended(struct mgr *m, struct ctl_op *op)
+{
+	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
+	if (cur && serving(cur) && spaced_identity_equal(&cur->r.id, &op->id) && cur->pid == op->rec.pid &&
+	    cur->pid_start == op->rec.pid_start)
+		end_execution(m, cur, "its launcher ended while its record says it runs");
+	op_finish(m, op);
+}
+
+/* An operation of the gate's own (no seq, nothing acknowledged) on the record
+ * of sandbox, or NULL when there is none; queued by the caller. */
+static struct ctl_op *internal_op(struct mgr *m, const char *sandbox, enum ctl_kind kind)
+{
+	const struct mgr_rec *r = mgr_rec_find(m, sandbox);
+	struct ctl_op *op = r ? calloc(1, sizeof *op) : NULL;
+	if (!op)
+		return NULL;
+	op->kind = kind;
+	op->t0 = spaced_mono_ns();
+	op->id = r->r.id;
+	return op;
+}
+
+void gate_ctl_ended(struct mgr *m, const char *sandbox, int64_t pid, uint64_t start)
+{
+	struct ctl_op *op = internal_op(m, sandbox, K_ENDED);
+	if (!op)
+		return;
+	op->rec.pid = pid;
+	op->rec.pid_start = start;
+	op_enqueue(m, op, sandbox);
+}
+
+/* At the gate's start: an execution still running gets a new bridge; one
+ * that died while no gate watched it ended (end_execution): it is not
+ * started again under its generation (I2). */
 static void run_recover(struct mgr *m, struct ctl_op *op)
 {
 	if (op->step == 0) {
@@ -1037,13 +1113,9 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 				op_finish(m, op);
 			return;
 		}
-		if (!op->rec.r.active || strcmp(op->rec.state, MGR_ST_RUNNING) != 0 || !m->cfg->guest_bin) {
-			op_finish(m, op);
-			return;
-		}
-		if (!op_job(m, op, "start",
-		            json_pack("{s:o,s:n,s:o}", "rec", mgr_rec_to_json(&op->rec), "snapshot", "used", used_ranges(m))))
-			op_finish(m, op);
+		if (serving(cur))
+			end_execution(m, cur, "found ended when the worker started");
+		op_finish(m, op);
 		return;
 	}
 	struct mgr_rec got;
@@ -1051,16 +1123,9 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 	if (op->job_status == 0 && mgr_rec_from_json(json_object_get(op->job_result, "rec"), &got) == 0 && cur &&
 	    cur->r.epoch == op->rec.r.epoch) {
 		struct mgr_rec rec = *cur;
-		rec.pid = got.pid;
-		rec.pid_start = got.pid_start;
 		rec.host_pid = got.host_pid;
 		rec.host_start = got.host_start;
-		rec.uid_base = got.uid_base;
-		/* where it runs now: a pooled execution started again is no longer
-		 * in the pool's directory */
-		memcpy(rec.exec_name, got.exec_name, sizeof rec.exec_name);
-		if (mgr_store_commit(mgr_store_of(m), &rec, 0, NULL) == 0)
-			mgr_rec_install(m, &rec, true, 0, NULL);
+		(void)mgr_rec_install(m, &rec, true, 0, NULL);
 	} else {
 		gate_log("level=warn event=recovery-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
 	}
@@ -1111,6 +1176,7 @@ static void op_run(struct mgr *m, struct ctl_op *op)
 	case K_DESTROY: run_destroy(m, op); return;
 	case K_RECOVER: run_recover(m, op); return;
 	case K_NET: run_net(m, op); return;
+	case K_ENDED: run_ended(m, op); return;
 	}
 }
 
@@ -1252,14 +1318,9 @@ void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx)
 
 static void recover_one(struct mgr *m, const char *sandbox)
 {
-	const struct mgr_rec *r = mgr_rec_find(m, sandbox);
-	struct ctl_op *op = r ? calloc(1, sizeof *op) : NULL;
-	if (!op)
-		return;
-	op->kind = K_RECOVER;
-	op->t0 = spaced_mono_ns();
-	op->id = r->r.id;
-	op_enqueue(m, op, r->r.id.sandbox);
+	struct ctl_op *op = internal_op(m, sandbox, K_RECOVER);
+	if (op)
+		op_enqueue(m, op, sandbox);
 }
 
 void gate_ctl_recover(struct mgr *m)

@@ -18,8 +18,6 @@
 /* Upper bounds of the control operations' histogram, in seconds. */
 static const double lat_bounds[GATE_LAT_BUCKETS - 1] = {0.001, 0.002, 0.005, 0.01, 0.025, 0.05,
                                                         0.1,   0.25,  0.5,   1.0,  2.5};
-static const char *const ctl_kinds[GATE_CTL_KINDS] = {"", "keys", "install", "deactivate", "pause",
-                                                      "thaw", "snapshot", "destroy", "recover", "net"};
 
 void gate_metrics_ctl(struct mgr *m, unsigned kind, uint64_t ns, bool ok)
 {
@@ -130,18 +128,18 @@ char *gate_metrics_text(struct mgr *m, json_t *usage)
 		uint64_t cum = 0;
 		for (unsigned b = 0; b < GATE_LAT_BUCKETS - 1; b++) {
 			cum += m->ctl_hist[k][b];
-			put(&o, "spaced_node_control_seconds_bucket{kind=\"%s\",le=\"%g\"} %llu\n", ctl_kinds[k], lat_bounds[b],
+			put(&o, "spaced_node_control_seconds_bucket{kind=\"%s\",le=\"%g\"} %llu\n", gate_ctl_kind_name(k), lat_bounds[b],
 			    (unsigned long long)cum);
 		}
-		put(&o, "spaced_node_control_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %llu\n", ctl_kinds[k],
+		put(&o, "spaced_node_control_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %llu\n", gate_ctl_kind_name(k),
 		    (unsigned long long)m->ctl_n[k]);
-		put(&o, "spaced_node_control_seconds_sum{kind=\"%s\"} %.6f\n", ctl_kinds[k], (double)m->ctl_sum_ns[k] / 1e9);
-		put(&o, "spaced_node_control_seconds_count{kind=\"%s\"} %llu\n", ctl_kinds[k], (unsigned long long)m->ctl_n[k]);
+		put(&o, "spaced_node_control_seconds_sum{kind=\"%s\"} %.6f\n", gate_ctl_kind_name(k), (double)m->ctl_sum_ns[k] / 1e9);
+		put(&o, "spaced_node_control_seconds_count{kind=\"%s\"} %llu\n", gate_ctl_kind_name(k), (unsigned long long)m->ctl_n[k]);
 	}
 	family(&o, "spaced_node_control_failed_total", "counter", "Control messages refused or failed, by kind.");
 	for (unsigned k = 1; k < GATE_CTL_KINDS; k++)
 		if (m->ctl_n[k])
-			put(&o, "spaced_node_control_failed_total{kind=\"%s\"} %llu\n", ctl_kinds[k],
+			put(&o, "spaced_node_control_failed_total{kind=\"%s\"} %llu\n", gate_ctl_kind_name(k),
 			    (unsigned long long)m->ctl_failed[k]);
 
 	family(&o, "spaced_node_executions", "gauge", "Executions in the worker's records, by state.");

@@ -5,23 +5,19 @@
  * says its execution runs (the guest itself without a substrate). A launcher
  * ends with its execution: its guest gone (the OOM killer may take it once a
  * command lowered its own score), or itself killed. When that happens while
- * the record still names that launcher, the execution died under it: the
- * gate logs it and ends its bridge (nothing is left serving a dead
- * execution). It does not start another one under the same record: a new
- * incarnation is a new generation, which only the control plane assigns
- * (I2), so the sandbox's requests fail until one is started.
+ * the record still names that launcher, the execution died under it:
+ * gate_ctl_ended makes the record a tombstone in state "ended", ends its
+ * bridge and tells the control plane. Nothing is started under the same
+ * record: a new incarnation is a new generation, which only the control
+ * plane assigns (I2).
  */
 #include "gate.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include "error.h"
 #include "pidref.h"
-#include "util.h"
 
 struct exec_watch {
 	struct exec_watch *next;
@@ -37,7 +33,8 @@ static struct exec_watch *watches;
 
 static bool watched(const struct mgr_rec *r)
 {
-	return r->r.active && r->pid > 0 && strcmp(r->state, MGR_ST_RUNNING) == 0;
+	return r->r.active && r->pid > 0 &&
+	       (strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0);
 }
 
 static void on_closed(uv_handle_t *h)
@@ -59,31 +56,19 @@ static void drop(struct exec_watch *w)
 	uv_close((uv_handle_t *)&w->poll, on_closed);
 }
 
-/* SIGKILL to pid when it is still the process that started at start. */
-static void kill_pinned(int64_t pid, uint64_t start)
-{
-	struct spaced_pidref ref = SPACED_PIDREF_NULL;
-	char why[128];
-	if (pid <= 1 || spaced_pidref_expected(&ref, (pid_t)pid, start, why, sizeof why) < 0)
-		return;
-	(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGKILL, NULL, 0);
-	spaced_pidref_done(&ref);
-}
-
 static void on_end(uv_poll_t *h, int status, int events)
 {
 	struct exec_watch *w = h->data;
 	struct mgr *m = w->m;
+	char sandbox[SPACED_NAME_MAX];
+	int64_t pid = w->pid;
+	uint64_t start = w->start;
 	(void)status;
 	(void)events;
-	const struct mgr_rec *r = mgr_rec_find(m, w->sandbox);
-	if (r && watched(r) && r->pid == w->pid && r->pid_start == w->start) {
-		gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld "
-		         "reason=\"its launcher ended while its record says it runs\"",
-		         w->sandbox, (unsigned long long)r->r.id.generation, (long long)w->pid);
-		kill_pinned(r->host_pid, r->host_start);
-	}
+	memcpy(sandbox, w->sandbox, sizeof sandbox);
+	/* the watch first: the record's change that follows updates the watches */
 	drop(w);
+	gate_ctl_ended(m, sandbox, pid, start);
 }
 
 void gate_watch_update(struct mgr *m, const struct mgr_rec *rec)

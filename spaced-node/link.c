@@ -11,7 +11,9 @@
  * each way) on the other. It sends hello with the worker's own last_seq (from
  * its `status`), hands every message to the gate unchanged, in order, and
  * returns the gate's acknowledgement line unchanged; the gate applies each
- * seq at most once and answers repeats from its store.
+ * seq at most once and answers repeats from its store. After each hello it
+ * asks the gate for events: the executions that ended under their records
+ * reach the control plane the same way, as `ended` lines.
  *
  * Joining and registering use libcurl; the channel uses libwebsockets, on its
  * own loop that keeps answering the control plane's pings while the gate works
@@ -633,8 +635,20 @@ static void *gate_thread(void *arg)
 			gin_tail = NULL;
 		pthread_mutex_unlock(&gmu);
 		if (it->hello) {
+			/* the hello, then the executions that ended under their
+			 * records (the gate sends one line each, now and as more
+			 * end; those lines go to the control plane as they come) */
+			static const char events[] = "{\"type\":\"events\"}";
+			uint64_t c = it->conn;
 			it->text = hello_text();
 			gate_done(it);
+			if (pipe_send(events, sizeof events - 1) < 0) {
+				struct gate_item *f = calloc(1, sizeof *f);
+				if (f) {
+					f->conn = c; /* text NULL: this connection failed */
+					gate_done(f);
+				}
+			}
 		} else if (pipe_send(it->text, it->len) < 0) {
 			free(it->text);
 			it->text = NULL; /* failed: the channel connection is dropped */

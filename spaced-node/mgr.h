@@ -24,6 +24,7 @@
 #define MGR_ST_KEPT "kept"       /* deactivated, kept frozen for a snapshot */
 #define MGR_ST_STOPPED "stopped"
 #define MGR_ST_DESTROYED "destroyed"
+#define MGR_ST_ENDED "ended"     /* its execution died under it: a tombstone until another generation (I2) */
 
 /* One runtime record: the comparator's record plus what the manager needs to
  * find the execution again after a restart. */

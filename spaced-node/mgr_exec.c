@@ -1601,7 +1601,8 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 		return;
 	while ((de = readdir(d)) != NULL) {
 		char name[40], e_dir[4400], lf[4500], text[256] = "", sock[4500];
-		if (!spaced_name_valid(de->d_name, strlen(de->d_name)) || strlen(de->d_name) > 20)
+		/* "." and ".." are valid names, and never a pooled execution's */
+		if (de->d_name[0] == '.' || !spaced_name_valid(de->d_name, strlen(de->d_name)) || strlen(de->d_name) > 20)
 			continue;
 		snprintf(name, sizeof name, "pool/%.30s", de->d_name);
 		bool kept = false;

@@ -284,11 +284,11 @@ static bool stop_pidfile(const char *pidfile, const char *const *names, size_t n
 		spaced_pidref_done(&ref);
 		return false;
 	}
-	(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGTERM, NULL, 0);
+	(void)spaced_pidref_signal(&ref, SIGTERM);
 	for (int t = 0; t < 40 && spaced_pidref_check(&ref) == 0; t++)
 		usleep(50000);
 	if (spaced_pidref_check(&ref) == 0)
-		(void)syscall(SYS_pidfd_send_signal, ref.pidfd, SIGKILL, NULL, 0);
+		(void)spaced_pidref_signal(&ref, SIGKILL);
 	spaced_pidref_done(&ref);
 	return true;
 }

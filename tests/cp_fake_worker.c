@@ -8,12 +8,14 @@
  * "t_ns", the wall-clock receive time in ns; re-sent ones as {"dup":true,"t_ns":…,"msg":…}). spaced-node's channel client replaces it in production.
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
- *                  [--delay-ms N] [--refuse TYPE] [--silent TYPE] [--exit-after N]
+ *                  [--delay-ms N] [--refuse TYPE] [--silent TYPE] [--exit-after N] [--say FILE]
  *                  [--ca FILE [--cert FILE --key-file FILE]]   (with --url wss://HOST:PORT)
  *
  * --refuse TYPE acks messages of that type with ok:false; --silent TYPE never
  * acks them; --exit-after N exits (status 0) right after receiving the N-th new
- * message, before acking it; --delay-ms holds every ack back N ms.
+ * message, before acking it; --delay-ms holds every ack back N ms; --say FILE
+ * sends each line of FILE as a text message right after every hello (the
+ * worker's own reports, such as an execution that ended).
  * Exit status 3: a gap or reordering in seq was seen. With wss:// it speaks
  * TLS as spaced-node's link does (libspaced/tls.h: the control plane verified
  * against --ca, --cert/--key-file its client certificate).
@@ -38,7 +40,7 @@ struct ack {
 	uint64_t due;
 };
 
-static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent;
+static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say;
 static long o_delay, o_exit_after = -1;
 static long long last_seq;
 static long received_new, epoch;
@@ -107,6 +109,29 @@ static void queue_ack(json_t *a)
 	else
 		acks_head = k;
 	acks_tail = k;
+}
+
+/* --say: every line of the file, queued to go out now (after the hello). */
+static void queue_said(void)
+{
+	FILE *f = o_say ? fopen(o_say, "r") : NULL;
+	char line[8192];
+	while (f && fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = '\0';
+		struct ack *k = line[0] ? calloc(1, sizeof *k) : NULL;
+		if (k == NULL || (k->text = strdup(line)) == NULL) {
+			free(k);
+			continue;
+		}
+		k->due = spaced_mono_ns();
+		if (acks_tail)
+			acks_tail->next = k;
+		else
+			acks_head = k;
+		acks_tail = k;
+	}
+	if (f)
+		fclose(f);
 }
 
 static void on_message(const char *text, size_t len)
@@ -224,6 +249,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 			text = json_dumps(h, JSON_COMPACT);
 			json_decref(h);
 			hello_pending = 0;
+			queue_said();
 		} else if (acks_head != NULL && acks_head->due <= spaced_mono_ns()) {
 			struct ack *k = acks_head;
 			acks_head = k->next;
@@ -308,6 +334,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(k, "--silent")) o_silent = v;
 		else if (!strcmp(k, "--delay-ms")) o_delay = atol(v);
 		else if (!strcmp(k, "--exit-after")) o_exit_after = atol(v);
+		else if (!strcmp(k, "--say")) o_say = v;
 		else if (!strcmp(k, "--ca")) o_ca = v;
 		else if (!strcmp(k, "--cert")) o_cert = v;
 		else if (!strcmp(k, "--key-file")) o_keyf = v;

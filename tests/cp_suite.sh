@@ -299,6 +299,41 @@ wait_for "idle sandbox paused" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP
 wait_for "expired sandbox killed" sh -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S6)\" = 404 ]"
 grep -q "\"type\":\"destroy\",\"sandbox\":\"$S6\"" "$W/wa.log" && ok "the worker got destroy for the expired sandbox" || fail "no destroy for $S6"
 
+# ---- an execution that ended on its worker (I2): reported, never served again ----
+# A worker reports an execution that died under its record ({"ended":…} on its channel, after its
+# hello); the control plane marks the sandbox failed only when the report names its current
+# execution in full and comes from the worker that runs it. A resume is a new generation.
+expect "create for the ended report" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+S9=$(body .id)
+api "$TA" GET "/v1/sandboxes/$S9" >/dev/null
+ID9=$(jq -c .route "$W/body")
+ended_line() { echo "$1" | jq -c --arg r "$2" '{ended: {identity: ., reason: $r}}'; }
+# wb (another worker) names wa's execution; wa names another activation, then another generation
+ended_line "$(echo "$ID9" | jq -c '.')" "wb says so" >"$W/say-wb"
+stop_worker wb; start_worker wb --say "$W/say-wb"
+{ ended_line "$(echo "$ID9" | jq -c '.activation = "act-other"')" "wrong activation"
+  ended_line "$(echo "$ID9" | jq -c '.generation = 7')" "another generation"; } >"$W/say-wa"
+stop_worker wa; start_worker wa --say "$W/say-wa"
+wait_for "the control plane ignored the report of another worker" grep -q "event=execution-ended worker=wb sandbox=$S9 generation=1 outcome=ignored-other-worker" "$CP_LOG"
+wait_for "and the reports naming no current execution" sh -c "[ \$(grep -c 'event=execution-ended worker=wa sandbox=$S9 .*outcome=ignored-not-current' '$CP_LOG') -ge 2 ]"
+expect "the sandbox still runs after foreign and stale reports" "$(api "$TA" GET "/v1/sandboxes/$S9"; body .state)" 200running
+ended_line "$ID9" "its launcher ended" >"$W/say-wa"
+stop_worker wa; start_worker wa --say "$W/say-wa"
+wait_for "the report of the current execution makes the sandbox failed" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S9 | jq -e '.state == \"failed\"' >/dev/null"
+expect "its last_error says why" "$(api "$TA" GET "/v1/sandboxes/$S9"; body .last_error)" "200its execution ended on worker wa: its launcher ended"
+expect "no route to a failed sandbox -> 409 not-running" "$(api "$TA" POST "/v1/sandboxes/$S9/route" '{}'; body .error)" "409not-running"
+expect "resume of a failed sandbox: a new generation (I2)" "$(api "$TA" POST "/v1/sandboxes/$S9/resume" '{}'; body '.state + " " + (.generation|tostring)')" "200running 2"
+n9=$(grep -c "event=execution-ended worker=wa sandbox=$S9 generation=1 outcome=ignored-not-current" "$CP_LOG")
+stop_worker wa; start_worker wa --say "$W/say-wa"
+wait_for "the same report once more (after a reconnect) is seen" sh -c "[ \$(grep -c 'event=execution-ended worker=wa sandbox=$S9 generation=1 outcome=ignored-not-current' '$CP_LOG') -gt $n9 ]"
+expect "and leaves the new generation running" "$(api "$TA" GET "/v1/sandboxes/$S9"; body '.state + " " + (.generation|tostring)')" "200running 2"
+printf '%s\n' '{"ended":{"identity":{"sandbox":"x"}}}' >"$W/say-bad"
+stop_worker wb; start_worker wb --say "$W/say-bad"
+wait_for "a malformed report closes that channel" grep -q "event=channel-malformed worker=wb" "$CP_LOG"
+stop_worker wb; start_worker wb
+expect "the worker connects again and is placed on" "$(api "$TA" POST /v1/sandboxes '{"worker":"wb"}')" 201
+api "$TA" DELETE "/v1/sandboxes/$(body .id)" >/dev/null
+
 # ---- restart keeps state (kill -9, then start again) ----
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
 kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true

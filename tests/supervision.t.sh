@@ -6,8 +6,8 @@
 # identity with its files, in the same uid range (the range is never handed to another
 # execution), and a victim tenant's sandbox on the other worker keeps working. A worker whose
 # control channel is gone is shown not connected, and connected again once its link is back. An
-# execution that dies under its record (its launcher killed) is seen at once, its bridge ended,
-# and nothing else serves its generation (I2).
+# execution that dies under its record (its launcher killed, while the worker runs or while it is
+# down) is reported: the sandbox is failed, and nothing serves its generation again (I2).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -120,22 +120,54 @@ wait_for "both workers connected to the new control plane" sh -c "[ \"\$('$SC' w
 after_kill "kill -9 of spaced-cp"
 grep -q "is gone; starting it again" "$D/keeper.log" && ok "the keeper logged its restarts" || fail "no restart in keeper.log"
 
-# ---- an execution that dies under its record: the gate sees it end (I2) ----
-# (its launcher killed; the same happens when its guest is OOM-killed): the worker logs it and ends
-# its bridge at once, and serves nothing under that generation any more — another incarnation is
-# a new generation, which only the control plane assigns (I2), so no request of the old
-# generation reaches a new execution
+# ---- an execution that dies under its record: ended, reported, started again only as a new generation (I2) ----
+# (its launcher killed; the same happens when its guest is OOM-killed): the worker sees it at once,
+# makes the record a tombstone in state "ended" (requests of that generation get REFRESH_ROUTE, its
+# bridge ends) and tells the control plane on its channel, which marks the sandbox failed. Nothing
+# serves that generation again: a resume is a new, greater generation, which only the control
+# plane assigns (I2), and the capability of the dead one is refused by the worker.
 E=$("$SC" create --worker worker-1)
+printf 'before the end\n' | "$SC" fs write "$E" /workspace/e.txt
+"$SC" route "$E" --purpose fs.read --json >"$W/e-route.json"
+ECAP=$(jq -r .capability "$W/e-route.json"); EURL=$(jq -r .worker_url "$W/e-route.json")
+EGEN=$(jq -r .identity.generation "$W/e-route.json")
 rec=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq -c ".result.records[] | select(.identity.sandbox == \"$E\") | [.pid, .host_pid]")
 EL=$(echo "$rec" | jq '.[0]'); EB=$(echo "$rec" | jq '.[1]')
 kill -9 "$EL"
 wait_for "the worker said the execution ended under its record" \
 	grep -q "event=execution-ended sandbox=$E" "$D/worker-1.log"
 wait_for "the dead execution's bridge is gone" sh -c "[ \"\$(cat /proc/$EB/comm 2>/dev/null)\" != spaced-host ]"
-expect "I2: no other execution serves the same generation (the exec fails)" \
-	"$("$SC" exec "$E" -- hostname >/dev/null 2>&1 && echo served || echo refused)" refused
-expect "I2: the record still names the dead launcher (no restart under that generation)" \
-	"$("$SC" node status --admin "$D/worker-1/admin.sock" | jq ".result.records[] | select(.identity.sandbox == \"$E\") | .pid")" "$EL"
+expect "the record is a tombstone in state ended" \
+	"$("$SC" node status --admin "$D/worker-1/admin.sock" | jq -r ".result.records[] | select(.identity.sandbox == \"$E\") | .state + \" \" + (.active|tostring)")" "ended false"
+wait_for "the control plane marked the sandbox failed" sh -c "\"$SC\" inspect $E --json | jq -e '.state == \"failed\"' >/dev/null"
+expect "its last_error says where and why" "$("$SC" inspect "$E" --json | jq -r .last_error)" \
+	"its execution ended on worker worker-1: its launcher ended while its record says it runs"
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o "$W/e-old.body" -w '%{http_code}' -H "Authorization: Bearer $ECAP" "$EURL/v1/sandboxes/$E/stat?path=/")
+expect "R3: the dead generation's capability gets REFRESH_ROUTE from the worker" "$st $(jq -r .outcome "$W/e-old.body")" "409 REFRESH_ROUTE"
+"$SC" exec "$E" -- hostname >"$W/e-exec.out" 2>&1 && fail "an exec on a failed sandbox ran" || \
+	expect "an exec says the sandbox failed" "$(grep -c failed "$W/e-exec.out")" 1
+"$SC" resume "$E" >/dev/null
+expect "I2: the resume is a new, greater generation" "$("$SC" inspect "$E" --json | jq -r '.state + " " + ((.generation > '"$EGEN"')|tostring)')" "running true"
+expect "the new generation serves (from its template: the dead one's files are gone)" \
+	"$("$SC" exec "$E" -- sh -c 'hostname; cat /workspace/e.txt 2>/dev/null || echo no-file' 2>&1)" "$E
+no-file"
+st=$(curl -s --cacert "$SPACED_CA_FILE" -o "$W/e-old.body" -w '%{http_code}' -H "Authorization: Bearer $ECAP" "$EURL/v1/sandboxes/$E/stat?path=/")
+expect "R2: the old capability is refused by the new generation" "$st $(jq -r .outcome "$W/e-old.body")" "409 REFRESH_ROUTE"
+
+# ---- the same when the execution died while no gate watched it (found at the worker's start) ----
+F=$("$SC" create --worker worker-1)
+FL=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq ".result.records[] | select(.identity.sandbox == \"$F\") | .pid")
+SUP=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+GP=$(role_pid spaced-gate)
+kill -STOP "$GP" # the gate sees nothing end from here
+kill -9 "$FL"
+kill -9 "$SUP" "$GP"
+wait_for "spaced-node is started again by the keeper" sh -c "[ \"\$(awk '\$1 == \"worker-1\" {print \$2}' '$D/pids')\" != '$SUP' ]"
+wait_for "the restarted worker found the execution ended (no start under its generation)" \
+	grep -q "event=execution-ended sandbox=$F .*found ended when the worker started" "$D/worker-1.log"
+wait_for "and the control plane marked it failed" sh -c "\"$SC\" inspect $F --json | jq -e '.state == \"failed\"' >/dev/null"
+"$SC" resume "$F" >/dev/null
+expect "its resume serves as a new generation" "$("$SC" exec "$F" -- hostname 2>&1)" "$F"
 
 # ---- dev down stops the keeper first: nothing comes back ----
 "$SC" dev down --dir "$D" >"$W/down" 2>&1

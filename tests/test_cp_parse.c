@@ -152,6 +152,34 @@ Test(cp_parse, channel_hello_and_ack)
 	cr_assert_lt(cp_parse_chan(S("not json"), &m), 0);
 }
 
+/* A worker's report of an execution that ended (I2): the full identity and a
+ * reason, nothing else; the reason cannot forge a log line or a quote. */
+Test(cp_parse, chan_ended)
+{
+	struct cp_chan_msg m;
+#define ID "{\"sandbox\":\"sbx-1\",\"generation\":8,\"worker\":\"wa\",\"substrate\":\"process\"," \
+	   "\"activation\":\"act-2\",\"pod_uid\":null}"
+	cr_assert_eq(cp_parse_chan(S("{\"ended\":{\"identity\":" ID ",\"reason\":\"its launcher ended\"}}"), &m), 0);
+	cr_assert_eq(m.kind, CP_CHAN_ENDED);
+	cr_assert_str_eq(m.ended.sandbox, "sbx-1");
+	cr_assert_eq(m.ended.generation, 8);
+	cr_assert_str_eq(m.ended.activation, "act-2");
+	cr_assert_str_eq(m.reason, "its launcher ended");
+	cr_assert_eq(cp_parse_chan(S("{\"ended\":{\"identity\":" ID ",\"reason\":\"a\\nlevel=error \\\"x\\\\\"}}"), &m), 0);
+	cr_assert_str_eq(m.reason, "a_level=error _x_");
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"identity\":" ID "}}"), &m), 0, "no reason");
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"reason\":\"r\"}}"), &m), 0, "no identity");
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"identity\":{\"sandbox\":\"sbx-1\"},\"reason\":\"r\"}}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"identity\":" ID ",\"reason\":\"r\",\"x\":1}}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"identity\":" ID ",\"reason\":\"r\"},\"ack\":1}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"identity\":" ID ",\"reason\":7}}"), &m), 0);
+	cr_assert_lt(cp_parse_chan(S("{\"ended\":{\"identity\":" ID ",\"reason\":\"a\\u0000b\"}}"), &m), 0, "NUL");
+	char big[600];
+	int n = snprintf(big, sizeof big, "{\"ended\":{\"identity\":" ID ",\"reason\":\"%0300d\"}}", 0);
+	cr_assert_lt(cp_parse_chan(big, (size_t)n, &m), 0, "a reason of 300 bytes");
+#undef ID
+}
+
 Test(cp_parse, body_size_limit)
 {
 	struct cp_create_req c;
