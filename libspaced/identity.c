@@ -56,6 +56,13 @@ bool spaced_identity_equal(const struct spaced_identity *a, const struct spaced_
 	       strcmp(a->activation, b->activation) == 0 && strcmp(a->pod_uid, b->pod_uid) == 0;
 }
 
+bool spaced_identity_activation_change(const struct spaced_identity *cur, const struct spaced_identity *next)
+{
+	return cur->generation == next->generation && strcmp(cur->sandbox, next->sandbox) == 0 &&
+	       strcmp(cur->worker, next->worker) == 0 && strcmp(cur->substrate, next->substrate) == 0 &&
+	       strcmp(cur->activation, next->activation) != 0 && strcmp(cur->pod_uid, next->pod_uid) == 0;
+}
+
 int spaced_identity_encode(const struct spaced_identity *id, char *out, size_t outsz)
 {
 	int n = snprintf(out, outsz,

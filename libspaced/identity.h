@@ -41,6 +41,11 @@ int spaced_identity_set(struct spaced_identity *out, const char *sandbox, uint64
 /* True when every field of a and b is equal. */
 bool spaced_identity_equal(const struct spaced_identity *a, const struct spaced_identity *b);
 
+/* True when next is cur under another activation: every other field equal,
+ * the activation not (S4: the same execution of the same generation, on the
+ * same worker, activated again — never a new incarnation). */
+bool spaced_identity_activation_change(const struct spaced_identity *cur, const struct spaced_identity *next);
+
 /* The canonical text form, used on the wire (the X-Spaced-Identity header, guest
  * answers) and as a key: "sandbox=S;generation=G;worker=W;substrate=T;activation=A;pod_uid=P"
  * in exactly this order, generation in decimal without leading zeros. Writes at

@@ -1102,9 +1102,10 @@ int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *
 	char msg[SPACED_IDENTITY_TEXT_MAX + 16];
 	int n;
 
-	if (s->has_identity)
+	/* once; again only for another activation of the same execution (S4) */
+	if (s->has_identity && !spaced_identity_activation_change(&s->identity, id))
 		return SPACED_EEXIST;
-	if (s->rename_on_claim)
+	if (s->rename_on_claim && !s->has_identity)
 		name_execution(s, id->sandbox);
 	memcpy(msg, "IDENTITY ", 9);
 	n = spaced_identity_encode(id, msg + 9, sizeof(msg) - 9);

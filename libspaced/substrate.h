@@ -125,8 +125,9 @@ bool spaced_sub_ready(const struct spaced_sub *s);
 /* The identity of the execution, or NULL while it has none. */
 const struct spaced_identity *spaced_sub_identity(const struct spaced_sub *s);
 
-/* Gives an execution started without identity its identity (IDENTITY message).
- * Returns 0, SPACED_EEXIST when it already has one, SPACED_ECLOSED. */
+/* Gives an execution started without identity its identity (IDENTITY message),
+ * or an execution another activation of the identity it has (S4). Returns 0,
+ * SPACED_EEXIST when it has another identity, SPACED_ECLOSED. */
 int spaced_sub_set_identity(struct spaced_sub *s, const struct spaced_identity *id);
 
 /* Gives the guest the sandbox's settings (CONFIG message: a JSON object

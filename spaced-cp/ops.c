@@ -1331,6 +1331,25 @@ static const char *snapshot_url(struct cp *cp, char *buf, size_t n, const char *
 }
 
 /* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
+/* The same generation activated again on its worker, p (a new activation:
+ * the execution kept there after a move that did not finish, or the one that
+ * runs there). When the worker says that execution no longer runs there
+ * ("not-running", "deactivated"), nothing of it can be had: the sandbox starts
+ * afresh as a new generation (I2: a start is never the old generation). */
+static int start_again(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
+                       json_t **body)
+{
+	int status = start_execution(cp, st, s, p, NULL, NULL, 1, body);
+	const char *wc = status == 502 ? json_string_value(json_object_get(*body, "worker_code")) : NULL;
+	if (wc == NULL || (strcmp(wc, "not-running") != 0 && strcmp(wc, "deactivated") != 0))
+		return status;
+	spaced_log("spaced-cp", "level=info event=start-again-refused sandbox=%s worker=%s code=%s next=new-generation",
+	           col(s, C_ID), p->worker, wc);
+	json_decref(*body);
+	*body = NULL;
+	return start_execution(cp, st, s, p, NULL, NULL, 0, body);
+}
+
 /* Places sandbox s (its substrate and limits) on want ("" for any) avoiding
  * exclude, in a transaction of its own that is rolled back (the start that
  * follows commits). 0 with *p, or an HTTP status with *body. */
@@ -1456,7 +1475,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			 * deactivated, frozen execution; activate the same generation again there */
 			if ((status = place_sandbox(st, s, cur, NULL, &p, body)) != 0)
 				goto out;
-			status = start_execution(cp, st, s, &p, NULL, NULL, 1, body);
+			status = start_again(cp, st, s, &p, body);
 			if (status != 0)
 				goto out;
 			goto done;
@@ -1550,7 +1569,8 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto out;
 			if (same && strcmp(p.worker, cur) != 0)
 				goto wrong_state;
-			status = start_execution(cp, st, s, &p, snap, col(s, C_SNAPHASH), same, body);
+			status = same ? start_again(cp, st, s, &p, body)
+			              : start_execution(cp, st, s, &p, snap, col(s, C_SNAPHASH), 0, body);
 			if (status != 0)
 				goto out;
 			goto done;

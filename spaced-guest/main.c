@@ -16,7 +16,7 @@
  *
  * In control-fd mode, fd N is an AF_UNIX SOCK_SEQPACKET socket from the
  * launcher carrying "IDENTITY <canonical text>" (once, when --identity was not
- * given) and "CONN <port>" with one connected stream socket (SCM_RIGHTS) per
+ * given; again only for another activation of the same execution, S4) and "CONN <port>" with one connected stream socket (SCM_RIGHTS) per
  * message; the guest says "WAITING" when it starts without identity (a warm
  * pool's execution, ready to be claimed) and "READY" once it has one. When the control
  * socket closes the guest exits. With --service-ports, a CONN for any port
@@ -77,12 +77,17 @@ static void die(const char *what)
 	exit(1);
 }
 
+/* The execution's identity: the first one, or the one it has under another
+ * activation (S4); anything else is refused (SPACED_EPERM). */
 static int set_identity(const char *text, size_t n)
 {
-	struct spaced_identity id;
+	struct spaced_identity id, cur;
 	int e = spaced_identity_decode(&id, text, n);
 	if (e < 0)
 		return e;
+	if (G.have_identity && (spaced_identity_decode(&cur, G.identity, strlen(G.identity)) < 0 ||
+	                        !spaced_identity_activation_change(&cur, &id)))
+		return SPACED_EPERM;
 	e = spaced_identity_encode(&id, G.identity, sizeof G.identity);
 	if (e < 0)
 		return e;
@@ -130,12 +135,11 @@ static bool control_readable(void)
 	if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || memchr(buf, 0, (size_t)n) != NULL) {
 		guest_warn("control: malformed message ignored");
 	} else if (strncmp(buf, "IDENTITY ", 9) == 0) {
-		if (G.have_identity) {
-			fprintf(stderr, "spaced-guest: second identity from the launcher\n");
-			G.exit_code = 2;
-			ok = false;
-		} else if (set_identity(buf + 9, (size_t)n - 9) < 0) {
-			fprintf(stderr, "spaced-guest: invalid identity from the launcher\n");
+		/* once, or again for another activation of the same execution */
+		int e = set_identity(buf + 9, (size_t)n - 9);
+		if (e < 0) {
+			fprintf(stderr, "spaced-guest: %s identity from the launcher\n",
+			        e == SPACED_EPERM ? "a second, other" : "an invalid");
 			G.exit_code = 2;
 			ok = false;
 		} else {

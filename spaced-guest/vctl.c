@@ -114,9 +114,11 @@ static int take_identity(const char *text, size_t n, char *why, size_t whysz)
 		return SPACED_EINVAL;
 	}
 	if (G.have_identity && spaced_identity_decode(&cur, G.identity, strlen(G.identity)) == 0 &&
-	    (strcmp(cur.sandbox, id.sandbox) != 0 || id.generation <= cur.generation)) {
-		snprintf(why, whysz, "only a newer generation of %s may follow generation %llu", cur.sandbox,
-		         (unsigned long long)cur.generation);
+	    (strcmp(cur.sandbox, id.sandbox) != 0 || id.generation < cur.generation ||
+	     (id.generation == cur.generation && !spaced_identity_activation_change(&cur, &id)))) {
+		snprintf(why, whysz,
+		         "only a newer generation of %s, or generation %llu under another activation, may follow it",
+		         cur.sandbox, (unsigned long long)cur.generation);
 		return SPACED_EPERM;
 	}
 	if (spaced_identity_encode(&id, G.identity, sizeof G.identity) < 0) {

@@ -591,6 +591,12 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		mgr_exec_remove(cfg, json_string_value(json_object_get(args, "sandbox")));
 		return 0;
 	}
+	if (strcmp(kind, "activate") == 0 && has_rec) {
+		e = mgr_exec_activate(cfg, &rec, json_is_true(json_object_get(args, "thaw")));
+		if (e == 0)
+			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
+		return e;
+	}
 	if (strcmp(kind, "rebridge") == 0 && has_rec) {
 		e = mgr_exec_rebridge(cfg, &rec);
 		if (e == 0)

@@ -39,6 +39,7 @@
  *   unstage  {"staged": path}                      -> {}
  *   remove   {"sandbox": S}                        -> {}
  *   rebridge {"rec": R}                            -> {"rec": R}
+ *   activate {"rec": R, "thaw": bool}              -> {"rec": R} (R under another activation)
  *   usage    {"rec": R}                            -> the usage object (mgr.h)
  *   reap     {}                                    -> {}
  * R is a runtime record (mgr_rec_to_json).

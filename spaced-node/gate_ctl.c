@@ -588,6 +588,17 @@ static void commit_group_add(struct mgr *m, struct ctl_op *op)
 	uv_check_start(&commit_check, commit_group_flush);
 }
 
+/* An install's result for an execution that keeps running: its record's
+ * epoch and its ServicePort gateway's port (the control plane's URLs). */
+static json_t *epoch_result(struct mgr *m, const struct mgr_rec *rec)
+{
+	int port = 0;
+	json_t *r = json_pack("{s:I}", "epoch", (json_int_t)rec->r.epoch);
+	if (r && mgr_pool_gateway_port(m->cfg, rec, &port) == 0 && port > 0)
+		json_object_set_new(r, "gateway", json_integer(port));
+	return r;
+}
+
 static void run_install(struct mgr *m, struct ctl_op *op)
 {
 	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
@@ -603,6 +614,20 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			goto refused;
 		}
 		if (cur && op->id.generation == cur->r.id.generation && !cur->r.active) {
+			if (!op->handoff && strcmp(cur->state, MGR_ST_KEPT) == 0 && mgr_exec_alive(cur)) {
+				/* the same execution, deactivated and kept frozen by a move
+				 * that did not finish: active again under a new activation
+				 * (not a start, so not a new generation, I2), thawed before
+				 * its record admits anything */
+				op->rec = *cur;
+				op->rec.r.id = op->id;
+				snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
+				op->step = 4;
+				if (op_job(m, op, "activate", json_pack("{s:o,s:b}", "rec", mgr_rec_to_json(&op->rec), "thaw", 1)))
+					return;
+				fail(o, "io", "%s", op->job_msg);
+				goto refused;
+			}
 			fail(o, "deactivated", "generation %llu left this worker", (unsigned long long)op->id.generation);
 			goto refused;
 		}
@@ -636,7 +661,15 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		if (cur && op->id.generation == cur->r.id.generation) {
 			/* activation (or placement) change of the running execution: it
-			 * keeps running, with the limits and the uid range it has */
+			 * keeps running, with the limits and the uid range it has, and
+			 * takes its new identity (guest and bridge) before the record
+			 * admits it. One that does not run is not started under its
+			 * generation (I2): only a new generation can start it. */
+			if (!mgr_exec_alive(cur)) {
+				fail(o, "not-running", "generation %llu does not run here: a start is a new generation",
+				     (unsigned long long)op->id.generation);
+				goto refused;
+			}
 			op->rec.pid = cur->pid;
 			op->rec.pid_start = cur->pid_start;
 			op->rec.host_pid = cur->host_pid;
@@ -646,11 +679,13 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			memcpy(op->rec.tmpl, cur->tmpl, sizeof op->rec.tmpl);
 			memcpy(op->rec.tmpl_url, cur->tmpl_url, sizeof op->rec.tmpl_url);
 			memcpy(op->rec.config, cur->config, sizeof op->rec.config);
+			memcpy(op->rec.exec_name, cur->exec_name, sizeof op->rec.exec_name);
 			snprintf(op->rec.state, sizeof op->rec.state, "%s", cur->state);
-			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
-			op_commit(m, op, &op->rec, false);
-			op_finish(m, op);
-			return;
+			op->step = 4;
+			if (op_job(m, op, "activate", json_pack("{s:o,s:b}", "rec", mgr_rec_to_json(&op->rec), "thaw", 0)))
+				return;
+			fail(o, "io", "%s", op->job_msg);
+			goto refused;
 		}
 		if (op->snapshot[0]) {
 			/* A snapshot is copied out of the store it names into a private
@@ -771,6 +806,22 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		/* written with the other installs that finish in this turn of the
 		 * loop: one wait for the disk for all of them */
 		commit_group_add(m, op);
+		return;
+	}
+	case 5: { /* step 0's activation change: the execution took its new identity */
+		struct mgr_rec got;
+		if (op->job_status < 0 || mgr_rec_from_json(json_object_get(op->job_result, "rec"), &got) < 0) {
+			fail(o, "not-running", "the execution did not take its new activation: %s",
+			     op->job_msg[0] ? op->job_msg : spaced_strerror(op->job_status));
+			goto refused;
+		}
+		op->rec.host_pid = got.host_pid;
+		op->rec.host_start = got.host_start;
+		op->rec.r.active = true;
+		op->rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
+		o->result = epoch_result(m, &op->rec);
+		op_commit(m, op, &op->rec, false);
+		op_finish(m, op);
 		return;
 	}
 	}
@@ -1061,8 +1112,9 @@ static bool serving(const struct mgr_rec *r)
 static void run_ended(struct mgr *m, struct ctl_op *op)
 {
 	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
-	if (cur && serving(cur) && spaced_identity_equal(&cur->r.id, &op->id) && cur->pid == op->rec.pid &&
-	    cur->pid_start == op->rec.pid_start)
+	/* the launcher's pid and start time pin the execution (an activation
+	 * change keeps it; a new generation has another) */
+	if (cur && serving(cur) && cur->pid == op->rec.pid && cur->pid_start == op->rec.pid_start)
 		end_execution(m, cur, "its launcher ended while its record says it runs");
 	op_finish(m, op);
 }

@@ -88,8 +88,9 @@ void gate_watch_update(struct mgr *m, const struct mgr_rec *rec)
 	if (!w)
 		return;
 	if (spaced_pidref_expected(&ref, (pid_t)rec->pid, rec->pid_start, why, sizeof why) < 0) {
-		/* gone already: the next start of the gate sees it */
+		/* gone already (it died while the record changed): ended now */
 		free(w);
+		gate_ctl_ended(m, rec->r.id.sandbox, rec->pid, rec->pid_start);
 		return;
 	}
 	w->m = m;

@@ -124,6 +124,12 @@ void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec);
 bool mgr_exec_alive(const struct mgr_rec *rec);
 /* After a manager restart: a new bridge that knows the new manager (launcher mode). */
 int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec);
+/* The running execution of rec under rec's identity, another activation of
+ * the one it has (S4): thawed first when thaw (a kept execution activated
+ * again), the guest told its new identity, a new bridge that expects it
+ * (rec's host pid and start change). SPACED_ENOENT when it does not run. In
+ * development mode (no launcher) the guest keeps its first identity. */
+int mgr_exec_activate(const struct mgr_config *cfg, struct mgr_rec *rec, bool thaw);
 /* Copies a paused execution's files to path; *bytes its size. */
 int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
                       uint64_t *bytes);

@@ -1147,6 +1147,25 @@ int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 	return e;
 }
 
+int mgr_exec_activate(const struct mgr_config *cfg, struct mgr_rec *rec, bool thaw)
+{
+	char text[SPACED_IDENTITY_TEXT_MAX];
+	int e;
+	if (!mgr_exec_alive(rec))
+		return SPACED_ENOENT;
+	if (!substrate_mode(cfg))
+		return thaw ? dev_signal(rec, SIGCONT) : 0; /* development mode: the guest keeps its identity */
+	if (thaw && (e = sub_ctl(cfg, rec, "THAW", NULL)) < 0)
+		return e;
+	if (spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
+		return SPACED_EINVAL;
+	/* the guest answers with the new identity from here; the bridge that
+	 * checks its answers is started again with it */
+	if ((e = sub_ctl(cfg, rec, "IDENTITY", text)) < 0)
+		return e;
+	return mgr_exec_rebridge(cfg, rec);
+}
+
 int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
                       uint64_t *bytes)
 {

@@ -489,6 +489,38 @@ static int do_snapshot(const char *dir, char *why, size_t whysz)
 	return save_vm(dir, why, whysz);
 }
 
+/* IDENTITY TEXT: the same execution under another activation (S4): the
+ * guest takes it on its control port, then every answer carries it. */
+static int do_identity(const char *text, char *why, size_t whysz)
+{
+	struct spaced_identity id;
+	char line[SPACED_IDENTITY_TEXT_MAX + 16], answer[SPACED_IDENTITY_TEXT_MAX + 64];
+	if (spaced_identity_decode(&id, text, strlen(text)) < 0) {
+		spaced_why(why, whysz, "not a canonical execution identity");
+		return SPACED_EINVAL;
+	}
+	if (!V.have_identity || !spaced_identity_activation_change(&V.id, &id)) {
+		spaced_why(why, whysz, "only another activation of %s", V.idtext);
+		return SPACED_EPERM;
+	}
+	if (V.paused) {
+		spaced_why(why, whysz, "the execution is paused");
+		return SPACED_EINVAL;
+	}
+	snprintf(line, sizeof line, "IDENTITY %s", text);
+	int e = vm_guest_control(line, answer, sizeof answer, 3000);
+	if (e == 0 && strcmp(answer, "READY") != 0) {
+		spaced_why(why, whysz, "the guest refused it: %.200s", answer);
+		e = SPACED_EIDENTITY;
+	}
+	if (e < 0)
+		return e;
+	V.id = id;
+	spaced_identity_encode(&V.id, V.idtext, sizeof V.idtext);
+	vm_log("identity %s", V.idtext);
+	return 0;
+}
+
 static void ctl_reply(int fd, const char *text)
 {
 	(void)send(fd, text, strlen(text), MSG_NOSIGNAL);
@@ -507,6 +539,9 @@ static void ctl_command(int fd, char *cmd)
 	} else if (strncmp(cmd, "SNAPSHOT ", 9) == 0) {
 		e = do_snapshot(cmd + 9, why, sizeof why);
 		snprintf(reply, sizeof reply, e == 0 ? "OK" : "ERR snapshot: %s", why[0] ? why : spaced_strerror(e));
+	} else if (strncmp(cmd, "IDENTITY ", 9) == 0) {
+		e = do_identity(cmd + 9, why, sizeof why);
+		snprintf(reply, sizeof reply, e == 0 ? "OK" : "ERR identity: %s", why[0] ? why : spaced_strerror(e));
 	} else if (strcmp(cmd, "STATUS") == 0) {
 		snprintf(reply, sizeof reply, "OK ready=%d paused=%d qemu=%d vsockd=%d template=%s identity=%s", V.ready,
 		         V.paused, (int)V.qemu, (int)V.vsockd, V.template_dir[0] ? V.template_dir : "-", V.idtext);
@@ -825,7 +860,7 @@ static void usage(void)
 	        "                 [--run-dir DIR] [--ram-dir DIR] [--net ADDRESS/PREFIX,GATEWAY] [--kernel-args ARGS]\n"
 	        "                 [--keep-state] [--config-file FILE]\n"
 	        "       spaced-vm template --state DIR --images DIR --out DIR [same options, no identity]\n"
-	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR\n");
+	        "       spaced-vm ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n");
 	exit(2);
 }
 

@@ -8,10 +8,12 @@
  * "t_ns", the wall-clock receive time in ns; re-sent ones as {"dup":true,"t_ns":…,"msg":…}). spaced-node's channel client replaces it in production.
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
- *                  [--delay-ms N] [--refuse TYPE] [--silent TYPE] [--exit-after N] [--say FILE]
+ *                  [--delay-ms N] [--refuse TYPE [--refuse-code C] [--refuse-count N]]
+ *                  [--silent TYPE] [--exit-after N] [--say FILE]
  *                  [--ca FILE [--cert FILE --key-file FILE]]   (with --url wss://HOST:PORT)
  *
- * --refuse TYPE acks messages of that type with ok:false; --silent TYPE never
+ * --refuse TYPE acks messages of that type with ok:false (code C, default
+ * "refused"; only the first N of them with --refuse-count); --silent TYPE never
  * acks them; --exit-after N exits (status 0) right after receiving the N-th new
  * message, before acking it; --delay-ms holds every ack back N ms; --say FILE
  * sends each line of FILE as a text message right after every hello (the
@@ -41,7 +43,8 @@ struct ack {
 };
 
 static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say;
-static long o_delay, o_exit_after = -1;
+static const char *o_refuse_code = "refused";
+static long o_delay, o_exit_after = -1, o_refuse_count = -1;
 static long long last_seq;
 static long received_new, epoch;
 static struct ack *acks_head, *acks_tail;
@@ -175,10 +178,12 @@ static void on_message(const char *text, size_t len)
 		goto out; /* never applied, never acked */
 	last_seq = seq;
 	json_t *a;
-	if (o_refuse != NULL && strcmp(type, o_refuse) == 0) {
+	if (o_refuse != NULL && strcmp(type, o_refuse) == 0 && o_refuse_count != 0) {
+		if (o_refuse_count > 0)
+			o_refuse_count--;
 		state_save();
 		a = json_pack("{s:I,s:b,s:s,s:s}", "ack", (json_int_t)seq, "ok", 0, "error", "refused by test peer",
-		              "code", "refused");
+		              "code", o_refuse_code);
 	} else if (strcmp(type, "install") == 0) {
 		epoch++;
 		state_save();
@@ -335,6 +340,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(k, "--delay-ms")) o_delay = atol(v);
 		else if (!strcmp(k, "--exit-after")) o_exit_after = atol(v);
 		else if (!strcmp(k, "--say")) o_say = v;
+		else if (!strcmp(k, "--refuse-code")) o_refuse_code = v;
+		else if (!strcmp(k, "--refuse-count")) o_refuse_count = atol(v);
 		else if (!strcmp(k, "--ca")) o_ca = v;
 		else if (!strcmp(k, "--cert")) o_cert = v;
 		else if (!strcmp(k, "--key-file")) o_keyf = v;

@@ -334,6 +334,31 @@ stop_worker wb; start_worker wb
 expect "the worker connects again and is placed on" "$(api "$TA" POST /v1/sandboxes '{"worker":"wb"}')" 201
 api "$TA" DELETE "/v1/sandboxes/$(body .id)" >/dev/null
 
+# ---- a start of the same generation again that its worker cannot make: a new generation (I2) ----
+# A resume of a sandbox in error activates its generation again under a new activation; a worker
+# that answers that no such execution runs there (not-running, deactivated) gets a new generation
+# instead. Any other refusal is reported and changes nothing.
+register wf
+start_worker wf --refuse install --refuse-code not-running --refuse-count 2
+expect "create on a worker that refuses its install -> 502" "$(api "$TA" POST /v1/sandboxes '{"worker":"wf"}')" 502
+S10=$(api "$TA" GET /v1/sandboxes >/dev/null; jq -r '[.sandboxes[] | select(.worker == "wf")][0].id' "$W/body")
+expect "it is in error, generation 1" "$(api "$TA" GET "/v1/sandboxes/$S10"; body '.state + " " + (.generation|tostring)')" "200error 1"
+expect "resume: generation 1 is not running there, so generation 2 starts" \
+	"$(api "$TA" POST "/v1/sandboxes/$S10/resume" '{}'; body '.state + " " + (.generation|tostring)')" "200running 2"
+grep -q "event=start-again-refused sandbox=$S10 worker=wf code=not-running next=new-generation" "$CP_LOG" &&
+	ok "the control plane logged why it started a new generation" || fail "no start-again-refused for $S10"
+expect "wf saw generation 1 under two activations, then generation 2" \
+	"$(jq -r "select(.type == \"install\" and .identity.sandbox == \"$S10\") | (.identity.generation|tostring) + \":\" + .identity.activation" "$W/wf.log" | awk -F: '{print $1}' | tr '\n' ' ')" "1 1 2 "
+stop_worker wf
+start_worker wf --refuse install --refuse-code io --refuse-count 2
+expect "create on a worker that fails its install -> 502" "$(api "$TA" POST /v1/sandboxes '{"worker":"wf"}')" 502
+S11=$(api "$TA" GET /v1/sandboxes >/dev/null; jq -r "[.sandboxes[] | select(.worker == \"wf\" and .id != \"$S10\")][0].id" "$W/body")
+expect "resume refused for another reason: reported, no new generation" \
+	"$(api "$TA" POST "/v1/sandboxes/$S11/resume" '{}'; body '.worker_code')" "502io"
+expect "the sandbox stays in error at generation 1" "$(api "$TA" GET "/v1/sandboxes/$S11"; body '.state + " " + (.generation|tostring)')" "200error 1"
+api "$TA" DELETE "/v1/sandboxes/$S10" >/dev/null; api "$TA" DELETE "/v1/sandboxes/$S11" >/dev/null
+stop_worker wf
+
 # ---- restart keeps state (kill -9, then start again) ----
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
 kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true

@@ -1554,6 +1554,31 @@ Test(guest, control_fd_second_identity_is_fatal)
 	close(ctl);
 }
 
+/* S4: the same execution under another activation (its worker activated it
+ * again): taken, and every answer carries it from then on. Anything else that
+ * differs (the sandbox, the generation, the worker) stays fatal. */
+Test(guest, control_fd_activation_change)
+{
+	int ctl;
+	pid_t pid = start_control(&ctl, NULL);
+	ctl_expect(ctl, "WAITING");
+	ctl_send(ctl, "IDENTITY " IDENT, -1);
+	ctl_expect(ctl, "READY");
+	ctl_send(ctl, "IDENTITY sandbox=sbx-1;generation=8;worker=w1;substrate=process;activation=act-2;pod_uid=", -1);
+	ctl_expect(ctl, "READY");
+	struct spaced_guest_client *c = ctl_conn(ctl);
+	struct spaced_identity id;
+	cr_assert_eq(spaced_guest_hello(c, &id), 0);
+	cr_assert_str_eq(id.activation, "act-2");
+	cr_assert_eq(id.generation, 8);
+	ctl_send(ctl, "IDENTITY sandbox=sbx-1;generation=8;worker=w9;substrate=process;activation=act-3;pod_uid=", -1);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "another worker's identity was taken: %x", st);
+	spaced_guest_client_free(c);
+	close(ctl);
+}
+
 Test(guest, control_fd_identity_flag_means_ready_and_no_identity_message)
 {
 	int ctl;

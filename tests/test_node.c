@@ -1014,6 +1014,84 @@ Test(node, substrate_r2_r3_resume_and_restart)
 	free(cap8);
 }
 
+/* Another activation of the same generation (S4; the control plane's recovery
+ * of a move that stopped half-way) is the same execution, never a new start
+ * (I2): the guest and its bridge take the new identity, so exec and files
+ * answer under it; the old activation's capability is refused (R1 compares
+ * every field). An execution deactivated and kept frozen comes back thawed
+ * with its files; one that was stopped is never brought back under its
+ * generation. */
+Test(node, activation_change_same_execution)
+{
+	A.substrate = true;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "K", 3, "act-1", false);
+	char *cap1 = strdup(CAP(.sandbox = "K", .generation = 3, .worker = "worker-a", .activation = "act-1"));
+	char *cap2 = strdup(CAP(.sandbox = "K", .generation = 3, .worker = "worker-a", .activation = "act-2"));
+	char *cap3 = strdup(CAP(.sandbox = "K", .generation = 3, .worker = "worker-a", .activation = "act-3"));
+	const char *ex = "{\"argv\":[\"hostname\"]}";
+	struct tn_resp r;
+	cr_assert_eq(tn_http(A.port, "PUT", "/v1/sandboxes/K/files?path=/tmp/k.txt", cap1, "kept", 4, &r), 0);
+	cr_assert_eq(r.status, 200, "%s", r.body);
+	tn_resp_free(&r);
+	json_t *st = status_of(&A);
+	json_int_t pid0 = 0;
+	size_t k;
+	json_t *rec;
+	json_array_foreach(json_object_get(st, "records"), k, rec)
+	{
+		if (strcmp(json_string_value(json_object_get(json_object_get(rec, "identity"), "sandbox")), "K") == 0)
+			pid0 = json_integer_value(json_object_get(rec, "pid"));
+	}
+	json_decref(st);
+	cr_assert(pid0 > 0);
+
+	/* the running execution under another activation */
+	must_install(&A, "K", 3, "act-2", false);
+	cr_assert_eq(tn_http(A.port, "POST", "/v1/sandboxes/K/exec", cap2, ex, strlen(ex), &r), 0);
+	cr_expect_eq(r.status, 200, "%s", r.body);
+	cr_expect_str_eq(json_string_value(json_object_get(r.json, "stdout")), "K\n", "under act-2: %s", r.body);
+	cr_expect_str_eq(r.identity, "sandbox=K;generation=3;worker=worker-a;substrate=process;activation=act-2;pod_uid=");
+	tn_resp_free(&r);
+	expect(A.port, "GET", "/v1/sandboxes/K/files?path=/tmp/k.txt", cap1, 409, "REFRESH_ROUTE", NULL);
+	st = status_of(&A);
+	json_array_foreach(json_object_get(st, "records"), k, rec)
+	{
+		if (strcmp(json_string_value(json_object_get(json_object_get(rec, "identity"), "sandbox")), "K") == 0)
+			cr_expect_eq(json_integer_value(json_object_get(rec, "pid")), pid0, "the same execution");
+	}
+	json_decref(st);
+
+	/* deactivated and kept (a move's first step), then activated again */
+	json_t *d = tn_deactivate(&A, "K", 3, "act-2", true);
+	cr_assert(tn_ok(d), "%s", d ? json_dumps(d, 0) : "none");
+	json_decref(d);
+	expect(A.port, "GET", "/v1/sandboxes/K/files?path=/tmp/k.txt", cap2, 409, "REFRESH_ROUTE", "deactivated");
+	json_t *i = tn_install(&A, "K", 3, "act-3", false);
+	cr_assert(tn_ok(i), "the kept execution was not activated again: %s", i ? json_dumps(i, 0) : "none");
+	json_decref(i);
+	cr_assert_eq(tn_http(A.port, "GET", "/v1/sandboxes/K/files?path=/tmp/k.txt", cap3, NULL, 0, &r), 0);
+	cr_expect_eq(r.status, 200, "%s", r.body);
+	cr_expect(r.body_len == 4 && memcmp(r.body, "kept", 4) == 0, "the same execution's files: %s", r.body);
+	tn_resp_free(&r);
+	cr_assert_eq(tn_http(A.port, "POST", "/v1/sandboxes/K/exec", cap3, ex, strlen(ex), &r), 0);
+	cr_expect_str_eq(json_string_value(json_object_get(r.json, "stdout")), "K\n", "thawed: %s", r.body);
+	tn_resp_free(&r);
+	expect(A.port, "GET", "/v1/sandboxes/K/files?path=/tmp/k.txt", cap2, 409, "REFRESH_ROUTE", NULL);
+
+	/* deactivated without keeping it: stopped, and not brought back */
+	d = tn_deactivate(&A, "K", 3, "act-3", false);
+	cr_assert(tn_ok(d), "%s", d ? json_dumps(d, 0) : "none");
+	json_decref(d);
+	i = tn_install(&A, "K", 3, "act-4", false);
+	cr_expect(!tn_ok(i), "a stopped execution was activated again: %s", i ? json_dumps(i, 0) : "none");
+	cr_expect_str_eq(json_string_value(json_object_get(i, "code")), "deactivated", "%s", json_dumps(i, 0));
+	json_decref(i);
+	free(cap1);
+	free(cap2);
+	free(cap3);
+}
+
 /* node-api runs unprivileged (nobody when started as root), with no new
  * privileges and a seccomp filter; sbx-manager keeps the privileges. */
 Test(node, node_api_is_confined)

@@ -139,6 +139,13 @@ expect_line "the control port reports the guest's identity" "$(ctl STATUS)" "REA
 expect_line "another sandbox's identity is refused" "$(ctl "IDENTITY $ID2")" "ERR only a newer generation of vmb1"
 expect_line "the same generation again is refused" "$(ctl "IDENTITY $ID1")" "ERR only a newer generation"
 expect_line "a malformed identity is refused" "$(ctl "IDENTITY sandbox=vmb1")" "ERR not a canonical"
+# S4: the same execution under another activation is taken (and back again)
+ID1B='sandbox=vmb1;generation=1;worker=wt;substrate=qemu;activation=a2;pod_uid='
+expect_line "another activation of the same execution is taken" "$(ctl "IDENTITY $ID1B")" "READY"
+expect_line "and reported" "$(ctl STATUS)" "READY $ID1B"
+expect_line "another worker's identity of that generation is refused" \
+	"$(ctl "IDENTITY sandbox=vmb1;generation=1;worker=w9;substrate=qemu;activation=a3;pod_uid=")" "ERR only a newer generation"
+expect_line "the first activation again is taken too" "$(ctl "IDENTITY $ID1")" "READY"
 expect_line "and the guest still answers as itself" "$(ctl STATUS)" "READY $ID1"
 out=$(bridge qstart $good --vm-pid "$QP" --vm-start $((QS + 1)) --guest-cid 9 --identity "$ID1")
 expect_refused "QEMU's PID with another start time (reused PID)" "$out" SPACED_EPEER "PID reused"
