@@ -123,7 +123,7 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		spaced_time_format(cp_rows_i64(rows, i, 4, 0), seen);
 		/* live = connected: its control channel is open on a replica (cp.h
 		 * CP_CHAN_UNTIL_S), this one's known without the store */
-		bool live = cp_rows_i64(rows, i, 7, 0) >= now || cp_chan_live_here(cp_rows_get(rows, i, 0));
+		bool live = cp_worker_live(cp_rows_get(rows, i, 0), cp_rows_i64(rows, i, 7, 0), now);
 		json_array_append_new(
 		    arr, json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:s,s:I,s:I}", "id", cp_rows_get(rows, i, 0), "url",
 		                   cp_rows_get(rows, i, 1), "state", live ? "live" : "down",

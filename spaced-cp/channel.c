@@ -108,6 +108,11 @@ bool cp_chan_live_here(const char *worker)
 	return found;
 }
 
+bool cp_worker_live(const char *worker, int64_t channel_until, int64_t now)
+{
+	return channel_until >= now || (worker != NULL && cp_chan_live_here(worker));
+}
+
 /* ch is no longer past its hello: nothing flows on it any more. */
 static void chan_unhello(struct cp_chan *ch)
 {

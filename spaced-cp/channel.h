@@ -61,6 +61,11 @@ void cp_chan_drain(struct cp_chan *ch);
  * both. */
 bool cp_chan_live_here(const char *worker);
 
+/* Whether worker is live (connected) now: its workers.channel_until (read
+ * from the store by the caller) is not past now, or its channel is open on
+ * this replica. Every use of liveness asks this. Any thread. */
+bool cp_worker_live(const char *worker, int64_t channel_until, int64_t now);
+
 /* The connection is gone: forget ch (freed here) and, when it was this
  * replica's last channel of its worker, mark the worker not connected. */
 void cp_chan_closed(struct cp_chan *ch);

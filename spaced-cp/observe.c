@@ -1,5 +1,6 @@
 /* observe.c — the control plane's metrics and audit log (see observe.h). */
 #include "observe.h"
+#include "channel.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -234,18 +235,16 @@ char *cp_metrics_text(struct cp *cp, struct cp_store *st)
 			    (long long)cp_rows_i64(rows, i, 1, 0));
 	cp_rows_free(rows);
 	rows = NULL;
-	char now[24];
 	PUT("# HELP spaced_cp_worker_connected Whether a worker's control channel is open (1) or not (0).\n"
 	    "# TYPE spaced_cp_worker_connected gauge\n");
 	PUT("# HELP spaced_cp_worker_unacked Control messages sent to a worker and not yet acknowledged.\n"
 	    "# TYPE spaced_cp_worker_unacked gauge\n");
-	if (CP_Q(st, &rows, NULL,
-	         "SELECT w.id, CASE WHEN w.channel_until >= $1 THEN 1 ELSE 0 END, "
-	         "(SELECT COUNT(*) FROM outbox o WHERE o.worker = w.id AND o.acked = 0) FROM workers w ORDER BY w.id",
-	         cp_i64(now, spaced_now())) == 0)
+	if (CP_Q0(st, &rows, NULL,
+	         "SELECT w.id, w.channel_until, "
+	         "(SELECT COUNT(*) FROM outbox o WHERE o.worker = w.id AND o.acked = 0) FROM workers w ORDER BY w.id") == 0)
 		for (int i = 0; i < rows->nrows; i++) {
-			PUT("spaced_cp_worker_connected{worker=\"%s\"} %lld\n", cp_rows_get(rows, i, 0),
-			    (long long)cp_rows_i64(rows, i, 1, 0));
+			PUT("spaced_cp_worker_connected{worker=\"%s\"} %d\n", cp_rows_get(rows, i, 0),
+			    cp_worker_live(cp_rows_get(rows, i, 0), cp_rows_i64(rows, i, 1, 0), spaced_now()) ? 1 : 0);
 			PUT("spaced_cp_worker_unacked{worker=\"%s\"} %lld\n", cp_rows_get(rows, i, 0),
 			    (long long)cp_rows_i64(rows, i, 2, 0));
 		}

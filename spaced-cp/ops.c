@@ -445,11 +445,13 @@ int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer)
 	/* the connected ones: a worker without a channel receives the bundle first
 	 * thing on reconnection (replay in seq order) and until then refuses the
 	 * new key's tokens as unknown (fail closed) */
-	if ((r = CP_Q(st, &live, NULL, "SELECT id FROM workers WHERE channel_until >= $1",
-	              cp_i64(now, spaced_now()))) < 0)
+	if ((r = CP_Q0(st, &live, NULL, "SELECT id, channel_until FROM workers")) < 0)
 		goto out;
+	int64_t t_live = spaced_now();
 	for (int i = 0; i < live->nrows; i++) {
 		const char *w = cp_rows_get(live, i, 0);
+		if (!cp_worker_live(w, cp_rows_i64(live, i, 1, 0), t_live))
+			continue;
 		int ok = 0;
 		char *res = NULL;
 		json_t *s = json_object_get(seqs, w);
@@ -748,7 +750,7 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 		int64_t room = cp_rows_i64(rows, i, 3, 0) - cp_rows_i64(rows, i, 5, 0);
 		/* its channel_until, or this replica's own channel to it (a held-up
 		 * loop lets channel_until lapse while the channel is open) */
-		if (cp_rows_i64(rows, i, 4, 0) < now && !cp_chan_live_here(id)) {
+		if (!cp_worker_live(id, cp_rows_i64(rows, i, 4, 0), now)) {
 			if (want[0]) {
 				*err = cp_error("worker-unavailable", "the worker's control channel is not open");
 				goto out;
@@ -1863,17 +1865,23 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	          * with the text-bound parameter as a number with a string
 	          * (always less), so every sandbox with a lifetime or an idle
 	          * timeout would be reaped at the next tick */
-	         "SELECT id, tenant, 'delete' FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 "
+	         "SELECT id, tenant, 'delete', NULL, 0 FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 "
 	         "AND created + max_lifetime < CAST($1 AS BIGINT) "
-	         "UNION ALL SELECT id, tenant, 'pause' FROM sandboxes WHERE deleted = 0 AND state = 'running' "
+	         "UNION ALL SELECT id, tenant, 'pause', NULL, 0 FROM sandboxes WHERE deleted = 0 AND state = 'running' "
 	         "AND idle_timeout > 0 AND last_active + idle_timeout < CAST($1 AS BIGINT) "
-	         "UNION ALL SELECT id, tenant, 'resume' FROM sandboxes WHERE deleted = 0 "
-	         "AND (op IS NULL OR op_until < $1) AND state IN ('starting', 'moving', 'stopped') AND last_active < $2 "
-	         "AND (state = 'stopped' OR worker IN (SELECT id FROM workers WHERE channel_until >= $1))",
+	         "UNION ALL SELECT s.id, s.tenant, 'resume', CASE WHEN s.state = 'stopped' THEN NULL ELSE s.worker END, "
+	         "COALESCE(w.channel_until, 0) FROM sandboxes s LEFT JOIN workers w ON w.id = s.worker "
+	         "WHERE s.deleted = 0 AND (s.op IS NULL OR s.op_until < $1) "
+	         "AND s.state IN ('starting', 'moving', 'stopped') AND s.last_active < $2",
 	         cp_i64(now, t), cp_i64(retry, t - 5)) < 0)
 		return;
 	for (int i = 0; i < rows->nrows && !cp->stopping; i++) {
 		json_t *body = NULL;
+		/* an interrupted start or move is finished on its worker once that
+		 * worker is live (column 3: the worker it waits for, NULL for none) */
+		const char *wait_for = cp_rows_get(rows, i, 3);
+		if (wait_for != NULL && !cp_worker_live(wait_for, cp_rows_i64(rows, i, 4, 0), t))
+			continue;
 		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
 		                          cp_rows_get(rows, i, 2), NULL, &body);
 		/* paused for idleness: an auto-resume sandbox comes back at its next route */

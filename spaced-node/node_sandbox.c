@@ -7,24 +7,12 @@
  */
 #include "node.h"
 
-#include <errno.h>
 #include <grp.h>
 #include <pwd.h>
-#include <stdio.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
-#include <seccomp.h>
-
+#include "confine.h"
 #include "error.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
-#define NODE_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define NODE_SANITIZED 1
-#endif
-#endif
 
 static const char *const allowed[] = {
 	"read", "write", "readv", "writev", "close", "poll", "ppoll", "epoll_wait", "epoll_pwait",
@@ -48,30 +36,9 @@ int node_api_confine(bool drop_privileges)
 		if (setuid(0) == 0)
 			return SPACED_EPERM;
 	}
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-		return SPACED_ESYS;
-#ifdef NODE_SANITIZED
-	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(ENOSYS));
-#else
-	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_KILL_PROCESS);
-#endif
-	if (!ctx)
-		return SPACED_ENOMEM;
-	int e = 0;
-	for (size_t i = 0; i < sizeof allowed / sizeof allowed[0] && e == 0; i++) {
-		int nr = seccomp_syscall_resolve_name(allowed[i]);
-		if (nr == __NR_SCMP_ERROR)
-			continue;
-		if (seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0) < 0)
-			e = SPACED_ESYS;
-	}
 	/* Opening files is refused with an error rather than killed: the HTTP
 	 * library probes /dev/urandom lazily and copes with the refusal. */
-	if (e == 0 && (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EACCES), SCMP_SYS(openat), 0) < 0 ||
-	               seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EACCES), SCMP_SYS(open), 0) < 0))
-		e = SPACED_ESYS;
-	if (e == 0 && seccomp_load(ctx) < 0)
-		e = SPACED_ESYS;
-	seccomp_release(ctx);
-	return e;
+	static const char *const refused[] = {"openat", "open"};
+	return spaced_confine_syscalls(allowed, sizeof allowed / sizeof allowed[0], refused,
+	                               sizeof refused / sizeof refused[0]);
 }

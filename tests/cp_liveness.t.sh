@@ -18,7 +18,7 @@ SC=$SPACED_BUILD/spacectl/spacectl
 mkdir -p "$W/cp"
 TA=$(admin create-tenant alpha)
 [ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
-start_cp cp
+start_cp cp --metrics-listen 127.0.0.1:0
 export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
 for w in wa wb wc; do register $w; start_worker $w; done
 state_of() { # WORKER -> "live true" / "down false" / …
@@ -97,6 +97,9 @@ if [ -z "${CP_DB:-}" ] && [ -f "$DB" ] && command -v sqlite3 >/dev/null; then
 			"$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}'; body .worker)" "201wa"
 	sqlite3 "$DB" "PRAGMA busy_timeout = 5000; UPDATE workers SET channel_until = 0 WHERE id = 'wa'" >/dev/null &&
 		expect "and wa is listed live" "$(state_of wa)" "live true"
+	sqlite3 "$DB" "PRAGMA busy_timeout = 5000; UPDATE workers SET channel_until = 0 WHERE id = 'wa'" >/dev/null &&
+		expect "and its metric says connected (the same question as placement and listing)" \
+			"$(curl -s "http://127.0.0.1:$(cat "$W/cp/metrics.port")/metrics" | awk '$1 == "spaced_cp_worker_connected{worker=\"wa\"}" {print $2}')" 1
 fi
 
 # ---- 4. the worker comes back after being killed ----

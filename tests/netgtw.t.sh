@@ -72,6 +72,10 @@ ok "gateways listen: S on $GS, T on $GT"
 # T's records written, S's gateway (idle: no tick without connections) wakes for none of them
 ctxsw() { awk '/^voluntary_ctxt_switches/ {print $2}' "/proc/$1/status" 2>/dev/null; }
 GSP=$(ss -Hltnp "sport = :$GS" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
+# the gateway reads what clients send as root: it runs under its seccomp allow-list, with no new
+# privileges (libspaced/confine.c; a call outside the list kills it)
+expect "the gateway is confined (Seccomp filter, NoNewPrivs)" \
+	"$(awk '/^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print s " " n}' "/proc/$GSP/status" 2>/dev/null)" "2 1"
 v0=$(ctxsw "$GSP")
 for a in $(seq 2 21); do install T 1 "act-$a" || fail "install T act-$a"; done
 v1=$(ctxsw "$GSP")

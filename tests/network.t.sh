@@ -168,6 +168,9 @@ expect "an unknown mode is refused with 400" "$(grep -c 'HTTP 400' "$W/e")" 1
 # ---- nothing died ----
 for k in 1 2; do
 	expect "worker-$k: spaced-netd alive" "$(kill -0 "$(cat "$D/worker-$k/net/netd.pid" 2>/dev/null)" 2>/dev/null && echo yes)" yes
+	# it parses every execution's DNS as root: under its seccomp allow-list, no new privileges
+	expect "worker-$k: spaced-netd confined (Seccomp filter, NoNewPrivs)" \
+		"$(awk '/^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print s " " n}' "/proc/$(cat "$D/worker-$k/net/netd.pid")/status" 2>/dev/null)" "2 1"
 	expect "worker-$k: pasta alive (holding the uplink)" "$(kill -0 "$(cat "$D/worker-$k/net/pasta.pid" 2>/dev/null)" 2>/dev/null &&
 		nsenter --net="$D/worker-$k/net/ns" ip -o link show up0 >/dev/null 2>&1 && echo yes)" yes
 done

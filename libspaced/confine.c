@@ -1,0 +1,55 @@
+/*
+ * confine.c — a daemon's system-call allow-list (confine.h).
+ */
+#include "confine.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+
+#include <seccomp.h>
+
+#include "error.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
+#define CONFINE_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CONFINE_SANITIZED 1
+#endif
+#endif
+
+int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces)
+{
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		return SPACED_ESYS;
+	const char *log = getenv("SPACED_SECCOMP_LOG");
+	uint32_t otherwise;
+	if (log && strcmp(log, "1") == 0)
+		otherwise = SCMP_ACT_LOG;
+	else
+#ifdef CONFINE_SANITIZED
+		otherwise = SCMP_ACT_ERRNO(ENOSYS);
+#else
+		otherwise = SCMP_ACT_KILL_PROCESS;
+#endif
+	scmp_filter_ctx ctx = seccomp_init(otherwise);
+	if (!ctx)
+		return SPACED_ENOMEM;
+	int e = 0;
+	for (size_t i = 0; i < nallow && e == 0; i++) {
+		int nr = seccomp_syscall_resolve_name(allow[i]);
+		if (nr != __NR_SCMP_ERROR && seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0) < 0)
+			e = SPACED_ESYS;
+	}
+	for (size_t i = 0; i < neacces && e == 0; i++) {
+		int nr = seccomp_syscall_resolve_name(eacces[i]);
+		if (nr != __NR_SCMP_ERROR && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EACCES), nr, 0) < 0)
+			e = SPACED_ESYS;
+	}
+	if (e == 0 && seccomp_load(ctx) < 0)
+		e = SPACED_ESYS;
+	seccomp_release(ctx);
+	return e;
+}

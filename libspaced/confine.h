@@ -1,0 +1,23 @@
+/*
+ * confine.h — a daemon's system-call allow-list (seccomp), for the worker's
+ * processes that read what tenants send: node-api (HTTP from clients),
+ * spaced-netgtw (ServicePort traffic) and spaced-netd (the executions' DNS).
+ * Whatever a bug in their parsers lets an attacker run can then make only
+ * the calls the daemon's own loop makes: no execve, no fork, no ptrace, no
+ * mount or namespace change, no module, BPF or keyring call.
+ */
+#ifndef SPACED_CONFINE_H
+#define SPACED_CONFINE_H
+
+#include <stddef.h>
+
+/* Sets no_new_privs, then loads a filter that allows the system calls named
+ * in allow (names this kernel or libseccomp does not know are skipped) and
+ * answers EACCES to those in eacces; any other call kills the process. In a
+ * sanitizer build it answers ENOSYS instead (its runtime can still report
+ * what went wrong); with SPACED_SECCOMP_LOG=1 in the environment it only logs
+ * each call outside the list to the kernel log (to find what a daemon needs:
+ * `dmesg | grep 'type=1326'`). Returns 0 or SPACED_ENOMEM / SPACED_ESYS. */
+int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces);
+
+#endif
