@@ -15,7 +15,8 @@
  * in allow (names this kernel or libseccomp does not know are skipped) and
  * answers EACCES to those in eacces; any other call kills the process. In a
  * sanitizer build it answers ENOSYS instead (its runtime can still report
- * what went wrong); with SPACED_SECCOMP_LOG=1 in the environment it only logs
+ * what went wrong), and also allows what the leak checker needs at exit
+ * (clone, ptrace, reading /proc/self/task); with SPACED_SECCOMP_LOG=1 in the environment it only logs
  * each call outside the list to the kernel log (to find what a daemon needs:
  * `dmesg | grep 'type=1326'`). Returns 0 or SPACED_ENOMEM / SPACED_ESYS. */
 int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces);

@@ -1771,8 +1771,12 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 			spaced_log("spaced-cp", "level=warn event=auto-resume-failed sandbox=%s status=%d", id, rs);
 	}
 	if (strcmp(col(&s, C_STATE), "running") != 0 || identity_of(&s, &cap.id) < 0) {
-		char m[128];
-		snprintf(m, sizeof m, "the sandbox is %s: no execution serves it", col(&s, C_STATE));
+		char m[640];
+		const char *why = col(&s, C_LASTERR);
+		if (strcmp(col(&s, C_STATE), "failed") == 0 && why != NULL)
+			snprintf(m, sizeof m, "the sandbox is failed (%.500s): resume starts a new generation", why);
+		else
+			snprintf(m, sizeof m, "the sandbox is %s: no execution serves it", col(&s, C_STATE));
 		*body = json_pack("{s:s,s:s,s:s}", "error", "not-running", "message", m, "state", col(&s, C_STATE));
 		status = 409;
 		goto out;

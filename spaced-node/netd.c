@@ -1,7 +1,7 @@
 /*
  * netd.c — spaced-netd: the resolver of a worker's executions (docs/network.md).
  *
- *   spaced-netd --dir STATE/net [--upstream IP[:PORT]]
+ *   spaced-netd --dir STATE/net [--upstream IP[:PORT]] [--idle SECONDS]
  *
  * It listens on UDP port 53 inside the egress namespace (every DNS packet an
  * execution sends, to any server, is redirected there by the base ruleset)
@@ -21,7 +21,7 @@
  * address: rebinding) is replaced by an empty answer; the filter would refuse
  * the connection anyway. Malformed packets are dropped; nothing a client
  * sends ends the daemon. It exits when the egress namespace is gone, and
- * takes an idle one down: when no execution has had a link in it for IDLE_S
+ * takes an idle one down: when no execution has had a link in it for --idle
  * seconds, it unmounts and removes STATE/net/ns under STATE/net/lock (the
  * lock every execution start holds while it attaches), so pasta (which quits
  * when its namespace's file goes) and this daemon end; the next execution
@@ -69,7 +69,7 @@
 #define OWN_MAX 64
 /* queries per second and burst one execution may ask: a sandbox flooding the
  * resolver slows only its own lookups */
-#define IDLE_S 60
+#define IDLE_S 60 /* --idle's default */
 #define RATE 200.0
 #define BURST 400.0
 
@@ -441,14 +441,17 @@ int main(int argc, char **argv)
 {
 	const char *upstream = NULL;
 	char hostres[64];
+	long idle_s = IDLE_S;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (strcmp(argv[i], "--dir") == 0)
 			dir = argv[i + 1];
 		else if (strcmp(argv[i], "--upstream") == 0)
 			upstream = argv[i + 1];
+		else if (strcmp(argv[i], "--idle") == 0)
+			idle_s = strtol(argv[i + 1], NULL, 10);
 	}
-	if (!dir) {
-		fprintf(stderr, "usage: spaced-netd --dir STATE/net [--upstream IP[:PORT]]\n");
+	if (!dir || idle_s < 1 || idle_s > 86400) {
+		fprintf(stderr, "usage: spaced-netd --dir STATE/net [--upstream IP[:PORT]] [--idle SECONDS (1..86400)]\n");
 		return 2;
 	}
 	if (sodium_init() < 0)
@@ -531,9 +534,9 @@ int main(int argc, char **argv)
 			last_check = now_ms();
 			if (links_present())
 				last_link = last_check;
-			else if (last_check - last_link > IDLE_S * 1000u && teardown(nsp)) {
-				logf_("level=info event=exit reason=\"no execution for %d s: the egress namespace is taken down\"",
-				      IDLE_S);
+			else if (last_check - last_link > (uint64_t)idle_s * 1000u && teardown(nsp)) {
+				logf_("level=info event=exit reason=\"no execution for %ld s: the egress namespace is taken down\"",
+				      idle_s);
 				return 0;
 			}
 			struct statfs sf;

@@ -174,6 +174,30 @@ esac
 "$vm" ctl --state "$tmp/x" THAW >/dev/null || fail "THAW"
 out=$(bridge thawed $good $qemu_ok --guest-cid 9 --identity "$ID1")
 expect_ok "after the thaw the guest answers again" "$out"
+# S4 through spaced-vm (the worker's activation change of a running VM): its guest takes another
+# activation of its identity, a bridge expecting it is served, a bridge expecting the old one is
+# refused; spaced-vm refuses another sandbox's identity and changes nothing while the VM is paused
+"$vm" ctl --state "$tmp/x" IDENTITY "$ID1B" >/dev/null || fail "spaced-vm ctl IDENTITY (another activation)"
+out=$(bridge activated $good $qemu_ok --guest-cid 9 --identity "$ID1B")
+case "$out" in
+*"ok hello identity=$ID1B"*) ok "after spaced-vm's IDENTITY a bridge expecting the new activation is served" ;;
+*) fail "bridge for the new activation: $out" ;;
+esac
+out=$(bridge stale $good $qemu_ok --guest-cid 9 --identity "$ID1")
+expect_refused "a bridge expecting the old activation is refused" "$out" SPACED_EIDENTITY ""
+case "$("$vm" ctl --state "$tmp/x" IDENTITY "$ID2" 2>&1)" in
+*"ERR identity: only another activation"*) ok "spaced-vm refuses another sandbox's identity" ;;
+*) fail "spaced-vm took another sandbox's identity" ;;
+esac
+"$vm" ctl --state "$tmp/x" PAUSE >/dev/null || fail "PAUSE"
+case "$("$vm" ctl --state "$tmp/x" IDENTITY "$ID1" 2>&1)" in
+*"ERR identity: the execution is paused"*) ok "spaced-vm refuses an activation change while paused" ;;
+*) fail "activation change while paused" ;;
+esac
+"$vm" ctl --state "$tmp/x" THAW >/dev/null || fail "THAW"
+"$vm" ctl --state "$tmp/x" IDENTITY "$ID1" >/dev/null || fail "spaced-vm ctl IDENTITY (back to the first activation)"
+out=$(bridge back $good $qemu_ok --guest-cid 9 --identity "$ID1")
+expect_ok "and back under the first activation it is served" "$out"
 
 # a replaced back-end: a genuine spaced-vsockd of its own, its hybrid socket
 # renamed over the VM's (the real back-end still runs)
