@@ -1332,7 +1332,6 @@ static const char *snapshot_url(struct cp *cp, char *buf, size_t n, const char *
 	return buf;
 }
 
-/* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
 /* The same generation activated again on its worker, p (a new activation:
  * the execution kept there after a move that did not finish, or the one that
  * runs there). When the worker says that execution no longer runs there
@@ -1370,6 +1369,7 @@ static int place_sandbox(struct cp_store *st, const struct sbx *s, const char *w
 	return status;
 }
 
+/* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
 static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const struct sbx *s, const char *op,
                   const char *worker, json_t **body)
 {
