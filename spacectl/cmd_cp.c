@@ -42,7 +42,7 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME, O_RESTART, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -62,6 +62,7 @@ static const struct option cp_longopts[] = {
 	{"env", required_argument, NULL, O_ENV},
 	{"meta", required_argument, NULL, O_META},
 	{"auto-resume", no_argument, NULL, O_AUTO_RESUME},
+	{"restart", required_argument, NULL, O_RESTART},
 	{"network", required_argument, NULL, O_NETWORK},
 	{"allow-out", required_argument, NULL, O_ALLOW_OUT},
 	{"deny-out", required_argument, NULL, O_DENY_OUT},
@@ -72,7 +73,7 @@ static const char cp_usage[] =
 	"usage: spacectl workers [--json]\n"
 	"       spacectl create [--worker W] [--substrate S] [--template T] [--cpus N] [--memory SIZE]\n"
 	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--env K=V]...\n"
-	"                       [--meta K=V]... [--auto-resume] [--json]\n"
+	"                       [--meta K=V]... [--auto-resume] [--restart never|on-failure] [--json]\n"
 	"                       [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
 	"       spacectl quota [--json]\n"
 	"       spacectl ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
@@ -125,6 +126,7 @@ int cmd_cp(int argc, char **argv)
 		case O_PROTOCOL: json_object_set_new(req, "protocol", json_string(optarg)); break;
 		case O_TO: json_object_set_new(req, "to", json_string(optarg)); target = optarg; break;
 		case O_AUTO_RESUME: json_object_set_new(req, "auto_resume", json_true()); break;
+		case O_RESTART: json_object_set_new(req, "restart", json_string(optarg)); break;
 		case O_ENV:
 		case O_META: {
 			const char *eq = strchr(optarg, '=');

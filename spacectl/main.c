@@ -29,7 +29,7 @@ static const char usage[] =
 	"else the system's trust store):\n"
 	"  workers [--json]                               registered workers\n"
 	"  create [--worker W] [--substrate S] [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE]\n"
-	"         [--template T] [--env K=V]... [--meta K=V]... [--auto-resume] [--json]\n"
+	"         [--template T] [--env K=V]... [--meta K=V]... [--auto-resume] [--restart on-failure] [--json]\n"
 	"                                                 a new sandbox (prints its ID); limits default\n"
 	"                                                 to the worker's (SIZE: bytes or 512M, 2G …)\n"
 	"  quota [--json]                                 the tenant's quotas and what it holds\n"

@@ -541,10 +541,10 @@ static uint64_t recent_route_at(struct cp *cp, const char *sandbox)
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
 	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes, "        \
-	"cpu_milli, memory_bytes, pids, disk_bytes"
+	"cpu_milli, memory_bytes, pids, disk_bytes, restarts"
 enum { C_ID, C_TENANT, C_STATE, C_GEN, C_WORKER, C_SUBSTRATE, C_ACT, C_SPEC, C_SNAP, C_OP, C_OPUNTIL,
        C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ, C_SNAPHASH, C_SNAPBYTES, C_CPU, C_MEM,
-       C_PIDS, C_DISK };
+       C_PIDS, C_DISK, C_RESTARTS };
 
 struct sbx {
 	struct cp_rows *rows;
@@ -601,6 +601,9 @@ static json_t *sbx_json(const struct sbx *s)
 		json_object_set_new(j, "template", json_is_object(t) ? json_incref(json_object_get(t, "name")) : json_null());
 		json_object_set_new(j, "metadata", json_is_object(md) ? json_incref(md) : json_object());
 		json_object_set_new(j, "auto_resume", json_boolean(json_is_true(json_object_get(sp, "auto_resume"))));
+		json_t *rp = json_object_get(sp, "restart");
+		json_object_set_new(j, "restart", json_string(json_is_string(rp) ? json_string_value(rp) : "never"));
+		json_object_set_new(j, "restarts", json_integer(cp_rows_i64(s->rows, s->r, C_RESTARTS, 0)));
 		json_t *net = json_object_get(json_object_get(j, "spec"), "network");
 		json_object_set_new(j, "network", json_is_object(net) ? json_incref(net) : cp_network_or_default(""));
 	}
@@ -1263,6 +1266,8 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 		json_object_set_new(spec, "metadata", json_loads(c->meta_json, JSON_REJECT_DUPLICATES, &jerr));
 	if (spec && c->auto_resume)
 		json_object_set_new(spec, "auto_resume", json_true());
+	if (spec && c->restart_on_failure)
+		json_object_set_new(spec, "restart", json_string("on-failure"));
 	/* the egress policy travels in the spec: every install carries it (docs/network.md) */
 	if (spec != NULL)
 		json_object_set_new(spec, "network", cp_network_or_default(c->network));
@@ -1555,6 +1560,9 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			const char *snap = col(s, C_SNAP);
 			if ((status = place_sandbox(st, s, worker, NULL, &p, body)) != 0)
 				goto out;
+			/* one that its restart policy gave up on starts counting again */
+			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET restarts = 0, restarts_since = 0 WHERE id = $1 AND restarts_since < 0",
+			     id);
 			status = start_execution(cp, st, s, &p, snap, snap ? col(s, C_SNAPHASH) : NULL, 0, body);
 			if (status != 0)
 				goto out;
@@ -1856,10 +1864,61 @@ void cp_execution_ended(struct cp *cp, struct cp_store *st, const char *worker, 
 	           reason);
 }
 
+/* A failed sandbox whose restart policy is "on-failure" is resumed by the
+ * reaper (a new generation, I2) at most CP_RESTART_BURST times within
+ * CP_RESTART_WINDOW_S seconds of its first restart; then it is left failed
+ * (restarts_since = -1, said in last_error) until someone resumes it. */
+#define CP_RESTART_BURST 5
+#define CP_RESTART_WINDOW_S 600
+
+static void restart_failed(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, int64_t t)
+{
+	struct sbx s;
+	struct cp_rows *rows = NULL;
+	json_error_t jerr;
+	char nb[24], sb[24];
+	if (sbx_load(st, tenant, id, &s) < 0)
+		return;
+	json_t *spec = json_loads(col(&s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr);
+	json_t *rp = json_object_get(spec, "restart");
+	bool on_failure = json_is_string(rp) && strcmp(json_string_value(rp), "on-failure") == 0;
+	json_decref(spec);
+	cp_rows_free(s.rows);
+	if (!on_failure ||
+	    CP_Q(st, &rows, NULL, "SELECT restarts, restarts_since FROM sandboxes WHERE id = $1", id) < 0)
+		return;
+	int64_t n = cp_rows_i64(rows, 0, 0, 0), since = cp_rows_i64(rows, 0, 1, 0);
+	cp_rows_free(rows);
+	if (since < 0)
+		return; /* left failed */
+	if (since < t - CP_RESTART_WINDOW_S) {
+		n = 0;
+		since = t;
+	}
+	if (n >= CP_RESTART_BURST) {
+		char tail[128];
+		snprintf(tail, sizeof tail, " (restarted %d times within %d s: left failed)", CP_RESTART_BURST,
+		         CP_RESTART_WINDOW_S);
+		CP_Q(st, NULL, NULL,
+		     "UPDATE sandboxes SET restarts_since = -1, last_error = COALESCE(last_error, '') || $2 "
+		     "WHERE id = $1 AND state = 'failed'",
+		     id, tail);
+		spaced_log("spaced-cp", "level=warn event=restart-limit sandbox=%s restarts=%lld", id, (long long)n);
+		return;
+	}
+	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET restarts = $2, restarts_since = $3 WHERE id = $1 AND state = 'failed'",
+	     id, cp_i64(nb, n + 1), cp_i64(sb, since));
+	json_t *body = NULL;
+	int status = cp_op_simple(cp, st, tenant, id, "resume", NULL, &body);
+	spaced_log("spaced-cp", "level=info event=restart sandbox=%s restart=%lld status=%d generation=%lld", id,
+	           (long long)(n + 1), status, (long long)json_integer_value(json_object_get(body, "generation")));
+	json_decref(body);
+}
+
 void cp_reap(struct cp *cp, struct cp_store *st)
 {
 	struct cp_rows *rows = NULL;
-	char now[24], retry[24];
+	char now[24], retry[24], soon[24];
 	int64_t t = spaced_now();
 	/* absolute timeout: kill; idle timeout: pause; an operation whose holder
 	 * died (its lease expired mid-way) or whose recovery failed: finish it with
@@ -1876,8 +1935,12 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	         "UNION ALL SELECT s.id, s.tenant, 'resume', CASE WHEN s.state = 'stopped' THEN NULL ELSE s.worker END, "
 	         "COALESCE(w.channel_until, 0) FROM sandboxes s LEFT JOIN workers w ON w.id = s.worker "
 	         "WHERE s.deleted = 0 AND (s.op IS NULL OR s.op_until < $1) "
-	         "AND s.state IN ('starting', 'moving', 'stopped') AND s.last_active < $2",
-	         cp_i64(now, t), cp_i64(retry, t - 5)) < 0)
+	         "AND s.state IN ('starting', 'moving', 'stopped') AND s.last_active < $2 "
+	         /* a failed sandbox, a second after its failure (restart_failed decides) */
+	         "UNION ALL SELECT id, tenant, 'restart', NULL, 0 FROM sandboxes WHERE deleted = 0 AND state = 'failed' "
+	         "AND restarts_since >= 0 AND spec LIKE '%\"restart\":\"on-failure\"%' "
+	         "AND (op IS NULL OR op_until < $1) AND last_active < $3",
+	         cp_i64(now, t), cp_i64(retry, t - 5), cp_i64(soon, t - 1)) < 0)
 		return;
 	for (int i = 0; i < rows->nrows && !cp->stopping; i++) {
 		json_t *body = NULL;
@@ -1886,6 +1949,10 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		const char *wait_for = cp_rows_get(rows, i, 3);
 		if (wait_for != NULL && !cp_worker_live(wait_for, cp_rows_i64(rows, i, 4, 0), t))
 			continue;
+		if (strcmp(cp_rows_get(rows, i, 2), "restart") == 0) {
+			restart_failed(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0), t);
+			continue;
+		}
 		int status = cp_op_simple(cp, st, cp_rows_get(rows, i, 1), cp_rows_get(rows, i, 0),
 		                          cp_rows_get(rows, i, 2), NULL, &body);
 		/* paused for idleness: an auto-resume sandbox comes back at its next route */

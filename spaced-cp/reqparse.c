@@ -206,7 +206,7 @@ int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, cha
 {
 	static const char *const allowed[] = {"template", "template_hash", "cpus", "memory_bytes", "pids",
 	                                      "disk_bytes", "substrate", "worker", "idle_timeout", "max_lifetime",
-	                                      "env", "metadata", "auto_resume", "network", NULL};
+	                                      "env", "metadata", "auto_resume", "restart", "network", NULL};
 	static const char *const res_members[] = {"cpus", "memory_bytes", "pids", "disk_bytes"};
 	struct cp_create_req c = {.substrate = "process", .idle_timeout = -1, .max_lifetime = -1};
 	int r = SPACED_EINVAL;
@@ -243,6 +243,13 @@ int cp_parse_create(const char *body, size_t len, struct cp_create_req *out, cha
 		goto out;
 	}
 	c.auto_resume = ar && json_is_true(ar);
+	json_t *rp = json_object_get(o, "restart");
+	if (rp && (!json_is_string(rp) || (strcmp(json_string_value(rp), "never") != 0 &&
+	                                   strcmp(json_string_value(rp), "on-failure") != 0))) {
+		fail(err, errsz, "'restart' must be \"never\" or \"on-failure\"");
+		goto out;
+	}
+	c.restart_on_failure = rp && strcmp(json_string_value(rp), "on-failure") == 0;
 	/* the limits travel flat in the body, as one resources object everywhere else */
 	for (size_t i = 0; i < sizeof res_members / sizeof res_members[0]; i++) {
 		json_t *v = json_object_get(o, res_members[i]);

@@ -32,6 +32,7 @@ struct cp_create_req {
 	char env_json[CP_ENV_JSON_MAX];      /* {"K":"V",…} compact, "" when none */
 	char meta_json[CP_META_JSON_MAX];    /* {"K":"V",…} compact, "" when none */
 	int auto_resume;                     /* an operation on it while paused for idleness resumes it */
+	int restart_on_failure;              /* "restart": "on-failure": a failed sandbox is resumed (bounded) */
 	struct spaced_resources res;          /* fields of 0: the placed worker's defaults */
 	char substrate[SPACED_NAME_MAX];      /* "process" when the body names none */
 	int has_substrate;                    /* 1 when the body named it */
@@ -83,7 +84,7 @@ struct cp_chan_msg {
 };
 
 /* POST /v1/sandboxes: {"template","template_hash","cpus","memory_bytes","pids","disk_bytes",
- * "substrate","worker","idle_timeout","max_lifetime","env","metadata","auto_resume","network"}, every
+ * "substrate","worker","idle_timeout","max_lifetime","env","metadata","auto_resume","restart","network"}, every
  * member optional ("template" and "template_hash" exclude each other). "env": at most 64 names
  * [A-Za-z_][A-Za-z0-9_]* (up to 128 bytes) to strings of up to 4096 bytes without NUL; "metadata":
  * at most 32 keys [A-Za-z0-9._-] (up to 63 bytes) to strings of up to 256 bytes; network is an

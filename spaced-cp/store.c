@@ -74,6 +74,9 @@ static const struct {
 	{"sandboxes", "idle_paused", "BIGINT NOT NULL DEFAULT 0"},
 	/* where the serving execution's ServicePort gateway listens on its worker (0: none) */
 	{"sandboxes", "gateway", "BIGINT NOT NULL DEFAULT 0"},
+	/* restarts of a failed sandbox by its restart policy, counted since restarts_since */
+	{"sandboxes", "restarts", "BIGINT NOT NULL DEFAULT 0"},
+	{"sandboxes", "restarts_since", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 int cp_store_open(const char *url, struct cp_store **out)

@@ -359,6 +359,28 @@ expect "the sandbox stays in error at generation 1" "$(api "$TA" GET "/v1/sandbo
 api "$TA" DELETE "/v1/sandboxes/$S10" >/dev/null; api "$TA" DELETE "/v1/sandboxes/$S11" >/dev/null
 stop_worker wf
 
+# ---- restart policy on-failure: a failed sandbox is resumed by itself, a bounded number of times ----
+expect "restart must be never or on-failure" "$(api "$TA" POST /v1/sandboxes '{"restart":"always"}'; body .error)" "400bad-request"
+expect "create with restart on-failure" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","restart":"on-failure"}'; body .restart)" "201on-failure"
+S12=$(body .id)
+rs_state() { api "$TA" GET "/v1/sandboxes/$S12" >/dev/null; body '.state + " " + (.generation|tostring) + " " + (.restarts|tostring)'; }
+# each round: wa reports the current execution ended; the control plane marks it failed and,
+# a second later, resumes it as the next generation; the sixth failure within 10 minutes is left
+for round in 1 2 3 4 5 6; do
+	api "$TA" GET "/v1/sandboxes/$S12" >/dev/null
+	ended_line "$(jq -c .route "$W/body")" "round $round" >"$W/say-wa"
+	stop_worker wa; start_worker wa --say "$W/say-wa"
+	if [ $round -le 5 ]; then
+		want="running $((round + 1)) $round"
+		WAIT_SECONDS=20 wait_for "failure $round: restarted as generation $((round + 1))" sh -c "[ \"\$(curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S12 | jq -r '.state + \" \" + (.generation|tostring) + \" \" + (.restarts|tostring)')\" = '$want' ]"
+	fi
+done
+WAIT_SECONDS=20 wait_for "failure 6 within 10 minutes: left failed, and it says so" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S12 | jq -e '.state == \"failed\" and (.last_error | test(\"restarted 5 times within 600 s: left failed\"))' >/dev/null"
+sleep 2.5
+expect "and stays failed (no more restarts)" "$(rs_state)" "failed 6 5"
+expect "a resume by hand starts it again" "$(api "$TA" POST "/v1/sandboxes/$S12/resume" '{}'; body '.state + " " + (.generation|tostring)')" "200running 7"
+api "$TA" DELETE "/v1/sandboxes/$S12" >/dev/null
+
 # ---- restart keeps state (kill -9, then start again) ----
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
 kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true

@@ -169,6 +169,15 @@ wait_for "and the control plane marked it failed" sh -c "\"$SC\" inspect $F --js
 "$SC" resume "$F" >/dev/null
 expect "its resume serves as a new generation" "$("$SC" exec "$F" -- hostname 2>&1)" "$F"
 
+# ---- with --restart on-failure the control plane resumes a failed sandbox by itself (a new generation) ----
+R=$("$SC" create --worker worker-1 --restart on-failure)
+RGEN=$("$SC" inspect "$R" --json | jq .generation)
+RL=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq ".result.records[] | select(.identity.sandbox == \"$R\") | .pid")
+kill -9 "$RL"
+WAIT_SECONDS=30 wait_for "the failed sandbox came back by itself as a greater generation" sh -c \
+	"\"$SC\" inspect $R --json | jq -e '.state == \"running\" and .generation > $RGEN and .restarts == 1' >/dev/null"
+expect "and serves" "$("$SC" exec "$R" -- hostname 2>&1)" "$R"
+
 # ---- dev down stops the keeper first: nothing comes back ----
 "$SC" dev down --dir "$D" >"$W/down" 2>&1
 sleep 1
