@@ -590,13 +590,15 @@ class Sandbox:
     @classmethod
     def create(cls, template=None, envs=None, metadata=None, cpus=None, memory=None, pids=None, disk=None,
                network=None, allow_out=None, deny_out=None, worker=None, substrate=None, timeout=None,
-               idle_timeout=None, cp_url=None, api_key=None, connection=None):
+               idle_timeout=None, restart=None, cp_url=None, api_key=None, connection=None):
         """Creates a sandbox and returns it running.
 
         memory and disk take bytes or a size ('512M'); timeout is its lifetime in
         seconds (deleted after), idle_timeout the seconds without activity
-        before it is paused. template, envs, metadata and the network policy
-        are sent to the control plane; one that does not take them raises
+        before it is paused; restart="on-failure" has the control plane resume
+        it (a new generation) when its execution ends, at most 5 times in 10
+        minutes. template, envs, metadata, restart and the network policy are
+        sent to the control plane; one that does not take them raises
         NotSupportedError (nothing is created then)."""
         conn = _connection(connection, cp_url, api_key)
         body = {}
@@ -622,6 +624,9 @@ class Sandbox:
             body["network"] = {"mode": network or "deny", "allow_out": list(allow_out or []),
                                "deny_out": list(deny_out or [])}
             extras.append("network")
+        if restart is not None:
+            body["restart"] = str(restart)
+            extras.append("restart")
         try:
             _, doc = conn.cp("POST", "/v1/sandboxes", body)
         except ControlPlaneError as e:

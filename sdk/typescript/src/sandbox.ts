@@ -590,6 +590,8 @@ export interface CreateOpts extends ConnectOpts {
   timeout?: number;
   /** seconds without activity before it is paused */
   idleTimeout?: number;
+  /** "on-failure": when its execution ends, the control plane resumes it (a new generation), at most 5 times in 10 minutes */
+  restart?: "never" | "on-failure";
 }
 
 /** A sandbox. Make one with Sandbox.create() or Sandbox.connect(id). */
@@ -648,6 +650,10 @@ export class Sandbox {
     if (opts.network !== undefined || opts.allowOut?.length || opts.denyOut?.length) {
       body.network = { mode: opts.network ?? "deny", allow_out: opts.allowOut ?? [], deny_out: opts.denyOut ?? [] };
       extras.push("network");
+    }
+    if (opts.restart !== undefined) {
+      body.restart = opts.restart;
+      extras.push("restart");
     }
     let doc: Record<string, any>;
     try {
