@@ -1555,11 +1555,17 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 		if (strcmp(state, "failed") == 0) {
 			/* its execution died on its worker (cp_execution_ended): a new,
 			 * greater generation (I2) — never the dead one again — from the
-			 * last snapshot when there is one, else from its template, on
-			 * the worker asked for or any that can take it */
+			 * last snapshot when there is one, else from its template */
 			const char *snap = col(s, C_SNAP);
-			if ((status = place_sandbox(st, s, worker, NULL, &p, body)) != 0)
-				goto out;
+			/* on the worker asked for; else where it ran, when that worker can
+			 * take it (its caches are warm), else any */
+			status = worker[0] == 0 && cur != NULL ? place_sandbox(st, s, cur, NULL, &p, body) : -1;
+			if (status != 0) {
+				json_decref(*body);
+				*body = NULL;
+				if ((status = place_sandbox(st, s, worker, NULL, &p, body)) != 0)
+					goto out;
+			}
 			/* one that its restart policy gave up on starts counting again */
 			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET restarts = 0, restarts_since = 0 WHERE id = $1 AND restarts_since < 0",
 			     id);
@@ -1881,7 +1887,9 @@ static void restart_failed(struct cp *cp, struct cp_store *st, const char *tenan
 		return;
 	json_t *spec = json_loads(col(&s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr);
 	json_t *rp = json_object_get(spec, "restart");
-	bool on_failure = json_is_string(rp) && strcmp(json_string_value(rp), "on-failure") == 0;
+	/* still failed: another replica's reaper may have restarted it since the list was read */
+	bool on_failure = json_is_string(rp) && strcmp(json_string_value(rp), "on-failure") == 0 &&
+	                  strcmp(col(&s, C_STATE), "failed") == 0;
 	json_decref(spec);
 	cp_rows_free(s.rows);
 	if (!on_failure ||
@@ -1906,10 +1914,13 @@ static void restart_failed(struct cp *cp, struct cp_store *st, const char *tenan
 		spaced_log("spaced-cp", "level=warn event=restart-limit sandbox=%s restarts=%lld", id, (long long)n);
 		return;
 	}
-	CP_Q(st, NULL, NULL, "UPDATE sandboxes SET restarts = $2, restarts_since = $3 WHERE id = $1 AND state = 'failed'",
-	     id, cp_i64(nb, n + 1), cp_i64(sb, since));
+	/* counted when it started: a restart that found no worker (503) is tried
+	 * again a second later without using up the limit */
 	json_t *body = NULL;
 	int status = cp_op_simple(cp, st, tenant, id, "resume", NULL, &body);
+	if (status == 200)
+		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET restarts = $2, restarts_since = $3 WHERE id = $1", id,
+		     cp_i64(nb, n + 1), cp_i64(sb, since));
 	spaced_log("spaced-cp", "level=info event=restart sandbox=%s restart=%lld status=%d generation=%lld", id,
 	           (long long)(n + 1), status, (long long)json_integer_value(json_object_get(body, "generation")));
 	json_decref(body);

@@ -372,7 +372,8 @@ for round in 1 2 3 4 5 6; do
 	stop_worker wa; start_worker wa --say "$W/say-wa"
 	if [ $round -le 5 ]; then
 		want="running $((round + 1)) $round"
-		WAIT_SECONDS=20 wait_for "failure $round: restarted as generation $((round + 1))" sh -c "[ \"\$(curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S12 | jq -r '.state + \" \" + (.generation|tostring) + \" \" + (.restarts|tostring)')\" = '$want' ]"
+		WAIT_SECONDS=30 wait_for "failure $round: restarted as generation $((round + 1))" sh -c "[ \"\$(curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S12 | jq -r '.state + \" \" + (.generation|tostring) + \" \" + (.restarts|tostring)')\" = '$want' ]" ||
+			{ echo "  state: $(rs_state)"; grep "sandbox=$S12" "$CP_LOG" | tail -n 5; }
 	fi
 done
 WAIT_SECONDS=20 wait_for "failure 6 within 10 minutes: left failed, and it says so" sh -c "curl -s -H 'Authorization: Bearer $TA' $CP_URL/v1/sandboxes/$S12 | jq -e '.state == \"failed\" and (.last_error | test(\"restarted 5 times within 600 s: left failed\"))' >/dev/null"
