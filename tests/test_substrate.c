@@ -1030,7 +1030,9 @@ Test(substrate, disk_is_its_own_budget_apart_from_memory)
 	dfsize = atol(out);
 	cr_assert(dfsize > disk * 95 / 100 && dfsize < disk * 105 / 100, "df shows %ld bytes free of a %ld disk", dfsize, disk);
 	/* 128 MiB into the 64 MiB disk: ENOSPC at the disk's size, not an OOM kill at 32 MiB */
-	(void)run_in(&l, "head -c 134217728 /dev/zero > /root/big; echo status=$?; stat -c size=%s /root/big", out, sizeof(out));
+	/* synced: the blocks reach the image through the loop device, not at once */
+	(void)run_in(&l, "head -c 134217728 /dev/zero > /root/big; echo status=$?; stat -c size=%s /root/big; sync", out,
+	             sizeof(out));
 	cr_log_info("%s", out);
 	cr_assert(strstr(out, "No space left") != NULL, "%s", out);
 	cr_assert(strstr(out, "status=1") != NULL, "the writer did not end with its own error: %s", out);
