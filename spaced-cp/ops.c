@@ -541,10 +541,10 @@ static uint64_t recent_route_at(struct cp *cp, const char *sandbox)
 #define SBX_COLS                                                                                          \
 	"id, tenant, state, generation, worker, substrate, activation, spec, snapshot, op, op_until, last_error, " \
 	"created, last_active, idle_timeout, max_lifetime, install_seq, snapshot_hash, snapshot_bytes, "        \
-	"cpu_milli, memory_bytes, pids, disk_bytes, restarts"
+	"cpu_milli, memory_bytes, pids, disk_bytes, restarts, restarts_since"
 enum { C_ID, C_TENANT, C_STATE, C_GEN, C_WORKER, C_SUBSTRATE, C_ACT, C_SPEC, C_SNAP, C_OP, C_OPUNTIL,
        C_LASTERR, C_CREATED, C_ACTIVE, C_IDLE, C_MAXLIFE, C_INSTSEQ, C_SNAPHASH, C_SNAPBYTES, C_CPU, C_MEM,
-       C_PIDS, C_DISK, C_RESTARTS };
+       C_PIDS, C_DISK, C_RESTARTS, C_RESTARTS_SINCE };
 
 struct sbx {
 	struct cp_rows *rows;
@@ -1880,7 +1880,6 @@ void cp_execution_ended(struct cp *cp, struct cp_store *st, const char *worker, 
 static void restart_failed(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, int64_t t)
 {
 	struct sbx s;
-	struct cp_rows *rows = NULL;
 	json_error_t jerr;
 	char nb[24], sb[24];
 	if (sbx_load(st, tenant, id, &s) < 0)
@@ -1890,15 +1889,11 @@ static void restart_failed(struct cp *cp, struct cp_store *st, const char *tenan
 	/* still failed: another replica's reaper may have restarted it since the list was read */
 	bool on_failure = json_is_string(rp) && strcmp(json_string_value(rp), "on-failure") == 0 &&
 	                  strcmp(col(&s, C_STATE), "failed") == 0;
+	int64_t n = cp_rows_i64(s.rows, s.r, C_RESTARTS, 0), since = cp_rows_i64(s.rows, s.r, C_RESTARTS_SINCE, 0);
 	json_decref(spec);
 	cp_rows_free(s.rows);
-	if (!on_failure ||
-	    CP_Q(st, &rows, NULL, "SELECT restarts, restarts_since FROM sandboxes WHERE id = $1", id) < 0)
-		return;
-	int64_t n = cp_rows_i64(rows, 0, 0, 0), since = cp_rows_i64(rows, 0, 1, 0);
-	cp_rows_free(rows);
-	if (since < 0)
-		return; /* left failed */
+	if (!on_failure || since < 0)
+		return; /* no policy, or left failed */
 	if (since < t - CP_RESTART_WINDOW_S) {
 		n = 0;
 		since = t;

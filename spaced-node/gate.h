@@ -109,6 +109,8 @@ bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
  * tombstone in state "ended" — when it still names that launcher — its
  * bridge ends and the control plane is told (gate_admin_ended). */
 void gate_ctl_ended(struct mgr *m, const char *sandbox, int64_t pid, uint64_t start);
+/* True when r is active and says its execution runs or is paused. */
+bool gate_rec_serving(const struct mgr_rec *r);
 /* The name of a control operation kind (1 … GATE_CTL_KINDS-1), "?" else. */
 const char *gate_ctl_kind_name(unsigned kind);
 

@@ -1102,8 +1102,7 @@ static void end_execution(struct mgr *m, const struct mgr_rec *cur, const char *
 	gate_admin_ended(m, &rec, why);
 }
 
-/* A record says its execution runs or is paused, active. */
-static bool serving(const struct mgr_rec *r)
+bool gate_rec_serving(const struct mgr_rec *r)
 {
 	return r->r.active && (strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0);
 }
@@ -1114,7 +1113,7 @@ static void run_ended(struct mgr *m, struct ctl_op *op)
 	const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
 	/* the launcher's pid and start time pin the execution (an activation
 	 * change keeps it; a new generation has another) */
-	if (cur && serving(cur) && cur->pid == op->rec.pid && cur->pid_start == op->rec.pid_start)
+	if (cur && gate_rec_serving(cur) && cur->pid == op->rec.pid && cur->pid_start == op->rec.pid_start)
 		end_execution(m, cur, "its launcher ended while its record says it runs");
 	op_finish(m, op);
 }
@@ -1165,7 +1164,7 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 				op_finish(m, op);
 			return;
 		}
-		if (serving(cur))
+		if (gate_rec_serving(cur))
 			end_execution(m, cur, "found ended when the worker started");
 		op_finish(m, op);
 		return;

@@ -33,8 +33,7 @@ static struct exec_watch *watches;
 
 static bool watched(const struct mgr_rec *r)
 {
-	return r->r.active && r->pid > 0 &&
-	       (strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0);
+	return r->pid > 0 && gate_rec_serving(r);
 }
 
 static void on_closed(uv_handle_t *h)

@@ -134,19 +134,15 @@ int mgr_run_wait(const char *const argv[])
 	return (WIFEXITED(status) && WEXITSTATUS(status) == 0) ? 0 : SPACED_EIO;
 }
 
+/* A pidfd of pid when it is still the process that started at start (the
+ * caller closes it), or SPACED_ENOENT. */
 static int pidfd_pinned(int64_t pid, uint64_t start)
 {
-	uint64_t st;
-	if (pid <= 0)
+	struct spaced_pidref ref = SPACED_PIDREF_NULL;
+	char why[160];
+	if (pid <= 0 || spaced_pidref_expected(&ref, (pid_t)pid, start, why, sizeof why) < 0)
 		return SPACED_ENOENT;
-	int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-	if (fd < 0)
-		return SPACED_ENOENT;
-	if (spaced_proc_start_time((pid_t)pid, &st) < 0 || st != start) {
-		close(fd);
-		return SPACED_ENOENT;
-	}
-	return fd;
+	return ref.pidfd; /* the caller's now */
 }
 
 static int pidfd_of(const struct mgr_rec *rec)

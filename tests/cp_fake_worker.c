@@ -100,18 +100,26 @@ static void log_line(const char *text, int dup)
 	fclose(f);
 }
 
-static void queue_ack(json_t *a)
+/* Queues text (taken) to go out at due (monotonic ns). */
+static void out_push(char *text, uint64_t due)
 {
-	struct ack *k = calloc(1, sizeof *k);
-	if (k == NULL)
+	struct ack *k = text ? calloc(1, sizeof *k) : NULL;
+	if (k == NULL) {
+		free(text);
 		return;
-	k->text = json_dumps(a, JSON_COMPACT);
-	k->due = spaced_mono_ns() + (uint64_t)o_delay * 1000000u;
+	}
+	k->text = text;
+	k->due = due;
 	if (acks_tail)
 		acks_tail->next = k;
 	else
 		acks_head = k;
 	acks_tail = k;
+}
+
+static void queue_ack(json_t *a)
+{
+	out_push(json_dumps(a, JSON_COMPACT), spaced_mono_ns() + (uint64_t)o_delay * 1000000u);
 }
 
 /* --say: every line of the file, queued to go out now (after the hello). */
@@ -121,17 +129,8 @@ static void queue_said(void)
 	char line[8192];
 	while (f && fgets(line, sizeof line, f)) {
 		line[strcspn(line, "\n")] = '\0';
-		struct ack *k = line[0] ? calloc(1, sizeof *k) : NULL;
-		if (k == NULL || (k->text = strdup(line)) == NULL) {
-			free(k);
-			continue;
-		}
-		k->due = spaced_mono_ns();
-		if (acks_tail)
-			acks_tail->next = k;
-		else
-			acks_head = k;
-		acks_tail = k;
+		if (line[0])
+			out_push(strdup(line), spaced_mono_ns());
 	}
 	if (f)
 		fclose(f);
