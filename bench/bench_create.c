@@ -18,6 +18,10 @@
  * (201, the sandbox running: the worker acknowledged its install). The pool's
  * hit rate over the measured creates comes from the worker's status.
  * Needs root (the process substrate) and bwrap. Last line: one JSON object.
+ * BENCH_TMP=DIR puts the cluster's directory under DIR instead of /tmp (to
+ * compare file systems); BENCH_TRACE=1 prints the concurrent burst's window
+ * in CLOCK_MONOTONIC seconds, for `perf record -k CLOCK_MONOTONIC -a` and
+ * `perf report --time START,END`.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -307,7 +311,7 @@ int main(int argc, char **argv)
 	*strrchr(self, '/') = 0;
 	*strrchr(self, '/') = 0;
 	snprintf(top, sizeof top, "%s", self);
-	snprintf(dir, sizeof dir, "/tmp/bench-create-XXXXXX");
+	snprintf(dir, sizeof dir, "%s/bench-create-XXXXXX", getenv("BENCH_TMP") ? getenv("BENCH_TMP") : "/tmp");
 	if (!mkdtemp(dir))
 		return 1;
 	char cmd[9000];
@@ -375,7 +379,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench-create: the pool did not refill\n");
 		goto out;
 	}
+	uint64_t burst0 = now_ns();
 	int bad = concurrent(nconc, false, cr);
+	uint64_t burst1 = now_ns();
+	if (getenv("BENCH_TRACE")) /* the burst's window, for perf record -k CLOCK_MONOTONIC … --time */
+		fprintf(stderr, "bench-create: concurrent creates from %.6f to %.6f (CLOCK_MONOTONIC, s)\n",
+		        (double)burst0 / 1e9, (double)burst1 / 1e9);
 	pool_counts(&ready, &h1, &m1);
 	int badb = concurrent(nconc, true, bw);
 	if (bad || badb) {

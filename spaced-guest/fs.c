@@ -261,17 +261,199 @@ int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
  * all after the last byte; and the file's pages do not pile up dirty. */
 #define FS_WRITEBACK_CHUNK (8u << 20)
 
+/* A large upload goes past the page cache: after its first FS_DIRECT_AFTER
+ * bytes (written through the cache, like every small file), the rest is
+ * staged in two aligned buffers and written with O_DIRECT, FS_DIRECT_CHUNK at
+ * a time, by the writer thread while the next chunk comes in (writer.c); the
+ * unaligned tail goes through the cache again. Copying a whole upload into
+ * fresh page-cache pages costs the sandbox more CPU than the transfer itself,
+ * evicts its working set, and all of it must reach the disk before the fsync
+ * that commits the file returns anyway. A file system that refuses O_DIRECT
+ * keeps the upload buffered. At most FS_DIRECT_STREAMS uploads hold staging
+ * buffers at once (the guest's memory is the sandbox's). */
+#define FS_DIRECT_AFTER (8u << 20)
+#define FS_DIRECT_CHUNK (2u << 20)
+#define FS_DIRECT_ALIGN 4096u
+#define FS_DIRECT_STREAMS 4
+static unsigned direct_streams;
+
+static int pwrite_full(int fd, const uint8_t *p, size_t n, uint64_t off)
+{
+	while (n > 0) {
+		ssize_t k = pwrite(fd, p, n, (off_t)off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			if (k == 0)
+				errno = EIO;
+			return -1;
+		}
+		p += k;
+		n -= (size_t)k;
+		off += (uint64_t)k;
+	}
+	return 0;
+}
+
+/* Waits for the write handed over last, if any, and takes its result (it
+ * may have finished, and failed, long before); 0, or -1 with errno set. */
+static int direct_settle(struct stream *s)
+{
+	if (!s->job_pending)
+		return 0;
+	s->job_pending = false;
+	int err = writer_wait(&s->job);
+	if (err == 0)
+		return 0;
+	errno = err;
+	return -1;
+}
+
+/* The staging buffers go (after the write in flight); the upload goes on
+ * through the page cache. */
+static void direct_end(struct stream *s)
+{
+	if (s->dbuf[0] == NULL)
+		return;
+	(void)direct_settle(s);
+	free(s->dbuf[0]);
+	free(s->dbuf[1]);
+	s->dbuf[0] = s->dbuf[1] = NULL;
+	s->dlen = 0;
+	direct_streams--;
+}
+
+/* p[0..n) at off through the page cache: O_DIRECT off first. */
+static int write_buffered(struct stream *s, const uint8_t *p, size_t n, uint64_t off)
+{
+	int flags = fcntl(s->fd, F_GETFL);
+	if (flags < 0 || ((flags & O_DIRECT) && fcntl(s->fd, F_SETFL, flags & ~O_DIRECT) < 0))
+		return -1;
+	return pwrite_full(s->fd, p, n, off);
+}
+
+/* Hands the full staging buffer to the writer thread and switches to the
+ * other one, once its own write is done. A write the file system refused
+ * (EINVAL: no O_DIRECT here after all) is made again through the page cache,
+ * and the upload stays buffered. */
+static int direct_rotate(struct stream *s)
+{
+	uint64_t off = s->written - s->dlen;
+	if (direct_settle(s) < 0) {
+		if (errno != EINVAL || write_buffered(s, s->job.p, s->job.n, s->job.off) < 0 ||
+		    write_buffered(s, s->dbuf[s->dcur], s->dlen, off) < 0)
+			return -1;
+		direct_end(s);
+		return 0;
+	}
+	s->job = (struct wjob){.fd = s->fd, .p = s->dbuf[s->dcur], .n = s->dlen, .off = off};
+	if (writer_submit(&s->job) == 0)
+		s->job_pending = true;
+	else if (pwrite_full(s->fd, s->job.p, s->job.n, off) < 0) {
+		/* no thread: written here, and refused */
+		if (errno != EINVAL || write_buffered(s, s->job.p, s->job.n, off) < 0)
+			return -1;
+		direct_end(s);
+		return 0;
+	}
+	s->dcur ^= 1;
+	s->dlen = 0;
+	return 0;
+}
+
+/* At the end of the upload: what is staged, its aligned part direct, the
+ * rest through the page cache. */
+static int direct_finish(struct stream *s)
+{
+	uint64_t off = s->written - s->dlen;
+	size_t aligned = s->dlen & ~(size_t)(FS_DIRECT_ALIGN - 1);
+	if (direct_settle(s) < 0) {
+		if (errno != EINVAL || write_buffered(s, s->job.p, s->job.n, s->job.off) < 0)
+			return -1;
+		aligned = 0;
+	}
+	if (aligned > 0 && pwrite_full(s->fd, s->dbuf[s->dcur], aligned, off) < 0) {
+		if (errno != EINVAL)
+			return -1;
+		aligned = 0;
+	}
+	if (aligned < s->dlen && write_buffered(s, s->dbuf[s->dcur] + aligned, s->dlen - aligned, off + aligned) < 0)
+		return -1;
+	s->dlen = 0;
+	direct_end(s);
+	return 0;
+}
+
+/* Starts staging for direct writes (at an aligned offset); false: buffered. */
+static bool direct_start(struct stream *s)
+{
+	s->direct_tried = true;
+	if (direct_streams >= FS_DIRECT_STREAMS)
+		return false;
+	void *a = NULL, *b = NULL;
+	if (posix_memalign(&a, FS_DIRECT_ALIGN, FS_DIRECT_CHUNK) != 0 ||
+	    posix_memalign(&b, FS_DIRECT_ALIGN, FS_DIRECT_CHUNK) != 0) {
+		free(a);
+		return false;
+	}
+	int flags = fcntl(s->fd, F_GETFL);
+	/* what was written through the cache starts on its way to the disk */
+	(void)sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+	if (flags < 0 || fcntl(s->fd, F_SETFL, flags | O_DIRECT) < 0) {
+		free(a);
+		free(b);
+		return false;
+	}
+	s->dbuf[0] = a;
+	s->dbuf[1] = b;
+	s->dcur = 0;
+	s->dlen = 0;
+	direct_streams++;
+	return true;
+}
+
+static int write_some(struct stream *s, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		if (s->dbuf[0] != NULL) {
+			size_t take = FS_DIRECT_CHUNK - s->dlen < n ? FS_DIRECT_CHUNK - s->dlen : n;
+			memcpy(s->dbuf[s->dcur] + s->dlen, p, take);
+			s->dlen += take;
+			s->written += take;
+			p += take;
+			n -= take;
+			if (s->dlen == FS_DIRECT_CHUNK && direct_rotate(s) < 0)
+				return -1;
+			continue;
+		}
+		/* through the cache, up to the switch's (aligned) offset */
+		size_t take = n;
+		if (!s->direct_tried && s->written < FS_DIRECT_AFTER && FS_DIRECT_AFTER - s->written < n)
+			take = (size_t)(FS_DIRECT_AFTER - s->written);
+		if (pwrite_full(s->fd, p, take, s->written) < 0)
+			return -1;
+		uint64_t before = s->written;
+		s->written += take;
+		p += take;
+		n -= take;
+		if (s->written / FS_WRITEBACK_CHUNK != before / FS_WRITEBACK_CHUNK) {
+			uint64_t upto = s->written / FS_WRITEBACK_CHUNK * FS_WRITEBACK_CHUNK;
+			(void)sync_file_range(s->fd, (off_t)(upto - FS_WRITEBACK_CHUNK), FS_WRITEBACK_CHUNK,
+			                      SYNC_FILE_RANGE_WRITE);
+		}
+		if (!s->direct_tried && s->written == FS_DIRECT_AFTER)
+			(void)direct_start(s);
+	}
+	return 0;
+}
+
 void fs_write_data(struct stream *s, const uint8_t *p, size_t n, bool end)
 {
-	if (n > 0 && spaced_io_write_full(s->fd, p, n) < 0) {
-		stream_finish(s, SPACED_EIO, "write failed", NULL);
+	if (write_some(s, p, n) < 0 || (end && s->dbuf[0] != NULL && direct_finish(s) < 0)) {
+		char msg[160];
+		snprintf(msg, sizeof msg, "write failed: %s", strerror(errno));
+		stream_finish(s, SPACED_EIO, msg, NULL);
 		return;
-	}
-	uint64_t before = s->written;
-	s->written += n;
-	if (s->written / FS_WRITEBACK_CHUNK != before / FS_WRITEBACK_CHUNK) {
-		uint64_t upto = s->written / FS_WRITEBACK_CHUNK * FS_WRITEBACK_CHUNK;
-		(void)sync_file_range(s->fd, (off_t)(upto - FS_WRITEBACK_CHUNK), FS_WRITEBACK_CHUNK, SYNC_FILE_RANGE_WRITE);
 	}
 	if (!end)
 		return;
@@ -296,6 +478,7 @@ void fs_write_data(struct stream *s, const uint8_t *p, size_t n, bool end)
 
 void fs_write_abort(struct stream *s)
 {
+	direct_end(s);
 	if (s->dirfd >= 0 && s->tmpname[0])
 		(void)unlinkat(s->dirfd, s->tmpname, 0);
 	s->tmpname[0] = 0;

@@ -1,7 +1,8 @@
 /*
  * guest.h — private header of spaced-guest, the agent inside an execution.
  *
- * One thread, one poll() loop (main.c). Connections (conn.c) carry frames;
+ * One poll() loop (main.c), and one helper thread that runs large uploads'
+ * direct writes meanwhile (writer.c). Connections (conn.c) carry frames;
  * each request opens a stream on its connection; file operations (fs.c),
  * processes and terminals (proc.c) and watches (watch.c) hang off streams.
  * Objects that die during an iteration are only marked and reclaimed at its end.
@@ -45,6 +46,18 @@ struct conn;
 struct proc;
 struct watch;
 
+/* A direct write handed to the writer thread (writer.c): fd, p[0..n) at off.
+ * busy until it is done; err is then 0 or the errno of the failed pwrite. */
+struct wjob {
+	struct wjob *next;
+	int fd;
+	const uint8_t *p;
+	size_t n;
+	uint64_t off;
+	bool busy;
+	int err;
+};
+
 struct stream {
 	struct stream *next;
 	struct conn *conn;
@@ -58,7 +71,13 @@ struct stream {
 	int dirfd;
 	char *name;
 	char tmpname[48];
-	uint64_t written;
+	uint64_t written;  /* bytes received; the file holds written - dlen */
+	uint8_t *dbuf[2];  /* a large upload's staging for direct writes (fs.c) */
+	int dcur;          /* the one being filled; the other may be in job */
+	size_t dlen;       /* bytes staged in dbuf[dcur] */
+	bool direct_tried; /* the switch to direct writes was made or refused */
+	struct wjob job;   /* the other buffer's write, handed over */
+	bool job_pending;  /* job's result not taken yet (writer_wait) */
 	/* ST_EXEC, ST_ATTACH, ST_TERM */
 	struct proc *proc;
 	/* ST_WATCH */
@@ -177,6 +196,11 @@ int proc_config(const char *json, size_t len);
 int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
 void fs_read_pump(struct stream *s);
 int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
+/* writer.c: queue j for the writer thread (started on first use); 0, or a
+ * negative errno when the thread cannot start (the caller writes itself) */
+int writer_submit(struct wjob *j);
+/* Blocks until j is done; its err. */
+int writer_wait(struct wjob *j);
 void fs_write_data(struct stream *s, const uint8_t *p, size_t n, bool end);
 void fs_write_abort(struct stream *s);
 int fs_list(struct conn *c, uint32_t id, struct spaced_field_reader *r);

@@ -1203,6 +1203,208 @@ Test(guest, cancelled_write_leaves_old_content)
 	spaced_guest_client_free(c);
 }
 
+/* ---- large uploads: the direct-write path (spaced-guest/fs.c) ----
+ * An upload's first 8 MiB go through the page cache, the rest through two
+ * aligned 2 MiB staging buffers with O_DIRECT (a writer thread), the tail
+ * through the cache again. These tests run in a mount namespace of their own
+ * (the file systems they mount vanish with it). */
+
+static void start_guest_private(void)
+{
+	cr_assert_eq(unshare(CLONE_NEWNS), 0, "unshare: %s", strerror(errno));
+	cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0);
+	start_guest();
+}
+
+TestSuite(guest_upload, .init = start_guest_private, .fini = stop_guest, .timeout = 120);
+
+/* Sends an upload of data[0..n) to path in frames of frame bytes, cancelled
+ * after cancel_after bytes when that is below n; returns the result's status. */
+static int upload(struct spaced_guest_client *c, uint32_t id, const char *path, const uint8_t *data, size_t n,
+                  size_t frame, size_t cancel_after)
+{
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	spaced_field_put_str(&b, path);
+	spaced_field_put_u64(&b, 0644);
+	spaced_field_put_u64(&b, 0);
+	cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_FS_WRITE, 0, id, b.data, b.len), 0);
+	spaced_buf_free(&b);
+	size_t off = 0;
+	do {
+		size_t k = n - off < frame ? n - off : frame;
+		if (off + k > cancel_after)
+			k = cancel_after - off;
+		bool last = off + k == n;
+		cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_DATA, last ? SPACED_FRAME_F_END : 0, id, data + off, k), 0);
+		off += k;
+	} while (off < n && off < cancel_after);
+	if (off < n)
+		cr_assert_eq(spaced_guest_send(c, SPACED_GUEST_IN_CANCEL, 0, id, NULL, 0), 0);
+	struct spaced_guest_msg m = {0};
+	struct spaced_field_reader r;
+	cr_assert_eq(spaced_guest_recv(c, &m), 0);
+	cr_assert_eq(m.hdr.id, id);
+	int st = spaced_guest_result_head(c, &m, &r);
+	spaced_guest_msg_clear(&m);
+	return st;
+}
+
+static void assert_file_is(const char *path, const uint8_t *data, size_t n)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+	uint8_t *got = malloc(n + 1);
+	cr_assert_not_null(got);
+	size_t have = 0;
+	ssize_t k;
+	while ((k = read(fd, got + have, n + 1 - have)) > 0)
+		have += (size_t)k;
+	close(fd);
+	cr_assert_eq(have, n, "%s: %zu bytes, not %zu", path, have, n);
+	cr_assert(memcmp(got, data, n) == 0, "%s: content differs", path);
+	free(got);
+}
+
+static void assert_no_temp(const char *d)
+{
+	DIR *dd = opendir(d);
+	cr_assert_not_null(dd, "%s", d);
+	struct dirent *de;
+	while ((de = readdir(dd)) != NULL)
+		cr_assert(strncmp(de->d_name, ".spaced-tmp", 11) != 0, "temp file left in %s: %s", d, de->d_name);
+	closedir(dd);
+}
+
+/* Every size around the switch (8 MiB) and the staging chunk (2 MiB, 4 KiB
+ * alignment), in frames that are not multiples of the alignment and in the
+ * largest frames: each file byte-exact, no temp file left. */
+Test(guest_upload, sizes_around_the_direct_switch_are_exact)
+{
+	const size_t M = 1u << 20, sizes[] = {8 * M - 1, 8 * M, 8 * M + 1, 10 * M, 10 * M + 4095, 12 * M + 4096,
+	                                       16 * M + 4097, 23 * M + 5};
+	const size_t frames[] = {100003, SPACED_FRAME_MAX};
+	uint8_t *data = malloc(23 * M + 5);
+	cr_assert_not_null(data);
+	randombytes_buf(data, 23 * M + 5);
+	struct spaced_guest_client *c = connect_guest();
+	char p[256];
+	uint32_t id = 100;
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		for (size_t f = 0; f < 2; f++) {
+			data[0] = (uint8_t)(i * 2 + f); /* each upload differs from the last */
+			cr_assert_eq(upload(c, id++, "up.bin", data, sizes[i], frames[f], SIZE_MAX), 0, "%zu bytes", sizes[i]);
+			snprintf(p, sizeof p, "%s/up.bin", root);
+			assert_file_is(p, data, sizes[i]);
+		}
+	assert_no_temp(root);
+	free(data);
+	spaced_guest_client_free(c);
+}
+
+/* A file system that refuses O_DIRECT (ramfs) keeps the upload buffered,
+ * byte-exact. */
+Test(guest_upload, a_file_system_without_o_direct_is_written_through_the_cache)
+{
+	char mnt[256], p[300];
+	snprintf(mnt, sizeof mnt, "%s/ram", root);
+	mkdir_p(mnt);
+	if (mount("ramfs", mnt, "ramfs", 0, NULL) < 0)
+		cr_skip_test("cannot mount ramfs here: %s", strerror(errno));
+	int probe = open(mnt, O_RDONLY | O_DIRECTORY);
+	cr_assert_geq(probe, 0);
+	int t = openat(probe, "probe", O_WRONLY | O_CREAT | O_DIRECT, 0600);
+	cr_assert(t < 0 && errno == EINVAL, "ramfs took O_DIRECT: the test does not test the refusal");
+	close(probe);
+	const size_t n = (13u << 20) + 77;
+	uint8_t *data = malloc(n);
+	cr_assert_not_null(data);
+	randombytes_buf(data, n);
+	struct spaced_guest_client *c = connect_guest();
+	cr_assert_eq(upload(c, 7, "ram/up.bin", data, n, 100003, SIZE_MAX), 0);
+	snprintf(p, sizeof p, "%s/up.bin", mnt);
+	assert_file_is(p, data, n);
+	assert_no_temp(mnt);
+	free(data);
+	spaced_guest_client_free(c);
+}
+
+/* An upload that fills its file system while its direct writes are in
+ * flight fails with a clear error; the file it replaces keeps its content,
+ * no temp file is left, and the guest goes on serving. */
+Test(guest_upload, an_upload_that_fills_the_disk_fails_and_loses_nothing)
+{
+	char mnt[256], p[300];
+	snprintf(mnt, sizeof mnt, "%s/small", root);
+	mkdir_p(mnt);
+	cr_assert_eq(mount("tmpfs", mnt, "tmpfs", 0, "size=12m"), 0, "%s", strerror(errno));
+	snprintf(p, sizeof p, "%s/keep.bin", mnt);
+	put_file(p, "old");
+	const size_t n = 20u << 20;
+	uint8_t *data = malloc(n);
+	cr_assert_not_null(data);
+	randombytes_buf(data, n);
+	struct spaced_guest_client *c = connect_guest();
+	int st = upload(c, 8, "small/keep.bin", data, n, SPACED_FRAME_CHUNK, SIZE_MAX);
+	cr_assert_eq(st, SPACED_EIO, "status %d", st);
+	cr_assert_str_eq(slurp(p), "old");
+	assert_no_temp(mnt);
+	/* and the guest serves: the same upload fits on the root */
+	cr_assert_eq(upload(c, 9, "fits.bin", data, n, SPACED_FRAME_CHUNK, SIZE_MAX), 0);
+	snprintf(p, sizeof p, "%s/fits.bin", root);
+	assert_file_is(p, data, n);
+	free(data);
+	spaced_guest_client_free(c);
+}
+
+/* Cancelled while its direct writes are in flight, or its connection cut:
+ * the old content stays, no temp file is left, the guest serves. */
+Test(guest_upload, an_upload_cut_in_its_direct_phase_leaves_the_old_content)
+{
+	char p[256];
+	snprintf(p, sizeof p, "%s/keep.bin", root);
+	put_file(p, "old");
+	const size_t n = 24u << 20;
+	uint8_t *data = malloc(n);
+	cr_assert_not_null(data);
+	randombytes_buf(data, n);
+	struct spaced_guest_client *c = connect_guest();
+	cr_assert_eq(upload(c, 10, "keep.bin", data, n, 100003, (14u << 20) + 3), SPACED_ECLOSED);
+	cr_assert_str_eq(slurp(p), "old");
+	assert_no_temp(root);
+	/* the connection closed half-way through another one */
+	struct spaced_guest_client *c2 = connect_guest();
+	struct spaced_buf b;
+	spaced_buf_init(&b, 4096);
+	spaced_field_put_str(&b, "keep.bin");
+	spaced_field_put_u64(&b, 0644);
+	spaced_field_put_u64(&b, 0);
+	cr_assert_eq(spaced_guest_send(c2, SPACED_GUEST_FS_WRITE, 0, 11, b.data, b.len), 0);
+	spaced_buf_free(&b);
+	for (size_t off = 0; off < (14u << 20); off += SPACED_FRAME_CHUNK)
+		cr_assert_eq(spaced_guest_send(c2, SPACED_GUEST_IN_DATA, 0, 11, data + off, SPACED_FRAME_CHUNK), 0);
+	spaced_guest_client_free(c2);
+	/* the guest notices the close when it has read what came before it */
+	struct spaced_identity id;
+	bool clean = false;
+	for (int i = 0; i < 100 && !clean; i++) {
+		cr_assert_eq(spaced_guest_hello(c, &id), 0, "the guest serves");
+		DIR *dd = opendir(root);
+		struct dirent *de;
+		clean = true;
+		while (dd && (de = readdir(dd)) != NULL)
+			clean = clean && strncmp(de->d_name, ".spaced-tmp", 11) != 0;
+		if (dd)
+			closedir(dd);
+		if (!clean)
+			usleep(50 * 1000);
+	}
+	cr_assert(clean, "the cut upload's temp file stayed");
+	cr_assert_str_eq(slurp(p), "old");
+	free(data);
+	spaced_guest_client_free(c);
+}
+
 /* Many requests in one write (more than the guest handles per wakeup, and
  * frames split across its input buffer): every one is answered, in order. */
 Test(guest, pipelined_requests)

@@ -222,6 +222,25 @@ Test(ws, client_frames_are_read_strictly)
 	cr_assert_eq(f.len, 70000);
 }
 
+/* The word-at-a-time mask is the RFC 6455 definition, byte for byte, at
+ * every alignment, length and offset into the frame. */
+Test(ws, mask_is_the_definition_at_every_alignment)
+{
+	static uint8_t buf[96], want[96];
+	const uint8_t mask[4] = {0x9e, 0x01, 0x5a, 0xf3};
+	for (size_t start = 0; start < 9; start++)
+		for (size_t n = 0; n + start <= 80; n++)
+			for (uint64_t off = 0; off < 5; off++) {
+				for (size_t i = 0; i < sizeof buf; i++)
+					buf[i] = want[i] = (uint8_t)(i * 37 + 11);
+				for (size_t i = 0; i < n; i++)
+					want[start + i] ^= mask[(off + i) % 4];
+				spaced_ws_mask(buf + start, n, mask, off);
+				cr_assert_eq(memcmp(buf, want, sizeof buf), 0, "start %zu, %zu bytes, offset %llu", start, n,
+				             (unsigned long long)off);
+			}
+}
+
 Test(ws, utf8_and_close_codes)
 {
 	cr_assert(spaced_utf8_valid((const uint8_t *)"h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
