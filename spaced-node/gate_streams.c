@@ -162,11 +162,14 @@ static void api_idle(uv_idle_t *h)
 	api_flush_due((uv_check_t *)&((struct mgr *)h->data)->api_check);
 }
 
-void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
+/* One message whose payload is head then tail, built in the link's queue
+ * (the tail, a stream's data, is copied once). */
+static void api_send2(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const void *head, size_t hlen,
+                      const void *tail, size_t tlen)
 {
 	if (m->api_fd < 0)
 		return;
-	if (spaced_frame_append(&m->api_out, type, flags, id, b ? b->data : NULL, b ? b->len : 0) < 0) {
+	if (spaced_frame_append2(&m->api_out, type, flags, id, head, hlen, tail, tlen) < 0) {
 		/* only the windows of open streams are ever queued: this is a bug */
 		gate_quit(m, "the link to node-api overflowed");
 		return;
@@ -175,6 +178,11 @@ void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, co
 		m->api_flush_due = true;
 		uv_idle_start(&m->api_idle, api_idle);
 	}
+}
+
+void gate_api_send(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id, const struct spaced_buf *b)
+{
+	api_send2(m, type, flags, id, b ? b->data : NULL, b ? b->len : 0, NULL, 0);
 }
 
 static void send_refuse(struct mgr *m, uint16_t type, uint32_t id, struct spaced_decision d, const char *sandbox)
@@ -246,11 +254,12 @@ static void note_input(struct gstream *s, uint64_t bytes)
 
 static void stream_out(struct gstream *s, uint16_t type, uint16_t flags, const uint8_t *p, size_t n)
 {
-	struct spaced_buf b;
-	spaced_buf_init(&b, NODE_MSG_MAX);
-	if (spaced_field_put_u64(&b, type) == 0 && spaced_field_put_bytes(&b, p, n) == 0)
-		gate_api_send(s->m, NODE_MSG_OUT, flags, s->id, &b);
-	spaced_buf_free(&b);
+	/* OUT's fields, the guest's type and its bytes: the two fields' heads
+	 * here, the bytes straight from the guest's read buffer */
+	uint8_t head[32];
+	struct spaced_buf b = {.data = head, .cap = sizeof head, .max = sizeof head - 1};
+	if (n <= NODE_MSG_MAX - 64 && spaced_field_put_u64(&b, type) == 0 && spaced_field_put_bytes_head(&b, n) == 0)
+		api_send2(s->m, NODE_MSG_OUT, flags, s->id, b.data, b.len, p, n);
 	s->out_unacked += n;
 }
 

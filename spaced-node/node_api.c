@@ -953,17 +953,24 @@ static unsigned areq_link_state(uint32_t id)
 
 static void mgr_readable(void)
 {
-	uint8_t tmp[65536];
+	const size_t chunk = 65536;
 	for (int round = 0; round < 16; round++) {
-		ssize_t n = read(A.mgr_fd, tmp, sizeof tmp);
+		/* read straight into the input buffer, after what waits there */
+		if (spaced_buf_reserve(&A.mgr_in, chunk) < 0) {
+			quit();
+			return;
+		}
+		ssize_t n = read(A.mgr_fd, A.mgr_in.data + A.mgr_in.len, chunk);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && errno == EAGAIN)
 			break;
-		if (n <= 0 || spaced_buf_append(&A.mgr_in, tmp, (size_t)n) < 0) {
+		if (n <= 0) {
 			quit();
 			return;
 		}
+		A.mgr_in.len += (size_t)n;
+		A.mgr_in.data[A.mgr_in.len] = 0;
 		size_t off = 0;
 		for (;;) {
 			struct spaced_frame_hdr h;
@@ -991,7 +998,7 @@ static void mgr_readable(void)
 		}
 		memmove(A.mgr_in.data, A.mgr_in.data + off, A.mgr_in.len - off);
 		A.mgr_in.len -= off;
-		if ((size_t)n < sizeof tmp)
+		if ((size_t)n < chunk)
 			break;
 	}
 }
