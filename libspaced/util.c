@@ -3,11 +3,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <sodium.h>
 
@@ -354,4 +357,43 @@ int spaced_dir_names(DIR *d, char ***names_out, size_t *n_out)
 nomem:
 	spaced_dir_names_free(names, n);
 	return SPACED_ENOMEM;
+}
+
+int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t n, unsigned mode, bool durable)
+{
+	/* no O_TRUNC: on ext4, truncating a file that has data makes its close
+	 * write it out at once (auto_da_alloc); a prepared file is empty, and a
+	 * longer leftover is cut to size below */
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)mode);
+	if (fd < 0)
+		return SPACED_EIO;
+	struct stat st;
+	const uint8_t *q = p;
+	size_t left = n;
+	off_t off = 0;
+	while (left > 0) {
+		ssize_t k = pwrite(fd, q, left, off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;
+		q += k;
+		left -= (size_t)k;
+		off += k;
+	}
+	bool ok = left == 0 && fstat(fd, &st) == 0 && (st.st_size <= (off_t)n || ftruncate(fd, (off_t)n) == 0) &&
+	          (!durable || fsync(fd) == 0);
+	close(fd);
+	if (!ok || rename(tmp, path) < 0) {
+		unlink(tmp);
+		return SPACED_EIO;
+	}
+	return SPACED_OK;
+}
+
+void spaced_file_prepare(const char *tmp, unsigned mode)
+{
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)mode);
+	if (fd >= 0)
+		close(fd);
 }

@@ -96,4 +96,18 @@ uint64_t spaced_mono_ns(void);
 int spaced_dir_names(DIR *d, char ***names, size_t *n);
 void spaced_dir_names_free(char **names, size_t n);
 
+/* Replaces path with p[0..n) through tmp (a name in the same file system)
+ * and a rename: a reader sees the old content or the new, never a torn one.
+ * tmp is reused when it exists — spaced_file_prepare() made it earlier —
+ * so that a write on a hot path allocates no inode (on ext4 without a
+ * journal, an allocation scans every inode freed in the last minutes of its
+ * group: milliseconds on a worker that creates and deletes sandboxes).
+ * mode: of a tmp made here. durable: fsync before the rename. Returns 0 or
+ * SPACED_EIO (tmp removed). */
+int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t n, unsigned mode, bool durable);
+
+/* Creates tmp empty (with mode) when it does not exist, for a later
+ * spaced_file_replace(); best effort. */
+void spaced_file_prepare(const char *tmp, unsigned mode);
+
 #endif

@@ -6,9 +6,9 @@
  * loaded), the gate writes STATE/gw/<sandbox>/record.json —
  * {"identity": {...}, "epoch": N, "active": bool} — by rename, so a gateway
  * that watches the directory (inotify) reads a whole record or the previous
- * one, never a torn one. A directory per sandbox, the file written in
- * STATE/gw and renamed into it: a record changed wakes its own gateway only,
- * not the gateway of every execution on the worker. The gateway compares
+ * one, never a torn one. A directory per sandbox, the file written beside
+ * the record (GW_RECORD_TMP) and renamed over it: a record changed wakes its
+ * own gateway only, not the gateway of every execution on the worker. The gateway compares
  * every new open with it and every established stream again (S1, S4).
  */
 #include "gate.h"
@@ -26,14 +26,8 @@
 /* Writes text to path through tmp (rename). */
 static void publish_at(const char *tmp, const char *path, const char *text, const char *sandbox)
 {
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	int e = fd < 0 ? SPACED_ESYS : spaced_io_write_full(fd, text, strlen(text));
-	if (fd >= 0)
-		close(fd);
-	if (e < 0 || rename(tmp, path) < 0) {
-		unlink(tmp);
+	if (spaced_file_replace(tmp, path, text, strlen(text), 0600, false) < 0)
 		gate_log("level=warn event=gw-publish-failed sandbox=%s", sandbox);
-	}
 }
 
 void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
@@ -47,7 +41,10 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 	snprintf(sdir, sizeof sdir, "%s/%s", dir, rec->r.id.sandbox);
 	if ((mkdir(dir, 0700) < 0 && errno != EEXIST) || (mkdir(sdir, 0700) < 0 && errno != EEXIST))
 		return;
-	snprintf(tmp, sizeof tmp, "%s/.%s.json.tmp", dir, rec->r.id.sandbox);
+	/* in the sandbox's directory: a pooled gateway's came with its
+	 * temporary file made (mgr_exec.c), so the first record of a claim
+	 * allocates no inode; the gateway ignores the temporary file's events */
+	snprintf(tmp, sizeof tmp, "%s/" GW_RECORD_TMP, sdir);
 	json_t *j = json_pack("{s:o,s:I,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
 	                      (json_int_t)rec->r.epoch, "active", rec->r.active);
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;

@@ -171,37 +171,17 @@ static int connect_unix(const char *path, int type)
 static int write_file(const char *dir, const char *name, const char *text)
 {
 	char path[PATH_MAX + 64], tmp[PATH_MAX + 80];
-	size_t n = strlen(text);
-	int fd;
-
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
-	struct stat st;
-
-	/* no O_TRUNC: on ext4, truncating a file to 0 bytes makes its close
-	 * write it out at once (auto_da_alloc); the prepared file is empty */
-	fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return -1;
-	if (pwrite(fd, text, n, 0) != (ssize_t)n ||
-	    (fstat(fd, &st) == 0 && (size_t)st.st_size > n && ftruncate(fd, (off_t)n) < 0)) {
-		close(fd);
-		return -1;
-	}
-	close(fd);
-	return rename(tmp, path);
+	return spaced_file_replace(tmp, path, text, strlen(text), 0644, false) < 0 ? -1 : 0;
 }
 
 /* Creates the empty temporary file write_file() will use for name. */
 static void prepare_file(const char *dir, const char *name)
 {
 	char tmp[PATH_MAX + 80];
-	int fd;
-
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, name);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-	if (fd >= 0)
-		close(fd);
+	spaced_file_prepare(tmp, 0644);
 }
 
 /* ---- guest transport ------------------------------------------------------ */

@@ -26,6 +26,11 @@
 #define MGR_ST_DESTROYED "destroyed"
 #define MGR_ST_ENDED "ended"     /* its execution died under it: a tombstone until another generation (I2) */
 
+/* The gate's temporary file for a gateway's record, in STATE/gw/<sandbox>/
+ * beside record.json (gate_gw.c; a pooled gateway's is made in advance,
+ * mgr_exec.c) */
+#define GW_RECORD_TMP ".record.json.tmp"
+
 /* One runtime record: the comparator's record plus what the manager needs to
  * find the execution again after a restart. */
 struct mgr_rec {

@@ -692,6 +692,39 @@ static bool gateway_bin(const struct mgr_config *cfg, char *bin, size_t binsz)
 	return stat(bin, &sb) == 0;
 }
 
+/* A pooled gateway's record directory, STATE/gw/.pool-<name>, made with
+ * the pooled execution together with the gate's temporary file for the
+ * record in it: the claim renames it to STATE/gw/<sandbox> (gw_pool_claim),
+ * and neither the gateway's mkdir nor the gate's first record allocates an
+ * inode during the claim (spaced_file_replace). */
+static void gw_pool_dir(const struct mgr_config *cfg, const char *exec_name, char *out, size_t outsz)
+{
+	snprintf(out, outsz, "%s/gw/.pool-%s", cfg->state_dir,
+	         strncmp(exec_name, "pool/", 5) == 0 ? exec_name + 5 : exec_name);
+}
+
+static void gw_pool_dir_remove(const char *dir)
+{
+	char tmp[4600];
+	snprintf(tmp, sizeof tmp, "%s/" GW_RECORD_TMP, dir);
+	unlink(tmp);
+	rmdir(dir);
+}
+
+/* The prepared directory becomes the claiming sandbox's; when that one has
+ * a directory already (an earlier execution of it ran here), it is kept and
+ * the prepared one goes. */
+static void gw_pool_claim(const struct mgr_config *cfg, const struct mgr_rec *rec)
+{
+	char pd[4200], sd[4200];
+	if (rec->r.id.sandbox[0] == '.')
+		return; /* "." and "..": never a directory of its own */
+	gw_pool_dir(cfg, rec->exec_name, pd, sizeof pd);
+	snprintf(sd, sizeof sd, "%s/gw/%s", cfg->state_dir, rec->r.id.sandbox);
+	if (rename(pd, sd) < 0)
+		gw_pool_dir_remove(pd);
+}
+
 /* With fifo, a pooled execution's gateway: it listens at once and reads the
  * identity of the sandbox that claims the execution from that FIFO
  * (mgr_pool_claim_finish). g: how it reaches the guest (mgr.h), NULL for the
@@ -718,6 +751,13 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)(g ? g->start : rec->pid_start));
 	snprintf(tmp, sizeof tmp, "%s/gw", cfg->state_dir);
 	mkdir(tmp, 0700);
+	if (fifo) {
+		char pd[4200], pt[4300];
+		gw_pool_dir(cfg, rec->exec_name, pd, sizeof pd);
+		snprintf(pt, sizeof pt, "%s/" GW_RECORD_TMP, pd);
+		if (mkdir(pd, 0700) == 0 || errno == EEXIST)
+			spaced_file_prepare(pt, 0600);
+	}
 	char audit[4200];
 	snprintf(audit, sizeof audit, "%s/audit.log", cfg->state_dir);
 	const char *argv[48] = {bin, "--listen", "127.0.0.1:0", "--port-file", pf, "--record-dir", recd, "--keys", keys,
@@ -1559,6 +1599,7 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 	         strncmp(rec->exec_name, "pool/", 5) == 0 ? rec->exec_name + 5 : rec->exec_name);
 	int ff = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
 	if (ff >= 0) {
+		gw_pool_claim(cfg, rec);
 		int n = spaced_identity_encode(&rec->r.id, text, sizeof text - 1);
 		bool sent = n > 0 && (text[n] = '\n', write(ff, text, (size_t)n + 1) == n + 1);
 		close(ff);
@@ -1644,6 +1685,8 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 		unlink(sock);
 		snprintf(sock, sizeof sock, "%s/run/%s.gw", cfg->state_dir, de->d_name);
 		unlink(sock);
+		gw_pool_dir(cfg, name, sock, sizeof sock);
+		gw_pool_dir_remove(sock);
 		const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 		mgr_run_wait(rm);
 	}

@@ -213,29 +213,16 @@ static bool is_nsfs(const char *path)
 	return statfs(path, &sf) == 0 && (unsigned long)sf.f_type == NSFS_MAGIC_;
 }
 
-/* Replaces path with text through a rename; durable: the text is on disk
- * before the rename (fsync), else only in the page cache (a file derived
- * again after a crash). */
+/* Replaces path with text through a rename (path.tmp, reused when
+ * prepared: spaced_file_replace); durable: the text is on disk before the
+ * rename (fsync), else only in the page cache (a file derived again after a
+ * crash). */
 static int write_atomic(const char *path, const char *text, bool durable)
 {
 	char tmp[4200];
 	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
 		return SPACED_ETOOBIG;
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return SPACED_EIO;
-	size_t n = strlen(text);
-	if (write(fd, text, n) != (ssize_t)n || (durable && fsync(fd) < 0)) {
-		close(fd);
-		unlink(tmp);
-		return SPACED_EIO;
-	}
-	close(fd);
-	if (rename(tmp, path) < 0) {
-		unlink(tmp);
-		return SPACED_EIO;
-	}
-	return 0;
+	return spaced_file_replace(tmp, path, text, strlen(text), 0600, durable);
 }
 
 /* pasta runs as passt.avx2 where the CPU has AVX2 */
@@ -955,6 +942,13 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 	if ((e = write_slot(cfg, slot, sandbox, pol, true)) < 0) {
 		why_set(why, whysz, "cannot write the slot file");
 		return e;
+	}
+	if (!sandbox[0]) {
+		/* a pooled execution's: its claim writes the slot again, through a
+		 * temporary file made now (no inode allocated during the claim) */
+		char tmp[4200];
+		snprintf(tmp, sizeof tmp, "%s/net/slot/%u.json.tmp", cfg->state_dir, (unsigned)slot);
+		spaced_file_prepare(tmp, 0600);
 	}
 	if ((e = apply_policy(ns, slot, pol, why, whysz)) < 0)
 		return e;
