@@ -409,12 +409,43 @@ static const char *key_in_state(json_t *keys, const char *state)
 	return NULL;
 }
 
+/* The rotation's two transactions. On PostgreSQL another transaction that
+ * takes the same rows in another order (an install's outbox and worker rows)
+ * may deadlock with one: the server aborts one of the two (SPACED_EBUSY), and
+ * the rotation's is run again, a few times. */
+#define ROTATE_TRIES 5
+
+static int rotate_publish(struct cp_store *st, json_t *after, json_t *seqs)
+{
+	int changed = 0, r;
+	if ((r = cp_store_begin(st)) < 0)
+		return r;
+	if ((r = keys_insert(st, after, &changed)) < 0 || (r = bundle_bump(st, NULL)) < 0 ||
+	    (r = push_bundle_all(st, seqs)) < 0 || (r = cp_store_commit(st)) < 0)
+		cp_store_rollback(st);
+	return r;
+}
+
+static int rotate_activate(struct cp_store *st, const char *pending, const char *old, int64_t t, int64_t *version)
+{
+	char now[24], until[24];
+	int r;
+	if ((r = cp_store_begin(st)) < 0)
+		return r;
+	if ((r = CP_Q(st, NULL, NULL, "UPDATE signing_keys SET active_from = $2 WHERE kid = $1", pending,
+	              cp_i64(now, t))) < 0 ||
+	    (old[0] && (r = CP_Q(st, NULL, NULL, "UPDATE signing_keys SET not_after = $2 WHERE kid = $1", old,
+	                         cp_i64(until, t + SPACED_CAP_LIFETIME + SPACED_CAP_SKEW))) < 0) ||
+	    (r = bundle_bump(st, version)) < 0 || (r = push_bundle_all(st, NULL)) < 0 || (r = cp_store_commit(st)) < 0)
+		cp_store_rollback(st);
+	return r;
+}
+
 int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer)
 {
 	json_t *before = NULL, *after = NULL, *seqs = json_object(), *late = json_array();
 	char *ans = NULL, old[SPACED_PASERK_PID_LEN + 1] = "", pending[SPACED_PASERK_PID_LEN + 1];
-	char now[24], until[24];
-	int changed = 0, r;
+	int r;
 	int64_t version = 0;
 	if (seqs == NULL || late == NULL) {
 		r = SPACED_ENOMEM;
@@ -432,13 +463,10 @@ int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer)
 	}
 	snprintf(pending, sizeof pending, "%s", key_in_state(after, "pending"));
 	/* 1. the new key joins the bundle and goes to every worker */
-	if ((r = cp_store_begin(st)) < 0)
+	for (int i = 0; (r = rotate_publish(st, after, seqs)) == SPACED_EBUSY && i < ROTATE_TRIES; i++)
+		usleep(10000u << i);
+	if (r < 0)
 		goto out;
-	if ((r = keys_insert(st, after, &changed)) < 0 || (r = bundle_bump(st, NULL)) < 0 ||
-	    (r = push_bundle_all(st, seqs)) < 0 || (r = cp_store_commit(st)) < 0) {
-		cp_store_rollback(st);
-		goto out;
-	}
 	cp_wake(cp);
 	/* 2. every connected worker acknowledges it before the signer may use it */
 	struct cp_rows *live = NULL;
@@ -473,17 +501,10 @@ int cp_keys_rotate(struct cp *cp, struct cp_store *st, json_t **answer)
 	if ((r = cp_signer_ask(cp, 'A', pending, &ans)) < 0)
 		goto out;
 	int64_t t = spaced_now();
-	if ((r = cp_store_begin(st)) < 0)
+	for (int i = 0; (r = rotate_activate(st, pending, old, t, &version)) == SPACED_EBUSY && i < ROTATE_TRIES; i++)
+		usleep(10000u << i);
+	if (r < 0)
 		goto out;
-	if ((r = CP_Q(st, NULL, NULL, "UPDATE signing_keys SET active_from = $2 WHERE kid = $1", pending,
-	              cp_i64(now, t))) < 0 ||
-	    (old[0] && (r = CP_Q(st, NULL, NULL, "UPDATE signing_keys SET not_after = $2 WHERE kid = $1", old,
-	                         cp_i64(until, t + SPACED_CAP_LIFETIME + SPACED_CAP_SKEW))) < 0) ||
-	    (r = bundle_bump(st, &version)) < 0 || (r = push_bundle_all(st, NULL)) < 0 ||
-	    (r = cp_store_commit(st)) < 0) {
-		cp_store_rollback(st);
-		goto out;
-	}
 	cp_wake(cp);
 	char vu[21];
 	spaced_time_format(t + SPACED_CAP_LIFETIME + SPACED_CAP_SKEW, vu);
