@@ -12,6 +12,8 @@ During the load a third sandbox moves back and forth between the workers; for ea
 window is timed: from the move request to the old worker's first refusal (409) of the capability
 issued before the move, polled every millisecond. Half the moves follow their route by 0.3 s, half
 come right after it: those are held by the control plane's route drain (250 ms, V2), reported apart.
+Both victim rounds start once no worker is starting pooled executions (the pool's refills are the
+worker's own work, not an attack: a quiet round measured while the pool fills is not quiet).
 Prints the figures and ends with one JSON line:
   {"victim_p99_ratio", "victim_errors", "daemon_deaths", "r4_p99_ms_under_load", ...}
 Targets: victim_p99_ratio <= 3, victim_errors 0, daemon_deaths 0, r4_p99_ms_under_load <= 100.
@@ -100,6 +102,23 @@ def victim_round(node, sandbox, errors):
     return lat_r, lat_e
 
 
+def wait_pools_idle(d):
+    """Waits (at most 60 s) until no worker starts pooled executions (seen idle twice, 0.5 s apart):
+    a refill's starts would otherwise load the worker the victim is measured on."""
+    socks = [os.path.join(d, n, "admin.sock") for n in sorted(os.listdir(d)) if n.startswith("worker-")]
+    idle_in_a_row, t0 = 0, time.time()
+    while idle_in_a_row < 2 and time.time() - t0 < 60:
+        busy = 0
+        for s in socks:
+            out = sh(SC, "node", "status", "--admin", s, check=False)
+            try:
+                busy += json.loads(out)["result"]["pool"]["starting"]
+            except (ValueError, KeyError, TypeError):
+                busy += 1
+        idle_in_a_row = idle_in_a_row + 1 if busy == 0 else 0
+        time.sleep(0.5)
+
+
 def role_pids(d):
     sup = [l.split()[1] for l in open(os.path.join(d, "pids")) if l.startswith("worker-1 ")][0]
     out = {}
@@ -141,6 +160,7 @@ def main():
         vr = route(v, venv, "fs.read", "exec")
         vnode = Node(vr["worker_url"], vr["capability"])
         errors = []
+        wait_pools_idle(d)  # the quiet worker is quiet: its pool is full
         victim_round(vnode, v, [])  # warm
         q_r, q_e = victim_round(vnode, v, errors)
         print("quiet worker: read p50 %.2f p99 %.2f ms, exec p50 %.2f p99 %.2f ms" %
@@ -250,6 +270,11 @@ def main():
                 errors.append("move %d failed" % i)
             where = to
 
+        wait_pools_idle(d)  # the attacks go on; the refills after the moves are done
+        # a fresh capability, as the victim's client would hold (the first may have expired by now)
+        vr = route(v, venv, "fs.read", "exec")
+        vnode = Node(vr["worker_url"], vr["capability"])
+        victim_round(vnode, v, [])  # its new connection warm, as before the quiet round
         l_r, l_e = victim_round(vnode, v, errors)
         print("under load:   read p50 %.2f p99 %.2f ms, exec p50 %.2f p99 %.2f ms" %
               (pct(l_r, 50), pct(l_r, 99), pct(l_e, 50), pct(l_e, 99)))
