@@ -99,6 +99,8 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 /* The requester behind ctx is gone: its pending acknowledgements are dropped
  * (the operations still complete). */
 void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx);
+/* Whether a control operation on sandbox is queued or running. */
+bool gate_ctl_busy(struct mgr *m, const char *sandbox);
 /* At start: restarts or re-bridges the executions the records say run. */
 void gate_ctl_recover(struct mgr *m);
 size_t gate_ctl_pending(const struct mgr *m);
@@ -126,6 +128,9 @@ void gate_watch_stop(struct mgr *m);
 
 /* Writes STATE/gw/<sandbox>/record.json for rec (rename: never torn). */
 void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec);
+/* Removes STATE/gw/<sandbox> (its record and temporary file) once the
+ * sandbox's record is forgotten (gate_main.c). */
+void gate_gw_forget(struct mgr *m, const char *sandbox);
 
 /* ---- gate_admin.c: the admin socket ---- */
 
@@ -190,6 +195,7 @@ struct mgr {
 	struct admin_client *admin[GATE_MAX_ADMIN];
 	uint64_t admin_gen;
 	uv_timer_t tick;
+	uint64_t ticks;
 	uv_signal_t sigterm, sigint;
 	/* counters */
 	uint64_t n_req, n_allow, n_refuse, n_cancel, n_cut, vc_ns;

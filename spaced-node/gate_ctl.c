@@ -1367,6 +1367,14 @@ void gate_ctl_forget_requester(struct mgr *m, uintptr_t ctx)
 				op->reply = NULL;
 }
 
+bool gate_ctl_busy(struct mgr *m, const char *sandbox)
+{
+	for (struct ctl_queue *q = m->ctlq; q; q = q->next)
+		if (q->head && strcmp(q->sandbox, sandbox) == 0)
+			return true;
+	return false;
+}
+
 static void recover_one(struct mgr *m, const char *sandbox)
 {
 	struct ctl_op *op = internal_op(m, sandbox, K_RECOVER);

@@ -60,3 +60,19 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 		publish_at(tmp, path, text, rec->r.id.sandbox);
 	free(text);
 }
+
+void gate_gw_forget(struct mgr *m, const char *sandbox)
+{
+	char path[4300];
+	if (sandbox[0] == '.')
+		return;
+	static const char *const files[] = {"record.json", GW_RECORD_TMP};
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+		snprintf(path, sizeof path, "%s/gw/%s/%s", m->cfg->state_dir, sandbox, files[i]);
+		unlink(path);
+	}
+	snprintf(path, sizeof path, "%s/gw/%s", m->cfg->state_dir, sandbox);
+	rmdir(path);
+	snprintf(path, sizeof path, "%s/gw/%s.json", m->cfg->state_dir, sandbox);
+	unlink(path);
+}

@@ -52,11 +52,22 @@ const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox)
 	return NULL;
 }
 
+/* When rec became a destroyed tombstone: kept from the one it replaces
+ * (prev, NULL for none), now when it just became one, 0 when it is none. */
+static uint64_t destroyed_since(const struct mgr_rec *rec, const struct mgr_rec *prev)
+{
+	if (strcmp(rec->state, MGR_ST_DESTROYED) != 0)
+		return 0;
+	return prev && prev->destroyed_mono ? prev->destroyed_mono : spaced_mono_ns();
+}
+
 static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 {
 	for (size_t i = 0; i < m->nrecs; i++) {
 		if (strcmp(m->recs[i].r.id.sandbox, rec->r.id.sandbox) == 0) {
+			uint64_t since = destroyed_since(rec, &m->recs[i]);
 			m->recs[i] = *rec;
+			m->recs[i].destroyed_mono = since;
 			return 0;
 		}
 	}
@@ -68,8 +79,56 @@ static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 		m->recs = n;
 		m->caprecs = nc;
 	}
-	m->recs[m->nrecs++] = *rec;
+	m->recs[m->nrecs] = *rec;
+	m->recs[m->nrecs++].destroyed_mono = destroyed_since(rec, NULL);
 	return 0;
+}
+
+/* A destroyed sandbox's record is a tombstone while a capability issued
+ * before its destroy may still be valid (SPACED_CAP_LIFETIME + SPACED_CAP_SKEW):
+ * it refuses them with REFRESH_ROUTE. Kept longer, it only costs: every
+ * sandbox a worker ever hosted would stay in its memory (every lookup walks
+ * them) and on its disk, and a tenant creating and deleting sandboxes in a
+ * loop would grow both without bound. So --forget-after seconds after its
+ * destroy (default: the capabilities' lifetime and skew, and a minute), with
+ * no control operation of its own in flight, it is forgotten: its row, its
+ * gateway's record directory, its place in memory. A capability that names it
+ * later is refused as naming an unknown sandbox (R4 holds either way); its ID
+ * is never issued again. */
+static void forget_destroyed(struct mgr *m)
+{
+	uint64_t now = spaced_mono_ns(), after = (uint64_t)m->cfg->forget_after_s * 1000000000ull;
+	const char **names = NULL;
+	size_t n = 0;
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if (r->destroyed_mono == 0 || now - r->destroyed_mono < after || gate_ctl_busy(m, r->r.id.sandbox))
+			continue;
+		const char **nn = realloc(names, (n + 1) * sizeof *names);
+		if (!nn)
+			break;
+		names = nn;
+		names[n++] = r->r.id.sandbox;
+	}
+	if (n == 0 || mgr_store_forget_destroyed(m->store, names, n) < 0) {
+		if (n)
+			gate_log("level=warn event=forget-failed records=%zu", n);
+		free(names);
+		return;
+	}
+	free(names);
+	size_t forgotten = 0;
+	for (size_t i = 0; i < m->nrecs;) {
+		struct mgr_rec *r = &m->recs[i];
+		if (r->destroyed_mono == 0 || now - r->destroyed_mono < after || gate_ctl_busy(m, r->r.id.sandbox)) {
+			i++;
+			continue;
+		}
+		gate_gw_forget(m, r->r.id.sandbox);
+		m->recs[i] = m->recs[--m->nrecs]; /* the order of records means nothing */
+		forgotten++;
+	}
+	gate_log("level=info event=forgotten records=%zu", forgotten);
 }
 
 static int load_cb(void *arg, const struct mgr_rec *rec)
@@ -231,6 +290,8 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mgr *m = t->data;
 	gate_streams_tick(m);
+	if (++m->ticks % 5 == 0)
+		forget_destroyed(m);
 }
 
 static void on_signal(uv_signal_t *s, int sig)

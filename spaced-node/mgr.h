@@ -48,6 +48,8 @@ struct mgr_rec {
 	                      * socket are named after it); "" for one started for this record */
 	char config[MGR_CONFIG_MAX]; /* the sandbox's settings for its guest: {"env","workdir","user"}
 	                              * (its template's and its create's), "" for none */
+	uint64_t destroyed_mono;     /* the gate's memory only: when it became a destroyed
+	                              * tombstone (monotonic ns; 0: it is not one) */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
@@ -86,6 +88,10 @@ int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
 uint64_t mgr_store_last_seq(struct mgr_store *st);
 
 /* Every record, for loading into memory at start. cb returns non-zero to stop. */
+/* Deletes the records of the n sandboxes that are destroyed ones (no
+ * other), in one transaction; 0, or SPACED_EIO (none deleted). */
+int mgr_store_forget_destroyed(struct mgr_store *st, const char *const *sandboxes, size_t n);
+
 int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mgr_rec *rec),
                       void *arg);
 

@@ -269,6 +269,29 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 	return 0;
 }
 
+int mgr_store_forget_destroyed(struct mgr_store *st, const char *const *sandboxes, size_t n)
+{
+	sqlite3_stmt *s = NULL;
+	int e = 0;
+	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	if (sqlite3_prepare_v2(st->db, "DELETE FROM records WHERE sandbox=?1 AND state='" MGR_ST_DESTROYED "'", -1, &s,
+	                       NULL) != SQLITE_OK)
+		e = SPACED_EIO;
+	for (size_t i = 0; i < n && e == 0; i++) {
+		sqlite3_reset(s);
+		sqlite3_bind_text(s, 1, sandboxes[i], -1, SQLITE_STATIC);
+		if (sqlite3_step(s) != SQLITE_DONE)
+			e = SPACED_EIO;
+	}
+	sqlite3_finalize(s);
+	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+		e = SPACED_EIO;
+	if (e < 0)
+		sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+	return e;
+}
+
 int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line)
 {
 	sqlite3_stmt *s = NULL;

@@ -151,6 +151,59 @@ static void expect_snapshot_refused(struct tn_node *n, const char *snap, const c
 #define CAP(...) tn_cap(&keys, (struct tn_capspec){__VA_ARGS__})
 
 /* R6, C5, R1: every comparator outcome over HTTP, and refusals never reach the execution. */
+/* A destroyed sandbox's record is a tombstone while a capability issued
+ * before the destroy may be valid, then forgotten (--forget-after, here 2 s):
+ * a create-and-destroy loop — what any tenant can run — does not grow a
+ * worker's records in memory, on disk or in STATE/gw; a live record is never
+ * forgotten; a restart does not bring a forgotten one back; its capability is
+ * refused before (REFRESH_ROUTE: the tombstone) and after (an unknown sandbox). */
+Test(node, destroyed_records_are_forgotten)
+{
+	A.forget_after = 2;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "sbx-live", 1, "act-1", false);
+	char name[32], path[512];
+	for (int i = 0; i < 20; i++) {
+		snprintf(name, sizeof name, "sbx-gone-%d", i);
+		must_install(&A, name, 1, "act-1", false);
+		json_t *d = tn_admin(&A, "{\"type\":\"destroy\",\"sandbox\":\"%s\"}", name);
+		cr_assert(tn_ok(d), "destroy %s", name);
+		json_decref(d);
+	}
+	snprintf(path, sizeof path, "%s/gw/sbx-gone-0", A.state);
+	struct stat sb;
+	cr_assert_eq(stat(path, &sb), 0, "the destroyed sandbox's gateway directory is there at first");
+	const char *st = "/v1/sandboxes/sbx-gone-0/stat?path=/";
+	expect(A.port, "GET", st, CAP(.sandbox = "sbx-gone-0", .generation = 1, .worker = "worker-a"), 409, "REFRESH_ROUTE",
+	       NULL);
+	size_t nrec = 0;
+	for (int i = 0; i < 300; i++) {
+		json_t *s = status_of(&A);
+		nrec = json_array_size(json_object_get(s, "records"));
+		json_decref(s);
+		if (nrec == 1)
+			break;
+		tn_sleep_ms(50);
+	}
+	cr_assert_eq(nrec, 1, "20 destroyed records forgotten, the live one kept: %zu left", nrec);
+	cr_assert(stat(path, &sb) < 0 && errno == ENOENT, "the forgotten sandbox's gateway directory is removed");
+	snprintf(path, sizeof path, "%s/gw/sbx-live/record.json", A.state);
+	cr_assert_eq(stat(path, &sb), 0, "the live sandbox's gateway record stays");
+	expect(A.port, "GET", st, CAP(.sandbox = "sbx-gone-0", .generation = 1, .worker = "worker-a"), 403, "DENY",
+	       "unknown-sandbox");
+	/* on disk too: a restart brings none back, and the live one serves */
+	tn_node_stop(&A);
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	json_t *s = status_of(&A);
+	json_t *recs = json_object_get(s, "records");
+	cr_assert_eq(json_array_size(recs), 1);
+	cr_assert_str_eq(json_string_value(json_object_get(json_object_get(json_array_get(recs, 0), "identity"), "sandbox")),
+	                 "sbx-live");
+	json_decref(s);
+	expect(A.port, "GET", "/v1/sandboxes/sbx-live/stat?path=/",
+	       CAP(.sandbox = "sbx-live", .generation = 1, .worker = "worker-a"), 200, NULL, NULL);
+}
+
 Test(node, every_outcome_over_http)
 {
 	tn_node_start(&A, dir, "worker-a", keys.bundle_path);

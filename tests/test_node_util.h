@@ -119,6 +119,7 @@ static char *tn_cap(const struct tn_keys *k, struct tn_capspec s)
 
 struct tn_node {
 	bool substrate; /* set before start: executions through spaced-launch + spaced-host */
+	int forget_after; /* set before start: --forget-after seconds (0: the default) */
 	pid_t pid; /* sbx-manager (the process started) */
 	int port;
 	char state[256];
@@ -145,13 +146,23 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
-		if (n->substrate)
-			execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
-			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--launcher",
-			      SPACED_LAUNCH_BIN, "--host", SPACED_HOST_BIN, "--plaintext", (char *)NULL);
-		else
-			execl(SPACED_NODE_BIN, "spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
-			      "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--plaintext", (char *)NULL);
+		char forget[16];
+		snprintf(forget, sizeof forget, "%d", n->forget_after);
+		const char *argv[24] = {"spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
+		                        "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--plaintext"};
+		int k = 12;
+		if (n->substrate) {
+			argv[k++] = "--launcher";
+			argv[k++] = SPACED_LAUNCH_BIN;
+			argv[k++] = "--host";
+			argv[k++] = SPACED_HOST_BIN;
+		}
+		if (n->forget_after > 0) {
+			argv[k++] = "--forget-after";
+			argv[k++] = forget;
+		}
+		argv[k] = NULL;
+		execv(SPACED_NODE_BIN, (char *const *)(uintptr_t)argv);
 		_exit(127);
 	}
 	n->pid = pid;
