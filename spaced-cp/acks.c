@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cp.h"
 #include "log.h"
@@ -33,6 +34,27 @@ struct ack {
 };
 
 static struct ack *slot[SLOTS];   /* the latest acks, by worker and seq (under cp->mu) */
+/* The lifecycle calls waiting for an ack (under cp->mu): each is woken for
+ * its own ack only, not for every ack of a burst (fifty creates at once
+ * would each wake fifty times and look in the store every time). */
+struct waiter {
+	struct waiter *next;
+	char worker[SPACED_NAME_MAX];
+	int64_t seq;
+	pthread_cond_t cv;
+	bool woken;
+};
+static struct waiter *waiters;
+
+/* Wakes the waiters of (worker, seq); all of them when worker is NULL. Under cp->mu. */
+static void wake(const char *worker, int64_t seq)
+{
+	for (struct waiter *w = waiters; w; w = w->next)
+		if (!worker || (w->seq == seq && strcmp(w->worker, worker) == 0)) {
+			w->woken = true;
+			pthread_cond_signal(&w->cv);
+		}
+}
 static struct ack *queue, **queue_tail = &queue;
 static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t qcv = PTHREAD_COND_INITIALIZER;
@@ -90,19 +112,20 @@ static void *writer(void *arg)
 			cp_store_relaxed(st, 0);
 		if (!in_txn)
 			spaced_log("spaced-cp", "level=warn event=acks-not-written reason=\"they come again on replay\"");
-		/* the waiters saw them in memory; the rows were only for others */
+		/* the waiters saw them in memory; the rows were only for others, and
+		 * for a waiter whose ack lost its slot to another before it looked:
+		 * it is woken again to find the row */
 		pthread_mutex_lock(&cp->mu);
 		for (struct ack *a = batch, *n; a; a = n) {
 			n = a->next;
 			unsigned i = slot_of(a->worker, a->seq);
 			a->next = NULL;
 			a->written = true;
-			if (slot[i] != a)
+			if (slot[i] != a) {
+				wake(a->worker, a->seq);
 				ack_free(a); /* no longer the slot's: nobody looks at it */
+			}
 		}
-		/* a row was written: waiters of other replicas' acks may look again */
-		cp->ack_gen++;
-		pthread_cond_broadcast(&cp->ack_cv);
 		pthread_mutex_unlock(&cp->mu);
 	}
 	return NULL;
@@ -134,15 +157,50 @@ void cp_acks_put(struct cp *cp, const char *worker, int64_t seq, int ok, const c
 	slot[i] = a;
 	if (old && old->written)
 		ack_free(old); /* else the writer frees it when done with it */
+	wake(worker, seq);
 	pthread_mutex_unlock(&cp->mu);
 	pthread_mutex_lock(&qmu);
 	*queue_tail = a;
 	queue_tail = &a->next;
 	pthread_cond_signal(&qcv);
 	pthread_mutex_unlock(&qmu);
+}
+
+bool cp_acks_wait(struct cp *cp, const char *worker, int64_t seq, const struct timespec *until)
+{
+	struct waiter w = {.seq = seq};
+	snprintf(w.worker, sizeof w.worker, "%s", worker);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&w.cv, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_mutex_lock(&cp->mu);
-	cp->ack_gen++;
-	pthread_cond_broadcast(&cp->ack_cv);
+	struct ack *a = slot[slot_of(worker, seq)];
+	/* handed over since the caller looked: no wait */
+	w.woken = cp->stopping || (a && a->seq == seq && strcmp(a->worker, worker) == 0);
+	if (!w.woken) {
+		w.next = waiters;
+		waiters = &w;
+		while (!w.woken && !cp->stopping)
+			if (pthread_cond_timedwait(&w.cv, &cp->mu, until) != 0)
+				break;
+		for (struct waiter **pp = &waiters; *pp; pp = &(*pp)->next)
+			if (*pp == &w) {
+				*pp = w.next;
+				break;
+			}
+	}
+	bool woken = w.woken;
+	pthread_mutex_unlock(&cp->mu);
+	pthread_cond_destroy(&w.cv);
+	return woken;
+}
+
+void cp_acks_wake_all(struct cp *cp)
+{
+	pthread_mutex_lock(&cp->mu);
+	wake(NULL, 0);
 	pthread_mutex_unlock(&cp->mu);
 }
 

@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -97,9 +98,7 @@ struct cp {
 
 	struct cp_store *loop_st; /* the loop thread's store handle */
 
-	pthread_mutex_t mu;       /* guards ack waits (ack_cv) */
-	pthread_cond_t ack_cv;    /* an ack was recorded */
-	uint64_t ack_gen;         /* acks recorded so far (a waiter sleeps only while it is unchanged) */
+	pthread_mutex_t mu;       /* guards the acks handed over in memory and their waiters (acks.c) */
 	volatile int stopping;
 
 	/* when this replica last issued a route per sandbox (monotonic ns), for
@@ -181,6 +180,13 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
  * holds it in memory (1, *ok, *result a copy) or 0. */
 void cp_acks_put(struct cp *cp, const char *worker, int64_t seq, int ok, const char *result);
 int cp_acks_get(struct cp *cp, const char *worker, int64_t seq, int *ok, char **result);
+/* Sleeps until the ack of worker's seq is handed over in memory here (or its
+ * row written by this replica after another ack took its slot), until the
+ * CLOCK_MONOTONIC time until, or until the control plane stops. True when
+ * woken for it (or already there). */
+bool cp_acks_wait(struct cp *cp, const char *worker, int64_t seq, const struct timespec *until);
+/* Wakes every waiter (the control plane stops). */
+void cp_acks_wake_all(struct cp *cp);
 /* Records an ack from the channel (service thread). */
 int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const struct cp_chan_msg *m);
 /* worker says the execution id died under its record (reason: how). When id

@@ -444,7 +444,6 @@ int main(int argc, char **argv)
 	pthread_mutex_init(&cp.mu, NULL);
 	pthread_mutex_init(&cp.signer_mu, NULL);
 	pthread_mutex_init(&cp.recent_mu, NULL);
-	pthread_cond_init(&cp.ack_cv, NULL);
 	if ((r = cp_store_open(cp.db_url, &cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: cannot open store %s: %s\n", cp.db_url, spaced_strerror(r));
 		return 1;

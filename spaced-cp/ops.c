@@ -207,11 +207,8 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 	cp_i64(sb, seq);
 	for (;;) {
 		struct cp_rows *rows = NULL;
-		/* an ack recorded between the read below and the wait is not
-		 * missed: the wait ends as soon as ack_gen moved */
-		pthread_mutex_lock(&cp->mu);
-		uint64_t gen = cp->ack_gen;
-		pthread_mutex_unlock(&cp->mu);
+		/* an ack handed over between the look below and the wait is not
+		 * missed: cp_acks_wait looks again under its lock */
 		if (cp_acks_get(cp, worker, seq, ok, result))
 			return 0; /* handed over in memory on this replica */
 		int r = CP_Q(st, &rows, NULL, "SELECT acked, ok, result FROM outbox WHERE worker = $1 AND seq = $2",
@@ -231,21 +228,19 @@ int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t 
 		uint64_t now = spaced_mono_ns();
 		if (now >= deadline || cp->stopping)
 			return SPACED_ETIMEDOUT;
+		/* the store again at least every 50 ms: another replica's channel
+		 * may have recorded it */
 		uint64_t wait = deadline - now;
 		if (wait > 50000000u)
 			wait = 50000000u;
 		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
+		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_nsec += (long)wait;
 		while (ts.tv_nsec >= 1000000000L) {
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000L;
 		}
-		pthread_mutex_lock(&cp->mu);
-		while (cp->ack_gen == gen && !cp->stopping)
-			if (pthread_cond_timedwait(&cp->ack_cv, &cp->mu, &ts) != 0)
-				break;
-		pthread_mutex_unlock(&cp->mu);
+		cp_acks_wait(cp, worker, seq, &ts);
 	}
 }
 

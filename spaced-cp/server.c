@@ -642,9 +642,7 @@ int cp_server_run(struct cp *cp)
 	if (S.msrv)
 		spaced_httpsrv_stop(S.msrv);
 	uv_timer_stop(&S.tick);
-	pthread_mutex_lock(&cp->mu);
-	pthread_cond_broadcast(&cp->ack_cv);
-	pthread_mutex_unlock(&cp->mu);
+	cp_acks_wake_all(cp);
 	pool_stop(&S.writes);
 	pool_stop(&S.reads);
 	pthread_mutex_lock(&S.mu);
