@@ -1276,6 +1276,23 @@ static void assert_no_temp(const char *d)
 	closedir(dd);
 }
 
+static uint8_t *random_bytes(size_t n)
+{
+	uint8_t *d = malloc(n);
+	cr_assert_not_null(d);
+	randombytes_buf(d, n);
+	return d;
+}
+
+/* Mounts a file system of type at ROOT/name (in the test's own mount
+ * namespace); false when this machine cannot. */
+static bool mount_in_root(const char *name, const char *type, const char *opts, char *mnt, size_t mntsz)
+{
+	snprintf(mnt, mntsz, "%s/%s", root, name);
+	mkdir_p(mnt);
+	return mount(type, mnt, type, 0, opts) == 0;
+}
+
 /* Every size around the switch (8 MiB) and the staging chunk (2 MiB, 4 KiB
  * alignment), in frames that are not multiples of the alignment and in the
  * largest frames: each file byte-exact, no temp file left. */
@@ -1284,9 +1301,7 @@ Test(guest_upload, sizes_around_the_direct_switch_are_exact)
 	const size_t M = 1u << 20, sizes[] = {8 * M - 1, 8 * M, 8 * M + 1, 10 * M, 10 * M + 4095, 12 * M + 4096,
 	                                       16 * M + 4097, 23 * M + 5};
 	const size_t frames[] = {100003, SPACED_FRAME_MAX};
-	uint8_t *data = malloc(23 * M + 5);
-	cr_assert_not_null(data);
-	randombytes_buf(data, 23 * M + 5);
+	uint8_t *data = random_bytes(23 * M + 5);
 	struct spaced_guest_client *c = connect_guest();
 	char p[256];
 	uint32_t id = 100;
@@ -1307,9 +1322,7 @@ Test(guest_upload, sizes_around_the_direct_switch_are_exact)
 Test(guest_upload, a_file_system_without_o_direct_is_written_through_the_cache)
 {
 	char mnt[256], p[300];
-	snprintf(mnt, sizeof mnt, "%s/ram", root);
-	mkdir_p(mnt);
-	if (mount("ramfs", mnt, "ramfs", 0, NULL) < 0)
+	if (!mount_in_root("ram", "ramfs", NULL, mnt, sizeof mnt))
 		cr_skip_test("cannot mount ramfs here: %s", strerror(errno));
 	int probe = open(mnt, O_RDONLY | O_DIRECTORY);
 	cr_assert_geq(probe, 0);
@@ -1317,9 +1330,7 @@ Test(guest_upload, a_file_system_without_o_direct_is_written_through_the_cache)
 	cr_assert(t < 0 && errno == EINVAL, "ramfs took O_DIRECT: the test does not test the refusal");
 	close(probe);
 	const size_t n = (13u << 20) + 77;
-	uint8_t *data = malloc(n);
-	cr_assert_not_null(data);
-	randombytes_buf(data, n);
+	uint8_t *data = random_bytes(n);
 	struct spaced_guest_client *c = connect_guest();
 	cr_assert_eq(upload(c, 7, "ram/up.bin", data, n, 100003, SIZE_MAX), 0);
 	snprintf(p, sizeof p, "%s/up.bin", mnt);
@@ -1335,15 +1346,11 @@ Test(guest_upload, a_file_system_without_o_direct_is_written_through_the_cache)
 Test(guest_upload, an_upload_that_fills_the_disk_fails_and_loses_nothing)
 {
 	char mnt[256], p[300];
-	snprintf(mnt, sizeof mnt, "%s/small", root);
-	mkdir_p(mnt);
-	cr_assert_eq(mount("tmpfs", mnt, "tmpfs", 0, "size=12m"), 0, "%s", strerror(errno));
+	cr_assert(mount_in_root("small", "tmpfs", "size=12m", mnt, sizeof mnt), "%s", strerror(errno));
 	snprintf(p, sizeof p, "%s/keep.bin", mnt);
 	put_file(p, "old");
 	const size_t n = 20u << 20;
-	uint8_t *data = malloc(n);
-	cr_assert_not_null(data);
-	randombytes_buf(data, n);
+	uint8_t *data = random_bytes(n);
 	struct spaced_guest_client *c = connect_guest();
 	int st = upload(c, 8, "small/keep.bin", data, n, SPACED_FRAME_CHUNK, SIZE_MAX);
 	cr_assert_eq(st, SPACED_EIO, "status %d", st);
@@ -1365,9 +1372,7 @@ Test(guest_upload, an_upload_cut_in_its_direct_phase_leaves_the_old_content)
 	snprintf(p, sizeof p, "%s/keep.bin", root);
 	put_file(p, "old");
 	const size_t n = 24u << 20;
-	uint8_t *data = malloc(n);
-	cr_assert_not_null(data);
-	randombytes_buf(data, n);
+	uint8_t *data = random_bytes(n);
 	struct spaced_guest_client *c = connect_guest();
 	cr_assert_eq(upload(c, 10, "keep.bin", data, n, 100003, (14u << 20) + 3), SPACED_ECLOSED);
 	cr_assert_str_eq(slurp(p), "old");
