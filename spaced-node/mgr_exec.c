@@ -1163,6 +1163,18 @@ void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec)
 			const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 			mgr_run_wait(rm);
 		}
+		if (strncmp(rec->exec_name, "pool/", 5) == 0) {
+			/* a pooled execution never claimed (the pool shrank): what was
+			 * made for its claim goes with it (a claim consumed them) */
+			char p[4200];
+			gw_pool_dir(cfg, rec->exec_name, p, sizeof p);
+			gw_pool_dir_remove(p);
+			static const char *const fifos[] = {"in", "gw"};
+			for (size_t i = 0; i < sizeof fifos / sizeof fifos[0]; i++) {
+				snprintf(p, sizeof p, "%s/run/%s.%s", cfg->state_dir, rec->exec_name + 5, fifos[i]);
+				unlink(p);
+			}
+		}
 		rec->pid = rec->pid_start = 0;
 		rec->host_pid = 0;
 		rec->host_start = 0;
