@@ -144,6 +144,25 @@ int spaced_io_write_full(int fd, const void *p, size_t n)
 	return SPACED_OK;
 }
 
+int spaced_io_pwrite_full(int fd, const void *p, size_t n, uint64_t off)
+{
+	const uint8_t *b = p;
+	while (n > 0) {
+		ssize_t k = pwrite(fd, b, n, (off_t)off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			if (k == 0)
+				errno = EIO;
+			return SPACED_EIO;
+		}
+		b += k;
+		n -= (size_t)k;
+		off += (uint64_t)k;
+	}
+	return SPACED_OK;
+}
+
 int spaced_frame_send(int fd, uint16_t type, uint16_t flags, uint32_t id, const void *payload,
                       size_t len)
 {

@@ -88,6 +88,9 @@ int spaced_frame_parse(const uint8_t *in, size_t n, uint32_t max, struct spaced_
  * middle, SPACED_EIO on errors. write returns SPACED_EIO (EPIPE included). */
 int spaced_io_read_full(int fd, void *p, size_t n);
 int spaced_io_write_full(int fd, const void *p, size_t n);
+/* Writes all of p[0..n) at file offset off (pwrite, EINTR retried). 0, or
+ * SPACED_EIO with errno saying why (EIO for a write of nothing). */
+int spaced_io_pwrite_full(int fd, const void *p, size_t n, uint64_t off);
 
 /* Sends one frame with a single writev where possible (blocking). */
 int spaced_frame_send(int fd, uint16_t type, uint16_t flags, uint32_t id, const void *payload,

@@ -15,6 +15,7 @@
 #include <sodium.h>
 
 #include "error.h"
+#include "frame.h"
 
 void spaced_buf_init(struct spaced_buf *b, size_t max)
 {
@@ -368,21 +369,8 @@ int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t
 	if (fd < 0)
 		return SPACED_EIO;
 	struct stat st;
-	const uint8_t *q = p;
-	size_t left = n;
-	off_t off = 0;
-	while (left > 0) {
-		ssize_t k = pwrite(fd, q, left, off);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			break;
-		q += k;
-		left -= (size_t)k;
-		off += k;
-	}
-	bool ok = left == 0 && fstat(fd, &st) == 0 && (st.st_size <= (off_t)n || ftruncate(fd, (off_t)n) == 0) &&
-	          (!durable || fsync(fd) == 0);
+	bool ok = spaced_io_pwrite_full(fd, p, n, 0) == 0 && fstat(fd, &st) == 0 &&
+	          (st.st_size <= (off_t)n || ftruncate(fd, (off_t)n) == 0) && (!durable || fsync(fd) == 0);
 	close(fd);
 	if (!ok || rename(tmp, path) < 0) {
 		unlink(tmp);

@@ -277,24 +277,6 @@ int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 #define FS_DIRECT_STREAMS 4
 static unsigned direct_streams;
 
-static int pwrite_full(int fd, const uint8_t *p, size_t n, uint64_t off)
-{
-	while (n > 0) {
-		ssize_t k = pwrite(fd, p, n, (off_t)off);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0) {
-			if (k == 0)
-				errno = EIO;
-			return -1;
-		}
-		p += k;
-		n -= (size_t)k;
-		off += (uint64_t)k;
-	}
-	return 0;
-}
-
 /* Waits for the write handed over last, if any, and takes its result (it
  * may have finished, and failed, long before); 0, or -1 with errno set. */
 static int direct_settle(struct stream *s)
@@ -329,7 +311,7 @@ static int write_buffered(struct stream *s, const uint8_t *p, size_t n, uint64_t
 	int flags = fcntl(s->fd, F_GETFL);
 	if (flags < 0 || ((flags & O_DIRECT) && fcntl(s->fd, F_SETFL, flags & ~O_DIRECT) < 0))
 		return -1;
-	return pwrite_full(s->fd, p, n, off);
+	return spaced_io_pwrite_full(s->fd, p, n, off);
 }
 
 /* Hands the full staging buffer to the writer thread and switches to the
@@ -349,7 +331,7 @@ static int direct_rotate(struct stream *s)
 	s->job = (struct wjob){.fd = s->fd, .p = s->dbuf[s->dcur], .n = s->dlen, .off = off};
 	if (writer_submit(&s->job) == 0)
 		s->job_pending = true;
-	else if (pwrite_full(s->fd, s->job.p, s->job.n, off) < 0) {
+	else if (spaced_io_pwrite_full(s->fd, s->job.p, s->job.n, off) < 0) {
 		/* no thread: written here, and refused */
 		if (errno != EINVAL || write_buffered(s, s->job.p, s->job.n, off) < 0)
 			return -1;
@@ -372,7 +354,7 @@ static int direct_finish(struct stream *s)
 			return -1;
 		aligned = 0;
 	}
-	if (aligned > 0 && pwrite_full(s->fd, s->dbuf[s->dcur], aligned, off) < 0) {
+	if (aligned > 0 && spaced_io_pwrite_full(s->fd, s->dbuf[s->dcur], aligned, off) < 0) {
 		if (errno != EINVAL)
 			return -1;
 		aligned = 0;
@@ -430,7 +412,7 @@ static int write_some(struct stream *s, const uint8_t *p, size_t n)
 		size_t take = n;
 		if (!s->direct_tried && s->written < FS_DIRECT_AFTER && FS_DIRECT_AFTER - s->written < n)
 			take = (size_t)(FS_DIRECT_AFTER - s->written);
-		if (pwrite_full(s->fd, p, take, s->written) < 0)
+		if (spaced_io_pwrite_full(s->fd, p, take, s->written) < 0)
 			return -1;
 		uint64_t before = s->written;
 		s->written += take;

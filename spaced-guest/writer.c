@@ -3,8 +3,9 @@
  * writes (fs.c) while the loop goes on reading the next chunk, so the disk and
  * the network overlap instead of taking turns (guest.h).
  *
- * It only calls pwrite(2) and its own mutex and condition variables: the loop
- * thread's fork()s of commands never find it holding anything they need.
+ * It only calls pwrite(2) (spaced_io_pwrite_full) and its own mutex and
+ * condition variables: the loop thread's fork()s of commands never find it
+ * holding anything they need.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -30,22 +31,7 @@ static void *writer_main(void *arg)
 		if (head == NULL)
 			tail = &head;
 		pthread_mutex_unlock(&mu);
-		const uint8_t *p = j->p;
-		size_t n = j->n;
-		uint64_t off = j->off;
-		int err = 0;
-		while (n > 0) {
-			ssize_t k = pwrite(j->fd, p, n, (off_t)off);
-			if (k < 0 && errno == EINTR)
-				continue;
-			if (k <= 0) {
-				err = k < 0 ? errno : EIO;
-				break;
-			}
-			p += k;
-			n -= (size_t)k;
-			off += (uint64_t)k;
-		}
+		int err = spaced_io_pwrite_full(j->fd, j->p, j->n, j->off) < 0 ? errno : 0;
 		pthread_mutex_lock(&mu);
 		j->err = err;
 		j->busy = false;

@@ -156,7 +156,8 @@ static void expect_snapshot_refused(struct tn_node *n, const char *snap, const c
  * a create-and-destroy loop — what any tenant can run — does not grow a
  * worker's records in memory, on disk or in STATE/gw; a live record is never
  * forgotten; a restart does not bring a forgotten one back; its capability is
- * refused before (REFRESH_ROUTE: the tombstone) and after (an unknown sandbox). */
+ * refused before (REFRESH_ROUTE: the tombstone) and after (an unknown sandbox):
+ * R4 holds either way. */
 Test(node, destroyed_records_are_forgotten)
 {
 	A.forget_after = 2;
