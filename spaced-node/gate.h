@@ -140,10 +140,14 @@ void gate_admin_stop(struct mgr *m);
  * string): {"ended":{"identity":{…},"reason":"…"}} (docs/control-messages.md). */
 char *gate_admin_ended_line(const struct mgr_rec *rec, const char *reason);
 /* Sends that line to every admin client that asked for events
- * ({"type":"events"}: the link, which carries it on the control channel). */
+ * ({"type":"events"}: the link, which carries it on the control channel);
+ * once one took it, the ended record may be forgotten (gate_rec_reported). */
 void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reason);
 
 /* ---- gate_main.c: the gate's state ---- */
+/* The ended record of sandbox was reported to the control plane's link: from
+ * now on it is a tombstone, forgotten --forget-after seconds later. */
+void gate_rec_reported(struct mgr *m, const char *sandbox);
 
 #define GATE_CTL_KINDS 11   /* control operation kinds (gate_ctl.c), 0 unused */
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */

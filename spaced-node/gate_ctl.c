@@ -1315,6 +1315,15 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 			json_decref(msg);
 			return;
 		}
+		/* applied so long ago that its acknowledgement was pruned: never
+		 * applied twice, answered as such */
+		if (seq <= mgr_store_acks_pruned_to(mgr_store_of(m))) {
+			fail(&o, "ack-pruned", "seq %llu was applied long ago; its acknowledgement is no longer kept",
+			     (unsigned long long)seq);
+			reply_now(m, reply, ctx, seq, &o);
+			json_decref(msg);
+			return;
+		}
 		struct ctl_op *inflight = op_with_seq(m, seq);
 		if (inflight) {
 			/* still in progress: its acknowledgement goes to the latest asker */

@@ -52,22 +52,37 @@ const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox)
 	return NULL;
 }
 
-/* When rec became a destroyed tombstone: kept from the one it replaces
- * (prev, NULL for none), now when it just became one, 0 when it is none. */
-static uint64_t destroyed_since(const struct mgr_rec *rec, const struct mgr_rec *prev)
+/* A record that only refuses: destroyed, or stopped with no execution (its
+ * sandbox moved away, or its start failed) while another worker serves it.
+ * An ended one only once the control plane was told (gate_rec_reported). */
+static bool is_tombstone(const struct mgr_rec *rec)
 {
-	if (strcmp(rec->state, MGR_ST_DESTROYED) != 0)
+	if (rec->r.active)
+		return false;
+	return strcmp(rec->state, MGR_ST_DESTROYED) == 0 ||
+	       (strcmp(rec->state, MGR_ST_STOPPED) == 0 && rec->pid == 0 && rec->host_pid == 0);
+}
+
+/* Since when rec is a tombstone: kept from the record it replaces (prev,
+ * NULL for none) when that was one of the same generation, now when it just
+ * became one, 0 when it is none. */
+static uint64_t tomb_since(const struct mgr_rec *rec, const struct mgr_rec *prev)
+{
+	bool same = prev && prev->tomb_mono && prev->r.id.generation == rec->r.id.generation;
+	if (strcmp(rec->state, MGR_ST_ENDED) == 0)
+		return same && strcmp(prev->state, MGR_ST_ENDED) == 0 ? prev->tomb_mono : 0;
+	if (!is_tombstone(rec))
 		return 0;
-	return prev && prev->destroyed_mono ? prev->destroyed_mono : spaced_mono_ns();
+	return same ? prev->tomb_mono : spaced_mono_ns();
 }
 
 static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 {
 	for (size_t i = 0; i < m->nrecs; i++) {
 		if (strcmp(m->recs[i].r.id.sandbox, rec->r.id.sandbox) == 0) {
-			uint64_t since = destroyed_since(rec, &m->recs[i]);
+			uint64_t since = tomb_since(rec, &m->recs[i]);
 			m->recs[i] = *rec;
-			m->recs[i].destroyed_mono = since;
+			m->recs[i].tomb_mono = since;
 			return 0;
 		}
 	}
@@ -80,55 +95,77 @@ static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 		m->caprecs = nc;
 	}
 	m->recs[m->nrecs] = *rec;
-	m->recs[m->nrecs++].destroyed_mono = destroyed_since(rec, NULL);
+	m->recs[m->nrecs++].tomb_mono = tomb_since(rec, NULL);
 	return 0;
 }
 
-/* A destroyed sandbox's record is a tombstone while a capability issued
- * before its destroy may still be valid (SPACED_CAP_LIFETIME + SPACED_CAP_SKEW):
- * it refuses them with REFRESH_ROUTE. Kept longer, it only costs: every
- * sandbox a worker ever hosted would stay in its memory (every lookup walks
- * them) and on its disk, and a tenant creating and deleting sandboxes in a
- * loop would grow both without bound. So --forget-after seconds after its
- * destroy (default: the capabilities' lifetime and skew, and a minute), with
- * no control operation of its own in flight, it is forgotten: its row, its
- * gateway's record directory, its place in memory. A capability that names it
- * later is refused as naming an unknown sandbox (R4 holds either way); its ID
- * is never issued again. */
-static void forget_destroyed(struct mgr *m)
+void gate_rec_reported(struct mgr *m, const char *sandbox)
+{
+	for (size_t i = 0; i < m->nrecs; i++)
+		if (strcmp(m->recs[i].r.id.sandbox, sandbox) == 0 && strcmp(m->recs[i].state, MGR_ST_ENDED) == 0 &&
+		    m->recs[i].tomb_mono == 0)
+			m->recs[i].tomb_mono = spaced_mono_ns();
+}
+
+/* A tombstone is kept while a capability issued before it became one may
+ * still be valid (SPACED_CAP_LIFETIME + SPACED_CAP_SKEW): it refuses them
+ * with REFRESH_ROUTE. Kept longer, it only costs: every sandbox a worker ever
+ * hosted would stay in its memory (every lookup walks them) and on its disk,
+ * and a tenant creating and deleting sandboxes in a loop — or moving them
+ * away and deleting them elsewhere — would grow both without bound. So
+ * --forget-after seconds after it became one (default: the capabilities'
+ * lifetime and skew, and a minute), with no control operation of its own in
+ * flight and no process of its execution left, it is forgotten: its row, its
+ * gateway's record directory, its log, its place in memory. A capability that
+ * names it later is refused as naming an unknown sandbox (R4 holds either
+ * way); its ID is never issued again. An ended execution's record becomes one
+ * only once it was reported to the control plane's link. The stored
+ * acknowledgements are pruned on the same tick: the last --acks-kept are
+ * kept (the control plane re-sends at most what it had in flight when a
+ * channel broke: its output queue's low water mark, a few hundred messages). */
+static bool forgettable(struct mgr *m, const struct mgr_rec *r, uint64_t now, uint64_t after)
+{
+	return r->tomb_mono != 0 && now - r->tomb_mono >= after && !gate_ctl_busy(m, r->r.id.sandbox) &&
+	       !mgr_exec_alive(r);
+}
+
+static void forget_tombstones(struct mgr *m)
 {
 	uint64_t now = spaced_mono_ns(), after = (uint64_t)m->cfg->forget_after_s * 1000000000ull;
+	if (mgr_store_prune_acks(m->store, (uint64_t)m->cfg->acks_kept) < 0)
+		gate_log("level=warn event=acks-prune-failed");
 	const char **names = NULL;
-	size_t n = 0;
+	size_t *at = NULL, n = 0;
 	for (size_t i = 0; i < m->nrecs; i++) {
-		const struct mgr_rec *r = &m->recs[i];
-		if (r->destroyed_mono == 0 || now - r->destroyed_mono < after || gate_ctl_busy(m, r->r.id.sandbox))
+		if (!forgettable(m, &m->recs[i], now, after))
 			continue;
 		const char **nn = realloc(names, (n + 1) * sizeof *names);
-		if (!nn)
+		if (nn)
+			names = nn;
+		size_t *na = nn ? realloc(at, (n + 1) * sizeof *at) : NULL;
+		if (!na)
 			break;
-		names = nn;
-		names[n++] = r->r.id.sandbox;
+		at = na;
+		names[n] = m->recs[i].r.id.sandbox;
+		at[n++] = i;
 	}
-	if (n == 0 || mgr_store_forget_destroyed(m->store, names, n) < 0) {
-		if (n)
-			gate_log("level=warn event=forget-failed records=%zu", n);
-		free(names);
-		return;
+	if (n > 0 && mgr_store_forget(m->store, names, n) < 0) {
+		gate_log("level=warn event=forget-failed records=%zu", n);
+		n = 0;
 	}
-	free(names);
-	size_t forgotten = 0;
-	for (size_t i = 0; i < m->nrecs;) {
-		struct mgr_rec *r = &m->recs[i];
-		if (r->destroyed_mono == 0 || now - r->destroyed_mono < after || gate_ctl_busy(m, r->r.id.sandbox)) {
-			i++;
-			continue;
-		}
+	/* from the last: each place filled from the end holds one kept */
+	for (size_t k = n; k-- > 0;) {
+		struct mgr_rec *r = &m->recs[at[k]];
+		char path[4300];
+		snprintf(path, sizeof path, "%s/log/%s.log", m->cfg->state_dir, r->r.id.sandbox);
+		unlink(path);
 		gate_gw_forget(m, r->r.id.sandbox);
-		m->recs[i] = m->recs[--m->nrecs]; /* the order of records means nothing */
-		forgotten++;
+		*r = m->recs[--m->nrecs]; /* the order of records means nothing */
 	}
-	gate_log("level=info event=forgotten records=%zu", forgotten);
+	if (n > 0)
+		gate_log("level=info event=forgotten records=%zu", n);
+	free(names);
+	free(at);
 }
 
 static int load_cb(void *arg, const struct mgr_rec *rec)
@@ -291,7 +328,7 @@ static void on_tick(uv_timer_t *t)
 	struct mgr *m = t->data;
 	gate_streams_tick(m);
 	if (++m->ticks % 5 == 0)
-		forget_destroyed(m);
+		forget_tombstones(m);
 }
 
 static void on_signal(uv_signal_t *s, int sig)

@@ -48,8 +48,9 @@ struct mgr_rec {
 	                      * socket are named after it); "" for one started for this record */
 	char config[MGR_CONFIG_MAX]; /* the sandbox's settings for its guest: {"env","workdir","user"}
 	                              * (its template's and its create's), "" for none */
-	uint64_t destroyed_mono;     /* the gate's memory only: when it became a destroyed
-	                              * tombstone (monotonic ns; 0: it is not one) */
+	uint64_t tomb_mono;          /* the gate's memory only: since when it is a tombstone
+	                              * that may be forgotten (gate_main.c: destroyed, moved
+	                              * away, or ended and reported); monotonic ns, 0: not one */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
@@ -88,9 +89,16 @@ int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
 uint64_t mgr_store_last_seq(struct mgr_store *st);
 
 /* Every record, for loading into memory at start. cb returns non-zero to stop. */
-/* Deletes the records of the n sandboxes that are destroyed ones (no
- * other), in one transaction; 0, or SPACED_EIO (none deleted). */
-int mgr_store_forget_destroyed(struct mgr_store *st, const char *const *sandboxes, size_t n);
+/* Deletes the records of the n sandboxes that are tombstones (inactive, in
+ * state destroyed, stopped or ended; no other), in one transaction; 0, or
+ * SPACED_EIO (none deleted). */
+int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t n);
+
+/* Deletes the stored acknowledgements of every seq at or below last_seq -
+ * keep and remembers that horizon; 0 or SPACED_EIO. */
+int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep);
+/* The highest seq whose acknowledgement may have been pruned (0: none). */
+uint64_t mgr_store_acks_pruned_to(struct mgr_store *st);
 
 int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mgr_rec *rec),
                       void *arg);

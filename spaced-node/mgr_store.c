@@ -22,6 +22,7 @@ struct mgr_store {
 	sqlite3_stmt *stmt[ST_N];
 	uint64_t next_epoch;
 	uint64_t last_seq;
+	uint64_t acks_pruned_to; /* acknowledgements at or below it may be gone */
 };
 
 static const char schema[] =
@@ -144,6 +145,8 @@ int mgr_store_open(const char *dir, struct mgr_store **out)
 		st->next_epoch = (uint64_t)v;
 	if (meta_get(st->db, "last_seq", &v) == 0 && v > 0)
 		st->last_seq = (uint64_t)v;
+	if (meta_get(st->db, "acks_pruned_to", &v) == 0 && v > 0)
+		st->acks_pruned_to = (uint64_t)v;
 	e = 0;
 out:
 	if (e < 0) {
@@ -269,14 +272,16 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 	return 0;
 }
 
-int mgr_store_forget_destroyed(struct mgr_store *st, const char *const *sandboxes, size_t n)
+int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t n)
 {
 	sqlite3_stmt *s = NULL;
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
 		return SPACED_EIO;
-	if (sqlite3_prepare_v2(st->db, "DELETE FROM records WHERE sandbox=?1 AND state='" MGR_ST_DESTROYED "'", -1, &s,
-	                       NULL) != SQLITE_OK)
+	if (sqlite3_prepare_v2(st->db,
+	                       "DELETE FROM records WHERE sandbox=?1 AND active=0 AND state IN ('" MGR_ST_DESTROYED
+	                       "','" MGR_ST_STOPPED "','" MGR_ST_ENDED "')",
+	                       -1, &s, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
 	for (size_t i = 0; i < n && e == 0; i++) {
 		sqlite3_reset(s);
@@ -290,6 +295,40 @@ int mgr_store_forget_destroyed(struct mgr_store *st, const char *const *sandboxe
 	if (e < 0)
 		sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
 	return e;
+}
+
+int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep)
+{
+	if (st->last_seq <= keep || st->last_seq - keep <= st->acks_pruned_to)
+		return 0;
+	uint64_t to = st->last_seq - keep;
+	sqlite3_stmt *s = NULL;
+	int e = 0;
+	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	if (sqlite3_prepare_v2(st->db, "DELETE FROM acks WHERE seq<=?1", -1, &s, NULL) != SQLITE_OK)
+		e = SPACED_EIO;
+	if (e == 0) {
+		sqlite3_bind_int64(s, 1, (sqlite3_int64)to);
+		if (sqlite3_step(s) != SQLITE_DONE)
+			e = SPACED_EIO;
+	}
+	sqlite3_finalize(s);
+	if (e == 0)
+		e = meta_set(st, "acks_pruned_to", (int64_t)to);
+	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+		e = SPACED_EIO;
+	if (e < 0) {
+		sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+		return e;
+	}
+	st->acks_pruned_to = to;
+	return 0;
+}
+
+uint64_t mgr_store_acks_pruned_to(struct mgr_store *st)
+{
+	return st->acks_pruned_to;
 }
 
 int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line)

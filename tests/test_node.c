@@ -205,6 +205,129 @@ Test(node, destroyed_records_are_forgotten)
 	       CAP(.sandbox = "sbx-live", .generation = 1, .worker = "worker-a"), 200, NULL, NULL);
 }
 
+/* The same for a sandbox that moved away (stopped and inactive here: the
+ * control plane deletes it on its new worker, never here), and the stored
+ * acknowledgements: a tenant moving sandboxes around in a loop grew the old
+ * worker without bound. A repeat of a seq whose acknowledgement was pruned
+ * is refused, never applied again. */
+Test(node, moved_away_records_and_old_acks_are_forgotten)
+{
+	A.forget_after = 2;
+	A.acks_kept = 16;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "sbx-live", 1, "act-1", false);
+	char name[32], path[512];
+	json_t *last = NULL;
+	for (int i = 0; i < 10; i++) {
+		snprintf(name, sizeof name, "sbx-moved-%d", i);
+		must_install(&A, name, 1, "act-1", false);
+		json_decref(last);
+		last = tn_deactivate(&A, name, 1, "act-1", false);
+		cr_assert(tn_ok(last), "deactivate %s", name);
+	}
+	json_int_t last_seq = json_integer_value(json_object_get(last, "ack"));
+	cr_assert_gt(last_seq, 20, "every message was numbered: %lld", (long long)last_seq);
+	snprintf(path, sizeof path, "%s/gw/sbx-moved-0", A.state);
+	struct stat sb;
+	cr_assert_eq(stat(path, &sb), 0, "the moved sandbox's gateway directory is there at first");
+	char logp[512];
+	snprintf(logp, sizeof logp, "%s/log/sbx-moved-0.log", A.state);
+	cr_assert_eq(stat(logp, &sb), 0, "its log is there at first");
+	const char *st = "/v1/sandboxes/sbx-moved-0/stat?path=/";
+	expect(A.port, "GET", st, CAP(.sandbox = "sbx-moved-0", .generation = 1, .worker = "worker-a"), 409,
+	       "REFRESH_ROUTE", NULL);
+	size_t nrec = 0;
+	for (int i = 0; i < 300; i++) {
+		json_t *s = status_of(&A);
+		nrec = json_array_size(json_object_get(s, "records"));
+		json_decref(s);
+		if (nrec == 1)
+			break;
+		tn_sleep_ms(50);
+	}
+	cr_assert_eq(nrec, 1, "10 moved-away records forgotten, the live one kept: %zu left", nrec);
+	cr_assert(stat(path, &sb) < 0 && errno == ENOENT, "the forgotten sandbox's gateway directory is removed");
+	cr_assert(stat(logp, &sb) < 0 && errno == ENOENT, "the forgotten sandbox's log is removed");
+	expect(A.port, "GET", st, CAP(.sandbox = "sbx-moved-0", .generation = 1, .worker = "worker-a"), 403, "DENY",
+	       "unknown-sandbox");
+	for (int round = 0; round < 2; round++) {
+		/* the latest acknowledgement is answered again unchanged */
+		json_t *again = tn_admin(&A, "{\"seq\":%lld,\"type\":\"destroy\",\"sandbox\":\"sbx-live\"}",
+		                         (long long)last_seq);
+		cr_assert(json_equal(again, last), "seq %lld answered from its stored acknowledgement", (long long)last_seq);
+		json_decref(again);
+		/* an old one is refused without effect: sbx-live is not destroyed */
+		json_t *old = tn_admin(&A, "{\"seq\":1,\"type\":\"destroy\",\"sandbox\":\"sbx-live\"}");
+		cr_assert(old && !tn_ok(old), "a pruned seq is not applied again");
+		cr_assert_str_eq(json_string_value(json_object_get(old, "code")), "ack-pruned");
+		cr_assert_eq(json_integer_value(json_object_get(old, "ack")), 1);
+		json_decref(old);
+		expect(A.port, "GET", "/v1/sandboxes/sbx-live/stat?path=/",
+		       CAP(.sandbox = "sbx-live", .generation = 1, .worker = "worker-a"), 200, NULL, NULL);
+		/* and after a restart: nothing comes back, the horizon stays */
+		tn_node_stop(&A);
+		tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+		json_t *s = status_of(&A);
+		cr_assert_eq(json_array_size(json_object_get(s, "records")), 1);
+		json_decref(s);
+	}
+	json_decref(last);
+}
+
+static const char *state_of(struct tn_node *n, const char *sandbox, json_int_t *pid)
+{
+	static char state[32];
+	json_t *st = status_of(n), *rec;
+	size_t k;
+	state[0] = 0;
+	json_array_foreach(json_object_get(st, "records"), k, rec)
+	{
+		if (strcmp(json_string_value(json_object_get(json_object_get(rec, "identity"), "sandbox")), sandbox) == 0) {
+			snprintf(state, sizeof state, "%s", json_string_value(json_object_get(rec, "state")));
+			if (pid)
+				*pid = json_integer_value(json_object_get(rec, "pid"));
+		}
+	}
+	json_decref(st);
+	return state;
+}
+
+/* An execution that ended under its record stays a tombstone until the
+ * control plane's link was told (it subscribes to events after each hello):
+ * past --forget-after it stays while nobody took the report, and is
+ * forgotten --forget-after seconds after somebody did. */
+Test(node, ended_records_are_forgotten_once_reported, .timeout = 120)
+{
+	A.substrate = true;
+	A.forget_after = 2;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "E", 1, "act-1", false);
+	json_int_t pid = 0;
+	cr_assert_str_eq(state_of(&A, "E", &pid), "running");
+	cr_assert_gt(pid, 0);
+	kill((pid_t)pid, SIGKILL);
+	int i;
+	for (i = 0; i < 400 && strcmp(state_of(&A, "E", NULL), "ended") != 0; i++)
+		tn_sleep_ms(50);
+	cr_assert_str_eq(state_of(&A, "E", NULL), "ended", "the launcher's death ends the record");
+	/* two forget ticks (every 5 s) past --forget-after: not reported, kept */
+	tn_sleep_ms(12000);
+	cr_assert_str_eq(state_of(&A, "E", NULL), "ended", "an ended record nobody was told of is kept");
+	int ev = tn_admin_connect(&A);
+	cr_assert_geq(ev, 0);
+	json_t *line = tn_admin_fd(ev, "{\"type\":\"events\"}");
+	cr_assert(line != NULL, "the ended execution is reported to a subscriber");
+	json_t *who = json_object_get(json_object_get(json_object_get(line, "ended"), "identity"), "sandbox");
+	cr_assert_str_eq(json_string_value(who), "E");
+	json_decref(line);
+	for (i = 0; i < 300 && state_of(&A, "E", NULL)[0]; i++)
+		tn_sleep_ms(50);
+	cr_assert_str_eq(state_of(&A, "E", NULL), "", "the reported ended record is forgotten");
+	close(ev);
+	expect(A.port, "GET", "/v1/sandboxes/E/stat?path=/", CAP(.sandbox = "E", .generation = 1, .worker = "worker-a"),
+	       403, "DENY", "unknown-sandbox");
+}
+
 Test(node, every_outcome_over_http)
 {
 	tn_node_start(&A, dir, "worker-a", keys.bundle_path);

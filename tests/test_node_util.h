@@ -120,6 +120,7 @@ static char *tn_cap(const struct tn_keys *k, struct tn_capspec s)
 struct tn_node {
 	bool substrate; /* set before start: executions through spaced-launch + spaced-host */
 	int forget_after; /* set before start: --forget-after seconds (0: the default) */
+	int acks_kept;    /* set before start: --acks-kept (0: the default) */
 	pid_t pid; /* sbx-manager (the process started) */
 	int port;
 	char state[256];
@@ -146,8 +147,9 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
-		char forget[16];
+		char forget[16], acks[16];
 		snprintf(forget, sizeof forget, "%d", n->forget_after);
+		snprintf(acks, sizeof acks, "%d", n->acks_kept);
 		const char *argv[24] = {"spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
 		                        "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--plaintext"};
 		int k = 12;
@@ -160,6 +162,10 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 		if (n->forget_after > 0) {
 			argv[k++] = "--forget-after";
 			argv[k++] = forget;
+		}
+		if (n->acks_kept > 0) {
+			argv[k++] = "--acks-kept";
+			argv[k++] = acks;
 		}
 		argv[k] = NULL;
 		execv(SPACED_NODE_BIN, (char *const *)(uintptr_t)argv);
