@@ -20,7 +20,8 @@
 #endif
 #endif
 
-int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces)
+int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces,
+                            const struct spaced_confine_arg *args, size_t nargs)
 {
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		return SPACED_ESYS;
@@ -41,6 +42,15 @@ int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char 
 	for (size_t i = 0; i < nallow && e == 0; i++) {
 		int nr = seccomp_syscall_resolve_name(allow[i]);
 		if (nr != __NR_SCMP_ERROR && seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0) < 0)
+			e = SPACED_ESYS;
+	}
+	for (size_t i = 0; i < nargs && e == 0; i++) {
+		int nr = seccomp_syscall_resolve_name(args[i].call);
+		struct scmp_arg_cmp cmp[2];
+		unsigned n = args[i].n < 2 ? args[i].n : 2;
+		for (unsigned k = 0; k < n; k++)
+			cmp[k] = SCMP_CMP(args[i].cmp[k].index, SCMP_CMP_MASKED_EQ, args[i].cmp[k].mask, args[i].cmp[k].value);
+		if (nr != __NR_SCMP_ERROR && seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, nr, n, cmp) < 0)
 			e = SPACED_ESYS;
 	}
 	for (size_t i = 0; i < neacces && e == 0; i++) {

@@ -10,15 +10,30 @@
 #define SPACED_CONFINE_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+/* A call allowed only with its arguments so: for each of its n (1 or 2)
+ * comparisons, (args[index] & mask) == value. Several for one call: any of
+ * them allows it. */
+struct spaced_confine_arg {
+	const char *call;
+	unsigned n;
+	struct {
+		unsigned index;
+		uint64_t mask, value;
+	} cmp[2];
+};
 
 /* Sets no_new_privs, then loads a filter that allows the system calls named
- * in allow (names this kernel or libseccomp does not know are skipped) and
- * answers EACCES to those in eacces; any other call kills the process. In a
+ * in allow (names this kernel or libseccomp does not know are skipped), those
+ * of args with the arguments they name, and answers EACCES to those in
+ * eacces; any other call kills the process. In a
  * sanitizer build it answers ENOSYS instead (its runtime can still report
  * what went wrong), and also allows what the leak checker needs at exit
  * (clone, ptrace, reading /proc/self/task); with SPACED_SECCOMP_LOG=1 in the environment it only logs
  * each call outside the list to the kernel log (to find what a daemon needs:
  * `dmesg | grep 'type=1326'`). Returns 0 or SPACED_ENOMEM / SPACED_ESYS. */
-int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces);
+int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces,
+                            const struct spaced_confine_arg *args, size_t nargs);
 
 #endif

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <net/if.h>
+#include <linux/netlink.h>
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -424,17 +425,27 @@ static bool teardown(const char *nsp)
 
 /* What the resolver's loop calls (confine.h): its two UDP sockets, the
  * packet filter's netlink (libnftables), the slot files it reads, and the
- * idle teardown (flock, umount2, unlink). */
+ * idle teardown (flock, umount2, unlink); socket only as loop_args says. */
 static const char *const loop_calls[] = {
 	"read", "write", "readv", "writev", "pread64", "close", "poll", "ppoll", "select", "pselect6", "recvfrom",
 	"sendto", "recvmsg",
-	"sendmsg", "socket", "bind", "connect", "getsockname", "getpeername", "setsockopt", "getsockopt", "fcntl",
+	"sendmsg", "bind", "connect", "getsockname", "getpeername", "setsockopt", "getsockopt", "fcntl",
 	"openat", "open", "getdents64", "lseek", "fstat", "newfstatat", "statx", "statfs", "fstatfs", "flock",
 	"umount2", "unlink", "unlinkat", "mmap", "munmap", "mremap", "brk", "madvise", "mprotect",
 	"clock_gettime", "gettimeofday", "time", "nanosleep", "clock_nanosleep", "exit", "exit_group",
 	"rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "restart_syscall", "futex", "getpid", "gettid",
 	"getrandom", "getuid", "geteuid", "getgid", "getegid", "uname", "sysinfo", "sigaltstack", "tgkill",
 	"getrlimit", "prlimit64",
+};
+
+/* It runs as root, in the egress namespace every execution's traffic
+ * crosses: its only new sockets are netlink ones, the packet filter's
+ * (libnftables: the pins) and the routing one's (getifaddrs: are there links
+ * left?). No TCP or UDP socket to anything, no raw or packet socket that
+ * could read or forge the executions' traffic. */
+static const struct spaced_confine_arg loop_args[] = {
+	{"socket", 2, {{0, UINT32_MAX, AF_NETLINK}, {2, UINT32_MAX, NETLINK_NETFILTER}}},
+	{"socket", 2, {{0, UINT32_MAX, AF_NETLINK}, {2, UINT32_MAX, NETLINK_ROUTE}}},
 };
 
 int main(int argc, char **argv)
@@ -507,7 +518,8 @@ int main(int argc, char **argv)
 	nft_ctx_buffer_error(nft);
 	/* from here on only the calls of this loop: a bug that an execution's
 	 * packets reach can run nothing else (confine.h) */
-	if (spaced_confine_syscalls(loop_calls, sizeof loop_calls / sizeof loop_calls[0], NULL, 0) < 0) {
+	if (spaced_confine_syscalls(loop_calls, sizeof loop_calls / sizeof loop_calls[0], NULL, 0, loop_args,
+	                            sizeof loop_args / sizeof loop_args[0]) < 0) {
 		logf_("level=error event=confine-failed");
 		return 1;
 	}

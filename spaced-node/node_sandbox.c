@@ -40,5 +40,5 @@ int node_api_confine(bool drop_privileges)
 	 * library probes /dev/urandom lazily and copes with the refusal. */
 	static const char *const refused[] = {"openat", "open"};
 	return spaced_confine_syscalls(allowed, sizeof allowed / sizeof allowed[0], refused,
-	                               sizeof refused / sizeof refused[0]);
+	                               sizeof refused / sizeof refused[0], NULL, 0);
 }
