@@ -328,6 +328,47 @@ Test(node, ended_records_are_forgotten_once_reported, .timeout = 120)
 	       403, "DENY", "unknown-sandbox");
 }
 
+/* A uid range is handed to a new execution only once no process of this
+ * host runs in it (a process left of an old execution would share the new
+ * one's ids): a process whose effective uid lies in the worker's first range
+ * keeps that range from the next start, which takes another. */
+Test(node, a_range_a_process_runs_in_is_not_handed_out)
+{
+	const uid_t first = 1073741824u; /* spaced-node's default --uid-range */
+	int ready[2];
+	cr_assert_eq(pipe(ready), 0);
+	pid_t squat = fork();
+	cr_assert_geq(squat, 0);
+	if (squat == 0) {
+		close(ready[0]);
+		if (setresgid(first + 5, first + 5, first + 5) < 0 || setresuid(first + 5, first + 5, first + 5) < 0)
+			_exit(1);
+		(void)!write(ready[1], "x", 1);
+		for (;;)
+			pause();
+	}
+	close(ready[1]);
+	char c;
+	cr_assert_eq(read(ready[0], &c, 1), 1, "the process could not take a uid of the first range");
+	close(ready[0]);
+	A.substrate = true;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "U", 1, "act-1", false);
+	json_t *st = status_of(&A), *rec;
+	size_t k;
+	json_int_t base = -1;
+	json_array_foreach(json_object_get(st, "records"), k, rec)
+	{
+		if (strcmp(json_string_value(json_object_get(json_object_get(rec, "identity"), "sandbox")), "U") == 0)
+			base = json_integer_value(json_object_get(rec, "uid_base"));
+	}
+	json_decref(st);
+	kill(squat, SIGKILL);
+	waitpid(squat, NULL, 0);
+	cr_assert_gt(base, 0, "the execution was given no uid range");
+	cr_assert_neq(base, (json_int_t)first, "the execution took the range a process still runs in");
+}
+
 Test(node, every_outcome_over_http)
 {
 	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
