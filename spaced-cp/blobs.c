@@ -24,14 +24,17 @@
  * temporary file first and become visible whole (rename) or not at all;
  * imports run on libuv's thread pool, at most two at once (503 beyond).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -505,4 +508,83 @@ int cp_blobs_start(struct cp *cp)
 		return SPACED_ESYS;
 	pthread_detach(t);
 	return 0;
+}
+
+/* ---- the snapshots' sweep (cp.h cp_snapshots_sweep; the reaper's thread) ---- */
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The name an archive URL ends with (…/v1/blobs/snapshots/NAME), or NULL. */
+static const char *snapshot_name(const char *url)
+{
+	static const char mark[] = "/v1/blobs/snapshots/";
+	const char *p = url ? strstr(url, mark) : NULL;
+	return p && p[sizeof mark - 1] ? p + sizeof mark - 1 : NULL;
+}
+
+int cp_snapshots_sweep(struct cp *cp, struct cp_store *st)
+{
+	struct cp_rows *named = NULL, *busy = NULL;
+	/* what is needed, read before the directory: an archive uploaded after
+	 * this read is younger than the grace period */
+	if (CP_Q0(st, &named, NULL, "SELECT snapshot FROM sandboxes WHERE deleted = 0 AND snapshot IS NOT NULL") < 0 ||
+	    CP_Q0(st, &busy, NULL, "SELECT id FROM sandboxes WHERE deleted = 0 AND op IS NOT NULL") < 0) {
+		cp_rows_free(named);
+		cp_rows_free(busy);
+		return 0;
+	}
+	size_t nk = 0, nb = (size_t)busy->nrows;
+	const char **keep = calloc((size_t)named->nrows + 1, sizeof *keep);
+	for (int i = 0; keep && i < named->nrows; i++) {
+		const char *n = snapshot_name(cp_rows_get(named, i, 0));
+		if (n)
+			keep[nk++] = n;
+	}
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof dir, "%s/snapshots", cp->store_dir);
+	DIR *d = keep ? opendir(dir) : NULL;
+	int removed = 0;
+	uint64_t bytes = 0;
+	time_t now = time(NULL);
+	if (d) {
+		qsort(keep, nk, sizeof *keep, cmp_str);
+		struct dirent *de;
+		while ((de = readdir(d)) != NULL) {
+			char name[256];
+			size_t len = strlen(de->d_name);
+			struct stat sb;
+			if (len <= 4 || len - 4 >= sizeof name || strcmp(de->d_name + len - 4, ".tar") != 0)
+				continue;
+			memcpy(name, de->d_name, len - 4);
+			name[len - 4] = '\0';
+			const char *key = name;
+			if (bsearch(&key, keep, nk, sizeof *keep, cmp_str) != NULL)
+				continue;
+			/* NAME is SANDBOX-GENERATION-RANDOM: a sandbox with an
+			 * operation in flight keeps every archive of its own */
+			bool in_flight = false;
+			for (size_t i = 0; i < nb && !in_flight; i++) {
+				const char *id = cp_rows_get(busy, (int)i, 0);
+				size_t il = id ? strlen(id) : 0;
+				in_flight = il && strncmp(name, id, il) == 0 && name[il] == '-';
+			}
+			if (in_flight || fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
+			    !S_ISREG(sb.st_mode) || now - sb.st_mtime < cp->snapshot_grace)
+				continue;
+			if (unlinkat(dirfd(d), de->d_name, 0) == 0) {
+				removed++;
+				bytes += (uint64_t)sb.st_size;
+			}
+		}
+		closedir(d);
+	}
+	free(keep);
+	cp_rows_free(named);
+	cp_rows_free(busy);
+	if (removed)
+		spaced_log("spaced-cp", "level=info event=snapshots-swept removed=%d bytes=%" PRIu64, removed, bytes);
+	return removed;
 }

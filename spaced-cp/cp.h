@@ -39,6 +39,7 @@
 #define CP_ROUTE_DRAIN_MS 250 /* a move waits this long after this replica issued the sandbox a route */
 #define CP_RECENT_ROUTES 1024 /* slots of the recent-route table */
 #define CP_OP_LEASE 120   /* default seconds a lifecycle operation holds its sandbox */
+#define CP_SNAPSHOT_GRACE 600 /* default seconds a snapshot archive no sandbox names is kept */
 /* Liveness (channel.c): a worker is live while its control channel is open
  * on some replica. That replica writes workers.channel_until = now +
  * CP_CHAN_UNTIL_S (seconds) every second and 0 as soon as the channel
@@ -75,6 +76,7 @@ struct cp {
 	char store_dir[1024];         /* STATE/store */
 	uint64_t template_max;        /* largest archive a template import takes */
 	uint64_t snapshot_max;        /* largest snapshot archive */
+	int snapshot_grace;           /* seconds an unreferenced snapshot archive is kept (cp_snapshots_sweep) */
 	struct spaced_rootfs_limits template_limits;
 
 	/* signer */
@@ -234,6 +236,14 @@ int cp_op_timeout(struct cp_store *st, const char *tenant, const char *id, int64
 int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,
                    struct cp_quota *used);
 void cp_reap(struct cp *cp, struct cp_store *st);
+/* Removes from the store's snapshots/ every archive older than
+ * cp->snapshot_grace seconds that no sandbox needs: one is needed when it is
+ * the `snapshot` of a sandbox not deleted, or belongs to one with an
+ * operation in flight (its next snapshot may be uploaded and not yet
+ * recorded). Each snapshot is a new archive: kept forever, a tenant that
+ * snapshots (pauses, moves) in a loop, or creates and deletes, would fill the
+ * control plane's disk. Returns how many were removed. */
+int cp_snapshots_sweep(struct cp *cp, struct cp_store *st);
 
 /* blobs.c: the store's own HTTP server thread (templates in, templates and
  * snapshots out and in); fills store_url. 0 or a SPACED_E* code. */

@@ -6,7 +6,7 @@
  *             [--quota sandboxes=N,memory=SIZE,disk=SIZE]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
- *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]
+ *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]
  *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
@@ -45,7 +45,7 @@ static const char usage[] =
 	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE] [--default-substrate S]\n"
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
-	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE]\n"
+	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]\n"
 	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
@@ -91,11 +91,18 @@ static void *reaper_thread(void *arg)
 	struct cp_store *st = NULL;
 	if (cp_store_open(cp->db_url, &st) < 0)
 		return NULL;
+	/* the store's snapshots are swept every minute, or every grace period
+	 * when that is shorter */
+	int sweep_every = cp->snapshot_grace < 60 ? cp->snapshot_grace : 60, ticks = 0;
 	while (!cp->stopping) {
 		for (int i = 0; i < 10 && !cp->stopping; i++)
 			usleep(100000);
 		if (!cp->stopping)
 			cp_reap(cp, st);
+		if (!cp->stopping && ++ticks >= sweep_every) {
+			ticks = 0;
+			cp_snapshots_sweep(cp, st);
+		}
 	}
 	cp_store_close(st);
 	return NULL;
@@ -252,12 +259,14 @@ int main(int argc, char **argv)
 		{"store-listen", required_argument, NULL, 'S'},
 		{"template-max", required_argument, NULL, 'T'},
 		{"snapshot-max", required_argument, NULL, 'X'},
+		{"snapshot-grace", required_argument, NULL, 6},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
 	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30},
-	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256};
+	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256,
+	                 .snapshot_grace = CP_SNAPSHOT_GRACE};
 	const char *listen = NULL, *metrics_listen = NULL;
 	char dbbuf[1200], cfg_err[256];
 	const char *store_listen = NULL;
@@ -318,6 +327,16 @@ int main(int argc, char **argv)
 			else
 				cp.snapshot_max = sz;
 			break;
+		case 6: {
+			char *end;
+			long g = strtol(optarg, &end, 10);
+			if (*end || g < 1 || g > 30L * 86400) {
+				fprintf(stderr, "spaced-cp: --snapshot-grace wants seconds (1 .. 2592000)\n");
+				return 2;
+			}
+			cp.snapshot_grace = (int)g;
+			break;
+		}
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");

@@ -1,0 +1,57 @@
+#!/bin/sh
+# The control plane's store keeps the snapshots sandboxes need, and no others
+# (cp.h cp_snapshots_sweep): every snapshot is a new archive in the store, so a
+# tenant that snapshots, pauses or moves in a loop, or creates and deletes,
+# would otherwise fill the control plane's disk. A control plane with
+# --snapshot-grace 2 and two real spaced-node workers (development mode):
+#  - three snapshots of one sandbox are three archives, and leave one, the
+#    one it names, whole;
+#  - a delete leaves none;
+#  - another tenant's sandbox keeps its archive all along.
+# Exit 77 when spaced-node or spaced-guest is not built.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+. "$SPACED_TOP/tests/cp_node_lib.sh"
+cp_node_setup
+cp_node_start 8 --snapshot-grace 2
+
+S=$W/cp/store/snapshots
+archives() { ls "$S" 2>/dev/null | grep -c '\.tar$'; }
+name_of() { basename "$("$SC" inspect "$1" --json | jq -r .snapshot)"; }
+
+# a bystander's archive, named by its sandbox all along
+B=$("$SC" create --worker nb)
+"$SC" pause "$B" >/dev/null
+"$SC" snapshot "$B" >/dev/null
+kept=$(name_of "$B")
+expect "the bystander's snapshot is in the store" "$([ -f "$S/$kept.tar" ] && echo yes)" yes
+
+X=$("$SC" create --worker na)
+printf 'kept across snapshots\n' >"$W/na/sbx/$X/root/data.txt"
+"$SC" pause "$X" >/dev/null
+names=""
+for i in 1 2 3; do
+	"$SC" snapshot "$X" >/dev/null
+	names="$names $(name_of "$X")"
+done
+last=$(name_of "$X")
+expect "three snapshots, three archives" "$(echo $names | tr ' ' '\n' | sort -u | wc -l | tr -d ' ')" 3
+wait_for "the superseded archives are swept after the grace period" sh -c "[ \$(ls '$S' | grep -c '\\.tar\$') -eq 2 ]"
+expect "the one left of X is the one it names" "$([ -f "$S/$last.tar" ] && echo yes)" yes
+expect "the bystander's is left" "$([ -f "$S/$kept.tar" ] && echo yes)" yes
+expect "the archive left is whole: it holds the sandbox's file" \
+	"$(python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); print(t.extractfile(t.getmember("data.txt")).read().decode().strip())' "$S/$last.tar")" \
+	"kept across snapshots"
+"$SC" resume "$X" >/dev/null
+"$SC" exec "$X" -- cat data.txt >"$W/resume.out" 2>&1
+expect "the sandbox resumes" "$(cat "$W/resume.out")" "kept across snapshots"
+
+# a deleted sandbox needs none
+"$SC" rm "$X" >/dev/null
+wait_for "a deleted sandbox's archives are swept" sh -c "[ \$(ls '$S' | grep -c '\\.tar\$') -eq 1 ]"
+expect "only the bystander's is left" "$(ls "$S")" "$kept.tar"
+expect "the sweep is logged" "$(grep -c 'event=snapshots-swept' "$CP_LOG" | awk '$1 >= 2 {print "yes"}')" yes
+"$SC" resume "$B" >/dev/null
+expect "the bystander still runs" "$("$SC" exec "$B" -- echo fine)" fine
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
