@@ -53,5 +53,6 @@ expect "only the bystander's is left" "$(ls "$S")" "$kept.tar"
 expect "the sweep is logged" "$(grep -c 'event=snapshots-swept' "$CP_LOG" | awk '$1 >= 2 {print "yes"}')" yes
 "$SC" resume "$B" >/dev/null
 expect "the bystander still runs" "$("$SC" exec "$B" -- echo fine)" fine
+"$SC" rm "$B" >/dev/null
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
