@@ -76,7 +76,9 @@ struct cp {
 	char store_dir[1024];         /* STATE/store */
 	uint64_t template_max;        /* largest archive a template import takes */
 	uint64_t snapshot_max;        /* largest snapshot archive */
-	int snapshot_grace;           /* seconds an unreferenced snapshot archive is kept (cp_snapshots_sweep) */
+	int snapshot_grace;           /* seconds an unreferenced snapshot archive is kept (cp_snapshots_sweep),
+	                               * and a build step's tree after its last use (cp_build_cache_sweep) */
+	uint64_t build_cache_max;     /* bytes of build steps' trees no template or sandbox names */
 	struct spaced_rootfs_limits template_limits;
 
 	/* signer */
@@ -244,6 +246,12 @@ void cp_reap(struct cp *cp, struct cp_store *st);
  * snapshots (pauses, moves) in a loop, or creates and deletes, would fill the
  * control plane's disk. Returns how many were removed. */
 int cp_snapshots_sweep(struct cp *cp, struct cp_store *st);
+/* Holds the build cache (build steps' trees in the store that no template and
+ * no sandbox not deleted names) under cp->build_cache_max bytes: the least
+ * recently used steps go first, with their archives, never one used in the
+ * last cp->snapshot_grace seconds (a build in progress). A later build of an
+ * evicted step runs it again. Returns how many archives were removed. */
+int cp_build_cache_sweep(struct cp *cp, struct cp_store *st);
 
 /* blobs.c: the store's own HTTP server thread (templates in, templates and
  * snapshots out and in); fills store_url. 0 or a SPACED_E* code. */

@@ -7,6 +7,7 @@
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]
+ *             [--build-cache SIZE]
  *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
@@ -46,6 +47,7 @@ static const char usage[] =
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]\n"
+	"                 [--build-cache SIZE]\n"
 	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
@@ -102,6 +104,7 @@ static void *reaper_thread(void *arg)
 		if (!cp->stopping && ++ticks >= sweep_every) {
 			ticks = 0;
 			cp_snapshots_sweep(cp, st);
+			cp_build_cache_sweep(cp, st);
 		}
 	}
 	cp_store_close(st);
@@ -260,6 +263,7 @@ int main(int argc, char **argv)
 		{"template-max", required_argument, NULL, 'T'},
 		{"snapshot-max", required_argument, NULL, 'X'},
 		{"snapshot-grace", required_argument, NULL, 6},
+		{"build-cache", required_argument, NULL, 7},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
@@ -274,6 +278,7 @@ int main(int argc, char **argv)
 	/* templates up to 8 GiB of archive and of content; snapshots up to 64 GiB */
 	cp.template_max = UINT64_C(8) << 30;
 	cp.snapshot_max = UINT64_C(64) << 30;
+	cp.build_cache_max = UINT64_C(20) << 30; /* build steps' trees no template names */
 	spaced_rootfs_limits_default(&cp.template_limits);
 	int is_admin = argc > 1 && strcmp(argv[1], "admin") == 0, c, r;
 	if (sodium_init() < 0)
@@ -337,6 +342,13 @@ int main(int argc, char **argv)
 			cp.snapshot_grace = (int)g;
 			break;
 		}
+		case 7:
+			if (spaced_size_parse(optarg, &sz) < 0) {
+				fprintf(stderr, "spaced-cp: --build-cache wants a size\n");
+				return 2;
+			}
+			cp.build_cache_max = sz;
+			break;
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
 				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE (0: no limit)\n");

@@ -10,6 +10,7 @@
  * tmp/ (uploads and imports in progress).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "cp.h"
 #include "error.h"
 #include "identity.h"
+#include "log.h"
 #include "rootfs.h"
 
 static json_t *template_row_json(const struct cp_rows *rows, int i)
@@ -281,6 +283,17 @@ static int store_tree(struct cp *cp, struct spaced_rootfs *t, char hash[SPACED_T
 	return r;
 }
 
+/* A build step's last use: `created` is when it was last recorded or taken
+ * from the cache (cp_build_cache_sweep evicts the least recently used). */
+static void touch_step(struct cp_store *st, const char *tenant, const char *parent, const char *step)
+{
+	char now[24];
+	cp_store_relaxed(st, 1);
+	CP_Q(st, NULL, NULL, "UPDATE build_steps SET created = $4 WHERE tenant = $1 AND parent = $2 AND step = $3", tenant,
+	     parent, step, cp_i64(now, spaced_now()));
+	cp_store_relaxed(st, 0);
+}
+
 static int record_step(struct cp_store *st, const char *tenant, const char *parent, const char *step,
                        const char *hash, const char *config)
 {
@@ -375,6 +388,7 @@ int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
 			if (access(p, F_OK) == 0) {
 				cp_rows_free(rows);
+				touch_step(st, "", "", step);
 				*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 1, "config", json_object());
 				return 200;
 			}
@@ -531,6 +545,7 @@ int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			} else {
 				*out = json_pack("{s:s,s:o}", "hash", cp_rows_get(rows, 0, 0), "config", c ? c : json_object());
 				status = 200;
+				touch_step(st, tenant, parent, step);
 			}
 		}
 		cp_rows_free(rows);
@@ -582,4 +597,69 @@ int cp_template_name(struct cp_store *st, const char *tenant, const char *name, 
 	}
 	*out = json_pack("{s:s,s:s}", "name", name, "hash", hash);
 	return 201;
+}
+
+/* ---- the build cache's bound (cp.h cp_build_cache_sweep; the reaper's thread) ---- */
+
+/* Whether hash is named by a template or a sandbox not deleted. */
+static bool tree_pinned(struct cp_store *st, const char *hash)
+{
+	struct cp_rows *rows = NULL;
+	bool pinned = CP_Q(st, &rows, NULL,
+	                   "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
+	                   "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0)",
+	                   hash) < 0 ||
+	              cp_rows_i64(rows, 0, 0, 1) != 0;
+	cp_rows_free(rows);
+	return pinned;
+}
+
+int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
+{
+	struct cp_rows *rows = NULL;
+	/* every cached tree with its last use, the least recently used first */
+	if (CP_Q0(st, &rows, NULL, "SELECT hash, MAX(created) FROM build_steps GROUP BY hash ORDER BY 2, 1") < 0)
+		return 0;
+	int n = rows->nrows, removed = 0;
+	uint64_t *size = calloc((size_t)n + 1, sizeof *size), total = 0, freed = 0;
+	bool *pinned = calloc((size_t)n + 1, sizeof *pinned);
+	for (int i = 0; size && pinned && i < n; i++) {
+		const char *h = cp_rows_get(rows, i, 0);
+		char p[PATH_MAX];
+		struct stat sb;
+		pinned[i] = h == NULL || tree_pinned(st, h);
+		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h ? h : "");
+		if (!pinned[i] && stat(p, &sb) == 0)
+			total += (uint64_t)(size[i] = (uint64_t)sb.st_size);
+	}
+	int64_t cutoff = spaced_now() - cp->snapshot_grace;
+	for (int i = 0; size && pinned && i < n && total > cp->build_cache_max; i++) {
+		const char *h = cp_rows_get(rows, i, 0);
+		long changed = 0;
+		char cb[24], p[PATH_MAX];
+		if (pinned[i] || size[i] == 0 || cp_rows_i64(rows, i, 1, INT64_MAX) > cutoff)
+			continue;
+		/* not used since the list was read, and still named by nothing else */
+		if (CP_Q(st, NULL, &changed, "DELETE FROM build_steps WHERE hash = $1 AND created <= $2", h,
+		         cp_i64(cb, cutoff)) < 0 ||
+		    changed == 0 || tree_pinned(st, h))
+			continue;
+		struct cp_rows *left = NULL;
+		bool still = CP_Q(st, &left, NULL, "SELECT COUNT(*) FROM build_steps WHERE hash = $1", h) < 0 ||
+		             cp_rows_i64(left, 0, 0, 1) != 0;
+		cp_rows_free(left);
+		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h);
+		if (still || unlink(p) < 0)
+			continue;
+		total -= size[i];
+		freed += size[i];
+		removed++;
+	}
+	if (removed)
+		spaced_log("spaced-cp", "level=info event=build-cache-swept removed=%d bytes=%" PRIu64 " left=%" PRIu64,
+		           removed, freed, total);
+	free(size);
+	free(pinned);
+	cp_rows_free(rows);
+	return removed;
 }
