@@ -403,10 +403,18 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, 503, cp_error("store", spaced_strerror(r)));
 			return;
 		}
-		answer(rq, 200, json_pack("{s:{s:I,s:I,s:I},s:{s:I,s:I,s:I}}", "quota", "sandboxes",
+		struct cp_rows *tb = NULL;
+		if (CP_Q(st, &tb, NULL,
+		         "SELECT COALESCE(SUM(b), 0) FROM (SELECT hash, MAX(bytes) AS b FROM templates WHERE tenant = $1 "
+		         "GROUP BY hash) AS t",
+		         tenant) == 0)
+			used.templates = cp_rows_i64(tb, 0, 0, 0);
+		cp_rows_free(tb);
+		answer(rq, 200, json_pack("{s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I}}", "quota", "sandboxes",
 		                          (json_int_t)limit.sandboxes, "memory_bytes", (json_int_t)limit.memory, "disk_bytes",
-		                          (json_int_t)limit.disk, "used", "sandboxes", (json_int_t)used.sandboxes,
-		                          "memory_bytes", (json_int_t)used.memory, "disk_bytes", (json_int_t)used.disk));
+		                          (json_int_t)limit.disk, "templates_bytes", (json_int_t)limit.templates, "used",
+		                          "sandboxes", (json_int_t)used.sandboxes, "memory_bytes", (json_int_t)used.memory,
+		                          "disk_bytes", (json_int_t)used.disk, "templates_bytes", (json_int_t)used.templates));
 		return;
 	}
 	if (strcmp(seg[1], "templates") == 0 || strcmp(seg[1], "store") == 0 || strcmp(seg[1], "builds") == 0) {
@@ -416,7 +424,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 		if (strcmp(seg[1], "builds") == 0)
 			status = cp_builds_api(cp, st, tenant, rq->method, seg, n, body, blen, &out);
 		else if (n == 3 && post && spaced_name_valid(seg[2], strlen(seg[2])))
-			status = cp_template_name(st, tenant, seg[2], body, blen, &out);
+			status = cp_template_name(cp, st, tenant, seg[2], body, blen, &out);
 		else
 			status = cp_templates_api(cp, st, tenant, rq->method, seg, n, &out);
 		answer(rq, status, out);

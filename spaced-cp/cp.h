@@ -53,6 +53,7 @@ struct cp_req;
 /* A tenant's quotas (0: none) or what it holds. */
 struct cp_quota {
 	int64_t sandboxes, memory, disk;
+	int64_t templates; /* bytes of the trees its templates name (each tree once) */
 };
 
 struct cp {
@@ -279,7 +280,7 @@ int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const 
 int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
                   const char *body, size_t blen, json_t **out);
 /* POST /v1/templates/NAME {"hash","config"}: names a built tree. */
-int cp_template_name(struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
+int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
                      json_t **out);
 /* GET /v1/templates[/NAME], DELETE /v1/templates/NAME, GET /v1/store. */
 int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,

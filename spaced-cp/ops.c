@@ -1072,9 +1072,10 @@ int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int l
 	struct cp_rows *q = NULL, *u = NULL;
 	int r = lock ? CP_Q(st, &q, NULL,
 	                    "UPDATE tenants SET quota_seq = quota_seq + 1 WHERE id = $1 "
-	                    "RETURNING max_sandboxes, max_memory, max_disk",
+	                    "RETURNING max_sandboxes, max_memory, max_disk, max_templates",
 	                    tenant)
-	             : CP_Q(st, &q, NULL, "SELECT max_sandboxes, max_memory, max_disk FROM tenants WHERE id = $1", tenant);
+	             : CP_Q(st, &q, NULL, "SELECT max_sandboxes, max_memory, max_disk, max_templates FROM tenants WHERE id = $1",
+	                    tenant);
 	if (r == 0 && q->nrows != 1)
 		r = SPACED_ENOENT;
 	if (r == 0)
@@ -1087,6 +1088,8 @@ int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int l
 		limit->sandboxes = (v = cp_rows_i64(q, 0, 0, -1)) >= 0 ? v : cp->quota_default.sandboxes;
 		limit->memory = (v = cp_rows_i64(q, 0, 1, -1)) >= 0 ? v : cp->quota_default.memory;
 		limit->disk = (v = cp_rows_i64(q, 0, 2, -1)) >= 0 ? v : cp->quota_default.disk;
+		limit->templates = (v = cp_rows_i64(q, 0, 3, -1)) >= 0 ? v : cp->quota_default.templates;
+		used->templates = 0; /* cp_template_usage: only where templates are made */
 		used->sandboxes = cp_rows_i64(u, 0, 0, 0);
 		used->memory = cp_rows_i64(u, 0, 1, 0);
 		used->disk = cp_rows_i64(u, 0, 2, 0);

@@ -80,6 +80,41 @@ void cp_template_locate(struct cp *cp, json_t *spec)
 	json_object_set_new(t, "url", json_string(url));
 }
 
+static void template_gc(struct cp *cp, struct cp_store *st, const char *hash);
+
+/* 0 when the tenant may name one more template of a tree of bytes (hash):
+ * the trees its templates name, each once, stay within its templates quota
+ * (checked at each import and naming: two at once may pass it by one);
+ * else 429 (or 503) with *answer naming the quota. */
+static int templates_quota(struct cp *cp, struct cp_store *st, const char *tenant, const char *hash, int64_t bytes,
+                           json_t **answer)
+{
+	struct cp_quota limit, used;
+	struct cp_rows *rows = NULL;
+	int r = cp_quota_usage(cp, st, tenant, 0, &limit, &used);
+	if (r == 0)
+		r = CP_Q(st, &rows, NULL,
+		         "SELECT COALESCE(SUM(b), 0), COALESCE(SUM(CASE WHEN hash = $2 THEN 1 ELSE 0 END), 0) FROM "
+		         "(SELECT hash, MAX(bytes) AS b FROM templates WHERE tenant = $1 GROUP BY hash) AS t",
+		         tenant, hash);
+	if (r < 0) {
+		cp_rows_free(rows);
+		*answer = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	int64_t cur = cp_rows_i64(rows, 0, 0, 0), want = cp_rows_i64(rows, 0, 1, 0) > 0 ? 0 : bytes;
+	cp_rows_free(rows);
+	if (limit.templates <= 0 || cur + want <= limit.templates)
+		return 0;
+	char m[200];
+	snprintf(m, sizeof m, "the tenant's templates_bytes quota is %lld; its templates hold %lld and this one %lld more",
+	         (long long)limit.templates, (long long)cur, (long long)want);
+	*answer = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota",
+	                    "templates_bytes", "limit", (json_int_t)limit.templates, "used", (json_int_t)cur, "requested",
+	                    (json_int_t)want);
+	return 429;
+}
+
 int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *upload,
                        json_t **answer)
 {
@@ -116,6 +151,11 @@ int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, c
 		goto out;
 	}
 	canon[0] = 0;
+	if ((status = templates_quota(cp, st, tenant, info.hash, (int64_t)info.bytes, answer)) != 0) {
+		template_gc(cp, st, info.hash); /* unless another names it */
+		goto out;
+	}
+	status = 500;
 	if (config)
 		cfg_text = json_dumps(config, JSON_COMPACT);
 	r = CP_Q(st, NULL, NULL,
@@ -559,8 +599,8 @@ int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const 
 	return status;
 }
 
-int cp_template_name(struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
-                     json_t **out)
+int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *body,
+                     size_t blen, json_t **out)
 {
 	json_error_t jerr;
 	json_t *req = json_loadb(body ? body : "{}", body ? blen : 2, JSON_REJECT_DUPLICATES, &jerr), *t = NULL;
@@ -577,13 +617,23 @@ int cp_template_name(struct cp_store *st, const char *tenant, const char *name, 
 		return status;
 	}
 	json_decref(t);
-	char *cfg = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS) : strdup("{}"), now[24], hb[65];
+	char *cfg = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS) : strdup("{}"), now[24], hb[65], bb[24];
 	snprintf(hb, sizeof hb, "%s", hash); /* hash belongs to req, freed below */
 	hash = hb;
+	/* a built tree counts by its archive's size */
+	char p[PATH_MAX];
+	struct stat sb;
+	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+	int64_t bytes = stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
+	if ((status = templates_quota(cp, st, tenant, hash, bytes, out)) != 0) {
+		free(cfg);
+		json_decref(req);
+		return status;
+	}
 	int r = cfg ? CP_Q(st, NULL, NULL,
 	                   "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
-	                   "VALUES ($1, $2, $3, 0, 0, $4, 'build', $5)",
-	                   tenant, name, hash, cfg, cp_i64(now, spaced_now()))
+	                   "VALUES ($1, $2, $3, $4, 0, $5, 'build', $6)",
+	                   tenant, name, hash, cp_i64(bb, bytes), cfg, cp_i64(now, spaced_now()))
 	            : SPACED_ENOMEM;
 	free(cfg);
 	json_decref(req);

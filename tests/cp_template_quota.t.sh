@@ -1,0 +1,52 @@
+#!/bin/sh
+# A tenant's templates are held to its templates quota (`--quota …,templates=SIZE`, `spaced-cp
+# admin set-quota NAME templates=SIZE`): every import and every naming of a built tree adds a
+# tree to the control plane's store, so a tenant importing in a loop would otherwise fill its
+# disk. A control plane alone (the store needs no worker), tarballs made here:
+#  - an import within the quota: 201; one past it: 429 quota-exceeded (templates_bytes), and
+#    its tree does not stay in the store;
+#  - the same tree under another name counts once: 201;
+#  - GET /v1/quota shows the quota and what the templates hold;
+#  - after a template is removed, the import that did not fit does.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+W=$(mktemp -d)
+trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+SC=$SPACED_BUILD/spacectl/spacectl
+
+mkdir -p "$W/cp"
+TA=$(admin create-tenant alpha)
+[ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
+admin set-quota alpha templates=500K
+start_cp cp
+export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
+for t in a b; do # a root filesystem tarball: one directory, 300 KiB of random data
+	python3 - "$W/$t.tar" <<'PY' || { echo "FAIL: mk tarball"; exit 1; }
+import io, os, sys, tarfile
+with tarfile.open(sys.argv[1], "w") as t:
+    d = tarfile.TarInfo("data"); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)
+    data = os.urandom(307200)
+    f = tarfile.TarInfo("data/blob"); f.size = len(data); f.mode = 0o644; t.addfile(f, io.BytesIO(data))
+PY
+done
+trees() { ls "$W/cp/store/templates" | grep -c '\.tar$'; }
+
+"$SC" template import a "$W/a.tar" --json >"$W/a.json" 2>"$W/e"
+expect "an import within the quota" "$(jq -r '.name' "$W/a.json")" a
+"$SC" template import b "$W/b.tar" >/dev/null 2>"$W/e"
+expect "an import past the quota: 429 quota-exceeded templates_bytes" \
+	"$(grep -c '429 quota-exceeded.*templates_bytes' "$W/e")" 1
+expect "its tree did not stay in the store" "$(trees)" 1
+"$SC" template import a-again "$W/a.tar" >/dev/null 2>"$W/e"
+expect "the same tree under another name counts once" "$("$SC" template ls --json | jq -r '[.[].name] | sort | join(" ")')" "a a-again"
+curl -s -H "Authorization: Bearer $TA" "$CP_URL/v1/quota" >"$W/q.json"
+expect "GET /v1/quota: the templates quota, and one tree held" \
+	"$(jq -r '"\(.quota.templates_bytes) \(.used.templates_bytes > 300000 and .used.templates_bytes < 400000)"' "$W/q.json")" \
+	"512000 true"
+"$SC" template rm a >/dev/null
+"$SC" template rm a-again >/dev/null
+"$SC" template import b "$W/b.tar" >/dev/null 2>"$W/e"
+expect "after the removals the other import fits" "$("$SC" template ls --json | jq -r '[.[].name] | join(" ")')" b
+expect "one tree in the store" "$(trees)" 1
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
