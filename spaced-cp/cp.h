@@ -127,6 +127,7 @@ struct cp_req {
 	char method[8];
 	char path[256];
 	char auth[512];
+	char fair_key[17];            /* the key ID its Authorization names, "" for none (server.c's queue) */
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */
 	char peer_cert[SPACED_NAME_MAX]; /* the verified client certificate's name, "" none (cp->mtls) */
 	char peer[64];                /* the client's address */

@@ -7,6 +7,14 @@
  * answers it with its own store handle and posts it back (uv_async); the loop
  * writes the answer. Reads (GET) and channel authorizations have a pool of
  * their own, so they never wait behind lifecycle calls that wait for acks.
+ *
+ * Each pool serves the API keys in turn (the key ID of the request's
+ * Authorization: "spk_<id>_…"; everything else is one more key, ""): the
+ * next request taken is the oldest of the key served least recently, and a
+ * key never holds more than all but an eighth of the lifecycle threads
+ * (at least one is left): a tenant whose creates wait for a worker that does
+ * not answer (each holds its thread up to --ack-timeout) leaves the others'
+ * lifecycle calls a thread, instead of queueing them behind all of its own.
  */
 #include <netdb.h>
 #include <signal.h>
@@ -14,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 
 #include <sodium.h>
@@ -30,9 +39,20 @@
 #define HEAD_MAX 8192       /* request line + header fields (431 past it) */
 #define FIELDS_MAX 64       /* header fields (431 past it) */
 
-/* A queue of requests and the threads that take from it. */
-struct pool {
+/* The requests of one API key in a pool, and how many of them its threads hold. */
+struct group {
+	struct group *next;
+	char key[17];
 	struct cp_req *head, *tail;
+	int running;
+	uint64_t turn; /* when it was last served: the least recent goes first */
+};
+
+/* A queue of requests (one group per key) and the threads that take from it. */
+struct pool {
+	struct group *groups;
+	uint64_t turns;
+	int per_key_max; /* threads one key may hold at once */
 	pthread_cond_t cv;
 	pthread_t *threads;
 	int nthreads, started;
@@ -86,6 +106,88 @@ void cp_wake(struct cp *cp)
 /* A request thread: takes requests from its pool's queue, answers each with
  * its own store handle, posts it to the done list and wakes the loop; ends
  * when cp->stopping is set (what is still queued is freed by pool_stop). */
+static struct group *group_of(struct pool *pool, const char *key, bool create)
+{
+	for (struct group *g = pool->groups; g; g = g->next)
+		if (strcmp(g->key, key) == 0)
+			return g;
+	struct group *g = create ? calloc(1, sizeof *g) : NULL;
+	if (g) {
+		snprintf(g->key, sizeof g->key, "%s", key);
+		g->next = pool->groups;
+		pool->groups = g;
+	}
+	return g;
+}
+
+/* The next request to serve (taken off its queue, counted as running), or
+ * NULL when none may run now. Under S.mu. */
+static struct cp_req *take(struct pool *pool)
+{
+	struct group *best = NULL;
+	for (struct group *g = pool->groups; g; g = g->next)
+		if (g->head && g->running < pool->per_key_max && (!best || g->turn < best->turn))
+			best = g;
+	if (!best)
+		return NULL;
+	struct cp_req *rq = best->head;
+	best->head = rq->next_job;
+	if (!best->head)
+		best->tail = NULL;
+	best->running++;
+	best->turn = ++pool->turns;
+	return rq;
+}
+
+/* rq's thread is done with it: its key's count goes down, and a group left
+ * with nothing is freed. Under S.mu. */
+static void release(struct pool *pool, const struct cp_req *rq)
+{
+	for (struct group **pp = &pool->groups; *pp; pp = &(*pp)->next) {
+		struct group *g = *pp;
+		if (strcmp(g->key, rq->fair_key) != 0)
+			continue;
+		if (g->running > 0)
+			g->running--;
+		if (!g->head && g->running == 0) {
+			*pp = g->next;
+			free(g);
+		} else if (g->head) {
+			pthread_cond_signal(&pool->cv); /* it may run one more now */
+		}
+		return;
+	}
+}
+
+/* Hands rq's answer to the loop. Under S.mu. */
+static void post_done(struct cp_req *rq)
+{
+	rq->next_job = NULL;
+	if (S.done_tail)
+		S.done_tail->next_job = rq;
+	else
+		S.done_head = rq;
+	S.done_tail = rq;
+	if (S.wake_ready)
+		uv_async_send(&S.wake);
+}
+
+/* The key ID of "Bearer spk_<16 hex>_…" into key, else "". */
+static void fair_key_of(const char *auth, char key[17])
+{
+	const char *p = strncasecmp(auth, "Bearer ", 7) == 0 ? auth + 7 : auth;
+	key[0] = '\0';
+	if (strncmp(p, "spk_", 4) != 0)
+		return;
+	for (int i = 0; i < 16; i++)
+		if (!((p[4 + i] >= '0' && p[4 + i] <= '9') || (p[4 + i] >= 'a' && p[4 + i] <= 'f')))
+			return;
+	if (p[20] != '_')
+		return;
+	memcpy(key, p + 4, 16);
+	key[16] = '\0';
+}
+
 static void *request_thread(void *arg)
 {
 	struct pool *pool = arg;
@@ -96,16 +198,15 @@ static void *request_thread(void *arg)
 		spaced_log("spaced-cp", "level=error event=store-unavailable reason=\"%s\"", spaced_strerror(r));
 	for (;;) {
 		pthread_mutex_lock(&S.mu);
-		while (pool->head == NULL && !cp->stopping)
+		struct cp_req *rq = NULL;
+		while (!cp->stopping && (rq = take(pool)) == NULL)
 			pthread_cond_wait(&pool->cv, &S.mu);
 		if (cp->stopping) {
+			if (rq)
+				release(pool, rq);
 			pthread_mutex_unlock(&S.mu);
 			break;
 		}
-		struct cp_req *rq = pool->head;
-		pool->head = rq->next_job;
-		if (pool->head == NULL)
-			pool->tail = NULL;
 		pthread_mutex_unlock(&S.mu);
 		if (st == NULL) {
 			rq->status = 503;
@@ -128,14 +229,8 @@ static void *request_thread(void *arg)
 			cp_observe_request(rq, rq->tenant, spaced_mono_ns() - t0);
 		}
 		pthread_mutex_lock(&S.mu);
-		rq->next_job = NULL;
-		if (S.done_tail)
-			S.done_tail->next_job = rq;
-		else
-			S.done_head = rq;
-		S.done_tail = rq;
-		if (S.wake_ready)
-			uv_async_send(&S.wake);
+		release(pool, rq);
+		post_done(rq);
 		pthread_mutex_unlock(&S.mu);
 	}
 	cp_store_close(st);
@@ -148,12 +243,21 @@ static void dispatch(struct cp_req *rq)
 	struct pool *pool = rq->kind == CP_JOB_CHANNEL || strcmp(rq->method, "GET") == 0 ? &S.reads : &S.writes;
 	rq->queued = 1;
 	rq->next_job = NULL;
+	fair_key_of(rq->auth, rq->fair_key);
 	pthread_mutex_lock(&S.mu);
-	if (pool->tail)
-		pool->tail->next_job = rq;
+	struct group *g = group_of(pool, rq->fair_key, true);
+	if (!g) {
+		rq->status = 503;
+		rq->resp = strdup("{\"error\":\"busy\",\"message\":\"out of memory\"}");
+		post_done(rq);
+		pthread_mutex_unlock(&S.mu);
+		return;
+	}
+	if (g->tail)
+		g->tail->next_job = rq;
 	else
-		pool->head = rq;
-	pool->tail = rq;
+		g->head = rq;
+	g->tail = rq;
 	pthread_cond_signal(&pool->cv);
 	pthread_mutex_unlock(&S.mu);
 }
@@ -168,6 +272,7 @@ static int pool_start(struct pool *pool, int n)
 	if (pool->threads == NULL)
 		return SPACED_ENOMEM;
 	pool->nthreads = n;
+	pool->per_key_max = n;
 	for (; pool->started < n; pool->started++)
 		if (pthread_create(&pool->threads[pool->started], NULL, request_thread, pool) != 0)
 			return pool->started > 0 ? 0 : SPACED_ESYS;
@@ -186,11 +291,15 @@ static void pool_stop(struct pool *pool)
 		pthread_join(pool->threads[i], NULL);
 	free(pool->threads);
 	pool->threads = NULL;
-	for (struct cp_req *rq = pool->head, *next; rq; rq = next) {
-		next = rq->next_job;
-		req_free(rq);
+	for (struct group *g = pool->groups, *gn; g; g = gn) {
+		gn = g->next;
+		for (struct cp_req *rq = g->head, *next; rq; rq = next) {
+			next = rq->next_job;
+			req_free(rq);
+		}
+		free(g);
 	}
-	pool->head = pool->tail = NULL;
+	pool->groups = NULL;
 	pthread_cond_destroy(&pool->cv);
 }
 
@@ -631,8 +740,12 @@ int cp_server_run(struct cp *cp)
 	spaced_log("spaced-cp", "level=info event=listening url=%s://%s:%d store=%s%s", cp->tls ? "https" : "http",
 	           cp->listen_host, port, cp_store_kind(cp->loop_st),
 	           cp->mtls ? " worker_endpoints=client-certificate" : "");
-	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0)
+	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0) {
+		/* lifecycle calls: one key leaves others an eighth of the threads (at least one) */
+		int keep = cp->nthreads / 8 > 1 ? cp->nthreads / 8 : 1;
+		S.writes.per_key_max = cp->nthreads > keep ? cp->nthreads - keep : 1;
 		uv_run(&S.loop, UV_RUN_DEFAULT);
+	}
 
 	/* stopping: no new connections or requests, every connection closed
 	 * (channels mark their workers not connected), the threads finish what
