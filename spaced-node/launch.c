@@ -66,24 +66,30 @@ struct launcher {
 	bool log_capped;
 	bool pooled;    /* started without identity (warm pool) */
 	bool stop;
-	/* CPU use over the last sampling interval (about a second) */
+	/* CPU use over the last sampling interval (cpu_sample) */
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10; /* percent of one CPU, in tenths */
 };
 
-/* Samples the execution's CPU time once a second; the share of a CPU it used
- * over the last interval is what USAGE reports. */
-static void cpu_sample(struct launcher *L, uint64_t now)
+/* The execution's CPU time is sampled when USAGE asks (at most every
+ * CPU_SAMPLE_MIN) and at least every CPU_SAMPLE_MAX: the share of a CPU it
+ * used since the previous sample is what USAGE reports — the last second for
+ * a client asking every second, at most the last half minute for one asking
+ * once. A launcher per execution woke every second only for this: a worker
+ * of a thousand executions took a thousand wake-ups a second. */
+#define CPU_SAMPLE_MIN 200000000ull    /* ns */
+#define CPU_SAMPLE_MAX 30000000000ull  /* ns */
+static void cpu_sample(struct launcher *L, uint64_t now, bool asked)
 {
 	struct spaced_sub_usage u;
 
-	if (L->cpu_at_ns != 0 && now - L->cpu_at_ns < 1000000000u)
+	if (L->cpu_at_ns != 0 && now - L->cpu_at_ns < (asked ? CPU_SAMPLE_MIN : CPU_SAMPLE_MAX))
 		return;
 	spaced_sub_usage(L->sub, &u);
 	if (u.cpu_usec == UINT64_MAX)
 		return;
 	if (L->cpu_at_ns != 0 && u.cpu_usec >= L->cpu_at_usec)
-		L->cpu_pct_x10 = (uint32_t)((u.cpu_usec - L->cpu_at_usec) * 10000u / ((now - L->cpu_at_ns) / 1000u + 1));
+		L->cpu_pct_x10 = (uint32_t)((u.cpu_usec - L->cpu_at_usec) * 1000u / ((now - L->cpu_at_ns) / 1000u + 1));
 	L->cpu_at_ns = now;
 	L->cpu_at_usec = u.cpu_usec;
 }
@@ -330,6 +336,7 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 	} else if (strcmp(cmd, "USAGE") == 0) {
 		struct spaced_sub_usage u;
 
+		cpu_sample(L, spaced_mono_ns(), true);
 		spaced_sub_usage(L->sub, &u);
 		/* unknown figures (UINT64_MAX) are printed as -1 */
 #define FIG(v) ((v) == UINT64_MAX ? (int64_t)-1 : (int64_t)(v))
@@ -427,7 +434,7 @@ static int supervise(struct launcher *L)
 		uint64_t now = spaced_mono_ns();
 		int n = 0, r, ctl0, hs0;
 
-		cpu_sample(L, now);
+		cpu_sample(L, now, false);
 		pfd[n++] = (struct pollfd){ .fd = L->sigfd, .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = spaced_sub_control_fd(L->sub), .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = init->pidfd, .events = POLLIN };
@@ -451,10 +458,11 @@ static int supervise(struct launcher *L)
 		hs0 = n;
 		for (int i = 0; i < L->nhs; i++)
 			pfd[n++] = (struct pollfd){ .fd = L->hs[i].fd, .events = POLLIN };
-		/* a tick for the CPU share (cpu_sample) once there is a sandbox to
-		 * report it for: a pooled execution waiting for its claim sleeps */
+		/* a slow tick for the CPU share (cpu_sample) once there is a
+		 * sandbox to report it for: a pooled execution waiting for its claim
+		 * sleeps */
 		bool waiting = L->pooled && spaced_sub_identity(L->sub) == NULL;
-		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : waiting ? -1 : 1000);
+		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : waiting ? -1 : (int)(CPU_SAMPLE_MAX / 1000000u));
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
 		if (pfd[0].revents) {

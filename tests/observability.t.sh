@@ -112,6 +112,20 @@ expect "an admin command is audited (never its secret)" \
 expect "no key is ever in the audit logs" "$(cat "$CA" "$D"/worker-*/audit.log | grep -c 'spk_')" 0
 expect "answers carry their request id" \
 	"$(curl -s --cacert "$SPACED_CA_FILE" -D - -o /dev/null -H "X-Request-Id: cp-rid-7" -H "Authorization: Bearer $SPACED_API_KEY" "$SPACED_CP_URL/v1/sandboxes" | tr -d '\r' | awk -F': ' 'tolower($1) == "x-request-id" {print $2}')" cp-rid-7
+# the CPU share `top` shows is the recent one: the launcher samples it when asked (and at least
+# every 30 s), not with a tick a second per execution
+Z=$("$SC" create --worker worker-1)
+"$SC" exec "$Z" -- sh -c 'nohup sh -c "while :; do :; done" >/dev/null 2>&1 &' >/dev/null
+"$SC" top "$Z" --json >/dev/null
+sleep 1.5
+busy=$("$SC" top "$Z" --json | jq -r '.cpu_pct')
+"$SC" exec "$Z" -- sh -c 'pkill -f "while :" || kill $(pgrep -f "while :")' >/dev/null 2>&1
+"$SC" top "$Z" --json >/dev/null
+sleep 1.5
+idle=$("$SC" top "$Z" --json | jq -r '.cpu_pct')
+echo "top: $busy % while a loop ran, $idle % after it ended"
+expect "top: a busy loop shows as most of its one CPU (never more)" "$(echo "$busy" | awk '$1 > 50 && $1 <= 110 {print "yes"}')" yes
+expect "top: once it ended, the share over the last interval is near 0" "$(echo "$idle" | awk '$1 < 20 {print "yes"}')" yes
 bad=$(grep -v '^{' "$D/cp.log" | grep -cv '^\s*$')
 expect "every line of the control plane's log is a JSON object" "$bad" 0
 echo "$FAILS failures"
