@@ -80,6 +80,7 @@ struct cp {
 	int snapshot_grace;           /* seconds an unreferenced snapshot archive is kept (cp_snapshots_sweep),
 	                               * and a build step's tree after its last use (cp_build_cache_sweep) */
 	uint64_t build_cache_max;     /* bytes of build steps' trees no template or sandbox names */
+	int64_t retain_deleted;       /* seconds a deleted sandbox's rows are kept (0: forever) */
 	struct spaced_rootfs_limits template_limits;
 
 	/* signer */
@@ -254,6 +255,12 @@ int cp_snapshots_sweep(struct cp *cp, struct cp_store *st);
  * last cp->snapshot_grace seconds (a build in progress). A later build of an
  * evicted step runs it again. Returns how many archives were removed. */
 int cp_build_cache_sweep(struct cp *cp, struct cp_store *st);
+/* Removes the rows of sandboxes deleted more than cp->retain_deleted seconds
+ * ago (the sandbox's and its generations'): a tenant creating and deleting in
+ * a loop would otherwise grow the store without bound. Their history stays in
+ * the audit log; sandbox IDs are random and never reused. Returns how many
+ * sandboxes were removed. */
+int cp_deleted_sweep(struct cp *cp, struct cp_store *st);
 
 /* blobs.c: the store's own HTTP server thread (templates in, templates and
  * snapshots out and in); fills store_url. 0 or a SPACED_E* code. */

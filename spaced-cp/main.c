@@ -7,7 +7,7 @@
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]
- *             [--build-cache SIZE]
+ *             [--build-cache SIZE] [--retain-deleted S]
  *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
@@ -47,7 +47,7 @@ static const char usage[] =
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]\n"
-	"                 [--build-cache SIZE]\n"
+	"                 [--build-cache SIZE] [--retain-deleted S]\n"
 	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
@@ -96,8 +96,8 @@ static void *reaper_thread(void *arg)
 	struct cp_store *st = NULL;
 	if (cp_store_open(cp->db_url, &st) < 0)
 		return NULL;
-	/* the store's snapshots are swept every minute, or every grace period
-	 * when that is shorter */
+	/* the store's snapshots, the build cache and deleted sandboxes are swept
+	 * every minute, or every grace period when that is shorter */
 	int sweep_every = cp->snapshot_grace < 60 ? cp->snapshot_grace : 60, ticks = 0;
 	while (!cp->stopping) {
 		for (int i = 0; i < 10 && !cp->stopping; i++)
@@ -108,6 +108,7 @@ static void *reaper_thread(void *arg)
 			ticks = 0;
 			cp_snapshots_sweep(cp, st);
 			cp_build_cache_sweep(cp, st);
+			cp_deleted_sweep(cp, st);
 		}
 	}
 	cp_store_close(st);
@@ -268,13 +269,14 @@ int main(int argc, char **argv)
 		{"snapshot-max", required_argument, NULL, 'X'},
 		{"snapshot-grace", required_argument, NULL, 6},
 		{"build-cache", required_argument, NULL, 7},
+		{"retain-deleted", required_argument, NULL, 8},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
 	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30, 50ll << 30},
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256,
-	                 .snapshot_grace = CP_SNAPSHOT_GRACE};
+	                 .snapshot_grace = CP_SNAPSHOT_GRACE, .retain_deleted = 7 * 86400};
 	const char *listen = NULL, *metrics_listen = NULL;
 	char dbbuf[1200], cfg_err[256];
 	const char *store_listen = NULL;
@@ -344,6 +346,16 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			cp.snapshot_grace = (int)g;
+			break;
+		}
+		case 8: {
+			char *end;
+			long d = strtol(optarg, &end, 10);
+			if (*end || d < 0 || d > 3650L * 86400) {
+				fprintf(stderr, "spaced-cp: --retain-deleted wants seconds (0: forever)\n");
+				return 2;
+			}
+			cp.retain_deleted = d;
 			break;
 		}
 		case 7:

@@ -1990,3 +1990,28 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	}
 	cp_rows_free(rows);
 }
+
+/* ---- deleted sandboxes' rows (cp.h cp_deleted_sweep; the reaper's thread) ---- */
+
+int cp_deleted_sweep(struct cp *cp, struct cp_store *st)
+{
+	if (cp->retain_deleted <= 0)
+		return 0;
+	char cut[24];
+	long n = 0;
+	cp_i64(cut, spaced_now() - cp->retain_deleted);
+	if (cp_store_begin(st) < 0)
+		return 0;
+	if (CP_Q(st, NULL, NULL,
+	         "DELETE FROM generations WHERE sandbox IN "
+	         "(SELECT id FROM sandboxes WHERE deleted > 0 AND deleted < CAST($1 AS BIGINT))",
+	         cut) < 0 ||
+	    CP_Q(st, NULL, &n, "DELETE FROM sandboxes WHERE deleted > 0 AND deleted < CAST($1 AS BIGINT)", cut) < 0 ||
+	    cp_store_commit(st) < 0) {
+		cp_store_rollback(st);
+		return 0;
+	}
+	if (n > 0)
+		spaced_log("spaced-cp", "level=info event=deleted-swept sandboxes=%ld", n);
+	return (int)n;
+}
