@@ -183,12 +183,24 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	int64_t from = m->last_seq;
 	/* A worker that has applied more than this store ever sent knows a history
 	 * the store lost: it would take new messages for old ones. Fail closed. */
-	if (CP_Q(st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0 ||
+	if (CP_Q(st, &rows, NULL, "SELECT next_seq, outbox_pruned_to FROM workers WHERE id = $1", ch->worker) < 0 ||
 	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
 		spaced_log("spaced-cp",
 		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is ahead of the control "
 		           "plane (%lld)\"",
 		           ch->worker, (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 0, 0));
+		cp_rows_free(rows);
+		return -1;
+	}
+	/* A worker behind what the store keeps (its outbox rows older than
+	 * --retain-deleted are removed once acknowledged) would miss messages:
+	 * it lost its records; it joins again under a new worker ID. */
+	if (m->last_seq < cp_rows_i64(rows, 0, 1, 0)) {
+		spaced_log("spaced-cp",
+		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is older than the "
+		           "messages the control plane keeps (from %lld): the worker lost its records; join it again under a "
+		           "new worker ID\"",
+		           ch->worker, (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 1, 0) + 1);
 		cp_rows_free(rows);
 		return -1;
 	}

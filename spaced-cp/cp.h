@@ -256,10 +256,13 @@ int cp_snapshots_sweep(struct cp *cp, struct cp_store *st);
  * evicted step runs it again. Returns how many archives were removed. */
 int cp_build_cache_sweep(struct cp *cp, struct cp_store *st);
 /* Removes the rows of sandboxes deleted more than cp->retain_deleted seconds
- * ago (the sandbox's and its generations'): a tenant creating and deleting in
- * a loop would otherwise grow the store without bound. Their history stays in
- * the audit log; sandbox IDs are random and never reused. Returns how many
- * sandboxes were removed. */
+ * ago (the sandbox's and its generations'), and each worker's outbox rows
+ * older than that which it acknowledged, up to its first one not
+ * acknowledged (workers.outbox_pruned_to: a hello naming an older last_seq
+ * is refused, channel.c): a tenant creating and deleting in a loop would
+ * otherwise grow the store without bound. Their history stays in the audit
+ * log; sandbox IDs are random and never reused. Returns how many sandboxes
+ * were removed. */
 int cp_deleted_sweep(struct cp *cp, struct cp_store *st);
 
 /* blobs.c: the store's own HTTP server thread (templates in, templates and

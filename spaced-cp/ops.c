@@ -2011,7 +2011,35 @@ int cp_deleted_sweep(struct cp *cp, struct cp_store *st)
 		cp_store_rollback(st);
 		return 0;
 	}
-	if (n > 0)
-		spaced_log("spaced-cp", "level=info event=deleted-swept sandboxes=%ld", n);
+	/* each worker's acknowledged messages older than that, a prefix of its
+	 * outbox: below its first one not acknowledged */
+	struct cp_rows *w = NULL;
+	long rows = 0;
+	if (CP_Q(st, &w, NULL,
+	         "SELECT o.worker, MAX(o.seq) FROM outbox o JOIN workers k ON k.id = o.worker "
+	         "WHERE o.acked > 0 AND o.created < CAST($1 AS BIGINT) AND o.seq <= k.acked_seq AND o.seq < "
+	         "COALESCE((SELECT MIN(u.seq) FROM outbox u WHERE u.worker = o.worker AND u.acked = 0), o.seq + 1) "
+	         "GROUP BY o.worker",
+	         cut) == 0) {
+		for (int i = 0; i < w->nrows; i++) {
+			const char *wid = cp_rows_get(w, i, 0), *to = cp_rows_get(w, i, 1);
+			long k = 0;
+			if (wid == NULL || to == NULL || cp_store_begin(st) < 0)
+				continue;
+			if (CP_Q(st, NULL, &k, "DELETE FROM outbox WHERE worker = $1 AND seq <= CAST($2 AS BIGINT)", wid, to) < 0 ||
+			    CP_Q(st, NULL, NULL,
+			         "UPDATE workers SET outbox_pruned_to = CAST($2 AS BIGINT) WHERE id = $1 AND "
+			         "outbox_pruned_to < CAST($2 AS BIGINT)",
+			         wid, to) < 0 ||
+			    cp_store_commit(st) < 0) {
+				cp_store_rollback(st);
+				continue;
+			}
+			rows += k;
+		}
+	}
+	cp_rows_free(w);
+	if (n > 0 || rows > 0)
+		spaced_log("spaced-cp", "level=info event=deleted-swept sandboxes=%ld outbox_rows=%ld", n, rows);
 	return (int)n;
 }

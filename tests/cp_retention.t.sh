@@ -6,7 +6,11 @@
 # and a fake worker:
 #  - a sandbox deleted "an hour ago" (its deletion time set back in the
 #    store) is removed with its generations;
-#  - one deleted just now stays, and so does one alive, which still answers.
+#  - one deleted just now stays, and so does one alive, which still answers;
+#  - the worker's acknowledged messages older than that (their time set back)
+#    are removed, a prefix of its outbox; the worker reconnects from its own
+#    state, but one that lost it (a hello older than what is kept) is refused
+#    with a reason that says what to do.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
@@ -33,5 +37,20 @@ expect "its generations went with it" "$(q "SELECT COUNT(*) FROM generations WHE
 expect "the one deleted just now stays" "$(q "SELECT state FROM sandboxes WHERE id = '$NEW'")" deleted
 expect "the live one stays and answers" "$(api "$TA" GET "/v1/sandboxes/$LIVE"; body .state)" 200running
 expect "the sweep is logged" "$(grep -c 'event=deleted-swept sandboxes=1' "$CP_LOG")" 1
+
+# the outbox: the messages of the first two creates are an hour old, acknowledged
+last=$(cut -d' ' -f1 "$W/wa.state")
+q "UPDATE outbox SET created = created - 3600 WHERE worker = 'wa' AND seq <= 3"
+wait_for "the worker's old acknowledged messages are swept" sh -c "[ \"\$(sqlite3 -cmd '.timeout 5000' '$DB' \"SELECT outbox_pruned_to FROM workers WHERE id = 'wa'\")\" = 3 ]"
+expect "a prefix of its outbox is gone, the rest kept" "$(q "SELECT MIN(seq) || ' ' || MAX(seq) FROM outbox WHERE worker = 'wa'")" "4 $last"
+stop_worker wa
+start_worker wa
+expect "the worker reconnects from its own state" "$(grep -c "event=channel-hello worker=wa last_seq=$last" "$CP_LOG")" 1
+stop_worker wa
+cp "$W/wa.state" "$W/wa.state.keep"
+echo "0 0" >"$W/wa.state"
+"$FW" --url "ws://${CP_URL#http://}" --worker wa --key "$WK_wa" --state "$W/wa.state" --log "$W/wa2.log" 2>/dev/null &
+PIDS="$PIDS $!"
+wait_for "a worker that lost its records is refused" grep -q "event=channel-refused worker=wa .*older than the messages the control plane keeps" "$CP_LOG"
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
