@@ -1993,6 +1993,8 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 
 /* ---- deleted sandboxes' rows (cp.h cp_deleted_sweep; the reaper's thread) ---- */
 
+#define OUTBOX_BATCH 20000 /* outbox rows removed per worker and sweep at most */
+
 int cp_deleted_sweep(struct cp *cp, struct cp_store *st)
 {
 	if (cp->retain_deleted <= 0)
@@ -2012,25 +2014,45 @@ int cp_deleted_sweep(struct cp *cp, struct cp_store *st)
 		return 0;
 	}
 	/* each worker's acknowledged messages older than that, a prefix of its
-	 * outbox: below its first one not acknowledged */
+	 * outbox: below its first one not acknowledged; at most OUTBOX_BATCH
+	 * rows per worker and sweep (a store that kept months catches up) */
 	struct cp_rows *w = NULL;
 	long rows = 0;
-	if (CP_Q(st, &w, NULL,
-	         "SELECT o.worker, MAX(o.seq) FROM outbox o JOIN workers k ON k.id = o.worker "
-	         "WHERE o.acked > 0 AND o.created < CAST($1 AS BIGINT) AND o.seq <= k.acked_seq AND o.seq < "
-	         "COALESCE((SELECT MIN(u.seq) FROM outbox u WHERE u.worker = o.worker AND u.acked = 0), o.seq + 1) "
-	         "GROUP BY o.worker",
-	         cut) == 0) {
+	if (CP_Q0(st, &w, NULL,
+	          "SELECT k.id, k.acked_seq, k.outbox_pruned_to, (SELECT MIN(u.seq) FROM outbox u WHERE u.worker = k.id "
+	          "AND u.acked = 0) FROM workers k") == 0) {
 		for (int i = 0; i < w->nrows; i++) {
-			const char *wid = cp_rows_get(w, i, 0), *to = cp_rows_get(w, i, 1);
-			long k = 0;
-			if (wid == NULL || to == NULL || cp_store_begin(st) < 0)
+			const char *wid = cp_rows_get(w, i, 0);
+			int64_t upto = cp_rows_i64(w, i, 1, 0), from = cp_rows_i64(w, i, 2, 0),
+			        unacked = cp_rows_i64(w, i, 3, INT64_MAX);
+			if (unacked != INT64_MAX && unacked - 1 < upto)
+				upto = unacked - 1;
+			if (upto > from + OUTBOX_BATCH)
+				upto = from + OUTBOX_BATCH;
+			struct cp_rows *mx = NULL;
+			char ub[24], fb[24];
+			int64_t to = 0;
+			/* the last message of that range made before the cut, every one before it acknowledged */
+			if (wid == NULL || upto <= from ||
+			    CP_Q(st, &mx, NULL,
+			         "SELECT MAX(seq) FROM outbox WHERE worker = $1 AND seq > CAST($2 AS BIGINT) AND "
+			         "seq <= CAST($3 AS BIGINT) AND created < CAST($4 AS BIGINT)",
+			         wid, cp_i64(fb, from), cp_i64(ub, upto), cut) < 0 ||
+			    (to = cp_rows_i64(mx, 0, 0, 0)) <= from) {
+				cp_rows_free(mx);
 				continue;
-			if (CP_Q(st, NULL, &k, "DELETE FROM outbox WHERE worker = $1 AND seq <= CAST($2 AS BIGINT)", wid, to) < 0 ||
+			}
+			cp_rows_free(mx);
+			long k = 0;
+			char tb[24];
+			cp_i64(tb, to);
+			if (cp_store_begin(st) < 0)
+				continue;
+			if (CP_Q(st, NULL, &k, "DELETE FROM outbox WHERE worker = $1 AND seq <= CAST($2 AS BIGINT)", wid, tb) < 0 ||
 			    CP_Q(st, NULL, NULL,
 			         "UPDATE workers SET outbox_pruned_to = CAST($2 AS BIGINT) WHERE id = $1 AND "
 			         "outbox_pruned_to < CAST($2 AS BIGINT)",
-			         wid, to) < 0 ||
+			         wid, tb) < 0 ||
 			    cp_store_commit(st) < 0) {
 				cp_store_rollback(st);
 				continue;

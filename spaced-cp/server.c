@@ -114,6 +114,7 @@ static struct group *group_of(struct pool *pool, const char *key, bool create)
 	struct group *g = create ? calloc(1, sizeof *g) : NULL;
 	if (g) {
 		snprintf(g->key, sizeof g->key, "%s", key);
+		g->turn = ++pool->turns; /* a new key waits behind those already waiting */
 		g->next = pool->groups;
 		pool->groups = g;
 	}
@@ -264,7 +265,7 @@ static void dispatch(struct cp_req *rq)
 
 /* Starts n threads on pool. Returns 0 (at least one started), SPACED_ENOMEM
  * or SPACED_ESYS. */
-static int pool_start(struct pool *pool, int n)
+static int pool_start(struct pool *pool, int n, int per_key_max)
 {
 	pthread_cond_init(&pool->cv, NULL);
 	pool->inited = true;
@@ -272,7 +273,7 @@ static int pool_start(struct pool *pool, int n)
 	if (pool->threads == NULL)
 		return SPACED_ENOMEM;
 	pool->nthreads = n;
-	pool->per_key_max = n;
+	pool->per_key_max = per_key_max;
 	for (; pool->started < n; pool->started++)
 		if (pthread_create(&pool->threads[pool->started], NULL, request_thread, pool) != 0)
 			return pool->started > 0 ? 0 : SPACED_ESYS;
@@ -740,12 +741,11 @@ int cp_server_run(struct cp *cp)
 	spaced_log("spaced-cp", "level=info event=listening url=%s://%s:%d store=%s%s", cp->tls ? "https" : "http",
 	           cp->listen_host, port, cp_store_kind(cp->loop_st),
 	           cp->mtls ? " worker_endpoints=client-certificate" : "");
-	if ((r = pool_start(&S.writes, cp->nthreads)) == 0 && (r = pool_start(&S.reads, READ_THREADS)) == 0) {
-		/* lifecycle calls: one key leaves others an eighth of the threads (at least one) */
-		int keep = cp->nthreads / 8 > 1 ? cp->nthreads / 8 : 1;
-		S.writes.per_key_max = cp->nthreads > keep ? cp->nthreads - keep : 1;
+	/* lifecycle calls: one key leaves others an eighth of the threads (at least one) */
+	int keep = cp->nthreads / 8 > 1 ? cp->nthreads / 8 : 1;
+	if ((r = pool_start(&S.writes, cp->nthreads, cp->nthreads > keep ? cp->nthreads - keep : 1)) == 0 &&
+	    (r = pool_start(&S.reads, READ_THREADS, READ_THREADS)) == 0)
 		uv_run(&S.loop, UV_RUN_DEFAULT);
-	}
 
 	/* stopping: no new connections or requests, every connection closed
 	 * (channels mark their workers not connected), the threads finish what

@@ -84,7 +84,8 @@ static void template_gc(struct cp *cp, struct cp_store *st, const char *hash);
 
 /* 0 when the tenant may name one more template of a tree of bytes (hash):
  * the trees its templates name, each once, stay within its templates quota
- * (checked at each import and naming: two at once may pass it by one);
+ * (checked at each import and naming, not under a lock: n at once may each
+ * pass it, and go past it by up to n - 1 trees);
  * else 429 (or 503) with *answer naming the quota. */
 static int templates_quota(struct cp *cp, struct cp_store *st, const char *tenant, const char *hash, int64_t bytes,
                            json_t **answer)
@@ -187,13 +188,14 @@ out:
 	return status;
 }
 
-/* Removes the archive of hash when no template and no live sandbox names it. */
+/* Removes the archive of hash when no template, no live sandbox and no cached build step names it. */
 static void template_gc(struct cp *cp, struct cp_store *st, const char *hash)
 {
 	struct cp_rows *rows = NULL;
 	if (CP_Q(st, &rows, NULL,
 	         "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
-	         "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0)",
+	         "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0) + "
+	         "(SELECT COUNT(*) FROM build_steps WHERE hash = $1)",
 	         hash) == 0 &&
 	    cp_rows_i64(rows, 0, 0, 1) == 0) {
 		char p[PATH_MAX];
@@ -624,7 +626,13 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 	char p[PATH_MAX];
 	struct stat sb;
 	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
-	int64_t bytes = stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
+	if (stat(p, &sb) < 0) {
+		free(cfg);
+		json_decref(req);
+		*out = cp_error("template-not-found", "the tree is gone from the store (build it again)");
+		return 404;
+	}
+	int64_t bytes = (int64_t)sb.st_size;
 	if ((status = templates_quota(cp, st, tenant, hash, bytes, out)) != 0) {
 		free(cfg);
 		json_decref(req);
@@ -673,14 +681,21 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 	int n = rows->nrows, removed = 0;
 	uint64_t *size = calloc((size_t)n + 1, sizeof *size), total = 0, freed = 0;
 	bool *pinned = calloc((size_t)n + 1, sizeof *pinned);
+	/* the sizes first: under the bound (the usual case) nothing more is asked */
+	uint64_t all = 0;
 	for (int i = 0; size && pinned && i < n; i++) {
 		const char *h = cp_rows_get(rows, i, 0);
 		char p[PATH_MAX];
 		struct stat sb;
-		pinned[i] = h == NULL || tree_pinned(st, h);
 		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h ? h : "");
-		if (!pinned[i] && stat(p, &sb) == 0)
-			total += (uint64_t)(size[i] = (uint64_t)sb.st_size);
+		if (h && stat(p, &sb) == 0)
+			all += (uint64_t)(size[i] = (uint64_t)sb.st_size);
+	}
+	for (int i = 0; size && pinned && all > cp->build_cache_max && i < n; i++) {
+		const char *h = cp_rows_get(rows, i, 0);
+		pinned[i] = h == NULL || tree_pinned(st, h);
+		if (!pinned[i])
+			total += size[i];
 	}
 	int64_t cutoff = spaced_now() - cp->snapshot_grace;
 	for (int i = 0; size && pinned && i < n && total > cp->build_cache_max; i++) {

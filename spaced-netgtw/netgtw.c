@@ -1316,8 +1316,8 @@ static const char *const loop_calls[] = {
 };
 
 /* Files are opened for reading only (no write, create, truncate, append or
- * unnamed temporary file: nothing on the worker can be changed through
- * them), and the only new sockets are Unix ones (the guest's transport) and
+ * unnamed temporary file: no file's content can be changed through them;
+ * mkdir stays, for a pooled gateway's record directory), and the only new sockets are Unix ones (the guest's transport) and
  * unix_diag's netlink: no TCP or UDP connection to anything, no raw or packet
  * socket, no netlink that changes routes or the packet filter. */
 #define OPEN_WRITES ((uint64_t)(O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (O_TMPFILE & ~O_DIRECTORY)))

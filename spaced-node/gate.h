@@ -104,6 +104,9 @@ bool gate_ctl_busy(struct mgr *m, const char *sandbox);
 /* At start: restarts or re-bridges the executions the records say run. */
 void gate_ctl_recover(struct mgr *m);
 size_t gate_ctl_pending(const struct mgr *m);
+/* The lowest seq of a control operation queued or in progress, 0 for none
+ * (the stored acknowledgements are kept from there on). */
+uint64_t gate_ctl_lowest_pending_seq(const struct mgr *m);
 /* True while the execution of sandbox is being recovered after a restart. */
 bool gate_ctl_recovering(const struct mgr *m, const char *sandbox);
 /* The launcher pid (started at start) of sandbox's running execution has
@@ -140,14 +143,11 @@ void gate_admin_stop(struct mgr *m);
  * string): {"ended":{"identity":{…},"reason":"…"}} (docs/control-messages.md). */
 char *gate_admin_ended_line(const struct mgr_rec *rec, const char *reason);
 /* Sends that line to every admin client that asked for events
- * ({"type":"events"}: the link, which carries it on the control channel);
- * once one took it, the ended record may be forgotten (gate_rec_reported). */
+ * ({"type":"events"}: the link, which carries it on the control channel). */
 void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reason);
 
 /* ---- gate_main.c: the gate's state ---- */
-/* The ended record of sandbox was reported to the control plane's link: from
- * now on it is a tombstone, forgotten --forget-after seconds later. */
-void gate_rec_reported(struct mgr *m, const char *sandbox);
+
 
 #define GATE_CTL_KINDS 11   /* control operation kinds (gate_ctl.c), 0 unused */
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */

@@ -104,18 +104,12 @@ char *gate_admin_ended_line(const struct mgr_rec *rec, const char *reason)
 void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reason)
 {
 	char *line = gate_admin_ended_line(rec, reason);
-	bool told = false;
 	for (int i = 0; line && i < GATE_MAX_ADMIN; i++) {
 		struct admin_client *a = m->admin[i];
-		if (a && a->events && client_put(a, line)) {
-			told = true;
-			if (!a->in_next)
-				client_update(a);
-		}
+		if (a && a->events && client_put(a, line) && !a->in_next)
+			client_update(a);
 	}
 	free(line);
-	if (told)
-		gate_rec_reported(m, rec->r.id.sandbox);
 }
 
 /* {"type":"events"} (nothing else): a asks for events. */
@@ -146,7 +140,6 @@ static bool events_start(struct admin_client *a)
 		free(line);
 		if (!kept)
 			return false;
-		gate_rec_reported(m, r->r.id.sandbox);
 	}
 	return true;
 }

@@ -145,6 +145,16 @@ static uint64_t highest_pending_seq(struct mgr *m)
 	return hi;
 }
 
+uint64_t gate_ctl_lowest_pending_seq(const struct mgr *m)
+{
+	uint64_t lo = 0;
+	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (const struct ctl_op *op = q->head; op; op = op->next)
+			if (op->seq && (lo == 0 || op->seq < lo))
+				lo = op->seq;
+	return lo;
+}
+
 bool gate_ctl_recovering(const struct mgr *m, const char *sandbox)
 {
 	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
@@ -608,6 +618,15 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		if (install_parse(m, op) < 0)
 			goto refused;
 		cur = mgr_rec_find(m, op->id.sandbox);
+		uint64_t gone = 0;
+		if (!cur && mgr_store_gone_generation(mgr_store_of(m), op->id.sandbox, &gone) == 0 &&
+		    op->id.generation <= gone) {
+			/* its record was forgotten here (a tombstone): that generation
+			 * is never started again (I2) */
+			fail(o, "not-running", "generation %llu does not run here (forgotten at %llu): a start is a new generation",
+			     (unsigned long long)op->id.generation, (unsigned long long)gone);
+			goto refused;
+		}
 		if (cur && op->id.generation < cur->r.id.generation) {
 			fail(o, "backwards", "generation %llu is older than the installed %llu",
 			     (unsigned long long)op->id.generation, (unsigned long long)cur->r.id.generation);
@@ -1315,15 +1334,6 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 			json_decref(msg);
 			return;
 		}
-		/* applied so long ago that its acknowledgement was pruned: never
-		 * applied twice, answered as such */
-		if (seq <= mgr_store_acks_pruned_to(mgr_store_of(m))) {
-			fail(&o, "ack-pruned", "seq %llu was applied long ago; its acknowledgement is no longer kept",
-			     (unsigned long long)seq);
-			reply_now(m, reply, ctx, seq, &o);
-			json_decref(msg);
-			return;
-		}
 		struct ctl_op *inflight = op_with_seq(m, seq);
 		if (inflight) {
 			/* still in progress: its acknowledgement goes to the latest asker */
@@ -1331,6 +1341,15 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 				inflight->reply = reply;
 				inflight->reply_ctx = ctx;
 			}
+			json_decref(msg);
+			return;
+		}
+		/* applied so long ago that its acknowledgement was pruned: never
+		 * applied twice, answered as such */
+		if (seq <= mgr_store_acks_pruned_to(mgr_store_of(m))) {
+			fail(&o, "ack-pruned", "seq %llu was applied long ago; its acknowledgement is no longer kept",
+			     (unsigned long long)seq);
+			reply_now(m, reply, ctx, seq, &o);
 			json_decref(msg);
 			return;
 		}

@@ -53,8 +53,10 @@ const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox)
 }
 
 /* A record that only refuses: destroyed, or stopped with no execution (its
- * sandbox moved away, or its start failed) while another worker serves it.
- * An ended one only once the control plane was told (gate_rec_reported). */
+ * sandbox moved away) while another worker serves it. An ended one is not
+ * (its end reaches the control plane only while the link's channel is up,
+ * and processes of its execution may be left): it stays until a new
+ * generation or a destroy replaces it. */
 static bool is_tombstone(const struct mgr_rec *rec)
 {
 	if (rec->r.active)
@@ -69,8 +71,6 @@ static bool is_tombstone(const struct mgr_rec *rec)
 static uint64_t tomb_since(const struct mgr_rec *rec, const struct mgr_rec *prev)
 {
 	bool same = prev && prev->tomb_mono && prev->r.id.generation == rec->r.id.generation;
-	if (strcmp(rec->state, MGR_ST_ENDED) == 0)
-		return same && strcmp(prev->state, MGR_ST_ENDED) == 0 ? prev->tomb_mono : 0;
 	if (!is_tombstone(rec))
 		return 0;
 	return same ? prev->tomb_mono : spaced_mono_ns();
@@ -99,14 +99,6 @@ static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 	return 0;
 }
 
-void gate_rec_reported(struct mgr *m, const char *sandbox)
-{
-	for (size_t i = 0; i < m->nrecs; i++)
-		if (strcmp(m->recs[i].r.id.sandbox, sandbox) == 0 && strcmp(m->recs[i].state, MGR_ST_ENDED) == 0 &&
-		    m->recs[i].tomb_mono == 0)
-			m->recs[i].tomb_mono = spaced_mono_ns();
-}
-
 /* A tombstone is kept while a capability issued before it became one may
  * still be valid (SPACED_CAP_LIFETIME + SPACED_CAP_SKEW): it refuses them
  * with REFRESH_ROUTE. Kept longer, it only costs: every sandbox a worker ever
@@ -118,11 +110,13 @@ void gate_rec_reported(struct mgr *m, const char *sandbox)
  * flight and no process of its execution left, it is forgotten: its row, its
  * gateway's record directory, its log, its place in memory. A capability that
  * names it later is refused as naming an unknown sandbox (R4 holds either
- * way); its ID is never issued again. An ended execution's record becomes one
- * only once it was reported to the control plane's link. The stored
- * acknowledgements are pruned on the same tick: the last --acks-kept are
- * kept (the control plane re-sends at most what it had in flight when a
- * channel broke: its output queue's low water mark, a few hundred messages). */
+ * way); its ID is never issued again, and the highest generation it had stays
+ * in the store (mgr_store_forget): an install of that generation or an older
+ * one is refused as one that does not run here, never started again (I2).
+ * The stored acknowledgements are pruned on the same tick: the last
+ * --acks-kept are kept (the control plane re-sends what it has not seen
+ * acknowledged, from its oldest such message: a repeat older than that is
+ * answered ack-pruned without effect). */
 static bool forgettable(struct mgr *m, const struct mgr_rec *r, uint64_t now, uint64_t after)
 {
 	return r->tomb_mono != 0 && now - r->tomb_mono >= after && !gate_ctl_busy(m, r->r.id.sandbox) &&
@@ -132,7 +126,13 @@ static bool forgettable(struct mgr *m, const struct mgr_rec *r, uint64_t now, ui
 static void forget_tombstones(struct mgr *m)
 {
 	uint64_t now = spaced_mono_ns(), after = (uint64_t)m->cfg->forget_after_s * 1000000000ull;
-	if (mgr_store_prune_acks(m->store, (uint64_t)m->cfg->acks_kept) < 0)
+	/* the last --acks-kept, and every one from the oldest operation still
+	 * running on (its acknowledgement is stored when it ends) */
+	uint64_t keep = (uint64_t)m->cfg->acks_kept, last = mgr_store_last_seq(m->store),
+	         low = gate_ctl_lowest_pending_seq(m);
+	if (low && low <= last && last - low + 1 > keep)
+		keep = last - low + 1;
+	if (mgr_store_prune_acks(m->store, keep) < 0)
 		gate_log("level=warn event=acks-prune-failed");
 	const char **names = NULL;
 	size_t *at = NULL, n = 0;

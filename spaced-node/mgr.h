@@ -50,7 +50,7 @@ struct mgr_rec {
 	                              * (its template's and its create's), "" for none */
 	uint64_t tomb_mono;          /* the gate's memory only: since when it is a tombstone
 	                              * that may be forgotten (gate_main.c: destroyed, moved
-	                              * away, or ended and reported); monotonic ns, 0: not one */
+	                              * away); monotonic ns, 0: not one */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */
@@ -90,9 +90,13 @@ uint64_t mgr_store_last_seq(struct mgr_store *st);
 
 /* Every record, for loading into memory at start. cb returns non-zero to stop. */
 /* Deletes the records of the n sandboxes that are tombstones (inactive, in
- * state destroyed, stopped or ended; no other), in one transaction; 0, or
- * SPACED_EIO (none deleted). */
+ * state destroyed or stopped; no other), keeping the generation each had
+ * (mgr_store_gone_generation), in one transaction; 0, or SPACED_EIO (none
+ * deleted). */
 int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t n);
+/* The highest generation of sandbox's forgotten records: 0, SPACED_ENOENT
+ * (none forgotten) or SPACED_EIO. */
+int mgr_store_gone_generation(struct mgr_store *st, const char *sandbox, uint64_t *generation);
 
 /* Deletes the stored acknowledgements of every seq at or below last_seq -
  * keep and remembers that horizon; 0 or SPACED_EIO. */

@@ -41,7 +41,9 @@ static const char schema[] =
 	" WHEN NEW.generation < OLD.generation OR NEW.epoch < OLD.epoch"
 	" BEGIN SELECT RAISE(ABORT, 'identity going backwards'); END;"
 	"CREATE TABLE IF NOT EXISTS acks (seq INTEGER PRIMARY KEY, line TEXT NOT NULL);"
-	"CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);";
+	"CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
+	/* forgotten records: the highest generation each had (never started again) */
+	"CREATE TABLE IF NOT EXISTS gone (sandbox TEXT PRIMARY KEY, generation INTEGER NOT NULL);";
 
 /* Columns added since the first schema: a store made before them gains them
  * (0: no limits recorded, no uid range). */
@@ -274,21 +276,30 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 
 int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t n)
 {
-	sqlite3_stmt *s = NULL;
+	sqlite3_stmt *s = NULL, *g = NULL;
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
 		return SPACED_EIO;
+	/* the generation first (the row it comes from is still there), then the row */
 	if (sqlite3_prepare_v2(st->db,
+	                       "INSERT INTO gone(sandbox,generation) SELECT sandbox,generation FROM records "
+	                       "WHERE sandbox=?1 AND active=0 AND state IN ('" MGR_ST_DESTROYED "','" MGR_ST_STOPPED "') "
+	                       "ON CONFLICT(sandbox) DO UPDATE SET generation=MAX(generation,excluded.generation)",
+	                       -1, &g, NULL) != SQLITE_OK ||
+	    sqlite3_prepare_v2(st->db,
 	                       "DELETE FROM records WHERE sandbox=?1 AND active=0 AND state IN ('" MGR_ST_DESTROYED
-	                       "','" MGR_ST_STOPPED "','" MGR_ST_ENDED "')",
+	                       "','" MGR_ST_STOPPED "')",
 	                       -1, &s, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
 	for (size_t i = 0; i < n && e == 0; i++) {
+		sqlite3_reset(g);
+		sqlite3_bind_text(g, 1, sandboxes[i], -1, SQLITE_STATIC);
 		sqlite3_reset(s);
 		sqlite3_bind_text(s, 1, sandboxes[i], -1, SQLITE_STATIC);
-		if (sqlite3_step(s) != SQLITE_DONE)
+		if (sqlite3_step(g) != SQLITE_DONE || sqlite3_step(s) != SQLITE_DONE)
 			e = SPACED_EIO;
 	}
+	sqlite3_finalize(g);
 	sqlite3_finalize(s);
 	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
@@ -324,6 +335,24 @@ int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep)
 	}
 	st->acks_pruned_to = to;
 	return 0;
+}
+
+int mgr_store_gone_generation(struct mgr_store *st, const char *sandbox, uint64_t *generation)
+{
+	sqlite3_stmt *s = NULL;
+	int e = SPACED_ENOENT;
+	if (sqlite3_prepare_v2(st->db, "SELECT generation FROM gone WHERE sandbox=?1", -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_text(s, 1, sandbox, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW) {
+		*generation = (uint64_t)sqlite3_column_int64(s, 0);
+		e = 0;
+	} else if (rc != SQLITE_DONE) {
+		e = SPACED_EIO;
+	}
+	sqlite3_finalize(s);
+	return e;
 }
 
 uint64_t mgr_store_acks_pruned_to(struct mgr_store *st)

@@ -191,7 +191,7 @@ struct mgr_config {
 	uint32_t uid_slots;     /* … for k < uid_slots */
 	const char *uid_lock_dir; /* host-wide locks of the ranges in use */
 	int stall_timeout_ms;   /* a stream whose flow-control window stays full this long is cut */
-	int forget_after_s;     /* a tombstone (destroyed, moved away, ended and reported) is forgotten this long after */
+	int forget_after_s;     /* a tombstone (destroyed, moved away) is forgotten this long after */
 	int acks_kept;          /* acknowledgements kept below the last applied seq (older ones
 	                         * are pruned; a repeat of one is answered `ack-pruned`) */
 	const char *vm_bin;     /* spaced-vm: with vm_images, the qemu substrate (mgr_vm.c) */
