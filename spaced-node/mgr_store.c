@@ -77,13 +77,15 @@ static int add_missing_columns(sqlite3 *db)
 	return 0;
 }
 
-static int meta_get(sqlite3 *db, const char *k, int64_t *out)
+/* The integer sql (one text parameter, key) selects: 0, SPACED_ENOENT (no
+ * row) or SPACED_EIO. */
+static int int_by_key(sqlite3 *db, const char *sql, const char *key, int64_t *out)
 {
 	sqlite3_stmt *s = NULL;
 	int e = SPACED_ENOENT;
-	if (sqlite3_prepare_v2(db, "SELECT v FROM meta WHERE k=?1", -1, &s, NULL) != SQLITE_OK)
+	if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
-	sqlite3_bind_text(s, 1, k, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(s);
 	if (rc == SQLITE_ROW) {
 		*out = sqlite3_column_int64(s, 0);
@@ -93,6 +95,11 @@ static int meta_get(sqlite3 *db, const char *k, int64_t *out)
 	}
 	sqlite3_finalize(s);
 	return e;
+}
+
+static int meta_get(sqlite3 *db, const char *k, int64_t *out)
+{
+	return int_by_key(db, "SELECT v FROM meta WHERE k=?1", k, out);
 }
 
 /* Statement which of st (sql), prepared the first time; NULL on error. */
@@ -339,19 +346,10 @@ int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep)
 
 int mgr_store_gone_generation(struct mgr_store *st, const char *sandbox, uint64_t *generation)
 {
-	sqlite3_stmt *s = NULL;
-	int e = SPACED_ENOENT;
-	if (sqlite3_prepare_v2(st->db, "SELECT generation FROM gone WHERE sandbox=?1", -1, &s, NULL) != SQLITE_OK)
-		return SPACED_EIO;
-	sqlite3_bind_text(s, 1, sandbox, -1, SQLITE_STATIC);
-	int rc = sqlite3_step(s);
-	if (rc == SQLITE_ROW) {
-		*generation = (uint64_t)sqlite3_column_int64(s, 0);
-		e = 0;
-	} else if (rc != SQLITE_DONE) {
-		e = SPACED_EIO;
-	}
-	sqlite3_finalize(s);
+	int64_t g = 0;
+	int e = int_by_key(st->db, "SELECT generation FROM gone WHERE sandbox=?1", sandbox, &g);
+	if (e == 0)
+		*generation = (uint64_t)g;
 	return e;
 }
 

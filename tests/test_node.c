@@ -86,6 +86,21 @@ static json_int_t allowed_count(struct tn_node *n)
 	return v;
 }
 
+/* The number of n's records once it is want, or after 15 s. */
+static size_t wait_records(struct tn_node *n, size_t want)
+{
+	size_t nrec = 0;
+	for (int i = 0; i < 300; i++) {
+		json_t *s = status_of(n);
+		nrec = json_array_size(json_object_get(s, "records"));
+		json_decref(s);
+		if (nrec == want)
+			break;
+		tn_sleep_ms(50);
+	}
+	return nrec;
+}
+
 static void must_install(struct tn_node *n, const char *sbx, uint64_t gen, const char *act, bool handoff)
 {
 	json_t *a = tn_install(n, sbx, gen, act, handoff);
@@ -177,15 +192,7 @@ Test(node, destroyed_records_are_forgotten)
 	const char *st = "/v1/sandboxes/sbx-gone-0/stat?path=/";
 	expect(A.port, "GET", st, CAP(.sandbox = "sbx-gone-0", .generation = 1, .worker = "worker-a"), 409, "REFRESH_ROUTE",
 	       NULL);
-	size_t nrec = 0;
-	for (int i = 0; i < 300; i++) {
-		json_t *s = status_of(&A);
-		nrec = json_array_size(json_object_get(s, "records"));
-		json_decref(s);
-		if (nrec == 1)
-			break;
-		tn_sleep_ms(50);
-	}
+	size_t nrec = wait_records(&A, 1);
 	cr_assert_eq(nrec, 1, "20 destroyed records forgotten, the live one kept: %zu left", nrec);
 	cr_assert(stat(path, &sb) < 0 && errno == ENOENT, "the forgotten sandbox's gateway directory is removed");
 	snprintf(path, sizeof path, "%s/gw/sbx-live/record.json", A.state);
@@ -236,15 +243,7 @@ Test(node, moved_away_records_and_old_acks_are_forgotten)
 	const char *st = "/v1/sandboxes/sbx-moved-0/stat?path=/";
 	expect(A.port, "GET", st, CAP(.sandbox = "sbx-moved-0", .generation = 1, .worker = "worker-a"), 409,
 	       "REFRESH_ROUTE", NULL);
-	size_t nrec = 0;
-	for (int i = 0; i < 300; i++) {
-		json_t *s = status_of(&A);
-		nrec = json_array_size(json_object_get(s, "records"));
-		json_decref(s);
-		if (nrec == 1)
-			break;
-		tn_sleep_ms(50);
-	}
+	size_t nrec = wait_records(&A, 1);
 	cr_assert_eq(nrec, 1, "10 moved-away records forgotten, the live one kept: %zu left", nrec);
 	cr_assert(stat(path, &sb) < 0 && errno == ENOENT, "the forgotten sandbox's gateway directory is removed");
 	cr_assert(stat(logp, &sb) < 0 && errno == ENOENT, "the forgotten sandbox's log is removed");
