@@ -403,13 +403,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, 503, cp_error("store", spaced_strerror(r)));
 			return;
 		}
-		struct cp_rows *tb = NULL;
-		if (CP_Q(st, &tb, NULL,
-		         "SELECT COALESCE(SUM(b), 0) FROM (SELECT hash, MAX(bytes) AS b FROM templates WHERE tenant = $1 "
-		         "GROUP BY hash) AS t",
-		         tenant) == 0)
-			used.templates = cp_rows_i64(tb, 0, 0, 0);
-		cp_rows_free(tb);
+		(void)cp_templates_held(st, tenant, &used.templates);
 		answer(rq, 200, json_pack("{s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I}}", "quota", "sandboxes",
 		                          (json_int_t)limit.sandboxes, "memory_bytes", (json_int_t)limit.memory, "disk_bytes",
 		                          (json_int_t)limit.disk, "templates_bytes", (json_int_t)limit.templates, "used",

@@ -290,6 +290,9 @@ int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const 
  * {"sandbox","parent","step","config"}. */
 int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
                   const char *body, size_t blen, json_t **out);
+/* The bytes of the trees tenant's templates name, each tree once (its
+ * templates quota's use): 0 or the store's error. */
+int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes);
 /* POST /v1/templates/NAME {"hash","config"}: names a built tree. */
 int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
                      json_t **out);

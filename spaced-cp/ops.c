@@ -1089,7 +1089,7 @@ int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int l
 		limit->memory = (v = cp_rows_i64(q, 0, 1, -1)) >= 0 ? v : cp->quota_default.memory;
 		limit->disk = (v = cp_rows_i64(q, 0, 2, -1)) >= 0 ? v : cp->quota_default.disk;
 		limit->templates = (v = cp_rows_i64(q, 0, 3, -1)) >= 0 ? v : cp->quota_default.templates;
-		used->templates = 0; /* cp_template_usage: only where templates are made */
+		used->templates = 0; /* cp_templates_held: only where templates are made or shown */
 		used->sandboxes = cp_rows_i64(u, 0, 0, 0);
 		used->memory = cp_rows_i64(u, 0, 1, 0);
 		used->disk = cp_rows_i64(u, 0, 2, 0);

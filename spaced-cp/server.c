@@ -103,15 +103,13 @@ void cp_wake(struct cp *cp)
 
 /* ---- request threads ---- */
 
-/* A request thread: takes requests from its pool's queue, answers each with
- * its own store handle, posts it to the done list and wakes the loop; ends
- * when cp->stopping is set (what is still queued is freed by pool_stop). */
-static struct group *group_of(struct pool *pool, const char *key, bool create)
+/* key's group in pool, made when it has none; NULL when out of memory. Under S.mu. */
+static struct group *group_of(struct pool *pool, const char *key)
 {
 	for (struct group *g = pool->groups; g; g = g->next)
 		if (strcmp(g->key, key) == 0)
 			return g;
-	struct group *g = create ? calloc(1, sizeof *g) : NULL;
+	struct group *g = calloc(1, sizeof *g);
 	if (g) {
 		snprintf(g->key, sizeof g->key, "%s", key);
 		g->turn = ++pool->turns; /* a new key waits behind those already waiting */
@@ -189,6 +187,9 @@ static void fair_key_of(const char *auth, char key[17])
 	key[16] = '\0';
 }
 
+/* A request thread: takes requests from its pool's queue, answers each with
+ * its own store handle, posts it to the done list and wakes the loop; ends
+ * when cp->stopping is set (what is still queued is freed by pool_stop). */
 static void *request_thread(void *arg)
 {
 	struct pool *pool = arg;
@@ -246,7 +247,7 @@ static void dispatch(struct cp_req *rq)
 	rq->next_job = NULL;
 	fair_key_of(rq->auth, rq->fair_key);
 	pthread_mutex_lock(&S.mu);
-	struct group *g = group_of(pool, rq->fair_key, true);
+	struct group *g = group_of(pool, rq->fair_key);
 	if (!g) {
 		rq->status = 503;
 		rq->resp = strdup("{\"error\":\"busy\",\"message\":\"out of memory\"}");

@@ -82,6 +82,19 @@ void cp_template_locate(struct cp *cp, json_t *spec)
 
 static void template_gc(struct cp *cp, struct cp_store *st, const char *hash);
 
+int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
+{
+	struct cp_rows *rows = NULL;
+	int r = CP_Q(st, &rows, NULL,
+	             "SELECT COALESCE(SUM(b), 0) FROM (SELECT hash, MAX(bytes) AS b FROM templates WHERE tenant = $1 "
+	             "GROUP BY hash) AS t",
+	             tenant);
+	if (r == 0)
+		*bytes = cp_rows_i64(rows, 0, 0, 0);
+	cp_rows_free(rows);
+	return r;
+}
+
 /* 0 when the tenant may name one more template of a tree of bytes (hash):
  * the trees its templates name, each once, stay within its templates quota
  * (checked at each import and naming, not under a lock: n at once may each
@@ -90,28 +103,31 @@ static void template_gc(struct cp *cp, struct cp_store *st, const char *hash);
 static int templates_quota(struct cp *cp, struct cp_store *st, const char *tenant, const char *hash, int64_t bytes,
                            json_t **answer)
 {
-	struct cp_quota limit, used;
 	struct cp_rows *rows = NULL;
-	int r = cp_quota_usage(cp, st, tenant, 0, &limit, &used);
+	int64_t cur = 0;
+	/* its own quota (-1: the control plane's), and whether it names hash already */
+	int r = cp_templates_held(st, tenant, &cur);
 	if (r == 0)
 		r = CP_Q(st, &rows, NULL,
-		         "SELECT COALESCE(SUM(b), 0), COALESCE(SUM(CASE WHEN hash = $2 THEN 1 ELSE 0 END), 0) FROM "
-		         "(SELECT hash, MAX(bytes) AS b FROM templates WHERE tenant = $1 GROUP BY hash) AS t",
+		         "SELECT (SELECT max_templates FROM tenants WHERE id = $1), "
+		         "(SELECT COUNT(*) FROM templates WHERE tenant = $1 AND hash = $2)",
 		         tenant, hash);
 	if (r < 0) {
 		cp_rows_free(rows);
 		*answer = cp_error("store", spaced_strerror(r));
 		return 503;
 	}
-	int64_t cur = cp_rows_i64(rows, 0, 0, 0), want = cp_rows_i64(rows, 0, 1, 0) > 0 ? 0 : bytes;
+	int64_t lim = cp_rows_i64(rows, 0, 0, -1), want = cp_rows_i64(rows, 0, 1, 0) > 0 ? 0 : bytes;
 	cp_rows_free(rows);
-	if (limit.templates <= 0 || cur + want <= limit.templates)
+	if (lim < 0)
+		lim = cp->quota_default.templates;
+	if (lim <= 0 || cur + want <= lim)
 		return 0;
 	char m[200];
 	snprintf(m, sizeof m, "the tenant's templates_bytes quota is %lld; its templates hold %lld and this one %lld more",
-	         (long long)limit.templates, (long long)cur, (long long)want);
+	         (long long)lim, (long long)cur, (long long)want);
 	*answer = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota",
-	                    "templates_bytes", "limit", (json_int_t)limit.templates, "used", (json_int_t)cur, "requested",
+	                    "templates_bytes", "limit", (json_int_t)lim, "used", (json_int_t)cur, "requested",
 	                    (json_int_t)want);
 	return 429;
 }
@@ -189,20 +205,30 @@ out:
 }
 
 /* Removes the archive of hash when no template, no live sandbox and no cached build step names it. */
-static void template_gc(struct cp *cp, struct cp_store *st, const char *hash)
+/* Whether hash is named by a template or a sandbox not deleted (with
+ * steps: or by a cached build step); true when the store cannot tell. */
+static bool tree_pinned(struct cp_store *st, const char *hash, bool steps)
 {
 	struct cp_rows *rows = NULL;
-	if (CP_Q(st, &rows, NULL,
-	         "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
-	         "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0) + "
-	         "(SELECT COUNT(*) FROM build_steps WHERE hash = $1)",
-	         hash) == 0 &&
-	    cp_rows_i64(rows, 0, 0, 1) == 0) {
+	bool pinned = CP_Q(st, &rows, NULL,
+	                   steps ? "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
+	                           "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0) + "
+	                           "(SELECT COUNT(*) FROM build_steps WHERE hash = $1)"
+	                         : "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
+	                           "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0)",
+	                   hash) < 0 ||
+	              cp_rows_i64(rows, 0, 0, 1) != 0;
+	cp_rows_free(rows);
+	return pinned;
+}
+
+static void template_gc(struct cp *cp, struct cp_store *st, const char *hash)
+{
+	if (!tree_pinned(st, hash, true)) {
 		char p[PATH_MAX];
 		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
 		unlink(p);
 	}
-	cp_rows_free(rows);
 }
 
 int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
@@ -659,18 +685,6 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 
 /* ---- the build cache's bound (cp.h cp_build_cache_sweep; the reaper's thread) ---- */
 
-/* Whether hash is named by a template or a sandbox not deleted. */
-static bool tree_pinned(struct cp_store *st, const char *hash)
-{
-	struct cp_rows *rows = NULL;
-	bool pinned = CP_Q(st, &rows, NULL,
-	                   "SELECT (SELECT COUNT(*) FROM templates WHERE hash = $1) + "
-	                   "(SELECT COUNT(*) FROM sandboxes WHERE template_hash = $1 AND deleted = 0)",
-	                   hash) < 0 ||
-	              cp_rows_i64(rows, 0, 0, 1) != 0;
-	cp_rows_free(rows);
-	return pinned;
-}
 
 int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 {
@@ -693,7 +707,7 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 	}
 	for (int i = 0; size && pinned && all > cp->build_cache_max && i < n; i++) {
 		const char *h = cp_rows_get(rows, i, 0);
-		pinned[i] = h == NULL || tree_pinned(st, h);
+		pinned[i] = h == NULL || tree_pinned(st, h, false);
 		if (!pinned[i])
 			total += size[i];
 	}
@@ -707,7 +721,7 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 		/* not used since the list was read, and still named by nothing else */
 		if (CP_Q(st, NULL, &changed, "DELETE FROM build_steps WHERE hash = $1 AND created <= $2", h,
 		         cp_i64(cb, cutoff)) < 0 ||
-		    changed == 0 || tree_pinned(st, h))
+		    changed == 0 || tree_pinned(st, h, false))
 			continue;
 		struct cp_rows *left = NULL;
 		bool still = CP_Q(st, &left, NULL, "SELECT COUNT(*) FROM build_steps WHERE hash = $1", h) < 0 ||

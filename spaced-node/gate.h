@@ -148,7 +148,6 @@ void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reas
 
 /* ---- gate_main.c: the gate's state ---- */
 
-
 #define GATE_CTL_KINDS 11   /* control operation kinds (gate_ctl.c), 0 unused */
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */
 

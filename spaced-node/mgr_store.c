@@ -15,7 +15,7 @@
 #include "error.h"
 
 /* The statements every install runs, prepared once and reset after each use. */
-enum { ST_PUT, ST_ACK, ST_META, ST_N };
+enum { ST_PUT, ST_ACK, ST_META, ST_GONE, ST_N };
 
 struct mgr_store {
 	sqlite3 *db;
@@ -77,15 +77,13 @@ static int add_missing_columns(sqlite3 *db)
 	return 0;
 }
 
-/* The integer sql (one text parameter, key) selects: 0, SPACED_ENOENT (no
- * row) or SPACED_EIO. */
-static int int_by_key(sqlite3 *db, const char *sql, const char *key, int64_t *out)
+static int meta_get(sqlite3 *db, const char *k, int64_t *out)
 {
 	sqlite3_stmt *s = NULL;
 	int e = SPACED_ENOENT;
-	if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK)
+	if (sqlite3_prepare_v2(db, "SELECT v FROM meta WHERE k=?1", -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
-	sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 1, k, -1, SQLITE_STATIC);
 	int rc = sqlite3_step(s);
 	if (rc == SQLITE_ROW) {
 		*out = sqlite3_column_int64(s, 0);
@@ -95,11 +93,6 @@ static int int_by_key(sqlite3 *db, const char *sql, const char *key, int64_t *ou
 	}
 	sqlite3_finalize(s);
 	return e;
-}
-
-static int meta_get(sqlite3 *db, const char *k, int64_t *out)
-{
-	return int_by_key(db, "SELECT v FROM meta WHERE k=?1", k, out);
 }
 
 /* Statement which of st (sql), prepared the first time; NULL on error. */
@@ -317,7 +310,10 @@ int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t 
 
 int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep)
 {
-	if (st->last_seq <= keep || st->last_seq - keep <= st->acks_pruned_to)
+	/* in steps of a sixteenth of what is kept: not a transaction (and a wait
+	 * for the disk) for every few messages */
+	uint64_t step = keep / 16 > 1 ? keep / 16 : 1;
+	if (st->last_seq <= keep || st->last_seq - keep < st->acks_pruned_to + step)
 		return 0;
 	uint64_t to = st->last_seq - keep;
 	sqlite3_stmt *s = NULL;
@@ -346,10 +342,16 @@ int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep)
 
 int mgr_store_gone_generation(struct mgr_store *st, const char *sandbox, uint64_t *generation)
 {
-	int64_t g = 0;
-	int e = int_by_key(st->db, "SELECT generation FROM gone WHERE sandbox=?1", sandbox, &g);
+	/* asked by every install of a sandbox the worker has no record of: kept prepared */
+	sqlite3_stmt *s = stmt_of(st, ST_GONE, "SELECT generation FROM gone WHERE sandbox=?1");
+	if (!s)
+		return SPACED_EIO;
+	sqlite3_bind_text(s, 1, sandbox, -1, SQLITE_STATIC);
+	int rc = sqlite3_step(s), e = rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? SPACED_ENOENT : SPACED_EIO;
 	if (e == 0)
-		*generation = (uint64_t)g;
+		*generation = (uint64_t)sqlite3_column_int64(s, 0);
+	sqlite3_reset(s);
+	sqlite3_clear_bindings(s);
 	return e;
 }
 
