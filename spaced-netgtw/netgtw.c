@@ -267,7 +267,8 @@ static void record_path_set(void)
 }
 
 /* Watches the directory of G.record_path (the gate replaces the record by
- * rename); made when it is a --record-dir one not there yet. */
+ * rename). A --record-dir one is made by spaced-node before the gateway
+ * learns whose it is: the gateway makes no directory. */
 static int record_watch(void)
 {
 	char tmp[4200];
@@ -277,8 +278,6 @@ static int record_watch(void)
 		errno = EINVAL;
 		return -1;
 	}
-	if (G.record_dir && mkdir(dir, 0700) < 0 && errno != EEXIST)
-		return -1;
 	G.rec_wd = inotify_add_watch(G.ino, dir, IN_CLOSE_WRITE | IN_MOVED_TO);
 	return G.rec_wd < 0 ? -1 : 0;
 }
@@ -1307,7 +1306,7 @@ static const char *const loop_calls[] = {
 	"read", "write", "readv", "writev", "pread64", "close", "epoll_wait", "epoll_pwait", "epoll_ctl", "poll",
 	"ppoll", "accept", "accept4", "connect", "recvfrom", "sendto", "recvmsg", "sendmsg", "shutdown",
 	"setsockopt", "getsockopt", "getsockname", "getpeername", "fcntl", "readlink",
-	"readlinkat", "getdents64", "lseek", "fstat", "newfstatat", "statx", "mkdir", "mkdirat", "inotify_add_watch",
+	"readlinkat", "getdents64", "lseek", "fstat", "newfstatat", "statx", "inotify_add_watch",
 	"inotify_rm_watch", "pidfd_open", "pidfd_send_signal", "mmap", "munmap", "mremap", "brk", "madvise",
 	"mprotect", "clock_gettime", "gettimeofday", "time", "nanosleep", "clock_nanosleep", "exit",
 	"exit_group", "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "restart_syscall", "futex", "getpid",
@@ -1316,8 +1315,8 @@ static const char *const loop_calls[] = {
 };
 
 /* Files are opened for reading only (no write, create, truncate, append or
- * unnamed temporary file: no file's content can be changed through them;
- * mkdir stays, for a pooled gateway's record directory), and the only new sockets are Unix ones (the guest's transport) and
+ * unnamed temporary file: no file's content can be changed through them, and
+ * no directory is made), and the only new sockets are Unix ones (the guest's transport) and
  * unix_diag's netlink: no TCP or UDP connection to anything, no raw or packet
  * socket, no netlink that changes routes or the packet filter. */
 #define OPEN_WRITES ((uint64_t)(O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (O_TMPFILE & ~O_DIRECTORY)))

@@ -713,7 +713,9 @@ static void gw_pool_dir_remove(const char *dir)
 
 /* The prepared directory becomes the claiming sandbox's; when that one has
  * a directory already (an earlier execution of it ran here), it is kept and
- * the prepared one goes. */
+ * the prepared one goes. The gateway makes no directory (it cannot: its
+ * filter allows no mkdir), so the sandbox's is there before it learns whose
+ * it is. */
 static void gw_pool_claim(const struct mgr_config *cfg, const struct mgr_rec *rec)
 {
 	char pd[4200], sd[4200];
@@ -721,8 +723,10 @@ static void gw_pool_claim(const struct mgr_config *cfg, const struct mgr_rec *re
 		return; /* "." and "..": never a directory of its own */
 	gw_pool_dir(cfg, rec->exec_name, pd, sizeof pd);
 	snprintf(sd, sizeof sd, "%s/gw/%s", cfg->state_dir, rec->r.id.sandbox);
-	if (rename(pd, sd) < 0)
+	if (rename(pd, sd) < 0) {
 		gw_pool_dir_remove(pd);
+		mkdir(sd, 0700);
+	}
 }
 
 /* With fifo, a pooled execution's gateway: it listens at once and reads the
@@ -751,6 +755,12 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 	snprintf(lstart, sizeof lstart, "%llu", (unsigned long long)(g ? g->start : rec->pid_start));
 	snprintf(tmp, sizeof tmp, "%s/gw", cfg->state_dir);
 	mkdir(tmp, 0700);
+	if (!fifo && rec->r.id.sandbox[0] != '.') {
+		/* the record directory it watches (gw_pool_claim for a pooled one) */
+		char sd[4300];
+		snprintf(sd, sizeof sd, "%s/%s", tmp, rec->r.id.sandbox);
+		mkdir(sd, 0700);
+	}
 	if (fifo) {
 		char pd[4200], pt[4300];
 		gw_pool_dir(cfg, rec->exec_name, pd, sizeof pd);
