@@ -15,6 +15,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,13 +84,17 @@ static int send_file(const char *what, const char *method, const char *ctype, co
 	}
 	off_t off = 0;
 	if (!net_tls(nc)) {
-		/* plaintext: straight from the file to the socket */
+		/* plaintext: straight from the file to the socket; a store that
+		 * answered early and closed (a refusal, or busy) is EPIPE, not a
+		 * silent death by SIGPIPE */
+		void (*was)(int) = signal(SIGPIPE, SIG_IGN);
 		while (off < sb.st_size) {
 			size_t left = (size_t)(sb.st_size - off);
 			ssize_t w = sendfile(net_fd(nc), in, &off, left < (1u << 30) ? left : (1u << 30));
 			if (w <= 0)
 				break; /* the store may have answered early (a refusal): read it below */
 		}
+		signal(SIGPIPE, was);
 	} else if ((chunk = malloc(256 * 1024)) != NULL) {
 		while (off < sb.st_size) {
 			ssize_t r = read(in, chunk, 256 * 1024);

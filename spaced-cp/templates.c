@@ -80,7 +80,6 @@ void cp_template_locate(struct cp *cp, json_t *spec)
 	json_object_set_new(t, "url", json_string(url));
 }
 
-static void template_gc(struct cp *cp, struct cp_store *st, const char *hash);
 
 int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
 {
@@ -95,47 +94,74 @@ int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
 	return r;
 }
 
-/* 0 when the tenant may name one more template of a tree of bytes (hash):
- * the trees its templates name, each once, stay within its templates quota
- * (checked at each import and naming, not under a lock: n at once may each
- * pass it, and go past it by up to n - 1 trees);
- * else 429 (or 503) with *answer naming the quota. */
-static int templates_quota(struct cp *cp, struct cp_store *st, const char *tenant, const char *hash, int64_t bytes,
+/* Names a template of tenant's: name → the tree hash of bytes (entries,
+ * config text cfg or NULL, source), within the tenant's templates quota: the
+ * trees its templates name, each once. The check and the insert are one
+ * transaction under the tenant's row lock (cp_quota_usage's), so concurrent
+ * imports and namings of one tenant are counted one after the other, as its
+ * creates are. 201 with *answer unset when named; else the status (429
+ * quota-exceeded, 409 template-exists, 503 store) with *answer. */
+static int template_insert(struct cp *cp, struct cp_store *st, const char *tenant, const char *name,
+                           const char *hash, int64_t bytes, int64_t entries, const char *cfg, const char *source,
                            json_t **answer)
 {
+	struct cp_quota limit, used;
 	struct cp_rows *rows = NULL;
 	int64_t cur = 0;
-	/* its own quota (-1: the control plane's), and whether it names hash already */
-	int r = cp_templates_held(st, tenant, &cur);
-	if (r == 0)
-		r = CP_Q(st, &rows, NULL,
-		         "SELECT (SELECT max_templates FROM tenants WHERE id = $1), "
-		         "(SELECT COUNT(*) FROM templates WHERE tenant = $1 AND hash = $2)",
-		         tenant, hash);
+	char now[24], b[24], e[24];
+	int r = cp_store_begin(st);
 	if (r < 0) {
-		cp_rows_free(rows);
 		*answer = cp_error("store", spaced_strerror(r));
 		return 503;
 	}
-	int64_t lim = cp_rows_i64(rows, 0, 0, -1), want = cp_rows_i64(rows, 0, 1, 0) > 0 ? 0 : bytes;
+	r = cp_quota_usage(cp, st, tenant, 1, &limit, &used);
+	if (r == 0)
+		r = cp_templates_held(st, tenant, &cur);
+	if (r == 0)
+		r = CP_Q(st, &rows, NULL, "SELECT COUNT(*) FROM templates WHERE tenant = $1 AND hash = $2", tenant, hash);
+	if (r < 0)
+		goto store;
+	int64_t want = cp_rows_i64(rows, 0, 0, 0) > 0 ? 0 : bytes;
 	cp_rows_free(rows);
-	if (lim < 0)
-		lim = cp->quota_default.templates;
-	if (lim <= 0 || cur + want <= lim)
-		return 0;
-	char m[200];
-	snprintf(m, sizeof m, "the tenant's templates_bytes quota is %lld; its templates hold %lld and this one %lld more",
-	         (long long)lim, (long long)cur, (long long)want);
-	*answer = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota",
-	                    "templates_bytes", "limit", (json_int_t)lim, "used", (json_int_t)cur, "requested",
-	                    (json_int_t)want);
-	return 429;
+	rows = NULL;
+	if (limit.templates > 0 && cur + want > limit.templates) {
+		cp_store_rollback(st);
+		char m[200];
+		snprintf(m, sizeof m,
+		         "the tenant's templates_bytes quota is %lld; its templates hold %lld and this one %lld more",
+		         (long long)limit.templates, (long long)cur, (long long)want);
+		*answer = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota",
+		                    "templates_bytes", "limit", (json_int_t)limit.templates, "used", (json_int_t)cur,
+		                    "requested", (json_int_t)want);
+		return 429;
+	}
+	r = CP_Q(st, NULL, NULL,
+	         "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
+	         "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+	         tenant, name, hash, cp_i64(b, bytes), cp_i64(e, entries), cfg, source, cp_i64(now, spaced_now()));
+	if (r == SPACED_EEXIST) {
+		cp_store_rollback(st);
+		*answer = cp_error("template-exists", "a template of this name exists (templates are immutable: "
+		                                      "spacectl template rm it first)");
+		return 409;
+	}
+	if (r == 0) {
+		if ((r = cp_store_commit(st)) == 0)
+			return 201;
+		goto out; /* a failed commit rolls back */
+	}
+store:
+	cp_rows_free(rows);
+	cp_store_rollback(st);
+out:
+	*answer = cp_error("store", spaced_strerror(r));
+	return 503;
 }
 
 int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *upload,
                        json_t **answer)
 {
-	char why[512] = "", canon[PATH_MAX], final[PATH_MAX], spool[PATH_MAX], now[24], b[24], e[24];
+	char why[512] = "", canon[PATH_MAX], final[PATH_MAX], spool[PATH_MAX];
 	struct spaced_rootfs *t = NULL;
 	struct spaced_rootfs_info info;
 	json_t *config = NULL;
@@ -161,35 +187,21 @@ int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, c
 		}
 		goto out;
 	}
-	/* one archive per tree, whoever imported it */
+	if (config)
+		cfg_text = json_dumps(config, JSON_COMPACT);
+	if ((status = template_insert(cp, st, tenant, name, info.hash, (int64_t)info.bytes, (int64_t)info.entries,
+	                              cfg_text, format, answer)) != 201)
+		goto out;
+	/* one archive per tree, whoever imported it; published once a template
+	 * names it, so that no sweep (template_gc) finds it unnamed meanwhile */
 	snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
 	if (rename(canon, final) < 0) {
+		status = 500;
 		*answer = cp_error("store", strerror(errno));
+		CP_Q(st, NULL, NULL, "DELETE FROM templates WHERE tenant = $1 AND name = $2", tenant, name);
 		goto out;
 	}
 	canon[0] = 0;
-	if ((status = templates_quota(cp, st, tenant, info.hash, (int64_t)info.bytes, answer)) != 0) {
-		template_gc(cp, st, info.hash); /* unless another names it */
-		goto out;
-	}
-	status = 500;
-	if (config)
-		cfg_text = json_dumps(config, JSON_COMPACT);
-	r = CP_Q(st, NULL, NULL,
-	         "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
-	         "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-	         tenant, name, info.hash, cp_i64(b, (int64_t)info.bytes), cp_i64(e, (int64_t)info.entries), cfg_text,
-	         format, cp_i64(now, spaced_now()));
-	if (r == SPACED_EEXIST) {
-		status = 409;
-		*answer = cp_error("template-exists", "a template of this name exists (templates are immutable: "
-		                                      "spacectl template rm it first)");
-		goto out;
-	}
-	if (r < 0) {
-		*answer = cp_error("store", spaced_strerror(r));
-		goto out;
-	}
 	*answer = json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I,s:o}", "name", name, "hash", info.hash, "bytes",
 	                    (json_int_t)info.bytes, "entries", (json_int_t)info.entries, "source", format, "dropped",
 	                    (json_int_t)info.dropped, "setid_cleared", (json_int_t)info.cleared, "config",
@@ -204,7 +216,6 @@ out:
 	return status;
 }
 
-/* Removes the archive of hash when no template, no live sandbox and no cached build step names it. */
 /* Whether hash is named by a template or a sandbox not deleted (with
  * steps: or by a cached build step); true when the store cannot tell. */
 static bool tree_pinned(struct cp_store *st, const char *hash, bool steps)
@@ -222,6 +233,7 @@ static bool tree_pinned(struct cp_store *st, const char *hash, bool steps)
 	return pinned;
 }
 
+/* Removes the archive of hash when no template, no live sandbox and no cached build step names it. */
 static void template_gc(struct cp *cp, struct cp_store *st, const char *hash)
 {
 	if (!tree_pinned(st, hash, true)) {
@@ -645,7 +657,7 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 		return status;
 	}
 	json_decref(t);
-	char *cfg = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS) : strdup("{}"), now[24], hb[65], bb[24];
+	char *cfg = config ? json_dumps(config, JSON_COMPACT | JSON_SORT_KEYS) : strdup("{}"), hb[65];
 	snprintf(hb, sizeof hb, "%s", hash); /* hash belongs to req, freed below */
 	hash = hb;
 	/* a built tree counts by its archive's size */
@@ -659,28 +671,14 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 		return 404;
 	}
 	int64_t bytes = (int64_t)sb.st_size;
-	if ((status = templates_quota(cp, st, tenant, hash, bytes, out)) != 0) {
-		free(cfg);
-		json_decref(req);
-		return status;
-	}
-	int r = cfg ? CP_Q(st, NULL, NULL,
-	                   "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
-	                   "VALUES ($1, $2, $3, $4, 0, $5, 'build', $6)",
-	                   tenant, name, hash, cp_i64(bb, bytes), cfg, cp_i64(now, spaced_now()))
-	            : SPACED_ENOMEM;
+	status = cfg ? template_insert(cp, st, tenant, name, hash, bytes, 0, cfg, "build", out) : 500;
 	free(cfg);
 	json_decref(req);
-	if (r == SPACED_EEXIST) {
-		*out = cp_error("template-exists", "a template of this name exists (spacectl template rm it first)");
-		return 409;
-	}
-	if (r < 0) {
-		*out = cp_error("store", spaced_strerror(r));
-		return 503;
-	}
-	*out = json_pack("{s:s,s:s}", "name", name, "hash", hash);
-	return 201;
+	if (status == 201)
+		*out = json_pack("{s:s,s:s}", "name", name, "hash", hash);
+	else if (status == 500)
+		*out = cp_error("internal", "out of memory");
+	return status;
 }
 
 /* ---- the build cache's bound (cp.h cp_build_cache_sweep; the reaper's thread) ---- */

@@ -7,7 +7,11 @@
 #    its tree does not stay in the store;
 #  - the same tree under another name counts once: 201;
 #  - GET /v1/quota shows the quota and what the templates hold;
-#  - after a template is removed, the import that did not fit does.
+#  - after a template is removed, the import that did not fit does;
+#  - eight imports at once, each fitting alone and no two together: one is
+#    named, seven are refused (or told to come back: only so many imports
+#    run at once), one tree stays (the check and the naming are
+#    one transaction under the tenant's lock; unlocked, several passed).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -20,7 +24,7 @@ TA=$(admin create-tenant alpha)
 admin set-quota alpha templates=500K
 start_cp cp
 export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
-for t in a b; do # a root filesystem tarball: one directory, 300 KiB of random data
+for t in a b c1 c2 c3 c4 c5 c6 c7 c8; do # a root filesystem tarball: one directory, 300 KiB of random data
 	python3 - "$W/$t.tar" <<'PY' || { echo "FAIL: mk tarball"; exit 1; }
 import io, os, sys, tarfile
 with tarfile.open(sys.argv[1], "w") as t:
@@ -48,5 +52,16 @@ expect "GET /v1/quota: the templates quota, and one tree held" \
 "$SC" template import b "$W/b.tar" >/dev/null 2>"$W/e"
 expect "after the removals the other import fits" "$("$SC" template ls --json | jq -r '[.[].name] | join(" ")')" b
 expect "one tree in the store" "$(trees)" 1
+"$SC" template rm b >/dev/null
+pids=
+for i in 1 2 3 4 5 6 7 8; do
+	"$SC" template import "c$i" "$W/c$i.tar" >/dev/null 2>"$W/c$i.e" &
+	pids="$pids $!"
+done
+for p in $pids; do wait "$p"; done
+expect "eight imports at once: one named" "$("$SC" template ls --json | jq 'length')" 1
+expect "eight imports at once: seven refused (quota-exceeded, or busy past the imports running at once)" \
+	"$(cat "$W"/c*.e | grep -c '429 quota-exceeded\|503 busy')" 7
+expect "eight imports at once: one tree in the store" "$(trees)" 1
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
