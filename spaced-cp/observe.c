@@ -16,6 +16,8 @@
 
 #include "cp.h"
 #include "log.h"
+#include "ratelimit.h"
+#include "util.h"
 
 /* Endpoints as counted: the first that matches method and path shape. */
 enum ep { EP_CREATE, EP_ROUTE, EP_MOVE, EP_PAUSE, EP_RESUME, EP_SNAPSHOT, EP_DELETE, EP_TIMEOUT, EP_SANDBOX_READ,
@@ -35,6 +37,7 @@ static struct {
 	_Atomic uint64_t sum_us[EP__COUNT];
 	_Atomic uint64_t count[EP__COUNT];
 	_Atomic uint64_t unauthorized;
+	_Atomic uint64_t audit_suppressed; /* refusals' audit lines held back */
 } M;
 
 static int audit_fd = -1;
@@ -124,6 +127,22 @@ void cp_audit_admin(const char *command, const char *subject, int ok)
 	                "ok", ok));
 }
 
+/* Whether the audit line of one more refused request of caller may be
+ * written (ratelimit.h: a flood of 401s cannot fill the control plane's
+ * disk); *held: how many of caller's were held back before. */
+static bool refusal_allowed(const char *caller, uint64_t *held)
+{
+	static struct spaced_ratelimit *refusals;
+	pthread_mutex_lock(&audit_mu);
+	if (!refusals)
+		refusals = spaced_ratelimit_audit_deny();
+	bool ok = !refusals || spaced_ratelimit_take(refusals, caller, spaced_mono_ns(), held);
+	if (!ok)
+		atomic_fetch_add(&M.audit_suppressed, 1);
+	pthread_mutex_unlock(&audit_mu);
+	return ok;
+}
+
 void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns)
 {
 	enum ep ep = classify(rq->method, rq->path);
@@ -141,6 +160,9 @@ void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns
 		atomic_fetch_add(&M.unauthorized, 1);
 	if (!changed && rq->status != 401 && rq->status != 403)
 		return;
+	uint64_t held = 0;
+	if (!changed && !refusal_allowed(rq->peer, &held))
+		return; /* a flood of refusals past its caller's rate: counted */
 	char path[256];
 	snprintf(path, sizeof path, "%s", rq->path);
 	path[strcspn(path, "?")] = '\0';
@@ -150,6 +172,8 @@ void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns
 	                      rq->request_id);
 	if (tenant && tenant[0])
 		json_object_set_new(e, "tenant", json_string(tenant));
+	if (held)
+		json_object_set_new(e, "suppressed", json_integer((json_int_t)held));
 	if (changed && rq->resp) {
 		/* what the answer names: the sandbox, its generation and worker */
 		json_error_t jerr;
@@ -227,6 +251,9 @@ char *cp_metrics_text(struct cp *cp, struct cp_store *st)
 	PUT("# HELP spaced_cp_unauthorized_total Requests refused for their key (401).\n"
 	    "# TYPE spaced_cp_unauthorized_total counter\nspaced_cp_unauthorized_total %llu\n",
 	    (unsigned long long)atomic_load(&M.unauthorized));
+	PUT("# HELP spaced_cp_audit_suppressed_total Refusals whose audit line was held back (a caller past its rate).\n"
+	    "# TYPE spaced_cp_audit_suppressed_total counter\nspaced_cp_audit_suppressed_total %llu\n",
+	    (unsigned long long)atomic_load(&M.audit_suppressed));
 	struct cp_rows *rows = NULL;
 	PUT("# HELP spaced_cp_sandboxes Sandboxes in the store, by state.\n# TYPE spaced_cp_sandboxes gauge\n");
 	if (CP_Q0(st, &rows, NULL, "SELECT state, COUNT(*) FROM sandboxes WHERE deleted = 0 GROUP BY state") == 0)

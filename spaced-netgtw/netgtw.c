@@ -45,7 +45,8 @@
  * an activation-only change keeps it (S4), anything else — a new generation,
  * a deactivation, a move — cuts it at once (S1). New opens need the new identity.
  *
- * Every DENY is appended to the worker's audit log (--audit), like the gate's.
+ * Every DENY is appended to the worker's audit log (--audit), like the gate's, at most
+ * SPACED_AUDIT_DENY_RATE lines a second per caller address (ratelimit.h).
  * GET /metrics on the gateway's own address (no sandbox-port Host name, no
  * credential) gives its counters in Prometheus text.
  *
@@ -88,6 +89,7 @@
 #include "identity.h"
 #include "keyring.h"
 #include "pidref.h"
+#include "ratelimit.h"
 #include "tls.h"
 #include "util.h"
 #include "vcache.h"
@@ -165,6 +167,7 @@ static struct {
 	unsigned nconns;
 	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
 	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
+	struct spaced_ratelimit *refusals; /* the lines about refusals, per caller */
 	SSL_CTX *tls; /* --tls-cert/--tls-key: clients speak TLS */
 } G;
 
@@ -512,19 +515,14 @@ static void reply(struct conn *c, int status, const char *extra_headers, const c
 }
 
 /* Every DENY into the worker's audit log, as the gate writes its own:
- * one JSON line, one O_APPEND write. */
-static void audit_deny(struct conn *c, struct spaced_decision d, const struct spaced_cap *cap)
+ * one JSON line, one O_APPEND write; held counts the caller's refusals not
+ * logged before it (its rate, ratelimit.h). */
+static void audit_deny(const char *peer, struct conn *c, struct spaced_decision d, const struct spaced_cap *cap,
+                       uint64_t held)
 {
 	if (G.audit_fd < 0)
 		return;
-	struct sockaddr_in pa;
-	socklen_t pl = sizeof pa;
-	char peer[64] = "", when[40];
-	if (getpeername(c->cfd, (struct sockaddr *)&pa, &pl) == 0 && pa.sin_family == AF_INET) {
-		char a[INET_ADDRSTRLEN];
-		inet_ntop(AF_INET, &pa.sin_addr, a, sizeof a);
-		snprintf(peer, sizeof peer, "%s:%u", a, ntohs(pa.sin_port));
-	}
+	char when[40];
 	struct timespec ts;
 	struct tm tm;
 	clock_gettime(CLOCK_REALTIME, &ts);
@@ -536,6 +534,8 @@ static void audit_deny(struct conn *c, struct spaced_decision d, const struct sp
 	                      "caller", peer, "sandbox", G.self.sandbox, "port", (int)c->req.port);
 	if (j && cap && cap->id.sandbox[0])
 		json_object_set_new(j, "identity", spaced_identity_to_json(&cap->id));
+	if (j && held)
+		json_object_set_new(j, "suppressed", json_integer((json_int_t)held));
 	char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(j);
 	if (text) {
@@ -567,8 +567,22 @@ static void refuse(struct conn *c, struct spaced_decision d)
 		snprintf(body, sizeof body, "{\"outcome\":\"DENY\",\"reason\":\"%s\"}", spaced_reason_name(d.reason));
 	}
 	G.n_refuse++;
-	audit_deny(c, d, &c->cap);
-	glog("level=info event=refused outcome=%s reason=%s", spaced_verdict_name(d.verdict), spaced_reason_name(d.reason));
+	/* the lines about it, unless its caller is past its rate (a flood of
+	 * refusals cannot fill the worker's disk) */
+	struct sockaddr_in pa;
+	socklen_t pl = sizeof pa;
+	char peer[64] = "";
+	uint64_t held = 0;
+	if (getpeername(c->cfd, (struct sockaddr *)&pa, &pl) == 0 && pa.sin_family == AF_INET) {
+		char a[INET_ADDRSTRLEN];
+		inet_ntop(AF_INET, &pa.sin_addr, a, sizeof a);
+		snprintf(peer, sizeof peer, "%s:%u", a, ntohs(pa.sin_port));
+	}
+	if (!G.refusals || spaced_ratelimit_take(G.refusals, peer, spaced_mono_ns(), &held)) {
+		audit_deny(peer, c, d, &c->cap, held);
+		glog("level=info event=refused outcome=%s reason=%s suppressed=%llu", spaced_verdict_name(d.verdict),
+		     spaced_reason_name(d.reason), (unsigned long long)held);
+	}
 	reply(c, status, NULL, body);
 }
 
@@ -953,9 +967,11 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		                 "# TYPE spaced_netgtw_streams_cut_total counter\nspaced_netgtw_streams_cut_total %llu\n"
 		                 "# TYPE spaced_netgtw_streams_kept_total counter\nspaced_netgtw_streams_kept_total %llu\n"
 		                 "# TYPE spaced_netgtw_guest_unreachable_total counter\nspaced_netgtw_guest_unreachable_total %llu\n"
-		                 "# TYPE spaced_netgtw_connections gauge\nspaced_netgtw_connections %u\n",
+		                 "# TYPE spaced_netgtw_connections gauge\nspaced_netgtw_connections %u\n"
+		                 "# TYPE spaced_netgtw_audit_suppressed_total counter\nspaced_netgtw_audit_suppressed_total %llu\n",
 		                 (unsigned long long)G.n_allow, (unsigned long long)G.n_refuse, (unsigned long long)G.n_cut,
-		                 (unsigned long long)G.n_kept, (unsigned long long)G.n_guest_fail, G.nconns);
+		                 (unsigned long long)G.n_kept, (unsigned long long)G.n_guest_fail, G.nconns,
+		                 (unsigned long long)spaced_ratelimit_suppressed_total(G.refusals));
 		char h[256];
 		int hn = snprintf(h, sizeof h,
 		                  "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
@@ -1333,6 +1349,7 @@ int main(int argc, char **argv)
 	           *vm_exe = NULL;
 	G.vmc = (struct spaced_vm_check)SPACED_VM_CHECK_INIT;
 	G.audit_fd = -1;
+	G.refusals = spaced_ratelimit_audit_deny(); /* NULL (out of memory): every line written */
 	long lpid = 0;
 	unsigned long long lstart = 0;
 	uid_t owner = 0;

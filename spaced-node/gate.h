@@ -216,6 +216,13 @@ struct mgr {
 int gate_audit_open(struct mgr *m);
 /* Appends entry (a JSON object, taken) with its time as one line. */
 void gate_audit(struct mgr *m, json_t *entry);
+/* Whether the lines about one more refused request of caller may be written
+ * (ratelimit.h: a flood of refusals cannot fill the worker's disk); when
+ * they may, *suppressed is how many of caller's were held back before
+ * (named in its audit line). */
+bool gate_audit_refusal_allowed(const char *caller, uint64_t *suppressed);
+/* Every refusal's lines held back so far. */
+uint64_t gate_audit_suppressed_total(void);
 
 /* ---- gate_metrics.c: the worker's metrics (Prometheus text) ---- */
 

@@ -6,7 +6,10 @@
  * there with its reason, the caller's address, the request id, the purpose
  * and the identity the capability named (when it could be verified); every
  * lifecycle change the control plane made (install, deactivate, pause, thaw,
- * snapshot, destroy) with its seq, the identity and its outcome.
+ * snapshot, destroy) with its seq, the identity and its outcome. The lines
+ * about refused requests are held to a rate per caller address and for all
+ * callers together (ratelimit.h); what is held back is counted, in the
+ * caller's next line ("suppressed") and in the metrics.
  */
 #include "gate.h"
 
@@ -20,17 +23,31 @@
 
 #include "error.h"
 #include "log.h"
+#include "ratelimit.h"
+#include "util.h"
 
 static int audit_fd = -1;
+static struct spaced_ratelimit *refusals; /* the gate's one thread */
 
 int gate_audit_open(struct mgr *m)
 {
 	char path[4200];
 	snprintf(path, sizeof path, "%s/audit.log", m->cfg->state_dir);
 	audit_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (audit_fd < 0)
+	if (audit_fd < 0 || !(refusals = spaced_ratelimit_audit_deny()))
 		return SPACED_EIO;
 	return 0;
+}
+
+bool gate_audit_refusal_allowed(const char *caller, uint64_t *suppressed)
+{
+	*suppressed = 0;
+	return !refusals || spaced_ratelimit_take(refusals, caller, spaced_mono_ns(), suppressed);
+}
+
+uint64_t gate_audit_suppressed_total(void)
+{
+	return spaced_ratelimit_suppressed_total(refusals);
 }
 
 void gate_audit(struct mgr *m, json_t *entry)

@@ -99,6 +99,9 @@ char *gate_metrics_text(struct mgr *m, json_t *usage)
 			if (m->n_refused_by[v][r])
 				put(&o, "spaced_node_requests_total{outcome=\"%s\",reason=\"%s\"} %llu\n", verdict_name(v),
 				    spaced_reason_name((enum spaced_reason)r), (unsigned long long)m->n_refused_by[v][r]);
+	family(&o, "spaced_node_audit_suppressed_total", "counter",
+	       "Refusals whose audit line was held back (a caller past its rate: ratelimit.h).");
+	put(&o, "spaced_node_audit_suppressed_total %llu\n", (unsigned long long)gate_audit_suppressed_total());
 	family(&o, "spaced_node_streams_cancelled_total", "counter",
 	       "Open streams whose lease ended when the record changed (S1), by outcome.");
 	for (int v = SPACED_REFRESH_ROUTE; v <= SPACED_DENY; v++)

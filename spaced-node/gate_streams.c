@@ -744,21 +744,30 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 		m->n_refuse++;
 		if (d.verdict <= SPACED_DENY && d.reason < SPACED_REASON__COUNT)
 			m->n_refused_by[d.verdict][d.reason]++;
-		if (d.verdict == SPACED_DENY) {
-			/* every DENY: the caller, the reason and the identity (when verified) */
-			json_t *a = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "event", "deny", "reason",
-			                      spaced_reason_name(d.reason), "sandbox", sandbox, "purpose",
-			                      spaced_purpose_name(purpose), "caller", peer, "request_id", request_id);
-			if (e == 0) {
-				char text[SPACED_IDENTITY_TEXT_MAX];
-				spaced_identity_encode(&cap.id, text, sizeof text);
-				json_object_set_new(a, "identity", json_string(text));
-				json_object_set_new(a, "jti", json_string(cap.jti));
+		/* the lines about a refusal; a flood's past the caller's rate
+		 * are counted, and named in its next ones */
+		uint64_t held = 0;
+		if (gate_audit_refusal_allowed(peer, &held)) {
+			if (d.verdict == SPACED_DENY) {
+				/* every DENY: the caller, the reason and the identity (when verified) */
+				json_t *a = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "event", "deny", "reason",
+				                      spaced_reason_name(d.reason), "sandbox", sandbox, "purpose",
+				                      spaced_purpose_name(purpose), "caller", peer, "request_id", request_id);
+				if (e == 0) {
+					char text[SPACED_IDENTITY_TEXT_MAX];
+					spaced_identity_encode(&cap.id, text, sizeof text);
+					json_object_set_new(a, "identity", json_string(text));
+					json_object_set_new(a, "jti", json_string(cap.jti));
+				}
+				if (held)
+					json_object_set_new(a, "suppressed", json_integer((json_int_t)held));
+				gate_audit(m, a);
 			}
-			gate_audit(m, a);
+			gate_log("level=info event=refused request_id=%s caller=%s sandbox=%s outcome=%s reason=%s "
+			         "suppressed=%llu",
+			         request_id, peer, sandbox, d.verdict == SPACED_DENY ? "DENY" : "REFRESH_ROUTE",
+			         spaced_reason_name(d.reason), (unsigned long long)held);
 		}
-		gate_log("level=info event=refused request_id=%s caller=%s sandbox=%s outcome=%s reason=%s", request_id,
-		         peer, sandbox, d.verdict == SPACED_DENY ? "DENY" : "REFRESH_ROUTE", spaced_reason_name(d.reason));
 		send_refuse(m, NODE_MSG_REFUSE, h->id, d, sandbox);
 		return 0;
 	}

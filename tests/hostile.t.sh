@@ -1,7 +1,8 @@
 #!/bin/sh
 # A hostile client against a real worker (`spacectl dev up`, process substrate; issue 12): slow
 # readers of large files, slowloris from other addresses, malformed HTTP and WebSocket input, and a
-# guest that stops answering. While each attack runs a victim tenant's sandbox on the same worker
+# guest that stops answering, and a flood of forged capabilities (whose audit lines are held to the
+# caller's rate: ratelimit.h). While each attack runs a victim tenant's sandbox on the same worker
 # is read from and executed in; every victim operation must succeed, no process of the worker may
 # die or be restarted, and node-api and the gate must stay within bounded memory. A slow reader
 # slows only its own stream and is cut after the stall timeout (here 5 s).
@@ -142,6 +143,22 @@ expect "reserved bits -> close 1002" "$($HC ws "$PORT" "$CAP" "$A" reserved-bits
 expect "a 2^62-byte frame -> close 1009" "$($HC ws "$PORT" "$CAP" "$A" huge-length)" 1009
 expect "invalid UTF-8 in a text frame -> close 1007" "$($HC ws "$PORT" "$CAP" "$A" bad-utf8-text)" 1007
 expect "after all that, no process of the worker died" "$(roles)" "$ROLES0"
+
+# ---- a flood of forged capabilities: every one refused, their audit lines held to the caller's rate ----
+AUDIT=$D/worker-1/audit.log
+a0=$(grep -c '"event":"deny"' "$AUDIT")
+deny_flood() { $HC denyflood "$PORT" 127.0.0.4 "$CAP" "$A" 3000 >"$W/flood.json"; }
+victim_during "3000 requests with a forged capability from 127.0.0.4" deny_flood
+echo "deny flood: $(cat "$W/flood.json")"
+expect "every forged request was refused 401" "$(jq -r '.answers["401"]' "$W/flood.json")" 3000
+added=$(($(grep -c '"event":"deny"' "$AUDIT") - a0))
+secs=$(jq -r '.seconds | ceil' "$W/flood.json")
+expect "the flood added its caller's burst and no more than its rate after ($added lines in ${secs} s)" \
+	"$([ "$added" -ge 200 ] && [ "$added" -le $((200 + 20 * (secs + 1))) ] && echo yes)" yes
+sleep 1
+$HC denyflood "$PORT" 127.0.0.4 "$CAP" "$A" 1 >/dev/null
+expect "every forged request is an audit line or counted as held back in the caller's next one" \
+	"$(grep '"caller":"127.0.0.4"' "$AUDIT" | jq -s '[.[] | .suppressed // 0] | add + length')" 3001
 
 # ---- a guest that stops answering: its own requests fail, nobody else's wait ----
 G=$("$SC" create --worker worker-1)

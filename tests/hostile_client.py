@@ -12,6 +12,9 @@
   malformed PORT CAP SANDBOX          one connection per malformed request; prints "NAME STATUS" lines
                                       (STATUS: the answer's status code, or "closed")
   ws PORT CAP SANDBOX CASE            a WebSocket exec with one bad frame; prints the close code
+  denyflood PORT SRC CAP SANDBOX N    N requests from address SRC on one kept-alive connection, each with
+                                      CAP's signature broken; prints JSON {"sent", "seconds",
+                                      "answers": {status: count}}
 """
 import base64
 import json
@@ -268,6 +271,44 @@ def ws(port, cap, sandbox, case):
         print("timeout")
 
 
+def denyflood(port, src, cap, sandbox, n):
+    bad = cap[:-4] + ("AAAA" if not cap.endswith("AAAA") else "BBBB")  # the signature no longer verifies
+    req = ("GET /v1/sandboxes/%s/stat?path=/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n"
+           % (sandbox, bad)).encode()
+    answers, s, buf, t0 = {}, None, b"", time.monotonic()
+    for _ in range(n):
+        if s is None:
+            s, buf = connect(port, src), b""
+        try:
+            s.sendall(req)
+            while b"\r\n\r\n" not in buf:
+                d = s.recv(65536)
+                if not d:
+                    raise ConnectionError("closed")
+                buf += d
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                k, _, v = line.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v.strip())
+            while len(buf) < length:
+                d = s.recv(65536)
+                if not d:
+                    raise ConnectionError("closed")
+                buf += d
+            buf = buf[length:]
+            st = status_of(head)
+        except (OSError, ConnectionError):
+            st = "closed"
+            s.close()
+            s = None
+        answers[st] = answers.get(st, 0) + 1
+    if s is not None:
+        s.close()
+    print(json.dumps({"sent": n, "seconds": round(time.monotonic() - t0, 3), "answers": answers}))
+
+
 def main():
     a = sys.argv[1:]
     if a[0] == "slowread":
@@ -278,6 +319,8 @@ def main():
         malformed(int(a[1]), a[2], a[3])
     elif a[0] == "ws":
         ws(int(a[1]), a[2], a[3], a[4])
+    elif a[0] == "denyflood":
+        denyflood(int(a[1]), a[2], a[3], a[4], int(a[5]))
     else:
         sys.exit(__doc__)
 
