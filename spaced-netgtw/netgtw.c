@@ -168,6 +168,7 @@ static struct {
 	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
 	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
 	struct spaced_ratelimit *refusals; /* the lines about refusals, per caller */
+	struct spaced_ratelimit *guest_fail_log; /* and about a guest that does not answer */
 	SSL_CTX *tls; /* --tls-cert/--tls-key: clients speak TLS */
 } G;
 
@@ -807,7 +808,12 @@ static void start_relay(struct conn *c, const void *first, size_t n);
 static void guest_failed(struct conn *c, int e, const char *why)
 {
 	G.n_guest_fail++;
-	glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\"", c->gport, spaced_errname(e), why);
+	/* a tenant connecting in a loop to a port nothing listens on: a line a
+	 * second at most (ten at once), the rest counted */
+	uint64_t held = 0;
+	if (!G.guest_fail_log || spaced_ratelimit_take(G.guest_fail_log, "guest", spaced_mono_ns(), &held))
+		glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\" suppressed=%llu", c->gport,
+		     spaced_errname(e), why, (unsigned long long)held);
 	if (c->gfd >= 0) {
 		epoll_ctl(G.ep, EPOLL_CTL_DEL, c->gfd, NULL);
 		close(c->gfd);
@@ -1350,6 +1356,7 @@ int main(int argc, char **argv)
 	G.vmc = (struct spaced_vm_check)SPACED_VM_CHECK_INIT;
 	G.audit_fd = -1;
 	G.refusals = spaced_ratelimit_audit_deny(); /* NULL (out of memory): every line written */
+	G.guest_fail_log = spaced_ratelimit_new(1, 10, 1, 10, 8);
 	long lpid = 0;
 	unsigned long long lstart = 0;
 	uid_t owner = 0;
