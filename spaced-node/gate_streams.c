@@ -378,6 +378,29 @@ static void stream_kill(struct gstream *s)
 	}
 }
 
+/* Why sandbox may not open one more request or stream, NULL when it may.
+ * The worker's table (cfg->max_streams) is shared so that no sandbox, and no
+ * few, hold all of it: past half of it a sandbox holds at most an eighth;
+ * past three quarters only a sandbox holding fewer than a 128th (at least 2)
+ * opens more, so a quarter stays for those with a few. A sandbox's own are
+ * counted only past half (a walk of the table). */
+static const char *stream_refusal(struct mgr *m, const char *sandbox)
+{
+	size_t max = m->cfg->max_streams > 0 ? (size_t)m->cfg->max_streams : GATE_MAX_STREAMS, n = m->nstreams;
+	if (n >= max)
+		return "too many open requests on this worker";
+	if (n < max / 2)
+		return NULL;
+	size_t held = 0, few = max / 128 < 2 ? 2 : max / 128;
+	for (const struct gstream *s = m->streams; s; s = s->next)
+		held += !s->dead && strcmp(s->cap.id.sandbox, sandbox) == 0;
+	if (held >= max / 8)
+		return "this sandbox holds too many open requests";
+	if (n >= max - max / 4 && held >= few)
+		return "this sandbox holds too many open requests (the rest is kept for sandboxes with a few)";
+	return NULL;
+}
+
 /* Frees the dead streams whose handle is closed. */
 static void streams_reap(struct mgr *m)
 {
@@ -778,8 +801,9 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 			send_fail(m, h->id, SPACED_ENOMEM, "out of memory");
 		return 0;
 	}
-	if (m->nstreams >= GATE_MAX_STREAMS) {
-		send_fail(m, h->id, SPACED_EBUSY, "too many open requests");
+	const char *full = stream_refusal(m, sandbox);
+	if (full) {
+		send_fail(m, h->id, SPACED_EBUSY, full);
 		return 0;
 	}
 	bool raw = gtype == NODE_PORT_OPEN;

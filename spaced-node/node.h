@@ -194,6 +194,8 @@ struct mgr_config {
 	int forget_after_s;     /* a tombstone (destroyed, moved away) is forgotten this long after */
 	int acks_kept;          /* acknowledgements kept below the last applied seq (older ones
 	                         * are pruned; a repeat of one is answered `ack-pruned`) */
+	int max_streams;        /* open requests and streams at once, all sandboxes together
+	                         * (shared fairly: gate_streams.c stream_admitted) */
 	const char *vm_bin;     /* spaced-vm: with vm_images, the qemu substrate (mgr_vm.c) */
 	const char *vm_images;  /* its kernel, initramfs and root tree (spaced-vmm/mkvmimage.sh) */
 	const char *vsockd_bin; /* spaced-vsockd */

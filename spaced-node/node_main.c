@@ -4,7 +4,7 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]
+ *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
@@ -66,6 +66,7 @@ static void usage(void)
 	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]\n"
+	                "                   [--max-streams N]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]]\n"
@@ -429,7 +430,8 @@ int main(int argc, char **argv)
 	struct spaced_resources def = {1000, 512ull << 20, 512, 2ull << 30};
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
-	int stall_ms = 60000, forget_after = SPACED_CAP_LIFETIME + SPACED_CAP_SKEW + 60, acks_kept = 4096;
+	int stall_ms = 60000, forget_after = SPACED_CAP_LIFETIME + SPACED_CAP_SKEW + 60, acks_kept = 4096,
+	    max_streams = 1024;
 	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
@@ -561,6 +563,14 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			acks_kept = (int)k;
+		} else if (strcmp(a, "--max-streams") == 0) {
+			char *end;
+			long k = strtol(v, &end, 10);
+			if (*end || k < 64 || k > 65536) {
+				fprintf(stderr, "spaced-node: --max-streams wants 64 .. 65536\n");
+				return 2;
+			}
+			max_streams = (int)k;
 		} else if (strcmp(a, "--pool") == 0 || strcmp(a, "--pool-max") == 0 || strcmp(a, "--pool-starts") == 0) {
 			char *end;
 			long n = strtol(v, &end, 10);
@@ -692,7 +702,7 @@ int main(int argc, char **argv)
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
-	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
+	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
 	                        .pool_memory = pool_memory, .net_dns = net_dns, .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,

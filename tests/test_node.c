@@ -577,6 +577,84 @@ Test(node, streams_cut_on_replacement)
 	free(cap8);
 }
 
+/* Opens terminals (a cat each) on sandbox with cap until one is refused or
+ * want are open; returns how many are open (kept in ws[from…]) and the
+ * refusal's close reason in why. */
+static int open_until_refused(struct tn_ws *ws, int from, int want, const char *sandbox, const char *cap, char *why,
+                              size_t whysz)
+{
+	char target[128];
+	snprintf(target, sizeof target, "/v1/sandboxes/%s/term?argv=/bin/cat", sandbox);
+	struct tn_wsmsg *m = malloc(sizeof *m);
+	int n = 0;
+	why[0] = 0;
+	for (; n < want; n++) {
+		struct tn_ws *w = &ws[from + n];
+		cr_assert_eq(tn_ws_open(w, A.port, target, cap), 0, "the upgrade of %s's terminal %d", sandbox, n);
+		cr_assert_eq(tn_ws_recv(w, m, 10000), 0, "no first message on %s's terminal %d", sandbox, n);
+		if (m->opcode != 1 || !strstr(m->data, "\"outcome\":\"ALLOW\"")) {
+			snprintf(why, whysz, "%.100s", m->opcode == 8 ? m->close_reason : m->data);
+			tn_ws_close(w);
+			break;
+		}
+	}
+	free(m);
+	return n;
+}
+
+/* A worker's table of open requests and streams (--max-streams) is shared:
+ * a sandbox that opens streams without end (terminals that stay open) gets
+ * at most half of it, a few such sandboxes at most three quarters, and
+ * another sandbox still opens its own (on the old code the first one held
+ * every slot and everyone else on the worker got 503). */
+Test(node, one_sandbox_cannot_hold_every_stream, .timeout = 180)
+{
+	A.max_streams = 64;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	const char *names[] = {"H1", "H2", "H3", "H4", "V"};
+	char *caps[5];
+	for (int i = 0; i < 5; i++) {
+		must_install(&A, names[i], 1, "act-1", false);
+		caps[i] = strdup(CAP(.sandbox = names[i], .generation = 1, .worker = "worker-a"));
+	}
+	struct tn_ws *ws = calloc(80, sizeof *ws);
+	cr_assert_not_null(ws);
+	char why[128];
+	int open = 0, got;
+	got = open_until_refused(ws, open, 64, "H1", caps[0], why, sizeof why);
+	cr_expect_eq(got, 32, "the first sandbox holds half of the 64 (%d: %s)", got, why);
+	cr_expect(strstr(why, "EBUSY") != NULL, "refused as busy: %s", why);
+	open += got;
+	struct tn_resp r;
+	cr_assert_eq(tn_http(A.port, "GET", "/v1/sandboxes/H1/stat?path=/", caps[0], NULL, 0, &r), 0);
+	cr_expect_eq(r.status, 503, "its next request too: %d %s", r.status, r.body ? r.body : "");
+	cr_expect(r.body && strstr(r.body, "this sandbox holds too many open requests"), "%s", r.body ? r.body : "");
+	tn_resp_free(&r);
+	got = open_until_refused(ws, open, 64 - open, "H2", caps[1], why, sizeof why);
+	cr_expect_eq(got, 8, "past half, a sandbox holds an eighth (%d: %s)", got, why);
+	open += got;
+	got = open_until_refused(ws, open, 64 - open, "H3", caps[2], why, sizeof why);
+	cr_expect_eq(got, 8, "and another one an eighth (%d: %s)", got, why);
+	open += got;
+	got = open_until_refused(ws, open, 64 - open, "H4", caps[3], why, sizeof why);
+	cr_expect_eq(got, 2, "past three quarters, a sandbox holds a few (%d: %s)", got, why);
+	open += got;
+	/* the victim: a request and a terminal of its own */
+	cr_assert_eq(tn_http(A.port, "GET", "/v1/sandboxes/V/stat?path=/", caps[4], NULL, 0, &r), 0);
+	cr_expect_eq(r.status, 200, "the victim's request: %d %s", r.status, r.body ? r.body : "");
+	tn_resp_free(&r);
+	got = open_until_refused(ws, open, 1, "V", caps[4], why, sizeof why);
+	cr_expect_eq(got, 1, "the victim's terminal (%s)", why);
+	open += got;
+	if (got == 1)
+		cr_expect(term_roundtrip(&ws[open - 1], "victim"));
+	for (int i = 0; i < open; i++)
+		tn_ws_close(&ws[i]);
+	free(ws);
+	for (int i = 0; i < 5; i++)
+		free(caps[i]);
+}
+
 /* S3: an ownership handoff keeps streams and unexpired capabilities. */
 Test(node, streams_kept_on_handoff)
 {

@@ -121,6 +121,7 @@ struct tn_node {
 	bool substrate; /* set before start: executions through spaced-launch + spaced-host */
 	int forget_after; /* set before start: --forget-after seconds (0: the default) */
 	int acks_kept;    /* set before start: --acks-kept (0: the default) */
+	int max_streams;  /* set before start: --max-streams (0: the default) */
 	pid_t pid; /* sbx-manager (the process started) */
 	int port;
 	char state[256];
@@ -147,9 +148,10 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
-		char forget[16], acks[16];
+		char forget[16], acks[16], streams[16];
 		snprintf(forget, sizeof forget, "%d", n->forget_after);
 		snprintf(acks, sizeof acks, "%d", n->acks_kept);
+		snprintf(streams, sizeof streams, "%d", n->max_streams);
 		const char *argv[24] = {"spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
 		                        "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--plaintext"};
 		int k = 12;
@@ -166,6 +168,10 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 		if (n->acks_kept > 0) {
 			argv[k++] = "--acks-kept";
 			argv[k++] = acks;
+		}
+		if (n->max_streams > 0) {
+			argv[k++] = "--max-streams";
+			argv[k++] = streams;
 		}
 		argv[k] = NULL;
 		execv(SPACED_NODE_BIN, (char *const *)(uintptr_t)argv);
