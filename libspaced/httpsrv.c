@@ -13,6 +13,7 @@
 #include <openssl/ssl.h>
 
 #include "error.h"
+#include "ratelimit.h"
 #include "tls.h"
 #include "util.h"
 #include "ws.h"
@@ -56,6 +57,7 @@ struct spaced_httpconn {
 	enum cstate state;
 	void *user;
 	char peer[64];
+	char who[SPACED_CALLER_KEY_MAX]; /* its per-address budget's key (spaced_caller_key: an IPv6 /64) */
 	struct spaced_buf rbuf;
 	bool reading, read_wanted, peer_eof;
 	/* the current request */
@@ -478,7 +480,7 @@ static void conn_close(struct spaced_httpconn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	s->nconns--;
-	ip_release(s, c->peer);
+	ip_release(s, c->who);
 	if (s->cfg.ops->on_close)
 		s->cfg.ops->on_close(c);
 	if (s->stopping) {
@@ -1103,12 +1105,13 @@ static void on_connection(uv_stream_t *l, int status)
 		else if (ss.ss_family == AF_INET6)
 			uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer, sizeof c->peer);
 	}
-	struct ip_count *ip = ip_find(s, c->peer, true);
+	spaced_caller_key(c->peer, c->who);
+	struct ip_count *ip = ip_find(s, c->who, true);
 	if (s->stopping || s->nconns >= s->cfg.max_conns || !ip || ip->n >= s->cfg.max_conns_per_ip) {
 		s->stats.refused_budget++;
 		if (ip && ip->n == 0) {
 			ip->n = 1;
-			ip_release(s, c->peer);
+			ip_release(s, c->who);
 		}
 		uv_close((uv_handle_t *)&c->tcp, free_refused);
 		return;
@@ -1122,7 +1125,7 @@ static void on_connection(uv_stream_t *l, int status)
 			s->stats.refused_budget++;
 			if (ip->n == 0) {
 				ip->n = 1;
-				ip_release(s, c->peer);
+				ip_release(s, c->who);
 			}
 			uv_close((uv_handle_t *)&c->tcp, free_refused);
 			return;

@@ -85,7 +85,7 @@ struct spaced_httpsrv_config {
 	struct spaced_http_limits limits;
 	uint64_t body_max;         /* largest request body (413); per request: spaced_httpconn_body_max */
 	unsigned max_conns;        /* open connections at most */
-	unsigned max_conns_per_ip; /* from one client address at most */
+	unsigned max_conns_per_ip; /* from one client address at most (an IPv6 /64 is one: spaced_caller_key) */
 	unsigned head_timeout_ms;  /* a request head must be complete within this of its first byte */
 	unsigned idle_timeout_ms;  /* a kept-alive connection waits this long for the next request */
 	unsigned body_timeout_ms;  /* a body must make progress within this */

@@ -1,11 +1,11 @@
 /* ratelimit.c — token buckets per caller for audit lines (ratelimit.h). */
 #include "ratelimit.h"
 
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define KEY_MAX 64 /* an IPv6 address in text is at most 45 bytes */
 #define PROBE 8    /* neighbours looked at for a caller's slot */
 
 struct bucket {
@@ -14,7 +14,7 @@ struct bucket {
 };
 
 struct slot {
-	char key[KEY_MAX];
+	char key[SPACED_CALLER_KEY_MAX];
 	struct bucket b;
 	uint64_t suppressed;
 	bool used;
@@ -60,9 +60,10 @@ void spaced_ratelimit_free(struct spaced_ratelimit *l)
 	free(l);
 }
 
-/* The address part of caller: "a.b.c.d:port" → "a.b.c.d", "[v6]:port" → "v6". */
-static void caller_key(const char *caller, char key[KEY_MAX])
+void spaced_caller_key(const char *caller, char out[SPACED_CALLER_KEY_MAX])
 {
+	/* the address part: "a.b.c.d:port" → "a.b.c.d", "[v6]:port" → "v6" */
+	char addr[SPACED_CALLER_KEY_MAX];
 	const char *s = caller ? caller : "";
 	size_t n = strlen(s);
 	if (s[0] == '[') {
@@ -74,10 +75,25 @@ static void caller_key(const char *caller, char key[KEY_MAX])
 		if (colon && !strchr(colon + 1, ':')) /* one colon: address:port (a bare IPv6 address has several) */
 			n = (size_t)(colon - s);
 	}
-	if (n >= KEY_MAX)
-		n = KEY_MAX - 1;
-	memcpy(key, s, n);
-	key[n] = 0;
+	if (n >= sizeof addr)
+		n = sizeof addr - 1;
+	memcpy(addr, s, n);
+	addr[n] = 0;
+	struct in6_addr a6;
+	if (inet_pton(AF_INET6, addr, &a6) == 1) {
+		if (IN6_IS_ADDR_V4MAPPED(&a6)) {
+			if (inet_ntop(AF_INET, &a6.s6_addr[12], out, SPACED_CALLER_KEY_MAX))
+				return;
+		} else {
+			memset(&a6.s6_addr[8], 0, 8);
+			char p[INET6_ADDRSTRLEN];
+			if (inet_ntop(AF_INET6, &a6, p, sizeof p)) {
+				snprintf(out, SPACED_CALLER_KEY_MAX, "%s/64", p);
+				return;
+			}
+		}
+	}
+	memcpy(out, addr, n + 1);
 }
 
 static uint64_t fnv1a(const char *s)
@@ -121,8 +137,8 @@ static struct slot *slot_of(struct spaced_ratelimit *l, const char *key, uint64_
 
 bool spaced_ratelimit_take(struct spaced_ratelimit *l, const char *caller, uint64_t now_ns, uint64_t *suppressed)
 {
-	char key[KEY_MAX];
-	caller_key(caller, key);
+	char key[SPACED_CALLER_KEY_MAX];
+	spaced_caller_key(caller, key);
 	struct slot *s = slot_of(l, key, now_ns);
 	refill(&s->b, l->rate, l->burst, now_ns);
 	refill(&l->total, l->total_rate, l->total_burst, now_ns);

@@ -8,7 +8,7 @@
  * it; what is held back is counted and named in the caller's next line
  * ("suppressed": N), and in a total the daemon's metrics show.
  *
- * The callers are kept in a table of fixed size (keys): a caller not in it
+ * A caller is its spaced_caller_key. The callers are kept in a table of fixed size (keys): a caller not in it
  * takes the place of the one seen least recently among its neighbours, whose
  * count of held-back lines is then lost (the total keeps it). Not
  * thread-safe: one per thread, or under the caller's lock.
@@ -28,6 +28,12 @@
 #define SPACED_AUDIT_DENY_TOTAL_BURST 2000
 #define SPACED_AUDIT_DENY_KEYS 1024
 
+/* Who a caller is, for budgets and rates: its address without the port; an
+ * IPv6 one by its /64 (one host's or one customer's usual allocation: every
+ * address in it is the same caller), an IPv4-mapped one as IPv4. */
+#define SPACED_CALLER_KEY_MAX 64
+void spaced_caller_key(const char *caller, char out[SPACED_CALLER_KEY_MAX]);
+
 struct spaced_ratelimit;
 
 /* A limiter for up to keys callers; NULL when out of memory or a figure is 0. */
@@ -38,7 +44,7 @@ struct spaced_ratelimit *spaced_ratelimit_audit_deny(void);
 void spaced_ratelimit_free(struct spaced_ratelimit *l);
 
 /* Whether a line about caller (an address, with or without ":port" or
- * "[v6]:port", which are not part of the key) may be written at now_ns
+ * "[v6]:port": spaced_caller_key) may be written at now_ns
  * (CLOCK_MONOTONIC). When it may, *suppressed is how many of caller's lines
  * were held back since its last one written (to be named in it); when not,
  * the line is counted as held back. */

@@ -2,7 +2,8 @@
  * test-httpsrv — libspaced's HTTP/WebSocket server (httpsrv.c) on a real
  * loopback socket, the loop stepped by the test: a connection refused by the
  * per-address budget is closed and freed cleanly while the accepted one is
- * served; the refusal body hook shapes the server's own refusals; a client's
+ * served, and the addresses of one IPv6 /64 share one budget (in a network
+ * namespace of the test's own, fd00::/64 and fd00:0:0:1::/64 on its loopback); the refusal body hook shapes the server's own refusals; a client's
  * ping is answered with a pong and, like a pong, reported through
  * on_ws_control (issue 12).
  */
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -52,11 +54,15 @@ static size_t refusal(int status, const char *code, char *buf, size_t cap)
 	return (size_t)n < cap ? (size_t)n : cap;
 }
 
+static const char *listen_host = NULL; /* NULL: the defaults' */
+
 static void start(unsigned per_ip, spaced_httpsrv_refusal_fn fn)
 {
 	struct spaced_httpsrv_config cfg;
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	spaced_httpsrv_defaults(&cfg);
+	if (listen_host)
+		cfg.host = listen_host;
 	cfg.port = 0;
 	cfg.max_conns_per_ip = per_ip;
 	cfg.refusal_body = fn;
@@ -196,5 +202,49 @@ Test(httpsrv, pings_and_pongs_are_reported_and_pings_answered)
 	cr_assert_eq(controls[0], SPACED_WS_PING);
 	cr_assert_eq(controls[1], SPACED_WS_PONG);
 	close(a);
+	stop();
+}
+
+/* A connection to [::1] from src (an address of this namespace's loopback). */
+static int client6(const char *src)
+{
+	struct sockaddr_in6 from = {.sin6_family = AF_INET6}, to = {.sin6_family = AF_INET6,
+	                                                            .sin6_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	cr_assert_eq(inet_pton(AF_INET6, src, &from.sin6_addr), 1);
+	inet_pton(AF_INET6, "::1", &to.sin6_addr);
+	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert(fd >= 0);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0, "bind %s: %s", src, strerror(errno));
+	cr_assert_eq(connect(fd, (struct sockaddr *)&to, sizeof to), 0, "connect from %s: %s", src, strerror(errno));
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	return fd;
+}
+
+Test(httpsrv, the_addresses_of_one_ipv6_64_share_one_budget)
+{
+	if (unshare(CLONE_NEWNET) < 0)
+		cr_skip_test("no network namespace of its own here (%s)", strerror(errno));
+	cr_assert_eq(system("ip link set lo up && ip -6 addr add fd00::1/64 dev lo nodad && "
+	                    "ip -6 addr add fd00::2/64 dev lo nodad && ip -6 addr add fd00:0:0:1::1/64 dev lo nodad"),
+	             0, "the test's addresses");
+	listen_host = "::";
+	start(1, NULL);
+	char buf[64];
+	int a = client6("fd00::1");
+	step_until_stats(1, 0);
+	int b = client6("fd00::2");
+	step_until_stats(1, 1);
+	cr_assert_eq(step_recv(b, buf, sizeof buf), 0, "another address of the same /64 is over its budget");
+	int c = client6("fd00:0:0:1::1");
+	step_until_stats(2, 1);
+	const char req[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	cr_assert_eq(send(c, req, sizeof req - 1, 0), (ssize_t)(sizeof req - 1));
+	ssize_t n = step_recv(c, buf, sizeof buf - 1);
+	cr_assert_gt(n, 0, "an address of another /64 is served");
+	buf[n] = 0;
+	cr_assert(strncmp(buf, "HTTP/1.1 200 ", 13) == 0, "%s", buf);
+	close(a);
+	close(b);
+	close(c);
 	stop();
 }

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include <stdio.h>
+#include <string.h>
 
 #include "ratelimit.h"
 
@@ -56,8 +57,8 @@ Test(ratelimit, callers_are_counted_apart_and_the_port_is_not_part_of_one)
 	cr_expect_eq(taken(l, "198.18.0.2:1", 10, S), 3, "another address: its own bucket");
 	cr_expect_eq(taken(l, "[fd00::1]:80", 10, S), 3);
 	cr_expect_eq(taken(l, "[fd00::1]:81", 10, S), 0);
-	cr_expect_eq(taken(l, "fd00::2", 10, S), 3, "a bare IPv6 address is one caller");
-	cr_expect_eq(taken(l, "fd00::2", 10, S), 0);
+	cr_expect_eq(taken(l, "fd00:0:0:1::2", 10, S), 3, "a bare IPv6 address of another /64 is another caller");
+	cr_expect_eq(taken(l, "fd00:0:0:1::3", 10, S), 0);
 	spaced_ratelimit_free(l);
 }
 
@@ -93,5 +94,38 @@ Test(ratelimit, more_callers_than_the_table_holds_stay_bounded)
 	cr_expect_eq(spaced_ratelimit_suppressed_total(l), 5000);
 	cr_expect_null(spaced_ratelimit_new(1, 1, 1, 1, 4), "a table smaller than its probe is refused");
 	cr_expect_null(spaced_ratelimit_new(0, 1, 1, 1, 64), "a rate of 0 is refused");
+	spaced_ratelimit_free(l);
+}
+
+static const char *key_of(const char *caller)
+{
+	static char k[SPACED_CALLER_KEY_MAX];
+	spaced_caller_key(caller, k);
+	return k;
+}
+
+Test(ratelimit, a_caller_is_its_address_and_an_ipv6_one_its_64)
+{
+	cr_expect_str_eq(key_of("198.18.0.1"), "198.18.0.1");
+	cr_expect_str_eq(key_of("198.18.0.1:443"), "198.18.0.1", "the port is not part of it");
+	cr_expect_str_eq(key_of("2001:db8:1:2:3:4:5:6"), "2001:db8:1:2::/64");
+	cr_expect_str_eq(key_of("[2001:db8:1:2:ffff::1]:8080"), "2001:db8:1:2::/64", "any address of the /64, any port");
+	cr_expect_str_neq(key_of("2001:db8:1:3::1"), "2001:db8:1:2::/64", "another /64 is another caller");
+	cr_expect_str_eq(key_of("::ffff:198.18.0.7"), "198.18.0.7", "IPv4-mapped: the IPv4 address");
+	cr_expect_str_eq(key_of("::1"), "::/64");
+	cr_expect_str_eq(key_of("not an address"), "not an address", "anything else as it is");
+	cr_expect_str_eq(key_of(""), "");
+}
+
+Test(ratelimit, the_addresses_of_one_ipv6_64_share_a_bucket)
+{
+	struct spaced_ratelimit *l = spaced_ratelimit_new(1, 3, 1000, 10000, 64);
+	char caller[64];
+	unsigned n = 0;
+	for (int i = 0; i < 100; i++) {
+		snprintf(caller, sizeof caller, "[2001:db8:0:7::%x]:443", i + 1);
+		n += taken(l, caller, 1, S);
+	}
+	cr_expect_eq(n, 3, "a hundred addresses of one /64: one caller's burst");
 	spaced_ratelimit_free(l);
 }
