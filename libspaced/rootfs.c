@@ -409,6 +409,9 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 
 	char type;
 	struct node *src = NULL;
+	struct extent *link_ext = NULL; /* a hard link's: the content of the file it names */
+	size_t link_next = 0;
+	uint64_t link_size = 0;
 	if (hl) {
 		char hbuf[SPACED_TREEHASH_PATH + 1];
 		char *hparts[SPACED_TREEHASH_DEPTH + 1];
@@ -426,6 +429,15 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 		if (!src || src->type != 'f')
 			return failf(why, whysz, SPACED_EFORMAT, "hard link %.200s names %.200s, which is no file of the tree",
 			             path, hl);
+		/* its content is taken now: the entry it replaces below may be that
+		 * file itself, or a directory holding it */
+		link_size = src->size;
+		if (src->next) {
+			if (!(link_ext = malloc(src->next * sizeof *link_ext)))
+				return SPACED_ENOMEM;
+			memcpy(link_ext, src->ext, src->next * sizeof *link_ext);
+			link_next = src->next;
+		}
 		type = 'f';
 	} else {
 		switch (ft) {
@@ -455,10 +467,13 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 	} else {
 		if (found)
 			kid_remove(d, at);
-		if (!(k = node_new(name, type, t->layer)))
+		if (!(k = node_new(name, type, t->layer))) {
+			free(link_ext);
 			return SPACED_ENOMEM;
+		}
 		if ((r = kid_insert(d, at, k)) < 0) {
 			node_free(k);
+			free(link_ext);
 			return r;
 		}
 	}
@@ -481,14 +496,10 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 	}
 	if (type != 'f')
 		return 0;
-	if (src) { /* a hard link: a copy of the file it names */
-		k->size = src->size;
-		if (src->next) {
-			if (!(k->ext = malloc(src->next * sizeof *k->ext)))
-				return SPACED_ENOMEM;
-			memcpy(k->ext, src->ext, src->next * sizeof *k->ext);
-			k->next = k->capext = src->next;
-		}
+	if (hl) { /* a hard link: a copy of the file it names */
+		k->size = link_size;
+		k->ext = link_ext;
+		k->next = k->capext = link_next;
 		return 0;
 	}
 	int64_t size = archive_entry_size(e);
@@ -626,6 +637,17 @@ struct writer {
 	size_t whysz;
 };
 
+/* A file's sparse map: its data extents, or for a file of holes only one
+ * empty extent at its end (without a map its size would be stored as
+ * zeros). */
+static void sparse_map(struct archive_entry *e, const struct extent *x, size_t n, uint64_t size)
+{
+	for (size_t i = 0; i < n; i++)
+		archive_entry_sparse_add_entry(e, (la_int64_t)x[i].off, (la_int64_t)x[i].len);
+	if (n == 0)
+		archive_entry_sparse_add_entry(e, (la_int64_t)size, 0);
+}
+
 static int write_content(struct writer *w, const struct node *n)
 {
 	static const uint8_t zero[READ_BLOCK];
@@ -700,14 +722,19 @@ static int write_node(struct writer *w, const struct node *n, size_t plen)
 		for (size_t i = 0; i < n->next; i++)
 			held += n->ext[i].len;
 		if (held < n->size) /* holes: a sparse map, and only the data is stored */
-			for (size_t i = 0; i < n->next; i++)
-				archive_entry_sparse_add_entry(w->e, (la_int64_t)n->ext[i].off, (la_int64_t)n->ext[i].len);
+			sparse_map(w->e, n->ext, n->next, n->size);
 		break;
 	}
 	if (archive_write_header(w->a, w->e) != ARCHIVE_OK)
 		return failf(w->why, w->whysz, SPACED_EIO, "archive: %s", archive_error_string(w->a));
 	w->info.entries++;
 	if (n->type == 'f') {
+		/* what a worker extracts is held to the same bound as what was
+		 * read (a hard link is a copy here) */
+		if (n->size > w->t->lim.max_bytes - w->info.bytes)
+			return failf(w->why, w->whysz, SPACED_ETOOBIG,
+			             "the tree's files hold more than %llu bytes (each hard link is a copy)",
+			             (unsigned long long)w->t->lim.max_bytes);
 		w->info.bytes += n->size;
 		if ((r = write_content(w, n)) < 0)
 			return r;
@@ -1034,6 +1061,7 @@ out:
 struct packer {
 	struct archive *a;
 	struct archive_entry *e;
+	uint64_t bytes, max_bytes; /* the files' sizes so far, and what a restore takes */
 	char path[SPACED_TREEHASH_PATH + 2];
 	uint8_t *buf;
 	char *why;
@@ -1096,9 +1124,7 @@ static int pack_file(struct packer *k, int dirfd, const char *name, const struct
 	if (fd < 0)
 		return failf(k->why, k->whysz, SPACED_EIO, "open %s: %s", k->path, strerror(errno));
 	uint64_t size = (uint64_t)sb->st_size, pos = 0;
-	struct {
-		uint64_t off, len;
-	} *ext = NULL;
+	struct extent *ext = NULL;
 	size_t next = 0, cap = 0;
 	uint64_t held = 0;
 	int r = 0;
@@ -1130,8 +1156,7 @@ static int pack_file(struct packer *k, int dirfd, const char *name, const struct
 		pos = (uint64_t)hole;
 	}
 	if (held < size)
-		for (size_t i = 0; i < next; i++)
-			archive_entry_sparse_add_entry(k->e, (la_int64_t)ext[i].off, (la_int64_t)ext[i].len);
+		sparse_map(k->e, ext, next, size);
 	if (archive_write_header(k->a, k->e) != ARCHIVE_OK) {
 		r = failf(k->why, k->whysz, SPACED_EIO, "archive: %s", archive_error_string(k->a));
 		goto out;
@@ -1206,8 +1231,17 @@ static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen
 		if (r < 0)
 			return r;
 	}
-	if (S_ISREG(sb.st_mode))
+	if (S_ISREG(sb.st_mode)) {
+		/* a restore takes at most max_bytes of files (their sizes, holes
+		 * included: spaced_rootfs_extract), so no more is packed */
+		if ((uint64_t)sb.st_size > k->max_bytes - k->bytes)
+			return failf(k->why, k->whysz, SPACED_ETOOBIG,
+			             "the files hold more than %llu bytes (sparse files count by their size, each hard "
+			             "link as a copy): %s",
+			             (unsigned long long)k->max_bytes, k->path);
+		k->bytes += (uint64_t)sb.st_size;
 		return pack_file(k, dirfd, name, &sb);
+	}
 	if (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode) || S_ISLNK(sb.st_mode))
 		archive_entry_set_size(k->e, 0);
 	if (archive_write_header(k->a, k->e) != ARCHIVE_OK)
@@ -1223,6 +1257,9 @@ static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen
 int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t whysz)
 {
 	struct packer k = {.why = why, .whysz = whysz};
+	struct spaced_rootfs_limits lim;
+	spaced_rootfs_limits_default(&lim);
+	k.max_bytes = lim.max_bytes;
 	int r = SPACED_ENOMEM, fd = -1;
 	if (!(k.buf = malloc(READ_BLOCK)) || !(k.e = archive_entry_new()) || !(k.a = archive_write_new()))
 		goto out;

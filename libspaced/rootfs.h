@@ -105,7 +105,8 @@ struct spaced_rootfs_info {
 };
 
 /* Writes the tree as a canonical archive to out (created, 0600; replaced
- * when it exists) and computes its hash in the same walk. */
+ * when it exists) and computes its hash in the same walk. SPACED_ETOOBIG
+ * when its files' sizes (each hard link a copy) pass the limits' max_bytes. */
 int spaced_rootfs_write(struct spaced_rootfs *t, const char *out, struct spaced_rootfs_info *info, char *why,
                         size_t whysz);
 
@@ -124,7 +125,8 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
  * at out, in walk order: directories, files (holes kept), symlinks, FIFOs,
  * 0/0 character devices (whiteouts), owners and modes as they are, times,
  * and trusted.overlay.* attributes. Hard links become copies; sockets are
- * skipped. */
+ * skipped. SPACED_ETOOBIG past 8 GiB of files by their sizes (holes and
+ * each hard link's copy included: what spaced_rootfs_extract takes back). */
 int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t whysz);
 
 /* rootfs_oci.c: true when the archive at path holds an OCI image layout

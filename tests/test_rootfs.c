@@ -442,3 +442,102 @@ Test(rootfs, upper_layer_merges_onto_template)
 	sh(ext, "find . -mindepth 1 | sort | tr '\\n' ' '", out, sizeof out);
 	cr_assert_str_eq(out, "./etc ./etc/a ./etc/c ./var ./var/lib ./var/lib/y ");
 }
+
+/* A file of holes only (no data extent) stays holes: a tiny upload or a
+ * sandbox's `truncate -s 1G` once wrote its whole size of zeros into the
+ * canonical archive or the snapshot (disk amplification on the control
+ * plane and the worker). */
+Test(rootfs, a_file_of_holes_only_stays_small)
+{
+	char cmd[1200], src[300], why[512] = "", snap[300], tarp[300];
+	snprintf(cmd, sizeof cmd,
+	         "cd '%s' && mkdir sp && truncate -s 1G sp/hole && tar --sparse --format=pax -cf holes.tar -C sp . && "
+	         "mkdir -p snap/upper/root && truncate -s 1G snap/upper/root/hole && echo identity=x >snap/meta",
+	         dir);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(src, sizeof src, "%s/holes.tar", dir);
+	int err;
+	struct spaced_rootfs_info info;
+	const char *ext = roundtrip(src, &err, why, sizeof why, &info);
+	cr_assert_eq(err, 0, "%s", why);
+	struct stat sb;
+	snprintf(cmd, sizeof cmd, "%s/canon.tar", dir);
+	cr_assert_eq(stat(cmd, &sb), 0);
+	cr_expect_lt(sb.st_size, 1 << 20, "the canonical archive of a 1 GiB hole: %lld bytes", (long long)sb.st_size);
+	snprintf(cmd, sizeof cmd, "%s/hole", ext);
+	cr_assert_eq(stat(cmd, &sb), 0);
+	cr_expect_eq(sb.st_size, 1 << 30, "its size is kept");
+	cr_expect_lt(sb.st_blocks * 512, 1 << 20, "and extracted as a hole");
+	snprintf(snap, sizeof snap, "%s/snap", dir);
+	snprintf(tarp, sizeof tarp, "%s/snap.tar", dir);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(stat(tarp, &sb), 0);
+	cr_expect_lt(sb.st_size, 1 << 20, "a snapshot of a 1 GiB hole: %lld bytes", (long long)sb.st_size);
+}
+
+/* A snapshot packs no more than a restore takes (8 GiB of files, by their
+ * sizes: a sparse file and each hard link count in full), so a sandbox
+ * with a small disk cannot make the worker write terabytes. */
+Test(rootfs, a_snapshot_past_what_a_restore_takes_is_refused)
+{
+	char cmd[1200], why[512] = "", snap[300], tarp[300];
+	snprintf(cmd, sizeof cmd,
+	         "cd '%s' && mkdir -p snap/upper/root && echo identity=x >snap/meta && "
+	         "truncate -s 100G snap/upper/root/huge && printf x | dd of=snap/upper/root/huge bs=1 seek=4096 "
+	         "conv=notrunc 2>/dev/null",
+	         dir);
+	cr_assert_eq(system(cmd), 0);
+	snprintf(snap, sizeof snap, "%s/snap", dir);
+	snprintf(tarp, sizeof tarp, "%s/snap.tar", dir);
+	cr_expect_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+	cr_expect(strstr(why, "huge") != NULL, "the refusal names the file: %s", why);
+	/* 300 hard links of a 32 MiB file: 9.4 GiB as copies */
+	snprintf(cmd, sizeof cmd,
+	         "cd '%s' && rm -rf snap snap.tar && mkdir -p snap/upper/root && echo identity=x >snap/meta && "
+	         "head -c 33554432 /dev/urandom >snap/upper/root/f && for i in $(seq 300); do ln snap/upper/root/f "
+	         "snap/upper/root/l$i; done",
+	         dir);
+	cr_assert_eq(system(cmd), 0);
+	cr_expect_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+}
+
+/* A hard link that names itself (or a directory holding what it names)
+ * replaced the node it was about to copy: read after free. Now it is a copy
+ * of the content as it was. And a tree whose hard links, as copies, pass
+ * the bound is refused when written, not written past it. */
+Test(rootfs, hard_links_to_themselves_and_past_the_bound)
+{
+	char src[300], why[512] = "";
+	static const char data[] = "0123456789abcdef";
+	const struct ent es[] = {E("a", 'f', 0644, 0, 0, data), {"a", 'h', 0644, 0, 0, "a", -1},
+	                         E("d", 'd', 0755, 0, 0, NULL), E("d/x", 'f', 0644, 0, 0, data),
+	                         {"d", 'h', 0644, 0, 0, "d/x", -1}};
+	snprintf(src, sizeof src, "%s/self.tar", dir);
+	mk_tar(src, false, es, sizeof es / sizeof es[0]);
+	int err;
+	struct spaced_rootfs_info info;
+	const char *ext = roundtrip(src, &err, why, sizeof why, &info);
+	cr_assert_eq(err, 0, "%s", why);
+	char out[256];
+	sh(ext, "cat a; echo; cat d", out, sizeof out);
+	cr_expect_str_eq(out, "0123456789abcdef\n0123456789abcdef", "both keep the content they named");
+
+	/* 600 KiB and three links under a 1 MiB bound: read 600 KiB, written 2.4 MiB */
+	char *big = malloc(600 * 1024 + 1);
+	memset(big, 'z', 600 * 1024);
+	big[600 * 1024] = 0;
+	const struct ent ls[] = {E("f", 'f', 0644, 0, 0, big), {"l1", 'h', 0644, 0, 0, "f", -1},
+	                         {"l2", 'h', 0644, 0, 0, "f", -1}, {"l3", 'h', 0644, 0, 0, "f", -1}};
+	snprintf(src, sizeof src, "%s/links.tar", dir);
+	mk_tar(src, false, ls, sizeof ls / sizeof ls[0]);
+	free(big);
+	struct spaced_rootfs *t;
+	struct spaced_rootfs_limits lim = {.max_bytes = 1 << 20, .max_entries = 100};
+	const char *fmt;
+	char canon[300];
+	snprintf(canon, sizeof canon, "%s/links-canon.tar", dir);
+	cr_assert_eq(spaced_rootfs_new(&lim, dir, &t, why, sizeof why), 0);
+	cr_assert_eq(spaced_rootfs_import(t, src, NULL, &fmt, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(spaced_rootfs_write(t, canon, &info, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+	spaced_rootfs_free(t);
+}
