@@ -136,6 +136,7 @@ void spaced_httpsrv_defaults(struct spaced_httpsrv_config *cfg)
 	cfg->head_timeout_ms = 10000;
 	cfg->idle_timeout_ms = 30000;
 	cfg->body_timeout_ms = 30000;
+	cfg->body_min_rate = 1024;
 	cfg->ws_message_max = 1u << 20;
 	cfg->low_water = 65536;
 }
@@ -170,6 +171,20 @@ static void ip_release(struct spaced_httpsrv *s, const char *addr)
 			return;
 		}
 	}
+}
+
+/* used bytes of a body came: its deadline moves 1/min_rate s per byte (at
+ * any rate, body_timeout from now), never past body_timeout from now. */
+static void body_progress(struct spaced_httpconn *c, size_t used)
+{
+	const struct spaced_httpsrv_config *cfg = &c->srv->cfg;
+	uint64_t cap = spaced_mono_ns() + (uint64_t)cfg->body_timeout_ms * 1000000u;
+	if (cfg->body_min_rate == 0) {
+		c->deadline_ns = cap;
+		return;
+	}
+	uint64_t more = (uint64_t)used * 1000000000u / cfg->body_min_rate;
+	c->deadline_ns = c->deadline_ns + more < cap ? c->deadline_ns + more : cap;
 }
 
 /* ---- output ---- */
@@ -879,7 +894,7 @@ static void conn_process(struct spaced_httpconn *c)
 				refuse(c, (int)-used, "SPACED_EPROTO");
 				break;
 			}
-			c->deadline_ns = spaced_mono_ns() + (uint64_t)s->cfg.body_timeout_ms * 1000000u;
+			body_progress(c, (size_t)used);
 			if (dlen && ops->on_body) {
 				/* the slice lives in rbuf: hand it over before consuming */
 				ops->on_body(c, data, dlen);

@@ -89,6 +89,9 @@ struct spaced_httpsrv_config {
 	unsigned head_timeout_ms;  /* a request head must be complete within this of its first byte */
 	unsigned idle_timeout_ms;  /* a kept-alive connection waits this long for the next request */
 	unsigned body_timeout_ms;  /* a body must make progress within this */
+	unsigned body_min_rate;    /* and come at this many bytes a second at least (0: any rate): each
+	                              byte moves its deadline 1/rate s on, never past body_timeout_ms
+	                              from now, so a trickle ends with 408 */
 	size_t ws_message_max;     /* largest WebSocket message a client may send */
 	size_t low_water;          /* on_drain below this many queued bytes */
 	spaced_httpsrv_refusal_fn refusal_body; /* NULL: {"error":"<reason phrase>","code":"<code>"} */
@@ -100,7 +103,8 @@ struct spaced_httpsrv_config {
 
 /* Fills cfg with spaced's defaults: head 16 KiB, target 8 KiB, 100 fields,
  * body 1 MiB, 4096 connections, 256 per address, 10 s for a head, 30 s idle,
- * 30 s without body progress, WebSocket messages of 1 MiB, low water 64 KiB. */
+ * 30 s without body progress and 1 KiB a second at least, WebSocket messages
+ * of 1 MiB, low water 64 KiB. */
 void spaced_httpsrv_defaults(struct spaced_httpsrv_config *cfg);
 
 /* Binds (unless given a listening socket) and starts serving on loop.

@@ -22,7 +22,11 @@
  * flow control; what a worker fetches it checks against the hash it was
  * given, so the store is trusted for availability only. Uploads go to a
  * temporary file first and become visible whole (rename) or not at all;
- * imports run on libuv's thread pool, at most two at once (503 beyond).
+ * imports run on libuv's thread pool, at most two at once (503 beyond, at
+ * the request and again once its upload is in), and a tenant has at most two
+ * uploads or imports in progress (its others 503): one tenant's uploads
+ * cannot fill the store's spool or hold every import. A body must come at
+ * httpsrv's minimum rate (a trickle ends with 408).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -51,6 +55,7 @@
 #define CHUNK (256 * 1024)
 #define HIGH_WATER (2u << 20)
 #define IMPORTS_MAX 2
+#define TENANT_UPLOADS_MAX 2
 
 enum bkind { B_NONE, B_TEMPLATE, B_SNAPSHOT_PUT, B_GET, B_FROM };
 
@@ -62,6 +67,7 @@ struct bconn {
 	char tenant[SPACED_NAME_MAX], name[SPACED_NAME_MAX];
 	uint64_t off, end, got;
 	bool failed, working;
+	bool tenant_held; /* counted in its tenant's uploads (tenant_take) */
 	uv_work_t work;
 	int status;
 	json_t *answer;
@@ -74,8 +80,43 @@ static struct {
 	struct spaced_httpsrv *srv;
 	struct cp_store *st;
 	int imports;
+	struct tenant_uploads {
+		char tenant[SPACED_NAME_MAX];
+		int n;
+	} *uploads; /* tenants with uploads or imports in progress */
+	size_t nuploads;
 	uint8_t buf[CHUNK];
 } B;
+
+/* One more upload (and its import) of tenant's in progress: false when it
+ * has TENANT_UPLOADS_MAX already (or no memory). B.loop's thread only. */
+static bool tenant_take(const char *tenant)
+{
+	for (size_t i = 0; i < B.nuploads; i++)
+		if (strcmp(B.uploads[i].tenant, tenant) == 0) {
+			if (B.uploads[i].n >= TENANT_UPLOADS_MAX)
+				return false;
+			B.uploads[i].n++;
+			return true;
+		}
+	struct tenant_uploads *nu = realloc(B.uploads, (B.nuploads + 1) * sizeof *nu);
+	if (!nu)
+		return false;
+	B.uploads = nu;
+	snprintf(B.uploads[B.nuploads].tenant, sizeof B.uploads[B.nuploads].tenant, "%s", tenant);
+	B.uploads[B.nuploads++].n = 1;
+	return true;
+}
+
+static void tenant_release(const char *tenant)
+{
+	for (size_t i = 0; i < B.nuploads; i++)
+		if (strcmp(B.uploads[i].tenant, tenant) == 0) {
+			if (--B.uploads[i].n == 0)
+				B.uploads[i] = B.uploads[--B.nuploads];
+			return;
+		}
+}
 
 static void reply_json(struct spaced_httpconn *c, int status, json_t *body)
 {
@@ -92,6 +133,8 @@ static void reply_err(struct spaced_httpconn *c, int status, const char *code, c
 
 static void bconn_free(struct bconn *b)
 {
+	if (b->tenant_held)
+		tenant_release(b->tenant);
 	if (b->fd >= 0)
 		close(b->fd);
 	if (b->tmp[0])
@@ -276,6 +319,11 @@ static void on_body_end(struct spaced_httpconn *c)
 		return;
 	}
 	if (b->kind == B_TEMPLATE || b->kind == B_FROM) {
+		/* the bound holds for what runs, whenever its upload ended */
+		if (B.imports >= IMPORTS_MAX) {
+			reply_err(c, 503, "busy", "imports are running: try again shortly");
+			return;
+		}
 		if (b->fd >= 0)
 			close(b->fd);
 		b->fd = -1;
@@ -356,6 +404,10 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 413, "template-too-large", "the archive is larger than this store takes");
 			return;
 		}
+		if (!(b->tenant_held = tenant_take(owner))) {
+			reply_err(c, 503, "busy", "this tenant's uploads are running (two at once): try again shortly");
+			return;
+		}
 		if (open_upload(b) < 0) {
 			reply_err(c, 507, "store", strerror(errno));
 			return;
@@ -376,6 +428,10 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		}
 		if (B.imports >= IMPORTS_MAX) {
 			reply_err(c, 503, "busy", "imports or builds are running: try again shortly");
+			return;
+		}
+		if (!(b->tenant_held = tenant_take(owner))) {
+			reply_err(c, 503, "busy", "this tenant's uploads are running (two at once): try again shortly");
 			return;
 		}
 		snprintf(b->tenant, sizeof b->tenant, "%s", owner);

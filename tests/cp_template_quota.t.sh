@@ -8,6 +8,7 @@
 #  - the same tree under another name counts once: 201;
 #  - GET /v1/quota shows the quota and what the templates hold;
 #  - after a template is removed, the import that did not fit does;
+#  - a tenant has two uploads in progress at most (its third 503), another tenant's goes on;
 #  - eight imports at once, each fitting alone and no two together: one is
 #    named, seven are refused (or told to come back: only so many imports
 #    run at once), one tree stays (the check and the naming are
@@ -63,5 +64,38 @@ expect "eight imports at once: one named" "$("$SC" template ls --json | jq 'leng
 expect "eight imports at once: seven refused (quota-exceeded, or busy past the imports running at once)" \
 	"$(cat "$W"/c*.e | grep -c '429 quota-exceeded\|503 busy')" 7
 expect "eight imports at once: one tree in the store" "$(trees)" 1
+# a tenant's uploads in progress: two at once, its third told to come back (one tenant cannot
+# fill the store's spool or hold every import); another tenant's upload is taken meanwhile
+SPORT=$(cat "$W/cp/store.port")
+TB=$(admin create-tenant beta)
+got=$(python3 - "$SPORT" "$TA" "$TB" <<'PY'
+import socket, sys
+port, ka, kb = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def put(key, name, length, send):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(("PUT /v1/templates/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               "Content-Length: %d\r\n\r\n" % (name, key, length)).encode() + b"\0" * send)
+    return s
+def status(s):
+    data = b""
+    while b"\r\n" not in data:
+        d = s.recv(4096)
+        if not d:
+            return "closed"
+        data += d
+    return data.split(b" ")[1].decode()
+held = [put(ka, "slow%d" % i, 10000000, 1000) for i in range(2)]
+third = put(ka, "slow3", 10000000, 1000)
+other = put(kb, "other", 10000000, 1000)
+other.settimeout(1)
+try:
+    o = status(other)
+except socket.timeout:
+    o = "taken"  # still reading its body: not refused
+print(status(third), o)
+PY
+)
+expect "a tenant's third upload at once is 503 busy; another tenant's is taken" "$got" "503 taken"
+
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

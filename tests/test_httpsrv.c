@@ -3,7 +3,9 @@
  * loopback socket, the loop stepped by the test: a connection refused by the
  * per-address budget is closed and freed cleanly while the accepted one is
  * served, and the addresses of one IPv6 /64 share one budget (in a network
- * namespace of the test's own, fd00::/64 and fd00:0:0:1::/64 on its loopback); the refusal body hook shapes the server's own refusals; a client's
+ * namespace of the test's own, fd00::/64 and fd00:0:0:1::/64 on its loopback);
+ * a body that trickles in below the minimum rate ends with 408 while one
+ * that keeps the rate goes on past the body timeout; the refusal body hook shapes the server's own refusals; a client's
  * ping is answered with a pong and, like a pong, reported through
  * on_ws_control (issue 12).
  */
@@ -34,7 +36,14 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		spaced_httpconn_ws_accept(c, NULL);
 		return;
 	}
+	if (req->body != SPACED_HTTP_BODY_NONE)
+		return; /* answered once the body is in */
 	spaced_httpconn_reply(c, 200, "text/plain", "hi", 2, NULL);
+}
+
+static void on_body_end(struct spaced_httpconn *c)
+{
+	spaced_httpconn_reply(c, 200, "text/plain", "in", 2, NULL);
 }
 
 static void on_ws_control(struct spaced_httpconn *c, uint8_t opcode, const uint8_t *p, size_t n)
@@ -46,7 +55,8 @@ static void on_ws_control(struct spaced_httpconn *c, uint8_t opcode, const uint8
 		controls[ncontrols++] = opcode;
 }
 
-static const struct spaced_httpsrv_ops ops = {.on_request = on_request, .on_ws_control = on_ws_control};
+static const struct spaced_httpsrv_ops ops = {.on_request = on_request, .on_body_end = on_body_end,
+                                              .on_ws_control = on_ws_control};
 
 static size_t refusal(int status, const char *code, char *buf, size_t cap)
 {
@@ -55,6 +65,7 @@ static size_t refusal(int status, const char *code, char *buf, size_t cap)
 }
 
 static const char *listen_host = NULL; /* NULL: the defaults' */
+static unsigned body_timeout_ms, body_min_rate; /* 0: the defaults' */
 
 static void start(unsigned per_ip, spaced_httpsrv_refusal_fn fn)
 {
@@ -64,6 +75,10 @@ static void start(unsigned per_ip, spaced_httpsrv_refusal_fn fn)
 	if (listen_host)
 		cfg.host = listen_host;
 	cfg.port = 0;
+	if (body_timeout_ms)
+		cfg.body_timeout_ms = body_timeout_ms;
+	if (body_min_rate)
+		cfg.body_min_rate = body_min_rate;
 	cfg.max_conns_per_ip = per_ip;
 	cfg.refusal_body = fn;
 	cfg.ops = &ops;
@@ -246,5 +261,53 @@ Test(httpsrv, the_addresses_of_one_ipv6_64_share_one_budget)
 	close(a);
 	close(b);
 	close(c);
+	stop();
+}
+
+/* Sends n bytes of a body to fd in pieces of piece bytes every gap_ms while
+ * stepping the loop; stops early when the server answered (returns the
+ * status line's code, or 0 when it never did before the end). */
+static int trickle(int fd, size_t n, size_t piece, int gap_ms)
+{
+	char buf[4096], chunk[4096];
+	memset(chunk, 'b', sizeof chunk);
+	for (size_t sent = 0; sent < n; sent += piece) {
+		send(fd, chunk, piece < n - sent ? piece : n - sent, MSG_NOSIGNAL);
+		for (int i = 0; i < gap_ms; i++) {
+			uv_run(&loop, UV_RUN_NOWAIT);
+			ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
+			if (got > 0) {
+				buf[got] = 0;
+				int status = 0;
+				sscanf(buf, "HTTP/1.1 %d", &status);
+				return status;
+			}
+			usleep(1000);
+		}
+	}
+	ssize_t got = step_recv(fd, buf, sizeof buf - 1);
+	if (got <= 0)
+		return 0;
+	buf[got] = 0;
+	int status = 0;
+	sscanf(buf, "HTTP/1.1 %d", &status);
+	return status;
+}
+
+Test(httpsrv, a_trickled_body_ends_with_408_a_steady_one_goes_on, .timeout = 60)
+{
+	body_timeout_ms = 2000;
+	body_min_rate = 1000;
+	start(8, NULL);
+	const char head[] = "PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 32000\r\n\r\n";
+	int slow = client(), steady = client();
+	cr_assert_eq(send(slow, head, sizeof head - 1, 0), (ssize_t)(sizeof head - 1));
+	/* 4 bytes a second, each moving the deadline 4 ms: 408 after about 2 s */
+	cr_expect_eq(trickle(slow, 40, 1, 250), 408, "a trickle below the minimum rate");
+	/* 8 KB a second for 4 s, twice the body timeout: it is all taken */
+	cr_assert_eq(send(steady, head, sizeof head - 1, 0), (ssize_t)(sizeof head - 1));
+	cr_expect_eq(trickle(steady, 32000, 2000, 250), 200, "a body at eight times the minimum rate");
+	close(slow);
+	close(steady);
 	stop();
 }
