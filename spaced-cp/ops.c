@@ -949,6 +949,9 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	}
 	/* the limits it runs under, as placement resolved them for this worker */
 	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
+	/* whose it is: a worker shares its streams between tenants */
+	if (col(s, C_TENANT))
+		json_object_set_new(spec, "tenant", json_string(col(s, C_TENANT)));
 	/* where the worker fetches its template (the store's address of now) */
 	cp_template_locate(cp, spec);
 	/* a snapshot in the store is named where the store is now */

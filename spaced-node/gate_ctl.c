@@ -63,6 +63,7 @@ struct ctl_op {
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
+	char tenant[SPACED_NAME_MAX]; /* spec.tenant: whose sandbox it is ("" when not given) */
 	char snapshot[4096], snapshot_hash[80], staged[4096], path[4096];
 	struct mgr_rec rec, old;
 };
@@ -471,6 +472,12 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 			op->res.pids = (uint64_t)json_integer_value(lp);
 		if (template_parse(json_object_get(spec, "template"), op, o) < 0 || config_parse(spec, op, o) < 0)
 			return -1;
+		json_t *tn = json_object_get(spec, "tenant");
+		if (tn && !json_is_null(tn)) {
+			if (!json_is_string(tn) || !spaced_name_valid(json_string_value(tn), json_string_length(tn)))
+				return fail(o, "bad-message", "spec.tenant must be a name");
+			snprintf(op->tenant, sizeof op->tenant, "%s", json_string_value(tn));
+		}
 		json_t *snap = json_object_get(spec, "snapshot"), *sh = json_object_get(spec, "snapshot_hash");
 		if (snap && !json_is_null(snap)) {
 			if (!json_is_string(snap) || json_string_length(snap) >= sizeof op->snapshot ||
@@ -677,6 +684,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		memcpy(op->rec.tmpl, op->tmpl, sizeof op->rec.tmpl);
 		memcpy(op->rec.tmpl_url, op->tmpl_url, sizeof op->rec.tmpl_url);
 		memcpy(op->rec.config, op->config, sizeof op->rec.config);
+		memcpy(op->rec.tenant, op->tenant, sizeof op->rec.tenant);
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
 		if (cur && op->id.generation == cur->r.id.generation) {
 			/* activation (or placement) change of the running execution: it

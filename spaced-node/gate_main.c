@@ -284,6 +284,7 @@ json_t *mgr_status_json(struct mgr *m)
 		json_object_set_new(ro, "resources", spaced_resources_to_json(&r->res));
 		json_object_set_new(ro, "uid_base", json_integer(r->uid_base));
 		json_object_set_new(ro, "template", json_string(r->tmpl));
+		json_object_set_new(ro, "tenant", json_string(r->tenant));
 		json_object_set_new(ro, "pooled", json_boolean(r->exec_name[0] != 0));
 		json_array_append_new(recs, ro);
 	}

@@ -57,6 +57,8 @@ struct gstream {
 	uint16_t gtype;
 	uint64_t epoch;
 	struct spaced_cap cap;  /* for the established-stream comparison (S4) */
+	char owner[SPACED_NAME_MAX + 2]; /* whose share it counts in: "t:TENANT", or "s:SANDBOX"
+	                                  * for a record that names no tenant (stream_refusal) */
 	struct spaced_request req;
 	char protocol[SPACED_PROTOCOL_MAX];
 	char ident[SPACED_IDENTITY_TEXT_MAX];
@@ -378,13 +380,21 @@ static void stream_kill(struct gstream *s)
 	}
 }
 
-/* Why sandbox may not open one more request or stream, NULL when it may.
- * The worker's table (cfg->max_streams) is shared so that no sandbox, and no
- * few, hold all of it: past half of it a sandbox holds at most an eighth;
- * past three quarters only a sandbox holding fewer than a 128th (at least 2)
- * opens more, so a quarter stays for those with a few. A sandbox's own are
- * counted only past half (a walk of the table). */
-static const char *stream_refusal(struct mgr *m, const char *sandbox)
+/* Whose share a stream of rec counts in: its tenant's, or the sandbox's
+ * own when its install named no tenant. */
+static void stream_owner(const struct mgr_rec *rec, char out[SPACED_NAME_MAX + 2])
+{
+	snprintf(out, SPACED_NAME_MAX + 2, "%s:%s", rec->tenant[0] ? "t" : "s",
+	         rec->tenant[0] ? rec->tenant : rec->r.id.sandbox);
+}
+
+/* Why owner (stream_owner) may not open one more request or stream, NULL
+ * when it may. The worker's table (cfg->max_streams) is shared so that no
+ * tenant, and no few, hold all of it: past half of it a tenant holds at most
+ * an eighth; past three quarters only a tenant holding fewer than a 128th
+ * (at least 2) opens more, so a quarter stays for those with a few. A
+ * tenant's own are counted only past half (a walk of the table). */
+static const char *stream_refusal(struct mgr *m, const char *owner)
 {
 	size_t max = m->cfg->max_streams > 0 ? (size_t)m->cfg->max_streams : GATE_MAX_STREAMS, n = m->nstreams;
 	if (n >= max)
@@ -393,11 +403,11 @@ static const char *stream_refusal(struct mgr *m, const char *sandbox)
 		return NULL;
 	size_t held = 0, few = max / 128 < 2 ? 2 : max / 128;
 	for (const struct gstream *s = m->streams; s; s = s->next)
-		held += !s->dead && strcmp(s->cap.id.sandbox, sandbox) == 0;
+		held += !s->dead && strcmp(s->owner, owner) == 0;
 	if (held >= max / 8)
-		return "this sandbox holds too many open requests";
+		return "this tenant holds too many open requests on this worker";
 	if (n >= max - max / 4 && held >= few)
-		return "this sandbox holds too many open requests (the rest is kept for sandboxes with a few)";
+		return "this tenant holds too many open requests on this worker (the rest is kept for those with a few)";
 	return NULL;
 }
 
@@ -801,7 +811,9 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 			send_fail(m, h->id, SPACED_ENOMEM, "out of memory");
 		return 0;
 	}
-	const char *full = stream_refusal(m, sandbox);
+	char owner[SPACED_NAME_MAX + 2];
+	stream_owner(rec, owner);
+	const char *full = stream_refusal(m, owner);
 	if (full) {
 		send_fail(m, h->id, SPACED_EBUSY, full);
 		return 0;
@@ -825,6 +837,7 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	s->gtype = (uint16_t)gtype;
 	s->epoch = rec->r.epoch;
 	s->cap = cap;
+	memcpy(s->owner, owner, sizeof s->owner);
 	s->state = GS_CONNECTING;
 	snprintf(s->protocol, sizeof s->protocol, "%s", protocol);
 	s->req = req;

@@ -44,6 +44,8 @@ struct mgr_rec {
 	uint32_t uid_base;   /* host uid of root inside (substrate mode); 0 when none */
 	char tmpl[65];       /* the template it runs on (its hash), "" for the worker's own /usr and /etc */
 	char tmpl_url[512];  /* where the template is fetched from when it is not in the cache */
+	char tenant[SPACED_NAME_MAX]; /* whose sandbox it is (the install's spec.tenant; "" when not
+	                               * given): streams are shared between tenants (gate_streams.c) */
 	char exec_name[32];  /* a claimed pooled execution: "pool/<id>" (its directory and bridge
 	                      * socket are named after it); "" for one started for this record */
 	char config[MGR_CONFIG_MAX]; /* the sandbox's settings for its guest: {"env","workdir","user"}

@@ -8,12 +8,13 @@
 
 json_t *mgr_rec_to_json(const struct mgr_rec *r)
 {
-	return json_pack("{s:o,s:I,s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:o,s:s,s:s,s:s,s:s}", "identity",
+	return json_pack("{s:o,s:I,s:b,s:s,s:I,s:I,s:I,s:I,s:I,s:o,s:s,s:s,s:s,s:s,s:s}", "identity",
 	                 spaced_identity_to_json(&r->r.id), "epoch", (json_int_t)r->r.epoch, "active", r->r.active,
 	                 "state", r->state, "pid", (json_int_t)r->pid, "pid_start", (json_int_t)r->pid_start, "host_pid",
 	                 (json_int_t)r->host_pid, "host_start", (json_int_t)r->host_start, "uid_base",
 	                 (json_int_t)r->uid_base, "resources", spaced_resources_to_json(&r->res), "template", r->tmpl,
-	                 "template_url", r->tmpl_url, "exec_name", r->exec_name, "config", r->config);
+	                 "template_url", r->tmpl_url, "exec_name", r->exec_name, "config", r->config, "tenant",
+	                 r->tenant);
 }
 
 static int get_u64(json_t *o, const char *k, uint64_t *out)
@@ -64,6 +65,10 @@ int mgr_rec_from_json(json_t *o, struct mgr_rec *out)
 	if (cf && (!json_is_string(cf) || json_string_length(cf) >= sizeof r.config))
 		return SPACED_EINVAL;
 	snprintf(r.config, sizeof r.config, "%s", cf ? json_string_value(cf) : "");
+	json_t *tn = json_object_get(o, "tenant");
+	if (tn && (!json_is_string(tn) || json_string_length(tn) >= sizeof r.tenant))
+		return SPACED_EINVAL;
+	snprintf(r.tenant, sizeof r.tenant, "%s", tn ? json_string_value(tn) : "");
 	*out = r;
 	return 0;
 }

@@ -57,6 +57,8 @@ static const struct {
 	{"template", "TEXT NOT NULL DEFAULT ''"},       {"template_url", "TEXT NOT NULL DEFAULT ''"},
 	/* a claimed pooled execution's directory, the sandbox's settings (issue 13) */
 	{"exec_name", "TEXT NOT NULL DEFAULT ''"},      {"config", "TEXT NOT NULL DEFAULT ''"},
+	/* whose sandbox it is: a worker's streams are shared between tenants */
+	{"tenant", "TEXT NOT NULL DEFAULT ''"},
 };
 
 static int add_missing_columns(sqlite3 *db)
@@ -190,11 +192,11 @@ static int put_rec(struct mgr_store *st, const struct mgr_rec *rec)
 	static const char sql[] =
 		"INSERT INTO records(sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
 		"state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,disk_bytes,"
-		"template,template_url,exec_name,config) "
-		"VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22) "
+		"template,template_url,exec_name,config,tenant) "
+		"VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23) "
 		"ON CONFLICT(sandbox) DO UPDATE SET generation=?2,worker=?3,substrate=?4,activation=?5,"
 		"pod_uid=?6,epoch=?7,active=?8,state=?9,pid=?10,pid_start=?11,host_pid=?12,host_start=?13,"
-		"uid_base=?14,cpu_milli=?15,memory_bytes=?16,pids=?17,disk_bytes=?18,template=?19,template_url=?20,exec_name=?21,config=?22";
+		"uid_base=?14,cpu_milli=?15,memory_bytes=?16,pids=?17,disk_bytes=?18,template=?19,template_url=?20,exec_name=?21,config=?22,tenant=?23";
 	const struct spaced_identity *id = &rec->r.id;
 	sqlite3_stmt *s = stmt_of(st, ST_PUT, sql);
 	if (!s)
@@ -221,6 +223,7 @@ static int put_rec(struct mgr_store *st, const struct mgr_rec *rec)
 	sqlite3_bind_text(s, 20, rec->tmpl_url, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 21, rec->exec_name, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 22, rec->config, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 23, rec->tenant, -1, SQLITE_STATIC);
 	return stmt_run(s);
 }
 
@@ -392,7 +395,7 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 	if (sqlite3_prepare_v2(st->db,
 	                       "SELECT sandbox,generation,worker,substrate,activation,pod_uid,epoch,active,"
 	                       "state,pid,pid_start,host_pid,host_start,uid_base,cpu_milli,memory_bytes,pids,"
-	                       "disk_bytes,template,template_url,exec_name,config FROM records ORDER BY sandbox",
+	                       "disk_bytes,template,template_url,exec_name,config,tenant FROM records ORDER BY sandbox",
 	                       -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -420,6 +423,7 @@ int mgr_store_foreach(struct mgr_store *st, int (*cb)(void *arg, const struct mg
 		col_text(s, 19, r.tmpl_url, sizeof r.tmpl_url);
 		col_text(s, 20, r.exec_name, sizeof r.exec_name);
 		col_text(s, 21, r.config, sizeof r.config);
+		col_text(s, 22, r.tenant, sizeof r.tenant);
 		if (cb(arg, &r))
 			break;
 	}

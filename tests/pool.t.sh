@@ -210,5 +210,9 @@ expect "the worker said the claim failed and started one" \
 	"$([ "$(grep -c 'event=pool-claim-failed' "$D/worker-1.log")" -ge 1 ] && echo yes)" yes
 
 expect "the pool stays within --pool-max per key (64)" "$(status '[.pool.keys[].ready] | max <= 64')" true
+# the control plane names each sandbox's tenant in its install: a claimed execution keeps it (the
+# worker shares its streams between tenants by it)
+expect "the claimed sandbox's record names its tenant" \
+	"$(status "[.records[] | select(.identity.sandbox == \"$Z\") | .tenant | startswith(\"ten-\")] | .[0]")" true
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

@@ -628,7 +628,7 @@ Test(node, one_sandbox_cannot_hold_every_stream, .timeout = 180)
 	struct tn_resp r;
 	cr_assert_eq(tn_http(A.port, "GET", "/v1/sandboxes/H1/stat?path=/", caps[0], NULL, 0, &r), 0);
 	cr_expect_eq(r.status, 503, "its next request too: %d %s", r.status, r.body ? r.body : "");
-	cr_expect(r.body && strstr(r.body, "this sandbox holds too many open requests"), "%s", r.body ? r.body : "");
+	cr_expect(r.body && strstr(r.body, "holds too many open requests"), "%s", r.body ? r.body : "");
 	tn_resp_free(&r);
 	got = open_until_refused(ws, open, 64 - open, "H2", caps[1], why, sizeof why);
 	cr_expect_eq(got, 8, "past half, a sandbox holds an eighth (%d: %s)", got, why);
@@ -653,6 +653,54 @@ Test(node, one_sandbox_cannot_hold_every_stream, .timeout = 180)
 	free(ws);
 	for (int i = 0; i < 5; i++)
 		free(caps[i]);
+}
+
+/* The share is a tenant's when installs name it (spec.tenant): a tenant's
+ * many sandboxes hold half the table together, not half and an eighth each;
+ * another tenant's sandbox is served. */
+Test(node, one_tenant_cannot_hold_every_stream, .timeout = 180)
+{
+	A.max_streams = 64;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	const char *names[] = {"H1", "H2", "H3", "V"};
+	char *caps[4];
+	for (int i = 0; i < 4; i++) {
+		json_t *a = tn_install_tenant(&A, names[i], 1, "act-1", i < 3 ? "ten-hostile" : "ten-victim");
+		cr_assert(tn_ok(a), "install %s", names[i]);
+		json_decref(a);
+		caps[i] = strdup(CAP(.sandbox = names[i], .generation = 1, .worker = "worker-a"));
+	}
+	struct tn_ws *ws = calloc(48, sizeof *ws);
+	cr_assert_not_null(ws);
+	char why[128];
+	int open = 0, got;
+	got = open_until_refused(ws, open, 40, "H1", caps[0], why, sizeof why);
+	cr_expect_eq(got, 32, "the tenant's first sandbox: half of the 64 (%d: %s)", got, why);
+	open += got;
+	got = open_until_refused(ws, open, 4, "H2", caps[1], why, sizeof why);
+	cr_expect_eq(got, 0, "its second: nothing more, the tenant holds its share (%d)", got);
+	open += got;
+	got = open_until_refused(ws, open, 4, "H3", caps[2], why, sizeof why);
+	cr_expect_eq(got, 0, "nor its third (%d)", got);
+	open += got;
+	got = open_until_refused(ws, open, 4, "V", caps[3], why, sizeof why);
+	cr_expect_eq(got, 4, "another tenant's sandbox is served (%d: %s)", got, why);
+	open += got;
+	json_t *st = tn_admin(&A, "{\"type\":\"status\"}");
+	json_t *recs = json_object_get(json_object_get(st, "result"), "records");
+	size_t i;
+	json_t *r;
+	int tenants = 0;
+	json_array_foreach(recs, i, r)
+		tenants += json_is_string(json_object_get(r, "tenant")) &&
+		           strncmp(json_string_value(json_object_get(r, "tenant")), "ten-", 4) == 0;
+	cr_expect_eq(tenants, 4, "each record keeps its tenant");
+	json_decref(st);
+	for (int k = 0; k < open; k++)
+		tn_ws_close(&ws[k]);
+	free(ws);
+	for (int k = 0; k < 4; k++)
+		free(caps[k]);
 }
 
 /* S3: an ownership handoff keeps streams and unexpired capabilities. */

@@ -282,6 +282,17 @@ static json_t *tn_install(const struct tn_node *n, const char *sandbox, uint64_t
 	                sandbox, (unsigned long long)gen, n->worker, act, handoff ? "true" : "false");
 }
 
+/* An install whose spec names the sandbox's tenant. */
+static json_t *tn_install_tenant(const struct tn_node *n, const char *sandbox, uint64_t gen, const char *act,
+                                 const char *tenant)
+{
+	return tn_admin(n,
+	                "{\"type\":\"install\",\"identity\":{\"sandbox\":\"%s\",\"generation\":%llu,"
+	                "\"worker\":\"%s\",\"substrate\":\"process\",\"activation\":\"%s\",\"pod_uid\":null},"
+	                "\"handoff\":false,\"spec\":{\"tenant\":\"%s\"}}",
+	                sandbox, (unsigned long long)gen, n->worker, act, tenant);
+}
+
 static json_t *tn_deactivate(const struct tn_node *n, const char *sandbox, uint64_t gen, const char *act,
                              bool keep)
 {
