@@ -36,6 +36,7 @@
 #include "node.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <libgen.h>
 #include <signal.h>
@@ -414,6 +415,46 @@ static char *default_guest(void)
 	return realpath(path, NULL);
 }
 
+/* STATE/guest/spaced-guest: a copy of guest, root's, mode 0511 (execute only
+ * for anyone else), made afresh at each start (replaced by rename: running
+ * executions keep the one they mapped). Its path (malloc'd), NULL after a
+ * message on failure. */
+static char *guest_sealed(const char *guest, const char *state)
+{
+	char dir[PATH_MAX], tmp[PATH_MAX + 32], *out = NULL;
+	snprintf(dir, sizeof dir, "%s/guest", state);
+	snprintf(tmp, sizeof tmp, "%s/.spaced-guest.tmp", dir);
+	int in = open(guest, O_RDONLY | O_CLOEXEC), fd = -1;
+	struct stat sb;
+	if (in < 0 || fstat(in, &sb) < 0 || (mkdir(dir, 0755) < 0 && errno != EEXIST) ||
+	    (unlink(tmp) < 0 && errno != ENOENT) || (fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0500)) < 0)
+		goto fail;
+	for (off_t done = 0; done < sb.st_size;) {
+		ssize_t n = copy_file_range(in, NULL, fd, NULL, (size_t)(sb.st_size - done), 0);
+		if (n <= 0)
+			goto fail;
+		done += n;
+	}
+	if (fchown(fd, 0, 0) < 0 || fchmod(fd, 0511) < 0 || fsync(fd) < 0 || close(fd) < 0) {
+		fd = -1;
+		goto fail;
+	}
+	fd = -1;
+	if (asprintf(&out, "%s/spaced-guest", dir) < 0 || rename(tmp, out) < 0)
+		goto fail;
+	close(in);
+	return out;
+fail:
+	fprintf(stderr, "spaced-node: cannot make the executions' copy of %s in %s: %s\n", guest, dir, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	if (in >= 0)
+		close(in);
+	unlink(tmp);
+	free(out);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "net-down") == 0)
@@ -690,6 +731,17 @@ int main(int argc, char **argv)
 	if (!state_abs) {
 		fprintf(stderr, "spaced-node: %s: %s\n", state, strerror(errno));
 		return 1;
+	}
+	/* executions run a copy of the guest that they can execute and not read:
+	 * the kernel then makes the guest undumpable, its memory owned by the
+	 * host's user namespace, so the sandbox's root can neither ptrace it nor
+	 * read its memory nor take its descriptors (pidfd_getfd) */
+	char *sealed = launch && guest ? guest_sealed(guest, state_abs) : NULL;
+	if (launch && guest && !sealed)
+		return 1;
+	if (sealed) {
+		free(guest);
+		guest = sealed;
 	}
 	char port_file[PATH_MAX];
 	snprintf(port_file, sizeof port_file, "%s/api.port", state_abs);
