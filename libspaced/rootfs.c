@@ -122,8 +122,15 @@ static size_t kid_find(const struct node *d, const char *name, bool *found)
 	return lo;
 }
 
+/* Entries one directory holds at most: each insert keeps its children sorted
+ * (a move of those after it), so an archive of millions of names in one
+ * directory in reverse order would cost quadratic time. */
+#define DIR_ENTRIES_MAX 100000
+
 static int kid_insert(struct node *d, size_t at, struct node *k)
 {
+	if (d->nkids >= DIR_ENTRIES_MAX)
+		return SPACED_ETOOBIG;
 	if (d->nkids == d->capkids) {
 		size_t nc = d->capkids ? d->capkids * 2 : 8;
 		struct node **nk = realloc(d->kids, nc * sizeof *nk);
@@ -195,9 +202,12 @@ static int walk_parent(struct spaced_rootfs *t, char **parts, size_t n, struct n
 		size_t at = kid_find(d, parts[i], &found);
 		if (!found) {
 			struct node *k = node_new(parts[i], 'd', t->layer);
-			if (!k || kid_insert(d, at, k) < 0) {
+			int r = k ? kid_insert(d, at, k) : SPACED_ENOMEM;
+			if (r < 0) {
 				node_free(k);
-				return SPACED_ENOMEM;
+				return r == SPACED_ETOOBIG ? failf(why, whysz, r, "a directory holds more than %d entries",
+				                                   DIR_ENTRIES_MAX)
+				                           : r;
 			}
 			d = k;
 			continue;
@@ -474,7 +484,9 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 		if ((r = kid_insert(d, at, k)) < 0) {
 			node_free(k);
 			free(link_ext);
-			return r;
+			return r == SPACED_ETOOBIG
+			               ? failf(why, whysz, r, "a directory holds more than %d entries", DIR_ENTRIES_MAX)
+			               : r;
 		}
 	}
 	k->layer = t->layer;

@@ -23,8 +23,8 @@
  * given, so the store is trusted for availability only. Uploads go to a
  * temporary file first and become visible whole (rename) or not at all;
  * imports run on libuv's thread pool, at most two at once (503 beyond, at
- * the request and again once its upload is in), and a tenant has at most two
- * uploads or imports in progress (its others 503): one tenant's uploads
+ * the request and again once its upload is in), and a tenant has one upload
+ * or import in progress at most (its others 503): one tenant's uploads
  * cannot fill the store's spool or hold every import. A body must come at
  * httpsrv's minimum rate (a trickle ends with 408).
  */
@@ -55,7 +55,7 @@
 #define CHUNK (256 * 1024)
 #define HIGH_WATER (2u << 20)
 #define IMPORTS_MAX 2
-#define TENANT_UPLOADS_MAX 2
+#define TENANT_UPLOADS_MAX 1 /* so that one tenant never holds every import */
 
 enum bkind { B_NONE, B_TEMPLATE, B_SNAPSHOT_PUT, B_GET, B_FROM };
 
@@ -405,7 +405,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			return;
 		}
 		if (!(b->tenant_held = tenant_take(owner))) {
-			reply_err(c, 503, "busy", "this tenant's uploads are running (two at once): try again shortly");
+			reply_err(c, 503, "busy", "this tenant's upload is running (one at a time): try again shortly");
 			return;
 		}
 		if (open_upload(b) < 0) {
@@ -431,7 +431,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			return;
 		}
 		if (!(b->tenant_held = tenant_take(owner))) {
-			reply_err(c, 503, "busy", "this tenant's uploads are running (two at once): try again shortly");
+			reply_err(c, 503, "busy", "this tenant's upload is running (one at a time): try again shortly");
 			return;
 		}
 		snprintf(b->tenant, sizeof b->tenant, "%s", owner);

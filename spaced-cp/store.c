@@ -73,6 +73,8 @@ static const struct {
 	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},
 	/* the template a sandbox runs on (its hash; NULL: the worker's own /usr and /etc) */
 	{"sandboxes", "template_hash", "TEXT"},
+	/* a build step's tree's archive bytes (counted in its tenant's templates quota) */
+	{"build_steps", "bytes", "BIGINT NOT NULL DEFAULT 0"},
 	/* paused by the idle timeout (an auto-resume sandbox is resumed by its next route) */
 	{"sandboxes", "idle_paused", "BIGINT NOT NULL DEFAULT 0"},
 	/* where the serving execution's ServicePort gateway listens on its worker (0: none) */

@@ -85,7 +85,8 @@ int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
 {
 	struct cp_rows *rows = NULL;
 	int r = CP_Q(st, &rows, NULL,
-	             "SELECT COALESCE(SUM(b), 0) FROM (SELECT hash, MAX(bytes) AS b FROM templates WHERE tenant = $1 "
+	             "SELECT COALESCE(SUM(b), 0) FROM (SELECT hash, MAX(bytes) AS b FROM (SELECT hash, bytes FROM "
+	             "templates WHERE tenant = $1 UNION ALL SELECT hash, bytes FROM build_steps WHERE tenant = $1) AS u "
 	             "GROUP BY hash) AS t",
 	             tenant);
 	if (r == 0)
@@ -94,21 +95,22 @@ int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
 	return r;
 }
 
-/* Names a template of tenant's: name → the tree hash of bytes (entries,
- * config text cfg or NULL, source), within the tenant's templates quota: the
- * trees its templates name, each once. The check and the insert are one
- * transaction under the tenant's row lock (cp_quota_usage's), so concurrent
- * imports and namings of one tenant are counted one after the other, as its
- * creates are. 201 with *answer unset when named; else the status (429
- * quota-exceeded, 409 template-exists, 503 store) with *answer. */
-static int template_insert(struct cp *cp, struct cp_store *st, const char *tenant, const char *name,
-                           const char *hash, int64_t bytes, int64_t entries, const char *cfg, const char *source,
-                           json_t **answer)
+#define TEMPLATE_NAMES_MAX 1000 /* a tenant's template names (each holds a row and its settings) */
+
+/* Opens a transaction under the tenant's row lock (cp_quota_usage's) and
+ * checks that one more tree of bytes (hash) fits its templates quota: the
+ * trees its templates and its recorded build steps name, each once; with
+ * naming, also that it has fewer than TEMPLATE_NAMES_MAX names. 0 with the
+ * transaction open (the caller inserts and commits); else the status (429
+ * quota-exceeded, 503 store) with *answer, the transaction rolled back.
+ * Concurrent imports, namings and build steps of one tenant are so counted
+ * one after the other, as its creates are. */
+static int templates_quota_locked(struct cp *cp, struct cp_store *st, const char *tenant, const char *hash,
+                                  int64_t bytes, bool naming, json_t **answer)
 {
 	struct cp_quota limit, used;
 	struct cp_rows *rows = NULL;
 	int64_t cur = 0;
-	char now[24], b[24], e[24];
 	int r = cp_store_begin(st);
 	if (r < 0) {
 		*answer = cp_error("store", spaced_strerror(r));
@@ -118,42 +120,68 @@ static int template_insert(struct cp *cp, struct cp_store *st, const char *tenan
 	if (r == 0)
 		r = cp_templates_held(st, tenant, &cur);
 	if (r == 0)
-		r = CP_Q(st, &rows, NULL, "SELECT COUNT(*) FROM templates WHERE tenant = $1 AND hash = $2", tenant, hash);
-	if (r < 0)
-		goto store;
-	int64_t want = cp_rows_i64(rows, 0, 0, 0) > 0 ? 0 : bytes;
+		r = CP_Q(st, &rows, NULL,
+		         "SELECT (SELECT COUNT(*) FROM templates WHERE tenant = $1 AND hash = $2) + "
+		         "(SELECT COUNT(*) FROM build_steps WHERE tenant = $1 AND hash = $2), "
+		         "(SELECT COUNT(*) FROM templates WHERE tenant = $1)",
+		         tenant, hash);
+	if (r < 0) {
+		cp_rows_free(rows);
+		cp_store_rollback(st);
+		*answer = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	int64_t want = cp_rows_i64(rows, 0, 0, 0) > 0 ? 0 : bytes, names = cp_rows_i64(rows, 0, 1, 0);
 	cp_rows_free(rows);
-	rows = NULL;
+	char m[200];
 	if (limit.templates > 0 && cur + want > limit.templates) {
 		cp_store_rollback(st);
-		char m[200];
 		snprintf(m, sizeof m,
-		         "the tenant's templates_bytes quota is %lld; its templates hold %lld and this one %lld more",
+		         "the tenant's templates_bytes quota is %lld; its templates and build steps hold %lld and this "
+		         "one %lld more",
 		         (long long)limit.templates, (long long)cur, (long long)want);
 		*answer = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota",
 		                    "templates_bytes", "limit", (json_int_t)limit.templates, "used", (json_int_t)cur,
 		                    "requested", (json_int_t)want);
 		return 429;
 	}
-	r = CP_Q(st, NULL, NULL,
-	         "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
-	         "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-	         tenant, name, hash, cp_i64(b, bytes), cp_i64(e, entries), cfg, source, cp_i64(now, spaced_now()));
+	if (naming && names >= TEMPLATE_NAMES_MAX) {
+		cp_store_rollback(st);
+		snprintf(m, sizeof m, "a tenant has at most %d templates (spacectl template rm some)", TEMPLATE_NAMES_MAX);
+		*answer = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "error", "quota-exceeded", "message", m, "quota",
+		                    "templates", "limit", (json_int_t)TEMPLATE_NAMES_MAX, "used", (json_int_t)names,
+		                    "requested", (json_int_t)1);
+		return 429;
+	}
+	return 0;
+}
+
+/* Names a template of tenant's: name → the tree hash of bytes (entries,
+ * config text cfg or NULL, source), within its templates quota
+ * (templates_quota_locked). 201 with *answer unset when named; else the
+ * status (429 quota-exceeded, 409 template-exists, 503 store) with *answer. */
+static int template_insert(struct cp *cp, struct cp_store *st, const char *tenant, const char *name,
+                           const char *hash, int64_t bytes, int64_t entries, const char *cfg, const char *source,
+                           json_t **answer)
+{
+	char now[24], b[24], e[24];
+	int status = templates_quota_locked(cp, st, tenant, hash, bytes, true, answer);
+	if (status != 0)
+		return status;
+	int r = CP_Q(st, NULL, NULL,
+	             "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created) "
+	             "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+	             tenant, name, hash, cp_i64(b, bytes), cp_i64(e, entries), cfg, source, cp_i64(now, spaced_now()));
 	if (r == SPACED_EEXIST) {
 		cp_store_rollback(st);
 		*answer = cp_error("template-exists", "a template of this name exists (templates are immutable: "
 		                                      "spacectl template rm it first)");
 		return 409;
 	}
-	if (r == 0) {
-		if ((r = cp_store_commit(st)) == 0)
-			return 201;
-		goto out; /* a failed commit rolls back */
-	}
-store:
-	cp_rows_free(rows);
-	cp_store_rollback(st);
-out:
+	if (r == 0 && (r = cp_store_commit(st)) == 0)
+		return 201;
+	if (r != 0)
+		cp_store_rollback(st); /* (a failed commit rolled back already; again is harmless) */
 	*answer = cp_error("store", spaced_strerror(r));
 	return 503;
 }
@@ -374,14 +402,20 @@ static void touch_step(struct cp_store *st, const char *tenant, const char *pare
 	cp_store_relaxed(st, 0);
 }
 
-static int record_step(struct cp_store *st, const char *tenant, const char *parent, const char *step,
+/* Records a build step (its tree's archive bytes count in the tenant's
+ * templates quota, cp_templates_held). */
+static int record_step(struct cp *cp, struct cp_store *st, const char *tenant, const char *parent, const char *step,
                        const char *hash, const char *config)
 {
-	char now[24];
+	char now[24], b[24], p[PATH_MAX];
+	struct stat sb;
+	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+	int64_t bytes = stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
 	return CP_Q(st, NULL, NULL,
-	            "INSERT INTO build_steps (tenant, parent, step, hash, config, created) VALUES ($1, $2, $3, $4, $5, $6) "
-	            "ON CONFLICT (tenant, parent, step) DO UPDATE SET hash = $4, config = $5, created = $6",
-	            tenant, parent, step, hash, config, cp_i64(now, spaced_now()));
+	            "INSERT INTO build_steps (tenant, parent, step, hash, config, created, bytes) "
+	            "VALUES ($1, $2, $3, $4, $5, $6, $7) "
+	            "ON CONFLICT (tenant, parent, step) DO UPDATE SET hash = $4, config = $5, created = $6, bytes = $7",
+	            tenant, parent, step, hash, config, cp_i64(now, spaced_now()), cp_i64(b, bytes));
 }
 
 /* Builds a minimal Debian suite with mmdebstrap into a tarball, then a tree. */
@@ -489,7 +523,7 @@ int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
 			return 502;
 		}
-		if ((r = record_step(st, "", "", step, hash, "{}")) < 0) {
+		if ((r = record_step(cp, st, "", "", step, hash, "{}")) < 0) {
 			*out = cp_error("store", spaced_strerror(r));
 			return 503;
 		}
@@ -573,9 +607,23 @@ static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, 
 		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
 		return r == SPACED_ETOOBIG ? 413 : 422;
 	}
+	/* the step's tree counts in the tenant's templates quota: past it the
+	 * step is not recorded and its tree leaves the store (unless named) */
+	char p[PATH_MAX];
+	struct stat sb;
+	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+	int64_t bytes = stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
+	if ((status = templates_quota_locked(cp, st, tenant, hash, bytes, false, out)) != 0) {
+		template_gc(cp, st, hash);
+		return status;
+	}
 	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS);
-	r = record_step(st, tenant, parent, step, hash, cfg);
+	r = record_step(cp, st, tenant, parent, step, hash, cfg);
 	free(cfg);
+	if (r == 0)
+		r = cp_store_commit(st);
+	else
+		cp_store_rollback(st);
 	if (r < 0) {
 		*out = cp_error("store", spaced_strerror(r));
 		return 503;
