@@ -24,7 +24,7 @@ for t in "$build"/tests/test-*; do
 	case "$t" in *.p|*.sh) continue ;; esac
 	name=$(basename "$t")
 	log="$log_dir/$name.log"
-	"$t" --jobs 2 >"$log" 2>&1
+	LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$top/tests/lsan.supp" "$t" --jobs 2 >"$log" 2>&1
 	rc=$?
 	line=$(grep 'Synthesis:' "$log" | tail -n 1)
 	tested=$(echo "$line" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')

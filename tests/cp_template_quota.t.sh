@@ -8,11 +8,11 @@
 #  - the same tree under another name counts once: 201;
 #  - GET /v1/quota shows the quota and what the templates hold;
 #  - after a template is removed, the import that did not fit does;
-#  - a tenant has two uploads in progress at most (its third 503), another tenant's goes on;
+#  - a tenant has one upload in progress at a time (its second 503), another tenant's goes on;
 #  - eight imports at once, each fitting alone and no two together: one is
-#    named, seven are refused (or told to come back: only so many imports
-#    run at once), one tree stays (the check and the naming are
-#    one transaction under the tenant's lock; unlocked, several passed).
+#    named, seven are refused (or told to come back: a tenant imports one at
+#    a time), one tree stays (and the check and the naming are one
+#    transaction under the tenant's lock: unlocked, several passed).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -64,7 +64,7 @@ expect "eight imports at once: one named" "$("$SC" template ls --json | jq 'leng
 expect "eight imports at once: seven refused (quota-exceeded, or busy past the imports running at once)" \
 	"$(cat "$W"/c*.e | grep -c '429 quota-exceeded\|503 busy')" 7
 expect "eight imports at once: one tree in the store" "$(trees)" 1
-# a tenant's uploads in progress: two at once, its third told to come back (one tenant cannot
+# a tenant's uploads in progress: one at a time, its second told to come back (one tenant cannot
 # fill the store's spool or hold every import); another tenant's upload is taken meanwhile
 SPORT=$(cat "$W/cp/store.port")
 TB=$(admin create-tenant beta)
@@ -84,8 +84,8 @@ def status(s):
             return "closed"
         data += d
     return data.split(b" ")[1].decode()
-held = [put(ka, "slow%d" % i, 10000000, 1000) for i in range(2)]
-third = put(ka, "slow3", 10000000, 1000)
+held = [put(ka, "slow%d" % i, 10000000, 1000) for i in range(1)]
+third = put(ka, "slow2", 10000000, 1000)
 other = put(kb, "other", 10000000, 1000)
 other.settimeout(1)
 try:
@@ -95,7 +95,7 @@ except socket.timeout:
 print(status(third), o)
 PY
 )
-expect "a tenant's third upload at once is 503 busy; another tenant's is taken" "$got" "503 taken"
+expect "a tenant's second upload at once is 503 busy; another tenant's is taken" "$got" "503 taken"
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

@@ -21,6 +21,7 @@ for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-nod
 	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
 done
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
@@ -114,6 +115,23 @@ printf 'FROM plain\nRUN cat /usr/bin/cat >/usr/bin/setid && chmod 4755 /usr/bin/
 "$SC" template build setid -f "$W/Setid" >"$W/setid.out" 2>&1 || fail "build with a setuid file"
 S=$("$SC" create --template setid)
 expect "a setuid bit made by RUN is cleared in the tree" "$("$SC" exec "$S" -- stat -c %a /usr/bin/setid)" 755
+
+# ---- a build step's tree counts in the templates quota ----
+used=$("$SC" quota --json | jq -r '.used.templates_bytes')
+steps() { sqlite3 -cmd ".timeout 5000" "$D/cp/cp.db" "SELECT COUNT(*) FROM build_steps"; }
+trees() { ls "$D/cp/store/templates" | grep -c '\.tar$'; }
+steps0=$(steps)
+trees0=$(trees)
+"$CP" admin --state "$D/cp" set-quota dev templates=$((used + 200000)) >/dev/null
+# (the plain template has cat and sh: thirty copies of its /usr/bin, a few MB)
+printf 'FROM plain\nRUN i=0; while [ $i -lt 30 ]; do cat /usr/bin/*; i=$((i + 1)); done >/big\n' >"$W/Bigfile"
+"$SC" template build big -f "$W/Bigfile" >"$W/big.out" 2>&1
+expect "a build step past the templates quota fails the build" "$?" 1
+expect "with quota-exceeded" "$(grep -q 'quota-exceeded' "$W/big.out" && echo yes)" yes
+expect "and names no template" "$("$SC" template ls --json | jq -r '[.[].name] | index("big")')" null
+expect "the step past the quota is not recorded (no sandbox can be made on it by its hash)" "$(steps)" "$steps0"
+expect "and its tree left the store" "$(trees)" "$trees0"
+"$CP" admin --state "$D/cp" set-quota dev templates=50G >/dev/null
 
 # ---- tampered in a worker's cache: refused, fetched again ----
 H=$(jq -r .hash "$W/plain.json")
