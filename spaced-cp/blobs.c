@@ -404,6 +404,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 413, "template-too-large", "the archive is larger than this store takes");
 			return;
 		}
+		snprintf(b->tenant, sizeof b->tenant, "%s", owner); /* before tenant_take: bconn_free releases it */
 		if (!(b->tenant_held = tenant_take(owner))) {
 			reply_err(c, 503, "busy", "this tenant's upload is running (one at a time): try again shortly");
 			return;
@@ -412,7 +413,6 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 507, "store", strerror(errno));
 			return;
 		}
-		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
 		snprintf(b->name, sizeof b->name, "%s", seg[2]);
 		b->kind = B_TEMPLATE;
 		spaced_httpconn_body_max(c, B.cp->template_max);
@@ -430,11 +430,11 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 503, "busy", "imports or builds are running: try again shortly");
 			return;
 		}
+		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
 		if (!(b->tenant_held = tenant_take(owner))) {
 			reply_err(c, 503, "busy", "this tenant's upload is running (one at a time): try again shortly");
 			return;
 		}
-		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
 		b->kind = B_FROM;
 		spaced_buf_init(&b->body, 4096);
 		spaced_httpconn_body_max(c, 4096);

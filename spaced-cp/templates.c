@@ -80,7 +80,6 @@ void cp_template_locate(struct cp *cp, json_t *spec)
 	json_object_set_new(t, "url", json_string(url));
 }
 
-
 int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
 {
 	struct cp_rows *rows = NULL;
