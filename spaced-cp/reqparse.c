@@ -11,6 +11,7 @@
 
 #include "cap.h"
 #include "error.h"
+#include "guest_proto.h"
 
 static int fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errsz, const char *fmt, ...)
@@ -355,6 +356,11 @@ int cp_parse_route(const char *body, size_t len, struct cp_route_req *out, char 
 		}
 		if (get_int(o, "port", 1, 65535, &port, err, errsz) < 0)
 			goto out;
+		if (port == SPACED_GUEST_API_PORT) {
+			/* the guest's own API: no gateway forwards to it, so no capability is issued */
+			fail(err, errsz, "port %d is the sandbox agent's own: it cannot be exposed", SPACED_GUEST_API_PORT);
+			goto out;
+		}
 		rt.port = (uint16_t)port;
 		strcpy(rt.protocol, "tcp");
 		if (v != NULL) {

@@ -106,6 +106,9 @@ Test(cp_parse, route_purposes_and_serviceport_profile)
 	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\",\"exec\"],\"port\":1}"), &r, err, sizeof err), 0);
 	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"exec\"],\"port\":1}"), &r, err, sizeof err), 0);
 	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":0}"), &r, err, sizeof err), 0);
+	/* the guest's own API port is never exposed (its gateway would refuse it anyway) */
+	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":1024}"), &r, err, sizeof err), 0);
+	cr_assert(strstr(err, "1024") != NULL, "%s", err);
 	cr_assert_lt(cp_parse_route(S("{\"purposes\":[\"serviceport\"],\"port\":1,\"protocol\":\"ftp\"}"), &r, err,
 	                            sizeof err), 0);
 	cr_assert_lt(cp_parse_route(S("{\"purposes\":[]}"), &r, err, sizeof err), 0);
