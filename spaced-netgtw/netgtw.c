@@ -512,6 +512,15 @@ static void reply(struct conn *c, int status, const char *extra_headers, const c
 	                 status, spaced_http_reason(status), strlen(json), extra_headers ? extra_headers : "", json);
 	if (n > 0)
 		send_all(c, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+	/* what the client sent and nobody read would make the close a reset,
+	 * which can discard this answer before the client reads it (a 431 for
+	 * a 20 KB head): the write side ends first, then what came is drained */
+	if (c->cfd >= 0) {
+		char sink[4096];
+		shutdown(c->cfd, SHUT_WR);
+		for (int i = 0; i < 64 && recv(c->cfd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
+			;
+	}
 	conn_close(c);
 }
 

@@ -131,6 +131,10 @@ expect "S's capability at T's gateway: DENY 403" "$(get "$GT" 8080 T "$C1") $(jq
 expect "a Host naming another sandbox: DENY 403" "$(get "$GS" 8080 T "$C1") $(jq -r .reason "$W/body")" "403 other-sandbox"
 CG=$(cap S 1 act-1 1024 http)
 expect "the guest API's own port is never a ServicePort" "$(get "$GS" 1024 S "$CG")" 403
+big=$(head -c 20000 /dev/zero | tr '\0' a)
+expect "a 20 KB request head: 431, answered before the close (not a reset)" \
+	"$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Host: 8080-S.localhost:$GS" -H "X-Big: $big" \
+		"http://127.0.0.1:$GS/")" 431
 CBAD=$(echo "$C1" | sed 's/\(.\)$/A/')
 [ "$CBAD" = "$C1" ] && CBAD="${C1}x"
 expect "a tampered capability: 401" "$(get "$GS" 8080 S "$CBAD")" 401
