@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,7 +40,7 @@ struct sub_landlock_attr {
 /* Syscalls an execution never needs: kernel images and modules, mounts after
  * setup, new namespaces, BPF, perf, the kernel keyring, handle-based opens
  * (which can leave a bind mount), swap, clock and reboot control, raw I/O
- * ports, userfaultfd (a race amplifier), io_uring. Numbers come from the kernel headers
+ * ports, userfaultfd (a race amplifier), io_uring (and below: vsock sockets). Numbers come from the kernel headers
  * so syscalls newer than libseccomp are still covered. */
 static const int denied[] = {
 	__NR_kexec_load, __NR_kexec_file_load, __NR_init_module, __NR_finit_module,
@@ -96,6 +97,10 @@ static int build_filter(struct sock_filter **prog_out, unsigned short *len_out)
 	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCSTI)) < 0 ||
 	    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), __NR_ioctl, 1,
 	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX)) < 0)
+		goto out;
+	/* vsock reaches the host's services (and, on a worker of microVMs, what
+	 * listens for them); an execution's guest speaks over a Unix socket */
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), __NR_socket, 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK)) < 0)
 		goto out;
 	/* other architectures (i386 through int 0x80, x32) are killed by the
 	 * default bad-architecture action */
