@@ -390,10 +390,11 @@ static void stream_owner(const struct mgr_rec *rec, char out[SPACED_NAME_MAX + 2
 
 /* Why owner (stream_owner) may not open one more request or stream, NULL
  * when it may. The worker's table (cfg->max_streams) is shared so that no
- * tenant, and no few, hold all of it: past half of it a tenant holds at most
- * an eighth; past three quarters only a tenant holding fewer than a 128th
- * (at least 2) opens more, so a quarter stays for those with a few. A
- * tenant's own are counted only past half (a walk of the table). */
+ * tenant, and no few, hold all of it: once half of it is in use a tenant
+ * holding an eighth opens no more (one tenant holds half at most); once
+ * three quarters are, only a tenant holding fewer than a 128th (at least 2)
+ * does, so a quarter stays for those with a few. A tenant's own are counted
+ * only past half (a walk of the table). */
 static const char *stream_refusal(struct mgr *m, const char *owner)
 {
 	size_t max = m->cfg->max_streams > 0 ? (size_t)m->cfg->max_streams : GATE_MAX_STREAMS, n = m->nstreams;
