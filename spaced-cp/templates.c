@@ -401,15 +401,22 @@ static void touch_step(struct cp_store *st, const char *tenant, const char *pare
 	cp_store_relaxed(st, 0);
 }
 
-/* Records a build step (its tree's archive bytes count in the tenant's
- * templates quota, cp_templates_held). */
-static int record_step(struct cp *cp, struct cp_store *st, const char *tenant, const char *parent, const char *step,
-                       const char *hash, const char *config)
+/* The size of the store's archive of hash (what a built tree counts for in
+ * a templates quota), -1 when it is not there. */
+static int64_t tree_bytes(struct cp *cp, const char *hash)
 {
-	char now[24], b[24], p[PATH_MAX];
+	char p[PATH_MAX];
 	struct stat sb;
 	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
-	int64_t bytes = stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
+	return stat(p, &sb) == 0 ? (int64_t)sb.st_size : -1;
+}
+
+/* Records a build step whose tree's archive is bytes (counted in the
+ * tenant's templates quota, cp_templates_held). */
+static int record_step(struct cp_store *st, const char *tenant, const char *parent, const char *step,
+                       const char *hash, const char *config, int64_t bytes)
+{
+	char now[24], b[24];
 	return CP_Q(st, NULL, NULL,
 	            "INSERT INTO build_steps (tenant, parent, step, hash, config, created, bytes) "
 	            "VALUES ($1, $2, $3, $4, $5, $6, $7) "
@@ -522,7 +529,8 @@ int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
 			return 502;
 		}
-		if ((r = record_step(cp, st, "", "", step, hash, "{}")) < 0) {
+		int64_t bytes = tree_bytes(cp, hash);
+		if ((r = record_step(st, "", "", step, hash, "{}", bytes > 0 ? bytes : 0)) < 0) {
 			*out = cp_error("store", spaced_strerror(r));
 			return 503;
 		}
@@ -608,16 +616,17 @@ static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, 
 	}
 	/* the step's tree counts in the tenant's templates quota: past it the
 	 * step is not recorded and its tree leaves the store (unless named) */
-	char p[PATH_MAX];
-	struct stat sb;
-	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
-	int64_t bytes = stat(p, &sb) == 0 ? (int64_t)sb.st_size : 0;
+	int64_t bytes = tree_bytes(cp, hash);
+	if (bytes < 0) {
+		*out = cp_error("store", "the step's tree is not in the store");
+		return 503;
+	}
 	if ((status = templates_quota_locked(cp, st, tenant, hash, bytes, false, out)) != 0) {
 		template_gc(cp, st, hash);
 		return status;
 	}
 	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS);
-	r = record_step(cp, st, tenant, parent, step, hash, cfg);
+	r = record_step(st, tenant, parent, step, hash, cfg, bytes);
 	free(cfg);
 	if (r == 0)
 		r = cp_store_commit(st);
@@ -708,16 +717,13 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 	snprintf(hb, sizeof hb, "%s", hash); /* hash belongs to req, freed below */
 	hash = hb;
 	/* a built tree counts by its archive's size */
-	char p[PATH_MAX];
-	struct stat sb;
-	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
-	if (stat(p, &sb) < 0) {
+	int64_t bytes = tree_bytes(cp, hash);
+	if (bytes < 0) {
 		free(cfg);
 		json_decref(req);
 		*out = cp_error("template-not-found", "the tree is gone from the store (build it again)");
 		return 404;
 	}
-	int64_t bytes = (int64_t)sb.st_size;
 	status = cfg ? template_insert(cp, st, tenant, name, hash, bytes, 0, cfg, "build", out) : 500;
 	free(cfg);
 	json_decref(req);

@@ -5,7 +5,8 @@
 # what is held back is counted in the caller's next line ("suppressed": every
 # refusal is a line or counted in one) and in
 # spaced_cp_audit_suppressed_total, and another caller's refusals are still
-# written. No timed assertion: the bound grows with the flood's own duration.
+# written. No timed assertion: the bound grows with the flood's own duration. (DESIGN §5 asks
+# for every DENY in the audit log: past the rate one is a count in its caller's next line.)
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }

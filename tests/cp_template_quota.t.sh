@@ -9,12 +9,14 @@
 #  - GET /v1/quota shows the quota and what the templates hold;
 #  - after a template is removed, the import that did not fit does;
 #  - a tenant has one upload in progress at a time (its second 503), another tenant's goes on;
+#  - a tenant has at most 1000 template names;
 #  - eight imports at once, each fitting alone and no two together: one is
 #    named, seven are refused (or told to come back: a tenant imports one at
 #    a time), one tree stays (and the check and the naming are one
 #    transaction under the tenant's lock: unlocked, several passed).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
+command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
 W=$(mktemp -d)
 trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -96,6 +98,20 @@ print(status(third), o)
 PY
 )
 expect "a tenant's second upload at once is 503 busy; another tenant's is taken" "$got" "503 taken"
+
+# a tenant's template names are bounded (1000: each a row and its settings, at no bytes of the
+# quota when they name a tree already counted): 999 more rows, then two namings of its one tree
+DB=$W/cp/cp.db
+T=$(sqlite3 "$DB" "SELECT id FROM tenants WHERE name = 'alpha'")
+HB=$("$SC" template ls --json | jq -r '.[0].hash')
+n=$(sqlite3 "$DB" "SELECT COUNT(*) FROM templates WHERE tenant = '$T'")
+sqlite3 -cmd ".timeout 5000" "$DB" "WITH RECURSIVE k(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM k WHERE i < $((999 - n)))
+	INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created)
+	SELECT '$T', 'filler' || i, '$HB', 1, 1, '{}', 'tar', 0 FROM k"
+name() { curl -s -o "$W/name.json" -w '%{http_code}' -H "Authorization: Bearer $TA" -X POST \
+	-d "{\"hash\":\"$HB\"}" "$CP_URL/v1/templates/$1"; }
+expect "the tenant's 1000th template name is taken" "$(name last)" 201
+expect "its 1001st is 429 quota-exceeded (templates)" "$(name one-too-many) $(jq -r .quota "$W/name.json")" "429 templates"
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

@@ -145,6 +145,8 @@ expect "invalid UTF-8 in a text frame -> close 1007" "$($HC ws "$PORT" "$CAP" "$
 expect "after all that, no process of the worker died" "$(roles)" "$ROLES0"
 
 # ---- a flood of forged capabilities: every one refused, their audit lines held to the caller's rate ----
+# (DESIGN §5 "every DENY is written to an audit log": past the rate a DENY is a count in the
+# caller's next line, without its own reason and identity; the metrics count each by reason)
 AUDIT=$D/worker-1/audit.log
 a0=$(grep -c '"event":"deny"' "$AUDIT")
 deny_flood() { $HC denyflood "$PORT" 127.0.0.4 "$CAP" "$A" 3000 >"$W/flood.json"; }
