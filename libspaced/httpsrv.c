@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +73,8 @@ struct spaced_httpconn {
 	/* output */
 	size_t queued;
 	bool drain_armed;
+	uint64_t wprogress_ns; /* output last moved (queued, written, the socket took some) */
+	size_t wq_seen;        /* the socket's unwritten bytes at the last tick */
 	/* WebSocket */
 	struct spaced_buf msg;  /* a message being assembled */
 	uint8_t msg_opcode;     /* 0: none in progress */
@@ -100,6 +104,7 @@ struct spaced_httpsrv {
 	int port;
 	struct spaced_httpconn *conns;
 	unsigned nconns;
+	size_t queued; /* every connection's queued output */
 	struct ip_count *ips;
 	bool stopping;
 	unsigned closing_handles;
@@ -136,6 +141,7 @@ void spaced_httpsrv_defaults(struct spaced_httpsrv_config *cfg)
 	cfg->head_timeout_ms = 10000;
 	cfg->idle_timeout_ms = 30000;
 	cfg->body_timeout_ms = 30000;
+	cfg->send_timeout_ms = 30000;
 	cfg->body_min_rate = 1024;
 	cfg->ws_message_max = 1u << 20;
 	cfg->low_water = 65536;
@@ -194,6 +200,8 @@ static void on_written(uv_write_t *w, int status)
 	struct wreq *r = (struct wreq *)w;
 	struct spaced_httpconn *c = r->c;
 	c->queued -= r->len;
+	c->srv->queued -= r->len;
+	c->wprogress_ns = spaced_mono_ns();
 	free(r);
 	if (c->state == C_CLOSED)
 		return;
@@ -211,6 +219,19 @@ static void on_written(uv_write_t *w, int status)
 		if (c->srv->cfg.ops->on_drain)
 			c->srv->cfg.ops->on_drain(c);
 	}
+}
+
+/* Counts n more bytes handed to the socket's write queue. */
+static void queued_add(struct spaced_httpconn *c, size_t n)
+{
+	if (c->queued == 0) {
+		c->wprogress_ns = spaced_mono_ns();
+		c->wq_seen = SIZE_MAX; /* no measure yet: the first tick counts as progress */
+	}
+	c->queued += n;
+	c->srv->queued += n;
+	if (c->queued > c->srv->cfg.low_water)
+		c->drain_armed = true;
 }
 
 /* Queues parts[0..n) as one write to the socket (one copy, one system call
@@ -243,9 +264,7 @@ static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
 		free(r);
 		return SPACED_ECLOSED;
 	}
-	c->queued += r->len;
-	if (c->queued > c->srv->cfg.low_water)
-		c->drain_armed = true;
+	queued_add(c, r->len);
 	return 0;
 }
 
@@ -271,9 +290,7 @@ static int tls_flush(struct spaced_httpconn *c)
 		free(r);
 		return SPACED_ECLOSED;
 	}
-	c->queued += n;
-	if (c->queued > c->srv->cfg.low_water)
-		c->drain_armed = true;
+	queued_add(c, n);
 	return 0;
 }
 
@@ -657,6 +674,11 @@ void spaced_httpconn_read(struct spaced_httpconn *c, bool on)
 {
 	c->read_wanted = on;
 	conn_update_read(c);
+}
+
+size_t spaced_httpsrv_queued(const struct spaced_httpsrv *s)
+{
+	return s->queued;
 }
 
 size_t spaced_httpconn_queued(const struct spaced_httpconn *c)
@@ -1178,6 +1200,25 @@ static void on_tick(uv_timer_t *t)
 	uint64_t now = spaced_mono_ns();
 	for (struct spaced_httpconn *c = s->conns, *next; c; c = next) {
 		next = c->next;
+		if (c->queued > 0 && s->cfg.send_timeout_ms) {
+			/* output must move: a client that reads nothing holds its
+			 * answer send_timeout_ms at most, whatever state it is in */
+			size_t wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+			/* and what the socket holds unacknowledged: a client reading
+			 * slowly moves it long before the socket wakes its writer */
+			uv_os_fd_t fd;
+			int outq = 0;
+			if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &outq) == 0 && outq > 0)
+				wq += (size_t)outq;
+			if (wq == 0 || wq < c->wq_seen)
+				c->wprogress_ns = now;
+			c->wq_seen = wq;
+			if (now - c->wprogress_ns >= (uint64_t)s->cfg.send_timeout_ms * 1000000u) {
+				s->stats.timed_out++;
+				conn_close(c);
+				continue;
+			}
+		}
 		if (c->deadline_ns == 0 || now < c->deadline_ns)
 			continue;
 		if (c->state == C_HEAD && !c->head_started) {

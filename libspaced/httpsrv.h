@@ -9,6 +9,9 @@
  *     byte, and fit in limits.head_max (431) — so a client trickling header
  *     bytes holds one small buffer for a bounded time and delays no one;
  *   - a body must make progress every body_timeout_ms (408);
+ *   - output must move: a connection whose queued output the client has not
+ *     taken any of for send_timeout_ms is closed, in any state (an answer
+ *     to a client that reads nothing is held that long at most);
  *   - an idle kept-alive connection is closed after idle_timeout_ms;
  *   - a WebSocket message is at most ws_message_max bytes (1009), text must
  *     be UTF-8 (1007), client frames must be masked (1002).
@@ -89,6 +92,7 @@ struct spaced_httpsrv_config {
 	unsigned head_timeout_ms;  /* a request head must be complete within this of its first byte */
 	unsigned idle_timeout_ms;  /* a kept-alive connection waits this long for the next request */
 	unsigned body_timeout_ms;  /* a body must make progress within this */
+	unsigned send_timeout_ms;  /* queued output must move within this (0: no bound) */
 	unsigned body_min_rate;    /* and come at this many bytes a second at least (0: any rate): each
 	                              byte moves its deadline 1/rate s on, never past body_timeout_ms
 	                              from now, so a trickle ends with 408 */
@@ -103,7 +107,8 @@ struct spaced_httpsrv_config {
 
 /* Fills cfg with spaced's defaults: head 16 KiB, target 8 KiB, 100 fields,
  * body 1 MiB, 4096 connections, 256 per address, 10 s for a head, 30 s idle,
- * 30 s without body progress and 1 KiB a second at least, WebSocket messages
+ * 30 s without body progress and 1 KiB a second at least, 30 s without output
+ * progress, WebSocket messages
  * of 1 MiB, low water 64 KiB. */
 void spaced_httpsrv_defaults(struct spaced_httpsrv_config *cfg);
 
@@ -119,6 +124,9 @@ void *spaced_httpsrv_user(const struct spaced_httpsrv *s);
 /* Stops listening and closes every connection (on_close is called for
  * each); the server is freed once the loop has run its close callbacks. */
 void spaced_httpsrv_stop(struct spaced_httpsrv *s);
+
+/* Bytes of output queued on every connection, not yet written to sockets. */
+size_t spaced_httpsrv_queued(const struct spaced_httpsrv *s);
 
 /* Counters since the start. */
 struct spaced_httpsrv_stats {

@@ -167,7 +167,15 @@ struct node_api_config {
 	 * cert: plaintext (--plaintext). client_ca: every client must present a
 	 * certificate of this CA. */
 	const char *tls_cert, *tls_key, *tls_client_ca;
+	/* what node-api may hold for exec bodies, JSON answers being collected
+	 * and answers its clients have not taken (0: NODE_ANSWER_MEMORY); past
+	 * it a request that would hold more than 64 KiB is refused 503 */
+	uint64_t answer_memory;
+	/* a client that takes none of its queued output for this long is
+	 * closed (the gate's --stall-timeout, the same for every answer) */
+	int stall_timeout_ms;
 };
+#define NODE_ANSWER_MEMORY (256ull << 20)
 /* Runs node-api until the manager goes away. Returns the exit status. */
 int node_api_run(const struct node_api_config *cfg);
 

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,7 +35,14 @@
 #include "ws.h"
 
 #define API_BUCKETS 1024
-#define CLIENT_OUT_MAX (64u << 20) /* a JSON answer (exec output) at most */
+/* What one request may make node-api hold for it: an exec body being read,
+ * a JSON answer being collected (stdout and stderr, a listing's entries). */
+#define HOLD_MAX (16u << 20)
+/* Below this a request may always grow, whatever the budget says. */
+#define HOLD_FREE (64u * 1024u)
+/* What one entry of a listing or of a process list costs in memory, beyond
+ * its path or name (a JSON object of five members). */
+#define ITEM_COST 384u
 #define WS_MSG_MAX (64 * 1024)
 #define LOW_WATER (64u * 1024u)
 
@@ -60,10 +68,12 @@ struct areq {
 	char ident[SPACED_IDENTITY_TEXT_MAX];
 	char request_id[NODE_REQUEST_ID_MAX]; /* the client's X-Request-Id, or one made here */
 	char peer[64];                        /* the client's address */
+	size_t held;             /* bytes counted against the budget (hold) */
 	uint64_t credit_pending; /* output the client took, not yet credited */
 	uint64_t in_unacked;     /* input sent to the gate, not yet credited back */
 	/* HTTP answer */
 	bool headers_sent, final_seen;
+	bool busy;               /* refused by the budget: the answer says when to retry */
 	char *auth;              /* the Authorization of an exec whose body is being read */
 	struct spaced_buf body;  /* a buffered exec body */
 	struct spaced_buf so, se;
@@ -93,6 +103,9 @@ static struct {
 	uint32_t next_id;
 	uv_signal_t sigterm, sigint;
 	bool quit;
+	size_t held;        /* every request's held bytes */
+	uint64_t budget;    /* node_api_config.answer_memory */
+	uint64_t held_refused; /* requests refused 503 by the budget */
 } A;
 
 static void mgr_update_poll(void);
@@ -126,8 +139,8 @@ static struct areq *areq_new(struct spaced_httpconn *c)
 	} while (r->id == 0 || areq_find(r->id));
 	r->c = c;
 	spaced_buf_init(&r->body, NODE_BODY_MAX);
-	spaced_buf_init(&r->so, CLIENT_OUT_MAX / 4);
-	spaced_buf_init(&r->se, CLIENT_OUT_MAX / 4);
+	spaced_buf_init(&r->so, HOLD_MAX);
+	spaced_buf_init(&r->se, HOLD_MAX);
 	spaced_buf_init(&r->req.payload, 0);
 	r->hnext = A.bucket[r->id % API_BUCKETS];
 	A.bucket[r->id % API_BUCKETS] = r;
@@ -160,7 +173,38 @@ static void areq_free(struct areq *r)
 	json_decref(r->items);
 	q_drop(r);
 	free(r->auth);
+	A.held -= r->held;
 	free(r);
+}
+
+/* ---- memory held for requests ----
+ * Beyond its streams' windows (node.h: NODE_WINDOW), node-api buffers for a
+ * request only an exec body being read and a JSON answer being collected;
+ * those bytes, and every answer's bytes its client has not yet taken
+ * (spaced_httpsrv_queued: a client that takes none for --stall-timeout is
+ * closed), count against one budget (--answer-memory). Past the budget a
+ * request that would hold more than HOLD_FREE is refused 503 rather than
+ * grow, so one tenant's big answers cannot take the worker's memory, and
+ * small answers still go through: node-api holds at most the budget, plus
+ * HOLD_FREE per request, plus one frame. */
+static size_t held_total(void)
+{
+	return A.held + (A.srv ? spaced_httpsrv_queued(A.srv) : 0);
+}
+
+/* Counts n more bytes for r: 0, SPACED_ETOOBIG past HOLD_MAX for it,
+ * SPACED_EBUSY past the budget. */
+static int hold(struct areq *r, size_t n)
+{
+	if (r->held + n > HOLD_MAX)
+		return SPACED_ETOOBIG;
+	if (r->held + n > HOLD_FREE && held_total() + n > A.budget) {
+		A.held_refused++;
+		return SPACED_EBUSY;
+	}
+	r->held += n;
+	A.held += n;
+	return 0;
 }
 
 /* ---- to the gate ---- */
@@ -324,15 +368,28 @@ static void http_send_headers(struct areq *r, int status, const char *ctype, int
 	int n = snprintf(extra, sizeof extra, "cache-control: no-store\r\nx-request-id: %s\r\n", r->request_id);
 	/* every answer an execution served carries its identity; refusals never */
 	if (r->ident[0] && status != 401 && status != 403 && status != 409)
-		snprintf(extra + n, sizeof extra - (size_t)n, "x-spaced-identity: %s\r\n", r->ident);
+		n += snprintf(extra + n, sizeof extra - (size_t)n, "x-spaced-identity: %s\r\n", r->ident);
+	if (r->busy && (size_t)n < sizeof extra)
+		snprintf(extra + n, sizeof extra - (size_t)n, "retry-after: 1\r\n");
 	spaced_httpconn_respond(r->c, status, ctype, length, extra);
 	r->headers_sent = true;
 }
 
+static void http_busy(struct areq *r);
+
 /* A whole JSON answer: the request is over for node-api. */
 static void http_json(struct areq *r, int status, json_t *doc)
 {
-	char *s = json_dumps(doc, JSON_COMPACT);
+	/* the text is made once, at its size (json_dumps would grow a buffer
+	 * to twice that and copy it again) */
+	size_t n = doc ? json_dumpb(doc, NULL, 0, JSON_COMPACT) : 0;
+	char *s = n ? malloc(n) : NULL;
+	if (s && json_dumpb(doc, s, n, JSON_COMPACT) != n) {
+		free(s);
+		s = NULL;
+	}
+	if (!s)
+		n = 0;
 	json_decref(doc);
 	if (!r->c) {
 		free(s);
@@ -343,7 +400,14 @@ static void http_json(struct areq *r, int status, json_t *doc)
 		free(s);
 		return;
 	}
-	size_t n = s ? strlen(s) : 0;
+	if (!r->busy && n > HOLD_FREE && held_total() + n > A.budget) {
+		/* the answer's text would pass the budget (its escapes can make it
+		 * six times what was collected): refused like a collection */
+		free(s);
+		A.held_refused++;
+		http_busy(r);
+		return;
+	}
 	http_send_headers(r, status, "application/json", (int64_t)n + 1);
 	if (s)
 		spaced_httpconn_write(r->c, s, n);
@@ -362,6 +426,14 @@ static void http_error(struct areq *r, int status, const char *code, const char 
 	http_json(r, status, json_pack("{s:s,s:s}", "error", msg, "code", code));
 }
 
+/* 503: the answer would pass node-api's budget (hold). */
+static void http_busy(struct areq *r)
+{
+	r->busy = true;
+	http_error(r, 503, "SPACED_EBUSY",
+	           "the worker holds as many answers as it may: retry, or stream the output (exec over WebSocket, GET files)");
+}
+
 static void refuse_doc(struct areq *r, enum spaced_verdict v, enum spaced_reason why, const char *sandbox)
 {
 	json_t *doc = json_pack("{s:s,s:s}", "outcome", spaced_verdict_name(v), "reason", spaced_reason_name(why));
@@ -370,10 +442,27 @@ static void refuse_doc(struct areq *r, enum spaced_verdict v, enum spaced_reason
 	http_json(r, node_refusal_status(v, why), doc);
 }
 
-/* A JSON string member holding bytes: text when valid UTF-8, else base64. */
+/* Whether the JSON text of p[0..n) stays within twice n (and 256 bytes):
+ * a control byte costs six ("\u0001"), a newline, a tab, a quote or a
+ * backslash two. */
+static bool text_compact(const uint8_t *p, size_t n)
+{
+	size_t extra = 0;
+	for (size_t i = 0; i < n; i++)
+		if (p[i] == '\n' || p[i] == '\t' || p[i] == '\r' || p[i] == '\b' || p[i] == '\f' || p[i] == '"' ||
+		    p[i] == '\\')
+			extra += 1;
+		else if (p[i] < 0x20)
+			extra += 5;
+	return extra <= n + 256;
+}
+
+/* A JSON string member holding bytes: text when valid UTF-8 whose JSON text
+ * is at most twice its size, else base64. */
 static void set_bytes(json_t *o, const char *key, const struct spaced_buf *b)
 {
-	json_t *s = json_stringn((const char *)(b->data ? b->data : (const uint8_t *)""), b->len);
+	const uint8_t *p = b->data ? b->data : (const uint8_t *)"";
+	json_t *s = text_compact(p, b->len) ? json_stringn((const char *)p, b->len) : NULL;
 	if (s) {
 		json_object_set_new(o, key, s);
 		return;
@@ -421,13 +510,14 @@ static int read_stat(struct spaced_field_reader *rd, json_t *o)
 static int http_collect(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 {
 	struct spaced_field_reader rd;
+	int e;
 	if (!r->items)
 		r->items = json_array();
 	switch (type) {
 	case SPACED_GUEST_OUT_STDOUT:
-		return spaced_buf_append(&r->so, p, n);
+		return (e = hold(r, n)) < 0 ? e : spaced_buf_append(&r->so, p, n);
 	case SPACED_GUEST_OUT_STDERR:
-		return spaced_buf_append(&r->se, p, n);
+		return (e = hold(r, n)) < 0 ? e : spaced_buf_append(&r->se, p, n);
 	case SPACED_GUEST_OUT_STARTED:
 		return 0;
 	case SPACED_GUEST_OUT_ENTRIES:
@@ -439,6 +529,10 @@ static int http_collect(struct areq *r, uint16_t type, const uint8_t *p, size_t 
 			if (spaced_field_get_str(&rd, &path, &pl) < 0 || read_stat(&rd, o) < 0) {
 				json_decref(o);
 				return SPACED_EPROTO;
+			}
+			if ((e = hold(r, ITEM_COST + pl)) < 0) {
+				json_decref(o);
+				return e;
 			}
 			json_object_set_new(o, "path", json_stringn(path, pl));
 			json_array_append_new(r->items, o);
@@ -455,6 +549,8 @@ static int http_collect(struct areq *r, uint16_t type, const uint8_t *p, size_t 
 			    spaced_field_get_u64(&rd, &running) < 0 || spaced_field_get_i64(&rd, &code) < 0 ||
 			    spaced_field_get_i64(&rd, &sig) < 0 || spaced_field_get_str(&rd, &a0, &al) < 0)
 				return SPACED_EPROTO;
+			if ((e = hold(r, ITEM_COST + al)) < 0)
+				return e;
 			json_t *o = json_pack("{s:I,s:I,s:b,s:I,s:I}", "proc", (json_int_t)proc, "pid", (json_int_t)pid,
 			                      "running", running != 0, "exit_code", (json_int_t)code, "signal", (json_int_t)sig);
 			json_object_set_new(o, "argv0", json_stringn(a0, al));
@@ -531,6 +627,9 @@ static void http_result(struct areq *r, const uint8_t *p, size_t n)
 			json_object_set_new(doc, "timed_out", json_boolean(to != 0));
 			set_bytes(doc, "stdout", &r->so);
 			set_bytes(doc, "stderr", &r->se);
+			/* the strings hold copies: the collected bytes go before the text is made */
+			spaced_buf_free(&r->so);
+			spaced_buf_free(&r->se);
 		}
 		break;
 	default:
@@ -797,6 +896,7 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	uint64_t type;
 	const uint8_t *data;
 	size_t dl;
+	int e;
 	spaced_field_reader_init(&rd, p, n);
 	spaced_field_get_u64(&rd, &type);
 	spaced_field_get_bytes(&rd, &data, &dl);
@@ -851,10 +951,16 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 	credit(r, dl, false);
 	if (type == SPACED_GUEST_OUT_RESULT) {
 		http_result(r, data, dl);
-	} else if (http_collect(r, (uint16_t)type, data, dl) < 0) {
+	} else if ((e = http_collect(r, (uint16_t)type, data, dl)) < 0) {
 		r->ended = true;
 		mgr_send(NODE_MSG_CLOSE, 0, r->id, NULL);
-		http_error(r, 502, "SPACED_EPROTO", "malformed or oversized answer from the execution");
+		if (e == SPACED_EBUSY)
+			http_busy(r);
+		else if (e == SPACED_ETOOBIG)
+			http_error(r, 413, "SPACED_ETOOBIG",
+			           "the answer passes 16 MiB: stream it (exec over WebSocket, GET files) or list less deep");
+		else
+			http_error(r, 502, "SPACED_EPROTO", "malformed answer from the execution");
 	}
 	return 0;
 }
@@ -918,6 +1024,17 @@ static int on_metrics_text(void *ctx, const struct spaced_frame_hdr *h, const ui
 	if (!(h->flags & SPACED_FRAME_F_END))
 		return 0;
 	r->ended = true;
+	/* node-api's own figures after the gate's */
+	char own[640];
+	int ol = snprintf(own, sizeof own,
+	                  "# HELP spaced_node_api_held_bytes Bytes node-api holds for exec bodies, JSON answers being "
+	                  "collected and answers clients have not taken (--answer-memory bounds them).\n"
+	                  "# TYPE spaced_node_api_held_bytes gauge\nspaced_node_api_held_bytes %zu\n"
+	                  "# HELP spaced_node_api_busy_total Requests refused 503 because their answer would pass "
+	                  "--answer-memory.\n# TYPE spaced_node_api_busy_total counter\nspaced_node_api_busy_total %llu\n",
+	                  held_total(), (unsigned long long)A.held_refused);
+	if (r->body.len && ol > 0 && (size_t)ol < sizeof own && spaced_buf_append(&r->body, own, (size_t)ol) < 0)
+		r->body.len = 0;
 	if (r->c) {
 		struct spaced_httpconn *c = r->c;
 		spaced_httpconn_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", r->body.data, r->body.len,
@@ -1251,9 +1368,15 @@ static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 	if (!r || r->ended)
 		return; /* refused or failed already: the rest of the body is dropped */
 	if (r->req.body == NODE_BODY_EXEC) {
-		if (spaced_buf_append(&r->body, p, n) < 0) {
+		int e = r->body.len + n > r->body.max ? SPACED_ETOOBIG : hold(r, n);
+		if (e == 0)
+			e = spaced_buf_append(&r->body, p, n);
+		if (e < 0) {
 			r->ended = true;
-			http_error(r, 413, "SPACED_ETOOBIG", "exec body too large");
+			if (e == SPACED_EBUSY)
+				http_busy(r);
+			else
+				http_error(r, 413, "SPACED_ETOOBIG", "exec body too large");
 		}
 		return;
 	}
@@ -1401,6 +1524,11 @@ int node_api_run(const struct node_api_config *cfg)
 	if (uv_loop_init(&A.loop) < 0)
 		return 1;
 	A.mgr_fd = cfg->mgr_fd;
+	A.budget = cfg->answer_memory ? cfg->answer_memory : NODE_ANSWER_MEMORY;
+	/* big buffers (answers, bodies) in mappings of their own, given back
+	 * to the system when freed: what the budget counts is what node-api
+	 * holds, not a heap that only grows */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 	fcntl(A.mgr_fd, F_SETFL, fcntl(A.mgr_fd, F_GETFL) | O_NONBLOCK);
 	spaced_buf_init(&A.mgr_out, 256u << 20);
 	spaced_buf_init(&A.mgr_in, 4 * NODE_MSG_MAX);
@@ -1425,6 +1553,7 @@ int node_api_run(const struct node_api_config *cfg)
 	hc.max_conns_per_ip = 128;
 	hc.ws_message_max = WS_MSG_MAX;
 	hc.low_water = LOW_WATER;
+	hc.send_timeout_ms = cfg->stall_timeout_ms > 0 ? (unsigned)cfg->stall_timeout_ms : hc.send_timeout_ms;
 	hc.ops = &ops;
 	if (spaced_httpsrv_start(&A.loop, &hc, &A.srv) < 0) {
 		fprintf(stderr, "node-api: cannot listen on %s:%d\n", cfg->listen_host, cfg->listen_port);

@@ -107,6 +107,40 @@ expect "node-api stayed under 64 MiB more than at rest while 20 readers stalled"
 expect "the gate stayed under 64 MiB more than at rest" "$([ $(($(cat "$W/gate.rss") - gate_rss0)) -lt 65536 ] && echo yes)" yes
 expect "a fresh download of the same file is whole" "$("$SC" fs read "$A" /workspace/big | wc -c | tr -d ' ')" 104857600
 
+# ---- big JSON answers: 40 execs of 16 MB of output at once whose clients read nothing ----
+# node-api holds what it buffers for requests (exec bodies, JSON answers being collected) and the
+# answers its clients have not taken to --answer-memory (256 MiB): past it a big answer is refused
+# 503 and a small one still goes through; an answer nobody takes is dropped after the stall timeout
+as_victim route "$VX" --purpose exec --json >"$W/vroute.json"
+VCAP=$(jq -r .capability "$W/vroute.json")
+api_rss1=$(rss_kb spaced-api)
+big_answers() {
+	$HC bigjson "$PORT" 127.0.0.5 "$CAP" "$A" 40 12 'head -c 16000000 /dev/zero' >"$W/bigjson.json" &
+	bj=$!
+	peak=0
+	small=""
+	while kill -0 $bj 2>/dev/null; do
+		r=$(rss_kb spaced-api)
+		[ "${r:-0}" -gt "$peak" ] && peak=$r
+		small="$small$(curl -s -o /dev/null -w '%{http_code} ' -H "Authorization: Bearer $VCAP" \
+			-H 'Content-Type: application/json' --data '{"argv":["echo","small"]}' \
+			"http://127.0.0.1:$PORT/v1/sandboxes/$VX/exec")"
+		sleep 0.3
+	done
+	wait $bj
+	echo "$peak" >"$W/big.peak"
+	echo "$small" >"$W/big.small"
+}
+victim_during "40 unread 16 MB JSON exec answers" big_answers
+echo "big answers: $(cat "$W/bigjson.json"); node-api RSS ${api_rss1} -> peak $(cat "$W/big.peak") KiB; victim's JSON execs: $(cat "$W/big.small")"
+expect "some big answers were given (200) and others refused (503) while the budget was full" \
+	"$(jq -r '(.answers["200"] // 0) > 0 and (.answers["503"] // 0) > 0' "$W/bigjson.json")" true
+expect "node-api stayed under 384 MiB more than at rest (the budget, 256 MiB, and one answer being made)" \
+	"$([ $(($(cat "$W/big.peak") - api_rss1)) -lt 393216 ] && echo yes)" yes
+expect "the victim's small JSON execs were all answered 200 meanwhile" \
+	"$(tr ' ' '\n' <"$W/big.small" | grep -c . | tr -d ' ') $(tr ' ' '\n' <"$W/big.small" | grep -vc '^200$\|^$' | tr -d ' ')" \
+	"$(tr ' ' '\n' <"$W/big.small" | grep -c . | tr -d ' ') 0"
+
 # ---- slowloris: 300 connections from other addresses trickling their heads ----
 slowloris() {
 	$HC slowloris "$PORT" 127.0.0.2 150 14 >"$W/loris2.json" &

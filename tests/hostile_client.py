@@ -15,6 +15,10 @@
   denyflood PORT SRC CAP SANDBOX N    N requests from address SRC on one kept-alive connection, each with
                                       CAP's signature broken; prints JSON {"sent", "seconds",
                                       "answers": {status: count}}
+  bigjson PORT SRC CAP SANDBOX N HOLD CMD
+                                      N JSON execs of `sh -c CMD` at once from address SRC on sockets with
+                                      a 4 KiB receive buffer that read nothing for HOLD seconds, then each
+                                      answer's status; prints JSON {"answers": {status: count}}
 """
 import base64
 import json
@@ -309,6 +313,24 @@ def denyflood(port, src, cap, sandbox, n):
     print(json.dumps({"sent": n, "seconds": round(time.monotonic() - t0, 3), "answers": answers}))
 
 
+def bigjson(port, src, cap, sandbox, n, hold, cmd):
+    body = json.dumps({"argv": ["sh", "-c", cmd]}).encode()
+    req = ("POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (sandbox, cap, len(body))).encode() + body
+    socks = []
+    for _ in range(n):
+        s = connect(port, src, rcvbuf=4096)
+        s.sendall(req)
+        socks.append(s)
+    time.sleep(hold)
+    answers = {}
+    for s in socks:
+        st = answer(s, 2)
+        answers[st] = answers.get(st, 0) + 1
+        s.close()
+    print(json.dumps({"answers": answers}))
+
+
 def main():
     a = sys.argv[1:]
     if a[0] == "slowread":
@@ -319,6 +341,8 @@ def main():
         malformed(int(a[1]), a[2], a[3])
     elif a[0] == "ws":
         ws(int(a[1]), a[2], a[3], a[4])
+    elif a[0] == "bigjson":
+        bigjson(int(a[1]), a[2], a[3], a[4], int(a[5]), float(a[6]), a[7])
     elif a[0] == "denyflood":
         denyflood(int(a[1]), a[2], a[3], a[4], int(a[5]))
     else:

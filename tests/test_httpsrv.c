@@ -5,7 +5,9 @@
  * served, and the addresses of one IPv6 /64 share one budget (in a network
  * namespace of the test's own, fd00::/64 and fd00:0:0:1::/64 on its loopback);
  * a body that trickles in below the minimum rate ends with 408 while one
- * that keeps the rate goes on past the body timeout; the refusal body hook shapes the server's own refusals; a client's
+ * that keeps the rate goes on past the body timeout; an answer its client
+ * reads none of is dropped after the send timeout while a slow reader keeps
+ * its own; the refusal body hook shapes the server's own refusals; a client's
  * ping is answered with a pong and, like a pong, reported through
  * on_ws_control (issue 12).
  */
@@ -38,6 +40,12 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 	}
 	if (req->body != SPACED_HTTP_BODY_NONE)
 		return; /* answered once the body is in */
+	if (strcmp(req->target, "/big") == 0) {
+		static char big[16u << 20];
+		memset(big, 'b', sizeof big);
+		spaced_httpconn_reply(c, 200, "text/plain", big, sizeof big, NULL);
+		return;
+	}
 	spaced_httpconn_reply(c, 200, "text/plain", "hi", 2, NULL);
 }
 
@@ -65,7 +73,7 @@ static size_t refusal(int status, const char *code, char *buf, size_t cap)
 }
 
 static const char *listen_host = NULL; /* NULL: the defaults' */
-static unsigned body_timeout_ms, body_min_rate; /* 0: the defaults' */
+static unsigned body_timeout_ms, body_min_rate, send_timeout_ms; /* 0: the defaults' */
 
 static void start(unsigned per_ip, spaced_httpsrv_refusal_fn fn)
 {
@@ -79,6 +87,8 @@ static void start(unsigned per_ip, spaced_httpsrv_refusal_fn fn)
 		cfg.body_timeout_ms = body_timeout_ms;
 	if (body_min_rate)
 		cfg.body_min_rate = body_min_rate;
+	if (send_timeout_ms)
+		cfg.send_timeout_ms = send_timeout_ms;
 	cfg.max_conns_per_ip = per_ip;
 	cfg.refusal_body = fn;
 	cfg.ops = &ops;
@@ -310,4 +320,55 @@ Test(httpsrv, a_trickled_body_ends_with_408_a_steady_one_goes_on, .timeout = 60)
 	close(slow);
 	close(steady);
 	stop();
+}
+
+/* The loop stepped for ms milliseconds; a reader (fd >= 0) takes up to 64 KiB
+ * every 100 ms meanwhile. Returns the bytes it took. */
+static size_t step_for(int ms, int fd)
+{
+	static char buf[65536];
+	size_t got = 0;
+	for (int i = 0; i < ms; i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		if (fd >= 0 && i % 100 == 0) {
+			ssize_t n = recv(fd, buf, sizeof buf, 0);
+			if (n > 0)
+				got += (size_t)n;
+		}
+		usleep(1000);
+	}
+	return got;
+}
+
+Test(httpsrv, an_answer_nobody_reads_is_dropped_after_the_send_timeout_a_slow_reader_keeps_its_own, .timeout = 60)
+{
+	send_timeout_ms = 1000;
+	start(8, NULL);
+	const char get[] = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+	int idle = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), slow = client();
+	int small = 4096;
+	setsockopt(idle, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	cr_assert_eq(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
+	cr_assert_eq(send(idle, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	cr_assert_eq(send(slow, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	step_for(300, -1);
+	struct spaced_httpsrv_stats st;
+	spaced_httpsrv_stats(srv, &st);
+	cr_assert_eq(st.open, 2);
+	cr_assert_gt(spaced_httpsrv_queued(srv), 16u << 20, "both answers wait (%zu bytes)", spaced_httpsrv_queued(srv));
+	/* three times the send timeout: the reader that takes 640 KB a second
+	 * keeps its answer, the one that takes nothing loses its own */
+	size_t got = step_for(3000, slow);
+	spaced_httpsrv_stats(srv, &st);
+	cr_expect_eq(st.open, 1, "the connection that read nothing is closed (%u open)", st.open);
+	cr_expect_geq(st.timed_out, 1);
+	cr_expect_gt(got, 1u << 20, "the slow reader took %zu bytes", got);
+	cr_expect_eq(spaced_httpsrv_queued(srv), 16u << 20, "only the slow reader's answer is held (%zu bytes)",
+	             spaced_httpsrv_queued(srv));
+	close(idle);
+	close(slow);
+	stop();
+	send_timeout_ms = 0;
 }
