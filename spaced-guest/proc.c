@@ -263,8 +263,8 @@ void proc_on_stdin_writable(struct proc *p)
 void proc_stdin(struct stream *s, const uint8_t *d, size_t n, bool end)
 {
 	struct proc *p = s->proc;
-	if (p == NULL || p->in_fd < 0)
-		return;
+	if (p == NULL || p->in_fd < 0 || p->in_close)
+		return; /* input after its end is dropped */
 	if (n > 0) {
 		size_t keep = p->inq_len - p->inq_off;
 		uint8_t *q = malloc(keep + n);

@@ -65,6 +65,7 @@ struct areq {
 	bool is_ws;
 	bool is_metrics; /* a scrape on the metrics listener: the text collects in body */
 	bool input_paused;
+	bool stdin_ended; /* a WebSocket exec or terminal's client sent `d` */
 	char ident[SPACED_IDENTITY_TEXT_MAX];
 	char request_id[NODE_REQUEST_ID_MAX]; /* the client's X-Request-Id, or one made here */
 	char peer[64];                        /* the client's address */
@@ -1412,11 +1413,18 @@ static void on_ws_message(struct spaced_httpconn *c, bool text, const uint8_t *p
 		return;
 	}
 	bool term = r->req.answer == NODE_ANS_WS_TERM, exec = r->req.answer == NODE_ANS_WS_EXEC;
+	if ((term || exec) && n >= 1 && (p[0] == 'i' || p[0] == 'd') && r->stdin_ended) {
+		/* the client said its input ended: more of it is a broken client */
+		mgr_send_close(r);
+		ws_close(r, 1008, true, "input after its end");
+		return;
+	}
 	if ((term || exec) && n >= 1 && p[0] == 'i') {
 		mgr_send_in_chunks(r, SPACED_GUEST_IN_STDIN, p + 1, n - 1, false);
 		return;
 	}
 	if ((term || exec) && n == 1 && p[0] == 'd') {
+		r->stdin_ended = true;
 		mgr_send_in(r, SPACED_GUEST_IN_STDIN, NULL, 0, true);
 		return;
 	}

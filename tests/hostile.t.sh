@@ -176,6 +176,7 @@ expect "an unmasked client WebSocket frame -> close 1002" "$($HC ws "$PORT" "$CA
 expect "reserved bits -> close 1002" "$($HC ws "$PORT" "$CAP" "$A" reserved-bits)" 1002
 expect "a 2^62-byte frame -> close 1009" "$($HC ws "$PORT" "$CAP" "$A" huge-length)" 1009
 expect "invalid UTF-8 in a text frame -> close 1007" "$($HC ws "$PORT" "$CAP" "$A" bad-utf8-text)" 1007
+expect "input after the end of input -> close 1008" "$($HC ws "$PORT" "$CAP" "$A" input-after-end)" 1008
 expect "after all that, no process of the worker died" "$(roles)" "$ROLES0"
 
 # ---- a flood of forged capabilities: every one refused, their audit lines held to the caller's rate ----

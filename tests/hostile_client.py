@@ -243,6 +243,8 @@ def ws(port, cap, sandbox, case):
         s.sendall(bytes([0x82, 0xFF]) + struct.pack("!Q", 1 << 62) + os.urandom(4))
     elif case == "bad-utf8-text":
         s.sendall(ws_frame(1, b"\xff\xfe"))
+    elif case == "input-after-end":
+        s.sendall(ws_frame(2, b"ihello\n") + ws_frame(2, b"d") + ws_frame(2, b"imore\n"))
     s.settimeout(10)
     buf = rest
     try:
