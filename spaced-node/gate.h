@@ -180,6 +180,7 @@ struct mgr {
 	bool api_held;             /* a stream was held back while node-api was behind */
 	struct gstream *streams;
 	size_t nstreams;
+	uint64_t out_unacked; /* every stream's output sent to node-api, not yet credited */
 	struct idle_conn *idle;
 	size_t nidle;
 	/* the executor (gate_jobs.c) */

@@ -13,8 +13,11 @@
  * (the execution's own buffers then stop it) until node-api credits what its
  * client took. Likewise at most GATE_WINDOW bytes of input go to node-api's
  * credit before node-api stops reading its client. A slow client thus slows
- * only its own stream; one whose window stays full for cfg->stall_timeout_ms is
- * cut. The link to node-api never carries more than the windows of the open
+ * only its own stream; one whose client takes none of its output (or whose
+ * execution none of a window of its input) for cfg->stall_timeout_ms is cut
+ * (a slow but steady client keeps its own). While all streams' output on its way holds NODE_WINDOWS_BUDGET, a
+ * stream's window is NODE_WINDOW_SMALL (node.h): a stream paused by it has
+ * that much uncredited, so its own credit wakes it. The link to node-api never carries more than the windows of the open
  * streams, and the gate stops reading executions while node-api is behind.
  */
 #include "gate.h"
@@ -75,7 +78,9 @@ struct gstream {
 		uint64_t end, bytes;
 	} ring[CREDIT_RING];
 	unsigned ring_head, ring_len;
-	uint64_t stalled_since; /* when a window filled up (0: not full) */
+	uint64_t stalled_since; /* since when its output or input has not moved (0: it moves) */
+	uint64_t out_credited;  /* output node-api credited, in all */
+	uint64_t tick_credited, tick_wq_out; /* out_credited and wq_out at the last tick */
 	bool awaiting_recovery; /* its execution is being re-bridged or restarted */
 };
 
@@ -254,6 +259,21 @@ static void note_input(struct gstream *s, uint64_t bytes)
 	s->ring_len++;
 }
 
+/* The output window of s now (node.h: NODE_WINDOWS_BUDGET). */
+static uint64_t out_window(const struct gstream *s)
+{
+	return s->m->out_unacked >= NODE_WINDOWS_BUDGET ? NODE_WINDOW_SMALL : GATE_WINDOW;
+}
+
+static void out_acked(struct gstream *s, uint64_t bytes)
+{
+	if (bytes > s->out_unacked)
+		bytes = s->out_unacked;
+	s->out_unacked -= bytes;
+	s->m->out_unacked -= bytes;
+	s->out_credited += bytes;
+}
+
 static void stream_out(struct gstream *s, uint16_t type, uint16_t flags, const uint8_t *p, size_t n)
 {
 	/* OUT's fields, the guest's type and its bytes: the two fields' heads
@@ -263,6 +283,7 @@ static void stream_out(struct gstream *s, uint16_t type, uint16_t flags, const u
 	if (n <= NODE_MSG_MAX - 64 && spaced_field_put_u64(&b, type) == 0 && spaced_field_put_bytes_head(&b, n) == 0)
 		api_send2(s->m, NODE_MSG_OUT, flags, s->id, b.data, b.len, p, n);
 	s->out_unacked += n;
+	s->m->out_unacked += n;
 }
 
 /* ---- idle connections ---- */
@@ -419,6 +440,7 @@ static void streams_reap(struct mgr *m)
 		struct gstream *s = *pp;
 		if (s->dead && !s->closing && !s->poll_on) {
 			*pp = s->next;
+			out_acked(s, s->out_unacked);
 			spaced_buf_free(&s->rbuf);
 			spaced_buf_free(&s->wq);
 			free(s);
@@ -533,7 +555,8 @@ static void guest_readable(struct gstream *s)
 	struct mgr *m = s->m;
 	uint8_t tmp[SPACED_FRAME_CHUNK];
 	/* what the window and node-api's backlog let through */
-	size_t room = GATE_WINDOW - (s->out_unacked < GATE_WINDOW ? s->out_unacked : GATE_WINDOW);
+	uint64_t window = out_window(s);
+	size_t room = (size_t)(window - (s->out_unacked < window ? s->out_unacked : window));
 	if (room == 0 || api_backlog(m))
 		return;
 	ssize_t r = recv(s->gfd, tmp, s->raw && room < sizeof tmp ? room : sizeof tmp, MSG_DONTWAIT);
@@ -631,7 +654,7 @@ static void stream_update_poll(struct gstream *s)
 {
 	if (s->dead || !s->poll_on || s->closing)
 		return;
-	bool want_read = s->out_unacked < GATE_WINDOW && !api_backlog(s->m);
+	bool want_read = s->out_unacked < out_window(s) && !api_backlog(s->m);
 	int ev = (want_read ? UV_READABLE : 0) | (s->wq_off < s->wq.len ? UV_WRITABLE : 0);
 	if (ev == s->events)
 		return;
@@ -989,7 +1012,7 @@ static int on_credit(struct mgr *m, const struct spaced_frame_hdr *h, const uint
 	struct gstream *s = stream_find(m, h->id);
 	if (!s)
 		return 0;
-	s->out_unacked = bytes > s->out_unacked ? 0 : s->out_unacked - bytes;
+	out_acked(s, bytes);
 	stream_update_poll(s);
 	return 0;
 }
@@ -1127,8 +1150,15 @@ void gate_streams_tick(struct mgr *m)
 	for (struct gstream *s = m->streams; s; s = s->next) {
 		if (s->dead || s->state != GS_OPEN)
 			continue;
-		bool client_full = s->out_unacked >= GATE_WINDOW;
-		bool exec_full = s->wq.len - s->wq_off >= GATE_WINDOW;
+		/* stalled: output waiting that the client took none of since the
+		 * last tick, or a window of input the execution took none of (a
+		 * client that reads slowly but steadily keeps its stream, however
+		 * long it takes; the window's size, which the budget of all windows
+		 * changes, does not matter) */
+		bool client_full = s->out_unacked > 0 && s->out_credited == s->tick_credited;
+		bool exec_full = s->wq.len - s->wq_off >= NODE_WINDOW_SMALL && s->wq_out == s->tick_wq_out;
+		s->tick_credited = s->out_credited;
+		s->tick_wq_out = s->wq_out;
 		if (!client_full && !exec_full) {
 			s->stalled_since = 0;
 			continue;

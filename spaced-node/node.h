@@ -64,6 +64,14 @@ enum node_msg {
 /* Flow control on the socketpair: per stream and direction, at most this
  * many bytes on their way (the gate's GATE_WINDOW). */
 #define NODE_WINDOW (1024u << 10)
+/* ... while all the streams' windows in one direction together hold less
+ * than NODE_WINDOWS_BUDGET; past it a stream gets NODE_WINDOW_SMALL, so a
+ * tenant that stalls hundreds of streams holds the budget (plus 64 KiB a
+ * stream) in node-api and the gate, not a MiB each, and everyone's streams
+ * still move. (The output side is the gate's, the input side node-api's: each
+ * holds back what its own side sends.) */
+#define NODE_WINDOWS_BUDGET (64u << 20)
+#define NODE_WINDOW_SMALL (64u << 10)
 
 /* Largest frame on the socketpair: a guest chunk plus its fields. */
 #define NODE_MSG_MAX (SPACED_FRAME_CHUNK + 1024)

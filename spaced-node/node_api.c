@@ -107,6 +107,7 @@ static struct {
 	size_t held;        /* every request's held bytes */
 	uint64_t budget;    /* node_api_config.answer_memory */
 	uint64_t held_refused; /* requests refused 503 by the budget */
+	uint64_t in_unacked;   /* every stream's input sent to the gate, not yet credited back */
 } A;
 
 static void mgr_update_poll(void);
@@ -160,8 +161,17 @@ static void q_drop(struct areq *r)
 	r->q_bytes = 0;
 }
 
+static void in_acked(struct areq *r, uint64_t bytes)
+{
+	if (bytes > r->in_unacked)
+		bytes = r->in_unacked;
+	r->in_unacked -= bytes;
+	A.in_unacked -= bytes;
+}
+
 static void areq_free(struct areq *r)
 {
+	in_acked(r, r->in_unacked);
 	struct areq **pp = &A.bucket[r->id % API_BUCKETS];
 	while (*pp && *pp != r)
 		pp = &(*pp)->hnext;
@@ -293,7 +303,9 @@ static void credit(struct areq *r, size_t n, bool flush)
 
 static void input_flow(struct areq *r)
 {
-	bool pause = r->in_unacked >= NODE_WINDOW;
+	/* node.h: past the budget of all windows a stream gets the small one;
+	 * one paused by it has that much on its way, so its own credit wakes it */
+	bool pause = r->in_unacked >= (A.in_unacked >= NODE_WINDOWS_BUDGET ? NODE_WINDOW_SMALL : NODE_WINDOW);
 	if (r->c && pause != r->input_paused) {
 		r->input_paused = pause;
 		spaced_httpconn_read(r->c, !pause);
@@ -303,6 +315,7 @@ static void input_flow(struct areq *r)
 static int mgr_send_in(struct areq *r, uint16_t in, const void *p, size_t n, bool end)
 {
 	r->in_unacked += n;
+	A.in_unacked += n;
 	input_flow(r);
 	/* the fields' heads, then the data straight into the link's buffer */
 	struct spaced_buf b;
@@ -1002,7 +1015,7 @@ static int on_gcredit(void *ctx, const struct spaced_frame_hdr *h, const uint8_t
 	struct areq *r = areq_find(h->id);
 	if (!r)
 		return 0;
-	r->in_unacked = bytes > r->in_unacked ? 0 : r->in_unacked - bytes;
+	in_acked(r, bytes);
 	input_flow(r);
 	return 0;
 }

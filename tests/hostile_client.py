@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """hostile_client.py — a hostile HTTP client for tests/hostile.t.sh (loopback only).
 
-  slowread PORT CAP PATH N HOLD       N downloads of PATH from sockets with a 4 KiB receive buffer that
+  slowread PORT CAP PATH N HOLD [SRC] N downloads of PATH from sockets with a 4 KiB receive buffer that
                                       read nothing until the server has closed them all (ss: its side
                                       left ESTABLISHED; at most HOLD seconds), then drain each; prints
                                       JSON {"conns", "cut" (closed by the server, incomplete),
                                       "complete", "streaming" (still held open), "bytes"}
+  steadyread PORT CAP PATH RATE       one download of PATH read at RATE bytes a second (64 KiB at a time)
+                                      to its end; prints JSON {"bytes", "complete", "seconds"}
   slowloris PORT SRC N HOLD           N connections from address SRC trickling a request head one byte a
                                       second for HOLD seconds; prints JSON {"opened", "refused",
                                       "closed_by_server", "answers": {status: count}}
@@ -76,11 +78,11 @@ def server_established(port, local_ports):
     return held
 
 
-def slowread(port, cap, path, n, hold):
+def slowread(port, cap, path, n, hold, src=None):
     req = ("GET /v1/sandboxes/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (path, cap)).encode()
     conns = []
     for _ in range(n):
-        s = connect(port, rcvbuf=4096)
+        s = connect(port, src, rcvbuf=4096)
         s.sendall(req)
         conns.append(s)
     ports = {s.getsockname()[1] for s in conns}
@@ -91,6 +93,7 @@ def slowread(port, cap, path, n, hold):
     while held and time.time() < t_end:
         time.sleep(0.5)
         held = server_established(port, ports)
+    held_for = round(hold - (t_end - time.time()), 1)
     cut = complete = streaming = 0
     sizes = []
     for s in conns:
@@ -123,7 +126,55 @@ def slowread(port, cap, path, n, hold):
         streaming += mine in held and not done
         sizes.append(len(body))
         s.close()
-    print(json.dumps({"conns": n, "cut": cut, "complete": complete, "streaming": streaming, "bytes": sizes}))
+    print(json.dumps({"conns": n, "cut": cut, "complete": complete, "streaming": streaming, "held_for": held_for,
+                      "bytes": sizes}))
+
+
+def steadyread(port, cap, path, rate):
+    s = connect(port)
+    s.settimeout(30)
+    s.sendall(("GET /v1/sandboxes/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n"
+               % (path, cap)).encode())
+    got, t0 = bytearray(), time.monotonic()
+    want, head_len = None, None
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+            if head_len is None and b"\r\n\r\n" in got:
+                head, _, _ = got.partition(b"\r\n\r\n")
+                head_len = len(head) + 4
+                for line in head.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        want = int(v.strip())
+            if want is not None and len(got) - head_len >= want:
+                break
+            # hold to the rate: the bytes so far should have taken this long
+            lag = len(got) / rate - (time.monotonic() - t0)
+            if lag > 0:
+                time.sleep(lag)
+            if want is None and head_len is not None and got.endswith(b"\r\n0\r\n\r\n"):
+                break
+    except (OSError, ConnectionError):
+        pass
+    body = bytes(got[head_len:]) if head_len is not None else b""
+    if want is None and body.endswith(b"\r\n0\r\n\r\n"):
+        # chunked: the data without the chunks' heads
+        data, rest = b"", body
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            data, rest = data + rest[:size], rest[size + 2:]
+        body, want = data, len(data)
+    body = len(body)
+    print(json.dumps({"status": status_of(bytes(got)) if got else "closed", "bytes": body,
+                      "complete": want is not None and body == want,
+                      "seconds": round(time.monotonic() - t0, 1)}))
 
 
 def slowloris(port, src, n, hold):
@@ -336,7 +387,9 @@ def bigjson(port, src, cap, sandbox, n, hold, cmd):
 def main():
     a = sys.argv[1:]
     if a[0] == "slowread":
-        slowread(int(a[1]), a[2], a[3], int(a[4]), float(a[5]))
+        slowread(int(a[1]), a[2], a[3], int(a[4]), float(a[5]), a[6] if len(a) > 6 else None)
+    elif a[0] == "steadyread":
+        steadyread(int(a[1]), a[2], a[3], int(a[4]))
     elif a[0] == "slowloris":
         slowloris(int(a[1]), a[2], int(a[3]), float(a[4]))
     elif a[0] == "malformed":
