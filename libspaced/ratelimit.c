@@ -16,8 +16,12 @@ struct bucket {
 struct slot {
 	char key[SPACED_CALLER_KEY_MAX];
 	struct bucket b;
-	uint64_t suppressed;
 	bool used;
+	/* held back, by reason, since first_held_ns */
+	uint64_t first_held_ns;
+	size_t nheld;
+	char reason[SPACED_RATELIMIT_REASONS][SPACED_RATELIMIT_REASON_MAX];
+	uint64_t count[SPACED_RATELIMIT_REASONS];
 };
 
 struct spaced_ratelimit {
@@ -25,7 +29,10 @@ struct spaced_ratelimit {
 	struct bucket total;
 	struct slot *slots;
 	size_t n;
+	size_t pending; /* slots with lines held back */
 	uint64_t suppressed_total;
+	spaced_ratelimit_summary_fn summary;
+	void *summary_ctx;
 };
 
 struct spaced_ratelimit *spaced_ratelimit_new(unsigned per_second, unsigned burst, unsigned total_per_second,
@@ -53,10 +60,51 @@ struct spaced_ratelimit *spaced_ratelimit_audit_deny(void)
 	                            SPACED_AUDIT_DENY_TOTAL_BURST, SPACED_AUDIT_DENY_KEYS);
 }
 
+/* Hands s's held-back counts to the summary function and clears them. */
+static void summarize(struct spaced_ratelimit *l, struct slot *s)
+{
+	if (s->nheld == 0)
+		return;
+	struct spaced_ratelimit_held h[SPACED_RATELIMIT_REASONS];
+	for (size_t i = 0; i < s->nheld; i++) {
+		h[i].reason = s->reason[i];
+		h[i].count = s->count[i];
+	}
+	if (l->summary)
+		l->summary(l->summary_ctx, s->key, h, s->nheld);
+	s->nheld = 0;
+	l->pending--;
+}
+
+void spaced_ratelimit_flush(struct spaced_ratelimit *l, uint64_t now_ns, bool all)
+{
+	if (!l || l->pending == 0)
+		return;
+	uint64_t age = (uint64_t)SPACED_RATELIMIT_SUMMARY_S * 1000000000ull;
+	for (size_t i = 0; i < l->n && l->pending > 0; i++) {
+		struct slot *s = &l->slots[i];
+		if (s->nheld && (all || now_ns - s->first_held_ns >= age))
+			summarize(l, s);
+	}
+}
+
+bool spaced_ratelimit_pending(const struct spaced_ratelimit *l)
+{
+	return l && l->pending > 0;
+}
+
+void spaced_ratelimit_on_summary(struct spaced_ratelimit *l, spaced_ratelimit_summary_fn fn, void *ctx)
+{
+	l->summary = fn;
+	l->summary_ctx = ctx;
+}
+
 void spaced_ratelimit_free(struct spaced_ratelimit *l)
 {
-	if (l)
+	if (l) {
+		spaced_ratelimit_flush(l, 0, true);
 		free(l->slots);
+	}
 	free(l);
 }
 
@@ -127,6 +175,7 @@ static struct slot *slot_of(struct spaced_ratelimit *l, const char *key, uint64_
 		if (!oldest || (oldest->used && (!s->used || s->b.last_ns < oldest->b.last_ns)))
 			oldest = s;
 	}
+	summarize(l, oldest); /* what it held back is written before its slot goes */
 	memset(oldest, 0, sizeof *oldest);
 	oldest->used = true;
 	snprintf(oldest->key, sizeof oldest->key, "%s", key);
@@ -135,23 +184,49 @@ static struct slot *slot_of(struct spaced_ratelimit *l, const char *key, uint64_
 	return oldest;
 }
 
-bool spaced_ratelimit_take(struct spaced_ratelimit *l, const char *caller, uint64_t now_ns, uint64_t *suppressed)
+static size_t reason_at(const struct slot *s, const char *reason)
+{
+	size_t i = 0;
+	while (i < s->nheld && strcmp(s->reason[i], reason) != 0)
+		i++;
+	return i;
+}
+
+/* Counts one held-back line of s for reason (past SPACED_RATELIMIT_REASONS - 1
+ * reasons, as "other": only "other" takes the table's last entry). */
+static void hold(struct spaced_ratelimit *l, struct slot *s, const char *reason, uint64_t now_ns)
+{
+	if (!reason || !reason[0])
+		reason = "other";
+	size_t i = reason_at(s, reason);
+	if (i == s->nheld && s->nheld >= SPACED_RATELIMIT_REASONS - 1)
+		i = reason_at(s, reason = "other");
+	if (i == s->nheld) {
+		if (s->nheld == 0) {
+			s->first_held_ns = now_ns;
+			l->pending++;
+		}
+		snprintf(s->reason[i], sizeof s->reason[i], "%s", reason);
+		s->count[i] = 0;
+		s->nheld++;
+	}
+	s->count[i]++;
+	l->suppressed_total++;
+}
+
+bool spaced_ratelimit_take(struct spaced_ratelimit *l, const char *caller, const char *reason, uint64_t now_ns)
 {
 	char key[SPACED_CALLER_KEY_MAX];
 	spaced_caller_key(caller, key);
 	struct slot *s = slot_of(l, key, now_ns);
 	refill(&s->b, l->rate, l->burst, now_ns);
 	refill(&l->total, l->total_rate, l->total_burst, now_ns);
-	*suppressed = 0;
 	if (s->b.tokens < 1 || l->total.tokens < 1) {
-		s->suppressed++;
-		l->suppressed_total++;
+		hold(l, s, reason, now_ns);
 		return false;
 	}
 	s->b.tokens -= 1;
 	l->total.tokens -= 1;
-	*suppressed = s->suppressed;
-	s->suppressed = 0;
 	return true;
 }
 

@@ -102,6 +102,7 @@ static void *reaper_thread(void *arg)
 	while (!cp->stopping) {
 		for (int i = 0; i < 10 && !cp->stopping; i++)
 			usleep(100000);
+		cp_observe_flush(false); /* refusals' summaries that are due */
 		if (!cp->stopping)
 			cp_reap(cp, st);
 		if (!cp->stopping && ++ticks >= sweep_every) {
@@ -514,6 +515,7 @@ int main(int argc, char **argv)
 	cp.stopping = 1;
 	if (have_reaper)
 		pthread_join(reaper, NULL);
+	cp_observe_flush(true);
 	cp_signer_stop(&cp);
 	cp_store_close(cp.loop_st);
 	SSL_CTX_free(cp.tls);

@@ -127,20 +127,45 @@ void cp_audit_admin(const char *command, const char *subject, int ok)
 	                "ok", ok));
 }
 
+/* A caller's refusals held back past its rate: one line, each reason's count
+ * (DESIGN §5: every DENY in the audit log with its caller and reason). */
+static void refusals_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
+{
+	(void)ctx;
+	json_t *by = json_object();
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
+		total += held[i].count;
+	}
+	audit(json_pack("{s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "held_back", by, "total",
+	                (json_int_t)total));
+}
+
+static pthread_mutex_t refusals_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct spaced_ratelimit *refusals;
+
 /* Whether the audit line of one more refused request of caller may be
  * written (ratelimit.h: a flood of 401s cannot fill the control plane's
- * disk); *held: how many of caller's were held back before. */
-static bool refusal_allowed(const char *caller, uint64_t *held)
+ * disk); when not, it is counted by reason and written in its caller's
+ * summary (cp_observe_flush). */
+static bool refusal_allowed(const char *caller, const char *reason)
 {
-	static struct spaced_ratelimit *refusals;
-	pthread_mutex_lock(&audit_mu);
-	if (!refusals)
-		refusals = spaced_ratelimit_audit_deny();
-	bool ok = !refusals || spaced_ratelimit_take(refusals, caller, spaced_mono_ns(), held);
+	pthread_mutex_lock(&refusals_mu);
+	if (!refusals && (refusals = spaced_ratelimit_audit_deny()))
+		spaced_ratelimit_on_summary(refusals, refusals_summary, NULL);
+	bool ok = !refusals || spaced_ratelimit_take(refusals, caller, reason, spaced_mono_ns());
 	if (!ok)
 		atomic_fetch_add(&M.audit_suppressed, 1);
-	pthread_mutex_unlock(&audit_mu);
+	pthread_mutex_unlock(&refusals_mu);
 	return ok;
+}
+
+void cp_observe_flush(bool all)
+{
+	pthread_mutex_lock(&refusals_mu);
+	spaced_ratelimit_flush(refusals, spaced_mono_ns(), all);
+	pthread_mutex_unlock(&refusals_mu);
 }
 
 void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns)
@@ -160,9 +185,8 @@ void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns
 		atomic_fetch_add(&M.unauthorized, 1);
 	if (!changed && rq->status != 401 && rq->status != 403)
 		return;
-	uint64_t held = 0;
-	if (!changed && !refusal_allowed(rq->peer, &held))
-		return; /* a flood of refusals past its caller's rate: counted */
+	if (!changed && !refusal_allowed(rq->peer, rq->status == 401 ? "unauthorized" : "forbidden"))
+		return; /* a flood of refusals past its caller's rate: counted, summarized */
 	char path[256];
 	snprintf(path, sizeof path, "%s", rq->path);
 	path[strcspn(path, "?")] = '\0';
@@ -172,8 +196,6 @@ void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns
 	                      rq->request_id);
 	if (tenant && tenant[0])
 		json_object_set_new(e, "tenant", json_string(tenant));
-	if (held)
-		json_object_set_new(e, "suppressed", json_integer((json_int_t)held));
 	if (changed && rq->resp) {
 		/* what the answer names: the sandbox, its generation and worker */
 		json_error_t jerr;

@@ -7,6 +7,7 @@
 #ifndef SPACED_CP_OBSERVE_H
 #define SPACED_CP_OBSERVE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct cp;
@@ -20,6 +21,11 @@ int cp_audit_open(const char *state_dir);
  * endpoint and status class, and audits it when it changed something or its
  * key was refused. Any thread. */
 void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns);
+
+/* Writes the summaries of refusals held back past their caller's rate
+ * (ratelimit.h) that are due, or every one when all. The reaper's tick, and
+ * at exit. */
+void cp_observe_flush(bool all);
 
 /* An `spaced-cp admin` command in the audit log: what it did, to whom, its
  * outcome (secrets are never written). */

@@ -524,14 +524,14 @@ static void reply(struct conn *c, int status, const char *extra_headers, const c
 	conn_close(c);
 }
 
-/* Every DENY into the worker's audit log, as the gate writes its own:
- * one JSON line, one O_APPEND write; held counts the caller's refusals not
- * logged before it (its rate, ratelimit.h). */
-static void audit_deny(const char *peer, struct conn *c, struct spaced_decision d, const struct spaced_cap *cap,
-                       uint64_t held)
+/* One line of the worker's audit log, as the gate writes its own: its time
+ * and component first, then j's members (taken); one O_APPEND write. */
+static void audit_write(json_t *j)
 {
-	if (G.audit_fd < 0)
+	if (G.audit_fd < 0 || !j) {
+		json_decref(j);
 		return;
+	}
 	char when[40];
 	struct timespec ts;
 	struct tm tm;
@@ -539,15 +539,11 @@ static void audit_deny(const char *peer, struct conn *c, struct spaced_decision 
 	gmtime_r(&ts.tv_sec, &tm);
 	size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
 	snprintf(when + n, sizeof when - n, ".%03ldZ", ts.tv_nsec / 1000000);
-	json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i}", "time", when, "component", "spaced-netgtw", "event",
-	                      "deny", "outcome", spaced_verdict_name(d.verdict), "reason", spaced_reason_name(d.reason),
-	                      "caller", peer, "sandbox", G.self.sandbox, "port", (int)c->req.port);
-	if (j && cap && cap->id.sandbox[0])
-		json_object_set_new(j, "identity", spaced_identity_to_json(&cap->id));
-	if (j && held)
-		json_object_set_new(j, "suppressed", json_integer((json_int_t)held));
-	char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_t *line = json_pack("{s:s,s:s}", "time", when, "component", "spaced-netgtw");
+	json_object_update(line, j);
 	json_decref(j);
+	char *text = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(line);
 	if (text) {
 		size_t len = strlen(text);
 		text[len] = '\n';
@@ -555,6 +551,43 @@ static void audit_deny(const char *peer, struct conn *c, struct spaced_decision 
 			glog("level=error event=audit-write-failed");
 		free(text);
 	}
+}
+
+/* Every DENY into the worker's audit log (one past its caller's rate is
+ * counted, and written in its caller's summary: refusals_summary). */
+static void audit_deny(const char *peer, struct conn *c, struct spaced_decision d, const struct spaced_cap *cap)
+{
+	json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:i}", "event", "deny", "outcome", spaced_verdict_name(d.verdict),
+	                      "reason", spaced_reason_name(d.reason), "caller", peer, "sandbox", G.self.sandbox, "port",
+	                      (int)c->req.port);
+	if (j && cap && cap->id.sandbox[0])
+		json_object_set_new(j, "identity", spaced_identity_to_json(&cap->id));
+	audit_write(j);
+}
+
+/* A caller's refusals held back past its rate: one line, each reason's count
+ * (DESIGN §5: every DENY in the audit log with its caller and reason). */
+static void refusals_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
+{
+	(void)ctx;
+	json_t *by = json_object();
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
+		total += held[i].count;
+	}
+	audit_write(json_pack("{s:s,s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "sandbox",
+	                      G.self.sandbox, "held_back", by, "total", (json_int_t)total));
+}
+
+/* The lines about an unreachable guest held back: one line per error. */
+static void guest_fail_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
+{
+	(void)ctx;
+	(void)caller;
+	for (size_t i = 0; i < n; i++)
+		glog("level=warn event=guest-unreachable-held-back code=%s count=%llu", held[i].reason,
+		     (unsigned long long)held[i].count);
 }
 
 static void refuse(struct conn *c, struct spaced_decision d)
@@ -582,16 +615,15 @@ static void refuse(struct conn *c, struct spaced_decision d)
 	struct sockaddr_in pa;
 	socklen_t pl = sizeof pa;
 	char peer[64] = "";
-	uint64_t held = 0;
 	if (getpeername(c->cfd, (struct sockaddr *)&pa, &pl) == 0 && pa.sin_family == AF_INET) {
 		char a[INET_ADDRSTRLEN];
 		inet_ntop(AF_INET, &pa.sin_addr, a, sizeof a);
 		snprintf(peer, sizeof peer, "%s:%u", a, ntohs(pa.sin_port));
 	}
-	if (!G.refusals || spaced_ratelimit_take(G.refusals, peer, spaced_mono_ns(), &held)) {
-		audit_deny(peer, c, d, &c->cap, held);
-		glog("level=info event=refused outcome=%s reason=%s suppressed=%llu", spaced_verdict_name(d.verdict),
-		     spaced_reason_name(d.reason), (unsigned long long)held);
+	if (!G.refusals || spaced_ratelimit_take(G.refusals, peer, spaced_reason_name(d.reason), spaced_mono_ns())) {
+		audit_deny(peer, c, d, &c->cap);
+		glog("level=info event=refused outcome=%s reason=%s", spaced_verdict_name(d.verdict),
+		     spaced_reason_name(d.reason));
 	}
 	reply(c, status, NULL, body);
 }
@@ -819,10 +851,8 @@ static void guest_failed(struct conn *c, int e, const char *why)
 	G.n_guest_fail++;
 	/* a tenant connecting in a loop to a port nothing listens on: a line a
 	 * second at most (ten at once), the rest counted */
-	uint64_t held = 0;
-	if (!G.guest_fail_log || spaced_ratelimit_take(G.guest_fail_log, "guest", spaced_mono_ns(), &held))
-		glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\" suppressed=%llu", c->gport,
-		     spaced_errname(e), why, (unsigned long long)held);
+	if (!G.guest_fail_log || spaced_ratelimit_take(G.guest_fail_log, "guest", spaced_errname(e), spaced_mono_ns()))
+		glog("level=warn event=guest-unreachable port=%u code=%s reason=\"%s\"", c->gport, spaced_errname(e), why);
 	if (c->gfd >= 0) {
 		epoll_ctl(G.ep, EPOLL_CTL_DEL, c->gfd, NULL);
 		close(c->gfd);
@@ -1366,6 +1396,10 @@ int main(int argc, char **argv)
 	G.audit_fd = -1;
 	G.refusals = spaced_ratelimit_audit_deny(); /* NULL (out of memory): every line written */
 	G.guest_fail_log = spaced_ratelimit_new(1, 10, 1, 10, 8);
+	if (G.refusals)
+		spaced_ratelimit_on_summary(G.refusals, refusals_summary, NULL);
+	if (G.guest_fail_log)
+		spaced_ratelimit_on_summary(G.guest_fail_log, guest_fail_summary, NULL);
 	long lpid = 0;
 	unsigned long long lstart = 0;
 	uid_t owner = 0;
@@ -1535,7 +1569,10 @@ int main(int argc, char **argv)
 	for (;;) {
 		/* the sweep's tick only while there are connections: an idle gateway
 		 * (one per execution) sleeps until a client, a record or its launcher */
-		int n = epoll_wait(G.ep, evs, 64, G.conns ? 1000 : -1);
+		int n = epoll_wait(G.ep, evs, 64,
+		                   G.conns || spaced_ratelimit_pending(G.refusals) || spaced_ratelimit_pending(G.guest_fail_log)
+		                       ? 1000
+		                       : -1);
 		if (n < 0 && errno != EINTR)
 			return 1;
 		for (int i = 0; i < n; i++) {
@@ -1548,6 +1585,8 @@ int main(int argc, char **argv)
 			} else if (p == &tag_ino) {
 				on_inotify();
 			} else if (p == &tag_pid) {
+				spaced_ratelimit_flush(G.refusals, 0, true);
+				spaced_ratelimit_flush(G.guest_fail_log, 0, true);
 				glog("level=info event=exit reason=\"the launcher ended\" allowed=%llu refused=%llu cut=%llu kept=%llu",
 				     (unsigned long long)G.n_allow, (unsigned long long)G.n_refuse, (unsigned long long)G.n_cut,
 				     (unsigned long long)G.n_kept);
@@ -1570,8 +1609,11 @@ int main(int argc, char **argv)
 		/* closed connections are freed after the batch (events may still name them) */
 		uint64_t t = now_ms();
 		bool sweep = t - last_sweep > 1000;
-		if (sweep)
+		if (sweep) {
 			last_sweep = t;
+			spaced_ratelimit_flush(G.refusals, spaced_mono_ns(), false);
+			spaced_ratelimit_flush(G.guest_fail_log, spaced_mono_ns(), false);
+		}
 		for (struct conn *c = G.conns, *nx; c; c = nx) {
 			nx = c->next;
 			if (sweep && !c->dead && c->st == C_HEAD && t - c->t0 > HEAD_TIMEOUT_MS)

@@ -217,11 +217,14 @@ struct mgr {
 int gate_audit_open(struct mgr *m);
 /* Appends entry (a JSON object, taken) with its time as one line. */
 void gate_audit(struct mgr *m, json_t *entry);
-/* Whether the lines about one more refused request of caller may be written
- * (ratelimit.h: a flood of refusals cannot fill the worker's disk); when
- * they may, *suppressed is how many of caller's were held back before
- * (named in its audit line). */
-bool gate_audit_refusal_allowed(const char *caller, uint64_t *suppressed);
+/* Whether the lines about one more refused request of caller for reason
+ * may be written (ratelimit.h: a flood of refusals cannot fill the worker's
+ * disk); when not, it is counted, and written in a `deny-summary` line of
+ * its caller (each reason's count) by gate_audit_flush within
+ * SPACED_RATELIMIT_SUMMARY_S and a tick. */
+bool gate_audit_refusal_allowed(const char *caller, const char *reason);
+/* Writes the summaries that are due (all: every one). From the tick. */
+void gate_audit_flush(bool all);
 /* Every refusal's lines held back so far. */
 uint64_t gate_audit_suppressed_total(void);
 

@@ -29,6 +29,21 @@
 static int audit_fd = -1;
 static struct spaced_ratelimit *refusals; /* the gate's one thread */
 
+/* A caller's refusals held back past its rate: one line, each reason's count
+ * (DESIGN §5: every DENY in the audit log with its caller and reason). */
+static void refusals_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
+{
+	json_t *by = json_object();
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
+		total += held[i].count;
+	}
+	gate_audit(ctx, json_pack("{s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "held_back", by,
+	                          "total", (json_int_t)total));
+	gate_log("level=info event=refusals-held-back caller=%s total=%llu", caller, (unsigned long long)total);
+}
+
 int gate_audit_open(struct mgr *m)
 {
 	char path[4200];
@@ -36,13 +51,18 @@ int gate_audit_open(struct mgr *m)
 	audit_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (audit_fd < 0 || !(refusals = spaced_ratelimit_audit_deny()))
 		return SPACED_EIO;
+	spaced_ratelimit_on_summary(refusals, refusals_summary, m);
 	return 0;
 }
 
-bool gate_audit_refusal_allowed(const char *caller, uint64_t *suppressed)
+bool gate_audit_refusal_allowed(const char *caller, const char *reason)
 {
-	*suppressed = 0;
-	return !refusals || spaced_ratelimit_take(refusals, caller, spaced_mono_ns(), suppressed);
+	return !refusals || spaced_ratelimit_take(refusals, caller, reason, spaced_mono_ns());
+}
+
+void gate_audit_flush(bool all)
+{
+	spaced_ratelimit_flush(refusals, spaced_mono_ns(), all);
 }
 
 uint64_t gate_audit_suppressed_total(void)

@@ -328,6 +328,7 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mgr *m = t->data;
 	gate_streams_tick(m);
+	gate_audit_flush(false);
 	if (++m->ticks % 5 == 0)
 		forget_tombstones(m);
 }
@@ -411,6 +412,7 @@ int mgr_run(const struct mgr_config *cfg)
 	         (unsigned long long)mgr_store_last_seq(m.store));
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = 0;
+	gate_audit_flush(true); /* what is held back is written before the gate goes */
 out:
 	pool_stop(&m);
 	gate_streams_stop(&m);

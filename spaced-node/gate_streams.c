@@ -802,9 +802,11 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 		if (d.verdict <= SPACED_DENY && d.reason < SPACED_REASON__COUNT)
 			m->n_refused_by[d.verdict][d.reason]++;
 		/* the lines about a refusal; a flood's past the caller's rate
-		 * are counted, and named in its next ones */
-		uint64_t held = 0;
-		if (gate_audit_refusal_allowed(peer, &held)) {
+		 * are counted, by reason, and written as its summary */
+		char why[64];
+		snprintf(why, sizeof why, "%s%s", d.verdict == SPACED_DENY ? "" : "refresh-route:",
+		         spaced_reason_name(d.reason));
+		if (gate_audit_refusal_allowed(peer, why)) {
 			if (d.verdict == SPACED_DENY) {
 				/* every DENY: the caller, the reason and the identity (when verified) */
 				json_t *a = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "event", "deny", "reason",
@@ -816,14 +818,10 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 					json_object_set_new(a, "identity", json_string(text));
 					json_object_set_new(a, "jti", json_string(cap.jti));
 				}
-				if (held)
-					json_object_set_new(a, "suppressed", json_integer((json_int_t)held));
 				gate_audit(m, a);
 			}
-			gate_log("level=info event=refused request_id=%s caller=%s sandbox=%s outcome=%s reason=%s "
-			         "suppressed=%llu",
-			         request_id, peer, sandbox, d.verdict == SPACED_DENY ? "DENY" : "REFRESH_ROUTE",
-			         spaced_reason_name(d.reason), (unsigned long long)held);
+			gate_log("level=info event=refused request_id=%s caller=%s sandbox=%s outcome=%s reason=%s", request_id,
+			         peer, sandbox, d.verdict == SPACED_DENY ? "DENY" : "REFRESH_ROUTE", spaced_reason_name(d.reason));
 		}
 		send_refuse(m, NODE_MSG_REFUSE, h->id, d, sandbox);
 		return 0;

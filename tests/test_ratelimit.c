@@ -1,8 +1,10 @@
 /*
  * test_ratelimit.c — libspaced/ratelimit.h: the audit log's DENY lines are
  * held to a rate per caller address and for all callers together, and what
- * is held back is counted and named in the caller's next line. Time is
- * given, not measured: nothing here depends on the machine's speed.
+ * is held back is counted by caller and reason and handed to the summary
+ * function once it is SPACED_RATELIMIT_SUMMARY_S old, when its caller's slot
+ * goes to another caller, or on a flush of all — never lost. Time is given,
+ * not measured: nothing here depends on the machine's speed.
  */
 #include <criterion/criterion.h>
 
@@ -16,9 +18,8 @@
 static unsigned taken(struct spaced_ratelimit *l, const char *caller, unsigned tries, uint64_t now)
 {
 	unsigned n = 0;
-	uint64_t sup;
 	for (unsigned i = 0; i < tries; i++)
-		n += spaced_ratelimit_take(l, caller, now, &sup);
+		n += spaced_ratelimit_take(l, caller, "bad-signature", now);
 	return n;
 }
 
@@ -32,21 +33,70 @@ Test(ratelimit, a_caller_gets_its_burst_then_its_rate)
 	spaced_ratelimit_free(l);
 }
 
-Test(ratelimit, the_held_back_lines_are_named_in_the_next_one)
+/* What the summaries said: caller key, reason, count, in order. */
+static char said[64][128];
+static int nsaid;
+
+static void note(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
 {
+	(*(int *)ctx)++;
+	for (size_t i = 0; i < n && nsaid < 64; i++)
+		snprintf(said[nsaid++], sizeof said[0], "%s %s %llu", caller, held[i].reason,
+		         (unsigned long long)held[i].count);
+}
+
+Test(ratelimit, the_held_back_lines_are_summarized_by_caller_and_reason)
+{
+	int calls = 0;
+	nsaid = 0;
 	struct spaced_ratelimit *l = spaced_ratelimit_new(1, 2, 1000, 10000, 64);
-	uint64_t sup = 99;
-	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:1", S, &sup));
-	cr_expect_eq(sup, 0);
-	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:2", S, &sup));
-	for (int i = 0; i < 7; i++)
-		cr_expect_not(spaced_ratelimit_take(l, "127.0.0.1:3", S, &sup));
+	spaced_ratelimit_on_summary(l, note, &calls);
+	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:1", "expired", S));
+	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:2", "expired", S));
+	for (int i = 0; i < 5; i++)
+		cr_expect_not(spaced_ratelimit_take(l, "127.0.0.1:3", "expired", S));
+	cr_expect_not(spaced_ratelimit_take(l, "127.0.0.1:3", "bad-signature", S));
+	cr_expect_not(spaced_ratelimit_take(l, "127.0.0.1:3", NULL, S));
 	cr_expect_eq(spaced_ratelimit_suppressed_total(l), 7);
-	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:4", 2 * S, &sup), "a second later, one more");
-	cr_expect_eq(sup, 7, "it names the seven held back");
-	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:5", 3 * S, &sup));
-	cr_expect_eq(sup, 0, "and only once");
+	cr_expect(spaced_ratelimit_pending(l));
+	spaced_ratelimit_flush(l, S + S, false);
+	cr_expect_eq(calls, 0, "a second later: not yet due");
+	cr_assert(spaced_ratelimit_take(l, "127.0.0.1:4", "expired", 2 * S), "a line of its own again");
+	spaced_ratelimit_flush(l, S + SPACED_RATELIMIT_SUMMARY_S * S, false);
+	cr_assert_eq(calls, 1, "due once its first held-back one is %d s old", SPACED_RATELIMIT_SUMMARY_S);
+	cr_expect_eq(nsaid, 3);
+	cr_expect_str_eq(said[0], "127.0.0.1 expired 5");
+	cr_expect_str_eq(said[1], "127.0.0.1 bad-signature 1");
+	cr_expect_str_eq(said[2], "127.0.0.1 other 1");
+	cr_expect_not(spaced_ratelimit_pending(l));
+	spaced_ratelimit_flush(l, 100 * S, true);
+	cr_expect_eq(calls, 1, "and only once");
 	spaced_ratelimit_free(l);
+}
+
+Test(ratelimit, past_its_reasons_a_caller_counts_the_rest_as_other_and_nothing_is_lost)
+{
+	int calls = 0;
+	nsaid = 0;
+	struct spaced_ratelimit *l = spaced_ratelimit_new(1, 1, 1000, 10000, 64);
+	spaced_ratelimit_on_summary(l, note, &calls);
+	char why[32];
+	cr_assert(spaced_ratelimit_take(l, "198.18.0.9", "r0", S));
+	for (int i = 0; i < 20; i++) {
+		snprintf(why, sizeof why, "r%d", i);
+		cr_expect_not(spaced_ratelimit_take(l, "198.18.0.9", why, S));
+	}
+	spaced_ratelimit_free(l); /* a flush of all first */
+	cr_assert_eq(calls, 1);
+	cr_assert_eq(nsaid, SPACED_RATELIMIT_REASONS);
+	unsigned long long sum = 0, c;
+	for (int i = 0; i < nsaid; i++) {
+		char k[64], r[64];
+		cr_assert_eq(sscanf(said[i], "%63s %63s %llu", k, r, &c), 3);
+		sum += c;
+	}
+	cr_expect_eq(sum, 20, "every held-back line counted once");
+	cr_expect_str_eq(said[SPACED_RATELIMIT_REASONS - 1], "198.18.0.9 other 13", "7 reasons named, 13 as other");
 }
 
 Test(ratelimit, callers_are_counted_apart_and_the_port_is_not_part_of_one)
@@ -81,7 +131,7 @@ Test(ratelimit, many_callers_together_are_held_to_the_total)
 	spaced_ratelimit_free(l);
 }
 
-Test(ratelimit, more_callers_than_the_table_holds_stay_bounded)
+Test(ratelimit, more_callers_than_the_table_holds_stay_bounded_and_the_evicted_are_summarized)
 {
 	struct spaced_ratelimit *l = spaced_ratelimit_new(1, 1, 1000000, 1000000, 16);
 	char caller[64];
@@ -92,6 +142,14 @@ Test(ratelimit, more_callers_than_the_table_holds_stay_bounded)
 	}
 	cr_expect_eq(n, 5000, "each new caller its first line, the second held back");
 	cr_expect_eq(spaced_ratelimit_suppressed_total(l), 5000);
+	int calls = 0;
+	nsaid = 0;
+	spaced_ratelimit_on_summary(l, note, &calls);
+	for (int i = 0; i < 100; i++) {
+		snprintf(caller, sizeof caller, "198.18.100.%d", i);
+		n += taken(l, caller, 2, 2 * S);
+	}
+	cr_expect_geq(calls, 100 - 16, "a caller whose slot goes to another is summarized first (%d)", calls);
 	cr_expect_null(spaced_ratelimit_new(1, 1, 1, 1, 4), "a table smaller than its probe is refused");
 	cr_expect_null(spaced_ratelimit_new(0, 1, 1, 1, 64), "a rate of 0 is refused");
 	spaced_ratelimit_free(l);
