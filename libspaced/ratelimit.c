@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #define PROBE 8    /* neighbours looked at for a caller's slot */
 
 struct bucket {
@@ -233,4 +235,16 @@ bool spaced_ratelimit_take(struct spaced_ratelimit *l, const char *caller, const
 uint64_t spaced_ratelimit_suppressed_total(const struct spaced_ratelimit *l)
 {
 	return l ? l->suppressed_total : 0;
+}
+
+json_t *spaced_ratelimit_summary_json(const char *caller, const struct spaced_ratelimit_held *held, size_t n)
+{
+	json_t *by = json_object();
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
+		total += held[i].count;
+	}
+	return json_pack("{s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "held_back", by, "total",
+	                 (json_int_t)total);
 }

@@ -56,6 +56,11 @@ struct spaced_ratelimit_held {
 typedef void (*spaced_ratelimit_summary_fn)(void *ctx, const char *caller, const struct spaced_ratelimit_held *held,
                                             size_t n);
 
+/* The audit line of a summary: {"event":"deny-summary","caller","held_back":
+ * {reason: count…},"total"} (a new reference; NULL when out of memory). */
+struct json_t;
+struct json_t *spaced_ratelimit_summary_json(const char *caller, const struct spaced_ratelimit_held *held, size_t n);
+
 /* A limiter for up to keys callers; NULL when out of memory or a figure is 0. */
 struct spaced_ratelimit *spaced_ratelimit_new(unsigned per_second, unsigned burst, unsigned total_per_second,
                                               unsigned total_burst, size_t keys);

@@ -132,14 +132,9 @@ void cp_audit_admin(const char *command, const char *subject, int ok)
 static void refusals_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
 {
 	(void)ctx;
-	json_t *by = json_object();
-	uint64_t total = 0;
-	for (size_t i = 0; i < n; i++) {
-		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
-		total += held[i].count;
-	}
-	audit(json_pack("{s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "held_back", by, "total",
-	                (json_int_t)total));
+	json_t *e = spaced_ratelimit_summary_json(caller, held, n);
+	if (e)
+		audit(e);
 }
 
 static pthread_mutex_t refusals_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -570,14 +570,10 @@ static void audit_deny(const char *peer, struct conn *c, struct spaced_decision 
 static void refusals_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
 {
 	(void)ctx;
-	json_t *by = json_object();
-	uint64_t total = 0;
-	for (size_t i = 0; i < n; i++) {
-		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
-		total += held[i].count;
-	}
-	audit_write(json_pack("{s:s,s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "sandbox",
-	                      G.self.sandbox, "held_back", by, "total", (json_int_t)total));
+	json_t *j = spaced_ratelimit_summary_json(caller, held, n);
+	if (j)
+		json_object_set_new(j, "sandbox", json_string(G.self.sandbox));
+	audit_write(j);
 }
 
 /* The lines about an unreachable guest held back: one line per error. */

@@ -33,14 +33,10 @@ static struct spaced_ratelimit *refusals; /* the gate's one thread */
  * (DESIGN §5: every DENY in the audit log with its caller and reason). */
 static void refusals_summary(void *ctx, const char *caller, const struct spaced_ratelimit_held *held, size_t n)
 {
-	json_t *by = json_object();
 	uint64_t total = 0;
-	for (size_t i = 0; i < n; i++) {
-		json_object_set_new(by, held[i].reason, json_integer((json_int_t)held[i].count));
+	for (size_t i = 0; i < n; i++)
 		total += held[i].count;
-	}
-	gate_audit(ctx, json_pack("{s:s,s:s,s:o,s:I}", "event", "deny-summary", "caller", caller, "held_back", by,
-	                          "total", (json_int_t)total));
+	gate_audit(ctx, spaced_ratelimit_summary_json(caller, held, n));
 	gate_log("level=info event=refusals-held-back caller=%s total=%llu", caller, (unsigned long long)total);
 }
 
