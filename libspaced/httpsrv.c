@@ -72,6 +72,7 @@ struct spaced_httpconn {
 	uint64_t deadline_ns; /* idle / head / body progress must come before; 0: none */
 	/* output */
 	size_t queued;
+	size_t *account; /* counts queued too (spaced_httpconn_set_account) */
 	bool drain_armed;
 	uint64_t wprogress_ns; /* output last moved (queued, written, the socket took some) */
 	size_t wq_seen;        /* the socket's unwritten bytes at the last tick */
@@ -201,6 +202,8 @@ static void on_written(uv_write_t *w, int status)
 	struct spaced_httpconn *c = r->c;
 	c->queued -= r->len;
 	c->srv->queued -= r->len;
+	if (c->account)
+		*c->account -= r->len;
 	c->wprogress_ns = spaced_mono_ns();
 	free(r);
 	if (c->state == C_CLOSED)
@@ -230,6 +233,8 @@ static void queued_add(struct spaced_httpconn *c, size_t n)
 	}
 	c->queued += n;
 	c->srv->queued += n;
+	if (c->account)
+		*c->account += n;
 	if (c->queued > c->srv->cfg.low_water)
 		c->drain_armed = true;
 }
@@ -515,6 +520,7 @@ static void conn_close(struct spaced_httpconn *c)
 	ip_release(s, c->who);
 	if (s->cfg.ops->on_close)
 		s->cfg.ops->on_close(c);
+	spaced_httpconn_set_account(c, NULL); /* what it still queues counts in no account */
 	if (s->stopping) {
 		c->stop_counted = true;
 		s->closing_handles++;
@@ -679,6 +685,20 @@ void spaced_httpconn_read(struct spaced_httpconn *c, bool on)
 size_t spaced_httpsrv_queued(const struct spaced_httpsrv *s)
 {
 	return s->queued;
+}
+
+void spaced_httpconn_set_account(struct spaced_httpconn *c, size_t *account)
+{
+	if (c->account)
+		*c->account -= c->queued;
+	c->account = account;
+	if (account)
+		*account += c->queued;
+}
+
+size_t *spaced_httpconn_account(const struct spaced_httpconn *c)
+{
+	return c->account;
 }
 
 size_t spaced_httpconn_queued(const struct spaced_httpconn *c)

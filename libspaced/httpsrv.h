@@ -185,4 +185,12 @@ void spaced_httpconn_read(struct spaced_httpconn *c, bool on);
 /* Bytes of output queued, not yet written to the socket. */
 size_t spaced_httpconn_queued(const struct spaced_httpconn *c);
 
+/* From now on c's output handed to its socket and not yet written counts in
+ * *account too (an application's share of what its server holds); what is
+ * queued now moves there from the previous account; NULL stops counting.
+ * *account must stay valid until the connection's on_close has returned:
+ * then what c still queues leaves it (or the application sets NULL there). */
+void spaced_httpconn_set_account(struct spaced_httpconn *c, size_t *account);
+size_t *spaced_httpconn_account(const struct spaced_httpconn *c);
+
 #endif

@@ -114,6 +114,17 @@ bool spaced_ct_eq_len(const void *a, size_t alen, const void *b, size_t blen)
 	return spaced_ct_eq(a, b, alen);
 }
 
+int spaced_fair_share(size_t in_use, size_t cap, size_t mine, size_t few)
+{
+	if (in_use < cap / 2)
+		return 0;
+	if (mine >= cap / 8)
+		return 1;
+	if (cap / 128 > few)
+		few = cap / 128;
+	return in_use >= cap - cap / 4 && mine >= few ? 2 : 0;
+}
+
 void spaced_wipe(void *p, size_t n)
 {
 	if (p != NULL && n > 0)

@@ -48,6 +48,14 @@ bool spaced_ct_eq(const void *a, const void *b, size_t n);
  * lengths are compared in the open (they are not secret), the bytes in constant time. */
 bool spaced_ct_eq_len(const void *a, size_t alen, const void *b, size_t blen);
 
+/* The rule that shares one capacity among tenants (a worker's streams,
+ * node-api's answer memory): 0 when a tenant holding mine, while in_use of
+ * cap is in use in all, may take more; 1 once half of cap is in use and it
+ * holds an eighth (one tenant holds half at most); 2 once three quarters are
+ * in use and it holds a 128th of cap or few (whichever is more): the last
+ * quarter stays for those holding little. */
+int spaced_fair_share(size_t in_use, size_t cap, size_t mine, size_t few);
+
 /* Overwrites n bytes at p with zeros in a way the compiler cannot elide. */
 void spaced_wipe(void *p, size_t n);
 

@@ -213,11 +213,14 @@ static void send_fail(struct mgr *m, uint32_t id, int err, const char *msg)
 	spaced_buf_free(&b);
 }
 
-static void send_accept(struct mgr *m, uint32_t id, const char *ident, uint64_t epoch)
+/* ACCEPT: the identity and epoch the request reaches, and whose share its
+ * answer counts in at node-api (stream_owner). */
+static void send_accept(struct mgr *m, uint32_t id, const char *ident, uint64_t epoch, const char *owner)
 {
 	struct spaced_buf b;
 	spaced_buf_init(&b, 1024);
-	if (spaced_field_put_str(&b, ident) == 0 && spaced_field_put_u64(&b, epoch) == 0)
+	if (spaced_field_put_str(&b, ident) == 0 && spaced_field_put_u64(&b, epoch) == 0 &&
+	    spaced_field_put_str(&b, owner) == 0)
 		gate_api_send(m, NODE_MSG_ACCEPT, 0, id, &b);
 	spaced_buf_free(&b);
 }
@@ -423,14 +426,17 @@ static const char *stream_refusal(struct mgr *m, const char *owner)
 		return "too many open requests on this worker";
 	if (n < max / 2)
 		return NULL;
-	size_t held = 0, few = max / 128 < 2 ? 2 : max / 128;
+	size_t held = 0;
 	for (const struct gstream *s = m->streams; s; s = s->next)
 		held += !s->dead && strcmp(s->owner, owner) == 0;
-	if (held >= max / 8)
+	switch (spaced_fair_share(n, max, held, 2)) {
+	case 1:
 		return "this tenant holds too many open requests on this worker";
-	if (n >= max - max / 4 && held >= few)
+	case 2:
 		return "this tenant holds too many open requests on this worker (the rest is kept for those with a few)";
-	return NULL;
+	default:
+		return NULL;
+	}
 }
 
 /* Frees the dead streams whose handle is closed. */
@@ -681,7 +687,7 @@ static void stream_open(struct gstream *s, int fd)
 	s->poll.data = s;
 	s->poll_on = true;
 	s->events = 0;
-	send_accept(m, s->id, s->ident, s->epoch);
+	send_accept(m, s->id, s->ident, s->epoch, s->owner);
 	/* what arrived while connecting goes now */
 	if (stream_flush(s) < 0) {
 		send_fail(m, s->id, SPACED_ECLOSED, "execution connection lost");
@@ -742,7 +748,9 @@ static void on_usage(struct mgr *m, uintptr_t ctx, int status, const char *msg, 
 	if (text && spaced_field_put_i64(&r, 0) == 0 && spaced_field_put_str(&r, "") == 0 &&
 	    spaced_field_put_str(&r, ident) == 0 && spaced_field_put_str(&r, text) == 0 &&
 	    spaced_field_put_u64(&o, SPACED_GUEST_OUT_RESULT) == 0 && spaced_field_put_bytes(&o, r.data, r.len) == 0) {
-		send_accept(m, id, ident, rec->r.epoch);
+		char owner[SPACED_NAME_MAX + 2];
+		stream_owner(rec, owner);
+		send_accept(m, id, ident, rec->r.epoch, owner);
 		gate_api_send(m, NODE_MSG_OUT, SPACED_FRAME_F_END, id, &o);
 	} else {
 		send_fail(m, id, SPACED_ENOMEM, "out of memory");

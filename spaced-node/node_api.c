@@ -19,6 +19,7 @@
 #include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,20 @@
 #define WS_MSG_MAX (64 * 1024)
 #define LOW_WATER (64u * 1024u)
 
+#define OWNER_BUCKETS 256
+
+/* Whose share of the budget a request's bytes and a connection's queued
+ * answers count in (hold): the tenant the gate named at ACCEPT ("t:TENANT",
+ * or "s:SANDBOX" for an install that named none). Before ACCEPT a request
+ * counts in no owner but in the unverified class (A.unverified). */
+struct owner {
+	struct owner *next;
+	size_t held;   /* its requests' held bytes */
+	size_t queued; /* answers queued on connections whose account it is */
+	unsigned refs; /* requests and connections counting in it */
+	char name[SPACED_NAME_MAX + 2];
+};
+
 struct wsmsg {
 	struct wsmsg *next;
 	bool text;
@@ -67,6 +82,7 @@ struct areq {
 	bool input_paused;
 	bool stdin_ended; /* a WebSocket exec or terminal's client sent `d` */
 	char ident[SPACED_IDENTITY_TEXT_MAX];
+	struct owner *own; /* from ACCEPT; NULL before: the unverified class */
 	char request_id[NODE_REQUEST_ID_MAX]; /* the client's X-Request-Id, or one made here */
 	char peer[64];                        /* the client's address */
 	size_t held;             /* bytes counted against the budget (hold) */
@@ -105,6 +121,8 @@ static struct {
 	uv_signal_t sigterm, sigint;
 	bool quit;
 	size_t held;        /* every request's held bytes */
+	size_t unverified;  /* of those, requests' not yet accepted (exec bodies) */
+	struct owner *owners[OWNER_BUCKETS];
 	uint64_t budget;    /* node_api_config.answer_memory */
 	uint64_t held_refused; /* requests refused 503 by the budget */
 	uint64_t in_unacked;   /* every stream's input sent to the gate, not yet credited back */
@@ -169,6 +187,84 @@ static void in_acked(struct areq *r, uint64_t bytes)
 	A.in_unacked -= bytes;
 }
 
+/* ---- owners (whose share: hold) ---- */
+
+static unsigned owner_bucket(const char *name)
+{
+	unsigned h = 2166136261u;
+	for (const char *p = name; *p; p++)
+		h = (h ^ (unsigned char)*p) * 16777619u;
+	return h % OWNER_BUCKETS;
+}
+
+/* The owner named name with one more reference, made when new; NULL when
+ * out of memory. */
+static struct owner *owner_get(const char *name)
+{
+	struct owner **b = &A.owners[owner_bucket(name)];
+	for (struct owner *o = *b; o; o = o->next)
+		if (strcmp(o->name, name) == 0) {
+			o->refs++;
+			return o;
+		}
+	struct owner *o = calloc(1, sizeof *o);
+	if (!o)
+		return NULL;
+	snprintf(o->name, sizeof o->name, "%s", name);
+	o->refs = 1;
+	o->next = *b;
+	*b = o;
+	return o;
+}
+
+/* One reference less; freed at none (nothing counts in it any more). */
+static void owner_put(struct owner *o)
+{
+	if (--o->refs > 0)
+		return;
+	for (struct owner **pp = &A.owners[owner_bucket(o->name)]; *pp; pp = &(*pp)->next)
+		if (*pp == o) {
+			*pp = o->next;
+			break;
+		}
+	free(o);
+}
+
+/* r's answers count in o from now on: its held bytes move there from the
+ * unverified class, and so does its connection's queued output (which
+ * counts in the owner of the latest request accepted on it). */
+static void owner_assign(struct areq *r, struct owner *o)
+{
+	if (!o)
+		return;
+	if (r->own) {
+		owner_put(o);
+		return;
+	}
+	r->own = o;
+	A.unverified -= r->held;
+	o->held += r->held;
+	if (!r->c)
+		return;
+	size_t *acct = spaced_httpconn_account(r->c);
+	if (acct == &o->queued)
+		return;
+	o->refs++;
+	spaced_httpconn_set_account(r->c, &o->queued);
+	if (acct)
+		owner_put((struct owner *)((char *)acct - offsetof(struct owner, queued)));
+}
+
+/* The connection is gone: its queued output counts in no owner any more. */
+static void owner_conn_gone(struct spaced_httpconn *c)
+{
+	size_t *acct = spaced_httpconn_account(c);
+	if (!acct)
+		return;
+	spaced_httpconn_set_account(c, NULL);
+	owner_put((struct owner *)((char *)acct - offsetof(struct owner, queued)));
+}
+
 static void areq_free(struct areq *r)
 {
 	in_acked(r, r->in_unacked);
@@ -185,6 +281,12 @@ static void areq_free(struct areq *r)
 	q_drop(r);
 	free(r->auth);
 	A.held -= r->held;
+	if (r->own) {
+		r->own->held -= r->held;
+		owner_put(r->own);
+	} else {
+		A.unverified -= r->held;
+	}
 	free(r);
 }
 
@@ -203,18 +305,38 @@ static size_t held_total(void)
 	return A.held + (A.srv ? spaced_httpsrv_queued(A.srv) : 0);
 }
 
+/* Whether n more bytes for r would pass what it may hold: the budget; for
+ * a request whose capability the gate has not accepted yet, a quarter of it
+ * for all such (exec bodies being read); for an accepted one, its owner's
+ * fair share (spaced_fair_share: past half of the budget in use a tenant
+ * holding an eighth gets no more, past three quarters one holding a 128th),
+ * so one tenant's unread answers leave the others theirs. */
+static bool over_budget(const struct areq *r, size_t n)
+{
+	size_t total = held_total();
+	if (total + n > A.budget)
+		return true;
+	if (!r->own)
+		return A.unverified + n > A.budget / 4;
+	return spaced_fair_share(total, A.budget, r->own->held + r->own->queued, HOLD_FREE) != 0;
+}
+
 /* Counts n more bytes for r: 0, SPACED_ETOOBIG past HOLD_MAX for it,
- * SPACED_EBUSY past the budget. */
+ * SPACED_EBUSY past what it may hold (over_budget). */
 static int hold(struct areq *r, size_t n)
 {
 	if (r->held + n > HOLD_MAX)
 		return SPACED_ETOOBIG;
-	if (r->held + n > HOLD_FREE && held_total() + n > A.budget) {
+	if (r->held + n > HOLD_FREE && over_budget(r, n)) {
 		A.held_refused++;
 		return SPACED_EBUSY;
 	}
 	r->held += n;
 	A.held += n;
+	if (r->own)
+		r->own->held += n;
+	else
+		A.unverified += n;
 	return 0;
 }
 
@@ -414,7 +536,7 @@ static void http_json(struct areq *r, int status, json_t *doc)
 		free(s);
 		return;
 	}
-	if (!r->busy && n > HOLD_FREE && held_total() + n > A.budget) {
+	if (!r->busy && n > HOLD_FREE && over_budget(r, n)) {
 		/* the answer's text would pass the budget (its escapes can make it
 		 * six times what was collected): refused like a collection */
 		free(s);
@@ -445,7 +567,8 @@ static void http_busy(struct areq *r)
 {
 	r->busy = true;
 	http_error(r, 503, "SPACED_EBUSY",
-	           "the worker holds as many answers as it may: retry, or stream the output (exec over WebSocket, GET files)");
+	           "the worker holds as many answers as it may, in all or for this tenant: retry, or stream the output "
+	           "(exec over WebSocket, GET files)");
 }
 
 static void refuse_doc(struct areq *r, enum spaced_verdict v, enum spaced_reason why, const char *sandbox)
@@ -857,16 +980,18 @@ static int on_accept(void *ctx, const struct spaced_frame_hdr *h, const uint8_t 
 	(void)ctx;
 	struct spaced_field_reader rd;
 	uint64_t epoch;
-	char ident[SPACED_IDENTITY_TEXT_MAX];
+	char ident[SPACED_IDENTITY_TEXT_MAX], owner[SPACED_NAME_MAX + 2] = "";
 	spaced_field_reader_init(&rd, p, n);
 	spaced_field_get_strbuf(&rd, ident, sizeof ident);
 	spaced_field_get_u64(&rd, &epoch);
-	if (spaced_field_end(&rd) < 0 || (h->flags & SPACED_FRAME_F_END))
+	spaced_field_get_strbuf(&rd, owner, sizeof owner);
+	if (spaced_field_end(&rd) < 0 || (h->flags & SPACED_FRAME_F_END) || owner[0] == 0)
 		return SPACED_EPROTO;
 	struct areq *r = areq_find(h->id);
 	if (!r || r->ended)
 		return 0;
 	memcpy(r->ident, ident, sizeof ident);
+	owner_assign(r, owner_get(owner));
 	r->accepted = true;
 	if (r->is_ws)
 		q_json(r, json_pack("{s:s,s:s,s:I}", "outcome", "ALLOW", "identity", ident, "epoch", (json_int_t)epoch));
@@ -1485,6 +1610,7 @@ static void on_drain(struct spaced_httpconn *c)
 
 static void on_conn_close(struct spaced_httpconn *c)
 {
+	owner_conn_gone(c);
 	struct areq *r = spaced_httpconn_user(c);
 	if (!r)
 		return;

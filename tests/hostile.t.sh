@@ -1,8 +1,8 @@
 #!/bin/sh
 # A hostile client against a real worker (`spacectl dev up`, process substrate; issue 12): slow
-# readers of large files, slowloris from other addresses, malformed HTTP and WebSocket input, and a
-# guest that stops answering, and a flood of forged capabilities (whose audit lines are held to the
-# caller's rate: ratelimit.h). While each attack runs a victim tenant's sandbox on the same worker
+# readers of large files, big JSON answers left unread, exec bodies left unfinished, slowloris from
+# other addresses, malformed HTTP and WebSocket input, a guest that stops answering, and a flood of
+# forged capabilities (whose audit lines are held to the caller's rate: ratelimit.h). While each attack runs a victim tenant's sandbox on the same worker
 # is read from and executed in; every victim operation must succeed, no process of the worker may
 # die or be restarted, and node-api and the gate must stay within bounded memory. A slow reader
 # slows only its own stream and is cut after the stall timeout (here 5 s).
@@ -139,9 +139,25 @@ expect "a fresh download of the same file is whole" "$("$SC" fs read "$A" /works
 as_victim route "$VX" --purpose exec --json >"$W/vroute.json"
 VCAP=$(jq -r .capability "$W/vroute.json")
 api_rss1=$(rss_kb spaced-api)
+MP=$(cat "$D/worker-1/metrics.port")
+# the victim's own big answers (8 MB of output: 10.7 MB of base64), asked one after the other while
+# bigjson ($1) runs, each noted with what node-api held just before (MiB)
+victim_big() {
+	: >"$W/big.vbig"
+	while kill -0 "$1" 2>/dev/null; do
+		h=$(curl -s "http://127.0.0.1:$MP/metrics" | awk '/^spaced_node_api_held_bytes /{printf "%d", $2 / 1048576}')
+		v=$(curl -s -H "Authorization: Bearer $VCAP" -H 'Content-Type: application/json' \
+			--data '{"argv":["head","-c","8000000","/dev/zero"]}' "http://127.0.0.1:$PORT/v1/sandboxes/$VX/exec" |
+			jq -r 'if .exit_code == 0 and (.stdout_b64url | length) == 10666667 then "ok" else (.code // "bad") end' \
+				2>/dev/null || echo bad)
+		echo "$v@$h" >>"$W/big.vbig"
+	done
+}
 big_answers() {
 	$HC bigjson "$PORT" 127.0.0.5 "$CAP" "$A" 40 12 'head -c 16000000 /dev/zero' >"$W/bigjson.json" &
 	bj=$!
+	victim_big $bj &
+	vb=$!
 	peak=0
 	small=""
 	while kill -0 $bj 2>/dev/null; do
@@ -152,12 +168,12 @@ big_answers() {
 			"http://127.0.0.1:$PORT/v1/sandboxes/$VX/exec")"
 		sleep 0.3
 	done
-	wait $bj
+	wait $bj $vb
 	echo "$peak" >"$W/big.peak"
 	echo "$small" >"$W/big.small"
 }
 victim_during "40 unread 16 MB JSON exec answers" big_answers
-echo "big answers: $(cat "$W/bigjson.json"); node-api RSS ${api_rss1} -> peak $(cat "$W/big.peak") KiB; victim's JSON execs: $(cat "$W/big.small")"
+echo "big answers: $(cat "$W/bigjson.json"); node-api RSS ${api_rss1} -> peak $(cat "$W/big.peak") KiB; victim's JSON execs: $(cat "$W/big.small"); victim's big ones (outcome@MiB node-api held before): $(tr '\n' ' ' <"$W/big.vbig")"
 expect "some big answers were given (200) and others refused (503) while the budget was full" \
 	"$(jq -r '(.answers["200"] // 0) > 0 and (.answers["503"] // 0) > 0' "$W/bigjson.json")" true
 expect "node-api stayed under 384 MiB more than at rest (the budget, 256 MiB, and one answer being made)" \
@@ -165,6 +181,30 @@ expect "node-api stayed under 384 MiB more than at rest (the budget, 256 MiB, an
 expect "the victim's small JSON execs were all answered 200 meanwhile" \
 	"$(tr ' ' '\n' <"$W/big.small" | grep -c . | tr -d ' ') $(tr ' ' '\n' <"$W/big.small" | grep -vc '^200$\|^$' | tr -d ' ')" \
 	"$(tr ' ' '\n' <"$W/big.small" | grep -c . | tr -d ' ') 0"
+expect "the victim's own big JSON answers (8 MB, one after the other) were all given meanwhile: the attacker's unread answers hold its share, not the whole budget (on the old code those asked while it was full were 503)" \
+	"$(grep -c . "$W/big.vbig") $(grep -vc '^ok@' "$W/big.vbig")" "$(grep -c . "$W/big.vbig") 0"
+
+# ---- exec bodies held unfinished: 250 requests whose 1 MiB body never ends ----
+# node-api reads an exec body before the gate checks its capability: such bodies hold a quarter of
+# --answer-memory at most (past it one is refused 503), so nobody can fill the budget without a
+# capability (on the old code the 250 held 250 MiB of 256 and the victim's big answers were 503)
+held_bodies() {
+	$HC bodyhold "$PORT" 127.0.0.8 "$CAP" "$A" 125 12 >"$W/bodyhold8.json" &
+	bh=$!
+	$HC bodyhold "$PORT" 127.0.0.9 "$CAP" "$A" 125 12 >"$W/bodyhold9.json" &
+	bh9=$!
+	victim_big $bh &
+	vb=$!
+	wait $bh $bh9 $vb
+	jq -cs '{conns: (map(.conns) | add), held: (map(.answers.held // 0) | add),
+		refused503: (map(.answers["503"] // 0) | add)}' "$W/bodyhold8.json" "$W/bodyhold9.json" >"$W/bodyhold.json"
+}
+victim_during "250 exec bodies of 1 MiB from two addresses held unfinished" held_bodies
+echo "held bodies: $(cat "$W/bodyhold.json"); victim's big ones (outcome@MiB node-api held before): $(tr '\n' ' ' <"$W/big.vbig")"
+expect "bodies not yet checked held a quarter of the budget at most (64 MiB): the rest were refused 503" \
+	"$(jq -r '.conns == 250 and .held <= 72 and .refused503 >= 170' "$W/bodyhold.json")" true
+expect "the victim's big JSON answers were all given meanwhile" \
+	"$(grep -c . "$W/big.vbig") $(grep -vc '^ok@' "$W/big.vbig")" "$(grep -c . "$W/big.vbig") 0"
 
 # ---- slowloris: 300 connections from other addresses trickling their heads ----
 slowloris() {

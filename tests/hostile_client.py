@@ -21,6 +21,11 @@
                                       N JSON execs of `sh -c CMD` at once from address SRC on sockets with
                                       a 4 KiB receive buffer that read nothing for HOLD seconds, then each
                                       answer's status; prints JSON {"answers": {status: count}}
+  bodyhold PORT SRC CAP SANDBOX N HOLD
+                                      N exec requests from address SRC, each with a body of 1 MiB of which
+                                      all but its last byte is sent, held for HOLD seconds (the capability
+                                      is never checked: its body is not whole); prints JSON {"conns",
+                                      "answers": {status: count}} (an answer before the hold ends, or "held")
 """
 import base64
 import json
@@ -384,6 +389,38 @@ def bigjson(port, src, cap, sandbox, n, hold, cmd):
     print(json.dumps({"answers": answers}))
 
 
+def bodyhold(port, src, cap, sandbox, n, hold):
+    size = 1 << 20
+    pre, post = b'{"argv":["true"],"stdin":"', b'"}'
+    body = pre + b"a" * (size - len(pre) - len(post)) + post
+    head = ("POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (sandbox, cap, size)).encode()
+    socks = []
+    answers = {}
+    for _ in range(n):
+        try:
+            s = connect(port, src)
+            s.sendall(head + body[:-1])
+            socks.append(s)
+        except (socket.timeout, ConnectionError):
+            answers["refused"] = answers.get("refused", 0) + 1
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < hold:
+        time.sleep(0.5)
+    for s in socks:
+        s.setblocking(False)
+        try:
+            d = s.recv(65536)
+            st = status_of(d) if d else "closed"
+        except BlockingIOError:
+            st = "held"
+        except ConnectionError:
+            st = "closed"
+        answers[st] = answers.get(st, 0) + 1
+        s.close()
+    print(json.dumps({"conns": len(socks), "answers": answers}))
+
+
 def main():
     a = sys.argv[1:]
     if a[0] == "slowread":
@@ -396,6 +433,8 @@ def main():
         malformed(int(a[1]), a[2], a[3])
     elif a[0] == "ws":
         ws(int(a[1]), a[2], a[3], a[4])
+    elif a[0] == "bodyhold":
+        bodyhold(int(a[1]), a[2], a[3], a[4], int(a[5]), float(a[6]))
     elif a[0] == "bigjson":
         bigjson(int(a[1]), a[2], a[3], a[4], int(a[5]), float(a[6]), a[7])
     elif a[0] == "denyflood":

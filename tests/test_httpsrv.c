@@ -7,7 +7,9 @@
  * a body that trickles in below the minimum rate ends with 408 while one
  * that keeps the rate goes on past the body timeout; an answer its client
  * reads none of is dropped after the send timeout while a slow reader keeps
- * its own; the refusal body hook shapes the server's own refusals; a client's
+ * its own; a connection's queued output counts in the account the
+ * application names, moves with it and leaves it when the connection
+ * closes; the refusal body hook shapes the server's own refusals; a client's
  * ping is answered with a pong and, like a pong, reported through
  * on_ws_control (issue 12).
  */
@@ -31,6 +33,8 @@
 static uv_loop_t loop;
 static struct spaced_httpsrv *srv;
 static int controls[16], ncontrols;
+static struct spaced_httpconn *last_conn; /* the latest connection that asked /acct */
+static size_t account_a, account_b;
 
 static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *req)
 {
@@ -40,7 +44,11 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 	}
 	if (req->body != SPACED_HTTP_BODY_NONE)
 		return; /* answered once the body is in */
-	if (strcmp(req->target, "/big") == 0) {
+	if (strcmp(req->target, "/acct") == 0) {
+		last_conn = c;
+		spaced_httpconn_set_account(c, &account_a);
+	}
+	if (strcmp(req->target, "/big") == 0 || strcmp(req->target, "/acct") == 0) {
 		static char big[16u << 20];
 		memset(big, 'b', sizeof big);
 		spaced_httpconn_reply(c, 200, "text/plain", big, sizeof big, NULL);
@@ -371,4 +379,40 @@ Test(httpsrv, an_answer_nobody_reads_is_dropped_after_the_send_timeout_a_slow_re
 	close(slow);
 	stop();
 	send_timeout_ms = 0;
+}
+
+Test(httpsrv, a_connections_queued_output_counts_in_its_account_moves_with_it_and_leaves_it_at_close)
+{
+	start(8, NULL);
+	account_a = account_b = 0;
+	const char get[] = "GET /acct HTTP/1.1\r\nHost: x\r\n\r\n";
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), small = 4096;
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	cr_assert_eq(send(fd, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	step_for(300, -1);
+	cr_assert_not_null(last_conn);
+	size_t q = spaced_httpsrv_queued(srv);
+	cr_assert_gt(q, 8u << 20, "the answer waits (%zu bytes)", q);
+	cr_expect_eq(account_a, q, "the account holds what the connection queues (%zu of %zu)", account_a, q);
+	cr_expect_eq(spaced_httpconn_account(last_conn), &account_a);
+	/* the client takes some: the account falls with the queue */
+	char buf[65536];
+	for (int i = 0; i < 64; i++)
+		if (recv(fd, buf, sizeof buf, MSG_DONTWAIT) <= 0)
+			break;
+	step_for(200, -1);
+	q = spaced_httpsrv_queued(srv);
+	cr_expect_eq(account_a, q, "after a read: %zu in the account, %zu queued", account_a, q);
+	spaced_httpconn_set_account(last_conn, &account_b);
+	cr_expect_eq(account_a, 0, "what was queued left the first account");
+	cr_expect_eq(account_b, q, "and went to the second (%zu of %zu)", account_b, q);
+	close(fd);
+	step_for(300, -1);
+	cr_expect_eq(spaced_httpsrv_queued(srv), 0);
+	cr_expect_eq(account_b, 0, "the closed connection's output left its account (%zu left)", account_b);
+	last_conn = NULL;
+	stop();
 }

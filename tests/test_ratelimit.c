@@ -4,7 +4,10 @@
  * is held back is counted by caller and reason and handed to the summary
  * function once it is SPACED_RATELIMIT_SUMMARY_S old, when its caller's slot
  * goes to another caller, or on a flush of all — never lost. Time is given,
- * not measured: nothing here depends on the machine's speed.
+ * not measured: nothing here depends on the machine's speed. And the rule
+ * that shares a capacity among tenants (util.h spaced_fair_share: a worker's
+ * streams, node-api's answer memory) lets one tenant hold half at most and
+ * keeps the last quarter for those holding little.
  */
 #include <criterion/criterion.h>
 
@@ -12,6 +15,7 @@
 #include <string.h>
 
 #include "ratelimit.h"
+#include "util.h"
 
 #define S 1000000000ull
 
@@ -186,4 +190,36 @@ Test(ratelimit, the_addresses_of_one_ipv6_64_share_a_bucket)
 	}
 	cr_expect_eq(n, 3, "a hundred addresses of one /64: one caller's burst");
 	spaced_ratelimit_free(l);
+}
+
+Test(share, one_tenant_holds_half_at_most_and_the_last_quarter_stays_for_those_holding_little)
+{
+	const size_t cap = 1024;
+	/* below half in use anyone takes more, however much it holds */
+	cr_expect_eq(spaced_fair_share(511, cap, 511, 2), 0);
+	/* one tenant alone: refused once half is in use and it holds an eighth */
+	cr_expect_eq(spaced_fair_share(512, cap, 512, 2), 1);
+	/* past half, a tenant under an eighth still takes more, up to three quarters */
+	cr_expect_eq(spaced_fair_share(700, cap, 127, 2), 0);
+	cr_expect_eq(spaced_fair_share(700, cap, 128, 2), 1);
+	/* past three quarters only one holding less than a 128th (or few, if more) */
+	cr_expect_eq(spaced_fair_share(768, cap, 7, 2), 0);
+	cr_expect_eq(spaced_fair_share(768, cap, 8, 2), 2);
+	cr_expect_eq(spaced_fair_share(768, cap, 8, 16), 0, "few above a 128th raises the bar");
+	cr_expect_eq(spaced_fair_share(768, cap, 16, 16), 2);
+	/* eight tenants taking all they may, one after the other */
+	size_t used = 0, held[8] = {0};
+	for (int t = 0; t < 8; t++)
+		while (used < cap && spaced_fair_share(used, cap, held[t], 2) == 0) {
+			held[t]++;
+			used++;
+		}
+	cr_expect_eq(held[0], 512, "the first tenant alone got half (%zu)", held[0]);
+	cr_expect_eq(held[1], 128, "the second an eighth (%zu)", held[1]);
+	cr_expect_eq(held[2], 128, "the third an eighth, up to three quarters (%zu)", held[2]);
+	for (int t = 3; t < 8; t++)
+		cr_expect_eq(held[t], 8, "past three quarters the others a 128th each (%zu)", held[t]);
+	cr_expect_eq(used, 768 + 5 * 8, "%zu used", used);
+	cr_expect_eq(spaced_fair_share(used, cap, 0, 2), 0, "a tenant holding nothing still gets some");
+	cr_expect_neq(spaced_fair_share(used, cap, 512, 2), 0, "the first gets nothing more");
 }
