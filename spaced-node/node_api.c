@@ -1700,6 +1700,7 @@ int node_api_run(const struct node_api_config *cfg)
 	hc.max_conns_per_ip = 128;
 	hc.ws_message_max = WS_MSG_MAX;
 	hc.low_water = LOW_WATER;
+	hc.sndbuf = (int)(cfg->send_buffer ? cfg->send_buffer : NODE_SEND_BUFFER);
 	hc.send_timeout_ms = cfg->stall_timeout_ms > 0 ? (unsigned)cfg->stall_timeout_ms : hc.send_timeout_ms;
 	hc.ops = &ops;
 	if (spaced_httpsrv_start(&A.loop, &hc, &A.srv) < 0) {
