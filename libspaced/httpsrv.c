@@ -1199,8 +1199,12 @@ static void on_connection(uv_stream_t *l, int status)
 	s->stats.accepted++;
 	uv_tcp_nodelay(&c->tcp, 1);
 	int fd;
-	if (s->cfg.sndbuf > 0 && uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0)
-		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->cfg.sndbuf, sizeof s->cfg.sndbuf);
+	if ((s->cfg.sndbuf > 0 || s->cfg.rcvbuf > 0) && uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0) {
+		if (s->cfg.sndbuf > 0)
+			setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->cfg.sndbuf, sizeof s->cfg.sndbuf);
+		if (s->cfg.rcvbuf > 0)
+			setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &s->cfg.rcvbuf, sizeof s->cfg.rcvbuf);
+	}
 	c->state = C_HEAD;
 	c->read_wanted = true;
 	c->deadline_ns = spaced_mono_ns() + (uint64_t)s->cfg.head_timeout_ms * 1000000u;

@@ -98,9 +98,10 @@ struct spaced_httpsrv_config {
 	                              from now, so a trickle ends with 408 */
 	size_t ws_message_max;     /* largest WebSocket message a client may send */
 	size_t low_water;          /* on_drain below this many queued bytes */
-	int sndbuf;                /* > 0: each connection's SO_SNDBUF (the kernel holds up to twice it
-	                              of unsent output, autotuning off); 0: the kernel's autotuning, up
-	                              to net.ipv4.tcp_wmem's largest (4 MiB) a connection */
+	int sndbuf, rcvbuf;        /* > 0: each connection's SO_SNDBUF / SO_RCVBUF (the kernel holds up
+	                              to twice it of unsent output / of input not read, autotuning off);
+	                              0: the kernel's autotuning, up to net.ipv4.tcp_wmem's / tcp_rmem's
+	                              largest (4 / 32 MiB here) a connection */
 	spaced_httpsrv_refusal_fn refusal_body; /* NULL: {"error":"<reason phrase>","code":"<code>"} */
 	struct ssl_ctx_st *tls;    /* an SSL_CTX (tls.h) for TLS on every connection, NULL: plaintext;
 	                              the server takes a reference of its own */

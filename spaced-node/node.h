@@ -179,16 +179,17 @@ struct node_api_config {
 	 * and answers its clients have not taken (0: NODE_ANSWER_MEMORY); past
 	 * it a request that would hold more than 64 KiB is refused 503 */
 	uint64_t answer_memory;
-	/* each client connection's kernel send buffer (SO_SNDBUF: the kernel
-	 * holds up to twice it; 0: NODE_SEND_BUFFER), so output a client does
-	 * not read stays in node-api's budget and windows, not in the kernel */
-	uint64_t send_buffer;
+	/* each client connection's kernel buffers, both ways (SO_SNDBUF and
+	 * SO_RCVBUF: the kernel holds up to twice each; 0: NODE_SOCKET_BUFFER),
+	 * so output a client does not read, and input node-api does not take
+	 * yet, stay in node-api's budget and windows, not in the kernel */
+	uint64_t socket_buffer;
 	/* a client that takes none of its queued output for this long is
 	 * closed (the gate's --stall-timeout, the same for every answer) */
 	int stall_timeout_ms;
 };
 #define NODE_ANSWER_MEMORY (256ull << 20)
-#define NODE_SEND_BUFFER (256u << 10)
+#define NODE_SOCKET_BUFFER (256u << 10)
 /* Runs node-api until the manager goes away. Returns the exit status. */
 int node_api_run(const struct node_api_config *cfg);
 

@@ -1676,6 +1676,7 @@ int node_api_run(const struct node_api_config *cfg)
 	 * to the system when freed: what the budget counts is what node-api
 	 * holds, not a heap that only grows */
 	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+	mallopt(M_TRIM_THRESHOLD, 32 << 20);
 	fcntl(A.mgr_fd, F_SETFL, fcntl(A.mgr_fd, F_GETFL) | O_NONBLOCK);
 	spaced_buf_init(&A.mgr_out, 256u << 20);
 	spaced_buf_init(&A.mgr_in, 4 * NODE_MSG_MAX);
@@ -1700,7 +1701,7 @@ int node_api_run(const struct node_api_config *cfg)
 	hc.max_conns_per_ip = 128;
 	hc.ws_message_max = WS_MSG_MAX;
 	hc.low_water = LOW_WATER;
-	hc.sndbuf = (int)(cfg->send_buffer ? cfg->send_buffer : NODE_SEND_BUFFER);
+	hc.sndbuf = hc.rcvbuf = (int)(cfg->socket_buffer ? cfg->socket_buffer : NODE_SOCKET_BUFFER);
 	hc.send_timeout_ms = cfg->stall_timeout_ms > 0 ? (unsigned)cfg->stall_timeout_ms : hc.send_timeout_ms;
 	hc.ops = &ops;
 	if (spaced_httpsrv_start(&A.loop, &hc, &A.srv) < 0) {

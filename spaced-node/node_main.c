@@ -5,7 +5,7 @@
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
- *               [--answer-memory SIZE] [--send-buffer SIZE]
+ *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
@@ -68,7 +68,7 @@ static void usage(void)
 	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]\n"
-	                "                   [--max-streams N] [--answer-memory SIZE] [--send-buffer SIZE]\n"
+	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]]\n"
@@ -141,7 +141,7 @@ static void keep_port(struct listener *l)
 }
 
 static const struct spaced_tls_opts *TLS;
-static uint64_t ANSWER_MEMORY = NODE_ANSWER_MEMORY, SEND_BUFFER = NODE_SEND_BUFFER;
+static uint64_t ANSWER_MEMORY = NODE_ANSWER_MEMORY, SOCKET_BUFFER = NODE_SOCKET_BUFFER;
 
 static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
 {
@@ -169,7 +169,7 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
 		                             .metrics_port_file = met_l->port_file,
 		                             .tls_cert = TLS->cert, .tls_key = TLS->key, .tls_client_ca = TLS->client_ca,
-		                             .answer_memory = ANSWER_MEMORY, .send_buffer = SEND_BUFFER,
+		                             .answer_memory = ANSWER_MEMORY, .socket_buffer = SOCKET_BUFFER,
 		                             .stall_timeout_ms = mc->stall_timeout_ms};
 		_exit(node_api_run(&ac));
 	}
@@ -630,9 +630,9 @@ int main(int argc, char **argv)
 				fprintf(stderr, "spaced-node: --answer-memory wants a size of 1M at least\n");
 				return 2;
 			}
-		} else if (strcmp(a, "--send-buffer") == 0) {
-			if (spaced_size_parse(v, &SEND_BUFFER) < 0 || SEND_BUFFER < (16u << 10) || SEND_BUFFER > (64u << 20)) {
-				fprintf(stderr, "spaced-node: --send-buffer wants a size from 16K to 64M\n");
+		} else if (strcmp(a, "--socket-buffer") == 0) {
+			if (spaced_size_parse(v, &SOCKET_BUFFER) < 0 || SOCKET_BUFFER < (16u << 10) || SOCKET_BUFFER > (64u << 20)) {
+				fprintf(stderr, "spaced-node: --socket-buffer wants a size from 16K to 64M\n");
 				return 2;
 			}
 		} else if (strcmp(a, "--pool-memory") == 0) {

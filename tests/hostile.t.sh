@@ -99,7 +99,7 @@ api_rss0=$(rss_kb spaced-api)
 gate_rss0=$(rss_kb spaced-gate)
 # the kernel's memory for every TCP socket (pages of 4 KiB): output a client does not read that the
 # kernel holds for it is outside node-api's budget and windows, so node-api caps its sockets' send
-# buffers (--send-buffer, 256 KiB: the kernel holds twice that at most)
+# buffers (--socket-buffer, 256 KiB: the kernel holds twice that at most)
 tcp_pages() { awk '/^TCP:/ { for (i = 1; i < NF; i++) if ($i == "mem") print $(i + 1) }' /proc/net/sockstat; }
 tcp0=$(tcp_pages)
 slow_readers() {
