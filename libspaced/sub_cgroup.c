@@ -357,6 +357,13 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 		snprintf(path, sizeof(path), "%s/memory.memsw.limit_in_bytes", cg->mem);
 		if (access(path, F_OK) == 0 && (r = knob(cg->mem, "memory.memsw.limit_in_bytes", val, why, whysz)) < 0)
 			goto fail;
+		/* v1 counts TCP buffers apart, and only under a limit of their own:
+		 * without it the execution's sockets hold the host's TCP memory
+		 * (net.ipv4.tcp_mem, shared by every socket) outside its limit. v2
+		 * counts them in memory.max. */
+		snprintf(path, sizeof(path), "%s/memory.kmem.tcp.limit_in_bytes", cg->mem);
+		if (access(path, F_OK) == 0 && (r = knob(cg->mem, "memory.kmem.tcp.limit_in_bytes", val, why, whysz)) < 0)
+			goto fail;
 	}
 	if (lim->pids_max > 0) {
 		snprintf(val, sizeof(val), "%" PRIu64, lim->pids_max);

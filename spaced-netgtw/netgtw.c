@@ -100,6 +100,11 @@
 #define BUF_SZ (256 * 1024)
 #define HEAD_TIMEOUT_MS 10000
 #define MAX_CONNS 1024
+/* Each client connection's kernel buffers, both ways (the kernel holds up to
+ * twice it): what a client does not read, or the guest does not take, waits
+ * in the relay's own buffers (BUF_SZ), not in the host's TCP memory, which
+ * the kernel's tuning would grow to 4 MiB a connection (net.ipv4.tcp_wmem). */
+#define SOCK_BUF (256 * 1024)
 #define COOKIE_LIFETIME 3600
 #define COOKIE_NAME "spaced_gw"
 #define GUEST_HANDBACK 0x10000u /* CONNECT port | this: the guest hands the port's connection back */
@@ -1300,6 +1305,9 @@ static void on_accept(void)
 			close(fd);
 			continue;
 		}
+		int sb = SOCK_BUF;
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sb, sizeof sb);
 		c->cfd = fd;
 		c->gfd = -1;
 		c->st = C_HEAD;

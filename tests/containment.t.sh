@@ -1,6 +1,6 @@
 #!/bin/sh
 # Containment on a real cluster (`spacectl dev up`, process substrate, issue 11): a hostile
-# tenant's sandboxes are held to their memory, process and disk limits, each execution runs in
+# tenant's sandboxes are held to their memory (TCP buffers too), process and disk limits, each execution runs in
 # a uid range of its own (so per-user kernel counts such as inotify instances are its own), a
 # tenant at its quota gets 429, a sparse file costs a snapshot what it holds, limits follow a
 # sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
@@ -66,6 +66,29 @@ expect "the kill was the OOM killer's" "$(jq -r '.oom_kills >= 1' "$W/top.json")
 echo "hog reached $(tail -n 1 "$W/hog.out") MiB before the kill"
 expect "exec true still works in the sandbox after the kill" "$("$SC" exec "$M" -- sh -c 'true && echo yes')" yes
 victim_ok "a memory hog"
+
+# ---- TCP buffers: 100 loopback connections filled and never read count in the memory limit ----
+# (cgroup v1 counts them only under memory.kmem.tcp.limit_in_bytes: without it they held the host's
+# TCP memory, 372 MiB from this 128 MiB sandbox on the old code)
+"$SC" exec "$M" -- python3 -c '
+import socket, time
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(128)
+pairs, total, buf, t0 = [], 0, b"x" * 65536, time.monotonic()
+for i in range(100):
+    a = socket.create_connection(ls.getsockname()); b, _ = ls.accept()
+    a.setblocking(False); pairs.append((a, b))
+for a, b in pairs:
+    while time.monotonic() - t0 < 30:
+        try:
+            total += a.send(buf)
+        except OSError:
+            break
+print(total >> 20)
+' >"$W/tcp.out" 2>"$W/tcp.err"
+echo "TCP buffers filled from the 128 MiB sandbox: $(cat "$W/tcp.out") MiB"
+expect "its TCP buffers stopped at its memory limit (at most 136 MiB queued)" \
+	"$([ "$(cat "$W/tcp.out")" -ge 16 ] 2>/dev/null && [ "$(cat "$W/tcp.out")" -le 136 ] && echo yes)" yes
+victim_ok "TCP buffers filled"
 
 # ---- processes: fork stops with EAGAIN at exactly the pids limit ----
 P=$("$SC" create --worker worker-1 --pids 64)

@@ -152,6 +152,33 @@ expect "every DENY at the gateway is in the worker's audit log, with its reason"
 expect "GET /metrics on the gateway's own address: its counters" \
 	"$(curl -s -m 5 "http://127.0.0.1:$GS/metrics" | grep -c '^spaced_netgtw_opens_total{outcome="refuse"} [1-9]')" 1
 
+# 20 clients that read none of a 16 MB answer: what waits for each in the kernel is bounded by the
+# gateway's socket buffers (256 KiB: the kernel holds up to twice that), not grown to 4 MiB by the
+# kernel's tuning (the host's TCP memory, shared by every socket)
+"$SPACED_BUILD/spaced-node/spaced-launch" exec --state "$W/w/exec/S.1" -- sh -c 'head -c 16000000 /dev/zero >/tmp/big.bin'
+cat >"$W/stall.py" <<'EOF'
+import socket, sys, time
+port, cap = int(sys.argv[1]), sys.argv[2]
+socks = []
+for _ in range(20):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(("GET /big.bin HTTP/1.1\r\nHost: 8080-S.localhost:%d\r\nAuthorization: Bearer %s\r\n\r\n"
+               % (port, cap)).encode())
+    socks.append(s)
+time.sleep(6)
+print(len(socks))
+EOF
+python3 "$W/stall.py" "$GS" "$C1" >"$W/stall.out" 2>&1 &
+STALL=$!
+sleep 4
+ss -tnH state established "( sport = :$GS )" | awk '{ print $2 }' >"$W/sendq"
+wait $STALL
+echo "unread bytes the kernel holds per stalled gateway client: $(sort -n "$W/sendq" | tr '\n' ' ')"
+expect "20 stalled clients, each holding under 600 KB in the kernel" \
+	"$(cat "$W/stall.out") $(wc -l <"$W/sendq" | tr -d ' ') $(awk '$1 >= 600000' "$W/sendq" | wc -l | tr -d ' ')" "20 20 0"
+
 # a guest that does not answer (its execution frozen) holds only the open that
 # waits for it: the gateway's loop goes on (GET /metrics answers meanwhile), and
 # the open completes once the guest answers again
