@@ -32,6 +32,7 @@
 
 #include "error.h"
 #include "httpsrv.h"
+#include "ratelimit.h"
 #include "tls.h"
 #include "ws.h"
 
@@ -83,6 +84,7 @@ struct areq {
 	bool stdin_ended; /* a WebSocket exec or terminal's client sent `d` */
 	char ident[SPACED_IDENTITY_TEXT_MAX];
 	struct owner *own; /* from ACCEPT; NULL before: the unverified class */
+	struct owner *from; /* before ACCEPT, while it holds bytes: its client's address ("a:KEY") */
 	char request_id[NODE_REQUEST_ID_MAX]; /* the client's X-Request-Id, or one made here */
 	char peer[64];                        /* the client's address */
 	size_t held;             /* bytes counted against the budget (hold) */
@@ -244,6 +246,11 @@ static void owner_assign(struct areq *r, struct owner *o)
 	r->own = o;
 	A.unverified -= r->held;
 	o->held += r->held;
+	if (r->from) {
+		r->from->held -= r->held;
+		owner_put(r->from);
+		r->from = NULL;
+	}
 	if (!r->c)
 		return;
 	size_t *acct = spaced_httpconn_account(r->c);
@@ -287,6 +294,10 @@ static void areq_free(struct areq *r)
 	} else {
 		A.unverified -= r->held;
 	}
+	if (r->from) {
+		r->from->held -= r->held;
+		owner_put(r->from);
+	}
 	free(r);
 }
 
@@ -307,18 +318,33 @@ static size_t held_total(void)
 
 /* Whether n more bytes for r would pass what it may hold: the budget; for
  * a request whose capability the gate has not accepted yet, a quarter of it
- * for all such (exec bodies being read); for an accepted one, its owner's
- * fair share (spaced_fair_share: past half of the budget in use a tenant
- * holding an eighth gets no more, past three quarters one holding a 128th),
- * so one tenant's unread answers leave the others theirs. */
+ * for all such (exec bodies being read), shared fairly between client
+ * addresses; for an accepted one, its owner's fair share (spaced_fair_share:
+ * past half of the budget in use a tenant holding an eighth gets no more,
+ * past three quarters one holding a 128th), so one tenant's unread answers
+ * leave the others theirs. */
 static bool over_budget(const struct areq *r, size_t n)
 {
 	size_t total = held_total();
 	if (total + n > A.budget)
 		return true;
 	if (!r->own)
-		return A.unverified + n > A.budget / 4;
+		return A.unverified + n > A.budget / 4 ||
+		       spaced_fair_share(A.unverified, A.budget / 4, r->from ? r->from->held : 0, HOLD_FREE) != 0;
 	return spaced_fair_share(total, A.budget, r->own->held + r->own->queued, HOLD_FREE) != 0;
+}
+
+/* The owner that r's bytes count in before ACCEPT: its client's address
+ * (an IPv6 /64 is one, spaced_caller_key); NULL when out of memory. */
+static struct owner *owner_from(struct areq *r)
+{
+	if (!r->from) {
+		char key[SPACED_CALLER_KEY_MAX], name[SPACED_CALLER_KEY_MAX + 2];
+		spaced_caller_key(r->peer, key);
+		snprintf(name, sizeof name, "a:%s", key);
+		r->from = owner_get(name);
+	}
+	return r->from;
 }
 
 /* Counts n more bytes for r: 0, SPACED_ETOOBIG past HOLD_MAX for it,
@@ -327,16 +353,20 @@ static int hold(struct areq *r, size_t n)
 {
 	if (r->held + n > HOLD_MAX)
 		return SPACED_ETOOBIG;
+	if (!r->own && !owner_from(r))
+		return SPACED_EBUSY;
 	if (r->held + n > HOLD_FREE && over_budget(r, n)) {
 		A.held_refused++;
 		return SPACED_EBUSY;
 	}
 	r->held += n;
 	A.held += n;
-	if (r->own)
+	if (r->own) {
 		r->own->held += n;
-	else
+	} else {
 		A.unverified += n;
+		r->from->held += n;
+	}
 	return 0;
 }
 
