@@ -114,6 +114,14 @@ bool spaced_ct_eq_len(const void *a, size_t alen, const void *b, size_t blen)
 	return spaced_ct_eq(a, b, alen);
 }
 
+uint32_t spaced_fnv1a(const char *s)
+{
+	uint32_t h = 2166136261u;
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+		h = (h ^ *p) * 16777619u;
+	return h;
+}
+
 int spaced_fair_share(size_t in_use, size_t cap, size_t mine, size_t few)
 {
 	if (in_use < cap / 2)

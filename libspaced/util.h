@@ -48,6 +48,10 @@ bool spaced_ct_eq(const void *a, const void *b, size_t n);
  * lengths are compared in the open (they are not secret), the bytes in constant time. */
 bool spaced_ct_eq_len(const void *a, size_t alen, const void *b, size_t blen);
 
+/* FNV-1a of the string s: a hash for tables keyed by names (not for
+ * anything an attacker must not steer: it is not keyed). */
+uint32_t spaced_fnv1a(const char *s);
+
 /* The rule that shares one capacity among tenants (a worker's streams,
  * node-api's answer memory): 0 when a tenant holding mine, while in_use of
  * cap is in use in all, may take more; 1 once half of cap is in use and it

@@ -20,6 +20,7 @@
 #include "cp.h"
 #include "log.h"
 #include "error.h"
+#include "util.h"
 
 #define SLOTS 4096
 
@@ -63,9 +64,7 @@ static struct cp *the_cp;
 
 static unsigned slot_of(const char *worker, int64_t seq)
 {
-	unsigned h = 2166136261u;
-	for (const char *p = worker; *p; p++)
-		h = (h ^ (unsigned char)*p) * 16777619u;
+	unsigned h = spaced_fnv1a(worker);
 	return (h ^ (unsigned)seq ^ (unsigned)(seq >> 32)) % SLOTS;
 }
 

@@ -527,10 +527,7 @@ static void sleep_until_ns(uint64_t deadline)
 
 static unsigned recent_slot(const char *sandbox)
 {
-	uint32_t h = 2166136261u; /* FNV-1a */
-	for (const unsigned char *c = (const unsigned char *)sandbox; *c; c++)
-		h = (h ^ *c) * 16777619u;
-	return h % CP_RECENT_ROUTES;
+	return spaced_fnv1a(sandbox) % CP_RECENT_ROUTES;
 }
 
 static void recent_route_note(struct cp *cp, const char *sandbox)

@@ -32,6 +32,7 @@
 
 #include "error.h"
 #include "httpsrv.h"
+#include "util.h"
 #include "ratelimit.h"
 #include "tls.h"
 #include "ws.h"
@@ -193,10 +194,7 @@ static void in_acked(struct areq *r, uint64_t bytes)
 
 static unsigned owner_bucket(const char *name)
 {
-	unsigned h = 2166136261u;
-	for (const char *p = name; *p; p++)
-		h = (h ^ (unsigned char)*p) * 16777619u;
-	return h % OWNER_BUCKETS;
+	return spaced_fnv1a(name) % OWNER_BUCKETS;
 }
 
 /* The owner named name with one more reference, made when new; NULL when

@@ -242,9 +242,7 @@ int vm_template_path(char *out, size_t outsz)
 		return SPACED_ESYS;
 	/* a QEMU of another build could not read the saved device state, and a
 	 * template booted with other kernel arguments is another kernel state */
-	uint32_t k = 2166136261u; /* FNV-1a */
-	for (const char *p = VM_BOOT_ARGS " " VM_BOOT_ARGS_PC; *p; p++)
-		k = (k ^ (uint8_t)*p) * 16777619u;
+	uint32_t k = spaced_fnv1a(VM_BOOT_ARGS " " VM_BOOT_ARGS_PC);
 	int n = snprintf(out, outsz, "%s/cache/template2-%s-%" PRIu64 "m-%uc-%" PRIu64 "-q%llx.%llx-k%08x", V.images,
 	                 machine_name(V.machine), V.memory >> 20, vcpus_of(V.cpu_milli), V.disk,
 	                 (unsigned long long)st.st_ino, (unsigned long long)st.st_mtime, (unsigned)k);

@@ -68,6 +68,7 @@ expect "exec true still works in the sandbox after the kill" "$("$SC" exec "$M" 
 victim_ok "a memory hog"
 
 # ---- TCP buffers: 100 loopback connections filled and never read count in the memory limit ----
+# (DESIGN §5 Resources: the memory limit holds everything the execution makes the kernel keep)
 # (cgroup v1 counts them only under memory.kmem.tcp.limit_in_bytes: without it they held the host's
 # TCP memory, 372 MiB from this 128 MiB sandbox on the old code)
 "$SC" exec "$M" -- python3 -c '
