@@ -1,8 +1,9 @@
 /*
- * sub_cgroup.c — CPU, memory and pids limits, usage and the freezer of one
- * execution, on cgroup v1 (memory, pids, freezer, cpu, cpuacct hierarchies
- * under /sys/fs/cgroup/<ctrl>) or on a unified cgroup2 /sys/fs/cgroup; and the
- * reaping of what launchers killed with SIGKILL left behind.
+ * sub_cgroup.c — CPU, memory, pids and disk I/O limits, usage and the freezer
+ * of one execution, on cgroup v1 (memory, pids, freezer, cpu, cpuacct, blkio
+ * hierarchies under /sys/fs/cgroup/<ctrl>) or on a unified cgroup2
+ * /sys/fs/cgroup; and the reaping of what launchers killed with SIGKILL left
+ * behind.
  */
 #include "sub_internal.h"
 
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -133,9 +135,9 @@ static int mkdir_fresh(const char *dir)
 }
 
 /* One sweep per process and hierarchy is enough. */
-static bool swept_v1[5], swept_v2;
+static bool swept_v1[6], swept_v2;
 
-static const char *const v1_ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct" };
+static const char *const v1_ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct", "blkio" };
 
 /* The launcher pid of a cgroup named "spaced-<pid>-<n>", or 0. */
 static int launcher_of(const char *name)
@@ -271,13 +273,81 @@ static int set_v2_limits(const char *dir, const struct sub_limits *lim, char *wh
 		if ((r = knob(dir, "cpu.weight", val, why, whysz)) < 0)
 			return r;
 	}
+	for (size_t i = 0; i < 2 && (lim->io_bps > 0 || lim->io_iops > 0); i++) {
+		char line[160];
+
+		char bps[24] = "max", iops[24] = "max";
+
+		if (lim->io_dev[i] == 0)
+			continue;
+		if (lim->io_bps > 0)
+			snprintf(bps, sizeof(bps), "%" PRIu64, lim->io_bps);
+		if (lim->io_iops > 0)
+			snprintf(iops, sizeof(iops), "%" PRIu64, lim->io_iops);
+		/* cgroup2 charges writeback to the cgroup that dirtied the pages
+		 * (memory and io both on): one rule bounds every path */
+		snprintf(line, sizeof(line), "%u:%u rbps=%s wbps=%s riops=%s wiops=%s", major(lim->io_dev[i]),
+		         minor(lim->io_dev[i]), bps, bps, iops, iops);
+		if ((r = knob(dir, "io.max", line, why, whysz)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* Writes "MAJ:MIN value" into dir's blkio.throttle.<file>. */
+static int throttle_rule(const char *dir, const char *file, dev_t dev, uint64_t value, char *why, size_t whysz)
+{
+	char name[64], val[64];
+
+	snprintf(name, sizeof(name), "blkio.throttle.%s", file);
+	snprintf(val, sizeof(val), "%u:%u %" PRIu64, major(dev), minor(dev), value);
+	return knob(dir, name, val, why, whysz);
+}
+
+/* v1: the execution's own blkio cgroup bounds what its tasks submit (reads,
+ * direct I/O, writes forced by fsync); the writeback of what they leave dirty
+ * is charged to the blkio root, where its disk has a rule of its own
+ * (sub_disk_create). */
+static int set_v1_io(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim, char *why,
+                     size_t whysz)
+{
+	static const char *const dirs[2] = { "read", "write" };
+	int r;
+
+	if (lim->io_bps == 0 && lim->io_iops == 0)
+		return 0;
+	if (!has_v1("blkio")) {
+		spaced_why(why, whysz, "no cgroup v1 blkio hierarchy: disk I/O cannot be bounded "
+		                       "(spaced-node --disk-io 0 runs without a bound)");
+		return SPACED_ESYS;
+	}
+	if ((r = make_v1("blkio", name, cg->blkio, sizeof(cg->blkio), why, whysz)) < 0)
+		return r;
+	for (size_t i = 0; i < 2; i++) {
+		char file[32];
+
+		if (lim->io_dev[i] == 0)
+			continue;
+		for (size_t d = 0; d < 2; d++) {
+			if (lim->io_bps > 0) {
+				snprintf(file, sizeof(file), "%s_bps_device", dirs[d]);
+				if ((r = throttle_rule(cg->blkio, file, lim->io_dev[i], lim->io_bps, why, whysz)) < 0)
+					return r;
+			}
+			if (lim->io_iops > 0) {
+				snprintf(file, sizeof(file), "%s_iops_device", dirs[d]);
+				if ((r = throttle_rule(cg->blkio, file, lim->io_dev[i], lim->io_iops, why, whysz)) < 0)
+					return r;
+			}
+		}
+	}
 	return 0;
 }
 
 int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
                       char *why, size_t whysz)
 {
-	static const struct sub_limits none = { 0, 0, 0 };
+	static const struct sub_limits none = { 0 };
 	char val[32], path[PATH_MAX + 64];
 	int r;
 
@@ -297,14 +367,14 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 			own[0] = '\0';
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", own);
 		/* best effort: a delegated subtree may have these enabled already */
-		(void)knob(dir, "cgroup.subtree_control", "+memory +pids +cpu", NULL, 0);
+		(void)knob(dir, "cgroup.subtree_control", "+memory +pids +cpu +io", NULL, 0);
 		if ((size_t)snprintf(path, sizeof(path), "%s/spaced", dir) >= sizeof(path))
 			return SPACED_ETOOBIG;
 		if (mkdir(path, 0755) < 0 && errno != EEXIST) {
 			spaced_why(why, whysz, "mkdir %s: %s", path, strerror(errno));
 			return SPACED_ESYS;
 		}
-		(void)knob(path, "cgroup.subtree_control", "+memory +pids +cpu", NULL, 0);
+		(void)knob(path, "cgroup.subtree_control", "+memory +pids +cpu +io", NULL, 0);
 		if (!swept_v2) {
 			sweep_dead(path);
 			swept_v2 = true;
@@ -383,6 +453,8 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 		if ((r = knob(cg->cpu, "cpu.shares", val, why, whysz)) < 0)
 			goto fail;
 	}
+	if ((r = set_v1_io(cg, name, lim, why, whysz)) < 0)
+		goto fail;
 	return 0;
 fail:
 	sub_cgroup_remove(cg);
@@ -502,7 +574,7 @@ int sub_cgroup_reap_orphans(void)
 		return reap_dir(dir, NULL);
 	}
 	/* the freezer first: its tasks must be thawed before they can die */
-	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct" };
+	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct", "blkio" };
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		if (cgroup_path_of(0, order[i], own, sizeof(own)) < 0)
 			continue;
@@ -528,6 +600,8 @@ int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t why
 		return r;
 	if (cg->cpuacct[0] && strcmp(cg->cpuacct, cg->cpu) != 0 &&
 	    (r = knob(cg->cpuacct, "cgroup.procs", val, why, whysz)) < 0)
+		return r;
+	if (cg->blkio[0] && (r = knob(cg->blkio, "cgroup.procs", val, why, whysz)) < 0)
 		return r;
 	return knob(cg->freezer, "cgroup.procs", val, why, whysz);
 }
@@ -587,6 +661,7 @@ void sub_cgroup_remove(struct sub_cgroup *cg)
 	if (cg == NULL || !cg->made)
 		return;
 	remove_dir(cg->unified);
+	remove_dir(cg->blkio);
 	if (strcmp(cg->cpuacct, cg->cpu) != 0)
 		remove_dir(cg->cpuacct);
 	remove_dir(cg->cpu);
@@ -599,7 +674,7 @@ void sub_cgroup_remove(struct sub_cgroup *cg)
 
 int sub_cgroup_join_of(pid_t pid)
 {
-	static const char *const ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct" };
+	static const char *const ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct", "blkio" };
 	char rel[PATH_MAX], path[PATH_MAX + 64];
 	int r;
 
@@ -612,7 +687,7 @@ int sub_cgroup_join_of(pid_t pid)
 	for (size_t i = 0; i < sizeof(ctrls) / sizeof(ctrls[0]); i++) {
 		if ((r = cgroup_path_of(pid, ctrls[i], rel, sizeof(rel))) < 0) {
 			if (i >= 3)
-				continue; /* no cpu / cpuacct hierarchy on this host */
+				continue; /* no cpu / cpuacct / blkio hierarchy on this host */
 			return r;
 		}
 		snprintf(path, sizeof(path), "/sys/fs/cgroup/%s%s/cgroup.procs", ctrls[i], rel);

@@ -26,11 +26,16 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <linux/loop.h>
+#include <linux/magic.h>
+#include <linux/major.h>
 
 #include "error.h"
 #include "util.h"
@@ -88,14 +93,77 @@ static int run_mkfs(const char *img, char *why, size_t whysz)
 	return 0;
 }
 
-/* Attaches imgfd to a free loop device; another process may take the free
- * device first, so a busy one is retried with the next free one. */
-static int attach_loop(int imgfd, int *loopfd, char *dev, size_t devsz, char *why, size_t whysz)
+/* The v1 blkio root, where the kernel's flusher threads run: v1 charges the
+ * writeback of every filesystem there, whoever dirtied the pages. */
+#define BLKIO_ROOT "/sys/fs/cgroup/blkio"
+
+/* A knob of the device's writeback (/sys/class/bdi/MAJ:MIN/<file>); 0 or -1
+ * with errno (ENOENT: the kernel has no such knob). */
+static int bdi_knob(dev_t dev, const char *file, const char *val)
+{
+	char path[96];
+
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/%s", major(dev), minor(dev), file);
+	return sub_write_file(path, val);
+}
+
+/* Writes "MAJ:MIN value" into the blkio root's blkio.throttle.<file>. */
+static int root_rule(dev_t dev, const char *file, uint64_t value)
+{
+	char path[96], val[64];
+
+	snprintf(path, sizeof(path), BLKIO_ROOT "/blkio.throttle.%s", file);
+	snprintf(val, sizeof(val), "%u:%u %" PRIu64, major(dev), minor(dev), value);
+	return sub_write_file(path, val);
+}
+
+/* What a disk may hold dirty: a second of its writeback, within these. */
+#define DIRTY_MIN (UINT64_C(8) << 20)
+#define DIRTY_MAX (UINT64_C(1) << 30)
+
+static int bound_io(dev_t dev, uint64_t bps, uint64_t iops, char *why, size_t whysz)
+{
+	struct statfs sf;
+	char val[32];
+
+	/* v1 only: cgroup2 charges writeback to the cgroup that dirtied the
+	 * pages, whose io.max bounds it (sub_cgroup.c) */
+	if (statfs(BLKIO_ROOT, &sf) == 0 && (unsigned long)sf.f_type == CGROUP_SUPER_MAGIC) {
+		if ((bps > 0 && root_rule(dev, "write_bps_device", bps) < 0) ||
+		    (iops > 0 && root_rule(dev, "write_iops_device", iops) < 0)) {
+			spaced_why(why, whysz, "bounding the writeback of %u:%u in " BLKIO_ROOT ": %s", major(dev),
+			           minor(dev), strerror(errno));
+			return SPACED_ESYS;
+		}
+	}
+	if (bps > 0) {
+		snprintf(val, sizeof(val), "%" PRIu64, bps < DIRTY_MIN ? DIRTY_MIN : bps > DIRTY_MAX ? DIRTY_MAX : bps);
+		/* before 6.2 there is no such knob: the writeback is bounded all
+		 * the same, only writers are not slowed before reclaim */
+		if (bdi_knob(dev, "max_bytes", val) == 0)
+			(void)bdi_knob(dev, "strict_limit", "1");
+	}
+	return 0;
+}
+
+/* Attaches imgfd to a free loop device and bounds its I/O; another process
+ * may take the free device first, so a busy one is retried with the next
+ * free one. */
+static int attach_loop(int imgfd, uint64_t bps, uint64_t iops, int *loopfd, char *dev, size_t devsz, dev_t *rdev,
+                       char *why, size_t whysz)
 {
 	int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
 
 	if (ctl < 0) {
 		spaced_why(why, whysz, "open /dev/loop-control: %s", strerror(errno));
+		return SPACED_ESYS;
+	}
+	/* held (shared) from the attach until the device's bounds are set:
+	 * sub_disk_reap, which takes the bounds off devices holding no image,
+	 * never sees one in between */
+	if (flock(ctl, LOCK_SH) < 0) {
+		spaced_why(why, whysz, "lock /dev/loop-control: %s", strerror(errno));
+		close(ctl);
 		return SPACED_ESYS;
 	}
 	for (int attempt = 0; attempt < 64; attempt++) {
@@ -121,11 +189,20 @@ static int attach_loop(int imgfd, int *loopfd, char *dev, size_t devsz, char *wh
 		lc.block_size = 4096;
 		lc.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
 		if (ioctl(fd, LOOP_CONFIGURE, &lc) == 0) {
-			close(ctl);
-			if ((size_t)snprintf(dev, devsz, "%s", path) >= devsz) {
+			struct stat st = { 0 };
+			int r = fstat(fd, &st) < 0 ? SPACED_ESYS : 0;
+
+			if (r == 0 && (bps > 0 || iops > 0))
+				r = bound_io(st.st_rdev, bps, iops, why, whysz);
+			close(ctl); /* the bounds are set: sub_disk_reap may look */
+			if (r == 0 && (size_t)snprintf(dev, devsz, "%s", path) >= devsz)
+				r = SPACED_ETOOBIG;
+			if (r < 0) {
+				sub_disk_unbound(st.st_rdev);
 				close(fd);
-				return SPACED_ETOOBIG;
+				return r;
 			}
+			*rdev = st.st_rdev;
 			*loopfd = fd;
 			return 0;
 		}
@@ -143,8 +220,8 @@ static int attach_loop(int imgfd, int *loopfd, char *dev, size_t devsz, char *wh
 	return SPACED_ESYS;
 }
 
-int sub_disk_create(const char *img, uint64_t bytes, int *loopfd, char *dev, size_t devsz,
-                    char *why, size_t whysz)
+int sub_disk_create(const char *img, uint64_t bytes, uint64_t bps, uint64_t iops, int *loopfd, char *dev,
+                    size_t devsz, dev_t *rdev, char *why, size_t whysz)
 {
 	uint64_t size;
 	int fd, r;
@@ -171,7 +248,7 @@ int sub_disk_create(const char *img, uint64_t bytes, int *loopfd, char *dev, siz
 	}
 	if ((r = run_mkfs(img, why, whysz)) < 0)
 		goto fail;
-	if ((r = attach_loop(fd, loopfd, dev, devsz, why, whysz)) < 0)
+	if ((r = attach_loop(fd, bps, iops, loopfd, dev, devsz, rdev, why, whysz)) < 0)
 		goto fail;
 	close(fd); /* the loop device holds the image now */
 	return 0;
@@ -186,4 +263,80 @@ int sub_disk_mount(const char *dev, const char *dir)
 	return mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "discard,noinit_itable") < 0
 	               ? SPACED_ESYS
 	               : 0;
+}
+
+dev_t sub_disk_block_dev(const char *path)
+{
+	char sys[96], text[32];
+	unsigned maj, min;
+	struct stat st;
+	dev_t dev;
+	FILE *f;
+
+	if (stat(path, &st) < 0)
+		return 0;
+	dev = st.st_dev;
+	if (major(dev) == 0)
+		return 0; /* an anonymous device: overlayfs, tmpfs, btrfs subvolumes */
+	snprintf(sys, sizeof(sys), "/sys/dev/block/%u:%u", major(dev), minor(dev));
+	if (access(sys, F_OK) < 0)
+		return 0; /* not a block device */
+	snprintf(sys, sizeof(sys), "/sys/dev/block/%u:%u/partition", major(dev), minor(dev));
+	if (access(sys, F_OK) < 0)
+		return dev;
+	/* a partition: the rule names its disk, the directory above */
+	snprintf(sys, sizeof(sys), "/sys/dev/block/%u:%u/../dev", major(dev), minor(dev));
+	if ((f = fopen(sys, "re")) == NULL)
+		return 0;
+	if (fgets(text, sizeof(text), f) == NULL || sscanf(text, "%u:%u", &maj, &min) != 2)
+		maj = min = 0;
+	fclose(f);
+	return maj == 0 ? 0 : makedev(maj, min);
+}
+
+void sub_disk_unbound(dev_t rdev)
+{
+	if (rdev == 0)
+		return;
+	(void)root_rule(rdev, "write_bps_device", 0);
+	(void)root_rule(rdev, "write_iops_device", 0);
+	(void)bdi_knob(rdev, "strict_limit", "0");
+	(void)bdi_knob(rdev, "max_ratio", "100");
+}
+
+int sub_disk_reap(void)
+{
+	static const char *const files[] = { BLKIO_ROOT "/blkio.throttle.write_bps_device",
+		                             BLKIO_ROOT "/blkio.throttle.write_iops_device" };
+	int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC), n = 0;
+
+	if (ctl < 0)
+		return 0;
+	/* no attach in progress (they hold it shared): a device seen without
+	 * an image here gets no bound from a new execution meanwhile */
+	if (flock(ctl, LOCK_EX) < 0) {
+		close(ctl);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		char line[128], sys[96];
+		unsigned maj, min;
+		FILE *f = fopen(files[i], "re");
+
+		if (f == NULL)
+			continue;
+		while (fgets(line, sizeof(line), f) != NULL) {
+			if (sscanf(line, "%u:%u", &maj, &min) != 2)
+				continue;
+			/* (loop/ is there only while the device holds an image) */
+			snprintf(sys, sizeof(sys), "/sys/dev/block/%u:%u/loop/backing_file", maj, min);
+			if (maj != LOOP_MAJOR || access(sys, F_OK) == 0)
+				continue; /* not a loop device, or one holding an image */
+			sub_disk_unbound(makedev(maj, min));
+			n++;
+		}
+		fclose(f);
+	}
+	close(ctl);
+	return n;
 }

@@ -11,8 +11,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* The cgroups of one execution: v1 memory, pids, freezer, cpu and cpuacct
- * hierarchies, or one cgroup2 directory when /sys/fs/cgroup is unified. */
+/* The cgroups of one execution: v1 memory, pids, freezer, cpu, cpuacct and
+ * blkio hierarchies, or one cgroup2 directory when /sys/fs/cgroup is unified. */
 struct sub_cgroup {
 	bool v2;
 	bool made;
@@ -21,6 +21,7 @@ struct sub_cgroup {
 	char freezer[PATH_MAX];
 	char cpu[PATH_MAX];     /* "" when the v1 cpu hierarchy is missing */
 	char cpuacct[PATH_MAX]; /* "" when the v1 cpuacct hierarchy is missing */
+	char blkio[PATH_MAX];   /* "" without a disk I/O limit (v1) */
 	char unified[PATH_MAX];
 };
 
@@ -29,6 +30,14 @@ struct sub_limits {
 	uint32_t cpu_milli; /* CPU time per wall-clock time, in thousandths of a CPU */
 	uint64_t mem_bytes;
 	uint64_t pids_max;
+	/* disk I/O, each direction apart (reads, writes), on each device of
+	 * io_dev: bytes and operations per second */
+	uint64_t io_bps;
+	uint64_t io_iops;
+	/* [0]: the execution's own disk (v1: its writeback has its rule from
+	 * sub_disk_create); [1]: the device of the lower layer (reads of the
+	 * template or of the host's /usr). 0: none. */
+	dev_t io_dev[2];
 };
 
 /* Creates the cgroups named `name` below the caller's own cgroups (in a
@@ -62,7 +71,8 @@ int sub_cgroup_freeze(const struct sub_cgroup *cg, bool freeze);
 void sub_cgroup_remove(struct sub_cgroup *cg);
 
 /* Moves the calling process into the cgroups process pid is in (v1 memory,
- * pids and freezer; or its cgroup2 directory). */
+ * pids and freezer, and cpu, cpuacct and blkio where there are; or its
+ * cgroup2 directory). */
 int sub_cgroup_join_of(pid_t pid);
 
 /* Builds the seccomp program once in this process (call before forking, so
@@ -82,9 +92,28 @@ int sub_write_file(const char *path, const char *text);
  * metadata comes on top) and attaches it to a free loop device (detached
  * automatically once the last user is gone, direct I/O, discard punching
  * holes into the image). *loopfd keeps the device attached until closed;
- * dev receives its path. Returns 0, SPACED_EINVAL, SPACED_ESYS. */
-int sub_disk_create(const char *img, uint64_t bytes, int *loopfd, char *dev, size_t devsz,
-                    char *why, size_t whysz);
+ * dev receives its path, *rdev its number. With bps or iops (0: none), the
+ * device's writeback is bounded to that many bytes and operations per second
+ * (cgroup v1 charges writeback to the blkio root: a rule for this device
+ * there, which bounds nobody else, the device being the execution's alone)
+ * and what it may hold dirty to about a second of it (strict per-device
+ * limit, kernel 6.2 and later), so writers are slowed to that rate instead
+ * of filling the host's page cache. Returns 0, SPACED_EINVAL, SPACED_ESYS. */
+int sub_disk_create(const char *img, uint64_t bytes, uint64_t bps, uint64_t iops, int *loopfd, char *dev,
+                    size_t devsz, dev_t *rdev, char *why, size_t whysz);
+
+/* Takes the bounds sub_disk_create set off the disk rdev. Call while the
+ * device is still the execution's (its mount not yet released). */
+void sub_disk_unbound(dev_t rdev);
+
+/* Takes the bounds off every loop device that holds no image any more (left
+ * by launchers killed with SIGKILL). Returns how many it cleared. */
+int sub_disk_reap(void);
+
+/* The whole disk holding path's filesystem, as a throttle rule names it (a
+ * partition gives its disk); 0 when there is none (a filesystem on no block
+ * device: overlayfs, tmpfs, btrfs). */
+dev_t sub_disk_block_dev(const char *path);
 
 /* Mounts the loop device dev on dir (nosuid, nodev, discard, no inode-table
  * zeroing in the background). In the execution's own mount namespace only. */

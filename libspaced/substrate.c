@@ -67,6 +67,7 @@ struct spaced_sub {
 	                      * /proc/self/fd/<ldir_fd>: the disk mounted in the
 	                      * execution's own mount namespace */
 	int ldir_fd;         /* with a disk: the child's O_PATH descriptor of it */
+	dev_t disk_rdev;     /* with a disk: its device number */
 	uint32_t uid_base;
 	char base[PATH_MAX]; /* "" when on the host's directories */
 	bool templ;          /* base is a template: mapped by an idmapped mount */
@@ -792,7 +793,8 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		/* the writable layer on a disk of its own, mounted by the child in
 		 * the execution's mount namespace: bounded, and not memory */
 		pathf(p2, "%s/disk.img", s->state);
-		r = sub_disk_create(p2, cfg->disk_bytes, &loopfd, disk_dev, sizeof(disk_dev), why, whysz);
+		r = sub_disk_create(p2, cfg->disk_bytes, cfg->disk_bps, cfg->disk_iops, &loopfd, disk_dev,
+		                    sizeof(disk_dev), &s->disk_rdev, why, whysz);
 		if (r < 0)
 			goto fail;
 		pathf(s->ldir, "%s/fs", s->state);
@@ -832,8 +834,15 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 		goto fail;
 	}
 	{
-		struct sub_limits lim = { cfg->cpu_milli, cfg->memory_bytes, cfg->pids_max };
+		struct sub_limits lim = { .cpu_milli = cfg->cpu_milli, .mem_bytes = cfg->memory_bytes,
+		                          .pids_max = cfg->pids_max };
 
+		if (s->disk_rdev != 0 && (cfg->disk_bps > 0 || cfg->disk_iops > 0)) {
+			lim.io_bps = cfg->disk_bps;
+			lim.io_iops = cfg->disk_iops;
+			lim.io_dev[0] = s->disk_rdev;
+			lim.io_dev[1] = sub_disk_block_dev(s->base[0] ? s->base : "/usr");
+		}
 		r = sub_cgroup_create(&s->cg, cgname, &lim, why, whysz);
 	}
 	if (r < 0)
@@ -948,8 +957,11 @@ fail:
 		close(sync[1]);
 	if (pidfd >= 0)
 		close(pidfd);
-	if (loopfd >= 0)
+	if (loopfd >= 0) {
+		sub_disk_unbound(s->disk_rdev); /* while the device is still ours */
+		s->disk_rdev = 0;
 		close(loopfd);
+	}
 	if (tmpl_ns >= 0)
 		close(tmpl_ns);
 	spaced_sub_destroy(s, false, NULL);
@@ -1250,7 +1262,10 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)
 
 int spaced_sub_reap_orphans(void)
 {
-	return sub_cgroup_reap_orphans();
+	int n = sub_cgroup_reap_orphans();
+
+	(void)sub_disk_reap();
+	return n;
 }
 
 void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
@@ -1279,6 +1294,10 @@ void spaced_sub_destroy(struct spaced_sub *s, bool keep_state, int *status)
 	/* the last reference to the disk's mount from outside: once the
 	 * execution's processes are gone, the mount and its loop device go too */
 	if (s->ldir_fd >= 0) {
+		/* the disk's bounds go while it is still this execution's
+		 * (without ldir_fd it may be gone already: sub_disk_reap's) */
+		sub_disk_unbound(s->disk_rdev);
+		s->disk_rdev = 0;
 		close(s->ldir_fd);
 		s->ldir_fd = -1;
 	}

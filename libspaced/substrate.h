@@ -84,6 +84,10 @@ struct spaced_sub_config {
 	                            * image, STATE/disk.img; writes past it get
 	                            * ENOSPC; not memory); 0: on the state
 	                            * directory's filesystem, unbounded */
+	uint64_t disk_bps;         /* with a disk: bytes per second it may read, and
+	                            * as many write (writeback included), on that
+	                            * disk and on the lower layer's device; 0: none */
+	uint64_t disk_iops;        /* the same in operations per second; 0: none */
 	uint32_t uid_base;         /* host uid of root inside; 0 maps root to root */
 	int log_fd;                /* the guest's stdout and stderr; -1: /dev/null */
 	const char *cgroup_name;   /* NULL: "spaced-<launcher pid>-<n>" */
@@ -167,7 +171,8 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
 
 /* Kills the tasks of executions whose launcher is gone (killed with SIGKILL:
  * it could not clean up; on cgroup v1 a frozen task cannot even die until
- * thawed), thaws and removes their cgroups. Returns how many such executions
+ * thawed), thaws and removes their cgroups, and takes the disk I/O bounds off
+ * loop devices that hold no image any more. Returns how many such executions
  * were found, or a negative code. */
 int spaced_sub_reap_orphans(void);
 

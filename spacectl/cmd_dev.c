@@ -1,7 +1,7 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
- *          [--pool N] [--plaintext]
+ *          [--pool N] [--disk-io bps=SIZE,iops=N] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  *   dev certs [--dir DIR] [--workers N]
@@ -53,7 +53,7 @@
 
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
-	"                       [--log-format text|json] [--pool N] [--plaintext]\n"
+	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -344,10 +344,41 @@ static void remove_vm_files(void)
 	}
 }
 
+/* Waits (up to 5 s) until no loop device holds an image below absdir: the
+ * disks of killed executions are released once their last task is gone. */
+static void wait_disks_released(const char *absdir)
+{
+	char pat[PATH_MAX + 2];
+	snprintf(pat, sizeof pat, "%s/", absdir);
+	for (int t = 0; t < 100; t++) {
+		int held = 0;
+		DIR *d = opendir("/sys/block");
+		struct dirent *e;
+		while (d != NULL && (e = readdir(d)) != NULL) {
+			char p[PATH_MAX], buf[PATH_MAX];
+			if (strncmp(e->d_name, "loop", 4) != 0)
+				continue;
+			snprintf(p, sizeof p, "/sys/block/%.200s/loop/backing_file", e->d_name);
+			int fd = open(p, O_RDONLY | O_CLOEXEC);
+			if (fd < 0)
+				continue;
+			ssize_t n = read(fd, buf, sizeof buf - 1);
+			close(fd);
+			buf[n > 0 ? n : 0] = 0;
+			held |= strncmp(buf, pat, strlen(pat)) == 0;
+		}
+		if (d != NULL)
+			closedir(d);
+		if (!held)
+			return;
+		sleep_ms(50);
+	}
+}
+
 static int dev_down(const char *dir, int quiet, int remove_dir)
 {
 	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
-	char absdir[PATH_MAX];
+	char absdir[PATH_MAX] = "";
 	int n = load_pids(dir, r, (int)(sizeof r / sizeof r[0]));
 	if (n < 0) {
 		if (!quiet)
@@ -384,7 +415,8 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	if (realpath(dir, absdir) != NULL) {
 		kill_executions(absdir);
 		remove_vm_files();
-	}
+	} else
+		absdir[0] = '\0';
 	/* each worker's egress namespace (docs/network.md): once unmounted, pasta
 	 * and spaced-netd (killed above in any case) have nothing left to serve */
 	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
@@ -395,11 +427,12 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	/* executions whose launcher is gone: on cgroup v1 a paused one stays
 	 * frozen (its tasks cannot die) until its cgroup is thawed */
 	char launch[PATH_MAX];
-	if (find_build() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 && geteuid() == 0) {
-		const char *ra[] = {launch, "reap", NULL};
-		char *line = run_line(ra);
-		free(line);
-	}
+	bool reap = find_build() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 && geteuid() == 0;
+	const char *ra[] = {launch, "reap", NULL};
+	if (reap)
+		free(run_line(ra));
+	if (absdir[0] != '\0')
+		wait_disks_released(absdir);
 	if (!quiet)
 		printf("stopped %d processes; removed the cluster's files from %s\n", n, dir);
 	if (remove_dir)
@@ -409,6 +442,10 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 		snprintf(p, sizeof p, "%s/pids", dir);
 		unlink(p);
 	}
+	/* again: the disks of the executions killed above were released after
+	 * the first pass; their I/O bounds go now */
+	if (reap)
+		free(run_line(ra));
 	return 0;
 }
 
@@ -572,6 +609,8 @@ static int cp_qemu_args(const char **a, int na, int qemu)
 /* The warm pool each worker keeps for its default template and limits
  * (spaced-node --pool; NULL: spaced-node's default). */
 static const char *dev_pool;
+/* --disk-io for every worker, or NULL: the workers' default */
+static const char *dev_disk_io;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -836,6 +875,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--pool";
 			a[na++] = dev_pool;
 		}
+		if (dev_disk_io) {
+			a[na++] = "--disk-io";
+			a[na++] = dev_disk_io;
+		}
 		if (logfmt) {
 			a[na++] = "--log-format";
 			a[na++] = logfmt;
@@ -995,6 +1038,7 @@ int cmd_dev(int argc, char **argv)
 		{"substrate", required_argument, NULL, 's'},
 		{"stall-timeout", required_argument, NULL, 'S'},
 		{"pool", required_argument, NULL, 'P'},
+		{"disk-io", required_argument, NULL, 'D'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1015,6 +1059,7 @@ int cmd_dev(int argc, char **argv)
 		case 's': substrate = optarg; break;
 		case 'S': stall = optarg; break;
 		case 'P': dev_pool = optarg; break;
+		case 'D': dev_disk_io = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

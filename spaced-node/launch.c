@@ -5,7 +5,8 @@
  * and a control socket STATE/control.sock. See docs/substrate.md.
  *
  *   spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR | --template DIR]
- *                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]
+ *                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--disk-bps SIZE]
+ *                 [--disk-iops N] [--uid-base N]
  *                 [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]
  *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT
  *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
@@ -102,7 +103,8 @@ static void usage(void)
 {
 	fprintf(stderr,
 	        "usage: spaced-launch --state DIR --guest PATH [--identity TEXT] [--base DIR | --template DIR]\n"
-	        "                     [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid-base N]\n"
+	        "                     [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--disk-bps SIZE]\n"
+	        "                     [--disk-iops N] [--uid-base N]\n"
 	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]\n"
 	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
 	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n"
@@ -622,6 +624,10 @@ static int run(int argc, char **argv)
 			cfg.memory_bytes = size_arg(o, v);
 		else if (strcmp(o, "--disk") == 0)
 			cfg.disk_bytes = size_arg(o, v);
+		else if (strcmp(o, "--disk-bps") == 0)
+			cfg.disk_bps = size_arg(o, v);
+		else if (strcmp(o, "--disk-iops") == 0)
+			cfg.disk_iops = num_arg(o, v, UINT32_MAX);
 		else if (strcmp(o, "--pids") == 0)
 			cfg.pids_max = num_arg(o, v, 4194304);
 		else if (strcmp(o, "--uid-base") == 0)

@@ -827,7 +827,7 @@ int mgr_gateway_start(const struct mgr_config *cfg, const struct mgr_rec *rec, c
 struct launch_argv {
 	const char *argv[32];
 	size_t n;
-	char cpus[16], mem[24], pids[24], disk[24], uid[16];
+	char cpus[16], mem[24], pids[24], disk[24], disk_bps[24], disk_iops[24], uid[16];
 };
 
 static void launch_argv_build(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir,
@@ -868,6 +868,16 @@ static void launch_argv_build(const struct mgr_config *cfg, const struct mgr_rec
 		snprintf(l->disk, sizeof l->disk, "%llu", (unsigned long long)rec->res.disk_bytes);
 		a[n++] = "--disk";
 		a[n++] = l->disk;
+		if (cfg->disk_bps) {
+			snprintf(l->disk_bps, sizeof l->disk_bps, "%llu", (unsigned long long)cfg->disk_bps);
+			a[n++] = "--disk-bps";
+			a[n++] = l->disk_bps;
+		}
+		if (cfg->disk_iops) {
+			snprintf(l->disk_iops, sizeof l->disk_iops, "%llu", (unsigned long long)cfg->disk_iops);
+			a[n++] = "--disk-iops";
+			a[n++] = l->disk_iops;
+		}
 	}
 	snprintf(l->uid, sizeof l->uid, "%u", (unsigned)rec->uid_base);
 	a[n++] = "--uid-base";

@@ -145,7 +145,7 @@ int mgr_vm_bridge(const struct mgr_config *cfg, struct mgr_rec *rec)
 int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *snapshot)
 {
 	char e_dir[4096], ready[4200], logp[4096], dir[4096], text[SPACED_IDENTITY_TEXT_MAX];
-	char cpus[16], mem[24], pids[24], disk[24], uid[16], cid[16], net[48], ga[16], gw[16];
+	char cpus[16], mem[24], pids[24], disk[24], disk_bps[24], disk_iops[24], uid[16], cid[16], net[48], ga[16], gw[16];
 	if (!mgr_vm_offered(cfg))
 		return SPACED_EINVAL;
 	int e = mgr_exec_dir(cfg, rec, e_dir, sizeof e_dir);
@@ -174,7 +174,7 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 	snprintf(logp, sizeof logp, "%s/log/%s.log", cfg->state_dir, rec->r.id.sandbox);
 	snprintf(uid, sizeof uid, "%u", (unsigned)rec->uid_base);
 	snprintf(cid, sizeof cid, "%u", vm_cid(cfg, rec));
-	const char *argv[40] = {cfg->vm_bin, "--state", e_dir, "--images", cfg->vm_images, "--identity", text,
+	const char *argv[48] = {cfg->vm_bin, "--state", e_dir, "--images", cfg->vm_images, "--identity", text,
 	                        "--uid", uid, "--cid", cid, "--vsockd", cfg->vsockd_bin, "--qemu", cfg->qemu_bin,
 	                        "--run-dir", rdir};
 	size_t n = 17;
@@ -207,6 +207,16 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 		snprintf(disk, sizeof disk, "%" PRIu64, rec->res.disk_bytes);
 		argv[n++] = "--disk";
 		argv[n++] = disk;
+	}
+	if (cfg->disk_bps) {
+		snprintf(disk_bps, sizeof disk_bps, "%" PRIu64, cfg->disk_bps);
+		argv[n++] = "--disk-bps";
+		argv[n++] = disk_bps;
+	}
+	if (cfg->disk_iops) {
+		snprintf(disk_iops, sizeof disk_iops, "%" PRIu64, cfg->disk_iops);
+		argv[n++] = "--disk-iops";
+		argv[n++] = disk_iops;
 	}
 	if (snapshot) {
 		argv[n++] = "--restore";

@@ -209,6 +209,8 @@ struct mgr_config {
 	int exe_fd;             /* the gate's end of the link to the executor */
 	struct spaced_resources limits_default; /* for what an install leaves out */
 	struct spaced_resources limits_max;     /* an install above these is refused */
+	uint64_t disk_bps;      /* each execution's disk reads and writes per second, apart (0: none) */
+	uint64_t disk_iops;     /* the same in operations */
 	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */
 	uint32_t uid_slots;     /* … for k < uid_slots */
 	const char *uid_lock_dir; /* host-wide locks of the ranges in use */

@@ -3,7 +3,8 @@
  *
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
- *               [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]
+ *               [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]
+ *               [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
  *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
@@ -13,6 +14,9 @@
  *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *               [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
+ * --disk-io: what each execution may read and, apart, write per second on its
+ * disk (writeback included) and on the lower layer's device (default
+ * bps=256M,iops=4096; 0 in a field: no bound; "0": none at all).
  *
  * TLS (tls.h): node-api and the metrics listener serve TLS with --tls-cert
  * and --tls-key (with --tls-client-ca every client must present a
@@ -61,12 +65,44 @@
 #include "net.h"
 #include "pidref.h"
 
+/* "bps=SIZE,iops=N" (either, fields named replace the defaults) or "0". */
+static int disk_io_parse(const char *text, uint64_t *bps, uint64_t *iops)
+{
+	char buf[128], *save = NULL;
+	uint64_t b = *bps, o = *iops;
+
+	if (strcmp(text, "0") == 0) {
+		*bps = *iops = 0;
+		return 0;
+	}
+	if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf)
+		return -1;
+	for (char *f = strtok_r(buf, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+		char *end;
+		if (strncmp(f, "bps=", 4) == 0) {
+			if (spaced_size_parse(f + 4, &b) < 0)
+				return -1;
+		} else if (strncmp(f, "iops=", 5) == 0) {
+			errno = 0;
+			unsigned long long x = strtoull(f + 5, &end, 10);
+			if (errno || end == f + 5 || *end || f[5] == '-' || x > UINT32_MAX)
+				return -1;
+			o = x;
+		} else
+			return -1;
+	}
+	*bps = b;
+	*iops = o;
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
-	                "                   [--limits-default LIST] [--limits-max LIST] [--uid-range FIRST:COUNT]\n"
+	                "                   [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]\n"
+	                "                   [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
@@ -487,6 +523,7 @@ int main(int argc, char **argv)
 	 * template and limits as demand asks, within 256 MiB, 2 starting at once */
 	int pool_min = 2, pool_max = 64, pool_starts = 2;
 	uint64_t pool_memory = 256ull << 20;
+	uint64_t disk_bps = 256ull << 20, disk_iops = 4096;
 	static struct spaced_tls_opts tls;
 
 	char cfg_err[256];
@@ -544,6 +581,11 @@ int main(int argc, char **argv)
 		else if (strcmp(a, "--limits-default") == 0 || strcmp(a, "--limits-max") == 0) {
 			if (spaced_resources_parse(v, a[9] == 'd' ? &def : &max, err, sizeof err) < 0) {
 				fprintf(stderr, "spaced-node: %s: %s\n", a, err);
+				return 2;
+			}
+		} else if (strcmp(a, "--disk-io") == 0) {
+			if (disk_io_parse(v, &disk_bps, &disk_iops) < 0) {
+				fprintf(stderr, "spaced-node: --disk-io wants bps=SIZE,iops=N (either; 0: no bound) or 0\n");
 				return 2;
 			}
 		} else if (strcmp(a, "--uid-range") == 0) {
@@ -766,7 +808,8 @@ int main(int argc, char **argv)
 
 	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
-	                        .limits_default = def, .limits_max = max, .uid_first = uid_first,
+	                        .limits_default = def, .limits_max = max, .disk_bps = disk_bps, .disk_iops = disk_iops,
+	                        .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,

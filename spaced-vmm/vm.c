@@ -854,7 +854,8 @@ static void usage(void)
 {
 	fprintf(stderr,
 	        "usage: spaced-vm --state DIR --images DIR --identity TEXT [--cid N] [--port N]\n"
-	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--uid N]\n"
+	        "                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--disk-bps SIZE]\n"
+	        "                 [--disk-iops N] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
 	        "                 [--machine pc|microvm] [--no-template] [--boot-timeout-ms MS] [--uid-lock DIR]\n"
 	        "                 [--run-dir DIR] [--ram-dir DIR] [--net ADDRESS/PREFIX,GATEWAY] [--kernel-args ARGS]\n"
@@ -1050,6 +1051,10 @@ static int run(int argc, char **argv, bool template_mode)
 			ok = spaced_size_parse(val, &V.memory) == 0 && V.memory >= VM_MEMORY_MIN;
 		else if (strcmp(a, "--disk") == 0)
 			ok = spaced_size_parse(val, &V.disk) == 0 && V.disk >= (16ull << 20);
+		else if (strcmp(a, "--disk-bps") == 0)
+			ok = spaced_size_parse(val, &V.disk_bps) == 0 && V.disk_bps <= (UINT64_C(1) << 50);
+		else if (strcmp(a, "--disk-iops") == 0)
+			ok = parse_u64(val, 0, UINT32_MAX, &V.disk_iops) == 0;
 		else
 			ok = false;
 		if (!ok) {

@@ -94,6 +94,7 @@ struct vm {
 	char *config; /* the sandbox's settings for its guest (JSON, --config-file), NULL when none */
 	uint32_t cid, port, cpu_milli;
 	uint64_t memory, pids, disk;
+	uint64_t disk_bps, disk_iops; /* the guest's disk reads and writes per second, apart (0: none) */
 	uid_t uid;
 	int boot_timeout_ms;
 	bool keep_state;

@@ -123,7 +123,7 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 {
 	char accel[64], machine[128], mem[32], smp[16], obj[128], vuchar[PATH_MAX + 48], qmp[PATH_MAX + 48],
 	    kernel[32], initrd[32], append[1400], basefile[96] = "", basenode[128] = "", diskfile[PATH_MAX + 96],
-	    drive[256], blkdev[64], vsockdev[96], incoming[32];
+	    drive[256], blkdev[64], vsockdev[96], incoming[32], tgroup[160], tnode[128];
 	uint64_t mib = V.memory >> 20;
 	unsigned vcpus = (V.cpu_milli + 999) / 1000;
 	if (vcpus == 0)
@@ -190,7 +190,21 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 		         "{\"driver\":\"qcow2\",\"file\":\"diskfile\",\"backing\":null,\"node-name\":\"disk\","
 		         "\"discard\":\"unmap\"}");
 	}
-	snprintf(blkdev, sizeof blkdev, pc ? "virtio-blk-pci,drive=disk,addr=" PC_DISK_ADDR : "virtio-blk-device,drive=disk");
+	/* the guest's disk I/O bounded like a process execution's (spaced-node
+	 * --disk-io): a throttle node between the device and its image */
+	bool throttled = V.disk_bps > 0 || V.disk_iops > 0;
+	if (throttled) {
+		int tn = snprintf(tgroup, sizeof tgroup, "throttle-group,id=io");
+		if (V.disk_bps > 0)
+			tn += snprintf(tgroup + tn, sizeof tgroup - (size_t)tn, ",x-bps-read=%" PRIu64 ",x-bps-write=%" PRIu64,
+			               V.disk_bps, V.disk_bps);
+		if (V.disk_iops > 0)
+			snprintf(tgroup + tn, sizeof tgroup - (size_t)tn, ",x-iops-read=%" PRIu64 ",x-iops-write=%" PRIu64,
+			         V.disk_iops, V.disk_iops);
+		snprintf(tnode, sizeof tnode, "driver=throttle,throttle-group=io,file=disk,node-name=disk-io");
+	}
+	snprintf(blkdev, sizeof blkdev, "%s,drive=%s%s", pc ? "virtio-blk-pci" : "virtio-blk-device",
+	         throttled ? "disk-io" : "disk", pc ? ",addr=" PC_DISK_ADDR : "");
 	snprintf(vsockdev, sizeof vsockdev,
 	         pc ? "vhost-user-vsock-pci,chardev=vu,id=vsock,addr=" PC_VSOCK_ADDR : "vhost-user-vsock-device,chardev=vu,id=vsock");
 	unsigned khz = tsc_khz();
@@ -230,6 +244,12 @@ int vm_start_qemu(int out_fd, int err_fd, char *why, size_t whysz)
 	argv[n++] = diskfile;
 	argv[n++] = "-blockdev";
 	argv[n++] = drive;
+	if (throttled) {
+		argv[n++] = "-object";
+		argv[n++] = tgroup;
+		argv[n++] = "-blockdev";
+		argv[n++] = tnode;
+	}
 	argv[n++] = "-device";
 	argv[n++] = blkdev;
 	/* the network card: on the tap of QEMU's own namespace (qemu_netns) */

@@ -23,6 +23,7 @@
 #     URL, TLS), 502 for a port nothing listens on, port-forward's tunnel, a
 #     gateway naming another guest CID or another process as the VM refused,
 #     and the same server through the new worker's gateway after the move;
+#   - the guest's disk I/O is held to the workers' --disk-io (a QEMU throttle group);
 #   - rm and dev down leave no VM running.
 # With SPACED_VM_FULL=1 (make check-vm) also: a memory hog inside the VM is
 # killed by the guest's kernel and the sandbox stays up.
@@ -66,7 +67,8 @@ wait_for() {
 }
 
 t0=$(now_ms)
-if ! SPACED_NET_DNS=${NH_A:+$NH_A:53} "$SC" dev up --workers 2 --dir "$D" --substrate qemu >"$W/up.out" 2>"$W/up.err"; then
+if ! SPACED_NET_DNS=${NH_A:+$NH_A:53} "$SC" dev up --workers 2 --dir "$D" --substrate qemu --disk-io bps=32M,iops=4000 \
+	>"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err" "$D/vm-images.log" 2>/dev/null; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up --substrate qemu"; exit 1
 fi
@@ -143,6 +145,15 @@ expect "pids 64: the 63rd child of the shell is refused" "$(tail -n 1 "$W/p.out"
 grep -q "can't fork: Resource temporarily unavailable" "$W/p.err" && ok "fork failed with EAGAIN" ||
 	fail "pids: $(cat "$W/p.err")"
 sleep 3
+
+# disk I/O: the guest's disk sits behind a QEMU throttle group at the workers' --disk-io (32 MiB/s
+# here); 64 MiB written directly take 2 s or more (a busy host only makes it longer)
+expect "QEMU's disk is throttled at --disk-io" \
+	"$(ps -eo args | grep -c '[t]hrottle-group,id=io,x-bps-read=33554432,x-bps-write=33554432,x-iops-read=4000')" 1
+t=$("$SC" exec "$S" -- sh -c 's=$(cut -d" " -f1 /proc/uptime); dd if=/dev/zero of=/workspace/io bs=1M count=64 oflag=direct 2>/dev/null; e=$(cut -d" " -f1 /proc/uptime); rm -f /workspace/io; echo "$s $e" | awk "{print \$2 - \$1}"')
+echo "64 MiB written directly inside the VM: $t s"
+expect "the guest's direct writes held to 32 MiB/s" \
+	"$(python3 -c 'import sys; print("yes" if float(sys.argv[1]) >= 1.6 else "no")' "$t" 2>&1)" yes
 
 if [ "${SPACED_VM_FULL:-0}" = 1 ]; then
 	# memory: the guest's own kernel kills a hog inside the VM; the sandbox stays up
