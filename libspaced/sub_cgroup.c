@@ -344,6 +344,62 @@ static int set_v1_io(struct sub_cgroup *cg, const char *name, const struct sub_l
 	return 0;
 }
 
+/* The "spaced" directory of controller ctrl ("" on cgroup2) below this
+ * process's own cgroup, made when missing. */
+static int spaced_dir(const char *ctrl, char *out, size_t outsz, char *why, size_t whysz)
+{
+	char own[PATH_MAX - 64];
+	int r = cgroup_path_of(0, ctrl, own, sizeof(own));
+
+	if (r < 0) {
+		spaced_why(why, whysz, "no cgroup %s%s hierarchy in /proc/self/cgroup", ctrl[0] ? "v1 " : "v2", ctrl);
+		return r;
+	}
+	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/spaced", ctrl[0] ? "/" : "", ctrl,
+	                     strcmp(own, "/") == 0 ? "" : own) >= outsz)
+		return SPACED_ETOOBIG;
+	if (mkdir(out, 0755) < 0 && errno != EEXIST) {
+		spaced_why(why, whysz, "mkdir %s: %s", out, strerror(errno));
+		return SPACED_ESYS;
+	}
+	return 0;
+}
+
+int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz)
+{
+	char dir[PATH_MAX], mem[32], pids[32], path[PATH_MAX + 64];
+	int r;
+
+	snprintf(mem, sizeof(mem), mem_bytes ? "%" PRIu64 : "-1", mem_bytes);
+	snprintf(pids, sizeof(pids), tasks ? "%" PRIu64 : "max", tasks);
+	if (unified_mode()) {
+		if ((r = spaced_dir("", dir, sizeof(dir), why, whysz)) < 0)
+			return r;
+		(void)knob(dir, "cgroup.subtree_control", "+memory +pids +cpu +io", NULL, 0);
+		if ((r = knob(dir, "memory.max", mem_bytes ? mem : "max", why, whysz)) < 0)
+			return r;
+		return knob(dir, "pids.max", pids, why, whysz);
+	}
+	if ((r = spaced_dir("memory", dir, sizeof(dir), why, whysz)) < 0)
+		return r;
+	/* memory+swap is never below memory: lowered after it, raised before */
+	snprintf(path, sizeof(path), "%s/memory.memsw.limit_in_bytes", dir);
+	bool memsw = access(path, F_OK) == 0;
+	if (knob(dir, "memory.limit_in_bytes", mem, NULL, 0) < 0) {
+		if (memsw && (r = knob(dir, "memory.memsw.limit_in_bytes", mem, why, whysz)) < 0)
+			return r;
+		if ((r = knob(dir, "memory.limit_in_bytes", mem, why, whysz)) < 0)
+			return r;
+	} else if (memsw && (r = knob(dir, "memory.memsw.limit_in_bytes", mem, why, whysz)) < 0)
+		return r;
+	snprintf(path, sizeof(path), "%s/memory.kmem.tcp.limit_in_bytes", dir);
+	if (access(path, F_OK) == 0 && (r = knob(dir, "memory.kmem.tcp.limit_in_bytes", mem, why, whysz)) < 0)
+		return r;
+	if ((r = spaced_dir("pids", dir, sizeof(dir), why, whysz)) < 0)
+		return r;
+	return knob(dir, "pids.max", pids, why, whysz);
+}
+
 int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
                       char *why, size_t whysz)
 {

@@ -61,6 +61,13 @@ void sub_cgroup_usage(const struct sub_cgroup *cg, struct sub_usage *u);
  * how many cgroups it found populated. */
 int sub_cgroup_reap_orphans(void);
 
+/* Caps every execution this process and its children create, all together:
+ * the "spaced" directories sub_cgroup_create makes its cgroups in get
+ * mem_bytes (v1: memory, memory+swap and TCP buffers) and tasks (0: no cap),
+ * so no number of executions can take the host's memory or process table
+ * from its daemons. */
+int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz);
+
 /* Moves pid into the cgroups. */
 int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t whysz);
 

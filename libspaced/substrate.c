@@ -1260,6 +1260,11 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)
 	}
 }
 
+int spaced_sub_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz)
+{
+	return sub_cgroup_cap_all(mem_bytes, tasks, why, whysz);
+}
+
 int spaced_sub_reap_orphans(void)
 {
 	int n = sub_cgroup_reap_orphans();

@@ -169,6 +169,13 @@ struct spaced_sub_usage {
 };
 void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
 
+/* Caps all executions this process and its children start, together (their
+ * parent cgroups): memory in bytes and tasks; 0 leaves one uncapped. Past
+ * the memory cap the kernel's OOM killer picks among the executions only (the
+ * largest first), never the host's daemons; past the task cap fork fails in
+ * executions only. Returns 0 or a negative code with a reason in why. */
+int spaced_sub_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz);
+
 /* Kills the tasks of executions whose launcher is gone (killed with SIGKILL:
  * it could not clean up; on cgroup v1 a frozen task cannot even die until
  * thawed), thaws and removes their cgroups, and takes the disk I/O bounds off

@@ -1,7 +1,7 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
- *          [--pool N] [--disk-io bps=SIZE,iops=N] [--plaintext]
+ *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  *   dev certs [--dir DIR] [--workers N]
@@ -53,7 +53,8 @@
 
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
-	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N] [--plaintext]\n"
+	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
+	"                       [--allocatable memory=SIZE,pids=N] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -611,6 +612,8 @@ static int cp_qemu_args(const char **a, int na, int qemu)
 static const char *dev_pool;
 /* --disk-io for every worker, or NULL: the workers' default */
 static const char *dev_disk_io;
+/* --allocatable for every worker, or NULL: the host's less a reserve */
+static const char *dev_alloc;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -879,6 +882,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--disk-io";
 			a[na++] = dev_disk_io;
 		}
+		if (dev_alloc) {
+			a[na++] = "--allocatable";
+			a[na++] = dev_alloc;
+		}
 		if (logfmt) {
 			a[na++] = "--log-format";
 			a[na++] = logfmt;
@@ -1039,6 +1046,7 @@ int cmd_dev(int argc, char **argv)
 		{"stall-timeout", required_argument, NULL, 'S'},
 		{"pool", required_argument, NULL, 'P'},
 		{"disk-io", required_argument, NULL, 'D'},
+		{"allocatable", required_argument, NULL, 'A'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1060,6 +1068,7 @@ int cmd_dev(int argc, char **argv)
 		case 'S': stall = optarg; break;
 		case 'P': dev_pool = optarg; break;
 		case 'D': dev_disk_io = optarg; break;
+		case 'A': dev_alloc = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

@@ -135,9 +135,14 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		json_object_set_new(wj, "connected", json_boolean(live));
 		struct cp_worker_limits lim;
 		cp_limits_from_text(cp_rows_get(rows, i, 9), &lim);
-		if (lim.has)
-			json_object_set_new(wj, "limits", json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&lim.def),
-			                                            "max", spaced_resources_to_json(&lim.max)));
+		if (lim.has) {
+			char *lt = cp_limits_text(&lim);
+			json_error_t jerr;
+			json_t *lj = lt ? json_loads(lt, 0, &jerr) : NULL;
+			free(lt);
+			if (lj)
+				json_object_set_new(wj, "limits", lj);
+		}
 	}
 	cp_rows_free(rows);
 	answer(rq, 200, json_pack("{s:o}", "workers", arr));

@@ -751,7 +751,10 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 	if (CP_Q0(st, &rows, NULL,
 	         "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, (SELECT COUNT(*) FROM sandboxes s "
 	         "WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN ('starting','running','paused','moving')), "
-	         "w.limits FROM workers w ORDER BY w.id") < 0) {
+	         "w.limits, (SELECT COALESCE(SUM(s.memory_bytes), 0) FROM sandboxes s WHERE s.worker = w.id AND "
+	         "s.deleted = 0 AND s.state IN ('starting','running','paused','moving')), (SELECT COALESCE(SUM(s.pids), 0) "
+	         "FROM sandboxes s WHERE s.worker = w.id AND s.deleted = 0 AND s.state IN "
+	         "('starting','running','paused','moving')) FROM workers w ORDER BY w.id") < 0) {
 		*err = cp_error("store", "store unavailable");
 		return 500;
 	}
@@ -799,6 +802,13 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 				over_limit++;
 				continue;
 			}
+			/* what its sandboxes' limits may add up to (the worker refuses
+			 * an install past it: placed elsewhere, or no room) */
+			uint64_t used_mem = (uint64_t)cp_rows_i64(rows, i, 7, 0), used_pids = (uint64_t)cp_rows_i64(rows, i, 8, 0);
+			if ((lim.alloc_pids && used_pids + r.pids > lim.alloc_pids) ||
+			    (lim.alloc_memory &&
+			     (double)(used_mem + r.memory_bytes) > (double)lim.alloc_memory * lim.memory_overcommit))
+				room = 0;
 		}
 		if (room <= 0) {
 			if (want[0]) {

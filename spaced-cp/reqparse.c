@@ -272,14 +272,28 @@ out:
 
 int cp_parse_limits(json_t *o, struct cp_worker_limits *out, char *err, size_t errsz)
 {
-	static const char *const allowed[] = {"default", "max", NULL};
+	static const char *const allowed[] = {"default", "max", "allocatable", NULL};
+	static const char *const alloc_allowed[] = {"memory_bytes", "pids", "memory_overcommit", NULL};
 	struct cp_worker_limits l = {0};
+	json_t *a = json_object_get(o, "allocatable");
 	if (!json_is_object(o))
 		return fail(err, errsz, "'limits' must be an object");
 	if (only_members(o, allowed, err, errsz) < 0 ||
 	    spaced_resources_from_json(json_object_get(o, "default"), &l.def, err, errsz) < 0 ||
 	    spaced_resources_from_json(json_object_get(o, "max"), &l.max, err, errsz) < 0)
 		return SPACED_EINVAL;
+	if (a != NULL) {
+		json_t *am = json_object_get(a, "memory_bytes"), *ap = json_object_get(a, "pids"),
+		       *ao = json_object_get(a, "memory_overcommit");
+		if (!json_is_object(a) || only_members(a, alloc_allowed, err, errsz) < 0 ||
+		    (am && (!json_is_integer(am) || json_integer_value(am) < 0)) ||
+		    (ap && (!json_is_integer(ap) || json_integer_value(ap) < 0)) ||
+		    (ao && (!json_is_number(ao) || json_number_value(ao) < 1.0 || json_number_value(ao) > 64.0)))
+			return fail(err, errsz, "'limits.allocatable' wants memory_bytes, pids and memory_overcommit (1 to 64)");
+		l.alloc_memory = am ? (uint64_t)json_integer_value(am) : 0;
+		l.alloc_pids = ap ? (uint64_t)json_integer_value(ap) : 0;
+		l.memory_overcommit = ao ? json_number_value(ao) : 1.0;
+	}
 	if (spaced_resources_exceeds(&l.def, &l.max) != NULL)
 		return fail(err, errsz, "a default of 'limits' is above its maximum");
 	l.has = 1;
@@ -291,6 +305,10 @@ char *cp_limits_text(const struct cp_worker_limits *l)
 {
 	json_t *o = json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&l->def), "max",
 	                      spaced_resources_to_json(&l->max));
+	if (o && (l->alloc_memory || l->alloc_pids))
+		json_object_set_new(o, "allocatable",
+		                    json_pack("{s:I,s:I,s:f}", "memory_bytes", (json_int_t)l->alloc_memory, "pids",
+		                              (json_int_t)l->alloc_pids, "memory_overcommit", l->memory_overcommit));
 	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(o);
 	return s;

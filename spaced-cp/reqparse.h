@@ -48,10 +48,14 @@ struct cp_route_req {
 	char protocol[8];
 };
 
-/* A worker's resource defaults and maxima: {"default": {…}, "max": {…}}. */
+/* A worker's resource defaults and maxima, and what its sandboxes' limits
+ * may add up to: {"default": {…}, "max": {…}, "allocatable": {"memory_bytes",
+ * "pids", "memory_overcommit"}} (allocatable optional; 0: no bound). */
 struct cp_worker_limits {
 	int has;
 	struct spaced_resources def, max;
+	uint64_t alloc_memory, alloc_pids;
+	double memory_overcommit;
 };
 
 struct cp_worker_reg {

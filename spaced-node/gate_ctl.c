@@ -60,6 +60,7 @@ struct ctl_op {
 	/* working state */
 	struct spaced_identity id;
 	bool handoff, keep, had_cur, claimed;
+	bool admitted;       /* an install counted in the worker's capacity (admit) */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
@@ -444,6 +445,40 @@ static int config_parse(json_t *spec, struct ctl_op *op, struct outcome *o)
 	return 0;
 }
 
+/* The worker's capacity (mgr_config.alloc): the limits of the executions
+ * its records hold and of the installs admitted and not yet done, other
+ * sandboxes' all (op's own sandbox is replaced), with op's added, stay within
+ * it; else op is refused `no-capacity`. A sandbox's limits are then its own
+ * whatever the others do: the tasks it may have are never taken by another
+ * sandbox's fork bomb. */
+static int admit(struct mgr *m, struct ctl_op *op)
+{
+	const struct mgr_config *c = mgr_cfg(m);
+	uint64_t mem = op->res.memory_bytes, pids = op->res.pids;
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if ((r->pid != 0 || r->host_pid != 0) && strcmp(r->r.id.sandbox, op->id.sandbox) != 0) {
+			mem += r->res.memory_bytes;
+			pids += r->res.pids;
+		}
+	}
+	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (const struct ctl_op *x = q->head; x; x = x->next)
+			if (x != op && x->kind == K_INSTALL && x->admitted && strcmp(x->id.sandbox, op->id.sandbox) != 0) {
+				mem += x->res.memory_bytes;
+				pids += x->res.pids;
+			}
+	if (c->alloc.pids > 0 && pids > c->alloc.pids)
+		return fail(&op->o, "no-capacity", "this worker's sandboxes would have %llu tasks, above the %llu it holds",
+		            (unsigned long long)pids, (unsigned long long)c->alloc.pids);
+	double mem_bound = (double)c->alloc.memory_bytes * (c->mem_overcommit > 0 ? c->mem_overcommit : 1.0);
+	if (c->alloc.memory_bytes > 0 && (double)mem > mem_bound)
+		return fail(&op->o, "no-capacity", "this worker's sandboxes would have %llu MiB of memory, above the %llu MiB it holds",
+		            (unsigned long long)(mem >> 20), (unsigned long long)((uint64_t)mem_bound >> 20));
+	op->admitted = true;
+	return 0;
+}
+
 /* Checks an install and fills op; -1 with op->o set when it is refused. */
 static int install_parse(struct mgr *m, struct ctl_op *op)
 {
@@ -510,6 +545,7 @@ static int install_parse(struct mgr *m, struct ctl_op *op)
 		const char *over = spaced_resources_exceeds(&op->res, &mgr_cfg(m)->limits_max);
 		if (over)
 			return fail(o, "limit-exceeded", "%s is above this worker's maximum", over);
+		return admit(m, op);
 	}
 	return 0;
 }

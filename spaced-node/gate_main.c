@@ -315,8 +315,11 @@ json_t *mgr_status_json(struct mgr *m)
 	/* development executions take no limits: they report none */
 	if (m->cfg->launch_bin)
 		json_object_set_new(o, "limits",
-		                    json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&m->cfg->limits_default),
-		                              "max", spaced_resources_to_json(&m->cfg->limits_max)));
+		                    json_pack("{s:o,s:o,s:{s:I,s:I,s:f}}", "default",
+		                              spaced_resources_to_json(&m->cfg->limits_default), "max",
+		                              spaced_resources_to_json(&m->cfg->limits_max), "allocatable", "memory_bytes",
+		                              (json_int_t)m->cfg->alloc.memory_bytes, "pids", (json_int_t)m->cfg->alloc.pids,
+		                              "memory_overcommit", m->cfg->mem_overcommit));
 	json_object_set_new(o, "uid_range", json_pack("{s:I,s:I}", "first", (json_int_t)m->cfg->uid_first, "count",
 	                                              (json_int_t)m->cfg->uid_slots));
 	return o;

@@ -11,6 +11,7 @@
  *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT
  *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
  *   spaced-launch reap      (kill and remove what launchers killed with SIGKILL left)
+ *   spaced-launch cap MEMORY TASKS   (all executions together: spaced_sub_cap_all)
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -108,7 +109,8 @@ static void usage(void)
 	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]\n"
 	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
 	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n"
-	        "       spaced-launch reap\n");
+	        "       spaced-launch reap\n"
+	        "       spaced-launch cap MEMORY TASKS\n");
 	exit(2);
 }
 
@@ -888,6 +890,16 @@ int main(int argc, char **argv)
 		return exec_main(argc - 1, argv + 1);
 	if (argc >= 2 && strcmp(argv[1], "run") == 0)
 		return run(argc - 1, argv + 1);
+	if (argc == 4 && strcmp(argv[1], "cap") == 0) {
+		char why[256] = "";
+		uint64_t mem = size_arg("cap MEMORY", argv[2]), tasks = num_arg("cap TASKS", argv[3], UINT32_MAX);
+
+		if (spaced_sub_cap_all(mem, tasks, why, sizeof why) < 0) {
+			fprintf(stderr, "spaced-launch: cap: %s\n", why);
+			return 1;
+		}
+		return 0;
+	}
 	if (argc == 2 && strcmp(argv[1], "reap") == 0) {
 		int n = spaced_sub_reap_orphans();
 

@@ -209,6 +209,13 @@ struct mgr_config {
 	int exe_fd;             /* the gate's end of the link to the executor */
 	struct spaced_resources limits_default; /* for what an install leaves out */
 	struct spaced_resources limits_max;     /* an install above these is refused */
+	/* what the limits of this worker's sandboxes may add up to (0: no
+	 * bound): tasks exactly (a fork that fails is no one's fault but the
+	 * sandbox's own), memory times mem_overcommit (above its share, a
+	 * sandbox's memory is reclaimed or its largest process OOM-killed, all
+	 * executions together being capped at alloc.memory_bytes) */
+	struct spaced_resources alloc;
+	double mem_overcommit;
 	uint64_t disk_bps;      /* each execution's disk reads and writes per second, apart (0: none) */
 	uint64_t disk_iops;     /* the same in operations */
 	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */

@@ -4,7 +4,7 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]
- *               [--uid-range FIRST:COUNT]
+ *               [--allocatable memory=SIZE,pids=N] [--memory-overcommit F] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
  *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
@@ -14,6 +14,13 @@
  *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *               [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE]
  * LIST: "cpus=1,memory=512M,pids=512,disk=2G" (resources.h).
+ * --allocatable: what the limits of this worker's sandboxes may add up to —
+ * tasks exactly, memory times --memory-overcommit (default 2) — and what
+ * all executions together are capped at (their parent cgroups: memory, and
+ * tasks plus a little for the warm pool); default the host's memory and
+ * tasks less a reserve for the host (an eighth, at least 1 GiB and 2048
+ * tasks). Installs beyond it are refused `no-capacity`; maxima above it are
+ * lowered to it.
  * --disk-io: what each execution may read and, apart, write per second on its
  * disk (writeback included) and on the lower layer's device (default
  * bps=256M,iops=4096; 0 in a field: no bound; "0": none at all).
@@ -65,6 +72,77 @@
 #include "net.h"
 #include "pidref.h"
 
+/* The host's memory (MemTotal) and how many tasks it can hold (the smaller
+ * of kernel.pid_max and kernel.threads-max). Returns 0 or -1. */
+static int host_totals(uint64_t *mem_bytes, uint64_t *tasks)
+{
+	unsigned long long kib = 0, pid_max = 0, threads = 0;
+	char line[256];
+	FILE *f = fopen("/proc/meminfo", "re");
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
+			break;
+	fclose(f);
+	if ((f = fopen("/proc/sys/kernel/pid_max", "re")) != NULL) {
+		if (fscanf(f, "%llu", &pid_max) != 1)
+			pid_max = 0;
+		fclose(f);
+	}
+	if ((f = fopen("/proc/sys/kernel/threads-max", "re")) != NULL) {
+		if (fscanf(f, "%llu", &threads) != 1)
+			threads = 0;
+		fclose(f);
+	}
+	if (kib == 0 || pid_max == 0)
+		return -1;
+	*mem_bytes = (uint64_t)kib << 10;
+	*tasks = threads > 0 && threads < pid_max ? threads : pid_max;
+	return 0;
+}
+
+/* The worker's capacity for sandboxes (--allocatable, node.h): the fields
+ * not given are the host's less a reserve for the host; the maxima are
+ * lowered to it; all executions together are capped at it (tasks: and a
+ * little for the warm pool's). Returns 0, or -1 with the reason on stderr. */
+static int host_capacity(const char *launch, struct spaced_resources *alloc, struct spaced_resources *max)
+{
+	uint64_t mem, tasks;
+	if (host_totals(&mem, &tasks) < 0) {
+		fprintf(stderr, "spaced-node: cannot read the host's memory and task limits in /proc\n");
+		return -1;
+	}
+	uint64_t mem_keep = mem / 8 > (1ull << 30) ? mem / 8 : 1ull << 30, tasks_keep = tasks / 8 > 2048 ? tasks / 8 : 2048;
+	if (alloc->memory_bytes == 0)
+		alloc->memory_bytes = mem > 2 * mem_keep ? mem - mem_keep : mem / 2;
+	if (alloc->pids == 0)
+		alloc->pids = tasks > 2 * tasks_keep ? tasks - tasks_keep : tasks / 2;
+	if (max->memory_bytes > alloc->memory_bytes)
+		max->memory_bytes = alloc->memory_bytes;
+	if (max->pids > alloc->pids)
+		max->pids = alloc->pids;
+	/* by the launcher, which holds the substrate (its children's cgroups
+	 * are those of this process) */
+	char m[24], t[24];
+	snprintf(m, sizeof m, "%llu", (unsigned long long)alloc->memory_bytes);
+	snprintf(t, sizeof t, "%llu", (unsigned long long)alloc->pids + 1024);
+	pid_t pid = fork();
+	if (pid == 0) {
+		execl(launch, "spaced-launch", "cap", m, t, (char *)NULL);
+		_exit(127);
+	}
+	int st = 0;
+	while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (pid < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "spaced-node: cannot cap all executions together (spaced-launch cap)\n");
+		return -1;
+	}
+	return 0;
+}
+
 /* "bps=SIZE,iops=N" (either, fields named replace the defaults) or "0". */
 static int disk_io_parse(const char *text, uint64_t *bps, uint64_t *iops)
 {
@@ -102,7 +180,7 @@ static void usage(void)
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]\n"
-	                "                   [--uid-range FIRST:COUNT]\n"
+	                "                   [--allocatable memory=SIZE,pids=N] [--memory-overcommit F] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
@@ -524,6 +602,8 @@ int main(int argc, char **argv)
 	int pool_min = 2, pool_max = 64, pool_starts = 2;
 	uint64_t pool_memory = 256ull << 20;
 	uint64_t disk_bps = 256ull << 20, disk_iops = 4096;
+	struct spaced_resources alloc = {0};
+	double mem_overcommit = 2.0;
 	static struct spaced_tls_opts tls;
 
 	char cfg_err[256];
@@ -581,6 +661,18 @@ int main(int argc, char **argv)
 		else if (strcmp(a, "--limits-default") == 0 || strcmp(a, "--limits-max") == 0) {
 			if (spaced_resources_parse(v, a[9] == 'd' ? &def : &max, err, sizeof err) < 0) {
 				fprintf(stderr, "spaced-node: %s: %s\n", a, err);
+				return 2;
+			}
+		} else if (strcmp(a, "--allocatable") == 0) {
+			if (spaced_resources_parse(v, &alloc, err, sizeof err) < 0 || alloc.cpu_milli || alloc.disk_bytes) {
+				fprintf(stderr, "spaced-node: --allocatable wants memory=SIZE,pids=N%s%s\n", err[0] ? ": " : "", err);
+				return 2;
+			}
+		} else if (strcmp(a, "--memory-overcommit") == 0) {
+			char *end;
+			mem_overcommit = strtod(v, &end);
+			if (*end || end == v || !(mem_overcommit >= 1.0 && mem_overcommit <= 64.0)) {
+				fprintf(stderr, "spaced-node: --memory-overcommit wants a number from 1 to 64\n");
 				return 2;
 			}
 		} else if (strcmp(a, "--disk-io") == 0) {
@@ -754,6 +846,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	spaced_resources_default(&def, &(struct spaced_resources){1000, 512ull << 20, 512, 2ull << 30});
+	if (launch && host_capacity(launch, &alloc, &max) < 0)
+		return 1;
 	const char *over = spaced_resources_exceeds(&def, &max);
 	if (over) {
 		fprintf(stderr, "spaced-node: the default %s is above the maximum\n", over);
@@ -808,7 +902,8 @@ int main(int argc, char **argv)
 
 	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
-	                        .limits_default = def, .limits_max = max, .disk_bps = disk_bps, .disk_iops = disk_iops,
+	                        .limits_default = def, .limits_max = max, .alloc = alloc, .mem_overcommit = mem_overcommit,
+	                        .disk_bps = disk_bps, .disk_iops = disk_iops,
 	                        .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,

@@ -77,6 +77,36 @@ Test(cp_parse, worker_limits_in_hello_and_registration)
 	cr_assert_eq(back.has, 0);
 }
 
+/* a worker's allocatable (placement by capacity, DESIGN §5 Resources): kept through the stored
+ * text; malformed figures refuse the whole hello, never bound nothing silently */
+Test(cp_parse, worker_allocatable_round_trips_and_bad_figures_are_refused)
+{
+	struct cp_chan_msg m;
+	cr_assert_eq(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"limits\":{\"max\":{\"pids\":900},"
+	                             "\"allocatable\":{\"memory_bytes\":1073741824,\"pids\":1200,\"memory_overcommit\":1.5}}}}"),
+	                           &m), 0);
+	cr_assert_eq(m.limits.alloc_memory, 1073741824u);
+	cr_assert_eq(m.limits.alloc_pids, 1200u);
+	cr_assert_float_eq(m.limits.memory_overcommit, 1.5, 1e-9);
+	char *t = cp_limits_text(&m.limits);
+	struct cp_worker_limits back;
+	cp_limits_from_text(t, &back);
+	free(t);
+	cr_assert(back.has);
+	cr_assert_eq(back.alloc_memory, 1073741824u);
+	cr_assert_eq(back.alloc_pids, 1200u);
+	cr_assert_float_eq(back.memory_overcommit, 1.5, 1e-9);
+	static const char *const bad[] = {
+		"{\"allocatable\":{\"pids\":-1}}", "{\"allocatable\":{\"memory_bytes\":\"1G\"}}",
+		"{\"allocatable\":{\"memory_overcommit\":0.5}}", "{\"allocatable\":{\"cpus\":2}}", "{\"allocatable\":[]}",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char msg[256];
+		snprintf(msg, sizeof msg, "{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"limits\":%s}}", bad[i]);
+		cr_assert_lt(cp_parse_chan(msg, strlen(msg), &m), 0, "%s", bad[i]);
+	}
+}
+
 Test(cp_parse, create_refuses_duplicates_unknown_and_garbage)
 {
 	struct cp_create_req c;
