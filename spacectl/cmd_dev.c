@@ -1,7 +1,8 @@
 /*
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
- *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--plaintext]
+ *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
+ *          [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  *   dev certs [--dir DIR] [--workers N]
@@ -54,7 +55,7 @@
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
-	"                       [--allocatable memory=SIZE,pids=N] [--plaintext]\n"
+	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -614,6 +615,8 @@ static const char *dev_pool;
 static const char *dev_disk_io;
 /* --allocatable for every worker, or NULL: the host's less a reserve */
 static const char *dev_alloc;
+/* --net-rate for every worker, or NULL: the workers' default */
+static const char *dev_net_rate;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -840,7 +843,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[48] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		const char *a[64] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
 		                     "--metrics-listen", "127.0.0.1:0", NULL};
 		int na = 17;
@@ -885,6 +888,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		if (dev_alloc) {
 			a[na++] = "--allocatable";
 			a[na++] = dev_alloc;
+		}
+		if (dev_net_rate) {
+			a[na++] = "--net-rate";
+			a[na++] = dev_net_rate;
 		}
 		if (logfmt) {
 			a[na++] = "--log-format";
@@ -1047,6 +1054,7 @@ int cmd_dev(int argc, char **argv)
 		{"pool", required_argument, NULL, 'P'},
 		{"disk-io", required_argument, NULL, 'D'},
 		{"allocatable", required_argument, NULL, 'A'},
+		{"net-rate", required_argument, NULL, 'R'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1069,6 +1077,7 @@ int cmd_dev(int argc, char **argv)
 		case 'P': dev_pool = optarg; break;
 		case 'D': dev_disk_io = optarg; break;
 		case 'A': dev_alloc = optarg; break;
+		case 'R': dev_net_rate = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

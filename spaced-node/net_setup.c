@@ -48,6 +48,7 @@
 #define IP_BIN "/usr/sbin/ip"
 #define NFT_BIN "/usr/sbin/nft"
 #define PASTA_BIN "/usr/bin/pasta"
+#define TC_BIN "/usr/sbin/tc"
 
 /* execv with a const argument vector (copied: exec wants char *const[]) */
 static void exec_argv(const char *const argv[])
@@ -964,6 +965,27 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 	if ((e = run_in(ns, batch, script, why, whysz)) < 0)
 		return e;
 	sysctl_in(sns, "/proc/sys/net/ipv6/conf/eth0/disable_ipv6", "1");
+	/* its rate each way (--net-rate): what it receives leaves the worker's
+	 * namespace on its end of the link, what it sends leaves its own eth0
+	 * (its namespace belongs to the host's user namespace: root inside
+	 * cannot change the queue) */
+	if (cfg->net_rate > 0) {
+		char rate[32], burst[32], limit[32];
+		/* burst: 10 ms of it, at least a few of the link's 64 KiB packets;
+		 * queue: 100 ms of it, at least 1 MiB (pasta sends what the
+		 * sandbox's window allows at once: a short queue drops most of a
+		 * download, which then ran at a third of the rate) */
+		uint64_t b = cfg->net_rate / 8 / 100, l = cfg->net_rate / 8 / 10;
+		snprintf(rate, sizeof rate, "%llubit", (unsigned long long)cfg->net_rate);
+		snprintf(burst, sizeof burst, "%llu", (unsigned long long)(b > 262144 ? b : 262144));
+		snprintf(limit, sizeof limit, "%llu", (unsigned long long)(l > 1048576 ? l : 1048576));
+		const char *down[] = {TC_BIN, "qdisc", "replace", "dev", ifn, "root", "tbf", "rate", rate, "burst", burst,
+		                      "limit", limit, NULL};
+		const char *up[] = {TC_BIN, "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst", burst,
+		                    "limit", limit, NULL};
+		if ((e = run_in(ns, down, NULL, why, whysz)) < 0 || (e = run_in(sns, up, NULL, why, whysz)) < 0)
+			return e;
+	}
 	if (vm) {
 		/* a VM's namespace holds QEMU and only L2: eth0 joins the bridge of
 		 * the VM's tap (spaced-vm made both); the guest itself owns the

@@ -248,6 +248,8 @@ struct mgr_config {
 	pid_t exe_pid;          /* the executor (executor.h): the caller every bridge accepts */
 	uint64_t exe_start;     /* its start time */
 	const char *net_dns;    /* the upstream resolver of executions' DNS (IP[:PORT]); NULL: the host's */
+	uint64_t net_rate;      /* bits per second each execution may send and, apart, receive on its
+	                         * network path out (0: no bound) */
 };
 /* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);

@@ -9,6 +9,7 @@
  *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
+ *               [--net-rate BITS]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
@@ -21,6 +22,8 @@
  * tasks less a reserve for the host (an eighth, at least 1 GiB and 2048
  * tasks). Installs beyond it are refused `no-capacity`; maxima above it are
  * lowered to it.
+ * --net-rate: bits per second each execution may send and, apart, receive on
+ * its network path out (default 500M; 0: no bound; docs/network.md).
  * --disk-io: what each execution may read and, apart, write per second on its
  * disk (writeback included) and on the lower layer's device (default
  * bps=256M,iops=4096; 0 in a field: no bound; "0": none at all).
@@ -143,6 +146,27 @@ static int host_capacity(const char *launch, struct spaced_resources *alloc, str
 	return 0;
 }
 
+/* Bits per second: "500M", "1G", "64K", "100000" (decimal units); "0": none. */
+static int net_rate_parse(const char *text, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(text, &end, 10);
+	uint64_t unit = 1;
+	if (errno || end == text || text[0] == '-')
+		return -1;
+	if (*end == 'K' || *end == 'k')
+		unit = 1000, end++;
+	else if (*end == 'M' || *end == 'm')
+		unit = 1000000, end++;
+	else if (*end == 'G' || *end == 'g')
+		unit = 1000000000, end++;
+	if (*end || x > (1ull << 40) / unit || (x > 0 && x * unit < 8000))
+		return -1; /* nothing slower than 8 kbit/s */
+	*out = x * unit;
+	return 0;
+}
+
 /* "bps=SIZE,iops=N" (either, fields named replace the defaults) or "0". */
 static int disk_io_parse(const char *text, uint64_t *bps, uint64_t *iops)
 {
@@ -185,7 +209,7 @@ static void usage(void)
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
-	                "                   [--pool-starts N] [--net-dns IP[:PORT]]\n"
+	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -593,6 +617,7 @@ int main(int argc, char **argv)
 	    max_streams = 1024;
 	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
 	const char *net_dns = getenv("SPACED_NET_DNS");
+	uint64_t net_rate = 500000000; /* 500 Mbit/s each way */
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 	/* templates: 8 GiB each at most, a cache of 20 GiB */
@@ -783,6 +808,12 @@ int main(int argc, char **argv)
 			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
 		} else if (strcmp(a, "--net-dns") == 0)
 			net_dns = v;
+		else if (strcmp(a, "--net-rate") == 0) {
+			if (net_rate_parse(v, &net_rate) < 0) {
+				fprintf(stderr, "spaced-node: --net-rate wants bits per second (a number with K, M or G: 500M), or 0\n");
+				return 2;
+			}
+		}
 		else {
 			usage();
 			return 2;
@@ -908,7 +939,8 @@ int main(int argc, char **argv)
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
-	                        .pool_memory = pool_memory, .net_dns = net_dns, .vm_bin = vm_bin, .vm_images = vm_images,
+	                        .pool_memory = pool_memory, .net_dns = net_dns, .net_rate = net_rate,
+	                        .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,
 	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,
 	                        .api_tls_cert = tls.plaintext ? NULL : tls.cert, .api_tls_key = tls.plaintext ? NULL : tls.key};
