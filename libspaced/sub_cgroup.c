@@ -485,8 +485,12 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 			goto fail;
 		/* v1 counts TCP buffers apart, and only under a limit of their own:
 		 * without it the execution's sockets hold the host's TCP memory
-		 * (net.ipv4.tcp_mem, shared by every socket) outside its limit. v2
-		 * counts them in memory.max. */
+		 * (net.ipv4.tcp_mem, shared by every socket) outside its limit. A
+		 * quarter of the limit (16 MiB at least, the limit at most): memory
+		 * and TCP buffers together stay within 1.25 times it. v2 counts them
+		 * in memory.max. */
+		uint64_t tcp = lim->mem_bytes / 4 > (UINT64_C(16) << 20) ? lim->mem_bytes / 4 : UINT64_C(16) << 20;
+		snprintf(val, sizeof(val), "%" PRIu64, tcp < lim->mem_bytes ? tcp : lim->mem_bytes);
 		snprintf(path, sizeof(path), "%s/memory.kmem.tcp.limit_in_bytes", cg->mem);
 		if (access(path, F_OK) == 0 && (r = knob(cg->mem, "memory.kmem.tcp.limit_in_bytes", val, why, whysz)) < 0)
 			goto fail;
