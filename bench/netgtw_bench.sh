@@ -34,8 +34,10 @@ trap cleanup EXIT
 NH_LIFETIME=1800 net_host_up || { echo "cannot make the outside host"; exit 1; }
 ip netns exec "$NH_NS" "$NL" source 9100 & PIDS="$PIDS $!"
 # plaintext, as the nginx and socat baselines are: the relay is what is measured
-# (a TLS cluster's gateways speak TLS, docs/network.md)
-"$SC" dev up --workers 1 --dir "$D" --plaintext >/dev/null 2>"$W/up.err" || { cat "$W/up.err"; exit 1; }
+# (a TLS cluster's gateways speak TLS, docs/network.md); the egress path too, not the operator's
+# bound (spaced-node's default --net-rate holds a sandbox at 500 Mbit/s each way)
+"$SC" dev up --workers 1 --dir "$D" --plaintext --net-rate "${BENCH_NET_RATE:-0}" >/dev/null 2>"$W/up.err" ||
+	{ cat "$W/up.err"; exit 1; }
 . "$D/env"
 export SPACED_ROUTE_CACHE=$W/routes
 S=$("$SC" create --cpus 2 --memory 1G) || exit 1
