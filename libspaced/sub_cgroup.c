@@ -288,8 +288,11 @@ static int set_v2_limits(const char *dir, const struct sub_limits *lim, char *wh
 		 * (memory and io both on): one rule bounds every path */
 		snprintf(line, sizeof(line), "%u:%u rbps=%s wbps=%s riops=%s wiops=%s", major(lim->io_dev[i]),
 		         minor(lim->io_dev[i]), bps, bps, iops, iops);
-		if ((r = knob(dir, "io.max", line, why, whysz)) < 0)
+		if ((r = knob(dir, "io.max", line, why, whysz)) < 0) {
+			spaced_why(why, whysz, "write %s/io.max: %s (the io controller must be enabled for this "
+			                       "subtree; spaced-node --disk-io 0 runs without a bound)", dir, strerror(errno));
 			return r;
+		}
 	}
 	return 0;
 }
