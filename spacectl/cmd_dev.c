@@ -2,6 +2,7 @@
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
+ *          [--disk-reserve SIZE]
  *          [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
@@ -55,7 +56,8 @@
 static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
-	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--plaintext]\n"
+	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
+	"                       [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -617,6 +619,8 @@ static const char *dev_disk_io;
 static const char *dev_alloc;
 /* --net-rate for every worker, or NULL: the workers' default */
 static const char *dev_net_rate;
+/* --disk-reserve for every worker, or NULL: the workers' default */
+static const char *dev_disk_reserve;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -893,6 +897,10 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--net-rate";
 			a[na++] = dev_net_rate;
 		}
+		if (dev_disk_reserve) {
+			a[na++] = "--disk-reserve";
+			a[na++] = dev_disk_reserve;
+		}
 		if (logfmt) {
 			a[na++] = "--log-format";
 			a[na++] = logfmt;
@@ -1055,6 +1063,7 @@ int cmd_dev(int argc, char **argv)
 		{"disk-io", required_argument, NULL, 'D'},
 		{"allocatable", required_argument, NULL, 'A'},
 		{"net-rate", required_argument, NULL, 'R'},
+		{"disk-reserve", required_argument, NULL, 'K'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1078,6 +1087,7 @@ int cmd_dev(int argc, char **argv)
 		case 'D': dev_disk_io = optarg; break;
 		case 'A': dev_alloc = optarg; break;
 		case 'R': dev_net_rate = optarg; break;
+		case 'K': dev_disk_reserve = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

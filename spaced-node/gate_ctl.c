@@ -23,6 +23,8 @@
 
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -445,6 +447,55 @@ static int config_parse(json_t *spec, struct ctl_op *op, struct outcome *o)
 	return 0;
 }
 
+/* What the execution of r may still write to its disk: its limit less what
+ * its image holds (its whole limit when the image is not found: a VM's). */
+static uint64_t disk_left(const struct mgr_config *c, const struct mgr_rec *r)
+{
+	char dir[4096], img[4200];
+	struct stat st;
+	if (r->res.disk_bytes == 0 || mgr_exec_dir(c, r, dir, sizeof dir) < 0)
+		return r->res.disk_bytes;
+	snprintf(img, sizeof img, "%s/disk.img", dir);
+	if (stat(img, &st) < 0)
+		return r->res.disk_bytes;
+	uint64_t used = (uint64_t)st.st_blocks * 512u;
+	return used < r->res.disk_bytes ? r->res.disk_bytes - used : 0;
+}
+
+/* The host's disk (the state directory's filesystem, which holds the
+ * executions' sparse disks, the records, logs and the template cache):
+ * what the live executions other than op's sandbox may still write to their
+ * disks, with op's whole disk and the installs in flight, stays within
+ * --disk-overcommit times what is free beyond --disk-reserve. */
+static int admit_disk(struct mgr *m, struct ctl_op *op)
+{
+	const struct mgr_config *c = mgr_cfg(m);
+	struct statvfs sv;
+	if (op->res.disk_bytes == 0 || c->disk_overcommit <= 0 || statvfs(c->state_dir, &sv) < 0)
+		return 0;
+	uint64_t size = (uint64_t)sv.f_blocks * sv.f_frsize, avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+	uint64_t reserve = c->disk_reserve ? c->disk_reserve : size / 20 > (2ull << 30) ? size / 20 : 2ull << 30;
+	uint64_t promised = op->res.disk_bytes;
+	for (size_t i = 0; i < m->nrecs; i++) {
+		const struct mgr_rec *r = &m->recs[i];
+		if ((r->pid != 0 || r->host_pid != 0) && strcmp(r->r.id.sandbox, op->id.sandbox) != 0)
+			promised += disk_left(c, r);
+	}
+	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
+		for (const struct ctl_op *x = q->head; x; x = x->next)
+			if (x != op && x->kind == K_INSTALL && x->admitted && strcmp(x->id.sandbox, op->id.sandbox) != 0)
+				promised += x->res.disk_bytes;
+	double room = avail > reserve ? (double)(avail - reserve) * c->disk_overcommit : 0;
+	if ((double)promised > room)
+		return fail(&op->o, "no-capacity",
+		            "this worker's sandboxes could write %llu MiB more to its disk, which has %llu MiB free beyond "
+		            "its reserve of %llu MiB (--disk-overcommit %.1f)",
+		            (unsigned long long)(promised >> 20),
+		            (unsigned long long)(avail > reserve ? (avail - reserve) >> 20 : 0),
+		            (unsigned long long)(reserve >> 20), c->disk_overcommit);
+	return 0;
+}
+
 /* The worker's capacity (mgr_config.alloc): the limits of the executions
  * its records hold and of the installs admitted and not yet done, other
  * sandboxes' all (op's own sandbox is replaced), with op's added, stay within
@@ -475,6 +526,8 @@ static int admit(struct mgr *m, struct ctl_op *op)
 	if (c->alloc.memory_bytes > 0 && (double)mem > mem_bound)
 		return fail(&op->o, "no-capacity", "this worker's sandboxes would have %llu MiB of memory, above the %llu MiB it holds",
 		            (unsigned long long)(mem >> 20), (unsigned long long)((uint64_t)mem_bound >> 20));
+	if (admit_disk(m, op) < 0)
+		return -1;
 	op->admitted = true;
 	return 0;
 }

@@ -216,6 +216,12 @@ struct mgr_config {
 	 * executions together being capped at alloc.memory_bytes) */
 	struct spaced_resources alloc;
 	double mem_overcommit;
+	/* the host's disk: what the executions may still write to their sparse
+	 * disks stays within disk_overcommit times what the state directory's
+	 * filesystem has free beyond disk_reserve (0: 5 %, at least 2 GiB);
+	 * disk_overcommit 0: no check */
+	uint64_t disk_reserve;
+	double disk_overcommit;
 	uint64_t disk_bps;      /* each execution's disk reads and writes per second, apart (0: none) */
 	uint64_t disk_iops;     /* the same in operations */
 	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */

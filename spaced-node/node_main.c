@@ -4,7 +4,8 @@
  *   spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]
  *               [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]
  *               [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]
- *               [--allocatable memory=SIZE,pids=N] [--memory-overcommit F] [--uid-range FIRST:COUNT]
+ *               [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]
+ *               [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
  *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
@@ -22,6 +23,12 @@
  * tasks less a reserve for the host (an eighth, at least 1 GiB and 2048
  * tasks). Installs beyond it are refused `no-capacity`; maxima above it are
  * lowered to it.
+ * --disk-reserve, --disk-overcommit: what the executions may still write to
+ * their disks (sparse images: their limits less what they hold) stays within
+ * F (default 2; 0: no check) times what the state directory's filesystem has
+ * free beyond the reserve (default 5 %, at least 2 GiB) — the filesystem of
+ * the worker's records, logs and template cache. Installs past it are
+ * refused `no-capacity`.
  * --net-rate: bits per second each execution may send and, apart, receive on
  * its network path out (default 500M; 0: no bound; docs/network.md).
  * --disk-io: what each execution may read and, apart, write per second on its
@@ -204,7 +211,8 @@ static void usage(void)
 	                "                   [--guest-bin PATH] [--launcher PATH --host PATH] [--no-drop]\n"
 	                "                   [--vm PATH --vm-images DIR [--vsockd PATH] [--qemu PATH] [--vm-accel tcg|kvm]]\n"
 	                "                   [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]\n"
-	                "                   [--allocatable memory=SIZE,pids=N] [--memory-overcommit F] [--uid-range FIRST:COUNT]\n"
+	                "                   [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]\n"
+	                "                   [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
@@ -628,7 +636,8 @@ int main(int argc, char **argv)
 	uint64_t pool_memory = 256ull << 20;
 	uint64_t disk_bps = 256ull << 20, disk_iops = 4096;
 	struct spaced_resources alloc = {0};
-	double mem_overcommit = 2.0;
+	double mem_overcommit = 2.0, disk_overcommit = 2.0;
+	uint64_t disk_reserve = 0;
 	static struct spaced_tls_opts tls;
 
 	char cfg_err[256];
@@ -693,11 +702,18 @@ int main(int argc, char **argv)
 				fprintf(stderr, "spaced-node: --allocatable wants memory=SIZE,pids=N%s%s\n", err[0] ? ": " : "", err);
 				return 2;
 			}
-		} else if (strcmp(a, "--memory-overcommit") == 0) {
+		} else if (strcmp(a, "--memory-overcommit") == 0 || strcmp(a, "--disk-overcommit") == 0) {
 			char *end;
-			mem_overcommit = strtod(v, &end);
-			if (*end || end == v || !(mem_overcommit >= 1.0 && mem_overcommit <= 64.0)) {
-				fprintf(stderr, "spaced-node: --memory-overcommit wants a number from 1 to 64\n");
+			double f = strtod(v, &end);
+			/* --disk-overcommit 0: no check of the host's disk */
+			if (*end || end == v || !((f >= 1.0 && f <= 64.0) || (f == 0 && a[2] == 'd'))) {
+				fprintf(stderr, "spaced-node: %s wants a number from 1 to 64%s\n", a, a[2] == 'd' ? ", or 0" : "");
+				return 2;
+			}
+			*(a[2] == 'm' ? &mem_overcommit : &disk_overcommit) = f;
+		} else if (strcmp(a, "--disk-reserve") == 0) {
+			if (spaced_size_parse(v, &disk_reserve) < 0) {
+				fprintf(stderr, "spaced-node: --disk-reserve wants a size\n");
 				return 2;
 			}
 		} else if (strcmp(a, "--disk-io") == 0) {
@@ -934,6 +950,7 @@ int main(int argc, char **argv)
 	struct mgr_config mc = {.state_dir = state_abs, .worker_id = worker, .keys_path = keys,
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .alloc = alloc, .mem_overcommit = mem_overcommit,
+	                        .disk_reserve = disk_reserve, .disk_overcommit = disk_overcommit,
 	                        .disk_bps = disk_bps, .disk_iops = disk_iops,
 	                        .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,

@@ -10,6 +10,9 @@
 #     plane's placement (503 no-worker with room) and again by the worker (no-capacity); all
 #     executions together are capped in their parent cgroups, so past it the kernel kills
 #     inside the executions, never the host's daemons.
+#   - The host's disk (the filesystem of the worker's records, logs and cache): the sandboxes' sparse
+#     disks may still write at most twice what it has free beyond a reserve (--disk-reserve,
+#     --disk-overcommit), else no-capacity.
 # A victim tenant's sandbox on the same worker keeps forking and working throughout.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
@@ -122,6 +125,24 @@ victim_ok "after the memory pressure"
 "$SC" rm "$H1" >/dev/null
 H3=$("$SC" create --pids 500)
 expect "after rm, the tasks it held are placed again" "$([ -n "$H3" ] && echo yes)" yes
+
+# ---- the host's disk: what sandboxes may still write to their sparse disks stays within twice
+# what the filesystem has free beyond the reserve (before: 64 sandboxes x 2 GiB on any filesystem) ----
+"$SC" dev down --dir "$D" >/dev/null
+avail=$(df -B1 --output=avail "$W" | tail -n 1 | tr -d ' ')
+reserve=$((avail - 1500 * MiB)) # twice 1500 MiB: one 2 GiB disk fits, two do not
+if ! "$SC" dev up --workers 1 --dir "$D" --plaintext --disk-reserve "$reserve" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; echo "FAIL: dev up with a disk reserve"; exit 1
+fi
+. "$D/env"
+K1=$("$SC" create --disk 2G)
+expect "a 2 GiB disk within twice what is free beyond the reserve" "$([ -n "$K1" ] && echo yes)" yes
+"$SC" create --disk 2G >/dev/null 2>"$W/e"
+expect "a second one past it: refused no-capacity" "$(grep -c 'no-capacity.*could write' "$W/e")" 1
+"$SC" rm "$K1" >/dev/null
+# (the execution is stopped after the answer: its promise goes with it)
+for i in $(seq 20); do K2=$("$SC" create --disk 2G 2>/dev/null) && break; sleep 0.5; done
+expect "after rm, the disk it promised is placed again" "$([ -n "$K2" ] && echo yes)" yes
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
