@@ -877,34 +877,16 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--vm-images";
 			a[na++] = images;
 		}
-		if (stall) {
-			a[na++] = "--stall-timeout";
-			a[na++] = stall;
-		}
-		if (dev_pool && real) {
-			a[na++] = "--pool";
-			a[na++] = dev_pool;
-		}
-		if (dev_disk_io) {
-			a[na++] = "--disk-io";
-			a[na++] = dev_disk_io;
-		}
-		if (dev_alloc) {
-			a[na++] = "--allocatable";
-			a[na++] = dev_alloc;
-		}
-		if (dev_net_rate) {
-			a[na++] = "--net-rate";
-			a[na++] = dev_net_rate;
-		}
-		if (dev_disk_reserve) {
-			a[na++] = "--disk-reserve";
-			a[na++] = dev_disk_reserve;
-		}
-		if (logfmt) {
-			a[na++] = "--log-format";
-			a[na++] = logfmt;
-		}
+		/* the workers' settings dev up passes on as given (NULL: spaced-node's default) */
+		const char *const pass[][2] = {{"--stall-timeout", stall},       {"--pool", real ? dev_pool : NULL},
+		                               {"--disk-io", dev_disk_io},        {"--allocatable", dev_alloc},
+		                               {"--net-rate", dev_net_rate},      {"--disk-reserve", dev_disk_reserve},
+		                               {"--log-format", logfmt}};
+		for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
+			if (pass[j][1]) {
+				a[na++] = pass[j][0];
+				a[na++] = pass[j][1];
+			}
 		a[na] = NULL;
 		pid_t pid = spawn(a, log);
 		record(pids, wid, pid);
@@ -924,7 +906,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		wp = read_small(p);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[48];
+		const char *ka[64];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
