@@ -274,9 +274,7 @@ static int set_v2_limits(const char *dir, const struct sub_limits *lim, char *wh
 			return r;
 	}
 	for (size_t i = 0; i < 2 && (lim->io_bps > 0 || lim->io_iops > 0); i++) {
-		char line[160];
-
-		char bps[24] = "max", iops[24] = "max";
+		char line[160], bps[24] = "max", iops[24] = "max";
 
 		if (lim->io_dev[i] == 0)
 			continue;

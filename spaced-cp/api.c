@@ -135,14 +135,8 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 		json_object_set_new(wj, "connected", json_boolean(live));
 		struct cp_worker_limits lim;
 		cp_limits_from_text(cp_rows_get(rows, i, 9), &lim);
-		if (lim.has) {
-			char *lt = cp_limits_text(&lim);
-			json_error_t jerr;
-			json_t *lj = lt ? json_loads(lt, 0, &jerr) : NULL;
-			free(lt);
-			if (lj)
-				json_object_set_new(wj, "limits", lj);
-		}
+		if (lim.has)
+			json_object_set_new(wj, "limits", cp_limits_json(&lim));
 	}
 	cp_rows_free(rows);
 	answer(rq, 200, json_pack("{s:o}", "workers", arr));

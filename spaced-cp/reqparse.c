@@ -301,7 +301,7 @@ int cp_parse_limits(json_t *o, struct cp_worker_limits *out, char *err, size_t e
 	return 0;
 }
 
-char *cp_limits_text(const struct cp_worker_limits *l)
+json_t *cp_limits_json(const struct cp_worker_limits *l)
 {
 	json_t *o = json_pack("{s:o,s:o}", "default", spaced_resources_to_json(&l->def), "max",
 	                      spaced_resources_to_json(&l->max));
@@ -309,6 +309,12 @@ char *cp_limits_text(const struct cp_worker_limits *l)
 		json_object_set_new(o, "allocatable",
 		                    json_pack("{s:I,s:I,s:f}", "memory_bytes", (json_int_t)l->alloc_memory, "pids",
 		                              (json_int_t)l->alloc_pids, "memory_overcommit", l->memory_overcommit));
+	return o;
+}
+
+char *cp_limits_text(const struct cp_worker_limits *l)
+{
+	json_t *o = cp_limits_json(l);
 	char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(o);
 	return s;

@@ -122,6 +122,9 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out);
 /* The limits member of a hello or registration (JSON object or NULL). */
 int cp_parse_limits(json_t *o, struct cp_worker_limits *out, char *err, size_t errsz);
 
+/* The JSON form of limits (a new reference), as the workers listing shows it. */
+json_t *cp_limits_json(const struct cp_worker_limits *l);
+
 /* The JSON text of limits (a new string), as the workers table keeps it. */
 char *cp_limits_text(const struct cp_worker_limits *l);
 

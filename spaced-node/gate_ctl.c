@@ -462,55 +462,29 @@ static uint64_t disk_left(const struct mgr_config *c, const struct mgr_rec *r)
 	return used < r->res.disk_bytes ? r->res.disk_bytes - used : 0;
 }
 
-/* The host's disk (the state directory's filesystem, which holds the
- * executions' sparse disks, the records, logs and the template cache):
- * what the live executions other than op's sandbox may still write to their
- * disks, with op's whole disk and the installs in flight, stays within
- * --disk-overcommit times what is free beyond --disk-reserve. */
-static int admit_disk(struct mgr *m, struct ctl_op *op)
-{
-	const struct mgr_config *c = mgr_cfg(m);
-	struct statvfs sv;
-	if (op->res.disk_bytes == 0 || c->disk_overcommit <= 0 || statvfs(c->state_dir, &sv) < 0)
-		return 0;
-	uint64_t size = (uint64_t)sv.f_blocks * sv.f_frsize, avail = (uint64_t)sv.f_bavail * sv.f_frsize;
-	uint64_t reserve = c->disk_reserve ? c->disk_reserve : size / 20 > (2ull << 30) ? size / 20 : 2ull << 30;
-	uint64_t promised = op->res.disk_bytes;
-	for (size_t i = 0; i < m->nrecs; i++) {
-		const struct mgr_rec *r = &m->recs[i];
-		if ((r->pid != 0 || r->host_pid != 0) && strcmp(r->r.id.sandbox, op->id.sandbox) != 0)
-			promised += disk_left(c, r);
-	}
-	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
-		for (const struct ctl_op *x = q->head; x; x = x->next)
-			if (x != op && x->kind == K_INSTALL && x->admitted && strcmp(x->id.sandbox, op->id.sandbox) != 0)
-				promised += x->res.disk_bytes;
-	double room = avail > reserve ? (double)(avail - reserve) * c->disk_overcommit : 0;
-	if ((double)promised > room)
-		return fail(&op->o, "no-capacity",
-		            "this worker's sandboxes could write %llu MiB more to its disk, which has %llu MiB free beyond "
-		            "its reserve of %llu MiB (--disk-overcommit %.1f)",
-		            (unsigned long long)(promised >> 20),
-		            (unsigned long long)(avail > reserve ? (avail - reserve) >> 20 : 0),
-		            (unsigned long long)(reserve >> 20), c->disk_overcommit);
-	return 0;
-}
-
-/* The worker's capacity (mgr_config.alloc): the limits of the executions
- * its records hold and of the installs admitted and not yet done, other
- * sandboxes' all (op's own sandbox is replaced), with op's added, stay within
- * it; else op is refused `no-capacity`. A sandbox's limits are then its own
- * whatever the others do: the tasks it may have are never taken by another
- * sandbox's fork bomb. */
+/* The worker's capacity: the limits of the executions its records hold and
+ * of the installs admitted and not yet done, other sandboxes' all (op's own
+ * sandbox is replaced), with op's added, stay within it; else op is refused
+ * `no-capacity`. Tasks within mgr_config.alloc exactly (a sandbox's limit is
+ * then its own whatever the others do: another sandbox's fork bomb never
+ * takes its tasks), memory within alloc times mem_overcommit, and what the
+ * executions may still write to their sparse disks (each limit less what its
+ * image holds) within disk_overcommit times what the state directory's
+ * filesystem — the one of the records, logs and template cache — has free
+ * beyond disk_reserve. The stat and statfs read what the kernel holds in
+ * memory (each image is held open by its loop device): no disk I/O in the
+ * gate's loop. */
 static int admit(struct mgr *m, struct ctl_op *op)
 {
 	const struct mgr_config *c = mgr_cfg(m);
-	uint64_t mem = op->res.memory_bytes, pids = op->res.pids;
+	bool check_disk = op->res.disk_bytes > 0 && c->disk_overcommit > 0;
+	uint64_t mem = op->res.memory_bytes, pids = op->res.pids, disk = op->res.disk_bytes;
 	for (size_t i = 0; i < m->nrecs; i++) {
 		const struct mgr_rec *r = &m->recs[i];
 		if ((r->pid != 0 || r->host_pid != 0) && strcmp(r->r.id.sandbox, op->id.sandbox) != 0) {
 			mem += r->res.memory_bytes;
 			pids += r->res.pids;
+			disk += check_disk ? disk_left(c, r) : 0;
 		}
 	}
 	for (const struct ctl_queue *q = m->ctlq; q; q = q->next)
@@ -518,6 +492,7 @@ static int admit(struct mgr *m, struct ctl_op *op)
 			if (x != op && x->kind == K_INSTALL && x->admitted && strcmp(x->id.sandbox, op->id.sandbox) != 0) {
 				mem += x->res.memory_bytes;
 				pids += x->res.pids;
+				disk += x->res.disk_bytes;
 			}
 	if (c->alloc.pids > 0 && pids > c->alloc.pids)
 		return fail(&op->o, "no-capacity", "this worker's sandboxes would have %llu tasks, above the %llu it holds",
@@ -526,8 +501,18 @@ static int admit(struct mgr *m, struct ctl_op *op)
 	if (c->alloc.memory_bytes > 0 && (double)mem > mem_bound)
 		return fail(&op->o, "no-capacity", "this worker's sandboxes would have %llu MiB of memory, above the %llu MiB it holds",
 		            (unsigned long long)(mem >> 20), (unsigned long long)((uint64_t)mem_bound >> 20));
-	if (admit_disk(m, op) < 0)
-		return -1;
+	struct statvfs sv;
+	if (check_disk && statvfs(c->state_dir, &sv) == 0) {
+		uint64_t size = (uint64_t)sv.f_blocks * sv.f_frsize, avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+		uint64_t reserve = c->disk_reserve ? c->disk_reserve : size / 20 > (2ull << 30) ? size / 20 : 2ull << 30;
+		uint64_t beyond = avail > reserve ? avail - reserve : 0;
+		if ((double)disk > (double)beyond * c->disk_overcommit)
+			return fail(&op->o, "no-capacity",
+			            "this worker's sandboxes could write %llu MiB more to its disk, which has %llu MiB free beyond "
+			            "its reserve of %llu MiB (--disk-overcommit %.1f)",
+			            (unsigned long long)(disk >> 20), (unsigned long long)(beyond >> 20),
+			            (unsigned long long)(reserve >> 20), c->disk_overcommit);
+	}
 	op->admitted = true;
 	return 0;
 }

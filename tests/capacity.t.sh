@@ -17,12 +17,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
-for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
-	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
-	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
-done
-command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+need_substrate python3
 [ -d /sys/fs/cgroup/pids ] && [ -d /sys/fs/cgroup/memory ] || { echo "no cgroup v1 memory and pids hierarchies"; exit 77; }
 W=$(mktemp -d)
 D=$W/cluster
@@ -30,16 +25,17 @@ export SPACED_ROUTE_CACHE="$W/routes"
 trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 MiB=1048576
 
-if ! "$SC" dev up --workers 1 --dir "$D" --plaintext --allocatable memory=1G,pids=1200 >"$W/up.out" 2>"$W/up.err"; then
-	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
-	echo "FAIL: dev up"; exit 1
-fi
-. "$D/env"
-VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
-as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+# ---- malformed capacity settings are refused before anything starts ----
+refused_flag --allocatable memory=1X
+refused_flag --allocatable cpus=2
+refused_flag --memory-overcommit 0.5
+refused_flag --disk-overcommit -1
+refused_flag --disk-reserve lots
+
+cluster_up --allocatable memory=1G,pids=1200
 
 expect "the worker reports what its sandboxes may take" \
-	"$("$SC" workers --json | jq -c '.[0].limits.allocatable')" '{"memory_bytes":1073741824,"memory_overcommit":2,"pids":1200}'
+	"$("$SC" workers --json | jq -cS '.[0].limits.allocatable')" '{"memory_bytes":1073741824,"memory_overcommit":2,"pids":1200}'
 expect "its maxima are lowered to it" "$("$SC" workers --json | jq -c '[.[0].limits.max.memory_bytes, .[0].limits.max.pids]')" \
 	"[1073741824,1200]"
 # all executions together, in their parent cgroups: memory, and tasks with room for the warm pool
@@ -131,10 +127,7 @@ expect "after rm, the tasks it held are placed again" "$([ -n "$H3" ] && echo ye
 "$SC" dev down --dir "$D" >/dev/null
 avail=$(df -B1 --output=avail "$W" | tail -n 1 | tr -d ' ')
 reserve=$((avail - 1500 * MiB)) # twice 1500 MiB: one 2 GiB disk fits, two do not
-if ! "$SC" dev up --workers 1 --dir "$D" --plaintext --disk-reserve "$reserve" >"$W/up.out" 2>"$W/up.err"; then
-	cat "$W/up.err"; echo "FAIL: dev up with a disk reserve"; exit 1
-fi
-. "$D/env"
+cluster_up --disk-reserve "$reserve"
 K1=$("$SC" create --disk 2G)
 expect "a 2 GiB disk within twice what is free beyond the reserve" "$([ -n "$K1" ] && echo yes)" yes
 "$SC" create --disk 2G >/dev/null 2>"$W/e"

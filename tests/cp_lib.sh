@@ -118,3 +118,36 @@ wait_for() {
 	done
 	ok "$what"
 }
+
+# ---- a spacectl dev up cluster (the process substrate; needs root): set SC, W and D first ----
+
+# need_substrate [TOOL...] — exit 77 unless root, spaced's binaries and the tools are here
+need_substrate() {
+	[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+	for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+		"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+		[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+	done
+	for b in "$@"; do
+		command -v "$b" >/dev/null 2>&1 || { echo "$b is not installed (scripts/setup.sh installs it)"; exit 77; }
+	done
+}
+
+# cluster_up [DEV UP OPTIONS...] — a cluster of one worker in $D, its env loaded, a second tenant
+# made (as_victim runs spacectl as it); the suite ends when it does not start
+cluster_up() {
+	if ! "$SC" dev up --workers 1 --dir "$D" --plaintext "$@" >"$W/up.out" 2>"$W/up.err"; then
+		cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+		echo "FAIL: dev up $*"; exit 1
+	fi
+	. "$D/env"
+	VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+}
+as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+
+# refused_flag FLAG VALUE — spaced-node refuses a malformed value before starting anything
+refused_flag() {
+	"$SPACED_BUILD/spaced-node/spaced-node" --state "$W/bad" --worker-id w --listen 127.0.0.1:0 --plaintext \
+		"$1" "$2" >/dev/null 2>"$W/flag.err"
+	expect "spaced-node $1 $2: exit 2 naming the option" "$? $(grep -c -- "$1" "$W/flag.err")" "2 1"
+}

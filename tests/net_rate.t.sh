@@ -11,10 +11,7 @@ set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 . "$SPACED_TOP/tests/net_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-[ "$(id -u)" -eq 0 ] || { echo "the process substrate and network namespaces need root"; exit 77; }
-for b in pasta nft ip tc python3 curl; do
-	command -v $b >/dev/null 2>&1 || { echo "$b is not installed (scripts/setup.sh installs it)"; exit 77; }
-done
+need_substrate pasta nft ip tc python3 curl
 [ -x "$SPACED_BUILD/spaced-node/spaced-netd" ] || { echo "spaced-netd is not built"; exit 77; }
 W=$(mktemp -d)
 D=$W/cluster
@@ -45,13 +42,10 @@ source()
 ' >"$W/servers.log" 2>&1 &
 BG="$BG $!"
 
-if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 1 --dir "$D" --plaintext --net-rate 16M >"$W/up.out" 2>"$W/up.err"; then
-	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
-	echo "FAIL: dev up"; exit 1
-fi
-. "$D/env"
-VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
-as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+for bad in 16X -5 1e9 100; do # (100 bits/s: below the 8 kbit/s floor)
+	refused_flag --net-rate "$bad"
+done
+SPACED_NET_DNS=$NH_A:53 cluster_up --net-rate 16M
 VX=$(as_victim create)
 A=$("$SC" create)
 [ -n "$A" ] && [ -n "$VX" ] || { echo "FAIL: the sandboxes"; exit 1; }
