@@ -27,7 +27,7 @@
 /* TLS: what the application writes within one turn of the loop is gathered
  * (up to one record's worth) and sealed at the end of that turn: one record
  * and one write for a response's head and body, not one per piece */
-#define TLS_STAGE_MAX 16384
+#define STAGE_MAX 16384
 #define PEER_CERT_MAX 128
 
 enum cstate {
@@ -91,7 +91,7 @@ struct spaced_httpconn {
 	bool tls_plain;        /* the refusal of a plaintext request goes out unencrypted */
 	bool tls_stalled;      /* plaintext may wait in ssl for room in rbuf */
 	bool tls_peer_closed;  /* close_notify or a TLS error: closed once what came is processed */
-	struct spaced_buf tls_stage; /* plaintext written this turn, not yet sealed */
+	struct spaced_buf stage; /* output written this turn: sealed (TLS) or written at its end */
 	struct spaced_httpconn *dirty_next; /* on the server's list of staged connections */
 	bool dirty;
 	char peer_cert[PEER_CERT_MAX]; /* CN of the verified client certificate, "" none */
@@ -112,9 +112,9 @@ struct spaced_httpsrv {
 	struct spaced_httpsrv_stats stats;
 	uv_timer_t tls_kick;   /* TLS: pulls plaintext left waiting in connections (tls_stalled) */
 	bool tls_kick_armed;
-	/* TLS: connections with staged plaintext, sealed in the check phase of
-	 * the turn that staged it; the idle handle keeps that turn from waiting
-	 * in poll meanwhile */
+	/* connections with staged output, written (sealed over TLS) in the
+	 * check phase of the turn that staged it; the idle handle keeps that
+	 * turn from waiting in poll meanwhile */
 	struct spaced_httpconn *dirty;
 	uv_check_t seal_check;
 	uv_idle_t seal_idle;
@@ -216,8 +216,8 @@ static void on_written(uv_write_t *w, int status)
 		conn_close(c);
 		return;
 	}
-	/* what waits counts whole: written, and staged for TLS */
-	if (c->drain_armed && c->queued + c->tls_stage.len <= c->srv->cfg.low_water) {
+	/* what waits counts whole: written, and staged */
+	if (c->drain_armed && c->queued + c->stage.len <= c->srv->cfg.low_water) {
 		c->drain_armed = false;
 		if (c->srv->cfg.ops->on_drain)
 			c->srv->cfg.ops->on_drain(c);
@@ -316,13 +316,20 @@ static int tls_put(struct spaced_httpconn *c, const void *p, size_t n)
 	return 0;
 }
 
-/* Seals what c has staged into records and writes them. */
-static int tls_seal(struct spaced_httpconn *c)
+/* Writes what c has staged: in one system call, sealed into records over
+ * TLS. */
+static int stage_flush(struct spaced_httpconn *c)
 {
 	int e = 0;
-	if (c->tls_stage.len) {
-		e = tls_put(c, c->tls_stage.data, c->tls_stage.len);
-		c->tls_stage.len = 0;
+	if (!c->ssl || c->tls_plain) {
+		struct part whole = {c->stage.data, c->stage.len};
+		e = c->stage.len ? outv_raw(c, &whole, 1) : 0;
+		c->stage.len = 0;
+		return e;
+	}
+	if (c->stage.len) {
+		e = tls_put(c, c->stage.data, c->stage.len);
+		c->stage.len = 0;
 	}
 	if (e == 0)
 		e = tls_flush(c);
@@ -336,7 +343,7 @@ static void on_seal_idle(uv_idle_t *h)
 }
 
 /* Puts c on its server's list of connections to seal this turn. */
-static void tls_mark_dirty(struct spaced_httpconn *c)
+static void stage_mark_dirty(struct spaced_httpconn *c)
 {
 	struct spaced_httpsrv *s = c->srv;
 	if (c->dirty)
@@ -365,57 +372,87 @@ static void on_seal_check(uv_check_t *h)
 		c->dirty = false;
 		c->dirty_next = NULL;
 		if (c->state != C_CLOSED && c->state != C_CLOSING)
-			tls_seal(c);
+			stage_flush(c);
 		c = next;
 	}
 }
 
-/* Queues parts[0..n) as one write: through TLS once its handshake is done
- * (staged, sealed at the end of this turn of the loop, sooner when a
- * record's worth is there), unencrypted on a plaintext connection (and for
- * the one refusal of a plaintext request on a TLS port). */
+/* Plaintext: parts[0..n) staged, written with the rest of the turn's
+ * output at its end (an answer's head, body and end in one system call);
+ * past a stage's worth, what is staged and the parts in one write now. */
+static int outv_plain(struct spaced_httpconn *c, const struct part *parts, int n)
+{
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += parts[i].n;
+	if (c->stage.len + total > STAGE_MAX) {
+		struct part all[8];
+		if (n + 1 > (int)(sizeof all / sizeof all[0]))
+			return SPACED_EINVAL;
+		all[0] = (struct part){c->stage.data, c->stage.len};
+		memcpy(all + 1, parts, (size_t)n * sizeof *parts);
+		int e = outv_raw(c, all, n + 1);
+		c->stage.len = 0;
+		return e;
+	}
+	for (int i = 0; i < n; i++)
+		if (parts[i].n && spaced_buf_append(&c->stage, parts[i].p, parts[i].n) < 0)
+			return SPACED_ENOMEM;
+	return 0;
+}
+
+/* Queues parts[0..n) as one write, staged for the end of this turn of the
+ * loop: sealed through TLS once its handshake is done (sooner when a
+ * record's worth is there), unencrypted on a plaintext connection; the one
+ * refusal of a plaintext request on a TLS port goes at once. */
 static int outv(struct spaced_httpconn *c, const struct part *parts, int n)
 {
-	if (!c->ssl || c->tls_plain)
+	if (c->tls_plain)
 		return outv_raw(c, parts, n);
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return SPACED_ECLOSED;
-	if (!c->tls_ready)
+	if (c->ssl && !c->tls_ready)
 		return SPACED_EPROTO; /* nothing of the application before the handshake */
 	bool sealed = false;
+	if (!c->ssl) {
+		int e = outv_plain(c, parts, n);
+		if (e < 0)
+			return e;
+		n = 0;
+	}
 	for (int i = 0; i < n; i++) {
 		const uint8_t *p = parts[i].p;
 		size_t len = parts[i].n;
 		if (len == 0)
 			continue;
-		if (c->tls_stage.len + len > TLS_STAGE_MAX) {
+		if (c->stage.len + len > STAGE_MAX) {
 			/* a record's worth: the stage topped up and sealed, whole
 			 * records of the rest sealed at once, the remainder staged */
-			size_t fill = TLS_STAGE_MAX - c->tls_stage.len;
-			if (spaced_buf_append(&c->tls_stage, p, fill) < 0)
+			size_t fill = STAGE_MAX - c->stage.len;
+			if (spaced_buf_append(&c->stage, p, fill) < 0)
 				return SPACED_ENOMEM;
 			p += fill;
 			len -= fill;
-			int e = tls_put(c, c->tls_stage.data, c->tls_stage.len);
-			c->tls_stage.len = 0;
-			size_t whole = len - len % TLS_STAGE_MAX;
+			int e = tls_put(c, c->stage.data, c->stage.len);
+			c->stage.len = 0;
+			size_t whole = len - len % STAGE_MAX;
 			if (e < 0 || (whole && tls_put(c, p, whole) < 0))
 				return SPACED_ECLOSED;
 			p += whole;
 			len -= whole;
 			sealed = true;
 		}
-		if (len && spaced_buf_append(&c->tls_stage, p, len) < 0)
+		if (len && spaced_buf_append(&c->stage, p, len) < 0)
 			return SPACED_ENOMEM;
 	}
 	if (sealed && tls_flush(c) < 0)
 		return SPACED_ECLOSED;
 	/* a producer that stops at low_water (spaced_httpconn_queued counts the
 	 * stage) hears on_drain once what waits falls back to it */
-	if (c->queued + c->tls_stage.len > c->srv->cfg.low_water)
+	if (c->queued + c->stage.len > c->srv->cfg.low_water)
 		c->drain_armed = true;
-	if (c->tls_stage.len)
-		tls_mark_dirty(c);
+	if (c->stage.len)
+		stage_mark_dirty(c);
 	return 0;
 }
 
@@ -435,9 +472,11 @@ static void close_after_output(struct spaced_httpconn *c)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return;
+	if (!c->ssl)
+		stage_flush(c);
 	if (c->ssl && c->tls_ready && !c->tls_peer_closed) {
 		/* what is staged, then close_notify: the client can tell the end from a cut */
-		tls_seal(c);
+		stage_flush(c);
 		ERR_clear_error();
 		SSL_shutdown(c->ssl);
 		ERR_clear_error();
@@ -495,7 +534,7 @@ static void on_conn_closed(uv_handle_t *h)
 	spaced_buf_free(&c->msg);
 	spaced_http_req_clear(&c->req);
 	SSL_free(c->ssl);
-	spaced_buf_free(&c->tls_stage);
+	spaced_buf_free(&c->stage);
 	/* only a connection closed once the stop began is counted in
 	 * closing_handles (one closed just before has its callback run first) */
 	bool counted = c->stop_counted;
@@ -703,7 +742,7 @@ size_t *spaced_httpconn_account(const struct spaced_httpconn *c)
 
 size_t spaced_httpconn_queued(const struct spaced_httpconn *c)
 {
-	return c->queued + c->tls_stage.len;
+	return c->queued + c->stage.len;
 }
 
 void spaced_httpconn_body_max(struct spaced_httpconn *c, uint64_t max)
@@ -1192,8 +1231,8 @@ static void on_connection(uv_stream_t *l, int status)
 		SSL_set_accept_state(c->ssl);
 		c->rbio = rb;
 		c->wbio = wb;
-		spaced_buf_init(&c->tls_stage, TLS_STAGE_MAX);
 	}
+	spaced_buf_init(&c->stage, STAGE_MAX);
 	ip->n++;
 	s->nconns++;
 	s->stats.accepted++;

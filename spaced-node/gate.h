@@ -152,7 +152,7 @@ void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reas
 #define GATE_LAT_BUCKETS 12 /* histogram buckets (gate_metrics.c) */
 
 struct gstream;
-struct idle_conn;
+struct gconn;
 struct gjob;
 struct ctl_queue;
 struct admin_client;
@@ -181,7 +181,7 @@ struct mgr {
 	struct gstream *streams;
 	size_t nstreams;
 	uint64_t out_unacked; /* every stream's output sent to node-api, not yet credited */
-	struct idle_conn *idle;
+	struct gconn *idle;
 	size_t nidle;
 	/* the executor (gate_jobs.c) */
 	int exe_fd;

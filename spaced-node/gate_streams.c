@@ -49,10 +49,7 @@ struct gstream {
 	uint32_t id;            /* node-api's request id */
 	enum gstate state;
 	uint32_t job;           /* the connect job while connecting */
-	int gfd;                /* the execution's connection */
-	uv_poll_t poll;
-	bool poll_on, closing;
-	int events;
+	struct gconn *conn;     /* the execution's connection, NULL before and after */
 	bool raw;               /* ServicePort tunnel: bytes, not frames */
 	bool dead;
 	bool shut_pending;      /* ServicePort: half-close once wq drained */
@@ -84,14 +81,19 @@ struct gstream {
 	bool awaiting_recovery; /* its execution is being re-bridged or restarted */
 };
 
-/* A connection to an execution kept for the next request: it passed the
- * bridge's checks when it was opened (B3: a new connection is checked again)
- * and is bound to the epoch it was opened under. */
-struct idle_conn {
-	struct idle_conn *next;
+/* A connection to an execution and its one poll handle, which serve one
+ * stream after another: a request on a kept connection costs no system call
+ * beyond its own reads and writes. While no stream owns it, it is kept for
+ * the next request (on m->idle): it passed the bridge's checks when it was
+ * opened (B3: a new connection is checked again) and is bound to the epoch
+ * it was opened under. */
+struct gconn {
+	struct gconn *next;     /* on m->idle */
 	struct mgr *m;
 	int fd;
 	uv_poll_t poll;
+	int events;             /* what poll watches (0: stopped) */
+	struct gstream *owner;  /* the stream it serves; NULL: idle */
 	char sandbox[SPACED_NAME_MAX];
 	uint64_t epoch;
 };
@@ -289,82 +291,122 @@ static void stream_out(struct gstream *s, uint16_t type, uint16_t flags, const u
 	s->m->out_unacked += n;
 }
 
-/* ---- idle connections ---- */
+/* ---- connections to executions ---- */
 
-static void idle_close_cb(uv_handle_t *h)
+static void on_guest(struct gstream *s, int status, int events);
+
+static void gconn_close_cb(uv_handle_t *h)
 {
 	free(h->data);
 }
 
-static void idle_drop(struct mgr *m, struct idle_conn *c)
+/* Closes c for good (its stream or the idle list no longer names it). */
+static void gconn_close(struct gconn *c, bool reset)
 {
-	for (struct idle_conn **pp = &m->idle; *pp; pp = &(*pp)->next) {
+	if (reset)
+		shutdown(c->fd, SHUT_RDWR);
+	uv_poll_stop(&c->poll);
+	close(c->fd);
+	uv_close((uv_handle_t *)&c->poll, gconn_close_cb);
+}
+
+/* Watches ev on c (no system call when it watches that already). */
+static void gconn_watch(struct gconn *c, int ev);
+
+static void on_gconn(uv_poll_t *h, int status, int events)
+{
+	struct gconn *c = h->data;
+	if (c->owner) {
+		on_guest(c->owner, status, events);
+		return;
+	}
+	/* an idle connection that became readable was closed or misbehaves */
+	for (struct gconn **pp = &c->m->idle; *pp; pp = &(*pp)->next) {
 		if (*pp == c) {
 			*pp = c->next;
 			break;
 		}
 	}
-	m->nidle--;
-	uv_poll_stop(&c->poll);
-	close(c->fd);
-	c->poll.data = c;
-	uv_close((uv_handle_t *)&c->poll, idle_close_cb);
+	c->m->nidle--;
+	gconn_close(c, false);
 }
 
-/* An idle connection that became readable was closed or misbehaves. */
-static void on_idle(uv_poll_t *h, int status, int events)
+static void gconn_watch(struct gconn *c, int ev)
 {
-	(void)status;
-	(void)events;
-	struct idle_conn *c = h->data;
-	idle_drop(c->m, c);
+	if (ev == c->events)
+		return;
+	c->events = ev;
+	if (ev)
+		uv_poll_start(&c->poll, ev, on_gconn);
+	else
+		uv_poll_stop(&c->poll);
 }
 
-static int pool_take(struct mgr *m, const char *sandbox, uint64_t epoch)
+/* A connection for fd (nonblocking from here on), NULL when it cannot be
+ * watched (fd closed then). */
+static struct gconn *gconn_new(struct mgr *m, int fd)
 {
-	for (struct idle_conn *c = m->idle; c; c = c->next) {
-		if (c->epoch == epoch && strcmp(c->sandbox, sandbox) == 0) {
-			int fd = dup(c->fd);
-			idle_drop(m, c);
-			return fd;
-		}
-	}
-	return -1;
-}
-
-static void pool_put(struct mgr *m, int fd, const char *sandbox, uint64_t epoch)
-{
-	size_t same = 0;
-	for (struct idle_conn *c = m->idle; c; c = c->next)
-		same += strcmp(c->sandbox, sandbox) == 0;
-	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
-	bool current = rec && rec->r.active && rec->r.epoch == epoch;
-	struct idle_conn *c = current && same < GATE_IDLE_PER_SANDBOX && m->nidle < GATE_MAX_STREAMS
-	                              ? calloc(1, sizeof *c)
-	                              : NULL;
+	struct gconn *c = calloc(1, sizeof *c);
 	if (!c || uv_poll_init(m->loop, &c->poll, fd) < 0) {
 		free(c);
 		close(fd);
-		return;
+		return NULL;
 	}
 	c->m = m;
 	c->fd = fd;
 	c->poll.data = c;
+	return c;
+}
+
+/* Takes a kept connection to sandbox's execution of epoch off the idle list. */
+static struct gconn *pool_take(struct mgr *m, const char *sandbox, uint64_t epoch)
+{
+	for (struct gconn **pp = &m->idle; *pp; pp = &(*pp)->next) {
+		struct gconn *c = *pp;
+		if (c->epoch == epoch && strcmp(c->sandbox, sandbox) == 0) {
+			*pp = c->next;
+			c->next = NULL;
+			m->nidle--;
+			return c;
+		}
+	}
+	return NULL;
+}
+
+/* Keeps c for the next request to sandbox, while epoch is its current one
+ * and the bounds allow; else closes it. */
+static void pool_put(struct mgr *m, struct gconn *c, const char *sandbox, uint64_t epoch)
+{
+	size_t same = 0;
+	for (struct gconn *i = m->idle; i; i = i->next)
+		same += strcmp(i->sandbox, sandbox) == 0;
+	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
+	bool current = rec && rec->r.active && rec->r.epoch == epoch;
+	c->owner = NULL;
+	if (!current || same >= GATE_IDLE_PER_SANDBOX || m->nidle >= GATE_MAX_STREAMS) {
+		gconn_close(c, false);
+		return;
+	}
 	snprintf(c->sandbox, sizeof c->sandbox, "%s", sandbox);
 	c->epoch = epoch;
 	c->next = m->idle;
 	m->idle = c;
 	m->nidle++;
-	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_idle);
+	gconn_watch(c, UV_READABLE | UV_DISCONNECT);
 }
 
 /* Closes idle connections of sandbox (all of them when sandbox is NULL) older than epoch. */
 static void pool_flush(struct mgr *m, const char *sandbox, uint64_t epoch)
 {
-	for (struct idle_conn *c = m->idle, *next; c; c = next) {
-		next = c->next;
-		if (!sandbox || (strcmp(c->sandbox, sandbox) == 0 && c->epoch < epoch))
-			idle_drop(m, c);
+	for (struct gconn **pp = &m->idle; *pp;) {
+		struct gconn *c = *pp;
+		if (!sandbox || (strcmp(c->sandbox, sandbox) == 0 && c->epoch < epoch)) {
+			*pp = c->next;
+			m->nidle--;
+			gconn_close(c, false);
+		} else {
+			pp = &c->next;
+		}
 	}
 }
 
@@ -378,13 +420,6 @@ static struct gstream *stream_find(struct mgr *m, uint32_t id)
 	return NULL;
 }
 
-static void stream_close_cb(uv_handle_t *h)
-{
-	struct gstream *s = h->data;
-	s->poll_on = false;
-	s->closing = false;
-}
-
 static void stream_kill(struct gstream *s)
 {
 	if (s->dead)
@@ -392,15 +427,9 @@ static void stream_kill(struct gstream *s)
 	s->dead = true;
 	if (s->state == GS_CONNECTING && s->job)
 		gate_job_forget(s->m, s->job);
-	if (s->poll_on && !s->closing) {
-		uv_poll_stop(&s->poll);
-		s->closing = true;
-		uv_close((uv_handle_t *)&s->poll, stream_close_cb);
-	}
-	if (s->gfd >= 0) {
-		shutdown(s->gfd, SHUT_RDWR);
-		close(s->gfd);
-		s->gfd = -1;
+	if (s->conn) {
+		gconn_close(s->conn, true);
+		s->conn = NULL;
 	}
 }
 
@@ -439,12 +468,12 @@ static const char *stream_refusal(struct mgr *m, const char *owner)
 	}
 }
 
-/* Frees the dead streams whose handle is closed. */
+/* Frees the dead streams (outside the callbacks that may still use them). */
 static void streams_reap(struct mgr *m)
 {
 	for (struct gstream **pp = &m->streams; *pp;) {
 		struct gstream *s = *pp;
-		if (s->dead && !s->closing && !s->poll_on) {
+		if (s->dead) {
 			*pp = s->next;
 			out_acked(s, s->out_unacked);
 			spaced_buf_free(&s->rbuf);
@@ -460,10 +489,10 @@ static void streams_reap(struct mgr *m)
 /* Writes what the connection takes now and keeps the rest (never blocks). */
 static int stream_flush(struct gstream *s)
 {
-	if (s->gfd < 0)
+	if (!s->conn)
 		return 0;
 	while (s->wq_off < s->wq.len) {
-		ssize_t w = send(s->gfd, s->wq.data + s->wq_off, s->wq.len - s->wq_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+		ssize_t w = send(s->conn->fd, s->wq.data + s->wq_off, s->wq.len - s->wq_off, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0 && errno == EAGAIN)
@@ -477,7 +506,7 @@ static int stream_flush(struct gstream *s)
 		s->wq.len = 0;
 		s->wq_off = 0;
 		if (s->shut_pending) {
-			shutdown(s->gfd, SHUT_WR);
+			shutdown(s->conn->fd, SHUT_WR);
 			s->shut_pending = false;
 		}
 	} else if (s->wq_off >= (1u << 20)) {
@@ -565,7 +594,7 @@ static void guest_readable(struct gstream *s)
 	size_t room = (size_t)(window - (s->out_unacked < window ? s->out_unacked : window));
 	if (room == 0 || api_backlog(m))
 		return;
-	ssize_t r = recv(s->gfd, tmp, s->raw && room < sizeof tmp ? room : sizeof tmp, MSG_DONTWAIT);
+	ssize_t r = recv(s->conn->fd, tmp, s->raw && room < sizeof tmp ? room : sizeof tmp, MSG_DONTWAIT);
 	if (r < 0 && (errno == EINTR || errno == EAGAIN))
 		return;
 	if (s->raw) {
@@ -610,14 +639,8 @@ static void guest_readable(struct gstream *s)
 				stream_out(s, h.type, SPACED_FRAME_F_END, pl, h.len);
 				/* a cleanly ended request leaves a reusable connection */
 				if (off == s->rbuf.len && s->wq_off == s->wq.len && !s->cancelled) {
-					int fd = s->gfd;
-					if (s->poll_on && !s->closing) {
-						uv_poll_stop(&s->poll);
-						s->closing = true;
-						uv_close((uv_handle_t *)&s->poll, stream_close_cb);
-					}
-					s->gfd = -1;
-					pool_put(m, fd, s->cap.id.sandbox, s->epoch);
+					pool_put(m, s->conn, s->cap.id.sandbox, s->epoch);
+					s->conn = NULL;
 				}
 			}
 			stream_kill(s);
@@ -631,9 +654,8 @@ static void guest_readable(struct gstream *s)
 	}
 }
 
-static void on_guest(uv_poll_t *h, int status, int events)
+static void on_guest(struct gstream *s, int status, int events)
 {
-	struct gstream *s = h->data;
 	if (s->dead)
 		return;
 	if (status < 0) {
@@ -658,35 +680,29 @@ static void on_guest(uv_poll_t *h, int status, int events)
 
 static void stream_update_poll(struct gstream *s)
 {
-	if (s->dead || !s->poll_on || s->closing)
+	if (s->dead || !s->conn)
 		return;
+	/* reading watches what an idle connection does: a kept connection
+	 * changes hands without a system call */
 	bool want_read = s->out_unacked < out_window(s) && !api_backlog(s->m);
-	int ev = (want_read ? UV_READABLE : 0) | (s->wq_off < s->wq.len ? UV_WRITABLE : 0);
-	if (ev == s->events)
-		return;
-	s->events = ev;
-	if (ev)
-		uv_poll_start(&s->poll, ev, on_guest);
-	else
-		uv_poll_stop(&s->poll);
+	gconn_watch(s->conn,
+	            (want_read ? UV_READABLE | UV_DISCONNECT : 0) | (s->wq_off < s->wq.len ? UV_WRITABLE : 0));
 }
 
-/* The stream's connection is there: forward what waited and start polling. */
-static void stream_open(struct gstream *s, int fd)
+/* The stream's connection is there (conn, NULL when it could not be
+ * watched): forward what waited and start polling. */
+static void stream_open(struct gstream *s, struct gconn *conn)
 {
 	struct mgr *m = s->m;
-	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-	s->gfd = fd;
 	s->state = GS_OPEN;
 	s->job = 0;
-	if (uv_poll_init(m->loop, &s->poll, fd) < 0) {
+	if (!conn) {
 		send_fail(m, s->id, SPACED_ESYS, "cannot watch the execution's connection");
 		stream_kill(s);
 		return;
 	}
-	s->poll.data = s;
-	s->poll_on = true;
-	s->events = 0;
+	s->conn = conn;
+	conn->owner = s;
 	send_accept(m, s->id, s->ident, s->epoch, s->owner);
 	/* what arrived while connecting goes now */
 	if (stream_flush(s) < 0) {
@@ -717,7 +733,7 @@ static void on_connected(struct mgr *m, uintptr_t ctx, int status, const char *m
 		stream_kill(s);
 		return;
 	}
-	stream_open(s, fd);
+	stream_open(s, gconn_new(m, fd));
 }
 
 static void on_usage(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
@@ -862,7 +878,6 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	}
 	s->m = m;
 	s->id = h->id;
-	s->gfd = -1;
 	s->raw = raw;
 	s->gtype = (uint16_t)gtype;
 	s->epoch = rec->r.epoch;
@@ -891,9 +906,9 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	s->next = m->streams;
 	m->streams = s;
 	m->nstreams++;
-	int fd = raw ? -1 : pool_take(m, sandbox, rec->r.epoch);
-	if (fd >= 0) {
-		stream_open(s, fd);
+	struct gconn *kept = raw ? NULL : pool_take(m, sandbox, rec->r.epoch);
+	if (kept) {
+		stream_open(s, kept);
 		return 0;
 	}
 	if (gate_ctl_recovering(m, sandbox)) {
@@ -1109,7 +1124,9 @@ static void api_update_poll(struct mgr *m)
 {
 	if (!m->api_poll_on || m->quit)
 		return;
-	int ev = UV_READABLE | (m->api_out_off < m->api_out.len ? UV_WRITABLE : 0);
+	/* frames due this turn go in its check phase: waiting for room is
+	 * for what a flush left (the poll is not changed twice a request) */
+	int ev = UV_READABLE | (!m->api_flush_due && m->api_out_off < m->api_out.len ? UV_WRITABLE : 0);
 	if (ev != m->api_events) {
 		m->api_events = ev;
 		uv_poll_start(&m->api_poll, ev, on_api);

@@ -1364,9 +1364,15 @@ static void request_identity(struct areq *r, const struct spaced_http_req *hreq)
 	if (id && n > 0 && n < sizeof r->request_id && spaced_name_valid(id, n)) {
 		memcpy(r->request_id, id, n + 1);
 	} else {
-		uint8_t rnd[8];
-		randombytes_buf(rnd, sizeof rnd);
-		sodium_bin2hex(r->request_id, sizeof r->request_id, rnd, sizeof rnd);
+		/* drawn from a pool filled 512 ids at a time (not a system call a request) */
+		static uint8_t pool[4096];
+		static size_t left;
+		if (left < 8) {
+			randombytes_buf(pool, sizeof pool);
+			left = sizeof pool;
+		}
+		left -= 8;
+		sodium_bin2hex(r->request_id, sizeof r->request_id, pool + left, 8);
 	}
 	snprintf(r->peer, sizeof r->peer, "%s", spaced_httpconn_peer(r->c));
 }

@@ -373,8 +373,10 @@ Test(httpsrv, an_answer_nobody_reads_is_dropped_after_the_send_timeout_a_slow_re
 	cr_expect_eq(st.open, 1, "the connection that read nothing is closed (%u open)", st.open);
 	cr_expect_geq(st.timed_out, 1);
 	cr_expect_gt(got, 1u << 20, "the slow reader took %zu bytes", got);
-	cr_expect_eq(spaced_httpsrv_queued(srv), 16u << 20, "only the slow reader's answer is held (%zu bytes)",
-	             spaced_httpsrv_queued(srv));
+	/* the answer's head and body went as one write: held whole until written */
+	size_t held = spaced_httpsrv_queued(srv);
+	cr_expect(held >= 16u << 20 && held < (16u << 20) + 512, "only the slow reader's answer is held (%zu bytes)",
+	          held);
 	close(idle);
 	close(slow);
 	stop();
