@@ -8,7 +8,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,38 +81,82 @@ static SSL_CTX *client_ctx(char *err, size_t errsz)
 	return r;
 }
 
-/* OpenSSL writes with write(2): a peer that is gone would raise SIGPIPE.
- * Around each TLS write the signal is blocked in this thread, and one it
- * raised is taken before it is unblocked (send's MSG_NOSIGNAL, by hand). */
-struct sigpipe_guard {
-	sigset_t old;
-	bool pending_before;
-};
+/* TLS's own socket I/O: OpenSSL's socket BIO writes with write(2), and a
+ * peer that is gone would raise SIGPIPE; this one sends with MSG_NOSIGNAL
+ * (no signal mask changed around each call: no system call beyond the I/O). */
+static BIO_METHOD *nosig_method;
+static pthread_once_t nosig_once = PTHREAD_ONCE_INIT;
 
-static void sigpipe_block(struct sigpipe_guard *g)
+static int nosig_write(BIO *b, const char *p, int n)
 {
-	sigset_t pipe_set, pend;
-	sigemptyset(&pipe_set);
-	sigaddset(&pipe_set, SIGPIPE);
-	sigpending(&pend);
-	g->pending_before = sigismember(&pend, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &pipe_set, &g->old);
+	int fd = (int)(intptr_t)BIO_get_data(b);
+	ssize_t w;
+	BIO_clear_retry_flags(b);
+	do
+		w = send(fd, p, (size_t)n, MSG_NOSIGNAL);
+	while (w < 0 && errno == EINTR);
+	if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		BIO_set_retry_write(b);
+	return (int)w;
 }
 
-static void sigpipe_unblock(struct sigpipe_guard *g)
+static int nosig_read(BIO *b, char *p, int n)
 {
-	sigset_t pipe_set, pend;
-	sigemptyset(&pipe_set);
-	sigaddset(&pipe_set, SIGPIPE);
-	sigpending(&pend);
-	if (!g->pending_before && sigismember(&pend, SIGPIPE)) {
-		struct timespec zero = {0, 0};
-		int saved = errno;
-		while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
-			;
-		errno = saved;
+	int fd = (int)(intptr_t)BIO_get_data(b);
+	ssize_t k;
+	BIO_clear_retry_flags(b);
+	do
+		k = recv(fd, p, (size_t)n, 0);
+	while (k < 0 && errno == EINTR);
+	if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		BIO_set_retry_read(b);
+	return (int)k;
+}
+
+static int nosig_puts(BIO *b, const char *str)
+{
+	return nosig_write(b, str, (int)strlen(str));
+}
+
+static long nosig_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+	(void)num;
+	int fd = (int)(intptr_t)BIO_get_data(b);
+	switch (cmd) {
+	case BIO_CTRL_FLUSH:
+		return 1;
+	case BIO_C_GET_FD: /* SSL_get_fd */
+		if (ptr)
+			*(int *)ptr = fd;
+		return fd;
+	default:
+		return 0;
 	}
-	pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+static void nosig_init(void)
+{
+	BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+	                             "spacectl socket");
+	if (m && BIO_meth_set_write(m, nosig_write) == 1 && BIO_meth_set_read(m, nosig_read) == 1 &&
+	    BIO_meth_set_puts(m, nosig_puts) == 1 && BIO_meth_set_ctrl(m, nosig_ctrl) == 1) {
+		nosig_method = m;
+		return;
+	}
+	BIO_meth_free(m);
+}
+
+/* Gives ssl a BIO on fd that never raises SIGPIPE; 0 or -1. */
+static int ssl_set_socket(SSL *ssl, int fd)
+{
+	pthread_once(&nosig_once, nosig_init);
+	BIO *b = nosig_method ? BIO_new(nosig_method) : NULL;
+	if (!b)
+		return -1;
+	BIO_set_data(b, (void *)(intptr_t)fd);
+	BIO_set_init(b, 1);
+	SSL_set_bio(ssl, b, b);
+	return 0;
 }
 
 /* ---- connecting ---- */
@@ -198,17 +241,14 @@ int net_connect_named(const char *addr, int port, const char *host, bool tls, in
 		goto fail;
 	c->ssl = SSL_new(cx);
 	SSL_CTX_free(cx); /* the SSL holds its own reference */
-	if (!c->ssl || spaced_tls_client_bind(c->ssl, host) < 0 || SSL_set_fd(c->ssl, c->fd) != 1) {
+	if (!c->ssl || spaced_tls_client_bind(c->ssl, host) < 0 || ssl_set_socket(c->ssl, c->fd) < 0) {
 		snprintf(err, errsz, "cannot set up TLS for %s", host);
 		goto fail;
 	}
 	fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
 	for (;;) {
-		struct sigpipe_guard g;
 		ERR_clear_error();
-		sigpipe_block(&g);
 		int r = SSL_connect(c->ssl);
-		sigpipe_unblock(&g);
 		if (r == 1)
 			break;
 		int e = SSL_get_error(c->ssl, r);
@@ -318,12 +358,9 @@ ssize_t net_send(struct net_conn *c, const void *p, size_t n, int flags)
 		return 0;
 	for (;;) {
 		short again;
-		struct sigpipe_guard g;
 		ERR_clear_error();
-		sigpipe_block(&g);
 		int wr = SSL_write(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n);
 		ssize_t w = tls_result(c, wr, &again);
-		sigpipe_unblock(&g);
 		if (w >= 0 || !again)
 			return w == 0 ? (errno = EPIPE, -1) : w;
 		if (flags & MSG_DONTWAIT)
@@ -348,12 +385,9 @@ ssize_t net_recv(struct net_conn *c, void *p, size_t n, int flags)
 	}
 	for (;;) {
 		short again;
-		struct sigpipe_guard g;
 		ERR_clear_error();
-		sigpipe_block(&g); /* a read may write: an answer to a key update */
 		int rd = SSL_read(c->ssl, p, n > INT32_MAX ? INT32_MAX : (int)n);
 		ssize_t k = tls_result(c, rd, &again);
-		sigpipe_unblock(&g);
 		c->drained = again == POLLIN;
 		if (k >= 0 || !again)
 			return k;
@@ -410,12 +444,9 @@ void net_close(struct net_conn *c)
 		return;
 	if (c->ssl) {
 		/* close_notify, without waiting for the peer's */
-		struct sigpipe_guard g;
 		ERR_clear_error();
-		sigpipe_block(&g);
 		if (SSL_is_init_finished(c->ssl))
 			SSL_shutdown(c->ssl);
-		sigpipe_unblock(&g);
 		ERR_clear_error();
 		SSL_free(c->ssl);
 	}

@@ -202,10 +202,15 @@ int ws_client_read(struct ws_client *w)
 		w->rx_len -= w->rx_off;
 		w->rx_off = 0;
 	}
+	/* every record TLS holds decrypted or whole is taken now, not one per
+	 * poll(); an end or error after some bytes is seen by the next call */
+	size_t got = 0;
 	for (;;) {
 		ssize_t k = net_recv(w->conn, w->rx + w->rx_len, RX_CAP - w->rx_len, MSG_DONTWAIT);
 		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return 0;
+			return (int)got;
+		if (k <= 0 && got > 0)
+			return (int)got;
 		if (k < 0) {
 			fail(w, "connection broken: %s", strerror(errno));
 			return SPACED_ECLOSED;
@@ -215,7 +220,9 @@ int ws_client_read(struct ws_client *w)
 			return SPACED_ECLOSED;
 		}
 		w->rx_len += (size_t)k;
-		return (int)k;
+		got += (size_t)k;
+		if (w->rx_len == RX_CAP || !net_pending(w->conn))
+			return (int)got;
 	}
 }
 
