@@ -739,7 +739,8 @@ struct placement {
 };
 
 /* Chooses a live worker with room for substrate whose maxima allow res (its
- * fields of 0 take that worker's defaults; want: a named worker or "").
+ * fields of 0 take that worker's defaults; want: a named worker or "";
+ * exclude: NULL, or workers not to choose, a comma-separated list).
  * Returns 0, or an HTTP status with *err set. Runs inside the caller's transaction. */
 static int place(struct cp_store *st, const char *substrate, const struct spaced_resources *res, const char *want,
                  const char *exclude, struct placement *out, json_t **err)
@@ -762,7 +763,7 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 		const char *id = cp_rows_get(rows, i, 0);
 		if (want[0] && strcmp(id, want) != 0)
 			continue;
-		if (exclude != NULL && strcmp(id, exclude) == 0)
+		if (exclude != NULL && cp_list_has(exclude, id))
 			continue;
 		int64_t room = cp_rows_i64(rows, i, 3, 0) - cp_rows_i64(rows, i, 5, 0);
 		/* its channel_until, or this replica's own channel to it (a held-up
@@ -1268,6 +1269,50 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 	pthread_mutex_unlock(&batch_mu);
 }
 
+static int place_sandbox(struct cp_store *st, const struct sbx *s, const char *want, const char *exclude,
+                         struct placement *p, json_t **body);
+
+/* A create its worker refused for want of room (`no-capacity`: what only
+ * the worker knows — its disk's free space, installs not yet acknowledged —
+ * or a view of it that was behind) is placed on another worker, as a new
+ * generation (I2), up to CP_CREATE_TRIES workers in all; else the answer
+ * stays the last refusal (502 worker-refused, its worker_code). Runs under
+ * the create's lease (op). */
+#define CP_CREATE_TRIES 3
+
+static int create_elsewhere(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
+                            const char *first, json_t **body)
+{
+	char tried[CP_CREATE_TRIES * (SPACED_NAME_MAX + 1)];
+	int status = 502;
+	snprintf(tried, sizeof tried, "%s", first);
+	for (int k = 1; k < CP_CREATE_TRIES; k++) {
+		const char *wc = json_string_value(json_object_get(*body, "worker_code"));
+		if (status != 502 || wc == NULL || strcmp(wc, "no-capacity") != 0)
+			break;
+		struct sbx s;
+		struct placement p;
+		json_t *why = NULL;
+		if (sbx_load(st, tenant, id, &s) < 0)
+			break;
+		if (place_sandbox(st, &s, "", tried, &p, &why) != 0) {
+			cp_rows_free(s.rows);
+			json_decref(why);
+			break;
+		}
+		spaced_log("spaced-cp", "level=info event=create-elsewhere sandbox=%s refused-by=%s worker=%s", id, tried,
+		           p.worker);
+		json_decref(*body);
+		*body = NULL;
+		const struct start_opts so = {.release_op = op};
+		status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, body);
+		cp_rows_free(s.rows);
+		size_t n = strlen(tried);
+		snprintf(tried + n, sizeof tried - n, ",%s", p.worker);
+	}
+	return status;
+}
+
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body)
 {
@@ -1321,6 +1366,8 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	 * acknowledged */
 	lease_hold(id, op);
 	status = finish_start(cp, st, id, j.worker, j.seq, op, body);
+	if (status == 502 && !c->worker[0])
+		status = create_elsewhere(cp, st, tenant, id, op, j.worker, body);
 	lease_hold(NULL, NULL);
 	if (status != 0)
 		lease_drop(st, id, op);

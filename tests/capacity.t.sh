@@ -12,7 +12,8 @@
 #     inside the executions, never the host's daemons.
 #   - The host's disk (the filesystem of the worker's records, logs and cache): the sandboxes' sparse
 #     disks may still write at most twice what it has free beyond a reserve (--disk-reserve,
-#     --disk-overcommit), else no-capacity.
+#     --disk-overcommit), else no-capacity — and the control plane then places the create on another
+#     worker with room.
 # A victim tenant's sandbox on the same worker keeps forking and working throughout.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
@@ -136,6 +137,29 @@ expect "a second one past it: refused no-capacity" "$(grep -c 'no-capacity.*coul
 # (the execution is stopped after the answer: its promise goes with it)
 for i in $(seq 20); do K2=$("$SC" create --disk 2G 2>/dev/null) && break; sleep 0.5; done
 expect "after rm, the disk it promised is placed again" "$([ -n "$K2" ] && echo yes)" yes
+
+# ---- a worker's refusal for want of room (what only it knows: its disk's free space) does not fail
+# the create: the control plane places it on another worker, as a new generation (before: 502
+# worker-refused to the client while another worker had room) ----
+"$SC" dev down --dir "$D" >/dev/null
+avail=$(df -B1 --output=avail "$W" | tail -n 1 | tr -d ' ')
+reserve=$((avail - 1600 * MiB)) # each worker: twice 1600 MiB
+cluster_up --workers 2 --disk-reserve "$reserve"
+worker_gen() { "$SC" inspect "$1" --json | jq -r '.worker + " " + (.generation|tostring)'; }
+R1=$("$SC" create --disk 2G)
+R2=$("$SC" create --disk 512M)
+expect "placement: a 2 GiB disk on worker-1, then 512 MiB on worker-2 (the one with more room)" \
+	"$(worker_gen "$R1" | cut -d' ' -f1) $(worker_gen "$R2" | cut -d' ' -f1)" "worker-1 worker-2"
+# as many sandboxes each: worker-1 first, which refuses (2 GiB + 2 GiB past twice 1600 MiB);
+# worker-2 takes it (512 MiB + 2 GiB within)
+R3=$("$SC" create --disk 2G 2>"$W/e")
+expect "a create worker-1 refused no-capacity runs on worker-2, as generation 2" "$(worker_gen "$R3" 2>&1)" "worker-2 2"
+expect "the control plane logged where it went" \
+	"$(grep -c "event=create-elsewhere sandbox=$R3 refused-by=worker-1 worker=worker-2" "$D/cp.log")" 1
+expect "the sandbox answers there" "$("$SC" exec "$R3" -- echo here 2>&1)" here
+# no worker with room: the worker's refusal is the answer
+"$SC" create --disk 2G >/dev/null 2>"$W/e"
+expect "past both workers: 502 worker-refused no-capacity" "$(grep -c 'worker-refused.*no-capacity\|no-capacity.*could write' "$W/e")" 1
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
