@@ -61,6 +61,7 @@ struct spaced_httpconn {
 	char peer[64];
 	char who[SPACED_CALLER_KEY_MAX]; /* its per-address budget's key (spaced_caller_key: an IPv6 /64) */
 	struct spaced_buf rbuf;
+	size_t rbuf_hw;        /* how much of rbuf was ever written: what its wipe covers */
 	bool reading, read_wanted, peer_eof;
 	/* the current request */
 	struct spaced_http_req req;
@@ -239,31 +240,31 @@ static void queued_add(struct spaced_httpconn *c, size_t n)
 		c->drain_armed = true;
 }
 
-/* Queues parts[0..n) as one write to the socket (one copy, one system call
- * when the socket takes it at once). */
 struct part {
 	const void *p;
 	size_t n;
 };
 
-static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
+#define OUT_PARTS_MAX 9
+
+/* Writes what the socket takes of parts[0..n) at once (one system call),
+ * when nothing of c waits before them; the bytes written, 0 for none. A
+ * write done here needs no request, no copy and no callback. */
+static size_t try_write_now(struct spaced_httpconn *c, const struct part *parts, int n)
 {
-	if (c->state == C_CLOSED || c->state == C_CLOSING)
-		return SPACED_ECLOSED;
-	size_t total = 0;
+	uv_buf_t bufs[OUT_PARTS_MAX];
+	if (c->queued != 0 || n > OUT_PARTS_MAX)
+		return 0;
 	for (int i = 0; i < n; i++)
-		total += parts[i].n;
-	struct wreq *r = malloc(sizeof *r + total);
-	if (!r)
-		return SPACED_ENOMEM;
+		bufs[i] = uv_buf_init((char *)(uintptr_t)parts[i].p, (unsigned)parts[i].n);
+	int w = uv_try_write((uv_stream_t *)&c->tcp, bufs, (unsigned)n);
+	return w > 0 ? (size_t)w : 0; /* an error shows in the queued write's callback */
+}
+
+/* Queues r (its data[0..len) filled) as one write. */
+static int queue_wreq(struct spaced_httpconn *c, struct wreq *r)
+{
 	r->c = c;
-	r->len = total;
-	size_t off = 0;
-	for (int i = 0; i < n; i++) {
-		if (parts[i].n)
-			memcpy(r->data + off, parts[i].p, parts[i].n);
-		off += parts[i].n;
-	}
 	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)r->len);
 	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
 		free(r);
@@ -271,6 +272,33 @@ static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
 	}
 	queued_add(c, r->len);
 	return 0;
+}
+
+/* Writes parts[0..n) as one write to the socket: at once when it takes
+ * them (one system call), what it does not take copied once and queued. */
+static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
+{
+	if (c->state == C_CLOSED || c->state == C_CLOSING)
+		return SPACED_ECLOSED;
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += parts[i].n;
+	size_t skip = try_write_now(c, parts, n);
+	if (skip == total)
+		return 0;
+	struct wreq *r = malloc(sizeof *r + total - skip);
+	if (!r)
+		return SPACED_ENOMEM;
+	r->len = total - skip;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		size_t drop = skip < parts[i].n ? skip : parts[i].n;
+		skip -= drop;
+		if (parts[i].n > drop)
+			memcpy(r->data + off, (const uint8_t *)parts[i].p + drop, parts[i].n - drop);
+		off += parts[i].n - drop;
+	}
+	return queue_wreq(c, r);
 }
 
 /* Writes what TLS has produced (records, alerts) to the socket. */
@@ -288,15 +316,14 @@ static int tls_flush(struct spaced_httpconn *c)
 		free(r);
 		return SPACED_EPROTO;
 	}
-	r->c = c;
-	r->len = n;
-	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)n);
-	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
+	size_t now = try_write_now(c, &(struct part){r->data, n}, 1);
+	if (now == n) {
 		free(r);
-		return SPACED_ECLOSED;
+		return 0;
 	}
-	queued_add(c, n);
-	return 0;
+	memmove(r->data, r->data + now, n - now);
+	r->len = n - now;
+	return queue_wreq(c, r);
 }
 
 /* Encrypts p[0..n) into the write BIO (a memory BIO: it takes it all). */
@@ -357,9 +384,10 @@ static void stage_mark_dirty(struct spaced_httpconn *c)
 	s->dirty = c;
 }
 
-/* The end of a turn's I/O: every staged connection is sealed. Connections
- * closed meanwhile are still allocated (freed in the closing phase, after
- * this one) and skipped. */
+/* The end of a turn's I/O: every staged connection is sealed, and one
+ * whose last output went at once is closed. Connections closed meanwhile
+ * are still allocated (freed in the closing phase, after this one) and
+ * skipped. */
 static void on_seal_check(uv_check_t *h)
 {
 	struct spaced_httpsrv *s = h->data;
@@ -371,7 +399,9 @@ static void on_seal_check(uv_check_t *h)
 		struct spaced_httpconn *next = c->dirty_next;
 		c->dirty = false;
 		c->dirty_next = NULL;
-		if (c->state != C_CLOSED && c->state != C_CLOSING)
+		if (c->state == C_CLOSING && c->queued == 0)
+			conn_close(c);
+		else if (c->state != C_CLOSED && c->state != C_CLOSING)
 			stage_flush(c);
 		c = next;
 	}
@@ -386,8 +416,8 @@ static int outv_plain(struct spaced_httpconn *c, const struct part *parts, int n
 	for (int i = 0; i < n; i++)
 		total += parts[i].n;
 	if (c->stage.len + total > STAGE_MAX) {
-		struct part all[8];
-		if (n + 1 > (int)(sizeof all / sizeof all[0]))
+		struct part all[OUT_PARTS_MAX];
+		if (n + 1 > OUT_PARTS_MAX)
 			return SPACED_EINVAL;
 		all[0] = (struct part){c->stage.data, c->stage.len};
 		memcpy(all + 1, parts, (size_t)n * sizeof *parts);
@@ -485,8 +515,10 @@ static void close_after_output(struct spaced_httpconn *c)
 	c->state = C_CLOSING;
 	uv_read_stop((uv_stream_t *)&c->tcp);
 	c->reading = false;
+	/* all of it written at once: closed at the end of this turn, never
+	 * inside the application's call (its on_close would run under it) */
 	if (c->queued == 0)
-		conn_close(c);
+		stage_mark_dirty(c);
 }
 
 /* A refusal the server gives itself: the status, a short JSON body, close. */
@@ -530,7 +562,11 @@ static void on_conn_closed(uv_handle_t *h)
 {
 	struct spaced_httpconn *c = h->data;
 	struct spaced_httpsrv *s = c->srv;
-	spaced_buf_free(&c->rbuf);
+	/* wiped where bytes came, not the whole reservation (its untouched
+	 * pages would be faulted in only to be zeroed) */
+	if (c->rbuf.data)
+		spaced_wipe(c->rbuf.data, c->rbuf_hw < c->rbuf.cap ? c->rbuf_hw : c->rbuf.cap);
+	free(c->rbuf.data);
 	spaced_buf_free(&c->msg);
 	spaced_http_req_clear(&c->req);
 	SSL_free(c->ssl);
@@ -752,6 +788,16 @@ void spaced_httpconn_body_max(struct spaced_httpconn *c, uint64_t max)
 		c->body.max = max;
 }
 
+/* After bytes came into rbuf: a NUL after them (for the parsers) and the
+ * high-water mark moved. */
+static void rbuf_mark(struct spaced_httpconn *c)
+{
+	if (c->rbuf.len < c->rbuf.cap)
+		c->rbuf.data[c->rbuf.len] = 0;
+	if (c->rbuf.len + 1 > c->rbuf_hw)
+		c->rbuf_hw = c->rbuf.len + 1;
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct spaced_httpconn *c = h->data;
@@ -794,8 +840,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 	if (nread == 0)
 		return;
 	c->rbuf.len += (size_t)nread;
-	if (c->rbuf.len < c->rbuf.cap)
-		c->rbuf.data[c->rbuf.len] = 0;
+	rbuf_mark(c);
 	conn_process(c);
 }
 
@@ -1054,8 +1099,7 @@ static size_t tls_pull(struct spaced_httpconn *c)
 		break;
 	}
 	tls_flush(c); /* what reading produced: an alert, an answer to a key update */
-	if (c->rbuf.len < c->rbuf.cap)
-		c->rbuf.data[c->rbuf.len] = 0;
+	rbuf_mark(c);
 	return got;
 }
 
