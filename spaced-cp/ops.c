@@ -1272,21 +1272,21 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 static int place_sandbox(struct cp_store *st, const struct sbx *s, const char *want, const char *exclude,
                          struct placement *p, json_t **body);
 
-/* A create its worker refused for want of room (`no-capacity`: what only
+/* A start its worker refused for want of room (`no-capacity`: what only
  * the worker knows — its disk's free space, installs not yet acknowledged —
  * or a view of it that was behind) is placed on another worker, as a new
- * generation (I2), up to CP_CREATE_TRIES workers in all; else the answer
- * stays the last refusal (502 worker-refused, its worker_code). Runs under
- * the create's lease (op). */
-#define CP_CREATE_TRIES 3
+ * generation (I2) from the sandbox's last snapshot or its template, up to
+ * CP_START_TRIES workers in all; else the answer stays the last refusal
+ * (502 worker-refused, its worker_code). For a create, a resume and a
+ * restart that named no worker; release_op: as start_opts'. */
+#define CP_START_TRIES 3
 
-static int create_elsewhere(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
-                            const char *first, json_t **body)
+static int start_elsewhere(struct cp *cp, struct cp_store *st, const char *tenant, const char *id,
+                           const char *release_op, const char *first, int status, json_t **body)
 {
-	char tried[CP_CREATE_TRIES * (SPACED_NAME_MAX + 1)];
-	int status = 502;
+	char tried[CP_START_TRIES * (SPACED_NAME_MAX + 1)];
 	snprintf(tried, sizeof tried, "%s", first);
-	for (int k = 1; k < CP_CREATE_TRIES; k++) {
+	for (int k = 1; k < CP_START_TRIES; k++) {
 		const char *wc = json_string_value(json_object_get(*body, "worker_code"));
 		if (status != 502 || wc == NULL || strcmp(wc, "no-capacity") != 0)
 			break;
@@ -1300,12 +1300,13 @@ static int create_elsewhere(struct cp *cp, struct cp_store *st, const char *tena
 			json_decref(why);
 			break;
 		}
-		spaced_log("spaced-cp", "level=info event=create-elsewhere sandbox=%s refused-by=%s worker=%s", id, tried,
+		spaced_log("spaced-cp", "level=info event=start-elsewhere sandbox=%s refused-by=%s worker=%s", id, tried,
 		           p.worker);
 		json_decref(*body);
 		*body = NULL;
-		const struct start_opts so = {.release_op = op};
-		status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, body);
+		const char *snap = col(&s, C_SNAP);
+		const struct start_opts so = {.release_op = release_op};
+		status = start_execution_in(cp, st, &s, &p, snap, snap ? col(&s, C_SNAPHASH) : NULL, 0, &so, body);
 		cp_rows_free(s.rows);
 		size_t n = strlen(tried);
 		snprintf(tried + n, sizeof tried - n, ",%s", p.worker);
@@ -1366,8 +1367,8 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	 * acknowledged */
 	lease_hold(id, op);
 	status = finish_start(cp, st, id, j.worker, j.seq, op, body);
-	if (status == 502 && !c->worker[0])
-		status = create_elsewhere(cp, st, tenant, id, op, j.worker, body);
+	if (!c->worker[0])
+		status = start_elsewhere(cp, st, tenant, id, op, j.worker, status, body);
 	lease_hold(NULL, NULL);
 	if (status != 0)
 		lease_drop(st, id, op);
@@ -1644,6 +1645,8 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			CP_Q(st, NULL, NULL, "UPDATE sandboxes SET restarts = 0, restarts_since = 0 WHERE id = $1 AND restarts_since < 0",
 			     id);
 			status = start_execution(cp, st, s, &p, snap, snap ? col(s, C_SNAPHASH) : NULL, 0, body);
+			if (!worker[0])
+				status = start_elsewhere(cp, st, tenant, id, NULL, p.worker, status, body);
 			if (status != 0)
 				goto out;
 			goto done;
@@ -1661,6 +1664,8 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto wrong_state;
 			status = same ? start_again(cp, st, s, &p, body)
 			              : start_execution(cp, st, s, &p, snap, col(s, C_SNAPHASH), 0, body);
+			if (!same && !worker[0])
+				status = start_elsewhere(cp, st, tenant, id, NULL, p.worker, status, body);
 			if (status != 0)
 				goto out;
 			goto done;

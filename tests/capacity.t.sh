@@ -155,7 +155,7 @@ expect "placement: a 2 GiB disk on worker-1, then 512 MiB on worker-2 (the one w
 R3=$("$SC" create --disk 2G 2>"$W/e")
 expect "a create worker-1 refused no-capacity runs on worker-2, as generation 2" "$(worker_gen "$R3" 2>&1)" "worker-2 2"
 expect "the control plane logged where it went" \
-	"$(grep -c "event=create-elsewhere sandbox=$R3 refused-by=worker-1 worker=worker-2" "$D/cp.log")" 1
+	"$(grep -c "event=start-elsewhere sandbox=$R3 refused-by=worker-1 worker=worker-2" "$D/cp.log")" 1
 expect "the sandbox answers there" "$("$SC" exec "$R3" -- echo here 2>&1)" here
 # no worker with room: the worker's refusal is the answer
 "$SC" create --disk 2G >/dev/null 2>"$W/e"
