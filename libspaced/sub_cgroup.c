@@ -187,6 +187,21 @@ static void sweep_dead(const char *dir)
 	closedir(d);
 }
 
+/* The directory below this process's own cgroup that holds its executions
+ * and caps them all: SPACED_CGROUP_PARENT when it is "spaced" or
+ * "spaced.NAME" (spaced-node --cgroup-parent: each of several workers on one
+ * host its own), else "spaced". */
+static const char *parent_name(void)
+{
+	static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+	const char *n = getenv("SPACED_CGROUP_PARENT");
+
+	if (n == NULL || strlen(n) > 64 || strspn(n, ok) != strlen(n) ||
+	    (strcmp(n, "spaced") != 0 && (strncmp(n, "spaced.", 7) != 0 || n[7] == '\0')))
+		return "spaced";
+	return n;
+}
+
 static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, char *why,
                    size_t whysz)
 {
@@ -200,7 +215,7 @@ static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, 
 	}
 	if (strcmp(own, "/") == 0)
 		own[0] = '\0';
-	if ((size_t)snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s/spaced", ctrl, own) >= sizeof(dir))
+	if ((size_t)snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s/%s", ctrl, own, parent_name()) >= sizeof(dir))
 		return SPACED_ETOOBIG;
 	if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
 		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
@@ -356,8 +371,8 @@ static int spaced_dir(const char *ctrl, char *out, size_t outsz, char *why, size
 		spaced_why(why, whysz, "no cgroup %s%s hierarchy in /proc/self/cgroup", ctrl[0] ? "v1 " : "v2", ctrl);
 		return r;
 	}
-	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/spaced", ctrl[0] ? "/" : "", ctrl,
-	                     strcmp(own, "/") == 0 ? "" : own) >= outsz)
+	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/%s", ctrl[0] ? "/" : "", ctrl,
+	                     strcmp(own, "/") == 0 ? "" : own, parent_name()) >= outsz)
 		return SPACED_ETOOBIG;
 	if (mkdir(out, 0755) < 0 && errno != EEXIST) {
 		spaced_why(why, whysz, "mkdir %s: %s", out, strerror(errno));
@@ -425,7 +440,7 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", own);
 		/* best effort: a delegated subtree may have these enabled already */
 		(void)knob(dir, "cgroup.subtree_control", "+memory +pids +cpu +io", NULL, 0);
-		if ((size_t)snprintf(path, sizeof(path), "%s/spaced", dir) >= sizeof(path))
+		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, parent_name()) >= sizeof(path))
 			return SPACED_ETOOBIG;
 		if (mkdir(path, 0755) < 0 && errno != EEXIST) {
 			spaced_why(why, whysz, "mkdir %s: %s", path, strerror(errno));
@@ -599,12 +614,13 @@ static int reap_dir(const char *spaced_dir, const char *ctrl)
 	if (d == NULL)
 		return 0;
 	while ((de = readdir(d)) != NULL) {
-		char cg[PATH_MAX + 300];
+		char cg[PATH_MAX + 600];
 		int pid = launcher_of(de->d_name);
 
 		if (pid == 0 || !launcher_gone(pid))
 			continue;
-		snprintf(cg, sizeof(cg), "%s/%s", spaced_dir, de->d_name);
+		if ((size_t)snprintf(cg, sizeof(cg), "%s/%s", spaced_dir, de->d_name) >= sizeof(cg))
+			continue;
 		if (rmdir(cg) == 0 || errno == ENOENT)
 			continue;
 		found++;
@@ -623,6 +639,28 @@ static int reap_dir(const char *spaced_dir, const char *ctrl)
 	return found;
 }
 
+/* reap_dir for every parent of executions in base ("spaced", and each
+ * worker's "spaced.NAME": parent_name). */
+static int reap_parents(const char *base, const char *ctrl)
+{
+	DIR *d = opendir(base);
+	struct dirent *de;
+	int found = 0;
+
+	if (d == NULL)
+		return 0;
+	while ((de = readdir(d)) != NULL) {
+		char dir[PATH_MAX + 300];
+
+		if (strcmp(de->d_name, "spaced") != 0 && strncmp(de->d_name, "spaced.", 7) != 0)
+			continue;
+		if ((size_t)snprintf(dir, sizeof(dir), "%s/%s", base, de->d_name) < sizeof(dir))
+			found += reap_dir(dir, ctrl);
+	}
+	closedir(d);
+	return found;
+}
+
 int sub_cgroup_reap_orphans(void)
 {
 	char own[PATH_MAX - 64], dir[PATH_MAX];
@@ -631,16 +669,16 @@ int sub_cgroup_reap_orphans(void)
 	if (unified_mode()) {
 		if (cgroup_path_of(0, "", own, sizeof(own)) < 0)
 			return 0;
-		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s/spaced", strcmp(own, "/") == 0 ? "" : own);
-		return reap_dir(dir, NULL);
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
+		return reap_parents(dir, NULL);
 	}
 	/* the freezer first: its tasks must be thawed before they can die */
 	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct", "blkio" };
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		if (cgroup_path_of(0, order[i], own, sizeof(own)) < 0)
 			continue;
-		snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s/spaced", order[i], strcmp(own, "/") == 0 ? "" : own);
-		found += reap_dir(dir, order[i]);
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s", order[i], strcmp(own, "/") == 0 ? "" : own);
+		found += reap_parents(dir, order[i]);
 	}
 	return found;
 }

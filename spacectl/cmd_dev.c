@@ -877,6 +877,14 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--vm-images";
 			a[na++] = images;
 		}
+		/* several workers of this host, all in this cgroup: each caps its own
+		 * executions in a parent of its own (spaced-node --cgroup-parent) */
+		char cgparent[SPACED_NAME_MAX + 16];
+		if (nworkers > 1) {
+			snprintf(cgparent, sizeof cgparent, "spaced.%s", wid);
+			a[na++] = "--cgroup-parent";
+			a[na++] = cgparent;
+		}
 		/* the workers' settings dev up passes on as given (NULL: spaced-node's default) */
 		const char *const pass[][2] = {{"--stall-timeout", stall},       {"--pool", real ? dev_pool : NULL},
 		                               {"--disk-io", dev_disk_io},        {"--allocatable", dev_alloc},

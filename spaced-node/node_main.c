@@ -6,7 +6,7 @@
  *               [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]
  *               [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]
  *               [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]
- *               [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
+ *               [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
  *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
@@ -29,6 +29,10 @@
  * free beyond the reserve (default 5 %, at least 2 GiB) — the filesystem of
  * the worker's records, logs and template cache. Installs past it are
  * refused `no-capacity`.
+ * --cgroup-parent: the directory, below spaced-node's own cgroup, that holds
+ * its executions and caps them all together (default "spaced"): each worker
+ * of a host that runs several in one cgroup needs its own ("spaced.NAME"),
+ * else their caps are one.
  * --net-rate: bits per second each execution may send and, apart, receive on
  * its network path out (default 500M; 0: no bound; docs/network.md).
  * --disk-io: what each execution may read and, apart, write per second on its
@@ -213,7 +217,8 @@ static void usage(void)
 	                "                   [--limits-default LIST] [--limits-max LIST] [--disk-io bps=SIZE,iops=N]\n"
 	                "                   [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]\n"
 	                "                   [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]\n"
-	                "                   [--uid-lock-dir DIR] [--stall-timeout S] [--forget-after S] [--acks-kept N]\n"
+	                "                   [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S]\n"
+	                "                   [--forget-after S] [--acks-kept N]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
@@ -732,9 +737,18 @@ int main(int argc, char **argv)
 			}
 			uid_first = (uint32_t)f;
 			uid_slots = (uint32_t)c;
-		} else if (strcmp(a, "--uid-lock-dir") == 0)
+		} else if (strcmp(a, "--uid-lock-dir") == 0) {
 			uid_lock_dir = v;
-		else if (strcmp(a, "--cp") == 0)
+		} else if (strcmp(a, "--cgroup-parent") == 0) {
+			/* its launchers read it (sub_cgroup.c parent_name) */
+			if ((strcmp(v, "spaced") != 0 && (strncmp(v, "spaced.", 7) != 0 || !v[7])) || strlen(v) > 64 ||
+			    strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(v)) {
+				fprintf(stderr, "spaced-node: --cgroup-parent wants spaced or spaced.NAME (NAME of [A-Za-z0-9_.-], "
+				                "64 characters in all at most)\n");
+				return 2;
+			}
+			setenv("SPACED_CGROUP_PARENT", v, 1);
+		} else if (strcmp(a, "--cp") == 0)
 			cp_url = v;
 		else if (strcmp(a, "--metrics-listen") == 0)
 			metrics_listen = v;

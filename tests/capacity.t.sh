@@ -32,6 +32,8 @@ refused_flag --allocatable cpus=2
 refused_flag --memory-overcommit 0.5
 refused_flag --disk-overcommit -1
 refused_flag --disk-reserve lots
+refused_flag --cgroup-parent other
+refused_flag --cgroup-parent spaced.
 
 cluster_up --allocatable memory=1G,pids=1200
 
@@ -150,6 +152,14 @@ R1=$("$SC" create --disk 2G)
 R2=$("$SC" create --disk 512M)
 expect "placement: a 2 GiB disk on worker-1, then 512 MiB on worker-2 (the one with more room)" \
 	"$(worker_gen "$R1" | cut -d' ' -f1) $(worker_gen "$R2" | cut -d' ' -f1)" "worker-1 worker-2"
+# two workers of one host (before: one parent cgroup, capped at whichever worker set it last)
+for w in 1 2; do
+	n=$(awk -v w=worker-$w '$1 == w { print $2 }' "$D/pids")
+	mcg=$(sed -n 's/^[0-9]*:memory://p' "/proc/$n/cgroup"); [ "$mcg" = / ] && mcg=""
+	p=/sys/fs/cgroup/memory$mcg/spaced.worker-$w
+	expect "worker-$w caps its own executions (its sandbox, its pool) in a parent of its own" \
+		"$([ -f "$p/memory.limit_in_bytes" ] && [ "$(ls -d "$p"/spaced-* 2>/dev/null | wc -l)" -ge 1 ] && echo yes)" yes
+done
 # as many sandboxes each: worker-1 first, which refuses (2 GiB + 2 GiB past twice 1600 MiB);
 # worker-2 takes it (512 MiB + 2 GiB within)
 R3=$("$SC" create --disk 2G 2>"$W/e")
