@@ -399,10 +399,17 @@ static void on_seal_check(uv_check_t *h)
 		struct spaced_httpconn *next = c->dirty_next;
 		c->dirty = false;
 		c->dirty_next = NULL;
-		if (c->state == C_CLOSING && c->queued == 0)
+		if (c->state == C_CLOSING && c->queued == 0) {
 			conn_close(c);
-		else if (c->state != C_CLOSED && c->state != C_CLOSING)
+		} else if (c->state != C_CLOSED && c->state != C_CLOSING) {
 			stage_flush(c);
+			/* all of it went at once: no write's callback will tell the producer */
+			if (c->drain_armed && c->queued + c->stage.len <= c->srv->cfg.low_water && c->state != C_CLOSED) {
+				c->drain_armed = false;
+				if (c->srv->cfg.ops->on_drain)
+					c->srv->cfg.ops->on_drain(c);
+			}
+		}
 		c = next;
 	}
 }
@@ -585,6 +592,16 @@ static void conn_close(struct spaced_httpconn *c)
 		return;
 	struct spaced_httpsrv *s = c->srv;
 	c->state = C_CLOSED;
+	/* off the server's list of staged connections, which the next check
+	 * phase goes through after this one is freed (one on the list being
+	 * gone through now is skipped there, and freed after it) */
+	for (struct spaced_httpconn **pp = &s->dirty; c->dirty && *pp; pp = &(*pp)->dirty_next)
+		if (*pp == c) {
+			*pp = c->dirty_next;
+			c->dirty = false;
+			c->dirty_next = NULL;
+			break;
+		}
 	if (c->prev)
 		c->prev->next = c->next;
 	else

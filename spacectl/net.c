@@ -110,6 +110,8 @@ static int nosig_read(BIO *b, char *p, int n)
 	while (k < 0 && errno == EINTR);
 	if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 		BIO_set_retry_read(b);
+	if (k == 0)
+		BIO_set_flags(b, BIO_FLAGS_IN_EOF); /* BIO_eof: an end without close_notify is an end */
 	return (int)k;
 }
 
@@ -125,6 +127,8 @@ static long nosig_ctrl(BIO *b, int cmd, long num, void *ptr)
 	switch (cmd) {
 	case BIO_CTRL_FLUSH:
 		return 1;
+	case BIO_CTRL_EOF: /* SSL_OP_IGNORE_UNEXPECTED_EOF asks it */
+		return BIO_test_flags(b, BIO_FLAGS_IN_EOF) != 0;
 	case BIO_C_GET_FD: /* SSL_get_fd */
 		if (ptr)
 			*(int *)ptr = fd;

@@ -284,6 +284,37 @@ kill -0 "$CP_PID" 2>/dev/null && ok "that control plane is alive" || fail "that 
 timeout 300 python3 "$SPACED_TOP/tests/tls_hostile.py" handshakes "$NPORT" "$SPACED_CA_FILE"
 expect "garbage, half a ClientHello, a stalled handshake: node-api" "$?" 0
 expect "node-api serves after it all" "$("$SC" fs read "$X" /workspace/blob | cmp -s - "$W/blob" && echo same)" same
+
+# ---- spacectl: a TLS server that closes without close_notify (an answer framed by the close;
+# spaced's servers do so on an abort or a send timeout, proxies often) ends the answer, not a
+# "connection reset" (spacectl's own socket BIO tells OpenSSL where the stream ended) ----
+if [ -n "$openssl_ok" ]; then
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$W/nc.key" -out "$W/nc.pem" \
+		-days 1 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 >/dev/null 2>&1
+	cat >"$W/noclose.py" <<'PY'
+import socket, ssl, sys
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(1)
+ls.settimeout(30)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+s = ctx.wrap_socket(c, server_side=True)
+s.recv(65536)
+s.sendall(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n'
+          b'{"workers":[{"id":"w-noclose","url":"https://127.0.0.1:1","connected":true}]}\n')
+socket.socket(fileno=s.detach()).close()  # the TCP close alone
+PY
+	python3 "$W/noclose.py" "$W/nc.pem" "$W/nc.key" >"$W/nc.port" 2>"$W/nc.err" &
+	NC_PID=$!
+	i=0; while [ ! -s "$W/nc.port" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+	got=$(SPACED_CA_FILE="$W/nc.pem" SPACED_CP_URL="https://127.0.0.1:$(cat "$W/nc.port")" "$SC" workers --json 2>&1)
+	expect "an answer ended by a TCP close without close_notify is read whole" \
+		"$(printf '%s' "$got" | grep -c 'w-noclose')" 1
+	wait "$NC_PID"
+fi
 grep -q "AddressSanitizer\|runtime error" "$W/cp.log" "$D"/*.log && fail "a sanitizer report in a daemon's log" || ok "no sanitizer report"
 
 if [ "$FAILS" -ne 0 ]; then
