@@ -305,6 +305,7 @@ static void gconn_close(struct gconn *c, bool reset)
 {
 	if (reset)
 		shutdown(c->fd, SHUT_RDWR);
+	c->owner = NULL; /* its stream may be freed before the close callback */
 	uv_poll_stop(&c->poll);
 	close(c->fd);
 	uv_close((uv_handle_t *)&c->poll, gconn_close_cb);
