@@ -24,9 +24,9 @@
  * connection's read BIO before reading the socket stops */
 #define TLS_READ_BUF 65536
 #define TLS_RBIO_MAX 65536
-/* TLS: what the application writes within one turn of the loop is gathered
- * (up to one record's worth) and sealed at the end of that turn: one record
- * and one write for a response's head and body, not one per piece */
+/* What the application writes within one turn of the loop is gathered (up
+ * to one TLS record's worth) and written, sealed over TLS, at the end of that
+ * turn: one write for a response's head and body, not one per piece */
 #define STAGE_MAX 16384
 #define PEER_CERT_MAX 128
 
@@ -197,6 +197,17 @@ static void body_progress(struct spaced_httpconn *c, size_t used)
 
 /* ---- output ---- */
 
+/* Tells a producer that stopped at low_water (drain_armed) that what waits
+ * — written, and staged — fell back to it. */
+static void drain_check(struct spaced_httpconn *c)
+{
+	if (c->drain_armed && c->queued + c->stage.len <= c->srv->cfg.low_water) {
+		c->drain_armed = false;
+		if (c->srv->cfg.ops->on_drain)
+			c->srv->cfg.ops->on_drain(c);
+	}
+}
+
 static void on_written(uv_write_t *w, int status)
 {
 	struct wreq *r = (struct wreq *)w;
@@ -217,12 +228,7 @@ static void on_written(uv_write_t *w, int status)
 		conn_close(c);
 		return;
 	}
-	/* what waits counts whole: written, and staged */
-	if (c->drain_armed && c->queued + c->stage.len <= c->srv->cfg.low_water) {
-		c->drain_armed = false;
-		if (c->srv->cfg.ops->on_drain)
-			c->srv->cfg.ops->on_drain(c);
-	}
+	drain_check(c);
 }
 
 /* Counts n more bytes handed to the socket's write queue. */
@@ -404,11 +410,8 @@ static void on_seal_check(uv_check_t *h)
 		} else if (c->state != C_CLOSED && c->state != C_CLOSING) {
 			stage_flush(c);
 			/* all of it went at once: no write's callback will tell the producer */
-			if (c->drain_armed && c->queued + c->stage.len <= c->srv->cfg.low_water && c->state != C_CLOSED) {
-				c->drain_armed = false;
-				if (c->srv->cfg.ops->on_drain)
-					c->srv->cfg.ops->on_drain(c);
-			}
+			if (c->state != C_CLOSED)
+				drain_check(c);
 		}
 		c = next;
 	}
@@ -509,9 +512,9 @@ static void close_after_output(struct spaced_httpconn *c)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return;
-	if (!c->ssl)
+	if (!c->ssl) {
 		stage_flush(c);
-	if (c->ssl && c->tls_ready && !c->tls_peer_closed) {
+	} else if (c->tls_ready && !c->tls_peer_closed) {
 		/* what is staged, then close_notify: the client can tell the end from a cut */
 		stage_flush(c);
 		ERR_clear_error();

@@ -7,6 +7,12 @@
 
 #include "error.h"
 
+bool spaced_cgroup_parent_valid(const char *name)
+{
+	return name != NULL && (strcmp(name, "spaced") == 0 ||
+	                        (strncmp(name, "spaced.", 7) == 0 && spaced_name_valid(name + 7, strlen(name + 7))));
+}
+
 bool spaced_name_valid(const char *s, size_t n)
 {
 	if (s == NULL || n == 0 || n >= SPACED_NAME_MAX)

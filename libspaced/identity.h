@@ -32,6 +32,13 @@ struct spaced_identity {
 /* True when s (n bytes) is a valid name: 1–63 characters of [A-Za-z0-9._-]. */
 bool spaced_name_valid(const char *s, size_t n);
 
+/* Whether name may be the parent cgroup of a process's executions (the
+ * directory below its own cgroup that spaced_sub_cap_all caps): "spaced" or
+ * "spaced.NAME", NAME a name. The launcher takes it from
+ * SPACED_CGROUP_PARENT (spaced-node --cgroup-parent), "spaced" when unset or
+ * not valid. */
+bool spaced_cgroup_parent_valid(const char *name);
+
 /* Fills *out from its parts after checking each one (pod_uid may be NULL or "").
  * Returns 0 or SPACED_EINVAL; *out is untouched on error. */
 int spaced_identity_set(struct spaced_identity *out, const char *sandbox, uint64_t generation,

@@ -6,6 +6,7 @@
  * behind.
  */
 #include "sub_internal.h"
+#include "identity.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -188,18 +189,14 @@ static void sweep_dead(const char *dir)
 }
 
 /* The directory below this process's own cgroup that holds its executions
- * and caps them all: SPACED_CGROUP_PARENT when it is "spaced" or
- * "spaced.NAME" (spaced-node --cgroup-parent: each of several workers on one
- * host its own), else "spaced". */
+ * and caps them all: SPACED_CGROUP_PARENT when valid (spaced-node
+ * --cgroup-parent: each of several workers on one host its own), else
+ * "spaced". */
 static const char *parent_name(void)
 {
-	static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
 	const char *n = getenv("SPACED_CGROUP_PARENT");
 
-	if (n == NULL || strlen(n) > 64 || strspn(n, ok) != strlen(n) ||
-	    (strcmp(n, "spaced") != 0 && (strncmp(n, "spaced.", 7) != 0 || n[7] == '\0')))
-		return "spaced";
-	return n;
+	return spaced_cgroup_parent_valid(n) ? n : "spaced";
 }
 
 static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, char *why,

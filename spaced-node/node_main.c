@@ -741,10 +741,9 @@ int main(int argc, char **argv)
 			uid_lock_dir = v;
 		} else if (strcmp(a, "--cgroup-parent") == 0) {
 			/* its launchers read it (sub_cgroup.c parent_name) */
-			if ((strcmp(v, "spaced") != 0 && (strncmp(v, "spaced.", 7) != 0 || !v[7])) || strlen(v) > 64 ||
-			    strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(v)) {
+			if (!spaced_cgroup_parent_valid(v)) {
 				fprintf(stderr, "spaced-node: --cgroup-parent wants spaced or spaced.NAME (NAME of [A-Za-z0-9_.-], "
-				                "64 characters in all at most)\n");
+				                "at most 63 characters)\n");
 				return 2;
 			}
 			setenv("SPACED_CGROUP_PARENT", v, 1);

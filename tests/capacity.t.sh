@@ -163,7 +163,7 @@ done
 # as many sandboxes each: worker-1 first, which refuses (2 GiB + 2 GiB past twice 1600 MiB);
 # worker-2 takes it (512 MiB + 2 GiB within)
 R3=$("$SC" create --disk 2G 2>"$W/e")
-expect "a create worker-1 refused no-capacity runs on worker-2, as generation 2" "$(worker_gen "$R3" 2>&1)" "worker-2 2"
+expect "a create worker-1 refused no-capacity runs on worker-2, as generation 2 (I2: a new generation)" "$(worker_gen "$R3" 2>&1)" "worker-2 2"
 expect "the control plane logged where it went" \
 	"$(grep -c "event=start-elsewhere sandbox=$R3 refused-by=worker-1 worker=worker-2" "$D/cp.log")" 1
 expect "the sandbox answers there" "$("$SC" exec "$R3" -- echo here 2>&1)" here
