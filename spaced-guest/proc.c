@@ -148,10 +148,14 @@ bool proc_output_allowed(const struct proc *p)
 
 /* Reads one chunk from fd (the process's stdout, stderr or pty master).
  * Returns 1 after data, 0 when nothing is available now, -1 when the fd
- * reached its end and was closed. */
+ * reached its end and was closed. Output a stream waits for is read
+ * straight into its frame. */
 static int read_output(struct proc *p, int *fdp, uint16_t type)
 {
-	uint8_t *buf = malloc(SPACED_FRAME_CHUNK);
+	bool to_stream = p->attached != NULL && !p->attached->dead;
+	struct outbuf *o = to_stream ? conn_frame_alloc(SPACED_FRAME_CHUNK) : NULL;
+	uint8_t *ring_only = to_stream ? NULL : malloc(SPACED_FRAME_CHUNK);
+	uint8_t *buf = o != NULL ? o->data + SPACED_FRAME_HDR_LEN : ring_only;
 	if (buf == NULL)
 		return 0;
 	ssize_t k;
@@ -162,13 +166,13 @@ static int read_output(struct proc *p, int *fdp, uint16_t type)
 		if (p->background)
 			ring_append(type == SPACED_GUEST_OUT_STDOUT ? &p->ring_out : &p->ring_err, buf,
 			            (size_t)k);
-		if (p->attached != NULL && !p->attached->dead)
-			(void)conn_queue_frame(p->attached->conn, type, 0, p->attached->id, buf,
-			                       (size_t)k);
-		free(buf);
+		if (o != NULL)
+			(void)conn_frame_commit(p->attached->conn, o, type, 0, p->attached->id, (size_t)k);
+		free(ring_only);
 		return 1;
 	}
-	free(buf);
+	free(o);
+	free(ring_only);
 	if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 		return 0;
 	/* End of file, or EIO from a pty master whose slave side is gone. */
