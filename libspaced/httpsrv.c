@@ -93,6 +93,7 @@ struct spaced_httpconn {
 	bool tls_stalled;      /* plaintext may wait in ssl for room in rbuf */
 	bool tls_peer_closed;  /* close_notify or a TLS error: closed once what came is processed */
 	struct spaced_buf stage; /* output written this turn: sealed (TLS) or written at its end */
+	unsigned idle_ticks;     /* ticks it has been idle in a row (conn_release_idle) */
 	struct spaced_httpconn *dirty_next; /* on the server's list of staged connections */
 	bool dirty;
 	char peer_cert[PEER_CERT_MAX]; /* CN of the verified client certificate, "" none */
@@ -1323,13 +1324,49 @@ static void on_connection(uv_stream_t *l, int status)
 	conn_update_read(c);
 }
 
-/* Deadlines, once a second. */
+/* A kept-alive connection waiting for its next request, nothing held for
+ * it either way. */
+static bool conn_idle(const struct spaced_httpconn *c)
+{
+	return c->state == C_HEAD && !c->have_req && !c->head_started && c->rbuf.len == 0 &&
+	       c->stage.len == 0 && c->queued == 0 && c->msg.len == 0 && !c->dirty && !c->tls_stalled &&
+	       (!c->ssl || c->tls_ready);
+}
+
+/* An idle connection's buffers, given back (a client holding many idle
+ * connections holds no memory of the server's for them): the read buffer
+ * (wiped where bytes came), the output stage, TLS's record buffers. A
+ * connection idle since the last tick only: one between two requests of a
+ * busy client keeps them. */
+static void conn_release_idle(struct spaced_httpconn *c)
+{
+	if (!conn_idle(c)) {
+		c->idle_ticks = 0;
+		return;
+	}
+	if (++c->idle_ticks < 2)
+		return;
+	if (c->rbuf.data) {
+		spaced_wipe(c->rbuf.data, c->rbuf_hw < c->rbuf.cap ? c->rbuf_hw : c->rbuf.cap);
+		free(c->rbuf.data);
+		c->rbuf.data = NULL;
+		c->rbuf.cap = 0;
+		c->rbuf_hw = 0;
+	}
+	spaced_buf_free(&c->stage);
+	spaced_buf_free(&c->msg);
+	if (c->ssl)
+		(void)SSL_free_buffers(c->ssl); /* refused (0) while a record is partly in: kept */
+}
+
+/* Deadlines and idle connections' buffers, once a second. */
 static void on_tick(uv_timer_t *t)
 {
 	struct spaced_httpsrv *s = t->data;
 	uint64_t now = spaced_mono_ns();
 	for (struct spaced_httpconn *c = s->conns, *next; c; c = next) {
 		next = c->next;
+		conn_release_idle(c);
 		if (c->queued > 0 && s->cfg.send_timeout_ms) {
 			/* output must move: a client that reads nothing holds its
 			 * answer send_timeout_ms at most, whatever state it is in */
@@ -1458,6 +1495,9 @@ void spaced_httpsrv_stats(const struct spaced_httpsrv *s, struct spaced_httpsrv_
 {
 	*out = s->stats;
 	out->open = s->nconns;
+	out->buffered = 0;
+	for (const struct spaced_httpconn *c = s->conns; c; c = c->next)
+		out->buffered += c->rbuf.cap + c->stage.cap + c->msg.cap;
 }
 
 struct spaced_httpsrv *spaced_httpconn_srv(const struct spaced_httpconn *c)

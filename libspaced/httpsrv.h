@@ -12,7 +12,10 @@
  *   - output must move: a connection whose queued output the client has not
  *     taken any of for send_timeout_ms is closed, in any state (an answer
  *     to a client that reads nothing is held that long at most);
- *   - an idle kept-alive connection is closed after idle_timeout_ms;
+ *   - an idle kept-alive connection is closed after idle_timeout_ms, and
+ *     within about two seconds of going idle holds no buffer (its read
+ *     buffer, output stage and TLS record buffers are given back; the next
+ *     request takes them again);
  *   - a WebSocket message is at most ws_message_max bytes (1009), text must
  *     be UTF-8 (1007), client frames must be masked (1002).
  * One request at a time per connection: bytes a client sends ahead
@@ -138,6 +141,7 @@ struct spaced_httpsrv_stats {
 	uint64_t tls_handshakes; /* TLS handshakes completed */
 	uint64_t tls_failed;     /* connections closed for a failed handshake or bytes that are not TLS */
 	unsigned open;
+	size_t buffered; /* bytes of read buffers and output stages open connections hold */
 };
 void spaced_httpsrv_stats(const struct spaced_httpsrv *s, struct spaced_httpsrv_stats *out);
 

@@ -11,7 +11,8 @@
  * application names, moves with it and leaves it when the connection
  * closes; the refusal body hook shapes the server's own refusals; a client's
  * ping is answered with a pong and, like a pong, reported through
- * on_ws_control (issue 12).
+ * on_ws_control (issue 12); kept-alive connections left idle give back
+ * their buffers and are served again.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -418,5 +419,55 @@ Test(httpsrv, a_connections_queued_output_counts_in_its_account_moves_with_it_an
 	cr_expect_eq(spaced_httpsrv_queued(srv), 0);
 	cr_expect_eq(account_b, 0, "the closed connection's output left its account (%zu left)", account_b);
 	last_conn = NULL;
+	stop();
+}
+
+/* Sends one GET on fd and expects "hi" back in a 200. */
+static void get_hi(int fd)
+{
+	const char req[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	char buf[512];
+	cr_assert_eq(send(fd, req, sizeof req - 1, 0), (ssize_t)(sizeof req - 1));
+	ssize_t n = step_recv(fd, buf, sizeof buf - 1);
+	cr_assert_gt(n, 0);
+	buf[n] = 0;
+	cr_assert(strncmp(buf, "HTTP/1.1 200 ", 13) == 0 && strstr(buf, "\r\n\r\nhi") != NULL, "%s", buf);
+}
+
+Test(httpsrv, idle_kept_alive_connections_give_back_their_buffers_and_are_served_again, .timeout = 60)
+{
+	enum { N = 20 };
+	start(64, NULL);
+	int fds[N];
+	for (int i = 0; i < N; i++) {
+		fds[i] = client();
+		get_hi(fds[i]);
+	}
+	struct spaced_httpsrv_stats st;
+	spaced_httpsrv_stats(srv, &st);
+	cr_assert_eq(st.open, (unsigned)N);
+	cr_assert_geq(st.buffered, (size_t)N * 4096, "each connection that was served holds its read buffer: %zu",
+	              st.buffered);
+	/* one client is mid-way through a head: its buffer is in use */
+	int busy = client();
+	const char part[] = "GET / HTTP/1.1\r\nHost:";
+	cr_assert_eq(send(busy, part, sizeof part - 1, 0), (ssize_t)(sizeof part - 1));
+	step_for(2600, -1); /* two ticks and more */
+	spaced_httpsrv_stats(srv, &st);
+	cr_assert_eq(st.open, (unsigned)N + 1, "idle connections stay open (idle_timeout_ms is far)");
+	cr_assert_gt(st.buffered, 0, "the connection with half a head keeps its buffer");
+	cr_assert_lt(st.buffered, (size_t)2 * 131072, "the %d idle connections hold no buffer: %zu in all", N,
+	             st.buffered);
+	/* and they are served again as before, the half head too once it ends */
+	for (int i = 0; i < N; i++)
+		get_hi(fds[i]);
+	const char rest[] = " x\r\n\r\n";
+	char buf[512];
+	cr_assert_eq(send(busy, rest, sizeof rest - 1, 0), (ssize_t)(sizeof rest - 1));
+	ssize_t n = step_recv(busy, buf, sizeof buf - 1);
+	cr_assert_gt(n, 0);
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	close(busy);
 	stop();
 }

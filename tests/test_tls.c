@@ -14,7 +14,8 @@
  * another CA fails the handshake (and a required one is required); a client
  * that says nothing, stops mid-ClientHello or stalls after it is closed by the
  * head deadline, and over the per-address budget at once; bodies of many
- * records go both ways whole.
+ * records go both ways whole; an idle connection gives back its buffers
+ * (its read buffer, output stage and TLS record buffers) and is served again.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -549,5 +550,31 @@ Test(tls, a_producer_held_to_low_water_is_woken_by_on_drain_until_its_end)
 	for (size_t i = 0; i < blen; i += 4096)
 		cr_assert_eq((uint8_t)body[i], (uint8_t)(i / 4096), "4 KiB piece %zu out of order", i / 4096);
 	tclose(&t);
+	stop();
+}
+
+Test(tls, an_idle_connection_gives_back_its_buffers_and_its_next_request_is_served, .timeout = 60)
+{
+	struct tclient t[4];
+	char buf[4096];
+	start(false, false, 0, 0);
+	for (int i = 0; i < 4; i++) {
+		cr_assert_eq(tconnect(&t[i], "ca", "127.0.0.1", NULL), 1);
+		exchange(&t[i], GET, sizeof GET - 1, buf, sizeof buf);
+		cr_assert(strstr(buf, "HTTP/1.1 200") == buf, "%s", buf);
+	}
+	struct spaced_httpsrv_stats st;
+	stats(&st);
+	cr_assert_geq(st.buffered, (size_t)4 * 4096, "%zu", st.buffered);
+	sleep(3); /* two of the server's ticks and more: the four are idle */
+	stats(&st);
+	cr_assert_eq(st.open, 4);
+	cr_assert_eq(st.buffered, 0, "idle TLS connections hold no buffer: %zu", st.buffered);
+	/* their record buffers went too (SSL_free_buffers): the sessions go on */
+	for (int i = 0; i < 4; i++) {
+		exchange(&t[i], GET, sizeof GET - 1, buf, sizeof buf);
+		cr_assert(strstr(buf, "HTTP/1.1 200") == buf, "%s", buf);
+		tclose(&t[i]);
+	}
 	stop();
 }
