@@ -425,7 +425,12 @@ static void mgr_send_close(struct areq *r)
 }
 
 /* Tells the gate how much of the stream's output the client has taken
- * (batched; at once when nothing is left to write). */
+ * (batched; at once when nothing is left to write). Output node-api took
+ * itself (a JSON answer's frames, a STARTED, anything not passed on to the
+ * client) is credited with flush: by the end of the turn, however little
+ * — the gate takes output left uncredited for the stall timeout for a
+ * client that does not read, and a command quiet that long after a few
+ * bytes is no such thing. */
 static void credit(struct areq *r, size_t n, bool flush)
 {
 	r->credit_pending += n;
@@ -960,7 +965,7 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 		spaced_field_reader_init(&rd, p, n);
 		if (spaced_field_get_u64(&rd, &kind) < 0 || spaced_field_get_str(&rd, &a, &al) < 0 ||
 		    spaced_field_get_str(&rd, &b, &bl) < 0 || kind == 0 || kind > 5) {
-			credit(r, n, false);
+			credit(r, n, true);
 			return;
 		}
 		json_t *doc = json_pack("{s:s,s:s%}", "event", kinds[kind], "path", a, al);
@@ -996,7 +1001,7 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 		return;
 	}
 	default:
-		credit(r, n, false);
+		credit(r, n, true);
 		return;
 	}
 }
@@ -1111,11 +1116,11 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 			}
 			return 0;
 		}
-		credit(r, dl, false);
+		credit(r, dl, true);
 		return 0;
 	}
 	/* a JSON answer is built whole (its own bounds apply): taken at once */
-	credit(r, dl, false);
+	credit(r, dl, true);
 	if (type == SPACED_GUEST_OUT_RESULT) {
 		http_result(r, data, dl);
 	} else if ((e = http_collect(r, (uint16_t)type, data, dl)) < 0) {

@@ -5,7 +5,8 @@
 # forged capabilities (whose audit lines are held to the caller's rate: ratelimit.h). While each attack runs a victim tenant's sandbox on the same worker
 # is read from and executed in; every victim operation must succeed, no process of the worker may
 # die or be restarted, and node-api and the gate must stay within bounded memory. A slow reader
-# slows only its own stream and is cut after the stall timeout (here 5 s).
+# slows only its own stream and is cut after the stall timeout (here 5 s); a command that is only
+# quiet that long is not.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -40,6 +41,18 @@ A=$("$SC" create --worker worker-1)
 "$SC" route "$A" --purpose fs.read --purpose exec --json >"$W/route.json"
 CAP=$(jq -r .capability "$W/route.json")
 PORT=$(jq -r .worker_url "$W/route.json" | sed 's/.*://')
+
+# ---- a quiet command is no stalled client: the victim's exec that prints nothing (streamed, over a
+# WebSocket) or a little (a JSON answer) for twice the stall timeout ends whole (both were cut after
+# the stall timeout: the few bytes node-api had taken itself, a STARTED or the output collected for
+# the answer, were never credited to the gate) ----
+as_victim route "$VX" --purpose exec --json >"$W/qroute.json"
+( as_victim exec "$VX" -- sh -c 'sleep 12; echo done' >"$W/quiet-ws.out" 2>&1; echo "$?" >"$W/quiet-ws.rc" ) &
+QUIET_WS=$!
+( curl -s -m 60 -H "Authorization: Bearer $(jq -r .capability "$W/qroute.json")" -H 'Content-Type: application/json' \
+	--data '{"argv":["sh","-c","echo begun; sleep 12; echo done"]}' \
+	"$(jq -r .worker_url "$W/qroute.json")/v1/sandboxes/$VX/exec" >"$W/quiet-json.out" 2>&1 ) &
+QUIET_JSON=$!
 
 # the worker's processes: none may die or be started again
 sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
@@ -294,6 +307,12 @@ wait_for "every forged request is a deny line of its own or counted in its calle
 expect "the summaries name the reason the caller's own deny lines give" \
 	"$(grep '"caller":"127.0.0.4"' "$AUDIT" | jq -r 'select(.event == "deny-summary") | .held_back | keys[]' | sort -u | tr '\n' ' ')" \
 	"$(grep '"caller":"127.0.0.4"' "$AUDIT" | jq -r 'select(.event == "deny") | .reason' | sort -u | tr '\n' ' ')"
+
+wait "$QUIET_WS" "$QUIET_JSON"
+expect "a streamed exec quiet for twice the stall timeout ends whole" \
+	"$(cat "$W/quiet-ws.rc") $(tr '\n' ' ' <"$W/quiet-ws.out")" "0 done "
+expect "a JSON exec quiet for twice the stall timeout ends whole" \
+	"$(jq -j '.stdout' "$W/quiet-json.out" 2>/dev/null | tr '\n' ' ')" "begun done "
 
 # ---- a guest that stops answering: its own requests fail, nobody else's wait ----
 G=$("$SC" create --worker worker-1)
