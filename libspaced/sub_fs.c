@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "treehash.h"
 #include "util.h"
 
 
@@ -196,8 +197,11 @@ static void links_free(struct links *lk)
 	free(lk->v);
 }
 
+/* depth: of src below the tree's top; past SPACED_TREEHASH_DEPTH (what a
+ * snapshot or a template may hold) the copy is refused, so a tenant's deep
+ * directories cannot take the copying process's stack */
 static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk,
-                    const struct spaced_idshift *sh, char *why, size_t whysz)
+                    const struct spaced_idshift *sh, unsigned depth, char *why, size_t whysz)
 {
 	struct stat st;
 	int r = 0;
@@ -210,6 +214,10 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 		struct dirent *de;
 		DIR *d;
 
+		if (depth >= SPACED_TREEHASH_DEPTH) {
+			spaced_why(why, whysz, "directories deeper than %d levels at %s", SPACED_TREEHASH_DEPTH, src);
+			return SPACED_ETOOBIG;
+		}
 		if (mkdir(dst, 0700) < 0) {
 			spaced_why(why, whysz, "mkdir %s: %s", dst, strerror(errno));
 			return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
@@ -233,7 +241,7 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 			memcpy(src + sl + 1, de->d_name, nl + 1);
 			dst[dl] = '/';
 			memcpy(dst + dl + 1, de->d_name, nl + 1);
-			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, lk, sh, why, whysz);
+			r = copy_rec(src, sl + 1 + nl, dst, dl + 1 + nl, lk, sh, depth + 1, why, whysz);
 			src[sl] = '\0';
 			dst[dl] = '\0';
 		}
@@ -297,7 +305,7 @@ int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_i
 		return SPACED_ETOOBIG;
 	memcpy(s, src, sl + 1);
 	memcpy(d, dst, dl + 1);
-	r = copy_rec(s, sl, d, dl, &lk, shift, why, whysz);
+	r = copy_rec(s, sl, d, dl, &lk, shift, 0, why, whysz);
 	links_free(&lk);
 	return r;
 }

@@ -206,7 +206,8 @@ struct spaced_idshift {
 };
 
 /* Copies a directory tree as the snapshot does (dst must not exist), with
- * owners translated by shift (NULL: as they are). */
+ * owners translated by shift (NULL: as they are). Directories deeper than
+ * SPACED_TREEHASH_DEPTH are refused (SPACED_ETOOBIG, why names where). */
 int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift,
                          char *why, size_t whysz);
 
