@@ -38,7 +38,8 @@ struct spaced_netpolicy {
 	struct spaced_net_rule deny_out[SPACED_NET_RULES_MAX];
 };
 
-/* The closed set every worker keeps unless --allow-out names a part of it:
+/* The closed set every worker keeps (an allow_out CIDR opens a part of it
+ * only where the worker's operator made that part openable, --net-openable):
  * "this network", loopback, link-local, RFC 1918, 100.64/10 (shared address
  * space), multicast and the reserved range above it. The worker adds its own
  * addresses. 198.18.0.0/15 is deliberately not in it (DESIGN §6). */

@@ -342,7 +342,7 @@ static int spawn_daemon(const char *const argv[], const char *logp, const char *
 /* The base ruleset: every rule that is not one sandbox's. Re-applied in one
  * transaction whenever the namespace is made ready (the worker's own
  * addresses may have changed). */
-static int apply_base(const char *ns, char *why, size_t whysz)
+static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, size_t whysz)
 {
 	char *s = NULL;
 	size_t sl = 0;
@@ -351,12 +351,14 @@ static int apply_base(const char *ns, char *why, size_t whysz)
 		return SPACED_ENOMEM;
 	fprintf(f, "add table inet spaced\n"
 	           "add set inet spaced closed { type ipv4_addr; flags interval; auto-merge; }\n"
+	           "add set inet spaced openable { type ipv4_addr; flags interval; auto-merge; }\n"
 	           "add map inet spaced sbxmap { type ifname : verdict; }\n"
 	           "add chain inet spaced forward { type filter hook forward priority filter; policy drop; }\n"
 	           "add chain inet spaced input { type filter hook input priority filter; policy accept; }\n"
 	           "add chain inet spaced pre { type nat hook prerouting priority dstnat; }\n"
 	           "add chain inet spaced post { type nat hook postrouting priority srcnat; }\n"
 	           "flush set inet spaced closed\n"
+	           "flush set inet spaced openable\n"
 	           "flush chain inet spaced forward\n"
 	           "flush chain inet spaced input\n"
 	           "flush chain inet spaced pre\n"
@@ -380,6 +382,12 @@ static int apply_base(const char *ns, char *why, size_t whysz)
 		freeifaddrs(ifa);
 	}
 	fprintf(f, " }\n");
+	/* what the operator lets a sandbox's allow_out open of it */
+	for (size_t i = 0; i < cfg->net_nopenable; i++) {
+		char c[32];
+		spaced_cidr_format(&cfg->net_openable[i], c, sizeof c);
+		fprintf(f, "add element inet spaced openable { %s }\n", c);
+	}
 	fprintf(f,
 	        /* answers come back only to what a sandbox opened */
 	        "add rule inet spaced forward iifname \"up0\" oifname \"sx*\" ct state established,related accept\n"
@@ -479,7 +487,7 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 			return SPACED_EIO;
 		}
 	}
-	if ((e = apply_base(ns, why, whysz)) < 0)
+	if ((e = apply_base(cfg, ns, why, whysz)) < 0)
 		return e;
 	snprintf(p, sizeof p, "%s/netd.pid", dir);
 	if (!pidfile_alive(p, "spaced-netd")) {
@@ -619,9 +627,10 @@ static void list_elems(FILE *f, const char *set, const struct spaced_net_rule *l
 
 /* The packet filter of the execution behind sx<slot>, replaced in one nft
  * transaction. The order of its rules is the policy's order of precedence:
- * deny lists, then allow lists (which may open a part of the closed set),
- * then the closed set, then the addresses the resolver pinned for allowed
- * domains, then the mode. A connection admitted under an older version of the
+ * deny lists, then allow lists where they name what the operator made
+ * openable (--net-openable), then the rest of the closed set (no tenant's
+ * list opens it), then the rest of the allow lists, then the addresses the
+ * resolver pinned for allowed domains, then the mode. A connection admitted under an older version of the
  * policy is judged again, packet by packet, under the new one. */
 static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpolicy *p, char *why, size_t whysz)
 {
@@ -657,8 +666,9 @@ static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpo
 	        NET_CONN_MAX, "reject with icmp type admin-prohibited");
 	fprintf(f, "add rule inet spaced s_%u ip daddr @deny_%u %s\n", k, k, rej);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @dpin_%u %s\n", k, k, rej);
-	fprintf(f, "add rule inet spaced s_%u ip daddr @allow_%u ct mark set %u accept\n", k, k, ver);
+	fprintf(f, "add rule inet spaced s_%u ip daddr @allow_%u ip daddr @openable ct mark set %u accept\n", k, k, ver);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @closed %s\n", k, rej);
+	fprintf(f, "add rule inet spaced s_%u ip daddr @allow_%u ct mark set %u accept\n", k, k, ver);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @pin_%u ct mark set %u accept\n", k, k, ver);
 	if (p->allow)
 		fprintf(f, "add rule inet spaced s_%u ct mark set %u accept\n", k, ver);
@@ -680,7 +690,15 @@ static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *s
 	char path[4200], addr[16];
 	snprintf(path, sizeof path, "%s/net/slot/%u.json", cfg->state_dir, (unsigned)slot);
 	addr_text(NET_POOL + 4 * slot + 2, addr);
-	json_t *j = json_pack("{s:s,s:s,s:o}", "sandbox", sandbox, "addr", addr, "policy", spaced_netpolicy_to_json(p));
+	json_t *open = json_array();
+	for (size_t i = 0; open && i < cfg->net_nopenable; i++) {
+		char c[32];
+		spaced_cidr_format(&cfg->net_openable[i], c, sizeof c);
+		json_array_append_new(open, json_string(c));
+	}
+	/* with what the operator made openable: the resolver strips the rest of the closed set */
+	json_t *j = json_pack("{s:s,s:s,s:o,s:o}", "sandbox", sandbox, "addr", addr, "policy", spaced_netpolicy_to_json(p),
+	                      "openable", open ? open : json_array());
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	json_decref(j);
 	if (!text)

@@ -19,7 +19,8 @@
  * An answer that holds an address of the closed set that the policy's CIDRs
  * do not open (a name resolving to 127.0.0.1, 10.x, the worker's own
  * address: rebinding) is replaced by an empty answer; the filter would refuse
- * the connection anyway. Malformed packets are dropped; nothing a client
+ * the connection anyway. A policy's CIDRs open a part of the closed set only
+ * where the operator made it openable (the slot file's "openable"). Malformed packets are dropped; nothing a client
  * sends ends the daemon. It exits when the egress namespace is gone, and
  * takes an idle one down: when no execution has had a link in it for --idle
  * seconds, it unmounts and removes STATE/net/ns under STATE/net/lock (the
@@ -84,6 +85,8 @@ struct slotpol {
 	uint32_t addr;
 	char sandbox[64];
 	struct spaced_netpolicy pol;
+	struct spaced_net_rule openable[SPACED_NET_RULES_MAX]; /* what its allow_out may open of the closed set */
+	size_t nopenable;
 };
 
 enum action { A_PASS = 1, A_PIN, A_DENYPIN };
@@ -148,6 +151,18 @@ static const struct slotpol *policy_of(uint32_t k)
 	    spaced_netpolicy_from_json(json_object_get(j, "policy"), &c->pol, NULL, 0) == 0) {
 		snprintf(c->sandbox, sizeof c->sandbox, "%s", sb);
 		c->addr = a.addr;
+		/* the operator's --net-openable (a slot file without it: nothing) */
+		json_t *op = json_object_get(j, "openable"), *v;
+		size_t i;
+		c->nopenable = 0;
+		json_array_foreach(op, i, v) {
+			struct spaced_net_rule *r = &c->openable[c->nopenable];
+			if (c->nopenable < SPACED_NET_RULES_MAX && json_is_string(v) &&
+			    spaced_cidr_parse(json_string_value(v), &r->cidr) == 0) {
+				r->is_domain = false;
+				c->nopenable++;
+			}
+		}
 		c->mtime = st.st_mtim.tv_sec;
 		c->mtime_ns = st.st_mtim.tv_nsec;
 		c->ino = st.st_ino;
@@ -316,7 +331,8 @@ static void on_answer(int srv, int up)
 	const struct slotpol *sp = policy_of(pe->slot);
 	bool closed = na > 64; /* more addresses than it reads: not trusted either */
 	for (size_t i = 0; i < na && i < 64; i++) {
-		bool opened = sp && spaced_net_cidr_match(sp->pol.allow_out, sp->pol.nallow, addrs[i]);
+		bool opened = sp && spaced_net_cidr_match(sp->pol.allow_out, sp->pol.nallow, addrs[i]) &&
+		              spaced_net_cidr_match(sp->openable, sp->nopenable, addrs[i]);
 		if ((spaced_net_closed(addrs[i]) || is_own(addrs[i])) && !opened)
 			closed = true;
 	}

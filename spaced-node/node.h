@@ -256,6 +256,10 @@ struct mgr_config {
 	const char *net_dns;    /* the upstream resolver of executions' DNS (IP[:PORT]); NULL: the host's */
 	uint64_t net_rate;      /* bits per second each execution may send and, apart, receive on its
 	                         * network path out (0: no bound) */
+	/* the parts of the closed set a sandbox's allow_out may open (--net-openable; none by default:
+	 * no tenant reaches the worker's own addresses, loopback, link-local or private ranges) */
+	const struct spaced_cidr *net_openable;
+	size_t net_nopenable;
 };
 /* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);

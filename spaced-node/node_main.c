@@ -35,6 +35,11 @@
  * else their caps are one.
  * --net-rate: bits per second each execution may send and, apart, receive on
  * its network path out (default 500M; 0: no bound; docs/network.md).
+ * --net-openable CIDR[,CIDR]...: the parts of the closed set (loopback,
+ * link-local, private ranges, the worker's own addresses) that a sandbox's
+ * allow_out may open; none by default, so no tenant reaches the worker's own
+ * services, a cloud's metadata address or the operator's private networks by
+ * naming them (docs/network.md). Repeatable.
  * --disk-io: what each execution may read and, apart, write per second on its
  * disk (writeback included) and on the lower layer's device (default
  * bps=256M,iops=4096; 0 in a field: no bound; "0": none at all).
@@ -84,6 +89,7 @@
 #include "executor.h"
 #include "log.h"
 #include "net.h"
+#include "netpolicy.h"
 #include "pidref.h"
 
 /* The host's memory (MemTotal) and how many tasks it can hold (the smaller
@@ -222,7 +228,7 @@ static void usage(void)
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
-	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS]\n"
+	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -631,6 +637,8 @@ int main(int argc, char **argv)
 	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	uint64_t net_rate = 500000000; /* 500 Mbit/s each way */
+	static struct spaced_cidr net_openable[SPACED_NET_RULES_MAX];
+	size_t net_nopenable = 0;
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 	/* templates: 8 GiB each at most, a cache of 20 GiB */
@@ -837,6 +845,18 @@ int main(int argc, char **argv)
 			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
 		} else if (strcmp(a, "--net-dns") == 0)
 			net_dns = v;
+		else if (strcmp(a, "--net-openable") == 0) {
+			char list[1024], *save = NULL;
+			snprintf(list, sizeof list, "%s", v);
+			for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+				if (net_nopenable == SPACED_NET_RULES_MAX || spaced_cidr_parse(t, &net_openable[net_nopenable]) < 0) {
+					fprintf(stderr, "spaced-node: --net-openable wants IPv4 CIDRs (10.20.0.0/16,192.0.2.7), %d at most\n",
+					        SPACED_NET_RULES_MAX);
+					return 2;
+				}
+				net_nopenable++;
+			}
+		}
 		else if (strcmp(a, "--net-rate") == 0) {
 			if (net_rate_parse(v, &net_rate) < 0) {
 				fprintf(stderr, "spaced-node: --net-rate wants bits per second (a number with K, M or G: 500M), or 0\n");
@@ -970,6 +990,7 @@ int main(int argc, char **argv)
 	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
 	                        .pool_memory = pool_memory, .net_dns = net_dns, .net_rate = net_rate,
+	                        .net_openable = net_openable, .net_nopenable = net_nopenable,
 	                        .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,
 	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,

@@ -21,9 +21,13 @@ trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; [ -n "${CP_KEEP:
 
 NH_LOG=$W/host.log
 net_host_up || { echo "cannot make the outside host's namespace here"; exit 77; }
-echo "outside host $NH_A and $NH_B; the worker's end of that link is $NH_GW"
+# a second address of the worker's on that link: closed like the first, but not one the operator
+# makes openable (--net-openable names NH_GW only)
+NH_GW2=$NH_NET.$((fourth + 4))
+ip addr add "$NH_GW2/32" dev "$NH_IF" || { echo "cannot add $NH_GW2"; exit 77; }
+echo "outside host $NH_A and $NH_B; the worker's end of that link is $NH_GW (and $NH_GW2)"
 
-if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 2 --dir "$D" --net-openable "$NH_GW/32" >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up"; exit 1
 fi
@@ -139,15 +143,27 @@ expect "live: deny with nothing allowed: names do not resolve" "$("$SC" exec "$B
 expect "allow with a denied CIDR: that address is closed" "$(code "$A" "http://$NH_B:8080/")" 000
 expect "allow with a denied CIDR: others stay open" "$(code "$A" "http://$NH_A:8080/")" 200
 expect "allow with a denied domain: the name is refused" "$("$SC" exec "$A" -- sh -c 'getent ahostsv4 denied.test | head -n 1')" ""
-# a service of the worker's, on its own address: closed until --allow-out names that address
+# a service of the worker's, on its own addresses: closed until --allow-out names the address, and
+# then only where the operator made it openable (--net-openable): a tenant cannot open the rest of
+# the closed set (the worker's own services, a cloud's metadata address, private networks) itself
 HP=$((20000 + $$ % 20000))
 python3 -m http.server --bind "$NH_GW" "$HP" >/dev/null 2>&1 &
 HSRV=$!
+python3 -m http.server --bind "$NH_GW2" "$HP" >/dev/null 2>&1 &
+HSRV2=$!
 sleep 0.5
 expect "a service on the worker's own address is closed" "$(code "$A" "http://$NH_GW:$HP/")" 000
-"$SC" net "$A" --allow-out "$NH_GW" --deny-out '' >/dev/null 2>&1
-expect "allow-out opens a part of the closed set (the worker's address, named)" "$(code "$A" "http://$NH_GW:$HP/")" 200
-kill $HSRV 2>/dev/null
+"$SC" net "$A" --allow-out "$NH_GW" --allow-out "$NH_GW2" --deny-out '' >/dev/null 2>&1
+expect "allow-out opens a part of the closed set the operator made openable (the worker's address, named)" \
+	"$(code "$A" "http://$NH_GW:$HP/")" 200
+expect "allow-out does not open a part of the closed set the operator did not make openable" \
+	"$(code "$A" "http://$NH_GW2:$HP/")" 000
+"$SC" net "$A" --allow-out 0.0.0.0/0 >/dev/null 2>&1
+expect "allow-out 0.0.0.0/0 does not open the closed set" "$(code "$A" "http://$NH_GW2:$HP/")" 000
+expect "allow-out 0.0.0.0/0 opens outside addresses" "$(code "$A" "http://$NH_A:8080/")" 200
+expect "allow-out 0.0.0.0/0: a name into a private range still resolves to nothing" \
+	"$("$SC" exec "$A" -- sh -c "getent ahostsv4 private.test | head -n 1")" ""
+kill $HSRV $HSRV2 2>/dev/null
 victim_ok "the policy changes"
 
 # ---- the policy follows a move ----
