@@ -581,6 +581,51 @@ static const char *snapshot_name(const char *url)
 	return p && p[sizeof mark - 1] ? p + sizeof mark - 1 : NULL;
 }
 
+/* True when file (a directory entry) is an archive of sandbox: SANDBOX-GEN-RANDOM.tar. */
+static bool archive_of(const char *file, const char *sandbox)
+{
+	size_t sl = strlen(sandbox), fl = strlen(file);
+	if (fl <= sl + 4 || strncmp(file, sandbox, sl) != 0 || file[sl] != '-' || strcmp(file + fl - 4, ".tar") != 0)
+		return false;
+	const char *p = file + sl + 1;
+	if (*p < '0' || *p > '9')
+		return false;
+	while (*p >= '0' && *p <= '9')
+		p++;
+	return *p == '-';
+}
+
+int cp_snapshots_drop_others(struct cp *cp, const char *sandbox, const char *keep)
+{
+	const char *k = keep ? snapshot_name(keep) : NULL;
+	if (keep && !k)
+		k = keep; /* a bare name */
+	char dir[PATH_MAX], keep_file[300];
+	snprintf(dir, sizeof dir, "%s/snapshots", cp->store_dir);
+	snprintf(keep_file, sizeof keep_file, "%s.tar", k ? k : "");
+	DIR *d = sandbox[0] ? opendir(dir) : NULL;
+	if (!d)
+		return 0;
+	int removed = 0;
+	uint64_t bytes = 0;
+	struct dirent *de;
+	while ((de = readdir(d)) != NULL) {
+		struct stat sb;
+		if (!archive_of(de->d_name, sandbox) || (k && strcmp(de->d_name, keep_file) == 0))
+			continue;
+		if (fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode) &&
+		    unlinkat(dirfd(d), de->d_name, 0) == 0) {
+			removed++;
+			bytes += (uint64_t)sb.st_size;
+		}
+	}
+	closedir(d);
+	if (removed)
+		spaced_log("spaced-cp", "level=info event=snapshots-dropped sandbox=%s removed=%d bytes=%" PRIu64, sandbox,
+		           removed, bytes);
+	return removed;
+}
+
 int cp_snapshots_sweep(struct cp *cp, struct cp_store *st)
 {
 	struct cp_rows *named = NULL, *busy = NULL;

@@ -249,6 +249,14 @@ void cp_reap(struct cp *cp, struct cp_store *st);
  * snapshots (pauses, moves) in a loop, or creates and deletes, would fill the
  * control plane's disk. Returns how many were removed. */
 int cp_snapshots_sweep(struct cp *cp, struct cp_store *st);
+/* Removes at once every archive of sandbox (SANDBOX-GENERATION-RANDOM.tar)
+ * but the one named keep (its archive name, or its URL …/snapshots/NAME;
+ * NULL: all of them): for the operation that holds the sandbox (no other of
+ * its operations is in flight) when it records a new snapshot, and for its
+ * delete. Without it each snapshot's predecessor waited the grace period, and
+ * a sandbox snapshotted in a loop could fill the store within it (400 MB
+ * every 3.4 s). Returns how many were removed. */
+int cp_snapshots_drop_others(struct cp *cp, const char *sandbox, const char *keep);
 /* Holds the build cache (build steps' trees in the store that no template and
  * no sandbox not deleted names) under cp->build_cache_max bytes: the least
  * recently used steps go first, with their archives, never one used in the

@@ -1493,8 +1493,9 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 		}
 		cp_rows_free(ws);
 		char now[24];
-		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1", id,
-		     cp_i64(now, spaced_now()));
+		if (CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1", id,
+		         cp_i64(now, spaced_now())) == 0)
+			cp_snapshots_drop_others(cp, id, NULL); /* a deleted sandbox needs none of its archives */
 		*body = json_pack("{s:s,s:s,s:b}", "id", id, "state", "deleted", "pending", pending);
 		status = pending ? 202 : 200;
 		goto out;
@@ -1519,8 +1520,9 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			goto ack_fail;
 		char hex[65], nb[24];
 		snapshot_result(res, hex, nb);
-		CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2, snapshot_hash = $3, snapshot_bytes = $4 WHERE id = $1",
-		     id, path, hex[0] ? hex : NULL, nb);
+		if (CP_Q(st, NULL, NULL, "UPDATE sandboxes SET snapshot = $2, snapshot_hash = $3, snapshot_bytes = $4 WHERE id = $1",
+		         id, path, hex[0] ? hex : NULL, nb) == 0)
+			cp_snapshots_drop_others(cp, id, path); /* the one it supersedes goes now */
 		goto done;
 	}
 	int is_move = strcmp(op, "move") == 0;
@@ -1610,10 +1612,11 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto ack_fail_error;
 			char hex[65], nb[24];
 			snapshot_result(res, hex, nb);
-			CP_Q(st, NULL, NULL,
-			     "UPDATE sandboxes SET snapshot = $2, snapshot_hash = $3, snapshot_bytes = $4, state = 'stopped' "
-			     "WHERE id = $1",
-			     id, path, hex[0] ? hex : NULL, nb);
+			if (CP_Q(st, NULL, NULL,
+			         "UPDATE sandboxes SET snapshot = $2, snapshot_hash = $3, snapshot_bytes = $4, state = 'stopped' "
+			         "WHERE id = $1",
+			         id, path, hex[0] ? hex : NULL, nb) == 0)
+				cp_snapshots_drop_others(cp, id, path);
 			status = start_execution(cp, st, s, &p, path, hex[0] ? hex : NULL, 0, body);
 			if (status != 0)
 				goto out;
