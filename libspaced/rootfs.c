@@ -783,7 +783,9 @@ int spaced_rootfs_write(struct spaced_rootfs *t, const char *out, struct spaced_
 		r = failf(why, whysz, SPACED_ESYS, "%s: %s", out, strerror(errno));
 		goto out;
 	}
+	/* names as their bytes are (a name that is not UTF-8 is a tenant's to make) */
 	if (archive_write_set_format_pax_restricted(w.a) != ARCHIVE_OK ||
+	    archive_write_set_format_option(w.a, "pax", "hdrcharset", "BINARY") != ARCHIVE_OK ||
 	    archive_write_set_bytes_in_last_block(w.a, 1) != ARCHIVE_OK || archive_write_open_fd(w.a, fd) != ARCHIVE_OK) {
 		r = failf(why, whysz, SPACED_EIO, "archive: %s", archive_error_string(w.a));
 		goto out;
@@ -1280,7 +1282,9 @@ int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t w
 		r = failf(why, whysz, errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS, "%s: %s", out, strerror(errno));
 		goto out;
 	}
+	/* names as their bytes are (a name that is not UTF-8 is a tenant's to make) */
 	if (archive_write_set_format_pax_restricted(k.a) != ARCHIVE_OK ||
+	    archive_write_set_format_option(k.a, "pax", "hdrcharset", "BINARY") != ARCHIVE_OK ||
 	    archive_write_set_bytes_in_last_block(k.a, 1) != ARCHIVE_OK || archive_write_open_fd(k.a, fd) != ARCHIVE_OK) {
 		r = failf(why, whysz, SPACED_EIO, "archive: %s", archive_error_string(k.a));
 		goto out;

@@ -564,3 +564,29 @@ Test(rootfs, a_directory_of_too_many_entries_is_refused)
 	cr_expect(strstr(why, "more than 100000 entries") != NULL, "%s", why);
 	spaced_rootfs_free(t);
 }
+
+/* a tenant names its files as it likes: bytes that are not UTF-8, a newline,
+ * control characters; its snapshot (and so its move) keeps them byte for byte
+ * (a name that was not UTF-8 failed the snapshot, "(io)" and no reason) */
+Test(rootfs, snapshot_keeps_names_that_are_not_utf8)
+{
+	char snap[300], tarp[300], ext[300], cmd[1200], why[512] = "", h1[SPACED_TREEHASH_HEX], h2[SPACED_TREEHASH_HEX];
+	snprintf(snap, sizeof snap, "%s/snapn", dir);
+	snprintf(tarp, sizeof tarp, "%s/snapn.tar", dir);
+	snprintf(ext, sizeof ext, "%s/stagen", dir);
+	snprintf(cmd, sizeof cmd,
+	         "mkdir -p %s/upper/root/w && echo identity=x >%s/meta && python3 -c \"import sys\n"
+	         "for n in (b'bad\\\\xff\\\\xfe', b'nl\\\\nname', b'\\\\x01ctl', b'\\\\xc3\\\\xa9'): open(sys.argv[1].encode() + b'/' + n, 'wb').write(n)\" "
+	         "%s/upper/root/w",
+	         snap, snap, snap);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(spaced_treehash_dir(snap, h1, NULL), 0);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_extract(tarp, ext, SPACED_ROOTFS_X_SNAPSHOT, NULL, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_treehash_dir(ext, h2, NULL), 0);
+	cr_assert_str_eq(h1, h2, "the extracted snapshot hashes as the original");
+	char out[512];
+	sh(ext, "python3 -c \"import os; print(sorted(n for n in os.listdir(b'upper/root/w') if open(b'upper/root/w/' + n, 'rb').read() == n))\"",
+	   out, sizeof out);
+	cr_assert_str_eq(out, "[b'\\x01ctl', b'bad\\xff\\xfe', b'nl\\nname', b'\\xc3\\xa9']\n");
+}
