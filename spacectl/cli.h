@@ -7,6 +7,7 @@
 #define SPACECTL_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 int cmd_token(int argc, char **argv);
 int cmd_cap(int argc, char **argv);
@@ -22,6 +23,13 @@ int net_cp_call(const char *what, const char *method, const char *path, struct j
 
 /* Prints "spacectl: <what>: <message>" on stderr and returns 1. */
 int cli_fail(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes a name a sandbox chose (a file's path, a watch event's) to f on
+ * one line's worth: a backslash as two, a control character (below 0x20,
+ * 0x7f) as backslash-n, backslash-t or backslash-xHH, everything else as it is. A name then
+ * cannot break the one-entry-per-line output apart, forge an entry or an
+ * event, nor send escape sequences to the user's terminal. */
+int cli_print_name(FILE *f, const char *name);
 
 /* Prints a usage line on stderr and returns 2. */
 int cli_usage(const char *usage);

@@ -371,10 +371,10 @@ static void print_entry(json_t *e)
 {
 	const char *type = json_string_value(json_object_get(e, "type"));
 	const char *path = json_string_value(json_object_get(e, "path"));
-	printf("%-7s %10lld %04llo %s\n", type ? type : "?",
-	       (long long)json_integer_value(json_object_get(e, "size")),
-	       (unsigned long long)json_integer_value(json_object_get(e, "mode")) & 07777,
-	       path ? path : "?");
+	printf("%-7s %10lld %04llo ", type ? type : "?", (long long)json_integer_value(json_object_get(e, "size")),
+	       (unsigned long long)json_integer_value(json_object_get(e, "mode")) & 07777);
+	cli_print_name(stdout, path ? path : "?"); /* the sandbox's names: escaped (cli.h) */
+	putchar('\n');
 }
 
 int cmd_fs(int argc, char **argv)

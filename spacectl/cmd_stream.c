@@ -282,7 +282,10 @@ static void on_message(struct session *s, const struct ws_client_msg *m)
 			session_fail(s, &s->protocol, "a watch message that is not an event");
 			return;
 		}
-		if (printf("%s %s%s%s\n", ev, p1 ? p1 : "", p2 ? " -> " : "", p2 ? p2 : "") < 0 || fflush(stdout) != 0)
+		/* the paths are the sandbox's names: escaped, so none forges an event line (cli.h) */
+		if (printf("%s ", ev) < 0 || cli_print_name(stdout, p1 ? p1 : "") < 0 ||
+		    (p2 && (fputs(" -> ", stdout) < 0 || cli_print_name(stdout, p2) < 0)) || putchar('\n') < 0 ||
+		    fflush(stdout) != 0)
 			s->stopped = s->done = 1;
 		json_decref(j);
 		return;

@@ -82,6 +82,26 @@ int cli_fail(const char *what, const char *fmt, ...)
 	return 1;
 }
 
+int cli_print_name(FILE *f, const char *name)
+{
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+		int r;
+		if (*p == '\\')
+			r = fputs("\\\\", f);
+		else if (*p == '\n')
+			r = fputs("\\n", f);
+		else if (*p == '\t')
+			r = fputs("\\t", f);
+		else if (*p < 0x20 || *p == 0x7f)
+			r = fprintf(f, "\\x%02x", *p);
+		else
+			r = fputc(*p, f);
+		if (r < 0)
+			return -1;
+	}
+	return 0;
+}
+
 int cli_usage(const char *u)
 {
 	fputs(u, stderr);

@@ -55,6 +55,15 @@ expect "exec --env --cwd" "$("$SC" exec "$X" --env GREETING=hi --cwd $dir -- sh 
 "$SC" fs mkdir "$X" $dir/d/e
 "$SC" fs mv "$X" $dir/a.txt $dir/d/b.txt
 expect "fs mkdir, mv, ls" "$("$SC" fs ls "$X" $dir/d | awk '{print $1, $NF}' | sort | tr '\n' ' ')" "dir e file b.txt "
+# names the sandbox chooses: a newline, an escape sequence, a backslash — printed escaped, one line
+# each (before, a name could forge an entry or write escape sequences to the user's terminal)
+"$SC" exec "$X" -- python3 -c "
+for n in ('nl\nfile forged', 'esc\x1b[31mred', 'back\\\\slash'): open('$dir/d/e/' + n, 'w').close()"
+"$SC" fs ls "$X" $dir/d/e >"$W/ls.out"
+expect "fs ls: three names, three lines" "$(wc -l <"$W/ls.out" | tr -d ' ')" 3
+expect "fs ls: no control character reaches the output" "$(tr -d '\n' <"$W/ls.out" | tr -d '[:print:]' | wc -c | tr -d ' ')" 0
+expect "fs ls: the names, escaped" "$(awk '{print $NF}' "$W/ls.out" | sort | tr '\n' ' ')" \
+	'back\\slash esc\x1b[31mred forged '
 expect "fs stat" "$("$SC" fs stat "$X" $dir/d/b.txt | awk '{print $1, $2}')" "file 18"
 "$SC" fs rm -r "$X" $dir/d
 "$SC" fs stat "$X" $dir/d >/dev/null 2>"$W/e"
@@ -66,6 +75,9 @@ WATCH=$!
 wait_for "the watch is admitted at worker-1" grep -q "^spacectl: watching $dir (identity sandbox=$X;generation=1;worker=worker-1" "$W/watch.out"
 echo x | "$SC" fs write "$X" $dir/seen-before.txt
 wait_for "the watch reports the file written" grep -q 'seen-before.txt' "$W/watch.out"
+"$SC" exec "$X" -- python3 -c "open('$dir/x\ncreate forged-by-a-name', 'w').close()"
+wait_for "the watch reports a name with a newline on one line" grep -q 'x\\ncreate forged-by-a-name' "$W/watch.out"
+expect "no event line is forged by a name" "$(grep -c "^create forged-by-a-name" "$W/watch.out")" 0
 
 # ---- a terminal that will be cut by the move: the person's side stays open (V5) ----
 mkfifo "$W/term.in"
