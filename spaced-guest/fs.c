@@ -5,7 +5,9 @@
  * outside stay inside the root (as if the root were "/"), and magic links such
  * as /proc/self/root are refused. Operations on a final name (mkdir, rename,
  * unlink, stat) resolve the parent that way and act on the name with *at()
- * calls that never follow it. */
+ * calls that never follow it. The guest's own entry in /proc (its memory map,
+ * its descriptors, its command line: what its seal keeps from the sandbox's
+ * processes) is refused too, since the guest is the one that would open it. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,6 +26,27 @@
 #include "guest.h"
 
 #define RESOLVE_FLAGS (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+#define PROC_MAGIC 0x9fa0 /* procfs's f_type */
+
+/* True when fd (just opened for a tenant) is in the guest's own /proc entry:
+ * /proc/self, /proc/thread-self and /proc/<its pid> lead there. Anything of
+ * /proc the guest cannot place is refused with it. */
+static bool guest_own_proc(int fd)
+{
+	struct statfs sf;
+	if (fstatfs(fd, &sf) < 0 || sf.f_type != PROC_MAGIC)
+		return false;
+	char link[64], at[SPACED_GUEST_PATH_MAX], own[32];
+	snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, at, sizeof at - 1);
+	if (n < 0)
+		return true;
+	at[n] = 0;
+	int l = snprintf(own, sizeof own, "/proc/%d", (int)getpid());
+	if (strncmp(at, "/proc/", 6) != 0 && strcmp(at, "/proc") != 0)
+		return true; /* a procfs seen elsewhere than /proc */
+	return strncmp(at, own, (size_t)l) == 0 && (at[l] == 0 || at[l] == '/');
+}
 
 int fs_resolve(const char *path, int flags, mode_t mode, int *out)
 {
@@ -34,6 +58,10 @@ int fs_resolve(const char *path, int flags, mode_t mode, int *out)
 	const char *p = path[0] ? path : ".";
 	for (;;) {
 		long fd = syscall(SYS_openat2, G.rootfd, p, &how, sizeof how);
+		if (fd >= 0 && guest_own_proc((int)fd)) {
+			close((int)fd);
+			return -EACCES;
+		}
 		if (fd >= 0) {
 			*out = (int)fd;
 			return 0;

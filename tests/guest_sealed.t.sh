@@ -4,7 +4,8 @@
 # makes it undumpable with its memory owned by the host's user namespace. The sandbox's root
 # (root of its user namespace) can then neither ptrace it, nor read its memory or environment,
 # nor take its descriptors (pidfd_getfd: the launcher's control socket), nor read the binary;
-# its own processes stay debuggable, and the sandbox works as before.
+# nor, through a file operation the guest itself serves, its /proc entry; its own processes stay
+# debuggable, and the sandbox works as before.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -53,6 +54,15 @@ expect "the tenant's own processes can still be traced" "$(p own)" "ok"
 expect "the guest still serves: exec" "$("$SC" exec "$X" -- echo alive)" alive
 printf 'data\n' | "$SC" fs write "$X" /workspace/f
 expect "the guest still serves: files" "$("$SC" fs read "$X" /workspace/f)" data
+# the guest opens what a file operation names: its own /proc entry is refused there too (its memory
+# map through fs read was the one part of the seal a tenant could still read)
+for f in /proc/self/maps /proc/1/maps /proc/thread-self/status /proc/self/fdinfo/3 /proc/1/cmdline; do
+	"$SC" fs read "$X" "$f" >"$W/pr.out" 2>"$W/pr.err"
+	expect "fs read $f is refused" "$?:$(wc -c <"$W/pr.out" | tr -d ' '):$(grep -c 'EACCES\|ermission' "$W/pr.err")" "1:0:1"
+done
+"$SC" fs ls "$X" /proc/1/fd >/dev/null 2>"$W/pr.err"
+expect "fs ls /proc/1/fd is refused" "$?" 1
+expect "the rest of /proc is the tenant's to read" "$("$SC" fs read "$X" /proc/loadavg | wc -w | tr -d ' ')" 5
 expect "the executions' copy of the guest is root's, mode 0511" \
 	"$(stat -c '%U %a' "$D/worker-1/guest/spaced-guest")" "root 511"
 echo "$FAILS failures"
