@@ -106,11 +106,17 @@ static int split_parent(const char *path, int oflags, int *pfd, char name[NAME_M
 	return fs_resolve(buf, oflags | O_DIRECTORY, 0, pfd);
 }
 
+/* True when p names the root: components that are all "", "." or ".."
+ * ("..." and "...." are names like any other). */
 static bool is_root_path(const char *p)
 {
-	for (; *p; p++)
-		if (*p != '/' && *p != '.')
+	while (*p) {
+		size_t n = strcspn(p, "/");
+		if (n > 2 || (n > 0 && strspn(p, ".") < n))
 			return false;
+		p += n;
+		p += *p == '/';
+	}
 	return true;
 }
 

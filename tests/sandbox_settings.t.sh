@@ -66,6 +66,7 @@ expect "timeout 1: reaped" "$("$SC" inspect "$B" >/dev/null 2>&1 && echo alive |
 
 # ---- a template's USER, ENV, WORKDIR; exec --user ----
 python3 "$MK" tarball "$W/u.tar.gz" --gz --bin /bin/dash --bin /usr/bin/cat --bin /usr/bin/id --bin /usr/bin/mkdir \
+	--bin /usr/bin/rm --bin /usr/bin/mkfifo \
 	--link usr/bin/sh=dash --libs-of "$GUEST" --file 'etc/passwd=root:x:0:0:root:/root:/bin/sh
 app:x:1000:1000::/home/app:/bin/sh
 ' --file home/app/.keep= --own home/app=1000 --own home/app/.keep=1000 || fail "mk tarball"
@@ -85,6 +86,18 @@ rc=$?
 expect "an unknown user is refused (127)" "$rc" 127
 expect "an unknown user is refused" "$(grep -c 'could not be run: SPACED_ENOENT' "$W/e")" 1
 expect "the user cannot write what root owns" "$("$SC" exec "$U" -- sh -c 'echo x > /etc/x 2>/dev/null && echo wrote || echo refused')" refused
+# the sandbox's /etc/passwd is its tenant's: a FIFO there (or /dev/zero) held the guest's one loop
+# on the next exec --user; now it is not read, and the guest goes on serving
+P=$("$SC" create --template users)
+"$SC" exec "$P" -- sh -c 'rm -f /etc/passwd && mkfifo /etc/passwd' || fail "a FIFO as /etc/passwd"
+timeout -s KILL 20 "$SC" exec --user nosuch "$P" -- id >/dev/null 2>&1
+expect "exec --user with a FIFO as /etc/passwd is refused at once (127, not held)" "$?" 127
+expect "the guest goes on serving" "$(timeout -s KILL 20 "$SC" exec "$P" -- sh -c 'echo alive')" alive
+# a top-level name of dots only is a name, not the root ("..." was taken for "/")
+printf dots | "$SC" fs write "$P" /... || fail "fs write /..."
+expect "fs read /... reads the file named ..." "$("$SC" fs read "$P" /...)" dots
+"$SC" fs rm "$P" /... && expect "fs rm /... removes it" "$("$SC" fs stat "$P" /... >/dev/null 2>&1 && echo there || echo gone)" gone
+"$SC" rm "$P" >/dev/null
 
 # ---- auto-resume ----
 A=$("$SC" create --idle-timeout 2 --auto-resume)
