@@ -42,10 +42,17 @@ static bool guest_own_proc(int fd)
 	if (n < 0)
 		return true;
 	at[n] = 0;
+	/* as the sandbox sees it: below the root the guest serves (--root) */
+	const char *rel = at;
+	size_t rl = strlen(G.root);
+	while (rl > 1 && G.root[rl - 1] == '/')
+		rl--;
+	if (rl > 1 && strncmp(at, G.root, rl) == 0 && at[rl] == '/')
+		rel = at + rl;
 	int l = snprintf(own, sizeof own, "/proc/%d", (int)getpid());
-	if (strncmp(at, "/proc/", 6) != 0 && strcmp(at, "/proc") != 0)
+	if (strncmp(rel, "/proc/", 6) != 0 && strcmp(rel, "/proc") != 0)
 		return true; /* a procfs seen elsewhere than /proc */
-	return strncmp(at, own, (size_t)l) == 0 && (at[l] == 0 || at[l] == '/');
+	return strncmp(rel, own, (size_t)l) == 0 && (rel[l] == 0 || rel[l] == '/');
 }
 
 int fs_resolve(const char *path, int flags, mode_t mode, int *out)

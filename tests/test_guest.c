@@ -323,8 +323,9 @@ Test(guest, escapes_are_contained)
 	spaced_guest_client_free(c);
 }
 
-/* /proc/self/root inside the root is a magic link: refused. The test binds
- * the real /proc into the root in a private mount namespace. */
+/* /proc/self/root inside the root is a magic link: refused, and so is the
+ * guest's own /proc entry. The test binds the real /proc into the root in a
+ * private mount namespace. */
 Test(guest, proc_self_root_refused)
 {
 	stop_guest();
@@ -346,8 +347,11 @@ Test(guest, proc_self_root_refused)
 	cr_assert_eq(e, SPACED_EPERM, "%s", spaced_strerror(e));
 	cr_assert_eq(access("/tmp/spaced-escape", F_OK), -1);
 	cr_assert_eq(b.len, 0);
+	/* the guest's own entry is not the tenant's to read (its memory map, descriptors) */
+	cr_assert_neq(spaced_guest_fs_read(c, "proc/self/status", 0, UINT64_MAX, &b), 0);
+	cr_assert_eq(b.len, 0);
 	/* an ordinary file under the same mount is still readable */
-	cr_assert_eq(spaced_guest_fs_read(c, "proc/self/status", 0, UINT64_MAX, &b), 0);
+	cr_assert_eq(spaced_guest_fs_read(c, "proc/loadavg", 0, UINT64_MAX, &b), 0);
 	cr_assert(b.len > 0);
 	spaced_buf_free(&b);
 	spaced_guest_client_free(c);
