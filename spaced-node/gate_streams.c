@@ -1178,8 +1178,10 @@ void gate_streams_tick(struct mgr *m)
 		 * last tick, or a window of input the execution took none of (a
 		 * client that reads slowly but steadily keeps its stream, however
 		 * long it takes; the window's size, which the budget of all windows
-		 * changes, does not matter) */
-		bool client_full = s->out_unacked > 0 && s->out_credited == s->tick_credited;
+		 * changes, does not matter). Output under node-api's credit batch
+		 * may wait uncredited for as long as a command is quiet (a STARTED,
+		 * the start of a JSON answer): that is no stalled client. */
+		bool client_full = s->out_unacked >= NODE_CREDIT_BATCH && s->out_credited == s->tick_credited;
 		bool exec_full = s->wq.len - s->wq_off >= NODE_WINDOW_SMALL && s->wq_out == s->tick_wq_out;
 		s->tick_credited = s->out_credited;
 		s->tick_wq_out = s->wq_out;

@@ -72,6 +72,11 @@ enum node_msg {
  * holds back what its own side sends.) */
 #define NODE_WINDOWS_BUDGET (64u << 20)
 #define NODE_WINDOW_SMALL (64u << 10)
+/* node-api credits a stream's output in batches of this much (sooner when
+ * nothing is left to write): up to this much it took may stay uncredited while
+ * a command is quiet, so the gate takes a stream for stalled by its client only
+ * past it (gate_streams_tick) */
+#define NODE_CREDIT_BATCH (32u << 10)
 
 /* Largest frame on the socketpair: a guest chunk plus its fields. */
 #define NODE_MSG_MAX (SPACED_FRAME_CHUNK + 1024)

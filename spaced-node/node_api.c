@@ -425,18 +425,13 @@ static void mgr_send_close(struct areq *r)
 }
 
 /* Tells the gate how much of the stream's output the client has taken
- * (batched; at once when nothing is left to write). Output node-api took
- * itself (a JSON answer's frames, a STARTED, anything not passed on to the
- * client) is credited with flush: by the end of the turn, however little
- * — the gate takes output left uncredited for the stall timeout for a
- * client that does not read, and a command quiet that long after a few
- * bytes is no such thing. */
+ * (batched; at once when nothing is left to write). */
 static void credit(struct areq *r, size_t n, bool flush)
 {
 	r->credit_pending += n;
-	if (r->credit_pending == 0 || r->ended || (!flush && r->credit_pending < 32768))
+	if (r->credit_pending == 0 || r->ended || (!flush && r->credit_pending < NODE_CREDIT_BATCH))
 		return;
-	if (flush && r->credit_pending < 32768 && !A.mgr_flush_due_credit_pass) {
+	if (flush && r->credit_pending < NODE_CREDIT_BATCH && !A.mgr_flush_due_credit_pass) {
 		/* at the end of the turn: a RESULT read with the data ends the
 		 * stream, and no credit is needed at all */
 		for (size_t i = 0; i < A.ncredit_due; i++)
@@ -965,7 +960,7 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 		spaced_field_reader_init(&rd, p, n);
 		if (spaced_field_get_u64(&rd, &kind) < 0 || spaced_field_get_str(&rd, &a, &al) < 0 ||
 		    spaced_field_get_str(&rd, &b, &bl) < 0 || kind == 0 || kind > 5) {
-			credit(r, n, true);
+			credit(r, n, false);
 			return;
 		}
 		json_t *doc = json_pack("{s:s,s:s%}", "event", kinds[kind], "path", a, al);
@@ -1001,7 +996,7 @@ static void ws_out(struct areq *r, uint16_t type, const uint8_t *p, size_t n)
 		return;
 	}
 	default:
-		credit(r, n, true);
+		credit(r, n, false);
 		return;
 	}
 }
@@ -1116,11 +1111,11 @@ static int on_out(void *ctx, const struct spaced_frame_hdr *h, const uint8_t *p,
 			}
 			return 0;
 		}
-		credit(r, dl, true);
+		credit(r, dl, false);
 		return 0;
 	}
 	/* a JSON answer is built whole (its own bounds apply): taken at once */
-	credit(r, dl, true);
+	credit(r, dl, false);
 	if (type == SPACED_GUEST_OUT_RESULT) {
 		http_result(r, data, dl);
 	} else if ((e = http_collect(r, (uint16_t)type, data, dl)) < 0) {
