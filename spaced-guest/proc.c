@@ -166,6 +166,13 @@ static int read_output(struct proc *p, int *fdp, uint16_t type)
 		if (p->background)
 			ring_append(type == SPACED_GUEST_OUT_STDOUT ? &p->ring_out : &p->ring_err, buf,
 			            (size_t)k);
+		if (o != NULL && (size_t)k < SPACED_FRAME_CHUNK / 2) {
+			/* a short read keeps no chunk's worth queued: the queue's bound
+			 * counts bytes, so a trickle to a slow client stays that small */
+			struct outbuf *fit = realloc(o, sizeof *o + SPACED_FRAME_HDR_LEN + (size_t)k);
+			if (fit != NULL)
+				o = fit;
+		}
 		if (o != NULL)
 			(void)conn_frame_commit(p->attached->conn, o, type, 0, p->attached->id, (size_t)k);
 		free(ring_only);
