@@ -2,7 +2,7 @@
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
- *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...]
+ *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...] [--net-conns N]
  *          [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
@@ -57,7 +57,7 @@ static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
-	"                       [--net-openable CIDR[,CIDR]...] [--plaintext]\n"
+	"                       [--net-openable CIDR[,CIDR]...] [--net-conns N] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -623,6 +623,8 @@ static const char *dev_net_rate;
 static const char *dev_disk_reserve;
 /* --net-openable for every worker, or NULL: none of the closed set opens */
 static const char *dev_net_openable;
+/* --net-conns for every worker, or NULL: what pasta's open-file limit allows */
+static const char *dev_net_conns;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -891,7 +893,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		const char *const pass[][2] = {{"--stall-timeout", stall},       {"--pool", real ? dev_pool : NULL},
 		                               {"--disk-io", dev_disk_io},        {"--allocatable", dev_alloc},
 		                               {"--net-rate", dev_net_rate},      {"--disk-reserve", dev_disk_reserve},
-		                               {"--net-openable", dev_net_openable}, {"--log-format", logfmt}};
+		                               {"--net-openable", dev_net_openable}, {"--net-conns", dev_net_conns},
+		                               {"--log-format", logfmt}};
 		for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
 			if (pass[j][1]) {
 				a[na++] = pass[j][0];
@@ -1057,6 +1060,7 @@ int cmd_dev(int argc, char **argv)
 		{"net-rate", required_argument, NULL, 'R'},
 		{"disk-reserve", required_argument, NULL, 'K'},
 		{"net-openable", required_argument, NULL, 'O'},
+		{"net-conns", required_argument, NULL, 'C'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1082,6 +1086,7 @@ int cmd_dev(int argc, char **argv)
 		case 'R': dev_net_rate = optarg; break;
 		case 'K': dev_disk_reserve = optarg; break;
 		case 'O': dev_net_openable = optarg; break;
+		case 'C': dev_net_conns = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

@@ -31,6 +31,8 @@
 #define NET_POOL 0x64580000u /* 100.88.0.0 */
 #define NET_SLOTS 16383u
 #define NET_CONN_MAX 4096u /* tracked connections per execution */
+#define NET_PASTA_FD_RESERVE 256u /* pasta's own descriptors (tap, epoll, socket pools, …) */
+#define NET_PASTA_FDS_PER_CONN 2u /* a connection pasta carries: its host socket and its timer */
 #define NET_UPLINK "100.88.255.253" /* the egress namespace's own side towards pasta */
 #define NET_UPLINK_GW "100.88.255.254"
 
@@ -40,6 +42,15 @@
  * STATE/net/ns and removes the pid files. Executions still running lose their
  * network. Returns 0 (also when nothing was up) or < 0 with why. */
 int net_down(const char *state_dir, char *why, size_t whysz);
+
+/* The connections pasta carries for all executions together (--net-conns,
+ * at most what pasta's open-file limit holds), split: each of the worker's
+ * slots (its uid ranges) is guaranteed *guaranteed of them (half of the
+ * total, in equal parts; 1 at least, NET_CONN_MAX at most), and past that an
+ * execution draws from *pool, the rest, shared by all. An execution's
+ * connections past its share are refused once the pool is full, so none
+ * keeps another from its guaranteed share (docs/network.md). */
+void net_conn_share(const struct mgr_config *cfg, uint32_t *guaranteed, uint32_t *pool);
 
 /* True when this worker gives executions egress (substrate mode, pasta and nft present). */
 bool net_enabled(const struct mgr_config *cfg);

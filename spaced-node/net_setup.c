@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -310,14 +311,20 @@ static bool pidfile_alive(const char *pidfile, const char *comm)
 }
 
 /* Starts argv detached (own session, stdin and stdout /dev/null, stderr to
- * logp) and writes its pid to pidfile. */
-static int spawn_daemon(const char *const argv[], const char *logp, const char *pidfile)
+ * logp) and writes its pid to pidfile. nofile_max: with its open-file limit
+ * raised to the hard one (pasta holds two per connection it carries). */
+static int spawn_daemon(const char *const argv[], const char *logp, const char *pidfile, bool nofile_max)
 {
 	pid_t pid = fork();
 	if (pid < 0)
 		return SPACED_ESYS;
 	if (pid == 0) {
 		setsid();
+		struct rlimit rl;
+		if (nofile_max && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+			rl.rlim_cur = rl.rlim_max;
+			setrlimit(RLIMIT_NOFILE, &rl);
+		}
 		int nul = open("/dev/null", O_RDWR);
 		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		if (nul >= 0) {
@@ -353,10 +360,19 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	           "add set inet spaced closed { type ipv4_addr; flags interval; auto-merge; }\n"
 	           "add set inet spaced openable { type ipv4_addr; flags interval; auto-merge; }\n"
 	           "add map inet spaced sbxmap { type ifname : verdict; }\n"
+	           /* the connections executions hold beyond their guaranteed share
+	            * (net_conn_share); never flushed: it counts live connections */
+	           "add set inet spaced pool { type inet_proto; size 16; flags dynamic; }\n"
 	           "add chain inet spaced forward { type filter hook forward priority filter; policy drop; }\n"
 	           "add chain inet spaced input { type filter hook input priority filter; policy accept; }\n"
 	           "add chain inet spaced pre { type nat hook prerouting priority dstnat; }\n"
 	           "add chain inet spaced post { type nat hook postrouting priority srcnat; }\n"
+	           /* a connection past its sandbox's count, refused at once: a TCP
+	            * reset (ICMP answers are rate-limited, the client would wait) */
+	           "add chain inet spaced refuse\n"
+	           "flush chain inet spaced refuse\n"
+	           "add rule inet spaced refuse meta l4proto tcp reject with tcp reset\n"
+	           "add rule inet spaced refuse reject with icmp type admin-prohibited\n"
 	           "flush set inet spaced closed\n"
 	           "flush set inet spaced openable\n"
 	           "flush chain inet spaced forward\n"
@@ -421,6 +437,53 @@ static const char *netd_bin(const struct mgr_config *cfg, char *buf, size_t bufs
 	return buf;
 }
 
+/* The executions the worker may run at once: one slot each. */
+static uint32_t slot_count(const struct mgr_config *cfg)
+{
+	return cfg->uid_slots && cfg->uid_slots < NET_SLOTS ? cfg->uid_slots : NET_SLOTS;
+}
+
+/* What pasta can carry: the connections its open-file limit holds beyond its
+ * own descriptors, two each (its socket and its timer). */
+static uint32_t pasta_conn_capacity(const struct mgr_config *cfg)
+{
+	char path[4200], line[256];
+	uint64_t nofile = 0;
+	snprintf(path, sizeof path, "%s/net/pasta.pid", cfg->state_dir);
+	long pid = pidfile_pid(path);
+	if (pid) {
+		snprintf(path, sizeof path, "/proc/%ld/limits", pid);
+		FILE *f = fopen(path, "r");
+		while (f && fgets(line, sizeof line, f))
+			if (strncmp(line, "Max open files", 14) == 0) {
+				nofile = strtoull(line + 14, NULL, 10);
+				break;
+			}
+		if (f)
+			fclose(f);
+	}
+	if (nofile == 0) { /* not started yet: it will have this process's hard limit */
+		struct rlimit rl;
+		nofile = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY ? rl.rlim_max : 1048576;
+	}
+	uint64_t c = nofile > NET_PASTA_FD_RESERVE ? (nofile - NET_PASTA_FD_RESERVE) / NET_PASTA_FDS_PER_CONN : 0;
+	return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+}
+
+void net_conn_share(const struct mgr_config *cfg, uint32_t *guaranteed, uint32_t *pool)
+{
+	uint32_t cap = pasta_conn_capacity(cfg);
+	uint32_t total = cfg->net_conns && cfg->net_conns < cap ? cfg->net_conns : cap;
+	uint32_t slots = slot_count(cfg);
+	uint32_t g = total / (2 * slots);
+	if (g < 1)
+		g = 1;
+	if (g > NET_CONN_MAX)
+		g = NET_CONN_MAX;
+	*guaranteed = g;
+	*pool = total > (uint64_t)g * slots ? total - g * slots : 0;
+}
+
 /* The egress namespace, its base ruleset, pasta and spaced-netd, made ready
  * when missing. Called with STATE/net/lock held. */
 static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
@@ -474,7 +537,7 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 		                      "-a", NET_UPLINK, "-n", "30", "-g", NET_UPLINK_GW, "--no-map-gw", "-t", "none", "-u",
 		                      "none", "-T", "none", "-U", "none", "-4", "--no-dhcp", "--no-ndp", "--no-dhcpv6",
 		                      "--no-ra", NULL};
-		if ((e = spawn_daemon(argv, p2, p)) < 0) {
+		if ((e = spawn_daemon(argv, p2, p, true)) < 0) {
 			why_set(why, whysz, "cannot start pasta");
 			return e;
 		}
@@ -486,6 +549,10 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 			why_set(why, whysz, "pasta did not bring the uplink up (see %s)", p2);
 			return SPACED_EIO;
 		}
+		uint32_t g, pool;
+		net_conn_share(cfg, &g, &pool);
+		fprintf(stderr, "spaced-node: egress up: pasta carries %u connections: %u guaranteed to each of %u slots, %u shared\n",
+		        g * slot_count(cfg) + pool, g, slot_count(cfg), pool);
 	}
 	if ((e = apply_base(cfg, ns, why, whysz)) < 0)
 		return e;
@@ -495,7 +562,7 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 		snprintf(p2, sizeof p2, "%s/netd.log", dir);
 		const char *argv[] = {netd_bin(cfg, bin, sizeof bin), "--dir", dir, cfg->net_dns ? "--upstream" : NULL,
 		                      cfg->net_dns, NULL};
-		if ((e = spawn_daemon(argv, p2, p)) < 0) {
+		if ((e = spawn_daemon(argv, p2, p, false)) < 0) {
 			why_set(why, whysz, "cannot start spaced-netd");
 			return e;
 		}
@@ -632,8 +699,11 @@ static void list_elems(FILE *f, const char *set, const struct spaced_net_rule *l
  * list opens it), then the rest of the allow lists, then the addresses the
  * resolver pinned for allowed domains, then the mode. A connection admitted under an older version of the
  * policy is judged again, packet by packet, under the new one. */
-static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpolicy *p, char *why, size_t whysz)
+static int apply_policy(const struct mgr_config *cfg, const char *ns, uint32_t slot, const struct spaced_netpolicy *p,
+                        char *why, size_t whysz)
 {
+	uint32_t guaranteed, pool;
+	net_conn_share(cfg, &guaranteed, &pool);
 	char sbx[16];
 	addr_text(NET_POOL + 4 * slot + 2, sbx);
 	/* the policy's version, carried by the connections it admitted */
@@ -650,6 +720,7 @@ static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpo
 	fprintf(f, "add set inet spaced pin_%u { type ipv4_addr; flags timeout; }\n", k);
 	fprintf(f, "add set inet spaced dpin_%u { type ipv4_addr; flags timeout; }\n", k);
 	fprintf(f, "add set inet spaced cnt_%u { type ipv4_addr; size 16; flags dynamic; }\n", k);
+	fprintf(f, "add set inet spaced gcnt_%u { type ipv4_addr; size 16; flags dynamic; }\n", k);
 	fprintf(f, "flush chain inet spaced s_%u\n", k);
 	fprintf(f, "flush set inet spaced allow_%u\nflush set inet spaced deny_%u\n", k, k);
 	fprintf(f, "flush set inet spaced pin_%u\nflush set inet spaced dpin_%u\n", k, k);
@@ -662,8 +733,13 @@ static int apply_policy(const char *ns, uint32_t slot, const struct spaced_netpo
 	fprintf(f, "add rule inet spaced s_%u ip saddr != %s drop\n", k, sbx);
 	fprintf(f, "add rule inet spaced s_%u ct state established,related ct mark %u accept\n", k, ver);
 	/* the connections one sandbox may hold open through the worker's egress */
-	fprintf(f, "add rule inet spaced s_%u ct state new add @cnt_%u { ip saddr ct count over %u } %s\n", k, k,
-	        NET_CONN_MAX, "reject with icmp type admin-prohibited");
+	fprintf(f, "add rule inet spaced s_%u ct state new add @cnt_%u { ip saddr ct count over %u } goto refuse\n", k, k,
+	        NET_CONN_MAX);
+	/* past its guaranteed share, a connection is one of the pool's, which
+	 * all executions share: no execution's connections take what pasta can
+	 * carry from another's guaranteed share (net_conn_share) */
+	fprintf(f, "add rule inet spaced s_%u ct state new add @gcnt_%u { ip saddr ct count over %u } "
+	           "add @pool { meta l4proto ct count over %u } goto refuse\n", k, k, guaranteed, pool);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @deny_%u %s\n", k, k, rej);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @dpin_%u %s\n", k, k, rej);
 	fprintf(f, "add rule inet spaced s_%u ip daddr @allow_%u ip daddr @openable ct mark set %u accept\n", k, k, ver);
@@ -932,7 +1008,7 @@ int net_claim_as(const struct mgr_config *cfg, const struct mgr_rec *rec, unsign
 	if ((e = write_slot(cfg, slot, rec->r.id.sandbox, &p, !(flags & NET_CLAIM_QUICK))) < 0)
 		why_set(why, whysz, "cannot write the slot file");
 	else if (!same)
-		e = apply_policy(ns, slot, &p, why, whysz);
+		e = apply_policy(cfg, ns, slot, &p, why, whysz);
 	close(lock);
 	return e;
 }
@@ -969,7 +1045,7 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 		snprintf(tmp, sizeof tmp, "%s/net/slot/%u.json.tmp", cfg->state_dir, (unsigned)slot);
 		spaced_file_prepare(tmp, 0600);
 	}
-	if ((e = apply_policy(ns, slot, pol, why, whysz)) < 0)
+	if ((e = apply_policy(cfg, ns, slot, pol, why, whysz)) < 0)
 		return e;
 	const char *del[] = {IP_BIN, "link", "del", ifn, NULL};
 	if (link_exists(ns, ifn))
@@ -1056,7 +1132,7 @@ int net_job(const struct mgr_config *cfg, json_t *args, json_t **result, char *w
 			if (lock < 0)
 				return lock;
 			if ((e = write_slot(cfg, slot, sandbox, &p, true)) == 0)
-				e = apply_policy(ns, slot, &p, why, whysz);
+				e = apply_policy(cfg, ns, slot, &p, why, whysz);
 			close(lock);
 			if (e < 0)
 				return e;

@@ -265,6 +265,10 @@ struct mgr_config {
 	 * no tenant reaches the worker's own addresses, loopback, link-local or private ranges) */
 	const struct spaced_cidr *net_openable;
 	size_t net_nopenable;
+	/* connections the worker's egress (pasta) carries for all executions together (--net-conns;
+	 * 0: what pasta's open-file limit allows); split into a share each slot is guaranteed and a
+	 * pool the rest draw from (net_setup.c net_conn_share, docs/network.md) */
+	uint32_t net_conns;
 };
 /* Runs the gate until a link goes away or a signal stops it. */
 int mgr_run(const struct mgr_config *cfg);

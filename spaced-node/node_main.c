@@ -40,6 +40,10 @@
  * allow_out may open; none by default, so no tenant reaches the worker's own
  * services, a cloud's metadata address or the operator's private networks by
  * naming them (docs/network.md). Repeatable.
+ * --net-conns N: the connections the worker's egress carries for all its
+ * executions together (default: what pasta's open-file limit allows, two
+ * descriptors each); each execution is guaranteed an equal part of half of
+ * it and draws beyond that from the other half, shared (docs/network.md).
  * --disk-io: what each execution may read and, apart, write per second on its
  * disk (writeback included) and on the lower layer's device (default
  * bps=256M,iops=4096; 0 in a field: no bound; "0": none at all).
@@ -229,6 +233,7 @@ static void usage(void)
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
+	                "                   [--net-conns N]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -637,6 +642,7 @@ int main(int argc, char **argv)
 	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	uint64_t net_rate = 500000000; /* 500 Mbit/s each way */
+	uint32_t net_conns = 0;        /* pasta's open-file limit decides */
 	static struct spaced_cidr net_openable[SPACED_NET_RULES_MAX];
 	size_t net_nopenable = 0;
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
@@ -857,6 +863,16 @@ int main(int argc, char **argv)
 				net_nopenable++;
 			}
 		}
+		else if (strcmp(a, "--net-conns") == 0) {
+			char *end = NULL;
+			errno = 0;
+			unsigned long n = strtoul(v, &end, 10);
+			if (errno || !end || *end || v[0] == '-' || n < 64 || n > 4000000) {
+				fprintf(stderr, "spaced-node: --net-conns wants a number of connections, 64 to 4000000\n");
+				return 2;
+			}
+			net_conns = (uint32_t)n;
+		}
 		else if (strcmp(a, "--net-rate") == 0) {
 			if (net_rate_parse(v, &net_rate) < 0) {
 				fprintf(stderr, "spaced-node: --net-rate wants bits per second (a number with K, M or G: 500M), or 0\n");
@@ -991,6 +1007,7 @@ int main(int argc, char **argv)
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
 	                        .pool_memory = pool_memory, .net_dns = net_dns, .net_rate = net_rate,
 	                        .net_openable = net_openable, .net_nopenable = net_nopenable,
+	                        .net_conns = net_conns,
 	                        .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,
 	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,

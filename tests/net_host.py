@@ -5,10 +5,14 @@ Runs inside a network namespace the test made (198.18.0.0/15 addresses only) and
 serves, for at most --lifetime seconds:
   - HTTP on every address, port 8080: "outside-host <local address>\n";
   - a TCP sink/echo on port 9000: echoes each line back;
+  - port 9001: greets each connection ("hi\n") and holds it open, sending nothing more, until
+    its client closes it (connections held by the thousand: tests/net_conns.t.sh);
   - DNS on UDP port 53 (A records from --record NAME=ADDR, anything else NXDOMAIN,
     AAAA empty), TTL 300.
 """
 import argparse
+import resource
+import selectors
 import socket
 import socketserver
 import struct
@@ -77,6 +81,34 @@ def dns(records, stop):
         s.sendto(bytes(head) + q[12:qend] + ans, addr)
 
 
+def greet_and_hold():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 9001))
+    s.listen(1024)
+    sel = selectors.DefaultSelector()
+    sel.register(s, selectors.EVENT_READ)
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is s:
+                try:
+                    c, _ = s.accept()
+                    c.send(b"hi\n")
+                    sel.register(c, selectors.EVENT_READ)
+                except OSError:
+                    pass
+                continue
+            try:
+                data = key.fileobj.recv(4096)
+            except OSError:
+                data = b""
+            if not data:  # its client let it go: so does the host
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--record", action="append", default=[])
@@ -88,7 +120,8 @@ def main():
     echo = TS(("0.0.0.0", 9000), Echo)
     for t in (threading.Thread(target=http.serve_forever, daemon=True),
               threading.Thread(target=echo.serve_forever, daemon=True),
-              threading.Thread(target=dns, args=(records, stop), daemon=True)):
+              threading.Thread(target=dns, args=(records, stop), daemon=True),
+              threading.Thread(target=greet_and_hold, daemon=True)):
         t.start()
     print("ready", flush=True)
     time.sleep(a.lifetime)

@@ -1,0 +1,114 @@
+#!/bin/sh
+# The connections a worker's egress carries (pasta: two open files each, its open-file limit shared
+# by every execution of the worker) are split so that no tenant takes them from another (DESIGN §5
+# Resources). Before, each sandbox could hold 4096 connections and pasta 9872 in all (its 20000
+# open files): three sandboxes holding theirs left pasta nothing, and every other sandbox of the
+# worker lost its network. Now each slot is guaranteed an equal part of half of `--net-conns` and
+# draws beyond it from the other half, shared. On a worker with `--net-conns 2048` and 256 slots
+# (4 guaranteed each, 1024 shared), two hostile sandboxes ask 700 connections each of an outside
+# host (a namespace made here, 198.18.0.0/15 only) that greets and holds them: the first gets its
+# 700, the second only what is left of the pool, and a victim tenant still holds its guaranteed
+# connections and reaches the outside host once it lets them go.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+. "$SPACED_TOP/tests/net_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+need_substrate pasta nft ip python3 curl
+[ -x "$SPACED_BUILD/spaced-node/spaced-netd" ] || { echo "spaced-netd is not built"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+BG=""
+trap 'for p in $BG; do kill $p 2>/dev/null; done; "$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+NH_LOG=$W/host.log
+net_host_up || { echo "cannot make the outside host's namespace here"; exit 77; }
+if ! "$SC" dev up --workers 1 --dir "$D" --net-conns 2048 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
+
+# HOLD N SECONDS FLAG: opens N connections to the outside host's port 9001 (each greeted), prints
+# "ok K" and the kinds of refusal, holds them until FLAG exists inside or SECONDS pass
+cat >"$W/hold.py" <<'PY'
+import os, resource, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+host, n, secs, flag = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+held, errs = [], {}
+for i in range(n):
+    try:
+        c = socket.create_connection((host, 9001), timeout=5)
+        if c.recv(3) != b"hi\n":
+            raise OSError("no greeting")
+        held.append(c)
+    except OSError as e:
+        k = e.strerror or str(e)
+        errs[k] = errs.get(k, 0) + 1
+print("ok %d refused %s" % (len(held), sorted(errs.items())), flush=True)
+t = time.time()
+while time.time() - t < secs and not os.path.exists(flag):
+    time.sleep(0.2)
+PY
+# waits (at most 60 s) until FILE has a line, prints it
+first_line() {
+	i=0
+	while [ ! -s "$1" ] && [ $i -lt 300 ]; do i=$((i + 1)); sleep 0.2; done
+	head -n 1 "$1"
+}
+ok_count() { sed -n 's/^ok \([0-9]*\) .*/\1/p'; }
+
+A1=$("$SC" create --worker worker-1)
+A2=$("$SC" create --worker worker-1)
+VX=$(as_victim create --worker worker-1)
+[ -n "$A1" ] && [ -n "$A2" ] && [ -n "$VX" ] || { echo "FAIL: the sandboxes"; tail "$D"/worker-1.log; exit 1; }
+for x in "$A1" "$A2"; do "$SC" fs write "$x" /tmp/hold.py <"$W/hold.py" || fail "hold.py into $x"; done
+as_victim fs write "$VX" /tmp/hold.py <"$W/hold.py" || fail "hold.py into the victim's"
+grep "egress up" "$D/worker-1.log"
+expect "the worker's share: 4 guaranteed to each of 256 slots, 1024 shared" \
+	"$(grep -c 'pasta carries 2048 connections: 4 guaranteed to each of 256 slots, 1024 shared' "$D/worker-1.log")" 1
+
+"$SC" exec "$A1" -- python3 /tmp/hold.py "$NH_A" 700 120 /tmp/done >"$W/a1.out" 2>&1 &
+BG="$BG $!"
+r1=$(first_line "$W/a1.out")
+echo "first hostile sandbox: $r1"
+expect "the first hostile sandbox gets its 700 (4 guaranteed, 696 of the pool)" "$(echo "$r1" | ok_count)" 700
+"$SC" exec "$A2" -- python3 /tmp/hold.py "$NH_A" 700 120 /tmp/done >"$W/a2.out" 2>&1 &
+BG="$BG $!"
+r2=$(first_line "$W/a2.out")
+echo "second hostile sandbox: $r2"
+n2=$(echo "$r2" | ok_count)
+# 4 guaranteed and the 328 the pool has left; refused ones counted a moment in the pool may take a few
+expect "the second gets what is left of the pool: 300 to 332 (all 700 before)" \
+	"$([ "${n2:-0}" -ge 300 ] && [ "${n2:-0}" -le 332 ] && echo yes)" yes
+expect "its refusals are immediate (a TCP reset: connection refused)" \
+	"$(echo "$r2" | grep -c "Connection refused")" 1
+pfd=$(ls /proc/"$(cat "$D/worker-1/net/pasta.pid")"/fd | wc -l)
+echo "pasta holds $pfd open files"
+expect "pasta holds no more than its share allows (2 × 2048 + its own)" "$([ "$pfd" -le $((2 * 2048 + 256)) ] && echo yes)" yes
+
+# the victim: its 4 guaranteed connections while the pool is full, then the outside host again
+rv=$(as_victim exec "$VX" -- python3 /tmp/hold.py "$NH_A" 4 0 /tmp/done 2>&1 | head -n 1)
+echo "victim: $rv"
+expect "the victim holds its 4 guaranteed connections while the others fill the pool" "$(echo "$rv" | ok_count)" 4
+got=$(as_victim exec "$VX" -- curl -s -m 5 "http://$NH_A:8080/" 2>&1)
+expect "the victim reaches the outside host" "$got" "outside-host $NH_A"
+
+# the first lets its connections go: the pool is the second's and the others' again
+"$SC" exec "$A1" -- touch /tmp/done
+i=0
+while [ $i -lt 50 ] && kill -0 "$(echo $BG | cut -d' ' -f1)" 2>/dev/null; do i=$((i + 1)); sleep 0.2; done
+r3=$("$SC" exec "$A1" -- python3 /tmp/hold.py "$NH_A" 300 0 /tmp/never 2>&1 | head -n 1)
+echo "the first again, once it let its connections go: $r3"
+expect "connections let go return to the pool" "$(echo "$r3" | ok_count)" 300
+"$SC" exec "$A2" -- touch /tmp/done
+for x in "$A1" "$A2"; do "$SC" exec "$x" -- true >/dev/null 2>&1 || fail "$x still answers"; done
+for p in spaced-gate spaced-api spaced-executor; do
+	pgrep -x "$p" >/dev/null || fail "$p died"
+done
+
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
