@@ -479,7 +479,9 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	pathf(p, "%s/dev/pts", root);
 	if (mkdir(p, 0755) < 0)
 		child_fail(sync, "mkdir /dev/pts");
-	if (mount("devpts", p, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+	char ptsopt[96];
+	snprintf(ptsopt, sizeof ptsopt, "newinstance,ptmxmode=0666,mode=0620,max=%u", SPACED_SUB_PTY_MAX);
+	if (mount("devpts", p, "devpts", MS_NOSUID | MS_NOEXEC, ptsopt) < 0)
 		child_fail(sync, "mount devpts");
 	pathf(p, "%s/dev/shm", root);
 	if (mkdir(p, 01777) < 0 || chmod(p, 01777) < 0)
@@ -1412,3 +1414,4 @@ out:
 	spaced_pidref_done(&init);
 	return r;
 }
+

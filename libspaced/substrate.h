@@ -64,6 +64,11 @@
 /* Largest control message (either direction): a CONFIG carries a sandbox's
  * environment. */
 #define SPACED_SUB_MSG_MAX 16384
+/* Terminals an execution may hold at once: the `max` of its own devpts
+ * instance. Without it every instance draws on the host's kernel.pty.max
+ * (less kernel.pty.reserve): one execution could take every terminal of
+ * every other execution and container of the host. */
+#define SPACED_SUB_PTY_MAX 64u
 
 struct spaced_sub_config {
 	const char *state_dir;     /* required; created when missing */

@@ -95,6 +95,7 @@
 #include "net.h"
 #include "netpolicy.h"
 #include "pidref.h"
+#include "substrate.h"
 
 /* The host's memory (MemTotal) and how many tasks it can hold (the smaller
  * of kernel.pid_max and kernel.threads-max). Returns 0 or -1. */
@@ -621,6 +622,44 @@ fail:
 	return NULL;
 }
 
+/* A number from a one-line /proc file, 0 when unreadable. */
+static uint64_t proc_u64(const char *path)
+{
+	char buf[64];
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	uint64_t v = fgets(buf, sizeof buf, f) ? strtoull(buf, NULL, 10) : 0;
+	fclose(f);
+	return v;
+}
+
+/* Makes room for the terminals of slots executions (SPACED_SUB_PTY_MAX each,
+ * the max of each one's devpts instance) in the host's kernel.pty.max,
+ * raising it when it holds less than kernel.pty.reserve plus that. Returns 0
+ * when there is room; SPACED_ESYS with why when there is not (the host's
+ * setting is kept: executions past it find no terminal). */
+static int pty_room(uint32_t slots, char *why, size_t whysz)
+{
+	const uint64_t kernel_max = UINT64_C(1) << 20; /* NR_UNIX98_PTY_MAX */
+	uint64_t have = proc_u64("/proc/sys/kernel/pty/max"), reserve = proc_u64("/proc/sys/kernel/pty/reserve");
+	uint64_t need = reserve + (uint64_t)slots * SPACED_SUB_PTY_MAX;
+	if (need > kernel_max)
+		need = kernel_max;
+	if (have >= need)
+		return 0;
+	FILE *f = fopen("/proc/sys/kernel/pty/max", "w");
+	bool raised = f && fprintf(f, "%" PRIu64 "\n", need) > 0;
+	if (f && fclose(f) != 0)
+		raised = false;
+	if (raised && proc_u64("/proc/sys/kernel/pty/max") >= need)
+		return 0;
+	snprintf(why, whysz, "kernel.pty.max is %" PRIu64 " and could not be raised to %" PRIu64
+	         " (%u executions of %u terminals each, and the host's reserve of %" PRIu64 ")",
+	         have, need, slots, SPACED_SUB_PTY_MAX, reserve);
+	return SPACED_ESYS;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "net-down") == 0)
@@ -1012,6 +1051,11 @@ int main(int argc, char **argv)
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,
 	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,
 	                        .api_tls_cert = tls.plaintext ? NULL : tls.cert, .api_tls_key = tls.plaintext ? NULL : tls.key};
+	/* every execution's terminals within its own devpts instance's max, and
+	 * the host's room for all of them (substrate.h SPACED_SUB_PTY_MAX) */
+	char ptywhy[256];
+	if (pty_room(uid_slots, ptywhy, sizeof ptywhy) < 0)
+		fprintf(stderr, "spaced-node: warning: %s\n", ptywhy);
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Containment on a real cluster (`spacectl dev up`, process substrate, issue 11): a hostile
 # tenant's sandboxes are held to their memory (TCP buffers too), process and disk limits, each execution runs in
-# a uid range of its own (so per-user kernel counts such as inotify instances are its own), a
+# a uid range of its own (so per-user kernel counts such as inotify instances are its own), its
+# terminals come from its own devpts instance (64 at most), a
 # tenant at its quota gets 429, a sparse file costs a snapshot what it holds, limits follow a
 # sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
 # every attack a victim sandbox of another tenant on the same worker must keep working.
@@ -178,6 +179,31 @@ kill $WATCH $HOLD 2>/dev/null
 victim_ok "an inotify exhaustion"
 "$SC" rm "$I" >/dev/null
 "$SC" rm "$I2" >/dev/null
+
+# ---- terminals: one sandbox's stay within its own devpts instance ----
+# without a max of its own, every instance draws on the host's kernel.pty.max: one sandbox took
+# all 3071 terminals the host leaves its containers, and no other sandbox could open one
+T=$("$SC" create --worker worker-1)
+"$SC" exec "$T" -- python3 -c '
+import os, time
+fds = []
+try:
+    while len(fds) < 5000:
+        fds.append(os.openpty())
+except OSError as e:
+    print(len(fds), e.errno, flush=True)
+time.sleep(20)
+' >"$W/pty.out" 2>&1 &
+HOLD=$!
+BG="$BG $HOLD"
+wait_for "the attacker holds every terminal its sandbox may have" grep -q . "$W/pty.out"
+expect "its own devpts instance stops it at 64 (ENOSPC)" "$(cat "$W/pty.out")" "64 28"
+expect "another tenant's sandbox still opens a terminal" \
+	"$(as_victim exec "$VX" -- python3 -c 'import os; print(len(os.openpty()))')" 2
+expect "the worker made room for 64 terminals in each of its 256 slots (kernel.pty.max)" \
+	"$([ "$(cat /proc/sys/kernel/pty/max)" -ge $(($(cat /proc/sys/kernel/pty/reserve) + 256 * 64)) ] && echo yes)" yes
+kill $HOLD 2>/dev/null
+"$SC" rm "$T" >/dev/null
 
 # ---- limits follow the sandbox across pause, resume and move ----
 L=$("$SC" create --worker worker-1 --cpus 0.5 --memory 96M --pids 100 --disk 64M)
