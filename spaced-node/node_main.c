@@ -634,30 +634,44 @@ static uint64_t proc_u64(const char *path)
 	return v;
 }
 
-/* Makes room for the terminals of slots executions (SPACED_SUB_PTY_MAX each,
- * the max of each one's devpts instance) in the host's kernel.pty.max,
- * raising it when it holds less than kernel.pty.reserve plus that. Returns 0
- * when there is room; SPACED_ESYS with why when there is not (the host's
- * setting is kept: executions past it find no terminal). */
-static int pty_room(uint32_t slots, char *why, size_t whysz)
+/* Raises the host's setting at path (a /proc/sys file) to need when it holds
+ * less. Returns 0 when it holds need now; SPACED_ESYS with why when it does
+ * not (the host's setting is kept). */
+static int sysctl_at_least(const char *path, uint64_t need, char *why, size_t whysz)
 {
-	const uint64_t kernel_max = UINT64_C(1) << 20; /* NR_UNIX98_PTY_MAX */
-	uint64_t have = proc_u64("/proc/sys/kernel/pty/max"), reserve = proc_u64("/proc/sys/kernel/pty/reserve");
-	uint64_t need = reserve + (uint64_t)slots * SPACED_SUB_PTY_MAX;
-	if (need > kernel_max)
-		need = kernel_max;
+	uint64_t have = proc_u64(path);
 	if (have >= need)
 		return 0;
-	FILE *f = fopen("/proc/sys/kernel/pty/max", "w");
+	FILE *f = fopen(path, "w");
 	bool raised = f && fprintf(f, "%" PRIu64 "\n", need) > 0;
 	if (f && fclose(f) != 0)
 		raised = false;
-	if (raised && proc_u64("/proc/sys/kernel/pty/max") >= need)
+	if (raised && proc_u64(path) >= need)
 		return 0;
-	snprintf(why, whysz, "kernel.pty.max is %" PRIu64 " and could not be raised to %" PRIu64
-	         " (%u executions of %u terminals each, and the host's reserve of %" PRIu64 ")",
-	         have, need, slots, SPACED_SUB_PTY_MAX, reserve);
+	snprintf(why, whysz, "%s is %" PRIu64 " and could not be raised to %" PRIu64, path, have, need);
 	return SPACED_ESYS;
+}
+
+/* Host-wide kernel counts that executions draw on, made large enough that
+ * what bounds each execution is its own limit, never what others took:
+ * - kernel.pty.max: each execution's devpts instance holds SPACED_SUB_PTY_MAX
+ *   terminals, all instances but the host's share pty.max less pty.reserve;
+ * - fs.aio-max-nr: io_setup's events, one count for the whole host (65536 by
+ *   default: one sandbox took all and every other one and the host got
+ *   EAGAIN); each event's 32 bytes of ring are charged to the execution's
+ *   memory, so all executions together hold at most their memory's worth
+ *   (alloc_mem, overcommit included) on top of the host's default.
+ * Warns on stderr for what cannot be raised. */
+static void host_kernel_room(uint32_t slots, uint64_t alloc_mem)
+{
+	char why[256];
+	uint64_t pty = proc_u64("/proc/sys/kernel/pty/reserve") + (uint64_t)slots * SPACED_SUB_PTY_MAX;
+	if (pty > (UINT64_C(1) << 20)) /* NR_UNIX98_PTY_MAX */
+		pty = UINT64_C(1) << 20;
+	if (sysctl_at_least("/proc/sys/kernel/pty/max", pty, why, sizeof why) < 0)
+		fprintf(stderr, "spaced-node: warning: %s: executions past it find no terminal\n", why);
+	if (sysctl_at_least("/proc/sys/fs/aio-max-nr", 65536 + alloc_mem / 32, why, sizeof why) < 0)
+		fprintf(stderr, "spaced-node: warning: %s: an execution's io_setup can take what others need\n", why);
 }
 
 int main(int argc, char **argv)
@@ -1051,11 +1065,7 @@ int main(int argc, char **argv)
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,
 	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,
 	                        .api_tls_cert = tls.plaintext ? NULL : tls.cert, .api_tls_key = tls.plaintext ? NULL : tls.key};
-	/* every execution's terminals within its own devpts instance's max, and
-	 * the host's room for all of them (substrate.h SPACED_SUB_PTY_MAX) */
-	char ptywhy[256];
-	if (pty_room(uid_slots, ptywhy, sizeof ptywhy) < 0)
-		fprintf(stderr, "spaced-node: warning: %s\n", ptywhy);
+	host_kernel_room(uid_slots, (uint64_t)((double)alloc.memory_bytes * (mem_overcommit > 0 ? mem_overcommit : 1.0)));
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

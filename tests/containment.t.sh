@@ -2,7 +2,7 @@
 # Containment on a real cluster (`spacectl dev up`, process substrate, issue 11): a hostile
 # tenant's sandboxes are held to their memory (TCP buffers too), process and disk limits, each execution runs in
 # a uid range of its own (so per-user kernel counts such as inotify instances are its own), its
-# terminals come from its own devpts instance (64 at most), a
+# terminals come from its own devpts instance (64 at most), io_setup stops at its memory, a
 # tenant at its quota gets 429, a sparse file costs a snapshot what it holds, limits follow a
 # sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
 # every attack a victim sandbox of another tenant on the same worker must keep working.
@@ -204,6 +204,39 @@ expect "the worker made room for 64 terminals in each of its 256 slots (kernel.p
 	"$([ "$(cat /proc/sys/kernel/pty/max)" -ge $(($(cat /proc/sys/kernel/pty/reserve) + 256 * 64)) ] && echo yes)" yes
 kill $HOLD 2>/dev/null
 "$SC" rm "$T" >/dev/null
+
+# ---- io_setup: events counted once for the whole host (fs.aio-max-nr) ----
+# at the kernel's 65536, one sandbox's io_setup took them all and every other sandbox and the host
+# itself got EAGAIN; the worker raises the count so that each execution's memory (which its rings
+# are charged to) is what stops it
+aio='
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+n, want, size = 0, int(sys.argv[1]), int(sys.argv[2])
+while n < want:
+    ctx = ctypes.c_ulong(0)
+    if libc.syscall(206, size, ctypes.byref(ctx)) != 0:
+        break
+    n += 1
+print(n, ctypes.get_errno() if n < want else 0, flush=True)
+time.sleep(float(sys.argv[3]))
+'
+AIO=$("$SC" create --worker worker-1 --memory 128M)
+"$SC" exec "$AIO" -- python3 -c "$aio" 48 16384 20 >"$W/aio.out" 2>&1 &
+HOLD=$!
+BG="$BG $HOLD"
+wait_for "the attacker holds its io_setup contexts" grep -q . "$W/aio.out"
+expect "48 contexts of 16384 events, past the host's default of 65536 in all" "$(cat "$W/aio.out")" "48 0"
+expect "another tenant's sandbox still sets up asynchronous I/O" \
+	"$(as_victim exec "$VX" -- python3 -c "$aio" 1 128 0)" "1 0"
+kill $HOLD 2>/dev/null
+"$SC" exec "$AIO" -- python3 -c "$aio" 100000 65536 0 >"$W/aio2.out" 2>&1
+rc=$?
+echo "io_setup without end under --memory 128M: exit $rc, $(cat "$W/aio2.out")"
+expect "io_setup without end stops at the sandbox's memory (killed, or ENOMEM)" \
+	"$([ $rc -eq 137 ] || grep -q ' 12$' "$W/aio2.out" && echo yes)" yes
+victim_ok "an io_setup exhaustion"
+"$SC" rm "$AIO" >/dev/null
 
 # ---- limits follow the sandbox across pause, resume and move ----
 L=$("$SC" create --worker worker-1 --cpus 0.5 --memory 96M --pids 100 --disk 64M)
