@@ -404,13 +404,14 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	static char e_home[] = "HOME=/root", e_lang[] = "LANG=C.UTF-8", e_term[] = "TERM=xterm-256color";
 	static char a_name[] = "spaced-guest", a_root[] = "--root", a_slash[] = "/";
 	static char a_cfd[] = "--control-fd", a_3[] = "3", a_id[] = "--identity";
+	static char a_oom[] = "--oom-fd", a_4[] = "4";
 	/* ServicePorts (when asked): a transport connection for another port than
 	 * the guest API's is joined to that port inside (only the launcher's
 	 * root-owned socket hands connections over; spaced-netgtw checks them, R5) */
 	static char a_sp[] = "--service-ports";
 	static char guest[] = SPACED_SUB_GUEST_PATH;
 	char idtext[SPACED_IDENTITY_TEXT_MAX];
-	char *argv[10];
+	char *argv[12];
 	char *envp[] = { e_path, e_home, e_lang, e_term, NULL };
 	int sync = a->sync, argc = 0;
 
@@ -419,6 +420,18 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		child_fail(sync, "PR_SET_PDEATHSIG");
+	/* the guest's own OOM score, opened while this process is still the
+	 * host's root: the guest is never dumpable (it is sealed from its
+	 * tenant), so its /proc files belong to a root it cannot act as, and it
+	 * could not open this file itself. It raises its score through it for
+	 * every command it starts (spaced-guest proc.c): the commands, not the
+	 * guest, are what the kernel kills at the execution's memory limit. */
+	int oomfd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (oomfd >= 0 && oomfd < 10) { /* out of the way of the fds set up below */
+		int high = fcntl(oomfd, F_DUPFD_CLOEXEC, 10);
+		close(oomfd);
+		oomfd = high;
+	}
 	/* nothing done here may propagate back to the host */
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		child_fail(sync, "make / private");
@@ -546,7 +559,7 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		child_fail(sync, "unshare cgroup namespace");
 	if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
 		child_fail(sync, "become root of the user namespace");
-	/* fds: 0 /dev/null, 1-2 log, 3 control, nothing else */
+	/* fds: 0 /dev/null, 1-2 log, 3 control, 4 the guest's OOM score, nothing else */
 	{
 		int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
 		int ctl = fcntl(a->ctl, F_DUPFD_CLOEXEC, 10);
@@ -555,8 +568,11 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 		if (nul < 0 || ctl < 0 || log < 0 || dup2(nul, 0) < 0 || dup2(log, 1) < 0 ||
 		    dup2(log, 2) < 0 || dup2(ctl, 3) < 0)
 			child_fail(sync, "set up fds");
+		/* 4: its OOM score (above), when it could be opened */
+		if (oomfd >= 0 && (dup2(oomfd, 4) < 0 || fcntl(4, F_SETFD, 0) < 0))
+			child_fail(sync, "set up fds");
 		/* whatever else was inherited closes at exec (sync too) */
-		if (syscall(SYS_close_range, 4U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */) < 0)
+		if (syscall(SYS_close_range, oomfd >= 0 ? 5U : 4U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */) < 0)
 			child_fail(sync, "close_range");
 	}
 	if (sub_confine() < 0)
@@ -566,6 +582,10 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	argv[argc++] = a_slash;
 	argv[argc++] = a_cfd;
 	argv[argc++] = a_3;
+	if (oomfd >= 0) {
+		argv[argc++] = a_oom;
+		argv[argc++] = a_4;
+	}
 	if (a->service_ports)
 		argv[argc++] = a_sp;
 	if (a->identity_text != NULL) {

@@ -124,6 +124,8 @@ struct guest {
 	char identity[SPACED_IDENTITY_TEXT_MAX];
 	int listen_fd, control_fd, sig_fd;
 	int vctl_fd; /* the vsock control port's listener (vctl.c), -1 when none */
+	int oom_fd;  /* its own /proc/PID/oom_score_adj, opened by the launcher before
+	              * the exec (--oom-fd; -1: opened when written, as in a VM) */
 	bool pid1;
 	struct conn *conns;
 	unsigned nconns;

@@ -3,7 +3,7 @@
  * terminals and watches over the guest protocol (docs/guest-protocol.md).
  *
  *   spaced-guest --root DIR --identity TEXT --listen PATH
- *   spaced-guest --root DIR --control-fd N [--identity TEXT]
+ *   spaced-guest --root DIR --control-fd N [--oom-fd M] [--identity TEXT]
  *   spaced-guest --root DIR [--identity TEXT] --vsock-port N [--vsock-control-port M]
  *                [--vsock-forward-port F]
  *
@@ -451,20 +451,21 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-guest [--root DIR] [--identity TEXT] "
 	                "(--listen PATH | --control-fd N | --vsock-port N [--vsock-control-port M] [--vsock-forward-port F])\n"
-	                "       [--service-ports] [--verbose]\n");
+	                "       [--oom-fd N] [--service-ports] [--verbose]\n");
 	exit(64);
 }
 
 int main(int argc, char **argv)
 {
 	const char *root = "/", *identity = NULL, *listen = NULL;
-	long control = -1;
+	long control = -1, oomfd = -1;
 	unsigned long vsock_port = 0, vctl_port = 0, vfwd_port = 0;
 	static const struct option opts[] = {
 		{"root", required_argument, NULL, 'r'},
 		{"identity", required_argument, NULL, 'i'},
 		{"listen", required_argument, NULL, 'l'},
 		{"control-fd", required_argument, NULL, 'c'},
+		{"oom-fd", required_argument, NULL, 'o'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"service-ports", no_argument, NULL, 'p'},
 		{"vsock-port", required_argument, NULL, 'V'},
@@ -473,7 +474,7 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "r:i:l:c:vpV:K:F:", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "r:i:l:c:o:vpV:K:F:", opts, NULL)) != -1) {
 		char *end;
 		switch (o) {
 		case 'r':
@@ -489,6 +490,12 @@ int main(int argc, char **argv)
 			errno = 0;
 			control = strtol(optarg, &end, 10);
 			if (errno || *end || control < 0 || control > INT_MAX)
+				usage();
+			break;
+		case 'o':
+			errno = 0;
+			oomfd = strtol(optarg, &end, 10);
+			if (errno || *end || oomfd < 0 || oomfd > INT_MAX)
 				usage();
 			break;
 		case 'v':
@@ -525,6 +532,9 @@ int main(int argc, char **argv)
 	    (vfwd_port != 0 && (vsock_port == 0 || vfwd_port == vsock_port || vfwd_port == vctl_port)))
 		usage();
 	G.listen_fd = G.control_fd = G.vctl_fd = -1;
+	G.oom_fd = (int)oomfd;
+	if (G.oom_fd >= 0)
+		(void)fcntl(G.oom_fd, F_SETFD, FD_CLOEXEC);
 	G.pid1 = getpid() == 1;
 	if (identity != NULL && set_identity(identity, strlen(identity)) < 0) {
 		fprintf(stderr, "spaced-guest: invalid --identity\n");

@@ -617,6 +617,12 @@ static int find_in_path(const char *name, char **envp, int cwdfd, char *out, siz
 
 static void oom_adj_self(const char *v)
 {
+	/* the launcher's descriptor: the guest, never dumpable, cannot open its
+	 * own /proc files (they belong to a root it cannot act as) */
+	if (G.oom_fd >= 0) {
+		(void)!pwrite(G.oom_fd, v, strlen(v), 0);
+		return;
+	}
 	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (fd >= 0) {
 		(void)!write(fd, v, strlen(v));
@@ -682,7 +688,6 @@ static void child_exec(char **argv, char **envp, int cwdfd, int in, int out, int
 		if (sigismember(ign, sig) == 1)
 			(void)signal(sig, SIG_DFL);
 	(void)setsid();
-	oom_adj_self(GUEST_CHILD_OOM_ADJ);
 	if (term)
 		(void)ioctl(in, TIOCSCTTY, 0);
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
@@ -835,7 +840,11 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 		/* a terminal's child, or one that changes user: forked (posix_spawn
 		 * can do neither) */
 		(void)ignored_signals(); /* looked up before the fork, once */
+		/* the child takes the score it has at the fork: raise ours for it */
+		oom_adj_self(GUEST_CHILD_OOM_ADJ);
 		pid = fork();
+		if (pid != 0)
+			oom_adj_self("0");
 		if (pid < 0)
 			goto sysfail;
 		if (pid == 0) {

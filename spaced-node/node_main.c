@@ -652,15 +652,69 @@ static int sysctl_at_least(const char *path, uint64_t need, char *why, size_t wh
 	return SPACED_ESYS;
 }
 
+/* The three numbers of a /proc/sys file (tcp_mem, udp_mem); false when unreadable. */
+static bool proc_u64x3(const char *path, uint64_t v[3])
+{
+	unsigned long long a, b, c;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return false;
+	bool ok = fscanf(f, "%llu %llu %llu", &a, &b, &c) == 3;
+	fclose(f);
+	if (ok) {
+		v[0] = a;
+		v[1] = b;
+		v[2] = c;
+	}
+	return ok;
+}
+
+/* sysctl_at_least for a file of three numbers, each raised to need[i]. */
+static int sysctl3_at_least(const char *path, const uint64_t need[3], char *why, size_t whysz)
+{
+	uint64_t have[3];
+	if (!proc_u64x3(path, have)) {
+		snprintf(why, whysz, "%s cannot be read", path);
+		return SPACED_ESYS;
+	}
+	if (have[0] >= need[0] && have[1] >= need[1] && have[2] >= need[2])
+		return 0;
+	uint64_t want[3];
+	for (int i = 0; i < 3; i++)
+		want[i] = have[i] > need[i] ? have[i] : need[i];
+	FILE *f = fopen(path, "w");
+	bool raised = f && fprintf(f, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", want[0], want[1], want[2]) > 0;
+	if (f && fclose(f) != 0)
+		raised = false;
+	if (raised && proc_u64x3(path, have) && have[0] >= need[0] && have[1] >= need[1] && have[2] >= need[2])
+		return 0;
+	snprintf(why, whysz, "%s could not be raised to %" PRIu64 " %" PRIu64 " %" PRIu64, path, need[0], need[1], need[2]);
+	return SPACED_ESYS;
+}
+
 /* Host-wide kernel counts that executions draw on, made large enough that
- * what bounds each execution is its own limit, never what others took:
+ * what bounds each execution is its own limit, never what others took
+ * (alloc_mem: what the limits of the worker's executions add up to,
+ * overcommit included):
  * - kernel.pty.max: each execution's devpts instance holds SPACED_SUB_PTY_MAX
  *   terminals, all instances but the host's share pty.max less pty.reserve;
  * - fs.aio-max-nr: io_setup's events, one count for the whole host (65536 by
  *   default: one sandbox took all and every other one and the host got
  *   EAGAIN); each event's 32 bytes of ring are charged to the execution's
- *   memory, so all executions together hold at most their memory's worth
- *   (alloc_mem, overcommit included) on top of the host's default.
+ *   memory: raised by alloc_mem / 32;
+ * - fs.file-max: open files of the whole host (the kernel's default, a tenth
+ *   of memory at 1 KiB each: 2.4 M here, which one 1.5 GiB sandbox filled
+ *   with eventfds, and every other sandbox and the host's unprivileged
+ *   processes got ENFILE); each file is charged to its execution's memory
+ *   (about 420 bytes): raised by alloc_mem / 256;
+ * - net.ipv4.tcp_mem, udp_mem: the socket memory of the whole host, in
+ *   pages; past the first number every UDP socket of the host is held to
+ *   4 KiB queued (TCP: past the second, pressure), and a few large
+ *   sandboxes filled it. Each execution's socket buffers are held to a
+ *   quarter of its memory limit (sub_cgroup.c, memory.kmem.tcp on v1, which
+ *   also counts UDP; memory.max on v2): each number raised by alloc_mem / 4
+ *   over the kernel's own default (a sixteenth of memory for TCP, an eighth
+ *   for UDP), so the host's sockets keep theirs.
  * Warns on stderr for what cannot be raised. */
 static void host_kernel_room(uint32_t slots, uint64_t alloc_mem)
 {
@@ -672,6 +726,19 @@ static void host_kernel_room(uint32_t slots, uint64_t alloc_mem)
 		fprintf(stderr, "spaced-node: warning: %s: executions past it find no terminal\n", why);
 	if (sysctl_at_least("/proc/sys/fs/aio-max-nr", 65536 + alloc_mem / 32, why, sizeof why) < 0)
 		fprintf(stderr, "spaced-node: warning: %s: an execution's io_setup can take what others need\n", why);
+	uint64_t mem = 0, tasks = 0;
+	if (host_totals(&mem, &tasks) < 0)
+		return;
+	if (sysctl_at_least("/proc/sys/fs/file-max", mem / 1024 / 10 + alloc_mem / 256, why, sizeof why) < 0)
+		fprintf(stderr, "spaced-node: warning: %s: an execution's open files can take what others need\n", why);
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), add = alloc_mem / 4 / page;
+	const char *const paths[2] = {"/proc/sys/net/ipv4/tcp_mem", "/proc/sys/net/ipv4/udp_mem"};
+	for (int i = 0; i < 2; i++) {
+		uint64_t base = mem / page / (i == 0 ? 16 : 8);
+		const uint64_t need[3] = {base / 4 * 3 + add, base + add, base / 2 * 3 + add};
+		if (sysctl3_at_least(paths[i], need, why, sizeof why) < 0)
+			fprintf(stderr, "spaced-node: warning: %s: executions' socket buffers can take the host's\n", why);
+	}
 }
 
 int main(int argc, char **argv)
