@@ -1434,4 +1434,3 @@ out:
 	spaced_pidref_done(&init);
 	return r;
 }
-
