@@ -42,6 +42,7 @@
 #include <sodium.h>
 
 #include "error.h"
+#include "log.h"
 #include "netpolicy.h"
 #include "pidref.h"
 
@@ -551,8 +552,8 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 		}
 		uint32_t g, pool;
 		net_conn_share(cfg, &g, &pool);
-		fprintf(stderr, "spaced-node: egress up: pasta carries %u connections: %u guaranteed to each of %u slots, %u shared\n",
-		        g * slot_count(cfg) + pool, g, slot_count(cfg), pool);
+		spaced_log("executor", "level=info event=egress-up pasta_conns=%u guaranteed=%u slots=%u shared=%u",
+		           g * slot_count(cfg) + pool, g, slot_count(cfg), pool);
 	}
 	if ((e = apply_base(cfg, ns, why, whysz)) < 0)
 		return e;

@@ -723,21 +723,21 @@ static void host_kernel_room(uint32_t slots, uint64_t alloc_mem)
 	if (pty > (UINT64_C(1) << 20)) /* NR_UNIX98_PTY_MAX */
 		pty = UINT64_C(1) << 20;
 	if (sysctl_at_least("/proc/sys/kernel/pty/max", pty, why, sizeof why) < 0)
-		fprintf(stderr, "spaced-node: warning: %s: executions past it find no terminal\n", why);
+		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: executions past it find no terminal\"", why);
 	if (sysctl_at_least("/proc/sys/fs/aio-max-nr", 65536 + alloc_mem / 32, why, sizeof why) < 0)
-		fprintf(stderr, "spaced-node: warning: %s: an execution's io_setup can take what others need\n", why);
+		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: an execution's io_setup can take what others need\"", why);
 	uint64_t mem = 0, tasks = 0;
 	if (host_totals(&mem, &tasks) < 0)
 		return;
 	if (sysctl_at_least("/proc/sys/fs/file-max", mem / 1024 / 10 + alloc_mem / 256, why, sizeof why) < 0)
-		fprintf(stderr, "spaced-node: warning: %s: an execution's open files can take what others need\n", why);
+		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: an execution's open files can take what others need\"", why);
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), add = alloc_mem / 4 / page;
 	const char *const paths[2] = {"/proc/sys/net/ipv4/tcp_mem", "/proc/sys/net/ipv4/udp_mem"};
 	for (int i = 0; i < 2; i++) {
 		uint64_t base = mem / page / (i == 0 ? 16 : 8);
 		const uint64_t need[3] = {base / 4 * 3 + add, base + add, base / 2 * 3 + add};
 		if (sysctl3_at_least(paths[i], need, why, sizeof why) < 0)
-			fprintf(stderr, "spaced-node: warning: %s: executions' socket buffers can take the host's\n", why);
+			spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: executions' socket buffers can take the host's\"", why);
 	}
 }
 

@@ -67,9 +67,9 @@ VX=$(as_victim create --worker worker-1)
 [ -n "$A1" ] && [ -n "$A2" ] && [ -n "$VX" ] || { echo "FAIL: the sandboxes"; tail "$D"/worker-1.log; exit 1; }
 for x in "$A1" "$A2"; do "$SC" fs write "$x" /tmp/hold.py <"$W/hold.py" || fail "hold.py into $x"; done
 as_victim fs write "$VX" /tmp/hold.py <"$W/hold.py" || fail "hold.py into the victim's"
-grep "egress up" "$D/worker-1.log"
+grep "event=egress-up" "$D/worker-1.log"
 expect "the worker's share: 4 guaranteed to each of 256 slots, 1024 shared" \
-	"$(grep -c 'pasta carries 2048 connections: 4 guaranteed to each of 256 slots, 1024 shared' "$D/worker-1.log")" 1
+	"$(grep -c 'event=egress-up pasta_conns=2048 guaranteed=4 slots=256 shared=1024' "$D/worker-1.log")" 1
 
 "$SC" exec "$A1" -- python3 /tmp/hold.py "$NH_A" 700 120 /tmp/done >"$W/a1.out" 2>&1 &
 BG="$BG $!"
