@@ -622,73 +622,46 @@ fail:
 	return NULL;
 }
 
-/* A number from a one-line /proc file, 0 when unreadable. */
-static uint64_t proc_u64(const char *path)
+/* The n (1 to 3) numbers of a /proc/sys file; false when unreadable. */
+static bool proc_read_n(const char *path, uint64_t *v, int n)
 {
-	char buf[64];
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	uint64_t v = fgets(buf, sizeof buf, f) ? strtoull(buf, NULL, 10) : 0;
-	fclose(f);
-	return v;
-}
-
-/* Raises the host's setting at path (a /proc/sys file) to need when it holds
- * less. Returns 0 when it holds need now; SPACED_ESYS with why when it does
- * not (the host's setting is kept). */
-static int sysctl_at_least(const char *path, uint64_t need, char *why, size_t whysz)
-{
-	uint64_t have = proc_u64(path);
-	if (have >= need)
-		return 0;
-	FILE *f = fopen(path, "w");
-	bool raised = f && fprintf(f, "%" PRIu64 "\n", need) > 0;
-	if (f && fclose(f) != 0)
-		raised = false;
-	if (raised && proc_u64(path) >= need)
-		return 0;
-	snprintf(why, whysz, "%s is %" PRIu64 " and could not be raised to %" PRIu64, path, have, need);
-	return SPACED_ESYS;
-}
-
-/* The three numbers of a /proc/sys file (tcp_mem, udp_mem); false when unreadable. */
-static bool proc_u64x3(const char *path, uint64_t v[3])
-{
-	unsigned long long a, b, c;
+	unsigned long long x[3] = {0, 0, 0};
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return false;
-	bool ok = fscanf(f, "%llu %llu %llu", &a, &b, &c) == 3;
+	bool ok = fscanf(f, "%llu %llu %llu", &x[0], &x[1], &x[2]) >= n;
 	fclose(f);
-	if (ok) {
-		v[0] = a;
-		v[1] = b;
-		v[2] = c;
-	}
+	for (int i = 0; ok && i < n; i++)
+		v[i] = x[i];
 	return ok;
 }
 
-/* sysctl_at_least for a file of three numbers, each raised to need[i]. */
-static int sysctl3_at_least(const char *path, const uint64_t need[3], char *why, size_t whysz)
+/* Raises each of the n numbers of the host's setting at path (a /proc/sys
+ * file: one, or three for tcp_mem and udp_mem) to need[i] when it holds
+ * less, keeping those it holds above. Returns 0 when it holds need now;
+ * SPACED_ESYS with why when it does not (the host's setting is kept). */
+static int sysctl_at_least(const char *path, const uint64_t *need, int n, char *why, size_t whysz)
 {
-	uint64_t have[3];
-	if (!proc_u64x3(path, have)) {
-		snprintf(why, whysz, "%s cannot be read", path);
-		return SPACED_ESYS;
-	}
-	if (have[0] >= need[0] && have[1] >= need[1] && have[2] >= need[2])
+	uint64_t have[3] = {0, 0, 0};
+	bool enough = proc_read_n(path, have, n);
+	for (int i = 0; enough && i < n; i++)
+		enough = have[i] >= need[i];
+	if (enough)
 		return 0;
-	uint64_t want[3];
-	for (int i = 0; i < 3; i++)
-		want[i] = have[i] > need[i] ? have[i] : need[i];
+	char text[96] = "";
+	for (int i = 0; i < n; i++) {
+		size_t l = strlen(text);
+		snprintf(text + l, sizeof text - l, "%s%" PRIu64, i ? " " : "", have[i] > need[i] ? have[i] : need[i]);
+	}
 	FILE *f = fopen(path, "w");
-	bool raised = f && fprintf(f, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", want[0], want[1], want[2]) > 0;
+	bool raised = f && fprintf(f, "%s\n", text) > 0;
 	if (f && fclose(f) != 0)
 		raised = false;
-	if (raised && proc_u64x3(path, have) && have[0] >= need[0] && have[1] >= need[1] && have[2] >= need[2])
+	for (int i = 0; raised && i < n; i++)
+		raised = proc_read_n(path, have, n) && have[i] >= need[i];
+	if (raised)
 		return 0;
-	snprintf(why, whysz, "%s could not be raised to %" PRIu64 " %" PRIu64 " %" PRIu64, path, need[0], need[1], need[2]);
+	snprintf(why, whysz, "%s could not be raised to %s", path, text);
 	return SPACED_ESYS;
 }
 
@@ -719,26 +692,33 @@ static int sysctl3_at_least(const char *path, const uint64_t need[3], char *why,
 static void host_kernel_room(uint32_t slots, uint64_t alloc_mem)
 {
 	char why[256];
-	uint64_t pty = proc_u64("/proc/sys/kernel/pty/reserve") + (uint64_t)slots * SPACED_SUB_PTY_MAX;
+	uint64_t mem = 0, tasks = 0, reserve = 0;
+	(void)proc_read_n("/proc/sys/kernel/pty/reserve", &reserve, 1);
+	uint64_t pty = reserve + (uint64_t)slots * SPACED_SUB_PTY_MAX;
 	if (pty > (UINT64_C(1) << 20)) /* NR_UNIX98_PTY_MAX */
 		pty = UINT64_C(1) << 20;
-	if (sysctl_at_least("/proc/sys/kernel/pty/max", pty, why, sizeof why) < 0)
-		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: executions past it find no terminal\"", why);
-	if (sysctl_at_least("/proc/sys/fs/aio-max-nr", 65536 + alloc_mem / 32, why, sizeof why) < 0)
-		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: an execution's io_setup can take what others need\"", why);
-	uint64_t mem = 0, tasks = 0;
-	if (host_totals(&mem, &tasks) < 0)
-		return;
-	if (sysctl_at_least("/proc/sys/fs/file-max", mem / 1024 / 10 + alloc_mem / 256, why, sizeof why) < 0)
-		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: an execution's open files can take what others need\"", why);
+	uint64_t aio = 65536 + alloc_mem / 32, files = 0;
+	if (host_totals(&mem, &tasks) == 0)
+		files = mem / 1024 / 10 + alloc_mem / 256;
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), add = alloc_mem / 4 / page;
-	const char *const paths[2] = {"/proc/sys/net/ipv4/tcp_mem", "/proc/sys/net/ipv4/udp_mem"};
-	for (int i = 0; i < 2; i++) {
-		uint64_t base = mem / page / (i == 0 ? 16 : 8);
-		const uint64_t need[3] = {base / 4 * 3 + add, base + add, base / 2 * 3 + add};
-		if (sysctl3_at_least(paths[i], need, why, sizeof why) < 0)
-			spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: executions' socket buffers can take the host's\"", why);
-	}
+	uint64_t tcp = mem / page / 16, udp = mem / page / 8;
+	const struct {
+		const char *path, *risk;
+		uint64_t need[3];
+		int n;
+	} room[] = {
+		{"/proc/sys/kernel/pty/max", "executions past it find no terminal", {pty}, 1},
+		{"/proc/sys/fs/aio-max-nr", "an execution's io_setup can take what others need", {aio}, 1},
+		{"/proc/sys/fs/file-max", "an execution's open files can take what others need", {files}, 1},
+		{"/proc/sys/net/ipv4/tcp_mem", "executions' socket buffers can take the host's",
+		 {tcp / 4 * 3 + add, tcp + add, tcp / 2 * 3 + add}, 3},
+		{"/proc/sys/net/ipv4/udp_mem", "executions' socket buffers can take the host's",
+		 {udp / 4 * 3 + add, udp + add, udp / 2 * 3 + add}, 3},
+	};
+	for (size_t i = 0; i < sizeof room / sizeof room[0]; i++)
+		if ((room[i].n > 1 || room[i].need[0] > 0) &&
+		    sysctl_at_least(room[i].path, room[i].need, room[i].n, why, sizeof why) < 0)
+			spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: %s\"", why, room[i].risk);
 }
 
 int main(int argc, char **argv)

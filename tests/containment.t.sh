@@ -285,8 +285,7 @@ time.sleep(60)
 ' >"$W/files.out" 2>&1 &
 HOLD=$!
 BG="$BG $HOLD"
-i=0
-while [ $i -lt 600 ] && ! grep -q "^held" "$W/files.out"; do i=$((i + 1)); sleep 0.2; done
+WAIT_SECONDS=120 wait_for "the attacker holds its open files" grep -q "^held" "$W/files.out"
 echo "open files: $(cat "$W/files.out"); the host: $(cat /proc/sys/fs/file-nr)"
 expect "another tenant's sandbox still opens files, pipes and sockets" \
 	"$(as_victim exec "$VX" -- python3 -c 'import os, socket; open("/etc/hostname"); os.pipe(); socket.socket(); print("ok")' 2>&1)" ok
@@ -335,8 +334,7 @@ time.sleep(60)
 ' >"$W/udp.out" 2>&1 &
 HOLD=$!
 BG="$BG $HOLD"
-i=0
-while [ $i -lt 900 ] && ! grep -q "^held" "$W/udp.out"; do i=$((i + 1)); sleep 0.2; done
+WAIT_SECONDS=180 wait_for "the attacker holds its UDP buffers" grep -q "^held" "$W/udp.out"
 udp_pages=$(awk '/^UDP:/ {for (i = 1; i < NF; i++) if ($i == "mem") print $(i + 1)}' /proc/net/sockstat)
 echo "UDP buffers held: $udp_pages pages; udp_mem $(cat /proc/sys/net/ipv4/udp_mem)"
 vb=$(as_victim exec "$VX" -- python3 -c "$burst" 2>&1)
