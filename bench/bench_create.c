@@ -18,6 +18,7 @@
  * (201, the sandbox running: the worker acknowledged its install). The pool's
  * hit rate over the measured creates comes from the worker's status.
  * Needs root (the process substrate) and bwrap. Last line: one JSON object.
+ * BENCH_POOL=N sets the worker's --pool (default N_CONCURRENT + 4).
  * BENCH_TMP=DIR puts the cluster's directory under DIR instead of /tmp (to
  * compare file systems); BENCH_TRACE=1 prints the concurrent burst's window
  * in CLOCK_MONOTONIC seconds, for `perf record -k CLOCK_MONOTONIC -a` and
@@ -315,7 +316,7 @@ int main(int argc, char **argv)
 	if (!mkdtemp(dir))
 		return 1;
 	char cmd[9000];
-	int pool = nconc + 4;
+	int pool = getenv("BENCH_POOL") ? atoi(getenv("BENCH_POOL")) : nconc + 4;
 	/* plaintext: one kept-alive connection per client, so TLS would add a
 	 * record's encryption per request, not a handshake (bench-node measures
 	 * that cost: within the noise); the create path is what is measured */

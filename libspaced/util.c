@@ -391,7 +391,14 @@ int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t
 	bool ok = spaced_io_pwrite_full(fd, p, n, 0) == 0 && fstat(fd, &st) == 0 &&
 	          (st.st_size <= (off_t)n || ftruncate(fd, (off_t)n) == 0) && (!durable || fsync(fd) == 0);
 	close(fd);
-	if (!ok || rename(tmp, path) < 0) {
+	/* swapped with the old file rather than renamed over it: on ext4 a
+	 * rename that replaces a file writes the new one's data out at once
+	 * (auto_da_alloc), in the caller's time; the old file, now at tmp, is
+	 * the next write's temporary file. A new path, or a file system
+	 * without RENAME_EXCHANGE: a plain rename. */
+	if (ok && renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0)
+		return SPACED_OK;
+	if (!ok || (errno != ENOENT && errno != EINVAL && errno != ENOSYS) || rename(tmp, path) < 0) {
 		unlink(tmp);
 		return SPACED_EIO;
 	}

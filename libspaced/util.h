@@ -114,8 +114,10 @@ void spaced_dir_names_free(char **names, size_t n);
  * so that a write on a hot path allocates no inode (on ext4 without a
  * journal, an allocation scans every inode freed in the last minutes of its
  * group: milliseconds on a worker that creates and deletes sandboxes).
- * mode: of a tmp made here. durable: fsync before the rename. Returns 0 or
- * SPACED_EIO (tmp removed). */
+ * An existing path is swapped with tmp (RENAME_EXCHANGE): tmp then holds
+ * the old content. Not durable, the new content may be lost in a crash
+ * (a file derived again at start); durable: fsync before the swap.
+ * mode: of a tmp made here. Returns 0 or SPACED_EIO (tmp removed). */
 int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t n, unsigned mode, bool durable);
 
 /* Creates tmp empty (with mode) when it does not exist, for a later

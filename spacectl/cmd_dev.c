@@ -3,7 +3,7 @@
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
  *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...] [--net-conns N]
- *          [--plaintext]
+ *          [--cpu-latency-us N] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  *   dev certs [--dir DIR] [--workers N]
@@ -57,7 +57,8 @@ static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
-	"                       [--net-openable CIDR[,CIDR]...] [--net-conns N] [--plaintext]\n"
+	"                       [--net-openable CIDR[,CIDR]...] [--net-conns N] [--cpu-latency-us N]\n"
+	"                       [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -625,6 +626,8 @@ static const char *dev_disk_reserve;
 static const char *dev_net_openable;
 /* --net-conns for every worker, or NULL: what pasta's open-file limit allows */
 static const char *dev_net_conns;
+/* --cpu-latency-us for every worker, or NULL: no PM QoS request */
+static const char *dev_cpu_latency;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -894,7 +897,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		                               {"--disk-io", dev_disk_io},        {"--allocatable", dev_alloc},
 		                               {"--net-rate", dev_net_rate},      {"--disk-reserve", dev_disk_reserve},
 		                               {"--net-openable", dev_net_openable}, {"--net-conns", dev_net_conns},
-		                               {"--log-format", logfmt}};
+		                               {"--cpu-latency-us", dev_cpu_latency}, {"--log-format", logfmt}};
 		for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
 			if (pass[j][1]) {
 				a[na++] = pass[j][0];
@@ -1061,6 +1064,7 @@ int cmd_dev(int argc, char **argv)
 		{"disk-reserve", required_argument, NULL, 'K'},
 		{"net-openable", required_argument, NULL, 'O'},
 		{"net-conns", required_argument, NULL, 'C'},
+		{"cpu-latency-us", required_argument, NULL, 'U'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1087,6 +1091,7 @@ int cmd_dev(int argc, char **argv)
 		case 'K': dev_disk_reserve = optarg; break;
 		case 'O': dev_net_openable = optarg; break;
 		case 'C': dev_net_conns = optarg; break;
+		case 'U': dev_cpu_latency = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

@@ -10,7 +10,7 @@
  *               [--answer-memory SIZE] [--socket-buffer SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
- *               [--net-rate BITS]
+ *               [--net-rate BITS] [--cpu-latency-us N]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
@@ -44,6 +44,13 @@
  * executions together (default: what pasta's open-file limit allows, two
  * descriptors each); each execution is guaranteed an equal part of half of
  * it and draws beyond that from the other half, shared (docs/network.md).
+ * --cpu-latency-us N: the longest wake-up latency this worker lets the
+ * host's CPUs take when idle (a PM QoS request on /dev/cpu_dma_latency, held
+ * while spaced-node runs; 0: an idle CPU polls instead of halting). A
+ * request through node-api wakes four processes in turn (node-api, the gate,
+ * the execution's guest, node-api again): on a virtual machine whose idle
+ * vCPUs halt, each wake-up is a trip through the hypervisor. Costs the idle
+ * CPU time it saves in latency; default: none (the kernel's choice).
  * --disk-io: what each execution may read and, apart, write per second on its
  * disk (writeback included) and on the lower layer's device (default
  * bps=256M,iops=4096; 0 in a field: no bound; "0": none at all).
@@ -234,7 +241,7 @@ static void usage(void)
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
-	                "                   [--net-conns N]\n"
+	                "                   [--net-conns N] [--cpu-latency-us N]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -721,6 +728,22 @@ static void host_kernel_room(uint32_t slots, uint64_t alloc_mem)
 			spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: %s\"", why, room[i].risk);
 }
 
+/* --cpu-latency-us: the PM QoS request, held by this process (the
+ * supervisor: it outlives its children's restarts) until it exits, when the
+ * kernel drops it. Returns 0, or -1 with the reason on stderr. */
+static int cpu_latency_hold(int32_t us)
+{
+	int fd = open("/dev/cpu_dma_latency", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, &us, sizeof us) != (ssize_t)sizeof us) {
+		fprintf(stderr, "spaced-node: --cpu-latency-us: /dev/cpu_dma_latency: %s\n", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	spaced_log("spaced-node", "level=info event=cpu-latency us=%d", (int)us);
+	return 0; /* fd stays open */
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "net-down") == 0)
@@ -743,6 +766,7 @@ int main(int argc, char **argv)
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	uint64_t net_rate = 500000000; /* 500 Mbit/s each way */
 	uint32_t net_conns = 0;        /* pasta's open-file limit decides */
+	int32_t cpu_latency_us = -1;   /* no PM QoS request */
 	static struct spaced_cidr net_openable[SPACED_NET_RULES_MAX];
 	size_t net_nopenable = 0;
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
@@ -973,6 +997,16 @@ int main(int argc, char **argv)
 			}
 			net_conns = (uint32_t)n;
 		}
+		else if (strcmp(a, "--cpu-latency-us") == 0) {
+			char *end = NULL;
+			errno = 0;
+			long n = strtol(v, &end, 10);
+			if (errno || !end || *end || !v[0] || n < 0 || n > 1000000) {
+				fprintf(stderr, "spaced-node: --cpu-latency-us wants microseconds, 0 to 1000000\n");
+				return 2;
+			}
+			cpu_latency_us = (int32_t)n;
+		}
 		else if (strcmp(a, "--net-rate") == 0) {
 			if (net_rate_parse(v, &net_rate) < 0) {
 				fprintf(stderr, "spaced-node: --net-rate wants bits per second (a number with K, M or G: 500M), or 0\n");
@@ -1113,6 +1147,8 @@ int main(int argc, char **argv)
 	                        .tls_ca = tls.ca, .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key,
 	                        .api_tls_cert = tls.plaintext ? NULL : tls.cert, .api_tls_key = tls.plaintext ? NULL : tls.key};
 	host_kernel_room(uid_slots, (uint64_t)((double)alloc.memory_bytes * (mem_overcommit > 0 ? mem_overcommit : 1.0)));
+	if (cpu_latency_us >= 0 && cpu_latency_hold(cpu_latency_us) < 0)
+		return 1;
 	if (cp_url && (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0) && !advertise) {
 		fprintf(stderr, "spaced-node: listening on %s, the control plane needs --advertise URL\n", host);
 		return 2;

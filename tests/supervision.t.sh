@@ -8,6 +8,8 @@
 # control channel is gone is shown not connected, and connected again once its link is back. An
 # execution that dies under its record (its launcher killed, while the worker runs or while it is
 # down) is reported: the sandbox is failed, and nothing serves its generation again (I2).
+# worker-1 holds a PM QoS request (--cpu-latency-us 7) for as long as its supervisor runs, a new
+# supervisor asks again, and the kernel drops it when the cluster is gone; bad values are refused.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -21,7 +23,21 @@ D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
 trap '"$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 
-if ! "$SC" dev up --workers 2 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+# the CPUs' wake-up latency the kernel honours now: the smallest request held (PM QoS)
+qos() { od -An -t d4 -N4 /dev/cpu_dma_latency | tr -d ' '; }
+QOS0=$(qos)
+QOSW=$([ "$QOS0" -lt 7 ] && echo "$QOS0" || echo 7)
+NODE=$SPACED_BUILD/spaced-node/spaced-node
+for bad in "--cpu-latency-us -1" "--cpu-latency-us 1000001" "--cpu-latency-us 5us" "--net-conns 10" "--net-conns x"; do
+	# shellcheck disable=SC2086 # the option and its value
+	out=$("$NODE" --state "$W/bad" --worker-id w-bad --listen 127.0.0.1:0 --plaintext $bad 2>&1)
+	rc=$?
+	case "$rc:$out" in
+	2:*"${bad%% *} wants"*) ok "spaced-node $bad is refused: $out" ;;
+	*) fail "spaced-node $bad: exit $rc, $out" ;;
+	esac
+done
+if ! "$SC" dev up --workers 2 --dir "$D" --cpu-latency-us 7 >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up"; exit 1
 fi
@@ -39,6 +55,8 @@ uid_base() { "$SC" node status --admin "$D/worker-1/admin.sock" | jq -r ".result
 BASE0=$(uid_base)
 PORT0=$(cat "$D/worker-1/api.port")
 SUP=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+expect "the workers hold their PM QoS request (--cpu-latency-us 7)" "$(qos)" "$QOSW"
+grep -q "event=cpu-latency us=7" "$D/worker-1.log" && ok "worker-1 logged its request" || fail "no event=cpu-latency in worker-1.log"
 
 # the pid of the worker-1 process named NAME (a descendant of its supervisor)
 role_pid() {
@@ -70,6 +88,7 @@ for role in spaced-api spaced-gate spaced-executor; do
 		fail "$role did not come back"
 done
 expect "the supervisor itself was never restarted" "$(awk '$1 == "worker-1" {print $2}' "$D/pids")" "$SUP"
+expect "the PM QoS request outlived the restarts of node-api, the gate and the executor" "$(qos)" "$QOSW"
 
 # ---- the link: the control plane sees the channel go and come back ----
 connected() { "$SC" workers --json | jq -r ".[] | select(.id == \"worker-1\") | .connected"; }
@@ -111,6 +130,7 @@ after_kill "a gate stopped for 8 s"
 kill -9 "$SUP"
 wait_for "the keeper started worker-1 again" sh -c "[ \"\$(awk '\$1 == \"worker-1\" {print \$2}' '$D/pids')\" != $SUP ]"
 after_kill "kill -9 of spaced-node"
+expect "a new supervisor holds the PM QoS request again" "$(qos)" "$QOSW"
 wait_for "worker-1 connected again" sh -c "[ \"\$('$SC' workers --json | jq -r '.[] | select(.id == \"worker-1\") | .connected')\" = true ]"
 CPP=$(awk '$1 == "spaced-cp" {print $2}' "$D/pids")
 kill -9 "$CPP"
@@ -183,5 +203,6 @@ expect "and serves" "$("$SC" exec "$R" -- hostname 2>&1)" "$R"
 sleep 1
 left=$(ps -eo args= | grep -F "$D/" | grep -v grep | wc -l | tr -d ' ')
 expect "after dev down no process of the cluster runs (the keeper started nothing again)" "$left" 0
+expect "with the workers gone the kernel dropped their PM QoS request" "$(qos)" "$QOS0"
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
