@@ -1183,9 +1183,10 @@ static void run_keys(struct mgr *m, struct ctl_op *op)
 /* The execution of cur died under it (why says how it was found): the
  * record becomes a tombstone in state "ended" under a new epoch — requests
  * and streams of it get REFRESH_ROUTE from now on (R3, S1) — its bridge ends,
- * and the control plane is told, which marks the sandbox failed; only it can
- * start another generation (I2). The launcher's pid stays in the record: its
- * uid range is not handed out again before a new install replaces it. */
+ * what is left of it is reaped (the executor's "reap"), and the control
+ * plane is told, which marks the sandbox failed; only it can start another
+ * generation (I2). The launcher's pid stays in the record: its uid range is
+ * not handed out again before a new install replaces it. */
 static void end_execution(struct mgr *m, const struct mgr_rec *cur, const char *why)
 {
 	struct mgr_rec rec = *cur;
@@ -1201,6 +1202,11 @@ static void end_execution(struct mgr *m, const struct mgr_rec *cur, const char *
 	gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld reason=\"%s\"",
 	         rec.r.id.sandbox, (unsigned long long)rec.r.id.generation, (long long)rec.pid, why);
 	gate_admin_ended(m, &rec, why);
+	/* what its launcher could not clean up: its cgroups, and in them the
+	 * tasks of a paused execution, which stay frozen (holding their memory,
+	 * their mount namespace and so the loop device of its disk) until
+	 * thawed and killed */
+	gate_job(m, "reap", json_object(), NULL, 0);
 }
 
 bool gate_rec_serving(const struct mgr_rec *r)

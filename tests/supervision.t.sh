@@ -7,7 +7,8 @@
 # execution), and a victim tenant's sandbox on the other worker keeps working. A worker whose
 # control channel is gone is shown not connected, and connected again once its link is back. An
 # execution that dies under its record (its launcher killed, while the worker runs or while it is
-# down) is reported: the sandbox is failed, and nothing serves its generation again (I2).
+# down) is reported: the sandbox is failed, and nothing serves its generation again (I2); what it
+# left (a paused one's frozen tasks, its cgroups, its disk's loop device) is reaped at once.
 # worker-1 holds a PM QoS request (--cpu-latency-us 7) for as long as its supervisor runs, a new
 # supervisor asks again, and the kernel drops it when the cluster is gone; bad values are refused.
 set -u
@@ -92,7 +93,7 @@ expect "the PM QoS request outlived the restarts of node-api, the gate and the e
 
 # ---- the link: the control plane sees the channel go and come back ----
 connected() { "$SC" workers --json | jq -r ".[] | select(.id == \"worker-1\") | .connected"; }
-expect "worker-1 connected" "$(connected)" "true"
+wait_for "worker-1 connected" sh -c "[ \"\$('$SC' workers --json | jq -r '.[] | select(.id == \"worker-1\") | .connected')\" = true ]"
 LP=$(role_pid spaced-link)
 kill -STOP "$LP"
 t0=$(date +%s%N)
@@ -173,6 +174,27 @@ expect "the new generation serves (from its template: the dead one's files are g
 no-file"
 st=$(curl -s --cacert "$SPACED_CA_FILE" -o "$W/e-old.body" -w '%{http_code}' -H "Authorization: Bearer $ECAP" "$EURL/v1/sandboxes/$E/stat?path=/")
 expect "R2: the old capability is refused by the new generation" "$st $(jq -r .outcome "$W/e-old.body")" "409 REFRESH_ROUTE"
+
+# ---- a paused execution whose launcher dies: its tasks are frozen (on cgroup v1 they cannot even
+# die until thawed) and held its memory, its mount namespace and so its disk's loop device until
+# the sandbox was deleted. Now the worker reaps it at once: thawed, killed, cgroups removed. ----
+PZ=$("$SC" create --worker worker-1)
+"$SC" exec "$PZ" -- sh -c 'sleep 1000 >/dev/null 2>&1 &'
+"$SC" pause "$PZ" >/dev/null
+rec=$("$SC" node status --admin "$D/worker-1/admin.sock" | jq -c ".result.records[] | select(.identity.sandbox == \"$PZ\") | [.pid, .uid_base]")
+PL=$(echo "$rec" | jq '.[0]'); PB=$(echo "$rec" | jq '.[1]')
+PSTATE=$(tr '\0' '\n' <"/proc/$PL/cmdline" | sed -n '/^--state$/{n;p;}')
+tasks_of_range() { ps -eo uid= | awk -v b="$PB" '$1 >= b && $1 < b + 65536' | wc -l | tr -d ' '; }
+loop_held() { losetup -a | grep -qF "($PSTATE/disk.img)"; }
+cgroups_left() { ls -d /sys/fs/cgroup/*/spaced*/spaced-"$PL"-* /sys/fs/cgroup/spaced*/spaced-"$PL"-* 2>/dev/null | wc -l | tr -d ' '; }
+expect "the paused execution's tasks are frozen (guest and sleep)" \
+	"$([ "$(tasks_of_range)" -ge 2 ] && loop_held && [ "$(cgroups_left)" -gt 0 ] && echo yes)" yes
+kill -9 "$PL"
+wait_for "the worker said the paused execution ended" grep -q "event=execution-ended sandbox=$PZ" "$D/worker-1.log"
+wait_for "its frozen tasks were thawed and killed" sh -c "[ \$(ps -eo uid= | awk -v b=$PB '\$1 >= b && \$1 < b + 65536' | wc -l) -eq 0 ]"
+wait_for "its disk's loop device is let go" sh -c "! losetup -a | grep -qF '($PSTATE/disk.img)'"
+expect "its cgroups are removed" "$(cgroups_left)" 0
+wait_for "the control plane marked the paused sandbox failed" sh -c "\"$SC\" inspect $PZ --json | jq -e '.state == \"failed\"' >/dev/null"
 
 # ---- the same when the execution died while no gate watched it (found at the worker's start) ----
 F=$("$SC" create --worker worker-1)
