@@ -278,16 +278,23 @@ static int alive(const struct proc_rec *r)
 	return r->pid > 0 && r->st != 0 && start_time(r->pid) == r->st;
 }
 
-/* Kills every process whose command line names the cluster's directory (the
- * executions that the workers started: guests, launchers, bridges). */
-static void kill_executions(const char *absdir)
+/* The processes whose command line names the cluster's directory (the
+ * executions that the workers started: guests, launchers, bridges): up to
+ * max of them in pids, with their start times in sts. Returns how many. */
+static int executions_of(const char *absdir, pid_t *pids, unsigned long long *sts, int max)
 {
 	DIR *d = opendir("/proc");
 	struct dirent *e;
 	size_t dl = strlen(absdir);
-	if (d == NULL)
-		return;
-	while ((e = readdir(d)) != NULL) {
+	int n = 0;
+	if (d == NULL || dl <= 1) {
+		if (d != NULL)
+			closedir(d);
+		return 0;
+	}
+	char pat[PATH_MAX + 2];
+	snprintf(pat, sizeof pat, "%s/", absdir);
+	while (n < max && (e = readdir(d)) != NULL) {
 		pid_t pid = (pid_t)atoi(e->d_name);
 		if (pid <= 1 || pid == getpid())
 			continue;
@@ -296,44 +303,72 @@ static void kill_executions(const char *absdir)
 		int fd = open(p, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
 			continue;
-		ssize_t n = read(fd, buf, sizeof buf - 1);
+		ssize_t got = read(fd, buf, sizeof buf - 1);
 		close(fd);
-		if (n <= 0)
+		if (got <= 0)
 			continue;
-		for (ssize_t i = 0; i < n; i++)
+		for (ssize_t i = 0; i < got; i++)
 			if (buf[i] == 0)
 				buf[i] = ' ';
-		buf[n] = 0;
-		char pat[PATH_MAX + 2];
-		snprintf(pat, sizeof pat, "%s/", absdir);
-		if (dl > 1 && strstr(buf, pat) != NULL)
-			kill(pid, SIGKILL);
+		buf[got] = 0;
+		if (strstr(buf, pat) != NULL) {
+			pids[n] = pid;
+			sts[n++] = start_time(pid);
+		}
 	}
 	closedir(d);
+	return n;
+}
+
+#define DEV_EXECS_MAX 16384
+
+/* Kills (SIGKILL) what executions_of() found; each pinned by its start
+ * time, so that a pid used again since is never signalled. */
+static void kill_listed(const pid_t *pids, const unsigned long long *sts, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (sts[i] != 0 && start_time(pids[i]) == sts[i])
+			kill(pids[i], SIGKILL);
+}
+
+/* Kills every process whose command line names the cluster's directory. */
+static void kill_executions(const char *absdir)
+{
+	static pid_t pids[DEV_EXECS_MAX];
+	static unsigned long long sts[DEV_EXECS_MAX];
+	kill_listed(pids, sts, executions_of(absdir, pids, sts, DEV_EXECS_MAX));
 }
 
 /* What the cluster's microVMs (qemu substrate) leave outside its directory
  * when their supervisors are killed: their RAM files on tmpfs and their
- * directories, named by the uid ranges dev up gives the workers. */
+ * directories, named by the uid ranges dev up gives the workers. Only
+ * ranges nobody runs in: a supervisor just killed lets its range's lock go
+ * as it dies, so a range still held is tried again for up to 2 s in all
+ * (another cluster's VM holds its lock for good: never waited for each). */
 static void remove_vm_files(void)
 {
-	for (unsigned k = 1; k <= DEV_MAX_WORKERS; k++) {
-		for (unsigned slot = 0; slot < 256; slot++) {
-			unsigned base = (1u << 30) + ((k - 1) * 256u + slot) * 65536u;
+	enum { RANGES = DEV_MAX_WORKERS * 256 };
+	static unsigned char pending[RANGES];
+	memset(pending, 1, sizeof pending);
+	for (int round = 0; round < 40; round++) {
+		int held = 0;
+		for (unsigned r = 0; r < RANGES; r++) {
+			if (!pending[r])
+				continue;
+			unsigned base = (1u << 30) + r * 65536u;
 			char p[128];
-			/* only ranges nobody runs in (another cluster's VM holds its lock) */
 			snprintf(p, sizeof p, "/run/spaced/uid-ranges/%u.lock", base);
 			int lk = open(p, O_RDWR | O_CLOEXEC);
-			if (lk < 0)
-				continue;
-			/* a supervisor just killed lets its lock go as it dies */
-			int held = 1;
-			for (int t = 0; t < 40 && (held = flock(lk, LOCK_EX | LOCK_NB) < 0); t++)
-				sleep_ms(50);
-			if (held) {
-				close(lk);
+			if (lk < 0) {
+				pending[r] = 0;
 				continue;
 			}
+			if (flock(lk, LOCK_EX | LOCK_NB) < 0) {
+				close(lk);
+				held++;
+				continue;
+			}
+			pending[r] = 0;
 			snprintf(p, sizeof p, "/dev/shm/spaced-vm/%u.ram", base);
 			unlink(p);
 			snprintf(p, sizeof p, "/dev/shm/spaced-vm/%u-template.ram", base);
@@ -346,6 +381,9 @@ static void remove_vm_files(void)
 			}
 			close(lk);
 		}
+		if (!held)
+			return;
+		sleep_ms(50);
 	}
 }
 
@@ -378,6 +416,44 @@ static void wait_disks_released(const char *absdir)
 			return;
 		sleep_ms(50);
 	}
+}
+
+/* `spaced-launch reap`: executions whose launcher is gone (on cgroup v1 a
+ * paused one stays frozen, its tasks unable to die, until its cgroup is
+ * thawed). Returns false when it cannot run here. */
+static bool reap_orphans(void)
+{
+	char launch[PATH_MAX];
+	if (find_build() != 0 || bin(launch, sizeof launch, "spaced-node/spaced-launch") != 0 || geteuid() != 0)
+		return false;
+	const char *ra[] = {launch, "reap", NULL};
+	free(run_line(ra));
+	return true;
+}
+
+/* Each worker's egress namespace (docs/network.md): once unmounted, pasta
+ * and spaced-netd have nothing left to serve. */
+static void egress_unmount(const char *dir)
+{
+	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
+		char ns[PATH_MAX + 64];
+		snprintf(ns, sizeof ns, "%s/worker-%d/net/ns", dir, k);
+		umount2(ns, MNT_DETACH);
+	}
+}
+
+/* Once the cluster's processes are stopped: the executions its workers
+ * started and its microVMs' files (absdir: the directory's real path, ""
+ * when it is gone), each worker's egress namespace, and what dead launchers
+ * left. Returns reap_orphans()'s answer. */
+static bool executions_down(const char *dir, const char *absdir)
+{
+	if (absdir[0] != '\0') {
+		kill_executions(absdir);
+		remove_vm_files();
+	}
+	egress_unmount(dir);
+	return reap_orphans();
 }
 
 static int dev_down(const char *dir, int quiet, int remove_dir)
@@ -417,25 +493,9 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	for (int i = 0; i < n; i++)
 		if (alive(&r[i]))
 			kill(r[i].pid, SIGKILL);
-	if (realpath(dir, absdir) != NULL) {
-		kill_executions(absdir);
-		remove_vm_files();
-	} else
+	if (realpath(dir, absdir) == NULL)
 		absdir[0] = '\0';
-	/* each worker's egress namespace (docs/network.md): once unmounted, pasta
-	 * and spaced-netd (killed above in any case) have nothing left to serve */
-	for (int k = 1; k <= DEV_MAX_WORKERS; k++) {
-		char ns[PATH_MAX + 64];
-		snprintf(ns, sizeof ns, "%s/worker-%d/net/ns", dir, k);
-		umount2(ns, MNT_DETACH);
-	}
-	/* executions whose launcher is gone: on cgroup v1 a paused one stays
-	 * frozen (its tasks cannot die) until its cgroup is thawed */
-	char launch[PATH_MAX];
-	bool reap = find_build() == 0 && bin(launch, sizeof launch, "spaced-node/spaced-launch") == 0 && geteuid() == 0;
-	const char *ra[] = {launch, "reap", NULL};
-	if (reap)
-		free(run_line(ra));
+	bool reap = executions_down(dir, absdir);
 	if (absdir[0] != '\0')
 		wait_disks_released(absdir);
 	if (!quiet)
@@ -450,7 +510,7 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	/* again: the disks of the executions killed above were released after
 	 * the first pass; their I/O bounds go now */
 	if (reap)
-		free(run_line(ra));
+		reap_orphans();
 	return 0;
 }
 
@@ -530,19 +590,89 @@ static void keeper_on_term(int sig)
 	keeper_stop = 1;
 }
 
+/* Whether the cluster is still this keeper's: its directory has links
+ * (dfd: the directory itself, not its name) and DIR/pids names this keeper.
+ * *other: DIR/pids names another keeper (a cluster made there since). */
+static bool keeper_owns(const char *absdir, int dfd, bool *other)
+{
+	struct stat ds;
+	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
+	*other = false;
+	if (dfd >= 0 && fstat(dfd, &ds) == 0 && ds.st_nlink == 0) {
+		int n = load_pids(absdir, r, (int)(sizeof r / sizeof r[0]));
+		*other = n > 0;
+		return false;
+	}
+	int n = load_pids(absdir, r, (int)(sizeof r / sizeof r[0]));
+	if (n < 0)
+		return errno != ENOENT; /* only a missing file says the cluster was removed */
+	for (int i = 0; i < n; i++)
+		if (strcmp(r[i].name, "keeper") == 0) {
+			*other = r[i].pid != getpid() || r[i].st != start_time(getpid());
+			return !*other;
+		}
+	return true; /* being rewritten: not conclusive */
+}
+
+/* The cluster's directory (or its DIR/pids) was removed under it, or
+ * another cluster was made there: what the keeper started is stopped
+ * (SIGTERM, then SIGKILL after 5 s; each pinned by its start time), and,
+ * unless another cluster is there now, their executions too, as dev down
+ * does — those running when this was seen: a cluster made at the same path
+ * a moment later names it too, and is never touched. */
+static void keeper_cluster_gone(const char *dir, const char *absdir, bool other)
+{
+	static pid_t pids[DEV_EXECS_MAX];
+	static unsigned long long sts[DEV_EXECS_MAX];
+	int nexec = other ? 0 : executions_of(absdir, pids, sts, DEV_EXECS_MAX);
+	if (!other)
+		egress_unmount(dir);
+	fprintf(stderr, "keeper: %s %s; stopping the cluster's processes\n", absdir,
+	        other ? "holds another cluster" : "was removed");
+	for (int i = 0; i < nkept; i++)
+		if (kept[i].st != 0 && start_time(kept[i].pid) == kept[i].st)
+			kill(kept[i].pid, SIGTERM);
+	for (int t = 0; t < 100; t++) {
+		int any = 0;
+		for (int i = 0; i < nkept; i++)
+			any |= kept[i].st != 0 && start_time(kept[i].pid) == kept[i].st;
+		if (!any)
+			break;
+		sleep_ms(50);
+	}
+	for (int i = 0; i < nkept; i++)
+		if (kept[i].st != 0 && start_time(kept[i].pid) == kept[i].st)
+			kill(kept[i].pid, SIGKILL);
+	if (!other) {
+		kill_listed(pids, sts, nexec);
+		remove_vm_files();
+		reap_orphans();
+	}
+}
+
 /* The keeper's loop: every 100 ms, a kept process whose (pid, start time)
  * is gone is started again after a pause (100 ms, doubling to 5 s, back to
- * 100 ms once it has run for 30 s). Ends on SIGTERM. */
+ * 100 ms once it has run for 30 s). Ends on SIGTERM, or when the cluster is
+ * no longer its own (keeper_owns, keeper_cluster_gone): a process started
+ * again would make its files anew at the old paths, and hold the uid ranges
+ * and egress namespaces of a cluster made there later. */
 static void run_keeper(const char *absdir)
 {
 	signal(SIGTERM, keeper_on_term);
 	signal(SIGINT, keeper_on_term);
 	signal(SIGCHLD, SIG_DFL);
 	keeper_write_pids(absdir);
+	/* the directory itself, not its name: removed, it has no links left */
+	int dfd = open(absdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	long started[DEV_MAX_WORKERS + 1];
 	for (int i = 0; i < nkept; i++)
 		started[i] = now_ms();
 	while (!keeper_stop) {
+		bool other;
+		if (!keeper_owns(absdir, dfd, &other)) {
+			keeper_cluster_gone(absdir, absdir, other);
+			break;
+		}
 		while (waitpid(-1, NULL, WNOHANG) > 0)
 			; /* what it started itself */
 		for (int i = 0; i < nkept && !keeper_stop; i++) {
