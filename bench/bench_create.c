@@ -18,7 +18,8 @@
  * (201, the sandbox running: the worker acknowledged its install). The pool's
  * hit rate over the measured creates comes from the worker's status.
  * Needs root (the process substrate) and bwrap. Last line: one JSON object.
- * BENCH_POOL=N sets the worker's --pool (default N_CONCURRENT + 4).
+ * BENCH_POOL=N sets the worker's --pool (default N_CONCURRENT + 4);
+ * BENCH_CPU_LATENCY_US=N starts the worker with --cpu-latency-us N.
  * BENCH_TMP=DIR puts the cluster's directory under DIR instead of /tmp (to
  * compare file systems); BENCH_TRACE=1 prints the concurrent burst's window
  * in CLOCK_MONOTONIC seconds, for `perf record -k CLOCK_MONOTONIC -a` and
@@ -320,8 +321,13 @@ int main(int argc, char **argv)
 	/* plaintext: one kept-alive connection per client, so TLS would add a
 	 * record's encryption per request, not a handshake (bench-node measures
 	 * that cost: within the noise); the create path is what is measured */
-	snprintf(cmd, sizeof cmd, "%s/spacectl/spacectl dev up --workers 1 --dir %s/c --pool %d --plaintext >%s/up.log 2>&1",
-	         top, dir, pool, dir);
+	const char *lat = getenv("BENCH_CPU_LATENCY_US");
+	char latopt[64] = "";
+	if (lat && strspn(lat, "0123456789") == strlen(lat) && lat[0])
+		snprintf(latopt, sizeof latopt, " --cpu-latency-us %s", lat);
+	snprintf(cmd, sizeof cmd,
+	         "%s/spacectl/spacectl dev up --workers 1 --dir %s/c --pool %d --plaintext%s >%s/up.log 2>&1", top, dir,
+	         pool, latopt, dir);
 	strcat(dir, "/c");
 	if (sh(cmd) != 0) {
 		fprintf(stderr, "bench-create: dev up failed (%s/../up.log)\n", dir);
