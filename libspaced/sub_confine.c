@@ -98,6 +98,27 @@ static int build_filter(struct sock_filter **prog_out, unsigned short *len_out)
 	    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), __NR_ioctl, 1,
 	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, TIOCLINUX)) < 0)
 		goto out;
+	/* BPF compiled from inside: a classic socket filter (SO_ATTACH_FILTER,
+	 * SO_ATTACH_REUSEPORT_CBPF) and a seccomp filter are each JIT-compiled
+	 * into one pool for the whole host (net.core.bpf_jit_limit; a kernel with
+	 * BPF_JIT_ALWAYS_ON has no interpreter to fall back to), charged only in
+	 * part to the caller's memory: one execution that filled it stopped
+	 * every other execution from starting (its own filter, below, is one of
+	 * them) and every unprivileged process of the host from using either.
+	 * The arguments are ints: compared on their low 32 bits, as the kernel
+	 * reads them. */
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), __NR_setsockopt, 2,
+	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, SOL_SOCKET),
+	                     SCMP_A2(SCMP_CMP_MASKED_EQ, 0xffffffffu, SO_ATTACH_FILTER)) < 0 ||
+	    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), __NR_setsockopt, 2,
+	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, SOL_SOCKET),
+	                     SCMP_A2(SCMP_CMP_MASKED_EQ, 0xffffffffu, SO_ATTACH_REUSEPORT_CBPF)) < 0 ||
+	    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), __NR_seccomp, 1,
+	                     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, SECCOMP_SET_MODE_FILTER)) < 0 ||
+	    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), __NR_prctl, 2,
+	                     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, PR_SET_SECCOMP),
+	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, SECCOMP_MODE_FILTER)) < 0)
+		goto out;
 	/* vsock reaches the host's services (and, on a worker of microVMs, what
 	 * listens for them); an execution's guest speaks over a Unix socket */
 	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), __NR_socket, 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK)) < 0)

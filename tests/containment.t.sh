@@ -3,7 +3,7 @@
 # tenant's sandboxes are held to their memory (TCP buffers too), process and disk limits, each execution runs in
 # a uid range of its own (so per-user kernel counts such as inotify instances are its own), its
 # terminals come from its own devpts instance (64 at most), io_setup and open files stop at its
-# memory, not at a count of the host's, a
+# memory, not at a count of the host's, it compiles no BPF into the host's one JIT pool, a
 # tenant at its quota gets 429, a sparse file costs a snapshot what it holds, limits follow a
 # sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
 # every attack a victim sandbox of another tenant on the same worker must keep working.
@@ -292,6 +292,23 @@ expect "another tenant's sandbox still opens files, pipes and sockets" \
 expect "an unprivileged process of the host still opens a file" "$(su nobody -s /bin/sh -c 'cat /etc/hostname >/dev/null && echo ok' 2>&1)" ok
 kill $HOLD 2>/dev/null
 "$SC" rm "$FM" >/dev/null
+# ---- BPF: the JIT-compiled code of the whole host is one pool (net.core.bpf_jit_limit) ----
+# a sandbox attaching 9,200 classic socket filters took all of it (CONFIG_BPF_JIT_ALWAYS_ON: no
+# interpreter to fall back to): no other execution could start (its own seccomp filter failed with
+# error 524) and no unprivileged process of the host could load a socket or seccomp filter. A
+# sandbox may load neither now (EPERM); the host's processes still may
+BP=$("$SC" create --worker worker-1)
+"$SC" fs write "$BP" /tmp/bpf_probe.py <"$SPACED_TOP/tests/bpf_probe.py"
+expect "a sandbox loads no socket filter and no seccomp filter (EPERM, high bits too); it may still ask what seccomp offers" \
+	"$("$SC" exec "$BP" -- python3 /tmp/bpf_probe.py 2>&1 | tr '\n' ' ')" \
+	"so_attach_filter errno 1 so_attach_filter_hibits errno 1 so_attach_reuseport_cbpf errno 1 prctl_set_seccomp errno 1 seccomp_set_mode_filter errno 1 seccomp_hibits errno 1 seccomp_get_action_avail ok "
+expect "a process of the host still attaches a socket filter and loads a seccomp filter" \
+	"$(su nobody -s /bin/sh -c "python3 $SPACED_TOP/tests/bpf_probe.py" 2>&1 | grep -E '^(so_attach_filter|prctl_set_seccomp) ' | tr '\n' ' ')" \
+	"so_attach_filter ok prctl_set_seccomp ok "
+VB=$(as_victim create --worker worker-1)
+expect "another tenant's sandbox created after it starts (its own seccomp filter loads)" "$(as_victim exec "$VB" -- echo fine 2>&1)" fine
+as_victim rm "$VB" >/dev/null
+"$SC" rm "$BP" >/dev/null
 # ---- socket memory: one mark for the whole host (net.ipv4.udp_mem) ----
 # past udp_mem's first mark every UDP socket of the host is held to 4 KiB queued; a 10 GiB sandbox
 # filling 600 sockets with unread datagrams passed it (2.2 GiB: its own bound is a quarter of its
