@@ -1022,9 +1022,27 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 			a[na++] = "--cgroup-parent";
 			a[na++] = cgparent;
 		}
+		/* ... and shares the host's tasks out: each worker's default is the
+		 * host's less a reserve (spaced-node: kernel.threads-max, which
+		 * it raises kernel.pid_max to), and the sandboxes of several such
+		 * workers together could take every pid of the host */
+		char alloc_share[64];
+		const char *alloc = dev_alloc;
+		unsigned long long threads = 0;
+		FILE *tf = dev_alloc || nworkers < 2 ? NULL : fopen("/proc/sys/kernel/threads-max", "re");
+		if (tf) {
+			if (fscanf(tf, "%llu", &threads) == 1 && threads > 0) {
+				unsigned long long tasks = threads < 4194304 ? threads : 4194304;
+				unsigned long long keep = tasks / 8 > 2048 ? tasks / 8 : 2048;
+				snprintf(alloc_share, sizeof alloc_share, "pids=%llu",
+				         (tasks > 2 * keep ? tasks - keep : tasks / 2) / (unsigned long long)nworkers);
+				alloc = alloc_share;
+			}
+			fclose(tf);
+		}
 		/* the workers' settings dev up passes on as given (NULL: spaced-node's default) */
 		const char *const pass[][2] = {{"--stall-timeout", stall},       {"--pool", real ? dev_pool : NULL},
-		                               {"--disk-io", dev_disk_io},        {"--allocatable", dev_alloc},
+		                               {"--disk-io", dev_disk_io},        {"--allocatable", alloc},
 		                               {"--net-rate", dev_net_rate},      {"--disk-reserve", dev_disk_reserve},
 		                               {"--net-openable", dev_net_openable}, {"--net-conns", dev_net_conns},
 		                               {"--cpu-latency-us", dev_cpu_latency}, {"--log-format", logfmt}};

@@ -744,6 +744,27 @@ static int cpu_latency_hold(int32_t us)
 	return 0; /* fd stays open */
 }
 
+/* kernel.pid_max raised to kernel.threads-max (at most 4194304, the
+ * kernel's limit), before the host's tasks are read for --allocatable: a
+ * small machine's default (32768) is far below the tasks its memory holds,
+ * and the pid numbers were the count sandboxes ran out of first — with
+ * two workers on one host, each capping its executions at the host's tasks
+ * less a reserve, their sandboxes together took every pid and the host's
+ * own processes could not fork. Threads cost kernel memory that each
+ * execution's memory limit pays for; what bounds the host's tasks is
+ * threads-max (its memory), the same for every start of the worker. */
+static void host_pid_room(void)
+{
+	char why[256];
+	uint64_t threads = 0;
+	if (!proc_read_n("/proc/sys/kernel/threads-max", &threads, 1) || threads == 0)
+		return;
+	uint64_t need = threads < 4194304 ? threads : 4194304;
+	if (sysctl_at_least("/proc/sys/kernel/pid_max", &need, 1, why, sizeof why) < 0)
+		spaced_log("spaced-node", "level=warn event=host-setting reason=\"%s: %s\"", why,
+		           "sandboxes can take every pid number before their own limits");
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "net-down") == 0)
@@ -1076,6 +1097,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	spaced_resources_default(&def, &(struct spaced_resources){1000, 512ull << 20, 512, 2ull << 30});
+	if (launch)
+		host_pid_room();
 	if (launch && host_capacity(launch, &alloc, &max) < 0)
 		return 1;
 	const char *over = spaced_resources_exceeds(&def, &max);

@@ -38,6 +38,18 @@ within() { python3 -c 'import sys; v, r, p = map(float, sys.argv[1:]); sys.exit(
 
 VX=$(as_victim create --worker worker-1)
 [ -n "$VX" ] || { echo "FAIL: the victim's sandbox"; exit 1; }
+
+# ---- the host's pid numbers: two workers of one host, each capping its executions at the host's
+# tasks less a reserve, let their sandboxes take every pid of a host whose kernel.pid_max was
+# 32768 (one sandbox of each, 16,900 threads apiece: the host's own processes could not fork). The
+# worker raises pid_max to threads-max (what the host's memory holds), and dev up shares the tasks
+# out between its workers ----
+THREADS=$(cat /proc/sys/kernel/threads-max)
+NEED=$([ "$THREADS" -lt 4194304 ] && echo "$THREADS" || echo 4194304)
+expect "kernel.pid_max raised to threads-max ($NEED)" "$([ "$(cat /proc/sys/kernel/pid_max)" -ge "$NEED" ] && echo yes)" yes
+SUMP=$("$SC" workers --json | jq '[.[].limits.allocatable.pids] | add')
+expect "the two workers' tasks add up to the host's less its reserve ($SUMP of $NEED)" \
+	"$([ "$SUMP" -le $((NEED - NEED / 8)) ] && [ "$SUMP" -ge $((NEED / 2)) ] && echo yes)" yes
 printf 'victim data\n' | as_victim fs write "$VX" /workspace/v.txt
 victim_ok() { # WHAT: the victim's exec, write and read still work
 	got=$(as_victim exec "$VX" -- sh -c 'echo alive; cat /workspace/v.txt' 2>&1 | tr '\n' ' ')
