@@ -350,6 +350,32 @@ static int spawn_daemon(const char *const argv[], const char *logp, const char *
 /* The base ruleset: every rule that is not one sandbox's. Re-applied in one
  * transaction whenever the namespace is made ready (the worker's own
  * addresses may have changed). */
+/* The DNS flows (conntrack entries: a query, its answer) one slot may hold
+ * to the resolver at once. Every execution's queries pass the egress
+ * namespace's one conntrack table (net.netfilter.nf_conntrack_max entries,
+ * the rest of the worker's egress too): five sandboxes that kept answered
+ * queries alive (a packet after each answer, then one a minute) filled it,
+ * and every other sandbox's connections and queries were dropped ("table
+ * full"). Each slot gets an equal part of half of the table, at least 64:
+ * 504 with 256 slots and the default table of 262144 (with 5 s per
+ * answered flow, about 100 queries a second). */
+static unsigned dns_flows_per_slot(const struct mgr_config *cfg)
+{
+	uint64_t max = 0;
+	FILE *f = fopen("/proc/sys/net/netfilter/nf_conntrack_max", "re");
+	if (f) {
+		unsigned long long v;
+		if (fscanf(f, "%llu", &v) == 1)
+			max = v;
+		fclose(f);
+	}
+	if (max == 0)
+		max = 65536; /* conntrack not loaded yet: a small machine's table */
+	uint64_t slots = cfg->uid_slots ? cfg->uid_slots : 1;
+	uint64_t n = max > 8192 ? (max - 4096) / 2 / slots : 64;
+	return n < 64 ? 64 : n > 65536 ? 65536 : (unsigned)n;
+}
+
 static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, size_t whysz)
 {
 	char *s = NULL;
@@ -364,6 +390,13 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	           /* the connections executions hold beyond their guaranteed share
 	            * (net_conn_share); never flushed: it counts live connections */
 	           "add set inet spaced pool { type inet_proto; size 16; flags dynamic; }\n"
+	           /* the DNS flows each sandbox holds to the resolver (dns_flows_per_slot);
+	            * never flushed either */
+	           "add set inet spaced dnscnt { type ifname; size 65535; flags dynamic; }\n"
+	           /* a DNS flow is done once answered: its entry goes 5 s after the
+	            * answer (10 s unanswered: the resolver waits up to 5 s upstream),
+	            * not after the 30 or 120 s of UDP */
+	           "add ct timeout inet spaced dns { protocol udp; l3proto ip; policy = { unreplied : 10, replied : 5 }; }\n"
 	           "add chain inet spaced forward { type filter hook forward priority filter; policy drop; }\n"
 	           "add chain inet spaced input { type filter hook input priority filter; policy accept; }\n"
 	           "add chain inet spaced pre { type nat hook prerouting priority dstnat; }\n"
@@ -415,14 +448,18 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	        "add rule inet spaced forward iifname vmap @sbxmap\n"
 	        /* the egress namespace itself answers DNS and nothing else */
 	        "add rule inet spaced input iifname \"sx*\" ct state established,related accept\n"
-	        "add rule inet spaced input iifname \"sx*\" meta nfproto ipv4 udp dport 53 accept\n"
+	        "add rule inet spaced input iifname \"sx*\" meta nfproto ipv4 udp dport 53 ct state new "
+	        "add @dnscnt { iifname ct count over %u } drop\n"
+	        /* (on the flow not yet confirmed, which the conntrack hook made) */
+	        "add rule inet spaced input iifname \"sx*\" meta nfproto ipv4 udp dport 53 ct timeout set \"dns\" accept\n"
 	        "add rule inet spaced input iifname \"sx*\" drop\n"
 	        "add rule inet spaced input iifname \"up0\" ct state established,related accept\n"
 	        "add rule inet spaced input iifname \"up0\" drop\n"
 	        /* every DNS query, to whatever server, goes to the worker's resolver */
 	        "add rule inet spaced pre iifname \"sx*\" meta nfproto ipv4 meta l4proto { tcp, udp } th dport 53 "
 	        "redirect to :53\n"
-	        "add rule inet spaced post oifname \"up0\" masquerade\n");
+	        "add rule inet spaced post oifname \"up0\" masquerade\n",
+	        dns_flows_per_slot(cfg));
 	fclose(f);
 	const char *argv[] = {NFT_BIN, "-f", "-", NULL};
 	int e = run_in(ns, argv, s, why, whysz);

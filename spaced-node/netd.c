@@ -64,7 +64,12 @@
 
 #define POOL 0x64580000u /* net.h NET_POOL */
 #define SLOTS 16383u
-#define PENDING 1024
+/* questions waiting for the upstream resolver: the table is the resolver's
+ * for all executions, each of which may have PENDING_SLOT in it (at 1024 in
+ * all, one sandbox asking for names the upstream was slow on took every
+ * place, and every other sandbox's questions were dropped) */
+#define PENDING 32768
+#define PENDING_SLOT 64
 #define PENDING_MS 5000
 #define PIN_MIN 60
 #define PIN_MAX 3600
@@ -104,6 +109,7 @@ struct pending {
 static const char *dir;
 static struct slotpol *cache[SLOTS];
 static struct pending pend[PENDING];
+static uint16_t pend_of[SLOTS]; /* the places each slot holds in pend */
 static struct nft_ctx *nft;
 static uint32_t own[OWN_MAX];
 static size_t nown;
@@ -114,6 +120,25 @@ static uint64_t now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Gives pe's place back (its slot's count with it). */
+static void pend_free(struct pending *pe)
+{
+	if (!pe->used)
+		return;
+	pe->used = false;
+	if (pe->slot < SLOTS && pend_of[pe->slot] > 0)
+		pend_of[pe->slot]--;
+}
+
+/* Gives back the places of questions upstream never answered in time. */
+static void pend_sweep(void)
+{
+	uint64_t t = now_ms();
+	for (size_t i = 0; i < PENDING; i++)
+		if (pend[i].used && t - pend[i].t > PENDING_MS)
+			pend_free(&pend[i]);
 }
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -283,11 +308,15 @@ static void on_query(int srv, int up)
 		sendto(srv, m, len, MSG_DONTWAIT, (struct sockaddr *)&from, sizeof from);
 		return;
 	}
-	/* forward with an id of ours */
+	/* forward with an id of ours, within the slot's places */
 	uint64_t t = now_ms();
 	struct pending *pe = NULL;
 	uint16_t id = 0;
-	for (int tries = 0; tries < 8 && !pe; tries++) {
+	if (slot >= SLOTS || pend_of[slot] >= PENDING_SLOT) {
+		n_dropped++;
+		return;
+	}
+	for (int tries = 0; tries < 16 && !pe; tries++) {
 		id = (uint16_t)randombytes_uniform(65536);
 		struct pending *c = &pend[id % PENDING];
 		if (!c->used || t - c->t > PENDING_MS)
@@ -297,7 +326,9 @@ static void on_query(int srv, int up)
 		n_dropped++;
 		return;
 	}
+	pend_free(pe);
 	memset(pe, 0, sizeof *pe);
+	pend_of[slot]++;
 	pe->used = true;
 	pe->id = id;
 	pe->client_id = rd16(m);
@@ -309,7 +340,7 @@ static void on_query(int srv, int up)
 	m[0] = (uint8_t)(id >> 8);
 	m[1] = (uint8_t)id;
 	if (send(up, m, qend < n ? n : qend, MSG_DONTWAIT) < 0)
-		pe->used = false;
+		pend_free(pe);
 }
 
 static void on_answer(int srv, int up)
@@ -327,7 +358,7 @@ static void on_answer(int srv, int up)
 	size_t na = 0, qend;
 	if (spaced_dns_answer_a(m, n, pe->name, &qend, addrs, ttls, 64, &na) < 0)
 		return; /* not the answer to this question: the real one may still come */
-	pe->used = false;
+	pend_free(pe);
 	const struct slotpol *sp = policy_of(pe->slot);
 	bool closed = na > 64; /* more addresses than it reads: not trusted either */
 	for (size_t i = 0; i < na && i < 64; i++) {
@@ -560,6 +591,7 @@ int main(int argc, char **argv)
 		}
 		if (now_ms() - last_check > 2000) {
 			last_check = now_ms();
+			pend_sweep();
 			if (links_present())
 				last_link = last_check;
 			else if (last_check - last_link > (uint64_t)idle_s * 1000u && teardown(nsp)) {

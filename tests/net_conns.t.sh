@@ -8,7 +8,8 @@
 # (4 guaranteed each, 1024 shared), two hostile sandboxes ask 700 connections each of an outside
 # host (a namespace made here, 198.18.0.0/15 only) that greets and holds them: the first gets its
 # 700, the second only what is left of the pool, and a victim tenant still holds its guaranteed
-# connections and reaches the outside host once it lets them go.
+# connections and reaches the outside host once it lets them go. The DNS flows each sandbox may hold
+# in the egress namespace's conntrack table are bounded too.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 . "$SPACED_TOP/tests/net_lib.sh"
@@ -23,7 +24,7 @@ trap 'for p in $BG; do kill $p 2>/dev/null; done; "$SC" dev down --dir "$D" >/de
 
 NH_LOG=$W/host.log
 net_host_up || { echo "cannot make the outside host's namespace here"; exit 77; }
-if ! "$SC" dev up --workers 1 --dir "$D" --net-conns 2048 >"$W/up.out" 2>"$W/up.err"; then
+if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 1 --dir "$D" --net-conns 2048 >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up"; exit 1
 fi
@@ -106,6 +107,33 @@ echo "the first again, once it let its connections go: $r3"
 expect "connections let go return to the pool" "$(echo "$r3" | ok_count)" 300
 "$SC" exec "$A2" -- touch /tmp/done
 for x in "$A1" "$A2"; do "$SC" exec "$x" -- true >/dev/null 2>&1 || fail "$x still answers"; done
+
+# ---- DNS flows: the egress namespace's one conntrack table ----
+# every sandbox's queries pass it (not counted with the connections above): five sandboxes keeping
+# answered queries alive filled its 262144 entries and every other sandbox's queries and connections
+# were dropped. Each slot may hold an equal part of half of it (504 here) and an answered flow goes
+# after 5 s (10 s unanswered), not 30 or 120. A burst of 1500 queries from 1500 ports:
+egress_ct() { nsenter --net="$D/worker-1/net/ns" cat /proc/sys/net/netfilter/nf_conntrack_count; }
+CT0=$(egress_ct)
+"$SC" exec "$A1" -- python3 -c '
+import socket, struct
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+q = lambda i: struct.pack(">HHHHHH", i & 0xffff, 0x0100, 1, 0, 0, 0) + b"\x07allowed\x04test\x00\x00\x01\x00\x01"
+socks = []
+for i in range(1500):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(q(i), (ns, 53))
+    socks.append(s)
+print("sent", len(socks))
+' >"$W/dns.out" 2>&1
+CT1=$(egress_ct)
+echo "DNS burst: $(cat "$W/dns.out"); the egress conntrack table: $CT0 entries before, $CT1 after"
+expect "one sandbox's 1500 queries hold at most its 504 flows in the table" \
+	"$([ "$CT1" -le $((CT0 + 504 + 16)) ] && [ "$CT1" -ge $((CT0 + 400)) ] && echo yes)" yes
+expect "another tenant's sandbox still resolves a name meanwhile" \
+	"$(as_victim exec "$VX" -- sh -c 'getent ahostsv4 allowed.test | head -n 1 | cut -d" " -f1')" "$NH_A"
+WAIT_SECONDS=30 wait_for "the burst's flows leave the table within seconds (DNS timeouts: 5 s answered, 10 s not)" \
+	sh -c "[ \$(nsenter --net='$D/worker-1/net/ns' cat /proc/sys/net/netfilter/nf_conntrack_count) -le $((CT0 + 16)) ]"
 for p in spaced-gate spaced-api spaced-executor; do
 	pgrep -x "$p" >/dev/null || fail "$p died"
 done
