@@ -26,7 +26,10 @@ TCK=$(getconf CLK_TCK)
 
 # the path is measured, not the operator's bound: without --disk-io a sandbox's disk is held to
 # 256 MiB/s each way (spaced-node's default), which caps the fs write figure
-"$S" dev up --workers 1 --dir "$D" --disk-io "${BENCH_DISK_IO:-0}" >/dev/null || { echo "bench-exec: dev up failed"; exit 1; }
+# BENCH_CPU_LATENCY_US=N: the worker runs with --cpu-latency-us N (idle CPUs wake within N us; the
+# host's cats in the same run then wake as fast: the request holds for the whole host)
+"$S" dev up --workers 1 --dir "$D" --disk-io "${BENCH_DISK_IO:-0}" \
+	${BENCH_CPU_LATENCY_US:+--cpu-latency-us "$BENCH_CPU_LATENCY_US"} >/dev/null || { echo "bench-exec: dev up failed"; exit 1; }
 . "$D/env"
 X=$("$S" create --cpus 2 --memory 3G --disk 4G) || { echo "bench-exec: create failed"; exit 1; }
 dir=/workspace
