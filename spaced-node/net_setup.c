@@ -359,6 +359,8 @@ static int spawn_daemon(const char *const argv[], const char *logp, const char *
  * full"). Each slot gets an equal part of half of the table, at least 64:
  * 504 with 256 slots and the default table of 262144 (with 5 s per
  * answered flow, about 100 queries a second). */
+static uint32_t slot_count(const struct mgr_config *cfg);
+
 static unsigned dns_flows_per_slot(const struct mgr_config *cfg)
 {
 	uint64_t max = 0;
@@ -371,8 +373,7 @@ static unsigned dns_flows_per_slot(const struct mgr_config *cfg)
 	}
 	if (max == 0)
 		max = 65536; /* conntrack not loaded yet: a small machine's table */
-	uint64_t slots = cfg->uid_slots ? cfg->uid_slots : 1;
-	uint64_t n = max > 8192 ? (max - 4096) / 2 / slots : 64;
+	uint64_t n = max > 8192 ? (max - 4096) / 2 / slot_count(cfg) : 64;
 	return n < 64 ? 64 : n > 65536 ? 65536 : (unsigned)n;
 }
 
