@@ -134,6 +134,30 @@ expect "another tenant's sandbox still resolves a name meanwhile" \
 	"$(as_victim exec "$VX" -- sh -c 'getent ahostsv4 allowed.test | head -n 1 | cut -d" " -f1')" "$NH_A"
 WAIT_SECONDS=30 wait_for "the burst's flows leave the table within seconds (DNS timeouts: 5 s answered, 10 s not)" \
 	sh -c "[ \$(nsenter --net='$D/worker-1/net/ns' cat /proc/sys/net/netfilter/nf_conntrack_count) -le $((CT0 + 16)) ]"
+
+# ---- the resolver's questions upstream: 64 places per slot ----
+# the resolver holds each question it sends upstream for up to 5 s; three sandboxes asking 400 names
+# an upstream never answers took every place of its one table of 1024 and another tenant's names
+# went unanswered until they expired. Now each slot has 64 places of 32768.
+A3=$("$SC" create --worker worker-1)
+STALL='
+import socket, struct, sys
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(400):
+    name = b"".join(bytes([len(p)]) + p for p in (b"q%d" % i, b"stall", b"test")) + b"\x00"
+    s.sendto(struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + name + b"\x00\x01\x00\x01", (ns, 53))
+print("asked 400")
+'
+SP=""
+for x in "$A1" "$A2" "$A3"; do
+	"$SC" exec "$x" -- python3 -c "$STALL" >"$W/stall-$x.out" 2>&1 &
+	SP="$SP $!"
+done
+for p in $SP; do wait "$p"; done
+expect "three sandboxes asked 400 unanswerable names each" "$(cat "$W"/stall-*.out | grep -c 'asked 400')" 3
+expect "another tenant's sandbox still gets its name answered at once (2 s, one try)" \
+	"$(as_victim exec "$VX" -- env RES_OPTIONS='timeout:2 attempts:1' getent ahostsv4 allowed.test | head -n 1 | cut -d' ' -f1)" "$NH_A"
 for p in spaced-gate spaced-api spaced-executor; do
 	pgrep -x "$p" >/dev/null || fail "$p died"
 done

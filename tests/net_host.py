@@ -8,7 +8,8 @@ serves, for at most --lifetime seconds:
   - port 9001: greets each connection ("hi\n") and holds it open, sending nothing more, until
     its client closes it (connections held by the thousand: tests/net_conns.t.sh);
   - DNS on UDP port 53 (A records from --record NAME=ADDR, anything else NXDOMAIN,
-    AAAA empty), TTL 300.
+    AAAA empty), TTL 300; a name under stall.test is never answered (an upstream that is
+    slow: tests/net_conns.t.sh).
 """
 import argparse
 import resource
@@ -64,6 +65,8 @@ def dns(records, stop):
         qtype = struct.unpack(">H", q[i + 1:i + 3])[0]
         qend = i + 5
         name = ".".join(labels)
+        if name == "stall.test" or name.endswith(".stall.test"):
+            continue
         head = bytearray(q[:12])
         head[2] = 0x81 | (q[2] & 0x01)
         ans = b""
