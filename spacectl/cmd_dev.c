@@ -462,6 +462,21 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 	char absdir[PATH_MAX] = "";
 	int n = load_pids(dir, r, (int)(sizeof r / sizeof r[0]));
 	if (n < 0) {
+		/* nothing recorded, but a cluster whose DIR/pids was removed may
+		 * still be running (its keeper stopping it): its processes name
+		 * DIR, and one that exits cleanly later removes files by their
+		 * paths (a database's journal) — a cluster made here would lose
+		 * them. They go first (SIGKILL), and dev up waits for them. */
+		if (realpath(dir, absdir) != NULL)
+			for (int t = 0; t < 100; t++) {
+				static pid_t pids[DEV_EXECS_MAX];
+				static unsigned long long sts[DEV_EXECS_MAX];
+				int k = executions_of(absdir, pids, sts, DEV_EXECS_MAX);
+				if (k == 0)
+					break;
+				kill_listed(pids, sts, k);
+				sleep_ms(50);
+			}
 		if (!quiet)
 			fprintf(stderr, "spacectl: dev down: nothing recorded in %s/pids\n", dir);
 		return quiet ? 0 : 1;
