@@ -456,6 +456,26 @@ static bool executions_down(const char *dir, const char *absdir)
 	return reap_orphans();
 }
 
+/* Stops the n processes of r: SIGTERM, up to 5 s to end, then SIGKILL;
+ * each pinned by its start time (a pid used again is never signalled). */
+static void stop_procs(const struct proc_rec *r, int n)
+{
+	for (int i = n - 1; i >= 0; i--)
+		if (alive(&r[i]))
+			kill(r[i].pid, SIGTERM);
+	for (int t = 0; t < 100; t++) {
+		int any = 0;
+		for (int i = 0; i < n; i++)
+			any |= alive(&r[i]);
+		if (!any)
+			break;
+		sleep_ms(50);
+	}
+	for (int i = 0; i < n; i++)
+		if (alive(&r[i]))
+			kill(r[i].pid, SIGKILL);
+}
+
 static int dev_down(const char *dir, int quiet, int remove_dir)
 {
 	struct proc_rec r[2 * DEV_MAX_WORKERS + 4];
@@ -494,20 +514,7 @@ static int dev_down(const char *dir, int quiet, int remove_dir)
 		n = load_pids(dir, r, (int)(sizeof r / sizeof r[0]));
 		break;
 	}
-	for (int i = n - 1; i >= 0; i--)
-		if (alive(&r[i]))
-			kill(r[i].pid, SIGTERM);
-	for (int t = 0; t < 100; t++) {
-		int any = 0;
-		for (int i = 0; i < n; i++)
-			any |= alive(&r[i]);
-		if (!any)
-			break;
-		sleep_ms(50);
-	}
-	for (int i = 0; i < n; i++)
-		if (alive(&r[i]))
-			kill(r[i].pid, SIGKILL);
+	stop_procs(r, n);
 	if (realpath(dir, absdir) == NULL)
 		absdir[0] = '\0';
 	bool reap = executions_down(dir, absdir);
@@ -644,20 +651,10 @@ static void keeper_cluster_gone(const char *dir, const char *absdir, bool other)
 		egress_unmount(dir);
 	fprintf(stderr, "keeper: %s %s; stopping the cluster's processes\n", absdir,
 	        other ? "holds another cluster" : "was removed");
+	struct proc_rec r[DEV_MAX_WORKERS + 1];
 	for (int i = 0; i < nkept; i++)
-		if (kept[i].st != 0 && start_time(kept[i].pid) == kept[i].st)
-			kill(kept[i].pid, SIGTERM);
-	for (int t = 0; t < 100; t++) {
-		int any = 0;
-		for (int i = 0; i < nkept; i++)
-			any |= kept[i].st != 0 && start_time(kept[i].pid) == kept[i].st;
-		if (!any)
-			break;
-		sleep_ms(50);
-	}
-	for (int i = 0; i < nkept; i++)
-		if (kept[i].st != 0 && start_time(kept[i].pid) == kept[i].st)
-			kill(kept[i].pid, SIGKILL);
+		r[i] = (struct proc_rec){.pid = kept[i].pid, .st = kept[i].st};
+	stop_procs(r, nkept);
 	if (!other) {
 		kill_listed(pids, sts, nexec);
 		remove_vm_files();

@@ -104,11 +104,26 @@
 #include "pidref.h"
 #include "substrate.h"
 
+/* The n (1 to 3) numbers of a /proc/sys file; false when unreadable. */
+static bool proc_read_n(const char *path, uint64_t *v, int n)
+{
+	unsigned long long x[3] = {0, 0, 0};
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return false;
+	bool ok = fscanf(f, "%llu %llu %llu", &x[0], &x[1], &x[2]) >= n;
+	fclose(f);
+	for (int i = 0; ok && i < n; i++)
+		v[i] = x[i];
+	return ok;
+}
+
 /* The host's memory (MemTotal) and how many tasks it can hold (the smaller
  * of kernel.pid_max and kernel.threads-max). Returns 0 or -1. */
 static int host_totals(uint64_t *mem_bytes, uint64_t *tasks)
 {
-	unsigned long long kib = 0, pid_max = 0, threads = 0;
+	unsigned long long kib = 0;
+	uint64_t pid_max = 0, threads = 0;
 	char line[256];
 	FILE *f = fopen("/proc/meminfo", "re");
 
@@ -118,16 +133,8 @@ static int host_totals(uint64_t *mem_bytes, uint64_t *tasks)
 		if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
 			break;
 	fclose(f);
-	if ((f = fopen("/proc/sys/kernel/pid_max", "re")) != NULL) {
-		if (fscanf(f, "%llu", &pid_max) != 1)
-			pid_max = 0;
-		fclose(f);
-	}
-	if ((f = fopen("/proc/sys/kernel/threads-max", "re")) != NULL) {
-		if (fscanf(f, "%llu", &threads) != 1)
-			threads = 0;
-		fclose(f);
-	}
+	(void)proc_read_n("/proc/sys/kernel/pid_max", &pid_max, 1);
+	(void)proc_read_n("/proc/sys/kernel/threads-max", &threads, 1);
 	if (kib == 0 || pid_max == 0)
 		return -1;
 	*mem_bytes = (uint64_t)kib << 10;
@@ -627,20 +634,6 @@ fail:
 	unlink(tmp);
 	free(out);
 	return NULL;
-}
-
-/* The n (1 to 3) numbers of a /proc/sys file; false when unreadable. */
-static bool proc_read_n(const char *path, uint64_t *v, int n)
-{
-	unsigned long long x[3] = {0, 0, 0};
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return false;
-	bool ok = fscanf(f, "%llu %llu %llu", &x[0], &x[1], &x[2]) >= n;
-	fclose(f);
-	for (int i = 0; ok && i < n; i++)
-		v[i] = x[i];
-	return ok;
 }
 
 /* Raises each of the n numbers of the host's setting at path (a /proc/sys
