@@ -488,14 +488,49 @@ void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox)
 static const char *spawn_stdin;
 static int spawn_stdout = -1;
 
-/* Starts argv in its own session, stdout to /dev/null, stderr appended to logp. */
+/* The scheduler's nice value of pid's session (its autogroup: the kernel
+ * weighs a session of the root CPU cgroup as one, so a process's own nice
+ * value only ranks it among its session's processes). Best effort: a kernel
+ * without autogroups has no such file. */
+static void session_nice(pid_t pid, int nice)
+{
+	char path[64], text[16];
+	snprintf(path, sizeof path, "/proc/%d/autogroup", (int)pid);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	int n = snprintf(text, sizeof text, "%d", nice);
+	(void)!write(fd, text, (size_t)n);
+	close(fd);
+}
+
+/* A pooled execution's process (launcher, bridge, gateway) once claimed: at
+ * the priority every execution's has, itself and its session (pinned by its
+ * start time). */
+static void raise_claimed(int64_t pid, uint64_t start)
+{
+	int fd = pidfd_pinned(pid, start);
+	if (fd < 0)
+		return;
+	setpriority(PRIO_PROCESS, (id_t)pid, 0);
+	session_nice((pid_t)pid, 0);
+	close(fd);
+}
+
+/* Starts argv in its own session, stdout to /dev/null, stderr appended to
+ * logp. The session keeps the caller's priority: one started below the
+ * default (the warm pool's) stays below its siblings' sessions too. */
 static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid, uint64_t *start)
 {
 	pid_t p = fork();
 	if (p < 0)
 		return SPACED_ESYS;
 	if (p == 0) {
+		errno = 0;
+		int nice = getpriority(PRIO_PROCESS, 0);
 		setsid();
+		if (errno == 0 && nice > 0)
+			session_nice(getpid(), nice);
 		int nul = open("/dev/null", O_RDWR);
 		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
 		if (nul >= 0) {
@@ -803,6 +838,16 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 	if (e < 0)
 		fprintf(stderr, "spaced-executor level=warn event=gateway-failed sandbox=%s\n",
 		        fifo ? "-" : rec->r.id.sandbox);
+	if (e == 0 && fifo) {
+		/* a pooled one: its claim raises it (mgr_pool_claim_send) */
+		char gf[4200];
+		snprintf(gf, sizeof gf, "%s/gateway", e_dir);
+		FILE *f = fopen(gf, "w");
+		if (f) {
+			fprintf(f, "pid=%lld start=%llu\n", (long long)gp, (unsigned long long)gs);
+			fclose(f);
+		}
+	}
 	return e;
 }
 
@@ -1575,8 +1620,8 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	unlink(fifo);
 	/* it was started below the gate's priority, like its siblings in the
 	 * pool: from now on it is a sandbox's, at the priority every execution has */
-	setpriority(PRIO_PROCESS, (id_t)rec->pid, 0);
-	setpriority(PRIO_PROCESS, (id_t)rec->host_pid, 0);
+	raise_claimed(rec->pid, rec->pid_start);
+	raise_claimed(rec->host_pid, rec->host_start);
 	char lf[4200], line[256];
 	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
 	FILE *f = fopen(lf, "r");
@@ -1584,6 +1629,14 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 		long long init = 0;
 		if (fgets(line, sizeof line, f) && strstr(line, "init=") && (init = atoll(strstr(line, "init=") + 5)) > 0)
 			setpriority(PRIO_PROCESS, (id_t)init, 0);
+		fclose(f);
+	}
+	long long gpid = 0;
+	unsigned long long gstart = 0;
+	snprintf(lf, sizeof lf, "%s/gateway", e_dir);
+	if ((f = fopen(lf, "r")) != NULL) {
+		if (fscanf(f, "pid=%lld start=%llu", &gpid, &gstart) == 2)
+			raise_claimed(gpid, gstart);
 		fclose(f);
 	}
 	*ctl_fd = fd;

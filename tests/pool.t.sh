@@ -84,6 +84,33 @@ for lp in $(status '[.records[].pid] | .[]'); do
 	[ "$(readlink "/proc/$lp/ns/uts")" = "$(readlink /proc/self/ns/uts)" ] && back=$((back + 1))
 done
 expect "every launcher back in the host's UTS namespace" "$back" 8
+# a waiting execution's processes run below the default priority, as a session too (the kernel
+# weighs each session of the root CPU cgroup as one: a process's own nice value ranks it only
+# among its session's), so a refill takes no CPU from a burst's claims; a claimed one's launcher,
+# bridge and gateway are back at the default, process and session
+prio() { # PID: "nice/session-nice"
+	echo "$(ps -o ni= -p "$1" | tr -d ' ')/$(sed -n 's/.* nice \(-\{0,1\}[0-9]*\)$/\1/p' "/proc/$1/autogroup")"
+}
+lowered=0 raised=0 nproc=0
+for f in "$D"/worker-1/pool/*/launcher; do
+	ed=$(dirname "$f")
+	pids="$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f") $(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$ed/bridge" "$ed/gateway" 2>/dev/null)"
+	for p in $pids; do
+		[ -d "/proc/$p" ] || continue
+		nproc=$((nproc + 1))
+		if [ -e "$ed/identity" ]; then
+			[ "$(prio "$p")" = 0/0 ] && raised=$((raised + 1)) || echo "  claimed $p: $(prio "$p")"
+		else
+			[ "$(prio "$p")" = 10/10 ] && lowered=$((lowered + 1)) || echo "  waiting $p: $(prio "$p")"
+		fi
+	done
+done
+claimed_procs=$(for f in "$D"/worker-1/pool/*/identity; do [ -e "$f" ] && echo x; done | wc -l)
+expect "claimed executions' launcher, bridge and gateway at the default priority (process and session)" \
+	"$raised/$([ "$claimed_procs" -ge 1 ] && echo "$((claimed_procs * 3))" || echo "none claimed")" \
+	"$((claimed_procs * 3))/$((claimed_procs * 3))"
+expect "every other process of the pool below it" "$((lowered + raised))/$([ "$lowered" -ge 1 ] && echo some)" \
+	"$nproc/some"
 for id in $ids; do "$SC" rm "$id" >/dev/null; done
 
 # ---- a claim allocates no inode on the worker's file system ----
