@@ -1124,8 +1124,11 @@ static void name_execution(struct spaced_sub *s, const char *name)
 		/* only what the creation wrote for "spaced" */
 		bool ours = n > 0 && ((i == 0 && n == 7 && memcmp(old, "spaced\n", 7) == 0) ||
 		                      (i == 1 && memmem(old, (size_t)n, "localhost spaced\n", 17) != NULL));
-		if (ours && tl > 0 && ftruncate(fd, 0) == 0)
-			(void)!pwrite(fd, text, (size_t)tl, 0);
+		/* written over, then cut to size: truncating it to nothing first
+		 * made its close write it out to the disk at once (ext4's
+		 * auto_da_alloc), in the claim's time */
+		if (ours && tl > 0 && pwrite(fd, text, (size_t)tl, 0) == tl)
+			(void)!ftruncate(fd, tl);
 		close(fd);
 	}
 	close(up);
