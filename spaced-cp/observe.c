@@ -265,6 +265,13 @@ char *cp_metrics_text(struct cp *cp, struct cp_store *st)
 		    (double)atomic_load(&M.sum_us[e]) / 1e6);
 		PUT("spaced_cp_request_seconds_count{endpoint=\"%s\"} %llu\n", ep_names[e], (unsigned long long)total);
 	}
+	uint64_t prep_req = 0, prep_idle = 0;
+	cp_store_sqlite_prepared(&prep_req, &prep_idle);
+	PUT("# HELP spaced_cp_sql_prepared_total SQL statements prepared (SQLite: each request thread keeps its "
+	    "own), while serving a request or by an idle thread ahead of need.\n"
+	    "# TYPE spaced_cp_sql_prepared_total counter\n"
+	    "spaced_cp_sql_prepared_total{when=\"request\"} %llu\nspaced_cp_sql_prepared_total{when=\"idle\"} %llu\n",
+	    (unsigned long long)prep_req, (unsigned long long)prep_idle);
 	PUT("# HELP spaced_cp_unauthorized_total Requests refused for their key (401).\n"
 	    "# TYPE spaced_cp_unauthorized_total counter\nspaced_cp_unauthorized_total %llu\n",
 	    (unsigned long long)atomic_load(&M.unauthorized));

@@ -1158,10 +1158,12 @@ struct create_job {
 	json_t *body;
 	char worker[SPACED_NAME_MAX];
 	int64_t seq;
+	/* signalled when it is done, or when it is to lead the next batch:
+	 * each waiting create is woken for itself alone */
+	pthread_cond_t cv;
 };
 
 static pthread_mutex_t batch_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t batch_cv = PTHREAD_COND_INITIALIZER;
 static struct create_job *batch_head, **batch_tail = &batch_head;
 static bool batch_leading;
 
@@ -1226,7 +1228,7 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 	*batch_tail = j;
 	batch_tail = &j->next;
 	while (!j->done && batch_leading)
-		pthread_cond_wait(&batch_cv, &batch_mu);
+		pthread_cond_wait(&j->cv, &batch_mu);
 	if (j->done) {
 		pthread_mutex_unlock(&batch_mu);
 		return;
@@ -1258,14 +1260,17 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 			cp_wake(cp);
 		}
 		pthread_mutex_lock(&batch_mu);
-		for (struct create_job *k = batch; k; k = k->next)
+		for (struct create_job *k = batch, *next; k; k = next) {
+			next = k->next; /* k may be gone once woken and the lock let go */
 			k->done = true;
-		pthread_cond_broadcast(&batch_cv);
+			pthread_cond_signal(&k->cv);
+		}
 		if (j->done)
 			break; /* its own create is done: the next waiting one leads */
 	}
 	batch_leading = false;
-	pthread_cond_broadcast(&batch_cv);
+	if (batch_head)
+		pthread_cond_signal(&batch_head->cv);
 	pthread_mutex_unlock(&batch_mu);
 }
 
@@ -1356,7 +1361,9 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	snprintf(op, sizeof op, "create.%.16s@%s", rnd, cp->replica_id);
 	struct create_job j = {.tenant = tenant, .c = c, .spec_text = spec_text, .id = id, .op = op,
 	                       .tmpl_hash = tmpl_hash};
+	pthread_cond_init(&j.cv, NULL);
 	create_batch(cp, st, &j);
+	pthread_cond_destroy(&j.cv);
 	status = j.status;
 	if (status != 0) {
 		*body = j.body;

@@ -79,6 +79,7 @@ static struct {
 	struct cp_req *done_head, *done_tail; /* answered, for the loop */
 	bool wake_ready;        /* the async handle may be signalled */
 	atomic_int outbox_new;  /* cp_wake was called since the last pump */
+	uint64_t warm_told;     /* cp_store_statements_seen when idle threads were last woken */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* Frees a request and what it owns; accepts NULL. */
@@ -198,10 +199,13 @@ static void *request_thread(void *arg)
 	int r = cp_store_open(cp->db_url, &st);
 	if (r < 0)
 		spaced_log("spaced-cp", "level=error event=store-unavailable reason=\"%s\"", spaced_strerror(r));
+	uint64_t warm_at = 0;
 	for (;;) {
 		pthread_mutex_lock(&S.mu);
 		struct cp_req *rq = NULL;
-		while (!cp->stopping && (rq = take(pool)) == NULL)
+		bool warm = false;
+		while (!cp->stopping && (rq = take(pool)) == NULL &&
+		       !(warm = st != NULL && warm_at != cp_store_statements_seen()))
 			pthread_cond_wait(&pool->cv, &S.mu);
 		if (cp->stopping) {
 			if (rq)
@@ -210,6 +214,12 @@ static void *request_thread(void *arg)
 			break;
 		}
 		pthread_mutex_unlock(&S.mu);
+		if (rq == NULL && warm) {
+			/* idle: what other threads prepared, before a burst needs it */
+			warm_at = cp_store_statements_seen();
+			cp_store_warm(st);
+			continue;
+		}
 		if (st == NULL) {
 			rq->status = 503;
 			rq->resp = strdup("{\"error\":\"store\",\"message\":\"store unavailable\"}");
@@ -233,6 +243,13 @@ static void *request_thread(void *arg)
 		pthread_mutex_lock(&S.mu);
 		release(pool, rq);
 		post_done(rq);
+		uint64_t seen = cp_store_statements_seen();
+		if (seen != S.warm_told) {
+			/* new statements: the idle threads prepare them now */
+			S.warm_told = seen;
+			pthread_cond_broadcast(&S.writes.cv);
+			pthread_cond_broadcast(&S.reads.cv);
+		}
 		pthread_mutex_unlock(&S.mu);
 	}
 	cp_store_close(st);

@@ -152,6 +152,16 @@ int cp_store_relaxed(struct cp_store *st, int on)
 	return st->ops->script(st->h, on ? "SET synchronous_commit = off" : "SET synchronous_commit = on");
 }
 
+int cp_store_warm(struct cp_store *st)
+{
+	return strcmp(st->ops->kind, "sqlite") == 0 ? cp_store_sqlite_warm(st->h) : 0;
+}
+
+uint64_t cp_store_statements_seen(void)
+{
+	return cp_store_sqlite_seen();
+}
+
 int cp_store_begin(struct cp_store *st)
 {
 	return st->ops->begin(st->h);

@@ -58,6 +58,17 @@ void cp_store_rollback(struct cp_store *st);
 int cp_store_exec(struct cp_store *st, const char *sql, int n, const char *const *params,
                   struct cp_rows **out, long *changes);
 
+/* Prepares in st the statements other handles of this process ran and st
+ * has not prepared yet (SQLite: each connection prepares its own, and a
+ * thread would otherwise prepare a request's statements in that request's
+ * time the first time it serves one of its kind); for an idle thread.
+ * Returns how many it prepared (0 on PostgreSQL). */
+int cp_store_warm(struct cp_store *st);
+
+/* Grows each time a handle of this process runs a statement no handle ran
+ * before: a handle last warmed at an older value has some to prepare. */
+uint64_t cp_store_statements_seen(void);
+
 /* Frees rows; accepts NULL. */
 void cp_rows_free(struct cp_rows *r);
 
@@ -78,6 +89,12 @@ const char *cp_i64(char buf[24], int64_t v);
 
 /* store_sqlite.c: this thread's next writes are relaxed ones (cp_store_relaxed). */
 void cp_store_sqlite_relaxed(int on);
+/* store_sqlite.c: cp_store_warm and cp_store_statements_seen for a SQLite handle. */
+int cp_store_sqlite_warm(void *h);
+uint64_t cp_store_sqlite_seen(void);
+/* store_sqlite.c: statements prepared in this process so far, while serving
+ * requests and by idle threads (cp_store_warm). */
+void cp_store_sqlite_prepared(uint64_t *in_requests, uint64_t *idle);
 
 /* Backend entry points (store_sqlite.c, store_pg.c). */
 struct cp_store_ops {

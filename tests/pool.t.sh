@@ -17,7 +17,11 @@
 #  - a waiting execution's ServicePort gateway listens already and answers nobody before a
 #    sandbox claims the execution (it then takes that sandbox's identity: expose below);
 #  - a claim allocates no inode: the gateway's record and the slot file are files made with the
-#    pooled execution, renamed into place.
+#    pooled execution, renamed into place;
+#  - a waiting execution's processes run below the default priority, their sessions too, and a
+#    claimed one's are raised back;
+#  - the control plane's idle request threads prepare the statements others ran: a second burst
+#    of creates prepares none in its requests' time.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 . "$SPACED_TOP/tests/net_lib.sh"
@@ -138,6 +142,36 @@ else
 	echo "skip: slot files (no network on this worker)"
 fi
 "$SC" rm "$I" >/dev/null
+wait_ready 4 || fail "the pool fills to 4 again"
+
+# ---- the control plane's request threads are ready for a burst ----
+# (SQLite: each thread prepares its own statements; an idle one prepares ahead those the others
+# ran, so a second burst of sixteen creates, served by at least eight threads that took no create
+# before, prepares almost none in its requests' time: up to eight, for statements no thread ran
+# before, as the end of an earlier removal may run then; without it, ≈ 110 here)
+mp=$(cat "$D/cp/metrics.port")
+prepared() {
+	{ curl -sf --cacert "$SPACED_CA_FILE" "https://127.0.0.1:$mp/metrics" || curl -sf "http://127.0.0.1:$mp/metrics"; } |
+		awk -v k="spaced_cp_sql_prepared_total{when=\"$1\"}" '$1 == k {print $2}'
+}
+# the idle threads done preparing: their count unchanged for a second (at most 20 s)
+i1=$(prepared idle)
+for i in $(seq 1 20); do
+	sleep 1
+	i2=$(prepared idle)
+	[ "$i2" = "$i1" ] && break
+	i1=$i2
+done
+r0=$(prepared request)
+cpids=""
+for i in $(seq 1 16); do "$SC" create >"$W/d$i" 2>&1 & cpids="$cpids $!"; done
+for p in $cpids; do wait "$p"; done
+r1=$(prepared request)
+expect "a second burst of sixteen creates: sixteen sandboxes" "$(cat "$W"/d* | grep -c '^sbx-')" 16
+expect "... and (almost) no statement prepared in its requests' time" \
+	"$([ -n "$r0" ] && [ -n "$r1" ] && [ $((r1 - r0)) -le 8 ] && echo none || echo "$r0 -> $r1")" none
+expect "idle threads prepared them ahead" "$([ "$(prepared idle)" -gt 0 ] 2>/dev/null && echo yes)" yes
+for id in $(cat "$W"/d*); do "$SC" rm "$id" >/dev/null; done
 wait_ready 4 || fail "the pool fills to 4 again"
 
 # ---- the claiming sandbox's limits ----
