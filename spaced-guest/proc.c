@@ -832,6 +832,10 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 		if (pipe2(pin, O_CLOEXEC) < 0 || pipe2(pout, O_CLOEXEC) < 0 ||
 		    pipe2(perr, O_CLOEXEC) < 0)
 			goto sysfail;
+		/* stdout holds 1 MiB (the default 64 KiB stopped a command that
+		 * writes fast every 64 KiB, and woke this loop as often); best
+		 * effort: past the sandbox's share of pipe pages it stays small */
+		(void)fcntl(pout[0], F_SETPIPE_SZ, 1 << 20);
 	}
 	pid_t pid = -1;
 	int cerr = 0;

@@ -6,7 +6,7 @@
 #   /dev/null, --no-stdin), exit codes and signals as the exit status,
 #   --timeout as 124, SIGINT/SIGTERM forwarded to the command (a trap sees
 #   it), a client that vanishes takes its command with it, a command line too
-#   long for a streamed exec refused clearly;
+#   long for a streamed exec refused clearly; the command's stdout a 1 MiB pipe;
 # - fs write then fs read of 200 MiB byte-exact, from a file and from a pipe,
 #   with spacectl's own peak RSS bounded;
 # - a reader that never reads (stdout a FIFO nobody reads) stalls its stream:
@@ -67,6 +67,10 @@ inside=$("$SC" exec "$X" -- sha256sum $dir/r64 | cut -d' ' -f1)
 expect "64 MiB through exec stdout: byte-exact (sha256, size)" \
 	"$(sha256sum <"$W/r64" | cut -d' ' -f1) $(wc -c <"$W/r64")" "$inside 67108864"
 rm -f "$W/r64"
+# the command's stdout is a pipe of 1 MiB (a 64 KiB one stopped a fast writer every 64 KiB and
+# woke the guest, and every hop after it, as often: a quarter of a GiB's CPU on the stream)
+expect "exec: the command's stdout pipe holds 1 MiB" \
+	"$("$SC" exec "$X" -- python3 -c 'import fcntl; print(fcntl.fcntl(1, 1032))')" 1048576
 
 # ---- stdout and stderr, interleaved, each to its own fd ----
 "$SC" exec "$X" -- sh -c 'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo out$i; echo err$i >&2; done' \
