@@ -113,6 +113,7 @@ static struct {
 	uv_poll_t mgr_poll;
 	int mgr_events;
 	struct spaced_buf mgr_out, mgr_in;
+	size_t mgr_in_off; /* mgr_in's bytes before it are handled */
 	size_t mgr_out_off;
 	uv_check_t mgr_check; /* writes what a turn queued for the gate at its end */
 	uv_idle_t mgr_idle;
@@ -1237,8 +1238,16 @@ static unsigned areq_link_state(uint32_t id)
 
 static void mgr_readable(void)
 {
-	const size_t chunk = 65536;
+	/* up to a few frames a read; what is left of a frame stays where it is
+	 * until the room after it runs short (moving each partial frame to the
+	 * front copied a stream's output once more) */
+	const size_t chunk = 4 * NODE_MSG_MAX;
 	for (int round = 0; round < 16; round++) {
+		if (A.mgr_in_off > 0 && A.mgr_in.cap - A.mgr_in.len < chunk + 1) {
+			memmove(A.mgr_in.data, A.mgr_in.data + A.mgr_in_off, A.mgr_in.len - A.mgr_in_off);
+			A.mgr_in.len -= A.mgr_in_off;
+			A.mgr_in_off = 0;
+		}
 		/* read straight into the input buffer, after what waits there */
 		if (spaced_buf_reserve(&A.mgr_in, chunk) < 0) {
 			quit();
@@ -1255,7 +1264,7 @@ static void mgr_readable(void)
 		}
 		A.mgr_in.len += (size_t)n;
 		A.mgr_in.data[A.mgr_in.len] = 0;
-		size_t off = 0;
+		size_t off = A.mgr_in_off;
 		for (;;) {
 			struct spaced_frame_hdr h;
 			const uint8_t *pl;
@@ -1280,8 +1289,9 @@ static void mgr_readable(void)
 			}
 			off += used;
 		}
-		memmove(A.mgr_in.data, A.mgr_in.data + off, A.mgr_in.len - off);
-		A.mgr_in.len -= off;
+		A.mgr_in_off = off;
+		if (off == A.mgr_in.len)
+			A.mgr_in.len = A.mgr_in_off = 0;
 		if ((size_t)n < chunk)
 			break;
 	}
@@ -1713,7 +1723,7 @@ int node_api_run(const struct node_api_config *cfg)
 	mallopt(M_TRIM_THRESHOLD, 32 << 20);
 	fcntl(A.mgr_fd, F_SETFL, fcntl(A.mgr_fd, F_GETFL) | O_NONBLOCK);
 	spaced_buf_init(&A.mgr_out, 256u << 20);
-	spaced_buf_init(&A.mgr_in, 4 * NODE_MSG_MAX);
+	spaced_buf_init(&A.mgr_in, 8 * NODE_MSG_MAX); /* mgr_readable: a read of four frames after what is left */
 	/* TLS: the certificate and key are read now, before the confinement
 	 * (no files after it); OpenSSL's random generator is seeded now too */
 	SSL_CTX *tls = NULL;
