@@ -411,3 +411,15 @@ void spaced_file_prepare(const char *tmp, unsigned mode)
 	if (fd >= 0)
 		close(fd);
 }
+
+void spaced_session_nice(pid_t pid, int nice)
+{
+	char path[64], text[16];
+	snprintf(path, sizeof path, "/proc/%d/autogroup", (int)pid);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	int n = snprintf(text, sizeof text, "%d", nice);
+	(void)!write(fd, text, (size_t)n);
+	close(fd);
+}

@@ -6,6 +6,7 @@
 #define SPACED_UTIL_H
 
 #include <dirent.h>
+#include <sys/types.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -123,5 +124,14 @@ int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t
 /* Creates tmp empty (with mode) when it does not exist, for a later
  * spaced_file_replace(); best effort. */
 void spaced_file_prepare(const char *tmp, unsigned mode);
+
+/* Sets the nice value of pid's session as the scheduler sees it: its
+ * autogroup (/proc/PID/autogroup). With autogroups on, the kernel weighs
+ * each session of the root CPU cgroup as one, so a process's own nice value
+ * only ranks it among its session's processes. Best effort: nothing happens
+ * on a kernel without autogroups, nor for a process in a CPU cgroup of its
+ * own (autogroups apply to the root CPU cgroup only). A negative value needs
+ * CAP_SYS_NICE. */
+void spaced_session_nice(pid_t pid, int nice);
 
 #endif

@@ -488,22 +488,6 @@ void mgr_exec_remove(const struct mgr_config *cfg, const char *sandbox)
 static const char *spawn_stdin;
 static int spawn_stdout = -1;
 
-/* The scheduler's nice value of pid's session (its autogroup: the kernel
- * weighs a session of the root CPU cgroup as one, so a process's own nice
- * value only ranks it among its session's processes). Best effort: a kernel
- * without autogroups has no such file. */
-static void session_nice(pid_t pid, int nice)
-{
-	char path[64], text[16];
-	snprintf(path, sizeof path, "/proc/%d/autogroup", (int)pid);
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	int n = snprintf(text, sizeof text, "%d", nice);
-	(void)!write(fd, text, (size_t)n);
-	close(fd);
-}
-
 /* A pooled execution's process (launcher, bridge, gateway) once claimed: at
  * the priority every execution's has, itself and its session (pinned by its
  * start time). */
@@ -513,7 +497,7 @@ static void raise_claimed(int64_t pid, uint64_t start)
 	if (fd < 0)
 		return;
 	setpriority(PRIO_PROCESS, (id_t)pid, 0);
-	session_nice((pid_t)pid, 0);
+	spaced_session_nice((pid_t)pid, 0);
 	close(fd);
 }
 
@@ -530,7 +514,7 @@ static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid
 		int nice = getpriority(PRIO_PROCESS, 0);
 		setsid();
 		if (errno == 0 && nice > 0)
-			session_nice(getpid(), nice);
+			spaced_session_nice(getpid(), nice);
 		int nul = open("/dev/null", O_RDWR);
 		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
 		if (nul >= 0) {

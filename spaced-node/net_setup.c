@@ -321,6 +321,10 @@ static int spawn_daemon(const char *const argv[], const char *logp, const char *
 		return SPACED_ESYS;
 	if (pid == 0) {
 		setsid();
+		/* the worker's network serves every sandbox: at the default
+		 * priority, whatever the job that first needed it ran at (a
+		 * pool's start runs below it) */
+		setpriority(PRIO_PROCESS, 0, 0);
 		struct rlimit rl;
 		if (nofile_max && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
 			rl.rlim_cur = rl.rlim_max;

@@ -359,6 +359,9 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		close(api[1]);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		prctl(PR_SET_NAME, "spaced-executor");
+		/* a session of its own, at the default priority: the request
+		 * path's session is raised below, not what the executor starts */
+		setsid();
 		_exit(executor_run(mc, exe[1]));
 	}
 	close(api[1]);
@@ -366,9 +369,14 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 	/* the request path (the gate and node-api) runs ahead of the executions'
 	 * processes, so that tenants' CPU load does not delay another tenant's
 	 * verification and forwarding; the executor and what it starts keep the
-	 * default priority (best effort: needs CAP_SYS_NICE) */
+	 * default priority (best effort: needs CAP_SYS_NICE). Its session too:
+	 * with the kernel's autogroups a session of the root CPU cgroup is
+	 * weighed as one against each execution's CPU cgroup, and the processes'
+	 * own nice values only ranked them inside it (the supervisor and the
+	 * link share it: both mostly wait) */
 	setpriority(PRIO_PROCESS, (id_t)api_pid, REQUEST_PATH_NICE);
 	setpriority(PRIO_PROCESS, 0, REQUEST_PATH_NICE);
+	spaced_session_nice(getpid(), REQUEST_PATH_NICE);
 	mc->api_fd = api[0];
 	mc->api_pid = api_pid;
 	mc->exe_fd = exe[0];
