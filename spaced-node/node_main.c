@@ -182,6 +182,19 @@ static int host_capacity(const char *launch, struct spaced_resources *alloc, str
 	return 0;
 }
 
+/* A decimal option value within lo .. hi into *out: false for anything else
+ * (empty, a sign where lo >= 0, trailing characters, out of range). */
+static bool num_opt(const char *v, long lo, long hi, long *out)
+{
+	char *end = NULL;
+	errno = 0;
+	long n = strtol(v, &end, 10);
+	if (errno || !v[0] || !end || *end || (lo >= 0 && v[0] == '-') || n < lo || n > hi)
+		return false;
+	*out = n;
+	return true;
+}
+
 /* Bits per second: "500M", "1G", "64K", "100000" (decimal units); "0": none. */
 static int net_rate_parse(const char *text, uint64_t *out)
 {
@@ -926,48 +939,41 @@ int main(int argc, char **argv)
 		else if (strcmp(a, "--advertise") == 0)
 			advertise = v;
 		else if (strcmp(a, "--capacity") == 0) {
-			char *end;
-			capacity = strtol(v, &end, 10);
-			if (*end || capacity < 1 || capacity > 100000) {
+			if (!num_opt(v, 1, 100000, &capacity)) {
 				fprintf(stderr, "spaced-node: --capacity wants 1 .. 100000 sandboxes\n");
 				return 2;
 			}
 		} else if (strcmp(a, "--stall-timeout") == 0) {
-			char *end;
-			long t = strtol(v, &end, 10);
-			if (*end || t < 0 || t > 3600) {
+			long t;
+			if (!num_opt(v, 0, 3600, &t)) {
 				fprintf(stderr, "spaced-node: --stall-timeout wants seconds (0 .. 3600; 0: never)\n");
 				return 2;
 			}
 			stall_ms = (int)t * 1000;
 		} else if (strcmp(a, "--forget-after") == 0) {
-			char *end;
-			long t = strtol(v, &end, 10);
-			if (*end || t < 1 || t > 30 * 86400) {
+			long t;
+			if (!num_opt(v, 1, 30 * 86400, &t)) {
 				fprintf(stderr, "spaced-node: --forget-after wants seconds (1 .. 2592000)\n");
 				return 2;
 			}
 			forget_after = (int)t;
 		} else if (strcmp(a, "--acks-kept") == 0) {
-			char *end;
-			long k = strtol(v, &end, 10);
-			if (*end || k < 16 || k > 1000000) {
+			long k;
+			if (!num_opt(v, 16, 1000000, &k)) {
 				fprintf(stderr, "spaced-node: --acks-kept wants 16 .. 1000000\n");
 				return 2;
 			}
 			acks_kept = (int)k;
 		} else if (strcmp(a, "--max-streams") == 0) {
-			char *end;
-			long k = strtol(v, &end, 10);
-			if (*end || k < 64 || k > 65536) {
+			long k;
+			if (!num_opt(v, 64, 65536, &k)) {
 				fprintf(stderr, "spaced-node: --max-streams wants 64 .. 65536\n");
 				return 2;
 			}
 			max_streams = (int)k;
 		} else if (strcmp(a, "--pool") == 0 || strcmp(a, "--pool-max") == 0 || strcmp(a, "--pool-starts") == 0) {
-			char *end;
-			long n = strtol(v, &end, 10);
-			if (*end || n < 0 || n > 4096) {
+			long n;
+			if (!num_opt(v, 0, 4096, &n)) {
 				fprintf(stderr, "spaced-node: %s wants 0 .. 4096\n", a);
 				return 2;
 			}
@@ -1010,20 +1016,16 @@ int main(int argc, char **argv)
 			}
 		}
 		else if (strcmp(a, "--net-conns") == 0) {
-			char *end = NULL;
-			errno = 0;
-			unsigned long n = strtoul(v, &end, 10);
-			if (errno || !end || *end || v[0] == '-' || n < 64 || n > 4000000) {
+			long n;
+			if (!num_opt(v, 64, 4000000, &n)) {
 				fprintf(stderr, "spaced-node: --net-conns wants a number of connections, 64 to 4000000\n");
 				return 2;
 			}
 			net_conns = (uint32_t)n;
 		}
 		else if (strcmp(a, "--cpu-latency-us") == 0) {
-			char *end = NULL;
-			errno = 0;
-			long n = strtol(v, &end, 10);
-			if (errno || !end || *end || !v[0] || n < 0 || n > 1000000) {
+			long n;
+			if (!num_opt(v, 0, 1000000, &n)) {
 				fprintf(stderr, "spaced-node: --cpu-latency-us wants microseconds, 0 to 1000000\n");
 				return 2;
 			}

@@ -30,13 +30,23 @@ qos() { od -An -t d4 -N4 /dev/cpu_dma_latency | tr -d ' '; }
 QOS0=$(qos)
 QOSW=$([ "$QOS0" -lt 7 ] && echo "$QOS0" || echo 7)
 NODE=$SPACED_BUILD/spaced-node/spaced-node
-for bad in "--cpu-latency-us -1" "--cpu-latency-us 1000001" "--cpu-latency-us 5us" "--net-conns 10" "--net-conns x"; do
+for bad in "--cpu-latency-us -1" "--cpu-latency-us 1000001" "--cpu-latency-us 5us" "--net-conns 10" "--net-conns x" \
+	"--net-conns -100" "--pool 3x" "--capacity 0" "--stall-timeout 3601" "--max-streams 63"; do
 	# shellcheck disable=SC2086 # the option and its value
 	out=$("$NODE" --state "$W/bad" --worker-id w-bad --listen 127.0.0.1:0 --plaintext $bad 2>&1)
 	rc=$?
 	case "$rc:$out" in
 	2:*"${bad%% *} wants"*) ok "spaced-node $bad is refused: $out" ;;
 	*) fail "spaced-node $bad: exit $rc, $out" ;;
+	esac
+done
+# an empty value is no number (it was read as 0: --stall-timeout "" meant "never")
+for opt in --stall-timeout --pool --capacity --max-streams --acks-kept --cpu-latency-us; do
+	out=$("$NODE" --state "$W/bad" --worker-id w-bad --listen 127.0.0.1:0 --plaintext "$opt" "" 2>&1)
+	rc=$?
+	case "$rc:$out" in
+	2:*"$opt wants"*) ok "spaced-node $opt '' is refused" ;;
+	*) fail "spaced-node $opt '': exit $rc, $out" ;;
 	esac
 done
 if ! "$SC" dev up --workers 2 --dir "$D" --cpu-latency-us 7 >"$W/up.out" 2>"$W/up.err"; then
