@@ -11,7 +11,6 @@
 # left (a paused one's frozen tasks, its cgroups, its disk's loop device) is reaped at once.
 # worker-1 holds a PM QoS request (--cpu-latency-us 7) for as long as its supervisor runs, a new
 # supervisor asks again, and the kernel drops it when the cluster is gone; bad values are refused.
-# The gate and node-api run in a session raised to nice -10 (the executor in one of its own).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -100,17 +99,6 @@ for role in spaced-api spaced-gate spaced-executor; do
 		fail "$role did not come back"
 done
 expect "the supervisor itself was never restarted" "$(awk '$1 == "worker-1" {print $2}' "$D/pids")" "$SUP"
-# the request path's session runs ahead of the executions (the kernel weighs each session of the
-# root CPU cgroup as one: the gate's and node-api's own nice -10 only ranked them inside it), the
-# executor in a session of its own at the default; after the restarts above too
-if [ -r /proc/self/autogroup ]; then
-	sess() { echo "$(ps -o sid= -p "$1" | tr -d ' ')/$(sed -n 's/.* nice \(-\{0,1\}[0-9]*\)$/\1/p' "/proc/$1/autogroup")"; }
-	GS=$(sess "$(role_pid spaced-gate)") AS=$(sess "$(role_pid spaced-api)") ES=$(sess "$(role_pid spaced-executor)")
-	expect "the gate's and node-api's session at nice -10, the executor's its own at 0" \
-		"${GS#*/} ${AS#*/} ${ES#*/} $([ "${GS%/*}" = "${AS%/*}" ] && [ "${ES%/*}" != "${GS%/*}" ] && echo apart)" "-10 -10 0 apart"
-else
-	echo "skip: no autogroups on this kernel"
-fi
 expect "the PM QoS request outlived the restarts of node-api, the gate and the executor" "$(qos)" "$QOSW"
 
 # ---- the link: the control plane sees the channel go and come back ----
