@@ -489,15 +489,21 @@ static const char *spawn_stdin;
 static int spawn_stdout = -1;
 
 /* A pooled execution's process (launcher, bridge, gateway) once claimed: at
- * the priority every execution's has, itself and its session (pinned by its
- * start time). */
+ * the priority every execution's has, itself and its session; pid pinned
+ * by the caller. */
+static void raise_pinned(pid_t pid)
+{
+	setpriority(PRIO_PROCESS, (id_t)pid, 0);
+	spaced_session_nice(pid, 0);
+}
+
+/* raise_pinned for a process pinned here by its start time. */
 static void raise_claimed(int64_t pid, uint64_t start)
 {
 	int fd = pidfd_pinned(pid, start);
 	if (fd < 0)
 		return;
-	setpriority(PRIO_PROCESS, (id_t)pid, 0);
-	spaced_session_nice((pid_t)pid, 0);
+	raise_pinned((pid_t)pid);
 	close(fd);
 }
 
@@ -1562,6 +1568,9 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 		snprintf(why, whysz, "the pooled execution is gone");
 		return SPACED_ECLOSED;
 	}
+	/* it was started below the gate's priority, like its siblings in the
+	 * pool: from now on it is a sandbox's (its claim, below, included) */
+	raise_pinned((pid_t)rec->pid);
 	close(pfd);
 	snprintf(ctlp, sizeof ctlp, "%s/control.sock", e_dir);
 	if (strlen(ctlp) >= sizeof sa.sun_path)
@@ -1602,9 +1611,7 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	}
 	close(ff);
 	unlink(fifo);
-	/* it was started below the gate's priority, like its siblings in the
-	 * pool: from now on it is a sandbox's, at the priority every execution has */
-	raise_claimed(rec->pid, rec->pid_start);
+	/* its bridge and gateway too (the launcher was raised above) */
 	raise_claimed(rec->host_pid, rec->host_start);
 	char lf[4200], line[256];
 	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
