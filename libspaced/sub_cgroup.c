@@ -2,11 +2,13 @@
  * sub_cgroup.c — CPU, memory, pids and disk I/O limits, usage and the freezer
  * of one execution, on cgroup v1 (memory, pids, freezer, cpu, cpuacct, blkio
  * hierarchies under /sys/fs/cgroup/<ctrl>) or on a unified cgroup2
- * /sys/fs/cgroup; and the reaping of what launchers killed with SIGKILL left
- * behind.
+ * /sys/fs/cgroup; the reaping of what launchers killed with SIGKILL left
+ * behind; and the request path's CPU cgroup (spaced-node links this file
+ * for it, not the rest of the substrate).
  */
 #include "sub_internal.h"
 #include "identity.h"
+#include "substrate.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -411,6 +413,107 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
 	if ((r = spaced_dir("pids", dir, sizeof(dir), why, whysz)) < 0)
 		return r;
 	return knob(dir, "pids.max", pids, why, whysz);
+}
+
+/* The request path's CFS period: short, so that a ceiling reached holds the
+ * request path back for a few milliseconds, not for a tenth of a second. */
+#define REQUEST_PERIOD_US 10000u
+
+/* "<own>/<parent>+request" in controller ctrl ("" on cgroup2), made when
+ * missing: '+' is in no parent name (spaced_cgroup_parent_valid), so no
+ * worker's executions can be named so, and reap_parents passes it by. */
+static int request_dir(const char *ctrl, char *out, size_t outsz, char *why, size_t whysz)
+{
+	char own[PATH_MAX - 96];
+	int r = cgroup_path_of(0, ctrl, own, sizeof(own));
+
+	if (r < 0) {
+		spaced_why(why, whysz, "no cgroup %s%s hierarchy in /proc/self/cgroup", ctrl[0] ? "v1 " : "v2", ctrl);
+		return r;
+	}
+	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/%s+request", ctrl[0] ? "/" : "", ctrl,
+	                     strcmp(own, "/") == 0 ? "" : own, parent_name()) >= outsz)
+		return SPACED_ETOOBIG;
+	if (mkdir(out, 0755) < 0 && errno != EEXIST) {
+		spaced_why(why, whysz, "mkdir %s: %s", out, strerror(errno));
+		return SPACED_ESYS;
+	}
+	return 0;
+}
+
+int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, size_t whysz)
+{
+	char dir[PATH_MAX], val[64];
+	uint64_t quota = (uint64_t)max_milli * REQUEST_PERIOD_US / 1000;
+	int r;
+
+	if (unified_mode()) {
+		char own[PATH_MAX], path[PATH_MAX + 32];
+
+		if ((r = cgroup_path_of(0, "", own, sizeof(own))) < 0)
+			return r;
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
+		(void)knob(path, "cgroup.subtree_control", "+cpu", NULL, 0);
+		if ((r = request_dir("", dir, sizeof(dir), why, whysz)) < 0)
+			return r;
+		snprintf(path, sizeof(path), "%s/cpu.weight", dir);
+		if (access(path, F_OK) != 0) {
+			spaced_why(why, whysz, "no cpu controller in %s", dir);
+			(void)rmdir(dir);
+			return SPACED_ENOENT;
+		}
+		snprintf(val, sizeof(val), "%u", weight * 100 > 10000 ? 10000 : weight * 100);
+		if ((r = knob(dir, "cpu.weight", val, why, whysz)) < 0)
+			return r;
+		if (quota)
+			snprintf(val, sizeof(val), "%" PRIu64 " %u", quota < 1000 ? 1000 : quota, REQUEST_PERIOD_US);
+		else
+			snprintf(val, sizeof(val), "max %u", REQUEST_PERIOD_US);
+		if ((r = knob(dir, "cpu.max", val, why, whysz)) < 0)
+			return r;
+		return knob(dir, "cgroup.procs", "0", why, whysz);
+	}
+	if (!has_v1("cpu")) {
+		spaced_why(why, whysz, "no cgroup v1 cpu hierarchy");
+		return SPACED_ENOENT;
+	}
+	if ((r = request_dir("cpu", dir, sizeof(dir), why, whysz)) < 0)
+		return r;
+	snprintf(val, sizeof(val), "%u", weight * 1024 > 262144 ? 262144 : weight * 1024);
+	if ((r = knob(dir, "cpu.shares", val, why, whysz)) < 0)
+		return r;
+	/* the quota first: a period shorter than the one set may be below it */
+	if ((r = knob(dir, "cpu.cfs_quota_us", "-1", why, whysz)) < 0)
+		return r;
+	snprintf(val, sizeof(val), "%u", REQUEST_PERIOD_US);
+	if ((r = knob(dir, "cpu.cfs_period_us", val, why, whysz)) < 0)
+		return r;
+	if (quota) {
+		snprintf(val, sizeof(val), "%" PRIu64, quota < 1000 ? 1000 : quota);
+		if ((r = knob(dir, "cpu.cfs_quota_us", val, why, whysz)) < 0)
+			return r;
+	}
+	if ((r = knob(dir, "cgroup.procs", "0", why, whysz)) < 0)
+		return r;
+	/* its CPU time counted apart too, where cpuacct is a hierarchy of its own */
+	if (has_v1("cpuacct") && request_dir("cpuacct", dir, sizeof(dir), NULL, 0) == 0)
+		(void)knob(dir, "cgroup.procs", "0", NULL, 0);
+	return 0;
+}
+
+void spaced_sub_request_cpu_remove(void)
+{
+	static const char *const ctrls[] = { "cpu", "cpuacct" };
+	char dir[PATH_MAX];
+
+	if (unified_mode()) {
+		if (request_dir("", dir, sizeof(dir), NULL, 0) == 0)
+			(void)rmdir(dir);
+		return;
+	}
+	for (size_t i = 0; i < 2; i++)
+		if (has_v1(ctrls[i]) && request_dir(ctrls[i], dir, sizeof(dir), NULL, 0) == 0)
+			(void)rmdir(dir);
 }
 
 int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,

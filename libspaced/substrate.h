@@ -181,6 +181,20 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
  * executions only. Returns 0 or a negative code with a reason in why. */
 int spaced_sub_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz);
 
+/* The request path's CPU share (spaced-node's gate, node-api and link): the
+ * calling process, all its threads, moves into a CPU cgroup of its own beside
+ * the executions' parent ("<parent>+request"), weighed as `weight`
+ * executions of one CPU each, so that a tenant's CPU load does not delay the
+ * verification and forwarding of another tenant's requests, and held to at
+ * most max_milli thousandths of a CPU per 10 ms (0: no ceiling), so that
+ * requests, whoever sends them, never take more than that from the
+ * executions. Returns 0, SPACED_ENOENT when the host has no CPU controller
+ * there (nothing changes), or another negative code with a reason in why. */
+int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, size_t whysz);
+
+/* Removes that cgroup once no process is left in it (spaced-node's stop). */
+void spaced_sub_request_cpu_remove(void);
+
 /* Kills the tasks of executions whose launcher is gone (killed with SIGKILL:
  * it could not clean up; on cgroup v1 a frozen task cannot even die until
  * thawed), thaws and removes their cgroups, and takes the disk I/O bounds off

@@ -3,7 +3,7 @@
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
  *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...] [--net-conns N]
- *          [--cpu-latency-us N] [--plaintext]
+ *          [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS|off] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  *   dev certs [--dir DIR] [--workers N]
@@ -58,7 +58,7 @@ static const char usage_dev[] =
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
 	"                       [--net-openable CIDR[,CIDR]...] [--net-conns N] [--cpu-latency-us N]\n"
-	"                       [--plaintext]\n"
+	"                       [--request-cpu weight=N,max=CPUS|off] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"
@@ -770,6 +770,8 @@ static const char *dev_net_openable;
 static const char *dev_net_conns;
 /* --cpu-latency-us for every worker, or NULL: no PM QoS request */
 static const char *dev_cpu_latency;
+/* --request-cpu for every worker, or NULL: the workers' default */
+static const char *dev_request_cpu;
 
 
 /* DIR/tls: the cluster's CA, the control plane's certificate, and each
@@ -1057,7 +1059,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		                               {"--disk-io", dev_disk_io},        {"--allocatable", alloc},
 		                               {"--net-rate", dev_net_rate},      {"--disk-reserve", dev_disk_reserve},
 		                               {"--net-openable", dev_net_openable}, {"--net-conns", dev_net_conns},
-		                               {"--cpu-latency-us", dev_cpu_latency}, {"--log-format", logfmt}};
+		                               {"--cpu-latency-us", dev_cpu_latency}, {"--request-cpu", dev_request_cpu},
+		                               {"--log-format", logfmt}};
 		for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
 			if (pass[j][1]) {
 				a[na++] = pass[j][0];
@@ -1225,6 +1228,7 @@ int cmd_dev(int argc, char **argv)
 		{"net-openable", required_argument, NULL, 'O'},
 		{"net-conns", required_argument, NULL, 'C'},
 		{"cpu-latency-us", required_argument, NULL, 'U'},
+		{"request-cpu", required_argument, NULL, 'Q'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{NULL, 0, NULL, 0},
@@ -1252,6 +1256,7 @@ int cmd_dev(int argc, char **argv)
 		case 'O': dev_net_openable = optarg; break;
 		case 'C': dev_net_conns = optarg; break;
 		case 'U': dev_cpu_latency = optarg; break;
+		case 'Q': dev_request_cpu = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		default: return cli_usage(usage_dev);

@@ -247,6 +247,43 @@ static int disk_io_parse(const char *text, uint64_t *bps, uint64_t *iops)
 	return 0;
 }
 
+/* --request-cpu: "weight=N,max=CPUS" (either; fields named replace the
+ * defaults) or "off". */
+static int request_cpu_parse(const char *text, uint32_t *weight, uint32_t *max_milli, bool *on)
+{
+	char buf[128];
+	uint32_t w = *weight, m = *max_milli;
+
+	if (strcmp(text, "off") == 0) {
+		*on = false;
+		return 0;
+	}
+	if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf)
+		return -1;
+	/* every field named, none empty ("", "weight=8," are refused) */
+	for (char *f = buf, *next; f; f = next) {
+		long n;
+		next = strchr(f, ',');
+		if (next)
+			*next++ = '\0';
+		if (strncmp(f, "weight=", 7) == 0) {
+			if (!num_opt(f + 7, 1, 100, &n))
+				return -1;
+			w = (uint32_t)n;
+		} else if (strncmp(f, "max=", 4) == 0) {
+			if (strcmp(f + 4, "0") == 0)
+				m = 0;
+			else if (spaced_cpus_parse(f + 4, &m) < 0 || m < 100)
+				return -1;
+		} else
+			return -1;
+	}
+	*weight = w;
+	*max_milli = m;
+	*on = true;
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: spaced-node --state DIR --worker-id ID --listen HOST:PORT [--keys BUNDLE]\n"
@@ -261,7 +298,7 @@ static void usage(void)
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
-	                "                   [--net-conns N] [--cpu-latency-us N]\n"
+	                "                   [--net-conns N] [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS|off]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -331,6 +368,30 @@ static void keep_port(struct listener *l)
 }
 
 static const struct spaced_tls_opts *TLS;
+
+/* --request-cpu: the request path's weight and ceiling (max = 0: none);
+ * the ceiling's default is set from the host's CPUs in main */
+static bool REQUEST_CPU_ON = true;
+static uint32_t REQUEST_CPU_WEIGHT = 8, REQUEST_CPU_MAX_MILLI = UINT32_MAX;
+
+/* The calling process into the request path's CPU cgroup: weighed as eight
+ * times the executions (all of them together sit in one parent at the
+ * default weight), so that a tenant's CPU load never makes another tenant's
+ * verification and forwarding wait its turn, and held to a ceiling, since no
+ * sandbox is charged for what node-api and the gate do on its behalf: at
+ * most half the host's CPUs by default, so that request floods (small
+ * requests, TLS handshakes, forged tokens: no sandbox needed for the last
+ * two) never take more than that from the executions. A host without a CPU
+ * controller keeps the processes where they are. */
+static void request_cpu_join(bool say)
+{
+	char why[300] = "";
+	if (!REQUEST_CPU_ON || geteuid() != 0)
+		return;
+	int r = spaced_sub_request_cpu_join(REQUEST_CPU_WEIGHT, REQUEST_CPU_MAX_MILLI, why, sizeof why);
+	if (r < 0 && say)
+		fprintf(stderr, "spaced-node: the request path keeps the host's CPU share: %s\n", why);
+}
 static uint64_t ANSWER_MEMORY = NODE_ANSWER_MEMORY, SOCKET_BUFFER = NODE_SOCKET_BUFFER;
 
 static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
@@ -354,6 +415,7 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		prctl(PR_SET_NAME, "spaced-api");
 		if (getppid() == 1)
 			_exit(1);
+		request_cpu_join(false);
 		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
 		                             .port_file = api_l->port_file, .drop_privileges = drop,
 		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
@@ -376,16 +438,11 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 	}
 	close(api[1]);
 	close(exe[1]);
-	/* the request path (the gate and node-api) runs ahead of the executions'
-	 * processes, so that tenants' CPU load does not delay another tenant's
-	 * verification and forwarding; the executor and what it starts keep the
-	 * default priority (best effort: needs CAP_SYS_NICE). With the kernel's
-	 * autogroups this ranks them only inside the worker's session, which
-	 * is weighed as one sandbox against each execution's CPU cgroup. Not
-	 * the session itself: raised (nice -10), it let one tenant's request
-	 * floods take other sandboxes' CPU at ninefold weight (a victim kept
-	 * 44-79 % of its compute, against 75-101 % at the default), since no
-	 * sandbox is charged for node-api's and the gate's work */
+	/* the request path (the gate, node-api and the link) in a CPU cgroup of
+	 * its own (request_cpu_join), the executor and what it starts not;
+	 * inside it, and where there is no such cgroup, the gate and node-api
+	 * run ahead of the link (best effort: needs CAP_SYS_NICE) */
+	request_cpu_join(true);
 	setpriority(PRIO_PROCESS, (id_t)api_pid, REQUEST_PATH_NICE);
 	setpriority(PRIO_PROCESS, 0, REQUEST_PATH_NICE);
 	mc->api_fd = api[0];
@@ -504,6 +561,7 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, struct
 				prctl(PR_SET_NAME, "spaced-link");
 				if (getppid() == 1)
 					_exit(1);
+				request_cpu_join(false);
 				_exit(link_run(lc));
 			}
 			k->pid = p;
@@ -558,6 +616,8 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, struct
 			waitpid(kids[i]->pid, NULL, 0);
 	while (waitpid(-1, NULL, WNOHANG) > 0)
 		;
+	if (REQUEST_CPU_ON && geteuid() == 0)
+		spaced_sub_request_cpu_remove();
 	return 0;
 }
 
@@ -1029,6 +1089,13 @@ int main(int argc, char **argv)
 			}
 			cpu_latency_us = (int32_t)n;
 		}
+		else if (strcmp(a, "--request-cpu") == 0) {
+			if (request_cpu_parse(v, &REQUEST_CPU_WEIGHT, &REQUEST_CPU_MAX_MILLI, &REQUEST_CPU_ON) < 0) {
+				fprintf(stderr, "spaced-node: --request-cpu wants weight=N (1 .. 100),max=CPUS (0.1 at least; "
+				                "0: no ceiling), either, or off\n");
+				return 2;
+			}
+		}
 		else if (strcmp(a, "--net-rate") == 0) {
 			if (net_rate_parse(v, &net_rate) < 0) {
 				fprintf(stderr, "spaced-node: --net-rate wants bits per second (a number with K, M or G: 500M), or 0\n");
@@ -1047,6 +1114,10 @@ int main(int argc, char **argv)
 	}
 	if (!guest)
 		guest = default_guest();
+	if (REQUEST_CPU_MAX_MILLI == UINT32_MAX) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		REQUEST_CPU_MAX_MILLI = n > 2 ? (uint32_t)n * 500 : 1000;
+	}
 	if ((join_token || join_file || advertise) && !cp_url) {
 		fprintf(stderr, "spaced-node: --join-token, --join-token-file and --advertise go with --cp\n");
 		return 2;
