@@ -28,8 +28,10 @@ TCK=$(getconf CLK_TCK)
 # 256 MiB/s each way (spaced-node's default), which caps the fs write figure
 # BENCH_CPU_LATENCY_US=N: the worker runs with --cpu-latency-us N (idle CPUs wake within N us; the
 # host's cats in the same run then wake as fast: the request holds for the whole host)
+# BENCH_REQUEST_CPU=LIST: the worker runs with --request-cpu LIST (weight=N,max=CPUS or off)
 "$S" dev up --workers 1 --dir "$D" --disk-io "${BENCH_DISK_IO:-0}" \
-	${BENCH_CPU_LATENCY_US:+--cpu-latency-us "$BENCH_CPU_LATENCY_US"} >/dev/null || { echo "bench-exec: dev up failed"; exit 1; }
+	${BENCH_CPU_LATENCY_US:+--cpu-latency-us "$BENCH_CPU_LATENCY_US"} \
+	${BENCH_REQUEST_CPU:+--request-cpu "$BENCH_REQUEST_CPU"} >/dev/null || { echo "bench-exec: dev up failed"; exit 1; }
 . "$D/env"
 X=$("$S" create --cpus 2 --memory 3G --disk 4G) || { echo "bench-exec: create failed"; exit 1; }
 dir=/workspace
