@@ -431,6 +431,12 @@ static int request_dir(const char *ctrl, char *out, size_t outsz, char *why, siz
 		spaced_why(why, whysz, "no cgroup %s%s hierarchy in /proc/self/cgroup", ctrl[0] ? "v1 " : "v2", ctrl);
 		return r;
 	}
+	/* a process already in it (node-api, forked by the gate that joined
+	 * first; a second join) names the same one, not one below it */
+	char *last = strrchr(own, '/'), mine[PATH_MAX];
+	snprintf(mine, sizeof(mine), "%s+request", parent_name());
+	if (last != NULL && strcmp(last + 1, mine) == 0)
+		*(last == own ? last + 1 : last) = '\0';
 	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/%s+request", ctrl[0] ? "/" : "", ctrl,
 	                     strcmp(own, "/") == 0 ? "" : own, parent_name()) >= outsz)
 		return SPACED_ETOOBIG;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1149,4 +1150,130 @@ Test(copy_tree, directories_deeper_than_a_snapshot_holds_are_refused_not_a_crash
 	cr_expect_eq(stat(leaf, &st), 0, "the deepest directory was copied");
 	snprintf(cmd, sizeof cmd, "rm -rf %s", top);
 	cr_assert_eq(system(cmd), 0);
+}
+
+/* The first line of a small file, or "" (request_cpu tests). */
+static void first_line(const char *path, char *out, size_t n)
+{
+	FILE *f = fopen(path, "re");
+
+	out[0] = '\0';
+	if (f != NULL && fgets(out, (int)n, f) != NULL)
+		out[strcspn(out, "\n")] = '\0';
+	if (f != NULL)
+		fclose(f);
+}
+
+/* spaced-node's request path joins "<parent>+request" in the cpu (and
+ * cpuacct) hierarchies, its weight and ceiling written; the cgroup is
+ * removed once empty. In a child, which then leaves it. */
+Test(request_cpu, joins_its_cgroup_with_weight_and_ceiling)
+{
+	const char *cpu = "/sys/fs/cgroup/cpu/spaced.rq-test+request";
+	char p[256], v[128];
+	int st = 0;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root (cgroups)");
+	if (access("/sys/fs/cgroup/cpu/cpu.shares", F_OK) != 0 || access("/sys/fs/cgroup/cpuacct/cpuacct.usage", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpu and cpuacct hierarchies of their own (the cgroup2 case: below)");
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char why[256] = "", line[512];
+		setenv("SPACED_CGROUP_PARENT", "spaced.rq-test", 1);
+		if (spaced_sub_request_cpu_join(3, 250, why, sizeof why) != 0) {
+			fprintf(stderr, "join: %s\n", why);
+			_exit(1);
+		}
+		FILE *f = fopen("/proc/self/cgroup", "re");
+		int in = 0;
+		while (f != NULL && fgets(line, sizeof line, f) != NULL)
+			in += strstr(line, ":cpu:/spaced.rq-test+request\n") != NULL ||
+			      strstr(line, ":cpuacct:/spaced.rq-test+request\n") != NULL;
+		if (f != NULL)
+			fclose(f);
+		/* a second join (a restarted group) rewrites the settings */
+		_exit(in == 2 && spaced_sub_request_cpu_join(3, 250, why, sizeof why) == 0 ? 0 : 2);
+	}
+	snprintf(p, sizeof p, "%s/cpu.shares", cpu);
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child joined both hierarchies: status 0x%x", st);
+	first_line(p, v, sizeof v);
+	cr_expect_str_eq(v, "3072", "weight 3 times 1024");
+	snprintf(p, sizeof p, "%s/cpu.cfs_period_us", cpu);
+	first_line(p, v, sizeof v);
+	cr_expect_str_eq(v, "10000");
+	snprintf(p, sizeof p, "%s/cpu.cfs_quota_us", cpu);
+	first_line(p, v, sizeof v);
+	cr_expect_str_eq(v, "2500", "0.25 CPU of a 10 ms period");
+	setenv("SPACED_CGROUP_PARENT", "spaced.rq-test", 1);
+	spaced_sub_request_cpu_remove();
+	unsetenv("SPACED_CGROUP_PARENT");
+	cr_expect_neq(access(cpu, F_OK), 0, "removed once empty");
+	cr_expect_neq(access("/sys/fs/cgroup/cpuacct/spaced.rq-test+request", F_OK), 0);
+}
+
+/* On a cgroup2 hierarchy without the cpu controller (this host's, mounted in a
+ * private mount namespace), the join says so (SPACED_ENOENT), the process
+ * stays where it is and no directory is left; with the controller, its
+ * weight and ceiling are in cpu.weight and cpu.max. */
+Test(request_cpu, cgroup2_without_cpu_controller_leaves_the_process)
+{
+	int st = 0;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root (a mount namespace)");
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char why[256] = "", own[512], rdir[600], v[128];
+		if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+		    mount("none", "/sys/fs/cgroup", "cgroup2", 0, NULL) != 0)
+			_exit(77);
+		FILE *f = fopen("/proc/self/cgroup", "re");
+		char line[512], path[700];
+		own[0] = '\0';
+		while (f != NULL && fgets(line, sizeof line, f) != NULL)
+			if (strncmp(line, "0::", 3) == 0)
+				snprintf(own, sizeof own, "%s", line + 3);
+		if (f != NULL)
+			fclose(f);
+		own[strcspn(own, "\n")] = '\0';
+		snprintf(rdir, sizeof rdir, "/sys/fs/cgroup%s/spaced+request", strcmp(own, "/") == 0 ? "" : own);
+		int r = spaced_sub_request_cpu_join(8, 1000, why, sizeof why);
+		char after[512] = "";
+		f = fopen("/proc/self/cgroup", "re");
+		while (f != NULL && fgets(line, sizeof line, f) != NULL)
+			if (strncmp(line, "0::", 3) == 0)
+				snprintf(after, sizeof after, "%s", line + 3);
+		if (f != NULL)
+			fclose(f);
+		after[strcspn(after, "\n")] = '\0';
+		if (r == SPACED_ENOENT) /* no cpu controller: nothing moved, nothing left */
+			_exit(strcmp(after, own) == 0 && access(rdir, F_OK) != 0 ? 0 : 3);
+		if (r != 0) {
+			fprintf(stderr, "join: %s\n", why);
+			_exit(4);
+		}
+		snprintf(path, sizeof path, "%s/cpu.max", rdir);
+		first_line(path, v, sizeof v);
+		int ok = strcmp(v, "10000 10000") == 0;
+		snprintf(path, sizeof path, "%s/cpu.weight", rdir);
+		first_line(path, v, sizeof v);
+		ok = ok && strcmp(v, "800") == 0 && strstr(after, "spaced+request") != NULL;
+		/* leave it, then remove it */
+		snprintf(path, sizeof path, "/sys/fs/cgroup%s/cgroup.procs", strcmp(own, "/") == 0 ? "" : own);
+		f = fopen(path, "we");
+		if (f != NULL) {
+			fprintf(f, "0\n");
+			fclose(f);
+		}
+		spaced_sub_request_cpu_remove();
+		_exit(ok ? 0 : 5);
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+		cr_skip_test("cannot mount cgroup2 in a private mount namespace here");
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
 }
