@@ -415,6 +415,8 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
 	return knob(dir, "pids.max", pids, why, whysz);
 }
 
+static uint64_t read_u64(const char *dir, const char *file, const char *key);
+
 /* The request path's CFS period: short, so that a ceiling reached holds the
  * request path back for a few milliseconds, not for a tenth of a second. */
 #define REQUEST_PERIOD_US 10000u
@@ -504,6 +506,32 @@ int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, 
 	/* its CPU time counted apart too, where cpuacct is a hierarchy of its own */
 	if (has_v1("cpuacct") && request_dir("cpuacct", dir, sizeof(dir), NULL, 0) == 0)
 		(void)knob(dir, "cgroup.procs", "0", NULL, 0);
+	return 0;
+}
+
+int spaced_sub_request_cpu_stat(uint64_t *usage_ns, uint64_t *throttled, uint64_t *throttled_ns)
+{
+	char own[PATH_MAX - 64], dir[PATH_MAX], mine[PATH_MAX];
+	bool v2 = unified_mode();
+	const char *last;
+
+	snprintf(mine, sizeof(mine), "%s+request", parent_name());
+	if (cgroup_path_of(0, v2 ? "" : "cpu", own, sizeof(own)) < 0 || (last = strrchr(own, '/')) == NULL ||
+	    strcmp(last + 1, mine) != 0)
+		return SPACED_ENOENT;
+	snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s%s", v2 ? "" : "/cpu", own);
+	*throttled = read_u64(dir, "cpu.stat", "nr_throttled");
+	if (v2) {
+		*throttled_ns = read_u64(dir, "cpu.stat", "throttled_usec") * 1000;
+		*usage_ns = read_u64(dir, "cpu.stat", "usage_usec") * 1000;
+		return 0;
+	}
+	*throttled_ns = read_u64(dir, "cpu.stat", "throttled_time");
+	*usage_ns = 0;
+	if (cgroup_path_of(0, "cpuacct", own, sizeof(own)) == 0) {
+		snprintf(dir, sizeof(dir), "/sys/fs/cgroup/cpuacct%s", own);
+		*usage_ns = read_u64(dir, "cpuacct.usage", NULL);
+	}
 	return 0;
 }
 

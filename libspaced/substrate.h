@@ -192,6 +192,11 @@ int spaced_sub_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * there (nothing changes), or another negative code with a reason in why. */
 int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, size_t whysz);
 
+/* What the calling process's request path cgroup counts (when it is in one):
+ * the CPU its processes took, the periods in which the ceiling held them
+ * back and for how long. SPACED_ENOENT when it is not in one. */
+int spaced_sub_request_cpu_stat(uint64_t *usage_ns, uint64_t *throttled, uint64_t *throttled_ns);
+
 /* Removes that cgroup once no process is left in it (spaced-node's stop). */
 void spaced_sub_request_cpu_remove(void);
 

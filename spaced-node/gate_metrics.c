@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "substrate.h"
 #include "vcache.h"
 
 /* Upper bounds of the control operations' histogram, in seconds. */
@@ -157,6 +158,18 @@ char *gate_metrics_text(struct mgr *m, json_t *usage)
 	put(&o, "spaced_node_jobs_in_flight %zu\n", gate_jobs_in_flight(m));
 	family(&o, "spaced_node_control_pending", "gauge", "Control operations queued or running.");
 	put(&o, "spaced_node_control_pending %zu\n", gate_ctl_pending(m));
+	uint64_t rq_ns, rq_thr, rq_thr_ns;
+	if (spaced_sub_request_cpu_stat(&rq_ns, &rq_thr, &rq_thr_ns) == 0) {
+		family(&o, "spaced_node_request_cpu_seconds_total", "counter",
+		       "CPU time of the request path (gate, node-api, link) in its CPU cgroup.");
+		put(&o, "spaced_node_request_cpu_seconds_total %.6f\n", (double)rq_ns / 1e9);
+		family(&o, "spaced_node_request_cpu_throttled_total", "counter",
+		       "Periods (10 ms) in which the request path reached its ceiling (--request-cpu max).");
+		put(&o, "spaced_node_request_cpu_throttled_total %llu\n", (unsigned long long)rq_thr);
+		family(&o, "spaced_node_request_cpu_throttled_seconds_total", "counter",
+		       "Time the request path was held back at its ceiling.");
+		put(&o, "spaced_node_request_cpu_throttled_seconds_total %.6f\n", (double)rq_thr_ns / 1e9);
+	}
 	if (json_is_object(usage))
 		usage_metrics(&o, usage);
 	if (spaced_buf_append(&o, "", 1) < 0) {

@@ -8,6 +8,7 @@
 #    signature check, and needs no sandbox of the flooder's): the kernel throttled the request
 #    path, and the CPU it took stayed near its ceiling (a bound with the kernel's slack, not a
 #    timing), while a victim tenant's operations kept succeeding and no daemon died;
+#  - the worker's metrics count the request path's CPU and the periods its ceiling held it back;
 #  - `--request-cpu` refuses what it cannot mean; `off` leaves the processes where they are;
 #  - the cgroup goes with the worker.
 set -u
@@ -107,6 +108,17 @@ expect "the victim's exec and reads succeeded during the flood" "$vfail" 0
 limit=$(( (t1 - t0) * 2 / 5 ))
 [ $((use1 - use0)) -le $limit ] && ok "the request path's CPU stayed within twice its ceiling" ||
 	fail "the request path took $(( (use1 - use0) / 1000000 )) ms of CPU in $(( (t1 - t0) / 1000000 )) ms (ceiling 0.2)"
+# an operator sees it: the worker's metrics count the request path's CPU and its throttling
+curl -s "http://127.0.0.1:$(cat "$D/worker-1/metrics.port")/metrics" >"$W/metrics"
+mval() { awk -v k="$1" '$1 == k {print $2}' "$W/metrics"; }
+mthr=$(mval spaced_node_request_cpu_throttled_total)
+[ "${mthr:-0}" -ge $((thr1 - thr0)) ] 2>/dev/null && [ "$mthr" -gt 0 ] &&
+	ok "spaced_node_request_cpu_throttled_total counts the flood's throttling ($mthr)" ||
+	fail "spaced_node_request_cpu_throttled_total: '$mthr', the cgroup counted $((thr1 - thr0))"
+msec=$(mval spaced_node_request_cpu_seconds_total)
+[ -n "$msec" ] && awk -v s="$msec" 'BEGIN { exit !(s > 0.5) }' &&
+	ok "spaced_node_request_cpu_seconds_total counts its CPU ($msec s)" ||
+	fail "spaced_node_request_cpu_seconds_total: '$msec'"
 expect "the gate did not die" "$(worker_pids spaced-gate | head -n 1)" "$gate0"
 expect "node-api did not die" "$(worker_pids spaced-api | head -n 1)" "$api0"
 expect "the victim's file is intact" "$(as_victim exec "$v" -- cat /workspace/f)" kept
