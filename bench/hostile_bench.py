@@ -20,6 +20,7 @@ Targets: victim_p99_ratio <= 3, victim_errors 0, daemon_deaths 0, r4_p99_ms_unde
 BENCH_CPU_LATENCY_US=N starts the workers with --cpu-latency-us N (idle CPUs wake within N us; 0:
 they poll): on a virtual machine whose idle vCPUs halt, the quiet round's latencies are mostly
 wake-ups through the hypervisor, which the loaded round does not pay (its vCPUs are busy).
+BENCH_REQUEST_CPU=LIST starts the workers with --request-cpu LIST (weight=N,max=CPUS, or off).
 """
 import http.client
 import json
@@ -151,8 +152,11 @@ def main():
     try:
         # plaintext: the attackers are raw sockets (tests/tls.t.sh attacks a TLS worker)
         lat = os.environ.get("BENCH_CPU_LATENCY_US")
+        rq = os.environ.get("BENCH_REQUEST_CPU")
         sh(SC, "dev", "up", "--workers", "2", "--dir", d, "--stall-timeout", "10", "--plaintext",
-           *(["--cpu-latency-us", lat] if lat else []), env=env)
+           *(["--cpu-latency-us", lat] if lat else []), *(["--request-cpu", rq] if rq else []), env=env)
+        if rq:
+            print("workers started with --request-cpu %s" % rq)
         if lat:
             print("workers started with --cpu-latency-us %s" % lat)
         for line in open(os.path.join(d, "env")):

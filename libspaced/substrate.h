@@ -183,11 +183,11 @@ int spaced_sub_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
 
 /* The request path's CPU share (spaced-node's gate, node-api and link): the
  * calling process, all its threads, moves into a CPU cgroup of its own beside
- * the executions' parent ("<parent>+request"), weighed as `weight`
- * executions of one CPU each, so that a tenant's CPU load does not delay the
- * verification and forwarding of another tenant's requests, and held to at
- * most max_milli thousandths of a CPU per 10 ms (0: no ceiling), so that
- * requests, whoever sends them, never take more than that from the
+ * the executions' parent ("<parent>+request"; a process already in it stays
+ * in it), weighed as `weight` times the default CPU weight (that of the
+ * executions' parent, all executions together), its CPU counted apart, and
+ * held to at most max_milli thousandths of a CPU per 10 ms (0: no ceiling),
+ * so that requests, whoever sends them, never take more than that from the
  * executions. Returns 0, SPACED_ENOENT when the host has no CPU controller
  * there (nothing changes), or another negative code with a reason in why. */
 int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, size_t whysz);

@@ -2,7 +2,7 @@
 # The request path's CPU share (spaced-node --request-cpu), on a real cluster (`spacectl dev up`,
 # one worker of the process substrate, plaintext: the flood speaks raw HTTP):
 #  - the gate, node-api and the link run in a CPU cgroup of their own beside the executions'
-#    parent ("spaced+request"), weighed as eight times the executions together; the executor
+#    parent ("spaced+request"), weighed as the executions together by default; the executor
 #    and the executions are not in it;
 #  - its ceiling holds under a tenant's request flood (forged capabilities: each costs the gate a
 #    signature check, and needs no sandbox of the flooder's): the kernel throttled the request
@@ -33,7 +33,7 @@ for bad in weight=0 weight=101 max=0.05 max=-1 speed=2 "" "weight=8,"; do
 done
 
 # ---- a worker whose request path may take 0.2 CPU at most ----
-if ! "$SC" dev up --workers 1 --dir "$D" --plaintext --request-cpu weight=8,max=0.2 >"$W/up.out" 2>"$W/up.err"; then
+if ! "$SC" dev up --workers 1 --dir "$D" --plaintext --request-cpu max=0.2 >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; echo "FAIL: dev up"; exit 1
 fi
 . "$D/env"
@@ -55,7 +55,7 @@ for n in spaced-gate spaced-api spaced-link; do
 	expect "$n runs in the request path's CPU cgroup" "$(cg_of "$p")" "/spaced+request"
 done
 expect "the executor does not" "$(cg_of "$(worker_pids spaced-executor | head -n 1)")" "/"
-expect "its weight is eight times the default" "$(cat $CPU/cpu.shares)" 8192
+expect "its weight is the executions' parent's by default" "$(cat $CPU/cpu.shares)" 1024
 expect "its ceiling is 0.2 CPU per 10 ms" "$(cat $CPU/cpu.cfs_period_us) $(cat $CPU/cpu.cfs_quota_us)" "10000 2000"
 expect "the executions' parent keeps the default weight" "$(cat /sys/fs/cgroup/cpu/spaced/cpu.shares)" 1024
 
