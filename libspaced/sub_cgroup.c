@@ -359,25 +359,38 @@ static int set_v1_io(struct sub_cgroup *cg, const char *name, const struct sub_l
 	return 0;
 }
 
-/* The "spaced" directory of controller ctrl ("" on cgroup2) below this
- * process's own cgroup, made when missing. */
-static int spaced_dir(const char *ctrl, char *out, size_t outsz, char *why, size_t whysz)
+/* The directory named parent_name() + suffix of controller ctrl ("" on
+ * cgroup2) below this process's own cgroup, made when missing: the
+ * executions' parent (suffix "") or the request path's ("+request"). A
+ * process already in the latter (node-api, forked by the gate that joined
+ * first; a second join) names the same one, not one below it. */
+static int parent_dir(const char *ctrl, const char *suffix, char *out, size_t outsz, char *why, size_t whysz)
 {
-	char own[PATH_MAX - 64];
+	char own[PATH_MAX - 96], mine[PATH_MAX];
 	int r = cgroup_path_of(0, ctrl, own, sizeof(own));
+	char *last;
 
 	if (r < 0) {
 		spaced_why(why, whysz, "no cgroup %s%s hierarchy in /proc/self/cgroup", ctrl[0] ? "v1 " : "v2", ctrl);
 		return r;
 	}
+	snprintf(mine, sizeof(mine), "%s%s", parent_name(), suffix);
+	if (suffix[0] && (last = strrchr(own, '/')) != NULL && strcmp(last + 1, mine) == 0)
+		*(last == own ? last + 1 : last) = '\0';
 	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/%s", ctrl[0] ? "/" : "", ctrl,
-	                     strcmp(own, "/") == 0 ? "" : own, parent_name()) >= outsz)
+	                     strcmp(own, "/") == 0 ? "" : own, mine) >= outsz)
 		return SPACED_ETOOBIG;
 	if (mkdir(out, 0755) < 0 && errno != EEXIST) {
 		spaced_why(why, whysz, "mkdir %s: %s", out, strerror(errno));
 		return SPACED_ESYS;
 	}
 	return 0;
+}
+
+/* The "spaced" directory of controller ctrl: the executions' parent. */
+static int spaced_dir(const char *ctrl, char *out, size_t outsz, char *why, size_t whysz)
+{
+	return parent_dir(ctrl, "", out, outsz, why, whysz);
 }
 
 int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz)
@@ -426,27 +439,7 @@ static uint64_t read_u64(const char *dir, const char *file, const char *key);
  * worker's executions can be named so, and reap_parents passes it by. */
 static int request_dir(const char *ctrl, char *out, size_t outsz, char *why, size_t whysz)
 {
-	char own[PATH_MAX - 96];
-	int r = cgroup_path_of(0, ctrl, own, sizeof(own));
-
-	if (r < 0) {
-		spaced_why(why, whysz, "no cgroup %s%s hierarchy in /proc/self/cgroup", ctrl[0] ? "v1 " : "v2", ctrl);
-		return r;
-	}
-	/* a process already in it (node-api, forked by the gate that joined
-	 * first; a second join) names the same one, not one below it */
-	char *last = strrchr(own, '/'), mine[PATH_MAX];
-	snprintf(mine, sizeof(mine), "%s+request", parent_name());
-	if (last != NULL && strcmp(last + 1, mine) == 0)
-		*(last == own ? last + 1 : last) = '\0';
-	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/%s+request", ctrl[0] ? "/" : "", ctrl,
-	                     strcmp(own, "/") == 0 ? "" : own, parent_name()) >= outsz)
-		return SPACED_ETOOBIG;
-	if (mkdir(out, 0755) < 0 && errno != EEXIST) {
-		spaced_why(why, whysz, "mkdir %s: %s", out, strerror(errno));
-		return SPACED_ESYS;
-	}
-	return 0;
+	return parent_dir(ctrl, "+request", out, outsz, why, whysz);
 }
 
 int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, size_t whysz)

@@ -1214,6 +1214,21 @@ Test(request_cpu, joins_its_cgroup_with_weight_and_ceiling)
 	cr_expect_neq(access("/sys/fs/cgroup/cpuacct/spaced.rq-test+request", F_OK), 0);
 }
 
+/* This process's cgroup2 path ("0::PATH" in /proc/self/cgroup), or "". */
+static void unified_own(char *out, size_t n)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/cgroup", "re");
+
+	out[0] = '\0';
+	while (f != NULL && fgets(line, sizeof line, f) != NULL)
+		if (strncmp(line, "0::", 3) == 0)
+			snprintf(out, n, "%s", line + 3);
+	if (f != NULL)
+		fclose(f);
+	out[strcspn(out, "\n")] = '\0';
+}
+
 /* On a cgroup2 hierarchy without the cpu controller (this host's, mounted in a
  * private mount namespace), the join says so (SPACED_ENOENT), the process
  * stays where it is and no directory is left; with the controller, its
@@ -1231,25 +1246,13 @@ Test(request_cpu, cgroup2_without_cpu_controller_leaves_the_process)
 		if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
 		    mount("none", "/sys/fs/cgroup", "cgroup2", 0, NULL) != 0)
 			_exit(77);
-		FILE *f = fopen("/proc/self/cgroup", "re");
-		char line[512], path[700];
-		own[0] = '\0';
-		while (f != NULL && fgets(line, sizeof line, f) != NULL)
-			if (strncmp(line, "0::", 3) == 0)
-				snprintf(own, sizeof own, "%s", line + 3);
-		if (f != NULL)
-			fclose(f);
-		own[strcspn(own, "\n")] = '\0';
+		char path[700];
+		FILE *f;
+		unified_own(own, sizeof own);
 		snprintf(rdir, sizeof rdir, "/sys/fs/cgroup%s/spaced+request", strcmp(own, "/") == 0 ? "" : own);
 		int r = spaced_sub_request_cpu_join(8, 1000, why, sizeof why);
-		char after[512] = "";
-		f = fopen("/proc/self/cgroup", "re");
-		while (f != NULL && fgets(line, sizeof line, f) != NULL)
-			if (strncmp(line, "0::", 3) == 0)
-				snprintf(after, sizeof after, "%s", line + 3);
-		if (f != NULL)
-			fclose(f);
-		after[strcspn(after, "\n")] = '\0';
+		char after[512];
+		unified_own(after, sizeof after);
 		if (r == SPACED_ENOENT) /* no cpu controller: nothing moved, nothing left */
 			_exit(strcmp(after, own) == 0 && access(rdir, F_OK) != 0 ? 0 : 3);
 		if (r != 0) {
