@@ -483,17 +483,20 @@ int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, 
 	snprintf(val, sizeof(val), "%u", weight * 1024 > 262144 ? 262144 : weight * 1024);
 	if ((r = knob(dir, "cpu.shares", val, why, whysz)) < 0)
 		return r;
-	/* the quota first: a period shorter than the one set may be below it */
-	if ((r = knob(dir, "cpu.cfs_quota_us", "-1", why, whysz)) < 0)
-		return r;
-	snprintf(val, sizeof(val), "%u", REQUEST_PERIOD_US);
-	if ((r = knob(dir, "cpu.cfs_period_us", val, why, whysz)) < 0)
-		return r;
-	if (quota) {
-		snprintf(val, sizeof(val), "%" PRIu64, quota < 1000 ? 1000 : quota);
-		if ((r = knob(dir, "cpu.cfs_quota_us", val, why, whysz)) < 0)
+	/* the period once, when the cgroup is new: the quota is lifted first (a
+	 * period shorter than the one set may be below it), which a join into a
+	 * cgroup already set (the link's, a restarted gate's) must not do */
+	if (read_u64(dir, "cpu.cfs_period_us", NULL) != REQUEST_PERIOD_US) {
+		if ((r = knob(dir, "cpu.cfs_quota_us", "-1", why, whysz)) < 0)
+			return r;
+		snprintf(val, sizeof(val), "%u", REQUEST_PERIOD_US);
+		if ((r = knob(dir, "cpu.cfs_period_us", val, why, whysz)) < 0)
 			return r;
 	}
+	if (quota)
+		snprintf(val, sizeof(val), "%" PRIu64, quota < 1000 ? 1000 : quota);
+	if ((r = knob(dir, "cpu.cfs_quota_us", quota ? val : "-1", why, whysz)) < 0)
+		return r;
 	if ((r = knob(dir, "cgroup.procs", "0", why, whysz)) < 0)
 		return r;
 	/* its CPU time counted apart too, where cpuacct is a hierarchy of its own */

@@ -371,7 +371,7 @@ static const struct spaced_tls_opts *TLS;
 
 /* --request-cpu: the request path's weight and ceiling (max = 0: none);
  * the ceiling's default is set from the host's CPUs in main */
-static bool REQUEST_CPU_ON = true;
+static bool REQUEST_CPU_ON = true, REQUEST_CPU_ASKED;
 static uint32_t REQUEST_CPU_WEIGHT = 1, REQUEST_CPU_MAX_MILLI = UINT32_MAX;
 
 /* The calling process into the request path's CPU cgroup: weighed by
@@ -395,6 +395,33 @@ static void request_cpu_join(bool say)
 	if (r < 0 && say)
 		fprintf(stderr, "spaced-node: the request path keeps the host's CPU share: %s\n", why);
 }
+
+/* A --request-cpu the operator gave is enforced or spaced-node does not
+ * start (the default, where the host has no CPU controller, only says so
+ * when the gate starts): a child joins, as the gate will, and ends. 0, or
+ * -1 with the reason on stderr. */
+static int request_cpu_check(void)
+{
+	if (!REQUEST_CPU_ASKED)
+		return 0;
+	if (geteuid() != 0) {
+		fprintf(stderr, "spaced-node: --request-cpu needs root (a CPU cgroup)\n");
+		return -1;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		char why[300] = "";
+		if (spaced_sub_request_cpu_join(REQUEST_CPU_WEIGHT, REQUEST_CPU_MAX_MILLI, why, sizeof why) < 0) {
+			fprintf(stderr, "spaced-node: --request-cpu cannot be enforced here: %s\n", why);
+			_exit(1);
+		}
+		_exit(0);
+	}
+	int st = 0;
+	while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
 static uint64_t ANSWER_MEMORY = NODE_ANSWER_MEMORY, SOCKET_BUFFER = NODE_SOCKET_BUFFER;
 
 static int run_group(struct mgr_config *mc, const struct listener *api_l, const struct listener *met_l, bool drop)
@@ -407,27 +434,6 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		perror("spaced-node: socketpair");
 		return 1;
 	}
-	pid_t api_pid = fork();
-	if (api_pid < 0)
-		return 1;
-	if (api_pid == 0) {
-		close(api[0]);
-		close(exe[0]);
-		close(exe[1]);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		prctl(PR_SET_NAME, "spaced-api");
-		if (getppid() == 1)
-			_exit(1);
-		request_cpu_join(false);
-		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
-		                             .port_file = api_l->port_file, .drop_privileges = drop,
-		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
-		                             .metrics_port_file = met_l->port_file,
-		                             .tls_cert = TLS->cert, .tls_key = TLS->key, .tls_client_ca = TLS->client_ca,
-		                             .answer_memory = ANSWER_MEMORY, .socket_buffer = SOCKET_BUFFER,
-		                             .stall_timeout_ms = mc->stall_timeout_ms};
-		_exit(node_api_run(&ac));
-	}
 	pid_t exe_pid = fork();
 	if (exe_pid < 0)
 		return 1;
@@ -439,15 +445,36 @@ static int run_group(struct mgr_config *mc, const struct listener *api_l, const 
 		prctl(PR_SET_NAME, "spaced-executor");
 		_exit(executor_run(mc, exe[1]));
 	}
+	/* the request path (the gate, node-api and the link) in a CPU cgroup of
+	 * its own (request_cpu_join), the executor and what it starts not:
+	 * joined after the executor's fork, before node-api's (which inherits
+	 * it and the gate's priority); inside it, and where there is no such
+	 * cgroup, the gate and node-api run ahead of the link (best effort:
+	 * needs CAP_SYS_NICE) */
+	request_cpu_join(true);
+	setpriority(PRIO_PROCESS, 0, REQUEST_PATH_NICE);
+	pid_t api_pid = fork();
+	if (api_pid < 0)
+		return 1;
+	if (api_pid == 0) {
+		close(api[0]);
+		close(exe[0]);
+		close(exe[1]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		prctl(PR_SET_NAME, "spaced-api");
+		if (getppid() == 1)
+			_exit(1);
+		struct node_api_config ac = {.listen_host = api_l->host, .listen_port = api_l->port, .mgr_fd = api[1],
+		                             .port_file = api_l->port_file, .drop_privileges = drop,
+		                             .metrics_host = met_l->host, .metrics_port = met_l->port,
+		                             .metrics_port_file = met_l->port_file,
+		                             .tls_cert = TLS->cert, .tls_key = TLS->key, .tls_client_ca = TLS->client_ca,
+		                             .answer_memory = ANSWER_MEMORY, .socket_buffer = SOCKET_BUFFER,
+		                             .stall_timeout_ms = mc->stall_timeout_ms};
+		_exit(node_api_run(&ac));
+	}
 	close(api[1]);
 	close(exe[1]);
-	/* the request path (the gate, node-api and the link) in a CPU cgroup of
-	 * its own (request_cpu_join), the executor and what it starts not;
-	 * inside it, and where there is no such cgroup, the gate and node-api
-	 * run ahead of the link (best effort: needs CAP_SYS_NICE) */
-	request_cpu_join(true);
-	setpriority(PRIO_PROCESS, (id_t)api_pid, REQUEST_PATH_NICE);
-	setpriority(PRIO_PROCESS, 0, REQUEST_PATH_NICE);
 	mc->api_fd = api[0];
 	mc->api_pid = api_pid;
 	mc->exe_fd = exe[0];
@@ -1093,6 +1120,7 @@ int main(int argc, char **argv)
 			cpu_latency_us = (int32_t)n;
 		}
 		else if (strcmp(a, "--request-cpu") == 0) {
+			REQUEST_CPU_ASKED = strcmp(v, "off") != 0;
 			if (request_cpu_parse(v, &REQUEST_CPU_WEIGHT, &REQUEST_CPU_MAX_MILLI, &REQUEST_CPU_ON) < 0) {
 				fprintf(stderr, "spaced-node: --request-cpu wants weight=N (1 .. 100),max=CPUS (0.1 at least; "
 				                "0: no ceiling), either, or off\n");
@@ -1271,7 +1299,11 @@ int main(int argc, char **argv)
 		unlink(met_file);
 		met_l = (struct listener){met_host, (int)mport, met_file};
 	}
-	int rc = supervise(&mc, cp_url ? &lc : NULL, &api_l, &met_l, drop);
+	int rc = 2;
+	if (request_cpu_check() == 0)
+		rc = supervise(&mc, cp_url ? &lc : NULL, &api_l, &met_l, drop);
+	else if (geteuid() == 0)
+		spaced_sub_request_cpu_remove();
 	free(state_abs);
 	free(guest);
 	free(launch);
