@@ -63,6 +63,7 @@ struct xconn {
 	uint32_t id;
 	int fd;
 	uint64_t deadline;
+	int slot;         /* its place in this turn's poll array; -1 when made after the poll */
 	bool handoff;     /* wait for the bridge's HANDOFF frame */
 	bool connected;   /* connect(2) completed */
 	uint8_t hdr[SPACED_FRAME_HDR_LEN];
@@ -80,6 +81,7 @@ struct xclaim {
 	struct xclaim *next;
 	uint32_t id;
 	int fd;
+	int slot;    /* its place in this turn's poll array; -1 when made after the poll */
 	uint64_t deadline;
 	int answers; /* the launcher's answers still to come */
 	json_t *rec; /* the result */
@@ -173,6 +175,7 @@ static void conn_start(struct executor *x, uint32_t id, json_t *args)
 	c->id = id;
 	c->fd = -1;
 	c->passed = -1;
+	c->slot = -1;
 	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CONNECT_TIMEOUT_MS * 1000000u;
 	int r;
 	if (json_is_string(target)) {
@@ -346,6 +349,7 @@ static bool claim_start(struct executor *x, uint32_t id, json_t *args)
 	c->fd = fd;
 	c->answers = answers;
 	c->gateway = gw;
+	c->slot = -1;
 	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CLAIM_TIMEOUT_MS * 1000000u;
 	c->rec = json_incref(jr);
 	c->next = x->claims;
@@ -860,12 +864,13 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 		nfds_t first_conn = n;
 		uint64_t now = spaced_mono_ns(), next = now + 1000000000u;
 		for (struct xconn *c = x.conns; c; c = c->next) {
+			c->slot = (int)n;
 			pfd[n++] = (struct pollfd){.fd = c->fd, .events = c->connected ? POLLIN : POLLOUT};
 			if (c->deadline < next)
 				next = c->deadline;
 		}
-		nfds_t first_claim = n;
 		for (struct xclaim *c = x.claims; c; c = c->next) {
+			c->slot = (int)n;
 			pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
 			if (c->deadline < next)
 				next = c->deadline;
@@ -895,16 +900,19 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 				pp = &j->next;
 			}
 		}
+		/* a claim or connection the link's job made in this turn (at the
+		 * list's head) has no slot in the poll array yet: the others are
+		 * found by their own slot, not by their place in the list, or one
+		 * new entry would hide every other's readiness for a turn (and a
+		 * burst of jobs, one per turn, for the whole burst) */
 		now = spaced_mono_ns();
-		i = first_claim;
 		for (struct xclaim **pp = &x.claims; *pp;) {
 			struct xclaim *c = *pp;
 			bool done = false;
-			if (i < n && pfd[i].fd == c->fd && pfd[i].revents)
+			if (c->slot >= 0 && pfd[c->slot].revents)
 				done = claim_step(&x, c, false);
 			if (!done && now >= c->deadline)
 				done = claim_step(&x, c, true);
-			i++;
 			if (done) {
 				*pp = c->next;
 				free(c);
@@ -913,17 +921,15 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 				pp = &c->next;
 			}
 		}
-		i = first_conn;
 		for (struct xconn **pp = &x.conns; *pp;) {
 			struct xconn *c = *pp;
 			bool done = false;
-			if (i < first_claim && pfd[i].fd == c->fd && pfd[i].revents)
-				done = conn_step(&x, c, pfd[i].revents);
+			if (c->slot >= 0 && pfd[c->slot].revents)
+				done = conn_step(&x, c, pfd[c->slot].revents);
 			if (!done && now >= c->deadline) {
 				conn_finish(&x, c, SPACED_ETIMEDOUT, "the bridge did not hand over a connection in time", -1);
 				done = true;
 			}
-			i++;
 			if (done) {
 				*pp = c->next;
 				free(c);
