@@ -121,13 +121,193 @@ static void chan_unhello(struct cp_chan *ch)
 	ch->hello = false;
 }
 
-/* Writes that ch's worker is connected through this replica now. */
-static int chan_seen(const struct cp_chan *ch, int64_t t)
+/* ---- the channels' writes, on a thread of their own ----
+ * What the channels write (a worker's liveness, what its hello reports, an
+ * execution that ended, a channel that closed) is handed to one thread, in
+ * order, and written there with its own store handle: the loop never waits
+ * for the store's write lock, which a batch of creates holds while the disk
+ * syncs (tens of ms on a busy disk) — a loop waiting for it held up every
+ * request's answer and every channel. Only the liveness renewals are
+ * relaxed (a lease: one lost to a crash makes a worker look gone sooner,
+ * never longer); the rest waits for the disk as before. */
+enum cw_kind { CW_SEEN, CW_HELLO, CW_ENDED, CW_CLOSED };
+
+struct cw {
+	struct cw *next;
+	enum cw_kind kind;
+	char worker[SPACED_NAME_MAX];
+	int64_t t;
+	/* CW_HELLO: what the hello reported (NULL / has_capacity false: nothing) */
+	bool has_capacity;
+	int64_t capacity;
+	char *substrates, *limits;
+	/* CW_ENDED */
+	struct spaced_identity id;
+	char *reason;
+};
+
+#define CW_QUEUE_MAX 4096 /* past it, a renewal waits for the next tick; anything else is written in the loop */
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv, idle_cv;
+	struct cw *head, **tail;
+	size_t n;
+	bool started, busy, stop, seen_queued;
+	pthread_t thread;
+} cw = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, &cw.head, 0,
+        false, false, false, false, 0};
+
+static void cw_free(struct cw *w)
 {
-	char now[24], until[24];
-	return CP_Q(C->loop_st, NULL, NULL,
-	            "UPDATE workers SET last_seen = $2, channel_until = $3, channel_replica = $4 WHERE id = $1", ch->worker,
-	            cp_i64(now, t), cp_i64(until, t + CP_CHAN_UNTIL_S), C->replica_id);
+	free(w->substrates);
+	free(w->limits);
+	free(w->reason);
+	free(w);
+}
+
+/* One write, with st (inside the batch's transaction when there is one). */
+static void cw_run(struct cp_store *st, const struct cw *w)
+{
+	char now[24], until[24], cap[24];
+	switch (w->kind) {
+	case CW_SEEN:
+		CP_Q(st, NULL, NULL,
+		     "UPDATE workers SET last_seen = $2, channel_until = $3, channel_replica = $4 WHERE id = $1", w->worker,
+		     cp_i64(now, w->t), cp_i64(until, w->t + CP_CHAN_UNTIL_S), C->replica_id);
+		break;
+	case CW_HELLO:
+		if (w->has_capacity)
+			CP_Q(st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", w->worker,
+			     cp_i64(cap, w->capacity));
+		if (w->substrates)
+			CP_Q(st, NULL, NULL, "UPDATE workers SET substrates = $2 WHERE id = $1", w->worker, w->substrates);
+		if (w->limits)
+			CP_Q(st, NULL, NULL, "UPDATE workers SET limits = $2 WHERE id = $1", w->worker, w->limits);
+		break;
+	case CW_ENDED:
+		cp_execution_ended(C, st, w->worker, &w->id, w->reason);
+		break;
+	case CW_CLOSED:
+		/* not connected from now on, unless another replica holds it by now */
+		CP_Q(st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE id = $1 AND channel_replica = $2",
+		     w->worker, C->replica_id);
+		break;
+	}
+}
+
+static void *cw_thread(void *arg)
+{
+	(void)arg;
+	struct cp_store *st = NULL;
+	pthread_mutex_lock(&cw.mu);
+	for (;;) {
+		while (!cw.head && !cw.stop)
+			pthread_cond_wait(&cw.cv, &cw.mu);
+		if (!cw.head)
+			break; /* stopping, and nothing left */
+		struct cw *batch = cw.head;
+		cw.head = NULL;
+		cw.tail = &cw.head;
+		cw.n = 0;
+		cw.seen_queued = false;
+		cw.busy = true;
+		pthread_cond_broadcast(&cw.idle_cv); /* room in the queue */
+		pthread_mutex_unlock(&cw.mu);
+		if (!st && cp_store_open(C->db_url, &st) < 0)
+			st = NULL;
+		bool relaxed = true;
+		for (struct cw *w = batch; w; w = w->next)
+			relaxed = relaxed && w->kind == CW_SEEN;
+		if (st) {
+			if (relaxed)
+				cp_store_relaxed(st, 1);
+			/* one transaction for the batch; each write alone when it cannot begin */
+			bool txn = batch->next && cp_store_begin(st) == 0;
+			for (struct cw *w = batch; w; w = w->next)
+				cw_run(st, w);
+			if (txn && cp_store_commit(st) < 0)
+				cp_store_rollback(st);
+			if (relaxed)
+				cp_store_relaxed(st, 0);
+		}
+		for (struct cw *w = batch, *next; w; w = next) {
+			next = w->next;
+			cw_free(w);
+		}
+		pthread_mutex_lock(&cw.mu);
+		cw.busy = false;
+		pthread_cond_broadcast(&cw.idle_cv);
+	}
+	pthread_mutex_unlock(&cw.mu);
+	if (st)
+		cp_store_close(st);
+	return NULL;
+}
+
+/* Hands w to the writer (owned by it from here); with wait, once the queue
+ * has room. False when the thread does not run, or the queue is full and
+ * !wait: w is not taken. */
+static bool cw_post(struct cw *w, bool wait)
+{
+	pthread_mutex_lock(&cw.mu);
+	if (!cw.started && !cw.stop)
+		cw.started = pthread_create(&cw.thread, NULL, cw_thread, NULL) == 0;
+	while (wait && cw.started && !cw.stop && cw.n >= CW_QUEUE_MAX)
+		pthread_cond_wait(&cw.idle_cv, &cw.mu); /* the store is stuck: the loop waits, as it did before */
+	bool ok = cw.started && !cw.stop && cw.n < CW_QUEUE_MAX;
+	if (ok) {
+		w->next = NULL;
+		*cw.tail = w;
+		cw.tail = &w->next;
+		cw.n++;
+		cw.seen_queued = cw.seen_queued || w->kind == CW_SEEN;
+		pthread_cond_signal(&cw.cv);
+	}
+	pthread_mutex_unlock(&cw.mu);
+	return ok;
+}
+
+/* w to the writer, after what is queued; written here when no thread runs
+ * (w freed either way). */
+static void cw_write(struct cw *w)
+{
+	if (!cw_post(w, true)) {
+		cw_run(C->loop_st, w);
+		cw_free(w);
+	}
+}
+
+static struct cw *cw_new(enum cw_kind kind, const char *worker)
+{
+	struct cw *w = calloc(1, sizeof *w);
+	if (w) {
+		w->kind = kind;
+		snprintf(w->worker, sizeof w->worker, "%s", worker);
+	}
+	return w;
+}
+
+void cp_chan_stop(void)
+{
+	pthread_mutex_lock(&cw.mu);
+	cw.stop = true;
+	bool joined = cw.started;
+	pthread_cond_signal(&cw.cv);
+	pthread_mutex_unlock(&cw.mu);
+	if (joined)
+		pthread_join(cw.thread, NULL); /* it writes what is queued first */
+}
+
+/* That ch's worker is connected through this replica now (written by the
+ * channels' writer). */
+static void chan_seen(const struct cp_chan *ch, int64_t t)
+{
+	struct cw *w = cw_new(CW_SEEN, ch->worker);
+	if (w) {
+		w->t = t;
+		cw_write(w);
+	}
 }
 
 /* Sends outbox rows past sent_seq while the output queue has room; the rest
@@ -174,7 +354,6 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 {
 	struct cp_store *st = C->loop_st;
 	struct cp_rows *rows = NULL;
-	char cap[24];
 	if (strcmp(m->worker, ch->worker) != 0) {
 		spaced_log("spaced-cp", "level=warn event=channel-refused worker=%s reason=\"hello names another worker (%s)\"",
 		           ch->worker, m->worker);
@@ -217,15 +396,13 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 		live_change(ch->worker, +1);
 	ch->hello = true;
 	chan_seen(ch, spaced_now());
-	if (m->has_capacity)
-		CP_Q(st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", ch->worker, cp_i64(cap, m->capacity));
-	if (m->has_substrates)
-		CP_Q(st, NULL, NULL, "UPDATE workers SET substrates = $2 WHERE id = $1", ch->worker, m->substrates);
-	if (m->limits.has) {
-		char *lt = cp_limits_text(&m->limits);
-		if (lt != NULL)
-			CP_Q(st, NULL, NULL, "UPDATE workers SET limits = $2 WHERE id = $1", ch->worker, lt);
-		free(lt);
+	struct cw *w = cw_new(CW_HELLO, ch->worker);
+	if (w) {
+		w->has_capacity = m->has_capacity;
+		w->capacity = m->capacity;
+		w->substrates = m->has_substrates ? strdup(m->substrates) : NULL;
+		w->limits = m->limits.has ? cp_limits_text(&m->limits) : NULL;
+		cw_write(w);
 	}
 	spaced_log("spaced-cp", "level=info event=channel-hello worker=%s last_seq=%lld replay_from=%lld", ch->worker,
 	           (long long)m->last_seq, (long long)from);
@@ -274,7 +451,12 @@ void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n)
 	} else if (!ch->hello) {
 		chan_close(ch, 1008, "hello first");
 	} else if (m.kind == CP_CHAN_ENDED) {
-		cp_execution_ended(C, C->loop_st, ch->worker, &m.ended, m.reason);
+		struct cw *w = cw_new(CW_ENDED, ch->worker);
+		if (w) {
+			w->id = m.ended;
+			w->reason = strdup(m.reason);
+			cw_write(w);
+		}
 	} else {
 		cp_record_ack(C, C->loop_st, ch->worker, &m);
 	}
@@ -302,10 +484,9 @@ void cp_chan_closed(struct cp_chan *ch)
 		}
 	for (struct cp_chan *o = chans; o; o = o->next)
 		others += strcmp(o->worker, ch->worker) == 0;
-	/* not connected from now on, unless another replica holds it by now */
-	if (!others)
-		CP_Q(C->loop_st, NULL, NULL, "UPDATE workers SET channel_until = 0 WHERE id = $1 AND channel_replica = $2",
-		     ch->worker, C->replica_id);
+	struct cw *w = others ? NULL : cw_new(CW_CLOSED, ch->worker);
+	if (w)
+		cw_write(w);
 	spaced_log("spaced-cp", "level=info event=channel-closed worker=%s", ch->worker);
 	free(ch);
 }
@@ -316,22 +497,25 @@ void cp_chan_pump_all(void)
 		chan_pump(ch);
 }
 
-/* Renews channel_until of every channel that said hello, in one transaction. */
+/* Renews channel_until of every channel that said hello (one batch of the
+ * writer); not again while the last renewal still waits for it. */
 static void chan_renew(void)
 {
-	int n = 0;
 	int64_t t = spaced_now();
-	for (struct cp_chan *ch = chans; ch; ch = ch->next)
-		n += ch->hello;
-	if (n == 0)
+	pthread_mutex_lock(&cw.mu);
+	bool waiting = cw.seen_queued;
+	pthread_mutex_unlock(&cw.mu);
+	if (waiting)
 		return;
-	if (n > 1 && cp_store_begin(C->loop_st) < 0)
-		return;
 	for (struct cp_chan *ch = chans; ch; ch = ch->next)
-		if (ch->hello && chan_seen(ch, t) < 0)
-			break;
-	if (n > 1 && cp_store_commit(C->loop_st) < 0)
-		cp_store_rollback(C->loop_st);
+		if (ch->hello) {
+			struct cw *w = cw_new(CW_SEEN, ch->worker);
+			if (w) {
+				w->t = t;
+				if (!cw_post(w, false))
+					cw_free(w); /* the next tick renews it */
+			}
+		}
 }
 
 void cp_chan_tick(void)

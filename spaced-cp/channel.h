@@ -8,8 +8,10 @@
  * closed; an open channel keeps workers.channel_until a few seconds ahead
  * (liveness, cp.h CP_CHAN_UNTIL_S), a closed one sets it to 0 at once.
  *
- * Everything here runs on the loop thread with cp->loop_st, except
- * cp_chan_authorized (a request thread with its own store).
+ * Everything here runs on the loop thread with cp->loop_st (reads only),
+ * except cp_chan_authorized (a request thread with its own store); what the
+ * channels write goes to a thread of their own, in order (channel.c), so the
+ * loop never waits for the store's write lock.
  */
 #ifndef SPACED_CP_CHANNEL_H
 #define SPACED_CP_CHANNEL_H
@@ -77,5 +79,10 @@ void cp_chan_pump_all(void);
  * outbox (rows queued by another replica), and once a second renews
  * channel_until of the open ones. */
 void cp_chan_tick(void);
+
+/* Once the loop has stopped: writes what the channels handed to their
+ * writer thread (a closed channel's worker marked not connected) and ends
+ * it. */
+void cp_chan_stop(void);
 
 #endif

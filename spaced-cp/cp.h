@@ -200,7 +200,7 @@ int cp_record_ack(struct cp *cp, struct cp_store *st, const char *worker, const 
  * is the sandbox's current execution (every field of I2) and it is running,
  * paused or starting, the sandbox becomes "failed" with the reason as its
  * last_error; anything else is logged and changes nothing (a late or
- * repeated report, another worker's sandbox). Loop thread. */
+ * repeated report, another worker's sandbox). The channels' writer thread. */
 void cp_execution_ended(struct cp *cp, struct cp_store *st, const char *worker, const struct spaced_identity *id,
                         const char *reason);
 /* Current verification bundle from the store (keys whose window is still open). */

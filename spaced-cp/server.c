@@ -792,5 +792,6 @@ int cp_server_run(struct cp *cp)
 	uv_close((uv_handle_t *)&S.sigint, NULL);
 	uv_run(&S.loop, UV_RUN_DEFAULT);
 	uv_loop_close(&S.loop);
+	cp_chan_stop();
 	return r;
 }
