@@ -58,9 +58,9 @@ void cp_chan_drain(struct cp_chan *ch);
 
 /* Whether worker's channel is open and past its hello on this replica now.
  * Any thread. The store's workers.channel_until says the same for every
- * replica, but it lapses when this replica's loop is held up longer than
- * CP_CHAN_UNTIL_S (a slow fsync on a busy disk): placement and listing ask
- * both. */
+ * replica, but it lapses when this replica's loop or the channels' writer
+ * is held up longer than CP_CHAN_UNTIL_S (a store that does not take writes
+ * for that long): placement and listing ask both. */
 bool cp_chan_live_here(const char *worker);
 
 /* Whether worker is live (connected) now: its workers.channel_until (read
