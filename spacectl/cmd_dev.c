@@ -647,8 +647,6 @@ static void keeper_cluster_gone(const char *dir, const char *absdir, bool other)
 	static pid_t pids[DEV_EXECS_MAX];
 	static unsigned long long sts[DEV_EXECS_MAX];
 	int nexec = other ? 0 : executions_of(absdir, pids, sts, DEV_EXECS_MAX);
-	if (!other)
-		egress_unmount(dir);
 	fprintf(stderr, "keeper: %s %s; stopping the cluster's processes\n", absdir,
 	        other ? "holds another cluster" : "was removed");
 	struct proc_rec r[DEV_MAX_WORKERS + 1];
@@ -657,6 +655,9 @@ static void keeper_cluster_gone(const char *dir, const char *absdir, bool other)
 	stop_procs(r, nkept);
 	if (!other) {
 		kill_listed(pids, sts, nexec);
+		/* once nothing of the cluster runs: a worker whose pool was filling
+		 * made its egress namespace again when it was gone */
+		egress_unmount(dir);
 		remove_vm_files();
 		reap_orphans();
 	}

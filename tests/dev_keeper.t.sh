@@ -6,15 +6,17 @@
 # keeper restarting the old processes into it, holding its uid ranges; `dev down` of the new one
 # did not stop it. Now the keeper sees its directory (or its DIR/pids) gone, or another keeper's
 # name in DIR/pids, stops what it started and — unless another cluster is there — the executions
-# and the egress namespaces too; another cluster made at the same path is never touched.
+# and the egress namespaces too (once nothing of the cluster can make them again: a pool that
+# fills remade an unmounted one); another cluster made at the same path is never touched.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
 [ -x "$SC" ] || { echo "spacectl is not built"; exit 77; }
 W=$(mktemp -d)
-trap 'for d in a b; do "$SC" dev down --dir "$W/$d" >/dev/null 2>&1; done; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+trap 'for d in a b c; do "$SC" dev down --dir "$W/$d" >/dev/null 2>&1; done; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
 named() { ps -eo args= | grep -F "$1" | grep -v grep | wc -l | tr -d ' '; }
-pid_alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+# running: a zombie is not (a stopped child of a keeper that ended waits there for its reaper)
+pid_alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 
 # ---- removed under a running cluster with a sandbox (its egress namespace mounted) ----
 A=$W/a
@@ -30,6 +32,17 @@ expect "nothing made its files again" "$(find "$A" -name pids -o -name '*.log' 2
 expect "its egress namespace is unmounted" "$(grep -cF "$A/" /proc/mounts)" 0
 rm -rf "$A" && ok "what rm -rf could not remove goes now" || fail "the directory still cannot be removed"
 expect "no loop device holds a disk of it" "$(losetup -a 2>/dev/null | grep -cF "$A/")" 0
+
+# ---- removed while its pool fills: each pooled start attaches to the egress namespace and makes
+# it again when it is gone, so it is unmounted once the cluster's processes are stopped, not before ----
+C=$W/c
+"$SC" dev up --workers 1 --dir "$C" --pool 24 >"$W/c.up" 2>&1 || { cat "$W/c.up"; echo "FAIL: dev up"; exit 1; }
+rm -rf "$C" 2>/dev/null
+WAIT_SECONDS=30 wait_for "every process of the cluster removed while its pool filled stopped" \
+	sh -c "[ \$(ps -eo args= | grep -F '$C/' | grep -v grep | wc -l) -eq 0 ]"
+sleep 1
+expect "its egress namespace is unmounted" "$(grep -cF "$C/" /proc/mounts)" 0
+rm -rf "$C" && ok "and the directory goes" || fail "the directory of the cluster removed while its pool filled stays"
 
 # ---- removed and made again at once: the old keeper stops its own, never the new cluster ----
 B=$W/b
