@@ -146,7 +146,7 @@ struct cw {
 	char *reason;
 };
 
-#define CW_QUEUE_MAX 4096 /* past it, a renewal waits for the next tick; anything else is written in the loop */
+#define CW_QUEUE_MAX 4096 /* past it, a renewal waits for the next tick; anything else waits for room */
 
 static struct {
 	pthread_mutex_t mu;
@@ -214,8 +214,10 @@ static void *cw_thread(void *arg)
 		cw.busy = true;
 		pthread_cond_broadcast(&cw.idle_cv); /* room in the queue */
 		pthread_mutex_unlock(&cw.mu);
-		if (!st && cp_store_open(C->db_url, &st) < 0)
+		if (!st && cp_store_open(C->db_url, &st) < 0) {
 			st = NULL;
+			spaced_log("spaced-cp", "level=error event=channel-writes-lost reason=\"the store does not open\"");
+		}
 		bool relaxed = true;
 		for (struct cw *w = batch; w; w = w->next)
 			relaxed = relaxed && w->kind == CW_SEEN;
