@@ -364,6 +364,14 @@ static int set_v1_io(struct sub_cgroup *cg, const char *name, const struct sub_l
  * executions' parent (suffix "") or the request path's ("+request"). A
  * process already in the latter (node-api, forked by the gate that joined
  * first; a second join) names the same one, not one below it. */
+/* The last component of the cgroup path own when it is name, else NULL. */
+static char *last_named(char *own, const char *name)
+{
+	char *last = strrchr(own, '/');
+
+	return last != NULL && strcmp(last + 1, name) == 0 ? last : NULL;
+}
+
 static int parent_dir(const char *ctrl, const char *suffix, char *out, size_t outsz, char *why, size_t whysz)
 {
 	char own[PATH_MAX - 96], mine[PATH_MAX];
@@ -375,7 +383,7 @@ static int parent_dir(const char *ctrl, const char *suffix, char *out, size_t ou
 		return r;
 	}
 	snprintf(mine, sizeof(mine), "%s%s", parent_name(), suffix);
-	if (suffix[0] && (last = strrchr(own, '/')) != NULL && strcmp(last + 1, mine) == 0)
+	if (suffix[0] && (last = last_named(own, mine)) != NULL)
 		*(last == own ? last + 1 : last) = '\0';
 	if ((size_t)snprintf(out, outsz, "/sys/fs/cgroup%s%s%s/%s", ctrl[0] ? "/" : "", ctrl,
 	                     strcmp(own, "/") == 0 ? "" : own, mine) >= outsz)
@@ -509,11 +517,9 @@ int spaced_sub_request_cpu_stat(uint64_t *usage_ns, uint64_t *throttled, uint64_
 {
 	char own[PATH_MAX - 64], dir[PATH_MAX], mine[PATH_MAX];
 	bool v2 = unified_mode();
-	const char *last;
 
 	snprintf(mine, sizeof(mine), "%s+request", parent_name());
-	if (cgroup_path_of(0, v2 ? "" : "cpu", own, sizeof(own)) < 0 || (last = strrchr(own, '/')) == NULL ||
-	    strcmp(last + 1, mine) != 0)
+	if (cgroup_path_of(0, v2 ? "" : "cpu", own, sizeof(own)) < 0 || last_named(own, mine) == NULL)
 		return SPACED_ENOENT;
 	snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s%s", v2 ? "" : "/cpu", own);
 	*throttled = read_u64(dir, "cpu.stat", "nr_throttled");

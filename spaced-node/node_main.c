@@ -409,6 +409,10 @@ static int request_cpu_check(void)
 		return -1;
 	}
 	pid_t pid = fork();
+	if (pid < 0) {
+		perror("spaced-node: --request-cpu: fork");
+		return -1;
+	}
 	if (pid == 0) {
 		char why[300] = "";
 		if (spaced_sub_request_cpu_join(REQUEST_CPU_WEIGHT, REQUEST_CPU_MAX_MILLI, why, sizeof why) < 0) {
@@ -418,9 +422,9 @@ static int request_cpu_check(void)
 		_exit(0);
 	}
 	int st = 0;
-	while (pid > 0 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 		;
-	return pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 static uint64_t ANSWER_MEMORY = NODE_ANSWER_MEMORY, SOCKET_BUFFER = NODE_SOCKET_BUFFER;
 

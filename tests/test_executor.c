@@ -2,9 +2,10 @@
  * test_executor.c — the executor's loop (spaced-node/executor.c) driven
  * through its link, as the gate drives it.
  *
- * A connection to a bridge is handed over while the gate keeps sending jobs
- * (a burst of creates, or of new streams): its answer must go out at the
- * turn the bridge's HANDOFF arrives, not once the jobs stop. The executor
+ * A connection to a bridge is handed over — the bridge's HANDOFF, sent only
+ * after it verified the guest (B3) — while the gate keeps sending jobs (a
+ * burst of creates, or of new streams): its answer must go out at the turn
+ * the HANDOFF arrives, not once the jobs stop. The executor
  * used to find each connection in progress by its place in the list, and a
  * job read in a turn put a new one at the list's head: every other one was
  * out of line for that turn, so under a steady stream of jobs none ever
