@@ -13,6 +13,8 @@
  *   - the control messages of the admin socket and of the control channel,
  *     applied as operations that wait for their jobs without blocking
  *     anything else (gate_ctl.c, gate_admin.c);
+ *   - the completions of the records' writes, which a thread of the gate's
+ *     own makes (gate_commit.c): the loop never waits for the disk;
  *   - one connection per forwarded request to its execution.
  *
  * Message tables: the links to node-api and to the executor each have one
@@ -126,6 +128,31 @@ const char *gate_ctl_kind_name(unsigned kind);
 void gate_watch_update(struct mgr *m, const struct mgr_rec *rec);
 /* Ends every watch (the gate stops). */
 void gate_watch_stop(struct mgr *m);
+
+/* ---- gate_commit.c: the records' writes, on a thread of their own ----
+ * Every write to the records' store goes through one queue, in order, to a
+ * writer thread with its own connection to the store: the loop never waits
+ * for the disk. Writes queued while a transaction syncs go in the next one
+ * together. A write's completion, done(m, ctx, status) with status 0 or the
+ * write's error (SPACED_EIO, SPACED_ESTALE: a generation going backwards,
+ * SPACED_ENOMEM), runs on the loop once its transaction is on disk, in the
+ * order the writes were queued; before it, the loop's store has noted the
+ * record's epoch and the seq (mgr_store_use_epoch, mgr_store_note_seq). It
+ * may run before the call returns when the write cannot be queued. */
+
+/* Opens the writer's connection and starts it (before the first write). */
+int gate_commit_start(struct mgr *m);
+/* Writes what is queued, then stops the writer (after the loop's end: the
+ * completions not yet run are not run). */
+void gate_commit_stop(struct mgr *m);
+/* rec (may be NULL) and the acknowledgement line of seq (seq 0: none), in a
+ * transaction with what else is queued (mgr_store_commit_many); both copied. */
+void gate_commit_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
+                       gate_written_fn done, void *ctx);
+/* fn(store, arg) on the writer, in the queue's order (a write of another
+ * kind: forgetting, pruning); its result is the completion's status. */
+void gate_commit_call(struct mgr *m, int (*fn)(struct mgr_store *st, void *arg), void *arg, gate_written_fn done,
+                      void *ctx);
 
 /* ---- gate_gw.c: the record each ServicePort gateway compares with (R5) ---- */
 

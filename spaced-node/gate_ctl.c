@@ -41,9 +41,13 @@ struct outcome {
 	char errbuf[256];
 };
 
+struct ctl_op;
+/* What an operation does once its write is on disk (or failed: e < 0, the
+ * failure already replied). */
+typedef void (*op_next_fn)(struct mgr *m, struct ctl_op *op, int e);
+
 struct ctl_op {
 	struct ctl_op *next; /* in its queue */
-	struct ctl_op *next_commit; /* in the group commit (commit_group) */
 	struct ctl_queue *q;
 	enum ctl_kind kind;
 	uint64_t seq;        /* 0: an internal operation (recovery), nothing acknowledged */
@@ -59,9 +63,13 @@ struct ctl_op {
 	int job_status;
 	char job_msg[512];
 	json_t *job_result;
+	/* its write in progress (op_commit, op_done_no_record) */
+	char *written_line; /* the acknowledgement being written */
+	bool writing_rec;
+	op_next_fn written_next;
 	/* working state */
 	struct spaced_identity id;
-	bool handoff, keep, had_cur, claimed;
+	bool handoff, keep, had_cur, claimed, same_exec;
 	bool admitted;       /* an install counted in the worker's capacity (admit) */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
@@ -183,6 +191,7 @@ static void op_free(struct ctl_op *op)
 	json_decref(op->msg);
 	json_decref(op->o.result);
 	json_decref(op->job_result);
+	free(op->written_line);
 	free(op);
 }
 
@@ -254,43 +263,66 @@ static void op_finish(struct mgr *m, struct ctl_op *op)
 	}
 }
 
-/* Ends op with its outcome as it is: an error (or a result without a record
- * change) is stored as the acknowledgement alone. */
-static void op_done_no_record(struct mgr *m, struct ctl_op *op)
+/* The end of most operations: once its write is on disk, it is over. */
+static void op_then_finish(struct mgr *m, struct ctl_op *op, int e)
 {
-	char *line = ack_line(op->seq, &op->o);
-	if (line && op->seq && mgr_store_commit(m->store, NULL, op->seq, line) < 0) {
+	(void)e;
+	op_finish(m, op);
+}
+
+/* op's write is on disk (e 0) or failed: its reply, then what follows. */
+static void op_written(struct mgr *m, void *ctx, int e)
+{
+	struct ctl_op *op = ctx;
+	char *line = op->written_line;
+	op->written_line = NULL;
+	if (e < 0) {
 		free(line);
-		fail(&op->o, "io", "cannot write the acknowledgement");
+		if (op->writing_rec)
+			fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s",
+			     spaced_strerror(e));
+		else
+			fail(&op->o, "io", "cannot write the acknowledgement");
 		line = ack_line(0, &op->o);
 	}
 	op_reply(m, op, line);
 	free(line);
-	op_finish(m, op);
+	op->written_next(m, op, e);
 }
 
-/* Writes rec with the acknowledgement of the operation, then replies. On a
- * write failure the reply is that failure. */
-static int op_commit(struct mgr *m, struct ctl_op *op, const struct mgr_rec *rec, bool handoff)
+/* Ends op with its outcome as it is: an error (or a result without a record
+ * change) is stored as the acknowledgement alone, then replied. */
+static void op_done_no_record(struct mgr *m, struct ctl_op *op)
+{
+	char *line = ack_line(op->seq, &op->o);
+	if (!line || !op->seq) {
+		op_reply(m, op, line);
+		free(line);
+		op_finish(m, op);
+		return;
+	}
+	op->written_line = line;
+	op->writing_rec = false;
+	op->written_next = op_then_finish;
+	gate_commit_write(m, NULL, op->seq, line, op_written, op);
+}
+
+/* Writes rec with the acknowledgement of the operation (mgr_rec_install),
+ * replies once it is on disk — with that failure if it failed — and goes on
+ * with next. */
+static void op_commit(struct mgr *m, struct ctl_op *op, const struct mgr_rec *rec, bool handoff, op_next_fn next)
 {
 	char *line = ack_line(op->seq, &op->o);
 	if (!line) {
 		fail(&op->o, "io", "out of memory");
 		op_reply(m, op, NULL);
-		return -1;
+		next(m, op, SPACED_ENOMEM);
+		return;
 	}
-	int e = mgr_rec_install(m, rec, handoff, op->seq, line);
-	if (e < 0) {
-		free(line);
-		fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s", spaced_strerror(e));
-		line = ack_line(0, &op->o);
-		op_reply(m, op, line);
-		free(line);
-		return -1;
-	}
-	op_reply(m, op, line);
-	free(line);
-	return 0;
+	op->written_line = line;
+	op->writing_rec = true;
+	op->written_next = next;
+	mgr_rec_install(m, rec, handoff, op->seq, line, op_written, op);
 }
 
 /* ---- jobs of an operation ---- */
@@ -606,77 +638,14 @@ static bool start_job(struct mgr *m, struct ctl_op *op)
 	return op_job(m, op, "start", args);
 }
 
-/* ---- the group commit of finished installs ----
- * Installs that finish in the same turn of the loop (creates arriving
- * together) are written in one transaction after it, then acknowledged:
- * acknowledged still means on disk, and fifty of them wait for the disk once. */
-static struct ctl_op *commit_head, **commit_tail = &commit_head;
-static uv_check_t commit_check;
-static bool commit_check_init;
-
-static void commit_group_flush(uv_check_t *h)
+/* An install's new execution is on disk and in memory. */
+static void install_written(struct mgr *m, struct ctl_op *op, int e)
 {
-	struct mgr *m = h->data;
-	size_t n = 0;
-	for (struct ctl_op *op = commit_head; op; op = op->next_commit)
-		n++;
-	struct ctl_op *list = commit_head;
-	commit_head = NULL;
-	commit_tail = &commit_head;
-	uv_check_stop(&commit_check);
-	if (!n)
-		return;
-	const struct mgr_rec **recs = calloc(n, sizeof *recs);
-	uint64_t *seqs = calloc(n, sizeof *seqs);
-	char **lines = calloc(n, sizeof *lines);
-	uint64_t t_job = spaced_mono_ns();
-	int e = recs && seqs && lines ? 0 : SPACED_ENOMEM;
-	size_t i = 0;
-	for (struct ctl_op *op = list; op && e == 0; op = op->next_commit, i++) {
-		recs[i] = &op->rec;
-		seqs[i] = op->seq;
-		if (!(lines[i] = ack_line(op->seq, &op->o)))
-			e = SPACED_ENOMEM;
-	}
 	if (e == 0)
-		e = mgr_store_commit_many(m->store, recs, seqs, (const char *const *)lines, n);
-	uint64_t t_end = spaced_mono_ns();
-	i = 0;
-	for (struct ctl_op *op = list, *next; op; op = next, i++) {
-		next = op->next_commit;
-		if (e == 0 && mgr_rec_applied(m, &op->rec, op->had_cur) == 0) {
-			op_reply(m, op, lines[i]);
-			gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f commit_ms=%.2f "
-			         "group=%zu",
-			         op->id.sandbox, (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
-			         (double)(t_end - op->t0) / 1e6, (double)(t_end - t_job) / 1e6, n);
-		} else {
-			fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s",
-			     spaced_strerror(e < 0 ? e : SPACED_EIO));
-			char *line = ack_line(0, &op->o);
-			op_reply(m, op, line);
-			free(line);
-		}
-		op_finish(m, op);
-	}
-	for (size_t k = 0; lines && k < n; k++)
-		free(lines[k]);
-	free(lines);
-	free(seqs);
-	free(recs);
-}
-
-static void commit_group_add(struct mgr *m, struct ctl_op *op)
-{
-	if (!commit_check_init) {
-		uv_check_init(m->loop, &commit_check);
-		commit_check.data = m;
-		commit_check_init = true;
-	}
-	op->next_commit = NULL;
-	*commit_tail = op;
-	commit_tail = &op->next_commit;
-	uv_check_start(&commit_check, commit_group_flush);
+		gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f", op->id.sandbox,
+		         (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
+		         (double)(spaced_mono_ns() - op->t0) / 1e6);
+	op_finish(m, op);
 }
 
 /* An install's result for an execution that keeps running: its record's
@@ -688,6 +657,48 @@ static json_t *epoch_result(struct mgr *m, const struct mgr_rec *rec)
 	if (r && mgr_pool_gateway_port(m->cfg, rec, &port) == 0 && port > 0)
 		json_object_set_new(r, "gateway", json_integer(port));
 	return r;
+}
+
+static void run_install(struct mgr *m, struct ctl_op *op);
+
+/* Step 1's end: a fresh execution comes from the warm pool when one of its
+ * template and limits is ready — only the claim is left to do (the pool
+ * holds process executions; a VM starts from its own booted template,
+ * mgr_vm.c) — or is started (step 2); a job that cannot be queued goes on
+ * at once as its failure (step 3). */
+static void install_start(struct mgr *m, struct ctl_op *op)
+{
+	op->step = 2;
+	if (!op->staged[0] && !mgr_vm_is(&op->rec) && pool_take(m, &op->rec)) {
+		op->claimed = true;
+		/* on a template, after a check of the cached tree (in a child) */
+		if (op_job(m, op, op->rec.tmpl[0] ? "claim-checked" : "claim",
+		           json_pack("{s:o,s:O?}", "rec", mgr_rec_to_json(&op->rec), "network", op_network(op))))
+			return;
+	} else if (start_job(m, op)) {
+		return;
+	}
+	op->step = 3;
+	run_install(m, op);
+}
+
+/* The new generation's record (stopped, before its start) is on disk: the
+ * old generation's execution stops, the new one starts. */
+static void install_stopped_written(struct mgr *m, void *ctx, int e)
+{
+	struct ctl_op *op = ctx;
+	if (e < 0) {
+		if (op->staged[0])
+			gate_job(m, "unstage", json_pack("{s:s}", "staged", op->staged), on_background_job,
+			         (uintptr_t)"unstage");
+		fail(&op->o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s", spaced_strerror(e));
+		op_done_no_record(m, op);
+		return;
+	}
+	if (op->old.pid || op->old.host_pid)
+		gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)), on_background_job,
+		         (uintptr_t)"stop");
+	install_start(m, op);
 }
 
 static void run_install(struct mgr *m, struct ctl_op *op)
@@ -739,15 +750,13 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			}
 			op->rec = *cur;
 			o->result = json_pack("{s:I,s:b}", "epoch", (json_int_t)op->rec.r.epoch, "handoff", 1);
-			op_commit(m, op, &op->rec, true);
-			op_finish(m, op);
+			op_commit(m, op, &op->rec, true, op_then_finish);
 			return;
 		}
 		if (cur && cur->r.active && spaced_identity_equal(&cur->r.id, &op->id)) {
 			op->rec = *cur; /* the same identity again: nothing changes */
 			o->result = json_pack("{s:I}", "epoch", (json_int_t)op->rec.r.epoch);
-			op_commit(m, op, &op->rec, true);
-			op_finish(m, op);
+			op_commit(m, op, &op->rec, true, op_then_finish);
 			return;
 		}
 		memset(&op->rec, 0, sizeof op->rec);
@@ -823,36 +832,12 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			op->had_cur = true;
 			op->old = *cur;
 			snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_STOPPED);
-			int e = mgr_rec_install(m, &op->rec, false, 0, NULL);
-			if (e < 0) {
-				if (op->staged[0])
-					gate_job(m, "unstage", json_pack("{s:s}", "staged", op->staged), on_background_job,
-					         (uintptr_t)"unstage");
-				fail(o, e == SPACED_ESTALE ? "backwards" : "io", "cannot write the record: %s", spaced_strerror(e));
-				goto refused;
-			}
-			if (op->old.pid || op->old.host_pid)
-				gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)), on_background_job,
-				         (uintptr_t)"stop");
+			mgr_rec_install(m, &op->rec, false, 0, NULL, install_stopped_written, op);
+			return;
 		}
-		op->step = 2;
-		/* a fresh execution comes from the warm pool when one of its
-		 * template and limits is ready: only the claim is left to do (the
-		 * pool holds process executions; a VM starts from its own
-		 * booted template, mgr_vm.c) */
-		if (!op->staged[0] && !mgr_vm_is(&op->rec) && pool_take(m, &op->rec)) {
-			op->claimed = true;
-			/* on a template, after a check of the cached tree (in a child) */
-			if (op_job(m, op, op->rec.tmpl[0] ? "claim-checked" : "claim",
-			           json_pack("{s:o,s:O?}", "rec", mgr_rec_to_json(&op->rec), "network", op_network(op))))
-				return;
-		} else {
-			if (start_job(m, op))
-				return;
-		}
-		op->step = 3;
+		install_start(m, op);
+		return;
 	}
-		__attribute__((fallthrough));
 	case 2:
 	case 3: {
 		if (op->claimed && op->job_status < 0) {
@@ -889,8 +874,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			else
 				fail(o, "launch-failed", "cannot start the execution: %s",
 				     op->job_msg[0] ? op->job_msg : spaced_strerror(op->job_status));
-			op_commit(m, op, &op->rec, false);
-			op_finish(m, op);
+			op_commit(m, op, &op->rec, false, op_then_finish);
 			return;
 		}
 		op->rec.pid = started.pid;
@@ -904,9 +888,9 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		json_t *gw = json_object_get(op->job_result, "gateway");
 		if (o->result && json_is_integer(gw))
 			json_object_set(o->result, "gateway", gw);
-		/* written with the other installs that finish in this turn of the
-		 * loop: one wait for the disk for all of them */
-		commit_group_add(m, op);
+		/* written with the other writes queued meanwhile (gate_commit.c):
+		 * one wait for the disk for all of them */
+		op_commit(m, op, &op->rec, op->had_cur, install_written);
 		return;
 	}
 	case 5: { /* step 0's activation change: the execution took its new identity */
@@ -921,13 +905,28 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.r.active = true;
 		op->rec.r.epoch = mgr_store_peek_epoch(mgr_store_of(m));
 		o->result = epoch_result(m, &op->rec);
-		op_commit(m, op, &op->rec, false);
-		op_finish(m, op);
+		op_commit(m, op, &op->rec, false, op_then_finish);
 		return;
 	}
 	}
 refused:
 	op_done_no_record(m, op);
+}
+
+/* The tombstone is on disk: the execution it ended is paused (kept) or
+ * stopped; the operation is over when that is done. */
+static void deactivate_written(struct mgr *m, struct ctl_op *op, int e)
+{
+	if (e < 0 || !op->same_exec) {
+		op_finish(m, op);
+		return;
+	}
+	op->step = 1;
+	bool queued = op->keep
+	                  ? op_job(m, op, "pause", json_pack("{s:o,s:b}", "rec", mgr_rec_to_json(&op->rec), "pause", 1))
+	                  : op_job(m, op, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old)));
+	if (!queued)
+		op_finish(m, op);
 }
 
 static void run_deactivate(struct mgr *m, struct ctl_op *op)
@@ -961,8 +960,7 @@ static void run_deactivate(struct mgr *m, struct ctl_op *op)
 	if (cur && op->id.generation < cur->r.id.generation) {
 		o->result = json_pack("{s:I,s:b}", "epoch", (json_int_t)cur->r.epoch, "superseded", 1);
 		struct mgr_rec same = *cur;
-		op_commit(m, op, &same, true);
-		op_finish(m, op);
+		op_commit(m, op, &same, true, op_then_finish);
 		return;
 	}
 	struct mgr_rec rec;
@@ -984,17 +982,12 @@ static void run_deactivate(struct mgr *m, struct ctl_op *op)
 		rec.host_start = 0;
 	}
 	o->result = json_pack("{s:I,s:s}", "epoch", (json_int_t)rec.r.epoch, "state", rec.state);
-	/* the tombstone first and acknowledged at once: R3 holds from here */
-	if (op_commit(m, op, &rec, false) < 0 || !same_exec) {
-		op_finish(m, op);
-		return;
-	}
+	/* the tombstone first (it refuses at once) and acknowledged once on
+	 * disk: R3 holds from here */
 	op->rec = rec;
-	op->step = 1;
-	bool queued = op->keep ? op_job(m, op, "pause", json_pack("{s:o,s:b}", "rec", mgr_rec_to_json(&rec), "pause", 1))
-	                       : op_job(m, op, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&running)));
-	if (!queued)
-		op_finish(m, op);
+	op->old = running;
+	op->same_exec = same_exec;
+	op_commit(m, op, &rec, false, deactivate_written);
 	return;
 refused:
 	op_done_no_record(m, op);
@@ -1038,8 +1031,7 @@ static void run_pause_thaw(struct mgr *m, struct ctl_op *op)
 	 * after the other */
 	snprintf(op->rec.state, sizeof op->rec.state, "%s", pause ? MGR_ST_PAUSED : MGR_ST_RUNNING);
 	o->result = json_pack("{s:s}", "state", op->rec.state);
-	op_commit(m, op, &op->rec, true);
-	op_finish(m, op);
+	op_commit(m, op, &op->rec, true, op_then_finish);
 	return;
 refused:
 	op_done_no_record(m, op);
@@ -1096,11 +1088,22 @@ static void run_snapshot(struct mgr *m, struct ctl_op *op)
 		goto refused;
 	}
 	o->result = json_incref(op->job_result);
-	op_commit(m, op, &op->rec, true);
-	op_finish(m, op);
+	op_commit(m, op, &op->rec, true, op_then_finish);
 	return;
 refused:
 	op_done_no_record(m, op);
+}
+
+/* The destroyed tombstone is on disk: its execution stops. */
+static void destroy_written(struct mgr *m, struct ctl_op *op, int e)
+{
+	if (e < 0) {
+		op_finish(m, op);
+		return;
+	}
+	op->step = 1; /* the stop's completion makes it 2 */
+	if (!op_job(m, op, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->old))))
+		op_finish(m, op);
 }
 
 static void run_destroy(struct mgr *m, struct ctl_op *op)
@@ -1140,15 +1143,9 @@ static void run_destroy(struct mgr *m, struct ctl_op *op)
 	rec.host_start = 0;
 	snprintf(rec.state, sizeof rec.state, "%s", MGR_ST_DESTROYED);
 	o->result = json_pack("{s:I}", "epoch", (json_int_t)rec.r.epoch);
-	if (op_commit(m, op, &rec, false) < 0) {
-		op_finish(m, op);
-		return;
-	}
 	op->rec = rec;
-	op->step = 1; /* the stop's completion makes it 2 */
-	if (op_job(m, op, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&running))))
-		return;
-	op_finish(m, op);
+	op->old = running;
+	op_commit(m, op, &rec, false, destroy_written);
 	return;
 refused:
 	op_done_no_record(m, op);
@@ -1187,6 +1184,28 @@ static void run_keys(struct mgr *m, struct ctl_op *op)
  * plane is told, which marks the sandbox failed; only it can start another
  * generation (I2). The launcher's pid stays in the record: its uid range is
  * not handed out again before a new install replaces it. */
+struct ending {
+	struct mgr_rec rec;
+	char why[128];
+};
+
+static void ended_written(struct mgr *m, void *ctx, int e)
+{
+	struct ending *end = ctx;
+	if (e == 0) {
+		const struct mgr_rec *rec = &end->rec;
+		gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld reason=\"%s\"",
+		         rec->r.id.sandbox, (unsigned long long)rec->r.id.generation, (long long)rec->pid, end->why);
+		gate_admin_ended(m, rec, end->why);
+		/* what its launcher could not clean up: its cgroups, and in them the
+		 * tasks of a paused execution, which stay frozen (holding their
+		 * memory, their mount namespace and so the loop device of its disk)
+		 * until thawed and killed */
+		gate_job(m, "reap", json_object(), NULL, 0);
+	}
+	free(end);
+}
+
 static void end_execution(struct mgr *m, const struct mgr_rec *cur, const char *why)
 {
 	struct mgr_rec rec = *cur;
@@ -1197,16 +1216,13 @@ static void end_execution(struct mgr *m, const struct mgr_rec *cur, const char *
 		(void)spaced_pid_signal_expected((pid_t)rec.host_pid, rec.host_start, SIGKILL);
 	rec.host_pid = 0;
 	rec.host_start = 0;
-	if (mgr_rec_install(m, &rec, false, 0, NULL) < 0)
+	struct ending *end = malloc(sizeof *end);
+	if (!end)
 		return;
-	gate_log("level=warn event=execution-ended sandbox=%s generation=%llu pid=%lld reason=\"%s\"",
-	         rec.r.id.sandbox, (unsigned long long)rec.r.id.generation, (long long)rec.pid, why);
-	gate_admin_ended(m, &rec, why);
-	/* what its launcher could not clean up: its cgroups, and in them the
-	 * tasks of a paused execution, which stay frozen (holding their memory,
-	 * their mount namespace and so the loop device of its disk) until
-	 * thawed and killed */
-	gate_job(m, "reap", json_object(), NULL, 0);
+	end->rec = rec;
+	snprintf(end->why, sizeof end->why, "%s", why);
+	/* the tombstone refuses at once; the rest once it is on disk */
+	mgr_rec_install(m, &rec, false, 0, NULL, ended_written, end);
 }
 
 bool gate_rec_serving(const struct mgr_rec *r)
@@ -1252,6 +1268,12 @@ void gate_ctl_ended(struct mgr *m, const char *sandbox, int64_t pid, uint64_t st
 /* At the gate's start: an execution still running gets a new bridge; one
  * that died while no gate watched it ended (end_execution): it is not
  * started again under its generation (I2). */
+static void recovered_written(struct mgr *m, void *ctx, int e)
+{
+	(void)e;
+	op_finish(m, ctx);
+}
+
 static void run_recover(struct mgr *m, struct ctl_op *op)
 {
 	if (op->step == 0) {
@@ -1283,10 +1305,10 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 		struct mgr_rec rec = *cur;
 		rec.host_pid = got.host_pid;
 		rec.host_start = got.host_start;
-		(void)mgr_rec_install(m, &rec, true, 0, NULL);
-	} else {
-		gate_log("level=warn event=recovery-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
+		mgr_rec_install(m, &rec, true, 0, NULL, recovered_written, op);
+		return;
 	}
+	gate_log("level=warn event=recovery-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
 	op_finish(m, op);
 }
 

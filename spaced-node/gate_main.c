@@ -123,6 +123,72 @@ static bool forgettable(struct mgr *m, const struct mgr_rec *r, uint64_t now, ui
 	       !mgr_exec_alive(r);
 }
 
+/* The tombstones being forgotten, by name and the epoch each had when
+ * chosen (the writer deletes their rows; memory follows once that is on
+ * disk, for those still the same tombstone). */
+struct forgetting {
+	size_t n;
+	char (*names)[SPACED_NAME_MAX];
+	uint64_t *epochs;
+	const char **ptrs;
+};
+
+static void forgetting_free(struct forgetting *f)
+{
+	if (!f)
+		return;
+	free(f->names);
+	free(f->epochs);
+	free(f->ptrs);
+	free(f);
+}
+
+static int forget_on_writer(struct mgr_store *st, void *arg)
+{
+	struct forgetting *f = arg;
+	return mgr_store_forget(st, f->ptrs, f->n);
+}
+
+static void on_forgotten(struct mgr *m, void *ctx, int e)
+{
+	struct forgetting *f = ctx;
+	size_t gone = 0;
+	if (e < 0)
+		gate_log("level=warn event=forget-failed records=%zu", f->n);
+	for (size_t k = 0; e == 0 && k < f->n; k++) {
+		for (size_t i = 0; i < m->nrecs; i++) {
+			struct mgr_rec *r = &m->recs[i];
+			if (strcmp(r->r.id.sandbox, f->names[k]) != 0)
+				continue;
+			if (r->r.active || r->r.epoch != f->epochs[k])
+				break; /* changed since: its new row was written after */
+			char path[4300];
+			snprintf(path, sizeof path, "%s/log/%s.log", m->cfg->state_dir, r->r.id.sandbox);
+			unlink(path);
+			gate_gw_forget(m, r->r.id.sandbox);
+			*r = m->recs[--m->nrecs]; /* the order of records means nothing */
+			gone++;
+			break;
+		}
+	}
+	if (gone > 0)
+		gate_log("level=info event=forgotten records=%zu", gone);
+	forgetting_free(f);
+}
+
+static void on_pruned(struct mgr *m, void *ctx, int e)
+{
+	(void)m;
+	(void)ctx;
+	if (e < 0)
+		gate_log("level=warn event=acks-prune-failed");
+}
+
+static int prune_on_writer(struct mgr_store *st, void *arg)
+{
+	return mgr_store_prune_acks(st, (uint64_t)(uintptr_t)arg);
+}
+
 static void forget_tombstones(struct mgr *m)
 {
 	uint64_t now = spaced_mono_ns(), after = (uint64_t)m->cfg->forget_after_s * 1000000000ull;
@@ -132,40 +198,33 @@ static void forget_tombstones(struct mgr *m)
 	         low = gate_ctl_lowest_pending_seq(m);
 	if (low && low <= last && last - low + 1 > keep)
 		keep = last - low + 1;
-	if (mgr_store_prune_acks(m->store, keep) < 0)
-		gate_log("level=warn event=acks-prune-failed");
-	const char **names = NULL;
-	size_t *at = NULL, n = 0;
-	for (size_t i = 0; i < m->nrecs; i++) {
+	uint64_t to = mgr_store_prune_horizon(m->store, keep);
+	if (to > 0) {
+		/* a repeat of a seq at or below it is answered ack-pruned from now
+		 * on, when its acknowledgement is not found (never applied again) */
+		mgr_store_note_pruned(m->store, to);
+		gate_commit_call(m, prune_on_writer, (void *)(uintptr_t)to, on_pruned, NULL);
+	}
+	size_t n = 0;
+	for (size_t i = 0; i < m->nrecs; i++)
+		n += forgettable(m, &m->recs[i], now, after);
+	if (n == 0)
+		return;
+	struct forgetting *f = calloc(1, sizeof *f);
+	if (!f || !(f->names = calloc(n, sizeof *f->names)) || !(f->epochs = calloc(n, sizeof *f->epochs)) ||
+	    !(f->ptrs = calloc(n, sizeof *f->ptrs))) {
+		forgetting_free(f);
+		return;
+	}
+	for (size_t i = 0; i < m->nrecs && f->n < n; i++) {
 		if (!forgettable(m, &m->recs[i], now, after))
 			continue;
-		const char **nn = realloc(names, (n + 1) * sizeof *names);
-		if (nn)
-			names = nn;
-		size_t *na = nn ? realloc(at, (n + 1) * sizeof *at) : NULL;
-		if (!na)
-			break;
-		at = na;
-		names[n] = m->recs[i].r.id.sandbox;
-		at[n++] = i;
+		snprintf(f->names[f->n], sizeof f->names[f->n], "%s", m->recs[i].r.id.sandbox);
+		f->epochs[f->n] = m->recs[i].r.epoch;
+		f->ptrs[f->n] = f->names[f->n];
+		f->n++;
 	}
-	if (n > 0 && mgr_store_forget(m->store, names, n) < 0) {
-		gate_log("level=warn event=forget-failed records=%zu", n);
-		n = 0;
-	}
-	/* from the last: each place filled from the end holds one kept */
-	for (size_t k = n; k-- > 0;) {
-		struct mgr_rec *r = &m->recs[at[k]];
-		char path[4300];
-		snprintf(path, sizeof path, "%s/log/%s.log", m->cfg->state_dir, r->r.id.sandbox);
-		unlink(path);
-		gate_gw_forget(m, r->r.id.sandbox);
-		*r = m->recs[--m->nrecs]; /* the order of records means nothing */
-	}
-	if (n > 0)
-		gate_log("level=info event=forgotten records=%zu", n);
-	free(names);
-	free(at);
+	gate_commit_call(m, forget_on_writer, f, on_forgotten, f);
 }
 
 static int load_cb(void *arg, const struct mgr_rec *rec)
@@ -193,34 +252,63 @@ struct mgr_store *mgr_store_of(struct mgr *m)
 	return m->store;
 }
 
-int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line)
+static int rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff);
+
+struct installing {
+	struct mgr_rec rec;
+	bool handoff;
+	gate_written_fn done;
+	void *ctx;
+};
+
+static void on_rec_written(struct mgr *m, void *ctx, int e)
 {
+	struct installing *in = ctx;
+	if (!in->rec.r.active) {
+		if (e < 0)
+			gate_quit(m, "a tombstone could not be written");
+	} else if (e == 0) {
+		e = rec_applied(m, &in->rec, in->handoff);
+	}
+	if (in->done)
+		in->done(m, in->ctx, e);
+	free(in);
+}
+
+void mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line,
+                     gate_written_fn done, void *ctx)
+{
+	struct installing *in = malloc(sizeof *in);
+	if (!in) {
+		if (done)
+			done(m, ctx, SPACED_ENOMEM);
+		return;
+	}
+	in->rec = *rec;
+	in->handoff = handoff;
+	in->done = done;
+	in->ctx = ctx;
 	if (!rec->r.active) {
 		/* A tombstone admits nothing: it refuses from now on (R4), before its
 		 * fsync; the acknowledgement still waits for the disk. Should the
 		 * write fail, the gate starts again from the records on disk, and the
 		 * control plane sends the unacknowledged deactivation again. */
 		int e = rec_put_mem(m, rec);
-		if (e < 0)
-			return e;
+		if (e < 0) {
+			free(in);
+			if (done)
+				done(m, ctx, e);
+			return;
+		}
 		gate_streams_on_install(m, rec, handoff);
 		gate_gw_publish(m, rec); /* the gateway's streams end now too (S1) */
 		gate_watch_update(m, rec);
-		e = mgr_store_commit(m->store, rec, seq, ack_line);
-		if (e < 0) {
-			gate_quit(m, "a tombstone could not be written");
-			return e;
-		}
 		mgr_store_use_epoch(m->store, rec->r.epoch);
-		return 0;
 	}
-	int e = mgr_store_commit(m->store, rec, seq, ack_line);
-	if (e < 0)
-		return e;
-	return mgr_rec_applied(m, rec, handoff);
+	gate_commit_write(m, rec, seq, ack_line, on_rec_written, in);
 }
 
-int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff)
+static int rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff)
 {
 	int e;
 	mgr_store_use_epoch(m->store, rec->r.epoch);
@@ -388,6 +476,10 @@ int mgr_run(const struct mgr_config *cfg)
 		goto out;
 	if ((e = mgr_store_foreach(m.store, load_cb, &m)) < 0)
 		goto out;
+	if ((e = gate_commit_start(&m)) < 0) {
+		gate_log("level=error event=records-unwritable reason=\"%s\"", spaced_strerror(e));
+		goto out;
+	}
 	if (gate_audit_open(&m) < 0) {
 		gate_log("level=error event=audit-log-unwritable dir=%s", cfg->state_dir);
 		goto out;
@@ -422,6 +514,7 @@ out:
 	gate_admin_stop(&m);
 	gate_jobs_stop(&m);
 	gate_watch_stop(&m);
+	gate_commit_stop(&m); /* what is queued is written */
 	if (m.tick.data) {
 		uv_timer_stop(&m.tick);
 		uv_close((uv_handle_t *)&m.tick, NULL);

@@ -68,20 +68,17 @@ struct mgr_store;
 int mgr_store_open(const char *dir, struct mgr_store **out);
 void mgr_store_close(struct mgr_store *st);
 
-/* Runs one control message's effect as one transaction: writes rec (may be
- * NULL), the acknowledgement line for seq (seq 0: none), and last_seq. Returns
- * 0 or SPACED_EIO (nothing written), SPACED_ESTALE when the store refuses a
- * generation going backwards. */
-int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
-                     const char *ack_line);
-
-/* The same for n records and acknowledgements in one transaction (one wait
- * for the disk): all of them or none. recs[i] may be NULL, seqs[i] 0. */
+/* Runs n control messages' effects as one transaction (one wait for the
+ * disk), all of them or none: writes recs[i] (may be NULL), the
+ * acknowledgement line for seqs[i] (0: none), and last_seq. Returns 0 or
+ * SPACED_EIO (nothing written), SPACED_ESTALE when the store refuses a
+ * generation going backwards. Only the gate's writer calls it
+ * (gate_commit.c). */
 int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
                           const char *const *acks, size_t n);
 
 /* The next identity epoch (persistent, strictly increasing). Not committed until
- * the next mgr_store_commit: the counter is written with it. */
+ * the next mgr_store_commit_many: the counter is written with it. */
 uint64_t mgr_store_peek_epoch(struct mgr_store *st);
 void mgr_store_use_epoch(struct mgr_store *st, uint64_t epoch);
 
@@ -89,6 +86,11 @@ void mgr_store_use_epoch(struct mgr_store *st, uint64_t epoch);
 int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
 
 uint64_t mgr_store_last_seq(struct mgr_store *st);
+/* What another connection wrote (gate_commit.c), noted in this one's memory:
+ * seq acknowledged (last_seq becomes at least seq), acknowledgements at or
+ * below to pruned. */
+void mgr_store_note_seq(struct mgr_store *st, uint64_t seq);
+void mgr_store_note_pruned(struct mgr_store *st, uint64_t to);
 
 /* Every record, for loading into memory at start. cb returns non-zero to stop. */
 /* Deletes the records of the n sandboxes that are tombstones (inactive, in
@@ -100,9 +102,13 @@ int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t 
  * (none forgotten) or SPACED_EIO. */
 int mgr_store_gone_generation(struct mgr_store *st, const char *sandbox, uint64_t *generation);
 
-/* Deletes the stored acknowledgements of every seq at or below last_seq -
- * keep and remembers that horizon; 0 or SPACED_EIO. */
-int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep);
+/* The horizon of a prune that keeps the last keep acknowledgements: 0 when
+ * there is nothing worth a transaction yet (less than a sixteenth of keep
+ * beyond the last horizon). */
+uint64_t mgr_store_prune_horizon(struct mgr_store *st, uint64_t keep);
+/* Deletes the stored acknowledgements of every seq at or below to and
+ * remembers that horizon; 0 or SPACED_EIO. */
+int mgr_store_prune_acks(struct mgr_store *st, uint64_t to);
 /* The highest seq whose acknowledgement may have been pruned (0: none). */
 uint64_t mgr_store_acks_pruned_to(struct mgr_store *st);
 
@@ -280,15 +286,16 @@ int mgr_snapshot_hash(const char *dir, char hex[MGR_HASH_HEX], uint64_t *bytes);
 /* ---- gate_main.c: the records and keys the gate holds ---- */
 struct mgr;
 const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox);
-/* Writes rec durably (with the ack of seq) and then updates memory and cancels
- * streams bound to older epochs as S1/S3/S4 say. A tombstone (inactive) is
- * applied in memory first — it only narrows what is admitted — then written;
- * if that write fails, the gate ends (and starts again from the disk). */
-int mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq,
-                    const char *ack_line);
-/* The part of mgr_rec_install after the record is on disk (written by the
- * caller, with others: mgr_store_commit_many). */
-int mgr_rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff);
+/* A write's completion (gate_commit.c): status 0 once on disk, or its error. */
+typedef void (*gate_written_fn)(struct mgr *m, void *ctx, int status);
+/* Writes rec durably (with the ack of seq, through the writer of
+ * gate_commit.c), then updates memory and cancels streams bound to older
+ * epochs as S1/S3/S4 say, then calls done (may be NULL) with 0 or the error.
+ * A tombstone (inactive) is applied in memory at once — it only narrows what
+ * is admitted — then written; if that write fails, the gate ends (and starts
+ * again from the disk). */
+void mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line,
+                     gate_written_fn done, void *ctx);
 const char *mgr_worker_id(const struct mgr *m);
 const char *mgr_state_dir(const struct mgr *m);
 const struct mgr_config *mgr_cfg(const struct mgr *m);

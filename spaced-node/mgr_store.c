@@ -187,6 +187,18 @@ uint64_t mgr_store_last_seq(struct mgr_store *st)
 	return st->last_seq;
 }
 
+void mgr_store_note_seq(struct mgr_store *st, uint64_t seq)
+{
+	if (seq > st->last_seq)
+		st->last_seq = seq;
+}
+
+void mgr_store_note_pruned(struct mgr_store *st, uint64_t to)
+{
+	if (to > st->acks_pruned_to)
+		st->acks_pruned_to = to;
+}
+
 static int put_rec(struct mgr_store *st, const struct mgr_rec *rec)
 {
 	static const char sql[] =
@@ -225,13 +237,6 @@ static int put_rec(struct mgr_store *st, const struct mgr_rec *rec)
 	sqlite3_bind_text(s, 22, rec->config, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 23, rec->tenant, -1, SQLITE_STATIC);
 	return stmt_run(s);
-}
-
-int mgr_store_commit(struct mgr_store *st, const struct mgr_rec *rec, uint64_t seq,
-                     const char *ack_line)
-{
-	const struct mgr_rec *recs[1] = {rec};
-	return mgr_store_commit_many(st, recs, &seq, &ack_line, 1);
 }
 
 int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
@@ -311,14 +316,20 @@ int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t 
 	return e;
 }
 
-int mgr_store_prune_acks(struct mgr_store *st, uint64_t keep)
+uint64_t mgr_store_prune_horizon(struct mgr_store *st, uint64_t keep)
 {
 	/* in steps of a sixteenth of what is kept: not a transaction (and a wait
 	 * for the disk) for every few messages */
 	uint64_t step = keep / 16 > 1 ? keep / 16 : 1;
 	if (st->last_seq <= keep || st->last_seq - keep < st->acks_pruned_to + step)
 		return 0;
-	uint64_t to = st->last_seq - keep;
+	return st->last_seq - keep;
+}
+
+int mgr_store_prune_acks(struct mgr_store *st, uint64_t to)
+{
+	if (to <= st->acks_pruned_to)
+		return 0;
 	sqlite3_stmt *s = NULL;
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)

@@ -1,0 +1,73 @@
+#!/bin/sh
+# The gate's loop never waits for its records' disk (issue 12, item 2: sbx-manager never blocks).
+# Every write of the worker's records — an install with its acknowledgement, a tombstone, the
+# forgetting of old ones — goes to a writer thread of its own (spaced-node/gate_commit.c); the
+# loop goes on verifying and forwarding meanwhile, and an acknowledgement still leaves only once
+# its record is on disk. Here another process holds the write lock of the worker's records.db
+# for 4 s (what a transaction waiting for a slow disk does): a create issued meanwhile is
+# answered only after the lock is let go (and then succeeds), while a victim's reads issued
+# after it are all answered before the lock is let go. On a loop that wrote its records itself,
+# the create's commit held the loop in SQLite's busy wait: every read waited for the lock too.
+# Ordering only, no timed assertion. Cites R3 (acknowledged = on disk) and B3.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+HOLDER=""
+trap '[ -n "$HOLDER" ] && kill $HOLDER 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+
+if ! "$SC" dev up --workers 1 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+DB=$D/worker-1/records.db
+[ -f "$DB" ] || { echo "FAIL: no records.db at $DB"; ls "$D/worker-1"; exit 1; }
+V=$("$SC" create --worker worker-1) || { echo "FAIL: the victim's sandbox"; tail "$D/worker-1.log"; exit 1; }
+echo "the victim's file" | "$SC" fs write "$V" /tmp/f || fail "the victim's file"
+
+# the holder: the write lock for 4 s, then the time it let it go (ns, the wall clock `date` reads)
+python3 -c 'import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
+c.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(4)
+c.execute("ROLLBACK")
+print(time.time_ns(), flush=True)' "$DB" >"$W/held" &
+HOLDER=$!
+i=0
+while [ "$(head -n 1 "$W/held")" != held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+expect "another process holds the records' write lock" "$(head -n 1 "$W/held")" held
+
+# a create now: its install's write waits for the lock
+( "$SC" create --worker worker-1 >"$W/new.id" 2>"$W/new.err"; echo $? >"$W/new.rc"; date +%s%N >"$W/new.at" ) &
+CREATOR=$!
+sleep 0.5
+# the victim's reads, issued after it
+ok=0
+n=0
+while [ $n -lt 6 ]; do
+	[ "$("$SC" fs read "$V" /tmp/f 2>/dev/null)" = "the victim's file" ] && ok=$((ok + 1))
+	n=$((n + 1))
+done
+reads_at=$(date +%s%N)
+wait "$HOLDER"
+HOLDER=""
+released_at=$(sed -n 2p "$W/held")
+wait "$CREATOR"
+echo "reads done $(( (released_at - reads_at) / 1000000 )) ms before the lock was let go;" \
+	"the create answered $(( ($(cat "$W/new.at") - released_at) / 1000000 )) ms after"
+expect "six reads of the victim's file, issued while the create waited for the disk: all answered" "$ok" 6
+expect "and all before the lock was let go (the loop did not wait for it)" \
+	"$([ "$reads_at" -lt "$released_at" ] && echo yes)" yes
+expect "the create issued while the lock was held succeeded" "$(cat "$W/new.rc")" 0
+expect "and was answered only after the lock was let go (acknowledged means on disk)" \
+	"$([ "$(cat "$W/new.at")" -gt "$released_at" ] && echo yes)" yes
+N=$(cat "$W/new.id")
+expect "the new sandbox runs" "$("$SC" exec "$N" -- echo up 2>&1)" up
+
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
