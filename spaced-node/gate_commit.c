@@ -4,7 +4,8 @@
  *
  * Every write goes through one queue, in order, to the writer thread, which
  * has its own connection to the store (WAL: the loop's reads of
- * acknowledgements never wait for it). What was queued while a transaction
+ * acknowledgements never wait for it). The loop hands over what it queued
+ * at the end of each turn, and what was handed over while a transaction
  * waited for the disk goes in the next one together: a burst of installs
  * waits for the disk a few times, not once each, and the loop goes on
  * serving meanwhile. A transaction of several writes that fails is tried
@@ -45,6 +46,9 @@ static struct {
 	struct cwrite *done, **done_tail; /* written, completions not yet run */
 	struct mgr_store *st;             /* the writer's own connection */
 	uv_async_t async;
+	/* the loop's side: what it queued in this turn, handed over at its end */
+	struct cwrite *turn, **turn_tail;
+	uv_check_t turn_end;
 } W;
 
 /* Writes n queued writes (no calls) as one transaction; on failure of more
@@ -135,6 +139,23 @@ static void on_written(uv_async_t *h)
 	}
 }
 
+/* The turn of the loop is over: what it queued goes to the writer at once,
+ * so that writes made together (creates arriving together) are written
+ * together. */
+static void hand_over(uv_check_t *h)
+{
+	uv_check_stop(h);
+	if (!W.turn)
+		return;
+	pthread_mutex_lock(&W.mu);
+	*W.q_tail = W.turn;
+	W.q_tail = W.turn_tail;
+	pthread_cond_signal(&W.cv);
+	pthread_mutex_unlock(&W.mu);
+	W.turn = NULL;
+	W.turn_tail = &W.turn;
+}
+
 int gate_commit_start(struct mgr *m)
 {
 	int e = mgr_store_open(m->cfg->state_dir, &W.st);
@@ -142,6 +163,7 @@ int gate_commit_start(struct mgr *m)
 		return e;
 	W.q_tail = &W.q;
 	W.done_tail = &W.done;
+	W.turn_tail = &W.turn;
 	pthread_mutex_init(&W.mu, NULL);
 	pthread_cond_init(&W.cv, NULL);
 	if (uv_async_init(m->loop, &W.async, on_written) < 0) {
@@ -149,8 +171,10 @@ int gate_commit_start(struct mgr *m)
 		return SPACED_EIO;
 	}
 	W.async.data = m;
+	uv_check_init(m->loop, &W.turn_end);
 	if (pthread_create(&W.thread, NULL, writer_main, NULL) != 0) {
 		uv_close((uv_handle_t *)&W.async, NULL);
+		uv_close((uv_handle_t *)&W.turn_end, NULL);
 		mgr_store_close(W.st);
 		return SPACED_EIO;
 	}
@@ -163,6 +187,8 @@ void gate_commit_stop(struct mgr *m)
 	(void)m;
 	if (!W.started)
 		return;
+	hand_over(&W.turn_end); /* the last turn's writes too */
+	uv_close((uv_handle_t *)&W.turn_end, NULL);
 	pthread_mutex_lock(&W.mu);
 	W.stop = true;
 	pthread_cond_signal(&W.cv);
@@ -190,11 +216,9 @@ static void enqueue(struct mgr *m, struct cwrite *w)
 		free(w);
 		return;
 	}
-	pthread_mutex_lock(&W.mu);
-	*W.q_tail = w;
-	W.q_tail = &w->next;
-	pthread_cond_signal(&W.cv);
-	pthread_mutex_unlock(&W.mu);
+	*W.turn_tail = w;
+	W.turn_tail = &w->next;
+	uv_check_start(&W.turn_end, hand_over);
 }
 
 void gate_commit_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
