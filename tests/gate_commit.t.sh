@@ -4,11 +4,13 @@
 # forgetting of old ones — goes to a writer thread of its own (spaced-node/gate_commit.c); the
 # loop goes on verifying and forwarding meanwhile, and an acknowledgement still leaves only once
 # its record is on disk. Here another process holds the write lock of the worker's records.db
-# for 4 s (what a transaction waiting for a slow disk does): a create issued meanwhile is
+# for 6 s (what a transaction waiting for a slow disk does): a create issued meanwhile is
 # answered only after the lock is let go (and then succeeds), while a victim's reads issued
 # after it are all answered before the lock is let go. On a loop that wrote its records itself,
 # the create's commit held the loop in SQLite's busy wait: every read waited for the lock too.
-# Ordering only, no timed assertion. Cites R3 (acknowledged = on disk) and B3.
+# A delete of a second sandbox asked meanwhile: its tombstone refuses the old capability at once
+# (R4), before it can reach the disk, and the delete is answered only after the lock is let go
+# (R3). Ordering only, no timed assertion. Cites R3, R4 and B3.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -28,13 +30,15 @@ DB=$D/worker-1/records.db
 [ -f "$DB" ] || { echo "FAIL: no records.db at $DB"; ls "$D/worker-1"; exit 1; }
 V=$("$SC" create --worker worker-1) || { echo "FAIL: the victim's sandbox"; tail "$D/worker-1.log"; exit 1; }
 echo "the victim's file" | "$SC" fs write "$V" /tmp/f || fail "the victim's file"
+P=$("$SC" create --worker worker-1) || { echo "FAIL: the sandbox to delete"; exit 1; }
+echo "its file" | "$SC" fs write "$P" /tmp/f || fail "the file of the sandbox to delete"
 
-# the holder: the write lock for 4 s, then the time it let it go (ns, the wall clock `date` reads)
+# the holder: the write lock for 6 s, then the time it let it go (ns, the wall clock `date` reads)
 python3 -c 'import sqlite3, sys, time
 c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
 c.execute("BEGIN IMMEDIATE")
 print("held", flush=True)
-time.sleep(4)
+time.sleep(6)
 c.execute("ROLLBACK")
 print(time.time_ns(), flush=True)' "$DB" >"$W/held" &
 HOLDER=$!
@@ -54,10 +58,25 @@ while [ $n -lt 6 ]; do
 	n=$((n + 1))
 done
 reads_at=$(date +%s%N)
+# a delete now: its tombstone refuses the old capability before its write can be done (the route
+# taken just before: a capability lives seconds)
+"$SC" route "$P" --json >"$W/p-route.json" || fail "the route of the sandbox to delete"
+( "$SC" rm "$P" >/dev/null 2>"$W/rm.err"; echo $? >"$W/rm.rc"; date +%s%N >"$W/rm.at" ) &
+REMOVER=$!
+n=0
+refused=""
+while [ $n -lt 40 ] && [ -z "$refused" ]; do
+	timeout 10 "$SC" fs read --no-retry --route "$W/p-route.json" "$P" /tmp/f >/dev/null 2>"$W/p-read.err"
+	grep -q '^outcome: REFRESH_ROUTE (deactivated)' "$W/p-read.err" && refused=$(date +%s%N)
+	n=$((n + 1))
+	[ -n "$refused" ] || sleep 0.05
+done
+echo "the deleted sandbox's old capability, last outcome: $(cat "$W/p-read.err")"
 wait "$HOLDER"
 HOLDER=""
 released_at=$(sed -n 2p "$W/held")
 wait "$CREATOR"
+wait "$REMOVER"
 echo "reads done $(( (released_at - reads_at) / 1000000 )) ms before the lock was let go;" \
 	"the create answered $(( ($(cat "$W/new.at") - released_at) / 1000000 )) ms after"
 expect "six reads of the victim's file, issued while the create waited for the disk: all answered" "$ok" 6
@@ -66,6 +85,13 @@ expect "and all before the lock was let go (the loop did not wait for it)" \
 expect "the create issued while the lock was held succeeded" "$(cat "$W/new.rc")" 0
 expect "and was answered only after the lock was let go (acknowledged means on disk)" \
 	"$([ "$(cat "$W/new.at")" -gt "$released_at" ] && echo yes)" yes
+expect "R4: the delete's tombstone refused the old capability (REFRESH_ROUTE deactivated)" \
+	"$([ -n "$refused" ] && echo refused)" refused
+expect "R4: and did so while its record could not be written yet" \
+	"$([ -n "$refused" ] && [ "$refused" -lt "$released_at" ] && echo yes)" yes
+expect "R3: the delete succeeded" "$(cat "$W/rm.rc")" 0
+expect "R3: and was answered only after its tombstone was on disk" \
+	"$([ "$(cat "$W/rm.at")" -gt "$released_at" ] && echo yes)" yes
 N=$(cat "$W/new.id")
 expect "the new sandbox runs" "$("$SC" exec "$N" -- echo up 2>&1)" up
 
