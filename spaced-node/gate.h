@@ -35,6 +35,7 @@
 #include "compare.h"
 #include "frame.h"
 #include "mgr.h"
+#include "nameidx.h"
 #include "node.h"
 #include "util.h"
 
@@ -43,6 +44,9 @@
 #define GATE_ADMIN_LINE_MAX (256 * 1024)
 #define GATE_ADMIN_INFLIGHT 256 /* messages of one admin client in progress at once */
 #define GATE_IDLE_PER_SANDBOX 32
+/* Kept connections are found in one of this many lists, by their sandbox's
+ * name (a power of two): a request walks its sandbox's, not every one. */
+#define GATE_IDLE_BUCKETS 1024
 /* Flow control: at most this many bytes of a stream's output are on their way
  * to its client (sent to node-api, not yet written to the client), and at most
  * this many bytes of its input on their way to the execution. A stream whose
@@ -192,6 +196,7 @@ struct mgr {
 	struct spaced_vcache *vc;
 	struct mgr_rec *recs;
 	size_t nrecs, caprecs;
+	struct spaced_nameidx rec_index; /* recs by sandbox name */
 	bool quit;
 	/* node-api (gate_streams.c) */
 	int api_fd;
@@ -208,7 +213,7 @@ struct mgr {
 	struct gstream *streams;
 	size_t nstreams;
 	uint64_t out_unacked; /* every stream's output sent to node-api, not yet credited */
-	struct gconn *idle;
+	struct gconn *idle[GATE_IDLE_BUCKETS]; /* kept connections, by their sandbox's name */
 	size_t nidle;
 	/* the executor (gate_jobs.c) */
 	int exe_fd;

@@ -22,6 +22,7 @@
 
 #include "error.h"
 #include "keyring.h"
+#include "nameidx.h"
 #include "vcache.h"
 
 void gate_streams_free(struct mgr *m);
@@ -44,12 +45,43 @@ void gate_quit(struct mgr *m, const char *why)
 
 /* ---- records in memory ---- */
 
+/* recs are found by their sandbox's name through an index (nameidx.h):
+ * every request's lookup is one probe or a few, not a walk of every record
+ * the worker holds (live sandboxes and the tombstones of the last minutes). */
+
+static const char *rec_name(const void *ctx, uint32_t pos)
+{
+	const struct mgr *m = ctx;
+	return m->recs[pos].r.id.sandbox;
+}
+
+static struct mgr_rec *rec_find(struct mgr *m, const char *sandbox)
+{
+	if (!m->rec_index.name_of)
+		return NULL;
+	int64_t pos = spaced_nameidx_get(&m->rec_index, sandbox);
+	return pos >= 0 ? &m->recs[pos] : NULL;
+}
+
 const struct mgr_rec *mgr_rec_find(struct mgr *m, const char *sandbox)
 {
-	for (size_t i = 0; i < m->nrecs; i++)
-		if (strcmp(m->recs[i].r.id.sandbox, sandbox) == 0)
-			return &m->recs[i];
-	return NULL;
+	return rec_find(m, sandbox);
+}
+
+/* Takes the record of sandbox out: the last record takes its place (the
+ * order of records means nothing). */
+static void rec_remove(struct mgr *m, const char *sandbox)
+{
+	int64_t pos = spaced_nameidx_get(&m->rec_index, sandbox);
+	if (pos < 0)
+		return;
+	spaced_nameidx_del(&m->rec_index, sandbox);
+	size_t last = m->nrecs - 1;
+	if ((size_t)pos != last) {
+		spaced_nameidx_put(&m->rec_index, m->recs[last].r.id.sandbox, (uint32_t)pos);
+		m->recs[pos] = m->recs[last];
+	}
+	m->nrecs = last;
 }
 
 /* A record that only refuses: destroyed, or stopped with no execution (its
@@ -78,24 +110,29 @@ static uint64_t tomb_since(const struct mgr_rec *rec, const struct mgr_rec *prev
 
 static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 {
-	for (size_t i = 0; i < m->nrecs; i++) {
-		if (strcmp(m->recs[i].r.id.sandbox, rec->r.id.sandbox) == 0) {
-			uint64_t since = tomb_since(rec, &m->recs[i]);
-			m->recs[i] = *rec;
-			m->recs[i].tomb_mono = since;
-			return 0;
-		}
+	struct mgr_rec *cur = rec_find(m, rec->r.id.sandbox);
+	if (cur) {
+		uint64_t since = tomb_since(rec, cur);
+		*cur = *rec;
+		cur->tomb_mono = since;
+		return 0;
 	}
 	if (m->nrecs == m->caprecs) {
 		size_t nc = m->caprecs ? m->caprecs * 2 : 16;
-		struct mgr_rec *n = realloc(m->recs, nc * sizeof *n);
+		struct mgr_rec *n = nc < UINT32_MAX / 4 ? realloc(m->recs, nc * sizeof *n) : NULL;
 		if (!n)
 			return SPACED_ENOMEM;
 		m->recs = n;
 		m->caprecs = nc;
 	}
+	if (!m->rec_index.name_of)
+		spaced_nameidx_init(&m->rec_index, rec_name, m);
+	if (spaced_nameidx_reserve(&m->rec_index, m->nrecs + 1, m->nrecs) < 0)
+		return SPACED_ENOMEM;
 	m->recs[m->nrecs] = *rec;
-	m->recs[m->nrecs++].tomb_mono = tomb_since(rec, NULL);
+	m->recs[m->nrecs].tomb_mono = tomb_since(rec, NULL);
+	spaced_nameidx_put(&m->rec_index, rec->r.id.sandbox, (uint32_t)m->nrecs);
+	m->nrecs++;
 	return 0;
 }
 
@@ -156,20 +193,15 @@ static void on_forgotten(struct mgr *m, void *ctx, int e)
 	if (e < 0)
 		gate_log("level=warn event=forget-failed records=%zu", f->n);
 	for (size_t k = 0; e == 0 && k < f->n; k++) {
-		for (size_t i = 0; i < m->nrecs; i++) {
-			struct mgr_rec *r = &m->recs[i];
-			if (strcmp(r->r.id.sandbox, f->names[k]) != 0)
-				continue;
-			if (r->r.active || r->r.epoch != f->epochs[k])
-				break; /* changed since: its new row was written after */
-			char path[4300];
-			snprintf(path, sizeof path, "%s/log/%s.log", m->cfg->state_dir, r->r.id.sandbox);
-			unlink(path);
-			gate_gw_forget(m, r->r.id.sandbox);
-			*r = m->recs[--m->nrecs]; /* the order of records means nothing */
-			gone++;
-			break;
-		}
+		struct mgr_rec *r = rec_find(m, f->names[k]);
+		if (!r || r->r.active || r->r.epoch != f->epochs[k])
+			continue; /* changed since: its new row was written after */
+		char path[4300];
+		snprintf(path, sizeof path, "%s/log/%s.log", m->cfg->state_dir, r->r.id.sandbox);
+		unlink(path);
+		gate_gw_forget(m, r->r.id.sandbox);
+		rec_remove(m, f->names[k]);
+		gone++;
 	}
 	if (gone > 0)
 		gate_log("level=info event=forgotten records=%zu", gone);
@@ -527,6 +559,7 @@ out:
 	gate_streams_free(&m);
 	uv_loop_close(&loop);
 	free(m.recs);
+	spaced_nameidx_free(&m.rec_index);
 	spaced_vcache_free(m.vc);
 	spaced_keyring_free(m.kr);
 	mgr_store_close(m.store);

@@ -84,11 +84,11 @@ struct gstream {
 /* A connection to an execution and its one poll handle, which serve one
  * stream after another: a request on a kept connection costs no system call
  * beyond its own reads and writes. While no stream owns it, it is kept for
- * the next request (on m->idle): it passed the bridge's checks when it was
+ * the next request (on its list of m->idle): it passed the bridge's checks when it was
  * opened (B3: a new connection is checked again) and is bound to the epoch
  * it was opened under. */
 struct gconn {
-	struct gconn *next;     /* on m->idle */
+	struct gconn *next;     /* on its list of m->idle */
 	struct mgr *m;
 	int fd;
 	uv_poll_t poll;
@@ -314,6 +314,12 @@ static void gconn_close(struct gconn *c, bool reset)
 /* Watches ev on c (no system call when it watches that already). */
 static void gconn_watch(struct gconn *c, int ev);
 
+/* The list of kept connections where those to sandbox are. */
+static struct gconn **idle_list(struct mgr *m, const char *sandbox)
+{
+	return &m->idle[spaced_fnv1a(sandbox) & (GATE_IDLE_BUCKETS - 1)];
+}
+
 static void on_gconn(uv_poll_t *h, int status, int events)
 {
 	struct gconn *c = h->data;
@@ -322,7 +328,7 @@ static void on_gconn(uv_poll_t *h, int status, int events)
 		return;
 	}
 	/* an idle connection that became readable was closed or misbehaves */
-	for (struct gconn **pp = &c->m->idle; *pp; pp = &(*pp)->next) {
+	for (struct gconn **pp = idle_list(c->m, c->sandbox); *pp; pp = &(*pp)->next) {
 		if (*pp == c) {
 			*pp = c->next;
 			break;
@@ -362,7 +368,7 @@ static struct gconn *gconn_new(struct mgr *m, int fd)
 /* Takes a kept connection to sandbox's execution of epoch off the idle list. */
 static struct gconn *pool_take(struct mgr *m, const char *sandbox, uint64_t epoch)
 {
-	for (struct gconn **pp = &m->idle; *pp; pp = &(*pp)->next) {
+	for (struct gconn **pp = idle_list(m, sandbox); *pp; pp = &(*pp)->next) {
 		struct gconn *c = *pp;
 		if (c->epoch == epoch && strcmp(c->sandbox, sandbox) == 0) {
 			*pp = c->next;
@@ -379,7 +385,8 @@ static struct gconn *pool_take(struct mgr *m, const char *sandbox, uint64_t epoc
 static void pool_put(struct mgr *m, struct gconn *c, const char *sandbox, uint64_t epoch)
 {
 	size_t same = 0;
-	for (struct gconn *i = m->idle; i; i = i->next)
+	struct gconn **list = idle_list(m, sandbox);
+	for (struct gconn *i = *list; i; i = i->next)
 		same += strcmp(i->sandbox, sandbox) == 0;
 	const struct mgr_rec *rec = mgr_rec_find(m, sandbox);
 	bool current = rec && rec->r.active && rec->r.epoch == epoch;
@@ -390,8 +397,8 @@ static void pool_put(struct mgr *m, struct gconn *c, const char *sandbox, uint64
 	}
 	snprintf(c->sandbox, sizeof c->sandbox, "%s", sandbox);
 	c->epoch = epoch;
-	c->next = m->idle;
-	m->idle = c;
+	c->next = *list;
+	*list = c;
 	m->nidle++;
 	gconn_watch(c, UV_READABLE | UV_DISCONNECT);
 }
@@ -399,14 +406,21 @@ static void pool_put(struct mgr *m, struct gconn *c, const char *sandbox, uint64
 /* Closes idle connections of sandbox (all of them when sandbox is NULL) older than epoch. */
 static void pool_flush(struct mgr *m, const char *sandbox, uint64_t epoch)
 {
-	for (struct gconn **pp = &m->idle; *pp;) {
-		struct gconn *c = *pp;
-		if (!sandbox || (strcmp(c->sandbox, sandbox) == 0 && c->epoch < epoch)) {
-			*pp = c->next;
-			m->nidle--;
-			gconn_close(c, false);
-		} else {
-			pp = &c->next;
+	size_t first = 0, end = GATE_IDLE_BUCKETS;
+	if (sandbox) {
+		first = (size_t)(idle_list(m, sandbox) - m->idle);
+		end = first + 1;
+	}
+	for (size_t b = first; b < end; b++) {
+		for (struct gconn **pp = &m->idle[b]; *pp;) {
+			struct gconn *c = *pp;
+			if (!sandbox || (strcmp(c->sandbox, sandbox) == 0 && c->epoch < epoch)) {
+				*pp = c->next;
+				m->nidle--;
+				gconn_close(c, false);
+			} else {
+				pp = &c->next;
+			}
 		}
 	}
 }
