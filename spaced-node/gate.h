@@ -235,6 +235,8 @@ struct mgr {
 	uv_signal_t sigterm, sigint;
 	/* counters */
 	uint64_t n_req, n_allow, n_refuse, n_cancel, n_cut, vc_ns;
+	/* streams to executions: on a kept connection, on a new one (checked by the bridge) */
+	uint64_t n_conn_kept, n_conn_new;
 	/* outcomes of admission (REFUSE) and of leases (CANCEL), by verdict and reason */
 	uint64_t n_refused_by[3][SPACED_REASON__COUNT], n_cancelled_by[3][SPACED_REASON__COUNT];
 	/* control operations: count, failures and a histogram of their time to

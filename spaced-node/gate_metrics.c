@@ -114,6 +114,10 @@ char *gate_metrics_text(struct mgr *m, json_t *usage)
 	family(&o, "spaced_node_streams_cut_total", "counter",
 	       "Streams cut because their client or execution did not take their bytes for the stall timeout.");
 	put(&o, "spaced_node_streams_cut_total %llu\n", (unsigned long long)m->n_cut);
+	family(&o, "spaced_node_bridge_connections_total", "counter",
+	       "Streams to executions by their connection: kept from an earlier request, or new (checked by the bridge).");
+	put(&o, "spaced_node_bridge_connections_total{connection=\"kept\"} %llu\n", (unsigned long long)m->n_conn_kept);
+	put(&o, "spaced_node_bridge_connections_total{connection=\"new\"} %llu\n", (unsigned long long)m->n_conn_new);
 	family(&o, "spaced_node_streams_open", "gauge", "Streams open to executions now.");
 	put(&o, "spaced_node_streams_open %zu\n", m->nstreams);
 	family(&o, "spaced_node_verification_cache_hits_total", "counter", "Capabilities found in the verification cache.");

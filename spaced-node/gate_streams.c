@@ -748,6 +748,7 @@ static void on_connected(struct mgr *m, uintptr_t ctx, int status, const char *m
 		stream_kill(s);
 		return;
 	}
+	m->n_conn_new++;
 	stream_open(s, gconn_new(m, fd));
 }
 
@@ -923,6 +924,7 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	m->nstreams++;
 	struct gconn *kept = raw ? NULL : pool_take(m, sandbox, rec->r.epoch);
 	if (kept) {
+		m->n_conn_kept++;
 		stream_open(s, kept);
 		return 0;
 	}

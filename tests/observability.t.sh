@@ -44,6 +44,10 @@ Y=$("$SC" create --worker worker-1)
 st=$(curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -w '%{http_code}' -H "X-Request-Id: audit-check-2" -H "Authorization: Bearer $CAP" \
 	"$URL/v1/sandboxes/$Y/stat?path=/")
 expect "a capability for another sandbox is denied" "$st" 403
+# ten requests one after the other: the gate keeps its connection to the execution for the next
+for i in 1 2 3 4 5 6 7 8 9 10; do
+	curl -s --cacert "$SPACED_CA_FILE" -o /dev/null -H "Authorization: Bearer $CAP" "$URL/v1/sandboxes/$X/stat?path=/"
+done
 "$SC" move "$X" --to worker-2 >/dev/null
 
 # ---- /metrics ----
@@ -57,6 +61,10 @@ val() { awk -v k="$1" '$1 == k {print $2}' "$W/metrics"; }
 expect "DENY bad-signature counted" "$(val 'spaced_node_requests_total{outcome="DENY",reason="bad-signature"}')" 1
 expect "DENY other-sandbox counted" "$(val 'spaced_node_requests_total{outcome="DENY",reason="other-sandbox"}')" 1
 expect "ALLOW counted" "$([ "$(val 'spaced_node_requests_total{outcome="ALLOW",reason="ok"}')" -ge 2 ] && echo yes)" yes
+expect "streams on a kept connection counted (ten requests in a row: nine at least)" \
+	"$([ "$(val 'spaced_node_bridge_connections_total{connection="kept"}')" -ge 9 ] && echo yes)" yes
+expect "streams on a new connection counted" \
+	"$([ "$(val 'spaced_node_bridge_connections_total{connection="new"}')" -ge 1 ] && echo yes)" yes
 expect "installs timed (histogram count)" "$([ "$(val 'spaced_node_control_seconds_count{kind="install"}')" -ge 2 ] && echo yes)" yes
 expect "the move's deactivation timed" "$(val 'spaced_node_control_seconds_count{kind="deactivate"}')" 1
 expect "the live sandbox's memory is reported" \
