@@ -52,37 +52,6 @@ static int copy_xattrs(const char *src, const char *dst)
 	return 0;
 }
 
-/* Copies [off, off+len) of in to the same offsets of out. */
-static int copy_range(int in, int out, off_t off, off_t len)
-{
-	off_t ioff = off, ooff = off;
-
-	while (len > 0) {
-		ssize_t n = copy_file_range(in, &ioff, out, &ooff, (size_t)len, 0);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
-			char buf[65536];
-			size_t want = len < (off_t)sizeof(buf) ? (size_t)len : sizeof(buf);
-
-			n = pread(in, buf, want, ioff);
-			if (n > 0 && pwrite(out, buf, (size_t)n, ooff) != n)
-				return SPACED_ESYS;
-			if (n > 0) {
-				ioff += n;
-				ooff += n;
-			}
-		}
-		if (n < 0)
-			return SPACED_ESYS;
-		if (n == 0)
-			break; /* the file shrank */
-		len -= n;
-	}
-	return 0;
-}
-
 /* Copies a regular file keeping its holes: only the data extents the source
  * reports (SEEK_DATA / SEEK_HOLE) are copied, and the size is set last, so a
  * sparse file costs what it holds, not what it claims. */
@@ -104,7 +73,7 @@ static int copy_data(const char *src, const char *dst, const struct stat *st)
 			break; /* only a hole up to the end */
 		if (data < 0) {
 			/* no SEEK_DATA here: the rest as data */
-			if (copy_range(in, out, pos, size - pos) < 0)
+			if (spaced_copy_range(in, out, pos, size - pos) < 0)
 				goto out;
 			break;
 		}
@@ -113,7 +82,7 @@ static int copy_data(const char *src, const char *dst, const struct stat *st)
 			hole = size;
 		if (data >= size)
 			break;
-		if (copy_range(in, out, data, hole - data) < 0)
+		if (spaced_copy_range(in, out, data, hole - data) < 0)
 			goto out;
 		pos = hole;
 	}

@@ -423,3 +423,35 @@ void spaced_session_nice(pid_t pid, int nice)
 	(void)!write(fd, text, (size_t)n);
 	close(fd);
 }
+
+int spaced_copy_range(int in, int out, off_t off, off_t len)
+{
+	off_t ioff = off, ooff = off;
+	bool plain = false; /* copy_file_range refused these two files */
+	while (len > 0) {
+		ssize_t n = -1;
+		if (!plain) {
+			n = copy_file_range(in, &ioff, out, &ooff, (size_t)len, 0);
+			if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
+				plain = true;
+		}
+		if (plain) {
+			char buf[65536];
+			n = pread(in, buf, len < (off_t)sizeof buf ? (size_t)len : sizeof buf, ioff);
+			if (n > 0 && spaced_io_pwrite_full(out, buf, (size_t)n, (uint64_t)ooff) < 0)
+				return SPACED_ESYS;
+			if (n > 0) {
+				ioff += n;
+				ooff += n;
+			}
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return SPACED_ESYS;
+		if (n == 0)
+			break; /* in ends here */
+		len -= n;
+	}
+	return 0;
+}

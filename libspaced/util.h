@@ -125,6 +125,12 @@ int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t
  * spaced_file_replace(); best effort. */
 void spaced_file_prepare(const char *tmp, unsigned mode);
 
+/* Copies [off, off + len) of in to the same offsets of out: copy_file_range
+ * (reflinks or in-kernel copies where the filesystem has them), read and
+ * write where it cannot serve these two files (another filesystem: EXDEV).
+ * 0, or SPACED_ESYS with errno set. Stops early, with 0, where in ends. */
+int spaced_copy_range(int in, int out, off_t off, off_t len);
+
 /* Sets the nice value of pid's session as the scheduler sees it: its
  * autogroup (/proc/PID/autogroup). With autogroups on, the kernel weighs
  * each session of the root CPU cgroup as one, so a process's own nice value

@@ -96,6 +96,7 @@
 
 #include "config.h"
 #include "error.h"
+#include "util.h"
 #include "tls.h"
 #include "executor.h"
 #include "log.h"
@@ -723,12 +724,9 @@ static char *guest_sealed(const char *guest, const char *state)
 	if (in < 0 || fstat(in, &sb) < 0 || (mkdir(dir, 0755) < 0 && errno != EEXIST) ||
 	    (unlink(tmp) < 0 && errno != ENOENT) || (fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0500)) < 0)
 		goto fail;
-	for (off_t done = 0; done < sb.st_size;) {
-		ssize_t n = copy_file_range(in, NULL, fd, NULL, (size_t)(sb.st_size - done), 0);
-		if (n <= 0)
-			goto fail;
-		done += n;
-	}
+	struct stat copied;
+	if (spaced_copy_range(in, fd, 0, sb.st_size) < 0 || fstat(fd, &copied) < 0 || copied.st_size != sb.st_size)
+		goto fail;
 	if (fchown(fd, 0, 0) < 0 || fchmod(fd, 0511) < 0 || fsync(fd) < 0 || close(fd) < 0) {
 		fd = -1;
 		goto fail;

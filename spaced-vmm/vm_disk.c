@@ -473,14 +473,8 @@ static int copy_out(const char *src, const char *dst, char *why, size_t whysz)
 		off_t hole = lseek(in, data, SEEK_HOLE);
 		if (hole < 0)
 			hole = st.st_size;
-		off_t a = data, b = data;
-		while (a < hole) {
-			ssize_t w = copy_file_range(in, &a, out, &b, (size_t)(hole - a), 0);
-			if (w <= 0) {
-				e = SPACED_EIO;
-				break;
-			}
-		}
+		if (spaced_copy_range(in, out, data, hole - data) < 0)
+			e = SPACED_EIO;
 		pos = hole;
 	}
 	if (e == 0 && (ftruncate(out, st.st_size) < 0 || fsync(out) < 0))

@@ -2,7 +2,8 @@
  * test_util.c — libspaced's file helpers (util.h): spaced_file_replace()
  * puts the new content in place whether path exists or not, leaves the old
  * file at tmp when it swapped them (RENAME_EXCHANGE: no writeback in the
- * caller's time on ext4), and reuses a longer leftover at tmp correctly.
+ * caller's time on ext4), and reuses a longer leftover at tmp correctly;
+ * spaced_copy_range() copies a range on one filesystem and onto another.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -87,4 +88,50 @@ Test(file_replace, unwritable_dir_fails_cleanly)
 	char badtmp[170];
 	snprintf(badtmp, sizeof badtmp, "%s/missing/.file.tmp", dir);
 	cr_assert_eq(spaced_file_replace(badtmp, bad, "x", 1, 0600, false), SPACED_EIO);
+}
+
+/* spaced_copy_range: on one filesystem (copy_file_range) and onto another
+ * (/dev/shm, a tmpfs: EXDEV, read and write instead), the same bytes at the
+ * same offsets; a source that ends early stops the copy there. */
+static void copy_check(const char *dst_dir)
+{
+	static char data[300000];
+	for (size_t i = 0; i < sizeof data; i++)
+		data[i] = (char)(i * 7 + i / 1000);
+	int in = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	cr_assert_geq(in, 0);
+	cr_assert_eq(write(in, data, sizeof data), (ssize_t)sizeof data);
+	char dst[160];
+	snprintf(dst, sizeof dst, "%s/copy-XXXXXX", dst_dir);
+	int out = mkstemp(dst);
+	cr_assert_geq(out, 0);
+	cr_assert_eq(spaced_copy_range(in, out, 1000, 250000), 0);
+	struct stat sb;
+	cr_assert_eq(fstat(out, &sb), 0);
+	cr_assert_eq(sb.st_size, 251000, "written at the same offsets: %lld", (long long)sb.st_size);
+	static char back[251000];
+	cr_assert_eq(pread(out, back, sizeof back, 0), (ssize_t)sizeof back);
+	for (size_t i = 0; i < 1000; i++)
+		cr_assert_eq(back[i], 0, "nothing before the range");
+	cr_assert(memcmp(back + 1000, data + 1000, 250000) == 0, "the range's bytes");
+	/* past the source's end: what there is, then 0 */
+	cr_assert_eq(spaced_copy_range(in, out, 290000, 50000), 0);
+	cr_assert_eq(fstat(out, &sb), 0);
+	cr_assert_eq(sb.st_size, 300000, "stops where the source ends: %lld", (long long)sb.st_size);
+	close(in);
+	close(out);
+	unlink(dst);
+}
+
+Test(copy_range, same_filesystem, .init = setup, .fini = teardown)
+{
+	copy_check(dir);
+}
+
+Test(copy_range, onto_another_filesystem, .init = setup, .fini = teardown)
+{
+	struct stat a, b;
+	if (stat("/dev/shm", &b) < 0 || stat(dir, &a) < 0 || a.st_dev == b.st_dev)
+		cr_skip_test("no /dev/shm on another filesystem here");
+	copy_check("/dev/shm");
 }
