@@ -638,13 +638,24 @@ static bool start_job(struct mgr *m, struct ctl_op *op)
 	return op_job(m, op, "start", args);
 }
 
-/* An install's new execution is on disk and in memory. */
+/* An install's new execution is on disk and in memory — or its record could
+ * not be written (a full or failing disk, the store's lock held past its
+ * timeout, a generation going backwards): then nothing names the execution
+ * just started or claimed, no request reaches it and no admission counts it,
+ * so it is stopped (its uid range, memory and disk come back). The reply
+ * carried no acknowledgement: the control plane sends the install again. */
 static void install_written(struct mgr *m, struct ctl_op *op, int e)
 {
 	if (e == 0)
 		gate_log("level=info event=installed sandbox=%s generation=%llu pooled=%d ms=%.2f", op->id.sandbox,
 		         (unsigned long long)op->id.generation, op->rec.exec_name[0] != 0,
 		         (double)(spaced_mono_ns() - op->t0) / 1e6);
+	else {
+		gate_log("level=warn event=install-unwritten sandbox=%s generation=%llu reason=\"%s\"", op->id.sandbox,
+		         (unsigned long long)op->id.generation, spaced_strerror(e));
+		gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(&op->rec)), on_background_job,
+		         (uintptr_t)"stop");
+	}
 	op_finish(m, op);
 }
 

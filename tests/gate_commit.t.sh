@@ -95,5 +95,43 @@ expect "R3: and was answered only after its tombstone was on disk" \
 N=$(cat "$W/new.id")
 expect "the new sandbox runs" "$("$SC" exec "$N" -- echo up 2>&1)" up
 
+# ---- a record that cannot be written: the store's lock held past the writer's busy timeout (5 s)
+# makes the install's write fail. Its reply carries no acknowledgement (the control plane sends the
+# install again, and the create succeeds then), and the execution claimed for it is stopped: nothing
+# names it, so no request would reach it and no admission would count it (it used to stay until
+# the worker restarted). Counted as the executions' launchers, once the pool has refilled. ----
+EXE=$(ps -eo pid,comm,args | awk -v d="$D/worker-1" '$2 == "spaced-executor" && index($0, d) {print $1}')
+launchers() { pgrep -P "$EXE" -x spaced-launch | wc -l; }
+# the count once it has not changed for 2 s (the pool's refills done), at most 30 s
+settled() {
+	last=-1; same=0; i=0
+	while [ $same -lt 10 ] && [ $i -lt 150 ]; do
+		c=$(launchers)
+		if [ "$c" = "$last" ]; then same=$((same + 1)); else same=0; last=$c; fi
+		i=$((i + 1)); sleep 0.2
+	done
+	echo "$last"
+}
+C0=$(settled)
+python3 -c 'import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
+c.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(7)
+c.execute("ROLLBACK")' "$DB" >"$W/held2" &
+HOLDER=$!
+i=0
+while [ "$(head -n 1 "$W/held2")" != held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+L=$("$SC" create --worker worker-1 2>"$W/late.err")
+expect "a create whose first install could not be written succeeds (sent again)" "$?" 0
+wait "$HOLDER"
+HOLDER=""
+expect "the worker says the install's record was not written" \
+	"$([ "$(grep -c 'event=install-unwritten' "$D/worker-1.log")" -ge 1 ] && echo yes)" yes
+C1=$(settled)
+echo "executions before: $C0, after: $C1"
+expect "one more execution than before: the sandbox's (none left behind for the unwritten install)" "$C1" "$((C0 + 1))"
+expect "the sandbox runs" "$("$SC" exec "$L" -- echo up 2>&1)" up
+
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
