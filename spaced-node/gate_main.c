@@ -57,8 +57,6 @@ static const char *rec_name(const void *ctx, uint32_t pos)
 
 static struct mgr_rec *rec_find(struct mgr *m, const char *sandbox)
 {
-	if (!m->rec_index.name_of)
-		return NULL;
 	int64_t pos = spaced_nameidx_get(&m->rec_index, sandbox);
 	return pos >= 0 ? &m->recs[pos] : NULL;
 }
@@ -125,8 +123,6 @@ static int rec_put_mem(struct mgr *m, const struct mgr_rec *rec)
 		m->recs = n;
 		m->caprecs = nc;
 	}
-	if (!m->rec_index.name_of)
-		spaced_nameidx_init(&m->rec_index, rec_name, m);
 	if (spaced_nameidx_reserve(&m->rec_index, m->nrecs + 1, m->nrecs) < 0)
 		return SPACED_ENOMEM;
 	m->recs[m->nrecs] = *rec;
@@ -497,6 +493,7 @@ int mgr_run(const struct mgr_config *cfg)
 	m.cfg = cfg;
 	m.loop = &loop;
 	m.api_fd = m.exe_fd = m.admin_fd = -1;
+	spaced_nameidx_init(&m.rec_index, rec_name, &m);
 	if (uv_loop_init(&loop) < 0)
 		return 1;
 	signal(SIGPIPE, SIG_IGN);

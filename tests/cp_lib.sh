@@ -151,3 +151,19 @@ refused_flag() {
 		"$1" "$2" >/dev/null 2>"$W/flag.err"
 	expect "spaced-node $1 $2: exit 2 naming the option" "$? $(grep -c -- "$1" "$W/flag.err")" "2 1"
 }
+
+# hold_store_lock DB SECONDS OUT — another process takes DB's SQLite write lock (BEGIN IMMEDIATE)
+# for SECONDS, as a writer waiting for a slow disk would; returns once it holds it, with its pid in
+# HOLDER. OUT gets "held", then the wall-clock time it let go (ns).
+hold_store_lock() {
+	python3 -c 'import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
+c.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+c.execute("ROLLBACK")
+print(time.time_ns(), flush=True)' "$1" "$2" >"$3" &
+	HOLDER=$!
+	i=0
+	while [ "$(head -n 1 "$3")" != held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+}

@@ -109,15 +109,7 @@ fi
 # answer goes out in the meantime (each request timed; the old loop waited
 # for the lock in its renewal and answered nothing for seconds) ----
 if [ -z "${CP_DB:-}" ] && [ -f "$DB" ]; then
-	python3 -c 'import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
-c.execute("BEGIN IMMEDIATE")
-print("held", flush=True)
-time.sleep(4)
-c.execute("ROLLBACK")' "$DB" >"$W/held" &
-	HOLDER=$!
-	i=0
-	while [ "$(cat "$W/held")" != held ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+	hold_store_lock "$DB" 4 "$W/held"
 	slowest=0
 	n=0
 	while [ $n -lt 12 ]; do

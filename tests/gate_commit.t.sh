@@ -9,8 +9,11 @@
 # after it are all answered before the lock is let go. On a loop that wrote its records itself,
 # the create's commit held the loop in SQLite's busy wait: every read waited for the lock too.
 # A delete of a second sandbox asked meanwhile: its tombstone refuses the old capability at once
-# (R4), before it can reach the disk, and the delete is answered only after the lock is let go
-# (R3). Ordering only, no timed assertion. Cites R3, R4 and B3.
+# (R4: the window closes when the worker installs the deactivation), before it can reach the disk,
+# and the delete is answered only after the lock is let go (R1: the record a worker compares with
+# is its persisted one, so an acknowledgement means on disk). Then an install whose record cannot
+# be written at all: the execution claimed for it is stopped (R1: nothing persisted names it).
+# Ordering and counts only, no timed assertion. Cites R1, R4 and B3.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -34,16 +37,7 @@ P=$("$SC" create --worker worker-1) || { echo "FAIL: the sandbox to delete"; exi
 echo "its file" | "$SC" fs write "$P" /tmp/f || fail "the file of the sandbox to delete"
 
 # the holder: the write lock for 6 s, then the time it let it go (ns, the wall clock `date` reads)
-python3 -c 'import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
-c.execute("BEGIN IMMEDIATE")
-print("held", flush=True)
-time.sleep(6)
-c.execute("ROLLBACK")
-print(time.time_ns(), flush=True)' "$DB" >"$W/held" &
-HOLDER=$!
-i=0
-while [ "$(head -n 1 "$W/held")" != held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+hold_store_lock "$DB" 6 "$W/held"
 expect "another process holds the records' write lock" "$(head -n 1 "$W/held")" held
 
 # a create now: its install's write waits for the lock
@@ -89,8 +83,8 @@ expect "R4: the delete's tombstone refused the old capability (REFRESH_ROUTE dea
 	"$([ -n "$refused" ] && echo refused)" refused
 expect "R4: and did so while its record could not be written yet" \
 	"$([ -n "$refused" ] && [ "$refused" -lt "$released_at" ] && echo yes)" yes
-expect "R3: the delete succeeded" "$(cat "$W/rm.rc")" 0
-expect "R3: and was answered only after its tombstone was on disk" \
+expect "R1: the delete succeeded" "$(cat "$W/rm.rc")" 0
+expect "R1: and was answered only after its tombstone was on disk" \
 	"$([ "$(cat "$W/rm.at")" -gt "$released_at" ] && echo yes)" yes
 N=$(cat "$W/new.id")
 expect "the new sandbox runs" "$("$SC" exec "$N" -- echo up 2>&1)" up
@@ -113,15 +107,7 @@ settled() {
 	echo "$last"
 }
 C0=$(settled)
-python3 -c 'import sqlite3, sys, time
-c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=5)
-c.execute("BEGIN IMMEDIATE")
-print("held", flush=True)
-time.sleep(7)
-c.execute("ROLLBACK")' "$DB" >"$W/held2" &
-HOLDER=$!
-i=0
-while [ "$(head -n 1 "$W/held2")" != held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+hold_store_lock "$DB" 7 "$W/held2"
 L=$("$SC" create --worker worker-1 2>"$W/late.err")
 expect "a create whose first install could not be written succeeds (sent again)" "$?" 0
 wait "$HOLDER"
@@ -130,7 +116,7 @@ expect "the worker says the install's record was not written" \
 	"$([ "$(grep -c 'event=install-unwritten' "$D/worker-1.log")" -ge 1 ] && echo yes)" yes
 C1=$(settled)
 echo "executions before: $C0, after: $C1"
-expect "one more execution than before: the sandbox's (none left behind for the unwritten install)" "$C1" "$((C0 + 1))"
+expect "R1: one more execution than before: the sandbox's (none left behind for the unwritten install)" "$C1" "$((C0 + 1))"
 expect "the sandbox runs" "$("$SC" exec "$L" -- echo up 2>&1)" up
 
 echo "$FAILS failures"
