@@ -38,6 +38,7 @@
 #include <linux/major.h>
 
 #include "error.h"
+#include "spawn.h"
 #include "util.h"
 
 /* One inode per 8 KiB of disk (node_modules-style trees hold many small
@@ -64,24 +65,15 @@ static int run_mkfs(const char *img, char *why, size_t whysz)
 		return SPACED_ENOENT;
 	}
 	snprintf(ratio, sizeof(ratio), "%d", DISK_BYTES_PER_INODE);
-	pid = fork();
+	/* -T default: 4 KiB blocks whatever the size; no reserved blocks,
+	 * no journal, no room reserved for growing */
+	const char *const argv[] = {mkfs, "-q", "-F", "-T", "default", "-m", "0", "-i", ratio, "-O",
+	                            "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard", "-L", "spaced",
+	                            img, NULL};
+	pid = spaced_spawn_quiet(argv);
 	if (pid < 0) {
-		spaced_why(why, whysz, "fork for mkfs.ext4: %s", strerror(errno));
+		spaced_why(why, whysz, "spawn of mkfs.ext4: %s", strerror(errno));
 		return SPACED_ESYS;
-	}
-	if (pid == 0) {
-		int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
-
-		if (nul >= 0) {
-			(void)dup2(nul, 0);
-			(void)dup2(nul, 1);
-		}
-		/* -T default: 4 KiB blocks whatever the size; no reserved blocks,
-		 * no journal, no room reserved for growing */
-		execl(mkfs, "mkfs.ext4", "-q", "-F", "-T", "default", "-m", "0", "-i", ratio, "-O",
-		      "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard", "-L", "spaced", img,
-		      (char *)NULL);
-		_exit(127);
 	}
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)

@@ -45,6 +45,7 @@
 #include "fetch.h"
 #include "rootfs.h"
 #include "pidref.h"
+#include "spawn.h"
 #include "util.h"
 
 static int mkdirs(const char *path)
@@ -110,23 +111,9 @@ static int remove_tree(const char *path)
 /* Runs argv to completion; 0 when it exited 0. */
 int mgr_run_wait(const char *const argv[])
 {
-	pid_t pid = fork();
+	pid_t pid = spaced_spawn_quiet(argv);
 	if (pid < 0)
 		return SPACED_ESYS;
-	if (pid == 0) {
-		int fd = open("/dev/null", O_RDWR);
-		if (fd >= 0) {
-			dup2(fd, 0);
-			dup2(fd, 1);
-		}
-		char *args[8];
-		size_t i = 0;
-		for (; argv[i] && i < 7; i++)
-			args[i] = strdup(argv[i]);
-		args[i] = NULL;
-		execvp(args[0], args);
-		_exit(127);
-	}
 	int status;
 	while (waitpid(pid, &status, 0) < 0)
 		if (errno != EINTR)
@@ -341,6 +328,27 @@ static void dev_stop(struct mgr_rec *rec)
 	rec->pid_start = 0;
 }
 
+/* The dev substrate's guest: its own session, its output to its log. */
+struct dev_child {
+	const char *const *argv;
+	const char *logp;
+};
+
+static int dev_child(void *arg)
+{
+	const struct dev_child *c = arg;
+	setsid();
+	int nul = open("/dev/null", O_RDONLY);
+	int log = open(c->logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	if (nul >= 0)
+		dup2(nul, 0);
+	if (log >= 0) {
+		dup2(log, 1);
+		dup2(log, 2);
+	}
+	return spaced_spawn_exec_fresh(c->argv);
+}
+
 static int dev_start(const char *state_dir, const char *guest_bin, struct mgr_rec *rec,
                      const char *snapshot)
 {
@@ -377,28 +385,11 @@ static int dev_start(const char *state_dir, const char *guest_bin, struct mgr_re
 	unlink(sock);
 	snprintf(logp, sizeof logp, "%s/log/%s.log", state_dir, rec->r.id.sandbox);
 
-	pid_t pid = fork();
+	const char *const argv[] = {guest_bin, "--root", root, "--identity", text, "--listen", sock, NULL};
+	struct dev_child c = {.argv = argv, .logp = logp};
+	pid_t pid = spaced_spawn(dev_child, &c);
 	if (pid < 0)
 		return SPACED_ESYS;
-	if (pid == 0) {
-		setsid();
-		int nul = open("/dev/null", O_RDONLY);
-		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
-		if (nul >= 0)
-			dup2(nul, 0);
-		if (log >= 0) {
-			dup2(log, 1);
-			dup2(log, 2);
-		}
-		syscall(SYS_close_range, 3, ~0u, 0);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		signal(SIGPIPE, SIG_DFL);
-		execl(guest_bin, "spaced-guest", "--root", root, "--identity", text, "--listen", sock,
-		      (char *)NULL);
-		_exit(127);
-	}
 	uint64_t st = 0;
 	if (spaced_proc_start_time(pid, &st) < 0) {
 		kill(pid, SIGKILL);
@@ -507,49 +498,58 @@ static void raise_claimed(int64_t pid, uint64_t start)
 	close(fd);
 }
 
+/* What a logged child needs, prepared before it starts (spawn.h). */
+struct logged_child {
+	const char *const *argv;
+	const char *logp;
+	const char *in;   /* spawn_stdin */
+	int out;          /* spawn_stdout */
+	char nice[16];    /* its session's nice value, "" for the default */
+};
+
+static int logged_child(void *arg)
+{
+	const struct logged_child *c = arg;
+	setsid();
+	if (c->nice[0]) {
+		int fd = open("/proc/self/autogroup", O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			(void)!write(fd, c->nice, strlen(c->nice));
+			close(fd);
+		}
+	}
+	int nul = open("/dev/null", O_RDWR);
+	int log = open(c->logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	if (nul >= 0) {
+		dup2(nul, 0);
+		dup2(nul, 1);
+	}
+	if (c->in) {
+		int in = open(c->in, O_RDWR | O_NOFOLLOW);
+		if (in < 0)
+			return 127;
+		dup2(in, 0);
+	}
+	if (c->out >= 0)
+		dup2(c->out, 1);
+	if (log >= 0)
+		dup2(log, 2);
+	return spaced_spawn_exec_fresh(c->argv);
+}
+
 /* Starts argv in its own session, stdout to /dev/null, stderr appended to
  * logp. The session keeps the caller's priority: one started below the
  * default (the warm pool's) stays below its siblings' sessions too. */
 static int spawn_logged(const char *const argv[], const char *logp, int64_t *pid, uint64_t *start)
 {
-	pid_t p = fork();
+	struct logged_child c = {.argv = argv, .logp = logp, .in = spawn_stdin, .out = spawn_stdout};
+	errno = 0;
+	int nice = getpriority(PRIO_PROCESS, 0);
+	if (errno == 0 && nice > 0)
+		snprintf(c.nice, sizeof c.nice, "%d", nice);
+	pid_t p = spaced_spawn(logged_child, &c);
 	if (p < 0)
 		return SPACED_ESYS;
-	if (p == 0) {
-		errno = 0;
-		int nice = getpriority(PRIO_PROCESS, 0);
-		setsid();
-		if (errno == 0 && nice > 0)
-			spaced_session_nice(getpid(), nice);
-		int nul = open("/dev/null", O_RDWR);
-		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
-		if (nul >= 0) {
-			dup2(nul, 0);
-			dup2(nul, 1);
-		}
-		if (spawn_stdin) {
-			int in = open(spawn_stdin, O_RDWR | O_NOFOLLOW);
-			if (in < 0)
-				_exit(127);
-			dup2(in, 0);
-		}
-		if (spawn_stdout >= 0)
-			dup2(spawn_stdout, 1);
-		if (log >= 0)
-			dup2(log, 2);
-		syscall(SYS_close_range, 3, ~0u, 0);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		signal(SIGPIPE, SIG_DFL);
-		char *args[64];
-		size_t i = 0;
-		for (; argv[i] && i < 63; i++)
-			args[i] = strdup(argv[i]);
-		args[i] = NULL;
-		execv(args[0], args);
-		_exit(127);
-	}
 	uint64_t st = 0;
 	if (spaced_proc_start_time(p, &st) < 0) {
 		kill(p, SIGKILL);

@@ -45,23 +45,13 @@
 #include "log.h"
 #include "netpolicy.h"
 #include "pidref.h"
+#include "spawn.h"
 
 #define NSFS_MAGIC_ 0x6e736673
 #define IP_BIN "/usr/sbin/ip"
 #define NFT_BIN "/usr/sbin/nft"
 #define PASTA_BIN "/usr/bin/pasta"
 #define TC_BIN "/usr/sbin/tc"
-
-/* execv with a const argument vector (copied: exec wants char *const[]) */
-static void exec_argv(const char *const argv[])
-{
-	char *a[40];
-	size_t i = 0;
-	for (; argv[i] && i < 39; i++)
-		a[i] = strdup(argv[i]);
-	a[i] = NULL;
-	execv(a[0], a);
-}
 
 static void why_set(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void why_set(char *why, size_t whysz, const char *fmt, ...)
@@ -91,6 +81,37 @@ static void addr_text(uint32_t a, char out[16])
 	snprintf(out, 16, "%u.%u.%u.%u", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255);
 }
 
+/* A netns file entered by a spawned child (spawn.h); 0 or -1. */
+static int enter_ns(const char *nspath, int type)
+{
+	int fd = open(nspath, O_RDONLY | O_CLOEXEC);
+	return fd < 0 || setns(fd, type) < 0 ? -1 : 0;
+}
+
+/* What run_in's child needs, prepared before it starts. */
+struct run_child {
+	const char *nspath;
+	const char *const *argv;
+	int in, err;
+};
+
+static int run_child(void *arg)
+{
+	const struct run_child *c = arg;
+	if (c->nspath && enter_ns(c->nspath, CLONE_NEWNET) < 0) {
+		static const char msg[] = "cannot enter the network namespace at ";
+		(void)!write(c->err, msg, sizeof msg - 1);
+		(void)!write(c->err, c->nspath, strlen(c->nspath));
+		return 126;
+	}
+	dup2(c->in, 0);
+	int nul = open("/dev/null", O_WRONLY);
+	if (nul >= 0)
+		dup2(nul, 1);
+	dup2(c->err, 2);
+	return spaced_spawn_exec(c->argv, false);
+}
+
 /* Runs argv in the network namespace at nspath (NULL: this one), input on its
  * stdin; its stderr (first bytes) goes to why. Returns 0 when it exited 0. */
 static int run_in(const char *nspath, const char *const argv[], const char *input, char *why, size_t whysz)
@@ -98,28 +119,20 @@ static int run_in(const char *nspath, const char *const argv[], const char *inpu
 	int in[2] = {-1, -1}, err[2] = {-1, -1};
 	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
 		why_set(why, whysz, "pipe: %s", strerror(errno));
+		for (int i = 0; i < 2; i++)
+			if (in[i] >= 0)
+				close(in[i]);
 		return SPACED_ESYS;
 	}
-	pid_t pid = fork();
+	struct run_child c = {.nspath = nspath, .argv = argv, .in = in[0], .err = err[1]};
+	pid_t pid = spaced_spawn(run_child, &c);
 	if (pid < 0) {
-		why_set(why, whysz, "fork: %s", strerror(errno));
+		why_set(why, whysz, "spawn: %s", strerror(errno));
+		close(in[0]);
+		close(in[1]);
+		close(err[0]);
+		close(err[1]);
 		return SPACED_ESYS;
-	}
-	if (pid == 0) {
-		if (nspath) {
-			int fd = open(nspath, O_RDONLY | O_CLOEXEC);
-			if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
-				dprintf(err[1], "setns %s: %s", nspath, strerror(errno));
-				_exit(126);
-			}
-		}
-		dup2(in[0], 0);
-		int nul = open("/dev/null", O_WRONLY);
-		if (nul >= 0)
-			dup2(nul, 1);
-		dup2(err[1], 2);
-		exec_argv(argv);
-		_exit(127);
 	}
 	close(in[0]);
 	close(err[1]);
@@ -169,45 +182,56 @@ static int run_in(const char *nspath, const char *const argv[], const char *inpu
 	return SPACED_EIO;
 }
 
-/* Writes value into a /proc/sys file as seen from the network namespace at nspath. */
-static int sysctl_in(const char *nspath, const char *file, const char *value)
+/* The child's part of sysctl_in and link_exists. */
+struct ns_child {
+	const char *nspath;
+	const char *file, *value; /* sysctl_in */
+	const char *ifname;       /* link_exists */
+};
+
+static int sysctl_child(void *arg)
 {
-	pid_t pid = fork();
+	const struct ns_child *c = arg;
+	if (enter_ns(c->nspath, CLONE_NEWNET) < 0)
+		return 1;
+	/* /proc/sys/net follows the network namespace of the process reading it */
+	int s = open(c->file, O_WRONLY | O_CLOEXEC);
+	size_t n = strlen(c->value);
+	return s >= 0 && write(s, c->value, n) == (ssize_t)n ? 0 : 1;
+}
+
+static int link_child(void *arg)
+{
+	const struct ns_child *c = arg;
+	if (enter_ns(c->nspath, CLONE_NEWNET) < 0)
+		return 1;
+	return if_nametoindex(c->ifname) != 0 ? 0 : 1;
+}
+
+/* fn's child run to its end: its exit status, or -1. */
+static int spawn_wait(spaced_spawn_fn fn, void *arg)
+{
+	pid_t pid = spaced_spawn(fn, arg);
 	if (pid < 0)
-		return SPACED_ESYS;
-	if (pid == 0) {
-		int fd = open(nspath, O_RDONLY | O_CLOEXEC);
-		if (fd < 0 || setns(fd, CLONE_NEWNET) < 0)
-			_exit(1);
-		/* /proc/sys/net follows the network namespace of the process reading it */
-		int s = open(file, O_WRONLY | O_CLOEXEC);
-		if (s < 0 || write(s, value, strlen(value)) != (ssize_t)strlen(value))
-			_exit(1);
-		_exit(0);
-	}
+		return -1;
 	int st;
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
-			return SPACED_ESYS;
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : SPACED_EIO;
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Writes value into a /proc/sys file as seen from the network namespace at nspath. */
+static int sysctl_in(const char *nspath, const char *file, const char *value)
+{
+	struct ns_child c = {.nspath = nspath, .file = file, .value = value};
+	return spawn_wait(sysctl_child, &c) == 0 ? 0 : SPACED_EIO;
 }
 
 static bool link_exists(const char *nspath, const char *ifname)
 {
-	pid_t pid = fork();
-	if (pid < 0)
-		return false;
-	if (pid == 0) {
-		int fd = open(nspath, O_RDONLY | O_CLOEXEC);
-		if (fd < 0 || setns(fd, CLONE_NEWNET) < 0)
-			_exit(1);
-		_exit(if_nametoindex(ifname) != 0 ? 0 : 1);
-	}
-	int st;
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return false;
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	struct ns_child c = {.nspath = nspath, .ifname = ifname};
+	return spawn_wait(link_child, &c) == 0;
 }
 
 static bool is_nsfs(const char *path)
@@ -314,38 +338,42 @@ static bool pidfile_alive(const char *pidfile, const char *comm)
 /* Starts argv detached (own session, stdin and stdout /dev/null, stderr to
  * logp) and writes its pid to pidfile. nofile_max: with its open-file limit
  * raised to the hard one (pasta holds two per connection it carries). */
+struct daemon_child {
+	const char *const *argv;
+	const char *logp;
+	bool nofile_max;
+};
+
+static int daemon_child(void *arg)
+{
+	const struct daemon_child *c = arg;
+	setsid();
+	/* the worker's network serves every sandbox: at the default
+	 * priority, whatever the job that first needed it ran at (a
+	 * pool's start runs below it) */
+	setpriority(PRIO_PROCESS, 0, 0);
+	struct rlimit rl;
+	if (c->nofile_max && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	int nul = open("/dev/null", O_RDWR);
+	int log = open(c->logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (nul >= 0) {
+		dup2(nul, 0);
+		dup2(nul, 1);
+	}
+	if (log >= 0)
+		dup2(log, 2);
+	return spaced_spawn_exec_fresh(c->argv);
+}
+
 static int spawn_daemon(const char *const argv[], const char *logp, const char *pidfile, bool nofile_max)
 {
-	pid_t pid = fork();
+	struct daemon_child c = {.argv = argv, .logp = logp, .nofile_max = nofile_max};
+	pid_t pid = spaced_spawn(daemon_child, &c);
 	if (pid < 0)
 		return SPACED_ESYS;
-	if (pid == 0) {
-		setsid();
-		/* the worker's network serves every sandbox: at the default
-		 * priority, whatever the job that first needed it ran at (a
-		 * pool's start runs below it) */
-		setpriority(PRIO_PROCESS, 0, 0);
-		struct rlimit rl;
-		if (nofile_max && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-			rl.rlim_cur = rl.rlim_max;
-			setrlimit(RLIMIT_NOFILE, &rl);
-		}
-		int nul = open("/dev/null", O_RDWR);
-		int log = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		if (nul >= 0) {
-			dup2(nul, 0);
-			dup2(nul, 1);
-		}
-		if (log >= 0)
-			dup2(log, 2);
-		syscall(SYS_close_range, 3, ~0u, 0);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		signal(SIGPIPE, SIG_DFL);
-		exec_argv(argv);
-		_exit(127);
-	}
 	char buf[32];
 	snprintf(buf, sizeof buf, "%d\n", (int)pid);
 	return write_atomic(pidfile, buf, true);
@@ -831,41 +859,42 @@ static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *s
  * root inside the execution's mount namespace only (its root, its files):
  * whatever is at /etc/resolv.conf is replaced, never followed, and nothing
  * of the execution's is executed. */
+struct resolv_child {
+	int mnt;
+	const char *text;
+};
+
+static int resolv_child(void *arg)
+{
+	const struct resolv_child *c = arg;
+	if (setns(c->mnt, CLONE_NEWNS) < 0)
+		return 1;
+	int etc = open("/etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (etc < 0)
+		return 2;
+	unlinkat(etc, "resolv.conf", 0);
+	int fd = openat(etc, "resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return 3;
+	size_t n = strlen(c->text);
+	if (write(fd, c->text, n) != (ssize_t)n)
+		return 4;
+	fchmod(fd, 0644);
+	return 0;
+}
+
 static int write_resolv(pid_t init, const char *gw)
 {
-	char path[64];
+	char path[64], text[128];
 	snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)init);
+	snprintf(text, sizeof text, "# the sandbox's resolver (spaced)\nnameserver %s\noptions edns0\n", gw);
 	int mfd = open(path, O_RDONLY | O_CLOEXEC);
 	if (mfd < 0)
 		return SPACED_ESYS;
-	pid_t pid = fork();
-	if (pid < 0) {
-		close(mfd);
-		return SPACED_ESYS;
-	}
-	if (pid == 0) {
-		if (setns(mfd, CLONE_NEWNS) < 0)
-			_exit(1);
-		int etc = open("/etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (etc < 0)
-			_exit(2);
-		unlinkat(etc, "resolv.conf", 0);
-		int fd = openat(etc, "resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-		if (fd < 0)
-			_exit(3);
-		char text[128];
-		int n = snprintf(text, sizeof text, "# the sandbox's resolver (spaced)\nnameserver %s\noptions edns0\n", gw);
-		if (write(fd, text, (size_t)n) != n)
-			_exit(4);
-		fchmod(fd, 0644);
-		_exit(0);
-	}
+	struct resolv_child c = {.mnt = mfd, .text = text};
+	int st = spawn_wait(resolv_child, &c);
 	close(mfd);
-	int st;
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return SPACED_ESYS;
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : SPACED_EIO;
+	return st == 0 ? 0 : st < 0 ? SPACED_ESYS : SPACED_EIO;
 }
 
 /* PID 1 of the execution, from the launcher's state file, pinned by its start time. */
