@@ -24,6 +24,7 @@ for t in "$build"/tests/test-*; do
 	case "$t" in *.p|*.sh) continue ;; esac
 	name=$(basename "$t")
 	log="$log_dir/$name.log"
+	t0=$(date +%s)
 	LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$top/tests/lsan.supp" "$t" --jobs 2 >"$log" 2>&1
 	rc=$?
 	line=$(grep 'Synthesis:' "$log" | tail -n 1)
@@ -40,7 +41,7 @@ for t in "$build"/tests/test-*; do
 		echo "FAIL $name: $line (exit $rc)"
 		grep -E '^\[----\]|\[FAIL\]|CRASH|ERROR' "$log" | head -n 40
 	else
-		echo "ok   $name: $pass tests"
+		echo "ok   $name: $pass tests ($(($(date +%s) - t0)) s)"
 	fi
 done
 
@@ -49,14 +50,15 @@ for s in "$top"/tests/*.t.sh; do
 	name=$(basename "$s" .t.sh)
 	case "$name" in $scripts) ;; *) continue ;; esac
 	log="$log_dir/$name.log"
+	t0=$(date +%s)
 	if SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$s" >"$log" 2>&1; then
-		passed=$((passed + 1)); echo "ok   $name"
+		passed=$((passed + 1)); echo "ok   $name ($(($(date +%s) - t0)) s)"
 	else
 		rc=$?
 		if [ "$rc" -eq 77 ]; then
 			echo "skip $name: $(tail -n 1 "$log")"
 		else
-			failed=$((failed + 1)); echo "FAIL $name (exit $rc)"; tail -n 30 "$log"
+			failed=$((failed + 1)); echo "FAIL $name (exit $rc, $(($(date +%s) - t0)) s)"; tail -n 30 "$log"
 		fi
 	fi
 done
