@@ -272,6 +272,10 @@ char *cp_metrics_text(struct cp *cp, struct cp_store *st)
 	    "# TYPE spaced_cp_sql_prepared_total counter\n"
 	    "spaced_cp_sql_prepared_total{when=\"request\"} %llu\nspaced_cp_sql_prepared_total{when=\"idle\"} %llu\n",
 	    (unsigned long long)prep_req, (unsigned long long)prep_idle);
+	PUT("# HELP spaced_cp_sql_vm_steps_total Steps of SQLite's virtual machine over every statement the "
+	    "control plane ran (SQLite only): its store's work, which grows with the rows statements visit.\n"
+	    "# TYPE spaced_cp_sql_vm_steps_total counter\nspaced_cp_sql_vm_steps_total %llu\n",
+	    (unsigned long long)cp_store_sqlite_vm_steps());
 	PUT("# HELP spaced_cp_unauthorized_total Requests refused for their key (401).\n"
 	    "# TYPE spaced_cp_unauthorized_total counter\nspaced_cp_unauthorized_total %llu\n",
 	    (unsigned long long)atomic_load(&M.unauthorized));

@@ -84,6 +84,14 @@ static const struct {
 	{"sandboxes", "restarts_since", "BIGINT NOT NULL DEFAULT 0"},
 };
 
+/* Indexes over columns of `added`, made once every column exists. A
+ * deleted sandbox's row is kept a week (--retain-deleted): what runs per
+ * create (placement's sums per worker), per second (the reaper's timeouts)
+ * and per scrape (the count by state) reads the live rows through this
+ * index, never every row kept. */
+static const char indexes[] =
+	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;";
+
 int cp_store_open(const char *url, struct cp_store **out)
 {
 	int r;
@@ -119,6 +127,13 @@ int cp_store_open(const char *url, struct cp_store **out)
 		if ((r = st->ops->script(st->h, probe)) < 0)
 			goto out;
 	}
+	for (int i = 0; i < 3; i++) {
+		r = st->ops->script(st->h, indexes);
+		if (r == 0)
+			break;
+	}
+	if (r < 0)
+		goto out;
 	*out = st;
 	st = NULL;
 out:

@@ -95,6 +95,10 @@ uint64_t cp_store_sqlite_seen(void);
 /* store_sqlite.c: statements prepared in this process so far, while serving
  * requests and by idle threads (cp_store_warm). */
 void cp_store_sqlite_prepared(uint64_t *in_requests, uint64_t *idle);
+/* store_sqlite.c: the steps SQLite's virtual machine took for every
+ * statement of this process so far (the rows statements visit, and more):
+ * what the store's work costs, whatever the machine's speed. */
+uint64_t cp_store_sqlite_vm_steps(void);
 
 /* Backend entry points (store_sqlite.c, store_pg.c). */
 struct cp_store_ops {

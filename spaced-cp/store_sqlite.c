@@ -90,6 +90,8 @@ static struct {
 static atomic_uint_fast64_t seen_count;
 /* statements prepared while serving a request, and by idle threads */
 static atomic_uint_fast64_t prepared_request, prepared_idle;
+/* the virtual machine's steps of every statement run through sq_exec */
+static atomic_uint_fast64_t vm_steps;
 
 static uint64_t sql_hash(const char *sql)
 {
@@ -209,6 +211,11 @@ int cp_store_sqlite_warm(void *h)
 uint64_t cp_store_sqlite_seen(void)
 {
 	return atomic_load(&seen_count);
+}
+
+uint64_t cp_store_sqlite_vm_steps(void)
+{
+	return atomic_load(&vm_steps);
 }
 
 void cp_store_sqlite_prepared(uint64_t *in_requests, uint64_t *idle)
@@ -382,6 +389,7 @@ static int sq_exec(void *h, const char *sql, int n, const char *const *params, s
 out:
 	cp_rows_free(rows);
 	if (stmt) {
+		atomic_fetch_add(&vm_steps, (uint64_t)sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_VM_STEP, 1));
 		sqlite3_reset(stmt);
 		sqlite3_clear_bindings(stmt);
 	}
