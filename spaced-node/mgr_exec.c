@@ -48,6 +48,9 @@
 #include "spawn.h"
 #include "util.h"
 
+/* The nice value of a warm pool's start, its session's and its processes' */
+#define POOL_NICE 10
+
 static int mkdirs(const char *path)
 {
 	char buf[4096];
@@ -1456,8 +1459,15 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	launch_argv_build(cfg, rec, e_dir, NULL, rec->tmpl[0] ? troot : NULL, &l);
 	const char **argv = l.argv;
 	/* started in the background: below the priority of creates and requests
-	 * (it is raised back when claimed) */
-	setpriority(PRIO_PROCESS, 0, 10);
+	 * (it is raised back when claimed). A nice value weighs only against
+	 * the tasks of the same session (the kernel's autogroups): in the
+	 * executor's, this job and its helpers (ip, tc, nft) took a whole
+	 * session's share whenever the executor itself waited — as much CPU as
+	 * the gate's or the control plane's during a burst of creates. In a
+	 * session of its own, niced, the whole start yields to them. */
+	setsid();
+	spaced_session_nice(getpid(), POOL_NICE);
+	setpriority(PRIO_PROCESS, 0, POOL_NICE);
 	/* a uid range of its own, as every execution (mgr_exec_start_fresh) */
 	uint32_t skip[64];
 	size_t nskip = 0;
