@@ -41,7 +41,8 @@ enum spaced_verdict {
 	X(SPACED_REASON_OTHER_SUBSTRATE, "other-substrate")\
 	X(SPACED_REASON_OTHER_ACTIVATION, "other-activation") \
 	X(SPACED_REASON_OTHER_POD, "other-pod")            \
-	X(SPACED_REASON_DEACTIVATED, "deactivated")
+	X(SPACED_REASON_DEACTIVATED, "deactivated")        \
+	X(SPACED_REASON_PAUSED, "paused")
 
 enum spaced_reason {
 #define SPACED_REASON_ENUM(name, str) name,

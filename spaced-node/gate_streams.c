@@ -836,6 +836,13 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	else
 		d = spaced_compare(&cap, &req, rec ? &rec->r : NULL, SPACED_COMPARE_STRICT);
 	m->vc_ns += spaced_mono_ns() - t0;
+	/* An execution paused on purpose (a pause, or its idle timeout) is
+	 * frozen: the request would wait for its resume, however long that
+	 * takes. The caller resolves its route again instead (V1): the control
+	 * plane resumes an auto-resume sandbox there, or answers that it is
+	 * paused. Its usage is read without the guest. */
+	if (d.verdict == SPACED_ALLOW && gtype != NODE_USAGE && strcmp(rec->state, MGR_ST_PAUSED) == 0)
+		d = (struct spaced_decision){.verdict = SPACED_REFRESH_ROUTE, .reason = SPACED_REASON_PAUSED};
 
 	if (d.verdict != SPACED_ALLOW) {
 		m->n_refuse++;

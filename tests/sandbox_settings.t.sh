@@ -8,7 +8,10 @@
 #  - a template's USER, ENV and WORKDIR are every command's defaults; exec --user U runs as another
 #    user of the sandbox (a name of its /etc/passwd, a uid or uid:gid), an unknown user is refused;
 #  - --auto-resume: a sandbox paused for idleness is resumed by its next use; one without it stays
-#    paused and its next use is refused (409 not-running).
+#    paused and its next use is refused (409 not-running);
+#  - a route resolved before the pause and still held by a client: the worker refuses it at once
+#    (REFRESH_ROUTE paused) instead of holding the request for the frozen guest; resolved again,
+#    the route resumes an auto-resume sandbox and the request is served, or says it is paused.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -112,6 +115,22 @@ expect "--auto-resume: the next use resumes it" "$(SPACED_ROUTE_CACHE="$W/r2" "$
 expect "resumed: running, the same execution (thawed)" "$("$SC" inspect "$A" --json | jq -r '.state + " " + (.generation|tostring)')" "running $gen"
 SPACED_ROUTE_CACHE="$W/r3" "$SC" exec "$N" -- echo no >/dev/null 2>"$W/e"
 expect "without it: refused while paused (409 not-running)" "$(grep -c '409 not-running' "$W/e")" 1
+
+# ---- a route held from before the pause ----
+HA=$("$SC" create --idle-timeout 2 --auto-resume)
+HN=$("$SC" create --idle-timeout 2)
+SPACED_ROUTE_CACHE="$W/held" "$SC" exec "$HA" -- true || fail "exec on $HA"
+SPACED_ROUTE_CACHE="$W/held" "$SC" exec "$HN" -- true || fail "exec on $HN"
+for i in $(seq 1 100); do
+	[ "$("$SC" inspect "$HA" --json | jq -r .state)" = paused ] && [ "$("$SC" inspect "$HN" --json | jq -r .state)" = paused ] && break
+	sleep 0.2
+done
+expect "idle: both paused, their routes held" "$("$SC" inspect "$HA" --json | jq -r .state) $("$SC" inspect "$HN" --json | jq -r .state)" "paused paused"
+out=$(SPACED_ROUTE_CACHE="$W/held" timeout -s KILL 30 "$SC" -v exec "$HA" -- echo back 2>"$W/ha.err")
+expect "held route, --auto-resume: refused as paused, resumed, served" "$out $(grep -c 'REFRESH_ROUTE paused' "$W/ha.err")" "back 1"
+SPACED_ROUTE_CACHE="$W/held" timeout -s KILL 30 "$SC" -v exec "$HN" -- echo no >/dev/null 2>"$W/hn.err"
+expect "held route, without it: refused as paused at once, then 409 not-running" \
+	"$(grep -c 'REFRESH_ROUTE paused' "$W/hn.err") $(grep -c '409 not-running' "$W/hn.err")" "1 1"
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

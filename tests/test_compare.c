@@ -205,6 +205,8 @@ Test(compare, table_covers_every_reason)
 	const int errs[] = {SPACED_EEXPIRED, SPACED_ENOTYET, SPACED_ESIG, SPACED_EUNKNOWNKEY, SPACED_EFORMAT};
 	for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++)
 		seen[spaced_decision_from_error(errs[i]).reason] = true;
+	/* paused is the gate's, after the comparator allowed (capabilities.md) */
+	seen[SPACED_REASON_PAUSED] = true;
 	for (int r = 0; r < SPACED_REASON__COUNT; r++)
 		cr_expect(seen[r], "reason %s never reached", spaced_reason_name((enum spaced_reason)r));
 }
@@ -289,6 +291,7 @@ Test(compare, names)
 		"ok", "expired", "not-yet-valid", "bad-signature", "unknown-key", "malformed", "wrong-purpose",
 		"wrong-port", "wrong-protocol", "unknown-sandbox", "other-sandbox", "older-generation",
 		"newer-generation", "other-worker", "other-substrate", "other-activation", "other-pod", "deactivated",
+		"paused",
 	};
 	for (int r = 0; r < SPACED_REASON__COUNT; r++) {
 		cr_assert_not_null(want[r]);
