@@ -162,6 +162,7 @@ static struct {
 	struct spaced_vcache *vc;
 	struct spaced_record rec;
 	bool have_rec;
+	bool paused; /* the record's execution is paused on purpose (its guest frozen) */
 	struct spaced_identity self; /* the execution this gateway was started for */
 	struct spaced_expected_listener exp;
 	struct spaced_vm_expected vm; /* --vm-pid: the guest is a microVM's (vmcheck.h) */
@@ -260,6 +261,7 @@ static void record_load(void)
 		bool changed = !G.have_rec || r.epoch != G.rec.epoch;
 		G.rec = r;
 		G.have_rec = true;
+		G.paused = json_is_true(json_object_get(j, "paused"));
 		if (changed)
 			streams_recheck();
 	}
@@ -1097,6 +1099,10 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, cap.id.generation > G.self.generation
 		                                                       ? SPACED_REASON_NEWER_GENERATION
 		                                                       : SPACED_REASON_OTHER_WORKER};
+	/* paused on purpose: its guest is frozen and the open would wait for a
+	 * resume; the client resolves its route again (as the gate answers) */
+	if (d.verdict == SPACED_ALLOW && G.paused)
+		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_PAUSED};
 	if (d.verdict != SPACED_ALLOW) {
 		refuse(c, d);
 		return;

@@ -45,8 +45,9 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 	 * temporary file made (mgr_exec.c), so the first record of a claim
 	 * allocates no inode; the gateway ignores the temporary file's events */
 	snprintf(tmp, sizeof tmp, "%s/" GW_RECORD_TMP, sdir);
-	json_t *j = json_pack("{s:o,s:I,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
-	                      (json_int_t)rec->r.epoch, "active", rec->r.active);
+	json_t *j = json_pack("{s:o,s:I,s:b,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
+	                      (json_int_t)rec->r.epoch, "active", rec->r.active, "paused",
+	                      strcmp(rec->state, MGR_ST_PAUSED) == 0);
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	json_decref(j);
 	if (!text)
