@@ -92,6 +92,18 @@ static const struct {
 static const char indexes[] =
 	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;";
 
+/* Runs a script of CREATE ... IF NOT EXISTS up to three times: two replicas
+ * creating the schema at once may collide on PostgreSQL's catalog, and the
+ * loser then finds everything made. */
+static int script_tries(struct cp_store *st, const char *sql)
+{
+	int r = 0;
+	for (int i = 0; i < 3; i++)
+		if ((r = st->ops->script(st->h, sql)) == 0)
+			break;
+	return r;
+}
+
 int cp_store_open(const char *url, struct cp_store **out)
 {
 	int r;
@@ -106,14 +118,7 @@ int cp_store_open(const char *url, struct cp_store **out)
 		r = SPACED_EINVAL;
 	if (r < 0)
 		goto out;
-	/* Two replicas creating the schema at once may collide on PostgreSQL's
-	 * catalog: the loser tries again and then finds every table. */
-	for (int i = 0; i < 3; i++) {
-		r = st->ops->script(st->h, schema);
-		if (r == 0)
-			break;
-	}
-	if (r < 0)
+	if ((r = script_tries(st, schema)) < 0)
 		goto out;
 	/* a store created before a column existed gains it */
 	for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
@@ -127,12 +132,7 @@ int cp_store_open(const char *url, struct cp_store **out)
 		if ((r = st->ops->script(st->h, probe)) < 0)
 			goto out;
 	}
-	for (int i = 0; i < 3; i++) {
-		r = st->ops->script(st->h, indexes);
-		if (r == 0)
-			break;
-	}
-	if (r < 0)
+	if ((r = script_tries(st, indexes)) < 0)
 		goto out;
 	*out = st;
 	st = NULL;

@@ -12,14 +12,7 @@
 #  - a step used (looked up) recently is not evicted before an older one.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
-command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
-W=$(mktemp -d)
-trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-
-mkdir -p "$W/cp"
-TA=$(admin create-tenant alpha)
-[ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
-DB=$W/cp/cp.db
+store_test_setup
 T=$(sqlite3 "$DB" "SELECT id FROM tenants WHERE name = 'alpha'")
 h() { printf '%064d' "$1"; } # a tree's hash
 old=$(($(date +%s) - 3600))
@@ -27,11 +20,11 @@ mkdir -p "$W/cp/store/templates"
 for i in 1 2 3 4; do
 	head -c 61440 /dev/urandom >"$W/cp/store/templates/$(h $i).tar"
 	# step i built an hour ago, i seconds apart: 1 is the least recently used
-	sqlite3 -cmd ".timeout 5000" "$DB" "INSERT INTO build_steps (tenant, parent, step, hash, config, created)
+	q "INSERT INTO build_steps (tenant, parent, step, hash, config, created)
 		VALUES ('$T', 'p', 'RUN step $i', '$(h $i)', '{}', $((old + i)))"
 done
 # 2 is also a named template
-sqlite3 -cmd ".timeout 5000" "$DB" "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created)
+q "INSERT INTO templates (tenant, name, hash, bytes, entries, config, source, created)
 	VALUES ('$T', 'named', '$(h 2)', 61440, 1, '{}', 'tar', $old)"
 start_cp cp --build-cache 100K --snapshot-grace 3
 # step 1 is used now: from here on 3 is the least recently used unnamed one
@@ -41,7 +34,7 @@ kept() { for i in 1 2 3 4; do [ -f "$W/cp/store/templates/$(h $i).tar" ] && prin
 wait_for "the cache is swept down to its bound" sh -c "[ \"\$(ls '$W/cp/store/templates' | wc -l)\" -le 2 ]"
 expect "kept: the recently used step and the named template" "$(kept)" "1 2 "
 expect "the evicted steps' rows are gone" \
-	"$(sqlite3 -cmd ".timeout 5000" "$DB" "SELECT step FROM build_steps ORDER BY step" | tr '\n' ',')" \
+	"$(q "SELECT step FROM build_steps ORDER BY step" | tr '\n' ',')" \
 	"RUN step 1,RUN step 2,"
 expect "a lookup of an evicted step: 404 (a later build runs it again)" \
 	"$(api "$TA" POST /v1/builds/lookup '{"parent":"p","step":"RUN step 3"}')" 404

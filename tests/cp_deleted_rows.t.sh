@@ -11,14 +11,7 @@
 # live rows (store.c) each create visits every row kept.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
-command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
-W=$(mktemp -d)
-trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-
-mkdir -p "$W/cp"
-TA=$(admin create-tenant alpha)
-[ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
-DB=$W/cp/cp.db
+store_test_setup
 start_cp cp --metrics-listen 127.0.0.1:0
 register wa 64
 start_worker wa
@@ -55,12 +48,12 @@ pair0=$(pair_steps)
 idle0=$(idle_steps)
 echo "before: $pair0 steps per create and delete, $idle0 steps in 3 s idle"
 
-sqlite3 -cmd ".timeout 5000" "$DB" "CREATE TEMP TABLE t AS SELECT * FROM sandboxes WHERE id = '$GONE';
+q "CREATE TEMP TABLE t AS SELECT * FROM sandboxes WHERE id = '$GONE';
 $(i=0; while [ $i -lt 15 ]; do echo "INSERT INTO t SELECT * FROM t;"; i=$((i + 1)); done)
 UPDATE t SET id = 'gone-' || rowid;
 INSERT INTO sandboxes SELECT * FROM t;" || fail "the deleted rows could not be added"
 expect "the store holds 32,768 more deleted sandboxes" \
-	"$(sqlite3 -cmd ".timeout 5000" "$DB" "SELECT COUNT(*) FROM sandboxes WHERE deleted > 0 AND id LIKE 'gone-%'")" 32768
+	"$(q "SELECT COUNT(*) FROM sandboxes WHERE deleted > 0 AND id LIKE 'gone-%'")" 32768
 
 pair1=$(pair_steps)
 idle1=$(idle_steps)

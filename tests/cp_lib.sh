@@ -167,3 +167,17 @@ print(time.time_ns(), flush=True)' "$1" "$2" >"$3" &
 	i=0
 	while [ "$(head -n 1 "$3")" != held ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 }
+
+# store_test_setup — for a test that reads the SQLite store itself: a working directory $W
+# (removed at the end unless CP_KEEP is set), the tenant alpha ($TA), the store's path ($DB) and
+# q SQL, which runs SQL on it (waiting up to 5 s for its lock)
+store_test_setup() {
+	command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
+	W=$(mktemp -d)
+	trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+	mkdir -p "$W/cp"
+	TA=$(admin create-tenant alpha)
+	[ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
+	DB=$W/cp/cp.db
+}
+q() { sqlite3 -cmd ".timeout 5000" "$DB" "$1"; }

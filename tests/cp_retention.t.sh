@@ -13,15 +13,7 @@
 #    with a reason that says what to do.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
-command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
-W=$(mktemp -d)
-trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-
-mkdir -p "$W/cp"
-TA=$(admin create-tenant alpha)
-[ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
-DB=$W/cp/cp.db
-q() { sqlite3 -cmd ".timeout 5000" "$DB" "$1"; }
+store_test_setup
 start_cp cp --retain-deleted 600 --snapshot-grace 2
 register wa
 start_worker wa
