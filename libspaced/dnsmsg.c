@@ -44,6 +44,13 @@ int spaced_dns_name(const uint8_t *m, size_t n, size_t off, char *out, size_t ou
 			out[w++] = '.';
 		for (size_t i = 0; i < l; i++) {
 			char c = (char)m[o + 1 + i];
+			/* letters, digits, '-' and '_' only: a NUL would end the
+			 * text inside a label and a '.' would split one, so that a
+			 * name of another zone (x.allowed.test\0.evil.test,
+			 * [x.allowed][test]) would read as under an allowed domain */
+			if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+			      c == '_'))
+				return SPACED_EFORMAT;
 			out[w++] = (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
 		}
 		o += 1 + (size_t)l;

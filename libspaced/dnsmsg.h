@@ -15,7 +15,9 @@
 
 /* Reads the name at off (following compression pointers) as dotted lower-case
  * text into out (outsz ≥ SPACED_DNS_NAME_MAX); *next is the offset after it in
- * its record. Returns 0 or SPACED_EFORMAT. */
+ * its record. Labels hold letters, digits, '-' and '_' only (the text is
+ * then the name, one to one: the policy's domains are matched on it).
+ * Returns 0 or SPACED_EFORMAT. */
 int spaced_dns_name(const uint8_t *m, size_t n, size_t off, char *out, size_t outsz, size_t *next);
 
 /* A query: QR 0, opcode 0, exactly one question (no compression in its name),

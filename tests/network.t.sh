@@ -80,6 +80,21 @@ expect "deny: an allowed domain is reached" "$("$SC" exec "$B" -- curl -s -m 4 h
 expect "deny: a name under an allowed domain is reached" "$(code "$B" "http://www.allowed.test:8080/")" 200
 expect "deny: another domain does not resolve" "$("$SC" exec "$B" -- sh -c 'getent ahostsv4 other.test | head -n 1')" ""
 expect "deny: an address no allowed name led to is closed" "$(code "$B" "http://$NH_B:8080/")" 000
+# names of another zone that read as under the allowed domain once made text: a NUL in a label
+# ([x][allowed][test\0][other][test], the other.test zone's) or a dot in one ([www.allowed][test]):
+# the resolver drops them, nothing is asked upstream or pinned
+expect "deny: a NUL or a dot inside a label is not read as the allowed domain (no answer)" \
+	"$("$SC" exec "$B" -- python3 -c "
+import socket
+ns = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
+for labels in ([b'x', b'allowed', b'test\x00', b'other', b'test'], [b'www.allowed', b'test']):
+    q = b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00' + b''.join(bytes([len(l)]) + l for l in labels) + b'\x00\x00\x01\x00\x01'
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(q, (ns, 53))
+    try:
+        a = s.recv(512); print('answer rcode', a[3] & 15, end=' ')
+    except socket.timeout:
+        print('no-answer', end=' ')
+print()" 2>&1)" "no-answer no-answer "
 
 # ---- root inside tries to widen its own policy ----
 "$SC" exec "$B" -- sh -c 'ip route add 198.18.0.0/15 dev eth0' >/dev/null 2>&1
