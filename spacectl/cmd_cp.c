@@ -209,8 +209,8 @@ int cmd_cp(int argc, char **argv)
 			print_json(ans);
 		} else {
 			json_t *q = json_object_get(ans, "quota"), *u = json_object_get(ans, "used");
-			static const char *const k[] = {"sandboxes", "memory_bytes", "disk_bytes", "templates_bytes"};
-			for (int i = 0; i < 4; i++)
+			static const char *const k[] = {"sandboxes", "memory_bytes", "disk_bytes", "pids", "templates_bytes"};
+			for (int i = 0; i < 5; i++)
 				printf("%-15s %lld of %lld%s\n", k[i], (long long)json_integer_value(json_object_get(u, k[i])),
 				       (long long)json_integer_value(json_object_get(q, k[i])),
 				       json_integer_value(json_object_get(q, k[i])) == 0 ? " (no limit)" : "");

@@ -403,11 +403,13 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			return;
 		}
 		(void)cp_templates_held(st, tenant, &used.templates);
-		answer(rq, 200, json_pack("{s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I}}", "quota", "sandboxes",
-		                          (json_int_t)limit.sandboxes, "memory_bytes", (json_int_t)limit.memory, "disk_bytes",
-		                          (json_int_t)limit.disk, "templates_bytes", (json_int_t)limit.templates, "used",
-		                          "sandboxes", (json_int_t)used.sandboxes, "memory_bytes", (json_int_t)used.memory,
-		                          "disk_bytes", (json_int_t)used.disk, "templates_bytes", (json_int_t)used.templates));
+		answer(rq, 200,
+		       json_pack("{s:{s:I,s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I}}", "quota", "sandboxes",
+		                 (json_int_t)limit.sandboxes, "memory_bytes", (json_int_t)limit.memory, "disk_bytes",
+		                 (json_int_t)limit.disk, "templates_bytes", (json_int_t)limit.templates, "pids",
+		                 (json_int_t)limit.pids, "used", "sandboxes", (json_int_t)used.sandboxes, "memory_bytes",
+		                 (json_int_t)used.memory, "disk_bytes", (json_int_t)used.disk, "templates_bytes",
+		                 (json_int_t)used.templates, "pids", (json_int_t)used.pids));
 		return;
 	}
 	if (strcmp(seg[1], "templates") == 0 || strcmp(seg[1], "store") == 0 || strcmp(seg[1], "builds") == 0) {

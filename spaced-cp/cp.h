@@ -54,6 +54,7 @@ struct cp_req;
 struct cp_quota {
 	int64_t sandboxes, memory, disk;
 	int64_t templates; /* bytes of the trees its templates name (each tree once) */
+	int64_t pids;      /* the sum of its sandboxes' task limits */
 };
 
 struct cp {

@@ -3,7 +3,7 @@
  *
  *   spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]
  *             [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]
- *             [--quota sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE]
+ *             [--quota sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N]
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]
@@ -16,7 +16,7 @@
  *   spaced-cp admin --state DIR [--db URL] revoke-worker WORKER_ID
  *       (its worker key and unused join tokens stop working; a new join token lets it join again)
  *   spaced-cp admin --state DIR [--db URL] create-admin-key
- *   spaced-cp admin --state DIR [--db URL] set-quota TENANT_NAME sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE
+ *   spaced-cp admin --state DIR [--db URL] set-quota TENANT_NAME sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N
  *       (each value, or "default" for the control plane's --quota)
  *
  * Admin commands print the new key once on standard output; only its hash is stored.
@@ -43,7 +43,8 @@
 static const char usage[] =
 	"usage: spaced-cp --state DIR --listen HOST:PORT [--db sqlite:PATH | --db postgresql://…]\n"
 	"                 [--ack-timeout MS] [--idle-timeout S] [--max-lifetime S] [--threads N] [--op-lease S]\n"
-	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE] [--default-substrate S]\n"
+	"                 [--move-drain MS] [--quota sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N]\n"
+	"                 [--default-substrate S]\n"
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]\n"
@@ -53,9 +54,9 @@ static const char usage[] =
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
 	"                 create-admin-key |\n"
 	"                 set-quota TENANT_NAME sandboxes=N|default,memory=SIZE|default,disk=SIZE|default,\n"
-	"                 templates=SIZE|default\n";
+	"                 templates=SIZE|default,pids=N|default\n";
 
-/* "sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE" (any subset); a value "default" is -1
+/* "sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N" (any subset); a value "default" is -1
  * when allow_default, 0 means no limit. Returns 0 or -1. */
 static int parse_quota(const char *text, struct cp_quota *q, int allow_default)
 {
@@ -78,6 +79,8 @@ static int parse_quota(const char *text, struct cp_quota *q, int allow_default)
 			dst = &q->disk;
 		else if (strcmp(it, "templates") == 0)
 			dst = &q->templates;
+		else if (strcmp(it, "pids") == 0)
+			dst = &q->pids;
 		else
 			return -1;
 		if (allow_default && strcmp(eq + 1, "default") == 0)
@@ -203,11 +206,12 @@ static int admin(const char *db, int argc, char **argv)
 		if ((r = cp_key_create(st, CP_ROLE_ADMIN, NULL, 0, &key)) < 0)
 			goto out;
 	} else if (strcmp(argv[0], "set-quota") == 0 && argc == 3) {
-		struct cp_quota q = {-2, -2, -2, -2}; /* -2: not named, stays */
-		char a[24], b[24], c[24], d[24];
+		struct cp_quota q = {-2, -2, -2, -2, -2}; /* -2: not named, stays */
+		char a[24], b[24], c[24], d[24], e[24];
 		long ch = 0;
 		if (parse_quota(argv[2], &q, 1) < 0) {
-			fprintf(stderr, "spaced-cp: set-quota wants sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE (or =default)\n");
+			fprintf(stderr,
+			        "spaced-cp: set-quota wants sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N (or =default)\n");
 			r = SPACED_EINVAL;
 			goto out;
 		}
@@ -216,9 +220,11 @@ static int admin(const char *db, int argc, char **argv)
 		         "ELSE CAST($2 AS BIGINT) END, "
 		         "max_memory = CASE WHEN CAST($3 AS BIGINT) = -2 THEN max_memory ELSE CAST($3 AS BIGINT) END, "
 		         "max_disk = CASE WHEN CAST($4 AS BIGINT) = -2 THEN max_disk ELSE CAST($4 AS BIGINT) END, "
-		         "max_templates = CASE WHEN CAST($5 AS BIGINT) = -2 THEN max_templates ELSE CAST($5 AS BIGINT) END "
+		         "max_templates = CASE WHEN CAST($5 AS BIGINT) = -2 THEN max_templates ELSE CAST($5 AS BIGINT) END, "
+		         "max_pids = CASE WHEN CAST($6 AS BIGINT) = -2 THEN max_pids ELSE CAST($6 AS BIGINT) END "
 		         "WHERE name = $1",
-		         argv[1], cp_i64(a, q.sandboxes), cp_i64(b, q.memory), cp_i64(c, q.disk), cp_i64(d, q.templates));
+		         argv[1], cp_i64(a, q.sandboxes), cp_i64(b, q.memory), cp_i64(c, q.disk), cp_i64(d, q.templates),
+		         cp_i64(e, q.pids));
 		if (r == 0 && ch != 1)
 			r = SPACED_ENOENT;
 		if (r < 0)
@@ -275,7 +281,7 @@ int main(int argc, char **argv)
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
-	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30, 50ll << 30},
+	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30, 50ll << 30, 32768},
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256,
 	                 .snapshot_grace = CP_SNAPSHOT_GRACE, .retain_deleted = 7 * 86400};
 	const char *listen = NULL, *metrics_listen = NULL;
@@ -368,7 +374,7 @@ int main(int argc, char **argv)
 			break;
 		case 'Q':
 			if (parse_quota(optarg, &cp.quota_default, 0) < 0) {
-				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE (0: no limit)\n");
+				fprintf(stderr, "spaced-cp: --quota wants sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N (0: no limit)\n");
 				return 2;
 			}
 			break;

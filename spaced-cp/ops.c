@@ -1081,16 +1081,17 @@ int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int l
 	struct cp_rows *q = NULL, *u = NULL;
 	int r = lock ? CP_Q(st, &q, NULL,
 	                    "UPDATE tenants SET quota_seq = quota_seq + 1 WHERE id = $1 "
-	                    "RETURNING max_sandboxes, max_memory, max_disk, max_templates",
+	                    "RETURNING max_sandboxes, max_memory, max_disk, max_templates, max_pids",
 	                    tenant)
-	             : CP_Q(st, &q, NULL, "SELECT max_sandboxes, max_memory, max_disk, max_templates FROM tenants WHERE id = $1",
+	             : CP_Q(st, &q, NULL,
+	                    "SELECT max_sandboxes, max_memory, max_disk, max_templates, max_pids FROM tenants WHERE id = $1",
 	                    tenant);
 	if (r == 0 && q->nrows != 1)
 		r = SPACED_ENOENT;
 	if (r == 0)
 		r = CP_Q(st, &u, NULL,
-		         "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0), COALESCE(SUM(disk_bytes), 0) FROM sandboxes "
-		         "WHERE tenant = $1 AND deleted = 0",
+		         "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0), COALESCE(SUM(disk_bytes), 0), "
+		         "COALESCE(SUM(pids), 0) FROM sandboxes WHERE tenant = $1 AND deleted = 0",
 		         tenant);
 	if (r == 0) {
 		int64_t v;
@@ -1098,10 +1099,12 @@ int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int l
 		limit->memory = (v = cp_rows_i64(q, 0, 1, -1)) >= 0 ? v : cp->quota_default.memory;
 		limit->disk = (v = cp_rows_i64(q, 0, 2, -1)) >= 0 ? v : cp->quota_default.disk;
 		limit->templates = (v = cp_rows_i64(q, 0, 3, -1)) >= 0 ? v : cp->quota_default.templates;
+		limit->pids = (v = cp_rows_i64(q, 0, 4, -1)) >= 0 ? v : cp->quota_default.pids;
 		used->templates = 0; /* cp_templates_held: only where templates are made or shown */
 		used->sandboxes = cp_rows_i64(u, 0, 0, 0);
 		used->memory = cp_rows_i64(u, 0, 1, 0);
 		used->disk = cp_rows_i64(u, 0, 2, 0);
+		used->pids = cp_rows_i64(u, 0, 3, 0);
 	}
 	cp_rows_free(q);
 	cp_rows_free(u);
@@ -1127,6 +1130,11 @@ static int quota_check(struct cp *cp, struct cp_store *st, const char *tenant, c
 		hit = "memory_bytes", lim = limit.memory, cur = used.memory, want = (int64_t)res->memory_bytes;
 	} else if (limit.disk > 0 && used.disk + (int64_t)res->disk_bytes > limit.disk) {
 		hit = "disk_bytes", lim = limit.disk, cur = used.disk, want = (int64_t)res->disk_bytes;
+	} else if (limit.pids > 0 && used.pids + (int64_t)res->pids > limit.pids) {
+		/* tasks are what a worker's placement allocates with memory: without
+		 * this quota one tenant's few sandboxes of 32768 tasks each took
+		 * every worker's, and every other tenant's creates found no room */
+		hit = "pids", lim = limit.pids, cur = used.pids, want = (int64_t)res->pids;
 	}
 	if (hit == NULL)
 		return 0;

@@ -66,6 +66,8 @@ static const struct {
 	{"tenants", "max_disk", "BIGINT NOT NULL DEFAULT -1"},
 	{"tenants", "quota_seq", "BIGINT NOT NULL DEFAULT 0"},
 	{"tenants", "max_templates", "BIGINT NOT NULL DEFAULT -1"},
+	/* the sum of its sandboxes' task limits a tenant may hold (-1: the default) */
+	{"tenants", "max_pids", "BIGINT NOT NULL DEFAULT -1"},
 	/* the highest seq whose outbox row was removed (cp_deleted_sweep) */
 	{"workers", "outbox_pruned_to", "BIGINT NOT NULL DEFAULT 0"},
 	/* when a key stops being valid (0: never) and when a join token was used */

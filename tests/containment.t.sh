@@ -4,7 +4,7 @@
 # a uid range of its own (so per-user kernel counts such as inotify instances are its own), its
 # terminals come from its own devpts instance (64 at most), io_setup and open files stop at its
 # memory, not at a count of the host's, it compiles no BPF into the host's one JIT pool, a
-# tenant at its quota gets 429, a sparse file costs a snapshot what it holds, limits follow a
+# tenant at its quota (sandboxes, memory, tasks) gets 429, a sparse file costs a snapshot what it holds, limits follow a
 # sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
 # every attack a victim sandbox of another tenant on the same worker must keep working.
 set -u
@@ -423,6 +423,19 @@ mem=$("$SC" quota --json | jq -r .used.memory_bytes)
 "$SC" create --memory 128M >/dev/null 2>"$W/e"
 expect "above its memory quota: 429 quota-exceeded (memory_bytes)" "$(grep -c '429 quota-exceeded.*memory_bytes' "$W/e")" 1
 OK=$("$SC" create --memory 64M) && ok "a sandbox that fits the memory quota is created" || fail "create within the memory quota"
+# tasks: what a worker's placement allocates with memory; at the default quota (32768 tasks in
+# all) a tenant cannot take a worker's whole process table in a few sandboxes of 32768 each
+"$CP" admin --state "$D/cp" set-quota dev "memory=default" 2>/dev/null
+"$SC" create --pids 32768 >/dev/null 2>"$W/e"
+expect "a sandbox of 32768 tasks beside the tenant's others: 429 quota-exceeded (pids)" \
+	"$(grep -c '429 quota-exceeded.*pids' "$W/e")" 1
+pids=$("$SC" quota --json | jq -r .used.pids)
+"$CP" admin --state "$D/cp" set-quota dev "pids=$((pids + 600))" 2>/dev/null
+expect "spacectl quota shows the tasks quota" "$("$SC" quota --json | jq -r '.quota.pids')" "$((pids + 600))"
+"$SC" create --pids 1024 >/dev/null 2>"$W/e"
+expect "above its tasks quota: 429 quota-exceeded (pids)" "$(grep -c '429 quota-exceeded.*pids' "$W/e")" 1
+OKP=$("$SC" create --pids 512) && ok "a sandbox that fits the tasks quota is created" || fail "create within the tasks quota"
+"$CP" admin --state "$D/cp" set-quota dev "pids=default" 2>/dev/null
 victim_ok "the quota checks"
 
 # ---- dev down: a paused sandbox leaves nothing frozen behind ----
