@@ -183,11 +183,12 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 		const char *path;
 		mode_t mode;
 		bool owned; /* by the execution's root */
+		bool mount; /* a mount point: a directory, whatever the base has there */
 	} root_dirs[] = {
-		{ "dev", 0755, false }, { "proc", 0555, false }, { "tmp", 01777, false },
-		{ "root", 0700, true }, { "home", 0755, true }, { "workspace", 0755, true },
-		{ ".spaced", 0755, false }, { "var", 0755, false }, { "var/tmp", 01777, false },
-		{ "run", 0755, false },
+		{ "dev", 0755, false, true }, { "proc", 0555, false, true }, { "tmp", 01777, false, false },
+		{ "root", 0700, true, false }, { "home", 0755, true, false }, { "workspace", 0755, true, false },
+		{ ".spaced", 0755, false, true }, { "var", 0755, false, false }, { "var/tmp", 01777, false, false },
+		{ "run", 0755, false, false },
 	};
 	char p[PATH_MAX];
 	int fd;
@@ -220,28 +221,49 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 	for (size_t i = 0; i < sizeof(root_dirs) / sizeof(root_dirs[0]); i++) {
 		struct stat st;
 
-		/* what the base has stays as the base has it (owner, mode) */
+		/* what the base has stays as the base has it (owner, mode) — but a
+		 * mount point is a directory of the upper layer unless the base has
+		 * a directory there: the mounts below are made before pivot_root,
+		 * on paths the kernel resolves on the host, and a template's
+		 * symlink there (dev -> /some/host/dir) was followed */
 		pathf(p, "%s/%s", layers[0].lower, root_dirs[i].path);
-		if (lstat(p, &st) == 0)
+		if (lstat(p, &st) == 0 && (!root_dirs[i].mount || S_ISDIR(st.st_mode)))
 			continue;
 		pathf(p, "%s/upper/root/%s", ldir, root_dirs[i].path);
-		if (lstat(p, &st) == 0)
-			continue;
-		if (mkdir(p, root_dirs[i].mode) < 0 || chmod(p, root_dirs[i].mode) < 0)
+		if (lstat(p, &st) == 0) {
+			if (S_ISDIR(st.st_mode) || !root_dirs[i].mount)
+				continue; /* a restored snapshot's own entry */
+			if (unlink(p) < 0)
+				goto fail;
+		}
+		if (mkdir(p, root_dirs[i].mode) < 0) {
+			/* under a base's own non-directory (var/tmp under a var
+			 * symlink): the base's layout there */
+			if (errno == ENOENT && !root_dirs[i].mount)
+				continue;
+			goto fail;
+		}
+		if (chmod(p, root_dirs[i].mode) < 0)
 			goto fail;
 		/* on a template, root inside owns the root: what is made here too */
 		if ((root_dirs[i].owned || templ) && chown(p, uid_base, uid_base) < 0)
 			goto fail;
 	}
-	/* the bind mount point of the guest binary */
-	pathf(p, "%s%s", layers[0].lower, SPACED_SUB_GUEST_PATH);
-	if (access(p, F_OK) == 0)
-		return 0;
+	/* the bind mount point of the guest binary: a regular file of the upper
+	 * layer, always. It shadows whatever the base has there: a template
+	 * whose /.spaced was a symlink to a host directory holding the real
+	 * guest passed a check made through it, and the guest executed after
+	 * pivot_root was the template's own file at that path. */
+	struct stat gst;
 	pathf(p, "%s/upper/root/.spaced", ldir);
-	if (mkdir_p_one(p, 0755) < 0)
+	if (lstat(p, &gst) == 0 && !S_ISDIR(gst.st_mode) && unlink(p) < 0)
+		goto fail;
+	if (lstat(p, &gst) < 0 && mkdir(p, 0755) < 0)
 		goto fail;
 	pathf(p, "%s/upper/root%s", ldir, SPACED_SUB_GUEST_PATH);
-	fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0555);
+	if (lstat(p, &gst) == 0 && !S_ISREG(gst.st_mode) && unlink(p) < 0 && rmdir(p) < 0)
+		goto fail;
+	fd = open(p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0555);
 	if (fd < 0)
 		goto fail;
 	close(fd);
@@ -268,8 +290,8 @@ static int write_etc(const char *state, const struct layer *layers, size_t nlaye
 		pathf(dir, "%s/upper/etc", state);
 	} else {
 		pathf(p, "%s/etc", layers[0].lower);
-		if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode))
-			return 0; /* a base without /etc */
+		if (lstat(p, &st) < 0 || !S_ISDIR(st.st_mode))
+			return 0; /* a base without /etc (a symlink there is not followed on the host) */
 		pathf(dir, "%s/upper/root/etc", state);
 		if (mkdir(dir, 0755) == 0 &&
 		    (chown(dir, st.st_uid, st.st_gid) < 0 || chmod(dir, st.st_mode & 07777) < 0))
@@ -380,6 +402,20 @@ static void bring_lo_up(int sync)
 	close(fd);
 }
 
+/* A mount point inside the new root, checked before the mount: path itself
+ * (never a symlink: the mount would follow it on the host) is of type
+ * (S_IFDIR, S_IFREG) — prepare_dirs made it so in the upper layer. */
+static void mount_point(int sync, const char *path, mode_t type)
+{
+	struct stat st;
+	char msg[PATH_MAX + 64];
+
+	if (lstat(path, &st) < 0 || (st.st_mode & S_IFMT) != type) {
+		snprintf(msg, sizeof(msg), "mount point %s is not a %s", path, type == S_IFDIR ? "directory" : "file");
+		child_fail_msg(sync, msg);
+	}
+}
+
 static void bind_node(int sync, const char *root, const char *name)
 {
 	char src[64], dst[PATH_MAX];
@@ -478,13 +514,17 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 			child_fail(sync, "mount overlay");
 	}
 	/* the guest binary, read-only */
+	pathf(p, "%s/.spaced", root);
+	mount_point(sync, p, S_IFDIR);
 	pathf(p, "%s%s", root, SPACED_SUB_GUEST_PATH);
+	mount_point(sync, p, S_IFREG);
 	if (mount(a->guest_path, p, NULL, MS_BIND, NULL) < 0)
 		child_fail(sync, "bind guest binary");
 	if (mount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
 		child_fail(sync, "read-only guest binary");
 	/* /dev: a small tmpfs with the harmless nodes and a private devpts */
 	pathf(p, "%s/dev", root);
+	mount_point(sync, p, S_IFDIR);
 	if (mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536k,nr_inodes=4096") < 0)
 		child_fail(sync, "mount /dev");
 	for (size_t i = 0; i < sizeof(nodes) / sizeof(nodes[0]); i++)
@@ -513,6 +553,7 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 	(void)!symlink("/proc/self/fd/2", p);
 	/* /proc of the new pid namespace; the kernel knobs read-only */
 	pathf(p, "%s/proc", root);
+	mount_point(sync, p, S_IFDIR);
 	if (mount("proc", p, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		child_fail(sync, "mount /proc");
 	pathf(p, "%s/proc/sys", root);

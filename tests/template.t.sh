@@ -83,6 +83,62 @@ expect "OCI sandbox: whiteout and opaque directory applied" \
 	"$("$SC" exec "$O" -- ls /etc /opt/app | grep -vx resolv.conf | tr '\n' ' ')" \
 	"$(printf '/etc:\nhostname\nhosts\nmarker\n\n/opt/app:\nnew\n' | tr '\n' ' ')"
 
+# ---- a template's links where the worker mounts: never followed on the host ----
+# /.spaced a link to the host's directory of the guest, the template holding its own "guest" at
+# that path (it marks /pwned and runs the real one); /dev, /proc, /tmp and /etc links to host
+# directories (etc: mode 0712, owner 1234). The worker's guest runs as PID 1, the mounts are the
+# sandbox's own, the host directories stay as they were and their mode is not shown inside.
+mkdir -p "$W/host/dev" "$W/host/proc" "$W/host/tmp" "$W/host/etc"
+chmod 0712 "$W/host/etc" && chown 1234:1234 "$W/host/etc"
+# KIND: swap (/.spaced and the template's guest) or mounts (/dev, /proc, /tmp, /etc)
+mk_links() {
+	python3 - "$W/root.tar.gz" "$W/$1.tar" "$GUEST" "$W/host" "$1" <<'PY'
+import io, os, sys, tarfile
+src, out, guest, host, kind = sys.argv[1:6]
+gdir = os.path.dirname(os.path.abspath(guest)).lstrip("/")
+def member(t, name, data=None, mode=0o755, kind=tarfile.REGTYPE, link=""):
+    ti = tarfile.TarInfo(name); ti.type = kind; ti.mode = mode; ti.linkname = link
+    if data is not None:
+        ti.size = len(data)
+    t.addfile(ti, io.BytesIO(data) if data is not None else None)
+linked = ("etc", "dev", "proc", "tmp") if kind == "mounts" else ()
+with tarfile.open(src) as r, tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as t:
+    for m in r.getmembers():
+        if m.name.split("/")[0] not in linked:
+            t.addfile(m, r.extractfile(m) if m.isfile() else None)
+    if kind == "swap":
+        member(t, ".spaced", kind=tarfile.SYMTYPE, link="/" + gdir)
+        parts = gdir.split("/")
+        for i in range(1, len(parts) + 1):
+            member(t, "/".join(parts[:i]), kind=tarfile.DIRTYPE)
+        member(t, gdir + "/spaced-guest", b'#!/bin/sh\necho pwned >/pwned\nexec /realguest "$@"\n')
+        member(t, "realguest", open(guest, "rb").read())
+    for d in linked:
+        member(t, d, kind=tarfile.SYMTYPE, link=host + "/" + d)
+PY
+	"$SC" template import "$1" "$W/$1.tar" >/dev/null 2>"$W/e" || { cat "$W/e"; fail "import of the template $1"; }
+}
+mk_links swap
+mk_links mounts
+if L=$("$SC" create --template swap --worker worker-1 2>"$W/e"); then
+	expect "/.spaced a link: PID 1 is the worker's guest" \
+		"$("$SC" exec "$L" -- cat /proc/1/cmdline | tr '\0' ' ' | cut -d' ' -f1)" spaced-guest
+	expect "/.spaced a link: the template's own guest did not run" \
+		"$("$SC" exec "$L" -- sh -c 'cat /pwned 2>/dev/null || echo none')" none
+else
+	fail "create from the template whose /.spaced is a link: $(cat "$W/e")"
+fi
+if L=$("$SC" create --template mounts --worker worker-1 2>"$W/e"); then
+	expect "/dev a link: /dev is the sandbox's" \
+		"$("$SC" exec "$L" -- sh -c 'echo x >/dev/null && ls /dev/pts >/dev/null && ls /proc/self/fd >/dev/null && echo own')" own
+	expect "/etc a link: nothing of the host's directory shows" \
+		"$("$SC" exec "$L" -- sh -c 'stat -L -c %a /etc 2>/dev/null || echo none')" none
+else
+	fail "create from the template whose /dev, /proc, /tmp and /etc are links: $(cat "$W/e")"
+fi
+expect "the host's directories are as they were" \
+	"$(find "$W/host" -mindepth 2 | wc -l) $(stat -c '%a %u' "$W/host/etc")" "0 712 1234"
+
 # ---- a Spacefile of two steps on the imported template ----
 mkdir -p "$W/ctx/conf"
 printf 'copied\n' >"$W/ctx/conf/app.conf"
