@@ -51,6 +51,8 @@ struct spaced_rootfs {
 	char spool_dir[4096];
 	int spool;
 	uint64_t spooled, entries_read;
+	uint64_t skipped; /* content entries carried that the tree did not take */
+	bool took_content; /* the entry being added read its content */
 	int layer;
 	struct node *root;
 	uint64_t dropped, cleared;
@@ -350,8 +352,8 @@ static bool xattr_has_prefix(struct archive_entry *e, const char *prefix)
 }
 
 /* One entry of a layer. */
-static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_entry *e,
-                     enum spaced_rootfs_kind kind, char *why, size_t whysz)
+static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct archive_entry *e,
+                         enum spaced_rootfs_kind kind, char *why, size_t whysz)
 {
 	char buf[SPACED_TREEHASH_PATH + 1];
 	char *parts[SPACED_TREEHASH_DEPTH + 1];
@@ -518,6 +520,7 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 	if (size < 0 || (uint64_t)size > t->lim.max_bytes)
 		return failf(why, whysz, SPACED_ETOOBIG, "%.200s claims %lld bytes", path, (long long)size);
 	k->size = (uint64_t)size;
+	t->took_content = true;
 	for (;;) {
 		const void *p;
 		size_t len;
@@ -531,6 +534,29 @@ static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_
 			return failf(why, whysz, SPACED_EFORMAT, "%.200s: content at a negative offset", path);
 		if ((r = spool_put(t, k, (uint64_t)off, p, len, why, whysz)) < 0)
 			return r;
+	}
+	return 0;
+}
+
+/* One entry. The content an entry declares and the tree does not take (a
+ * whiteout's, a hard link's, a dropped node's, a directory's or a link's
+ * "data") is decompressed all the same when the next header is read: it is
+ * counted in the bound of content read before that, so a few bytes of
+ * compressed archive cannot make an import read without end. */
+static int add_entry(struct spaced_rootfs *t, struct archive *a, struct archive_entry *e,
+                     enum spaced_rootfs_kind kind, char *why, size_t whysz)
+{
+	int64_t declared = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+	t->took_content = false;
+	int r = add_entry_one(t, a, e, kind, why, whysz);
+	if (r < 0 || t->took_content || declared <= 0)
+		return r;
+	t->skipped += (uint64_t)declared;
+	if ((uint64_t)declared > t->lim.max_bytes || t->skipped > t->lim.max_bytes ||
+	    t->spooled + t->skipped > t->lim.max_bytes) {
+		const char *path = archive_entry_pathname(e);
+		return failf(why, whysz, SPACED_ETOOBIG, "%.200s carries %lld bytes the tree does not take: past %llu bytes of content",
+		             path ? path : "an entry", (long long)declared, (unsigned long long)t->lim.max_bytes);
 	}
 	return 0;
 }

@@ -94,10 +94,18 @@ int spaced_rootfs_is_oci(const char *path)
 {
 	struct archive *a = outer_open(path);
 	struct archive_entry *e;
+	struct spaced_rootfs_limits lim;
+	uint64_t skipped = 0, entries = 0;
 	int oci = 0;
 	if (!a)
 		return 0;
+	spaced_rootfs_limits_default(&lim);
 	while (archive_read_next_header(a, &e) == ARCHIVE_OK) {
+		/* what is skipped here is decompressed all the same: bounded as
+		 * an import's content is (past it, the import's own pass refuses) */
+		int64_t size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+		if (++entries > lim.max_entries || (size > 0 && (skipped += (uint64_t)size) > lim.max_bytes))
+			break;
 		const char *p = archive_entry_pathname(e);
 		const char *n = p ? layout_name(p) : NULL;
 		if (n && (strcmp(n, "oci-layout") == 0 || strcmp(n, "index.json") == 0)) {

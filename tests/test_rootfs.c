@@ -221,6 +221,41 @@ Test(rootfs, bombs_stop_at_the_bound)
 	spaced_rootfs_free(t);
 }
 
+/* Content an entry carries that the tree does not take — a hard link's, a
+ * whiteout's, a directory's — is decompressed all the same: it counts in the
+ * bound of content read, before it is read (a few KiB of gzip held 16 GiB
+ * of a hard link's "data" and took a control plane minutes). */
+Test(rootfs, content_the_tree_does_not_take_counts)
+{
+	char src[300], why[512] = "", cmd[1200];
+	struct spaced_rootfs *t;
+	struct spaced_rootfs_limits lim = {.max_bytes = 1 << 20, .max_entries = 100};
+	/* a hard link whose pax size gives it a body, a whiteout holding data */
+	static const char *const kinds[] = {"hardlink", "whiteout"};
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(src, sizeof src, "%s/%s.tar.gz", dir, kinds[i]);
+		snprintf(cmd, sizeof cmd,
+		         "python3 -c 'import io, sys, tarfile\n"
+		         "hl = sys.argv[2] == \"hardlink\"\n"
+		         "with tarfile.open(sys.argv[1], \"w:gz\", format=tarfile.PAX_FORMAT) as t:\n"
+		         "    f = tarfile.TarInfo(\"f\"); f.size = 1; t.addfile(f, io.BytesIO(b\"x\"))\n"
+		         "    e = tarfile.TarInfo(\"h\" if hl else \".wh.f\")\n"
+		         "    if hl:\n"
+		         "        e.type, e.linkname = tarfile.LNKTYPE, \"f\"\n"
+		         "    e.size = 4 << 20\n"
+		         "    e.pax_headers = {\"size\": str(4 << 20)}\n"
+		         "    t.addfile(e, io.BytesIO(bytes([1]) * (4 << 20)))\n' '%s' '%s'",
+		         src, kinds[i]);
+		cr_assert_eq(system(cmd), 0, "%s", kinds[i]);
+		why[0] = 0;
+		cr_assert_eq(spaced_rootfs_new(&lim, dir, &t, why, sizeof why), 0);
+		int r = spaced_rootfs_add_archive(t, src, SPACED_ROOTFS_OCI_LAYER, why, sizeof why);
+		cr_expect_eq(r, SPACED_ETOOBIG, "%s: %d %s", kinds[i], r, why);
+		cr_expect(strstr(why, "does not take") != NULL, "%s: %s", kinds[i], why);
+		spaced_rootfs_free(t);
+	}
+}
+
 /* An OCI layout, written file by file: blobs named by their sha256. */
 static void blob(const char *root, const void *p, size_t n, char digest[72])
 {
