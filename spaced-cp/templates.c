@@ -216,21 +216,35 @@ int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, c
 	}
 	if (config)
 		cfg_text = json_dumps(config, JSON_COMPACT);
-	if ((status = template_insert(cp, st, tenant, name, info.hash, (int64_t)info.bytes, (int64_t)info.entries,
-	                              cfg_text, format, answer)) != 201)
+	/* what it counts in the templates quota: its files' sizes, or what the
+	 * store holds for it when that is more (as a built tree counts: its
+	 * archive). 200,000 empty files counted 2 MB of content and the store
+	 * held 310 MB of headers for them. */
+	struct stat sb;
+	int64_t held = (int64_t)info.bytes;
+	if (stat(canon, &sb) == 0 && (int64_t)sb.st_size > held)
+		held = (int64_t)sb.st_size;
+	if ((status = template_insert(cp, st, tenant, name, info.hash, held, (int64_t)info.entries, cfg_text, format,
+	                              answer)) != 201)
 		goto out;
 	/* one archive per tree, whoever imported it; published once a template
 	 * names it, so that no sweep (template_gc) finds it unnamed meanwhile */
 	snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
-	if (rename(canon, final) < 0) {
-		status = 500;
-		*answer = cp_error("store", strerror(errno));
-		CP_Q(st, NULL, NULL, "DELETE FROM templates WHERE tenant = $1 AND name = $2", tenant, name);
-		goto out;
+	/* the first archive of a tree stays: another tenant's import of the
+	 * same tree (its times may differ: they are not in the hash) replaced
+	 * the archive every tenant's sandboxes of that tree are made from */
+	if (renameat2(AT_FDCWD, canon, AT_FDCWD, final, RENAME_NOREPLACE) < 0) {
+		if (errno != EEXIST) {
+			status = 500;
+			*answer = cp_error("store", strerror(errno));
+			CP_Q(st, NULL, NULL, "DELETE FROM templates WHERE tenant = $1 AND name = $2", tenant, name);
+			goto out;
+		}
+		unlink(canon);
 	}
 	canon[0] = 0;
 	*answer = json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I,s:o}", "name", name, "hash", info.hash, "bytes",
-	                    (json_int_t)info.bytes, "entries", (json_int_t)info.entries, "source", format, "dropped",
+	                    (json_int_t)held, "entries", (json_int_t)info.entries, "source", format, "dropped",
 	                    (json_int_t)info.dropped, "setid_cleared", (json_int_t)info.cleared, "config",
 	                    config ? json_incref(config) : json_object());
 	status = 201;

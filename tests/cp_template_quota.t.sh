@@ -10,6 +10,9 @@
 #  - after a template is removed, the import that did not fit does;
 #  - a tenant has one upload in progress at a time (its second 503), another tenant's goes on;
 #  - a tenant has at most 1000 template names;
+#  - a tree counts as the store's archive of it when that is more than its files' content (20,000
+#    empty files past a 2 MB quota); another tenant's import of the same tree with other times
+#    leaves the store's archive as it was;
 #  - eight imports at once, each fitting alone and no two together: one is
 #    named, seven are refused (or told to come back: a tenant imports one at
 #    a time), one tree stays (and the check and the naming are one
@@ -25,6 +28,9 @@ mkdir -p "$W/cp"
 TA=$(admin create-tenant alpha)
 [ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
 admin set-quota alpha templates=500K
+TD=$(admin create-tenant delta)
+TE=$(admin create-tenant epsilon)
+admin set-quota delta templates=2M
 start_cp cp
 export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
 for t in a b c1 c2 c3 c4 c5 c6 c7 c8; do # a root filesystem tarball: one directory, 300 KiB of random data
@@ -112,6 +118,38 @@ name() { curl -s -o "$W/name.json" -w '%{http_code}' -H "Authorization: Bearer $
 	-d "{\"hash\":\"$HB\"}" "$CP_URL/v1/templates/$1"; }
 expect "the tenant's 1000th template name is taken" "$(name last)" 201
 expect "its 1001st is 429 quota-exceeded (templates)" "$(name one-too-many) $(jq -r .quota "$W/name.json")" "429 templates"
+
+# ---- what the store holds counts, not only the files' content ----
+# 20,000 empty files: a few hundred KiB of gzip, no content at all, and megabytes of the store's
+# archive (a header each): they count as the archive does, past a quota of 2 MB (they counted 0)
+python3 - "$W/empty.tar.gz" <<'PY' || fail "mk the tarball of empty files"
+import sys, tarfile
+with tarfile.open(sys.argv[1], "w:gz") as t:
+    for i in range(20):
+        d = tarfile.TarInfo("d%d" % i); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)
+        for j in range(1000):
+            f = tarfile.TarInfo("d%d/f%d" % (i, j)); f.mode = 0o644; t.addfile(f)
+PY
+SPACED_API_KEY=$TD "$SC" template import empty "$W/empty.tar.gz" >/dev/null 2>"$W/e"
+expect "20,000 empty files past a 2 MB quota: 429 quota-exceeded (templates_bytes)" \
+	"$(grep -c '429 quota-exceeded.*templates_bytes' "$W/e")" 1
+# the same tree imported by two tenants, its times differing (they are not in the tree's hash):
+# the store keeps the first archive, the one the first tenant's sandboxes are made from
+for v in 1 2; do
+	python3 - "$W/same$v.tar" "$v" <<'PY' || fail "mk the tarball same$v"
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], "w") as t:
+    f = tarfile.TarInfo("f"); f.size = 4; f.mode = 0o644
+    f.mtime = 1000000000 if sys.argv[2] == "1" else 2000000000
+    t.addfile(f, io.BytesIO(b"same"))
+PY
+done
+H1=$(SPACED_API_KEY=$TD "$SC" template import same "$W/same1.tar" --json | jq -r .hash)
+S1=$(sha256sum "$W/cp/store/templates/$H1.tar" | cut -d' ' -f1)
+H2=$(SPACED_API_KEY=$TE "$SC" template import same "$W/same2.tar" --json | jq -r .hash)
+expect "another tenant's import of the same tree names the same hash" "$H2" "$H1"
+expect "and leaves the store's archive of it as the first import made it" \
+	"$(sha256sum "$W/cp/store/templates/$H1.tar" | cut -d' ' -f1)" "$S1"
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
