@@ -44,6 +44,12 @@ enum spaced_verdict {
 	X(SPACED_REASON_DEACTIVATED, "deactivated")        \
 	X(SPACED_REASON_PAUSED, "paused")
 
+/* A request to an execution paused on purpose for longer than this is
+ * refused at once with SPACED_REASON_PAUSED (the gate and the ServicePort
+ * gateway decide it after the comparator); one sent earlier in the pause
+ * waits for the resume, as the frozen guest makes it. */
+#define SPACED_PAUSE_HOLD_MS 3000
+
 enum spaced_reason {
 #define SPACED_REASON_ENUM(name, str) name,
 	SPACED_REASONS(SPACED_REASON_ENUM)

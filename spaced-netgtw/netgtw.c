@@ -162,7 +162,8 @@ static struct {
 	struct spaced_vcache *vc;
 	struct spaced_record rec;
 	bool have_rec;
-	bool paused; /* the record's execution is paused on purpose (its guest frozen) */
+	bool paused;           /* the record's execution is paused on purpose (its guest frozen) */
+	uint64_t paused_since; /* since when this gateway knows it (monotonic ns) */
 	struct spaced_identity self; /* the execution this gateway was started for */
 	struct spaced_expected_listener exp;
 	struct spaced_vm_expected vm; /* --vm-pid: the guest is a microVM's (vmcheck.h) */
@@ -261,7 +262,10 @@ static void record_load(void)
 		bool changed = !G.have_rec || r.epoch != G.rec.epoch;
 		G.rec = r;
 		G.have_rec = true;
-		G.paused = json_is_true(json_object_get(j, "paused"));
+		bool paused = json_is_true(json_object_get(j, "paused"));
+		if (paused && !G.paused)
+			G.paused_since = spaced_mono_ns();
+		G.paused = paused;
 		if (changed)
 			streams_recheck();
 	}
@@ -1099,9 +1103,11 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, cap.id.generation > G.self.generation
 		                                                       ? SPACED_REASON_NEWER_GENERATION
 		                                                       : SPACED_REASON_OTHER_WORKER};
-	/* paused on purpose: its guest is frozen and the open would wait for a
-	 * resume; the client resolves its route again (as the gate answers) */
-	if (d.verdict == SPACED_ALLOW && G.paused)
+	/* paused on purpose for a while: its guest is frozen and the open would
+	 * wait for a resume that may not come; the client resolves its route
+	 * again (as the gate answers). Early in a pause it waits, as before. */
+	if (d.verdict == SPACED_ALLOW && G.paused &&
+	    spaced_mono_ns() - G.paused_since > SPACED_PAUSE_HOLD_MS * 1000000ull)
 		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_PAUSED};
 	if (d.verdict != SPACED_ALLOW) {
 		refuse(c, d);

@@ -1041,6 +1041,7 @@ static void run_pause_thaw(struct mgr *m, struct ctl_op *op)
 	/* the record is as step 0 read it: operations of one sandbox run one
 	 * after the other */
 	snprintf(op->rec.state, sizeof op->rec.state, "%s", pause ? MGR_ST_PAUSED : MGR_ST_RUNNING);
+	op->rec.paused_mono = pause ? spaced_mono_ns() : 0;
 	o->result = json_pack("{s:s}", "state", op->rec.state);
 	op_commit(m, op, &op->rec, true, op_then_finish);
 	return;

@@ -837,11 +837,14 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 		d = spaced_compare(&cap, &req, rec ? &rec->r : NULL, SPACED_COMPARE_STRICT);
 	m->vc_ns += spaced_mono_ns() - t0;
 	/* An execution paused on purpose (a pause, or its idle timeout) is
-	 * frozen: the request would wait for its resume, however long that
-	 * takes. The caller resolves its route again instead (V1): the control
-	 * plane resumes an auto-resume sandbox there, or answers that it is
-	 * paused. Its usage is read without the guest. */
-	if (d.verdict == SPACED_ALLOW && gtype != NODE_USAGE && strcmp(rec->state, MGR_ST_PAUSED) == 0)
+	 * frozen. In the first SPACED_PAUSE_HOLD_MS of a pause a request waits
+	 * for the resume, as the frozen guest makes it (a pause for a snapshot
+	 * or a move is that short); past them it would wait however long the
+	 * pause lasts, and the caller resolves its route again instead (V1):
+	 * the control plane resumes an auto-resume sandbox there, or answers
+	 * that it is paused. Its usage is read without the guest. */
+	if (d.verdict == SPACED_ALLOW && gtype != NODE_USAGE && strcmp(rec->state, MGR_ST_PAUSED) == 0 &&
+	    (rec->paused_mono == 0 || spaced_mono_ns() - rec->paused_mono > SPACED_PAUSE_HOLD_MS * 1000000ull))
 		d = (struct spaced_decision){.verdict = SPACED_REFRESH_ROUTE, .reason = SPACED_REASON_PAUSED};
 
 	if (d.verdict != SPACED_ALLOW) {

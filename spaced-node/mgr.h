@@ -53,6 +53,9 @@ struct mgr_rec {
 	uint64_t tomb_mono;          /* the gate's memory only: since when it is a tombstone
 	                              * that may be forgotten (gate_main.c: destroyed, moved
 	                              * away); monotonic ns, 0: not one */
+	uint64_t paused_mono;        /* the gate's memory only: since when it is paused on
+	                              * purpose (gate_ctl.c); monotonic ns, 0: not paused, or
+	                              * paused before this gate started */
 };
 
 /* ---- mgr_rec.c: a record as JSON (the jobs of executor.h carry it) ---- */

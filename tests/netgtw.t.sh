@@ -315,9 +315,11 @@ expect "a client trusting another CA is refused (60)" \
 expect "a plaintext client at the TLS gateway gets no answer" \
 	"$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $XC" -H "Host: 8080-$X.gw.localhost:$GWX" \
 	"http://127.0.0.1:$GWX/index.html")" 000
-# paused on purpose (its guest frozen): a new open is refused at once (REFRESH_ROUTE paused: the
-# client resolves its route again, which resumes an auto-resume sandbox), never held for the guest
+# paused on purpose (its guest frozen) past the first 3 s of the pause: a new open is refused at
+# once (REFRESH_ROUTE paused: the client resolves its route again, which resumes an auto-resume
+# sandbox), not held for the guest
 "$SC" pause "$X" >/dev/null || fail "pause $X"
+sleep 3.5
 # shellcheck disable=SC2086
 expect "paused: the gateway refuses a new open at once (409 paused)" \
 	"$(curl -s -m 10 $CA -o "$W/body" -w '%{http_code}' -H "Authorization: Bearer $XC" "${URL}index.html") $(jq -r .reason "$W/body" 2>/dev/null)" \

@@ -9,9 +9,10 @@
 #    user of the sandbox (a name of its /etc/passwd, a uid or uid:gid), an unknown user is refused;
 #  - --auto-resume: a sandbox paused for idleness is resumed by its next use; one without it stays
 #    paused and its next use is refused (409 not-running);
-#  - a route resolved before the pause and still held by a client: the worker refuses it at once
-#    (REFRESH_ROUTE paused) instead of holding the request for the frozen guest; resolved again,
-#    the route resumes an auto-resume sandbox and the request is served, or says it is paused.
+#  - a route resolved before the pause and still held by a client, used after the pause's first
+#    3 s: the worker refuses it at once (REFRESH_ROUTE paused) instead of holding the request for
+#    the frozen guest; resolved again, the route resumes an auto-resume sandbox and the request is
+#    served, or says it is paused.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -126,6 +127,7 @@ for i in $(seq 1 100); do
 	sleep 0.2
 done
 expect "idle: both paused, their routes held" "$("$SC" inspect "$HA" --json | jq -r .state) $("$SC" inspect "$HN" --json | jq -r .state)" "paused paused"
+sleep 3.5 # past the first 3 s of a pause, in which a request waits for a resume (SPACED_PAUSE_HOLD_MS)
 out=$(SPACED_ROUTE_CACHE="$W/held" timeout -s KILL 30 "$SC" -v exec "$HA" -- echo back 2>"$W/ha.err")
 expect "held route, --auto-resume: refused as paused, resumed, served" "$out $(grep -c 'REFRESH_ROUTE paused' "$W/ha.err")" "back 1"
 SPACED_ROUTE_CACHE="$W/held" timeout -s KILL 30 "$SC" -v exec "$HN" -- echo no >/dev/null 2>"$W/hn.err"
