@@ -418,7 +418,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 		int status;
 		if (strcmp(seg[1], "builds") == 0)
 			status = cp_builds_api(cp, st, tenant, rq->method, seg, n, body, blen, &out);
-		else if (n == 3 && post && spaced_name_valid(seg[2], strlen(seg[2])))
+		else if (n == 3 && post && cp_template_name_valid(seg[2]))
 			status = cp_template_name(cp, st, tenant, seg[2], body, blen, &out);
 		else
 			status = cp_templates_api(cp, st, tenant, rq->method, seg, n, &out);

@@ -392,7 +392,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 401, "unauthorized", "a tenant API key is required");
 			return;
 		}
-		if (!spaced_name_valid(seg[2], strlen(seg[2]))) {
+		if (!cp_template_name_valid(seg[2])) {
 			reply_err(c, 400, "bad-request", "not a valid template name");
 			return;
 		}

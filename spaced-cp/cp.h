@@ -302,6 +302,9 @@ int cp_builds_api(struct cp *cp, struct cp_store *st, const char *tenant, const 
 /* The bytes of the trees tenant's templates name, each tree once (its
  * templates quota's use): 0 or the store's error. */
 int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes);
+/* A template's name: a name (identity.h) other than "." and "..", which a
+ * URL's path cannot carry (clients take them out as dot segments). */
+bool cp_template_name_valid(const char *name);
 /* POST /v1/templates/NAME {"hash","config"}: names a built tree. */
 int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, const char *name, const char *body, size_t blen,
                      json_t **out);

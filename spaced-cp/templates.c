@@ -80,6 +80,11 @@ void cp_template_locate(struct cp *cp, json_t *spec)
 	json_object_set_new(t, "url", json_string(url));
 }
 
+bool cp_template_name_valid(const char *name)
+{
+	return spaced_name_valid(name, strlen(name)) && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
 int cp_templates_held(struct cp_store *st, const char *tenant, int64_t *bytes)
 {
 	struct cp_rows *rows = NULL;

@@ -12,7 +12,7 @@
 #  - a tenant has at most 1000 template names;
 #  - a tree counts as the store's archive of it when that is more than its files' content (20,000
 #    empty files past a 2 MB quota); another tenant's import of the same tree with other times
-#    leaves the store's archive as it was;
+#    leaves the store's archive as it was; "." and ".." are no template names;
 #  - eight imports at once, each fitting alone and no two together: one is
 #    named, seven are refused (or told to come back: a tenant imports one at
 #    a time), one tree stays (and the check and the naming are one
@@ -150,6 +150,16 @@ H2=$(SPACED_API_KEY=$TE "$SC" template import same "$W/same2.tar" --json | jq -r
 expect "another tenant's import of the same tree names the same hash" "$H2" "$H1"
 expect "and leaves the store's archive of it as the first import made it" \
 	"$(sha256sum "$W/cp/store/templates/$H1.tar" | cut -d' ' -f1)" "$S1"
+
+# "." and ".." are no template names: a URL's path cannot carry them (clients remove them as dot
+# segments), so such a template could be neither shown nor removed by name
+for n in . ..; do
+	expect "an import named '$n' is 400" "$(curl -s --path-as-is -o /dev/null -w '%{http_code}' -X PUT \
+		-H "Authorization: Bearer $TD" --data-binary @"$W/same1.tar" "http://127.0.0.1:$SPORT/v1/templates/$n")" 400
+	expect "a naming of '$n' is refused" "$(curl -s --path-as-is -o /dev/null -w '%{http_code}' -X POST \
+		-H "Authorization: Bearer $TD" -d "{\"hash\":\"$H1\"}" "$CP_URL/v1/templates/$n" | grep -c '^4')" 1
+done
+expect "and none is named so" "$(SPACED_API_KEY=$TD "$SC" template ls --json | jq -r '[.[].name | select(. == "." or . == "..")] | length')" 0
 
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
