@@ -1102,6 +1102,7 @@ struct packer {
 	struct archive *a;
 	struct archive_entry *e;
 	uint64_t bytes, max_bytes; /* the files' sizes so far, and what a restore takes */
+	bool measure;              /* a walk that writes nothing: the sizes only */
 	char path[SPACED_TREEHASH_PATH + 2];
 	uint8_t *buf;
 	char *why;
@@ -1266,7 +1267,7 @@ static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen
 			return failf(k->why, k->whysz, SPACED_EIO, "readlink %s: %s", k->path, strerror(errno));
 		target[tl] = 0;
 		archive_entry_set_symlink(k->e, target);
-	} else {
+	} else if (!k->measure) {
 		int r = pack_xattrs(k, dirfd, name);
 		if (r < 0)
 			return r;
@@ -1280,11 +1281,11 @@ static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen
 			             "link as a copy): %s",
 			             (unsigned long long)k->max_bytes, k->path);
 		k->bytes += (uint64_t)sb.st_size;
-		return pack_file(k, dirfd, name, &sb);
+		return k->measure ? 0 : pack_file(k, dirfd, name, &sb);
 	}
 	if (S_ISCHR(sb.st_mode) || S_ISFIFO(sb.st_mode) || S_ISLNK(sb.st_mode))
 		archive_entry_set_size(k->e, 0);
-	if (archive_write_header(k->a, k->e) != ARCHIVE_OK)
+	if (!k->measure && archive_write_header(k->a, k->e) != ARCHIVE_OK)
 		return failf(k->why, k->whysz, SPACED_EIO, "archive: %s", archive_error_string(k->a));
 	if (!S_ISDIR(sb.st_mode))
 		return 0;
@@ -1303,6 +1304,14 @@ int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t w
 	int r = SPACED_ENOMEM, fd = -1;
 	if (!(k.buf = malloc(READ_BLOCK)) || !(k.e = archive_entry_new()) || !(k.a = archive_write_new()))
 		goto out;
+	/* the sizes first: a snapshot past what a restore takes is refused
+	 * before anything is written (hundreds of hard links to a big file made
+	 * the worker write 8 GiB and then refuse it) */
+	k.measure = true;
+	if ((r = pack_entry(&k, AT_FDCWD, dir, 0, 0)) < 0)
+		goto out;
+	k.measure = false;
+	k.bytes = 0;
 	fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		r = failf(why, whysz, errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS, "%s: %s", out, strerror(errno));

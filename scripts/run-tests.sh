@@ -6,7 +6,7 @@
 # (make check-vm: 'test-vmm' 'vm_*').
 # - Criterion suites: SANBUILD/tests/test-* (each test forked; crashes count as failures);
 # - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD;
-# - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 5), one test each.
+# - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 2), one test each.
 set -u
 build=$1
 fuzzbuild=${2:-}
@@ -67,7 +67,7 @@ if [ -n "$fuzzbuild" ]; then
 	for t in "$fuzzbuild"/fuzz/fuzz-*; do
 		[ -f "$t" ] && [ -x "$t" ] || continue
 		case "$t" in *.log|*-crash-*|*-leak-*|*-timeout-*|*-oom-*) continue ;; esac
-		if sh "$top/scripts/fuzz.sh" "$fuzzbuild" "${FUZZ_SMOKE_SECONDS:-5}" "$(basename "$t")" >"$log_dir/$(basename "$t").log" 2>&1; then
+		if sh "$top/scripts/fuzz.sh" "$fuzzbuild" "${FUZZ_SMOKE_SECONDS:-2}" "$(basename "$t")" >"$log_dir/$(basename "$t").log" 2>&1; then
 			passed=$((passed + 1)); echo "ok   $(basename "$t") (fuzz smoke)"
 		else
 			failed=$((failed + 1)); echo "FAIL $(basename "$t") (fuzz smoke)"; tail -n 20 "$log_dir/$(basename "$t").log"
