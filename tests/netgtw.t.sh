@@ -316,7 +316,7 @@ expect "a plaintext client at the TLS gateway gets no answer" \
 	"$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $XC" -H "Host: 8080-$X.gw.localhost:$GWX" \
 	"http://127.0.0.1:$GWX/index.html")" 000
 # paused on purpose (its guest frozen) past the first 3 s of the pause: a new open is refused at
-# once (REFRESH_ROUTE paused: the client resolves its route again, which resumes an auto-resume
+# once (REFRESH_ROUTE paused, V1: the client resolves its route again, which resumes an auto-resume
 # sandbox), not held for the guest
 "$SC" pause "$X" >/dev/null || fail "pause $X"
 sleep 3.5

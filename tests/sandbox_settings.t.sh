@@ -10,9 +10,9 @@
 #  - --auto-resume: a sandbox paused for idleness is resumed by its next use; one without it stays
 #    paused and its next use is refused (409 not-running);
 #  - a route resolved before the pause and still held by a client, used after the pause's first
-#    3 s: the worker refuses it at once (REFRESH_ROUTE paused) instead of holding the request for
-#    the frozen guest; resolved again, the route resumes an auto-resume sandbox and the request is
-#    served, or says it is paused.
+#    3 s: the worker refuses it at once (REFRESH_ROUTE paused, a recognized refresh signal: V1)
+#    instead of holding the request for the frozen guest; resolved again, the route resumes an
+#    auto-resume sandbox and the one rebuilt retry (V2) is served, or says it is paused.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl

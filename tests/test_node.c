@@ -1217,8 +1217,9 @@ Test(node, admin_messages)
 /* A paused execution does not stall the worker: other sandboxes are served
  * while an upload to it waits (sent early in the pause, it waits for the
  * thaw). A request sent when it has been paused for longer than
- * SPACED_PAUSE_HOLD_MS is refused at once (REFRESH_ROUTE paused: the client
- * resolves its route again, which resumes an auto-resume sandbox); its usage
+ * SPACED_PAUSE_HOLD_MS is refused at once (REFRESH_ROUTE paused, after the R6
+ * comparator allowed: the client resolves its route again, V1, which resumes an
+ * auto-resume sandbox); its usage
  * is not refused; thawed, it is served again. */
 Test(node, paused_execution_does_not_stall_others)
 {
