@@ -29,7 +29,7 @@ $(BUILD)/build.ninja:
 	$(MESON) setup $(BUILD) --buildtype=debugoptimized >/dev/null
 
 build: setup $(BUILD)/build.ninja
-	@$(NINJA) -C $(BUILD) >/dev/null
+	@$(NINJA) --quiet -C $(BUILD)
 
 $(SANBUILD)/build.ninja:
 	$(MESON) setup $(SANBUILD) --buildtype=debug -Dwerror=true \
@@ -54,20 +54,20 @@ conformance: build sdk
 	@SPACED_BUILD=$$(cd $(BUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/conformance.t.sh
 
 check: setup sdk $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
-	@$(NINJA) -C $(SANBUILD) >/dev/null
-	@$(NINJA) -C $(FUZZBUILD) >/dev/null
+	@$(NINJA) --quiet -C $(SANBUILD)
+	@$(NINJA) --quiet -C $(FUZZBUILD)
 	@sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
 
 # spaced-cp on a throwaway PostgreSQL server (also part of `make check`)
 check-pg: setup $(SANBUILD)/build.ninja
-	@$(NINJA) -C $(SANBUILD) >/dev/null
+	@$(NINJA) --quiet -C $(SANBUILD)
 	@SPACED_BUILD=$$(cd $(SANBUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/cp_pg.t.sh; rc=$$?; \
 		if [ $$rc -eq 77 ]; then echo "check-pg: SKIPPED (PostgreSQL could not start here)"; exit 0; fi; exit $$rc
 
 # the qemu substrate (issue 15): every VM test in its full form on the ASan/UBSan build
 # (make check runs the same tests in their short form); skipped with the reason when no VM can boot
 check-vm: setup $(SANBUILD)/build.ninja
-	@$(NINJA) -C $(SANBUILD) >/dev/null
+	@$(NINJA) --quiet -C $(SANBUILD)
 	@SPACED_VM_FULL=1 sh scripts/run-tests.sh $(SANBUILD) "" 'test-vmm' 'vm_*'
 
 demo: build
@@ -146,7 +146,7 @@ bench-pidref: build
 	@$(BUILD)/bench/bench-pidref
 
 fuzz-build: setup $(FUZZBUILD)/build.ninja
-	@$(NINJA) -C $(FUZZBUILD) >/dev/null
+	@$(NINJA) --quiet -C $(FUZZBUILD)
 
 fuzz: fuzz-build
 	@sh scripts/fuzz.sh $(FUZZBUILD) $(FUZZ_SECONDS)

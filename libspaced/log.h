@@ -34,7 +34,7 @@ enum spaced_log_format spaced_log_get_format(void);
 
 /* Writes one line for component on stderr, in the process's form. */
 void spaced_log(const char *component, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void spaced_vlog(const char *component, const char *fmt, va_list ap);
+void spaced_vlog(const char *component, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /* The JSON object (one line, no newline; free() it) of a logfmt line, with
  * time (Unix ms, formatted as RFC 3339 UTC) and component. NULL on ENOMEM. */

@@ -121,7 +121,7 @@ static int build_filter(struct sock_filter **prog_out, unsigned short *len_out)
 		goto out;
 	/* vsock reaches the host's services (and, on a worker of microVMs, what
 	 * listens for them); an execution's guest speaks over a Unix socket */
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), __NR_socket, 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK)) < 0)
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), __NR_socket, 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK, 0)) < 0)
 		goto out;
 	/* other architectures (i386 through int 0x80, x32) are killed by the
 	 * default bad-architecture action */

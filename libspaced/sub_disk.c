@@ -38,7 +38,7 @@
 #include <linux/major.h>
 
 #include "error.h"
-#include "spawn.h"
+#include "helper_spawn.h"
 #include "util.h"
 
 /* One inode per 8 KiB of disk (node_modules-style trees hold many small

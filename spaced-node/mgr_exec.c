@@ -45,7 +45,7 @@
 #include "fetch.h"
 #include "rootfs.h"
 #include "pidref.h"
-#include "spawn.h"
+#include "helper_spawn.h"
 #include "util.h"
 
 /* The nice value of a warm pool's start, its session's and its processes' */

@@ -45,7 +45,7 @@
 #include "log.h"
 #include "netpolicy.h"
 #include "pidref.h"
-#include "spawn.h"
+#include "helper_spawn.h"
 
 #define NSFS_MAGIC_ 0x6e736673
 #define IP_BIN "/usr/sbin/ip"

@@ -225,6 +225,7 @@ static int tn_admin_connect(const struct tn_node *n)
 }
 
 /* Sends one JSON line and returns the parsed answer (NULL on failure). */
+__attribute__((format(printf, 2, 3)))
 static json_t *tn_admin_fd(int fd, const char *fmt, ...)
 {
 	char line[8192];
@@ -250,6 +251,7 @@ static json_t *tn_admin_fd(int fd, const char *fmt, ...)
 	return json_loadb(buf, (size_t)((char *)memchr(buf, '\n', got) - buf), 0, NULL);
 }
 
+__attribute__((format(printf, 2, 3)))
 static json_t *tn_admin(const struct tn_node *n, const char *fmt, ...)
 {
 	char line[8192];

@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "spawn.h"
+#include "helper_spawn.h"
 
 static int wait_status(pid_t pid)
 {

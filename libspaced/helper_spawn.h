@@ -1,5 +1,5 @@
 /*
- * spawn.h — child processes started without copying the caller's memory.
+ * helper_spawn.h — child processes started without copying the caller's memory.
  *
  * fork() copies every mapping and page table of the caller, and the child
  * gives them back at its exec: for a daemon with a few hundred mappings

@@ -1,8 +1,8 @@
 /*
- * spawn.c — child processes started without copying the caller's memory
- * (spawn.h).
+ * helper_spawn.c — child processes started without copying the caller's memory
+ * (helper_spawn.h).
  */
-#include "spawn.h"
+#include "helper_spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>
