@@ -6,6 +6,7 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <sodium.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -41,8 +42,12 @@ struct node {
 	char *link;
 	struct extent *ext;
 	size_t next, capext;
-	struct node **kids; /* sorted by name (strcmp) */
+	struct node **kids; /* in the order they came; sorted by name (strcmp) when written */
 	size_t nkids, capkids;
+	bool unsorted;
+	uint32_t *slots; /* with KIDS_INDEXED children or more: index + 1 into kids, 0 empty */
+	size_t nslots; /* a power of two, at least twice nkids */
+	int hidden_below; /* the last layer whose opaque marker hid the children below it */
 	int layer; /* the layer that made it */
 };
 
@@ -56,6 +61,7 @@ struct spaced_rootfs {
 	int layer;
 	struct node *root;
 	uint64_t dropped, cleared;
+	unsigned char name_key[crypto_shorthash_KEYBYTES]; /* of the directories' tables */
 };
 
 static int failf(char *why, size_t whysz, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -85,6 +91,7 @@ static void node_free(struct node *n)
 	for (size_t i = 0; i < n->nkids; i++)
 		node_free(n->kids[i]);
 	free(n->kids);
+	free(n->slots);
 	free(n->name);
 	free(n->link);
 	free(n->ext);
@@ -104,32 +111,94 @@ static struct node *node_new(const char *name, char type, int layer)
 	return n;
 }
 
-/* Index of name among d's children, or where it would go (*found false). */
-static size_t kid_find(const struct node *d, const char *name, bool *found)
-{
-	size_t lo = 0, hi = d->nkids;
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-		int c = strcmp(d->kids[mid]->name, name);
-		if (c == 0) {
-			*found = true;
-			return mid;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*found = false;
-	return lo;
-}
+/* ---- a directory's children ----
+ *
+ * A directory's children are kept in the order they came, with a keyed hash
+ * table of them once they are many, and sorted by name once, before the
+ * tree is written: an archive lists a directory's names in any order (a
+ * tenant's in the worst one), and keeping them sorted on each insert moved
+ * every entry after it. The table's key is random per tree, so no archive
+ * can choose names that collide. */
 
-/* Entries one directory holds at most: each insert keeps its children sorted
- * (a move of those after it), so an archive of millions of names in one
- * directory in reverse order would cost quadratic time. */
+/* Children from which a directory keeps its table. */
+#define KIDS_INDEXED 32
+
+/* Entries one directory holds at most. */
 #define DIR_ENTRIES_MAX 100000
 
-static int kid_insert(struct node *d, size_t at, struct node *k)
+static size_t name_slot(const struct spaced_rootfs *t, const struct node *d, const char *name)
+{
+	unsigned char h[crypto_shorthash_BYTES];
+	crypto_shorthash(h, (const unsigned char *)name, strlen(name), t->name_key);
+	uint64_t v;
+	memcpy(&v, h, sizeof v);
+	return (size_t)v & (d->nslots - 1);
+}
+
+/* The slot of d's table that holds name (*found) or where it would go. */
+static size_t slot_find(const struct spaced_rootfs *t, const struct node *d, const char *name, bool *found)
+{
+	size_t mask = d->nslots - 1;
+	for (size_t s = name_slot(t, d, name);; s = (s + 1) & mask) {
+		uint32_t v = d->slots[s];
+		if (v == 0 || strcmp(d->kids[v - 1]->name, name) == 0) {
+			*found = v != 0;
+			return s;
+		}
+	}
+}
+
+/* (Re)builds d's table for its children, at most half full. */
+static int slots_build(const struct spaced_rootfs *t, struct node *d)
+{
+	size_t want = 2 * KIDS_INDEXED;
+	while (want < 2 * d->capkids)
+		want *= 2;
+	uint32_t *s = calloc(want, sizeof *s);
+	if (!s)
+		return SPACED_ENOMEM;
+	free(d->slots);
+	d->slots = s;
+	d->nslots = want;
+	for (size_t i = 0; i < d->nkids; i++) {
+		bool found;
+		d->slots[slot_find(t, d, d->kids[i]->name, &found)] = (uint32_t)i + 1;
+	}
+	return 0;
+}
+
+/* Empties slot s of d's table, moving later entries of its run back. */
+static void slot_clear(const struct spaced_rootfs *t, struct node *d, size_t s)
+{
+	size_t mask = d->nslots - 1;
+	for (size_t j = (s + 1) & mask; d->slots[j]; j = (j + 1) & mask) {
+		size_t home = name_slot(t, d, d->kids[d->slots[j] - 1]->name);
+		if (((j - home) & mask) >= ((j - s) & mask)) { /* s lies between its home and j */
+			d->slots[s] = d->slots[j];
+			s = j;
+		}
+	}
+	d->slots[s] = 0;
+}
+
+/* Index of name among d's children (*found), or d->nkids. */
+static size_t kid_find(const struct spaced_rootfs *t, const struct node *d, const char *name, bool *found)
+{
+	if (d->slots) {
+		size_t s = slot_find(t, d, name, found);
+		return *found ? d->slots[s] - 1 : d->nkids;
+	}
+	for (size_t i = 0; i < d->nkids; i++)
+		if (strcmp(d->kids[i]->name, name) == 0) {
+			*found = true;
+			return i;
+		}
+	*found = false;
+	return d->nkids;
+}
+
+/* Adds k (a name d does not hold) to d's children. */
+static int kid_insert(const struct spaced_rootfs *t, struct node *d, struct node *k)
 {
 	if (d->nkids >= DIR_ENTRIES_MAX)
 		return SPACED_ETOOBIG;
@@ -141,22 +210,47 @@ static int kid_insert(struct node *d, size_t at, struct node *k)
 		d->kids = nk;
 		d->capkids = nc;
 	}
-	memmove(d->kids + at + 1, d->kids + at, (d->nkids - at) * sizeof *d->kids);
-	d->kids[at] = k;
-	d->nkids++;
+	if (d->nkids && strcmp(d->kids[d->nkids - 1]->name, k->name) > 0)
+		d->unsorted = true;
+	d->kids[d->nkids++] = k;
+	if (d->nkids < KIDS_INDEXED)
+		return 0;
+	if (d->nslots < 2 * d->nkids) {
+		int r = slots_build(t, d);
+		if (r < 0)
+			d->nkids--;
+		return r;
+	}
+	bool found;
+	d->slots[slot_find(t, d, k->name, &found)] = (uint32_t)d->nkids;
 	return 0;
 }
 
-static void kid_remove(struct node *d, size_t at)
+/* Removes and frees d's child at index at (the last one takes its place). */
+static void kid_remove(const struct spaced_rootfs *t, struct node *d, size_t at)
 {
-	node_free(d->kids[at]);
-	memmove(d->kids + at, d->kids + at + 1, (d->nkids - at - 1) * sizeof *d->kids);
+	struct node *gone = d->kids[at];
+	size_t last = d->nkids - 1;
+	bool found;
+	if (d->slots)
+		slot_clear(t, d, slot_find(t, d, gone->name, &found));
+	if (at != last) {
+		d->kids[at] = d->kids[last];
+		d->unsorted = true;
+		if (d->slots)
+			d->slots[slot_find(t, d, d->kids[at]->name, &found)] = (uint32_t)at + 1;
+	}
 	d->nkids--;
+	node_free(gone);
 }
 
-/* Removes every child of d made by a layer below layer. */
-static void kids_hide_lower(struct node *d, int layer)
+/* Removes every child of d made by a layer below layer (once per layer: what
+ * is left and what comes after are of this layer or above). */
+static int kids_hide_lower(const struct spaced_rootfs *t, struct node *d, int layer)
 {
+	if (d->hidden_below == layer)
+		return 0;
+	d->hidden_below = layer;
 	size_t w = 0;
 	for (size_t i = 0; i < d->nkids; i++) {
 		if (d->kids[i]->layer < layer)
@@ -164,7 +258,34 @@ static void kids_hide_lower(struct node *d, int layer)
 		else
 			d->kids[w++] = d->kids[i];
 	}
+	if (w == d->nkids)
+		return 0;
 	d->nkids = w;
+	return d->slots ? slots_build(t, d) : 0;
+}
+
+static int kid_cmp(const void *a, const void *b)
+{
+	return strcmp((*(struct node *const *)a)->name, (*(struct node *const *)b)->name);
+}
+
+/* Sorts every directory's children by name (strcmp), as a tree is written. */
+static int kids_sort(const struct spaced_rootfs *t, struct node *d)
+{
+	if (d->unsorted) {
+		qsort(d->kids, d->nkids, sizeof *d->kids, kid_cmp);
+		d->unsorted = false;
+		int r = d->slots ? slots_build(t, d) : 0;
+		if (r < 0)
+			return r;
+	}
+	for (size_t i = 0; i < d->nkids; i++)
+		if (d->kids[i]->type == 'd') {
+			int r = kids_sort(t, d->kids[i]);
+			if (r < 0)
+				return r;
+		}
+	return 0;
 }
 
 /* Splits a path an archive gave into normalized parts in buf (NUL-separated,
@@ -201,10 +322,10 @@ static int walk_parent(struct spaced_rootfs *t, char **parts, size_t n, struct n
 	struct node *d = t->root;
 	for (size_t i = 0; i + 1 < n; i++) {
 		bool found;
-		size_t at = kid_find(d, parts[i], &found);
+		size_t at = kid_find(t, d, parts[i], &found);
 		if (!found) {
 			struct node *k = node_new(parts[i], 'd', t->layer);
-			int r = k ? kid_insert(d, at, k) : SPACED_ENOMEM;
+			int r = k ? kid_insert(t, d, k) : SPACED_ENOMEM;
 			if (r < 0) {
 				node_free(k);
 				return r == SPACED_ETOOBIG ? failf(why, whysz, r, "a directory holds more than %d entries",
@@ -232,7 +353,7 @@ static struct node *lookup(struct spaced_rootfs *t, char **parts, size_t n)
 		bool found;
 		if (d->type != 'd')
 			return NULL;
-		size_t at = kid_find(d, parts[i], &found);
+		size_t at = kid_find(t, d, parts[i], &found);
 		if (!found)
 			return NULL;
 		d = d->kids[at];
@@ -391,7 +512,7 @@ static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct arch
 		t->root->gid = gid;
 		t->root->mtime = archive_entry_mtime(e);
 		if (kind == SPACED_ROOTFS_UPPER && xattr_set(e, "trusted.overlay.opaque", "y"))
-			kids_hide_lower(t->root, t->layer);
+			return kids_hide_lower(t, t->root, t->layer);
 		return 0;
 	}
 	struct node *d = NULL;
@@ -403,19 +524,17 @@ static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct arch
 
 	/* whiteouts: they remove what lower layers made, and are not entries */
 	if (kind == SPACED_ROOTFS_OCI_LAYER && strncmp(name, ".wh.", 4) == 0) {
-		if (strcmp(name, ".wh..wh..opq") == 0) {
-			kids_hide_lower(d, t->layer);
-			return 0;
-		}
-		at = kid_find(d, name + 4, &found);
+		if (strcmp(name, ".wh..wh..opq") == 0)
+			return kids_hide_lower(t, d, t->layer);
+		at = kid_find(t, d, name + 4, &found);
 		if (found && d->kids[at]->layer < t->layer)
-			kid_remove(d, at);
+			kid_remove(t, d, at);
 		return 0;
 	}
 	if (kind == SPACED_ROOTFS_UPPER && ft == AE_IFCHR && archive_entry_rdev(e) == 0) {
-		at = kid_find(d, name, &found);
+		at = kid_find(t, d, name, &found);
 		if (found && d->kids[at]->layer < t->layer)
-			kid_remove(d, at);
+			kid_remove(t, d, at);
 		return 0;
 	}
 
@@ -472,18 +591,18 @@ static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct arch
 		mode &= ~(uint32_t)06000;
 		t->cleared++;
 	}
-	at = kid_find(d, name, &found);
+	at = kid_find(t, d, name, &found);
 	struct node *k;
 	if (found && type == 'd' && d->kids[at]->type == 'd') {
 		k = d->kids[at]; /* a directory again: new attributes, same entries */
 	} else {
 		if (found)
-			kid_remove(d, at);
+			kid_remove(t, d, at);
 		if (!(k = node_new(name, type, t->layer))) {
 			free(link_ext);
 			return SPACED_ENOMEM;
 		}
-		if ((r = kid_insert(d, at, k)) < 0) {
+		if ((r = kid_insert(t, d, k)) < 0) {
 			node_free(k);
 			free(link_ext);
 			return r == SPACED_ETOOBIG
@@ -496,8 +615,9 @@ static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct arch
 	k->uid = uid;
 	k->gid = gid;
 	k->mtime = archive_entry_mtime(e);
-	if (type == 'd' && kind == SPACED_ROOTFS_UPPER && xattr_set(e, "trusted.overlay.opaque", "y"))
-		kids_hide_lower(k, t->layer);
+	if (type == 'd' && kind == SPACED_ROOTFS_UPPER && xattr_set(e, "trusted.overlay.opaque", "y") &&
+	    (r = kids_hide_lower(t, k, t->layer)) < 0)
+		return r;
 	if (type == 'l') {
 		const char *target = archive_entry_symlink(e);
 		k->mode = 0777; /* as every symlink on Linux */
@@ -578,6 +698,7 @@ int spaced_rootfs_new(const struct spaced_rootfs_limits *lim, const char *spool_
 		free(t);
 		return r;
 	}
+	randombytes_buf(t->name_key, sizeof t->name_key);
 	if (!(t->root = node_new(".", 'd', 0))) {
 		close(t->spool);
 		free(t);
@@ -816,7 +937,7 @@ int spaced_rootfs_write(struct spaced_rootfs *t, const char *out, struct spaced_
 		r = failf(why, whysz, SPACED_EIO, "archive: %s", archive_error_string(w.a));
 		goto out;
 	}
-	if ((r = write_node(&w, t->root, 0)) < 0)
+	if ((r = kids_sort(t, t->root)) < 0 || (r = write_node(&w, t->root, 0)) < 0)
 		goto out;
 	if (archive_write_close(w.a) != ARCHIVE_OK) {
 		r = failf(why, whysz, SPACED_EIO, "archive: %s", archive_error_string(w.a));
