@@ -612,9 +612,20 @@ static void keeper_on_term(int sig)
 	keeper_stop = 1;
 }
 
+/* Whether a directory other than dfd's is at absdir now: one made at the
+ * same path since this keeper's was removed (a cluster being made there,
+ * whose DIR/pids may not be written yet). */
+static bool path_replaced(const char *absdir, int dfd)
+{
+	struct stat now, ours;
+	return dfd >= 0 && stat(absdir, &now) == 0 && fstat(dfd, &ours) == 0 &&
+	       (now.st_dev != ours.st_dev || now.st_ino != ours.st_ino);
+}
+
 /* Whether the cluster is still this keeper's: its directory has links
  * (dfd: the directory itself, not its name) and DIR/pids names this keeper.
- * *other: DIR/pids names another keeper (a cluster made there since). */
+ * *other: DIR/pids names another keeper, or another directory is at the
+ * path (a cluster made there since). */
 static bool keeper_owns(const char *absdir, int dfd, bool *other)
 {
 	struct stat ds;
@@ -622,7 +633,7 @@ static bool keeper_owns(const char *absdir, int dfd, bool *other)
 	*other = false;
 	if (dfd >= 0 && fstat(dfd, &ds) == 0 && ds.st_nlink == 0) {
 		int n = load_pids(absdir, r, (int)(sizeof r / sizeof r[0]));
-		*other = n > 0;
+		*other = n > 0 || path_replaced(absdir, dfd);
 		return false;
 	}
 	int n = load_pids(absdir, r, (int)(sizeof r / sizeof r[0]));
@@ -640,27 +651,41 @@ static bool keeper_owns(const char *absdir, int dfd, bool *other)
  * another cluster was made there: what the keeper started is stopped
  * (SIGTERM, then SIGKILL after 5 s; each pinned by its start time), and,
  * unless another cluster is there now, their executions too, as dev down
- * does — those running when this was seen: a cluster made at the same path
- * a moment later names it too, and is never touched. */
-static void keeper_cluster_gone(const char *dir, const char *absdir, bool other)
+ * does, once the workers are stopped (a pool that was filling starts no
+ * more). A cluster made at the same path names it too and is never
+ * touched: the processes are listed, then the path is looked at again, and
+ * if a new directory is there by then (its processes may be among those
+ * listed) nothing is killed by its name and no namespace under it is
+ * unmounted (dev up there stops what is left of the old cluster before it
+ * starts its own). */
+static void keeper_cluster_gone(const char *dir, const char *absdir, int dfd, bool other)
 {
 	static pid_t pids[DEV_EXECS_MAX];
 	static unsigned long long sts[DEV_EXECS_MAX];
-	int nexec = other ? 0 : executions_of(absdir, pids, sts, DEV_EXECS_MAX);
 	fprintf(stderr, "keeper: %s %s; stopping the cluster's processes\n", absdir,
 	        other ? "holds another cluster" : "was removed");
 	struct proc_rec r[DEV_MAX_WORKERS + 1];
 	for (int i = 0; i < nkept; i++)
 		r[i] = (struct proc_rec){.pid = kept[i].pid, .st = kept[i].st};
 	stop_procs(r, nkept);
-	if (!other) {
+	if (other)
+		return;
+	for (int t = 0; t < 100; t++) {
+		int nexec = executions_of(absdir, pids, sts, DEV_EXECS_MAX);
+		if (path_replaced(absdir, dfd)) {
+			fprintf(stderr, "keeper: another directory is at %s now; its processes are not touched\n", absdir);
+			return;
+		}
+		if (nexec == 0)
+			break;
 		kill_listed(pids, sts, nexec);
-		/* once nothing of the cluster runs: a worker whose pool was filling
-		 * made its egress namespace again when it was gone */
-		egress_unmount(dir);
-		remove_vm_files();
-		reap_orphans();
+		sleep_ms(50);
 	}
+	/* once nothing of the cluster runs: a worker whose pool was filling
+	 * made its egress namespace again when it was gone */
+	egress_unmount(dir);
+	remove_vm_files();
+	reap_orphans();
 }
 
 /* The keeper's loop: every 100 ms, a kept process whose (pid, start time)
@@ -683,7 +708,7 @@ static void run_keeper(const char *absdir)
 	while (!keeper_stop) {
 		bool other;
 		if (!keeper_owns(absdir, dfd, &other)) {
-			keeper_cluster_gone(absdir, absdir, other);
+			keeper_cluster_gone(absdir, absdir, dfd, other);
 			break;
 		}
 		while (waitpid(-1, NULL, WNOHANG) > 0)

@@ -18,12 +18,14 @@ cleanup() {
 }
 
 fail() {
-	echo "FAIL: $*"
+	echo "FAIL: $* [$(($(date +%s) - CP_LIB_T0)) s]"
 	FAILS=$((FAILS + 1))
 }
 
+# each result line ends with the seconds since the test began (where its time goes)
+CP_LIB_T0=$(date +%s)
 ok() {
-	echo "ok: $*"
+	echo "ok: $* [$(($(date +%s) - CP_LIB_T0)) s]"
 }
 
 # expect WHAT ACTUAL EXPECTED

@@ -39,7 +39,8 @@ C=$W/c
 "$SC" dev up --workers 1 --dir "$C" --pool 24 >"$W/c.up" 2>&1 || { cat "$W/c.up"; echo "FAIL: dev up"; exit 1; }
 rm -rf "$C" 2>/dev/null
 WAIT_SECONDS=30 wait_for "every process of the cluster removed while its pool filled stopped" \
-	sh -c "[ \$(ps -eo args= | grep -F '$C/' | grep -v grep | wc -l) -eq 0 ]"
+	sh -c "[ \$(ps -eo args= | grep -F '$C/' | grep -v grep | wc -l) -eq 0 ]" ||
+	{ ps -eo pid,ppid,sid,etimes,stat,args | grep -F "$C/" | grep -v grep | head -n 20; pgrep -af 'dev up' | head; }
 sleep 1
 expect "its egress namespace is unmounted" "$(grep -cF "$C/" /proc/mounts)" 0
 rm -rf "$C" && ok "and the directory goes" || fail "the directory of the cluster removed while its pool filled stays"
@@ -57,6 +58,8 @@ WAIT_SECONDS=15 wait_for "the old keeper ended" sh -c "! kill -0 $OLDK 2>/dev/nu
 expect "the old worker was stopped" "$(pid_alive "$OLDW" && echo running || echo stopped)" stopped
 sleep 2
 expect "the new keeper and worker run" "$(pid_alive "$NEWK" && pid_alive "$NEWW" && echo yes)" yes
+pid_alive "$NEWK" && pid_alive "$NEWW" ||
+	{ echo "keeper $NEWK worker $NEWW; now: $(tr '\n' ' ' <"$B/pids")"; tail -n 15 "$B/keeper.log" "$B"/worker-1*.log; }
 Y=$(SPACED_ROUTE_CACHE=$W/routes-b sh -c ". '$B/env'; '$SC' create") || fail "create on the new cluster"
 expect "the new cluster serves" "$(SPACED_ROUTE_CACHE=$W/routes-b sh -c ". '$B/env'; '$SC' exec $Y -- echo fine")" fine
 "$SC" dev down --dir "$B" >/dev/null 2>&1

@@ -48,8 +48,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 failed=0
-ok() { printf 'ok: %s\n' "$*"; }
-fail() { printf 'FAIL: %s\n' "$*"; failed=1; }
+T0=$(date +%s)
+ok() { printf 'ok: %s [%s s]\n' "$*" $(($(date +%s) - T0)); }
+fail() { printf 'FAIL: %s [%s s]\n' "$*" $(($(date +%s) - T0)); failed=1; }
 
 vm_images "$build" "$tmp/img" >"$tmp/img.log" 2>&1 || { cat "$tmp/img.log"; echo "cannot build the VM images"; exit 77; }
 

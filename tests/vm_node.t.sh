@@ -50,8 +50,9 @@ if command -v pasta >/dev/null && command -v nft >/dev/null && command -v curl >
 fi
 [ "$NET" = 1 ] || echo "note: no egress checks (pasta, nft, curl or a namespace for the outside host missing)"
 failed=0
-ok() { printf 'ok: %s\n' "$*"; }
-fail() { printf 'FAIL: %s\n' "$*"; failed=1; }
+T0=$(date +%s)
+ok() { printf 'ok: %s [%s s]\n' "$*" $(($(date +%s) - T0)); }
+fail() { printf 'FAIL: %s [%s s]\n' "$*" $(($(date +%s) - T0)); failed=1; }
 expect() { if [ "$2" = "$3" ]; then ok "$1"; else fail "$1: got '$2', expected '$3'"; fi; }
 # wait_for WHAT SECONDS CMD…: polls CMD every 0.2 s
 wait_for() {

@@ -59,8 +59,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 failed=0
-ok() { printf 'ok: %s\n' "$*"; }
-fail() { printf 'FAIL: %s\n' "$*"; failed=1; }
+T0=$(date +%s)
+ok() { printf 'ok: %s [%s s]\n' "$*" $(($(date +%s) - T0)); }
+fail() { printf 'FAIL: %s [%s s]\n' "$*" $(($(date +%s) - T0)); failed=1; }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 export SPACED_VSOCK_CLIENT_TIMEOUT_MS=20000
 
