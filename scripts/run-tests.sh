@@ -5,7 +5,8 @@
 # the integration scripts (tests/*.t.sh) to run, by default all of them
 # (make check-vm: 'test-vmm' 'vm_*').
 # - Criterion suites: SANBUILD/tests/test-* (each test forked; crashes count as failures);
-# - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD;
+# - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD (those marked
+#   light two at a time, first; the others one at a time);
 # - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 2), one test each.
 set -u
 build=$1
@@ -45,22 +46,54 @@ for t in "$build"/tests/test-*; do
 	fi
 done
 
+# run_script NAME PATH: runs one integration script; its exit code and seconds go to NAME.result
+run_script() {
+	t0=$(date +%s)
+	SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$2" >"$log_dir/$1.log" 2>&1
+	echo "$? $(($(date +%s) - t0))" >"$log_dir/$1.result"
+}
+# report NAME: counts and prints what run_script wrote
+report() {
+	read -r rc secs <"$log_dir/$1.result"
+	if [ "$rc" -eq 0 ]; then
+		passed=$((passed + 1)); echo "ok   $1 ($secs s)"
+	elif [ "$rc" -eq 77 ]; then
+		echo "skip $1: $(tail -n 1 "$log_dir/$1.log")"
+	else
+		failed=$((failed + 1)); echo "FAIL $1 (exit $rc, $secs s)"; tail -n 30 "$log_dir/$1.log"
+	fi
+}
+
+# Light scripts run two at a time, the longest first: a script whose header
+# says "# run-tests: light, about N s" starts no worker, cgroup, namespace or
+# dev cluster (the control plane on fake workers, client tools) and holds no
+# timing that another such script beside it could upset. The others run
+# one at a time after them.
+light=""
+heavy=""
 for s in "$top"/tests/*.t.sh; do
 	[ -f "$s" ] || continue
 	name=$(basename "$s" .t.sh)
 	case "$name" in $scripts) ;; *) continue ;; esac
-	log="$log_dir/$name.log"
-	t0=$(date +%s)
-	if SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$s" >"$log" 2>&1; then
-		passed=$((passed + 1)); echo "ok   $name ($(($(date +%s) - t0)) s)"
-	else
-		rc=$?
-		if [ "$rc" -eq 77 ]; then
-			echo "skip $name: $(tail -n 1 "$log")"
-		else
-			failed=$((failed + 1)); echo "FAIL $name (exit $rc, $(($(date +%s) - t0)) s)"; tail -n 30 "$log"
-		fi
-	fi
+	about=$(sed -n 's/^# run-tests: light, about \([0-9]*\) s$/\1/p' "$s")
+	if [ -n "$about" ]; then light="$light$about $name
+"; else heavy="$heavy $name"; fi
+done
+slot1=""; slot2=""; name1=""; name2=""
+for name in $(printf '%s' "$light" | sort -rn | awk '{print $2}'); do
+	while [ -n "$slot1" ] && [ -n "$slot2" ]; do
+		if ! kill -0 "$slot1" 2>/dev/null; then wait "$slot1"; report "$name1"; slot1=""
+		elif ! kill -0 "$slot2" 2>/dev/null; then wait "$slot2"; report "$name2"; slot2=""
+		else sleep 0.2; fi
+	done
+	if [ -z "$slot1" ]; then run_script "$name" "$top/tests/$name.t.sh" & slot1=$!; name1=$name
+	else run_script "$name" "$top/tests/$name.t.sh" & slot2=$!; name2=$name; fi
+done
+[ -n "$slot1" ] && { wait "$slot1"; report "$name1"; }
+[ -n "$slot2" ] && { wait "$slot2"; report "$name2"; }
+for name in $heavy; do
+	run_script "$name" "$top/tests/$name.t.sh"
+	report "$name"
 done
 
 if [ -n "$fuzzbuild" ]; then

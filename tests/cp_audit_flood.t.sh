@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 7 s
 # A flood of refused keys cannot fill the control plane's disk through its
 # audit log (libspaced/ratelimit.h): every refused request is answered 401,
 # but one caller address adds at most 200 lines at once and 20 a second after;

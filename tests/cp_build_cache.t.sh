@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 3 s
 # The build cache is bounded (cp.h cp_build_cache_sweep): every step of a
 # Spacefile build leaves a tree in the control plane's store, so a tenant
 # building in a loop would otherwise fill its disk. A control plane with

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 9 s
 # A deleted sandbox's row is kept a week (--retain-deleted): a control plane
 # that creates steadily holds many more deleted rows than live ones. What a
 # create costs the store (placement's sums per worker, the quota's count,

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 6 s
 # The control plane serves API keys in turn (spaced-cp/server.c): a tenant whose
 # lifecycle calls all wait for a worker that never answers (each holds a
 # request thread up to --ack-timeout, 5 s here) does not hold every thread.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 23 s
 # HTTP hygiene of the control plane (issue 12, items 3 and 5): every attack
 # that libwebsockets let through is sent on raw sockets (tests/cp_hygiene.py)
 # to a real spaced-cp and answered with its exact status, the connection

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 18 s
 # Worker liveness on the control plane (issue 12, item 5): a worker is live
 # while its control channel is open. A channel whose TCP connection closes
 # (the worker killed) makes the worker not live at once; a channel that goes

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 75 s
 # spaced-cp on a real PostgreSQL server (started here with scripts/pg-test.sh):
 # the same suite as on SQLite, then two control-plane replicas sharing the
 # database and acting on the same sandbox (serialized by the row lease; each

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 4 s
 # A deleted sandbox's rows are kept --retain-deleted seconds, then removed
 # (cp.h cp_deleted_sweep): a tenant creating and deleting sandboxes in a loop
 # would otherwise grow the control plane's store without bound. A control

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 68 s
 # spaced-cp on its embedded SQLite store: the whole control-plane suite
 # (tenancy, generations, routes and capabilities, races, acks, replay,
 # rotation, signer separation, timeouts, restart). Cites I1, I2, C1–C3, T1.

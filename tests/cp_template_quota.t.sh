@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 13 s
 # A tenant's templates are held to its templates quota (`--quota …,templates=SIZE`, `spaced-cp
 # admin set-quota NAME templates=SIZE`): every import and every naming of a built tree adds a
 # tree to the control plane's store, so a tenant importing in a loop would otherwise fill its

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 5 s
 # The SDKs' own unit tests (issue 16): the route rules of the Python SDK
 # (sdk/python/tests, unittest) and of the TypeScript SDK (sdk/typescript/test,
 # node:test) against in-process fake control planes and workers on 127.0.0.1 —

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: light, about 4 s
 # spacectl token / cap against the official PASETO v4.public vectors and the
 # capability round trip (C1, C2, C5, R6).
 #   env: SPACED_BUILD (absolute build dir), SPACED_TOP (repo root)
