@@ -2,7 +2,7 @@
  * cmd_dev.c — a development cluster on this machine:
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
- *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...] [--net-conns N]
+ *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]
  *          [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS|off] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
@@ -57,7 +57,8 @@ static const char usage_dev[] =
 	"usage: spacectl dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S]\n"
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
-	"                       [--net-openable CIDR[,CIDR]...] [--net-conns N] [--cpu-latency-us N]\n"
+	"                       [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]\n"
+	"                       [--cpu-latency-us N]"
 	"                       [--request-cpu weight=N,max=CPUS|off] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
@@ -792,6 +793,8 @@ static const char *dev_net_rate;
 static const char *dev_disk_reserve;
 /* --net-openable for every worker, or NULL: none of the closed set opens */
 static const char *dev_net_openable;
+/* --net-closed for every worker, or NULL: the closed set as spaced-node has it */
+static const char *dev_net_closed;
 /* --net-conns for every worker, or NULL: what pasta's open-file limit allows */
 static const char *dev_net_conns;
 /* --cpu-latency-us for every worker, or NULL: no PM QoS request */
@@ -1024,7 +1027,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		 * 65536 uids per worker, one block after the other */
 		char uids[48];
 		snprintf(uids, sizeof uids, "%u:256", (1u << 30) + (unsigned)(k - 1) * 256u * 65536u);
-		const char *a[64] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
+		const char *a[96] = {node, "--state", wdir, "--worker-id", wid, "--listen", "127.0.0.1:0", "--guest-bin", guest,
 		                     "--uid-range", uids, "--cp", cpurl, "--join-token-file", join,
 		                     "--metrics-listen", "127.0.0.1:0", NULL};
 		int na = 17;
@@ -1084,7 +1087,8 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		const char *const pass[][2] = {{"--stall-timeout", stall},       {"--pool", real ? dev_pool : NULL},
 		                               {"--disk-io", dev_disk_io},        {"--allocatable", alloc},
 		                               {"--net-rate", dev_net_rate},      {"--disk-reserve", dev_disk_reserve},
-		                               {"--net-openable", dev_net_openable}, {"--net-conns", dev_net_conns},
+		                               {"--net-openable", dev_net_openable}, {"--net-closed", dev_net_closed},
+		                               {"--net-conns", dev_net_conns},
 		                               {"--cpu-latency-us", dev_cpu_latency}, {"--request-cpu", dev_request_cpu},
 		                               {"--log-format", logfmt}};
 		for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
@@ -1111,7 +1115,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		wp = read_small(p);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", wp ? wp : "0");
 		free(wp);
-		const char *ka[64];
+		const char *ka[96];
 		int m = 0;
 		for (int i = 0; a[i]; i++) {
 			if (strcmp(a[i], "--join-token-file") == 0) {
@@ -1252,6 +1256,7 @@ int cmd_dev(int argc, char **argv)
 		{"net-rate", required_argument, NULL, 'R'},
 		{"disk-reserve", required_argument, NULL, 'K'},
 		{"net-openable", required_argument, NULL, 'O'},
+		{"net-closed", required_argument, NULL, 'X'},
 		{"net-conns", required_argument, NULL, 'C'},
 		{"cpu-latency-us", required_argument, NULL, 'U'},
 		{"request-cpu", required_argument, NULL, 'Q'},
@@ -1280,6 +1285,7 @@ int cmd_dev(int argc, char **argv)
 		case 'R': dev_net_rate = optarg; break;
 		case 'K': dev_disk_reserve = optarg; break;
 		case 'O': dev_net_openable = optarg; break;
+		case 'X': dev_net_closed = optarg; break;
 		case 'C': dev_net_conns = optarg; break;
 		case 'U': dev_cpu_latency = optarg; break;
 		case 'Q': dev_request_cpu = optarg; break;

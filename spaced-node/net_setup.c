@@ -464,6 +464,12 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 		}
 		freeifaddrs(ifa);
 	}
+	/* and what the operator adds to it */
+	for (size_t i = 0; i < cfg->net_nclosed; i++) {
+		char c[32];
+		spaced_cidr_format(&cfg->net_closed[i], c, sizeof c);
+		fprintf(f, ", %s", c);
+	}
 	fprintf(f, " }\n");
 	/* what the operator lets a sandbox's allow_out open of it */
 	for (size_t i = 0; i < cfg->net_nopenable; i++) {
@@ -828,6 +834,18 @@ static int apply_policy(const struct mgr_config *cfg, const char *ns, uint32_t s
 	return e;
 }
 
+/* A JSON array of the CIDRs' texts (NULL without memory). */
+static json_t *cidr_list_json(const struct spaced_cidr *c, size_t n)
+{
+	json_t *a = json_array();
+	for (size_t i = 0; a && i < n; i++) {
+		char t[32];
+		spaced_cidr_format(&c[i], t, sizeof t);
+		json_array_append_new(a, json_string(t));
+	}
+	return a;
+}
+
 /* STATE/net/slot/N.json: which sandbox holds slot N, its address and policy
  * (for spaced-netd). Derived state: every attach writes it again, so it
  * needs the disk only when durable is asked for. */
@@ -837,15 +855,13 @@ static int write_slot(const struct mgr_config *cfg, uint32_t slot, const char *s
 	char path[4200], addr[16];
 	snprintf(path, sizeof path, "%s/net/slot/%u.json", cfg->state_dir, (unsigned)slot);
 	addr_text(NET_POOL + 4 * slot + 2, addr);
-	json_t *open = json_array();
-	for (size_t i = 0; open && i < cfg->net_nopenable; i++) {
-		char c[32];
-		spaced_cidr_format(&cfg->net_openable[i], c, sizeof c);
-		json_array_append_new(open, json_string(c));
-	}
-	/* with what the operator made openable: the resolver strips the rest of the closed set */
-	json_t *j = json_pack("{s:s,s:s,s:o,s:o}", "sandbox", sandbox, "addr", addr, "policy", spaced_netpolicy_to_json(p),
-	                      "openable", open ? open : json_array());
+	json_t *open = cidr_list_json(cfg->net_openable, cfg->net_nopenable);
+	json_t *closed = cidr_list_json(cfg->net_closed, cfg->net_nclosed);
+	/* with what the operator made openable and added to the closed set: the
+	 * resolver strips answers into the closed set but for what is opened */
+	json_t *j = json_pack("{s:s,s:s,s:o,s:o,s:o}", "sandbox", sandbox, "addr", addr, "policy",
+	                      spaced_netpolicy_to_json(p), "openable", open ? open : json_array(), "closed",
+	                      closed ? closed : json_array());
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	json_decref(j);
 	if (!text)

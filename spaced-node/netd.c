@@ -92,6 +92,8 @@ struct slotpol {
 	struct spaced_netpolicy pol;
 	struct spaced_net_rule openable[SPACED_NET_RULES_MAX]; /* what its allow_out may open of the closed set */
 	size_t nopenable;
+	struct spaced_net_rule closed[SPACED_NET_RULES_MAX]; /* what the operator added to the closed set */
+	size_t nclosed;
 };
 
 enum action { A_PASS = 1, A_PIN, A_DENYPIN };
@@ -153,6 +155,21 @@ static void logf_(const char *fmt, ...)
 		fprintf(stderr, "spaced-netd %s\n", buf);
 }
 
+/* CIDR rules from a JSON array of CIDR texts (at most SPACED_NET_RULES_MAX;
+ * what is not one is skipped). Returns the count. */
+static size_t cidr_rules(const json_t *list, struct spaced_net_rule *out)
+{
+	size_t i, n = 0;
+	json_t *v;
+	json_array_foreach(list, i, v) {
+		if (n < SPACED_NET_RULES_MAX && json_is_string(v) && spaced_cidr_parse(json_string_value(v), &out[n].cidr) == 0) {
+			out[n].is_domain = false;
+			n++;
+		}
+	}
+	return n;
+}
+
 /* The policy of slot k, re-read when its file changed; NULL when none. */
 static const struct slotpol *policy_of(uint32_t k)
 {
@@ -176,18 +193,9 @@ static const struct slotpol *policy_of(uint32_t k)
 	    spaced_netpolicy_from_json(json_object_get(j, "policy"), &c->pol, NULL, 0) == 0) {
 		snprintf(c->sandbox, sizeof c->sandbox, "%s", sb);
 		c->addr = a.addr;
-		/* the operator's --net-openable (a slot file without it: nothing) */
-		json_t *op = json_object_get(j, "openable"), *v;
-		size_t i;
-		c->nopenable = 0;
-		json_array_foreach(op, i, v) {
-			struct spaced_net_rule *r = &c->openable[c->nopenable];
-			if (c->nopenable < SPACED_NET_RULES_MAX && json_is_string(v) &&
-			    spaced_cidr_parse(json_string_value(v), &r->cidr) == 0) {
-				r->is_domain = false;
-				c->nopenable++;
-			}
-		}
+		/* the operator's --net-openable and --net-closed (a slot file without them: nothing) */
+		c->nopenable = cidr_rules(json_object_get(j, "openable"), c->openable);
+		c->nclosed = cidr_rules(json_object_get(j, "closed"), c->closed);
 		c->mtime = st.st_mtim.tv_sec;
 		c->mtime_ns = st.st_mtim.tv_nsec;
 		c->ino = st.st_ino;
@@ -364,7 +372,9 @@ static void on_answer(int srv, int up)
 	for (size_t i = 0; i < na && i < 64; i++) {
 		bool opened = sp && spaced_net_cidr_match(sp->pol.allow_out, sp->pol.nallow, addrs[i]) &&
 		              spaced_net_cidr_match(sp->openable, sp->nopenable, addrs[i]);
-		if ((spaced_net_closed(addrs[i]) || is_own(addrs[i])) && !opened)
+		bool in_closed = spaced_net_closed(addrs[i]) || is_own(addrs[i]) ||
+		                 (sp && spaced_net_cidr_match(sp->closed, sp->nclosed, addrs[i]));
+		if (in_closed && !opened)
 			closed = true;
 	}
 	if (na > 64)

@@ -265,6 +265,9 @@ struct mgr_config {
 	 * no tenant reaches the worker's own addresses, loopback, link-local or private ranges) */
 	const struct spaced_cidr *net_openable;
 	size_t net_nopenable;
+	/* ranges the operator adds to the closed set (--net-closed; none by default) */
+	const struct spaced_cidr *net_closed;
+	size_t net_nclosed;
 	/* connections the worker's egress (pasta) carries for all executions together (--net-conns;
 	 * 0: what pasta's open-file limit allows); split into a share each slot is guaranteed and a
 	 * pool the rest draw from (net_setup.c net_conn_share, docs/network.md) */

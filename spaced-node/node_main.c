@@ -40,6 +40,11 @@
  * allow_out may open; none by default, so no tenant reaches the worker's own
  * services, a cloud's metadata address or the operator's private networks by
  * naming them (docs/network.md). Repeatable.
+ * --net-closed CIDR[,CIDR]...: ranges added to the closed set (the operator's
+ * other networks, a public subnet the worker is on, a provider's service
+ * addresses): no sandbox reaches them and names resolving into them resolve
+ * to nothing, unless --net-openable also names them and an allow_out does.
+ * Repeatable.
  * --net-conns N: the connections the worker's egress carries for all its
  * executions together (default: what pasta's open-file limit allows, two
  * descriptors each); each execution is guaranteed an equal part of half of
@@ -299,6 +304,7 @@ static void usage(void)
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
+	                "                   [--net-closed CIDR[,CIDR]...]\n"
 	                "                   [--net-conns N] [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS|off]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
@@ -892,8 +898,8 @@ int main(int argc, char **argv)
 	uint64_t net_rate = 500000000; /* 500 Mbit/s each way */
 	uint32_t net_conns = 0;        /* pasta's open-file limit decides */
 	int32_t cpu_latency_us = -1;   /* no PM QoS request */
-	static struct spaced_cidr net_openable[SPACED_NET_RULES_MAX];
-	size_t net_nopenable = 0;
+	static struct spaced_cidr net_openable[SPACED_NET_RULES_MAX], net_closed[SPACED_NET_RULES_MAX];
+	size_t net_nopenable = 0, net_nclosed = 0;
 	const char *cp_url = NULL, *join_token = NULL, *join_file = NULL, *advertise = NULL, *metrics_listen = NULL;
 	long capacity = 64;
 	/* templates: 8 GiB each at most, a cache of 20 GiB */
@@ -1093,16 +1099,19 @@ int main(int argc, char **argv)
 			*(a[11] == 'c' ? &tmpl_cache_max : &tmpl_max) = sz;
 		} else if (strcmp(a, "--net-dns") == 0)
 			net_dns = v;
-		else if (strcmp(a, "--net-openable") == 0) {
+		else if (strcmp(a, "--net-openable") == 0 || strcmp(a, "--net-closed") == 0) {
+			bool open = a[6] == 'o';
+			struct spaced_cidr *list_to = open ? net_openable : net_closed;
+			size_t *n = open ? &net_nopenable : &net_nclosed;
 			char list[1024], *save = NULL;
 			snprintf(list, sizeof list, "%s", v);
 			for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-				if (net_nopenable == SPACED_NET_RULES_MAX || spaced_cidr_parse(t, &net_openable[net_nopenable]) < 0) {
-					fprintf(stderr, "spaced-node: --net-openable wants IPv4 CIDRs (10.20.0.0/16,192.0.2.7), %d at most\n",
+				if (*n == SPACED_NET_RULES_MAX || spaced_cidr_parse(t, &list_to[*n]) < 0) {
+					fprintf(stderr, "spaced-node: %s wants IPv4 CIDRs (10.20.0.0/16,192.0.2.7), %d at most\n", a,
 					        SPACED_NET_RULES_MAX);
 					return 2;
 				}
-				net_nopenable++;
+				(*n)++;
 			}
 		}
 		else if (strcmp(a, "--net-conns") == 0) {
@@ -1269,6 +1278,7 @@ int main(int argc, char **argv)
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
 	                        .pool_memory = pool_memory, .net_dns = net_dns, .net_rate = net_rate,
 	                        .net_openable = net_openable, .net_nopenable = net_nopenable,
+	                        .net_closed = net_closed, .net_nclosed = net_nclosed,
 	                        .net_conns = net_conns,
 	                        .vm_bin = vm_bin, .vm_images = vm_images,
 	                        .vsockd_bin = vsockd_bin, .qemu_bin = qemu_bin, .vm_accel = vm_accel,

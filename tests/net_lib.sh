@@ -4,28 +4,30 @@
 # nothing is ever sent anywhere else. net_host_up sets:
 #   NH_NS, NH_IF   the namespace and the host's end of its veth
 #   NH_GW          the host's address on that link (a worker's own address from then on)
-#   NH_A, NH_B     the outside host's two addresses
+#   NH_A, NH_B     the outside host's addresses, and NH_C a third (for a range an operator closes)
 #   NH_PID         its server (tests/net_host.py: HTTP :8080, echo :9000, DNS :53)
 # DNS records: allowed.test and www.allowed.test -> NH_A, other.test -> NH_B,
-# denied.test -> NH_B, evil.test -> 127.0.0.1, private.test -> 10.1.2.3, own.test -> NH_GW.
+# denied.test -> NH_B, evil.test -> 127.0.0.1, private.test -> 10.1.2.3, own.test -> NH_GW,
+# closed.test -> NH_C.
 
 net_host_up() {
 	command -v ip >/dev/null 2>&1 || return 1
 	rnd=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
 	third=$((rnd % 256)); fourth=$(( (rnd / 256) % 32 * 8 ))
 	NH_NET=198.19.$third
-	NH_GW=$NH_NET.$((fourth + 1)); NH_A=$NH_NET.$((fourth + 2)); NH_B=$NH_NET.$((fourth + 3))
+	NH_GW=$NH_NET.$((fourth + 1)); NH_A=$NH_NET.$((fourth + 2)); NH_B=$NH_NET.$((fourth + 3)); NH_C=$NH_NET.$((fourth + 5))
 	NH_NS=spxt$$; NH_IF=spxt$$
 	ip netns add "$NH_NS" || return 1
 	ip link add "$NH_IF" type veth peer name eth0 netns "$NH_NS" || return 1
 	ip addr add "$NH_GW/29" dev "$NH_IF" && ip link set "$NH_IF" up || return 1
 	ip -n "$NH_NS" addr add "$NH_A/29" dev eth0 && ip -n "$NH_NS" addr add "$NH_B/29" dev eth0 &&
+		ip -n "$NH_NS" addr add "$NH_C/29" dev eth0 &&
 		ip -n "$NH_NS" link set eth0 up && ip -n "$NH_NS" link set lo up &&
 		ip -n "$NH_NS" route add default via "$NH_GW" || return 1
 	ip netns exec "$NH_NS" python3 "$SPACED_TOP/tests/net_host.py" --lifetime "${NH_LIFETIME:-900}" \
 		--record "allowed.test=$NH_A" --record "www.allowed.test=$NH_A" --record "other.test=$NH_B" \
 		--record "denied.test=$NH_B" --record "evil.test=127.0.0.1" --record "private.test=10.1.2.3" \
-		--record "own.test=$NH_GW" >"${NH_LOG:-/dev/null}" 2>&1 &
+		--record "own.test=$NH_GW" --record "closed.test=$NH_C" >"${NH_LOG:-/dev/null}" 2>&1 &
 	NH_PID=$!
 	i=0
 	until curl -s -m 1 -o /dev/null "http://$NH_A:8080/"; do

@@ -27,7 +27,8 @@ NH_GW2=$NH_NET.$((fourth + 4))
 ip addr add "$NH_GW2/32" dev "$NH_IF" || { echo "cannot add $NH_GW2"; exit 77; }
 echo "outside host $NH_A and $NH_B; the worker's end of that link is $NH_GW (and $NH_GW2)"
 
-if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 2 --dir "$D" --net-openable "$NH_GW/32" >"$W/up.out" 2>"$W/up.err"; then
+if ! SPACED_NET_DNS=$NH_A:53 "$SC" dev up --workers 2 --dir "$D" --net-openable "$NH_GW/32" \
+	--net-closed "$NH_C/32" >"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up"; exit 1
 fi
@@ -180,6 +181,19 @@ expect "allow-out 0.0.0.0/0: a name into a private range still resolves to nothi
 	"$("$SC" exec "$A" -- sh -c "getent ahostsv4 private.test | head -n 1")" ""
 kill $HSRV $HSRV2 2>/dev/null
 victim_ok "the policy changes"
+
+# ---- a range the operator closes (--net-closed): an outside neighbour on the worker's link (the
+# closed set holds the worker's own addresses, not its subnets), closed like the rest of the set ----
+CL=$("$SC" create --worker worker-1)
+expect "operator-closed: an outside address is still reached" "$(code "$CL" "http://$NH_A:8080/")" 200
+expect "operator-closed: the closed neighbour is not, in mode allow" "$(code "$CL" "http://$NH_C:8080/")" 000
+expect "operator-closed: a name resolving into it resolves to nothing" \
+	"$("$SC" exec "$CL" -- sh -c 'getent ahostsv4 closed.test | head -n 1')" ""
+"$SC" net "$CL" --allow-out "$NH_C" >/dev/null 2>&1
+expect "operator-closed: allow-out does not open it (the operator did not make it openable)" \
+	"$(code "$CL" "http://$NH_C:8080/")" 000
+expect "operator-closed: the slot file tells the resolver" \
+	"$(cat "$D"/worker-1/net/slot/*.json | jq -r '.closed[]' | sort -u)" "$NH_C/32"
 
 # ---- the policy follows a move ----
 "$SC" net "$B" --network deny --allow-out allowed.test >/dev/null 2>&1
