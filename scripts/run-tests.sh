@@ -5,9 +5,9 @@
 # the integration scripts (tests/*.t.sh) to run, by default all of them
 # (make check-vm: 'test-vmm' 'vm_*').
 # - Criterion suites: SANBUILD/tests/test-* (each test forked; crashes count as failures);
-# - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD (those marked
-#   light two at a time, first; the others one at a time);
-# - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 2), one test each.
+# - integration scripts: tests/*.t.sh, each one test, run with SPACED_BUILD=SANBUILD;
+# - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 2), one test each;
+# the fuzz smoke runs and the scripts marked light run LIGHT_JOBS (3) at a time, before the others.
 set -u
 build=$1
 fuzzbuild=${2:-}
@@ -46,29 +46,34 @@ for t in "$build"/tests/test-*; do
 	fi
 done
 
-# run_script NAME PATH: runs one integration script; its exit code and seconds go to NAME.result
-run_script() {
+# run_job NAME: runs one integration script (tests/NAME.t.sh) or, for fuzz-*, one fuzz target's
+# smoke run; its exit code and seconds go to NAME.result, its output to NAME.log
+run_job() {
 	t0=$(date +%s)
-	SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$2" >"$log_dir/$1.log" 2>&1
+	case "$1" in
+	fuzz-*) sh "$top/scripts/fuzz.sh" "$fuzzbuild" "${FUZZ_SMOKE_SECONDS:-2}" "$1" >"$log_dir/$1.log" 2>&1 ;;
+	*) SPACED_BUILD="$(cd "$build" && pwd)" SPACED_TOP="$top" sh "$top/tests/$1.t.sh" >"$log_dir/$1.log" 2>&1 ;;
+	esac
 	echo "$? $(($(date +%s) - t0))" >"$log_dir/$1.result"
 }
-# report NAME: counts and prints what run_script wrote
+# report NAME: counts and prints what run_job wrote
 report() {
 	read -r rc secs <"$log_dir/$1.result"
+	kind=""
+	case "$1" in fuzz-*) kind="fuzz smoke, " ;; esac
 	if [ "$rc" -eq 0 ]; then
-		passed=$((passed + 1)); echo "ok   $1 ($secs s)"
+		passed=$((passed + 1)); echo "ok   $1 ($kind$secs s)"
 	elif [ "$rc" -eq 77 ]; then
 		echo "skip $1: $(tail -n 1 "$log_dir/$1.log")"
 	else
-		failed=$((failed + 1)); echo "FAIL $1 (exit $rc, $secs s)"; tail -n 30 "$log_dir/$1.log"
+		failed=$((failed + 1)); echo "FAIL $1 (${kind}exit $rc, $secs s)"; tail -n 30 "$log_dir/$1.log"
 	fi
 }
 
-# Light scripts run two at a time, the longest first: a script whose header
-# says "# run-tests: light, about N s" starts no worker, cgroup, namespace or
-# dev cluster (the control plane on fake workers, client tools) and holds no
-# timing that another such script beside it could upset. The others run
-# one at a time after them.
+# Light jobs run LIGHT_JOBS (3) at a time, the longest first, before the rest: the fuzz smoke runs
+# and each script whose header says "# run-tests: light, about N s" — it starts no worker, cgroup,
+# namespace or dev cluster (the control plane on fake workers, client tools) and holds no timing
+# that another such job beside it could upset. The other scripts run one at a time after them.
 light=""
 heavy=""
 for s in "$top"/tests/*.t.sh; do
@@ -79,34 +84,38 @@ for s in "$top"/tests/*.t.sh; do
 	if [ -n "$about" ]; then light="$light$about $name
 "; else heavy="$heavy $name"; fi
 done
-slot1=""; slot2=""; name1=""; name2=""
-for name in $(printf '%s' "$light" | sort -rn | awk '{print $2}'); do
-	while [ -n "$slot1" ] && [ -n "$slot2" ]; do
-		if ! kill -0 "$slot1" 2>/dev/null; then wait "$slot1"; report "$name1"; slot1=""
-		elif ! kill -0 "$slot2" 2>/dev/null; then wait "$slot2"; report "$name2"; slot2=""
-		else sleep 0.2; fi
-	done
-	if [ -z "$slot1" ]; then run_script "$name" "$top/tests/$name.t.sh" & slot1=$!; name1=$name
-	else run_script "$name" "$top/tests/$name.t.sh" & slot2=$!; name2=$name; fi
-done
-[ -n "$slot1" ] && { wait "$slot1"; report "$name1"; }
-[ -n "$slot2" ] && { wait "$slot2"; report "$name2"; }
-for name in $heavy; do
-	run_script "$name" "$top/tests/$name.t.sh"
-	report "$name"
-done
-
 if [ -n "$fuzzbuild" ]; then
 	for t in "$fuzzbuild"/fuzz/fuzz-*; do
 		[ -f "$t" ] && [ -x "$t" ] || continue
-		case "$t" in *.log|*-crash-*|*-leak-*|*-timeout-*|*-oom-*) continue ;; esac
-		if sh "$top/scripts/fuzz.sh" "$fuzzbuild" "${FUZZ_SMOKE_SECONDS:-2}" "$(basename "$t")" >"$log_dir/$(basename "$t").log" 2>&1; then
-			passed=$((passed + 1)); echo "ok   $(basename "$t") (fuzz smoke)"
-		else
-			failed=$((failed + 1)); echo "FAIL $(basename "$t") (fuzz smoke)"; tail -n 20 "$log_dir/$(basename "$t").log"
-		fi
+		case "$t" in *.log|*-crash-*|*-leak-*|*-timeout-*|*-oom-*|*.result) continue ;; esac
+		light="$light${FUZZ_SMOKE_SECONDS:-2} $(basename "$t")
+"
 	done
 fi
+running="" # "pid:name" of each light job running
+reap_light() { # reports the light jobs that ended; keeps the others in $running
+	still=""
+	for j in $running; do
+		if kill -0 "${j%%:*}" 2>/dev/null; then still="$still $j"; else wait "${j%%:*}"; report "${j#*:}"; fi
+	done
+	running=$still
+}
+for name in $(printf '%s' "$light" | sort -k1,1rn -k2,2 | awk '{print $2}'); do
+	while [ "$(echo $running | wc -w)" -ge "${LIGHT_JOBS:-3}" ]; do
+		sleep 0.2
+		reap_light
+	done
+	run_job "$name" &
+	running="$running $!:$name"
+done
+while [ -n "$running" ]; do
+	sleep 0.2
+	reap_light
+done
+for name in $heavy; do
+	run_job "$name"
+	report "$name"
+done
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
