@@ -1,6 +1,7 @@
 /* nameidx.c — names to positions (nameidx.h). */
 #include "nameidx.h"
 
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,10 +15,31 @@ void spaced_nameidx_init(struct spaced_nameidx *x, spaced_nameidx_name_fn name_o
 	x->ctx = ctx;
 }
 
+void spaced_nameidx_init_keyed(struct spaced_nameidx *x, spaced_nameidx_name_fn name_of, const void *ctx,
+                               const unsigned char *key)
+{
+	spaced_nameidx_init(x, name_of, ctx);
+	x->key = key;
+}
+
+/* The slot where a probe for name starts (nslots > 0). */
+static size_t home_of(const struct spaced_nameidx *x, const char *name)
+{
+	uint64_t h;
+	if (x->key) {
+		unsigned char out[crypto_shorthash_BYTES];
+		crypto_shorthash(out, (const unsigned char *)name, strlen(name), x->key);
+		memcpy(&h, out, sizeof h);
+	} else {
+		h = spaced_fnv1a(name);
+	}
+	return (size_t)h & (x->nslots - 1);
+}
+
 /* The slot holding name, or the free slot where it would go (nslots > 0). */
 static size_t slot_of(const struct spaced_nameidx *x, const char *name)
 {
-	size_t mask = x->nslots - 1, i = spaced_fnv1a(name) & mask;
+	size_t mask = x->nslots - 1, i = home_of(x, name);
 	while (x->slots[i] != 0 && strcmp(x->name_of(x->ctx, x->slots[i] - 1), name) != 0)
 		i = (i + 1) & mask;
 	return i;
@@ -69,7 +91,7 @@ void spaced_nameidx_del(struct spaced_nameidx *x, const char *name)
 	 * their home slot lies after the hole (cyclically): a probe must still
 	 * reach each of them before a free slot */
 	for (size_t j = (hole + 1) & mask; x->slots[j] != 0; j = (j + 1) & mask) {
-		size_t home = spaced_fnv1a(x->name_of(x->ctx, x->slots[j] - 1)) & mask;
+		size_t home = home_of(x, x->name_of(x->ctx, x->slots[j] - 1));
 		bool stays = hole < j ? home > hole && home <= j : home > hole || home <= j;
 		if (!stays) {
 			x->slots[hole] = x->slots[j];

@@ -23,6 +23,7 @@
 
 #include "error.h"
 #include "frame.h"
+#include "nameidx.h"
 #include "util.h"
 
 #define NAME_MAX_ 255
@@ -45,8 +46,7 @@ struct node {
 	struct node **kids; /* in the order they came; sorted by name (strcmp) when written */
 	size_t nkids, capkids;
 	bool unsorted;
-	uint32_t *slots; /* with KIDS_INDEXED children or more: index + 1 into kids, 0 empty */
-	size_t nslots; /* a power of two, at least twice nkids */
+	struct spaced_nameidx idx; /* of kids, from KIDS_INDEXED of them on (else empty) */
 	int hidden_below; /* the last layer whose opaque marker hid the children below it */
 	int layer; /* the layer that made it */
 };
@@ -61,7 +61,7 @@ struct spaced_rootfs {
 	int layer;
 	struct node *root;
 	uint64_t dropped, cleared;
-	unsigned char name_key[crypto_shorthash_KEYBYTES]; /* of the directories' tables */
+	unsigned char name_key[crypto_shorthash_KEYBYTES]; /* of the directories' indexes */
 };
 
 static int failf(char *why, size_t whysz, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -91,7 +91,7 @@ static void node_free(struct node *n)
 	for (size_t i = 0; i < n->nkids; i++)
 		node_free(n->kids[i]);
 	free(n->kids);
-	free(n->slots);
+	spaced_nameidx_free(&n->idx);
 	free(n->name);
 	free(n->link);
 	free(n->ext);
@@ -113,80 +113,41 @@ static struct node *node_new(const char *name, char type, int layer)
 
 /* ---- a directory's children ----
  *
- * A directory's children are kept in the order they came, with a keyed hash
- * table of them once they are many, and sorted by name once, before the
- * tree is written: an archive lists a directory's names in any order (a
+ * A directory's children are kept in the order they came, indexed by name
+ * (nameidx.h, SipHash under a key random per tree, so no archive can choose
+ * names that collide) once they are many, and sorted by name once, before
+ * the tree is written: an archive lists a directory's names in any order (a
  * tenant's in the worst one), and keeping them sorted on each insert moved
- * every entry after it. The table's key is random per tree, so no archive
- * can choose names that collide. */
+ * every entry after it. */
 
-/* Children from which a directory keeps its table. */
+/* Children from which a directory indexes them. */
 #define KIDS_INDEXED 32
 
 /* Entries one directory holds at most. */
 #define DIR_ENTRIES_MAX 100000
 
-static size_t name_slot(const struct spaced_rootfs *t, const struct node *d, const char *name)
+static const char *kid_name(const void *ctx, uint32_t pos)
 {
-	unsigned char h[crypto_shorthash_BYTES];
-	crypto_shorthash(h, (const unsigned char *)name, strlen(name), t->name_key);
-	uint64_t v;
-	memcpy(&v, h, sizeof v);
-	return (size_t)v & (d->nslots - 1);
+	return ((const struct node *)ctx)->kids[pos]->name;
 }
 
-/* The slot of d's table that holds name (*found) or where it would go. */
-static size_t slot_find(const struct spaced_rootfs *t, const struct node *d, const char *name, bool *found)
+/* Indexes d's children anew (none below KIDS_INDEXED). */
+static int kids_reindex(const struct spaced_rootfs *t, struct node *d)
 {
-	size_t mask = d->nslots - 1;
-	for (size_t s = name_slot(t, d, name);; s = (s + 1) & mask) {
-		uint32_t v = d->slots[s];
-		if (v == 0 || strcmp(d->kids[v - 1]->name, name) == 0) {
-			*found = v != 0;
-			return s;
-		}
-	}
-}
-
-/* (Re)builds d's table for its children, at most half full. */
-static int slots_build(const struct spaced_rootfs *t, struct node *d)
-{
-	size_t want = 2 * KIDS_INDEXED;
-	while (want < 2 * d->capkids)
-		want *= 2;
-	uint32_t *s = calloc(want, sizeof *s);
-	if (!s)
-		return SPACED_ENOMEM;
-	free(d->slots);
-	d->slots = s;
-	d->nslots = want;
-	for (size_t i = 0; i < d->nkids; i++) {
-		bool found;
-		d->slots[slot_find(t, d, d->kids[i]->name, &found)] = (uint32_t)i + 1;
-	}
-	return 0;
-}
-
-/* Empties slot s of d's table, moving later entries of its run back. */
-static void slot_clear(const struct spaced_rootfs *t, struct node *d, size_t s)
-{
-	size_t mask = d->nslots - 1;
-	for (size_t j = (s + 1) & mask; d->slots[j]; j = (j + 1) & mask) {
-		size_t home = name_slot(t, d, d->kids[d->slots[j] - 1]->name);
-		if (((j - home) & mask) >= ((j - s) & mask)) { /* s lies between its home and j */
-			d->slots[s] = d->slots[j];
-			s = j;
-		}
-	}
-	d->slots[s] = 0;
+	spaced_nameidx_free(&d->idx);
+	if (d->nkids < KIDS_INDEXED)
+		return 0;
+	spaced_nameidx_init_keyed(&d->idx, kid_name, d, t->name_key);
+	return spaced_nameidx_reserve(&d->idx, d->nkids, d->nkids);
 }
 
 /* Index of name among d's children (*found), or d->nkids. */
-static size_t kid_find(const struct spaced_rootfs *t, const struct node *d, const char *name, bool *found)
+static size_t kid_find(const struct node *d, const char *name, bool *found)
 {
-	if (d->slots) {
-		size_t s = slot_find(t, d, name, found);
-		return *found ? d->slots[s] - 1 : d->nkids;
+	if (d->idx.nslots) {
+		int64_t at = spaced_nameidx_get(&d->idx, name);
+		*found = at >= 0;
+		return at >= 0 ? (size_t)at : d->nkids;
 	}
 	for (size_t i = 0; i < d->nkids; i++)
 		if (strcmp(d->kids[i]->name, name) == 0) {
@@ -213,32 +174,28 @@ static int kid_insert(const struct spaced_rootfs *t, struct node *d, struct node
 	if (d->nkids && strcmp(d->kids[d->nkids - 1]->name, k->name) > 0)
 		d->unsorted = true;
 	d->kids[d->nkids++] = k;
+	int r = 0;
 	if (d->nkids < KIDS_INDEXED)
 		return 0;
-	if (d->nslots < 2 * d->nkids) {
-		int r = slots_build(t, d);
-		if (r < 0)
-			d->nkids--;
-		return r;
-	}
-	bool found;
-	d->slots[slot_find(t, d, k->name, &found)] = (uint32_t)d->nkids;
-	return 0;
+	if (!d->idx.nslots)
+		r = kids_reindex(t, d);
+	else if ((r = spaced_nameidx_reserve(&d->idx, d->nkids, d->nkids - 1)) == 0)
+		spaced_nameidx_put(&d->idx, k->name, (uint32_t)(d->nkids - 1));
+	if (r < 0)
+		d->nkids--;
+	return r;
 }
 
 /* Removes and frees d's child at index at (the last one takes its place). */
-static void kid_remove(const struct spaced_rootfs *t, struct node *d, size_t at)
+static void kid_remove(struct node *d, size_t at)
 {
 	struct node *gone = d->kids[at];
 	size_t last = d->nkids - 1;
-	bool found;
-	if (d->slots)
-		slot_clear(t, d, slot_find(t, d, gone->name, &found));
+	spaced_nameidx_del(&d->idx, gone->name);
 	if (at != last) {
 		d->kids[at] = d->kids[last];
 		d->unsorted = true;
-		if (d->slots)
-			d->slots[slot_find(t, d, d->kids[at]->name, &found)] = (uint32_t)at + 1;
+		spaced_nameidx_put(&d->idx, d->kids[at]->name, (uint32_t)at);
 	}
 	d->nkids--;
 	node_free(gone);
@@ -261,7 +218,7 @@ static int kids_hide_lower(const struct spaced_rootfs *t, struct node *d, int la
 	if (w == d->nkids)
 		return 0;
 	d->nkids = w;
-	return d->slots ? slots_build(t, d) : 0;
+	return kids_reindex(t, d);
 }
 
 static int kid_cmp(const void *a, const void *b)
@@ -275,7 +232,7 @@ static int kids_sort(const struct spaced_rootfs *t, struct node *d)
 	if (d->unsorted) {
 		qsort(d->kids, d->nkids, sizeof *d->kids, kid_cmp);
 		d->unsorted = false;
-		int r = d->slots ? slots_build(t, d) : 0;
+		int r = kids_reindex(t, d);
 		if (r < 0)
 			return r;
 	}
@@ -322,7 +279,7 @@ static int walk_parent(struct spaced_rootfs *t, char **parts, size_t n, struct n
 	struct node *d = t->root;
 	for (size_t i = 0; i + 1 < n; i++) {
 		bool found;
-		size_t at = kid_find(t, d, parts[i], &found);
+		size_t at = kid_find(d, parts[i], &found);
 		if (!found) {
 			struct node *k = node_new(parts[i], 'd', t->layer);
 			int r = k ? kid_insert(t, d, k) : SPACED_ENOMEM;
@@ -353,7 +310,7 @@ static struct node *lookup(struct spaced_rootfs *t, char **parts, size_t n)
 		bool found;
 		if (d->type != 'd')
 			return NULL;
-		size_t at = kid_find(t, d, parts[i], &found);
+		size_t at = kid_find(d, parts[i], &found);
 		if (!found)
 			return NULL;
 		d = d->kids[at];
@@ -526,15 +483,15 @@ static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct arch
 	if (kind == SPACED_ROOTFS_OCI_LAYER && strncmp(name, ".wh.", 4) == 0) {
 		if (strcmp(name, ".wh..wh..opq") == 0)
 			return kids_hide_lower(t, d, t->layer);
-		at = kid_find(t, d, name + 4, &found);
+		at = kid_find(d, name + 4, &found);
 		if (found && d->kids[at]->layer < t->layer)
-			kid_remove(t, d, at);
+			kid_remove(d, at);
 		return 0;
 	}
 	if (kind == SPACED_ROOTFS_UPPER && ft == AE_IFCHR && archive_entry_rdev(e) == 0) {
-		at = kid_find(t, d, name, &found);
+		at = kid_find(d, name, &found);
 		if (found && d->kids[at]->layer < t->layer)
-			kid_remove(t, d, at);
+			kid_remove(d, at);
 		return 0;
 	}
 
@@ -591,13 +548,13 @@ static int add_entry_one(struct spaced_rootfs *t, struct archive *a, struct arch
 		mode &= ~(uint32_t)06000;
 		t->cleared++;
 	}
-	at = kid_find(t, d, name, &found);
+	at = kid_find(d, name, &found);
 	struct node *k;
 	if (found && type == 'd' && d->kids[at]->type == 'd') {
 		k = d->kids[at]; /* a directory again: new attributes, same entries */
 	} else {
 		if (found)
-			kid_remove(t, d, at);
+			kid_remove(d, at);
 		if (!(k = node_new(name, type, t->layer))) {
 			free(link_ext);
 			return SPACED_ENOMEM;

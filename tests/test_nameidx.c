@@ -4,7 +4,7 @@
  * moving the last entry into the hole, looked up by name. Random steps are
  * checked against a linear search of the same array, so any entry a removal
  * leaves where no probe reaches it (a wrong backward shift) shows up as a
- * lookup that disagrees.
+ * lookup that disagrees. Both hashes: FNV-1a (unkeyed) and SipHash (keyed).
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -54,10 +54,12 @@ static void take_out(struct spaced_nameidx *x, size_t pos)
 	cr_assert_eq(spaced_nameidx_get(x, gone), -1, "%s is gone", gone);
 }
 
-Test(nameidx, random_steps_agree_with_a_linear_search)
+/* Random steps, hashing with FNV-1a (key NULL) or SipHash under key. */
+static void random_steps(const unsigned char *key)
 {
 	struct spaced_nameidx x;
-	spaced_nameidx_init(&x, name_at, NULL);
+	n = 0;
+	spaced_nameidx_init_keyed(&x, name_at, NULL, key);
 	cr_assert_eq(spaced_nameidx_get(&x, "sbx-0"), -1, "an empty index finds nothing");
 	spaced_nameidx_del(&x, "sbx-0"); /* nothing to take out: no effect */
 	unsigned issued = 0, adds = 0, removes = 0;
@@ -93,6 +95,19 @@ Test(nameidx, random_steps_agree_with_a_linear_search)
 	cr_assert(adds > 10000 && removes > 10000, "both kinds of steps ran (%u adds, %u removes)", adds, removes);
 	cr_assert(x.nslots >= 2 * n && (x.nslots & (x.nslots - 1)) == 0, "at least twice as many slots, a power of two");
 	spaced_nameidx_free(&x);
+}
+
+Test(nameidx, random_steps_agree_with_a_linear_search)
+{
+	random_steps(NULL);
+}
+
+/* keyed (SipHash), as rootfs indexes a directory's names, which a tenant
+ * chooses: the same steps, the same answers */
+Test(nameidx, random_steps_agree_with_a_linear_search_keyed)
+{
+	static const unsigned char key[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+	random_steps(key);
 }
 
 Test(nameidx, put_moves_an_existing_name)
