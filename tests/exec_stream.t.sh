@@ -7,7 +7,7 @@
 #   --timeout as 124, SIGINT/SIGTERM forwarded to the command (a trap sees
 #   it), a client that vanishes takes its command with it, a command line too
 #   long for a streamed exec refused clearly; the command's stdout a 1 MiB pipe;
-# - fs write then fs read of 200 MiB byte-exact, from a file and from a pipe,
+# - fs write then fs read of 128 MiB (twice what a read was once cut at) byte-exact, from a file and from a pipe,
 #   with spacectl's own peak RSS bounded;
 # - a reader that never reads (stdout a FIFO nobody reads) stalls its stream:
 #   the worker's processes do not grow, spacectl does not grow, and another
@@ -42,7 +42,7 @@ if ! "$SC" dev up --workers 1 --dir "$D" >"$W/up.out" 2>"$W/up.err"; then
 fi
 . "$D/env"
 # X gets 1 GiB: in sanitizer builds the guest's freed memory waits in ASan's quarantine (up to
-# 256 MiB) and counts against the sandbox's limit, which the 200 MiB transfers below brushed
+# 256 MiB) and counts against the sandbox's limit, which the 128 MiB transfers below brushed
 # against at the default 512 MiB (the guest OOM-killed, more often with larger input frames)
 X=$("$SC" create --memory 1G)
 V=$("$SC" create)
@@ -145,18 +145,18 @@ expect "a command line over the streamed exec's limit: refused clearly, non-zero
 	"$([ $? -ne 0 ] && echo nonzero):$(grep -c 'too long' "$W/e")" "nonzero:1"
 expect "the sandbox still serves" "$("$SC" exec "$X" -- echo fine)" "fine"
 
-# ---- fs write and fs read of 200 MiB, bounded memory ----
-head -c 209715200 /dev/urandom >"$W/big"
+# ---- fs write and fs read of 128 MiB, bounded memory ----
+head -c 134217728 /dev/urandom >"$W/big"
 want=$(sha256sum <"$W/big" | cut -d' ' -f1)
 /usr/bin/time -f %M -o "$W/rss.w" "$SC" fs write "$X" $dir/big <"$W/big"
-expect "fs write of 200 MiB from a file" "$?" 0
+expect "fs write of 128 MiB from a file" "$?" 0
 /usr/bin/time -f %M -o "$W/rss.r" "$SC" fs read "$X" $dir/big >"$W/big.back"
-expect "fs read of 200 MiB" "$?" 0
-expect "200 MiB written then read: byte-exact" "$(sha256sum <"$W/big.back" | cut -d' ' -f1)" "$want"
+expect "fs read of 128 MiB" "$?" 0
+expect "128 MiB written then read: byte-exact" "$(sha256sum <"$W/big.back" | cut -d' ' -f1)" "$want"
 rm -f "$W/big.back"
 cat "$W/big" | /usr/bin/time -f %M -o "$W/rss.p" "$SC" fs write "$X" $dir/big2
-expect "fs write of 200 MiB from a pipe (chunked)" "$?" 0
-expect "the piped 200 MiB inside the sandbox: byte-exact" \
+expect "fs write of 128 MiB from a pipe (chunked)" "$?" 0
+expect "the piped 128 MiB inside the sandbox: byte-exact" \
 	"$("$SC" exec "$X" -- sha256sum $dir/big2 | cut -d' ' -f1)" "$want"
 for f in w r p; do
 	kb=$(tail -n 1 "$W/rss.$f")
@@ -195,7 +195,7 @@ while [ $i -lt 40 ]; do
 	i=$((i + 1))
 	sleep 0.25
 done
-echo "worker RSS: $base KiB before, at most $peak KiB while two readers never read (an endless cat and a 200 MiB read)"
+echo "worker RSS: $base KiB before, at most $peak KiB while two readers never read (an endless cat and a 128 MiB read)"
 expect "the worker's processes do not grow with a reader that never reads (< 64 MiB more)" \
 	"$([ $((peak - base)) -lt 65536 ] && echo bounded || echo "grew by $((peak - base)) KiB")" bounded
 for p in $STALL $STALL2; do

@@ -98,15 +98,15 @@ victim_during() {
 	expect "during $what: no process of the worker died" "$(roles)" "$ROLES0"
 }
 
-# ---- slow readers: 120 downloads of 100 MB that read nothing, one of 12 MB read steadily ----
+# ---- slow readers: 120 downloads of 100 MB that read nothing, one of 7.5 MB read steadily ----
 # Each stalled stream stops at its window (1 MiB; 64 KiB once all windows hold 64 MiB: node.h) and
 # is cut once its client has taken none of its output for the stall timeout; a victim's download read
-# slowly but steadily for four times the stall timeout keeps its stream. (60 streams from each of
+# slowly but steadily for 2.5 times the stall timeout keeps its stream. (60 streams from each of
 # two of the attacker's sandboxes and addresses: one guest alone answers some of them late.)
 A2=$("$SC" create --worker worker-1)
 "$SC" exec "$A2" -- sh -c 'head -c 104857600 /dev/urandom >/workspace/big' || { echo "FAIL: the attacker's file"; exit 1; }
 CAP2=$("$SC" route "$A2" --purpose fs.read --json | jq -r .capability)
-as_victim exec "$VX" -- sh -c 'head -c 12000000 /dev/urandom >/workspace/mid'
+as_victim exec "$VX" -- sh -c 'head -c 7500000 /dev/urandom >/workspace/mid'
 VRCAP=$(as_victim route "$VX" --purpose fs.read --json | jq -r .capability)
 api_rss0=$(rss_kb spaced-api)
 gate_rss0=$(rss_kb spaced-gate)
@@ -147,8 +147,8 @@ expect "no stalled download completed or still streams (each was cut, or refused
 	"$(jq -r '"\(.streaming) \([.bytes[] | select(. >= 104857600)] | length)"' "$W/slow.json")" "0 0"
 expect "what each stalled reader got is bounded by its window (< 8 MiB each)" \
 	"$(jq '[.bytes[] | select(. > 8388608)] | length' "$W/slow.json")" 0
-expect "the victim's steady reader (600 KB/s, four times the stall timeout) got its whole download" \
-	"$(jq -r '"\(.status) \(.complete) \(.bytes)"' "$W/steady.json")" "200 true 12000000"
+expect "the victim's steady reader (600 KB/s, 2.5 times the stall timeout) got its whole download" \
+	"$(jq -r '"\(.status) \(.complete) \(.bytes)"' "$W/steady.json")" "200 true 7500000"
 expect "node-api stayed under 96 MiB more than at rest while 120 readers stalled (64 MiB of windows; 105 MiB on the old code)" \
 	"$([ $(($(cat "$W/api.rss") - api_rss0)) -lt 98304 ] && echo yes)" yes
 expect "the gate stayed under 64 MiB more than at rest" "$([ $(($(cat "$W/gate.rss") - gate_rss0)) -lt 65536 ] && echo yes)" yes
