@@ -58,7 +58,7 @@ static const char usage_dev[] =
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
 	"                       [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]\n"
-	"                       [--cpu-latency-us N]"
+	"                       [--cpu-latency-us N]\n"
 	"                       [--request-cpu weight=N,max=CPUS|off] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
