@@ -260,12 +260,15 @@ static void record_load(void)
 			}
 		}
 		bool changed = !G.have_rec || r.epoch != G.rec.epoch;
-		G.rec = r;
-		G.have_rec = true;
+		/* a pause seen in the first record this gateway reads began before
+		 * it started: since when is unknown, so it is taken as long ago (as
+		 * the gate takes a pause from before its start) */
 		bool paused = json_is_true(json_object_get(j, "paused"));
 		if (paused && !G.paused)
-			G.paused_since = spaced_mono_ns();
+			G.paused_since = G.have_rec ? spaced_mono_ns() : 0;
 		G.paused = paused;
+		G.rec = r;
+		G.have_rec = true;
 		if (changed)
 			streams_recheck();
 	}
