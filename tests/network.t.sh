@@ -182,8 +182,9 @@ expect "allow-out 0.0.0.0/0: a name into a private range still resolves to nothi
 kill $HSRV $HSRV2 2>/dev/null
 victim_ok "the policy changes"
 
-# ---- a range the operator closes (--net-closed): an outside neighbour on the worker's link (the
-# closed set holds the worker's own addresses, not its subnets), closed like the rest of the set ----
+# ---- a range the operator closes (--net-closed; DESIGN §6: the closed set is worker configuration):
+# an outside neighbour on the worker's link (the closed set holds the worker's own addresses, not
+# its subnets), closed like the rest of the set ----
 CL=$("$SC" create --worker worker-1)
 expect "operator-closed: an outside address is still reached" "$(code "$CL" "http://$NH_A:8080/")" 200
 expect "operator-closed: the closed neighbour is not, in mode allow" "$(code "$CL" "http://$NH_C:8080/")" 000
