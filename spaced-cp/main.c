@@ -502,6 +502,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "spaced-cp: cannot open store %s: %s\n", cp.db_url, spaced_strerror(r));
 		return 1;
 	}
+	if ((r = cp_store_usage_setup(cp.loop_st)) < 0) {
+		fprintf(stderr, "spaced-cp: cannot count the workers' sandboxes in %s: %s\n", cp.db_url, spaced_strerror(r));
+		cp_store_close(cp.loop_st);
+		return 1;
+	}
 	if ((r = cp_signer_start(&cp)) < 0 || (r = cp_keys_sync(&cp, cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: signer: %s\n", spaced_strerror(r));
 		cp_signer_stop(&cp);

@@ -750,10 +750,9 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 	int64_t best_free = 0;
 	struct spaced_resources best_res = *res;
 	if (CP_Q0(st, &rows, NULL,
-	         "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, COALESCE(u.n, 0), w.limits, "
-	         "COALESCE(u.mem, 0), COALESCE(u.pids, 0) FROM workers w LEFT JOIN (SELECT worker, COUNT(*) AS n, "
-	         "SUM(memory_bytes) AS mem, SUM(pids) AS pids FROM sandboxes WHERE deleted = 0 AND state IN "
-	         "('starting','running','paused','moving') GROUP BY worker) u ON u.worker = w.id ORDER BY w.id") < 0) {
+	         "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, COALESCE(u.sandboxes, 0), w.limits, "
+	         "COALESCE(u.memory_bytes, 0), COALESCE(u.pids, 0) FROM workers w LEFT JOIN worker_usage u "
+	         "ON u.worker = w.id ORDER BY w.id") < 0) {
 		*err = cp_error("store", "store unavailable");
 		return 500;
 	}

@@ -2,6 +2,7 @@
 #include "store.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,9 +89,9 @@ static const struct {
 
 /* Indexes over columns of `added`, made once every column exists. A
  * deleted sandbox's row is kept a week (--retain-deleted): what runs per
- * create (placement's sums per worker), per second (the reaper's timeouts)
- * and per scrape (the count by state) reads the live rows through this
- * index, never every row kept. */
+ * second (the reaper's timeouts) and per scrape (the count by state) reads
+ * the live rows through this index, never every row kept (a create reads
+ * worker_usage, below). */
 static const char indexes[] =
 	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;";
 
@@ -143,6 +144,86 @@ out:
 		if (st->ops != NULL)
 			st->ops->close(st->h);
 		free(st);
+	}
+	return r;
+}
+
+/* ---- what placement reads per worker ----
+ * The live sandboxes' count and sums per worker (worker_usage), kept by
+ * triggers on sandboxes in the transaction that changes a row: a create
+ * reads one row per worker, where summing the live rows cost it a pass over
+ * every live sandbox of the fleet (11 ms at 20,000). A row counts while it
+ * is not deleted, has a worker and is in one of placement's states; a change
+ * that leaves it counted on the same worker with the same limits (starting
+ * to running) writes nothing. */
+#define USAGE_COUNTED(R)                                                                                      \
+	"(" R ".deleted = 0 AND " R ".worker IS NOT NULL AND " R                                              \
+	".state IN ('starting','running','paused','moving'))"
+#define USAGE_SAME                                                                                            \
+	"(" USAGE_COUNTED("OLD") " AND " USAGE_COUNTED("NEW") " AND OLD.worker = NEW.worker AND "                  \
+	"OLD.memory_bytes = NEW.memory_bytes AND OLD.pids = NEW.pids)"
+#define USAGE_ADD(R)                                                                                          \
+	"INSERT INTO worker_usage (worker, sandboxes, memory_bytes, pids) VALUES (" R ".worker, 1, " R         \
+	".memory_bytes, " R ".pids) ON CONFLICT (worker) DO UPDATE SET sandboxes = worker_usage.sandboxes + 1, " \
+	"memory_bytes = worker_usage.memory_bytes + excluded.memory_bytes, pids = worker_usage.pids + "           \
+	"excluded.pids;"
+#define USAGE_SUB(R)                                                                                          \
+	"UPDATE worker_usage SET sandboxes = sandboxes - 1, memory_bytes = memory_bytes - " R                  \
+	".memory_bytes, pids = pids - " R ".pids WHERE worker = " R ".worker;"
+#define USAGE_COLUMNS "worker, state, deleted, memory_bytes, pids"
+
+static const char usage_table[] =
+	"CREATE TABLE IF NOT EXISTS worker_usage (worker TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
+	" memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);";
+
+static const char usage_sqlite[] =
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_insert AFTER INSERT ON sandboxes WHEN " USAGE_COUNTED("NEW")
+	" BEGIN " USAGE_ADD("NEW") " END;"
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_delete AFTER DELETE ON sandboxes WHEN " USAGE_COUNTED("OLD")
+	" BEGIN " USAGE_SUB("OLD") " END;"
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_leave AFTER UPDATE OF " USAGE_COLUMNS " ON sandboxes WHEN "
+	USAGE_COUNTED("OLD") " AND NOT " USAGE_SAME " BEGIN " USAGE_SUB("OLD") " END;"
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_enter AFTER UPDATE OF " USAGE_COLUMNS " ON sandboxes WHEN "
+	USAGE_COUNTED("NEW") " AND NOT " USAGE_SAME " BEGIN " USAGE_ADD("NEW") " END;";
+
+/* PostgreSQL: one trigger function; a row moving between two workers locks
+ * their usage rows in the order of their names, so two moves crossing each
+ * other cannot deadlock. */
+static const char usage_pg[] =
+	"CREATE OR REPLACE FUNCTION spaced_worker_usage() RETURNS trigger LANGUAGE plpgsql AS $usage$ "
+	"DECLARE o boolean := false; n boolean := false; "
+	"BEGIN "
+	"IF TG_OP <> 'INSERT' THEN o := " USAGE_COUNTED("OLD") "; END IF; "
+	"IF TG_OP <> 'DELETE' THEN n := " USAGE_COUNTED("NEW") "; END IF; "
+	"IF o AND n AND OLD.worker = NEW.worker AND OLD.memory_bytes = NEW.memory_bytes AND OLD.pids = NEW.pids "
+	"THEN RETURN NULL; END IF; "
+	"IF n AND o AND NEW.worker < OLD.worker THEN " USAGE_ADD("NEW") " n := false; END IF; "
+	"IF o THEN " USAGE_SUB("OLD") " END IF; "
+	"IF n THEN " USAGE_ADD("NEW") " END IF; "
+	"RETURN NULL; "
+	"END $usage$;"
+	"CREATE OR REPLACE TRIGGER sandboxes_usage AFTER INSERT OR DELETE OR UPDATE OF " USAGE_COLUMNS
+	" ON sandboxes FOR EACH ROW EXECUTE FUNCTION spaced_worker_usage();";
+
+/* Counted again from the rows, with every writer of sandboxes held off. */
+static const char usage_recount[] =
+	"DELETE FROM worker_usage;"
+	"INSERT INTO worker_usage (worker, sandboxes, memory_bytes, pids) SELECT worker, COUNT(*),"
+	" SUM(memory_bytes), SUM(pids) FROM sandboxes s WHERE " USAGE_COUNTED("s") " GROUP BY worker;";
+
+int cp_store_usage_setup(struct cp_store *st)
+{
+	bool pg = strcmp(st->ops->kind, "sqlite") != 0;
+	int r = script_tries(st, usage_table);
+	if (r == 0)
+		r = script_tries(st, pg ? usage_pg : usage_sqlite);
+	for (int i = 0; r == 0 && i < 3; i++) {
+		if ((r = cp_store_begin(st)) < 0)
+			continue;
+		if ((!pg || (r = st->ops->script(st->h, "LOCK TABLE sandboxes IN SHARE ROW EXCLUSIVE MODE")) == 0) &&
+		    (r = st->ops->script(st->h, usage_recount)) == 0 && (r = cp_store_commit(st)) == 0)
+			break;
+		cp_store_rollback(st);
 	}
 	return r;
 }

@@ -26,6 +26,14 @@ struct cp_rows {
  * Returns 0, SPACED_EINVAL (unknown form) or SPACED_EIO. */
 int cp_store_open(const char *url, struct cp_store **out);
 
+/* The table placement reads instead of summing every live sandbox
+ * (worker_usage: per worker, its live sandboxes' count, memory and task
+ * limits), the triggers that keep it in each transaction that changes a
+ * sandbox, and its rows counted again from the sandboxes (under a lock that
+ * holds off every writer). Once per start of the control plane, before it
+ * serves. Returns 0 or SPACED_EIO/SPACED_EBUSY. */
+int cp_store_usage_setup(struct cp_store *st);
+
 /* Closes; accepts NULL. */
 void cp_store_close(struct cp_store *st);
 

@@ -384,10 +384,24 @@ expect "and stays failed (no more restarts)" "$(rs_state)" "failed 6 5"
 expect "a resume by hand starts it again" "$(api "$TA" POST "/v1/sandboxes/$S12/resume" '{}'; body '.state + " " + (.generation|tostring)')" "200running 7"
 api "$TA" DELETE "/v1/sandboxes/$S12" >/dev/null
 
+# ---- placement's per-worker counts (worker_usage, kept by triggers) agree with the sandboxes' rows ----
+store_sql() {
+	if [ -n "$CP_DB" ]; then psql -X -A -t -q -d "$CP_DB" -c "$1"; else sqlite3 -cmd ".timeout 5000" "$W/cp/cp.db" "$1"; fi
+}
+usage_agrees() { # WHAT: after WHAT, worker_usage holds exactly the live rows' count and sums per worker
+	kept=$(store_sql "SELECT worker || ':' || sandboxes || ':' || memory_bytes || ':' || pids FROM worker_usage WHERE sandboxes <> 0 OR memory_bytes <> 0 OR pids <> 0 ORDER BY worker")
+	rows=$(store_sql "SELECT worker || ':' || COUNT(*) || ':' || SUM(memory_bytes) || ':' || SUM(pids) FROM sandboxes WHERE deleted = 0 AND worker IS NOT NULL AND state IN ('starting','running','paused','moving') GROUP BY worker ORDER BY worker")
+	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: placement's counts per worker are the live rows' ($(echo $rows))"; else fail "$1: worker_usage [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
+}
+usage_agrees "creates, moves, pauses, resumes, failures, restarts and deletes"
+
 # ---- restart keeps state (kill -9, then start again) ----
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
+# a count gone wrong is counted again from the rows at the next start
+store_sql "UPDATE worker_usage SET sandboxes = sandboxes + 1000" >/dev/null
 kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true
 start_cp cp
+usage_agrees "a count gone wrong, then a restart (counted again at start)"
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/after.json"
 cmp -s "$W/before.json" "$W/after.json" && ok "sandboxes, generations and routes survive kill -9" || fail "state changed across restart"
 # the fake workers reconnect to the new port only if it is the same: re-point them
@@ -492,3 +506,5 @@ expect "a revoked worker key -> 401" "$(api "$WK_wx" POST /v1/workers/wx/heartbe
 JX2=$(admin create-join-token wx)
 expect "joining again after revocation" "$(OUT=$W/jx2 api "$JX2" POST /v1/workers/join "$REG_WX")" 200
 expect "the new key works" "$(api "$(jq -r .worker_key "$W/jx2")" POST /v1/workers/wx/heartbeat)" 200
+
+usage_agrees "the whole suite"
