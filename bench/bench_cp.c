@@ -5,12 +5,15 @@
  *   - route: POST /v1/sandboxes/{id}/route latency (auth, store read, signer round trip),
  *     on a new connection per request (with TLS: a whole handshake each), then on
  *     one kept-alive connection;
+ *   - create: POST /v1/sandboxes on one kept-alive connection, one after the other
+ *     (placement, quotas, the first generation's transaction with its fsync, the
+ *     install through the channel and its ack), and the whole host's CPU per create;
  *   - move: POST …/move latency (deactivate + snapshot acks, generation transaction, install ack);
  *   - R4 window: from the move request to the old worker receiving its deactivation
  *     (from then on it refuses the old execution's capabilities: REFRESH_ROUTE),
  *     taken from the worker's receive timestamps.
  *
- *   bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES] [poll]
+ *   bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES] [poll|-] [CREATES]
  * With "poll" (real workers, bench/cp_node_bench.sh; the logs are then "-"), the R4
  * window is measured at the old worker itself: a second thread presents the old
  * execution's fs.read capability to the old worker (GET …/stat?path=/) from the
@@ -47,6 +50,56 @@ static double pct(uint64_t *v, int n, double p)
 	qsort(v, (size_t)n, sizeof *v, cmp_u64);
 	int i = (int)(p * (n - 1) + 0.5);
 	return (double)v[i] / 1e3; /* µs */
+}
+
+/* Every process's CPU on this host so far (cgroup v1 cpuacct or v2 cpu.stat), 0 when unknown. */
+static uint64_t host_cpu_ns(void)
+{
+	unsigned long long v = 0;
+	FILE *f = fopen("/sys/fs/cgroup/cpuacct/cpuacct.usage", "r");
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+		return v;
+	}
+	char key[64];
+	if ((f = fopen("/sys/fs/cgroup/cpu.stat", "r")) == NULL)
+		return 0;
+	while (fscanf(f, "%63s %llu", key, &v) == 2)
+		if (strcmp(key, "usage_usec") == 0) {
+			fclose(f);
+			return v * 1000u;
+		}
+	fclose(f);
+	return 0;
+}
+
+/* One POST on the kept-alive connection kc; 0 with *status, or -1 with err. */
+static int kept_post(struct http_conns *kc, const char *url, const char *path, const char *key, const char *body,
+                     int *status, char *err, size_t errsz)
+{
+	char host[256], prefix[256], head[1024];
+	int port, tls;
+	if (http_parse_url(url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
+		snprintf(err, errsz, "bad URL");
+		return -1;
+	}
+	int hl = snprintf(head, sizeof head,
+	                  "POST %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\n"
+	                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+	                  prefix, path, host, port, key, strlen(body));
+	unsigned char *ans = NULL, *b = NULL;
+	size_t alen = 0, bl = 0;
+	int r = http_exchange(kc, host, port, tls, head, (size_t)hl, body, strlen(body), 30, &ans, &alen, err, errsz) < 0 ||
+	                http_parse_answer(ans, alen, status, &b, &bl, NULL, NULL, 0, err, errsz) < 0
+	            ? -1
+	            : 0;
+	if (r == 0 && (*status < 200 || *status > 299)) /* what was refused, for the message */
+		snprintf(err, errsz, "%.*s", (int)(bl < 300 ? bl : 300), b ? (const char *)b : "");
+	free(ans);
+	free(b);
+	return r;
 }
 
 /* Receive time of the deactivate of (sandbox, generation) in a worker log, or 0. */
@@ -129,18 +182,24 @@ static int route_fs_read(const char *url, const char *key, const char *sbx, char
 int main(int argc, char **argv)
 {
 	if (argc < 8) {
-		fprintf(stderr, "usage: bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES]\n");
+		fprintf(stderr, "usage: bench-cp URL API_KEY SANDBOX WORKER_A WORKER_B LOG_A LOG_B [ROUTES] [MOVES] [poll|-] "
+		        "[CREATES]\n");
 		return 2;
 	}
 	const char *url = argv[1], *key = argv[2], *sbx = argv[3];
 	const char *wk[2] = {argv[4], argv[5]}, *logs[2] = {argv[6], argv[7]};
 	int routes = argc > 8 ? atoi(argv[8]) : 500, moves = argc > 9 ? atoi(argv[9]) : 20;
 	int poll = argc > 10 && strcmp(argv[10], "poll") == 0;
+	/* not on real workers (poll): each would start a sandbox */
+	int creates = argc > 11 ? atoi(argv[11]) : poll ? 0 : 200;
+	/* on WORKER_A: the sandbox's own worker stays as it is for the moves */
+	char create_body[128];
+	snprintf(create_body, sizeof create_body, "{\"worker\":\"%s\"}", wk[0]);
 	char path[256], err[256], body[128];
 	uint64_t *rt = calloc((size_t)routes, sizeof *rt), *mv = calloc((size_t)moves, sizeof *mv),
 	         *win = calloc((size_t)moves, sizeof *win);
 	int nwin = 0;
-	if (rt == NULL || mv == NULL || win == NULL || routes < 1 || moves < 1)
+	if (rt == NULL || mv == NULL || win == NULL || routes < 1 || moves < 1 || creates < 0)
 		return 1;
 	snprintf(path, sizeof path, "/v1/sandboxes/%s/route", sbx);
 	uint64_t t_all = now_ns();
@@ -158,34 +217,36 @@ int main(int argc, char **argv)
 	}
 	double route_rate = routes / ((double)(now_ns() - t_all) / 1e9);
 	/* the same on one kept-alive connection: what a route costs once connected */
-	uint64_t *rk = calloc((size_t)routes, sizeof *rk);
+	uint64_t *rk = calloc((size_t)routes, sizeof *rk), *ck = calloc((size_t)creates + 1, sizeof *ck);
 	struct http_conns kc;
-	char khost[256], kprefix[256], khead[1024];
-	int kport, ktls;
-	static const char kbody[] = "{\"purposes\":[\"exec\"]}";
-	if (rk == NULL || http_parse_url(url, khost, sizeof khost, &kport, kprefix, sizeof kprefix, &ktls) < 0)
+	if (rk == NULL || ck == NULL)
 		return 1;
-	int khl = snprintf(khead, sizeof khead,
-	                   "POST %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\n"
-	                   "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-	                   kprefix, path, khost, kport, key, sizeof kbody - 1);
 	http_conns_init(&kc);
 	for (int i = 0; i < routes; i++) {
-		unsigned char *ans = NULL, *b = NULL;
-		size_t alen = 0, bl = 0;
 		int status = 0;
 		uint64_t t0 = now_ns();
-		if (http_exchange(&kc, khost, kport, ktls, khead, (size_t)khl, kbody, sizeof kbody - 1, 30, &ans, &alen, err,
-		                  sizeof err) < 0 ||
-		    http_parse_answer(ans, alen, &status, &b, &bl, NULL, NULL, 0, err, sizeof err) < 0 || status != 200) {
+		if (kept_post(&kc, url, path, key, "{\"purposes\":[\"exec\"]}", &status, err, sizeof err) < 0 ||
+		    status != 200) {
 			fprintf(stderr, "bench-cp: route on a kept connection: %s %d\n", err, status);
 			return 1;
 		}
 		rk[i] = now_ns() - t0;
-		free(ans);
-		free(b);
 	}
 	unsigned long kept_opened = kc.opened;
+	/* creates, one after the other on the same connection */
+	uint64_t cpu0 = host_cpu_ns(), tc0 = now_ns();
+	for (int i = 0; i < creates; i++) {
+		int status = 0;
+		uint64_t t0 = now_ns();
+		if (kept_post(&kc, url, "/v1/sandboxes", key, create_body, &status, err, sizeof err) < 0 || status != 201) {
+			fprintf(stderr, "bench-cp: create on a kept connection: %s %d\n", err, status);
+			return 1;
+		}
+		ck[i] = now_ns() - t0;
+	}
+	uint64_t cpu1 = host_cpu_ns(), tc1 = now_ns();
+	double create_cpu_us = creates && cpu0 && cpu1 > cpu0 ? (double)(cpu1 - cpu0) / 1e3 / creates : -1;
+	double create_rate = creates / ((double)(tc1 - tc0) / 1e9);
 	http_conns_close(&kc);
 	snprintf(path, sizeof path, "/v1/sandboxes/%s/move", sbx);
 	for (int i = 0; i < moves; i++) {
@@ -244,22 +305,29 @@ int main(int argc, char **argv)
 	double r50 = pct(rt, routes, 0.5), r99 = pct(rt, routes, 0.99);
 	double k50 = pct(rk, routes, 0.5), k99 = pct(rk, routes, 0.99);
 	double m50 = pct(mv, moves, 0.5), m99 = pct(mv, moves, 0.99);
+	double c50 = creates ? pct(ck, creates, 0.5) : -1, c99 = creates ? pct(ck, creates, 0.99) : -1;
 	double w50 = nwin ? pct(win, nwin, 0.5) : -1, wmax = nwin ? pct(win, nwin, 1.0) : -1;
 	printf("route issuance:  %d requests, median %.0f µs, p99 %.0f µs, %.0f routes/s (one client, new connection each)\n",
 	       routes, r50, r99, route_rate);
 	printf("route, kept:     %d requests, median %.0f µs, p99 %.0f µs (one kept-alive connection; %lu opened)\n",
 	       routes, k50, k99, kept_opened);
+	if (creates)
+		printf("create, kept:    %d creates, median %.0f µs, p99 %.0f µs, %.0f creates/s, host CPU %.0f µs per "
+		       "create (one kept-alive connection, one after the other)\n",
+		       creates, c50, c99, create_rate, create_cpu_us);
 	printf("move:            %d moves, median %.1f ms, p99 %.1f ms (deactivate + snapshot + generation commit + install)\n",
 	       moves, m50 / 1e3, m99 / 1e3);
 	printf("R4 window:       move request -> %s: median %.0f µs, max %.0f µs (%d samples)\n",
 	       poll ? "first refusal of the old capability at the old worker" : "old worker holds the deactivation",
 	       w50, wmax, nwin);
 	printf("{\"route_median_us\":%.0f,\"route_p99_us\":%.0f,\"routes_per_s\":%.0f,\"route_kept_median_us\":%.0f,"
-	       "\"route_kept_p99_us\":%.0f,\"move_median_ms\":%.1f,"
+	       "\"route_kept_p99_us\":%.0f,\"create_kept_median_us\":%.0f,\"create_kept_p99_us\":%.0f,"
+	       "\"create_cpu_us\":%.0f,\"move_median_ms\":%.1f,"
 	       "\"move_p99_ms\":%.1f,\"r4_window_median_us\":%.0f,\"r4_window_max_us\":%.0f}\n",
-	       r50, r99, route_rate, k50, k99, m50 / 1e3, m99 / 1e3, w50, wmax);
+	       r50, r99, route_rate, k50, k99, c50, c99, create_cpu_us, m50 / 1e3, m99 / 1e3, w50, wmax);
 	free(rt);
 	free(rk);
+	free(ck);
 	free(mv);
 	free(win);
 	return 0;

@@ -29,6 +29,8 @@ run() {
 		tlsopt="--plaintext" scheme=http wscheme=ws curlopt=""
 	fi
 	TK=$("$cp" admin --state "$S/cp" ${db:+--db "$db"} create-tenant bench 2>/dev/null)
+	# the creates phase makes a few hundred sandboxes (the default quota is 50)
+	"$cp" admin --state "$S/cp" ${db:+--db "$db"} set-quota bench sandboxes=0 >/dev/null
 	# shellcheck disable=SC2086
 	"$cp" --state "$S/cp" --listen 127.0.0.1:0 ${db:+--db "$db"} $tlsopt >"$S/cp.log" 2>&1 &
 	cpid=$!
@@ -54,7 +56,7 @@ run() {
 		fi
 		# shellcheck disable=SC2086
 		"$build/tests/cp-fake-worker" --url "$wscheme://127.0.0.1:$port" --worker $w --key "$wk" \
-			--state "$S/$w.state" --log "$S/$w.log" $fw 2>/dev/null &
+			--state "$S/$w.state" --log "$S/$w.log" --capacity 100000 $fw 2>/dev/null &
 		pids="$pids $!"
 		while [ ! -s "$S/$w.log" ]; do sleep 0.05; done
 	done

@@ -908,16 +908,11 @@ static int ack_status(int r, const char *what, char *why, json_t **body, char *e
 }
 
 /* Installs a new generation (or a new activation of the current one when
- * same_gen) of sandbox s on worker p and waits for the ack. */
-/* The create's start (start_execution_in): the caller's transaction is
- * open (it inserted the sandbox) and the lease op is released with the
- * state once the worker acknowledged — one commit before the install and
- * one after it. */
+ * same_gen) of sandbox s on worker p and waits for the ack. release_op: the
+ * lease op released with the state once the worker acknowledged (NULL:
+ * none). */
 struct start_opts {
-	int in_txn;
 	const char *release_op;
-	int no_commit;     /* the caller commits (a batch of creates) and then calls finish_start */
-	int64_t *seq_out;  /* with no_commit: the install's seq */
 };
 
 static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
@@ -934,42 +929,55 @@ static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx 
 	return start_execution_in(cp, st, s, p, snapshot, snapshot_hash, same_gen, &none, body);
 }
 
+/* The spec an install carries: the stored spec_text with the limits
+ * placement resolved for p's worker, the tenant, where the worker fetches
+ * the template, and the snapshot (named where the store is now; *snapshot
+ * then points into snap_url) with its hash. NULL when spec_text does not
+ * parse or memory runs out. */
+static json_t *install_spec(struct cp *cp, const char *spec_text, const char *tenant, const struct placement *p,
+                            const char **snapshot, const char *snapshot_hash, char snap_url[CP_URL_MAX + 256])
+{
+	json_error_t jerr;
+	json_t *spec = spec_text ? json_loads(spec_text, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+	if (spec == NULL)
+		return NULL;
+	/* the limits it runs under, as placement resolved them for this worker */
+	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
+	/* whose it is: a worker shares its streams between tenants */
+	if (tenant)
+		json_object_set_new(spec, "tenant", json_string(tenant));
+	/* where the worker fetches its template (the store's address of now) */
+	cp_template_locate(cp, spec);
+	/* a snapshot in the store is named where the store is now */
+	const char *in_store = *snapshot ? strstr(*snapshot, "/v1/blobs/snapshots/") : NULL;
+	if (in_store && strncmp(*snapshot, "http", 4) == 0) {
+		snprintf(snap_url, CP_URL_MAX + 256, "%s%s", cp->store_url, in_store);
+		*snapshot = snap_url;
+	}
+	json_object_set_new(spec, "snapshot", *snapshot ? json_string(*snapshot) : json_null());
+	/* the destination checks the snapshot against it and refuses without it */
+	json_object_set_new(spec, "snapshot_hash",
+	                    *snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
+	return spec;
+}
+
 static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                               const char *snapshot, const char *snapshot_hash, int same_gen,
                               const struct start_opts *so, json_t **body)
 {
-	char act[SPACED_NAME_MAX], gb[24], now[24];
+	char act[SPACED_NAME_MAX], gb[24], now[24], snap_url[CP_URL_MAX + 256];
 	const char *id = col(s, C_ID);
 	int64_t gen = cp_rows_i64(s->rows, s->r, C_GEN, 0);
 	int64_t seq = 0;
 	int r;
-	json_error_t jerr;
 	cp_random_name(act, "act-");
-	json_t *spec = json_loads(col(s, C_SPEC), JSON_REJECT_DUPLICATES, &jerr), *msg = NULL;
+	json_t *spec = install_spec(cp, col(s, C_SPEC), col(s, C_TENANT), p, &snapshot, snapshot_hash, snap_url),
+	       *msg = NULL;
 	if (spec == NULL) {
-		if (so->in_txn && !so->no_commit)
-			cp_store_rollback(st);
 		*body = cp_error("internal", "stored spec unreadable");
 		return 500;
 	}
-	/* the limits it runs under, as placement resolved them for this worker */
-	json_object_set_new(spec, "resources", spaced_resources_to_json(&p->res));
-	/* whose it is: a worker shares its streams between tenants */
-	if (col(s, C_TENANT))
-		json_object_set_new(spec, "tenant", json_string(col(s, C_TENANT)));
-	/* where the worker fetches its template (the store's address of now) */
-	cp_template_locate(cp, spec);
-	/* a snapshot in the store is named where the store is now */
-	char snap_url[CP_URL_MAX + 256];
-	const char *in_store = snapshot ? strstr(snapshot, "/v1/blobs/snapshots/") : NULL;
-	if (in_store && strncmp(snapshot, "http", 4) == 0) {
-		snprintf(snap_url, sizeof snap_url, "%s%s", cp->store_url, in_store);
-		snapshot = snap_url;
-	}
-	json_object_set_new(spec, "snapshot", snapshot ? json_string(snapshot) : json_null());
-	/* the destination checks the snapshot against it and refuses without it */
-	json_object_set_new(spec, "snapshot_hash", snapshot && snapshot_hash ? json_string(snapshot_hash) : json_null());
-	if (!so->in_txn && (r = cp_store_begin(st)) < 0)
+	if ((r = cp_store_begin(st)) < 0)
 		goto fail;
 	if (!same_gen) {
 		/* the one transaction that makes a new, strictly greater generation */
@@ -1003,12 +1011,6 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	if ((r = cp_outbox_push(st, p->worker, msg, &seq)) < 0 ||
 	    (r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET install_seq = $2 WHERE id = $1", id, cp_i64(sq, seq))) < 0)
 		goto fail;
-	if (so->no_commit) {
-		*so->seq_out = seq;
-		json_decref(spec);
-		json_decref(msg);
-		return 0;
-	}
 	if ((r = cp_store_commit(st)) < 0)
 		goto fail;
 	cp_wake(cp);
@@ -1016,8 +1018,7 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	json_decref(msg);
 	return finish_start(cp, st, id, p->worker, seq, so->release_op, body);
 fail:
-	if (!so->no_commit)
-		cp_store_rollback(st);
+	cp_store_rollback(st);
 	json_decref(spec);
 	json_decref(msg);
 	*body = cp_error("internal", spaced_strerror(r));
@@ -1199,28 +1200,40 @@ static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
 	    /* the tenant's quotas, in the transaction that places the sandbox */
 	    (j->status = quota_check(cp, st, j->tenant, &p.res, &j->body)) != 0)
 		goto undo;
-	r = CP_Q(st, NULL, NULL,
-	         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, op_until, "
-	         "created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, disk_bytes, "
-	         "template_hash) "
-	         "VALUES ($1, $2, 'starting', 0, $3, $4, 'none', $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14, $15)",
-	         j->id, j->tenant, p.worker, substrate, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
-	         cp_i64(now, t), cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
-	         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime), cp_i64(cpu, p.res.cpu_milli),
-	         cp_i64(mem, (int64_t)p.res.memory_bytes), cp_i64(pids, (int64_t)p.res.pids),
-	         cp_i64(disk, (int64_t)p.res.disk_bytes), j->tmpl_hash[0] ? j->tmpl_hash : NULL);
-	struct sbx s;
-	if (r < 0 || (r = sbx_load(st, j->tenant, j->id, &s)) < 0) {
-		j->status = 500;
+	/* the install queued, the sandbox at generation 1 with its activation,
+	 * and that generation's row, in the same transaction (I2): what a later
+	 * start does in turns (start_execution_in), written once */
+	char act[SPACED_NAME_MAX], seqb[24], snap_url[CP_URL_MAX + 256];
+	const char *no_snapshot = NULL;
+	cp_random_name(act, "act-");
+	json_t *spec = install_spec(cp, j->spec_text, j->tenant, &p, &no_snapshot, NULL, snap_url);
+	json_t *msg = spec ? json_pack("{s:s,s:o,s:b,s:o}", "type", "install", "identity",
+	                               identity_json_of(j->id, 1, p.worker, substrate, act), "handoff", 0, "spec", spec)
+	                   : NULL;
+	r = msg ? cp_outbox_push(st, p.worker, msg, &j->seq) : SPACED_ENOMEM;
+	json_decref(msg);
+	if (r == 0)
+		r = CP_Q(st, NULL, NULL,
+		         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, "
+		         "op_until, created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, "
+		         "disk_bytes, template_hash, install_seq) "
+		         "VALUES ($1, $2, 'starting', 1, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13, $14, $15, $16, "
+		         "$17)",
+		         j->id, j->tenant, p.worker, substrate, act, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
+		         cp_i64(now, t), cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
+		         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
+		         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes),
+		         cp_i64(pids, (int64_t)p.res.pids), cp_i64(disk, (int64_t)p.res.disk_bytes),
+		         j->tmpl_hash[0] ? j->tmpl_hash : NULL, cp_i64(seqb, j->seq));
+	if (r == 0)
+		r = CP_Q(st, NULL, NULL,
+		         "INSERT INTO generations (sandbox, generation, worker, activation, created) VALUES ($1, 1, $2, $3, $4)",
+		         j->id, p.worker, act, now);
+	if (r < 0) {
+		j->status = r == SPACED_EBUSY ? 503 : 500;
 		j->body = cp_error("internal", spaced_strerror(r));
 		goto undo;
 	}
-	/* generation 1 in the same transaction (I2), the install queued */
-	const struct start_opts so = {.in_txn = 1, .no_commit = 1, .seq_out = &j->seq};
-	j->status = start_execution_in(cp, st, &s, &p, NULL, NULL, 0, &so, &j->body);
-	cp_rows_free(s.rows);
-	if (j->status != 0)
-		goto undo;
 	snprintf(j->worker, sizeof j->worker, "%s", p.worker);
 	CP_Q0(st, NULL, NULL, "RELEASE SAVEPOINT spaced_create");
 	return;

@@ -9,7 +9,7 @@
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
  *                  [--delay-ms N] [--refuse TYPE [--refuse-code C] [--refuse-count N]]
- *                  [--silent TYPE] [--exit-after N] [--say FILE]
+ *                  [--silent TYPE] [--exit-after N] [--say FILE] [--capacity N]
  *                  [--ca FILE [--cert FILE --key-file FILE]]   (with --url wss://HOST:PORT)
  *
  * --refuse TYPE acks messages of that type with ok:false (code C, default
@@ -17,7 +17,8 @@
  * acks them; --exit-after N exits (status 0) right after receiving the N-th new
  * message, before acking it; --delay-ms holds every ack back N ms; --say FILE
  * sends each line of FILE as a text message right after every hello (the
- * worker's own reports, such as an execution that ended).
+ * worker's own reports, such as an execution that ended); --capacity N is the
+ * number of sandboxes its hello offers (16 by default).
  * Exit status 3: a gap or reordering in seq was seen. With wss:// it speaks
  * TLS as spaced-node's link does (libspaced/tls.h: the control plane verified
  * against --ca, --cert/--key-file its client certificate).
@@ -45,7 +46,7 @@ struct ack {
 
 static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say;
 static const char *o_refuse_code = "refused";
-static long o_delay, o_exit_after = -1, o_refuse_count = -1;
+static long o_delay, o_exit_after = -1, o_refuse_count = -1, o_capacity = 16;
 static long long last_seq;
 static long received_new, epoch;
 static struct ack *acks_head, *acks_tail;
@@ -250,7 +251,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		char *text = NULL;
 		if (hello_pending) {
 			json_t *h = json_pack("{s:{s:s,s:I,s:[s],s:i}}", "hello", "worker", o_worker, "last_seq",
-			                      (json_int_t)last_seq, "substrates", "process", "capacity", 16);
+			                      (json_int_t)last_seq, "substrates", "process", "capacity", (int)o_capacity);
 			text = json_dumps(h, JSON_COMPACT);
 			json_decref(h);
 			hello_pending = 0;
@@ -339,6 +340,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(k, "--silent")) o_silent = v;
 		else if (!strcmp(k, "--delay-ms")) o_delay = atol(v);
 		else if (!strcmp(k, "--exit-after")) o_exit_after = atol(v);
+		else if (!strcmp(k, "--capacity")) o_capacity = atol(v);
 		else if (!strcmp(k, "--say")) o_say = v;
 		else if (!strcmp(k, "--refuse-code")) o_refuse_code = v;
 		else if (!strcmp(k, "--refuse-count")) o_refuse_count = atol(v);
