@@ -19,7 +19,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest_client.h"
 #include "util.h"
 

@@ -54,7 +54,7 @@
 #include <jansson.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "guest_client.h"
 #include "signer.h"
 #include "tls.h"

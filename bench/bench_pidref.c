@@ -14,7 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "pidref.h"
 #include "util.h"
 

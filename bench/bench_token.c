@@ -16,7 +16,7 @@
 #include <sodium.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "paseto.h"
 #include "signer.h"

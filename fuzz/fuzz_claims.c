@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "paserk.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "guest_client.h"
 

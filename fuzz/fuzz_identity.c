@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "util.h"
 

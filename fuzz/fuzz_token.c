@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "paserk.h"
 #include "paseto.h"

@@ -7,7 +7,7 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "paseto.h"
 #include "util.h"

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 static struct spaced_decision decide(enum spaced_verdict v, enum spaced_reason r)
 {

@@ -10,7 +10,7 @@
 
 #include <seccomp.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
 #define CONFINE_SANITIZED 1

@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 static uint16_t rd16(const uint8_t *p)
 {

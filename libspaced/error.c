@@ -1,5 +1,5 @@
 /* error.c — strings for the spaced error space. */
-#include "error.h"
+#include "spaced_error.h"
 
 const char *spaced_strerror(int err)
 {

@@ -8,7 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 static void put_le16(uint8_t *p, uint16_t v)
 {

@@ -8,7 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 #define RESULT_MSG_MAX 256
 

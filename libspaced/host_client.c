@@ -10,7 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "guest_proto.h"
 #include "util.h"

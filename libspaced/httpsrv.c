@@ -14,7 +14,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "ratelimit.h"
 #include "tls.h"
 #include "util.h"

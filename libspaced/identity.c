@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 bool spaced_cgroup_parent_valid(const char *name)
 {

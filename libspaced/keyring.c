@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 struct key_entry {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 void spaced_nameidx_init(struct spaced_nameidx *x, spaced_nameidx_name_fn name_of, const void *ctx)

@@ -5,7 +5,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 int spaced_public_key_from_bytes(struct spaced_public_key *out, const uint8_t *bytes, size_t n)

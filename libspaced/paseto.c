@@ -6,7 +6,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 int spaced_paseto_pae(struct spaced_buf *out, size_t count, const uint8_t *const *pieces,

@@ -28,7 +28,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 #ifndef TCP_LISTEN

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 static int fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errsz, const char *fmt, ...)

@@ -21,7 +21,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "nameidx.h"
 #include "util.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 struct entry {
 	bool used;

@@ -6,7 +6,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "paseto.h"
 #include "util.h"
 

@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 #ifndef CGROUP2_SUPER_MAGIC

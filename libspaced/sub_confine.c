@@ -21,7 +21,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 #ifndef CLONE_NEWTIME
 #define CLONE_NEWTIME 0x00000080

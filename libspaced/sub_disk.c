@@ -37,7 +37,7 @@
 #include <linux/magic.h>
 #include <linux/major.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "helper_spawn.h"
 #include "util.h"
 

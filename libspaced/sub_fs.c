@@ -28,7 +28,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "treehash.h"
 #include "util.h"
 

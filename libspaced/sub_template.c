@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "sub_internal.h"
 #include "substrate.h"
 #include "util.h"

@@ -45,7 +45,7 @@
 #include <linux/openat2.h>
 #include <linux/sched.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "sub_internal.h"
 #include "util.h"
 

@@ -17,7 +17,7 @@
 #include <openssl/rand.h>
 #include <openssl/x509v3.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 /* TLS 1.2 suites: ECDHE key exchange and AEAD only; TLS 1.3's are all AEAD.
  * AES-128-GCM first: as strong as a 128-bit key exchange, and the cheapest

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 #define NO_BLOCK UINT64_MAX

@@ -14,7 +14,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 
 void spaced_buf_init(struct spaced_buf *b, size_t max)

@@ -8,7 +8,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 #define WAYS 4

@@ -37,7 +37,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 /* The socket inode behind descriptor fdname of pid, 0 when it is not a socket. */

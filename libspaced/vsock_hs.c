@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 int spaced_vsock_hs_line_len(const uint8_t *buf, size_t n)
 {

@@ -5,7 +5,7 @@
 
 #include <openssl/evp.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 int spaced_ws_frame_parse(const uint8_t *in, size_t n, bool from_client, uint64_t max_len,

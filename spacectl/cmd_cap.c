@@ -10,7 +10,7 @@
 #include "cap.h"
 #include "cli.h"
 #include "compare.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "paserk.h"
 #include "paseto.h"

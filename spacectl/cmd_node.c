@@ -24,7 +24,7 @@
 #include <jansson.h>
 
 #include "cli.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "keyring.h"
 

@@ -33,7 +33,7 @@
 #include "cli.h"
 #include "client.h"
 #include "cmd_ops.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 #include "ws.h"
 #include "ws_client.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "paserk.h"
 #include "paseto.h"
 #include "signer.h"

@@ -15,7 +15,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "http_client.h"
 #include "net.h"
 #include "util.h"

@@ -19,7 +19,7 @@
 
 #include "cp.h"
 #include "log.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 #define SLOTS 4096

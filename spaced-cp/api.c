@@ -14,7 +14,7 @@
 
 #include "channel.h"
 #include "cp.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 
 json_t *cp_sandbox_list(struct cp_store *st, const char *tenant);

@@ -46,7 +46,7 @@
 
 #include "cp.h"
 #include "log.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "httpsrv.h"
 #include "identity.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "ws.h"
 

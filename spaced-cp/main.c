@@ -36,7 +36,7 @@
 #include "cp.h"
 #include "log.h"
 #include "observe.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "resources.h"
 #include "tls.h"
 

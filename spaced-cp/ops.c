@@ -21,7 +21,7 @@
 #include "cap.h"
 #include "channel.h"
 #include "cp.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "netpolicy.h"
 #include "identity.h"
 #include "util.h"

@@ -10,7 +10,7 @@
 #include <jansson.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "guest_proto.h"
 
 static int fail(char *err, size_t errsz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

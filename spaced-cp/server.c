@@ -30,7 +30,7 @@
 
 #include "channel.h"
 #include "cp.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "httpsrv.h"
 #include "log.h"
 #include "observe.h"

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "cp.h"
-#include "error.h"
+#include "spaced_error.h"
 
 #define SIGNER_MSG_MAX 16384
 

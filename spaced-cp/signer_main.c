@@ -31,7 +31,7 @@
 #include <sodium.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "paserk.h"
 #include "signer.h"
 #include "util.h"

@@ -5,7 +5,7 @@
 
 #include <libpq-fe.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "store.h"
 
 static int map_res(PGresult *res)

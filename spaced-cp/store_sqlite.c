@@ -29,7 +29,7 @@
 
 #include <sqlite3.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "store.h"
 
 static int map_err(int rc)

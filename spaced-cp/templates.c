@@ -26,7 +26,7 @@
 #include <jansson.h>
 
 #include "cp.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "log.h"
 #include "rootfs.h"

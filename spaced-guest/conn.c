@@ -10,7 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest.h"
 
 #define OUTQ_HARD_MAX (64u << 20) /* a peer that never reads is dropped */

@@ -28,7 +28,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest.h"
 #include "util.h"
 #include "vsock_hs.h"

@@ -41,7 +41,7 @@
 
 #include <linux/vm_sockets.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest.h"
 
 struct guest G;

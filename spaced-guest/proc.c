@@ -23,7 +23,7 @@
 #include <grp.h>
 #include <jansson.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest.h"
 
 extern char **environ;

@@ -54,7 +54,7 @@
 
 #include <linux/vm_sockets.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest.h"
 
 #define VCTL_LINE_MAX 16384 /* a CONFIG of up to 12 KiB (spaced-node's MGR_CONFIG_MAX) */

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest.h"
 
 #define WATCH_MASK                                                                          \

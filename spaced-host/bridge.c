@@ -12,7 +12,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "guest_proto.h"
 #include "host_client.h"

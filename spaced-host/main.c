@@ -16,7 +16,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "host.h"
 #include "log.h"

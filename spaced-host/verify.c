@@ -34,7 +34,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 #ifndef SO_PEERPIDFD

@@ -84,7 +84,7 @@
 #include "cap.h"
 #include "compare.h"
 #include "confine.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "http.h"
 #include "identity.h"
 #include "keyring.h"

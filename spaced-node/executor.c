@@ -33,7 +33,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "guest_proto.h"
 #include "host_client.h"

@@ -19,7 +19,7 @@
 #include <curl/curl.h>
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "node.h"
 #include "util.h"

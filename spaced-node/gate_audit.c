@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "log.h"
 #include "ratelimit.h"
 #include "util.h"

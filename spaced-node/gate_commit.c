@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 #define COMMIT_BATCH_MAX 256 /* writes in one transaction at most */
 

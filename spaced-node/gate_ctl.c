@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "pidref.h"
 #include "treehash.h"
 

@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 /* Writes text to path through tmp (rename). */
 static void publish_at(const char *tmp, const char *path, const char *text, const char *sandbox)

@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 struct gjob {
 	struct gjob *next;

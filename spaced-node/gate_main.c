@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "nameidx.h"
 #include "vcache.h"

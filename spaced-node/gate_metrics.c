@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "substrate.h"
 #include "vcache.h"
 

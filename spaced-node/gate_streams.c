@@ -30,7 +30,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "links.h"
 #include "vcache.h"

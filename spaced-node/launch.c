@@ -32,7 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "pidref.h"
 #include "resources.h"

@@ -49,7 +49,7 @@
 #include <libwebsockets.h>
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "log.h"
 #include "tls.h"
 

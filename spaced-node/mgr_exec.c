@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "fetch.h"
 #include "rootfs.h"
 #include "pidref.h"

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "treehash.h"
 
 json_t *mgr_rec_to_json(const struct mgr_rec *r)

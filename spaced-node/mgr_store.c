@@ -12,7 +12,7 @@
 
 #include <sqlite3.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 /* The statements every install runs, prepared once and reset after each use. */
 enum { ST_PUT, ST_ACK, ST_META, ST_GONE, ST_N };

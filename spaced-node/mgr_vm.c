@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "net.h"
 #include "pidref.h"
 #include "vm.h"

@@ -41,7 +41,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "log.h"
 #include "netpolicy.h"
 #include "pidref.h"

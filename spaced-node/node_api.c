@@ -30,7 +30,7 @@
 #include <sodium.h>
 #include <uv.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "httpsrv.h"
 #include "util.h"
 #include "ratelimit.h"

@@ -100,7 +100,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 #include "tls.h"
 #include "executor.h"

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "confine.h"
-#include "error.h"
+#include "spaced_error.h"
 
 static const char *const allowed[] = {
 	"read", "write", "readv", "writev", "close", "poll", "ppoll", "epoll_wait", "epoll_pwait",

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "gate.h"
 
 #define BUCKET_NS (5ull * 1000000000ull) /* demand is counted per 5 s */

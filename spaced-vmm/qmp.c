@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 struct qmp {

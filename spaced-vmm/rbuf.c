@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 void vmm_rbuf_init(struct vmm_rbuf *r, size_t cap)
 {

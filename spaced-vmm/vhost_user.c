@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 enum {
 	VU_GET_FEATURES = 1,

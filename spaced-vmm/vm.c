@@ -47,7 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "pidref.h"
 #include "resources.h"

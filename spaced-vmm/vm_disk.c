@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 #include "vm_int.h"
 

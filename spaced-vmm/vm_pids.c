@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 int vm_read_pids(const char *state, pid_t *vsockd, uint64_t *vsockd_start, pid_t *qemu, uint64_t *qemu_start)
 {

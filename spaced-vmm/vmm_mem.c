@@ -7,7 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 void vmm_mem_init(struct vmm_mem *m)
 {

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 
 #define VRING_DESC_F_NEXT 1
 #define VRING_DESC_F_WRITE 2

@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "rbuf.h"
 #include "vhost_user.h"
 #include "vring.h"

@@ -15,7 +15,7 @@
 #include <jansson.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "keyring.h"
 #include "util.h"

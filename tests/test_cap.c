@@ -13,7 +13,7 @@
 
 #include "cap.h"
 #include "compare.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "keyring.h"
 #include "paserk.h"
 #include "paseto.h"

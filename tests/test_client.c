@@ -13,7 +13,7 @@
 #include <criterion/criterion.h>
 
 #include "client.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "ws.h"
 #include "ws_client.h"
 

@@ -11,7 +11,7 @@
 
 #include "cap.h"
 #include "compare.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 
 /* ---- the comparator table ---- */

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "dnsmsg.h"
-#include "error.h"
+#include "spaced_error.h"
 
 /* A query for the labels given (each a length and its bytes), type A, class IN. */
 static size_t query(uint8_t *m, const char *const *labels, const size_t *lens, size_t n)

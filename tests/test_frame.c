@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 
 static void pair(int sv[2])

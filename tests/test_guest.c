@@ -26,7 +26,7 @@
 
 #include <sodium.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "frame.h"
 #include "guest_client.h"
 #include "identity.h"

@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "netpolicy.h"
 
 static uint32_t ip(unsigned a, unsigned b, unsigned c, unsigned d)

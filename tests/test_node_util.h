@@ -29,7 +29,7 @@
 #include <jansson.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "identity.h"
 #include "signer.h"
 #include "util.h"

@@ -12,7 +12,7 @@
 
 #include <criterion/criterion.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "paserk.h"
 #include "paseto.h"
 #include "signer.h"

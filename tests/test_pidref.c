@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "pidref.h"
 
 struct helper {

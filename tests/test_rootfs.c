@@ -18,7 +18,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "rootfs.h"
 #include "treehash.h"
 

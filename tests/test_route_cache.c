@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cap.h"
-#include "error.h"
+#include "spaced_error.h"
 #include "route_cache.h"
 
 static struct spaced_route route(const char *sandbox, uint64_t gen, const char *worker, const char *cap,

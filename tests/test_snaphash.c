@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "mgr.h"
 
 static char top[64];

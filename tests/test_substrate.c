@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest_client.h"
 #include "identity.h"
 #include "pidref.h"

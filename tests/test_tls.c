@@ -36,7 +36,7 @@
 #include <openssl/ssl.h>
 #include <uv.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "httpsrv.h"
 #include "tls.h"
 

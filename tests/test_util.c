@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "util.h"
 
 static char dir[64], path[128], tmp[128];

@@ -15,7 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "rbuf.h"
 #include "vmm_mem.h"
 #include "vring.h"

@@ -5,7 +5,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "vsock_hs.h"
 
 static int parse(const char *s, size_t n, uint32_t *port)

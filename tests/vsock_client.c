@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "spaced_error.h"
 #include "guest_client.h"
 #include "vsock_hs.h"
 

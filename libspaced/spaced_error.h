@@ -1,5 +1,6 @@
 /*
- * error.h — the one error space of spaced.
+ * spaced_error.h — the one error space of spaced (not glibc's <error.h>, which a
+ * header of this name in the include path would hide).
  *
  * Every fallible function returns int: 0 on success, a negative SPACED_E* code
  * on failure. Output parameters are written only on success.
