@@ -520,6 +520,53 @@ static void chan_renew(void)
 		}
 }
 
+static int chan_by_worker(const void *a, const void *b)
+{
+	return strcmp((*(struct cp_chan *const *)a)->worker, (*(struct cp_chan *const *)b)->worker);
+}
+
+/* Rows another replica (or an admin command) queued: a channel is pumped
+ * when its worker's next_seq, the last seq queued to it, is past what it
+ * sent. One statement for every channel (a SELECT per channel per tick made
+ * a thousand workers' control plane run ten thousand of them a second,
+ * idle); the workers' rows are matched to the channels by name. */
+static void chan_pump_queued(void)
+{
+	size_t n = 0, k = 0;
+	for (struct cp_chan *ch = chans; ch; ch = ch->next)
+		n += ch->hello && !ch->closing;
+	if (n == 0)
+		return;
+	struct cp_chan **v = malloc(n * sizeof *v);
+	struct cp_rows *rows = NULL;
+	if (v == NULL || CP_Q0(C->loop_st, &rows, NULL, "SELECT id, next_seq FROM workers") < 0) {
+		free(v);
+		cp_rows_free(rows);
+		return; /* the next tick, or the next commit's pump */
+	}
+	for (struct cp_chan *ch = chans; ch; ch = ch->next)
+		if (ch->hello && !ch->closing)
+			v[k++] = ch;
+	qsort(v, n, sizeof *v, chan_by_worker);
+	for (int i = 0; i < rows->nrows; i++) {
+		struct cp_chan key, *kp = &key, **hit;
+		const char *w = cp_rows_get(rows, i, 0);
+		if (w == NULL || strlen(w) >= sizeof key.worker)
+			continue;
+		memcpy(key.worker, w, strlen(w) + 1);
+		if ((hit = bsearch(&kp, v, n, sizeof *v, chan_by_worker)) == NULL)
+			continue;
+		int64_t next = cp_rows_i64(rows, i, 1, 0);
+		while (hit > v && strcmp(hit[-1]->worker, w) == 0)
+			hit--;
+		for (; hit < v + n && strcmp((*hit)->worker, w) == 0; hit++)
+			if (next > (*hit)->sent_seq)
+				chan_pump(*hit);
+	}
+	cp_rows_free(rows);
+	free(v);
+}
+
 void cp_chan_tick(void)
 {
 	static const uint8_t ping[4] = {'s', 'p', 'c', 'd'}; /* a payload: some peers ignore empty pings */
@@ -546,8 +593,8 @@ void cp_chan_tick(void)
 			ch->last_ping = now;
 			spaced_httpconn_ws_send(ch->c, SPACED_WS_PING, ping, sizeof ping);
 		}
-		chan_pump(ch); /* rows another replica queued */
 	}
+	chan_pump_queued();
 	/* every second, and at once after the loop was held up (channel_until
 	 * may have lapsed meanwhile) */
 	if (ticks % 10 == 0 || !judge)
