@@ -30,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "bench_host.h"
 #include "http_client.h"
 
 static uint64_t now_ns(void)
@@ -50,29 +51,6 @@ static double pct(uint64_t *v, int n, double p)
 	qsort(v, (size_t)n, sizeof *v, cmp_u64);
 	int i = (int)(p * (n - 1) + 0.5);
 	return (double)v[i] / 1e3; /* µs */
-}
-
-/* Every process's CPU on this host so far (cgroup v1 cpuacct or v2 cpu.stat), 0 when unknown. */
-static uint64_t host_cpu_ns(void)
-{
-	unsigned long long v = 0;
-	FILE *f = fopen("/sys/fs/cgroup/cpuacct/cpuacct.usage", "r");
-	if (f) {
-		if (fscanf(f, "%llu", &v) != 1)
-			v = 0;
-		fclose(f);
-		return v;
-	}
-	char key[64];
-	if ((f = fopen("/sys/fs/cgroup/cpu.stat", "r")) == NULL)
-		return 0;
-	while (fscanf(f, "%63s %llu", key, &v) == 2)
-		if (strcmp(key, "usage_usec") == 0) {
-			fclose(f);
-			return v * 1000u;
-		}
-	fclose(f);
-	return 0;
 }
 
 /* One POST on the kept-alive connection kc; 0 with *status, or -1 with err. */
@@ -234,7 +212,7 @@ int main(int argc, char **argv)
 	}
 	unsigned long kept_opened = kc.opened;
 	/* creates, one after the other on the same connection */
-	uint64_t cpu0 = host_cpu_ns(), tc0 = now_ns();
+	uint64_t cpu0 = bench_host_cpu_ns(), tc0 = now_ns();
 	for (int i = 0; i < creates; i++) {
 		int status = 0;
 		uint64_t t0 = now_ns();
@@ -244,7 +222,7 @@ int main(int argc, char **argv)
 		}
 		ck[i] = now_ns() - t0;
 	}
-	uint64_t cpu1 = host_cpu_ns(), tc1 = now_ns();
+	uint64_t cpu1 = bench_host_cpu_ns(), tc1 = now_ns();
 	double create_cpu_us = creates && cpu0 && cpu1 > cpu0 ? (double)(cpu1 - cpu0) / 1e3 / creates : -1;
 	double create_rate = creates / ((double)(tc1 - tc0) / 1e9);
 	http_conns_close(&kc);

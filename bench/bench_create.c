@@ -47,6 +47,8 @@
 
 #include <jansson.h>
 
+#include "bench_host.h"
+
 extern char **environ;
 
 #define ROUNDS_MAX 20 /* concurrent bursts at most (BENCH_ROUNDS) */
@@ -59,30 +61,6 @@ static uint64_t now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* CPU time every process of the host used so far (ns), from the root CPU
- * cgroup (v1 cpuacct or v2 cpu.stat); 0 when neither is readable. */
-static uint64_t host_cpu_ns(void)
-{
-	unsigned long long v = 0;
-	FILE *f = fopen("/sys/fs/cgroup/cpuacct/cpuacct.usage", "r");
-	if (f) {
-		if (fscanf(f, "%llu", &v) != 1)
-			v = 0;
-		fclose(f);
-		return v;
-	}
-	char key[64];
-	if ((f = fopen("/sys/fs/cgroup/cpu.stat", "r")) == NULL)
-		return 0;
-	while (fscanf(f, "%63s %llu", key, &v) == 2)
-		if (strcmp(key, "usage_usec") == 0) {
-			fclose(f);
-			return v * 1000u;
-		}
-	fclose(f);
-	return 0;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -434,9 +412,9 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench-create: the pool did not refill\n");
 			goto out;
 		}
-		uint64_t burst0 = now_ns(), cpu0 = host_cpu_ns();
+		uint64_t burst0 = now_ns(), cpu0 = bench_host_cpu_ns();
 		int bad = concurrent(nconc, false, cr);
-		uint64_t burst1 = now_ns(), cpu1 = host_cpu_ns();
+		uint64_t burst1 = now_ns(), cpu1 = bench_host_cpu_ns();
 		/* what the burst cost the machine: every process's CPU over its window
 		 * (the benchmark's own client and the pool's refills included) */
 		r_cpu[r] = cpu0 && cpu1 > cpu0 ? (double)(cpu1 - cpu0) / 1e6 / nconc : 0;
