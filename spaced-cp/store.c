@@ -91,7 +91,7 @@ static const struct {
  * deleted sandbox's row is kept a week (--retain-deleted): what runs per
  * second (the reaper's timeouts) and per scrape (the count by state) reads
  * the live rows through this index, never every row kept (a create reads
- * worker_usage, below). */
+ * worker_usage on SQLite, below). */
 static const char indexes[] =
 	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;";
 
@@ -148,14 +148,24 @@ out:
 	return r;
 }
 
-/* ---- what placement reads per worker ----
+/* ---- what placement reads per worker, and a quota per tenant (SQLite) ----
  * The live sandboxes' count and sums per worker (worker_usage), kept by
  * triggers on sandboxes in the transaction that changes a row: a create
  * reads one row per worker, where summing the live rows cost it a pass over
  * every live sandbox of the fleet (11 ms at 20,000). A row counts while it
  * is not deleted, has a worker and is in one of placement's states; a change
  * that leaves it counted on the same worker with the same limits (starting
- * to running) writes nothing. */
+ * to running) writes nothing. The same per tenant (tenant_usage: every
+ * sandbox not deleted counts, as the quotas count them), which a create
+ * reads under the store's write lock: summing a tenant's rows there made
+ * each create of a tenant holding thousands of sandboxes hold up every
+ * other tenant's.
+ * Not on PostgreSQL: there the counters would be rows that every create,
+ * move and delete locks until it commits, one transaction taking several
+ * of them in its own order (a batch of creates: its tenants' and their
+ * workers' rows, one create after the other) — transactions of two
+ * replicas could then wait for each other. PostgreSQL sums the rows, as
+ * before. */
 #define USAGE_COUNTED(R)                                                                                      \
 	"(" R ".deleted = 0 AND " R ".worker IS NOT NULL AND " R                                              \
 	".state IN ('starting','running','paused','moving'))"
@@ -171,10 +181,26 @@ out:
 	"UPDATE worker_usage SET sandboxes = sandboxes - 1, memory_bytes = memory_bytes - " R                  \
 	".memory_bytes, pids = pids - " R ".pids WHERE worker = " R ".worker;"
 #define USAGE_COLUMNS "worker, state, deleted, memory_bytes, pids"
+#define TUSAGE_COUNTED(R) "(" R ".deleted = 0)"
+#define TUSAGE_SAME                                                                                           \
+	"(OLD.deleted = 0 AND NEW.deleted = 0 AND OLD.tenant = NEW.tenant AND OLD.memory_bytes = NEW.memory_bytes " \
+	"AND OLD.disk_bytes = NEW.disk_bytes AND OLD.pids = NEW.pids)"
+#define TUSAGE_ADD(R)                                                                                         \
+	"INSERT INTO tenant_usage (tenant, sandboxes, memory_bytes, disk_bytes, pids) VALUES (" R ".tenant, 1, " R \
+	".memory_bytes, " R ".disk_bytes, " R ".pids) ON CONFLICT (tenant) DO UPDATE SET sandboxes = "             \
+	"tenant_usage.sandboxes + 1, memory_bytes = tenant_usage.memory_bytes + excluded.memory_bytes, "         \
+	"disk_bytes = tenant_usage.disk_bytes + excluded.disk_bytes, pids = tenant_usage.pids + excluded.pids;"
+#define TUSAGE_SUB(R)                                                                                         \
+	"UPDATE tenant_usage SET sandboxes = sandboxes - 1, memory_bytes = memory_bytes - " R                  \
+	".memory_bytes, disk_bytes = disk_bytes - " R ".disk_bytes, pids = pids - " R ".pids WHERE tenant = " R  \
+	".tenant;"
+#define TUSAGE_COLUMNS "tenant, deleted, memory_bytes, disk_bytes, pids"
 
 static const char usage_table[] =
 	"CREATE TABLE IF NOT EXISTS worker_usage (worker TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
-	" memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);";
+	" memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS tenant_usage (tenant TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
+	" memory_bytes BIGINT NOT NULL, disk_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);";
 
 static const char usage_sqlite[] =
 	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_insert AFTER INSERT ON sandboxes WHEN " USAGE_COUNTED("NEW")
@@ -185,43 +211,45 @@ static const char usage_sqlite[] =
 	USAGE_COUNTED("OLD") " AND NOT " USAGE_SAME " BEGIN " USAGE_SUB("OLD") " END;"
 	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_enter AFTER UPDATE OF " USAGE_COLUMNS " ON sandboxes WHEN "
 	USAGE_COUNTED("NEW") " AND NOT " USAGE_SAME " BEGIN " USAGE_ADD("NEW") " END;";
-
-/* PostgreSQL: one trigger function; a row moving between two workers locks
- * their usage rows in the order of their names, so two moves crossing each
- * other cannot deadlock. */
-static const char usage_pg[] =
-	"CREATE OR REPLACE FUNCTION spaced_worker_usage() RETURNS trigger LANGUAGE plpgsql AS $usage$ "
-	"DECLARE o boolean := false; n boolean := false; "
-	"BEGIN "
-	"IF TG_OP <> 'INSERT' THEN o := " USAGE_COUNTED("OLD") "; END IF; "
-	"IF TG_OP <> 'DELETE' THEN n := " USAGE_COUNTED("NEW") "; END IF; "
-	"IF o AND n AND OLD.worker = NEW.worker AND OLD.memory_bytes = NEW.memory_bytes AND OLD.pids = NEW.pids "
-	"THEN RETURN NULL; END IF; "
-	"IF n AND o AND NEW.worker < OLD.worker THEN " USAGE_ADD("NEW") " n := false; END IF; "
-	"IF o THEN " USAGE_SUB("OLD") " END IF; "
-	"IF n THEN " USAGE_ADD("NEW") " END IF; "
-	"RETURN NULL; "
-	"END $usage$;"
-	"CREATE OR REPLACE TRIGGER sandboxes_usage AFTER INSERT OR DELETE OR UPDATE OF " USAGE_COLUMNS
-	" ON sandboxes FOR EACH ROW EXECUTE FUNCTION spaced_worker_usage();";
+static const char tusage_sqlite[] =
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_insert AFTER INSERT ON sandboxes WHEN " TUSAGE_COUNTED("NEW")
+	" BEGIN " TUSAGE_ADD("NEW") " END;"
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_delete AFTER DELETE ON sandboxes WHEN " TUSAGE_COUNTED("OLD")
+	" BEGIN " TUSAGE_SUB("OLD") " END;"
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_leave AFTER UPDATE OF " TUSAGE_COLUMNS " ON sandboxes WHEN "
+	TUSAGE_COUNTED("OLD") " AND NOT " TUSAGE_SAME " BEGIN " TUSAGE_SUB("OLD") " END;"
+	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_enter AFTER UPDATE OF " TUSAGE_COLUMNS " ON sandboxes WHEN "
+	TUSAGE_COUNTED("NEW") " AND NOT " TUSAGE_SAME " BEGIN " TUSAGE_ADD("NEW") " END;";
 
 /* Counted again from the rows, with every writer of sandboxes held off. */
 static const char usage_recount[] =
 	"DELETE FROM worker_usage;"
 	"INSERT INTO worker_usage (worker, sandboxes, memory_bytes, pids) SELECT worker, COUNT(*),"
-	" SUM(memory_bytes), SUM(pids) FROM sandboxes s WHERE " USAGE_COUNTED("s") " GROUP BY worker;";
+	" SUM(memory_bytes), SUM(pids) FROM sandboxes s WHERE " USAGE_COUNTED("s") " GROUP BY worker;"
+	"DELETE FROM tenant_usage;"
+	"INSERT INTO tenant_usage (tenant, sandboxes, memory_bytes, disk_bytes, pids) SELECT tenant, COUNT(*),"
+	" SUM(memory_bytes), SUM(disk_bytes), SUM(pids) FROM sandboxes s WHERE " TUSAGE_COUNTED("s")
+	" GROUP BY tenant;";
+
+bool cp_store_keeps_usage(const struct cp_store *st)
+{
+	return strcmp(st->ops->kind, "sqlite") == 0;
+}
 
 int cp_store_usage_setup(struct cp_store *st)
 {
-	bool pg = strcmp(st->ops->kind, "sqlite") != 0;
+	if (!cp_store_keeps_usage(st))
+		return 0;
 	int r = script_tries(st, usage_table);
 	if (r == 0)
-		r = script_tries(st, pg ? usage_pg : usage_sqlite);
+		r = script_tries(st, usage_sqlite);
+	if (r == 0)
+		r = script_tries(st, tusage_sqlite);
 	for (int i = 0; r == 0 && i < 3; i++) {
+		/* BEGIN IMMEDIATE: every other writer waits */
 		if ((r = cp_store_begin(st)) < 0)
 			continue;
-		if ((!pg || (r = st->ops->script(st->h, "LOCK TABLE sandboxes IN SHARE ROW EXCLUSIVE MODE")) == 0) &&
-		    (r = st->ops->script(st->h, usage_recount)) == 0 && (r = cp_store_commit(st)) == 0)
+		if ((r = st->ops->script(st->h, usage_recount)) == 0 && (r = cp_store_commit(st)) == 0)
 			break;
 		cp_store_rollback(st);
 	}

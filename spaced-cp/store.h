@@ -10,6 +10,7 @@
 #ifndef SPACED_CP_STORE_H
 #define SPACED_CP_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,13 +27,21 @@ struct cp_rows {
  * Returns 0, SPACED_EINVAL (unknown form) or SPACED_EIO. */
 int cp_store_open(const char *url, struct cp_store **out);
 
-/* The table placement reads instead of summing every live sandbox
- * (worker_usage: per worker, its live sandboxes' count, memory and task
- * limits), the triggers that keep it in each transaction that changes a
- * sandbox, and its rows counted again from the sandboxes (under a lock that
- * holds off every writer). Once per start of the control plane, before it
- * serves. Returns 0 or SPACED_EIO/SPACED_EBUSY. */
+/* SQLite: the tables placement and the quotas read instead of summing
+ * sandboxes (worker_usage: per worker, its live sandboxes' count, memory and
+ * task limits; tenant_usage: per tenant, its sandboxes not deleted, their
+ * memory, disk and task limits), the triggers that keep them in each
+ * transaction that changes a sandbox, and their rows counted again from the
+ * sandboxes (under the write lock). Once per start of the control plane,
+ * before it serves. Nothing on PostgreSQL (see cp_store_keeps_usage).
+ * Returns 0 or SPACED_EIO/SPACED_EBUSY. */
 int cp_store_usage_setup(struct cp_store *st);
+
+/* Whether the store keeps worker_usage and tenant_usage (SQLite); without
+ * them (PostgreSQL: counter rows every create, move and delete would lock
+ * in its own order, and two replicas' transactions could wait for each
+ * other) callers sum the sandboxes' rows. */
+bool cp_store_keeps_usage(const struct cp_store *st);
 
 /* Closes; accepts NULL. */
 void cp_store_close(struct cp_store *st);

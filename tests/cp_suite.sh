@@ -384,21 +384,27 @@ expect "and stays failed (no more restarts)" "$(rs_state)" "failed 6 5"
 expect "a resume by hand starts it again" "$(api "$TA" POST "/v1/sandboxes/$S12/resume" '{}'; body '.state + " " + (.generation|tostring)')" "200running 7"
 api "$TA" DELETE "/v1/sandboxes/$S12" >/dev/null
 
-# ---- placement's per-worker counts (worker_usage, kept by triggers) agree with the sandboxes' rows ----
-store_sql() {
-	if [ -n "$CP_DB" ]; then psql -X -A -t -q -d "$CP_DB" -c "$1"; else sqlite3 -cmd ".timeout 5000" "$W/cp/cp.db" "$1"; fi
-}
-usage_agrees() { # WHAT: after WHAT, worker_usage holds exactly the live rows' count and sums per worker
+# ---- SQLite: placement's per-worker counts and the quotas' per-tenant ones (worker_usage,
+# tenant_usage, kept by triggers) agree with the sandboxes' rows (PostgreSQL sums the rows) ----
+store_sql() { sqlite3 -cmd ".timeout 5000" "$W/cp/cp.db" "$1"; }
+usage_agrees() { # WHAT: after WHAT, the usage tables hold exactly the rows' counts and sums
+	[ -z "$CP_DB" ] || return 0
 	kept=$(store_sql "SELECT worker || ':' || sandboxes || ':' || memory_bytes || ':' || pids FROM worker_usage WHERE sandboxes <> 0 OR memory_bytes <> 0 OR pids <> 0 ORDER BY worker")
 	rows=$(store_sql "SELECT worker || ':' || COUNT(*) || ':' || SUM(memory_bytes) || ':' || SUM(pids) FROM sandboxes WHERE deleted = 0 AND worker IS NOT NULL AND state IN ('starting','running','paused','moving') GROUP BY worker ORDER BY worker")
 	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: placement's counts per worker are the live rows' ($(echo $rows))"; else fail "$1: worker_usage [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
+	kept=$(store_sql "SELECT tenant || ':' || sandboxes || ':' || memory_bytes || ':' || disk_bytes || ':' || pids FROM tenant_usage WHERE sandboxes <> 0 OR memory_bytes <> 0 OR disk_bytes <> 0 OR pids <> 0 ORDER BY tenant")
+	rows=$(store_sql "SELECT tenant || ':' || COUNT(*) || ':' || SUM(memory_bytes) || ':' || SUM(disk_bytes) || ':' || SUM(pids) FROM sandboxes WHERE deleted = 0 GROUP BY tenant ORDER BY tenant")
+	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: the quotas' counts per tenant are the rows' ($(echo "$rows" | wc -l) tenants)"; else fail "$1: tenant_usage [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
 }
 usage_agrees "creates, moves, pauses, resumes, failures, restarts and deletes"
 
 # ---- restart keeps state (kill -9, then start again) ----
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
 # a count gone wrong is counted again from the rows at the next start
-store_sql "UPDATE worker_usage SET sandboxes = sandboxes + 1000" >/dev/null
+if [ -z "$CP_DB" ]; then
+	store_sql "UPDATE worker_usage SET sandboxes = sandboxes + 1000" >/dev/null
+	store_sql "UPDATE tenant_usage SET memory_bytes = 0" >/dev/null
+fi
 kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true
 start_cp cp
 usage_agrees "a count gone wrong, then a restart (counted again at start)"
