@@ -245,14 +245,10 @@ int cp_store_usage_setup(struct cp_store *st)
 		r = script_tries(st, usage_sqlite);
 	if (r == 0)
 		r = script_tries(st, tusage_sqlite);
-	for (int i = 0; r == 0 && i < 3; i++) {
-		/* BEGIN IMMEDIATE: every other writer waits */
-		if ((r = cp_store_begin(st)) < 0)
-			continue;
-		if ((r = st->ops->script(st->h, usage_recount)) == 0 && (r = cp_store_commit(st)) == 0)
-			break;
+	/* BEGIN IMMEDIATE: every other writer waits meanwhile */
+	if (r == 0 && (r = cp_store_begin(st)) == 0 &&
+	    ((r = st->ops->script(st->h, usage_recount)) < 0 || (r = cp_store_commit(st)) < 0))
 		cp_store_rollback(st);
-	}
 	return r;
 }
 
