@@ -53,23 +53,26 @@ static double pct(uint64_t *v, int n, double p)
 	return (double)v[i] / 1e3; /* µs */
 }
 
-/* One POST on the kept-alive connection kc; 0 with *status, or -1 with err. */
-static int kept_post(struct http_conns *kc, const char *url, const char *path, const char *key, const char *body,
-                     int *status, char *err, size_t errsz)
-{
-	char host[256], prefix[256], head[1024];
+/* A kept-alive connection to the control plane, its URL parsed once. */
+struct kept {
+	struct http_conns c;
+	char host[256], prefix[256];
 	int port, tls;
-	if (http_parse_url(url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
-		snprintf(err, errsz, "bad URL");
-		return -1;
-	}
+};
+
+/* One POST on k; 0 with *status, or -1 with err. */
+static int kept_post(struct kept *k, const char *path, const char *key, const char *body, int *status, char *err,
+                     size_t errsz)
+{
+	char head[1024];
 	int hl = snprintf(head, sizeof head,
 	                  "POST %s%s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\n"
 	                  "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-	                  prefix, path, host, port, key, strlen(body));
+	                  k->prefix, path, k->host, k->port, key, strlen(body));
 	unsigned char *ans = NULL, *b = NULL;
 	size_t alen = 0, bl = 0;
-	int r = http_exchange(kc, host, port, tls, head, (size_t)hl, body, strlen(body), 30, &ans, &alen, err, errsz) < 0 ||
+	int r = http_exchange(&k->c, k->host, k->port, k->tls, head, (size_t)hl, body, strlen(body), 30, &ans, &alen, err,
+	                      errsz) < 0 ||
 	                http_parse_answer(ans, alen, status, &b, &bl, NULL, NULL, 0, err, errsz) < 0
 	            ? -1
 	            : 0;
@@ -196,27 +199,28 @@ int main(int argc, char **argv)
 	double route_rate = routes / ((double)(now_ns() - t_all) / 1e9);
 	/* the same on one kept-alive connection: what a route costs once connected */
 	uint64_t *rk = calloc((size_t)routes, sizeof *rk), *ck = calloc((size_t)creates + 1, sizeof *ck);
-	struct http_conns kc;
-	if (rk == NULL || ck == NULL)
+	struct kept kc;
+	if (rk == NULL || ck == NULL ||
+	    http_parse_url(url, kc.host, sizeof kc.host, &kc.port, kc.prefix, sizeof kc.prefix, &kc.tls) < 0)
 		return 1;
-	http_conns_init(&kc);
+	http_conns_init(&kc.c);
 	for (int i = 0; i < routes; i++) {
 		int status = 0;
 		uint64_t t0 = now_ns();
-		if (kept_post(&kc, url, path, key, "{\"purposes\":[\"exec\"]}", &status, err, sizeof err) < 0 ||
+		if (kept_post(&kc, path, key, "{\"purposes\":[\"exec\"]}", &status, err, sizeof err) < 0 ||
 		    status != 200) {
 			fprintf(stderr, "bench-cp: route on a kept connection: %s %d\n", err, status);
 			return 1;
 		}
 		rk[i] = now_ns() - t0;
 	}
-	unsigned long kept_opened = kc.opened;
+	unsigned long kept_opened = kc.c.opened;
 	/* creates, one after the other on the same connection */
 	uint64_t cpu0 = bench_host_cpu_ns(), tc0 = now_ns();
 	for (int i = 0; i < creates; i++) {
 		int status = 0;
 		uint64_t t0 = now_ns();
-		if (kept_post(&kc, url, "/v1/sandboxes", key, create_body, &status, err, sizeof err) < 0 || status != 201) {
+		if (kept_post(&kc, "/v1/sandboxes", key, create_body, &status, err, sizeof err) < 0 || status != 201) {
 			fprintf(stderr, "bench-cp: create on a kept connection: %s %d\n", err, status);
 			return 1;
 		}
@@ -225,7 +229,7 @@ int main(int argc, char **argv)
 	uint64_t cpu1 = bench_host_cpu_ns(), tc1 = now_ns();
 	double create_cpu_us = creates && cpu0 && cpu1 > cpu0 ? (double)(cpu1 - cpu0) / 1e3 / creates : -1;
 	double create_rate = creates / ((double)(tc1 - tc0) / 1e9);
-	http_conns_close(&kc);
+	http_conns_close(&kc.c);
 	snprintf(path, sizeof path, "/v1/sandboxes/%s/move", sbx);
 	for (int i = 0; i < moves; i++) {
 		int status;

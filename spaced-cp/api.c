@@ -105,15 +105,12 @@ static void workers_list(struct cp_store *st, struct cp_req *rq)
 	struct cp_rows *rows = NULL;
 	json_t *arr = json_array();
 	int64_t now = spaced_now();
-	if (arr == NULL ||
-	    CP_Q0(st, &rows, NULL,
-	          cp_store_keeps_usage(st) /* store.h: kept per worker on SQLite */
-	              ? "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, "
-	                "w.channel_until, COALESCE(u.sandboxes, 0), w.limits FROM workers w LEFT JOIN worker_usage u "
-	                "ON u.worker = w.id ORDER BY w.id"
-	              : "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, "
-	                "w.channel_until, (SELECT COUNT(*) FROM sandboxes s WHERE s.worker = w.id AND s.deleted = 0 AND "
-	                "s.state IN ('starting','running','paused','moving')), w.limits FROM workers w ORDER BY w.id") < 0) {
+	char sql[1024]; /* each worker's live sandboxes: store.h cp_store_worker_usage */
+	snprintf(sql, sizeof sql,
+	         "SELECT w.id, w.url, w.capacity, w.substrates, w.last_seen, w.next_seq, w.acked_seq, w.channel_until, "
+	         "COALESCE(u.sandboxes, 0), w.limits FROM workers w LEFT JOIN %s u ON u.worker = w.id ORDER BY w.id",
+	         cp_store_worker_usage(st));
+	if (arr == NULL || CP_Q0(st, &rows, NULL, sql) < 0) {
 		json_decref(arr);
 		answer(rq, 503, cp_error("store", "store unavailable"));
 		return;

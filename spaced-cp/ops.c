@@ -749,17 +749,14 @@ static int place(struct cp_store *st, const char *substrate, const struct spaced
 	int best = -1, status = 503, over_limit = 0;
 	int64_t best_free = 0;
 	struct spaced_resources best_res = *res;
-	/* what each worker's live sandboxes hold: kept per worker on SQLite
-	 * (store.h cp_store_keeps_usage), summed from the rows on PostgreSQL */
-	if (CP_Q0(st, &rows, NULL,
-	          cp_store_keeps_usage(st)
-	              ? "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, COALESCE(u.sandboxes, 0), "
-	                "w.limits, COALESCE(u.memory_bytes, 0), COALESCE(u.pids, 0) FROM workers w LEFT JOIN "
-	                "worker_usage u ON u.worker = w.id ORDER BY w.id"
-	              : "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, COALESCE(u.n, 0), w.limits, "
-	                "COALESCE(u.mem, 0), COALESCE(u.pids, 0) FROM workers w LEFT JOIN (SELECT worker, COUNT(*) AS n, "
-	                "SUM(memory_bytes) AS mem, SUM(pids) AS pids FROM sandboxes WHERE deleted = 0 AND state IN "
-	                "('starting','running','paused','moving') GROUP BY worker) u ON u.worker = w.id ORDER BY w.id") < 0) {
+	/* what each worker's live sandboxes hold (store.h cp_store_worker_usage) */
+	char sql[1024];
+	snprintf(sql, sizeof sql,
+	         "SELECT w.id, w.url, w.substrates, w.capacity, w.channel_until, COALESCE(u.sandboxes, 0), w.limits, "
+	         "COALESCE(u.memory_bytes, 0), COALESCE(u.pids, 0) FROM workers w LEFT JOIN %s u ON u.worker = w.id "
+	         "ORDER BY w.id",
+	         cp_store_worker_usage(st));
+	if (CP_Q0(st, &rows, NULL, sql) < 0) {
 		*err = cp_error("store", "store unavailable");
 		return 500;
 	}
@@ -1095,15 +1092,12 @@ int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int l
 	                    tenant);
 	if (r == 0 && q->nrows != 1)
 		r = SPACED_ENOENT;
+	char sql[512];
+	/* what the tenant's sandboxes hold (store.h cp_store_tenant_usage; no row: nothing) */
+	snprintf(sql, sizeof sql, "SELECT sandboxes, memory_bytes, disk_bytes, pids FROM %s u WHERE u.tenant = $1",
+	         cp_store_tenant_usage(st));
 	if (r == 0)
-		r = CP_Q(st, &u, NULL,
-		         /* kept per tenant on SQLite (store.h cp_store_keeps_usage; no row: nothing), summed on
-		          * PostgreSQL */
-		         cp_store_keeps_usage(st)
-		             ? "SELECT sandboxes, memory_bytes, disk_bytes, pids FROM tenant_usage WHERE tenant = $1"
-		             : "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0), COALESCE(SUM(disk_bytes), 0), "
-		               "COALESCE(SUM(pids), 0) FROM sandboxes WHERE tenant = $1 AND deleted = 0",
-		         tenant);
+		r = CP_Q(st, &u, NULL, sql, tenant);
 	if (r == 0) {
 		int64_t v;
 		limit->sandboxes = (v = cp_rows_i64(q, 0, 0, -1)) >= 0 ? v : cp->quota_default.sandboxes;

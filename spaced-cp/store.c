@@ -166,9 +166,7 @@ out:
  * workers' rows, one create after the other) — transactions of two
  * replicas could then wait for each other. PostgreSQL sums the rows, as
  * before. */
-#define USAGE_COUNTED(R)                                                                                      \
-	"(" R ".deleted = 0 AND " R ".worker IS NOT NULL AND " R                                              \
-	".state IN ('starting','running','paused','moving'))"
+#define USAGE_COUNTED(R) CP_LIVE(R)
 #define USAGE_SAME                                                                                            \
 	"(" USAGE_COUNTED("OLD") " AND " USAGE_COUNTED("NEW") " AND OLD.worker = NEW.worker AND "                  \
 	"OLD.memory_bytes = NEW.memory_bytes AND OLD.pids = NEW.pids)"
@@ -196,30 +194,30 @@ out:
 	".tenant;"
 #define TUSAGE_COLUMNS "tenant, deleted, memory_bytes, disk_bytes, pids"
 
+/* one B-tree each (WITHOUT ROWID): the pages a create's commit writes */
 static const char usage_table[] =
 	"CREATE TABLE IF NOT EXISTS worker_usage (worker TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
-	" memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);"
+	" memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL) WITHOUT ROWID;"
 	"CREATE TABLE IF NOT EXISTS tenant_usage (tenant TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
-	" memory_bytes BIGINT NOT NULL, disk_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);";
+	" memory_bytes BIGINT NOT NULL, disk_bytes BIGINT NOT NULL, pids BIGINT NOT NULL) WITHOUT ROWID;";
+
+/* The four triggers that keep one of them: a row counted on insert, no
+ * longer on delete, and on an update of COLUMNS, out of its old count and
+ * into its new one unless both are the same (SAME). */
+#define USAGE_TRIGGERS(NAME, COUNTED, SAME, ADD, SUB, COLUMNS)                                                \
+	"CREATE TRIGGER IF NOT EXISTS " NAME "_insert AFTER INSERT ON sandboxes WHEN " COUNTED("NEW") " BEGIN "  \
+	ADD("NEW") " END;"                                                                                     \
+	"CREATE TRIGGER IF NOT EXISTS " NAME "_delete AFTER DELETE ON sandboxes WHEN " COUNTED("OLD") " BEGIN "  \
+	SUB("OLD") " END;"                                                                                     \
+	"CREATE TRIGGER IF NOT EXISTS " NAME "_leave AFTER UPDATE OF " COLUMNS " ON sandboxes WHEN "             \
+	COUNTED("OLD") " AND NOT " SAME " BEGIN " SUB("OLD") " END;"                                             \
+	"CREATE TRIGGER IF NOT EXISTS " NAME "_enter AFTER UPDATE OF " COLUMNS " ON sandboxes WHEN "             \
+	COUNTED("NEW") " AND NOT " SAME " BEGIN " ADD("NEW") " END;"
 
 static const char usage_sqlite[] =
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_insert AFTER INSERT ON sandboxes WHEN " USAGE_COUNTED("NEW")
-	" BEGIN " USAGE_ADD("NEW") " END;"
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_delete AFTER DELETE ON sandboxes WHEN " USAGE_COUNTED("OLD")
-	" BEGIN " USAGE_SUB("OLD") " END;"
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_leave AFTER UPDATE OF " USAGE_COLUMNS " ON sandboxes WHEN "
-	USAGE_COUNTED("OLD") " AND NOT " USAGE_SAME " BEGIN " USAGE_SUB("OLD") " END;"
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_usage_enter AFTER UPDATE OF " USAGE_COLUMNS " ON sandboxes WHEN "
-	USAGE_COUNTED("NEW") " AND NOT " USAGE_SAME " BEGIN " USAGE_ADD("NEW") " END;";
+	USAGE_TRIGGERS("sandboxes_usage", USAGE_COUNTED, USAGE_SAME, USAGE_ADD, USAGE_SUB, USAGE_COLUMNS);
 static const char tusage_sqlite[] =
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_insert AFTER INSERT ON sandboxes WHEN " TUSAGE_COUNTED("NEW")
-	" BEGIN " TUSAGE_ADD("NEW") " END;"
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_delete AFTER DELETE ON sandboxes WHEN " TUSAGE_COUNTED("OLD")
-	" BEGIN " TUSAGE_SUB("OLD") " END;"
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_leave AFTER UPDATE OF " TUSAGE_COLUMNS " ON sandboxes WHEN "
-	TUSAGE_COUNTED("OLD") " AND NOT " TUSAGE_SAME " BEGIN " TUSAGE_SUB("OLD") " END;"
-	"CREATE TRIGGER IF NOT EXISTS sandboxes_tusage_enter AFTER UPDATE OF " TUSAGE_COLUMNS " ON sandboxes WHEN "
-	TUSAGE_COUNTED("NEW") " AND NOT " TUSAGE_SAME " BEGIN " TUSAGE_ADD("NEW") " END;";
+	USAGE_TRIGGERS("sandboxes_tusage", TUSAGE_COUNTED, TUSAGE_SAME, TUSAGE_ADD, TUSAGE_SUB, TUSAGE_COLUMNS);
 
 /* Counted again from the rows, with every writer of sandboxes held off. */
 static const char usage_recount[] =
@@ -234,6 +232,21 @@ static const char usage_recount[] =
 bool cp_store_keeps_usage(const struct cp_store *st)
 {
 	return strcmp(st->ops->kind, "sqlite") == 0;
+}
+
+const char *cp_store_worker_usage(const struct cp_store *st)
+{
+	return cp_store_keeps_usage(st) ? "worker_usage"
+	                                : "(SELECT worker, COUNT(*) AS sandboxes, SUM(memory_bytes) AS memory_bytes, "
+	                                  "SUM(pids) AS pids FROM sandboxes s WHERE " CP_LIVE("s") " GROUP BY worker)";
+}
+
+const char *cp_store_tenant_usage(const struct cp_store *st)
+{
+	return cp_store_keeps_usage(st) ? "tenant_usage"
+	                                : "(SELECT tenant, COUNT(*) AS sandboxes, SUM(memory_bytes) AS memory_bytes, "
+	                                  "SUM(disk_bytes) AS disk_bytes, SUM(pids) AS pids FROM sandboxes WHERE "
+	                                  "deleted = 0 GROUP BY tenant)";
 }
 
 int cp_store_usage_setup(struct cp_store *st)

@@ -40,8 +40,18 @@ int cp_store_usage_setup(struct cp_store *st);
 /* Whether the store keeps worker_usage and tenant_usage (SQLite); without
  * them (PostgreSQL: counter rows every create, move and delete would lock
  * in its own order, and two replicas' transactions could wait for each
- * other) callers sum the sandboxes' rows. */
+ * other) callers read the same columns summed from the sandboxes' rows:
+ * cp_store_worker_usage / cp_store_tenant_usage name the relation to read.
+ * A sandbox counts for its worker while live (CP_LIVE), for its tenant
+ * while not deleted. */
 bool cp_store_keeps_usage(const struct cp_store *st);
+#define CP_LIVE(R)                                                                                            \
+	"(" R ".deleted = 0 AND " R ".worker IS NOT NULL AND " R                                              \
+	".state IN ('starting','running','paused','moving'))"
+/* (worker, sandboxes, memory_bytes, pids): a table name or a subquery */
+const char *cp_store_worker_usage(const struct cp_store *st);
+/* (tenant, sandboxes, memory_bytes, disk_bytes, pids): the same */
+const char *cp_store_tenant_usage(const struct cp_store *st);
 
 /* Closes; accepts NULL. */
 void cp_store_close(struct cp_store *st);
