@@ -537,8 +537,14 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 				u[nu++] = (uint32_t)json_integer_value(v);
 		}
 		e = mgr_pool_exec_start(cfg, json_string_value(json_object_get(args, "name")), &rec, u, nu, &pss, why, whysz);
+		/* where its ServicePort gateway listens already: the claim's ack
+		 * names it (written while the claim goes on, gate_ctl.c) */
+		int gw = 0;
+		if (e == 0 && mgr_pool_gateway_port(cfg, &rec, &gw) < 0)
+			gw = 0;
 		if (e == 0)
-			*result = json_pack("{s:o,s:I}", "rec", mgr_rec_to_json(&rec), "pss_kib", (json_int_t)pss);
+			*result = json_pack("{s:o,s:I,s:i}", "rec", mgr_rec_to_json(&rec), "pss_kib", (json_int_t)pss,
+			                    "gateway", gw);
 		return e;
 	}
 	if (strcmp(kind, "pool-reap") == 0) {

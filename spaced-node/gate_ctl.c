@@ -71,6 +71,13 @@ struct ctl_op {
 	struct spaced_identity id;
 	bool handoff, keep, had_cur, claimed, same_exec;
 	bool admitted;       /* an install counted in the worker's capacity (admit) */
+	/* a claimed pooled execution's record, written while its claim goes on
+	 * (install_start): CW_WRITING until on disk, then CW_WRITTEN with the
+	 * write's status, until both are in (claim_joined) */
+	enum { CW_NONE, CW_WRITING, CW_WRITTEN } claim_write;
+	bool claim_back;   /* the claim came back while the record was being written */
+	int claim_status;  /* the write's */
+	int claim_gateway; /* the gateway port its acknowledgement names (0: none) */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
@@ -672,20 +679,88 @@ static json_t *epoch_result(struct mgr *m, const struct mgr_rec *rec)
 
 static void run_install(struct mgr *m, struct ctl_op *op);
 
+/* The record of a claimed pooled execution is on disk (e 0) or could not be
+ * written; the claim goes on or came back meanwhile. */
+static void claim_written(struct mgr *m, void *ctx, int e)
+{
+	struct ctl_op *op = ctx;
+	op->claim_write = CW_WRITTEN;
+	op->claim_status = e;
+	if (op->claim_back)
+		run_install(m, op);
+}
+
+/* A claimed pooled execution's record is what it will be once claimed: its
+ * processes, uid range and gateway come from the pool. So it is written
+ * while the claim goes on (the wait for the disk and the claim's trip
+ * through the executor, launcher, guest, bridge and gateway overlap), and
+ * applied — it admits requests — and acknowledged only once both are done
+ * (claim_joined). Should the gate stop in between, the record names an
+ * execution that may not have taken its identity: at the next start it
+ * ends (run_recover), and the install sent again is refused. */
+static void claim_write_start(struct mgr *m, struct ctl_op *op, int gateway)
+{
+	snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
+	json_decref(op->o.result);
+	op->o.result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
+	if (op->o.result && gateway > 0)
+		json_object_set_new(op->o.result, "gateway", json_integer(gateway));
+	char *line = op->o.result ? ack_line(op->seq, &op->o) : NULL;
+	if (!line) {
+		json_decref(op->o.result);
+		op->o.result = NULL;
+		return; /* written after the claim, as a started execution's is */
+	}
+	op->claim_write = CW_WRITING;
+	op->claim_back = false;
+	op->claim_gateway = gateway;
+	op->written_line = line;
+	op->writing_rec = true;
+	mgr_rec_write(m, &op->rec, op->seq, line, claim_written, op);
+}
+
+/* The claim and its record's write are both in: true when the install is
+ * over (acknowledged, or refused because its record could not be written);
+ * false when the claim failed (or its gateway is not the one written), and
+ * the install goes on as after any claim, writing what is so. */
+static bool claim_joined(struct mgr *m, struct ctl_op *op)
+{
+	json_t *gw = json_object_get(op->job_result, "gateway");
+	int claimed_gw = json_is_integer(gw) ? (int)json_integer_value(gw) : 0;
+	op->claim_write = CW_NONE;
+	op->claim_back = false;
+	if (op->job_status < 0 || claimed_gw != op->claim_gateway) {
+		free(op->written_line);
+		op->written_line = NULL;
+		json_decref(op->o.result);
+		op->o.result = NULL;
+		return false;
+	}
+	int e = op->claim_status;
+	if (e == 0)
+		e = mgr_rec_apply(m, &op->rec, op->had_cur);
+	op->written_next = install_written;
+	op_written(m, op, e);
+	return true;
+}
+
 /* Step 1's end: a fresh execution comes from the warm pool when one of its
  * template and limits is ready — only the claim is left to do (the pool
  * holds process executions; a VM starts from its own booted template,
- * mgr_vm.c) — or is started (step 2); a job that cannot be queued goes on
- * at once as its failure (step 3). */
+ * mgr_vm.c), its record written meanwhile — or is started (step 2); a job
+ * that cannot be queued goes on at once as its failure (step 3). */
 static void install_start(struct mgr *m, struct ctl_op *op)
 {
 	op->step = 2;
-	if (!op->staged[0] && !mgr_vm_is(&op->rec) && pool_take(m, &op->rec)) {
+	int gateway = 0;
+	if (!op->staged[0] && !mgr_vm_is(&op->rec) && pool_take(m, &op->rec, &gateway)) {
 		op->claimed = true;
 		/* on a template, after a check of the cached tree (in a child) */
 		if (op_job(m, op, op->rec.tmpl[0] ? "claim-checked" : "claim",
-		           json_pack("{s:o,s:O?}", "rec", mgr_rec_to_json(&op->rec), "network", op_network(op))))
+		           json_pack("{s:o,s:O?}", "rec", mgr_rec_to_json(&op->rec), "network", op_network(op)))) {
+			claim_write_start(m, op, gateway);
 			return;
+		}
 	} else if (start_job(m, op)) {
 		return;
 	}
@@ -851,6 +926,12 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 	}
 	case 2:
 	case 3: {
+		if (op->claim_write == CW_WRITING) {
+			op->claim_back = true; /* claim_written goes on */
+			return;
+		}
+		if (op->claim_write == CW_WRITTEN && claim_joined(m, op))
+			return;
 		if (op->claimed && op->job_status < 0) {
 			/* the pooled execution was gone or refused: one started for it */
 			gate_log("level=warn event=pool-claim-failed sandbox=%s reason=\"%s\"", op->id.sandbox, op->job_msg);
@@ -1296,6 +1377,16 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 		}
 		op->rec = *cur;
 		op->step = 1;
+		if (gate_rec_serving(cur) && mgr_exec_alive(cur) && mgr_pool_claim_unfinished(m->cfg, cur)) {
+			/* written while its claim went on (claim_write_start), and the
+			 * gate stopped before the claim ended: the execution may never
+			 * have taken its identity, and never serves it */
+			gate_job(m, "stop", json_pack("{s:o}", "rec", mgr_rec_to_json(cur)), on_background_job,
+			         (uintptr_t)"stop");
+			end_execution(m, cur, "its claim did not finish before the worker stopped");
+			op_finish(m, op);
+			return;
+		}
 		if (mgr_exec_alive(&op->rec)) {
 			if (!m->cfg->launch_bin || !m->cfg->host_bin) {
 				op_finish(m, op); /* development mode: no bridge */
@@ -1536,6 +1627,14 @@ void gate_ctl_recover(struct mgr *m)
 {
 	for (size_t i = 0; i < m->nrecs; i++) {
 		const struct mgr_rec *r = &m->recs[i];
+		/* written while its claim went on, the gate stopped before the claim
+		 * ended (claim_write_start): the execution never serves (run_recover
+		 * ends it), so its install, sent again, is refused — before any
+		 * message is read */
+		if (gate_rec_serving(r) && mgr_pool_claim_unfinished(m->cfg, r) &&
+		    mgr_store_refuse_ack_of(mgr_store_of(m), r->r.epoch, "not-running",
+		                            "its execution did not take its identity before the worker stopped") < 0)
+			gate_log("level=warn event=ack-unrefused sandbox=%s", r->r.id.sandbox);
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
 		if (live && r->pid != 0)

@@ -280,8 +280,6 @@ struct mgr_store *mgr_store_of(struct mgr *m)
 	return m->store;
 }
 
-static int rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff);
-
 struct installing {
 	struct mgr_rec rec;
 	bool handoff;
@@ -296,7 +294,7 @@ static void on_rec_written(struct mgr *m, void *ctx, int e)
 		if (e < 0)
 			gate_quit(m, "a tombstone could not be written");
 	} else if (e == 0) {
-		e = rec_applied(m, &in->rec, in->handoff);
+		e = mgr_rec_apply(m, &in->rec, in->handoff);
 	}
 	if (in->done)
 		in->done(m, in->ctx, e);
@@ -336,7 +334,13 @@ void mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uin
 	gate_commit_write(m, rec, seq, ack_line, on_rec_written, in);
 }
 
-static int rec_applied(struct mgr *m, const struct mgr_rec *rec, bool handoff)
+void mgr_rec_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
+                   gate_written_fn done, void *ctx)
+{
+	gate_commit_write(m, rec, seq, ack_line, done, ctx);
+}
+
+int mgr_rec_apply(struct mgr *m, const struct mgr_rec *rec, bool handoff)
 {
 	int e;
 	mgr_store_use_epoch(m->store, rec->r.epoch);

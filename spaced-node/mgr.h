@@ -87,6 +87,11 @@ void mgr_store_use_epoch(struct mgr_store *st, uint64_t epoch);
 
 /* The acknowledgement stored for seq (*line is a new string) or SPACED_ENOENT. */
 int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
+/* Turns the stored acknowledgement that installed epoch (its result's
+ * "epoch": each record's is its own) into a refusal with code and error,
+ * durably, if it is still a success: what the control plane gets when it
+ * sends that install again. 0 or SPACED_EIO. */
+int mgr_store_refuse_ack_of(struct mgr_store *st, uint64_t epoch, const char *code, const char *error);
 
 uint64_t mgr_store_last_seq(struct mgr_store *st);
 /* What another connection wrote (gate_commit.c), noted in this one's memory:
@@ -216,6 +221,10 @@ bool mgr_pool_claim_inline(const struct mgr_config *cfg, const struct mgr_rec *r
  * without one. SPACED_ECLOSED when no gateway waits (and none may be
  * started) or the waiting one does not take it. */
 int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, bool may_start, int *gateway_port);
+/* True when rec names a pooled execution whose claim did not deliver every
+ * identity: its bridge's or its gateway's FIFO is still there (each is
+ * removed once its identity is written; the launcher's comes first). */
+bool mgr_pool_claim_unfinished(const struct mgr_config *cfg, const struct mgr_rec *rec);
 /* The port of rec's ServicePort gateway once started (0: none). */
 int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);
 /* Stops the pooled executions in STATE/pool that no name in keep[] names
@@ -299,6 +308,16 @@ typedef void (*gate_written_fn)(struct mgr *m, void *ctx, int status);
  * again from the disk). */
 void mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line,
                      gate_written_fn done, void *ctx);
+/* mgr_rec_install in two halves, for an active record whose execution is
+ * still being prepared while it is written (a claimed pooled one,
+ * gate_ctl.c): mgr_rec_write writes rec and the ack of seq durably and
+ * leaves memory as it is (nothing admits by it yet); mgr_rec_apply, once it
+ * is on disk and the execution ready, does what follows an install's write
+ * (memory, streams of older epochs, the gateway's record, the watch): 0 or
+ * the error. */
+void mgr_rec_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
+                   gate_written_fn done, void *ctx);
+int mgr_rec_apply(struct mgr *m, const struct mgr_rec *rec, bool handoff);
 const char *mgr_worker_id(const struct mgr *m);
 const char *mgr_state_dir(const struct mgr *m);
 const struct mgr_config *mgr_cfg(const struct mgr *m);

@@ -1690,6 +1690,21 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 	return mgr_pool_gateway_port(cfg, rec, gateway_port);
 }
 
+bool mgr_pool_claim_unfinished(const struct mgr_config *cfg, const struct mgr_rec *rec)
+{
+	static const char *const fifos[] = {"in", "gw"};
+	char p[4200];
+	struct stat st;
+	if (strncmp(rec->exec_name, "pool/", 5) != 0)
+		return false;
+	for (size_t i = 0; i < sizeof fifos / sizeof fifos[0]; i++) {
+		snprintf(p, sizeof p, "%s/run/%s.%s", cfg->state_dir, rec->exec_name + 5, fifos[i]);
+		if (lstat(p, &st) == 0)
+			return true;
+	}
+	return false;
+}
+
 int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)
 {
 	char e_dir[4096], pf[4200];

@@ -392,6 +392,23 @@ int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line)
 	return e;
 }
 
+int mgr_store_refuse_ack_of(struct mgr_store *st, uint64_t epoch, const char *code, const char *error)
+{
+	sqlite3_stmt *s = NULL;
+	if (sqlite3_prepare_v2(st->db,
+	                       "UPDATE acks SET line = json_object('ack', seq, 'ok', json('false'), 'error', ?2, 'code', ?3) "
+	                       "WHERE json_valid(line) AND json_extract(line, '$.ok') = 1 "
+	                       "AND json_extract(line, '$.result.epoch') = ?1",
+	                       -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_int64(s, 1, (sqlite3_int64)epoch);
+	sqlite3_bind_text(s, 2, error, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, code, -1, SQLITE_STATIC);
+	int e = sqlite3_step(s) == SQLITE_DONE ? 0 : SPACED_EIO;
+	sqlite3_finalize(s);
+	return e;
+}
+
 static void col_text(sqlite3_stmt *s, int i, char *out, size_t outsz)
 {
 	const char *t = (const char *)sqlite3_column_text(s, i);

@@ -27,6 +27,7 @@ struct pool_entry {
 	struct pool_entry *next;
 	char name[24];
 	bool ready;
+	int gateway; /* its ServicePort gateway's port (0: none) */
 	struct mgr_rec rec;
 };
 
@@ -209,6 +210,10 @@ static void on_started(struct mgr *m, uintptr_t ctx, int status, const char *msg
 		return;
 	}
 	e->rec = got;
+	json_t *gw = json_object_get(result, "gateway");
+	e->gateway = json_is_integer(gw) && json_integer_value(gw) > 0 && json_integer_value(gw) < 65536
+	                 ? (int)json_integer_value(gw)
+	                 : 0;
 	e->ready = true;
 	P.started++;
 	uint64_t pss = (uint64_t)json_integer_value(json_object_get(result, "pss_kib"));
@@ -328,8 +333,9 @@ void pool_stop(struct mgr *m)
 	}
 }
 
-bool pool_take(struct mgr *m, struct mgr_rec *rec)
+bool pool_take(struct mgr *m, struct mgr_rec *rec, int *gateway)
 {
+	*gateway = 0;
 	if (!enabled(m))
 		return false;
 	uint64_t now = spaced_mono_ns();
@@ -354,6 +360,7 @@ bool pool_take(struct mgr *m, struct mgr_rec *rec)
 		rec->host_start = e->rec.host_start;
 		rec->uid_base = e->rec.uid_base;
 		memcpy(rec->exec_name, e->rec.exec_name, sizeof rec->exec_name);
+		*gateway = e->gateway;
 		free(e);
 		k->hits++;
 		P.hits++;

@@ -36,9 +36,10 @@ void pool_stop(struct mgr *m);
 
 /* A create of rec's key (rec->tmpl, rec->res): counted as demand; when a
  * pooled execution of that key is ready it leaves the pool and rec receives
- * its processes, uid range and exec_name (true). The caller claims it (the
- * executor's "claim" job) or, when the claim fails, starts one cold. */
-bool pool_take(struct mgr *m, struct mgr_rec *rec);
+ * its processes, uid range and exec_name, *gateway its ServicePort gateway's
+ * port, 0 for none (true). The caller claims it (the executor's "claim" job)
+ * or, when the claim fails, starts one cold. */
+bool pool_take(struct mgr *m, struct mgr_rec *rec, int *gateway);
 
 /* Stops every ready pooled execution on the template hash (its cached tree
  * changed: they were made on what it was). */

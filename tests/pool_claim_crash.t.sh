@@ -1,0 +1,91 @@
+#!/bin/sh
+# A pooled execution's record is written while its claim goes on (spaced-node/gate_ctl.c,
+# claim_write_start: the wait for the disk and the claim's trip to the launcher, guest, bridge and
+# gateway overlap), and the install is acknowledged only once both are done. Here the gate stops
+# in between, on a real cluster (`spacectl dev up --pool 2`, process substrate): the executor is
+# held (SIGSTOP) so the claim cannot be delivered, a create's record reaches the disk meanwhile
+# with the claim's FIFOs still in place, then the gate and the executor are killed (-9). At the
+# gate's next start that execution, which never took its identity, ends (its launcher goes, its
+# record is a tombstone): the create is refused, never answered as running by an execution that
+# cannot serve it, and nothing serves its generation again (I2). The worker then creates and
+# serves again. Cites R1 (an acknowledgement means on disk) and I2.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+HELD=""
+trap '[ -n "$HELD" ] && kill -CONT "$HELD" 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+if ! "$SC" dev up --workers 1 --dir "$D" --pool 2 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+status() { "$SC" node status --admin "$D/worker-1/admin.sock" | jq -c ".result | $1"; }
+for i in $(seq 1 600); do
+	[ "$(status '.pool.keys[] | select(.default) | .ready')" -ge 2 ] 2>/dev/null && break
+	sleep 0.1
+done
+expect "the pool is ready" "$(status '.pool.keys[] | select(.default) | .ready >= 2')" true
+
+# the pid of the worker-1 process named NAME (a descendant of its supervisor)
+role_pid() {
+	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+	for p in $(pgrep -x "$1"); do
+		q=$p
+		while [ "$q" -gt 1 ]; do
+			[ "$q" = "$sup" ] && { echo "$p"; return; }
+			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
+		done
+	done
+}
+GATE=$(role_pid spaced-gate)
+EXE=$(role_pid spaced-executor)
+[ -n "$GATE" ] && [ -n "$EXE" ] || { echo "FAIL: no gate or executor under worker-1's supervisor"; exit 1; }
+DB=$D/worker-1/records.db
+
+kill -STOP "$EXE"
+HELD=$EXE
+"$SC" create >"$W/create.out" 2>"$W/create.err" &
+CREATE=$!
+# the record of the claimed execution, on disk while its claim waits in the held executor
+row=""
+for i in $(seq 1 100); do
+	row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%'" 2>/dev/null | head -n 1)
+	[ -n "$row" ] && break
+	sleep 0.1
+done
+S=${row%% *}
+NAME=${row#* pool/}
+expect "the claimed execution's record is on disk while its claim has not reached it" \
+	"$([ -n "$row" ] && [ -p "$D/worker-1/run/$NAME.in" ] && echo yes)" yes
+LAUNCHER=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$D/worker-1/pool/$NAME/launcher" 2>/dev/null)
+expect "no acknowledgement left the worker meanwhile (the create waits)" \
+	"$(kill -0 "$CREATE" 2>/dev/null && echo waiting)" waiting
+kill -9 "$GATE" "$EXE"
+HELD=""
+
+wait "$CREATE"
+rc=$?
+expect "the create is refused (exit $rc: $(head -c 300 "$W/create.err" | tr '\n' ' '))" "$([ "$rc" -ne 0 ] && echo refused)" refused
+ended() { grep -q "event=execution-ended sandbox=$S .*its claim did not finish" "$D/worker-1.log"; }
+WAIT_SECONDS=30 wait_for "the restarted gate ended the execution whose claim was cut" ended
+gone() { [ -n "$LAUNCHER" ] && ! kill -0 "$LAUNCHER" 2>/dev/null; }
+WAIT_SECONDS=30 wait_for "its launcher is gone" gone
+expect "its record is a tombstone" \
+	"$(sqlite3 -readonly "$DB" "SELECT active || ' ' || state FROM records WHERE sandbox = '$S'" 2>/dev/null)" "0 ended"
+expect "the control plane does not show it running" \
+	"$("$SC" ls 2>/dev/null | awk -v s="$S" '$1 == s {print $2}' | grep -c '^running$')" 0
+expect "nothing serves its generation" "$("$SC" exec "$S" -- true >/dev/null 2>&1 && echo served || echo refused)" refused
+
+X=$("$SC" create 2>"$W/x.err")
+expect "the worker creates again" "$("$SC" exec "$X" -- hostname 2>&1)" "$X"
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
