@@ -1539,6 +1539,17 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 			goto now;
 		}
 		seq = (uint64_t)json_integer_value(js);
+		/* still in progress: its acknowledgement goes to the latest asker.
+		 * Looked at first: a claimed execution's acknowledgement is stored
+		 * before its claim ends (claim_write_start), and is not one yet */
+		struct ctl_op *inflight = op_with_seq(m, seq);
+		if (inflight && !inflight->replied) {
+			gate_log("level=info event=sent-again-in-progress seq=%llu", (unsigned long long)seq);
+			inflight->reply = reply;
+			inflight->reply_ctx = ctx;
+			json_decref(msg);
+			return;
+		}
 		/* at most once: a stored acknowledgement again, without effect */
 		char *line = NULL;
 		if (mgr_store_ack(mgr_store_of(m), seq, &line) == 0) {
@@ -1547,13 +1558,7 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 			json_decref(msg);
 			return;
 		}
-		struct ctl_op *inflight = op_with_seq(m, seq);
 		if (inflight) {
-			/* still in progress: its acknowledgement goes to the latest asker */
-			if (!inflight->replied) {
-				inflight->reply = reply;
-				inflight->reply_ctx = ctx;
-			}
 			json_decref(msg);
 			return;
 		}

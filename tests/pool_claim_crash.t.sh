@@ -1,7 +1,10 @@
 #!/bin/sh
 # A pooled execution's record is written while its claim goes on (spaced-node/gate_ctl.c,
 # claim_write_start: the wait for the disk and the claim's trip to the launcher, guest, bridge and
-# gateway overlap), and the install is acknowledged only once both are done. Here the gate stops
+# gateway overlap), and the install is acknowledged only once both are done. An install sent again
+# meanwhile (the worker's link restarted: the control plane replays what is unacknowledged) waits
+# for the claim too, though its acknowledgement is on disk already: held here by the executor,
+# stopped (SIGSTOP), until it goes on; the create then runs. Then the gate stops
 # in between, on a real cluster (`spacectl dev up --pool 2`, process substrate): the executor is
 # held (SIGSTOP) so the claim cannot be delivered, a create's record reaches the disk meanwhile
 # with the claim's FIFOs still in place, then the gate and the executor are killed (-9). At the
@@ -29,11 +32,14 @@ if ! "$SC" dev up --workers 1 --dir "$D" --pool 2 >"$W/up.out" 2>"$W/up.err"; th
 fi
 . "$D/env"
 status() { "$SC" node status --admin "$D/worker-1/admin.sock" | jq -c ".result | $1"; }
-for i in $(seq 1 600); do
-	[ "$(status '.pool.keys[] | select(.default) | .ready')" -ge 2 ] 2>/dev/null && break
-	sleep 0.1
-done
-expect "the pool is ready" "$(status '.pool.keys[] | select(.default) | .ready >= 2')" true
+pool_ready() { # the default key's pool holds 2 ready executions (at most 60 s)
+	for i in $(seq 1 600); do
+		[ "$(status '.pool.keys[] | select(.default) | .ready')" -ge 2 ] 2>/dev/null && break
+		sleep 0.1
+	done
+	expect "the pool is ready" "$(status '.pool.keys[] | select(.default) | .ready >= 2')" true
+}
+pool_ready
 
 # the pid of the worker-1 process named NAME (a descendant of its supervisor)
 role_pid() {
@@ -50,18 +56,48 @@ GATE=$(role_pid spaced-gate)
 EXE=$(role_pid spaced-executor)
 [ -n "$GATE" ] && [ -n "$EXE" ] || { echo "FAIL: no gate or executor under worker-1's supervisor"; exit 1; }
 DB=$D/worker-1/records.db
+claimed_row() { # the record of a claimed execution not in $1 (sandbox and exec name), once on disk
+	row=""
+	for i in $(seq 1 100); do
+		row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%' AND sandbox NOT IN ('$1')" 2>/dev/null | head -n 1)
+		[ -n "$row" ] && break
+		sleep 0.1
+	done
+	echo "$row"
+}
 
+# ---- sent again while its claim waits: answered when the claim ends, not from the disk ----
+kill -STOP "$EXE"
+HELD=$EXE
+"$SC" create >"$W/c1.out" 2>"$W/c1.err" &
+C1=$!
+row=$(claimed_row "")
+S1=${row%% *}
+expect "a claimed execution's record and acknowledgement are on disk while its claim waits" \
+	"$([ -n "$S1" ] && sqlite3 -readonly "$DB" "SELECT count(*) FROM acks WHERE json_extract(line, '$.ok') = 1 AND json_extract(line, '$.result.pid') = (SELECT pid FROM records WHERE sandbox = '$S1')")" 1
+LINK=$(role_pid spaced-link)
+kill -9 "$LINK"
+resent() { grep -q "event=sent-again-in-progress" "$D/worker-1.log"; }
+WAIT_SECONDS=30 wait_for "the control plane sent the install again (the link restarted)" resent
+sleep 0.5
+expect "the create waits for the claim, not answered from the stored acknowledgement" \
+	"$(kill -0 "$C1" 2>/dev/null && echo waiting)" waiting
+kill -CONT "$EXE"
+HELD=""
+wait "$C1"
+expect "once the claim ends the create succeeds ($(head -c 300 "$W/c1.err" | tr '\n' ' '))" "$(cat "$W/c1.out")" "$S1"
+expect "and its sandbox is served" "$("$SC" exec "$S1" -- hostname 2>&1)" "$S1"
+
+# ---- the gate stops between the record's write and the claim's end ----
+pool_ready
+GATE=$(role_pid spaced-gate)
+EXE=$(role_pid spaced-executor)
 kill -STOP "$EXE"
 HELD=$EXE
 "$SC" create >"$W/create.out" 2>"$W/create.err" &
 CREATE=$!
 # the record of the claimed execution, on disk while its claim waits in the held executor
-row=""
-for i in $(seq 1 100); do
-	row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%'" 2>/dev/null | head -n 1)
-	[ -n "$row" ] && break
-	sleep 0.1
-done
+row=$(claimed_row "$S1")
 S=${row%% *}
 NAME=${row#* pool/}
 expect "the claimed execution's record is on disk while its claim has not reached it" \
