@@ -135,6 +135,19 @@ need_substrate() {
 	done
 }
 
+# role_pid NAME — the pid of worker-1's process named NAME (a descendant of its supervisor, from
+# $D/pids), empty when there is none
+role_pid() {
+	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+	for p in $(pgrep -x "$1"); do
+		q=$p
+		while [ "$q" -gt 1 ]; do
+			[ "$q" = "$sup" ] && { echo "$p"; return; }
+			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
+		done
+	done
+}
+
 # cluster_up [DEV UP OPTIONS...] — a cluster of one worker in $D, its env loaded, a second tenant
 # made (as_victim runs spacectl as it); the suite ends when it does not start
 cluster_up() {

@@ -15,12 +15,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
-command -v sqlite3 >/dev/null 2>&1 || { echo "sqlite3 is not installed"; exit 77; }
-for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
-	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
-	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
-done
+need_substrate sqlite3 jq
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
@@ -41,38 +36,32 @@ pool_ready() { # the default key's pool holds 2 ready executions (at most 60 s)
 }
 pool_ready
 
-# the pid of the worker-1 process named NAME (a descendant of its supervisor)
-role_pid() {
-	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
-	for p in $(pgrep -x "$1"); do
-		q=$p
-		while [ "$q" -gt 1 ]; do
-			[ "$q" = "$sup" ] && { echo "$p"; return; }
-			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
-		done
-	done
-}
 GATE=$(role_pid spaced-gate)
 EXE=$(role_pid spaced-executor)
 [ -n "$GATE" ] && [ -n "$EXE" ] || { echo "FAIL: no gate or executor under worker-1's supervisor"; exit 1; }
 DB=$D/worker-1/records.db
-claimed_row() { # the record of a claimed execution not in $1 (sandbox and exec name), once on disk
+# held_create OUT [SANDBOX] — the executor held (SIGSTOP), a create in the background (its output in
+# $W/OUT.out and .err, its pid in CREATE); once the record of the execution claimed for it (not
+# SANDBOX's) is on disk, its sandbox in S and the pooled execution's name in NAME
+held_create() {
+	kill -STOP "$EXE"
+	HELD=$EXE
+	"$SC" create >"$W/$1.out" 2>"$W/$1.err" &
+	CREATE=$!
 	row=""
 	for i in $(seq 1 100); do
-		row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%' AND sandbox NOT IN ('$1')" 2>/dev/null | head -n 1)
+		row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%' AND sandbox != '${2:-}'" 2>/dev/null | head -n 1)
 		[ -n "$row" ] && break
 		sleep 0.1
 	done
-	echo "$row"
+	S=${row%% *}
+	NAME=${row#* pool/}
 }
 
 # ---- sent again while its claim waits: answered when the claim ends, not from the disk ----
-kill -STOP "$EXE"
-HELD=$EXE
-"$SC" create >"$W/c1.out" 2>"$W/c1.err" &
-C1=$!
-row=$(claimed_row "")
-S1=${row%% *}
+held_create c1
+S1=$S
+C1=$CREATE
 expect "a claimed execution's record and acknowledgement are on disk while its claim waits" \
 	"$([ -n "$S1" ] && sqlite3 -readonly "$DB" "SELECT count(*) FROM acks WHERE json_extract(line, '$.ok') = 1 AND json_extract(line, '$.result.pid') = (SELECT pid FROM records WHERE sandbox = '$S1')")" 1
 LINK=$(role_pid spaced-link)
@@ -92,16 +81,9 @@ expect "and its sandbox is served" "$("$SC" exec "$S1" -- hostname 2>&1)" "$S1"
 pool_ready
 GATE=$(role_pid spaced-gate)
 EXE=$(role_pid spaced-executor)
-kill -STOP "$EXE"
-HELD=$EXE
-"$SC" create >"$W/create.out" 2>"$W/create.err" &
-CREATE=$!
-# the record of the claimed execution, on disk while its claim waits in the held executor
-row=$(claimed_row "$S1")
-S=${row%% *}
-NAME=${row#* pool/}
+held_create create "$S1"
 expect "the claimed execution's record is on disk while its claim has not reached it" \
-	"$([ -n "$row" ] && [ -p "$D/worker-1/run/$NAME.in" ] && echo yes)" yes
+	"$([ -n "$S" ] && [ -p "$D/worker-1/run/$NAME.in" ] && echo yes)" yes
 LAUNCHER=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$D/worker-1/pool/$NAME/launcher" 2>/dev/null)
 expect "no acknowledgement left the worker meanwhile (the create waits)" \
 	"$(kill -0 "$CREATE" 2>/dev/null && echo waiting)" waiting

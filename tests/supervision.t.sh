@@ -69,17 +69,6 @@ SUP=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
 expect "the workers hold their PM QoS request (--cpu-latency-us 7)" "$(qos)" "$QOSW"
 grep -q "event=cpu-latency us=7" "$D/worker-1.log" && ok "worker-1 logged its request" || fail "no event=cpu-latency in worker-1.log"
 
-# the pid of the worker-1 process named NAME (a descendant of its supervisor)
-role_pid() {
-	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
-	for p in $(pgrep -x "$1"); do
-		q=$p
-		while [ "$q" -gt 1 ]; do
-			[ "$q" = "$sup" ] && { echo "$p"; return; }
-			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
-		done
-	done
-}
 served() { [ "$("$SC" fs read "$X" /workspace/k.txt 2>/dev/null)" = "kept across restarts" ]; }
 after_kill() { # WHAT: the sandbox is served again as before, the victim too
 	WAIT_SECONDS=30 wait_for "$1: the sandbox is served again" served
