@@ -540,8 +540,8 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		/* where its ServicePort gateway listens already: the claim's ack
 		 * names it (written while the claim goes on, gate_ctl.c) */
 		int gw = 0;
-		if (e == 0 && mgr_pool_gateway_port(cfg, &rec, &gw) < 0)
-			gw = 0;
+		if (e == 0)
+			(void)mgr_pool_gateway_port(cfg, &rec, &gw); /* 0 when none */
 		if (e == 0)
 			*result = json_pack("{s:o,s:I,s:i}", "rec", mgr_rec_to_json(&rec), "pss_kib", (json_int_t)pss,
 			                    "gateway", gw);
