@@ -78,6 +78,7 @@ struct ctl_op {
 	bool claim_back;   /* the claim came back while the record was being written */
 	int claim_status;  /* the write's */
 	int claim_gateway; /* the gateway port its acknowledgement names (0: none) */
+	bool claim_cut;    /* recovery: the gate stopped before this record's claim ended */
 	struct spaced_resources res;
 	char tmpl[65], tmpl_url[512]; /* spec.template: its hash and where to fetch it */
 	char config[MGR_CONFIG_MAX];  /* the guest's settings: spec.template.config and spec.env */
@@ -679,6 +680,18 @@ static json_t *epoch_result(struct mgr *m, const struct mgr_rec *rec)
 
 static void run_install(struct mgr *m, struct ctl_op *op);
 
+/* A fresh execution's result, in op's outcome: its record's epoch, its
+ * launcher's pid and its ServicePort gateway's port (gw, a JSON integer;
+ * NULL or 0: none) for the control plane's URLs; false when out of memory. */
+static bool started_result(struct ctl_op *op, json_t *gw)
+{
+	json_decref(op->o.result);
+	op->o.result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
+	if (op->o.result && json_is_integer(gw) && json_integer_value(gw) > 0)
+		json_object_set(op->o.result, "gateway", gw);
+	return op->o.result != NULL;
+}
+
 /* The record of a claimed pooled execution is on disk (e 0) or could not be
  * written; the claim goes on or came back meanwhile. */
 static void claim_written(struct mgr *m, void *ctx, int e)
@@ -701,11 +714,9 @@ static void claim_written(struct mgr *m, void *ctx, int e)
 static void claim_write_start(struct mgr *m, struct ctl_op *op, int gateway)
 {
 	snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
-	json_decref(op->o.result);
-	op->o.result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
-	if (op->o.result && gateway > 0)
-		json_object_set_new(op->o.result, "gateway", json_integer(gateway));
-	char *line = op->o.result ? ack_line(op->seq, &op->o) : NULL;
+	json_t *gw = json_integer(gateway);
+	char *line = started_result(op, gw) ? ack_line(op->seq, &op->o) : NULL;
+	json_decref(gw);
 	if (!line) {
 		json_decref(op->o.result);
 		op->o.result = NULL;
@@ -716,7 +727,7 @@ static void claim_write_start(struct mgr *m, struct ctl_op *op, int gateway)
 	op->claim_gateway = gateway;
 	op->written_line = line;
 	op->writing_rec = true;
-	mgr_rec_write(m, &op->rec, op->seq, line, claim_written, op);
+	gate_commit_write(m, &op->rec, op->seq, line, claim_written, op); /* applied by claim_joined */
 }
 
 /* The claim and its record's write are both in: true when the install is
@@ -975,11 +986,7 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 		op->rec.host_start = started.host_start;
 		op->rec.uid_base = started.uid_base;
 		snprintf(op->rec.state, sizeof op->rec.state, "%s", MGR_ST_RUNNING);
-		o->result = json_pack("{s:I,s:I}", "epoch", (json_int_t)op->rec.r.epoch, "pid", (json_int_t)op->rec.pid);
-		/* the execution's ServicePort gateway, for the control plane's URLs */
-		json_t *gw = json_object_get(op->job_result, "gateway");
-		if (o->result && json_is_integer(gw))
-			json_object_set(o->result, "gateway", gw);
+		started_result(op, json_object_get(op->job_result, "gateway"));
 		/* written with the other writes queued meanwhile (gate_commit.c):
 		 * one wait for the disk for all of them */
 		op_commit(m, op, &op->rec, op->had_cur, install_written);
@@ -1377,7 +1384,7 @@ static void run_recover(struct mgr *m, struct ctl_op *op)
 		}
 		op->rec = *cur;
 		op->step = 1;
-		if (gate_rec_serving(cur) && mgr_exec_alive(cur) && mgr_pool_claim_unfinished(m->cfg, cur)) {
+		if (op->claim_cut && gate_rec_serving(cur) && mgr_exec_alive(cur)) {
 			/* written while its claim went on (claim_write_start), and the
 			 * gate stopped before the claim ended: the execution may never
 			 * have taken its identity, and never serves it */
@@ -1621,11 +1628,13 @@ bool gate_ctl_busy(struct mgr *m, const char *sandbox)
 	return false;
 }
 
-static void recover_one(struct mgr *m, const char *sandbox)
+static void recover_one(struct mgr *m, const char *sandbox, bool claim_cut)
 {
 	struct ctl_op *op = internal_op(m, sandbox, K_RECOVER);
-	if (op)
-		op_enqueue(m, op, sandbox);
+	if (!op)
+		return;
+	op->claim_cut = claim_cut;
+	op_enqueue(m, op, sandbox);
 }
 
 void gate_ctl_recover(struct mgr *m)
@@ -1636,13 +1645,13 @@ void gate_ctl_recover(struct mgr *m)
 		 * ended (claim_write_start): the execution never serves (run_recover
 		 * ends it), so its install, sent again, is refused — before any
 		 * message is read */
-		if (gate_rec_serving(r) && mgr_pool_claim_unfinished(m->cfg, r) &&
-		    mgr_store_refuse_ack_of(mgr_store_of(m), r->r.epoch, "not-running",
-		                            "its execution did not take its identity before the worker stopped") < 0)
+		bool cut = gate_rec_serving(r) && mgr_pool_claim_unfinished(m->cfg, r);
+		if (cut && mgr_store_refuse_ack_of(mgr_store_of(m), r->r.epoch, "not-running",
+		                                   "its execution did not take its identity before the worker stopped") < 0)
 			gate_log("level=warn event=ack-unrefused sandbox=%s", r->r.id.sandbox);
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
 		if (live && r->pid != 0)
-			recover_one(m, r->r.id.sandbox);
+			recover_one(m, r->r.id.sandbox, cut);
 	}
 }

@@ -334,12 +334,6 @@ void mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uin
 	gate_commit_write(m, rec, seq, ack_line, on_rec_written, in);
 }
 
-void mgr_rec_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
-                   gate_written_fn done, void *ctx)
-{
-	gate_commit_write(m, rec, seq, ack_line, done, ctx);
-}
-
 int mgr_rec_apply(struct mgr *m, const struct mgr_rec *rec, bool handoff)
 {
 	int e;

@@ -308,15 +308,11 @@ typedef void (*gate_written_fn)(struct mgr *m, void *ctx, int status);
  * again from the disk). */
 void mgr_rec_install(struct mgr *m, const struct mgr_rec *rec, bool handoff, uint64_t seq, const char *ack_line,
                      gate_written_fn done, void *ctx);
-/* mgr_rec_install in two halves, for an active record whose execution is
- * still being prepared while it is written (a claimed pooled one,
- * gate_ctl.c): mgr_rec_write writes rec and the ack of seq durably and
- * leaves memory as it is (nothing admits by it yet); mgr_rec_apply, once it
- * is on disk and the execution ready, does what follows an install's write
- * (memory, streams of older epochs, the gateway's record, the watch): 0 or
- * the error. */
-void mgr_rec_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
-                   gate_written_fn done, void *ctx);
+/* What mgr_rec_install does once its write is on disk (memory, streams of
+ * older epochs, the gateway's record, the watch), for a record written
+ * without it (gate_commit_write: a claimed pooled execution's, written
+ * while its claim goes on, gate_ctl.c, and applied once the claim ended):
+ * 0 or the error. */
 int mgr_rec_apply(struct mgr *m, const struct mgr_rec *rec, bool handoff);
 const char *mgr_worker_id(const struct mgr *m);
 const char *mgr_state_dir(const struct mgr *m);
