@@ -25,11 +25,15 @@ all: build
 setup:
 	@sh scripts/setup.sh
 
+# ninja in a build directory, quiet; its "no work to do" left out
+ninja_quiet = $(NINJA) --quiet -C $(1) > $(1)/.ninja.out 2>&1; rc=$$?; \
+	grep -v '^ninja: no work to do\.$$' $(1)/.ninja.out; exit $$rc
+
 $(BUILD)/build.ninja:
 	$(MESON) setup $(BUILD) --buildtype=debugoptimized >/dev/null
 
 build: setup $(BUILD)/build.ninja
-	@$(NINJA) --quiet -C $(BUILD)
+	@$(call ninja_quiet,$(BUILD))
 
 $(SANBUILD)/build.ninja:
 	$(MESON) setup $(SANBUILD) --buildtype=debug -Dwerror=true \
@@ -54,20 +58,20 @@ conformance: build sdk
 	@SPACED_BUILD=$$(cd $(BUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/conformance.t.sh
 
 check: setup sdk $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
-	@$(NINJA) --quiet -C $(SANBUILD)
-	@$(NINJA) --quiet -C $(FUZZBUILD)
+	@$(call ninja_quiet,$(SANBUILD))
+	@$(call ninja_quiet,$(FUZZBUILD))
 	@sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
 
 # spaced-cp on a throwaway PostgreSQL server (also part of `make check`)
 check-pg: setup $(SANBUILD)/build.ninja
-	@$(NINJA) --quiet -C $(SANBUILD)
+	@$(call ninja_quiet,$(SANBUILD))
 	@SPACED_BUILD=$$(cd $(SANBUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/cp_pg.t.sh; rc=$$?; \
 		if [ $$rc -eq 77 ]; then echo "check-pg: SKIPPED (PostgreSQL could not start here)"; exit 0; fi; exit $$rc
 
 # the qemu substrate (issue 15): every VM test in its full form on the ASan/UBSan build
 # (make check runs the same tests in their short form); skipped with the reason when no VM can boot
 check-vm: setup $(SANBUILD)/build.ninja
-	@$(NINJA) --quiet -C $(SANBUILD)
+	@$(call ninja_quiet,$(SANBUILD))
 	@SPACED_VM_FULL=1 sh scripts/run-tests.sh $(SANBUILD) "" 'test-vmm' 'vm_*'
 
 demo: build
@@ -146,7 +150,7 @@ bench-pidref: build
 	@$(BUILD)/bench/bench-pidref
 
 fuzz-build: setup $(FUZZBUILD)/build.ninja
-	@$(NINJA) --quiet -C $(FUZZBUILD)
+	@$(call ninja_quiet,$(FUZZBUILD))
 
 fuzz: fuzz-build
 	@sh scripts/fuzz.sh $(FUZZBUILD) $(FUZZ_SECONDS)

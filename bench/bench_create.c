@@ -27,7 +27,11 @@
  * BENCH_TMP=DIR puts the cluster's directory under DIR instead of /tmp (to
  * compare file systems); BENCH_TRACE=1 prints the concurrent burst's window
  * in CLOCK_MONOTONIC seconds, for `perf record -k CLOCK_MONOTONIC -a` and
- * `perf report --time START,END`, and every concurrent create's time.
+ * `perf report --time START,END`, every concurrent create's time, the
+ * pool's state as the burst starts, and the CPU each process name used over
+ * the burst per create (threads alive at its end: a diagnostic).
+ * A burst's window (its wall time and the CPU it cost) starts once its
+ * clients are ready (threads made, connections open) and are released.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -278,8 +282,15 @@ static void *conc(void *arg)
 	return NULL;
 }
 
-/* n at once; their times into out. Returns how many failed. */
-static int concurrent(int n, bool bwrap, double *out)
+/* The window of a burst: from the moment its clients are released (their
+ * threads made and connections open) to the last answer. */
+struct window {
+	uint64_t t0, t1, cpu0, cpu1;
+};
+
+/* n at once; their times into out, the burst's window into w (NULL: not
+ * wanted). Returns how many failed. */
+static int concurrent(int n, bool bwrap, double *out, struct window *w)
 {
 	struct job *jobs = calloc((size_t)n, sizeof *jobs);
 	pthread_t *t = calloc((size_t)n, sizeof *t);
@@ -290,8 +301,20 @@ static int concurrent(int n, bool bwrap, double *out)
 		jobs[i] = (struct job){.fd = bwrap ? -1 : dial(), .bwrap = bwrap, .go = &go, .done = &done};
 		pthread_create(&t[i], NULL, conc, &jobs[i]);
 	}
+	if (w) {
+		if (getenv("BENCH_TRACE"))
+			bench_cpu_byname_start();
+		w->t0 = now_ns();
+		w->cpu0 = bench_host_cpu_ns();
+	}
 	pthread_barrier_wait(&go);
 	pthread_barrier_wait(&done);
+	if (w) {
+		w->t1 = now_ns();
+		w->cpu1 = bench_host_cpu_ns();
+		if (getenv("BENCH_TRACE"))
+			bench_cpu_byname_print(stderr, n);
+	}
 	int bad = 0;
 	for (int i = 0; i < n; i++) {
 		pthread_join(t[i], NULL);
@@ -412,9 +435,16 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench-create: the pool did not refill\n");
 			goto out;
 		}
-		uint64_t burst0 = now_ns(), cpu0 = bench_host_cpu_ns();
-		int bad = concurrent(nconc, false, cr);
-		uint64_t burst1 = now_ns(), cpu1 = bench_host_cpu_ns();
+		if (getenv("BENCH_TRACE")) { /* what the pool is doing as the burst starts */
+			json_t *st = worker_status();
+			char *t = json_dumps(json_object_get(st, "pool"), JSON_COMPACT);
+			fprintf(stderr, "bench-create: the pool as the burst starts: %s\n", t ? t : "?");
+			free(t);
+			json_decref(st);
+		}
+		struct window w;
+		int bad = concurrent(nconc, false, cr, &w);
+		uint64_t burst0 = w.t0, burst1 = w.t1, cpu0 = w.cpu0, cpu1 = w.cpu1;
 		/* what the burst cost the machine: every process's CPU over its window
 		 * (the benchmark's own client and the pool's refills included) */
 		r_cpu[r] = cpu0 && cpu1 > cpu0 ? (double)(cpu1 - cpu0) / 1e6 / nconc : 0;
@@ -429,7 +459,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "\n");
 		}
 		pool_counts(&ready, &h1, &m1);
-		int badb = concurrent(nconc, true, bw);
+		int badb = concurrent(nconc, true, bw, NULL);
 		if (bad || badb) {
 			fprintf(stderr, "bench-create: %d creates and %d bwraps failed\n", bad, badb);
 			goto out;

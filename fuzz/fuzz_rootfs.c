@@ -31,14 +31,23 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
 	return 0;
 }
 
+static char dir[64];
+
+/* The working directory goes with the process (a run that ends normally). */
+static void dir_remove(void)
+{
+	if (dir[0])
+		nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static char dir[64];
 	char in[128], out[128], x[128], why[512];
 	if (!dir[0]) {
 		snprintf(dir, sizeof dir, "/dev/shm/fuzz-rootfs-XXXXXX");
 		if (!mkdtemp(dir))
 			abort();
+		atexit(dir_remove);
 	}
 	snprintf(in, sizeof in, "%s/in", dir);
 	snprintf(out, sizeof out, "%s/out.tar", dir);
