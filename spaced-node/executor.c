@@ -85,6 +85,7 @@ struct xclaim {
 	uint64_t deadline;
 	int answers; /* the launcher's answers still to come */
 	json_t *rec; /* the result */
+	char exec_name[sizeof ((struct mgr_rec *)0)->exec_name]; /* mgr_pool_claim_ended */
 	int gateway; /* its ServicePort gateway's port, 0 without one */
 };
 
@@ -352,6 +353,7 @@ static bool claim_start(struct executor *x, uint32_t id, json_t *args)
 	c->slot = -1;
 	c->deadline = spaced_mono_ns() + (uint64_t)EXE_CLAIM_TIMEOUT_MS * 1000000u;
 	c->rec = json_incref(jr);
+	memcpy(c->exec_name, rec.exec_name, sizeof c->exec_name);
 	c->next = x->claims;
 	x->claims = c;
 	x->nclaims++;
@@ -366,6 +368,7 @@ static bool claim_step(struct executor *x, struct xclaim *c, bool timed_out)
 	if (e == SPACED_EBUSY)
 		return false;
 	if (e == 0) {
+		mgr_pool_claim_ended(x->cfg, c->exec_name);
 		json_t *res = json_pack("{s:O}", "rec", c->rec);
 		if (res && c->gateway > 0)
 			json_object_set_new(res, "gateway", json_integer(c->gateway));
@@ -521,6 +524,7 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 			close(fd);
 		}
 		if (e == 0) {
+			mgr_pool_claim_ended(cfg, rec.exec_name);
 			*result = json_pack("{s:o}", "rec", mgr_rec_to_json(&rec));
 			if (gw > 0 && *result)
 				json_object_set_new(*result, "gateway", json_integer(gw));

@@ -93,8 +93,9 @@ json_t *gate_streams_status(struct mgr *m);
 
 /* ---- gate_ctl.c: control messages ---- */
 
-/* Where an acknowledgement goes: fn(m, ctx, line); line NULL when the
- * requester is gone. */
+/* Where an acknowledgement goes: fn(m, ctx, line), once per message given
+ * to gate_ctl_submit; line NULL when none comes for that message (out of
+ * memory, or the same seq, sent again meanwhile, takes it). */
 typedef void (*gate_reply_fn)(struct mgr *m, uintptr_t ctx, const char *line);
 
 /* Takes one control message (one JSON object); its acknowledgement line is

@@ -78,13 +78,14 @@ static bool client_put(struct admin_client *a, const char *line)
 	return true;
 }
 
-/* The acknowledgement of the client's message in progress. */
+/* The acknowledgement of one of the client's messages in progress; NULL:
+ * that message ends without one (the same seq sent again is answered). */
 static void on_reply(struct mgr *m, uintptr_t ctx, const char *line)
 {
 	struct admin_client *a = client_of(m, ctx);
-	if (!a || !line)
+	if (!a)
 		return;
-	if (!client_put(a, line))
+	if (line && !client_put(a, line))
 		return;
 	if (a->busy > 0)
 		a->busy--;

@@ -1552,6 +1552,10 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 		struct ctl_op *inflight = op_with_seq(m, seq);
 		if (inflight && !inflight->replied) {
 			gate_log("level=info event=sent-again-in-progress seq=%llu", (unsigned long long)seq);
+			/* one acknowledgement, to the latest asker: the earlier one's
+			 * request ends without one */
+			if (inflight->reply)
+				inflight->reply(m, inflight->reply_ctx, NULL);
 			inflight->reply = reply;
 			inflight->reply_ctx = ctx;
 			json_decref(msg);
@@ -1565,7 +1569,8 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 			json_decref(msg);
 			return;
 		}
-		if (inflight) {
+		if (inflight) { /* replied, and its acknowledgement not stored: asked again later */
+			reply(m, ctx, NULL);
 			json_decref(msg);
 			return;
 		}
@@ -1641,13 +1646,19 @@ void gate_ctl_recover(struct mgr *m)
 {
 	for (size_t i = 0; i < m->nrecs; i++) {
 		const struct mgr_rec *r = &m->recs[i];
-		/* written while its claim went on, the gate stopped before the claim
-		 * ended (claim_write_start): the execution never serves (run_recover
-		 * ends it), so its install, sent again, is refused — before any
-		 * message is read */
-		bool cut = gate_rec_serving(r) && mgr_pool_claim_unfinished(m->cfg, r);
+		/* written while its claim went on (claim_write_start), the gate
+		 * stopped before the claim ended, or the claim failed and the
+		 * pooled execution was stopped before another one's record was
+		 * written: the execution never serves (run_recover ends it), so its
+		 * install, sent again, is refused — before any message is read. An
+		 * acknowledgement the control plane had already is never asked for
+		 * again: refusing it changes nothing. */
+		bool serving = gate_rec_serving(r), unfinished = serving && mgr_pool_claim_unfinished(m->cfg, r),
+		     gone = serving && !unfinished && strncmp(r->exec_name, "pool/", 5) == 0 && !mgr_exec_alive(r);
+		bool cut = unfinished || gone;
 		if (cut && mgr_store_refuse_ack_of(mgr_store_of(m), r->r.epoch, "not-running",
-		                                   "its execution did not take its identity before the worker stopped") < 0)
+		                                   unfinished ? "its execution did not take its identity before the worker stopped"
+		                                              : "its execution ended while the worker was stopped") < 0)
 			gate_log("level=warn event=ack-unrefused sandbox=%s", r->r.id.sandbox);
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;

@@ -221,9 +221,13 @@ bool mgr_pool_claim_inline(const struct mgr_config *cfg, const struct mgr_rec *r
  * without one. SPACED_ECLOSED when no gateway waits (and none may be
  * started) or the waiting one does not take it. */
 int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, bool may_start, int *gateway_port);
-/* True when rec names a pooled execution whose claim did not deliver every
- * identity: its bridge's or its gateway's FIFO is still there (each is
- * removed once its identity is written; the launcher's comes first). */
+/* The claim of a pooled execution (exec_name "pool/<name>") is over, every identity delivered and
+ * the launcher's answers OK: its bridge's and its gateway's FIFOs go (they
+ * stay until then, whatever was written to them). */
+void mgr_pool_claim_ended(const struct mgr_config *cfg, const char *exec_name);
+/* True when rec names a pooled execution whose claim did not end
+ * (mgr_pool_claim_ended): its bridge's or its gateway's FIFO is still
+ * there. */
 bool mgr_pool_claim_unfinished(const struct mgr_config *cfg, const struct mgr_rec *rec);
 /* The port of rec's ServicePort gateway once started (0: none). */
 int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port);

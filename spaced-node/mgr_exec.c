@@ -1212,16 +1212,12 @@ void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec)
 			mgr_run_wait(rm);
 		}
 		if (strncmp(rec->exec_name, "pool/", 5) == 0) {
-			/* a pooled execution never claimed (the pool shrank): what was
-			 * made for its claim goes with it (a claim consumed them) */
+			/* a pooled execution never claimed (the pool shrank), or whose
+			 * claim failed: what was made for its claim goes with it */
 			char p[4200];
 			gw_pool_dir(cfg, rec->exec_name, p, sizeof p);
 			gw_pool_dir_remove(p);
-			static const char *const fifos[] = {"in", "gw"};
-			for (size_t i = 0; i < sizeof fifos / sizeof fifos[0]; i++) {
-				snprintf(p, sizeof p, "%s/run/%s.%s", cfg->state_dir, rec->exec_name + 5, fifos[i]);
-				unlink(p);
-			}
+			mgr_pool_claim_ended(cfg, rec->exec_name);
 		}
 		rec->pid = rec->pid_start = 0;
 		rec->host_pid = 0;
@@ -1620,7 +1616,6 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 		return SPACED_ECLOSED;
 	}
 	close(ff);
-	unlink(fifo);
 	/* its bridge and gateway too (the launcher was raised above) */
 	raise_claimed(rec->host_pid, rec->host_start);
 	char lf[4200], line[256];
@@ -1679,7 +1674,6 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 		int n = spaced_identity_encode(&rec->r.id, text, sizeof text - 1);
 		bool sent = n > 0 && (text[n] = '\n', write(ff, text, (size_t)n + 1) == n + 1);
 		close(ff);
-		unlink(fifo);
 		if (!sent)
 			return SPACED_ECLOSED;
 	} else if (!may_start) {
@@ -1690,19 +1684,32 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 	return mgr_pool_gateway_port(cfg, rec, gateway_port);
 }
 
-bool mgr_pool_claim_unfinished(const struct mgr_config *cfg, const struct mgr_rec *rec)
+/* The claim FIFOs of a pooled execution: STATE/run/<name>.in (its bridge's)
+ * and .gw (its gateway's), into p[i]. */
+static void claim_fifos(const struct mgr_config *cfg, const char *exec_name, char p[2][4200])
 {
 	static const char *const fifos[] = {"in", "gw"};
-	char p[4200];
+	for (size_t i = 0; i < 2; i++)
+		snprintf(p[i], sizeof p[i], "%s/run/%s.%s", cfg->state_dir,
+		         strncmp(exec_name, "pool/", 5) == 0 ? exec_name + 5 : exec_name, fifos[i]);
+}
+
+void mgr_pool_claim_ended(const struct mgr_config *cfg, const char *exec_name)
+{
+	char p[2][4200];
+	claim_fifos(cfg, exec_name, p);
+	for (size_t i = 0; i < 2; i++)
+		unlink(p[i]);
+}
+
+bool mgr_pool_claim_unfinished(const struct mgr_config *cfg, const struct mgr_rec *rec)
+{
+	char p[2][4200];
 	struct stat st;
 	if (strncmp(rec->exec_name, "pool/", 5) != 0)
 		return false;
-	for (size_t i = 0; i < sizeof fifos / sizeof fifos[0]; i++) {
-		snprintf(p, sizeof p, "%s/run/%s.%s", cfg->state_dir, rec->exec_name + 5, fifos[i]);
-		if (lstat(p, &st) == 0)
-			return true;
-	}
-	return false;
+	claim_fifos(cfg, rec->exec_name, p);
+	return lstat(p[0], &st) == 0 || lstat(p[1], &st) == 0;
 }
 
 int mgr_pool_gateway_port(const struct mgr_config *cfg, const struct mgr_rec *rec, int *gateway_port)

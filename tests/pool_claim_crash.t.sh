@@ -11,7 +11,10 @@
 # gate's next start that execution, which never took its identity, ends (its launcher goes, its
 # record is a tombstone): the create is refused, never answered as running by an execution that
 # cannot serve it, and nothing serves its generation again (I2). The worker then creates and
-# serves again. Cites R1 (an acknowledgement means on disk) and I2.
+# serves again. An install sent again and again on one connection while in flight is answered
+# once, and the connection goes on; a claim that had to start the sandbox's gateway again leaves
+# nothing that a later start of the gate takes for an unfinished claim. Cites R1 (an
+# acknowledgement means on disk) and I2.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -40,17 +43,21 @@ GATE=$(role_pid spaced-gate)
 EXE=$(role_pid spaced-executor)
 [ -n "$GATE" ] && [ -n "$EXE" ] || { echo "FAIL: no gate or executor under worker-1's supervisor"; exit 1; }
 DB=$D/worker-1/records.db
-# held_create OUT [SANDBOX] — the executor held (SIGSTOP), a create in the background (its output in
-# $W/OUT.out and .err, its pid in CREATE); once the record of the execution claimed for it (not
-# SANDBOX's) is on disk, its sandbox in S and the pooled execution's name in NAME
+# held_create OUT [SANDBOX...] — the executor held (SIGSTOP), a create in the background (its output
+# in $W/OUT.out and .err, its pid in CREATE); once the record of the execution claimed for it (none
+# of the SANDBOXes') is on disk, its sandbox in S and the pooled execution's name in NAME
 held_create() {
+	out=$1
+	shift
+	others="''"
+	for o in "$@"; do others="$others, '$o'"; done
 	kill -STOP "$EXE"
 	HELD=$EXE
-	"$SC" create >"$W/$1.out" 2>"$W/$1.err" &
+	"$SC" create >"$W/$out.out" 2>"$W/$out.err" &
 	CREATE=$!
 	row=""
 	for i in $(seq 1 100); do
-		row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%' AND sandbox != '${2:-}'" 2>/dev/null | head -n 1)
+		row=$(sqlite3 -readonly "$DB" "SELECT sandbox || ' ' || exec_name FROM records WHERE active = 1 AND state = 'running' AND exec_name LIKE 'pool/%' AND sandbox NOT IN ($others)" 2>/dev/null | head -n 1)
 		[ -n "$row" ] && break
 		sleep 0.1
 	done
@@ -77,11 +84,82 @@ wait "$C1"
 expect "once the claim ends the create succeeds ($(head -c 300 "$W/c1.err" | tr '\n' ' '))" "$(cat "$W/c1.out")" "$S1"
 expect "and its sandbox is served" "$("$SC" exec "$S1" -- hostname 2>&1)" "$S1"
 
+# ---- sent again and again on one connection while in flight: one answer, the connection goes on ----
+# (each copy taken on the connection waits for an answer; a copy that attached to the op in
+# flight used to hold its place for good: 256 of them and the gate read nothing more from it)
+pool_ready
+EXE=$(role_pid spaced-executor)
+held_create c2 "$S1"
+S2=$S
+C2=$CREATE
+BODY=$(sqlite3 -readonly "$D/cp/cp.db" "SELECT body FROM outbox WHERE worker = 'worker-1' AND type = 'install' AND body LIKE '%\"$S2\"%' ORDER BY seq DESC LIMIT 1")
+python3 - "$D/worker-1/admin.sock" "$BODY" "$EXE" >"$W/resend.out" 2>&1 <<'PY'
+import json, os, signal, socket, sys, time
+path, body, exe = sys.argv[1], sys.argv[2], int(sys.argv[3])
+seq = json.loads(body)["seq"]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+s.settimeout(0.5)
+s.sendall((body + "\n").encode() * 300 + b'{"type":"status"}\n')
+buf, acks, status, t0, resumed = b"", 0, False, time.time(), False
+while time.time() - t0 < 20 and not (status and acks):
+    if status and not resumed:  # the executor goes on: the op ends and answers
+        os.kill(exe, signal.SIGCONT)
+        resumed = True
+    try:
+        got = s.recv(65536)
+    except socket.timeout:
+        continue
+    if not got:
+        break
+    buf += got
+    while b"\n" in buf:
+        line, buf = buf.split(b"\n", 1)
+        o = json.loads(line)
+        if o.get("ack") == seq:
+            acks += 1
+        elif "pool" in (o.get("result") or {}):
+            status = True
+if not resumed:
+    os.kill(exe, signal.SIGCONT)
+time.sleep(0.5)  # a second answer would come now
+s.setblocking(False)
+try:
+    acks += sum(1 for l in s.recv(65536).split(b"\n") if l and json.loads(l).get("ack") == seq)
+except BlockingIOError:
+    pass
+print("status" if status else "no-status", acks)
+PY
+HELD=""
+expect "300 copies of an install in flight on one connection: what follows them is still read and answered, and the install is answered once ($(tr '\n' ' ' <"$W/resend.out" | head -c 300))" \
+	"$(tail -n 1 "$W/resend.out")" "status 1"
+# the link's own copy was answered on that connection: the control plane has it once the link restarts
+kill -9 "$(role_pid spaced-link)"
+wait "$C2"
+expect "and the create ends as created ($(head -c 300 "$W/c2.err" | tr '\n' ' '))" "$(cat "$W/c2.out")" "$S2"
+
+# ---- a claim whose gateway had to be started again: the sandbox serves across a restart of the gate ----
+# (a pooled gateway that died while it waited: the claim starts one; the FIFO that gateway never read
+# stayed behind, and every later start of the gate took the sandbox for an unfinished claim and ended it)
+pool_ready
+for g in "$D"/worker-1/pool/*/gateway; do
+	kill -9 "$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$g")" 2>/dev/null
+done
+G=$("$SC" create --deny-out 198.18.7.0/24 2>"$W/g.err")
+expect "a create whose claim starts its gateway again ($(head -c 300 "$W/g.err" | tr '\n' ' '))" "$("$SC" exec "$G" -- hostname 2>&1)" "$G"
+GATE=$(role_pid spaced-gate)
+kill -9 "$GATE"
+regated() { P=$(role_pid spaced-gate); [ -n "$P" ] && [ "$P" != "$GATE" ] && "$SC" exec "$G" -- true >/dev/null 2>&1; }
+WAIT_SECONDS=30 wait_for "the gate started again and serves" regated
+expect "the sandbox still serves after the gate's restart" "$("$SC" exec "$G" -- hostname 2>&1)" "$G"
+expect "and was not ended as an unfinished claim" \
+	"$(grep -c "event=execution-ended sandbox=$G " "$D/worker-1.log")" 0
+
 # ---- the gate stops between the record's write and the claim's end ----
 pool_ready
 GATE=$(role_pid spaced-gate)
 EXE=$(role_pid spaced-executor)
-held_create create "$S1"
+held_create create "$S1" "$S2" "$G"
 expect "the claimed execution's record is on disk while its claim has not reached it" \
 	"$([ -n "$S" ] && [ -p "$D/worker-1/run/$NAME.in" ] && echo yes)" yes
 LAUNCHER=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$D/worker-1/pool/$NAME/launcher" 2>/dev/null)
