@@ -51,6 +51,10 @@
 
 #define SPACED_ROOTFS_CANON_UID 100000u /* inside id k is stored as 100000 + k */
 #define SPACED_ROOTFS_IDS 65536u
+/* A template's configuration as kept ({"env","workdir","user"}, compact
+ * JSON) is at most this long: a worker passes it to the guest together with
+ * the sandbox's own settings, all of it within 12 KiB. */
+#define SPACED_ROOTFS_CONFIG_MAX 8192u
 
 struct spaced_rootfs_limits {
 	uint64_t max_bytes;   /* file content read in all, and any one file's size */
@@ -90,8 +94,10 @@ int spaced_rootfs_add_archive(struct spaced_rootfs *t, const char *path, enum sp
 /* Imports what a user gives: an OCI image archive (a tar holding an image
  * layout: oci-layout, index.json, blobs/sha256/…) or else a root filesystem
  * tarball. For an image, *config (may be NULL) receives
- * {"env":[…],"workdir":…,"user":…} from its configuration, or NULL. Returns
- * as spaced_rootfs_add_archive; *format receives "oci" or "tarball". */
+ * {"env":[…],"workdir":…,"user":…} from its configuration, or NULL; an
+ * image whose configuration so kept is longer than SPACED_ROOTFS_CONFIG_MAX
+ * is refused (SPACED_ETOOBIG). Returns as spaced_rootfs_add_archive;
+ * *format receives "oci" or "tarball". */
 int spaced_rootfs_import(struct spaced_rootfs *t, const char *path, json_t **config, const char **format, char *why,
                          size_t whysz);
 

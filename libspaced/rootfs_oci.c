@@ -415,8 +415,22 @@ int spaced_rootfs_add_oci(struct spaced_rootfs *t, const char *path, json_t **co
 			goto out;
 		}
 	}
-	if (config)
-		*config = cfg ? config_of(cfg) : NULL;
+	if (config && cfg) {
+		json_t *kept = config_of(cfg);
+		char *text = kept ? json_dumps(kept, JSON_COMPACT) : NULL;
+		size_t n = text ? strlen(text) : 0;
+		free(text);
+		if (n > SPACED_ROOTFS_CONFIG_MAX) {
+			json_decref(kept);
+			r = failf(why, whysz, SPACED_ETOOBIG,
+			          "the image's configuration (Env, WorkingDir, User) is %zu bytes: a template's is at most %u", n,
+			          SPACED_ROOTFS_CONFIG_MAX);
+			goto out;
+		}
+		*config = kept;
+	} else if (config) {
+		*config = NULL;
+	}
 	r = 0;
 out:
 	json_decref(doc);

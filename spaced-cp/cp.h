@@ -176,9 +176,17 @@ int cp_worker_auth(struct cp_store *st, const char *key, const char *worker);
 int cp_tenant_create(struct cp_store *st, const char *name, char id[SPACED_NAME_MAX]);
 /* Random name "<prefix><16 hex>". */
 void cp_random_name(char out[SPACED_NAME_MAX], const char *prefix);
+/* The largest control message the control plane queues for a worker, well
+ * within what a worker's link takes in one line (1 MiB): a larger one would
+ * close the channel at every replay, and hold up every later message. */
+#define CP_CHAN_MSG_MAX (512u * 1024u)
 /* Appends one message to worker's outbox inside the caller's transaction;
- * msg gets its "seq". *seq receives it. */
+ * msg gets its "seq". *seq receives it. SPACED_ETOOBIG (nothing queued)
+ * when it is larger than CP_CHAN_MSG_MAX. */
 int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t *seq);
+/* The answer to a failed cp_outbox_push (or a store failure around it) of
+ * an install: 413 too-large, 503 store-busy or 500; *body set. */
+int cp_install_failed(int r, json_t **body);
 /* Waits until worker acked seq or timeout_ms passed. On an ack *ok, *result
  * (JSON text or NULL; free()) and code/error fill in. SPACED_ETIMEDOUT otherwise. */
 int cp_wait_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, int timeout_ms,

@@ -140,6 +140,21 @@ int cp_tenant_create(struct cp_store *st, const char *name, char id[SPACED_NAME_
 
 /* ---- outbox and acks ---- */
 
+int cp_install_failed(int r, json_t **body)
+{
+	if (r == SPACED_ETOOBIG) {
+		char m[256];
+		snprintf(m, sizeof m,
+		         "the sandbox's install would be larger than a worker takes (%u KiB): its environment, metadata, "
+		         "template configuration or egress policy is too large",
+		         CP_CHAN_MSG_MAX / 1024u);
+		*body = cp_error("too-large", m);
+		return 413;
+	}
+	*body = cp_error("internal", spaced_strerror(r));
+	return r == SPACED_EBUSY ? 503 : 500;
+}
+
 int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t *seq)
 {
 	struct cp_rows *rows = NULL;
@@ -163,6 +178,10 @@ int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t
 		goto out;
 	}
 	json_decref(full);
+	if (strlen(text) > CP_CHAN_MSG_MAX) {
+		r = SPACED_ETOOBIG;
+		goto out;
+	}
 	r = CP_Q(st, NULL, NULL,
 	         "INSERT INTO outbox (worker, seq, type, body, created) VALUES ($1, $2, $3, $4, $5)", worker,
 	         cp_i64(sb, s), json_string_value(json_object_get(msg, "type")), text, cp_i64(now, spaced_now()));
@@ -1025,8 +1044,7 @@ fail:
 	cp_store_rollback(st);
 	json_decref(spec);
 	json_decref(msg);
-	*body = cp_error("internal", spaced_strerror(r));
-	return r == SPACED_EBUSY ? 503 : 500;
+	return cp_install_failed(r, body);
 }
 
 /* The tail of a start: waits for the install's ack; on it, the state
@@ -1235,8 +1253,7 @@ static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
 		         "INSERT INTO generations (sandbox, generation, worker, activation, created) VALUES ($1, 1, $2, $3, $4)",
 		         j->id, p.worker, act, now);
 	if (r < 0) {
-		j->status = r == SPACED_EBUSY ? 503 : 500;
-		j->body = cp_error("internal", spaced_strerror(r));
+		j->status = cp_install_failed(r, &j->body);
 		goto undo;
 	}
 	snprintf(j->worker, sizeof j->worker, "%s", p.worker);

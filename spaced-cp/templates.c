@@ -586,6 +586,23 @@ static int snapshot_file(struct cp *cp, struct cp_store *st, const char *tenant,
 	return r;
 }
 
+/* A built template's configuration (ENV, WORKDIR, USER) is bounded as an
+ * imported image's (SPACED_ROOTFS_CONFIG_MAX): true, with *out a 413 answer,
+ * when config is longer. */
+static bool config_too_large(json_t *config, json_t **out)
+{
+	char *text = config ? json_dumps(config, JSON_COMPACT) : NULL;
+	size_t n = text ? strlen(text) : 0;
+	free(text);
+	if (n <= SPACED_ROOTFS_CONFIG_MAX)
+		return false;
+	char m[160];
+	snprintf(m, sizeof m, "the template's configuration (ENV, WORKDIR, USER) is %zu bytes: one is at most %u", n,
+	         SPACED_ROOTFS_CONFIG_MAX);
+	*out = cp_error("template-too-large", m);
+	return true;
+}
+
 static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out)
 {
 	const char *id = json_string_value(json_object_get(req, "sandbox"));
@@ -599,6 +616,8 @@ static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, 
 		*out = cp_error("bad-request", "commit wants {\"sandbox\", \"parent\" (a tree hash), \"step\", \"config\"}");
 		return 400;
 	}
+	if (config_too_large(config, out))
+		return 413;
 	json_t *owned = NULL;
 	int status = cp_template_owned(st, tenant, parent, &owned, out);
 	json_decref(owned);
@@ -726,6 +745,10 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 		json_decref(req);
 		*out = cp_error("bad-request", "POST /v1/templates/NAME wants {\"hash\", \"config\"}");
 		return 400;
+	}
+	if (config_too_large(config, out)) {
+		json_decref(req);
+		return 413;
 	}
 	if ((status = cp_template_owned(st, tenant, hash, &t, out)) != 0) {
 		json_decref(req);

@@ -723,8 +723,11 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		gate_answers();
 		return 0;
 	case LWS_CALLBACK_CLIENT_RECEIVE: {
-		if (spaced_buf_append(&rx, in, len) < 0)
+		if (spaced_buf_append(&rx, in, len) < 0) {
+			/* the control plane queues none this large (CP_CHAN_MSG_MAX) */
+			llog("a message from the control plane is larger than %u bytes; reconnecting", LINE_MAX_BYTES);
 			return -1;
+		}
 		if (!lws_is_final_fragment(wsi))
 			return 0;
 		/* one message: to the gate as one line (JSON text has no raw newline) */

@@ -3,7 +3,8 @@
 #  - a root filesystem tarball and an OCI image archive, both built here (tests/mk_rootfs.py),
 #    are imported; a sandbox made from each sees exactly its template's files — not the host's
 #    /usr — with the OCI layers' whiteouts applied, and root inside owns them;
-#  - an archive that tries to write outside its tree is refused at import;
+#  - an archive that tries to write outside its tree is refused at import, and so is an image (or a
+#    Spacefile) whose configuration is larger than a worker takes;
 #  - a Spacefile of two steps built on the imported template: its sandboxes see both steps;
 #    building it again takes every step from the cache;
 #  - a template tampered with in a worker's cache is refused there and fetched again: the next
@@ -61,6 +62,15 @@ expect "OCI archive: imported, its configuration kept" "$(jq -r '.source + " " +
 "$SC" template import evil "$W/evil.tar" >/dev/null 2>"$W/e"
 expect "an archive with '..' is refused (422)" "$(grep -c "422 template-refused.*'\.\.'" "$W/e")" 1
 expect "nothing was written outside" "$(ls /etc/spaced-escape "$D"/cp/spaced-escape 2>/dev/null | wc -l)" 0
+# hostile: an image whose configuration no worker could take (its Env past 8 KiB: at ~1 MB the
+# install made from it was larger than a worker's link reads, and the channel closed at every replay
+# for good, every tenant's lifecycle calls on that worker failing)
+big=$(head -c 4000 /dev/zero | tr '\0' x)
+python3 "$MK" oci "$W/bigenv.tar" "$W/root.tar.gz" --env "A=$big" --env "B=$big" --env "C=$big" \
+	|| { echo "FAIL: mk oci"; exit 1; }
+"$SC" template import bigenv "$W/bigenv.tar" >/dev/null 2>"$W/e"
+expect "an image whose configuration is past 8 KiB is refused (413) ($(head -c 200 "$W/e"))" \
+	"$(grep -c "413 template-too-large.*configuration" "$W/e")" 1
 expect "template ls: the two templates" "$("$SC" template ls --json | jq -r '[.[].name] | join(" ")')" "image plain"
 
 # ---- sandboxes see exactly their template ----
@@ -160,6 +170,13 @@ else
 	cat "$W/build.err"
 	fail "template build of a two-step Spacefile"
 fi
+
+# ---- a Spacefile's configuration is bounded as an image's ----
+{ echo "FROM plain"; for k in A B C; do echo "ENV $k=$big"; done; } >"$W/Bigenv"
+"$SC" template build bigenvbuild -f "$W/Bigenv" >"$W/bigenv.out" 2>&1
+expect "a build whose ENV lines are past 8 KiB fails" "$?" 1
+expect "with template-too-large ($(tail -c 200 "$W/bigenv.out"))" "$(grep -c 'template-too-large' "$W/bigenv.out")" 1
+expect "and its build sandbox is gone" "$("$SC" ls --json | jq '[.[] | select(.spec.template.name == "(build)")] | length')" 0
 
 # ---- a RUN step cannot leave the build sandbox ----
 printf 'FROM plain\nRUN mkdir -p /mnt/x && mount -t tmpfs none /mnt/x\n' >"$W/Evilfile"
