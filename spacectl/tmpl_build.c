@@ -118,10 +118,15 @@ static int lookup(struct build *b, const char *step)
 	return found;
 }
 
+/* A build sandbox lives at most this long: removed after its step, or by
+ * the control plane's reaper when this client died before it could. */
+#define BUILD_SANDBOX_LIFETIME 86400
+
 /* A build sandbox from the current parent; its ID into id. */
 static int sandbox(struct build *b, char *id, size_t idsz)
 {
-	json_t *a = NULL, *req = json_pack("{s:s}", "template_hash", b->parent);
+	json_t *a = NULL,
+	       *req = json_pack("{s:s,s:i}", "template_hash", b->parent, "max_lifetime", BUILD_SANDBOX_LIFETIME);
 	int r = tmpl_api("template build", "POST", "/v1/sandboxes", req, &a);
 	json_decref(req);
 	if (r != 0)

@@ -184,6 +184,13 @@ printf 'FROM plain\nRUN mkdir -p /mnt/x && mount -t tmpfs none /mnt/x\n' >"$W/Ev
 expect "a RUN that mounts fails the build (the build sandbox is a sandbox)" "$?" 1
 expect "a failed build names no template" "$("$SC" template ls --json | jq -r '[.[].name] | index("evilbuild")')" null
 expect "its build sandbox is gone" "$("$SC" ls --json | jq '[.[] | select(.spec.template.name == "(build)")] | length')" 0
+# a build whose client dies mid-step leaves its build sandbox to a bounded life (reaped at 24 h)
+printf 'FROM plain\nRUN cat /dev/zero >/dev/null\n' >"$W/Longfile"
+timeout 4 "$SC" template build longbuild -f "$W/Longfile" >/dev/null 2>&1
+L=$("$SC" ls --json | jq -r '[.[] | select(.spec.template.name == "(build)")][0].id')
+expect "the build sandbox of a build whose client died has a lifetime of 24 h" \
+	"$("$SC" inspect "$L" --json 2>/dev/null | jq -r .max_lifetime)" 86400
+"$SC" rm "$L" >/dev/null 2>&1
 printf 'FROM plain\nRUN cat /usr/bin/cat >/usr/bin/setid && chmod 4755 /usr/bin/setid\n' >"$W/Setid"
 "$SC" template build setid -f "$W/Setid" >"$W/setid.out" 2>&1 || fail "build with a setuid file"
 S=$("$SC" create --template setid)
