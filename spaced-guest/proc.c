@@ -803,7 +803,11 @@ int proc_exec(struct conn *c, uint32_t id, struct spaced_field_reader *r, bool t
 	}
 	if (!cwd[0] && G.cfg_workdir[0])
 		snprintf(cwd, sizeof cwd, "%s", G.cfg_workdir);
-	e = fs_resolve(cwd, O_PATH | O_DIRECTORY, 0, &cwdfd);
+	/* exec --user without a directory or a WORKDIR: in that user's home,
+	 * when it is one (else at the root, as any exec) */
+	e = 0;
+	if (cwd[0] || !user[0] || fs_resolve(home, O_PATH | O_DIRECTORY, 0, &cwdfd) < 0)
+		e = fs_resolve(cwd, O_PATH | O_DIRECTORY, 0, &cwdfd);
 	if (e < 0) {
 		reply_errno(c, id, "cwd", -e);
 		goto out;

@@ -84,6 +84,15 @@ expect "WORKDIR and ENV are the defaults" "$("$SC" exec "$U" -- sh -c 'echo $(pw
 	"/srv/app built /home/app built "
 expect "exec --user root" "$("$SC" exec --user root "$U" -- id -u)" 0
 expect "exec --user 1000:1000" "$("$SC" exec --user 1000:1000 "$U" -- sh -c 'id -u; id -g' | tr '\n' ' ')" "1000 1000 "
+# without a WORKDIR, exec --user starts in that user's home (at the root when it has none)
+H=$("$SC" create --template users)
+expect "exec --user app: in its home, HOME set" "$("$SC" exec --user app "$H" -- sh -c 'echo $(pwd) $HOME')" "/home/app /home/app"
+expect "exec --user root: in /root" "$("$SC" exec --user root "$H" -- sh -c 'pwd')" "/root"
+"$SC" exec "$H" -- sh -c 'rm -r /home/app' || fail "rm /home/app"
+expect "exec --user app whose home is gone: at the root" "$("$SC" exec --user app "$H" -- sh -c 'pwd')" "/"
+expect "exec --user app --cwd /tmp: where asked" "$("$SC" exec --user app --cwd /tmp "$H" -- sh -c 'pwd')" "/tmp"
+expect "exec without --user: at the root" "$("$SC" exec "$H" -- sh -c 'pwd')" "/"
+"$SC" rm "$H" >/dev/null 2>&1
 "$SC" exec --user nosuch "$U" -- id >/dev/null 2>"$W/e"
 rc=$?
 # the streamed exec names the refusal by its code (docs/node-api.md: 1011 error:SPACED_E…)
