@@ -268,9 +268,13 @@ int http_exchange(struct http_conns *conns, const char *host, int port, int tls,
 		headlen += blen;
 		blen = 0;
 	}
+	int send_err = 0;
 	if (send_all(fd, head, headlen, blen > 0 ? MSG_MORE : 0) < 0 || (blen > 0 && send_all(fd, body, blen, 0) < 0)) {
-		snprintf(err, errsz, "cannot send the request: %s", strerror(errno));
-		goto out;
+		send_err = errno;
+		snprintf(err, errsz, "cannot send the request: %s", strerror(send_err));
+		/* the server may have answered (a 413 for a body too large) and closed: read that */
+		if (send_err != EPIPE && send_err != ECONNRESET)
+			goto out;
 	}
 	for (;;) {
 		if (n + 65536 + 1 > cap) {
@@ -289,7 +293,8 @@ int http_exchange(struct http_conns *conns, const char *host, int port, int tls,
 		}
 		ssize_t got = net_recv(fd, buf + n, cap - n - 1, 0);
 		if (got < 0) {
-			snprintf(err, errsz, "no answer: %s", strerror(errno));
+			if (!send_err)
+				snprintf(err, errsz, "no answer: %s", strerror(errno));
 			goto out;
 		}
 		if (got == 0)
@@ -308,9 +313,12 @@ int http_exchange(struct http_conns *conns, const char *host, int port, int tls,
 		}
 	}
 	if (n == 0) {
-		snprintf(err, errsz, "connection closed without an answer");
+		if (!send_err)
+			snprintf(err, errsz, "connection closed without an answer");
 		goto out;
 	}
+	if (send_err)
+		keep = 0; /* answered before the request was all sent */
 	buf[n] = 0;
 	*answer = buf;
 	*len = n;
