@@ -178,7 +178,7 @@ expect "a build whose ENV lines are past 8 KiB fails" "$?" 1
 expect "with template-too-large ($(tail -c 200 "$W/bigenv.out"))" "$(grep -c 'template-too-large' "$W/bigenv.out")" 1
 expect "and its build sandbox is gone" "$("$SC" ls --json | jq '[.[] | select(.spec.template.name == "(build)")] | length')" 0
 # past the control plane's 64 KiB request body: its 413 is what spacectl says (it said "Broken pipe")
-{ echo "FROM plain"; for k in $(seq 1 17); do echo "ENV K$k=$big"; done; } >"$W/Hugeenv"
+{ echo "FROM plain"; for k in $(seq 1 250); do echo "ENV K$k=$big"; done; } >"$W/Hugeenv"
 "$SC" template build hugeenv -f "$W/Hugeenv" >"$W/hugeenv.out" 2>&1
 expect "a request body past 64 KiB: the control plane's 413 is shown ($(tail -c 120 "$W/hugeenv.out"))" \
 	"$(grep -c 'HTTP 413' "$W/hugeenv.out")" 1
