@@ -185,7 +185,7 @@ void cp_random_name(char out[SPACED_NAME_MAX], const char *prefix);
  * when it is larger than CP_CHAN_MSG_MAX. */
 int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t *seq);
 /* The answer to a failed cp_outbox_push (or a store failure around it) of
- * an install: 413 too-large, 503 store-busy or 500; *body set. */
+ * an install: 413 too-large, else 503 (the store busy) or 500; *body set. */
 int cp_install_failed(int r, json_t **body);
 /* Waits until worker acked seq or timeout_ms passed. On an ack *ok, *result
  * (JSON text or NULL; free()) and code/error fill in. SPACED_ETIMEDOUT otherwise. */
