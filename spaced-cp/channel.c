@@ -312,6 +312,21 @@ static void chan_seen(const struct cp_chan *ch, int64_t t)
 	}
 }
 
+/* A message queued before the outbox was bounded (cp_outbox_push) that a
+ * worker's link cannot take in one line: sent, it closed the channel at
+ * every replay, and nothing after it ever arrived. It is acknowledged here
+ * as refused (too-large), never sent; a worker applies the seqs it is sent
+ * in their order and asks for none it was not sent. */
+static void chan_refuse_large(struct cp_chan *ch, int64_t seq, size_t bytes)
+{
+	struct cp_chan_msg m = {.kind = CP_CHAN_ACK, .seq = seq, .ok = 0};
+	snprintf(m.code, sizeof m.code, "too-large");
+	snprintf(m.error, sizeof m.error, "the message is %zu bytes; a worker takes at most %u", bytes, CP_CHAN_MSG_MAX);
+	spaced_log("spaced-cp", "level=warn event=message-too-large worker=%s seq=%lld bytes=%zu", ch->worker,
+	           (long long)seq, bytes);
+	cp_record_ack(C, C->loop_st, ch->worker, &m);
+}
+
 /* Sends outbox rows past sent_seq while the output queue has room; the rest
  * follows from cp_chan_drain. */
 static void chan_pump(struct cp_chan *ch)
@@ -328,6 +343,11 @@ static void chan_pump(struct cp_chan *ch)
 		int n = rows->nrows;
 		for (int i = 0; i < n; i++) {
 			const char *body = cp_rows_get(rows, i, 1);
+			if (body != NULL && strlen(body) > CP_CHAN_MSG_MAX) {
+				chan_refuse_large(ch, cp_rows_i64(rows, i, 0, ch->sent_seq), strlen(body));
+				ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
+				continue;
+			}
 			if (body == NULL ||
 			    spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, body, strlen(body)) < 0) {
 				cp_rows_free(rows);

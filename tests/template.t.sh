@@ -71,6 +71,19 @@ python3 "$MK" oci "$W/bigenv.tar" "$W/root.tar.gz" --env "A=$big" --env "B=$big"
 "$SC" template import bigenv "$W/bigenv.tar" >/dev/null 2>"$W/e"
 expect "an image whose configuration is past 8 KiB is refused (413) ($(head -c 200 "$W/e"))" \
 	"$(grep -c "413 template-too-large.*configuration" "$W/e")" 1
+# an install queued before messages were bounded, larger than a worker's link reads (1 MiB): it is
+# acknowledged as refused and never sent, and what follows it reaches the worker (it closed the
+# channel at every replay, for good)
+python3 -c 'import json,sys; print(json.dumps({"seq": 0, "type": "install", "pad": "x" * 1200000}))' >"$W/large.json"
+sqlite3 -cmd ".timeout 5000" "$D/cp/cp.db" "BEGIN IMMEDIATE; UPDATE workers SET next_seq = next_seq + 1 WHERE id = 'worker-1';
+INSERT INTO outbox (worker, seq, type, body, created) SELECT 'worker-1', next_seq, 'install', readfile('$W/large.json'), 0
+FROM workers WHERE id = 'worker-1'; COMMIT;" || fail "queue a large message"
+LS=$(sqlite3 -cmd ".timeout 5000" "$D/cp/cp.db" "SELECT MAX(seq) FROM outbox WHERE worker = 'worker-1' AND length(body) > 1000000")
+A=$("$SC" create --worker worker-1 2>"$W/after.err")
+expect "a create after a message too large for the link runs ($(head -c 200 "$W/after.err"))" "$("$SC" exec "$A" -- cat /etc/hostname 2>&1)" "$A"
+expect "the large message was acknowledged as refused, never sent" \
+	"$(sqlite3 -cmd ".timeout 5000" "$D/cp/cp.db" "SELECT ok || ' ' || json_extract(result, '$.code') FROM outbox WHERE worker = 'worker-1' AND seq = $LS")" "0 too-large"
+"$SC" rm "$A" >/dev/null 2>&1
 expect "template ls: the two templates" "$("$SC" template ls --json | jq -r '[.[].name] | join(" ")')" "image plain"
 
 # ---- sandboxes see exactly their template ----
