@@ -1663,6 +1663,6 @@ void gate_ctl_recover(struct mgr *m)
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
 		if (live && r->pid != 0)
-			recover_one(m, r->r.id.sandbox, cut);
+			recover_one(m, r->r.id.sandbox, unfinished); /* a gone one ends as any found dead */
 	}
 }

@@ -1428,10 +1428,20 @@ static int wait_line(int fd, const char *want, int ms)
 	}
 }
 
+/* The claim FIFOs of a pooled execution: STATE/run/<name>.in (its bridge's)
+ * and .gw (its gateway's), into p[i]. */
+static void claim_fifos(const struct mgr_config *cfg, const char *exec_name, char p[2][4200])
+{
+	static const char *const fifos[] = {"in", "gw"};
+	for (size_t i = 0; i < 2; i++)
+		snprintf(p[i], sizeof p[i], "%s/run/%s.%s", cfg->state_dir,
+		         strncmp(exec_name, "pool/", 5) == 0 ? exec_name + 5 : exec_name, fifos[i]);
+}
+
 int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct mgr_rec *rec, const uint32_t *used,
                         size_t nused, uint64_t *pss_kib, char *why, size_t whysz)
 {
-	char e_dir[4096], dir[4096], logp[4096], fifo[4200], troot[4400];
+	char e_dir[4096], dir[4096], logp[4096], troot[4400];
 	int e;
 	if (!substrate_mode(cfg) || !cfg->guest_bin || !spaced_name_valid(name, strlen(name)))
 		return SPACED_EINVAL;
@@ -1515,26 +1525,24 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 		mgr_run_wait(rm);
 		return e;
 	}
-	snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, name);
-	unlink(fifo);
-	if (mkfifo(fifo, 0600) < 0 || (e = start_bridge_in(cfg, rec, fifo)) < 0) {
+	char fifos[2][4200];
+	claim_fifos(cfg, name, fifos);
+	unlink(fifos[0]);
+	if (mkfifo(fifos[0], 0600) < 0 || (e = start_bridge_in(cfg, rec, fifos[0])) < 0) {
 		snprintf(why, whysz, "the pooled execution's bridge did not start");
 		stop_pinned(lp, ls, true);
 		mgr_run_wait(rm);
-		unlink(fifo);
+		unlink(fifos[0]);
 		return e < 0 ? e : SPACED_ESYS;
 	}
 	/* its ServicePort gateway, listening already; it ends with the launcher */
-	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir, name);
-	unlink(fifo);
-	if (mkfifo(fifo, 0600) < 0 || (e = start_gateway_in(cfg, rec, e_dir, logp, fifo, NULL)) < 0) {
+	unlink(fifos[1]);
+	if (mkfifo(fifos[1], 0600) < 0 || (e = start_gateway_in(cfg, rec, e_dir, logp, fifos[1], NULL)) < 0) {
 		snprintf(why, whysz, "the pooled execution's ServicePort gateway did not start");
 		stop_pinned(rec->host_pid, rec->host_start, false);
 		stop_pinned(lp, ls, true);
 		mgr_run_wait(rm);
-		unlink(fifo);
-		snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, name);
-		unlink(fifo);
+		mgr_pool_claim_ended(cfg, name);
 		return e < 0 ? e : SPACED_ESYS;
 	}
 	/* its bridge, for a reap after a restart of the gate */
@@ -1564,7 +1572,7 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec, int *ctl_fd, int *answers, char *why,
                         size_t whysz)
 {
-	char e_dir[4096], ctlp[4200], fifo[4200], text[SPACED_IDENTITY_TEXT_MAX], cmd[SPACED_IDENTITY_TEXT_MAX + 16];
+	char e_dir[4096], ctlp[4200], text[SPACED_IDENTITY_TEXT_MAX], cmd[SPACED_IDENTITY_TEXT_MAX + 16];
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
 	if (e < 0 || !rec->exec_name[0] || spaced_identity_encode(&rec->r.id, text, sizeof text) < 0)
@@ -1605,8 +1613,9 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	}
 	/* the bridge learns the identity it must reach; the gate's first
 	 * connection waits in its backlog meanwhile */
-	snprintf(fifo, sizeof fifo, "%s/run/%s.in", cfg->state_dir, rec->exec_name + 5);
-	int ff = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+	char fifos[2][4200];
+	claim_fifos(cfg, rec->exec_name, fifos);
+	int ff = open(fifos[0], O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
 	n = snprintf(cmd, sizeof cmd, "%s\n", text);
 	if (ff < 0 || write(ff, cmd, (size_t)n) != n) {
 		if (ff >= 0)
@@ -1642,7 +1651,7 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 
 bool mgr_pool_claim_inline(const struct mgr_config *cfg, const struct mgr_rec *rec, json_t *network)
 {
-	char bin[4096], fifo[4200];
+	char bin[4096];
 	struct stat st;
 	if (json_is_object(network) && !net_policy_is_default(network))
 		return false;
@@ -1650,9 +1659,9 @@ bool mgr_pool_claim_inline(const struct mgr_config *cfg, const struct mgr_rec *r
 		return false;
 	if (!gateway_bin(cfg, bin, sizeof bin))
 		return true;
-	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir,
-	         strncmp(rec->exec_name, "pool/", 5) == 0 ? rec->exec_name + 5 : rec->exec_name);
-	return lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode);
+	char fifos[2][4200];
+	claim_fifos(cfg, rec->exec_name, fifos);
+	return lstat(fifos[1], &st) == 0 && S_ISFIFO(st.st_mode);
 }
 
 int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *rec, bool may_start, int *gateway_port)
@@ -1665,10 +1674,9 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 	/* the gateway started with the pooled execution takes its identity
 	 * (mgr_pool_exec_start); one started before pooled gateways existed has
 	 * no FIFO and one is started now */
-	char fifo[4200], text[SPACED_IDENTITY_TEXT_MAX + 1];
-	snprintf(fifo, sizeof fifo, "%s/run/%s.gw", cfg->state_dir,
-	         strncmp(rec->exec_name, "pool/", 5) == 0 ? rec->exec_name + 5 : rec->exec_name);
-	int ff = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+	char fifos[2][4200], text[SPACED_IDENTITY_TEXT_MAX + 1];
+	claim_fifos(cfg, rec->exec_name, fifos);
+	int ff = open(fifos[1], O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
 	if (ff >= 0) {
 		gw_pool_claim(cfg, rec);
 		int n = spaced_identity_encode(&rec->r.id, text, sizeof text - 1);
@@ -1686,16 +1694,6 @@ int mgr_pool_claim_finish(const struct mgr_config *cfg, const struct mgr_rec *re
 		start_gateway(cfg, rec, e_dir, logp);
 	}
 	return mgr_pool_gateway_port(cfg, rec, gateway_port);
-}
-
-/* The claim FIFOs of a pooled execution: STATE/run/<name>.in (its bridge's)
- * and .gw (its gateway's), into p[i]. */
-static void claim_fifos(const struct mgr_config *cfg, const char *exec_name, char p[2][4200])
-{
-	static const char *const fifos[] = {"in", "gw"};
-	for (size_t i = 0; i < 2; i++)
-		snprintf(p[i], sizeof p[i], "%s/run/%s.%s", cfg->state_dir,
-		         strncmp(exec_name, "pool/", 5) == 0 ? exec_name + 5 : exec_name, fifos[i]);
 }
 
 void mgr_pool_claim_ended(const struct mgr_config *cfg, const char *exec_name)
@@ -1783,10 +1781,7 @@ void mgr_pool_exec_reap(const struct mgr_config *cfg, const char *const *keep, s
 		}
 		snprintf(sock, sizeof sock, "%s/run/%s.sock", cfg->state_dir, de->d_name);
 		unlink(sock);
-		snprintf(sock, sizeof sock, "%s/run/%s.in", cfg->state_dir, de->d_name);
-		unlink(sock);
-		snprintf(sock, sizeof sock, "%s/run/%s.gw", cfg->state_dir, de->d_name);
-		unlink(sock);
+		mgr_pool_claim_ended(cfg, de->d_name);
 		gw_pool_dir(cfg, name, sock, sizeof sock);
 		gw_pool_dir_remove(sock);
 		const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
