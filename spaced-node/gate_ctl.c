@@ -1660,6 +1660,16 @@ void gate_ctl_recover(struct mgr *m)
 		                                   unfinished ? "its execution did not take its identity before the worker stopped"
 		                                              : "its execution ended while the worker was stopped") < 0)
 			gate_log("level=warn event=ack-unrefused sandbox=%s", r->r.id.sandbox);
+		/* A claim that had to start its gateway again wrote its record and
+		 * acknowledgement first with the pooled gateway's port, then again
+		 * with the new one (claim_joined): a gate stopped in between left
+		 * the first. The control plane has not had it (the reply follows the
+		 * second write) and gets, for the install sent again, the port the
+		 * execution's gateway listens on now. */
+		int port = 0, fixed = 0;
+		if (serving && !cut && mgr_pool_gateway_port(m->cfg, r, &port) == 0 &&
+		    mgr_store_ack_gateway_of(mgr_store_of(m), r->r.epoch, port, &fixed) == 0 && fixed > 0)
+			gate_log("level=warn event=ack-gateway-corrected sandbox=%s gateway=%d", r->r.id.sandbox, port);
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
 		if (live && r->pid != 0)

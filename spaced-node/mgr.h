@@ -92,6 +92,12 @@ int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
  * durably, if it is still a success: what the control plane gets when it
  * sends that install again. 0 or SPACED_EIO. */
 int mgr_store_refuse_ack_of(struct mgr_store *st, uint64_t epoch, const char *code, const char *error);
+/* Makes the stored successful acknowledgements that installed epoch name
+ * gateway_port as the execution's ServicePort gateway (none when 0), durably,
+ * where they name another: what the control plane gets when it sends that
+ * install again. *changed (may be NULL) counts those rewritten. 0 or
+ * SPACED_EIO. */
+int mgr_store_ack_gateway_of(struct mgr_store *st, uint64_t epoch, int gateway_port, int *changed);
 
 uint64_t mgr_store_last_seq(struct mgr_store *st);
 /* What another connection wrote (gate_commit.c), noted in this one's memory:

@@ -409,6 +409,32 @@ int mgr_store_refuse_ack_of(struct mgr_store *st, uint64_t epoch, const char *co
 	return e;
 }
 
+int mgr_store_ack_gateway_of(struct mgr_store *st, uint64_t epoch, int gateway_port, int *changed)
+{
+	sqlite3_stmt *s = NULL;
+	if (changed)
+		*changed = 0;
+	/* ?2 NULL: no gateway (the key goes) */
+	if (sqlite3_prepare_v2(st->db,
+	                       "UPDATE acks SET line = CASE WHEN ?2 IS NULL THEN json_remove(line, '$.result.gateway') "
+	                       "ELSE json_set(line, '$.result.gateway', ?2) END "
+	                       "WHERE json_valid(line) AND json_extract(line, '$.ok') = 1 "
+	                       "AND json_extract(line, '$.result.epoch') = ?1 "
+	                       "AND json_extract(line, '$.result.gateway') IS NOT ?2",
+	                       -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_int64(s, 1, (sqlite3_int64)epoch);
+	if (gateway_port > 0)
+		sqlite3_bind_int(s, 2, gateway_port);
+	else
+		sqlite3_bind_null(s, 2);
+	int e = sqlite3_step(s) == SQLITE_DONE ? 0 : SPACED_EIO;
+	if (e == 0 && changed)
+		*changed = sqlite3_changes(st->db);
+	sqlite3_finalize(s);
+	return e;
+}
+
 static void col_text(sqlite3_stmt *s, int i, char *out, size_t outsz)
 {
 	const char *t = (const char *)sqlite3_column_text(s, i);

@@ -155,6 +155,33 @@ expect "the sandbox still serves after the gate's restart" "$("$SC" exec "$G" --
 expect "and was not ended as an unfinished claim" \
 	"$(grep -c "event=execution-ended sandbox=$G " "$D/worker-1.log")" 0
 
+# ---- the gate stops between such a claim's two writes: the acknowledgement names the new gateway ----
+# (its record and acknowledgement are written first with the pooled gateway's port, then again with
+# the port of the gateway the claim started; a gate stopped in between left the first, which the
+# control plane got for the install sent again: ServicePort URLs to a port nothing listens on.
+# The supervisor is held so the gate stays down while that state is made.)
+ack_gw() {
+	sqlite3 -readonly "$DB" "SELECT json_extract(a.line, '\$.result.gateway') FROM acks a JOIN records r
+		ON json_extract(a.line, '\$.result.epoch') = r.epoch WHERE r.sandbox = '$G' AND r.active = 1" 2>/dev/null | sort -u
+}
+GW_NOW=$(ack_gw)
+expect "the sandbox's acknowledgement names its gateway" "$(echo "$GW_NOW" | grep -cE '^[0-9]+$')" 1
+SUP=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+kill -STOP "$SUP"
+HELD=$SUP
+GATE=$(role_pid spaced-gate)
+kill -9 "$GATE"
+downed() { ! kill -0 "$GATE" 2>/dev/null || grep -q '^State:.Z' "/proc/$GATE/status" 2>/dev/null; }
+WAIT_SECONDS=10 wait_for "the gate is down" downed
+sqlite3 "$DB" "UPDATE acks SET line = json_set(line, '\$.result.gateway', 1) WHERE json_extract(line, '\$.result.epoch') =
+	(SELECT epoch FROM records WHERE sandbox = '$G' AND active = 1)"
+expect "the first write's acknowledgement is on disk" "$(ack_gw)" 1
+kill -CONT "$SUP"
+HELD=""
+WAIT_SECONDS=30 wait_for "the gate started again and serves" regated
+expect "the restarted gate's acknowledgement names the gateway that listens ($GW_NOW)" "$(ack_gw)" "$GW_NOW"
+expect "and it said so" "$(grep -c "event=ack-gateway-corrected sandbox=$G gateway=$GW_NOW" "$D/worker-1.log")" 1
+
 # ---- the gate stops between the record's write and the claim's end ----
 pool_ready
 GATE=$(role_pid spaced-gate)
