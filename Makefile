@@ -17,7 +17,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean sdk sdk-test conformance
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile bench-netgtw bench-exec bench-create check-vm bench-vm
+.PHONY: bench-hostile bench-netgtw bench-exec bench-create check-vm bench-vm bench-cp-scale
 .PHONY: chaos chaos-quick
 
 all: build
@@ -100,6 +100,10 @@ bench-hostile: build
 # control plane: route issuance, move latency, R4 window (SQLite; CP_DB=postgresql://… for PostgreSQL)
 bench-cp: build
 	@sh bench/cp_bench.sh $(BUILD) $(ROUTES) $(MOVES)
+
+# a create's cost with 20,000 live sandboxes against one, SQLite and PostgreSQL (LIVE, CREATES)
+bench-cp-scale: build
+	@sh bench/cp_scale_bench.sh $(BUILD) $(or $(LIVE),20000) $(or $(CREATES),40)
 
 # the same with two real spaced-node workers: R4 window = move request -> old worker's first refusal
 bench-cp-node: build

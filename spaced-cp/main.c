@@ -108,6 +108,8 @@ static void *reaper_thread(void *arg)
 		cp_observe_flush(false); /* refusals' summaries that are due */
 		if (!cp->stopping)
 			cp_reap(cp, st);
+		if (!cp->stopping)
+			cp_store_usage_fold(st); /* PostgreSQL: the counts' changes added in */
 		if (!cp->stopping && ++ticks >= sweep_every) {
 			ticks = 0;
 			cp_snapshots_sweep(cp, st);

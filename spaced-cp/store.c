@@ -159,13 +159,7 @@ out:
  * sandbox not deleted counts, as the quotas count them), which a create
  * reads under the store's write lock: summing a tenant's rows there made
  * each create of a tenant holding thousands of sandboxes hold up every
- * other tenant's.
- * Not on PostgreSQL: there the counters would be rows that every create,
- * move and delete locks until it commits, one transaction taking several
- * of them in its own order (a batch of creates: its tenants' and their
- * workers' rows, one create after the other) — transactions of two
- * replicas could then wait for each other. PostgreSQL sums the rows, as
- * before. */
+ * other tenant's. PostgreSQL keeps the same tables otherwise (below). */
 #define USAGE_COUNTED(R) CP_LIVE(R)
 #define USAGE_SAME                                                                                            \
 	"(" USAGE_COUNTED("OLD") " AND " USAGE_COUNTED("NEW") " AND OLD.worker = NEW.worker AND "                  \
@@ -229,38 +223,134 @@ static const char usage_recount[] =
 	" SUM(memory_bytes), SUM(disk_bytes), SUM(pids) FROM sandboxes s WHERE " TUSAGE_COUNTED("s")
 	" GROUP BY tenant;";
 
-bool cp_store_keeps_usage(const struct cp_store *st)
+/* ---- the same on PostgreSQL: counters, and changes appended beside them ----
+ * Counter rows that every create, move and delete updated would be locked
+ * until each transaction commits, a batch of creates taking its tenants'
+ * and their workers' rows in its own order: two replicas' transactions could
+ * wait for each other. So a change appends its deltas (a row each in
+ * worker_usage_delta and tenant_usage_delta, by one trigger: nothing is
+ * locked but the new rows), readers add the deltas to the counters in one
+ * statement (one snapshot), and the reaper folds the committed deltas into
+ * the counters about once a second (cp_store_usage_fold: one replica at a
+ * time, under an advisory lock). A create reads a handful of rows where it
+ * summed every live sandbox (118 ms per create at 20,000, see
+ * docs/control-plane.md). */
+#define USAGE_FOLD_LOCK "7239915201"
+
+static const char usage_table_pg[] =
+	"CREATE TABLE IF NOT EXISTS worker_usage (worker TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
+	" memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS tenant_usage (tenant TEXT PRIMARY KEY, sandboxes BIGINT NOT NULL,"
+	" memory_bytes BIGINT NOT NULL, disk_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS worker_usage_delta (id BIGSERIAL PRIMARY KEY, worker TEXT NOT NULL,"
+	" sandboxes BIGINT NOT NULL, memory_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS tenant_usage_delta (id BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL,"
+	" sandboxes BIGINT NOT NULL, memory_bytes BIGINT NOT NULL, disk_bytes BIGINT NOT NULL, pids BIGINT NOT NULL);"
+	"CREATE INDEX IF NOT EXISTS tenant_usage_delta_tenant ON tenant_usage_delta (tenant);";
+
+#define PG_WDELTA(R, S)                                                                                       \
+	"INSERT INTO worker_usage_delta (worker, sandboxes, memory_bytes, pids) VALUES (" R ".worker, " S "1, " S \
+	"COALESCE(" R ".memory_bytes, 0), " S "COALESCE(" R ".pids, 0));"
+#define PG_TDELTA(R, S)                                                                                       \
+	"INSERT INTO tenant_usage_delta (tenant, sandboxes, memory_bytes, disk_bytes, pids) VALUES (" R          \
+	".tenant, " S "1, " S "COALESCE(" R ".memory_bytes, 0), " S "COALESCE(" R ".disk_bytes, 0), " S            \
+	"COALESCE(" R ".pids, 0));"
+/* as the SQLite triggers: out of the old count and into the new one, unless
+ * the change leaves the row counted the same (SAME) */
+static const char usage_pg[] =
+	"CREATE OR REPLACE FUNCTION spaced_usage_delta() RETURNS trigger LANGUAGE plpgsql AS $f$ "
+	"DECLARE same BOOLEAN := false; tsame BOOLEAN := false; "
+	"BEGIN "
+	"IF TG_OP = 'UPDATE' THEN same := COALESCE(" USAGE_SAME ", false); tsame := COALESCE(" TUSAGE_SAME
+	", false); END IF; "
+	"IF TG_OP <> 'INSERT' THEN "
+	"IF NOT same AND COALESCE(" USAGE_COUNTED("OLD") ", false) THEN " PG_WDELTA("OLD", "-") " END IF; "
+	"IF NOT tsame AND COALESCE(" TUSAGE_COUNTED("OLD") ", false) THEN " PG_TDELTA("OLD", "-") " END IF; "
+	"END IF; "
+	"IF TG_OP <> 'DELETE' THEN "
+	"IF NOT same AND COALESCE(" USAGE_COUNTED("NEW") ", false) THEN " PG_WDELTA("NEW", "") " END IF; "
+	"IF NOT tsame AND COALESCE(" TUSAGE_COUNTED("NEW") ", false) THEN " PG_TDELTA("NEW", "") " END IF; "
+	"END IF; "
+	"RETURN NULL; "
+	"END $f$;"
+	"CREATE OR REPLACE TRIGGER sandboxes_usage AFTER INSERT OR DELETE OR UPDATE OF tenant, worker, state, deleted,"
+	" memory_bytes, disk_bytes, pids ON sandboxes FOR EACH ROW EXECUTE FUNCTION spaced_usage_delta();";
+
+/* Counted again from the rows: every writer of sandboxes held off by the
+ * table's lock, a fold by the advisory lock. */
+static const char usage_recount_pg[] =
+	"LOCK TABLE sandboxes IN SHARE ROW EXCLUSIVE MODE;"
+	"SELECT pg_advisory_xact_lock(" USAGE_FOLD_LOCK ");"
+	"DELETE FROM worker_usage_delta; DELETE FROM tenant_usage_delta;";
+
+static const char usage_fold_pg[] =
+	"WITH d AS (DELETE FROM worker_usage_delta RETURNING worker, sandboxes, memory_bytes, pids) "
+	"INSERT INTO worker_usage (worker, sandboxes, memory_bytes, pids) SELECT worker, SUM(sandboxes),"
+	" SUM(memory_bytes), SUM(pids) FROM d GROUP BY worker ORDER BY worker ON CONFLICT (worker) DO UPDATE SET "
+	"sandboxes = worker_usage.sandboxes + excluded.sandboxes, memory_bytes = worker_usage.memory_bytes + "
+	"excluded.memory_bytes, pids = worker_usage.pids + excluded.pids;"
+	"WITH d AS (DELETE FROM tenant_usage_delta RETURNING tenant, sandboxes, memory_bytes, disk_bytes, pids) "
+	"INSERT INTO tenant_usage (tenant, sandboxes, memory_bytes, disk_bytes, pids) SELECT tenant, SUM(sandboxes),"
+	" SUM(memory_bytes), SUM(disk_bytes), SUM(pids) FROM d GROUP BY tenant ORDER BY tenant ON CONFLICT (tenant) "
+	"DO UPDATE SET sandboxes = tenant_usage.sandboxes + excluded.sandboxes, memory_bytes = "
+	"tenant_usage.memory_bytes + excluded.memory_bytes, disk_bytes = tenant_usage.disk_bytes + "
+	"excluded.disk_bytes, pids = tenant_usage.pids + excluded.pids;";
+
+static bool is_sqlite(const struct cp_store *st)
 {
 	return strcmp(st->ops->kind, "sqlite") == 0;
 }
 
 const char *cp_store_worker_usage(const struct cp_store *st)
 {
-	return cp_store_keeps_usage(st) ? "worker_usage"
-	                                : "(SELECT worker, COUNT(*) AS sandboxes, SUM(memory_bytes) AS memory_bytes, "
-	                                  "SUM(pids) AS pids FROM sandboxes s WHERE " CP_LIVE("s") " GROUP BY worker)";
+	return is_sqlite(st) ? "worker_usage"
+	                     : "(SELECT worker, SUM(sandboxes) AS sandboxes, SUM(memory_bytes) AS memory_bytes, "
+	                       "SUM(pids) AS pids FROM (SELECT worker, sandboxes, memory_bytes, pids FROM worker_usage "
+	                       "UNION ALL SELECT worker, sandboxes, memory_bytes, pids FROM worker_usage_delta) wu "
+	                       "GROUP BY worker)";
 }
 
 const char *cp_store_tenant_usage(const struct cp_store *st)
 {
-	return cp_store_keeps_usage(st) ? "tenant_usage"
-	                                : "(SELECT tenant, COUNT(*) AS sandboxes, SUM(memory_bytes) AS memory_bytes, "
-	                                  "SUM(disk_bytes) AS disk_bytes, SUM(pids) AS pids FROM sandboxes WHERE "
-	                                  "deleted = 0 GROUP BY tenant)";
+	return is_sqlite(st) ? "tenant_usage"
+	                     : "(SELECT tenant, SUM(sandboxes) AS sandboxes, SUM(memory_bytes) AS memory_bytes, "
+	                       "SUM(disk_bytes) AS disk_bytes, SUM(pids) AS pids FROM (SELECT tenant, sandboxes, "
+	                       "memory_bytes, disk_bytes, pids FROM tenant_usage UNION ALL SELECT tenant, sandboxes, "
+	                       "memory_bytes, disk_bytes, pids FROM tenant_usage_delta) tu GROUP BY tenant)";
 }
 
 int cp_store_usage_setup(struct cp_store *st)
 {
-	if (!cp_store_keeps_usage(st))
-		return 0;
-	int r = script_tries(st, usage_table);
-	if (r == 0)
-		r = script_tries(st, usage_sqlite);
-	if (r == 0)
+	bool lite = is_sqlite(st);
+	int r = script_tries(st, lite ? usage_table : usage_table_pg);
+	if (r == 0 && lite && (r = script_tries(st, usage_sqlite)) == 0)
 		r = script_tries(st, tusage_sqlite);
-	/* BEGIN IMMEDIATE: every other writer waits meanwhile */
+	if (r == 0 && !lite)
+		r = script_tries(st, usage_pg);
+	/* SQLite: BEGIN IMMEDIATE, every other writer waits meanwhile */
 	if (r == 0 && (r = cp_store_begin(st)) == 0 &&
-	    ((r = st->ops->script(st->h, usage_recount)) < 0 || (r = cp_store_commit(st)) < 0))
+	    ((!lite && (r = st->ops->script(st->h, usage_recount_pg)) < 0) ||
+	     (r = st->ops->script(st->h, usage_recount)) < 0 || (r = cp_store_commit(st)) < 0))
+		cp_store_rollback(st);
+	return r;
+}
+
+int cp_store_usage_fold(struct cp_store *st)
+{
+	if (is_sqlite(st))
+		return 0;
+	struct cp_rows *got = NULL;
+	int r = cp_store_begin(st);
+	if (r < 0)
+		return r;
+	/* another replica folding now: its fold takes these too */
+	if ((r = cp_store_exec(st, "SELECT pg_try_advisory_xact_lock(" USAGE_FOLD_LOCK ")", 0, NULL, &got, NULL)) == 0 &&
+	    got->nrows == 1 && strcmp(cp_rows_get(got, 0, 0), "t") == 0)
+		r = st->ops->script(st->h, usage_fold_pg);
+	cp_rows_free(got);
+	if (r == 0)
+		r = cp_store_commit(st);
+	if (r < 0)
 		cp_store_rollback(st);
 	return r;
 }

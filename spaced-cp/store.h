@@ -27,28 +27,27 @@ struct cp_rows {
  * Returns 0, SPACED_EINVAL (unknown form) or SPACED_EIO. */
 int cp_store_open(const char *url, struct cp_store **out);
 
-/* SQLite: the tables placement and the quotas read instead of summing
- * sandboxes (worker_usage: per worker, its live sandboxes' count, memory and
- * task limits; tenant_usage: per tenant, its sandboxes not deleted, their
- * memory, disk and task limits), the triggers that keep them in each
- * transaction that changes a sandbox, and their rows counted again from the
- * sandboxes (under the write lock). Once per start of the control plane,
- * before it serves. Nothing on PostgreSQL (see cp_store_keeps_usage).
- * Returns 0 or SPACED_EIO/SPACED_EBUSY. */
+/* The counts placement and the quotas read instead of summing sandboxes
+ * (per worker, its live sandboxes' count, memory and task limits; per
+ * tenant, its sandboxes not deleted, their memory, disk and task limits) and
+ * the triggers that keep them, made when missing, then counted again from the
+ * sandboxes with every writer held off. SQLite: worker_usage and
+ * tenant_usage, written by each transaction that changes a sandbox.
+ * PostgreSQL: the same tables, and the changes appended beside them
+ * (worker_usage_delta, tenant_usage_delta) until cp_store_usage_fold adds
+ * them in. Once per start of the control plane, before it serves. A sandbox
+ * counts for its worker while live (CP_LIVE), for its tenant while not
+ * deleted. Returns 0 or SPACED_EIO/SPACED_EBUSY. */
 int cp_store_usage_setup(struct cp_store *st);
-
-/* Whether the store keeps worker_usage and tenant_usage (SQLite); without
- * them (PostgreSQL: counter rows every create, move and delete would lock
- * in its own order, and two replicas' transactions could wait for each
- * other) callers read the same columns summed from the sandboxes' rows:
- * cp_store_worker_usage / cp_store_tenant_usage name the relation to read.
- * A sandbox counts for its worker while live (CP_LIVE), for its tenant
- * while not deleted. */
-bool cp_store_keeps_usage(const struct cp_store *st);
+/* PostgreSQL: adds the committed changes into the counts, in one
+ * transaction (a reader sees them before or after, never twice); skipped
+ * while another replica does it. Nothing on SQLite. 0 or SPACED_EIO. */
+int cp_store_usage_fold(struct cp_store *st);
 #define CP_LIVE(R)                                                                                            \
 	"(" R ".deleted = 0 AND " R ".worker IS NOT NULL AND " R                                              \
 	".state IN ('starting','running','paused','moving'))"
-/* (worker, sandboxes, memory_bytes, pids): a table name or a subquery */
+/* (worker, sandboxes, memory_bytes, pids): a table name or a subquery
+ * (PostgreSQL: the counts with the changes not yet folded in) */
 const char *cp_store_worker_usage(const struct cp_store *st);
 /* (tenant, sandboxes, memory_bytes, disk_bytes, pids): the same */
 const char *cp_store_tenant_usage(const struct cp_store *st);

@@ -384,27 +384,41 @@ expect "and stays failed (no more restarts)" "$(rs_state)" "failed 6 5"
 expect "a resume by hand starts it again" "$(api "$TA" POST "/v1/sandboxes/$S12/resume" '{}'; body '.state + " " + (.generation|tostring)')" "200running 7"
 api "$TA" DELETE "/v1/sandboxes/$S12" >/dev/null
 
-# ---- SQLite: placement's per-worker counts and the quotas' per-tenant ones (worker_usage,
-# tenant_usage, kept by triggers) agree with the sandboxes' rows (PostgreSQL sums the rows) ----
-store_sql() { sqlite3 -cmd ".timeout 5000" "$W/cp/cp.db" "$1"; }
-usage_agrees() { # WHAT: after WHAT, the usage tables hold exactly the rows' counts and sums
-	[ -z "$CP_DB" ] || return 0
-	kept=$(store_sql "SELECT worker || ':' || sandboxes || ':' || memory_bytes || ':' || pids FROM worker_usage WHERE sandboxes <> 0 OR memory_bytes <> 0 OR pids <> 0 ORDER BY worker")
+# ---- placement's per-worker counts and the quotas' per-tenant ones (worker_usage, tenant_usage,
+# kept by triggers; on PostgreSQL with the changes appended beside them until the reaper adds them
+# in, about once a second) agree with the sandboxes' rows ----
+if [ -z "$CP_DB" ]; then
+	store_sql() { sqlite3 -cmd ".timeout 5000" "$W/cp/cp.db" "$1"; }
+	W_KEPT=worker_usage T_KEPT=tenant_usage
+else
+	store_sql() { psql "$CP_DB" -q -At -c "$1"; }
+	# what a create reads: the counts with the changes not yet added in
+	W_KEPT="(SELECT worker, SUM(sandboxes) AS sandboxes, SUM(memory_bytes) AS memory_bytes, SUM(pids) AS pids FROM (SELECT worker, sandboxes, memory_bytes, pids FROM worker_usage UNION ALL SELECT worker, sandboxes, memory_bytes, pids FROM worker_usage_delta) d GROUP BY worker) u"
+	T_KEPT="(SELECT tenant, SUM(sandboxes) AS sandboxes, SUM(memory_bytes) AS memory_bytes, SUM(disk_bytes) AS disk_bytes, SUM(pids) AS pids FROM (SELECT tenant, sandboxes, memory_bytes, disk_bytes, pids FROM tenant_usage UNION ALL SELECT tenant, sandboxes, memory_bytes, disk_bytes, pids FROM tenant_usage_delta) d GROUP BY tenant) u"
+fi
+usage_compare() { # WHAT WORKER_RELATION TENANT_RELATION: both hold exactly the rows' counts and sums
+	kept=$(store_sql "SELECT worker || ':' || sandboxes || ':' || memory_bytes || ':' || pids FROM $2 WHERE sandboxes <> 0 OR memory_bytes <> 0 OR pids <> 0 ORDER BY worker")
 	rows=$(store_sql "SELECT worker || ':' || COUNT(*) || ':' || SUM(memory_bytes) || ':' || SUM(pids) FROM sandboxes WHERE deleted = 0 AND worker IS NOT NULL AND state IN ('starting','running','paused','moving') GROUP BY worker ORDER BY worker")
-	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: placement's counts per worker are the live rows' ($(echo $rows))"; else fail "$1: worker_usage [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
-	kept=$(store_sql "SELECT tenant || ':' || sandboxes || ':' || memory_bytes || ':' || disk_bytes || ':' || pids FROM tenant_usage WHERE sandboxes <> 0 OR memory_bytes <> 0 OR disk_bytes <> 0 OR pids <> 0 ORDER BY tenant")
+	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: placement's counts per worker are the live rows' ($(echo $rows))"; else fail "$1: worker counts [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
+	kept=$(store_sql "SELECT tenant || ':' || sandboxes || ':' || memory_bytes || ':' || disk_bytes || ':' || pids FROM $3 WHERE sandboxes <> 0 OR memory_bytes <> 0 OR disk_bytes <> 0 OR pids <> 0 ORDER BY tenant")
 	rows=$(store_sql "SELECT tenant || ':' || COUNT(*) || ':' || SUM(memory_bytes) || ':' || SUM(disk_bytes) || ':' || SUM(pids) FROM sandboxes WHERE deleted = 0 GROUP BY tenant ORDER BY tenant")
-	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: the quotas' counts per tenant are the rows' ($(echo "$rows" | wc -l) tenants)"; else fail "$1: tenant_usage [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
+	if [ -n "$rows" ] && [ "$kept" = "$rows" ]; then ok "$1: the quotas' counts per tenant are the rows' ($(echo "$rows" | wc -l) tenants)"; else fail "$1: tenant counts [$(echo $kept)] but the rows say [$(echo $rows)]"; fi
+}
+usage_agrees() { # WHAT: after WHAT, the counts are exactly the rows'
+	usage_compare "$1" "$W_KEPT" "$T_KEPT"
+	[ -n "$CP_DB" ] || return 0
+	# and once the reaper added the changes in, the counters alone
+	folded() { [ "$(store_sql "SELECT (SELECT COUNT(*) FROM worker_usage_delta) + (SELECT COUNT(*) FROM tenant_usage_delta)")" = 0 ]; }
+	WAIT_SECONDS=10 wait_for "$1: the changes were added into the counters" folded
+	usage_compare "$1, added in" worker_usage tenant_usage
 }
 usage_agrees "creates, moves, pauses, resumes, failures, restarts and deletes"
 
 # ---- restart keeps state (kill -9, then start again) ----
 api "$TA" GET /v1/sandboxes >/dev/null; jq -S '[.sandboxes[] | {id, state, generation, route}]' "$W/body" >"$W/before.json"
 # a count gone wrong is counted again from the rows at the next start
-if [ -z "$CP_DB" ]; then
-	store_sql "UPDATE worker_usage SET sandboxes = sandboxes + 1000" >/dev/null
-	store_sql "UPDATE tenant_usage SET memory_bytes = 0" >/dev/null
-fi
+store_sql "UPDATE worker_usage SET sandboxes = sandboxes + 1000" >/dev/null
+store_sql "UPDATE tenant_usage SET memory_bytes = 0" >/dev/null
 kill -9 "$CP_PID"; wait "$CP_PID" 2>/dev/null || true
 start_cp cp
 usage_agrees "a count gone wrong, then a restart (counted again at start)"
