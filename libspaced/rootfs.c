@@ -18,8 +18,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include <linux/openat2.h>
 
 #include "spaced_error.h"
 #include "frame.h"
@@ -977,6 +979,31 @@ static bool normalized(const char *p)
 	}
 }
 
+/* A snapshot's hard link (an entry named full, linking to target): target is
+ * a normalized path earlier in the walk, and names a regular file already
+ * extracted, reached below the working directory (the new tree's root)
+ * through no symbolic link. */
+static int snapshot_link_ok(const char *target, const char *full, char *why, size_t whysz)
+{
+	char t[SPACED_TREEHASH_PATH + 1];
+	if (strlen(target) >= sizeof t)
+		return failf(why, whysz, SPACED_ETOOBIG, "a hard link's target is too long");
+	snprintf(t, sizeof t, "%s", target);
+	if (!normalized(t) || walk_cmp(t, full) >= 0)
+		return failf(why, whysz, SPACED_EFORMAT, "%.200s: a hard link to %.200s, not a file before it", full, target);
+	struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
+	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+	int fd = (int)syscall(SYS_openat2, AT_FDCWD, t, &how, sizeof how);
+	struct stat sb;
+	bool ok = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+	if (fd >= 0)
+		close(fd);
+	if (!ok)
+		return failf(why, whysz, SPACED_EFORMAT, "%.200s: a hard link to %.200s, which is no file of the tree", full,
+		             target);
+	return 0;
+}
+
 int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_rootfs_extract_kind kind,
                           const struct spaced_rootfs_limits *lim_in, char *why, size_t whysz)
 {
@@ -1032,7 +1059,8 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
 			r = failf(why, whysz, SPACED_ETOOBIG, "more than %llu entries", (unsigned long long)lim.max_entries);
 			goto out;
 		}
-		if (!p || archive_entry_hardlink(e)) {
+		const char *hl = archive_entry_hardlink(e);
+		if (!p || (hl && kind != SPACED_ROOTFS_X_SNAPSHOT)) {
 			r = failf(why, whysz, SPACED_EFORMAT, "an entry without a name, or a hard link");
 			goto out;
 		}
@@ -1090,8 +1118,15 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
 		}
 		bool ok_type = ft == AE_IFDIR || ft == AE_IFREG || ft == AE_IFLNK || ft == AE_IFIFO ||
 		               (kind == SPACED_ROOTFS_X_SNAPSHOT && ft == AE_IFCHR && archive_entry_rdev(e) == 0);
-		if (!ok_type) {
+		if (!hl && !ok_type) {
 			r = failf(why, whysz, SPACED_EFORMAT, "%.200s: this kind of entry is not allowed here", p);
+			goto out;
+		}
+		/* a hard link carries no content (it would be written into the
+		 * file it names) */
+		if (hl && (archive_entry_size(e) != 0 || (r = snapshot_link_ok(hl, full, why, whysz)) < 0)) {
+			if (r == 0)
+				r = failf(why, whysz, SPACED_EFORMAT, "%.200s: a hard link with content", p);
 			goto out;
 		}
 		if (ft == AE_IFREG) {
@@ -1185,7 +1220,69 @@ struct packer {
 	uint8_t *buf;
 	char *why;
 	size_t whysz;
+	/* files of more than one name met so far: (device, inode) -> the first
+	 * name's path, which the others' entries name as hard links */
+	struct linked {
+		dev_t dev;
+		ino_t ino;
+		char *path;
+	} *links;
+	size_t nlinks, links_cap; /* cap: 0 or a power of two */
 };
+
+static size_t linked_slot(const struct packer *k, dev_t dev, ino_t ino)
+{
+	uint64_t h = ((uint64_t)ino * UINT64_C(0x9E3779B97F4A7C15)) ^ (uint64_t)dev;
+	size_t i = (size_t)(h >> 17) & (k->links_cap - 1);
+	while (k->links[i].path && !(k->links[i].dev == dev && k->links[i].ino == ino))
+		i = (i + 1) & (k->links_cap - 1);
+	return i;
+}
+
+/* The first name of the file (dev, ino) when one was met before; else NULL,
+ * and the current path is kept as its first. SPACED_ENOMEM in *r. */
+static const char *linked_first(struct packer *k, dev_t dev, ino_t ino, int *r)
+{
+	*r = 0;
+	if (k->links_cap) {
+		size_t i = linked_slot(k, dev, ino);
+		if (k->links[i].path)
+			return k->links[i].path;
+	}
+	if ((k->nlinks + 1) * 2 > k->links_cap) {
+		size_t nc = k->links_cap ? k->links_cap * 2 : 64;
+		struct linked *old = k->links;
+		size_t oc = k->links_cap;
+		if (!(k->links = calloc(nc, sizeof *k->links))) {
+			k->links = old;
+			*r = SPACED_ENOMEM;
+			return NULL;
+		}
+		k->links_cap = nc;
+		for (size_t j = 0; j < oc; j++)
+			if (old[j].path)
+				k->links[linked_slot(k, old[j].dev, old[j].ino)] = old[j];
+		free(old);
+	}
+	size_t i = linked_slot(k, dev, ino);
+	if (!(k->links[i].path = strdup(k->path))) {
+		*r = SPACED_ENOMEM;
+		return NULL;
+	}
+	k->links[i].dev = dev;
+	k->links[i].ino = ino;
+	k->nlinks++;
+	return NULL;
+}
+
+static void linked_free(struct packer *k)
+{
+	for (size_t i = 0; i < k->links_cap; i++)
+		free(k->links[i].path);
+	free(k->links);
+	k->links = NULL;
+	k->nlinks = k->links_cap = 0;
+}
 
 static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen, int depth);
 
@@ -1351,12 +1448,28 @@ static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen
 			return r;
 	}
 	if (S_ISREG(sb.st_mode)) {
+		/* a file's second name on: a hard link to its first (a restore
+		 * makes the link: the file's data is held once, as in the sandbox) */
+		if (sb.st_nlink > 1) {
+			int r;
+			const char *first = linked_first(k, sb.st_dev, sb.st_ino, &r);
+			if (r < 0)
+				return r;
+			if (first) {
+				if (k->measure)
+					return 0;
+				archive_entry_set_size(k->e, 0);
+				archive_entry_set_hardlink(k->e, first);
+				if (archive_write_header(k->a, k->e) != ARCHIVE_OK)
+					return failf(k->why, k->whysz, SPACED_EIO, "archive: %s", archive_error_string(k->a));
+				return 0;
+			}
+		}
 		/* a restore takes at most max_bytes of files (their sizes, holes
 		 * included: spaced_rootfs_extract), so no more is packed */
 		if ((uint64_t)sb.st_size > k->max_bytes - k->bytes)
 			return failf(k->why, k->whysz, SPACED_ETOOBIG,
-			             "the files hold more than %llu bytes (sparse files count by their size, each hard "
-			             "link as a copy): %s",
+			             "the files hold more than %llu bytes (sparse files count by their size): %s",
 			             (unsigned long long)k->max_bytes, k->path);
 		k->bytes += (uint64_t)sb.st_size;
 		return k->measure ? 0 : pack_file(k, dirfd, name, &sb);
@@ -1390,6 +1503,7 @@ int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t w
 		goto out;
 	k.measure = false;
 	k.bytes = 0;
+	linked_free(&k); /* the second walk meets each file's names in the same order */
 	fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		r = failf(why, whysz, errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS, "%s: %s", out, strerror(errno));
@@ -1419,5 +1533,6 @@ out:
 		unlink(out);
 	archive_entry_free(k.e);
 	free(k.buf);
+	linked_free(&k);
 	return r;
 }

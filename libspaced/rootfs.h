@@ -35,7 +35,9 @@
  *
  * Extraction (spaced_rootfs_extract) accepts only what this module writes:
  * entries in strict walk order, every parent directory before its entries,
- * no hard links, no devices (a snapshot's 0/0 whiteouts excepted), owners in
+ * no hard links (a snapshot's excepted: without content, each naming a
+ * regular file restored before it, reached beneath the new tree through no
+ * symlink), no devices (a snapshot's 0/0 whiteouts excepted), owners in
  * the range the kind allows; it writes with libarchive's secure flags (no
  * "..", no absolute paths, never through a symlink) into a new directory.
  */
@@ -130,9 +132,11 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
 /* Packs the directory dir (a snapshot: its meta and upper/) into an archive
  * at out, in walk order: directories, files (holes kept), symlinks, FIFOs,
  * 0/0 character devices (whiteouts), owners and modes as they are, times,
- * and trusted.overlay.* attributes. Hard links become copies; sockets are
- * skipped. SPACED_ETOOBIG past 8 GiB of files by their sizes (holes and
- * each hard link's copy included: what spaced_rootfs_extract takes back). */
+ * and trusted.overlay.* attributes. A file's later names are hard links to
+ * its first (spaced_rootfs_extract of a snapshot makes the links, each to a
+ * file already restored, beneath the new tree); sockets are skipped.
+ * SPACED_ETOOBIG past 8 GiB of files by their sizes (holes included, each
+ * file once: what spaced_rootfs_extract takes back). */
 int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t whysz);
 
 /* rootfs_oci.c: true when the archive at path holds an OCI image layout

@@ -176,7 +176,7 @@ int spaced_treehash_hex_valid(const char *s)
 
 struct walk {
 	struct spaced_treehash *t;
-	uint64_t bytes;
+	uint64_t bytes, read; /* the files' sizes; their data read so far */
 	char path[SPACED_TREEHASH_PATH];
 	uint8_t buf[16 * SPACED_TREEHASH_BLOCK];
 };
@@ -235,6 +235,14 @@ static int hash_file(struct walk *w, int dirfd, const char *name, const struct s
 		r = SPACED_EIO;
 		goto out;
 	}
+	/* what it holds is read once per name: a thousand names of a big file
+	 * would have the walk read it a thousand times */
+	uint64_t held = (uint64_t)sb->st_blocks * 512u;
+	if (held > SPACED_TREEHASH_MAX_READ - w->read) {
+		r = SPACED_ETOOBIG;
+		goto out;
+	}
+	w->read += held;
 	/* only the data extents are read: a sparse file costs what it holds */
 	while (pos < size && r == 0) {
 		off_t data = lseek(fd, (off_t)pos, SEEK_DATA), hole;

@@ -38,12 +38,16 @@
 #define SPACED_TREEHASH_DEPTH 256 /* directories deeper than this are refused */
 #define SPACED_TREEHASH_PATH 4096 /* relative paths of this length or more are refused */
 #define SPACED_TREEHASH_BLOCK 4096
+/* what spaced_treehash_dir reads at most: the data of its files, each name of
+ * a file with several read again (the stream holds each name's content) */
+#define SPACED_TREEHASH_MAX_READ (UINT64_C(8) << 30)
 
 /* BLAKE2b-256 over the canonical walk of the directory tree at dir
  * (absolute): hex receives it in lowercase, *bytes (may be NULL) the total
  * size of its regular files. Never follows a symlink. Returns 0,
  * SPACED_ENOENT, SPACED_EINVAL (not a directory, an unknown file type),
- * SPACED_ETOOBIG (too deep, a path too long), SPACED_EIO (also: a file that
+ * SPACED_ETOOBIG (too deep, a path too long, more than SPACED_TREEHASH_MAX_READ
+ * of data to read), SPACED_EIO (also: a file that
  * changed while it was read), SPACED_ENOMEM. */
 int spaced_treehash_dir(const char *dir, char hex[SPACED_TREEHASH_HEX], uint64_t *bytes);
 

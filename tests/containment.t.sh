@@ -4,7 +4,8 @@
 # a uid range of its own (so per-user kernel counts such as inotify instances are its own), its
 # terminals come from its own devpts instance (64 at most), io_setup and open files stop at its
 # memory, not at a count of the host's, it compiles no BPF into the host's one JIT pool, a
-# tenant at its quota (sandboxes, memory, tasks) gets 429, a sparse file costs a snapshot what it holds, limits follow a
+# tenant at its quota (sandboxes, memory, tasks) gets 429, a sparse file or a file of several names (hard links)
+# costs a snapshot what it holds (a move restores it into the same disk), limits follow a
 # sandbox across pause, resume and move, and `dev down` leaves nothing frozen behind. After
 # every attack a victim sandbox of another tenant on the same worker must keep working.
 set -u
@@ -407,6 +408,21 @@ if [ "$used" -lt 1024 ]; then ok "the snapshot holds ${used} KiB (under 1 MiB)";
 expect "after the move: 3 GB apparent, the tail intact, still sparse" \
 	"$("$SC" exec "$S" -- sh -c 'stat -c "%s %b" /workspace/sparse; tail -c 3 /workspace/sparse; echo' | tr '\n' ' ' | awk '{print $1, ($2 < 2048), $3}')" \
 	"3221225475 1 end"
+
+# ---- hard links: a sandbox whose files fit its disk as links moves, links and all ----
+# (its snapshot held each name as a copy: 8 names of a 40 MB file were a 320 MB archive that the
+# destination could never restore into a 128 MiB disk; the move failed at every generation after)
+H=$("$SC" create --worker worker-1 --disk 128M)
+"$SC" exec "$H" -- sh -c 'head -c 40000000 /dev/urandom >/workspace/big && for i in 1 2 3 4 5 6 7; do ln /workspace/big /workspace/l$i; done'
+sum_before=$("$SC" exec "$H" -- sha256sum /workspace/big | cut -c1-64)
+"$SC" move "$H" --to worker-2 >/dev/null 2>"$W/h.err" || fail "move of a sandbox with 8 names of a 40 MB file: $(head -c 300 "$W/h.err")"
+expect "after the move: on worker-2, one file of 8 names, its content" \
+	"$("$SC" inspect "$H" --json | jq -r .worker) $("$SC" exec "$H" -- stat -c %h /workspace/l7) $("$SC" exec "$H" -- sha256sum /workspace/l7 | cut -c1-64)" \
+	"worker-2 8 $sum_before"
+snap=$("$SC" inspect "$H" --json | jq -r .snapshot)
+size=$(stat -c %s "$D/cp/store/snapshots/$(basename "$snap").tar" 2>/dev/null || echo 0)
+expect "its snapshot holds the file once ($size bytes)" "$([ "$size" -gt 40000000 ] && [ "$size" -lt 60000000 ] && echo yes)" yes
+"$SC" rm "$H" >/dev/null
 
 # ---- quotas: a tenant at its quota gets 429; another tenant still creates ----
 n=$("$SC" quota --json | jq -r .used.sandboxes)
