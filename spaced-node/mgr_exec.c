@@ -1207,6 +1207,9 @@ void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec)
 			sub_ctl(cfg, rec, "THAW", NULL);
 		stop_pinned(rec->pid, rec->pid_start, true);
 		stop_pinned(rec->host_pid, rec->host_start, false);
+		char sock[4200]; /* its bridge's: no other execution ever listens there */
+		if (mgr_exec_target(cfg, rec, sock, sizeof sock) == 0)
+			unlink(sock);
 		if (exec_dir(cfg, rec, e_dir, sizeof e_dir) == 0) {
 			const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 			mgr_run_wait(rm);

@@ -115,7 +115,19 @@ expect "claimed executions' launcher, bridge and gateway at the default priority
 	"$((claimed_procs * 3))/$((claimed_procs * 3))"
 expect "every other process of the pool below it" "$((lowered + raised))/$([ "$lowered" -ge 1 ] && echo some)" \
 	"$nproc/some"
+# ---- a stopped execution's bridge socket goes with it (they stayed in STATE/run for good) ----
+bridge_socks() {
+	for id in $ids; do
+		sqlite3 -readonly "$D/worker-1/records.db" "SELECT CASE WHEN exec_name LIKE 'pool/%' THEN substr(exec_name, 6)
+			ELSE sandbox || '.' || generation END FROM records WHERE sandbox = '$id' AND active = 1" 2>/dev/null
+	done | sed "s|^\(.*\)$|$D/worker-1/run/\1.sock|"
+}
+socks=$(bridge_socks)
+expect "the sandboxes' bridges listen on sockets in STATE/run" \
+	"$(for s in $socks; do [ -S "$s" ] && echo x; done | wc -l)" "$(echo "$ids" | wc -w)"
 for id in $ids; do "$SC" rm "$id" >/dev/null; done
+socks_gone() { for s in $socks; do [ -e "$s" ] && return 1; done; return 0; }
+WAIT_SECONDS=20 wait_for "removed, their executions' bridge sockets are gone" socks_gone
 
 # ---- a claim allocates no inode on the worker's file system ----
 # (on ext4 without a journal an allocation scans every inode freed in the last minutes of its
