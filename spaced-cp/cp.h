@@ -63,6 +63,7 @@ struct cp {
 	char listen_host[64];
 	int port;
 	int ack_timeout_ms;
+	int snapshot_timeout_ms; /* a snapshot's wait for its worker: the copy, hash, archive and upload */
 	int move_drain_ms; /* a move waits this long between 'moving' and deactivating the old execution */
 	int64_t op_lease; /* seconds a lifecycle operation holds its sandbox */
 	char replica_id[24]; /* "r" + 16 hex, kept in STATE/replica.id */

@@ -48,6 +48,7 @@ static const char usage[] =
 	"                 [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]\n"
+	"                 [--snapshot-timeout MS]\n"
 	"                 [--build-cache SIZE] [--retain-deleted S]\n"
 	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
@@ -277,12 +278,13 @@ int main(int argc, char **argv)
 		{"template-max", required_argument, NULL, 'T'},
 		{"snapshot-max", required_argument, NULL, 'X'},
 		{"snapshot-grace", required_argument, NULL, 6},
+		{"snapshot-timeout", required_argument, NULL, 9},
 		{"build-cache", required_argument, NULL, 7},
 		{"retain-deleted", required_argument, NULL, 8},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
-	struct cp cp = {.ack_timeout_ms = 10000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
+	struct cp cp = {.ack_timeout_ms = 10000, .snapshot_timeout_ms = 100000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
 	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30, 50ll << 30, 32768},
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256,
 	                 .snapshot_grace = CP_SNAPSHOT_GRACE, .retain_deleted = 7 * 86400};
@@ -313,6 +315,7 @@ int main(int argc, char **argv)
 		case 'l': listen = optarg; break;
 		case 'd': cp.db_url = optarg; break;
 		case 'a': cp.ack_timeout_ms = atoi(optarg); break;
+		case 9: cp.snapshot_timeout_ms = atoi(optarg); break;
 		case 'i': cp.idle_timeout = atoll(optarg); break;
 		case 'm': cp.max_lifetime = atoll(optarg); break;
 		case 't': cp.nthreads = atoi(optarg); break;
@@ -391,7 +394,8 @@ int main(int argc, char **argv)
 		default: fputs(usage, stderr); return 2;
 		}
 	}
-	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.nthreads < 1 || cp.nthreads > 64 ||
+	if (cp.state_dir == NULL || cp.ack_timeout_ms < 100 || cp.snapshot_timeout_ms < 100 || cp.nthreads < 1 ||
+	    cp.nthreads > 64 ||
 	    cp.idle_timeout < 0 || cp.max_lifetime < 0 || cp.op_lease < 1 ||
 	    cp.move_drain_ms < 0 || cp.move_drain_ms > 10000 || cp.head_timeout_ms < 100 ||
 	    cp.head_timeout_ms > 600000 || cp.max_conns < 1 || cp.max_conns_per_ip < 1) {

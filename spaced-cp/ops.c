@@ -874,11 +874,18 @@ static json_t *identity_json_of(const char *sbx, int64_t gen, const char *worker
 	return spaced_identity_to_json(&id);
 }
 
-/* Sends msg to worker in its own transaction and waits for the ack.
+/* Sends msg to worker in its own transaction and waits for the ack: at most
+ * --ack-timeout, a snapshot --snapshot-timeout (its worker copies, hashes,
+ * packs and uploads the sandbox's files: a minute for 200,000 of them; the
+ * operation's lease is renewed meanwhile, cp_wait_ack).
  * Returns 0 (ok), SPACED_EPERM (refused; *why set), SPACED_ETIMEDOUT or a store error. */
 static int push_wait(struct cp *cp, struct cp_store *st, const char *worker, json_t *msg, char **result,
                      char **why)
 {
+	const char *type = json_string_value(json_object_get(msg, "type"));
+	int timeout_ms = cp->ack_timeout_ms;
+	if (type && strcmp(type, "snapshot") == 0 && cp->snapshot_timeout_ms > timeout_ms)
+		timeout_ms = cp->snapshot_timeout_ms;
 	int64_t seq;
 	int ok = 0, r;
 	char *res = NULL;
@@ -889,7 +896,7 @@ static int push_wait(struct cp *cp, struct cp_store *st, const char *worker, jso
 		return r;
 	}
 	cp_wake(cp);
-	if ((r = cp_wait_ack(cp, st, worker, seq, cp->ack_timeout_ms, &ok, &res)) < 0)
+	if ((r = cp_wait_ack(cp, st, worker, seq, timeout_ms, &ok, &res)) < 0)
 		return r;
 	if (!ok) {
 		*why = res;

@@ -8,14 +8,15 @@
  * "t_ns", the wall-clock receive time in ns; re-sent ones as {"dup":true,"t_ns":…,"msg":…}). spaced-node's channel client replaces it in production.
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
- *                  [--delay-ms N] [--refuse TYPE [--refuse-code C] [--refuse-count N]]
+ *                  [--delay-ms N [--delay-type TYPE]] [--refuse TYPE [--refuse-code C] [--refuse-count N]]
  *                  [--silent TYPE] [--exit-after N] [--say FILE] [--capacity N]
  *                  [--ca FILE [--cert FILE --key-file FILE]]   (with --url wss://HOST:PORT)
  *
  * --refuse TYPE acks messages of that type with ok:false (code C, default
  * "refused"; only the first N of them with --refuse-count); --silent TYPE never
  * acks them; --exit-after N exits (status 0) right after receiving the N-th new
- * message, before acking it; --delay-ms holds every ack back N ms; --say FILE
+ * message, before acking it; --delay-ms holds every ack back N ms (with
+ * --delay-type, the acks of messages of that type only); --say FILE
  * sends each line of FILE as a text message right after every hello (the
  * worker's own reports, such as an execution that ended); --capacity N is the
  * number of sandboxes its hello offers (16 by default).
@@ -44,7 +45,7 @@ struct ack {
 	uint64_t due;
 };
 
-static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say;
+static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say, *o_delay_type;
 static const char *o_refuse_code = "refused";
 static long o_delay, o_exit_after = -1, o_refuse_count = -1, o_capacity = 16;
 static long long last_seq;
@@ -119,9 +120,10 @@ static void out_push(char *text, uint64_t due)
 	acks_tail = k;
 }
 
-static void queue_ack(json_t *a)
+static void queue_ack(json_t *a, const char *type)
 {
-	out_push(json_dumps(a, JSON_COMPACT), spaced_mono_ns() + (uint64_t)o_delay * 1000000u);
+	bool held = o_delay_type == NULL || (type != NULL && strcmp(type, o_delay_type) == 0);
+	out_push(json_dumps(a, JSON_COMPACT), spaced_mono_ns() + (held ? (uint64_t)o_delay * 1000000u : 0));
 }
 
 /* --say: every line of the file, queued to go out now (after the hello). */
@@ -156,7 +158,7 @@ static void on_message(const char *text, size_t len)
 		log_line(copy, 1);
 		if (o_silent == NULL || strcmp(type, o_silent) != 0) {
 			json_t *a = json_pack("{s:I,s:b,s:{}}", "ack", (json_int_t)seq, "ok", 1, "result");
-			queue_ack(a);
+			queue_ack(a, type);
 			json_decref(a);
 		}
 		goto out;
@@ -200,7 +202,7 @@ static void on_message(const char *text, size_t len)
 		state_save();
 		a = json_pack("{s:I,s:b,s:{}}", "ack", (json_int_t)seq, "ok", 1, "result");
 	}
-	queue_ack(a);
+	queue_ack(a, type);
 	json_decref(a);
 out:
 	free(copy);
@@ -339,6 +341,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(k, "--refuse")) o_refuse = v;
 		else if (!strcmp(k, "--silent")) o_silent = v;
 		else if (!strcmp(k, "--delay-ms")) o_delay = atol(v);
+		else if (!strcmp(k, "--delay-type")) o_delay_type = v;
 		else if (!strcmp(k, "--exit-after")) o_exit_after = atol(v);
 		else if (!strcmp(k, "--capacity")) o_capacity = atol(v);
 		else if (!strcmp(k, "--say")) o_say = v;

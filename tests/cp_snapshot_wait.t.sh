@@ -1,0 +1,59 @@
+#!/bin/sh
+# run-tests: light, about 15 s
+# A snapshot waits for its worker up to --snapshot-timeout, not --ack-timeout: the worker copies,
+# hashes, packs and uploads the sandbox's files (a minute for 200,000 small ones), and a sandbox
+# within its limits must still snapshot and move; other lifecycle calls keep the short bound.
+# cp-fake-worker peers that answer snapshots 2.5 s late, a control plane with --ack-timeout 1000:
+# a snapshot and a move succeed (both answered 504 worker-timeout before); with
+# --snapshot-timeout 1000 a snapshot times out as before; a pause answered late still times out
+# at --ack-timeout. The operation's lease is renewed while it waits (no other call takes it).
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+W=$(mktemp -d)
+trap 'cleanup; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+CP_DB=""
+mkdir -p "$W/cp"
+TA=$(admin create-tenant alpha)
+[ -n "$TA" ] || { echo "admin commands failed"; exit 1; }
+start_cp cp --ack-timeout 1000 --snapshot-timeout 8000
+register wa
+register wb
+start_worker wa --delay-ms 2500 --delay-type snapshot
+start_worker wb --delay-ms 2500 --delay-type snapshot
+
+expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+S=$(body .id)
+expect "pause" "$(api "$TA" POST "/v1/sandboxes/$S/pause")" 200
+t0=$(date +%s%N)
+expect "a snapshot its worker answers in 2.5 s, past --ack-timeout (1 s): 200" \
+	"$(api "$TA" POST "/v1/sandboxes/$S/snapshot")" 200
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "it waited for the answer (${ms} ms)" "$([ "$ms" -ge 2400 ] && echo yes)" yes
+expect "the sandbox holds its snapshot" "$(api "$TA" GET "/v1/sandboxes/$S"; body '.snapshot != null')" 200true
+# meanwhile the sandbox's operation is its: another call on it is busy
+api "$TA" POST "/v1/sandboxes/$S/snapshot" >"$W/s2" &
+S2=$!
+sleep 1
+expect "while a snapshot waits, another operation on the sandbox: 409" "$(api "$TA" POST "/v1/sandboxes/$S/resume")" 409
+wait "$S2"
+expect "move to wb (its snapshot answered 2.5 s late)" \
+	"$(api "$TA" POST "/v1/sandboxes/$S/move" '{"to":"wb"}'; body '.state + " " + .worker')" "200running wb"
+
+# the short bound for what is not a snapshot, and a snapshot's own bound
+stop_worker wa
+start_worker wa --delay-ms 2500 --delay-type pause
+expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+P=$(body .id)
+expect "a pause answered 2.5 s late: 504 at --ack-timeout" "$(api "$TA" POST "/v1/sandboxes/$P/pause"; body .error)" \
+	"504worker-timeout"
+kill "$CP_PID"
+wait "$CP_PID" 2>/dev/null
+start_cp cp --ack-timeout 1000 --snapshot-timeout 1000
+for w in wa wb; do stop_worker $w; start_worker $w --delay-ms 2500 --delay-type snapshot; done
+expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wb"}')" 201
+Q=$(body .id)
+expect "pause" "$(api "$TA" POST "/v1/sandboxes/$Q/pause")" 200
+expect "with --snapshot-timeout 1000, the late snapshot: 504" "$(api "$TA" POST "/v1/sandboxes/$Q/snapshot"; body .error)" \
+	"504worker-timeout"
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
