@@ -233,7 +233,7 @@ static const char usage_recount[] =
  * statement (one snapshot), and the reaper folds the committed deltas into
  * the counters about once a second (cp_store_usage_fold: one replica at a
  * time, under an advisory lock). A create reads a handful of rows where it
- * summed every live sandbox (118 ms per create at 20,000, see
+ * summed every live sandbox (a create 13 -> 64 ms at 20,000: make bench-cp-scale, see
  * docs/control-plane.md). */
 #define USAGE_FOLD_LOCK "7239915201"
 

@@ -1642,8 +1642,59 @@ static void recover_one(struct mgr *m, const char *sandbox, bool claim_cut)
 	op_enqueue(m, op, sandbox);
 }
 
+/* A claim that had to start its gateway again wrote its record and
+ * acknowledgement first with the pooled gateway's port, then again with the
+ * new one (claim_joined): a gate stopped in between left the first. The
+ * control plane has not had it (the reply follows the second write) and
+ * gets, for the install sent again, the port the execution's gateway listens
+ * on now: each stored acknowledgement of a serving record is made to name it
+ * (one pass over the acknowledgements; the records' gateways read once). */
+struct gw_fix {
+	struct mgr *m;
+	int *port; /* per record: its gateway's port, -1 when not serving */
+	uint64_t *seqs;
+	int *ports;
+	size_t n, cap;
+};
+
+static void gw_fix_one(void *arg, uint64_t seq, uint64_t epoch, int gateway)
+{
+	struct gw_fix *f = arg;
+	for (size_t i = 0; i < f->m->nrecs; i++) {
+		if (f->m->recs[i].r.epoch != epoch || f->port[i] < 0)
+			continue;
+		if (f->port[i] != gateway && f->n < f->cap) {
+			f->seqs[f->n] = seq;
+			f->ports[f->n++] = f->port[i];
+		}
+		return;
+	}
+}
+
+static void ack_gateways_fix(struct mgr *m, const bool *cut)
+{
+	struct gw_fix f = {.m = m, .cap = 4096};
+	f.port = calloc(m->nrecs ? m->nrecs : 1, sizeof *f.port);
+	f.seqs = calloc(f.cap, sizeof *f.seqs);
+	f.ports = calloc(f.cap, sizeof *f.ports);
+	if (f.port && f.seqs && f.ports) {
+		for (size_t i = 0; i < m->nrecs; i++)
+			if (!gate_rec_serving(&m->recs[i]) || cut[i] || mgr_pool_gateway_port(m->cfg, &m->recs[i], &f.port[i]) < 0)
+				f.port[i] = -1;
+		if (mgr_store_acks_of_epochs(mgr_store_of(m), gw_fix_one, &f) == 0)
+			for (size_t k = 0; k < f.n; k++)
+				if (mgr_store_ack_set_gateway(mgr_store_of(m), f.seqs[k], f.ports[k]) == 0)
+					gate_log("level=warn event=ack-gateway-corrected seq=%llu gateway=%d", (unsigned long long)f.seqs[k],
+					         f.ports[k]);
+	}
+	free(f.port);
+	free(f.seqs);
+	free(f.ports);
+}
+
 void gate_ctl_recover(struct mgr *m)
 {
+	bool *cuts = calloc(m->nrecs ? m->nrecs : 1, sizeof *cuts);
 	for (size_t i = 0; i < m->nrecs; i++) {
 		const struct mgr_rec *r = &m->recs[i];
 		/* written while its claim went on (claim_write_start), the gate
@@ -1656,23 +1707,18 @@ void gate_ctl_recover(struct mgr *m)
 		bool serving = gate_rec_serving(r), unfinished = serving && mgr_pool_claim_unfinished(m->cfg, r),
 		     gone = serving && !unfinished && strncmp(r->exec_name, "pool/", 5) == 0 && !mgr_exec_alive(r);
 		bool cut = unfinished || gone;
+		if (cuts)
+			cuts[i] = cut;
 		if (cut && mgr_store_refuse_ack_of(mgr_store_of(m), r->r.epoch, "not-running",
 		                                   unfinished ? "its execution did not take its identity before the worker stopped"
 		                                              : "its execution ended while the worker was stopped") < 0)
 			gate_log("level=warn event=ack-unrefused sandbox=%s", r->r.id.sandbox);
-		/* A claim that had to start its gateway again wrote its record and
-		 * acknowledgement first with the pooled gateway's port, then again
-		 * with the new one (claim_joined): a gate stopped in between left
-		 * the first. The control plane has not had it (the reply follows the
-		 * second write) and gets, for the install sent again, the port the
-		 * execution's gateway listens on now. */
-		int port = 0, fixed = 0;
-		if (serving && !cut && mgr_pool_gateway_port(m->cfg, r, &port) == 0 &&
-		    mgr_store_ack_gateway_of(mgr_store_of(m), r->r.epoch, port, &fixed) == 0 && fixed > 0)
-			gate_log("level=warn event=ack-gateway-corrected sandbox=%s gateway=%d", r->r.id.sandbox, port);
 		bool live = strcmp(r->state, MGR_ST_RUNNING) == 0 || strcmp(r->state, MGR_ST_PAUSED) == 0 ||
 		            strcmp(r->state, MGR_ST_KEPT) == 0;
 		if (live && r->pid != 0)
 			recover_one(m, r->r.id.sandbox, unfinished); /* a gone one ends as any found dead */
 	}
+	if (cuts)
+		ack_gateways_fix(m, cuts);
+	free(cuts);
 }

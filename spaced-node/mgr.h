@@ -92,12 +92,15 @@ int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line);
  * durably, if it is still a success: what the control plane gets when it
  * sends that install again. 0 or SPACED_EIO. */
 int mgr_store_refuse_ack_of(struct mgr_store *st, uint64_t epoch, const char *code, const char *error);
-/* Makes the stored successful acknowledgements that installed epoch name
- * gateway_port as the execution's ServicePort gateway (none when 0), durably,
- * where they name another: what the control plane gets when it sends that
- * install again. *changed (may be NULL) counts those rewritten. 0 or
- * SPACED_EIO. */
-int mgr_store_ack_gateway_of(struct mgr_store *st, uint64_t epoch, int gateway_port, int *changed);
+/* Calls cb for each stored successful acknowledgement whose result names an
+ * epoch: its seq, that epoch and the ServicePort gateway port it names (0:
+ * none), in one pass. 0 or SPACED_EIO. */
+int mgr_store_acks_of_epochs(struct mgr_store *st, void (*cb)(void *arg, uint64_t seq, uint64_t epoch, int gateway),
+                             void *arg);
+/* Makes the stored acknowledgement of seq name gateway_port as its
+ * execution's ServicePort gateway (none when 0), durably: what the control
+ * plane gets when it sends that install again. 0 or SPACED_EIO. */
+int mgr_store_ack_set_gateway(struct mgr_store *st, uint64_t seq, int gateway_port);
 
 uint64_t mgr_store_last_seq(struct mgr_store *st);
 /* What another connection wrote (gate_commit.c), noted in this one's memory:

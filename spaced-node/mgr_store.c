@@ -409,28 +409,36 @@ int mgr_store_refuse_ack_of(struct mgr_store *st, uint64_t epoch, const char *co
 	return e;
 }
 
-int mgr_store_ack_gateway_of(struct mgr_store *st, uint64_t epoch, int gateway_port, int *changed)
+int mgr_store_acks_of_epochs(struct mgr_store *st, void (*cb)(void *arg, uint64_t seq, uint64_t epoch, int gateway),
+                             void *arg)
 {
 	sqlite3_stmt *s = NULL;
-	if (changed)
-		*changed = 0;
-	/* ?2 NULL: no gateway (the key goes) */
+	int rc;
 	if (sqlite3_prepare_v2(st->db,
-	                       "UPDATE acks SET line = CASE WHEN ?2 IS NULL THEN json_remove(line, '$.result.gateway') "
-	                       "ELSE json_set(line, '$.result.gateway', ?2) END "
+	                       "SELECT seq, json_extract(line, '$.result.epoch'), "
+	                       "COALESCE(json_extract(line, '$.result.gateway'), 0) FROM acks "
 	                       "WHERE json_valid(line) AND json_extract(line, '$.ok') = 1 "
-	                       "AND json_extract(line, '$.result.epoch') = ?1 "
-	                       "AND json_extract(line, '$.result.gateway') IS NOT ?2",
+	                       "AND json_type(line, '$.result.epoch') = 'integer'",
 	                       -1, &s, NULL) != SQLITE_OK)
 		return SPACED_EIO;
-	sqlite3_bind_int64(s, 1, (sqlite3_int64)epoch);
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+		cb(arg, (uint64_t)sqlite3_column_int64(s, 0), (uint64_t)sqlite3_column_int64(s, 1), sqlite3_column_int(s, 2));
+	sqlite3_finalize(s);
+	return rc == SQLITE_DONE ? 0 : SPACED_EIO;
+}
+
+int mgr_store_ack_set_gateway(struct mgr_store *st, uint64_t seq, int gateway_port)
+{
+	sqlite3_stmt *s = NULL;
+	if (sqlite3_prepare_v2(st->db,
+	                       gateway_port > 0 ? "UPDATE acks SET line = json_set(line, '$.result.gateway', ?2) WHERE seq = ?1"
+	                                        : "UPDATE acks SET line = json_remove(line, '$.result.gateway') WHERE seq = ?1",
+	                       -1, &s, NULL) != SQLITE_OK)
+		return SPACED_EIO;
+	sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
 	if (gateway_port > 0)
 		sqlite3_bind_int(s, 2, gateway_port);
-	else
-		sqlite3_bind_null(s, 2);
 	int e = sqlite3_step(s) == SQLITE_DONE ? 0 : SPACED_EIO;
-	if (e == 0 && changed)
-		*changed = sqlite3_changes(st->db);
 	sqlite3_finalize(s);
 	return e;
 }
