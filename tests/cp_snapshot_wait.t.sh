@@ -6,7 +6,8 @@
 # cp-fake-worker peers that answer snapshots 2.5 s late, a control plane with --ack-timeout 1000:
 # a snapshot and a move succeed (both answered 504 worker-timeout before); with
 # --snapshot-timeout 1000 a snapshot times out as before; a pause answered late still times out
-# at --ack-timeout. The operation's lease is renewed while it waits (no other call takes it).
+# at --ack-timeout. The operation's lease is renewed while it waits (no other call takes it). The
+# store takes a snapshot's upload only while it is awaited (that worker, sandbox and generation).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -35,7 +36,20 @@ api "$TA" POST "/v1/sandboxes/$S/snapshot" >"$W/s2" &
 S2=$!
 sleep 1
 expect "while a snapshot waits, another operation on the sandbox: 409" "$(api "$TA" POST "/v1/sandboxes/$S/resume")" 409
+# the store takes a snapshot's upload only while it is awaited: from the worker that takes it, for that
+# sandbox and generation, while an operation holds it (a snapshot given up on, or of a sandbox removed
+# meanwhile, was kept until the grace sweep: a gigabyte each)
+URL=$(grep '"type":"snapshot"' "$W/wa.log" | tail -n 1 | jq -r .url)
+put() { # URL KEY: the status of a small upload
+	curl -s -o "$W/put.body" -w '%{http_code}' -X PUT -H "Authorization: Bearer $2" --data-binary "snapshot" "$1"
+}
+eval "KA=\$WK_wa KB=\$WK_wb"
+expect "an upload from another worker, while awaited: 409" "$(put "$URL" "$KB")" 409
+expect "the awaited upload, from its worker: 201" "$(put "$URL" "$KA")" 201
 wait "$S2"
+expect "once the snapshot is over, another upload under its sandbox and generation: 409 not-awaited" \
+	"$(put "${URL%-*}-0123456789abcdef" "$KA"; jq -r .error "$W/put.body")" "409not-awaited"
+expect "a name that is no sandbox's: 409" "$(put "${URL%/*}/sbx-0000000000000000-1-0123456789abcdef" "$KA")" 409
 expect "move to wb (its snapshot answered 2.5 s late)" \
 	"$(api "$TA" POST "/v1/sandboxes/$S/move" '{"to":"wb"}'; body '.state + " " + .worker')" "200running wb"
 
@@ -46,6 +60,7 @@ expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
 P=$(body .id)
 expect "a pause answered 2.5 s late: 504 at --ack-timeout" "$(api "$TA" POST "/v1/sandboxes/$P/pause"; body .error)" \
 	"504worker-timeout"
+api "$TA" DELETE "/v1/sandboxes/$P" >/dev/null
 kill "$CP_PID"
 wait "$CP_PID" 2>/dev/null
 start_cp cp --ack-timeout 1000 --snapshot-timeout 1000
