@@ -1906,6 +1906,14 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 		*body = cp_error("internal", spaced_strerror(r));
 		return 500;
 	}
+	if (col(&s, C_OP) != NULL && strncmp(col(&s, C_OP), "delete.", 7) == 0 && /* cp_op_simple's lease */
+	    cp_rows_i64(s.rows, s.r, C_OPUNTIL, 0) >= spaced_now()) {
+		/* its delete is on its way: nothing will serve it (a client whose
+		 * stream was cut by it learns that, not the state it had) */
+		*body = cp_error("not-found", "the sandbox is being deleted");
+		status = 404;
+		goto out;
+	}
 	if (strcmp(col(&s, C_STATE), "paused") == 0 && auto_resumable(st, id)) {
 		/* paused for idleness, and it asked to come back when used: a resume
 		 * (the same execution thawed; a new generation only when it must

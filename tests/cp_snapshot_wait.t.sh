@@ -7,7 +7,8 @@
 # a snapshot and a move succeed (both answered 504 worker-timeout before); with
 # --snapshot-timeout 1000 a snapshot times out as before; a pause answered late still times out
 # at --ack-timeout. The operation's lease is renewed while it waits (no other call takes it). The
-# store takes a snapshot's upload only while it is awaited (that worker, sandbox and generation).
+# store takes a snapshot's upload only while it is awaited (that worker, sandbox and generation). A
+# route asked while a delete waits for its worker says the sandbox is being deleted.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -70,5 +71,18 @@ Q=$(body .id)
 expect "pause" "$(api "$TA" POST "/v1/sandboxes/$Q/pause")" 200
 expect "with --snapshot-timeout 1000, the late snapshot: 504" "$(api "$TA" POST "/v1/sandboxes/$Q/snapshot"; body .error)" \
 	"504worker-timeout"
+# a route asked while the sandbox's delete is on its way: 404 "being deleted" (a watch cut by the delete
+# said "409 not-running: the sandbox is paused")
+stop_worker wa
+start_worker wa --delay-ms 800 --delay-type destroy
+expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+R=$(body .id)
+OUT=$W/del.body api "$TA" DELETE "/v1/sandboxes/$R" >"$W/del.status" &
+DEL=$!
+sleep 0.4
+expect "its route while its delete waits for the worker: 404, being deleted" \
+	"$(api "$TA" POST "/v1/sandboxes/$R/route" '{}'; body .message)" "404the sandbox is being deleted"
+wait "$DEL"
+expect "the delete ends" "$(cat "$W/del.status")" 200
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
