@@ -364,37 +364,6 @@ static int split(char *path, char **seg, int n)
 	return k;
 }
 
-/* A snapshot's upload is taken only while the control plane waits for it:
- * its name (ID-GENERATION-RANDOM, ops.c snapshot_url) names a sandbox not
- * deleted, at that generation, on the uploading worker, held by an operation
- * whose lease runs (a snapshot or a move). One given up on (timed out, its
- * lease released) or of a sandbox removed meanwhile is refused, not kept
- * until the grace sweep; a worker cannot fill the store with archives
- * nothing asked for. */
-static bool snapshot_awaited(const char *name, const char *worker)
-{
-	char id[SPACED_NAME_MAX], gen[24], now[24];
-	const char *r = strrchr(name, '-');
-	const char *g = r && r > name ? r - 1 : NULL;
-	while (g && g > name && *g >= '0' && *g <= '9')
-		g--;
-	if (!r || !g || *g != '-' || (size_t)(g - name) >= sizeof id || (size_t)(r - g - 1) >= sizeof gen ||
-	    r - g - 1 < 1)
-		return false;
-	memcpy(id, name, (size_t)(g - name));
-	id[g - name] = 0;
-	memcpy(gen, g + 1, (size_t)(r - g - 1));
-	gen[r - g - 1] = 0;
-	struct cp_rows *rows = NULL;
-	bool ok = CP_Q(B.st, &rows, NULL,
-	               "SELECT 1 FROM sandboxes WHERE id = $1 AND generation = CAST($2 AS BIGINT) AND worker = $3 "
-	               "AND deleted = 0 AND op IS NOT NULL AND op_until >= CAST($4 AS BIGINT)",
-	               id, gen, worker, cp_i64(now, spaced_now())) == 0 &&
-	          rows->nrows == 1;
-	cp_rows_free(rows);
-	return ok;
-}
-
 static int check_key(const struct spaced_http_req *req, enum cp_role role, char owner[SPACED_NAME_MAX])
 {
 	const char *a = spaced_http_field(req, "authorization");
@@ -502,7 +471,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			return;
 		}
 		if (put && !tmpl) {
-			if (!snapshot_awaited(seg[3], owner)) {
+			if (!cp_snapshot_awaited(B.st, seg[3], owner)) {
 				reply_err(c, 409, "not-awaited",
 				          "no snapshot of that sandbox and generation is being taken on this worker");
 				return;

@@ -232,6 +232,11 @@ int cp_signer_ask(struct cp *cp, char type, const char *payload, char **answer);
 /* lifecycle (ops.c) — each returns an HTTP status and sets *body. */
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body);
+/* Whether a snapshot upload named name (the last part of the URL a
+ * snapshot or move sent its worker) is awaited from worker: its sandbox not
+ * deleted, at that generation, on that worker, held by a snapshot's or a
+ * move's lease that runs. The store takes no other. */
+bool cp_snapshot_awaited(struct cp_store *st, const char *name, const char *worker);
 int cp_op_simple(struct cp *cp, struct cp_store *st, const char *tenant, const char *id, const char *op,
                  const char *worker, json_t **body);
 /* POST /v1/sandboxes/{id}/network: stores the egress policy (canonical JSON)

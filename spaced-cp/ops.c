@@ -193,6 +193,14 @@ out:
 	return r;
 }
 
+/* Whether lease (a sandbox's op column) is one of op's: cp_op_simple names
+ * its leases "<op>.<random>@<replica>". */
+static bool lease_is(const char *lease, const char *op)
+{
+	size_t n = strlen(op);
+	return lease != NULL && strncmp(lease, op, n) == 0 && lease[n] == '.';
+}
+
 /* The lease held by this request thread, renewed while it waits for acks so a
  * long operation never outlives its lease. */
 static _Thread_local struct {
@@ -1460,12 +1468,39 @@ static void snapshot_result(const char *res, char hex[65], char bytes[24])
  * same generation — a `snapshot` and then a `move`). The worker uploads it
  * there and the destination of a move fetches it from there: no
  * filesystem is shared between them. */
+/* A snapshot's URL in the store: its name is ID-GENERATION-RANDOM
+ * (cp_snapshot_awaited reads it back). */
 static const char *snapshot_url(struct cp *cp, char *buf, size_t n, const char *id, int64_t gen)
 {
 	char rnd[SPACED_NAME_MAX];
 	cp_random_name(rnd, "");
 	snprintf(buf, n, "%s/v1/blobs/snapshots/%s-%" PRId64 "-%.16s", cp->store_url, id, gen, rnd);
 	return buf;
+}
+
+/* One given up on (timed out, its lease released) or of a sandbox removed
+ * meanwhile is refused, not kept until the grace sweep; a worker cannot
+ * fill the store with archives nothing asked for. */
+bool cp_snapshot_awaited(struct cp_store *st, const char *name, const char *worker)
+{
+	char id[SPACED_NAME_MAX], gen[24], now[24];
+	const char *r = strrchr(name, '-'), *g = r;
+	while (g && g > name && g[-1] >= '0' && g[-1] <= '9')
+		g--;
+	if (!r || g == r || g - 1 <= name || g[-1] != '-' || (size_t)(g - 1 - name) >= sizeof id ||
+	    (size_t)(r - g) >= sizeof gen)
+		return false;
+	snprintf(id, sizeof id, "%.*s", (int)(g - 1 - name), name);
+	snprintf(gen, sizeof gen, "%.*s", (int)(r - g), g);
+	struct cp_rows *rows = NULL;
+	bool ok = CP_Q(st, &rows, NULL,
+	               "SELECT 1 FROM sandboxes WHERE id = $1 AND generation = CAST($2 AS BIGINT) AND worker = $3 "
+	               "AND deleted = 0 AND (op LIKE 'snapshot.%' OR op LIKE 'move.%') "
+	               "AND op_until >= CAST($4 AS BIGINT)",
+	               id, gen, worker, cp_i64(now, spaced_now())) == 0 &&
+	          rows->nrows == 1;
+	cp_rows_free(rows);
+	return ok;
 }
 
 /* The same generation activated again on its worker, p (a new activation:
@@ -1906,8 +1941,7 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 		*body = cp_error("internal", spaced_strerror(r));
 		return 500;
 	}
-	if (col(&s, C_OP) != NULL && strncmp(col(&s, C_OP), "delete.", 7) == 0 && /* cp_op_simple's lease */
-	    cp_rows_i64(s.rows, s.r, C_OPUNTIL, 0) >= spaced_now()) {
+	if (lease_is(col(&s, C_OP), "delete") && cp_rows_i64(s.rows, s.r, C_OPUNTIL, 0) >= spaced_now()) {
 		/* its delete is on its way: nothing will serve it (a client whose
 		 * stream was cut by it learns that, not the state it had) */
 		*body = cp_error("not-found", "the sandbox is being deleted");

@@ -1651,50 +1651,54 @@ static void recover_one(struct mgr *m, const char *sandbox, bool claim_cut)
  * (one pass over the acknowledgements; the records' gateways read once). */
 struct gw_fix {
 	struct mgr *m;
-	int *port; /* per record: its gateway's port, -1 when not serving */
-	uint64_t *seqs;
-	int *ports;
+	const int *port; /* per record: its gateway's port now, -1 when not serving */
+	struct gw_fixed {
+		uint64_t seq;
+		int port;
+	} *v;
 	size_t n, cap;
+	bool nomem;
 };
 
 static void gw_fix_one(void *arg, uint64_t seq, uint64_t epoch, int gateway)
 {
 	struct gw_fix *f = arg;
 	for (size_t i = 0; i < f->m->nrecs; i++) {
-		if (f->m->recs[i].r.epoch != epoch || f->port[i] < 0)
+		if (f->m->recs[i].r.epoch != epoch)
 			continue;
-		if (f->port[i] != gateway && f->n < f->cap) {
-			f->seqs[f->n] = seq;
-			f->ports[f->n++] = f->port[i];
+		if (f->port[i] < 0 || f->port[i] == gateway)
+			return;
+		if (f->n == f->cap) {
+			size_t nc = f->cap ? f->cap * 2 : 16;
+			struct gw_fixed *nv = realloc(f->v, nc * sizeof *nv);
+			if (!nv) {
+				f->nomem = true;
+				return;
+			}
+			f->v = nv;
+			f->cap = nc;
 		}
+		f->v[f->n++] = (struct gw_fixed){seq, f->port[i]};
 		return;
 	}
 }
 
-static void ack_gateways_fix(struct mgr *m, const bool *cut)
+static void ack_gateways_fix(struct mgr *m, const int *port)
 {
-	struct gw_fix f = {.m = m, .cap = 4096};
-	f.port = calloc(m->nrecs ? m->nrecs : 1, sizeof *f.port);
-	f.seqs = calloc(f.cap, sizeof *f.seqs);
-	f.ports = calloc(f.cap, sizeof *f.ports);
-	if (f.port && f.seqs && f.ports) {
-		for (size_t i = 0; i < m->nrecs; i++)
-			if (!gate_rec_serving(&m->recs[i]) || cut[i] || mgr_pool_gateway_port(m->cfg, &m->recs[i], &f.port[i]) < 0)
-				f.port[i] = -1;
-		if (mgr_store_acks_of_epochs(mgr_store_of(m), gw_fix_one, &f) == 0)
-			for (size_t k = 0; k < f.n; k++)
-				if (mgr_store_ack_set_gateway(mgr_store_of(m), f.seqs[k], f.ports[k]) == 0)
-					gate_log("level=warn event=ack-gateway-corrected seq=%llu gateway=%d", (unsigned long long)f.seqs[k],
-					         f.ports[k]);
-	}
-	free(f.port);
-	free(f.seqs);
-	free(f.ports);
+	struct gw_fix f = {.m = m, .port = port};
+	if (mgr_store_acks_of_epochs(mgr_store_of(m), gw_fix_one, &f) == 0)
+		for (size_t k = 0; k < f.n; k++)
+			if (mgr_store_ack_set_gateway(mgr_store_of(m), f.v[k].seq, f.v[k].port) == 0)
+				gate_log("level=warn event=ack-gateway-corrected seq=%llu gateway=%d", (unsigned long long)f.v[k].seq,
+				         f.v[k].port);
+	if (f.nomem)
+		gate_log("level=warn event=ack-gateway-unchecked reason=\"out of memory\"");
+	free(f.v);
 }
 
 void gate_ctl_recover(struct mgr *m)
 {
-	bool *cuts = calloc(m->nrecs ? m->nrecs : 1, sizeof *cuts);
+	int *port = calloc(m->nrecs ? m->nrecs : 1, sizeof *port);
 	for (size_t i = 0; i < m->nrecs; i++) {
 		const struct mgr_rec *r = &m->recs[i];
 		/* written while its claim went on (claim_write_start), the gate
@@ -1707,8 +1711,8 @@ void gate_ctl_recover(struct mgr *m)
 		bool serving = gate_rec_serving(r), unfinished = serving && mgr_pool_claim_unfinished(m->cfg, r),
 		     gone = serving && !unfinished && strncmp(r->exec_name, "pool/", 5) == 0 && !mgr_exec_alive(r);
 		bool cut = unfinished || gone;
-		if (cuts)
-			cuts[i] = cut;
+		if (port && (!serving || cut || mgr_pool_gateway_port(m->cfg, r, &port[i]) < 0))
+			port[i] = -1;
 		if (cut && mgr_store_refuse_ack_of(mgr_store_of(m), r->r.epoch, "not-running",
 		                                   unfinished ? "its execution did not take its identity before the worker stopped"
 		                                              : "its execution ended while the worker was stopped") < 0)
@@ -1718,7 +1722,7 @@ void gate_ctl_recover(struct mgr *m)
 		if (live && r->pid != 0)
 			recover_one(m, r->r.id.sandbox, unfinished); /* a gone one ends as any found dead */
 	}
-	if (cuts)
-		ack_gateways_fix(m, cuts);
-	free(cuts);
+	if (port)
+		ack_gateways_fix(m, port);
+	free(port);
 }

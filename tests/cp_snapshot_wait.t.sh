@@ -8,7 +8,8 @@
 # --snapshot-timeout 1000 a snapshot times out as before; a pause answered late still times out
 # at --ack-timeout. The operation's lease is renewed while it waits (no other call takes it). The
 # store takes a snapshot's upload only while it is awaited (that worker, sandbox and generation). A
-# route asked while a delete waits for its worker says the sandbox is being deleted.
+# route asked while a delete waits for its worker says the sandbox is being deleted: no capability
+# is issued for an execution being destroyed (C1).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
