@@ -17,7 +17,7 @@ NINJA      ?= ninja
 
 .PHONY: all setup build check demo fuzz fuzz-build clean sdk sdk-test conformance
 .PHONY: bench-token bench-substrate bench-node bench-cp bench-guest bench-launch bench-pidref bench-client bench-limits
-.PHONY: bench-hostile bench-netgtw bench-exec bench-create check-vm bench-vm bench-cp-scale
+.PHONY: bench-hostile bench-netgtw bench-exec bench-create check-vm bench-vm bench-cp-scale bench-snapshot-io
 .PHONY: chaos chaos-quick
 
 all: build
@@ -96,6 +96,10 @@ bench-create: build
 # a victim tenant's latency on a worker under attack, against the same worker quiet; R4 under load
 bench-hostile: build
 	@python3 bench/hostile_bench.py $(BUILD)
+
+# a victim's fsync latency while another tenant's sandbox is snapshotted and resumed (SECS, SIZE_MB)
+bench-snapshot-io: build
+	@sh bench/snapshot_io_bench.sh $(BUILD) $(or $(SECS),30) $(or $(SIZE_MB),1200)
 
 # control plane: route issuance, move latency, R4 window (SQLite; CP_DB=postgresql://… for PostgreSQL)
 bench-cp: build

@@ -26,6 +26,7 @@
 #include "spaced_error.h"
 #include "frame.h"
 #include "nameidx.h"
+#include "pace.h"
 #include "util.h"
 
 #define NAME_MAX_ 255
@@ -1004,9 +1005,29 @@ static int snapshot_link_ok(const char *target, const char *full, char *why, siz
 	return 0;
 }
 
+/* The file libarchive is writing at full (beneath the working directory,
+ * reached through no symlink), opened to write its data behind; -1 when it
+ * cannot be (then it is written as libarchive writes it). */
+static int extracting_fd(const char *full)
+{
+	struct open_how how = {.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
+	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+	int fd = (int)syscall(SYS_openat2, AT_FDCWD, full, &how, sizeof how);
+	struct stat sb;
+	if (fd >= 0 && (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode))) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
 int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_rootfs_extract_kind kind,
                           const struct spaced_rootfs_limits *lim_in, char *why, size_t whysz)
 {
+	/* a restore or an import of gigabytes is written behind as it goes
+	 * (pace.h), its pages kept: the tree is hashed next */
+	struct spaced_pace pace;
+	spaced_pace_init(&pace, 0, false);
 	struct spaced_rootfs_limits lim;
 	struct archive *a = NULL, *x = NULL;
 	struct archive_entry *e;
@@ -1157,11 +1178,19 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
 			const void *b;
 			size_t len;
 			la_int64_t off;
-			while ((ar = archive_read_data_block(a, &b, &len, &off)) == ARCHIVE_OK)
+			int wfd = archive_entry_size(e) > 0 ? extracting_fd(full) : -1;
+			while ((ar = archive_read_data_block(a, &b, &len, &off)) == ARCHIVE_OK) {
 				if (archive_write_data_block(x, b, len, off) != ARCHIVE_OK) {
 					r = failf(why, whysz, SPACED_EIO, "%.200s: %s", p, archive_error_string(x));
-					goto out;
+					break;
 				}
+				if (wfd >= 0)
+					spaced_pace_wrote(&pace, wfd, (off_t)off, len);
+			}
+			if (wfd >= 0)
+				close(wfd);
+			if (r < 0)
+				goto out;
 			if (ar != ARCHIVE_EOF) {
 				r = failf(why, whysz, SPACED_EFORMAT, "%.200s: %s", p, archive_error_string(a));
 				goto out;
@@ -1192,6 +1221,7 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
 	if (chown(".", root_uid, root_gid) < 0 || chmod(".", root_mode) < 0)
 		r = failf(why, whysz, SPACED_ESYS, "root of %s: %s", dst, strerror(errno));
 out:
+	spaced_pace_end(&pace);
 	if (cwd >= 0) {
 		if (fchdir(cwd) < 0)
 			r = r < 0 ? r : SPACED_ESYS;
@@ -1228,6 +1258,9 @@ struct packer {
 		char *path;
 	} *links;
 	size_t nlinks, links_cap; /* cap: 0 or a power of two */
+	int out;                  /* the archive's file, written behind through pace */
+	uint64_t out_off;
+	struct spaced_pace pace;
 };
 
 static size_t linked_slot(const struct packer *k, dev_t dev, ino_t ino)
@@ -1486,9 +1519,28 @@ static int pack_entry(struct packer *k, int dirfd, const char *name, size_t plen
 	return pack_dir_entries(k, fd, plen, depth + 1);
 }
 
-int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t whysz)
+/* libarchive's writes of the archive: paced (pace.h) */
+static la_ssize_t pack_out(struct archive *a, void *arg, const void *buf, size_t n)
+{
+	struct packer *k = arg;
+	if (spaced_io_write_full(k->out, buf, n) < 0) {
+		archive_set_error(a, errno, "write: %s", strerror(errno));
+		return -1;
+	}
+	spaced_pace_wrote(&k->pace, k->out, (off_t)k->out_off, n);
+	k->out_off += n;
+	return (la_ssize_t)n;
+}
+
+/* Packs dir into the file out, created (written behind), or, when out is
+ * NULL, into the pipe or socket out_fd (left open). */
+static int pack_to(const char *dir, const char *out, int out_fd, uint64_t rate, char *why, size_t whysz)
 {
 	struct packer k = {.why = why, .whysz = whysz};
+	if (out)
+		spaced_pace_init(&k.pace, rate, false);
+	else
+		spaced_pace_init_stream(&k.pace, rate);
 	struct spaced_rootfs_limits lim;
 	spaced_rootfs_limits_default(&lim);
 	k.max_bytes = lim.max_bytes;
@@ -1504,15 +1556,17 @@ int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t w
 	k.measure = false;
 	k.bytes = 0;
 	linked_free(&k); /* the second walk meets each file's names in the same order */
-	fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	fd = out ? open(out, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600) : out_fd;
 	if (fd < 0) {
-		r = failf(why, whysz, errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS, "%s: %s", out, strerror(errno));
+		r = failf(why, whysz, errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS, "%s: %s", out ? out : "the stream",
+		          strerror(errno));
 		goto out;
 	}
 	/* names as their bytes are (a name that is not UTF-8 is a tenant's to make) */
 	if (archive_write_set_format_pax_restricted(k.a) != ARCHIVE_OK ||
 	    archive_write_set_format_option(k.a, "pax", "hdrcharset", "BINARY") != ARCHIVE_OK ||
-	    archive_write_set_bytes_in_last_block(k.a, 1) != ARCHIVE_OK || archive_write_open_fd(k.a, fd) != ARCHIVE_OK) {
+	    archive_write_set_bytes_in_last_block(k.a, 1) != ARCHIVE_OK ||
+	    (k.out = fd, archive_write_open(k.a, &k, NULL, pack_out, NULL)) != ARCHIVE_OK) {
 		r = failf(why, whysz, SPACED_EIO, "archive: %s", archive_error_string(k.a));
 		goto out;
 	}
@@ -1522,17 +1576,29 @@ int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t w
 		r = failf(why, whysz, SPACED_EIO, "archive: %s", archive_error_string(k.a));
 		goto out;
 	}
-	if (fsync(fd) < 0)
+	spaced_pace_end(&k.pace);
+	if (out && fsync(fd) < 0)
 		r = failf(why, whysz, SPACED_EIO, "fsync: %s", strerror(errno));
 out:
 	if (k.a)
 		archive_write_free(k.a);
-	if (fd >= 0)
+	spaced_pace_end(&k.pace);
+	if (out && fd >= 0)
 		close(fd);
-	if (r < 0 && fd >= 0)
+	if (out && r < 0 && fd >= 0)
 		unlink(out);
 	archive_entry_free(k.e);
 	free(k.buf);
 	linked_free(&k);
 	return r;
+}
+
+int spaced_rootfs_pack_dir(const char *dir, const char *out, uint64_t rate, char *why, size_t whysz)
+{
+	return pack_to(dir, out, -1, rate, why, whysz);
+}
+
+int spaced_rootfs_pack_fd(const char *dir, int fd, uint64_t rate, char *why, size_t whysz)
+{
+	return pack_to(dir, NULL, fd, rate, why, whysz);
 }

@@ -136,8 +136,12 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
  * its first (spaced_rootfs_extract of a snapshot makes the links, each to a
  * file already restored, beneath the new tree); sockets are skipped.
  * SPACED_ETOOBIG past 8 GiB of files by their sizes (holes included, each
- * file once: what spaced_rootfs_extract takes back). */
-int spaced_rootfs_pack_dir(const char *dir, const char *out, char *why, size_t whysz);
+ * file once: what spaced_rootfs_extract takes back). The archive is written
+ * behind and at rate bytes per second at most (pace.h; 0: no ceiling). */
+int spaced_rootfs_pack_dir(const char *dir, const char *out, uint64_t rate, char *why, size_t whysz);
+/* The same archive written into fd, a pipe or a socket (not closed), at
+ * rate bytes per second at most: nothing of it is written to a disk here. */
+int spaced_rootfs_pack_fd(const char *dir, int fd, uint64_t rate, char *why, size_t whysz);
 
 /* rootfs_oci.c: true when the archive at path holds an OCI image layout
  * (an "oci-layout" or "index.json" entry at its top). */

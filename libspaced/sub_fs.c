@@ -28,6 +28,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "pace.h"
 #include "spaced_error.h"
 #include "treehash.h"
 #include "util.h"
@@ -55,7 +56,7 @@ static int copy_xattrs(const char *src, const char *dst)
 /* Copies a regular file keeping its holes: only the data extents the source
  * reports (SEEK_DATA / SEEK_HOLE) are copied, and the size is set last, so a
  * sparse file costs what it holds, not what it claims. */
-static int copy_data(const char *src, const char *dst, const struct stat *st)
+static int copy_data(const char *src, const char *dst, const struct stat *st, struct spaced_pace *pace)
 {
 	int in = -1, out = -1, r = SPACED_ESYS;
 	off_t pos = 0, size = st->st_size;
@@ -73,7 +74,7 @@ static int copy_data(const char *src, const char *dst, const struct stat *st)
 			break; /* only a hole up to the end */
 		if (data < 0) {
 			/* no SEEK_DATA here: the rest as data */
-			if (spaced_copy_range(in, out, pos, size - pos) < 0)
+			if (spaced_copy_range(in, out, pos, size - pos, pace) < 0)
 				goto out;
 			break;
 		}
@@ -82,7 +83,7 @@ static int copy_data(const char *src, const char *dst, const struct stat *st)
 			hole = size;
 		if (data >= size)
 			break;
-		if (spaced_copy_range(in, out, data, hole - data) < 0)
+		if (spaced_copy_range(in, out, data, hole - data, pace) < 0)
 			goto out;
 		pos = hole;
 	}
@@ -121,17 +122,19 @@ static int finish(const char *src, const char *dst, const struct stat *st, const
 	return 0;
 }
 
-/* Regular files with more than one link seen so far: (dev, ino) -> first copy. */
-struct links {
+/* A tree's copy: the regular files with more than one link seen so far,
+ * (dev, ino) -> first copy; the pacer of its writes. */
+struct copying {
 	struct link_ent {
 		dev_t dev;
 		ino_t ino;
 		char *dst;
 	} *v;
 	size_t n, cap;
+	struct spaced_pace pace;
 };
 
-static const char *links_find(const struct links *lk, const struct stat *st)
+static const char *links_find(const struct copying *lk, const struct stat *st)
 {
 	for (size_t i = 0; i < lk->n; i++)
 		if (lk->v[i].dev == st->st_dev && lk->v[i].ino == st->st_ino)
@@ -139,7 +142,7 @@ static const char *links_find(const struct links *lk, const struct stat *st)
 	return NULL;
 }
 
-static int links_add(struct links *lk, const struct stat *st, const char *dst)
+static int links_add(struct copying *lk, const struct stat *st, const char *dst)
 {
 	if (lk->n == lk->cap) {
 		size_t cap = lk->cap ? lk->cap * 2 : 16;
@@ -159,7 +162,7 @@ static int links_add(struct links *lk, const struct stat *st, const char *dst)
 	return 0;
 }
 
-static void links_free(struct links *lk)
+static void links_free(struct copying *lk)
 {
 	for (size_t i = 0; i < lk->n; i++)
 		free(lk->v[i].dst);
@@ -169,7 +172,7 @@ static void links_free(struct links *lk)
 /* depth: of src below the tree's top; past SPACED_TREEHASH_DEPTH (what a
  * snapshot or a template may hold) the copy is refused, so a tenant's deep
  * directories cannot take the copying process's stack */
-static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk,
+static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct copying *lk,
                     const struct spaced_idshift *sh, unsigned depth, char *why, size_t whysz)
 {
 	struct stat st;
@@ -228,7 +231,7 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 			}
 			return 0;
 		}
-		if (copy_data(src, dst, &st) < 0) {
+		if (copy_data(src, dst, &st, &lk->pace) < 0) {
 			spaced_why(why, whysz, "copy %s: %s", src, strerror(errno));
 			return SPACED_ESYS;
 		}
@@ -262,19 +265,22 @@ static int copy_rec(char *src, size_t sl, char *dst, size_t dl, struct links *lk
 	return 0;
 }
 
-int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift,
+int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift, uint64_t rate,
                          char *why, size_t whysz)
 {
 	char s[PATH_MAX], d[PATH_MAX];
 	size_t sl = strlen(src), dl = strlen(dst);
-	struct links lk = { NULL, 0, 0 };
+	struct copying lk = { NULL, 0, 0, { 0 } };
 	int r;
 
 	if (sl >= PATH_MAX || dl >= PATH_MAX)
 		return SPACED_ETOOBIG;
 	memcpy(s, src, sl + 1);
 	memcpy(d, dst, dl + 1);
+	/* its pages stay cached: a snapshot's copy is hashed and packed next */
+	spaced_pace_init(&lk.pace, rate, false);
 	r = copy_rec(s, sl, d, dl, &lk, shift, 0, why, whysz);
+	spaced_pace_end(&lk.pace);
 	links_free(&lk);
 	return r;
 }

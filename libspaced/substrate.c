@@ -68,6 +68,8 @@ struct spaced_sub {
 	                      * execution's own mount namespace */
 	int ldir_fd;         /* with a disk: the child's O_PATH descriptor of it */
 	dev_t disk_rdev;     /* with a disk: its device number */
+	uint64_t disk_bps;   /* the execution's disk I/O bound, 0 for none: its
+	                      * snapshot's copy is paced to it too */
 	uint32_t uid_base;
 	char base[PATH_MAX]; /* "" when on the host's directories */
 	bool templ;          /* base is a template: mapped by an idmapped mount */
@@ -337,6 +339,7 @@ struct child_args {
 	const char *identity_text; /* NULL: sent later */
 	bool service_ports;
 	uint32_t uid_base;
+	uint64_t disk_bps;         /* the restore's pace (bytes per second, 0: none) */
 	int ctl;                   /* child end of the control socket */
 	int sync;                  /* child end of the setup socket */
 	int log_fd;
@@ -495,7 +498,7 @@ static __attribute__((noreturn)) void child_main(const struct child_args *a)
 
 		if (pathf(p, "%s/upper", a->restore_from) < 0 || pathf(opts, "%s/upper", a->ldir) < 0)
 			child_fail(sync, "restore path");
-		if (spaced_sub_copy_tree(p, opts, &sh, why, sizeof(why)) < 0)
+		if (spaced_sub_copy_tree(p, opts, &sh, a->disk_bps, why, sizeof(why)) < 0)
 			child_fail_msg(sync, why);
 	}
 	if (prepare_dirs(a->state, a->ldir, a->layers, a->nlayers, a->uid_base, a->template_dir != NULL, why,
@@ -794,6 +797,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	s->ldir_fd = -1;
 	s->init = SPACED_PIDREF_NULL;
 	s->uid_base = cfg->uid_base;
+	s->disk_bps = cfg->disk_bps;
 	if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
 		spaced_why(why, whysz, "mkdir %s: %s", cfg->state_dir, strerror(errno));
 		r = SPACED_ESYS;
@@ -920,6 +924,7 @@ int spaced_sub_create(const struct spaced_sub_config *cfg, struct spaced_sub **o
 	ca.ldir = s->ldir;
 	ca.disk_dev = disk_dev[0] ? disk_dev : NULL;
 	ca.restore_from = cfg->restore_from;
+	ca.disk_bps = cfg->disk_bps;
 	ca.template_dir = s->templ ? s->base : NULL;
 	ca.tmpl_ns = tmpl_ns;
 	ca.layers = layers;
@@ -1284,7 +1289,7 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	{
 		struct spaced_idshift sh = { s->uid_base, SPACED_SUB_SNAP_UID_BASE, SPACED_SUB_UID_RANGE };
 
-		r = spaced_sub_copy_tree(src, dst, s->uid_base != 0 ? &sh : NULL, why, whysz);
+		r = spaced_sub_copy_tree(src, dst, s->uid_base != 0 ? &sh : NULL, s->disk_bps, why, whysz);
 	}
 	if (r < 0)
 		return r;

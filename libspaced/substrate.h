@@ -230,9 +230,11 @@ struct spaced_idshift {
 };
 
 /* Copies a directory tree as the snapshot does (dst must not exist), with
- * owners translated by shift (NULL: as they are). Directories deeper than
- * SPACED_TREEHASH_DEPTH are refused (SPACED_ETOOBIG, why names where). */
-int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift,
+ * owners translated by shift (NULL: as they are), its writes paced at rate
+ * bytes per second at most (0: no ceiling) and written behind (pace.h).
+ * Directories deeper than SPACED_TREEHASH_DEPTH are refused (SPACED_ETOOBIG,
+ * why names where). */
+int spaced_sub_copy_tree(const char *src, const char *dst, const struct spaced_idshift *shift, uint64_t rate,
                          char *why, size_t whysz);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "spaced_error.h"
 #include "frame.h"
+#include "pace.h"
 
 void spaced_buf_init(struct spaced_buf *b, size_t max)
 {
@@ -424,20 +425,22 @@ void spaced_session_nice(pid_t pid, int nice)
 	close(fd);
 }
 
-int spaced_copy_range(int in, int out, off_t off, off_t len)
+int spaced_copy_range(int in, int out, off_t off, off_t len, struct spaced_pace *pace)
 {
 	off_t ioff = off, ooff = off;
 	bool plain = false; /* copy_file_range refused these two files */
 	while (len > 0) {
 		ssize_t n = -1;
+		off_t at = ooff;
+		size_t step = pace && len > (off_t)SPACED_PACE_CHUNK ? SPACED_PACE_CHUNK : (size_t)len;
 		if (!plain) {
-			n = copy_file_range(in, &ioff, out, &ooff, (size_t)len, 0);
+			n = copy_file_range(in, &ioff, out, &ooff, step, 0);
 			if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
 				plain = true;
 		}
 		if (plain) {
 			char buf[65536];
-			n = pread(in, buf, len < (off_t)sizeof buf ? (size_t)len : sizeof buf, ioff);
+			n = pread(in, buf, step < sizeof buf ? step : sizeof buf, ioff);
 			if (n > 0 && spaced_io_pwrite_full(out, buf, (size_t)n, (uint64_t)ooff) < 0)
 				return SPACED_ESYS;
 			if (n > 0) {
@@ -451,6 +454,7 @@ int spaced_copy_range(int in, int out, off_t off, off_t len)
 			return SPACED_ESYS;
 		if (n == 0)
 			break; /* in ends here */
+		spaced_pace_wrote(pace, out, at, (uint64_t)n);
 		len -= n;
 	}
 	return 0;

@@ -128,8 +128,10 @@ void spaced_file_prepare(const char *tmp, unsigned mode);
 /* Copies [off, off + len) of in to the same offsets of out: copy_file_range
  * (reflinks or in-kernel copies where the filesystem has them), read and
  * write where it cannot serve these two files (another filesystem: EXDEV).
- * 0, or SPACED_ESYS with errno set. Stops early, with 0, where in ends. */
-int spaced_copy_range(int in, int out, off_t off, off_t len);
+ * 0, or SPACED_ESYS with errno set. Stops early, with 0, where in ends.
+ * Copied a few MiB at a time through pace (pace.h; NULL: none). */
+struct spaced_pace;
+int spaced_copy_range(int in, int out, off_t off, off_t len, struct spaced_pace *pace);
 
 /* Sets the nice value of pid's session as the scheduler sees it: its
  * autogroup (/proc/PID/autogroup). With autogroups on, the kernel weighs

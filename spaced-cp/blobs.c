@@ -46,6 +46,7 @@
 
 #include "cp.h"
 #include "log.h"
+#include "pace.h"
 #include "spaced_error.h"
 #include "frame.h"
 #include "httpsrv.h"
@@ -72,6 +73,7 @@ struct bconn {
 	int status;
 	json_t *answer;
 	struct spaced_buf body; /* B_FROM: the small JSON request */
+	struct spaced_pace pace; /* an upload's writes, written behind (pace.h) */
 };
 
 static struct {
@@ -135,6 +137,7 @@ static void bconn_free(struct bconn *b)
 {
 	if (b->tenant_held)
 		tenant_release(b->tenant);
+	spaced_pace_end(&b->pace);
 	if (b->fd >= 0)
 		close(b->fd);
 	if (b->tmp[0])
@@ -294,6 +297,10 @@ static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 		reply_err(c, 507, "store", "the store cannot hold it");
 		return;
 	}
+	/* written behind: a gigabyte upload never sits dirty in the page cache
+	 * for the control plane's commits and the sandboxes' disks to wait
+	 * behind (its final fsync held this loop for seconds) */
+	spaced_pace_wrote(&b->pace, b->fd, (off_t)b->got, n);
 	b->got += n;
 }
 
@@ -302,6 +309,7 @@ static void on_body_end(struct spaced_httpconn *c)
 	struct bconn *b = spaced_httpconn_user(c);
 	if (!b || b->failed)
 		return;
+	spaced_pace_end(&b->pace);
 	if (b->kind == B_SNAPSHOT_PUT) {
 		if (fsync(b->fd) < 0) {
 			reply_err(c, 507, "store", strerror(errno));
@@ -381,6 +389,7 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		return;
 	}
 	b->fd = -1;
+	spaced_pace_init(&b->pace, 0, false);
 	b->c = c;
 	spaced_httpconn_set_user(c, b);
 	snprintf(path, sizeof path, "%s", req->target);

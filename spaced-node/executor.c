@@ -401,13 +401,78 @@ static void evict_templates(const struct mgr_config *cfg, const char *current, j
 	tmpl_evict(cfg, cfg->tmpl_cache_max, k, n);
 }
 
-/* A snapshot uploaded to the control plane's store: taken here, hashed,
- * packed into one archive (holes and whiteouts kept) and sent to url; the
- * local copies go. The ack carries the hash the destination checks. */
+/* The process that packs a snapshot into the upload's pipe. */
+struct packer_proc {
+	pid_t pid;
+	int why_fd; /* its reason, when it fails */
+};
+
+/* The packer's verdict, once its archive ended (fetch_upload_stream). */
+static int packer_ended(void *arg, char *why, size_t whysz)
+{
+	struct packer_proc *p = arg;
+	int st = 0;
+	while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR)
+		;
+	p->pid = -1;
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+		return 0;
+	ssize_t n = read(p->why_fd, why, whysz - 1);
+	if (n > 0)
+		why[n] = 0;
+	else
+		spaced_why(why, whysz, "packing the snapshot failed");
+	return WIFEXITED(st) && WEXITSTATUS(st) < 64 ? -(int)WEXITSTATUS(st) : SPACED_EIO;
+}
+
+/* Packs local into an archive (holes and whiteouts kept) streamed to url:
+ * nothing of it is written to the worker's disk, and it comes at the
+ * execution's disk bound at most. */
+static int pack_and_upload(const struct mgr_config *cfg, const char *local, const char *url, char *why,
+                           size_t whysz)
+{
+	int data[2], reason[2];
+	if (pipe2(data, O_CLOEXEC) < 0)
+		return SPACED_ESYS;
+	if (pipe2(reason, O_CLOEXEC | O_NONBLOCK) < 0) {
+		close(data[0]);
+		close(data[1]);
+		return SPACED_ESYS;
+	}
+	struct packer_proc pk = {.pid = fork(), .why_fd = reason[0]};
+	if (pk.pid == 0) {
+		char w[512] = "";
+		signal(SIGPIPE, SIG_IGN); /* an upload cut short: EPIPE, then exit */
+		close(data[0]);
+		int e = spaced_rootfs_pack_fd(local, data[1], cfg->disk_bps, w, sizeof w);
+		if (e < 0)
+			(void)!write(reason[1], w, strlen(w));
+		_exit(e < 0 ? (-e < 64 ? -e : 63) : 0);
+	}
+	close(data[1]);
+	close(reason[1]);
+	int e = SPACED_ESYS;
+	if (pk.pid > 0)
+		e = fetch_upload_stream(cfg, url, data[0], packer_ended, &pk, why, whysz);
+	close(data[0]);
+	if (pk.pid > 0) {
+		/* the upload ended first (refused, cut): the packer goes too */
+		kill(pk.pid, SIGKILL);
+		while (waitpid(pk.pid, NULL, 0) < 0 && errno == EINTR)
+			;
+	}
+	close(reason[0]);
+	return e;
+}
+
+/* A snapshot uploaded to the control plane's store: taken here (copied out
+ * of the execution, written behind at its disk bound), hashed, packed and
+ * sent to url in one stream; the local copy goes. The ack carries the hash
+ * the destination checks. */
 static int snapshot_to_store(const struct mgr_config *cfg, struct mgr_rec *rec, const char *url, json_t **result,
                              char *why, size_t whysz)
 {
-	char dir[4200], local[4400], tarp[4500], hex[MGR_HASH_HEX], rnd[17];
+	char dir[4200], local[4400], hex[MGR_HASH_HEX], rnd[17];
 	uint64_t bytes = 0, r64;
 	int e;
 	randombytes_buf(&r64, sizeof r64);
@@ -418,14 +483,13 @@ static int snapshot_to_store(const struct mgr_config *cfg, struct mgr_rec *rec, 
 		return SPACED_ESYS;
 	}
 	snprintf(local, sizeof local, "%s/%s-%s", dir, rec->r.id.sandbox, rnd);
-	snprintf(tarp, sizeof tarp, "%s.tar", local);
 	if ((e = mgr_exec_snapshot(cfg, rec, local, &bytes)) < 0)
 		snprintf(why, whysz, "snapshot failed: %s", spaced_strerror(e));
 	else if ((e = mgr_snapshot_hash(local, hex, &bytes)) < 0)
 		snprintf(why, whysz, "cannot hash the snapshot: %s", spaced_strerror(e));
-	else if ((e = spaced_rootfs_pack_dir(local, tarp, why, whysz)) == 0)
-		e = fetch_upload(cfg, url, tarp, why, whysz);
-	const char *rm[] = {"rm", "-rf", "--", local, tarp, NULL};
+	else
+		e = pack_and_upload(cfg, local, url, why, whysz);
+	const char *rm[] = {"rm", "-rf", "--", local, NULL};
 	mgr_run_wait(rm);
 	if (e < 0)
 		return e;

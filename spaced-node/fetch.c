@@ -21,6 +21,7 @@
 
 #include "spaced_error.h"
 #include "frame.h"
+#include "pace.h"
 #include "node.h"
 #include "util.h"
 
@@ -51,6 +52,8 @@ struct sink {
 	uint64_t written, max;
 	bool restart; /* the server ignored the range: start over */
 	bool over;
+	struct spaced_pace pace; /* written behind: a blob of gigabytes never sits
+	                          * dirty for the sandboxes' disks to wait behind */
 };
 
 static size_t on_data(char *p, size_t sz, size_t n, void *arg)
@@ -63,6 +66,7 @@ static size_t on_data(char *p, size_t sz, size_t n, void *arg)
 	}
 	if (spaced_io_write_full(s->fd, p, len) < 0)
 		return 0;
+	spaced_pace_wrote(&s->pace, s->fd, (off_t)s->written, len);
 	s->written += len;
 	return len;
 }
@@ -119,6 +123,7 @@ int fetch_blob(const struct mgr_config *cfg, const char *url, const char *dst, u
 		if (lseek(fd, 0, SEEK_END) < 0)
 			break;
 		struct sink s = {.fd = fd, .written = have, .max = max};
+		spaced_pace_init(&s.pace, 0, false);
 		CURL *h = easy(cfg, url, hd);
 		if (!h)
 			break;
@@ -127,6 +132,7 @@ int fetch_blob(const struct mgr_config *cfg, const char *url, const char *dst, u
 		if (have > 0)
 			curl_easy_setopt(h, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)have);
 		CURLcode cc = curl_easy_perform(h);
+		spaced_pace_end(&s.pace);
 		long status = 0;
 		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
 		curl_easy_cleanup(h);
@@ -175,7 +181,39 @@ static size_t discard(char *p, size_t sz, size_t n, void *arg)
 	return sz * n;
 }
 
-int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src, char *why, size_t whysz)
+/* The upload's body: what the producer writes into the pipe, then its verdict. */
+struct source {
+	int fd;
+	int (*ended)(void *arg, char *why, size_t whysz);
+	void *arg;
+	int status;
+	char *why;
+	size_t whysz;
+};
+
+static size_t on_read(char *buf, size_t sz, size_t n, void *arg)
+{
+	struct source *s = arg;
+	for (;;) {
+		ssize_t got = read(s->fd, buf, sz * n);
+		if (got > 0)
+			return (size_t)got;
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			s->status = SPACED_EIO;
+			spaced_why(s->why, s->whysz, "reading the archive: %s", strerror(errno));
+			return CURL_READFUNC_ABORT;
+		}
+		/* its end: a producer that failed makes the transfer fail, so the
+		 * store never takes a cut archive as a whole one */
+		s->status = s->ended(s->arg, s->why, s->whysz);
+		return s->status < 0 ? CURL_READFUNC_ABORT : 0;
+	}
+}
+
+int fetch_upload_stream(const struct mgr_config *cfg, const char *url, int fd,
+                        int (*ended)(void *arg, char *why, size_t whysz), void *arg, char *why, size_t whysz)
 {
 	char auth[KEY_MAX + 32];
 	int r = auth_header(cfg->state_dir, auth, sizeof auth);
@@ -187,16 +225,10 @@ int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src,
 		spaced_why(why, whysz, "not an http(s) URL: %.200s", url);
 		return SPACED_EINVAL;
 	}
-	FILE *f = fopen(src, "rb");
-	struct stat sb;
-	if (!f || fstat(fileno(f), &sb) < 0) {
-		if (f)
-			fclose(f);
-		spaced_why(why, whysz, "%s: %s", src, strerror(errno));
-		return SPACED_EIO;
-	}
+	struct source src = {.fd = fd, .ended = ended, .arg = arg, .why = why, .whysz = whysz};
 	struct curl_slist *hd = curl_slist_append(NULL, auth);
 	hd = curl_slist_append(hd, "Content-Type: application/octet-stream");
+	hd = curl_slist_append(hd, "Transfer-Encoding: chunked");
 	hd = curl_slist_append(hd, "Expect:");
 	struct spaced_buf ans;
 	spaced_buf_init(&ans, 64 * 1024);
@@ -204,14 +236,16 @@ int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src,
 	r = SPACED_EIO;
 	if (h) {
 		curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-		curl_easy_setopt(h, CURLOPT_READDATA, f);
-		curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)sb.st_size);
+		curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+		curl_easy_setopt(h, CURLOPT_READDATA, &src);
 		curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard);
 		curl_easy_setopt(h, CURLOPT_WRITEDATA, &ans);
 		CURLcode cc = curl_easy_perform(h);
 		long status = 0;
 		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-		if (cc == CURLE_OK && status == 201)
+		if (src.status < 0)
+			r = src.status; /* why: the producer's */
+		else if (cc == CURLE_OK && status == 201)
 			r = 0;
 		else
 			spaced_why(why, whysz, "upload to %.200s: %s (HTTP %ld)", url, curl_easy_strerror(cc), status);
@@ -219,6 +253,5 @@ int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src,
 	}
 	spaced_buf_free(&ans);
 	curl_slist_free_all(hd);
-	fclose(f);
 	return r;
 }

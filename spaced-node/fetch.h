@@ -22,9 +22,13 @@ struct mgr_config;
 int fetch_blob(const struct mgr_config *cfg, const char *url, const char *dst, uint64_t max, char *why,
                size_t whysz);
 
-/* PUTs the file src to url (201 expected), as fetch_blob connects. 0 or
- * SPACED_EIO, SPACED_EINVAL. */
-int fetch_upload(const struct mgr_config *cfg, const char *url, const char *src, char *why, size_t whysz);
+/* PUTs what comes out of fd (a pipe) to url, chunked (201 expected), as
+ * fetch_blob connects. At fd's end, ended(arg, why, whysz) says whether
+ * its producer finished (0) or failed (< 0, why set): then the transfer is
+ * cut before its last chunk and that error returned, so the store takes
+ * nothing. 0 or SPACED_EIO, SPACED_EINVAL, ended's error. */
+int fetch_upload_stream(const struct mgr_config *cfg, const char *url, int fd,
+                        int (*ended)(void *arg, char *why, size_t whysz), void *arg, char *why, size_t whysz);
 
 /* ---- tmpl_cache.c ---- */
 

@@ -731,7 +731,7 @@ static char *guest_sealed(const char *guest, const char *state)
 	    (unlink(tmp) < 0 && errno != ENOENT) || (fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0500)) < 0)
 		goto fail;
 	struct stat copied;
-	if (spaced_copy_range(in, fd, 0, sb.st_size) < 0 || fstat(fd, &copied) < 0 || copied.st_size != sb.st_size)
+	if (spaced_copy_range(in, fd, 0, sb.st_size, NULL) < 0 || fstat(fd, &copied) < 0 || copied.st_size != sb.st_size)
 		goto fail;
 	if (fchown(fd, 0, 0) < 0 || fchmod(fd, 0511) < 0 || fsync(fd) < 0 || close(fd) < 0) {
 		fd = -1;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "spaced_error.h"
@@ -414,7 +415,7 @@ Test(rootfs, snapshot_pack_extract_keeps_hash_holes_whiteouts)
 	         snap, snap, snap, snap, snap, snap, snap, snap, snap, snap);
 	cr_assert_eq(system(cmd), 0);
 	cr_assert_eq(spaced_treehash_dir(snap, h1, NULL), 0);
-	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, 0, why, sizeof why), 0, "%s", why);
 	struct stat sb;
 	cr_assert_eq(stat(tarp, &sb), 0);
 	cr_assert_lt(sb.st_size, 1 << 20, "a 3 GiB sparse file packs small: %lld", (long long)sb.st_size);
@@ -432,6 +433,61 @@ Test(rootfs, snapshot_pack_extract_keeps_hash_holes_whiteouts)
 	char ext2[300];
 	snprintf(ext2, sizeof ext2, "%s/stage2", dir);
 	cr_assert_lt(spaced_rootfs_extract(tarp, ext2, SPACED_ROOTFS_X_TEMPLATE, NULL, why, sizeof why), 0);
+}
+
+/* A snapshot packed into a pipe (what the worker streams to the store, no
+ * archive on its disk) is byte for byte the archive packed into a file; a
+ * snapshot past the size bound fails before writing anything into it. */
+Test(rootfs, snapshot_pack_into_a_pipe_is_the_same_archive)
+{
+	char snap[300], tarp[300], cmd[4000], why[512] = "";
+	snprintf(snap, sizeof snap, "%s/snap", dir);
+	snprintf(tarp, sizeof tarp, "%s/snap.tar", dir);
+	snprintf(cmd, sizeof cmd,
+	         "mkdir -p %s/upper/root/w && echo identity=x >%s/meta && head -c 3000000 /dev/urandom >%s/upper/root/w/a && "
+	         "ln %s/upper/root/w/a %s/upper/root/w/b && truncate -s 1G %s/upper/root/w/sparse && ln -s a %s/upper/root/w/l",
+	         snap, snap, snap, snap, snap, snap, snap);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, 0, why, sizeof why), 0, "%s", why);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[0]);
+		_exit(spaced_rootfs_pack_fd(snap, p[1], 64u << 20, why, sizeof why) == 0 ? 0 : 1);
+	}
+	close(p[1]);
+	size_t cap = 8u << 20, len = 0;
+	uint8_t *got = malloc(cap);
+	cr_assert(got);
+	ssize_t n;
+	while ((n = read(p[0], got + len, cap - len)) > 0)
+		len += (size_t)n;
+	close(p[0]);
+	int st = 0;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the packer succeeded");
+	struct stat sb;
+	cr_assert_eq(stat(tarp, &sb), 0);
+	cr_assert_eq((off_t)len, sb.st_size, "%zu bytes through the pipe, %lld in the file", len, (long long)sb.st_size);
+	uint8_t *want = malloc(len);
+	int fd = open(tarp, O_RDONLY);
+	cr_assert(want && fd >= 0);
+	cr_assert_eq(read(fd, want, len), (ssize_t)len);
+	close(fd);
+	cr_expect(memcmp(got, want, len) == 0, "the same archive");
+	free(got);
+	free(want);
+	/* 9 GiB of sizes (sparse): refused before the stream gets a byte */
+	snprintf(cmd, sizeof cmd, "truncate -s 9G %s/upper/root/w/huge", snap);
+	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(pipe(p), 0);
+	cr_expect_eq(spaced_rootfs_pack_fd(snap, p[1], 0, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+	close(p[1]);
+	uint8_t c;
+	cr_expect_eq(read(p[0], &c, 1), 0, "nothing written");
+	close(p[0]);
 }
 
 Test(rootfs, upper_layer_merges_onto_template)
@@ -465,7 +521,7 @@ Test(rootfs, upper_layer_merges_onto_template)
 	         snap, snap, snap, snap, snap, snap, snap, snap, snap, snap, snap, snap);
 	cr_assert_eq(system(cmd), 0);
 	snprintf(snaptar, sizeof snaptar, "%s/snap.tar", dir);
-	cr_assert_eq(spaced_rootfs_pack_dir(snap, snaptar, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, snaptar, 0, why, sizeof why), 0, "%s", why);
 	cr_assert_eq(spaced_rootfs_new(NULL, dir, &t, why, sizeof why), 0);
 	cr_assert_eq(spaced_rootfs_add_archive(t, canon, SPACED_ROOTFS_TEMPLATE, why, sizeof why), 0, "%s", why);
 	cr_assert_eq(spaced_rootfs_add_archive(t, snaptar, SPACED_ROOTFS_UPPER, why, sizeof why), 0, "%s", why);
@@ -505,7 +561,7 @@ Test(rootfs, a_file_of_holes_only_stays_small)
 	cr_expect_lt(sb.st_blocks * 512, 1 << 20, "and extracted as a hole");
 	snprintf(snap, sizeof snap, "%s/snap", dir);
 	snprintf(tarp, sizeof tarp, "%s/snap.tar", dir);
-	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, 0, why, sizeof why), 0, "%s", why);
 	cr_assert_eq(stat(tarp, &sb), 0);
 	cr_expect_lt(sb.st_size, 1 << 20, "a snapshot of a 1 GiB hole: %lld bytes", (long long)sb.st_size);
 }
@@ -527,7 +583,7 @@ Test(rootfs, a_snapshot_past_what_a_restore_takes_is_refused)
 	cr_assert_eq(system(cmd), 0);
 	snprintf(snap, sizeof snap, "%s/snap", dir);
 	snprintf(tarp, sizeof tarp, "%s/snap.tar", dir);
-	cr_expect_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), SPACED_ETOOBIG, "%s", why);
+	cr_expect_eq(spaced_rootfs_pack_dir(snap, tarp, 0, why, sizeof why), SPACED_ETOOBIG, "%s", why);
 	cr_expect(strstr(why, "huge") != NULL, "the refusal names the file: %s", why);
 	/* 300 hard links of a 1 MiB file */
 	snprintf(cmd, sizeof cmd,
@@ -536,7 +592,7 @@ Test(rootfs, a_snapshot_past_what_a_restore_takes_is_refused)
 	         "snap/upper/root/l$i; done",
 	         dir);
 	cr_assert_eq(system(cmd), 0);
-	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, 0, why, sizeof why), 0, "%s", why);
 	struct stat sb, sl;
 	cr_assert_eq(stat(tarp, &sb), 0);
 	cr_expect_lt(sb.st_size, 2 << 20, "300 names of a 1 MiB file: %lld bytes of archive", (long long)sb.st_size);
@@ -781,7 +837,7 @@ Test(rootfs, snapshot_keeps_names_that_are_not_utf8)
 	         snap, snap, snap);
 	cr_assert_eq(system(cmd), 0);
 	cr_assert_eq(spaced_treehash_dir(snap, h1, NULL), 0);
-	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, why, sizeof why), 0, "%s", why);
+	cr_assert_eq(spaced_rootfs_pack_dir(snap, tarp, 0, why, sizeof why), 0, "%s", why);
 	cr_assert_eq(spaced_rootfs_extract(tarp, ext, SPACED_ROOTFS_X_SNAPSHOT, NULL, why, sizeof why), 0, "%s", why);
 	cr_assert_eq(spaced_treehash_dir(ext, h2, NULL), 0);
 	cr_assert_str_eq(h1, h2, "the extracted snapshot hashes as the original");

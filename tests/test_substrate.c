@@ -1135,13 +1135,13 @@ Test(copy_tree, directories_deeper_than_a_snapshot_holds_are_refused_not_a_crash
 	snprintf(src, sizeof src, "%s/deep", top);
 	deep_tree(src, 2040);
 	snprintf(dst, sizeof dst, "%s/copy", top);
-	cr_expect_eq(spaced_sub_copy_tree(src, dst, NULL, why, sizeof why), SPACED_ETOOBIG);
+	cr_expect_eq(spaced_sub_copy_tree(src, dst, NULL, 0, why, sizeof why), SPACED_ETOOBIG);
 	cr_expect_not_null(strstr(why, "deeper than"), "%s", why);
 	/* one within the bound is copied whole */
 	snprintf(src, sizeof src, "%s/ok", top);
 	deep_tree(src, SPACED_TREEHASH_DEPTH - 1);
 	snprintf(dst, sizeof dst, "%s/okcopy", top);
-	cr_expect_eq(spaced_sub_copy_tree(src, dst, NULL, why, sizeof why), 0, "%s", why);
+	cr_expect_eq(spaced_sub_copy_tree(src, dst, NULL, 0, why, sizeof why), 0, "%s", why);
 	struct stat st;
 	char leaf[2 * SPACED_TREEHASH_DEPTH + 64];
 	int n = snprintf(leaf, sizeof leaf, "%s", dst);

@@ -15,6 +15,8 @@
 
 #include "spaced_error.h"
 #include "util.h"
+#include "frame.h"
+#include "pace.h"
 
 static char dir[64], path[128], tmp[128];
 
@@ -105,7 +107,7 @@ static void copy_check(const char *dst_dir)
 	snprintf(dst, sizeof dst, "%s/copy-XXXXXX", dst_dir);
 	int out = mkstemp(dst);
 	cr_assert_geq(out, 0);
-	cr_assert_eq(spaced_copy_range(in, out, 1000, 250000), 0);
+	cr_assert_eq(spaced_copy_range(in, out, 1000, 250000, NULL), 0);
 	struct stat sb;
 	cr_assert_eq(fstat(out, &sb), 0);
 	cr_assert_eq(sb.st_size, 251000, "written at the same offsets: %lld", (long long)sb.st_size);
@@ -115,7 +117,7 @@ static void copy_check(const char *dst_dir)
 		cr_assert_eq(back[i], 0, "nothing before the range");
 	cr_assert(memcmp(back + 1000, data + 1000, 250000) == 0, "the range's bytes");
 	/* past the source's end: what there is, then 0 */
-	cr_assert_eq(spaced_copy_range(in, out, 290000, 50000), 0);
+	cr_assert_eq(spaced_copy_range(in, out, 290000, 50000, NULL), 0);
 	cr_assert_eq(fstat(out, &sb), 0);
 	cr_assert_eq(sb.st_size, 300000, "stops where the source ends: %lld", (long long)sb.st_size);
 	close(in);
@@ -126,6 +128,56 @@ static void copy_check(const char *dst_dir)
 Test(copy_range, same_filesystem, .init = setup, .fini = teardown)
 {
 	copy_check(dir);
+}
+
+/* A paced copy (pace.h) is the same copy, written behind in chunks, and
+ * holds its rate: 12 MiB at 24 MiB/s cannot end in less than about half a
+ * second (a bound below, which a slow machine only exceeds further). */
+Test(copy_range, paced, .init = setup, .fini = teardown)
+{
+	size_t size = 12u << 20;
+	char *data = malloc(size), *back = malloc(size);
+	cr_assert(data && back);
+	for (size_t i = 0; i < size; i++)
+		data[i] = (char)(i * 13 + i / 4099);
+	int in = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	cr_assert_geq(in, 0);
+	cr_assert_eq(spaced_io_write_full(in, data, size), 0);
+	char dst[160];
+	snprintf(dst, sizeof dst, "%s/paced-XXXXXX", dir);
+	int out = mkstemp(dst);
+	cr_assert_geq(out, 0);
+	struct spaced_pace pace;
+	spaced_pace_init(&pace, 24u << 20, true);
+	uint64_t t0 = spaced_mono_ns();
+	cr_assert_eq(spaced_copy_range(in, out, 0, (off_t)size, &pace), 0);
+	spaced_pace_end(&pace);
+	uint64_t took = spaced_mono_ns() - t0;
+	cr_expect_eq(pace.total, size, "every byte counted: %llu", (unsigned long long)pace.total);
+	cr_expect_eq(pace.n, 0u, "nothing left under writeback");
+	cr_expect_eq(pace.inflight, 0u);
+	cr_expect_geq(took, 400000000u, "12 MiB at 24 MiB/s took %.3f s", (double)took / 1e9);
+	cr_assert_eq(pread(out, back, size, 0), (ssize_t)size);
+	cr_expect(memcmp(back, data, size) == 0, "the same bytes");
+	/* written in pieces, no rate: all of it, every region waited for */
+	cr_assert_eq(ftruncate(out, 0), 0);
+	cr_assert_eq(lseek(out, 0, SEEK_SET), 0);
+	spaced_pace_init(&pace, 0, false);
+	for (size_t off = 0; off < size; off += 100000) {
+		size_t n = size - off < 100000 ? size - off : 100000;
+		cr_assert_eq(spaced_io_write_full(out, data + off, n), 0);
+		spaced_pace_wrote(&pace, out, (off_t)off, n);
+	}
+	spaced_pace_end(&pace);
+	cr_expect_eq(pace.total, size);
+	cr_expect_eq(pace.n, 0u);
+	cr_assert_eq(pread(out, back, size, 0), (ssize_t)size);
+	cr_expect(memcmp(back, data, size) == 0, "the same bytes");
+	close(in);
+	close(out);
+	unlink(dst);
+	free(data);
+	free(back);
 }
 
 Test(copy_range, onto_another_filesystem, .init = setup, .fini = teardown)
