@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <sodium.h>
 
 #include "http_client.h"
 #include "util.h"
@@ -154,8 +155,22 @@ static void cache_unlock(int fd)
 		close(fd); /* releases the flock */
 }
 
+/* What an entry names its caller by: a keyed BLAKE2b of the API key (not
+ * the key). An entry holds a live capability, so it serves only the key
+ * it was resolved with: one cache directory shared by several tenants' keys
+ * (a service running spacectl for several customers) must not hand one
+ * tenant the route another tenant's key was given. */
+static void cache_caller(const struct client_opts *o, char hex[33])
+{
+	static const unsigned char domain[crypto_generichash_KEYBYTES] = "spaced route cache, caller v1";
+	unsigned char h[16];
+	const char *k = o->api_key ? o->api_key : "";
+	crypto_generichash(h, sizeof h, (const unsigned char *)k, strlen(k), domain, sizeof domain);
+	sodium_bin2hex(hex, 33, h, sizeof h);
+}
+
 /* Reads the entry of sandbox (lock held). Returns 0 or -1 (none, other control
- * plane, unreadable). */
+ * plane or caller, unreadable). */
 static int cache_read(const struct client_opts *o, const char *sandbox, struct client_route *out)
 {
 	char p[4200], err[128];
@@ -167,9 +182,13 @@ static int cache_read(const struct client_opts *o, const char *sandbox, struct c
 		return -1;
 	int r = -1;
 	const char *cp = json_string_value(json_object_get(e, "cp_url"));
+	const char *caller = json_string_value(json_object_get(e, "caller"));
 	json_t *exp = json_object_get(e, "entry_expires_at");
 	struct client_route rt;
-	if (cp == NULL || o->cp_url == NULL || strcmp(cp, o->cp_url) != 0 || !json_is_integer(exp) ||
+	char mine[33];
+	cache_caller(o, mine);
+	if (cp == NULL || o->cp_url == NULL || strcmp(cp, o->cp_url) != 0 || !caller || strcmp(caller, mine) != 0 ||
+	    !json_is_integer(exp) ||
 	    route_from_json(json_object_get(e, "route"), &rt, err, sizeof err) < 0)
 		goto out;
 	rt.entry_expires_at = json_integer_value(exp);
@@ -188,8 +207,10 @@ static int cache_write(const struct client_opts *o, const char *sandbox, json_t 
 	if (client_cache_path(o, sandbox, p, sizeof p) < 0)
 		return -1;
 	snprintf(tmp, sizeof tmp, "%s.%ld.tmp", p, (long)getpid());
-	json_t *e = json_pack("{s:s,s:I,s:O}", "cp_url", o->cp_url, "entry_expires_at", (json_int_t)entry_expires_at,
-	                      "route", route);
+	char caller[33];
+	cache_caller(o, caller);
+	json_t *e = json_pack("{s:s,s:s,s:I,s:O}", "cp_url", o->cp_url, "caller", caller, "entry_expires_at",
+	                      (json_int_t)entry_expires_at, "route", route);
 	if (e == NULL)
 		return -1;
 	char *text = json_dumps(e, JSON_COMPACT);

@@ -137,6 +137,21 @@ expect "DENY through the cache: not retried" "$?:$(grep -c 'DENY bad-signature' 
 expect "DENY through the cache: the refused entry is dropped" "$(ls "$SPACED_ROUTE_CACHE"/"$X".json 2>/dev/null | wc -l)" 0
 expect "the next operation resolves a new route" "$("$SC" exec "$X" -- echo again)" "again"
 
+# ---- an entry serves only the API key it was resolved with ----
+# (one cache directory shared by several tenants' keys: before, another tenant's key ran
+# commands in this sandbox and read its files with the cached capability)
+OTHER=$("$CP" admin --state "$D/cp" create-tenant other-tenant 2>/dev/null)
+expect "a second tenant" "$([ -n "$OTHER" ] && echo yes)" "yes"
+"$SC" exec "$X" -- true
+expect "the entry names its caller, not the key" \
+	"$(jq -r '.caller | length' "$C"):$(grep -c "$SPACED_API_KEY" "$C")" "32:0"
+SPACED_API_KEY=$OTHER "$SC" exec "$X" -- sh -c 'echo ran' >"$W/o" 2>"$W/e"
+expect "another tenant's key with the cached entry: not found, nothing run" \
+	"$?:$(cat "$W/o"):$(grep -c 'not-found' "$W/e")" "1::1"
+SPACED_API_KEY=$OTHER "$SC" fs read "$X" $dir/seen-before.txt >"$W/o" 2>/dev/null
+expect "another tenant's key: nothing read" "$?:$(wc -c <"$W/o")" "1:0"
+expect "the owner's entry is still there and serves the owner" "$(ls "$C" | wc -l):$("$SC" exec "$X" -- echo mine)" "1:mine"
+
 # ---- the cache entry's own expiry (the caller's session) vs the capability's ----
 E0=$(jq .entry_expires_at "$C")
 soon=$(date -u -d "@$(($(date +%s) + 2))" +%Y-%m-%dT%H:%M:%SZ)
