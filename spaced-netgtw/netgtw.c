@@ -56,6 +56,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -100,6 +101,15 @@
 #define BUF_SZ (256 * 1024)
 #define HEAD_TIMEOUT_MS 10000
 #define MAX_CONNS 1024
+/* Connections from one address, and connections that have not sent a whole
+ * admitted request head yet: past the second, a new connection pushes out
+ * the oldest of those (a client trickling heads cannot hold the gateway). */
+#define MAX_CONNS_PER_ADDR 128
+#define MAX_HEAD_CONNS 256
+/* The relay buffers (BUF_SZ each way) of all admitted streams: the
+ * gateway runs outside its sandbox's memory limit, so what clients that
+ * never read can make it hold is bounded here (an open past it: 503). */
+#define RELAY_BUDGET (64u << 20)
 /* Each client connection's kernel buffers, both ways (the kernel holds up to
  * twice it): what a client does not read, or the guest does not take, waits
  * in the relay's own buffers (BUF_SZ), not in the host's TCP memory, which
@@ -128,6 +138,8 @@ struct conn {
 	bool tls_want_write;  /* TLS waits for the client's socket to take bytes */
 	enum cstate st;
 	uint64_t t0;
+	struct sockaddr_storage addr; /* the client's */
+	bool relay_held;              /* counted in G.relay_bytes */
 	uint8_t head[HEAD_MAX];
 	size_t hlen;
 	struct dir up, down; /* up: client -> guest, down: guest -> client */
@@ -172,6 +184,8 @@ static struct {
 	uint8_t cookie_key[crypto_auth_KEYBYTES];
 	struct conn *conns;
 	unsigned nconns;
+	uint64_t relay_bytes; /* of RELAY_BUDGET, held by admitted streams */
+	uint64_t n_budget;    /* opens refused at the budget, connections pushed out */
 	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
 	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
 	struct spaced_ratelimit *refusals; /* the lines about refusals, per caller */
@@ -433,6 +447,8 @@ static void conn_free(struct conn *c)
 	free(c->up.buf);
 	free(c->down.buf);
 	free(c->first);
+	if (c->relay_held)
+		G.relay_bytes -= 2u * BUF_SZ;
 	free(c);
 	G.nconns--;
 }
@@ -737,8 +753,18 @@ static int cookie_read(const char *v, size_t vl, struct spaced_cap *cap)
 	return 0;
 }
 
-/* The value of cookie name in a Cookie header, or NULL. */
-static const char *cookie_find(const char *hdr, const char *name, size_t *vl)
+/* The gateway's cookie. Over TLS a __Host- cookie: a browser takes it only
+ * with Secure, Path=/ and no Domain, so no other host — another sandbox's
+ * application under the same parent domain — can set one of that name
+ * for this gateway's host (cookie tossing). */
+static const char *cookie_name(void)
+{
+	return G.tls ? "__Host-" COOKIE_NAME : COOKIE_NAME;
+}
+
+/* The value of the first cookie name in a Cookie header at or after hdr, or
+ * NULL; *next is where to look for another. */
+static const char *cookie_find(const char *hdr, const char *name, size_t *vl, const char **next)
 {
 	size_t nl = strlen(name);
 	for (const char *p = hdr; p && *p;) {
@@ -748,6 +774,7 @@ static const char *cookie_find(const char *hdr, const char *name, size_t *vl)
 		size_t l = e ? (size_t)(e - p) : strlen(p);
 		if (l > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
 			*vl = l - nl - 1;
+			*next = p + l;
 			return p + nl + 1;
 		}
 		p = e;
@@ -1014,7 +1041,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 	bool named = host_names(host, &port, hsb, sizeof hsb);
 	/* the gateway's own counters, on its address itself (never on a sandbox port's name) */
 	if (!named && !auth && strcmp(req->method, "GET") == 0 && strcmp(req->target, "/metrics") == 0) {
-		char m[1024];
+		char m[2048];
 		int n = snprintf(m, sizeof m,
 		                 "# TYPE spaced_netgtw_opens_total counter\n"
 		                 "spaced_netgtw_opens_total{outcome=\"allow\"} %llu\n"
@@ -1023,10 +1050,13 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		                 "# TYPE spaced_netgtw_streams_kept_total counter\nspaced_netgtw_streams_kept_total %llu\n"
 		                 "# TYPE spaced_netgtw_guest_unreachable_total counter\nspaced_netgtw_guest_unreachable_total %llu\n"
 		                 "# TYPE spaced_netgtw_connections gauge\nspaced_netgtw_connections %u\n"
-		                 "# TYPE spaced_netgtw_audit_suppressed_total counter\nspaced_netgtw_audit_suppressed_total %llu\n",
+		                 "# TYPE spaced_netgtw_audit_suppressed_total counter\nspaced_netgtw_audit_suppressed_total %llu\n"
+		                 "# TYPE spaced_netgtw_budget_refusals_total counter\nspaced_netgtw_budget_refusals_total %llu\n"
+		                 "# TYPE spaced_netgtw_relay_bytes gauge\nspaced_netgtw_relay_bytes %llu\n",
 		                 (unsigned long long)G.n_allow, (unsigned long long)G.n_refuse, (unsigned long long)G.n_cut,
 		                 (unsigned long long)G.n_kept, (unsigned long long)G.n_guest_fail, G.nconns,
-		                 (unsigned long long)spaced_ratelimit_suppressed_total(G.refusals));
+		                 (unsigned long long)spaced_ratelimit_suppressed_total(G.refusals),
+		                 (unsigned long long)G.n_budget, (unsigned long long)G.relay_bytes);
 		char h[256];
 		int hn = snprintf(h, sizeof h,
 		                  "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n"
@@ -1067,9 +1097,13 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		else
 			have = true;
 	} else if (cookies) {
+		/* every cookie of the name (a browser sends those other hosts set
+		 * too): the first valid one counts, at most 16 tried */
 		size_t vl = 0;
-		const char *v = cookie_find(cookies, COOKIE_NAME, &vl);
-		int e = v ? cookie_read(v, vl, &cap) : SPACED_EFORMAT;
+		int e = SPACED_EFORMAT, tried = 0;
+		for (const char *at = cookies, *v; e != 0 && tried < 16 && (v = cookie_find(at, cookie_name(), &vl, &at));
+		     tried++)
+			e = cookie_read(v, vl, &cap);
 		if (e == 0)
 			have = true;
 		else
@@ -1145,18 +1179,30 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 			memcpy(loc, t, w);
 		}
 		loc[w] = '\0';
+		/* a path of this host only: "//host/…" or "/\\host/…" would send
+		 * the browser elsewhere (an open redirect) */
+		if (loc[0] != '/' || loc[1] == '/' || loc[1] == '\\')
+			snprintf(loc, sizeof loc, "/");
 		if (cookie_make(&G.rec.id, port, ck, sizeof ck) < 0) {
 			reply(c, 500, NULL, "{\"error\":\"cookie\"}");
 			return;
 		}
 		snprintf(hdr, sizeof hdr,
-		         "Location: %s\r\nSet-Cookie: " COOKIE_NAME "=%s; Path=/; Max-Age=%d; HttpOnly; SameSite=Lax\r\n"
+		         "Location: %s\r\nSet-Cookie: %s=%s; Path=/; Max-Age=%d; HttpOnly; SameSite=Lax%s\r\n"
 		         "X-Spaced-Identity: %s\r\n",
-		         loc, ck, COOKIE_LIFETIME, ident);
+		         loc, cookie_name(), ck, COOKIE_LIFETIME, G.tls ? "; Secure" : "", ident);
 		G.n_allow++;
 		reply(c, 302, hdr, "{\"outcome\":\"ALLOW\"}");
 		return;
 	}
+	if (G.relay_bytes + 2u * BUF_SZ > RELAY_BUDGET) {
+		G.n_budget++;
+		reply(c, 503, "Retry-After: 1\r\n",
+		      "{\"error\":\"busy\",\"message\":\"the gateway's streams are at their memory budget\"}");
+		return;
+	}
+	G.relay_bytes += 2u * BUF_SZ;
+	c->relay_held = true;
 	if (tcp) {
 		open_guest(c, port, true, c->head + hl, c->hlen - hl);
 		return;
@@ -1305,13 +1351,65 @@ static void on_relay(struct conn *c, bool guest_side, uint32_t ev)
 	set_ev(c);
 }
 
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	if (a->ss_family == AF_INET6)
+		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+		              sizeof(struct in6_addr)) == 0;
+	return true;
+}
+
+/* Room for a connection from addr. Past its address's share, or at the
+ * budget of connections without an admitted head (or of all connections),
+ * the oldest connection still sending its head — of that address, else of
+ * any — is closed for it; never an admitted stream. false when there is
+ * none to close. */
+static bool admit_conn(const struct sockaddr_storage *addr)
+{
+	unsigned from = 0, heads = 0;
+	struct conn *oldest = NULL, *oldest_here = NULL;
+	for (struct conn *c = G.conns; c; c = c->next) {
+		if (c->dead)
+			continue;
+		bool here = same_addr(&c->addr, addr);
+		from += here;
+		if (c->st == C_HEAD) {
+			heads++;
+			if (!oldest || c->t0 <= oldest->t0)
+				oldest = c;
+			if (here && (!oldest_here || c->t0 <= oldest_here->t0))
+				oldest_here = c;
+		}
+	}
+	struct conn *out = NULL;
+	if (from >= MAX_CONNS_PER_ADDR)
+		out = oldest_here;
+	else if (heads >= MAX_HEAD_CONNS || G.nconns >= MAX_CONNS)
+		out = oldest;
+	else
+		return true;
+	if (!out)
+		return false;
+	G.n_budget++;
+	conn_close(out);
+	return true;
+}
+
 static void on_accept(void)
 {
 	for (int i = 0; i < 64; i++) {
-		int fd = accept4(G.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct sockaddr_storage addr;
+		socklen_t alen = sizeof addr;
+		memset(&addr, 0, sizeof addr);
+		int fd = accept4(G.lfd, (struct sockaddr *)&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0)
 			return;
-		if (G.nconns >= MAX_CONNS) {
+		if (!admit_conn(&addr)) {
+			G.n_budget++;
 			close(fd);
 			continue;
 		}
@@ -1320,6 +1418,7 @@ static void on_accept(void)
 			close(fd);
 			continue;
 		}
+		c->addr = addr;
 		int sb = SOCK_BUF;
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sb, sizeof sb);
@@ -1413,6 +1512,11 @@ int main(int argc, char **argv)
 	           *vm_exe = NULL;
 	G.vmc = (struct spaced_vm_check)SPACED_VM_CHECK_INIT;
 	G.audit_fd = -1;
+	/* the relay buffers in mappings of their own, given back when a stream
+	 * ends: a gateway whose clients went away holds nothing for them (it
+	 * kept 557 MiB of a thousand streams' buffers until its execution ended) */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+	mallopt(M_TRIM_THRESHOLD, 1 << 20);
 	G.refusals = spaced_ratelimit_audit_deny(); /* NULL (out of memory): every line written */
 	G.guest_fail_log = spaced_ratelimit_new(1, 10, 1, 10, 8);
 	if (G.refusals)
