@@ -75,6 +75,7 @@ struct spaced_httpconn {
 	size_t queued;
 	size_t *account; /* counts queued too (spaced_httpconn_set_account) */
 	bool drain_armed;
+	bool head_held;        /* a request sent ahead waits: earlier answers are not written yet */
 	uint64_t wprogress_ns; /* output last moved (queued, written, the socket took some) */
 	size_t wq_seen;        /* the socket's unwritten bytes at the last tick */
 	/* WebSocket */
@@ -198,6 +199,18 @@ static void body_progress(struct spaced_httpconn *c, size_t used)
 
 /* ---- output ---- */
 
+/* A request sent ahead and held (head_held) is taken once the answers a
+ * pipelining client had not read are out. */
+static void held_check(struct spaced_httpconn *c)
+{
+	if (c->head_held && c->state == C_HEAD && c->queued + c->stage.len <= c->srv->cfg.low_water) {
+		c->head_held = false;
+		c->deadline_ns = spaced_mono_ns() + (uint64_t)c->srv->cfg.idle_timeout_ms * 1000000u;
+		conn_update_read(c);
+		conn_process(c);
+	}
+}
+
 /* Tells a producer that stopped at low_water (drain_armed) that what waits
  * — written, and staged — fell back to it. */
 static void drain_check(struct spaced_httpconn *c)
@@ -230,6 +243,7 @@ static void on_written(uv_write_t *w, int status)
 		return;
 	}
 	drain_check(c);
+	held_check(c);
 }
 
 /* Counts n more bytes handed to the socket's write queue. */
@@ -413,6 +427,8 @@ static void on_seal_check(uv_check_t *h)
 			/* all of it went at once: no write's callback will tell the producer */
 			if (c->state != C_CLOSED)
 				drain_check(c);
+			if (c->state != C_CLOSED)
+				held_check(c);
 		}
 		c = next;
 	}
@@ -869,8 +885,10 @@ static void conn_update_read(struct spaced_httpconn *c)
 {
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return;
-	/* while an answer goes on, bytes sent ahead wait (one head's worth at most) */
-	bool want = c->read_wanted && !(c->state == C_WAIT && c->rbuf.len >= c->srv->cfg.limits.head_max);
+	/* while an answer goes on, bytes sent ahead wait (one head's worth at most);
+	 * so do they while earlier answers wait to be written (head_held) */
+	bool want = c->read_wanted && !(c->state == C_WAIT && c->rbuf.len >= c->srv->cfg.limits.head_max) &&
+	            !(c->head_held && c->rbuf.len >= c->srv->cfg.limits.head_max);
 	if (c->ssl) {
 		/* and ciphertext not yet decrypted stays bounded; plaintext left
 		 * in ssl for want of room is pulled once there is room */
@@ -978,6 +996,14 @@ static void conn_process(struct spaced_httpconn *c)
 		if (c->state == C_HEAD) {
 			if (c->rbuf.len == 0)
 				break;
+			/* a client that pipelines requests and reads no answer: the next
+			 * is taken once what is queued for it is written (before, the
+			 * control plane kept answering into memory: 864 MiB in 36 s) */
+			if (c->queued + c->stage.len > s->cfg.low_water) {
+				c->head_held = true;
+				conn_update_read(c);
+				break;
+			}
 			if (!c->head_started) {
 				/* the whole head within head_timeout_ms of its first byte */
 				c->head_started = true;

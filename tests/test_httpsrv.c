@@ -49,6 +49,12 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		last_conn = c;
 		spaced_httpconn_set_account(c, &account_a);
 	}
+	if (strcmp(req->target, "/mid") == 0) {
+		static char mid[256u << 10];
+		memset(mid, 'm', sizeof mid);
+		spaced_httpconn_reply(c, 200, "text/plain", mid, sizeof mid, NULL);
+		return;
+	}
 	if (strcmp(req->target, "/big") == 0 || strcmp(req->target, "/acct") == 0) {
 		static char big[16u << 20];
 		memset(big, 'b', sizeof big);
@@ -419,6 +425,51 @@ Test(httpsrv, a_connections_queued_output_counts_in_its_account_moves_with_it_an
 	cr_expect_eq(spaced_httpsrv_queued(srv), 0);
 	cr_expect_eq(account_b, 0, "the closed connection's output left its account (%zu left)", account_b);
 	last_conn = NULL;
+	stop();
+}
+
+/* A client that sends 200 requests at once and reads none of the answers
+ * (256 KiB each): the server takes the next request only once what it
+ * queued for the connection is written, so it holds about one answer, not
+ * 50 MiB (the control plane reached 864 MiB that way); read, every answer
+ * comes, in order. */
+Test(httpsrv, a_pipelining_client_that_reads_nothing_gets_one_answer_queued_at_a_time, .timeout = 60)
+{
+	start(8, NULL);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), small = 4096;
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	static char reqs[200 * 40];
+	size_t rl = 0;
+	for (int i = 0; i < 200; i++)
+		rl += (size_t)snprintf(reqs + rl, sizeof reqs - rl, "GET /mid HTTP/1.1\r\nHost: x\r\n\r\n");
+	cr_assert_eq(send(fd, reqs, rl, 0), (ssize_t)rl);
+	step_for(500, -1);
+	size_t q = spaced_httpsrv_queued(srv);
+	struct spaced_httpsrv_stats st;
+	spaced_httpsrv_stats(srv, &st);
+	cr_expect(q <= (256u << 10) + (64u << 10) + 4096, "%zu bytes queued for a client that reads nothing", q);
+	cr_expect_lt(st.requests, 40, "%llu requests taken (what the kernel's buffers took, then one)",
+	             (unsigned long long)st.requests);
+	/* the client reads: every answer comes */
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	size_t total = 0, want = 200 * ((256u << 10) + 1);
+	static char buf[65536];
+	for (int i = 0; i < 20000 && total < want; i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		ssize_t n = recv(fd, buf, sizeof buf, 0);
+		if (n > 0)
+			total += (size_t)n;
+		else
+			usleep(200);
+	}
+	spaced_httpsrv_stats(srv, &st);
+	cr_expect_eq(st.requests, 200, "%llu requests answered", (unsigned long long)st.requests);
+	cr_expect_gt(total, 200 * (256u << 10), "%zu bytes read", total);
+	close(fd);
+	step_for(100, -1);
 	stop();
 }
 
