@@ -106,6 +106,12 @@ void spaced_pace_wrote(struct spaced_pace *p, int fd, off_t off, uint64_t len)
 	}
 }
 
+void spaced_pace_closing(struct spaced_pace *p, int fd)
+{
+	if (p && !p->stream && p->fd == fd)
+		start_current(p);
+}
+
 void spaced_pace_end(struct spaced_pace *p)
 {
 	if (!p)

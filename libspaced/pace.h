@@ -57,6 +57,12 @@ void spaced_pace_init_stream(struct spaced_pace *p, uint64_t rate);
  * and sleeps as the bounds require. A NULL p does nothing. */
 void spaced_pace_wrote(struct spaced_pace *p, int fd, off_t off, uint64_t len);
 
+/* fd is about to be closed: its last region's writeback starts now (the
+ * pacer keeps a duplicate of it while it waits). Call it before closing a
+ * file written through p, so that its descriptor's number, reused, is
+ * never taken for it. A NULL p does nothing. */
+void spaced_pace_closing(struct spaced_pace *p, int fd);
+
 /* Waits until everything written through p is on its way to the disk and
  * done; closes the duplicates. Call it before reporting success (a later
  * fsync is then cheap) and before discarding p. A NULL p does nothing. */

@@ -1187,8 +1187,10 @@ int spaced_rootfs_extract(const char *archive, const char *dst, enum spaced_root
 				if (wfd >= 0)
 					spaced_pace_wrote(&pace, wfd, (off_t)off, len);
 			}
-			if (wfd >= 0)
+			if (wfd >= 0) {
+				spaced_pace_closing(&pace, wfd);
 				close(wfd);
+			}
 			if (r < 0)
 				goto out;
 			if (ar != ARCHIVE_EOF) {

@@ -93,6 +93,7 @@ static int copy_data(const char *src, const char *dst, const struct stat *st, st
 out:
 	if (in >= 0)
 		close(in);
+	spaced_pace_closing(pace, out);
 	if (out >= 0)
 		close(out);
 	return r;
