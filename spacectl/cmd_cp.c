@@ -86,10 +86,10 @@ int cmd_cp(int argc, char **argv)
 	const char *cmd = argv[0];
 	int json = 0, c, rc = 1;
 	json_t *req = json_object(), *purposes = json_array(), *env = json_object(), *meta = json_object();
-	char query[2048] = "";
+	char query[8000] = ""; /* the control plane takes a request target of up to 8 KiB */
 	size_t ql = 0;
 	json_t *ans = NULL; /* the control plane's answer (net_cp_call) */
-	char path[2100]; /* /v1/sandboxes and the query of ls --meta */
+	char path[8100]; /* /v1/sandboxes and the query of ls --meta */
 	const char *target = NULL;
 	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
 	while ((c = getopt_long(argc, argv, "", cp_longopts, NULL)) != -1) {
@@ -139,7 +139,7 @@ int cmd_cp(int argc, char **argv)
 			json_object_set_new(c == O_ENV ? env : meta, k, json_string(eq + 1));
 			/* for ls: ?meta=K%3DV… (every one must match) */
 			if (c == O_META) {
-				char e[700];
+				char e[1024]; /* K=V percent-encoded: (63 + 1 + 256) * 3 at most */
 				size_t el = 0;
 				for (const char *p = optarg; *p && el + 4 < sizeof e; p++)
 					el += (size_t)(strchr("-._~", *p) || (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
