@@ -5,6 +5,7 @@ process sharing one on-disk route cache ($SPACED_ROUTE_CACHE), its answer and
 trace read from spacectl's exit status, output and -v lines."""
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -82,6 +83,13 @@ def run(req, args, stdin=b""):
                        env=env_for(req), timeout=120)
     return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
 
+
+
+def cache_caller(api_key):
+    """What spacectl's cache entries name their caller by (docs/client.md): BLAKE2b-128 of the API key,
+    keyed with "spaced route cache, caller v1" zero-padded to 32 bytes."""
+    return hashlib.blake2b(api_key.encode(), digest_size=16,
+                           key=b"spaced route cache, caller v1".ljust(32, b"\0")).hexdigest()
 
 class Stream:
     """A `spacectl watch` or `spacectl -v term` running in the background."""
@@ -202,8 +210,8 @@ class Driver:
             os.makedirs(CACHE, mode=0o700, exist_ok=True)
             path = os.path.join(CACHE, req["sbx"] + ".json")
             with open(path + ".tmp", "w") as f:
-                json.dump({"cp_url": env_for(req)["SPACED_CP_URL"], "entry_expires_at": int(time.time()) + 3600,
-                           "route": req["route"]}, f)
+                json.dump({"cp_url": env_for(req)["SPACED_CP_URL"], "caller": cache_caller(env_for(req)["SPACED_API_KEY"]),
+                           "entry_expires_at": int(time.time()) + 3600, "route": req["route"]}, f)
             os.rename(path + ".tmp", path)
             return {}, ""
         if op == "cache":
