@@ -129,11 +129,11 @@ class Driver:
             return {"results": res}
         if op == "seed":
             c = self.conn(req)
-            c.cache.seed(c.cp_url, req["sbx"], req["route"])
+            c.cache.seed(c.cache_scope, req["sbx"], req["route"])
             return {}
         if op == "cache":
             c = self.conn(req)
-            e = c.cache.get(c.cp_url, req["sbx"])
+            e = c.cache.get(c.cache_scope, req["sbx"])
             if e is None:
                 return {"entry": None}
             return {"entry": {"identity": e.route.identity, "capability": e.route.capability,

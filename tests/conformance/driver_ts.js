@@ -125,12 +125,12 @@ async function handle(req) {
     }
     case "seed": {
       const c = conn(req);
-      c.cache.seed(c.cpUrl, req.sbx, req.route);
+      c.cache.seed(c.cacheScope, req.sbx, req.route);
       return {};
     }
     case "cache": {
       const c = conn(req);
-      const e = c.cache.get(c.cpUrl, req.sbx);
+      const e = c.cache.get(c.cacheScope, req.sbx);
       return { entry: e ? { identity: e.route.identity, capability: e.route.capability, entry_expires_at: e.entryExpiresAt } : null };
     }
     case "watch_start": {

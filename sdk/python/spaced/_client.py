@@ -16,6 +16,7 @@ DESIGN V1-V4 in one place (``Connection.call``), as spacectl's client_call():
   on a fresh connection; a write or a command is never sent again.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -116,6 +117,11 @@ class Connection:
                               "or cp_url and api_key given")
         _http.split_url(self.cp_url)
         self.cache = route_cache if route_cache is not None else DEFAULT_CACHE
+        # the cache's entries are this control plane's and this key's: a route
+        # holds a live capability, and connections of several tenants' keys in
+        # one process share the default cache
+        self.cache_scope = "%s#%s" % (self.cp_url,
+                                      hashlib.sha256(b"spaced route cache\0" + self.api_key.encode()).hexdigest()[:32])
         self.no_retry = no_retry
         self.on_event = on_event
         self.pool = _http.ConnPool(keep_alive, self.ca_file)
@@ -193,15 +199,15 @@ class Connection:
         if not name_valid(sandbox):
             raise SpacedError("%r is not a sandbox ID" % (sandbox,))
         now = int(time.time())
-        with self.cache.lock(self.cp_url, sandbox):
-            e = self.cache.get(self.cp_url, sandbox)
+        with self.cache.lock(self.cache_scope, sandbox):
+            e = self.cache.get(self.cache_scope, sandbox)
             if e is not None and e.entry_expires_at > now and e.route.expires_at > now + CAP_MARGIN:
                 return e.route
             # a miss, or the capability nears its expiry: the entry's expiry is kept
             # while it lasts (V4); an expired entry starts a new session
             entry_exp = e.entry_expires_at if e is not None and e.entry_expires_at > now else now + SESSION_TTL
             rt = self.resolve(sandbox)
-            self.cache.put(self.cp_url, sandbox, rt, entry_exp)
+            self.cache.put(self.cache_scope, sandbox, rt, entry_exp)
             self.emit(event="resolved", sandbox=sandbox, identity=rt.identity, worker_url=rt.worker_url,
                       why="miss" if e is None else "expiry")
             return rt
@@ -210,13 +216,13 @@ class Connection:
         """After a REFRESH_ROUTE to refused: a fresh route, and the cache entry
         replaced only while it still holds refused (V3, V4). Returns (route, verdict)."""
         fresh = self.resolve(sandbox)
-        verdict = self.cache.replace_if(self.cp_url, sandbox, refused, fresh)
+        verdict = self.cache.replace_if(self.cache_scope, sandbox, refused, fresh)
         self.emit(event="repair", sandbox=sandbox, identity=fresh.identity, worker_url=fresh.worker_url,
                   cache=verdict, text=cache_verdict_text(verdict))
         return fresh, verdict
 
     def route_forget(self, sandbox, refused):
-        if self.cache.forget_if(self.cp_url, sandbox, refused):
+        if self.cache.forget_if(self.cache_scope, sandbox, refused):
             self.emit(event="forget", sandbox=sandbox, identity=refused.identity)
 
     # ---- one operation ----
@@ -284,7 +290,7 @@ class Connection:
                       why="refresh")
             refused, rt, repaired = rt, fresh, True
         if repaired:
-            a.cache_verdict = self.cache.replace_if(self.cp_url, sandbox, refused, rt)
+            a.cache_verdict = self.cache.replace_if(self.cache_scope, sandbox, refused, rt)
             self.emit(event="cache", sandbox=sandbox, cache=a.cache_verdict, text=cache_verdict_text(a.cache_verdict))
         a.attempts = attempts
         a.refreshed = repaired

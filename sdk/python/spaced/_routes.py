@@ -2,7 +2,10 @@
 
 A route is a ``POST /v1/sandboxes/{id}/route`` answer of the control plane: the
 execution identity (I2), the worker's node-api address and a capability for the
-control purposes. The cache keeps one entry per sandbox and control plane:
+control purposes. The cache keeps one entry per sandbox and scope (a
+Connection's ``cache_scope``: its control plane and a digest of its key, so
+that connections of several tenants' keys sharing a cache never use each
+other's routes):
 ``{route, entry_expires_at}``. ``entry_expires_at`` is the caller's session
 (SESSION_TTL seconds after the entry was first resolved); route repair never
 moves it (V4). An entry is replaced after a refusal only while it still holds
@@ -136,57 +139,57 @@ class RouteCache:
         self._entries = {}
         self._locks = {}
 
-    def lock(self, cp_url, sandbox):
+    def lock(self, scope, sandbox):
         """The lock of one entry (a threading.Lock, held around a miss's resolution)."""
         with self._mu:
-            k = (cp_url, sandbox)
+            k = (scope, sandbox)
             lk = self._locks.get(k)
             if lk is None:
                 lk = self._locks[k] = threading.Lock()
             return lk
 
-    def get(self, cp_url, sandbox):
+    def get(self, scope, sandbox):
         """The entry (CacheEntry) or None. Hold lock() for a read-modify-write."""
         with self._mu:
-            return self._entries.get((cp_url, sandbox))
+            return self._entries.get((scope, sandbox))
 
-    def put(self, cp_url, sandbox, route, entry_expires_at):
+    def put(self, scope, sandbox, route, entry_expires_at):
         with self._mu:
-            self._entries[(cp_url, sandbox)] = CacheEntry(route, entry_expires_at)
+            self._entries[(scope, sandbox)] = CacheEntry(route, entry_expires_at)
 
-    def remove(self, cp_url, sandbox):
+    def remove(self, scope, sandbox):
         with self._mu:
-            self._entries.pop((cp_url, sandbox), None)
+            self._entries.pop((scope, sandbox), None)
 
-    def seed(self, cp_url, sandbox, route_doc, entry_expires_at=None):
+    def seed(self, scope, sandbox, route_doc, entry_expires_at=None):
         """Stores a saved route (a ``spacectl route --json`` document) as the
         entry of sandbox, as a stale cache would hold it. Returns the Route."""
         route = route_doc if isinstance(route_doc, Route) else Route(route_doc)
-        with self.lock(cp_url, sandbox):
-            self.put(cp_url, sandbox, route,
+        with self.lock(scope, sandbox):
+            self.put(scope, sandbox, route,
                      int(time.time()) + SESSION_TTL if entry_expires_at is None else entry_expires_at)
         return route
 
-    def replace_if(self, cp_url, sandbox, refused, fresh):
+    def replace_if(self, scope, sandbox, refused, fresh):
         """V3: replaces the entry with fresh only while it still holds refused,
         keeping the entry's expiry (V4). Returns CACHE_REPLACED, CACHE_OTHER or
         CACHE_NONE."""
-        with self.lock(cp_url, sandbox):
-            e = self.get(cp_url, sandbox)
+        with self.lock(scope, sandbox):
+            e = self.get(scope, sandbox)
             if e is None:
                 return CACHE_NONE
             if not e.route.same(refused):
                 return CACHE_OTHER
-            self.put(cp_url, sandbox, fresh, e.entry_expires_at)
+            self.put(scope, sandbox, fresh, e.entry_expires_at)
             return CACHE_REPLACED
 
-    def forget_if(self, cp_url, sandbox, refused):
+    def forget_if(self, scope, sandbox, refused):
         """After a DENY (or an unverified answer) to refused: drops the entry
         when it still holds it. Returns True when dropped."""
-        with self.lock(cp_url, sandbox):
-            e = self.get(cp_url, sandbox)
+        with self.lock(scope, sandbox):
+            e = self.get(scope, sandbox)
             if e is not None and e.route.same(refused):
-                self.remove(cp_url, sandbox)
+                self.remove(scope, sandbox)
                 return True
             return False
 

@@ -649,7 +649,7 @@ class Sandbox:
         conn = _connection(connection, cp_url, api_key)
         _, doc = conn.cp("GET", "/v1/sandboxes/%s" % sandbox_id)
         if route is not None:
-            conn.cache.seed(conn.cp_url, sandbox_id, route)
+            conn.cache.seed(conn.cache_scope, sandbox_id, route)
         return cls(sandbox_id, conn, SandboxInfo(doc))
 
     @classmethod
@@ -704,9 +704,9 @@ class Sandbox:
     def kill(self):
         """Deletes the sandbox."""
         self._conn.cp("DELETE", "/v1/sandboxes/%s" % self.id)
-        e = self._conn.cache.get(self._conn.cp_url, self.id)
+        e = self._conn.cache.get(self._conn.cache_scope, self.id)
         if e is not None:
-            self._conn.cache.forget_if(self._conn.cp_url, self.id, e.route)
+            self._conn.cache.forget_if(self._conn.cache_scope, self.id, e.route)
         return True
 
     def set_timeout(self, seconds):

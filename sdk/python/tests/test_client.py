@@ -121,7 +121,7 @@ class RouteRules(unittest.TestCase):
         self.f.server_close()
 
     def entry(self):
-        return self.conn.cache.get(self.conn.cp_url, SBX)
+        return self.conn.cache.get(self.conn.cache_scope, SBX)
 
     def test_identity_text_is_canonical_and_strict(self):
         self.assertEqual(text(8, "worker-b"),
@@ -163,15 +163,34 @@ class RouteRules(unittest.TestCase):
         self.assertEqual(self.f.route_calls, 2)  # the miss, the one repair
         self.assertIn("after one retry", str(cm.exception))
 
+    def test_a_shared_cache_never_serves_another_keys_route(self):
+        # connections of two tenants' keys in one process, one cache (the default's case)
+        self.f.routes = [self.f.route(1)]
+        self.f.worker = ok_from(text(1), b"one")
+        self.assertEqual(self.sbx.files.read("/a"), b"one")
+        other = spaced.Connection(cp_url=self.f.url, api_key="k2", route_cache=self.conn.cache)
+        try:
+            self.assertNotEqual(other.cache_scope, self.conn.cache_scope)
+            self.assertIsNone(other.cache.get(other.cache_scope, SBX))
+            self.f.routes = [self.f.route(2, cap="cap-of-k2")]
+            self.f.worker = ok_from(text(2), b"two")
+            calls = self.f.route_calls
+            self.assertEqual(spaced.Sandbox(SBX, other).files.read("/a"), b"two")
+            self.assertEqual(self.f.route_calls, calls + 1)  # resolved with its own key
+            self.assertEqual(self.f.worker_calls[-1][2], "Bearer cap-of-k2")
+            self.assertEqual(self.entry().route.capability, "cap-1")  # the first key's entry stays
+        finally:
+            other.close()
+
     def test_late_refusal_does_not_evict_a_newer_entry(self):
         self.f.routes = [self.f.route(3)]
         stale = spaced.Route(self.f.route(1))
-        self.conn.cache.seed(self.conn.cp_url, SBX, self.f.route(2))
+        self.conn.cache.seed(self.conn.cache_scope, SBX, self.f.route(2))
         newer = self.entry()
-        self.assertEqual(self.conn.cache.replace_if(self.conn.cp_url, SBX, stale, spaced.Route(self.f.route(3))),
+        self.assertEqual(self.conn.cache.replace_if(self.conn.cache_scope, SBX, stale, spaced.Route(self.f.route(3))),
                          "other")
         self.assertIs(self.entry(), newer)
-        self.assertFalse(self.conn.cache.forget_if(self.conn.cp_url, SBX, stale))
+        self.assertFalse(self.conn.cache.forget_if(self.conn.cache_scope, SBX, stale))
         self.assertIs(self.entry(), newer)
 
     def test_deny_never_retried_and_entry_dropped(self):
@@ -254,12 +273,12 @@ class RouteRules(unittest.TestCase):
     def test_capability_in_its_last_seconds_is_not_used_and_expiry_kept(self):
         self.f.routes = [self.f.route(1, cap="new")]
         self.f.worker = ok_from(text(1))
-        self.conn.cache.seed(self.conn.cp_url, SBX, self.f.route(1, cap="old", expires=3), entry_expires_at=12345678901)
+        self.conn.cache.seed(self.conn.cache_scope, SBX, self.f.route(1, cap="old", expires=3), entry_expires_at=12345678901)
         self.sbx.files.read("/a")
         self.assertEqual(self.f.worker_calls[-1][2], "Bearer new")
         self.assertEqual(self.entry().entry_expires_at, 12345678901)
         # an expired entry starts a new session
-        self.conn.cache.seed(self.conn.cp_url, SBX, self.f.route(1), entry_expires_at=1)
+        self.conn.cache.seed(self.conn.cache_scope, SBX, self.f.route(1), entry_expires_at=1)
         self.sbx.files.read("/a")
         self.assertGreater(self.entry().entry_expires_at, time.time() + 3000)
 
@@ -270,7 +289,7 @@ class RouteRules(unittest.TestCase):
         self.assertEqual(self.sbx.files.read("/a"), b"data")
         self.assertEqual(self.f.route_calls, 4)
         # a paused sandbox is not waited for
-        self.conn.cache.remove(self.conn.cp_url, SBX)
+        self.conn.cache.remove(self.conn.cache_scope, SBX)
         self.f.route_errors = [(409, {"error": "not-running", "state": "paused", "message": "paused"})]
         with self.assertRaises(spaced.ControlPlaneError) as cm:
             self.sbx.files.read("/a")

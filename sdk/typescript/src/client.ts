@@ -16,6 +16,7 @@
  * - Transport failure: an idempotent request (read, list, stat) is sent once
  *   more on a fresh connection; a write or a command is never sent again.
  */
+import { createHash } from "node:crypto";
 import type * as http from "node:http";
 
 import {
@@ -119,6 +120,12 @@ export class Connection {
   readonly cpUrl: string;
   readonly apiKey: string;
   readonly cache: RouteCache;
+  /**
+   * What this connection's route cache entries are kept under: the control
+   * plane and a digest of the key. A route holds a live capability, and
+   * connections of several tenants' keys in one process share the default cache.
+   */
+  readonly cacheScope: string;
   readonly noRetry: boolean;
   readonly onEvent?: (ev: SpacedEvent) => void;
   readonly requestTimeoutMs: number;
@@ -142,6 +149,8 @@ export class Connection {
       throw new ConfigError((e as Error).message);
     }
     this.cache = opts.routeCache ?? DEFAULT_CACHE;
+    this.cacheScope =
+      this.cpUrl + "#" + createHash("sha256").update("spaced route cache\0" + this.apiKey).digest("hex").slice(0, 32);
     this.noRetry = !!opts.noRetry;
     this.onEvent = opts.onEvent;
     this.requestTimeoutMs = opts.requestTimeoutMs ?? 300_000;
@@ -250,15 +259,15 @@ export class Connection {
    */
   async routeGet(sandbox: string): Promise<Route> {
     if (!nameValid(sandbox)) throw new SpacedError(`${JSON.stringify(sandbox)} is not a sandbox ID`);
-    return this.cache.withLock(this.cpUrl, sandbox, async () => {
+    return this.cache.withLock(this.cacheScope, sandbox, async () => {
       const now = nowS();
-      const e = this.cache.get(this.cpUrl, sandbox);
+      const e = this.cache.get(this.cacheScope, sandbox);
       if (e && e.entryExpiresAt > now && e.route.expiresAt > now + CAP_MARGIN) return e.route;
       // a miss, or the capability nears its expiry: the entry's expiry is kept
       // while it lasts (V4); an expired entry starts a new session
       const entryExp = e && e.entryExpiresAt > now ? e.entryExpiresAt : now + SESSION_TTL;
       const rt = await this.resolve(sandbox);
-      this.cache.put(this.cpUrl, sandbox, rt, entryExp);
+      this.cache.put(this.cacheScope, sandbox, rt, entryExp);
       this.emit({ event: "resolved", sandbox, identity: rt.identity, workerUrl: rt.workerUrl, why: e ? "expiry" : "miss" });
       return rt;
     });
@@ -270,13 +279,13 @@ export class Connection {
    */
   async routeRepair(sandbox: string, refused: Route): Promise<[Route, CacheVerdict]> {
     const fresh = await this.resolve(sandbox);
-    const verdict = this.cache.replaceIf(this.cpUrl, sandbox, refused, fresh);
+    const verdict = this.cache.replaceIf(this.cacheScope, sandbox, refused, fresh);
     this.emit({ event: "repair", sandbox, identity: fresh.identity, workerUrl: fresh.workerUrl, cache: verdict, text: cacheVerdictText(verdict) });
     return [fresh, verdict];
   }
 
   routeForget(sandbox: string, refused: Route): void {
-    if (this.cache.forgetIf(this.cpUrl, sandbox, refused)) this.emit({ event: "forget", sandbox, identity: refused.identity });
+    if (this.cache.forgetIf(this.cacheScope, sandbox, refused)) this.emit({ event: "forget", sandbox, identity: refused.identity });
   }
 
   // ---- one operation ----
@@ -347,7 +356,7 @@ export class Connection {
       repaired = true;
     }
     if (repaired && refused) {
-      a.cacheVerdict = this.cache.replaceIf(this.cpUrl, sandbox, refused, rt);
+      a.cacheVerdict = this.cache.replaceIf(this.cacheScope, sandbox, refused, rt);
       this.emit({ event: "cache", sandbox, cache: a.cacheVerdict, text: cacheVerdictText(a.cacheVerdict) });
     }
     a.attempts = attempts;

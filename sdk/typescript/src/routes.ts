@@ -3,8 +3,10 @@
  *
  * A route is a `POST /v1/sandboxes/{id}/route` answer of the control plane: the
  * execution identity (I2), the worker's node-api address and a capability for
- * the control purposes. The cache keeps one entry per sandbox and control
- * plane: `{route, entryExpiresAt}`. `entryExpiresAt` is the caller's session
+ * the control purposes. The cache keeps one entry per sandbox and scope (a
+ * Connection's `cacheScope`: its control plane and a digest of its key, so that
+ * connections of several tenants' keys sharing a cache never use each other's
+ * routes): `{route, entryExpiresAt}`. `entryExpiresAt` is the caller's session
  * (SESSION_TTL seconds after the entry was first resolved); route repair never
  * moves it (V4). An entry is replaced after a refusal only while it still holds
  * the refused route (compare-and-swap on the capability, V3).
@@ -140,7 +142,8 @@ export interface CacheEntry {
 }
 
 /**
- * The route cache: one entry per (control plane URL, sandbox). Every
+ * The route cache: one entry per (scope, sandbox), the scope a Connection's
+ * `cacheScope`. Every
  * read-modify-write that waits (a miss's resolution) holds the entry's lock, as
  * spacectl holds flock() on the entry's lock file; compare-and-swap steps run
  * without awaiting, so they are atomic (V3).
@@ -149,13 +152,13 @@ export class RouteCache {
   private entries = new Map<string, CacheEntry>();
   private locks = new Map<string, Promise<void>>();
 
-  private static key(cpUrl: string, sandbox: string): string {
-    return `${cpUrl}\u0000${sandbox}`;
+  private static key(scope: string, sandbox: string): string {
+    return `${scope}\u0000${sandbox}`;
   }
 
   /** Runs fn holding the entry's lock (a promise chain per entry). */
-  async withLock<T>(cpUrl: string, sandbox: string, fn: () => Promise<T>): Promise<T> {
-    const k = RouteCache.key(cpUrl, sandbox);
+  async withLock<T>(scope: string, sandbox: string, fn: () => Promise<T>): Promise<T> {
+    const k = RouteCache.key(scope, sandbox);
     const prev = this.locks.get(k) ?? Promise.resolve();
     let release!: () => void;
     const mine = new Promise<void>((r) => (release = r));
@@ -170,25 +173,25 @@ export class RouteCache {
     }
   }
 
-  get(cpUrl: string, sandbox: string): CacheEntry | undefined {
-    return this.entries.get(RouteCache.key(cpUrl, sandbox));
+  get(scope: string, sandbox: string): CacheEntry | undefined {
+    return this.entries.get(RouteCache.key(scope, sandbox));
   }
 
-  put(cpUrl: string, sandbox: string, route: Route, entryExpiresAt: number): void {
-    this.entries.set(RouteCache.key(cpUrl, sandbox), { route, entryExpiresAt });
+  put(scope: string, sandbox: string, route: Route, entryExpiresAt: number): void {
+    this.entries.set(RouteCache.key(scope, sandbox), { route, entryExpiresAt });
   }
 
-  remove(cpUrl: string, sandbox: string): void {
-    this.entries.delete(RouteCache.key(cpUrl, sandbox));
+  remove(scope: string, sandbox: string): void {
+    this.entries.delete(RouteCache.key(scope, sandbox));
   }
 
   /**
    * Stores a saved route (a `spacectl route --json` document) as the entry of
    * sandbox, as a stale cache would hold it. Returns the Route.
    */
-  seed(cpUrl: string, sandbox: string, routeDoc: unknown, entryExpiresAt?: number): Route {
+  seed(scope: string, sandbox: string, routeDoc: unknown, entryExpiresAt?: number): Route {
     const route = routeDoc instanceof Route ? routeDoc : new Route(routeDoc);
-    this.put(cpUrl, sandbox, route, entryExpiresAt ?? nowS() + SESSION_TTL);
+    this.put(scope, sandbox, route, entryExpiresAt ?? nowS() + SESSION_TTL);
     return route;
   }
 
@@ -196,19 +199,19 @@ export class RouteCache {
    * V3: replaces the entry with fresh only while it still holds refused,
    * keeping the entry's expiry (V4).
    */
-  replaceIf(cpUrl: string, sandbox: string, refused: Route, fresh: Route): CacheVerdict {
-    const e = this.get(cpUrl, sandbox);
+  replaceIf(scope: string, sandbox: string, refused: Route, fresh: Route): CacheVerdict {
+    const e = this.get(scope, sandbox);
     if (!e) return "none";
     if (!e.route.same(refused)) return "other";
-    this.put(cpUrl, sandbox, fresh, e.entryExpiresAt);
+    this.put(scope, sandbox, fresh, e.entryExpiresAt);
     return "replaced";
   }
 
   /** After a DENY (or an unverified answer): drops the entry when it still holds refused. */
-  forgetIf(cpUrl: string, sandbox: string, refused: Route): boolean {
-    const e = this.get(cpUrl, sandbox);
+  forgetIf(scope: string, sandbox: string, refused: Route): boolean {
+    const e = this.get(scope, sandbox);
     if (e && e.route.same(refused)) {
-      this.remove(cpUrl, sandbox);
+      this.remove(scope, sandbox);
       return true;
     }
     return false;

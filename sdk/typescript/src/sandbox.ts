@@ -683,7 +683,7 @@ export class Sandbox {
   static async connect(sandboxId: string, opts: ConnectOpts & { route?: unknown } = {}): Promise<Sandbox> {
     const conn = connectionOf(opts);
     const [, doc] = await conn.cp("GET", `/v1/sandboxes/${sandboxId}`);
-    if (opts.route !== undefined) conn.cache.seed(conn.cpUrl, sandboxId, opts.route);
+    if (opts.route !== undefined) conn.cache.seed(conn.cacheScope, sandboxId, opts.route);
     return new Sandbox(sandboxId, conn, new SandboxInfo(doc));
   }
 
@@ -748,8 +748,8 @@ export class Sandbox {
   /** Deletes the sandbox. */
   async kill(): Promise<boolean> {
     await this.connection.cp("DELETE", `/v1/sandboxes/${this.id}`);
-    const e = this.connection.cache.get(this.connection.cpUrl, this.id);
-    if (e) this.connection.cache.forgetIf(this.connection.cpUrl, this.id, e.route);
+    const e = this.connection.cache.get(this.connection.cacheScope, this.id);
+    if (e) this.connection.cache.forgetIf(this.connection.cacheScope, this.id, e.route);
     return true;
   }
 

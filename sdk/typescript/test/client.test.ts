@@ -101,7 +101,7 @@ describe("route rules", () => {
   let events: SpacedEvent[];
   let conn: Connection;
   let sbx: Sandbox;
-  const entry = () => conn.cache.get(conn.cpUrl, SBX);
+  const entry = () => conn.cache.get(conn.cacheScope, SBX);
 
   before(() => f.start());
   after(() => f.server.close());
@@ -148,13 +148,29 @@ describe("route rules", () => {
     assert.equal(f.routeCalls, 2);
   });
 
+  it("never serves another key's route from a shared cache", async () => {
+    f.routes = [f.route(1)];
+    f.worker = ok(text(1), "one");
+    assert.equal((await sbx.files.read("/a")).toString(), "one");
+    const other = new Connection({ cpUrl: f.url, apiKey: "k2", routeCache: conn.cache, keepAlive: false });
+    assert.notEqual(other.cacheScope, conn.cacheScope);
+    assert.equal(other.cache.get(other.cacheScope, SBX), undefined);
+    f.routes = [f.route(2, "worker-1", "cap-of-k2")];
+    f.worker = ok(text(2), "two");
+    const calls = f.routeCalls;
+    assert.equal((await new Sandbox(SBX, other).files.read("/a")).toString(), "two");
+    assert.equal(f.routeCalls, calls + 1);
+    assert.equal(f.workerCalls[f.workerCalls.length - 1].auth, "Bearer cap-of-k2");
+    assert.equal(entry()!.route.capability, "cap-1");
+  });
+
   it("never lets a late refusal evict a newer entry (V3)", () => {
     const stale = new Route(f.route(1));
-    conn.cache.seed(conn.cpUrl, SBX, f.route(2));
+    conn.cache.seed(conn.cacheScope, SBX, f.route(2));
     const newer = entry();
-    assert.equal(conn.cache.replaceIf(conn.cpUrl, SBX, stale, new Route(f.route(3))), "other");
+    assert.equal(conn.cache.replaceIf(conn.cacheScope, SBX, stale, new Route(f.route(3))), "other");
     assert.equal(entry(), newer);
-    assert.equal(conn.cache.forgetIf(conn.cpUrl, SBX, stale), false);
+    assert.equal(conn.cache.forgetIf(conn.cacheScope, SBX, stale), false);
     assert.equal(entry(), newer);
   });
 
@@ -222,11 +238,11 @@ describe("route rules", () => {
   it("does not use a capability in its last seconds, keeping the entry's expiry; an expired entry starts a new session", async () => {
     f.routes = [f.route(1, "worker-1", "new")];
     f.worker = ok(text(1));
-    conn.cache.seed(conn.cpUrl, SBX, f.route(1, "worker-1", "old", 3), 12345678901);
+    conn.cache.seed(conn.cacheScope, SBX, f.route(1, "worker-1", "old", 3), 12345678901);
     await sbx.files.read("/a");
     assert.equal(f.workerCalls[f.workerCalls.length - 1].auth, "Bearer new");
     assert.equal(entry()!.entryExpiresAt, 12345678901);
-    conn.cache.seed(conn.cpUrl, SBX, f.route(1), 1);
+    conn.cache.seed(conn.cacheScope, SBX, f.route(1), 1);
     await sbx.files.read("/a");
     assert.ok(entry()!.entryExpiresAt > Date.now() / 1000 + 3000);
   });
@@ -238,7 +254,7 @@ describe("route rules", () => {
     f.worker = ok(text(2));
     assert.equal((await sbx.files.read("/a")).toString(), "data");
     assert.equal(f.routeCalls, 4);
-    conn.cache.remove(conn.cpUrl, SBX);
+    conn.cache.remove(conn.cacheScope, SBX);
     f.routeErrors = [[409, { error: "not-running", state: "paused", message: "paused" }]];
     await assert.rejects(sbx.files.read("/a"), (e: unknown) => e instanceof ControlPlaneError && e.status === 409);
   });
