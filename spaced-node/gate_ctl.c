@@ -748,8 +748,8 @@ static bool claim_joined(struct mgr *m, struct ctl_op *op)
 		return false;
 	}
 	int e = op->claim_status;
-	if (e == 0)
-		e = mgr_rec_apply(m, &op->rec, op->had_cur);
+	if (e == 0 && (e = mgr_rec_apply(m, &op->rec, op->had_cur)) < 0)
+		gate_quit(m, "a record on disk could not be taken in memory"); /* as on_rec_written */
 	op->written_next = install_written;
 	op_written(m, op, e);
 	return true;

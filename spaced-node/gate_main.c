@@ -293,8 +293,11 @@ static void on_rec_written(struct mgr *m, void *ctx, int e)
 	if (!in->rec.r.active) {
 		if (e < 0)
 			gate_quit(m, "a tombstone could not be written");
-	} else if (e == 0) {
-		e = mgr_rec_apply(m, &in->rec, in->handoff);
+	} else if (e == 0 && (e = mgr_rec_apply(m, &in->rec, in->handoff)) < 0) {
+		/* on disk, acknowledged there, yet not in memory (out of memory):
+		 * the gate starts again from the records on disk rather than
+		 * refuse an identity its acknowledgement says is installed */
+		gate_quit(m, "a record on disk could not be taken in memory");
 	}
 	if (in->done)
 		in->done(m, in->ctx, e);
