@@ -86,10 +86,10 @@ int cmd_cp(int argc, char **argv)
 	const char *cmd = argv[0];
 	int json = 0, c, rc = 1;
 	json_t *req = json_object(), *purposes = json_array(), *env = json_object(), *meta = json_object();
-	char query[8000] = ""; /* the control plane takes a request target of up to 8 KiB */
+	char query[4000] = ""; /* the control plane takes a request target of up to 4 KiB */
 	size_t ql = 0;
 	json_t *ans = NULL; /* the control plane's answer (net_cp_call) */
-	char path[8100]; /* /v1/sandboxes and the query of ls --meta */
+	char path[4100]; /* /v1/sandboxes and the query of ls --meta */
 	const char *target = NULL;
 	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
 	while ((c = getopt_long(argc, argv, "", cp_longopts, NULL)) != -1) {

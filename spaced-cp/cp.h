@@ -128,7 +128,7 @@ struct cp_req {
 	enum cp_job kind;  /* an API call, or the authorization of a channel upgrade */
 	int queued;        /* with a request thread now (loop thread only) */
 	char method[8];
-	char path[8192]; /* the request target: up to 8 KiB (a list's meta filters) */
+	char path[4096]; /* the request target: up to 4 KiB (a list's meta filters) */
 	char auth[512];
 	char fair_key[17];            /* the key ID its Authorization names, "" for none (server.c's queue) */
 	char worker[SPACED_NAME_MAX]; /* CP_JOB_CHANNEL: the worker named by the path */

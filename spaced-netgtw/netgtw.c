@@ -5,6 +5,7 @@
  *   spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR) --keys PATH
  *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
  *                 --identity TEXT|- [--guest-owner UID] [--audit PATH] [--tls-cert FILE --tls-key FILE]
+ *                 [--relay-budget BYTES]
  *                 [--vm-pid PID --forward-port N [--vm-start TICKS] [--vm-exe PATH] [--guest-cid N]]
  *
  * With --tls-cert/--tls-key every client connection is TLS (the worker's
@@ -109,7 +110,7 @@
 /* The relay buffers (BUF_SZ each way) of all admitted streams: the
  * gateway runs outside its sandbox's memory limit, so what clients that
  * never read can make it hold is bounded here (an open past it: 503). */
-#define RELAY_BUDGET (64u << 20)
+#define RELAY_BUDGET (64u << 20) /* the default of --relay-budget */
 /* Each client connection's kernel buffers, both ways (the kernel holds up to
  * twice it): what a client does not read, or the guest does not take, waits
  * in the relay's own buffers (BUF_SZ), not in the host's TCP memory, which
@@ -184,7 +185,8 @@ static struct {
 	uint8_t cookie_key[crypto_auth_KEYBYTES];
 	struct conn *conns;
 	unsigned nconns;
-	uint64_t relay_bytes; /* of RELAY_BUDGET, held by admitted streams */
+	uint64_t relay_bytes;  /* of relay_budget, held by admitted streams */
+	uint64_t relay_budget; /* --relay-budget (RELAY_BUDGET) */
 	uint64_t n_budget;    /* opens refused at the budget, connections pushed out */
 	uint64_t n_allow, n_refuse, n_cut, n_kept, n_guest_fail;
 	int audit_fd; /* the worker's audit log (STATE/audit.log), -1: none */
@@ -1195,7 +1197,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 		reply(c, 302, hdr, "{\"outcome\":\"ALLOW\"}");
 		return;
 	}
-	if (G.relay_bytes + 2u * BUF_SZ > RELAY_BUDGET) {
+	if (G.relay_bytes + 2u * BUF_SZ > G.relay_budget) {
 		G.n_budget++;
 		reply(c, 503, "Retry-After: 1\r\n",
 		      "{\"error\":\"busy\",\"message\":\"the gateway's streams are at their memory budget\"}");
@@ -1512,6 +1514,7 @@ int main(int argc, char **argv)
 	           *vm_exe = NULL;
 	G.vmc = (struct spaced_vm_check)SPACED_VM_CHECK_INIT;
 	G.audit_fd = -1;
+	G.relay_budget = RELAY_BUDGET;
 	/* the relay buffers in mappings of their own, given back when a stream
 	 * ends: a gateway whose clients went away holds nothing for them (it
 	 * kept 557 MiB of a thousand streams' buffers until its execution ended) */
@@ -1564,6 +1567,8 @@ int main(int argc, char **argv)
 			G.vm.guest_cid = (uint32_t)strtoul(v, NULL, 10);
 		else if (strcmp(o, "--forward-port") == 0)
 			G.fwd_port = (uint32_t)strtoul(v, NULL, 10);
+		else if (strcmp(o, "--relay-budget") == 0)
+			G.relay_budget = strtoull(v, NULL, 10);
 		else if (strcmp(o, "--audit") == 0) {
 			G.audit_fd = open(v, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 		} else if (strcmp(o, "--identity") == 0) {
@@ -1576,6 +1581,7 @@ int main(int argc, char **argv)
 			usage();
 	}
 	if (!listen_s || !G.record_path == !G.record_dir || !G.keys_path || !G.guest_path || lpid <= 1 ||
+	    G.relay_budget < 2u * BUF_SZ ||
 	    (G.self.sandbox[0] == 0 && !G.identity_pending))
 		usage();
 	/* a microVM's gateway names its VM and the guest's forward port, or neither */

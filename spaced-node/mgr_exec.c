@@ -814,6 +814,12 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
 			argv[n++] = more[i];
 	}
+	char budget[24];
+	if (cfg->gateway_memory) {
+		snprintf(budget, sizeof budget, "%llu", (unsigned long long)cfg->gateway_memory);
+		argv[n++] = "--relay-budget";
+		argv[n++] = budget;
+	}
 	if (cfg->api_tls_cert && cfg->api_tls_key) {
 		/* TLS as node-api speaks it, with its certificate */
 		argv[n++] = "--tls-cert";

@@ -228,6 +228,7 @@ struct mgr_config {
 	uint64_t disk_reserve;
 	double disk_overcommit;
 	uint64_t disk_bps;      /* each execution's disk reads and writes per second, apart (0: none) */
+	uint64_t gateway_memory; /* each ServicePort gateway's relay buffers at most (spaced-netgtw --relay-budget) */
 	uint64_t disk_iops;     /* the same in operations */
 	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */
 	uint32_t uid_slots;     /* … for k < uid_slots */

@@ -7,7 +7,7 @@
  *               [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]
  *               [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
- *               [--answer-memory SIZE] [--socket-buffer SIZE]
+ *               [--answer-memory SIZE] [--socket-buffer SIZE] [--gateway-memory SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--net-rate BITS] [--cpu-latency-us N]
@@ -301,6 +301,7 @@ static void usage(void)
 	                "                   [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S]\n"
 	                "                   [--forget-after S] [--acks-kept N]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
+	                "                   [--gateway-memory SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
@@ -908,7 +909,7 @@ int main(int argc, char **argv)
 	 * template and limits as demand asks, within 256 MiB, 2 starting at once */
 	int pool_min = 2, pool_max = 64, pool_starts = 2;
 	uint64_t pool_memory = 256ull << 20;
-	uint64_t disk_bps = 256ull << 20, disk_iops = 4096;
+	uint64_t disk_bps = 256ull << 20, disk_iops = 4096, gateway_memory = 64ull << 20;
 	struct spaced_resources alloc = {0};
 	double mem_overcommit = 2.0, disk_overcommit = 2.0;
 	uint64_t disk_reserve = 0;
@@ -1078,6 +1079,11 @@ int main(int argc, char **argv)
 		} else if (strcmp(a, "--answer-memory") == 0) {
 			if (spaced_size_parse(v, &ANSWER_MEMORY) < 0 || ANSWER_MEMORY < (1u << 20)) {
 				fprintf(stderr, "spaced-node: --answer-memory wants a size of 1M at least\n");
+				return 2;
+			}
+		} else if (strcmp(a, "--gateway-memory") == 0) {
+			if (spaced_size_parse(v, &gateway_memory) < 0 || gateway_memory < (1u << 20)) {
+				fprintf(stderr, "spaced-node: --gateway-memory wants a size of 1M at least\n");
 				return 2;
 			}
 		} else if (strcmp(a, "--socket-buffer") == 0) {
@@ -1271,7 +1277,7 @@ int main(int argc, char **argv)
 	                        .guest_bin = guest, .launch_bin = launch, .host_bin = host_bin,
 	                        .limits_default = def, .limits_max = max, .alloc = alloc, .mem_overcommit = mem_overcommit,
 	                        .disk_reserve = disk_reserve, .disk_overcommit = disk_overcommit,
-	                        .disk_bps = disk_bps, .disk_iops = disk_iops,
+	                        .disk_bps = disk_bps, .disk_iops = disk_iops, .gateway_memory = gateway_memory,
 	                        .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,

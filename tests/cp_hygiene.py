@@ -275,7 +275,8 @@ def attacks(port, tk, wk, chan_worker, other_wk):
     check("PUT -> 405", exchange(port, b"PUT /v1/sandboxes HTTP/1.1\r\nHost: cp\r\n" + auth + b"Content-Length: 0\r\n\r\n")[0], 405)
     check("header block over 8 KiB -> 431", exchange(port, get + b"X-A: " + b"a" * 9000 + b"\r\n\r\n")[0], 431)
     check("65 header fields -> 431", exchange(port, get + b"".join(b"X-%d: 1\r\n" % i for i in range(65)) + b"\r\n")[0], 431)
-    check("request target over 255 bytes -> 414", exchange(port, b"GET /v1/" + b"a" * 300 + b" HTTP/1.1\r\nHost: cp\r\n\r\n")[0], 414)
+    check("request target over 4095 bytes -> 414", exchange(port, b"GET /v1/" + b"a" * 4200 + b" HTTP/1.1\r\nHost: cp\r\n\r\n")[0], 414)
+    check("a target of 3900 bytes is read (404: no such path)", exchange(port, b"GET /v1/" + b"a" * 3900 + b" HTTP/1.1\r\nHost: cp\r\n\r\n")[0], 404)
     st, body, _ = exchange(port, b"GET /v1/healthz HTTP/1.1\r\nHost: cp\r\nX-A: " + b"a" * 9000 + b"\r\n\r\n")
     check("a refusal has the API's error form", json.loads(body).get("error") if st else None, "headers-too-large")
 

@@ -50,7 +50,7 @@ printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","no
 # no warm pool: the executions' files are read at exec/S.G below (tests/pool.t.sh covers pooled ones)
 "$NODE" --state "$W/w" --worker-id wa --listen 127.0.0.1:0 --guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" \
 	--launcher "$SPACED_BUILD/spaced-node/spaced-launch" --host "$SPACED_BUILD/spaced-host/spaced-host" \
-	--uid-range 1879048192:16 --pool 0 --plaintext 2>"$W/node.log" &
+	--uid-range 1879048192:16 --pool 0 --gateway-memory 48M --plaintext 2>"$W/node.log" &
 NPID=$!
 i=0
 until [ -S "$W/w/admin.sock" ] && [ -s "$W/w/api.port" ]; do
@@ -78,6 +78,8 @@ ctxsw() { awk '/^voluntary_ctxt_switches/ {print $2}' "/proc/$1/status" 2>/dev/n
 GSP=$(ss -Hltnp "sport = :$GS" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
 # the gateway reads what clients send as root: it runs under its seccomp allow-list, with no new
 # privileges (libspaced/confine.c; a call outside the list kills it)
+expect "spaced-node --gateway-memory 48M: the gateway's relay budget" \
+	"$(tr '\0' '\n' <"/proc/$GSP/cmdline" | sed -n '/^--relay-budget$/{n;p;}')" 50331648
 expect "the gateway is confined (Seccomp filter, NoNewPrivs)" \
 	"$(awk '/^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print s " " n}' "/proc/$GSP/status" 2>/dev/null)" "2 1"
 v0=$(ctxsw "$GSP")
