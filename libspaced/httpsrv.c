@@ -1000,7 +1000,11 @@ static void conn_process(struct spaced_httpconn *c)
 			 * is taken once what is queued for it is written (before, the
 			 * control plane kept answering into memory: 864 MiB in 36 s) */
 			if (c->queued + c->stage.len > s->cfg.low_water) {
+				/* no idle deadline meanwhile: a client that reads slowly is
+				 * not idle, and one that reads nothing meets the send
+				 * timeout */
 				c->head_held = true;
+				c->deadline_ns = 0;
 				conn_update_read(c);
 				break;
 			}

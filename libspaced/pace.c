@@ -44,6 +44,11 @@ static void start_current(struct spaced_pace *p)
 		return;
 	}
 	(void)sync_file_range(p->fd, p->off, (off_t)p->len, SYNC_FILE_RANGE_WRITE);
+	if (p->len < SPACED_PACE_SMALL) {
+		p->fd = -1;
+		p->len = 0;
+		return;
+	}
 	if (p->n == SPACED_PACE_RING)
 		wait_oldest(p);
 	int dup_fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
@@ -81,29 +86,38 @@ void spaced_pace_wrote(struct spaced_pace *p, int fd, off_t off, uint64_t len)
 		return;
 	if (p->total == 0)
 		p->t0_ns = spaced_mono_ns();
-	if (p->stream) {
-		/* len counts what came since the rate was last kept */
-		p->total += len;
-		p->len += len;
-		if (p->len >= SPACED_PACE_CHUNK) {
-			p->len = 0;
-			keep_rate(p);
-		}
-		return;
-	}
-	if (p->fd != fd || off != p->off + (off_t)p->len)
-		start_current(p);
-	if (p->fd < 0) {
-		p->fd = fd;
-		p->off = off;
-		p->len = 0;
-	}
-	p->len += len;
 	p->total += len;
-	if (p->len >= SPACED_PACE_CHUNK) {
-		start_current(p);
+	if (!p->stream) {
+		if (p->fd != fd || off != p->off + (off_t)p->len)
+			start_current(p);
+		if (p->fd < 0) {
+			p->fd = fd;
+			p->off = off;
+			p->len = 0;
+		}
+		p->len += len;
+		if (p->len >= SPACED_PACE_CHUNK)
+			start_current(p);
+	}
+	/* the rate by bytes, however they are split into files */
+	if (p->total - p->rate_mark >= SPACED_PACE_CHUNK) {
+		p->rate_mark = p->total;
 		keep_rate(p);
 	}
+}
+
+void spaced_pace_drop(struct spaced_pace *p)
+{
+	if (!p)
+		return;
+	while (p->n > 0) {
+		close(p->ring[p->head].fd);
+		p->inflight -= p->ring[p->head].len;
+		p->head = (p->head + 1) % SPACED_PACE_RING;
+		p->n--;
+	}
+	p->fd = -1;
+	p->len = 0;
 }
 
 void spaced_pace_closing(struct spaced_pace *p, int fd)

@@ -26,6 +26,10 @@
 #define SPACED_PACE_CHUNK (4u << 20)
 /* Bytes under writeback before the writer waits for the oldest. */
 #define SPACED_PACE_WINDOW (16u << 20)
+/* A region smaller than this (a small file's) has its writeback started
+ * and is not waited for: a tree of many small files is not written back
+ * one file at a time. */
+#define SPACED_PACE_SMALL (256u << 10)
 #define SPACED_PACE_RING 32
 
 struct spaced_pace {
@@ -34,6 +38,7 @@ struct spaced_pace {
 	bool stream;    /* a pipe or a socket: only the rate */
 	uint64_t t0_ns; /* when the first byte was written */
 	uint64_t total; /* bytes written in all */
+	uint64_t rate_mark; /* total when the rate was last kept */
 	/* the region being written, its writeback not started: fd == -1 for none */
 	int fd;
 	off_t off;
@@ -62,6 +67,10 @@ void spaced_pace_wrote(struct spaced_pace *p, int fd, off_t off, uint64_t len);
  * file written through p, so that its descriptor's number, reused, is
  * never taken for it. A NULL p does nothing. */
 void spaced_pace_closing(struct spaced_pace *p, int fd);
+
+/* Lets go of what p waits for without waiting (the files are being
+ * discarded): closes its duplicates. A NULL p does nothing. */
+void spaced_pace_drop(struct spaced_pace *p);
 
 /* Waits until everything written through p is on its way to the disk and
  * done; closes the duplicates. Call it before reporting success (a later

@@ -90,12 +90,15 @@ static int copy_data(const char *src, const char *dst, const struct stat *st, st
 	if (ftruncate(out, size) < 0)
 		goto out;
 	r = 0;
-out:
+out: {
+	int saved = errno; /* the caller's message names the failure */
 	if (in >= 0)
 		close(in);
 	spaced_pace_closing(pace, out);
 	if (out >= 0)
 		close(out);
+	errno = saved;
+}
 	return r;
 }
 

@@ -137,7 +137,10 @@ static void bconn_free(struct bconn *b)
 {
 	if (b->tenant_held)
 		tenant_release(b->tenant);
-	spaced_pace_end(&b->pace);
+	if (b->tmp[0])
+		spaced_pace_drop(&b->pace); /* unlinked below: its writeback is not waited for */
+	else
+		spaced_pace_end(&b->pace);
 	if (b->fd >= 0)
 		close(b->fd);
 	if (b->tmp[0])

@@ -102,9 +102,11 @@
 #define BUF_SZ (256 * 1024)
 #define HEAD_TIMEOUT_MS 10000
 #define MAX_CONNS 1024
-/* Connections from one address, and connections that have not sent a whole
- * admitted request head yet: past the second, a new connection pushes out
- * the oldest of those (a client trickling heads cannot hold the gateway). */
+/* Connections from one address (loopback excepted: the gateway listens on
+ * the worker's loopback, where every client of a front on the same host
+ * arrives from 127.0.0.1), and connections that have not sent a whole
+ * admitted request head yet: past either, a new connection pushes out the
+ * oldest of those (a client trickling heads cannot hold the gateway). */
 #define MAX_CONNS_PER_ADDR 128
 #define MAX_HEAD_CONNS 256
 /* The relay buffers (BUF_SZ each way) of all admitted streams: the
@@ -1370,9 +1372,19 @@ static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_st
  * the oldest connection still sending its head — of that address, else of
  * any — is closed for it; never an admitted stream. false when there is
  * none to close. */
+static bool is_loopback(const struct sockaddr_storage *a)
+{
+	if (a->ss_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+	if (a->ss_family == AF_INET6)
+		return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
+	return false;
+}
+
 static bool admit_conn(const struct sockaddr_storage *addr)
 {
 	unsigned from = 0, heads = 0;
+	bool shared = !is_loopback(addr);
 	struct conn *oldest = NULL, *oldest_here = NULL;
 	for (struct conn *c = G.conns; c; c = c->next) {
 		if (c->dead)
@@ -1388,7 +1400,7 @@ static bool admit_conn(const struct sockaddr_storage *addr)
 		}
 	}
 	struct conn *out = NULL;
-	if (from >= MAX_CONNS_PER_ADDR)
+	if (shared && from >= MAX_CONNS_PER_ADDR)
 		out = oldest_here;
 	else if (heads >= MAX_HEAD_CONNS || G.nconns >= MAX_CONNS)
 		out = oldest;

@@ -412,10 +412,12 @@ static int packer_ended(void *arg, char *why, size_t whysz)
 {
 	struct packer_proc *p = arg;
 	int st = 0;
-	while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR)
-		;
+	pid_t w = -1;
+	if (p->pid > 0)
+		while ((w = waitpid(p->pid, &st, 0)) < 0 && errno == EINTR)
+			;
 	p->pid = -1;
-	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+	if (w > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
 		return 0;
 	ssize_t n = read(p->why_fd, why, whysz - 1);
 	if (n > 0)
@@ -432,9 +434,12 @@ static int pack_and_upload(const struct mgr_config *cfg, const char *local, cons
                            size_t whysz)
 {
 	int data[2], reason[2];
-	if (pipe2(data, O_CLOEXEC) < 0)
+	if (pipe2(data, O_CLOEXEC) < 0) {
+		spaced_why(why, whysz, "pipe: %s", strerror(errno));
 		return SPACED_ESYS;
+	}
 	if (pipe2(reason, O_CLOEXEC | O_NONBLOCK) < 0) {
+		spaced_why(why, whysz, "pipe: %s", strerror(errno));
 		close(data[0]);
 		close(data[1]);
 		return SPACED_ESYS;
@@ -452,8 +457,18 @@ static int pack_and_upload(const struct mgr_config *cfg, const char *local, cons
 	close(data[1]);
 	close(reason[1]);
 	int e = SPACED_ESYS;
-	if (pk.pid > 0)
+	if (pk.pid < 0)
+		spaced_why(why, whysz, "fork: %s", strerror(errno));
+	if (pk.pid > 0) {
+		/* the upload starts once the archive does: the packer first walks
+		 * the whole tree to measure it (a tree of millions of names takes
+		 * a while), which the store's and curl's progress bounds would
+		 * count as a stalled transfer */
+		struct pollfd pf = {.fd = data[0], .events = POLLIN};
+		while (poll(&pf, 1, -1) < 0 && errno == EINTR)
+			;
 		e = fetch_upload_stream(cfg, url, data[0], packer_ended, &pk, why, whysz);
+	}
 	close(data[0]);
 	if (pk.pid > 0) {
 		/* the upload ended first (refused, cut): the packer goes too */
