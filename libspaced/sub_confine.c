@@ -120,8 +120,11 @@ static int build_filter(struct sock_filter **prog_out, unsigned short *len_out)
 	                     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, SECCOMP_MODE_FILTER)) < 0)
 		goto out;
 	/* vsock reaches the host's services (and, on a worker of microVMs, what
-	 * listens for them); an execution's guest speaks over a Unix socket */
-	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), __NR_socket, 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK, 0)) < 0)
+	 * listens for them); an execution's guest speaks over a Unix socket. The
+	 * family is an int: compared on its low 32 bits, as the kernel reads it
+	 * (a full 64-bit compare let socket(0x100000028, …) through as AF_VSOCK) */
+	if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), __NR_socket, 1,
+	                     SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_VSOCK)) < 0)
 		goto out;
 	/* other architectures (i386 through int 0x80, x32) are killed by the
 	 * default bad-architecture action */

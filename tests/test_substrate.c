@@ -543,6 +543,10 @@ Test(substrate, escape_attempts_fail)
 	                    "r = libc.syscall(41, 40, 1, 0)\n"
 	                    "e = ctypes.get_errno()\n"
 	                    "print(\"vsock\", \"ok-seccomp\" if r == -1 and e == 97 else \"ALLOWED r=%d errno=%d\" % (r, e))\n"
+	                    /* the same family with high bits set: the kernel reads an int */
+	                    "r = libc.syscall(41, ctypes.c_long(0x100000028), 1, 0)\n"
+	                    "e = ctypes.get_errno()\n"
+	                    "print(\"vsock-high-bits\", \"ok-seccomp\" if r == -1 and e == 97 else \"ALLOWED r=%d errno=%d\" % (r, e))\n"
 	                    "'",
 	                    out, sizeof(out)), 0, "%s", out);
 	cr_log_info("escape attempts:\n%s", out);
