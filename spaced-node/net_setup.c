@@ -430,6 +430,11 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	            * answer (10 s unanswered: the resolver waits up to 5 s upstream),
 	            * not after the 30 or 120 s of UDP */
 	           "add ct timeout inet spaced dns { protocol udp; l3proto ip; policy = { unreplied : 10, replied : 5 }; }\n"
+	           /* a packet from a sandbox's link with a source that link does not
+	            * lead to is dropped before anything reads it: root in a microVM
+	            * owns its guest's network stack, and the resolver attributes a
+	            * query to a sandbox by its source (reverse path, strict) */
+	           "add chain inet spaced rpf { type filter hook prerouting priority raw; }\n"
 	           "add chain inet spaced forward { type filter hook forward priority filter; policy drop; }\n"
 	           "add chain inet spaced input { type filter hook input priority filter; policy accept; }\n"
 	           "add chain inet spaced pre { type nat hook prerouting priority dstnat; }\n"
@@ -442,6 +447,7 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	           "add rule inet spaced refuse reject with icmp type admin-prohibited\n"
 	           "flush set inet spaced closed\n"
 	           "flush set inet spaced openable\n"
+	           "flush chain inet spaced rpf\n"
 	           "flush chain inet spaced forward\n"
 	           "flush chain inet spaced input\n"
 	           "flush chain inet spaced pre\n"
@@ -478,6 +484,7 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 		fprintf(f, "add element inet spaced openable { %s }\n", c);
 	}
 	fprintf(f,
+	        "add rule inet spaced rpf iifname \"sx*\" meta nfproto ipv4 fib saddr . iif oif missing drop\n"
 	        /* answers come back only to what a sandbox opened */
 	        "add rule inet spaced forward iifname \"up0\" oifname \"sx*\" ct state established,related accept\n"
 	        "add rule inet spaced forward meta nfproto ipv6 drop\n"
