@@ -35,6 +35,10 @@
 #define NET_PASTA_FDS_PER_CONN 2u /* a connection pasta carries: its host socket and its timer */
 #define NET_UPLINK "100.88.255.253" /* the egress namespace's own side towards pasta */
 #define NET_UPLINK_GW "100.88.255.254"
+/* The host ports the sandboxes' UDP leaves from (pasta binds a host socket to
+ * each): above Linux's ephemeral range (32768-60999), below nothing the host's
+ * services are known to hold */
+#define NET_UDP_PORTS "61000-65535"
 
 /* Takes the worker's egress down for a decommission (`spaced-node net-down
  * --state DIR`, with no spaced-node serving DIR): stops spaced-netd and pasta

@@ -504,6 +504,12 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	        /* every DNS query, to whatever server, goes to the worker's resolver */
 	        "add rule inet spaced pre iifname \"sx*\" meta nfproto ipv4 meta l4proto { tcp, udp } th dport 53 "
 	        "redirect to :53\n"
+	        /* pasta sends a UDP flow from a host socket bound to the flow's
+	         * source port (TCP from an ephemeral one): the sandboxes' UDP
+	         * leaves from ports of their own, never the ports of the host's
+	         * services nor of its ephemeral range (a sandbox sending from
+	         * 5353 had made pasta hold the host's 0.0.0.0:5353) */
+	        "add rule inet spaced post oifname \"up0\" meta l4proto udp masquerade to :" NET_UDP_PORTS "\n"
 	        "add rule inet spaced post oifname \"up0\" masquerade\n",
 	        dns_flows_per_slot(cfg));
 	fclose(f);

@@ -7,6 +7,7 @@ serves, for at most --lifetime seconds:
   - a TCP sink/echo on port 9000: echoes each line back;
   - port 9001: greets each connection ("hi\n") and holds it open, sending nothing more, until
     its client closes it (connections held by the thousand: tests/net_conns.t.sh);
+  - a UDP echo on port 9002: answers each datagram with "from <its source address:port>";
   - DNS on UDP port 53 (A records from --record NAME=ADDR, anything else NXDOMAIN,
     AAAA empty), TTL 300; a name under stall.test is never answered (an upstream that is
     slow: tests/net_conns.t.sh).
@@ -84,6 +85,18 @@ def dns(records, stop):
         s.sendto(bytes(head) + q[12:qend] + ans, addr)
 
 
+def udp_echo(stop):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", 9002))
+    s.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            _, addr = s.recvfrom(4096)
+        except socket.timeout:
+            continue
+        s.sendto(("from %s:%d" % addr).encode(), addr)
+
+
 def greet_and_hold():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -124,6 +137,7 @@ def main():
     for t in (threading.Thread(target=http.serve_forever, daemon=True),
               threading.Thread(target=echo.serve_forever, daemon=True),
               threading.Thread(target=dns, args=(records, stop), daemon=True),
+              threading.Thread(target=udp_echo, args=(stop,), daemon=True),
               threading.Thread(target=greet_and_hold, daemon=True)):
         t.start()
     print("ready", flush=True)

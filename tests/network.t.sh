@@ -73,6 +73,23 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)
 q = b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00' + b'\x04evil\x04test\x00' + b'\x00\x01\x00\x01'
 s.sendto(q, ('$NH_B', 53)); a = s.recv(512); print(struct.unpack('>H', a[6:8])[0])" 2>&1)" 0
 
+# ---- UDP leaves the host from ports of spaced's own range ----
+# pasta binds a host socket to a UDP flow's source port: a sandbox sending from 7777 had made it
+# hold the host's 0.0.0.0:7777 (any port from 1024 up, and a microVM's root any port at all)
+got=$("$SC" exec "$A" -- python3 -c "
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 7777)); s.settimeout(3)
+s.sendto(b'x', ('$NH_A', 9002)); print(s.recv(100).decode())" 2>&1)
+case "$got" in
+"from $NH_GW:"*) ok "UDP from the sandbox's port 7777 reaches the outside host and is answered" ;;
+*) fail "UDP echo: $got" ;;
+esac
+port=${got##*:}
+expect "it left the host from a port of 61000-65535 (got $port)" \
+	"$([ "$port" -ge 61000 ] 2>/dev/null && [ "$port" -le 65535 ] && echo yes)" yes
+expect "the host's port 7777 is not held by this worker's pasta" \
+	"$(ss -Huapn 'sport = :7777' | grep -c "pid=$(cat "$D/worker-1/net/pasta.pid"),")" 0
+
 # ---- deny mode with an allowed domain ----
 B=$("$SC" create --worker worker-1 --network deny --allow-out allowed.test)
 expect "deny: inspect shows the policy" "$("$SC" inspect "$B" --json | jq -c .network)" \
