@@ -11,7 +11,7 @@ libsodium-dev libjansson-dev libcriterion-dev libuv1-dev libwebsockets-dev
 libseccomp-dev libsqlite3-dev sqlite3 libpq-dev postgresql bubblewrap libssl-dev e2fsprogs
 iproute2 util-linux procps python3 jq curl libcurl4-openssl-dev prometheus
 qemu-system-x86 qemu-utils linux-image-amd64 busybox-static cpio
-passt nftables libnftables-dev nginx socat
+passt nftables libnftables-dev conntrack libnetfilter-conntrack-dev nginx socat
 libarchive-dev mmdebstrap"
 # the TypeScript SDK (sdk/typescript) builds with Node 18+ and npm; a node already
 # installed (Debian's, or another distribution of it) is used as it is

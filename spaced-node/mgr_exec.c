@@ -1213,6 +1213,7 @@ void mgr_exec_stop(const struct mgr_config *cfg, struct mgr_rec *rec)
 			sub_ctl(cfg, rec, "THAW", NULL);
 		stop_pinned(rec->pid, rec->pid_start, true);
 		stop_pinned(rec->host_pid, rec->host_start, false);
+		net_release(cfg, rec);
 		char sock[4200]; /* its bridge's: no other execution ever listens there */
 		if (mgr_exec_target(cfg, rec, sock, sizeof sock) == 0)
 			unlink(sock);

@@ -104,6 +104,10 @@ bool net_policy_stored(const struct mgr_config *cfg, const char *sandbox);
 /* True when policy (JSON) is, in canonical form, the default policy. */
 bool net_policy_is_default(json_t *policy);
 
+/* After rec's execution stopped: deletes the egress namespace's conntrack
+ * entries of its slot's address (flush_slot_flows). Logs what it could not do. */
+void net_release(const struct mgr_config *cfg, const struct mgr_rec *rec);
+
 /* The "net" job: {"sandbox": S, "network": policy, "rec": R|absent}: stores the
  * policy and, when R names a live execution, applies it to that execution now. */
 int net_job(const struct mgr_config *cfg, json_t *args, json_t **result, char *why, size_t whysz);

@@ -23,6 +23,8 @@
 #include <libgen.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/ip.h>
+#include <netinet/tcp.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -39,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <libnetfilter_conntrack/libnetfilter_conntrack.h>
 #include <sodium.h>
 
 #include "spaced_error.h"
@@ -755,6 +758,155 @@ static int slot_of(const struct mgr_config *cfg, const struct mgr_rec *rec, uint
 	return 0;
 }
 
+/* A TCP flow of a slot as pasta carries it: the egress namespace's side
+ * after masquerade and the outside peer (network byte order). */
+struct gone_flow {
+	uint32_t nat_addr, peer;
+	uint16_t nat_port, peer_port;
+};
+
+struct flush_ctx {
+	uint32_t addr; /* the slot's (network byte order) */
+	struct nfct_handle *del;
+	struct gone_flow *tcp;
+	size_t ntcp, cap;
+	unsigned deleted, failed;
+};
+
+static int flush_cb(enum nf_conntrack_msg_type type, struct nf_conntrack *ct, void *arg)
+{
+	struct flush_ctx *x = arg;
+	(void)type;
+	if (nfct_get_attr_u8(ct, ATTR_L3PROTO) != AF_INET || nfct_get_attr_u32(ct, ATTR_ORIG_IPV4_SRC) != x->addr)
+		return NFCT_CB_CONTINUE;
+	if (nfct_get_attr_u8(ct, ATTR_L4PROTO) == IPPROTO_TCP && x->ntcp < x->cap) {
+		struct gone_flow *f = &x->tcp[x->ntcp++];
+		f->nat_addr = nfct_get_attr_u32(ct, ATTR_REPL_IPV4_DST);
+		f->nat_port = nfct_get_attr_u16(ct, ATTR_REPL_PORT_DST);
+		f->peer = nfct_get_attr_u32(ct, ATTR_REPL_IPV4_SRC);
+		f->peer_port = nfct_get_attr_u16(ct, ATTR_REPL_PORT_SRC);
+	}
+	if (nfct_query(x->del, NFCT_Q_DESTROY, ct) == 0)
+		x->deleted++;
+	else
+		x->failed++;
+	return NFCT_CB_CONTINUE;
+}
+
+static uint16_t csum_fold(uint32_t sum)
+{
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return (uint16_t)~sum;
+}
+
+/* Resets f at pasta: a TCP RST from the egress namespace's side of it. pasta
+ * closes a connection on any RST it is handed, whatever its sequence number;
+ * sent once the flow's conntrack entry is gone, it is no flow's packet and
+ * leaves unchanged. */
+static void reset_at_pasta(int raw, const struct gone_flow *f)
+{
+	struct {
+		struct iphdr ip;
+		struct tcphdr tcp;
+	} pkt;
+	memset(&pkt, 0, sizeof pkt);
+	pkt.ip.version = 4;
+	pkt.ip.ihl = 5;
+	pkt.ip.tot_len = htons(sizeof pkt);
+	pkt.ip.ttl = 64;
+	pkt.ip.protocol = IPPROTO_TCP;
+	pkt.ip.saddr = f->nat_addr;
+	pkt.ip.daddr = f->peer;
+	pkt.tcp.source = f->nat_port;
+	pkt.tcp.dest = f->peer_port;
+	pkt.tcp.doff = 5;
+	pkt.tcp.rst = 1;
+	/* the checksum over the pseudo-header and the header (the kernel
+	 * completes the IP header's own) */
+	uint32_t sum = 0;
+	const uint16_t *w = (const uint16_t *)(const void *)&pkt.ip.saddr;
+	for (int i = 0; i < 4; i++)
+		sum += w[i];
+	sum += htons(IPPROTO_TCP) + htons(sizeof pkt.tcp);
+	w = (const uint16_t *)(const void *)&pkt.tcp;
+	for (size_t i = 0; i < sizeof pkt.tcp / 2; i++)
+		sum += w[i];
+	pkt.tcp.check = csum_fold(sum);
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = f->peer};
+	(void)sendto(raw, &pkt, sizeof pkt, 0, (struct sockaddr *)&to, sizeof to);
+}
+
+/* Ends the flows of the execution that held slot last: deletes the egress
+ * namespace's conntrack entries whose source is the slot's address and resets
+ * their TCP connections at pasta. They stayed in the slot's and the shared
+ * pool's connection counts (a microVM's guest that is killed closes nothing:
+ * its flows stayed established, for the kernel's five days), pasta kept their
+ * host sockets (two hours idle), and answers of theirs reached the slot's next
+ * holder. The netlink and raw sockets are made in the egress namespace by
+ * this thread, which enters it and comes back (a namespace is a thread's). */
+static void flush_slot_flows(const char *ns, uint32_t slot)
+{
+	struct flush_ctx x = {.addr = htonl(NET_POOL + 4 * slot + 2), .cap = NET_CONN_MAX * 2};
+	struct nfct_handle *dump = NULL;
+	int raw = -1;
+	const char *why = NULL;
+	int own = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC), target = open(ns, O_RDONLY | O_CLOEXEC);
+	if (own < 0 || target < 0 || setns(target, CLONE_NEWNET) < 0) {
+		why = "cannot enter the egress namespace";
+	} else {
+		dump = nfct_open(CONNTRACK, 0);
+		x.del = nfct_open(CONNTRACK, 0);
+		raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+		if (setns(own, CLONE_NEWNET) < 0) {
+			/* this thread would reach nothing of the host's any more: its
+			 * supervisor starts the process again */
+			spaced_log("executor", "level=error event=netns-return-failed reason=\"%s\"", strerror(errno));
+			abort();
+		}
+	}
+	if (own >= 0)
+		close(own);
+	if (target >= 0)
+		close(target);
+	if (!why && (!dump || !x.del || raw < 0))
+		why = "cannot open conntrack or a raw socket";
+	if (!why && !(x.tcp = calloc(x.cap, sizeof *x.tcp)))
+		why = "out of memory";
+	if (!why) {
+		uint32_t family = AF_INET;
+		nfct_callback_register(dump, NFCT_T_ALL, flush_cb, &x);
+		if (nfct_query(dump, NFCT_Q_DUMP, &family) < 0)
+			why = "the conntrack dump failed";
+		for (size_t i = 0; i < x.ntcp; i++)
+			reset_at_pasta(raw, &x.tcp[i]);
+	}
+	if (why || x.failed)
+		spaced_log("executor", "level=warn event=net-flows-kept slot=%u deleted=%u failed=%u reason=\"%s: %s\"",
+		           (unsigned)slot, x.deleted, x.failed, why ? why : "some entries were not deleted", strerror(errno));
+	else if (x.deleted)
+		spaced_log("executor", "level=info event=net-flows-ended slot=%u flows=%u tcp_reset=%zu", (unsigned)slot,
+		           x.deleted, x.ntcp);
+	free(x.tcp);
+	if (dump)
+		nfct_close(dump);
+	if (x.del)
+		nfct_close(x.del);
+	if (raw >= 0)
+		close(raw);
+}
+
+void net_release(const struct mgr_config *cfg, const struct mgr_rec *rec)
+{
+	char ns[4200];
+	uint32_t slot;
+	if (!net_enabled(cfg) || slot_of(cfg, rec, &slot) < 0)
+		return;
+	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	if (is_nsfs(ns))
+		flush_slot_flows(ns, slot);
+}
+
 /* slot_of, the reason in why when there is none. */
 static int slot_or_why(const struct mgr_config *cfg, const struct mgr_rec *rec, uint32_t *slot, char *why,
                        size_t whysz)
@@ -1151,6 +1303,7 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 	const char *del[] = {IP_BIN, "link", "del", ifn, NULL};
 	if (link_exists(ns, ifn))
 		run_in(ns, del, NULL, NULL, 0); /* left by an execution that is gone */
+	flush_slot_flows(ns, slot); /* also left by one whose executor did not see it end */
 	snprintf(script, sizeof script,
 	         "link add %s mtu 65520 type veth peer name eth0 mtu 65520 netns %s\n"
 	         "addr add %s/30 dev %s\n"

@@ -173,6 +173,41 @@ for p in $SP; do wait "$p"; done
 expect "three sandboxes asked 400 unanswerable names each" "$(cat "$W"/stall-*.out | grep -c 'asked 400')" 3
 expect "another tenant's sandbox still gets its name answered at once (2 s, one try)" \
 	"$(as_victim exec "$VX" -- env RES_OPTIONS='timeout:2 attempts:1' getent ahostsv4 allowed.test | head -n 1 | cut -d' ' -f1)" "$NH_A"
+# ---- a sandbox that is gone takes its flows out of the counts ----
+# A microVM's guest that is killed closes nothing: its flows stayed established in the egress
+# namespace's conntrack table (for the kernel's five days), counted in its slot's and the shared
+# pool's connections, so one tenant could leave the pool full after it left. The host's root takes
+# a sandbox's link down in its namespace (its closes then never leave it, as a killed guest's), and
+# the sandbox is removed while it holds 700 connections.
+H=$("$SC" create --worker worker-1)
+"$SC" fs write "$H" /tmp/hold.py <"$W/hold.py" || fail "hold.py into $H"
+pasta_fds() { ls /proc/"$(cat "$D/worker-1/net/pasta.pid")"/fd | wc -l; }
+PF0=$(pasta_fds)
+"$SC" exec "$H" -- python3 /tmp/hold.py "$NH_A" 700 120 /tmp/done >"$W/h.out" 2>&1 &
+HP=$!
+BG="$BG $HP"
+expect "a sandbox holds 700 connections" "$(first_line "$W/h.out" | ok_count)" 700
+HA=$("$SC" exec "$H" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
+PH=$(netns_of "$HA")
+egress_flows() { nsenter --net="$D/worker-1/net/ns" conntrack -L -s "$1" 2>/dev/null | grep -c ESTABLISHED; }
+if [ -n "$PH" ]; then
+	nsenter --net="/proc/$PH/ns/net" ip link set eth0 down
+	echo "its flows in the egress namespace: $(egress_flows "$HA"); pasta's open files: $PF0 before, $(pasta_fds) now"
+	"$SC" rm "$H" >/dev/null || fail "rm $H"
+	wait "$HP" 2>/dev/null
+	# pasta closes a connection on a reset from the namespace's side: its host sockets go too
+	WAIT_SECONDS=10 wait_for "pasta lets their host sockets go (back to $PF0 open files or fewer)" \
+		sh -c "[ \$(ls /proc/$(cat "$D/worker-1/net/pasta.pid")/fd | wc -l) -le $PF0 ]"
+	WAIT_SECONDS=10 wait_for "once it is removed, none of its flows is left" sh -c "[ \$(nsenter --net='$D/worker-1/net/ns' conntrack -L -s '$HA' 2>/dev/null | grep -c ESTABLISHED) -eq 0 ]"
+	N=$("$SC" create --worker worker-1)
+	"$SC" fs write "$N" /tmp/hold.py <"$W/hold.py" || fail "hold.py into $N"
+	rn=$("$SC" exec "$N" -- python3 /tmp/hold.py "$NH_A" 700 0 /tmp/never 250 2>&1 | head -n 1)
+	echo "a new sandbox: $rn"
+	expect "a new sandbox holds 700 again (4 guaranteed and the pool)" "$(echo "$rn" | ok_count)" 700
+else
+	fail "the namespace of $H ($HA) not found"
+fi
+
 for p in spaced-gate spaced-api spaced-executor; do
 	pgrep -x "$p" >/dev/null || fail "$p died"
 done

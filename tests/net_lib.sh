@@ -43,3 +43,14 @@ net_host_down() {
 	[ -n "${NH_NS:-}" ] && ip netns del "$NH_NS" 2>/dev/null
 	return 0
 }
+
+# netns_of ADDR: a process in the network namespace whose eth0 has ADDR (a sandbox's)
+netns_of() {
+	seen=""
+	for p in $(ps -e -o pid=); do
+		n=$(readlink "/proc/$p/ns/net" 2>/dev/null) || continue
+		case " $seen " in *" $n "*) continue ;; esac
+		seen="$seen $n"
+		nsenter --net="/proc/$p/ns/net" ip -4 -o addr show dev eth0 2>/dev/null | grep -q " $1/" && { echo "$p"; return; }
+	done
+}

@@ -121,19 +121,10 @@ print()" 2>&1)" "no-answer no-answer "
 # a query that came in on A's link as the victim's would be answered to the victim and spend the
 # victim's query budget. The egress namespace drops any packet whose source its link does not lead
 # to (C5).
-# netns_of ADDR: a process in the network namespace whose eth0 has ADDR
-netns_of() {
-	for p in $(ps -e -o pid=); do
-		n=$(readlink "/proc/$p/ns/net" 2>/dev/null) || continue
-		case " $seen " in *" $n "*) continue ;; esac
-		seen="$seen $n"
-		nsenter --net="/proc/$p/ns/net" ip -4 -o addr show dev eth0 2>/dev/null | grep -q " $1/" && { echo "$p"; return; }
-	done
-}
 VA=$(as_victim exec "$VX" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
 AA=$("$SC" exec "$A" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
-seen=""; PA=$(netns_of "$AA")
-seen=""; PV=$(netns_of "$VA")
+PA=$(netns_of "$AA")
+PV=$(netns_of "$VA")
 # SRC PORT [SECONDS]: a query for allowed.test from SRC:PORT out of A's namespace to A's resolver
 # (for SECONDS, 2,000 a second), then whether an answer came
 spoof_q() {
