@@ -1,7 +1,8 @@
 /*
  * confine.h — a daemon's system-call allow-list (seccomp), for the worker's
  * processes that read what tenants send: node-api (HTTP from clients),
- * spaced-netgtw (ServicePort traffic) and spaced-netd (the executions' DNS).
+ * spaced-netgtw (ServicePort traffic), spaced-netd (the executions' DNS) and
+ * spaced-vsockd (a microVM guest's vsock rings).
  * Whatever a bug in their parsers lets an attacker run can then make only
  * the calls the daemon's own loop makes: no execve, no fork, no ptrace, no
  * mount or namespace change, no module, BPF or keyring call.

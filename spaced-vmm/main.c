@@ -41,6 +41,7 @@ int main(int argc, char **argv)
 		.timeout_ms = 5000,
 		.max_conns = 1024,
 		.buf_alloc = 256 * 1024,
+		.confine = 1,
 	};
 	uint64_t v;
 	int rc;

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "spaced_error.h"
+#include "confine.h"
 #include "rbuf.h"
 #include "vhost_user.h"
 #include "vring.h"
@@ -1317,6 +1318,23 @@ void vsockd_close(struct vsockd *d)
 	free(d);
 }
 
+/* What the loop calls (confine.h): epoll, the vhost-user socket and its
+ * descriptors, the guest's memory maps, the host connections and the guest's
+ * connections to RUN/guest.sock_<port>, and at its end the sockets' unlink. */
+static const char *const loop_calls[] = {
+	"epoll_wait", "epoll_pwait", "epoll_ctl", "accept4", "accept", "recvmsg", "sendmsg", "recvfrom", "sendto",
+	"read", "write", "readv", "writev", "close", "shutdown", "connect", "getsockopt", "setsockopt", "fcntl",
+	"fstat", "newfstatat", "statx", "lseek", "mmap", "munmap", "mremap", "brk", "madvise", "mprotect",
+	"unlink", "unlinkat", "clock_gettime", "gettimeofday", "time", "nanosleep", "clock_nanosleep", "exit",
+	"exit_group", "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "restart_syscall", "futex", "getpid",
+	"gettid", "getrandom", "sigaltstack", "tgkill", "getrlimit", "prlimit64",
+};
+
+/* A guest's connection to the host is a Unix socket; nothing else is made. */
+static const struct spaced_confine_arg loop_args[] = {
+	{"socket", 1, {{0, UINT32_MAX, AF_UNIX}}},
+};
+
 int vsockd_run(const struct vsockd_config *cfg)
 {
 	struct vsockd *d;
@@ -1324,6 +1342,14 @@ int vsockd_run(const struct vsockd_config *cfg)
 
 	if (rc < 0)
 		return rc;
+	/* from here on it parses what the guest puts in its rings: a bug there
+	 * can run only the calls of this loop */
+	if (cfg->confine && (rc = spaced_confine_syscalls(loop_calls, sizeof loop_calls / sizeof loop_calls[0], NULL, 0,
+	                                                  loop_args, sizeof loop_args / sizeof loop_args[0])) < 0) {
+		logf_("error", "confine-failed", "code=%s", spaced_errname(rc));
+		vsockd_close(d);
+		return rc;
+	}
 	while ((rc = vsockd_step(d, -1)) > 0)
 		;
 	vsockd_close(d);

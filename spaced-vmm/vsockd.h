@@ -25,6 +25,7 @@ struct vsockd_config {
 	uint32_t buf_alloc;      /* receive buffer per connection advertised to the guest */
 	int verbose;             /* log every connection event */
 	int no_signals;          /* leave SIGTERM/SIGINT alone (tests and fuzzing) */
+	int confine;             /* vsockd_run: the loop under its system-call allow-list */
 };
 
 struct vsockd;
@@ -46,7 +47,10 @@ int vsockd_step(struct vsockd *d, int timeout_ms);
  * (NULL is accepted). */
 void vsockd_close(struct vsockd *d);
 
-/* vsockd_open, vsockd_step until done, vsockd_close. Returns 0 or the error. */
+/* vsockd_open, vsockd_step until done, vsockd_close. With cfg->confine, the
+ * loop runs under a seccomp allow-list once both sockets listen (libspaced
+ * confine.h: the calls of the loop only, new sockets Unix ones only; anything
+ * else kills the daemon). Returns 0 or the error. */
 int vsockd_run(const struct vsockd_config *cfg);
 
 #endif

@@ -18,6 +18,7 @@
 #     VMM it refuses at the transport (SPACED_EPEER);
 #   - the guest's own connection to the host's port 5000 (vsock-dial in /init)
 #     reaches the Unix socket "<hybrid path>_5000", as with Firecracker;
+#   - spaced-vsockd's loop runs under its seccomp allow-list throughout;
 #   - when QEMU goes, spaced-vsockd ends on its own and removes its sockets.
 # Exit 77 (reason on the last line) when QEMU, a kernel with the virtio vsock
 # modules, a static busybox or cpio is missing. Every wait is bounded.
@@ -193,6 +194,10 @@ fi
 spid=""
 
 kill -0 "$vpid" 2>/dev/null && ok "spaced-vsockd still running" || fail "spaced-vsockd died"
+# it parses what the guest puts in its rings: its loop runs under its system-call allow-list
+# (a call outside it kills the daemon; everything above ran under it)
+st=$(awk '/^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print s " " n}' "/proc/$vpid/status" 2>/dev/null)
+[ "$st" = "2 1" ] && ok "spaced-vsockd runs confined (Seccomp filter, NoNewPrivs)" || fail "spaced-vsockd's confinement: '$st'"
 
 # shut the VM down: spaced-vsockd sees its front-end go and ends by itself
 kill "$qpid"
