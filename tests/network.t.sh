@@ -120,7 +120,8 @@ print()" 2>&1)" "no-answer no-answer "
 # queries from it. The worker's resolver attributes a query to a sandbox by its source, so
 # a query that came in on A's link as the victim's would be answered to the victim and spend the
 # victim's query budget. The egress namespace drops any packet whose source its link does not lead
-# to (C5).
+# to (DESIGN §6 "Network": one sandbox's policy and resolver are its own; T2: the worker's resolver
+# is trusted, so what it attributes to a sandbox must be that sandbox's).
 VA=$(as_victim exec "$VX" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
 AA=$("$SC" exec "$A" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
 PA=$(netns_of "$AA")
