@@ -36,9 +36,9 @@
 #define NET_UPLINK "100.88.255.253" /* the egress namespace's own side towards pasta */
 #define NET_UPLINK_GW "100.88.255.254"
 /* The host ports the sandboxes' UDP leaves from (pasta binds a host socket to
- * each): above Linux's ephemeral range (32768-60999), below nothing the host's
- * services are known to hold */
-#define NET_UDP_PORTS "61000-65535"
+ * each): Linux's ephemeral range (32768-60999) and above it, where the host's
+ * services do not listen; wide, as flows to one destination share it */
+#define NET_UDP_PORTS "32768-65535"
 
 /* Takes the worker's egress down for a decommission (`spaced-node net-down
  * --state DIR`, with no spaced-node serving DIR): stops spaced-netd and pasta
