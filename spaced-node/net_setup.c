@@ -509,9 +509,9 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	        "redirect to :53\n"
 	        /* pasta sends a UDP flow from a host socket bound to the flow's
 	         * source port (TCP from an ephemeral one): the sandboxes' UDP
-	         * leaves from ports of their own, never the ports of the host's
-	         * services nor of its ephemeral range (a sandbox sending from
-	         * 5353 had made pasta hold the host's 0.0.0.0:5353) */
+	         * leaves from the ephemeral range and above, never from a port of
+	         * the host's services (a sandbox sending from 5353 had made pasta
+	         * hold the host's 0.0.0.0:5353) */
 	        "add rule inet spaced post oifname \"up0\" meta l4proto udp masquerade to :" NET_UDP_PORTS "\n"
 	        "add rule inet spaced post oifname \"up0\" masquerade\n",
 	        dns_flows_per_slot(cfg));
@@ -881,9 +881,12 @@ static void flush_slot_flows(const char *ns, uint32_t slot)
 		for (size_t i = 0; i < x.ntcp; i++)
 			reset_at_pasta(raw, &x.tcp[i]);
 	}
-	if (why || x.failed)
-		spaced_log("executor", "level=warn event=net-flows-kept slot=%u deleted=%u failed=%u reason=\"%s: %s\"",
-		           (unsigned)slot, x.deleted, x.failed, why ? why : "some entries were not deleted", strerror(errno));
+	if (why)
+		spaced_log("executor", "level=warn event=net-flows-kept slot=%u deleted=%u reason=\"%s: %s\"",
+		           (unsigned)slot, x.deleted, why, strerror(errno));
+	else if (x.failed)
+		spaced_log("executor", "level=warn event=net-flows-kept slot=%u deleted=%u failed=%u", (unsigned)slot,
+		           x.deleted, x.failed);
 	else if (x.deleted)
 		spaced_log("executor", "level=info event=net-flows-ended slot=%u flows=%u tcp_reset=%zu", (unsigned)slot,
 		           x.deleted, x.ntcp);
