@@ -647,6 +647,20 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 		spaced_log("executor", "level=info event=egress-up pasta_conns=%u guaranteed=%u slots=%u shared=%u",
 		           g * slot_count(cfg) + pool, g, slot_count(cfg), pool);
 	}
+	/* ARP is not IP (no inet hook sees it): a request aimed at the link's
+	 * address made the kernel take a neighbour entry for its sender, any
+	 * sender, and the neighbour table is one for the whole host (1024
+	 * entries). A microVM's guest sending requests from ever other sender
+	 * addresses kept it full, and no namespace of the host could reach a new
+	 * neighbour. Now only a sender of the link's own subnet is answered or
+	 * taken in (arp_ignore 2), and only where the route to it is that link
+	 * (arp_filter): a sandbox's link takes in its own execution's address
+	 * alone. Set each time: a namespace made by an older spaced-node too. */
+	if (sysctl_in(ns, "/proc/sys/net/ipv4/conf/all/arp_ignore", "2") < 0 ||
+	    sysctl_in(ns, "/proc/sys/net/ipv4/conf/all/arp_filter", "1") < 0) {
+		why_set(why, whysz, "cannot set the egress namespace's ARP rules");
+		return SPACED_EIO;
+	}
 	if ((e = apply_base(cfg, ns, why, whysz)) < 0)
 		return e;
 	snprintf(p, sizeof p, "%s/netd.pid", dir);

@@ -177,6 +177,22 @@ print(n)" 2>&1)" 3
 	wait "$FL" "$VL"
 	expect "no answer reached the victim" "$(cat "$W/victim-dns.out")" nothing
 	nsenter --net="/proc/$PA/ns/net" ip addr del "$VA/32" dev eth0
+	# ARP is not IP: a guest's requests to its gateway, each from another sender address, made the
+	# egress namespace take a neighbour entry for each, in the kernel's one table for the whole
+	# host (1024 entries): while a guest flooded, no namespace of the host, the host's own
+	# included, could reach a new neighbour. 300 such requests, then the entries they made:
+	nsenter --net="/proc/$PA/ns/net" python3 -c "
+import socket, struct
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(('eth0', 0))
+mac = bytes.fromhex(open('/sys/class/net/eth0/address').read().strip().replace(':', ''))
+for i in range(300):
+    sip = socket.inet_aton('10.90.%d.%d' % (i // 200, i % 200 + 1))
+    arp = struct.pack('!HHBBH', 1, 0x0800, 6, 4, 1) + mac + sip + bytes(6) + socket.inet_aton('$GWA')
+    s.send(b'\xff' * 6 + mac + b'\x08\x06' + arp)" || fail "ARP requests from A's namespace"
+	sleep 0.5
+	expect "ARP requests from other sender addresses leave no neighbour entry in the egress namespace" \
+		"$(nsenter --net="$D/worker-1/net/ns" ip -4 neigh show | grep -c '^10\.90\.')" 0
+	expect "A's own ARP is still answered (it reaches the outside host)" "$(code "$A" "http://$NH_A:8080/")" 200
 else
 	fail "the namespaces of A ($AA: $PA) and the victim ($VA: $PV) not found"
 fi
