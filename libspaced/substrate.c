@@ -175,9 +175,42 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
 	return 0;
 }
 
+/* The directory rel beneath dirfd (an O_PATH descriptor), no symlink followed
+ * on the way: a restored snapshot's upper layer is the tenant's, and a
+ * symlink of its (var -> /some/host/dir) was followed by the launcher, which
+ * is root and still sees the host's files. -1 with errno (ELOOP for a
+ * symlink, ENOTDIR, ENOENT). */
+static int open_beneath(int dirfd, const char *rel)
+{
+	struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+	                        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+
+	return (int)syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
+}
+
+/* Makes the directory leaf in parent (a descriptor) with mode, owned by
+ * uid_base when owner; 0, 1 when something is there already (kept), or -1. */
+static int mkdir_in(int parent, const char *leaf, mode_t mode, bool owner, uint32_t uid_base)
+{
+	int fd;
+
+	if (mkdirat(parent, leaf, mode) < 0)
+		return errno == EEXIST ? 1 : -1;
+	fd = openat(parent, leaf, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fchmod(fd, mode) < 0 || (owner && fchown(fd, uid_base, uid_base) < 0)) {
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
 /* upper/<layer> and work/<layer>; in the root layer, the mount points and the
  * directories the execution's root user may write to. Existing entries (a
- * restored snapshot) are kept as they are. */
+ * restored snapshot) are kept as they are; nothing is made through a symlink
+ * of theirs. */
 static int prepare_dirs(const char *state, const char *ldir, const struct layer *layers, size_t nlayers,
                         uint32_t uid_base, bool templ, char *why, size_t whysz)
 {
@@ -193,7 +226,7 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 		{ "run", 0755, false, false },
 	};
 	char p[PATH_MAX];
-	int fd;
+	int fd, rootfd = -1;
 
 	pathf(p, "%s/upper", ldir);
 	if (mkdir_p_one(p, 0755) < 0)
@@ -220,8 +253,15 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 		if (mkdir_p_one(p, 0755) < 0)
 			goto fail;
 	}
+	pathf(p, "%s/upper/root", ldir);
+	rootfd = open(p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (rootfd < 0)
+		goto fail;
 	for (size_t i = 0; i < sizeof(root_dirs) / sizeof(root_dirs[0]); i++) {
 		struct stat st;
+		char parent[32];
+		const char *leaf = strrchr(root_dirs[i].path, '/');
+		int pfd, r;
 
 		/* what the base has stays as the base has it (owner, mode) — but a
 		 * mount point is a directory of the upper layer unless the base has
@@ -232,25 +272,40 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 		if (lstat(p, &st) == 0 && (!root_dirs[i].mount || S_ISDIR(st.st_mode)))
 			continue;
 		pathf(p, "%s/upper/root/%s", ldir, root_dirs[i].path);
-		if (lstat(p, &st) == 0) {
-			if (S_ISDIR(st.st_mode) || !root_dirs[i].mount)
-				continue; /* a restored snapshot's own entry */
-			if (unlink(p) < 0)
-				goto fail;
-		}
-		if (mkdir(p, root_dirs[i].mode) < 0) {
-			/* under a base's own non-directory (var/tmp under a var
-			 * symlink): the base's layout there */
-			if (errno == ENOENT && !root_dirs[i].mount)
+		/* its parent in the upper layer, reached without a symlink: under a
+		 * non-directory there (var/tmp under a base's var symlink, or a
+		 * restored snapshot's) is that layout's, left as it is */
+		if (leaf) {
+			snprintf(parent, sizeof(parent), "%.*s", (int)(leaf - root_dirs[i].path), root_dirs[i].path);
+			leaf++;
+			pfd = open_beneath(rootfd, parent);
+			if (pfd < 0 && (errno == ENOENT || errno == ELOOP || errno == ENOTDIR || errno == EXDEV) &&
+			    !root_dirs[i].mount)
 				continue;
-			goto fail;
+		} else {
+			leaf = root_dirs[i].path;
+			pfd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
 		}
-		if (chmod(p, root_dirs[i].mode) < 0)
+		if (pfd < 0)
 			goto fail;
+		if (fstatat(pfd, leaf, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+			if (S_ISDIR(st.st_mode) || !root_dirs[i].mount) {
+				close(pfd);
+				continue; /* a restored snapshot's own entry */
+			}
+			if (unlinkat(pfd, leaf, 0) < 0) {
+				close(pfd);
+				goto fail;
+			}
+		}
 		/* on a template, root inside owns the root: what is made here too */
-		if ((root_dirs[i].owned || templ) && chown(p, uid_base, uid_base) < 0)
+		r = mkdir_in(pfd, leaf, root_dirs[i].mode, root_dirs[i].owned || templ, uid_base);
+		close(pfd);
+		if (r < 0)
 			goto fail;
 	}
+	close(rootfd);
+	rootfd = -1;
 	/* the bind mount point of the guest binary: a regular file of the upper
 	 * layer, always. It shadows whatever the base has there: a template
 	 * whose /.spaced was a symlink to a host directory holding the real
@@ -272,43 +327,69 @@ static int prepare_dirs(const char *state, const char *ldir, const struct layer 
 	return 0;
 fail:
 	spaced_why(why, whysz, "prepare %s: %s", p, strerror(errno));
+	if (rootfd >= 0)
+		close(rootfd);
 	return SPACED_ESYS;
 }
 
 /* /etc/hostname and /etc/hosts naming the execution's hostname, written into
- * the upper directory that carries /etc (kept when a snapshot brought them). */
+ * the upper directory that carries /etc (kept when a snapshot brought them;
+ * none written where a snapshot's upper layer has something other than a
+ * directory at /etc: never through a symlink of the tenant's). */
 static int write_etc(const char *state, const struct layer *layers, size_t nlayers,
                      const char *hostname, char *why, size_t whysz)
 {
-	char dir[PATH_MAX], p[PATH_MAX], text[256];
+	char p[PATH_MAX], text[256];
 	const char *names[2] = { "hostname", "hosts" };
 	struct stat st;
 	bool etc_layer = false;
+	int dirfd = -1;
 
 	for (size_t i = 0; i < nlayers; i++)
 		if (strcmp(layers[i].name, "etc") == 0)
 			etc_layer = true;
 	if (etc_layer) {
-		pathf(dir, "%s/upper/etc", state);
+		pathf(p, "%s/upper/etc", state);
+		if ((dirfd = open(p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+			goto fail;
 	} else {
+		int rootfd, r = 0;
+
 		pathf(p, "%s/etc", layers[0].lower);
 		if (lstat(p, &st) < 0 || !S_ISDIR(st.st_mode))
 			return 0; /* a base without /etc (a symlink there is not followed on the host) */
-		pathf(dir, "%s/upper/root/etc", state);
-		if (mkdir(dir, 0755) == 0 &&
-		    (chown(dir, st.st_uid, st.st_gid) < 0 || chmod(dir, st.st_mode & 07777) < 0))
+		pathf(p, "%s/upper/root", state);
+		if ((rootfd = open(p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+			goto fail;
+		if (mkdirat(rootfd, "etc", 0755) == 0) {
+			int fd = openat(rootfd, "etc", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+			if (fd < 0 || fchown(fd, st.st_uid, st.st_gid) < 0 || fchmod(fd, st.st_mode & 07777) < 0)
+				r = -1;
+			if (fd >= 0)
+				close(fd);
+		} else if (errno != EEXIST) {
+			r = -1;
+		}
+		pathf(p, "%s/upper/root/etc", state);
+		if (r == 0 && (dirfd = open_beneath(rootfd, "etc")) < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+			close(rootfd);
+			return 0; /* a restored snapshot's /etc is no directory: its own layout */
+		}
+		close(rootfd);
+		if (r < 0 || dirfd < 0)
 			goto fail;
 	}
 	for (int i = 0; i < 2; i++) {
 		int fd, n;
 
-		pathf(p, "%s/%s", dir, names[i]);
-		if (lstat(p, &st) == 0)
+		pathf(p, "%s/upper/%setc/%s", state, etc_layer ? "" : "root/", names[i]);
+		if (fstatat(dirfd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0)
 			continue;
 		n = i == 0 ? snprintf(text, sizeof(text), "%s\n", hostname)
 		           : snprintf(text, sizeof(text), "127.0.0.1\tlocalhost %s\n::1\tlocalhost ip6-localhost\n",
 		                      hostname);
-		fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+		fd = openat(dirfd, names[i], O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 		if (fd < 0)
 			goto fail;
 		if (n < 0 || write(fd, text, (size_t)n) != n) {
@@ -317,9 +398,12 @@ static int write_etc(const char *state, const struct layer *layers, size_t nlaye
 		}
 		close(fd);
 	}
+	close(dirfd);
 	return 0;
 fail:
 	spaced_why(why, whysz, "writing %s: %s", p, strerror(errno));
+	if (dirfd >= 0)
+		close(dirfd);
 	return SPACED_ESYS;
 }
 

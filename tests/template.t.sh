@@ -252,5 +252,23 @@ expect "moved: the sandbox's files and its change to the template" \
 	"$("$SC" exec "$P" -- cat /workspace/data.txt /etc/marker | tr '\n' ' ')" "moved data changed "
 expect "moved: still exactly its template" "$("$SC" exec "$P" -- ls /usr/bin | tr '\n' ' ')" "cat chmod dash ls sh stat "
 
+# ---- a restored sandbox's own symlinks are not followed on the worker ----
+# The launcher makes /var/tmp and writes /etc/hostname and /etc/hosts into a restored sandbox's
+# files as root, before it leaves the host's view: through a sandbox's /var or /etc made symlinks
+# to host directories, a move had it make a world-writable tmp and root's hostname and hosts
+# there (DESIGN §5: a sandbox reaches nothing of the host's; T2).
+python3 "$MK" tarball "$W/esc.tar.gz" --gz --bin /bin/dash --bin /usr/bin/ln --bin /usr/bin/rm \
+	--link usr/bin/sh=dash --libs-of "$GUEST" --file etc/marker=esc || fail "mk the esc tarball"
+"$SC" template import esc "$W/esc.tar.gz" >/dev/null 2>"$W/e" || { cat "$W/e"; fail "import esc"; }
+mkdir -p "$W/host-var" "$W/host-etc"
+X=$("$SC" create --template esc --worker worker-1)
+"$SC" exec "$X" -- sh -c "rm -rf /var /etc && ln -s '$W/host-var' /var && ln -s '$W/host-etc' /etc" ||
+	fail "the sandbox's /var and /etc made symlinks"
+"$SC" move "$X" --to worker-2 >/dev/null 2>"$W/e" || { cat "$W/e"; fail "move the sandbox with the symlinks"; }
+expect "moved: running on worker-2" "$("$SC" inspect "$X" --json | jq -r '.state + " " + .worker')" "running worker-2"
+expect "nothing was made in the host directories its /var and /etc name" \
+	"$(find "$W/host-var" "$W/host-etc" -mindepth 1 | wc -l)" 0
+expect "its /var and /etc are still its own symlinks" "$("$SC" exec "$X" -- sh -c '[ -L /var ] && [ -L /etc ] && echo symlinks')" symlinks
+
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
