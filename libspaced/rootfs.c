@@ -876,11 +876,29 @@ static int write_node(struct writer *w, const struct node *n, size_t plen)
 	return 0;
 }
 
+/* The bytes the tree's files hold, each hard link a copy, counted up to just
+ * past cap. */
+static uint64_t tree_bytes(const struct node *n, uint64_t cap)
+{
+	uint64_t sum = n->type == 'f' ? n->size : 0;
+	for (size_t i = 0; i < n->nkids && sum <= cap; i++) {
+		uint64_t k = tree_bytes(n->kids[i], cap);
+		sum = k > cap - (sum < cap ? sum : cap) ? cap + 1 : sum + k;
+	}
+	return sum;
+}
+
 int spaced_rootfs_write(struct spaced_rootfs *t, const char *out, struct spaced_rootfs_info *info, char *why,
                         size_t whysz)
 {
 	struct writer w = {.t = t, .why = why, .whysz = whysz};
 	int r = SPACED_ENOMEM, fd = -1;
+	/* refused before anything is written: 10 MB of tarball holding 1000
+	 * hard links of one file had the archive written up to the bound (8 GiB,
+	 * a minute) before it was */
+	if (tree_bytes(t->root, t->lim.max_bytes) > t->lim.max_bytes)
+		return failf(why, whysz, SPACED_ETOOBIG, "the tree's files hold more than %llu bytes (each hard link is a copy)",
+		             (unsigned long long)t->lim.max_bytes);
 	if (!(w.buf = malloc(READ_BLOCK)) || !(w.e = archive_entry_new()) || !(w.a = archive_write_new()))
 		goto out;
 	if ((r = spaced_treehash_new(&w.h)) < 0)

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +201,15 @@ int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, c
 	const char *format = "";
 	char *cfg_text = NULL;
 	int status = 500, r;
+	/* a tenant with no room left in its quota is refused before its archive
+	 * is read: reading and writing one took the control plane up to a
+	 * minute and gigabytes, and the quota was checked only after that (the
+	 * check asks room for one byte: at its quota to the byte, a tree it holds
+	 * already is refused too) */
+	if ((status = templates_quota_locked(cp, st, tenant, "", 1, true, answer)) != 0)
+		return status;
+	cp_store_rollback(st);
+	status = 500;
 	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
 	snprintf(canon, sizeof canon, "%s/tmp/canon-XXXXXX", cp->store_dir);
 	int fd = mkstemp(canon);
@@ -499,11 +509,63 @@ static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHA
 	return r;
 }
 
-int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out)
+/* One build of a base (FROM debian:SUITE or scratch) at a time: two tenants
+ * asking for the same suite at once had two mmdebstrap runs write one file,
+ * and one of them failed (or could have taken the other's half-written
+ * archive); the second now finds the first one's tree. */
+static pthread_mutex_t base_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* FROM debian:SUITE or scratch: the shared tree, built once (base_lock held). */
+static int base_step(struct cp *cp, struct cp_store *st, const char *from, bool scratch, json_t **out)
 {
-	char why[512] = "", hash[SPACED_TREEHASH_HEX];
+	char why[512] = "", hash[SPACED_TREEHASH_HEX], step[64];
 	struct cp_rows *rows = NULL;
 	int r;
+	snprintf(step, sizeof step, "FROM %s", from);
+	/* Debian's public content: built once for every tenant */
+	if ((r = CP_Q(st, &rows, NULL, "SELECT hash FROM build_steps WHERE tenant = '' AND parent = '' AND step = $1",
+	              step)) < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	if (rows->nrows == 1) {
+		char p[PATH_MAX];
+		snprintf(hash, sizeof hash, "%s", cp_rows_get(rows, 0, 0));
+		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+		if (access(p, F_OK) == 0) {
+			cp_rows_free(rows);
+			touch_step(st, "", "", step);
+			*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 1, "config", json_object());
+			return 200;
+		}
+	}
+	cp_rows_free(rows);
+	if (scratch) {
+		struct spaced_rootfs *t = NULL;
+		char spool[PATH_MAX];
+		snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
+		r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
+		if (r == 0)
+			r = store_tree(cp, t, hash, why, sizeof why);
+		spaced_rootfs_free(t);
+	} else {
+		r = debian_base(cp, from + 7, hash, why, sizeof why);
+	}
+	if (r < 0) {
+		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
+		return 502;
+	}
+	int64_t bytes = tree_bytes(cp, hash);
+	if ((r = record_step(st, "", "", step, hash, "{}", bytes > 0 ? bytes : 0)) < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 0, "config", json_object());
+	return 200;
+}
+
+int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out)
+{
 	if (strcmp(from, "scratch") == 0 || strncmp(from, "debian:", 7) == 0) {
 		static const char *const suites[] = {"bookworm", "trixie", "bullseye"};
 		bool scratch = strcmp(from, "scratch") == 0, known = scratch;
@@ -513,48 +575,10 @@ int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			*out = cp_error("bad-request", "FROM takes debian:bookworm (trixie, bullseye), scratch or a template name");
 			return 400;
 		}
-		char step[64];
-		snprintf(step, sizeof step, "FROM %s", from);
-		/* Debian's public content: built once for every tenant */
-		if ((r = CP_Q(st, &rows, NULL, "SELECT hash FROM build_steps WHERE tenant = '' AND parent = '' AND step = $1",
-		              step)) < 0) {
-			*out = cp_error("store", spaced_strerror(r));
-			return 503;
-		}
-		if (rows->nrows == 1) {
-			char p[PATH_MAX];
-			snprintf(hash, sizeof hash, "%s", cp_rows_get(rows, 0, 0));
-			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
-			if (access(p, F_OK) == 0) {
-				cp_rows_free(rows);
-				touch_step(st, "", "", step);
-				*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 1, "config", json_object());
-				return 200;
-			}
-		}
-		cp_rows_free(rows);
-		if (scratch) {
-			struct spaced_rootfs *t = NULL;
-			char spool[PATH_MAX];
-			snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
-			r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
-			if (r == 0)
-				r = store_tree(cp, t, hash, why, sizeof why);
-			spaced_rootfs_free(t);
-		} else {
-			r = debian_base(cp, from + 7, hash, why, sizeof why);
-		}
-		if (r < 0) {
-			*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
-			return 502;
-		}
-		int64_t bytes = tree_bytes(cp, hash);
-		if ((r = record_step(st, "", "", step, hash, "{}", bytes > 0 ? bytes : 0)) < 0) {
-			*out = cp_error("store", spaced_strerror(r));
-			return 503;
-		}
-		*out = json_pack("{s:s,s:b,s:o}", "hash", hash, "cached", 0, "config", json_object());
-		return 200;
+		pthread_mutex_lock(&base_lock);
+		int status = base_step(cp, st, from, scratch, out);
+		pthread_mutex_unlock(&base_lock);
+		return status;
 	}
 	if (!spaced_name_valid(from, strlen(from))) {
 		*out = cp_error("bad-request", "FROM takes debian:bookworm, scratch or a template name");

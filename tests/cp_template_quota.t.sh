@@ -7,6 +7,8 @@
 #  - an import within the quota: 201; one past it: 429 quota-exceeded (templates_bytes), and
 #    its tree does not stay in the store;
 #  - the same tree under another name counts once: 201;
+#  - a tenant past its quota is refused before its archive is read (429 for a body that is no
+#    archive at all);
 #  - GET /v1/quota shows the quota and what the templates hold;
 #  - after a template is removed, the import that did not fit does;
 #  - a tenant has one upload in progress at a time (its second 503), another tenant's goes on;
@@ -53,6 +55,15 @@ expect "an import past the quota: 429 quota-exceeded templates_bytes" \
 expect "its tree did not stay in the store" "$(trees)" 1
 "$SC" template import a-again "$W/a.tar" >/dev/null 2>"$W/e"
 expect "the same tree under another name counts once" "$("$SC" template ls --json | jq -r '[.[].name] | sort | join(" ")')" "a a-again"
+# a tenant with no room left is refused before its archive is read: a body that is no archive at
+# all gets 429, not the 422 of reading it (reading and writing an archive that declares gigabytes
+# took a control plane up to a minute before the quota was checked)
+admin set-quota alpha templates=100K
+head -c 4096 /dev/urandom >"$W/junk.tar"
+"$SC" template import junk "$W/junk.tar" >/dev/null 2>"$W/e"
+expect "a tenant past its quota is refused before its archive is read (not an archive: 429, not 422)" \
+	"$(grep -c '429 quota-exceeded' "$W/e")" 1
+admin set-quota alpha templates=500K
 curl -s -H "Authorization: Bearer $TA" "$CP_URL/v1/quota" >"$W/q.json"
 expect "GET /v1/quota: the templates quota, and one tree held" \
 	"$(jq -r '"\(.quota.templates_bytes) \(.used.templates_bytes > 300000 and .used.templates_bytes < 400000)"' "$W/q.json")" \
