@@ -429,6 +429,8 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	           /* the DNS flows each sandbox holds to the resolver (dns_flows_per_slot);
 	            * never flushed either */
 	           "add set inet spaced dnscnt { type ifname; size 65535; flags dynamic; }\n"
+	           /* the DNS packets each sandbox's link may send a second */
+	           "add set inet spaced dnsrate { type ifname; size 65535; flags dynamic; timeout 60s; }\n"
 	           /* a DNS flow is done once answered: its entry goes 5 s after the
 	            * answer (10 s unanswered: the resolver waits up to 5 s upstream),
 	            * not after the 30 or 120 s of UDP */
@@ -496,6 +498,13 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	        "add rule inet spaced forward ip daddr 100.88.255.252/30 drop\n"
 	        "add rule inet spaced forward iifname vmap @sbxmap\n"
 	        /* the egress namespace itself answers DNS and nothing else */
+	        /* at most 400 DNS packets a second from one link (burst 800), before
+	         * anything else: the resolver's own budget per sandbox (200/s) is
+	         * kept after its one socket has read a packet, and a guest's flood
+	         * of queries on one flow (established: no new conntrack entry)
+	         * overflowed that socket for every sandbox of the worker */
+	        "add rule inet spaced input iifname \"sx*\" meta nfproto ipv4 udp dport 53 "
+	        "update @dnsrate { iifname limit rate over 400/second burst 800 packets } drop\n"
 	        "add rule inet spaced input iifname \"sx*\" ct state established,related accept\n"
 	        "add rule inet spaced input iifname \"sx*\" meta nfproto ipv4 udp dport 53 ct state new "
 	        "add @dnscnt { iifname ct count over %u } drop\n"

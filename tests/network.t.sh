@@ -197,6 +197,34 @@ else
 	fail "the namespaces of A ($AA: $PA) and the victim ($VA: $PV) not found"
 fi
 
+# ---- a flood of queries is held at the sandbox's link ----
+# The resolver's budget per sandbox (200/s) is kept after its one socket, shared by every sandbox of
+# the worker, has read a packet; a guest's flood on one flow (established: no new conntrack entry
+# to count) reached that socket whole and overflowed it. Now a link sends it at most 400 packets a
+# second (burst 800): of 20,000 queries sent at once, the egress namespace's sockets take only
+# what that allows (the kernel's count of datagrams delivered there, Udp InDatagrams).
+udp_in() { nsenter --net="$D/worker-1/net/ns" awk '/^Udp:/ { if (h) print $2; h = 1 }' /proc/net/snmp; }
+IN0=$(udp_in)
+"$SC" exec "$A" -- python3 -c "
+import socket, time
+ns = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)
+q = b'\x71\x72\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07allowed\x04test\x00\x00\x01\x00\x01'
+t = time.monotonic(); n = 0
+while n < 20000 and time.monotonic() - t < 10:
+    try:
+        s.sendto(q, (ns, 53)); n += 1
+    except BlockingIOError:
+        time.sleep(0.001)
+print(n, round(time.monotonic() - t, 2))" >"$W/flood.out" 2>&1
+IN1=$(udp_in)
+read -r SENT SECS <"$W/flood.out"
+echo "DNS flood: $SENT queries in $SECS s; datagrams delivered in the egress namespace: $((IN1 - IN0))"
+expect "20,000 queries sent at once reach the resolver's socket at most at the link's rate" \
+	"$(python3 -c "import sys; print('yes' if int(sys.argv[1]) <= 800 + 400 * float(sys.argv[2]) + 300 else 'no: %s' % sys.argv[1])" "$((IN1 - IN0))" "${SECS:-0}")" yes
+expect "another tenant's sandbox still resolves a name right after" \
+	"$(as_victim exec "$VX" -- sh -c 'getent ahostsv4 allowed.test | head -n 1 | cut -d" " -f1')" "$NH_A"
+
 # ---- root inside tries to widen its own policy ----
 "$SC" exec "$B" -- sh -c 'ip route add 198.18.0.0/15 dev eth0' >/dev/null 2>&1
 expect "root inside: ip route add refused" "$([ $? -ne 0 ] && echo refused)" refused
