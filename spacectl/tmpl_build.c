@@ -26,12 +26,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,13 +62,14 @@ struct build {
 	int cached, built;
 };
 
-/* Runs this spacectl with argv (stdin from in when not NULL); its exit status. */
-static int self(const char *const *argv, const char *in)
+/* Runs this spacectl with argv (stdin from the descriptor in when >= 0); its
+ * exit status. */
+static int self(const char *const *argv, int in)
 {
 	posix_spawn_file_actions_t fa;
 	posix_spawn_file_actions_init(&fa);
-	if (in)
-		posix_spawn_file_actions_addopen(&fa, 0, in, O_RDONLY, 0);
+	if (in >= 0)
+		posix_spawn_file_actions_adddup2(&fa, in, 0);
 	if (progress == stderr)
 		posix_spawn_file_actions_adddup2(&fa, 2, 1);
 	pid_t pid;
@@ -189,7 +192,7 @@ static int step_run(struct build *b, const char *cmd)
 	char cwd[1100] = "/";
 	if (b->workdir[0]) {
 		const char *mk[] = {"spacectl", "exec", id, "--", "mkdir", "-p", b->workdir, NULL};
-		if (self(mk, NULL) != 0) {
+		if (self(mk, -1) != 0) {
 			cli_fail("template build", "WORKDIR %s could not be made", b->workdir);
 			goto rm;
 		}
@@ -221,7 +224,10 @@ static int step_run(struct build *b, const char *cmd)
 	argv[n++] = cmd;
 	argv[n] = NULL;
 	fflush(progress);
-	int st = self(argv, "/dev/null");
+	int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	int st = self(argv, devnull);
+	if (devnull >= 0)
+		close(devnull);
 	if (st != 0) {
 		cli_fail("template build", "RUN %.200s: exit status %d", cmd, st);
 		goto rm;
@@ -244,7 +250,36 @@ struct copied {
 	char rel[PATH_MAX];
 	mode_t mode;
 	bool dir;
+	dev_t dev; /* the file the walk read */
+	ino_t ino;
 };
+
+/* The regular file the walk read at rel beneath root, opened again with no
+ * symlink followed on the way (a context someone else can change while the
+ * build runs: a file swapped for a symlink to /etc/shadow was copied into the
+ * template); -1 when it is no longer that file. */
+static int open_copied(const char *root, const struct copied *c)
+{
+	struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW,
+	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+	struct stat sb;
+	int fd;
+	if (c->rel[0]) {
+		int dir = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+		if (dir < 0)
+			return -1;
+		fd = (int)syscall(SYS_openat2, dir, c->rel, &how, sizeof how);
+		close(dir);
+	} else {
+		fd = open(root, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	}
+	if (fd >= 0 && (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_dev != c->dev || sb.st_ino != c->ino)) {
+		close(fd);
+		fd = -1;
+		errno = ESTALE;
+	}
+	return fd;
+}
 
 static int name_cmp(const void *a, const void *b)
 {
@@ -273,11 +308,13 @@ static int walk(const char *root, const char *rel, crypto_hash_sha256_state *h, 
 	snprintf(c->rel, sizeof c->rel, "%s", rel);
 	c->mode = sb.st_mode & 07777;
 	c->dir = S_ISDIR(sb.st_mode);
+	c->dev = sb.st_dev;
+	c->ino = sb.st_ino;
 	char head[PATH_MAX + 64];
 	int hl = snprintf(head, sizeof head, "%s\n%o\n%c\n", rel, (unsigned)c->mode, c->dir ? 'd' : 'f');
 	crypto_hash_sha256_update(h, (const unsigned char *)head, (unsigned long long)hl);
 	if (!c->dir) {
-		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+		int fd = open_copied(root, c);
 		unsigned char buf[65536];
 		ssize_t r;
 		if (fd < 0)
@@ -360,7 +397,7 @@ static int step_copy(struct build *b, const char *src, const char *dst)
 		int st;
 		if (list[i].dir) {
 			const char *a[] = {"spacectl", "fs", "mkdir", id, to, NULL};
-			st = self(a, NULL);
+			st = self(a, -1);
 		} else {
 			/* the parent directory of a single file copied alone */
 			if (i == 0) {
@@ -370,14 +407,21 @@ static int step_copy(struct build *b, const char *src, const char *dst)
 				if (slash && slash != parent) {
 					*slash = 0;
 					const char *a[] = {"spacectl", "fs", "mkdir", id, parent, NULL};
-					self(a, NULL);
+					self(a, -1);
 				}
 			}
 			const char *a[] = {"spacectl", "fs", "write", id, to, NULL};
-			st = self(a, from);
+			int in = open_copied(real, &list[i]);
+			if (in < 0) {
+				cli_fail("template build", "COPY %s: %s changed while the build ran: %s", src, from,
+				         strerror(errno));
+				goto rm;
+			}
+			st = self(a, in);
+			close(in);
 			if (st == 0 && (list[i].mode & 0111)) {
 				const char *ch[] = {"spacectl", "exec", id, "--", "chmod", mode, to, NULL};
-				self(ch, NULL);
+				self(ch, -1);
 			}
 		}
 		if (st != 0) {
