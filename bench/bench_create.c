@@ -23,7 +23,9 @@
  * hit rate over the measured creates comes from the worker's status.
  * Needs root (the process substrate) and bwrap. Last line: one JSON object.
  * BENCH_POOL=N sets the worker's --pool (default N_CONCURRENT + 4);
- * BENCH_CPU_LATENCY_US=N starts the worker with --cpu-latency-us N.
+ * BENCH_CPU_LATENCY_US=N starts the worker with --cpu-latency-us N;
+ * BENCH_REQUEST_CPU=LIST with --request-cpu LIST (pin=off: the request path
+ * not kept on one CPU).
  * BENCH_TMP=DIR puts the cluster's directory under DIR instead of /tmp (to
  * compare file systems); BENCH_TRACE=1 prints the concurrent burst's window
  * in CLOCK_MONOTONIC seconds, for `perf record -k CLOCK_MONOTONIC -a` and
@@ -365,10 +367,13 @@ int main(int argc, char **argv)
 	/* plaintext: one kept-alive connection per client, so TLS would add a
 	 * record's encryption per request, not a handshake (bench-node measures
 	 * that cost: within the noise); the create path is what is measured */
-	const char *lat = getenv("BENCH_CPU_LATENCY_US");
-	char latopt[64] = "";
+	const char *lat = getenv("BENCH_CPU_LATENCY_US"), *rq = getenv("BENCH_REQUEST_CPU");
+	char latopt[160] = "";
 	if (lat && strspn(lat, "0123456789") == strlen(lat) && lat[0])
 		snprintf(latopt, sizeof latopt, " --cpu-latency-us %s", lat);
+	/* the workers' --request-cpu (weight=N,max=CPUS,pin=CPU|off, or off) */
+	if (rq && rq[0] && strspn(rq, "abcdefghijklmnopqrstuvwxyz0123456789=,.") == strlen(rq) && strlen(rq) < 64)
+		snprintf(latopt + strlen(latopt), sizeof latopt - strlen(latopt), " --request-cpu %s", rq);
 	snprintf(cmd, sizeof cmd,
 	         "%s/spacectl/spacectl dev up --workers 1 --dir %s/c --pool %d --plaintext%s >%s/up.log 2>&1", top, dir,
 	         pool, latopt, dir);
