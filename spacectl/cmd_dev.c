@@ -3,7 +3,7 @@
  *   dev up [--workers N] [--dir DIR] [--substrate process|qemu|dev] [--stall-timeout S] [--log-format text|json]
  *          [--pool N] [--disk-io bps=SIZE,iops=N] [--allocatable memory=SIZE,pids=N] [--net-rate BITS]
  *          [--disk-reserve SIZE] [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]
- *          [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS|off] [--plaintext]
+ *          [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS,pin=CPU|last|off] [--plaintext]
  *   dev down [--dir DIR]
  *   dev status [--dir DIR]
  *   dev certs [--dir DIR] [--workers N]
@@ -59,7 +59,7 @@ static const char usage_dev[] =
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
 	"                       [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]\n"
 	"                       [--cpu-latency-us N]\n"
-	"                       [--request-cpu weight=N,max=CPUS|off] [--plaintext]\n"
+	"                       [--request-cpu weight=N,max=CPUS,pin=CPU|last|off] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
 	"       spacectl dev status [--dir DIR]\n"

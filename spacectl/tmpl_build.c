@@ -254,25 +254,39 @@ struct copied {
 	ino_t ino;
 };
 
-/* The regular file the walk read at rel beneath root, opened again with no
- * symlink followed on the way (a context someone else can change while the
- * build runs: a file swapped for a symlink to /etc/shadow was copied into the
- * template); -1 when it is no longer that file. */
-static int open_copied(const char *root, const struct copied *c)
+/* What a COPY reads: entries beneath the context's directory (a descriptor
+ * opened once), each found from it again with no symlink followed on the
+ * way. The context may be someone else's to change while the build runs (a
+ * repository a CI job builds): a file swapped for a symlink to /etc/shadow,
+ * or a directory of the source for one to /, had host files copied. */
+struct copy_src {
+	int ctx;             /* O_PATH descriptor of the context */
+	const char *context; /* its path, for messages */
+	const char *src;     /* the source, relative to the context */
+};
+
+/* src/rel relative to the context, in out. */
+static void src_path(const struct copy_src *cs, const char *rel, char *out, size_t outsz)
 {
-	struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW,
+	snprintf(out, outsz, "%s%s%s", cs->src, rel[0] ? "/" : "", rel);
+}
+
+static int open_beneath(const struct copy_src *cs, const char *rel, uint64_t flags)
+{
+	char path[PATH_MAX * 2];
+	struct open_how how = {.flags = flags | O_CLOEXEC | O_NOFOLLOW,
 	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+	src_path(cs, rel, path, sizeof path);
+	return (int)syscall(SYS_openat2, cs->ctx, path, &how, sizeof how);
+}
+
+/* The regular file the walk read (c), opened for reading; -1 when it is no
+ * longer that file (ESTALE). Non-blocking: a file swapped for a FIFO is
+ * refused, not waited on. */
+static int open_copied(const struct copy_src *cs, const struct copied *c)
+{
 	struct stat sb;
-	int fd;
-	if (c->rel[0]) {
-		int dir = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-		if (dir < 0)
-			return -1;
-		fd = (int)syscall(SYS_openat2, dir, c->rel, &how, sizeof how);
-		close(dir);
-	} else {
-		fd = open(root, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	}
+	int fd = open_beneath(cs, c->rel, O_RDONLY | O_NONBLOCK);
 	if (fd >= 0 && (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_dev != c->dev || sb.st_ino != c->ino)) {
 		close(fd);
 		fd = -1;
@@ -286,16 +300,26 @@ static int name_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Every entry under root (sorted walk), digested; directories and regular
- * files only (a symlink in the context is refused: it could point out). */
-static int walk(const char *root, const char *rel, crypto_hash_sha256_state *h, struct copied **list, size_t *n,
-                size_t *cap, int depth)
+/* Every entry under the source (sorted walk), digested; directories and
+ * regular files only (a symlink in the context is refused: it could point
+ * out). */
+static int walk(const struct copy_src *cs, const char *rel, crypto_hash_sha256_state *h, struct copied **list,
+                size_t *n, size_t *cap, int depth)
 {
-	char path[PATH_MAX];
+	char path[PATH_MAX * 3], relp[PATH_MAX];
 	struct stat sb;
-	snprintf(path, sizeof path, "%s%s%s", root, rel[0] ? "/" : "", rel);
-	if (depth > 64 || lstat(path, &sb) < 0)
-		return cli_fail("template build", "COPY: %s: %s", path, depth > 64 ? "too deep" : strerror(errno));
+	src_path(cs, rel, relp, sizeof relp);
+	snprintf(path, sizeof path, "%s/%s", cs->context, relp);
+	if (depth > 64)
+		return cli_fail("template build", "COPY: %s: too deep", path);
+	int pfd = open_beneath(cs, rel, O_PATH);
+	if (pfd < 0)
+		return cli_fail("template build", "COPY: %s: %s", path,
+		                errno == ELOOP ? "a symlink on the way (symlinks are not copied)" : strerror(errno));
+	int st = fstat(pfd, &sb);
+	close(pfd);
+	if (st < 0)
+		return cli_fail("template build", "COPY: %s: %s", path, strerror(errno));
 	if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
 		return cli_fail("template build", "COPY: %s is not a file or directory (symlinks are not copied)", path);
 	if (*n == *cap) {
@@ -314,7 +338,7 @@ static int walk(const char *root, const char *rel, crypto_hash_sha256_state *h, 
 	int hl = snprintf(head, sizeof head, "%s\n%o\n%c\n", rel, (unsigned)c->mode, c->dir ? 'd' : 'f');
 	crypto_hash_sha256_update(h, (const unsigned char *)head, (unsigned long long)hl);
 	if (!c->dir) {
-		int fd = open_copied(root, c);
+		int fd = open_copied(cs, c);
 		unsigned char buf[65536];
 		ssize_t r;
 		if (fd < 0)
@@ -324,9 +348,13 @@ static int walk(const char *root, const char *rel, crypto_hash_sha256_state *h, 
 		close(fd);
 		return 0;
 	}
-	DIR *d = opendir(path);
-	if (!d)
+	int dfd = open_beneath(cs, rel, O_RDONLY | O_DIRECTORY);
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
 		return cli_fail("template build", "COPY: %s: %s", path, strerror(errno));
+	}
 	char **names = NULL;
 	size_t nn = 0, nc = 0;
 	struct dirent *de;
@@ -346,7 +374,7 @@ static int walk(const char *root, const char *rel, crypto_hash_sha256_state *h, 
 	for (size_t i = 0; i < nn && rc == 0; i++) {
 		char sub[PATH_MAX];
 		snprintf(sub, sizeof sub, "%s%s%s", rel, rel[0] ? "/" : "", names[i]);
-		rc = walk(root, sub, h, list, n, cap, depth + 1);
+		rc = walk(cs, sub, h, list, n, cap, depth + 1);
 	}
 	for (size_t i = 0; i < nn; i++)
 		free(names[i]);
@@ -356,23 +384,36 @@ static int walk(const char *root, const char *rel, crypto_hash_sha256_state *h, 
 
 static int step_copy(struct build *b, const char *src, const char *dst)
 {
-	char real[PATH_MAX], want[PATH_MAX + 2], id[128];
-	snprintf(want, sizeof want, "%s/%s", b->context, src);
-	if (!realpath(want, real))
-		return cli_fail("template build", "COPY %s: %s", src, strerror(errno));
-	size_t cl = strlen(b->context);
-	if (strncmp(real, b->context, cl) != 0 || (real[cl] != '/' && real[cl] != 0))
-		return cli_fail("template build", "COPY %s: outside the context %s", src, b->context);
+	char id[128];
+	/* the source beneath the context, never through a symlink or out of it
+	 * (openat2 RESOLVE_BENEATH: "../x" and "/x" are refused) */
+	struct copy_src cs = {.context = b->context, .src = src};
 	if (dst[0] != '/')
 		return cli_fail("template build", "COPY %s %s: the destination must be an absolute path", src, dst);
+	if (src[0] == '/')
+		return cli_fail("template build", "COPY %s: outside the context %s", src, b->context);
+	cs.ctx = open(b->context, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (cs.ctx < 0)
+		return cli_fail("template build", "COPY %s: the context %s: %s", src, b->context, strerror(errno));
+	int pfd = open_beneath(&cs, "", O_PATH);
+	if (pfd < 0) {
+		int err = errno;
+		close(cs.ctx);
+		return cli_fail("template build", "COPY %s: %s", src,
+		                err == EXDEV   ? "outside the context"
+		                : err == ELOOP ? "a symlink on the way (symlinks are not copied)"
+		                               : strerror(err));
+	}
+	close(pfd);
 	crypto_hash_sha256_state h;
 	unsigned char dg[32];
 	char hex[65];
 	struct copied *list = NULL;
 	size_t n = 0, cap = 0;
 	crypto_hash_sha256_init(&h);
-	if (walk(real, "", &h, &list, &n, &cap, 0) != 0) {
+	if (walk(&cs, "", &h, &list, &n, &cap, 0) != 0) {
 		free(list);
+		close(cs.ctx);
 		return 1;
 	}
 	crypto_hash_sha256_final(&h, dg);
@@ -392,7 +433,9 @@ static int step_copy(struct build *b, const char *src, const char *dst)
 	for (size_t i = 0; i < n; i++) {
 		char to[PATH_MAX * 2], from[PATH_MAX * 2], mode[16];
 		snprintf(to, sizeof to, "%s%s%s", dst, list[i].rel[0] ? "/" : "", list[i].rel);
-		snprintf(from, sizeof from, "%s%s%s", real, list[i].rel[0] ? "/" : "", list[i].rel);
+		char relp[PATH_MAX];
+		src_path(&cs, list[i].rel, relp, sizeof relp);
+		snprintf(from, sizeof from, "%s/%s", b->context, relp);
 		snprintf(mode, sizeof mode, "%o", (unsigned)list[i].mode);
 		int st;
 		if (list[i].dir) {
@@ -411,7 +454,7 @@ static int step_copy(struct build *b, const char *src, const char *dst)
 				}
 			}
 			const char *a[] = {"spacectl", "fs", "write", id, to, NULL};
-			int in = open_copied(real, &list[i]);
+			int in = open_copied(&cs, &list[i]);
 			if (in < 0) {
 				cli_fail("template build", "COPY %s: %s changed while the build ran: %s", src, from,
 				         strerror(errno));
@@ -439,6 +482,7 @@ rm:
 out:
 	free(key);
 	free(list);
+	close(cs.ctx);
 	return rc;
 }
 

@@ -509,11 +509,15 @@ static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHA
 	return r;
 }
 
-/* One build of a base (FROM debian:SUITE or scratch) at a time: two tenants
- * asking for the same suite at once had two mmdebstrap runs write one file,
- * and one of them failed (or could have taken the other's half-written
- * archive); the second now finds the first one's tree. */
-static pthread_mutex_t base_lock = PTHREAD_MUTEX_INITIALIZER;
+/* One build of each base (FROM debian:SUITE or scratch) at a time: two
+ * tenants asking for the same suite at once had two mmdebstrap runs write one
+ * file, and one of them failed (or could have taken the other's half-written
+ * archive); the second now finds the first one's tree. One lock per base
+ * (base_suites' order, then scratch): a suite's minutes-long build holds up
+ * no other. */
+static const char *const base_suites[] = {"bookworm", "trixie", "bullseye"};
+static pthread_mutex_t base_lock[4] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                       PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
 
 /* FROM debian:SUITE or scratch: the shared tree, built once (base_lock held). */
 static int base_step(struct cp *cp, struct cp_store *st, const char *from, bool scratch, json_t **out)
@@ -567,17 +571,17 @@ static int base_step(struct cp *cp, struct cp_store *st, const char *from, bool 
 int cp_build_from(struct cp *cp, struct cp_store *st, const char *tenant, const char *from, json_t **out)
 {
 	if (strcmp(from, "scratch") == 0 || strncmp(from, "debian:", 7) == 0) {
-		static const char *const suites[] = {"bookworm", "trixie", "bullseye"};
-		bool scratch = strcmp(from, "scratch") == 0, known = scratch;
-		for (size_t i = 0; !known && i < sizeof suites / sizeof suites[0]; i++)
-			known = strcmp(from + 7, suites[i]) == 0;
-		if (!known) {
+		bool scratch = strcmp(from, "scratch") == 0;
+		size_t k = scratch ? 3 : 0;
+		while (!scratch && k < 3 && strcmp(from + 7, base_suites[k]) != 0)
+			k++;
+		if (k == 3 && !scratch) {
 			*out = cp_error("bad-request", "FROM takes debian:bookworm (trixie, bullseye), scratch or a template name");
 			return 400;
 		}
-		pthread_mutex_lock(&base_lock);
+		pthread_mutex_lock(&base_lock[k]);
 		int status = base_step(cp, st, from, scratch, out);
-		pthread_mutex_unlock(&base_lock);
+		pthread_mutex_unlock(&base_lock[k]);
 		return status;
 	}
 	if (!spaced_name_valid(from, strlen(from))) {

@@ -521,7 +521,8 @@ static int apply_base(const struct mgr_config *cfg, const char *ns, char *why, s
 	         * leaves from the ephemeral range and above, never from a port of
 	         * the host's services (a sandbox sending from 5353 had made pasta
 	         * hold the host's 0.0.0.0:5353) */
-	        "add rule inet spaced post oifname \"up0\" meta l4proto udp masquerade to :" NET_UDP_PORTS "\n"
+	        /* (random: a source port already in the range is not kept either) */
+	        "add rule inet spaced post oifname \"up0\" meta l4proto udp masquerade to :" NET_UDP_PORTS " random\n"
 	        "add rule inet spaced post oifname \"up0\" masquerade\n",
 	        dns_flows_per_slot(cfg));
 	fclose(f);
@@ -802,6 +803,8 @@ static int flush_cb(enum nf_conntrack_msg_type type, struct nf_conntrack *ct, vo
 	(void)type;
 	if (nfct_get_attr_u8(ct, ATTR_L3PROTO) != AF_INET || nfct_get_attr_u32(ct, ATTR_ORIG_IPV4_SRC) != x->addr)
 		return NFCT_CB_CONTINUE;
+	/* (past cap, NET_CONN_MAX twice what one execution may hold, its
+	 * entries are still deleted and pasta's sockets go when idle) */
 	if (nfct_get_attr_u8(ct, ATTR_L4PROTO) == IPPROTO_TCP && x->ntcp < x->cap) {
 		struct gone_flow *f = &x->tcp[x->ntcp++];
 		f->nat_addr = nfct_get_attr_u32(ct, ATTR_REPL_IPV4_DST);
@@ -872,18 +875,22 @@ static void flush_slot_flows(const char *ns, uint32_t slot)
 {
 	struct flush_ctx x = {.addr = htonl(NET_POOL + 4 * slot + 2), .cap = NET_CONN_MAX * 2};
 	struct nfct_handle *dump = NULL;
-	int raw = -1;
+	int raw = -1, err = 0;
 	const char *why = NULL;
 	int own = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC), target = open(ns, O_RDONLY | O_CLOEXEC);
 	if (own < 0 || target < 0 || setns(target, CLONE_NEWNET) < 0) {
 		why = "cannot enter the egress namespace";
+		err = errno;
 	} else {
-		dump = nfct_open(CONNTRACK, 0);
-		x.del = nfct_open(CONNTRACK, 0);
-		raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+		if (!(dump = nfct_open(CONNTRACK, 0)) || !(x.del = nfct_open(CONNTRACK, 0)) ||
+		    (raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW)) < 0) {
+			why = "cannot open conntrack or a raw socket";
+			err = errno;
+		}
 		if (setns(own, CLONE_NEWNET) < 0) {
-			/* this thread would reach nothing of the host's any more: its
-			 * supervisor starts the process again */
+			/* this process would reach nothing of the host's any more: it
+			 * is an executor's job child (a start's, a pool start's or a
+			 * stop's), which ends here and its job with it */
 			spaced_log("executor", "level=error event=netns-return-failed reason=\"%s\"", strerror(errno));
 			abort();
 		}
@@ -892,21 +899,23 @@ static void flush_slot_flows(const char *ns, uint32_t slot)
 		close(own);
 	if (target >= 0)
 		close(target);
-	if (!why && (!dump || !x.del || raw < 0))
-		why = "cannot open conntrack or a raw socket";
-	if (!why && !(x.tcp = calloc(x.cap, sizeof *x.tcp)))
+	if (!why && !(x.tcp = calloc(x.cap, sizeof *x.tcp))) {
 		why = "out of memory";
+		err = ENOMEM;
+	}
 	if (!why) {
 		uint32_t family = AF_INET;
 		nfct_callback_register(dump, NFCT_T_ALL, flush_cb, &x);
-		if (nfct_query(dump, NFCT_Q_DUMP, &family) < 0)
+		if (nfct_query(dump, NFCT_Q_DUMP, &family) < 0) {
 			why = "the conntrack dump failed";
+			err = errno;
+		}
 		for (size_t i = 0; i < x.ntcp; i++)
 			reset_at_pasta(raw, &x.tcp[i]);
 	}
 	if (why)
 		spaced_log("executor", "level=warn event=net-flows-kept slot=%u deleted=%u reason=\"%s: %s\"",
-		           (unsigned)slot, x.deleted, why, strerror(errno));
+		           (unsigned)slot, x.deleted, why, strerror(err));
 	else if (x.failed)
 		spaced_log("executor", "level=warn event=net-flows-kept slot=%u deleted=%u failed=%u", (unsigned)slot,
 		           x.deleted, x.failed);
@@ -922,13 +931,52 @@ static void flush_slot_flows(const char *ns, uint32_t slot)
 		close(raw);
 }
 
+/* STATE/net/slot/N.holder: "PID START" of the process whose network
+ * namespace holds slot N's link now (an execution's PID 1, or its QEMU),
+ * written as its link is made. */
+static void holder_path(const struct mgr_config *cfg, uint32_t slot, char *path, size_t pathsz)
+{
+	snprintf(path, pathsz, "%s/net/slot/%u.holder", cfg->state_dir, (unsigned)slot);
+}
+
+/* True when the holder file names a process that still runs (not a zombie). */
+static bool holder_alive(const char *path)
+{
+	char text[64], statp[64], st[512];
+	long pid;
+	unsigned long long start;
+	uint64_t now;
+	FILE *f = fopen(path, "re");
+	bool got = f && fgets(text, sizeof text, f) && sscanf(text, "%ld %llu", &pid, &start) == 2 && pid > 0;
+	if (f)
+		fclose(f);
+	if (!got || spaced_proc_start_time((pid_t)pid, &now) < 0 || now != start)
+		return false;
+	snprintf(statp, sizeof statp, "/proc/%ld/stat", pid);
+	f = fopen(statp, "re");
+	got = f && fgets(st, sizeof st, f);
+	if (f)
+		fclose(f);
+	const char *rp = got ? strrchr(st, ')') : NULL;
+	return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
 void net_release(const struct mgr_config *cfg, const struct mgr_rec *rec)
 {
-	char ns[4200];
+	char ns[4200], holder[4200];
 	uint32_t slot;
 	if (!net_enabled(cfg) || slot_of(cfg, rec, &slot) < 0)
 		return;
 	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	/* the execution stopped has let its uid range go: a newer one may have
+	 * the slot already (a replacement started beside this stop), whose
+	 * flows are its own (its attach ended the older ones) */
+	holder_path(cfg, slot, holder, sizeof holder);
+	if (holder_alive(holder)) {
+		spaced_log("executor", "level=info event=net-flows-kept slot=%u reason=\"a newer execution holds the slot\"",
+		           (unsigned)slot);
+		return;
+	}
 	if (is_nsfs(ns))
 		flush_slot_flows(ns, slot);
 }
@@ -1330,6 +1378,14 @@ static int attach_locked(const struct mgr_config *cfg, uint32_t slot, pid_t init
 	if (link_exists(ns, ifn))
 		run_in(ns, del, NULL, NULL, 0); /* left by an execution that is gone */
 	flush_slot_flows(ns, slot); /* also left by one whose executor did not see it end */
+	/* the slot's holder from now on (net_release) */
+	uint64_t start;
+	char holder[4200], htext[64];
+	if (spaced_proc_start_time(init, &start) == 0) {
+		holder_path(cfg, slot, holder, sizeof holder);
+		snprintf(htext, sizeof htext, "%ld %llu\n", (long)init, (unsigned long long)start);
+		(void)write_atomic(holder, htext, false);
+	}
 	snprintf(script, sizeof script,
 	         "link add %s mtu 65520 type veth peer name eth0 mtu 65520 netns %s\n"
 	         "addr add %s/30 dev %s\n"

@@ -256,15 +256,19 @@ static int disk_io_parse(const char *text, uint64_t *bps, uint64_t *iops)
 
 /* --request-cpu: "weight=N,max=CPUS,pin=CPU|last|off" (any of them; fields
  * named replace the defaults) or "off". pin: *pin is the CPU, -2 for the
- * last this process may use, -1 for none. */
-static int request_cpu_parse(const char *text, uint32_t *weight, uint32_t *max_milli, int *pin, bool *on)
+ * last this process may use, -1 for none. *cgroup: weight or max named (the
+ * cgroup is then asked for, and must be had). */
+static int request_cpu_parse(const char *text, uint32_t *weight, uint32_t *max_milli, int *pin, bool *on,
+                             bool *cgroup)
 {
 	char buf[128];
 	uint32_t w = *weight, m = *max_milli;
 	int pn = *pin;
 
+	bool cg = false;
 	if (strcmp(text, "off") == 0) {
 		*on = false;
+		*cgroup = false;
 		return 0;
 	}
 	if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf)
@@ -279,7 +283,9 @@ static int request_cpu_parse(const char *text, uint32_t *weight, uint32_t *max_m
 			if (!num_opt(f + 7, 1, 100, &n))
 				return -1;
 			w = (uint32_t)n;
+			cg = true;
 		} else if (strncmp(f, "max=", 4) == 0) {
+			cg = true;
 			if (strcmp(f + 4, "0") == 0)
 				m = 0;
 			else if (spaced_cpus_parse(f + 4, &m) < 0 || m < 100)
@@ -300,6 +306,7 @@ static int request_cpu_parse(const char *text, uint32_t *weight, uint32_t *max_m
 	*max_milli = m;
 	*pin = pn;
 	*on = true;
+	*cgroup = cg;
 	return 0;
 }
 
@@ -319,7 +326,7 @@ static void usage(void)
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
 	                "                   [--net-closed CIDR[,CIDR]...]\n"
-	                "                   [--net-conns N] [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS,pin=CPU|off]\n"
+	                "                   [--net-conns N] [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS,pin=CPU|last|off]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -1183,9 +1190,10 @@ int main(int argc, char **argv)
 			cpu_latency_us = (int32_t)n;
 		}
 		else if (strcmp(a, "--request-cpu") == 0) {
-			REQUEST_CPU_ASKED = strcmp(v, "off") != 0;
+			/* a weight or a ceiling named is enforced (request_cpu_check);
+			 * a pin alone needs no cgroup */
 			if (request_cpu_parse(v, &REQUEST_CPU_WEIGHT, &REQUEST_CPU_MAX_MILLI, &REQUEST_CPU_PIN,
-			                      &REQUEST_CPU_ON) < 0) {
+			                      &REQUEST_CPU_ON, &REQUEST_CPU_ASKED) < 0) {
 				fprintf(stderr, "spaced-node: --request-cpu wants weight=N (1 .. 100),max=CPUS (0.1 at least; "
 				                "0: no ceiling),pin=CPU|last|off, any of them, or off\n");
 				return 2;

@@ -75,20 +75,23 @@ s.sendto(q, ('$NH_B', 53)); a = s.recv(512); print(struct.unpack('>H', a[6:8])[0
 
 # ---- UDP leaves the host from ports of spaced's own range ----
 # pasta binds a host socket to a UDP flow's source port: a sandbox sending from 7777 had made it
-# hold the host's 0.0.0.0:7777 (any port from 1024 up, and a microVM's root any port at all)
-got=$("$SC" exec "$A" -- python3 -c "
+# hold the host's 0.0.0.0:7777 (any port from 1024 up, and a microVM's root any port at all); a
+# port of the range itself is not kept either (40000: it would be, unless chosen at random)
+for sp in 7777 40000; do
+	got=$("$SC" exec "$A" -- python3 -c "
 import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 7777)); s.settimeout(3)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', $sp)); s.settimeout(3)
 s.sendto(b'x', ('$NH_A', 9002)); print(s.recv(100).decode())" 2>&1)
-case "$got" in
-"from $NH_GW:"*) ok "UDP from the sandbox's port 7777 reaches the outside host and is answered" ;;
-*) fail "UDP echo: $got" ;;
-esac
-port=${got##*:}
-expect "it left the host from a port of 32768-65535 (got $port)" \
-	"$([ "$port" -ge 32768 ] 2>/dev/null && [ "$port" -le 65535 ] && echo yes)" yes
-expect "the host's port 7777 is not held by this worker's pasta" \
-	"$(ss -Huapn 'sport = :7777' | grep -c "pid=$(cat "$D/worker-1/net/pasta.pid"),")" 0
+	case "$got" in
+	"from $NH_GW:"*) ok "UDP from the sandbox's port $sp reaches the outside host and is answered" ;;
+	*) fail "UDP echo from $sp: $got" ;;
+	esac
+	port=${got##*:}
+	expect "it left the host from another port of 32768-65535 (got $port)" \
+		"$([ "$port" -ge 32768 ] 2>/dev/null && [ "$port" -le 65535 ] && [ "$port" != "$sp" ] && echo yes)" yes
+	expect "the host's port $sp is not held by this worker's pasta" \
+		"$(ss -Huapn "sport = :$sp" | grep -c "pid=$(cat "$D/worker-1/net/pasta.pid"),")" 0
+done
 
 # ---- deny mode with an allowed domain ----
 B=$("$SC" create --worker worker-1 --network deny --allow-out allowed.test)
@@ -192,6 +195,9 @@ for i in range(300):
 	sleep 0.5
 	expect "ARP requests from other sender addresses leave no neighbour entry in the egress namespace" \
 		"$(nsenter --net="$D/worker-1/net/ns" ip -4 neigh show | grep -c '^10\.90\.')" 0
+	# and A's own address is still taken in: both ends forget each other first
+	nsenter --net="/proc/$PA/ns/net" ip neigh flush dev eth0 2>/dev/null
+	nsenter --net="$D/worker-1/net/ns" ip neigh flush all 2>/dev/null
 	expect "A's own ARP is still answered (it reaches the outside host)" "$(code "$A" "http://$NH_A:8080/")" 200
 else
 	fail "the namespaces of A ($AA: $PA) and the victim ($VA: $PV) not found"
