@@ -18,10 +18,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
-#include <linux/openat2.h>
 
 #include "spaced_error.h"
 #include "frame.h"
@@ -1010,9 +1008,7 @@ static int snapshot_link_ok(const char *target, const char *full, char *why, siz
 	snprintf(t, sizeof t, "%s", target);
 	if (!normalized(t) || walk_cmp(t, full) >= 0)
 		return failf(why, whysz, SPACED_EFORMAT, "%.200s: a hard link to %.200s, not a file before it", full, target);
-	struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
-	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
-	int fd = (int)syscall(SYS_openat2, AT_FDCWD, t, &how, sizeof how);
+	int fd = spaced_open_beneath(AT_FDCWD, t, O_PATH);
 	struct stat sb;
 	bool ok = fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
 	if (fd >= 0)
@@ -1028,9 +1024,7 @@ static int snapshot_link_ok(const char *target, const char *full, char *why, siz
  * cannot be (then it is written as libarchive writes it). */
 static int extracting_fd(const char *full)
 {
-	struct open_how how = {.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
-	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
-	int fd = (int)syscall(SYS_openat2, AT_FDCWD, full, &how, sizeof how);
+	int fd = spaced_open_beneath(AT_FDCWD, full, O_RDONLY | O_NONBLOCK | O_NOCTTY);
 	struct stat sb;
 	if (fd >= 0 && (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode))) {
 		close(fd);

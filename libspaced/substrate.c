@@ -42,7 +42,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <linux/openat2.h>
 #include <linux/sched.h>
 
 #include "spaced_error.h"
@@ -182,10 +181,7 @@ static int plan_layers(const char *state, const char *base, struct layer *layers
  * symlink, ENOTDIR, ENOENT). */
 static int open_beneath(int dirfd, const char *rel)
 {
-	struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
-	                        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
-
-	return (int)syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
+	return spaced_open_beneath(dirfd, rel, O_PATH | O_DIRECTORY);
 }
 
 /* Makes the directory leaf in parent (a descriptor) with mode, owned by
@@ -1241,11 +1237,9 @@ static void name_execution(struct spaced_sub *s, const char *name)
 		return;
 	static const char *const files[] = { "hostname", "hosts" };
 	for (int i = 0; i < 2; i++) {
-		struct open_how how = { .flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW,
-		                        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
 		char rel[64], old[512];
 		snprintf(rel, sizeof(rel), "%s/%s", s->etc_upper, files[i]);
-		int fd = (int)syscall(SYS_openat2, up, rel, &how, sizeof(how));
+		int fd = spaced_open_beneath(up, rel, O_RDWR);
 		if (fd < 0)
 			continue;
 		ssize_t n = read(fd, old, sizeof(old) - 1);

@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -458,4 +460,11 @@ int spaced_copy_range(int in, int out, off_t off, off_t len, struct spaced_pace 
 		len -= n;
 	}
 	return 0;
+}
+
+int spaced_open_beneath(int dirfd, const char *path, int flags)
+{
+	struct open_how how = {.flags = (uint64_t)(flags | O_NOFOLLOW | O_CLOEXEC),
+	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+	return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
 }

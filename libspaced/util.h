@@ -121,6 +121,13 @@ void spaced_dir_names_free(char **names, size_t n);
  * mode: of a tmp made here. Returns 0 or SPACED_EIO (tmp removed). */
 int spaced_file_replace(const char *tmp, const char *path, const void *p, size_t n, unsigned mode, bool durable);
 
+/* openat(2) of path beneath dirfd (AT_FDCWD: the working directory) that
+ * follows no symlink on the way nor at its end and never leaves dirfd
+ * (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+ * O_NOFOLLOW and O_CLOEXEC added to flags): for paths in a tree a tenant
+ * made. -1 with errno (ELOOP for a symlink, EXDEV for a way out). */
+int spaced_open_beneath(int dirfd, const char *path, int flags);
+
 /* Creates tmp empty (with mode) when it does not exist, for a later
  * spaced_file_replace(); best effort. */
 void spaced_file_prepare(const char *tmp, unsigned mode);

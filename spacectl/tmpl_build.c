@@ -26,14 +26,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/openat2.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,6 +41,7 @@
 #include "cli.h"
 #include "http_client.h"
 #include "tmpl.h"
+#include "util.h"
 
 extern char **environ;
 
@@ -265,19 +264,21 @@ struct copy_src {
 	const char *src;     /* the source, relative to the context */
 };
 
-/* src/rel relative to the context, in out. */
-static void src_path(const struct copy_src *cs, const char *rel, char *out, size_t outsz)
+/* src/rel relative to the context, in out; false when it does not fit. */
+static bool src_path(const struct copy_src *cs, const char *rel, char *out, size_t outsz)
 {
-	snprintf(out, outsz, "%s%s%s", cs->src, rel[0] ? "/" : "", rel);
+	int n = snprintf(out, outsz, "%s%s%s", cs->src, rel[0] ? "/" : "", rel);
+	return n >= 0 && (size_t)n < outsz;
 }
 
-static int open_beneath(const struct copy_src *cs, const char *rel, uint64_t flags)
+static int open_beneath(const struct copy_src *cs, const char *rel, int flags)
 {
 	char path[PATH_MAX * 2];
-	struct open_how how = {.flags = flags | O_CLOEXEC | O_NOFOLLOW,
-	                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
-	src_path(cs, rel, path, sizeof path);
-	return (int)syscall(SYS_openat2, cs->ctx, path, &how, sizeof how);
+	if (!src_path(cs, rel, path, sizeof path)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	return spaced_open_beneath(cs->ctx, path, flags);
 }
 
 /* The regular file the walk read (c), opened for reading; -1 when it is no
@@ -306,7 +307,7 @@ static int name_cmp(const void *a, const void *b)
 static int walk(const struct copy_src *cs, const char *rel, crypto_hash_sha256_state *h, struct copied **list,
                 size_t *n, size_t *cap, int depth)
 {
-	char path[PATH_MAX * 3], relp[PATH_MAX];
+	char path[PATH_MAX * 3], relp[PATH_MAX * 2];
 	struct stat sb;
 	src_path(cs, rel, relp, sizeof relp);
 	snprintf(path, sizeof path, "%s/%s", cs->context, relp);
@@ -431,9 +432,9 @@ static int step_copy(struct build *b, const char *src, const char *dst)
 	if (sandbox(b, id, sizeof id) < 0)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
-		char to[PATH_MAX * 2], from[PATH_MAX * 2], mode[16];
+		char to[PATH_MAX * 2], from[PATH_MAX * 3], mode[16];
 		snprintf(to, sizeof to, "%s%s%s", dst, list[i].rel[0] ? "/" : "", list[i].rel);
-		char relp[PATH_MAX];
+		char relp[PATH_MAX * 2];
 		src_path(&cs, list[i].rel, relp, sizeof relp);
 		snprintf(from, sizeof from, "%s/%s", b->context, relp);
 		snprintf(mode, sizeof mode, "%o", (unsigned)list[i].mode);

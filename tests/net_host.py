@@ -47,54 +47,50 @@ class TS(socketserver.ThreadingTCPServer):
     daemon_threads = True
 
 
-def dns(records, stop):
+def udp_serve(port, answer, stop):
+    """Answers each datagram to port with answer(data, sender) (None: no answer) until stop."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("0.0.0.0", 53))
+    s.bind(("0.0.0.0", port))
     s.settimeout(0.5)
     while not stop.is_set():
         try:
             q, addr = s.recvfrom(4096)
         except socket.timeout:
             continue
-        if len(q) < 12:
-            continue
-        i, labels = 12, []
-        while i < len(q) and q[i] != 0:
-            n = q[i]
-            labels.append(q[i + 1:i + 1 + n].decode(errors="replace").lower())
-            i += 1 + n
-        qtype = struct.unpack(">H", q[i + 1:i + 3])[0]
-        qend = i + 5
-        name = ".".join(labels)
-        if name == "stall.test" or name.endswith(".stall.test"):
-            continue
-        head = bytearray(q[:12])
-        head[2] = 0x81 | (q[2] & 0x01)
-        ans = b""
-        if name in records and qtype == 1:
-            head[3] = 0x80
-            ans = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 300, 4) + socket.inet_aton(records[name])
-            head[6:8] = b"\x00\x01"
-        elif name in records:
-            head[3] = 0x80
-            head[6:8] = b"\x00\x00"
-        else:
-            head[3] = 0x83
-            head[6:8] = b"\x00\x00"
-        head[8:12] = b"\x00\x00\x00\x00"
-        s.sendto(bytes(head) + q[12:qend] + ans, addr)
+        a = answer(q, addr)
+        if a is not None:
+            s.sendto(a, addr)
 
 
-def udp_echo(stop):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("0.0.0.0", 9002))
-    s.settimeout(0.5)
-    while not stop.is_set():
-        try:
-            _, addr = s.recvfrom(4096)
-        except socket.timeout:
-            continue
-        s.sendto(("from %s:%d" % addr).encode(), addr)
+def dns_answer(records, q):
+    """The answer to the query q: A records from records, NXDOMAIN else; None for stall.test."""
+    if len(q) < 12:
+        return None
+    i, labels = 12, []
+    while i < len(q) and q[i] != 0:
+        n = q[i]
+        labels.append(q[i + 1:i + 1 + n].decode(errors="replace").lower())
+        i += 1 + n
+    qtype = struct.unpack(">H", q[i + 1:i + 3])[0]
+    qend = i + 5
+    name = ".".join(labels)
+    if name == "stall.test" or name.endswith(".stall.test"):
+        return None
+    head = bytearray(q[:12])
+    head[2] = 0x81 | (q[2] & 0x01)
+    ans = b""
+    if name in records and qtype == 1:
+        head[3] = 0x80
+        ans = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 300, 4) + socket.inet_aton(records[name])
+        head[6:8] = b"\x00\x01"
+    elif name in records:
+        head[3] = 0x80
+        head[6:8] = b"\x00\x00"
+    else:
+        head[3] = 0x83
+        head[6:8] = b"\x00\x00"
+    head[8:12] = b"\x00\x00\x00\x00"
+    return bytes(head) + q[12:qend] + ans
 
 
 def greet_and_hold():
@@ -136,8 +132,10 @@ def main():
     echo = TS(("0.0.0.0", 9000), Echo)
     for t in (threading.Thread(target=http.serve_forever, daemon=True),
               threading.Thread(target=echo.serve_forever, daemon=True),
-              threading.Thread(target=dns, args=(records, stop), daemon=True),
-              threading.Thread(target=udp_echo, args=(stop,), daemon=True),
+              threading.Thread(target=udp_serve, daemon=True,
+                               args=(53, lambda q, a: dns_answer(records, q), stop)),
+              threading.Thread(target=udp_serve, daemon=True,
+                               args=(9002, lambda q, a: ("from %s:%d" % a).encode(), stop)),
               threading.Thread(target=greet_and_hold, daemon=True)):
         t.start()
     print("ready", flush=True)
