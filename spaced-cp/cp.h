@@ -273,10 +273,13 @@ int cp_snapshots_sweep(struct cp *cp, struct cp_store *st);
  * every 3.4 s). Returns how many were removed. */
 int cp_snapshots_drop_others(struct cp *cp, const char *sandbox, const char *keep);
 /* Holds the build cache (build steps' trees in the store that no template and
- * no sandbox not deleted names) under cp->build_cache_max bytes: the least
- * recently used steps go first, with their archives, never one used in the
- * last cp->snapshot_grace seconds (a build in progress). A later build of an
- * evicted step runs it again. Returns how many archives were removed. */
+ * no sandbox not deleted names) under cp->build_cache_max bytes: steps go
+ * from the tenant holding the most of the cache first, its least recently
+ * used first, so a tenant filling the cache evicts its own steps before
+ * anyone else's; never a step used in the last cp->snapshot_grace seconds (a
+ * build in progress). An archive goes when no tenant's step names it any
+ * more. A later build of an evicted step runs it again. Returns how many
+ * archives were removed. */
 int cp_build_cache_sweep(struct cp *cp, struct cp_store *st);
 /* Removes the rows of sandboxes deleted more than cp->retain_deleted seconds
  * ago (the sandbox's and its generations'), and each worker's outbox rows

@@ -807,57 +807,126 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 /* ---- the build cache's bound (cp.h cp_build_cache_sweep; the reaper's thread) ---- */
 
 
+/* One tenant's step trees in the sweep: what it holds of the cache. */
+struct sweep_tenant {
+	const char *id;
+	uint64_t held; /* bytes of the unnamed trees its steps name */
+	int next;      /* its least recently used step not looked at yet */
+};
+
+/* One (tenant, tree) of the build cache, and its last use by that tenant. */
+struct sweep_step {
+	int tenant, tree; /* indexes into the sweep's tenants and trees */
+	int64_t used;
+	bool done;
+};
+
+/* The index of name in names[0..*n), added at the end when it is not there. */
+static int sweep_index(const char **names, int *n, const char *name)
+{
+	for (int i = 0; i < *n; i++)
+		if (strcmp(names[i], name) == 0)
+			return i;
+	names[*n] = name;
+	return (*n)++;
+}
+
+/* The tenant to take a step from: the one holding the most, among those with
+ * a step that may go (not pinned, not used in the grace). -1 when none. */
+static int sweep_pick(struct sweep_tenant *tn, int ntn, struct sweep_step *sp, int nsp, const bool *pinned,
+                      int64_t cutoff)
+{
+	int best = -1;
+	for (int t = 0; t < ntn; t++) {
+		int *k = &tn[t].next;
+		while (*k < nsp && (sp[*k].tenant != t || sp[*k].done || pinned[sp[*k].tree] || sp[*k].used > cutoff))
+			(*k)++;
+		if (*k < nsp && (best < 0 || tn[t].held > tn[best].held))
+			best = t;
+	}
+	return best;
+}
+
 int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 {
 	struct cp_rows *rows = NULL;
-	/* every cached tree with its last use, the least recently used first */
-	if (CP_Q0(st, &rows, NULL, "SELECT hash, MAX(created) FROM build_steps GROUP BY hash ORDER BY 2, 1") < 0)
+	/* every tenant's cached trees with their last use, the least recently used first */
+	if (CP_Q0(st, &rows, NULL,
+	          "SELECT tenant, hash, MAX(created) FROM build_steps GROUP BY tenant, hash ORDER BY 3, 1, 2") < 0)
 		return 0;
-	int n = rows->nrows, removed = 0;
-	uint64_t *size = calloc((size_t)n + 1, sizeof *size), total = 0, freed = 0;
+	int n = rows->nrows, removed = 0, ntr = 0, ntn = 0;
+	const char **trees = calloc((size_t)n + 1, sizeof *trees), **tenants = calloc((size_t)n + 1, sizeof *tenants);
+	struct sweep_step *sp = calloc((size_t)n + 1, sizeof *sp);
+	struct sweep_tenant *tn = calloc((size_t)n + 1, sizeof *tn);
+	uint64_t *size = calloc((size_t)n + 1, sizeof *size), total = 0, freed = 0, all = 0;
 	bool *pinned = calloc((size_t)n + 1, sizeof *pinned);
-	/* the sizes first: under the bound (the usual case) nothing more is asked */
-	uint64_t all = 0;
-	for (int i = 0; size && pinned && i < n; i++) {
-		const char *h = cp_rows_get(rows, i, 0);
-		char p[PATH_MAX];
-		struct stat sb;
-		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h ? h : "");
-		if (h && stat(p, &sb) == 0)
-			all += (uint64_t)(size[i] = (uint64_t)sb.st_size);
+	bool ok = trees && tenants && sp && tn && size && pinned;
+	for (int i = 0; ok && i < n; i++) {
+		const char *t = cp_rows_get(rows, i, 0), *h = cp_rows_get(rows, i, 1);
+		if (!t || !h) {
+			sp[i].done = true;
+			continue;
+		}
+		sp[i].tenant = sweep_index(tenants, &ntn, t);
+		int before = ntr;
+		sp[i].tree = sweep_index(trees, &ntr, h);
+		sp[i].used = cp_rows_i64(rows, i, 2, INT64_MAX);
+		if (ntr > before) { /* the sizes first: under the bound (the usual case) nothing more is asked */
+			char p[PATH_MAX];
+			struct stat sb;
+			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h);
+			if (stat(p, &sb) == 0)
+				all += (size[sp[i].tree] = (uint64_t)sb.st_size);
+		}
 	}
-	for (int i = 0; size && pinned && all > cp->build_cache_max && i < n; i++) {
-		const char *h = cp_rows_get(rows, i, 0);
-		pinned[i] = h == NULL || tree_pinned(st, h, false);
-		if (!pinned[i])
-			total += size[i];
+	if (ok && all > cp->build_cache_max) {
+		for (int k = 0; k < ntr; k++) {
+			pinned[k] = size[k] == 0 || tree_pinned(st, trees[k], false);
+			if (!pinned[k])
+				total += size[k];
+		}
+		for (int t = 0; t < ntn; t++)
+			tn[t].id = tenants[t];
+		for (int i = 0; i < n; i++)
+			if (!sp[i].done && !pinned[sp[i].tree])
+				tn[sp[i].tenant].held += size[sp[i].tree];
 	}
+	/* fair to tenants: a step goes from whoever holds the most of the cache,
+	 * its least recently used first, so one tenant building in a loop evicts
+	 * its own steps before anyone else's */
 	int64_t cutoff = spaced_now() - cp->snapshot_grace;
-	for (int i = 0; size && pinned && i < n && total > cp->build_cache_max; i++) {
-		const char *h = cp_rows_get(rows, i, 0);
+	int t;
+	while (ok && total > cp->build_cache_max && (t = sweep_pick(tn, ntn, sp, n, pinned, cutoff)) >= 0) {
+		struct sweep_step *s = &sp[tn[t].next];
+		const char *h = trees[s->tree];
 		long changed = 0;
 		char cb[24], p[PATH_MAX];
-		if (pinned[i] || size[i] == 0 || cp_rows_i64(rows, i, 1, INT64_MAX) > cutoff)
+		s->done = true;
+		/* not used since the list was read */
+		if (CP_Q(st, NULL, &changed, "DELETE FROM build_steps WHERE tenant = $1 AND hash = $2 AND created <= $3",
+		         tn[t].id, h, cp_i64(cb, cutoff)) < 0 ||
+		    changed == 0)
 			continue;
-		/* not used since the list was read, and still named by nothing else */
-		if (CP_Q(st, NULL, &changed, "DELETE FROM build_steps WHERE hash = $1 AND created <= $2", h,
-		         cp_i64(cb, cutoff)) < 0 ||
-		    changed == 0 || tree_pinned(st, h, false))
-			continue;
+		tn[t].held -= size[s->tree];
+		/* the archive goes once no step of any tenant and nothing else names it */
 		struct cp_rows *left = NULL;
 		bool still = CP_Q(st, &left, NULL, "SELECT COUNT(*) FROM build_steps WHERE hash = $1", h) < 0 ||
-		             cp_rows_i64(left, 0, 0, 1) != 0;
+		             cp_rows_i64(left, 0, 0, 1) != 0 || tree_pinned(st, h, false);
 		cp_rows_free(left);
 		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h);
 		if (still || unlink(p) < 0)
 			continue;
-		total -= size[i];
-		freed += size[i];
+		total -= size[s->tree];
+		freed += size[s->tree];
 		removed++;
 	}
 	if (removed)
 		spaced_log("spaced-cp", "level=info event=build-cache-swept removed=%d bytes=%" PRIu64 " left=%" PRIu64,
 		           removed, freed, total);
+	free(trees);
+	free(tenants);
+	free(sp);
+	free(tn);
 	free(size);
 	free(pinned);
 	cp_rows_free(rows);
