@@ -22,11 +22,14 @@
  * flow control; what a worker fetches it checks against the hash it was
  * given, so the store is trusted for availability only. Uploads go to a
  * temporary file first and become visible whole (rename) or not at all;
- * imports run on libuv's thread pool, at most two at once (503 beyond, at
- * the request and again once its upload is in), and a tenant has one upload
- * or import in progress at most (its others 503): one tenant's uploads
- * cannot fill the store's spool or hold every import. A body must come at
- * httpsrv's minimum rate (a trickle ends with 408).
+ * imports run on libuv's thread pool, at most two at once; an upload that
+ * is in while two run waits its turn in one queue, first come first served
+ * (at most IMPORTS_QUEUED wait: 503 beyond). A tenant has one upload, queued
+ * or running import in progress at most (its others 503), so the queue
+ * takes the tenants in turn: two tenants' slow imports delay a third's by
+ * one import at most, and one tenant's uploads cannot fill the store's
+ * spool. A body must come at httpsrv's minimum rate (a trickle ends with
+ * 408).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -56,6 +59,7 @@
 #define CHUNK (256 * 1024)
 #define HIGH_WATER (2u << 20)
 #define IMPORTS_MAX 2
+#define IMPORTS_QUEUED 32 /* uploads in, waiting for an import to end */
 #define TENANT_UPLOADS_MAX 1 /* so that one tenant never holds every import */
 
 enum bkind { B_NONE, B_TEMPLATE, B_SNAPSHOT_PUT, B_GET, B_FROM };
@@ -67,7 +71,10 @@ struct bconn {
 	char tmp[PATH_MAX], final[PATH_MAX];
 	char tenant[SPACED_NAME_MAX], name[SPACED_NAME_MAX];
 	uint64_t off, end, got;
-	bool failed, working;
+	bool failed, working; /* working: its import runs or waits (it outlives its connection) */
+	bool queued;          /* waiting in B.queue */
+	struct bconn *next;   /* B.queue's next */
+	uint64_t queued_ns;   /* when it began to wait (spaced_mono_ns) */
 	bool tenant_held; /* counted in its tenant's uploads (tenant_take) */
 	uv_work_t work;
 	int status;
@@ -82,6 +89,8 @@ static struct {
 	struct spaced_httpsrv *srv;
 	struct cp_store *st;
 	int imports;
+	struct bconn *queue, **queue_end; /* uploads in, waiting for an import slot, oldest first */
+	int nqueued;
 	struct tenant_uploads {
 		char tenant[SPACED_NAME_MAX];
 		int n;
@@ -267,6 +276,41 @@ static void import_work(uv_work_t *w)
 	cp_store_close(st);
 }
 
+static void import_done(uv_work_t *w, int status);
+
+/* Runs b's import (its upload is in) on the thread pool; answers 503 when it
+ * cannot start. */
+static void import_start(struct bconn *b)
+{
+	spaced_log("spaced-cp", "level=info event=template-import-started tenant=%s running=%d", b->tenant,
+	           B.imports + 1);
+	b->working = true;
+	b->work.data = b;
+	if (uv_queue_work(&B.loop, &b->work, import_work, import_done) < 0) {
+		b->working = false;
+		if (b->c)
+			reply_err(b->c, 503, "busy", "cannot start the import");
+		else
+			bconn_free(b);
+		return;
+	}
+	B.imports++;
+}
+
+/* Takes b out of B.queue. */
+static void queue_remove(struct bconn *b)
+{
+	for (struct bconn **p = &B.queue; *p; p = &(*p)->next)
+		if (*p == b) {
+			*p = b->next;
+			if (B.queue_end == &b->next)
+				B.queue_end = p;
+			break;
+		}
+	b->queued = false;
+	B.nqueued--;
+}
+
 static void import_done(uv_work_t *w, int status)
 {
 	struct bconn *b = w->data;
@@ -281,6 +325,14 @@ static void import_done(uv_work_t *w, int status)
 		spaced_httpconn_set_user(b->c, NULL);
 	}
 	bconn_free(b);
+	/* the next upload waiting (one per tenant at most: the tenants in turn) */
+	while (B.imports < IMPORTS_MAX && B.queue) {
+		struct bconn *q = B.queue;
+		queue_remove(q);
+		spaced_log("spaced-cp", "level=info event=template-import-dequeued tenant=%s waited_ms=%" PRIu64, q->tenant,
+		           (spaced_mono_ns() - q->queued_ns) / 1000000u);
+		import_start(q);
+	}
 }
 
 static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
@@ -330,22 +382,26 @@ static void on_body_end(struct spaced_httpconn *c)
 		return;
 	}
 	if (b->kind == B_TEMPLATE || b->kind == B_FROM) {
-		/* the bound holds for what runs, whenever its upload ended */
-		if (B.imports >= IMPORTS_MAX) {
-			reply_err(c, 503, "busy", "imports are running: try again shortly");
-			return;
-		}
 		if (b->fd >= 0)
 			close(b->fd);
 		b->fd = -1;
-		b->working = true;
-		b->work.data = b;
-		if (uv_queue_work(&B.loop, &b->work, import_work, import_done) < 0) {
-			b->working = false;
-			reply_err(c, 503, "busy", "cannot start the import");
+		/* the bound holds for what runs, whenever its upload ended */
+		if (B.imports < IMPORTS_MAX) {
+			import_start(b);
 			return;
 		}
-		B.imports++;
+		if (B.nqueued >= IMPORTS_QUEUED) {
+			reply_err(c, 503, "busy", "imports are running and many wait: try again shortly");
+			return;
+		}
+		b->working = b->queued = true;
+		b->queued_ns = spaced_mono_ns();
+		b->next = NULL;
+		*B.queue_end = b;
+		B.queue_end = &b->next;
+		B.nqueued++;
+		spaced_log("spaced-cp", "level=info event=template-import-queued tenant=%s waiting=%d", b->tenant,
+		           B.nqueued);
 	}
 }
 
@@ -408,8 +464,8 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 400, "bad-request", "not a valid template name");
 			return;
 		}
-		if (B.imports >= IMPORTS_MAX) {
-			reply_err(c, 503, "busy", "imports are running: try again shortly");
+		if (B.nqueued >= IMPORTS_QUEUED) {
+			reply_err(c, 503, "busy", "imports are running and many wait: try again shortly");
 			return;
 		}
 		if (req->body == SPACED_HTTP_BODY_LENGTH && req->content_length > B.cp->template_max) {
@@ -438,8 +494,8 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 			reply_err(c, 401, "unauthorized", "a tenant API key is required");
 			return;
 		}
-		if (B.imports >= IMPORTS_MAX) {
-			reply_err(c, 503, "busy", "imports or builds are running: try again shortly");
+		if (B.nqueued >= IMPORTS_QUEUED) {
+			reply_err(c, 503, "busy", "imports are running and many wait: try again shortly");
 			return;
 		}
 		snprintf(b->tenant, sizeof b->tenant, "%s", owner);
@@ -519,8 +575,12 @@ static void on_close(struct spaced_httpconn *c)
 	if (!b)
 		return;
 	b->c = NULL;
-	if (!b->working)
+	if (b->queued) { /* its client left while it waited: not imported */
+		queue_remove(b);
+		bconn_free(b);
+	} else if (!b->working) {
 		bconn_free(b); /* an import in flight frees it when done */
+	}
 }
 
 static const struct spaced_httpsrv_ops ops = {
@@ -552,6 +612,7 @@ int cp_blobs_start(struct cp *cp)
 	if (system(p) != 0)
 		return SPACED_ESYS;
 	B.cp = cp;
+	B.queue_end = &B.queue;
 	int r = cp_store_open(cp->db_url, &B.st);
 	if (r < 0)
 		return r;
