@@ -97,6 +97,7 @@ int spaced_spawn_exec_fresh(const char *const argv[])
 
 struct quiet_ctx {
 	const char *const *argv;
+	int err_fd; /* the child's stderr when >= 0 */
 };
 
 static int quiet_child(void *arg)
@@ -107,12 +108,20 @@ static int quiet_child(void *arg)
 		dup2(nul, 0);
 		dup2(nul, 1);
 	}
+	if (q->err_fd >= 0)
+		dup2(q->err_fd, 2);
 	syscall(SYS_close_range, 3, ~0u, 0);
 	return spaced_spawn_exec(q->argv, true);
 }
 
 pid_t spaced_spawn_quiet(const char *const argv[])
 {
-	struct quiet_ctx q = {.argv = argv};
+	struct quiet_ctx q = {.argv = argv, .err_fd = -1};
+	return spaced_spawn(quiet_child, &q);
+}
+
+pid_t spaced_spawn_quiet_err(const char *const argv[], int err_fd)
+{
+	struct quiet_ctx q = {.argv = argv, .err_fd = err_fd};
 	return spaced_spawn(quiet_child, &q);
 }

@@ -50,4 +50,7 @@ int spaced_spawn_exec_fresh(const char *const argv[]);
  * Returns the pid, or -1 with errno set. */
 pid_t spaced_spawn_quiet(const char *const argv[]);
 
+/* spaced_spawn_quiet, with the child's stderr on err_fd. */
+pid_t spaced_spawn_quiet_err(const char *const argv[], int err_fd);
+
 #endif

@@ -1369,8 +1369,17 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 
 		r = spaced_sub_copy_tree(src, dst, s->uid_base != 0 ? &sh : NULL, s->disk_bps, why, whysz);
 	}
-	if (r < 0)
+	if (r < 0) {
+		/* the reason reaches the tenant: in the sandbox's own paths */
+		char host[PATH_MAX + 8];
+		snprintf(host, sizeof host, "%s/root", src);
+		spaced_str_replace(why, whysz, host, "");
+		snprintf(host, sizeof host, "%s/root", dst);
+		spaced_str_replace(why, whysz, host, "");
+		spaced_str_replace(why, whysz, src, "(sandbox)");
+		spaced_str_replace(why, whysz, dir, "(snapshot)");
 		return r;
+	}
 	if (s->has_identity)
 		spaced_identity_encode(&s->identity, idtext, sizeof(idtext));
 	n = snprintf(meta, sizeof(meta), "identity=%s\nbase=%s\n", idtext, s->base_label);

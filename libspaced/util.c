@@ -318,6 +318,24 @@ void spaced_why(char *why, size_t whysz, const char *fmt, ...)
 	va_end(ap);
 }
 
+void spaced_str_replace(char *s, size_t cap, const char *from, const char *to)
+{
+	size_t fl = strlen(from), tl = strlen(to);
+	if (s == NULL || cap == 0 || fl == 0)
+		return;
+	for (char *p = strstr(s, from); p; p = strstr(p, from)) {
+		size_t at = (size_t)(p - s), rest = strlen(p + fl);
+		size_t keep = at + tl < cap - 1 ? (rest < cap - 1 - at - tl ? rest : cap - 1 - at - tl) : 0;
+		size_t put = at + tl < cap - 1 ? tl : cap - 1 - at;
+		memmove(p + put, p + fl, keep); /* the rest after it, moved (cut at cap) */
+		memcpy(p, to, put);
+		p[put + keep] = 0;
+		p += put;
+		if (at + put >= cap - 1)
+			break;
+	}
+}
+
 int64_t spaced_now(void)
 {
 	struct timespec ts;

@@ -96,6 +96,11 @@ int spaced_time_format(int64_t t, char out[21]);
  * why is not NULL: the "why" buffers that fallible system-facing calls fill. */
 void spaced_why(char *why, size_t whysz, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Replaces, in the string s (cap bytes), every occurrence of from (not
+ * empty) by to; what no longer fits is cut at cap - 1. For a reason that
+ * names host paths: the reader is told its own. */
+void spaced_str_replace(char *s, size_t cap, const char *from, const char *to);
+
 /* The current wall-clock time in Unix seconds. */
 int64_t spaced_now(void);
 

@@ -498,8 +498,9 @@ static int snapshot_to_store(const struct mgr_config *cfg, struct mgr_rec *rec, 
 		return SPACED_ESYS;
 	}
 	snprintf(local, sizeof local, "%s/%s-%s", dir, rec->r.id.sandbox, rnd);
-	if ((e = mgr_exec_snapshot(cfg, rec, local, &bytes)) < 0)
-		snprintf(why, whysz, "snapshot failed: %s", spaced_strerror(e));
+	char sw[400] = "";
+	if ((e = mgr_exec_snapshot(cfg, rec, local, &bytes, sw, sizeof sw)) < 0)
+		snprintf(why, whysz, "snapshot failed: %s", sw[0] ? sw : spaced_strerror(e));
 	else if ((e = mgr_snapshot_hash(local, hex, &bytes)) < 0)
 		snprintf(why, whysz, "cannot hash the snapshot: %s", spaced_strerror(e));
 	else
@@ -653,8 +654,9 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		const char *path = json_string_value(json_object_get(args, "path"));
 		char hex[MGR_HASH_HEX];
 		uint64_t bytes = 0;
-		if ((e = mgr_exec_snapshot(cfg, &rec, path, &bytes)) < 0) {
-			snprintf(why, whysz, "snapshot failed: %s", spaced_strerror(e));
+		char sw[400] = "";
+		if ((e = mgr_exec_snapshot(cfg, &rec, path, &bytes, sw, sizeof sw)) < 0) {
+			snprintf(why, whysz, "snapshot failed: %s", sw[0] ? sw : spaced_strerror(e));
 			return e;
 		}
 		if ((e = mgr_snapshot_hash(path, hex, &bytes)) < 0) {

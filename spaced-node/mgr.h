@@ -155,6 +155,9 @@ int mgr_exec_start_fresh(const struct mgr_config *cfg, struct mgr_rec *rec, cons
                          size_t nused, char *why, size_t whysz);
 /* Runs argv to completion (stdin and stdout on /dev/null); 0 when it exited 0. */
 int mgr_run_wait(const char *const argv[]);
+/* mgr_run_wait, with the first line argv writes on stderr in why (when why
+ * is not NULL; what follows is read and dropped). */
+int mgr_run_why(const char *const argv[], char *why, size_t whysz);
 /* Chooses the uid range of a new execution: the lowest slot of the worker's
  * range that no record in used[0..nused) holds, that no process on this host
  * runs in (a range is reused only once everything of its execution is gone)
@@ -178,9 +181,10 @@ int mgr_exec_rebridge(const struct mgr_config *cfg, struct mgr_rec *rec);
  * (rec's host pid and start change). SPACED_ENOENT when it does not run. In
  * development mode (no launcher) the guest keeps its first identity. */
 int mgr_exec_activate(const struct mgr_config *cfg, struct mgr_rec *rec, bool thaw);
-/* Copies a paused execution's files to path; *bytes its size. */
+/* Copies a paused execution's files to path; *bytes its size. A refusal's
+ * reason (the launcher's, naming the sandbox's own paths) in why. */
 int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
-                      uint64_t *bytes);
+                      uint64_t *bytes, char *why, size_t whysz);
 /* Copies the snapshot at src (a store the control plane names) into this
  * worker's private staging directory, recomputes its hash there and compares it
  * with want (64 lowercase hex digits). On success *staged (a buffer of stagedsz)

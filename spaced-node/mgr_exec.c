@@ -114,7 +114,34 @@ static int remove_tree(const char *path)
 /* Runs argv to completion; 0 when it exited 0. */
 int mgr_run_wait(const char *const argv[])
 {
-	pid_t pid = spaced_spawn_quiet(argv);
+	return mgr_run_why(argv, NULL, 0);
+}
+
+int mgr_run_why(const char *const argv[], char *why, size_t whysz)
+{
+	int p[2] = {-1, -1};
+	if (why && whysz && pipe2(p, O_CLOEXEC) < 0)
+		return SPACED_ESYS;
+	pid_t pid = p[1] >= 0 ? spaced_spawn_quiet_err(argv, p[1]) : spaced_spawn_quiet(argv);
+	if (p[1] >= 0)
+		close(p[1]);
+	size_t got = 0;
+	char sink[512];
+	for (ssize_t n; pid >= 0 && p[0] >= 0;) { /* its first line kept, the rest drained */
+		bool keep = got + 1 < whysz;
+		n = read(p[0], keep ? why + got : sink, keep ? whysz - 1 - got : sizeof sink);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		if (keep)
+			got += (size_t)n;
+	}
+	if (p[0] >= 0) {
+		close(p[0]);
+		why[got] = 0;
+		why[strcspn(why, "\n")] = 0;
+	}
 	if (pid < 0)
 		return SPACED_ESYS;
 	int status;
@@ -1006,7 +1033,10 @@ static int sub_start(const struct mgr_config *cfg, struct mgr_rec *rec, const ch
 	return 0;
 }
 
-static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *what, const char *arg)
+/* One control command to the execution's launcher (or spaced-vm); its
+ * refusal's reason, when why is not NULL, into why. */
+static int sub_ctl_why(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *what, const char *arg,
+                       char *why, size_t whysz)
 {
 	char e_dir[4096];
 	int e = exec_dir(cfg, rec, e_dir, sizeof e_dir);
@@ -1016,7 +1046,12 @@ static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, cons
 	const char *argv[] = {mgr_vm_is(rec) ? cfg->vm_bin : cfg->launch_bin, "ctl", "--state", e_dir, what, arg, NULL};
 	if (argv[0] == NULL)
 		return SPACED_EINVAL;
-	return mgr_run_wait(argv);
+	return mgr_run_why(argv, why, whysz);
+}
+
+static int sub_ctl(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *what, const char *arg)
+{
+	return sub_ctl_why(cfg, rec, what, arg, NULL, 0);
 }
 
 /* ---- uid ranges ---- */
@@ -1269,7 +1304,7 @@ int mgr_exec_activate(const struct mgr_config *cfg, struct mgr_rec *rec, bool th
 }
 
 int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *path,
-                      uint64_t *bytes)
+                      uint64_t *bytes, char *why, size_t whysz)
 {
 	if (!substrate_mode(cfg))
 		return dev_snapshot(cfg->state_dir, rec, path, bytes);
@@ -1278,8 +1313,13 @@ int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, c
 		return SPACED_EINVAL;
 	if (lstat(path, &sb) == 0)
 		return SPACED_EEXIST;
-	if (sub_ctl(cfg, rec, "SNAPSHOT", path) < 0)
+	char msg[512] = "";
+	if (sub_ctl_why(cfg, rec, "SNAPSHOT", path, msg, sizeof msg) < 0) {
+		/* the launcher's reason ("ERR snapshot: …"), in the sandbox's own paths */
+		const char *m = strncmp(msg, "ERR snapshot: ", 14) == 0 ? msg + 14 : msg;
+		spaced_why(why, whysz, "%s", m[0] ? m : spaced_strerror(SPACED_EIO));
 		return SPACED_EIO;
+	}
 	snap_bytes = 0;
 	if (nftw(path, sum_cb, 16, FTW_PHYS) < 0)
 		return SPACED_EIO;

@@ -409,6 +409,21 @@ expect "after the move: 3 GB apparent, the tail intact, still sparse" \
 	"$("$SC" exec "$S" -- sh -c 'stat -c "%s %b" /workspace/sparse; tail -c 3 /workspace/sparse; echo' | tr '\n' ' ' | awk '{print $1, ($2 < 2048), $3}')" \
 	"3221225475 1 end"
 
+# ---- a snapshot the sandbox's files make impossible: its reason, in the sandbox's own paths ----
+# (directories deeper than a snapshot holds; the tenant was told "input/output error")
+Z=$("$SC" create --worker worker-1)
+"$SC" exec "$Z" -- sh -c 'cd /workspace && for i in $(seq 300); do mkdir d && cd d || exit 1; done'
+"$SC" pause "$Z" >/dev/null
+"$SC" snapshot "$Z" >/dev/null 2>"$W/z.err" && fail "a snapshot of 300 nested directories was taken"
+expect "the refusal names the depth and the sandbox's own path" \
+	"$(grep -c 'deeper than 256 levels at /workspace/d/d/' "$W/z.err")" 1
+expect "and no host path" "$(grep -c "$D\|/upper" "$W/z.err")" 0
+cut -c1-200 "$W/z.err" | sed 's/^/  the refusal: /'
+
+"$SC" resume "$Z" >/dev/null || fail "resume after the refused snapshot"
+expect "the sandbox works on" "$("$SC" exec "$Z" -- echo fine)" fine
+"$SC" rm "$Z" >/dev/null
+
 # ---- hard links: a sandbox whose files fit its disk as links moves, links and all ----
 # (its snapshot held each name as a copy: 8 names of a 40 MB file were a 320 MB archive that the
 # destination could never restore into a 128 MiB disk; the move failed at every generation after)

@@ -187,3 +187,25 @@ Test(copy_range, onto_another_filesystem, .init = setup, .fini = teardown)
 		cr_skip_test("no /dev/shm on another filesystem here");
 	copy_check("/dev/shm");
 }
+
+/* spaced_str_replace: a reason's host paths made the reader's own */
+Test(str_replace, every_occurrence_and_the_bound)
+{
+	char s[64];
+	snprintf(s, sizeof s, "copy /st/upper/root/a/b: x; /st/upper/root/c");
+	spaced_str_replace(s, sizeof s, "/st/upper/root", "");
+	cr_expect_str_eq(s, "copy /a/b: x; /c");
+	snprintf(s, sizeof s, "ab ab ab");
+	spaced_str_replace(s, sizeof s, "ab", "abab"); /* to holding from: no loop */
+	cr_expect_str_eq(s, "abab abab abab");
+	char t[8];
+	snprintf(t, sizeof t, "x-y-z");
+	spaced_str_replace(t, sizeof t, "-", "--"); /* grows past the bound: cut, terminated */
+	cr_expect_str_eq(t, "x--y--z");
+	snprintf(t, sizeof t, "a-b-c-d");
+	spaced_str_replace(t, sizeof t, "-", "___");
+	cr_expect_str_eq(t, "a___b__");
+	snprintf(t, sizeof t, "abc");
+	spaced_str_replace(t, sizeof t, "", "x"); /* an empty from: nothing */
+	cr_expect_str_eq(t, "abc");
+}
