@@ -697,6 +697,41 @@ static void on_signals(void)
 	}
 }
 
+/* A guest whose kernel lets go of its vsock device (its driver unbound:
+ * `echo 1 > /sys/bus/pci/devices/…/remove` as root inside) can no longer be
+ * reached, and nothing of it answers: its open streams would wait for good
+ * and its sandbox be listed running. A VM that runs without the driver for
+ * VM_TRANSPORT_GRACE_MS (time for a rescan to bind it again) is stopped, as
+ * if its guest had powered off: the worker sees its execution end (its
+ * streams are cut, the control plane is told). Not while paused, before the
+ * guest is ready, or while spaced-vm has the device out (a snapshot). */
+static void transport_check(void)
+{
+	uint64_t now = spaced_mono_ns();
+	if (!V.ready || V.paused || !V.vsock_plugged || V.qmp == NULL ||
+	    now - V.transport_at_ns < (uint64_t)VM_TRANSPORT_CHECK_MS * 1000000u)
+		return;
+	V.transport_at_ns = now;
+	bool ok = true, running = true;
+	char why[256];
+	if (vm_vsock_driver(&ok, &running, why, sizeof why) < 0 || ok || !running) {
+		if (V.transport_lost_ns != 0 && ok)
+			vm_log("the guest's vsock driver holds its device again");
+		if (ok)
+			V.transport_lost_ns = 0;
+		return;
+	}
+	if (V.transport_lost_ns == 0) {
+		V.transport_lost_ns = now;
+		vm_log("the guest's vsock driver let go of its device: the VM stops in %d ms unless it takes it again",
+		       VM_TRANSPORT_GRACE_MS);
+	} else if (now - V.transport_lost_ns >= (uint64_t)VM_TRANSPORT_GRACE_MS * 1000000u) {
+		vm_log("the guest has had no vsock driver for %" PRIu64 " ms: stopping the VM (it cannot be reached)",
+		       (now - V.transport_lost_ns) / 1000000u);
+		V.stop = true;
+	}
+}
+
 static void loop(void)
 {
 	while (!V.stop) {
@@ -713,6 +748,7 @@ static void loop(void)
 		if (r < 0 && errno != EINTR)
 			break;
 		cpu_sample();
+		transport_check();
 		if (r <= 0)
 			continue;
 		if (pf[0].revents)

@@ -41,6 +41,8 @@
 #define VM_SYNC_TIMEOUT_MS 5000
 #define VM_QMP_TIMEOUT_MS 5000
 #define VM_UNPLUG_TIMEOUT_MS 10000      /* the guest acknowledging the vsock device's removal */
+#define VM_TRANSPORT_CHECK_MS 2000      /* how often a running guest's vsock driver is looked at */
+#define VM_TRANSPORT_GRACE_MS 10000     /* a running guest without it this long is stopped */
 #define VM_MIGRATE_TIMEOUT_MS 120000
 #define VM_CTL_PORT 1023                /* spaced-guest's control port (spaced-guest/vctl.c) */
 #define VM_RAM_DIR "/dev/shm/spaced-vm"  /* guests' RAM files (tmpfs), default of --ram-dir */
@@ -111,6 +113,7 @@ struct vm {
 	uint64_t t0;
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10;
+	uint64_t transport_at_ns, transport_lost_ns; /* the last look at the guest's vsock driver; since when it is gone */
 };
 
 extern struct vm V;
@@ -170,6 +173,9 @@ int vm_qmp_setup(char *why, size_t whysz);
 /* Adds / removes the vsock device (pc); removal waits for the guest to let it go. */
 int vm_vsock_plug(char *why, size_t whysz);
 int vm_vsock_unplug(char *why, size_t whysz);
+/* Whether the guest's vsock driver holds the device (virtio DRIVER_OK) and
+ * whether the VM runs, from QEMU (x-query-virtio-status). */
+int vm_vsock_driver(bool *driver_ok, bool *running, char *why, size_t whysz);
 /* Saves the stopped VM's device state into a new file at path (the RAM is
  * saved apart: vm_save_ram). */
 int vm_save_state(const char *path, char *why, size_t whysz);

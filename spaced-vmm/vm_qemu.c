@@ -374,6 +374,35 @@ int vm_vsock_plug(char *why, size_t whysz)
 	return e;
 }
 
+int vm_vsock_driver(bool *driver_ok, bool *running, char *why, size_t whysz)
+{
+	if (V.qmp == NULL)
+		return SPACED_ECLOSED;
+	json_t *ret = NULL;
+	/* the VirtIODevice: a PCI proxy's backend child, or the virtio-mmio device itself */
+	json_t *args = json_pack("{s:s}", "path",
+	                         V.machine == VM_PC ? "/machine/peripheral/vsock/virtio-backend" : "/machine/peripheral/vsock");
+	int e = qmp_exec(V.qmp, "x-query-virtio-status", args, VM_QMP_TIMEOUT_MS, &ret, why, whysz);
+	if (e < 0) {
+		if (e != SPACED_EPERM) {
+			qmp_close(V.qmp); /* a QEMU that does not answer is not asked again */
+			V.qmp = NULL;
+		}
+		return e;
+	}
+	json_t *st = json_object_get(json_object_get(ret, "status"), "statuses"), *v;
+	size_t i;
+	*driver_ok = false;
+	json_array_foreach(st, i, v) {
+		const char *s = json_string_value(v);
+		if (s && strncmp(s, "VIRTIO_CONFIG_S_DRIVER_OK", 25) == 0)
+			*driver_ok = true;
+	}
+	*running = json_is_true(json_object_get(ret, "vm-running"));
+	json_decref(ret);
+	return 0;
+}
+
 /* Whether QEMU still has the vsock device (qom-get of its path). */
 static int vsock_present(bool *present, char *why, size_t whysz)
 {

@@ -322,6 +322,24 @@ if [ "$NET" = 1 ]; then
 		"$(outside "$NH_A")" "outside-host $NH_A"
 fi
 
+# a guest that lets go of its vsock device (root inside unbinds the driver; `echo 1 > …/remove`
+# of its PCI device does the same): spaced-vm stops the VM after its grace (10 s) and the
+# sandbox's execution ends, a stream open at that moment with it (before, that stream waited for
+# good and the sandbox stayed listed running)
+VMQ=$(pgrep -f "^$build/spaced-vmm/spaced-vm --state $D/worker-2/exec/$S.2" | head -n 1)
+timeout 120 "$SC" exec "$S" -- sh -c 'echo open; exec sleep 600' >"$W/held.out" 2>"$W/held.err" &
+HELD=$!
+wait_for "a stream is open" 30 grep -q open "$W/held.out"
+t0=$(now_ms)
+timeout 60 "$SC" exec "$S" -- sh -c 'd=/sys/bus/virtio/drivers/vmw_vsock_virtio_transport
+	for v in "$d"/virtio*; do echo "${v##*/}" >"$d/unbind"; done' >/dev/null 2>&1
+wait_for "the VM without its vsock driver is stopped" 60 sh -c "[ -n '$VMQ' ] && ! kill -0 '$VMQ' 2>/dev/null"
+wait_for "the stream open then ends" 30 sh -c "! kill -0 $HELD 2>/dev/null"
+ok "the VM stopped and the stream ended $(( $(now_ms) - t0 )) ms after the unbind"
+state=$("$SC" inspect "$S" --json | jq -r '.state')
+[ "$state" != running ] && ok "the sandbox is no longer listed running ($state)" || fail "still listed running"
+grep -h "no vsock driver" "$D"/worker-2/exec/"$S".2/vm.log 2>/dev/null | head -n 1 | sed 's/^/  /'
+
 "$SC" rm "$S" >/dev/null || fail "rm"
 wait_for "rm stops the VM" 30 sh -c "! pgrep -f '^$build/spaced-vmm/spaced-vm --state $D/' >/dev/null"
 
