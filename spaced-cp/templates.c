@@ -631,7 +631,98 @@ static bool config_too_large(json_t *config, json_t **out)
 	return true;
 }
 
+/* A tenant's build steps are committed one at a time (its others wait their
+ * turn, COMMIT_WAIT_S at most): each writes a whole tree into the store
+ * before its quota can count it, so six at once took a tenant to twice its
+ * templates quota on the disk every tenant's snapshots and the database
+ * share. One at a time, a commit's tree is also bounded by the room its
+ * quota has left (commit_limits). */
+#define COMMIT_WAIT_S 300
+#define COMMITS_MAX 64 /* tenants committing at once (more wait) */
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	char tenant[COMMITS_MAX][SPACED_NAME_MAX];
+	int n;
+} commits = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {{0}}, 0};
+
+/* Waits for tenant's turn to commit: true once it has it, false after COMMIT_WAIT_S. */
+static bool commit_take(const char *tenant)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += COMMIT_WAIT_S;
+	pthread_mutex_lock(&commits.mu);
+	for (;;) {
+		bool mine = false;
+		for (int i = 0; i < commits.n && !mine; i++)
+			mine = strcmp(commits.tenant[i], tenant) == 0;
+		if (!mine && commits.n < COMMITS_MAX) {
+			snprintf(commits.tenant[commits.n++], SPACED_NAME_MAX, "%s", tenant);
+			pthread_mutex_unlock(&commits.mu);
+			return true;
+		}
+		if (pthread_cond_timedwait(&commits.cv, &commits.mu, &until) == ETIMEDOUT) {
+			pthread_mutex_unlock(&commits.mu);
+			return false;
+		}
+	}
+}
+
+static void commit_release(const char *tenant)
+{
+	pthread_mutex_lock(&commits.mu);
+	for (int i = 0; i < commits.n; i++)
+		if (strcmp(commits.tenant[i], tenant) == 0) {
+			memcpy(commits.tenant[i], commits.tenant[--commits.n], SPACED_NAME_MAX);
+			break;
+		}
+	pthread_cond_broadcast(&commits.cv);
+	pthread_mutex_unlock(&commits.mu);
+}
+
+/* The bounds of a commit's tree: the store's, and no more content than the
+ * tenant's templates quota has room for (*quota_bound then). 0, or 503 with
+ * *out. */
+static int commit_limits(struct cp *cp, struct cp_store *st, const char *tenant, struct spaced_rootfs_limits *lim,
+                         bool *quota_bound, json_t **out)
+{
+	struct cp_quota limit, used;
+	int64_t held = 0;
+	*lim = cp->template_limits;
+	*quota_bound = false;
+	int r = cp_quota_usage(cp, st, tenant, 0, &limit, &used);
+	if (r == 0)
+		r = cp_templates_held(st, tenant, &held);
+	if (r < 0) {
+		*out = cp_error("store", spaced_strerror(r));
+		return 503;
+	}
+	if (limit.templates > 0) {
+		uint64_t room = held < limit.templates ? (uint64_t)(limit.templates - held) : 0;
+		if (room < lim->max_bytes) {
+			lim->max_bytes = room;
+			*quota_bound = true;
+		}
+	}
+	return 0;
+}
+
+static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out);
+
 static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out)
+{
+	if (!commit_take(tenant)) {
+		*out = cp_error("busy", "this tenant's other build steps are being committed: try again shortly");
+		return 503;
+	}
+	int status = build_commit_turn(cp, st, tenant, req, out);
+	commit_release(tenant);
+	return status;
+}
+
+static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out)
 {
 	const char *id = json_string_value(json_object_get(req, "sandbox"));
 	const char *parent = json_string_value(json_object_get(req, "parent"));
@@ -668,7 +759,11 @@ static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, 
 	snprintf(parent_tar, sizeof parent_tar, "%s/templates/%s.tar", cp->store_dir, parent);
 	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
 	struct spaced_rootfs *t = NULL;
-	int r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
+	struct spaced_rootfs_limits lim;
+	bool quota_bound = false;
+	if ((status = commit_limits(cp, st, tenant, &lim, &quota_bound, out)) != 0)
+		return status;
+	int r = spaced_rootfs_new(&lim, spool, &t, why, sizeof why);
 	if (r == 0)
 		r = spaced_rootfs_add_archive(t, parent_tar, SPACED_ROOTFS_TEMPLATE, why, sizeof why);
 	if (r == 0)
@@ -676,6 +771,14 @@ static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, 
 	if (r == 0)
 		r = store_tree(cp, t, hash, why, sizeof why);
 	spaced_rootfs_free(t);
+	if (r == SPACED_ETOOBIG && quota_bound) {
+		/* refused while read, before its tree was written */
+		char m[800];
+		snprintf(m, sizeof m, "the step's tree holds more than the %llu bytes the tenant's templates_bytes quota has "
+		         "room for (%s)", (unsigned long long)lim.max_bytes, why);
+		*out = json_pack("{s:s,s:s,s:s}", "error", "quota-exceeded", "message", m, "quota", "templates_bytes");
+		return 429;
+	}
 	if (r < 0) {
 		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
 		return r == SPACED_ETOOBIG ? 413 : 422;

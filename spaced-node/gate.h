@@ -238,6 +238,8 @@ struct mgr {
 	uint64_t n_req, n_allow, n_refuse, n_cancel, n_cut, vc_ns;
 	/* streams to executions: on a kept connection, on a new one (checked by the bridge) */
 	uint64_t n_conn_kept, n_conn_new;
+	/* usage requests: measurements made, requests answered by one made for another */
+	uint64_t n_usage_measured, n_usage_shared;
 	/* outcomes of admission (REFUSE) and of leases (CANCEL), by verdict and reason */
 	uint64_t n_refused_by[3][SPACED_REASON__COUNT], n_cancelled_by[3][SPACED_REASON__COUNT];
 	/* control operations: count, failures and a histogram of their time to

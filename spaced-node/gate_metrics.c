@@ -114,6 +114,10 @@ char *gate_metrics_text(struct mgr *m, json_t *usage)
 	family(&o, "spaced_node_streams_cut_total", "counter",
 	       "Streams cut because their client or execution did not take their bytes for the stall timeout.");
 	put(&o, "spaced_node_streams_cut_total %llu\n", (unsigned long long)m->n_cut);
+	family(&o, "spaced_node_usage_requests_total", "counter",
+	       "Usage requests by how they were answered: with a measurement of their own, or with one shared (running, or made within the last second).");
+	put(&o, "spaced_node_usage_requests_total{answer=\"measured\"} %llu\n", (unsigned long long)m->n_usage_measured);
+	put(&o, "spaced_node_usage_requests_total{answer=\"shared\"} %llu\n", (unsigned long long)m->n_usage_shared);
 	family(&o, "spaced_node_bridge_connections_total", "counter",
 	       "Streams to executions by their connection: kept from an earlier request, or new (checked by the bridge).");
 	put(&o, "spaced_node_bridge_connections_total{connection=\"kept\"} %llu\n", (unsigned long long)m->n_conn_kept);

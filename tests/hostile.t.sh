@@ -314,6 +314,31 @@ expect "a streamed exec quiet for twice the stall timeout ends whole" \
 expect "a JSON exec quiet for twice the stall timeout ends whole" \
 	"$(jq -j '.stdout' "$W/quiet-json.out" 2>/dev/null | tr '\n' ' ')" "begun done "
 
+# ---- a flood of usage requests on one sandbox: they share measurements, so the executor's queue,
+# which every tenant's create, pause and snapshot go through, holds one usage job of the tenant's at
+# most (each request was a job of its own: 120 a second took a victim's create from 0.1-0.3 s to
+# 1.4-8.7 s) ----
+UCAP=$("$SC" route "$A" --purpose lifecycle --json | jq -r .capability)
+mval() { curl -s "http://127.0.0.1:$MP/metrics" | awk -v k="spaced_node_usage_requests_total{answer=\"$1\"}" '$1 == k {print $2}'; }
+m0=$(mval measured)
+s0=$(mval shared)
+usage_flood() {
+	seq 400 | xargs -P 40 -I{} curl -s -m 30 -o /dev/null -w '%{http_code}\n' -H "Authorization: Bearer $UCAP" \
+		"http://127.0.0.1:$PORT/v1/sandboxes/$A/usage" >"$W/usage.codes" &
+	uf=$!
+	VC=$(as_victim create --worker worker-1 2>"$W/vc.err") && as_victim rm "$VC" >/dev/null 2>>"$W/vc.err"
+	echo "$?" >"$W/vc.rc"
+	wait "$uf"
+}
+victim_during "a flood of 400 usage requests, 40 at once" usage_flood
+expect "the victim's create and rm during the flood succeeded" "$(cat "$W/vc.rc")" 0
+expect "every usage request was answered (200)" "$(grep -c '^200$' "$W/usage.codes")" 400
+m1=$(mval measured)
+s1=$(mval shared)
+echo "  usage: $((m1 - m0)) measurements for $((m1 - m0 + s1 - s0)) requests"
+expect "400 requests shared their measurements (at most 60 made)" \
+	"$([ $((m1 - m0)) -ge 1 ] && [ $((m1 - m0)) -le 60 ] && [ $((m1 - m0 + s1 - s0)) -eq 400 ] && echo yes)" yes
+
 # ---- a guest that stops answering: its own requests fail, nobody else's wait ----
 G=$("$SC" create --worker worker-1)
 "$SC" exec "$G" -- true

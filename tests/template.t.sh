@@ -229,6 +229,32 @@ expect "with quota-exceeded" "$(grep -q 'quota-exceeded' "$W/big.out" && echo ye
 expect "and names no template" "$("$SC" template ls --json | jq -r '[.[].name] | index("big")')" null
 expect "the step past the quota is not recorded (no sandbox can be made on it by its hash)" "$(steps)" "$steps0"
 expect "and its tree left the store" "$(trees)" "$trees0"
+# four build steps committed at once, each fitting the quota alone and no two together: a tenant's
+# commits take turns, and each tree is bounded by the room the quota has left while it is read, so
+# the three after the first are refused before their trees are written (all four were written into
+# the store at once, then three refused: six of them took a tenant to twice its quota on disk)
+PH=$(jq -r .hash "$W/plain.json")
+pbytes=$(stat -c %s "$D/cp/store/templates/$PH.tar")
+"$CP" admin --state "$D/cp" set-quota dev templates=$((used + pbytes + 300000)) >/dev/null
+cids=""
+for i in 1 2 3 4; do
+	c=$("$SC" create --template plain) || fail "build sandbox $i"
+	head -c 150000 /dev/urandom | "$SC" fs write "$c" /big
+	cids="$cids $c"
+done
+i=0
+for c in $cids; do
+	i=$((i + 1))
+	curl -s --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $SPACED_API_KEY" -H 'content-type: application/json' \
+		-X POST --data "{\"sandbox\":\"$c\",\"parent\":\"$PH\",\"step\":\"RUN race $i\",\"config\":{}}" \
+		-o "$W/commit$i.json" -w '%{http_code}\n' "$SPACED_CP_URL/v1/builds/commit" >"$W/commit$i.code" &
+done
+wait
+expect "four commits at once: one recorded, three refused (429)" "$(cat "$W"/commit?.code | sort | tr '\n' ' ')" "200 429 429 429 "
+expect "the three refused while their trees were read, before any was written" \
+	"$(cat "$W"/commit?.json | jq -r 'select(.error == "quota-exceeded") | .message' | grep -c 'room for')" 3
+expect "one tree more in the store" "$(trees)" "$((trees0 + 1))"
+for c in $cids; do "$SC" rm "$c" >/dev/null 2>&1; done
 "$CP" admin --state "$D/cp" set-quota dev templates=50G >/dev/null
 
 # ---- tampered in a worker's cache: refused, fetched again ----
