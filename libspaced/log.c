@@ -100,6 +100,10 @@ static bool logfmt_pairs(const char *line, json_t *o)
 			kl = sizeof key - 1;
 		memcpy(key, k, kl);
 		key[kl] = '\0';
+		if (json_object_get(o, key)) { /* a key twice: a value that forged a pair; the line stays whole */
+			free(val);
+			return false;
+		}
 		json_object_set_new(o, key, json_stringn(val, vl));
 		free(val);
 		any = true;
@@ -129,10 +133,41 @@ char *spaced_logfmt_to_json(const char *component, const char *line, long long u
 	return s;
 }
 
+void spaced_log_escape_controls(char *s, size_t cap)
+{
+	size_t i = 0;
+	while (i < cap && s[i] && (unsigned char)s[i] >= 0x20 && s[i] != 0x7f)
+		i++;
+	if (i >= cap || !s[i])
+		return; /* the usual case: nothing to rewrite */
+	char out[8192];
+	size_t o = 0, lim = cap < sizeof out ? cap : sizeof out;
+	for (size_t k = 0; k < cap && s[k] && o + 1 < lim; k++) {
+		unsigned char c = (unsigned char)s[k];
+		char e[5];
+		if (c >= 0x20 && c != 0x7f) {
+			out[o++] = (char)c;
+			continue;
+		}
+		if (c == '\n' || c == '\r' || c == '\t')
+			snprintf(e, sizeof e, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
+		else
+			snprintf(e, sizeof e, "\\x%02x", c);
+		size_t el = strlen(e);
+		if (o + el + 1 > lim)
+			break;
+		memcpy(out + o, e, el);
+		o += el;
+	}
+	out[o] = 0;
+	memcpy(s, out, o + 1);
+}
+
 void spaced_vlog(const char *component, const char *fmt, va_list ap)
 {
 	char line[4096];
 	vsnprintf(line, sizeof line, fmt, ap);
+	spaced_log_escape_controls(line, sizeof line);
 	if (spaced_log_get_format() == SPACED_LOG_JSON) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);

@@ -16,6 +16,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 enum spaced_log_format { SPACED_LOG_TEXT = 0, SPACED_LOG_JSON = 1 };
 
@@ -39,5 +40,12 @@ void spaced_vlog(const char *component, const char *fmt, va_list ap) __attribute
 /* The JSON object (one line, no newline; free() it) of a logfmt line, with
  * time (Unix ms, formatted as RFC 3339 UTC) and component. NULL on ENOMEM. */
 char *spaced_logfmt_to_json(const char *component, const char *line, long long unix_ms);
+
+/* Rewrites, in the string s (cap bytes), every control byte (below 0x20,
+ * and 0x7f) as text: \n, \r, \t, or \xNN (cut at cap - 1). A line made of
+ * what a tenant chose (a path in a reason) stays one line: no forged line
+ * follows it. spaced_vlog does it to every line; a daemon that writes its
+ * own lines does it too. */
+void spaced_log_escape_controls(char *s, size_t cap);
 
 #endif

@@ -1378,6 +1378,10 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 		spaced_str_replace(why, whysz, host, "");
 		spaced_str_replace(why, whysz, src, "(sandbox)");
 		spaced_str_replace(why, whysz, dir, "(snapshot)");
+		/* the sandbox's names are the tenant's: quoted as a logfmt value
+		 * is, so that none closes a reason="…" it lands in */
+		spaced_str_replace(why, whysz, "\\", "\\\\");
+		spaced_str_replace(why, whysz, "\"", "\\\"");
 		return r;
 	}
 	if (s->has_identity)

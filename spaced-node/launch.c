@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "spaced_error.h"
+#include "log.h"
 #include "identity.h"
 #include "pidref.h"
 #include "resources.h"
@@ -124,8 +125,10 @@ static void logf_(const char *fmt, ...)
 	int n = snprintf(line, sizeof(line), "spaced-launch[%d]: ", (int)getpid());
 
 	va_start(ap, fmt);
-	n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
 	va_end(ap);
+	spaced_log_escape_controls(line + n, sizeof(line) - (size_t)n - 1); /* one line, whatever a reason holds */
+	n += (int)strlen(line + n);
 	if ((size_t)n > sizeof(line) - 2)
 		n = (int)sizeof(line) - 2;
 	line[n++] = '\n';
@@ -838,6 +841,7 @@ static int ctl_main(int argc, char **argv)
 		len += (size_t)w;
 	}
 	if (ctl_call(state, cmd, reply, sizeof(reply), NULL) < 0 || strncmp(reply, "OK", 2) != 0) {
+		spaced_log_escape_controls(reply, sizeof(reply));
 		fprintf(stderr, "%s\n", reply);
 		return 1;
 	}

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "spaced_error.h"
+#include "log.h"
 #include "frame.h"
 #include "pidref.h"
 #include "resources.h"
@@ -68,6 +69,7 @@ void vm_log(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
+	spaced_log_escape_controls(msg, sizeof msg);
 	if (V.have_identity)
 		fprintf(stderr, "spaced-vm: sandbox=%s generation=%" PRIu64 " %s\n", V.id.sandbox, V.id.generation, msg);
 	else
@@ -936,6 +938,7 @@ static int ctl_main(int argc, char **argv)
 	}
 	reply[n] = '\0';
 	if (strncmp(reply, "OK", 2) != 0) {
+		spaced_log_escape_controls(reply, sizeof reply);
 		fprintf(stderr, "%s\n", reply);
 		return 1;
 	}

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "spaced_error.h"
+#include "log.h"
 #include "confine.h"
 #include "rbuf.h"
 #include "vhost_user.h"
@@ -137,6 +138,7 @@ static void logf_(const char *level, const char *event, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	spaced_log_escape_controls(msg, sizeof(msg));
 	fprintf(stderr, "spaced-vsockd level=%s event=%s %s\n", level, event, msg);
 }
 

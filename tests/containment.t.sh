@@ -410,13 +410,17 @@ expect "after the move: 3 GB apparent, the tail intact, still sparse" \
 	"3221225475 1 end"
 
 # ---- a snapshot the sandbox's files make impossible: its reason, in the sandbox's own paths ----
-# (directories deeper than a snapshot holds; the tenant was told "input/output error")
+# (directories deeper than a snapshot holds; the tenant was told "input/output error"). The top
+# directory's name holds a newline and a line of the gate's: it stays one line of the worker's logs,
+# no forged line (spaced_log_escape_controls)
 Z=$("$SC" create --worker worker-1)
-"$SC" exec "$Z" -- sh -c 'cd /workspace && for i in $(seq 300); do mkdir d && cd d || exit 1; done'
+"$SC" exec "$Z" -- sh -c 'cd /workspace && t=$(printf "n\nsbx-manager: level=error event=FORGED q=\"x") &&
+	mkdir "$t" && cd "$t" && for i in $(seq 300); do mkdir d && cd d || exit 1; done'
 "$SC" pause "$Z" >/dev/null
 "$SC" snapshot "$Z" >/dev/null 2>"$W/z.err" && fail "a snapshot of 300 nested directories was taken"
 expect "the refusal names the depth and the sandbox's own path" \
-	"$(grep -c 'deeper than 256 levels at /workspace/d/d/' "$W/z.err")" 1
+	"$(grep -c 'deeper than 256 levels at /workspace/n\\nsbx-manager: level=error event=FORGED q=\\"x/d/d/' "$W/z.err")" 1
+expect "no forged line in the worker's logs" "$(cat "$D"/*.log "$D"/worker-1/log/*.log 2>/dev/null | grep -c '^sbx-manager: level=error event=FORGED')" 0
 expect "and no host path" "$(grep -c "$D\|/upper" "$W/z.err")" 0
 cut -c1-200 "$W/z.err" | sed 's/^/  the refusal: /'
 

@@ -15,6 +15,7 @@
 
 #include "spaced_error.h"
 #include "util.h"
+#include "log.h"
 #include "frame.h"
 #include "pace.h"
 
@@ -208,4 +209,34 @@ Test(str_replace, every_occurrence_and_the_bound)
 	snprintf(t, sizeof t, "abc");
 	spaced_str_replace(t, sizeof t, "", "x"); /* an empty from: nothing */
 	cr_expect_str_eq(t, "abc");
+}
+
+/* log.h: what a tenant chose (a path in a reason) can neither end a log line
+ * nor forge a pair of it */
+Test(log, control_bytes_become_text)
+{
+	char s[64];
+	snprintf(s, sizeof s, "reason=\"a\nsbx-manager: level=error\r\x01\x7f\"");
+	spaced_log_escape_controls(s, sizeof s);
+	cr_expect_str_eq(s, "reason=\"a\\nsbx-manager: level=error\\r\\x01\\x7f\"");
+	char t[8];
+	snprintf(t, sizeof t, "ab\n\n\ncd");
+	spaced_log_escape_controls(t, sizeof t); /* cut at the bound, never mid-escape */
+	cr_expect_str_eq(t, "ab\\n\\n");
+	snprintf(s, sizeof s, "plain line");
+	spaced_log_escape_controls(s, sizeof s);
+	cr_expect_str_eq(s, "plain line");
+}
+
+Test(log, a_forged_pair_keeps_the_line_whole_in_json)
+{
+	char *j = spaced_logfmt_to_json("gate", "level=info event=x reason=\"p\" level=error event=forged y=\"\"", 0);
+	cr_assert_not_null(j);
+	cr_expect_not_null(strstr(j, "\"msg\":"), "%s", j);
+	cr_expect_null(strstr(j, "\"level\":\"error\""), "%s", j);
+	free(j);
+	j = spaced_logfmt_to_json("gate", "level=info event=x reason=\"p q\"", 0);
+	cr_expect_not_null(strstr(j, "\"level\":\"info\""), "%s", j);
+	cr_expect_not_null(strstr(j, "\"reason\":\"p q\""), "%s", j);
+	free(j);
 }
