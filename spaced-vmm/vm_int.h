@@ -42,7 +42,7 @@
 #define VM_QMP_TIMEOUT_MS 5000
 #define VM_UNPLUG_TIMEOUT_MS 10000      /* the guest acknowledging the vsock device's removal */
 #define VM_TRANSPORT_CHECK_MS 2000      /* how often a running guest's vsock driver is looked at */
-#define VM_TRANSPORT_GRACE_MS 10000     /* a running guest without it this long is stopped */
+#define VM_TRANSPORT_GRACE_MS 30000     /* a running guest without it this long is stopped (a starved guest binds late) */
 #define VM_MIGRATE_TIMEOUT_MS 120000
 #define VM_CTL_PORT 1023                /* spaced-guest's control port (spaced-guest/vctl.c) */
 #define VM_RAM_DIR "/dev/shm/spaced-vm"  /* guests' RAM files (tmpfs), default of --ram-dir */

@@ -323,7 +323,7 @@ if [ "$NET" = 1 ]; then
 fi
 
 # a guest that lets go of its vsock device (root inside unbinds the driver; `echo 1 > …/remove`
-# of its PCI device does the same): spaced-vm stops the VM after its grace (10 s) and the
+# of its PCI device does the same): spaced-vm stops the VM after its grace (30 s) and the
 # sandbox's execution ends, a stream open at that moment with it (before, that stream waited for
 # good and the sandbox stayed listed running)
 VMQ=$(pgrep -f "^$build/spaced-vmm/spaced-vm --state $D/worker-2/exec/$S.2" | head -n 1)
@@ -333,7 +333,7 @@ wait_for "a stream is open" 30 grep -q open "$W/held.out"
 t0=$(now_ms)
 timeout 60 "$SC" exec "$S" -- sh -c 'd=/sys/bus/virtio/drivers/vmw_vsock_virtio_transport
 	for v in "$d"/virtio*; do echo "${v##*/}" >"$d/unbind"; done' >/dev/null 2>&1
-wait_for "the VM without its vsock driver is stopped" 60 sh -c "[ -n '$VMQ' ] && ! kill -0 '$VMQ' 2>/dev/null"
+wait_for "the VM without its vsock driver is stopped" 90 sh -c "[ -n '$VMQ' ] && ! kill -0 '$VMQ' 2>/dev/null"
 wait_for "the stream open then ends" 30 sh -c "! kill -0 $HELD 2>/dev/null"
 ok "the VM stopped and the stream ended $(( $(now_ms) - t0 )) ms after the unbind"
 state=$("$SC" inspect "$S" --json | jq -r '.state')
