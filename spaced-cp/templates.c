@@ -631,51 +631,72 @@ static bool config_too_large(json_t *config, json_t **out)
 	return true;
 }
 
-/* A tenant's build steps are committed one at a time (its others wait their
- * turn, COMMIT_WAIT_S at most): each writes a whole tree into the store
- * before its quota can count it, so six at once took a tenant to twice its
- * templates quota on the disk every tenant's snapshots and the database
- * share. One at a time, a commit's tree is also bounded by the room its
- * quota has left (commit_limits). */
+/* A tenant's build steps are committed one at a time on a control plane
+ * (one more waits its turn, COMMIT_WAIT_S at most; any other is 503 at
+ * once, so a tenant's burst parks no request threads): each writes a whole
+ * tree into the store before its quota can count it, so six at once took a
+ * tenant to twice its templates quota on the disk every tenant's snapshots
+ * and the database share. One at a time, a commit's tree is also bounded by
+ * the room its quota has left (commit_limits). */
 #define COMMIT_WAIT_S 300
-#define COMMITS_MAX 64 /* tenants committing at once (more wait) */
+#define COMMITS_MAX 64 /* tenants committing at once (more: 503) */
 
 static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
-	char tenant[COMMITS_MAX][SPACED_NAME_MAX];
+	struct commit_turn {
+		char tenant[SPACED_NAME_MAX];
+		bool running;
+		bool waiting;
+	} t[COMMITS_MAX];
 	int n;
-} commits = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {{0}}, 0};
+} commits = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {{{0}, false, false}}, 0};
 
-/* Waits for tenant's turn to commit: true once it has it, false after COMMIT_WAIT_S. */
+/* Takes tenant's turn to commit: true once it has it; false when another of
+ * its commits waits already, when COMMITS_MAX tenants commit, or after
+ * COMMIT_WAIT_S. */
 static bool commit_take(const char *tenant)
 {
 	struct timespec until;
 	clock_gettime(CLOCK_REALTIME, &until);
 	until.tv_sec += COMMIT_WAIT_S;
 	pthread_mutex_lock(&commits.mu);
-	for (;;) {
-		bool mine = false;
-		for (int i = 0; i < commits.n && !mine; i++)
-			mine = strcmp(commits.tenant[i], tenant) == 0;
-		if (!mine && commits.n < COMMITS_MAX) {
-			snprintf(commits.tenant[commits.n++], SPACED_NAME_MAX, "%s", tenant);
-			pthread_mutex_unlock(&commits.mu);
-			return true;
+	struct commit_turn *c = NULL;
+	for (int i = 0; i < commits.n && !c; i++)
+		if (strcmp(commits.t[i].tenant, tenant) == 0)
+			c = &commits.t[i];
+	bool got = false;
+	if (!c && commits.n < COMMITS_MAX) {
+		c = &commits.t[commits.n++];
+		snprintf(c->tenant, sizeof c->tenant, "%s", tenant);
+		c->running = got = true;
+		c->waiting = false;
+	} else if (c && !c->waiting) {
+		c->waiting = true;
+		int w = 0;
+		while (c->running && w != ETIMEDOUT) {
+			w = pthread_cond_timedwait(&commits.cv, &commits.mu, &until);
+			/* the table may have been compacted: find the tenant's turn again */
+			c = NULL;
+			for (int i = 0; i < commits.n && !c; i++)
+				if (strcmp(commits.t[i].tenant, tenant) == 0)
+					c = &commits.t[i];
 		}
-		if (pthread_cond_timedwait(&commits.cv, &commits.mu, &until) == ETIMEDOUT) {
-			pthread_mutex_unlock(&commits.mu);
-			return false;
-		}
+		c->waiting = false;
+		c->running = got = !c->running;
 	}
+	pthread_mutex_unlock(&commits.mu);
+	return got;
 }
 
 static void commit_release(const char *tenant)
 {
 	pthread_mutex_lock(&commits.mu);
 	for (int i = 0; i < commits.n; i++)
-		if (strcmp(commits.tenant[i], tenant) == 0) {
-			memcpy(commits.tenant[i], commits.tenant[--commits.n], SPACED_NAME_MAX);
+		if (strcmp(commits.t[i].tenant, tenant) == 0) {
+			commits.t[i].running = false;
+			if (!commits.t[i].waiting)
+				commits.t[i] = commits.t[--commits.n];
 			break;
 		}
 	pthread_cond_broadcast(&commits.cv);
@@ -683,10 +704,12 @@ static void commit_release(const char *tenant)
 }
 
 /* The bounds of a commit's tree: the store's, and no more content than the
- * tenant's templates quota has room for (*quota_bound then). 0, or 503 with
- * *out. */
-static int commit_limits(struct cp *cp, struct cp_store *st, const char *tenant, struct spaced_rootfs_limits *lim,
-                         bool *quota_bound, json_t **out)
+ * tenant's templates quota has room for beside the parent's archive
+ * (*quota_bound then): a step that changes nothing, or makes a tree the
+ * tenant holds already, costs no room and must still be read. 0, or 503
+ * with *out. */
+static int commit_limits(struct cp *cp, struct cp_store *st, const char *tenant, const char *parent,
+                         struct spaced_rootfs_limits *lim, bool *quota_bound, json_t **out)
 {
 	struct cp_quota limit, used;
 	int64_t held = 0;
@@ -700,7 +723,8 @@ static int commit_limits(struct cp *cp, struct cp_store *st, const char *tenant,
 		return 503;
 	}
 	if (limit.templates > 0) {
-		uint64_t room = held < limit.templates ? (uint64_t)(limit.templates - held) : 0;
+		int64_t pb = tree_bytes(cp, parent);
+		uint64_t room = (held < limit.templates ? (uint64_t)(limit.templates - held) : 0) + (uint64_t)(pb > 0 ? pb : 0);
 		if (room < lim->max_bytes) {
 			lim->max_bytes = room;
 			*quota_bound = true;
@@ -714,7 +738,8 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 static int build_commit(struct cp *cp, struct cp_store *st, const char *tenant, json_t *req, json_t **out)
 {
 	if (!commit_take(tenant)) {
-		*out = cp_error("busy", "this tenant's other build steps are being committed: try again shortly");
+		*out = cp_error("busy", "this tenant's build steps are being committed (one at a time, one more waiting): "
+		                        "try again shortly");
 		return 503;
 	}
 	int status = build_commit_turn(cp, st, tenant, req, out);
@@ -761,7 +786,7 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 	struct spaced_rootfs *t = NULL;
 	struct spaced_rootfs_limits lim;
 	bool quota_bound = false;
-	if ((status = commit_limits(cp, st, tenant, &lim, &quota_bound, out)) != 0)
+	if ((status = commit_limits(cp, st, tenant, parent, &lim, &quota_bound, out)) != 0)
 		return status;
 	int r = spaced_rootfs_new(&lim, spool, &t, why, sizeof why);
 	if (r == 0)
@@ -912,9 +937,9 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 
 /* One tenant's step trees in the sweep: what it holds of the cache. */
 struct sweep_tenant {
-	const char *id;
-	uint64_t held; /* bytes of the unnamed trees its steps name */
-	int next;      /* its least recently used step not looked at yet */
+	const char *id; /* "" for the bases every tenant builds on (FROM debian:…, scratch) */
+	uint64_t held;  /* bytes of the unnamed trees its steps name, a shared tree's split between its holders */
+	int next;       /* its least recently used step not looked at yet, in this round */
 };
 
 /* One (tenant, tree) of the build cache, and its last use by that tenant. */
@@ -934,15 +959,29 @@ static int sweep_index(const char **names, int *n, const char *name)
 	return (*n)++;
 }
 
-/* The tenant to take a step from: the one holding the most, among those with
- * a step that may go (not pinned, not used in the grace). -1 when none. */
+/* The sweep's rounds, in order: a tenant's own trees; then the bases;
+ * then trees several tenants' steps name (every holder's steps go). */
+enum sweep_round { SWEEP_OWN, SWEEP_BASES, SWEEP_SHARED };
+
+/* Whether step k may go in round r. */
+static bool sweep_may(const struct sweep_tenant *tn, const struct sweep_step *s, const bool *pinned,
+                      const int *holders, int64_t cutoff, enum sweep_round r)
+{
+	if (s->done || pinned[s->tree] || s->used > cutoff)
+		return false;
+	bool base = tn[s->tenant].id[0] == 0, shared = holders[s->tree] > 1;
+	return r == SWEEP_SHARED ? shared : !shared && base == (r == SWEEP_BASES);
+}
+
+/* The tenant to take a step from in round r: the one holding the most of
+ * the cache among those with a step that may go. -1 when none. */
 static int sweep_pick(struct sweep_tenant *tn, int ntn, struct sweep_step *sp, int nsp, const bool *pinned,
-                      int64_t cutoff)
+                      const int *holders, int64_t cutoff, enum sweep_round r)
 {
 	int best = -1;
 	for (int t = 0; t < ntn; t++) {
 		int *k = &tn[t].next;
-		while (*k < nsp && (sp[*k].tenant != t || sp[*k].done || pinned[sp[*k].tree] || sp[*k].used > cutoff))
+		while (*k < nsp && (sp[*k].tenant != t || !sweep_may(tn, &sp[*k], pinned, holders, cutoff, r)))
 			(*k)++;
 		if (*k < nsp && (best < 0 || tn[t].held > tn[best].held))
 			best = t;
@@ -963,7 +1002,8 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 	struct sweep_tenant *tn = calloc((size_t)n + 1, sizeof *tn);
 	uint64_t *size = calloc((size_t)n + 1, sizeof *size), total = 0, freed = 0, all = 0;
 	bool *pinned = calloc((size_t)n + 1, sizeof *pinned);
-	bool ok = trees && tenants && sp && tn && size && pinned;
+	int *holders = calloc((size_t)n + 1, sizeof *holders);
+	bool ok = trees && tenants && sp && tn && size && pinned && holders;
 	for (int i = 0; ok && i < n; i++) {
 		const char *t = cp_rows_get(rows, i, 0), *h = cp_rows_get(rows, i, 1);
 		if (!t || !h) {
@@ -974,6 +1014,7 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 		int before = ntr;
 		sp[i].tree = sweep_index(trees, &ntr, h);
 		sp[i].used = cp_rows_i64(rows, i, 2, INT64_MAX);
+		holders[sp[i].tree]++; /* rows are one per (tenant, tree) */
 		if (ntr > before) { /* the sizes first: under the bound (the usual case) nothing more is asked */
 			char p[PATH_MAX];
 			struct stat sb;
@@ -992,36 +1033,52 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 			tn[t].id = tenants[t];
 		for (int i = 0; i < n; i++)
 			if (!sp[i].done && !pinned[sp[i].tree])
-				tn[sp[i].tenant].held += size[sp[i].tree];
+				tn[sp[i].tenant].held += size[sp[i].tree] / (uint64_t)holders[sp[i].tree];
 	}
 	/* fair to tenants: a step goes from whoever holds the most of the cache,
 	 * its least recently used first, so one tenant building in a loop evicts
-	 * its own steps before anyone else's */
+	 * its own steps before anyone else's; the bases every tenant builds on
+	 * and the trees several tenants share go only once no tenant's own tree
+	 * is left to take (taking one holder's step of a shared tree frees nothing) */
 	int64_t cutoff = spaced_now() - cp->snapshot_grace;
-	int t;
-	while (ok && total > cp->build_cache_max && (t = sweep_pick(tn, ntn, sp, n, pinned, cutoff)) >= 0) {
-		struct sweep_step *s = &sp[tn[t].next];
-		const char *h = trees[s->tree];
-		long changed = 0;
-		char cb[24], p[PATH_MAX];
-		s->done = true;
-		/* not used since the list was read */
-		if (CP_Q(st, NULL, &changed, "DELETE FROM build_steps WHERE tenant = $1 AND hash = $2 AND created <= $3",
-		         tn[t].id, h, cp_i64(cb, cutoff)) < 0 ||
-		    changed == 0)
-			continue;
-		tn[t].held -= size[s->tree];
-		/* the archive goes once no step of any tenant and nothing else names it */
-		struct cp_rows *left = NULL;
-		bool still = CP_Q(st, &left, NULL, "SELECT COUNT(*) FROM build_steps WHERE hash = $1", h) < 0 ||
-		             cp_rows_i64(left, 0, 0, 1) != 0 || tree_pinned(st, h, false);
-		cp_rows_free(left);
-		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h);
-		if (still || unlink(p) < 0)
-			continue;
-		total -= size[s->tree];
-		freed += size[s->tree];
-		removed++;
+	for (enum sweep_round r = SWEEP_OWN; ok && r <= SWEEP_SHARED && total > cp->build_cache_max; r++) {
+		for (int t = 0; t < ntn; t++)
+			tn[t].next = 0;
+		int t;
+		while (total > cp->build_cache_max && (t = sweep_pick(tn, ntn, sp, n, pinned, holders, cutoff, r)) >= 0) {
+			struct sweep_step *s = &sp[tn[t].next];
+			const char *h = trees[s->tree];
+			long changed = 0;
+			char cb[24], p[PATH_MAX];
+			s->done = true;
+			/* not used since the list was read; a shared tree: every holder's steps */
+			int q = r == SWEEP_SHARED
+			            ? CP_Q(st, NULL, &changed, "DELETE FROM build_steps WHERE hash = $1 AND created <= $2", h,
+			                   cp_i64(cb, cutoff))
+			            : CP_Q(st, NULL, &changed,
+			                   "DELETE FROM build_steps WHERE tenant = $1 AND hash = $2 AND created <= $3", tn[t].id,
+			                   h, cp_i64(cb, cutoff));
+			if (q < 0 || changed == 0)
+				continue;
+			uint64_t share = size[s->tree] / (uint64_t)holders[s->tree];
+			tn[t].held -= share;
+			for (int i = 0; r == SWEEP_SHARED && i < n; i++)
+				if (sp[i].tree == s->tree && !sp[i].done) { /* the other holders' steps went too */
+					sp[i].done = true;
+					tn[sp[i].tenant].held -= share;
+				}
+			/* the archive goes once no step of any tenant and nothing else names it */
+			struct cp_rows *left = NULL;
+			bool still = CP_Q(st, &left, NULL, "SELECT COUNT(*) FROM build_steps WHERE hash = $1", h) < 0 ||
+			             cp_rows_i64(left, 0, 0, 1) != 0 || tree_pinned(st, h, false);
+			cp_rows_free(left);
+			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h);
+			if (still || unlink(p) < 0)
+				continue;
+			total -= size[s->tree];
+			freed += size[s->tree];
+			removed++;
+		}
 	}
 	if (removed)
 		spaced_log("spaced-cp", "level=info event=build-cache-swept removed=%d bytes=%" PRIu64 " left=%" PRIu64,
@@ -1032,6 +1089,7 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 	free(tn);
 	free(size);
 	free(pinned);
+	free(holders);
 	cp_rows_free(rows);
 	return removed;
 }

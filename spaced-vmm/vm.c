@@ -400,6 +400,7 @@ static int do_pause(char *why, size_t whysz)
 	int e = vm_qmp("stop", why, whysz);
 	if (e == 0) {
 		V.paused = true;
+		vm_transport_reset();
 		vm_log("paused (sync %s, %" PRIu64 " ms)", s == 0 ? "done" : "failed", vm_ms_since(t));
 	}
 	return e;
@@ -412,6 +413,7 @@ static int do_thaw(char *why, size_t whysz)
 	int e = vm_qmp("cont", why, whysz);
 	if (e == 0) {
 		V.paused = false;
+		vm_transport_reset();
 		vm_log("thawed");
 	}
 	return e;
@@ -707,6 +709,12 @@ static void on_signals(void)
  * if its guest had powered off: the worker sees its execution end (its
  * streams are cut, the control plane is told). Not while paused, before the
  * guest is ready, or while spaced-vm has the device out (a snapshot). */
+void vm_transport_reset(void)
+{
+	V.transport_lost_ns = 0;
+	V.transport_at_ns = spaced_mono_ns();
+}
+
 static void transport_check(void)
 {
 	uint64_t now = spaced_mono_ns();
@@ -716,7 +724,17 @@ static void transport_check(void)
 	V.transport_at_ns = now;
 	bool ok = true, running = true;
 	char why[256];
-	if (vm_vsock_driver(&ok, &running, why, sizeof why) < 0 || ok || !running) {
+	int e = vm_vsock_driver(&ok, &running, why, sizeof why);
+	if (e == SPACED_EPERM) {
+		/* no such device: the guest had QEMU eject it (ACPI), or let a
+		 * snapshot's unplug go late; as lost as an unbound driver */
+		bool present = true;
+		if (vm_vsock_present(&present, why, sizeof why) == 0 && !present) {
+			ok = false;
+			e = 0;
+		}
+	}
+	if (e < 0 || ok || !running) {
 		if (V.transport_lost_ns != 0 && ok)
 			vm_log("the guest's vsock driver holds its device again");
 		if (ok)
@@ -1251,8 +1269,10 @@ static int run(int argc, char **argv, bool template_mode)
 		}
 		if (e == 0)
 			vm_log("saved to %s in %" PRIu64 " ms", out, vm_ms_since(V.t0));
-		else
+		else {
+			spaced_log_escape_controls(why, sizeof why);
 			fprintf(stderr, "spaced-vm: template: %s\n", why[0] ? why : spaced_strerror(e));
+		}
 		shutdown_vm();
 		return e == 0 ? 0 : 1;
 	}
@@ -1279,6 +1299,7 @@ static int run(int argc, char **argv, bool template_mode)
 		}
 	}
 	if (e < 0) {
+		spaced_log_escape_controls(why, sizeof why);
 		fprintf(stderr, "spaced-vm: execution setup failed: %s\n", why[0] ? why : spaced_strerror(e));
 		shutdown_vm();
 		return 1;

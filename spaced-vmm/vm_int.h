@@ -40,6 +40,7 @@
 #define VM_QEMU_TASKS 256               /* QEMU's threads and the back-end */
 #define VM_SYNC_TIMEOUT_MS 5000
 #define VM_QMP_TIMEOUT_MS 5000
+#define VM_QMP_PROBE_MS 1000            /* the periodic look at the vsock driver: skipped when slower */
 #define VM_UNPLUG_TIMEOUT_MS 10000      /* the guest acknowledging the vsock device's removal */
 #define VM_TRANSPORT_CHECK_MS 2000      /* how often a running guest's vsock driver is looked at */
 #define VM_TRANSPORT_GRACE_MS 30000     /* a running guest without it this long is stopped (a starved guest binds late) */
@@ -176,6 +177,11 @@ int vm_vsock_unplug(char *why, size_t whysz);
 /* Whether the guest's vsock driver holds the device (virtio DRIVER_OK) and
  * whether the VM runs, from QEMU (x-query-virtio-status). */
 int vm_vsock_driver(bool *driver_ok, bool *running, char *why, size_t whysz);
+/* Whether QEMU has the vsock device (qom-get of its path). */
+int vm_vsock_present(bool *present, char *why, size_t whysz);
+/* The guest's vsock driver is looked at afresh from now (a pause, a thaw, a
+ * plug: the grace starts with a running VM that has the device). */
+void vm_transport_reset(void);
 /* Saves the stopped VM's device state into a new file at path (the RAM is
  * saved apart: vm_save_ram). */
 int vm_save_state(const char *path, char *why, size_t whysz);

@@ -369,8 +369,10 @@ int vm_vsock_plug(char *why, size_t whysz)
 	json_t *args = json_pack("{s:s,s:s,s:s,s:s}", "driver", "vhost-user-vsock-pci", "chardev", "vu", "id", "vsock",
 	                         "addr", PC_VSOCK_ADDR);
 	int e = qmp_exec(V.qmp, "device_add", args, VM_QMP_TIMEOUT_MS, NULL, why, whysz);
-	if (e == 0)
+	if (e == 0) {
 		V.vsock_plugged = true;
+		vm_transport_reset();
+	}
 	return e;
 }
 
@@ -382,10 +384,13 @@ int vm_vsock_driver(bool *driver_ok, bool *running, char *why, size_t whysz)
 	/* the VirtIODevice: a PCI proxy's backend child, or the virtio-mmio device itself */
 	json_t *args = json_pack("{s:s}", "path",
 	                         V.machine == VM_PC ? "/machine/peripheral/vsock/virtio-backend" : "/machine/peripheral/vsock");
-	int e = qmp_exec(V.qmp, "x-query-virtio-status", args, VM_QMP_TIMEOUT_MS, &ret, why, whysz);
+	int e = qmp_exec(V.qmp, "x-query-virtio-status", args, VM_QMP_PROBE_MS, &ret, why, whysz);
 	if (e < 0) {
-		if (e != SPACED_EPERM) {
-			qmp_close(V.qmp); /* a QEMU that does not answer is not asked again */
+		/* a late answer is told apart by its id and dropped: only a
+		 * connection QEMU closed is given up (a busy QEMU keeps serving
+		 * pauses and snapshots) */
+		if (e == SPACED_ECLOSED) {
+			qmp_close(V.qmp);
 			V.qmp = NULL;
 		}
 		return e;
@@ -403,8 +408,7 @@ int vm_vsock_driver(bool *driver_ok, bool *running, char *why, size_t whysz)
 	return 0;
 }
 
-/* Whether QEMU still has the vsock device (qom-get of its path). */
-static int vsock_present(bool *present, char *why, size_t whysz)
+int vm_vsock_present(bool *present, char *why, size_t whysz)
 {
 	json_t *ret = NULL;
 	char w[256];
@@ -442,7 +446,7 @@ int vm_vsock_unplug(char *why, size_t whysz)
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)VM_UNPLUG_TIMEOUT_MS * 1000000u;
 	while (spaced_mono_ns() < deadline) {
 		bool present = true;
-		if ((e = vsock_present(&present, why, whysz)) < 0)
+		if ((e = vm_vsock_present(&present, why, whysz)) < 0)
 			return e;
 		if (!present) {
 			V.vsock_plugged = false;
