@@ -1347,6 +1347,24 @@ int spaced_sub_thaw(struct spaced_sub *s)
 	return r;
 }
 
+/* A snapshot's refusal reaches the tenant: in the sandbox's own paths
+ * (src: the execution's upper directory, dir: the snapshot's), its names
+ * quoted as a logfmt value is so that none closes a reason="…" it lands in,
+ * and valid UTF-8 whatever the cuts (a JSON string carries it). */
+static void snapshot_why_own(const char *src, const char *dir, char *why, size_t whysz)
+{
+	char host[PATH_MAX + 16];
+	snprintf(host, sizeof host, "%s/root", src);
+	spaced_str_replace(why, whysz, host, "");
+	snprintf(host, sizeof host, "%s/upper/root", dir);
+	spaced_str_replace(why, whysz, host, "");
+	spaced_str_replace(why, whysz, src, "(sandbox)");
+	spaced_str_replace(why, whysz, dir, "(snapshot)");
+	spaced_str_replace(why, whysz, "\\", "\\\\");
+	spaced_str_replace(why, whysz, "\"", "\\\"");
+	spaced_utf8_clean(why);
+}
+
 int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t whysz)
 {
 	char src[PATH_MAX], dst[PATH_MAX], tmp[PATH_MAX], meta[PATH_MAX + 640];
@@ -1358,8 +1376,9 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 		return SPACED_EBUSY;
 	}
 	if (mkdir(dir, 0700) < 0) {
-		spaced_why(why, whysz, "mkdir %s: %s", dir, strerror(errno));
-		return errno == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
+		int err = errno;
+		spaced_why(why, whysz, "the snapshot's directory: %s", strerror(err));
+		return err == EEXIST ? SPACED_EEXIST : SPACED_ESYS;
 	}
 	if (pathf(src, "%s/upper", s->ldir) < 0 || pathf(dst, "%s/upper", dir) < 0 ||
 	    pathf(tmp, "%s/meta.tmp", dir) < 0)
@@ -1370,18 +1389,7 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 		r = spaced_sub_copy_tree(src, dst, s->uid_base != 0 ? &sh : NULL, s->disk_bps, why, whysz);
 	}
 	if (r < 0) {
-		/* the reason reaches the tenant: in the sandbox's own paths */
-		char host[PATH_MAX + 8];
-		snprintf(host, sizeof host, "%s/root", src);
-		spaced_str_replace(why, whysz, host, "");
-		snprintf(host, sizeof host, "%s/root", dst);
-		spaced_str_replace(why, whysz, host, "");
-		spaced_str_replace(why, whysz, src, "(sandbox)");
-		spaced_str_replace(why, whysz, dir, "(snapshot)");
-		/* the sandbox's names are the tenant's: quoted as a logfmt value
-		 * is, so that none closes a reason="…" it lands in */
-		spaced_str_replace(why, whysz, "\\", "\\\\");
-		spaced_str_replace(why, whysz, "\"", "\\\"");
+		snapshot_why_own(src, dir, why, whysz);
 		return r;
 	}
 	if (s->has_identity)
@@ -1392,7 +1400,7 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	if (fd < 0 || write(fd, meta, (size_t)n) != n || fsync(fd) < 0) {
 		if (fd >= 0)
 			close(fd);
-		spaced_why(why, whysz, "write %s: %s", tmp, strerror(errno));
+		spaced_why(why, whysz, "the snapshot's meta: %s", strerror(errno));
 		return SPACED_ESYS;
 	}
 	close(fd);

@@ -336,6 +336,28 @@ void spaced_str_replace(char *s, size_t cap, const char *from, const char *to)
 	}
 }
 
+void spaced_utf8_clean(char *s)
+{
+	unsigned char *p = (unsigned char *)s;
+	while (p && *p) {
+		unsigned char c = *p;
+		int n = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 && c >= 0xc2 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 && c <= 0xf4 ? 3 : -1;
+		bool ok = n >= 0;
+		for (int k = 1; ok && k <= n; k++)
+			ok = (p[k] & 0xc0) == 0x80;
+		/* no overlong three- or four-byte forms, no surrogates, nothing past U+10FFFF */
+		if (ok && n == 2)
+			ok = !(c == 0xe0 && p[1] < 0xa0) && !(c == 0xed && p[1] >= 0xa0);
+		if (ok && n == 3)
+			ok = !(c == 0xf0 && p[1] < 0x90) && !(c == 0xf4 && p[1] >= 0x90);
+		if (!ok) {
+			*p++ = '?';
+			continue;
+		}
+		p += n + 1;
+	}
+}
+
 int64_t spaced_now(void)
 {
 	struct timespec ts;

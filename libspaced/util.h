@@ -101,6 +101,10 @@ void spaced_why(char *why, size_t whysz, const char *fmt, ...) __attribute__((fo
  * names host paths: the reader is told its own. */
 void spaced_str_replace(char *s, size_t cap, const char *from, const char *to);
 
+/* Makes s valid UTF-8 in place: every byte that does not begin or continue
+ * a well-formed sequence (a cut one at the end included) becomes '?'. */
+void spaced_utf8_clean(char *s);
+
 /* The current wall-clock time in Unix seconds. */
 int64_t spaced_now(void);
 

@@ -954,7 +954,7 @@ struct start_opts {
 };
 
 static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
-                        const char *release_op, json_t **body);
+                        const char *release_op, bool call_off, json_t **body);
 
 static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                               const char *snapshot, const char *snapshot_hash, int same_gen,
@@ -1054,7 +1054,11 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	cp_wake(cp);
 	json_decref(spec);
 	json_decref(msg);
-	return finish_start(cp, st, id, p->worker, seq, so->release_op, body);
+	/* a new generation from a snapshot: a resume after a failure would start
+	 * it from that snapshot anywhere, so one not acknowledged is called off
+	 * (a create, or a start from its template, is started again in place:
+	 * the same generation, on the same worker) */
+	return finish_start(cp, st, id, p->worker, seq, so->release_op, !same_gen && snapshot != NULL, body);
 fail:
 	cp_store_rollback(st);
 	json_decref(spec);
@@ -1062,10 +1066,51 @@ fail:
 	return cp_install_failed(r, body);
 }
 
+/* A new generation from a snapshot (a move's, a resume's) whose install the
+ * worker did not acknowledge in time is called off: in one transaction the
+ * sandbox becomes 'failed' (a resume starts a new, greater generation, I2)
+ * and a `deactivate` of exactly that identity is queued behind the install,
+ * so the worker stops that execution whenever the install reaches it.
+ * Before, the sandbox became 'error' with its install still queued: a resume
+ * from the snapshot elsewhere then ran a second execution of it, which the
+ * control plane knew nothing of (neither stopped nor counted) while the
+ * first one started late. */
+static void start_called_off(struct cp_store *st, const char *id, const char *errtext)
+{
+	struct cp_rows *rows = NULL;
+	char text[700], now[24];
+	int r = cp_store_begin(st);
+	if (r == 0)
+		r = CP_Q(st, &rows, NULL,
+		         "SELECT generation, worker, substrate, activation FROM sandboxes WHERE id = $1 AND state = 'starting'",
+		         id);
+	json_t *ident = r == 0 && rows->nrows == 1
+	                    ? identity_json_of(id, cp_rows_i64(rows, 0, 0, 0), cp_rows_get(rows, 0, 1),
+	                                       cp_rows_get(rows, 0, 2), cp_rows_get(rows, 0, 3))
+	                    : NULL;
+	json_t *msg = ident ? json_pack("{s:s,s:o,s:b}", "type", "deactivate", "identity", ident, "keep_paused", 0) : NULL;
+	snprintf(text, sizeof text, "%s; its start was called off", errtext);
+	int64_t seq = 0;
+	if (msg && cp_outbox_push(st, cp_rows_get(rows, 0, 1), msg, &seq) == 0 &&
+	    CP_Q(st, NULL, NULL,
+	         "UPDATE sandboxes SET state = 'failed', last_error = $2, last_active = $3, idle_paused = 0 WHERE id = $1",
+	         id, text, cp_i64(now, spaced_now())) == 0 &&
+	    cp_store_commit(st) == 0) {
+		spaced_log("spaced-cp", "level=info event=start-called-off sandbox=%s worker=%s seq=%lld", id,
+		           cp_rows_get(rows, 0, 1), (long long)seq);
+	} else {
+		if (r == 0)
+			cp_store_rollback(st);
+		set_state(st, id, "error", errtext); /* nothing left starting, or the store failed: as before */
+	}
+	json_decref(msg);
+	cp_rows_free(rows);
+}
+
 /* The tail of a start: waits for the install's ack; on it, the state
  * (and, for a create, the lease with it), else the error. */
 static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
-                        const char *release_op, json_t **body)
+                        const char *release_op, bool call_off, json_t **body)
 {
 	char errtext[512], *res = NULL;
 	int ok = 0;
@@ -1101,7 +1146,10 @@ static int finish_start(struct cp *cp, struct cp_store *st, const char *id, cons
 		return 0;
 	}
 	int status = ack_status(r == 0 ? SPACED_EPERM : r, "install", res, body, errtext, sizeof errtext);
-	set_state(st, id, "error", errtext);
+	if (r != 0 && call_off)
+		start_called_off(st, id, errtext); /* no answer: the install may still be applied */
+	else
+		set_state(st, id, "error", errtext); /* refused: nothing was started */
 	free(res);
 	return status;
 }
@@ -1430,7 +1478,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	 * queued; the state and the lease go together once the worker
 	 * acknowledged */
 	lease_hold(id, op);
-	status = finish_start(cp, st, id, j.worker, j.seq, op, body);
+	status = finish_start(cp, st, id, j.worker, j.seq, op, false, body);
 	if (!c->worker[0])
 		status = start_elsewhere(cp, st, tenant, id, op, j.worker, status, body);
 	lease_hold(NULL, NULL);
@@ -1538,6 +1586,42 @@ static int place_sandbox(struct cp_store *st, const struct sbx *s, const char *w
 	int status = place(st, col(s, C_SUBSTRATE), &res, want, exclude, p, body);
 	cp_store_rollback(st);
 	return status;
+}
+
+/* Once a new generation of id runs (on the worker its row names now), every
+ * other worker that ran one of its generations is told to destroy what it
+ * still holds of it: a move's source kept frozen, a start called off, an
+ * execution left by a move that failed. Each worker applies it after
+ * whatever it was sent before (best effort: a store error leaves them to the
+ * delete). */
+static void retire_elsewhere(struct cp *cp, struct cp_store *st, const char *id)
+{
+	struct cp_rows *ws = NULL, *cur = NULL;
+	if (CP_Q(st, &cur, NULL, "SELECT worker FROM sandboxes WHERE id = $1", id) < 0 ||
+	    cp_rows_get(cur, 0, 0) == NULL ||
+	    CP_Q(st, &ws, NULL, "SELECT DISTINCT worker FROM generations WHERE sandbox = $1", id) < 0 ||
+	    cp_store_begin(st) < 0) {
+		cp_rows_free(cur);
+		cp_rows_free(ws);
+		return;
+	}
+	const char *keep = cp_rows_get(cur, 0, 0);
+	int bad = 0;
+	const char *w;
+	for (int i = 0; !bad && (w = cp_rows_get(ws, i, 0)) != NULL; i++) {
+		if (strcmp(w, keep) == 0)
+			continue;
+		int64_t seq;
+		json_t *d = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
+		bad = d == NULL || cp_outbox_push(st, w, d, &seq) < 0;
+		json_decref(d);
+	}
+	if (bad || cp_store_commit(st) < 0)
+		cp_store_rollback(st);
+	else
+		cp_wake(cp);
+	cp_rows_free(cur);
+	cp_rows_free(ws);
 }
 
 /* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
@@ -1711,14 +1795,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			status = start_execution(cp, st, s, &p, path, hex[0] ? hex : NULL, 0, body);
 			if (status != 0)
 				goto out;
-			json_decref(msg);
-			msg = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
-			int64_t seq;
-			if (cp_store_begin(st) == 0) {
-				if (cp_outbox_push(st, cur, msg, &seq) < 0 || cp_store_commit(st) < 0)
-					cp_store_rollback(st);
-				cp_wake(cp);
-			}
+			retire_elsewhere(cp, st, id); /* the source, kept frozen until now */
 			goto done;
 		}
 		if (strcmp(state, "failed") == 0) {
@@ -1743,6 +1820,7 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				status = start_elsewhere(cp, st, tenant, id, NULL, p.worker, status, body);
 			if (status != 0)
 				goto out;
+			retire_elsewhere(cp, st, id);
 			goto done;
 		}
 		if (strcmp(state, "stopped") == 0 || strcmp(state, "error") == 0) {
@@ -1762,6 +1840,8 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				status = start_elsewhere(cp, st, tenant, id, NULL, p.worker, status, body);
 			if (status != 0)
 				goto out;
+			if (!same)
+				retire_elsewhere(cp, st, id);
 			goto done;
 		}
 		goto wrong_state;

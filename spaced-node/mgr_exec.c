@@ -1315,9 +1315,12 @@ int mgr_exec_snapshot(const struct mgr_config *cfg, const struct mgr_rec *rec, c
 		return SPACED_EEXIST;
 	char msg[512] = "";
 	if (sub_ctl_why(cfg, rec, "SNAPSHOT", path, msg, sizeof msg) < 0) {
-		/* the launcher's reason ("ERR snapshot: …"), in the sandbox's own paths */
-		const char *m = strncmp(msg, "ERR snapshot: ", 14) == 0 ? msg + 14 : msg;
-		spaced_why(why, whysz, "%s", m[0] ? m : spaced_strerror(SPACED_EIO));
+		/* the launcher's refusal ("ERR snapshot: …"), written in the
+		 * sandbox's own paths, is the tenant's to read; anything else
+		 * (spaced-vm's, a launcher that did not answer) names the host's */
+		bool own = !mgr_vm_is(rec) && strncmp(msg, "ERR snapshot: ", 14) == 0;
+		spaced_utf8_clean(msg);
+		spaced_why(why, whysz, "%s", own ? msg + 14 : spaced_strerror(SPACED_EIO));
 		return SPACED_EIO;
 	}
 	snap_bytes = 0;

@@ -1,0 +1,79 @@
+#!/bin/sh
+# A start the worker did not acknowledge in time is called off (spaced-cp/ops.c start_called_off;
+# docs/control-plane.md): on a real two-worker cluster (`spacectl dev up`, process substrate),
+# worker-2's link is stopped (SIGSTOP) while a move of a sandbox to it is on its way:
+#  - the move answers 504 and the sandbox is 'failed' (a resume starts a new generation, I2), its
+#    last error saying the start was called off;
+#  - once the link runs again, worker-2 applies the late install and then the deactivate queued
+#    behind it: nothing of the sandbox runs there;
+#  - a resume then runs it on one worker only, with the files the move's snapshot carried (before,
+#    the sandbox was 'error' with its install still queued: a resume elsewhere ran a second execution
+#    of it that the control plane neither stopped nor counted, the late one running beside it), and
+#    the move's source, kept frozen on worker-1, is destroyed (it stayed until the sandbox's delete).
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+done
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+LINK=""
+trap '[ -n "$LINK" ] && kill -CONT "$LINK" 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+if ! "$SC" dev up --workers 2 --dir "$D" --pool 0 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+# the executions of sandbox S each worker runs (records whose execution is live)
+running_on() { # running_on N S
+	"$SC" node status --admin "$D/worker-$1/admin.sock" 2>/dev/null |
+		jq -r --arg s "$2" '[.result.records[] | select(.identity.sandbox == $s and (.state // "") != "ended" and (.state // "") != "deactivated" and .pid > 0)] | length'
+}
+sup=$(awk '$1 == "worker-2" {print $2}' "$D/pids")
+for p in $(pgrep -x spaced-link); do
+	q=$p
+	while [ "$q" -gt 1 ]; do
+		[ "$q" = "$sup" ] && { LINK=$p; break; }
+		q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
+	done
+	[ -n "$LINK" ] && break
+done
+[ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
+
+S=$("$SC" create --worker worker-1) || { echo "FAIL: create"; exit 1; }
+"$SC" exec "$S" -- sh -c 'echo carried >/workspace/f'
+kill -STOP "$LINK"
+"$SC" move "$S" --to worker-2 >/dev/null 2>"$W/move.err"
+expect "the move whose install worker-2 did not acknowledge: 504" "$(grep -c '504' "$W/move.err")" 1
+"$SC" inspect "$S" --json >"$W/i1.json"
+expect "the sandbox is failed, its start called off" \
+	"$(jq -r '.state' "$W/i1.json") $(jq -r '.last_error' "$W/i1.json" | grep -c 'called off')" "failed 1"
+grep -q "event=start-called-off sandbox=$S worker=worker-2" "$D"/cp*.log "$D"/*.log 2>/dev/null &&
+	ok "the control plane logs the start called off" || fail "no start-called-off line"
+kill -CONT "$LINK"
+LINK=""
+wait_for "worker-2 applied the late install and the deactivate behind it" \
+	sh -c "[ \"\$('$SC' node status --admin '$D/worker-2/admin.sock' 2>/dev/null | jq -r --arg s '$S' '[.result.records[] | select(.identity.sandbox == \$s)] | length')\" -ge 1 ]"
+sleep 2
+"$SC" node status --admin "$D/worker-2/admin.sock" 2>/dev/null |
+	jq -c --arg s "$S" '.result.records[] | select(.identity.sandbox == $s) | {g: .identity.generation, state, pid}' | sed 's/^/  worker-2: /'
+expect "nothing of the sandbox runs on worker-2" "$(running_on 2 "$S")" 0
+"$SC" resume "$S" >/dev/null 2>"$W/resume.err" || fail "resume: $(cat "$W/resume.err")"
+"$SC" inspect "$S" --json >"$W/i2.json"
+expect "resumed: running, a new generation" "$(jq -r '.state + " " + (.generation | tostring)' "$W/i2.json")" "running 3"
+expect "with the files the move's snapshot carried" "$("$SC" exec "$S" -- cat /workspace/f)" carried
+for n in 1 2; do
+	"$SC" node status --admin "$D/worker-$n/admin.sock" 2>/dev/null |
+		jq -c --arg s "$S" '.result.records[] | select(.identity.sandbox == $s) | {g: .identity.generation, state, pid}' | sed "s/^/  worker-$n: /"
+done
+# the move's source, kept frozen on worker-1 since the move stopped, is destroyed once the new
+# generation runs (it was left frozen until the sandbox's delete)
+i=0
+while [ $(( $(running_on 1 "$S") + $(running_on 2 "$S") )) -ne 1 ] && [ $i -lt 60 ]; do sleep 0.5; i=$((i + 1)); done
+expect "one execution of it runs, on one worker" "$(( $(running_on 1 "$S") + $(running_on 2 "$S") ))" 1
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
