@@ -240,3 +240,18 @@ Test(log, a_forged_pair_keeps_the_line_whole_in_json)
 	cr_expect_not_null(strstr(j, "\"reason\":\"p q\""), "%s", j);
 	free(j);
 }
+
+/* spaced_utf8_clean: a reason cut mid-character still makes a JSON string */
+Test(utf8_clean, bad_and_cut_sequences_become_question_marks)
+{
+	char s[32];
+	snprintf(s, sizeof s, "a\xc3\xa9/\xe2\x82\xac/\xf0\x9f\x98\x80 ok");
+	spaced_utf8_clean(s);
+	cr_expect_str_eq(s, "a\xc3\xa9/\xe2\x82\xac/\xf0\x9f\x98\x80 ok", "valid text untouched");
+	snprintf(s, sizeof s, "x\xff\xc3(\xed\xa0\x80\xc0\xaf");
+	spaced_utf8_clean(s); /* 0xff, a lead without its follower, a surrogate, an overlong '/' */
+	cr_expect_str_eq(s, "x?" "?(" "?????");
+	snprintf(s, sizeof s, "cut \xe2\x82");
+	spaced_utf8_clean(s);
+	cr_expect_str_eq(s, "cut ??");
+}
