@@ -196,3 +196,14 @@ store_test_setup() {
 	DB=$W/cp/cp.db
 }
 q() { sqlite3 -cmd ".timeout 5000" "$DB" "$1"; }
+
+# need_process_substrate — exits 77 (skipped) unless this runs as root with spacectl ($SC), the
+# worker's programs and the control plane built: what a test of a real cluster of the process
+# substrate (`spacectl dev up`) needs
+need_process_substrate() {
+	[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
+	for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
+		"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
+		[ -x "$b" ] || { echo "$b is not built"; exit 77; }
+	done
+}

@@ -13,11 +13,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
-for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
-	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
-	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
-done
+need_process_substrate
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"

@@ -11,11 +11,7 @@ set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
 HC="python3 $SPACED_TOP/tests/hostile_client.py"
-[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
-for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
-	"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
-	[ -x "$b" ] || { echo "$b is not built"; exit 77; }
-done
+need_process_substrate
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
 # under AddressSanitizer every freed buffer waits in a quarantine (256 MiB by default), which
 # would hide what node-api and the gate really hold; without it their RSS shows their buffers
