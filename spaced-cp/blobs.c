@@ -29,7 +29,8 @@
  * takes the tenants in turn: two tenants' slow imports delay a third's by
  * one import at most, and one tenant's uploads cannot fill the store's
  * spool. A body must come at httpsrv's minimum rate (a trickle ends with
- * 408).
+ * 408). A build's FROM that names a template is a lookup, answered at once;
+ * one of a base (debian:…, scratch) takes its turn as an import does.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -359,6 +360,29 @@ static void on_body(struct spaced_httpconn *c, const uint8_t *p, size_t n)
 	b->got += n;
 }
 
+/* A build's FROM that names a template: answered at once on this loop (one
+ * lookup in the store), never queued behind imports and bases being built.
+ * True when it answered. */
+static bool from_template_name(struct spaced_httpconn *c, struct bconn *b)
+{
+	json_error_t jerr;
+	json_t *req = json_loadb((const char *)b->body.data, b->body.len, JSON_REJECT_DUPLICATES, &jerr);
+	const char *from = json_string_value(json_object_get(req, "from"));
+	bool name = from && strcmp(from, "scratch") != 0 && strncmp(from, "debian:", 7) != 0;
+	if (name) {
+		json_t *answer = NULL;
+		int status = cp_build_from(B.cp, B.st, b->tenant, from, &answer);
+		reply_json(c, status, answer);
+		b->kind = B_NONE;
+		if (b->tenant_held) { /* the tenant's one upload at a time is free again */
+			tenant_release(b->tenant);
+			b->tenant_held = false;
+		}
+	}
+	json_decref(req);
+	return name;
+}
+
 static void on_body_end(struct spaced_httpconn *c)
 {
 	struct bconn *b = spaced_httpconn_user(c);
@@ -381,6 +405,8 @@ static void on_body_end(struct spaced_httpconn *c)
 		b->kind = B_NONE;
 		return;
 	}
+	if (b->kind == B_FROM && from_template_name(c, b))
+		return; /* answered here: a lookup, no import */
 	if (b->kind == B_TEMPLATE || b->kind == B_FROM) {
 		if (b->fd >= 0)
 			close(b->fd);

@@ -10,7 +10,9 @@
 #    while it waits: it is dropped, not imported, and gamma may upload again at once;
 #  - gamma's next import, sent while both still run, waits and is then imported: 201 and its
 #    template listed (before, it was 503 busy until one of the others ended: two tenants' slow
-#    imports locked every other tenant out of the store).
+#    imports locked every other tenant out of the store);
+#  - a build's FROM naming gamma's template, sent while both run, is answered at once (a lookup:
+#    it was queued behind the imports too).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -50,17 +52,22 @@ with open(sys.argv[1], "wb") as f:
 with open(sys.argv[3], "wb") as f:
     f.write(hdr(b"hello", b"0", 0o644, 6) + b"hello\n".ljust(512, b"\0") + b"\0" * 1024)
 PY
+SPACED_API_KEY=$TG "$SC" template import base-g "$W/small.tar" >/dev/null 2>"$W/g0.err" || fail "gamma's first import"
 SPACED_API_KEY=$TA "$SC" template import slow-a "$W/slow.tar" >"$W/a.out" 2>"$W/a.err" &
 PA=$!
 SPACED_API_KEY=$TB "$SC" template import slow-b "$W/slow.tar" >"$W/b.out" 2>"$W/b.err" &
 PB=$!
 started() { [ "$(grep -c 'event=template-import-started' "$CP_LOG")" -ge "$1" ]; }
-ended() { grep -c 'event=template-import template=' "$CP_LOG"; }
-WAIT_SECONDS=60 wait_for "alpha's and beta's imports run" started 2
+ended() { grep -c 'event=template-import template=slow-' "$CP_LOG"; }
+WAIT_SECONDS=60 wait_for "alpha's and beta's imports run (after gamma's first)" started 3
 SPACED_API_KEY=$TA "$SC" template import again-a "$W/small.tar" >/dev/null 2>"$W/a2.err"
 expect "alpha's second import while its first runs: 503, one at a time" \
 	"$(grep -c '503 busy.*one at a time' "$W/a2.err")" 1
 SPORT=$(cat "$W/cp/store.port")
+code=$(curl -s -m 10 -o "$W/from.json" -w '%{http_code}' -H "Authorization: Bearer $TG" -H 'content-type: application/json' \
+	--data '{"from":"base-g"}' "http://127.0.0.1:$SPORT/v1/builds/from")
+expect "a FROM naming gamma's template while both imports run: answered at once (200, its hash)" \
+	"$code $(jq -r '.hash | length' "$W/from.json" 2>/dev/null) $(ended)" "200 64 0"
 # gamma's upload, whose client goes away while it waits
 python3 - "$SPORT" "$TG" "$W/small.tar" "$CP_LOG" "$G" <<'PY' &
 import socket, sys, time
@@ -86,8 +93,8 @@ wait_for "gamma's second upload waits too (the first was dropped: gamma may uplo
 expect "and both slow imports still ran then" "$(ended)" 0
 wait "$PG"
 expect "gamma's waiting import is imported" "$(jq -r '.name' "$W/g.out" 2>/dev/null)" small-g
-expect "gamma's templates: the one imported, not the one whose client left" \
-	"$(SPACED_API_KEY=$TG "$SC" template ls --json | jq -r '[.[].name] | sort | join(" ")')" small-g
+expect "gamma's templates: the ones imported, not the one whose client left" \
+	"$(SPACED_API_KEY=$TG "$SC" template ls --json | jq -r '[.[].name] | sort | join(" ")')" "base-g small-g"
 expect "gamma's import was taken once a slot was free" \
 	"$(grep -c "event=template-import-dequeued tenant=$G " "$CP_LOG")" 1
 wait "$PA"
