@@ -11,7 +11,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-need_process_substrate
+need_substrate
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
 W=$(mktemp -d)
 D=$W/cluster

@@ -135,10 +135,10 @@ need_substrate() {
 	done
 }
 
-# role_pid NAME — the pid of worker-1's process named NAME (a descendant of its supervisor, from
-# $D/pids), empty when there is none
+# role_pid NAME [WORKER] — the pid of WORKER's (worker-1's) process named NAME (a descendant of its
+# supervisor, from $D/pids), empty when there is none
 role_pid() {
-	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+	sup=$(awk -v w="${2:-worker-1}" '$1 == w {print $2}' "$D/pids")
 	for p in $(pgrep -x "$1"); do
 		q=$p
 		while [ "$q" -gt 1 ]; do
@@ -196,14 +196,3 @@ store_test_setup() {
 	DB=$W/cp/cp.db
 }
 q() { sqlite3 -cmd ".timeout 5000" "$DB" "$1"; }
-
-# need_process_substrate — exits 77 (skipped) unless this runs as root with spacectl ($SC), the
-# worker's programs and the control plane built: what a test of a real cluster of the process
-# substrate (`spacectl dev up`) needs
-need_process_substrate() {
-	[ "$(id -u)" -eq 0 ] || { echo "the process substrate needs root"; exit 77; }
-	for b in "$SC" "$SPACED_BUILD/spaced-node/spaced-node" "$SPACED_BUILD/spaced-node/spaced-launch" \
-		"$SPACED_BUILD/spaced-host/spaced-host" "$CP"; do
-		[ -x "$b" ] || { echo "$b is not built"; exit 77; }
-	done
-}

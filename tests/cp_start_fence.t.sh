@@ -13,7 +13,7 @@
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-need_process_substrate
+need_substrate
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
@@ -29,15 +29,7 @@ running_on() { # running_on N S
 	"$SC" node status --admin "$D/worker-$1/admin.sock" 2>/dev/null |
 		jq -r --arg s "$2" '[.result.records[] | select(.identity.sandbox == $s and (.state // "") != "ended" and (.state // "") != "deactivated" and .pid > 0)] | length'
 }
-sup=$(awk '$1 == "worker-2" {print $2}' "$D/pids")
-for p in $(pgrep -x spaced-link); do
-	q=$p
-	while [ "$q" -gt 1 ]; do
-		[ "$q" = "$sup" ] && { LINK=$p; break; }
-		q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
-	done
-	[ -n "$LINK" ] && break
-done
+LINK=$(role_pid spaced-link worker-2)
 [ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
 
 S=$("$SC" create --worker worker-1) || { echo "FAIL: create"; exit 1; }

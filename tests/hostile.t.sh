@@ -11,7 +11,7 @@ set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
 HC="python3 $SPACED_TOP/tests/hostile_client.py"
-need_process_substrate
+need_substrate
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
 # under AddressSanitizer every freed buffer waits in a quarantine (256 MiB by default), which
 # would hide what node-api and the gate really hold; without it their RSS shows their buffers

@@ -26,7 +26,7 @@ set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 . "$SPACED_TOP/tests/net_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
-need_process_substrate
+need_substrate
 W=$(mktemp -d)
 D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
