@@ -234,6 +234,11 @@ int cmd_cp(int argc, char **argv)
 			print_json(ans);
 		else
 			printf("%s %s\n", id, str(ans, "state"));
+		if (cmd[0] == 'r' && strcmp(str(ans, "state"), "deleting") == 0)
+			fprintf(stderr,
+			        "spacectl: rm: worker %s has not confirmed that it destroyed the sandbox; it counts against "
+			        "the quotas until it does\n",
+			        str(ans, "worker"));
 	} else if (strcmp(cmd, "timeout") == 0 && nargs == 2) {
 		char *end;
 		long long secs = strtoll(argv[optind + 1], &end, 10);

@@ -177,6 +177,9 @@ static void cw_run(struct cp_store *st, const struct cw *w)
 		     cp_i64(now, w->t), cp_i64(until, w->t + CP_CHAN_UNTIL_S), C->replica_id);
 		break;
 	case CW_HELLO:
+		/* back: an operator's "lost" no longer speaks for it (it is sent what
+		 * it missed, destroys of what ran elsewhere meanwhile included) */
+		CP_Q(st, NULL, NULL, "UPDATE workers SET lost = 0 WHERE id = $1 AND lost <> 0", w->worker);
 		if (w->has_capacity)
 			CP_Q(st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", w->worker,
 			     cp_i64(cap, w->capacity));

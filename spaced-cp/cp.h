@@ -255,7 +255,12 @@ int cp_op_timeout(struct cp_store *st, const char *tenant, const char *id, int64
  * taking the tenant's row lock (ops.c). */
 int cp_quota_usage(struct cp *cp, struct cp_store *st, const char *tenant, int lock, struct cp_quota *limit,
                    struct cp_quota *used);
+/* The reaper, every second: lifetimes, idle timeouts, interrupted
+ * operations, restarts, and the deletes cp_deleting_finish completes. */
 void cp_reap(struct cp *cp, struct cp_store *st);
+/* Every `deleting` sandbox that every worker which ran it has confirmed
+ * (acknowledged its destroy, or declared lost) becomes `deleted`. */
+void cp_deleting_finish(struct cp *cp, struct cp_store *st);
 /* Removes from the store's snapshots/ every archive older than
  * cp->snapshot_grace seconds that no sandbox needs: one is needed when it is
  * the `snapshot` of a sandbox not deleted, or belongs to one with an

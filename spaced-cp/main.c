@@ -15,6 +15,9 @@
  *       (single use, bound to that worker ID, valid TTL_SECONDS, default 3600)
  *   spaced-cp admin --state DIR [--db URL] revoke-worker WORKER_ID
  *       (its worker key and unused join tokens stop working; a new join token lets it join again)
+ *   spaced-cp admin --state DIR [--db URL] worker-lost WORKER_ID
+ *       (the machine is gone: what it was sent and never acknowledged no longer holds a sandbox's
+ *       start on another worker or its delete; until the worker says hello again)
  *   spaced-cp admin --state DIR [--db URL] create-admin-key
  *   spaced-cp admin --state DIR [--db URL] set-quota TENANT_NAME sandboxes=N,memory=SIZE,disk=SIZE,templates=SIZE,pids=N
  *       (each value, or "default" for the control plane's --quota)
@@ -53,6 +56,7 @@ static const char usage[] =
 	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
+	"                 worker-lost WORKER_ID |\n"
 	"                 create-admin-key |\n"
 	"                 set-quota TENANT_NAME sandboxes=N|default,memory=SIZE|default,disk=SIZE|default,\n"
 	"                 templates=SIZE|default,pids=N|default\n";
@@ -203,6 +207,22 @@ static int admin(const char *db, int argc, char **argv)
 		              argv[1])) < 0)
 			goto out;
 		fprintf(stderr, "%ld key(s) of worker %s revoked\n", ch, argv[1]);
+		cp_store_close(st);
+		return 0;
+	} else if (strcmp(argv[0], "worker-lost") == 0 && argc == 2) {
+		long ch = 0;
+		char now[24];
+		if ((r = CP_Q(st, NULL, &ch, "UPDATE workers SET lost = $2 WHERE id = $1", argv[1],
+		              cp_i64(now, spaced_now()))) < 0)
+			goto out;
+		if (ch != 1) {
+			r = SPACED_ENOENT;
+			goto out;
+		}
+		fprintf(stderr,
+		        "worker %s declared lost: its sandboxes may start elsewhere and their deletes complete; if it "
+		        "comes back it is sent what it missed\n",
+		        argv[1]);
 		cp_store_close(st);
 		return 0;
 	} else if (strcmp(argv[0], "create-admin-key") == 0 && argc == 1) {

@@ -182,9 +182,13 @@ int cp_outbox_push(struct cp_store *st, const char *worker, json_t *msg, int64_t
 		r = SPACED_ETOOBIG;
 		goto out;
 	}
+	/* the sandbox it is about: {"sandbox": …} or its identity's */
+	const char *about = json_string_value(json_object_get(msg, "sandbox"));
+	if (about == NULL)
+		about = json_string_value(json_object_get(json_object_get(msg, "identity"), "sandbox"));
 	r = CP_Q(st, NULL, NULL,
-	         "INSERT INTO outbox (worker, seq, type, body, created) VALUES ($1, $2, $3, $4, $5)", worker,
-	         cp_i64(sb, s), json_string_value(json_object_get(msg, "type")), text, cp_i64(now, spaced_now()));
+	         "INSERT INTO outbox (worker, seq, type, body, created, sandbox) VALUES ($1, $2, $3, $4, $5, $6)", worker,
+	         cp_i64(sb, s), json_string_value(json_object_get(msg, "type")), text, cp_i64(now, spaced_now()), about);
 	if (r == 0)
 		*seq = s;
 out:
@@ -960,6 +964,70 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
                               const char *snapshot, const char *snapshot_hash, int same_gen,
                               const struct start_opts *so, json_t **body);
 
+/* ---- at most one execution: an earlier worker confirms first (I2) ----
+ * A worker that was sent a message about a sandbox (an install, a pause, a
+ * deactivate, a destroy) and has not acknowledged it may still run an
+ * earlier execution of it: cut off from the control plane, it keeps serving
+ * what it runs and the capabilities it was given. So a new generation
+ * starts on another worker, and a deleted sandbox stops counting against
+ * its tenant's quotas, only once every such worker has acknowledged what it
+ * was sent (refused counts: it answered) — or an operator declared it lost
+ * (spaced-cp admin worker-lost: the machine is gone), which holds until it
+ * says hello again. */
+
+/* The first worker other than except (NULL: any) with a message about
+ * sandbox id it has not acknowledged and not declared lost: 1 with its name
+ * in who (and whether it is connected in *live), 0 when there is none, or a
+ * store error. While that worker is connected (it acknowledges in order, in
+ * moments: a move's destroy to its source may just be on its way, and an
+ * ack reaches the store a moment after the request that waits for it),
+ * looks again every 20 ms for up to wait_ms. */
+static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id, const char *except, int wait_ms,
+                              char who[SPACED_NAME_MAX], bool *live)
+{
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)wait_ms * 1000000u;
+	for (;;) {
+		struct cp_rows *rows = NULL;
+		int r = CP_Q(st, &rows, NULL,
+		             "SELECT o.worker, w.channel_until FROM outbox o JOIN workers w ON w.id = o.worker "
+		             "WHERE o.sandbox = $1 AND o.acked = 0 AND w.lost = 0 AND o.worker <> $2 "
+		             "ORDER BY o.worker LIMIT 1",
+		             id, except ? except : "");
+		if (r == 0 && rows->nrows == 1) {
+			snprintf(who, SPACED_NAME_MAX, "%s", cp_rows_get(rows, 0, 0));
+			*live = cp_worker_live(who, cp_rows_i64(rows, 0, 1, 0), spaced_now());
+			r = 1;
+		}
+		cp_rows_free(rows);
+		if (r != 1 || !*live || spaced_mono_ns() >= deadline || cp->stopping)
+			return r;
+		lease_renew(cp, st);
+		usleep(20000);
+	}
+}
+
+/* 0 when no worker but except may still run an earlier execution of id;
+ * else 409 (or 500) with *body naming the worker. */
+static int earlier_confirmed(struct cp *cp, struct cp_store *st, const char *id, const char *except, json_t **body)
+{
+	char who[SPACED_NAME_MAX], m[400];
+	bool live = false;
+	int r = unconfirmed_worker(cp, st, id, except, cp->ack_timeout_ms, who, &live);
+	if (r == 0)
+		return 0;
+	if (r < 0) {
+		*body = cp_error("store", spaced_strerror(r));
+		return 500;
+	}
+	snprintf(m, sizeof m,
+	         "worker %s has not confirmed that the sandbox's earlier execution stopped (%s); it starts "
+	         "elsewhere once %s acknowledges, or once an operator declares that worker lost",
+	         who, live ? "it is still applying what it was sent" : "it is not connected", who);
+	*body = json_pack("{s:s,s:s,s:s}", "error", "earlier-execution-unconfirmed", "message", m, "worker", who);
+	spaced_log("spaced-cp", "level=warn event=start-held sandbox=%s worker=%s connected=%d", id, who, live);
+	return 409;
+}
+
 static int start_execution(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                            const char *snapshot, const char *snapshot_hash, int same_gen, json_t **body)
 {
@@ -1009,6 +1077,9 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	int64_t seq = 0;
 	int r;
 	cp_random_name(act, "act-");
+	int waits = same_gen ? 0 : earlier_confirmed(cp, st, id, p->worker, body);
+	if (waits != 0)
+		return waits;
 	json_t *spec = install_spec(cp, col(s, C_SPEC), col(s, C_TENANT), p, &snapshot, snapshot_hash, snap_url),
 	       *msg = NULL;
 	if (spec == NULL) {
@@ -1624,6 +1695,74 @@ static void retire_elsewhere(struct cp *cp, struct cp_store *st, const char *id)
 	cp_rows_free(ws);
 }
 
+/* Queues a destroy of id to every worker that ran one of its generations, in
+ * one transaction. 0, or 500 when they could not be queued. */
+static int destroy_everywhere(struct cp *cp, struct cp_store *st, const char *id)
+{
+	struct cp_rows *ws = NULL;
+	int bad = CP_Q(st, &ws, NULL, "SELECT DISTINCT g.worker FROM generations g JOIN workers w ON w.id = g.worker "
+	                              "WHERE g.sandbox = $1",
+	               id) < 0 ||
+	          cp_store_begin(st) < 0;
+	for (int i = 0; !bad && i < ws->nrows; i++) {
+		int64_t seq;
+		json_t *d = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
+		bad = d == NULL || cp_outbox_push(st, cp_rows_get(ws, i, 0), d, &seq) < 0;
+		json_decref(d);
+	}
+	if (bad || cp_store_commit(st) < 0) {
+		cp_store_rollback(st);
+		cp_rows_free(ws);
+		return 500;
+	}
+	if (ws->nrows > 0)
+		cp_wake(cp);
+	cp_rows_free(ws);
+	return 0;
+}
+
+/* A deleted sandbox that every worker which ran it confirmed is `deleted`
+ * (200; its archives go); one that some worker has not confirmed stays
+ * `deleting` (202), still counted against its tenant's quotas. Waits up to
+ * wait_ms for a connected worker's acknowledgement. */
+static int deleting_finish(struct cp *cp, struct cp_store *st, const char *id, int wait_ms, json_t **body)
+{
+	char who[SPACED_NAME_MAX], now[24];
+	bool live = false;
+	int r = unconfirmed_worker(cp, st, id, NULL, wait_ms, who, &live);
+	if (r == 1) {
+		r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleting' WHERE id = $1 AND deleted = 0", id);
+		if (r == 0 && body != NULL)
+			*body = json_pack("{s:s,s:s,s:b,s:s}", "id", id, "state", "deleting", "pending", 1, "worker", who);
+		if (r == 0)
+			return 202;
+	} else if (r == 0) {
+		long changed = 0;
+		r = CP_Q(st, NULL, &changed, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1 AND deleted = 0",
+		         id, cp_i64(now, spaced_now()));
+		if (r == 0 && changed == 1)
+			cp_snapshots_drop_others(cp, id, NULL); /* a deleted sandbox needs none of its archives */
+		if (r == 0 && body != NULL)
+			*body = json_pack("{s:s,s:s,s:b}", "id", id, "state", "deleted", "pending", 0);
+		if (r == 0)
+			return 200;
+	}
+	if (body != NULL)
+		*body = cp_error("store", spaced_strerror(r));
+	return 500;
+}
+
+void cp_deleting_finish(struct cp *cp, struct cp_store *st)
+{
+	struct cp_rows *rows = NULL;
+	if (CP_Q0(st, &rows, NULL, "SELECT id FROM sandboxes WHERE deleted = 0 AND state = 'deleting'") < 0)
+		return;
+	for (int i = 0; i < rows->nrows && !cp->stopping; i++)
+		if (deleting_finish(cp, st, cp_rows_get(rows, i, 0), 0, NULL) == 200)
+			spaced_log("spaced-cp", "level=info event=deleted sandbox=%s after=confirmed", cp_rows_get(rows, i, 0));
+	cp_rows_free(rows);
+}
+
 /* pause | resume | snapshot | move | delete, with the sandbox's lease held. */
 static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const struct sbx *s, const char *op,
                   const char *worker, json_t **body)
@@ -1637,42 +1776,13 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 	json_t *msg = NULL;
 
 	if (strcmp(op, "delete") == 0) {
-		int pending = 0;
-		if (cur != NULL) {
-			msg = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
-			r = push_wait(cp, st, cur, msg, NULL, &why);
-			pending = r == SPACED_ETIMEDOUT; /* stays queued: replayed when the worker returns */
+		if (strcmp(state, "deleting") != 0 && (status = destroy_everywhere(cp, st, id)) != 0) {
+			*body = cp_error("internal", "the destroy messages could not be queued");
+			goto out;
 		}
-		/* a move whose install was refused leaves the previous execution
-		 * deactivated and kept on an earlier worker: it goes too */
-		struct cp_rows *ws = NULL;
-		if (CP_Q(st, &ws, NULL, "SELECT DISTINCT worker FROM generations WHERE sandbox = $1", id) == 0 &&
-		    cp_store_begin(st) == 0) {
-			int pushed = 0, bad = 0;
-			const char *w;
-			for (int i = 0; !bad && (w = cp_rows_get(ws, i, 0)) != NULL; i++) {
-				int64_t seq;
-				json_t *d = (!cur || strcmp(w, cur) != 0)
-				                    ? json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id)
-				                    : NULL;
-				if (d != NULL) {
-					bad = cp_outbox_push(st, w, d, &seq) < 0;
-					pushed += !bad;
-				}
-				json_decref(d);
-			}
-			if (bad || cp_store_commit(st) < 0)
-				cp_store_rollback(st);
-			else if (pushed)
-				cp_wake(cp);
-		}
-		cp_rows_free(ws);
-		char now[24];
-		if (CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1", id,
-		         cp_i64(now, spaced_now())) == 0)
-			cp_snapshots_drop_others(cp, id, NULL); /* a deleted sandbox needs none of its archives */
-		*body = json_pack("{s:s,s:s,s:b}", "id", id, "state", "deleted", "pending", pending);
-		status = pending ? 202 : 200;
+		/* counted against its tenant's quotas until every worker that ran
+		 * it confirmed (cp_deleting_finish completes it then) */
+		status = deleting_finish(cp, st, id, cp->ack_timeout_ms, body);
 		goto out;
 	}
 	if (strcmp(op, "pause") == 0) {
@@ -2021,7 +2131,8 @@ int cp_op_route(struct cp *cp, struct cp_store *st, const char *tenant, const ch
 		*body = cp_error("internal", spaced_strerror(r));
 		return 500;
 	}
-	if (lease_is(col(&s, C_OP), "delete") && cp_rows_i64(s.rows, s.r, C_OPUNTIL, 0) >= spaced_now()) {
+	if ((lease_is(col(&s, C_OP), "delete") && cp_rows_i64(s.rows, s.r, C_OPUNTIL, 0) >= spaced_now()) ||
+	    strcmp(col(&s, C_STATE), "deleting") == 0) {
 		/* its delete is on its way: nothing will serve it (a client whose
 		 * stream was cut by it learns that, not the state it had) */
 		*body = cp_error("not-found", "the sandbox is being deleted");
@@ -2195,7 +2306,7 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	          * (always less), so every sandbox with a lifetime or an idle
 	          * timeout would be reaped at the next tick */
 	         "SELECT id, tenant, 'delete', NULL, 0 FROM sandboxes WHERE deleted = 0 AND max_lifetime > 0 "
-	         "AND created + max_lifetime < CAST($1 AS BIGINT) "
+	         "AND created + max_lifetime < CAST($1 AS BIGINT) AND state <> 'deleting' "
 	         "UNION ALL SELECT id, tenant, 'pause', NULL, 0 FROM sandboxes WHERE deleted = 0 AND state = 'running' "
 	         "AND idle_timeout > 0 AND last_active + idle_timeout < CAST($1 AS BIGINT) "
 	         "UNION ALL SELECT s.id, s.tenant, 'resume', CASE WHEN s.state = 'stopped' THEN NULL ELSE s.worker END, "
@@ -2230,6 +2341,9 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 		json_decref(body);
 	}
 	cp_rows_free(rows);
+	/* deletes that waited for a worker's confirmation */
+	if (!cp->stopping)
+		cp_deleting_finish(cp, st);
 }
 
 /* ---- deleted sandboxes' rows (cp.h cp_deleted_sweep; the reaper's thread) ---- */

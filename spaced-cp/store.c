@@ -85,6 +85,11 @@ static const struct {
 	/* restarts of a failed sandbox by its restart policy, counted since restarts_since */
 	{"sandboxes", "restarts", "BIGINT NOT NULL DEFAULT 0"},
 	{"sandboxes", "restarts_since", "BIGINT NOT NULL DEFAULT 0"},
+	/* the sandbox a message is about (NULL: none, e.g. keys): an earlier
+	 * execution's worker confirms it stopped by acknowledging them */
+	{"outbox", "sandbox", "TEXT"},
+	/* when an operator declared the worker lost (0: not), until its next hello */
+	{"workers", "lost", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 /* Indexes over columns of `added`, made once every column exists. A
@@ -93,7 +98,8 @@ static const struct {
  * the live rows through this index, never every row kept (a create reads
  * worker_usage on SQLite, below). */
 static const char indexes[] =
-	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;";
+	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;"
+	"CREATE INDEX IF NOT EXISTS outbox_unacked ON outbox (sandbox) WHERE acked = 0;";
 
 /* Runs a script of CREATE ... IF NOT EXISTS up to three times: two replicas
  * creating the schema at once may collide on PostgreSQL's catalog, and the
