@@ -42,13 +42,17 @@ enum spaced_verdict {
 	X(SPACED_REASON_OTHER_ACTIVATION, "other-activation") \
 	X(SPACED_REASON_OTHER_POD, "other-pod")            \
 	X(SPACED_REASON_DEACTIVATED, "deactivated")        \
-	X(SPACED_REASON_PAUSED, "paused")
+	X(SPACED_REASON_PAUSED, "paused")                  \
+	X(SPACED_REASON_FENCED, "fenced")
 
 /* A request to an execution paused on purpose for longer than this is
  * refused at once with SPACED_REASON_PAUSED (the gate and the ServicePort
  * gateway decide it after the comparator); one sent earlier in the pause
  * waits for the resume, as the frozen guest makes it. */
 #define SPACED_PAUSE_HOLD_MS 3000
+/* SPACED_REASON_FENCED: the worker lost its control plane for longer than
+ * its --fence-after and froze its executions (the gate decides it after the
+ * comparator, as paused): the sandbox may run elsewhere by now. */
 
 enum spaced_reason {
 #define SPACED_REASON_ENUM(name, str) name,

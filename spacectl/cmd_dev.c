@@ -58,7 +58,7 @@ static const char usage_dev[] =
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
 	"                       [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]\n"
-	"                       [--cpu-latency-us N]\n"
+	"                       [--cpu-latency-us N] [--fence-after S]\n"
 	"                       [--request-cpu weight=N,max=CPUS,pin=CPU|last|off] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
@@ -797,6 +797,7 @@ static const char *dev_net_openable;
 static const char *dev_net_closed;
 /* --net-conns for every worker, or NULL: what pasta's open-file limit allows */
 static const char *dev_net_conns;
+static const char *dev_fence_after;
 /* --cpu-latency-us for every worker, or NULL: no PM QoS request */
 static const char *dev_cpu_latency;
 /* --request-cpu for every worker, or NULL: the workers' default */
@@ -1090,7 +1091,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		                               {"--net-openable", dev_net_openable}, {"--net-closed", dev_net_closed},
 		                               {"--net-conns", dev_net_conns},
 		                               {"--cpu-latency-us", dev_cpu_latency}, {"--request-cpu", dev_request_cpu},
-		                               {"--log-format", logfmt}};
+		                               {"--log-format", logfmt},          {"--fence-after", dev_fence_after}};
 		for (size_t j = 0; j < sizeof pass / sizeof pass[0]; j++)
 			if (pass[j][1]) {
 				a[na++] = pass[j][0];
@@ -1262,6 +1263,7 @@ int cmd_dev(int argc, char **argv)
 		{"request-cpu", required_argument, NULL, 'Q'},
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
+		{"fence-after", required_argument, NULL, 'F'},
 		{NULL, 0, NULL, 0},
 	};
 	bool plaintext = false;
@@ -1291,6 +1293,7 @@ int cmd_dev(int argc, char **argv)
 		case 'Q': dev_request_cpu = optarg; break;
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
+		case 'F': dev_fence_after = optarg; break;
 		default: return cli_usage(usage_dev);
 		}
 	}

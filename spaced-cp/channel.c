@@ -27,7 +27,9 @@ struct cp_chan {
 	char worker[SPACED_NAME_MAX];
 	bool hello;   /* said hello: rows flow */
 	bool closing; /* a close is under way: nothing more is sent */
+	bool synced;  /* {"synced": N} sent: the replay after the hello is over */
 	int64_t sent_seq;
+	int64_t replay_to; /* the last seq queued when the hello came */
 	uint64_t last_rx, last_ping; /* monotonic ns */
 };
 
@@ -139,7 +141,7 @@ struct cw {
 	int64_t t;
 	/* CW_HELLO: what the hello reported (NULL / has_capacity false: nothing) */
 	bool has_capacity;
-	int64_t capacity;
+	int64_t capacity, fence_after;
 	char *substrates, *limits;
 	/* CW_ENDED */
 	struct spaced_identity id;
@@ -179,7 +181,8 @@ static void cw_run(struct cp_store *st, const struct cw *w)
 	case CW_HELLO:
 		/* back: an operator's "lost" no longer speaks for it (it is sent what
 		 * it missed, destroys of what ran elsewhere meanwhile included) */
-		CP_Q(st, NULL, NULL, "UPDATE workers SET lost = 0 WHERE id = $1 AND lost <> 0", w->worker);
+		CP_Q(st, NULL, NULL, "UPDATE workers SET lost = 0, fence_after = $2 WHERE id = $1", w->worker,
+		     cp_i64(cap, w->fence_after));
 		if (w->has_capacity)
 			CP_Q(st, NULL, NULL, "UPDATE workers SET capacity = $2 WHERE id = $1", w->worker,
 			     cp_i64(cap, w->capacity));
@@ -330,6 +333,20 @@ static void chan_refuse_large(struct cp_chan *ch, int64_t seq, size_t bytes)
 	cp_record_ack(C, C->loop_st, ch->worker, &m);
 }
 
+/* Once every message queued before the hello has been sent, tells the worker
+ * so, once per hello: {"synced": N}, N the last seq sent. A worker that fenced
+ * itself lifts its fence once it has applied them (docs/control-messages.md,
+ * "Fence"): what it missed (a deactivate, a destroy) comes first. */
+static void chan_synced(struct cp_chan *ch)
+{
+	char text[48];
+	if (ch->synced || ch->sent_seq < ch->replay_to)
+		return;
+	int n = snprintf(text, sizeof text, "{\"synced\":%lld}", (long long)ch->sent_seq);
+	if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) == 0)
+		ch->synced = true;
+}
+
 /* Sends outbox rows past sent_seq while the output queue has room; the rest
  * follows from cp_chan_drain. */
 static void chan_pump(struct cp_chan *ch)
@@ -359,8 +376,10 @@ static void chan_pump(struct cp_chan *ch)
 			ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
 		}
 		cp_rows_free(rows);
-		if (n < atoi(CHAN_BATCH))
+		if (n < atoi(CHAN_BATCH)) {
+			chan_synced(ch);
 			return;
+		}
 	}
 }
 
@@ -408,6 +427,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 		cp_rows_free(rows);
 		return -1;
 	}
+	ch->replay_to = cp_rows_i64(rows, 0, 0, 0);
+	ch->synced = false;
 	cp_rows_free(rows);
 	rows = NULL;
 	if (CP_Q(st, &rows, NULL, "SELECT MIN(seq) FROM outbox WHERE worker = $1 AND acked = 0", ch->worker) == 0) {
@@ -425,6 +446,7 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	if (w) {
 		w->has_capacity = m->has_capacity;
 		w->capacity = m->capacity;
+		w->fence_after = m->fence_after;
 		w->substrates = m->has_substrates ? strdup(m->substrates) : NULL;
 		w->limits = m->limits.has ? cp_limits_text(&m->limits) : NULL;
 		cw_write(w);

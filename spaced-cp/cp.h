@@ -46,6 +46,12 @@
  * closes; a channel silent for 4 s (no message, no pong) is closed; so a
  * worker, or a replica, that is gone stops counting within 5 s. */
 #define CP_CHAN_UNTIL_S 4
+/* A worker whose hello says it fences itself after fence_after seconds
+ * without the control plane counts as fenced once it is not connected and
+ * was last seen more than fence_after + this ago: the second its last_seen
+ * is rounded to, the second between channel_until renewals, and the replicas'
+ * clocks within 3 s of each other (ops.c, "At most one execution"). */
+#define CP_FENCE_MARGIN_S 5
 #define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
 
 struct cp_req;
@@ -295,6 +301,16 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st);
  * log; sandbox IDs are random and never reused. Returns how many sandboxes
  * were removed. */
 int cp_deleted_sweep(struct cp *cp, struct cp_store *st);
+/* Replaces the body of every outbox row in each worker's acknowledged prefix
+ * (up to its first message not acknowledged; workers.outbox_compacted_to) by
+ * {"seq","type","compacted":true}: a tenant's network-policy updates (46 KB
+ * each) or creates with large variables would otherwise stay whole for
+ * --retain-deleted. Sent again (a worker that reconnects below it), such a
+ * row changes nothing: the worker answers it from the acknowledgement it
+ * stored, as ack-pruned, or refuses it as malformed (one the control plane
+ * acknowledged itself, too-large, and never sent). Returns how many rows
+ * were compacted. */
+long cp_outbox_compact(struct cp *cp, struct cp_store *st);
 
 /* blobs.c: the store's own HTTP server thread (templates in, templates and
  * snapshots out and in); fills store_url. 0 or a SPACED_E* code. */

@@ -106,7 +106,7 @@ static void *reaper_thread(void *arg)
 		return NULL;
 	/* the store's snapshots, the build cache and deleted sandboxes are swept
 	 * every minute, or every grace period when that is shorter */
-	int sweep_every = cp->snapshot_grace < 60 ? cp->snapshot_grace : 60, ticks = 0;
+	int sweep_every = cp->snapshot_grace < 60 ? cp->snapshot_grace : 60, ticks = 0, compact_ticks = 0;
 	while (!cp->stopping) {
 		for (int i = 0; i < 10 && !cp->stopping; i++)
 			usleep(100000);
@@ -115,6 +115,10 @@ static void *reaper_thread(void *arg)
 			cp_reap(cp, st);
 		if (!cp->stopping)
 			cp_store_usage_fold(st); /* PostgreSQL: the counts' changes added in */
+		if (!cp->stopping && ++compact_ticks >= 10) {
+			compact_ticks = 0;
+			cp_outbox_compact(cp, st); /* every 10 s: acknowledged bodies are not kept */
+		}
 		if (!cp->stopping && ++ticks >= sweep_every) {
 			ticks = 0;
 			cp_snapshots_sweep(cp, st);

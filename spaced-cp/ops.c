@@ -971,31 +971,44 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
  * what it runs and the capabilities it was given. So a new generation
  * starts on another worker, and a deleted sandbox stops counting against
  * its tenant's quotas, only once every such worker has acknowledged what it
- * was sent (refused counts: it answered) — or an operator declared it lost
+ * was sent (refused counts: it answered), has fenced itself (its hello said
+ * it freezes everything and refuses every capability after fence_after
+ * seconds without the control plane: not connected, and last seen more than
+ * fence_after + CP_FENCE_MARGIN_S ago), or an operator declared it lost
  * (spaced-cp admin worker-lost: the machine is gone), which holds until it
  * says hello again. */
 
 /* The first worker other than except (NULL: any) with a message about
- * sandbox id it has not acknowledged and not declared lost: 1 with its name
- * in who (and whether it is connected in *live), 0 when there is none, or a
- * store error. While that worker is connected (it acknowledges in order, in
+ * sandbox id it has not acknowledged, neither fenced nor declared lost: 1
+ * with its name in who (whether it is connected in *live, the seconds until
+ * it is fenced in *fenced_in, -1: never), 0 when there is none, or a store
+ * error. While that worker is connected (it acknowledges in order, in
  * moments: a move's destroy to its source may just be on its way, and an
  * ack reaches the store a moment after the request that waits for it),
  * looks again every 20 ms for up to wait_ms. */
 static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id, const char *except, int wait_ms,
-                              char who[SPACED_NAME_MAX], bool *live)
+                              char who[SPACED_NAME_MAX], bool *live, int64_t *fenced_in)
 {
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)wait_ms * 1000000u;
 	for (;;) {
 		struct cp_rows *rows = NULL;
+		char now[24], margin[24];
+		int64_t t = spaced_now();
 		int r = CP_Q(st, &rows, NULL,
-		             "SELECT o.worker, w.channel_until FROM outbox o JOIN workers w ON w.id = o.worker "
+		             "SELECT o.worker, w.channel_until, w.last_seen, w.fence_after FROM outbox o "
+		             "JOIN workers w ON w.id = o.worker "
 		             "WHERE o.sandbox = $1 AND o.acked = 0 AND w.lost = 0 AND o.worker <> $2 "
+		             "AND NOT (w.fence_after > 0 AND w.channel_until < CAST($3 AS BIGINT) "
+		             "AND w.last_seen + w.fence_after + CAST($4 AS BIGINT) < CAST($3 AS BIGINT)) "
 		             "ORDER BY o.worker LIMIT 1",
-		             id, except ? except : "");
+		             id, except ? except : "", cp_i64(now, t), cp_i64(margin, CP_FENCE_MARGIN_S));
 		if (r == 0 && rows->nrows == 1) {
 			snprintf(who, SPACED_NAME_MAX, "%s", cp_rows_get(rows, 0, 0));
-			*live = cp_worker_live(who, cp_rows_i64(rows, 0, 1, 0), spaced_now());
+			*live = cp_worker_live(who, cp_rows_i64(rows, 0, 1, 0), t);
+			int64_t fa = cp_rows_i64(rows, 0, 3, 0);
+			*fenced_in = fa > 0 ? cp_rows_i64(rows, 0, 2, 0) + fa + CP_FENCE_MARGIN_S + 1 - t : -1;
+			if (*fenced_in == 0)
+				*fenced_in = 1;
 			r = 1;
 		}
 		cp_rows_free(rows);
@@ -1010,20 +1023,25 @@ static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id
  * else 409 (or 500) with *body naming the worker. */
 static int earlier_confirmed(struct cp *cp, struct cp_store *st, const char *id, const char *except, json_t **body)
 {
-	char who[SPACED_NAME_MAX], m[400];
+	char who[SPACED_NAME_MAX], m[480], when[96] = "";
 	bool live = false;
-	int r = unconfirmed_worker(cp, st, id, except, cp->ack_timeout_ms, who, &live);
+	int64_t fenced_in = -1;
+	int r = unconfirmed_worker(cp, st, id, except, cp->ack_timeout_ms, who, &live, &fenced_in);
 	if (r == 0)
 		return 0;
 	if (r < 0) {
 		*body = cp_error("store", spaced_strerror(r));
 		return 500;
 	}
+	if (!live && fenced_in > 0)
+		snprintf(when, sizeof when, ", or in %lld s, when that worker has surely fenced itself", (long long)fenced_in);
 	snprintf(m, sizeof m,
 	         "worker %s has not confirmed that the sandbox's earlier execution stopped (%s); it starts "
-	         "elsewhere once %s acknowledges, or once an operator declares that worker lost",
-	         who, live ? "it is still applying what it was sent" : "it is not connected", who);
+	         "elsewhere once %s acknowledges%s, or once an operator declares that worker lost",
+	         who, live ? "it is still applying what it was sent" : "it is not connected", who, when);
 	*body = json_pack("{s:s,s:s,s:s}", "error", "earlier-execution-unconfirmed", "message", m, "worker", who);
+	if (*body != NULL && !live && fenced_in > 0)
+		json_object_set_new(*body, "retry_after", json_integer(fenced_in));
 	spaced_log("spaced-cp", "level=warn event=start-held sandbox=%s worker=%s connected=%d", id, who, live);
 	return 409;
 }
@@ -1729,7 +1747,8 @@ static int deleting_finish(struct cp *cp, struct cp_store *st, const char *id, i
 {
 	char who[SPACED_NAME_MAX], now[24];
 	bool live = false;
-	int r = unconfirmed_worker(cp, st, id, NULL, wait_ms, who, &live);
+	int64_t fenced_in = -1;
+	int r = unconfirmed_worker(cp, st, id, NULL, wait_ms, who, &live, &fenced_in);
 	if (r == 1) {
 		r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleting' WHERE id = $1 AND deleted = 0", id);
 		if (r == 0 && body != NULL)
@@ -1738,8 +1757,11 @@ static int deleting_finish(struct cp *cp, struct cp_store *st, const char *id, i
 			return 202;
 	} else if (r == 0) {
 		long changed = 0;
-		r = CP_Q(st, NULL, &changed, "UPDATE sandboxes SET state = 'deleted', deleted = $2 WHERE id = $1 AND deleted = 0",
-		         id, cp_i64(now, spaced_now()));
+		/* its spec goes with it: the create's variables may be secrets, and
+		 * the row is kept --retain-deleted */
+		r = CP_Q(st, NULL, &changed,
+		         "UPDATE sandboxes SET state = 'deleted', deleted = $2, spec = '{}' WHERE id = $1 AND deleted = 0", id,
+		         cp_i64(now, spaced_now()));
 		if (r == 0 && changed == 1)
 			cp_snapshots_drop_others(cp, id, NULL); /* a deleted sandbox needs none of its archives */
 		if (r == 0 && body != NULL)
@@ -2344,6 +2366,52 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 	/* deletes that waited for a worker's confirmation */
 	if (!cp->stopping)
 		cp_deleting_finish(cp, st);
+}
+
+/* ---- acknowledged messages' bodies (cp.h cp_outbox_compact; the reaper's thread) ---- */
+
+#define COMPACT_BATCH 20000 /* outbox rows compacted per worker and sweep at most */
+
+long cp_outbox_compact(struct cp *cp, struct cp_store *st)
+{
+	struct cp_rows *w = NULL;
+	long rows = 0;
+	(void)cp;
+	if (CP_Q0(st, &w, NULL,
+	          "SELECT k.id, k.acked_seq, k.outbox_compacted_to, (SELECT MIN(u.seq) FROM outbox u WHERE u.worker = k.id "
+	          "AND u.acked = 0) FROM workers k") < 0)
+		return 0;
+	for (int i = 0; i < w->nrows; i++) {
+		const char *wid = cp_rows_get(w, i, 0);
+		int64_t upto = cp_rows_i64(w, i, 1, 0), from = cp_rows_i64(w, i, 2, 0),
+		        unacked = cp_rows_i64(w, i, 3, INT64_MAX);
+		/* the prefix it acknowledged (cp.h: sent again, a stub changes nothing) */
+		if (unacked != INT64_MAX && unacked - 1 < upto)
+			upto = unacked - 1;
+		if (upto > from + COMPACT_BATCH)
+			upto = from + COMPACT_BATCH;
+		if (wid == NULL || upto <= from || cp_store_begin(st) < 0)
+			continue;
+		long k = 0;
+		char fb[24], ub[24];
+		if (CP_Q(st, NULL, &k,
+		         "UPDATE outbox SET body = '{\"seq\":' || seq || ',\"type\":\"' || type || '\",\"compacted\":true}' "
+		         "WHERE worker = $1 AND seq > CAST($2 AS BIGINT) AND seq <= CAST($3 AS BIGINT) AND LENGTH(body) > 200",
+		         wid, cp_i64(fb, from), cp_i64(ub, upto)) < 0 ||
+		    CP_Q(st, NULL, NULL,
+		         "UPDATE workers SET outbox_compacted_to = CAST($2 AS BIGINT) WHERE id = $1 AND "
+		         "outbox_compacted_to < CAST($2 AS BIGINT)",
+		         wid, ub) < 0 ||
+		    cp_store_commit(st) < 0) {
+			cp_store_rollback(st);
+			continue;
+		}
+		rows += k;
+	}
+	cp_rows_free(w);
+	if (rows > 0)
+		spaced_log("spaced-cp", "level=info event=outbox-compacted rows=%ld", rows);
+	return rows;
 }
 
 /* ---- deleted sandboxes' rows (cp.h cp_deleted_sweep; the reaper's thread) ---- */

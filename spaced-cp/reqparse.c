@@ -494,7 +494,7 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 		return SPACED_EPROTO;
 	if ((h = json_object_get(o, "hello")) != NULL) {
 		static const char *const top[] = {"hello", NULL};
-		static const char *const hm[] = {"worker", "last_seq", "substrates", "capacity", "limits", NULL};
+		static const char *const hm[] = {"worker", "last_seq", "substrates", "capacity", "limits", "fence_after", NULL};
 		if (only_members(o, top, err, sizeof err) < 0 || !json_is_object(h) ||
 		    only_members(h, hm, err, sizeof err) < 0 || get_name(h, "worker", m.worker, 0, err, sizeof err) < 0 ||
 		    m.worker[0] == 0)
@@ -515,6 +515,9 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 		}
 		if (json_object_get(h, "limits") != NULL &&
 		    cp_parse_limits(json_object_get(h, "limits"), &m.limits, err, sizeof err) < 0)
+			goto out;
+		if (json_object_get(h, "fence_after") != NULL &&
+		    get_int(h, "fence_after", 0, 86400, &m.fence_after, err, sizeof err) < 0)
 			goto out;
 		m.kind = CP_CHAN_HELLO;
 	} else if ((h = json_object_get(o, "ended")) != NULL) {

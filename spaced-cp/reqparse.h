@@ -76,6 +76,7 @@ struct cp_chan_msg {
 	char substrates[CP_SUBSTRATES_MAX * SPACED_NAME_MAX];
 	int has_capacity, has_substrates;
 	struct cp_worker_limits limits;
+	int64_t fence_after; /* the worker fences itself after this many seconds without the control plane (0: never) */
 	/* ack */
 	int64_t seq;
 	int ok;

@@ -90,6 +90,11 @@ static const struct {
 	{"outbox", "sandbox", "TEXT"},
 	/* when an operator declared the worker lost (0: not), until its next hello */
 	{"workers", "lost", "BIGINT NOT NULL DEFAULT 0"},
+	/* the seconds without the control plane after which the worker fences
+	 * itself (its hello's fence_after; 0: it never does) */
+	{"workers", "fence_after", "BIGINT NOT NULL DEFAULT 0"},
+	/* the highest seq whose outbox row's body was compacted (cp_outbox_compact) */
+	{"workers", "outbox_compacted_to", "BIGINT NOT NULL DEFAULT 0"},
 };
 
 /* Indexes over columns of `added`, made once every column exists. A

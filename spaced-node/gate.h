@@ -85,6 +85,8 @@ void gate_streams_stop(struct mgr *m);
 /* After an install: the streams and idle connections of older epochs of
  * rec's sandbox end as S1/S3/S4 say. */
 void gate_streams_on_install(struct mgr *m, const struct mgr_rec *rec, bool handoff);
+/* Every open stream ends (CANCEL, REFRESH_ROUTE why): the worker fenced. */
+void gate_streams_cancel_all(struct mgr *m, enum spaced_reason why);
 /* The recovery of sandbox's execution is over: its waiting streams connect. */
 void gate_streams_recovered(struct mgr *m, const char *sandbox);
 /* Streams whose window stayed full too long are cut (called every second). */
@@ -233,6 +235,16 @@ struct mgr {
 	uint64_t admin_gen;
 	uv_timer_t tick;
 	uint64_t ticks;
+	/* the fence (gate_fence.c) */
+	struct {
+		uint64_t deadline_ns;    /* when the lease ends (monotonic; 0: no fence) */
+		uint64_t since_ns;       /* fenced since */
+		bool fenced;
+		int64_t unfence_through; /* lifted once this seq is applied (-1: not asked) */
+		int64_t written;         /* the lease's end last written to STATE/lease */
+		char **frozen;           /* the sandboxes whose executions the fence froze */
+		size_t nfrozen;
+	} fence;
 	uv_signal_t sigterm, sigint;
 	/* counters */
 	uint64_t n_req, n_allow, n_refuse, n_cancel, n_cut, vc_ns;
@@ -247,6 +259,20 @@ struct mgr {
 	uint64_t ctl_n[GATE_CTL_KINDS], ctl_failed[GATE_CTL_KINDS], ctl_sum_ns[GATE_CTL_KINDS];
 	uint64_t ctl_hist[GATE_CTL_KINDS][GATE_LAT_BUCKETS];
 };
+
+/* ---- gate_fence.c: a worker cut off from its control plane fences itself ----
+ * Only with a link (--cp) and --fence-after > 0; otherwise nothing here acts. */
+/* Reads the lease a gate before this one held (STATE/lease), else starts one. */
+void gate_fence_init(struct mgr *m);
+/* Every second: fences when the lease has ended; while fenced, freezes what
+ * runs and lifts the fence once the link asked and the replay is applied. */
+void gate_fence_tick(struct mgr *m);
+/* Whether requests are refused (REFRESH_ROUTE fenced). */
+bool gate_fenced(const struct mgr *m);
+/* The admin lines {"type":"lease","age_ms":A} and {"type":"unfence",
+ * "through":N} (the link's): a result object, or NULL with *err. */
+json_t *gate_fence_admin(struct mgr *m, json_t *msg, const char **err);
+void gate_fence_stop(struct mgr *m);
 
 /* ---- gate_audit.c: the audit log ---- */
 

@@ -1531,6 +1531,12 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 		o.result = mgr_status_json(m);
 		goto now;
 	}
+	if (strcmp(json_string_value(jt), "lease") == 0 || strcmp(json_string_value(jt), "unfence") == 0) {
+		const char *why = NULL;
+		if ((o.result = gate_fence_admin(m, msg, &why)) == NULL)
+			fail(&o, "bad-message", "%s", why);
+		goto now;
+	}
 	enum ctl_kind kind = 0;
 	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
 		if (strcmp(types[i].type, json_string_value(jt)) == 0)

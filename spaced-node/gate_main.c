@@ -448,6 +448,7 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mgr *m = t->data;
 	gate_streams_tick(m);
+	gate_fence_tick(m);
 	gate_audit_flush(false);
 	if (++m->ticks % 5 == 0)
 		forget_tombstones(m);
@@ -520,6 +521,7 @@ int mgr_run(const struct mgr_config *cfg)
 		gate_log("level=error event=admin-socket-failed");
 		goto out;
 	}
+	gate_fence_init(&m);
 	uv_timer_init(&loop, &m.tick);
 	m.tick.data = &m;
 	uv_timer_start(&m.tick, on_tick, 1000, 1000);
@@ -545,6 +547,7 @@ out:
 	gate_jobs_stop(&m);
 	gate_watch_stop(&m);
 	gate_commit_stop(&m); /* what is queued is written */
+	gate_fence_stop(&m);
 	if (m.tick.data) {
 		uv_timer_stop(&m.tick);
 		uv_close((uv_handle_t *)&m.tick, NULL);

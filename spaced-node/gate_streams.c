@@ -999,6 +999,8 @@ static int on_req(struct mgr *m, const struct spaced_frame_hdr *h, const uint8_t
 	 * pause lasts, and the caller resolves its route again instead (V1):
 	 * the control plane resumes an auto-resume sandbox there, or answers
 	 * that it is paused. Its usage is read without the guest. */
+	if (d.verdict == SPACED_ALLOW && gate_fenced(m))
+		d = (struct spaced_decision){.verdict = SPACED_REFRESH_ROUTE, .reason = SPACED_REASON_FENCED};
 	if (d.verdict == SPACED_ALLOW && gtype != NODE_USAGE && strcmp(rec->state, MGR_ST_PAUSED) == 0 &&
 	    (rec->paused_mono == 0 || spaced_mono_ns() - rec->paused_mono > SPACED_PAUSE_HOLD_MS * 1000000ull))
 		d = (struct spaced_decision){.verdict = SPACED_REFRESH_ROUTE, .reason = SPACED_REASON_PAUSED};
@@ -1344,6 +1346,23 @@ void gate_streams_on_install(struct mgr *m, const struct mgr_rec *rec, bool hand
 		if (d.verdict <= SPACED_DENY && d.reason < SPACED_REASON__COUNT)
 			m->n_cancelled_by[d.verdict][d.reason]++;
 		send_refuse(m, NODE_MSG_CANCEL, id, d, rec->r.id.sandbox);
+	}
+	streams_reap(m);
+}
+
+void gate_streams_cancel_all(struct mgr *m, enum spaced_reason why)
+{
+	for (struct gstream *s = m->streams; s; s = s->next) {
+		if (s->dead)
+			continue;
+		struct spaced_decision d = {.verdict = SPACED_REFRESH_ROUTE, .reason = why};
+		uint32_t id = s->id;
+		char sandbox[SPACED_NAME_MAX];
+		snprintf(sandbox, sizeof sandbox, "%s", s->cap.id.sandbox);
+		stream_kill(s);
+		m->n_cancel++;
+		m->n_cancelled_by[d.verdict][d.reason]++;
+		send_refuse(m, NODE_MSG_CANCEL, id, d, sandbox);
 	}
 	streams_reap(m);
 }

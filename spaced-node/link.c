@@ -455,6 +455,8 @@ static char *hello_text(void)
 	json_t *lim = json_object_get(st, "limits");
 	if (h != NULL && json_is_object(lim))
 		json_object_set(json_object_get(h, "hello"), "limits", lim);
+	if (h != NULL) /* when the control plane may count this worker as fenced */
+		json_object_set_new(json_object_get(h, "hello"), "fence_after", json_integer(C->fence_after_s));
 	char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
 	json_decref(h);
 	json_decref(st);
@@ -479,6 +481,7 @@ struct gate_item {
 	struct gate_item *next;
 	uint64_t conn;  /* the connection it belongs to */
 	bool hello;     /* make the hello (no message) */
+	int64_t synced; /* >= 0: the control plane's replay ended at this seq (no message) */
 	char *text;     /* the message; then the answer, NULL when the gate failed */
 	size_t len;
 };
@@ -487,6 +490,19 @@ static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gcv = PTHREAD_COND_INITIALIZER;
 static struct gate_item *gin_head, *gin_tail, *gdone_head, *gdone_tail;
 static uint64_t conn_no;   /* the current connection's number (changed by the channel loop, read atomically) */
+/* the fence's lease (gate_fence.c): the connection whose replay is with the
+ * gate and its last seq (set by the gate thread), and when the last ping the
+ * control plane answered on it was sent (set by the channel loop) */
+static uint64_t synced_conn;
+static int64_t synced_through = -1;
+static uint64_t contact_ns;
+/* the link's own pings on a synced connection (channel loop only): one out
+ * at a time, a second apart; one not answered in 4 s ends the connection
+ * (a peer cut off sends no close) */
+#define LINK_PING_NS 1000000000ull
+#define LINK_PING_DEAD_NS 4000000000ull
+static bool ping_out, want_ping;
+static uint64_t ping_sent_ns;
 static bool conn_failed;   /* channel loop only: the gate failed on this connection */
 
 static void gitem_push(struct gate_item **head, struct gate_item **tail, struct gate_item *it)
@@ -509,17 +525,20 @@ static void gitems_free(struct gate_item *it)
 	}
 }
 
-/* Queues a message (or the hello) for the gate (channel loop). */
-static int gate_queue(bool hello, const uint8_t *p, size_t n)
+/* Queues a message (or the hello, or the end of the replay: synced >= 0)
+ * for the gate (channel loop). */
+static int gate_queue(bool hello, int64_t synced, const uint8_t *p, size_t n)
 {
+	bool marker = hello || synced >= 0;
 	struct gate_item *it = calloc(1, sizeof *it);
-	if (!it || (!hello && !(it->text = malloc(n + 1)))) {
+	if (!it || (!marker && !(it->text = malloc(n + 1)))) {
 		free(it);
 		return -1;
 	}
 	it->hello = hello;
+	it->synced = synced;
 	it->conn = conn_no;
-	if (!hello) {
+	if (!marker) {
 		memcpy(it->text, p, n);
 		it->text[n] = '\0';
 		it->len = n;
@@ -634,7 +653,13 @@ static void *gate_thread(void *arg)
 		if (!gin_head)
 			gin_tail = NULL;
 		pthread_mutex_unlock(&gmu);
-		if (it->hello) {
+		if (it->synced >= 0) {
+			/* every message before it is with the gate: the lease
+			 * thread may ask it to lift its fence once they are applied */
+			__atomic_store_n(&synced_through, it->synced, __ATOMIC_RELEASE);
+			__atomic_store_n(&synced_conn, it->conn, __ATOMIC_RELEASE);
+			free(it);
+		} else if (it->hello) {
 			/* the hello, then the executions that ended under their
 			 * records (the gate sends one line each, now and as more
 			 * end; those lines go to the control plane as they come) */
@@ -656,6 +681,82 @@ static void *gate_thread(void *arg)
 		} else {
 			free(it->text); /* its acknowledgement comes through pipe_reader */
 			free(it);
+		}
+	}
+	return NULL;
+}
+
+/* ---- the fence's lease (gate_fence.c) ----
+ * A thread of its own, on an admin connection of its own: the gate may be
+ * slow over the messages of the pipeline (a start of 60,000 files), and a
+ * lease must not wait behind them. Every 250 ms: once a connection's replay
+ * is with the gate, {"type":"unfence","through":N} (once per connection);
+ * and at most every second, while a ping was answered since the last one,
+ * {"type":"lease","age_ms":A} — A counted from when that ping was sent, never
+ * from when its answer came, so the gate's lease never outlasts what the
+ * control plane saw (docs/control-messages.md, "Fence"). */
+static int lease_fd = -1;
+
+/* One line to the gate on the lease connection and its answer line read
+ * (dropped); 0 or -1 (the connection is closed, opened again next time). */
+static int lease_ask(const char *line)
+{
+	if (lease_fd < 0) {
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		if (strlen(C->admin_path) >= sizeof sa.sun_path)
+			return -1;
+		memcpy(sa.sun_path, C->admin_path, strlen(C->admin_path));
+		lease_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		struct timeval tv = {.tv_sec = 5};
+		if (lease_fd < 0 || setsockopt(lease_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+		    connect(lease_fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+			goto fail;
+	}
+	size_t n = strlen(line);
+	char ans[1024];
+	size_t got = 0;
+	if (send(lease_fd, line, n, MSG_NOSIGNAL) != (ssize_t)n)
+		goto fail;
+	while (got == 0 || memchr(ans, '\n', got) == NULL) {
+		if (got == sizeof ans)
+			got = 0; /* a long answer: only its end matters */
+		ssize_t r = recv(lease_fd, ans + got, sizeof ans - got, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			goto fail;
+		got += (size_t)r;
+	}
+	return 0;
+fail:
+	if (lease_fd >= 0)
+		close(lease_fd);
+	lease_fd = -1;
+	return -1;
+}
+
+static void *lease_thread(void *arg)
+{
+	(void)arg;
+	uint64_t unfenced_conn = 0, leased_contact = 0, leased_at = 0;
+	char line[96];
+	while (!stop) {
+		usleep(250000);
+		uint64_t c = __atomic_load_n(&synced_conn, __ATOMIC_ACQUIRE);
+		if (c != 0 && c == __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE) && c != unfenced_conn) {
+			snprintf(line, sizeof line, "{\"type\":\"unfence\",\"through\":%lld}\n",
+			         (long long)__atomic_load_n(&synced_through, __ATOMIC_ACQUIRE));
+			if (lease_ask(line) == 0)
+				unfenced_conn = c;
+		}
+		uint64_t contact = __atomic_load_n(&contact_ns, __ATOMIC_ACQUIRE), now = spaced_mono_ns();
+		if (contact == 0 || contact == leased_contact || now - leased_at < 1000000000ull)
+			continue;
+		snprintf(line, sizeof line, "{\"type\":\"lease\",\"age_ms\":%llu}\n",
+		         (unsigned long long)((now - contact) / 1000000u));
+		if (lease_ask(line) == 0) {
+			leased_contact = contact;
+			leased_at = now;
 		}
 	}
 	return NULL;
@@ -714,7 +815,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		conn_changed();
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
-		if (gate_queue(true, NULL, 0) < 0) /* the hello goes first */
+		if (gate_queue(true, -1, NULL, 0) < 0) /* the hello goes first */
 			return -1;
 		backoff_ns = 0;
 		llog("channel open to %s", C->cp_url);
@@ -733,15 +834,47 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		/* one message: to the gate as one line (JSON text has no raw newline) */
 		if (memchr(rx.data, '\n', rx.len) != NULL)
 			return -1;
-		int qe = gate_queue(false, rx.data, rx.len);
+		int qe;
+		long long through = -1;
+		char tail = 0;
+		/* {"synced":N}: the replay after the hello is over (the fence's end) */
+		char small[40];
+		if (rx.len < sizeof small && rx.len > 11 && memcmp(rx.data, "{\"synced\":", 10) == 0) {
+			memcpy(small, rx.data, rx.len);
+			small[rx.len] = '\0';
+		} else {
+			small[0] = '\0';
+		}
+		if (small[0] && sscanf(small + 10, "%lld%c", &through, &tail) == 2 && tail == '}' && through >= 0)
+			qe = gate_queue(false, through, NULL, 0);
+		else
+			qe = gate_queue(false, -1, rx.data, rx.len);
 		spaced_buf_free(&rx);
 		spaced_buf_init(&rx, LINE_MAX_BYTES);
 		return qe;
 	}
+	case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
+		if (ping_out) {
+			ping_out = false;
+			__atomic_store_n(&contact_ns, ping_sent_ns, __ATOMIC_RELEASE);
+		}
+		return 0;
 	case LWS_CALLBACK_CLIENT_WRITEABLE: {
 		if (conn_failed) {
 			llog("the gate did not answer; reconnecting");
 			return -1; /* the control plane replays what is unacknowledged after the next hello */
+		}
+		if (want_ping) {
+			unsigned char pb[LWS_PRE + 4];
+			memcpy(pb + LWS_PRE, "spcd", 4);
+			want_ping = false;
+			if (lws_write(wsi, pb + LWS_PRE, 4, LWS_WRITE_PING) < 4)
+				return -1;
+			ping_out = true;
+			ping_sent_ns = spaced_mono_ns();
+			if (q_head)
+				lws_callback_on_writable(wsi);
+			return 0;
 		}
 		struct out *o = q_head;
 		if (o == NULL)
@@ -768,6 +901,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
 	case LWS_CALLBACK_CLIENT_CLOSED:
 		conn = NULL;
+		ping_out = want_ping = false;
 		conn_changed();
 		/* the next try after a pause that grows to 5 s while it keeps failing */
 		backoff_ns = backoff_ns ? (backoff_ns * 2 > 5000000000ull ? 5000000000ull : backoff_ns * 2) : 250000000ull;
@@ -785,6 +919,18 @@ static const struct lws_protocols protocols[] = {
 
 static void tick(lws_sorted_usec_list_t *s)
 {
+	/* the fence's lease: pings on a connection whose replay is with the gate */
+	if (conn != NULL && C->fence_after_s > 0 && __atomic_load_n(&synced_conn, __ATOMIC_ACQUIRE) == conn_no) {
+		uint64_t now = spaced_mono_ns();
+		if (ping_out && now - ping_sent_ns > LINK_PING_DEAD_NS) {
+			llog("the control plane answered no ping for 4 s; reconnecting");
+			ping_out = false;
+			lws_set_timeout(conn, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_ASYNC);
+		} else if (!ping_out && !want_ping && now - ping_sent_ns >= LINK_PING_NS) {
+			want_ping = true;
+			lws_callback_on_writable(conn);
+		}
+	}
 	if (conn == NULL && !stop && spaced_mono_ns() >= next_connect) {
 		struct lws_client_connect_info ci;
 		memset(&ci, 0, sizeof ci);
@@ -863,6 +1009,12 @@ int link_run(const struct link_config *cfg)
 	if (pthread_create(&gt, NULL, gate_thread, NULL) != 0)
 		return 1;
 	pthread_detach(gt); /* it may be waiting on the gate: the process ends with it */
+	if (C->fence_after_s > 0) {
+		pthread_t lt;
+		if (pthread_create(&lt, NULL, lease_thread, NULL) != 0)
+			return 1;
+		pthread_detach(lt);
+	}
 	while (!stop)
 		if (lws_service(ctx, 0) < 0)
 			break;

@@ -234,6 +234,7 @@ struct mgr_config {
 	uint32_t uid_slots;     /* … for k < uid_slots */
 	const char *uid_lock_dir; /* host-wide locks of the ranges in use */
 	int stall_timeout_ms;   /* a stream whose flow-control window stays full this long is cut */
+	int fence_after_s;      /* fenced after this long without the control plane (gate_fence.c; 0: never) */
 	int forget_after_s;     /* a tombstone (destroyed, moved away) is forgotten this long after */
 	int acks_kept;          /* acknowledgements kept below the last applied seq (older ones
 	                         * are pruned; a repeat of one is answered `ack-pruned`) */
@@ -287,6 +288,7 @@ struct link_config {
 	const char *advertise;  /* node-api's URL for clients, or NULL: http://LISTEN_HOST:PORT */
 	const char *listen_host;
 	int capacity;           /* sandboxes placed here at most */
+	int fence_after_s;      /* the gate fences after this long without the control plane (0: never) */
 	bool api_tls;           /* node-api speaks TLS: its default URL is https:// */
 	/* the control plane over https:// / wss:// (tls.h): the CA file to verify
 	 * it with (NULL: the system's), the worker's client certificate and key

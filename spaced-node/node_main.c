@@ -7,6 +7,7 @@
  *               [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]
  *               [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
+ *               [--fence-after S]
  *               [--answer-memory SIZE] [--socket-buffer SIZE] [--gateway-memory SIZE]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
@@ -319,7 +320,7 @@ static void usage(void)
 	                "                   [--allocatable memory=SIZE,pids=N] [--memory-overcommit F]\n"
 	                "                   [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]\n"
 	                "                   [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S]\n"
-	                "                   [--forget-after S] [--acks-kept N]\n"
+	                "                   [--forget-after S] [--acks-kept N] [--fence-after S]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
 	                "                   [--gateway-memory SIZE]\n"
 	                "                   [--template-cache SIZE]\n"
@@ -946,7 +947,7 @@ int main(int argc, char **argv)
 	struct spaced_resources max = {(uint32_t)(ncpu > 0 ? ncpu : 1) * 1000, 16ull << 30, 32768, 64ull << 30};
 	uint32_t uid_first = 1u << 30, uid_slots = 4096;
 	int stall_ms = 60000, forget_after = SPACED_CAP_LIFETIME + SPACED_CAP_SKEW + 60, acks_kept = 4096,
-	    max_streams = 1024;
+	    max_streams = 1024, fence_after = 60;
 	/* the upstream resolver of executions' DNS (docs/network.md); SPACED_NET_DNS for development clusters */
 	const char *net_dns = getenv("SPACED_NET_DNS");
 	uint64_t net_rate = 500000000; /* 500 Mbit/s each way */
@@ -1100,6 +1101,13 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			stall_ms = (int)t * 1000;
+		} else if (strcmp(a, "--fence-after") == 0) {
+			long t;
+			if (!num_opt(v, 0, 86400, &t) || (t > 0 && t < 5)) {
+				fprintf(stderr, "spaced-node: --fence-after wants seconds (5 .. 86400; 0: never)\n");
+				return 2;
+			}
+			fence_after = (int)t;
 		} else if (strcmp(a, "--forget-after") == 0) {
 			long t;
 			if (!num_opt(v, 1, 30 * 86400, &t)) {
@@ -1335,7 +1343,7 @@ int main(int argc, char **argv)
 	                        .disk_bps = disk_bps, .disk_iops = disk_iops, .gateway_memory = gateway_memory,
 	                        .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
-	                        .stall_timeout_ms = stall_ms, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
+	                        .stall_timeout_ms = stall_ms, .fence_after_s = cp_url ? fence_after : 0, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
 	                        .pool_min = pool_min, .pool_max = pool_max, .pool_starts = pool_starts > 0 ? pool_starts : 1,
 	                        .pool_memory = pool_memory, .net_dns = net_dns, .net_rate = net_rate,
 	                        .net_openable = net_openable, .net_nopenable = net_nopenable,
@@ -1354,7 +1362,7 @@ int main(int argc, char **argv)
 	}
 	struct link_config lc = {.cp_url = cp_url, .worker_id = worker, .state_dir = state_abs, .admin_path = admin,
 	                         .join_token = join_token, .advertise = advertise, .listen_host = host,
-	                         .capacity = (int)capacity, .api_tls = !tls.plaintext, .tls_ca = tls.ca,
+	                         .capacity = (int)capacity, .fence_after_s = fence_after, .api_tls = !tls.plaintext, .tls_ca = tls.ca,
 	                         .tls_client_cert = tls.client_cert, .tls_client_key = tls.client_key};
 	struct listener api_l = {host, (int)port, port_file}, met_l = {NULL, 0, NULL};
 	char met_host[256], met_file[PATH_MAX];

@@ -144,6 +144,10 @@ static void on_message(const char *text, size_t len)
 {
 	json_error_t jerr;
 	json_t *m = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (m != NULL && json_object_get(m, "synced") != NULL) {
+		json_decref(m); /* the replay is over (a fence's end: nothing to do here) */
+		return;
+	}
 	if (m == NULL || !json_is_integer(json_object_get(m, "seq"))) {
 		fprintf(stderr, "fake-worker: malformed message\n");
 		json_decref(m);

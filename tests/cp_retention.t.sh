@@ -1,5 +1,5 @@
 #!/bin/sh
-# run-tests: light, about 4 s
+# run-tests: light, about 14 s
 # A deleted sandbox's rows are kept --retain-deleted seconds, then removed
 # (cp.h cp_deleted_sweep): a tenant creating and deleting sandboxes in a loop
 # would otherwise grow the control plane's store without bound. A control
@@ -11,7 +11,10 @@
 #  - the worker's acknowledged messages older than that (their time set back)
 #    are removed, a prefix of its outbox; the worker reconnects from its own
 #    state, but one that lost it (a hello older than what is kept) is refused
-#    with a reason that says what to do.
+#    with a reason that says what to do;
+#  - an acknowledged message's body is compacted within 10 s (cp.h cp_outbox_compact): a create's
+#    variable (a secret, 300 bytes) is no longer in the outbox, its install row is {"seq","type",
+#    "compacted"}; and a deleted sandbox's row keeps no spec.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 store_test_setup
@@ -39,6 +42,17 @@ expect "a prefix of its outbox is gone, the rest kept" "$(q "SELECT MIN(seq) || 
 stop_worker wa
 start_worker wa
 expect "the worker reconnects from its own state" "$(grep -c "event=channel-hello worker=wa last_seq=$last" "$CP_LOG")" 1
+pad=$(head -c 300 /dev/zero | tr '\0' x)
+expect "create with a 300-byte variable" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa","env":{"TOKEN":"s3cr3t'"$pad"'"}}')" 201
+SEC=$(body .id)
+wait_for "its acknowledged install is compacted: the variable is no longer in the outbox" \
+	sh -c "[ \"\$(sqlite3 -cmd '.timeout 5000' '$DB' \"SELECT COUNT(*) FROM outbox WHERE worker = 'wa' AND body LIKE '%s3cr3t%'\")\" = 0 ]"
+seq=$(q "SELECT seq FROM outbox WHERE worker = 'wa' AND sandbox = '$SEC' AND type = 'install'")
+expect "its row keeps its seq and type" "$(q "SELECT body FROM outbox WHERE worker = 'wa' AND seq = $seq")" \
+	"{\"seq\":$seq,\"type\":\"install\",\"compacted\":true}"
+grep -q "event=outbox-compacted" "$CP_LOG" && ok "the compaction is logged" || fail "no event=outbox-compacted"
+expect "delete it" "$(api "$TA" DELETE "/v1/sandboxes/$SEC")" 200
+expect "a deleted sandbox's row keeps no spec (its variables)" "$(q "SELECT spec FROM sandboxes WHERE id = '$SEC'")" "{}"
 stop_worker wa
 cp "$W/wa.state" "$W/wa.state.keep"
 echo "0 0" >"$W/wa.state"

@@ -207,6 +207,7 @@ Test(compare, table_covers_every_reason)
 		seen[spaced_decision_from_error(errs[i]).reason] = true;
 	/* paused is the gate's, after the comparator allowed (capabilities.md) */
 	seen[SPACED_REASON_PAUSED] = true;
+	seen[SPACED_REASON_FENCED] = true; /* and fenced, a worker's whole state */
 	for (int r = 0; r < SPACED_REASON__COUNT; r++)
 		cr_expect(seen[r], "reason %s never reached", spaced_reason_name((enum spaced_reason)r));
 }

@@ -1,0 +1,88 @@
+#!/bin/sh
+# A worker cut off from the control plane fences itself (spaced-node/gate_fence.c; docs/control-plane.md,
+# "At most one execution"; docs/control-messages.md, "Fence"): on a real two-worker cluster (`spacectl
+# dev up --fence-after 20`, process substrate), worker-2's link is stopped (SIGSTOP) — its node-api and
+# its executions keep running, as on a worker whose network to the control plane is cut:
+#  - a move of sandbox B off worker-2 is not acknowledged (504, `error`), and a delete of C leaves it
+#    `deleting`; a resume of B on worker-1 is held (409 earlier-execution-unconfirmed, retry_after);
+#  - 20 s after its last answered ping worker-2 fences: a request its capability allows gets
+#    REFRESH_ROUTE `fenced`, and its executions are frozen (A's clock loop writes nothing meanwhile);
+#  - the control plane counts worker-2 fenced 20 + 5 s after it last saw it: B then resumes on worker-1
+#    from its last snapshot, and C's delete completes (it no longer counts against the quota);
+#  - the link runs again: worker-2 applies what it missed (B's deactivate, the destroys) before it lifts
+#    its fence; A thaws and answers, and each sandbox runs once in all.
+set -u
+. "$SPACED_TOP/tests/cp_lib.sh"
+SC=$SPACED_BUILD/spacectl/spacectl
+need_substrate
+W=$(mktemp -d)
+D=$W/cluster
+export SPACED_ROUTE_CACHE="$W/routes"
+LINK=""
+trap '[ -n "$LINK" ] && kill -CONT "$LINK" 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
+if ! "$SC" dev up --workers 2 --dir "$D" --pool 0 --fence-after 20 >"$W/up.out" 2>"$W/up.err"; then
+	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
+	echo "FAIL: dev up"; exit 1
+fi
+. "$D/env"
+# the executions of sandbox S worker N runs (records whose execution is live)
+running_on() { # running_on N S
+	"$SC" node status --admin "$D/worker-$1/admin.sock" 2>/dev/null |
+		jq -r --arg s "$2" '[.result.records[] | select(.identity.sandbox == $s and (.state // "") != "ended" and (.state // "") != "deactivated" and .state != "destroyed" and .pid > 0)] | length'
+}
+LINK=$(role_pid spaced-link worker-2)
+[ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
+expect "worker-2 says in its hello that it fences after 20 s" \
+	"$(sqlite3 "$D/cp/cp.db" "SELECT fence_after FROM workers WHERE id = 'worker-2'")" 20
+
+A=$("$SC" create --worker worker-2) || fail "create A"
+"$SC" exec "$A" -- sh -c 'nohup sh -c "while :; do date +%s >>/workspace/ticks; sleep 0.2; done" >/dev/null 2>&1 &'
+B=$("$SC" create --worker worker-2) || fail "create B"
+"$SC" exec "$B" -- sh -c 'echo in-the-snapshot >/workspace/f'
+"$SC" pause "$B" >/dev/null && "$SC" snapshot "$B" >/dev/null && "$SC" resume "$B" >/dev/null || fail "B's snapshot"
+"$SC" exec "$B" -- sh -c 'echo after-the-snapshot >/workspace/f'
+C=$("$SC" create --worker worker-2) || fail "create C"
+used=$("$SC" quota --json | jq -r .used.sandboxes)
+
+kill -STOP "$LINK"
+"$SC" move "$B" --to worker-1 >/dev/null 2>"$W/move.err"
+expect "B's move off the cut-off worker-2: 504, B error" \
+	"$(grep -c 504 "$W/move.err") $("$SC" inspect "$B" --json | jq -r .state)" "1 error"
+"$SC" rm "$C" >/dev/null 2>&1
+expect "C's delete: deleting" "$("$SC" inspect "$C" --json | jq -r .state)" deleting
+curl -s --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $SPACED_API_KEY" -X POST \
+	-d '{"worker":"worker-1"}' "$SPACED_CP_URL/v1/sandboxes/$B/resume" >"$W/held.json"
+expect "a resume of B on worker-1 before worker-2 has surely fenced: held, naming worker-2, with retry_after" \
+	"$(jq -r '[.error, .worker, (.retry_after > 0)] | join(" ")' "$W/held.json")" "earlier-execution-unconfirmed worker-2 true"
+
+wait_for "worker-2 fences itself" grep -q "event=fenced" "$D/worker-2.log"
+"$SC" exec "$A" -- echo hi >/dev/null 2>"$W/a.err"
+expect "a request to A on the fenced worker: REFRESH_ROUTE fenced" "$(grep -c 'fenced' "$W/a.err")" 1
+sed 's/^/  /' "$W/a.err" | head -n 2
+
+i=0
+until curl -s --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $SPACED_API_KEY" -X POST \
+	-d '{"worker":"worker-1"}' "$SPACED_CP_URL/v1/sandboxes/$B/resume" >"$W/resume.json" &&
+	[ "$(jq -r .state "$W/resume.json")" = running ] || [ $i -ge 40 ]; do
+	sleep 1; i=$((i + 1))
+done
+expect "once worker-2 has surely fenced, B resumes on worker-1" "$(jq -r '.state + " " + .worker' "$W/resume.json")" "running worker-1"
+expect "from its last snapshot (what came after it stayed on the fenced worker)" "$("$SC" exec "$B" -- cat /workspace/f)" in-the-snapshot
+wait_for "C's delete completes" sh -c "! '$SC' inspect '$C' >/dev/null 2>&1"
+expect "C no longer counts against the quota" "$("$SC" quota --json | jq -r .used.sandboxes)" "$((used - 1))"
+
+kill -CONT "$LINK"
+LINK=""
+wait_for "worker-2 back: it lifts its fence" grep -q "event=unfenced" "$D/worker-2.log"
+expect "A answers again" "$("$SC" exec "$A" -- echo back)" back
+"$SC" exec "$A" -- cat /workspace/ticks >"$W/ticks"
+gap=$(awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { print g + 0 }' "$W/ticks")
+expect "A's clock loop stopped while fenced (its longest gap: $gap s)" "$([ "$gap" -ge 10 ] && echo yes)" yes
+i=0
+while [ "$(running_on 2 "$B")$(running_on 2 "$C")" != 00 ] && [ $i -lt 60 ]; do sleep 0.5; i=$((i + 1)); done
+expect "worker-2 applied what it missed: nothing of B or C runs there" "$(running_on 2 "$B") $(running_on 2 "$C")" "0 0"
+expect "each sandbox runs once in all: A on worker-2, B on worker-1" \
+	"$(running_on 2 "$A") $(running_on 1 "$A") $(running_on 1 "$B")" "1 0 1"
+grep -E "event=(fenced|unfenced)" "$D/worker-2.log" | sed 's/^/  /'
+echo "$FAILS failures"
+[ "$FAILS" -eq 0 ]
