@@ -178,6 +178,7 @@ static struct {
 	struct spaced_record rec;
 	bool have_rec;
 	bool paused;           /* the record's execution is paused on purpose (its guest frozen) */
+	bool fenced;           /* the worker fenced itself: lost its control plane (spaced-node gate_fence.c) */
 	uint64_t paused_since; /* since when this gateway knows it (monotonic ns) */
 	struct spaced_identity self; /* the execution this gateway was started for */
 	struct spaced_expected_listener exp;
@@ -233,6 +234,8 @@ static void streams_recheck(void)
 		if (c->st == C_GUEST) {
 			struct spaced_decision d =
 				spaced_compare(&c->cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_STRICT);
+			if (d.verdict == SPACED_ALLOW && G.fenced)
+				d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_FENCED};
 			if (d.verdict != SPACED_ALLOW)
 				refuse(c, d);
 			continue;
@@ -241,6 +244,9 @@ static void streams_recheck(void)
 			continue;
 		struct spaced_decision d =
 			spaced_compare(&c->cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_ESTABLISHED_STREAM);
+		/* a fenced worker's streams end, as the gate's do */
+		if (d.verdict == SPACED_ALLOW && G.fenced)
+			d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_FENCED};
 		if (d.verdict == SPACED_ALLOW) {
 			if (c->epoch != G.rec.epoch)
 				G.n_kept++;
@@ -285,6 +291,9 @@ static void record_load(void)
 		if (paused && !G.paused)
 			G.paused_since = G.have_rec ? spaced_mono_ns() : 0;
 		G.paused = paused;
+		bool fenced = json_is_true(json_object_get(j, "fenced"));
+		changed = changed || fenced != G.fenced;
+		G.fenced = fenced;
 		G.rec = r;
 		G.have_rec = true;
 		if (changed)
@@ -1150,6 +1159,9 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 	if (d.verdict == SPACED_ALLOW && G.paused &&
 	    spaced_mono_ns() - G.paused_since > SPACED_PAUSE_HOLD_MS * 1000000ull)
 		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_PAUSED};
+	/* the worker lost its control plane: the sandbox may run elsewhere by now */
+	if (d.verdict == SPACED_ALLOW && G.fenced)
+		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_FENCED};
 	if (d.verdict != SPACED_ALLOW) {
 		refuse(c, d);
 		return;

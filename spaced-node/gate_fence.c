@@ -9,7 +9,8 @@
  * ago); the lease ends --fence-after seconds after that ping. When it ends,
  * the gate fences: it freezes every execution its records say runs, cancels
  * every open stream and answers every request it would allow REFRESH_ROUTE
- * `fenced`. The fence holds until the link is back on a channel whose replay
+ * `fenced`, and tells the executions' ServicePort gateways (gate_gw.c), which
+ * do the same. The fence holds until the link is back on a channel whose replay
  * is over ({"type":"unfence","through":N}) and every message up to N is
  * applied: a deactivate or destroy of what started elsewhere meanwhile comes
  * first; then the executions whose records still say running are thawed.
@@ -137,6 +138,15 @@ static void freeze_running(struct mgr *m)
 	}
 }
 
+/* Every record again to its ServicePort gateway, with the fence's state:
+ * a gateway refuses new opens and ends its streams while fenced. */
+static void publish_all(struct mgr *m)
+{
+	for (size_t i = 0; i < m->nrecs; i++)
+		if (m->recs[i].r.active)
+			gate_gw_publish(m, &m->recs[i]);
+}
+
 void gate_fence_tick(struct mgr *m)
 {
 	if (!fence_on(m))
@@ -150,6 +160,7 @@ void gate_fence_tick(struct mgr *m)
 		         "frozen and every request refused until it is back\"",
 		         m->cfg->fence_after_s);
 		gate_streams_cancel_all(m, SPACED_REASON_FENCED);
+		publish_all(m);
 	}
 	if (!m->fence.fenced)
 		return;
@@ -172,6 +183,7 @@ void gate_fence_tick(struct mgr *m)
 	frozen_clear(m);
 	m->fence.fenced = false;
 	m->fence.unfence_through = -1;
+	publish_all(m);
 }
 
 json_t *gate_fence_admin(struct mgr *m, json_t *msg, const char **err)

@@ -4,7 +4,8 @@
  *
  * Right after every record change is on disk (and at start, for every record
  * loaded), the gate writes STATE/gw/<sandbox>/record.json —
- * {"identity": {...}, "epoch": N, "active": bool} — by rename, so a gateway
+ * {"identity": {...}, "epoch": N, "active": bool, "paused": bool, "fenced": bool}
+ * — by rename, so a gateway
  * that watches the directory (inotify) reads a whole record or the previous
  * one, never a torn one. A directory per sandbox, the file written beside
  * the record (GW_RECORD_TMP) and renamed over it: a record changed wakes its
@@ -45,9 +46,9 @@ void gate_gw_publish(struct mgr *m, const struct mgr_rec *rec)
 	 * temporary file made (mgr_exec.c), so the first record of a claim
 	 * allocates no inode; the gateway ignores the temporary file's events */
 	snprintf(tmp, sizeof tmp, "%s/" GW_RECORD_TMP, sdir);
-	json_t *j = json_pack("{s:o,s:I,s:b,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
+	json_t *j = json_pack("{s:o,s:I,s:b,s:b,s:b}", "identity", spaced_identity_to_json(&rec->r.id), "epoch",
 	                      (json_int_t)rec->r.epoch, "active", rec->r.active, "paused",
-	                      strcmp(rec->state, MGR_ST_PAUSED) == 0);
+	                      strcmp(rec->state, MGR_ST_PAUSED) == 0, "fenced", gate_fenced(m));
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
 	json_decref(j);
 	if (!text)

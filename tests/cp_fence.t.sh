@@ -6,7 +6,8 @@
 #  - a move of sandbox B off worker-2 is not acknowledged (504, `error`), and a delete of C leaves it
 #    `deleting`; a resume of B on worker-1 is held (409 earlier-execution-unconfirmed, retry_after);
 #  - 20 s after its last answered ping worker-2 fences: a request its capability allows gets
-#    REFRESH_ROUTE `fenced`, and its executions are frozen (A's clock loop writes nothing meanwhile);
+#    REFRESH_ROUTE `fenced`, at node-api and at A's ServicePort gateway, and its executions are frozen
+#    (A's clock loop writes nothing meanwhile);
 #  - the control plane counts worker-2 fenced 20 + 5 s after it last saw it: B then resumes on worker-1
 #    from its last snapshot, and C's delete completes (it no longer counts against the quota);
 #  - the link runs again: worker-2 applies what it missed (B's deactivate, the destroys) before it lifts
@@ -37,6 +38,10 @@ expect "worker-2 says in its hello that it fences after 20 s" \
 
 A=$("$SC" create --worker worker-2) || fail "create A"
 "$SC" exec "$A" -- sh -c 'nohup sh -c "while :; do date +%s >>/workspace/ticks; sleep 0.2; done" >/dev/null 2>&1 &'
+"$SC" exec "$A" -- sh -c 'cd /tmp && echo hello-from-A >index.html && setsid python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1' >/dev/null 2>&1
+"$SC" expose "$A" 8080 --json >"$W/exp.json"
+URL=$(jq -r .url "$W/exp.json"); AC=$(jq -r .capability "$W/exp.json")
+expect "A's ServicePort answers" "$(curl -s -m 5 --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $AC" "${URL}index.html")" hello-from-A
 B=$("$SC" create --worker worker-2) || fail "create B"
 "$SC" exec "$B" -- sh -c 'echo in-the-snapshot >/workspace/f'
 "$SC" pause "$B" >/dev/null && "$SC" snapshot "$B" >/dev/null && "$SC" resume "$B" >/dev/null || fail "B's snapshot"
@@ -59,6 +64,9 @@ wait_for "worker-2 fences itself" grep -q "event=fenced" "$D/worker-2.log"
 "$SC" exec "$A" -- echo hi >/dev/null 2>"$W/a.err"
 expect "a request to A on the fenced worker: REFRESH_ROUTE fenced" "$(grep -c 'fenced' "$W/a.err")" 1
 sed 's/^/  /' "$W/a.err" | head -n 2
+expect "A's ServicePort gateway refuses a new open: 409 fenced" \
+	"$(curl -s -m 10 --cacert "$SPACED_CA_FILE" -o "$W/gw.json" -w '%{http_code}' -H "Authorization: Bearer $AC" "${URL}index.html") $(jq -r .reason "$W/gw.json" 2>/dev/null)" \
+	"409 fenced"
 
 i=0
 until curl -s --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $SPACED_API_KEY" -X POST \
@@ -75,6 +83,7 @@ kill -CONT "$LINK"
 LINK=""
 wait_for "worker-2 back: it lifts its fence" grep -q "event=unfenced" "$D/worker-2.log"
 expect "A answers again" "$("$SC" exec "$A" -- echo back)" back
+expect "and its ServicePort" "$(curl -s -m 5 --cacert "$SPACED_CA_FILE" -H "Authorization: Bearer $AC" "${URL}index.html")" hello-from-A
 "$SC" exec "$A" -- cat /workspace/ticks >"$W/ticks"
 gap=$(awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { print g + 0 }' "$W/ticks")
 expect "A's clock loop stopped while fenced (its longest gap: $gap s)" "$([ "$gap" -ge 10 ] && echo yes)" yes
