@@ -20,6 +20,9 @@ int cmd_port_forward(int argc, char **argv); /* port-forward: a local port throu
  * value, owned by the caller) on 2xx, else 1 with the reason printed. */
 struct json_t;
 int net_cp_call(const char *what, const char *method, const char *path, struct json_t *req, struct json_t **answer); /* workers, create, ls, rm, inspect, route, pause, snapshot, resume, move */
+/* The same with more request headers ("Name: value\r\n"..., NULL: none). */
+int net_cp_call_headers(const char *what, const char *method, const char *path, struct json_t *req,
+                        const char *headers, struct json_t **answer);
 
 /* Prints "spacectl: <what>: <message>" on stderr and returns 1. */
 int cli_fail(const char *what, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

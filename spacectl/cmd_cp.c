@@ -42,7 +42,8 @@ static void print_sandbox_line(json_t *s)
 }
 
 enum { O_JSON = 1, O_WORKER, O_SUBSTRATE, O_TEMPLATE, O_MEMORY, O_PIDS, O_IDLE, O_MAXLIFE, O_PURPOSE, O_PORT,
-       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME, O_RESTART, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT };
+       O_PROTOCOL, O_TO, O_CPUS, O_DISK, O_ENV, O_META, O_AUTO_RESUME, O_RESTART, O_NETWORK, O_ALLOW_OUT, O_DENY_OUT,
+       O_IDEM };
 
 static const struct option cp_longopts[] = {
 	{"json", no_argument, NULL, O_JSON},
@@ -66,6 +67,7 @@ static const struct option cp_longopts[] = {
 	{"network", required_argument, NULL, O_NETWORK},
 	{"allow-out", required_argument, NULL, O_ALLOW_OUT},
 	{"deny-out", required_argument, NULL, O_DENY_OUT},
+	{"idempotency-key", required_argument, NULL, O_IDEM},
 	{NULL, 0, NULL, 0},
 };
 
@@ -75,6 +77,7 @@ static const char cp_usage[] =
 	"                       [--pids N] [--disk SIZE] [--idle-timeout S] [--max-lifetime S] [--env K=V]...\n"
 	"                       [--meta K=V]... [--auto-resume] [--restart never|on-failure] [--json]\n"
 	"                       [--network allow|deny] [--allow-out CIDR|DOMAIN]... [--deny-out CIDR|DOMAIN]...\n"
+	"                       [--idempotency-key K]   (a retry with K gets the sandbox the first made)\n"
 	"       spacectl quota [--json]\n"
 	"       spacectl ls [--meta K=V]... [--json] | rm ID | inspect ID [--json]\n"
 	"       spacectl timeout ID SECONDS                   it is reaped SECONDS from now (0: never)\n"
@@ -91,10 +94,18 @@ int cmd_cp(int argc, char **argv)
 	json_t *ans = NULL; /* the control plane's answer (net_cp_call) */
 	char path[4100]; /* /v1/sandboxes and the query of ls --meta */
 	const char *target = NULL;
+	char idem[128] = ""; /* "Idempotency-Key: K\r\n" */
 	optind = 0; /* full reinitialisation; options may follow the ID (GNU permutation) */
 	while ((c = getopt_long(argc, argv, "", cp_longopts, NULL)) != -1) {
 		switch (c) {
 		case O_JSON: json = 1; break;
+		case O_IDEM:
+			if (strlen(optarg) > 64 || strpbrk(optarg, "\r\n") != NULL) {
+				rc = cli_fail("create", "an idempotency key is 1-64 characters of [A-Za-z0-9._:-]");
+				goto out;
+			}
+			snprintf(idem, sizeof idem, "Idempotency-Key: %s\r\n", optarg);
+			break;
 		case O_WORKER: json_object_set_new(req, "worker", json_string(optarg)); target = optarg; break;
 		case O_SUBSTRATE: json_object_set_new(req, "substrate", json_string(optarg)); break;
 		case O_TEMPLATE: json_object_set_new(req, "template", json_string(optarg)); break;
@@ -196,7 +207,7 @@ int cmd_cp(int argc, char **argv)
 			json_object_set(req, "env", env);
 		if (json_object_size(meta) > 0)
 			json_object_set(req, "metadata", meta);
-		if ((rc = net_cp_call(cmd, "POST", "/v1/sandboxes", req, &ans)) != 0)
+		if ((rc = net_cp_call_headers(cmd, "POST", "/v1/sandboxes", req, idem[0] ? idem : NULL, &ans)) != 0)
 			goto out;
 		if (json)
 			print_json(ans);

@@ -19,6 +19,12 @@
 /* One call to the control plane; *answer on 2xx, else 1 with the reason printed. */
 int net_cp_call(const char *what, const char *method, const char *path, json_t *req, json_t **answer)
 {
+	return net_cp_call_headers(what, method, path, req, NULL, answer);
+}
+
+int net_cp_call_headers(const char *what, const char *method, const char *path, json_t *req, const char *headers,
+                        json_t **answer)
+{
 	const char *url = getenv("SPACED_CP_URL"), *key = getenv("SPACED_API_KEY");
 	char err[256], *body = NULL, *text = NULL;
 	json_error_t jerr;
@@ -29,7 +35,7 @@ int net_cp_call(const char *what, const char *method, const char *path, json_t *
 		return cli_fail(what, "SPACED_API_KEY is not set");
 	if (req != NULL && (text = json_dumps(req, JSON_COMPACT)) == NULL)
 		return cli_fail(what, "out of memory");
-	int r = http_request(url, method, path, key, text, &status, &body, err, sizeof err);
+	int r = http_request_headers(url, method, path, key, headers, text, &status, &body, err, sizeof err);
 	free(text);
 	if (r < 0)
 		return cli_fail(what, "%s", err);

@@ -404,6 +404,13 @@ out:
 int http_request(const char *base_url, const char *method, const char *path, const char *bearer,
                  const char *json_body, int *status, char **body, char *err, size_t errsz)
 {
+	return http_request_headers(base_url, method, path, bearer, NULL, json_body, status, body, err, errsz);
+}
+
+int http_request_headers(const char *base_url, const char *method, const char *path, const char *bearer,
+                         const char *headers, const char *json_body, int *status, char **body, char *err,
+                         size_t errsz)
+{
 	char host[256], prefix[512];
 	int port, tls;
 	if (http_parse_url(base_url, host, sizeof host, &port, prefix, sizeof prefix, &tls) < 0) {
@@ -411,7 +418,8 @@ int http_request(const char *base_url, const char *method, const char *path, con
 		return -1;
 	}
 	size_t blen = json_body ? strlen(json_body) : 0;
-	size_t need = strlen(method) + strlen(prefix) + strlen(path) + strlen(host) + (bearer ? strlen(bearer) : 0) + 256;
+	size_t need = strlen(method) + strlen(prefix) + strlen(path) + strlen(host) + (bearer ? strlen(bearer) : 0) +
+	              (headers ? strlen(headers) : 0) + 256;
 	char *head = malloc(need);
 	unsigned char *ans = NULL, *b = NULL;
 	size_t alen = 0, bl = 0;
@@ -422,9 +430,9 @@ int http_request(const char *base_url, const char *method, const char *path, con
 	}
 	int n = snprintf(head, need,
 	                 "%s %s%s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\nAccept: application/json\r\n"
-	                 "%s%s%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+	                 "%s%s%s%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
 	                 method, prefix, path, host, port, bearer ? "Authorization: Bearer " : "", bearer ? bearer : "",
-	                 bearer ? "\r\n" : "", blen);
+	                 bearer ? "\r\n" : "", headers ? headers : "", blen);
 	if (n < 0 || (size_t)n >= need) {
 		snprintf(err, errsz, "request too long");
 		goto out;

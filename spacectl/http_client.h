@@ -148,5 +148,9 @@ void http_stream_close(struct http_stream *s);
  * connection failure, a timeout or a malformed answer. */
 int http_request(const char *base_url, const char *method, const char *path, const char *bearer,
                  const char *json_body, int *status, char **body, char *err, size_t errsz);
+/* The same with more request headers ("Name: value\r\n"..., NULL: none). */
+int http_request_headers(const char *base_url, const char *method, const char *path, const char *bearer,
+                         const char *headers, const char *json_body, int *status, char **body, char *err,
+                         size_t errsz);
 
 #endif

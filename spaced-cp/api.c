@@ -434,10 +434,15 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 		return;
 	if (n == 2 && post) {
 		struct cp_create_req c;
+		if (rq->idem_bad) {
+			bad_request(rq, "Idempotency-Key: 1-64 characters of [A-Za-z0-9._:-]");
+			return;
+		}
 		if (cp_parse_create(body, blen, &c, err, sizeof err) < 0) {
 			bad_request(rq, err);
 			return;
 		}
+		memcpy(c.idem_key, rq->idem_key, sizeof c.idem_key);
 		int status = cp_op_create(cp, st, tenant, &c, &out);
 		answer(rq, status, out);
 		return;

@@ -142,6 +142,8 @@ struct cp_req {
 	char peer[64];                /* the client's address */
 	char request_id[65];          /* the client's X-Request-Id, or one made for it */
 	char tenant[SPACED_NAME_MAX]; /* the tenant its key speaks for, once authenticated (api.c) */
+	char idem_key[65];            /* its Idempotency-Key, "" for none */
+	bool idem_bad;                /* it sent one that is not 1-64 of [A-Za-z0-9._:-] */
 	struct spaced_buf body;
 	int status;
 	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */

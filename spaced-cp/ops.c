@@ -1391,15 +1391,15 @@ static void create_one(struct cp *cp, struct cp_store *st, struct create_job *j)
 		r = CP_Q(st, NULL, NULL,
 		         "INSERT INTO sandboxes (id, tenant, state, generation, worker, substrate, activation, spec, op, "
 		         "op_until, created, last_active, idle_timeout, max_lifetime, cpu_milli, memory_bytes, pids, "
-		         "disk_bytes, template_hash, install_seq) "
+		         "disk_bytes, template_hash, install_seq, idem_key) "
 		         "VALUES ($1, $2, 'starting', 1, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $12, $13, $14, $15, $16, "
-		         "$17)",
+		         "$17, $18)",
 		         j->id, j->tenant, p.worker, substrate, act, j->spec_text, j->op, cp_i64(until, t + cp->op_lease),
 		         cp_i64(now, t), cp_i64(idle, c->idle_timeout >= 0 ? c->idle_timeout : cp->idle_timeout),
 		         cp_i64(maxl, c->max_lifetime >= 0 ? c->max_lifetime : cp->max_lifetime),
 		         cp_i64(cpu, p.res.cpu_milli), cp_i64(mem, (int64_t)p.res.memory_bytes),
 		         cp_i64(pids, (int64_t)p.res.pids), cp_i64(disk, (int64_t)p.res.disk_bytes),
-		         j->tmpl_hash[0] ? j->tmpl_hash : NULL, cp_i64(seqb, j->seq));
+		         j->tmpl_hash[0] ? j->tmpl_hash : NULL, cp_i64(seqb, j->seq), c->idem_key[0] ? c->idem_key : NULL);
 	if (r == 0)
 		r = CP_Q(st, NULL, NULL,
 		         "INSERT INTO generations (sandbox, generation, worker, activation, created) VALUES ($1, 1, $2, $3, $4)",
@@ -1513,12 +1513,41 @@ static int start_elsewhere(struct cp *cp, struct cp_store *st, const char *tenan
 	return status;
 }
 
+/* A create's Idempotency-Key: the sandbox an earlier create of the tenant
+ * with the same key made, answered as it is now (200; 409 when it was
+ * deleted since), else 0 (none: this create goes on). The unique index on
+ * (tenant, idem_key) makes one of two creates racing with one key fail its
+ * insert; that one is answered here too. The body is not compared: the key
+ * names the create. */
+static int create_replayed(struct cp_store *st, const char *tenant, const char *key, json_t **body)
+{
+	struct cp_rows *rows = NULL;
+	int status = 0;
+	if (!key[0] || CP_Q(st, &rows, NULL, "SELECT id, deleted FROM sandboxes WHERE tenant = $1 AND idem_key = $2",
+	                    tenant, key) < 0 || rows->nrows != 1) {
+		cp_rows_free(rows);
+		return 0;
+	}
+	const char *id = cp_rows_get(rows, 0, 0);
+	if (cp_rows_i64(rows, 0, 1, 0) > 0) {
+		*body = json_pack("{s:s,s:s,s:s}", "error", "idempotency-key-used", "message",
+		                  "the sandbox this Idempotency-Key created has been deleted", "sandbox", id);
+		status = 409;
+	} else if ((*body = cp_sandbox_json(st, tenant, id)) != NULL) {
+		status = 200;
+	}
+	cp_rows_free(rows);
+	return status;
+}
+
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body)
 {
 	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX];
 	int status;
 	json_t *tmpl = NULL;
+	if ((status = create_replayed(st, tenant, c->idem_key, body)) != 0)
+		return status;
 	char tmpl_hash[SPACED_TREEHASH_HEX] = "";
 	/* a template is named by the tenant and pinned by its hash: the sandbox
 	 * keeps that tree across pause, resume and move, whatever the name
@@ -1561,6 +1590,13 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	status = j.status;
 	if (status != 0) {
 		*body = j.body;
+		json_t *again = NULL;
+		int st2 = c->idem_key[0] ? create_replayed(st, tenant, c->idem_key, &again) : 0;
+		if (st2 != 0) { /* another create with the key won the race */
+			json_decref(*body);
+			*body = again;
+			status = st2;
+		}
 		goto out;
 	}
 	/* the insert and the first generation are committed, the install

@@ -39,6 +39,7 @@ struct cp_create_req {
 	char worker[SPACED_NAME_MAX];         /* "" to let placement choose */
 	int64_t idle_timeout, max_lifetime;   /* seconds, -1 = control-plane default, 0 = none */
 	char network[CP_NETWORK_MAX];         /* the egress policy, canonical JSON (netpolicy.h); "" when none given */
+	char idem_key[65];                    /* the request's Idempotency-Key, "" for none (not in the body) */
 };
 
 struct cp_route_req {

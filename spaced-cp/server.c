@@ -479,6 +479,14 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 	const char *cn = spaced_httpconn_peer_cert(c);
 	if (cn != NULL && strlen(cn) < sizeof rq->peer_cert)
 		memcpy(rq->peer_cert, cn, strlen(cn) + 1);
+	const char *ik = spaced_http_field(req, "idempotency-key");
+	if (ik != NULL) {
+		size_t kl = strlen(ik);
+		rq->idem_bad = kl == 0 || kl >= sizeof rq->idem_key ||
+		               strspn(ik, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") != kl;
+		if (!rq->idem_bad)
+			memcpy(rq->idem_key, ik, kl + 1);
+	}
 	const char *auth = spaced_http_field(req, "authorization");
 	if (auth != NULL && strlen(auth) < sizeof rq->auth)
 		memcpy(rq->auth, auth, strlen(auth) + 1); /* longer: no key of ours, so 401 */

@@ -93,6 +93,8 @@ static const struct {
 	/* the seconds without the control plane after which the worker fences
 	 * itself (its hello's fence_after; 0: it never does) */
 	{"workers", "fence_after", "BIGINT NOT NULL DEFAULT 0"},
+	/* the create's Idempotency-Key (NULL: none): a retry with it gets the same sandbox */
+	{"sandboxes", "idem_key", "TEXT"},
 	/* the highest seq whose outbox row's body was compacted (cp_outbox_compact) */
 	{"workers", "outbox_compacted_to", "BIGINT NOT NULL DEFAULT 0"},
 };
@@ -104,7 +106,8 @@ static const struct {
  * worker_usage on SQLite, below). */
 static const char indexes[] =
 	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;"
-	"CREATE INDEX IF NOT EXISTS outbox_unacked ON outbox (sandbox) WHERE acked = 0;";
+	"CREATE INDEX IF NOT EXISTS outbox_unacked ON outbox (sandbox) WHERE acked = 0;"
+	"CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_idem ON sandboxes (tenant, idem_key) WHERE idem_key IS NOT NULL;";
 
 /* Runs a script of CREATE ... IF NOT EXISTS up to three times: two replicas
  * creating the schema at once may collide on PostgreSQL's catalog, and the
