@@ -99,8 +99,9 @@ static void *writer(void *arg)
 			         "UPDATE outbox SET acked = $3, ok = $4, result = $5 WHERE worker = $1 AND seq = $2 AND acked = 0",
 			         a->worker, cp_i64(sb, a->seq), cp_i64(now, a->at), a->ok ? "1" : "0", a->result) < 0 ||
 			    CP_Q(st, NULL, NULL,
-			         "UPDATE workers SET acked_seq = $2, last_seen = $3 WHERE id = $1 AND acked_seq < $2", a->worker,
-			         sb, now) < 0) {
+			         "UPDATE workers SET acked_seq = $2, last_seen = CASE WHEN last_seen < CAST($3 AS BIGINT) THEN "
+			         "CAST($3 AS BIGINT) ELSE last_seen END WHERE id = $1 AND acked_seq < $2",
+			         a->worker, sb, now) < 0) {
 				cp_store_rollback(st);
 				in_txn = false;
 			}

@@ -28,18 +28,25 @@ struct cp_chan {
 	bool hello;   /* said hello: rows flow */
 	bool closing; /* a close is under way: nothing more is sent */
 	bool synced;  /* {"synced": N} sent: the replay after the hello is over */
+	bool fences;  /* its hello said it fences itself (fence_after > 0): it wants {"synced"} */
 	int64_t sent_seq;
 	int64_t replay_to; /* the last seq queued when the hello came */
+	int64_t applied;   /* the hello's last_seq, then the last seq sent: what the worker applies up to */
 	uint64_t last_rx, last_ping; /* monotonic ns */
 };
 
 static struct cp *C;
 static struct cp_chan *chans;
+/* The wall-clock second of the last liveness renewal written (cp_chan_tick:
+ * a replica that cannot write them closes its channels); while no channel
+ * said hello, now. */
+static int64_t seen_written;
 static uint64_t last_tick_ns, ticks;
 
 void cp_chan_init(struct cp *cp)
 {
 	C = cp;
+	seen_written = spaced_now();
 }
 
 int cp_chan_path(const char *path, char worker[SPACED_NAME_MAX])
@@ -168,15 +175,19 @@ static void cw_free(struct cw *w)
 	free(w);
 }
 
-/* One write, with st (inside the batch's transaction when there is one). */
-static void cw_run(struct cp_store *st, const struct cw *w)
+/* One write, with st (inside the batch's transaction when there is one):
+ * 0, or a store error. */
+static int cw_run(struct cp_store *st, const struct cw *w)
 {
 	char now[24], until[24], cap[24];
+	int r = 0;
 	switch (w->kind) {
 	case CW_SEEN:
-		CP_Q(st, NULL, NULL,
-		     "UPDATE workers SET last_seen = $2, channel_until = $3, channel_replica = $4 WHERE id = $1", w->worker,
-		     cp_i64(now, w->t), cp_i64(until, w->t + CP_CHAN_UNTIL_S), C->replica_id);
+		/* never lowered: an ack written late (acks.c) does the same */
+		r = CP_Q(st, NULL, NULL,
+		         "UPDATE workers SET last_seen = CASE WHEN last_seen < CAST($2 AS BIGINT) THEN CAST($2 AS BIGINT) "
+		         "ELSE last_seen END, channel_until = $3, channel_replica = $4 WHERE id = $1",
+		         w->worker, cp_i64(now, w->t), cp_i64(until, w->t + CP_CHAN_UNTIL_S), C->replica_id);
 		break;
 	case CW_HELLO:
 		/* back: an operator's "lost" no longer speaks for it (it is sent what
@@ -200,6 +211,7 @@ static void cw_run(struct cp_store *st, const struct cw *w)
 		     w->worker, C->replica_id);
 		break;
 	}
+	return r;
 }
 
 static void *cw_thread(void *arg)
@@ -231,11 +243,21 @@ static void *cw_thread(void *arg)
 			if (relaxed)
 				cp_store_relaxed(st, 1);
 			/* one transaction for the batch; each write alone when it cannot begin */
-			bool txn = batch->next && cp_store_begin(st) == 0;
-			for (struct cw *w = batch; w; w = w->next)
-				cw_run(st, w);
-			if (txn && cp_store_commit(st) < 0)
+			bool txn = batch->next && cp_store_begin(st) == 0, seen_ok = true;
+			int64_t seen_t = 0;
+			for (struct cw *w = batch; w; w = w->next) {
+				bool ok = cw_run(st, w) == 0;
+				if (w->kind == CW_SEEN) {
+					seen_ok = seen_ok && ok;
+					seen_t = w->t > seen_t ? w->t : seen_t;
+				}
+			}
+			if (txn && cp_store_commit(st) < 0) {
 				cp_store_rollback(st);
+				seen_ok = false;
+			}
+			if (seen_ok && seen_t > __atomic_load_n(&seen_written, __ATOMIC_ACQUIRE))
+				__atomic_store_n(&seen_written, seen_t, __ATOMIC_RELEASE);
 			if (relaxed)
 				cp_store_relaxed(st, 0);
 		}
@@ -340,9 +362,10 @@ static void chan_refuse_large(struct cp_chan *ch, int64_t seq, size_t bytes)
 static void chan_synced(struct cp_chan *ch)
 {
 	char text[48];
-	if (ch->synced || ch->sent_seq < ch->replay_to)
+	if (ch->synced || !ch->fences || ch->sent_seq < ch->replay_to)
 		return;
-	int n = snprintf(text, sizeof text, "{\"synced\":%lld}", (long long)ch->sent_seq);
+	/* the last seq it was sent (one acknowledged here as too-large never is) */
+	int n = snprintf(text, sizeof text, "{\"synced\":%lld}", (long long)ch->applied);
 	if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) == 0)
 		ch->synced = true;
 }
@@ -374,6 +397,8 @@ static void chan_pump(struct cp_chan *ch)
 				return;
 			}
 			ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
+			if (ch->sent_seq > ch->applied)
+				ch->applied = ch->sent_seq;
 		}
 		cp_rows_free(rows);
 		if (n < atoi(CHAN_BATCH)) {
@@ -429,6 +454,24 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	}
 	ch->replay_to = cp_rows_i64(rows, 0, 0, 0);
 	ch->synced = false;
+	ch->fences = m->fence_after > 0;
+	ch->applied = m->last_seq;
+	cp_rows_free(rows);
+	rows = NULL;
+	/* A worker that acknowledged a message as applied above the last_seq it
+	 * names now lost its records (restored from a backup): what it is sent
+	 * again may be compacted (cp_outbox_compact). Fail closed. */
+	char lsb[24];
+	if (CP_Q(st, &rows, NULL, "SELECT COUNT(*) FROM outbox WHERE worker = $1 AND seq > CAST($2 AS BIGINT) AND ok = 1",
+	         ch->worker, cp_i64(lsb, m->last_seq)) == 0 &&
+	    cp_rows_i64(rows, 0, 0, 0) > 0) {
+		spaced_log("spaced-cp",
+		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is below messages the worker "
+		           "acknowledged as applied: the worker lost its records; join it again under a new worker ID\"",
+		           ch->worker, (long long)m->last_seq);
+		cp_rows_free(rows);
+		return -1;
+	}
 	cp_rows_free(rows);
 	rows = NULL;
 	if (CP_Q(st, &rows, NULL, "SELECT MIN(seq) FROM outbox WHERE worker = $1 AND acked = 0", ch->worker) == 0) {
@@ -621,10 +664,28 @@ void cp_chan_tick(void)
 	bool judge = last_tick_ns != 0 && now - last_tick_ns < CHAN_LAG_NS;
 	last_tick_ns = now;
 	ticks++;
+	/* a replica that has not recorded its workers' liveness for
+	 * CP_SEEN_STALL_S (its store unreachable, its writer stuck) does not hold
+	 * their channels: it would answer their pings, and so renew their fence's
+	 * lease, while the other replicas see them gone and may count them
+	 * fenced (docs/control-messages.md, "Fence") */
+	int64_t written = __atomic_load_n(&seen_written, __ATOMIC_ACQUIRE), wall = spaced_now();
+	bool any = false;
+	for (struct cp_chan *ch = chans; ch && !any; ch = ch->next)
+		any = ch->hello && !ch->closing;
+	if (!any) /* nothing to renew: the next channel's time starts now */
+		__atomic_store_n(&seen_written, written = wall, __ATOMIC_RELEASE);
+	bool stalled = judge && wall - written > CP_SEEN_STALL_S;
 	for (struct cp_chan *ch = chans, *next; ch; ch = next) {
 		next = ch->next;
 		if (ch->closing)
 			continue;
+		if (stalled && ch->hello) {
+			spaced_log("spaced-cp", "level=error event=channel-dropped worker=%s reason=\"liveness not recorded for %lld s\"",
+			           ch->worker, (long long)(wall - written));
+			spaced_httpconn_abort(ch->c);
+			continue;
+		}
 		uint64_t quiet = now - ch->last_rx;
 		if (judge && quiet > CHAN_DEAD_NS) {
 			/* at once, without waiting for a close frame to be written to a

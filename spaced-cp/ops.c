@@ -978,55 +978,93 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
  * (spaced-cp admin worker-lost: the machine is gone), which holds until it
  * says hello again. */
 
-/* The first worker other than except (NULL: any) with a message about
- * sandbox id it has not acknowledged, neither fenced nor declared lost: 1
- * with its name in who (whether it is connected in *live, the seconds until
- * it is fenced in *fenced_in, -1: never), 0 when there is none, or a store
- * error. While that worker is connected (it acknowledges in order, in
- * moments: a move's destroy to its source may just be on its way, and an
- * ack reaches the store a moment after the request that waits for it),
- * looks again every 20 ms for up to wait_ms. */
+/* The workers other than except (NULL: any) with a message about sandbox id
+ * they have not acknowledged, each judged:
+ *  - one whose last execution of it is known stopped (it acknowledged a
+ *    deactivate or destroy after its last install or thaw) and that was sent
+ *    nothing since but more of those (a move's source, retired) holds
+ *    nothing back;
+ *  - one declared lost, or surely fenced — its hello said fence_after S,
+ *    it is not connected (on any replica, nor here), and it was last seen
+ *    more than S + CP_FENCE_MARGIN_S ago — holds nothing back either, but is
+ *    to be told to destroy what it holds (skipped, when not NULL: its name
+ *    appended, comma-separated);
+ *  - any other holds the start back.
+ * Returns 1 with the first holding worker in who (whether it is connected
+ * in *live, the seconds until it is surely fenced in *fenced_in, -1: never),
+ * 0 when none holds it, or a store error. When the holding worker is
+ * connected as the wait begins (it acknowledges in order, in moments; an ack
+ * reaches the store a moment after the request that waits for it; its
+ * channel may drop and come back meanwhile), looks again every 20 ms for up
+ * to wait_ms. */
 static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id, const char *except, int wait_ms,
-                              char who[SPACED_NAME_MAX], bool *live, int64_t *fenced_in)
+                              char who[SPACED_NAME_MAX], bool *live, int64_t *fenced_in, char *skipped,
+                              size_t skipped_sz)
 {
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)wait_ms * 1000000u;
+	bool first = true, was_live = false;
 	for (;;) {
 		struct cp_rows *rows = NULL;
-		char now[24], margin[24];
 		int64_t t = spaced_now();
 		int r = CP_Q(st, &rows, NULL,
-		             "SELECT o.worker, w.channel_until, w.last_seen, w.fence_after FROM outbox o "
-		             "JOIN workers w ON w.id = o.worker "
-		             "WHERE o.sandbox = $1 AND o.acked = 0 AND w.lost = 0 AND o.worker <> $2 "
-		             "AND NOT (w.fence_after > 0 AND w.channel_until < CAST($3 AS BIGINT) "
-		             "AND w.last_seen + w.fence_after + CAST($4 AS BIGINT) < CAST($3 AS BIGINT)) "
-		             "ORDER BY o.worker LIMIT 1",
-		             id, except ? except : "", cp_i64(now, t), cp_i64(margin, CP_FENCE_MARGIN_S));
-		if (r == 0 && rows->nrows == 1) {
-			snprintf(who, SPACED_NAME_MAX, "%s", cp_rows_get(rows, 0, 0));
-			*live = cp_worker_live(who, cp_rows_i64(rows, 0, 1, 0), t);
-			int64_t fa = cp_rows_i64(rows, 0, 3, 0);
-			*fenced_in = fa > 0 ? cp_rows_i64(rows, 0, 2, 0) + fa + CP_FENCE_MARGIN_S + 1 - t : -1;
-			if (*fenced_in == 0)
-				*fenced_in = 1;
-			r = 1;
+		             "SELECT o.worker, w.channel_until, w.last_seen, w.fence_after, w.lost, "
+		             "SUM(CASE WHEN o.type IN ('deactivate', 'destroy') THEN 0 ELSE 1 END), "
+		             "(SELECT MAX(d.seq) FROM outbox d WHERE d.sandbox = $1 AND d.worker = o.worker AND d.acked > 0 "
+		             "AND d.ok = 1 AND d.type IN ('deactivate', 'destroy')), "
+		             "(SELECT MAX(i.seq) FROM outbox i WHERE i.sandbox = $1 AND i.worker = o.worker "
+		             "AND i.type IN ('install', 'thaw')) "
+		             "FROM outbox o JOIN workers w ON w.id = o.worker "
+		             "WHERE o.sandbox = $1 AND o.acked = 0 AND o.worker <> $2 "
+		             "GROUP BY o.worker, w.channel_until, w.last_seen, w.fence_after, w.lost ORDER BY o.worker",
+		             id, except ? except : "");
+		if (skipped != NULL && skipped_sz > 0)
+			skipped[0] = 0;
+		int holds = 0;
+		for (int i = 0; r == 0 && i < rows->nrows; i++) {
+			const char *w = cp_rows_get(rows, i, 0);
+			int64_t stopped = cp_rows_i64(rows, i, 6, 0), started = cp_rows_i64(rows, i, 7, 0);
+			if (w == NULL || (cp_rows_i64(rows, i, 5, 1) == 0 && stopped > started))
+				continue; /* stopped there; only its cleanup is on its way */
+			bool connected = cp_worker_live(w, cp_rows_i64(rows, i, 1, 0), t);
+			int64_t fa = cp_rows_i64(rows, i, 3, 0), fenced_at = cp_rows_i64(rows, i, 2, 0) + fa + CP_FENCE_MARGIN_S;
+			if (cp_rows_i64(rows, i, 4, 0) > 0 || (fa > 0 && !connected && fenced_at < t)) {
+				size_t n = skipped ? strlen(skipped) : 0;
+				if (skipped != NULL && n + strlen(w) + 2 < skipped_sz)
+					snprintf(skipped + n, skipped_sz - n, "%s%s", n ? "," : "", w);
+				continue;
+			}
+			if (!holds) {
+				holds = 1;
+				snprintf(who, SPACED_NAME_MAX, "%s", w);
+				*live = connected;
+				*fenced_in = fa > 0 ? (fenced_at + 1 - t > 0 ? fenced_at + 1 - t : 1) : -1;
+			}
 		}
 		cp_rows_free(rows);
-		if (r != 1 || !*live || spaced_mono_ns() >= deadline || cp->stopping)
+		if (r < 0)
 			return r;
+		/* one connected when the wait began may reconnect meanwhile (its
+		 * channel dropped and replayed): waited for up to the end */
+		if (first)
+			was_live = holds && *live;
+		first = false;
+		if (!holds || !was_live || spaced_mono_ns() >= deadline || cp->stopping)
+			return holds;
 		lease_renew(cp, st);
 		usleep(20000);
 	}
 }
 
-/* 0 when no worker but except may still run an earlier execution of id;
+/* 0 when no worker but except may still run an earlier execution of id
+ * (skipped, when not NULL: the fenced or lost ones to tell to destroy it);
  * else 409 (or 500) with *body naming the worker. */
-static int earlier_confirmed(struct cp *cp, struct cp_store *st, const char *id, const char *except, json_t **body)
+static int earlier_confirmed(struct cp *cp, struct cp_store *st, const char *id, const char *except, char *skipped,
+                             size_t skipped_sz, json_t **body)
 {
 	char who[SPACED_NAME_MAX], m[480], when[96] = "";
 	bool live = false;
 	int64_t fenced_in = -1;
-	int r = unconfirmed_worker(cp, st, id, except, cp->ack_timeout_ms, who, &live, &fenced_in);
+	int r = unconfirmed_worker(cp, st, id, except, cp->ack_timeout_ms, who, &live, &fenced_in, skipped, skipped_sz);
 	if (r == 0)
 		return 0;
 	if (r < 0) {
@@ -1095,7 +1133,8 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	int64_t seq = 0;
 	int r;
 	cp_random_name(act, "act-");
-	int waits = same_gen ? 0 : earlier_confirmed(cp, st, id, p->worker, body);
+	char skipped[1024] = "";
+	int waits = same_gen ? 0 : earlier_confirmed(cp, st, id, p->worker, skipped, sizeof skipped, body);
 	if (waits != 0)
 		return waits;
 	json_t *spec = install_spec(cp, col(s, C_SPEC), col(s, C_TENANT), p, &snapshot, snapshot_hash, snap_url),
@@ -1119,6 +1158,18 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 		         id, cp_i64(gb, gen), p->worker, act, cp_i64(now, spaced_now()));
 		if (r < 0)
 			goto fail;
+		/* a fenced or lost worker that may hold an earlier execution
+		 * destroys it when it is back, before it lifts its fence (in the
+		 * replay, after what it was sent before) */
+		for (char *save = NULL, *w = strtok_r(skipped, ",", &save); w != NULL; w = strtok_r(NULL, ",", &save)) {
+			int64_t dseq;
+			json_t *d = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", id);
+			r = d == NULL ? SPACED_ENOMEM : cp_outbox_push(st, w, d, &dseq);
+			json_decref(d);
+			if (r < 0)
+				goto fail;
+			spaced_log("spaced-cp", "level=info event=destroy-queued sandbox=%s worker=%s reason=fenced-or-lost", id, w);
+		}
 	}
 	char cpu[24], mem[24], pids[24], disk[24];
 	r = CP_Q(st, NULL, NULL,
@@ -1784,7 +1835,7 @@ static int deleting_finish(struct cp *cp, struct cp_store *st, const char *id, i
 	char who[SPACED_NAME_MAX], now[24];
 	bool live = false;
 	int64_t fenced_in = -1;
-	int r = unconfirmed_worker(cp, st, id, NULL, wait_ms, who, &live, &fenced_in);
+	int r = unconfirmed_worker(cp, st, id, NULL, wait_ms, who, &live, &fenced_in, NULL, 0);
 	if (r == 1) {
 		r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleting' WHERE id = $1 AND deleted = 0", id);
 		if (r == 0 && body != NULL)
@@ -1927,6 +1978,10 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 				goto out;
 			}
 			if ((status = place_sandbox(st, s, worker, cur, &p, body)) != 0)
+				goto out;
+			/* nothing else may still run it (checked again at the start): a
+			 * move held here leaves the sandbox as it was */
+			if ((status = earlier_confirmed(cp, st, id, worker, NULL, 0, body)) != 0)
 				goto out;
 			/* R4/V2: a route handed out just before 'moving' was committed may be
 			 * on its way to the old execution as some client's one retry; while

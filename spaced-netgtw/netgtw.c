@@ -5,7 +5,7 @@
  *   spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR) --keys PATH
  *                 --guest PATH --launcher-pid PID --launcher-start TICKS [--launcher-exe PATH]
  *                 --identity TEXT|- [--guest-owner UID] [--audit PATH] [--tls-cert FILE --tls-key FILE]
- *                 [--relay-budget BYTES]
+ *                 [--relay-budget BYTES] [--lease-file PATH]
  *                 [--vm-pid PID --forward-port N [--vm-start TICKS] [--vm-exe PATH] [--guest-cid N]]
  *
  * With --tls-cert/--tls-key every client connection is TLS (the worker's
@@ -179,6 +179,9 @@ static struct {
 	bool have_rec;
 	bool paused;           /* the record's execution is paused on purpose (its guest frozen) */
 	bool fenced;           /* the worker fenced itself: lost its control plane (spaced-node gate_fence.c) */
+	const char *lease_file; /* --lease-file: the worker's lease (wall-clock seconds), kept without its gate */
+	bool lease_ended;      /* it has ended: fenced, whether the gate is there to say so or not */
+	uint64_t lease_read_ms;
 	uint64_t paused_since; /* since when this gateway knows it (monotonic ns) */
 	struct spaced_identity self; /* the execution this gateway was started for */
 	struct spaced_expected_listener exp;
@@ -217,6 +220,25 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Whether the worker is fenced: its gate says so in the record, or the lease
+ * the gate keeps renewed in --lease-file has ended (the gate stopped, or
+ * cut off with it: the gateway keeps the fence on its own). Read at most
+ * once a second; a file that is missing or unreadable says nothing. */
+static bool fenced_now(void)
+{
+	uint64_t t = now_ms();
+	if (G.lease_file && (G.lease_read_ms == 0 || t - G.lease_read_ms >= 1000)) {
+		G.lease_read_ms = t;
+		FILE *f = fopen(G.lease_file, "re");
+		long long until = 0;
+		if (f != NULL) {
+			G.lease_ended = fscanf(f, "%lld", &until) == 1 && (long long)time(NULL) > until;
+			fclose(f);
+		}
+	}
+	return G.fenced || G.lease_ended;
+}
+
 /* ---- the pushed activation record and the keys ---- */
 
 static void conn_close(struct conn *c);
@@ -234,7 +256,7 @@ static void streams_recheck(void)
 		if (c->st == C_GUEST) {
 			struct spaced_decision d =
 				spaced_compare(&c->cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_STRICT);
-			if (d.verdict == SPACED_ALLOW && G.fenced)
+			if (d.verdict == SPACED_ALLOW && fenced_now())
 				d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_FENCED};
 			if (d.verdict != SPACED_ALLOW)
 				refuse(c, d);
@@ -245,7 +267,7 @@ static void streams_recheck(void)
 		struct spaced_decision d =
 			spaced_compare(&c->cap, &c->req, G.have_rec ? &G.rec : NULL, SPACED_COMPARE_ESTABLISHED_STREAM);
 		/* a fenced worker's streams end, as the gate's do */
-		if (d.verdict == SPACED_ALLOW && G.fenced)
+		if (d.verdict == SPACED_ALLOW && fenced_now())
 			d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_FENCED};
 		if (d.verdict == SPACED_ALLOW) {
 			if (c->epoch != G.rec.epoch)
@@ -1160,7 +1182,7 @@ static void on_head(struct conn *c, struct spaced_http_req *req, size_t hl)
 	    spaced_mono_ns() - G.paused_since > SPACED_PAUSE_HOLD_MS * 1000000ull)
 		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_PAUSED};
 	/* the worker lost its control plane: the sandbox may run elsewhere by now */
-	if (d.verdict == SPACED_ALLOW && G.fenced)
+	if (d.verdict == SPACED_ALLOW && fenced_now())
 		d = (struct spaced_decision){SPACED_REFRESH_ROUTE, SPACED_REASON_FENCED};
 	if (d.verdict != SPACED_ALLOW) {
 		refuse(c, d);
@@ -1497,7 +1519,7 @@ static void usage(void)
 	fprintf(stderr, "usage: spaced-netgtw --listen HOST:PORT --port-file PATH (--record PATH | --record-dir DIR)\n"
 	                "                     --keys PATH --guest PATH --launcher-pid PID --launcher-start TICKS\n"
 	                "                     --identity TEXT|- [--launcher-exe PATH] [--guest-owner UID] [--audit PATH]\n"
-	                "                     [--tls-cert FILE --tls-key FILE]\n"
+	                "                     [--tls-cert FILE --tls-key FILE] [--relay-budget BYTES] [--lease-file PATH]\n"
 	                "                     [--vm-pid PID --forward-port N [--vm-start TICKS] [--vm-exe PATH] [--guest-cid N]]\n");
 	exit(2);
 }
@@ -1565,6 +1587,8 @@ int main(int argc, char **argv)
 			G.record_path = v;
 		else if (strcmp(o, "--record-dir") == 0)
 			G.record_dir = v;
+		else if (strcmp(o, "--lease-file") == 0)
+			G.lease_file = v;
 		else if (strcmp(o, "--tls-cert") == 0)
 			tls_cert = v;
 		else if (strcmp(o, "--tls-key") == 0)
@@ -1766,6 +1790,12 @@ int main(int argc, char **argv)
 			last_sweep = t;
 			spaced_ratelimit_flush(G.refusals, spaced_mono_ns(), false);
 			spaced_ratelimit_flush(G.guest_fail_log, spaced_mono_ns(), false);
+			/* the lease ended with no gate to say so: the streams end too */
+			bool was = G.lease_ended;
+			if (fenced_now() && !was && G.lease_ended) {
+				glog("level=warn event=fenced reason=\"the worker's lease ended\"");
+				streams_recheck();
+			}
 		}
 		for (struct conn *c = G.conns, *nx; c; c = nx) {
 			nx = c->next;

@@ -269,10 +269,13 @@ void gate_fence_init(struct mgr *m);
 void gate_fence_tick(struct mgr *m);
 /* Whether requests are refused (REFRESH_ROUTE fenced). */
 bool gate_fenced(const struct mgr *m);
-/* The admin lines {"type":"lease","age_ms":A} and {"type":"unfence",
- * "through":N} (the link's): a result object, or NULL with *err. */
+/* The admin lines {"type":"lease","since_ns":T} and {"type":"unfence",
+ * "through":N} (the link's): a result object ({"fenced","lease_left_ms"}),
+ * or NULL with *err. */
 json_t *gate_fence_admin(struct mgr *m, json_t *msg, const char **err);
 void gate_fence_stop(struct mgr *m);
+/* The fence's clock: CLOCK_BOOTTIME in ns (the link's lease lines use it). */
+uint64_t gate_fence_clock_ns(void);
 
 /* ---- gate_audit.c: the audit log ---- */
 

@@ -806,6 +806,14 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 	case 0: {
 		if (install_parse(m, op) < 0)
 			goto refused;
+		if (gate_fenced(m)) {
+			/* cut off from the control plane: what it sent before or
+			 * during the cut (replayed now) may be stale — the sandbox
+			 * may run elsewhere by now; nothing starts or wakes until
+			 * the fence lifts (refused: nothing was started) */
+			fail(o, "fenced", "the worker lost its control plane; nothing starts here until it is back");
+			goto refused;
+		}
 		cur = mgr_rec_find(m, op->id.sandbox);
 		uint64_t gone = 0;
 		if (!cur && mgr_store_gone_generation(mgr_store_of(m), op->id.sandbox, &gone) == 0 &&
@@ -1104,6 +1112,10 @@ static void run_pause_thaw(struct mgr *m, struct ctl_op *op)
 		}
 		if (get_identity(op->msg, &op->id, o) < 0)
 			goto refused;
+		if (!pause && gate_fenced(m)) {
+			fail(o, "fenced", "the worker lost its control plane; nothing wakes here until it is back");
+			goto refused;
+		}
 		const struct mgr_rec *cur = mgr_rec_find(m, op->id.sandbox);
 		if (!cur) {
 			fail(o, "unknown-sandbox", "no record of %s", op->id.sandbox);

@@ -21,10 +21,12 @@
  */
 #include "gate.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -34,28 +36,53 @@ static bool fence_on(const struct mgr *m)
 	return m->cfg->fence_after_s > 0;
 }
 
-static void lease_path(const struct mgr *m, char *p, size_t n)
+/* The fence counts in CLOCK_BOOTTIME, as the link does: a host suspended or
+ * a VM paused under the worker does not stop the lease from ending. */
+uint64_t gate_fence_clock_ns(void)
 {
-	snprintf(p, n, "%s/lease", m->cfg->state_dir);
+	struct timespec ts;
+	clock_gettime(CLOCK_BOOTTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void state_path(const struct mgr *m, const char *name, char *p, size_t n)
+{
+	snprintf(p, n, "%s/%s", m->cfg->state_dir, name);
 }
 
 /* The lease's end in wall-clock seconds, kept for a gate started again
- * (written when it moves by a second or more; not synced: after a crash of
- * the host nothing of the executions runs either). */
+ * (written by rename when it moves by a second or more; not synced: after a
+ * crash of the host nothing of the executions runs either). */
 static void lease_write(struct mgr *m, int64_t until)
 {
-	char p[4096], text[32];
+	char p[4096], tmp[4100], text[32];
 	if (until == m->fence.written)
 		return;
-	lease_path(m, p, sizeof p);
-	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return;
+	state_path(m, "lease", p, sizeof p);
+	state_path(m, "lease.tmp", tmp, sizeof tmp);
 	int n = snprintf(text, sizeof text, "%lld\n", (long long)until);
-	if (write(fd, text, (size_t)n) == n)
+	if (spaced_file_replace(tmp, p, text, (size_t)n, 0600, false) == 0)
 		m->fence.written = until;
-	close(fd);
+	else
+		gate_log("level=warn event=lease-unwritable path=%s", p);
 }
+
+/* STATE/fenced exists while the fence holds: a gate started again keeps it
+ * (its executions stay frozen, and it thaws them when the fence lifts). */
+static void fenced_mark(struct mgr *m, bool on)
+{
+	char p[4096];
+	state_path(m, "fenced", p, sizeof p);
+	if (!on) {
+		unlink(p);
+		return;
+	}
+	int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd >= 0)
+		close(fd);
+}
+
+static void fence_now(struct mgr *m, const char *why);
 
 void gate_fence_init(struct mgr *m)
 {
@@ -64,19 +91,28 @@ void gate_fence_init(struct mgr *m)
 		return;
 	char p[4096];
 	long long until = 0;
-	lease_path(m, p, sizeof p);
+	char tail = 0;
+	uint64_t now = gate_fence_clock_ns();
+	state_path(m, "fenced", p, sizeof p);
+	bool was_fenced = access(p, F_OK) == 0;
+	state_path(m, "lease", p, sizeof p);
 	FILE *f = fopen(p, "re");
-	uint64_t now = spaced_mono_ns();
-	if (f != NULL && fscanf(f, "%lld", &until) == 1) {
-		/* the lease a gate before this one held */
-		int64_t left = (int64_t)until - spaced_now();
-		m->fence.deadline_ns = left > 0 ? now + (uint64_t)left * 1000000000ull : 1;
-		gate_log("level=info event=lease-kept seconds_left=%lld", (long long)(left > 0 ? left : 0));
-	} else {
-		m->fence.deadline_ns = now + (uint64_t)m->cfg->fence_after_s * 1000000000ull;
-	}
+	int got = f ? fscanf(f, "%lld%c", &until, &tail) : -1;
 	if (f != NULL)
 		fclose(f);
+	if (f == NULL && errno == ENOENT) {
+		/* the worker's first start with a fence: a lease from now */
+		m->fence.deadline_ns = now + (uint64_t)m->cfg->fence_after_s * 1000000000ull;
+	} else {
+		/* the lease a gate before this one held; unreadable: ended */
+		int64_t left = got == 2 && tail == '\n' ? (int64_t)until - spaced_now() : 0;
+		m->fence.deadline_ns = left > 0 ? now + (uint64_t)left * 1000000000ull : 1;
+		gate_log("level=info event=lease-kept seconds_left=%lld", (long long)(left > 0 ? left : 0));
+	}
+	/* fenced before the loop runs: nothing is admitted, recovered awake or
+	 * unfenced early (an unfence for a fence not yet on would be lost) */
+	if (was_fenced || m->fence.deadline_ns <= now)
+		fence_now(m, was_fenced ? "it was fenced when the gate stopped" : "its lease ended while the gate was stopped");
 }
 
 bool gate_fenced(const struct mgr *m)
@@ -147,24 +183,33 @@ static void publish_all(struct mgr *m)
 			gate_gw_publish(m, &m->recs[i]);
 }
 
+static void fence_now(struct mgr *m, const char *why)
+{
+	m->fence.fenced = true;
+	m->fence.since_ns = gate_fence_clock_ns();
+	m->fence.unfence_through = -1;
+	fenced_mark(m, true);
+	gate_log("level=warn event=fenced reason=\"%s: every execution is frozen and every request refused until the "
+	         "control plane is back\"",
+	         why);
+	gate_streams_cancel_all(m, SPACED_REASON_FENCED);
+	publish_all(m);
+	freeze_running(m);
+}
+
 void gate_fence_tick(struct mgr *m)
 {
 	if (!fence_on(m))
 		return;
-	uint64_t now = spaced_mono_ns();
+	uint64_t now = gate_fence_clock_ns();
 	if (!m->fence.fenced && m->fence.deadline_ns != 0 && now >= m->fence.deadline_ns) {
-		m->fence.fenced = true;
-		m->fence.since_ns = now;
-		m->fence.unfence_through = -1;
-		gate_log("level=warn event=fenced reason=\"no word from the control plane for %d s: every execution is "
-		         "frozen and every request refused until it is back\"",
-		         m->cfg->fence_after_s);
-		gate_streams_cancel_all(m, SPACED_REASON_FENCED);
-		publish_all(m);
+		char why[96];
+		snprintf(why, sizeof why, "no word from the control plane for %d s", m->cfg->fence_after_s);
+		fence_now(m, why);
 	}
 	if (!m->fence.fenced)
 		return;
-	freeze_running(m); /* and any that started since (an install applied before the fence) */
+	freeze_running(m); /* and any a gate started before it fenced finished starting since */
 	/* lifted once the link's channel is back and its replay applied, and a
 	 * lease renewed since (else it would fence again at once) */
 	int64_t through = m->fence.unfence_through;
@@ -183,6 +228,7 @@ void gate_fence_tick(struct mgr *m)
 	frozen_clear(m);
 	m->fence.fenced = false;
 	m->fence.unfence_through = -1;
+	fenced_mark(m, false);
 	publish_all(m);
 }
 
@@ -193,17 +239,20 @@ json_t *gate_fence_admin(struct mgr *m, json_t *msg, const char **err)
 		*err = "this worker has no fence (no --cp, or --fence-after 0)";
 		return NULL;
 	}
+	uint64_t now = gate_fence_clock_ns();
 	if (strcmp(type, "lease") == 0) {
-		json_t *a = json_object_get(msg, "age_ms");
-		if (!json_is_integer(a) || json_integer_value(a) < 0) {
-			*err = "lease wants age_ms, a count of milliseconds";
+		/* since_ns: when the ping the control plane answered was sent, in
+		 * this host's CLOCK_BOOTTIME (the link's): the lease ends
+		 * fence_after from then, however late this line arrives */
+		json_t *a = json_object_get(msg, "since_ns");
+		if (!json_is_integer(a) || json_integer_value(a) <= 0 || (uint64_t)json_integer_value(a) > now) {
+			*err = "lease wants since_ns, a CLOCK_BOOTTIME time not in the future";
 			return NULL;
 		}
-		uint64_t now = spaced_mono_ns(), age = (uint64_t)json_integer_value(a) * 1000000u,
-		         span = (uint64_t)m->cfg->fence_after_s * 1000000000ull;
-		if (age < span && now - age + span > m->fence.deadline_ns) {
-			m->fence.deadline_ns = now - age + span;
-			lease_write(m, spaced_now() + (int64_t)((m->fence.deadline_ns - now) / 1000000000ull));
+		uint64_t until = (uint64_t)json_integer_value(a) + (uint64_t)m->cfg->fence_after_s * 1000000000ull;
+		if (until > now && until > m->fence.deadline_ns) {
+			m->fence.deadline_ns = until;
+			lease_write(m, spaced_now() + (int64_t)((until - now) / 1000000000ull));
 		}
 	} else { /* unfence */
 		json_t *t = json_object_get(msg, "through");
@@ -215,9 +264,7 @@ json_t *gate_fence_admin(struct mgr *m, json_t *msg, const char **err)
 			m->fence.unfence_through = json_integer_value(t);
 	}
 	return json_pack("{s:b,s:I}", "fenced", m->fence.fenced, "lease_left_ms",
-	                 (json_int_t)(m->fence.deadline_ns > spaced_mono_ns()
-	                                      ? (m->fence.deadline_ns - spaced_mono_ns()) / 1000000u
-	                                      : 0));
+	                 (json_int_t)(m->fence.deadline_ns > now ? (m->fence.deadline_ns - now) / 1000000u : 0));
 }
 
 void gate_fence_stop(struct mgr *m)

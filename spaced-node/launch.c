@@ -8,6 +8,7 @@
  *                 [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--disk-bps SIZE]
  *                 [--disk-iops N] [--uid-base N]
  *                 [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]
+ *                 [--lease-file PATH]
  *   spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT
  *   spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]
  *   spaced-launch reap      (kill and remove what launchers killed with SIGKILL left)
@@ -30,6 +31,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "spaced_error.h"
@@ -69,6 +71,12 @@ struct launcher {
 	bool log_capped;
 	bool pooled;    /* started without identity (warm pool) */
 	bool stop;
+	/* --lease-file: the worker's lease (spaced-node's STATE/lease, wall-clock
+	 * seconds); once it has ended the execution is frozen here, whether the
+	 * gate is there to fence or not (lease_check) */
+	const char *lease_file;
+	bool lease_frozen;
+	uint64_t lease_checked;
 	/* CPU use over the last sampling interval (cpu_sample) */
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10; /* percent of one CPU, in tenths */
@@ -108,6 +116,7 @@ static void usage(void)
 	        "                     [--cpus N] [--memory SIZE] [--pids N] [--disk SIZE] [--disk-bps SIZE]\n"
 	        "                     [--disk-iops N] [--uid-base N]\n"
 	        "                     [--uid-lock DIR] [--hostname NAME] [--restore SNAPDIR] [--keep-state] [--service-ports]\n"
+	        "                     [--lease-file PATH]\n"
 	        "       spaced-launch ctl --state DIR PAUSE|THAW|STATUS|USAGE|STOP|SNAPSHOT DIR|IDENTITY TEXT\n"
 	        "       spaced-launch exec --state DIR [--cwd DIR] -- CMD [ARG...]\n"
 	        "       spaced-launch reap\n"
@@ -286,6 +295,37 @@ static void ctl_reply(int fd, const char *text, int pass_fd)
 		memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
 	}
 	(void)sendmsg(fd, &mh, MSG_NOSIGNAL);
+}
+
+/* The worker fences itself when its lease ends (spaced-node gate_fence.c):
+ * its gate freezes every execution. A gate that is not running (stopped,
+ * restarting, crashing) cannot; the launcher then freezes its own execution
+ * once the lease in --lease-file has ended, and leaves it frozen: the gate
+ * thaws it when the fence lifts, after what the control plane sent
+ * meanwhile is applied. Read at most once a second; a missing or unreadable
+ * file says nothing. */
+static void lease_check(struct launcher *L)
+{
+	uint64_t now = spaced_mono_ns();
+	if (!L->lease_file || spaced_sub_identity(L->sub) == NULL || now - L->lease_checked < 1000000000ull)
+		return;
+	L->lease_checked = now;
+	FILE *f = fopen(L->lease_file, "re");
+	long long until = 0;
+	bool read_ok = f != NULL && fscanf(f, "%lld", &until) == 1;
+	if (f != NULL)
+		fclose(f);
+	if (!read_ok || (long long)time(NULL) <= until) {
+		L->lease_frozen = false;
+		return;
+	}
+	if (L->lease_frozen || spaced_sub_paused(L->sub))
+		return;
+	if (spaced_sub_pause(L->sub) == 0) {
+		L->lease_frozen = true;
+		logf_("the worker's lease ended %lld s ago: frozen until its gate lifts the fence",
+		      (long long)time(NULL) - until);
+	}
 }
 
 static void ctl_command(struct launcher *L, int fd, char *cmd)
@@ -469,9 +509,11 @@ static int supervise(struct launcher *L)
 		 * sandbox to report it for: a pooled execution waiting for its claim
 		 * sleeps */
 		bool waiting = L->pooled && spaced_sub_identity(L->sub) == NULL;
-		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : waiting ? -1 : (int)(CPU_SAMPLE_MAX / 1000000u));
+		r = poll(pfd, (nfds_t)n,
+		         L->nhs > 0 ? 100 : waiting ? -1 : L->lease_file ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u));
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
+		lease_check(L);
 		if (pfd[0].revents) {
 			struct signalfd_siginfo si;
 
@@ -639,6 +681,8 @@ static int run(int argc, char **argv)
 			cfg.uid_base = (uint32_t)num_arg(o, v, UINT32_MAX - SPACED_SUB_UID_RANGE);
 		else if (strcmp(o, "--uid-lock") == 0)
 			uid_lock_dir = v;
+		else if (strcmp(o, "--lease-file") == 0)
+			L.lease_file = v;
 		else if (strcmp(o, "--identity") == 0) {
 			if (spaced_identity_decode(&id, v, strlen(v)) < 0) {
 				fprintf(stderr, "spaced-launch: --identity: not a canonical identity\n");

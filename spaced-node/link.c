@@ -502,7 +502,14 @@ static uint64_t contact_ns;
 #define LINK_PING_NS 1000000000ull
 #define LINK_PING_DEAD_NS 4000000000ull
 static bool ping_out, want_ping;
-static uint64_t ping_sent_ns;
+static uint64_t ping_sent_ns, ping_no; /* CLOCK_BOOTTIME (the gate's fence clock); the ping's number, its payload */
+
+static uint64_t boottime_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_BOOTTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 static bool conn_failed;   /* channel loop only: the gate failed on this connection */
 
 static void gitem_push(struct gate_item **head, struct gate_item **tail, struct gate_item *it)
@@ -690,15 +697,17 @@ static void *gate_thread(void *arg)
  * A thread of its own, on an admin connection of its own: the gate may be
  * slow over the messages of the pipeline (a start of 60,000 files), and a
  * lease must not wait behind them. Every 250 ms: once a connection's replay
- * is with the gate, {"type":"unfence","through":N} (once per connection);
- * and at most every second, while a ping was answered since the last one,
- * {"type":"lease","age_ms":A} — A counted from when that ping was sent, never
- * from when its answer came, so the gate's lease never outlasts what the
- * control plane saw (docs/control-messages.md, "Fence"). */
+ * is with the gate, {"type":"unfence","through":N} (again while the gate
+ * answers that it is fenced); and at most every second, while a ping was
+ * answered since the last one, {"type":"lease","since_ns":T} — T when that
+ * ping was sent (CLOCK_BOOTTIME, the gate's clock too), never when its answer
+ * came, so the gate's lease never outlasts what the control plane saw
+ * (docs/control-messages.md, "Fence"). */
 static int lease_fd = -1;
 
-/* One line to the gate on the lease connection and its answer line read
- * (dropped); 0 or -1 (the connection is closed, opened again next time). */
+/* One line to the gate on the lease connection and its answer line read;
+ * 0, 1 when the answer says the gate is fenced, or -1 (the connection is
+ * closed, opened again next time). */
 static int lease_ask(const char *line)
 {
 	if (lease_fd < 0) {
@@ -727,7 +736,7 @@ static int lease_ask(const char *line)
 			goto fail;
 		got += (size_t)r;
 	}
-	return 0;
+	return memmem(ans, got, "\"fenced\":true", 14) != NULL ? 1 : 0;
 fail:
 	if (lease_fd >= 0)
 		close(lease_fd);
@@ -739,24 +748,29 @@ static void *lease_thread(void *arg)
 {
 	(void)arg;
 	uint64_t unfenced_conn = 0, leased_contact = 0, leased_at = 0;
+	bool gate_fenced = false;
 	char line[96];
 	while (!stop) {
 		usleep(250000);
 		uint64_t c = __atomic_load_n(&synced_conn, __ATOMIC_ACQUIRE);
-		if (c != 0 && c == __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE) && c != unfenced_conn) {
+		if (c != 0 && c == __atomic_load_n(&conn_no, __ATOMIC_ACQUIRE) && (c != unfenced_conn || gate_fenced)) {
 			snprintf(line, sizeof line, "{\"type\":\"unfence\",\"through\":%lld}\n",
 			         (long long)__atomic_load_n(&synced_through, __ATOMIC_ACQUIRE));
-			if (lease_ask(line) == 0)
+			int a = lease_ask(line);
+			if (a >= 0) {
 				unfenced_conn = c;
+				gate_fenced = a == 1;
+			}
 		}
-		uint64_t contact = __atomic_load_n(&contact_ns, __ATOMIC_ACQUIRE), now = spaced_mono_ns();
+		uint64_t contact = __atomic_load_n(&contact_ns, __ATOMIC_ACQUIRE), now = boottime_ns();
 		if (contact == 0 || contact == leased_contact || now - leased_at < 1000000000ull)
 			continue;
-		snprintf(line, sizeof line, "{\"type\":\"lease\",\"age_ms\":%llu}\n",
-		         (unsigned long long)((now - contact) / 1000000u));
-		if (lease_ask(line) == 0) {
+		snprintf(line, sizeof line, "{\"type\":\"lease\",\"since_ns\":%llu}\n", (unsigned long long)contact);
+		int a = lease_ask(line);
+		if (a >= 0) {
 			leased_contact = contact;
 			leased_at = now;
+			gate_fenced = a == 1;
 		}
 	}
 	return NULL;
@@ -854,7 +868,8 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		return qe;
 	}
 	case LWS_CALLBACK_CLIENT_RECEIVE_PONG:
-		if (ping_out) {
+		/* the answer to the ping out now, never a late one of an earlier ping */
+		if (ping_out && len == sizeof ping_no && memcmp(in, &ping_no, sizeof ping_no) == 0) {
 			ping_out = false;
 			__atomic_store_n(&contact_ns, ping_sent_ns, __ATOMIC_RELEASE);
 		}
@@ -865,13 +880,14 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 			return -1; /* the control plane replays what is unacknowledged after the next hello */
 		}
 		if (want_ping) {
-			unsigned char pb[LWS_PRE + 4];
-			memcpy(pb + LWS_PRE, "spcd", 4);
+			unsigned char pb[LWS_PRE + sizeof ping_no];
 			want_ping = false;
-			if (lws_write(wsi, pb + LWS_PRE, 4, LWS_WRITE_PING) < 4)
+			ping_no++;
+			memcpy(pb + LWS_PRE, &ping_no, sizeof ping_no);
+			ping_sent_ns = boottime_ns(); /* before it leaves: the lease never counts from later */
+			if (lws_write(wsi, pb + LWS_PRE, sizeof ping_no, LWS_WRITE_PING) < (int)sizeof ping_no)
 				return -1;
 			ping_out = true;
-			ping_sent_ns = spaced_mono_ns();
 			if (q_head)
 				lws_callback_on_writable(wsi);
 			return 0;
@@ -921,7 +937,7 @@ static void tick(lws_sorted_usec_list_t *s)
 {
 	/* the fence's lease: pings on a connection whose replay is with the gate */
 	if (conn != NULL && C->fence_after_s > 0 && __atomic_load_n(&synced_conn, __ATOMIC_ACQUIRE) == conn_no) {
-		uint64_t now = spaced_mono_ns();
+		uint64_t now = boottime_ns();
 		if (ping_out && now - ping_sent_ns > LINK_PING_DEAD_NS) {
 			llog("the control plane answered no ping for 4 s; reconnecting");
 			ping_out = false;

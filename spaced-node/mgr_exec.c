@@ -841,6 +841,13 @@ static int start_gateway_in(const struct mgr_config *cfg, const struct mgr_rec *
 		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
 			argv[n++] = more[i];
 	}
+	char lease[4200];
+	if (cfg->fence_after_s > 0) {
+		/* the worker's lease: the gateway keeps the fence without the gate */
+		snprintf(lease, sizeof lease, "%s/lease", cfg->state_dir);
+		argv[n++] = "--lease-file";
+		argv[n++] = lease;
+	}
 	char budget[24];
 	if (cfg->gateway_memory) {
 		snprintf(budget, sizeof budget, "%llu", (unsigned long long)cfg->gateway_memory);
@@ -898,7 +905,7 @@ int mgr_gateway_start(const struct mgr_config *cfg, const struct mgr_rec *rec, c
 struct launch_argv {
 	const char *argv[32];
 	size_t n;
-	char cpus[16], mem[24], pids[24], disk[24], disk_bps[24], disk_iops[24], uid[16];
+	char cpus[16], mem[24], pids[24], disk[24], disk_bps[24], disk_iops[24], uid[16], lease[4200];
 };
 
 static void launch_argv_build(const struct mgr_config *cfg, const struct mgr_rec *rec, const char *e_dir,
@@ -956,6 +963,13 @@ static void launch_argv_build(const struct mgr_config *cfg, const struct mgr_rec
 	if (cfg->uid_lock_dir) {
 		a[n++] = "--uid-lock";
 		a[n++] = cfg->uid_lock_dir;
+	}
+	if (cfg->fence_after_s > 0) {
+		/* the worker's lease: the launcher freezes its execution once it
+		 * ended with no gate to do so */
+		snprintf(l->lease, sizeof l->lease, "%s/lease", cfg->state_dir);
+		a[n++] = "--lease-file";
+		a[n++] = l->lease;
 	}
 	a[n] = NULL;
 	l->n = n;

@@ -11,7 +11,10 @@
 #  - the control plane counts worker-2 fenced 20 + 5 s after it last saw it: B then resumes on worker-1
 #    from its last snapshot, and C's delete completes (it no longer counts against the quota);
 #  - the link runs again: worker-2 applies what it missed (B's deactivate, the destroys) before it lifts
-#    its fence; A thaws and answers, and each sandbox runs once in all.
+#    its fence; A thaws and answers, and each sandbox runs once in all;
+#  - with its gate stopped too (SIGSTOP), the fence holds without it: once the lease the gate kept in
+#    STATE/lease ends, A's launcher freezes it and A's ServicePort gateway refuses on their own; the
+#    gate, back, fences at once and lifts the fence after the link's replay.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -93,5 +96,24 @@ expect "worker-2 applied what it missed: nothing of B or C runs there" "$(runnin
 expect "each sandbox runs once in all: A on worker-2, B on worker-1" \
 	"$(running_on 2 "$A") $(running_on 1 "$A") $(running_on 1 "$B")" "1 0 1"
 grep -E "event=(fenced|unfenced)" "$D/worker-2.log" | sed 's/^/  /'
+
+# ---- the fence holds without the gate: its gate and its link stopped, the worker's lease ends ----
+# (the launcher freezes its execution and the ServicePort gateway refuses on their own, from the
+# lease the gate kept in STATE/lease; before, an execution ran on, and its gateway served, while
+# the gate was down, however long)
+GATE=$(role_pid spaced-gate worker-2)
+LINK=$(role_pid spaced-link worker-2)
+[ -n "$GATE" ] && [ -n "$LINK" ] || fail "worker-2's gate and link processes"
+kill -STOP "$GATE" "$LINK"
+wait_for "the gateway refuses on its own once the lease ended: 409 fenced" sh -c \
+	"[ \"\$(curl -s -m 5 --cacert '$SPACED_CA_FILE' -o '$W/gw2.json' -w '%{http_code}' -H 'Authorization: Bearer $AC' '${URL}index.html') \$(jq -r .reason '$W/gw2.json' 2>/dev/null)\" = '409 fenced' ]"
+wait_for "A's launcher froze it on its own" grep -rqs "lease ended" "$D/worker-2/log" "$D/worker-2/exec"
+kill -CONT "$GATE" "$LINK"
+LINK=""
+wait_for "the gate, back, fences and then lifts the fence" sh -c "[ \"\$(grep -c 'event=unfenced' '$D/worker-2.log')\" -ge 2 ]"
+expect "A answers again" "$("$SC" exec "$A" -- echo back)" back
+"$SC" exec "$A" -- cat /workspace/ticks >"$W/ticks2"
+gap=$(awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { print g + 0 }' "$W/ticks2")
+expect "A's clock loop stopped again (its longest gap: $gap s)" "$([ "$gap" -ge 10 ] && echo yes)" yes
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
