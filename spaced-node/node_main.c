@@ -680,7 +680,8 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, struct
 					k->pause_ms = 100;
 				if (k == &link && WIFEXITED(st) && WEXITSTATUS(st) == LINK_EXIT_FATAL) {
 					fprintf(stderr, "spaced-node: the link to the control plane was refused; it is not started "
-					                "again (the worker serves what it has; see the messages above)\n");
+					                "again (the worker serves what it has until its lease ends and it fences, "
+					                "--fence-after; see the messages above)\n");
 					k->off = true;
 					break;
 				}
