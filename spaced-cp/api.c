@@ -164,7 +164,8 @@ static int worker_upsert(struct cp_store *st, const struct cp_worker_reg *w, con
 			r = cp_push_bundle(st, w->id);
 	} else {
 		r = CP_Q(st, NULL, &ch,
-		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = $5, enroll_key = $6, "
+		         "UPDATE workers SET url = $2, capacity = $3, substrates = $4, last_seen = CASE WHEN last_seen < CAST($5 AS BIGINT) "
+		         "THEN CAST($5 AS BIGINT) ELSE last_seen END, enroll_key = $6, "
 		         "limits = COALESCE($7, limits) WHERE id = $1",
 		         w->id, w->url, cp_i64(cap, w->capacity), w->substrates, cp_i64(now, spaced_now()), key_id, lt);
 	}
@@ -266,7 +267,8 @@ static void worker_heartbeat(struct cp_store *st, struct cp_req *rq, const char 
 		answer(rq, 403, cp_error("forbidden", "a worker key speaks only for its own worker"));
 		return;
 	}
-	int r = CP_Q(st, NULL, &ch, "UPDATE workers SET last_seen = $2 WHERE id = $1", id, cp_i64(now, spaced_now()));
+	int r = CP_Q(st, NULL, &ch, "UPDATE workers SET last_seen = CASE WHEN last_seen < CAST($2 AS BIGINT) THEN CAST($2 AS BIGINT) "
+	                                    "ELSE last_seen END WHERE id = $1", id, cp_i64(now, spaced_now()));
 	if (r < 0)
 		answer(rq, 503, cp_error("store", spaced_strerror(r)));
 	else if (ch == 0)

@@ -28,6 +28,7 @@ struct cp_chan {
 	bool hello;   /* said hello: rows flow */
 	bool closing; /* a close is under way: nothing more is sent */
 	bool synced;  /* {"synced": N} sent: the replay after the hello is over */
+	int64_t hello_t; /* when it said hello (wall seconds): synced waits for a liveness write since */
 	bool fences;  /* its hello said it fences itself (fence_after > 0): it wants {"synced"} */
 	int64_t sent_seq;
 	int64_t replay_to; /* the last seq queued when the hello came */
@@ -38,15 +39,14 @@ struct cp_chan {
 static struct cp *C;
 static struct cp_chan *chans;
 /* The wall-clock second of the last liveness renewal written (cp_chan_tick:
- * a replica that cannot write them closes its channels); while no channel
- * said hello, now. */
+ * a replica that cannot write them closes its channels; chan_synced waits
+ * for one since the hello). Only a write moves it. */
 static int64_t seen_written;
 static uint64_t last_tick_ns, ticks;
 
 void cp_chan_init(struct cp *cp)
 {
 	C = cp;
-	seen_written = spaced_now();
 }
 
 int cp_chan_path(const char *path, char worker[SPACED_NAME_MAX])
@@ -136,9 +136,10 @@ static void chan_unhello(struct cp_chan *ch)
  * order, and written there with its own store handle: the loop never waits
  * for the store's write lock, which a batch of creates holds while the disk
  * syncs (tens of ms on a busy disk) — a loop waiting for it held up every
- * request's answer and every channel. Only the liveness renewals are
- * relaxed (a lease: one lost to a crash makes a worker look gone sooner,
- * never longer); the rest waits for the disk as before. */
+ * request's answer and every channel. Every write waits for the disk, the
+ * liveness renewals too: one lost to a crash would make a worker look gone
+ * sooner than it was, and the control plane counts a worker's fence from
+ * it (docs/control-messages.md, "Fence"). */
 enum cw_kind { CW_SEEN, CW_HELLO, CW_ENDED, CW_CLOSED };
 
 struct cw {
@@ -236,12 +237,7 @@ static void *cw_thread(void *arg)
 			st = NULL;
 			spaced_log("spaced-cp", "level=error event=channel-writes-lost reason=\"the store does not open\"");
 		}
-		bool relaxed = true;
-		for (struct cw *w = batch; w; w = w->next)
-			relaxed = relaxed && w->kind == CW_SEEN;
 		if (st) {
-			if (relaxed)
-				cp_store_relaxed(st, 1);
 			/* one transaction for the batch; each write alone when it cannot begin */
 			bool txn = batch->next && cp_store_begin(st) == 0, seen_ok = true;
 			int64_t seen_t = 0;
@@ -258,8 +254,6 @@ static void *cw_thread(void *arg)
 			}
 			if (seen_ok && seen_t > __atomic_load_n(&seen_written, __ATOMIC_ACQUIRE))
 				__atomic_store_n(&seen_written, seen_t, __ATOMIC_RELEASE);
-			if (relaxed)
-				cp_store_relaxed(st, 0);
 		}
 		for (struct cw *w = batch, *next; w; w = next) {
 			next = w->next;
@@ -362,7 +356,11 @@ static void chan_refuse_large(struct cp_chan *ch, int64_t seq, size_t bytes)
 static void chan_synced(struct cp_chan *ch)
 {
 	char text[48];
-	if (ch->synced || !ch->fences || ch->sent_seq < ch->replay_to)
+	/* only once a liveness renewal written since the hello covers what the
+	 * worker's pings count from now on: a replica whose store takes no
+	 * writes never lets a lease be renewed */
+	if (ch->synced || !ch->fences || ch->sent_seq < ch->replay_to ||
+	    __atomic_load_n(&seen_written, __ATOMIC_ACQUIRE) < ch->hello_t)
 		return;
 	/* the last seq it was sent (one acknowledged here as too-large never is) */
 	int n = snprintf(text, sizeof text, "{\"synced\":%lld}", (long long)ch->applied);
@@ -454,6 +452,7 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	}
 	ch->replay_to = cp_rows_i64(rows, 0, 0, 0);
 	ch->synced = false;
+	ch->hello_t = spaced_now();
 	ch->fences = m->fence_after > 0;
 	ch->applied = m->last_seq;
 	cp_rows_free(rows);
@@ -670,22 +669,20 @@ void cp_chan_tick(void)
 	 * lease, while the other replicas see them gone and may count them
 	 * fenced (docs/control-messages.md, "Fence") */
 	int64_t written = __atomic_load_n(&seen_written, __ATOMIC_ACQUIRE), wall = spaced_now();
-	bool any = false;
-	for (struct cp_chan *ch = chans; ch && !any; ch = ch->next)
-		any = ch->hello && !ch->closing;
-	if (!any) /* nothing to renew: the next channel's time starts now */
-		__atomic_store_n(&seen_written, written = wall, __ATOMIC_RELEASE);
-	bool stalled = judge && wall - written > CP_SEEN_STALL_S;
 	for (struct cp_chan *ch = chans, *next; ch; ch = next) {
 		next = ch->next;
 		if (ch->closing)
 			continue;
-		if (stalled && ch->hello) {
+		/* since its hello or the last write, whichever is later */
+		int64_t since = written > ch->hello_t ? written : ch->hello_t;
+		if (judge && ch->hello && wall - since >= CP_SEEN_STALL_S) {
 			spaced_log("spaced-cp", "level=error event=channel-dropped worker=%s reason=\"liveness not recorded for %lld s\"",
-			           ch->worker, (long long)(wall - written));
+			           ch->worker, (long long)(wall - since));
 			spaced_httpconn_abort(ch->c);
 			continue;
 		}
+		if (ch->hello && !ch->synced)
+			chan_synced(ch); /* once the hello's liveness is written */
 		uint64_t quiet = now - ch->last_rx;
 		if (judge && quiet > CHAN_DEAD_NS) {
 			/* at once, without waiting for a close frame to be written to a

@@ -49,15 +49,14 @@
 /* A worker whose hello says it fences itself after fence_after seconds
  * without the control plane counts as fenced once it is not connected and
  * was last seen more than fence_after + this ago: the second its last_seen
- * is rounded to, the second between liveness renewals, up to
- * CP_SEEN_STALL_S during which a replica that cannot record liveness still
- * answers pings (channel.c), the worker's gate noticing its lease ended (a
- * second), and the replicas' clocks within 3 s of each other (ops.c, "At
- * most one execution"). */
-#define CP_FENCE_MARGIN_S 12
+ * is rounded to, up to CP_SEEN_STALL_S during which a replica that cannot
+ * record liveness still answers pings (channel.c), the worker's gate
+ * noticing its lease ended and freezing (two seconds), and the replicas'
+ * clocks within 5 s of each other (ops.c, "At most one execution"). */
+#define CP_FENCE_MARGIN_S 18
 /* A replica that has written no liveness renewal for this long closes its
  * channels (channel.c cp_chan_tick). */
-#define CP_SEEN_STALL_S 4
+#define CP_SEEN_STALL_S 8
 #define CP_KEY_FAR (INT64_C(10) * 365 * 86400)
 
 struct cp_req;

@@ -997,9 +997,9 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
  * reaches the store a moment after the request that waits for it; its
  * channel may drop and come back meanwhile), looks again every 20 ms for up
  * to wait_ms. */
-static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id, const char *except, int wait_ms,
-                              char who[SPACED_NAME_MAX], bool *live, int64_t *fenced_in, char *skipped,
-                              size_t skipped_sz)
+static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id, const char *except,
+                              const char *except2, int wait_ms, char who[SPACED_NAME_MAX], bool *live,
+                              int64_t *fenced_in, char *skipped, size_t skipped_sz)
 {
 	uint64_t deadline = spaced_mono_ns() + (uint64_t)wait_ms * 1000000u;
 	bool first = true, was_live = false;
@@ -1014,9 +1014,9 @@ static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id
 		             "(SELECT MAX(i.seq) FROM outbox i WHERE i.sandbox = $1 AND i.worker = o.worker "
 		             "AND i.type IN ('install', 'thaw')) "
 		             "FROM outbox o JOIN workers w ON w.id = o.worker "
-		             "WHERE o.sandbox = $1 AND o.acked = 0 AND o.worker <> $2 "
+		             "WHERE o.sandbox = $1 AND o.acked = 0 AND o.worker <> $2 AND o.worker <> $3 "
 		             "GROUP BY o.worker, w.channel_until, w.last_seen, w.fence_after, w.lost ORDER BY o.worker",
-		             id, except ? except : "");
+		             id, except ? except : "", except2 ? except2 : "");
 		if (skipped != NULL && skipped_sz > 0)
 			skipped[0] = 0;
 		int holds = 0;
@@ -1027,9 +1027,10 @@ static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id
 				continue; /* stopped there; only its cleanup is on its way */
 			bool connected = cp_worker_live(w, cp_rows_i64(rows, i, 1, 0), t);
 			int64_t fa = cp_rows_i64(rows, i, 3, 0), fenced_at = cp_rows_i64(rows, i, 2, 0) + fa + CP_FENCE_MARGIN_S;
-			if (cp_rows_i64(rows, i, 4, 0) > 0 || (fa > 0 && !connected && fenced_at < t)) {
-				size_t n = skipped ? strlen(skipped) : 0;
-				if (skipped != NULL && n + strlen(w) + 2 < skipped_sz)
+			size_t n = skipped ? strlen(skipped) : 0;
+			if ((cp_rows_i64(rows, i, 4, 0) > 0 || (fa > 0 && !connected && fenced_at < t)) &&
+			    (skipped == NULL || n + strlen(w) + 2 < skipped_sz)) {
+				if (skipped != NULL) /* else (no room to name it) it holds the start back */
 					snprintf(skipped + n, skipped_sz - n, "%s%s", n ? "," : "", w);
 				continue;
 			}
@@ -1058,13 +1059,14 @@ static int unconfirmed_worker(struct cp *cp, struct cp_store *st, const char *id
 /* 0 when no worker but except may still run an earlier execution of id
  * (skipped, when not NULL: the fenced or lost ones to tell to destroy it);
  * else 409 (or 500) with *body naming the worker. */
-static int earlier_confirmed(struct cp *cp, struct cp_store *st, const char *id, const char *except, char *skipped,
-                             size_t skipped_sz, json_t **body)
+static int earlier_confirmed(struct cp *cp, struct cp_store *st, const char *id, const char *except,
+                             const char *except2, char *skipped, size_t skipped_sz, json_t **body)
 {
 	char who[SPACED_NAME_MAX], m[480], when[96] = "";
 	bool live = false;
 	int64_t fenced_in = -1;
-	int r = unconfirmed_worker(cp, st, id, except, cp->ack_timeout_ms, who, &live, &fenced_in, skipped, skipped_sz);
+	int r = unconfirmed_worker(cp, st, id, except, except2, cp->ack_timeout_ms, who, &live, &fenced_in, skipped,
+	                           skipped_sz);
 	if (r == 0)
 		return 0;
 	if (r < 0) {
@@ -1134,7 +1136,7 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	int r;
 	cp_random_name(act, "act-");
 	char skipped[1024] = "";
-	int waits = same_gen ? 0 : earlier_confirmed(cp, st, id, p->worker, skipped, sizeof skipped, body);
+	int waits = same_gen ? 0 : earlier_confirmed(cp, st, id, p->worker, NULL, skipped, sizeof skipped, body);
 	if (waits != 0)
 		return waits;
 	json_t *spec = install_spec(cp, col(s, C_SPEC), col(s, C_TENANT), p, &snapshot, snapshot_hash, snap_url),
@@ -1538,7 +1540,9 @@ static int start_elsewhere(struct cp *cp, struct cp_store *st, const char *tenan
 	snprintf(tried, sizeof tried, "%s", first);
 	for (int k = 1; k < CP_START_TRIES; k++) {
 		const char *wc = json_string_value(json_object_get(*body, "worker_code"));
-		if (status != 502 || wc == NULL || strcmp(wc, "no-capacity") != 0)
+		/* no room there, or fenced there (just back, its fence not yet
+		 * lifted: docs/control-messages.md "Fence") */
+		if (status != 502 || wc == NULL || (strcmp(wc, "no-capacity") != 0 && strcmp(wc, "fenced") != 0))
 			break;
 		struct sbx s;
 		struct placement p;
@@ -1835,7 +1839,7 @@ static int deleting_finish(struct cp *cp, struct cp_store *st, const char *id, i
 	char who[SPACED_NAME_MAX], now[24];
 	bool live = false;
 	int64_t fenced_in = -1;
-	int r = unconfirmed_worker(cp, st, id, NULL, wait_ms, who, &live, &fenced_in, NULL, 0);
+	int r = unconfirmed_worker(cp, st, id, NULL, NULL, wait_ms, who, &live, &fenced_in, NULL, 0);
 	if (r == 1) {
 		r = CP_Q(st, NULL, NULL, "UPDATE sandboxes SET state = 'deleting' WHERE id = $1 AND deleted = 0", id);
 		if (r == 0 && body != NULL)
@@ -1979,9 +1983,9 @@ static int run_op(struct cp *cp, struct cp_store *st, const char *tenant, const 
 			}
 			if ((status = place_sandbox(st, s, worker, cur, &p, body)) != 0)
 				goto out;
-			/* nothing else may still run it (checked again at the start): a
-			 * move held here leaves the sandbox as it was */
-			if ((status = earlier_confirmed(cp, st, id, worker, NULL, 0, body)) != 0)
+			/* no worker but its source (which gets the deactivate next, in
+			 * order) may still run it: checked again at the start */
+			if ((status = earlier_confirmed(cp, st, id, worker, cur, NULL, 0, body)) != 0)
 				goto out;
 			/* R4/V2: a route handed out just before 'moving' was committed may be
 			 * on its way to the old execution as some client's one retry; while

@@ -108,6 +108,7 @@ static const char indexes[] =
 	"CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes (worker, state, memory_bytes, pids) WHERE deleted = 0;"
 	/* a sandbox's messages (ops.c unconfirmed_worker), and each worker's
 	 * first one not acknowledged (cp_outbox_compact, cp_deleted_sweep) */
+	"DROP INDEX IF EXISTS outbox_unacked;" /* an earlier version's, superseded by outbox_sandbox */
 	"CREATE INDEX IF NOT EXISTS outbox_sandbox ON outbox (sandbox, worker);"
 	"CREATE INDEX IF NOT EXISTS outbox_unacked_seq ON outbox (worker, seq) WHERE acked = 0;"
 	"CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_idem ON sandboxes (tenant, idem_key) WHERE idem_key IS NOT NULL;";

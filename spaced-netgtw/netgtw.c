@@ -223,11 +223,13 @@ static uint64_t now_ms(void)
 /* Whether the worker is fenced: its gate says so in the record, or the lease
  * the gate keeps renewed in --lease-file has ended (the gate stopped, or
  * cut off with it: the gateway keeps the fence on its own). Read at most
- * once a second; a file that is missing or unreadable says nothing. */
+ * once a second while valid, at every call once ended (it is renewed the
+ * moment the gate is back); a file that is missing or unreadable says
+ * nothing. */
 static bool fenced_now(void)
 {
 	uint64_t t = now_ms();
-	if (G.lease_file && (G.lease_read_ms == 0 || t - G.lease_read_ms >= 1000)) {
+	if (G.lease_file && (G.lease_ended || G.lease_read_ms == 0 || t - G.lease_read_ms >= 1000)) {
 		G.lease_read_ms = t;
 		FILE *f = fopen(G.lease_file, "re");
 		long long until = 0;

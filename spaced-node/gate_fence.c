@@ -5,8 +5,9 @@
  * worker that may still run an earlier execution of it has confirmed — or
  * has surely fenced itself (docs/control-plane.md, "At most one
  * execution"). The link renews a lease here while it hears from the control
- * plane ({"type":"lease","age_ms":A}: its last ping answered was sent A ms
- * ago); the lease ends --fence-after seconds after that ping. When it ends,
+ * plane ({"type":"lease","since_ns":T}: its last ping answered was sent at T,
+ * CLOCK_BOOTTIME); the lease ends --fence-after seconds after that send. While
+ * fenced, installs and thaws are refused (gate_ctl.c). When it ends,
  * the gate fences: it freezes every execution its records say runs, cancels
  * every open stream and answers every request it would allow REFRESH_ROUTE
  * `fenced`, and tells the executions' ServicePort gateways (gate_gw.c), which
@@ -15,9 +16,13 @@
  * applied: a deactivate or destroy of what started elsewhere meanwhile comes
  * first; then the executions whose records still say running are thawed.
  *
- * The lease's end is also kept in STATE/lease (wall-clock seconds), so a
- * gate started again while cut off does not count a new lease from its
- * start: it fences when the old one ends (at once when it has).
+ * The lease's end is also kept in STATE/lease (wall-clock seconds) and the
+ * fence in STATE/fenced, so a gate started again while cut off does not count
+ * a new lease from its start: it fences when the old one ends (at once when
+ * it has, or when it was fenced). While the gate is not running, each process
+ * execution's launcher and each ServicePort gateway read STATE/lease and keep
+ * the fence on their own (spaced-launch --lease-file, spaced-netgtw
+ * --lease-file).
  */
 #include "gate.h"
 
@@ -61,10 +66,14 @@ static void lease_write(struct mgr *m, int64_t until)
 	state_path(m, "lease", p, sizeof p);
 	state_path(m, "lease.tmp", tmp, sizeof tmp);
 	int n = snprintf(text, sizeof text, "%lld\n", (long long)until);
-	if (spaced_file_replace(tmp, p, text, (size_t)n, 0600, false) == 0)
+	if (spaced_file_replace(tmp, p, text, (size_t)n, 0600, false) == 0) {
 		m->fence.written = until;
-	else
-		gate_log("level=warn event=lease-unwritable path=%s", p);
+		return;
+	}
+	/* a lease the launchers and gateways cannot read would let them run on
+	 * without the gate: this one ends now */
+	gate_log("level=error event=lease-unwritable path=%s", p);
+	m->fence.deadline_ns = 1;
 }
 
 /* STATE/fenced exists while the fence holds: a gate started again keeps it
@@ -84,12 +93,25 @@ static void fenced_mark(struct mgr *m, bool on)
 
 static void fence_now(struct mgr *m, const char *why);
 
+static bool freeze(struct mgr *m, const struct mgr_rec *rec, bool on);
+
 void gate_fence_init(struct mgr *m)
 {
 	m->fence.unfence_through = -1;
-	if (!fence_on(m))
-		return;
 	char p[4096];
+	if (!fence_on(m)) {
+		/* no fence (any more): what one left is lifted — its files go, and
+		 * the executions a fence froze (their records say running) thaw */
+		state_path(m, "fenced", p, sizeof p);
+		bool was = access(p, F_OK) == 0;
+		unlink(p);
+		state_path(m, "lease", p, sizeof p);
+		unlink(p);
+		for (size_t i = 0; was && i < m->nrecs; i++)
+			if (m->recs[i].r.active && strcmp(m->recs[i].state, MGR_ST_RUNNING) == 0 && mgr_exec_alive(&m->recs[i]))
+				freeze(m, &m->recs[i], false);
+		return;
+	}
 	long long until = 0;
 	char tail = 0;
 	uint64_t now = gate_fence_clock_ns();
@@ -101,8 +123,10 @@ void gate_fence_init(struct mgr *m)
 	if (f != NULL)
 		fclose(f);
 	if (f == NULL && errno == ENOENT) {
-		/* the worker's first start with a fence: a lease from now */
+		/* the worker's first start with a fence: a lease from now, kept
+		 * (a gate started again before its first renewal gets no more) */
 		m->fence.deadline_ns = now + (uint64_t)m->cfg->fence_after_s * 1000000000ull;
+		lease_write(m, spaced_now() + m->cfg->fence_after_s);
 	} else {
 		/* the lease a gate before this one held; unreadable: ended */
 		int64_t left = got == 2 && tail == '\n' ? (int64_t)until - spaced_now() : 0;

@@ -300,10 +300,13 @@ static void ctl_reply(int fd, const char *text, int pass_fd)
 /* The worker fences itself when its lease ends (spaced-node gate_fence.c):
  * its gate freezes every execution. A gate that is not running (stopped,
  * restarting, crashing) cannot; the launcher then freezes its own execution
- * once the lease in --lease-file has ended, and leaves it frozen: the gate
- * thaws it when the fence lifts, after what the control plane sent
- * meanwhile is applied. Read at most once a second; a missing or unreadable
- * file says nothing. */
+ * once the lease in --lease-file has ended. It thaws what it froze itself
+ * only when the lease is valid again (or gone: the fence turned off) and the
+ * gate is not fenced (no STATE/fenced beside the lease): a renewal can come
+ * in the second between the launcher's freeze and the gate's deadline, and
+ * the gate, never fenced, would never thaw it. Otherwise the gate thaws it
+ * when the fence lifts, after what the control plane sent meanwhile is
+ * applied. Read at most once a second. */
 static void lease_check(struct launcher *L)
 {
 	uint64_t now = spaced_mono_ns();
@@ -312,13 +315,21 @@ static void lease_check(struct launcher *L)
 	L->lease_checked = now;
 	FILE *f = fopen(L->lease_file, "re");
 	long long until = 0;
-	bool read_ok = f != NULL && fscanf(f, "%lld", &until) == 1;
+	bool gone = f == NULL && errno == ENOENT, read_ok = f != NULL && fscanf(f, "%lld", &until) == 1;
 	if (f != NULL)
 		fclose(f);
-	if (!read_ok || (long long)time(NULL) <= until) {
-		L->lease_frozen = false;
+	if (gone || (read_ok && (long long)time(NULL) <= until)) {
+		char fenced[PATH_MAX];
+		const char *slash = strrchr(L->lease_file, '/');
+		snprintf(fenced, sizeof fenced, "%.*sfenced", slash ? (int)(slash - L->lease_file + 1) : 0, L->lease_file);
+		if (L->lease_frozen && access(fenced, F_OK) != 0 && spaced_sub_paused(L->sub) && spaced_sub_thaw(L->sub) == 0)
+			logf_("the worker's lease is valid again and its gate is not fenced: thawed");
+		if (access(fenced, F_OK) != 0)
+			L->lease_frozen = false;
 		return;
 	}
+	if (!read_ok)
+		return; /* unreadable: says nothing (the gate, when it runs, fences on its own) */
 	if (L->lease_frozen || spaced_sub_paused(L->sub))
 		return;
 	if (spaced_sub_pause(L->sub) == 0) {
@@ -334,6 +345,8 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 	const struct spaced_pidref *init = spaced_sub_init(L->sub);
 	int r;
 
+	if (strcmp(cmd, "PAUSE") == 0 || strcmp(cmd, "THAW") == 0)
+		L->lease_frozen = false; /* the gate decides again: the launcher thaws nothing it did not freeze last */
 	if (strcmp(cmd, "PAUSE") == 0) {
 		r = spaced_sub_pause(L->sub);
 		snprintf(reply, sizeof(reply), r == 0 ? "OK" : "ERR pause: %s", spaced_strerror(r));

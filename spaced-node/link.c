@@ -736,7 +736,8 @@ static int lease_ask(const char *line)
 			goto fail;
 		got += (size_t)r;
 	}
-	return memmem(ans, got, "\"fenced\":true", 14) != NULL ? 1 : 0;
+	static const char fenced_true[] = "\"fenced\":true";
+	return memmem(ans, got, fenced_true, sizeof fenced_true - 1) != NULL ? 1 : 0;
 fail:
 	if (lease_fd >= 0)
 		close(lease_fd);

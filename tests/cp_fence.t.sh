@@ -8,7 +8,7 @@
 #  - 20 s after its last answered ping worker-2 fences: a request its capability allows gets
 #    REFRESH_ROUTE `fenced`, at node-api and at A's ServicePort gateway, and its executions are frozen
 #    (A's clock loop writes nothing meanwhile);
-#  - the control plane counts worker-2 fenced 20 + 12 s after it last saw it: B then resumes on worker-1
+#  - the control plane counts worker-2 fenced 20 + 18 s after it last saw it: B then resumes on worker-1
 #    from its last snapshot, and C's delete completes (it no longer counts against the quota);
 #  - the link runs again: worker-2 applies what it missed (B's deactivate, the destroys) before it lifts
 #    its fence; A thaws and answers, and each sandbox runs once in all;

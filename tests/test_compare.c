@@ -292,7 +292,7 @@ Test(compare, names)
 		"ok", "expired", "not-yet-valid", "bad-signature", "unknown-key", "malformed", "wrong-purpose",
 		"wrong-port", "wrong-protocol", "unknown-sandbox", "other-sandbox", "older-generation",
 		"newer-generation", "other-worker", "other-substrate", "other-activation", "other-pod", "deactivated",
-		"paused",
+		"paused", "fenced",
 	};
 	for (int r = 0; r < SPACED_REASON__COUNT; r++) {
 		cr_assert_not_null(want[r]);
