@@ -14,7 +14,9 @@
 #    its fence; A thaws and answers, and each sandbox runs once in all;
 #  - with its gate stopped too (SIGSTOP), the fence holds without it: once the lease the gate kept in
 #    STATE/lease ends, A's launcher freezes it and A's ServicePort gateway refuses on their own; the
-#    gate, back, fences at once and lifts the fence after the link's replay.
+#    gate, back, fences at once and lifts the fence after the link's replay;
+#  - only the gate held (SIGSTOP) past its lease while the link stays connected: the gate fences when
+#    it runs again, and lifts the fence when the link asks again.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -115,5 +117,19 @@ expect "A answers again" "$("$SC" exec "$A" -- echo back)" back
 "$SC" exec "$A" -- cat /workspace/ticks >"$W/ticks2"
 gap=$(awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { print g + 0 }' "$W/ticks2")
 expect "A's clock loop stopped again (its longest gap: $gap s)" "$([ "$gap" -ge 10 ] && echo yes)" yes
+
+# ---- only the gate held past its lease, the link connected all along ----
+# (the gate fences when it runs again; the link, whose channel never dropped, asks again to unfence
+# while the gate answers that it is fenced: before, it asked once per connection and the worker stayed
+# fenced for good, live to the control plane)
+GATE=$(role_pid spaced-gate worker-2)
+fences=$(grep -c 'event=fenced' "$D/worker-2.log")
+unfences=$(grep -c 'event=unfenced' "$D/worker-2.log")
+kill -STOP "$GATE"
+sleep 22
+kill -CONT "$GATE"
+wait_for "the gate fences once it runs again" sh -c "[ \"\$(grep -c 'event=fenced' '$D/worker-2.log')\" -gt $fences ]"
+wait_for "and lifts the fence on the link's asking again" sh -c "[ \"\$(grep -c 'event=unfenced' '$D/worker-2.log')\" -gt $unfences ]"
+expect "A answers" "$("$SC" exec "$A" -- echo again)" again
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
