@@ -2467,24 +2467,41 @@ void cp_reap(struct cp *cp, struct cp_store *st)
 
 #define COMPACT_BATCH 20000 /* outbox rows compacted per worker and sweep at most */
 
+/* A row per worker: its id, its highest acknowledged seq, how far the sweep
+ * named by done_col (a column of workers) got, and its first seq not
+ * acknowledged. acked_prefix_next: row i's range to sweep next, (*from,
+ * returned], within the prefix it acknowledged (below its first message not
+ * acknowledged), at most batch rows. */
+static int acked_prefixes(struct cp_store *st, const char *done_col, struct cp_rows **out)
+{
+	char sql[256];
+	snprintf(sql, sizeof sql,
+	         "SELECT k.id, k.acked_seq, k.%s, (SELECT MIN(u.seq) FROM outbox u WHERE u.worker = k.id "
+	         "AND u.acked = 0) FROM workers k",
+	         done_col);
+	return CP_Q0(st, out, NULL, sql);
+}
+
+static int64_t acked_prefix_next(struct cp_rows *w, int i, int64_t batch, int64_t *from)
+{
+	int64_t upto = cp_rows_i64(w, i, 1, 0), unacked = cp_rows_i64(w, i, 3, INT64_MAX);
+	*from = cp_rows_i64(w, i, 2, 0);
+	if (unacked != INT64_MAX && unacked - 1 < upto)
+		upto = unacked - 1;
+	return upto > *from + batch ? *from + batch : upto;
+}
+
 long cp_outbox_compact(struct cp *cp, struct cp_store *st)
 {
 	struct cp_rows *w = NULL;
 	long rows = 0;
 	(void)cp;
-	if (CP_Q0(st, &w, NULL,
-	          "SELECT k.id, k.acked_seq, k.outbox_compacted_to, (SELECT MIN(u.seq) FROM outbox u WHERE u.worker = k.id "
-	          "AND u.acked = 0) FROM workers k") < 0)
+	if (acked_prefixes(st, "outbox_compacted_to", &w) < 0)
 		return 0;
 	for (int i = 0; i < w->nrows; i++) {
 		const char *wid = cp_rows_get(w, i, 0);
-		int64_t upto = cp_rows_i64(w, i, 1, 0), from = cp_rows_i64(w, i, 2, 0),
-		        unacked = cp_rows_i64(w, i, 3, INT64_MAX);
-		/* the prefix it acknowledged (cp.h: sent again, a stub changes nothing) */
-		if (unacked != INT64_MAX && unacked - 1 < upto)
-			upto = unacked - 1;
-		if (upto > from + COMPACT_BATCH)
-			upto = from + COMPACT_BATCH;
+		int64_t from, upto = acked_prefix_next(w, i, COMPACT_BATCH, &from);
+		/* (cp.h: a stub sent again changes nothing) */
 		if (wid == NULL || upto <= from || cp_store_begin(st) < 0)
 			continue;
 		long k = 0;
@@ -2536,17 +2553,10 @@ int cp_deleted_sweep(struct cp *cp, struct cp_store *st)
 	 * rows per worker and sweep (a store that kept months catches up) */
 	struct cp_rows *w = NULL;
 	long rows = 0;
-	if (CP_Q0(st, &w, NULL,
-	          "SELECT k.id, k.acked_seq, k.outbox_pruned_to, (SELECT MIN(u.seq) FROM outbox u WHERE u.worker = k.id "
-	          "AND u.acked = 0) FROM workers k") == 0) {
+	if (acked_prefixes(st, "outbox_pruned_to", &w) == 0) {
 		for (int i = 0; i < w->nrows; i++) {
 			const char *wid = cp_rows_get(w, i, 0);
-			int64_t upto = cp_rows_i64(w, i, 1, 0), from = cp_rows_i64(w, i, 2, 0),
-			        unacked = cp_rows_i64(w, i, 3, INT64_MAX);
-			if (unacked != INT64_MAX && unacked - 1 < upto)
-				upto = unacked - 1;
-			if (upto > from + OUTBOX_BATCH)
-				upto = from + OUTBOX_BATCH;
+			int64_t from, upto = acked_prefix_next(w, i, OUTBOX_BATCH, &from);
 			struct cp_rows *mx = NULL;
 			char ub[24], fb[24];
 			int64_t to = 0;

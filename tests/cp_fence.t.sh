@@ -31,11 +31,6 @@ if ! "$SC" dev up --workers 2 --dir "$D" --pool 0 --fence-after 20 >"$W/up.out" 
 	echo "FAIL: dev up"; exit 1
 fi
 . "$D/env"
-# the executions of sandbox S worker N runs (records whose execution is live)
-running_on() { # running_on N S
-	"$SC" node status --admin "$D/worker-$1/admin.sock" 2>/dev/null |
-		jq -r --arg s "$2" '[.result.records[] | select(.identity.sandbox == $s and (.state // "") != "ended" and (.state // "") != "deactivated" and .state != "destroyed" and .pid > 0)] | length'
-}
 LINK=$(role_pid spaced-link worker-2)
 [ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
 expect "worker-2 says in its hello that it fences after 20 s" \

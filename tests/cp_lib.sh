@@ -148,6 +148,13 @@ role_pid() {
 	done
 }
 
+# running_on N S — how many executions of sandbox S worker-N of the dev cluster in $D runs (records
+# whose execution is live: not ended, deactivated or destroyed, with a process)
+running_on() {
+	"$SPACED_BUILD/spacectl/spacectl" node status --admin "$D/worker-$1/admin.sock" 2>/dev/null |
+		jq -r --arg s "$2" '[.result.records[] | select(.identity.sandbox == $s and (.state // "") != "ended" and (.state // "") != "deactivated" and (.state // "") != "destroyed" and .pid > 0)] | length'
+}
+
 # cluster_up [DEV UP OPTIONS...] — a cluster of one worker in $D, its env loaded, a second tenant
 # made (as_victim runs spacectl as it); the suite ends when it does not start
 cluster_up() {

@@ -30,11 +30,6 @@ if ! "$SC" dev up --workers 2 --dir "$D" --pool 0 >"$W/up.out" 2>"$W/up.err"; th
 	echo "FAIL: dev up"; exit 1
 fi
 . "$D/env"
-# the executions of sandbox S each worker runs (records whose execution is live)
-running_on() { # running_on N S
-	"$SC" node status --admin "$D/worker-$1/admin.sock" 2>/dev/null |
-		jq -r --arg s "$2" '[.result.records[] | select(.identity.sandbox == $s and (.state // "") != "ended" and (.state // "") != "deactivated" and .pid > 0)] | length'
-}
 LINK=$(role_pid spaced-link worker-2)
 [ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
 
