@@ -142,15 +142,18 @@ class Connection:
 
     # ---- the control plane ----
 
-    def cp(self, method, path, body=None, ok=(200, 201, 202)):
-        """One control-plane call. Returns (status, document). Raises
-        ControlPlaneError (NotFoundError for 404 no such sandbox) for a status not
-        in ok, TransportError when the control plane cannot be reached."""
+    def cp(self, method, path, body=None, ok=(200, 201, 202), headers=None):
+        """One control-plane call (headers: more request headers). Returns
+        (status, document). Raises ControlPlaneError (NotFoundError for 404 no
+        such sandbox) for a status not in ok, TransportError when the control
+        plane cannot be reached."""
         data = json.dumps(body).encode() if body is not None else (b"{}" if method == "POST" else b"")
+        hdrs = {"Authorization": "Bearer " + self.api_key, "Accept": "application/json",
+                "Content-Type": "application/json"}
+        hdrs.update(headers or {})
         try:
-            a = _http.exchange(self.cp_pool, self.cp_url, method, path,
-                               {"Authorization": "Bearer " + self.api_key, "Accept": "application/json",
-                                "Content-Type": "application/json"}, data, timeout=120.0, answer_max=64 << 20)
+            a = _http.exchange(self.cp_pool, self.cp_url, method, path, hdrs, data, timeout=120.0,
+                               answer_max=64 << 20)
         except _http.ExchangeError as e:
             raise TransportError("control plane: %s" % e, reason=str(e)) from None
         try:

@@ -23,7 +23,8 @@ from . import _http
 from ._client import Connection, Request, raise_for
 from ._routes import Route
 from ._stream import EXEC, TARGET_MAX, TERM, WATCH, StreamRunner, command_query
-from .errors import (ControlPlaneError, FileNotFoundInSandbox, NotSupportedError, OperationError, SpacedError)
+from .errors import (ControlPlaneError, FileNotFoundInSandbox, NotSupportedError, OperationError, SpacedError,
+                     TransportError)
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B?)?\s*$", re.I)
 
@@ -590,8 +591,13 @@ class Sandbox:
     @classmethod
     def create(cls, template=None, envs=None, metadata=None, cpus=None, memory=None, pids=None, disk=None,
                network=None, allow_out=None, deny_out=None, worker=None, substrate=None, timeout=None,
-               idle_timeout=None, restart=None, cp_url=None, api_key=None, connection=None):
+               idle_timeout=None, restart=None, idempotency_key=None, cp_url=None, api_key=None, connection=None):
         """Creates a sandbox and returns it running.
+
+        idempotency_key (1-64 of [A-Za-z0-9._:-]) names this create: the control
+        plane answers a create with a key it has seen with the sandbox that one
+        made, so a create whose answer was lost (TransportError) is sent once
+        more with the same key and makes no second sandbox.
 
         memory and disk take bytes or a size ('512M'); timeout is its lifetime in
         seconds (deleted after), idle_timeout the seconds without activity
@@ -627,8 +633,14 @@ class Sandbox:
         if restart is not None:
             body["restart"] = str(restart)
             extras.append("restart")
+        headers = {"Idempotency-Key": str(idempotency_key)} if idempotency_key is not None else None
         try:
-            _, doc = conn.cp("POST", "/v1/sandboxes", body)
+            try:
+                _, doc = conn.cp("POST", "/v1/sandboxes", body, headers=headers)
+            except TransportError:
+                if headers is None:
+                    raise
+                _, doc = conn.cp("POST", "/v1/sandboxes", body, headers=headers)  # the same key: no second one
         except ControlPlaneError as e:
             if e.status == 400 and any("'%s'" % k in str(e) for k in extras):
                 raise _unsupported("Sandbox.create(%s)" % ", ".join(extras), e) from None

@@ -54,6 +54,7 @@ class Fake(http.server.ThreadingHTTPServer):
         self.route_calls = 0
         self.worker_calls = []
         self.cp_calls = []
+        self.cp_headers = []
         self.worker = None
         self.cp_answer = None
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -88,6 +89,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             status, headers, out = srv.worker(self.command, self.path[2:], body)
             return self._send(status, out, headers)
         srv.cp_calls.append((self.command, self.path, body))
+        srv.cp_headers.append({k.lower(): v for k, v in self.headers.items()})
         if self.path.endswith("/route") and self.command == "POST":
             srv.route_calls += 1
             if srv.route_errors:
@@ -97,6 +99,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._send(200, r)
         if srv.cp_answer is not None:
             st, doc = srv.cp_answer(self.command, self.path, body)
+            if st is None:  # the answer lost: the connection ends without one
+                self.close_connection = True
+                return None
             return self._send(st, doc)
         return self._send(404, {"error": "not-found", "message": "no such endpoint"})
 
@@ -294,6 +299,28 @@ class RouteRules(unittest.TestCase):
         with self.assertRaises(spaced.ControlPlaneError) as cm:
             self.sbx.files.read("/a")
         self.assertEqual(cm.exception.status, 409)
+
+    def test_create_with_an_idempotency_key_is_sent_again_once_when_its_answer_is_lost(self):
+        posts = []
+
+        def cp(method, path, body):
+            if path == "/v1/sandboxes" and method == "POST":
+                posts.append(1)
+                if len(posts) == 1:
+                    return None, None  # made, and the answer lost
+                return 200, {"id": SBX, "state": "running", "generation": 1, "route": ident(1)}
+            return 404, {"error": "not-found", "message": "no such endpoint"}
+        self.f.cp_answer = cp
+        s = spaced.Sandbox.create(idempotency_key="job-7", connection=self.conn)
+        self.assertEqual(s.id, SBX)
+        keys = [h.get("idempotency-key") for (m, p, _), h in zip(self.f.cp_calls, self.f.cp_headers)
+                if m == "POST" and p == "/v1/sandboxes"]
+        self.assertEqual(keys, ["job-7", "job-7"])
+        # without a key a lost answer is the caller's to handle: never sent twice
+        posts.clear()
+        with self.assertRaises(spaced.TransportError):
+            spaced.Sandbox.create(connection=self.conn)
+        self.assertEqual(len(posts), 1)
 
     def test_unsupported_create_settings_are_reported_not_faked(self):
         def cp(method, path, body):

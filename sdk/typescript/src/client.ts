@@ -190,6 +190,7 @@ export class Connection {
     path: string,
     body?: unknown,
     ok: number[] = [200, 201, 202],
+    headers: Record<string, string> = {},
   ): Promise<[number, Record<string, any>]> {
     const data = body !== undefined ? Buffer.from(JSON.stringify(body)) : Buffer.from(method === "POST" ? "{}" : "");
     let a;
@@ -199,7 +200,12 @@ export class Connection {
         this.cpUrl,
         method,
         path,
-        { Authorization: `Bearer ${this.apiKey}`, Accept: "application/json", "Content-Type": "application/json" },
+        {
+          Authorization: `Bearer ${this.apiKey}`,
+          Accept: "application/json",
+          "Content-Type": "application/json",
+          ...headers,
+        },
         data,
         120_000,
         64 << 20,

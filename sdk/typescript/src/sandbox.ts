@@ -16,7 +16,7 @@ import { Readable } from "node:stream";
 import { StringDecoder } from "node:string_decoder";
 
 import { Connection, ConnectionOptions, Request, isNoEndpoint } from "./client";
-import { ControlPlaneError, FileNotFoundInSandbox, NotSupportedError, SpacedError } from "./errors";
+import { ControlPlaneError, FileNotFoundInSandbox, NotSupportedError, SpacedError, TransportError } from "./errors";
 import { BodySource, quote, readableSource } from "./http";
 import { Route } from "./routes";
 import { StreamRunner, TARGET_MAX, commandQuery } from "./stream";
@@ -592,6 +592,12 @@ export interface CreateOpts extends ConnectOpts {
   idleTimeout?: number;
   /** "on-failure": when its execution ends, the control plane resumes it (a new generation), at most 5 times in 10 minutes */
   restart?: "never" | "on-failure";
+  /**
+   * 1-64 of [A-Za-z0-9._:-]: names this create. The control plane answers a create with a key it has
+   * seen with the sandbox that one made, so a create whose answer was lost (TransportError) is sent
+   * once more with the same key and makes no second sandbox.
+   */
+  idempotencyKey?: string;
 }
 
 /** A sandbox. Make one with Sandbox.create() or Sandbox.connect(id). */
@@ -656,8 +662,15 @@ export class Sandbox {
       extras.push("restart");
     }
     let doc: Record<string, any>;
+    const headers: Record<string, string> =
+      opts.idempotencyKey !== undefined ? { "Idempotency-Key": opts.idempotencyKey } : {};
     try {
-      [, doc] = await conn.cp("POST", "/v1/sandboxes", body);
+      try {
+        [, doc] = await conn.cp("POST", "/v1/sandboxes", body, undefined, headers);
+      } catch (e) {
+        if (!(e instanceof TransportError) || opts.idempotencyKey === undefined) throw e;
+        [, doc] = await conn.cp("POST", "/v1/sandboxes", body, undefined, headers); // the same key: no second one
+      }
     } catch (e) {
       if (e instanceof ControlPlaneError && e.status === 400 && extras.some((k) => e.message.includes(`'${k}'`))) {
         throw new NotSupportedError(`Sandbox.create(${extras.join(", ")}): the control plane does not support it (${e.message})`);

@@ -45,8 +45,9 @@ class Fake {
   routeErrors: [number, object][] = [];
   routeCalls = 0;
   workerCalls: { method: string; path: string; auth: string }[] = [];
-  cpCalls: { method: string; path: string; body: string }[] = [];
+  cpCalls: { method: string; path: string; body: string; key: string }[] = [];
   worker: WorkerFn = () => [500, [], "no worker"];
+  /** status 0: the answer is lost (the connection ends without one) */
   cpAnswer?: (method: string, path: string, body: string) => [number, object];
 
   async start(): Promise<void> {
@@ -70,7 +71,7 @@ class Fake {
           send(st, out, h);
           return;
         }
-        this.cpCalls.push({ method: req.method!, path: url, body });
+        this.cpCalls.push({ method: req.method!, path: url, body, key: String(req.headers["idempotency-key"] ?? "") });
         if (url.endsWith("/route") && req.method === "POST") {
           this.routeCalls++;
           const e = this.routeErrors.shift();
@@ -80,6 +81,7 @@ class Fake {
         }
         if (this.cpAnswer) {
           const [st, doc] = this.cpAnswer(req.method!, url, body);
+          if (st === 0) return req.socket.destroy();
           return send(st, doc);
         }
         send(404, { error: "not-found", message: "no such endpoint" });
@@ -257,6 +259,27 @@ describe("route rules", () => {
     conn.cache.remove(conn.cacheScope, SBX);
     f.routeErrors = [[409, { error: "not-running", state: "paused", message: "paused" }]];
     await assert.rejects(sbx.files.read("/a"), (e: unknown) => e instanceof ControlPlaneError && e.status === 409);
+  });
+
+  it("sends a create with an idempotency key once more when its answer is lost, and only then", async () => {
+    let posts = 0;
+    f.cpAnswer = (method, path) => {
+      if (path === "/v1/sandboxes" && method === "POST") {
+        posts++;
+        if (posts === 1) return [0, {}]; // made, and the answer lost
+        return [200, { id: SBX, state: "running", generation: 1, route: ident(1) }];
+      }
+      return [404, { error: "not-found", message: "no such endpoint" }];
+    };
+    const s = await Sandbox.create({ idempotencyKey: "job-7", connection: conn });
+    assert.equal(s.id, SBX);
+    assert.deepEqual(
+      f.cpCalls.filter((c) => c.method === "POST" && c.path === "/v1/sandboxes").map((c) => c.key),
+      ["job-7", "job-7"],
+    );
+    posts = 0;
+    await assert.rejects(Sandbox.create({ connection: conn }), TransportError);
+    assert.equal(posts, 1);
   });
 
   it("reports what the platform does not support instead of faking it", async () => {
