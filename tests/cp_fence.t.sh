@@ -1,5 +1,5 @@
 #!/bin/sh
-# A worker cut off from the control plane fences itself (spaced-node/gate_fence.c; docs/control-plane.md,
+# I2, R4, R5: a worker cut off from the control plane fences itself (spaced-node/gate_fence.c; docs/control-plane.md,
 # "At most one execution"; docs/control-messages.md, "Fence"): on a real two-worker cluster (`spacectl
 # dev up --fence-after 20`, process substrate), worker-2's link is stopped (SIGSTOP) — its node-api and
 # its executions keep running, as on a worker whose network to the control plane is cut:
@@ -26,11 +26,7 @@ D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
 LINK=""
 trap '[ -n "$LINK" ] && kill -CONT "$LINK" 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-if ! "$SC" dev up --workers 2 --dir "$D" --pool 0 --fence-after 20 >"$W/up.out" 2>"$W/up.err"; then
-	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
-	echo "FAIL: dev up"; exit 1
-fi
-. "$D/env"
+dev_up --workers 2 --pool 0 --fence-after 20
 LINK=$(role_pid spaced-link worker-2)
 [ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
 expect "worker-2 says in its hello that it fences after 20 s" \

@@ -158,12 +158,16 @@ running_on() {
 # cluster_up [DEV UP OPTIONS...] — a cluster of one worker in $D, its env loaded, a second tenant
 # made (as_victim runs spacectl as it); the suite ends when it does not start
 cluster_up() {
-	if ! "$SC" dev up --workers 1 --dir "$D" --plaintext "$@" >"$W/up.out" 2>"$W/up.err"; then
+	dev_up --workers 1 --plaintext "$@"
+	VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
+}
+# dev_up [DEV UP OPTIONS...] — `spacectl dev up` in $D, its env loaded; the suite ends when it does not start
+dev_up() {
+	if ! "$SPACED_BUILD/spacectl/spacectl" dev up --dir "$D" "$@" >"$W/up.out" 2>"$W/up.err"; then
 		cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
 		echo "FAIL: dev up $*"; exit 1
 	fi
 	. "$D/env"
-	VICTIM=$("$CP" admin --state "$D/cp" create-tenant victim 2>/dev/null)
 }
 as_victim() { SPACED_API_KEY=$VICTIM SPACED_ROUTE_CACHE="$W/victim-routes" "$SC" "$@"; }
 

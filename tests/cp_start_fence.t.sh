@@ -1,5 +1,5 @@
 #!/bin/sh
-# A start the worker did not acknowledge in time is called off (spaced-cp/ops.c start_called_off;
+# I2: a start the worker did not acknowledge in time is called off (spaced-cp/ops.c start_called_off;
 # docs/control-plane.md): on a real two-worker cluster (`spacectl dev up`, process substrate),
 # worker-2's link is stopped (SIGSTOP) while a move of a sandbox to it is on its way:
 #  - the move answers 504 and the sandbox is 'failed' (a resume starts a new generation, I2), its
@@ -25,11 +25,7 @@ D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
 LINK=""
 trap '[ -n "$LINK" ] && kill -CONT "$LINK" 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-if ! "$SC" dev up --workers 2 --dir "$D" --pool 0 >"$W/up.out" 2>"$W/up.err"; then
-	cat "$W/up.err"; tail -n 20 "$D"/*.log 2>/dev/null
-	echo "FAIL: dev up"; exit 1
-fi
-. "$D/env"
+dev_up --workers 2 --pool 0
 LINK=$(role_pid spaced-link worker-2)
 [ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
 
