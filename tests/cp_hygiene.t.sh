@@ -1,5 +1,6 @@
 #!/bin/sh
 # run-tests: light, about 23 s
+# run-tests: sanitized (malformed HTTP against the control plane)
 # HTTP hygiene of the control plane (issue 12, items 3 and 5): every attack
 # that libwebsockets let through is sent on raw sockets (tests/cp_hygiene.py)
 # to a real spaced-cp and answered with its exact status, the connection

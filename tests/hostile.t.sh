@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: sanitized (hostile clients and guests against node-api, the gate and the guest)
 # A hostile client against a real worker (`spacectl dev up`, process substrate; issue 12): slow
 # readers of large files, big JSON answers left unread, exec bodies left unfinished, slowloris from
 # other addresses, malformed HTTP and WebSocket input, a guest that stops answering, and a flood of
