@@ -4,6 +4,8 @@
  * A tenant only ever sees its own sandboxes: another tenant's sandbox and a
  * missing one get the same 404 body.
  */
+#include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include "cp.h"
 #include "spaced_error.h"
 #include "identity.h"
+#include "ratelimit.h"
 
 json_t *cp_sandbox_list(struct cp_store *st, const char *tenant);
 
@@ -31,6 +34,37 @@ static void answer(struct cp_req *rq, int status, json_t *body)
 static void bad_request(struct cp_req *rq, const char *why)
 {
 	answer(rq, 400, cp_error("bad-request", why));
+}
+
+/* Whether tenant's rate of what ("create": a sandbox; "network": a policy
+ * update) lets it have one more now (cp.h CP_CREATE_RATE); when not, answers
+ * rq 429 rate-limited with Retry-After. A token bucket per tenant and kind,
+ * CP_CREATE_BURST_S seconds' worth deep, kept for the last 4096 seen (one
+ * not among them starts full). */
+static bool rate_allows(const struct cp *cp, struct cp_req *rq, const char *tenant, const char *what)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static struct spaced_ratelimit *buckets;
+	char key[SPACED_CALLER_KEY_MAX], m[200];
+	if (cp->create_rate == 0)
+		return true;
+	/* no colon: a caller key is read as address:port (ratelimit.h); a
+	 * tenant ID is "ten-" and 16 hex digits */
+	snprintf(key, sizeof key, "%.7s/%.55s", what, tenant);
+	pthread_mutex_lock(&mu);
+	if (buckets == NULL)
+		buckets = spaced_ratelimit_new(cp->create_rate, cp->create_rate * CP_CREATE_BURST_S, UINT_MAX, UINT_MAX,
+		                               4096);
+	bool ok = buckets == NULL || spaced_ratelimit_take(buckets, key, what, spaced_mono_ns());
+	pthread_mutex_unlock(&mu);
+	if (ok)
+		return true;
+	snprintf(m, sizeof m, "this tenant makes at most %u %s a second (%u at once); try again in a second",
+	         cp->create_rate, strcmp(what, "create") == 0 ? "creates" : "network policy updates",
+	         cp->create_rate * CP_CREATE_BURST_S);
+	rq->retry_after = 1;
+	answer(rq, 429, json_pack("{s:s,s:s,s:i}", "error", "rate-limited", "message", m, "retry_after", 1));
+	return false;
 }
 
 /* Splits "/v1/a/b/c" into up to n segments; returns the count or -1 (empty
@@ -444,6 +478,8 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			bad_request(rq, err);
 			return;
 		}
+		if (!rate_allows(cp, rq, tenant, "create"))
+			return;
 		memcpy(c.idem_key, rq->idem_key, sizeof c.idem_key);
 		int status = cp_op_create(cp, st, tenant, &c, &out);
 		answer(rq, status, out);
@@ -506,6 +542,10 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			if (net == NULL || cp_parse_network(body, blen, net, err, sizeof err) < 0) {
 				free(net);
 				bad_request(rq, net ? err : "out of memory");
+				return;
+			}
+			if (!rate_allows(cp, rq, tenant, "network")) {
+				free(net);
 				return;
 			}
 			int status = cp_op_network(cp, st, tenant, id, net, &out);

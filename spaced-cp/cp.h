@@ -40,6 +40,15 @@
 #define CP_RECENT_ROUTES 1024 /* slots of the recent-route table */
 #define CP_OP_LEASE 120   /* default seconds a lifecycle operation holds its sandbox */
 #define CP_SNAPSHOT_GRACE 600 /* default seconds a snapshot archive no sandbox names is kept */
+/* Creates a tenant may make: CP_CREATE_RATE a second (--create-rate), up to
+ * CP_CREATE_BURST_S seconds' worth at once, and as many network policy
+ * updates; past it 429 rate-limited with Retry-After. Each create starts an
+ * execution on a worker and leaves rows kept --retain-deleted after its
+ * delete, each policy update a control message: a tenant doing either in a
+ * loop would otherwise take the workers' CPU and grow the store without
+ * end. Counted per replica (N replicas: N times the rate in all). */
+#define CP_CREATE_RATE 20
+#define CP_CREATE_BURST_S 10
 /* Liveness (channel.c): a worker is live while its control channel is open
  * on some replica. That replica writes workers.channel_until = now +
  * CP_CHAN_UNTIL_S (seconds) every second and 0 as soon as the channel
@@ -94,6 +103,7 @@ struct cp {
 	                               * and a build step's tree after its last use (cp_build_cache_sweep) */
 	uint64_t build_cache_max;     /* bytes of build steps' trees no template or sandbox names */
 	int64_t retain_deleted;       /* seconds a deleted sandbox's rows are kept (0: forever) */
+	unsigned create_rate;         /* creates (and policy updates) a second per tenant (0: no bound) */
 	struct spaced_rootfs_limits template_limits;
 
 	/* signer */
@@ -151,6 +161,7 @@ struct cp_req {
 	bool idem_bad;                /* it sent one that is not 1-64 of [A-Za-z0-9._:-] */
 	struct spaced_buf body;
 	int status;
+	int retry_after; /* > 0: a Retry-After header of that many seconds */
 	char *resp; /* body of the answer: JSON, or the metrics text (CP_JOB_METRICS) */
 };
 

@@ -7,7 +7,7 @@
  *             [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]
  *             [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *             [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]
- *             [--build-cache SIZE] [--retain-deleted S]
+ *             [--build-cache SIZE] [--retain-deleted S] [--create-rate N]
  *             (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
  *   spaced-cp admin --state DIR [--db URL] create-tenant NAME
  *   spaced-cp admin --state DIR [--db URL] create-api-key TENANT_NAME
@@ -52,7 +52,7 @@ static const char usage[] =
 	"                 [--head-timeout MS] [--max-conns N] [--max-conns-per-ip N]\n"
 	"                 [--store-listen HOST:PORT] [--template-max SIZE] [--snapshot-max SIZE] [--snapshot-grace S]\n"
 	"                 [--snapshot-timeout MS]\n"
-	"                 [--build-cache SIZE] [--retain-deleted S]\n"
+	"                 [--build-cache SIZE] [--retain-deleted S] [--create-rate N]\n"
 	"                 (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
 	"       spaced-cp admin --state DIR [--db URL] create-tenant NAME | create-api-key TENANT_NAME |\n"
 	"                 create-join-token WORKER_ID [TTL_SECONDS] | revoke-worker WORKER_ID |\n"
@@ -305,13 +305,15 @@ int main(int argc, char **argv)
 		{"snapshot-timeout", required_argument, NULL, 9},
 		{"build-cache", required_argument, NULL, 7},
 		{"retain-deleted", required_argument, NULL, 8},
+		{"create-rate", required_argument, NULL, 10},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
 	/* tenants' default quotas: 50 sandboxes, 32 GiB of memory limits, 200 GiB of disk limits */
 	struct cp cp = {.ack_timeout_ms = 10000, .snapshot_timeout_ms = 100000, .nthreads = 8, .signer_fd = -1, .port = -1, .op_lease = CP_OP_LEASE,
 	                 .move_drain_ms = CP_MOVE_DRAIN_MS, .quota_default = {50, 32ll << 30, 200ll << 30, 50ll << 30, 32768},
 	                 .head_timeout_ms = 10000, .max_conns = 4096, .max_conns_per_ip = 256,
-	                 .snapshot_grace = CP_SNAPSHOT_GRACE, .retain_deleted = 7 * 86400};
+	                 .snapshot_grace = CP_SNAPSHOT_GRACE, .retain_deleted = 7 * 86400,
+	                 .create_rate = CP_CREATE_RATE};
 	const char *listen = NULL, *metrics_listen = NULL;
 	char dbbuf[1200], cfg_err[256];
 	const char *store_listen = NULL;
@@ -392,6 +394,17 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			cp.retain_deleted = d;
+			break;
+		}
+		case 10: {
+			char *end;
+			long n = strtol(optarg, &end, 10);
+			if (*end || end == optarg || n < 0 || n > 100000) {
+				fprintf(stderr, "spaced-cp: --create-rate wants creates a second per tenant (0: no bound; at "
+				                "most 100000)\n");
+				return 2;
+			}
+			cp.create_rate = (unsigned)n;
 			break;
 		}
 		case 7:

@@ -362,8 +362,10 @@ static void reply(struct spaced_httpconn *c, int status, const char *json)
 /* An answer that came back from a request thread, with its request id. */
 static void reply_rq(struct spaced_httpconn *c, const struct cp_req *rq)
 {
-	char hdr[160];
-	snprintf(hdr, sizeof hdr, "cache-control: no-store\r\nx-request-id: %s\r\n", rq->request_id);
+	char hdr[200], ra[40] = "";
+	if (rq->retry_after > 0)
+		snprintf(ra, sizeof ra, "retry-after: %d\r\n", rq->retry_after);
+	snprintf(hdr, sizeof hdr, "cache-control: no-store\r\nx-request-id: %s\r\n%s", rq->request_id, ra);
 	const char *body = rq->resp ? rq->resp : "";
 	spaced_httpconn_reply(c, rq->status,
 	                      rq->kind == CP_JOB_METRICS ? "text/plain; version=0.0.4; charset=utf-8" : "application/json",
