@@ -34,6 +34,10 @@ log = logging.getLogger("spaced")
 ALLOW, REFRESH_ROUTE, DENY, TRANSPORT, UNVERIFIED = "ALLOW", "REFRESH_ROUTE", "DENY", "TRANSPORT", "UNVERIFIED"
 
 
+# times a control-plane call refused for its tenant's rate (429 rate-limited) is sent again
+RATE_RETRIES = 3
+
+
 class Request:
     """One operation on a sandbox's worker.
 
@@ -146,20 +150,30 @@ class Connection:
         """One control-plane call (headers: more request headers). Returns
         (status, document). Raises ControlPlaneError (NotFoundError for 404 no
         such sandbox) for a status not in ok, TransportError when the control
-        plane cannot be reached."""
+        plane cannot be reached. A call refused for its tenant's rate (429
+        rate-limited: nothing was done) is sent again after the retry_after it
+        names (at most 5 s), up to RATE_RETRIES times, unless no_retry."""
         data = json.dumps(body).encode() if body is not None else (b"{}" if method == "POST" else b"")
         hdrs = {"Authorization": "Bearer " + self.api_key, "Accept": "application/json",
                 "Content-Type": "application/json"}
         hdrs.update(headers or {})
-        try:
-            a = _http.exchange(self.cp_pool, self.cp_url, method, path, hdrs, data, timeout=120.0,
-                               answer_max=64 << 20)
-        except _http.ExchangeError as e:
-            raise TransportError("control plane: %s" % e, reason=str(e)) from None
-        try:
-            doc = json.loads(a.body.decode("utf-8")) if a.body else {}
-        except (UnicodeDecodeError, ValueError):
-            doc = {}
+        for attempt in range(RATE_RETRIES + 1):
+            try:
+                a = _http.exchange(self.cp_pool, self.cp_url, method, path, hdrs, data, timeout=120.0,
+                                   answer_max=64 << 20)
+            except _http.ExchangeError as e:
+                raise TransportError("control plane: %s" % e, reason=str(e)) from None
+            try:
+                doc = json.loads(a.body.decode("utf-8")) if a.body else {}
+            except (UnicodeDecodeError, ValueError):
+                doc = {}
+            limited = a.status == 429 and isinstance(doc, dict) and doc.get("error") == "rate-limited"
+            if not limited or self.no_retry or attempt == RATE_RETRIES:
+                break
+            wait = doc.get("retry_after")
+            wait = min(max(float(wait), 0.05), 5.0) if isinstance(wait, (int, float)) else 1.0
+            self.emit(event="rate-limited", method=method, path=path, retry_after=wait)
+            time.sleep(wait)
         if a.status not in ok:
             raise cp_error(method, path, a.status, doc)
         return a.status, doc

@@ -322,6 +322,35 @@ class RouteRules(unittest.TestCase):
             spaced.Sandbox.create(connection=self.conn)
         self.assertEqual(len(posts), 1)
 
+    def test_rate_limited_calls_wait_and_are_sent_again_a_bounded_number_of_times(self):
+        posts = []
+
+        def cp(method, path, body):
+            if path == "/v1/sandboxes" and method == "POST":
+                posts.append(1)
+                if len(posts) <= 2:
+                    return 429, {"error": "rate-limited", "message": "slow down", "retry_after": 0}
+                return 201, {"id": SBX, "state": "running", "generation": 1, "route": ident(1)}
+            if path.endswith("/network"):
+                posts.append(1)
+                return 429, {"error": "quota-exceeded", "message": "not a rate"}
+            return 404, {"error": "not-found", "message": "no such endpoint"}
+        self.f.cp_answer = cp
+        self.assertEqual(spaced.Sandbox.create(connection=self.conn).id, SBX)
+        self.assertEqual(len(posts), 3)
+        self.assertEqual([e["event"] for e in self.events].count("rate-limited"), 2)
+        # another 429 is the caller's: not sent again
+        posts.clear()
+        with self.assertRaises(spaced.ControlPlaneError) as cm:
+            self.conn.cp("POST", "/v1/sandboxes/%s/network" % SBX, {"mode": "allow"})
+        self.assertEqual((cm.exception.code, len(posts)), ("quota-exceeded", 1))
+        # always limited: RATE_RETRIES more, then the 429 is raised
+        self.f.cp_answer = lambda m, p, b: (posts.append(1) or 429, {"error": "rate-limited", "retry_after": 0})
+        posts.clear()
+        with self.assertRaises(spaced.ControlPlaneError) as cm:
+            spaced.Sandbox.create(connection=self.conn)
+        self.assertEqual((cm.exception.code, len(posts)), ("rate-limited", 4))
+
     def test_unsupported_create_settings_are_reported_not_faked(self):
         def cp(method, path, body):
             if path == "/v1/sandboxes" and method == "POST":

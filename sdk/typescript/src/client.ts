@@ -74,6 +74,9 @@ export interface CallAnswer {
 }
 
 /** What `spacectl -v` prints, as events. */
+/** times a control-plane call refused for its tenant's rate (429 rate-limited) is sent again */
+export const RATE_RETRIES = 3;
+
 export type SpacedEvent = { event: string; [k: string]: unknown };
 
 export interface ConnectionOptions {
@@ -183,7 +186,10 @@ export class Connection {
   /**
    * One control-plane call: [status, document]. Throws ControlPlaneError
    * (NotFoundError for 404 no such sandbox) for a status not in ok,
-   * TransportError when the control plane cannot be reached.
+   * TransportError when the control plane cannot be reached. A call refused
+   * for its tenant's rate (429 rate-limited: nothing was done) is sent again
+   * after the retry_after it names (at most 5 s), up to RATE_RETRIES times,
+   * unless noRetry.
    */
   async cp(
     method: string,
@@ -191,6 +197,25 @@ export class Connection {
     body?: unknown,
     ok: number[] = [200, 201, 202],
     headers: Record<string, string> = {},
+  ): Promise<[number, Record<string, any>]> {
+    for (let attempt = 0; ; attempt++) {
+      const [status, doc] = await this.cpOnce(method, path, body, headers);
+      const limited = status === 429 && doc.error === "rate-limited";
+      if (!limited || this.noRetry || attempt === RATE_RETRIES) {
+        if (!ok.includes(status)) throw cpError(method, path, status, doc);
+        return [status, doc];
+      }
+      const ra = typeof doc.retry_after === "number" ? Math.min(Math.max(doc.retry_after, 0.05), 5) : 1;
+      this.emit({ event: "rate-limited", method, path, retryAfter: ra });
+      await new Promise((r) => setTimeout(r, ra * 1000));
+    }
+  }
+
+  private async cpOnce(
+    method: string,
+    path: string,
+    body: unknown,
+    headers: Record<string, string>,
   ): Promise<[number, Record<string, any>]> {
     const data = body !== undefined ? Buffer.from(JSON.stringify(body)) : Buffer.from(method === "POST" ? "{}" : "");
     let a;
@@ -221,7 +246,7 @@ export class Connection {
     } catch {
       doc = {};
     }
-    if (!ok.includes(a.status)) throw cpError(method, path, a.status, doc);
+    if (doc === null || typeof doc !== "object") doc = {};
     return [a.status, doc];
   }
 

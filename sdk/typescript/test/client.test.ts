@@ -282,6 +282,36 @@ describe("route rules", () => {
     assert.equal(posts, 1);
   });
 
+  it("waits and sends a rate-limited call again, a bounded number of times, and no other 429", async () => {
+    let posts = 0;
+    f.cpAnswer = (method, path) => {
+      if (path === "/v1/sandboxes" && method === "POST") {
+        posts++;
+        if (posts <= 2) return [429, { error: "rate-limited", message: "slow down", retry_after: 0 }];
+        return [201, { id: SBX, state: "running", generation: 1, route: ident(1) }];
+      }
+      if (path.endsWith("/network")) {
+        posts++;
+        return [429, { error: "quota-exceeded", message: "not a rate" }];
+      }
+      return [404, { error: "not-found", message: "no such endpoint" }];
+    };
+    assert.equal((await Sandbox.create({ connection: conn })).id, SBX);
+    assert.equal(posts, 3);
+    assert.equal(events.filter((e) => e.event === "rate-limited").length, 2);
+    posts = 0;
+    await assert.rejects(conn.cp("POST", `/v1/sandboxes/${SBX}/network`, { mode: "allow" }),
+      (e: unknown) => e instanceof ControlPlaneError && e.code === "quota-exceeded");
+    assert.equal(posts, 1);
+    f.cpAnswer = () => {
+      posts++;
+      return [429, { error: "rate-limited", retry_after: 0 }];
+    };
+    posts = 0;
+    await assert.rejects(Sandbox.create({ connection: conn }), (e: unknown) => e instanceof ControlPlaneError && e.code === "rate-limited");
+    assert.equal(posts, 4);
+  });
+
   it("reports what the platform does not support instead of faking it", async () => {
     f.cpAnswer = (method, path, body) => {
       if (path === "/v1/sandboxes" && method === "POST") {
