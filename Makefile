@@ -60,7 +60,7 @@ conformance: build sdk
 	@SPACED_BUILD=$$(cd $(BUILD) && pwd) SPACED_TOP=$$(pwd) sh tests/conformance.t.sh
 
 # The integration scripts run on the optimized build, where they take about half the time (a
-# spaced-node under ASan starts in four times the CPU): what they check is behaviour. Memory errors
+# dev cluster under ASan starts in five times the CPU): what they check is behaviour. Memory errors
 # are the sanitizers' part: the unit suites, the fuzz targets and the scripts whose header says
 # "# run-tests: sanitized" (hostile input to the daemons) run on the ASan/UBSan build, every
 # script with make check-san.
@@ -73,7 +73,7 @@ check: setup sdk $(BUILD)/build.ninja $(SANBUILD)/build.ninja $(FUZZBUILD)/build
 check-san: setup sdk $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
 	@$(call ninja_quiet,$(SANBUILD))
 	@$(call ninja_quiet,$(FUZZBUILD))
-	@sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
+	@SCRIPT_BUILD= sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
 
 # spaced-cp on a throwaway PostgreSQL server (also part of `make check`)
 check-pg: setup $(SANBUILD)/build.ninja
@@ -85,7 +85,7 @@ check-pg: setup $(SANBUILD)/build.ninja
 # (make check runs the same tests in their short form); skipped with the reason when no VM can boot
 check-vm: setup $(SANBUILD)/build.ninja
 	@$(call ninja_quiet,$(SANBUILD))
-	@SPACED_VM_FULL=1 sh scripts/run-tests.sh $(SANBUILD) "" 'test-vmm' 'vm_*'
+	@SCRIPT_BUILD= SPACED_VM_FULL=1 sh scripts/run-tests.sh $(SANBUILD) "" 'test-vmm' 'vm_*'
 
 demo: build
 	@sh scripts/demo.sh $(BUILD)

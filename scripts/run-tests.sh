@@ -9,8 +9,7 @@
 #   SANBUILD; make check: the optimized build), except those whose header says
 #   "# run-tests: sanitized", which run on SANBUILD always;
 # - fuzz smoke: each target in FUZZBUILD/fuzz for FUZZ_SMOKE_SECONDS (default 2), one test each;
-# the fuzz smoke runs and the scripts marked light run LIGHT_JOBS (3) at a time, beside the
-# Criterion suites, before the others.
+# the fuzz smoke runs and the scripts marked light run LIGHT_JOBS (3) at a time, before the others.
 set -u
 build=$1
 fuzzbuild=${2:-}
@@ -23,40 +22,32 @@ failed=0
 log_dir="$build/test-logs"
 mkdir -p "$log_dir"
 
-# criterion_suites: each Criterion suite, one after the other; what it prints goes to
-# $log_dir/criterion.out, its counts ("passed failed") to $log_dir/criterion.counts
-criterion_suites() {
-	for t in "$build"/tests/test-*; do
-		[ -x "$t" ] || continue
-		case "$(basename "$t")" in $suites) ;; *) continue ;; esac
-		case "$t" in *.p|*.sh) continue ;; esac
-		name=$(basename "$t")
-		log="$log_dir/$name.log"
-		t0=$(date +%s)
-		LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$top/tests/lsan.supp" "$t" --jobs 2 >"$log" 2>&1
-		rc=$?
-		line=$(grep 'Synthesis:' "$log" | tail -n 1)
-		tested=$(echo "$line" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')
-		pass=$(echo "$line" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
-		if [ -z "$tested" ]; then
-			echo "FAIL $name: no Criterion summary (exit $rc)"; tail -n 20 "$log"
-			failed=$((failed + 1)); continue
-		fi
-		bad=$((tested - pass))
-		passed=$((passed + pass)); failed=$((failed + bad))
-		if [ "$bad" -ne 0 ] || [ "$rc" -ne 0 ]; then
-			[ "$bad" -eq 0 ] && failed=$((failed + 1))
-			echo "FAIL $name: $line (exit $rc)"
-			grep -E '^\[----\]|\[FAIL\]|CRASH|ERROR' "$log" | head -n 40
-		else
-			echo "ok   $name: $pass tests ($(($(date +%s) - t0)) s)"
-		fi
-	done
-	echo "$passed $failed" >"$log_dir/criterion.counts"
-}
-rm -f "$log_dir/criterion.counts"
-criterion_suites >"$log_dir/criterion.out" 2>&1 &
-criterion_pid=$!
+for t in "$build"/tests/test-*; do
+	[ -x "$t" ] || continue
+	case "$(basename "$t")" in $suites) ;; *) continue ;; esac
+	case "$t" in *.p|*.sh) continue ;; esac
+	name=$(basename "$t")
+	log="$log_dir/$name.log"
+	t0=$(date +%s)
+	LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$top/tests/lsan.supp" "$t" --jobs 2 >"$log" 2>&1
+	rc=$?
+	line=$(grep 'Synthesis:' "$log" | tail -n 1)
+	tested=$(echo "$line" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')
+	pass=$(echo "$line" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
+	if [ -z "$tested" ]; then
+		echo "FAIL $name: no Criterion summary (exit $rc)"; tail -n 20 "$log"
+		failed=$((failed + 1)); continue
+	fi
+	bad=$((tested - pass))
+	passed=$((passed + pass)); failed=$((failed + bad))
+	if [ "$bad" -ne 0 ] || [ "$rc" -ne 0 ]; then
+		[ "$bad" -eq 0 ] && failed=$((failed + 1))
+		echo "FAIL $name: $line (exit $rc)"
+		grep -E '^\[----\]|\[FAIL\]|CRASH|ERROR' "$log" | head -n 40
+	else
+		echo "ok   $name: $pass tests ($(($(date +%s) - t0)) s)"
+	fi
+done
 
 # run_job NAME: runs one integration script (tests/NAME.t.sh) or, for fuzz-*, one fuzz target's
 # smoke run; its exit code and seconds go to NAME.result, its output to NAME.log
@@ -85,11 +76,10 @@ report() {
 	fi
 }
 
-# Light jobs run LIGHT_JOBS (3) at a time, the longest first, beside the Criterion suites, before
-# the rest: the fuzz smoke runs and each script whose header says "# run-tests: light, about N s" —
-# it starts no worker, cgroup, namespace or dev cluster (the control plane on fake workers, client
-# tools) and holds no timing that another such job beside it could upset. The other scripts run
-# one at a time after them.
+# Light jobs run LIGHT_JOBS (3) at a time, the longest first, before the rest: the fuzz smoke runs
+# and each script whose header says "# run-tests: light, about N s" — it starts no worker, cgroup,
+# namespace or dev cluster (the control plane on fake workers, client tools) and holds no timing
+# that another such job beside it could upset. The other scripts run one at a time after them.
 light=""
 heavy=""
 for s in "$top"/tests/*.t.sh; do
@@ -128,11 +118,6 @@ while [ -n "$running" ]; do
 	sleep 0.2
 	reap_light
 done
-wait "$criterion_pid"
-cat "$log_dir/criterion.out"
-read -r cp cf <"$log_dir/criterion.counts" || { cp=0; cf=1; echo "FAIL the Criterion suites: no counts"; }
-passed=$((passed + cp))
-failed=$((failed + cf))
 for name in $heavy; do
 	run_job "$name"
 	report "$name"

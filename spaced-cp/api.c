@@ -18,6 +18,7 @@
 #include "cp.h"
 #include "spaced_error.h"
 #include "identity.h"
+#include "observe.h"
 #include "ratelimit.h"
 
 json_t *cp_sandbox_list(struct cp_store *st, const char *tenant);
@@ -59,6 +60,7 @@ static bool rate_allows(const struct cp *cp, struct cp_req *rq, const char *tena
 	pthread_mutex_unlock(&mu);
 	if (ok)
 		return true;
+	cp_observe_rate_limited();
 	snprintf(m, sizeof m, "this tenant makes at most %u %s a second (%u at once); try again in a second",
 	         cp->create_rate, strcmp(what, "create") == 0 ? "creates" : "network policy updates",
 	         cp->create_rate * CP_CREATE_BURST_S);
@@ -478,10 +480,16 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			bad_request(rq, err);
 			return;
 		}
+		/* a replay of a create already made makes nothing: never held by the rate */
+		int status = rq->idem_key[0] ? cp_create_replayed(st, tenant, rq->idem_key, &out) : 0;
+		if (status != 0) {
+			answer(rq, status, out);
+			return;
+		}
 		if (!rate_allows(cp, rq, tenant, "create"))
 			return;
 		memcpy(c.idem_key, rq->idem_key, sizeof c.idem_key);
-		int status = cp_op_create(cp, st, tenant, &c, &out);
+		status = cp_op_create(cp, st, tenant, &c, &out);
 		answer(rq, status, out);
 		return;
 	}

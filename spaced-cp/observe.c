@@ -38,7 +38,13 @@ static struct {
 	_Atomic uint64_t count[EP__COUNT];
 	_Atomic uint64_t unauthorized;
 	_Atomic uint64_t audit_suppressed; /* refusals' audit lines held back */
+	_Atomic uint64_t rate_limited;     /* creates and policy updates past their tenant's rate */
 } M;
+
+void cp_observe_rate_limited(void)
+{
+	atomic_fetch_add(&M.rate_limited, 1);
+}
 
 static int audit_fd = -1;
 static pthread_mutex_t audit_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -317,6 +323,10 @@ char *cp_metrics_text(struct cp *cp, struct cp_store *st)
 	PUT("# HELP spaced_cp_audit_suppressed_total Refusals whose audit line was held back (a caller past its rate).\n"
 	    "# TYPE spaced_cp_audit_suppressed_total counter\nspaced_cp_audit_suppressed_total %llu\n",
 	    (unsigned long long)atomic_load(&M.audit_suppressed));
+	PUT("# HELP spaced_cp_rate_limited_total Creates and network policy updates refused (429) for their tenant's "
+	    "rate (--create-rate).\n"
+	    "# TYPE spaced_cp_rate_limited_total counter\nspaced_cp_rate_limited_total %llu\n",
+	    (unsigned long long)atomic_load(&M.rate_limited));
 	struct cp_rows *rows = NULL;
 	PUT("# HELP spaced_cp_sandboxes Sandboxes in the store, by state.\n# TYPE spaced_cp_sandboxes gauge\n");
 	if (CP_Q0(st, &rows, NULL, "SELECT state, COUNT(*) FROM sandboxes WHERE deleted = 0 GROUP BY state") == 0)

@@ -27,6 +27,10 @@ void cp_observe_request(const struct cp_req *rq, const char *tenant, uint64_t ns
  * at exit. */
 void cp_observe_flush(bool all);
 
+/* A create or policy update refused for its tenant's rate (--create-rate):
+ * counted for spaced_cp_rate_limited_total. Any thread. */
+void cp_observe_rate_limited(void);
+
 /* An `spaced-cp admin` command in the audit log: what it did, to whom, its
  * outcome (secrets are never written). */
 void cp_audit_admin(const char *command, const char *subject, int ok);

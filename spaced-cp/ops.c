@@ -1574,7 +1574,7 @@ static int start_elsewhere(struct cp *cp, struct cp_store *st, const char *tenan
  * (tenant, idem_key) makes one of two creates racing with one key fail its
  * insert; that one is answered here too. The body is not compared: the key
  * names the create. */
-static int create_replayed(struct cp_store *st, const char *tenant, const char *key, json_t **body)
+int cp_create_replayed(struct cp_store *st, const char *tenant, const char *key, json_t **body)
 {
 	struct cp_rows *rows = NULL;
 	int status = 0;
@@ -1601,7 +1601,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX];
 	int status;
 	json_t *tmpl = NULL;
-	if ((status = create_replayed(st, tenant, c->idem_key, body)) != 0)
+	if ((status = cp_create_replayed(st, tenant, c->idem_key, body)) != 0)
 		return status;
 	char tmpl_hash[SPACED_TREEHASH_HEX] = "";
 	/* a template is named by the tenant and pinned by its hash: the sandbox
@@ -1646,7 +1646,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	if (status != 0) {
 		*body = j.body;
 		json_t *again = NULL;
-		int st2 = c->idem_key[0] ? create_replayed(st, tenant, c->idem_key, &again) : 0;
+		int st2 = c->idem_key[0] ? cp_create_replayed(st, tenant, c->idem_key, &again) : 0;
 		if (st2 != 0) { /* another create with the key won the race */
 			json_decref(*body);
 			*body = again;

@@ -19,6 +19,7 @@ DESIGN V1-V4 in one place (``Connection.call``), as spacectl's client_call():
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -171,7 +172,8 @@ class Connection:
             if not limited or self.no_retry or attempt == RATE_RETRIES:
                 break
             wait = doc.get("retry_after")
-            wait = min(max(float(wait), 0.05), 5.0) if isinstance(wait, (int, float)) else 1.0
+            ok_wait = isinstance(wait, (int, float)) and not isinstance(wait, bool) and math.isfinite(wait)
+            wait = min(max(float(wait), 0.05), 5.0) if ok_wait else 1.0
             self.emit(event="rate-limited", method=method, path=path, retry_after=wait)
             time.sleep(wait)
         if a.status not in ok:

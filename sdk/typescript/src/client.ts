@@ -73,10 +73,10 @@ export interface CallAnswer {
   workerUrl: string;
 }
 
-/** What `spacectl -v` prints, as events. */
 /** times a control-plane call refused for its tenant's rate (429 rate-limited) is sent again */
 export const RATE_RETRIES = 3;
 
+/** What `spacectl -v` prints, as events. */
 export type SpacedEvent = { event: string; [k: string]: unknown };
 
 export interface ConnectionOptions {
@@ -205,7 +205,7 @@ export class Connection {
         if (!ok.includes(status)) throw cpError(method, path, status, doc);
         return [status, doc];
       }
-      const ra = typeof doc.retry_after === "number" ? Math.min(Math.max(doc.retry_after, 0.05), 5) : 1;
+      const ra = Number.isFinite(doc.retry_after) ? Math.min(Math.max(doc.retry_after, 0.05), 5) : 1;
       this.emit({ event: "rate-limited", method, path, retryAfter: ra });
       await new Promise((r) => setTimeout(r, ra * 1000));
     }
