@@ -108,10 +108,11 @@ wait_for "the gate, back, fences and then lifts the fence" sh -c "[ \"\$(grep -c
 	grep -E 'fence|lease|link|channel' "$D/worker-2.log" | tail -n 30
 expect "A answers again" "$("$SC" exec "$A" -- echo back)" back
 "$SC" exec "$A" -- cat /workspace/ticks >"$W/ticks2"
-# since the stop only (the file holds the first fence's gap too); a tick every 0.2 s: 2 s between
-# two lines is a stop of a second at least
+# since the stop only (the file holds the first fence's gap too): printed, not asserted — the
+# launcher's freeze is asserted by its own log line above, and it lasts only from the lease's end
+# to the gate's unfencing once both run again (under 2 s in some runs)
 gap=$(awk -v from="${ticks_before:-1}" 'NR > from && $1 - p > g { g = $1 - p } { p = $1 } END { print g + 0 }' "$W/ticks2")
-expect "A's clock loop stopped again, by its launcher (its longest gap since: $gap s)" "$([ "$gap" -ge 2 ] && echo yes)" yes
+echo "  A's clock loop, longest gap since the stop: $gap s"
 
 # ---- only the gate held past its lease, the link connected all along ----
 # (the gate fences when it runs again; the link, whose channel never dropped, asks again to unfence
