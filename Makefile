@@ -3,8 +3,9 @@
 #
 #   make            build (build/, optimized, with debug info)
 #   make demo       build and run the tour on the embedded default
-#   make check      build with ASan/UBSan and -Werror, run every test suite: the unit suites, the fuzz
-#                   smoke runs and the scripts marked sanitized on that build, the other scripts on build/
+#   make check      build build/ and, with ASan/UBSan and -Werror, build-san/; run every test suite: the
+#                   unit suites, the fuzz smoke runs and the scripts marked sanitized on build-san/, the
+#                   other scripts on build/
 #   make check-san  the same, every script on the ASan/UBSan build (slower)
 #   make bench-*    benchmarks (build/, optimized)
 #   make fuzz       run every libFuzzer target for FUZZ_SECONDS each
