@@ -58,7 +58,7 @@ static const char usage_dev[] =
 	"                       [--log-format text|json] [--pool N] [--disk-io bps=SIZE,iops=N]\n"
 	"                       [--allocatable memory=SIZE,pids=N] [--net-rate BITS] [--disk-reserve SIZE]\n"
 	"                       [--net-openable CIDR[,CIDR]...] [--net-closed CIDR[,CIDR]...] [--net-conns N]\n"
-	"                       [--cpu-latency-us N] [--fence-after S]\n"
+	"                       [--cpu-latency-us N] [--fence-after S] [--ack-timeout MS]\n"
 	"                       [--request-cpu weight=N,max=CPUS,pin=CPU|last|off] [--plaintext]\n"
 	"       spacectl dev down [--dir DIR]\n"
 	"       spacectl dev certs [--dir DIR] [--workers N]    (only DIR/tls: the CA and certificates up makes)\n"
@@ -841,8 +841,13 @@ static int make_certs(const char *absdir, int nworkers)
 	return 0;
 }
 
+/* --ack-timeout for the control plane (how long a lifecycle call waits for
+ * its worker), or NULL: its default (the qemu substrate's: 180 s) */
+static const char *dev_ack_timeout;
+
 /* The control plane's last options: TLS with the cluster's certificate and
- * the workers' CA (or --plaintext), the log format. Returns the count. */
+ * the workers' CA (or --plaintext), the log format, the ack timeout. Returns
+ * the count. */
 static int cp_args_tail(const char **a, int na, bool plaintext, const char *crt, const char *key, const char *ca,
                         const char *logfmt)
 {
@@ -859,6 +864,10 @@ static int cp_args_tail(const char **a, int na, bool plaintext, const char *crt,
 	if (logfmt) {
 		a[na++] = "--log-format";
 		a[na++] = logfmt;
+	}
+	if (dev_ack_timeout) {
+		a[na++] = "--ack-timeout";
+		a[na++] = dev_ack_timeout;
 	}
 	return na;
 }
@@ -945,7 +954,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 	{
 		/* request threads enough for many lifecycle calls waiting for
 		 * their acks at once (50 concurrent creates) */
-		const char *a[24] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64",
+		const char *a[32] = {cp, "--state", p, "--listen", "127.0.0.1:0", "--threads", "64",
 		                     "--metrics-listen", "127.0.0.1:0"};
 		int na = cp_args_tail(a, cp_qemu_args(a, 9, qemu), plaintext, cp_crt, cp_key, ca_file, logfmt);
 		a[na] = NULL;
@@ -979,7 +988,7 @@ static int dev_up(const char *dir, int nworkers, const char *substrate, const ch
 		char *mp = read_small(mpath);
 		snprintf(mlisten, sizeof mlisten, "127.0.0.1:%s", mp ? mp : "0");
 		free(mp);
-		const char *a[24] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store,
+		const char *a[32] = {cp, "--state", cpdir, "--listen", listen, "--threads", "64", "--store-listen", store,
 		                     "--metrics-listen", mlisten};
 		int na = cp_args_tail(a, cp_qemu_args(a, 11, qemu), plaintext, cp_crt, cp_key, ca_file, logfmt);
 		a[na] = NULL;
@@ -1264,6 +1273,7 @@ int cmd_dev(int argc, char **argv)
 		{"log-format", required_argument, NULL, 'L'},
 		{"plaintext", no_argument, NULL, 'T'},
 		{"fence-after", required_argument, NULL, 'F'},
+		{"ack-timeout", required_argument, NULL, 'N'},
 		{NULL, 0, NULL, 0},
 	};
 	bool plaintext = false;
@@ -1294,6 +1304,16 @@ int cmd_dev(int argc, char **argv)
 		case 'L': logfmt = optarg; break;
 		case 'T': plaintext = true; break;
 		case 'F': dev_fence_after = optarg; break;
+		case 'N': {
+			char *end;
+			long ms = strtol(optarg, &end, 10);
+			if (*end || end == optarg || ms < 100 || ms > 600000) {
+				fprintf(stderr, "spacectl dev up: --ack-timeout wants milliseconds (100 .. 600000)\n");
+				return 2;
+			}
+			dev_ack_timeout = optarg;
+			break;
+		}
 		default: return cli_usage(usage_dev);
 		}
 	}

@@ -26,7 +26,7 @@ D=$W/cluster
 export SPACED_ROUTE_CACHE="$W/routes"
 LINK=""
 trap '[ -n "$LINK" ] && kill -CONT "$LINK" 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; [ -n "${CP_KEEP:-}" ] || rm -rf "$W"' EXIT
-dev_up --workers 2 --pool 0 --fence-after 10
+dev_up --workers 2 --pool 0 --fence-after 10 --ack-timeout 5000
 LINK=$(role_pid spaced-link worker-2)
 [ -n "$LINK" ] || { echo "FAIL: worker-2's link process"; exit 1; }
 expect "worker-2 says in its hello that it fences after 10 s" \
