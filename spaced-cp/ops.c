@@ -1601,8 +1601,8 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	char id[SPACED_NAME_MAX], op[SPACED_NAME_MAX];
 	int status;
 	json_t *tmpl = NULL;
-	if ((status = cp_create_replayed(st, tenant, c->idem_key, body)) != 0)
-		return status;
+	/* a replay of c->idem_key was answered before (api.c: cp_create_replayed,
+	 * ahead of the tenant's rate); one racing this create is answered below */
 	char tmpl_hash[SPACED_TREEHASH_HEX] = "";
 	/* a template is named by the tenant and pinned by its hash: the sandbox
 	 * keeps that tree across pause, resume and move, whatever the name
