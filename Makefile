@@ -74,7 +74,7 @@ check: setup sdk $(BUILD)/build.ninja $(SANBUILD)/build.ninja $(FUZZBUILD)/build
 check-san: setup sdk $(SANBUILD)/build.ninja $(FUZZBUILD)/build.ninja
 	@$(call ninja_quiet,$(SANBUILD))
 	@$(call ninja_quiet,$(FUZZBUILD))
-	@SCRIPT_BUILD= sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
+	@SCRIPT_BUILD= PAIRED_JOBS=1 sh scripts/run-tests.sh $(SANBUILD) $(FUZZBUILD)
 
 # spaced-cp on a throwaway PostgreSQL server (also part of `make check`)
 check-pg: setup $(SANBUILD)/build.ninja

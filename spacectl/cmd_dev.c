@@ -31,6 +31,7 @@
 #include <ftw.h>
 #include <getopt.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -695,7 +696,7 @@ static void keeper_cluster_gone(const char *dir, const char *absdir, int dfd, bo
  * no longer its own (keeper_owns, keeper_cluster_gone): a process started
  * again would make its files anew at the old paths, and hold the uid ranges
  * and egress namespaces of a cluster made there later. */
-static void run_keeper(const char *absdir)
+static void run_keeper(const char *absdir, int ready_fd)
 {
 	signal(SIGTERM, keeper_on_term);
 	signal(SIGINT, keeper_on_term);
@@ -703,6 +704,11 @@ static void run_keeper(const char *absdir)
 	keeper_write_pids(absdir);
 	/* the directory itself, not its name: removed, it has no links left */
 	int dfd = open(absdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	/* dev up returns now: a directory removed from here on is seen as
+	 * removed (before, the keeper's first DIR/pids could land in a
+	 * directory being removed and keep it, its cluster running) */
+	(void)!write(ready_fd, "k", 1);
+	close(ready_fd);
 	long started[DEV_MAX_WORKERS + 1];
 	for (int i = 0; i < nkept; i++)
 		started[i] = now_ms();
@@ -746,15 +752,29 @@ static void run_keeper(const char *absdir)
 	}
 }
 
-/* Starts the keeper (in its own session, logging to DIR/keeper.log);
- * returns its pid or -1. */
+/* Starts the keeper (in its own session, logging to DIR/keeper.log) and
+ * waits (5 s at most) until it has named itself in DIR/pids and holds the
+ * directory; returns its pid or -1. */
 static pid_t start_keeper(const char *absdir)
 {
 	char log[PATH_MAX + 32];
+	int ready[2];
 	snprintf(log, sizeof log, "%s/keeper.log", absdir);
+	if (pipe2(ready, O_CLOEXEC) < 0)
+		return -1;
 	pid_t pid = fork();
-	if (pid != 0)
+	if (pid != 0) {
+		close(ready[1]);
+		if (pid > 0) {
+			struct pollfd p = {.fd = ready[0], .events = POLLIN};
+			char c;
+			if (poll(&p, 1, 5000) != 1 || read(ready[0], &c, 1) != 1)
+				fprintf(stderr, "spacectl: the keeper did not say it runs within 5 s\n");
+		}
+		close(ready[0]);
 		return pid;
+	}
+	close(ready[0]);
 	setsid();
 	int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
 	if (in >= 0)
@@ -763,7 +783,7 @@ static pid_t start_keeper(const char *absdir)
 		dup2(out, 1);
 		dup2(out, 2);
 	}
-	run_keeper(absdir);
+	run_keeper(absdir, ready[1]);
 	_exit(0);
 }
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (caps the executions' parent cgroup every one-worker cluster shares, reads the disk's free space)
 # A worker's capacity (spaced-node --allocatable; DESIGN §5 Resources): what one tenant's sandboxes
 # can take from the host and from the other tenants on a worker, all together.
 #   - Before: every worker accepted `--pids 32768` (its maximum), the whole process table of a host

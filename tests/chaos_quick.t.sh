@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 42 s
 # run-tests: sanitized (moves racing requests: a use after free would show here)
 # The route-chaos soak, short (`make chaos-quick`'s program, run inside make
 # check): a 3-worker dev cluster with the process substrate, 20 sandboxes

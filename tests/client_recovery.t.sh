@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 8 s
 # spacectl's client side against a real cluster started by `spacectl dev up`
 # (spaced-cp + two spaced-node workers, each holding its own control channel):
 # operations pass stdout, stderr and exit status through; after a move a

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 19 s
 # The client conformance suite (issue 16): the same scenarios against spacectl,
 # the Python SDK and the TypeScript SDK on one real `spacectl dev up --workers 2`
 # cluster — files round trip with arbitrary bytes; exec stdout/stderr/exit code

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (exhausts host-wide limits: aio contexts, open files, BPF, UDP memory; sets sysctls)
 # Containment on a real cluster (`spacectl dev up`, process substrate, issue 11): a hostile
 # tenant's sandboxes are held to their memory (TCP buffers too), process and disk limits, each execution runs in
 # a uid range of its own (so per-user kernel counts such as inotify instances are its own), its

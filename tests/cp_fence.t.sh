@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 63 s
 # I2, R4, R5: a worker cut off from the control plane fences itself (spaced-node/gate_fence.c; docs/control-plane.md,
 # "At most one execution"; docs/control-messages.md, "Fence"): on a real two-worker cluster (`spacectl
 # dev up --fence-after 10`, process substrate), worker-2's link is stopped (SIGSTOP) — its node-api and

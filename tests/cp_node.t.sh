@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 7 s
 # The control plane with two real spaced-node workers (development mode, the
 # real spaced-guest), each joined to the control plane itself: a sandbox moves back
 # and forth with every step visible in `spacectl inspect`; capabilities from

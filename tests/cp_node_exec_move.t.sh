@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 5 s
 # A move while an exec stream is open (issue 5 item 8; S1, R3): a control
 # plane and two real spaced-node workers (development mode, the real
 # spaced-guest), each joined to the control plane itself. A long exec (sh -c '... sleep 300') runs

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (a 1.5 s drain window)
 # The move drain window (docs/control-plane.md "Moves"; R4, V2): a route handed
 # out just before a move keeps working until the old execution is deactivated,
 # because the control plane stops issuing routes ('moving') and then waits the

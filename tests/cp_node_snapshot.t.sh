@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 9 s
 # Snapshots travel checked by their hash (issue 5 item 7; docs/control-messages.md
 # "Snapshot hash"): a control plane and two real spaced-node workers
 # (development mode, the real spaced-guest), each, each joined to the control plane itself.

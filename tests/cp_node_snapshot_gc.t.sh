@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 10 s
 # The control plane's store keeps the snapshots sandboxes need, and no others
 # (cp.h cp_snapshots_drop_others, cp_snapshots_sweep): every snapshot is a new
 # archive in the store, so a tenant that snapshots, pauses or moves in a loop,

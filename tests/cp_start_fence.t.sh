@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 24 s
 # I2: a start the worker did not acknowledge in time is called off (spaced-cp/ops.c start_called_off;
 # docs/control-plane.md): on a real two-worker cluster (`spacectl dev up`, process substrate),
 # worker-2's link is stopped (SIGSTOP) while a move of a sandbox to it is on its way:

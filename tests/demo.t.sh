@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 3 s
 # `make demo` as a test: scripts/demo.sh runs the whole tour on a dev cluster
 # and its key lines are checked: every step ran, answers came from the right
 # execution, the stale route was refused with REFRESH_ROUTE and repaired by one

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 9 s
 # The `spacectl dev up` keeper and a cluster directory removed under it. Before, the keeper started
 # the cluster's processes again when they died and recreated their files at the old paths: a
 # cluster whose directory was removed (rm -rf, which also fails on the worker's mounted egress

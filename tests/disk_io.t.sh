@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (reads the blkio rules of every loop device)
 # Disk I/O of a sandbox is bounded (DESIGN §5 Resources: a limit holds everything the execution makes
 # the host do; spaced-node --disk-io). A hostile tenant on a worker started with
 # `--disk-io bps=8M,iops=300` writes directly, writes through the page cache (the kernel's flusher

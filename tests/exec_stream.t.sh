@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 47 s
 # run-tests: sanitized (binary streams of any size through every process of the path)
 # Streamed exec and streamed files (issue 12), on a real cluster started by
 # `spacectl dev up`, from ordinary use and from a hostile tenant's side:

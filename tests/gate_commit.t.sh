@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (a 6 s lock window)
 # The gate's loop never waits for its records' disk (issue 12, item 2: sbx-manager never blocks).
 # Every write of the worker's records — an install with its acknowledgement, a tombstone, the
 # forgetting of old ones — goes to a writer thread of its own (spaced-node/gate_commit.c); the

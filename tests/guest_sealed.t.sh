@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 2 s
 # The guest (PID 1 of every process-substrate sandbox) is out of its tenant's reach: spaced-node
 # runs a copy of it that executions can execute but not read (root's, mode 0511), so the kernel
 # makes it undumpable with its memory owned by the host's user namespace. The sandbox's root

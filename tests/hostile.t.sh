@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (measures the kernel's TCP memory, host-wide)
 # run-tests: sanitized (hostile clients and guests against node-api, the gate and the guest)
 # A hostile client against a real worker (`spacectl dev up`, process substrate; issue 12): slow
 # readers of large files, big JSON answers left unread, exec bodies left unfinished, slowloris from

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 17 s
 # The connections a worker's egress carries (pasta: two open files each, its open-file limit shared
 # by every execution of the worker) are split so that no tenant takes them from another (DESIGN §5
 # Resources). Before, each sandbox could hold 4096 connections and pasta 9872 in all (its 20000
@@ -188,7 +189,7 @@ HP=$!
 BG="$BG $HP"
 expect "a sandbox holds 700 connections" "$(first_line "$W/h.out" | ok_count)" 700
 HA=$("$SC" exec "$H" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
-PH=$(netns_of "$HA")
+PH=$(netns_of "$H" "$HA")
 egress_flows() { nsenter --net="$D/worker-1/net/ns" conntrack -L -s "$1" 2>/dev/null | grep -c ESTABLISHED; }
 if [ -n "$PH" ]; then
 	nsenter --net="/proc/$PH/ns/net" ip link set eth0 down
@@ -209,7 +210,7 @@ else
 fi
 
 for p in spaced-gate spaced-api spaced-executor; do
-	pgrep -x "$p" >/dev/null || fail "$p died"
+	[ -n "$(role_pid "$p")" ] || fail "$p died"
 done
 
 echo "$FAILS failures"

@@ -19,7 +19,17 @@ net_host_up() {
 	NH_NS=spxt$$; NH_IF=spxt$$
 	ip netns add "$NH_NS" || return 1
 	ip link add "$NH_IF" type veth peer name eth0 netns "$NH_NS" || return 1
-	ip addr add "$NH_GW/29" dev "$NH_IF" && ip link set "$NH_IF" up || return 1
+	# a /29 another such host (a test beside this one) took already: another one
+	tries=0
+	until ip addr add "$NH_GW/29" dev "$NH_IF" 2>/dev/null && ! ip -4 -o addr show to "$NH_NET.$fourth/29" | grep -v " $NH_IF " | grep -q .; do
+		ip addr del "$NH_GW/29" dev "$NH_IF" 2>/dev/null
+		tries=$((tries + 1)); [ $tries -lt 20 ] || return 1
+		rnd=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+		third=$((rnd % 256)); fourth=$(( (rnd / 256) % 32 * 8 ))
+		NH_NET=198.19.$third
+		NH_GW=$NH_NET.$((fourth + 1)); NH_A=$NH_NET.$((fourth + 2)); NH_B=$NH_NET.$((fourth + 3)); NH_C=$NH_NET.$((fourth + 5))
+	done
+	ip link set "$NH_IF" up || return 1
 	ip -n "$NH_NS" addr add "$NH_A/29" dev eth0 && ip -n "$NH_NS" addr add "$NH_B/29" dev eth0 &&
 		ip -n "$NH_NS" addr add "$NH_C/29" dev eth0 &&
 		ip -n "$NH_NS" link set eth0 up && ip -n "$NH_NS" link set lo up &&
@@ -44,13 +54,14 @@ net_host_down() {
 	return 0
 }
 
-# netns_of ADDR: a process in the network namespace whose eth0 has ADDR (a sandbox's)
+# netns_of SANDBOX ADDR [WORKER]: a process of sandbox SANDBOX's execution on WORKER (worker-1) of
+# the dev cluster in $D whose network namespace's eth0 has ADDR: a child of the execution's
+# launcher (its record's pid), so never another cluster's sandbox with the same address
 netns_of() {
-	seen=""
-	for p in $(ps -e -o pid=); do
-		n=$(readlink "/proc/$p/ns/net" 2>/dev/null) || continue
-		case " $seen " in *" $n "*) continue ;; esac
-		seen="$seen $n"
-		nsenter --net="/proc/$p/ns/net" ip -4 -o addr show dev eth0 2>/dev/null | grep -q " $1/" && { echo "$p"; return; }
+	lpid=$("$SPACED_BUILD/spacectl/spacectl" node status --admin "$D/${3:-worker-1}/admin.sock" |
+		jq -r --arg s "$1" '.result.records[] | select(.identity.sandbox == $s and .pid > 0) | .pid' | tail -n 1)
+	[ -n "$lpid" ] || return 0
+	for p in $(pgrep -P "$lpid"); do
+		nsenter --net="/proc/$p/ns/net" ip -4 -o addr show dev eth0 2>/dev/null | grep -q " $2/" && { echo "$p"; return; }
 	done
 }

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 9 s
 # Each sandbox's network path out is held to the worker's --net-rate, each way apart (DESIGN §5
 # Resources: a limit holds everything the execution makes the host do). Before, one sandbox sent
 # and received as fast as the worker's egress carried, taking it from every other sandbox of the

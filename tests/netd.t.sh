@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 3 s
 # spaced-netd on its own (docs/network.md): the resolver of a worker's executions runs as root and
 # parses every execution's DNS, so its loop runs under its seccomp allow-list (libspaced/confine.c,
 # a call outside the list kills it). Its rarest path — taking an idle egress namespace down

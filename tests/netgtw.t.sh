@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 48 s
 # spaced-netgtw, the ServicePort gateway (issue 14, R5, S1–S4, B4), in two parts.
 #  1. A worker driven through its admin socket (seqs of our own, so identities can be
 #     changed at will): ALLOW, wrong port, wrong protocol, another sandbox (DENY), a stale

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 37 s
 # Egress under a policy on a real cluster (issue 14, DESIGN §6 "Network"): two process-substrate
 # workers, an outside host in a network namespace made here (198.18.0.0/15 only). Allowed and
 # denied egress by CIDR and by domain, DNS tricks (names resolving to loopback, private and the
@@ -127,8 +128,8 @@ print()" 2>&1)" "no-answer no-answer "
 # is trusted, so what it attributes to a sandbox must be that sandbox's).
 VA=$(as_victim exec "$VX" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
 AA=$("$SC" exec "$A" -- sh -c "ip -4 -o addr show dev eth0 | sed 's|.* inet \([0-9.]*\)/.*|\1|'")
-PA=$(netns_of "$AA")
-PV=$(netns_of "$VA")
+PA=$(netns_of "$A" "$AA")
+PV=$(netns_of "$VX" "$VA")
 # SRC PORT [SECONDS]: a query for allowed.test from SRC:PORT out of A's namespace to A's resolver
 # (for SECONDS, 2,000 a second), then whether an answer came
 spoof_q() {

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 2 s
 # spacectl node … against a real spaced-node: installs, at-most-once seq,
 # deactivation, key bundles, and an HTTP request refused or served on the
 # strength of what the admin socket installed (R3, T1, C2).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (measures a CPU share and a route rate)
 # What an operator sees of a worker (issue 16 items 2 and 3): GET /metrics on the worker's metrics
 # listener passes `promtool check metrics` and counts outcomes by reason, control operations with
 # their time to acknowledgement, and each sandbox's usage; every DENY is in STATE/audit.log with

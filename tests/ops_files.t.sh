@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 2 s
 # What an operator installs besides the binaries (issue 16 item 5): man pages that render without a
 # warning, systemd units that `systemd-analyze verify` accepts (pointed at this build), the example
 # configuration file taken by spaced-node --config (a bad one refused with its line), and a bash

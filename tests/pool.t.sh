@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 25 s
 # The warm pool on the real create path (issue 13), on a real cluster (`spacectl dev up --pool 4`,
 # one worker of the process substrate):
 #  - creates are served from the pool (its hits count them), and eight creates at once each get

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 7 s
 # A pooled execution's record is written while its claim goes on (spaced-node/gate_ctl.c,
 # claim_write_start: the wait for the disk and the claim's trip to the launcher, guest, bridge and
 # gateway overlap), and the install is acknowledged only once both are done. An install sent again

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (sets the request path's CPU cgroups, which every worker joins)
 # The request path's CPU share (spaced-node --request-cpu), on a real cluster (`spacectl dev up`,
 # two workers of the process substrate, plaintext: the flood speaks raw HTTP):
 #  - the gate, node-api and the link run in a CPU cgroup of their own beside the executions'

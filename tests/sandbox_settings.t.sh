@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (a 2 s idle timeout)
 # Create-time settings on a real cluster (issue 13; DESIGN §6 "Resources", "Templates", "Exec"):
 #  - --env reaches every command of the sandbox (a request's own --env wins), on a pooled and on a
 #    cold execution alike, and after a move;

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 1 s
 # C2: verify-only components cannot sign. libspaced (what workers and gateways
 # link) holds no signing code: a program that calls spaced_paseto_sign links
 # against libspaced_signer only, and fails to link against libspaced alone.

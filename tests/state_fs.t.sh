@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 2 s
 # A worker whose state directory is on a filesystem of its own (as a separate /var is), not the
 # one its binaries are on: spaced-node copies the guest into it for the executions (a copy root
 # owns, mode 0511) and must not need both on one filesystem (copy_file_range gives EXDEV across

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: alone (removes the executions' parent cgroup)
 # The process substrate on a unified cgroup2 hierarchy: in a private mount
 # namespace where /sys/fs/cgroup is cgroup2, an execution is created, entered,
 # frozen (a counter inside stops), thawed (it moves again) and removed with

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 30 s
 # Supervision on a real cluster (`spacectl dev up`, process substrate; issue 12 item 3): every
 # process of a worker that dies is started again with its records — node-api, the gate, the
 # executor and the link by spaced-node's supervisor, spaced-node itself and the control plane by

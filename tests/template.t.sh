@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 22 s
 # Templates on a real cluster (`spacectl dev up`, two workers of the process substrate, issue 13):
 #  - a root filesystem tarball and an OCI image archive, both built here (tests/mk_rootfs.py),
 #    are imported; a sandbox made from each sees exactly its template's files — not the host's

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 22 s
 # TLS everywhere (issue 16, item 4), on a real cluster of `spacectl dev up`
 # (its own CA; TLS on the control plane, on each worker's node-api and
 # metrics listener; mutual TLS between the workers and the control plane):

@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 15 s
 # The qemu substrate's bridge verification (B1–B3) against a real microVM:
 # spaced-vm boots Debian's kernel with spaced-guest as PID 1 listening on
 # AF_VSOCK, spaced-vsockd holds the hybrid socket, and spaced-host is started

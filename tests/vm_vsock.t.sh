@@ -1,4 +1,5 @@
 #!/bin/sh
+# run-tests: paired, about 9 s
 # The qemu substrate's guest transport, end to end: a QEMU microvm (TCG unless
 # SPACED_VM_ACCEL says otherwise) with a vhost-user-vsock-device served by
 # spaced-vsockd, a stock Debian kernel and the test initramfs (static busybox,
