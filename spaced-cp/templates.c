@@ -32,6 +32,21 @@
 #include "log.h"
 #include "rootfs.h"
 
+/* The store's archives (templates/HASH.tar) are published and removed under
+ * archive_lock: a remover holds it from its check that nothing names a tree
+ * to its unlink, a publisher from its check that the archive is there (or
+ * its rename that puts it there) to the commit of the row that names it. So
+ * no row ever names a tree whose archive a remover is about to take: before,
+ * a tenant's template delete that found the tree unnamed could unlink it
+ * just after another tenant's import of the same tree, which found the
+ * archive there and dropped its own copy, had named it (the second tenant's
+ * template then named nothing). Taken before any transaction of the store
+ * and never inside one (writers wait for the store's locks under it, never
+ * the other way round); held for a few statements, never for a tree's
+ * reading or writing. One control plane's threads share the directory (each
+ * replica has its own store, docs/control-plane.md "Known limits"). */
+static pthread_mutex_t archive_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static json_t *template_row_json(const struct cp_rows *rows, int i)
 {
 	char created[21] = "";
@@ -239,9 +254,12 @@ int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, c
 	int64_t held = (int64_t)info.bytes;
 	if (stat(canon, &sb) == 0 && (int64_t)sb.st_size > held)
 		held = (int64_t)sb.st_size;
+	pthread_mutex_lock(&archive_lock);
 	if ((status = template_insert(cp, st, tenant, name, info.hash, held, (int64_t)info.entries, cfg_text, format,
-	                              answer)) != 201)
+	                              answer)) != 201) {
+		pthread_mutex_unlock(&archive_lock);
 		goto out;
+	}
 	/* one archive per tree, whoever imported it; published once a template
 	 * names it, so that no sweep (template_gc) finds it unnamed meanwhile */
 	snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
@@ -253,10 +271,12 @@ int cp_template_import(struct cp *cp, struct cp_store *st, const char *tenant, c
 			status = 500;
 			*answer = cp_error("store", strerror(errno));
 			CP_Q(st, NULL, NULL, "DELETE FROM templates WHERE tenant = $1 AND name = $2", tenant, name);
+			pthread_mutex_unlock(&archive_lock);
 			goto out;
 		}
 		unlink(canon);
 	}
+	pthread_mutex_unlock(&archive_lock);
 	canon[0] = 0;
 	*answer = json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I,s:o}", "name", name, "hash", info.hash, "bytes",
 	                    (json_int_t)held, "entries", (json_int_t)info.entries, "source", format, "dropped",
@@ -289,14 +309,35 @@ static bool tree_pinned(struct cp_store *st, const char *hash, bool steps)
 	return pinned;
 }
 
-/* Removes the archive of hash when no template, no live sandbox and no cached build step names it. */
+
+/* A test's window between a remover's check and its unlink (milliseconds,
+ * SPACED_CP_TEST_REMOVE_DELAY_MS; tests/cp_template_race.t.sh). */
+static void remove_delay(void)
+{
+	const char *d = getenv("SPACED_CP_TEST_REMOVE_DELAY_MS");
+	long ms = d ? strtol(d, NULL, 10) : 0;
+	if (ms > 0 && ms <= 10000)
+		usleep((useconds_t)ms * 1000);
+}
+
+/* With archive_lock held: removes the archive of hash when no template, no
+ * live sandbox and no cached build step names it; true when it removed it. */
+static bool archive_remove_locked(struct cp *cp, struct cp_store *st, const char *hash)
+{
+	if (tree_pinned(st, hash, true))
+		return false;
+	remove_delay();
+	char p[PATH_MAX];
+	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
+	return unlink(p) == 0;
+}
+
+/* Removes the archive of hash when nothing names it (archive_lock taken here). */
 static void template_gc(struct cp *cp, struct cp_store *st, const char *hash)
 {
-	if (!tree_pinned(st, hash, true)) {
-		char p[PATH_MAX];
-		snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
-		unlink(p);
-	}
+	pthread_mutex_lock(&archive_lock);
+	(void)archive_remove_locked(cp, st, hash);
+	pthread_mutex_unlock(&archive_lock);
 }
 
 int cp_templates_api(struct cp *cp, struct cp_store *st, const char *tenant, const char *method, char **seg, int n,
@@ -559,8 +600,16 @@ static int base_step(struct cp *cp, struct cp_store *st, const char *from, bool 
 		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
 		return 502;
 	}
+	pthread_mutex_lock(&archive_lock);
 	int64_t bytes = tree_bytes(cp, hash);
-	if ((r = record_step(st, "", "", step, hash, "{}", bytes > 0 ? bytes : 0)) < 0) {
+	if (bytes < 0) {
+		pthread_mutex_unlock(&archive_lock);
+		*out = cp_error("store", "the base's tree is not in the store");
+		return 503;
+	}
+	r = record_step(st, "", "", step, hash, "{}", bytes);
+	pthread_mutex_unlock(&archive_lock);
+	if (r < 0) {
 		*out = cp_error("store", spaced_strerror(r));
 		return 503;
 	}
@@ -810,13 +859,16 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 	}
 	/* the step's tree counts in the tenant's templates quota: past it the
 	 * step is not recorded and its tree leaves the store (unless named) */
+	pthread_mutex_lock(&archive_lock);
 	int64_t bytes = tree_bytes(cp, hash);
 	if (bytes < 0) {
+		pthread_mutex_unlock(&archive_lock);
 		*out = cp_error("store", "the step's tree is not in the store");
 		return 503;
 	}
 	if ((status = templates_quota_locked(cp, st, tenant, hash, bytes, false, out)) != 0) {
-		template_gc(cp, st, hash);
+		(void)archive_remove_locked(cp, st, hash);
+		pthread_mutex_unlock(&archive_lock);
 		return status;
 	}
 	char *cfg = json_dumps(config ? config : json_object(), JSON_COMPACT | JSON_SORT_KEYS);
@@ -826,6 +878,7 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 		r = cp_store_commit(st);
 	else
 		cp_store_rollback(st);
+	pthread_mutex_unlock(&archive_lock);
 	if (r < 0) {
 		*out = cp_error("store", spaced_strerror(r));
 		return 503;
@@ -915,14 +968,17 @@ int cp_template_name(struct cp *cp, struct cp_store *st, const char *tenant, con
 	snprintf(hb, sizeof hb, "%s", hash); /* hash belongs to req, freed below */
 	hash = hb;
 	/* a built tree counts by its archive's size */
+	pthread_mutex_lock(&archive_lock);
 	int64_t bytes = tree_bytes(cp, hash);
 	if (bytes < 0) {
+		pthread_mutex_unlock(&archive_lock);
 		free(cfg);
 		json_decref(req);
 		*out = cp_error("template-not-found", "the tree is gone from the store (build it again)");
 		return 404;
 	}
 	status = cfg ? template_insert(cp, st, tenant, name, hash, bytes, 0, cfg, "build", out) : 500;
+	pthread_mutex_unlock(&archive_lock);
 	free(cfg);
 	json_decref(req);
 	if (status == 201)
@@ -1049,7 +1105,7 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 			struct sweep_step *s = &sp[tn[t].next];
 			const char *h = trees[s->tree];
 			long changed = 0;
-			char cb[24], p[PATH_MAX];
+			char cb[24];
 			s->done = true;
 			/* not used since the list was read; a shared tree: every holder's steps */
 			int q = r == SWEEP_SHARED
@@ -1068,12 +1124,10 @@ int cp_build_cache_sweep(struct cp *cp, struct cp_store *st)
 					tn[sp[i].tenant].held -= share;
 				}
 			/* the archive goes once no step of any tenant and nothing else names it */
-			struct cp_rows *left = NULL;
-			bool still = CP_Q(st, &left, NULL, "SELECT COUNT(*) FROM build_steps WHERE hash = $1", h) < 0 ||
-			             cp_rows_i64(left, 0, 0, 1) != 0 || tree_pinned(st, h, false);
-			cp_rows_free(left);
-			snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, h);
-			if (still || unlink(p) < 0)
+			pthread_mutex_lock(&archive_lock);
+			bool gone = archive_remove_locked(cp, st, h);
+			pthread_mutex_unlock(&archive_lock);
+			if (!gone)
 				continue;
 			total -= size[s->tree];
 			freed += size[s->tree];
