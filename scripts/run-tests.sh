@@ -23,6 +23,7 @@ passed=0
 failed=0
 log_dir="$build/test-logs"
 mkdir -p "$log_dir"
+rm -f "$log_dir"/*.result
 
 # The Criterion suites, one after the other, beside the light jobs (below): each suite's line is
 # printed as it ends, the counts go to unit.counts ("PASSED FAILED") for the total
@@ -74,7 +75,7 @@ run_job() {
 }
 # report NAME: counts and prints what run_job wrote
 report() {
-	read -r rc secs <"$log_dir/$1.result"
+	read -r rc secs <"$log_dir/$1.result" 2>/dev/null || { rc=1; secs=0; }
 	kind=""
 	case "$1" in fuzz-*) kind="fuzz smoke, " ;; esac
 	if [ "$rc" -eq 0 ]; then
@@ -146,6 +147,8 @@ run_at_once() {
 rm -f "$log_dir/unit.counts"
 run_units &
 units=$!
+# interrupted: the jobs in the background end too
+trap 'kill $units ${running:+$(echo "$running" | sed "s/:[^ ]*//g")} 2>/dev/null; exit 130' INT TERM
 run_at_once "${LIGHT_JOBS:-3}" "$light"
 wait "$units"
 if read -r up uf <"$log_dir/unit.counts"; then

@@ -768,7 +768,10 @@ static pid_t start_keeper(const char *absdir)
 		if (pid > 0) {
 			struct pollfd p = {.fd = ready[0], .events = POLLIN};
 			char c;
-			if (poll(&p, 1, 5000) != 1 || read(ready[0], &c, 1) != 1)
+			int n;
+			while ((n = poll(&p, 1, 5000)) < 0 && errno == EINTR)
+				;
+			if (n != 1 || read(ready[0], &c, 1) != 1)
 				fprintf(stderr, "spacectl: the keeper did not say it runs within 5 s\n");
 		}
 		close(ready[0]);

@@ -481,7 +481,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			return;
 		}
 		/* a replay of a create already made makes nothing: never held by the rate */
-		int status = rq->idem_key[0] ? cp_create_replayed(st, tenant, rq->idem_key, &out) : 0;
+		int status = rq->idem_key[0] ? cp_create_replayed(cp, st, tenant, rq->idem_key, &out) : 0;
 		if (status != 0) {
 			answer(rq, status, out);
 			return;

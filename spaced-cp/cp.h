@@ -255,9 +255,11 @@ int cp_signer_ask(struct cp *cp, char type, const char *payload, char **answer);
 
 /* lifecycle (ops.c) — each returns an HTTP status and sets *body. */
 /* A create's Idempotency-Key (key, "" for none): the sandbox an earlier
- * create of the tenant with it made, answered as it is now (200; 409
- * idempotency-key-used once deleted) in *body, else 0: this create goes on. */
-int cp_create_replayed(struct cp_store *st, const char *tenant, const char *key, json_t **body);
+ * create of the tenant with it made, answered as it is (200; 409
+ * idempotency-key-used once deleted) in *body, else 0: this create goes on.
+ * While that sandbox is `starting` (its create waits for a worker) it waits
+ * with it, every 20 ms, up to --ack-timeout and a second. */
+int cp_create_replayed(struct cp *cp, struct cp_store *st, const char *tenant, const char *key, json_t **body);
 /* A create; its caller answered a replay of c->idem_key first (cp_create_replayed). */
 int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const struct cp_create_req *c,
                  json_t **body);

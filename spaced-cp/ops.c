@@ -1574,16 +1574,37 @@ static int start_elsewhere(struct cp *cp, struct cp_store *st, const char *tenan
  * (tenant, idem_key) makes one of two creates racing with one key fail its
  * insert; that one is answered here too. The body is not compared: the key
  * names the create. */
-int cp_create_replayed(struct cp_store *st, const char *tenant, const char *key, json_t **body)
+int cp_create_replayed(struct cp *cp, struct cp_store *st, const char *tenant, const char *key, json_t **body)
 {
 	struct cp_rows *rows = NULL;
 	int status = 0;
-	if (!key[0] || CP_Q(st, &rows, NULL, "SELECT id, deleted FROM sandboxes WHERE tenant = $1 AND idem_key = $2",
+	if (!key[0] || CP_Q(st, &rows, NULL, "SELECT id, deleted, state FROM sandboxes WHERE tenant = $1 AND idem_key = $2",
 	                    tenant, key) < 0 || rows->nrows != 1) {
 		cp_rows_free(rows);
 		return 0;
 	}
 	const char *id = cp_rows_get(rows, 0, 0);
+	/* the create that made it still waits for its worker: the replay waits
+	 * with it (every 20 ms, as long as that create may wait for one
+	 * worker's acknowledgement and a second), so that it answers what the
+	 * create answers, a sandbox that runs or its failure, and not one in
+	 * `starting` that the client would take for made */
+	const char *state = cp_rows_get(rows, 0, 2);
+	for (uint64_t until = spaced_mono_ns() + ((uint64_t)cp->ack_timeout_ms + 1000) * 1000000;
+	     state && strcmp(state, "starting") == 0 && cp_rows_i64(rows, 0, 1, 0) == 0 && spaced_mono_ns() < until;
+	     state = cp_rows_get(rows, 0, 2)) {
+		char keep[SPACED_NAME_MAX];
+		snprintf(keep, sizeof keep, "%s", id);
+		cp_rows_free(rows);
+		rows = NULL;
+		usleep(20000);
+		if (CP_Q(st, &rows, NULL, "SELECT id, deleted, state FROM sandboxes WHERE id = $1", keep) < 0 ||
+		    rows->nrows != 1) {
+			cp_rows_free(rows);
+			return 0;
+		}
+		id = cp_rows_get(rows, 0, 0);
+	}
 	if (cp_rows_i64(rows, 0, 1, 0) > 0) {
 		*body = json_pack("{s:s,s:s,s:s}", "error", "idempotency-key-used", "message",
 		                  "the sandbox this Idempotency-Key created has been deleted", "sandbox", id);
@@ -1646,7 +1667,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	if (status != 0) {
 		*body = j.body;
 		json_t *again = NULL;
-		int st2 = c->idem_key[0] ? cp_create_replayed(st, tenant, c->idem_key, &again) : 0;
+		int st2 = c->idem_key[0] ? cp_create_replayed(cp, st, tenant, c->idem_key, &again) : 0;
 		if (st2 != 0) { /* another create with the key won the race */
 			json_decref(*body);
 			*body = again;

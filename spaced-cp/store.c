@@ -111,7 +111,12 @@ static const char indexes[] =
 	"DROP INDEX IF EXISTS outbox_unacked;" /* an earlier version's, superseded by outbox_sandbox */
 	"CREATE INDEX IF NOT EXISTS outbox_sandbox ON outbox (sandbox, worker);"
 	"CREATE INDEX IF NOT EXISTS outbox_unacked_seq ON outbox (worker, seq) WHERE acked = 0;"
-	"CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_idem ON sandboxes (tenant, idem_key) WHERE idem_key IS NOT NULL;";
+	"CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_idem ON sandboxes (tenant, idem_key) WHERE idem_key IS NOT NULL;"
+	/* whether anything names a tree (templates.c tree_pinned), asked under
+	 * the store's archive lock at every template delete and sweep */
+	"CREATE INDEX IF NOT EXISTS templates_hash ON templates (hash);"
+	"CREATE INDEX IF NOT EXISTS build_steps_hash ON build_steps (hash);"
+	"CREATE INDEX IF NOT EXISTS sandboxes_template ON sandboxes (template_hash) WHERE deleted = 0;";
 
 /* Runs a script of CREATE ... IF NOT EXISTS up to three times: two replicas
  * creating the schema at once may collide on PostgreSQL's catalog, and the

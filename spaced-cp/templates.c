@@ -311,13 +311,18 @@ static bool tree_pinned(struct cp_store *st, const char *hash, bool steps)
 
 
 /* A test's window between a remover's check and its unlink (milliseconds,
- * SPACED_CP_TEST_REMOVE_DELAY_MS; tests/cp_template_race.t.sh). */
-static void remove_delay(void)
+ * SPACED_CP_TEST_REMOVE_DELAY_MS, 10 s at most; tests/cp_template_race.t.sh),
+ * logged as it opens. */
+static void remove_delay(const char *hash)
 {
 	const char *d = getenv("SPACED_CP_TEST_REMOVE_DELAY_MS");
 	long ms = d ? strtol(d, NULL, 10) : 0;
-	if (ms > 0 && ms <= 10000)
-		usleep((useconds_t)ms * 1000);
+	if (ms <= 0)
+		return;
+	if (ms > 10000)
+		ms = 10000;
+	spaced_log("spaced-cp", "level=warn event=test-remove-delay hash=%s ms=%ld", hash, ms);
+	usleep((useconds_t)ms * 1000);
 }
 
 /* With archive_lock held: removes the archive of hash when no template, no
@@ -326,7 +331,7 @@ static bool archive_remove_locked(struct cp *cp, struct cp_store *st, const char
 {
 	if (tree_pinned(st, hash, true))
 		return false;
-	remove_delay();
+	remove_delay(hash);
 	char p[PATH_MAX];
 	snprintf(p, sizeof p, "%s/templates/%s.tar", cp->store_dir, hash);
 	return unlink(p) == 0;
@@ -436,28 +441,42 @@ int cp_template_owned(struct cp_store *st, const char *tenant, const char *hash,
 	return *tmpl ? 0 : 500;
 }
 
-/* A canonical archive of the tree t into the store; its hash into hash. */
-static int store_tree(struct cp *cp, struct spaced_rootfs *t, char hash[SPACED_TREEHASH_HEX], char *why, size_t whysz)
+/* A canonical archive of the tree t, written to a temporary file of the
+ * store (its path into tmp, PATH_MAX) for publish_locked; its hash into
+ * hash. On an error nothing is left. */
+static int store_tree(struct cp *cp, struct spaced_rootfs *t, char hash[SPACED_TREEHASH_HEX], char *tmp,
+                      char *why, size_t whysz)
 {
-	char tmp[PATH_MAX], final[PATH_MAX];
 	struct spaced_rootfs_info info;
-	snprintf(tmp, sizeof tmp, "%s/tmp/tree-XXXXXX", cp->store_dir);
+	snprintf(tmp, PATH_MAX, "%s/tmp/tree-XXXXXX", cp->store_dir);
 	int fd = mkstemp(tmp);
 	if (fd < 0) {
 		snprintf(why, whysz, "%s", strerror(errno));
+		tmp[0] = 0;
 		return SPACED_ESYS;
 	}
 	close(fd);
 	int r = spaced_rootfs_write(t, tmp, &info, why, whysz);
-	if (r == 0) {
-		snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, info.hash);
-		if (rename(tmp, final) < 0)
-			r = SPACED_ESYS;
-		else
-			memcpy(hash, info.hash, SPACED_TREEHASH_HEX);
-	}
-	unlink(tmp);
+	if (r == 0)
+		memcpy(hash, info.hash, SPACED_TREEHASH_HEX);
+	else
+		unlink(tmp);
 	return r;
+}
+
+/* With archive_lock held: the archive store_tree wrote at tmp becomes the
+ * store's archive of hash, unless the store has one already (the first
+ * stays: a worker may be resuming its download); tmp is gone after. The
+ * archive's size, -1 when it cannot be put there. */
+static int64_t tree_bytes(struct cp *cp, const char *hash);
+
+static int64_t publish_locked(struct cp *cp, const char *tmp, const char *hash)
+{
+	char final[PATH_MAX];
+	snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, hash);
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) < 0)
+		unlink(tmp);
+	return tree_bytes(cp, hash);
 }
 
 /* A build step's last use: `created` is when it was last recorded or taken
@@ -495,7 +514,8 @@ static int record_step(struct cp_store *st, const char *tenant, const char *pare
 }
 
 /* Builds a minimal Debian suite with mmdebstrap into a tarball, then a tree. */
-static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHASH_HEX], char *why, size_t whysz)
+static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHASH_HEX], char *tmp, char *why,
+                       size_t whysz)
 {
 	char tarp[PATH_MAX], spool[PATH_MAX], log[PATH_MAX];
 	snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
@@ -544,7 +564,7 @@ static int debian_base(struct cp *cp, const char *suite, char hash[SPACED_TREEHA
 	if (r == 0)
 		r = spaced_rootfs_add_archive(t, tarp, SPACED_ROOTFS_TARBALL, why, whysz);
 	if (r == 0)
-		r = store_tree(cp, t, hash, why, whysz);
+		r = store_tree(cp, t, hash, tmp, why, whysz);
 	spaced_rootfs_free(t);
 	unlink(tarp);
 	return r;
@@ -563,7 +583,7 @@ static pthread_mutex_t base_lock[4] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_
 /* FROM debian:SUITE or scratch: the shared tree, built once (base_lock held). */
 static int base_step(struct cp *cp, struct cp_store *st, const char *from, bool scratch, json_t **out)
 {
-	char why[512] = "", hash[SPACED_TREEHASH_HEX], step[64];
+	char why[512] = "", hash[SPACED_TREEHASH_HEX], step[64], tmp[PATH_MAX];
 	struct cp_rows *rows = NULL;
 	int r;
 	snprintf(step, sizeof step, "FROM %s", from);
@@ -591,17 +611,17 @@ static int base_step(struct cp *cp, struct cp_store *st, const char *from, bool 
 		snprintf(spool, sizeof spool, "%s/tmp", cp->store_dir);
 		r = spaced_rootfs_new(&cp->template_limits, spool, &t, why, sizeof why);
 		if (r == 0)
-			r = store_tree(cp, t, hash, why, sizeof why);
+			r = store_tree(cp, t, hash, tmp, why, sizeof why);
 		spaced_rootfs_free(t);
 	} else {
-		r = debian_base(cp, from + 7, hash, why, sizeof why);
+		r = debian_base(cp, from + 7, hash, tmp, why, sizeof why);
 	}
 	if (r < 0) {
 		*out = cp_error("build-failed", why[0] ? why : spaced_strerror(r));
 		return 502;
 	}
 	pthread_mutex_lock(&archive_lock);
-	int64_t bytes = tree_bytes(cp, hash);
+	int64_t bytes = publish_locked(cp, tmp, hash);
 	if (bytes < 0) {
 		pthread_mutex_unlock(&archive_lock);
 		*out = cp_error("store", "the base's tree is not in the store");
@@ -802,7 +822,8 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 	const char *parent = json_string_value(json_object_get(req, "parent"));
 	const char *step = json_string_value(json_object_get(req, "step"));
 	json_t *config = json_object_get(req, "config");
-	char why[512] = "", parent_tar[PATH_MAX], snap[PATH_MAX], spool[PATH_MAX], hash[SPACED_TREEHASH_HEX];
+	char why[512] = "", parent_tar[PATH_MAX], snap[PATH_MAX], spool[PATH_MAX], hash[SPACED_TREEHASH_HEX],
+	    tmp[PATH_MAX];
 	json_t *b = NULL;
 	if (!id || !spaced_name_valid(id, strlen(id)) || !parent || !spaced_treehash_hex_valid(parent) || !step ||
 	    strlen(step) > 16384 || (config && !json_is_object(config))) {
@@ -843,7 +864,7 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 	if (r == 0)
 		r = spaced_rootfs_add_archive(t, snap, SPACED_ROOTFS_UPPER, why, sizeof why);
 	if (r == 0)
-		r = store_tree(cp, t, hash, why, sizeof why);
+		r = store_tree(cp, t, hash, tmp, why, sizeof why);
 	spaced_rootfs_free(t);
 	if (r == SPACED_ETOOBIG && quota_bound) {
 		/* refused while read, before its tree was written */
@@ -860,7 +881,7 @@ static int build_commit_turn(struct cp *cp, struct cp_store *st, const char *ten
 	/* the step's tree counts in the tenant's templates quota: past it the
 	 * step is not recorded and its tree leaves the store (unless named) */
 	pthread_mutex_lock(&archive_lock);
-	int64_t bytes = tree_bytes(cp, hash);
+	int64_t bytes = publish_locked(cp, tmp, hash);
 	if (bytes < 0) {
 		pthread_mutex_unlock(&archive_lock);
 		*out = cp_error("store", "the step's tree is not in the store");

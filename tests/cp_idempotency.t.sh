@@ -8,7 +8,9 @@
 #  - six creates with one key at once make one sandbox, and every answer names it;
 #  - another tenant's key of the same name is its own;
 #  - once that sandbox is deleted the key answers 409 idempotency-key-used, naming it;
-#  - a malformed key is 400.
+#  - a malformed key is 400;
+#  - a replay while the first create still waits for its worker's acknowledgement waits with it
+#    and answers the sandbox running (before: 200 with a sandbox in `starting`).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 store_test_setup
@@ -19,7 +21,7 @@ TB=$(admin create-tenant beta)
 # ik KEY OUTFILE [TENANT_KEY]: a create with the key; prints the status, the answer goes to OUTFILE
 ik() {
 	curl -s -o "$2" -w '%{http_code}' -H "Authorization: Bearer ${3:-$TA}" -H "Idempotency-Key: $1" \
-		-H 'content-type: application/json' -X POST --data-binary '{"worker":"wa"}' "$CP_URL/v1/sandboxes"
+		-H 'content-type: application/json' -X POST --data-binary "{\"worker\":\"${IK_WORKER:-wa}\"}" "$CP_URL/v1/sandboxes"
 }
 expect "a create with a key: 201" "$(ik k-1 "$W/a1")" 201
 S1=$(jq -r .id "$W/a1")
@@ -48,5 +50,20 @@ expect "its key again: 409 idempotency-key-used, naming it" \
 	"$(ik k-1 "$W/d1") $(jq -r '.error + " " + .sandbox' "$W/d1")" "409 idempotency-key-used $S1"
 expect "a malformed key: 400" "$(ik 'bad key!' "$W/m1")" 400
 expect "a key of 65 characters: 400" "$(ik "$(head -c 65 /dev/zero | tr '\0' k)" "$W/m2")" 400
+
+# ---- a replay while the first create still waits for its worker: it waits with it ----
+register wd
+start_worker wd --delay-ms 1500 --delay-type install
+IK_WORKER=wd ik k-3 "$W/e1" >"$W/es1" &
+F=$!
+sleep 0.4
+t0=$(date +%s%N)
+r=$(IK_WORKER=wd ik k-3 "$W/e2")
+t1=$(date +%s%N)
+wait "$F"
+echo "the replay was answered after $(((t1 - t0) / 1000000)) ms"
+expect "the first create, acknowledged 1.5 s later: 201" "$(cat "$W/es1") $(jq -r .state "$W/e1")" "201 running"
+expect "a replay meanwhile: 200, its sandbox, running (not starting: it waited for the create's end)" \
+	"$r $(jq -r .id "$W/e2") $(jq -r .state "$W/e2")" "200 $(jq -r .id "$W/e1") running"
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

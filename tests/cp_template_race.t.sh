@@ -1,5 +1,5 @@
 #!/bin/sh
-# run-tests: light, about 8 s
+# run-tests: light, about 13 s
 # One archive per tree in the control plane's store (templates/HASH.tar), shared by every tenant
 # whose template names that tree: a tenant's template delete must never take the archive another
 # tenant's template has just come to name (I2's spirit for templates: what a tenant holds is not
@@ -25,7 +25,7 @@ mkdir -p "$W/cp"
 TA=$(admin create-tenant alpha)
 TB=$(admin create-tenant beta)
 [ -n "$TA" ] && [ -n "$TB" ] || { echo "admin commands failed"; exit 1; }
-export SPACED_CP_TEST_REMOVE_DELAY_MS=2000
+export SPACED_CP_TEST_REMOVE_DELAY_MS=4000
 start_cp cp
 unset SPACED_CP_TEST_REMOVE_DELAY_MS
 export SPACED_CP_URL="$CP_URL"
@@ -46,7 +46,8 @@ H=$(jq -r .hash "$W/a.json")
 [ -f "$(archive "$H")" ] && ok "alpha's import put the tree's archive in the store" || fail "no archive of $H after alpha's import"
 SPACED_API_KEY=$TA "$SC" template rm a >"$W/rm.out" 2>&1 &
 RM=$!
-sleep 0.5 # alpha's delete found the tree named by nothing and waits in its window (2 s)
+# alpha's delete found the tree named by nothing and waits in its window (4 s): it says so
+WAIT_SECONDS=10 wait_for "alpha's delete is in its window" grep -q "event=test-remove-delay hash=$H" "$CP_LOG"
 t0=$(date +%s%N)
 SPACED_API_KEY=$TB "$SC" template import b "$W/shared.tar" --json >"$W/b.json" 2>"$W/e"
 rc=$?
@@ -54,7 +55,9 @@ t1=$(date +%s%N)
 wait "$RM"
 expect "alpha's delete succeeded" "$?" 0
 expect "beta's import of the same tree meanwhile succeeded" "$rc $(jq -r .hash "$W/b.json" 2>/dev/null)" "0 $H"
-echo "beta's import took $(((t1 - t0) / 1000000)) ms (it waits for alpha's delete to end)"
+ms=$(((t1 - t0) / 1000000))
+expect "beta's import was in the window: it waited for alpha's delete to end (about 4 s after it began)" \
+	"$([ "$ms" -ge 800 ] && echo waited || echo "answered after $ms ms")" waited
 expect "the archive of beta's tree is in the store once both ended" "$([ -f "$(archive "$H")" ] && echo there || echo gone)" there
 expect "and it holds the tree: the file beta imported, byte for byte" "$(python3 - "$(archive "$H")" "$W/shared.tar" <<'PY'
 import sys, tarfile
