@@ -85,6 +85,7 @@
 
 #include "cap.h"
 #include "compare.h"
+#include "lease.h"
 #include "confine.h"
 #include "spaced_error.h"
 #include "http.h"
@@ -231,12 +232,9 @@ static bool fenced_now(void)
 	uint64_t t = now_ms();
 	if (G.lease_file && (G.lease_ended || G.lease_read_ms == 0 || t - G.lease_read_ms >= 1000)) {
 		G.lease_read_ms = t;
-		FILE *f = fopen(G.lease_file, "re");
-		long long until = 0;
-		if (f != NULL) {
-			G.lease_ended = fscanf(f, "%lld", &until) == 1 && (long long)time(NULL) > until;
-			fclose(f);
-		}
+		enum spaced_lease_state s = spaced_lease_read(G.lease_file, NULL);
+		if (s == SPACED_LEASE_VALID || s == SPACED_LEASE_ENDED)
+			G.lease_ended = s == SPACED_LEASE_ENDED;
 	}
 	return G.fenced || G.lease_ended;
 }

@@ -37,6 +37,7 @@
 #include "spaced_error.h"
 #include "log.h"
 #include "identity.h"
+#include "lease.h"
 #include "pidref.h"
 #include "resources.h"
 #include "substrate.h"
@@ -74,9 +75,7 @@ struct launcher {
 	/* --lease-file: the worker's lease (spaced-node's STATE/lease, wall-clock
 	 * seconds); once it has ended the execution is frozen here, whether the
 	 * gate is there to fence or not (lease_check) */
-	const char *lease_file;
-	bool lease_frozen;
-	uint64_t lease_checked;
+	struct spaced_lease_watch lease;
 	/* CPU use over the last sampling interval (cpu_sample) */
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10; /* percent of one CPU, in tenths */
@@ -300,42 +299,27 @@ static void ctl_reply(int fd, const char *text, int pass_fd)
 /* The worker fences itself when its lease ends (spaced-node gate_fence.c):
  * its gate freezes every execution. A gate that is not running (stopped,
  * restarting, crashing) cannot; the launcher then freezes its own execution
- * once the lease in --lease-file has ended. It thaws what it froze itself
- * only when the lease is valid again (or gone: the fence turned off) and the
- * gate is not fenced (no STATE/fenced beside the lease): a renewal can come
- * in the second between the launcher's freeze and the gate's deadline, and
- * the gate, never fenced, would never thaw it. Otherwise the gate thaws it
- * when the fence lifts, after what the control plane sent meanwhile is
- * applied. Read at most once a second. */
+ * once the lease in --lease-file has ended, and thaws only what it froze
+ * itself (lease.h spaced_lease_watch_step). Pool executions not yet claimed
+ * are left to their worker. */
 static void lease_check(struct launcher *L)
 {
-	uint64_t now = spaced_mono_ns();
-	if (!L->lease_file || spaced_sub_identity(L->sub) == NULL || now - L->lease_checked < 1000000000ull)
+	long long ago = 0;
+	if (spaced_sub_identity(L->sub) == NULL)
 		return;
-	L->lease_checked = now;
-	FILE *f = fopen(L->lease_file, "re");
-	long long until = 0;
-	bool gone = f == NULL && errno == ENOENT, read_ok = f != NULL && fscanf(f, "%lld", &until) == 1;
-	if (f != NULL)
-		fclose(f);
-	if (gone || (read_ok && (long long)time(NULL) <= until)) {
-		char fenced[PATH_MAX];
-		const char *slash = strrchr(L->lease_file, '/');
-		snprintf(fenced, sizeof fenced, "%.*sfenced", slash ? (int)(slash - L->lease_file + 1) : 0, L->lease_file);
-		if (L->lease_frozen && access(fenced, F_OK) != 0 && spaced_sub_paused(L->sub) && spaced_sub_thaw(L->sub) == 0)
+	switch (spaced_lease_watch_step(&L->lease, spaced_sub_paused(L->sub), &ago)) {
+	case SPACED_LEASE_FREEZE:
+		if (spaced_sub_pause(L->sub) == 0) {
+			L->lease.frozen = true;
+			logf_("the worker's lease ended %lld s ago: frozen until its gate lifts the fence", ago);
+		}
+		break;
+	case SPACED_LEASE_THAW:
+		if (spaced_sub_thaw(L->sub) == 0)
 			logf_("the worker's lease is valid again and its gate is not fenced: thawed");
-		if (access(fenced, F_OK) != 0)
-			L->lease_frozen = false;
-		return;
-	}
-	if (!read_ok)
-		return; /* unreadable: says nothing (the gate, when it runs, fences on its own) */
-	if (L->lease_frozen || spaced_sub_paused(L->sub))
-		return;
-	if (spaced_sub_pause(L->sub) == 0) {
-		L->lease_frozen = true;
-		logf_("the worker's lease ended %lld s ago: frozen until its gate lifts the fence",
-		      (long long)time(NULL) - until);
+		break;
+	case SPACED_LEASE_NOTHING:
+		break;
 	}
 }
 
@@ -346,7 +330,7 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 	int r;
 
 	if (strcmp(cmd, "PAUSE") == 0 || strcmp(cmd, "THAW") == 0)
-		L->lease_frozen = false; /* the gate decides again: the launcher thaws nothing it did not freeze last */
+		L->lease.frozen = false; /* the gate decides again: the launcher thaws nothing it did not freeze last */
 	if (strcmp(cmd, "PAUSE") == 0) {
 		r = spaced_sub_pause(L->sub);
 		snprintf(reply, sizeof(reply), r == 0 ? "OK" : "ERR pause: %s", spaced_strerror(r));
@@ -523,7 +507,7 @@ static int supervise(struct launcher *L)
 		 * sleeps */
 		bool waiting = L->pooled && spaced_sub_identity(L->sub) == NULL;
 		r = poll(pfd, (nfds_t)n,
-		         L->nhs > 0 ? 100 : waiting ? -1 : L->lease_file ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u));
+		         L->nhs > 0 ? 100 : waiting ? -1 : L->lease.path ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u));
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
 		lease_check(L);
@@ -695,7 +679,7 @@ static int run(int argc, char **argv)
 		else if (strcmp(o, "--uid-lock") == 0)
 			uid_lock_dir = v;
 		else if (strcmp(o, "--lease-file") == 0)
-			L.lease_file = v;
+			L.lease.path = v;
 		else if (strcmp(o, "--identity") == 0) {
 			if (spaced_identity_decode(&id, v, strlen(v)) < 0) {
 				fprintf(stderr, "spaced-launch: --identity: not a canonical identity\n");

@@ -186,6 +186,14 @@ int mgr_vm_start(const struct mgr_config *cfg, struct mgr_rec *rec, const char *
 		argv[n++] = "--uid-lock";
 		argv[n++] = cfg->uid_lock_dir;
 	}
+	char lease[PATH_MAX];
+	if (cfg->fence_after_s > 0) {
+		/* the worker's lease: spaced-vm stops the VM once it ended with
+		 * no gate to do so */
+		snprintf(lease, sizeof lease, "%s/lease", cfg->state_dir);
+		argv[n++] = "--lease-file";
+		argv[n++] = lease;
+	}
 	/* the limits it runs under: vCPUs (and a CPU quota for fractions),
 	 * guest memory, tasks inside the guest, the disk's size */
 	if (rec->res.cpu_milli) {

@@ -530,10 +530,41 @@ static void ctl_reply(int fd, const char *text)
 	(void)send(fd, text, strlen(text), MSG_NOSIGNAL);
 }
 
+/* The worker fences itself when its lease ends: its gate stops every
+ * execution. A gate that is not running cannot; the VM is then stopped here
+ * once the lease ended, as spaced-launch freezes a process execution
+ * (lease.h spaced_lease_watch_step), and started again here only when this
+ * stopped it and the gate is back unfenced. */
+static void lease_check(void)
+{
+	char why[256] = "";
+	long long ago = 0;
+	if (!V.have_identity)
+		return;
+	switch (spaced_lease_watch_step(&V.lease, V.paused, &ago)) {
+	case SPACED_LEASE_FREEZE:
+		if (do_pause(why, sizeof why) == 0) {
+			V.lease.frozen = true;
+			vm_log("the worker's lease ended %lld s ago: stopped until its gate lifts the fence", ago);
+		} else {
+			vm_log("the worker's lease ended %lld s ago; stopping the VM failed: %s", ago, why);
+		}
+		break;
+	case SPACED_LEASE_THAW:
+		if (do_thaw(why, sizeof why) == 0)
+			vm_log("the worker's lease is valid again and its gate is not fenced: started again");
+		break;
+	case SPACED_LEASE_NOTHING:
+		break;
+	}
+}
+
 static void ctl_command(int fd, char *cmd)
 {
 	char reply[VM_MSG_MAX + PATH_MAX], why[512] = "";
 	int e;
+	if (strcmp(cmd, "PAUSE") == 0 || strcmp(cmd, "THAW") == 0)
+		V.lease.frozen = false; /* the gate decides again: nothing this did not stop last is started here */
 	if (strcmp(cmd, "PAUSE") == 0) {
 		e = do_pause(why, sizeof why);
 		snprintf(reply, sizeof reply, e == 0 ? "OK" : "ERR pause: %s", why[0] ? why : spaced_strerror(e));
@@ -769,6 +800,7 @@ static void loop(void)
 			break;
 		cpu_sample();
 		transport_check();
+		lease_check();
 		if (r <= 0)
 			continue;
 		if (pf[0].revents)
@@ -914,6 +946,7 @@ static void usage(void)
 	        "                 [--disk-iops N] [--uid N]\n"
 	        "                 [--restore SNAPDIR] [--qemu PATH] [--vsockd PATH] [--accel tcg|kvm]\n"
 	        "                 [--machine pc|microvm] [--no-template] [--boot-timeout-ms MS] [--uid-lock DIR]\n"
+	        "                 [--lease-file PATH]\n"
 	        "                 [--run-dir DIR] [--ram-dir DIR] [--net ADDRESS/PREFIX,GATEWAY] [--kernel-args ARGS]\n"
 	        "                 [--keep-state] [--config-file FILE]\n"
 	        "       spaced-vm template --state DIR --images DIR --out DIR [same options, no identity]\n"
@@ -1059,6 +1092,8 @@ static int run(int argc, char **argv, bool template_mode)
 			V.restore = val;
 		else if (strcmp(a, "--uid-lock") == 0)
 			V.uid_lock = val;
+		else if (strcmp(a, "--lease-file") == 0 && !template_mode)
+			V.lease.path = val;
 		else if (strcmp(a, "--run-dir") == 0)
 			V.run_dir = val;
 		else if (strcmp(a, "--ram-dir") == 0)

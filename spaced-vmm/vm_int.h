@@ -12,6 +12,8 @@
 #define SPACED_VM_INT_H
 
 #include <limits.h>
+
+#include "lease.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,6 +80,9 @@ struct vm {
 	char vmdir[PATH_MAX]; /* RUN: the execution's uid's own directory */
 	char images[PATH_MAX];
 	const char *qemu_bin, *vsockd_bin, *accel, *restore, *uid_lock, *run_dir, *kernel_args, *ram_dir;
+	/* --lease-file: the worker's lease; the VM is stopped once it ended
+	 * with no gate to fence (lease.h) */
+	struct spaced_lease_watch lease;
 	char net_addr[24], net_gw[16]; /* the guest's egress address (a.b.c.d/p) and gateway, "" when none */
 	char ram_path[PATH_MAX];  /* the guest's RAM: a file on tmpfs, shared with the back-end */
 	enum vm_machine machine;

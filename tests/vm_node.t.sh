@@ -1,5 +1,5 @@
 #!/bin/sh
-# run-tests: paired, about 43 s
+# run-tests: paired, about 60 s
 # The qemu substrate end to end through the normal path (spacectl -> spaced-cp
 # -> spaced-node -> spaced-host -> spaced-vsockd -> spaced-guest as PID 1 of a
 # microVM): `spacectl dev up --substrate qemu` with two workers, then on one
@@ -25,6 +25,8 @@
 #     gateway naming another guest CID or another process as the VM refused,
 #     and the same server through the new worker's gateway after the move;
 #   - the guest's disk I/O is held to the workers' --disk-io (a QEMU throttle group);
+#   - with the worker's gate stopped, spaced-vm stops the VM once the worker's lease ended
+#     (--fence-after 10) and the VM runs again once the gate is back and unfenced;
 #   - rm and dev down leave no VM running.
 # With SPACED_VM_FULL=1 (make check-vm) also: a memory hog inside the VM is
 # killed by the guest's kernel and the sandbox stays up; a guest that lets go of its vsock device
@@ -70,7 +72,7 @@ wait_for() {
 }
 
 t0=$(now_ms)
-if ! SPACED_NET_DNS=${NH_A:+$NH_A:53} "$SC" dev up --workers 2 --dir "$D" --substrate qemu --disk-io bps=32M,iops=4000 \
+if ! SPACED_NET_DNS=${NH_A:+$NH_A:53} "$SC" dev up --workers 2 --dir "$D" --substrate qemu --disk-io bps=32M,iops=4000 --fence-after 10 \
 	>"$W/up.out" 2>"$W/up.err"; then
 	cat "$W/up.err" "$D/vm-images.log" 2>/dev/null; tail -n 20 "$D"/*.log 2>/dev/null
 	echo "FAIL: dev up --substrate qemu"; exit 1
@@ -241,6 +243,33 @@ if [ -n "$GWP" ]; then
 		fail "impostor reasons: $(cat "$W/gw-cid.log" "$W/gw-vm.log")"
 else
 	fail "no VM gateway runs"
+fi
+
+# ---- the worker's gate not running: spaced-vm keeps the fence on its own ----
+# With the gate stopped nothing renews the worker's lease (--fence-after 10 here) and nothing of the
+# gate's can fence; spaced-vm (--lease-file) stops the VM once the lease ended, as a process
+# execution's launcher freezes its execution (docs/control-messages.md "Fence"). Back, the gate
+# fences at once (the lease ended) and lifts the fence once the link asked again: the VM runs.
+wsup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
+GATE=""
+for p in $(pgrep -x spaced-gate); do
+	q=$p
+	while [ "$q" -gt 1 ]; do
+		[ "$q" = "$wsup" ] && { GATE=$p; break; }
+		q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
+	done
+	[ -n "$GATE" ] && break
+done
+if [ -n "$GATE" ]; then
+	kill -STOP "$GATE"
+	wait_for "with worker-1's gate stopped, spaced-vm stops the VM once the lease ended" 40 \
+		grep -q "the worker's lease ended .* stopped until its gate lifts the fence" "$D/worker-1/log/$S.log"
+	expect "the VM is stopped (spaced-vm STATUS)" \
+		"$("$build/spaced-vmm/spaced-vm" ctl --state "$D/worker-1/exec/$S.1" STATUS 2>&1 | grep -o 'paused=[01]')" paused=1
+	kill -CONT "$GATE"
+	wait_for "the gate back, its fence lifts and the VM runs again" 60 sh -c "\"$SC\" exec $S -- echo back | grep -q back"
+else
+	fail "worker-1's gate not found"
 fi
 
 # a running process and an open terminal across pause and resume

@@ -1,0 +1,63 @@
+/*
+ * lease.c — the worker's lease as read by the processes that keep its fence
+ * without the gate (lease.h).
+ */
+#include "lease.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+enum spaced_lease_state spaced_lease_read(const char *path, long long *ended_s)
+{
+	FILE *f = fopen(path, "re");
+	if (f == NULL)
+		return errno == ENOENT ? SPACED_LEASE_GONE : SPACED_LEASE_UNREADABLE;
+	long long until = 0;
+	bool ok = fscanf(f, "%lld", &until) == 1;
+	fclose(f);
+	if (!ok)
+		return SPACED_LEASE_UNREADABLE;
+	long long now = (long long)time(NULL);
+	if (now <= until)
+		return SPACED_LEASE_VALID;
+	if (ended_s)
+		*ended_s = now - until;
+	return SPACED_LEASE_ENDED;
+}
+
+bool spaced_lease_gate_fenced(const char *lease_path)
+{
+	char fenced[PATH_MAX];
+	const char *slash = strrchr(lease_path, '/');
+	snprintf(fenced, sizeof fenced, "%.*sfenced", slash ? (int)(slash - lease_path + 1) : 0, lease_path);
+	return access(fenced, F_OK) == 0;
+}
+
+enum spaced_lease_action spaced_lease_watch_step(struct spaced_lease_watch *w, bool paused, long long *ended_s)
+{
+	uint64_t now = spaced_mono_ns();
+	if (w->path == NULL || now - w->checked_ns < 1000000000ull)
+		return SPACED_LEASE_NOTHING;
+	w->checked_ns = now;
+	switch (spaced_lease_read(w->path, ended_s)) {
+	case SPACED_LEASE_VALID:
+	case SPACED_LEASE_GONE: {
+		if (spaced_lease_gate_fenced(w->path))
+			return SPACED_LEASE_NOTHING;
+		bool thaw = w->frozen && paused;
+		w->frozen = false;
+		return thaw ? SPACED_LEASE_THAW : SPACED_LEASE_NOTHING;
+	}
+	case SPACED_LEASE_ENDED:
+		return w->frozen || paused ? SPACED_LEASE_NOTHING : SPACED_LEASE_FREEZE;
+	case SPACED_LEASE_UNREADABLE:
+		break;
+	}
+	return SPACED_LEASE_NOTHING;
+}
