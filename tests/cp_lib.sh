@@ -135,6 +135,18 @@ need_substrate() {
 	done
 }
 
+# rootfs_tarball FILE [BYTES] — a root filesystem tarball: a directory data/ holding data/blob, BYTES
+# (300 KiB) of random data (each one its own tree)
+rootfs_tarball() {
+	python3 - "$1" "${2:-307200}" <<'PY'
+import io, os, sys, tarfile
+with tarfile.open(sys.argv[1], "w") as t:
+    d = tarfile.TarInfo("data"); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)
+    data = os.urandom(int(sys.argv[2]))
+    f = tarfile.TarInfo("data/blob"); f.size = len(data); f.mode = 0o644; t.addfile(f, io.BytesIO(data))
+PY
+}
+
 # role_pid NAME [WORKER] — the pid of WORKER's (worker-1's) process named NAME (a descendant of its
 # supervisor, from $D/pids), empty when there is none
 role_pid() {

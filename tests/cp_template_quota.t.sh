@@ -36,14 +36,8 @@ TE=$(admin create-tenant epsilon)
 admin set-quota delta templates=2M
 start_cp cp
 export SPACED_CP_URL="$CP_URL" SPACED_API_KEY="$TA"
-for t in a b c1 c2 c3 c4 c5 c6 c7 c8; do # a root filesystem tarball: one directory, 300 KiB of random data
-	python3 - "$W/$t.tar" <<'PY' || { echo "FAIL: mk tarball"; exit 1; }
-import io, os, sys, tarfile
-with tarfile.open(sys.argv[1], "w") as t:
-    d = tarfile.TarInfo("data"); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)
-    data = os.urandom(307200)
-    f = tarfile.TarInfo("data/blob"); f.size = len(data); f.mode = 0o644; t.addfile(f, io.BytesIO(data))
-PY
+for t in a b c1 c2 c3 c4 c5 c6 c7 c8; do
+	rootfs_tarball "$W/$t.tar" || { echo "FAIL: mk tarball"; exit 1; }
 done
 trees() { ls "$W/cp/store/templates" | grep -c '\.tar$'; }
 

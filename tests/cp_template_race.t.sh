@@ -29,14 +29,8 @@ export SPACED_CP_TEST_REMOVE_DELAY_MS=4000
 start_cp cp
 unset SPACED_CP_TEST_REMOVE_DELAY_MS
 export SPACED_CP_URL="$CP_URL"
-for t in shared alone; do # a root filesystem tarball: one directory, 200 KiB of random data
-	python3 - "$W/$t.tar" <<'PY' || { echo "FAIL: mk tarball"; exit 1; }
-import io, os, sys, tarfile
-with tarfile.open(sys.argv[1], "w") as t:
-    d = tarfile.TarInfo("data"); d.type = tarfile.DIRTYPE; d.mode = 0o755; t.addfile(d)
-    data = os.urandom(204800)
-    f = tarfile.TarInfo("data/blob"); f.size = len(data); f.mode = 0o644; t.addfile(f, io.BytesIO(data))
-PY
+for t in shared alone; do
+	rootfs_tarball "$W/$t.tar" 204800 || { echo "FAIL: mk tarball"; exit 1; }
 done
 archive() { echo "$W/cp/store/templates/$1.tar"; }
 
