@@ -1574,36 +1574,102 @@ static int start_elsewhere(struct cp *cp, struct cp_store *st, const char *tenan
  * (tenant, idem_key) makes one of two creates racing with one key fail its
  * insert; that one is answered here too. The body is not compared: the key
  * names the create. */
+/* Replays waiting for the create that made their sandbox, per tenant: two
+ * at most each (a tenant replaying in a loop would otherwise hold the
+ * lifecycle threads, each for up to --ack-timeout); the others are answered
+ * at once, the sandbox as it is. */
+#define REPLAY_WAITING_TENANTS 64
+#define REPLAY_WAITING_EACH 2
+static pthread_mutex_t replay_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	char tenant[SPACED_NAME_MAX];
+	int n;
+} replay_waiting[REPLAY_WAITING_TENANTS];
+
+static bool replay_wait_take(const char *tenant)
+{
+	bool ok = false;
+	pthread_mutex_lock(&replay_mu);
+	int free_slot = -1, i;
+	for (i = 0; i < REPLAY_WAITING_TENANTS; i++) {
+		if (replay_waiting[i].n > 0 && strcmp(replay_waiting[i].tenant, tenant) == 0)
+			break;
+		if (replay_waiting[i].n == 0 && free_slot < 0)
+			free_slot = i;
+	}
+	if (i == REPLAY_WAITING_TENANTS && free_slot >= 0) {
+		i = free_slot;
+		snprintf(replay_waiting[i].tenant, sizeof replay_waiting[i].tenant, "%s", tenant);
+	}
+	if (i < REPLAY_WAITING_TENANTS && replay_waiting[i].n < REPLAY_WAITING_EACH) {
+		replay_waiting[i].n++;
+		ok = true;
+	}
+	pthread_mutex_unlock(&replay_mu);
+	return ok;
+}
+
+static void replay_wait_release(const char *tenant)
+{
+	pthread_mutex_lock(&replay_mu);
+	for (int i = 0; i < REPLAY_WAITING_TENANTS; i++)
+		if (replay_waiting[i].n > 0 && strcmp(replay_waiting[i].tenant, tenant) == 0) {
+			replay_waiting[i].n--;
+			break;
+		}
+	pthread_mutex_unlock(&replay_mu);
+}
+
+/* Whether the sandbox in rows (id, deleted, state, op, op_until) is still
+ * being made: an operation holds it (its lease not past) and it is
+ * `starting`, or `error` between a worker's refusal and the next worker's
+ * try (start_elsewhere). */
+static bool replay_in_flight(const struct cp_rows *rows)
+{
+	const char *state = cp_rows_get(rows, 0, 2), *op = cp_rows_get(rows, 0, 3);
+	return cp_rows_i64(rows, 0, 1, 0) == 0 && op && op[0] && cp_rows_i64(rows, 0, 4, 0) >= spaced_now() && state &&
+	       (strcmp(state, "starting") == 0 || strcmp(state, "error") == 0);
+}
+
 int cp_create_replayed(struct cp *cp, struct cp_store *st, const char *tenant, const char *key, json_t **body)
 {
 	struct cp_rows *rows = NULL;
 	int status = 0;
-	if (!key[0] || CP_Q(st, &rows, NULL, "SELECT id, deleted, state FROM sandboxes WHERE tenant = $1 AND idem_key = $2",
-	                    tenant, key) < 0 || rows->nrows != 1) {
+	if (!key[0] ||
+	    CP_Q(st, &rows, NULL,
+	         "SELECT id, deleted, state, op, op_until FROM sandboxes WHERE tenant = $1 AND idem_key = $2", tenant,
+	         key) < 0 ||
+	    rows->nrows != 1) {
 		cp_rows_free(rows);
 		return 0;
 	}
 	const char *id = cp_rows_get(rows, 0, 0);
-	/* the create that made it still waits for its worker: the replay waits
-	 * with it (every 20 ms, as long as that create may wait for one
-	 * worker's acknowledgement and a second), so that it answers what the
-	 * create answers, a sandbox that runs or its failure, and not one in
-	 * `starting` that the client would take for made */
-	const char *state = cp_rows_get(rows, 0, 2);
-	for (uint64_t until = spaced_mono_ns() + ((uint64_t)cp->ack_timeout_ms + 1000) * 1000000;
-	     state && strcmp(state, "starting") == 0 && cp_rows_i64(rows, 0, 1, 0) == 0 && spaced_mono_ns() < until;
-	     state = cp_rows_get(rows, 0, 2)) {
-		char keep[SPACED_NAME_MAX];
-		snprintf(keep, sizeof keep, "%s", id);
-		cp_rows_free(rows);
-		rows = NULL;
-		usleep(20000);
-		if (CP_Q(st, &rows, NULL, "SELECT id, deleted, state FROM sandboxes WHERE id = $1", keep) < 0 ||
-		    rows->nrows != 1) {
+	/* the create that made it still runs (waits for its worker, or tries
+	 * another): the replay waits with it (the store read every 20 ms, then
+	 * less often, up to --ack-timeout and a second), so that it answers what
+	 * the create ends with, a sandbox that runs or its failure, and not one
+	 * in `starting` that the client would take for made; past that bound, or
+	 * past REPLAY_WAITING_EACH of its tenant's, as it is */
+	if (replay_in_flight(rows) && replay_wait_take(tenant)) {
+		uint64_t until = spaced_mono_ns() + ((uint64_t)cp->ack_timeout_ms + 1000) * 1000000;
+		useconds_t pause = 20000;
+		while (replay_in_flight(rows) && spaced_mono_ns() < until) {
+			char keep[SPACED_NAME_MAX];
+			snprintf(keep, sizeof keep, "%s", id);
 			cp_rows_free(rows);
-			return 0;
+			rows = NULL;
+			usleep(pause);
+			pause = pause < 160000 ? pause * 2 : 200000;
+			if (CP_Q(st, &rows, NULL, "SELECT id, deleted, state, op, op_until FROM sandboxes WHERE id = $1",
+			         keep) < 0 ||
+			    rows->nrows != 1) {
+				cp_rows_free(rows);
+				replay_wait_release(tenant);
+				return 0;
+			}
+			id = cp_rows_get(rows, 0, 0);
 		}
-		id = cp_rows_get(rows, 0, 0);
+		replay_wait_release(tenant);
 	}
 	if (cp_rows_i64(rows, 0, 1, 0) > 0) {
 		*body = json_pack("{s:s,s:s,s:s}", "error", "idempotency-key-used", "message",

@@ -474,8 +474,15 @@ static int64_t publish_locked(struct cp *cp, const char *tmp, const char *hash)
 {
 	char final[PATH_MAX];
 	snprintf(final, sizeof final, "%s/templates/%s.tar", cp->store_dir, hash);
-	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) < 0)
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_NOREPLACE) < 0) {
+		int e = errno;
 		unlink(tmp);
+		if (e != EEXIST) {
+			spaced_log("spaced-cp", "level=error event=store-publish-failed hash=%s reason=\"%s\"", hash,
+			           strerror(e));
+			return -1;
+		}
+	}
 	return tree_bytes(cp, hash);
 }
 

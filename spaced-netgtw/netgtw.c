@@ -233,7 +233,7 @@ static bool fenced_now(void)
 	if (G.lease_file && (G.lease_ended || G.lease_read_ms == 0 || t - G.lease_read_ms >= 1000)) {
 		G.lease_read_ms = t;
 		enum spaced_lease_state s = spaced_lease_read(G.lease_file, NULL);
-		if (s == SPACED_LEASE_VALID || s == SPACED_LEASE_ENDED)
+		if (s != SPACED_LEASE_UNREADABLE) /* gone: the fence was turned off */
 			G.lease_ended = s == SPACED_LEASE_ENDED;
 	}
 	return G.fenced || G.lease_ended;

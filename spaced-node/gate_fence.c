@@ -20,9 +20,9 @@
  * fence in STATE/fenced, so a gate started again while cut off does not count
  * a new lease from its start: it fences when the old one ends (at once when
  * it has, or when it was fenced). While the gate is not running, each process
- * execution's launcher and each ServicePort gateway read STATE/lease and keep
- * the fence on their own (spaced-launch --lease-file, spaced-netgtw
- * --lease-file).
+ * execution's launcher, each microVM's spaced-vm and each ServicePort gateway
+ * read STATE/lease and keep the fence on their own (--lease-file of
+ * spaced-launch, spaced-vm and spaced-netgtw; libspaced/lease.h).
  */
 #include "gate.h"
 

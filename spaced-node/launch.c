@@ -315,8 +315,12 @@ static void lease_check(struct launcher *L)
 		}
 		break;
 	case SPACED_LEASE_THAW:
-		if (spaced_sub_thaw(L->sub) == 0)
+		if (spaced_sub_thaw(L->sub) == 0) {
 			logf_("the worker's lease is valid again and its gate is not fenced: thawed");
+		} else {
+			L->lease.frozen = true; /* still the launcher's to thaw: tried again in a second */
+			logf_("thawing after the lease failed");
+		}
 		break;
 	case SPACED_LEASE_NOTHING:
 		break;

@@ -545,14 +545,20 @@ static void lease_check(void)
 	case SPACED_LEASE_FREEZE:
 		if (do_pause(why, sizeof why) == 0) {
 			V.lease.frozen = true;
+			V.lease_stop_failed = false;
 			vm_log("the worker's lease ended %lld s ago: stopped until its gate lifts the fence", ago);
-		} else {
+		} else if (!V.lease_stop_failed) { /* tried again every second, said once */
+			V.lease_stop_failed = true;
 			vm_log("the worker's lease ended %lld s ago; stopping the VM failed: %s", ago, why);
 		}
 		break;
 	case SPACED_LEASE_THAW:
-		if (do_thaw(why, sizeof why) == 0)
+		if (do_thaw(why, sizeof why) == 0) {
 			vm_log("the worker's lease is valid again and its gate is not fenced: started again");
+		} else {
+			V.lease.frozen = true; /* still this one's to start: tried again in a second */
+			vm_log("starting the VM again failed: %s", why);
+		}
 		break;
 	case SPACED_LEASE_NOTHING:
 		break;

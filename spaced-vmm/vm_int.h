@@ -83,6 +83,7 @@ struct vm {
 	/* --lease-file: the worker's lease; the VM is stopped once it ended
 	 * with no gate to fence (lease.h) */
 	struct spaced_lease_watch lease;
+	bool lease_stop_failed; /* the last stop for the lease failed (logged once) */
 	char net_addr[24], net_gw[16]; /* the guest's egress address (a.b.c.d/p) and gateway, "" when none */
 	char ram_path[PATH_MAX];  /* the guest's RAM: a file on tmpfs, shared with the back-end */
 	enum vm_machine machine;

@@ -10,7 +10,8 @@
 #  - once that sandbox is deleted the key answers 409 idempotency-key-used, naming it;
 #  - a malformed key is 400;
 #  - a replay while the first create still waits for its worker's acknowledgement waits with it
-#    and answers the sandbox running (before: 200 with a sandbox in `starting`).
+#    and answers the sandbox running (before: 200 with a sandbox in `starting`); two of a
+#    tenant's replays wait at once at most, the others are answered at once.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 store_test_setup
@@ -53,7 +54,7 @@ expect "a key of 65 characters: 400" "$(ik "$(head -c 65 /dev/zero | tr '\0' k)"
 
 # ---- a replay while the first create still waits for its worker: it waits with it ----
 register wd
-start_worker wd --delay-ms 1500 --delay-type install
+start_worker wd --delay-ms 3000 --delay-type install
 IK_WORKER=wd ik k-3 "$W/e1" >"$W/es1" &
 F=$!
 sleep 0.4
@@ -62,8 +63,25 @@ r=$(IK_WORKER=wd ik k-3 "$W/e2")
 t1=$(date +%s%N)
 wait "$F"
 echo "the replay was answered after $(((t1 - t0) / 1000000)) ms"
-expect "the first create, acknowledged 1.5 s later: 201" "$(cat "$W/es1") $(jq -r .state "$W/e1")" "201 running"
+expect "the first create, acknowledged 3 s later: 201" "$(cat "$W/es1") $(jq -r .state "$W/e1")" "201 running"
 expect "a replay meanwhile: 200, its sandbox, running (not starting: it waited for the create's end)" \
 	"$r $(jq -r .id "$W/e2") $(jq -r .state "$W/e2")" "200 $(jq -r .id "$W/e1") running"
+# a tenant's replays in a loop hold no more than two request threads: two wait, the rest are
+# answered at once with the sandbox as it is
+IK_WORKER=wd ik k-4 "$W/f0" >"$W/fs0" &
+F=$!
+i=0
+until [ "$(q "SELECT COUNT(*) FROM sandboxes WHERE idem_key = 'k-4'")" = 1 ]; do
+	i=$((i + 1)); [ $i -lt 100 ] || break
+	sleep 0.02
+done
+pids=""
+for i in 1 2 3 4 5; do
+	IK_WORKER=wd ik k-4 "$W/f$i" >"$W/fs$i" &
+	pids="$pids $!"
+done
+for p in $pids $F; do wait "$p"; done
+expect "five replays at once while the create waits: two wait for it (running), three are answered at once (starting)" \
+	"$(for i in 1 2 3 4 5; do jq -r .state "$W/f$i"; done | sort | uniq -c | awk '{printf "%s %s ", $1, $2}')" "2 running 3 starting "
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

@@ -187,6 +187,7 @@ expect "the paused execution's tasks are frozen (guest and sleep)" \
 	"$([ "$(tasks_of_range)" -ge 2 ] && loop_held && [ "$(cgroups_left)" -gt 0 ] && echo yes)" yes
 # its tasks, by pid (once they are gone, another cluster beside this one may take the uid range)
 PZT=$(ps -eo pid=,uid= | awk -v b="$PB" '$2 >= b && $2 < b + 65536 {print $1}' | tr '\n' ' ')
+[ -n "$PZT" ] || fail "no task of the paused execution found in its uid range ($PB)"
 kill -9 "$PL"
 wait_for "the worker said the paused execution ended" grep -q "event=execution-ended sandbox=$PZ" "$D/worker-1.log"
 wait_for "its frozen tasks were thawed and killed" sh -c "for p in $PZT; do u=\$(awk '/^Uid:/ {print \$2}' /proc/\$p/status 2>/dev/null); [ -n \"\$u\" ] && [ \"\$u\" -ge $PB ] && [ \"\$u\" -lt $((PB + 65536)) ] && exit 1; done; exit 0"

@@ -17,11 +17,12 @@
 
 #include "lease.h"
 
-static char dir[] = "/tmp/spaced-test-lease-XXXXXX";
+static char dir[64];
 static char lease[PATH_MAX], fenced[PATH_MAX];
 
 static void setup(void)
 {
+	snprintf(dir, sizeof dir, "/tmp/spaced-test-lease-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(lease, sizeof lease, "%s/lease", dir);
 	snprintf(fenced, sizeof fenced, "%s/fenced", dir);

@@ -261,6 +261,8 @@ for p in $(pgrep -x spaced-gate); do
 	[ -n "$GATE" ] && break
 done
 if [ -n "$GATE" ]; then
+	# (stopped no longer than this section: the EXIT trap's dev down needs it)
+	trap 'kill -CONT "$GATE" 2>/dev/null; for p in $BG; do kill $p 2>/dev/null; done; exec 3>&- 2>/dev/null; "$SC" dev down --dir "$D" >/dev/null 2>&1; net_host_down; rm -rf "$W"' EXIT
 	kill -STOP "$GATE"
 	wait_for "with worker-1's gate stopped, spaced-vm stops the VM once the lease ended" 40 \
 		grep -q "the worker's lease ended .* stopped until its gate lifts the fence" "$D/worker-1/log/$S.log"
