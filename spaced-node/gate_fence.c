@@ -221,16 +221,22 @@ static void fence_now(struct mgr *m, const char *why)
 	freeze_running(m);
 }
 
-void gate_fence_tick(struct mgr *m)
+/* Fences when the lease has ended and the gate has not fenced yet. */
+static void fence_if_ended(struct mgr *m, uint64_t now)
 {
-	if (!fence_on(m))
-		return;
-	uint64_t now = gate_fence_clock_ns();
 	if (!m->fence.fenced && m->fence.deadline_ns != 0 && now >= m->fence.deadline_ns) {
 		char why[96];
 		snprintf(why, sizeof why, "no word from the control plane for %d s", m->cfg->fence_after_s);
 		fence_now(m, why);
 	}
+}
+
+void gate_fence_tick(struct mgr *m)
+{
+	if (!fence_on(m))
+		return;
+	uint64_t now = gate_fence_clock_ns();
+	fence_if_ended(m, now);
 	if (!m->fence.fenced)
 		return;
 	freeze_running(m); /* and any a gate started before it fenced finished starting since */
@@ -274,6 +280,15 @@ json_t *gate_fence_admin(struct mgr *m, json_t *msg, const char **err)
 			return NULL;
 		}
 		uint64_t until = (uint64_t)json_integer_value(a) + (uint64_t)m->cfg->fence_after_s * 1000000000ull;
+		/* a renewal that comes once the lease has ended, before the gate's
+		 * tick saw it end (the gate was stopped, its loop held up), does
+		 * not undo the end: the control plane may have counted this worker
+		 * fenced and started its sandboxes elsewhere. The gate fences
+		 * first, and lifts the fence as after any, once the replay is
+		 * applied (before, such a renewal kept the gate unfenced, and a
+		 * launcher that had frozen its execution on its own thawed it at
+		 * once, before the stops queued meanwhile had arrived). */
+		fence_if_ended(m, now);
 		if (until > now && until > m->fence.deadline_ns) {
 			m->fence.deadline_ns = until;
 			lease_write(m, spaced_now() + (int64_t)((until - now) / 1000000000ull));
