@@ -29,7 +29,9 @@ rm -rf "$A" 2>/dev/null
 WAIT_SECONDS=30 wait_for "every process of the removed cluster stopped (workers, control plane, executions)" \
 	sh -c "[ \$(ps -eo args= | grep -F '$A/' | grep -v grep | wc -l) -eq 0 ]"
 sleep 1
-expect "nothing made its files again" "$(find "$A" -name pids -o -name '*.log' 2>/dev/null | wc -l | tr -d ' ')" 0
+made=$(find "$A" -name pids -o -name '*.log' 2>/dev/null)
+expect "nothing made its files again" "$(echo "$made" | grep -c .)" 0
+[ -z "$made" ] || { echo "  made again: $made"; ls -la --time-style=+%T.%N $made; }
 expect "its egress namespace is unmounted" "$(grep -cF "$A/" /proc/mounts)" 0
 rm -rf "$A" && ok "what rm -rf could not remove goes now" || fail "the directory still cannot be removed"
 expect "no loop device holds a disk of it" "$(losetup -a 2>/dev/null | grep -cF "$A/")" 0
