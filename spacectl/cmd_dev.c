@@ -138,7 +138,18 @@ static char **argv_copy(const char *const argv[])
 }
 
 /* Starts argv in the background in its own session, output to log. */
+static pid_t spawn_log(const char *const argv[], const char *log, bool again);
+
 static pid_t spawn(const char *const argv[], const char *log)
+{
+	return spawn_log(argv, log, false);
+}
+
+/* again (the keeper starting a process again): its log must still be there,
+ * else the child ends at once (127) and nothing is made: the cluster's
+ * directory is being removed, and a log made anew would keep it (rm -rf's
+ * last rmdir fails), and its cluster with it */
+static pid_t spawn_log(const char *const argv[], const char *log, bool again)
 {
 	pid_t pid = fork();
 	if (pid != 0)
@@ -147,7 +158,9 @@ static pid_t spawn(const char *const argv[], const char *log)
 	if (av == NULL)
 		_exit(127);
 	setsid();
-	int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	int in = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_APPEND | (again ? 0 : O_CREAT), 0600);
+	if (out < 0 && again)
+		_exit(127);
 	if (in >= 0)
 		dup2(in, 0);
 	if (out >= 0) {
@@ -732,7 +745,7 @@ static void run_keeper(const char *absdir, int ready_fd)
 				k->pause_ms = k->pause_ms * 2 > 5000 ? 5000 : k->pause_ms * 2;
 			}
 			if (k->due_ms != 0 && t >= k->due_ms) {
-				pid_t pid = spawn((const char *const *)k->argv, k->log);
+				pid_t pid = spawn_log((const char *const *)k->argv, k->log, true);
 				if (pid < 0)
 					continue;
 				k->pid = pid;
