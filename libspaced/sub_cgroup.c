@@ -201,13 +201,39 @@ static const char *parent_name(void)
 	return spaced_cgroup_parent_valid(n) ? n : "spaced";
 }
 
+/* The last component of the cgroup path own when it is name, else NULL. */
+static char *last_named(char *own, const char *name)
+{
+	char *last = strrchr(own, '/');
+
+	return last != NULL && strcmp(last + 1, name) == 0 ? last : NULL;
+}
+
+/* This process's cgroup path in controller ctrl ("" on cgroup2), or the one
+ * holding it when it is the background cgroup ("<parent>+background"): what
+ * a process there makes (a pooled execution's launcher makes its
+ * execution's cgroups) goes where it would go from the foreground, not below
+ * the background cgroup. */
+static int own_base(const char *ctrl, char *out, size_t outsz)
+{
+	char mine[PATH_MAX], *last;
+	int r = cgroup_path_of(0, ctrl, out, outsz);
+
+	if (r < 0)
+		return r;
+	snprintf(mine, sizeof(mine), "%s+background", parent_name());
+	if ((last = last_named(out, mine)) != NULL)
+		*(last == out ? last + 1 : last) = '\0';
+	return 0;
+}
+
 static int make_v1(const char *ctrl, const char *name, char *out, size_t outsz, char *why,
                    size_t whysz)
 {
 	char own[PATH_MAX - 64], dir[PATH_MAX];
 	int r;
 
-	r = cgroup_path_of(0, ctrl, own, sizeof(own));
+	r = own_base(ctrl, own, sizeof(own));
 	if (r < 0) {
 		spaced_why(why, whysz, "cgroup v1 %s hierarchy not found in /proc/self/cgroup", ctrl);
 		return r;
@@ -361,21 +387,14 @@ static int set_v1_io(struct sub_cgroup *cg, const char *name, const struct sub_l
 
 /* The directory named parent_name() + suffix of controller ctrl ("" on
  * cgroup2) below this process's own cgroup, made when missing: the
- * executions' parent (suffix "") or the request path's ("+request"). A
+ * executions' parent (suffix ""), the request path's ("+request") or
+ * background work's ("+background"). A
  * process already in the latter (node-api, forked by the gate that joined
  * first; a second join) names the same one, not one below it. */
-/* The last component of the cgroup path own when it is name, else NULL. */
-static char *last_named(char *own, const char *name)
-{
-	char *last = strrchr(own, '/');
-
-	return last != NULL && strcmp(last + 1, name) == 0 ? last : NULL;
-}
-
 static int parent_dir(const char *ctrl, const char *suffix, char *out, size_t outsz, char *why, size_t whysz)
 {
 	char own[PATH_MAX - 96], mine[PATH_MAX];
-	int r = cgroup_path_of(0, ctrl, own, sizeof(own));
+	int r = own_base(ctrl, own, sizeof(own));
 	char *last;
 
 	if (r < 0) {
@@ -552,6 +571,83 @@ void spaced_sub_request_cpu_remove(void)
 			(void)rmdir(dir);
 }
 
+/* The background cgroup's weight: 32 of the 1024 of the executions' parent
+ * (cgroup2: 3 of 100), enough that background work still moves on a host
+ * whose CPUs executions keep busy */
+#define BACKGROUND_SHARES "32"
+#define BACKGROUND_WEIGHT "3"
+
+int spaced_sub_background_cpu_join(char *why, size_t whysz)
+{
+	bool v2 = unified_mode();
+	const char *ctrl = v2 ? "" : "cpu";
+	char dir[PATH_MAX], path[PATH_MAX + 32];
+	int r;
+
+	if (v2) {
+		char own[PATH_MAX];
+
+		if ((r = cgroup_path_of(0, "", own, sizeof(own))) < 0)
+			return r;
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
+		(void)knob(path, "cgroup.subtree_control", "+cpu", NULL, 0);
+	} else if (!has_v1("cpu")) {
+		spaced_why(why, whysz, "no cgroup v1 cpu hierarchy");
+		return SPACED_ENOENT;
+	}
+	if ((r = parent_dir(ctrl, "+background", dir, sizeof(dir), why, whysz)) < 0)
+		return r;
+	snprintf(path, sizeof(path), "%s/%s", dir, v2 ? "cpu.weight" : "cpu.shares");
+	if (access(path, F_OK) != 0) {
+		spaced_why(why, whysz, "no cpu controller in %s", dir);
+		(void)rmdir(dir);
+		return SPACED_ENOENT;
+	}
+	if ((r = knob(dir, v2 ? "cpu.weight" : "cpu.shares", v2 ? BACKGROUND_WEIGHT : BACKGROUND_SHARES, why,
+	              whysz)) < 0)
+		return r;
+	return knob(dir, "cgroup.procs", "0", why, whysz);
+}
+
+int spaced_sub_background_cpu_home(char *procs, size_t procssz)
+{
+	bool v2 = unified_mode();
+	char own[PATH_MAX - 96];
+	int r;
+
+	if (!v2 && !has_v1("cpu"))
+		return SPACED_ENOENT;
+	if ((r = own_base(v2 ? "" : "cpu", own, sizeof(own))) < 0)
+		return r;
+	if ((size_t)snprintf(procs, procssz, "/sys/fs/cgroup%s%s/cgroup.procs", v2 ? "" : "/cpu",
+	                     strcmp(own, "/") == 0 ? "" : own) >= procssz)
+		return SPACED_ETOOBIG;
+	return 0;
+}
+
+int spaced_sub_background_cpu_leave(pid_t pid)
+{
+	char procs[PATH_MAX], val[32];
+	int r;
+
+	if ((r = spaced_sub_background_cpu_home(procs, sizeof(procs))) < 0)
+		return r;
+	snprintf(val, sizeof(val), "%d", (int)pid);
+	return sub_write_file(procs, val) < 0 ? SPACED_ESYS : 0;
+}
+
+void spaced_sub_background_cpu_remove(void)
+{
+	char dir[PATH_MAX];
+	bool v2 = unified_mode();
+
+	if (!(v2 || has_v1("cpu")) || parent_dir(v2 ? "" : "cpu", "+background", dir, sizeof(dir), NULL, 0) < 0)
+		return;
+	/* the pool's executions stopped with the gate may still be ending */
+	for (int i = 0; i < 50 && rmdir(dir) < 0 && errno == EBUSY; i++)
+		usleep(20000);
+}
+
 int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
                       char *why, size_t whysz)
 {
@@ -566,7 +662,7 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 		char own[PATH_MAX - 64], dir[PATH_MAX];
 
 		cg->v2 = true;
-		r = cgroup_path_of(0, "", own, sizeof(own));
+		r = own_base("", own, sizeof(own));
 		if (r < 0) {
 			spaced_why(why, whysz, "no cgroup2 line in /proc/self/cgroup");
 			return r;
@@ -803,7 +899,7 @@ int sub_cgroup_reap_orphans(void)
 	int found = 0;
 
 	if (unified_mode()) {
-		if (cgroup_path_of(0, "", own, sizeof(own)) < 0)
+		if (own_base("", own, sizeof(own)) < 0)
 			return 0;
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
 		return reap_parents(dir, NULL);
@@ -811,7 +907,7 @@ int sub_cgroup_reap_orphans(void)
 	/* the freezer first: its tasks must be thawed before they can die */
 	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct", "blkio" };
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-		if (cgroup_path_of(0, order[i], own, sizeof(own)) < 0)
+		if (own_base(order[i], own, sizeof(own)) < 0)
 			continue;
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s", order[i], strcmp(own, "/") == 0 ? "" : own);
 		found += reap_parents(dir, order[i]);

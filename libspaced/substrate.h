@@ -200,6 +200,33 @@ int spaced_sub_request_cpu_stat(uint64_t *usage_ns, uint64_t *throttled, uint64_
 /* Removes that cgroup once no process is left in it (spaced-node's stop). */
 void spaced_sub_request_cpu_remove(void);
 
+/* Background work (a warm pool's starts): the calling process moves into a
+ * CPU cgroup beside the executions' parent ("<parent>+background"), weighed
+ * at 1/32 of the default CPU weight for all its processes together, so that
+ * what it and the processes it starts do takes only the CPU that creates,
+ * requests and executions leave (a nice value weighs only inside a session
+ * of the root cgroup; every start was one session, each at a tenth of the
+ * weight). Returns 0, SPACED_ENOENT when the host has no CPU controller there
+ * (nothing changes), or another negative code with a reason in why. */
+int spaced_sub_background_cpu_join(char *why, size_t whysz);
+
+/* A process of that background work that now serves in the foreground (a
+ * pooled execution's launcher, bridge or gateway, once claimed; a daemon of
+ * the worker's that a start needed) moves into the CPU cgroup that holds the
+ * background one (the caller's own, or the one above it when the caller is
+ * in the background cgroup), where the same process started for a create
+ * would be. 0, or a negative code (the process stays where it is). */
+int spaced_sub_background_cpu_leave(pid_t pid);
+
+/* The cgroup.procs file leave() writes to, in procs: a child about to run
+ * writes "0" to it (open and write only) to leave on its own. 0, or a
+ * negative code (SPACED_ENOENT: no CPU controller). */
+int spaced_sub_background_cpu_home(char *procs, size_t procssz);
+
+/* Removes the background cgroup once no process is left in it (waiting up
+ * to 1 s for the processes in it to end). */
+void spaced_sub_background_cpu_remove(void);
+
 /* Kills the tasks of executions whose launcher is gone (killed with SIGKILL:
  * it could not clean up; on cgroup v1 a frozen task cannot even die until
  * thawed), thaws and removes their cgroups, and takes the disk I/O bounds off

@@ -49,6 +49,7 @@
 #include "netpolicy.h"
 #include "pidref.h"
 #include "helper_spawn.h"
+#include "substrate.h"
 
 #define NSFS_MAGIC_ 0x6e736673
 #define IP_BIN "/usr/sbin/ip"
@@ -345,6 +346,7 @@ struct daemon_child {
 	const char *const *argv;
 	const char *logp;
 	bool nofile_max;
+	char cpu_home[4200]; /* the cgroup.procs it moves itself to, "" for none */
 };
 
 static int daemon_child(void *arg)
@@ -352,9 +354,16 @@ static int daemon_child(void *arg)
 	const struct daemon_child *c = arg;
 	setsid();
 	/* the worker's network serves every sandbox: at the default
-	 * priority, whatever the job that first needed it ran at (a
-	 * pool's start runs below it) */
+	 * priority and out of the background CPU cgroup, whatever the job
+	 * that first needed it ran at (a pool's start runs below it) */
 	setpriority(PRIO_PROCESS, 0, 0);
+	if (c->cpu_home[0]) {
+		int fd = open(c->cpu_home, O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			(void)!write(fd, "0", 1);
+			close(fd);
+		}
+	}
 	struct rlimit rl;
 	if (c->nofile_max && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
 		rl.rlim_cur = rl.rlim_max;
@@ -374,6 +383,8 @@ static int daemon_child(void *arg)
 static int spawn_daemon(const char *const argv[], const char *logp, const char *pidfile, bool nofile_max)
 {
 	struct daemon_child c = {.argv = argv, .logp = logp, .nofile_max = nofile_max};
+	if (spaced_sub_background_cpu_home(c.cpu_home, sizeof c.cpu_home) < 0)
+		c.cpu_home[0] = '\0';
 	pid_t pid = spaced_spawn(daemon_child, &c);
 	if (pid < 0)
 		return SPACED_ESYS;

@@ -715,6 +715,8 @@ static int supervise(struct mgr_config *mc, const struct link_config *lc, struct
 		;
 	if (REQUEST_CPU_ON && geteuid() == 0)
 		spaced_sub_request_cpu_remove();
+	if (geteuid() == 0)
+		spaced_sub_background_cpu_remove();
 	return 0;
 }
 

@@ -16,8 +16,10 @@
  * pooled executions' processes measure: proportional set size). Refilled in
  * the background, a few starts at a time, once creates pause for 250 ms (at
  * once when a key has less than a quarter of its target ready): a burst's
- * claims do not share the CPU with refills; what demand no longer asks for
- * is stopped after a minute.
+ * claims do not share the CPU with refills, and the starts and waiting
+ * executions' launchers, bridges and gateways run in a CPU cgroup weighed at
+ * 1/32 (spaced_sub_background_cpu_join); what demand no longer asks for is
+ * stopped after a minute.
  */
 #ifndef SPACED_NODE_POOL_H
 #define SPACED_NODE_POOL_H

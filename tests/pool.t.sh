@@ -20,7 +20,9 @@
 #  - a claim allocates no inode: the gateway's record and the slot file are files made with the
 #    pooled execution, renamed into place;
 #  - a waiting execution's processes run below the default priority, their sessions too, and a
-#    claimed one's are raised back;
+#    claimed one's are raised back; the pool's starts, waiting launchers, bridges and gateways share
+#    one CPU cgroup weighed at 1/32 ("<parent>+background"), which a claimed one's leave for the
+#    executor's, while the executions' own cgroups and the worker's network daemons stay out of it;
 #  - the control plane's idle request threads prepare the statements others ran: a second burst
 #    of creates prepares none in its requests' time.
 set -u
@@ -112,6 +114,55 @@ expect "claimed executions' launcher, bridge and gateway at the default priority
 	"$((claimed_procs * 3))/$((claimed_procs * 3))"
 expect "every other process of the pool below it" "$((lowered + raised))/$([ "$lowered" -ge 1 ] && echo some)" \
 	"$nproc/some"
+# ... and in CPU cgroups: a nice value weighs only inside a session of the root cgroup, so the
+# pool's starts and waiting processes share one cgroup weighed at 1/32 (a claim takes its launcher,
+# bridge and gateway out of it, to the executor's cgroup, where a cold start's are)
+cpucg() { # PID: its cgroup in the cpu controller (cgroup2: its one cgroup)
+	c=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' "/proc/$1/cgroup" 2>/dev/null)
+	[ -n "$c" ] || c=$(awk -F: '$1 == 0 {print $3}' "/proc/$1/cgroup" 2>/dev/null)
+	echo "$c"
+}
+EXE=$(role_pid spaced-executor)
+home=$(cpucg "$EXE")
+if [ -n "$home" ] && { [ -e /sys/fs/cgroup/cpu/cpu.shares ] || grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; }; then
+	bg=0 fg=0 nproc=0
+	for f in "$D"/worker-1/pool/*/launcher; do
+		ed=$(dirname "$f")
+		for p in $(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f" "$ed/bridge" "$ed/gateway" 2>/dev/null); do
+			[ -d "/proc/$p" ] || continue
+			nproc=$((nproc + 1))
+			case "$([ -e "$ed/identity" ] && echo claimed):$(cpucg "$p")" in
+			claimed:"$home") fg=$((fg + 1)) ;;
+			:*+background) bg=$((bg + 1)) ;;
+			*) echo "  $([ -e "$ed/identity" ] && echo claimed || echo waiting) $p: $(cpucg "$p")" ;;
+			esac
+		done
+	done
+	expect "claimed executions' launcher, bridge and gateway in the executor's CPU cgroup ($home)" "$fg" "$((claimed_procs * 3))"
+	expect "waiting ones' in the background CPU cgroup" "$((bg + fg))/$([ "$bg" -ge 1 ] && echo some)" "$nproc/some"
+	bgdir=/sys/fs/cgroup$([ -e /sys/fs/cgroup/cpu/cpu.shares ] && echo /cpu)$(cpucg "$(sed -n 's/^pid=\([0-9]*\).*/\1/p' \
+		"$(for f in "$D"/worker-1/pool/*/launcher; do [ -e "$(dirname "$f")/identity" ] || echo "$f"; done | head -n 1)")")
+	expect "the background cgroup weighed at 1/32" "$(cat "$bgdir/cpu.shares" 2>/dev/null || cat "$bgdir/cpu.weight")" \
+		"$([ -e "$bgdir/cpu.shares" ] && echo 32 || echo 3)"
+	# the executions themselves (their guests and commands) have their cgroups where every
+	# execution's are, claimed or waiting, never below the background one; and the worker's
+	# network daemons, started by the first start that needed them, serve every sandbox
+	under=0
+	for lp in $(status '[.records[].pid] | .[]'); do
+		for g in $(pgrep -P "$lp"); do case "$(cpucg "$g")" in *+background*) under=$((under + 1)) ;; esac; done
+	done
+	expect "no execution's own processes in or below the background cgroup" "$under" 0
+	daemons="" nd=0
+	for f in "$D"/worker-1/net/pasta.pid "$D"/worker-1/net/netd.pid; do
+		p=$(cat "$f" 2>/dev/null)
+		[ -n "$p" ] && [ -d "/proc/$p" ] || continue
+		nd=$((nd + 1))
+		case "$(cpucg "$p")" in *+background) daemons="$daemons $(basename "$f")" ;; esac
+	done
+	[ "$nd" -gt 0 ] && expect "the worker's network daemons ($nd) out of the background cgroup" "${daemons:-none}" none
+else
+	echo "skip: no CPU controller for the background cgroup"
+fi
 # ---- a stopped execution's bridge socket goes with it (they stayed in STATE/run for good) ----
 bridge_socks() {
 	for id in $ids; do

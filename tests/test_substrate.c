@@ -35,6 +35,7 @@
 #include "identity.h"
 #include "pidref.h"
 #include "substrate.h"
+#include "sub_internal.h"
 #include "treehash.h"
 #include "util.h"
 #include "vsock_hs.h"
@@ -1216,6 +1217,108 @@ Test(request_cpu, joins_its_cgroup_with_weight_and_ceiling)
 	unsetenv("SPACED_CGROUP_PARENT");
 	cr_expect_neq(access(cpu, F_OK), 0, "removed once empty");
 	cr_expect_neq(access("/sys/fs/cgroup/cpuacct/spaced.rq-test+request", F_OK), 0);
+}
+
+/* This process's (pid 0) or pid's cgroup in the v1 cpu hierarchy, or "". */
+static void cpu_cgroup_of(pid_t pid, char *out, size_t n)
+{
+	char path[64], line[512];
+	FILE *f;
+
+	snprintf(path, sizeof path, pid ? "/proc/%d/cgroup" : "/proc/self/cgroup", (int)pid);
+	out[0] = '\0';
+	if ((f = fopen(path, "re")) == NULL)
+		return;
+	while (fgets(line, sizeof line, f) != NULL) {
+		char *c = strstr(line, ":cpu:");
+		if (c != NULL) {
+			snprintf(out, n, "%s", c + 5);
+			out[strcspn(out, "\n")] = '\0';
+		}
+	}
+	fclose(f);
+}
+
+/* A warm pool's starts run in "<parent>+background" (cpu.shares 32); what a
+ * process there makes (its execution's cgroups) goes beside it, where a
+ * foreground process's would, never below it; leave() moves a process to the
+ * cgroup holding the background one; the cgroup is removed once empty. */
+Test(background_cpu, joins_makes_beside_and_leaves)
+{
+	const char *bg = "/sys/fs/cgroup/cpu/spaced.bg-test+background";
+	char p[256], v[128];
+	int st = 0;
+
+	if (geteuid() != 0)
+		cr_skip_test("needs root (cgroups)");
+	if (access("/sys/fs/cgroup/cpu/cpu.shares", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpu hierarchy of its own");
+	char own[256];
+	cpu_cgroup_of(0, own, sizeof own);
+	if (strcmp(own, "/") != 0)
+		cr_skip_test("this test runs in the cpu hierarchy's root only (here: %s)", own);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char why[256] = "", cg_now[256], home[300];
+		struct sub_cgroup cg;
+		setenv("SPACED_CGROUP_PARENT", "spaced.bg-test", 1);
+		if (spaced_sub_background_cpu_join(why, sizeof why) != 0) {
+			fprintf(stderr, "join: %s\n", why);
+			_exit(1);
+		}
+		cpu_cgroup_of(0, cg_now, sizeof cg_now);
+		if (strcmp(cg_now, "/spaced.bg-test+background") != 0) {
+			fprintf(stderr, "in %s\n", cg_now);
+			_exit(2);
+		}
+		/* an execution's cgroup made from here: beside, not below */
+		if (sub_cgroup_create(&cg, "bg-exec", NULL, why, sizeof why) != 0) {
+			fprintf(stderr, "create: %s\n", why);
+			_exit(3);
+		}
+		int made_beside = strcmp(cg.cpu, "/sys/fs/cgroup/cpu/spaced.bg-test/bg-exec") == 0;
+		if (!made_beside)
+			fprintf(stderr, "made %s\n", cg.cpu);
+		sub_cgroup_remove(&cg);
+		if (!made_beside)
+			_exit(4);
+		/* a process started from here, once it serves in the foreground */
+		pid_t kid = fork();
+		if (kid == 0) {
+			pause();
+			_exit(0);
+		}
+		cpu_cgroup_of(kid, cg_now, sizeof cg_now);
+		int was_bg = strcmp(cg_now, "/spaced.bg-test+background") == 0;
+		int left = spaced_sub_background_cpu_leave(kid) == 0;
+		cpu_cgroup_of(kid, cg_now, sizeof cg_now);
+		int home_ok = spaced_sub_background_cpu_home(home, sizeof home) == 0 &&
+		              strcmp(home, "/sys/fs/cgroup/cpu/cgroup.procs") == 0;
+		kill(kid, SIGKILL);
+		waitpid(kid, NULL, 0);
+		if (!was_bg || !left || strcmp(cg_now, "/") != 0 || !home_ok) {
+			fprintf(stderr, "kid was_bg %d left %d now %s home %s\n", was_bg, left, cg_now, home);
+			_exit(5);
+		}
+		_exit(0);
+	}
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "joined, made beside, left: status 0x%x", st);
+	snprintf(p, sizeof p, "%s/cpu.shares", bg);
+	first_line(p, v, sizeof v);
+	cr_expect_str_eq(v, "32", "weighed at 1/32 of 1024");
+	cr_expect_neq(access("/sys/fs/cgroup/cpu/spaced.bg-test+background/spaced.bg-test", F_OK), 0,
+	              "no executions' parent below the background cgroup");
+	setenv("SPACED_CGROUP_PARENT", "spaced.bg-test", 1);
+	spaced_sub_background_cpu_remove();
+	unsetenv("SPACED_CGROUP_PARENT");
+	cr_expect_neq(access(bg, F_OK), 0, "removed once empty");
+	static const char *const ctrls[] = {"memory", "pids", "freezer", "cpu", "cpuacct", "blkio"};
+	for (size_t i = 0; i < sizeof ctrls / sizeof ctrls[0]; i++) {
+		snprintf(p, sizeof p, "/sys/fs/cgroup/%s/spaced.bg-test", ctrls[i]);
+		(void)rmdir(p);
+	}
 }
 
 /* This process's cgroup2 path ("0::PATH" in /proc/self/cgroup), or "". */
