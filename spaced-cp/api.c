@@ -38,7 +38,8 @@ static void bad_request(struct cp_req *rq, const char *why)
 }
 
 /* Whether tenant's rate of what ("create": a sandbox; "network": a policy
- * update) lets it have one more now (cp.h CP_CREATE_RATE); when not, answers
+ * update; "lifecycle": a pause, snapshot, resume or move) lets it have one
+ * more now (cp.h CP_CREATE_RATE); when not, answers
  * rq 429 rate-limited with Retry-After. A token bucket per tenant and kind,
  * CP_CREATE_BURST_S seconds' worth deep, kept for the last 4096 seen (one
  * not among them starts full). */
@@ -62,7 +63,10 @@ static bool rate_allows(const struct cp *cp, struct cp_req *rq, const char *tena
 		return true;
 	cp_observe_rate_limited();
 	snprintf(m, sizeof m, "this tenant makes at most %u %s a second (%u at once); try again in a second",
-	         cp->create_rate, strcmp(what, "create") == 0 ? "creates" : "network policy updates",
+	         cp->create_rate,
+	         strcmp(what, "create") == 0    ? "creates"
+	         : strcmp(what, "network") == 0 ? "network policy updates"
+	                                        : "pauses, snapshots, resumes and moves",
 	         cp->create_rate * CP_CREATE_BURST_S);
 	rq->retry_after = 1;
 	answer(rq, 429, json_pack("{s:s,s:s,s:i}", "error", "rate-limited", "message", m, "retry_after", 1));
@@ -575,6 +579,8 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, 404, cp_error("not-found", "no such endpoint"));
 			return;
 		}
+		if (!rate_allows(cp, rq, tenant, "lifecycle"))
+			return;
 		int status = cp_op_simple(cp, st, tenant, id, op, worker, &out);
 		answer(rq, status, out);
 		return;

@@ -42,11 +42,15 @@
 #define CP_SNAPSHOT_GRACE 600 /* default seconds a snapshot archive no sandbox names is kept */
 /* Creates a tenant may make: CP_CREATE_RATE a second (--create-rate), up to
  * CP_CREATE_BURST_S seconds' worth at once, and as many network policy
- * updates; past it 429 rate-limited with Retry-After. Each create starts an
- * execution on a worker and leaves rows kept --retain-deleted after its
- * delete, each policy update a control message: a tenant doing either in a
- * loop would otherwise take the workers' CPU and grow the store without
- * end. Counted per replica (N replicas: N times the rate in all). */
+ * updates and as many lifecycle operations (pause, snapshot, resume, move),
+ * each kind a bucket of its own; past it 429 rate-limited with Retry-After.
+ * Each create starts an execution on a worker and leaves rows kept
+ * --retain-deleted after its delete, each policy update a control message,
+ * each lifecycle operation a snapshot written to the store (kept
+ * --snapshot-grace once no sandbox names it) or an execution started: a
+ * tenant doing any in a loop would otherwise take the workers' CPU and disk
+ * and grow the store without end. Counted per replica (N replicas: N times
+ * the rate in all). */
 #define CP_CREATE_RATE 20
 #define CP_CREATE_BURST_S 10
 /* Liveness (channel.c): a worker is live while its control channel is open

@@ -12,6 +12,11 @@
 #  - a second later the first tenant creates again (201);
 #  - network policy updates as fast as they go: the first 20 applied, then 429 (no more than the
 #    rate added meanwhile); its creates go on;
+#  - lifecycle operations (pause, snapshot, resume, move: each writes a snapshot to the store or
+#    starts an execution) as fast as they go, pause and resume in turn: none refused among the
+#    first 20, then 429 rate-limited (no more than the rate added meanwhile; refused ones change
+#    nothing: the sandbox is as the last answered one left it); its creates and policy updates have
+#    buckets of their own;
 #  - a create that names the Idempotency-Key of one made before is answered 200 even past the rate
 #    (it makes nothing); spaced_cp_rate_limited_total counts the refusals;
 #  - --create-rate refuses a value outside 0 (no bound) .. 100000.
@@ -80,6 +85,30 @@ expect "policy updates as fast as they go: the first 20 applied" "$(echo $nets |
 	fail "policy updates: $nets in ${secs} s"
 expect "the tenant's creates are not held by its policy updates: 201" "$(mk "$TB" "$W/b2")" 201
 
+# lifecycle operations: a bucket of their own, at the same rate (each one answered 200 or 409 —
+# the operation before it still holds the sandbox — counts)
+ops="" st="" n=0 last=""
+t0=$(date +%s%N)
+while [ "$st" != 429 ] && [ $n -lt 60 ]; do
+	op=$([ $((n % 2)) -eq 0 ] && echo pause || echo resume)
+	st=$(api "$TB" POST "/v1/sandboxes/$B1/$op" '{}')
+	ops="$ops $op:$st"
+	[ "$st" = 200 ] && last=$op
+	n=$((n + 1))
+done
+secs=$((($(date +%s%N) - t0 + 999999999) / 1000000000))
+expect "pauses and resumes as fast as they go: none of the first 20 refused" \
+	"$(echo $ops | tr ' ' '\n' | head -n 20 | grep -c ':429')" 0
+[ "$st" = 429 ] && [ "$(body .error)" = rate-limited ] && [ "$n" -le $((21 + 2 * secs + 1)) ] &&
+	ok "then 429 rate-limited past the rate ($((n - 1)) answered in ${secs} s)" ||
+	fail "lifecycle operations: $ops in ${secs} s"
+expect "the refused one changed nothing: the sandbox is as the last answered operation left it" \
+	"$(api "$TB" GET "/v1/sandboxes/$B1" >/dev/null; body .state)" \
+	"$([ "$last" = pause ] && echo paused || echo running)"
+expect "the tenant's creates are not held by its lifecycle operations: 201" "$(mk "$TB" "$W/b3")" 201
+expect "nor its policy updates (a second later: 200)" \
+	"$(sleep 1; api "$TB" POST "/v1/sandboxes/$B1/network" '{"mode":"deny"}')" 200
+
 # a replay of a create already made is never held by the rate
 ik() {
 	curl -s -o "$2" -w '%{http_code}' -H "Authorization: Bearer $TA" -H "Idempotency-Key: $1" \
@@ -92,10 +121,11 @@ while [ "$(mk "$TA" "$W/drain")" != 429 ] && [ $n -lt 60 ]; do n=$((n + 1)); don
 replays=$(for i in 1 2 3 4 5; do ik job-1 "$W/k$i"; echo; done | sort | uniq -c | awk '{ print $1 "x" $2 }')
 expect "past the rate, the key's replays are all 200 with its sandbox" \
 	"$replays $(jq -r .id "$W/k5")" "5x200 $(jq -r .id "$W/k0")"
+# the creates' refusals, and one each of the policy updates and of the lifecycle operations
 refused=$(grep -l '"rate-limited"' "$R"/c* "$W"/drain 2>/dev/null | wc -l)
 expect "spaced_cp_rate_limited_total counts every refusal" \
 	"$(curl -s "http://127.0.0.1:$(cat "$W/cp/metrics.port")/metrics" | awk '$1 == "spaced_cp_rate_limited_total" { print $2 }')" \
-	"$((refused + 1))"
+	"$((refused + 2))"
 
 for bad in -1 x 100001 ""; do
 	"$CP" --state "$W/bad" --listen 127.0.0.1:0 --plaintext --create-rate "$bad" >/dev/null 2>"$W/bad.err"
