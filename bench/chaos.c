@@ -322,7 +322,23 @@ static void chaos_request(struct sbx *s, const char *verb, const char *body)
 	int st = 0;
 	json_t *a = NULL;
 	snprintf(path, sizeof path, "/v1/sandboxes/%s/%s", s->id, verb);
-	if (cp_call("POST", path, body, &st, &a) == 0 && st == 200)
+	/* past the tenant's rate of lifecycle operations (spaced-cp --create-rate)
+	 * the control plane did nothing: sent again after its retry_after, as
+	 * the SDKs do, three times at most */
+	for (int tries = 0; tries < 4; tries++) {
+		json_decref(a);
+		a = NULL;
+		if (cp_call("POST", path, body, &st, &a) != 0 || st != 429 || atomic_load(&stop))
+			break;
+		json_t *ra = json_object_get(a, "retry_after");
+		double secs = json_is_number(ra) ? json_number_value(ra) : 1;
+		struct timespec ts = {0, 0};
+		secs = secs < 0.05 ? 0.05 : secs > 5 ? 5 : secs;
+		ts.tv_sec = (time_t)secs;
+		ts.tv_nsec = (long)((secs - (double)ts.tv_sec) * 1e9);
+		nanosleep(&ts, NULL);
+	}
+	if (st == 200 && a != NULL)
 		record_selected(s, a);
 	else
 		atomic_fetch_add(&chaos_errors, 1);
