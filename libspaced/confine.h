@@ -37,4 +37,16 @@ struct spaced_confine_arg {
 int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces,
                             const struct spaced_confine_arg *args, size_t nargs);
 
+/* Landlock, for a daemon that runs as root but needs few files: from now on
+ * the process opens files only to read them, and only beneath the n
+ * directories of read_dirs (files open already stay open); it makes,
+ * removes, renames, truncates or runs nothing; where the kernel knows them,
+ * it binds and connects no TCP port (Landlock ABI 4), and reaches no
+ * abstract Unix socket and signals no process outside its domain (ABI 6).
+ * Mounts change no more either (umount2 fails). Processes it forked before
+ * stay as they are. In a sanitizer build /proc is readable too (the leak
+ * checker's). Returns 0, SPACED_ENOENT when the kernel has no Landlock
+ * (nothing changes), or SPACED_ESYS. */
+int spaced_confine_files(const char *const *read_dirs, size_t n);
+
 #endif

@@ -643,8 +643,10 @@ void spaced_sub_background_cpu_remove(void)
 
 	if (!(v2 || has_v1("cpu")) || parent_dir(v2 ? "" : "cpu", "+background", dir, sizeof(dir), NULL, 0) < 0)
 		return;
-	/* the pool's executions stopped with the gate may still be ending */
-	for (int i = 0; i < 50 && rmdir(dir) < 0 && errno == EBUSY; i++)
+	/* the pool's executions stopped with the gate may still be ending (or
+	 * another worker of this host, of the same parent name, uses it: then it
+	 * stays, empty later, for the next) */
+	for (int i = 0; i < 12 && rmdir(dir) < 0 && errno == EBUSY; i++)
 		usleep(20000);
 }
 

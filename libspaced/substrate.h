@@ -224,7 +224,7 @@ int spaced_sub_background_cpu_leave(pid_t pid);
 int spaced_sub_background_cpu_home(char *procs, size_t procssz);
 
 /* Removes the background cgroup once no process is left in it (waiting up
- * to 1 s for the processes in it to end). */
+ * to 0.25 s for the processes in it to end). */
 void spaced_sub_background_cpu_remove(void);
 
 /* Kills the tasks of executions whose launcher is gone (killed with SIGKILL:

@@ -28,6 +28,14 @@
  * when its namespace's file goes) and this daemon end; the next execution
  * start makes everything again. A worker that is gone for good leaves nothing
  * running.
+ *
+ * Confined: its loop makes only the calls of loop_calls (seccomp), and reads
+ * files only beneath STATE/net, writing, making and removing none (Landlock,
+ * where the kernel has it): a bug that an execution's packets reach cannot
+ * read the worker's keys or anything else root could. The teardown's steps
+ * (the lock file opened to write, umount2, unlink: Landlock forbids all
+ * three) run in a helper forked before, which answers one byte per request
+ * on a socket pair and makes only the calls they need.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -61,6 +69,7 @@
 #include "confine.h"
 #include "dnsmsg.h"
 #include "netpolicy.h"
+#include "spaced_error.h"
 
 #define POOL 0x64580000u /* net.h NET_POOL */
 #define SLOTS 16383u
@@ -480,15 +489,81 @@ static bool teardown(const char *nsp)
 	return true;
 }
 
+/* The teardown helper's end of its socket pair (-1: none; teardown runs here). */
+static int teardown_sock = -1;
+
+/* What the teardown helper calls: its socket pair, the lock file, the
+ * routing netlink socket (links_present), the unmount and the unlinks. */
+static const char *const helper_calls[] = {
+	"read", "write", "close", "openat", "open", "flock", "umount2", "unlink", "unlinkat", "bind", "sendto",
+	"recvfrom", "recvmsg", "sendmsg", "getsockname", "fstat", "newfstatat", "mmap", "munmap", "brk", "madvise",
+	"mremap", "exit", "exit_group", "rt_sigreturn", "getpid", "gettid", "futex",
+};
+static const struct spaced_confine_arg helper_args[] = {
+	{"socket", 2, {{0, UINT32_MAX, AF_NETLINK}, {2, UINT32_MAX, NETLINK_ROUTE}}},
+};
+
+/* Forks the helper that takes the idle namespace down when asked: one byte
+ * in, one byte out (1: taken down, then it ends; 0: not now). It ends with
+ * its parent (the socket's end, or PDEATHSIG). 0, or -1 (teardown() then
+ * runs in this process). */
+static int teardown_helper_start(const char *nsp, int keep_a, int keep_b)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+		return -1;
+	pid_t parent = getpid(), pid = fork();
+	if (pid < 0) {
+		close(sv[0]);
+		close(sv[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		close(sv[0]);
+		close(keep_a);
+		close(keep_b);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(0);
+		prctl(PR_SET_NAME, "spaced-netd-td");
+		if (spaced_confine_syscalls(helper_calls, sizeof helper_calls / sizeof helper_calls[0], NULL, 0, helper_args,
+		                            sizeof helper_args / sizeof helper_args[0]) < 0)
+			_exit(1);
+		for (;;) {
+			char c;
+			if (read(sv[1], &c, 1) != 1)
+				_exit(0);
+			char done = teardown(nsp) ? 1 : 0;
+			if (write(sv[1], &done, 1) != 1 || done)
+				_exit(0);
+		}
+	}
+	close(sv[1]);
+	teardown_sock = sv[0];
+	return 0;
+}
+
+/* teardown(), through the helper when there is one. */
+static bool teardown_idle(const char *nsp)
+{
+	char c = 't', done = 0;
+	if (teardown_sock < 0)
+		return teardown(nsp);
+	return write(teardown_sock, &c, 1) == 1 && read(teardown_sock, &done, 1) == 1 && done == 1;
+}
+
 /* What the resolver's loop calls (confine.h): its two UDP sockets, the
- * packet filter's netlink (libnftables), the slot files it reads, and the
- * idle teardown (flock, umount2, unlink); socket only as loop_args says. */
+ * packet filter's netlink (libnftables), the slot files it reads and the
+ * teardown helper's socket; socket only as loop_args says. Without the
+ * helper (it could not be started), the teardown's flock, umount2 and
+ * unlink too (loop_teardown_calls). */
+static const char *const loop_teardown_calls[] = {"flock", "umount2", "unlink", "unlinkat"};
 static const char *const loop_calls[] = {
 	"read", "write", "readv", "writev", "pread64", "close", "poll", "ppoll", "select", "pselect6", "recvfrom",
 	"sendto", "recvmsg",
 	"sendmsg", "bind", "connect", "getsockname", "getpeername", "setsockopt", "getsockopt", "fcntl",
-	"openat", "open", "getdents64", "lseek", "fstat", "newfstatat", "statx", "statfs", "fstatfs", "flock",
-	"umount2", "unlink", "unlinkat", "mmap", "munmap", "mremap", "brk", "madvise", "mprotect",
+	"openat", "open", "getdents64", "lseek", "fstat", "newfstatat", "statx", "statfs", "fstatfs",
+	"mmap", "munmap", "mremap", "brk", "madvise", "mprotect",
 	"clock_gettime", "gettimeofday", "time", "nanosleep", "clock_nanosleep", "exit", "exit_group",
 	"rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "restart_syscall", "futex", "getpid", "gettid",
 	"getrandom", "getuid", "geteuid", "getgid", "getegid", "uname", "sysinfo", "sigaltstack", "tgkill",
@@ -578,14 +653,30 @@ int main(int argc, char **argv)
 		return 1;
 	nft_ctx_buffer_output(nft);
 	nft_ctx_buffer_error(nft);
-	/* from here on only the calls of this loop: a bug that an execution's
-	 * packets reach can run nothing else (confine.h) */
-	if (spaced_confine_syscalls(loop_calls, sizeof loop_calls / sizeof loop_calls[0], NULL, 0, loop_args,
-	                            sizeof loop_args / sizeof loop_args[0]) < 0) {
-		logf_("level=error event=confine-failed");
+	/* the teardown's steps in a helper, then from here on only the calls of
+	 * this loop, and only reads beneath dir: a bug that an execution's
+	 * packets reach can run nothing else and read nothing else (confine.h) */
+	bool helper = teardown_helper_start(nsp, srv, up) == 0;
+	if (!helper)
+		logf_("level=warn event=no-teardown-helper reason=\"%s\": the loop keeps the teardown's calls", strerror(errno));
+	const char *calls[sizeof loop_calls / sizeof loop_calls[0] + sizeof loop_teardown_calls / sizeof loop_teardown_calls[0]];
+	size_t ncalls = 0;
+	for (size_t i = 0; i < sizeof loop_calls / sizeof loop_calls[0]; i++)
+		calls[ncalls++] = loop_calls[i];
+	for (size_t i = 0; !helper && i < sizeof loop_teardown_calls / sizeof loop_teardown_calls[0]; i++)
+		calls[ncalls++] = loop_teardown_calls[i];
+	const char *reads[] = {dir};
+	int lr = helper ? spaced_confine_files(reads, 1) : SPACED_ENOENT;
+	if (lr < 0 && lr != SPACED_ENOENT) {
+		logf_("level=error event=confine-failed what=landlock");
 		return 1;
 	}
-	logf_("level=info event=ready upstream=%s", upstream);
+	if (spaced_confine_syscalls(calls, ncalls, NULL, 0, loop_args, sizeof loop_args / sizeof loop_args[0]) < 0) {
+		logf_("level=error event=confine-failed what=seccomp");
+		return 1;
+	}
+	logf_("level=info event=ready upstream=%s files=%s", upstream,
+	      lr == 0 ? "beneath-dir" : helper ? "any(no-landlock)" : "any(no-helper)");
 	uint64_t last_check = now_ms(), last_link = now_ms();
 	for (;;) {
 		struct pollfd pf[2] = {{.fd = srv, .events = POLLIN}, {.fd = up, .events = POLLIN}};
@@ -609,7 +700,7 @@ int main(int argc, char **argv)
 			pend_sweep();
 			if (links_present())
 				last_link = last_check;
-			else if (last_check - last_link > (uint64_t)idle_s * 1000u && teardown(nsp)) {
+			else if (last_check - last_link > (uint64_t)idle_s * 1000u && teardown_idle(nsp)) {
 				logf_("level=info event=exit reason=\"no execution for %ld s: the egress namespace is taken down\"",
 				      idle_s);
 				return 0;

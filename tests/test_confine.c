@@ -11,8 +11,14 @@
 #include <fcntl.h>
 #include <linux/netlink.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -99,4 +105,88 @@ Test(confine, files_opened_for_reading_only)
 	cr_expect(!allowed(P_RDWR), "no open for reading and writing");
 	cr_expect(!allowed(P_CREAT), "no file created");
 	cr_expect(!allowed(P_APPEND), "no open for appending");
+}
+
+/* spaced_confine_files (Landlock): a child confined to read beneath one
+ * directory reads a file there, and is refused any other file, any write
+ * (there too), any make or remove, a TCP connect (Landlock ABI 4) and an
+ * unmount; a child it forked before stays free. */
+Test(confine, files_read_beneath_one_directory)
+{
+	if (syscall(SYS_landlock_create_ruleset, NULL, 0, 1u) < 1)
+		cr_skip_test("no Landlock in this kernel");
+	char d[] = "/tmp/spaced-confine-XXXXXX", f[64], g[64], m[64];
+	cr_assert_not_null(mkdtemp(d));
+	snprintf(f, sizeof f, "%s/slot.json", d);
+	snprintf(g, sizeof g, "%s/new", d);
+	snprintf(m, sizeof m, "%s/mnt", d);
+	cr_assert_eq(mkdir(m, 0700), 0);
+	bool mounted = geteuid() == 0 && mount("none", m, "tmpfs", 0, "size=64k") == 0;
+	FILE *w = fopen(f, "w");
+	cr_assert_not_null(w);
+	fputs("{}\n", w);
+	fclose(w);
+	/* a TCP listener of this process, for the connect probe */
+	int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof sa;
+	cr_assert(l >= 0 && bind(l, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(l, 4) == 0 &&
+	          getsockname(l, (struct sockaddr *)&sa, &sl) == 0);
+	long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1u);
+	int pipefd[2];
+	cr_assert_eq(pipe(pipefd), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		/* bits: 1 read there, 2 read elsewhere, 4 write there, 8 make there,
+		 * 16 remove there, 32 TCP connect, 64 unmount, 128 a child forked
+		 * before reads elsewhere */
+		int out = 0;
+		pid_t before = fork();
+		if (before == 0) {
+			char c;
+			(void)!read(pipefd[0], &c, 1);
+			int fd = open("/etc/hostname", O_RDONLY | O_CLOEXEC);
+			_exit(fd >= 0 ? 0 : 1);
+		}
+		const char *dirs[] = {d};
+		if (spaced_confine_files(dirs, 1) != 0)
+			_exit(255);
+		int fd = open(f, O_RDONLY | O_CLOEXEC);
+		out |= fd >= 0 ? 1 : 0;
+		out |= open("/etc/hostname", O_RDONLY | O_CLOEXEC) >= 0 ? 2 : 0;
+		out |= open(f, O_WRONLY | O_CLOEXEC) >= 0 ? 4 : 0;
+		out |= open(g, O_WRONLY | O_CREAT | O_CLOEXEC, 0600) >= 0 ? 8 : 0;
+		out |= unlink(f) == 0 ? 16 : 0;
+		int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		out |= s >= 0 && connect(s, (struct sockaddr *)&sa, sizeof sa) == 0 ? 32 : 0;
+		out |= mounted && (umount2(m, MNT_DETACH) == 0 || errno != EPERM) ? 64 : 0;
+		(void)!write(pipefd[1], "x", 1);
+		int st = 0;
+		waitpid(before, &st, 0);
+		out |= WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 128 : 0;
+		_exit(out);
+	}
+	int st = 0;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	close(l);
+	if (mounted)
+		umount2(m, MNT_DETACH);
+	rmdir(m);
+	unlink(f);
+	unlink(g);
+	rmdir(d);
+	cr_assert(WIFEXITED(st), "the child ended: 0x%x", st);
+	int got = WEXITSTATUS(st);
+	cr_assert_neq(got, 255, "spaced_confine_files failed");
+	cr_expect(got & 1, "a file beneath the directory is read");
+	cr_expect(!(got & 2), "a file elsewhere is not");
+	cr_expect(!(got & 4), "nothing is written, there either");
+	cr_expect(!(got & 8), "nothing is made");
+	cr_expect(!(got & 16), "nothing is removed");
+	if (abi >= 4)
+		cr_expect(!(got & 32), "no TCP connect (Landlock ABI %ld)", abi);
+	if (mounted)
+		cr_expect(!(got & 64), "no unmount (EPERM)");
+	cr_expect(got & 128, "a child forked before is not confined");
 }
