@@ -4,6 +4,11 @@
  * capabilities are signed here (the node holds verification keys only).
  */
 #include <criterion/criterion.h>
+#include <glob.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "compare.h"
 #include "test_node_util.h"
@@ -11,6 +16,35 @@
 static char dir[64];
 static struct tn_keys keys;
 static struct tn_node A, B;
+
+/* The execution cgroups of the launcher pid (spaced-PID-N, the default
+ * parent): thawed, then every task in them killed (a frozen task takes no
+ * signal: killed as it was, it stayed, in D state, for good). */
+static void thaw_and_kill(json_int_t launcher)
+{
+	char pat[128], line[32];
+	snprintf(pat, sizeof pat, "/sys/fs/cgroup/freezer/spaced/spaced-%lld-*", (long long)launcher);
+	glob_t g;
+	if (glob(pat, GLOB_ONLYDIR, NULL, &g) != 0)
+		return;
+	for (size_t i = 0; i < g.gl_pathc; i++) {
+		char f[PATH_MAX];
+		snprintf(f, sizeof f, "%s/freezer.state", g.gl_pathv[i]);
+		FILE *w = fopen(f, "w");
+		if (w) {
+			fputs("THAWED", w);
+			fclose(w);
+		}
+		snprintf(f, sizeof f, "%s/cgroup.procs", g.gl_pathv[i]);
+		FILE *r = fopen(f, "r");
+		while (r && fgets(line, sizeof line, r))
+			if (atoi(line) > 1)
+				kill(atoi(line), SIGKILL);
+		if (r)
+			fclose(r);
+	}
+	globfree(&g);
+}
 
 static void kill_executions(struct tn_node *n)
 {
@@ -25,6 +59,8 @@ static void kill_executions(struct tn_node *n)
 		json_decref(tn_admin(n, "{\"type\":\"destroy\",\"sandbox\":\"%s\"}", sbx ? sbx : ""));
 		json_int_t pids[2] = {json_integer_value(json_object_get(r, "pid")),
 		                      json_integer_value(json_object_get(r, "host_pid"))};
+		if (pids[0] > 1)
+			thaw_and_kill(pids[0]);
 		for (int k = 0; k < 2; k++) {
 			if (pids[k] > 1) {
 				kill(-(pid_t)pids[k], SIGKILL);
@@ -58,12 +94,16 @@ static void teardown(void)
 	/* the workers' egress namespaces outlive spaced-node by design (its
 	 * executions keep their network across restarts): pasta and spaced-netd
 	 * stopped and the namespace unmounted here, as `spacectl dev down` does */
-	char big[768];
+	/* ... and what a pool's start still under way when its node stopped
+	 * made (a launcher, bridge and gateway naming the state directory: the
+	 * next gate would have reaped them) */
+	char big[1024];
 	snprintf(big, sizeof big,
 	         "for f in %s/*/net/pasta.pid %s/*/net/netd.pid; do [ -s \"$f\" ] && kill \"$(cat \"$f\")\"; done "
-	         "2>/dev/null; for m in $(awk '$2 ~ \"^%s/\" {print $2}' /proc/mounts); do umount -l \"$m\"; done; "
+	         "2>/dev/null; pkill -9 -f '^[^ ]*spaced-(launch|host|netgtw) .*%s/' 2>/dev/null; "
+	         "for m in $(awk '$2 ~ \"^%s/\" {print $2}' /proc/mounts); do umount -l \"$m\"; done; "
 	         "rm -rf %s",
-	         dir, dir, dir, dir);
+	         dir, dir, dir, dir, dir);
 	if (system(big) != 0)
 		fprintf(stderr, "cleanup of %s failed\n", dir);
 }
