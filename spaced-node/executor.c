@@ -718,6 +718,12 @@ static int run_job(const struct mgr_config *cfg, const char *kind, json_t *args,
 		*result = all;
 		return 0;
 	}
+	if (strcmp(kind, "net-revive") == 0) {
+		char what[64];
+		int re = net_revive(cfg, what, sizeof what, why, whysz);
+		*result = json_pack("{s:s}", "started", what);
+		return re;
+	}
 	if (strcmp(kind, "reap") == 0) {
 		if (cfg->launch_bin) {
 			const char *argv[] = {cfg->launch_bin, "reap", NULL};

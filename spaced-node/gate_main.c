@@ -6,6 +6,7 @@
 #include "log.h"
 #include "executor.h"
 #include "gate.h"
+#include "net.h"
 #include "pool.h"
 
 #include <errno.h>
@@ -444,14 +445,37 @@ json_t *mgr_status_json(struct mgr *m)
 
 /* ---- the loop ---- */
 
+/* pasta and spaced-netd serve every execution's egress and DNS: one that
+ * died (a crash, an OOM kill, a bug a tenant's traffic reached) is started
+ * again within 5 s, not at the next execution start (which could be hours
+ * away: every sandbox of the worker without a network meanwhile) */
+static bool net_reviving;
+
+static void on_net_revived(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
+{
+	(void)m;
+	(void)ctx;
+	if (fd >= 0)
+		close(fd);
+	net_reviving = false;
+	const char *what = json_string_value(json_object_get(result, "started"));
+	if (status < 0)
+		gate_log("level=error event=net-revive-failed reason=\"%s\"", msg && *msg ? msg : spaced_strerror(status));
+	else if (what && *what)
+		gate_log("level=warn event=net-revived started=%s reason=\"it was not running\"", what);
+}
+
 static void on_tick(uv_timer_t *t)
 {
 	struct mgr *m = t->data;
 	gate_streams_tick(m);
 	gate_fence_tick(m);
 	gate_audit_flush(false);
-	if (++m->ticks % 5 == 0)
+	if (++m->ticks % 5 == 0) {
 		forget_tombstones(m);
+		if (!net_reviving && !m->quit && net_needs_revive(m->cfg))
+			net_reviving = gate_job(m, "net-revive", json_object(), on_net_revived, 0) != 0;
+	}
 }
 
 static void on_signal(uv_signal_t *s, int sig)

@@ -59,6 +59,19 @@ void net_conn_share(const struct mgr_config *cfg, uint32_t *guaranteed, uint32_t
 /* True when this worker gives executions egress (substrate mode, pasta and nft present). */
 bool net_enabled(const struct mgr_config *cfg);
 
+/* True when the egress namespace is there but pasta or spaced-netd is not
+ * running (each named by its pid file, checked by its process name): every
+ * execution's egress or DNS is down until net_revive. Cheap (a few small
+ * reads): the gate asks every 5 s. */
+bool net_needs_revive(const struct mgr_config *cfg);
+
+/* Starts again what of pasta and spaced-netd is not running, with the
+ * namespace as it is (its links, rules and executions kept), under
+ * STATE/net/lock taken exclusively; nothing when the namespace is gone
+ * meanwhile (netd took an idle one down). *what names what was started
+ * ("" for nothing). 0, or < 0 with why. */
+int net_revive(const struct mgr_config *cfg, char *what, size_t whatsz, char *why, size_t whysz);
+
 /* Stores the sandbox's policy (JSON object, validated) in STATE/net/policy/<sandbox>.json
  * (fsync, rename). Returns 0, SPACED_EINVAL (why set) or SPACED_EIO. */
 int net_policy_store(const struct mgr_config *cfg, const char *sandbox, json_t *policy, char *why, size_t whysz);

@@ -702,6 +702,53 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
  * namespace, pasta and spaced-netd ready under it. Returns the lock's fd (the
  * caller closes it when its changes are done: spaced-netd tears an idle
  * namespace down only under the same lock) or an error. */
+bool net_needs_revive(const struct mgr_config *cfg)
+{
+	char ns[4200], np[4200], pp[4200];
+	if (!net_enabled(cfg))
+		return false;
+	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
+	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
+	if (!is_nsfs(ns))
+		return false;
+	bool pasta = false;
+	for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !pasta; i++)
+		pasta = pidfile_alive(pp, pasta_names[i]);
+	return !pasta || !pidfile_alive(np, "spaced-netd");
+}
+
+int net_revive(const struct mgr_config *cfg, char *what, size_t whatsz, char *why, size_t whysz)
+{
+	char ns[4200], lp[4200], np[4200], pp[4200];
+	snprintf(what, whatsz, "%s", "");
+	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
+	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
+	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
+	int fd = open(lp, O_RDWR | O_CLOEXEC);
+	if (fd < 0 || flock(fd, LOCK_EX) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return 0; /* no lock file: no namespace was ever made here */
+	}
+	int e = 0;
+	/* checked again under the lock: an idle namespace taken down meanwhile
+	 * is not made again (the next execution start makes it) */
+	if (is_nsfs(ns)) {
+		bool pasta = false;
+		for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !pasta; i++)
+			pasta = pidfile_alive(pp, pasta_names[i]);
+		bool netd = pidfile_alive(np, "spaced-netd");
+		if (!pasta || !netd) {
+			snprintf(what, whatsz, "%s%s%s", pasta ? "" : "pasta", !pasta && !netd ? "," : "", netd ? "" : "spaced-netd");
+			e = ensure(cfg, why, whysz);
+		}
+	}
+	close(fd);
+	return e;
+}
+
 static int with_lock(const struct mgr_config *cfg, char *why, size_t whysz)
 {
 	char dir[4096], p[4200];

@@ -358,5 +358,21 @@ done
 expect "no group restart on worker-1" "$(grep -c 'starting the group again\|restarting' "$D/worker-1.log")" 0
 victim_ok "everything"
 
+# ---- a resolver or a pasta that dies is started again within seconds, the namespace kept ----
+# (they serve every execution of the worker: before, nothing started them again until the next
+# execution start on that worker; the gate now looks every 5 s)
+NETD0=$(cat "$D/worker-1/net/netd.pid")
+PASTA0=$(cat "$D/worker-1/net/pasta.pid")
+kill -9 "$NETD0" "$PASTA0"
+revived() {
+	n=$(cat "$D/worker-1/net/netd.pid" 2>/dev/null) p=$(cat "$D/worker-1/net/pasta.pid" 2>/dev/null)
+	[ "$n" != "$NETD0" ] && [ "$p" != "$PASTA0" ] && kill -0 "$n" 2>/dev/null && kill -0 "$p" 2>/dev/null
+}
+wait_for "spaced-netd and pasta killed: both started again (new pids, running)" revived
+expect "the worker logged it" "$(grep -c 'event=net-revived started=pasta,spaced-netd' "$D/worker-1.log")" 1
+expect "after it: names resolve again from the sandbox" \
+	"$("$SC" exec "$A" -- curl -s -m 4 http://allowed.test:8080/)" "outside-host $NH_A"
+victim_ok "the resolver and pasta were started again"
+
 echo "network: $FAILS failure(s)"
 [ "$FAILS" -eq 0 ]
