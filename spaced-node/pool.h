@@ -15,8 +15,9 @@
  * per key and a memory budget for all (--pool-memory, counted with what the
  * pooled executions' processes measure: proportional set size). Refilled in
  * the background, a few starts at a time, once creates pause for 250 ms (at
- * once when a key has less than a quarter of its target ready): a burst's
- * claims do not share the CPU with refills, and the starts and waiting
+ * once when creates have kept coming for a second without such a pause and
+ * a key has less than a quarter of its target ready): a burst's claims do
+ * not share the CPU with refills, and the starts and waiting
  * executions' launchers, bridges and gateways run in a CPU cgroup weighed at
  * 1/32 (spaced_sub_background_cpu_join); what demand no longer asks for is
  * stopped after a minute.

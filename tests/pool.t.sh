@@ -234,6 +234,27 @@ expect "idle threads prepared them ahead" "$([ "$(prepared idle)" -gt 0 ] 2>/dev
 for id in $(cat "$W"/d*); do "$SC" rm "$id" >/dev/null; done
 wait_ready 4 || fail "the pool fills to 4 again"
 
+# ---- demand that does not pause is refilled while it lasts ----
+# (a burst's refills wait until creates pause for 250 ms; creates that keep coming for over a second
+# start refills once a quarter of the pool is left: else a steady stream of creates would empty the
+# pool for good and every create past it would start cold)
+s0=$(status '.pool | .started + .starting')
+t0=$(date +%s%N)
+n=0
+: >"$W/steady"
+while [ $(($(date +%s%N) - t0)) -lt 4000000000 ] && [ $n -lt 60 ]; do
+	"$SC" create >>"$W/steady" 2>&1
+	n=$((n + 1))
+	[ $n -eq 8 ] && mid=$(status '.pool | .started + .starting')
+done
+s1=$(status '.pool | .started + .starting')
+echo "steady creates: $n in 4 s; pool starts $s0 -> ${mid:-?} (after 8) -> $s1"
+expect "steady creates for 4 s: every one made" "$(grep -c '^sbx-' "$W/steady")" "$n"
+expect "the pool was refilled while they kept coming (starts begun during the stream)" \
+	"$([ "$s1" -gt "$s0" ] 2>/dev/null && echo yes || echo "no: $s0 -> $s1")" yes
+for id in $(grep '^sbx-' "$W/steady"); do "$SC" rm "$id" >/dev/null; done
+wait_ready 4 || fail "the pool fills to 4 again"
+
 # ---- the claiming sandbox's limits ----
 for i in 1 2 3; do "$SC" create --memory 96M --pids 64 >>"$W/m" || fail "create --memory 96M"; done
 key='.pool.keys[] | select(.resources.memory_bytes == 100663296)'
