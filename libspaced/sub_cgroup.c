@@ -627,11 +627,15 @@ int spaced_sub_background_cpu_home(char *procs, size_t procssz)
 
 int spaced_sub_background_cpu_leave(pid_t pid)
 {
-	char procs[PATH_MAX], val[32];
-	int r;
+	/* the caller's cgroup does not change: found once (three moves a claim) */
+	static char procs[PATH_MAX];
+	static int found = 1;
+	char val[32];
 
-	if ((r = spaced_sub_background_cpu_home(procs, sizeof(procs))) < 0)
-		return r;
+	if (found > 0)
+		found = spaced_sub_background_cpu_home(procs, sizeof(procs));
+	if (found < 0)
+		return found;
 	snprintf(val, sizeof(val), "%d", (int)pid);
 	return sub_write_file(procs, val) < 0 ? SPACED_ESYS : 0;
 }

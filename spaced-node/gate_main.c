@@ -450,17 +450,24 @@ json_t *mgr_status_json(struct mgr *m)
  * again within 5 s, not at the next execution start (which could be hours
  * away: every sandbox of the worker without a network meanwhile) */
 static bool net_reviving;
+/* one that keeps dying (or cannot start) is started again after 5 s, then
+ * 10, 20 .. 320 s while it does: the tick (seconds) before which it is not */
+static uint64_t net_revive_backoff_s, net_revive_not_before;
 
 static void on_net_revived(struct mgr *m, uintptr_t ctx, int status, const char *msg, json_t *result, int fd)
 {
-	(void)m;
 	(void)ctx;
 	if (fd >= 0)
 		close(fd);
 	net_reviving = false;
 	const char *what = json_string_value(json_object_get(result, "started"));
+	if (status < 0 || (what && *what)) {
+		net_revive_backoff_s = net_revive_backoff_s ? (net_revive_backoff_s < 320 ? net_revive_backoff_s * 2 : 320) : 5;
+		net_revive_not_before = m->ticks + net_revive_backoff_s;
+	}
 	if (status < 0)
-		gate_log("level=error event=net-revive-failed reason=\"%s\"", msg && *msg ? msg : spaced_strerror(status));
+		gate_log("level=error event=net-revive-failed next_in_s=%llu reason=\"%s\"", (unsigned long long)net_revive_backoff_s,
+		         msg && *msg ? msg : spaced_strerror(status));
 	else if (what && *what)
 		gate_log("level=warn event=net-revived started=%s reason=\"it was not running\"", what);
 }
@@ -473,8 +480,12 @@ static void on_tick(uv_timer_t *t)
 	gate_audit_flush(false);
 	if (++m->ticks % 5 == 0) {
 		forget_tombstones(m);
-		if (!net_reviving && !m->quit && net_needs_revive(m->cfg))
-			net_reviving = gate_job(m, "net-revive", json_object(), on_net_revived, 0) != 0;
+		if (!net_reviving && !m->quit && net_needs_revive(m->cfg)) {
+			if (m->ticks >= net_revive_not_before)
+				net_reviving = gate_job(m, "net-revive", json_object(), on_net_revived, 0) != 0;
+		} else if (!net_reviving && m->ticks >= net_revive_not_before + 60) {
+			net_revive_backoff_s = 0; /* a minute running: the next death is started again at once */
+		}
 	}
 }
 

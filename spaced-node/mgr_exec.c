@@ -1524,6 +1524,9 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	snprintf(rec->exec_name, sizeof rec->exec_name, "pool/%s", name);
 	if ((e = exec_dir(cfg, rec, e_dir, sizeof e_dir)) < 0)
 		return e;
+	/* in the background CPU cgroup from the start: the template's fetch and
+	 * check too (below) */
+	(void)spaced_sub_background_cpu_join(NULL, 0);
 	const char *rm[] = {"rm", "-rf", "--", e_dir, NULL};
 	remove_tree(e_dir);
 	snprintf(logp, sizeof logp, "%s/log/pool.log", cfg->state_dir);
@@ -1545,8 +1548,8 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	 * refills it set off took 18 % of the host's CPU (perf, the burst's
 	 * window; 0-2 % now). So all starts share one CPU cgroup weighed at 1/32
 	 * (a claimed execution's launcher, bridge and gateway leave it); the
-	 * session and nice value stay for a host without a CPU controller. */
-	(void)spaced_sub_background_cpu_join(NULL, 0);
+	 * session and nice value stay for a host without a CPU controller
+	 * (joined above). */
 	setsid();
 	spaced_session_nice(getpid(), POOL_NICE);
 	setpriority(PRIO_PROCESS, 0, POOL_NICE);

@@ -698,10 +698,6 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 	return 0;
 }
 
-/* Takes STATE/net/lock (made with its directories) and makes the egress
- * namespace, pasta and spaced-netd ready under it. Returns the lock's fd (the
- * caller closes it when its changes are done: spaced-netd tears an idle
- * namespace down only under the same lock) or an error. */
 bool net_needs_revive(const struct mgr_config *cfg)
 {
 	char ns[4200], np[4200], pp[4200];
@@ -749,6 +745,10 @@ int net_revive(const struct mgr_config *cfg, char *what, size_t whatsz, char *wh
 	return e;
 }
 
+/* Takes STATE/net/lock (made with its directories) and makes the egress
+ * namespace, pasta and spaced-netd ready under it. Returns the lock's fd (the
+ * caller closes it when its changes are done: spaced-netd tears an idle
+ * namespace down only under the same lock) or an error. */
 static int with_lock(const struct mgr_config *cfg, char *why, size_t whysz)
 {
 	char dir[4096], p[4200];

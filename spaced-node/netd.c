@@ -496,7 +496,7 @@ static int teardown_sock = -1;
  * routing netlink socket (links_present), the unmount and the unlinks. */
 static const char *const helper_calls[] = {
 	"read", "write", "close", "openat", "open", "flock", "umount2", "unlink", "unlinkat", "bind", "sendto",
-	"recvfrom", "recvmsg", "sendmsg", "getsockname", "fstat", "newfstatat", "mmap", "munmap", "brk", "madvise",
+	"recvfrom", "recvmsg", "sendmsg", "getsockname", "getsockopt", "fstat", "newfstatat", "mmap", "munmap", "brk", "madvise",
 	"mremap", "exit", "exit_group", "rt_sigreturn", "getpid", "gettid", "futex",
 };
 static const struct spaced_confine_arg helper_args[] = {
@@ -543,13 +543,25 @@ static int teardown_helper_start(const char *nsp, int keep_a, int keep_b)
 	return 0;
 }
 
-/* teardown(), through the helper when there is one. */
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* teardown(), through the helper when there is one. A helper that is gone
+ * is said once: the idle namespace then stays up (this daemon serves on;
+ * the worker's stop takes it down). */
 static bool teardown_idle(const char *nsp)
 {
+	static bool said;
 	char c = 't', done = 0;
 	if (teardown_sock < 0)
 		return teardown(nsp);
-	return write(teardown_sock, &c, 1) == 1 && read(teardown_sock, &done, 1) == 1 && done == 1;
+	errno = 0;
+	if (write(teardown_sock, &c, 1) == 1 && read(teardown_sock, &done, 1) == 1)
+		return done == 1;
+	if (!said)
+		logf_("level=error event=teardown-helper-gone reason=\"%s\": the idle namespace stays up",
+		      errno ? strerror(errno) : "it closed its socket");
+	said = true;
+	return false;
 }
 
 /* What the resolver's loop calls (confine.h): its two UDP sockets, the

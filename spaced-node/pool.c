@@ -59,6 +59,7 @@ struct gate_pool {
 	uint64_t pss_kib;  /* running average of one pooled execution */
 	uint64_t last_take; /* when the last create asked (mono ns) */
 	uint64_t run_since; /* when creates began to come without a QUIET_NS pause */
+	uint64_t paused_fill; /* when fill last ran in such a pause (mono ns) */
 	int starting;
 	uint64_t started, failed, stopped, hits, misses;
 };
@@ -267,8 +268,10 @@ static void fill(struct mgr *m)
 			continue;
 		}
 		int ready = count(k, true);
-		bool quiet = now - P.last_take >= QUIET_NS ||
-		             (now - P.run_since >= SUSTAINED_NS && ready < (want + 3) / 4);
+		bool paused = now - P.last_take >= QUIET_NS;
+		if (paused)
+			P.paused_fill = now;
+		bool quiet = paused || (now - P.run_since >= SUSTAINED_NS && ready < (want + 3) / 4);
 		while (quiet && have < want && held < budget && P.starting < m->cfg->pool_starts &&
 		       now >= k->backoff_until) {
 			start_one(m, k);
@@ -376,7 +379,9 @@ bool pool_take(struct mgr *m, struct mgr_rec *rec, int *gateway)
 		k->misses++;
 		P.misses++;
 	}
-	if (now - P.last_take >= QUIET_NS)
+	/* a new run once a pause let the refills run (creates 250-260 ms apart,
+	 * each before the quiet timer's fill, are one run: else no refill ever) */
+	if (now - P.last_take >= QUIET_NS && P.paused_fill > P.last_take)
 		P.run_since = now;
 	P.last_take = now;
 	fill(m);
