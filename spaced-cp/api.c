@@ -38,36 +38,38 @@ static void bad_request(struct cp_req *rq, const char *why)
 }
 
 /* Whether tenant's rate of what ("create": a sandbox; "network": a policy
- * update; "lifecycle": a pause, snapshot, resume or move) lets it have one
- * more now (cp.h CP_CREATE_RATE); when not, answers
- * rq 429 rate-limited with Retry-After. A token bucket per tenant and kind,
- * CP_CREATE_BURST_S seconds' worth deep, kept for the last 4096 seen (one
- * not among them starts full). */
+ * update; "lifecycle": a pause, snapshot, resume or move; "route": a route,
+ * at CP_ROUTE_RATE_TIMES the rate) lets it have one more now (cp.h
+ * CP_CREATE_RATE); when not, answers rq 429 rate-limited with Retry-After. A
+ * token bucket per tenant and kind, CP_CREATE_BURST_S seconds' worth deep,
+ * kept for the last 4096 seen (one not among them starts full). */
 static bool rate_allows(const struct cp *cp, struct cp_req *rq, const char *tenant, const char *what)
 {
 	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-	static struct spaced_ratelimit *buckets;
+	static struct spaced_ratelimit *buckets, *route_buckets;
 	char key[SPACED_CALLER_KEY_MAX], m[200];
 	if (cp->create_rate == 0)
 		return true;
+	bool route = strcmp(what, "route") == 0;
+	unsigned rate = cp->create_rate * (route ? CP_ROUTE_RATE_TIMES : 1);
+	struct spaced_ratelimit **b = route ? &route_buckets : &buckets;
 	/* no colon: a caller key is read as address:port (ratelimit.h); a
 	 * tenant ID is "ten-" and 16 hex digits */
 	snprintf(key, sizeof key, "%.7s/%.55s", what, tenant);
 	pthread_mutex_lock(&mu);
-	if (buckets == NULL)
-		buckets = spaced_ratelimit_new(cp->create_rate, cp->create_rate * CP_CREATE_BURST_S, UINT_MAX, UINT_MAX,
-		                               4096);
-	bool ok = buckets == NULL || spaced_ratelimit_take(buckets, key, what, spaced_mono_ns());
+	if (*b == NULL)
+		*b = spaced_ratelimit_new(rate, rate * CP_CREATE_BURST_S, UINT_MAX, UINT_MAX, 4096);
+	bool ok = *b == NULL || spaced_ratelimit_take(*b, key, what, spaced_mono_ns());
 	pthread_mutex_unlock(&mu);
 	if (ok)
 		return true;
 	cp_observe_rate_limited();
-	snprintf(m, sizeof m, "this tenant makes at most %u %s a second (%u at once); try again in a second",
-	         cp->create_rate,
+	snprintf(m, sizeof m, "this tenant makes at most %u %s a second (%u at once); try again in a second", rate,
 	         strcmp(what, "create") == 0    ? "creates"
 	         : strcmp(what, "network") == 0 ? "network policy updates"
+	         : route                        ? "routes"
 	                                        : "pauses, snapshots, resumes and moves",
-	         cp->create_rate * CP_CREATE_BURST_S);
+	         rate * CP_CREATE_BURST_S);
 	rq->retry_after = 1;
 	answer(rq, 429, json_pack("{s:s,s:s,s:i}", "error", "rate-limited", "message", m, "retry_after", 1));
 	return false;
@@ -545,6 +547,8 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 				bad_request(rq, err);
 				return;
 			}
+			if (!rate_allows(cp, rq, tenant, "route"))
+				return;
 			int status = cp_op_route(cp, st, tenant, id, &rt, &out);
 			answer(rq, status, out);
 			return;

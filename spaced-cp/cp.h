@@ -53,6 +53,12 @@
  * the rate in all). */
 #define CP_CREATE_RATE 20
 #define CP_CREATE_BURST_S 10
+/* Routes (each signs a capability and reads the store) at this many times
+ * the create rate, a bucket of their own: 200 a second and 2,000 at once by
+ * default, far above what clients that keep their routes for a capability's
+ * lifetime ask, and a bound on what one tenant's loop takes of the control
+ * plane's CPU from the others. */
+#define CP_ROUTE_RATE_TIMES 10
 /* Liveness (channel.c): a worker is live while its control channel is open
  * on some replica. That replica writes workers.channel_until = now +
  * CP_CHAN_UNTIL_S (seconds) every second and 0 as soon as the channel

@@ -17,6 +17,9 @@
 #    first 20, then 429 rate-limited (no more than the rate added meanwhile; refused ones change
 #    nothing: the sandbox is as the last answered one left it); its creates and policy updates have
 #    buckets of their own;
+#  - routes (each signs a capability) as fast as they go, on one kept-alive connection: the first
+#    200 (ten times the rate, ten seconds' worth) answered 200, then 429 rate-limited within the rate
+#    (20 a second) added meanwhile; another tenant routes at once (200);
 #  - a create that names the Idempotency-Key of one made before is answered 200 even past the rate
 #    (it makes nothing); spaced_cp_rate_limited_total counts the refusals;
 #  - --create-rate refuses a value outside 0 (no bound) .. 100000.
@@ -106,6 +109,36 @@ expect "the refused one changed nothing: the sandbox is as the last answered ope
 	"$(api "$TB" GET "/v1/sandboxes/$B1" >/dev/null; body .state)" \
 	"$([ "$last" = pause ] && echo paused || echo running)"
 expect "the tenant's creates are not held by its lifecycle operations: 201" "$(mk "$TB" "$W/b3")" 201
+# routes: ten times the rate, a bucket of their own (a kept-alive client as fast as it goes)
+cat >"$W/routes.py" <<'PY'
+import http.client, json, sys, time
+host, port, key, sbx = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+c = http.client.HTTPConnection(host, port, timeout=10)
+codes, t0 = [], time.monotonic()
+while len(codes) < 3000 and time.monotonic() - t0 < 60:
+    c.request("POST", "/v1/sandboxes/%s/route" % sbx, body="{}",
+              headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    r = c.getresponse()
+    body = r.read()
+    codes.append(r.status)
+    if r.status == 429:
+        err = json.loads(body).get("error")
+        break
+else:
+    err = None
+print(json.dumps({"ok": codes.count(200), "n": len(codes), "last": codes[-1], "error": err,
+                  "secs": time.monotonic() - t0}))
+PY
+CPH=${CP_URL#http://}
+B3=$(jq -r .id "$W/b3") # running (B1 was left paused above)
+python3 "$W/routes.py" "${CPH%:*}" "${CPH##*:}" "$TB" "$B3" >"$W/routes.json"
+echo "routes: $(cat "$W/routes.json")"
+expect "routes as fast as they go: the first 200 answered 200, then 429 rate-limited" \
+	"$(jq -r '"\(.last) \(.error) \(.ok >= 200)"' "$W/routes.json")" "429 rate-limited true"
+[ "$(jq -r '.ok <= 200 + 20 * (.secs | ceil) + 1' "$W/routes.json")" = true ] &&
+	ok "no more routes than the burst and the rate meanwhile" || fail "routes: $(cat "$W/routes.json")"
+A1=$(jq -r .id "$W/a1")
+expect "another tenant routes meanwhile: 200" "$(api "$TA" POST "/v1/sandboxes/$A1/route" '{}')" 200
 expect "nor its policy updates (a second later: 200)" \
 	"$(sleep 1; api "$TB" POST "/v1/sandboxes/$B1/network" '{"mode":"deny"}')" 200
 
@@ -121,11 +154,11 @@ while [ "$(mk "$TA" "$W/drain")" != 429 ] && [ $n -lt 60 ]; do n=$((n + 1)); don
 replays=$(for i in 1 2 3 4 5; do ik job-1 "$W/k$i"; echo; done | sort | uniq -c | awk '{ print $1 "x" $2 }')
 expect "past the rate, the key's replays are all 200 with its sandbox" \
 	"$replays $(jq -r .id "$W/k5")" "5x200 $(jq -r .id "$W/k0")"
-# the creates' refusals, and one each of the policy updates and of the lifecycle operations
+# the creates' refusals, and one each of the policy updates, the lifecycle operations and the routes
 refused=$(grep -l '"rate-limited"' "$R"/c* "$W"/drain 2>/dev/null | wc -l)
 expect "spaced_cp_rate_limited_total counts every refusal" \
 	"$(curl -s "http://127.0.0.1:$(cat "$W/cp/metrics.port")/metrics" | awk '$1 == "spaced_cp_rate_limited_total" { print $2 }')" \
-	"$((refused + 2))"
+	"$((refused + 3))"
 
 for bad in -1 x 100001 ""; do
 	"$CP" --state "$W/bad" --listen 127.0.0.1:0 --plaintext --create-rate "$bad" >/dev/null 2>"$W/bad.err"
