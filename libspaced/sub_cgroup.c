@@ -469,27 +469,46 @@ static int request_dir(const char *ctrl, char *out, size_t outsz, char *why, siz
 	return parent_dir(ctrl, "+request", out, outsz, why, whysz);
 }
 
+/* The CPU cgroup named parent_name() + suffix beside the executions' parent
+ * (made when missing, with the cpu controller enabled for it on cgroup2),
+ * in dir; SPACED_ENOENT when there is no CPU controller there. */
+static int cpu_side_dir(const char *suffix, char *dir, size_t dirsz, char *why, size_t whysz)
+{
+	bool v2 = unified_mode();
+	char path[PATH_MAX + 32];
+	int r;
+
+	if (v2) {
+		char own[PATH_MAX];
+
+		if ((r = cgroup_path_of(0, "", own, sizeof(own))) < 0)
+			return r;
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
+		(void)knob(path, "cgroup.subtree_control", "+cpu", NULL, 0);
+	} else if (!has_v1("cpu")) {
+		spaced_why(why, whysz, "no cgroup v1 cpu hierarchy");
+		return SPACED_ENOENT;
+	}
+	if ((r = parent_dir(v2 ? "" : "cpu", suffix, dir, dirsz, why, whysz)) < 0)
+		return r;
+	snprintf(path, sizeof(path), "%s/%s", dir, v2 ? "cpu.weight" : "cpu.shares");
+	if (access(path, F_OK) != 0) {
+		spaced_why(why, whysz, "no cpu controller in %s", dir);
+		(void)rmdir(dir);
+		return SPACED_ENOENT;
+	}
+	return 0;
+}
+
 int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, size_t whysz)
 {
 	char dir[PATH_MAX], val[64];
 	uint64_t quota = (uint64_t)max_milli * REQUEST_PERIOD_US / 1000;
 	int r;
 
+	if ((r = cpu_side_dir("+request", dir, sizeof(dir), why, whysz)) < 0)
+		return r;
 	if (unified_mode()) {
-		char own[PATH_MAX], path[PATH_MAX + 32];
-
-		if ((r = cgroup_path_of(0, "", own, sizeof(own))) < 0)
-			return r;
-		snprintf(path, sizeof(path), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
-		(void)knob(path, "cgroup.subtree_control", "+cpu", NULL, 0);
-		if ((r = request_dir("", dir, sizeof(dir), why, whysz)) < 0)
-			return r;
-		snprintf(path, sizeof(path), "%s/cpu.weight", dir);
-		if (access(path, F_OK) != 0) {
-			spaced_why(why, whysz, "no cpu controller in %s", dir);
-			(void)rmdir(dir);
-			return SPACED_ENOENT;
-		}
 		snprintf(val, sizeof(val), "%u", weight * 100 > 10000 ? 10000 : weight * 100);
 		if ((r = knob(dir, "cpu.weight", val, why, whysz)) < 0)
 			return r;
@@ -501,12 +520,6 @@ int spaced_sub_request_cpu_join(uint32_t weight, uint32_t max_milli, char *why, 
 			return r;
 		return knob(dir, "cgroup.procs", "0", why, whysz);
 	}
-	if (!has_v1("cpu")) {
-		spaced_why(why, whysz, "no cgroup v1 cpu hierarchy");
-		return SPACED_ENOENT;
-	}
-	if ((r = request_dir("cpu", dir, sizeof(dir), why, whysz)) < 0)
-		return r;
 	snprintf(val, sizeof(val), "%u", weight * 1024 > 262144 ? 262144 : weight * 1024);
 	if ((r = knob(dir, "cpu.shares", val, why, whysz)) < 0)
 		return r;
@@ -580,29 +593,11 @@ void spaced_sub_request_cpu_remove(void)
 int spaced_sub_background_cpu_join(char *why, size_t whysz)
 {
 	bool v2 = unified_mode();
-	const char *ctrl = v2 ? "" : "cpu";
-	char dir[PATH_MAX], path[PATH_MAX + 32];
+	char dir[PATH_MAX];
 	int r;
 
-	if (v2) {
-		char own[PATH_MAX];
-
-		if ((r = cgroup_path_of(0, "", own, sizeof(own))) < 0)
-			return r;
-		snprintf(path, sizeof(path), "/sys/fs/cgroup%s", strcmp(own, "/") == 0 ? "" : own);
-		(void)knob(path, "cgroup.subtree_control", "+cpu", NULL, 0);
-	} else if (!has_v1("cpu")) {
-		spaced_why(why, whysz, "no cgroup v1 cpu hierarchy");
-		return SPACED_ENOENT;
-	}
-	if ((r = parent_dir(ctrl, "+background", dir, sizeof(dir), why, whysz)) < 0)
+	if ((r = cpu_side_dir("+background", dir, sizeof(dir), why, whysz)) < 0)
 		return r;
-	snprintf(path, sizeof(path), "%s/%s", dir, v2 ? "cpu.weight" : "cpu.shares");
-	if (access(path, F_OK) != 0) {
-		spaced_why(why, whysz, "no cpu controller in %s", dir);
-		(void)rmdir(dir);
-		return SPACED_ENOENT;
-	}
 	if ((r = knob(dir, v2 ? "cpu.weight" : "cpu.shares", v2 ? BACKGROUND_WEIGHT : BACKGROUND_SHARES, why,
 	              whysz)) < 0)
 		return r;

@@ -698,30 +698,32 @@ static int ensure(const struct mgr_config *cfg, char *why, size_t whysz)
 	return 0;
 }
 
-bool net_needs_revive(const struct mgr_config *cfg)
+/* Whether the egress namespace is there, and pasta and spaced-netd run
+ * (each named by its pid file, checked by its process name). */
+static bool egress_state(const struct mgr_config *cfg, bool *pasta, bool *netd)
 {
 	char ns[4200], np[4200], pp[4200];
-	if (!net_enabled(cfg))
-		return false;
 	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
 	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
 	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
-	if (!is_nsfs(ns))
-		return false;
-	bool pasta = false;
-	for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !pasta; i++)
-		pasta = pidfile_alive(pp, pasta_names[i]);
-	return !pasta || !pidfile_alive(np, "spaced-netd");
+	*pasta = false;
+	for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !*pasta; i++)
+		*pasta = pidfile_alive(pp, pasta_names[i]);
+	*netd = pidfile_alive(np, "spaced-netd");
+	return is_nsfs(ns);
+}
+
+bool net_needs_revive(const struct mgr_config *cfg)
+{
+	bool pasta, netd;
+	return net_enabled(cfg) && egress_state(cfg, &pasta, &netd) && (!pasta || !netd);
 }
 
 int net_revive(const struct mgr_config *cfg, char *what, size_t whatsz, char *why, size_t whysz)
 {
-	char ns[4200], lp[4200], np[4200], pp[4200];
+	char lp[4200];
 	snprintf(what, whatsz, "%s", "");
-	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
 	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
-	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
-	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
 	int fd = open(lp, O_RDWR | O_CLOEXEC);
 	if (fd < 0 || flock(fd, LOCK_EX) < 0) {
 		if (fd >= 0)
@@ -731,11 +733,8 @@ int net_revive(const struct mgr_config *cfg, char *what, size_t whatsz, char *wh
 	int e = 0;
 	/* checked again under the lock: an idle namespace taken down meanwhile
 	 * is not made again (the next execution start makes it) */
-	if (is_nsfs(ns)) {
-		bool pasta = false;
-		for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !pasta; i++)
-			pasta = pidfile_alive(pp, pasta_names[i]);
-		bool netd = pidfile_alive(np, "spaced-netd");
+	bool pasta, netd;
+	if (egress_state(cfg, &pasta, &netd)) {
 		if (!pasta || !netd) {
 			snprintf(what, whatsz, "%s%s%s", pasta ? "" : "pasta", !pasta && !netd ? "," : "", netd ? "" : "spaced-netd");
 			e = ensure(cfg, why, whysz);
@@ -1272,16 +1271,12 @@ int net_vm_addresses(const struct mgr_config *cfg, const struct mgr_rec *rec, ch
  * exclusive turn runs ip and nft each time); with_lock otherwise. */
 static int lock_ready(const struct mgr_config *cfg, char *why, size_t whysz)
 {
-	char ns[4200], lp[4200], np[4200], pp[4200];
-	snprintf(ns, sizeof ns, "%s/net/ns", cfg->state_dir);
+	char lp[4200];
+	bool pasta, netd;
 	snprintf(lp, sizeof lp, "%s/net/lock", cfg->state_dir);
-	snprintf(np, sizeof np, "%s/net/netd.pid", cfg->state_dir);
-	snprintf(pp, sizeof pp, "%s/net/pasta.pid", cfg->state_dir);
-	bool pasta = false;
-	for (size_t i = 0; i < sizeof pasta_names / sizeof pasta_names[0] && !pasta; i++)
-		pasta = pidfile_alive(pp, pasta_names[i]);
-	int fd = pasta ? open(lp, O_RDWR | O_CLOEXEC) : -1;
-	if (fd >= 0 && flock(fd, LOCK_SH) == 0 && is_nsfs(ns) && pidfile_alive(np, "spaced-netd"))
+	int fd = open(lp, O_RDWR | O_CLOEXEC);
+	/* ready as it is (under the shared lock): nothing to make */
+	if (fd >= 0 && flock(fd, LOCK_SH) == 0 && egress_state(cfg, &pasta, &netd) && pasta && netd)
 		return fd;
 	if (fd >= 0)
 		close(fd);
