@@ -296,15 +296,17 @@ else
 	# a claim while a teardown holds the egress lock: the executor's loop does not wait for it,
 	# the claim goes to a child that does, and is served once the lock is free
 	wait_ready 1 || fail "the pool refills"
-	flock -x "$D/worker-1/net/lock" sleep 2 &
+	# (the holder says when it has the lock and when it lets it go: a loaded host may start it late)
+	rm -f "$W/lk.held" "$W/lk.freed"
+	flock -x "$D/worker-1/net/lock" sh -c ": >'$W/lk.held'; sleep 2; date +%s%N >'$W/lk.freed'" &
 	lk=$!
-	sleep 0.3
-	t0=$(date +%s%N)
+	for i in $(seq 1 100); do [ -e "$W/lk.held" ] && break; sleep 0.05; done
+	[ -e "$W/lk.held" ] || fail "the egress lock is taken by the test"
 	LK=$("$SC" create)
 	t1=$(date +%s%N)
 	wait "$lk"
 	expect "a claim under a held egress lock: served from the pool once it is free" \
-		"$(pooled "$LK") $([ $(((t1 - t0) / 1000000)) -ge 1000 ] && echo waited)" "true waited"
+		"$(pooled "$LK") $([ "$t1" -ge "$(cat "$W/lk.freed")" ] && echo waited)" "true waited"
 	expect "... and it is its sandbox's: its guest, its slot" \
 		"$("$SC" exec "$LK" -- hostname) $(for f in "$D"/worker-1/net/slot/*.json; do jq -r .sandbox "$f"; done | grep -cx "$LK")" \
 		"$LK 1"
