@@ -958,7 +958,7 @@ struct start_opts {
 };
 
 static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
-                        const char *release_op, bool call_off, json_t **body);
+                        const char *release_op, bool call_off, bool fetch, json_t **body);
 
 static int start_execution_in(struct cp *cp, struct cp_store *st, const struct sbx *s, const struct placement *p,
                               const char *snapshot, const char *snapshot_hash, int same_gen,
@@ -1194,13 +1194,14 @@ static int start_execution_in(struct cp *cp, struct cp_store *st, const struct s
 	if ((r = cp_store_commit(st)) < 0)
 		goto fail;
 	cp_wake(cp);
+	bool fetch = snapshot != NULL || json_is_object(json_object_get(spec, "template"));
 	json_decref(spec);
 	json_decref(msg);
 	/* a new generation from a snapshot: a resume after a failure would start
 	 * it from that snapshot anywhere, so one not acknowledged is called off
 	 * (a create, or a start from its template, is started again in place:
 	 * the same generation, on the same worker) */
-	return finish_start(cp, st, id, p->worker, seq, so->release_op, !same_gen && snapshot != NULL, body);
+	return finish_start(cp, st, id, p->worker, seq, so->release_op, !same_gen && snapshot != NULL, fetch, body);
 fail:
 	cp_store_rollback(st);
 	json_decref(spec);
@@ -1249,14 +1250,45 @@ static void start_called_off(struct cp_store *st, const char *id, const char *er
 	cp_rows_free(rows);
 }
 
-/* The tail of a start: waits for the install's ack; on it, the state
+/* Whether the worker is live now (its control channel open on some replica). */
+static bool worker_live_now(struct cp_store *st, const char *worker)
+{
+	struct cp_rows *rows = NULL;
+	bool live = CP_Q(st, &rows, NULL, "SELECT channel_until FROM workers WHERE id = $1", worker) == 0 &&
+	            rows->nrows == 1 && cp_worker_live(worker, cp_rows_i64(rows, 0, 0, 0), spaced_now());
+	cp_rows_free(rows);
+	return live;
+}
+
+/* The install's ack. One that has the worker fetch a template or a
+ * snapshot from the store first (fetch) may take longer than --ack-timeout
+ * (a Debian template is hundreds of megabytes to fetch, check and unpack
+ * on a busy worker): past it the wait goes on while the worker stays live,
+ * up to --snapshot-timeout; a worker that is gone ends it within a second
+ * of its channel's end (channel.c: within 5 s of its going). */
+static int wait_install_ack(struct cp *cp, struct cp_store *st, const char *worker, int64_t seq, bool fetch, int *ok,
+                            char **res)
+{
+	int r = cp_wait_ack(cp, st, worker, seq, cp->ack_timeout_ms, ok, res);
+	if (r != SPACED_ETIMEDOUT || !fetch || cp->snapshot_timeout_ms <= cp->ack_timeout_ms)
+		return r;
+	uint64_t deadline = spaced_mono_ns() + (uint64_t)(cp->snapshot_timeout_ms - cp->ack_timeout_ms) * 1000000u;
+	spaced_log("spaced-cp", "level=info event=install-waits worker=%s seq=%lld reason=\"it fetches a template or "
+	           "snapshot\"", worker, (long long)seq);
+	while (r == SPACED_ETIMEDOUT && !cp->stopping && spaced_mono_ns() < deadline && worker_live_now(st, worker))
+		r = cp_wait_ack(cp, st, worker, seq, 1000, ok, res);
+	return r;
+}
+
+/* The tail of a start: waits for the install's ack (fetch: the worker
+ * fetches a template or snapshot first, wait_install_ack); on it, the state
  * (and, for a create, the lease with it), else the error. */
 static int finish_start(struct cp *cp, struct cp_store *st, const char *id, const char *worker, int64_t seq,
-                        const char *release_op, bool call_off, json_t **body)
+                        const char *release_op, bool call_off, bool fetch, json_t **body)
 {
 	char errtext[512], *res = NULL;
 	int ok = 0;
-	int r = cp_wait_ack(cp, st, worker, seq, cp->ack_timeout_ms, &ok, &res);
+	int r = wait_install_ack(cp, st, worker, seq, fetch, &ok, &res);
 	const struct start_opts *so = &(struct start_opts){.release_op = release_op};
 	char gwb[24] = "0";
 	if (r == 0 && ok) {
@@ -1745,7 +1777,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	 * queued; the state and the lease go together once the worker
 	 * acknowledged */
 	lease_hold(id, op);
-	status = finish_start(cp, st, id, j.worker, j.seq, op, false, body);
+	status = finish_start(cp, st, id, j.worker, j.seq, op, false, c->template_hash[0] != 0, body);
 	if (!c->worker[0])
 		status = start_elsewhere(cp, st, tenant, id, op, j.worker, status, body);
 	lease_hold(NULL, NULL);

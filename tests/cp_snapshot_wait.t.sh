@@ -9,7 +9,8 @@
 # at --ack-timeout. The operation's lease is renewed while it waits (no other call takes it). The
 # store takes a snapshot's upload only while it is awaited (that worker, sandbox and generation). A
 # route asked while a delete waits for its worker says the sandbox is being deleted: no capability
-# is issued for an execution being destroyed (C1).
+# is issued for an execution being destroyed (C1). An install that has its worker fetch a snapshot
+# or a template waits past --ack-timeout while the worker stays live.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 W=$(mktemp -d)
@@ -85,5 +86,39 @@ expect "its route while its delete waits for the worker: 404, being deleted" \
 	"$(api "$TA" POST "/v1/sandboxes/$R/route" '{}'; body .message)" "404the sandbox is being deleted"
 wait "$DEL"
 expect "the delete ends" "$(cat "$W/del.status")" 200
+
+# an install that has its worker fetch a snapshot (a move's, a resume's) or a template first may
+# take longer than --ack-timeout (a Debian template is hundreds of megabytes to fetch, check and
+# unpack on a busy worker): the wait goes on past it while the worker stays live, up to
+# --snapshot-timeout; an install with nothing to fetch keeps the short bound; a worker that goes
+# away ends the wait once the control plane sees it gone (5 s), not at --snapshot-timeout
+kill "$CP_PID"
+wait "$CP_PID" 2>/dev/null
+start_cp cp --ack-timeout 1000 --snapshot-timeout 60000
+for w in wa wb; do stop_worker $w; done
+start_worker wa
+start_worker wb --delay-ms 2500 --delay-type install
+expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+M=$(body .id)
+expect "pause" "$(api "$TA" POST "/v1/sandboxes/$M/pause")" 200
+expect "a move whose install (from the snapshot) its destination answers in 2.5 s, past --ack-timeout: 200" \
+	"$(api "$TA" POST "/v1/sandboxes/$M/move" '{"to":"wb"}'; body '.state + " " + .worker')" "200running wb"
+grep -q "event=install-waits worker=wb " "$CP_LOG" || fail "the control plane said why it waited on"
+expect "a create with nothing to fetch, answered 2.5 s late: 504 at --ack-timeout" \
+	"$(api "$TA" POST /v1/sandboxes '{"worker":"wb"}'; body .error)" "504worker-timeout"
+stop_worker wb
+start_worker wb --silent install
+expect "create" "$(api "$TA" POST /v1/sandboxes '{"worker":"wa"}')" 201
+M2=$(body .id)
+expect "pause" "$(api "$TA" POST "/v1/sandboxes/$M2/pause")" 200
+t0=$(date +%s%N)
+OUT=$W/mv.body api "$TA" POST "/v1/sandboxes/$M2/move" '{"to":"wb"}' >"$W/mv.status" &
+MV=$!
+sleep 2
+stop_worker wb
+wait "$MV"
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "its destination gone (at 2 s) while the move waits for its install: 504 after ${ms} ms, past --ack-timeout, long before --snapshot-timeout (60 s)" \
+	"$(cat "$W/mv.status") $([ "$ms" -ge 1900 ] && [ "$ms" -le 30000 ] && echo "when it went")" "504 when it went"
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
