@@ -156,6 +156,13 @@ int spaced_keyring_load_file(struct spaced_keyring *kr, const char *path)
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return SPACED_EIO;
+	int r = spaced_keyring_load_fd(kr, fd);
+	close(fd);
+	return r;
+}
+
+int spaced_keyring_load_fd(struct spaced_keyring *kr, int fd)
+{
 	char *data = NULL;
 	size_t len = 0;
 	struct stat st;
@@ -172,7 +179,7 @@ int spaced_keyring_load_file(struct spaced_keyring *kr, const char *path)
 		goto out;
 	}
 	while (len < (size_t)st.st_size) {
-		ssize_t got = read(fd, data + len, (size_t)st.st_size - len);
+		ssize_t got = pread(fd, data + len, (size_t)st.st_size - len, (off_t)len);
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got <= 0)
@@ -182,7 +189,6 @@ int spaced_keyring_load_file(struct spaced_keyring *kr, const char *path)
 	r = spaced_keyring_install_bundle(kr, data, len);
 out:
 	free(data);
-	close(fd);
 	return r;
 }
 

@@ -45,6 +45,10 @@ int spaced_keyring_install_bundle(struct spaced_keyring *kr, const char *json, s
 /* Reads a bundle file and installs it as above (SPACED_EIO when unreadable). */
 int spaced_keyring_load_file(struct spaced_keyring *kr, const char *path);
 
+/* The same from a file open for reading (read from its start; not closed):
+ * for a process that may no longer open it itself (spaced-netgtw). */
+int spaced_keyring_load_fd(struct spaced_keyring *kr, int fd);
+
 /* Finds the key with this k4.pid whose window contains now. Unknown IDs and
  * keys outside their window are SPACED_EUNKNOWNKEY (fail closed). On success
  * *pk is a copy and *epoch (may be NULL) the epoch it was found in. */

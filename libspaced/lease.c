@@ -5,8 +5,10 @@
 #include "lease.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,13 +17,26 @@
 
 enum spaced_lease_state spaced_lease_read(const char *path, long long *ended_s)
 {
-	FILE *f = fopen(path, "re");
-	if (f == NULL)
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return errno == ENOENT ? SPACED_LEASE_GONE : SPACED_LEASE_UNREADABLE;
-	long long until = 0;
-	bool ok = fscanf(f, "%lld", &until) == 1;
-	fclose(f);
-	if (!ok)
+	enum spaced_lease_state s = spaced_lease_read_fd(fd, ended_s);
+	close(fd);
+	return s;
+}
+
+enum spaced_lease_state spaced_lease_read_fd(int fd, long long *ended_s)
+{
+	/* one decimal number (leading blanks, then digits: as fscanf's %lld took it) */
+	char buf[64];
+	ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+	if (n <= 0)
+		return SPACED_LEASE_UNREADABLE;
+	buf[n] = 0;
+	char *end;
+	errno = 0;
+	long long until = strtoll(buf, &end, 10);
+	if (end == buf || errno != 0)
 		return SPACED_LEASE_UNREADABLE;
 	long long now = (long long)time(NULL);
 	if (now <= until)

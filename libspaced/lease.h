@@ -26,6 +26,10 @@ enum spaced_lease_state {
  * it ended, when ENDED. */
 enum spaced_lease_state spaced_lease_read(const char *path, long long *ended_s);
 
+/* The same from the lease file open for reading (read from its start; not
+ * closed): for a process that may no longer open it itself. */
+enum spaced_lease_state spaced_lease_read_fd(int fd, long long *ended_s);
+
 /* Whether the gate says it is fenced: STATE/fenced beside the lease file. */
 bool spaced_lease_gate_fenced(const char *lease_path);
 

@@ -60,6 +60,7 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -75,6 +76,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -221,6 +223,12 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* What the supervisor does for the confined serving process (below, "the
+ * supervisor"): the guest transport connected after its checks, the keys
+ * file, the lease file. */
+enum { H_GUEST = 'g', H_KEYS = 'k', H_LEASE = 'l' };
+static int helper_ask(char what, int *fd, char *why, size_t whysz);
+
 /* Whether the worker is fenced: its gate says so in the record, or the lease
  * the gate keeps renewed in --lease-file has ended (the gate stopped, or
  * cut off with it: the gateway keeps the fence on its own). Read at most
@@ -232,7 +240,14 @@ static bool fenced_now(void)
 	uint64_t t = now_ms();
 	if (G.lease_file && (G.lease_ended || G.lease_read_ms == 0 || t - G.lease_read_ms >= 1000)) {
 		G.lease_read_ms = t;
-		enum spaced_lease_state s = spaced_lease_read(G.lease_file, NULL);
+		int fd = -1;
+		char why[200];
+		int e = helper_ask(H_LEASE, &fd, why, sizeof why);
+		enum spaced_lease_state s = e == SPACED_ENOENT ? SPACED_LEASE_GONE
+		                            : e < 0            ? SPACED_LEASE_UNREADABLE
+		                                               : spaced_lease_read_fd(fd, NULL);
+		if (fd >= 0)
+			close(fd);
 		if (s != SPACED_LEASE_UNREADABLE) /* gone: the fence was turned off */
 			G.lease_ended = s == SPACED_LEASE_ENDED;
 	}
@@ -350,16 +365,28 @@ static int record_watch(void)
 }
 
 /* --identity -: the claimed execution's identity, one line on standard
- * input. Until it is complete nothing is accepted; a malformed line, or the
- * input ending without one, ends the gateway (it serves nobody). Returns 1
- * while more is to come, 0 once the identity is taken, < 0 to end. */
-static int identity_read(void)
+ * input, read by the supervisor before it starts the serving process (until
+ * then nothing is accepted: connections wait in the listener's backlog). A
+ * malformed line, or the input ending without one, ends the gateway (it
+ * serves nobody); so does its launcher's end meanwhile. Returns 0 once the
+ * identity is taken, < 0 to end (1: the launcher ended). */
+static int identity_wait(void)
 {
 	for (;;) {
+		struct pollfd pf[2] = {{.fd = 0, .events = POLLIN}, {.fd = G.pidfd, .events = POLLIN}};
+		if (poll(pf, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		if (pf[1].revents)
+			return 1;
+		if (!pf[0].revents)
+			continue;
 		ssize_t n = read(0, G.idline + G.idlen, sizeof G.idline - 1 - G.idlen);
-		if (n < 0)
-			return errno == EAGAIN || errno == EINTR ? 1 : -1;
-		if (n == 0) {
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (n <= 0) {
 			glog("level=error event=identity-missing reason=\"its input ended\"");
 			return -1;
 		}
@@ -377,18 +404,14 @@ static int identity_read(void)
 			return -1;
 		}
 		G.identity_pending = false;
-		epoll_ctl(G.ep, EPOLL_CTL_DEL, 0, NULL);
 		close(0);
 		if (G.record_dir) {
-			record_path_set();
-			if (record_watch() < 0) {
-				glog("level=error event=inotify reason=\"%s\"", strerror(errno));
+			if (G.self.sandbox[0] == '.') { /* "." and "..": valid names, no directory of their own */
+				glog("level=error event=identity-malformed reason=\"no record directory for this name\"");
 				return -1;
 			}
+			record_path_set();
 		}
-		record_load();
-		struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
-		epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
 		glog("level=info event=claimed sandbox=%s", G.self.sandbox);
 		return 0;
 	}
@@ -396,9 +419,16 @@ static int identity_read(void)
 
 static void keys_load(void)
 {
-	int e = spaced_keyring_load_file(G.kr, G.keys_path);
+	int fd = -1;
+	char why[200] = "";
+	int e = helper_ask(H_KEYS, &fd, why, sizeof why);
+	if (e == 0) {
+		e = spaced_keyring_load_fd(G.kr, fd);
+		close(fd);
+	}
 	if (e < 0 && e != SPACED_ESTALE)
-		glog("level=warn event=keys-unreadable path=%s reason=\"%s\"", G.keys_path, spaced_strerror(e));
+		glog("level=warn event=keys-unreadable path=%s reason=\"%s\"", G.keys_path,
+		     why[0] ? why : spaced_strerror(e));
 }
 
 static void on_inotify(void)
@@ -821,8 +851,9 @@ static const char *cookie_find(const char *hdr, const char *name, size_t *vl, co
 
 /* Connects to the guest transport after the checks of the bridge (the
  * listener's holder; for a microVM also the VM its back-end serves,
- * vmcheck.h). The connection is non-blocking. */
-static int guest_connect(int *out, char *why, size_t whysz)
+ * vmcheck.h). They read the launcher's /proc files, which Landlock keeps
+ * from the confined loop: the supervisor runs this for it (guest_connect). */
+static int guest_connect_checked(int *out, char *why, size_t whysz)
 {
 	int fd = -1;
 	int e = spaced_peer_connect_listener(G.guest_path, &G.exp, &fd, why, whysz);
@@ -842,9 +873,238 @@ static int guest_connect(int *out, char *why, size_t whysz)
 			return e;
 		}
 	}
-	fcntl(fd, F_SETFL, O_NONBLOCK);
 	*out = fd;
 	return 0;
+}
+
+/* ---- the supervisor: what the confined loop may no longer do itself ----
+ *
+ * The gateway is two processes. The one the executor starts (the supervisor)
+ * sets everything up, listens, writes the port file, waits for a pooled
+ * execution's identity, then forks the serving process, which parses what
+ * clients send. That one runs as root too, but from its loop on it opens
+ * files only to read them and only beneath its record directory (Landlock,
+ * where the kernel has it: spaced_confine_files), so a bug that a client's
+ * bytes reach cannot read the worker's keys, its records or any other file
+ * of the host. Three things it needs lie outside: the guest transport's
+ * checks (the launcher's /proc files, B2), the verification keys
+ * (STATE/keys.json) and the lease (STATE/lease). The supervisor does exactly
+ * these, one request byte each, on a socket pair, and hands back the
+ * descriptor (SCM_RIGHTS) with a status and a reason:
+ *   'g' the guest transport connected after its checks, 'k' the keys file,
+ *   'l' the lease file, each open for reading.
+ * It reads no other input from it (the paths and expectations are fixed).
+ * When the serving process ends while the launcher runs (a crash, an OOM
+ * kill), the supervisor starts another on the same listening socket: the
+ * port the control plane knows stays the execution's, connections wait in
+ * the backlog meanwhile, cookies stay valid (the cookie key is the
+ * supervisor's). Again at once, then after 0.1 s doubling to 10 s while it
+ * keeps ending within a minute. When the launcher ends, both end. */
+struct helper_reply {
+	int32_t err; /* 0, or the spaced error code (SPACED_ENOENT: no such file) */
+	char why[200];
+};
+
+static int helper_sock = -1;
+
+static int supervisor_confine(void);
+
+static int helper_do(char what, int *fd, char *why, size_t whysz)
+{
+	const char *path = what == H_KEYS ? G.keys_path : what == H_LEASE ? G.lease_file : NULL;
+	if (what == H_GUEST)
+		return guest_connect_checked(fd, why, whysz);
+	if (!path) {
+		snprintf(why, whysz, "no such request");
+		return SPACED_EINVAL;
+	}
+	*fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (*fd < 0) {
+		snprintf(why, whysz, "%s: %s", path, strerror(errno));
+		return errno == ENOENT ? SPACED_ENOENT : SPACED_EIO;
+	}
+	return 0;
+}
+
+/* Answers one request of the serving process on s: false once it is gone. */
+static bool helper_serve(int s)
+{
+	char what;
+	ssize_t r = recv(s, &what, 1, MSG_DONTWAIT);
+	if (r < 0 && (errno == EINTR || errno == EAGAIN))
+		return true;
+	if (r != 1)
+		return false;
+	struct helper_reply rep = {0};
+	int fd = -1;
+	rep.err = helper_do(what, &fd, rep.why, sizeof rep.why);
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = {.iov_base = &rep, .iov_len = sizeof rep};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (rep.err == 0 && fd >= 0) {
+		memset(&u, 0, sizeof u);
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof u.buf;
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+	}
+	ssize_t w = sendmsg(s, &mh, MSG_NOSIGNAL);
+	if (fd >= 0)
+		close(fd);
+	return w == (ssize_t)sizeof rep;
+}
+
+/* Whether the launcher has ended (its pidfd readable). */
+static bool launcher_ended(int wait_ms)
+{
+	struct pollfd pf = {.fd = G.pidfd, .events = POLLIN};
+	return poll(&pf, 1, wait_ms) > 0;
+}
+
+/* The supervisor's part: returns only in a serving process (helper_sock
+ * its end of the pair); the supervisor itself ends here, with its launcher. */
+static void supervise(void)
+{
+	prctl(PR_SET_NAME, "spaced-netgtw-s");
+	if (G.identity_pending) {
+		int r = identity_wait();
+		if (r != 0)
+			exit(r > 0 ? 0 : 1);
+	}
+	if (supervisor_confine() < 0) {
+		glog("level=error event=confine-failed what=supervisor");
+		exit(1);
+	}
+	uint64_t backoff_ms = 0;
+	unsigned restarts = 0, quick = 0;
+	for (;;) {
+		int sv[2] = {-1, -1};
+		pid_t parent = getpid(), pid = -1;
+		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0 && (pid = fork()) == 0) {
+			close(sv[0]);
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			if (getppid() != parent)
+				_exit(0);
+			prctl(PR_SET_NAME, "spaced-netgtw");
+			helper_sock = sv[1];
+			return;
+		}
+		int cfd = -1;
+		if (pid > 0) {
+			close(sv[1]);
+			cfd = (int)syscall(SYS_pidfd_open, pid, 0);
+			uint64_t started = now_ms();
+			bool ended = false;
+			while (!ended) {
+				struct pollfd pf[3] = {{.fd = sv[0], .events = POLLIN},
+				                       {.fd = cfd, .events = POLLIN},
+				                       {.fd = G.pidfd, .events = POLLIN}};
+				if (poll(pf, 3, -1) < 0 && errno != EINTR)
+					break;
+				if (pf[2].revents) {
+					/* the launcher ended: the serving process sees it too and
+					 * says what it served; then both end */
+					if (cfd < 0 || poll(&(struct pollfd){.fd = cfd, .events = POLLIN}, 1, 2000) <= 0)
+						kill(pid, SIGKILL);
+					waitpid(pid, NULL, 0);
+					exit(0);
+				}
+				if ((pf[0].revents & POLLIN) && !helper_serve(sv[0]))
+					ended = true;
+				if (pf[1].revents || (pf[0].revents & (POLLHUP | POLLERR)))
+					ended = true;
+			}
+			close(sv[0]);
+			int st = 0;
+			kill(pid, SIGKILL); /* one that closed its end but lives on serves without its supervisor: no */
+			waitpid(pid, &st, 0);
+			if (cfd >= 0)
+				close(cfd);
+			if (launcher_ended(0))
+				exit(0);
+			/* at once, then 0.1 s doubling to 10 s while it keeps ending within a minute */
+			if (now_ms() - started >= 60000)
+				quick = 0;
+			backoff_ms = quick == 0 ? 0 : quick == 1 ? 100 : backoff_ms * 2 > 10000 ? 10000 : backoff_ms * 2;
+			quick++;
+			restarts++;
+			char how[48];
+			if (WIFSIGNALED(st))
+				snprintf(how, sizeof how, "signal %d", WTERMSIG(st));
+			else
+				snprintf(how, sizeof how, "exit %d", WEXITSTATUS(st));
+			glog("level=error event=serving-process-ended how=\"%s\" restarts=%u next_in_ms=%llu", how, restarts,
+			     (unsigned long long)backoff_ms);
+		} else {
+			glog("level=error event=fork-failed reason=\"%s\" next_in_ms=1000", strerror(errno));
+			if (sv[0] >= 0) {
+				close(sv[0]);
+				close(sv[1]);
+			}
+			backoff_ms = 1000;
+		}
+		if (backoff_ms > 0 && launcher_ended((int)backoff_ms))
+			exit(0);
+	}
+}
+
+/* Asks the supervisor for what (H_*): 0 with the descriptor in *fd, or its
+ * error (the reason in why). A supervisor that is gone: SPACED_ECLOSED. */
+static int helper_ask(char what, int *fd, char *why, size_t whysz)
+{
+	struct helper_reply rep;
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = {.iov_base = &rep, .iov_len = sizeof rep};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	*fd = -1;
+	if (send(helper_sock, &what, 1, MSG_NOSIGNAL) != 1) {
+		snprintf(why, whysz, "the gateway's supervisor is gone");
+		return SPACED_ECLOSED;
+	}
+	ssize_t r;
+	do
+		r = recvmsg(helper_sock, &mh, MSG_CMSG_CLOEXEC);
+	while (r < 0 && errno == EINTR);
+	if (r != (ssize_t)sizeof rep) {
+		snprintf(why, whysz, "the gateway's supervisor is gone");
+		return SPACED_ECLOSED;
+	}
+	rep.why[sizeof rep.why - 1] = 0;
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	bool has_fd = cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+	              cm->cmsg_len == CMSG_LEN(sizeof(int)) && !(mh.msg_flags & MSG_CTRUNC);
+	if (has_fd)
+		memcpy(fd, CMSG_DATA(cm), sizeof *fd);
+	if (rep.err == 0 && !has_fd) {
+		snprintf(why, whysz, "the gateway's supervisor sent no descriptor");
+		return SPACED_EPROTO;
+	}
+	if (rep.err < 0) {
+		if (has_fd)
+			close(*fd);
+		*fd = -1;
+		snprintf(why, whysz, "%s", rep.why);
+		return rep.err;
+	}
+	return 0;
+}
+
+/* The guest transport, checked (guest_connect_checked), non-blocking. */
+static int guest_connect(int *out, char *why, size_t whysz)
+{
+	int e = helper_ask(H_GUEST, out, why, whysz);
+	if (e == 0)
+		fcntl(*out, F_SETFL, O_NONBLOCK);
+	return e;
 }
 
 /* "CONNECT <port>\n" on a fresh connection (a few bytes: they fit). */
@@ -1524,17 +1784,15 @@ static void usage(void)
 	exit(2);
 }
 
-/* What the gateway's loop calls (confine.h): its sockets (clients, the
- * guest's transport, unix_diag's netlink), the record, keys and /proc files
- * it reads, inotify, pidfds, the audit log it appends to. It runs as root:
- * what a parser bug could do with these is narrowed by their arguments
- * (loop_args). */
-static const char *const loop_calls[] = {
+/* What the serving process's loop calls (confine.h): its client sockets and
+ * the descriptors the supervisor hands it, the record it reads, inotify, the
+ * audit log it appends to. It runs as root: what a parser bug could do with
+ * these is narrowed by their arguments (serve_args). */
+static const char *const serve_calls[] = {
 	"read", "write", "readv", "writev", "pread64", "close", "epoll_wait", "epoll_pwait", "epoll_ctl", "poll",
-	"ppoll", "accept", "accept4", "connect", "recvfrom", "sendto", "recvmsg", "sendmsg", "shutdown",
-	"setsockopt", "getsockopt", "getsockname", "getpeername", "fcntl", "readlink",
-	"readlinkat", "getdents64", "lseek", "fstat", "newfstatat", "statx", "inotify_add_watch",
-	"inotify_rm_watch", "pidfd_open", "pidfd_send_signal", "mmap", "munmap", "mremap", "brk", "madvise",
+	"ppoll", "accept", "accept4", "recvfrom", "sendto", "recvmsg", "sendmsg", "shutdown",
+	"setsockopt", "getsockopt", "getsockname", "getpeername", "fcntl", "lseek", "fstat", "newfstatat", "statx",
+	"inotify_add_watch", "inotify_rm_watch", "mmap", "munmap", "mremap", "brk", "madvise",
 	"mprotect", "clock_gettime", "gettimeofday", "time", "nanosleep", "clock_nanosleep", "exit",
 	"exit_group", "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "restart_syscall", "futex", "getpid",
 	"gettid", "getrandom", "getuid", "geteuid", "getgid", "getegid", "uname", "sysinfo", "sched_yield",
@@ -1543,16 +1801,43 @@ static const char *const loop_calls[] = {
 
 /* Files are opened for reading only (no write, create, truncate, append or
  * unnamed temporary file: no file's content can be changed through them, and
- * no directory is made), and the only new sockets are Unix ones (the guest's transport) and
- * unix_diag's netlink: no TCP or UDP connection to anything, no raw or packet
- * socket, no netlink that changes routes or the packet filter. */
+ * no directory is made); no new socket of any kind. */
 #define OPEN_WRITES ((uint64_t)(O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (O_TMPFILE & ~O_DIRECTORY)))
-static const struct spaced_confine_arg loop_args[] = {
+static const struct spaced_confine_arg serve_args[] = {
 	{"openat", 1, {{2, OPEN_WRITES, 0}}},
 	{"open", 1, {{1, OPEN_WRITES, 0}}},
+};
+
+/* The supervisor makes these too: the guest transport's checks (its /proc
+ * files, unix_diag, the connection), its serving processes (fork, wait,
+ * their end) and what one of them does before it confines itself (the
+ * filter stacks: a serving process is under both). */
+static const char *const supervisor_calls[] = {
+	"connect", "readlink", "readlinkat", "getdents64", "pidfd_open", "pidfd_send_signal", "clone", "wait4", "waitid", "kill",
+	"prctl", "getppid", "set_robust_list", "rseq", "socketpair", "seccomp", "landlock_create_ruleset",
+	"landlock_add_rule", "landlock_restrict_self", "inotify_init1", "epoll_create1",
+};
+
+/* ... and its only new sockets are Unix ones (the guest's transport, the
+ * pair) and unix_diag's netlink: no TCP or UDP connection to anything, no
+ * raw or packet socket, no netlink that changes routes or the packet filter. */
+static const struct spaced_confine_arg supervisor_args[] = {
 	{"socket", 1, {{0, UINT32_MAX, AF_UNIX}}},
 	{"socket", 2, {{0, UINT32_MAX, AF_NETLINK}, {2, UINT32_MAX, NETLINK_SOCK_DIAG}}},
 };
+
+static int supervisor_confine(void)
+{
+	enum { NS = sizeof serve_calls / sizeof serve_calls[0], NP = sizeof supervisor_calls / sizeof supervisor_calls[0] };
+	enum { AS = sizeof serve_args / sizeof serve_args[0], AP = sizeof supervisor_args / sizeof supervisor_args[0] };
+	const char *calls[NS + NP];
+	struct spaced_confine_arg args[AS + AP];
+	memcpy(calls, serve_calls, sizeof serve_calls);
+	memcpy(calls + NS, supervisor_calls, sizeof supervisor_calls);
+	memcpy(args, serve_args, sizeof serve_args);
+	memcpy(args + AS, supervisor_args, sizeof supervisor_args);
+	return spaced_confine_syscalls(calls, NS + NP, NULL, 0, args, AS + AP);
+}
 
 int main(int argc, char **argv)
 {
@@ -1677,25 +1962,6 @@ int main(int argc, char **argv)
 	}
 	if (spaced_keyring_new(&G.kr) < 0 || spaced_vcache_new(&G.vc, 4096) < 0)
 		return 1;
-	char tmp[4096];
-	if (G.record_path) {
-		snprintf(tmp, sizeof tmp, "%s", G.record_path);
-		snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
-	}
-	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
-	snprintf(G.keys_base, sizeof G.keys_base, "%s", basename(tmp));
-	G.ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	G.rec_wd = G.keys_wd = -1;
-	/* the record's directory (the gate replaces the record by rename), once
-	 * the sandbox is known; the keys' */
-	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
-	if (G.ino < 0 || (G.record_path && record_watch() < 0) ||
-	    (G.keys_wd = inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO)) < 0) {
-		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
-		return 1;
-	}
-	keys_load();
-	record_load();
 	G.lfd = listen_on(listen_s);
 	if (G.lfd < 0) {
 		glog("level=error event=listen address=%s reason=\"%s\"", listen_s, strerror(errno));
@@ -1715,32 +1981,55 @@ int main(int argc, char **argv)
 		if (fclose(f) != 0 || rename(pf, port_file) < 0)
 			return 1;
 	}
-	G.ep = epoll_create1(EPOLL_CLOEXEC);
-	struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
-	static int tag_ino, tag_pid, tag_id;
-	if (G.identity_pending) {
-		/* connections wait in the backlog until the identity is known */
-		fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
-		e.data.ptr = &tag_id;
-		if (epoll_ctl(G.ep, EPOLL_CTL_ADD, 0, &e) < 0) {
-			glog("level=error event=identity-input reason=\"%s\"", strerror(errno));
-			return 1;
-		}
-	} else {
-		epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
+	/* the supervisor stays here; what follows is the serving process's */
+	supervise();
+	char tmp[4096];
+	if (G.record_path) {
+		snprintf(tmp, sizeof tmp, "%s", G.record_path);
+		snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
 	}
+	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
+	snprintf(G.keys_base, sizeof G.keys_base, "%s", basename(tmp));
+	G.ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	G.rec_wd = G.keys_wd = -1;
+	/* the record's directory (the gate replaces the record by rename); the keys' */
+	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
+	if (G.ino < 0 || record_watch() < 0 ||
+	    (G.keys_wd = inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO)) < 0) {
+		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
+		return 1;
+	}
+	keys_load();
+	record_load();
+	G.ep = epoll_create1(EPOLL_CLOEXEC);
+	static int tag_ino, tag_pid, tag_supervisor;
+	struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.lfd, &e);
 	e.data.ptr = &tag_ino;
 	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.ino, &e);
 	e.data.ptr = &tag_pid;
 	epoll_ctl(G.ep, EPOLL_CTL_ADD, G.pidfd, &e);
-	/* from here on only the calls of this loop: a parser bug that a client's
-	 * bytes reach can run nothing else (confine.h) */
-	if (spaced_confine_syscalls(loop_calls, sizeof loop_calls / sizeof loop_calls[0], NULL, 0, loop_args,
-	                            sizeof loop_args / sizeof loop_args[0]) < 0) {
-		glog("level=error event=confine-failed");
+	/* the supervisor's end of the pair answers nothing unasked: its hang-up only */
+	e = (struct epoll_event){.events = 0, .data.ptr = &tag_supervisor};
+	epoll_ctl(G.ep, EPOLL_CTL_ADD, helper_sock, &e);
+	/* from here on files are read only beneath the record directory, and
+	 * only the calls of this loop are made: a parser bug that a client's
+	 * bytes reach can read nothing else and run nothing else (confine.h) */
+	char rdir[4096];
+	snprintf(rdir, sizeof rdir, "%s", G.record_dir ? G.record_dir : G.record_path);
+	const char *reads[] = {G.record_dir ? rdir : dirname(rdir)};
+	int lr = spaced_confine_files(reads, 1);
+	if (lr < 0 && lr != SPACED_ENOENT) {
+		glog("level=error event=confine-failed what=landlock");
 		return 1;
 	}
-	glog("level=info event=serving port=%u sandbox=%s", ntohs(sa.sin_port), G.have_rec ? G.rec.id.sandbox : "-");
+	if (spaced_confine_syscalls(serve_calls, sizeof serve_calls / sizeof serve_calls[0], NULL, 0, serve_args,
+	                            sizeof serve_args / sizeof serve_args[0]) < 0) {
+		glog("level=error event=confine-failed what=seccomp");
+		return 1;
+	}
+	glog("level=info event=serving port=%u sandbox=%s files=%s", ntohs(sa.sin_port),
+	     G.have_rec ? G.rec.id.sandbox : "-", lr == 0 ? "beneath-dir" : "any(no-landlock)");
 	struct epoll_event evs[64];
 	uint64_t last_sweep = now_ms();
 	for (;;) {
@@ -1756,11 +2045,14 @@ int main(int argc, char **argv)
 			void *p = evs[i].data.ptr;
 			if (p == NULL) {
 				on_accept();
-			} else if (p == &tag_id) {
-				if (identity_read() < 0)
-					return 1;
 			} else if (p == &tag_ino) {
 				on_inotify();
+			} else if (p == &tag_supervisor) {
+				/* confined, it reaches its guest and reads its keys only
+				 * through its supervisor: without it, it ends (as
+				 * PDEATHSIG would have it) */
+				glog("level=error event=exit reason=\"its supervisor is gone\"");
+				return 1;
 			} else if (p == &tag_pid) {
 				spaced_ratelimit_flush(G.refusals, 0, true);
 				spaced_ratelimit_flush(G.guest_fail_log, 0, true);

@@ -6,7 +6,10 @@
 #     generation (REFRESH_ROUTE), the guest API's port refused, an established stream kept
 #     across an activation-only change (S4) while new opens need the new identity, and cut by
 #     a deactivation (S1: the time from the admin's acknowledgement to the cut is printed); a
-#     record written wakes its own gateway only.
+#     record written wakes its own gateway only. The gateway's two processes: the serving one
+#     confined (seccomp, Landlock beneath its record directory), its supervisor making the guest
+#     transport's checks and reading the keys for it, and starting it again on the same port when
+#     it is killed.
 #  2. A cluster (`spacectl dev up`, TLS: the gateways speak it too, https://PORT-ID.gw.localhost):
 #     spacectl expose and the printed URL with curl (another CA refused, a plaintext client and 60
 #     stalled or garbage handshakes get nothing while a client is served; paused, a new open is
@@ -76,13 +79,29 @@ ok "gateways listen: S on $GS, T on $GT"
 # a record written wakes its own gateway only (a directory of records per sandbox): twenty of
 # T's records written, S's gateway (idle: no tick without connections) wakes for none of them
 ctxsw() { awk '/^voluntary_ctxt_switches/ {print $2}' "/proc/$1/status" 2>/dev/null; }
-GSP=$(ss -Hltnp "sport = :$GS" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
+# a gateway is two processes holding its listening socket: the supervisor the executor started
+# ("spaced-netgtw-s") and the serving process it forked ("spaced-netgtw")
+gwpid() { ss -Hltnp "sport = :$1" | grep -o '"spaced-netgtw",pid=[0-9]*' | head -n 1 | sed 's/.*pid=//'; }
+gwsup() { ss -Hltnp "sport = :$1" | grep -o '"spaced-netgtw-s",pid=[0-9]*' | head -n 1 | sed 's/.*pid=//'; }
+GSP=$(gwpid "$GS")
 # the gateway reads what clients send as root: it runs under its seccomp allow-list, with no new
 # privileges (libspaced/confine.c; a call outside the list kills it)
 expect "spaced-node --gateway-memory 48M: the gateway's relay budget" \
 	"$(tr '\0' '\n' <"/proc/$GSP/cmdline" | sed -n '/^--relay-budget$/{n;p;}')" 50331648
 expect "the gateway is confined (Seccomp filter, NoNewPrivs)" \
 	"$(awk '/^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print s " " n}' "/proc/$GSP/status" 2>/dev/null)" "2 1"
+# ... and reads files only beneath its record directory (Landlock, where the kernel has it): the
+# guest transport's checks (the launcher's /proc files), the keys and the lease reach it through its
+# supervisor, itself under a filter (tests/test_confine.c: what Landlock refuses)
+abi=$(python3 -c 'import ctypes; print(max(0, ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1)))' 2>/dev/null || echo 0)
+expect "it reads files only beneath its record directory (Landlock ABI $abi here)" \
+	"$(cat "$W"/w/log/*.log | grep "event=serving port=$GS " | sed -n 's/.*files=\([^ ]*\).*/\1/p')" \
+	"$([ "${abi:-0}" -ge 1 ] && echo beneath-dir || echo "any(no-landlock)")"
+GSS=$(gwsup "$GS")
+expect "its supervisor is its parent, confined (Seccomp filter, NoNewPrivs)" \
+	"$(awk '/^PPid:/ {p = $2} /^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print p " " s " " n}' "/proc/$GSP/status" \
+		2>/dev/null | cut -d' ' -f1) $(awk '/^Seccomp:/ {s = $2} /^NoNewPrivs:/ {n = $2} END {print s " " n}' \
+		"/proc/${GSS:-0}/status" 2>/dev/null)" "${GSS:-none} 2 1"
 v0=$(ctxsw "$GSP")
 for a in $(seq 2 21); do install T 1 "act-$a" || fail "install T act-$a"; done
 v1=$(ctxsw "$GSP")
@@ -278,6 +297,30 @@ echo "S1 cut: $(( (CUT - T0) / 1000000 )) ms after the deactivation was sent, $(
 expect "after the deactivation: a new open is refused (409 deactivated)" \
 	"$(get "$GS" 8080 S "$C2") $(jq -r .reason "$W/body" 2>/dev/null)" "409 deactivated"
 expect "the victim (T's gateway) still answers" "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$GT/")" 401
+# a key the worker learns later reaches the confined gateway (read through its helper): a
+# capability signed with it is refused before, verified after (then 502: nothing listens inside T)
+"$SC" token keygen --json >"$W/key2.json"
+C3=$(SK=$(jq -r .secret "$W/key2.json"); "$SC" cap issue --key "$SK" --sandbox T --generation 1 --worker wa \
+	--activation act-21 --purpose serviceport --port 8080 --protocol http)
+expect "a capability of a key not yet installed: 401" "$(get "$GT" 8080 T "$C3")" 401
+printf '{"version":2,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"},{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' \
+	"$PK" "$(jq -r .public "$W/key2.json")" >"$W/bundle2.json"
+"$SC" node keys $ADM "$W/bundle2.json" >/dev/null || fail "keys: a second bundle"
+wait_for "the same capability once the key is installed: verified, the guest reached (502: nothing listens)" \
+	sh -c "[ \"\$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H 'Host: 8080-T.localhost:$GT' \
+		-H 'Authorization: Bearer $C3' http://127.0.0.1:$GT/)\" = 502 ]"
+# its serving process killed (a crash, the OOM killer): the supervisor starts another at once, on
+# the same listening socket (the port the control plane knows), which reads the keys anew
+GTP=$(gwpid "$GT")
+kill -9 "${GTP:-0}"
+i=0; while { [ -z "$(gwpid "$GT")" ] || [ "$(gwpid "$GT")" = "$GTP" ]; } && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+expect "T's gateway serves again on its port, a new serving process (logged)" \
+	"$([ -n "$(gwpid "$GT")" ] && [ "$(gwpid "$GT")" != "$GTP" ] && echo new) $(cat "$W"/w/log/*.log | grep -c 'event=serving-process-ended how="signal 9" restarts=1 ')" "new 1"
+expect "... and verifies with the keys installed before (502: nothing listens inside)" "$(get "$GT" 8080 T "$C3")" 502
+# its supervisor killed: the serving process ends with it (no gateway serves unsupervised)
+GTP=$(gwpid "$GT")
+kill -9 "$(gwsup "$GT")"
+wait_for "T's serving process ends with its supervisor" sh -c "! kill -0 ${GTP:-0} 2>/dev/null"
 expect "spaced-node did not restart its group" "$(grep -c 'starting the group\|restart' "$W/node.log")" 0
 seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox T --seq $seq >/dev/null 2>&1
 seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox S --seq $seq >/dev/null 2>&1
@@ -331,39 +374,18 @@ sleep 3.5
 expect "paused: the gateway refuses a new open at once (409 paused)" \
 	"$(curl -s -m 10 $CA -o "$W/body" -w '%{http_code}' -H "Authorization: Bearer $XC" "${URL}index.html") $(jq -r .reason "$W/body" 2>/dev/null)" \
 	"409 paused"
-# a gateway started again while its sandbox is paused (the first record it reads says paused):
-# the pause began before it started and counts as long ago, so a new open is refused at once, as
-# the gate refuses, not held 3 s for a guest that stays frozen (V1, R5)
-GWP=""
-for p in $(pgrep -f "spaced-netgtw --listen"); do
-	pf=$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | sed -n '/^--port-file$/{n;p;}')
-	[ -n "$pf" ] && [ "$(cat "$pf" 2>/dev/null)" = "$GWX" ] && GWP=$p
-done
+# a gateway's serving process started again while its sandbox is paused (killed; its supervisor
+# starts another on the same listening socket, and the first record it reads says paused): the
+# pause began before it started and counts as long ago, so a new open is refused at once, as the
+# gate refuses, not held 3 s for a guest that stays frozen (V1, R5)
+GWP=$(gwpid "$GWX")
 if [ -z "$GWP" ]; then
 	fail "the gateway listening on $GWX is not found"
 else
-	tr '\0' '\n' <"/proc/$GWP/cmdline" >"$W/gw.args"
-	RD=$(sed -n '/^--record-dir$/{n;p;}' "$W/gw.args")
-	IDT=$(jq -r '.identity | "sandbox=\(.sandbox);generation=\(.generation);worker=\(.worker);substrate=\(.substrate);activation=\(.activation);pod_uid=\(.pod_uid // "")"' "$RD/$X/record.json")
-	kill "$GWP"
-	i=0; while kill -0 "$GWP" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-	# the same command line, on the same port, with the identity given on it (the pooled
-	# gateway had read it from its FIFO)
-	set --
-	prev=""
-	while IFS= read -r a; do
-		case "$prev" in
-		--listen) a=127.0.0.1:$GWX ;;
-		--identity) a=$IDT ;;
-		esac
-		set -- "$@" "$a"
-		prev=$a
-	done <"$W/gw.args"
-	PF=$(sed -n '/^--port-file$/{n;p;}' "$W/gw.args")
-	rm -f "$PF"
-	"$@" </dev/null >"$W/gw-again.log" 2>&1 &
-	i=0; until [ -s "$PF" ] || [ $i -ge 100 ]; do sleep 0.05; i=$((i + 1)); done
-	expect "the gateway listens again on its port" "$(cat "$PF" 2>/dev/null)" "$GWX"
+	kill -9 "$GWP"
+	i=0; while { [ -z "$(gwpid "$GWX")" ] || [ "$(gwpid "$GWX")" = "$GWP" ]; } && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+	expect "the gateway serves again on its port: a new serving process" \
+		"$([ -n "$(gwpid "$GWX")" ] && [ "$(gwpid "$GWX")" != "$GWP" ] && echo new)" new
 	# shellcheck disable=SC2086
 	expect "a gateway started again while paused refuses a new open at once (409 paused, within 2.5 s)" \
 		"$(curl -s -m 2.5 $CA -o "$W/body" -w '%{http_code}' -H "Authorization: Bearer $XC" "${URL}index.html") $(jq -r .reason "$W/body" 2>/dev/null)" \
@@ -420,11 +442,7 @@ curl -s -m 5 $CA -o /dev/null -D "$W/h302b" -H "Host: 8080-$X.gw.localhost:$GWX"
 expect "the exchange never redirects to another host (//host/…)" \
 	"$(grep -i '^location:' "$W/h302b" | tr -d '\r' | cut -d' ' -f2)" "/"
 # ---- the gateway's budgets (it runs outside its sandbox's memory limit) ----
-GWN=""
-for p in $(pgrep -f "spaced-netgtw --listen"); do
-	pf=$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | sed -n '/^--port-file$/{n;p;}')
-	[ -n "$pf" ] && [ "$(cat "$pf" 2>/dev/null)" = "$GWX" ] && GWN=$p
-done
+GWN=$(gwpid "$GWX")
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 "$SC" exec "$X" -- sh -c 'head -c 20000000 /dev/zero >/tmp/big' >/dev/null
 RSS0=$(rss_kib "$GWN")

@@ -90,14 +90,16 @@ expect "every launcher back in the host's UTS namespace" "$back" 8
 # a waiting execution's processes run below the default priority, as a session too (the kernel
 # weighs each session of the root CPU cgroup as one: a process's own nice value ranks it only
 # among its session's), so a refill takes no CPU from a burst's claims; a claimed one's launcher,
-# bridge and gateway are back at the default, process and session
+# bridge, gateway and the gateway's serving process are back at the default, process and session
 prio() { # PID: "nice/session-nice"
 	echo "$(ps -o ni= -p "$1" | tr -d ' ')/$(sed -n 's/.* nice \(-\{0,1\}[0-9]*\)$/\1/p' "/proc/$1/autogroup")"
 }
 lowered=0 raised=0 nproc=0
 for f in "$D"/worker-1/pool/*/launcher; do
 	ed=$(dirname "$f")
+	gp=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$ed/gateway" 2>/dev/null)
 	pids="$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f") $(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$ed/bridge" "$ed/gateway" 2>/dev/null)"
+	pids="$pids $(pgrep -P "${gp:-0}" -x spaced-netgtw)"
 	for p in $pids; do
 		[ -d "/proc/$p" ] || continue
 		nproc=$((nproc + 1))
@@ -109,14 +111,15 @@ for f in "$D"/worker-1/pool/*/launcher; do
 	done
 done
 claimed_procs=$(for f in "$D"/worker-1/pool/*/identity; do [ -e "$f" ] && echo x; done | wc -l)
-expect "claimed executions' launcher, bridge and gateway at the default priority (process and session)" \
-	"$raised/$([ "$claimed_procs" -ge 1 ] && echo "$((claimed_procs * 3))" || echo "none claimed")" \
-	"$((claimed_procs * 3))/$((claimed_procs * 3))"
+expect "claimed executions' launcher, bridge, gateway and its serving process at the default priority (process and session)" \
+	"$raised/$([ "$claimed_procs" -ge 1 ] && echo "$((claimed_procs * 4))" || echo "none claimed")" \
+	"$((claimed_procs * 4))/$((claimed_procs * 4))"
 expect "every other process of the pool below it" "$((lowered + raised))/$([ "$lowered" -ge 1 ] && echo some)" \
 	"$nproc/some"
 # ... and in CPU cgroups: a nice value weighs only inside a session of the root cgroup, so the
 # pool's starts and waiting processes share one cgroup weighed at 1/32 (a claim takes its launcher,
-# bridge and gateway out of it, to the executor's cgroup, where a cold start's are)
+# bridge and gateway out of it, to the executor's cgroup, where a cold start's are; the gateway's
+# serving process, forked once the claim named its sandbox, is there with it)
 cpucg() { # PID: its cgroup in the cpu controller (cgroup2: its one cgroup)
 	c=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' "/proc/$1/cgroup" 2>/dev/null)
 	[ -n "$c" ] || c=$(awk -F: '$1 == 0 {print $3}' "/proc/$1/cgroup" 2>/dev/null)
@@ -128,7 +131,9 @@ if [ -n "$home" ] && { [ -e /sys/fs/cgroup/cpu/cpu.shares ] || grep -qw cpu /sys
 	bg=0 fg=0 nproc=0
 	for f in "$D"/worker-1/pool/*/launcher; do
 		ed=$(dirname "$f")
-		for p in $(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f" "$ed/bridge" "$ed/gateway" 2>/dev/null); do
+		gp=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$ed/gateway" 2>/dev/null)
+		for p in $(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$f" "$ed/bridge" "$ed/gateway" 2>/dev/null) \
+			$(pgrep -P "${gp:-0}" -x spaced-netgtw); do
 			[ -d "/proc/$p" ] || continue
 			nproc=$((nproc + 1))
 			case "$([ -e "$ed/identity" ] && echo claimed):$(cpucg "$p")" in
@@ -138,7 +143,8 @@ if [ -n "$home" ] && { [ -e /sys/fs/cgroup/cpu/cpu.shares ] || grep -qw cpu /sys
 			esac
 		done
 	done
-	expect "claimed executions' launcher, bridge and gateway in the executor's CPU cgroup ($home)" "$fg" "$((claimed_procs * 3))"
+	expect "claimed executions' launcher, bridge, gateway and its serving process in the executor's CPU cgroup ($home)" \
+		"$fg" "$((claimed_procs * 4))"
 	expect "waiting ones' in the background CPU cgroup" "$((bg + fg))/$([ "$bg" -ge 1 ] && echo some)" "$nproc/some"
 	bgdir=/sys/fs/cgroup$([ -e /sys/fs/cgroup/cpu/cpu.shares ] && echo /cpu)$(cpucg "$(sed -n 's/^pid=\([0-9]*\).*/\1/p' \
 		"$(for f in "$D"/worker-1/pool/*/launcher; do [ -e "$(dirname "$f")/identity" ] || echo "$f"; done | head -n 1)")")

@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,34 @@ Test(lease, read_says_valid_ended_gone_or_unreadable)
 	cr_expect_not(spaced_lease_gate_fenced(lease));
 	write_file(fenced, "");
 	cr_expect(spaced_lease_gate_fenced(lease));
+}
+
+/* spaced-netgtw reads the lease from a descriptor its helper opened (it may
+ * open no file there itself): the same answers, whatever was read before */
+Test(lease, read_from_a_descriptor_says_the_same)
+{
+	lease_ends_in(30);
+	int fd = open(lease, O_RDONLY | O_CLOEXEC);
+	cr_assert(fd >= 0);
+	char skip[4];
+	cr_expect(read(fd, skip, sizeof skip) > 0);
+	cr_expect_eq(spaced_lease_read_fd(fd, NULL), SPACED_LEASE_VALID);
+	close(fd);
+	lease_ends_in(-7);
+	long long ago = -1;
+	fd = open(lease, O_RDONLY | O_CLOEXEC);
+	cr_expect_eq(spaced_lease_read_fd(fd, &ago), SPACED_LEASE_ENDED);
+	cr_expect(ago >= 7 && ago <= 8, "ended %lld s ago, expected 7", ago);
+	close(fd);
+	write_file(lease, "");
+	fd = open(lease, O_RDONLY | O_CLOEXEC);
+	cr_expect_eq(spaced_lease_read_fd(fd, NULL), SPACED_LEASE_UNREADABLE, "an empty file says nothing");
+	close(fd);
+	write_file(lease, "x12\n");
+	fd = open(lease, O_RDONLY | O_CLOEXEC);
+	cr_expect_eq(spaced_lease_read_fd(fd, NULL), SPACED_LEASE_UNREADABLE);
+	close(fd);
+	cr_expect_eq(spaced_lease_read_fd(-1, NULL), SPACED_LEASE_UNREADABLE);
 }
 
 Test(lease, no_lease_file_option_means_nothing_to_do)
