@@ -877,6 +877,33 @@ static int guest_connect_checked(int *out, char *why, size_t whysz)
 	return 0;
 }
 
+/* The one descriptor a message carried (SCM_RIGHTS), or -1 when it carried
+ * none, more than one or a truncated set: every descriptor it did carry is
+ * then closed (a peer that passes two must not leak them here). */
+static int one_passed_fd(struct msghdr *mh)
+{
+	int got = -1, n = 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len < CMSG_LEN(0))
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+			if (n++ == 0)
+				got = fd;
+			else
+				close(fd);
+		}
+	}
+	if (n != 1 || (mh->msg_flags & MSG_CTRUNC)) {
+		if (got >= 0)
+			close(got);
+		return -1;
+	}
+	return got;
+}
+
 /* ---- the supervisor: what the confined loop may no longer do itself ----
  *
  * The gateway is two processes. The one the executor starts (the supervisor)
@@ -926,7 +953,8 @@ static int helper_do(char what, int *fd, char *why, size_t whysz)
 	return 0;
 }
 
-/* Answers one request of the serving process on s: false once it is gone. */
+/* Answers one request of the serving process on s: false once it is gone
+ * or does not read its answers. */
 static bool helper_serve(int s)
 {
 	char what;
@@ -954,7 +982,9 @@ static bool helper_serve(int s)
 		cm->cmsg_len = CMSG_LEN(sizeof(int));
 		memcpy(CMSG_DATA(cm), &fd, sizeof fd);
 	}
-	ssize_t w = sendmsg(s, &mh, MSG_NOSIGNAL);
+	/* never waits: a serving process that asks without reading the answers
+	 * (its buffer full) is broken, and is ended (supervise) */
+	ssize_t w = sendmsg(s, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	if (fd >= 0)
 		close(fd);
 	return w == (ssize_t)sizeof rep;
@@ -967,8 +997,45 @@ static bool launcher_ended(int wait_ms)
 	return poll(&pf, 1, wait_ms) > 0;
 }
 
+/* Requests answered until the serving process (cfd, pid) has ended or
+ * ms have passed (-1: no bound) or the launcher ends (watch_launcher).
+ * Returns 1 when the launcher ended, 0 otherwise; *broken when the serving
+ * process was ended for not reading its answers. */
+static int serve_requests(int s, int cfd, int ms, bool watch_launcher, bool *broken)
+{
+	uint64_t until = ms >= 0 ? now_ms() + (uint64_t)ms : 0;
+	for (;;) {
+		int left = ms < 0 ? -1 : (int)(until > now_ms() ? until - now_ms() : 0);
+		if (ms >= 0 && left == 0)
+			return 0;
+		struct pollfd pf[3] = {{.fd = s, .events = POLLIN}, {.fd = cfd, .events = POLLIN},
+		                       {.fd = watch_launcher ? G.pidfd : -1, .events = POLLIN}};
+		int n = poll(pf, 3, left);
+		if (n < 0 && errno != EINTR)
+			return 0;
+		if (n <= 0)
+			continue;
+		if (pf[2].revents)
+			return 1;
+		if ((pf[0].revents & POLLIN) && s >= 0 && !helper_serve(s)) {
+			*broken = !(pf[0].revents & (POLLHUP | POLLERR)) && !pf[1].revents;
+			return 0;
+		}
+		if (pf[1].revents || (pf[0].revents & (POLLHUP | POLLERR)))
+			return 0;
+	}
+}
+
 /* The supervisor's part: returns only in a serving process (helper_sock
- * its end of the pair); the supervisor itself ends here, with its launcher. */
+ * its end of the pair); the supervisor itself ends here, with its launcher.
+ * A serving process that was killed (SIGKILL: the OOM killer, an operator)
+ * is started again each time; one that crashed (any other signal, an exit it
+ * did not mean) SERVE_CRASHES_MAX times at most — each start is a fork of
+ * the same supervisor, with its layout and canary, which must not become an
+ * oracle for whoever makes it crash; one that could not set itself up
+ * (SERVE_SETUP_FAILED) is not: the gateway then ends. */
+#define SERVE_CRASHES_MAX 5
+#define SERVE_SETUP_FAILED 3 /* the serving process's exit status when it could not set itself up */
 static void supervise(void)
 {
 	prctl(PR_SET_NAME, "spaced-netgtw-s");
@@ -982,7 +1049,7 @@ static void supervise(void)
 		exit(1);
 	}
 	uint64_t backoff_ms = 0;
-	unsigned restarts = 0, quick = 0;
+	unsigned restarts = 0, quick = 0, crashes = 0;
 	for (;;) {
 		int sv[2] = {-1, -1};
 		pid_t parent = getpid(), pid = -1;
@@ -993,62 +1060,68 @@ static void supervise(void)
 				_exit(0);
 			prctl(PR_SET_NAME, "spaced-netgtw");
 			helper_sock = sv[1];
+			if (G.vmc.qemu.pidfd >= 0) { /* the supervisor's, for its checks */
+				close(G.vmc.qemu.pidfd);
+				G.vmc.qemu.pidfd = -1;
+			}
 			return;
 		}
-		int cfd = -1;
-		if (pid > 0) {
-			close(sv[1]);
-			cfd = (int)syscall(SYS_pidfd_open, pid, 0);
-			uint64_t started = now_ms();
-			bool ended = false;
-			while (!ended) {
-				struct pollfd pf[3] = {{.fd = sv[0], .events = POLLIN},
-				                       {.fd = cfd, .events = POLLIN},
-				                       {.fd = G.pidfd, .events = POLLIN}};
-				if (poll(pf, 3, -1) < 0 && errno != EINTR)
-					break;
-				if (pf[2].revents) {
-					/* the launcher ended: the serving process sees it too and
-					 * says what it served; then both end */
-					if (cfd < 0 || poll(&(struct pollfd){.fd = cfd, .events = POLLIN}, 1, 2000) <= 0)
-						kill(pid, SIGKILL);
-					waitpid(pid, NULL, 0);
-					exit(0);
-				}
-				if ((pf[0].revents & POLLIN) && !helper_serve(sv[0]))
-					ended = true;
-				if (pf[1].revents || (pf[0].revents & (POLLHUP | POLLERR)))
-					ended = true;
-			}
-			close(sv[0]);
-			int st = 0;
-			kill(pid, SIGKILL); /* one that closed its end but lives on serves without its supervisor: no */
-			waitpid(pid, &st, 0);
-			if (cfd >= 0)
-				close(cfd);
-			if (launcher_ended(0))
-				exit(0);
-			/* at once, then 0.1 s doubling to 10 s while it keeps ending within a minute */
-			if (now_ms() - started >= 60000)
-				quick = 0;
-			backoff_ms = quick == 0 ? 0 : quick == 1 ? 100 : backoff_ms * 2 > 10000 ? 10000 : backoff_ms * 2;
-			quick++;
-			restarts++;
-			char how[48];
-			if (WIFSIGNALED(st))
-				snprintf(how, sizeof how, "signal %d", WTERMSIG(st));
-			else
-				snprintf(how, sizeof how, "exit %d", WEXITSTATUS(st));
-			glog("level=error event=serving-process-ended how=\"%s\" restarts=%u next_in_ms=%llu", how, restarts,
-			     (unsigned long long)backoff_ms);
-		} else {
-			glog("level=error event=fork-failed reason=\"%s\" next_in_ms=1000", strerror(errno));
+		if (pid < 0) {
+			glog("level=error event=start-failed reason=\"%s\" next_in_ms=1000", strerror(errno));
 			if (sv[0] >= 0) {
 				close(sv[0]);
 				close(sv[1]);
 			}
-			backoff_ms = 1000;
+			if (launcher_ended(1000))
+				exit(0);
+			continue;
 		}
+		close(sv[1]);
+		int cfd = (int)syscall(SYS_pidfd_open, pid, 0);
+		uint64_t started = now_ms();
+		bool broken = false;
+		if (serve_requests(sv[0], cfd, -1, true, &broken) == 1) {
+			/* the launcher ended: the serving process sees it too and says
+			 * what it served (its questions still answered meanwhile);
+			 * then both end */
+			serve_requests(sv[0], cfd, 2000, false, &broken);
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			exit(0);
+		}
+		close(sv[0]);
+		int st = 0;
+		kill(pid, SIGKILL); /* one that closed its end but lives on serves without its supervisor: no */
+		waitpid(pid, &st, 0);
+		if (cfd >= 0)
+			close(cfd);
+		if (launcher_ended(0))
+			exit(0);
+		char how[64];
+		if (broken)
+			snprintf(how, sizeof how, "it did not read its answers");
+		else if (WIFSIGNALED(st))
+			snprintf(how, sizeof how, "signal %d", WTERMSIG(st));
+		else
+			snprintf(how, sizeof how, "exit %d", WEXITSTATUS(st));
+		if (WIFEXITED(st) && WEXITSTATUS(st) == SERVE_SETUP_FAILED) {
+			glog("level=error event=exit reason=\"its serving process could not set itself up\"");
+			exit(1);
+		}
+		bool killed = !broken && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+		if (!killed && ++crashes > SERVE_CRASHES_MAX) {
+			glog("level=error event=exit reason=\"its serving process ended %u times (%s): not started again\"",
+			     crashes, how);
+			exit(1);
+		}
+		/* at once, then 0.1 s doubling to 10 s while it keeps ending within a minute */
+		if (now_ms() - started >= 60000)
+			quick = 0;
+		backoff_ms = quick == 0 ? 0 : quick == 1 ? 100 : backoff_ms * 2 > 10000 ? 10000 : backoff_ms * 2;
+		quick++;
+		restarts++;
+		glog("level=error event=serving-process-ended how=\"%s\" restarts=%u crashes=%u next_in_ms=%llu", how,
+		     restarts, crashes, (unsigned long long)backoff_ms);
 		if (backoff_ms > 0 && launcher_ended((int)backoff_ms))
 			exit(0);
 	}
@@ -1079,11 +1152,8 @@ static int helper_ask(char what, int *fd, char *why, size_t whysz)
 		return SPACED_ECLOSED;
 	}
 	rep.why[sizeof rep.why - 1] = 0;
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-	bool has_fd = cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-	              cm->cmsg_len == CMSG_LEN(sizeof(int)) && !(mh.msg_flags & MSG_CTRUNC);
-	if (has_fd)
-		memcpy(fd, CMSG_DATA(cm), sizeof *fd);
+	*fd = one_passed_fd(&mh);
+	bool has_fd = *fd >= 0;
 	if (rep.err == 0 && !has_fd) {
 		snprintf(why, whysz, "the gateway's supervisor sent no descriptor");
 		return SPACED_EPROTO;
@@ -1156,12 +1226,12 @@ static int read_handback(struct conn *c, int *up)
 	ssize_t r = recvmsg(c->gfd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return 0;
-	struct cmsghdr *cm = r == 1 ? CMSG_FIRSTHDR(&mh) : NULL;
-	if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
-	    (mh.msg_flags & MSG_CTRUNC))
+	int fd = r >= 0 ? one_passed_fd(&mh) : -1;
+	if (r != 1 || fd < 0) {
+		if (fd >= 0)
+			close(fd);
 		return SPACED_ECLOSED;
-	int fd;
-	memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+	}
 	/* whatever the guest sent, it is only ever a byte stream to relay (B4) */
 	int type = 0;
 	socklen_t tl = sizeof type;
@@ -1792,20 +1862,23 @@ static const char *const serve_calls[] = {
 	"read", "write", "readv", "writev", "pread64", "close", "epoll_wait", "epoll_pwait", "epoll_ctl", "poll",
 	"ppoll", "accept", "accept4", "recvfrom", "sendto", "recvmsg", "sendmsg", "shutdown",
 	"setsockopt", "getsockopt", "getsockname", "getpeername", "fcntl", "lseek", "fstat", "newfstatat", "statx",
-	"inotify_add_watch", "inotify_rm_watch", "mmap", "munmap", "mremap", "brk", "madvise",
+	"mmap", "munmap", "mremap", "brk", "madvise",
 	"mprotect", "clock_gettime", "gettimeofday", "time", "nanosleep", "clock_nanosleep", "exit",
 	"exit_group", "rt_sigreturn", "rt_sigprocmask", "rt_sigaction", "restart_syscall", "futex", "getpid",
 	"gettid", "getrandom", "getuid", "geteuid", "getgid", "getegid", "uname", "sysinfo", "sched_yield",
-	"sigaltstack", "tgkill", "getrlimit", "prlimit64", "sched_getaffinity",
+	"sigaltstack", "getrlimit", "sched_getaffinity",
 };
 
 /* Files are opened for reading only (no write, create, truncate, append or
  * unnamed temporary file: no file's content can be changed through them, and
- * no directory is made); no new socket of any kind. */
+ * no directory is made); no new socket of any kind; limits only its own
+ * (prlimit64 on pid 0: glibc's getrlimit and setrlimit). The serving process
+ * also signals only itself (tgkill, its pid: added where it confines itself). */
 #define OPEN_WRITES ((uint64_t)(O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (O_TMPFILE & ~O_DIRECTORY)))
 static const struct spaced_confine_arg serve_args[] = {
 	{"openat", 1, {{2, OPEN_WRITES, 0}}},
 	{"open", 1, {{1, OPEN_WRITES, 0}}},
+	{"prlimit64", 1, {{0, UINT32_MAX, 0}}},
 };
 
 /* The supervisor makes these too: the guest transport's checks (its /proc
@@ -1815,7 +1888,7 @@ static const struct spaced_confine_arg serve_args[] = {
 static const char *const supervisor_calls[] = {
 	"connect", "readlink", "readlinkat", "getdents64", "pidfd_open", "pidfd_send_signal", "clone", "wait4", "waitid", "kill",
 	"prctl", "getppid", "set_robust_list", "rseq", "socketpair", "seccomp", "landlock_create_ruleset",
-	"landlock_add_rule", "landlock_restrict_self", "inotify_init1", "epoll_create1",
+	"landlock_add_rule", "landlock_restrict_self", "inotify_init1", "inotify_add_watch", "epoll_create1", "tgkill",
 };
 
 /* ... and its only new sockets are Unix ones (the guest's transport, the
@@ -1997,7 +2070,7 @@ int main(int argc, char **argv)
 	if (G.ino < 0 || record_watch() < 0 ||
 	    (G.keys_wd = inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO)) < 0) {
 		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
-		return 1;
+		return SERVE_SETUP_FAILED;
 	}
 	keys_load();
 	record_load();
@@ -2016,17 +2089,23 @@ int main(int argc, char **argv)
 	 * only the calls of this loop are made: a parser bug that a client's
 	 * bytes reach can read nothing else and run nothing else (confine.h) */
 	char rdir[4096];
-	snprintf(rdir, sizeof rdir, "%s", G.record_dir ? G.record_dir : G.record_path);
-	const char *reads[] = {G.record_dir ? rdir : dirname(rdir)};
+	snprintf(rdir, sizeof rdir, "%s", G.record_path);
+	const char *reads[] = {dirname(rdir)}; /* its own record's directory only */
 	int lr = spaced_confine_files(reads, 1);
 	if (lr < 0 && lr != SPACED_ENOENT) {
 		glog("level=error event=confine-failed what=landlock");
-		return 1;
+		return SERVE_SETUP_FAILED;
 	}
-	if (spaced_confine_syscalls(serve_calls, sizeof serve_calls / sizeof serve_calls[0], NULL, 0, serve_args,
-	                            sizeof serve_args / sizeof serve_args[0]) < 0) {
+	/* signals only to itself (glibc's abort and raise), as Landlock's ABI 6
+	 * has it where the kernel is older */
+	struct spaced_confine_arg args[sizeof serve_args / sizeof serve_args[0] + 1];
+	memcpy(args, serve_args, sizeof serve_args);
+	args[sizeof serve_args / sizeof serve_args[0]] =
+	    (struct spaced_confine_arg){"tgkill", 1, {{0, UINT32_MAX, (uint64_t)(uint32_t)getpid()}}};
+	if (spaced_confine_syscalls(serve_calls, sizeof serve_calls / sizeof serve_calls[0], NULL, 0, args,
+	                            sizeof args / sizeof args[0]) < 0) {
 		glog("level=error event=confine-failed what=seccomp");
-		return 1;
+		return SERVE_SETUP_FAILED;
 	}
 	glog("level=info event=serving port=%u sandbox=%s files=%s", ntohs(sa.sin_port),
 	     G.have_rec ? G.rec.id.sandbox : "-", lr == 0 ? "beneath-dir" : "any(no-landlock)");
