@@ -1678,12 +1678,15 @@ int cp_create_replayed(struct cp *cp, struct cp_store *st, const char *tenant, c
 	const char *id = cp_rows_get(rows, 0, 0);
 	/* the create that made it still runs (waits for its worker, or tries
 	 * another): the replay waits with it (the store read every 20 ms, then
-	 * less often, up to --ack-timeout and a second), so that it answers what
+	 * less often, up to what the create may wait and a second: --ack-timeout,
+	 * or --snapshot-timeout for one whose worker fetches its template first,
+	 * wait_install_ack), so that it answers what
 	 * the create ends with, a sandbox that runs or its failure, and not one
 	 * in `starting` that the client would take for made; past that bound, or
 	 * past REPLAY_WAITING_EACH of its tenant's, as it is */
 	if (replay_in_flight(rows) && replay_wait_take(tenant)) {
-		uint64_t until = spaced_mono_ns() + ((uint64_t)cp->ack_timeout_ms + 1000) * 1000000;
+		int bound_ms = cp->snapshot_timeout_ms > cp->ack_timeout_ms ? cp->snapshot_timeout_ms : cp->ack_timeout_ms;
+		uint64_t until = spaced_mono_ns() + ((uint64_t)bound_ms + 1000) * 1000000;
 		useconds_t pause = 20000;
 		while (replay_in_flight(rows) && spaced_mono_ns() < until) {
 			char keep[SPACED_NAME_MAX];
@@ -1777,7 +1780,7 @@ int cp_op_create(struct cp *cp, struct cp_store *st, const char *tenant, const s
 	 * queued; the state and the lease go together once the worker
 	 * acknowledged */
 	lease_hold(id, op);
-	status = finish_start(cp, st, id, j.worker, j.seq, op, false, c->template_hash[0] != 0, body);
+	status = finish_start(cp, st, id, j.worker, j.seq, op, false, tmpl_hash[0] != 0, body);
 	if (!c->worker[0])
 		status = start_elsewhere(cp, st, tenant, id, op, j.worker, status, body);
 	lease_hold(NULL, NULL);

@@ -104,6 +104,16 @@ expect "pause" "$(api "$TA" POST "/v1/sandboxes/$M/pause")" 200
 expect "a move whose install (from the snapshot) its destination answers in 2.5 s, past --ack-timeout: 200" \
 	"$(api "$TA" POST "/v1/sandboxes/$M/move" '{"to":"wb"}'; body '.state + " " + .worker')" "200running wb"
 grep -q "event=install-waits worker=wb " "$CP_LOG" || fail "the control plane said why it waited on"
+# a create from a template (named, or by its hash as a build's steps create): the same
+mkdir -p "$W/tiny"
+echo hello >"$W/tiny/hello"
+tar -C "$W/tiny" -cf "$W/tiny.tar" .
+SPACED_API_KEY=$TA SPACED_CP_URL=$CP_URL "$SPACED_BUILD/spacectl/spacectl" template import tiny "$W/tiny.tar" \
+	>/dev/null 2>"$W/import.err" || fail "import a template: $(cat "$W/import.err")"
+TH=$(api "$TA" GET /v1/templates/tiny >/dev/null; body .hash)
+expect "a create from a template by its name, whose install is answered in 2.5 s: 201" \
+	"$(api "$TA" POST /v1/sandboxes '{"worker":"wb","template":"tiny"}')" 201
+expect "... and by its hash: 201" "$(api "$TA" POST /v1/sandboxes "{\"worker\":\"wb\",\"template_hash\":\"$TH\"}")" 201
 expect "a create with nothing to fetch, answered 2.5 s late: 504 at --ack-timeout" \
 	"$(api "$TA" POST /v1/sandboxes '{"worker":"wb"}'; body .error)" "504worker-timeout"
 stop_worker wb
