@@ -14,7 +14,9 @@
  *
  * --refuse TYPE acks messages of that type with ok:false (code C, default
  * "refused"; only the first N of them with --refuse-count); --silent TYPE never
- * acks them; --exit-after N exits (status 0) right after receiving the N-th new
+ * acks them, and once one came applies and acks nothing new after it (a worker
+ * stuck on it; before, the next message was a gap it exited on, which could
+ * close its channel before the control plane waited for it); --exit-after N exits (status 0) right after receiving the N-th new
  * message, before acking it; --delay-ms holds every ack back N ms (with
  * --delay-type, the acks of messages of that type only); --say FILE
  * sends each line of FILE as a text message right after every hello (the
@@ -46,6 +48,7 @@ struct ack {
 };
 
 static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say, *o_delay_type;
+static bool hung; /* a --silent message came: the worker is stuck on it */
 static const char *o_refuse_code = "refused";
 static long o_delay, o_exit_after = -1, o_refuse_count = -1, o_capacity = 16;
 static long long last_seq;
@@ -167,6 +170,12 @@ static void on_message(const char *text, size_t len)
 		}
 		goto out;
 	}
+	if (hung) {
+		/* a worker stuck on a --silent message applies nothing after it
+		 * either (a real one applies in order): what comes is logged only */
+		log_line(copy, 0);
+		goto out;
+	}
 	if (seq != last_seq + 1) {
 		fprintf(stderr, "fake-worker: seq gap: got %lld after %lld\n", seq, last_seq);
 		exit_code = 3;
@@ -181,8 +190,10 @@ static void on_message(const char *text, size_t len)
 		goto out;
 	}
 	log_line(copy, 0);
-	if (o_silent != NULL && strcmp(type, o_silent) == 0)
-		goto out; /* never applied, never acked */
+	if (o_silent != NULL && strcmp(type, o_silent) == 0) {
+		hung = true; /* never applied, never acked, nor anything after it */
+		goto out;
+	}
 	last_seq = seq;
 	json_t *a;
 	if (o_refuse != NULL && strcmp(type, o_refuse) == 0 && o_refuse_count != 0) {
