@@ -7,7 +7,7 @@
  *   node install    --admin PATH IDENTITY [--handoff] [--snapshot DIR] [--seq N]
  *   node deactivate --admin PATH IDENTITY [--keep-paused] [--seq N]
  *   node pause|thaw --admin PATH IDENTITY [--seq N]
- *   node snapshot   --admin PATH IDENTITY --path DIR [--seq N]
+ *   node snapshot   --admin PATH IDENTITY (--path DIR | --url URL) [--seq N]
  *   node destroy    --admin PATH --sandbox S [--seq N]
  *   node keys       --admin PATH BUNDLE_FILE [--seq N]
  * IDENTITY: --sandbox S --generation N --worker W [--substrate T] [--activation A] [--pod-uid U]
@@ -33,7 +33,7 @@ static const char node_usage[] =
 	"       spacectl node install --admin PATH IDENTITY [--handoff] [--snapshot DIR] [--seq N]\n"
 	"       spacectl node deactivate --admin PATH IDENTITY [--keep-paused] [--seq N]\n"
 	"       spacectl node pause|thaw --admin PATH IDENTITY [--seq N]\n"
-	"       spacectl node snapshot --admin PATH IDENTITY --path DIR [--seq N]\n"
+	"       spacectl node snapshot --admin PATH IDENTITY (--path DIR | --url URL) [--seq N]\n"
 	"       spacectl node destroy --admin PATH --sandbox S [--seq N]\n"
 	"       spacectl node keys --admin PATH BUNDLE_FILE [--seq N]\n"
 	"IDENTITY: --sandbox S --generation N --worker W [--substrate T] [--activation A] [--pod-uid U]\n";
@@ -100,7 +100,7 @@ int cmd_node(int argc, char **argv)
 		return cli_usage(node_usage);
 	const char *cmd = argv[1];
 	const char *admin = NULL, *sandbox = NULL, *worker = NULL, *substrate = "process",
-	           *activation = "act-1", *pod = NULL, *snapshot = NULL, *path = NULL, *bundle = NULL;
+	           *activation = "act-1", *pod = NULL, *snapshot = NULL, *path = NULL, *url = NULL, *bundle = NULL;
 	unsigned long long gen = 0, seq = 0;
 	bool handoff = false, keep = false;
 
@@ -142,6 +142,8 @@ int cmd_node(int argc, char **argv)
 			snapshot = v;
 		else if (strcmp(a, "--path") == 0)
 			path = v;
+		else if (strcmp(a, "--url") == 0)
+			url = v;
 		else if (strcmp(a, "--seq") == 0)
 			seq = strtoull(v, NULL, 10);
 		else
@@ -174,11 +176,12 @@ int cmd_node(int argc, char **argv)
 	} else if (strcmp(cmd, "pause") == 0 || strcmp(cmd, "thaw") == 0) {
 		/* identity only */
 	} else if (strcmp(cmd, "snapshot") == 0) {
-		if (!path) {
+		/* a directory, or the URL its archive is uploaded to (a store's) */
+		if (!path == !url) {
 			json_decref(msg);
 			return cli_usage(node_usage);
 		}
-		json_object_set_new(msg, "path", json_string(path));
+		json_object_set_new(msg, path ? "path" : "url", json_string(path ? path : url));
 	} else if (strcmp(cmd, "destroy") == 0) {
 		if (!sandbox) {
 			json_decref(msg);

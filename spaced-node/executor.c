@@ -40,7 +40,7 @@
 #include "pidref.h"
 #include "rootfs.h"
 
-#define EXE_MAX_CHILDREN 64   /* job children at once; more jobs wait their turn */
+#define EXE_MAX_CHILDREN 64   /* job children at once by default (--executor-jobs); more wait their turn */
 #define EXE_MAX_CONNECTS 1024 /* bridge connections being made at once */
 #define EXE_RESULT_MAX (48u * 1024u)
 #define EXE_MAX_CLAIMS 256    /* pooled executions being claimed at once */
@@ -54,6 +54,7 @@ struct xjob {
 	int rfd; /* the child's result pipe; -1 once read to its end */
 	struct spaced_buf out;
 	char kind[16];
+	bool bulk;    /* a snapshot's or a stage's (job_bulk) */
 	json_t *args; /* while it waits for a free child slot */
 };
 
@@ -94,7 +95,8 @@ struct executor {
 	int link;
 	int sigfd;
 	struct xjob *jobs, *waiting;
-	size_t nchildren;
+	size_t nchildren, max_children;
+	size_t nbulk, max_bulk; /* bulk jobs' children, and how many at most (job_bulk) */
 	struct xconn *conns;
 	size_t nconns;
 	struct xclaim *claims;
@@ -791,6 +793,36 @@ static void job_spawn(struct executor *x, struct xjob *j)
 	json_decref(j->args);
 	j->args = NULL;
 	x->nchildren++;
+	x->nbulk += j->bulk;
+}
+
+/* A snapshot (copy, hash, pack, upload: a minute for a large sandbox) and a
+ * stage (a snapshot's download and check) are the long jobs a tenant can
+ * ask for many of at once (one per paused sandbox, at the control plane's
+ * lifecycle rate). They take at most half of the child slots: the others
+ * stay for every tenant's starts, stops, pauses and claims, which would
+ * otherwise wait behind a tenant's storm of snapshots. */
+static bool job_bulk(const char *kind)
+{
+	return strcmp(kind, "snapshot") == 0 || strcmp(kind, "stage") == 0;
+}
+
+/* Starts what waits, in the order it came, while there are child slots; a
+ * bulk job waits while bulk jobs hold their half, and what came after it
+ * may pass it. */
+static void jobs_start(struct executor *x)
+{
+	for (struct xjob **pp = &x->waiting; *pp && x->nchildren < x->max_children;) {
+		struct xjob *j = *pp;
+		if (j->bulk && x->nbulk >= x->max_bulk) {
+			pp = &j->next;
+			continue;
+		}
+		*pp = j->next;
+		j->next = x->jobs;
+		x->jobs = j;
+		job_spawn(x, j);
+	}
 }
 
 /* Reads a child's result; at its end, sends DONE and forgets the job. */
@@ -863,6 +895,7 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 	j->rfd = -1;
 	j->args = args;
 	snprintf(j->kind, sizeof j->kind, "%s", kind);
+	j->bulk = job_bulk(kind);
 	spaced_buf_init(&j->out, EXE_RESULT_MAX);
 	/* in the order they came, as child slots free up */
 	struct xjob **tail = &x->waiting;
@@ -918,6 +951,7 @@ static void reap_children(struct executor *x)
 			if (j->pid == pid) {
 				j->pid = 0;
 				x->nchildren--;
+				x->nbulk -= j->bulk;
 			}
 	}
 }
@@ -939,19 +973,14 @@ int executor_run(const struct mgr_config *cfg_in, int link)
 	signal(SIGPIPE, SIG_IGN);
 	if (x.sigfd < 0)
 		return 1;
-	struct pollfd *pfd = calloc(2 + EXE_MAX_CHILDREN + EXE_MAX_CONNECTS + EXE_MAX_CLAIMS, sizeof *pfd);
+	x.max_children = cfg.executor_jobs ? cfg.executor_jobs : EXE_MAX_CHILDREN;
+	x.max_bulk = x.max_children > 1 ? x.max_children / 2 : 1;
+	struct pollfd *pfd = calloc(2 + x.max_children + EXE_MAX_CONNECTS + EXE_MAX_CLAIMS, sizeof *pfd);
 	if (!pfd)
 		return 1;
 	bool up = true;
 	while (up) {
-		/* start what waits while there are child slots */
-		while (x.waiting && x.nchildren < EXE_MAX_CHILDREN) {
-			struct xjob *j = x.waiting;
-			x.waiting = j->next;
-			j->next = x.jobs;
-			x.jobs = j;
-			job_spawn(&x, j);
-		}
+		jobs_start(&x);
 		nfds_t n = 0;
 		pfd[n++] = (struct pollfd){.fd = link, .events = POLLIN};
 		pfd[n++] = (struct pollfd){.fd = x.sigfd, .events = POLLIN};

@@ -229,6 +229,7 @@ struct mgr_config {
 	double disk_overcommit;
 	uint64_t disk_bps;      /* each execution's disk reads and writes per second, apart (0: none) */
 	uint64_t gateway_memory; /* each ServicePort gateway's relay buffers at most (spaced-netgtw --relay-budget) */
+	unsigned executor_jobs;  /* the executor's job children at once (0: 64); snapshots and stages take half at most */
 	uint64_t disk_iops;     /* the same in operations */
 	uint32_t uid_first;     /* executions' uid ranges: uid_first + k * 65536 … */
 	uint32_t uid_slots;     /* … for k < uid_slots */

@@ -8,7 +8,7 @@
  *               [--disk-reserve SIZE] [--disk-overcommit F] [--uid-range FIRST:COUNT]
  *               [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S] [--forget-after S] [--acks-kept N] [--max-streams N]
  *               [--fence-after S]
- *               [--answer-memory SIZE] [--socket-buffer SIZE] [--gateway-memory SIZE]
+ *               [--answer-memory SIZE] [--socket-buffer SIZE] [--gateway-memory SIZE] [--executor-jobs N]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
  *               [--net-rate BITS] [--cpu-latency-us N]
@@ -322,7 +322,7 @@ static void usage(void)
 	                "                   [--uid-lock-dir DIR] [--cgroup-parent spaced.NAME] [--stall-timeout S]\n"
 	                "                   [--forget-after S] [--acks-kept N] [--fence-after S]\n"
 	                "                   [--max-streams N] [--answer-memory SIZE] [--socket-buffer SIZE]\n"
-	                "                   [--gateway-memory SIZE]\n"
+	                "                   [--gateway-memory SIZE] [--executor-jobs N]\n"
 	                "                   [--template-cache SIZE]\n"
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
@@ -967,6 +967,7 @@ int main(int argc, char **argv)
 	int pool_min = 2, pool_max = 64, pool_starts = 2;
 	uint64_t pool_memory = 256ull << 20;
 	uint64_t disk_bps = 256ull << 20, disk_iops = 4096, gateway_memory = 64ull << 20;
+	unsigned executor_jobs = 0;
 	struct spaced_resources alloc = {0};
 	double mem_overcommit = 2.0, disk_overcommit = 2.0;
 	uint64_t disk_reserve = 0;
@@ -1125,6 +1126,13 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			acks_kept = (int)k;
+		} else if (strcmp(a, "--executor-jobs") == 0) {
+			long k;
+			if (!num_opt(v, 2, 1024, &k)) {
+				fprintf(stderr, "spaced-node: --executor-jobs wants 2 .. 1024\n");
+				return 2;
+			}
+			executor_jobs = (unsigned)k;
 		} else if (strcmp(a, "--max-streams") == 0) {
 			long k;
 			if (!num_opt(v, 64, 65536, &k)) {
@@ -1344,6 +1352,7 @@ int main(int argc, char **argv)
 	                        .limits_default = def, .limits_max = max, .alloc = alloc, .mem_overcommit = mem_overcommit,
 	                        .disk_reserve = disk_reserve, .disk_overcommit = disk_overcommit,
 	                        .disk_bps = disk_bps, .disk_iops = disk_iops, .gateway_memory = gateway_memory,
+	                        .executor_jobs = executor_jobs,
 	                        .uid_first = uid_first,
 	                        .uid_slots = uid_slots, .uid_lock_dir = uid_lock_dir,
 	                        .stall_timeout_ms = stall_ms, .fence_after_s = cp_url ? fence_after : 0, .forget_after_s = forget_after, .acks_kept = acks_kept, .max_streams = max_streams, .tmpl_max = tmpl_max, .tmpl_cache_max = tmpl_cache_max,
