@@ -39,6 +39,7 @@
 #include "host_client.h"
 #include "pidref.h"
 #include "rootfs.h"
+#include "treehash.h"
 
 #define EXE_MAX_CHILDREN 64   /* job children at once by default (--executor-jobs); more wait their turn */
 #define EXE_MAX_CONNECTS 1024 /* bridge connections being made at once */
@@ -796,15 +797,29 @@ static void job_spawn(struct executor *x, struct xjob *j)
 	x->nbulk += j->bulk;
 }
 
-/* A snapshot (copy, hash, pack, upload: a minute for a large sandbox) and a
- * stage (a snapshot's download and check) are the long jobs a tenant can
- * ask for many of at once (one per paused sandbox, at the control plane's
- * lifecycle rate). They take at most half of the child slots: the others
- * stay for every tenant's starts, stops, pauses and claims, which would
- * otherwise wait behind a tenant's storm of snapshots. */
-static bool job_bulk(const char *kind)
+/* A snapshot (copy, hash, pack, upload: a minute for a large sandbox), a
+ * stage (a snapshot's download and check) and a start — a sandbox's or the
+ * warm pool's — that must first fetch its template (hundreds of megabytes to
+ * download, check and unpack; the pool starts executions of a template as
+ * soon as it is asked for) are
+ * the long jobs a tenant can ask for many of at once (one per paused
+ * sandbox, one per template it imported, at the control plane's rates).
+ * They take at most half of the child slots: the others stay for every
+ * tenant's starts from what is here, stops, pauses and claims, which would
+ * otherwise wait behind a tenant's storm of snapshots or fetches. */
+static bool job_bulk(const struct mgr_config *cfg, const char *kind, json_t *args)
 {
-	return strcmp(kind, "snapshot") == 0 || strcmp(kind, "stage") == 0;
+	if (strcmp(kind, "snapshot") == 0 || strcmp(kind, "stage") == 0)
+		return true;
+	if (strcmp(kind, "start") != 0 && strcmp(kind, "pool-start") != 0)
+		return false;
+	const char *t = json_string_value(json_object_get(json_object_get(args, "rec"), "template"));
+	char root[4400];
+	struct stat sb;
+	if (!t || !spaced_treehash_hex_valid(t))
+		return false; /* the worker's own files, or refused by the job itself */
+	snprintf(root, sizeof root, "%s/templates/%s/root", cfg->state_dir, t);
+	return lstat(root, &sb) < 0; /* not in the cache: fetched first (tmpl_ensure) */
 }
 
 /* Starts what waits, in the order it came, while there are child slots; a
@@ -895,7 +910,7 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 	j->rfd = -1;
 	j->args = args;
 	snprintf(j->kind, sizeof j->kind, "%s", kind);
-	j->bulk = job_bulk(kind);
+	j->bulk = job_bulk(x->cfg, kind, args);
 	spaced_buf_init(&j->out, EXE_RESULT_MAX);
 	/* in the order they came, as child slots free up */
 	struct xjob **tail = &x->waiting;

@@ -219,3 +219,51 @@ store_test_setup() {
 	DB=$W/cp/cp.db
 }
 q() { sqlite3 -cmd ".timeout 5000" "$DB" "$1"; }
+
+# ---- a worker of the test's own, driven through its admin socket (no control plane) ----
+
+# own_worker_up DIR ARGS... — spaced-node on the process substrate with its state in DIR (its log
+# DIR.log), started with ARGS beside the binaries' paths; waits for its admin socket, installs a
+# key bundle of a fresh key ($OWN_SK: the secret, $OWN_PK: the public key, $OWN_BUNDLE: the file)
+# and sets NPID and ADM (--admin DIR/admin.sock)
+own_worker_up() {
+	dir=$1; shift
+	"$SPACED_BUILD/spacectl/spacectl" token keygen --json >"$dir.key.json"
+	OWN_SK=$(jq -r .secret "$dir.key.json")
+	OWN_PK=$(jq -r .public "$dir.key.json")
+	OWN_BUNDLE=$dir.bundle.json
+	printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' \
+		"$OWN_PK" >"$OWN_BUNDLE"
+	"$SPACED_BUILD/spaced-node/spaced-node" --state "$dir" --listen 127.0.0.1:0 \
+		--guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" --launcher "$SPACED_BUILD/spaced-node/spaced-launch" \
+		--host "$SPACED_BUILD/spaced-host/spaced-host" --plaintext "$@" 2>"$dir.log" &
+	NPID=$!
+	i=0
+	until [ -S "$dir/admin.sock" ] && [ -s "$dir/api.port" ]; do
+		i=$((i + 1)); [ $i -lt 500 ] || { echo "FAIL: spaced-node did not start"; cat "$dir.log"; exit 1; }
+		sleep 0.02
+	done
+	ADM="--admin $dir/admin.sock"
+	"$SPACED_BUILD/spacectl/spacectl" node keys $ADM "$OWN_BUNDLE" >/dev/null || { echo "FAIL: keys"; exit 1; }
+}
+
+# own_worker_down DIR — stops NPID, then whatever still names DIR/ on its command line (launchers,
+# bridges, gateways, the worker's resolver and pasta), their executions' freezer cgroups thawed
+# first (a frozen task takes no signal: a sandbox left paused would stay in D state for good), and
+# unmounts the worker's egress namespace
+own_worker_down() {
+	dir=$1
+	[ -n "${NPID:-}" ] && kill "$NPID" 2>/dev/null && wait "$NPID" 2>/dev/null
+	NPID=""
+	for p in $(ls /proc | grep -E '^[0-9]+$'); do
+		tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "$dir/" || continue
+		for f in /sys/fs/cgroup/freezer/spaced*/spaced-"$p"-*/freezer.state; do
+			[ -e "$f" ] && echo THAWED >"$f" 2>/dev/null
+		done
+		for f in /sys/fs/cgroup/spaced*/spaced-"$p"-*/cgroup.freeze; do
+			[ -e "$f" ] && echo 0 >"$f" 2>/dev/null
+		done
+		kill -9 "$p" 2>/dev/null
+	done
+	umount -l "$dir/net/ns" 2>/dev/null
+}

@@ -7,7 +7,8 @@
 # stops and pauses. A worker with --executor-jobs 2, driven through its admin socket: two paused
 # sandboxes' snapshots upload to a store that takes the connection and never answers (each would
 # hold its slot for 30 s); the second waits for a bulk slot, and a third sandbox's pause is answered
-# meanwhile. Before, both snapshots took both slots and the pause waited behind them.
+# meanwhile. Before, both snapshots took both slots and the pause waited behind them. A start that
+# must first fetch its template counts as such a job too.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -19,32 +20,15 @@ for b in "$NODE" "$SPACED_BUILD/spaced-node/spaced-launch" "$SPACED_BUILD/spaced
 done
 command -v python3 >/dev/null 2>&1 || { echo "python3 is not installed"; exit 77; }
 W=$(mktemp -d)
-NPID="" STALL="" SA="" SB=""
+NPID="" STALL="" SA="" SB="" SF=""
 cleanup() {
-	for p in $SA $SB $STALL; do kill "$p" 2>/dev/null; done
-	[ -n "$NPID" ] && kill "$NPID" 2>/dev/null && wait "$NPID" 2>/dev/null
-	for p in $(ls /proc | grep -E '^[0-9]+$'); do
-		{ tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "$W/" && kill -9 "$p"; } 2>/dev/null
-	done
-	umount -l "$W/w/net/ns" 2>/dev/null
+	for p in $SA $SB $SF $STALL; do kill "$p" 2>/dev/null; done
+	own_worker_down "$W/w"
 	[ -n "${CP_KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
 
-"$SC" token keygen --json >"$W/key.json"
-printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' \
-	"$(jq -r .public "$W/key.json")" >"$W/bundle.json"
-"$NODE" --state "$W/w" --worker-id wa --listen 127.0.0.1:0 --guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" \
-	--launcher "$SPACED_BUILD/spaced-node/spaced-launch" --host "$SPACED_BUILD/spaced-host/spaced-host" \
-	--uid-range 1880096768:8 --pool 0 --executor-jobs 2 --plaintext 2>"$W/node.log" &
-NPID=$!
-i=0
-until [ -S "$W/w/admin.sock" ] && [ -s "$W/w/api.port" ]; do
-	i=$((i + 1)); [ $i -lt 500 ] || { echo "FAIL: spaced-node did not start"; cat "$W/node.log"; exit 1; }
-	sleep 0.02
-done
-ADM="--admin $W/w/admin.sock"
-"$SC" node keys $ADM "$W/bundle.json" >/dev/null || { echo "FAIL: keys"; exit 1; }
+own_worker_up "$W/w" --worker-id wa --uid-range 1880096768:8 --pool 0 --executor-jobs 2
 seq=100
 node() { # COMMAND SANDBOX [ARGS...]: the worker's control message for SANDBOX (generation 1)
 	c=$1 s=$2; shift 2
@@ -54,7 +38,9 @@ node() { # COMMAND SANDBOX [ARGS...]: the worker's control message for SANDBOX (
 for s in A B V; do node install "$s" >"$W/inst-$s.out" 2>&1 || { cat "$W/inst-$s.out"; fail "install $s"; exit 1; }; done
 for s in A B; do node pause "$s" >/dev/null 2>&1 || fail "pause $s"; done
 # a store that takes every connection and never reads or answers; it counts them
-python3 -c '
+stall_start() {
+	rm -f "$W/stall.port" "$W/stall.seen"
+	python3 -c '
 import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 0)); s.listen(16)
 open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
@@ -63,9 +49,11 @@ while True:
     c, _ = s.accept(); held.append(c)
     open(sys.argv[2], "a").write("upload\n")
 ' "$W/stall.port" "$W/stall.seen" &
-STALL=$!
-i=0; until [ -s "$W/stall.port" ] || [ $i -ge 100 ]; do sleep 0.05; i=$((i + 1)); done
-SP=$(cat "$W/stall.port")
+	STALL=$!
+	i=0; until [ -s "$W/stall.port" ] || [ $i -ge 100 ]; do sleep 0.05; i=$((i + 1)); done
+	SP=$(cat "$W/stall.port")
+}
+stall_start
 # the upload authenticates with the worker's key (a worker that joined a control plane has one)
 printf 'wk-test\n' >"$W/w/worker.key"
 chmod 600 "$W/w/worker.key"
@@ -95,6 +83,39 @@ wait "$SA"; wait "$SB"
 expect "then both snapshots are answered, an error each (no store): A's, then B's in its turn" \
 	"$(grep -q 'upload' "$W/snap-A.out" && echo failed) $(grep -q 'upload' "$W/snap-B.out" && echo failed)" "failed failed"
 SA="" SB=""
+
+# a start that must first fetch its template (hundreds of megabytes on a real worker) is such a
+# job too: F's install names a template the worker does not have, at the stalling store; A's next
+# snapshot then waits for the bulk slot, and V's thaw is answered
+stall_start
+TH=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+seq=$((seq + 1))
+python3 - "$W/w/admin.sock" "$seq" "$TH" "http://127.0.0.1:$SP/t" >"$W/inst-F.out" 2>&1 <<'PY' &
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+m = {"seq": int(sys.argv[2]), "type": "install", "handoff": False,
+     "identity": {"sandbox": "F", "generation": 1, "worker": "wa", "substrate": "process", "activation": "act-1"},
+     "spec": {"template": {"hash": sys.argv[3], "url": sys.argv[4]}}}
+s.sendall((json.dumps(m) + "\n").encode())
+print(s.makefile().readline().strip())
+PY
+SF=$!
+wait_for "F's template is being fetched (from the store that never answers)" sh -c "[ \$(cat '$W/stall.seen' 2>/dev/null | wc -l) -ge 1 ]"
+seq=$((seq + 1))
+"$SC" node snapshot $ADM --sandbox A --generation 1 --worker wa --seq $seq --url "http://127.0.0.1:$SP/a" \
+	>"$W/snap-A2.out" 2>&1 &
+SA=$!
+sleep 1
+expect "A's snapshot waits for the bulk slot F's fetch holds: the store saw one connection" "$(uploads)" 1
+seq=$((seq + 1))
+timeout 20 "$SC" node thaw $ADM --sandbox V --generation 1 --worker wa --seq $seq >"$W/thaw-V.out" 2>&1
+expect "V's thaw is answered meanwhile" "$? $(kill -0 "$SF" 2>/dev/null && echo waiting) $(kill -0 "$SA" 2>/dev/null && echo waiting)" \
+	"0 waiting waiting"
+kill "$STALL"; wait "$STALL" 2>/dev/null; STALL=""
+wait "$SF"; wait "$SA"
+expect "then F's install and A's snapshot are answered, an error each (no store)" \
+	"$(jq -r .ok "$W/inst-F.out" 2>/dev/null) $(grep -q 'upload' "$W/snap-A2.out" && echo failed)" "false failed"
+SA=""
 expect "spaced-node serves on" "$("$SC" node status $ADM >/dev/null 2>&1 && kill -0 "$NPID" && echo yes)" yes
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

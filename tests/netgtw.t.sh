@@ -33,12 +33,8 @@ D=$W/cluster
 NPID=""
 export SPACED_ROUTE_CACHE="$W/routes"
 cleanup() {
-	[ -n "$NPID" ] && kill "$NPID" 2>/dev/null && wait "$NPID" 2>/dev/null
-	"$SC" dev down --dir "$W/w" >/dev/null 2>&1
-	for p in $(ls /proc | grep -E '^[0-9]+$'); do
-		{ tr '\0' ' ' <"/proc/$p/cmdline" | grep -q "$W/" && kill -9 "$p"; } 2>/dev/null
-	done
-	umount -l "$W/w/net/ns" 2>/dev/null
+	own_worker_down "$W/w"
+	own_worker_down "$W" # and part 2's cluster
 	"$SC" dev down --dir "$D" >/dev/null 2>&1
 	"$SPACED_BUILD/spaced-node/spaced-launch" reap >/dev/null 2>&1
 	[ -n "${CP_KEEP:-}" ] || rm -rf "$W"
@@ -46,35 +42,21 @@ cleanup() {
 trap cleanup EXIT
 
 # ---------------- part 1: a worker of our own ----------------
-"$SC" token keygen --json >"$W/key.json"
-SK=$(jq -r .secret "$W/key.json")
-PK=$(jq -r .public "$W/key.json")
-printf '{"version":1,"keys":[{"key":"%s","not_before":"2020-01-01T00:00:00Z","not_after":"2099-01-01T00:00:00Z"}]}\n' \
-	"$PK" >"$W/bundle.json"
 # no warm pool: the executions' files are read at exec/S.G below (tests/pool.t.sh covers pooled ones)
-"$NODE" --state "$W/w" --worker-id wa --listen 127.0.0.1:0 --guest-bin "$SPACED_BUILD/spaced-guest/spaced-guest" \
-	--launcher "$SPACED_BUILD/spaced-node/spaced-launch" --host "$SPACED_BUILD/spaced-host/spaced-host" \
-	--uid-range 1879048192:16 --pool 0 --gateway-memory 48M --plaintext 2>"$W/node.log" &
-NPID=$!
-i=0
-until [ -S "$W/w/admin.sock" ] && [ -s "$W/w/api.port" ]; do
-	i=$((i + 1)); [ $i -lt 500 ] || { echo "FAIL: spaced-node did not start"; cat "$W/node.log"; exit 1; }
-	sleep 0.02
-done
-ADM="--admin $W/w/admin.sock"
-"$SC" node keys $ADM "$W/bundle.json" >/dev/null || { echo "FAIL: keys"; exit 1; }
+own_worker_up "$W/w" --worker-id wa --uid-range 1879048192:16 --pool 0 --gateway-memory 48M
+SK=$OWN_SK PK=$OWN_PK
 seq=100
 install() { # SANDBOX GEN ACT
 	seq=$((seq + 1))
 	"$SC" node install $ADM --sandbox "$1" --generation "$2" --worker wa --activation "$3" --seq $seq >"$W/inst.out" 2>&1
 	rc=$?; cp "$W/inst.out" "$W/inst-$1.out"; return $rc
 }
-install S 1 act-1 || { cat "$W/inst.out"; tail "$W/node.log"; echo "FAIL: install"; exit 1; }
+install S 1 act-1 || { cat "$W/inst.out"; tail "$W/w.log"; echo "FAIL: install"; exit 1; }
 install T 1 act-1 || { echo "FAIL: install T"; exit 1; }
 # the port is in the install's ack (a pooled execution's files are in pool/, not exec/S.G)
 gwport() { jq -r '.result.gateway // empty' "$W/inst-$1.out" 2>/dev/null | grep . || cat "$W/w/exec/$1.$2/gateway.port" 2>/dev/null; }
 GS=$(gwport S 1); GT=$(gwport T 1)
-[ -n "$GS" ] && [ -n "$GT" ] || { echo "FAIL: no gateway port"; tail "$W/node.log"; exit 1; }
+[ -n "$GS" ] && [ -n "$GT" ] || { echo "FAIL: no gateway port"; tail "$W/w.log"; exit 1; }
 ok "gateways listen: S on $GS, T on $GT"
 # a record written wakes its own gateway only (a directory of records per sandbox): twenty of
 # T's records written, S's gateway (idle: no tick without connections) wakes for none of them
@@ -330,7 +312,7 @@ for k in 1 2 3 4 5 6; do
 done
 wait_for "after its sixth crash T's gateway ends (supervisor and serving process), said in its log" sh -c \
 	"! kill -0 ${GTS:-0} 2>/dev/null && [ -z \"\$(ss -Hltn 'sport = :$GT')\" ] && cat '$W'/w/log/*.log | grep -q 'ended 6 times (signal 11): not started again'"
-expect "spaced-node did not restart its group" "$(grep -c 'starting the group\|restart' "$W/node.log")" 0
+expect "spaced-node did not restart its group" "$(grep -c 'starting the group\|restart' "$W/w.log")" 0
 seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox T --seq $seq >/dev/null 2>&1
 seq=$((seq + 1)); "$SC" node destroy $ADM --sandbox S --seq $seq >/dev/null 2>&1
 # the worker's egress outlives spaced-node (executions keep their network
