@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -24,11 +27,14 @@
 #endif
 #endif
 
-int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces,
-                            const struct spaced_confine_arg *args, size_t nargs)
+struct spaced_confine_filter {
+	struct sock_fprog prog;
+};
+
+int spaced_confine_prepare(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces,
+                           const struct spaced_confine_arg *args, size_t nargs, struct spaced_confine_filter **out)
 {
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-		return SPACED_ESYS;
+	*out = NULL;
 	const char *log = getenv("SPACED_SECCOMP_LOG");
 	uint32_t otherwise;
 	if (log && strcmp(log, "1") == 0)
@@ -76,9 +82,56 @@ int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char 
 			e = SPACED_ESYS;
 	}
 #endif
-	if (e == 0 && seccomp_load(ctx) < 0)
+	/* the program as the kernel takes it, kept in memory: loading it later
+	 * costs one system call, not libseccomp's compilation */
+	int mfd = e == 0 ? memfd_create("spaced-seccomp", MFD_CLOEXEC) : -1;
+	if (e == 0 && (mfd < 0 || seccomp_export_bpf(ctx, mfd) < 0))
 		e = SPACED_ESYS;
 	seccomp_release(ctx);
+	off_t size = e == 0 ? lseek(mfd, 0, SEEK_END) : -1;
+	struct spaced_confine_filter *f = NULL;
+	if (e == 0 && (size <= 0 || size % (off_t)sizeof(struct sock_filter) != 0 ||
+	               size / (off_t)sizeof(struct sock_filter) > BPF_MAXINSNS))
+		e = SPACED_ESYS;
+	if (e == 0 && ((f = calloc(1, sizeof *f)) == NULL || (f->prog.filter = malloc((size_t)size)) == NULL))
+		e = SPACED_ENOMEM;
+	if (e == 0 && pread(mfd, f->prog.filter, (size_t)size, 0) != size)
+		e = SPACED_ESYS;
+	if (mfd >= 0)
+		close(mfd);
+	if (e < 0) {
+		spaced_confine_filter_free(f);
+		return e;
+	}
+	f->prog.len = (unsigned short)(size / (off_t)sizeof(struct sock_filter));
+	*out = f;
+	return 0;
+}
+
+int spaced_confine_apply(const struct spaced_confine_filter *f)
+{
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
+	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &f->prog, 0, 0) < 0)
+		return SPACED_ESYS;
+	return 0;
+}
+
+void spaced_confine_filter_free(struct spaced_confine_filter *f)
+{
+	if (f) {
+		free(f->prog.filter);
+		free(f);
+	}
+}
+
+int spaced_confine_syscalls(const char *const *allow, size_t nallow, const char *const *eacces, size_t neacces,
+                            const struct spaced_confine_arg *args, size_t nargs)
+{
+	struct spaced_confine_filter *f;
+	int e = spaced_confine_prepare(allow, nallow, eacces, neacces, args, nargs, &f);
+	if (e == 0)
+		e = spaced_confine_apply(f);
+	spaced_confine_filter_free(f);
 	return e;
 }
 

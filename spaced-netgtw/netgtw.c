@@ -228,6 +228,7 @@ static uint64_t now_ms(void)
  * file, the lease file. */
 enum { H_GUEST = 'g', H_KEYS = 'k', H_LEASE = 'l' };
 static int helper_ask(char what, int *fd, char *why, size_t whysz);
+static int helper_sock = -1; /* the serving process's end of the pair with its supervisor */
 
 /* Whether the worker is fenced: its gate says so in the record, or the lease
  * the gate keeps renewed in --lease-file has ended (the gate stopped, or
@@ -365,22 +366,32 @@ static int record_watch(void)
 }
 
 /* --identity -: the claimed execution's identity, one line on standard
- * input, read by the supervisor before it starts the serving process (until
- * then nothing is accepted: connections wait in the listener's backlog). A
- * malformed line, or the input ending without one, ends the gateway (it
- * serves nobody); so does its launcher's end meanwhile. Returns 0 once the
- * identity is taken, < 0 to end (1: the launcher ended). */
-static int identity_wait(void)
+ * input, read by the supervisor while its first serving process (s, its
+ * pidfd cfd) sets itself up, answering its requests meanwhile; the
+ * supervisor then hands the line to it (until then nothing is accepted:
+ * connections wait in the listener's backlog). A malformed line, or the
+ * input ending without one, ends the gateway (it serves nobody). Returns 0
+ * once the identity is taken, 1 when the launcher ended, 2 when the serving
+ * process did, -1 to end. */
+static bool helper_serve(int s);
+
+static int identity_wait(int s, int cfd)
 {
 	for (;;) {
-		struct pollfd pf[2] = {{.fd = 0, .events = POLLIN}, {.fd = G.pidfd, .events = POLLIN}};
-		if (poll(pf, 2, -1) < 0) {
+		struct pollfd pf[4] = {{.fd = 0, .events = POLLIN}, {.fd = G.pidfd, .events = POLLIN},
+		                       {.fd = s, .events = POLLIN}, {.fd = cfd, .events = POLLIN}};
+		if (poll(pf, 4, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			return -1;
 		}
 		if (pf[1].revents)
 			return 1;
+		/* the serving process sets itself up meanwhile (its keys) */
+		if ((pf[2].revents & POLLIN) && !helper_serve(s))
+			return 2;
+		if (pf[3].revents || (pf[2].revents & (POLLHUP | POLLERR)))
+			return 2;
 		if (!pf[0].revents)
 			continue;
 		ssize_t n = read(0, G.idline + G.idlen, sizeof G.idline - 1 - G.idlen);
@@ -415,6 +426,26 @@ static int identity_wait(void)
 		glog("level=info event=claimed sandbox=%s", G.self.sandbox);
 		return 0;
 	}
+}
+
+/* A pooled execution's serving process: the identity its supervisor read
+ * ('I' and the line, on the pair), once the claim sent it. 0, or < 0 (the
+ * supervisor went away, or sent something else). */
+static int identity_take(void)
+{
+	char msg[sizeof G.idline + 1];
+	ssize_t n;
+	do
+		n = recv(helper_sock, msg, sizeof msg, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 2 || msg[0] != 'I' || spaced_identity_decode(&G.self, msg + 1, (size_t)n - 1) < 0) {
+		glog("level=error event=identity-missing reason=\"its supervisor sent none\"");
+		return -1;
+	}
+	G.identity_pending = false;
+	if (G.record_dir)
+		record_path_set();
+	return 0;
 }
 
 static void keys_load(void)
@@ -932,7 +963,7 @@ struct helper_reply {
 	char why[200];
 };
 
-static int helper_sock = -1;
+static struct spaced_confine_filter *serve_filter; /* compiled before the first fork (main) */
 
 static int supervisor_confine(void);
 
@@ -1039,11 +1070,8 @@ static int serve_requests(int s, int cfd, int ms, bool watch_launcher, bool *bro
 static void supervise(void)
 {
 	prctl(PR_SET_NAME, "spaced-netgtw-s");
-	if (G.identity_pending) {
-		int r = identity_wait();
-		if (r != 0)
-			exit(r > 0 ? 0 : 1);
-	}
+	/* confined from the start (a pooled execution's gateway compiles its
+	 * filter with the pool's start, not in a create's claim) */
 	if (supervisor_confine() < 0) {
 		glog("level=error event=confine-failed what=supervisor");
 		exit(1);
@@ -1080,7 +1108,28 @@ static void supervise(void)
 		int cfd = (int)syscall(SYS_pidfd_open, pid, 0);
 		uint64_t started = now_ms();
 		bool broken = false;
-		if (serve_requests(sv[0], cfd, -1, true, &broken) == 1) {
+		int w = 0;
+		if (G.identity_pending) {
+			/* a pooled execution's: its serving process was forked with the
+			 * pool's start and set itself up; the claim's identity is handed
+			 * to it (a fork in the claim's path cost milliseconds of CPU in
+			 * copy-on-write faults) */
+			w = identity_wait(sv[0], cfd);
+			if (w < 0 || w == 1) {
+				kill(pid, SIGKILL);
+				waitpid(pid, NULL, 0);
+				exit(w == 1 ? 0 : 1);
+			}
+			if (w == 0) {
+				char msg[sizeof G.idline + 1];
+				size_t n = (size_t)((const char *)memchr(G.idline, '\n', G.idlen) - G.idline);
+				msg[0] = 'I';
+				memcpy(msg + 1, G.idline, n);
+				if (send(sv[0], msg, n + 1, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)(n + 1))
+					w = 2;
+			}
+		}
+		if (w == 0 && serve_requests(sv[0], cfd, -1, true, &broken) == 1) {
 			/* the launcher ended: the serving process sees it too and says
 			 * what it served (its questions still answered meanwhile);
 			 * then both end */
@@ -1872,8 +1921,8 @@ static const char *const serve_calls[] = {
 /* Files are opened for reading only (no write, create, truncate, append or
  * unnamed temporary file: no file's content can be changed through them, and
  * no directory is made); no new socket of any kind; limits only its own
- * (prlimit64 on pid 0: glibc's getrlimit and setrlimit). The serving process
- * also signals only itself (tgkill, its pid: added where it confines itself). */
+ * (prlimit64 on pid 0: glibc's getrlimit and setrlimit); the serving process
+ * signals nothing (no tgkill: glibc's abort then ends it by the filter). */
 #define OPEN_WRITES ((uint64_t)(O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (O_TMPFILE & ~O_DIRECTORY)))
 static const struct spaced_confine_arg serve_args[] = {
 	{"openat", 1, {{2, OPEN_WRITES, 0}}},
@@ -2054,25 +2103,35 @@ int main(int argc, char **argv)
 		if (fclose(f) != 0 || rename(pf, port_file) < 0)
 			return 1;
 	}
+	/* the serving process's filter, compiled once here (supervise forks it) */
+	if (spaced_confine_prepare(serve_calls, sizeof serve_calls / sizeof serve_calls[0], NULL, 0, serve_args,
+	                           sizeof serve_args / sizeof serve_args[0], &serve_filter) < 0) {
+		glog("level=error event=confine-failed what=prepare");
+		return 1;
+	}
 	/* the supervisor stays here; what follows is the serving process's */
 	supervise();
 	char tmp[4096];
-	if (G.record_path) {
-		snprintf(tmp, sizeof tmp, "%s", G.record_path);
-		snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
-	}
 	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
 	snprintf(G.keys_base, sizeof G.keys_base, "%s", basename(tmp));
 	G.ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
 	G.rec_wd = G.keys_wd = -1;
-	/* the record's directory (the gate replaces the record by rename); the keys' */
+	/* the keys' directory (replaced by rename), then the keys */
 	snprintf(tmp, sizeof tmp, "%s", G.keys_path);
-	if (G.ino < 0 || record_watch() < 0 ||
-	    (G.keys_wd = inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO)) < 0) {
+	if (G.ino < 0 || (G.keys_wd = inotify_add_watch(G.ino, dirname(tmp), IN_CLOSE_WRITE | IN_MOVED_TO)) < 0) {
 		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
 		return SERVE_SETUP_FAILED;
 	}
 	keys_load();
+	if (G.identity_pending && identity_take() < 0)
+		return SERVE_SETUP_FAILED;
+	/* the record's directory (the gate replaces the record by rename) */
+	snprintf(tmp, sizeof tmp, "%s", G.record_path);
+	snprintf(G.record_base, sizeof G.record_base, "%s", basename(tmp));
+	if (record_watch() < 0) {
+		glog("level=error event=inotify reason=\"%s\"", strerror(errno));
+		return SERVE_SETUP_FAILED;
+	}
 	record_load();
 	G.ep = epoll_create1(EPOLL_CLOEXEC);
 	static int tag_ino, tag_pid, tag_supervisor;
@@ -2096,14 +2155,10 @@ int main(int argc, char **argv)
 		glog("level=error event=confine-failed what=landlock");
 		return SERVE_SETUP_FAILED;
 	}
-	/* signals only to itself (glibc's abort and raise), as Landlock's ABI 6
-	 * has it where the kernel is older */
-	struct spaced_confine_arg args[sizeof serve_args / sizeof serve_args[0] + 1];
-	memcpy(args, serve_args, sizeof serve_args);
-	args[sizeof serve_args / sizeof serve_args[0]] =
-	    (struct spaced_confine_arg){"tgkill", 1, {{0, UINT32_MAX, (uint64_t)(uint32_t)getpid()}}};
-	if (spaced_confine_syscalls(serve_calls, sizeof serve_calls / sizeof serve_calls[0], NULL, 0, args,
-	                            sizeof args / sizeof args[0]) < 0) {
+	/* the filter the supervisor compiled before it forked this process:
+	 * loading it is one system call (compiling it took milliseconds of CPU,
+	 * which a claim must not pay) */
+	if (!serve_filter || spaced_confine_apply(serve_filter) < 0) {
 		glog("level=error event=confine-failed what=seccomp");
 		return SERVE_SETUP_FAILED;
 	}

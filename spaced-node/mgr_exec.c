@@ -521,13 +521,32 @@ static void raise_pinned(pid_t pid)
 	spaced_session_nice(pid, 0);
 }
 
-/* raise_pinned for a process pinned here by its start time. */
-static void raise_claimed(int64_t pid, uint64_t start)
+/* raise_pinned for a process pinned here by its start time; with children,
+ * also for the processes it forked (a gateway's serving process, forked
+ * with the pool's start: spaced-netgtw; a child's pid stays its own while
+ * the pinned parent has not reaped it). */
+static void raise_claimed(int64_t pid, uint64_t start, bool children)
 {
 	int fd = pidfd_pinned(pid, start);
 	if (fd < 0)
 		return;
 	raise_pinned((pid_t)pid);
+	char path[96], buf[512];
+	snprintf(path, sizeof path, "/proc/%lld/task/%lld/children", (long long)pid, (long long)pid);
+	int cf = children ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+	ssize_t n = cf >= 0 ? read(cf, buf, sizeof buf - 1) : -1;
+	if (cf >= 0)
+		close(cf);
+	if (n > 0) {
+		buf[n] = 0;
+		for (char *p = buf, *end; *p; p = end) {
+			long long c = strtoll(p, &end, 10);
+			if (end == p)
+				break;
+			if (c > 1)
+				raise_pinned((pid_t)c);
+		}
+	}
 	close(fd);
 }
 
@@ -1705,7 +1724,7 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	}
 	close(ff);
 	/* its bridge and gateway too (the launcher was raised above) */
-	raise_claimed(rec->host_pid, rec->host_start);
+	raise_claimed(rec->host_pid, rec->host_start, false);
 	char lf[4200], line[256];
 	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
 	FILE *f = fopen(lf, "r");
@@ -1720,7 +1739,7 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	snprintf(lf, sizeof lf, "%s/gateway", e_dir);
 	if ((f = fopen(lf, "r")) != NULL) {
 		if (fscanf(f, "pid=%lld start=%llu", &gpid, &gstart) == 2)
-			raise_claimed(gpid, gstart);
+			raise_claimed(gpid, gstart, true);
 		fclose(f);
 	}
 	*ctl_fd = fd;

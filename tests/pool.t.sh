@@ -119,7 +119,7 @@ expect "every other process of the pool below it" "$((lowered + raised))/$([ "$l
 # ... and in CPU cgroups: a nice value weighs only inside a session of the root cgroup, so the
 # pool's starts and waiting processes share one cgroup weighed at 1/32 (a claim takes its launcher,
 # bridge and gateway out of it, to the executor's cgroup, where a cold start's are; the gateway's
-# serving process, forked once the claim named its sandbox, is there with it)
+# serving process, forked with the pool's start, is moved with it)
 cpucg() { # PID: its cgroup in the cpu controller (cgroup2: its one cgroup)
 	c=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' "/proc/$1/cgroup" 2>/dev/null)
 	[ -n "$c" ] || c=$(awk -F: '$1 == 0 {print $3}' "/proc/$1/cgroup" 2>/dev/null)
