@@ -85,6 +85,53 @@ static int allowed(enum probe p)
 	return WEXITSTATUS(st) == 0;
 }
 
+/* the same probe under a filter the parent compiled before the fork
+ * (spaced_confine_prepare): the child only loads it (spaced_confine_apply) */
+static int allowed_prepared(const struct spaced_confine_filter *f, enum probe p)
+{
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		if (spaced_confine_apply(f) < 0)
+			_exit(3);
+		long r = call(p);
+		_exit(r >= 0 ? 0 : errno == ENOSYS ? 2 : 4);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	if (WIFSIGNALED(st)) {
+		cr_assert_eq(WTERMSIG(st), SIGSYS, "probe %d: killed by signal %d", p, WTERMSIG(st));
+		return 0;
+	}
+	cr_assert(WIFEXITED(st));
+	cr_assert_neq(WEXITSTATUS(st), 3, "the prepared filter did not load");
+	cr_assert_neq(WEXITSTATUS(st), 4, "probe %d: allowed by the filter, failed for another reason", p);
+	return WEXITSTATUS(st) == 0;
+}
+
+Test(confine, a_prepared_filter_is_the_same_filter_loaded_later)
+{
+	struct spaced_confine_filter *f = NULL;
+	cr_assert_eq(spaced_confine_prepare(allow, sizeof allow / sizeof allow[0], NULL, 0, args,
+	                                    sizeof args / sizeof args[0], &f),
+	             0);
+	cr_assert_not_null(f);
+	/* preparing confines nothing: the parent still makes any socket */
+	long s = call(P_INET);
+	cr_expect_geq(s, 0, "the preparing process is not confined");
+	if (s >= 0)
+		close((int)s);
+	for (int round = 0; round < 2; round++) { /* one program serves every child */
+		cr_expect(allowed_prepared(f, P_UNIX), "a Unix socket is allowed");
+		cr_expect(!allowed_prepared(f, P_INET), "no TCP or UDP socket");
+		cr_expect(!allowed_prepared(f, P_ROUTE), "no routing netlink");
+		cr_expect(allowed_prepared(f, P_RDONLY), "a file opened to read");
+		if (!SANITIZED) /* the leak checker's allowances include openat */
+			cr_expect(!allowed_prepared(f, P_WRONLY), "no file opened to write");
+	}
+	spaced_confine_filter_free(f);
+}
+
 Test(confine, sockets_only_of_the_families_named)
 {
 	cr_expect(allowed(P_UNIX), "a Unix socket is allowed");
