@@ -61,14 +61,17 @@ static long call(enum probe p)
 	return -1;
 }
 
-/* 1: the call was allowed, 0: refused (killed, or ENOSYS). */
-static int allowed(enum probe p)
+/* 1: the call was allowed, 0: refused (killed, or ENOSYS), in a child that
+ * confines itself (f NULL: spaced_confine_syscalls) or loads f, a filter the
+ * parent prepared before the fork (spaced_confine_apply). */
+static int allowed_under(const struct spaced_confine_filter *f, enum probe p)
 {
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		if (spaced_confine_syscalls(allow, sizeof allow / sizeof allow[0], NULL, 0, args,
-		                            sizeof args / sizeof args[0]) < 0)
+		if ((f ? spaced_confine_apply(f)
+		       : spaced_confine_syscalls(allow, sizeof allow / sizeof allow[0], NULL, 0, args,
+		                                 sizeof args / sizeof args[0])) < 0)
 			_exit(3);
 		long r = call(p);
 		_exit(r >= 0 ? 0 : errno == ENOSYS ? 2 : 4);
@@ -85,28 +88,14 @@ static int allowed(enum probe p)
 	return WEXITSTATUS(st) == 0;
 }
 
-/* the same probe under a filter the parent compiled before the fork
- * (spaced_confine_prepare): the child only loads it (spaced_confine_apply) */
+static int allowed(enum probe p)
+{
+	return allowed_under(NULL, p);
+}
+
 static int allowed_prepared(const struct spaced_confine_filter *f, enum probe p)
 {
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		if (spaced_confine_apply(f) < 0)
-			_exit(3);
-		long r = call(p);
-		_exit(r >= 0 ? 0 : errno == ENOSYS ? 2 : 4);
-	}
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	if (WIFSIGNALED(st)) {
-		cr_assert_eq(WTERMSIG(st), SIGSYS, "probe %d: killed by signal %d", p, WTERMSIG(st));
-		return 0;
-	}
-	cr_assert(WIFEXITED(st));
-	cr_assert_neq(WEXITSTATUS(st), 3, "the prepared filter did not load");
-	cr_assert_neq(WEXITSTATUS(st), 4, "probe %d: allowed by the filter, failed for another reason", p);
-	return WEXITSTATUS(st) == 0;
+	return allowed_under(f, p);
 }
 
 Test(confine, a_prepared_filter_is_the_same_filter_loaded_later)
