@@ -147,17 +147,24 @@ with tarfile.open(sys.argv[1], "w") as t:
 PY
 }
 
-# role_pid NAME [WORKER] — the pid of WORKER's (worker-1's) process named NAME (a descendant of its
-# supervisor, from $D/pids), empty when there is none
-role_pid() {
-	sup=$(awk -v w="${2:-worker-1}" '$1 == w {print $2}' "$D/pids")
+# role_pids NAME [WORKER] — the pids of WORKER's (worker-1's) processes named NAME: descendants of
+# its supervisor (from $D/pids), not counting one whose parent has the same name (a child a role
+# forks for a moment, before it execs or exits)
+role_pids() {
+	rsup=$(awk -v w="${2:-worker-1}" '$1 == w {print $2}' "$D/pids")
 	for p in $(pgrep -x "$1"); do
-		q=$p
+		q=$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null || echo 1)
+		[ "$(cat "/proc/$q/comm" 2>/dev/null)" = "$1" ] && continue
 		while [ "$q" -gt 1 ]; do
-			[ "$q" = "$sup" ] && { echo "$p"; return; }
+			[ "$q" = "$rsup" ] && { echo "$p"; break; }
 			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
 		done
 	done
+}
+
+# role_pid NAME [WORKER] — the first of role_pids, empty when there is none
+role_pid() {
+	role_pids "$@" | head -n 1
 }
 
 # running_on N S — how many executions of sandbox S worker-N of the dev cluster in $D runs (records

@@ -52,16 +52,13 @@ QUIET_WS=$!
 	"$(jq -r .worker_url "$W/qroute.json")/v1/sandboxes/$VX/exec" >"$W/quiet-json.out" 2>&1 ) &
 QUIET_JSON=$!
 
-# the worker's processes: none may die or be started again
+# the worker's processes: none may die or be started again (role_pids, tests/cp_lib.sh: a child a
+# role forks for a moment, the executor's jobs before they exec, is not counted)
 sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
 roles() {
 	for r in spaced-gate spaced-api spaced-executor spaced-link; do
-		for p in $(pgrep -x $r); do
-			q=$p
-			while [ "$q" -gt 1 ]; do
-				[ "$q" = "$sup" ] && { printf '%s:%s ' $r "$p"; break; }
-				q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 1)
-			done
+		for p in $(role_pids $r); do
+			printf '%s:%s ' $r "$p"
 		done
 	done
 }

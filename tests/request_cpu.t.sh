@@ -62,21 +62,11 @@ fi
 CPU=/sys/fs/cgroup/cpu/spaced.worker-1+request
 ACCT=/sys/fs/cgroup/cpuacct/spaced.worker-1+request
 cg_of() { sed -n 's/^[0-9]*:cpu:\(.*\)/\1/p' "/proc/$1/cgroup"; }
-worker_pids() { # NAME: the processes of that name below this cluster's worker
-	sup=$(awk '$1 == "worker-1" {print $2}' "$D/pids")
-	for p in $(pgrep -x "$1"); do
-		q=$p
-		while [ "$q" -gt 1 ] 2>/dev/null; do
-			[ "$q" = "$sup" ] && { echo "$p"; break; }
-			q=$(awk '{print $4}' "/proc/$q/stat" 2>/dev/null || echo 0)
-		done
-	done
-}
 for n in spaced-gate spaced-api spaced-link; do
-	p=$(worker_pids $n | head -n 1)
+	p=$(role_pid $n)
 	expect "$n runs in the request path's CPU cgroup" "$(cg_of "$p")" "/spaced.worker-1+request"
 done
-expect "the executor does not" "$(cg_of "$(worker_pids spaced-executor | head -n 1)")" "/"
+expect "the executor does not" "$(cg_of "$(role_pid spaced-executor)")" "/"
 expect "its weight is the executions' parent's by default" "$(cat $CPU/cpu.shares)" 1024
 expect "its ceiling is 0.2 CPU per 10 ms" "$(cat $CPU/cpu.cfs_period_us) $(cat $CPU/cpu.cfs_quota_us)" "10000 2000"
 expect "the executions' parent keeps the default weight" "$(cat /sys/fs/cgroup/cpu/spaced.worker-1/cpu.shares)" 1024
@@ -104,8 +94,8 @@ port=$(cat "$D/worker-1/api.port")
 expect "the forged capability is refused (C5)" \
 	"$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $forged" "http://127.0.0.1:$port/v1/sandboxes/$a/stat?path=/")" 401
 grep -q "reason=bad-signature" "$D/worker-1.log" && ok "by its signature" || fail "the forged capability is refused for its signature"
-gate0=$(worker_pids spaced-gate | head -n 1)
-api0=$(worker_pids spaced-api | head -n 1)
+gate0=$(role_pid spaced-gate)
+api0=$(role_pid spaced-api)
 
 thr0=$(awk '$1 == "nr_throttled" {print $2}' $CPU/cpu.stat)
 use0=$(cat $ACCT/cpuacct.usage)
@@ -154,8 +144,8 @@ msec=$(mval spaced_node_request_cpu_seconds_total)
 [ -n "$msec" ] && awk -v s="$msec" 'BEGIN { exit !(s > 0.5) }' &&
 	ok "spaced_node_request_cpu_seconds_total counts its CPU ($msec s)" ||
 	fail "spaced_node_request_cpu_seconds_total: '$msec'"
-expect "the gate did not die" "$(worker_pids spaced-gate | head -n 1)" "$gate0"
-expect "node-api did not die" "$(worker_pids spaced-api | head -n 1)" "$api0"
+expect "the gate did not die" "$(role_pid spaced-gate)" "$gate0"
+expect "node-api did not die" "$(role_pid spaced-api)" "$api0"
 expect "the victim's file is intact" "$(as_victim exec "$v" -- cat /workspace/f)" kept
 
 # ---- the cgroup goes with the worker ----
@@ -170,10 +160,10 @@ before=$(ls -d $CPU 2>/dev/null | wc -l)
 if ! "$SC" dev up --workers 1 --dir "$D" --plaintext --request-cpu off >"$W/up2.out" 2>"$W/up2.err"; then
 	cat "$W/up2.err"; echo "FAIL: dev up (off)"; exit 1
 fi
-expect "with off, the gate stays in its parent's CPU cgroup" "$(cg_of "$(worker_pids spaced-gate | head -n 1)")" "/"
+expect "with off, the gate stays in its parent's CPU cgroup" "$(cg_of "$(role_pid spaced-gate)")" "/"
 expect "and no request path cgroup is made" "$(ls -d $CPU 2>/dev/null | wc -l)" "$before"
 expect "none of its request path's processes is in one" \
-	"$(for n in spaced-gate spaced-api spaced-link; do for p in $(worker_pids $n); do cg_of "$p"; done; done | grep -c '+request')" 0
+	"$(for n in spaced-gate spaced-api spaced-link; do for p in $(role_pids $n); do cg_of "$p"; done; done | grep -c '+request')" 0
 
 echo "$FAILS failure(s)"
 [ "$FAILS" -eq 0 ]
