@@ -56,6 +56,7 @@ struct xjob {
 	struct spaced_buf out;
 	char kind[16];
 	bool bulk;    /* a snapshot's or a stage's (job_bulk) */
+	char tenant[SPACED_NAME_MAX]; /* whose sandbox it serves ("": the worker's own, the pool's) */
 	json_t *args; /* while it waits for a free child slot */
 };
 
@@ -822,14 +823,43 @@ static bool job_bulk(const struct mgr_config *cfg, const char *kind, json_t *arg
 	return lstat(root, &sb) < 0; /* not in the cache: fetched first (tmpl_ensure) */
 }
 
+/* The bulk slots are shared between tenants: while several have bulk jobs
+ * running or waiting, none starts more than its share of them (the bulk
+ * slots over the number of such tenants, one at least). A tenant with a
+ * storm of snapshots then holds the slots only while nobody else asks: a
+ * slot that frees up goes to another tenant's job waiting behind the storm,
+ * which waits for one job's end, not the storm's. Whether j may start. */
+static bool bulk_share_left(const struct executor *x, const struct xjob *j)
+{
+	const char *seen[64];
+	size_t ntenants = 0, held = 0;
+	const struct xjob *lists[2] = {x->jobs, x->waiting};
+	for (int l = 0; l < 2; l++) {
+		for (const struct xjob *o = lists[l]; o; o = o->next) {
+			if (!o->bulk)
+				continue;
+			if (l == 0 && o != j && strcmp(o->tenant, j->tenant) == 0)
+				held++;
+			size_t k = 0;
+			while (k < ntenants && strcmp(seen[k], o->tenant) != 0)
+				k++;
+			if (k == ntenants && ntenants < sizeof seen / sizeof seen[0])
+				seen[ntenants++] = o->tenant;
+		}
+	}
+	size_t share = ntenants > 0 ? x->max_bulk / ntenants : x->max_bulk;
+	return held < (share > 0 ? share : 1);
+}
+
 /* Starts what waits, in the order it came, while there are child slots; a
- * bulk job waits while bulk jobs hold their half, and what came after it
- * may pass it. */
+ * bulk job waits while bulk jobs hold their half, or while its tenant holds
+ * its share of that half (bulk_share_left), and what came after it may
+ * pass it. */
 static void jobs_start(struct executor *x)
 {
 	for (struct xjob **pp = &x->waiting; *pp && x->nchildren < x->max_children;) {
 		struct xjob *j = *pp;
-		if (j->bulk && x->nbulk >= x->max_bulk) {
+		if (j->bulk && (x->nbulk >= x->max_bulk || !bulk_share_left(x, j))) {
 			pp = &j->next;
 			continue;
 		}
@@ -911,6 +941,10 @@ static void on_job(struct executor *x, uint32_t id, const uint8_t *p, size_t n)
 	j->args = args;
 	snprintf(j->kind, sizeof j->kind, "%s", kind);
 	j->bulk = job_bulk(x->cfg, kind, args);
+	const char *tn = json_string_value(json_object_get(json_object_get(args, "rec"), "tenant"));
+	if (!tn)
+		tn = json_string_value(json_object_get(args, "tenant")); /* a stage's */
+	snprintf(j->tenant, sizeof j->tenant, "%s", tn ? tn : "");
 	spaced_buf_init(&j->out, EXE_RESULT_MAX);
 	/* in the order they came, as child slots free up */
 	struct xjob **tail = &x->waiting;

@@ -907,8 +907,8 @@ static void run_install(struct mgr *m, struct ctl_op *op)
 			 * copy and checked against the hash the source worker reported:
 			 * nothing starts from an unverified snapshot, and nothing here
 			 * has changed yet when it fails. */
-			json_t *args = json_pack("{s:s,s:s,s:s?}", "sandbox", op->id.sandbox, "src", op->snapshot, "hash",
-			                         op->snapshot_hash[0] ? op->snapshot_hash : NULL);
+			json_t *args = json_pack("{s:s,s:s,s:s?,s:s}", "sandbox", op->id.sandbox, "src", op->snapshot, "hash",
+			                         op->snapshot_hash[0] ? op->snapshot_hash : NULL, "tenant", op->tenant);
 			if (op_job(m, op, "stage", args))
 				return;
 			/* not queued: job_status says so, and step 1 refuses */

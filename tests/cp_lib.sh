@@ -263,7 +263,7 @@ own_worker_down() {
 	[ -n "${NPID:-}" ] && kill "$NPID" 2>/dev/null && wait "$NPID" 2>/dev/null
 	NPID=""
 	for p in $(ls /proc | grep -E '^[0-9]+$'); do
-		tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "$dir/" || continue
+		{ tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -q "$dir/" || continue
 		for f in /sys/fs/cgroup/freezer/spaced*/spaced-"$p"-*/freezer.state; do
 			[ -e "$f" ] && echo THAWED >"$f" 2>/dev/null
 		done

@@ -1,5 +1,5 @@
 #!/bin/sh
-# run-tests: light, about 15 s
+# run-tests: light, about 20 s
 # The executor's job slots (issue 12: a victim tenant's operations keep working while another
 # abuses its own sandboxes). Snapshots and stages (a snapshot's download) are the long jobs a
 # tenant can ask for many of at once, one per paused sandbox: they take at most half of the slots
@@ -24,6 +24,7 @@ NPID="" STALL="" SA="" SB="" SF=""
 cleanup() {
 	for p in $SA $SB $SF $STALL; do kill "$p" 2>/dev/null; done
 	own_worker_down "$W/w"
+	own_worker_down "$W/w2"
 	[ -n "${CP_KEEP:-}" ] || rm -rf "$W"
 }
 trap cleanup EXIT
@@ -116,6 +117,79 @@ wait "$SF"; wait "$SA"
 expect "then F's install and A's snapshot are answered, an error each (no store)" \
 	"$(jq -r .ok "$W/inst-F.out" 2>/dev/null) $(grep -q 'upload' "$W/snap-A2.out" && echo failed)" "false failed"
 SA=""
+expect "spaced-node serves on" "$("$SC" node status $ADM >/dev/null 2>&1 && kill -0 "$NPID" && echo yes)" yes
+
+# ---- the bulk slots are shared between tenants ----
+# (a worker with --executor-jobs 4: two bulk slots. Tenant hog's three snapshots: two upload, the
+# third waits; then victim's snapshot waits too. When hog's first upload ends, the slot goes to
+# victim's snapshot, not to hog's third, which came first: while two tenants ask, each holds at
+# most one of the two. Before, a tenant's storm kept every bulk slot until its last job ended.)
+own_worker_down "$W/w"
+own_worker_up "$W/w2" --worker-id wb --uid-range 1880096768:8 --pool 0 --executor-jobs 4
+seq=300
+for s in H1 H2 H3 V2; do
+	case $s in H*) tn=hog ;; *) tn=victim ;; esac
+	seq=$((seq + 1))
+	python3 - "$W/w2/admin.sock" "$seq" "$s" "$tn" >"$W/inst-$s.out" 2>&1 <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+m = {"seq": int(sys.argv[2]), "type": "install", "handoff": False,
+     "identity": {"sandbox": sys.argv[3], "generation": 1, "worker": "wb", "substrate": "process", "activation": "act-1"},
+     "spec": {"tenant": sys.argv[4]}}
+s.sendall((json.dumps(m) + "\n").encode())
+print(s.makefile().readline().strip())
+PY
+	[ "$(jq -r .ok "$W/inst-$s.out" 2>/dev/null)" = true ] || { cat "$W/inst-$s.out"; fail "install $s"; }
+	seq=$((seq + 1))
+	"$SC" node pause $ADM --sandbox "$s" --generation 1 --worker wb --seq $seq >/dev/null 2>&1 || fail "pause $s"
+done
+printf 'wk-test\n' >"$W/w2/worker.key"
+chmod 600 "$W/w2/worker.key"
+# a store that never answers, logs each upload's request line, and lets go of its oldest
+# connection when asked (the file release appears)
+rm -f "$W/fair.port" "$W/fair.seen" "$W/release"
+python3 -c '
+import os, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 0)); s.listen(16)
+s.settimeout(0.05)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+held = []
+while True:
+    try:
+        c, _ = s.accept()
+        c.settimeout(5)
+        line = c.recv(4096).split(b"\r\n")[0].decode(errors="replace")
+        held.append(c)
+        open(sys.argv[2], "a").write(line + "\n")
+    except socket.timeout:
+        pass
+    if os.path.exists(sys.argv[3]) and held:
+        os.unlink(sys.argv[3])
+        held.pop(0).close()
+' "$W/fair.port" "$W/fair.seen" "$W/release" &
+STALL=$!
+i=0; until [ -s "$W/fair.port" ] || [ $i -ge 100 ]; do sleep 0.05; i=$((i + 1)); done
+FP=$(cat "$W/fair.port")
+seen() { awk '{ print $2 }' "$W/fair.seen" 2>/dev/null | sed 's|^/||; s|[/?].*||' | tr '\n' ' '; }
+SNAPS=""
+for s in H1 H2 H3 V2; do
+	seq=$((seq + 1))
+	"$SC" node snapshot $ADM --sandbox "$s" --generation 1 --worker wb --seq $seq --url "http://127.0.0.1:$FP/$s" \
+		>"$W/snap-$s.out" 2>&1 &
+	SNAPS="$SNAPS $!"
+	[ "$s" = H2 ] && wait_for "hog's first two snapshots are uploading" sh -c "[ \$(cat '$W/fair.seen' 2>/dev/null | wc -l) -ge 2 ]"
+	sleep 0.3
+done
+sleep 1
+expect "the two bulk slots: hog's H1 and H2 upload, H3 and victim's V2 wait" "$(seen)" "H1 H2 "
+: >"$W/release"
+wait_for "a third upload once H1's ends" sh -c "[ \$(cat '$W/fair.seen' 2>/dev/null | wc -l) -ge 3 ]"
+expect "the freed slot went to victim's snapshot, not to hog's third (it came first)" "$(seen)" "H1 H2 V2 "
+kill "$STALL"; wait "$STALL" 2>/dev/null; STALL=""
+for p in $SNAPS; do wait "$p"; done
+expect "then every snapshot is answered, an error each (no store)" \
+	"$(for s in H1 H2 H3 V2; do grep -q 'upload' "$W/snap-$s.out" && echo failed; done | tr '\n' ' ')" \
+	"failed failed failed failed "
 expect "spaced-node serves on" "$("$SC" node status $ADM >/dev/null 2>&1 && kill -0 "$NPID" && echo yes)" yes
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
