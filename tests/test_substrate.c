@@ -1169,19 +1169,48 @@ static void first_line(const char *path, char *out, size_t n)
 		fclose(f);
 }
 
+/* This process's cgroup in the cgroup v1 hierarchy of controller ctrl
+ * ("/" at the root, "" when it has none). */
+static void v1_own(const char *ctrl, char *out, size_t n)
+{
+	char line[512], key[64];
+	FILE *f = fopen("/proc/self/cgroup", "re");
+
+	out[0] = '\0';
+	snprintf(key, sizeof key, ":%s:", ctrl);
+	while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+		const char *k = strstr(line, key);
+		if (k != NULL)
+			snprintf(out, n, "%s", k + strlen(key));
+	}
+	if (f != NULL)
+		fclose(f);
+	out[strcspn(out, "\n")] = '\0';
+}
+
 /* spaced-node's request path joins "<parent>+request" in the cpu (and
- * cpuacct) hierarchies, its weight and ceiling written; the cgroup is
- * removed once empty. In a child, which then leaves it. */
+ * cpuacct) hierarchies, below its own cgroup there, its weight and ceiling
+ * written; the cgroup is removed once empty. In a child, which then leaves it. */
 Test(request_cpu, joins_its_cgroup_with_weight_and_ceiling)
 {
-	const char *cpu = "/sys/fs/cgroup/cpu/spaced.rq-test+request";
-	char p[256], v[128];
+	char own_cpu[400], own_acct[400], cpu[600], acct[600], want_cpu[700], want_acct[700];
+	char p[700], v[128];
 	int st = 0;
 
 	if (geteuid() != 0)
 		cr_skip_test("needs root (cgroups)");
 	if (access("/sys/fs/cgroup/cpu/cpu.shares", F_OK) != 0 || access("/sys/fs/cgroup/cpuacct/cpuacct.usage", F_OK) != 0)
 		cr_skip_test("no cgroup v1 cpu and cpuacct hierarchies of their own (the cgroup2 case: below)");
+	v1_own("cpu", own_cpu, sizeof own_cpu);
+	v1_own("cpuacct", own_acct, sizeof own_acct);
+	if (strcmp(own_cpu, "/") == 0)
+		own_cpu[0] = '\0';
+	if (strcmp(own_acct, "/") == 0)
+		own_acct[0] = '\0';
+	snprintf(cpu, sizeof cpu, "/sys/fs/cgroup/cpu%s/spaced.rq-test+request", own_cpu);
+	snprintf(acct, sizeof acct, "/sys/fs/cgroup/cpuacct%s/spaced.rq-test+request", own_acct);
+	snprintf(want_cpu, sizeof want_cpu, ":cpu:%s/spaced.rq-test+request\n", own_cpu);
+	snprintf(want_acct, sizeof want_acct, ":cpuacct:%s/spaced.rq-test+request\n", own_acct);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
@@ -1194,8 +1223,7 @@ Test(request_cpu, joins_its_cgroup_with_weight_and_ceiling)
 		FILE *f = fopen("/proc/self/cgroup", "re");
 		int in = 0;
 		while (f != NULL && fgets(line, sizeof line, f) != NULL)
-			in += strstr(line, ":cpu:/spaced.rq-test+request\n") != NULL ||
-			      strstr(line, ":cpuacct:/spaced.rq-test+request\n") != NULL;
+			in += strstr(line, want_cpu) != NULL || strstr(line, want_acct) != NULL;
 		if (f != NULL)
 			fclose(f);
 		/* a second join (a restarted group) rewrites the settings */
@@ -1216,7 +1244,7 @@ Test(request_cpu, joins_its_cgroup_with_weight_and_ceiling)
 	spaced_sub_request_cpu_remove();
 	unsetenv("SPACED_CGROUP_PARENT");
 	cr_expect_neq(access(cpu, F_OK), 0, "removed once empty");
-	cr_expect_neq(access("/sys/fs/cgroup/cpuacct/spaced.rq-test+request", F_OK), 0);
+	cr_expect_neq(access(acct, F_OK), 0);
 }
 
 /* This process's (pid 0) or pid's cgroup in the v1 cpu hierarchy, or "". */
