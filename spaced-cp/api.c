@@ -37,13 +37,44 @@ static void bad_request(struct cp_req *rq, const char *why)
 	answer(rq, 400, cp_error("bad-request", why));
 }
 
+/* The bucket of key in the store (rate_buckets), shared by every replica of
+ * it: a cell-rate check (GCRA) in one statement — one more at now is allowed
+ * when the next theoretical arrival is at most (burst - 1) intervals ahead
+ * of now, and it moves one interval on. The replicas' clocks count (within
+ * the few seconds cp.h allows them); a replica whose clock is behind only
+ * allows less. 1 allowed, 0 not, < 0 the store's error. */
+static int rate_take_shared(struct cp_store *st, const char *key, unsigned rate, unsigned burst)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int64_t now = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000, t = 1000000 / (int64_t)rate;
+	char b_now[24], b_t[24], b_tol[24];
+	struct cp_rows *rows = NULL;
+	int r = CP_Q(st, &rows, NULL,
+	             "INSERT INTO rate_buckets (k, tat) VALUES ($1, CAST($2 AS BIGINT) + CAST($3 AS BIGINT)) "
+	             "ON CONFLICT (k) DO UPDATE SET tat = (CASE WHEN rate_buckets.tat > CAST($2 AS BIGINT) "
+	             "THEN rate_buckets.tat ELSE CAST($2 AS BIGINT) END) + CAST($3 AS BIGINT) "
+	             "WHERE rate_buckets.tat - CAST($2 AS BIGINT) <= CAST($4 AS BIGINT) RETURNING tat",
+	             key, cp_i64(b_now, now), cp_i64(b_t, t), cp_i64(b_tol, t * (int64_t)(burst - 1)));
+	int ok = r < 0 ? r : rows != NULL && rows->nrows > 0;
+	cp_rows_free(rows);
+	return ok;
+}
+
 /* Whether tenant's rate of what ("create": a sandbox; "network": a policy
  * update; "lifecycle": a pause, snapshot, resume or move; "route": a route,
  * at CP_ROUTE_RATE_TIMES the rate) lets it have one more now (cp.h
  * CP_CREATE_RATE); when not, answers rq 429 rate-limited with Retry-After. A
- * token bucket per tenant and kind, CP_CREATE_BURST_S seconds' worth deep,
- * kept for the last 4096 seen (one not among them starts full). */
-static bool rate_allows(const struct cp *cp, struct cp_req *rq, const char *tenant, const char *what)
+ * token bucket per tenant and kind, CP_CREATE_BURST_S seconds' worth deep.
+ * On a PostgreSQL store, which several replicas may share, creates, policy
+ * updates and lifecycle operations count in the store (rate_take_shared):
+ * the rate is the tenant's, whichever replicas it reaches. Routes, and
+ * everything on SQLite, count in this process, kept for the last 4096
+ * tenants seen (one not among them starts full): a route is read-mostly and
+ * ten times as frequent, and routes from N replicas make at most N times
+ * the route rate. A store that fails to answer counts here too. */
+static bool rate_allows(const struct cp *cp, struct cp_store *st, struct cp_req *rq, const char *tenant,
+                        const char *what)
 {
 	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 	static struct spaced_ratelimit *buckets, *route_buckets;
@@ -56,11 +87,17 @@ static bool rate_allows(const struct cp *cp, struct cp_req *rq, const char *tena
 	/* no colon: a caller key is read as address:port (ratelimit.h); a
 	 * tenant ID is "ten-" and 16 hex digits */
 	snprintf(key, sizeof key, "%.7s/%.55s", what, tenant);
-	pthread_mutex_lock(&mu);
-	if (*b == NULL)
-		*b = spaced_ratelimit_new(rate, rate * CP_CREATE_BURST_S, UINT_MAX, UINT_MAX, 4096);
-	bool ok = *b == NULL || spaced_ratelimit_take(*b, key, what, spaced_mono_ns());
-	pthread_mutex_unlock(&mu);
+	int shared = !route && strcmp(cp_store_kind(st), "postgresql") == 0
+	                 ? rate_take_shared(st, key, rate, rate * CP_CREATE_BURST_S)
+	                 : -1;
+	bool ok = shared == 1;
+	if (shared < 0) {
+		pthread_mutex_lock(&mu);
+		if (*b == NULL)
+			*b = spaced_ratelimit_new(rate, rate * CP_CREATE_BURST_S, UINT_MAX, UINT_MAX, 4096);
+		ok = *b == NULL || spaced_ratelimit_take(*b, key, what, spaced_mono_ns());
+		pthread_mutex_unlock(&mu);
+	}
 	if (ok)
 		return true;
 	cp_observe_rate_limited();
@@ -492,7 +529,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, status, out);
 			return;
 		}
-		if (!rate_allows(cp, rq, tenant, "create"))
+		if (!rate_allows(cp, st, rq, tenant, "create"))
 			return;
 		memcpy(c.idem_key, rq->idem_key, sizeof c.idem_key);
 		status = cp_op_create(cp, st, tenant, &c, &out);
@@ -547,7 +584,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 				bad_request(rq, err);
 				return;
 			}
-			if (!rate_allows(cp, rq, tenant, "route"))
+			if (!rate_allows(cp, st, rq, tenant, "route"))
 				return;
 			int status = cp_op_route(cp, st, tenant, id, &rt, &out);
 			answer(rq, status, out);
@@ -560,7 +597,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 				bad_request(rq, net ? err : "out of memory");
 				return;
 			}
-			if (!rate_allows(cp, rq, tenant, "network")) {
+			if (!rate_allows(cp, st, rq, tenant, "network")) {
 				free(net);
 				return;
 			}
@@ -583,7 +620,7 @@ void cp_api_handle(struct cp *cp, struct cp_store *st, struct cp_req *rq)
 			answer(rq, 404, cp_error("not-found", "no such endpoint"));
 			return;
 		}
-		if (!rate_allows(cp, rq, tenant, "lifecycle"))
+		if (!rate_allows(cp, st, rq, tenant, "lifecycle"))
 			return;
 		int status = cp_op_simple(cp, st, tenant, id, op, worker, &out);
 		answer(rq, status, out);

@@ -49,8 +49,8 @@
  * each lifecycle operation a snapshot written to the store (kept
  * --snapshot-grace once no sandbox names it) or an execution started: a
  * tenant doing any in a loop would otherwise take the workers' CPU and disk
- * and grow the store without end. Counted per replica (N replicas: N times
- * the rate in all). */
+ * and grow the store without end. Counted in the store across the replicas
+ * of a PostgreSQL store, per replica on SQLite (api.c rate_allows). */
 #define CP_CREATE_RATE 20
 #define CP_CREATE_BURST_S 10
 /* Routes (each signs a capability and reads the store) at this many times

@@ -45,7 +45,11 @@ static const char schema[] =
 	" PRIMARY KEY (tenant, name));"
 	/* template builds: each step's result, keyed by its parent and the step */
 	"CREATE TABLE IF NOT EXISTS build_steps (tenant TEXT NOT NULL, parent TEXT NOT NULL, step TEXT NOT NULL,"
-	" hash TEXT NOT NULL, config TEXT, created BIGINT NOT NULL, PRIMARY KEY (tenant, parent, step));";
+	" hash TEXT NOT NULL, config TEXT, created BIGINT NOT NULL, PRIMARY KEY (tenant, parent, step));"
+	/* a tenant's rates shared by the replicas of one PostgreSQL store
+	 * (api.c rate_allows): each kind's next theoretical arrival, in Unix
+	 * microseconds */
+	"CREATE TABLE IF NOT EXISTS rate_buckets (k TEXT PRIMARY KEY, tat BIGINT NOT NULL);";
 
 /* Columns added after the first schema, in the order they came. */
 static const struct {

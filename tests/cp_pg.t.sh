@@ -45,5 +45,27 @@ cp "$W/body" "$W/route-r2.json"
 K2=$("$CAPCHECK" "$W/bundle-r.json" "$W/route-r2.json" | jq -r .kid)
 [ -n "$K2" ] && ok "replica 2's capability verifies with the shared bundle" || fail "replica 2 capability"
 wait_for "replica 2's key reached wa through the shared outbox" sh -c "jq -s -e --arg k '$K2' '[.[] | select(.type == \"keys\") | .bundle.keys[] | select(.kid == \$k)] | length > 0' '$W/wa.log' >/dev/null"
+
+# ---- a tenant's rate is the tenant's, across replicas ----
+# (two more replicas at --create-rate 1: ten lifecycle operations at once, one a second after.
+# Fourteen pauses of a sandbox that does not exist, alternating between them, in well under a
+# second: ten are counted (404: no such sandbox), four refused 429. Each replica counted on its
+# own before: twenty would have passed)
+echo "--- rates across replicas"
+TR=$(admin create-tenant rates)
+mkdir -p "$W/cp3" "$W/cp4"
+start_cp cp3 --create-rate 1
+URL3=$CP_URL
+start_cp cp4 --create-rate 1
+URL4=$CP_URL
+: >"$W/rates"
+for i in $(seq 1 14); do
+	u=$URL3; [ $((i % 2)) -eq 0 ] && u=$URL4
+	API_URL=$u OUT="$W/rate.body" api "$TR" POST /v1/sandboxes/sbx-none/pause '{}' >>"$W/rates"
+	echo >>"$W/rates"
+done
+expect "fourteen pauses through two replicas: ten counted, four refused" \
+	"$(sort "$W/rates" | uniq -c | awk '{ printf "%s:%s ", $2, $1 }')" "404:10 429:4 "
+expect "the refusal says so" "$(jq -r .error "$W/rate.body")" rate-limited
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]
