@@ -828,38 +828,49 @@ static bool job_bulk(const struct mgr_config *cfg, const char *kind, json_t *arg
  * slots over the number of such tenants, one at least). A tenant with a
  * storm of snapshots then holds the slots only while nobody else asks: a
  * slot that frees up goes to another tenant's job waiting behind the storm,
- * which waits for one job's end, not the storm's. Whether j may start. */
-static bool bulk_share_left(const struct executor *x, const struct xjob *j)
+ * which waits for one job's end, not the storm's. The share now: one pass
+ * over the jobs (the tenants counted up to 64 distinct; past that, a share
+ * of one slot each). */
+static size_t bulk_share(const struct executor *x)
 {
 	const char *seen[64];
-	size_t ntenants = 0, held = 0;
+	size_t ntenants = 0;
 	const struct xjob *lists[2] = {x->jobs, x->waiting};
 	for (int l = 0; l < 2; l++) {
-		for (const struct xjob *o = lists[l]; o; o = o->next) {
+		for (const struct xjob *o = lists[l]; o && ntenants < sizeof seen / sizeof seen[0]; o = o->next) {
 			if (!o->bulk)
 				continue;
-			if (l == 0 && o != j && strcmp(o->tenant, j->tenant) == 0)
-				held++;
 			size_t k = 0;
 			while (k < ntenants && strcmp(seen[k], o->tenant) != 0)
 				k++;
-			if (k == ntenants && ntenants < sizeof seen / sizeof seen[0])
+			if (k == ntenants)
 				seen[ntenants++] = o->tenant;
 		}
 	}
 	size_t share = ntenants > 0 ? x->max_bulk / ntenants : x->max_bulk;
-	return held < (share > 0 ? share : 1);
+	return share > 0 ? share : 1;
+}
+
+/* How many bulk jobs of tenant run (at most the child slots). */
+static size_t bulk_held(const struct executor *x, const char *tenant)
+{
+	size_t held = 0;
+	for (const struct xjob *o = x->jobs; o; o = o->next)
+		held += o->bulk && strcmp(o->tenant, tenant) == 0;
+	return held;
 }
 
 /* Starts what waits, in the order it came, while there are child slots; a
  * bulk job waits while bulk jobs hold their half, or while its tenant holds
- * its share of that half (bulk_share_left), and what came after it may
- * pass it. */
+ * its share of that half (bulk_share), and what came after it may pass it. */
 static void jobs_start(struct executor *x)
 {
+	size_t share = 0; /* bulk_share, once a bulk job could start (starting one leaves it as it is) */
 	for (struct xjob **pp = &x->waiting; *pp && x->nchildren < x->max_children;) {
 		struct xjob *j = *pp;
-		if (j->bulk && (x->nbulk >= x->max_bulk || !bulk_share_left(x, j))) {
+		if (j->bulk && x->nbulk < x->max_bulk && share == 0)
+			share = bulk_share(x);
+		if (j->bulk && (x->nbulk >= x->max_bulk || bulk_held(x, j->tenant) >= share)) {
 			pp = &j->next;
 			continue;
 		}
