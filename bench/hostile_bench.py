@@ -2,8 +2,8 @@
 """hostile_bench.py BUILD — a victim tenant's latency on a worker under attack (issue 12).
 
 A cluster of two workers (`spacectl dev up`, process substrate). On worker-1 a victim sandbox is
-read from (4 KiB file, GET …/files, keep-alive) and executed in (POST …/exec `true`), first on a
-quiet worker, then while other tenants' sandboxes on the same worker run:
+read from (4 KiB file, GET …/files, keep-alive; 1000 times) and executed in (POST …/exec `true`;
+400 times: a p99 over fewer is one of the two or three worst), first on a quiet worker, then while other tenants' sandboxes on the same worker run:
   - 20 downloads of a 100 MB file from sockets that read nothing (slow readers),
   - 200 connections from 127.0.0.2 trickling request heads (slowloris),
   - 4 clients asking a sandbox whose guest is stopped (SIGSTOP: it never answers a new connection),
@@ -38,7 +38,7 @@ import time
 
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 SC = os.path.join(BUILD, "spacectl", "spacectl")
-READS, EXECS, MOVES = 400, 120, 16
+READS, EXECS, MOVES = 1000, 400, 16
 
 
 def sh(*args, env=None, check=True):
