@@ -2,10 +2,12 @@
  * queued output, streams and RESULT frames. A malformed frame from a peer
  * drops that connection only. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -102,8 +104,75 @@ int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
 	return conn_frame_commit(c, o, type, flags, id, n);
 }
 
+/* Reads exactly n bytes from fd (at *off when off is not NULL) into p;
+ * false when fewer are there. */
+static bool read_exact(int fd, off_t *off, uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t k = off != NULL ? pread(fd, p, n, *off) : read(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return false;
+		if (off != NULL)
+			*off += k;
+		p += k;
+		n -= (size_t)k;
+	}
+	return true;
+}
+
+ssize_t conn_send_from_fd(struct conn *c, uint16_t type, uint32_t id, int fd, off_t *off, size_t n)
+{
+	if (c->dead || c->oq_head != NULL || n == 0 || n > SPACED_FRAME_MAX)
+		return 0;
+	uint8_t hdr[SPACED_FRAME_HDR_LEN];
+	spaced_frame_hdr_encode(hdr, &(struct spaced_frame_hdr){.len = (uint32_t)n, .type = type, .id = id});
+	ssize_t h;
+	do
+		h = send(c->fd, hdr, sizeof hdr, MSG_NOSIGNAL | MSG_DONTWAIT | MSG_MORE);
+	while (h < 0 && errno == EINTR);
+	if (h < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+		c->wblocked = true; /* fd keeps it until the socket has room */
+		return 0;
+	}
+	if (h < 0) {
+		conn_kill(c, "write failed");
+		return -1;
+	}
+	/* the frame has begun: its payload goes next, whatever the socket takes
+	 * straight from fd (the pipe's pages, or the file's), the rest copied */
+	size_t sent = 0;
+	while (h == (ssize_t)sizeof hdr && sent < n) {
+		ssize_t k = off != NULL ? sendfile(c->fd, fd, off, n - sent)
+		                        : splice(fd, NULL, c->fd, NULL, n - sent, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break; /* full, or not supported here: copied below */
+		sent += (size_t)k;
+	}
+	size_t hrest = sizeof hdr - (size_t)h, rest = n - sent;
+	if (hrest + rest == 0)
+		return (ssize_t)n;
+	struct outbuf *o = malloc(sizeof *o + hrest + rest);
+	if (o == NULL || !read_exact(fd, off, o->data + hrest, rest)) {
+		free(o);
+		conn_kill(c, o == NULL ? "out of memory" : "output shrank while it was sent");
+		return -1;
+	}
+	memcpy(o->data, hdr + h, hrest);
+	o->len = hrest + rest;
+	o->off = 0;
+	o->next = NULL;
+	c->oq_head = c->oq_tail = o;
+	c->oq_bytes = o->len;
+	return (ssize_t)n;
+}
+
 void conn_on_writable(struct conn *c)
 {
+	c->wblocked = false;
 	while (c->oq_head != NULL && !c->dead) {
 		struct iovec iov[16];
 		int n = 0;

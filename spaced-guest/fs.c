@@ -186,12 +186,42 @@ int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r)
 	return 0;
 }
 
+/* How much of the read stream s its file held when it was opened, up to a
+ * chunk: sent from the file's pages (conn_send_from_fd) from
+ * GUEST_SPLICE_MIN on. */
+static size_t read_spliceable(const struct stream *s)
+{
+	uint64_t n = s->fsize > s->offset ? s->fsize - s->offset : 0;
+	if (n > s->remaining)
+		n = s->remaining;
+	return n < SPACED_FRAME_CHUNK ? (size_t)n : SPACED_FRAME_CHUNK;
+}
+
+bool fs_read_ready(const struct stream *s)
+{
+	const struct conn *c = s->conn;
+	if (read_spliceable(s) >= GUEST_SPLICE_MIN)
+		return c->oq_head == NULL && !c->wblocked;
+	return c->oq_bytes < GUEST_OUT_HIGH && !c->wblocked;
+}
+
 /* Sends the next chunk of an open read stream, or its RESULT. */
 void fs_read_pump(struct stream *s)
 {
 	size_t want = SPACED_FRAME_CHUNK;
 	if (s->remaining < want)
 		want = (size_t)s->remaining;
+	size_t direct = read_spliceable(s);
+	if (direct >= GUEST_SPLICE_MIN) {
+		/* from the file's pages, when the connection has room (else later) */
+		off_t off = (off_t)s->offset;
+		if (conn_send_from_fd(s->conn, SPACED_GUEST_OUT_DATA, s->id, s->fd, &off, direct) > 0) {
+			s->offset += direct;
+			s->sent += direct;
+			s->remaining -= direct;
+		}
+		return;
+	}
 	if (want > 0) {
 		struct outbuf *o = conn_frame_alloc(want);
 		if (o == NULL) {

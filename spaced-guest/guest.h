@@ -25,6 +25,7 @@
 #define GUEST_MAX_BG 64           /* background processes kept */
 #define GUEST_OUT_HIGH (1u << 20) /* stop producing for a connection above this */
 #define GUEST_STDIN_HIGH (256u * 1024)
+#define GUEST_SPLICE_MIN (16u * 1024) /* output sent without a copy from this much on */
 #define GUEST_LIST_DEPTH_MAX 64
 #define GUEST_WATCH_MAX 8192 /* directories per watch */
 #define GUEST_INBUF 4096      /* per-connection input buffer */
@@ -96,6 +97,8 @@ struct conn {
 	bool in_payload;
 	struct outbuf *oq_head, *oq_tail;
 	size_t oq_bytes;
+	bool wblocked; /* a send found its socket full: what waits in pipes and files
+	                * for it waits for POLLOUT (conn_send_from_fd) */
 	struct stream *streams;
 	unsigned nstreams;
 	bool rd_eof; /* the peer half-closed: answer what is in flight, then close */
@@ -177,6 +180,16 @@ int conn_queue_frame(struct conn *c, uint16_t type, uint16_t flags, uint32_t id,
 struct outbuf *conn_frame_alloc(size_t n);
 int conn_frame_commit(struct conn *c, struct outbuf *o, uint16_t type, uint16_t flags, uint32_t id,
                       size_t n);
+/* Sends a frame of n payload bytes taken from fd without copying them
+ * through the guest: spliced from a pipe (off NULL), or sent from a regular
+ * file at *off (advanced). Only when nothing is queued on c; what the socket
+ * does not take at once is read from fd and queued, so the frame is whole
+ * either way. fd must hold n bytes: a pipe only this process reads, with n
+ * available (FIONREAD); a file at least *off + n long. Returns n, 0 when
+ * nothing was done (something queued; or the socket full, and c->wblocked set
+ * until it is writable), or
+ * -1 when c was killed (write failed, or fd held fewer bytes). */
+ssize_t conn_send_from_fd(struct conn *c, uint16_t type, uint32_t id, int fd, off_t *off, size_t n);
 struct stream *stream_new(struct conn *c, uint32_t id, enum stream_kind kind);
 /* Sends RESULT (status, message, identity, extras) and ends the stream. */
 void stream_finish(struct stream *s, int status, const char *msg, const struct spaced_buf *extras);
@@ -197,6 +210,9 @@ int fs_resolve(const char *path, int flags, mode_t mode, int *out);
 int proc_config(const char *json, size_t len);
 int fs_read_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
 void fs_read_pump(struct stream *s);
+/* True when fs_read_pump can make progress now (else it waits for its
+ * connection's POLLOUT). */
+bool fs_read_ready(const struct stream *s);
 int fs_write_start(struct conn *c, uint32_t id, struct spaced_field_reader *r);
 /* writer.c: queue j for the writer thread (started on first use); 0, or a
  * negative errno when the thread cannot start (the caller writes itself) */

@@ -274,16 +274,16 @@ static void loop(void)
 			short ev = paused ? 0 : POLLIN;
 			if (!paused && conn_has_input(c))
 				pump = true;
-			if (c->oq_head != NULL)
+			if (c->oq_head != NULL || c->wblocked)
 				ev |= POLLOUT;
 			add_pfd(&n, c->fd, ev, T_CONN, c);
-			bool room = c->oq_bytes < GUEST_OUT_HIGH;
+			bool room = c->oq_bytes < GUEST_OUT_HIGH && !c->wblocked;
 			for (struct stream *s = c->streams; s != NULL; s = s->next) {
 				if (s->dead || !room)
 					continue;
 				if (s->kind == ST_WATCH && s->watch != NULL)
 					add_pfd(&n, watch_fd(s->watch), POLLIN, T_WATCH, s);
-				if (s->kind == ST_READ)
+				if (s->kind == ST_READ && fs_read_ready(s))
 					pump = true;
 			}
 		}
@@ -374,9 +374,7 @@ static void loop(void)
 			if (!c->dead && conn_has_input(c) && !conn_input_paused(c))
 				conn_parse(c);
 			for (struct stream *s = c->streams; s != NULL; s = s->next)
-				for (int k = 0; k < 16 && !s->dead && s->kind == ST_READ &&
-				                c->oq_bytes < GUEST_OUT_HIGH;
-				     k++)
+				for (int k = 0; k < 16 && !s->dead && s->kind == ST_READ && fs_read_ready(s); k++)
 					fs_read_pump(s);
 			if (!c->dead && c->oq_head != NULL)
 				conn_on_writable(c);

@@ -139,20 +139,63 @@ void proc_reap_done(void)
 	}
 }
 
+/* A pipe's output that no ring keeps goes to its stream without a copy. */
+static bool splices(const struct proc *p)
+{
+	return !p->pty && !p->background;
+}
+
 bool proc_output_allowed(const struct proc *p)
 {
-	if (p->attached != NULL && !p->attached->dead)
-		return p->attached->conn->oq_bytes < GUEST_OUT_HIGH;
+	if (p->attached != NULL && !p->attached->dead) {
+		const struct conn *c = p->attached->conn;
+		if (splices(p))
+			return c->oq_head == NULL && !c->wblocked;
+		return c->oq_bytes < GUEST_OUT_HIGH;
+	}
 	return true;
+}
+
+/* Output a stream takes from a pipe: spliced to its connection, a frame
+ * at a time while the pipe holds a good part of one. Returns 1 after one
+ * frame or more (or when the connection died), 0 when it must wait for the
+ * connection (output queued before it, or its socket full: the pipe holds
+ * what comes meanwhile), 2 when too little is there (the copying read takes
+ * it, and sees the end). */
+static int splice_output(struct proc *p, int fd, uint16_t type)
+{
+	struct conn *c = p->attached->conn;
+	uint32_t id = p->attached->id;
+	for (int sent = 0; sent < 16; sent++) {
+		int avail;
+		if (c->oq_head != NULL || c->wblocked)
+			return sent > 0 ? 1 : 0;
+		if (ioctl(fd, FIONREAD, &avail) < 0 || avail < (int)GUEST_SPLICE_MIN)
+			return sent > 0 ? 1 : 2;
+		size_t n = (size_t)avail < SPACED_FRAME_CHUNK ? (size_t)avail : SPACED_FRAME_CHUNK;
+		ssize_t k = conn_send_from_fd(c, type, id, fd, NULL, n);
+		if (k < 0)
+			return 1; /* c is dead, and the stream with it */
+		if (k == 0)
+			return sent > 0 ? 1 : 0;
+	}
+	return 1;
 }
 
 /* Reads one chunk from fd (the process's stdout, stderr or pty master).
  * Returns 1 after data, 0 when nothing is available now, -1 when the fd
- * reached its end and was closed. Output a stream waits for is read
- * straight into its frame. */
-static int read_output(struct proc *p, int *fdp, uint16_t type)
+ * reached its end and was closed. Output a stream waits for is spliced
+ * (splice_output) or read straight into its frame; drain: the process is
+ * gone and fd is read to its end now, so nothing waits for the
+ * connection. */
+static int read_output(struct proc *p, int *fdp, uint16_t type, bool drain)
 {
 	bool to_stream = p->attached != NULL && !p->attached->dead;
+	if (to_stream && splices(p)) {
+		int r = splice_output(p, *fdp, type);
+		if (r == 1 || (r == 0 && !drain))
+			return r;
+	}
 	struct outbuf *o = to_stream ? conn_frame_alloc(SPACED_FRAME_CHUNK) : NULL;
 	uint8_t *ring_only = to_stream ? NULL : malloc(SPACED_FRAME_CHUNK);
 	uint8_t *buf = o != NULL ? o->data + SPACED_FRAME_HDR_LEN : ring_only;
@@ -191,9 +234,9 @@ static int read_output(struct proc *p, int *fdp, uint16_t type)
 void proc_on_output(struct proc *p, int fd)
 {
 	if (fd == p->out_fd)
-		(void)read_output(p, &p->out_fd, SPACED_GUEST_OUT_STDOUT);
+		(void)read_output(p, &p->out_fd, SPACED_GUEST_OUT_STDOUT, false);
 	else if (fd == p->err_fd)
-		(void)read_output(p, &p->err_fd, SPACED_GUEST_OUT_STDERR);
+		(void)read_output(p, &p->err_fd, SPACED_GUEST_OUT_STDERR, false);
 	proc_maybe_done(p);
 }
 
@@ -209,7 +252,7 @@ static void drain_and_close(struct proc *p)
 		int fl = fcntl(*fds[i], F_GETFL);
 		(void)fcntl(*fds[i], F_SETFL, fl | O_NONBLOCK);
 		for (int round = 0; round < 64; round++)
-			if (read_output(p, fds[i], types[i]) <= 0)
+			if (read_output(p, fds[i], types[i], true) <= 0)
 				break;
 		if (*fds[i] >= 0) {
 			close(*fds[i]);

@@ -489,6 +489,79 @@ Test(guest, exec_large_stdin)
 	spaced_guest_client_free(c);
 }
 
+/* Bulk output of a pipe goes to the connection without a copy through the
+ * guest (spliced, spaced-guest/proc.c), a whole frame at a time: byte-exact
+ * for stdout and stderr together, through a connection whose reader takes
+ * little at a time (its socket full again and again, so the guest waits for
+ * room with output left in the pipes), and for the output still in the pipes
+ * when the process has exited. */
+static uint8_t *random_bytes(size_t n);
+static uint32_t start_fg(struct spaced_guest_client *c, const char *const *argv);
+
+Test(guest, exec_bulk_output_exact_through_a_full_socket)
+{
+	const size_t n = 5u << 20;
+	uint8_t *data = random_bytes(n);
+	struct spaced_guest_client *c = connect_guest();
+	cr_assert_eq(spaced_guest_fs_write(c, "bulk.bin", data, n, 0644, 0), 0);
+	struct spaced_buf out, err;
+	spaced_buf_init(&out, 2 * n);
+	spaced_buf_init(&err, 2 * n);
+	const char *a[] = {"sh", "-c", "cat bulk.bin; cat bulk.bin >&2; head -c 1000 bulk.bin", NULL};
+	uint32_t id = start_fg(c, a);
+	usleep(300 * 1000); /* the socket and the pipe fill, the rest waits */
+	size_t since_pause = 0;
+	for (;;) {
+		struct spaced_guest_msg m = {0};
+		cr_assert_eq(spaced_guest_recv(c, &m), 0);
+		cr_assert_eq(m.hdr.id, id);
+		if (m.hdr.type == SPACED_GUEST_OUT_RESULT) {
+			spaced_guest_msg_clear(&m);
+			break;
+		}
+		cr_assert(m.hdr.type == SPACED_GUEST_OUT_STDOUT || m.hdr.type == SPACED_GUEST_OUT_STDERR, "type %x",
+		          m.hdr.type);
+		cr_assert_eq(spaced_buf_append(m.hdr.type == SPACED_GUEST_OUT_STDOUT ? &out : &err, m.payload, m.hdr.len), 0);
+		since_pause += m.hdr.len;
+		if (since_pause > (256u << 10)) { /* a reader that takes a little, then pauses */
+			usleep(5 * 1000);
+			since_pause = 0;
+		}
+		spaced_guest_msg_clear(&m);
+	}
+	cr_assert_eq(out.len, n + 1000);
+	cr_assert_eq(err.len, n);
+	cr_assert(memcmp(out.data, data, n) == 0 && memcmp(out.data + n, data, 1000) == 0, "stdout differs");
+	cr_assert(memcmp(err.data, data, n) == 0, "stderr differs");
+	/* the connection is still in step: another request on it works */
+	assert_ident(c);
+	spaced_buf_free(&out);
+	spaced_buf_free(&err);
+	free(data);
+	spaced_guest_client_free(c);
+}
+
+/* A stream whose reader takes none of a bulk exec's output holds only its own
+ * pipe and socket: the guest serves another connection meanwhile. */
+Test(guest, stalled_exec_reader_does_not_block_others)
+{
+	struct spaced_guest_client *stalled = connect_guest();
+	const char *big[] = {"head", "-c", "50000000", "/dev/zero", NULL};
+	uint32_t sid = start_fg(stalled, big);
+	(void)sid;
+	usleep(200 * 1000); /* its socket and pipe fill */
+	struct spaced_guest_client *c = connect_guest();
+	struct spaced_buf out;
+	spaced_buf_init(&out, 4096);
+	const char *a[] = {"echo", "alive", NULL};
+	struct spaced_guest_exit x = run(c, a, NULL, NULL, 0, NULL, &out, NULL);
+	cr_assert_eq(x.code, 0);
+	cr_assert_str_eq((char *)out.data, "alive\n");
+	spaced_buf_free(&out);
+	spaced_guest_client_free(c);
+	spaced_guest_client_free(stalled);
+}
+
 Test(guest, exec_timeout_kills_group)
 {
 	struct spaced_guest_client *c = connect_guest();
