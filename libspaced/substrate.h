@@ -210,12 +210,14 @@ void spaced_sub_request_cpu_remove(void);
  * (nothing changes), or another negative code with a reason in why. */
 int spaced_sub_background_cpu_join(char *why, size_t whysz);
 
-/* A process of that background work that now serves in the foreground (a
- * pooled execution's launcher, bridge or gateway, once claimed; a daemon of
- * the worker's that a start needed) moves into the CPU cgroup that holds the
+/* A process of that background work that stays beyond it (a pooled
+ * execution's launcher, bridge or gateway, once started; a daemon of the
+ * worker's that a start needed) moves into the CPU cgroup that holds the
  * background one (the caller's own, or the one above it when the caller is
  * in the background cgroup), where the same process started for a create
- * would be. 0, or a negative code (the process stays where it is). */
+ * would be. 0, or a negative code (the process stays where it is). The
+ * first move after a quiet while waits for an RCU grace period (several
+ * ms): not for a request's path. */
 int spaced_sub_background_cpu_leave(pid_t pid);
 
 /* The cgroup.procs file leave() writes to, in procs: a child about to run

@@ -511,26 +511,36 @@ static const char *spawn_stdin;
 static int spawn_stdout = -1;
 
 /* A pooled execution's process (launcher, bridge, gateway) once claimed: at
- * the priority every execution's has, itself and its session, and out of the
- * background CPU cgroup (this executor's, as a cold start's); pid pinned by
- * the caller. */
+ * the priority every execution's has, itself and its session; pid pinned by
+ * the caller. Its CPU cgroup is already the executor's, as a cold start's
+ * (left_background): a claim moves no process between cgroups. */
 static void raise_pinned(pid_t pid)
 {
-	(void)spaced_sub_background_cpu_leave(pid);
 	setpriority(PRIO_PROCESS, (id_t)pid, 0);
 	spaced_session_nice(pid, 0);
 }
 
-/* raise_pinned for a process pinned here by its start time; with children,
- * also for the processes it forked (a gateway's serving process, forked
- * with the pool's start: spaced-netgtw; a child's pid stays its own while
- * the pinned parent has not reaped it). */
-static void raise_claimed(int64_t pid, uint64_t start, bool children)
+/* A pooled execution's process once its start is over: out of the
+ * background CPU cgroup, into the executor's, where it waits (idle, at
+ * the pool's priority: POOL_NICE, itself and its session) until a claim
+ * raises it. Moved here, by the start's job, and not by the claim: the
+ * first move between cgroups after a quiet while waits for an RCU grace
+ * period (6-8 ms here), which a create would wait for. */
+static void left_background(pid_t pid)
+{
+	(void)spaced_sub_background_cpu_leave(pid);
+}
+
+/* fn for a process pinned here by its start time; with children, also for
+ * the processes it forked (a gateway's serving process, forked with the
+ * pool's start: spaced-netgtw; a child's pid stays its own while the pinned
+ * parent has not reaped it). */
+static void each_pinned(int64_t pid, uint64_t start, bool children, void (*fn)(pid_t))
 {
 	int fd = pidfd_pinned(pid, start);
 	if (fd < 0)
 		return;
-	raise_pinned((pid_t)pid);
+	fn((pid_t)pid);
 	char path[96], buf[512];
 	snprintf(path, sizeof path, "/proc/%lld/task/%lld/children", (long long)pid, (long long)pid);
 	int cf = children ? open(path, O_RDONLY | O_CLOEXEC) : -1;
@@ -544,10 +554,24 @@ static void raise_claimed(int64_t pid, uint64_t start, bool children)
 			if (end == p)
 				break;
 			if (c > 1)
-				raise_pinned((pid_t)c);
+				fn((pid_t)c);
 		}
 	}
 	close(fd);
+}
+
+/* The pinned pid and start of a process named by the file e_dir/name
+ * ("pid=P start=S"); false when there is none. */
+static bool pinned_in(const char *e_dir, const char *name, long long *pid, unsigned long long *start)
+{
+	char lf[4200];
+	snprintf(lf, sizeof lf, "%s/%s", e_dir, name);
+	FILE *f = fopen(lf, "r");
+	if (!f)
+		return false;
+	bool ok = fscanf(f, "pid=%lld start=%llu", pid, start) == 2;
+	fclose(f);
+	return ok;
 }
 
 /* What a logged child needs, prepared before it starts (spawn.h). */
@@ -1566,9 +1590,10 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 	 * create's processes: in a burst of 50 creates, the tc and ip of the
 	 * refills it set off took 18 % of the host's CPU (perf, the burst's
 	 * window; 0-2 % now). So all starts share one CPU cgroup weighed at 1/32
-	 * (a claimed execution's launcher, bridge and gateway leave it); the
-	 * session and nice value stay for a host without a CPU controller
-	 * (joined above). */
+	 * (a pooled execution's launcher, bridge and gateway leave it when the
+	 * start is over: left_background); the session and nice value stay, for
+	 * the waiting execution and for a host without a CPU controller (joined
+	 * above). */
 	setsid();
 	spaced_session_nice(getpid(), POOL_NICE);
 	setpriority(PRIO_PROCESS, 0, POOL_NICE);
@@ -1664,6 +1689,14 @@ int mgr_pool_exec_start(const struct mgr_config *cfg, const char *name, struct m
 		fclose(f);
 	}
 	*pss_kib = pss_of(lp) + (init > 0 ? pss_of(init) : 0) + pss_of(rec->host_pid);
+	/* started: its launcher, bridge and gateway wait in the executor's CPU
+	 * cgroup (left_background) */
+	long long gpid = 0;
+	unsigned long long gstart = 0;
+	each_pinned(lp, ls, false, left_background);
+	each_pinned(rec->host_pid, rec->host_start, false, left_background);
+	if (pinned_in(e_dir, "gateway", &gpid, &gstart))
+		each_pinned(gpid, gstart, true, left_background);
 	return 0;
 }
 
@@ -1724,7 +1757,7 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	}
 	close(ff);
 	/* its bridge and gateway too (the launcher was raised above) */
-	raise_claimed(rec->host_pid, rec->host_start, false);
+	each_pinned(rec->host_pid, rec->host_start, false, raise_pinned);
 	char lf[4200], line[256];
 	snprintf(lf, sizeof lf, "%s/launcher", e_dir);
 	FILE *f = fopen(lf, "r");
@@ -1736,12 +1769,8 @@ int mgr_pool_claim_send(const struct mgr_config *cfg, const struct mgr_rec *rec,
 	}
 	long long gpid = 0;
 	unsigned long long gstart = 0;
-	snprintf(lf, sizeof lf, "%s/gateway", e_dir);
-	if ((f = fopen(lf, "r")) != NULL) {
-		if (fscanf(f, "pid=%lld start=%llu", &gpid, &gstart) == 2)
-			raise_claimed(gpid, gstart, true);
-		fclose(f);
-	}
+	if (pinned_in(e_dir, "gateway", &gpid, &gstart))
+		each_pinned(gpid, gstart, true, raise_pinned);
 	*ctl_fd = fd;
 	*answers = rec->config[0] ? 2 : 1;
 	return 0;

@@ -17,10 +17,11 @@
  * the background, a few starts at a time, once creates pause for 250 ms (at
  * once when creates have kept coming for a second without such a pause and
  * a key has less than a quarter of its target ready): a burst's claims do
- * not share the CPU with refills, and the starts and waiting
- * executions' launchers, bridges and gateways run in a CPU cgroup weighed at
- * 1/32 (spaced_sub_background_cpu_join); what demand no longer asks for is
- * stopped after a minute.
+ * not share the CPU with refills, and the starts run in a CPU cgroup weighed
+ * at 1/32 (spaced_sub_background_cpu_join; a started execution's launcher,
+ * bridge and gateway then wait, idle and niced, in the executor's, so that a
+ * claim moves no process between cgroups); what demand no longer asks for
+ * is stopped after a minute.
  */
 #ifndef SPACED_NODE_POOL_H
 #define SPACED_NODE_POOL_H

@@ -20,9 +20,11 @@
 #  - a claim allocates no inode: the gateway's record and the slot file are files made with the
 #    pooled execution, renamed into place;
 #  - a waiting execution's processes run below the default priority, their sessions too, and a
-#    claimed one's are raised back; the pool's starts, waiting launchers, bridges and gateways share
-#    one CPU cgroup weighed at 1/32 ("<parent>+background"), which a claimed one's leave for the
-#    executor's, while the executions' own cgroups and the worker's network daemons stay out of it;
+#    claimed one's are raised back; the pool's starts share one CPU cgroup weighed at 1/32
+#    ("<parent>+background"), which a started execution's launcher, bridge and gateway leave for
+#    the executor's when the start is over (a claim moves no process between cgroups: the first
+#    move after a quiet while waits for an RCU grace period), while the executions' own cgroups and
+#    the worker's network daemons stay out of it;
 #  - the control plane's idle request threads prepare the statements others ran: a second burst
 #    of creates prepares none in its requests' time.
 set -u
@@ -117,9 +119,9 @@ expect "claimed executions' launcher, bridge, gateway and its serving process at
 expect "every other process of the pool below it" "$((lowered + raised))/$([ "$lowered" -ge 1 ] && echo some)" \
 	"$nproc/some"
 # ... and in CPU cgroups: a nice value weighs only inside a session of the root cgroup, so the
-# pool's starts and waiting processes share one cgroup weighed at 1/32 (a claim takes its launcher,
-# bridge and gateway out of it, to the executor's cgroup, where a cold start's are; the gateway's
-# serving process, forked with the pool's start, is moved with it)
+# pool's starts share one cgroup weighed at 1/32; a started execution's launcher, bridge and
+# gateway (and the gateway's serving process, forked with the start) leave it for the executor's
+# cgroup, where a cold start's are, before they wait: a claim moves none of them
 cpucg() { # PID: its cgroup in the cpu controller (cgroup2: its one cgroup)
 	c=$(awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3}' "/proc/$1/cgroup" 2>/dev/null)
 	[ -n "$c" ] || c=$(awk -F: '$1 == 0 {print $3}' "/proc/$1/cgroup" 2>/dev/null)
@@ -128,7 +130,9 @@ cpucg() { # PID: its cgroup in the cpu controller (cgroup2: its one cgroup)
 EXE=$(role_pid spaced-executor)
 home=$(cpucg "$EXE")
 if [ -n "$home" ] && { [ -e /sys/fs/cgroup/cpu/cpu.shares ] || grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; }; then
-	bg=0 fg=0 nproc=0
+	no_start() { [ "$(status .pool.starting)" = 0 ]; }
+	WAIT_SECONDS=60 wait_for "the pool's refills over" no_start
+	bg=0 fg=0 wfg=0 nproc=0
 	for f in "$D"/worker-1/pool/*/launcher; do
 		ed=$(dirname "$f")
 		gp=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$ed/gateway" 2>/dev/null)
@@ -138,16 +142,16 @@ if [ -n "$home" ] && { [ -e /sys/fs/cgroup/cpu/cpu.shares ] || grep -qw cpu /sys
 			nproc=$((nproc + 1))
 			case "$([ -e "$ed/identity" ] && echo claimed):$(cpucg "$p")" in
 			claimed:"$home") fg=$((fg + 1)) ;;
-			:*+background) bg=$((bg + 1)) ;;
-			*) echo "  $([ -e "$ed/identity" ] && echo claimed || echo waiting) $p: $(cpucg "$p")" ;;
+			:"$home") wfg=$((wfg + 1)) ;;
+			*) bg=$((bg + 1)); echo "  $([ -e "$ed/identity" ] && echo claimed || echo waiting) $p: $(cpucg "$p")" ;;
 			esac
 		done
 	done
 	expect "claimed executions' launcher, bridge, gateway and its serving process in the executor's CPU cgroup ($home)" \
 		"$fg" "$((claimed_procs * 4))"
-	expect "waiting ones' in the background CPU cgroup" "$((bg + fg))/$([ "$bg" -ge 1 ] && echo some)" "$nproc/some"
-	bgdir=/sys/fs/cgroup$([ -e /sys/fs/cgroup/cpu/cpu.shares ] && echo /cpu)$(cpucg "$(sed -n 's/^pid=\([0-9]*\).*/\1/p' \
-		"$(for f in "$D"/worker-1/pool/*/launcher; do [ -e "$(dirname "$f")/identity" ] || echo "$f"; done | head -n 1)")")
+	expect "waiting ones' there too, their starts over (none left in the background CPU cgroup)" \
+		"$((wfg + fg))/$([ "$wfg" -ge 1 ] && echo some)/$bg" "$nproc/some/0"
+	bgdir=/sys/fs/cgroup$([ -e /sys/fs/cgroup/cpu/cpu.shares ] && echo /cpu)${home%/}/${SPACED_CGROUP_PARENT:-spaced}+background
 	expect "the background cgroup weighed at 1/32" "$(cat "$bgdir/cpu.shares" 2>/dev/null || cat "$bgdir/cpu.weight")" \
 		"$([ -e "$bgdir/cpu.shares" ] && echo 32 || echo 3)"
 	# the executions themselves (their guests and commands) have their cgroups where every
