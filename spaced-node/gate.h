@@ -187,6 +187,7 @@ void gate_admin_ended(struct mgr *m, const struct mgr_rec *rec, const char *reas
 
 struct gstream;
 struct gconn;
+struct gate_bulk;
 struct gjob;
 struct ctl_queue;
 struct admin_client;
@@ -213,6 +214,7 @@ struct mgr {
 	uv_idle_t api_idle;        /* keeps the loop from sleeping while some are due */
 	bool api_flush_due;
 	bool api_held;             /* a stream was held back while node-api was behind */
+	struct gate_bulk *bulk;    /* output spliced through the link (gate_streams.c) */
 	struct gstream *streams;
 	size_t nstreams;
 	uint64_t out_unacked; /* every stream's output sent to node-api, not yet credited */

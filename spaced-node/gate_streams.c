@@ -19,6 +19,9 @@
  * stream's window is NODE_WINDOW_SMALL (node.h): a stream paused by it has
  * that much uncredited, so its own credit wakes it. The link to node-api never carries more than the windows of the open
  * streams, and the gate stops reading executions while node-api is behind.
+ *
+ * Bulk output (exec output, a file's bytes) crosses the gate without a copy:
+ * see "bulk output" below.
  */
 #include "gate.h"
 
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -79,6 +83,13 @@ struct gstream {
 	uint64_t out_credited;  /* output node-api credited, in all */
 	uint64_t tick_credited, tick_wq_out; /* out_credited and wq_out at the last tick */
 	bool awaiting_recovery; /* its execution is being re-bridged or restarted */
+	/* bulk output (below): once a large output frame came, frames are read
+	 * one at a time, and large ones spliced through pipe */
+	bool bulk;
+	bool in_frame;          /* fh's payload is being spliced into pipe */
+	struct spaced_frame_hdr fh;
+	size_t fh_have;
+	struct gpipe *pipe;
 };
 
 /* A connection to an execution and its one poll handle, which serve one
@@ -105,11 +116,239 @@ static void stream_kill(struct gstream *s);
 
 /* ---- frames to node-api (never blocking) ---- */
 
+/* ---- bulk output ----
+ *
+ * A stream whose execution sends a large output frame (exec output, a
+ * file's bytes: GATE_SPLICE_MIN and more) is read a frame at a time from
+ * then on, and each large frame's payload is spliced from the execution's
+ * connection into a pipe of its own; only once the payload is whole in the
+ * pipe is its OUT message queued on node-api's link: its head in api_out,
+ * and a mark there from which the link's flush splices the payload on. So
+ * the payload is moved by reference (the pages the execution wrote), never
+ * copied through the gate; a stalled execution holds only its own pipe
+ * (nothing of a frame goes on the link before it is whole); and the link
+ * carries every message in order. A pipe holds pieces, not bytes: a frame
+ * sent in more small pieces than its pipe has slots is read back out of it
+ * and copied, as is a frame that finds no pipe (GATE_PIPES_MAX in flight) or
+ * no room among the marks. */
+
+#define GATE_SPLICE_MIN (16u << 10)
+#define GATE_PIPE_SIZE (256u << 10) /* 64 slots: a frame in pieces of 1 KiB on average */
+#define GATE_PIPES_MAX 256
+#define GATE_PIPES_KEPT 32
+#define GATE_MARKS_MAX 2048
+
+/* A pipe carrying one frame's payload: its stream's while it fills, then
+ * its mark's until the link took it all; empty again, it is kept for the
+ * next. */
+struct gpipe {
+	struct gpipe *next; /* on the kept list */
+	int rd, wr;
+};
+
+struct api_mark {
+	size_t at;   /* the api_out offset the payload follows */
+	size_t left; /* its bytes still in p */
+	struct gpipe *p;
+};
+
+struct gate_bulk {
+	struct api_mark marks[GATE_MARKS_MAX]; /* a ring, in the link's order */
+	unsigned head, len;
+	size_t spliced; /* the bytes the marks hold */
+	struct gpipe *kept;
+	unsigned nkept, npipes;
+};
+
+/* An empty pipe (kept or new), NULL when none may be had. */
+static struct gpipe *pipe_get(struct mgr *m)
+{
+	struct gate_bulk *b = m->bulk;
+	if (b->kept) {
+		struct gpipe *p = b->kept;
+		b->kept = p->next;
+		b->nkept--;
+		return p;
+	}
+	int fds[2];
+	if (b->npipes >= GATE_PIPES_MAX || pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0)
+		return NULL;
+	(void)fcntl(fds[1], F_SETPIPE_SZ, (int)GATE_PIPE_SIZE);
+	struct gpipe *p = malloc(sizeof *p);
+	if (!p) {
+		close(fds[0]);
+		close(fds[1]);
+		return NULL;
+	}
+	*p = (struct gpipe){.rd = fds[0], .wr = fds[1]};
+	b->npipes++;
+	return p;
+}
+
+/* Gives p back: kept when empty (and few are kept), else closed. */
+static void pipe_put(struct mgr *m, struct gpipe *p, bool empty)
+{
+	struct gate_bulk *b = m->bulk;
+	if (empty && b->nkept < GATE_PIPES_KEPT) {
+		p->next = b->kept;
+		b->kept = p;
+		b->nkept++;
+		return;
+	}
+	close(p->rd);
+	close(p->wr);
+	free(p);
+	b->npipes--;
+}
+
+static size_t bulk_spliced(const struct mgr *m)
+{
+	return m->bulk ? m->bulk->spliced : 0;
+}
+
+static void api_flush_soon(struct mgr *m);
+
+/* Queues OUT for s (guest answer type, n payload bytes now whole in its
+ * pipe, which the message's mark takes over): its head in api_out, and the
+ * mark. */
+static void stream_out_spliced(struct gstream *s, uint16_t type, size_t n)
+{
+	struct mgr *m = s->m;
+	struct gate_bulk *b = m->bulk;
+	uint8_t head[SPACED_FRAME_HDR_LEN + 32];
+	struct spaced_buf f = {.data = head + SPACED_FRAME_HDR_LEN, .cap = 32, .max = 31};
+	(void)spaced_field_put_u64(&f, type);
+	(void)spaced_field_put_bytes_head(&f, n);
+	spaced_frame_hdr_encode(head, &(struct spaced_frame_hdr){.len = (uint32_t)(f.len + n), .type = NODE_MSG_OUT,
+	                                                          .id = s->id});
+	if (spaced_buf_append(&m->api_out, head, SPACED_FRAME_HDR_LEN + f.len) < 0) {
+		gate_quit(m, "the link to node-api overflowed");
+		return;
+	}
+	b->marks[(b->head + b->len) % GATE_MARKS_MAX] = (struct api_mark){.at = m->api_out.len, .left = n, .p = s->pipe};
+	s->pipe = NULL;
+	b->len++;
+	b->spliced += n;
+	s->out_unacked += n;
+	m->out_unacked += n;
+	api_flush_soon(m);
+}
+
+static bool bulk_type(uint16_t type)
+{
+	return type == SPACED_GUEST_OUT_STDOUT || type == SPACED_GUEST_OUT_STDERR || type == SPACED_GUEST_OUT_DATA;
+}
+
+static void send_fail(struct mgr *m, uint32_t id, int err, const char *msg);
+
+/* Ends s's frame being spliced: what its pipe holds goes back to rbuf,
+ * after the frame's header, for the copying read to finish (the pipe had
+ * no slot left for the next piece, or cannot be spliced into). */
+static bool bulk_read_back(struct gstream *s)
+{
+	uint8_t h[SPACED_FRAME_HDR_LEN];
+	spaced_frame_hdr_encode(h, &s->fh);
+	bool ok = spaced_buf_append(&s->rbuf, h, sizeof h) == 0 && spaced_buf_reserve(&s->rbuf, s->fh_have) == 0;
+	size_t got = 0;
+	while (ok && got < s->fh_have) {
+		ssize_t k = read(s->pipe->rd, s->rbuf.data + s->rbuf.len + got, s->fh_have - got);
+		if (k < 0 && errno == EINTR)
+			continue;
+		ok = k > 0;
+		got += k > 0 ? (size_t)k : 0;
+	}
+	s->rbuf.len += got;
+	pipe_put(s->m, s->pipe, ok);
+	s->pipe = NULL;
+	s->in_frame = false;
+	return ok;
+}
+
+/* Reads s's next frame when it may be spliced (s in bulk mode, nothing of
+ * it buffered): 0 when done or waiting for the execution, 1 when the
+ * frame is not one to splice (what there is of it is now in rbuf, for the
+ * copying read), -1 when the stream ended. */
+static int bulk_read(struct gstream *s)
+{
+	int fd = s->conn->fd;
+	if (!s->in_frame) {
+		uint8_t h[SPACED_FRAME_HDR_LEN];
+		ssize_t r = recv(fd, h, sizeof h, MSG_DONTWAIT);
+		if (r < 0 && (errno == EINTR || errno == EAGAIN))
+			return 0;
+		struct spaced_frame_hdr fh;
+		if (r <= 0 || spaced_buf_append(&s->rbuf, h, (size_t)r) < 0) {
+			send_fail(s->m, s->id, SPACED_ECLOSED, "execution closed the connection");
+			stream_kill(s);
+			return -1;
+		}
+		if (r < (ssize_t)sizeof h || spaced_frame_hdr_decode(&fh, h, SPACED_FRAME_MAX) < 0 || fh.id != 1 ||
+		    !bulk_type(fh.type) || fh.flags != 0 || fh.len < GATE_SPLICE_MIN || fh.len > SPACED_FRAME_CHUNK + 512 ||
+		    s->m->bulk->len >= GATE_MARKS_MAX || !(s->pipe = pipe_get(s->m)))
+			return 1;
+		s->rbuf.len = 0;
+		s->in_frame = true;
+		s->fh = fh;
+		s->fh_have = 0;
+	}
+	while (s->fh_have < s->fh.len) {
+		ssize_t k = splice(fd, NULL, s->pipe->wr, NULL, s->fh.len - s->fh_have, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+		if (k < 0 && errno == EINTR)
+			continue;
+		int waiting = 0;
+		if (k < 0 && errno == EAGAIN && (ioctl(fd, FIONREAD, &waiting) < 0 || waiting == 0))
+			return 0; /* the rest is not here yet */
+		if (k == 0) {
+			send_fail(s->m, s->id, SPACED_ECLOSED, "execution closed the connection");
+			stream_kill(s);
+			return -1;
+		}
+		if (k < 0) /* the pipe's slots are full (small pieces), or no splice here */
+			return bulk_read_back(s) ? 1 : (stream_kill(s), -1);
+		s->fh_have += (size_t)k;
+	}
+	s->in_frame = false;
+	stream_out_spliced(s, s->fh.type, s->fh.len);
+	return 0;
+}
+
+/* What the copying read of a stream in bulk mode takes: the rest of the
+ * frame rbuf holds the start of (its header first), so that the next
+ * frame's header is read on its own. */
+static size_t frame_rest(const struct spaced_buf *rb, size_t most)
+{
+	struct spaced_frame_hdr fh;
+	size_t want = SPACED_FRAME_HDR_LEN - (rb->len < SPACED_FRAME_HDR_LEN ? rb->len : SPACED_FRAME_HDR_LEN);
+	if (want == 0 && spaced_frame_hdr_decode(&fh, rb->data, SPACED_FRAME_MAX) == 0 &&
+	    SPACED_FRAME_HDR_LEN + (size_t)fh.len > rb->len)
+		want = SPACED_FRAME_HDR_LEN + (size_t)fh.len - rb->len;
+	return want > 0 && want < most ? want : most;
+}
+
 static void api_flush(struct mgr *m)
 {
-	while (m->api_fd >= 0 && m->api_out_off < m->api_out.len) {
-		ssize_t w = send(m->api_fd, m->api_out.data + m->api_out_off, m->api_out.len - m->api_out_off,
-		                 MSG_NOSIGNAL | MSG_DONTWAIT);
+	struct gate_bulk *b = m->bulk;
+	while (m->api_fd >= 0) {
+		size_t end = b && b->len ? b->marks[b->head].at : m->api_out.len;
+		ssize_t w;
+		if (m->api_out_off < end) {
+			w = send(m->api_fd, m->api_out.data + m->api_out_off, end - m->api_out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+		} else if (b && b->len) {
+			struct api_mark *k = &b->marks[b->head];
+			w = splice(k->p->rd, NULL, m->api_fd, NULL, k->left, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+			if (w > 0) {
+				k->left -= (size_t)w;
+				b->spliced -= (size_t)w;
+				if (k->left == 0) {
+					pipe_put(m, k->p, true);
+					b->head = (b->head + 1) % GATE_MARKS_MAX;
+					b->len--;
+				}
+				continue;
+			}
+		} else {
+			break;
+		}
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0 && errno == EAGAIN)
@@ -120,13 +359,17 @@ static void api_flush(struct mgr *m)
 		}
 		m->api_out_off += (size_t)w;
 	}
-	if (m->api_out_off == m->api_out.len) {
+	size_t off = m->api_out_off;
+	bool marks = b && b->len;
+	if (off == m->api_out.len && !marks) {
 		m->api_out.len = 0;
 		m->api_out_off = 0;
-	} else if (m->api_out_off >= (1u << 20)) {
-		memmove(m->api_out.data, m->api_out.data + m->api_out_off, m->api_out.len - m->api_out_off);
-		m->api_out.len -= m->api_out_off;
+	} else if (off >= (1u << 20)) {
+		memmove(m->api_out.data, m->api_out.data + off, m->api_out.len - off);
+		m->api_out.len -= off;
 		m->api_out_off = 0;
+		for (unsigned i = 0; marks && i < b->len; i++)
+			b->marks[(b->head + i) % GATE_MARKS_MAX].at -= off;
 	}
 }
 
@@ -134,7 +377,7 @@ static void api_flush(struct mgr *m)
  * some stream was held back for it, to be polled again once it caught up). */
 static bool api_backlog(struct mgr *m)
 {
-	bool behind = m->api_out.len - m->api_out_off > API_HIGH;
+	bool behind = m->api_out.len - m->api_out_off + bulk_spliced(m) > API_HIGH;
 	if (behind)
 		m->api_held = true;
 	return behind;
@@ -144,7 +387,7 @@ static bool api_backlog(struct mgr *m)
  * it has caught up. */
 static void api_caught_up(struct mgr *m)
 {
-	if (!m->api_held || m->api_out.len - m->api_out_off > API_HIGH)
+	if (!m->api_held || m->api_out.len - m->api_out_off + bulk_spliced(m) > API_HIGH)
 		return;
 	m->api_held = false;
 	for (struct gstream *s = m->streams; s; s = s->next)
@@ -183,6 +426,12 @@ static void api_send2(struct mgr *m, uint16_t type, uint16_t flags, uint32_t id,
 		gate_quit(m, "the link to node-api overflowed");
 		return;
 	}
+	api_flush_soon(m);
+}
+
+/* The link is flushed at the end of this turn of the loop. */
+static void api_flush_soon(struct mgr *m)
+{
 	if (!m->api_flush_due) {
 		m->api_flush_due = true;
 		uv_idle_start(&m->api_idle, api_idle);
@@ -442,6 +691,10 @@ static void stream_kill(struct gstream *s)
 	s->dead = true;
 	if (s->state == GS_CONNECTING && s->job)
 		gate_job_forget(s->m, s->job);
+	if (s->pipe) { /* a frame begun, never sent (what its marks hold still goes) */
+		pipe_put(s->m, s->pipe, s->fh_have == 0);
+		s->pipe = NULL;
+	}
 	if (s->conn) {
 		gconn_close(s->conn, true);
 		s->conn = NULL;
@@ -609,7 +862,10 @@ static void guest_readable(struct gstream *s)
 	size_t room = (size_t)(window - (s->out_unacked < window ? s->out_unacked : window));
 	if (room == 0 || api_backlog(m))
 		return;
-	ssize_t r = recv(s->conn->fd, tmp, s->raw && room < sizeof tmp ? room : sizeof tmp, MSG_DONTWAIT);
+	if (!s->raw && s->bulk && (s->in_frame || s->rbuf.len == 0) && bulk_read(s) <= 0)
+		return;
+	size_t want = s->raw && room < sizeof tmp ? room : sizeof tmp;
+	ssize_t r = recv(s->conn->fd, tmp, s->bulk ? frame_rest(&s->rbuf, want) : want, MSG_DONTWAIT);
 	if (r < 0 && (errno == EINTR || errno == EAGAIN))
 		return;
 	if (s->raw) {
@@ -662,6 +918,8 @@ static void guest_readable(struct gstream *s)
 			break;
 		}
 		stream_out(s, h.type, 0, pl, h.len);
+		/* large output: from the next frame on, spliced (bulk output) */
+		s->bulk |= m->bulk && bulk_type(h.type) && h.len >= GATE_SPLICE_MIN;
 	}
 	if (!s->dead && off > 0) {
 		memmove(s->rbuf.data, s->rbuf.data + off, s->rbuf.len - off);
@@ -1309,7 +1567,8 @@ static void api_update_poll(struct mgr *m)
 		return;
 	/* frames due this turn go in its check phase: waiting for room is
 	 * for what a flush left (the poll is not changed twice a request) */
-	int ev = UV_READABLE | (!m->api_flush_due && m->api_out_off < m->api_out.len ? UV_WRITABLE : 0);
+	bool pending = m->api_out_off < m->api_out.len || bulk_spliced(m) > 0;
+	int ev = UV_READABLE | (!m->api_flush_due && pending ? UV_WRITABLE : 0);
 	if (ev != m->api_events) {
 		m->api_events = ev;
 		uv_poll_start(&m->api_poll, ev, on_api);
@@ -1415,7 +1674,7 @@ json_t *gate_streams_status(struct mgr *m)
 	}
 	return json_pack("{s:I,s:I,s:I,s:I}", "streams", (json_int_t)open, "connecting", (json_int_t)connecting,
 	                 "idle_connections", (json_int_t)m->nidle, "api_backlog",
-	                 (json_int_t)(m->api_out.len - m->api_out_off));
+	                 (json_int_t)(m->api_out.len - m->api_out_off + bulk_spliced(m)));
 }
 
 int gate_streams_start(struct mgr *m, int api_fd)
@@ -1423,6 +1682,7 @@ int gate_streams_start(struct mgr *m, int api_fd)
 	m->api_fd = api_fd;
 	spaced_buf_init(&m->api_rbuf, 2 * NODE_MSG_MAX + 2 * SPACED_FRAME_HDR_LEN + 65536);
 	spaced_buf_init(&m->api_out, GATE_API_OUT_MAX);
+	m->bulk = calloc(1, sizeof *m->bulk); /* none: every frame is copied */
 	int sz = 4 << 20;
 	setsockopt(api_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
 	fcntl(api_fd, F_SETFL, fcntl(api_fd, F_GETFL) | O_NONBLOCK);
@@ -1465,4 +1725,18 @@ void gate_streams_free(struct mgr *m)
 	streams_reap(m);
 	spaced_buf_free(&m->api_rbuf);
 	spaced_buf_free(&m->api_out);
+	struct gate_bulk *b = m->bulk;
+	while (b && b->len > 0) {
+		pipe_put(m, b->marks[b->head].p, false);
+		b->head = (b->head + 1) % GATE_MARKS_MAX;
+		b->len--;
+	}
+	while (b && b->kept) {
+		struct gpipe *p = b->kept;
+		b->kept = p->next;
+		b->nkept--;
+		pipe_put(m, p, false);
+	}
+	free(b);
+	m->bulk = NULL;
 }

@@ -1531,3 +1531,75 @@ Test(node, stalled_node_api_does_not_delay_installs)
 	expect(A.port, "GET", "/v1/sandboxes/S/stat?path=/", cap, 409, "REFRESH_ROUTE", "deactivated");
 	free(cap);
 }
+
+/* Checks body[0..n) as the half-frame guest's FRAMES frames of 64 KiB
+ * (byte i of frame f: (i * 7 + f) & 0xff); "" when they are, else why. */
+static const char *half_frame_content(const uint8_t *body, size_t n, size_t frames)
+{
+	if (n != frames * 65536)
+		return "length";
+	for (size_t f = 0; f < frames; f++)
+		for (size_t i = 0; i < 65536; i++)
+			if (body[f * 65536 + i] != (uint8_t)((i * 7 + f) & 0xff))
+				return "content";
+	return "";
+}
+
+/* Bulk output (gate_streams.c): once a stream's execution sent a large
+ * frame, the gate splices each large frame's payload through a pipe and
+ * queues its message on node-api's link only once the payload is whole. An
+ * execution that breaks off in the middle of such a frame (the header and
+ * 1000 bytes of 64 KiB, then nothing) holds up only its own stream: node-api's
+ * link is shared by every stream of the worker, and a message begun on it
+ * for that frame would hold every other answer behind it. Meanwhile other
+ * sandboxes' and the same sandbox's downloads, every large frame of theirs
+ * spliced, come whole and in order; and after the stalled stream is gone. */
+Test(node, execution_stalled_in_a_frame_holds_only_its_stream, .timeout = 60)
+{
+	A.guest_bin = HALF_FRAME_GUEST;
+	tn_node_start(&A, dir, "worker-a", keys.bundle_path);
+	must_install(&A, "P", 1, "act-1", false);
+	must_install(&A, "Q", 1, "act-1", false);
+	char *capp = strdup(CAP(.sandbox = "P", .generation = 1, .worker = "worker-a"));
+	char *capq = strdup(CAP(.sandbox = "Q", .generation = 1, .worker = "worker-a"));
+	int fd = tn_tcp(A.port);
+	cr_assert(fd >= 0);
+	char req[2048];
+	int n = snprintf(req, sizeof req,
+	                 "GET /v1/sandboxes/P/files?path=/stall HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+	                 "%s\r\n\r\n",
+	                 capp);
+	cr_assert_eq(write(fd, req, (size_t)n), n);
+	/* what the stalled stream's client gets: its first frame, nothing of the second */
+	static char got[1 << 20];
+	size_t have = 0;
+	struct timeval tv = {0, 200 * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	for (int i = 0; i < 10; i++) {
+		ssize_t k = tn_read_some(fd, got + have, sizeof got - have);
+		if (k > 0)
+			have += (size_t)k;
+	}
+	char *hend = memmem(got, have, "\r\n\r\n", 4);
+	cr_assert_not_null(hend, "no answer's head for the stalled stream");
+	size_t body = have - (size_t)(hend + 4 - got);
+	cr_expect(body >= 65536 && body < 65536 + 512, "the stalled stream's client got %zu bytes of body", body);
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < 4; i++) {
+			const char *who = i % 2 ? "P" : "Q";
+			char target[96];
+			snprintf(target, sizeof target, "/v1/sandboxes/%s/files?path=/ok", who);
+			struct tn_resp r;
+			cr_assert_eq(tn_http(A.port, "GET", target, i % 2 ? capp : capq, NULL, 0, &r), 0,
+			             "no answer from %s (round %d)", who, round);
+			cr_expect_eq(r.status, 200, "%s: %d %s", who, r.status, r.status == 200 ? "" : r.body);
+			const char *bad = half_frame_content((const uint8_t *)r.body, r.body_len, 8);
+			cr_expect_str_eq(bad, "", "%s (round %d): %zu bytes, %s differs", who, round, r.body_len, bad);
+			tn_resp_free(&r);
+		}
+		if (round == 0)
+			close(fd); /* the stalled stream's client goes: then the rest again */
+	}
+	free(capp);
+	free(capq);
+}

@@ -122,6 +122,7 @@ struct tn_node {
 	int forget_after; /* set before start: --forget-after seconds (0: the default) */
 	int acks_kept;    /* set before start: --acks-kept (0: the default) */
 	int max_streams;  /* set before start: --max-streams (0: the default) */
+	const char *guest_bin; /* set before start: --guest-bin (NULL: spaced-guest) */
 	pid_t pid; /* sbx-manager (the process started) */
 	int port;
 	char state[256];
@@ -153,7 +154,8 @@ static void tn_node_start(struct tn_node *n, const char *dir, const char *worker
 		snprintf(acks, sizeof acks, "%d", n->acks_kept);
 		snprintf(streams, sizeof streams, "%d", n->max_streams);
 		const char *argv[24] = {"spaced-node", "--state", n->state, "--worker-id", worker, "--listen",
-		                        "127.0.0.1:0", "--keys", bundle, "--guest-bin", SPACED_GUEST_BIN, "--plaintext"};
+		                        "127.0.0.1:0", "--keys", bundle, "--guest-bin", n->guest_bin ? n->guest_bin : SPACED_GUEST_BIN,
+		                        "--plaintext"};
 		int k = 12;
 		if (n->substrate) {
 			argv[k++] = "--launcher";
