@@ -7,8 +7,9 @@
 # the sandbox with --cpus 2 --memory 3G --disk 4G so its page cache holds the file.
 # For every path it also prints where the CPU went, per GiB: spacectl, node-api, the
 # gate (sbx-manager), the execution's bridge (spaced-host) and the sandbox (its
-# guest and the command, from its cgroup's cpu_usec). And what bounds fs write: the
-# sandbox's own disk, a new 1 GiB file written by dd inside it and fsynced.
+# guest and the command, from its cgroup's cpu_usec). And what bounds fs write (an
+# acknowledged write is on disk): the sandbox's own disk, a new 1 GiB file written by
+# dd inside it and fsynced, and the host's, the file copied by cat and fsynced.
 #   exec_bench.sh BUILD [REPS]   (REPS runs of each, median; default 3)
 # The last line is JSON.
 set -u
@@ -90,6 +91,10 @@ echo "host: cat FILE | cat > /dev/null"
 run host_pipe "cat '$W/g1' | cat >/dev/null"
 echo "host: cat FILE > /dev/null"
 run host_null "cat '$W/g1' >/dev/null"
+# what an acknowledged fs write is held to on the host: the same file written anew and fsynced,
+# on the file system that holds the sandboxes' disks
+echo "host: cat FILE > NEW, fsync (the host's own disk)"
+run host_disk "rm -f '$W/copy'; cat '$W/g1' >'$W/copy' && sync '$W/copy'; rm -f '$W/copy'"
 echo "spacectl fs write ID $dir/g1 < FILE"
 run write "'$S' fs write '$X' $dir/g1 <'$W/g1'"
 got=$("$S" exec "$X" -- sha256sum $dir/g1 | cut -d' ' -f1)
@@ -110,16 +115,17 @@ echo "inside the sandbox: dd 1 GiB to a new file, fsync (no stream: the disk fs 
 "$S" exec "$X" -- rm -f $dir/g1
 run disk "'$S' exec '$X' -- sh -c 'rm -f $dir/dd; dd if=/dev/zero of=$dir/dd bs=1M count=1024 conv=fsync 2>/dev/null; rm -f $dir/dd'"
 
-hp=$(mbps "$host_pipe_ns") hn=$(mbps "$host_null_ns")
+hp=$(mbps "$host_pipe_ns") hn=$(mbps "$host_null_ns") hd=$(mbps "$host_disk_ns")
 e=$(mbps "$exec_ns") r=$(mbps "$read_ns") w=$(mbps "$write_ns") in=$(mbps "$inside_ns") dk=$(mbps "$disk_ns")
 ratio() { echo "$1 $2" | awk '{printf "%.3f", $1 / $2}'; }
 echo
 printf '%-48s %6s MB/s\n' "host cat | cat > /dev/null (base)" "$hp" "host cat > /dev/null" "$hn" \
+	"host cat > new file, fsync (the host's disk)" "$hd" \
 	"exec stdout" "$e" "fs read" "$r" "fs write" "$w" "cat inside the sandbox (no stream)" "$in" \
 	"the sandbox's disk: dd of a new file, fsync" "$dk"
 echo "ratios to the piped host cat: exec $(ratio "$e" "$hp"), read $(ratio "$r" "$hp"), write $(ratio "$w" "$hp");" \
 	"to cat > /dev/null: exec $(ratio "$e" "$hn"), read $(ratio "$r" "$hn"), write $(ratio "$w" "$hn");" \
-	"fs write to the sandbox's own disk: $(ratio "$w" "$dk")"
-printf '{"exec_mbps_ratio":%s,"read_mbps_ratio":%s,"write_mbps_ratio":%s,"exec_mbps":%s,"read_mbps":%s,"write_mbps":%s,"host_pipe_mbps":%s,"host_devnull_mbps":%s,"exec_mbps_ratio_devnull":%s,"read_mbps_ratio_devnull":%s,"write_mbps_ratio_devnull":%s,"sandbox_disk_mbps":%s,"write_to_disk_ratio":%s}\n' \
+	"fs write to the sandbox's own disk: $(ratio "$w" "$dk"), to the host's: $(ratio "$w" "$hd")"
+printf '{"exec_mbps_ratio":%s,"read_mbps_ratio":%s,"write_mbps_ratio":%s,"exec_mbps":%s,"read_mbps":%s,"write_mbps":%s,"host_pipe_mbps":%s,"host_devnull_mbps":%s,"exec_mbps_ratio_devnull":%s,"read_mbps_ratio_devnull":%s,"write_mbps_ratio_devnull":%s,"sandbox_disk_mbps":%s,"write_to_disk_ratio":%s,"host_disk_mbps":%s,"write_to_host_disk_ratio":%s}\n' \
 	"$(ratio "$e" "$hp")" "$(ratio "$r" "$hp")" "$(ratio "$w" "$hp")" "$e" "$r" "$w" "$hp" "$hn" \
-	"$(ratio "$e" "$hn")" "$(ratio "$r" "$hn")" "$(ratio "$w" "$hn")" "$dk" "$(ratio "$w" "$dk")"
+	"$(ratio "$e" "$hn")" "$(ratio "$r" "$hn")" "$(ratio "$w" "$hn")" "$dk" "$(ratio "$w" "$dk")" "$hd" "$(ratio "$w" "$hd")"

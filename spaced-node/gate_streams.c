@@ -134,8 +134,8 @@ static void stream_kill(struct gstream *s);
 
 #define GATE_SPLICE_MIN (16u << 10)
 #define GATE_PIPE_SIZE (256u << 10) /* 64 slots: a frame in pieces of 1 KiB on average */
-#define GATE_PIPES_MAX 256
-#define GATE_PIPES_KEPT 32
+#define GATE_PIPES_MAX 128
+#define GATE_PIPES_KEPT 16
 #define GATE_MARKS_MAX 2048
 
 /* A pipe carrying one frame's payload: its stream's while it fills, then
