@@ -257,11 +257,13 @@ own_worker_up() {
 # own_worker_down DIR — stops NPID, then whatever still names DIR/ on its command line (launchers,
 # bridges, gateways, the worker's resolver and pasta), their executions' freezer cgroups thawed
 # first (a frozen task takes no signal: a sandbox left paused would stay in D state for good), and
-# unmounts the worker's egress namespace
+# unmounts the worker's egress namespace; returns once they are gone (up to 10 s: a launcher holds
+# its uid range's lock until it has exited, and the next worker on the same range needs it)
 own_worker_down() {
 	dir=$1
 	[ -n "${NPID:-}" ] && kill "$NPID" 2>/dev/null && wait "$NPID" 2>/dev/null
 	NPID=""
+	killed=""
 	for p in $(ls /proc | grep -E '^[0-9]+$'); do
 		{ tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -q "$dir/" || continue
 		for f in /sys/fs/cgroup/freezer/spaced*/spaced-"$p"-*/freezer.state; do
@@ -270,7 +272,16 @@ own_worker_down() {
 		for f in /sys/fs/cgroup/spaced*/spaced-"$p"-*/cgroup.freeze; do
 			[ -e "$f" ] && echo 0 >"$f" 2>/dev/null
 		done
-		kill -9 "$p" 2>/dev/null
+		kill -9 "$p" 2>/dev/null && killed="$killed $p"
+	done
+	for i in $(seq 1 200); do
+		alive=""
+		for p in $killed; do
+			grep -qs '^State:[[:space:]]*[^Z]' "/proc/$p/status" && alive="$alive $p"
+		done
+		killed=$alive
+		[ -z "$killed" ] && break
+		sleep 0.05
 	done
 	umount -l "$dir/net/ns" 2>/dev/null
 }

@@ -148,7 +148,8 @@ expect "spaced-node serves on" "$("$SC" node status $ADM >/dev/null 2>&1 && kill
 # most one of the two. Before, a tenant's storm kept every bulk slot until its last job ended.)
 own_worker_down "$W/w"
 WID=wb
-own_worker_up "$W/w2" --worker-id $WID --uid-range 1880096768:8 --pool 0 --executor-jobs 4
+# (uid ranges of its own: a launcher of the first worker holds its range's lock until it exited)
+own_worker_up "$W/w2" --worker-id $WID --uid-range 1880621056:8 --pool 0 --executor-jobs 4
 seq=300
 for s in H1 H2 H3 V2; do
 	case $s in H*) tn=hog ;; *) tn=victim ;; esac
