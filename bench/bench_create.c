@@ -281,6 +281,30 @@ static double create_on(int fd)
 	return create_body(fd, "{}");
 }
 
+/* Paced creates: the sandboxes removed and the pool full again, then n
+ * creates of req on one kept-alive connection, each after 100 ms of quiet,
+ * and (bw not NULL) each followed by 100 ms of quiet and one bwrap (else
+ * 100 ms more of quiet). Times into cr and bw; -1 when one failed. */
+static int paced(int n, const char *req, int pool, double *cr, double *bw)
+{
+	remove_all();
+	wait_pool(pool);
+	int fd = dial();
+	if (fd < 0)
+		return -1;
+	int e = 0;
+	for (int i = 0; i < n && e == 0; i++) {
+		usleep(100 * 1000);
+		cr[i] = create_body(fd, req);
+		usleep(100 * 1000);
+		if (bw)
+			bw[i] = bwrap_once();
+		e = cr[i] < 0 || (bw && bw[i] < 0) ? -1 : 0;
+	}
+	close(fd);
+	return e;
+}
+
 struct job {
 	int fd;
 	double ms;
@@ -445,34 +469,15 @@ int main(int argc, char **argv)
 	printf("sequential bwrap --unshare-all                     p50 %7.2f ms  p99 %7.2f ms\n", b_p50, b_p99);
 	/* paced: each after 100 ms of quiet */
 	int npaced = nseq / 2 > 0 ? nseq / 2 : 1;
-	remove_all();
-	wait_pool(pool);
-	if ((fd = dial()) < 0)
+	if (paced(npaced, "{}", pool, cr, bw) < 0)
 		goto out;
-	for (int i = 0; i < npaced; i++) {
-		usleep(100 * 1000);
-		cr[i] = create_on(fd);
-		usleep(100 * 1000);
-		bw[i] = bwrap_once();
-		if (cr[i] < 0 || bw[i] < 0)
-			goto out;
-	}
-	close(fd);
 	double p_p50 = pct(cr, npaced, 0.5), p_p99 = pct(cr, npaced, 0.99), pb_p50 = pct(bw, npaced, 0.5),
 	       pb_p99 = pct(bw, npaced, 0.99);
 	printf("paced create, 100 ms of quiet before each (%d)       p50 %7.2f ms  p99 %7.2f ms\n", npaced, p_p50, p_p99);
 	printf("paced bwrap --unshare-all                          p50 %7.2f ms  p99 %7.2f ms\n", pb_p50, pb_p99);
 	/* paced, each with an egress policy of its own (its packet filter made in the claim) */
-	remove_all();
-	wait_pool(pool);
-	if ((fd = dial()) < 0)
+	if (paced(npaced, "{\"network\":{\"mode\":\"deny\"}}", pool, cr, NULL) < 0)
 		goto out;
-	for (int i = 0; i < npaced; i++) {
-		usleep(200 * 1000);
-		if ((cr[i] = create_body(fd, "{\"network\":{\"mode\":\"deny\"}}")) < 0)
-			goto out;
-	}
-	close(fd);
 	double d_p50 = pct(cr, npaced, 0.5), d_p99 = pct(cr, npaced, 0.99);
 	printf("paced create with a deny policy (%d)                p50 %7.2f ms  p99 %7.2f ms\n", npaced, d_p50, d_p99);
 	/* the concurrent burst, several rounds (this machine's figures move by a

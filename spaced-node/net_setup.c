@@ -93,6 +93,35 @@ static int enter_ns(const char *nspath, int type)
 	return fd < 0 || setns(fd, type) < 0 ? -1 : 0;
 }
 
+/* Reads what a child says on fd (closed here) until its end: the first
+ * bufsz - 1 bytes into buf, NUL-terminated and its newlines made spaces (one
+ * line for a log), the rest read and dropped (the child never blocks on a
+ * full pipe). Returns the bytes kept. */
+static size_t read_said(int fd, char *buf, size_t bufsz)
+{
+	size_t got = 0;
+	for (;;) {
+		ssize_t r = read(fd, buf + got, bufsz - 1 - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+		if (got == bufsz - 1) {
+			char sink[256];
+			while (read(fd, sink, sizeof sink) > 0)
+				;
+			break;
+		}
+	}
+	buf[got] = '\0';
+	close(fd);
+	for (char *p = buf; *p; p++)
+		if (*p == '\n')
+			*p = ' ';
+	return got;
+}
+
 /* What run_in's child needs, prepared before it starts. */
 struct run_child {
 	const char *nspath;
@@ -157,32 +186,13 @@ static int run_in(const char *nspath, const char *const argv[], const char *inpu
 	}
 	close(in[1]);
 	char buf[512];
-	size_t got = 0;
-	for (;;) {
-		ssize_t r = read(err[0], buf + got, sizeof buf - 1 - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-		if (got == sizeof buf - 1) {
-			char sink[256];
-			while (read(err[0], sink, sizeof sink) > 0)
-				;
-			break;
-		}
-	}
-	buf[got] = '\0';
-	close(err[0]);
+	(void)read_said(err[0], buf, sizeof buf);
 	int st;
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			return SPACED_ESYS;
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
 		return 0;
-	for (char *p = buf; *p; p++)
-		if (*p == '\n')
-			*p = ' ';
 	why_set(why, whysz, "%s failed: %s", argv[0], buf[0] ? buf : "(no message)");
 	return SPACED_EIO;
 }
@@ -231,16 +241,7 @@ static int nft_in(const char *nspath, const char *script, char *why, size_t whys
 	}
 	close(err[1]);
 	char buf[512];
-	size_t got = 0;
-	for (;;) {
-		ssize_t r = read(err[0], buf + got, sizeof buf - 1 - got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0 || (got += (size_t)r) == sizeof buf - 1)
-			break;
-	}
-	buf[got] = '\0';
-	close(err[0]);
+	size_t got = read_said(err[0], buf, sizeof buf);
 	if (got >= 1 && buf[0] == '+') {
 		(void)waitpid(pid, NULL, WNOHANG);
 		return 0;
@@ -249,11 +250,7 @@ static int nft_in(const char *nspath, const char *script, char *why, size_t whys
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			return SPACED_ESYS;
-	memmove(buf, buf + (got > 0), got + 1 - (got > 0));
-	for (char *p = buf; *p; p++)
-		if (*p == '\n')
-			*p = ' ';
-	why_set(why, whysz, "nft failed: %s", buf[0] ? buf : "(no message)");
+	why_set(why, whysz, "nft failed: %s", got > 1 ? buf + 1 : "(no message)");
 	return SPACED_EIO;
 }
 
