@@ -78,6 +78,7 @@ struct spaced_httpconn {
 	bool head_held;        /* a request sent ahead waits: earlier answers are not written yet */
 	uint64_t wprogress_ns; /* output last moved (queued, written, the socket took some) */
 	size_t wq_seen;        /* the socket's unwritten bytes at the last tick */
+	uint64_t written, written_seen; /* bytes the socket took at once, in all and at the last tick */
 	/* WebSocket */
 	struct spaced_buf msg;  /* a message being assembled */
 	uint8_t msg_opcode;     /* 0: none in progress */
@@ -279,6 +280,8 @@ static size_t try_write_now(struct spaced_httpconn *c, const struct part *parts,
 	for (int i = 0; i < n; i++)
 		bufs[i] = uv_buf_init((char *)(uintptr_t)parts[i].p, (unsigned)parts[i].n);
 	int w = uv_try_write((uv_stream_t *)&c->tcp, bufs, (unsigned)n);
+	if (w > 0)
+		c->written += (uint64_t)w;
 	return w > 0 ? (size_t)w : 0; /* an error shows in the queued write's callback */
 }
 
@@ -1397,7 +1400,10 @@ static void on_tick(uv_timer_t *t)
 	for (struct spaced_httpconn *c = s->conns, *next; c; c = next) {
 		next = c->next;
 		conn_release_idle(c);
-		if (c->queued > 0 && s->cfg.send_timeout_ms) {
+		/* an answer or a WebSocket under way: the kernel may hold what
+		 * the client does not read though nothing waits here */
+		bool answering = c->queued > 0 || c->state == C_WAIT || c->state == C_WS;
+		if (answering && s->cfg.send_timeout_ms) {
 			/* output must move: a client that reads nothing holds its
 			 * answer send_timeout_ms at most, whatever state it is in */
 			size_t wq = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
@@ -1407,9 +1413,10 @@ static void on_tick(uv_timer_t *t)
 			int outq = 0;
 			if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &outq) == 0 && outq > 0)
 				wq += (size_t)outq;
-			if (wq == 0 || wq < c->wq_seen)
+			if (wq == 0 || wq < c->wq_seen || c->written != c->written_seen)
 				c->wprogress_ns = now;
 			c->wq_seen = wq;
+			c->written_seen = c->written;
 			if (now - c->wprogress_ns >= (uint64_t)s->cfg.send_timeout_ms * 1000000u) {
 				s->stats.timed_out++;
 				conn_close(c);

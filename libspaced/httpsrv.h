@@ -11,7 +11,9 @@
  *   - a body must make progress every body_timeout_ms (408);
  *   - output must move: a connection whose queued output the client has not
  *     taken any of for send_timeout_ms is closed, in any state (an answer
- *     to a client that reads nothing is held that long at most);
+ *     to a client that reads nothing is held that long at most), also when
+ *     what waits is only in the socket's kernel buffers (an answer or a
+ *     WebSocket under way, nothing queued here);
  *   - an idle kept-alive connection is closed after idle_timeout_ms, and
  *     within about two seconds of going idle holds no buffer (its read
  *     buffer, output stage and TLS record buffers are given back; the next

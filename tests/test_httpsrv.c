@@ -49,6 +49,15 @@ static void on_request(struct spaced_httpconn *c, const struct spaced_http_req *
 		last_conn = c;
 		spaced_httpconn_set_account(c, &account_a);
 	}
+	if (strcmp(req->target, "/open") == 0) {
+		/* an answer under way: 64 KiB of a chunked body, not ended (more
+		 * would come, as a download's or an exec's) */
+		static char part[64u << 10];
+		memset(part, 'o', sizeof part);
+		spaced_httpconn_respond(c, 200, "text/plain", -1, NULL);
+		spaced_httpconn_write(c, part, sizeof part);
+		return;
+	}
 	if (strcmp(req->target, "/mid") == 0) {
 		static char mid[256u << 10];
 		memset(mid, 'm', sizeof mid);
@@ -388,6 +397,41 @@ Test(httpsrv, an_answer_nobody_reads_is_dropped_after_the_send_timeout_a_slow_re
 	          held);
 	close(idle);
 	close(slow);
+	stop();
+	send_timeout_ms = 0;
+}
+
+/* What waits may be in the socket's kernel buffers only: an answer under
+ * way whose bytes the kernel took at once (nothing queued in the server)
+ * to a client that reads none of them is closed after the send timeout all
+ * the same; one whose client took its bytes stays (a quiet answer is no
+ * stalled client). */
+Test(httpsrv, an_answer_under_way_whose_client_reads_nothing_is_closed_though_the_kernel_holds_it_all, .timeout = 60)
+{
+	send_timeout_ms = 1000;
+	start(8, NULL);
+	const char get[] = "GET /open HTTP/1.1\r\nHost: x\r\n\r\n";
+	int idle = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), reader = client();
+	int small = 4096;
+	setsockopt(idle, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	cr_assert_eq(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
+	cr_assert_eq(send(idle, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	cr_assert_eq(send(reader, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	size_t got = step_for(300, reader);
+	cr_assert_eq(spaced_httpsrv_queued(srv), 0, "the kernel took both answers' bytes (%zu queued)",
+	             spaced_httpsrv_queued(srv));
+	struct spaced_httpsrv_stats st;
+	spaced_httpsrv_stats(srv, &st);
+	cr_assert_eq(st.open, 2);
+	got += step_for(3000, reader);
+	spaced_httpsrv_stats(srv, &st);
+	cr_expect_eq(st.open, 1, "the connection whose client read nothing is closed (%u open)", st.open);
+	cr_expect_geq(st.timed_out, 1);
+	cr_expect_gt(got, 64u << 10, "the reader took its bytes (%zu)", got);
+	close(idle);
+	close(reader);
 	stop();
 	send_timeout_ms = 0;
 }
