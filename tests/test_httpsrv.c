@@ -364,18 +364,26 @@ static size_t step_for(int ms, int fd)
 	return got;
 }
 
+/* A client with a small receive buffer (set before it connects) that has
+ * sent req and will read nothing. */
+static int client_reading_nothing(const char *req)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), small = 4096;
+	cr_assert(fd >= 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	cr_assert_eq(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+	return fd;
+}
+
 Test(httpsrv, an_answer_nobody_reads_is_dropped_after_the_send_timeout_a_slow_reader_keeps_its_own, .timeout = 60)
 {
 	send_timeout_ms = 1000;
 	start(8, NULL);
 	const char get[] = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
-	int idle = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), slow = client();
-	int small = 4096;
-	setsockopt(idle, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
-	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-	cr_assert_eq(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
-	cr_assert_eq(send(idle, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	int idle = client_reading_nothing(get), slow = client();
 	cr_assert_eq(send(slow, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
 	step_for(300, -1);
 	struct spaced_httpsrv_stats st;
@@ -411,13 +419,7 @@ Test(httpsrv, an_answer_under_way_whose_client_reads_nothing_is_closed_though_th
 	send_timeout_ms = 1000;
 	start(8, NULL);
 	const char get[] = "GET /open HTTP/1.1\r\nHost: x\r\n\r\n";
-	int idle = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), reader = client();
-	int small = 4096;
-	setsockopt(idle, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)spaced_httpsrv_port(srv))};
-	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-	cr_assert_eq(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
-	cr_assert_eq(send(idle, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
+	int idle = client_reading_nothing(get), reader = client();
 	cr_assert_eq(send(reader, get, sizeof get - 1, 0), (ssize_t)(sizeof get - 1));
 	size_t got = step_for(300, reader);
 	cr_assert_eq(spaced_httpsrv_queued(srv), 0, "the kernel took both answers' bytes (%zu queued)",

@@ -1553,7 +1553,8 @@ static const char *half_frame_content(const uint8_t *body, size_t n, size_t fram
  * link is shared by every stream of the worker, and a message begun on it
  * for that frame would hold every other answer behind it. Meanwhile other
  * sandboxes' and the same sandbox's downloads, every large frame of theirs
- * spliced, come whole and in order; and after the stalled stream is gone. */
+ * spliced, come whole and in order; a replacement of the sandbox ends the
+ * stalled stream in its half frame (S1); and downloads go on after. */
 Test(node, execution_stalled_in_a_frame_holds_only_its_stream, .timeout = 60)
 {
 	A.guest_bin = HALF_FRAME_GUEST;
@@ -1597,8 +1598,27 @@ Test(node, execution_stalled_in_a_frame_holds_only_its_stream, .timeout = 60)
 			cr_expect_str_eq(bad, "", "%s (round %d): %zu bytes, %s differs", who, round, r.body_len, bad);
 			tn_resp_free(&r);
 		}
-		if (round == 0)
-			close(fd); /* the stalled stream's client goes: then the rest again */
+		if (round > 0)
+			break;
+		/* S1: a replacement of P installed while its stalled stream is in
+		 * the middle of a spliced frame ends that stream (its half frame
+		 * never reaches the client: the connection ends, cut short); then
+		 * the rest again, P's downloads through its new execution */
+		must_install(&A, "P", 2, "act-1", false);
+		ssize_t k = -1;
+		for (int i = 0; i < 50 && k != 0; i++) {
+			k = tn_read_some(fd, got + have, sizeof got - have);
+			if (k > 0)
+				have += (size_t)k;
+			if (k < 0 && errno == ECONNRESET)
+				k = 0;
+		}
+		cr_expect_eq(k, 0, "the stalled stream's connection did not end after P's replacement");
+		body = have - (size_t)(hend + 4 - got);
+		cr_expect(body < 65536 + 512, "the half frame reached the client (%zu bytes of body)", body);
+		close(fd);
+		free(capp);
+		capp = strdup(CAP(.sandbox = "P", .generation = 2, .worker = "worker-a"));
 	}
 	free(capp);
 	free(capq);
