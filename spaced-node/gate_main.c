@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -534,6 +535,11 @@ int mgr_run(const struct mgr_config *cfg)
 	if (uv_loop_init(&loop) < 0)
 		return 1;
 	signal(SIGPIPE, SIG_IGN);
+	/* the heap's free top is kept (up to 4 MiB) instead of given back at
+	 * each free of a message's buffers: every install had the heap trimmed
+	 * and grown again (brk twice) */
+	mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+	mallopt(M_TRIM_THRESHOLD, 4 << 20);
 	if ((e = mgr_store_open(cfg->state_dir, &m.store)) < 0) {
 		gate_log("level=error event=records-unreadable reason=\"%s\"", spaced_strerror(e));
 		goto out;

@@ -15,7 +15,7 @@
 #include "spaced_error.h"
 
 /* The statements every install runs, prepared once and reset after each use. */
-enum { ST_PUT, ST_ACK, ST_META, ST_GONE, ST_N };
+enum { ST_PUT, ST_ACK, ST_ACK_GET, ST_META, ST_GONE, ST_N };
 
 struct mgr_store {
 	sqlite3 *db;
@@ -376,19 +376,24 @@ uint64_t mgr_store_acks_pruned_to(struct mgr_store *st)
 
 int mgr_store_ack(struct mgr_store *st, uint64_t seq, char **line)
 {
-	sqlite3_stmt *s = NULL;
+	/* asked by every message the gate has not applied yet: kept prepared */
+	sqlite3_stmt *s = stmt_of(st, ST_ACK_GET, "SELECT line FROM acks WHERE seq=?1");
 	int e = SPACED_ENOENT;
-	if (sqlite3_prepare_v2(st->db, "SELECT line FROM acks WHERE seq=?1", -1, &s, NULL) != SQLITE_OK)
+	if (!s)
 		return SPACED_EIO;
 	sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
-	if (sqlite3_step(s) == SQLITE_ROW) {
+	int rc = sqlite3_step(s);
+	if (rc == SQLITE_ROW) {
 		const char *t = (const char *)sqlite3_column_text(s, 0);
 		char *d = strdup(t ? t : "");
 		e = d ? 0 : SPACED_ENOMEM;
 		if (d)
 			*line = d;
+	} else if (rc != SQLITE_DONE) {
+		e = SPACED_EIO;
 	}
-	sqlite3_finalize(s);
+	sqlite3_reset(s);
+	sqlite3_clear_bindings(s);
 	return e;
 }
 
