@@ -1,7 +1,8 @@
 /*
  * sub_cgroup.c — CPU, memory, pids and disk I/O limits, usage and the freezer
- * of one execution, on cgroup v1 (memory, pids, freezer, cpu, cpuacct, blkio
- * hierarchies under /sys/fs/cgroup/<ctrl>) or on a unified cgroup2
+ * of one execution, and the spread rule holding a CPU-bound one to its
+ * limit's CPUs, on cgroup v1 (memory, pids, freezer, cpu, cpuacct, blkio,
+ * cpuset hierarchies under /sys/fs/cgroup/<ctrl>) or on a unified cgroup2
  * /sys/fs/cgroup; the reaping of what launchers killed with SIGKILL left
  * behind; and the request path's CPU cgroup (spaced-node links this file
  * for it, not the rest of the substrate).
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
@@ -138,9 +140,9 @@ static int mkdir_fresh(const char *dir)
 }
 
 /* One sweep per process and hierarchy is enough. */
-static bool swept_v1[6], swept_v2;
+static const char *const v1_ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct", "blkio", "cpuset" };
 
-static const char *const v1_ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct", "blkio" };
+static bool swept_v1[sizeof(v1_ctrls) / sizeof(v1_ctrls[0])], swept_v2;
 
 /* The launcher pid of a cgroup named "spaced-<pid>-<n>", or 0. */
 static int launcher_of(const char *name)
@@ -649,6 +651,307 @@ void spaced_sub_background_cpu_remove(void)
 		usleep(20000);
 }
 
+/* ---- the CPU spread rule (sub_cgroup_cpu_spread) ---- */
+
+#define SPREAD_CPUS 1024 /* CPU numbers it handles */
+#define SPREAD_CALM 5    /* samples under 80 % of the limit before a held execution is let go */
+/* how soon the next sample is due: an execution held, or using a tenth of
+ * its limit and more, every second; an idle one every 5 s (a worker of a
+ * thousand idle executions: 200 wake-ups a second, not a thousand) */
+#define SPREAD_BUSY_MS 1000u
+#define SPREAD_IDLE_MS 5000u
+
+static void remove_dir(char *dir);
+
+/* The CPUs of a cpuset list ("0-3,6\n") into set; how many, or -1. */
+static int cpulist_parse(const char *text, bool set[SPREAD_CPUS])
+{
+	const char *p = text;
+	int n = 0;
+
+	memset(set, 0, SPREAD_CPUS * sizeof(bool));
+	while (*p != '\0' && *p != '\n') {
+		char *end;
+		long a = strtol(p, &end, 10), b;
+
+		if (end == p || a < 0 || a >= SPREAD_CPUS)
+			return -1;
+		b = a;
+		if (*end == '-') {
+			p = end + 1;
+			b = strtol(p, &end, 10);
+			if (end == p || b < a || b >= SPREAD_CPUS)
+				return -1;
+		}
+		for (long c = a; c <= b; c++)
+			if (!set[c]) {
+				set[c] = true;
+				n++;
+			}
+		p = end;
+		if (*p == ',')
+			p++;
+		else if (*p != '\0' && *p != '\n')
+			return -1;
+	}
+	return n;
+}
+
+/* dir with its last component cut (out may be dir's copy). */
+static void dir_up(const char *dir, char *out, size_t outsz)
+{
+	snprintf(out, outsz, "%s", dir);
+	char *slash = strrchr(out, '/');
+	if (slash != NULL && slash != out)
+		*slash = '\0';
+}
+
+/* The execution's cpuset directory: v1's own, or its cgroup2 directory. */
+static const char *spread_dir(const struct sub_cgroup *cg)
+{
+	return cg->v2 ? cg->unified : cg->cpuset;
+}
+
+/* The CPUs of the directory holding the executions (text as the kernel
+ * gives it). */
+static int spread_parent_cpus(const struct sub_cgroup *cg, char *out, size_t outsz)
+{
+	char parent[PATH_MAX], path[PATH_MAX + 32];
+
+	dir_up(spread_dir(cg), parent, sizeof(parent));
+	snprintf(path, sizeof(path), "%s/%s", parent, cg->v2 ? "cpuset.cpus.effective" : "cpuset.cpus");
+	if (read_small(path, out, outsz) < 0)
+		return SPACED_ESYS;
+	out[strcspn(out, "\n")] = '\0';
+	return out[0] != '\0' ? 0 : SPACED_ENOENT;
+}
+
+/* v1: a new cpuset cgroup has no CPUs and no memory nodes (no task may
+ * join it): dir gets from's where it has none. */
+static int cpuset_fill(const char *dir, const char *from)
+{
+	static const char *const files[] = { "cpuset.mems", "cpuset.cpus" };
+
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		char path[PATH_MAX + 32], val[4096];
+
+		snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+		if (read_small(path, val, sizeof(val)) < 0)
+			return SPACED_ESYS;
+		if (val[0] != '\0' && val[0] != '\n')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", from, files[i]);
+		if (read_small(path, val, sizeof(val)) < 0)
+			return SPACED_ESYS;
+		val[strcspn(val, "\n")] = '\0';
+		if (val[0] == '\0' || knob(dir, files[i], val, NULL, 0) < 0)
+			return SPACED_ESYS;
+	}
+	return 0;
+}
+
+/* Where the spread rule can hold the execution to fewer CPUs: its cpuset
+ * cgroup (v1: made now, as wide as its parent; cgroup2: its own directory,
+ * when the cpuset controller is on there). Best effort: the rule is the
+ * worker's, not a limit asked for, and without a cpuset it does not apply.
+ * Not made where the limit covers every CPU of the parent. */
+static void spread_setup(struct sub_cgroup *cg, const char *name, uint32_t cpu_milli)
+{
+	char path[PATH_MAX + 32], list[4096];
+	bool set[SPREAD_CPUS];
+	unsigned width = (cpu_milli + 999) / 1000;
+
+	cg->cpu_milli = cpu_milli;
+	if (cg->v2) {
+		snprintf(path, sizeof(path), "%s/cpuset.cpus", cg->unified);
+		if (access(path, F_OK) != 0)
+			return;
+	} else {
+		char parent[PATH_MAX], grand[PATH_MAX];
+
+		if (!has_v1("cpuset") || make_v1("cpuset", name, cg->cpuset, sizeof(cg->cpuset), NULL, 0) < 0) {
+			cg->cpuset[0] = '\0';
+			return;
+		}
+		dir_up(cg->cpuset, parent, sizeof(parent));
+		dir_up(parent, grand, sizeof(grand));
+		if (cpuset_fill(parent, grand) < 0 || cpuset_fill(cg->cpuset, parent) < 0) {
+			remove_dir(cg->cpuset);
+			return;
+		}
+	}
+	int n = spread_parent_cpus(cg, list, sizeof(list)) < 0 ? -1 : cpulist_parse(list, set);
+	if (n < 0 || (unsigned)n <= width) {
+		if (!cg->v2)
+			remove_dir(cg->cpuset);
+		return;
+	}
+	cg->spread_width = width;
+}
+
+/* CPU time the execution used (µs), or UINT64_MAX. */
+static uint64_t used_usec(const struct sub_cgroup *cg)
+{
+	if (cg->v2)
+		return read_u64(cg->unified, "cpu.stat", "usage_usec");
+	uint64_t ns = read_u64(cg->cpuacct, "cpuacct.usage", NULL);
+	return ns == UINT64_MAX ? ns : ns / 1000;
+}
+
+/* The CPU limit (thousandths of a CPU) of the sibling execution cgroup name
+ * of cg's, from its quota; 0 when unreadable or none. */
+static uint64_t sibling_milli(const struct sub_cgroup *cg, const char *name)
+{
+	char dir[PATH_MAX], path[PATH_MAX + 300], text[128];
+	unsigned long long quota = 0, period = 0;
+
+	dir_up(cg->v2 ? cg->unified : cg->cpu, dir, sizeof(dir));
+	if (cg->v2) {
+		snprintf(path, sizeof(path), "%s/%s/cpu.max", dir, name);
+		if (read_small(path, text, sizeof(text)) < 0 || sscanf(text, "%llu %llu", &quota, &period) != 2)
+			return 0;
+	} else {
+		snprintf(path, sizeof(path), "%s/%s/cpu.cfs_quota_us", dir, name);
+		if (read_small(path, text, sizeof(text)) < 0 || sscanf(text, "%llu", &quota) != 1)
+			return 0;
+		snprintf(path, sizeof(path), "%s/%s/cpu.cfs_period_us", dir, name);
+		if (read_small(path, text, sizeof(text)) < 0 || sscanf(text, "%llu", &period) != 1)
+			return 0;
+	}
+	return period > 0 && quota < (1ull << 40) ? quota * 1000u / period : 0;
+}
+
+/* Holds the execution to spread_width CPUs where the executions held
+ * already leave room for its limit (each held one's limit counted evenly on
+ * its CPUs; a CPU holds at most one CPU's worth): the least loaded, the
+ * lowest first. Where there is no such room it stays where it is (0: a CPU
+ * given to two held executions beyond its worth would take from both
+ * what their limits give them; it is tried again at the next sample).
+ * Decisions of the worker's launchers are made one at a time (a lock on the
+ * directory holding the executions). 1 when held (cpus: the list). */
+static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
+{
+	char list[4096], parent[PATH_MAX];
+	bool all[SPREAD_CPUS], theirs[SPREAD_CPUS], chosen[SPREAD_CPUS];
+	uint64_t load[SPREAD_CPUS];
+	const char *own = spread_dir(cg), *own_name = strrchr(own, '/') + 1;
+	uint64_t mine = cg->cpu_milli / cg->spread_width;
+	int n, r = 0;
+
+	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || (n = cpulist_parse(list, all)) <= 0)
+		return SPACED_ESYS;
+	memset(load, 0, sizeof(load));
+	memset(chosen, 0, sizeof(chosen));
+	dir_up(own, parent, sizeof(parent));
+	int lock = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (lock < 0 || flock(lock, LOCK_EX) < 0) {
+		if (lock >= 0)
+			close(lock);
+		return SPACED_ESYS;
+	}
+	DIR *d = opendir(parent);
+	struct dirent *de;
+
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		char path[PATH_MAX + 300], text[4096];
+		int m;
+
+		if (launcher_of(de->d_name) == 0 || strcmp(de->d_name, own_name) == 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s/cpuset.cpus", parent, de->d_name);
+		if (read_small(path, text, sizeof(text)) < 0 || (m = cpulist_parse(text, theirs)) <= 0 || m >= n)
+			continue;
+		uint64_t each = sibling_milli(cg, de->d_name) / (unsigned)m;
+		for (int c = 0; c < SPREAD_CPUS; c++)
+			if (theirs[c])
+				load[c] += each ? each : 1000u;
+	}
+	if (d != NULL)
+		closedir(d);
+	unsigned got = 0;
+	for (; got < cg->spread_width; got++) {
+		int best = -1;
+
+		for (int c = 0; c < SPREAD_CPUS; c++)
+			if (all[c] && !chosen[c] && load[c] + mine <= 1000u && (best < 0 || load[c] < load[best]))
+				best = c;
+		if (best < 0)
+			break;
+		chosen[best] = true;
+	}
+	if (got == cg->spread_width) {
+		size_t used = 0;
+
+		cpus[0] = '\0';
+		for (int c = 0; c < SPREAD_CPUS; c++)
+			if (chosen[c] && used + 8 < cpussz)
+				used += (size_t)snprintf(cpus + used, cpussz - used, "%s%d", used ? "," : "", c);
+		r = knob(own, "cpuset.cpus", cpus, NULL, 0) < 0 ? SPACED_ESYS : 1;
+	}
+	close(lock); /* the lock goes with it */
+	return r;
+}
+
+int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, size_t cpussz, unsigned *next_ms)
+{
+	char list[4096];
+
+	*next_ms = SPREAD_IDLE_MS;
+	if (cg->spread_width == 0)
+		return SPACED_ENOENT;
+	const char *cpu_dir = cg->v2 ? cg->unified : cg->cpu;
+	uint64_t periods = read_u64(cpu_dir, "cpu.stat", "nr_periods");
+	uint64_t throttled = read_u64(cpu_dir, "cpu.stat", "nr_throttled");
+	uint64_t usec = used_usec(cg);
+
+	if (periods == UINT64_MAX || throttled == UINT64_MAX || usec == UINT64_MAX)
+		return SPACED_ESYS;
+	bool first = cg->sp_at_ns == 0 || now_ns <= cg->sp_at_ns || periods < cg->sp_periods ||
+	             throttled < cg->sp_throttled || usec < cg->sp_usec;
+	uint64_t dt = now_ns - cg->sp_at_ns, dp = periods - cg->sp_periods, dthr = throttled - cg->sp_throttled,
+	         du = usec - cg->sp_usec;
+
+	cg->sp_at_ns = now_ns;
+	cg->sp_periods = periods;
+	cg->sp_throttled = throttled;
+	cg->sp_usec = usec;
+	if (first) {
+		*next_ms = SPREAD_BUSY_MS;
+		return 0;
+	}
+	/* throttled in a quarter of the periods: more runnable tasks than the
+	 * limit's CPUs; using 80 % of the limit: still as busy */
+	bool capped = dp >= 4 && dthr * 4 >= dp;
+	uint64_t used_milli = du * 1000000u / (dt / 1000u + 1);
+	bool busy = used_milli * 10u >= (uint64_t)cg->cpu_milli * 8u;
+
+	if (cg->narrowed || capped || used_milli * 10u >= cg->cpu_milli)
+		*next_ms = SPREAD_BUSY_MS;
+
+	if (!cg->narrowed) {
+		if (!capped)
+			return 0;
+		int h = spread_hold(cg, cpus, cpussz);
+		if (h <= 0)
+			return h;
+		cg->narrowed = true;
+		cg->calm = 0;
+		return 1;
+	}
+	if (capped || busy) {
+		cg->calm = 0;
+		return 0;
+	}
+	if (++cg->calm < SPREAD_CALM)
+		return 0;
+	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || knob(spread_dir(cg), "cpuset.cpus", list, NULL, 0) < 0)
+		return SPACED_ESYS;
+	snprintf(cpus, cpussz, "%s", list);
+	cg->narrowed = false;
+	cg->calm = 0;
+	return 2;
+}
+
 int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_limits *lim,
                       char *why, size_t whysz)
 {
@@ -671,8 +974,11 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 		if (strcmp(own, "/") == 0)
 			own[0] = '\0';
 		snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", own);
-		/* best effort: a delegated subtree may have these enabled already */
+		/* best effort: a delegated subtree may have these enabled already;
+		 * cpuset apart (the spread rule's, where the host has it) */
 		(void)knob(dir, "cgroup.subtree_control", "+memory +pids +cpu +io", NULL, 0);
+		if (lim->cpu_milli > 0)
+			(void)knob(dir, "cgroup.subtree_control", "+cpuset", NULL, 0);
 		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, parent_name()) >= sizeof(path))
 			return SPACED_ETOOBIG;
 		if (mkdir(path, 0755) < 0 && errno != EEXIST) {
@@ -680,6 +986,8 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 			return SPACED_ESYS;
 		}
 		(void)knob(path, "cgroup.subtree_control", "+memory +pids +cpu +io", NULL, 0);
+		if (lim->cpu_milli > 0)
+			(void)knob(path, "cgroup.subtree_control", "+cpuset", NULL, 0);
 		if (!swept_v2) {
 			sweep_dead(path);
 			swept_v2 = true;
@@ -694,6 +1002,8 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 		cg->made = true;
 		if ((r = set_v2_limits(cg->unified, lim, why, whysz)) < 0)
 			goto fail;
+		if (lim->cpu_milli > 0)
+			spread_setup(cg, name, lim->cpu_milli);
 		return 0;
 	}
 	cg->made = true;
@@ -764,6 +1074,8 @@ int sub_cgroup_create(struct sub_cgroup *cg, const char *name, const struct sub_
 	}
 	if ((r = set_v1_io(cg, name, lim, why, whysz)) < 0)
 		goto fail;
+	if (lim->cpu_milli > 0)
+		spread_setup(cg, name, lim->cpu_milli);
 	return 0;
 fail:
 	sub_cgroup_remove(cg);
@@ -906,7 +1218,7 @@ int sub_cgroup_reap_orphans(void)
 		return reap_parents(dir, NULL);
 	}
 	/* the freezer first: its tasks must be thawed before they can die */
-	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct", "blkio" };
+	static const char *const order[] = { "freezer", "pids", "memory", "cpu", "cpuacct", "blkio", "cpuset" };
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		if (own_base(order[i], own, sizeof(own)) < 0)
 			continue;
@@ -935,6 +1247,9 @@ int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t why
 		return r;
 	if (cg->blkio[0] && (r = knob(cg->blkio, "cgroup.procs", val, why, whysz)) < 0)
 		return r;
+	/* best effort: the spread rule's, not a limit (it holds none then) */
+	if (cg->cpuset[0])
+		(void)knob(cg->cpuset, "cgroup.procs", val, NULL, 0);
 	return knob(cg->freezer, "cgroup.procs", val, why, whysz);
 }
 
@@ -994,6 +1309,7 @@ void sub_cgroup_remove(struct sub_cgroup *cg)
 		return;
 	remove_dir(cg->unified);
 	remove_dir(cg->blkio);
+	remove_dir(cg->cpuset);
 	if (strcmp(cg->cpuacct, cg->cpu) != 0)
 		remove_dir(cg->cpuacct);
 	remove_dir(cg->cpu);
@@ -1006,7 +1322,7 @@ void sub_cgroup_remove(struct sub_cgroup *cg)
 
 int sub_cgroup_join_of(pid_t pid)
 {
-	static const char *const ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct", "blkio" };
+	static const char *const ctrls[] = { "memory", "pids", "freezer", "cpu", "cpuacct", "blkio", "cpuset" };
 	char rel[PATH_MAX], path[PATH_MAX + 64];
 	int r;
 
@@ -1019,7 +1335,7 @@ int sub_cgroup_join_of(pid_t pid)
 	for (size_t i = 0; i < sizeof(ctrls) / sizeof(ctrls[0]); i++) {
 		if ((r = cgroup_path_of(pid, ctrls[i], rel, sizeof(rel))) < 0) {
 			if (i >= 3)
-				continue; /* no cpu / cpuacct / blkio hierarchy on this host */
+				continue; /* no cpu / cpuacct / blkio / cpuset hierarchy on this host */
 			return r;
 		}
 		snprintf(path, sizeof(path), "/sys/fs/cgroup/%s%s/cgroup.procs", ctrls[i], rel);

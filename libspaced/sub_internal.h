@@ -22,7 +22,15 @@ struct sub_cgroup {
 	char cpu[PATH_MAX];     /* "" when the v1 cpu hierarchy is missing */
 	char cpuacct[PATH_MAX]; /* "" when the v1 cpuacct hierarchy is missing */
 	char blkio[PATH_MAX];   /* "" without a disk I/O limit (v1) */
+	char cpuset[PATH_MAX];  /* v1: "" without one (sub_cgroup_cpu_spread) */
 	char unified[PATH_MAX];
+	/* sub_cgroup_cpu_spread: the CPU limit, how many CPUs that takes at
+	 * most (0: no spread rule), and the rule's last sample and state */
+	uint32_t cpu_milli;
+	unsigned spread_width;
+	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled;
+	bool narrowed;
+	unsigned calm;
 };
 
 /* The limits a cgroup enforces (0: none). */
@@ -67,6 +75,23 @@ int sub_cgroup_reap_orphans(void);
  * so no number of executions can take the host's memory or process table
  * from its daemons. */
 int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t whysz);
+
+/* The spread rule, one sample (call it about once a second): an execution
+ * with a CPU limit covering fewer CPUs than the host's runs where it likes
+ * while it keeps under its limit; once its CPU quota throttles it in a
+ * quarter of the periods of a sample (it has more runnable tasks than its
+ * limit's CPUs), it is held to ceil(limit) CPUs where the executions held
+ * already leave room for its limit (the least loaded, the lowest first;
+ * with no room it stays as it is); it is let go once it used under 80 % of
+ * its limit for SPREAD_CALM samples in a row. A limit bounds an execution's
+ * CPU time, not how many CPUs it takes at once: four CPU-bound tasks under
+ * 0.5 CPU took every CPU of the host for a quarter of each period, and a
+ * co-tenant's woken task waited for the next scheduler tick (4 ms) there.
+ * Returns 1 when it was held (cpus: the CPU list), 2 when let go, 0 for no
+ * change, SPACED_ENOENT when the rule does not apply to cg (no need to call
+ * again), or SPACED_ESYS; *next_ms: when the next sample is due (every
+ * second while it is held or uses a tenth of its limit, else every 5 s). */
+int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, size_t cpussz, unsigned *next_ms);
 
 /* Moves pid into the cgroups. */
 int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t whysz);

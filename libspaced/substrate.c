@@ -1410,6 +1410,11 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	return 0;
 }
 
+int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsigned *next_ms)
+{
+	return sub_cgroup_cpu_spread(&s->cg, spaced_mono_ns(), cpus, cpussz, next_ms);
+}
+
 void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)
 {
 	struct statfs sf;

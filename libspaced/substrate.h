@@ -174,6 +174,17 @@ struct spaced_sub_usage {
 };
 void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
 
+/* The spread rule, one sample (the supervisor calls it about once a second
+ * while the execution runs): an execution whose CPU limit covers fewer CPUs
+ * than the host's is held to ceil(limit) CPUs while its quota keeps
+ * throttling it, and let go once it has been under 80 % of its limit for
+ * five samples (docs/substrate.md "CPU: how many at once"). Returns 1 when
+ * it was held (cpus: the CPU list), 2 when let go (cpus: the list it may
+ * use again), 0 for no change, SPACED_ENOENT when the rule does not apply
+ * to this execution (no need to call again), SPACED_ESYS; *next_ms: when
+ * to call next (1 s while it is held or busy, 5 s while it idles). */
+int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsigned *next_ms);
+
 /* Caps all executions this process and its children start, together (their
  * parent cgroups): memory in bytes and tasks; 0 leaves one uncapped. Past
  * the memory cap the kernel's OOM killer picks among the executions only (the

@@ -79,6 +79,9 @@ struct launcher {
 	/* CPU use over the last sampling interval (cpu_sample) */
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10; /* percent of one CPU, in tenths */
+	/* the spread rule (spread_sample): its next sample, or off for good */
+	uint64_t spread_due_ns;
+	bool spread_off;
 };
 
 /* The execution's CPU time is sampled when USAGE asks (at most every
@@ -470,6 +473,28 @@ static void log_drain(struct launcher *L)
 	}
 }
 
+/* The spread rule (spaced_sub_cpu_spread: how many CPUs a CPU-bound
+ * execution takes at once), sampled while the execution runs — not while it
+ * waits in the pool for its claim — when its last sample said. */
+static void spread_sample(struct launcher *L, uint64_t now)
+{
+	char cpus[256];
+	unsigned next_ms = 0;
+
+	if (L->spread_off || now < L->spread_due_ns || (L->pooled && spaced_sub_identity(L->sub) == NULL))
+		return;
+	int r = spaced_sub_cpu_spread(L->sub, cpus, sizeof(cpus), &next_ms);
+	L->spread_due_ns = now + (uint64_t)next_ms * 1000000u;
+	if (r == 1)
+		logf_("its CPU quota throttles it (more runnable tasks than its limit's CPUs): held to CPUs %s", cpus);
+	else if (r == 2)
+		logf_("under its CPU limit again: let go to CPUs %s", cpus);
+	else if (r < 0)
+		L->spread_off = true; /* no cpuset for it (SPACED_ENOENT), or its files unreadable */
+	if (r < 0 && r != SPACED_ENOENT)
+		logf_("the CPU spread rule stops for this execution: %s", spaced_strerror(r));
+}
+
 /* ---- supervisor loop -------------------------------------------------------- */
 
 static int supervise(struct launcher *L)
@@ -483,6 +508,7 @@ static int supervise(struct launcher *L)
 		int n = 0, r, ctl0, hs0;
 
 		cpu_sample(L, now, false);
+		spread_sample(L, now);
 		pfd[n++] = (struct pollfd){ .fd = L->sigfd, .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = spaced_sub_control_fd(L->sub), .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = init->pidfd, .events = POLLIN };
@@ -510,8 +536,12 @@ static int supervise(struct launcher *L)
 		 * sandbox to report it for: a pooled execution waiting for its claim
 		 * sleeps */
 		bool waiting = L->pooled && spaced_sub_identity(L->sub) == NULL;
-		r = poll(pfd, (nfds_t)n,
-		         L->nhs > 0 ? 100 : waiting ? -1 : L->lease.path ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u));
+		int tick = L->lease.path ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u);
+		if (!L->spread_off && L->spread_due_ns > now && (L->spread_due_ns - now) / 1000000u < (uint64_t)tick)
+			tick = (int)((L->spread_due_ns - now) / 1000000u) + 1;
+		else if (!L->spread_off && L->spread_due_ns <= now)
+			tick = 1;
+		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : waiting ? -1 : tick);
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
 		lease_check(L);

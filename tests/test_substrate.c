@@ -685,6 +685,203 @@ static void nap_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/* The first line of a small file, "" when unreadable. */
+static void line_of(const char *path, char *out, size_t sz)
+{
+	FILE *f = fopen(path, "r");
+
+	out[0] = '\0';
+	if (f != NULL) {
+		if (fgets(out, (int)sz, f) == NULL)
+			out[0] = '\0';
+		fclose(f);
+	}
+	out[strcspn(out, "\n")] = '\0';
+}
+
+/* Whether every task of cgroup dir may run on exactly the CPUs cpus
+ * (/proc/TID/status Cpus_allowed_list); how many tasks it saw in *n. */
+static bool tasks_on(const char *cgdir, const char *cpus, int *n)
+{
+	char path[700], line[256], want[300];
+	bool all = true;
+	FILE *t;
+
+	*n = 0;
+	snprintf(path, sizeof(path), "%s/tasks", cgdir);
+	if ((t = fopen(path, "r")) == NULL)
+		return false;
+	snprintf(want, sizeof(want), "Cpus_allowed_list:\t%s\n", cpus);
+	while (fgets(line, sizeof(line), t) != NULL) {
+		char st[64], l2[256];
+		bool seen = false;
+		FILE *f;
+
+		snprintf(st, sizeof(st), "/proc/%ld/status", atol(line));
+		if ((f = fopen(st, "r")) == NULL)
+			continue; /* gone meanwhile */
+		while (fgets(l2, sizeof(l2), f) != NULL)
+			if (strncmp(l2, "Cpus_allowed_list:", 18) == 0)
+				seen = strcmp(l2, want) == 0;
+		fclose(f);
+		all = all && seen;
+		(*n)++;
+	}
+	fclose(t);
+	return all;
+}
+
+/* The spread rule (docs/substrate.md "CPU: how many at once"): four
+ * CPU-bound processes under --cpus 0.5 take every CPU of the host for a
+ * quarter of each period, so a co-tenant's woken task waits for a tick there;
+ * once the quota throttles them the execution is held to one CPU (its
+ * cpuset, every task in it), and let go to all once they end. */
+Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
+{
+	char id[256], out[4096], cg[512], p[600], parent[600], all[256], now[256];
+	const char *extra[] = { "--identity", id, "--cpus", "0.5", NULL };
+	struct launcher l;
+	int n = 0, i;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpuset hierarchy (this test reads its files)");
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		cr_skip_test("one CPU: nothing to hold an execution to");
+	idtext(id, sizeof(id), "sbx-spread", 1);
+	start(&l, "x", extra, true);
+	cgroup_dir(init_pid(&l), "cpuset", cg, sizeof(cg));
+	snprintf(p, sizeof(p), "%s/cpuset.cpus", cg);
+	snprintf(parent, sizeof(parent), "%s", cg);
+	*strrchr(parent, '/') = '\0';
+	strcat(parent, "/cpuset.cpus");
+	line_of(parent, all, sizeof(all));
+	line_of(p, now, sizeof(now));
+	cr_assert_neq(all[0], '\0');
+	cr_assert_str_eq(now, all, "a new execution may use every CPU of its parent");
+	/* four CPU-bound processes, each ending by itself after 8 s */
+	cr_assert_eq(run_in(&l, "for i in 1 2 3 4; do timeout 8 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
+	for (i = 0; i < 140; i++) {
+		line_of(p, now, sizeof(now));
+		if (now[0] != '\0' && strcmp(now, all) != 0)
+			break;
+		nap_ms(50);
+	}
+	cr_log_info("held after %d ms to CPUs %s (of %s)", i * 50, now, all);
+	cr_assert(now[0] != '\0' && strcmp(now, all) != 0, "still on CPUs %s after 7 s", now);
+	cr_expect(strchr(now, ',') == NULL && strchr(now, '-') == NULL, "0.5 CPU held to one CPU: %s", now);
+	cr_expect(tasks_on(cg, now, &n) && n >= 5, "every task of the execution (%d seen) on CPU %s", n, now);
+	for (i = 0; i < 500; i++) {
+		line_of(p, now, sizeof(now));
+		if (strcmp(now, all) == 0)
+			break;
+		nap_ms(50);
+	}
+	cr_log_info("let go after %d ms", i * 50);
+	cr_expect_str_eq(now, all, "let go once its processes ended (25 s): %s", now);
+	cr_expect(tasks_on(cg, all, &n) && n >= 1, "its tasks (%d) on every CPU again", n);
+	stop(&l);
+}
+
+/* A held execution's stand-in, beside the execution whose cgroups are in
+ * cpuset_dir and cpu_dir: cgroups "spaced-<this pid>-<n>" held to CPU cpu
+ * under a limit of milli thousandths of a CPU (they hold no task). */
+static void stand_in(const char *cpuset_dir, const char *cpu_dir, int n, int cpu, int milli, char made[2][700])
+{
+	char parent[600], path[800], v[64];
+
+	for (int h = 0; h < 2; h++) {
+		snprintf(parent, sizeof(parent), "%.590s", h == 0 ? cpuset_dir : cpu_dir);
+		*strrchr(parent, '/') = '\0';
+		snprintf(made[h], 700, "%s/spaced-%d-%d", parent, (int)getpid(), n);
+		cr_assert(mkdir(made[h], 0755) == 0 || errno == EEXIST, "mkdir %s: %s", made[h], strerror(errno));
+	}
+	snprintf(path, sizeof(path), "%s/cpuset.mems", cpuset_dir);
+	line_of(path, v, sizeof(v));
+	snprintf(path, sizeof(path), "%s/cpuset.mems", made[0]);
+	cr_assert_eq(sub_write_file(path, v), 0);
+	snprintf(path, sizeof(path), "%s/cpuset.cpus", made[0]);
+	snprintf(v, sizeof(v), "%d", cpu);
+	cr_assert_eq(sub_write_file(path, v), 0);
+	snprintf(path, sizeof(path), "%s/cpu.cfs_period_us", made[1]);
+	cr_assert_eq(sub_write_file(path, "100000"), 0);
+	snprintf(path, sizeof(path), "%s/cpu.cfs_quota_us", made[1]);
+	snprintf(v, sizeof(v), "%d", milli * 100);
+	cr_assert_eq(sub_write_file(path, v), 0);
+}
+
+/* The room rule: a CPU never holds more than one CPU's worth of limits (two
+ * held executions on one CPU beyond that would each get less than its limit
+ * gives it). Beside stand-ins of held executions (0.9 CPU each), an
+ * execution under --cpus 0.2 with four busy processes (throttled whatever
+ * else the host runs):
+ *  - with a stand-in on every CPU but the last, it is held to the last one
+ *    (not the lowest: no room there);
+ *  - with one on every CPU, a second such execution finds no room: its quota
+ *    throttles it, and it keeps every CPU. */
+Test(substrate, held_executions_never_share_a_cpu_beyond_its_worth, .timeout = 90)
+{
+	struct launcher a, b;
+	char ida[256], idb[256], out[4096], cs[512], cpu[512], pa[600], pb[600], parent[600], all[256], now[256];
+	char made[4][2][700];
+	const char *ea[] = { "--identity", ida, "--cpus", "0.2", NULL };
+	const char *eb[] = { "--identity", idb, "--cpus", "0.2", NULL };
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int i, nmade = 0;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0 || access("/sys/fs/cgroup/cpu/cpu.shares", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpuset and cpu hierarchies (this test makes cgroups there)");
+	if (ncpu < 2 || ncpu > 4)
+		cr_skip_test("made for 2 to 4 CPUs (%ld here)", ncpu);
+	idtext(ida, sizeof(ida), "sbx-room-a", 1);
+	start(&a, "a", ea, true);
+	cgroup_dir(init_pid(&a), "cpuset", cs, sizeof(cs));
+	cgroup_dir(init_pid(&a), "cpu", cpu, sizeof(cpu));
+	snprintf(pa, sizeof(pa), "%s/cpuset.cpus", cs);
+	snprintf(parent, sizeof(parent), "%s", cs);
+	*strrchr(parent, '/') = '\0';
+	strcat(parent, "/cpuset.cpus");
+	line_of(parent, all, sizeof(all));
+	for (int c = 0; c < ncpu - 1; c++)
+		stand_in(cs, cpu, 9000 + c, c, 900, made[nmade++]);
+	cr_assert_eq(run_in(&a, "for i in 1 2 3 4; do timeout 20 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
+	for (i = 0; i < 140; i++) {
+		line_of(pa, now, sizeof(now));
+		if (strcmp(now, all) != 0)
+			break;
+		nap_ms(50);
+	}
+	cr_log_info("held after %d ms to CPUs %s (of %s)", i * 50, now, all);
+	snprintf(out, sizeof(out), "%ld", ncpu - 1);
+	cr_expect_str_eq(now, out, "held to the one CPU with room for 0.2 (the last), not %s", now);
+	/* every CPU taken now: the last by execution a */
+	idtext(idb, sizeof(idb), "sbx-room-b", 1);
+	start(&b, "b", eb, true);
+	cgroup_dir(init_pid(&b), "cpuset", cs, sizeof(cs));
+	cgroup_dir(init_pid(&b), "cpu", cpu, sizeof(cpu));
+	snprintf(pb, sizeof(pb), "%s/cpuset.cpus", cs);
+	stand_in(cs, cpu, 9000 + (int)ncpu - 1, (int)ncpu - 1, 900, made[nmade++]);
+	char st[600];
+	snprintf(st, sizeof(st), "%s/cpu.stat", cpu);
+	long thr0 = read_key(st, "nr_throttled");
+	cr_assert_eq(run_in(&b, "for i in 1 2 3 4; do timeout 20 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
+	nap_ms(4000); /* four samples, every one throttled */
+	line_of(pb, now, sizeof(now));
+	long thr = read_key(st, "nr_throttled");
+	cr_log_info("b: CPUs %s, throttled in %ld periods meanwhile", now, thr - thr0);
+	cr_expect_geq(thr - thr0, 10, "b's quota throttled it");
+	cr_expect_str_eq(now, all, "b found no room: it keeps every CPU, not %s", now);
+	stop(&b);
+	stop(&a);
+	for (int k = 0; k < nmade; k++)
+		for (int h = 0; h < 2; h++)
+			rmdir(made[k][h]);
+}
+
 /* Waits (up to ~20 s) for the counter file to show a value other than `old`. */
 static long wait_change(const char *path, long old)
 {
