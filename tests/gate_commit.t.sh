@@ -95,7 +95,8 @@ expect "the new sandbox runs" "$("$SC" exec "$N" -- echo up 2>&1)" up
 # install again, and the create succeeds then), and the execution claimed for it is stopped: nothing
 # names it, so no request would reach it and no admission would count it (it used to stay until
 # the worker restarted). Counted as the executions' launchers, once the pool has refilled. ----
-EXE=$(ps -eo pid,comm,args | awk -v d="$D/worker-1" '$2 == "spaced-executor" && index($0, d) {print $1}')
+# the executor, not a child it forked for a job (which keeps its name until it execs)
+EXE=$(role_pid spaced-executor)
 launchers() { pgrep -P "$EXE" -x spaced-launch | wc -l; }
 # the count once it has not changed for 2 s (the pool's refills done), at most 30 s
 settled() {
