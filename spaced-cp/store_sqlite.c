@@ -433,8 +433,10 @@ int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops *
 	/* temp_store=MEMORY: a savepoint's journal (each create of a group has
 	 * one) and sorts stay in memory; in a file they created, wrote and
 	 * unlinked a file under /var/tmp in every create's transaction */
-	r = map_err(sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;", NULL,
-	                         NULL, NULL));
+	r = map_err(sqlite3_exec(db,
+	                         "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; "
+	                         "PRAGMA temp_store=MEMORY;",
+	                         NULL, NULL, NULL));
 	if (r < 0)
 		goto out;
 	struct sq *q = calloc(1, sizeof *q);
