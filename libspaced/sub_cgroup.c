@@ -934,6 +934,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 		int h = spread_hold(cg, cpus, cpussz);
 		if (h <= 0)
 			return h;
+		snprintf(cg->held_cpus, sizeof(cg->held_cpus), "%s", cpus);
 		cg->narrowed = true;
 		cg->calm = 0;
 		return 1;

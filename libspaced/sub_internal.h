@@ -30,6 +30,7 @@ struct sub_cgroup {
 	unsigned spread_width;
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled;
 	bool narrowed;
+	char held_cpus[64]; /* while narrowed: the list it is held to */
 	unsigned calm;
 };
 

@@ -1415,6 +1415,11 @@ int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsig
 	return sub_cgroup_cpu_spread(&s->cg, spaced_mono_ns(), cpus, cpussz, next_ms);
 }
 
+void spaced_sub_cpus_held(const struct spaced_sub *s, char *cpus, size_t cpussz)
+{
+	snprintf(cpus, cpussz, "%s", s->cg.narrowed ? s->cg.held_cpus : "");
+}
+
 void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)
 {
 	struct statfs sf;

@@ -185,6 +185,10 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
  * to call next (1 s while it is held or busy, 5 s while it idles). */
 int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsigned *next_ms);
 
+/* The CPUs the spread rule holds the execution to now ("0,1"), or "" when
+ * it does not hold it. */
+void spaced_sub_cpus_held(const struct spaced_sub *s, char *cpus, size_t cpussz);
+
 /* Caps all executions this process and its children start, together (their
  * parent cgroups): memory in bytes and tasks; 0 leaves one uncapped. Past
  * the memory cap the kernel's OOM killer picks among the executions only (the

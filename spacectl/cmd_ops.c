@@ -358,10 +358,12 @@ int cmd_top(int argc, char **argv)
 		human(disk, json_integer_value(json_object_get(u, "disk_bytes")));
 		human(diskl, json_integer_value(json_object_get(lim, "disk_bytes")));
 		json_t *cpus = json_object_get(lim, "cpus");
-		printf("%-22s cpu %5.1f%% of %g  memory %s / %s  pids %lld / %lld  disk %s / %s\n", ops[0],
+		const char *held = json_string_value(json_object_get(u, "cpus_held"));
+		printf("%-22s cpu %5.1f%% of %g  memory %s / %s  pids %lld / %lld  disk %s / %s%s%s\n", ops[0],
 		       json_number_value(json_object_get(u, "cpu_pct")), cpus ? json_number_value(cpus) : 0.0, mem, meml,
 		       (long long)json_integer_value(json_object_get(u, "pids")),
-		       (long long)json_integer_value(json_object_get(lim, "pids")), disk, diskl);
+		       (long long)json_integer_value(json_object_get(lim, "pids")), disk, diskl,
+		       held ? "  held to CPUs " : "", held ? held : "");
 	}
 	json_decref(u);
 	return 0;

@@ -386,16 +386,19 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 		         init->start_time, idtext);
 	} else if (strcmp(cmd, "USAGE") == 0) {
 		struct spaced_sub_usage u;
+		char held[64];
 
 		cpu_sample(L, spaced_mono_ns(), true);
 		spaced_sub_usage(L->sub, &u);
+		spaced_sub_cpus_held(L->sub, held, sizeof(held));
 		/* unknown figures (UINT64_MAX) are printed as -1 */
 #define FIG(v) ((v) == UINT64_MAX ? (int64_t)-1 : (int64_t)(v))
 		snprintf(reply, sizeof(reply),
 		         "OK cpu_usec=%" PRId64 " cpu_pct=%u.%u memory=%" PRId64 " memory_peak=%" PRId64
-		         " oom_kills=%" PRId64 " pids=%" PRId64 " disk=%" PRIu64 " disk_total=%" PRIu64,
+		         " oom_kills=%" PRId64 " pids=%" PRId64 " disk=%" PRIu64 " disk_total=%" PRIu64 " cpus_held=%s",
 		         FIG(u.cpu_usec), L->cpu_pct_x10 / 10, L->cpu_pct_x10 % 10, FIG(u.memory_bytes),
-		         FIG(u.memory_peak), FIG(u.oom_kills), FIG(u.pids), u.disk_bytes, u.disk_total);
+		         FIG(u.memory_peak), FIG(u.oom_kills), FIG(u.pids), u.disk_bytes, u.disk_total,
+		         held[0] ? held : "-");
 #undef FIG
 	} else if (strcmp(cmd, "PIDFD") == 0) {
 		ctl_reply(fd, "OK", init->pidfd);

@@ -158,6 +158,25 @@ idle=$("$SC" top "$Z" --json | jq -r '.cpu_pct')
 echo "top: $busy % while a loop ran, $idle % after it ended"
 expect "top: a busy loop shows as most of its one CPU (never more)" "$(echo "$busy" | awk '$1 > 50 && $1 <= 110 {print "yes"}')" yes
 expect "top: once it ended, the share over the last interval is near 0" "$(echo "$idle" | awk '$1 < 20 {print "yes"}')" yes
+# a sandbox its CPU quota keeps throttling is held to its limit's CPUs, and `top` shows which
+# (docs/substrate.md "CPU: how many at once"): four busy processes under --cpus 0.5
+if [ "$(nproc)" -ge 2 ] && [ -e /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
+	H=$("$SC" create --worker worker-1 --cpus 0.5)
+	"$SC" exec "$H" -- sh -c 'for i in 1 2 3 4; do nohup timeout 30 sh -c "while :; do :; done" >/dev/null 2>&1 & done' \
+		>/dev/null
+	held=null
+	i=0
+	while [ "$held" = null ] && [ $i -lt 60 ]; do
+		sleep 0.25
+		i=$((i + 1))
+		held=$("$SC" top "$H" --json | jq -r '.cpus_held')
+	done
+	echo "top: the busy sandbox held to CPUs $held after about $((i / 4)) s"
+	expect "top: a sandbox its quota throttles is held to one CPU" "$(echo "$held" | grep -cE '^[0-9]+$')" 1
+	expect "top's line says so" "$("$SC" top "$H" | grep -c "held to CPUs $held\$")" 1
+	expect "top: an idle sandbox is held to none" "$("$SC" top "$Z" --json | jq -r '.cpus_held')" null
+	"$SC" rm "$H" >/dev/null
+fi
 bad=$(grep -v '^{' "$D/cp.log" | grep -cv '^\s*$')
 expect "every line of the control plane's log is a JSON object" "$bad" 0
 echo "$FAILS failures"
