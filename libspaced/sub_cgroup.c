@@ -798,74 +798,105 @@ static uint64_t used_usec(const struct sub_cgroup *cg)
 	return ns == UINT64_MAX ? ns : ns / 1000;
 }
 
-/* The CPU limit (thousandths of a CPU) of the sibling execution cgroup name
- * of cg's, from its quota; 0 when unreadable or none. */
-static uint64_t sibling_milli(const struct sub_cgroup *cg, const char *name)
+/* The CPU limit (thousandths of a CPU) of execution cgroup name in the
+ * parent pname (a worker's "spaced" or "spaced.NAME") beside cg's, from its
+ * quota; 0 when unreadable or none. */
+static uint64_t held_milli(const struct sub_cgroup *cg, const char *pname, const char *name)
 {
-	char dir[PATH_MAX], path[PATH_MAX + 300], text[128];
+	char dir[PATH_MAX], grand[PATH_MAX], path[PATH_MAX + 600], text[128];
 	unsigned long long quota = 0, period = 0;
 
 	dir_up(cg->v2 ? cg->unified : cg->cpu, dir, sizeof(dir));
+	dir_up(dir, grand, sizeof(grand));
 	if (cg->v2) {
-		snprintf(path, sizeof(path), "%s/%s/cpu.max", dir, name);
+		snprintf(path, sizeof(path), "%s/%s/%s/cpu.max", grand, pname, name);
 		if (read_small(path, text, sizeof(text)) < 0 || sscanf(text, "%llu %llu", &quota, &period) != 2)
 			return 0;
 	} else {
-		snprintf(path, sizeof(path), "%s/%s/cpu.cfs_quota_us", dir, name);
+		snprintf(path, sizeof(path), "%s/%s/%s/cpu.cfs_quota_us", grand, pname, name);
 		if (read_small(path, text, sizeof(text)) < 0 || sscanf(text, "%llu", &quota) != 1)
 			return 0;
-		snprintf(path, sizeof(path), "%s/%s/cpu.cfs_period_us", dir, name);
+		snprintf(path, sizeof(path), "%s/%s/%s/cpu.cfs_period_us", grand, pname, name);
 		if (read_small(path, text, sizeof(text)) < 0 || sscanf(text, "%llu", &period) != 1)
 			return 0;
 	}
 	return period > 0 && quota < (1ull << 40) ? quota * 1000u / period : 0;
 }
 
+/* Adds to load what the executions held in the parent pname (under grand)
+ * put on each CPU: each one's limit counted evenly over its CPUs (a whole
+ * CPU where its limit cannot be read). own_dir is left out. */
+static void held_load(const struct sub_cgroup *cg, const char *grand, const char *pname, const char *own_dir,
+                      uint64_t load[SPREAD_CPUS])
+{
+	char pdir[PATH_MAX], path[PATH_MAX + 300], text[4096];
+	bool theirs[SPREAD_CPUS];
+	int n;
+
+	snprintf(pdir, sizeof(pdir), "%.3800s/%.200s", grand, pname);
+	snprintf(path, sizeof(path), "%s/%s", pdir, cg->v2 ? "cpuset.cpus.effective" : "cpuset.cpus");
+	if (read_small(path, text, sizeof(text)) < 0 || (n = cpulist_parse(text, theirs)) <= 0)
+		return;
+	DIR *d = opendir(pdir);
+	struct dirent *de;
+
+	while (d != NULL && (de = readdir(d)) != NULL) {
+		int m;
+
+		if (launcher_of(de->d_name) == 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", pdir, de->d_name);
+		if (strcmp(path, own_dir) == 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s/cpuset.cpus", pdir, de->d_name);
+		if (read_small(path, text, sizeof(text)) < 0 || (m = cpulist_parse(text, theirs)) <= 0 || m >= n)
+			continue;
+		uint64_t each = held_milli(cg, pname, de->d_name) / (unsigned)m;
+		for (int c = 0; c < SPREAD_CPUS; c++)
+			if (theirs[c])
+				load[c] += each ? each : 1000u;
+	}
+	if (d != NULL)
+		closedir(d);
+}
+
 /* Holds the execution to spread_width CPUs where the executions held
- * already leave room for its limit (each held one's limit counted evenly on
- * its CPUs; a CPU holds at most one CPU's worth): the least loaded, the
- * lowest first. Where there is no such room it stays where it is (0: a CPU
- * given to two held executions beyond its worth would take from both
- * what their limits give them; it is tried again at the next sample).
- * Decisions of the worker's launchers are made one at a time (a lock on the
- * directory holding the executions). 1 when held (cpus: the list). */
+ * already — this worker's and every other worker's of the host (each
+ * worker's parent, "spaced" or "spaced.NAME") — leave room for its limit
+ * (a CPU holds at most one CPU's worth): the least loaded, the lowest first.
+ * Where there is no such room it stays where it is (0: a CPU given to two
+ * held executions beyond its worth would take from both what their limits
+ * give them; it is tried again at the next sample). The host's launchers
+ * decide one at a time (a lock on the directory holding the workers'
+ * parents). 1 when held (cpus: the list). */
 static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 {
-	char list[4096], parent[PATH_MAX];
-	bool all[SPREAD_CPUS], theirs[SPREAD_CPUS], chosen[SPREAD_CPUS];
+	char list[4096], parent[PATH_MAX], grand[PATH_MAX];
+	bool all[SPREAD_CPUS], chosen[SPREAD_CPUS];
 	uint64_t load[SPREAD_CPUS];
-	const char *own = spread_dir(cg), *own_name = strrchr(own, '/') + 1;
+	const char *own = spread_dir(cg);
 	uint64_t mine = cg->cpu_milli / cg->spread_width;
-	int n, r = 0;
+	int r = 0;
 
-	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || (n = cpulist_parse(list, all)) <= 0)
+	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || cpulist_parse(list, all) <= 0)
 		return SPACED_ESYS;
 	memset(load, 0, sizeof(load));
 	memset(chosen, 0, sizeof(chosen));
 	dir_up(own, parent, sizeof(parent));
-	int lock = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dir_up(parent, grand, sizeof(grand));
+	int lock = open(grand, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (lock < 0 || flock(lock, LOCK_EX) < 0) {
 		if (lock >= 0)
 			close(lock);
 		return SPACED_ESYS;
 	}
-	DIR *d = opendir(parent);
+	DIR *d = opendir(grand);
 	struct dirent *de;
 
-	while (d != NULL && (de = readdir(d)) != NULL) {
-		char path[PATH_MAX + 300], text[4096];
-		int m;
-
-		if (launcher_of(de->d_name) == 0 || strcmp(de->d_name, own_name) == 0)
-			continue;
-		snprintf(path, sizeof(path), "%s/%s/cpuset.cpus", parent, de->d_name);
-		if (read_small(path, text, sizeof(text)) < 0 || (m = cpulist_parse(text, theirs)) <= 0 || m >= n)
-			continue;
-		uint64_t each = sibling_milli(cg, de->d_name) / (unsigned)m;
-		for (int c = 0; c < SPREAD_CPUS; c++)
-			if (theirs[c])
-				load[c] += each ? each : 1000u;
-	}
+	while (d != NULL && (de = readdir(d)) != NULL)
+		if (strcmp(de->d_name, "spaced") == 0 ||
+		    (strncmp(de->d_name, "spaced.", 7) == 0 && strchr(de->d_name, '+') == NULL))
+			held_load(cg, grand, de->d_name, own, load);
 	if (d != NULL)
 		closedir(d);
 	unsigned got = 0;

@@ -82,7 +82,8 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * while it keeps under its limit; once its CPU quota throttles it in a
  * quarter of the periods of a sample (it has more runnable tasks than its
  * limit's CPUs), it is held to ceil(limit) CPUs where the executions held
- * already leave room for its limit (the least loaded, the lowest first;
+ * already, every worker's of the host, leave room for its limit (the least
+ * loaded, the lowest first;
  * with no room it stays as it is); it is let go once it used under 80 % of
  * its limit for SPREAD_CALM samples in a row. A limit bounds an execution's
  * CPU time, not how many CPUs it takes at once: four CPU-bound tasks under

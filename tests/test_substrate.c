@@ -784,16 +784,38 @@ Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
 	stop(&l);
 }
 
+/* The parent of the stand-ins of another worker's executions (beside the
+ * test's own parent: "spaced.room-other"). */
+#define OTHER_PARENT "spaced.room-other"
+
 /* A held execution's stand-in, beside the execution whose cgroups are in
- * cpuset_dir and cpu_dir: cgroups "spaced-<this pid>-<n>" held to CPU cpu
- * under a limit of milli thousandths of a CPU (they hold no task). */
-static void stand_in(const char *cpuset_dir, const char *cpu_dir, int n, int cpu, int milli, char made[2][700])
+ * cpuset_dir and cpu_dir (or, other, in another worker's parent beside its
+ * own): cgroups "spaced-<this pid>-<n>" held to CPU cpu under a limit of
+ * milli thousandths of a CPU (they hold no task). */
+static void stand_in(const char *cpuset_dir, const char *cpu_dir, int n, int cpu, int milli, bool other,
+                     char made[2][700])
 {
 	char parent[600], path[800], v[64];
 
 	for (int h = 0; h < 2; h++) {
-		snprintf(parent, sizeof(parent), "%.590s", h == 0 ? cpuset_dir : cpu_dir);
+		snprintf(parent, sizeof(parent), "%.500s", h == 0 ? cpuset_dir : cpu_dir);
 		*strrchr(parent, '/') = '\0';
+		if (other) {
+			char mine[600];
+
+			snprintf(mine, sizeof(mine), "%s", parent);
+			*strrchr(parent, '/') = '\0';
+			strcat(parent, "/" OTHER_PARENT);
+			cr_assert(mkdir(parent, 0755) == 0 || errno == EEXIST, "mkdir %s: %s", parent, strerror(errno));
+			for (int f = 0; h == 0 && f < 2; f++) {
+				const char *file = f == 0 ? "cpuset.mems" : "cpuset.cpus";
+
+				snprintf(path, sizeof(path), "%s/%s", mine, file);
+				line_of(path, v, sizeof(v));
+				snprintf(path, sizeof(path), "%s/%s", parent, file);
+				cr_assert_eq(sub_write_file(path, v), 0, "%s", path);
+			}
+		}
 		snprintf(made[h], 700, "%s/spaced-%d-%d", parent, (int)getpid(), n);
 		cr_assert(mkdir(made[h], 0755) == 0 || errno == EEXIST, "mkdir %s: %s", made[h], strerror(errno));
 	}
@@ -816,8 +838,9 @@ static void stand_in(const char *cpuset_dir, const char *cpu_dir, int n, int cpu
  * gives it). Beside stand-ins of held executions (0.9 CPU each), an
  * execution under --cpus 0.2 with four busy processes (throttled whatever
  * else the host runs):
- *  - with a stand-in on every CPU but the last, it is held to the last one
- *    (not the lowest: no room there);
+ *  - with a stand-in on every CPU but the last (the first of them another
+ *    worker's: every worker's held executions count), it is held to the last
+ *    one (not the lowest: no room there);
  *  - with one on every CPU, a second such execution finds no room: its quota
  *    throttles it, and it keeps every CPU. */
 Test(substrate, held_executions_never_share_a_cpu_beyond_its_worth, .timeout = 90)
@@ -845,7 +868,7 @@ Test(substrate, held_executions_never_share_a_cpu_beyond_its_worth, .timeout = 9
 	strcat(parent, "/cpuset.cpus");
 	line_of(parent, all, sizeof(all));
 	for (int c = 0; c < ncpu - 1; c++)
-		stand_in(cs, cpu, 9000 + c, c, 900, made[nmade++]);
+		stand_in(cs, cpu, 9000 + c, c, 900, c == 0, made[nmade++]);
 	cr_assert_eq(run_in(&a, "for i in 1 2 3 4; do timeout 20 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
 	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
 	for (i = 0; i < 140; i++) {
@@ -863,7 +886,7 @@ Test(substrate, held_executions_never_share_a_cpu_beyond_its_worth, .timeout = 9
 	cgroup_dir(init_pid(&b), "cpuset", cs, sizeof(cs));
 	cgroup_dir(init_pid(&b), "cpu", cpu, sizeof(cpu));
 	snprintf(pb, sizeof(pb), "%s/cpuset.cpus", cs);
-	stand_in(cs, cpu, 9000 + (int)ncpu - 1, (int)ncpu - 1, 900, made[nmade++]);
+	stand_in(cs, cpu, 9000 + (int)ncpu - 1, (int)ncpu - 1, 900, false, made[nmade++]);
 	char st[600];
 	snprintf(st, sizeof(st), "%s/cpu.stat", cpu);
 	long thr0 = read_key(st, "nr_throttled");
@@ -878,8 +901,12 @@ Test(substrate, held_executions_never_share_a_cpu_beyond_its_worth, .timeout = 9
 	stop(&b);
 	stop(&a);
 	for (int k = 0; k < nmade; k++)
-		for (int h = 0; h < 2; h++)
+		for (int h = 0; h < 2; h++) {
 			rmdir(made[k][h]);
+			*strrchr(made[k][h], '/') = '\0';
+			if (strstr(made[k][h], OTHER_PARENT) != NULL)
+				rmdir(made[k][h]);
+		}
 }
 
 /* Waits (up to ~20 s) for the counter file to show a value other than `old`. */
