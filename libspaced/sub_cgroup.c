@@ -932,8 +932,12 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 		return SPACED_ENOENT;
 	const char *cpu_dir = cg->v2 ? cg->unified : cg->cpu;
 	uint64_t periods = read_u64(cpu_dir, "cpu.stat", "nr_periods");
-	uint64_t throttled = read_u64(cpu_dir, "cpu.stat", "nr_throttled");
+	/* how long its quota held it back (µs; v1 counts ns) */
+	uint64_t throttled = read_u64(cpu_dir, "cpu.stat", cg->v2 ? "throttled_usec" : "throttled_time");
 	uint64_t usec = used_usec(cg);
+
+	if (!cg->v2 && throttled != UINT64_MAX)
+		throttled /= 1000u;
 
 	if (periods == UINT64_MAX || throttled == UINT64_MAX || usec == UINT64_MAX)
 		return SPACED_ESYS;
@@ -950,9 +954,11 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 		*next_ms = SPREAD_BUSY_MS;
 		return 0;
 	}
-	/* throttled in a quarter of the periods: more runnable tasks than the
-	 * limit's CPUs; using 80 % of the limit: still as busy */
-	bool capped = dp >= 4 && dthr * 4 >= dp;
+	/* held back by its quota for a fifth of the sample's time: more runnable
+	 * tasks than the limit's CPUs (one busy task under a whole-CPU limit
+	 * meets its quota, at most a moment past it: it is not held); using
+	 * 80 % of the limit: still as busy */
+	bool capped = dp >= 4 && dthr * 5 >= dt / 1000u;
 	uint64_t used_milli = du * 1000000u / (dt / 1000u + 1);
 	bool busy = used_milli * 10u >= (uint64_t)cg->cpu_milli * 8u;
 

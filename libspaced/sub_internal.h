@@ -28,7 +28,7 @@ struct sub_cgroup {
 	 * most (0: no spread rule), and the rule's last sample and state */
 	uint32_t cpu_milli;
 	unsigned spread_width;
-	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled;
+	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
 	bool narrowed;
 	char held_cpus[64]; /* while narrowed: the list it is held to */
 	unsigned calm;
@@ -79,11 +79,12 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
 
 /* The spread rule, one sample (call it about once a second): an execution
  * with a CPU limit covering fewer CPUs than the host's runs where it likes
- * while it keeps under its limit; once its CPU quota throttles it in a
- * quarter of the periods of a sample (it has more runnable tasks than its
- * limit's CPUs), it is held to ceil(limit) CPUs where the executions held
- * already, every worker's of the host, leave room for its limit (the least
- * loaded, the lowest first;
+ * while it keeps under its limit; once its CPU quota holds it back for a
+ * fifth of a sample's time (it has more runnable tasks than its limit's
+ * CPUs; one busy task under a whole-CPU limit only meets its quota), it is
+ * held to ceil(limit) CPUs where the executions held already, every
+ * worker's of the host, leave room for its limit (the least loaded, the
+ * lowest first;
  * with no room it stays as it is); it is let go once it used under 80 % of
  * its limit for SPREAD_CALM samples in a row. A limit bounds an execution's
  * CPU time, not how many CPUs it takes at once: four CPU-bound tasks under

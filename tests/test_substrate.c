@@ -784,6 +784,41 @@ Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
 	stop(&l);
 }
 
+/* One busy process under a whole-CPU limit meets its quota, at most a
+ * moment past it: it is not held (it would lose moving between CPUs for
+ * nothing), while the same process under half a CPU is. */
+Test(substrate, one_busy_process_under_a_whole_cpu_is_not_held, .timeout = 60)
+{
+	char id[256], out[4096], cg[512], p[600], parent[600], all[256], now[256];
+	const char *extra[] = { "--identity", id, "--cpus", "1", NULL };
+	struct launcher l;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpuset hierarchy (this test reads its files)");
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		cr_skip_test("one CPU: nothing to hold an execution to");
+	idtext(id, sizeof(id), "sbx-one-busy", 1);
+	start(&l, "one", extra, true);
+	cgroup_dir(init_pid(&l), "cpuset", cg, sizeof(cg));
+	snprintf(p, sizeof(p), "%s/cpuset.cpus", cg);
+	snprintf(parent, sizeof(parent), "%s", cg);
+	*strrchr(parent, '/') = '\0';
+	strcat(parent, "/cpuset.cpus");
+	line_of(parent, all, sizeof(all));
+	cr_assert_eq(run_in(&l, "timeout 6 sh -c 'while :; do :; done' >/dev/null 2>&1 & echo started", out,
+	                    sizeof(out)), 0, "%s", out);
+	nap_ms(4500); /* four samples */
+	line_of(p, now, sizeof(now));
+	char cpu[512], st[600];
+	cgroup_dir(init_pid(&l), "cpu", cpu, sizeof(cpu));
+	snprintf(st, sizeof(st), "%s/cpu.stat", cpu);
+	cr_log_info("one busy process under 1 CPU: CPUs %s, throttled %ld of %ld periods, %ld ns in all", now,
+	            read_key(st, "nr_throttled"), read_key(st, "nr_periods"), read_key(st, "throttled_time"));
+	cr_expect_str_eq(now, all, "one busy process under a whole CPU is not held: %s", now);
+	stop(&l);
+}
+
 /* The parent of the stand-ins of another worker's executions (beside the
  * test's own parent: "spaced.room-other"). */
 #define OTHER_PARENT "spaced.room-other"
