@@ -782,6 +782,8 @@ static int run(int argc, char **argv)
 	snprintf(path, sizeof(path), "%s/ready", L.state);
 	(void)unlink(path);
 	L.pooled = cfg.identity == NULL;
+	/* spaced-node --cpu-spread off */
+	L.spread_off = getenv("SPACED_CPU_SPREAD") != NULL && strcmp(getenv("SPACED_CPU_SPREAD"), "off") == 0;
 	prepare_file(L.state, "ready");
 	if (L.pooled)
 		prepare_file(L.state, "identity");

@@ -11,7 +11,7 @@
  *               [--answer-memory SIZE] [--socket-buffer SIZE] [--gateway-memory SIZE] [--executor-jobs N]
  *               [--template-cache SIZE] [--template-max SIZE]
  *               [--pool N] [--pool-max N] [--pool-memory SIZE] [--pool-starts N] [--net-dns IP[:PORT]]
- *               [--net-rate BITS] [--cpu-latency-us N]
+ *               [--net-rate BITS] [--cpu-latency-us N] [--cpu-spread on|off]
  *               [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]
  *               [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]
  *               (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)
@@ -327,7 +327,7 @@ static void usage(void)
 	                "                   [--template-max SIZE] [--pool N] [--pool-max N] [--pool-memory SIZE]\n"
 	                "                   [--pool-starts N] [--net-dns IP[:PORT]] [--net-rate BITS] [--net-openable CIDR[,CIDR]...]\n"
 	                "                   [--net-closed CIDR[,CIDR]...]\n"
-	                "                   [--net-conns N] [--cpu-latency-us N] [--request-cpu weight=N,max=CPUS,pin=CPU|last|off]\n"
+	                "                   [--net-conns N] [--cpu-latency-us N] [--cpu-spread on|off] [--request-cpu weight=N,max=CPUS,pin=CPU|last|off]\n"
 	                "                   [--cp URL [--join-token T | --join-token-file F] [--advertise URL] [--capacity N]]\n"
 	                "                   [--metrics-listen HOST:PORT] [--log-format text|json] [--config FILE]\n"
 	                "                   (--tls-cert FILE --tls-key FILE [--tls-client-ca FILE] | --plaintext)\n"
@@ -1199,6 +1199,15 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			net_conns = (uint32_t)n;
+		}
+		else if (strcmp(a, "--cpu-spread") == 0) {
+			/* its launchers read it (launch.c spread_sample; docs/substrate.md
+			 * "CPU: how many at once") */
+			if (strcmp(v, "on") != 0 && strcmp(v, "off") != 0) {
+				fprintf(stderr, "spaced-node: --cpu-spread wants on or off\n");
+				return 2;
+			}
+			setenv("SPACED_CPU_SPREAD", v, 1);
 		}
 		else if (strcmp(a, "--cpu-latency-us") == 0) {
 			long n;

@@ -819,6 +819,37 @@ Test(substrate, one_busy_process_under_a_whole_cpu_is_not_held, .timeout = 60)
 	stop(&l);
 }
 
+/* spaced-node --cpu-spread off (SPACED_CPU_SPREAD=off in its launchers'
+ * environment): the same hog as above is left on every CPU. */
+Test(substrate, spread_rule_off_leaves_a_cpu_bound_execution_free, .timeout = 60)
+{
+	char id[256], out[4096], cg[512], p[600], parent[600], all[256], now[256];
+	const char *extra[] = { "--identity", id, "--cpus", "0.5", NULL };
+	struct launcher l;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpuset hierarchy (this test reads its files)");
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		cr_skip_test("one CPU: nothing to hold an execution to");
+	idtext(id, sizeof(id), "sbx-spread-off", 1);
+	setenv("SPACED_CPU_SPREAD", "off", 1);
+	start(&l, "off", extra, true);
+	unsetenv("SPACED_CPU_SPREAD");
+	cgroup_dir(init_pid(&l), "cpuset", cg, sizeof(cg));
+	snprintf(p, sizeof(p), "%s/cpuset.cpus", cg);
+	snprintf(parent, sizeof(parent), "%s", cg);
+	*strrchr(parent, '/') = '\0';
+	strcat(parent, "/cpuset.cpus");
+	line_of(parent, all, sizeof(all));
+	cr_assert_eq(run_in(&l, "for i in 1 2 3 4; do timeout 6 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
+	nap_ms(3500); /* three samples: held after one with the rule on */
+	line_of(p, now, sizeof(now));
+	cr_expect_str_eq(now, all, "with the rule off it keeps every CPU, not %s", now);
+	stop(&l);
+}
+
 /* The parent of the stand-ins of another worker's executions (beside the
  * test's own parent: "spaced.room-other"). */
 #define OTHER_PARENT "spaced.room-other"
