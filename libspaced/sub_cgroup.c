@@ -868,7 +868,8 @@ static void held_load(const struct sub_cgroup *cg, const char *grand, const char
  * held executions beyond its worth would take from both what their limits
  * give them; it is tried again at the next sample). The host's launchers
  * decide one at a time (a lock on the directory holding the workers'
- * parents). 1 when held (cpus: the list). */
+ * parents); one that finds the lock taken decides at its next sample (0).
+ * 1 when held (cpus: the list). */
 static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 {
 	char list[4096], parent[PATH_MAX], grand[PATH_MAX];
@@ -884,11 +885,14 @@ static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 	memset(chosen, 0, sizeof(chosen));
 	dir_up(own, parent, sizeof(parent));
 	dir_up(parent, grand, sizeof(grand));
+	/* not waited for: a launcher's loop serves its guest's transport; one
+	 * that finds another deciding tries again at its next sample */
 	int lock = open(grand, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (lock < 0 || flock(lock, LOCK_EX) < 0) {
+	if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
+		int busy = lock >= 0 && errno == EWOULDBLOCK;
 		if (lock >= 0)
 			close(lock);
-		return SPACED_ESYS;
+		return busy ? 0 : SPACED_ESYS;
 	}
 	DIR *d = opendir(grand);
 	struct dirent *de;
@@ -962,17 +966,16 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 	uint64_t used_milli = du * 1000000u / (dt / 1000u + 1);
 	bool busy = used_milli * 10u >= (uint64_t)cg->cpu_milli * 8u;
 
-	if (cg->narrowed || capped || used_milli * 10u >= cg->cpu_milli)
+	if (cg->held_cpus[0] || capped || used_milli * 10u >= cg->cpu_milli)
 		*next_ms = SPREAD_BUSY_MS;
 
-	if (!cg->narrowed) {
+	if (!cg->held_cpus[0]) {
 		if (!capped)
 			return 0;
 		int h = spread_hold(cg, cpus, cpussz);
 		if (h <= 0)
 			return h;
 		snprintf(cg->held_cpus, sizeof(cg->held_cpus), "%s", cpus);
-		cg->narrowed = true;
 		cg->calm = 0;
 		return 1;
 	}
@@ -985,7 +988,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || knob(spread_dir(cg), "cpuset.cpus", list, NULL, 0) < 0)
 		return SPACED_ESYS;
 	snprintf(cpus, cpussz, "%s", list);
-	cg->narrowed = false;
+	cg->held_cpus[0] = '\0';
 	cg->calm = 0;
 	return 2;
 }

@@ -29,8 +29,7 @@ struct sub_cgroup {
 	uint32_t cpu_milli;
 	unsigned spread_width;
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
-	bool narrowed;
-	char held_cpus[64]; /* while narrowed: the list it is held to */
+	char held_cpus[256]; /* the list it is held to, "" while free */
 	unsigned calm;
 };
 

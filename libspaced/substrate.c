@@ -1417,7 +1417,7 @@ int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsig
 
 void spaced_sub_cpus_held(const struct spaced_sub *s, char *cpus, size_t cpussz)
 {
-	snprintf(cpus, cpussz, "%s", s->cg.narrowed ? s->cg.held_cpus : "");
+	snprintf(cpus, cpussz, "%s", s->cg.held_cpus);
 }
 
 void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u)

@@ -386,7 +386,7 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 		         init->start_time, idtext);
 	} else if (strcmp(cmd, "USAGE") == 0) {
 		struct spaced_sub_usage u;
-		char held[64];
+		char held[256];
 
 		cpu_sample(L, spaced_mono_ns(), true);
 		spaced_sub_usage(L->sub, &u);

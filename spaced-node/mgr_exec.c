@@ -1278,8 +1278,8 @@ int mgr_exec_usage(const struct mgr_config *cfg, const struct mgr_rec *rec, json
 	json_object_set_new(o, "disk_total", json_integer((json_int_t)disk_total));
 	/* the CPUs the spread rule holds it to (docs/substrate.md), null when free */
 	const char *held = strstr(reply, " cpus_held=");
-	char hl[64] = "";
-	if (held && sscanf(held, " cpus_held=%63[0-9,-]", hl) == 1 && hl[0] != '-')
+	char hl[256] = "";
+	if (held && sscanf(held, " cpus_held=%255[0-9,-]", hl) == 1 && hl[0] != '-')
 		json_object_set_new(o, "cpus_held", json_string(hl));
 	else
 		json_object_set_new(o, "cpus_held", json_null());

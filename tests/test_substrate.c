@@ -731,57 +731,102 @@ static bool tasks_on(const char *cgdir, const char *cpus, int *n)
 	return all;
 }
 
+/* An execution of the spread rule's tests: its launcher, its cpuset and cpu
+ * cgroups, and the CPUs of its parent (the ones a free execution has). */
+struct spread_exec {
+	struct launcher l;
+	char id[256], cpuset[512], cpu[512], all[256];
+};
+
+/* Skips a test of the spread rule where it cannot run. */
+static void need_spread(void)
+{
+	need_sandbox();
+	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0 || access("/sys/fs/cgroup/cpu/cpu.shares", F_OK) != 0)
+		cr_skip_test("no cgroup v1 cpuset and cpu hierarchies (these tests read and make cgroups there)");
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		cr_skip_test("one CPU: nothing to hold an execution to");
+}
+
+/* Starts execution name of sandbox under --cpus cpus; it may use every CPU
+ * of its parent at first. */
+static void spread_start(struct spread_exec *e, const char *name, const char *sandbox, const char *cpus)
+{
+	const char *extra[] = { "--identity", e->id, "--cpus", cpus, NULL };
+	char path[600], now[256];
+
+	idtext(e->id, sizeof(e->id), sandbox, 1);
+	start(&e->l, name, extra, true);
+	cgroup_dir(init_pid(&e->l), "cpuset", e->cpuset, sizeof(e->cpuset));
+	cgroup_dir(init_pid(&e->l), "cpu", e->cpu, sizeof(e->cpu));
+	snprintf(path, sizeof(path), "%s", e->cpuset);
+	*strrchr(path, '/') = '\0';
+	strcat(path, "/cpuset.cpus");
+	line_of(path, e->all, sizeof(e->all));
+	snprintf(path, sizeof(path), "%s/cpuset.cpus", e->cpuset);
+	line_of(path, now, sizeof(now));
+	cr_assert_neq(e->all[0], '\0');
+	cr_assert_str_eq(now, e->all, "a new execution may use every CPU of its parent");
+}
+
+/* The CPUs the execution may use now. */
+static void spread_cpus(const struct spread_exec *e, char *out, size_t sz)
+{
+	char path[600];
+
+	snprintf(path, sizeof(path), "%s/cpuset.cpus", e->cpuset);
+	line_of(path, out, sz);
+}
+
+/* n busy processes in it, each ending by itself after secs seconds. */
+static void spread_busy(const struct spread_exec *e, int n, int secs)
+{
+	char cmd[256], out[4096];
+
+	snprintf(cmd, sizeof(cmd),
+	         "i=0; while [ $i -lt %d ]; do timeout %d sh -c 'while :; do :; done' >/dev/null 2>&1 & "
+	         "i=$((i + 1)); done; echo started", n, secs);
+	cr_assert_eq(run_in(&e->l, cmd, out, sizeof(out)), 0, "%s", out);
+}
+
+/* Waits (up to ms) until the execution's CPUs are other than all (held),
+ * or, held false, are all again; the CPUs in now, the time waited. */
+static int spread_wait(const struct spread_exec *e, bool held, int ms, char *now, size_t sz)
+{
+	int waited = 0;
+
+	for (;; waited += 50) {
+		spread_cpus(e, now, sz);
+		if ((now[0] != '\0' && strcmp(now, e->all) != 0) == held || waited >= ms)
+			return waited;
+		nap_ms(50);
+	}
+}
+
 /* The spread rule (docs/substrate.md "CPU: how many at once"): four
  * CPU-bound processes under --cpus 0.5 take every CPU of the host for a
  * quarter of each period, so a co-tenant's woken task waits for a tick there;
- * once the quota throttles them the execution is held to one CPU (its
+ * once the quota holds them back the execution is held to one CPU (its
  * cpuset, every task in it), and let go to all once they end. */
 Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
 {
-	char id[256], out[4096], cg[512], p[600], parent[600], all[256], now[256];
-	const char *extra[] = { "--identity", id, "--cpus", "0.5", NULL };
-	struct launcher l;
-	int n = 0, i;
+	struct spread_exec e;
+	char now[256];
+	int n = 0, ms;
 
-	need_sandbox();
-	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0)
-		cr_skip_test("no cgroup v1 cpuset hierarchy (this test reads its files)");
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-		cr_skip_test("one CPU: nothing to hold an execution to");
-	idtext(id, sizeof(id), "sbx-spread", 1);
-	start(&l, "x", extra, true);
-	cgroup_dir(init_pid(&l), "cpuset", cg, sizeof(cg));
-	snprintf(p, sizeof(p), "%s/cpuset.cpus", cg);
-	snprintf(parent, sizeof(parent), "%s", cg);
-	*strrchr(parent, '/') = '\0';
-	strcat(parent, "/cpuset.cpus");
-	line_of(parent, all, sizeof(all));
-	line_of(p, now, sizeof(now));
-	cr_assert_neq(all[0], '\0');
-	cr_assert_str_eq(now, all, "a new execution may use every CPU of its parent");
-	/* four CPU-bound processes, each ending by itself after 8 s */
-	cr_assert_eq(run_in(&l, "for i in 1 2 3 4; do timeout 8 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
-	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
-	for (i = 0; i < 140; i++) {
-		line_of(p, now, sizeof(now));
-		if (now[0] != '\0' && strcmp(now, all) != 0)
-			break;
-		nap_ms(50);
-	}
-	cr_log_info("held after %d ms to CPUs %s (of %s)", i * 50, now, all);
-	cr_assert(now[0] != '\0' && strcmp(now, all) != 0, "still on CPUs %s after 7 s", now);
+	need_spread();
+	spread_start(&e, "x", "sbx-spread", "0.5");
+	spread_busy(&e, 4, 8);
+	ms = spread_wait(&e, true, 7000, now, sizeof(now));
+	cr_log_info("held after %d ms to CPUs %s (of %s)", ms, now, e.all);
+	cr_assert(now[0] != '\0' && strcmp(now, e.all) != 0, "still on CPUs %s after 7 s", now);
 	cr_expect(strchr(now, ',') == NULL && strchr(now, '-') == NULL, "0.5 CPU held to one CPU: %s", now);
-	cr_expect(tasks_on(cg, now, &n) && n >= 5, "every task of the execution (%d seen) on CPU %s", n, now);
-	for (i = 0; i < 500; i++) {
-		line_of(p, now, sizeof(now));
-		if (strcmp(now, all) == 0)
-			break;
-		nap_ms(50);
-	}
-	cr_log_info("let go after %d ms", i * 50);
-	cr_expect_str_eq(now, all, "let go once its processes ended (25 s): %s", now);
-	cr_expect(tasks_on(cg, all, &n) && n >= 1, "its tasks (%d) on every CPU again", n);
-	stop(&l);
+	cr_expect(tasks_on(e.cpuset, now, &n) && n >= 5, "every task of the execution (%d seen) on CPU %s", n, now);
+	ms = spread_wait(&e, false, 25000, now, sizeof(now));
+	cr_log_info("let go after %d ms", ms);
+	cr_expect_str_eq(now, e.all, "let go once its processes ended (25 s): %s", now);
+	cr_expect(tasks_on(e.cpuset, e.all, &n) && n >= 1, "its tasks (%d) on every CPU again", n);
+	stop(&e.l);
 }
 
 /* One busy process under a whole-CPU limit meets its quota, at most a
@@ -789,65 +834,37 @@ Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
  * nothing), while the same process under half a CPU is. */
 Test(substrate, one_busy_process_under_a_whole_cpu_is_not_held, .timeout = 60)
 {
-	char id[256], out[4096], cg[512], p[600], parent[600], all[256], now[256];
-	const char *extra[] = { "--identity", id, "--cpus", "1", NULL };
-	struct launcher l;
+	struct spread_exec e;
+	char now[256], st[600];
 
-	need_sandbox();
-	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0)
-		cr_skip_test("no cgroup v1 cpuset hierarchy (this test reads its files)");
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-		cr_skip_test("one CPU: nothing to hold an execution to");
-	idtext(id, sizeof(id), "sbx-one-busy", 1);
-	start(&l, "one", extra, true);
-	cgroup_dir(init_pid(&l), "cpuset", cg, sizeof(cg));
-	snprintf(p, sizeof(p), "%s/cpuset.cpus", cg);
-	snprintf(parent, sizeof(parent), "%s", cg);
-	*strrchr(parent, '/') = '\0';
-	strcat(parent, "/cpuset.cpus");
-	line_of(parent, all, sizeof(all));
-	cr_assert_eq(run_in(&l, "timeout 6 sh -c 'while :; do :; done' >/dev/null 2>&1 & echo started", out,
-	                    sizeof(out)), 0, "%s", out);
+	need_spread();
+	spread_start(&e, "one", "sbx-one-busy", "1");
+	spread_busy(&e, 1, 6);
 	nap_ms(4500); /* four samples */
-	line_of(p, now, sizeof(now));
-	char cpu[512], st[600];
-	cgroup_dir(init_pid(&l), "cpu", cpu, sizeof(cpu));
-	snprintf(st, sizeof(st), "%s/cpu.stat", cpu);
+	spread_cpus(&e, now, sizeof(now));
+	snprintf(st, sizeof(st), "%s/cpu.stat", e.cpu);
 	cr_log_info("one busy process under 1 CPU: CPUs %s, throttled %ld of %ld periods, %ld ns in all", now,
 	            read_key(st, "nr_throttled"), read_key(st, "nr_periods"), read_key(st, "throttled_time"));
-	cr_expect_str_eq(now, all, "one busy process under a whole CPU is not held: %s", now);
-	stop(&l);
+	cr_expect_str_eq(now, e.all, "one busy process under a whole CPU is not held: %s", now);
+	stop(&e.l);
 }
 
 /* spaced-node --cpu-spread off (SPACED_CPU_SPREAD=off in its launchers'
  * environment): the same hog as above is left on every CPU. */
 Test(substrate, spread_rule_off_leaves_a_cpu_bound_execution_free, .timeout = 60)
 {
-	char id[256], out[4096], cg[512], p[600], parent[600], all[256], now[256];
-	const char *extra[] = { "--identity", id, "--cpus", "0.5", NULL };
-	struct launcher l;
+	struct spread_exec e;
+	char now[256];
 
-	need_sandbox();
-	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0)
-		cr_skip_test("no cgroup v1 cpuset hierarchy (this test reads its files)");
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-		cr_skip_test("one CPU: nothing to hold an execution to");
-	idtext(id, sizeof(id), "sbx-spread-off", 1);
+	need_spread();
 	setenv("SPACED_CPU_SPREAD", "off", 1);
-	start(&l, "off", extra, true);
+	spread_start(&e, "off", "sbx-spread-off", "0.5");
 	unsetenv("SPACED_CPU_SPREAD");
-	cgroup_dir(init_pid(&l), "cpuset", cg, sizeof(cg));
-	snprintf(p, sizeof(p), "%s/cpuset.cpus", cg);
-	snprintf(parent, sizeof(parent), "%s", cg);
-	*strrchr(parent, '/') = '\0';
-	strcat(parent, "/cpuset.cpus");
-	line_of(parent, all, sizeof(all));
-	cr_assert_eq(run_in(&l, "for i in 1 2 3 4; do timeout 6 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
-	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
+	spread_busy(&e, 4, 6);
 	nap_ms(3500); /* three samples: held after one with the rule on */
-	line_of(p, now, sizeof(now));
-	cr_expect_str_eq(now, all, "with the rule off it keeps every CPU, not %s", now);
-	stop(&l);
+	spread_cpus(&e, now, sizeof(now));
+	cr_expect_str_eq(now, e.all, "with the rule off it keeps every CPU, not %s", now);
+	stop(&e.l);
 }
 
 /* The parent of the stand-ins of another worker's executions (beside the
@@ -911,61 +928,36 @@ static void stand_in(const char *cpuset_dir, const char *cpu_dir, int n, int cpu
  *    throttles it, and it keeps every CPU. */
 Test(substrate, held_executions_never_share_a_cpu_beyond_its_worth, .timeout = 90)
 {
-	struct launcher a, b;
-	char ida[256], idb[256], out[4096], cs[512], cpu[512], pa[600], pb[600], parent[600], all[256], now[256];
-	char made[4][2][700];
-	const char *ea[] = { "--identity", ida, "--cpus", "0.2", NULL };
-	const char *eb[] = { "--identity", idb, "--cpus", "0.2", NULL };
+	struct spread_exec a, b;
+	char now[256], last[24], st[600], made[4][2][700];
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	int i, nmade = 0;
+	int nmade = 0, ms;
 
-	need_sandbox();
-	if (access("/sys/fs/cgroup/cpuset/cpuset.cpus", F_OK) != 0 || access("/sys/fs/cgroup/cpu/cpu.shares", F_OK) != 0)
-		cr_skip_test("no cgroup v1 cpuset and cpu hierarchies (this test makes cgroups there)");
-	if (ncpu < 2 || ncpu > 4)
+	need_spread();
+	if (ncpu > 4)
 		cr_skip_test("made for 2 to 4 CPUs (%ld here)", ncpu);
-	idtext(ida, sizeof(ida), "sbx-room-a", 1);
-	start(&a, "a", ea, true);
-	cgroup_dir(init_pid(&a), "cpuset", cs, sizeof(cs));
-	cgroup_dir(init_pid(&a), "cpu", cpu, sizeof(cpu));
-	snprintf(pa, sizeof(pa), "%s/cpuset.cpus", cs);
-	snprintf(parent, sizeof(parent), "%s", cs);
-	*strrchr(parent, '/') = '\0';
-	strcat(parent, "/cpuset.cpus");
-	line_of(parent, all, sizeof(all));
+	spread_start(&a, "a", "sbx-room-a", "0.2");
 	for (int c = 0; c < ncpu - 1; c++)
-		stand_in(cs, cpu, 9000 + c, c, 900, c == 0, made[nmade++]);
-	cr_assert_eq(run_in(&a, "for i in 1 2 3 4; do timeout 20 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
-	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
-	for (i = 0; i < 140; i++) {
-		line_of(pa, now, sizeof(now));
-		if (strcmp(now, all) != 0)
-			break;
-		nap_ms(50);
-	}
-	cr_log_info("held after %d ms to CPUs %s (of %s)", i * 50, now, all);
-	snprintf(out, sizeof(out), "%ld", ncpu - 1);
-	cr_expect_str_eq(now, out, "held to the one CPU with room for 0.2 (the last), not %s", now);
+		stand_in(a.cpuset, a.cpu, 9000 + c, c, 900, c == 0, made[nmade++]);
+	spread_busy(&a, 4, 20);
+	ms = spread_wait(&a, true, 7000, now, sizeof(now));
+	cr_log_info("held after %d ms to CPUs %s (of %s)", ms, now, a.all);
+	snprintf(last, sizeof(last), "%ld", ncpu - 1);
+	cr_expect_str_eq(now, last, "held to the one CPU with room for 0.2 (the last), not %s", now);
 	/* every CPU taken now: the last by execution a */
-	idtext(idb, sizeof(idb), "sbx-room-b", 1);
-	start(&b, "b", eb, true);
-	cgroup_dir(init_pid(&b), "cpuset", cs, sizeof(cs));
-	cgroup_dir(init_pid(&b), "cpu", cpu, sizeof(cpu));
-	snprintf(pb, sizeof(pb), "%s/cpuset.cpus", cs);
-	stand_in(cs, cpu, 9000 + (int)ncpu - 1, (int)ncpu - 1, 900, false, made[nmade++]);
-	char st[600];
-	snprintf(st, sizeof(st), "%s/cpu.stat", cpu);
+	spread_start(&b, "b", "sbx-room-b", "0.2");
+	stand_in(b.cpuset, b.cpu, 9000 + (int)ncpu - 1, (int)ncpu - 1, 900, false, made[nmade++]);
+	snprintf(st, sizeof(st), "%s/cpu.stat", b.cpu);
 	long thr0 = read_key(st, "nr_throttled");
-	cr_assert_eq(run_in(&b, "for i in 1 2 3 4; do timeout 20 sh -c 'while :; do :; done' >/dev/null 2>&1 & "
-	                        "done; echo started", out, sizeof(out)), 0, "%s", out);
+	spread_busy(&b, 4, 20);
 	nap_ms(4000); /* four samples, every one throttled */
-	line_of(pb, now, sizeof(now));
+	spread_cpus(&b, now, sizeof(now));
 	long thr = read_key(st, "nr_throttled");
 	cr_log_info("b: CPUs %s, throttled in %ld periods meanwhile", now, thr - thr0);
 	cr_expect_geq(thr - thr0, 10, "b's quota throttled it");
-	cr_expect_str_eq(now, all, "b found no room: it keeps every CPU, not %s", now);
-	stop(&b);
-	stop(&a);
+	cr_expect_str_eq(now, b.all, "b found no room: it keeps every CPU, not %s", now);
+	stop(&b.l);
+	stop(&a.l);
 	for (int k = 0; k < nmade; k++)
 		for (int h = 0; h < 2; h++) {
 			rmdir(made[k][h]);
