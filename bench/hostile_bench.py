@@ -23,6 +23,8 @@ BENCH_CPU_LATENCY_US=N starts the workers with --cpu-latency-us N (idle CPUs wak
 they poll): on a virtual machine whose idle vCPUs halt, the quiet round's latencies are mostly
 wake-ups through the hypervisor, which the loaded round does not pay (its vCPUs are busy).
 BENCH_REQUEST_CPU=LIST starts the workers with --request-cpu LIST (weight=N,max=CPUS, or off).
+BENCH_ATTACKS=LIST runs only those attacks (of slow,loris,stalled,forkloop,hog; default all): which one
+a loaded round's tail comes from. The moves run in every case.
 """
 import http.client
 import json
@@ -39,6 +41,10 @@ import time
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 SC = os.path.join(BUILD, "spacectl", "spacectl")
 READS, EXECS, MOVES = 1000, 400, 16
+ALL_ATTACKS = ("slow", "loris", "stalled", "forkloop", "hog")
+ATTACKS = set(os.environ.get("BENCH_ATTACKS", ",".join(ALL_ATTACKS)).split(","))
+if not ATTACKS <= set(ALL_ATTACKS):
+    sys.exit("hostile_bench: BENCH_ATTACKS names attacks of %s" % ",".join(ALL_ATTACKS))
 
 
 def sh(*args, env=None, check=True):
@@ -192,7 +198,7 @@ def main():
         host, port = ar["worker_url"].replace("http://", "").split(":")
         port = int(port)
         slow = []
-        for _ in range(20):
+        for _ in range(20 if "slow" in ATTACKS else 0):
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.connect(("127.0.0.1", port))
@@ -202,7 +208,7 @@ def main():
 
         def loris():
             conns = []
-            while not stop.is_set():
+            while "loris" in ATTACKS and not stop.is_set():
                 while len(conns) < 200 and not stop.is_set():
                     try:
                         s = socket.socket()
@@ -233,6 +239,7 @@ def main():
                 if r["identity"]["sandbox"] == g][0]
         stopped_guest = sh("pgrep", "-P", str(lpid)).split()[0]
         os.kill(int(stopped_guest), 19)  # SIGSTOP
+        stalled_clients = 4 if "stalled" in ATTACKS else 0
 
         def stalled_client():
             n = Node(gr["worker_url"], gr["capability"])
@@ -242,14 +249,19 @@ def main():
 
         f = sh(SC, "create", "--worker", "worker-1", "--pids", "64", "--cpus", "0.5", env=env)
         h = sh(SC, "create", "--worker", "worker-1", "--cpus", "0.5", env=env)
-        bg = [subprocess.Popen([SC, "exec", f, "--timeout", "600", "--", "sh", "-c",
-                                "while :; do for i in 1 2 3 4 5 6 7 8; do sleep 0.01 & done; wait; done"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-              subprocess.Popen([SC, "exec", h, "--timeout", "600", "--", "sh", "-c",
-                                "for i in 1 2 3 4; do (while :; do :; done) & done; wait"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        bg = ([subprocess.Popen([SC, "exec", f, "--timeout", "600", "--", "sh", "-c",
+                                 "while :; do for i in 1 2 3 4 5 6 7 8; do sleep 0.01 & done; wait; done"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+              if "forkloop" in ATTACKS else []) + \
+             ([subprocess.Popen([SC, "exec", h, "--timeout", "600", "--", "sh", "-c",
+                                 "for i in 1 2 3 4; do (while :; do :; done) & done; wait"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+              if "hog" in ATTACKS else [])
+        if ATTACKS != set(ALL_ATTACKS):
+            print("attacks: %s" % ",".join(a for a in ALL_ATTACKS if a in ATTACKS))
         def attack():
-            threads = [threading.Thread(target=loris)] + [threading.Thread(target=stalled_client) for _ in range(4)]
+            threads = [threading.Thread(target=loris)] + [threading.Thread(target=stalled_client)
+                                                          for _ in range(stalled_clients)]
             for t in threads:
                 t.start()
             for t in threads:
