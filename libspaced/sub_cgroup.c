@@ -12,6 +12,8 @@
 #include "substrate.h"
 
 #include <dirent.h>
+#include <sched.h>
+#include <sys/xattr.h>
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -860,20 +862,179 @@ static void held_load(const struct sub_cgroup *cg, const char *grand, const char
 		closedir(d);
 }
 
+/* The directory holding the workers' parents (grand: the rule's lock, and
+ * where the held CPUs are published). */
+static void spread_grand(const struct sub_cgroup *cg, char *grand, size_t grandsz)
+{
+	char parent[PATH_MAX];
+
+	dir_up(spread_dir(cg), parent, sizeof(parent));
+	dir_up(parent, grand, grandsz);
+}
+
+/* The rule's host-wide lock on grand, never waited for: a launcher's loop
+ * serves its guest's transport; one that finds another deciding tries again
+ * at its next sample. The locked descriptor, -1 when taken (busy set) or on
+ * error. */
+static int spread_lock(const char *grand, bool *busy)
+{
+	int lock = open(grand, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	*busy = false;
+	if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
+		*busy = lock >= 0 && errno == EWOULDBLOCK;
+		if (lock >= 0)
+			close(lock);
+		return -1;
+	}
+	return lock;
+}
+
+/* What the executions held on the host (every worker's parent under grand)
+ * put on each CPU, own left out (held_load). */
+static void host_held_load(const struct sub_cgroup *cg, const char *grand, const char *own, uint64_t load[SPREAD_CPUS])
+{
+	DIR *d = opendir(grand);
+	struct dirent *de;
+
+	memset(load, 0, SPREAD_CPUS * sizeof(uint64_t));
+	while (d != NULL && (de = readdir(d)) != NULL)
+		if (strcmp(de->d_name, "spaced") == 0 ||
+		    (strncmp(de->d_name, "spaced.", 7) == 0 && strchr(de->d_name, '+') == NULL))
+			held_load(cg, grand, de->d_name, own, load);
+	if (d != NULL)
+		closedir(d);
+}
+
+/* ---- free executions off the held CPUs ----
+ * A held execution runs its tasks on its CPUs whenever its quota lets it: a
+ * task of another execution woken there waits, more often than not, for the
+ * kernel's next tick (4 ms at 250 Hz), while the other CPUs may be idle. So
+ * the CPUs that held executions run on are published on grand (an extended
+ * attribute, with the second it was written; older than TAKEN_FRESH_S it
+ * says nothing) by the launcher that decides under the rule's lock — a hold,
+ * a release, and every sample of a held execution — and every free
+ * execution keeps its tasks off them (their affinity: its cpuset stays its
+ * parent's, so the rule counts it as free) wherever the rest leaves it its
+ * limit's CPUs: what it may use is never below its limit, what it gives up
+ * is the held CPUs' time their executions' limits leave over (a victim's
+ * burst of execs is busy too, and was the one that waited); a CPU counts as
+ * taken where the held limits make half a CPU (TAKEN_MIN_MILLI). */
+#define TAKEN_XATTR "trusted.spaced.cpus_held"
+#define TAKEN_FRESH_S 5
+/* A CPU is taken from the free executions only where the held executions'
+ * limits make half a CPU: held limits take at most twice their worth from
+ * the rest (a hog of a hundredth of a CPU, held, takes no CPU). */
+#define TAKEN_MIN_MILLI 500u
+
+/* Publishes on grand the CPUs where load (and mine_milli on the CPUs of
+ * mine, when not NULL) makes TAKEN_MIN_MILLI. */
+static void taken_publish(const char *grand, const uint64_t load[SPREAD_CPUS], const bool *mine, uint64_t mine_milli)
+{
+	char text[4096];
+	size_t used = (size_t)snprintf(text, sizeof(text), "%lld ", (long long)time(NULL));
+	bool any = false;
+
+	for (int c = 0; c < SPREAD_CPUS && used + 8 < sizeof(text); c++)
+		if (load[c] + (mine != NULL && mine[c] ? mine_milli : 0) >= TAKEN_MIN_MILLI) {
+			used += (size_t)snprintf(text + used, sizeof(text) - used, "%s%d", any ? "," : "", c);
+			any = true;
+		}
+	if (!any)
+		used += (size_t)snprintf(text + used, sizeof(text) - used, "-");
+	(void)setxattr(grand, TAKEN_XATTR, text, used, 0);
+}
+
+/* The CPUs published as held (none when the note is missing or stale). */
+static void taken_read(const char *grand, bool taken[SPREAD_CPUS])
+{
+	char text[4096];
+	ssize_t n = getxattr(grand, TAKEN_XATTR, text, sizeof(text) - 1);
+	long long at;
+	int off = 0;
+
+	memset(taken, 0, SPREAD_CPUS * sizeof(bool));
+	if (n <= 0)
+		return;
+	text[n] = '\0';
+	if (sscanf(text, "%lld %n", &at, &off) != 1 || off <= 0 || at + TAKEN_FRESH_S < (long long)time(NULL) ||
+	    text[off] == '-' || cpulist_parse(text + off, taken) < 0)
+		memset(taken, 0, SPREAD_CPUS * sizeof(bool));
+}
+
+/* Sets the affinity of every task of the execution to set. */
+static void tasks_affinity(const struct sub_cgroup *cg, const bool set[SPREAD_CPUS])
+{
+	char path[PATH_MAX + 32];
+	cpu_set_t mask;
+
+	CPU_ZERO(&mask);
+	for (int c = 0; c < SPREAD_CPUS && c < CPU_SETSIZE; c++)
+		if (set[c])
+			CPU_SET(c, &mask);
+	snprintf(path, sizeof(path), "%s/%s", spread_dir(cg), cg->v2 ? "cgroup.threads" : "tasks");
+	FILE *f = fopen(path, "re");
+	long tid;
+
+	while (f != NULL && fscanf(f, "%ld", &tid) == 1)
+		(void)sched_setaffinity((pid_t)tid, sizeof(mask), &mask);
+	if (f != NULL)
+		fclose(f);
+}
+
+/* One sample of a free execution: kept off the published held CPUs (3,
+ * cpus: where it is kept), on every CPU again once none is held or the rest
+ * is narrower than its limit (4, cpus: every CPU), 0 for no change. Its
+ * tasks' affinity is set again at each sample while it is kept (new ones
+ * inherit it; one that set its own is put back). */
+static int keep_off(struct sub_cgroup *cg, char *cpus, size_t cpussz)
+{
+	char list[4096], grand[PATH_MAX], text[256] = "";
+	bool all[SPREAD_CPUS], want[SPREAD_CPUS], taken[SPREAD_CPUS];
+	int n = 0, nall;
+
+	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || (nall = cpulist_parse(list, all)) <= 0)
+		return SPACED_ESYS;
+	spread_grand(cg, grand, sizeof(grand));
+	taken_read(grand, taken);
+	for (int c = 0; c < SPREAD_CPUS; c++)
+		want[c] = all[c] && !taken[c];
+	for (int c = 0; c < SPREAD_CPUS; c++)
+		n += want[c];
+	if ((unsigned)n < cg->spread_width || n == nall) {
+		if (!cg->kept_to[0])
+			return 0;
+		memcpy(want, all, sizeof(want));
+	} else {
+		size_t used = 0;
+
+		for (int c = 0; c < SPREAD_CPUS; c++)
+			if (want[c] && used + 8 < sizeof(text))
+				used += (size_t)snprintf(text + used, sizeof(text) - used, "%s%d", used ? "," : "", c);
+	}
+	tasks_affinity(cg, want);
+	int r = strcmp(text, cg->kept_to) == 0 ? 0 : text[0] ? 3 : 4;
+
+	snprintf(cg->kept_to, sizeof(cg->kept_to), "%s", text);
+	snprintf(cpus, cpussz, "%s", text[0] ? text : list);
+	return r;
+}
+
 /* Holds the execution to spread_width CPUs where the executions held
  * already — this worker's and every other worker's of the host (each
  * worker's parent, "spaced" or "spaced.NAME") — leave room for its limit
- * (a CPU holds at most one CPU's worth): the least loaded, the lowest first.
- * Where there is no such room it stays where it is (0: a CPU given to two
- * held executions beyond its worth would take from both what their limits
- * give them; it is tried again at the next sample). The host's launchers
- * decide one at a time (a lock on the directory holding the workers'
- * parents); one that finds the lock taken decides at its next sample (0).
- * 1 when held (cpus: the list). */
+ * (a CPU holds at most one CPU's worth): the most loaded of those, the
+ * lowest first — held executions packed together, so that the free ones
+ * keep the most CPUs (keep_off). Where there is no such room it stays where
+ * it is (0: a CPU given to two held executions beyond its worth would take
+ * from both what their limits give them; it is tried again at the next
+ * sample). The host's launchers decide one at a time (spread_lock); one
+ * that finds the lock taken decides at its next sample (0). 1 when held
+ * (cpus: the list); the held CPUs published afresh either way. */
 static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 {
-	char list[4096], parent[PATH_MAX], grand[PATH_MAX];
-	bool all[SPREAD_CPUS], chosen[SPREAD_CPUS];
+	char list[4096], grand[PATH_MAX];
+	bool all[SPREAD_CPUS], chosen[SPREAD_CPUS], busy;
 	uint64_t load[SPREAD_CPUS];
 	const char *own = spread_dir(cg);
 	uint64_t mine = cg->cpu_milli / cg->spread_width;
@@ -881,34 +1042,18 @@ static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 
 	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || cpulist_parse(list, all) <= 0)
 		return SPACED_ESYS;
-	memset(load, 0, sizeof(load));
 	memset(chosen, 0, sizeof(chosen));
-	dir_up(own, parent, sizeof(parent));
-	dir_up(parent, grand, sizeof(grand));
-	/* not waited for: a launcher's loop serves its guest's transport; one
-	 * that finds another deciding tries again at its next sample */
-	int lock = open(grand, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (lock < 0 || flock(lock, LOCK_EX | LOCK_NB) < 0) {
-		int busy = lock >= 0 && errno == EWOULDBLOCK;
-		if (lock >= 0)
-			close(lock);
+	spread_grand(cg, grand, sizeof(grand));
+	int lock = spread_lock(grand, &busy);
+	if (lock < 0)
 		return busy ? 0 : SPACED_ESYS;
-	}
-	DIR *d = opendir(grand);
-	struct dirent *de;
-
-	while (d != NULL && (de = readdir(d)) != NULL)
-		if (strcmp(de->d_name, "spaced") == 0 ||
-		    (strncmp(de->d_name, "spaced.", 7) == 0 && strchr(de->d_name, '+') == NULL))
-			held_load(cg, grand, de->d_name, own, load);
-	if (d != NULL)
-		closedir(d);
+	host_held_load(cg, grand, own, load);
 	unsigned got = 0;
 	for (; got < cg->spread_width; got++) {
 		int best = -1;
 
 		for (int c = 0; c < SPREAD_CPUS; c++)
-			if (all[c] && !chosen[c] && load[c] + mine <= 1000u && (best < 0 || load[c] < load[best]))
+			if (all[c] && !chosen[c] && load[c] + mine <= 1000u && (best < 0 || load[c] > load[best]))
 				best = c;
 		if (best < 0)
 			break;
@@ -923,8 +1068,26 @@ static int spread_hold(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 				used += (size_t)snprintf(cpus + used, cpussz - used, "%s%d", used ? "," : "", c);
 		r = knob(own, "cpuset.cpus", cpus, NULL, 0) < 0 ? SPACED_ESYS : 1;
 	}
+	taken_publish(grand, load, r == 1 ? chosen : NULL, mine);
 	close(lock); /* the lock goes with it */
 	return r;
+}
+
+/* A held execution's sample, or one just let go (own's cpuset wide again):
+ * the held CPUs published afresh, when the lock is free. */
+static void taken_refresh(const struct sub_cgroup *cg)
+{
+	char grand[PATH_MAX];
+	uint64_t load[SPREAD_CPUS];
+	bool busy;
+
+	spread_grand(cg, grand, sizeof(grand));
+	int lock = spread_lock(grand, &busy);
+	if (lock < 0)
+		return;
+	host_held_load(cg, grand, "", load); /* its own too, while it is held */
+	taken_publish(grand, load, NULL, 0);
+	close(lock);
 }
 
 int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, size_t cpussz, unsigned *next_ms)
@@ -971,7 +1134,18 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 
 	if (!cg->held_cpus[0]) {
 		if (!capped)
-			return 0;
+			return keep_off(cg, cpus, cpussz);
+		if (cg->kept_to[0]) {
+			/* every CPU first: an affinity set by sched_setaffinity stays
+			 * the task's wish, which a cpuset's change intersects (Linux
+			 * 6.2 on): let go later, its tasks would stay where kept */
+			char all_list[4096];
+			bool all[SPREAD_CPUS];
+
+			if (spread_parent_cpus(cg, all_list, sizeof(all_list)) == 0 && cpulist_parse(all_list, all) > 0)
+				tasks_affinity(cg, all);
+			cg->kept_to[0] = '\0';
+		}
 		int h = spread_hold(cg, cpus, cpussz);
 		if (h <= 0)
 			return h;
@@ -979,6 +1153,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 		cg->calm = 0;
 		return 1;
 	}
+	taken_refresh(cg);
 	if (capped || busy) {
 		cg->calm = 0;
 		return 0;
@@ -990,6 +1165,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 	snprintf(cpus, cpussz, "%s", list);
 	cg->held_cpus[0] = '\0';
 	cg->calm = 0;
+	taken_refresh(cg);
 	return 2;
 }
 

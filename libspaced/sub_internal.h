@@ -30,6 +30,7 @@ struct sub_cgroup {
 	unsigned spread_width;
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
 	char held_cpus[256]; /* the list it is held to, "" while free */
+	char kept_to[256];   /* quiet: the list its tasks are kept to (affinity), "" while on every CPU */
 	unsigned calm;
 };
 

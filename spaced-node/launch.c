@@ -492,6 +492,10 @@ static void spread_sample(struct launcher *L, uint64_t now)
 		logf_("its CPU quota throttles it (more runnable tasks than its limit's CPUs): held to CPUs %s", cpus);
 	else if (r == 2)
 		logf_("under its CPU limit again: let go to CPUs %s", cpus);
+	else if (r == 3)
+		logf_("beside executions held to other CPUs: its tasks kept to CPUs %s", cpus);
+	else if (r == 4)
+		logf_("no execution held beside it any more: its tasks on CPUs %s", cpus);
 	else if (r < 0)
 		L->spread_off = true; /* no cpuset for it (SPACED_ENOENT), or its files unreadable */
 	if (r < 0 && r != SPACED_ENOENT)

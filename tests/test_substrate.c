@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <stddef.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -865,6 +866,170 @@ Test(substrate, spread_rule_off_leaves_a_cpu_bound_execution_free, .timeout = 60
 	spread_cpus(&e, now, sizeof(now));
 	cr_expect_str_eq(now, e.all, "with the rule off it keeps every CPU, not %s", now);
 	stop(&e.l);
+}
+
+/* Kills the busy loops (spread_busy) among the tasks of cgroup cgdir; how
+ * many. */
+static int kill_busy(const char *cgdir)
+{
+	char path[700], line[64];
+	int n = 0;
+	FILE *t;
+
+	snprintf(path, sizeof(path), "%s/tasks", cgdir);
+	if ((t = fopen(path, "r")) == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), t) != NULL) {
+		char cl[256] = "", cp[64];
+		long pid = atol(line);
+		FILE *f;
+		size_t got = 0;
+
+		snprintf(cp, sizeof(cp), "/proc/%ld/cmdline", pid);
+		if ((f = fopen(cp, "r")) != NULL) {
+			got = fread(cl, 1, sizeof(cl) - 1, f);
+			fclose(f);
+		}
+		for (size_t i = 0; i < got; i++)
+			if (cl[i] == '\0')
+				cl[i] = ' ';
+		cl[got] = '\0';
+		if (strstr(cl, "while :") != NULL && strstr(cl, "timeout") == NULL && kill((pid_t)pid, SIGKILL) == 0)
+			n++;
+	}
+	fclose(t);
+	return n;
+}
+
+/* Whether an execution cgroup under /sys/fs/cgroup/cpuset (every worker's
+ * parent) other than mine is held to a list that names cpu. */
+static bool other_held_on(const char *mine, const char *cpu)
+{
+	char cmd[2048], out[64] = "";
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd),
+	         "for d in /sys/fs/cgroup/cpuset/spaced*/spaced-*; do [ \"$d\" = '%.700s' ] && continue; "
+	         "c=$(cat \"$d/cpuset.cpus\" 2>/dev/null); "
+	         "[ -n \"$c\" ] && [ \"$c\" != \"$(cat $(dirname $d)/cpuset.cpus)\" ] && echo \"$c\"; done | "
+	         "grep -qx '%.200s' && echo yes", mine, cpu);
+	if ((p = popen(cmd, "r")) != NULL) {
+		if (fgets(out, sizeof(out), p) == NULL)
+			out[0] = '\0';
+		pclose(p);
+	}
+	return strncmp(out, "yes", 3) == 0;
+}
+
+/* list (a cpuset list: "0-3", "1,3") without the CPUs of minus, in the
+ * kernel's form ("0,2-3"). */
+static void cpus_without(const char *list, const char *minus, char *out, size_t sz)
+{
+	bool in[256] = { false }, out_of[256] = { false };
+	bool *sets[2] = { in, out_of };
+	const char *texts[2] = { list, minus };
+	size_t used = 0;
+
+	for (int k = 0; k < 2; k++)
+		for (const char *p = texts[k]; *p != '\0' && *p != '\n';) {
+			char *end;
+			long a = strtol(p, &end, 10), b = a;
+
+			if (*end == '-')
+				b = strtol(end + 1, &end, 10);
+			for (long c = a; c <= b && c < 256; c++)
+				sets[k][c] = true;
+			p = *end == ',' ? end + 1 : end;
+			if (end == p && *p != ',')
+				break;
+		}
+	out[0] = '\0';
+	for (int c = 0; c < 256; c++) {
+		if (!in[c] || out_of[c] || (c > 0 && in[c - 1] && !out_of[c - 1]))
+			continue;
+		int e = c;
+
+		while (e + 1 < 256 && in[e + 1] && !out_of[e + 1])
+			e++;
+		used += (size_t)snprintf(out + used, sz - used, e > c ? "%s%d-%d" : "%s%d", used ? "," : "", c, e);
+	}
+}
+
+/* Beside an execution held to a CPU, a free one keeps its tasks off that CPU
+ * (their affinity; its cpuset stays its parent's: the rule counts it free)
+ * — a task of its woken there waited for the held one's tick — and runs on
+ * every CPU again once that one is let go. Fails on the code before (the
+ * free one's tasks stay on every CPU). The rule is the host's: another
+ * test's execution held meanwhile may leave no room (then it stays on
+ * every CPU a while), hence the long waits. */
+Test(substrate, free_execution_keeps_off_a_held_executions_cpus, .timeout = 150)
+{
+	struct spread_exec h, q;
+	char held[256], want[256], now[256];
+	int n = 0, waited;
+
+	need_spread();
+	spread_start(&h, "kh", "sbx-keep-hog", "0.5");
+	spread_start(&q, "kq", "sbx-keep-quiet", "1");
+	spread_busy(&h, 4, 90);
+	spread_wait(&h, true, 7000, held, sizeof(held));
+	if (held[0] == '\0' || strcmp(held, h.all) == 0) {
+		kill_busy(h.cpuset);
+		stop(&q.l);
+		stop(&h.l);
+		cr_assert_fail("the hog is not held (CPUs %s)", held);
+	}
+	cpus_without(q.all, held, want, sizeof(want));
+	/* its samples come every 5 s while it idles: the second one decides */
+	for (waited = 0; waited < 40000 && !tasks_on(q.cpuset, want, &n); waited += 100)
+		nap_ms(100);
+	cr_log_info("hog held to %s; the free one's tasks kept to %s after %d ms", held, want, waited);
+	cr_expect(tasks_on(q.cpuset, want, &n) && n >= 1, "the free execution's tasks (%d) kept to CPUs %s", n, want);
+	spread_cpus(&q, now, sizeof(now));
+	cr_expect_str_eq(now, q.all, "its cpuset stays its parent's (it is not held): %s", now);
+	/* the hog's processes end: it is let go, and the free one comes back */
+	int killed = kill_busy(h.cpuset);
+	waited = spread_wait(&h, false, 30000, now, sizeof(now));
+	cr_log_info("the hog's %d busy processes killed: let go after %d ms", killed, waited);
+	cr_expect_str_eq(now, h.all, "the hog let go: %s", now);
+	for (waited = 0; waited < 30000 && !tasks_on(q.cpuset, q.all, &n); waited += 100)
+		nap_ms(100);
+	cr_log_info("the free one back on CPUs %s %d ms after", q.all, waited);
+	cr_expect(tasks_on(q.cpuset, q.all, &n) && n >= 1, "its tasks (%d) on every CPU again", n);
+	stop(&q.l);
+	stop(&h.l);
+}
+
+/* A held execution whose limit is under half a CPU takes no CPU from the
+ * free ones (held limits take at most twice their worth from the rest): a
+ * hog of 0.2 CPU held to a CPU is not published as holding it. Fails without
+ * the threshold (any held CPU published). */
+Test(substrate, a_small_held_limit_takes_no_cpu_from_the_others, .timeout = 90)
+{
+	struct spread_exec h;
+	char held[256], note[512];
+
+	need_spread();
+	spread_start(&h, "ks", "sbx-keep-small", "0.2");
+	spread_busy(&h, 4, 60);
+	spread_wait(&h, true, 7000, held, sizeof(held));
+	if (held[0] == '\0' || strcmp(held, h.all) == 0) {
+		kill_busy(h.cpuset);
+		stop(&h.l);
+		cr_assert_fail("the small hog is not held (CPUs %s)", held);
+	}
+	nap_ms(2500); /* two of its samples publish afresh */
+	ssize_t n = getxattr("/sys/fs/cgroup/cpuset", "trusted.spaced.cpus_held", note, sizeof(note) - 1);
+	note[n > 0 ? n : 0] = '\0';
+	const char *list = strchr(note, ' ');
+	cr_log_info("held to %s; published: %s", held, note);
+	bool beside = other_held_on(h.cpuset, held);
+	bool named = list != NULL && (strcmp(list + 1, held) == 0 || strstr(list + 1, held) != NULL);
+	kill_busy(h.cpuset);
+	stop(&h.l);
+	if (beside)
+		cr_skip_test("another execution is held to CPU %s meanwhile (a test beside this one)", held);
+	cr_expect(!named, "0.2 CPU held to %s: not published as taking it (%s)", held, note);
 }
 
 /* The parent of the stand-ins of another worker's executions (beside the
