@@ -937,7 +937,7 @@ static void cpus_without(const char *list, const char *minus, char *out, size_t 
 
 			if (*end == '-')
 				b = strtol(end + 1, &end, 10);
-			for (long c = a; c <= b && c < 256; c++)
+			for (long c = a < 0 ? 0 : a; c <= b && c < 256; c++)
 				sets[k][c] = true;
 			p = *end == ',' ? end + 1 : end;
 			if (end == p && *p != ',')
