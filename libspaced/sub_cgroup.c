@@ -990,13 +990,17 @@ static void tasks_affinity(const struct sub_cgroup *cg, const bool set[SPREAD_CP
 static int keep_off(struct sub_cgroup *cg, char *cpus, size_t cpussz)
 {
 	char list[4096], grand[PATH_MAX], text[256] = "";
-	bool all[SPREAD_CPUS], want[SPREAD_CPUS], taken[SPREAD_CPUS];
+	bool all[SPREAD_CPUS], want[SPREAD_CPUS], taken[SPREAD_CPUS], any = false;
 	int n = 0, nall;
 
-	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || (nall = cpulist_parse(list, all)) <= 0)
-		return SPACED_ESYS;
 	spread_grand(cg, grand, sizeof(grand));
 	taken_read(grand, taken);
+	for (int c = 0; c < SPREAD_CPUS && !any; c++)
+		any = taken[c];
+	if (!any && !cg->kept_to[0])
+		return 0; /* the common case, one system call: none held, none kept */
+	if (spread_parent_cpus(cg, list, sizeof(list)) < 0 || (nall = cpulist_parse(list, all)) <= 0)
+		return SPACED_ESYS;
 	for (int c = 0; c < SPREAD_CPUS; c++)
 		want[c] = all[c] && !taken[c];
 	for (int c = 0; c < SPREAD_CPUS; c++)

@@ -30,7 +30,7 @@ struct sub_cgroup {
 	unsigned spread_width;
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
 	char held_cpus[256]; /* the list it is held to, "" while free */
-	char kept_to[256];   /* quiet: the list its tasks are kept to (affinity), "" while on every CPU */
+	char kept_to[256];   /* free: the list its tasks are kept to (affinity), "" while on every CPU */
 	unsigned calm;
 };
 
@@ -83,9 +83,10 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * fifth of a sample's time (it has more runnable tasks than its limit's
  * CPUs; one busy task under a whole-CPU limit only meets its quota), it is
  * held to ceil(limit) CPUs where the executions held already, every
- * worker's of the host, leave room for its limit (the least loaded, the
- * lowest first;
- * with no room it stays as it is); it is let go once it used under 80 % of
+ * worker's of the host, leave room for its limit (packed with them: the
+ * most loaded with room, the lowest first; with no room it stays as it
+ * is), and the free ones keep their tasks off the CPUs held limits fill
+ * half of (keep_off); it is let go once it used under 80 % of
  * its limit for SPREAD_CALM samples in a row. A limit bounds an execution's
  * CPU time, not how many CPUs it takes at once: four CPU-bound tasks under
  * 0.5 CPU took every CPU of the host for a quarter of each period, and a

@@ -182,9 +182,9 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
  * keeps its tasks off the CPUs executions are held to on the host, where the
  * rest leaves it its limit's CPUs. Returns 1 when it was held (cpus: the CPU
  * list), 2 when let go (cpus: the list it may use again), 3 when its tasks
- * were kept to cpus, 4 when they may use
- * every CPU again (cpus), 0 for no change, SPACED_ENOENT when the rule does not apply
- * to this execution (no need to call again), SPACED_ESYS; *next_ms: when
+ * were kept to cpus, 4 when they may use every CPU again (cpus), 0 for no
+ * change, SPACED_ENOENT when the rule does not apply to this execution (no
+ * need to call again), SPACED_ESYS; *next_ms: when
  * to call next (1 s while it is held or busy, 5 s while it idles). */
 int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsigned *next_ms);
 

@@ -985,6 +985,18 @@ Test(substrate, free_execution_keeps_off_a_held_executions_cpus, .timeout = 150)
 		nap_ms(100);
 	cr_log_info("hog held to %s; the free one's tasks kept to %s after %d ms", held, want, waited);
 	cr_expect(tasks_on(q.cpuset, want, &n) && n >= 1, "the free execution's tasks (%d) kept to CPUs %s", n, want);
+	/* a tenant's process that sets its own affinity back to every CPU is
+	 * kept again at the next sample (within 5 s while the sandbox idles) */
+	char out[256];
+	run_in(&q.l, "(taskset -p -c 0-255 $$ >/dev/null 2>&1; sleep 40) >/dev/null 2>&1 & echo started", out,
+	       sizeof(out));
+	nap_ms(300);
+	bool widened = !tasks_on(q.cpuset, want, &n);
+	for (waited = 0; waited < 12000 && !tasks_on(q.cpuset, want, &n); waited += 100)
+		nap_ms(100);
+	cr_log_info("a task that widened itself (seen: %d) kept again after %d ms", widened, waited);
+	cr_expect(tasks_on(q.cpuset, want, &n) && n >= 2, "every task (%d), the one that widened itself too, kept to %s",
+	          n, want);
 	spread_cpus(&q, now, sizeof(now));
 	cr_expect_str_eq(now, q.all, "its cpuset stays its parent's (it is not held): %s", now);
 	/* the hog's processes end: it is let go, and the free one comes back */
