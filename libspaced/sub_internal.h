@@ -29,6 +29,8 @@ struct sub_cgroup {
 	uint32_t cpu_milli;
 	unsigned spread_width;
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
+	uint64_t sp_kernel_usec; /* its CPU time in the kernel (UINT64_MAX: unreadable) */
+	unsigned kernel_run;     /* samples in a row it spent SPREAD_KERNEL_MILLI in the kernel */
 	char held_cpus[256]; /* the list it is held to, "" while free */
 	char kept_to[256];   /* free: the list its tasks are kept to (affinity), "" while on every CPU */
 	unsigned calm;
@@ -91,7 +93,13 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * CPU time, not how many CPUs it takes at once: four CPU-bound tasks under
  * 0.5 CPU took every CPU of the host for a quarter of each period, and a
  * co-tenant's woken task waited for the next scheduler tick (4 ms) there.
- * Returns 1 when it was held (cpus: the CPU list), 2 when let go, 0 for no
+ * An execution that spends a fifth of a CPU and more in the kernel for
+ * SPREAD_KERNEL_SAMPLES samples in a row (a fork loop, under its quota) is
+ * held the same way, and stays held while it does: a kernel that does not
+ * preempt its own work (PREEMPT_NONE, the default of many distributions)
+ * lets a co-tenant's woken task wait for each fork, exec and exit there.
+ * Returns 1 when it was held (cpus: the CPU list), 5 when it was held for
+ * its time in the kernel, 2 when let go, 0 for no
  * change, SPACED_ENOENT when the rule does not apply to cg (no need to call
  * again), or SPACED_ESYS; *next_ms: when the next sample is due (every
  * second while it is held or uses a tenth of its limit, else every 5 s). */

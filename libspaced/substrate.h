@@ -177,11 +177,13 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
 /* The spread rule, one sample (the supervisor calls it about once a second
  * while the execution runs): an execution whose CPU limit covers fewer CPUs
  * than the host's is held to ceil(limit) CPUs while its quota keeps
- * throttling it, and let go once it has been under 80 % of its limit for
- * five samples (docs/substrate.md "CPU: how many at once"); a free one
- * keeps its tasks off the CPUs executions are held to on the host, where the
- * rest leaves it its limit's CPUs. Returns 1 when it was held (cpus: the CPU
- * list), 2 when let go (cpus: the list it may use again), 3 when its tasks
+ * throttling it, or while it keeps spending a fifth of a CPU in the kernel
+ * (three samples in a row to be held), and let go once it has been under
+ * 80 % of its limit and that for five samples (docs/substrate.md "CPU: how
+ * many at once"); a free one keeps its tasks off the CPUs executions are
+ * held to on the host, where the rest leaves it its limit's CPUs. Returns 1
+ * when it was held (cpus: the CPU list), 5 when it was held for its time in
+ * the kernel, 2 when let go (cpus: the list it may use again), 3 when its tasks
  * were kept to cpus, 4 when they may use every CPU again (cpus), 0 for no
  * change, SPACED_ENOENT when the rule does not apply to this execution (no
  * need to call again), SPACED_ESYS; *next_ms: when

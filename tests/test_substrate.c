@@ -830,6 +830,47 @@ Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
 	stop(&e.l);
 }
 
+/* A fork loop under half a CPU never meets its quota, yet spends a quarter
+ * of a CPU in the kernel, which this host's kernel may not preempt
+ * (PREEMPT_NONE): a co-tenant's woken task waited for each of its forks,
+ * execs and exits on the CPU it ran on. After three such samples it is held
+ * to one CPU, as a throttled one is, and let go once the loop ends. Fails
+ * without the kernel-time trigger (never held). */
+Test(substrate, execution_busy_in_the_kernel_is_held, .timeout = 90)
+{
+	struct spread_exec e;
+	char now[256], st[600], out[256];
+	struct timespec a, b;
+
+	need_spread();
+	spread_start(&e, "kf", "sbx-spread-forks", "0.5");
+	snprintf(st, sizeof(st), "%s/cpu.stat", e.cpu);
+	long thr0 = read_key(st, "throttled_time");
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	cr_assert_eq(run_in(&e.l,
+	                    "timeout 14 sh -c 'while :; do for i in 1 2 3 4 5 6 7 8; do sleep 0.01 & done; wait; done' "
+	                    ">/dev/null 2>&1 & echo started",
+	                    out, sizeof(out)),
+	             0, "%s", out);
+	int ms = spread_wait(&e, true, 11000, now, sizeof(now));
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	long thr = read_key(st, "throttled_time") - thr0;
+	long el = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
+	cr_log_info("fork loop held after %d ms to CPUs %s (of %s); its quota held it back %ld of %ld ns", ms, now, e.all,
+	            thr, el);
+	if (now[0] == '\0' || strcmp(now, e.all) == 0) {
+		stop(&e.l);
+		cr_assert_fail("a fork loop in the kernel a quarter of the time is still on CPUs %s after 11 s", now);
+	}
+	cr_expect(thr * 5 < el, "its quota held it back %ld of %ld ns: held for that, not for its time in the kernel",
+	          thr, el);
+	cr_expect(strchr(now, ',') == NULL && strchr(now, '-') == NULL, "0.5 CPU held to one CPU: %s", now);
+	ms = spread_wait(&e, false, 35000, now, sizeof(now));
+	cr_log_info("let go %d ms after", ms);
+	cr_expect_str_eq(now, e.all, "let go once the loop ended: %s", now);
+	stop(&e.l);
+}
+
 /* One busy process under a whole-CPU limit meets its quota, at most a
  * moment past it: it is not held (it would lose moving between CPUs for
  * nothing), while the same process under half a CPU is. */
