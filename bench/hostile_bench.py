@@ -338,6 +338,15 @@ def main():
               "victim errors %d; daemon deaths %d" % (ratio, len(errors), deaths))
         for e in errors[:5]:
             print("  error:", e)
+        # what the CPU spread rule decided on the loaded worker (docs/substrate.md "CPU: how many at
+        # once"): which sandboxes it held and which it kept off their CPUs, for a run's tail
+        roles = {v: "victim", a: "slow readers", g: "stopped guest", f: "fork loop", h: "CPU hog", m: "mover"}
+        logs = os.path.join(d, "worker-1", "log")
+        for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+            sbx = name[:-4] if name.endswith(".log") else name
+            for line in open(os.path.join(logs, name), errors="replace"):
+                if "CPUs" in line and ("held" in line or "kept" in line or "let go" in line or "tasks on" in line):
+                    print("spread rule: %s (%s): %s" % (sbx, roles.get(sbx, "?"), line.split(": ", 1)[-1].strip()))
         print(json.dumps({"victim_p99_ratio": round(ratio, 2), "victim_errors": len(errors),
                           "daemon_deaths": deaths, "r4_p99_ms_under_load": round(pct(r4, 99), 1) if r4 else None,
                           "r4_p99_ms_right_after_a_route": round(pct(r4_fresh, 99), 1) if r4_fresh else None,

@@ -31,6 +31,7 @@ struct sub_cgroup {
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
 	uint64_t sp_kernel_usec; /* its CPU time in the kernel (UINT64_MAX: unreadable) */
 	unsigned kernel_run;     /* samples in a row it spent SPREAD_KERNEL_MILLI in the kernel */
+	uint64_t kernel_hold_milli; /* held for its time in the kernel: its use then (else 0) */
 	char held_cpus[256]; /* the list it is held to, "" while free */
 	char kept_to[256];   /* free: the list its tasks are kept to (affinity), "" while on every CPU */
 	unsigned calm;
@@ -95,7 +96,8 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * co-tenant's woken task waited for the next scheduler tick (4 ms) there.
  * An execution that spends a fifth of a CPU and more in the kernel for
  * SPREAD_KERNEL_SAMPLES samples in a row (a fork loop, under its quota) is
- * held the same way, and stays held while it does: a kernel that does not
+ * held the same way, and stays held while it uses half of what it used
+ * then (or is throttled, or busy): a kernel that does not
  * preempt its own work (PREEMPT_NONE, the default of many distributions)
  * lets a co-tenant's woken task wait for each fork, exec and exit there.
  * Returns 1 when it was held (cpus: the CPU list), 5 when it was held for
