@@ -97,9 +97,10 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * An execution that spends a fifth of a CPU and more in the kernel for
  * SPREAD_KERNEL_SAMPLES samples in a row (a fork loop, under its quota) is
  * held the same way, and stays held while it uses half of what it used
- * then (or is throttled, or busy): a kernel that does not
- * preempt its own work (PREEMPT_NONE, the default of many distributions)
- * lets a co-tenant's woken task wait for each fork, exec and exit there.
+ * then (or is throttled, or busy): a kernel that does not preempt a task in
+ * a system call (PREEMPT_NONE, as this host's; voluntary preemption only at
+ * its rescheduling points) lets a co-tenant's woken task wait for each
+ * fork, exec and exit there.
  * Returns 1 when it was held (cpus: the CPU list), 5 when it was held for
  * its time in the kernel, 2 when let go, 0 for no
  * change, SPACED_ENOENT when the rule does not apply to cg (no need to call
