@@ -6,7 +6,8 @@
  *
  * The gate (spaced-node gate_fence.c) keeps STATE/lease renewed while the
  * control plane answers: one decimal number, the wall-clock second the lease
- * ends, replaced by rename. While the gate is fenced, STATE/fenced is beside
+ * ends, replaced by rename when it moves by a tenth of the fence's time (or
+ * earlier at all): it may say up to that much before the gate's own end. While the gate is fenced, STATE/fenced is beside
  * it. No lease file: the worker runs with no fence (--fence-after 0).
  */
 #ifndef SPACED_LEASE_H
@@ -38,6 +39,8 @@ struct spaced_lease_watch {
 	const char *path; /* the lease file; NULL: no fence, nothing to do */
 	bool frozen;      /* the supervisor froze its execution itself, and has not thawed it */
 	uint64_t checked_ns;
+	long long valid_until; /* the lease's end as the last step read it valid, the gate not
+	                        * fenced and nothing frozen here (wall-clock second); else 0 */
 };
 
 enum spaced_lease_action { SPACED_LEASE_NOTHING, SPACED_LEASE_FREEZE, SPACED_LEASE_THAW };
@@ -54,5 +57,15 @@ enum spaced_lease_action { SPACED_LEASE_NOTHING, SPACED_LEASE_FREEZE, SPACED_LEA
  * spaced_lease_read's. A PAUSE or THAW from the gate clears w->frozen: the
  * gate decides again, and the supervisor thaws nothing it did not freeze last. */
 enum spaced_lease_action spaced_lease_watch_step(struct spaced_lease_watch *w, bool paused, long long *ended_s);
+
+/* When the next step has something to find (a wall-clock second, for an
+ * absolute CLOCK_REALTIME timer: a host that slept, or whose clock was set,
+ * still fires it when the lease file says it ended): the second after the
+ * lease's end as last read while it was valid, the gate not fenced and
+ * nothing frozen here — until then a step finds nothing to do, as the gate
+ * renews the file only later; 0: step every second (no lease read valid
+ * yet, that second come, ended, unreadable, gone, or an execution frozen
+ * here to thaw). */
+long long spaced_lease_watch_due(const struct spaced_lease_watch *w);
 
 #endif

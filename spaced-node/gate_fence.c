@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,15 +57,27 @@ static void state_path(const struct mgr *m, const char *name, char *p, size_t n)
 }
 
 /* The lease's end in wall-clock seconds, kept for a gate started again
- * (written by rename when it moves by a second or more; not synced: after a
- * crash of the host nothing of the executions runs either). */
+ * (written by rename; not synced: after a crash of the host nothing of the
+ * executions runs either). Written when it moves by a tenth of the fence's
+ * time (6 s by default) or more, or earlier at all: the file then says the
+ * lease ends up to that much before it does, so whoever keeps the fence from
+ * it fences that much early, never late — and every execution's ServicePort
+ * gateway, which watches STATE/ for the keys, and every launcher, whose
+ * timer is set to the end the file says (lease.h spaced_lease_watch_due),
+ * wakes at each renewal written, not every second. */
 static void lease_write(struct mgr *m, int64_t until)
 {
 	char p[4096], tmp[4100], text[32];
-	if (until == m->fence.written)
+	int64_t step = m->cfg->fence_after_s >= 20 ? m->cfg->fence_after_s / 10 : 1;
+	if (until == m->fence.written ||
+	    (m->fence.written != 0 && until > m->fence.written && until - m->fence.written < step))
 		return;
 	state_path(m, "lease", p, sizeof p);
-	state_path(m, "lease.tmp", tmp, sizeof tmp);
+	/* written beside, in STATE/run: a gateway watching STATE/ for the keys
+	 * wakes for the rename only, not for the file's writing too */
+	state_path(m, "run", tmp, sizeof tmp);
+	(void)mkdir(tmp, 0700); /* made with the first execution; here too, for a worker with none yet */
+	state_path(m, "run/lease.tmp", tmp, sizeof tmp);
 	int n = snprintf(text, sizeof text, "%lld\n", (long long)until);
 	if (spaced_file_replace(tmp, p, text, (size_t)n, 0600, false) == 0) {
 		m->fence.written = until;

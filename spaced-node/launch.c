@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/signalfd.h>
+#include <sys/timerfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -76,6 +77,11 @@ struct launcher {
 	 * seconds); once it has ended the execution is frozen here, whether the
 	 * gate is there to fence or not (lease_check) */
 	struct spaced_lease_watch lease;
+	/* a CLOCK_REALTIME timer at the second the lease says it ends (lease.h
+	 * spaced_lease_watch_due): the lease is read then, not every second while
+	 * it is valid (a thousand idle executions: a thousand wake-ups a second) */
+	int lease_tfd;
+	long long lease_armed; /* the second it is set to, 0: not set */
 	/* CPU use over the last sampling interval (cpu_sample) */
 	uint64_t cpu_at_ns, cpu_at_usec;
 	uint32_t cpu_pct_x10; /* percent of one CPU, in tenths */
@@ -509,7 +515,7 @@ static void spread_sample(struct launcher *L, uint64_t now)
 static int supervise(struct launcher *L)
 {
 	const struct spaced_pidref *init = spaced_sub_init(L->sub);
-	struct pollfd pfd[6 + MAX_CTL + MAX_HS];
+	struct pollfd pfd[7 + MAX_CTL + MAX_HS];
 	bool init_gone = false;
 
 	while (!L->stop && !init_gone) {
@@ -535,6 +541,19 @@ static int supervise(struct launcher *L)
 			.events = POLLIN,
 		};
 		pfd[n++] = (struct pollfd){ .fd = L->log_rd, .events = POLLIN };
+		/* the lease's end: read then (while it is valid and nothing is
+		 * frozen here), else every second as before */
+		long long due = L->lease_tfd >= 0 ? spaced_lease_watch_due(&L->lease) : 0;
+		if (due != L->lease_armed) {
+			struct itimerspec at = { .it_value = { .tv_sec = (time_t)due } };
+			/* cancelled when the wall clock is set: the file may then say
+			 * an earlier end, read at once */
+			L->lease_armed =
+			    timerfd_settime(L->lease_tfd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &at, NULL) == 0 ? due
+			                                                                                          : 0;
+		}
+		int lease_i = n;
+		pfd[n++] = (struct pollfd){ .fd = L->lease_armed ? L->lease_tfd : -1, .events = POLLIN };
 		ctl0 = n;
 		for (int i = 0; i < L->nctl; i++)
 			pfd[n++] = (struct pollfd){ .fd = L->ctl[i], .events = POLLIN };
@@ -545,7 +564,7 @@ static int supervise(struct launcher *L)
 		 * sandbox to report it for: a pooled execution waiting for its claim
 		 * sleeps */
 		bool waiting = L->pooled && spaced_sub_identity(L->sub) == NULL;
-		int tick = L->lease.path ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u);
+		int tick = L->lease.path && !L->lease_armed ? 1000 : (int)(CPU_SAMPLE_MAX / 1000000u);
 		if (!L->spread_off && L->spread_due_ns > now && (L->spread_due_ns - now) / 1000000u < (uint64_t)tick)
 			tick = (int)((L->spread_due_ns - now) / 1000000u) + 1;
 		else if (!L->spread_off && L->spread_due_ns <= now)
@@ -553,6 +572,12 @@ static int supervise(struct launcher *L)
 		r = poll(pfd, (nfds_t)n, L->nhs > 0 ? 100 : waiting ? -1 : tick);
 		if (r < 0 && errno != EINTR)
 			return SPACED_ESYS;
+		if (r > 0 && pfd[lease_i].revents) {
+			uint64_t fired;
+			if (read(L->lease_tfd, &fired, sizeof(fired)) < 0 && errno == ECANCELED)
+				L->lease.checked_ns = 0; /* the clock was set: the lease is read now */
+			L->lease_armed = 0;      /* set again from that reading */
+		}
 		lease_check(L);
 		if (pfd[0].revents) {
 			struct signalfd_siginfo si;
@@ -770,7 +795,7 @@ static int run(int argc, char **argv)
 		cfg.log_fd = lp[1]; /* closed once the execution holds it */
 	}
 	L.next_local_port = LOCAL_PORT_FIRST;
-	L.guest_lfd = L.ctl_lfd = L.sigfd = -1;
+	L.guest_lfd = L.ctl_lfd = L.sigfd = L.lease_tfd = -1;
 
 	sigemptyset(&ss);
 	sigaddset(&ss, SIGTERM);
@@ -779,6 +804,8 @@ static int run(int argc, char **argv)
 	sigprocmask(SIG_BLOCK, &ss, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	L.sigfd = signalfd(-1, &ss, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (L.lease.path) /* none: the lease is read every second */
+		L.lease_tfd = timerfd_create(CLOCK_REALTIME, TFD_CLOEXEC | TFD_NONBLOCK);
 	L.ctl_lfd = listen_unix(L.ctl_sock, SOCK_SEQPACKET, 0600);
 	L.guest_lfd = listen_unix(L.guest_sock, SOCK_STREAM, 0600);
 	if (L.sigfd < 0 || L.ctl_lfd < 0 || L.guest_lfd < 0) {

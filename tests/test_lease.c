@@ -4,7 +4,8 @@
  * file holds the wall-clock second the lease ends; STATE/fenced beside it says the gate is fenced.
  * A supervisor freezes its execution once the lease ended and it runs, never twice; it thaws only
  * what it froze itself, once the lease is valid again (or gone: no fence) and the gate is not
- * fenced; an unreadable file says nothing; it reads at most once a second.
+ * fenced; an unreadable file says nothing; it reads at most once a second, and while the lease is
+ * valid and nothing is frozen it need not read before the lease's end (spaced_lease_watch_due).
  */
 #include <criterion/criterion.h>
 
@@ -173,4 +174,33 @@ Test(lease, read_at_most_once_a_second)
 	lease_ends_in(-3);
 	cr_expect_eq(spaced_lease_watch_step(&w, false, NULL), SPACED_LEASE_NOTHING, "read less than a second ago");
 	cr_expect_eq(step(&w, false, NULL), SPACED_LEASE_FREEZE);
+}
+
+/* The next step worth making (spaced_lease_watch_due): the second after the end of a lease read
+ * valid, for a timer (an idle supervisor is not woken every second); every second (0) otherwise. */
+Test(lease, due_at_the_end_of_a_valid_lease_else_every_second)
+{
+	struct spaced_lease_watch w = {.path = lease};
+	cr_expect_eq(spaced_lease_watch_due(&w), 0, "nothing read yet: every second");
+	long long until = (long long)time(NULL) + 30;
+	lease_ends_in(30);
+	cr_expect_eq(step(&w, false, NULL), SPACED_LEASE_NOTHING);
+	long long due = spaced_lease_watch_due(&w);
+	cr_expect(due == until + 1 || due == until + 2, "valid: the second after its end (%lld, %lld)", due, until);
+	lease_ends_in(-3);
+	cr_expect_eq(step(&w, false, NULL), SPACED_LEASE_FREEZE);
+	cr_expect_eq(spaced_lease_watch_due(&w), 0, "ended: every second");
+	w.frozen = true;
+	lease_ends_in(30);
+	write_file(fenced, "");
+	cr_expect_eq(step(&w, true, NULL), SPACED_LEASE_NOTHING);
+	cr_expect_eq(spaced_lease_watch_due(&w), 0, "valid, but the gate fenced and a freeze of its own: every second");
+	unlink(fenced);
+	cr_expect_eq(step(&w, true, NULL), SPACED_LEASE_THAW);
+	cr_expect_eq(spaced_lease_watch_due(&w), 0, "just thawed: read again in a second");
+	cr_expect_eq(step(&w, false, NULL), SPACED_LEASE_NOTHING);
+	cr_expect_neq(spaced_lease_watch_due(&w), 0, "then valid and nothing frozen: at its end");
+	unlink(lease);
+	cr_expect_eq(step(&w, false, NULL), SPACED_LEASE_NOTHING);
+	cr_expect_eq(spaced_lease_watch_due(&w), 0, "no lease file: every second");
 }

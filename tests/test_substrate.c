@@ -734,6 +734,63 @@ static bool tasks_on(const char *cgdir, const char *cpus, int *n)
 
 /* An execution of the spread rule's tests: its launcher, its cpuset and cpu
  * cgroups, and the CPUs of its parent (the ones a free execution has). */
+/* Voluntary context switches of task pid so far (its wake-ups), or -1. */
+static long wakeups(pid_t pid)
+{
+	char path[64], line[256];
+	long n = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, "voluntary_ctxt_switches:", 24) == 0)
+			n = atol(line + 24);
+	fclose(f);
+	return n;
+}
+
+/* The worker's lease (--lease-file, libspaced/lease.h): while it is valid
+ * the launcher sets a CLOCK_REALTIME timer at the second after it ends and
+ * sleeps until then (it read the file every second: a thousand idle
+ * executions woke a thousand times a second); at that second it reads the
+ * lease, which has ended (no gate renewed it), and freezes its execution on
+ * its own. Fails on the code before (a wake-up a second). */
+Test(substrate, launcher_reads_a_valid_lease_at_its_end_not_every_second, .timeout = 60)
+{
+	struct launcher l;
+	char lease[300], id[256], fz[600], state[64] = "";
+	long long until = (long long)time(NULL) + 5;
+	FILE *f;
+
+	need_sandbox();
+	if (access("/sys/fs/cgroup/freezer", F_OK) != 0)
+		cr_skip_test("no cgroup v1 freezer hierarchy (this test reads freezer.state)");
+	idtext(id, sizeof(id), "sbx-lease-timer", 1);
+	snprintf(lease, sizeof(lease), "%s/lease", dir);
+	cr_assert_not_null(f = fopen(lease, "w"));
+	fprintf(f, "%lld\n", until);
+	fclose(f);
+	const char *extra[] = { "--identity", id, "--lease-file", lease, NULL };
+	start(&l, "lt", extra, true);
+	nap_ms(1200);
+	long w0 = wakeups(l.pid);
+	nap_ms(2500);
+	long w1 = wakeups(l.pid);
+	cr_log_info("the launcher woke %ld times in 2.5 s while the lease was valid", w1 - w0);
+	cr_expect(w0 >= 0 && w1 - w0 <= 1, "an idle launcher with a valid lease woke %ld times in 2.5 s", w1 - w0);
+	cgroup_dir(init_pid(&l), "freezer", fz, sizeof(fz));
+	strcat(fz, "/freezer.state");
+	for (int i = 0; i < 100 && strcmp(state, "FROZEN") != 0; i++) {
+		nap_ms(100);
+		line_of(fz, state, sizeof(state));
+	}
+	cr_log_info("%s %lld s after the lease's end", state, (long long)time(NULL) - until);
+	cr_expect_str_eq(state, "FROZEN", "the execution frozen once the lease ended (%s)", state);
+	stop(&l);
+}
+
 struct spread_exec {
 	struct launcher l;
 	char id[256], cpuset[512], cpu[512], all[256];
@@ -839,28 +896,56 @@ Test(substrate, cpu_bound_execution_is_held_to_its_limits_cpus, .timeout = 90)
 Test(substrate, execution_busy_in_the_kernel_is_held, .timeout = 90)
 {
 	struct spread_exec e;
-	char now[256], st[600], out[256];
+	char now[256] = "", st[600], sys_path[600], acct[512], out[256], seen[200] = "";
 	struct timespec a, b;
+	int run = 0, most = 0, ms = 0;
 
 	need_spread();
 	spread_start(&e, "kf", "sbx-spread-forks", "0.5");
 	snprintf(st, sizeof(st), "%s/cpu.stat", e.cpu);
+	cgroup_dir(init_pid(&e.l), "cpuacct", acct, sizeof(acct));
+	snprintf(sys_path, sizeof(sys_path), "%s/cpuacct.usage_sys", acct);
 	long thr0 = read_key(st, "throttled_time");
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	cr_assert_eq(run_in(&e.l,
-	                    "timeout 14 sh -c 'while :; do for i in 1 2 3 4 5 6 7 8; do sleep 0.01 & done; wait; done' "
+	                    "timeout 16 sh -c 'while :; do for i in 1 2 3 4 5 6 7 8; do sleep 0.01 & done; wait; done' "
 	                    ">/dev/null 2>&1 & echo started",
 	                    out, sizeof(out)),
 	             0, "%s", out);
-	int ms = spread_wait(&e, true, 11000, now, sizeof(now));
+	/* what the rule reads, each second: its time in the kernel as the kernel
+	 * counts it (at its ticks; a busy host, make check's, counts less) */
+	char line[64];
+	line_of(sys_path, line, sizeof(line));
+	long long sys0 = atoll(line);
+	bool held = false;
+	for (int s = 0; s < 14 && !held && run < 6; s++) {
+		for (int k = 0; k < 10 && !held; k++, ms += 100) {
+			nap_ms(100);
+			spread_cpus(&e, now, sizeof(now));
+			held = now[0] != '\0' && strcmp(now, e.all) != 0;
+		}
+		line_of(sys_path, line, sizeof(line));
+		long long milli = (atoll(line) - sys0) / 1000000;
+		sys0 = atoll(line);
+		run = milli >= 200 ? run + 1 : 0;
+		most = run > most ? run : most;
+		snprintf(seen + strlen(seen), sizeof(seen) - strlen(seen), " %lld", milli);
+	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	long thr = read_key(st, "throttled_time") - thr0;
 	long el = (b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec);
-	cr_log_info("fork loop held after %d ms to CPUs %s (of %s); its quota held it back %ld of %ld ns", ms, now, e.all,
-	            thr, el);
-	if (now[0] == '\0' || strcmp(now, e.all) == 0) {
+	cr_log_info("fork loop: in the kernel each second (thousandths of a CPU):%s; held after %d ms to CPUs %s (of %s); "
+	            "its quota held it back %ld of %ld ns",
+	            seen, ms, now, e.all, thr, el);
+	if (!held && most < 4) {
 		stop(&e.l);
-		cr_assert_fail("a fork loop in the kernel a quarter of the time is still on CPUs %s after 11 s", now);
+		cr_skip_test("the host is too busy: the loop's time in the kernel as counted reached 200 for %d s in a row "
+		             "at most (%s)",
+		             most, seen);
+	}
+	if (!held) {
+		stop(&e.l);
+		cr_assert_fail("a fork loop in the kernel a fifth of a CPU for %d s in a row is still on CPUs %s", most, now);
 	}
 	cr_expect(thr * 5 < el, "its quota held it back %ld of %ld ns: held for that, not for its time in the kernel",
 	          thr, el);
