@@ -94,7 +94,7 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * CPU time, not how many CPUs it takes at once: four CPU-bound tasks under
  * 0.5 CPU took every CPU of the host for a quarter of each period, and a
  * co-tenant's woken task waited for the next scheduler tick (4 ms) there.
- * An execution that spends a fifth of a CPU and more in the kernel for
+ * An execution that spends 0.15 of a CPU and more in the kernel for
  * SPREAD_KERNEL_SAMPLES samples in a row (a fork loop, under its quota) is
  * held the same way, and stays held while it uses half of what it used
  * then (or is throttled, or busy): a kernel that does not preempt a task in

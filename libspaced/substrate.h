@@ -177,10 +177,10 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
 /* The spread rule, one sample (the supervisor calls it about once a second
  * while the execution runs): an execution whose CPU limit covers fewer CPUs
  * than the host's is held to ceil(limit) CPUs while its quota keeps
- * throttling it, or once it spent a fifth of a CPU in the kernel for three
+ * throttling it, or once it spent 0.15 of a CPU in the kernel for three
  * samples in a row, and let go after five calm samples: unthrottled, under
  * 80 % of its limit, and (one held for its time in the kernel) under a
- * fifth of a CPU there and under half the CPU it used when it was held
+ * 0.15 of a CPU there and under half the CPU it used when it was held
  * (docs/substrate.md "CPU: how many at once"); a free one keeps its tasks off the CPUs executions are
  * held to on the host, where the rest leaves it its limit's CPUs. Returns 1
  * when it was held (cpus: the CPU list), 5 when it was held for its time in
