@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/sockios.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +29,10 @@
  * to one TLS record's worth) and written, sealed over TLS, at the end of that
  * turn: one write for a response's head and body, not one per piece */
 #define STAGE_MAX 16384
+/* TLS output: the records sealed in one go gather in a write request that
+ * starts this big; one kept for the next go up to TLS_OUT_KEEP */
+#define TLS_OUT_MIN 32768
+#define TLS_OUT_KEEP 65536
 #define PEER_CERT_MAX 128
 
 enum cstate {
@@ -42,7 +47,9 @@ enum cstate {
 struct wreq {
 	uv_write_t w;
 	struct spaced_httpconn *c;
-	size_t len;
+	size_t len; /* the bytes to write: data[off..off + len) */
+	size_t off;
+	size_t cap; /* data's size (tls_out: how much it can gather) */
 	uint8_t data[];
 };
 
@@ -86,9 +93,11 @@ struct spaced_httpconn {
 	bool in_callback;
 	bool free_pending;
 	bool stop_counted;     /* closed by the server's stop: its close callback counts down to the free */
-	/* TLS (cfg.tls): OpenSSL over two memory BIOs, driven from the loop */
+	/* TLS (cfg.tls): OpenSSL over a memory BIO in and tls_out's BIO out,
+	 * driven from the loop */
 	SSL *ssl;              /* NULL: plaintext */
-	BIO *rbio, *wbio;      /* ciphertext in and out; owned by ssl */
+	BIO *rbio;             /* ciphertext in; owned by ssl */
+	struct wreq *tls_out;  /* ciphertext out, sealed and not yet written (tls_flush) */
 	bool tls_ready;        /* the handshake is done */
 	bool tls_seen;         /* a first byte came (it tells TLS from plaintext) */
 	bool tls_plain;        /* the refusal of a plaintext request goes out unencrypted */
@@ -289,7 +298,7 @@ static size_t try_write_now(struct spaced_httpconn *c, const struct part *parts,
 static int queue_wreq(struct spaced_httpconn *c, struct wreq *r)
 {
 	r->c = c;
-	uv_buf_t buf = uv_buf_init((char *)r->data, (unsigned)r->len);
+	uv_buf_t buf = uv_buf_init((char *)r->data + r->off, (unsigned)r->len);
 	if (uv_write(&r->w, (uv_stream_t *)&c->tcp, &buf, 1, on_written) < 0) {
 		free(r);
 		return SPACED_ECLOSED;
@@ -313,7 +322,8 @@ static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
 	struct wreq *r = malloc(sizeof *r + total - skip);
 	if (!r)
 		return SPACED_ENOMEM;
-	r->len = total - skip;
+	r->len = r->cap = total - skip;
+	r->off = 0;
 	size_t off = 0;
 	for (int i = 0; i < n; i++) {
 		size_t drop = skip < parts[i].n ? skip : parts[i].n;
@@ -325,27 +335,92 @@ static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
 	return queue_wreq(c, r);
 }
 
+/* ---- TLS output ----
+ * OpenSSL writes each record it seals to the connection's BIO, which
+ * gathers them in c->tls_out; tls_flush then writes them to the socket in
+ * one system call and queues, as they are, the bytes it did not take. One
+ * copy of the ciphertext (from OpenSSL's record buffer), where a memory BIO
+ * took two and a request allocated per flush. */
+
+static int tls_out_write(BIO *b, const char *p, size_t n, size_t *written)
+{
+	struct spaced_httpconn *c = BIO_get_data(b);
+	struct wreq *r = c->tls_out;
+	size_t have = r ? r->len : 0;
+	if (!r || r->cap - have < n) {
+		size_t cap = r && r->cap ? r->cap : TLS_OUT_MIN;
+		while (cap - have < n) {
+			if (cap > SIZE_MAX / 4)
+				return 0;
+			cap *= 2;
+		}
+		struct wreq *grown = realloc(r, sizeof *grown + cap);
+		if (!grown)
+			return 0; /* SSL_write fails: the connection is closed */
+		grown->len = have;
+		grown->off = 0;
+		grown->cap = cap;
+		c->tls_out = r = grown;
+	}
+	memcpy(r->data + r->len, p, n);
+	r->len += n;
+	*written = n;
+	return 1;
+}
+
+static long tls_out_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+	(void)b;
+	(void)num;
+	(void)ptr;
+	return cmd == BIO_CTRL_FLUSH; /* nothing waits in the BIO itself */
+}
+
+static BIO_METHOD *tls_out_method;
+static pthread_once_t tls_out_once = PTHREAD_ONCE_INIT;
+
+static void tls_out_method_make(void)
+{
+	BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "spaced httpconn output");
+	if (m && (BIO_meth_set_write_ex(m, tls_out_write) != 1 || BIO_meth_set_ctrl(m, tls_out_ctrl) != 1)) {
+		BIO_meth_free(m);
+		m = NULL;
+	}
+	tls_out_method = m;
+}
+
+/* A BIO for c's TLS output (tls_out); NULL when out of memory. */
+static BIO *tls_out_bio(struct spaced_httpconn *c)
+{
+	pthread_once(&tls_out_once, tls_out_method_make);
+	BIO *b = tls_out_method ? BIO_new(tls_out_method) : NULL;
+	if (b) {
+		BIO_set_data(b, c);
+		BIO_set_init(b, 1);
+	}
+	return b;
+}
+
 /* Writes what TLS has produced (records, alerts) to the socket. */
 static int tls_flush(struct spaced_httpconn *c)
 {
-	size_t n = BIO_ctrl_pending(c->wbio);
-	if (n == 0)
+	struct wreq *r = c->tls_out;
+	if (!r || r->len == 0)
 		return 0;
 	if (c->state == C_CLOSED || c->state == C_CLOSING)
 		return SPACED_ECLOSED;
-	struct wreq *r = malloc(sizeof *r + n);
-	if (!r)
-		return SPACED_ENOMEM;
-	if (BIO_read(c->wbio, r->data, (int)n) != (int)n) {
-		free(r);
-		return SPACED_EPROTO;
-	}
+	size_t n = r->len;
 	size_t now = try_write_now(c, &(struct part){r->data, n}, 1);
 	if (now == n) {
-		free(r);
+		r->len = 0; /* kept for the next records, unless it grew large */
+		if (r->cap > TLS_OUT_KEEP) {
+			free(r);
+			c->tls_out = NULL;
+		}
 		return 0;
 	}
-	memmove(r->data, r->data + now, n - now);
+	c->tls_out = NULL; /* the rest is written from where it is */
+	r->off = now;
 	r->len = n - now;
 	return queue_wreq(c, r);
 }
@@ -600,6 +675,7 @@ static void on_conn_closed(uv_handle_t *h)
 	spaced_buf_free(&c->msg);
 	spaced_http_req_clear(&c->req);
 	SSL_free(c->ssl);
+	free(c->tls_out);
 	spaced_buf_free(&c->stage);
 	/* only a connection closed once the stop began is counted in
 	 * closing_handles (one closed just before has its callback run first) */
@@ -1312,7 +1388,7 @@ static void on_connection(uv_stream_t *l, int status)
 	}
 	if (s->cfg.tls) {
 		BIO *rb = NULL, *wb = NULL;
-		if (!(c->ssl = SSL_new(s->cfg.tls)) || !(rb = BIO_new(BIO_s_mem())) || !(wb = BIO_new(BIO_s_mem()))) {
+		if (!(c->ssl = SSL_new(s->cfg.tls)) || !(rb = BIO_new(BIO_s_mem())) || !(wb = tls_out_bio(c))) {
 			BIO_free(rb);
 			SSL_free(c->ssl);
 			c->ssl = NULL;
@@ -1328,7 +1404,6 @@ static void on_connection(uv_stream_t *l, int status)
 		SSL_set_bio(c->ssl, rb, wb);
 		SSL_set_accept_state(c->ssl);
 		c->rbio = rb;
-		c->wbio = wb;
 	}
 	spaced_buf_init(&c->stage, STAGE_MAX);
 	ip->n++;
@@ -1363,7 +1438,7 @@ static bool conn_idle(const struct spaced_httpconn *c)
 {
 	return c->state == C_HEAD && !c->have_req && !c->head_started && c->rbuf.len == 0 &&
 	       c->stage.len == 0 && c->queued == 0 && c->msg.len == 0 && !c->dirty && !c->tls_stalled &&
-	       (!c->ssl || c->tls_ready);
+	       (!c->tls_out || c->tls_out->len == 0) && (!c->ssl || c->tls_ready);
 }
 
 /* An idle connection's buffers, given back (a client holding many idle
@@ -1390,6 +1465,8 @@ static void conn_release_idle(struct spaced_httpconn *c)
 	spaced_buf_free(&c->msg);
 	if (c->ssl)
 		(void)SSL_free_buffers(c->ssl); /* refused (0) while a record is partly in: kept */
+	free(c->tls_out); /* empty: an idle connection's output is all written */
+	c->tls_out = NULL;
 }
 
 /* Deadlines and idle connections' buffers, once a second. */
