@@ -419,9 +419,20 @@ static int tls_flush(struct spaced_httpconn *c)
 		}
 		return 0;
 	}
-	c->tls_out = NULL; /* the rest is written from where it is */
+	/* the rest is written from where it is; one that fills less than half
+	 * its buffer is moved into one its size first: what waits for a slow
+	 * reader holds no more memory than twice what its queue counts */
+	c->tls_out = NULL;
 	r->off = now;
 	r->len = n - now;
+	if (r->len <= r->cap / 2) {
+		memmove(r->data, r->data + now, r->len);
+		struct wreq *fit = realloc(r, sizeof *r + r->len);
+		if (fit)
+			r = fit;
+		r->off = 0;
+		r->cap = r->len;
+	}
 	return queue_wreq(c, r);
 }
 
@@ -1611,7 +1622,7 @@ void spaced_httpsrv_stats(const struct spaced_httpsrv *s, struct spaced_httpsrv_
 	out->open = s->nconns;
 	out->buffered = 0;
 	for (const struct spaced_httpconn *c = s->conns; c; c = c->next)
-		out->buffered += c->rbuf.cap + c->stage.cap + c->msg.cap;
+		out->buffered += c->rbuf.cap + c->stage.cap + c->msg.cap + (c->tls_out ? c->tls_out->cap : 0);
 }
 
 struct spaced_httpsrv *spaced_httpconn_srv(const struct spaced_httpconn *c)

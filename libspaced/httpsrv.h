@@ -143,7 +143,7 @@ struct spaced_httpsrv_stats {
 	uint64_t tls_handshakes; /* TLS handshakes completed */
 	uint64_t tls_failed;     /* connections closed for a failed handshake or bytes that are not TLS */
 	unsigned open;
-	size_t buffered; /* bytes of read buffers and output stages open connections hold */
+	size_t buffered; /* bytes of read buffers, output stages and TLS output buffers open connections hold */
 };
 void spaced_httpsrv_stats(const struct spaced_httpsrv *s, struct spaced_httpsrv_stats *out);
 
