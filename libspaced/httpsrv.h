@@ -24,8 +24,9 @@
  * (pipelining) wait until the current answer has ended.
  *
  * With cfg.tls (an SSL_CTX from tls.h: spaced_tls_server_ctx) every
- * connection speaks TLS (1.2 or 1.3), driven through memory BIOs on the same
- * loop; nothing else changes for the application. The handshake counts as
+ * connection speaks TLS (1.2 or 1.3), driven on the same loop (ciphertext in
+ * through a memory BIO, out through a BIO that gathers the records in the
+ * connection's own write request); nothing else changes for the application. The handshake counts as
  * the start of the first request: the handshake and the first byte of the
  * first request head must come within head_timeout_ms of the accept (a
  * client that opens TCP and says nothing, sends half a ClientHello or stalls
