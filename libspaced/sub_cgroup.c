@@ -673,6 +673,20 @@ void spaced_sub_background_cpu_remove(void)
  * in a row: a burst of a few hundred milliseconds is not held. */
 #define SPREAD_KERNEL_MILLI 150u
 #define SPREAD_KERNEL_SAMPLES 3u
+/* Tasks started a second (processes and threads: every PID its namespace
+ * gives), with SPREAD_FORKS_KERNEL_MILLI of a CPU in the kernel, that hold an
+ * execution once they last SPREAD_KERNEL_SAMPLES samples: the same fork loop
+ * starts 560-630 a second alone or beside busy tasks, while its time in the
+ * kernel as counted fell to 0.10-0.12 of a CPU there and it was not held. A
+ * fork, an exec and an exit each take a CPU for 0.3-0.45 ms that this kernel
+ * does not give up; starting a thread takes far less (a loop starting 420
+ * threads a second: 0.01-0.04 of a CPU in the kernel), and a thread pool's
+ * churn is not held. */
+#define SPREAD_FORKS 200u
+#define SPREAD_FORKS_KERNEL_MILLI 50u
+/* the PID namespace's counter is read when the execution used this much CPU
+ * (thousandths) since the last sample: SPREAD_FORKS a second cost more */
+#define SPREAD_FORKS_PROBE_MILLI 20u
 
 static void remove_dir(char *dir);
 
@@ -800,6 +814,40 @@ static void spread_setup(struct sub_cgroup *cg, const char *name, uint32_t cpu_m
 		return;
 	}
 	cg->spread_width = width;
+}
+
+/* The largest PID a namespace gives (its counter wraps there, starting
+ * again at 300), from /proc/sys/kernel/pid_max; 0 when unreadable. */
+static uint32_t pid_max(void)
+{
+	static uint32_t max;
+	char text[32];
+
+	if (max == 0 && read_small("/proc/sys/kernel/pid_max", text, sizeof(text)) == 0)
+		max = (uint32_t)strtoul(text, NULL, 10);
+	return max;
+}
+
+/* Tasks started a second since the last reading of the execution's PID
+ * namespace (cg->sp_ns_pid), from next, the PID it gives now (the reading
+ * itself took one); 0 when no rate can be told yet. */
+static uint64_t forks_per_s(struct sub_cgroup *cg, uint64_t now_ns, uint32_t next)
+{
+	uint64_t rate = 0;
+
+	if (next == 0)
+		return 0;
+	if (cg->sp_ns_pid != 0 && now_ns > cg->sp_ns_at_ns) {
+		uint64_t started;
+		if (next > cg->sp_ns_pid)
+			started = next - cg->sp_ns_pid - 1u;
+		else /* it wrapped at pid_max (or nothing told: 0) */
+			started = pid_max() > cg->sp_ns_pid && next > 300u ? pid_max() - cg->sp_ns_pid + (next - 300u) : 0;
+		rate = started * 1000000000ull / (now_ns - cg->sp_ns_at_ns);
+	}
+	cg->sp_ns_pid = next;
+	cg->sp_ns_at_ns = now_ns;
+	return rate;
 }
 
 /* CPU time the execution used (µs), or UINT64_MAX. */
@@ -1114,7 +1162,8 @@ static void taken_refresh(const struct sub_cgroup *cg)
 	close(lock);
 }
 
-int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, size_t cpussz, unsigned *next_ms)
+int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, uint32_t (*next_pid)(void *), void *arg, char *cpus,
+                          size_t cpussz, unsigned *next_ms)
 {
 	char list[4096];
 
@@ -1159,13 +1208,22 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 	bool capped = dp >= 4 && dthr * 5 >= dt / 1000u;
 	uint64_t used_milli = du * 1000u / (dt / 1000u + 1);
 	bool busy = used_milli * 10u >= (uint64_t)cg->cpu_milli * 8u;
+	/* the tasks it started: its namespace's counter, read when it used CPU
+	 * (an idle one started none); a reading skipped leaves the last one,
+	 * and the next rate covers the whole time since */
+	uint64_t forks = 0;
+	if (next_pid != NULL && used_milli >= SPREAD_FORKS_PROBE_MILLI)
+		forks = forks_per_s(cg, now_ns, next_pid(arg));
+	bool forked = forks >= SPREAD_FORKS && kernel_milli >= SPREAD_FORKS_KERNEL_MILLI;
+	cg->fork_run = forked ? cg->fork_run + 1 : 0;
 	bool in_kernel = cg->kernel_run >= SPREAD_KERNEL_SAMPLES;
+	bool forking = cg->fork_run >= SPREAD_KERNEL_SAMPLES;
 
-	if (cg->held_cpus[0] || capped || cg->kernel_run || used_milli * 10u >= cg->cpu_milli)
+	if (cg->held_cpus[0] || capped || cg->kernel_run || cg->fork_run || used_milli * 10u >= cg->cpu_milli)
 		*next_ms = SPREAD_BUSY_MS;
 
 	if (!cg->held_cpus[0]) {
-		if (!capped && !in_kernel)
+		if (!capped && !in_kernel && !forking)
 			return keep_off(cg, cpus, cpussz);
 		if (cg->kept_to[0]) {
 			/* every CPU first: an affinity set by sched_setaffinity stays
@@ -1184,7 +1242,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 		snprintf(cg->held_cpus, sizeof(cg->held_cpus), "%s", cpus);
 		cg->calm = 0;
 		cg->kernel_hold_milli = capped ? 0 : used_milli;
-		return capped ? 1 : 5;
+		return capped ? 1 : in_kernel ? 5 : 6;
 	}
 	taken_refresh(cg);
 	/* one held for its time in the kernel stays held while it uses half of
@@ -1193,7 +1251,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 	 * (a fork loop's 0.2 CPU in the kernel read as 0.08 beside the hog,
 	 * its use the same within a fifth) */
 	bool still = cg->kernel_hold_milli && used_milli * 2u >= cg->kernel_hold_milli;
-	if (capped || busy || kernel_milli >= SPREAD_KERNEL_MILLI || still) {
+	if (capped || busy || kernel_milli >= SPREAD_KERNEL_MILLI || forked || still) {
 		cg->calm = 0;
 		return 0;
 	}
@@ -1206,6 +1264,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, si
 	cg->calm = 0;
 	cg->kernel_hold_milli = 0;
 	cg->kernel_run = 0;
+	cg->fork_run = 0;
 	taken_refresh(cg);
 	return 2;
 }

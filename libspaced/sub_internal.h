@@ -31,7 +31,10 @@ struct sub_cgroup {
 	uint64_t sp_at_ns, sp_usec, sp_periods, sp_throttled; /* sp_throttled: µs held back */
 	uint64_t sp_kernel_usec; /* its CPU time in the kernel (UINT64_MAX: unreadable) */
 	unsigned kernel_run;     /* samples in a row it spent SPREAD_KERNEL_MILLI in the kernel */
-	uint64_t kernel_hold_milli; /* held for its time in the kernel: its use then (else 0) */
+	uint64_t kernel_hold_milli; /* held for its time in the kernel or its task starts: its use then (else 0) */
+	uint32_t sp_ns_pid;      /* the PID its namespace gave next at the last reading (0: none yet) */
+	uint64_t sp_ns_at_ns;    /* when that was read */
+	unsigned fork_run;       /* samples in a row it started SPREAD_FORKS tasks a second (and was in the kernel) */
 	char held_cpus[256]; /* the list it is held to, "" while free */
 	char kept_to[256];   /* free: the list its tasks are kept to (affinity), "" while on every CPU */
 	unsigned calm;
@@ -100,13 +103,21 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * then (or is throttled, or busy): a kernel that does not preempt a task in
  * a system call (PREEMPT_NONE, as this host's; voluntary preemption only at
  * its rescheduling points) lets a co-tenant's woken task wait for each
- * fork, exec and exit there.
+ * fork, exec and exit there. The kernel counts that time at its ticks, and
+ * beside busy tasks it counts less of it (a fork loop read 0.10-0.12); so
+ * one that starts SPREAD_FORKS tasks a second with a third of that time in
+ * the kernel (SPREAD_FORKS_KERNEL_MILLI) for as many samples in a row is
+ * held too (and stays held while it does): next_pid(arg), when given,
+ * says which PID the execution's namespace gives next — an exact count of
+ * the tasks it started, read only when it used CPU since the last reading
+ * (0: unreadable).
  * Returns 1 when it was held (cpus: the CPU list), 5 when it was held for
- * its time in the kernel, 2 when let go, 0 for no
+ * its time in the kernel, 6 for its task starts, 2 when let go, 0 for no
  * change, SPACED_ENOENT when the rule does not apply to cg (no need to call
  * again), or SPACED_ESYS; *next_ms: when the next sample is due (every
  * second while it is held or uses a tenth of its limit, else every 5 s). */
-int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, char *cpus, size_t cpussz, unsigned *next_ms);
+int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, uint32_t (*next_pid)(void *), void *arg, char *cpus,
+                          size_t cpussz, unsigned *next_ms);
 
 /* Moves pid into the cgroups. */
 int sub_cgroup_add(const struct sub_cgroup *cg, pid_t pid, char *why, size_t whysz);

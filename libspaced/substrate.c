@@ -1410,9 +1410,48 @@ int spaced_sub_snapshot(struct spaced_sub *s, const char *dir, char *why, size_t
 	return 0;
 }
 
+static int ns_probe(void *arg)
+{
+	*(volatile pid_t *)arg = (pid_t)syscall(SYS_getpid); /* its PID in the namespace it was cloned into */
+	return 0;
+}
+
+/* The PID the execution's PID namespace gives next (arg: the spaced_sub),
+ * for the spread rule's count of the tasks it starts: a child cloned into
+ * that namespace (CLONE_VFORK | CLONE_VM: this process's memory, for the
+ * moment it lives; no signal at its end, reaped here) reads its own PID
+ * there and ends. The calling thread's namespace for its children is set
+ * back before the return. 0 when it cannot be read (the execution's init is
+ * gone: its namespace takes no more tasks). */
+static uint32_t ns_next_pid(void *arg)
+{
+	struct spaced_sub *s = arg;
+	static int own = -2;
+	char stack[16384] __attribute__((aligned(16)));
+	pid_t got = 0; /* written by the child through the address clone passes on */
+
+	if (own == -2)
+		own = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
+	if (own < 0 || s->init.pidfd < 0 || setns(s->init.pidfd, CLONE_NEWPID) < 0)
+		return 0;
+	/* the parent waits (CLONE_VFORK) while the child runs on stack */
+	pid_t c = clone(ns_probe, stack + sizeof(stack), CLONE_VM | CLONE_VFORK, &got);
+	if (c > 0)
+		while (waitpid(c, NULL, __WCLONE) < 0 && errno == EINTR)
+			;
+	if (setns(own, CLONE_NEWPID) < 0) {
+		/* never seen (this process holds its own namespace's rights): were
+		 * it so, its later children would start in the execution's */
+		close(own);
+		own = -1;
+		return 0;
+	}
+	return c > 0 && got > 0 ? (uint32_t)got : 0;
+}
+
 int spaced_sub_cpu_spread(struct spaced_sub *s, char *cpus, size_t cpussz, unsigned *next_ms)
 {
-	return sub_cgroup_cpu_spread(&s->cg, spaced_mono_ns(), cpus, cpussz, next_ms);
+	return sub_cgroup_cpu_spread(&s->cg, spaced_mono_ns(), ns_next_pid, s, cpus, cpussz, next_ms);
 }
 
 void spaced_sub_cpus_held(const struct spaced_sub *s, char *cpus, size_t cpussz)

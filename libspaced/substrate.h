@@ -178,13 +178,17 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
  * while the execution runs): an execution whose CPU limit covers fewer CPUs
  * than the host's is held to ceil(limit) CPUs while its quota keeps
  * throttling it, or once it spent 0.15 of a CPU in the kernel for three
- * samples in a row, and let go after five calm samples: unthrottled, under
- * 80 % of its limit, and (one held for its time in the kernel) under a
- * 0.15 of a CPU there and under half the CPU it used when it was held
+ * samples in a row, or started 200 tasks a second with 0.05 of a CPU there
+ * for as many (the count: the PID its namespace gives next, read by a child
+ * cloned into that namespace for the moment it takes, only in a sample after
+ * which the execution used CPU), and let go after five calm samples:
+ * unthrottled, under 80 % of its limit, and (one held for its time in the
+ * kernel or its task starts) under both triggers and under half the CPU it
+ * used when it was held
  * (docs/substrate.md "CPU: how many at once"); a free one keeps its tasks off the CPUs executions are
  * held to on the host, where the rest leaves it its limit's CPUs. Returns 1
  * when it was held (cpus: the CPU list), 5 when it was held for its time in
- * the kernel, 2 when let go (cpus: the list it may use again), 3 when its tasks
+ * the kernel, 6 for its task starts, 2 when let go (cpus: the list it may use again), 3 when its tasks
  * were kept to cpus, 4 when they may use every CPU again (cpus), 0 for no
  * change, SPACED_ENOENT when the rule does not apply to this execution (no
  * need to call again), SPACED_ESYS; *next_ms: when

@@ -498,6 +498,8 @@ static void spread_sample(struct launcher *L, uint64_t now)
 		logf_("its CPU quota throttles it (more runnable tasks than its limit's CPUs): held to CPUs %s", cpus);
 	else if (r == 5)
 		logf_("it spends 0.15 of a CPU and more in the kernel (forks, execs, exits): held to CPUs %s", cpus);
+	else if (r == 6)
+		logf_("it starts 200 tasks a second and more (forks, execs, exits in the kernel): held to CPUs %s", cpus);
 	else if (r == 2)
 		logf_("under its CPU limit again: let go to CPUs %s", cpus);
 	else if (r == 3)

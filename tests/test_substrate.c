@@ -123,6 +123,9 @@ static void read_line(int fd, char *buf, size_t sz, int timeout_ms)
 	buf[n] = '\0';
 }
 
+/* Where the next launcher started writes its log (stderr), NULL: the test's own. */
+static const char *launch_log;
+
 /* Starts spaced-launch with the given guest and extra arguments (NULL-terminated). */
 static void start_with(struct launcher *l, const char *name, const char *guest,
                        const char *const *extra, bool wait_ready)
@@ -145,6 +148,11 @@ static void start_with(struct launcher *l, const char *name, const char *guest,
 	cr_assert_geq(l->pid, 0);
 	if (l->pid == 0) {
 		dup2(pfd[1], 1);
+		if (launch_log != NULL) {
+			int lf = open(launch_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+			if (lf < 0 || dup2(lf, 2) < 0)
+				_exit(126);
+		}
 		execv(SPACED_LAUNCH, (char *const *)(uintptr_t)argv);
 		_exit(127);
 	}
@@ -953,6 +961,103 @@ Test(substrate, execution_busy_in_the_kernel_is_held, .timeout = 90)
 	ms = spread_wait(&e, false, 35000, now, sizeof(now));
 	cr_log_info("let go %d ms after", ms);
 	cr_expect_str_eq(now, e.all, "let go once the loop ended: %s", now);
+	stop(&e.l);
+}
+
+/* Two busy loops on the host at nice 19 for secs seconds (they take next to
+ * no CPU from anything else, but leave no CPU idle: the kernel then counts
+ * less of a fork loop's time as its time in the kernel); their pids. */
+static void host_busy(pid_t out[2], int secs)
+{
+	char t[16];
+
+	snprintf(t, sizeof(t), "%d", secs);
+	for (int i = 0; i < 2; i++) {
+		out[i] = fork();
+		cr_assert_geq(out[i], 0);
+		if (out[i] == 0) {
+			execlp("timeout", "timeout", t, "nice", "-n", "19", "sh", "-c", "while :; do :; done", (char *)NULL);
+			_exit(127);
+		}
+	}
+}
+
+static void host_busy_end(const pid_t p[2])
+{
+	for (int i = 0; i < 2; i++) {
+		kill(p[i], SIGTERM);
+		waitpid(p[i], NULL, 0);
+	}
+}
+
+/* The same hold for an execution that starts 200 tasks a second and more
+ * (with a twentieth of a CPU in the kernel) for three samples: its PID
+ * namespace's counter, read by the launcher, says how many it started, not
+ * the kernel's tick-counted time. A loop of four `sleep 0.01 &` starts about
+ * 350 a second; beside busy host tasks its time in the kernel as counted
+ * stays under 0.15 of a CPU (0.10-0.15 alone): held for its task starts. */
+Test(substrate, execution_starting_many_tasks_is_held, .timeout = 90)
+{
+	struct spread_exec e;
+	char now[256], out[256], log[300], text[8192] = "";
+	pid_t bg[2];
+	int ms;
+
+	need_spread();
+	snprintf(log, sizeof(log), "%s/kt.log", dir);
+	launch_log = log;
+	spread_start(&e, "kt", "sbx-spread-tasks", "0.5");
+	launch_log = NULL;
+	host_busy(bg, 20);
+	cr_assert_eq(run_in(&e.l,
+	                    "timeout 12 sh -c 'while :; do for i in 1 2 3 4; do sleep 0.01 & done; wait; done' "
+	                    ">/dev/null 2>&1 & echo started",
+	                    out, sizeof(out)),
+	             0, "%s", out);
+	ms = spread_wait(&e, true, 10000, now, sizeof(now));
+	host_busy_end(bg);
+	int fd = open(log, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, text, sizeof(text) - 1);
+		text[n > 0 ? n : 0] = '\0';
+		close(fd);
+	}
+	cr_log_info("a loop starting tasks beside busy host tasks: held after %d ms to CPUs %s (of %s)", ms, now, e.all);
+	if (strcmp(now, e.all) == 0) {
+		stop(&e.l);
+		cr_assert_fail("a loop starting ~350 tasks a second for 10 s is still on CPUs %s; the launcher's log:\n%s",
+		               now, text);
+	}
+	cr_expect(strstr(text, "it starts 200 tasks a second and more") != NULL,
+	          "held for its task starts, by the launcher's log:\n%s", text);
+	cr_expect(strchr(now, ',') == NULL && strchr(now, '-') == NULL, "0.5 CPU held to one CPU: %s", now);
+	ms = spread_wait(&e, false, 35000, now, sizeof(now));
+	cr_log_info("let go %d ms after", ms);
+	cr_expect_str_eq(now, e.all, "let go once the loop ended: %s", now);
+	stop(&e.l);
+}
+
+/* A thread pool's churn is not a fork loop: 400 threads started a second,
+ * with little time in the kernel, leave the execution free. */
+Test(substrate, thread_churn_is_not_held, .timeout = 60)
+{
+	struct spread_exec e;
+	char now[256], out[512];
+
+	need_spread();
+	if (system("command -v python3 >/dev/null 2>&1") != 0)
+		cr_skip_test("no python3 on this host (the execution runs the host's)");
+	spread_start(&e, "tc", "sbx-thread-churn", "0.5");
+	cr_assert_eq(run_in(&e.l,
+	                    "timeout 7 python3 -c 'import threading, time\n"
+	                    "while True:\n"
+	                    "    t = threading.Thread(target=int); t.start(); t.join(); time.sleep(0.002)' "
+	                    ">/dev/null 2>&1 & echo started",
+	                    out, sizeof(out)),
+	             0, "%s", out);
+	int ms = spread_wait(&e, true, 6500, now, sizeof(now));
+	cr_log_info("thread churn: CPUs %s after %d ms (of %s)", now, ms, e.all);
+	cr_expect_str_eq(now, e.all, "a thread pool's churn is not held: %s", now);
 	stop(&e.l);
 }
 
