@@ -1421,7 +1421,9 @@ static int ns_probe(void *arg)
  * that namespace (CLONE_VFORK | CLONE_VM: this process's memory, for the
  * moment it lives; no signal at its end, reaped here) reads its own PID
  * there and ends. The calling thread's namespace for its children is set
- * back before the return. 0 when it cannot be read (the execution's init is
+ * back before the return. The child is host root in this process's cgroups
+ * and user namespace: no task of the execution can trace, signal, freeze or
+ * read it for the microseconds it is there. 0 when it cannot be read (the execution's init is
  * gone: its namespace takes no more tasks). */
 static uint32_t ns_next_pid(void *arg)
 {
