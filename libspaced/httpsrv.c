@@ -29,10 +29,15 @@
  * to one TLS record's worth) and written, sealed over TLS, at the end of that
  * turn: one write for a response's head and body, not one per piece */
 #define STAGE_MAX 16384
-/* TLS output: the records sealed in one go gather in a write request that
- * starts this big; one kept for the next go up to TLS_OUT_KEEP */
-#define TLS_OUT_MIN 32768
-#define TLS_OUT_KEEP 65536
+/* TLS output: the records sealed in one go gather in a write request made
+ * to their size before they are sealed (a record's worth at least: what a
+ * record adds to its plaintext is TLS_RECORD_EXTRA at most); one that was
+ * all written is kept for the next go up to TLS_OUT_KEEP (under the 128 KiB
+ * from which node-api's allocator maps each buffer on its own: a 64 KiB
+ * frame's records, 65.7 KiB, reuse one buffer) */
+#define TLS_RECORD_EXTRA 64
+#define TLS_OUT_MIN (16384 + 2 * TLS_RECORD_EXTRA)
+#define TLS_OUT_KEEP (112u << 10)
 #define PEER_CERT_MAX 128
 
 enum cstate {
@@ -342,26 +347,33 @@ static int outv_raw(struct spaced_httpconn *c, const struct part *parts, int n)
  * copy of the ciphertext (from OpenSSL's record buffer), where a memory BIO
  * took two and a request allocated per flush. */
 
+/* Room in c->tls_out for n more bytes (grown to what is there and n, a
+ * record's worth at least); 0, or SPACED_ENOMEM. */
+static int tls_out_reserve(struct spaced_httpconn *c, size_t n)
+{
+	struct wreq *r = c->tls_out;
+	size_t have = r ? r->len : 0;
+	if (r && r->cap - have >= n)
+		return 0;
+	if (n > SIZE_MAX / 2 - have - sizeof *r)
+		return SPACED_ENOMEM;
+	size_t cap = have + n < TLS_OUT_MIN ? TLS_OUT_MIN : have + n;
+	struct wreq *grown = realloc(r, sizeof *grown + cap);
+	if (!grown)
+		return SPACED_ENOMEM;
+	grown->len = have;
+	grown->off = 0;
+	grown->cap = cap;
+	c->tls_out = grown;
+	return 0;
+}
+
 static int tls_out_write(BIO *b, const char *p, size_t n, size_t *written)
 {
 	struct spaced_httpconn *c = BIO_get_data(b);
+	if (tls_out_reserve(c, n) < 0)
+		return 0; /* SSL_write fails: the connection is closed */
 	struct wreq *r = c->tls_out;
-	size_t have = r ? r->len : 0;
-	if (!r || r->cap - have < n) {
-		size_t cap = r && r->cap ? r->cap : TLS_OUT_MIN;
-		while (cap - have < n) {
-			if (cap > SIZE_MAX / 4)
-				return 0;
-			cap *= 2;
-		}
-		struct wreq *grown = realloc(r, sizeof *grown + cap);
-		if (!grown)
-			return 0; /* SSL_write fails: the connection is closed */
-		grown->len = have;
-		grown->off = 0;
-		grown->cap = cap;
-		c->tls_out = r = grown;
-	}
 	memcpy(r->data + r->len, p, n);
 	r->len += n;
 	*written = n;
@@ -436,9 +448,12 @@ static int tls_flush(struct spaced_httpconn *c)
 	return queue_wreq(c, r);
 }
 
-/* Encrypts p[0..n) into the write BIO (a memory BIO: it takes it all). */
+/* Seals p[0..n) into records gathered in tls_out (made room for first:
+ * one allocation, not one per doubling). */
 static int tls_put(struct spaced_httpconn *c, const void *p, size_t n)
 {
+	if (n > 0 && tls_out_reserve(c, n + (n / 16384 + 1) * TLS_RECORD_EXTRA) < 0)
+		return SPACED_ENOMEM;
 	while (n > 0) {
 		int k = n > INT_MAX ? INT_MAX : (int)n;
 		ERR_clear_error();
