@@ -1198,6 +1198,10 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, uint32_t (*nex
 	cg->sp_kernel_usec = kusec;
 	cg->kernel_run = kernel_milli >= SPREAD_KERNEL_MILLI ? cg->kernel_run + 1 : 0;
 	if (first) {
+		/* the count of its task starts from here too: the next sample
+		 * tells a rate, as it tells the time in the kernel */
+		if (next_pid != NULL)
+			(void)forks_per_s(cg, now_ns, next_pid(arg));
 		*next_ms = SPREAD_BUSY_MS;
 		return 0;
 	}
@@ -1242,7 +1246,7 @@ int sub_cgroup_cpu_spread(struct sub_cgroup *cg, uint64_t now_ns, uint32_t (*nex
 		snprintf(cg->held_cpus, sizeof(cg->held_cpus), "%s", cpus);
 		cg->calm = 0;
 		cg->kernel_hold_milli = capped ? 0 : used_milli;
-		return capped ? 1 : in_kernel ? 5 : 6;
+		return capped ? 1 : forking ? 6 : 5; /* both: the exact count is named */
 	}
 	taken_refresh(cg);
 	/* one held for its time in the kernel stays held while it uses half of

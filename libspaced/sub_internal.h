@@ -112,7 +112,7 @@ int sub_cgroup_cap_all(uint64_t mem_bytes, uint64_t tasks, char *why, size_t why
  * the tasks it started, read only when it used CPU since the last reading
  * (0: unreadable).
  * Returns 1 when it was held (cpus: the CPU list), 5 when it was held for
- * its time in the kernel, 6 for its task starts, 2 when let go, 0 for no
+ * its time in the kernel, 6 for its task starts (with or without), 2 when let go, 0 for no
  * change, SPACED_ENOENT when the rule does not apply to cg (no need to call
  * again), or SPACED_ESYS; *next_ms: when the next sample is due (every
  * second while it is held or uses a tenth of its limit, else every 5 s). */

@@ -188,7 +188,8 @@ void spaced_sub_usage(const struct spaced_sub *s, struct spaced_sub_usage *u);
  * (docs/substrate.md "CPU: how many at once"); a free one keeps its tasks off the CPUs executions are
  * held to on the host, where the rest leaves it its limit's CPUs. Returns 1
  * when it was held (cpus: the CPU list), 5 when it was held for its time in
- * the kernel, 6 for its task starts, 2 when let go (cpus: the list it may use again), 3 when its tasks
+ * the kernel, 6 for its task starts (whether or not its time in the kernel
+ * held it too), 2 when let go (cpus: the list it may use again), 3 when its tasks
  * were kept to cpus, 4 when they may use every CPU again (cpus), 0 for no
  * change, SPACED_ENOENT when the rule does not apply to this execution (no
  * need to call again), SPACED_ESYS; *next_ms: when

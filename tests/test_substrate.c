@@ -994,8 +994,10 @@ static void host_busy_end(const pid_t p[2])
  * (with a twentieth of a CPU in the kernel) for three samples: its PID
  * namespace's counter, read by the launcher, says how many it started, not
  * the kernel's tick-counted time. A loop of four `sleep 0.01 &` starts about
- * 350 a second; beside busy host tasks its time in the kernel as counted
- * stays under 0.15 of a CPU (0.10-0.15 alone): held for its task starts. */
+ * 300 a second; its time in the kernel as counted reads 0.10-0.15 of a CPU
+ * alone and beside busy host tasks, sometimes more: the launcher names the
+ * task starts whether or not that held it too (without the count, the test
+ * fails: not held, or held for its time in the kernel alone). */
 Test(substrate, execution_starting_many_tasks_is_held, .timeout = 90)
 {
 	struct spread_exec e;
@@ -1009,20 +1011,33 @@ Test(substrate, execution_starting_many_tasks_is_held, .timeout = 90)
 	spread_start(&e, "kt", "sbx-spread-tasks", "0.5");
 	launch_log = NULL;
 	host_busy(bg, 20);
+	/* a shell's PID inside, before and after, tells how many tasks the
+	 * execution started in between (its namespace gives them in turn) */
 	cr_assert_eq(run_in(&e.l,
 	                    "timeout 12 sh -c 'while :; do for i in 1 2 3 4; do sleep 0.01 & done; wait; done' "
-	                    ">/dev/null 2>&1 & echo started",
+	                    ">/dev/null 2>&1 & echo $$",
 	                    out, sizeof(out)),
 	             0, "%s", out);
+	long pid0 = atol(out);
 	ms = spread_wait(&e, true, 10000, now, sizeof(now));
 	host_busy_end(bg);
+	cr_assert_eq(run_in(&e.l, "echo $$", out, sizeof(out)), 0, "%s", out);
+	long rate = (atol(out) - pid0) * 1000 / (ms > 0 ? ms : 1);
 	int fd = open(log, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
 		ssize_t n = read(fd, text, sizeof(text) - 1);
 		text[n > 0 ? n : 0] = '\0';
 		close(fd);
 	}
-	cr_log_info("a loop starting tasks beside busy host tasks: held after %d ms to CPUs %s (of %s)", ms, now, e.all);
+	cr_log_info("a loop starting tasks beside busy host tasks (%ld a second by its own count): held after %d ms to "
+	            "CPUs %s (of %s)",
+	            rate, ms, now, e.all);
+	if (strcmp(now, e.all) == 0 && rate < 250) {
+		stop(&e.l);
+		cr_skip_test("the host is too busy: the loop started %ld tasks a second (its own count), not the 250 and "
+		             "more the test needs",
+		             rate);
+	}
 	if (strcmp(now, e.all) == 0) {
 		stop(&e.l);
 		cr_assert_fail("a loop starting ~350 tasks a second for 10 s is still on CPUs %s; the launcher's log:\n%s",
