@@ -30,6 +30,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -346,7 +347,10 @@ def main():
             sbx = name[:-4] if name.endswith(".log") else name
             for line in open(os.path.join(logs, name), errors="replace"):
                 if "CPUs" in line and ("held" in line or "kept" in line or "let go" in line or "tasks on" in line):
-                    print("spread rule: %s (%s): %s" % (sbx, roles.get(sbx, "?"), line.split(": ", 1)[-1].strip()))
+                    # a pooled execution's launcher names the sandbox that claimed it
+                    claimed = re.match(r"spaced-launch\[\d+\] (\S+): ", line)
+                    who = claimed.group(1) if claimed else sbx
+                    print("spread rule: %s (%s): %s" % (who, roles.get(who, "?"), line.split(": ", 1)[-1].strip()))
         print(json.dumps({"victim_p99_ratio": round(ratio, 2), "victim_errors": len(errors),
                           "daemon_deaths": deaths, "r4_p99_ms_under_load": round(pct(r4, 99), 1) if r4 else None,
                           "r4_p99_ms_right_after_a_route": round(pct(r4_fresh, 99), 1) if r4_fresh else None,

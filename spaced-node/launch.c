@@ -134,12 +134,17 @@ static void usage(void)
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The sandbox that claimed this pooled execution, "" before: its lines go
+ * on to the pool's log (the stderr it was started with), and name it. */
+static char claimed_by[SPACED_NAME_MAX];
+
 /* One structured line per event on stderr, in one write (a claim logs twice). */
 static void logf_(const char *fmt, ...)
 {
 	char line[1024];
 	va_list ap;
-	int n = snprintf(line, sizeof(line), "spaced-launch[%d]: ", (int)getpid());
+	int n = claimed_by[0] ? snprintf(line, sizeof(line), "spaced-launch[%d] %s: ", (int)getpid(), claimed_by)
+	                      : snprintf(line, sizeof(line), "spaced-launch[%d]: ", (int)getpid());
 
 	va_start(ap, fmt);
 	vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
@@ -372,6 +377,8 @@ static void ctl_command(struct launcher *L, int fd, char *cmd)
 			ctl_reply(fd, "OK", -1);
 			(void)write_file(L->state, "identity", cmd + 9);
 			logf_("identity %s", cmd + 9);
+			if (L->pooled)
+				snprintf(claimed_by, sizeof(claimed_by), "%s", id.sandbox);
 			return;
 		} else {
 			snprintf(reply, sizeof(reply), "ERR identity: %s", spaced_strerror(r));

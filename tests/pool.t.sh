@@ -83,6 +83,11 @@ for id in $ids; do
 	grep -q "sandbox=$id;" "$W/v" || { echo "  $id: the serving identity is not its own"; bad=$((bad + 1)); }
 done
 expect "each guest names and serves its own sandbox" "$bad" 0
+# a claimed execution's launcher goes on writing to the pool's log, naming the sandbox that claimed it
+pid1=$(status '[.records[] | select(.pooled)][0].identity.sandbox' | tr -d '"')
+"$SC" pause "$pid1" >/dev/null 2>&1 && "$SC" resume "$pid1" >/dev/null 2>&1
+expect "the pool's log names the claiming sandbox on its launcher's lines" \
+	"$(grep -c "^spaced-launch\[[0-9]*\] $pid1: paused" "$D/worker-1/log/pool.log")" 1
 # the launcher named the claimed execution from inside its UTS namespace and came back to the host's
 back=0
 for lp in $(status '[.records[].pid] | .[]'); do
