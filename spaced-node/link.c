@@ -76,6 +76,7 @@ static struct lws *conn;
 static struct out *q_head, *q_tail;
 static struct spaced_buf rx;
 static lws_sorted_usec_list_t sul;
+static void tick_again(void);
 static uint64_t next_connect, backoff_ns;
 
 static void llog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -833,6 +834,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		if (gate_queue(true, -1, NULL, 0) < 0) /* the hello goes first */
 			return -1;
 		backoff_ns = 0;
+		tick_again(); /* its replay's way to the gate is watched from now */
 		llog("channel open to %s", C->cp_url);
 		return 0;
 	case LWS_CALLBACK_EVENT_WAIT_CANCELLED:
@@ -873,6 +875,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		if (ping_out && len == sizeof ping_no && memcmp(in, &ping_no, sizeof ping_no) == 0) {
 			ping_out = false;
 			__atomic_store_n(&contact_ns, ping_sent_ns, __ATOMIC_RELEASE);
+			tick_again(); /* the next ping's time, not the answer's deadline */
 		}
 		return 0;
 	case LWS_CALLBACK_CLIENT_WRITEABLE: {
@@ -923,6 +926,7 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		/* the next try after a pause that grows to 5 s while it keeps failing */
 		backoff_ns = backoff_ns ? (backoff_ns * 2 > 5000000000ull ? 5000000000ull : backoff_ns * 2) : 250000000ull;
 		next_connect = spaced_mono_ns() + backoff_ns;
+		tick_again();
 		return 0;
 	default:
 		return 0;
@@ -933,6 +937,40 @@ static const struct lws_protocols protocols[] = {
 	{"spaced-link", callback, 0, LINE_MAX_BYTES, 0, NULL, 0},
 	{NULL, NULL, 0, 0, 0, NULL, 0},
 };
+
+/* How soon tick must run again (µs): at the next ping's time or the
+ * answer's deadline on a leased connection, at the next try without one,
+ * every 50 ms while a new connection's replay is on its way to the gate or
+ * a ping waits to be written; a second at most. */
+#define TICK_POLL_US (50 * LWS_US_PER_MS)
+#define TICK_MAX_US (1000 * LWS_US_PER_MS)
+static lws_usec_t tick_wait(void)
+{
+	uint64_t now, due;
+	if (conn != NULL && C->fence_after_s > 0) {
+		if (__atomic_load_n(&synced_conn, __ATOMIC_ACQUIRE) != conn_no || want_ping)
+			return TICK_POLL_US;
+		now = boottime_ns();
+		due = ping_sent_ns + (ping_out ? LINK_PING_DEAD_NS : LINK_PING_NS) + 1000000ull;
+	} else if (conn == NULL && !stop) {
+		now = spaced_mono_ns();
+		due = next_connect;
+	} else {
+		return TICK_MAX_US;
+	}
+	uint64_t us = due > now ? (due - now) / 1000u : 0;
+	return us < 1000u ? 1000 : us > TICK_MAX_US ? TICK_MAX_US : (lws_usec_t)us;
+}
+
+static void tick(lws_sorted_usec_list_t *s);
+
+/* tick at once when what it waits for moved earlier (an answered ping, a
+ * connection that ended or began) */
+static void tick_again(void)
+{
+	if (ctx != NULL)
+		lws_sul_schedule(ctx, 0, &sul, tick, 1);
+}
 
 static void tick(lws_sorted_usec_list_t *s)
 {
@@ -964,7 +1002,7 @@ static void tick(lws_sorted_usec_list_t *s)
 	}
 	if (stop)
 		lws_cancel_service(ctx);
-	lws_sul_schedule(ctx, 0, s, tick, 50 * LWS_US_PER_MS);
+	lws_sul_schedule(ctx, 0, s, tick, tick_wait());
 }
 
 static void on_term(int sig)

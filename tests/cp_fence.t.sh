@@ -17,7 +17,8 @@
 #    STATE/lease ends, A's launcher freezes it and A's ServicePort gateway refuses on their own; the
 #    gate, back, fences at once and lifts the fence after the link's replay;
 #  - only the gate held (SIGSTOP) past its lease while the link stays connected: the gate fences when
-#    it runs again, and lifts the fence when the link asks again.
+#    it runs again, and lifts the fence when the link asks again;
+#  - an idle link wakes only for its pings and its lease (at most 12 times a second).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 SC=$SPACED_BUILD/spacectl/spacectl
@@ -34,6 +35,11 @@ LINK=$(role_pid spaced-link worker-2)
 # worker counts as live, which is when dev up returns)
 says_fence_after() { [ "$(sqlite3 "$D/cp/cp.db" "SELECT fence_after FROM workers WHERE id = 'worker-2'")" = 10 ]; }
 WAIT_SECONDS=10 wait_for "worker-2 says in its hello that it fences after 10 s" says_fence_after
+# an idle link wakes for its pings and its lease, not on a 50 ms tick (26 a second with one: now ~7)
+lw() { cat /proc/"$LINK"/task/*/status 2>/dev/null | awk '/_ctxt_switches/ {s += $2} END {print s + 0}'; }
+w0=$(lw); sleep 3; w1=$(lw)
+expect "worker-2's idle link woke at most 36 times in 3 s" \
+	"$([ $((w1 - w0)) -le 36 ] && echo yes || echo "no: $((w1 - w0))")" yes
 
 A=$("$SC" create --worker worker-2) || fail "create A"
 "$SC" exec "$A" -- sh -c 'nohup sh -c "while :; do date +%s >>/workspace/ticks; sleep 0.2; done" >/dev/null 2>&1 &'
