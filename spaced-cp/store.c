@@ -398,8 +398,8 @@ const char *cp_store_kind(const struct cp_store *st)
 int cp_store_relaxed(struct cp_store *st, int on)
 {
 	if (strcmp(st->ops->kind, "sqlite") == 0) {
-		cp_store_sqlite_relaxed(on);
-		return st->ops->script(st->h, on ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL");
+		cp_store_sqlite_relaxed(on); /* the writer commits so (store_sqlite.c) */
+		return 0;
 	}
 	return st->ops->script(st->h, on ? "SET synchronous_commit = off" : "SET synchronous_commit = on");
 }

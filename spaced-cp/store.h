@@ -6,6 +6,9 @@
  * NULL), results come back as text. Integers travel in decimal.
  *
  * A handle is used by one thread at a time; every thread opens its own.
+ * SQLite: transactions and writes outside one run on one connection the
+ * process's handles of a database share, one thread at a time (its page
+ * cache then stays valid from one write to the next: store_sqlite.c).
  */
 #ifndef SPACED_CP_STORE_H
 #define SPACED_CP_STORE_H

@@ -19,7 +19,17 @@
  * (1, 2, 5 … up to 100 ms), so fifty threads writing at once would wait for
  * each other's sleeps, not for each other's work. Other processes (admin
  * commands) still meet the busy timeout. A connection is used by one thread
- * at a time (store.h): opened without SQLite's own per-call mutex. */
+ * at a time (store.h): opened without SQLite's own per-call mutex.
+ *
+ * The writer: whoever holds that queue's turn runs its statements, reads
+ * included, on one connection per database, shared by every handle of the
+ * process that opened the same path (struct sq's writer). SQLite drops a
+ * connection's whole page cache when it finds that another connection wrote
+ * since it last read; with each thread writing on its own connection, every
+ * transaction (a create's, its acknowledgement's) found its pages dropped
+ * and read each again from the kernel. Writes on one connection leave its
+ * cache valid from one transaction to the next. Reads outside a transaction
+ * stay on the thread's own handle, many at once. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -72,7 +82,16 @@ struct sq {
 	struct sq_cached cache[SQ_CACHE];
 	uint64_t tick;
 	uint64_t warm_at; /* the value of seen_count it was last warmed at */
+	struct sq *writer; /* the writer connection of its database (NULL: this is one) */
+	/* a writer only: its path, the handles sharing it, the next writer of
+	 * another path, and whether it commits without waiting for the disk now */
+	char *path;
+	int users;
+	struct sq *next_writer;
+	bool synchronous_normal;
 };
+
+static struct sq *conn_now(struct sq *q);
 
 /* The statements handles of this process ran (the first SEEN_MAX), with how
  * many handles prepared each: an idle handle prepares the SEEN_WARM most
@@ -121,6 +140,37 @@ static void seen_add(const char *sql, uint64_t h)
 	pthread_mutex_unlock(&seen.mu);
 }
 
+/* The statements seen to write (their sql_hash, the first WRITES_MAX): a
+ * write outside a transaction goes to the writer without being prepared on
+ * the thread's own handle first to find out (a hash shared with a read only
+ * sends that read to the writer too). */
+#define WRITES_MAX 256
+static struct {
+	pthread_mutex_t mu;
+	uint64_t hash[WRITES_MAX];
+	size_t n;
+} writes = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static bool write_known(uint64_t h)
+{
+	bool known = false;
+	pthread_mutex_lock(&writes.mu);
+	for (size_t i = 0; i < writes.n && !known; i++)
+		known = writes.hash[i] == h;
+	pthread_mutex_unlock(&writes.mu);
+	return known;
+}
+
+static void write_note(uint64_t h)
+{
+	if (write_known(h))
+		return;
+	pthread_mutex_lock(&writes.mu);
+	if (writes.n < WRITES_MAX)
+		writes.hash[writes.n++] = h;
+	pthread_mutex_unlock(&writes.mu);
+}
+
 /* stmt_get; idle: for cp_store_warm (counted apart). */
 static int stmt_get_as(struct sq *q, const char *sql, bool share, bool idle, sqlite3_stmt **out)
 {
@@ -145,13 +195,16 @@ static int stmt_get_as(struct sq *q, const char *sql, bool share, bool idle, sql
 		sqlite3_finalize(victim->stmt);
 	*victim = (struct sq_cached){.stmt = st, .hash = h, .used = ++q->tick};
 	*out = st;
-	if (share)
+	if (!sqlite3_stmt_readonly(st))
+		write_note(h);
+	else if (share)
 		seen_add(sql, h);
 	return SQLITE_OK;
 }
 
 /* The prepared statement of sql, from the cache or prepared now (and kept;
- * with share, noted for the other handles: cp_store_warm). */
+ * with share and when it only reads, noted for the other handles:
+ * cp_store_warm; writes run on the writer, whose cache keeps them). */
 static int stmt_get(struct sq *q, const char *sql, bool share, sqlite3_stmt **out)
 {
 	return stmt_get_as(q, sql, share, false, out);
@@ -161,7 +214,7 @@ static int stmt_get(struct sq *q, const char *sql, bool share, sqlite3_stmt **ou
  * through sqlite3_exec. */
 static int sq_script(void *h, const char *sql)
 {
-	struct sq *q = h;
+	struct sq *q = conn_now(h);
 	sqlite3_stmt *st = NULL;
 	for (size_t i = 0; i < TXN_N && !st; i++)
 		if (strcmp(sql, txn_sql[i]) == 0)
@@ -288,11 +341,43 @@ void cp_store_sqlite_relaxed(int on)
 	relaxed = on != 0;
 }
 
+/* The writers of the databases this process opened, one per path (each
+ * used only by the thread that holds the writers' turn). */
+static pthread_mutex_t writers_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct sq *writers;
+
+/* The handle whose connection runs q's statements now: its database's
+ * writer while this thread holds the writers' turn, else q. */
+static struct sq *conn_now(struct sq *q)
+{
+	return holds_writer && q->writer ? q->writer : q;
+}
+
+/* Once the turn is taken, before its transaction (SQLite refuses the pragma
+ * inside one): the writer commits as this thread asked (cp_store_relaxed:
+ * synchronous=NORMAL, else FULL). 0, or SPACED_EIO when SQLite refuses
+ * (the write then does not run: a write meant to wait for the disk never
+ * commits without). */
+static int writer_mode(struct sq *w)
+{
+	if (w->synchronous_normal == relaxed || !sqlite3_get_autocommit(w->db))
+		return 0;
+	int rc = sqlite3_exec(w->db, relaxed ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL", NULL, NULL,
+	                      NULL);
+	if (rc != SQLITE_OK)
+		return map_err(rc);
+	w->synchronous_normal = relaxed;
+	return 0;
+}
+
 static int sq_begin(void *h)
 {
 	if (!holds_writer)
 		writer_take();
-	int r = sq_script(h, "BEGIN IMMEDIATE");
+	struct sq *w = conn_now(h);
+	int r = writer_mode(w);
+	if (r == 0)
+		r = sq_script(w, "BEGIN IMMEDIATE");
 	if (r < 0)
 		writer_release();
 	return r;
@@ -300,15 +385,16 @@ static int sq_begin(void *h)
 
 static int sq_commit(void *h)
 {
-	int r = sq_script(h, "COMMIT");
-	if (sqlite3_get_autocommit(((struct sq *)h)->db))
+	struct sq *w = conn_now(h);
+	int r = sq_script(w, "COMMIT");
+	if (sqlite3_get_autocommit(w->db))
 		writer_release();
 	return r;
 }
 
 static void sq_rollback(void *h)
 {
-	sqlite3 *db = ((struct sq *)h)->db;
+	sqlite3 *db = conn_now(h)->db;
 	if (!sqlite3_get_autocommit(db))
 		sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
 	writer_release();
@@ -317,17 +403,40 @@ static void sq_rollback(void *h)
 static int sq_exec(void *h, const char *sql, int n, const char *const *params, struct cp_rows **out,
                    long *changes)
 {
-	struct sq *q = h;
-	sqlite3 *db = q->db;
+	struct sq *q = conn_now(h);
+	sqlite3 *db;
 	sqlite3_stmt *stmt = NULL;
 	struct cp_rows *rows = NULL;
 	bool autowrite = false;
 	int r, rc, cap = 0;
-	rc = stmt_get(q, sql, true, &stmt);
+	/* a write of its own (outside a transaction) queues like a transaction
+	 * and runs on the writer: at once when it is known to write, else once
+	 * its statement says so */
+	if (!holds_writer && q->writer && write_known(sql_hash(sql))) {
+		autowrite = true;
+		writer_take();
+		q = conn_now(h);
+		if ((r = writer_mode(q)) < 0)
+			goto out;
+	}
+	rc = stmt_get(q, sql, q->writer != NULL, &stmt);
 	if (rc != SQLITE_OK) {
 		r = map_err(rc);
 		goto out;
 	}
+	if (!holds_writer && sqlite3_get_autocommit(q->db) && !sqlite3_stmt_readonly(stmt)) {
+		autowrite = true;
+		writer_take();
+		q = conn_now(h);
+		stmt = NULL;
+		if ((r = writer_mode(q)) < 0)
+			goto out;
+		if ((rc = stmt_get(q, sql, false, &stmt)) != SQLITE_OK) {
+			r = map_err(rc);
+			goto out;
+		}
+	}
+	db = q->db;
 	for (int i = 0; i < n; i++) {
 		char name[16];
 		snprintf(name, sizeof name, "$%d", i + 1);
@@ -341,10 +450,6 @@ static int sq_exec(void *h, const char *sql, int n, const char *const *params, s
 			goto out;
 		}
 	}
-	/* a write of its own (outside a transaction) queues like a transaction */
-	autowrite = !holds_writer && sqlite3_get_autocommit(db) && !sqlite3_stmt_readonly(stmt);
-	if (autowrite)
-		writer_take();
 	int ncols = sqlite3_column_count(stmt);
 	rows = cp_rows_new(0, ncols);
 	if (rows == NULL) {
@@ -398,16 +503,35 @@ out:
 	return r;
 }
 
-static void sq_close(void *h)
+/* A connection and its statements, gone. */
+static void conn_free(struct sq *q)
 {
-	struct sq *q = h;
 	for (size_t i = 0; i < SQ_CACHE; i++)
 		if (q->cache[i].stmt)
 			sqlite3_finalize(q->cache[i].stmt);
 	for (size_t i = 0; i < TXN_N; i++)
 		sqlite3_finalize(q->txn[i]);
 	sqlite3_close(q->db);
+	free(q->path);
 	free(q);
+}
+
+/* A handle, and its database's writer with the last handle sharing it. */
+static void sq_close(void *h)
+{
+	struct sq *q = h, *w = q->writer;
+	conn_free(q);
+	if (w == NULL)
+		return;
+	pthread_mutex_lock(&writers_mu);
+	if (--w->users == 0) {
+		struct sq **p = &writers;
+		while (*p != w)
+			p = &(*p)->next_writer;
+		*p = w->next_writer;
+		conn_free(w);
+	}
+	pthread_mutex_unlock(&writers_mu);
 }
 
 static const struct cp_store_ops sqlite_ops = {
@@ -420,7 +544,8 @@ static const struct cp_store_ops sqlite_ops = {
 	.close = sq_close,
 };
 
-int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops **ops)
+/* One connection to path with its transactions' statements prepared. */
+static int conn_open(const char *path, struct sq **out)
 {
 	sqlite3 *db = NULL;
 	int r;
@@ -448,11 +573,43 @@ int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops *
 	for (size_t i = 0; i < TXN_N; i++)
 		if (sqlite3_prepare_v3(db, txn_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &q->txn[i], NULL) != SQLITE_OK)
 			q->txn[i] = NULL; /* run through sqlite3_exec instead */
-	*h = q;
-	*ops = &sqlite_ops;
+	*out = q;
 	db = NULL;
 out:
 	if (db != NULL)
 		sqlite3_close(db);
 	return r;
+}
+
+int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops **ops)
+{
+	struct sq *q = NULL, *w;
+	int r = conn_open(path, &q);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&writers_mu);
+	for (w = writers; w && strcmp(w->path, path) != 0; w = w->next_writer)
+		;
+	if (w == NULL && (r = conn_open(path, &w)) == 0) {
+		if ((w->path = strdup(path)) == NULL) {
+			conn_free(w);
+			w = NULL;
+			r = SPACED_ENOMEM;
+		} else {
+			w->next_writer = writers;
+			writers = w;
+		}
+	}
+	if (w != NULL) {
+		w->users++;
+		q->writer = w;
+	}
+	pthread_mutex_unlock(&writers_mu);
+	if (r < 0) {
+		conn_free(q);
+		return r;
+	}
+	*h = q;
+	*ops = &sqlite_ops;
+	return 0;
 }
