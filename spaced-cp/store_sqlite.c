@@ -180,19 +180,32 @@ static void write_note(uint64_t h)
 	pthread_mutex_unlock(&writes.mu);
 }
 
-/* stmt_get; idle: for cp_store_warm (counted apart). */
-static int stmt_get_as(struct sq *q, const char *sql, bool share, bool idle, sqlite3_stmt **out)
+/* sql's statement (h: its sql_hash) in q's cache, marked used; NULL when
+ * q has not prepared it. */
+static sqlite3_stmt *stmt_cached(struct sq *q, const char *sql, uint64_t h)
 {
-	uint64_t h = sql_hash(sql);
-	struct sq_cached *victim = &q->cache[0];
 	for (size_t i = 0; i < SQ_CACHE; i++) {
 		struct sq_cached *c = &q->cache[i];
 		if (c->stmt && c->hash == h && strcmp(sqlite3_sql(c->stmt), sql) == 0) {
 			c->used = ++q->tick;
-			*out = c->stmt;
-			return SQLITE_OK;
+			return c->stmt;
 		}
-		if (!c->stmt || (victim->stmt && c->used < victim->used))
+	}
+	return NULL;
+}
+
+/* stmt_get; idle: for cp_store_warm (counted apart). */
+static int stmt_get_as(struct sq *q, const char *sql, bool share, bool idle, sqlite3_stmt **out)
+{
+	uint64_t h = sql_hash(sql);
+	if ((*out = stmt_cached(q, sql, h)) != NULL)
+		return SQLITE_OK;
+	struct sq_cached *victim = &q->cache[0];
+	for (size_t i = 1; i < SQ_CACHE; i++) {
+		struct sq_cached *c = &q->cache[i];
+		if (!victim->stmt)
+			break;
+		if (!c->stmt || c->used < victim->used)
 			victim = c;
 	}
 	sqlite3_stmt *st = NULL;
@@ -419,9 +432,11 @@ static int sq_exec(void *h, const char *sql, int n, const char *const *params, s
 	bool autowrite = false;
 	int r, rc, cap = 0;
 	/* a write of its own (outside a transaction) queues like a transaction
-	 * and runs on the writer: at once when it is known to write, else once
-	 * its statement says so */
-	if (!holds_writer && q->writer && write_known(sql_hash(sql))) {
+	 * and runs on the writer: at once when this handle has not prepared it
+	 * and it is known to write (the writes' list is looked at only then:
+	 * not for every read), else once its statement says so */
+	uint64_t hash = sql_hash(sql);
+	if (!holds_writer && q->writer && stmt_cached(q, sql, hash) == NULL && write_known(hash)) {
 		autowrite = true;
 		writer_take();
 		q = conn_now(h);
