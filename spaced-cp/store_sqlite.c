@@ -36,7 +36,9 @@
  * syncs), with the writers' turn held, so one create in about fifty waited
  * for it and so did every writer queued behind. Each writer's commits
  * instead wake a thread of its own, which checkpoints on a connection of its
- * own (PASSIVE: it waits for no reader or writer) while they go on. */
+ * own (PASSIVE: it waits for no reader or writer) while they go on; a
+ * commit still copies the log itself once it holds 2000 pages (a stream of
+ * commits the thread cannot catch up with: on_wal_commit). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -611,8 +613,9 @@ out:
 struct ckpt {
 	pthread_t thread;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
+	pthread_cond_t cv;  /* broadcast: a copy wanted, one over, the end */
 	bool want, stop;
+	bool running;       /* the thread is copying */
 	struct sq *conn;
 };
 
@@ -626,27 +629,46 @@ static void *ckpt_main(void *arg)
 		if (c->stop)
 			break;
 		c->want = false;
+		c->running = true;
 		pthread_mutex_unlock(&c->mu);
 		int log = 0, done = 0;
 		sqlite3_wal_checkpoint_v2(c->conn->db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
 		pthread_mutex_lock(&c->mu);
+		c->running = false;
+		pthread_cond_broadcast(&c->cv);
 	}
 	pthread_mutex_unlock(&c->mu);
 	return NULL;
 }
 
-/* SQLite's hook after each commit of a writer (in the committing thread):
- * past CKPT_FRAMES in the log, its checkpointer is woken. */
+/* SQLite's hook after each commit of a writer (in the committing thread,
+ * the writers' turn held): past CKPT_FRAMES in the log, its checkpointer is
+ * woken. Past CKPT_FRAMES_MAX the checkpointer fell behind a stream of
+ * commits: the log is reused from its start only once all of it was copied
+ * with no commit in between, which a thread copying beside the commits may
+ * never see, and the log would grow without end. That commit copies it
+ * itself then, as SQLite's own checkpoint did, the writers' turn held so
+ * that no commit comes in between: once the thread's copy, if one runs, is
+ * over (SQLite lets one checkpoint run at a time and does not wait for it),
+ * and with the thread kept from starting another meanwhile. */
+#define CKPT_FRAMES_MAX (2 * CKPT_FRAMES)
 static int on_wal_commit(void *arg, sqlite3 *db, const char *name, int frames)
 {
-	(void)db, (void)name;
 	struct ckpt *c = arg;
-	if (frames >= CKPT_FRAMES) {
-		pthread_mutex_lock(&c->mu);
+	if (frames < CKPT_FRAMES)
+		return SQLITE_OK;
+	pthread_mutex_lock(&c->mu);
+	if (frames >= CKPT_FRAMES_MAX) {
+		while (c->running)
+			pthread_cond_wait(&c->cv, &c->mu);
+		c->want = false;
+		int log = 0, done = 0;
+		sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+	} else {
 		c->want = true;
-		pthread_cond_signal(&c->cv);
-		pthread_mutex_unlock(&c->mu);
+		pthread_cond_broadcast(&c->cv);
 	}
+	pthread_mutex_unlock(&c->mu);
 	return SQLITE_OK;
 }
 
@@ -679,7 +701,7 @@ static void ckpt_stop(struct ckpt *c)
 		return;
 	pthread_mutex_lock(&c->mu);
 	c->stop = true;
-	pthread_cond_signal(&c->cv);
+	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
 	pthread_join(c->thread, NULL);
 	conn_free(c->conn);
