@@ -46,6 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (m.kind == CP_CHAN_ACK && m.seq < 1)
 			abort();
 		free(m.result);
+		free(m.tentative);
 	}
 	return 0;
 }

@@ -33,6 +33,8 @@ struct cp_chan {
 	int64_t sent_seq;
 	int64_t replay_to; /* the last seq queued when the hello came */
 	int64_t applied;   /* the hello's last_seq, then the last seq sent: what the worker applies up to */
+	int64_t tent_hi;   /* the last seq sent tentative (0: none) */
+	int64_t durable_told; /* the last {"type":"durable","through":N} sent */
 	uint64_t last_rx, last_ping; /* monotonic ns */
 };
 
@@ -368,10 +370,87 @@ static void chan_synced(struct cp_chan *ch)
 		ch->synced = true;
 }
 
+/* ---- tentative installs (channel.h) ----
+ * One batch is tentative at a time (ops.c's leader commits, syncs, then
+ * lets the next batch go), so one range per worker: its seqs from lo on. */
+static struct {
+	pthread_mutex_t mu;
+	size_t n;
+	struct tent_worker {
+		char name[SPACED_NAME_MAX];
+		int64_t lo;
+	} w[CP_SEQ_JUMP];
+} tent = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+bool cp_chan_tentative_begin(const char *worker, int64_t seq)
+{
+	bool ok = true;
+	pthread_mutex_lock(&tent.mu);
+	size_t i = 0;
+	while (i < tent.n && strcmp(tent.w[i].name, worker) != 0)
+		i++;
+	if (i < tent.n) {
+		if (seq < tent.w[i].lo)
+			tent.w[i].lo = seq;
+	} else if (tent.n < CP_SEQ_JUMP) {
+		snprintf(tent.w[tent.n].name, sizeof tent.w[tent.n].name, "%s", worker);
+		tent.w[tent.n++].lo = seq;
+	} else {
+		ok = false;
+	}
+	pthread_mutex_unlock(&tent.mu);
+	return ok;
+}
+
+void cp_chan_tentative_end(void)
+{
+	pthread_mutex_lock(&tent.mu);
+	tent.n = 0;
+	pthread_mutex_unlock(&tent.mu);
+}
+
+static bool tentative(const char *worker, int64_t seq)
+{
+	bool yes = false;
+	pthread_mutex_lock(&tent.mu);
+	for (size_t i = 0; i < tent.n && !yes; i++)
+		yes = seq >= tent.w[i].lo && strcmp(tent.w[i].name, worker) == 0;
+	pthread_mutex_unlock(&tent.mu);
+	return yes;
+}
+
+/* Tells the worker that what it was sent tentative is durable now, once it
+ * is: {"type":"durable","through":N}, N the last seq sent tentative. */
+static void chan_durable(struct cp_chan *ch)
+{
+	char text[64];
+	if (ch->tent_hi <= ch->durable_told || ch->closing || tentative(ch->worker, ch->tent_hi))
+		return;
+	int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}", (long long)ch->tent_hi);
+	if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) == 0)
+		ch->durable_told = ch->tent_hi;
+}
+
+/* Sends one outbox row's body; marked {"tentative":true,…} while its
+ * commit is not yet durable. 0 or -1. */
+static int chan_send_row(struct cp_chan *ch, int64_t seq, const char *body)
+{
+	size_t n = strlen(body);
+	if (body[0] != '{' || !tentative(ch->worker, seq))
+		return spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, body, n);
+	static const char mark[] = "{\"tentative\":true,"; /* in place of the body's '{' */
+	int r = spaced_httpconn_ws_send2(ch->c, SPACED_WS_TEXT, mark, sizeof mark - 1, body + 1, n - 1);
+	if (r == 0)
+		ch->tent_hi = seq;
+	return r;
+}
+
 /* Sends outbox rows past sent_seq while the output queue has room; the rest
  * follows from cp_chan_drain. */
 static void chan_pump(struct cp_chan *ch)
 {
+	if (ch->hello)
+		chan_durable(ch);
 	while (ch->hello && !ch->closing && spaced_httpconn_queued(ch->c) <= CP_CHAN_LOW_WATER) {
 		struct cp_rows *rows = NULL;
 		char sb[24];
@@ -389,8 +468,7 @@ static void chan_pump(struct cp_chan *ch)
 				ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
 				continue;
 			}
-			if (body == NULL ||
-			    spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, body, strlen(body)) < 0) {
+			if (body == NULL || chan_send_row(ch, cp_rows_i64(rows, i, 0, ch->sent_seq), body) < 0) {
 				cp_rows_free(rows);
 				return;
 			}
@@ -414,6 +492,82 @@ static void chan_close(struct cp_chan *ch, unsigned code, const char *reason)
 	spaced_httpconn_ws_close(ch->c, code, reason);
 }
 
+/* The hello's tentative installs (channel.h): each one the outbox holds (its
+ * row about the same sandbox, or a seq at or below outbox_pruned_to: rows
+ * are removed only once acknowledged, long after their commit) is durable;
+ * for each it does not hold — its commit was lost with the machine before
+ * the log reached the disk, its create never answered — a destroy of that
+ * sandbox is queued for the worker, durably, unless the store knows a
+ * sandbox of that name. Then the worker is told they are all durable or
+ * settled ({"type":"durable","through":N}), before the replay. Waits for the
+ * store's write lock only when one was lost (after a crash of the machine).
+ * 0, or -1: the hello is refused (a store error; a row of another sandbox
+ * at a seq the worker applied, which the seqs skipped at every start make
+ * impossible unless the store was replaced). */
+static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m, int64_t pruned_to)
+{
+	struct cp_store *st = C->loop_st;
+	bool began = false;
+	int r = 0;
+	for (size_t i = 0; i < m->ntentative && r == 0; i++) {
+		const struct cp_tentative *t = &m->tentative[i];
+		struct cp_rows *rows = NULL;
+		char sb[24];
+		if (t->seq <= pruned_to)
+			continue;
+		if ((r = CP_Q(st, &rows, NULL, "SELECT sandbox FROM outbox WHERE worker = $1 AND seq = $2", ch->worker,
+		              cp_i64(sb, t->seq))) < 0)
+			break;
+		const char *about = rows->nrows == 1 ? cp_rows_get(rows, 0, 0) : NULL;
+		bool held = rows->nrows == 1, same = about != NULL && strcmp(about, t->sandbox) == 0;
+		cp_rows_free(rows);
+		rows = NULL;
+		if (held && same)
+			continue;
+		if (held) {
+			spaced_log("spaced-cp",
+			           "level=warn event=channel-refused worker=%s reason=\"seq %lld it applied tentative (sandbox "
+			           "%s) is another message here\"",
+			           ch->worker, (long long)t->seq, t->sandbox);
+			r = SPACED_ESTALE;
+			break;
+		}
+		if ((r = CP_Q(st, &rows, NULL, "SELECT 1 FROM sandboxes WHERE id = $1", t->sandbox)) < 0)
+			break;
+		bool known = rows->nrows > 0;
+		cp_rows_free(rows);
+		if (known) {
+			spaced_log("spaced-cp", "level=warn event=tentative-lost-kept worker=%s seq=%lld sandbox=%s",
+			           ch->worker, (long long)t->seq, t->sandbox);
+			continue;
+		}
+		if (!began && (r = cp_store_begin(st)) < 0)
+			break;
+		began = true;
+		int64_t dseq;
+		json_t *d = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", t->sandbox);
+		r = d == NULL ? SPACED_ENOMEM : cp_outbox_push(st, ch->worker, d, &dseq);
+		json_decref(d);
+		if (r == 0)
+			spaced_log("spaced-cp",
+			           "level=warn event=tentative-lost worker=%s seq=%lld sandbox=%s destroy_seq=%lld "
+			           "reason=\"its create's commit did not reach the disk\"",
+			           ch->worker, (long long)t->seq, t->sandbox, (long long)dseq);
+	}
+	if (began && (r < 0 || (r = cp_store_commit(st)) < 0))
+		cp_store_rollback(st);
+	if (r < 0)
+		return -1;
+	if (m->ntentative > 0) {
+		char text[64];
+		int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}",
+		                 (long long)m->tentative[m->ntentative - 1].seq);
+		if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 /* hello: replay from the first message the worker has not applied, and
  * re-send anything not yet acknowledged at or below it (the worker acks those
  * again without effect). Returns 0, or -1 when the hello must be refused. */
@@ -429,7 +583,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	int64_t from = m->last_seq;
 	/* A worker that has applied more than this store ever sent knows a history
 	 * the store lost: it would take new messages for old ones. Fail closed. */
-	if (CP_Q(st, &rows, NULL, "SELECT next_seq, outbox_pruned_to FROM workers WHERE id = $1", ch->worker) < 0 ||
+	if (CP_Q(st, &rows, NULL, "SELECT next_seq, outbox_pruned_to, seq_jumped FROM workers WHERE id = $1",
+	         ch->worker) < 0 ||
 	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
 		spaced_log("spaced-cp",
 		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is ahead of the control "
@@ -447,6 +602,22 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 		           "messages the control plane keeps (from %lld): the worker lost its records; join it again under a "
 		           "new worker ID\"",
 		           ch->worker, (long long)m->last_seq, (long long)cp_rows_i64(rows, 0, 1, 0) + 1);
+		cp_rows_free(rows);
+		return -1;
+	}
+	/* Past the seqs this start skipped (cp_chan_seq_restart), a worker has
+	 * applied only what was sent tentative and lost with the machine: its
+	 * last seq is one of those it lists. Else the store lost what it had
+	 * made durable. Fail closed. */
+	int64_t jumped = cp_rows_i64(rows, 0, 2, 0), pruned_to = cp_rows_i64(rows, 0, 1, 0);
+	bool listed = m->ntentative == CP_TENTATIVE_MAX;
+	for (size_t i = 0; i < m->ntentative && !listed; i++)
+		listed = m->tentative[i].seq == m->last_seq;
+	if (jumped > 0 && m->last_seq > jumped && m->last_seq <= jumped + CP_SEQ_JUMP && !listed) {
+		spaced_log("spaced-cp",
+		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is ahead of what the "
+		           "control plane had made durable (%lld) and not a tentative install\"",
+		           ch->worker, (long long)m->last_seq, (long long)jumped);
 		cp_rows_free(rows);
 		return -1;
 	}
@@ -479,6 +650,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 			from = unacked - 1;
 	}
 	cp_rows_free(rows);
+	if (chan_hello_tentative(ch, m, pruned_to) < 0)
+		return -1;
 	ch->sent_seq = from;
 	if (!ch->hello)
 		live_change(ch->worker, +1);
@@ -550,6 +723,7 @@ void cp_chan_message(struct cp_chan *ch, bool text, const uint8_t *p, size_t n)
 		cp_record_ack(C, C->loop_st, ch->worker, &m);
 	}
 	free(m.result);
+	free(m.tentative);
 }
 
 void cp_chan_heard(struct cp_chan *ch)
@@ -703,4 +877,48 @@ void cp_chan_tick(void)
 	if (ticks % 10 == 0 || !judge)
 		chan_renew();
 	last_tick_ns = spaced_mono_ns(); /* the store work above is not lag */
+}
+
+#define CHAN_STR_(x) #x
+#define CHAN_STR(x) CHAN_STR_(x)
+
+int cp_chan_seq_restart(struct cp_store *st)
+{
+	if (strcmp(cp_store_kind(st), "sqlite") != 0)
+		return 0;
+	int r = cp_store_sync_log(st);
+	if (r < 0)
+		return r;
+	/* the kernel's run this store was last opened under: the same one
+	 * still holds whatever a crash of the process left unsynced */
+	char boot[64] = "";
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+	if (f == NULL || fgets(boot, sizeof boot, f) == NULL)
+		boot[0] = 0;
+	if (f)
+		fclose(f);
+	boot[strcspn(boot, "\n")] = 0;
+	if (!boot[0])
+		snprintf(boot, sizeof boot, "unknown");
+	struct cp_rows *rows = NULL;
+	if ((r = CP_Q0(st, &rows, NULL, "SELECT v FROM meta WHERE k = 'boot_id'")) < 0)
+		return r;
+	const char *was = cp_rows_get(rows, 0, 0);
+	bool rebooted = was != NULL && (strcmp(was, boot) != 0 || strcmp(boot, "unknown") == 0);
+	cp_rows_free(rows);
+	if ((r = cp_store_begin(st)) < 0)
+		return r;
+	if (rebooted)
+		r = CP_Q0(st, NULL, NULL,
+		          "UPDATE workers SET seq_jumped = next_seq, next_seq = next_seq + " CHAN_STR(CP_SEQ_JUMP));
+	if (r == 0)
+		r = CP_Q(st, NULL, NULL, "INSERT INTO meta (k, v) VALUES ('boot_id', $1) ON CONFLICT (k) DO UPDATE SET v = $1",
+		         boot);
+	if (r == 0 && (r = cp_store_commit(st)) == 0 && rebooted)
+		spaced_log("spaced-cp", "level=info event=seqs-skipped count=" CHAN_STR(CP_SEQ_JUMP)
+		           " reason=\"the machine started again since this store was last opened: a tentative commit "
+		           "may be lost\"");
+	if (r < 0)
+		cp_store_rollback(st);
+	return r;
 }

@@ -80,6 +80,38 @@ void cp_chan_pump_all(void);
  * channel_until of the open ones. */
 void cp_chan_tick(void);
 
+/* ---- tentative installs (docs/control-messages.md "Tentative installs") ----
+ * A batch of creates (ops.c) commits without waiting for the disk and makes
+ * its commit durable (cp_store_sync_log) while its installs are on their way:
+ * until then they are sent marked {"tentative":true,…}, and the worker keeps
+ * a note of each it applied until the channel tells it
+ * {"type":"durable","through":N}. After a crash of the machine that lost such
+ * a commit, the worker's hello names what it applied of it; the control
+ * plane has its worker destroy those sandboxes (it never knew them, nor
+ * answered their creates). */
+/* Seqs a start of the control plane skips after its machine started again
+ * (SQLite, cp_chan_seq_restart): no more than one batch of creates can have
+ * been sent to a worker and lost with the machine (one batch is tentative at
+ * a time; it has at most one create per request thread, --threads <= 64),
+ * so no seq a worker applied is ever sent again as another message. */
+#define CP_SEQ_JUMP 64
+/* Worker's seqs from seq on are tentative until cp_chan_tentative_end (the
+ * batch's leader, inside its transaction, for each install it queued). False
+ * when no more workers fit (CP_SEQ_JUMP): the batch is then not sent until
+ * durable. Any thread. */
+bool cp_chan_tentative_begin(const char *worker, int64_t seq);
+/* The batch is durable (or rolled back): nothing is tentative now; the
+ * loop then tells the workers (cp_wake). Any thread. */
+void cp_chan_tentative_end(void);
+/* Once at start, before serving (SQLite: nothing else on PostgreSQL, where
+ * no commit is tentative): the log made durable (a commit a crash of the
+ * process left unsynced is a commit like any other from now on: the
+ * kernel kept it), and, when the machine started again since the store was
+ * last opened (the kernel's boot_id, kept in meta), every worker's next_seq
+ * moved on by CP_SEQ_JUMP (the old value kept in workers.seq_jumped): what
+ * a lost commit sent is never sent again as another message. 0, or a store
+ * error. */
+int cp_chan_seq_restart(struct cp_store *st);
 /* Once the loop has stopped: writes what the channels handed to their
  * writer thread (a closed channel's worker marked not connected) and ends
  * it. */

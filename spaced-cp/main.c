@@ -35,6 +35,7 @@
 
 #include <sodium.h>
 
+#include "channel.h"
 #include "config.h"
 #include "cp.h"
 #include "log.h"
@@ -547,6 +548,11 @@ int main(int argc, char **argv)
 	}
 	if ((r = cp_store_usage_setup(cp.loop_st)) < 0) {
 		fprintf(stderr, "spaced-cp: cannot count the workers' sandboxes in %s: %s\n", cp.db_url, spaced_strerror(r));
+		cp_store_close(cp.loop_st);
+		return 1;
+	}
+	if ((r = cp_chan_seq_restart(cp.loop_st)) < 0) {
+		fprintf(stderr, "spaced-cp: cannot make %s durable: %s\n", cp.db_url, spaced_strerror(r));
 		cp_store_close(cp.loop_st);
 		return 1;
 	}

@@ -1501,6 +1501,31 @@ undo:
 	CP_Q0(st, NULL, NULL, "RELEASE SAVEPOINT spaced_create");
 }
 
+/* The batch's commit made durable. Its installs may be applied already
+ * (sent tentative): a log that cannot reach the disk leaves no way to tell
+ * which of them a crash keeps, so the control plane stops, as a database
+ * does when its log cannot be synced; at its next start its log is synced
+ * before it serves (cp_chan_seq_restart), and the workers' hellos settle
+ * what they applied (channel.h). */
+static void log_synced(struct cp_store *st)
+{
+	/* for tests (tests/cp_tentative.t.sh): the process ends after the
+	 * installs went out and before the sync, as a crash of the machine
+	 * would end it (the test then takes the commit out of the store) */
+	const char *crash = getenv("SPACED_CP_TEST_CRASH_BEFORE_SYNC");
+	if (crash != NULL && crash[0] == '1') {
+		usleep(300000);
+		spaced_log("spaced-cp", "level=warn event=test-crash-before-sync");
+		_exit(70);
+	}
+	int r = cp_store_sync_log(st);
+	if (r < 0) {
+		spaced_log("spaced-cp", "level=error event=store-sync-failed reason=\"%s\" action=stop",
+		           spaced_strerror(r));
+		abort();
+	}
+}
+
 static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *j)
 {
 	pthread_mutex_lock(&batch_mu);
@@ -1518,6 +1543,12 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 		batch_head = NULL;
 		batch_tail = &batch_head;
 		pthread_mutex_unlock(&batch_mu);
+		/* SQLite: committed without waiting for the disk, then made durable
+		 * (cp_store_sync_log) while the installs are on their way, sent
+		 * tentative (channel.h) */
+		bool sq = strcmp(cp_store_kind(st), "sqlite") == 0, tentative = sq;
+		if (sq)
+			cp_store_relaxed(st, 2);
 		int r = cp_store_begin(st), queued = 0;
 		for (struct create_job *k = batch; k; k = k->next) {
 			if (r < 0) {
@@ -1527,6 +1558,8 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 			}
 			create_one(cp, st, k);
 			queued += k->status == 0;
+			if (k->status == 0 && tentative && !cp_chan_tentative_begin(k->worker, k->seq))
+				tentative = false; /* sent once durable, as it was */
 		}
 		if (r == 0 && (r = cp_store_commit(st)) < 0) {
 			cp_store_rollback(st);
@@ -1535,9 +1568,19 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 					k->status = 500;
 					k->body = cp_error("internal", spaced_strerror(r));
 				}
-		} else if (queued) {
-			cp_wake(cp);
 		}
+		if (sq)
+			cp_store_relaxed(st, 0);
+		if (r == 0 && queued) {
+			if (tentative)
+				cp_wake(cp);
+			if (sq)
+				log_synced(st);
+		}
+		if (sq)
+			cp_chan_tentative_end();
+		if (r == 0 && queued)
+			cp_wake(cp); /* the installs, or that they are durable */
 		pthread_mutex_lock(&batch_mu);
 		for (struct create_job *k = batch, *next; k; k = next) {
 			next = k->next; /* k may be gone once woken and the lock let go */

@@ -484,6 +484,37 @@ out:
 	return r;
 }
 
+/* A hello's "tentative": [{"seq","sandbox","activation"}, …], at most
+ * CP_TENTATIVE_MAX, seqs strictly increasing. 0, or SPACED_EPROTO (m->tentative
+ * then freed). */
+static int parse_tentative(json_t *v, struct cp_chan_msg *m)
+{
+	static const char *const tm[] = {"seq", "sandbox", "activation", NULL};
+	char err[8];
+	size_t n = json_is_array(v) ? json_array_size(v) : 0;
+	if (!json_is_array(v) || n > CP_TENTATIVE_MAX)
+		return SPACED_EPROTO;
+	if (n == 0)
+		return 0;
+	if ((m->tentative = calloc(n, sizeof *m->tentative)) == NULL)
+		return SPACED_EPROTO;
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_array_get(v, i), *s = json_object_get(e, "seq");
+		struct cp_tentative *t = &m->tentative[i];
+		if (!json_is_object(e) || only_members(e, tm, err, sizeof err) < 0 || !json_is_integer(s) ||
+		    json_integer_value(s) < 1 || (i > 0 && json_integer_value(s) <= t[-1].seq) ||
+		    get_name(e, "sandbox", t->sandbox, 0, err, sizeof err) < 0 || !t->sandbox[0] ||
+		    get_name(e, "activation", t->activation, 0, err, sizeof err) < 0 || !t->activation[0]) {
+			free(m->tentative);
+			m->tentative = NULL;
+			return SPACED_EPROTO;
+		}
+		t->seq = json_integer_value(s);
+	}
+	m->ntentative = n;
+	return 0;
+}
+
 int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 {
 	struct cp_chan_msg m = {0};
@@ -494,7 +525,8 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 		return SPACED_EPROTO;
 	if ((h = json_object_get(o, "hello")) != NULL) {
 		static const char *const top[] = {"hello", NULL};
-		static const char *const hm[] = {"worker", "last_seq", "substrates", "capacity", "limits", "fence_after", NULL};
+		static const char *const hm[] = {"worker",      "last_seq",  "substrates", "capacity",
+		                                 "limits",      "fence_after", "tentative", NULL};
 		if (only_members(o, top, err, sizeof err) < 0 || !json_is_object(h) ||
 		    only_members(h, hm, err, sizeof err) < 0 || get_name(h, "worker", m.worker, 0, err, sizeof err) < 0 ||
 		    m.worker[0] == 0)
@@ -518,6 +550,8 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 			goto out;
 		if (json_object_get(h, "fence_after") != NULL &&
 		    get_int(h, "fence_after", 0, 86400, &m.fence_after, err, sizeof err) < 0)
+			goto out;
+		if ((v = json_object_get(h, "tentative")) != NULL && parse_tentative(v, &m) < 0)
 			goto out;
 		m.kind = CP_CHAN_HELLO;
 	} else if ((h = json_object_get(o, "ended")) != NULL) {

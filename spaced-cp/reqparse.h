@@ -69,6 +69,17 @@ struct cp_worker_reg {
 
 enum cp_chan_kind { CP_CHAN_HELLO = 1, CP_CHAN_ACK = 2, CP_CHAN_ENDED = 3 };
 
+/* An install a worker applied that was sent to it tentative (before the
+ * control plane's commit was on its disk, docs/control-messages.md
+ * "Tentative installs") and not yet said durable: its seq and the
+ * identity it named. */
+struct cp_tentative {
+	int64_t seq;
+	char sandbox[SPACED_NAME_MAX];
+	char activation[SPACED_NAME_MAX];
+};
+#define CP_TENTATIVE_MAX 1024 /* entries a hello lists at most */
+
 struct cp_chan_msg {
 	enum cp_chan_kind kind;
 	/* hello */
@@ -78,6 +89,8 @@ struct cp_chan_msg {
 	int has_capacity, has_substrates;
 	struct cp_worker_limits limits;
 	int64_t fence_after; /* the worker fences itself after this many seconds without the control plane (0: never) */
+	struct cp_tentative *tentative; /* its tentative installs, by seq (NULL: none); the caller frees it */
+	size_t ntentative;
 	/* ack */
 	int64_t seq;
 	int ok;

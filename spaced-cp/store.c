@@ -75,6 +75,9 @@ static const struct {
 	{"tenants", "max_pids", "BIGINT NOT NULL DEFAULT -1"},
 	/* the highest seq whose outbox row was removed (cp_deleted_sweep) */
 	{"workers", "outbox_pruned_to", "BIGINT NOT NULL DEFAULT 0"},
+	/* next_seq before the last start of the control plane moved it on by
+	 * CP_SEQ_JUMP (channel.h cp_chan_seq_restart; 0: never moved) */
+	{"workers", "seq_jumped", "BIGINT NOT NULL DEFAULT 0"},
 	/* when a key stops being valid (0: never) and when a join token was used */
 	{"api_keys", "expires", "BIGINT NOT NULL DEFAULT 0"},
 	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},
@@ -402,6 +405,11 @@ int cp_store_relaxed(struct cp_store *st, int on)
 		return 0;
 	}
 	return st->ops->script(st->h, on ? "SET synchronous_commit = off" : "SET synchronous_commit = on");
+}
+
+int cp_store_sync_log(struct cp_store *st)
+{
+	return strcmp(st->ops->kind, "sqlite") == 0 ? cp_store_sqlite_sync_log(st->h) : SPACED_EINVAL;
 }
 
 int cp_store_warm(struct cp_store *st)

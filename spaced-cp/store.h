@@ -71,8 +71,19 @@ int cp_store_begin(struct cp_store *st);
  * for its seq; the state an acknowledged install leads to), are committed
  * without waiting for the disk while on: SQLite synchronous=NORMAL (WAL: a
  * crash of the process loses nothing, one of the machine the last such
- * commits), PostgreSQL synchronous_commit=off. Never for a generation. */
+ * commits), PostgreSQL synchronous_commit=off. Never for a generation.
+ * SQLite: such a write (on 1) goes ahead of the writers waiting for their
+ * turn; with on 2 it commits so but waits its turn (a transaction made
+ * durable by cp_store_sync_log before anything depends on it). */
 int cp_store_relaxed(struct cp_store *st, int on);
+
+/* The commits made so far, relaxed ones too, made durable: SQLite's log
+ * (its -wal file) synced to the disk, the same as a commit with
+ * synchronous=FULL had done (a commit after a relaxed one is durable only
+ * with every one before it: the log is written in order). 0, SPACED_EIO,
+ * or SPACED_EINVAL (PostgreSQL: a relaxed commit there is not waited for
+ * this way; the caller commits with the disk instead). */
+int cp_store_sync_log(struct cp_store *st);
 
 /* Commits (0 or SPACED_EIO/SPACED_EBUSY; on error the transaction is rolled back). */
 int cp_store_commit(struct cp_store *st);
@@ -118,6 +129,8 @@ const char *cp_i64(char buf[24], int64_t v);
 
 /* store_sqlite.c: this thread's next writes are relaxed ones (cp_store_relaxed). */
 void cp_store_sqlite_relaxed(int on);
+/* store_sqlite.c: cp_store_sync_log for a SQLite handle. */
+int cp_store_sqlite_sync_log(void *h);
 /* store_sqlite.c: cp_store_warm and cp_store_statements_seen for a SQLite handle. */
 int cp_store_sqlite_warm(void *h);
 uint64_t cp_store_sqlite_seen(void);

@@ -39,12 +39,14 @@
  * own (PASSIVE: it waits for no reader or writer) while they go on; a
  * commit still copies the log itself once it holds 2000 pages (a stream of
  * commits the thread cannot catch up with: on_wal_commit). */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 
@@ -317,12 +319,12 @@ struct wwait {
 };
 static struct wwait *wq[2], **wq_tail[2] = {&wq[0], &wq[1]}; /* [1]: relaxed */
 static __thread bool holds_writer; /* a handle is used by one thread at a time */
-static __thread bool relaxed;
+static __thread bool relaxed, relaxed_first; /* commits without the disk; ahead of the queue */
 
 static void writer_take(void)
 {
 	pthread_mutex_lock(&wmu);
-	int high = relaxed ? 1 : 0;
+	int high = relaxed_first ? 1 : 0;
 	/* a relaxed writer goes before the waiting transactions, others queue */
 	if (!wheld && wq[1] == NULL && (high || wq[0] == NULL)) {
 		wheld = true;
@@ -363,6 +365,7 @@ static void writer_release(void)
 void cp_store_sqlite_relaxed(int on)
 {
 	relaxed = on != 0;
+	relaxed_first = on == 1;
 }
 
 /* The writers of the databases this process opened, one per path (each
@@ -708,6 +711,22 @@ static void ckpt_stop(struct ckpt *c)
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
 	free(c);
+}
+
+int cp_store_sqlite_sync_log(void *h)
+{
+	struct sq *q = h, *w = q->writer ? q->writer : q;
+	char wal[4096];
+	if (w->path == NULL || (size_t)snprintf(wal, sizeof wal, "%s-wal", w->path) >= sizeof wal)
+		return SPACED_EINVAL;
+	/* any descriptor of the file: the kernel writes the file's pages, not
+	 * the descriptor's (SQLite's own is used by the writer meanwhile) */
+	int fd = open(wal, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return SPACED_EIO; /* the log is there while a connection is open (WAL mode) */
+	int r = fdatasync(fd) == 0 ? 0 : SPACED_EIO;
+	close(fd);
+	return r;
 }
 
 int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops **ops)

@@ -156,6 +156,22 @@ void gate_commit_stop(struct mgr *m);
  * transaction with what else is queued (mgr_store_commit_many); both copied. */
 void gate_commit_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, const char *ack_line,
                        gate_written_fn done, void *ctx);
+/* Tentative installs (docs/control-messages.md "Tentative installs"): seq
+ * was sent tentative, naming id; its acknowledgement's write
+ * (gate_commit_write) notes it so in the same transaction, unless seq was
+ * said durable by then. 0, or SPACED_ENOMEM (nothing noted: the install is
+ * refused). Loop thread. */
+int gate_commit_tentative(struct mgr *m, uint64_t seq, const struct spaced_identity *id);
+/* The tentative installs a status (and so a hello) lists at most, oldest
+ * first: the control plane's CP_TENTATIVE_MAX. */
+#define GATE_TENTATIVE_LISTED 1024
+/* The control plane's {"type":"durable","through":N}: every seq at or below
+ * is durable there; their notes are deleted with the next transaction (no
+ * wait of their own for the disk: one lost comes back in the next hello,
+ * which is answered the same). Loop thread. */
+void gate_commit_durable(struct mgr *m, uint64_t through);
+/* The last seq said durable since this gate started (0: none). */
+uint64_t gate_commit_durable_through(const struct mgr *m);
 /* fn(store, arg) on the writer, in the queue's order (a write of another
  * kind: forgetting, pruning); its result is the completion's status. */
 void gate_commit_call(struct mgr *m, int (*fn)(struct mgr_store *st, void *arg), void *arg, gate_written_fn done,

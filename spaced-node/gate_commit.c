@@ -28,6 +28,8 @@ struct cwrite {
 	bool has_rec;
 	struct mgr_rec rec;
 	uint64_t seq;
+	bool tentative; /* seq was sent tentative: noted with tent's identity */
+	struct spaced_identity tent;
 	char *ack;
 	int (*fn)(struct mgr_store *st, void *arg); /* a call instead of a write */
 	void *arg;
@@ -49,6 +51,14 @@ static struct {
 	/* the loop's side: what it queued in this turn, handed over at its end */
 	struct cwrite *turn, **turn_tail;
 	uv_check_t turn_end;
+	/* tentative installs (gate_commit_tentative): the loop's notes of those
+	 * not yet written, and the last seq said durable (read by the writer) */
+	struct tent_note {
+		struct tent_note *next;
+		uint64_t seq;
+		struct spaced_identity id;
+	} *tent;
+	uint64_t durable_through;
 } W;
 
 /* Writes n queued writes (no calls) as one transaction; on failure of more
@@ -58,15 +68,18 @@ static void write_batch(struct cwrite **b, size_t n)
 	const struct mgr_rec *recs[COMMIT_BATCH_MAX];
 	uint64_t seqs[COMMIT_BATCH_MAX];
 	const char *acks[COMMIT_BATCH_MAX];
+	const struct spaced_identity *tents[COMMIT_BATCH_MAX];
 	for (size_t i = 0; i < n; i++) {
 		recs[i] = b[i]->has_rec ? &b[i]->rec : NULL;
 		seqs[i] = b[i]->seq;
 		acks[i] = b[i]->ack;
+		tents[i] = b[i]->tentative ? &b[i]->tent : NULL;
 	}
-	int e = mgr_store_commit_many(W.st, recs, seqs, acks, n);
+	uint64_t durable = __atomic_load_n(&W.durable_through, __ATOMIC_ACQUIRE);
+	int e = mgr_store_commit_many(W.st, recs, seqs, acks, tents, n, durable);
 	if (e < 0 && n > 1) {
 		for (size_t i = 0; i < n; i++)
-			b[i]->status = mgr_store_commit_many(W.st, &recs[i], &seqs[i], &acks[i], 1);
+			b[i]->status = mgr_store_commit_many(W.st, &recs[i], &seqs[i], &acks[i], &tents[i], 1, durable);
 		return;
 	}
 	for (size_t i = 0; i < n; i++)
@@ -201,6 +214,11 @@ void gate_commit_stop(struct mgr *m)
 		free(w);
 	}
 	W.done = NULL;
+	for (struct tent_note *t = W.tent, *next; t; t = next) {
+		next = t->next;
+		free(t);
+	}
+	W.tent = NULL;
 	mgr_store_close(W.st);
 	W.st = NULL;
 	W.started = false;
@@ -235,10 +253,61 @@ void gate_commit_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, c
 		w->has_rec = true;
 		w->rec = *rec;
 	}
+	/* the acknowledgement of a seq sent tentative: noted with it */
+	for (struct tent_note **p = &W.tent; seq > 0 && *p; p = &(*p)->next)
+		if ((*p)->seq == seq) {
+			struct tent_note *t = *p;
+			*p = t->next;
+			w->tentative = true;
+			w->tent = t->id;
+			free(t);
+			break;
+		}
 	w->seq = seq;
 	w->done = done;
 	w->ctx = ctx;
 	enqueue(m, w);
+}
+
+int gate_commit_tentative(struct mgr *m, uint64_t seq, const struct spaced_identity *id)
+{
+	(void)m;
+	if (seq <= W.durable_through)
+		return 0;
+	for (struct tent_note *t = W.tent; t; t = t->next)
+		if (t->seq == seq)
+			return 0; /* sent again while in progress */
+	struct tent_note *t = calloc(1, sizeof *t);
+	if (t == NULL)
+		return SPACED_ENOMEM;
+	t->seq = seq;
+	t->id = *id;
+	t->next = W.tent;
+	W.tent = t;
+	return 0;
+}
+
+void gate_commit_durable(struct mgr *m, uint64_t through)
+{
+	(void)m;
+	if (through <= W.durable_through)
+		return;
+	__atomic_store_n(&W.durable_through, through, __ATOMIC_RELEASE);
+	for (struct tent_note **p = &W.tent; *p;) {
+		struct tent_note *t = *p;
+		if (t->seq <= through) {
+			*p = t->next;
+			free(t);
+		} else {
+			p = &t->next;
+		}
+	}
+}
+
+uint64_t gate_commit_durable_through(const struct mgr *m)
+{
+	(void)m;
+	return W.durable_through;
 }
 
 void gate_commit_call(struct mgr *m, int (*fn)(struct mgr_store *st, void *arg), void *arg, gate_written_fn done,

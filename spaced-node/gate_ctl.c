@@ -560,7 +560,7 @@ static int admit(struct mgr *m, struct ctl_op *op)
 /* Checks an install and fills op; -1 with op->o set when it is refused. */
 static int install_parse(struct mgr *m, struct ctl_op *op)
 {
-	static const char *const allowed[] = {"seq", "type", "identity", "handoff", "spec", NULL};
+	static const char *const allowed[] = {"seq", "type", "identity", "handoff", "spec", "tentative", NULL};
 	json_t *msg = op->msg, *jh = json_object_get(msg, "handoff"), *spec = json_object_get(msg, "spec");
 	struct outcome *o = &op->o;
 	if (only_members(msg, allowed) < 0)
@@ -1543,6 +1543,18 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 		o.result = mgr_status_json(m);
 		goto now;
 	}
+	if (strcmp(json_string_value(jt), "durable") == 0) {
+		/* the control plane's commits through seq N are on its disk (no
+		 * acknowledgement: it is no control message of a seq) */
+		json_t *th = json_object_get(msg, "through");
+		if (json_is_integer(th) && json_integer_value(th) > 0)
+			gate_commit_durable(m, (uint64_t)json_integer_value(th));
+		else
+			gate_log("level=warn event=bad-message reason=\"durable without a positive through\"");
+		reply(m, ctx, NULL);
+		json_decref(msg);
+		return;
+	}
 	if (strcmp(json_string_value(jt), "lease") == 0 || strcmp(json_string_value(jt), "unfence") == 0) {
 		const char *why = NULL;
 		if ((o.result = gate_fence_admin(m, msg, &why)) == NULL)
@@ -1628,6 +1640,19 @@ void gate_ctl_submit(struct mgr *m, const char *text, size_t len, gate_reply_fn 
 	}
 	char key[SPACED_NAME_MAX];
 	snprintf(key, sizeof key, "%s", spaced_name_valid(sandbox, strlen(sandbox)) ? sandbox : "");
+	/* an install sent before the control plane's commit was durable: its
+	 * acknowledgement is noted so until said durable (gate_commit.c) */
+	json_t *tv = json_object_get(msg, "tentative");
+	struct spaced_identity tid;
+	if (kind == K_INSTALL && json_is_true(tv) && get_identity(msg, &tid, &o) == 0 &&
+	    gate_commit_tentative(m, seq, &tid) < 0) {
+		fail(&o, "io", "out of memory");
+		op_free(op); /* msg with it */
+		reply_now(m, reply, ctx, seq, &o);
+		return;
+	}
+	json_decref(o.result);
+	memset(&o, 0, sizeof o);
 	op_enqueue(m, op, key);
 	return;
 now:

@@ -73,12 +73,21 @@ void mgr_store_close(struct mgr_store *st);
 
 /* Runs n control messages' effects as one transaction (one wait for the
  * disk), all of them or none: writes recs[i] (may be NULL), the
- * acknowledgement line for seqs[i] (0: none), and last_seq. Returns 0 or
+ * acknowledgement line for seqs[i] (0: none), and last_seq; tents (may be
+ * NULL) notes seqs[i] as applied tentative with the identity tents[i]
+ * names (NULL: not tentative) unless seqs[i] <= durable_through, and the
+ * notes at or below durable_through are deleted (docs/control-messages.md
+ * "Tentative installs"). Returns 0 or
  * SPACED_EIO (nothing written), SPACED_ESTALE when the store refuses a
  * generation going backwards. Only the gate's writer calls it
  * (gate_commit.c). */
 int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
-                          const char *const *acks, size_t n);
+                          const char *const *acks, const struct spaced_identity *const *tents, size_t n,
+                          uint64_t durable_through);
+/* The tentative notes above seq after, at most max, by seq:
+ * [{"seq","sandbox","activation"}, …] (a new array), or NULL (the store
+ * failed, or out of memory). */
+json_t *mgr_store_tentative(struct mgr_store *st, uint64_t after, size_t max);
 
 /* The next identity epoch (persistent, strictly increasing). Not committed until
  * the next mgr_store_commit_many: the counter is written with it. */

@@ -15,7 +15,7 @@
 #include "spaced_error.h"
 
 /* The statements every install runs, prepared once and reset after each use. */
-enum { ST_PUT, ST_ACK, ST_ACK_GET, ST_META, ST_GONE, ST_N };
+enum { ST_PUT, ST_ACK, ST_ACK_GET, ST_META, ST_GONE, ST_TENT, ST_TENT_DEL, ST_N };
 
 struct mgr_store {
 	sqlite3 *db;
@@ -23,6 +23,7 @@ struct mgr_store {
 	uint64_t next_epoch;
 	uint64_t last_seq;
 	uint64_t acks_pruned_to; /* acknowledgements at or below it may be gone */
+	uint64_t tentative_kept_to; /* the tentative notes at or below it are deleted (this connection's) */
 };
 
 static const char schema[] =
@@ -43,7 +44,10 @@ static const char schema[] =
 	"CREATE TABLE IF NOT EXISTS acks (seq INTEGER PRIMARY KEY, line TEXT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
 	/* forgotten records: the highest generation each had (never started again) */
-	"CREATE TABLE IF NOT EXISTS gone (sandbox TEXT PRIMARY KEY, generation INTEGER NOT NULL);";
+	"CREATE TABLE IF NOT EXISTS gone (sandbox TEXT PRIMARY KEY, generation INTEGER NOT NULL);"
+	/* installs applied that were sent tentative, until said durable
+	 * (docs/control-messages.md "Tentative installs") */
+	"CREATE TABLE IF NOT EXISTS tentative (seq INTEGER PRIMARY KEY, sandbox TEXT NOT NULL, activation TEXT NOT NULL);";
 
 /* Columns added since the first schema: a store made before them gains them
  * (0: no limits recorded, no uid range). */
@@ -239,8 +243,21 @@ static int put_rec(struct mgr_store *st, const struct mgr_rec *rec)
 	return stmt_run(s);
 }
 
+/* Notes that seq was applied tentative (t) in the transaction under way. */
+static int put_tentative(struct mgr_store *st, uint64_t seq, const struct spaced_identity *t)
+{
+	sqlite3_stmt *s = stmt_of(st, ST_TENT, "INSERT OR REPLACE INTO tentative(seq,sandbox,activation) VALUES(?1,?2,?3)");
+	if (!s)
+		return SPACED_EIO;
+	sqlite3_bind_int64(s, 1, (sqlite3_int64)seq);
+	sqlite3_bind_text(s, 2, t->sandbox, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, t->activation, -1, SQLITE_STATIC);
+	return stmt_run(s) < 0 ? SPACED_EIO : 0;
+}
+
 int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *recs, const uint64_t *seqs,
-                          const char *const *acks, size_t n)
+                          const char *const *acks, const struct spaced_identity *const *tents, size_t n,
+                          uint64_t durable_through)
 {
 	int e = 0;
 	if (sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
@@ -263,6 +280,8 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 				sqlite3_bind_text(s, 2, ack_line ? ack_line : "", -1, SQLITE_STATIC);
 				e = stmt_run(s) < 0 ? SPACED_EIO : 0;
 			}
+			if (e == 0 && tents && tents[i] && seq > durable_through)
+				e = put_tentative(st, seq, tents[i]);
 			if (e == 0 && seq > last) {
 				e = meta_set(st, "last_seq", (int64_t)seq);
 				last = seq;
@@ -271,6 +290,18 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 	}
 	if (e == 0)
 		e = meta_set(st, "next_epoch", (int64_t)next);
+	if (e == 0 && durable_through > st->tentative_kept_to) {
+		/* said durable since: forgotten with this transaction (no wait
+		 * of its own for the disk: one lost comes back in a hello, and is
+		 * said durable again) */
+		sqlite3_stmt *s = stmt_of(st, ST_TENT_DEL, "DELETE FROM tentative WHERE seq <= ?1");
+		if (!s) {
+			e = SPACED_EIO;
+		} else {
+			sqlite3_bind_int64(s, 1, (sqlite3_int64)durable_through);
+			e = stmt_run(s) < 0 ? SPACED_EIO : 0;
+		}
+	}
 	if (e == 0 && sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
 		e = SPACED_EIO;
 	if (e < 0) {
@@ -279,7 +310,35 @@ int mgr_store_commit_many(struct mgr_store *st, const struct mgr_rec *const *rec
 	}
 	st->last_seq = last;
 	st->next_epoch = next;
+	if (durable_through > st->tentative_kept_to)
+		st->tentative_kept_to = durable_through;
 	return 0;
+}
+
+json_t *mgr_store_tentative(struct mgr_store *st, uint64_t after, size_t max)
+{
+	sqlite3_stmt *s = NULL;
+	json_t *a = json_array();
+	if (a == NULL || sqlite3_prepare_v2(st->db,
+	                                    "SELECT seq, sandbox, activation FROM tentative WHERE seq > ?1 ORDER BY seq "
+	                                    "LIMIT ?2",
+	                                    -1, &s, NULL) != SQLITE_OK) {
+		json_decref(a);
+		return NULL;
+	}
+	sqlite3_bind_int64(s, 1, (sqlite3_int64)after);
+	sqlite3_bind_int64(s, 2, (sqlite3_int64)max);
+	int rc;
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+		json_array_append_new(a, json_pack("{s:I,s:s,s:s}", "seq", (json_int_t)sqlite3_column_int64(s, 0), "sandbox",
+		                                   (const char *)sqlite3_column_text(s, 1), "activation",
+		                                   (const char *)sqlite3_column_text(s, 2)));
+	sqlite3_finalize(s);
+	if (rc != SQLITE_DONE) {
+		json_decref(a);
+		return NULL;
+	}
+	return a;
 }
 
 int mgr_store_forget(struct mgr_store *st, const char *const *sandboxes, size_t n)

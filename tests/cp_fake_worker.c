@@ -151,6 +151,12 @@ static void on_message(const char *text, size_t len)
 		json_decref(m); /* the replay is over (a fence's end: nothing to do here) */
 		return;
 	}
+	if (m != NULL && json_is_string(json_object_get(m, "type")) &&
+	    strcmp(json_string_value(json_object_get(m, "type")), "durable") == 0 &&
+	    !json_object_get(m, "seq")) {
+		json_decref(m); /* what it was sent tentative is durable: it keeps no notes of them */
+		return;
+	}
 	if (m == NULL || !json_is_integer(json_object_get(m, "seq"))) {
 		fprintf(stderr, "fake-worker: malformed message\n");
 		json_decref(m);

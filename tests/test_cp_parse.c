@@ -107,6 +107,48 @@ Test(cp_parse, worker_allocatable_round_trips_and_bad_figures_are_refused)
 	}
 }
 
+/* a hello's tentative installs (docs/control-messages.md "Tentative installs"): read by seq, each
+ * a seq and the identity's names; anything malformed refuses the whole hello (the channel closes),
+ * never reads part of a list (the control plane confirms what the worker lists) */
+Test(cp_parse, hello_tentative_installs)
+{
+	struct cp_chan_msg m;
+	const char *hello = "{\"hello\":{\"worker\":\"wa\",\"last_seq\":9,\"tentative\":["
+	                    "{\"seq\":8,\"sandbox\":\"sbx-a\",\"activation\":\"act-1\"},"
+	                    "{\"seq\":9,\"sandbox\":\"sbx-b\",\"activation\":\"act-2\"}]}}";
+	cr_assert_eq(cp_parse_chan(S(hello), &m), 0);
+	cr_assert_eq(m.ntentative, 2);
+	cr_assert_eq(m.tentative[0].seq, 8);
+	cr_assert_str_eq(m.tentative[1].sandbox, "sbx-b");
+	cr_assert_str_eq(m.tentative[1].activation, "act-2");
+	free(m.tentative);
+	cr_assert_eq(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":9,\"tentative\":[]}}"), &m), 0);
+	cr_assert_eq(m.ntentative, 0);
+	cr_assert_null(m.tentative);
+	static const char *const bad[] = {
+		"{}", "[{\"seq\":1,\"sandbox\":\"a\"}]", "[{\"seq\":0,\"sandbox\":\"a\",\"activation\":\"b\"}]",
+		"[{\"seq\":2,\"sandbox\":\"a\",\"activation\":\"b\"},{\"seq\":2,\"sandbox\":\"c\",\"activation\":\"d\"}]",
+		"[{\"seq\":1,\"sandbox\":\"a b\",\"activation\":\"b\"}]",
+		"[{\"seq\":1,\"sandbox\":\"a\",\"activation\":\"b\",\"x\":1}]", "[1]", "\"sbx\"",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char msg[256];
+		snprintf(msg, sizeof msg, "{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"tentative\":%s}}", bad[i]);
+		cr_assert_lt(cp_parse_chan(msg, strlen(msg), &m), 0, "%s", bad[i]);
+	}
+	/* more than CP_TENTATIVE_MAX entries */
+	size_t cap = 64 + (CP_TENTATIVE_MAX + 1) * 64, n = 0;
+	char *big = malloc(cap);
+	cr_assert_not_null(big);
+	n += (size_t)snprintf(big + n, cap - n, "{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"tentative\":[");
+	for (int i = 1; i <= CP_TENTATIVE_MAX + 1; i++)
+		n += (size_t)snprintf(big + n, cap - n, "%s{\"seq\":%d,\"sandbox\":\"s\",\"activation\":\"a\"}", i > 1 ? "," : "",
+		                      i);
+	n += (size_t)snprintf(big + n, cap - n, "]}}");
+	cr_assert_lt(cp_parse_chan(big, n, &m), 0);
+	free(big);
+}
+
 Test(cp_parse, create_refuses_duplicates_unknown_and_garbage)
 {
 	struct cp_create_req c;
