@@ -372,13 +372,15 @@ static void chan_synced(struct cp_chan *ch)
 
 /* ---- tentative installs (channel.h) ----
  * One batch is tentative at a time (ops.c's leader commits, syncs, then
- * lets the next batch go), so one range per worker: its seqs from lo on. */
+ * lets the next batch go), so one range per worker: its seqs lo..hi (the
+ * batch holds the writers' turn while it queues them: no other commit's
+ * seq is among them; one after hi is another commit's, durable when seen). */
 static struct {
 	pthread_mutex_t mu;
 	size_t n;
 	struct tent_worker {
 		char name[SPACED_NAME_MAX];
-		int64_t lo;
+		int64_t lo, hi;
 	} w[CP_SEQ_JUMP];
 } tent = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -392,9 +394,12 @@ bool cp_chan_tentative_begin(const char *worker, int64_t seq)
 	if (i < tent.n) {
 		if (seq < tent.w[i].lo)
 			tent.w[i].lo = seq;
+		if (seq > tent.w[i].hi)
+			tent.w[i].hi = seq;
 	} else if (tent.n < CP_SEQ_JUMP) {
 		snprintf(tent.w[tent.n].name, sizeof tent.w[tent.n].name, "%s", worker);
-		tent.w[tent.n++].lo = seq;
+		tent.w[tent.n].lo = tent.w[tent.n].hi = seq;
+		tent.n++;
 	} else {
 		ok = false;
 	}
@@ -414,7 +419,7 @@ static bool tentative(const char *worker, int64_t seq)
 	bool yes = false;
 	pthread_mutex_lock(&tent.mu);
 	for (size_t i = 0; i < tent.n && !yes; i++)
-		yes = seq >= tent.w[i].lo && strcmp(tent.w[i].name, worker) == 0;
+		yes = seq >= tent.w[i].lo && seq <= tent.w[i].hi && strcmp(tent.w[i].name, worker) == 0;
 	pthread_mutex_unlock(&tent.mu);
 	return yes;
 }

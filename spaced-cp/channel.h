@@ -95,8 +95,9 @@ void cp_chan_tick(void);
  * a time; it has at most one create per request thread, --threads <= 64),
  * so no seq a worker applied is ever sent again as another message. */
 #define CP_SEQ_JUMP 64
-/* Worker's seqs from seq on are tentative until cp_chan_tentative_end (the
- * batch's leader, inside its transaction, for each install it queued). False
+/* Worker's install at seq is tentative until cp_chan_tentative_end (the
+ * batch's leader, inside its transaction, for each install it queued: the
+ * seqs of one worker's are consecutive, no other commit's among them). False
  * when no more workers fit (CP_SEQ_JUMP): the batch is then not sent until
  * durable. Any thread. */
 bool cp_chan_tentative_begin(const char *worker, int64_t seq);

@@ -1749,6 +1749,13 @@ int cp_create_replayed(struct cp *cp, struct cp_store *st, const char *tenant, c
 		}
 		replay_wait_release(tenant);
 	}
+	/* what it answers is on disk (SQLite: a create's commit may not be
+	 * yet, docs/control-messages.md "Tentative installs") */
+	if (strcmp(cp_store_kind(st), "sqlite") == 0 && cp_store_sync_log(st) < 0) {
+		cp_rows_free(rows);
+		*body = cp_error("store", "the store's log cannot be synced");
+		return 503;
+	}
 	if (cp_rows_i64(rows, 0, 1, 0) > 0) {
 		*body = json_pack("{s:s,s:s,s:s}", "error", "idempotency-key-used", "message",
 		                  "the sandbox this Idempotency-Key created has been deleted", "sandbox", id);
