@@ -35,6 +35,7 @@ struct cp_chan {
 	int64_t applied;   /* the hello's last_seq, then the last seq sent: what the worker applies up to */
 	int64_t tent_hi;   /* the last seq sent tentative (0: none) */
 	int64_t durable_told; /* the last {"type":"durable","through":N} sent */
+	bool takes_tentative; /* its hello had "tentative": it takes installs sent tentative */
 	uint64_t last_rx, last_ping; /* monotonic ns */
 };
 
@@ -372,36 +373,29 @@ static void chan_synced(struct cp_chan *ch)
 
 /* ---- tentative installs (channel.h) ----
  * One batch is tentative at a time (ops.c's leader commits, syncs, then
- * lets the next batch go), so one range per worker: its seqs lo..hi (the
- * batch holds the writers' turn while it queues them: no other commit's
- * seq is among them; one after hi is another commit's, durable when seen). */
+ * lets the next batch go): its installs, each by worker, seq and sandbox.
+ * A row is tentative only when all three match: should the batch's commit
+ * fail, another commit may take its seqs, never its fresh sandboxes. */
 static struct {
 	pthread_mutex_t mu;
 	size_t n;
-	struct tent_worker {
-		char name[SPACED_NAME_MAX];
-		int64_t lo, hi;
-	} w[CP_SEQ_JUMP];
+	struct tent_install {
+		char worker[SPACED_NAME_MAX];
+		int64_t seq;
+		char sandbox[SPACED_NAME_MAX];
+	} e[CP_SEQ_JUMP];
 } tent = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-bool cp_chan_tentative_begin(const char *worker, int64_t seq)
+bool cp_chan_tentative_begin(const char *worker, int64_t seq, const char *sandbox)
 {
-	bool ok = true;
+	bool ok = false;
 	pthread_mutex_lock(&tent.mu);
-	size_t i = 0;
-	while (i < tent.n && strcmp(tent.w[i].name, worker) != 0)
-		i++;
-	if (i < tent.n) {
-		if (seq < tent.w[i].lo)
-			tent.w[i].lo = seq;
-		if (seq > tent.w[i].hi)
-			tent.w[i].hi = seq;
-	} else if (tent.n < CP_SEQ_JUMP) {
-		snprintf(tent.w[tent.n].name, sizeof tent.w[tent.n].name, "%s", worker);
-		tent.w[tent.n].lo = tent.w[tent.n].hi = seq;
-		tent.n++;
-	} else {
-		ok = false;
+	if (tent.n < CP_SEQ_JUMP) {
+		struct tent_install *e = &tent.e[tent.n++];
+		snprintf(e->worker, sizeof e->worker, "%s", worker);
+		snprintf(e->sandbox, sizeof e->sandbox, "%s", sandbox);
+		e->seq = seq;
+		ok = true;
 	}
 	pthread_mutex_unlock(&tent.mu);
 	return ok;
@@ -414,12 +408,22 @@ void cp_chan_tentative_end(void)
 	pthread_mutex_unlock(&tent.mu);
 }
 
-static bool tentative(const char *worker, int64_t seq)
+bool cp_chan_tentative_any(void)
+{
+	pthread_mutex_lock(&tent.mu);
+	bool any = tent.n > 0;
+	pthread_mutex_unlock(&tent.mu);
+	return any;
+}
+
+/* Whether worker's row seq (about sandbox; NULL: any) is tentative now. */
+static bool tentative(const char *worker, int64_t seq, const char *sandbox)
 {
 	bool yes = false;
 	pthread_mutex_lock(&tent.mu);
 	for (size_t i = 0; i < tent.n && !yes; i++)
-		yes = seq >= tent.w[i].lo && seq <= tent.w[i].hi && strcmp(tent.w[i].name, worker) == 0;
+		yes = tent.e[i].seq == seq && strcmp(tent.e[i].worker, worker) == 0 &&
+		      (sandbox == NULL || strcmp(tent.e[i].sandbox, sandbox) == 0);
 	pthread_mutex_unlock(&tent.mu);
 	return yes;
 }
@@ -429,19 +433,24 @@ static bool tentative(const char *worker, int64_t seq)
 static void chan_durable(struct cp_chan *ch)
 {
 	char text[64];
-	if (ch->tent_hi <= ch->durable_told || ch->closing || tentative(ch->worker, ch->tent_hi))
+	if (ch->tent_hi <= ch->durable_told || ch->closing || tentative(ch->worker, ch->tent_hi, NULL))
 		return;
 	int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}", (long long)ch->tent_hi);
 	if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) == 0)
 		ch->durable_told = ch->tent_hi;
 }
 
-/* Sends one outbox row's body; marked {"tentative":true,…} while its
- * commit is not yet durable. 0 or -1. */
-static int chan_send_row(struct cp_chan *ch, int64_t seq, const char *body)
+/* Sends one outbox row's body (about sandbox); marked
+ * {"tentative":true,…} while its commit is not yet durable. 0, -1, or 1:
+ * not sent now — it is tentative and the worker's hello did not say it
+ * takes such installs (a worker of before them): it goes once durable. */
+static int chan_send_row(struct cp_chan *ch, int64_t seq, const char *body, const char *sandbox)
 {
 	size_t n = strlen(body);
-	if (body[0] != '{' || !tentative(ch->worker, seq))
+	bool tent_now = body[0] == '{' && sandbox != NULL && tentative(ch->worker, seq, sandbox);
+	if (tent_now && !ch->takes_tentative)
+		return 1;
+	if (!tent_now)
 		return spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, body, n);
 	static const char mark[] = "{\"tentative\":true,"; /* in place of the body's '{' */
 	int r = spaced_httpconn_ws_send2(ch->c, SPACED_WS_TEXT, mark, sizeof mark - 1, body + 1, n - 1);
@@ -460,7 +469,7 @@ static void chan_pump(struct cp_chan *ch)
 		struct cp_rows *rows = NULL;
 		char sb[24];
 		if (CP_Q(C->loop_st, &rows, NULL,
-		         "SELECT seq, body FROM outbox WHERE worker = $1 AND seq > $2 ORDER BY seq LIMIT " CHAN_BATCH,
+		         "SELECT seq, body, sandbox FROM outbox WHERE worker = $1 AND seq > $2 ORDER BY seq LIMIT " CHAN_BATCH,
 		         ch->worker, cp_i64(sb, ch->sent_seq)) < 0) {
 			cp_rows_free(rows);
 			return;
@@ -473,8 +482,10 @@ static void chan_pump(struct cp_chan *ch)
 				ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
 				continue;
 			}
-			if (body == NULL || chan_send_row(ch, cp_rows_i64(rows, i, 0, ch->sent_seq), body) < 0) {
-				cp_rows_free(rows);
+			int sent = body == NULL ? -1 : chan_send_row(ch, cp_rows_i64(rows, i, 0, ch->sent_seq), body,
+			                                             cp_rows_get(rows, i, 2));
+			if (sent != 0) {
+				cp_rows_free(rows); /* a held one: pumped again once the batch is durable (cp_wake) */
 				return;
 			}
 			ch->sent_seq = cp_rows_i64(rows, i, 0, ch->sent_seq);
@@ -497,29 +508,40 @@ static void chan_close(struct cp_chan *ch, unsigned code, const char *reason)
 	spaced_httpconn_ws_close(ch->c, code, reason);
 }
 
-/* The hello's tentative installs (channel.h): each one the outbox holds (its
- * row about the same sandbox, or a seq at or below outbox_pruned_to: rows
- * are removed only once acknowledged, long after their commit) is durable;
- * for each it does not hold — its commit was lost with the machine before
- * the log reached the disk, its create never answered — a destroy of that
- * sandbox is queued for the worker, durably, unless the store knows a
- * sandbox of that name. Then the worker is told they are all durable or
- * settled ({"type":"durable","through":N}), before the replay. Waits for the
- * store's write lock only when one was lost (after a crash of the machine).
- * 0, or -1: the hello is refused (a store error; a row of another sandbox
- * at a seq the worker applied, which the seqs skipped at every start make
- * impossible unless the store was replaced). */
-static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m, int64_t pruned_to)
+/* The hello's tentative installs (channel.h), each settled once: one the
+ * outbox holds (its row about the same sandbox, or a seq at or below
+ * outbox_pruned_to: rows are removed only once acknowledged, long after
+ * their commit) is durable — unless its batch is still syncing, which the
+ * durable message after the sync settles (chan_durable); one the outbox does
+ * not hold — its commit was lost with the machine before the log reached the
+ * disk, its create never answered — gets a destroy of that sandbox queued for
+ * the worker, durably, unless the store knows a sandbox of that name, and
+ * workers.seq_settled records it (a hello whose last seq is such a one is
+ * not refused). Then the worker is told {"type":"durable","through":N}, N
+ * the last listed seq below any still syncing. Waits for the store's write
+ * lock only when one was lost (after a crash of the machine). Returns the
+ * destroys queued, or -1: the hello is refused (a store error; a row of
+ * another sandbox at a seq the worker applied, which the seqs skipped after
+ * a restart of the machine make impossible unless the store was replaced). */
+static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m, int64_t pruned_to, int64_t settled)
 {
 	struct cp_store *st = C->loop_st;
 	bool began = false;
-	int r = 0;
+	int r = 0, destroys = 0;
+	int64_t syncing = INT64_MAX, lost_hi = 0;
 	for (size_t i = 0; i < m->ntentative && r == 0; i++) {
 		const struct cp_tentative *t = &m->tentative[i];
 		struct cp_rows *rows = NULL;
 		char sb[24];
-		if (t->seq <= pruned_to)
+		if (t->seq <= pruned_to || t->seq <= settled)
 			continue;
+		if (tentative(ch->worker, t->seq, t->sandbox)) {
+			if (t->seq < syncing)
+				syncing = t->seq;
+			if (t->seq > ch->tent_hi)
+				ch->tent_hi = t->seq; /* chan_durable, after the sync */
+			continue;
+		}
 		if ((r = CP_Q(st, &rows, NULL, "SELECT sandbox FROM outbox WHERE worker = $1 AND seq = $2", ch->worker,
 		              cp_i64(sb, t->seq))) < 0)
 			break;
@@ -537,40 +559,52 @@ static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m,
 			r = SPACED_ESTALE;
 			break;
 		}
+		lost_hi = t->seq;
 		if ((r = CP_Q(st, &rows, NULL, "SELECT 1 FROM sandboxes WHERE id = $1", t->sandbox)) < 0)
 			break;
 		bool known = rows->nrows > 0;
 		cp_rows_free(rows);
+		if (!began && (r = cp_store_begin(st)) < 0)
+			break;
+		began = true;
 		if (known) {
 			spaced_log("spaced-cp", "level=warn event=tentative-lost-kept worker=%s seq=%lld sandbox=%s",
 			           ch->worker, (long long)t->seq, t->sandbox);
 			continue;
 		}
-		if (!began && (r = cp_store_begin(st)) < 0)
-			break;
-		began = true;
 		int64_t dseq;
 		json_t *d = json_pack("{s:s,s:s}", "type", "destroy", "sandbox", t->sandbox);
 		r = d == NULL ? SPACED_ENOMEM : cp_outbox_push(st, ch->worker, d, &dseq);
 		json_decref(d);
-		if (r == 0)
+		if (r == 0) {
+			destroys++;
 			spaced_log("spaced-cp",
 			           "level=warn event=tentative-lost worker=%s seq=%lld sandbox=%s destroy_seq=%lld "
 			           "reason=\"its create's commit did not reach the disk\"",
 			           ch->worker, (long long)t->seq, t->sandbox, (long long)dseq);
+		}
+	}
+	if (began && r == 0) {
+		char lb[24];
+		r = CP_Q(st, NULL, NULL, "UPDATE workers SET seq_settled = $2 WHERE id = $1 AND seq_settled < $2", ch->worker,
+		         cp_i64(lb, lost_hi));
 	}
 	if (began && (r < 0 || (r = cp_store_commit(st)) < 0))
 		cp_store_rollback(st);
 	if (r < 0)
 		return -1;
-	if (m->ntentative > 0) {
+	int64_t through = 0;
+	for (size_t i = 0; i < m->ntentative && m->tentative[i].seq < syncing; i++)
+		through = m->tentative[i].seq;
+	if (through > 0) {
 		char text[64];
-		int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}",
-		                 (long long)m->tentative[m->ntentative - 1].seq);
+		int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}", (long long)through);
 		if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) < 0)
 			return -1;
+		if (through > ch->durable_told)
+			ch->durable_told = through;
 	}
-	return 0;
+	return destroys;
 }
 
 /* hello: replay from the first message the worker has not applied, and
@@ -588,8 +622,8 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	int64_t from = m->last_seq;
 	/* A worker that has applied more than this store ever sent knows a history
 	 * the store lost: it would take new messages for old ones. Fail closed. */
-	if (CP_Q(st, &rows, NULL, "SELECT next_seq, outbox_pruned_to, seq_jumped FROM workers WHERE id = $1",
-	         ch->worker) < 0 ||
+	if (CP_Q(st, &rows, NULL,
+	         "SELECT next_seq, outbox_pruned_to, seq_jumped, seq_settled FROM workers WHERE id = $1", ch->worker) < 0 ||
 	    m->last_seq > cp_rows_i64(rows, 0, 0, 0)) {
 		spaced_log("spaced-cp",
 		           "level=warn event=channel-refused worker=%s reason=\"hello last_seq=%lld is ahead of the control "
@@ -610,12 +644,14 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 		cp_rows_free(rows);
 		return -1;
 	}
-	/* Past the seqs this start skipped (cp_chan_seq_restart), a worker has
-	 * applied only what was sent tentative and lost with the machine: its
-	 * last seq is one of those it lists. Else the store lost what it had
-	 * made durable. Fail closed. */
-	int64_t jumped = cp_rows_i64(rows, 0, 2, 0), pruned_to = cp_rows_i64(rows, 0, 1, 0);
-	bool listed = m->ntentative == CP_TENTATIVE_MAX;
+	/* Past the seqs skipped after the machine started again
+	 * (cp_chan_seq_restart), a worker has applied only what was sent
+	 * tentative and lost with the machine: its last seq is one of those it
+	 * lists, or one settled so at an earlier hello. Else the store lost what
+	 * it had made durable. Fail closed. */
+	int64_t jumped = cp_rows_i64(rows, 0, 2, 0), pruned_to = cp_rows_i64(rows, 0, 1, 0),
+	        settled = cp_rows_i64(rows, 0, 3, 0);
+	bool listed = m->last_seq <= settled;
 	for (size_t i = 0; i < m->ntentative && !listed; i++)
 		listed = m->tentative[i].seq == m->last_seq;
 	if (jumped > 0 && m->last_seq > jumped && m->last_seq <= jumped + CP_SEQ_JUMP && !listed) {
@@ -626,11 +662,6 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 		cp_rows_free(rows);
 		return -1;
 	}
-	ch->replay_to = cp_rows_i64(rows, 0, 0, 0);
-	ch->synced = false;
-	ch->hello_t = spaced_now();
-	ch->fences = m->fence_after > 0;
-	ch->applied = m->last_seq;
 	cp_rows_free(rows);
 	rows = NULL;
 	/* A worker that acknowledged a message as applied above the last_seq it
@@ -649,14 +680,28 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	}
 	cp_rows_free(rows);
 	rows = NULL;
+	ch->takes_tentative = m->has_tentative;
+	/* before the replay's end is fixed: the destroys it queues are part of
+	 * it (a fenced worker lifts its fence after them) */
+	if (chan_hello_tentative(ch, m, pruned_to, settled) < 0)
+		return -1;
+	if (CP_Q(st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0) {
+		cp_rows_free(rows);
+		return -1;
+	}
+	ch->replay_to = cp_rows_i64(rows, 0, 0, 0);
+	cp_rows_free(rows);
+	rows = NULL;
+	ch->synced = false;
+	ch->hello_t = spaced_now();
+	ch->fences = m->fence_after > 0;
+	ch->applied = m->last_seq;
 	if (CP_Q(st, &rows, NULL, "SELECT MIN(seq) FROM outbox WHERE worker = $1 AND acked = 0", ch->worker) == 0) {
 		int64_t unacked = cp_rows_i64(rows, 0, 0, -1);
 		if (unacked > 0 && unacked - 1 < from)
 			from = unacked - 1;
 	}
 	cp_rows_free(rows);
-	if (chan_hello_tentative(ch, m, pruned_to) < 0)
-		return -1;
 	ch->sent_seq = from;
 	if (!ch->hello)
 		live_change(ch->worker, +1);

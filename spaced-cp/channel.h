@@ -95,15 +95,17 @@ void cp_chan_tick(void);
  * a time; it has at most one create per request thread, --threads <= 64),
  * so no seq a worker applied is ever sent again as another message. */
 #define CP_SEQ_JUMP 64
-/* Worker's install at seq is tentative until cp_chan_tentative_end (the
- * batch's leader, inside its transaction, for each install it queued: the
- * seqs of one worker's are consecutive, no other commit's among them). False
- * when no more workers fit (CP_SEQ_JUMP): the batch is then not sent until
- * durable. Any thread. */
-bool cp_chan_tentative_begin(const char *worker, int64_t seq);
+/* Worker's install at seq, about sandbox, is tentative until
+ * cp_chan_tentative_end (the batch's leader, inside its transaction, for
+ * each install it queued). False when no more fit (CP_SEQ_JUMP, one per
+ * request thread): the batch is then rolled back. A worker whose hello did
+ * not say it takes tentative installs is sent them once durable. Any thread. */
+bool cp_chan_tentative_begin(const char *worker, int64_t seq, const char *sandbox);
 /* The batch is durable (or rolled back): nothing is tentative now; the
  * loop then tells the workers (cp_wake). Any thread. */
 void cp_chan_tentative_end(void);
+/* Whether a batch is tentative now (a commit seen now may not be durable). */
+bool cp_chan_tentative_any(void);
 /* Once at start, before serving (SQLite: nothing else on PostgreSQL, where
  * no commit is tentative): the log made durable (a commit a crash of the
  * process left unsynced is a commit like any other from now on: the

@@ -1546,7 +1546,7 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 		/* SQLite: committed without waiting for the disk, then made durable
 		 * (cp_store_sync_log) while the installs are on their way, sent
 		 * tentative (channel.h) */
-		bool sq = strcmp(cp_store_kind(st), "sqlite") == 0, tentative = sq;
+		bool sq = strcmp(cp_store_kind(st), "sqlite") == 0;
 		if (sq)
 			cp_store_relaxed(st, 2);
 		int r = cp_store_begin(st), queued = 0;
@@ -1558,8 +1558,17 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 			}
 			create_one(cp, st, k);
 			queued += k->status == 0;
-			if (k->status == 0 && tentative && !cp_chan_tentative_begin(k->worker, k->seq))
-				tentative = false; /* sent once durable, as it was */
+			if (k->status == 0 && sq && !cp_chan_tentative_begin(k->worker, k->seq, k->id))
+				r = SPACED_EBUSY; /* more than a batch can hold (one per request thread): none of it */
+		}
+		if (r == SPACED_EBUSY) {
+			cp_store_rollback(st);
+			for (struct create_job *k = batch; k; k = k->next)
+				if (k->status == 0) {
+					k->status = 503;
+					k->body = cp_error("store-busy", "too many creates at once");
+				}
+			queued = 0;
 		}
 		if (r == 0 && (r = cp_store_commit(st)) < 0) {
 			cp_store_rollback(st);
@@ -1571,11 +1580,9 @@ static void create_batch(struct cp *cp, struct cp_store *st, struct create_job *
 		}
 		if (sq)
 			cp_store_relaxed(st, 0);
-		if (r == 0 && queued) {
-			if (tentative)
-				cp_wake(cp);
-			if (sq)
-				log_synced(st);
+		if (r == 0 && queued && sq) {
+			cp_wake(cp); /* the installs, tentative */
+			log_synced(st);
 		}
 		if (sq)
 			cp_chan_tentative_end();
@@ -1750,8 +1757,9 @@ int cp_create_replayed(struct cp *cp, struct cp_store *st, const char *tenant, c
 		replay_wait_release(tenant);
 	}
 	/* what it answers is on disk (SQLite: a create's commit may not be
-	 * yet, docs/control-messages.md "Tentative installs") */
-	if (strcmp(cp_store_kind(st), "sqlite") == 0 && cp_store_sync_log(st) < 0) {
+	 * yet while a batch is tentative, docs/control-messages.md
+	 * "Tentative installs") */
+	if (cp_chan_tentative_any() && cp_store_sync_log(st) < 0) {
 		cp_rows_free(rows);
 		*body = cp_error("store", "the store's log cannot be synced");
 		return 503;

@@ -553,6 +553,7 @@ int cp_parse_chan(const char *msg, size_t len, struct cp_chan_msg *out)
 			goto out;
 		if ((v = json_object_get(h, "tentative")) != NULL && parse_tentative(v, &m) < 0)
 			goto out;
+		m.has_tentative = v != NULL;
 		m.kind = CP_CHAN_HELLO;
 	} else if ((h = json_object_get(o, "ended")) != NULL) {
 		static const char *const top[] = {"ended", NULL};

@@ -78,7 +78,7 @@ struct cp_tentative {
 	char sandbox[SPACED_NAME_MAX];
 	char activation[SPACED_NAME_MAX];
 };
-#define CP_TENTATIVE_MAX 1024 /* entries a hello lists at most */
+#define CP_TENTATIVE_MAX 256 /* entries a hello lists at most (about 23 KiB: within CP_BODY_MAX) */
 
 struct cp_chan_msg {
 	enum cp_chan_kind kind;
@@ -91,6 +91,7 @@ struct cp_chan_msg {
 	int64_t fence_after; /* the worker fences itself after this many seconds without the control plane (0: never) */
 	struct cp_tentative *tentative; /* its tentative installs, by seq (NULL: none); the caller frees it */
 	size_t ntentative;
+	int has_tentative; /* the hello had "tentative" (even empty): the worker takes installs sent tentative */
 	/* ack */
 	int64_t seq;
 	int ok;

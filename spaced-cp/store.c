@@ -78,6 +78,9 @@ static const struct {
 	/* next_seq before the last start of the control plane moved it on by
 	 * CP_SEQ_JUMP (channel.h cp_chan_seq_restart; 0: never moved) */
 	{"workers", "seq_jumped", "BIGINT NOT NULL DEFAULT 0"},
+	/* the highest seq a hello listed as tentative that the store had lost,
+	 * settled (its sandbox's destroy queued: channel.c chan_hello_tentative) */
+	{"workers", "seq_settled", "BIGINT NOT NULL DEFAULT 0"},
 	/* when a key stops being valid (0: never) and when a join token was used */
 	{"api_keys", "expires", "BIGINT NOT NULL DEFAULT 0"},
 	{"api_keys", "used", "BIGINT NOT NULL DEFAULT 0"},

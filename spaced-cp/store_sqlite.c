@@ -97,6 +97,7 @@ struct sq {
 	/* a writer only: its path, the handles sharing it, the next writer of
 	 * another path, and whether it commits without waiting for the disk now */
 	char *path;
+	char *wal_path; /* its log's file, as SQLite names it (cp_store_sqlite_sync_log) */
 	int users;
 	struct sq *next_writer;
 	bool synchronous_normal;
@@ -542,6 +543,7 @@ static void conn_free(struct sq *q)
 		sqlite3_finalize(q->txn[i]);
 	sqlite3_close(q->db);
 	free(q->path);
+	free(q->wal_path);
 	free(q);
 }
 
@@ -716,12 +718,11 @@ static void ckpt_stop(struct ckpt *c)
 int cp_store_sqlite_sync_log(void *h)
 {
 	struct sq *q = h, *w = q->writer ? q->writer : q;
-	char wal[4096];
-	if (w->path == NULL || (size_t)snprintf(wal, sizeof wal, "%s-wal", w->path) >= sizeof wal)
+	if (w->wal_path == NULL)
 		return SPACED_EINVAL;
 	/* any descriptor of the file: the kernel writes the file's pages, not
 	 * the descriptor's (SQLite's own is used by the writer meanwhile) */
-	int fd = open(wal, O_RDONLY | O_CLOEXEC);
+	int fd = open(w->wal_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return SPACED_EIO; /* the log is there while a connection is open (WAL mode) */
 	int r = fdatasync(fd) == 0 ? 0 : SPACED_EIO;
@@ -739,7 +740,9 @@ int cp_store_sqlite_open(const char *path, void **h, const struct cp_store_ops *
 	for (w = writers; w && strcmp(w->path, path) != 0; w = w->next_writer)
 		;
 	if (w == NULL && (r = conn_open(path, &w)) == 0) {
-		if ((w->path = strdup(path)) == NULL) {
+		const char *main_file = sqlite3_db_filename(w->db, "main");
+		const char *wal = main_file ? sqlite3_filename_wal(main_file) : NULL;
+		if ((w->path = strdup(path)) == NULL || wal == NULL || (w->wal_path = strdup(wal)) == NULL) {
 			conn_free(w);
 			w = NULL;
 			r = SPACED_ENOMEM;

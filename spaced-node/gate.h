@@ -164,14 +164,18 @@ void gate_commit_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, c
 int gate_commit_tentative(struct mgr *m, uint64_t seq, const struct spaced_identity *id);
 /* The tentative installs a status (and so a hello) lists at most, oldest
  * first: the control plane's CP_TENTATIVE_MAX. */
-#define GATE_TENTATIVE_LISTED 1024
+#define GATE_TENTATIVE_LISTED 256
 /* The control plane's {"type":"durable","through":N}: every seq at or below
  * is durable there; their notes are deleted with the next transaction (no
  * wait of their own for the disk: one lost comes back in the next hello,
  * which is answered the same). Loop thread. */
 void gate_commit_durable(struct mgr *m, uint64_t through);
-/* The last seq said durable since this gate started (0: none). */
-uint64_t gate_commit_durable_through(const struct mgr *m);
+/* The installs applied or being applied tentative and not said durable
+ * (those noted in the store, and those whose write is still to come), by
+ * seq, the oldest GATE_TENTATIVE_LISTED: [{"seq","sandbox","activation"}, …]
+ * (a new array), or NULL (the store failed, or out of memory). The hello
+ * lists them (link.c). Loop thread. */
+json_t *gate_commit_tentative_list(struct mgr *m);
 /* fn(store, arg) on the writer, in the queue's order (a write of another
  * kind: forgetting, pruning); its result is the completion's status. */
 void gate_commit_call(struct mgr *m, int (*fn)(struct mgr_store *st, void *arg), void *arg, gate_written_fn done,

@@ -253,14 +253,13 @@ void gate_commit_write(struct mgr *m, const struct mgr_rec *rec, uint64_t seq, c
 		w->has_rec = true;
 		w->rec = *rec;
 	}
-	/* the acknowledgement of a seq sent tentative: noted with it */
-	for (struct tent_note **p = &W.tent; seq > 0 && *p; p = &(*p)->next)
-		if ((*p)->seq == seq) {
-			struct tent_note *t = *p;
-			*p = t->next;
+	/* the acknowledgement of a seq sent tentative: noted with it (the
+	 * loop's note stays until said durable: a write that fails, and is
+	 * made again, is noted again) */
+	for (struct tent_note *t = W.tent; seq > 0 && t; t = t->next)
+		if (t->seq == seq) {
 			w->tentative = true;
 			w->tent = t->id;
-			free(t);
 			break;
 		}
 	w->seq = seq;
@@ -304,10 +303,43 @@ void gate_commit_durable(struct mgr *m, uint64_t through)
 	}
 }
 
-uint64_t gate_commit_durable_through(const struct mgr *m)
+static int by_seq(const void *a, const void *b)
 {
-	(void)m;
-	return W.durable_through;
+	json_int_t x = json_integer_value(json_object_get(*(json_t *const *)a, "seq")),
+	           y = json_integer_value(json_object_get(*(json_t *const *)b, "seq"));
+	return x < y ? -1 : x > y;
+}
+
+json_t *gate_commit_tentative_list(struct mgr *m)
+{
+	json_t *a = mgr_store_tentative(m->store, W.durable_through, GATE_TENTATIVE_LISTED);
+	if (a == NULL)
+		return NULL;
+	for (struct tent_note *t = W.tent; t; t = t->next) {
+		bool there = false;
+		for (size_t i = 0; i < json_array_size(a) && !there; i++)
+			there = (uint64_t)json_integer_value(json_object_get(json_array_get(a, i), "seq")) == t->seq;
+		if (!there)
+			json_array_append_new(a, json_pack("{s:I,s:s,s:s}", "seq", (json_int_t)t->seq, "sandbox",
+			                                   t->id.sandbox, "activation", t->id.activation));
+	}
+	size_t n = json_array_size(a);
+	json_t **v = n ? malloc(n * sizeof *v) : NULL;
+	if (n && v == NULL) {
+		json_decref(a);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++)
+		v[i] = json_incref(json_array_get(a, i));
+	qsort(v, n, sizeof *v, by_seq);
+	json_array_clear(a);
+	for (size_t i = 0; i < n; i++) {
+		if (i < GATE_TENTATIVE_LISTED)
+			json_array_append(a, v[i]);
+		json_decref(v[i]);
+	}
+	free(v);
+	return a;
 }
 
 void gate_commit_call(struct mgr *m, int (*fn)(struct mgr_store *st, void *arg), void *arg, gate_written_fn done,

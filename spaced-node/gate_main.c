@@ -415,7 +415,7 @@ json_t *mgr_status_json(struct mgr *m)
 	json_object_set_new(o, "last_seq", json_integer((json_int_t)mgr_store_last_seq(m->store)));
 	/* the installs applied tentative and not said durable (the hello
 	 * carries them; at most as many as the control plane reads) */
-	json_t *tent = mgr_store_tentative(m->store, gate_commit_durable_through(m), GATE_TENTATIVE_LISTED);
+	json_t *tent = gate_commit_tentative_list(m);
 	if (tent)
 		json_object_set_new(o, "tentative", tent);
 	json_object_set_new(o, "keys_version", json_integer((json_int_t)spaced_keyring_version(m->kr)));

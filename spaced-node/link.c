@@ -456,8 +456,10 @@ static char *hello_text(void)
 	json_t *lim = json_object_get(st, "limits");
 	if (h != NULL && json_is_object(lim))
 		json_object_set(json_object_get(h, "hello"), "limits", lim);
+	/* always there, empty or not: the control plane then sends this worker
+	 * installs tentative (docs/control-messages.md "Tentative installs") */
 	json_t *tent = json_object_get(st, "tentative");
-	if (h != NULL && json_is_array(tent) && json_array_size(tent) > 0) /* docs/control-messages.md */
+	if (h != NULL && json_is_array(tent))
 		json_object_set(json_object_get(h, "hello"), "tentative", tent);
 	if (h != NULL) /* when the control plane may count this worker as fenced */
 		json_object_set_new(json_object_get(h, "hello"), "fence_after", json_integer(C->fence_after_s));

@@ -11,7 +11,8 @@
 #  - a malformed key is 400;
 #  - a replay while the first create still waits for its worker's acknowledgement waits with it
 #    and answers the sandbox running (before: 200 with a sandbox in `starting`); two of a
-#    tenant's replays wait at once at most, the others are answered at once.
+#    tenant's replays wait at once at most, the others are answered at once;
+#  - the fake worker, whose hello does not say it takes tentative installs, is sent none marked so.
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 store_test_setup
@@ -83,5 +84,9 @@ done
 for p in $pids $F; do wait "$p"; done
 expect "five replays at once while the create waits: two wait for it (running), three are answered at once (starting)" \
 	"$(for i in 1 2 3 4 5; do jq -r .state "$W/f$i"; done | sort | uniq -c | awk '{printf "%s %s ", $1, $2}')" "2 running 3 starting "
+# a worker whose hello does not say it takes tentative installs (this fake worker, like a worker
+# of before them) gets every install once it is durable, never marked (docs/control-messages.md)
+expect "wa got installs, none of them marked tentative" \
+	"$(grep -c '"type":"install"' "$W/wa.log" | awk '{print ($1 > 0)}') $(grep -c '"tentative"' "$W/wa.log")" "1 0"
 echo "$FAILS failures"
 [ "$FAILS" -eq 0 ]

@@ -95,7 +95,8 @@ wait_for "the control plane calls the install lost and queues its destroy" \
 i=0
 while [ -n "$(node_status na "$S3")" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 expect "na destroyed the sandbox the control plane never knew" "$(node_status na "$S3")" ""
-expect "nothing of it runs (the control plane does not know it)" "$(OUT=$W/i3 api "$TA" GET "/v1/sandboxes/$S3")" 404
+expect "the store records the lost seq as settled (a later hello naming it as its last seq is taken)" \
+	"$(sqlite3 -cmd ".timeout 5000" "$DB" "SELECT seq_settled FROM workers WHERE id = 'na'")" "$seq3"
 wait_for "na was told its notes are settled" sh -c "[ -z \"\$('$SC' node status --admin '$W/na/admin.sock' | jq -r '.result.tentative // [] | .[]')\" ]"
 expect "na's other sandbox still answers" "$("$SC" exec "$S1" -- echo still)" still
 S4=$("$SC" create --worker na) || fail "a new create on na"
@@ -104,6 +105,10 @@ seq4=$(sqlite3 -cmd ".timeout 5000" "$DB" "SELECT install_seq FROM sandboxes WHE
 [ "$seq4" -gt $((seq3 + 1)) ] && ok "its install's seq ($seq4) is past the lost one's ($seq3): no seq is sent twice" ||
 	fail "the new install's seq $seq4 is not past the lost $seq3"
 expect "na runs it as generation 1" "$(node_status na "$S4")" "1 running"
+stop_cp
+restart_cp na
+expect "started again on the same boot: no seqs skipped this time, the hello taken" \
+	"$(grep -c 'event=seqs-skipped' "$CP_LOG") $(grep -c 'event=channel-refused worker=na' "$CP_LOG")" "1 0"
 
 # ---- a store that lost a durable commit refuses the worker (fail closed) ----
 stop_cp

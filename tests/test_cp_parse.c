@@ -125,6 +125,9 @@ Test(cp_parse, hello_tentative_installs)
 	cr_assert_eq(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":9,\"tentative\":[]}}"), &m), 0);
 	cr_assert_eq(m.ntentative, 0);
 	cr_assert_null(m.tentative);
+	cr_assert(m.has_tentative, "an empty list still says the worker takes tentative installs");
+	cr_assert_eq(cp_parse_chan(S("{\"hello\":{\"worker\":\"wa\",\"last_seq\":9}}"), &m), 0);
+	cr_assert_not(m.has_tentative, "a worker of before them: its installs go once durable");
 	static const char *const bad[] = {
 		"{}", "[{\"seq\":1,\"sandbox\":\"a\"}]", "[{\"seq\":0,\"sandbox\":\"a\",\"activation\":\"b\"}]",
 		"[{\"seq\":2,\"sandbox\":\"a\",\"activation\":\"b\"},{\"seq\":2,\"sandbox\":\"c\",\"activation\":\"d\"}]",
@@ -136,17 +139,29 @@ Test(cp_parse, hello_tentative_installs)
 		snprintf(msg, sizeof msg, "{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"tentative\":%s}}", bad[i]);
 		cr_assert_lt(cp_parse_chan(msg, strlen(msg), &m), 0, "%s", bad[i]);
 	}
-	/* more than CP_TENTATIVE_MAX entries */
-	size_t cap = 64 + (CP_TENTATIVE_MAX + 1) * 64, n = 0;
-	char *big = malloc(cap);
-	cr_assert_not_null(big);
-	n += (size_t)snprintf(big + n, cap - n, "{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"tentative\":[");
-	for (int i = 1; i <= CP_TENTATIVE_MAX + 1; i++)
-		n += (size_t)snprintf(big + n, cap - n, "%s{\"seq\":%d,\"sandbox\":\"s\",\"activation\":\"a\"}", i > 1 ? "," : "",
-		                      i);
-	n += (size_t)snprintf(big + n, cap - n, "]}}");
-	cr_assert_lt(cp_parse_chan(big, n, &m), 0);
-	free(big);
+	/* CP_TENTATIVE_MAX entries of real names are taken (the message within CP_BODY_MAX), one
+	 * more is not */
+	for (int count = CP_TENTATIVE_MAX; count <= CP_TENTATIVE_MAX + 1; count++) {
+		size_t cap = 64 + (size_t)count * 96, n = 0;
+		char *big = malloc(cap);
+		cr_assert_not_null(big);
+		n += (size_t)snprintf(big + n, cap - n, "{\"hello\":{\"worker\":\"wa\",\"last_seq\":1,\"tentative\":[");
+		for (int i = 1; i <= count; i++)
+			n += (size_t)snprintf(big + n, cap - n,
+			                      "%s{\"seq\":%d,\"sandbox\":\"sbx-%016x\",\"activation\":\"act-%016x\"}",
+			                      i > 1 ? "," : "", i, i, i);
+		n += (size_t)snprintf(big + n, cap - n, "]}}");
+		cr_assert_leq(n, CP_BODY_MAX, "%zu bytes", n);
+		if (count == CP_TENTATIVE_MAX) {
+			cr_assert_eq(cp_parse_chan(big, n, &m), 0);
+			cr_assert_eq(m.ntentative, (size_t)CP_TENTATIVE_MAX);
+			cr_assert(m.has_tentative);
+			free(m.tentative);
+		} else {
+			cr_assert_lt(cp_parse_chan(big, n, &m), 0);
+		}
+		free(big);
+	}
 }
 
 Test(cp_parse, create_refuses_duplicates_unknown_and_garbage)
