@@ -361,6 +361,13 @@ victim_ok "everything"
 # ---- a resolver or a pasta that dies is started again within seconds, the namespace kept ----
 # (they serve every execution of the worker: before, nothing started them again until the next
 # execution start on that worker; the gate now looks every 5 s)
+# a pool start makes the egress namespace ready too (and so starts them again itself, without the
+# gate's log line): the kill waits for worker-1's pool to be full and idle
+pool_idle() {
+	"$SC" node status --admin "$D/worker-1/admin.sock" 2>/dev/null |
+		jq -e '.result.pool | .starting == 0 and all(.keys[]; .ready >= .target)' >/dev/null
+}
+WAIT_SECONDS=60 wait_for "worker-1's pool is full, nothing starting" pool_idle
 NETD0=$(cat "$D/worker-1/net/netd.pid")
 PASTA0=$(cat "$D/worker-1/net/pasta.pid")
 kill -9 "$NETD0" "$PASTA0"
