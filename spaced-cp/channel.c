@@ -8,6 +8,7 @@
 #include "channel.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -408,6 +409,14 @@ void cp_chan_tentative_end(void)
 	pthread_mutex_unlock(&tent.mu);
 }
 
+static _Atomic uint64_t tent_sent, tent_lost;
+
+void cp_chan_tentative_counts(uint64_t *sent, uint64_t *lost)
+{
+	*sent = atomic_load(&tent_sent);
+	*lost = atomic_load(&tent_lost);
+}
+
 bool cp_chan_tentative_any(void)
 {
 	pthread_mutex_lock(&tent.mu);
@@ -454,6 +463,8 @@ static int chan_send_row(struct cp_chan *ch, int64_t seq, const char *body, cons
 		return spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, body, n);
 	static const char mark[] = "{\"tentative\":true,"; /* in place of the body's '{' */
 	int r = spaced_httpconn_ws_send2(ch->c, SPACED_WS_TEXT, mark, sizeof mark - 1, body + 1, n - 1);
+	if (r == 0)
+		atomic_fetch_add(&tent_sent, 1);
 	if (r == 0)
 		ch->tent_hi = seq;
 	return r;
@@ -578,6 +589,7 @@ static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m,
 		json_decref(d);
 		if (r == 0) {
 			destroys++;
+			atomic_fetch_add(&tent_lost, 1);
 			spaced_log("spaced-cp",
 			           "level=warn event=tentative-lost worker=%s seq=%lld sandbox=%s destroy_seq=%lld "
 			           "reason=\"its create's commit did not reach the disk\"",

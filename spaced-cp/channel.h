@@ -104,6 +104,9 @@ bool cp_chan_tentative_begin(const char *worker, int64_t seq, const char *sandbo
 /* The batch is durable (or rolled back): nothing is tentative now; the
  * loop then tells the workers (cp_wake). Any thread. */
 void cp_chan_tentative_end(void);
+/* Installs sent tentative so far, and those a hello reported that the store
+ * had lost (their destroy queued). Any thread. */
+void cp_chan_tentative_counts(uint64_t *sent, uint64_t *lost);
 /* Whether a batch is tentative now (a commit seen now may not be durable). */
 bool cp_chan_tentative_any(void);
 /* Once at start, before serving (SQLite: nothing else on PostgreSQL, where

@@ -317,6 +317,22 @@ char *cp_metrics_text(struct cp *cp, struct cp_store *st)
 	    "control plane ran (SQLite only): its store's work, which grows with the rows statements visit.\n"
 	    "# TYPE spaced_cp_sql_vm_steps_total counter\nspaced_cp_sql_vm_steps_total %llu\n",
 	    (unsigned long long)cp_store_sqlite_vm_steps());
+	uint64_t syncs = 0, sync_ns = 0, tsent = 0, tlost = 0;
+	cp_store_sqlite_log_syncs(&syncs, &sync_ns);
+	cp_chan_tentative_counts(&tsent, &tlost);
+	PUT("# HELP spaced_cp_log_syncs_total Syncs of the store's log by the control plane itself (SQLite: once "
+	    "at start, then after each batch of creates, which commits without the disk and is made durable while "
+	    "its installs are on their way).\n"
+	    "# TYPE spaced_cp_log_syncs_total counter\nspaced_cp_log_syncs_total %llu\n"
+	    "# HELP spaced_cp_log_sync_seconds_total Time those syncs took.\n"
+	    "# TYPE spaced_cp_log_sync_seconds_total counter\nspaced_cp_log_sync_seconds_total %.6f\n",
+	    (unsigned long long)syncs, (double)sync_ns / 1e9);
+	PUT("# HELP spaced_cp_tentative_installs_total Installs sent before their commit was durable, and those "
+	    "a worker's hello reported that the store had lost (a crash of its machine; their sandboxes destroyed).\n"
+	    "# TYPE spaced_cp_tentative_installs_total counter\n"
+	    "spaced_cp_tentative_installs_total{outcome=\"sent\"} %llu\n"
+	    "spaced_cp_tentative_installs_total{outcome=\"lost\"} %llu\n",
+	    (unsigned long long)tsent, (unsigned long long)tlost);
 	PUT("# HELP spaced_cp_unauthorized_total Requests refused for their key (401).\n"
 	    "# TYPE spaced_cp_unauthorized_total counter\nspaced_cp_unauthorized_total %llu\n",
 	    (unsigned long long)atomic_load(&M.unauthorized));

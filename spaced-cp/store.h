@@ -131,6 +131,8 @@ const char *cp_i64(char buf[24], int64_t v);
 void cp_store_sqlite_relaxed(int on);
 /* store_sqlite.c: cp_store_sync_log for a SQLite handle. */
 int cp_store_sqlite_sync_log(void *h);
+/* store_sqlite.c: the log syncs of cp_store_sync_log so far, and their time. */
+void cp_store_sqlite_log_syncs(uint64_t *n, uint64_t *ns);
 /* store_sqlite.c: cp_store_warm and cp_store_statements_seen for a SQLite handle. */
 int cp_store_sqlite_warm(void *h);
 uint64_t cp_store_sqlite_seen(void);

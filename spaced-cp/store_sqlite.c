@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sqlite3.h>
@@ -715,6 +716,14 @@ static void ckpt_stop(struct ckpt *c)
 	free(c);
 }
 
+static _Atomic uint64_t log_syncs, log_sync_ns;
+
+void cp_store_sqlite_log_syncs(uint64_t *n, uint64_t *ns)
+{
+	*n = atomic_load(&log_syncs);
+	*ns = atomic_load(&log_sync_ns);
+}
+
 int cp_store_sqlite_sync_log(void *h)
 {
 	struct sq *q = h, *w = q->writer ? q->writer : q;
@@ -722,11 +731,16 @@ int cp_store_sqlite_sync_log(void *h)
 		return SPACED_EINVAL;
 	/* any descriptor of the file: the kernel writes the file's pages, not
 	 * the descriptor's (SQLite's own is used by the writer meanwhile) */
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int fd = open(w->wal_path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return SPACED_EIO; /* the log is there while a connection is open (WAL mode) */
 	int r = fdatasync(fd) == 0 ? 0 : SPACED_EIO;
 	close(fd);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	atomic_fetch_add(&log_syncs, 1);
+	atomic_fetch_add(&log_sync_ns, (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec)));
 	return r;
 }
 

@@ -33,7 +33,7 @@ tentative_of() { # WORKER -> its tentative installs, one "seq sandbox" per line
 }
 restart_cp() { # [WORKER] at the same address (the workers reconnect to it); waits for WORKER's hello
 	n=$( [ $# -gt 0 ] && hellos "$1")
-	start_cp cp --listen "127.0.0.1:${CP_URL##*:}"
+	start_cp cp --listen "127.0.0.1:${CP_URL##*:}" --metrics-listen 127.0.0.1:0
 	[ $# -eq 0 ] ||
 		wait_for "$1 said hello to the control plane" sh -c "[ \$(grep -c 'event=channel-hello worker=$1 ' '$CP_LOG') -gt $n ]"
 }
@@ -45,6 +45,9 @@ create_on() { # WORKER -> the HTTP status of a create placed there (its answer i
 	api "$TA" POST /v1/sandboxes "{\"worker\":\"$1\"}"
 }
 hellos() { grep -c "event=channel-hello worker=$1 " "$CP_LOG"; }
+metric() { # NAME{LABELS} -> its value on the running control plane's /metrics
+	curl -s "http://127.0.0.1:$(cat "$W/cp/metrics.port")/metrics" | awk -v n="$1" '$1 == n {print $2}'
+}
 
 # ---- a create, said durable ----
 S1=$("$SC" create --worker na) || fail "create on na"
@@ -104,6 +107,13 @@ expect "a new create on na runs" "$("$SC" exec "$S4" -- echo new)" new
 seq4=$(sqlite3 -cmd ".timeout 5000" "$DB" "SELECT install_seq FROM sandboxes WHERE id = '$S4'")
 [ "$seq4" -gt $((seq3 + 1)) ] && ok "its install's seq ($seq4) is past the lost one's ($seq3): no seq is sent twice" ||
 	fail "the new install's seq $seq4 is not past the lost $seq3"
+expect "/metrics: one install reported lost, one sent tentative, the log synced at the start and after the batch" \
+	"$(metric 'spaced_cp_tentative_installs_total{outcome="lost"}') $(metric 'spaced_cp_tentative_installs_total{outcome="sent"}') $(metric spaced_cp_log_syncs_total)" "1 1 2"
+if command -v promtool >/dev/null 2>&1; then
+	curl -s "http://127.0.0.1:$(cat "$W/cp/metrics.port")/metrics" >"$W/metrics"
+	promtool check metrics <"$W/metrics" >"$W/promtool.out" 2>&1 && ok "promtool takes the control plane's metrics" ||
+		fail "promtool: $(head -n 3 "$W/promtool.out")"
+fi
 expect "na runs it as generation 1" "$(node_status na "$S4")" "1 running"
 stop_cp
 restart_cp na
