@@ -1,8 +1,10 @@
 /*
  * channel.c — the worker control channels (channel.h): hello, replay of what
  * a worker missed, one outbox row per text frame in seq order, acks written
- * back, pings, and the liveness every replica reads from workers.channel_until.
- * Runs on the loop thread (cp->loop_st) but for cp_chan_authorized.
+ * back, pings, and the liveness every replica reads from workers.channel_until;
+ * installs sent tentative and said durable (docs/control-messages.md).
+ * Runs on the loop thread (cp->loop_st) but for cp_chan_authorized, the
+ * tentative registry and cp_chan_seq_restart.
  */
 #include "log.h"
 #include "channel.h"

@@ -9,9 +9,12 @@
  * (liveness, cp.h CP_CHAN_UNTIL_S), a closed one sets it to 0 at once.
  *
  * Everything here runs on the loop thread with cp->loop_st (reads only),
- * except cp_chan_authorized (a request thread with its own store); what the
- * channels write goes to a thread of their own, in order (channel.c), so the
- * loop never waits for the store's write lock.
+ * except cp_chan_authorized (a request thread with its own store), the
+ * tentative installs' registry (any thread, below) and cp_chan_seq_restart
+ * (at start); what the channels write goes to a thread of their own, in
+ * order (channel.c), so the loop never waits for the store's write lock —
+ * but for a hello that names installs a crash of the machine lost (their
+ * destroys are queued before the replay: rare, and after such a crash only).
  */
 #ifndef SPACED_CP_CHANNEL_H
 #define SPACED_CP_CHANNEL_H
