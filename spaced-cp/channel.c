@@ -530,13 +530,17 @@ static void chan_close(struct cp_chan *ch, unsigned code, const char *reason)
  * disk, its create never answered — gets a destroy of that sandbox queued for
  * the worker, durably, unless the store knows a sandbox of that name, and
  * workers.seq_settled records it (a hello whose last seq is such a one is
- * not refused). Then the worker is told {"type":"durable","through":N}, N
+ * not refused) — only a seq among those skipped after the machine started
+ * again can have been lost: one outside them is left alone and logged (a
+ * forged list: at most CP_SEQ_JUMP destroys per hello, all of the forging
+ * worker's own). Then the worker is told {"type":"durable","through":N}, N
  * the last listed seq below any still syncing. Waits for the store's write
  * lock only when one was lost (after a crash of the machine). Returns the
  * destroys queued, or -1: the hello is refused (a store error; a row of
  * another sandbox at a seq the worker applied, which the seqs skipped after
  * a restart of the machine make impossible unless the store was replaced). */
-static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m, int64_t pruned_to, int64_t settled)
+static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m, int64_t pruned_to, int64_t settled,
+                                int64_t jumped)
 {
 	struct cp_store *st = C->loop_st;
 	bool began = false;
@@ -546,8 +550,8 @@ static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m,
 		const struct cp_tentative *t = &m->tentative[i];
 		struct cp_rows *rows = NULL;
 		char sb[24];
-		if (t->seq <= pruned_to || t->seq <= settled)
-			continue;
+		if (t->seq <= pruned_to || (t->seq > jumped && t->seq <= settled))
+			continue; /* confirmed long ago; settled as lost at an earlier hello */
 		if (tentative(ch->worker, t->seq, t->sandbox)) {
 			if (t->seq < syncing)
 				syncing = t->seq;
@@ -571,6 +575,16 @@ static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m,
 			           ch->worker, (long long)t->seq, t->sandbox);
 			r = SPACED_ESTALE;
 			break;
+		}
+		/* only the seqs skipped after the machine started again can have
+		 * been lost (the store holds every other one it sent): one outside
+		 * them is no install of this store's (a forged list), left alone */
+		if (jumped <= 0 || t->seq <= jumped || t->seq > jumped + CP_SEQ_JUMP) {
+			spaced_log("spaced-cp",
+			           "level=warn event=tentative-unknown worker=%s seq=%lld sandbox=%s reason=\"the store never "
+			           "sent it and cannot have lost it\"",
+			           ch->worker, (long long)t->seq, t->sandbox);
+			continue;
 		}
 		lost_hi = t->seq;
 		if ((r = CP_Q(st, &rows, NULL, "SELECT 1 FROM sandboxes WHERE id = $1", t->sandbox)) < 0)
@@ -697,7 +711,7 @@ static int chan_hello(struct cp_chan *ch, const struct cp_chan_msg *m)
 	ch->takes_tentative = m->has_tentative;
 	/* before the replay's end is fixed: the destroys it queues are part of
 	 * it (a fenced worker lifts its fence after them) */
-	if (chan_hello_tentative(ch, m, pruned_to, settled) < 0)
+	if (chan_hello_tentative(ch, m, pruned_to, settled, jumped) < 0)
 		return -1;
 	if (CP_Q(st, &rows, NULL, "SELECT next_seq FROM workers WHERE id = $1", ch->worker) < 0) {
 		cp_rows_free(rows);

@@ -9,7 +9,7 @@
  *
  *   cp-fake-worker --url ws://HOST:PORT --worker ID --key WORKER_KEY --state FILE --log FILE
  *                  [--delay-ms N [--delay-type TYPE]] [--refuse TYPE [--refuse-code C] [--refuse-count N]]
- *                  [--silent TYPE] [--exit-after N] [--say FILE] [--capacity N]
+ *                  [--silent TYPE] [--exit-after N] [--say FILE] [--capacity N] [--tentative FILE]
  *                  [--ca FILE [--cert FILE --key-file FILE]]   (with --url wss://HOST:PORT)
  *
  * --refuse TYPE acks messages of that type with ok:false (code C, default
@@ -21,7 +21,9 @@
  * --delay-type, the acks of messages of that type only); --say FILE
  * sends each line of FILE as a text message right after every hello (the
  * worker's own reports, such as an execution that ended); --capacity N is the
- * number of sandboxes its hello offers (16 by default).
+ * number of sandboxes its hello offers (16 by default); --tentative FILE puts
+ * the JSON array in FILE into every hello as its "tentative" installs (a
+ * forged list, as a hostile worker would send: it applies none of them).
  * Exit status 3: a gap or reordering in seq was seen. With wss:// it speaks
  * TLS as spaced-node's link does (libspaced/tls.h: the control plane verified
  * against --ca, --cert/--key-file its client certificate).
@@ -48,6 +50,7 @@ struct ack {
 };
 
 static const char *o_url, *o_worker, *o_key, *o_state, *o_log, *o_refuse, *o_silent, *o_say, *o_delay_type;
+static const char *o_tentative;
 static bool hung; /* a --silent message came: the worker is stuck on it */
 static const char *o_refuse_code = "refused";
 static long o_delay, o_exit_after = -1, o_refuse_count = -1, o_capacity = 16;
@@ -275,6 +278,12 @@ static int callback(struct lws *wsi, enum lws_callback_reasons reason, void *use
 		if (hello_pending) {
 			json_t *h = json_pack("{s:{s:s,s:I,s:[s],s:i}}", "hello", "worker", o_worker, "last_seq",
 			                      (json_int_t)last_seq, "substrates", "process", "capacity", (int)o_capacity);
+			json_error_t terr;
+			json_t *tl = o_tentative ? json_load_file(o_tentative, 0, &terr) : NULL;
+			if (h && tl)
+				json_object_set_new(json_object_get(h, "hello"), "tentative", tl);
+			else
+				json_decref(tl);
 			text = json_dumps(h, JSON_COMPACT);
 			json_decref(h);
 			hello_pending = 0;
@@ -366,6 +375,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(k, "--exit-after")) o_exit_after = atol(v);
 		else if (!strcmp(k, "--capacity")) o_capacity = atol(v);
 		else if (!strcmp(k, "--say")) o_say = v;
+		else if (!strcmp(k, "--tentative")) o_tentative = v;
 		else if (!strcmp(k, "--refuse-code")) o_refuse_code = v;
 		else if (!strcmp(k, "--refuse-count")) o_refuse_count = atol(v);
 		else if (!strcmp(k, "--ca")) o_ca = v;
