@@ -439,16 +439,25 @@ static bool tentative(const char *worker, int64_t seq, const char *sandbox)
 	return yes;
 }
 
-/* Tells the worker that what it was sent tentative is durable now, once it
- * is: {"type":"durable","through":N}, N the last seq sent tentative. */
-static void chan_durable(struct cp_chan *ch)
+/* {"type":"durable","through":N}: every seq the worker was sent up to N is
+ * durable or settled. 0 or -1. */
+static int send_durable(struct cp_chan *ch, int64_t through)
 {
 	char text[64];
-	if (ch->tent_hi <= ch->durable_told || ch->closing || tentative(ch->worker, ch->tent_hi, NULL))
-		return;
-	int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}", (long long)ch->tent_hi);
-	if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) == 0)
-		ch->durable_told = ch->tent_hi;
+	int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}", (long long)through);
+	if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) < 0)
+		return -1;
+	if (through > ch->durable_told)
+		ch->durable_told = through;
+	return 0;
+}
+
+/* Tells the worker that what it was sent tentative is durable now, once it
+ * is: N the last seq sent tentative. */
+static void chan_durable(struct cp_chan *ch)
+{
+	if (ch->tent_hi > ch->durable_told && !ch->closing && !tentative(ch->worker, ch->tent_hi, NULL))
+		send_durable(ch, ch->tent_hi);
 }
 
 /* Sends one outbox row's body (about sandbox); marked
@@ -624,15 +633,7 @@ static int chan_hello_tentative(struct cp_chan *ch, const struct cp_chan_msg *m,
 	int64_t through = 0;
 	for (size_t i = 0; i < m->ntentative && m->tentative[i].seq < syncing; i++)
 		through = m->tentative[i].seq;
-	if (through > 0) {
-		char text[64];
-		int n = snprintf(text, sizeof text, "{\"type\":\"durable\",\"through\":%lld}", (long long)through);
-		if (spaced_httpconn_ws_send(ch->c, SPACED_WS_TEXT, text, (size_t)n) < 0)
-			return -1;
-		if (through > ch->durable_told)
-			ch->durable_told = through;
-	}
-	return destroys;
+	return through > 0 && send_durable(ch, through) < 0 ? -1 : destroys;
 }
 
 /* hello: replay from the first message the worker has not applied, and

@@ -1512,8 +1512,12 @@ static void log_synced(struct cp_store *st)
 	/* for tests (tests/cp_tentative.t.sh): the process ends after the
 	 * installs went out and before the sync, as a crash of the machine
 	 * would end it (the test then takes the commit out of the store) */
-	const char *crash = getenv("SPACED_CP_TEST_CRASH_BEFORE_SYNC");
-	if (crash != NULL && crash[0] == '1') {
+	static int crash = -1; /* read once (batches run one at a time) */
+	if (crash < 0) {
+		const char *e = getenv("SPACED_CP_TEST_CRASH_BEFORE_SYNC");
+		crash = e != NULL && e[0] == '1';
+	}
+	if (crash) {
 		usleep(300000);
 		spaced_log("spaced-cp", "level=warn event=test-crash-before-sync");
 		_exit(70);

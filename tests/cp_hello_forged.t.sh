@@ -1,6 +1,6 @@
 #!/bin/sh
 # run-tests: light, about 4 s
-# A hostile worker's hello (docs/control-messages.md "Tentative installs"): a worker with its own
+# T1, T2 — a hostile worker's hello (docs/control-messages.md "Tentative installs"): a worker with its own
 # worker key lists "tentative installs" the control plane never sent it. With a control plane and
 # fake workers (cp-fake-worker --tentative: a real WebSocket):
 #  - 256 made-up installs at seqs the control plane never used: left alone (event=tentative-unknown),

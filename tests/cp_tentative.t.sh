@@ -1,6 +1,6 @@
 #!/bin/sh
 # run-tests: paired, about 12 s
-# Tentative installs (docs/control-messages.md "Tentative installs"): a batch of creates commits
+# T1, I2 — tentative installs (docs/control-messages.md "Tentative installs"): a batch of creates commits
 # without waiting for the control plane's disk and its installs go out marked tentative while the
 # log is synced; the worker notes each it applied until told {"type":"durable"}. With the control
 # plane and two real spaced-node workers (na, nb; development mode):
@@ -15,6 +15,9 @@
 #    the worker's other sandbox and new creates work;
 #  - a store that lost a commit it had made durable (restored from a copy) refuses the worker's
 #    hello: its last seq is past what the store had and not a tentative install (fail closed).
+# T1: no seq a worker applied is ever sent again as another message, and what a crash lost is
+# settled before the replay; I2: a generation is answered to no client before its transaction is
+# durable, and one a crash lost never runs on (its execution is destroyed).
 set -u
 . "$SPACED_TOP/tests/cp_lib.sh"
 . "$SPACED_TOP/tests/cp_node_lib.sh"

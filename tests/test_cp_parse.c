@@ -107,7 +107,7 @@ Test(cp_parse, worker_allocatable_round_trips_and_bad_figures_are_refused)
 	}
 }
 
-/* a hello's tentative installs (docs/control-messages.md "Tentative installs"): read by seq, each
+/* T1: a hello's tentative installs (docs/control-messages.md "Tentative installs"): read by seq, each
  * a seq and the identity's names; anything malformed refuses the whole hello (the channel closes),
  * never reads part of a list (the control plane confirms what the worker lists) */
 Test(cp_parse, hello_tentative_installs)
